@@ -1,0 +1,11 @@
+//! CPU kernels for fastllm: for every op a plain scalar reference and a fast path (AVX2/FMA, AVX-512
+//! where the CPU has it, chosen at run time; a portable path elsewhere), over plain slices.
+//!
+//! This crate must not depend on the runtime's tensor types: callers pass slices, dimensions and a
+//! thread pool ([`threads::Threads`]). The runtime's `CpuDevice` (in the `fastllm` crate) adapts
+//! `Data` to these kernels.
+
+pub mod elementwise;
+pub mod quant;
+pub mod simd;
+pub mod threads;

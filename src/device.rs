@@ -1,0 +1,253 @@
+//! The device seam: the `Operator` trait (one op on one device: `can_run`, `reshape`, `run`), the
+//! `BaseDevice` trait (a named op registry plus data movement), and the op argument containers
+//! `DataDict`, `FloatDict` and `IntDict` (fastllm's names and shapes of arguments).
+//!
+//! This module must not know any concrete op or device.
+
+use crate::data::{Data, DataType, DeviceKind};
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+
+/// One named tensor argument: borrowed read-only or mutably (outputs, in-place inputs).
+pub enum Slot<'a> {
+    /// A read-only argument.
+    Ref(&'a Data),
+    /// A mutable argument.
+    Mut(&'a mut Data),
+}
+
+impl Slot<'_> {
+    fn get(&self) -> &Data {
+        match self {
+            Slot::Ref(d) => d,
+            Slot::Mut(d) => d,
+        }
+    }
+}
+
+/// Named tensor arguments of one op call (`input`, `weight`, `bias`, `output`, `input0`, ...).
+#[derive(Default)]
+pub struct DataDict<'a> {
+    items: Vec<(&'a str, Slot<'a>)>,
+}
+
+impl<'a> DataDict<'a> {
+    /// An empty dict.
+    pub fn new() -> Self {
+        DataDict { items: Vec::new() }
+    }
+
+    /// Adds a read-only argument (builder style).
+    pub fn with(mut self, name: &'a str, d: &'a Data) -> Self {
+        self.items.push((name, Slot::Ref(d)));
+        self
+    }
+
+    /// Adds a mutable argument (builder style).
+    pub fn with_mut(mut self, name: &'a str, d: &'a mut Data) -> Self {
+        self.items.push((name, Slot::Mut(d)));
+        self
+    }
+
+    /// Adds a read-only argument.
+    pub fn insert(&mut self, name: &'a str, d: &'a Data) {
+        self.items.push((name, Slot::Ref(d)));
+    }
+
+    /// Adds a mutable argument.
+    pub fn insert_mut(&mut self, name: &'a str, d: &'a mut Data) {
+        self.items.push((name, Slot::Mut(d)));
+    }
+
+    /// True when an argument of that name is present.
+    pub fn contains(&self, name: &str) -> bool {
+        self.items.iter().any(|(n, _)| *n == name)
+    }
+
+    /// The argument `name`, read-only.
+    pub fn get(&self, name: &str) -> Option<&Data> {
+        self.items.iter().find(|(n, _)| *n == name).map(|(_, s)| s.get())
+    }
+
+    /// The argument `name`, or an `Err` naming `op` and the missing input.
+    pub fn require(&self, op: &str, name: &str) -> Result<&Data> {
+        self.get(name)
+            .ok_or_else(|| Error::op(op, format!("missing input '{name}'")))
+    }
+
+    /// The argument `name`, mutable; `Err` if missing or passed read-only.
+    pub fn require_mut(&mut self, op: &str, name: &str) -> Result<&mut Data> {
+        match self.items.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, Slot::Mut(d))) => Ok(&mut **d),
+            Some((_, Slot::Ref(_))) => Err(Error::op(
+                op,
+                format!("'{name}' must be passed mutably (it is written)"),
+            )),
+            None => Err(Error::op(op, format!("missing output '{name}'"))),
+        }
+    }
+
+    /// Read-only inputs `ins` (each `None` when absent) together with the mutable argument `out`,
+    /// borrowed at once. `Err` when `out` is missing or read-only.
+    pub fn io<const N: usize>(
+        &mut self,
+        op: &str,
+        ins: [&str; N],
+        out: &str,
+    ) -> Result<([Option<&Data>; N], &mut Data)> {
+        let mut got: [Option<&Data>; N] = [None; N];
+        let mut o: Option<&mut Data> = None;
+        for (name, slot) in self.items.iter_mut() {
+            if *name == out {
+                match slot {
+                    Slot::Mut(d) => o = Some(&mut **d),
+                    Slot::Ref(_) => {
+                        return Err(Error::op(op, format!("'{out}' must be passed mutably")))
+                    }
+                }
+            } else if let Some(i) = ins.iter().position(|n| n == name) {
+                got[i] = Some(slot.get());
+            }
+        }
+        let o = o.ok_or_else(|| Error::op(op, format!("missing output '{out}'")))?;
+        Ok((got, o))
+    }
+
+    /// Iterates over (name, tensor).
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Data)> {
+        self.items.iter().map(|(n, s)| (*n, s.get()))
+    }
+
+    /// Iterates mutably over the mutable arguments.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&str, &mut Data)> + use<'_, 'a> {
+        self.items.iter_mut().filter_map(|(n, s)| match s {
+            Slot::Mut(d) => Some((*n, &mut **d)),
+            Slot::Ref(_) => None,
+        })
+    }
+
+    /// A dict borrowing the same arguments, except that read-only arguments named in
+    /// `replacements` point at the replacement tensors (used to run on copies).
+    pub fn reborrow_with<'b>(&'b mut self, replacements: &'b [(String, Data)]) -> DataDict<'b> {
+        let mut out = DataDict::new();
+        for (name, slot) in self.items.iter_mut() {
+            match slot {
+                Slot::Mut(d) => out.insert_mut(name, &mut **d),
+                Slot::Ref(d) => match replacements.iter().find(|(n, _)| n == name) {
+                    Some((_, r)) => out.insert(name, r),
+                    None => out.insert(name, d),
+                },
+            }
+        }
+        out
+    }
+
+    /// The dtype of argument `name`, if present.
+    pub fn dtype(&self, name: &str) -> Option<DataType> {
+        self.get(name).map(|d| d.dtype())
+    }
+}
+
+/// Named scalar parameters of one op call (`eps`, `alpha`, `scale`, ...).
+#[derive(Default, Clone, Debug)]
+pub struct FloatDict<'a> {
+    items: Vec<(&'a str, f32)>,
+}
+
+impl<'a> FloatDict<'a> {
+    /// An empty dict.
+    pub fn new() -> Self {
+        FloatDict { items: Vec::new() }
+    }
+    /// Adds a value (builder style).
+    pub fn with(mut self, name: &'a str, v: f32) -> Self {
+        self.items.push((name, v));
+        self
+    }
+    /// Adds a value.
+    pub fn insert(&mut self, name: &'a str, v: f32) {
+        self.items.push((name, v));
+    }
+    /// The value of `name`, if given.
+    pub fn get(&self, name: &str) -> Option<f32> {
+        self.items.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+    }
+    /// The value of `name`, or `default`.
+    pub fn get_or(&self, name: &str, default: f32) -> f32 {
+        self.get(name).unwrap_or(default)
+    }
+    /// Iterates over (name, value).
+    pub fn iter(&self) -> impl Iterator<Item = (&str, f32)> {
+        self.items.iter().map(|(n, v)| (*n, *v))
+    }
+}
+
+/// Named integer parameters of one op call (`axis`, `k`, `causal`, ...).
+#[derive(Default, Clone, Debug)]
+pub struct IntDict<'a> {
+    items: Vec<(&'a str, i32)>,
+}
+
+impl<'a> IntDict<'a> {
+    /// An empty dict.
+    pub fn new() -> Self {
+        IntDict { items: Vec::new() }
+    }
+    /// Adds a value (builder style).
+    pub fn with(mut self, name: &'a str, v: i32) -> Self {
+        self.items.push((name, v));
+        self
+    }
+    /// Adds a value.
+    pub fn insert(&mut self, name: &'a str, v: i32) {
+        self.items.push((name, v));
+    }
+    /// The value of `name`, if given.
+    pub fn get(&self, name: &str) -> Option<i32> {
+        self.items.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+    }
+    /// The value of `name`, or `default`.
+    pub fn get_or(&self, name: &str, default: i32) -> i32 {
+        self.get(name).unwrap_or(default)
+    }
+    /// Iterates over (name, value).
+    pub fn iter(&self) -> impl Iterator<Item = (&str, i32)> {
+        self.items.iter().map(|(n, v)| (*n, *v))
+    }
+}
+
+/// One op as implemented by one device (fastllm's `BaseOperator`).
+pub trait Operator: Send + Sync {
+    /// Whether this implementation accepts these arguments (dtypes, sizes). Cheap; no errors.
+    fn can_run(&self, _datas: &DataDict, _floats: &FloatDict, _ints: &IntDict) -> bool {
+        true
+    }
+    /// Shape inference: validates inputs and sizes/allocates the outputs. Errors name the op,
+    /// the argument and the shapes.
+    fn reshape(&self, datas: &mut DataDict, floats: &FloatDict, ints: &IntDict) -> Result<()>;
+    /// Computes the outputs.
+    fn run(&self, datas: &mut DataDict, floats: &FloatDict, ints: &IntDict) -> Result<()>;
+}
+
+/// Op name → operator.
+pub type OpRegistry = HashMap<&'static str, Box<dyn Operator>>;
+
+/// A compute device: a registry of operators plus data movement (fastllm's `BaseDevice`).
+pub trait BaseDevice: Send + Sync {
+    /// Human-readable name, e.g. `"cpu"`.
+    fn name(&self) -> &str;
+    /// Where this device keeps tensors.
+    fn kind(&self) -> DeviceKind;
+    /// The operators this device implements.
+    fn ops(&self) -> &OpRegistry;
+    /// Whether this device runs `op` with these arguments.
+    fn can_run(&self, op: &str, datas: &DataDict, floats: &FloatDict, ints: &IntDict) -> bool {
+        self.ops()
+            .get(op)
+            .is_some_and(|o| o.can_run(datas, floats, ints))
+    }
+    /// Copies a tensor onto this device (host tensors for the CPU device).
+    fn upload(&self, data: &Data) -> Result<Data>;
+    /// Moves a tensor that this device wrote back to host memory, in place.
+    fn download(&self, data: &mut Data) -> Result<()>;
+}

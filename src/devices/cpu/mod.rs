@@ -1,0 +1,88 @@
+//! `CpuDevice`: adapts `Data` arguments to the kernels of the `fastllm-cpu` crate and registers
+//! them by op name. One file per op family; each has a `register` function adding its operators.
+//!
+//! A device runs in one of two kernel modes: `Fast` (SIMD, threads) or `Reference` (the plain
+//! scalar kernels, single-threaded) — the op test harness compares the two.
+
+use crate::data::{Data, DeviceKind};
+use crate::device::{BaseDevice, OpRegistry};
+use crate::error::{Error, Result};
+use fastllm_cpu::threads::Threads;
+use std::sync::Arc;
+
+mod elementwise;
+
+/// Which kernels a CPU device runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelMode {
+    /// SIMD fast paths, multithreaded.
+    Fast,
+    /// Plain scalar reference kernels, one thread.
+    Reference,
+}
+
+/// What every CPU operator shares: the thread pool and the kernel mode.
+pub struct CpuContext {
+    /// The worker pool.
+    pub threads: Threads,
+    /// Fast or reference kernels.
+    pub mode: KernelMode,
+}
+
+impl CpuContext {
+    /// True in reference mode.
+    pub fn reference(&self) -> bool {
+        self.mode == KernelMode::Reference
+    }
+}
+
+/// The CPU device.
+pub struct CpuDevice {
+    ctx: Arc<CpuContext>,
+    ops: OpRegistry,
+}
+
+impl CpuDevice {
+    /// A CPU device with fast kernels on `threads` threads (0 = all cores).
+    pub fn new(threads: usize) -> Result<CpuDevice> {
+        Self::with_mode(threads, KernelMode::Fast)
+    }
+
+    /// A CPU device with the given kernel mode (reference mode always uses one thread).
+    pub fn with_mode(threads: usize, mode: KernelMode) -> Result<CpuDevice> {
+        let threads = if mode == KernelMode::Reference { 1 } else { threads };
+        let threads = Threads::new(threads).map_err(Error::Device)?;
+        let ctx = Arc::new(CpuContext { threads, mode });
+        let mut ops = OpRegistry::new();
+        elementwise::register(&mut ops, &ctx);
+        Ok(CpuDevice { ctx, ops })
+    }
+
+    /// Number of worker threads.
+    pub fn threads(&self) -> usize {
+        self.ctx.threads.n()
+    }
+
+    /// The kernel mode.
+    pub fn mode(&self) -> KernelMode {
+        self.ctx.mode
+    }
+}
+
+impl BaseDevice for CpuDevice {
+    fn name(&self) -> &str {
+        "cpu"
+    }
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Cpu
+    }
+    fn ops(&self) -> &OpRegistry {
+        &self.ops
+    }
+    fn upload(&self, data: &Data) -> Result<Data> {
+        data.to_owned_host()
+    }
+    fn download(&self, _data: &mut Data) -> Result<()> {
+        Ok(())
+    }
+}

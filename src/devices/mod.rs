@@ -1,0 +1,3 @@
+//! Device backends. Each implements `BaseDevice` and registers its operators by op name.
+
+pub mod cpu;

@@ -1,0 +1,200 @@
+//! The `Executor`: runs a named op on the first registered device whose `can_run` accepts it,
+//! moving inputs that live elsewhere, calling `reshape` (shape inference) then `run`, and
+//! recording per-op call counts and time (the profiler, fastllm's `PrintProfiler`).
+//!
+//! Devices are added at run time (`add_device`), so a new backend needs no change here.
+
+use crate::data::{Data, DeviceKind};
+use crate::device::{BaseDevice, DataDict, FloatDict, IntDict};
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Per-op call counts and total time.
+#[derive(Default)]
+pub struct Profiler {
+    enabled: AtomicBool,
+    table: Mutex<HashMap<String, (u64, Duration)>>,
+}
+
+impl Profiler {
+    /// Turns recording on or off.
+    pub fn set_enabled(&self, on: bool) {
+        self.enabled.store(on, Ordering::Relaxed);
+    }
+    /// True when recording.
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
+    }
+    /// Adds one call of `op` taking `t`.
+    pub fn record(&self, op: &str, t: Duration) {
+        if let Ok(mut m) = self.table.lock() {
+            let e = m.entry(op.to_string()).or_default();
+            e.0 += 1;
+            e.1 += t;
+        }
+    }
+    /// Clears the table.
+    pub fn reset(&self) {
+        if let Ok(mut m) = self.table.lock() {
+            m.clear();
+        }
+    }
+    /// (op, calls, total) rows, slowest first.
+    pub fn rows(&self) -> Vec<(String, u64, Duration)> {
+        let mut rows: Vec<_> = match self.table.lock() {
+            Ok(m) => m.iter().map(|(k, v)| (k.clone(), v.0, v.1)).collect(),
+            Err(_) => Vec::new(),
+        };
+        rows.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(&b.0)));
+        rows
+    }
+    /// The table as text: op, calls, total ms, µs per call, share of the total.
+    pub fn report(&self) -> String {
+        let rows = self.rows();
+        let total: Duration = rows.iter().map(|r| r.2).sum();
+        let mut s = format!(
+            "{:<20} {:>9} {:>12} {:>10} {:>7}\n",
+            "op", "calls", "total ms", "us/call", "share"
+        );
+        for (op, n, t) in &rows {
+            s += &format!(
+                "{:<20} {:>9} {:>12.3} {:>10.2} {:>6.1}%\n",
+                op,
+                n,
+                t.as_secs_f64() * 1e3,
+                t.as_secs_f64() * 1e6 / (*n).max(1) as f64,
+                100.0 * t.as_secs_f64() / total.as_secs_f64().max(1e-12)
+            );
+        }
+        s += &format!("{:<20} {:>9} {:>12.3}\n", "total", "", total.as_secs_f64() * 1e3);
+        s
+    }
+}
+
+/// Runs named ops on registered devices.
+#[derive(Default)]
+pub struct Executor {
+    devices: Vec<Arc<dyn BaseDevice>>,
+    profiler: Profiler,
+}
+
+impl Executor {
+    /// An executor with no devices.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An executor with one CPU device using `threads` threads (0 = all cores).
+    pub fn cpu(threads: usize) -> Result<Self> {
+        let mut e = Self::new();
+        e.add_device(Arc::new(crate::devices::cpu::CpuDevice::new(threads)?));
+        Ok(e)
+    }
+
+    /// Registers a device; earlier devices are preferred.
+    pub fn add_device(&mut self, device: Arc<dyn BaseDevice>) {
+        self.devices.push(device);
+    }
+
+    /// The registered devices, in preference order.
+    pub fn devices(&self) -> &[Arc<dyn BaseDevice>] {
+        &self.devices
+    }
+
+    /// The profiler.
+    pub fn profiler(&self) -> &Profiler {
+        &self.profiler
+    }
+
+    /// Runs `op` on the first device that accepts it.
+    pub fn run(
+        &self,
+        op: &str,
+        datas: &mut DataDict,
+        floats: &FloatDict,
+        ints: &IntDict,
+    ) -> Result<()> {
+        let t0 = if self.profiler.enabled() {
+            Some(Instant::now())
+        } else {
+            None
+        };
+        let device = self
+            .devices
+            .iter()
+            .find(|d| d.can_run(op, datas, floats, ints))
+            .ok_or_else(|| self.why_not(op, datas))?;
+        let kind = device.kind();
+        let misplaced = datas
+            .iter()
+            .any(|(_, d)| d.is_allocated() && d.device() != kind);
+        if misplaced {
+            self.run_moved(device.as_ref(), op, datas, floats, ints)?;
+        } else {
+            let ops = device.ops();
+            let o = ops.get(op).ok_or_else(|| Error::UnknownOp(op.to_string()))?;
+            o.reshape(datas, floats, ints)?;
+            o.run(datas, floats, ints)?;
+        }
+        if let Some(t0) = t0 {
+            self.profiler.record(op, t0.elapsed());
+        }
+        Ok(())
+    }
+
+    /// Slow path: some argument lives on another device. Mutable arguments are moved to the
+    /// chosen device (and stay there); read-only inputs are copied for this call.
+    fn run_moved(
+        &self,
+        device: &dyn BaseDevice,
+        op: &str,
+        datas: &mut DataDict,
+        floats: &FloatDict,
+        ints: &IntDict,
+    ) -> Result<()> {
+        let kind = device.kind();
+        for (_, d) in datas.iter_mut() {
+            if d.is_allocated() && d.device() != kind {
+                let name = std::mem::take(&mut d.name);
+                *d = device.upload(d)?;
+                d.name = name;
+            }
+        }
+        let mut copies: Vec<(String, Data)> = Vec::new();
+        for (n, d) in datas.iter() {
+            if d.is_allocated() && d.device() != kind {
+                copies.push((n.to_string(), device.upload(d)?));
+            }
+        }
+        let mut moved = datas.reborrow_with(&copies);
+        let ops = device.ops();
+        let o = ops.get(op).ok_or_else(|| Error::UnknownOp(op.to_string()))?;
+        o.reshape(&mut moved, floats, ints)?;
+        o.run(&mut moved, floats, ints)
+    }
+
+    fn why_not(&self, op: &str, datas: &DataDict) -> Error {
+        if !self.devices.iter().any(|d| d.ops().contains_key(op)) {
+            return Error::UnknownOp(op.to_string());
+        }
+        let args: Vec<String> = datas
+            .iter()
+            .map(|(n, d)| format!("{n}: {} {:?}", d.dtype(), d.dims()))
+            .collect();
+        Error::op(
+            op,
+            format!(
+                "no registered device accepts these arguments ({})",
+                args.join(", ")
+            ),
+        )
+    }
+}
+
+/// True when `d` lives on the host.
+pub fn on_host(d: &Data) -> bool {
+    d.device() == DeviceKind::Cpu
+}

@@ -1,0 +1,278 @@
+//! The op test harness (llama.cpp `test-backend-ops` style): one table of cases (op × dtype ×
+//! shape), each run on a device under test and on a reference device with identical random
+//! inputs, compared by normalized mean squared error with a per-case threshold; NaN/Inf
+//! mismatches fail; outputs of the device under test sit between guard regions that must stay
+//! untouched. The same case list serves as a performance suite ([`time_case`]).
+//!
+//! Case lists live in one file per op family (`cases_*.rs`), gathered by [`all_cases`].
+
+use crate::data::{Data, DataType};
+use crate::device::{DataDict, FloatDict, IntDict};
+use crate::error::{Error, Result};
+use crate::executor::Executor;
+use std::time::{Duration, Instant};
+
+mod cases_elementwise;
+
+/// Byte value of guard regions.
+pub const GUARD_FILL: u8 = 0xA5;
+/// Guard size in bytes on each side of an output.
+pub const GUARD_BYTES: usize = 256;
+
+/// How an argument of a case is passed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArgKind {
+    /// Read-only input.
+    In,
+    /// Mutated in place; compared after the run.
+    InOut,
+    /// Written by the op (allocated by `reshape`); compared after the run.
+    Out,
+}
+
+/// One argument of a case.
+pub struct CaseArg {
+    /// Argument name (`input`, `weight`, `output`, ...).
+    pub name: &'static str,
+    /// How it is passed.
+    pub kind: ArgKind,
+    /// Initial value (ignored for `Out`, except its dtype).
+    pub data: Data,
+}
+
+/// One harness case.
+pub struct OpCase {
+    /// Op name.
+    pub op: &'static str,
+    /// Short description: dtypes and shapes.
+    pub label: String,
+    /// Arguments.
+    pub args: Vec<CaseArg>,
+    /// Float parameters.
+    pub floats: Vec<(&'static str, f32)>,
+    /// Int parameters.
+    pub ints: Vec<(&'static str, i32)>,
+    /// Maximum normalized MSE between the two devices' results.
+    pub max_nmse: f64,
+}
+
+impl OpCase {
+    /// A case with no arguments yet.
+    pub fn new(op: &'static str, label: impl Into<String>, max_nmse: f64) -> OpCase {
+        OpCase { op, label: label.into(), args: Vec::new(), floats: Vec::new(), ints: Vec::new(), max_nmse }
+    }
+    /// Adds a read-only input.
+    pub fn input(mut self, name: &'static str, data: Data) -> Self {
+        self.args.push(CaseArg { name, kind: ArgKind::In, data });
+        self
+    }
+    /// Adds an in-place argument.
+    pub fn inout(mut self, name: &'static str, data: Data) -> Self {
+        self.args.push(CaseArg { name, kind: ArgKind::InOut, data });
+        self
+    }
+    /// Adds an output of `dtype`.
+    pub fn output(mut self, name: &'static str, dtype: DataType) -> Self {
+        self.args.push(CaseArg { name, kind: ArgKind::Out, data: Data::empty(dtype) });
+        self
+    }
+    /// Adds a float parameter.
+    pub fn float(mut self, name: &'static str, v: f32) -> Self {
+        self.floats.push((name, v));
+        self
+    }
+    /// Adds an int parameter.
+    pub fn int(mut self, name: &'static str, v: i32) -> Self {
+        self.ints.push((name, v));
+        self
+    }
+    /// Full name for reports: `op label`.
+    pub fn name(&self) -> String {
+        format!("{} {}", self.op, self.label)
+    }
+}
+
+/// A small deterministic RNG (xorshift64*) so cases are reproducible without extra crates.
+pub struct CaseRng(u64);
+
+impl CaseRng {
+    /// Seeded generator.
+    pub fn new(seed: u64) -> Self {
+        CaseRng(seed.wrapping_mul(0x9E3779B97F4A7C15) | 1)
+    }
+    /// Next u64.
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545F4914F6CDD1D)
+    }
+    /// Uniform in [lo, hi).
+    pub fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        let u = (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
+        lo + (hi - lo) * u
+    }
+    /// Uniform integer in [0, n).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+    /// `n` values uniform in [lo, hi), never exactly zero.
+    pub fn vec(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                let v = self.uniform(lo, hi);
+                if v == 0.0 {
+                    1e-3
+                } else {
+                    v
+                }
+            })
+            .collect()
+    }
+    /// A random tensor of `dtype` (floats in [-1, 1) quantized/converted as needed).
+    pub fn data(&mut self, dtype: DataType, dims: &[usize]) -> Data {
+        self.data_range(dtype, dims, -1.0, 1.0)
+    }
+    /// A random tensor of `dtype` with values in [lo, hi).
+    pub fn data_range(&mut self, dtype: DataType, dims: &[usize], lo: f32, hi: f32) -> Data {
+        let n: usize = dims.iter().product();
+        let v = self.vec(n, lo, hi);
+        let bytes = crate::data::encode_from_f32(dtype, &v).expect("harness: encodable dims");
+        Data::from_bytes(dtype, dims, &bytes).expect("harness: valid dims")
+    }
+}
+
+/// The outcome of one case.
+#[derive(Debug)]
+pub struct CaseReport {
+    /// Case name.
+    pub name: String,
+    /// Worst NMSE over the compared arguments.
+    pub nmse: f64,
+    /// Threshold.
+    pub max_nmse: f64,
+    /// Failure description, if any.
+    pub failure: Option<String>,
+}
+
+fn clone_data(d: &Data) -> Result<Data> {
+    if !d.is_allocated() {
+        return Ok(Data::empty(d.dtype()));
+    }
+    let mut c = d.to_owned_host()?;
+    // keep expansion capacity so in-place appends behave the same on both sides
+    if d.capacity() != d.dims() {
+        if let Some(axis) = (0..d.dims().len()).find(|&i| d.dims()[i] != d.capacity()[i]) {
+            c.reserve(axis, d.capacity()[axis])?;
+        }
+    }
+    Ok(c)
+}
+
+fn run_on(exec: &Executor, case: &OpCase, args: &mut [Data]) -> Result<()> {
+    let mut dict = DataDict::new();
+    for (a, d) in case.args.iter().zip(args.iter_mut()) {
+        match a.kind {
+            ArgKind::In => dict.insert(a.name, d),
+            ArgKind::InOut | ArgKind::Out => dict.insert_mut(a.name, d),
+        }
+    }
+    let mut fl = FloatDict::new();
+    for (n, v) in &case.floats {
+        fl.insert(n, *v);
+    }
+    let mut il = IntDict::new();
+    for (n, v) in &case.ints {
+        il.insert(n, *v);
+    }
+    exec.run(case.op, &mut dict, &fl, &il)
+}
+
+/// Normalized MSE `sum((a-b)^2) / sum(b^2)`, and whether NaN/Inf positions differ.
+pub fn nmse(a: &[f32], b: &[f32]) -> (f64, bool) {
+    let mut num = 0f64;
+    let mut den = 0f64;
+    let mut bad = false;
+    for (&x, &y) in a.iter().zip(b) {
+        if x.is_finite() != y.is_finite() {
+            bad = true;
+            continue;
+        }
+        if !x.is_finite() {
+            if x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()) {
+                bad = true;
+            }
+            continue;
+        }
+        num += (x as f64 - y as f64).powi(2);
+        den += (y as f64).powi(2);
+    }
+    (if den > 0.0 { num / den } else { num }, bad)
+}
+
+/// Runs `case` on `test` and on `reference` and compares every written argument.
+pub fn check_case(case: &OpCase, test: &Executor, reference: &Executor) -> Result<CaseReport> {
+    let mut ref_args: Vec<Data> = case.args.iter().map(|a| clone_data(&a.data)).collect::<Result<_>>()?;
+    run_on(reference, case, &mut ref_args)
+        .map_err(|e| Error::op(case.op, format!("{}: reference failed: {e}", case.label)))?;
+    // Outputs of the device under test get guard regions, sized like the reference's result.
+    let mut test_args = Vec::with_capacity(case.args.len());
+    for (a, r) in case.args.iter().zip(&ref_args) {
+        test_args.push(match a.kind {
+            ArgKind::Out => Data::with_guards(r.dtype(), r.dims(), GUARD_BYTES, GUARD_FILL)?,
+            _ => clone_data(&a.data)?,
+        });
+    }
+    let mut report = CaseReport { name: case.name(), nmse: 0.0, max_nmse: case.max_nmse, failure: None };
+    if let Err(e) = run_on(test, case, &mut test_args) {
+        report.failure = Some(format!("device under test failed: {e}"));
+        return Ok(report);
+    }
+    for ((a, r), t) in case.args.iter().zip(&ref_args).zip(&test_args) {
+        if a.kind == ArgKind::In {
+            continue;
+        }
+        if r.dims() != t.dims() {
+            report.failure = Some(format!("{}: dims {:?} vs reference {:?}", a.name, t.dims(), r.dims()));
+            return Ok(report);
+        }
+        if a.kind == ArgKind::Out && !t.guards_intact(GUARD_FILL) {
+            report.failure = Some(format!("{}: write outside the output (guard overwritten)", a.name));
+            return Ok(report);
+        }
+        let (e, bad) = nmse(&t.to_f32_vec()?, &r.to_f32_vec()?);
+        if bad {
+            report.failure = Some(format!("{}: NaN/Inf mismatch", a.name));
+            return Ok(report);
+        }
+        report.nmse = report.nmse.max(e);
+    }
+    if report.nmse.is_nan() || report.nmse > case.max_nmse {
+        report.failure = Some(format!("nmse {:.3e} > {:.1e}", report.nmse, case.max_nmse));
+    }
+    Ok(report)
+}
+
+/// Runs `case` on `exec` `reps` times (after one warm-up) and returns the median time.
+pub fn time_case(case: &OpCase, exec: &Executor, reps: usize) -> Result<Duration> {
+    let mut args: Vec<Data> = case.args.iter().map(|a| clone_data(&a.data)).collect::<Result<_>>()?;
+    run_on(exec, case, &mut args)?;
+    let mut ts = Vec::with_capacity(reps);
+    for _ in 0..reps.max(1) {
+        let mut a: Vec<Data> = args.iter().map(clone_data).collect::<Result<_>>()?;
+        let t0 = Instant::now();
+        run_on(exec, case, &mut a)?;
+        ts.push(t0.elapsed());
+    }
+    ts.sort();
+    Ok(ts[ts.len() / 2])
+}
+
+/// Every case of every op family.
+pub fn all_cases() -> Vec<OpCase> {
+    let mut v = Vec::new();
+    cases_elementwise::cases(&mut v);
+    v
+}

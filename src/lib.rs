@@ -1,0 +1,19 @@
+//! fastllm: a portable LLM inference runtime.
+//!
+//! The core is fastllm's design: a tensor type ([`data::Data`]), an [`executor::Executor`] that
+//! runs named ops (`"Linear"`, `"Attention"`, ...) on the first registered device
+//! ([`device::BaseDevice`]) that accepts them, and devices holding registries of operators.
+
+pub mod data;
+pub mod device;
+pub mod devices;
+pub mod error;
+pub mod executor;
+pub mod format;
+pub mod harness;
+pub mod tokenizer;
+
+pub use data::{Data, DataType, DeviceKind};
+pub use device::{BaseDevice, DataDict, FloatDict, IntDict, Operator};
+pub use error::{Error, Result};
+pub use executor::Executor;

@@ -11,6 +11,7 @@ pub mod error;
 pub mod executor;
 pub mod format;
 pub mod harness;
+pub mod model;
 pub mod tokenizer;
 
 pub use data::{Data, DataType, DeviceKind};

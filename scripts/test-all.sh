@@ -26,6 +26,12 @@ echo "== C and C++ (header alone, examples, API test under ASan/UBSan)"
 make -s -C bindings/c OUT=$PWD/target/c-build all
 ASAN_OPTIONS=detect_leaks=1 ./target/c-build/api_test "$FASTLLM_TEST_MODEL"
 
+echo "== install + pkg-config link of the example"
+bash scripts/install.sh "$PWD/target/prefix" >/dev/null
+cc bindings/c/examples/generate.c $(PKG_CONFIG_PATH=$PWD/target/prefix/lib/pkgconfig pkg-config --cflags --libs fastllm) \
+   -Wl,-rpath,"$PWD/target/prefix/lib" -o target/c-build/generate-pc
+./target/c-build/generate-pc "$FASTLLM_TEST_MODEL" "Hello" >/dev/null
+
 echo "== Python (ctypes wrapper, installed into a venv)"
 python3 -m venv target/pyenv
 target/pyenv/bin/pip install -q --upgrade pip

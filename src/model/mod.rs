@@ -7,5 +7,5 @@ pub mod transformer;
 pub mod weights;
 
 pub use config::{ModelConfig, RopeScaling, RopeStyle};
-pub use transformer::{KvCache, Model, Precision};
+pub use transformer::{KvCache, KvStore, Model, PagedKvPool, PagedSeqState, Precision};
 pub use weights::{MapSource, WeightSource, Weights};

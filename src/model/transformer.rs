@@ -7,6 +7,7 @@ use super::config::{ModelConfig, RopeScaling, RopeStyle};
 use super::weights::{WeightSource, Weights, W};
 use crate::data::{Data, DataType};
 use crate::error::{Error, Result};
+use crate::device::{DataDict, FloatDict, IntDict};
 use crate::executor::Executor;
 use crate::ops::{self, AttentionParams, RotaryParams, RotaryStyle};
 use std::sync::Arc;
@@ -255,25 +256,146 @@ impl Model {
         if cache.k.len() != c.num_layers {
             return Err(Error::invalid("KV cache belongs to another model"));
         }
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(Error::invalid(format!(
-                "token id {t} out of range (vocabulary {})",
-                c.vocab_size
+        self.check_tokens(tokens)?;
+        let pos: Vec<i32> = (cache.len..cache.len + s).map(|p| p as i32).collect();
+        let rows: Vec<i32> = if all_logits { (0..s as i32).collect() } else { vec![s as i32 - 1] };
+        let mut scratch = std::mem::take(&mut cache.scratch);
+        let before = cache.len;
+        let r = self.forward_rows(tokens, &pos, &rows, cache, &mut scratch);
+        cache.scratch = scratch;
+        match r {
+            Ok(l) => {
+                cache.len += s;
+                Ok(l)
+            }
+            Err(e) => {
+                cache.truncate(before)?;
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs one step for a batch of sequences whose KV caches live in a paged pool: each item
+    /// gives its sequence state and its new tokens (a prompt chunk or one decode token).
+    /// Blocks are allocated from the pool as needed (`Err` when it is exhausted, with nothing
+    /// changed). Returns the logits after each item's last token.
+    pub fn forward_paged(&self, pool: &mut PagedKvPool, batch: &mut [(&mut PagedSeqState, &[u32])]) -> Result<Vec<Vec<f32>>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let c = &self.config;
+        if pool.k.len() != c.num_layers || pool.nkv != c.num_kv_heads || pool.head_dim != c.head_dim {
+            return Err(Error::invalid("paged KV pool belongs to another model"));
+        }
+        let bs = pool.block_size;
+        // blocks needed
+        let mut need = 0usize;
+        for (st, toks) in batch.iter() {
+            if toks.is_empty() {
+                return Err(Error::invalid("forward_paged: an item has no tokens"));
+            }
+            self.check_tokens(toks)?;
+            if st.len + toks.len() > c.context_length {
+                return Err(Error::ContextFull(format!(
+                    "{} cached + {} new tokens exceed the context of {}",
+                    st.len,
+                    toks.len(),
+                    c.context_length
+                )));
+            }
+            need += (st.len + toks.len()).div_ceil(bs).saturating_sub(st.blocks.len());
+        }
+        if need > pool.free.len() {
+            return Err(Error::OutOfMemory(format!(
+                "paged KV pool: {need} blocks needed, {} free",
+                pool.free.len()
             )));
         }
-        let e = &self.exec;
+        for (st, toks) in batch.iter_mut() {
+            while st.blocks.len() < (st.len + toks.len()).div_ceil(bs) {
+                match pool.free.pop() {
+                    Some(b) => st.blocks.push(b),
+                    None => return Err(Error::OutOfMemory("paged KV pool exhausted".into())),
+                }
+            }
+        }
+        let mut tokens = Vec::new();
+        let mut pos = Vec::new();
+        let mut slots = Vec::new();
+        let mut q_starts = vec![0i32];
+        let mut kv_lens = Vec::new();
+        let mut rows = Vec::new();
+        let max_blocks = batch.iter().map(|(st, _)| st.blocks.len()).max().unwrap_or(1).max(1);
+        let mut table = vec![0i32; batch.len() * max_blocks];
+        for (i, (st, toks)) in batch.iter().enumerate() {
+            for (k, &t) in toks.iter().enumerate() {
+                let p = st.len + k;
+                tokens.push(t);
+                pos.push(p as i32);
+                slots.push((st.blocks[p / bs] as usize * bs + p % bs) as i32);
+            }
+            q_starts.push(tokens.len() as i32);
+            kv_lens.push((st.len + toks.len()) as i32);
+            rows.push(tokens.len() as i32 - 1);
+            for (b, &id) in st.blocks.iter().enumerate() {
+                table[i * max_blocks + b] = id as i32;
+            }
+        }
+        let mut store = PagedStep {
+            pool,
+            slots: Data::from_i32(&[slots.len()], &slots)?,
+            q_starts: Data::from_i32(&[q_starts.len()], &q_starts)?,
+            kv_lens: Data::from_i32(&[kv_lens.len()], &kv_lens)?,
+            tables: Data::from_i32(&[batch.len(), max_blocks], &table)?,
+        };
+        let mut scratch = Scratch::default();
+        let logits = self.forward_rows(&tokens, &pos, &rows, &mut store, &mut scratch)?;
+        for (st, toks) in batch.iter_mut() {
+            st.len += toks.len();
+        }
+        let v = logits.to_f32_vec()?;
+        Ok(v.chunks(c.vocab_size).map(|r| r.to_vec()).collect())
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        let vocab = self.config.vocab_size;
+        match tokens.iter().find(|&&t| t as usize >= vocab) {
+            Some(t) => Err(Error::invalid(format!("token id {t} out of range (vocabulary {vocab})"))),
+            None => Ok(()),
+        }
+    }
+
+    /// The layer stack over rows `tokens` at positions `pos`, keys/values kept by `kv`;
+    /// returns logits for the rows listed in `logit_rows`.
+    fn forward_rows(
+        &self,
+        tokens: &[u32],
+        pos: &[i32],
+        logit_rows: &[i32],
+        kv: &mut dyn KvStore,
+        scratch: &mut Scratch,
+    ) -> Result<Data> {
+        let s = tokens.len();
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         let ids = Data::from_i32(&[s], &ids)?;
-        let pos: Vec<i32> = (cache.len..cache.len + s).map(|p| p as i32).collect();
-        let pos = Data::from_i32(&[s], &pos)?;
+        let pos = Data::from_i32(&[s], pos)?;
 
-        let mut sc = cache.scratch.take(12);
-        let [x, h, q, k, v, a, b, g, t0, t1, _, _] = &mut sc[..] else {
+        let mut sc = scratch.take(12);
+        let r = self.layers(&ids, &pos, logit_rows, kv, &mut sc);
+        scratch.give(sc);
+        r
+    }
+
+    fn layers(&self, ids: &Data, pos: &Data, logit_rows: &[i32], kv: &mut dyn KvStore, sc: &mut [Data]) -> Result<Data> {
+        let c = &self.config;
+        let e = &self.exec;
+        let s = ids.dim(0);
+        let [x, h, q, k, v, a, b, g, t0, t1, _, _] = sc else {
             return Err(Error::invalid("scratch"));
         };
         {
             let w = self.weights.get(&format!("{}.weight", self.spec.embed))?;
-            ops::embedding(e, &ids, &w, x)?;
+            ops::embedding(e, ids, &w, x)?;
         }
         if self.spec.embed_scale {
             ops::mul(e, x, (c.hidden_size as f32).sqrt(), t0)?;
@@ -281,14 +403,14 @@ impl Model {
         }
         if let Positions::Learned(wpe) = self.spec.positions {
             let w = self.weights.get(&format!("{wpe}.weight"))?;
-            if cache.len + s > w.dim(0) {
+            let max_pos = pos.as_i32()?.iter().copied().max().unwrap_or(0) as usize;
+            if max_pos >= w.dim(0) {
                 return Err(Error::ContextFull(format!(
-                    "position {} beyond the {} learned positions",
-                    cache.len + s - 1,
+                    "position {max_pos} beyond the {} learned positions",
                     w.dim(0)
                 )));
             }
-            ops::embedding(e, &pos, &w, t0)?;
+            ops::embedding(e, pos, &w, t0)?;
             ops::add_to(e, x, t0, 1.0)?;
         }
         if let Some(n) = self.spec.embed_norm {
@@ -316,7 +438,12 @@ impl Model {
                     self.linear(h, &ln(n), t0)?;
                     let (qd, kd) = (nh * hd, nkv * hd);
                     if t0.dim(1) != qd + 2 * kd {
-                        return Err(bad(format!("{}: fused qkv has {} outputs, expected {}", ln(n), t0.dim(1), qd + 2 * kd)));
+                        return Err(bad(format!(
+                            "{}: fused qkv has {} outputs, expected {}",
+                            ln(n),
+                            t0.dim(1),
+                            qd + 2 * kd
+                        )));
                     }
                     ops::split(e, t0, 1, 0, qd, q)?;
                     ops::split(e, t0, 1, qd, qd + kd, k)?;
@@ -346,7 +473,7 @@ impl Model {
             }
             if self.spec.positions == Positions::Rope {
                 let rp = RotaryParams {
-                    positions: &pos,
+                    positions: pos,
                     inv_freq: self.inv_freq.as_ref(),
                     rotary_dim: c.rope_dim,
                     style: match c.rope_style {
@@ -358,8 +485,6 @@ impl Model {
                 ops::rotary(e, q, &rp)?;
                 ops::rotary(e, k, &rp)?;
             }
-            ops::cat_direct(e, &mut cache.k[i], k, 0)?;
-            ops::cat_direct(e, &mut cache.v[i], v, 0)?;
             let sliding = c.sliding_layers.get(i).copied().unwrap_or(false);
             let ap = AttentionParams {
                 scale,
@@ -367,7 +492,7 @@ impl Model {
                 sliding_window: if sliding { c.sliding_window } else { 0 },
                 alibi: self.alibi.as_ref(),
             };
-            ops::attention(e, q, &cache.k[i], &cache.v[i], &ap, a)?;
+            kv.attend(e, i, q, k, v, &ap, a)?;
             a.reshape(&[s, nh * hd])?;
             self.linear(a, &ln(self.spec.o_proj), b)?;
             if let Some(n) = self.spec.post_attn_norm {
@@ -407,13 +532,13 @@ impl Model {
             }
             ops::add_to(e, x, b, 1.0)?;
         }
-        cache.len += s;
 
-        // final norm and LM head (only the rows asked for)
-        let rows: &Data = if all_logits || s == 1 {
+        // final norm and LM head, only for the rows asked for
+        let rows: &Data = if logit_rows.len() == s && logit_rows.iter().enumerate().all(|(i, &r)| r as usize == i) {
             x
         } else {
-            ops::split(e, x, 0, s - 1, s, t1)?;
+            let idx = Data::from_i32(&[logit_rows.len()], logit_rows)?;
+            ops::embedding(e, &idx, x, t1)?; // row gather
             t1
         };
         self.norm(rows, self.spec.final_norm, h)?;
@@ -432,8 +557,155 @@ impl Model {
             ops::soft_cap(e, &logits, c.final_logit_softcap, &mut capped)?;
             logits = capped;
         }
-        cache.scratch.give(sc);
         Ok(logits)
+    }
+}
+
+/// Where a forward pass keeps keys and values: stores this step's k/v rows of `layer` and
+/// computes attention of `q` over everything cached.
+pub trait KvStore {
+    /// Appends `k`, `v` [rows, nkv, hd] for `layer` and writes attention of `q` into `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(&mut self, e: &Executor, layer: usize, q: &Data, k: &Data, v: &Data, p: &AttentionParams, out: &mut Data) -> Result<()>;
+}
+
+impl KvStore for KvCache {
+    fn attend(&mut self, e: &Executor, layer: usize, q: &Data, k: &Data, v: &Data, p: &AttentionParams, out: &mut Data) -> Result<()> {
+        let (kc, vc) = match (self.k.get_mut(layer), self.v.get_mut(layer)) {
+            (Some(kc), Some(vc)) => (kc, vc),
+            _ => return Err(Error::invalid(format!("KV cache has no layer {layer}"))),
+        };
+        ops::cat_direct(e, kc, k, 0)?;
+        ops::cat_direct(e, vc, v, 0)?;
+        ops::attention(e, q, kc, vc, p, out)
+    }
+}
+
+/// A pool of fixed-size KV blocks shared by many sequences (the paged KV cache).
+pub struct PagedKvPool {
+    k: Vec<Data>,
+    v: Vec<Data>,
+    free: Vec<u32>,
+    n_blocks: usize,
+    block_size: usize,
+    nkv: usize,
+    head_dim: usize,
+}
+
+impl PagedKvPool {
+    /// A pool of `n_blocks` blocks of `block_size` tokens for `model`.
+    pub fn new(model: &Model, n_blocks: usize, block_size: usize) -> Result<PagedKvPool> {
+        let c = model.config();
+        if n_blocks == 0 || block_size == 0 {
+            return Err(Error::invalid("paged KV pool needs at least one block of at least one token"));
+        }
+        let slots = n_blocks
+            .checked_mul(block_size)
+            .ok_or_else(|| Error::invalid("paged KV pool size overflows"))?;
+        let mut k = Vec::with_capacity(c.num_layers);
+        let mut v = Vec::with_capacity(c.num_layers);
+        for _ in 0..c.num_layers {
+            k.push(Data::zeros(DataType::F32, &[slots, c.num_kv_heads, c.head_dim])?);
+            v.push(Data::zeros(DataType::F32, &[slots, c.num_kv_heads, c.head_dim])?);
+        }
+        Ok(PagedKvPool {
+            k,
+            v,
+            free: (0..n_blocks as u32).rev().collect(),
+            n_blocks,
+            block_size,
+            nkv: c.num_kv_heads,
+            head_dim: c.head_dim,
+        })
+    }
+
+    /// Bytes one block takes across all layers (K and V).
+    pub fn block_bytes(model: &Model, block_size: usize) -> usize {
+        let c = model.config();
+        2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * 4
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+    /// Blocks in the pool.
+    pub fn total_blocks(&self) -> usize {
+        self.n_blocks
+    }
+    /// Blocks not in use.
+    pub fn free_blocks(&self) -> usize {
+        self.free.len()
+    }
+    /// Returns a finished sequence's blocks to the pool.
+    pub fn release(&mut self, st: &mut PagedSeqState) {
+        self.free.extend(st.blocks.drain(..));
+        st.len = 0;
+    }
+}
+
+/// One sequence's place in a [`PagedKvPool`]: its block table and length.
+#[derive(Default, Debug)]
+pub struct PagedSeqState {
+    blocks: Vec<u32>,
+    len: usize,
+}
+
+impl PagedSeqState {
+    /// An empty sequence.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Tokens cached.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// True when nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Blocks held.
+    pub fn blocks(&self) -> &[u32] {
+        &self.blocks
+    }
+}
+
+struct PagedStep<'a> {
+    pool: &'a mut PagedKvPool,
+    slots: Data,
+    q_starts: Data,
+    kv_lens: Data,
+    tables: Data,
+}
+
+impl KvStore for PagedStep<'_> {
+    fn attend(&mut self, e: &Executor, layer: usize, q: &Data, k: &Data, v: &Data, p: &AttentionParams, out: &mut Data) -> Result<()> {
+        let bs = self.pool.block_size as i32;
+        let (kc, vc) = match (self.pool.k.get_mut(layer), self.pool.v.get_mut(layer)) {
+            (Some(kc), Some(vc)) => (kc, vc),
+            _ => return Err(Error::invalid(format!("paged pool has no layer {layer}"))),
+        };
+        for (src, cache) in [(k, &mut *kc), (v, &mut *vc)] {
+            let mut d = DataDict::new().with("input", src).with("slots", &self.slots).with_mut("cache", cache);
+            e.run("PagedCacheWrite", &mut d, &FloatDict::new(), &IntDict::new())?;
+        }
+        let mut d = DataDict::new()
+            .with("q", q)
+            .with("k_cache", kc)
+            .with("v_cache", vc)
+            .with("q_starts", &self.q_starts)
+            .with("kv_lens", &self.kv_lens)
+            .with("block_tables", &self.tables);
+        if let Some(a) = p.alibi {
+            d.insert("alibi_slopes", a);
+        }
+        d.insert_mut("output", out);
+        e.run(
+            "PagedAttention",
+            &mut d,
+            &FloatDict::new().with("scale", p.scale).with("softcap", p.softcap),
+            &IntDict::new().with("block_size", bs).with("sliding_window", p.sliding_window as i32),
+        )
     }
 }
 

@@ -160,6 +160,48 @@ enum Cmd {
     Info { model: Option<String> },
     /// Fetch the default model if needed and print its GGUF path.
     Fetch,
+    /// HTTP server: OpenAI- and TGI-compatible API with continuous batching.
+    Serve {
+        #[command(flatten)]
+        m: ModelArgs,
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        #[arg(long, default_value_t = 8080)]
+        port: u16,
+        /// Require `Authorization: Bearer KEY`.
+        #[arg(long)]
+        api_key: Option<String>,
+        /// KV cache budget in MiB (default: from free memory).
+        #[arg(long, default_value_t = 0)]
+        kv_cache_mb: usize,
+        #[arg(long)]
+        max_concurrent_requests: Option<usize>,
+        #[arg(long)]
+        max_batch_prefill_tokens: Option<usize>,
+        #[arg(long)]
+        max_batch_total_tokens: Option<usize>,
+        #[arg(long)]
+        max_input_tokens: Option<usize>,
+        #[arg(long)]
+        max_total_tokens: Option<usize>,
+    },
+    /// Load test a running server: concurrent streaming completions, then req/s, tok/s, TTFT, ITL.
+    BenchServe {
+        /// Server address host:port (this machine).
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        addr: String,
+        #[arg(short = 'c', long, default_value_t = 8)]
+        concurrency: usize,
+        #[arg(long, default_value_t = 32)]
+        requests: usize,
+        #[arg(short = 'n', long, default_value_t = 64)]
+        max_tokens: usize,
+        #[arg(long, default_value = "Write a short story about a robot learning to paint.")]
+        prompt: String,
+        /// Stop after this many seconds.
+        #[arg(long, default_value_t = 300)]
+        max_seconds: u64,
+    },
 }
 
 fn load_model(m: &ModelArgs) -> Result<Arc<Llm>> {
@@ -321,6 +363,53 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             let llm = load_model(&model_only(&model))?;
             let ids = parse_ids(&ids)?;
             println!("{}", llm.tokenizer.decode(&ids, false)?);
+        }
+        Cmd::Serve {
+            m,
+            host,
+            port,
+            api_key,
+            kv_cache_mb,
+            max_concurrent_requests,
+            max_batch_prefill_tokens,
+            max_batch_total_tokens,
+            max_input_tokens,
+            max_total_tokens,
+        } => {
+            let addr: std::net::SocketAddr = format!("{host}:{port}")
+                .parse()
+                .map_err(|_| fastllm::Error::invalid(format!("bad address {host}:{port}")))?;
+            let path = fastllm::default_model::resolve(m.model.as_deref())?;
+            let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            let opts = LoadOptions {
+                threads: m.threads,
+                device: m.device.clone(),
+                low_memory: m.low_memory,
+                precision: Precision::parse(&m.precision)?,
+            };
+            let so = fastllm_serve::ServeOptions {
+                addr,
+                model_name: name,
+                api_key,
+                kv_cache_mb,
+                max_concurrent_requests,
+                max_batch_prefill_tokens,
+                max_batch_total_tokens,
+                max_input_tokens,
+                max_total_tokens,
+            };
+            fastllm_serve::run(so, move || load(&path, &opts)).map_err(fastllm::Error::invalid)?;
+        }
+        Cmd::BenchServe { addr, concurrency, requests, max_tokens, prompt, max_seconds } => {
+            let o = fastllm_serve::load::LoadOptions {
+                addr,
+                concurrency,
+                requests,
+                max_tokens,
+                prompt,
+                max_duration: std::time::Duration::from_secs(max_seconds),
+            };
+            println!("{}", fastllm_serve::load::run(&o).summary());
         }
         Cmd::Fetch => println!("{}", fastllm::default_model::default_gguf()?.display()),
         Cmd::Info { model } => {

@@ -34,7 +34,7 @@ impl WeightFormat {
             WeightFormat::F32 => d.checked_mul(4),
             WeightFormat::F16 | WeightFormat::BF16 => d.checked_mul(2),
             WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q4_1 => {
-                if d % QK != 0 {
+                if !d.is_multiple_of(QK) {
                     return None;
                 }
                 let bb = match self {

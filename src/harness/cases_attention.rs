@@ -51,7 +51,10 @@ pub fn cases(v: &mut Vec<OpCase>) {
                 .int("causal", causal);
             if alibi {
                 let slopes: Vec<f32> = (0..nh).map(|h| 0.5f32.powi(h as i32 + 1)).collect();
-                c = c.input("alibi_slopes", Data::from_f32(&[nh], &slopes).expect("harness: slopes"));
+                c = c.input(
+                    "alibi_slopes",
+                    Data::from_f32(&[nh], &slopes).expect("harness: slopes"),
+                );
             }
             if hd == 33 {
                 c = c.float("scale", 0.3);

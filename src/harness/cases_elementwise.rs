@@ -35,15 +35,23 @@ pub fn cases(v: &mut Vec<OpCase>) {
     }
     for (rows, d) in [(1usize, 1usize), (3, 7), (5, 33), (64, 576), (300, 100)] {
         v.push(
-            OpCase::new("AddTo", format!("f32 [{rows}, {d}] + [{d}] broadcast"), 1e-7)
-                .inout("input0", rng.data(F32, &[rows, d]))
-                .input("input1", rng.data(F32, &[d]))
-                .float("alpha", 2.0),
+            OpCase::new(
+                "AddTo",
+                format!("f32 [{rows}, {d}] + [{d}] broadcast"),
+                1e-7,
+            )
+            .inout("input0", rng.data(F32, &[rows, d]))
+            .input("input1", rng.data(F32, &[d]))
+            .float("alpha", 2.0),
         );
         v.push(
-            OpCase::new("MulTo", format!("f32 [{rows}, {d}] * [{d}] broadcast"), 1e-7)
-                .inout("input0", rng.data(F32, &[rows, d]))
-                .input("input1", rng.data(F32, &[d])),
+            OpCase::new(
+                "MulTo",
+                format!("f32 [{rows}, {d}] * [{d}] broadcast"),
+                1e-7,
+            )
+            .inout("input0", rng.data(F32, &[rows, d]))
+            .input("input1", rng.data(F32, &[d])),
         );
     }
 }

@@ -9,7 +9,12 @@ pub fn cases(v: &mut Vec<OpCase>) {
     let mut rng = CaseRng::new(17);
     use DataType::*;
     for dt in [F32, F16, BF16, Q8_0, Q4_0, Q4_1] {
-        for (vocab, d, n) in [(1usize, 32usize, 1usize), (50, 64, 7), (1000, 576, 33), (300, 96, 200)] {
+        for (vocab, d, n) in [
+            (1usize, 32usize, 1usize),
+            (50, 64, 7),
+            (1000, 576, 33),
+            (300, 96, 200),
+        ] {
             let mut ids: Vec<i32> = (0..n).map(|_| rng.below(vocab as u64) as i32).collect();
             if let Some(first) = ids.first_mut() {
                 *first = vocab as i32 - 1;

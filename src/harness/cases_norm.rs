@@ -7,7 +7,14 @@ use crate::data::DataType::F32;
 /// Adds this family's cases to `v`.
 pub fn cases(v: &mut Vec<OpCase>) {
     let mut rng = CaseRng::new(11);
-    let shapes: [&[usize]; 6] = [&[1, 1], &[1, 7], &[3, 33], &[1, 576], &[2, 5, 100], &[64, 576]];
+    let shapes: [&[usize]; 6] = [
+        &[1, 1],
+        &[1, 7],
+        &[3, 33],
+        &[1, 576],
+        &[2, 5, 100],
+        &[64, 576],
+    ];
     for dims in shapes {
         let d = dims[dims.len() - 1];
         v.push(

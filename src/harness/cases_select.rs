@@ -7,7 +7,14 @@ use crate::data::DataType::{F32, I32};
 /// Adds this family's cases to `v`.
 pub fn cases(v: &mut Vec<OpCase>) {
     let mut rng = CaseRng::new(16);
-    for (rows, n) in [(1usize, 1usize), (1, 7), (3, 33), (1, 49152), (4, 1000), (64, 257)] {
+    for (rows, n) in [
+        (1usize, 1usize),
+        (1, 7),
+        (3, 33),
+        (1, 49152),
+        (4, 1000),
+        (64, 257),
+    ] {
         v.push(
             OpCase::new("ArgMax", format!("f32 [{rows}, {n}]"), 0.0)
                 .input("input", rng.data(F32, &[rows, n]))

@@ -22,7 +22,8 @@ pub fn cases(v: &mut Vec<OpCase>) {
             for op in ["Permute", "PermuteSelf"] {
                 let mut c = OpCase::new(op, format!("{dt} {dims:?} -> {perm:?}"), 0.0);
                 c = if op == "Permute" {
-                    c.input("input", rng.data_range(dt, dims, -100.0, 100.0)).output("output", dt)
+                    c.input("input", rng.data_range(dt, dims, -100.0, 100.0))
+                        .output("output", dt)
                 } else {
                     c.inout("input", rng.data_range(dt, dims, -100.0, 100.0))
                 };
@@ -64,10 +65,14 @@ pub fn cases(v: &mut Vec<OpCase>) {
                     a.reserve(axis, base[axis] + cap).expect("harness: reserve");
                 }
                 v.push(
-                    OpCase::new("CatDirect", format!("f32 {base:?} + {other:?} axis {axis} reserved +{cap}"), 0.0)
-                        .inout("input0", a)
-                        .input("input1", rng.data(F32, &other))
-                        .int("axis", axis as i32),
+                    OpCase::new(
+                        "CatDirect",
+                        format!("f32 {base:?} + {other:?} axis {axis} reserved +{cap}"),
+                        0.0,
+                    )
+                    .inout("input0", a)
+                    .input("input1", rng.data(F32, &other))
+                    .int("axis", axis as i32),
                 );
             }
         }

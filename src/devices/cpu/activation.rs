@@ -12,8 +12,21 @@ use std::sync::Arc;
 
 /// Registers this family's operators.
 pub fn register(ops: &mut OpRegistry, ctx: &Arc<CpuContext>) {
-    for kind in [Kind::Softmax, Kind::Silu, Kind::Gelu, Kind::SoftCap, Kind::Swiglu, Kind::GeluGated] {
-        ops.insert(kind.name(), Box::new(Activation { ctx: ctx.clone(), kind }));
+    for kind in [
+        Kind::Softmax,
+        Kind::Silu,
+        Kind::Gelu,
+        Kind::SoftCap,
+        Kind::Swiglu,
+        Kind::GeluGated,
+    ] {
+        ops.insert(
+            kind.name(),
+            Box::new(Activation {
+                ctx: ctx.clone(),
+                kind,
+            }),
+        );
     }
 }
 
@@ -47,14 +60,20 @@ impl Kind {
         let gelu = |i: &IntDict| match i.get_or("approx", 1) {
             1 => Ok(Act::GeluTanh),
             0 => Ok(Act::GeluErf),
-            a => Err(Error::op(self.name(), format!("parameter 'approx' must be 0 or 1, got {a}"))),
+            a => Err(Error::op(
+                self.name(),
+                format!("parameter 'approx' must be 0 or 1, got {a}"),
+            )),
         };
         match self {
             Kind::Silu | Kind::Swiglu | Kind::Softmax => Ok(Act::Silu),
             Kind::Gelu | Kind::GeluGated => gelu(i),
             Kind::SoftCap => match f.get("cap") {
                 Some(c) if c > 0.0 && c.is_finite() => Ok(Act::SoftCap(c)),
-                Some(c) => Err(Error::op("SoftCap", format!("parameter 'cap' must be a positive number, got {c}"))),
+                Some(c) => Err(Error::op(
+                    "SoftCap",
+                    format!("parameter 'cap' must be a positive number, got {c}"),
+                )),
                 None => Err(Error::op("SoftCap", "missing parameter 'cap'")),
             },
         }
@@ -80,8 +99,11 @@ impl Operator for Activation {
         let mut dims = x.dims().to_vec();
         if self.kind.gated() {
             let (_, n) = rows_last(&dims);
-            if n % 2 != 0 {
-                return Err(Error::op(op, format!("'input' {dims:?}: last dim must be even (gate and up halves)")));
+            if !n.is_multiple_of(2) {
+                return Err(Error::op(
+                    op,
+                    format!("'input' {dims:?}: last dim must be even (gate and up halves)"),
+                ));
             }
             if let Some(l) = dims.last_mut() {
                 *l = n / 2;

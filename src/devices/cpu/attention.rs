@@ -21,7 +21,10 @@ pub fn register(ops: &mut OpRegistry, ctx: &Arc<CpuContext>) {
 fn three_d<'a>(name: &str, x: &'a Data) -> Result<&'a [usize]> {
     check_tensor(OP, name, x)?;
     if x.dims().len() != 3 {
-        return Err(Error::op(OP, format!("'{name}' must be 3-D, got {:?}", x.dims())));
+        return Err(Error::op(
+            OP,
+            format!("'{name}' must be 3-D, got {:?}", x.dims()),
+        ));
     }
     f32s(OP, name, x)?;
     Ok(x.dims())
@@ -37,31 +40,61 @@ fn params(d: &DataDict, f: &FloatDict, i: &IntDict) -> Result<AttnParams> {
     if kd[2] != hd || vd[0] != skv || vd[1] != nkv {
         return Err(Error::op(
             OP,
-            format!("q {q:?}, k {kd:?}, v {vd:?}: k must be [skv, nkv, hd of q] and v [skv, nkv, hdv]"),
+            format!(
+                "q {q:?}, k {kd:?}, v {vd:?}: k must be [skv, nkv, hd of q] and v [skv, nkv, hdv]"
+            ),
         ));
     }
     if hd == 0 || nkv == 0 || nh == 0 {
-        return Err(Error::op(OP, format!("q {q:?}, k {kd:?}: head counts and head size must be > 0")));
+        return Err(Error::op(
+            OP,
+            format!("q {q:?}, k {kd:?}: head counts and head size must be > 0"),
+        ));
     }
-    if nh % nkv != 0 {
-        return Err(Error::op(OP, format!("{nh} query heads (q {q:?}) are not a multiple of {nkv} KV heads (k {kd:?})")));
+    if !nh.is_multiple_of(nkv) {
+        return Err(Error::op(
+            OP,
+            format!("{nh} query heads (q {q:?}) are not a multiple of {nkv} KV heads (k {kd:?})"),
+        ));
     }
     check_vec(OP, "alibi_slopes", d.get("alibi_slopes"), nh)?;
     let causal = match i.get_or("causal", 1) {
         0 => false,
         1 => true,
-        c => return Err(Error::op(OP, format!("parameter 'causal' must be 0 or 1, got {c}"))),
+        c => {
+            return Err(Error::op(
+                OP,
+                format!("parameter 'causal' must be 0 or 1, got {c}"),
+            ))
+        }
     };
     if causal && skv < sq {
-        return Err(Error::op(OP, format!("causal attention needs skv ≥ sq (q {q:?}, k {kd:?})")));
+        return Err(Error::op(
+            OP,
+            format!("causal attention needs skv ≥ sq (q {q:?}, k {kd:?})"),
+        ));
     }
     let window = non_neg(OP, "sliding_window", i.get_or("sliding_window", 0))?;
     let scale = f.get_or("scale", 1.0 / (hd as f32).sqrt());
     let softcap = f.get_or("softcap", 0.0);
     if !scale.is_finite() || !softcap.is_finite() || softcap < 0.0 {
-        return Err(Error::op(OP, format!("parameters scale {scale} / softcap {softcap} must be finite, softcap ≥ 0")));
+        return Err(Error::op(
+            OP,
+            format!("parameters scale {scale} / softcap {softcap} must be finite, softcap ≥ 0"),
+        ));
     }
-    Ok(AttnParams { sq, skv, nh, nkv, hd, hdv: vd[2], scale, softcap, causal, window })
+    Ok(AttnParams {
+        sq,
+        skv,
+        nh,
+        nkv,
+        hd,
+        hdv: vd[2],
+        scale,
+        softcap,
+        causal,
+        window,
+    })
 }
 
 /// `Attention`: causal / windowed / GQA / ALiBi / soft-capped scaled dot-product attention.
@@ -69,11 +102,14 @@ struct Attention(Arc<CpuContext>);
 
 impl Operator for Attention {
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
-        ["q", "k", "v", "alibi_slopes"].iter().all(|n| dtype_in(d, n, &[F32]))
+        ["q", "k", "v", "alibi_slopes"]
+            .iter()
+            .all(|n| dtype_in(d, n, &[F32]))
     }
     fn reshape(&self, d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<()> {
         let p = params(d, f, i)?;
-        d.require_mut(OP, "output")?.resize(F32, &[p.sq, p.nh, p.hdv])
+        d.require_mut(OP, "output")?
+            .resize(F32, &[p.sq, p.nh, p.hdv])
     }
     fn run(&self, d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<()> {
         let p = params(d, f, i)?;

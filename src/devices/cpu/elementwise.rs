@@ -32,10 +32,18 @@ fn check_operands(op: &str, a: &Data, b: &Data, broadcast: bool) -> Result<()> {
     let same = a.dims() == b.dims();
     let row = broadcast && b.dims().len() == 1 && b.dims()[0] == rows_last(a.dims()).1;
     if !(same || row) {
-        let how = if broadcast { " (or be [last dim of input0])" } else { "" };
+        let how = if broadcast {
+            " (or be [last dim of input0])"
+        } else {
+            ""
+        };
         return Err(Error::op(
             op,
-            format!("input1 {:?} must have the shape of input0 {:?}{how}", b.dims(), a.dims()),
+            format!(
+                "input1 {:?} must have the shape of input0 {:?}{how}",
+                b.dims(),
+                a.dims()
+            ),
         ));
     }
     Ok(())
@@ -49,7 +57,12 @@ impl Operator for AddTo {
         two_f32(d)
     }
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
-        check_operands("AddTo", d.require("AddTo", "input0")?, d.require("AddTo", "input1")?, true)
+        check_operands(
+            "AddTo",
+            d.require("AddTo", "input0")?,
+            d.require("AddTo", "input1")?,
+            true,
+        )
     }
     fn run(&self, d: &mut DataDict, f: &FloatDict, _: &IntDict) -> Result<()> {
         const OP: &str = "AddTo";
@@ -74,7 +87,12 @@ impl Operator for MulTo {
         two_f32(d)
     }
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
-        check_operands("MulTo", d.require("MulTo", "input0")?, d.require("MulTo", "input1")?, true)
+        check_operands(
+            "MulTo",
+            d.require("MulTo", "input0")?,
+            d.require("MulTo", "input1")?,
+            true,
+        )
     }
     fn run(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
         const OP: &str = "MulTo";

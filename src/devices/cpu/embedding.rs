@@ -34,12 +34,27 @@ fn check(ids: &Data, w: &Data) -> Result<(WeightFormat, usize, usize)> {
     check_tensor(OP, "input", ids)?;
     check_tensor(OP, "weight", w)?;
     let ids_v = i32s(OP, "input", ids)?;
-    let fmt = format_of(w.dtype()).ok_or_else(|| Error::op(OP, format!("'weight' dtype {} is not a weight type", w.dtype())))?;
+    let fmt = format_of(w.dtype()).ok_or_else(|| {
+        Error::op(
+            OP,
+            format!("'weight' dtype {} is not a weight type", w.dtype()),
+        )
+    })?;
     let &[vocab, d] = w.dims() else {
-        return Err(Error::op(OP, format!("'weight' must be [vocab, d], got {:?}", w.dims())));
+        return Err(Error::op(
+            OP,
+            format!("'weight' must be [vocab, d], got {:?}", w.dims()),
+        ));
     };
-    if let Some((t, &bad)) = ids_v.iter().enumerate().find(|(_, &id)| id < 0 || id as usize >= vocab) {
-        return Err(Error::op(OP, format!("token id {bad} at position {t} is outside the vocabulary 0..{vocab}")));
+    if let Some((t, &bad)) = ids_v
+        .iter()
+        .enumerate()
+        .find(|(_, &id)| id < 0 || id as usize >= vocab)
+    {
+        return Err(Error::op(
+            OP,
+            format!("token id {bad} at position {t} is outside the vocabulary 0..{vocab}"),
+        ));
     }
     Ok((fmt, vocab, d))
 }
@@ -49,7 +64,8 @@ struct Embedding(Arc<CpuContext>);
 
 impl Operator for Embedding {
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
-        super::args::dtype_in(d, "input", &[DataType::I32]) && d.dtype("weight").is_none_or(|t| format_of(t).is_some())
+        super::args::dtype_in(d, "input", &[DataType::I32])
+            && d.dtype("weight").is_none_or(|t| format_of(t).is_some())
     }
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
         let ids = d.require(OP, "input")?;
@@ -63,7 +79,9 @@ impl Operator for Embedding {
         let (ids, w) = (need(OP, "input", ids)?, need(OP, "weight", w)?);
         let (fmt, _, dim) = check(ids, w)?;
         let ids = i32s(OP, "input", ids)?;
-        let wb = w.bytes().map_err(|e| Error::op(OP, format!("'weight': {e}")))?;
+        let wb = w
+            .bytes()
+            .map_err(|e| Error::op(OP, format!("'weight': {e}")))?;
         check_dtype(OP, "output", out, DataType::F32)?;
         let o = super::args::f32s_mut(OP, "output", out)?;
         if self.0.reference() {

@@ -26,9 +26,17 @@ fn lead(dims: &[usize]) -> Vec<usize> {
 
 /// The validated `k` for an input with rows of `n`.
 fn read_k(n: usize, i: &IntDict, dims: &[usize]) -> Result<usize> {
-    let k = non_neg("TopK", "k", i.get("k").ok_or_else(|| Error::op("TopK", "missing parameter 'k'"))?)?;
+    let k = non_neg(
+        "TopK",
+        "k",
+        i.get("k")
+            .ok_or_else(|| Error::op("TopK", "missing parameter 'k'"))?,
+    )?;
     if k == 0 || k > n {
-        return Err(Error::op("TopK", format!("k = {k} must be in 1..={n} for input {dims:?}")));
+        return Err(Error::op(
+            "TopK",
+            format!("k = {k} must be in 1..={n} for input {dims:?}"),
+        ));
     }
     Ok(k)
 }
@@ -78,7 +86,10 @@ impl Operator for ArgMax {
         check_tensor("ArgMax", "input", x)?;
         f32s("ArgMax", "input", x)?;
         if rows_last(x.dims()).1 == 0 {
-            return Err(Error::op("ArgMax", format!("'input' {:?} has empty rows", x.dims())));
+            return Err(Error::op(
+                "ArgMax",
+                format!("'input' {:?} has empty rows", x.dims()),
+            ));
         }
         let od = lead(x.dims());
         d.require_mut("ArgMax", "output")?.resize(I32, &od)

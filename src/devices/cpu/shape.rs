@@ -13,8 +13,20 @@ use std::sync::Arc;
 
 /// Registers this family's operators.
 pub fn register(ops: &mut OpRegistry, ctx: &Arc<CpuContext>) {
-    ops.insert("Permute", Box::new(Permute { ctx: ctx.clone(), in_place: false }));
-    ops.insert("PermuteSelf", Box::new(Permute { ctx: ctx.clone(), in_place: true }));
+    ops.insert(
+        "Permute",
+        Box::new(Permute {
+            ctx: ctx.clone(),
+            in_place: false,
+        }),
+    );
+    ops.insert(
+        "PermuteSelf",
+        Box::new(Permute {
+            ctx: ctx.clone(),
+            in_place: true,
+        }),
+    );
     ops.insert("Cat", Box::new(Cat(ctx.clone())));
     ops.insert("CatDirect", Box::new(CatDirect));
     ops.insert("Split", Box::new(Split(ctx.clone())));
@@ -34,14 +46,21 @@ fn read_perm(op: &str, dims: &[usize], ints: &IntDict) -> Result<Vec<usize>> {
     let mut seen = vec![false; n];
     for i in 0..n {
         let key = format!("axis{i}");
-        let v = ints.get(&key).ok_or_else(|| Error::op(op, format!("missing parameter '{key}' for input {dims:?}")))?;
+        let v = ints.get(&key).ok_or_else(|| {
+            Error::op(op, format!("missing parameter '{key}' for input {dims:?}"))
+        })?;
         let a = usize::try_from(v).ok().filter(|&a| a < n);
         match a {
             Some(a) if !seen[a] => {
                 seen[a] = true;
                 perm.push(a);
             }
-            _ => return Err(Error::op(op, format!("'{key}' = {v} is out of range or repeated for input {dims:?}"))),
+            _ => {
+                return Err(Error::op(
+                    op,
+                    format!("'{key}' = {v} is out of range or repeated for input {dims:?}"),
+                ))
+            }
         }
     }
     Ok(perm)
@@ -109,7 +128,10 @@ impl Operator for Permute {
         let (bytes, _) = self.permuted(super::args::need(op, "input", x)?, i)?;
         let o = out.bytes_mut()?;
         if o.len() != bytes.len() {
-            return Err(Error::op(op, format!("'output' holds {} bytes, need {}", o.len(), bytes.len())));
+            return Err(Error::op(
+                op,
+                format!("'output' holds {} bytes, need {}", o.len(), bytes.len()),
+            ));
         }
         o.copy_from_slice(&bytes);
         Ok(())
@@ -119,12 +141,21 @@ impl Operator for Permute {
 /// Checks that `a` and `b` can be joined along `axis`; returns the output dims.
 fn cat_dims(op: &str, a: &Data, b: &Data, axis: i32) -> Result<Vec<usize>> {
     if a.dtype() != b.dtype() {
-        return Err(Error::op(op, format!("input0 is {} but input1 is {}", a.dtype(), b.dtype())));
+        return Err(Error::op(
+            op,
+            format!("input0 is {} but input1 is {}", a.dtype(), b.dtype()),
+        ));
     }
     let axis = non_neg(op, "axis", axis)?;
     let (da, db) = (a.dims(), b.dims());
-    if axis >= da.len() || da.len() != db.len() || (0..da.len()).any(|i| i != axis && da[i] != db[i]) {
-        return Err(Error::op(op, format!("cannot join input0 {da:?} and input1 {db:?} along axis {axis}")));
+    if axis >= da.len()
+        || da.len() != db.len()
+        || (0..da.len()).any(|i| i != axis && da[i] != db[i])
+    {
+        return Err(Error::op(
+            op,
+            format!("cannot join input0 {da:?} and input1 {db:?} along axis {axis}"),
+        ));
     }
     let mut od = da.to_vec();
     od[axis] += db[axis];
@@ -151,13 +182,19 @@ impl Operator for Cat {
     fn run(&self, d: &mut DataDict, _: &FloatDict, i: &IntDict) -> Result<()> {
         const OP: &str = "Cat";
         let ([a, b], out) = d.io(OP, ["input0", "input1"], "output")?;
-        let (a, b) = (super::args::need(OP, "input0", a)?, super::args::need(OP, "input1", b)?);
+        let (a, b) = (
+            super::args::need(OP, "input0", a)?,
+            super::args::need(OP, "input1", b)?,
+        );
         let od = cat_dims(OP, a, b, i.get_or("axis", 0))?;
         let axis = non_neg(OP, "axis", i.get_or("axis", 0))?;
         let es = elem_size(OP, "input0", a)?;
         let (sa, sb) = (packed(OP, "input0", a)?, packed(OP, "input1", b)?);
         if out.dims() != od.as_slice() {
-            return Err(Error::op(OP, format!("'output' is {:?}, need {od:?}", out.dims())));
+            return Err(Error::op(
+                OP,
+                format!("'output' is {:?}, need {od:?}", out.dims()),
+            ));
         }
         let o = out.bytes_mut()?;
         if self.0.reference() {
@@ -201,13 +238,24 @@ fn split_args(x: &Data, i: &IntDict) -> Result<(usize, usize, usize, Vec<usize>)
     const OP: &str = "Split";
     let axis = non_neg(OP, "axis", i.get_or("axis", 0))?;
     let start = non_neg(OP, "start", i.get_or("start", 0))?;
-    let len = x.dims().get(axis).copied().ok_or_else(|| Error::op(OP, format!("axis {axis} out of range for input {:?}", x.dims())))?;
+    let len = x.dims().get(axis).copied().ok_or_else(|| {
+        Error::op(
+            OP,
+            format!("axis {axis} out of range for input {:?}", x.dims()),
+        )
+    })?;
     let end = match i.get("end") {
         Some(v) => non_neg(OP, "end", v)?,
         None => len,
     };
     if start > end || end > len {
-        return Err(Error::op(OP, format!("slice {start}..{end} out of range for axis {axis} of input {:?}", x.dims())));
+        return Err(Error::op(
+            OP,
+            format!(
+                "slice {start}..{end} out of range for axis {axis} of input {:?}",
+                x.dims()
+            ),
+        ));
     }
     let mut od = x.dims().to_vec();
     od[axis] = end - start;
@@ -234,7 +282,10 @@ impl Operator for Split {
         let es = elem_size(OP, "input", x)?;
         let src = packed(OP, "input", x)?;
         if out.dims() != od.as_slice() {
-            return Err(Error::op(OP, format!("'output' is {:?}, need {od:?}", out.dims())));
+            return Err(Error::op(
+                OP,
+                format!("'output' is {:?}, need {od:?}", out.dims()),
+            ));
         }
         let o = out.bytes_mut()?;
         if self.0.reference() {

@@ -4,3 +4,4 @@
 
 pub mod flm;
 pub mod gguf;
+pub mod safetensors;

@@ -312,7 +312,7 @@ impl GgufFile {
             let v = c.value(t, 0)?;
             metadata.insert(k, v);
         }
-        let mut tensors = Vec::with_capacity(n_tensors as usize);
+        let mut tensors = Vec::with_capacity((n_tensors as usize).min(4096));
         for _ in 0..n_tensors {
             let name = c.string()?;
             let nd = c.u32()?;

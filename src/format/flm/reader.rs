@@ -250,6 +250,14 @@ impl FlmFile {
         Ok(d)
     }
 
+    /// The whole mapped file (`Mmap` mode only); tensor views point into it.
+    pub fn mapped_bytes(&self) -> Option<&[u8]> {
+        match &self.backing {
+            Backing::Map(m) => Some(&m[..]),
+            Backing::File(_) => None,
+        }
+    }
+
     /// Checks every tensor's crc now (reads the whole file once).
     pub fn verify(&self) -> Result<()> {
         for (i, t) in self.tensors.iter().enumerate() {

@@ -22,10 +22,7 @@ pub fn convert_gguf(
 ) -> Result<ConvertReport> {
     let g = GgufFile::open(path)?;
     let arch = gguf_architecture(&g)?;
-    let config = ModelConfig::from_gguf(&g)?;
-    let permute = arch == "llama";
-    let mut plan: Vec<(usize, Mapped)> = Vec::new();
-    for (i, t) in g.tensors.iter().enumerate() {
+    for t in &g.tensors {
         if !supported(t.ggml_type) {
             let tname = ggml_type::info(t.ggml_type).map(|i| i.0).unwrap_or("unknown");
             return Err(Error::format(
@@ -36,6 +33,11 @@ pub fn convert_gguf(
                 ),
             ));
         }
+    }
+    let config = ModelConfig::from_gguf(&g)?;
+    let permute = arch == "llama";
+    let mut plan: Vec<(usize, Mapped)> = Vec::new();
+    for (i, t) in g.tensors.iter().enumerate() {
         if gguf_skipped(&t.name) {
             continue;
         }
@@ -58,13 +60,13 @@ pub fn convert_gguf(
             .tensors
             .get(*i)
             .ok_or_else(|| Error::format(&g.path, "tensor index changed"))?;
-        let bytes = g.tensor_bytes(t)?;
+        let bytes = g.read_tensor_bytes(t)?;
         let ty = t.ggml_type;
         let decode = move |b: &[u8], o: &mut [f32]| dequantize(ty, b, o);
         let src = SourceTensor {
             source_name: &t.name,
             dims: t.shape(),
-            bytes,
+            bytes: &bytes,
             same_as: shared_dtype(ty),
             decode: &decode,
         };

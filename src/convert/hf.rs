@@ -81,14 +81,14 @@ pub fn convert_hf_dir(
     let total = names.len();
     let mut bytes_total = 0u64;
     for (i, n) in names.iter().enumerate() {
-        let (info, bytes) = weights.tensor(n)?;
+        let (info, bytes) = weights.read_tensor(n)?;
         let file = weights.file_of(n).unwrap_or("safetensors");
         let dt = info.dtype;
         let decode = move |b: &[u8], o: &mut [f32]| decode_to_f32(dt, b, o);
         let src = SourceTensor {
             source_name: n,
             dims: info.dims.clone(),
-            bytes,
+            bytes: &bytes,
             same_as: Some(info.dtype),
             decode: &decode,
         };

@@ -4,4 +4,5 @@
 
 pub mod flm;
 pub mod gguf;
+pub mod pread;
 pub mod safetensors;

@@ -5,6 +5,7 @@
 
 use crate::data::DataType;
 use crate::error::{Error, Result};
+use crate::format::pread::read_vec;
 use memmap2::Mmap;
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -31,6 +32,7 @@ pub struct SafeTensorInfo {
 /// One opened `.safetensors` file.
 pub struct SafetensorsFile {
     path: String,
+    file: File,
     map: Mmap,
     tensors: BTreeMap<String, SafeTensorInfo>,
 }
@@ -55,7 +57,7 @@ impl SafetensorsFile {
         // SAFETY: read-only mapping; we rely on the file not being truncated while mapped.
         let map = unsafe { Mmap::map(&f) }.map_err(|e| Error::io(&ps, e))?;
         let tensors = Self::parse_header(&ps, &map)?;
-        Ok(SafetensorsFile { path: ps, map, tensors })
+        Ok(SafetensorsFile { path: ps, file: f, map, tensors })
     }
 
     fn parse_header(ps: &str, b: &[u8]) -> Result<BTreeMap<String, SafeTensorInfo>> {
@@ -160,7 +162,18 @@ impl SafetensorsFile {
         &self.tensors
     }
 
-    /// A tensor's info and bytes.
+    /// A tensor's info and a fresh copy of its bytes, read with a positioned read (nothing of
+    /// the file stays resident).
+    pub fn read_tensor(&self, name: &str) -> Result<(&SafeTensorInfo, Vec<u8>)> {
+        let t = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| Error::format(&self.path, format!("no tensor named {name}")))?;
+        let b = read_vec(&self.file, &self.path, t.start as u64, (t.end - t.start) as u64, name)?;
+        Ok((t, b))
+    }
+
+    /// A tensor's info and bytes (borrowed from the memory map).
     pub fn tensor(&self, name: &str) -> Result<(&SafeTensorInfo, &[u8])> {
         let t = self
             .tensors
@@ -258,6 +271,14 @@ impl SafetensorsSet {
     pub fn tensor(&self, name: &str) -> Result<(&SafeTensorInfo, &[u8])> {
         match self.by_name.get(name).and_then(|&i| self.files.get(i)) {
             Some(f) => f.tensor(name),
+            None => Err(Error::invalid(format!("no tensor named {name} in the safetensors set"))),
+        }
+    }
+
+    /// A tensor's info and a fresh copy of its bytes (positioned read).
+    pub fn read_tensor(&self, name: &str) -> Result<(&SafeTensorInfo, Vec<u8>)> {
+        match self.by_name.get(name).and_then(|&i| self.files.get(i)) {
+            Some(f) => f.read_tensor(name),
             None => Err(Error::invalid(format!("no tensor named {name} in the safetensors set"))),
         }
     }

@@ -9,6 +9,7 @@ use super::layout::{Header, Section, SectionKind, FIXED};
 use super::meta::{self, Metadata, MetaValue};
 use super::tokenizer_codec;
 use crate::data::{Data, SharedBytes};
+use crate::format::pread::{read_exact_at, read_vec};
 use crate::error::{Error, Result};
 use crate::model::ModelConfig;
 use crate::tokenizer::TokenizerSpec;
@@ -45,38 +46,6 @@ pub struct FlmFile {
     by_name: HashMap<String, usize>,
     checked: Vec<AtomicBool>,
     backing: Backing,
-}
-
-#[cfg(unix)]
-fn read_exact_at(f: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-    use std::os::unix::fs::FileExt;
-    f.read_exact_at(buf, offset)
-}
-
-#[cfg(windows)]
-fn read_exact_at(f: &File, mut buf: &mut [u8], mut offset: u64) -> std::io::Result<()> {
-    use std::os::windows::fs::FileExt;
-    while !buf.is_empty() {
-        match f.seek_read(buf, offset)? {
-            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            n => {
-                buf = &mut buf[n..];
-                offset += n as u64;
-            }
-        }
-    }
-    Ok(())
-}
-
-fn read_vec(f: &File, path: &str, offset: u64, len: u64, what: &str) -> Result<Vec<u8>> {
-    let n = usize::try_from(len).map_err(|_| Error::format(path, format!("{what} too large")))?;
-    let mut buf = Vec::new();
-    buf.try_reserve_exact(n)
-        .map_err(|_| Error::OutOfMemory(format!("{path}: {what} of {n} bytes")))?;
-    buf.resize(n, 0);
-    read_exact_at(f, &mut buf, offset)
-        .map_err(|e| Error::format(path, format!("cannot read {what} ({n} bytes at {offset}): {e}")))?;
-    Ok(buf)
 }
 
 impl FlmFile {

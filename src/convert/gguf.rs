@@ -66,11 +66,11 @@ pub fn convert_gguf(
         let src = SourceTensor {
             source_name: &t.name,
             dims: t.shape(),
-            bytes: &bytes,
+            bytes,
             same_as: shared_dtype(ty),
             decode: &decode,
         };
-        let stored = transform(m, &src, opts.dtype)
+        let stored = transform(m, src, opts.dtype)
             .map_err(|e| Error::format(&g.path, format!("tensor {}: {e}", t.name)))?;
         writer.add_tensor(&m.name, stored.dtype, &stored.dims, &stored.bytes)?;
         bytes_total += stored.bytes.len() as u64;

@@ -88,12 +88,12 @@ pub fn convert_hf_dir(
         let src = SourceTensor {
             source_name: n,
             dims: info.dims.clone(),
-            bytes: &bytes,
+            bytes,
             same_as: Some(info.dtype),
             decode: &decode,
         };
         let mapped = hf_name(&config.architecture, n);
-        let stored = transform(&mapped, &src, opts.dtype)
+        let stored = transform(&mapped, src, opts.dtype)
             .map_err(|e| Error::format(file, format!("tensor {n}: {e}")))?;
         writer.add_tensor(&mapped.name, stored.dtype, &stored.dims, &stored.bytes)?;
         bytes_total += stored.bytes.len() as u64;

@@ -13,8 +13,8 @@ pub struct SourceTensor<'a> {
     pub source_name: &'a str,
     /// Row-major dims, outermost first.
     pub dims: Vec<usize>,
-    /// Raw bytes.
-    pub bytes: &'a [u8],
+    /// Raw bytes (moved into the output when no conversion is needed).
+    pub bytes: Vec<u8>,
     /// The `.flm` dtype with identical bytes, if any.
     pub same_as: Option<DataType>,
     /// Decodes `bytes` into f32 (all elements).
@@ -43,7 +43,7 @@ fn row_order(m: &Mapped, rows: usize, src: &SourceTensor<'_>) -> Result<Option<V
 }
 
 /// Converts `src` (mapped by `m`) to the dtype the policy picks for `target`.
-pub fn transform(m: &Mapped, src: &SourceTensor<'_>, target: super::TargetDtype) -> Result<StoredTensor> {
+pub fn transform(m: &Mapped, src: SourceTensor<'_>, target: super::TargetDtype) -> Result<StoredTensor> {
     let dims = src.dims.clone();
     let count = dims
         .iter()
@@ -59,11 +59,11 @@ pub fn transform(m: &Mapped, src: &SourceTensor<'_>, target: super::TargetDtype)
     }
     let out_dims = if m.transpose { vec![cols, rows] } else { dims.clone() };
     let dtype = dtype_policy::stored_dtype(target, &m.name, &out_dims, src.same_as);
-    let order = row_order(m, rows, src)?;
+    let order = row_order(m, rows, &src)?;
     if Some(dtype) == src.same_as && !m.transpose {
         let rb = dtype.row_bytes(cols)?;
         let bytes = match order {
-            None => src.bytes.to_vec(),
+            None => src.bytes,
             Some(order) => {
                 let mut out = Vec::with_capacity(src.bytes.len());
                 for r in order {
@@ -79,7 +79,8 @@ pub fn transform(m: &Mapped, src: &SourceTensor<'_>, target: super::TargetDtype)
         return Ok(StoredTensor { dtype, dims: out_dims, bytes });
     }
     let mut values = vec![0f32; count];
-    (src.decode)(src.bytes, &mut values)?;
+    (src.decode)(&src.bytes, &mut values)?;
+    drop(src);
     if m.transpose {
         let mut t = vec![0f32; count];
         for r in 0..rows {

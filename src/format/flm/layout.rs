@@ -93,15 +93,17 @@ impl Header {
 
     /// Decodes the first 32 bytes; returns the section count to read next.
     pub(crate) fn decode_fixed(path: &str, b: &[u8], actual_size: u64) -> Result<u32> {
-        if b.len() < FIXED {
-            return Err(Error::format(path, format!("truncated: {} bytes, not a .flm file", b.len())));
+        let truncated = || Error::format(path, format!("truncated: {} bytes, not a .flm file", b.len()));
+        match b.get(..8) {
+            None => return Err(truncated()),
+            Some(m) if m != MAGIC => return Err(Error::format(path, "not a .flm file (wrong magic)")),
+            Some(_) => {}
         }
-        if b.get(..8) != Some(&MAGIC[..]) {
-            return Err(Error::format(path, "not a .flm file (wrong magic)"));
-        }
-        let mut r = ByteReader::new(b.get(8..FIXED).unwrap_or(&[]), path, "header");
-        let major = r.u16()?;
-        let minor = r.u16()?;
+        let mut r = ByteReader::new(b.get(8..).unwrap_or(&[]), path, "header");
+        let (major, minor) = match (r.u16(), r.u16()) {
+            (Ok(a), Ok(b)) => (a, b),
+            _ => return Err(truncated()),
+        };
         if major != VERSION_MAJOR {
             return Err(Error::format(
                 path,
@@ -109,6 +111,9 @@ impl Header {
                     "unsupported .flm version {major}.{minor}: this reader understands {VERSION_MAJOR}.x (convert the model again or update fastllm)"
                 ),
             ));
+        }
+        if b.len() < FIXED {
+            return Err(truncated());
         }
         let marker = r.u32()?;
         if marker != ENDIAN_MARKER {

@@ -55,10 +55,7 @@ impl FlmFile {
         let ps = p.display().to_string();
         let file = File::open(p).map_err(|e| Error::io(&ps, e))?;
         let size = file.metadata().map_err(|e| Error::io(&ps, e))?.len();
-        if size < FIXED as u64 {
-            return Err(Error::format(&ps, format!("truncated: {size} bytes, not a .flm file")));
-        }
-        let fixed = read_vec(&file, &ps, 0, FIXED as u64, "header")?;
+        let fixed = read_vec(&file, &ps, 0, size.min(FIXED as u64), "header")?;
         let n = Header::decode_fixed(&ps, &fixed, size)?;
         let hlen = Header::size_for(n as usize) as u64;
         if hlen > size {

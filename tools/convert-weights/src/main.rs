@@ -30,15 +30,23 @@ struct Args {
 }
 
 #[cfg(feature = "tokenizer-import")]
-fn importers() -> Result<TokenizerImporters> {
-    Ok(TokenizerImporters::builtin())
+fn importers() -> TokenizerImporters {
+    TokenizerImporters::builtin()
 }
 
+/// Without the tokenizer module's importers the input is still validated (the error comes when
+/// the tokenizer is reached).
 #[cfg(not(feature = "tokenizer-import"))]
-fn importers() -> Result<TokenizerImporters> {
-    Err(Error::Unsupported(
-        "this build has no tokenizer import (rebuild with --features tokenizer-import)".into(),
-    ))
+fn importers() -> TokenizerImporters {
+    fn missing() -> Error {
+        Error::Unsupported(
+            "this build has no tokenizer import (rebuild with --features tokenizer-import)".into(),
+        )
+    }
+    TokenizerImporters {
+        hf: |_, _| Err(missing()),
+        gguf: |_| Err(missing()),
+    }
 }
 
 fn run(args: &Args) -> Result<()> {
@@ -50,9 +58,7 @@ fn run(args: &Args) -> Result<()> {
         .as_ref()
         .ok_or_else(|| Error::invalid("missing -o OUT.flm"))?;
     let dtype = TargetDtype::parse(&args.dtype)?;
-    // Validate the input before asking for the tokenizer importers, so bad files are reported as such.
-    fastllm::convert::detect_input(&args.input)?;
-    let opts = ConvertOptions { dtype, tokenizer: importers()? };
+    let opts = ConvertOptions { dtype, tokenizer: importers() };
     let mut bar = progress::Reporter::new();
     let report = convert(&args.input, out, &opts, &mut |p| bar.update(p))?;
     bar.finish();

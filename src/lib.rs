@@ -4,6 +4,7 @@
 //! runs named ops (`"Linear"`, `"Attention"`, ...) on the first registered device
 //! ([`device::BaseDevice`]) that accepts them, and devices holding registries of operators.
 
+pub mod convert;
 pub mod data;
 pub mod default_model;
 pub mod device;

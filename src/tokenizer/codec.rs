@@ -32,6 +32,10 @@ pub struct Tokenizer {
     strip_leading_space: bool,
     /// Fuse consecutive unknown symbols into one unk (SentencePiece, HF `fuse_unk`).
     fuse_unk: bool,
+    /// SentencePiece text may be cut before every `▁` that follows another character: no token
+    /// spans such a boundary (checked at build), so merging the pieces one by one (and caching
+    /// them) gives exactly the result of merging the whole text.
+    sp_split_words: bool,
     /// Token strings as in the spec.
     vocab: Vec<Vec<u8>>,
     /// The bytes each token stands for when decoding.
@@ -178,6 +182,19 @@ impl Tokenizer {
             }
         }
 
+        let sp_split_words = sp_text
+            && piece_ids.contains_key(SP_SPACE.as_bytes())
+            && piece_ids.keys().all(|k| {
+                let t = String::from_utf8_lossy(k);
+                let mut prev_other = false;
+                for c in t.chars() {
+                    if c == '\u{2581}' && prev_other {
+                        return false;
+                    }
+                    prev_other = c != '\u{2581}';
+                }
+                true
+            });
         let rule = if spec.merges.is_empty() && !spec.scores.is_empty() {
             MergeRule::Scores(spec.scores.clone())
         } else {
@@ -209,6 +226,7 @@ impl Tokenizer {
             ignore_merges: spec.pre_tokenizer == PreTokenizerKind::Llama3,
             strip_leading_space: sp_text && spec.add_prefix_space,
             fuse_unk: spec.kind == TokenizerKind::SentencePieceBpe,
+            sp_split_words,
             vocab: spec.vocab,
             bytes,
             byte_token,
@@ -341,8 +359,8 @@ impl Tokenizer {
                 pretokenize::split(self.pre_tokenizer, seg, &mut st.pieces);
                 for k in 0..st.pieces.len() {
                     let (a, z) = st.pieces[k];
-                    if let Some(word) = seg.as_bytes().get(a..z) {
-                        self.encode_byte_level_word(word, st, out);
+                    if let Some(word) = seg.get(a..z) {
+                        self.encode_cached(word, st, out);
                     }
                 }
             }
@@ -367,6 +385,17 @@ impl Tokenizer {
                 };
                 if self.kind == TokenizerKind::GreedyTrie {
                     self.encode_greedy(text, out);
+                } else if self.sp_split_words {
+                    let mut start = 0;
+                    let mut prev_other = false;
+                    for (k, c) in text.char_indices() {
+                        if c == '\u{2581}' && prev_other {
+                            self.encode_cached(text.get(start..k).unwrap_or(""), st, out);
+                            start = k;
+                        }
+                        prev_other = c != '\u{2581}';
+                    }
+                    self.encode_cached(text.get(start..).unwrap_or(""), st, out);
                 } else {
                     self.encode_sentencepiece_word(text, &mut st.scratch, out);
                 }
@@ -378,8 +407,41 @@ impl Tokenizer {
         self.piece_ids.get(piece).copied()
     }
 
-    /// Byte-level BPE of one pre-tokenized word (raw bytes), through the per-call cache.
-    fn encode_byte_level_word(&self, word: &[u8], st: &mut EncodeState, out: &mut Vec<u32>) {
+    /// Encodes one word (a pre-tokenized byte-level piece, or a SentencePiece piece) through
+    /// the per-call cache.
+    fn encode_cached(&self, word: &str, st: &mut EncodeState, out: &mut Vec<u32>) {
+        let key = word.as_bytes();
+        if key.is_empty() {
+            return;
+        }
+        let cacheable = key.len() <= MAX_CACHED_WORD;
+        if cacheable {
+            if let Some(&(start, len)) = st.cache.get(key) {
+                if let Some(ids) = st.cached_ids.get(start as usize..(start + len) as usize) {
+                    out.extend_from_slice(ids);
+                    return;
+                }
+            }
+        }
+        let first = out.len();
+        match self.kind {
+            TokenizerKind::ByteLevelBpe => self.encode_byte_level_word(key, &mut st.scratch, out),
+            _ => self.encode_sentencepiece_word(word, &mut st.scratch, out),
+        }
+        if cacheable {
+            if st.cache.len() >= MAX_CACHE_ENTRIES {
+                st.cache.clear();
+                st.cached_ids.clear();
+            }
+            let start = st.cached_ids.len() as u32;
+            st.cached_ids.extend_from_slice(out.get(first..).unwrap_or(&[]));
+            st.cache
+                .insert(key.to_vec(), (start, (out.len() - first) as u32));
+        }
+    }
+
+    /// Byte-level BPE of one pre-tokenized word (raw bytes).
+    fn encode_byte_level_word(&self, word: &[u8], scratch: &mut Scratch, out: &mut Vec<u32>) {
         if let [b] = word {
             let id = self.byte_ids[*b as usize];
             if id != NO_ID {
@@ -395,38 +457,17 @@ impl Tokenizer {
                 return;
             }
         }
-        let cacheable = word.len() <= MAX_CACHED_WORD;
-        if cacheable {
-            if let Some(&(start, len)) = st.cache.get(word) {
-                if let Some(ids) = st.cached_ids.get(start as usize..(start + len) as usize) {
-                    out.extend_from_slice(ids);
-                    return;
-                }
-            }
-        }
-        let scratch = &mut st.scratch;
         scratch.symbols.clear();
         for (k, &b) in word.iter().enumerate() {
             push_symbol(scratch, k, k + 1, self.byte_ids[b as usize]);
         }
         merge_word(word, &self.rule, &|p| self.lookup(p), scratch);
-        let first = out.len();
         for s in scratch.symbols.iter().filter(|s| s.start != s.end) {
             if s.id != NO_ID {
                 out.push(s.id);
             } else {
                 out.extend(self.unk_id);
             }
-        }
-        if cacheable {
-            if st.cache.len() >= MAX_CACHE_ENTRIES {
-                st.cache.clear();
-                st.cached_ids.clear();
-            }
-            let start = st.cached_ids.len() as u32;
-            st.cached_ids.extend_from_slice(&out[first..]);
-            st.cache
-                .insert(word.to_vec(), (start, (out.len() - first) as u32));
         }
     }
 
@@ -554,4 +595,47 @@ struct EncodeState {
     scratch: Scratch,
     cache: FxHashMap<Vec<u8>, (u32, u32)>,
     cached_ids: Vec<u32>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    #[test]
+    fn sentencepiece_word_split_equals_whole_text_merging() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/fixtures/tiny/llama/tokenizer.json");
+        let json = std::fs::read_to_string(path).unwrap();
+        let spec = TokenizerSpec::from_hf_json(&json, None).unwrap();
+        // this vocabulary has tokens such as "e▁" (trained without word splitting): splitting
+        // must be off for it
+        assert!(!Tokenizer::new(spec.clone()).unwrap().sp_split_words);
+        // drop those tokens (renamed to unreachable strings) and the merges that make them
+        let crosses = |t: &[u8]| {
+            let t = String::from_utf8_lossy(t);
+            t.chars().zip(t.chars().skip(1)).any(|(a, b)| a != '\u{2581}' && b == '\u{2581}')
+        };
+        let mut spec = spec;
+        spec.merges.retain(|(a, b)| !crosses(&[a.as_slice(), b.as_slice()].concat()));
+        for (id, t) in spec.vocab.iter_mut().enumerate() {
+            if crosses(t) {
+                *t = format!("<removed {id}>").into_bytes();
+            }
+        }
+        let split = Tokenizer::new(spec.clone()).unwrap();
+        assert!(split.sp_split_words);
+        let mut whole = Tokenizer::new(spec).unwrap();
+        whole.sp_split_words = false;
+        let alphabet = ['a', 'b', 'e', 't', 'h', ' ', ' ', '\n', 'é', '你', 'x', '1', '.'];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        for _ in 0..2000 {
+            let len = rng.gen_range(0..40);
+            let text: String = (0..len).map(|_| alphabet[rng.gen_range(0..alphabet.len())]).collect();
+            assert_eq!(
+                split.encode(&text, true, true).unwrap(),
+                whole.encode(&text, true, true).unwrap(),
+                "{text:?}"
+            );
+        }
+    }
 }

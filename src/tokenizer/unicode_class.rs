@@ -164,8 +164,13 @@ mod tests {
         let l = regex::Regex::new(r"^\p{L}$").unwrap();
         let n = regex::Regex::new(r"^\p{N}$").unwrap();
         let s = regex::Regex::new(r"^\s$").unwrap();
-        for cp in (0..0x11000u32).chain((0x1F000..0x1F700).step_by(3)).chain(0x20000..0x20010) {
-            let Some(c) = char::from_u32(cp) else { continue };
+        for cp in (0..0x11000u32)
+            .chain((0x1F000..0x1F700).step_by(3))
+            .chain(0x20000..0x20010)
+        {
+            let Some(c) = char::from_u32(cp) else {
+                continue;
+            };
             let mut buf = [0u8; 4];
             let t = c.encode_utf8(&mut buf);
             assert_eq!(is_letter(c), l.is_match(t), "letter {cp:#x}");

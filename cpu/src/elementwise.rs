@@ -8,7 +8,7 @@
 use crate::threads::Threads;
 
 /// Values handed to one task by the flat (same-shape) fast paths.
-const FLAT_CHUNK: usize = 16 * 1024;
+const FLAT_CHUNK: usize = 32 * 1024;
 
 /// Reference: `x[i] += alpha * y[i]`.
 pub fn add_to_ref(x: &mut [f32], y: &[f32], alpha: f32) {

@@ -4,9 +4,9 @@
 //!
 //! This module owns only arithmetic over slices; it must not know about ops or tensors.
 
-/// Rows of `row_len` elements that make one parallel task worth its overhead (about 16k values).
+/// Rows of `row_len` elements that make one parallel task worth its overhead (about 32k values).
 pub fn min_rows_for(row_len: usize) -> usize {
-    (16 * 1024 / row_len.max(1)).max(1)
+    (32 * 1024 / row_len.max(1)).max(1)
 }
 
 /// Sum of `x`.

@@ -189,6 +189,7 @@ pub(crate) mod avx2 {
         _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e))
     }
 
+    /// Sum of `x`.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn sum(x: &[f32]) -> f32 {
         let n = x.len();
@@ -206,6 +207,7 @@ pub(crate) mod avx2 {
         s
     }
 
+    /// Sum of `(x - m)²`.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn sum_sq_diff(x: &[f32], m: f32) -> f32 {
         let n = x.len();
@@ -224,6 +226,7 @@ pub(crate) mod avx2 {
         s
     }
 
+    /// Dot product over the common prefix.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
         let n = a.len().min(b.len());
@@ -266,6 +269,7 @@ pub(crate) mod avx2 {
         s
     }
 
+    /// Largest value (NaN skipped).
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn max(x: &[f32]) -> f32 {
         let n = x.len();
@@ -283,6 +287,7 @@ pub(crate) mod avx2 {
         s
     }
 
+    /// `x = exp(x - m)`; returns the sum.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
         let n = x.len();
@@ -342,6 +347,7 @@ pub(crate) mod avx512 {
         _mm512_scalef_ps(y, fx)
     }
 
+    /// Sum of `x`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub unsafe fn sum(x: &[f32]) -> f32 {
         let n = x.len();
@@ -357,6 +363,7 @@ pub(crate) mod avx512 {
         _mm512_reduce_add_ps(acc)
     }
 
+    /// Sum of `(x - m)²`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub unsafe fn sum_sq_diff(x: &[f32], m: f32) -> f32 {
         let n = x.len();
@@ -376,6 +383,7 @@ pub(crate) mod avx512 {
         _mm512_reduce_add_ps(acc)
     }
 
+    /// Dot product over the common prefix.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
         let n = a.len().min(b.len());
@@ -406,6 +414,7 @@ pub(crate) mod avx512 {
         _mm512_reduce_add_ps(_mm512_add_ps(a0, a1))
     }
 
+    /// Largest value (NaN skipped).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub unsafe fn max(x: &[f32]) -> f32 {
         let n = x.len();
@@ -426,6 +435,7 @@ pub(crate) mod avx512 {
         _mm512_reduce_max_ps(m)
     }
 
+    /// `x = exp(x - m)`; returns the sum.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub unsafe fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
         let n = x.len();

@@ -4,9 +4,10 @@
 //! Query `i` sits at position `p = skv - sq + i`. A query that sees no key gets zeros.
 //!
 //! The reference computes scores in f32, softmax and the weighted sum in f64, one (query, head)
-//! at a time. The fast path computes a row of scores with SIMD dot products, a vectorised
-//! max-subtracted softmax, then accumulates `v` rows with FMA; (query, head) rows are split over
-//! the thread pool. Sizes are validated by the caller; this module never reads out of bounds
+//! at a time. The fast path works on one query and one KV head at a time (all the query heads of
+//! that GQA group, so each K/V row is loaded once per group): SIMD dot products for the scores, a
+//! vectorised max-subtracted softmax, then FMA accumulation of `v` rows; such units are split
+//! over the thread pool. Sizes are validated by the caller; this module never reads out of bounds
 //! (short slices produce fewer rows) and must not know about tensors.
 
 use crate::threads::Threads;
@@ -140,48 +141,73 @@ pub fn attention(
     if hdv == 0 || p.nh == 0 {
         return;
     }
-    let rows = (p.sq * p.nh).min(out.len() / hdv);
-    let out = &mut out[..rows * hdv];
-    // one (query, head) row costs about skv·(hd + hdv) flops
-    let per_row = (p.skv * (hd + hdv)).max(1);
-    let min_rows = (32 * 1024 / per_row).max(1);
-    th.for_row_chunks(out, hdv, min_rows, |r0, oc| {
-        let mut scores = vec![0f32; p.skv];
-        for (ri, o) in oc.chunks_exact_mut(hdv).enumerate() {
-            let r = r0 + ri;
-            let (i, h) = (r / p.nh, r % p.nh);
-            let kh = p.kv_head(h);
-            let slope = slopes.and_then(|s| s.get(h).copied()).unwrap_or(0.0);
-            o.fill(0.0);
-            let Some(qr) = q.get(r * hd..(r + 1) * hd) else {
+    let g = (p.nh / p.nkv.max(1)).max(1);
+    // work unit: one query and one KV head, i.e. the `g` query heads sharing that KV head, whose
+    // output rows are adjacent; K and V rows are loaded once per unit and reused `g` times
+    let unit = g * hdv;
+    let units = (p.sq * p.nkv).min(out.len() / unit);
+    let out = &mut out[..units * unit];
+    let per_unit = (p.skv * (hd + hdv) * g).max(1);
+    let min_units = (32 * 1024 / per_unit).max(1);
+    th.for_row_chunks(out, unit, min_units, |u0, oc| {
+        let mut scores = vec![0f32; p.skv * g];
+        for (ui, ob) in oc.chunks_exact_mut(unit).enumerate() {
+            let u = u0 + ui;
+            let (i, kh) = (u / p.nkv, u % p.nkv);
+            let h0 = kh * g;
+            let Some(qb) = q.get((i * p.nh + h0) * hd..(i * p.nh + h0 + g) * hd) else {
                 return;
             };
+            ob.fill(0.0);
             let vis = p.visible(i);
-            let sc = &mut scores[vis.clone()];
-            for (j, s) in vis.clone().zip(sc.iter_mut()) {
+            let n = vis.len();
+            if n == 0 {
+                continue;
+            }
+            // scores[t * n + jj] for head h0 + t and key vis.start + jj
+            for (jj, j) in vis.clone().enumerate() {
                 let kr = k
                     .get((j * p.nkv + kh) * hd..(j * p.nkv + kh + 1) * hd)
                     .unwrap_or(&[]);
-                *s = vm::dot(qr, kr) * p.scale;
-            }
-            if p.softcap > 0.0 || slope != 0.0 {
-                for (j, s) in vis.clone().zip(sc.iter_mut()) {
-                    *s = p.adjust(*s, slope, i, j);
+                for (t, qr) in qb.chunks_exact(hd).enumerate() {
+                    scores[t * n + jj] = vm::dot(qr, kr) * p.scale;
                 }
             }
-            if sc.is_empty() {
-                continue;
+            let mut sums = [0f32; 64];
+            let mut sums_heap = Vec::new();
+            let sums: &mut [f32] = if g <= 64 {
+                &mut sums[..g]
+            } else {
+                sums_heap.resize(g, 0.0);
+                &mut sums_heap
+            };
+            for (t, (sc, sum)) in scores
+                .chunks_exact_mut(n)
+                .take(g)
+                .zip(sums.iter_mut())
+                .enumerate()
+            {
+                let slope = slopes.and_then(|s| s.get(h0 + t).copied()).unwrap_or(0.0);
+                if p.softcap > 0.0 || slope != 0.0 {
+                    for (j, s) in vis.clone().zip(sc.iter_mut()) {
+                        *s = p.adjust(*s, slope, i, j);
+                    }
+                }
+                let m = vm::max(sc);
+                *sum = vm::exp_sub_sum(sc, m);
             }
-            let m = vm::max(sc);
-            let sum = vm::exp_sub_sum(sc, m);
-            for (j, &e) in vis.zip(sc.iter()) {
+            for (jj, j) in vis.enumerate() {
                 let vr = v
                     .get((j * p.nkv + kh) * hdv..(j * p.nkv + kh + 1) * hdv)
                     .unwrap_or(&[]);
-                vm::axpy(o, e, vr);
+                for (t, o) in ob.chunks_exact_mut(hdv).enumerate() {
+                    vm::axpy(o, scores[t * n + jj], vr);
+                }
             }
-            if sum > 0.0 {
-                vm::scale(o, 1.0 / sum);
+            for (o, &sum) in ob.chunks_exact_mut(hdv).zip(sums.iter()) {
+                if sum > 0.0 {
+                    vm::scale(o, 1.0 / sum);
+                }
             }
         }
     });

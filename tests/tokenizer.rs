@@ -323,3 +323,20 @@ fn smollm2_gguf_matches_hf() {
     let im_end = tok.token_id("<|im_end|>").unwrap();
     assert!(tok.is_special(im_end));
 }
+
+#[test]
+fn tokenizer_is_shareable_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Tokenizer>();
+    let tok = std::sync::Arc::new(tiny("qwen2"));
+    let want = tok.encode("shared between threads", false, false).unwrap();
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let tok = tok.clone();
+            std::thread::spawn(move || tok.encode("shared between threads", false, false).unwrap())
+        })
+        .collect();
+    for h in handles {
+        assert_eq!(h.join().unwrap(), want);
+    }
+}

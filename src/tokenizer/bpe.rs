@@ -205,12 +205,11 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
         // alphabet 0..4; random merges creating ids 4..40
         let mut merges = FxHashMap::default();
-        let mut next = 4u32;
         for rank in 0..36u32 {
+            let next = rank + 4;
             let a = rng.gen_range(0..next);
             let b = rng.gen_range(0..next);
             merges.entry((a, b)).or_insert((rank, next));
-            next += 1;
         }
         let rule = MergeRule::Ranks(merges.clone());
         let mut scratch = Scratch::default();

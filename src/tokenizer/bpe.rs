@@ -5,7 +5,7 @@
 //! only: unknown-symbol fallback and splitting are the caller's.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// A small, fast, non-cryptographic hasher (FxHash) for the hot maps.
@@ -45,6 +45,9 @@ impl Hasher for FxHasher {
 
 /// A `HashMap` with [`FxHasher`].
 pub(crate) type FxHashMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+
+/// A `HashSet` with [`FxHasher`].
+pub(crate) type FxHashSet<K> = HashSet<K, BuildHasherDefault<FxHasher>>;
 
 /// No token id.
 pub(crate) const NO_ID: u32 = u32::MAX;

@@ -6,6 +6,7 @@
 //! `Data` to these kernels.
 
 pub mod elementwise;
+pub mod linear;
 pub mod quant;
 pub mod simd;
 pub mod threads;

@@ -1,0 +1,199 @@
+//! Dot products of one float weight row (F32, F16 or BF16, raw little-endian bytes) with up to
+//! [`MAX_ROWS`] f32 activation rows: the scalar references and the AVX2+FMA+F16C fast paths.
+//!
+//! Every kernel here has the [`FloatRowsFn`] contract; the caller (the driver in `mod.rs`)
+//! checks the sizes. This module must not split work across threads or know about bias/output.
+
+use super::{FloatRowsFn, MAX_ROWS};
+use half::{bf16, f16};
+
+/// Reads weight element `i` of an F32 row.
+#[inline]
+fn w_f32(w: &[u8], i: usize) -> f32 {
+    f32::from_le_bytes([w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]])
+}
+
+/// Reads weight element `i` of an F16 row.
+#[inline]
+fn w_f16(w: &[u8], i: usize) -> f32 {
+    f16::from_le_bytes([w[2 * i], w[2 * i + 1]]).to_f32()
+}
+
+/// Reads weight element `i` of a BF16 row.
+#[inline]
+fn w_bf16(w: &[u8], i: usize) -> f32 {
+    bf16::from_le_bytes([w[2 * i], w[2 * i + 1]]).to_f32()
+}
+
+/// Plain sequential dot of every activation row with the weight row read by `get`.
+#[inline]
+fn rows_ref(get: fn(&[u8], usize) -> f32, w: &[u8], x: &[f32], k: usize, rows: usize, out: &mut [f32; MAX_ROWS]) {
+    for (r, o) in out.iter_mut().enumerate().take(rows.min(MAX_ROWS)) {
+        let xr = &x[r * k..(r + 1) * k];
+        let mut acc = 0f32;
+        for (i, &xv) in xr.iter().enumerate() {
+            acc += get(w, i) * xv;
+        }
+        *o = acc;
+    }
+}
+
+/// Reference F32 kernel ([`FloatRowsFn`] contract).
+pub fn rows_f32_ref(w: &[u8], x: &[f32], k: usize, rows: usize, out: &mut [f32; MAX_ROWS]) {
+    rows_ref(w_f32, w, x, k, rows, out)
+}
+
+/// Reference F16 kernel ([`FloatRowsFn`] contract).
+pub fn rows_f16_ref(w: &[u8], x: &[f32], k: usize, rows: usize, out: &mut [f32; MAX_ROWS]) {
+    rows_ref(w_f16, w, x, k, rows, out)
+}
+
+/// Reference BF16 kernel ([`FloatRowsFn`] contract).
+pub fn rows_bf16_ref(w: &[u8], x: &[f32], k: usize, rows: usize, out: &mut [f32; MAX_ROWS]) {
+    rows_ref(w_bf16, w, x, k, rows, out)
+}
+
+/// Portable fast F32 kernel: eight independent partial sums the compiler can vectorize.
+pub fn rows_f32_portable(w: &[u8], x: &[f32], k: usize, rows: usize, out: &mut [f32; MAX_ROWS]) {
+    for (r, o) in out.iter_mut().enumerate().take(rows.min(MAX_ROWS)) {
+        let xr = &x[r * k..(r + 1) * k];
+        let mut acc = [0f32; 8];
+        let mut xc = xr.chunks_exact(8);
+        let mut wc = w[..4 * k].chunks_exact(32);
+        for (xs, ws) in (&mut xc).zip(&mut wc) {
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a += w_f32(ws, j) * xs[j];
+            }
+        }
+        let mut s: f32 = acc.iter().sum();
+        let done = k - xc.remainder().len();
+        for (i, &xv) in xc.remainder().iter().enumerate() {
+            s += w_f32(w, done + i) * xv;
+        }
+        *o = s;
+    }
+}
+
+/// The fastest F32 kernel for this CPU.
+pub fn pick_f32() -> FloatRowsFn {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::simd::has_avx2_fma() {
+            return avx2::rows_f32;
+        }
+    }
+    rows_f32_portable
+}
+
+/// The fastest F16 kernel for this CPU.
+pub fn pick_f16() -> FloatRowsFn {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::simd::has_avx2_fma() {
+            return avx2::rows_f16;
+        }
+    }
+    rows_f16_ref
+}
+
+/// The fastest BF16 kernel for this CPU.
+pub fn pick_bf16() -> FloatRowsFn {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::simd::has_avx2_fma() {
+            return avx2::rows_bf16;
+        }
+    }
+    rows_bf16_ref
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! AVX2+FMA+F16C float dots; only called after `simd::has_avx2_fma()`.
+    use super::super::MAX_ROWS;
+    use super::{w_bf16, w_f16, w_f32};
+    use crate::linear::hsum_avx2 as hsum;
+    use std::arch::x86_64::*;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load_f32(w: *const u8, i: usize) -> __m256 {
+        _mm256_loadu_ps((w as *const f32).add(i))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load_f16(w: *const u8, i: usize) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(w.add(2 * i) as *const __m128i))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load_bf16(w: *const u8, i: usize) -> __m256 {
+        let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(w.add(2 * i) as *const __m128i));
+        _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
+    }
+
+    macro_rules! float_rows {
+        ($name:ident, $inner:ident, $load:ident, $get:ident) => {
+            /// `R` activation rows, `U` vectors of 8 per step (`U` accumulators per row).
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn $inner<const R: usize, const U: usize>(
+                w: &[u8],
+                x: &[f32],
+                k: usize,
+                out: &mut [f32; MAX_ROWS],
+            ) {
+                let wp = w.as_ptr();
+                let xp = x.as_ptr();
+                let mut acc = [[_mm256_setzero_ps(); U]; R];
+                let mut i = 0;
+                while i + 8 * U <= k {
+                    let mut wv = [_mm256_setzero_ps(); U];
+                    for (u, v) in wv.iter_mut().enumerate() {
+                        *v = $load(wp, i + 8 * u);
+                    }
+                    for (r, a) in acc.iter_mut().enumerate() {
+                        let xr = xp.add(r * k + i);
+                        for u in 0..U {
+                            a[u] = _mm256_fmadd_ps(wv[u], _mm256_loadu_ps(xr.add(8 * u)), a[u]);
+                        }
+                    }
+                    i += 8 * U;
+                }
+                while i + 8 <= k {
+                    let wv = $load(wp, i);
+                    for (r, a) in acc.iter_mut().enumerate() {
+                        a[0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xp.add(r * k + i)), a[0]);
+                    }
+                    i += 8;
+                }
+                for (r, a) in acc.iter().enumerate() {
+                    let mut s = a[0];
+                    for v in &a[1..] {
+                        s = _mm256_add_ps(s, *v);
+                    }
+                    let mut t = hsum(s);
+                    for j in i..k {
+                        t += $get(w, j) * x[r * k + j];
+                    }
+                    out[r] = t;
+                }
+            }
+
+            /// AVX2 kernel ([`super::super::FloatRowsFn`] contract).
+            pub unsafe fn $name(w: &[u8], x: &[f32], k: usize, rows: usize, out: &mut [f32; MAX_ROWS]) {
+                match rows {
+                    1 => $inner::<1, 4>(w, x, k, out),
+                    2 => $inner::<2, 4>(w, x, k, out),
+                    3 => $inner::<3, 2>(w, x, k, out),
+                    _ => $inner::<4, 2>(w, x, k, out),
+                }
+            }
+        };
+    }
+
+    float_rows!(rows_f32, rows_f32_n, load_f32, w_f32);
+    float_rows!(rows_f16, rows_f16_n, load_f16, w_f16);
+    float_rows!(rows_bf16, rows_bf16_n, load_bf16, w_bf16);
+}

@@ -13,6 +13,7 @@ use crate::executor::Executor;
 use std::time::{Duration, Instant};
 
 mod cases_elementwise;
+mod cases_linear;
 
 /// Byte value of guard regions.
 pub const GUARD_FILL: u8 = 0xA5;
@@ -274,5 +275,6 @@ pub fn time_case(case: &OpCase, exec: &Executor, reps: usize) -> Result<Duration
 pub fn all_cases() -> Vec<OpCase> {
     let mut v = Vec::new();
     cases_elementwise::cases(&mut v);
+    cases_linear::cases(&mut v);
     v
 }

@@ -11,6 +11,7 @@ use fastllm_cpu::threads::Threads;
 use std::sync::Arc;
 
 mod elementwise;
+mod linear;
 
 /// Which kernels a CPU device runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +56,7 @@ impl CpuDevice {
         let ctx = Arc::new(CpuContext { threads, mode });
         let mut ops = OpRegistry::new();
         elementwise::register(&mut ops, &ctx);
+        linear::register(&mut ops, &ctx);
         Ok(CpuDevice { ctx, ops })
     }
 

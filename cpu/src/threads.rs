@@ -11,7 +11,7 @@
 
 use std::cell::Cell;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
@@ -30,17 +30,22 @@ struct Job {
     tasks: usize,
 }
 
+/// Bits of [`Shared::ctl`]: generation in the high 32 bits, a "closed" flag, and the number of
+/// workers inside the current job in the low bits.
+const CLOSED: u64 = 1 << 31;
+const ACTIVE: u64 = CLOSED - 1;
+
 /// State shared by the caller and the workers.
 struct Shared {
-    /// Bumped (SeqCst) to publish a job.
-    generation: AtomicUsize,
-    /// Written only while no worker is running a job (all have checked in), read after seeing
-    /// a new generation.
+    /// `generation << 32 | closed | active`. A worker may enter a job (active += 1) only while
+    /// its generation is current and it is not closed; the caller closes the job when all tasks
+    /// are handed out and waits for `active == 0`, so workers that never woke up in time are not
+    /// waited for (important when the machine is oversubscribed).
+    ctl: AtomicU64,
+    /// Written by the caller before publishing a generation, read by workers that entered it.
     job: Mutex<Option<Job>>,
     /// Next task index to hand out.
     next: AtomicUsize,
-    /// Workers that have not finished the current generation.
-    pending: AtomicUsize,
     /// Workers waiting on `wake`.
     sleeping: AtomicUsize,
     sleep_lock: Mutex<()>,
@@ -52,9 +57,9 @@ struct Shared {
     submit: Mutex<()>,
 }
 
-// SAFETY: the raw closure pointer in `job` is only dereferenced while the submitting call is
-// blocked waiting for every worker to finish (see `Threads::run_tasks`), so the closure (which is
-// `Sync`) outlives every use.
+// SAFETY: the raw closure pointer in `job` is only dereferenced by workers that entered the job
+// (see `ctl`), and the submitting call does not return before they have all left it, so the
+// closure (which is `Sync`) outlives every use.
 unsafe impl Send for Shared {}
 unsafe impl Sync for Shared {}
 
@@ -78,10 +83,9 @@ impl Threads {
             return Ok(Threads { shared: None, workers: Vec::new(), n: 1 });
         }
         let shared = Arc::new(Shared {
-            generation: AtomicUsize::new(0),
+            ctl: AtomicU64::new(CLOSED),
             job: Mutex::new(None),
             next: AtomicUsize::new(0),
-            pending: AtomicUsize::new(0),
             sleeping: AtomicUsize::new(0),
             sleep_lock: Mutex::new(()),
             wake: Condvar::new(),
@@ -124,8 +128,9 @@ impl Threads {
         }
         s.next.store(0, Ordering::SeqCst);
         s.panicked.store(false, Ordering::SeqCst);
-        s.pending.store(self.workers.len(), Ordering::SeqCst);
-        s.generation.fetch_add(1, Ordering::SeqCst);
+        // the previous job is closed with no active worker: start the next generation
+        let generation = (s.ctl.load(Ordering::SeqCst) >> 32).wrapping_add(1) & 0xffff_ffff;
+        s.ctl.store(generation << 32, Ordering::SeqCst);
         if s.sleeping.load(Ordering::SeqCst) > 0 {
             let _g = s.sleep_lock.lock();
             s.wake.notify_all();
@@ -205,12 +210,14 @@ impl<T> SendPtr<T> {
     }
 }
 
-/// Waits (spinning, then yielding) until every worker has finished the current job.
+/// Closes the current job and waits (spinning, then yielding) until every worker that entered
+/// it has left.
 struct Finish<'a>(&'a Shared);
 impl Drop for Finish<'_> {
     fn drop(&mut self) {
+        self.0.ctl.fetch_or(CLOSED, Ordering::SeqCst);
         let mut spins = 0usize;
-        while self.0.pending.load(Ordering::Acquire) != 0 {
+        while self.0.ctl.load(Ordering::Acquire) & ACTIVE != 0 {
             spins += 1;
             if spins < SPIN_ITERS {
                 std::hint::spin_loop();
@@ -230,13 +237,14 @@ impl Drop for ResetInJob {
 
 fn worker(s: &Shared) {
     IN_JOB.with(|c| c.set(true));
-    let mut seen = 0usize;
+    let mut seen = s.ctl.load(Ordering::SeqCst) >> 32;
     loop {
         let mut spins = 0usize;
+        let mut c;
         loop {
-            let g = s.generation.load(Ordering::SeqCst);
-            if g != seen {
-                seen = g;
+            c = s.ctl.load(Ordering::SeqCst);
+            if c >> 32 != seen {
+                seen = c >> 32;
                 break;
             }
             if s.shutdown.load(Ordering::SeqCst) {
@@ -249,7 +257,7 @@ fn worker(s: &Shared) {
             }
             let Ok(mut guard) = s.sleep_lock.lock() else { return };
             s.sleeping.fetch_add(1, Ordering::SeqCst);
-            while s.generation.load(Ordering::SeqCst) == seen && !s.shutdown.load(Ordering::SeqCst) {
+            while s.ctl.load(Ordering::SeqCst) >> 32 == seen && !s.shutdown.load(Ordering::SeqCst) {
                 guard = match s.wake.wait(guard) {
                     Ok(g) => g,
                     Err(_) => return,
@@ -258,6 +266,19 @@ fn worker(s: &Shared) {
             s.sleeping.fetch_sub(1, Ordering::SeqCst);
             spins = 0;
         }
+        // enter the job unless it is already closed (or superseded)
+        let entered = loop {
+            if c >> 32 != seen || c & CLOSED != 0 {
+                break false;
+            }
+            match s.ctl.compare_exchange_weak(c, c + 1, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => break true,
+                Err(now) => c = now,
+            }
+        };
+        if !entered {
+            continue;
+        }
         let job = s.job.lock().ok().and_then(|j| *j);
         if let Some(job) = job {
             loop {
@@ -265,15 +286,16 @@ fn worker(s: &Shared) {
                 if i >= job.tasks {
                     break;
                 }
-                // SAFETY: the submitter is blocked until `pending` reaches 0, so the closure is
-                // alive; a panicking task is caught so `pending` is always decremented.
+                // SAFETY: this worker is counted in `ctl`'s active bits, so the submitter is
+                // still waiting and the closure is alive; a panicking task is caught so the
+                // count is always decremented.
                 let f = unsafe { &*job.f };
                 if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(i))).is_err() {
                     s.panicked.store(true, Ordering::SeqCst);
                 }
             }
         }
-        s.pending.fetch_sub(1, Ordering::Release);
+        s.ctl.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

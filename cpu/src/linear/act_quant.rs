@@ -1,6 +1,7 @@
 //! Activation quantization for the `quant_act = 1` precision: f32 activation rows to Q8_0 blocks
 //! (llama.cpp's `quantize_row_q8_0`: `d = amax / 127`, `q = round(x / d)`, `d` kept as f16),
-//! plus the integer sum of every block's `q` (needed by Q4_1 weights, whose dot has a `min` term).
+//! plus `d · Σq` of every block (llama.cpp's Q8_1 `s`, needed by Q4_1 weights, whose dot has a
+//! `min` term).
 //!
 //! Rounding is to nearest, ties to even, in both the scalar reference and the SIMD path (that is
 //! what `cvtps2dq` does), so both produce bit-identical blocks. This module owns the layout of
@@ -11,18 +12,17 @@ use half::f16;
 /// Values per block (same as the weight formats).
 pub const QK: usize = 32;
 
-/// Activation rows quantized to Q8_0, stored as separate arrays (scale, block sum, values) so the
-/// dot kernels can load them directly. Block `b` of row `r` is entry `r * blocks + b`.
+/// Activation rows quantized to Q8_0, stored as separate arrays (scales, values) so the dot
+/// kernels can load them directly. Block `b` of row `r` is entry `r * blocks + b`.
 #[derive(Default, Clone, Debug)]
 pub struct Q8Rows {
     /// Number of rows.
     pub rows: usize,
     /// Blocks per row (`k / 32`).
     pub blocks: usize,
-    /// Scale of every block (an f16 value widened to f32).
-    pub d: Vec<f32>,
-    /// Sum of the 32 quantized values of every block.
-    pub sum: Vec<i32>,
+    /// Per block `[d, d * Σq]`: the scale (an f16 value widened to f32) and the scaled sum of
+    /// the 32 quantized values (one 8-byte load on the fast path).
+    pub ds: Vec<[f32; 2]>,
     /// Quantized values, 32 per block.
     pub qs: Vec<i8>,
 }
@@ -32,8 +32,7 @@ impl Q8Rows {
     pub fn resize(&mut self, rows: usize, blocks: usize) {
         self.rows = rows;
         self.blocks = blocks;
-        self.d.resize(rows * blocks, 0.0);
-        self.sum.resize(rows * blocks, 0);
+        self.ds.resize(rows * blocks, [0.0; 2]);
         self.qs.resize(rows * blocks * QK, 0);
     }
 }
@@ -61,8 +60,7 @@ pub fn quantize_rows_ref(x: &[f32], rows: usize, k: usize, out: &mut Q8Rows) -> 
             s += r;
             *q = r as i8;
         }
-        out.d[i] = d;
-        out.sum[i] = s;
+        out.ds[i] = [d, d * s as f32];
     }
     Ok(())
 }
@@ -127,8 +125,7 @@ unsafe fn quantize_rows_avx2(x: &[f32], out: &mut Q8Rows) {
             s += q;
             *o = q as i8;
         }
-        out.d[i] = d;
-        out.sum[i] = s;
+        out.ds[i] = [d, d * s as f32];
     }
 }
 
@@ -151,13 +148,13 @@ mod tests {
         quantize_rows_ref(&x, 2, 160, &mut a).unwrap();
         quantize_rows(&x, 2, 160, &mut b).unwrap();
         assert_eq!(a.qs, b.qs);
-        assert_eq!(a.d, b.d);
-        assert_eq!(a.sum, b.sum);
+        assert_eq!(a.ds, b.ds);
         assert_eq!(&a.qs[..4], &[127, 0, 2, -2]); // ties to even
         // dequantized values are close to the input
         for (i, &v) in x.iter().enumerate() {
-            let r = a.d[i / 32] * a.qs[i] as f32;
-            assert!((r - v).abs() <= a.d[i / 32] * 0.51 + 1e-3 * v.abs(), "{i}: {v} vs {r}");
+            let d = a.ds[i / 32][0];
+            let r = d * a.qs[i] as f32;
+            assert!((r - v).abs() <= d * 0.51 + 1e-3 * v.abs(), "{i}: {v} vs {r}");
         }
     }
 

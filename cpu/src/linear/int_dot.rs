@@ -1,7 +1,7 @@
 //! Integer dots for `quant_act = 1`: one block-quantized weight row (Q8_0, Q4_0, Q4_1) against
 //! up to [`MAX_ROWS`] activation rows already quantized to Q8_0 ([`Q8Rows`]). Per block the
 //! products are summed exactly in integers, then scaled: `dw * dx * Σ qw·qx` (Q4_0 uses `qw - 8`;
-//! Q4_1 adds `mw * dx * Σ qx`). This is llama.cpp's `vec_dot_q4_0_q8_0` scheme; the AVX2 path
+//! Q4_1 adds `mw * (dx * Σ qx)`). This is llama.cpp's `vec_dot_q4_0_q8_0` scheme; the AVX2 path
 //! uses `maddubs`/`madd` like it. Scalar reference and fast path do the same integer math, so
 //! they differ only in the order of the float sums.
 //!
@@ -26,7 +26,7 @@ pub fn rows_q8_0_ref(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, out: &mut [
         for (b, blk) in w.chunks_exact(Q8_0_BYTES).take(a.blocks).enumerate() {
             let xq = &a.qs[(base + b) * QK..(base + b + 1) * QK];
             let isum: i32 = blk[2..].iter().zip(xq).map(|(&q, &x)| (q as i8 as i32) * x as i32).sum();
-            acc += f16_at(blk, 0) * a.d[base + b] * isum as f32;
+            acc += f16_at(blk, 0) * a.ds[base + b][0] * isum as f32;
         }
         *o = acc;
     }
@@ -45,7 +45,7 @@ pub fn rows_q4_0_ref(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, out: &mut [
                 isum += ((q & 15) as i32 - 8) * xq[j] as i32;
                 isum += ((q >> 4) as i32 - 8) * xq[j + 16] as i32;
             }
-            acc += f16_at(blk, 0) * a.d[base + b] * isum as f32;
+            acc += f16_at(blk, 0) * a.ds[base + b][0] * isum as f32;
         }
         *o = acc;
     }
@@ -64,9 +64,9 @@ pub fn rows_q4_1_ref(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, out: &mut [
                 isum += (q & 15) as i32 * xq[j] as i32;
                 isum += (q >> 4) as i32 * xq[j + 16] as i32;
             }
-            let dx = a.d[base + b];
+            let [dx, sx] = a.ds[base + b];
             acc += f16_at(blk, 0) * dx * isum as f32;
-            acc += f16_at(blk, 2) * dx * a.sum[base + b] as f32;
+            acc += f16_at(blk, 2) * sx;
         }
         *o = acc;
     }
@@ -110,7 +110,7 @@ mod avx2 {
     //! AVX2 integer dots (`maddubs`/`madd`); only called after `simd::has_avx2_fma()`.
     use super::super::act_quant::Q8Rows;
     use super::super::MAX_ROWS;
-    use crate::linear::{f16_at_avx2 as f16_at, hsum_avx2 as hsum};
+    use crate::linear::hsum_avx2 as hsum;
     use crate::quant::{Q4_0_BYTES, Q4_1_BYTES, Q8_0_BYTES, QK};
     use std::arch::x86_64::*;
 
@@ -139,6 +139,14 @@ mod avx2 {
         _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)))
     }
 
+    /// `[d, m, 0, 0]` from the block's first 4 bytes (for Q4_1 `m` is the min; for the other
+    /// types lane 1 is unused).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dm_at(b: *const u8) -> __m128 {
+        _mm_cvtph_ps(_mm_cvtsi32_si128((b as *const i32).read_unaligned()))
+    }
+
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn load_q8_0(b: *const u8) -> __m256i {
@@ -159,7 +167,9 @@ mod avx2 {
 
     macro_rules! int_rows {
         ($name:ident, $inner:ident, $load:ident, $dot:ident, $bytes:expr, $has_min:expr) => {
-            /// `R` activation rows; two accumulators per row (even/odd blocks).
+            /// `R` activation rows; two accumulators per row (even/odd blocks). The block
+            /// scales are formed in a vector: `[dw, mw] * [dx, sx]`; lane 0 scales the integer
+            /// dot, lane 1 (Q4_1's min term) is summed in `mins`.
             #[target_feature(enable = "avx2,fma,f16c")]
             unsafe fn $inner<const R: usize>(
                 w: &[u8],
@@ -170,27 +180,26 @@ mod avx2 {
                 let wp = w.as_ptr();
                 let nb = a.blocks;
                 let qs = a.qs.as_ptr();
-                let ds = a.d.as_ptr();
-                let sums = a.sum.as_ptr();
+                let ds = a.ds.as_ptr() as *const f32;
                 let mut acc = [[_mm256_setzero_ps(); 2]; R];
-                let mut mins = [0f32; R];
+                let mut mins = [_mm_setzero_ps(); R];
                 for b in 0..nb {
                     let blk = wp.add(b * $bytes);
                     let v = $load(blk);
-                    let dw = f16_at(blk);
+                    let dm = dm_at(blk);
                     for (r, ac) in acc.iter_mut().enumerate() {
                         let i = (row0 + r) * nb + b;
                         let x = _mm256_loadu_si256(qs.add(i * QK) as *const __m256i);
-                        let dx = *ds.add(i);
-                        let s = _mm256_set1_ps(dw * dx);
-                        ac[b & 1] = _mm256_fmadd_ps(s, $dot(v, x), ac[b & 1]);
+                        let p = _mm_mul_ps(dm, _mm_castpd_ps(_mm_load_sd(ds.add(2 * i) as *const f64)));
+                        ac[b & 1] = _mm256_fmadd_ps(_mm256_broadcastss_ps(p), $dot(v, x), ac[b & 1]);
                         if $has_min {
-                            mins[r] += f16_at(blk.add(2)) * dx * *sums.add(i) as f32;
+                            mins[r] = _mm_add_ps(mins[r], p);
                         }
                     }
                 }
                 for (r, ac) in acc.iter().enumerate() {
-                    out[r] = hsum(_mm256_add_ps(ac[0], ac[1])) + mins[r];
+                    let m = if $has_min { _mm_cvtss_f32(_mm_movehdup_ps(mins[r])) } else { 0.0 };
+                    out[r] = hsum(_mm256_add_ps(ac[0], ac[1])) + m;
                 }
             }
 

@@ -1,5 +1,6 @@
 //! Dot products of one float weight row (F32, F16 or BF16, raw little-endian bytes) with up to
-//! [`MAX_ROWS`] f32 activation rows: the scalar references and the AVX2+FMA+F16C fast paths.
+//! [`MAX_ROWS`] f32 activation rows: the scalar references, the AVX2+FMA+F16C fast paths and
+//! AVX-512 (F/BW/VL) paths, picked at run time.
 //!
 //! Every kernel here has the [`FloatRowsFn`] contract; the caller (the driver in `mod.rs`)
 //! checks the sizes. This module must not split work across threads or know about bias/output.
@@ -78,6 +79,9 @@ pub fn rows_f32_portable(w: &[u8], x: &[f32], k: usize, rows: usize, out: &mut [
 pub fn pick_f32() -> FloatRowsFn {
     #[cfg(target_arch = "x86_64")]
     {
+        if crate::simd::has_avx512() {
+            return avx512::rows_f32;
+        }
         if crate::simd::has_avx2_fma() {
             return avx2::rows_f32;
         }
@@ -89,6 +93,9 @@ pub fn pick_f32() -> FloatRowsFn {
 pub fn pick_f16() -> FloatRowsFn {
     #[cfg(target_arch = "x86_64")]
     {
+        if crate::simd::has_avx512() {
+            return avx512::rows_f16;
+        }
         if crate::simd::has_avx2_fma() {
             return avx2::rows_f16;
         }
@@ -100,6 +107,9 @@ pub fn pick_f16() -> FloatRowsFn {
 pub fn pick_bf16() -> FloatRowsFn {
     #[cfg(target_arch = "x86_64")]
     {
+        if crate::simd::has_avx512() {
+            return avx512::rows_bf16;
+        }
         if crate::simd::has_avx2_fma() {
             return avx2::rows_bf16;
         }
@@ -108,7 +118,7 @@ pub fn pick_bf16() -> FloatRowsFn {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(super) mod avx2 {
     //! AVX2+FMA+F16C float dots; only called after `simd::has_avx2_fma()`.
     use super::super::MAX_ROWS;
     use super::{w_bf16, w_f16, w_f32};
@@ -188,6 +198,96 @@ mod avx2 {
                     2 => $inner::<2, 4>(w, x, k, out),
                     3 => $inner::<3, 2>(w, x, k, out),
                     _ => $inner::<4, 2>(w, x, k, out),
+                }
+            }
+        };
+    }
+
+    float_rows!(rows_f32, rows_f32_n, load_f32, w_f32);
+    float_rows!(rows_f16, rows_f16_n, load_f16, w_f16);
+    float_rows!(rows_bf16, rows_bf16_n, load_bf16, w_bf16);
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(super) mod avx512 {
+    //! AVX-512 float dots (16 lanes); only called after `simd::has_avx512()`.
+    use super::super::MAX_ROWS;
+    use super::{w_bf16, w_f16, w_f32};
+    use std::arch::x86_64::*;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn load_f32(w: *const u8, i: usize) -> __m512 {
+        _mm512_loadu_ps((w as *const f32).add(i))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn load_f16(w: *const u8, i: usize) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(w.add(2 * i) as *const __m256i))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn load_bf16(w: *const u8, i: usize) -> __m512 {
+        let h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(w.add(2 * i) as *const __m256i));
+        _mm512_castsi512_ps(_mm512_slli_epi32(h, 16))
+    }
+
+    macro_rules! float_rows {
+        ($name:ident, $inner:ident, $load:ident, $get:ident) => {
+            /// `R` activation rows, `U` vectors of 16 per step (`U` accumulators per row).
+            #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+            unsafe fn $inner<const R: usize, const U: usize>(
+                w: &[u8],
+                x: &[f32],
+                k: usize,
+                out: &mut [f32; MAX_ROWS],
+            ) {
+                let wp = w.as_ptr();
+                let xp = x.as_ptr();
+                let mut acc = [[_mm512_setzero_ps(); U]; R];
+                let mut i = 0;
+                while i + 16 * U <= k {
+                    let mut wv = [_mm512_setzero_ps(); U];
+                    for (u, v) in wv.iter_mut().enumerate() {
+                        *v = $load(wp, i + 16 * u);
+                    }
+                    for (r, a) in acc.iter_mut().enumerate() {
+                        let xr = xp.add(r * k + i);
+                        for u in 0..U {
+                            a[u] = _mm512_fmadd_ps(wv[u], _mm512_loadu_ps(xr.add(16 * u)), a[u]);
+                        }
+                    }
+                    i += 16 * U;
+                }
+                while i + 16 <= k {
+                    let wv = $load(wp, i);
+                    for (r, a) in acc.iter_mut().enumerate() {
+                        a[0] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xp.add(r * k + i)), a[0]);
+                    }
+                    i += 16;
+                }
+                for (r, a) in acc.iter().enumerate() {
+                    let mut s = a[0];
+                    for v in &a[1..] {
+                        s = _mm512_add_ps(s, *v);
+                    }
+                    let mut t = _mm512_reduce_add_ps(s);
+                    for j in i..k {
+                        t += $get(w, j) * x[r * k + j];
+                    }
+                    out[r] = t;
+                }
+            }
+
+            /// AVX-512 kernel ([`super::super::FloatRowsFn`] contract).
+            pub unsafe fn $name(w: &[u8], x: &[f32], k: usize, rows: usize, out: &mut [f32; MAX_ROWS]) {
+                match rows {
+                    1 => $inner::<1, 4>(w, x, k, out),
+                    2 => $inner::<2, 4>(w, x, k, out),
+                    3 => $inner::<3, 4>(w, x, k, out),
+                    _ => $inner::<4, 4>(w, x, k, out),
                 }
             }
         };

@@ -106,7 +106,7 @@ pub fn pick_q4_1() -> IntRowsFn {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(super) mod avx2 {
     //! AVX2 integer dots (`maddubs`/`madd`); only called after `simd::has_avx2_fma()`.
     use super::super::act_quant::Q8Rows;
     use super::super::MAX_ROWS;

@@ -83,7 +83,7 @@ pub fn pick_q4_1() -> FloatRowsFn {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(super) mod avx2 {
     //! AVX2 dequantize-in-registers kernels; only called after `simd::has_avx2_fma()`.
     use super::super::MAX_ROWS;
     use crate::linear::{f16_at_avx2 as f16_at, hsum_avx2 as hsum};

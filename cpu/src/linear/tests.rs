@@ -144,3 +144,65 @@ fn matmuls_match_reference() {
         assert!(nmse(&r, &want) < 1e-12);
     }
 }
+
+/// Every SIMD kernel this CPU can run (not only the one `pick_*` selects) against its reference.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn every_simd_variant_matches_reference() {
+    use crate::simd;
+    let mut float: Vec<(WeightType, &str, FloatRowsFn, FloatRowsFn)> = Vec::new();
+    let mut int: Vec<(WeightType, &str, IntRowsFn, IntRowsFn)> = Vec::new();
+    if simd::has_avx2_fma() {
+        float.push((WeightType::F32, "avx2", float_dot::rows_f32_ref, float_dot::avx2::rows_f32));
+        float.push((WeightType::F16, "avx2", float_dot::rows_f16_ref, float_dot::avx2::rows_f16));
+        float.push((WeightType::BF16, "avx2", float_dot::rows_bf16_ref, float_dot::avx2::rows_bf16));
+        float.push((WeightType::Q8_0, "avx2", quant_dot::rows_q8_0_ref, quant_dot::avx2::rows_q8_0));
+        float.push((WeightType::Q4_0, "avx2", quant_dot::rows_q4_0_ref, quant_dot::avx2::rows_q4_0));
+        float.push((WeightType::Q4_1, "avx2", quant_dot::rows_q4_1_ref, quant_dot::avx2::rows_q4_1));
+        int.push((WeightType::Q8_0, "avx2", int_dot::rows_q8_0_ref, int_dot::avx2::rows_q8_0));
+        int.push((WeightType::Q4_0, "avx2", int_dot::rows_q4_0_ref, int_dot::avx2::rows_q4_0));
+        int.push((WeightType::Q4_1, "avx2", int_dot::rows_q4_1_ref, int_dot::avx2::rows_q4_1));
+    }
+    if simd::has_avx512() {
+        float.push((WeightType::F32, "avx512", float_dot::rows_f32_ref, float_dot::avx512::rows_f32));
+        float.push((WeightType::F16, "avx512", float_dot::rows_f16_ref, float_dot::avx512::rows_f16));
+        float.push((WeightType::BF16, "avx512", float_dot::rows_bf16_ref, float_dot::avx512::rows_bf16));
+    }
+    float.push((WeightType::F32, "portable", float_dot::rows_f32_ref, float_dot::rows_f32_portable));
+    for (t, name, r, f) in float {
+        let ks: &[usize] = if t.is_block() { &[32, 96, 544] } else { &[1, 15, 16, 33, 100, 544] };
+        for &k in ks {
+            let (w, _) = encode(t, &rand_vec(k, 9));
+            let x = rand_vec(4 * k, 10);
+            for rows in 1..=MAX_ROWS {
+                let (mut a, mut b) = ([0f32; MAX_ROWS], [0f32; MAX_ROWS]);
+                // SAFETY: sizes as in the contract; features checked above.
+                unsafe {
+                    r(&w, &x, k, rows, &mut a);
+                    f(&w, &x, k, rows, &mut b);
+                }
+                // single dots can cancel to ~0, so bound the absolute error by the rounding scale
+                let close = a.iter().zip(&b).all(|(p, q)| (p - q).abs() <= 1e-6 * k as f32);
+                assert!(close, "{} {name} k={k} rows={rows}: {a:?} vs {b:?}", t.name());
+            }
+        }
+    }
+    for (t, name, r, f) in int {
+        for k in [32usize, 64, 96, 544] {
+            let (w, _) = encode(t, &rand_vec(k, 11));
+            let mut q = act_quant::Q8Rows::default();
+            act_quant::quantize_rows_ref(&rand_vec(5 * k, 12), 5, k, &mut q).unwrap();
+            for rows in 1..=MAX_ROWS {
+                let (mut a, mut b) = ([0f32; MAX_ROWS], [0f32; MAX_ROWS]);
+                // SAFETY: sizes as in the contract; features checked above.
+                unsafe {
+                    r(&w, &q, 1, rows, &mut a);
+                    f(&w, &q, 1, rows, &mut b);
+                }
+                // single dots can cancel to ~0, so bound the absolute error by the rounding scale
+                let close = a.iter().zip(&b).all(|(p, q)| (p - q).abs() <= 1e-6 * k as f32);
+                assert!(close, "{} {name} k={k} rows={rows}: {a:?} vs {b:?}", t.name());
+            }
+        }
+    }
+}

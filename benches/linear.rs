@@ -22,7 +22,11 @@ struct Opts {
 
 fn opts() -> Opts {
     let args: Vec<String> = std::env::args().collect();
-    let mut o = Opts { threads: 2, quick: false, gemv_only: false };
+    let mut o = Opts {
+        threads: 2,
+        quick: false,
+        gemv_only: false,
+    };
     let mut i = 1;
     while i < args.len() {
         match args[i].as_str() {
@@ -99,7 +103,9 @@ fn dispatch_us(e: &Executor) -> f64 {
     for _ in 0..3 {
         let t0 = Instant::now();
         for _ in 0..calls {
-            let mut d = DataDict::new().with_mut("input0", &mut x).with("input1", &y);
+            let mut d = DataDict::new()
+                .with_mut("input0", &mut x)
+                .with("input1", &y);
             e.run("AddTo", &mut d, &fl, &il).unwrap();
         }
         best = best.min(t0.elapsed().as_secs_f64() * 1e6 / calls as f64);
@@ -123,9 +129,15 @@ fn weight(dtype: DataType, n: usize, k: usize) -> Data {
 /// Median time of `Linear` over enough calls to fill ~0.4 s (at least 3).
 fn time_linear(e: &Executor, x: &Data, w: &Data, quant_act: i32) -> Duration {
     let mut out = Data::empty(DataType::F32);
-    let (fl, il) = (FloatDict::new(), IntDict::new().with("quant_act", quant_act));
-    let mut run = |out: &mut Data| {
-        let mut d = DataDict::new().with("input", x).with("weight", w).with_mut("output", out);
+    let (fl, il) = (
+        FloatDict::new(),
+        IntDict::new().with("quant_act", quant_act),
+    );
+    let run = |out: &mut Data| {
+        let mut d = DataDict::new()
+            .with("input", x)
+            .with("weight", w)
+            .with_mut("output", out);
         e.run("Linear", &mut d, &fl, &il).unwrap();
     };
     run(&mut out);
@@ -150,12 +162,22 @@ fn main() {
     let e = Executor::cpu(o.threads).unwrap();
     let bw = read_bandwidth(&threads);
     let disp = dispatch_us(&e);
-    println!("threads {}  read bandwidth {:.1} GB/s  dispatch (AddTo, 1 element) {:.3} us/call", o.threads, bw, disp);
+    println!(
+        "threads {}  read bandwidth {:.1} GB/s  dispatch (AddTo, 1 element) {:.3} us/call",
+        o.threads, bw, disp
+    );
     let mut shapes = vec![(576usize, 576usize), (1536, 576), (576, 1536)];
     if !o.quick {
         shapes.extend([(4096, 4096), (14336, 4096)]);
     }
-    let dtypes = [DataType::F32, DataType::F16, DataType::BF16, DataType::Q8_0, DataType::Q4_0, DataType::Q4_1];
+    let dtypes = [
+        DataType::F32,
+        DataType::F16,
+        DataType::BF16,
+        DataType::Q8_0,
+        DataType::Q4_0,
+        DataType::Q4_1,
+    ];
     let row_counts: &[usize] = if o.gemv_only { &[1] } else { &[1, 64] };
     println!(
         "{:<12} {:<6} {:>2} {:>4} {:>10} {:>9} {:>9} {:>7}",

@@ -75,12 +75,18 @@ impl Threads {
     /// worker is started.
     pub fn new(n: usize) -> Result<Threads, String> {
         let n = if n == 0 {
-            std::thread::available_parallelism().map(|v| v.get()).unwrap_or(1)
+            std::thread::available_parallelism()
+                .map(|v| v.get())
+                .unwrap_or(1)
         } else {
             n
         };
         if n <= 1 {
-            return Ok(Threads { shared: None, workers: Vec::new(), n: 1 });
+            return Ok(Threads {
+                shared: None,
+                workers: Vec::new(),
+                n: 1,
+            });
         }
         let shared = Arc::new(Shared {
             ctl: AtomicU64::new(CLOSED),
@@ -93,7 +99,11 @@ impl Threads {
             panicked: AtomicBool::new(false),
             submit: Mutex::new(()),
         });
-        let mut t = Threads { shared: Some(shared.clone()), workers: Vec::new(), n };
+        let mut t = Threads {
+            shared: Some(shared.clone()),
+            workers: Vec::new(),
+            n,
+        };
         for i in 1..n {
             let s = shared.clone();
             let h = std::thread::Builder::new()
@@ -113,11 +123,15 @@ impl Threads {
     /// Runs `f(0) .. f(tasks - 1)`, spread over the pool; returns when all are done.
     pub fn run_tasks(&self, tasks: usize, f: impl Fn(usize) + Sync) {
         let inline = || (0..tasks).for_each(&f);
-        let Some(s) = &self.shared else { return inline() };
+        let Some(s) = &self.shared else {
+            return inline();
+        };
         if tasks <= 1 || IN_JOB.with(|c| c.get()) {
             return inline();
         }
-        let Ok(_busy) = s.submit.try_lock() else { return inline() };
+        let Ok(_busy) = s.submit.try_lock() else {
+            return inline();
+        };
         let fr: &(dyn Fn(usize) + Sync) = &f;
         // SAFETY: erases the closure's lifetime; `Finish` below does not let this call return
         // (or unwind) before every worker has checked out of this job.
@@ -149,7 +163,9 @@ impl Threads {
         drop(reset);
         if s.panicked.swap(false, Ordering::SeqCst) {
             // propagate the task's panic (its message was printed on the worker)
-            std::panic::resume_unwind(Box::new("a task of Threads::run_tasks panicked on a worker thread"));
+            std::panic::resume_unwind(Box::new(
+                "a task of Threads::run_tasks panicked on a worker thread",
+            ));
         }
     }
 
@@ -255,7 +271,9 @@ fn worker(s: &Shared) {
                 std::hint::spin_loop();
                 continue;
             }
-            let Ok(mut guard) = s.sleep_lock.lock() else { return };
+            let Ok(mut guard) = s.sleep_lock.lock() else {
+                return;
+            };
             s.sleeping.fetch_add(1, Ordering::SeqCst);
             while s.ctl.load(Ordering::SeqCst) >> 32 == seen && !s.shutdown.load(Ordering::SeqCst) {
                 guard = match s.wake.wait(guard) {
@@ -271,7 +289,10 @@ fn worker(s: &Shared) {
             if c >> 32 != seen || c & CLOSED != 0 {
                 break false;
             }
-            match s.ctl.compare_exchange_weak(c, c + 1, Ordering::SeqCst, Ordering::SeqCst) {
+            match s
+                .ctl
+                .compare_exchange_weak(c, c + 1, Ordering::SeqCst, Ordering::SeqCst)
+            {
                 Ok(_) => break true,
                 Err(now) => c = now,
             }
@@ -328,14 +349,20 @@ mod tests {
                         hits[i].fetch_add(1, Ordering::Relaxed);
                     }
                 });
-                assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "n={n} rows={rows}");
+                assert!(
+                    hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                    "n={n} rows={rows}"
+                );
                 let mut out = vec![0usize; rows * 3];
                 t.for_row_chunks(&mut out, 3, 2, |r0, c| {
                     for (j, v) in c.iter_mut().enumerate() {
                         *v += r0 * 3 + j + 1;
                     }
                 });
-                assert!(out.iter().enumerate().all(|(i, &v)| v == i + 1), "n={n} rows={rows}");
+                assert!(
+                    out.iter().enumerate().all(|(i, &v)| v == i + 1),
+                    "n={n} rows={rows}"
+                );
             }
         }
     }

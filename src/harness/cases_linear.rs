@@ -44,10 +44,18 @@ fn linear_cases(v: &mut Vec<OpCase>) {
         for &(k, n) in &shapes {
             for rows in [1usize, 3, 64] {
                 // 64 rows as [2, 32, k]: leading dims are flattened
-                let in_dims: Vec<usize> = if rows == 64 { vec![2, 32, k] } else { vec![rows, k] };
+                let in_dims: Vec<usize> = if rows == 64 {
+                    vec![2, 32, k]
+                } else {
+                    vec![rows, k]
+                };
                 for with_bias in [false, true] {
                     for &qa in quant_acts {
-                        let tol = if qa == 1 { LINEAR_QUANT_ACT_NMSE } else { LINEAR_FLOAT_NMSE };
+                        let tol = if qa == 1 {
+                            LINEAR_QUANT_ACT_NMSE
+                        } else {
+                            LINEAR_FLOAT_NMSE
+                        };
                         let label = format!(
                             "{wt} input={in_dims:?} weight=[{n}, {k}] bias={with_bias} quant_act={qa}"
                         );
@@ -78,22 +86,30 @@ fn matmul_cases(v: &mut Vec<OpCase>) {
     ];
     for (a, b, alpha) in shapes {
         v.push(
-            OpCase::new("MatMul", format!("input0={a:?} input1={b:?} alpha={alpha}"), MATMUL_NMSE)
-                .input("input0", rng.data(F32, a))
-                .input("input1", rng.data(F32, b))
-                .output("output", F32)
-                .float("alpha", alpha),
+            OpCase::new(
+                "MatMul",
+                format!("input0={a:?} input1={b:?} alpha={alpha}"),
+                MATMUL_NMSE,
+            )
+            .input("input0", rng.data(F32, a))
+            .input("input1", rng.data(F32, b))
+            .output("output", F32)
+            .float("alpha", alpha),
         );
         // the same sizes with input1 stored transposed: [.., n, k]
         let mut bt = b.to_vec();
         let l = bt.len();
         bt.swap(l - 1, l - 2);
         v.push(
-            OpCase::new("MatMulTransB", format!("input0={a:?} input1={bt:?} alpha={alpha}"), MATMUL_NMSE)
-                .input("input0", rng.data(F32, a))
-                .input("input1", rng.data(F32, &bt))
-                .output("output", F32)
-                .float("alpha", alpha),
+            OpCase::new(
+                "MatMulTransB",
+                format!("input0={a:?} input1={bt:?} alpha={alpha}"),
+                MATMUL_NMSE,
+            )
+            .input("input0", rng.data(F32, a))
+            .input("input1", rng.data(F32, &bt))
+            .output("output", F32)
+            .float("alpha", alpha),
         );
     }
 }

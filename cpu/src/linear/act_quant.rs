@@ -66,11 +66,16 @@ pub fn quantize_rows_ref(x: &[f32], rows: usize, k: usize, out: &mut Q8Rows) -> 
 }
 
 fn check(x: &[f32], rows: usize, k: usize) -> Result<(), String> {
-    if k % QK != 0 {
-        return Err(format!("activation quantization needs k % 32 == 0, got k = {k}"));
+    if !k.is_multiple_of(QK) {
+        return Err(format!(
+            "activation quantization needs k % 32 == 0, got k = {k}"
+        ));
     }
     if rows.checked_mul(k).is_none_or(|n| n > x.len()) {
-        return Err(format!("activation has {} values, need {rows} x {k}", x.len()));
+        return Err(format!(
+            "activation has {} values, need {rows} x {k}",
+            x.len()
+        ));
     }
     Ok(())
 }
@@ -136,7 +141,9 @@ mod tests {
     #[test]
     fn fast_equals_reference_bitwise() {
         // include exact ties (x * id = n + 0.5) and zero blocks
-        let mut x: Vec<f32> = (0..320).map(|i| ((i * 7919 % 263) as f32 - 131.0) / 17.0).collect();
+        let mut x: Vec<f32> = (0..320)
+            .map(|i| ((i * 7919 % 263) as f32 - 131.0) / 17.0)
+            .collect();
         x[0] = 127.0;
         x[1] = 0.5;
         x[2] = 1.5;
@@ -150,11 +157,14 @@ mod tests {
         assert_eq!(a.qs, b.qs);
         assert_eq!(a.ds, b.ds);
         assert_eq!(&a.qs[..4], &[127, 0, 2, -2]); // ties to even
-        // dequantized values are close to the input
+                                                  // dequantized values are close to the input
         for (i, &v) in x.iter().enumerate() {
             let d = a.ds[i / 32][0];
             let r = d * a.qs[i] as f32;
-            assert!((r - v).abs() <= d * 0.51 + 1e-3 * v.abs(), "{i}: {v} vs {r}");
+            assert!(
+                (r - v).abs() <= d * 0.51 + 1e-3 * v.abs(),
+                "{i}: {v} vs {r}"
+            );
         }
     }
 

@@ -28,7 +28,14 @@ fn w_bf16(w: &[u8], i: usize) -> f32 {
 
 /// Plain sequential dot of every activation row with the weight row read by `get`.
 #[inline]
-fn rows_ref(get: fn(&[u8], usize) -> f32, w: &[u8], x: &[f32], k: usize, rows: usize, out: &mut [f32; MAX_ROWS]) {
+fn rows_ref(
+    get: fn(&[u8], usize) -> f32,
+    w: &[u8],
+    x: &[f32],
+    k: usize,
+    rows: usize,
+    out: &mut [f32; MAX_ROWS],
+) {
     for (r, o) in out.iter_mut().enumerate().take(rows.min(MAX_ROWS)) {
         let xr = &x[r * k..(r + 1) * k];
         let mut acc = 0f32;
@@ -192,7 +199,13 @@ pub(super) mod avx2 {
             }
 
             /// AVX2 kernel ([`super::super::FloatRowsFn`] contract).
-            pub unsafe fn $name(w: &[u8], x: &[f32], k: usize, rows: usize, out: &mut [f32; MAX_ROWS]) {
+            pub unsafe fn $name(
+                w: &[u8],
+                x: &[f32],
+                k: usize,
+                rows: usize,
+                out: &mut [f32; MAX_ROWS],
+            ) {
                 match rows {
                     1 => $inner::<1, 4>(w, x, k, out),
                     2 => $inner::<2, 4>(w, x, k, out),
@@ -282,7 +295,13 @@ pub(super) mod avx512 {
             }
 
             /// AVX-512 kernel ([`super::super::FloatRowsFn`] contract).
-            pub unsafe fn $name(w: &[u8], x: &[f32], k: usize, rows: usize, out: &mut [f32; MAX_ROWS]) {
+            pub unsafe fn $name(
+                w: &[u8],
+                x: &[f32],
+                k: usize,
+                rows: usize,
+                out: &mut [f32; MAX_ROWS],
+            ) {
                 match rows {
                     1 => $inner::<1, 4>(w, x, k, out),
                     2 => $inner::<2, 4>(w, x, k, out),

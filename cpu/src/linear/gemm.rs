@@ -35,7 +35,13 @@ const MIN_TASK_WORK: usize = 1 << 16;
 const TILE_BYTES: usize = 32 << 10;
 
 /// Runs the kernel over all of `a` (sizes validated; `rb` = weight row bytes) into `out`.
-pub(super) fn run(threads: Option<&Threads>, a: &LinearArgs, rb: usize, kern: Kernel, out: &mut [f32]) {
+pub(super) fn run(
+    threads: Option<&Threads>,
+    a: &LinearArgs,
+    rb: usize,
+    kern: Kernel,
+    out: &mut [f32],
+) {
     let (rows, n, k) = (a.rows, a.n, a.k);
     if rows == 0 || n == 0 {
         return;

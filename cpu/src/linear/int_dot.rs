@@ -25,7 +25,11 @@ pub fn rows_q8_0_ref(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, out: &mut [
         let mut acc = 0f32;
         for (b, blk) in w.chunks_exact(Q8_0_BYTES).take(a.blocks).enumerate() {
             let xq = &a.qs[(base + b) * QK..(base + b + 1) * QK];
-            let isum: i32 = blk[2..].iter().zip(xq).map(|(&q, &x)| (q as i8 as i32) * x as i32).sum();
+            let isum: i32 = blk[2..]
+                .iter()
+                .zip(xq)
+                .map(|(&q, &x)| (q as i8 as i32) * x as i32)
+                .sum();
             acc += f16_at(blk, 0) * a.ds[base + b][0] * isum as f32;
         }
         *o = acc;
@@ -190,21 +194,33 @@ pub(super) mod avx2 {
                     for (r, ac) in acc.iter_mut().enumerate() {
                         let i = (row0 + r) * nb + b;
                         let x = _mm256_loadu_si256(qs.add(i * QK) as *const __m256i);
-                        let p = _mm_mul_ps(dm, _mm_castpd_ps(_mm_load_sd(ds.add(2 * i) as *const f64)));
-                        ac[b & 1] = _mm256_fmadd_ps(_mm256_broadcastss_ps(p), $dot(v, x), ac[b & 1]);
+                        let p =
+                            _mm_mul_ps(dm, _mm_castpd_ps(_mm_load_sd(ds.add(2 * i) as *const f64)));
+                        ac[b & 1] =
+                            _mm256_fmadd_ps(_mm256_broadcastss_ps(p), $dot(v, x), ac[b & 1]);
                         if $has_min {
                             mins[r] = _mm_add_ps(mins[r], p);
                         }
                     }
                 }
                 for (r, ac) in acc.iter().enumerate() {
-                    let m = if $has_min { _mm_cvtss_f32(_mm_movehdup_ps(mins[r])) } else { 0.0 };
+                    let m = if $has_min {
+                        _mm_cvtss_f32(_mm_movehdup_ps(mins[r]))
+                    } else {
+                        0.0
+                    };
                     out[r] = hsum(_mm256_add_ps(ac[0], ac[1])) + m;
                 }
             }
 
             /// AVX2 kernel ([`super::super::IntRowsFn`] contract).
-            pub unsafe fn $name(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, out: &mut [f32; MAX_ROWS]) {
+            pub unsafe fn $name(
+                w: &[u8],
+                a: &Q8Rows,
+                row0: usize,
+                rows: usize,
+                out: &mut [f32; MAX_ROWS],
+            ) {
                 match rows {
                     1 => $inner::<1>(w, a, row0, out),
                     2 => $inner::<2>(w, a, row0, out),

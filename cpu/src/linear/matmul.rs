@@ -20,21 +20,42 @@ pub struct MatMulShape {
 }
 
 fn check(s: MatMulShape, a: &[f32], b: &[f32], out: &[f32]) -> Result<(), String> {
-    let prod = |x: usize, y: usize| x.checked_mul(y).unwrap_or(usize::MAX);
+    let prod = |x: usize, y: usize| x.saturating_mul(y);
     if a.len() < prod(s.m, s.k) {
-        return Err(format!("input0 has {} values, need {} x {}", a.len(), s.m, s.k));
+        return Err(format!(
+            "input0 has {} values, need {} x {}",
+            a.len(),
+            s.m,
+            s.k
+        ));
     }
     if b.len() < prod(s.k, s.n) {
-        return Err(format!("input1 has {} values, need {} x {}", b.len(), s.k, s.n));
+        return Err(format!(
+            "input1 has {} values, need {} x {}",
+            b.len(),
+            s.k,
+            s.n
+        ));
     }
     if out.len() < prod(s.m, s.n) {
-        return Err(format!("output has {} values, need {} x {}", out.len(), s.m, s.n));
+        return Err(format!(
+            "output has {} values, need {} x {}",
+            out.len(),
+            s.m,
+            s.n
+        ));
     }
     Ok(())
 }
 
 /// Reference `MatMul`: `out[i][j] = alpha * Σ_l a[i][l] * b[l][j]`, summed in order of `l`.
-pub fn matmul_ref(s: MatMulShape, a: &[f32], b: &[f32], alpha: f32, out: &mut [f32]) -> Result<(), String> {
+pub fn matmul_ref(
+    s: MatMulShape,
+    a: &[f32],
+    b: &[f32],
+    alpha: f32,
+    out: &mut [f32],
+) -> Result<(), String> {
     check(s, a, b, out)?;
     for i in 0..s.m {
         for j in 0..s.n {
@@ -73,7 +94,11 @@ unsafe fn axpy_avx2(y: &mut [f32], s: f32, x: &[f32]) {
     let mut i = 0;
     while i + 16 <= n {
         let a = _mm256_fmadd_ps(sv, _mm256_loadu_ps(xp.add(i)), _mm256_loadu_ps(yp.add(i)));
-        let b = _mm256_fmadd_ps(sv, _mm256_loadu_ps(xp.add(i + 8)), _mm256_loadu_ps(yp.add(i + 8)));
+        let b = _mm256_fmadd_ps(
+            sv,
+            _mm256_loadu_ps(xp.add(i + 8)),
+            _mm256_loadu_ps(yp.add(i + 8)),
+        );
         _mm256_storeu_ps(yp.add(i), a);
         _mm256_storeu_ps(yp.add(i + 8), b);
         i += 16;
@@ -123,7 +148,16 @@ fn as_bytes(v: &[f32]) -> &[u8] {
 }
 
 fn trans_b_args<'a>(s: MatMulShape, a: &'a [f32], b: &'a [f32]) -> LinearArgs<'a> {
-    LinearArgs { x: a, rows: s.m, k: s.k, w: as_bytes(b), wtype: WeightType::F32, n: s.n, bias: None, quant_act: false }
+    LinearArgs {
+        x: a,
+        rows: s.m,
+        k: s.k,
+        w: as_bytes(b),
+        wtype: WeightType::F32,
+        n: s.n,
+        bias: None,
+        quant_act: false,
+    }
 }
 
 fn scale(out: &mut [f32], alpha: f32) {

@@ -31,7 +31,8 @@ pub const MAX_ROWS: usize = 4;
 /// # Safety
 /// `1 <= rows <= MAX_ROWS`, `x.len() >= rows * k`, `w` holds a full row of `k` elements (for
 /// block types `k % 32 == 0`), and the CPU has the features the kernel was picked for.
-pub type FloatRowsFn = unsafe fn(w: &[u8], x: &[f32], k: usize, rows: usize, out: &mut [f32; MAX_ROWS]);
+pub type FloatRowsFn =
+    unsafe fn(w: &[u8], x: &[f32], k: usize, rows: usize, out: &mut [f32; MAX_ROWS]);
 
 /// A quantized-activation dot kernel: `out[r]` = the integer block dot of the weight row `w`
 /// with row `row0 + r` of `acts`, for `r < rows`.
@@ -39,7 +40,8 @@ pub type FloatRowsFn = unsafe fn(w: &[u8], x: &[f32], k: usize, rows: usize, out
 /// # Safety
 /// `1 <= rows <= MAX_ROWS`, `row0 + rows <= acts.rows`, `w` holds `acts.blocks` blocks of the
 /// kernel's type, and the CPU has the features the kernel was picked for.
-pub type IntRowsFn = unsafe fn(w: &[u8], acts: &Q8Rows, row0: usize, rows: usize, out: &mut [f32; MAX_ROWS]);
+pub type IntRowsFn =
+    unsafe fn(w: &[u8], acts: &Q8Rows, row0: usize, rows: usize, out: &mut [f32; MAX_ROWS]);
 
 /// Weight dtypes of `Linear`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,7 +81,7 @@ impl WeightType {
         match self {
             WeightType::F32 => k.checked_mul(4),
             WeightType::F16 | WeightType::BF16 => k.checked_mul(2),
-            WeightType::Q8_0 | WeightType::Q4_0 | WeightType::Q4_1 if k % QK != 0 => None,
+            WeightType::Q8_0 | WeightType::Q4_0 | WeightType::Q4_1 if !k.is_multiple_of(QK) => None,
             WeightType::Q8_0 => Some(k / QK * Q8_0_BYTES),
             WeightType::Q4_0 => Some(k / QK * Q4_0_BYTES),
             WeightType::Q4_1 => Some(k / QK * Q4_1_BYTES),
@@ -125,10 +127,15 @@ impl LinearArgs<'_> {
     /// Checks every size against `out`; returns the weight row size in bytes.
     fn validate(&self, out: &[f32]) -> Result<usize, String> {
         let rb = self.wtype.row_bytes(self.k).ok_or_else(|| {
-            format!("weight {} needs k to be a multiple of 32, got k = {}", self.wtype.name(), self.k)
+            format!(
+                "weight {} needs k to be a multiple of 32, got k = {}",
+                self.wtype.name(),
+                self.k
+            )
         })?;
         let need = |a: usize, b: usize, what: &str| {
-            a.checked_mul(b).ok_or_else(|| format!("{what} size overflows ({a} x {b})"))
+            a.checked_mul(b)
+                .ok_or_else(|| format!("{what} size overflows ({a} x {b})"))
         };
         let wn = need(self.n, rb, "weight")?;
         if self.w.len() < wn {
@@ -142,11 +149,21 @@ impl LinearArgs<'_> {
         }
         let xn = need(self.rows, self.k, "input")?;
         if self.x.len() < xn {
-            return Err(format!("input has {} values, need {} x {}", self.x.len(), self.rows, self.k));
+            return Err(format!(
+                "input has {} values, need {} x {}",
+                self.x.len(),
+                self.rows,
+                self.k
+            ));
         }
         let on = need(self.rows, self.n, "output")?;
         if out.len() < on {
-            return Err(format!("output has {} values, need {} x {}", out.len(), self.rows, self.n));
+            return Err(format!(
+                "output has {} values, need {} x {}",
+                out.len(),
+                self.rows,
+                self.n
+            ));
         }
         if let Some(b) = self.bias {
             if b.len() < self.n {
@@ -204,7 +221,9 @@ pub fn linear(threads: &Threads, a: &LinearArgs, out: &mut [f32]) -> Result<(), 
             _ => int_dot::pick_q4_1(),
         };
         ACT_SCRATCH.with(|s| {
-            let mut q = s.try_borrow_mut().map_err(|_| "activation scratch busy (re-entrant call)".to_string())?;
+            let mut q = s
+                .try_borrow_mut()
+                .map_err(|_| "activation scratch busy (re-entrant call)".to_string())?;
             act_quant::quantize_rows(a.x, a.rows, a.k, &mut q)?;
             gemm::run(Some(threads), a, rb, gemm::Kernel::Int(f, &q), out);
             Ok(())

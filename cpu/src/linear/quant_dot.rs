@@ -6,7 +6,9 @@
 //! module must not split work across threads or know about bias/output.
 
 use super::{FloatRowsFn, MAX_ROWS};
-use crate::quant::{dequantize_q4_0, dequantize_q4_1, dequantize_q8_0, Q4_0_BYTES, Q4_1_BYTES, Q8_0_BYTES, QK};
+use crate::quant::{
+    dequantize_q4_0, dequantize_q4_1, dequantize_q8_0, Q4_0_BYTES, Q4_1_BYTES, Q8_0_BYTES, QK,
+};
 
 /// Dequantizes every block of the row with `deq` and dots it with each activation row in order.
 #[inline]
@@ -182,7 +184,8 @@ pub(super) mod avx2 {
                     for (r, a) in acc.iter_mut().enumerate() {
                         let xb = xp.add(r * k + b * QK);
                         for (u, v) in wv.iter().enumerate() {
-                            a[u % A] = _mm256_fmadd_ps(*v, _mm256_loadu_ps(xb.add(8 * u)), a[u % A]);
+                            a[u % A] =
+                                _mm256_fmadd_ps(*v, _mm256_loadu_ps(xb.add(8 * u)), a[u % A]);
                         }
                     }
                 }
@@ -196,7 +199,13 @@ pub(super) mod avx2 {
             }
 
             /// AVX2 kernel ([`super::super::FloatRowsFn`] contract).
-            pub unsafe fn $name(w: &[u8], x: &[f32], k: usize, rows: usize, out: &mut [f32; MAX_ROWS]) {
+            pub unsafe fn $name(
+                w: &[u8],
+                x: &[f32],
+                k: usize,
+                rows: usize,
+                out: &mut [f32; MAX_ROWS],
+            ) {
                 match rows {
                     1 => $inner::<1, 4>(w, x, k, out),
                     2 => $inner::<2, 4>(w, x, k, out),

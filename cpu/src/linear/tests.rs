@@ -24,8 +24,14 @@ fn encode(t: WeightType, v: &[f32]) -> (Vec<u8>, Vec<f32>) {
     let mut deq = vec![0f32; v.len()];
     let bytes: Vec<u8> = match t {
         WeightType::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        WeightType::F16 => v.iter().flat_map(|x| f16::from_f32(*x).to_le_bytes()).collect(),
-        WeightType::BF16 => v.iter().flat_map(|x| bf16::from_f32(*x).to_le_bytes()).collect(),
+        WeightType::F16 => v
+            .iter()
+            .flat_map(|x| f16::from_f32(*x).to_le_bytes())
+            .collect(),
+        WeightType::BF16 => v
+            .iter()
+            .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
+            .collect(),
         WeightType::Q8_0 => {
             let mut b = vec![0u8; v.len() / 32 * quant::Q8_0_BYTES];
             quant::quantize_q8_0(v, &mut b);
@@ -44,8 +50,14 @@ fn encode(t: WeightType, v: &[f32]) -> (Vec<u8>, Vec<f32>) {
     };
     match t {
         WeightType::F32 => deq.copy_from_slice(v),
-        WeightType::F16 => deq.iter_mut().zip(v).for_each(|(d, x)| *d = f16::from_f32(*x).to_f32()),
-        WeightType::BF16 => deq.iter_mut().zip(v).for_each(|(d, x)| *d = bf16::from_f32(*x).to_f32()),
+        WeightType::F16 => deq
+            .iter_mut()
+            .zip(v)
+            .for_each(|(d, x)| *d = f16::from_f32(*x).to_f32()),
+        WeightType::BF16 => deq
+            .iter_mut()
+            .zip(v)
+            .for_each(|(d, x)| *d = bf16::from_f32(*x).to_f32()),
         WeightType::Q8_0 => quant::dequantize_q8_0(&bytes, &mut deq),
         WeightType::Q4_0 => quant::dequantize_q4_0(&bytes, &mut deq),
         WeightType::Q4_1 => quant::dequantize_q4_1(&bytes, &mut deq),
@@ -54,7 +66,11 @@ fn encode(t: WeightType, v: &[f32]) -> (Vec<u8>, Vec<f32>) {
 }
 
 fn nmse(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum();
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+        .sum();
     let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
     num / den.max(1e-30)
 }
@@ -68,7 +84,16 @@ fn linear_fast_and_ref_match_f64() {
                 let x = rand_vec(rows * k, 1);
                 let (w, wd) = encode(t, &rand_vec(n * k, 2));
                 let bias = rand_vec(n, 3);
-                let a = LinearArgs { x: &x, rows, k, w: &w, wtype: t, n, bias: Some(&bias), quant_act };
+                let a = LinearArgs {
+                    x: &x,
+                    rows,
+                    k,
+                    w: &w,
+                    wtype: t,
+                    n,
+                    bias: Some(&bias),
+                    quant_act,
+                };
                 let mut r = vec![0f32; rows * n];
                 let mut f = vec![0f32; rows * n];
                 linear_ref(&a, &mut r).unwrap();
@@ -76,14 +101,24 @@ fn linear_fast_and_ref_match_f64() {
                 let exact: Vec<f32> = (0..rows * n)
                     .map(|o| {
                         let (i, j) = (o / n, o % n);
-                        let s: f64 = (0..k).map(|l| x[i * k + l] as f64 * wd[j * k + l] as f64).sum();
+                        let s: f64 = (0..k)
+                            .map(|l| x[i * k + l] as f64 * wd[j * k + l] as f64)
+                            .sum();
                         (s + bias[j] as f64) as f32
                     })
                     .collect();
                 let name = format!("{} rows={rows} k={k} n={n} qa={quant_act}", t.name());
                 assert!(nmse(&f, &r) < 1e-10, "{name}: fast vs ref {}", nmse(&f, &r));
-                let tol = if quant_act && t.is_block() { 5e-4 } else { 1e-10 };
-                assert!(nmse(&r, &exact) < tol, "{name}: ref vs f64 {}", nmse(&r, &exact));
+                let tol = if quant_act && t.is_block() {
+                    5e-4
+                } else {
+                    1e-10
+                };
+                assert!(
+                    nmse(&r, &exact) < tol,
+                    "{name}: ref vs f64 {}",
+                    nmse(&r, &exact)
+                );
             }
         }
     }
@@ -96,7 +131,16 @@ fn float_weights_with_odd_k() {
         for k in [1, 7, 33, 45] {
             let x = rand_vec(6 * k, 4);
             let (w, _) = encode(t, &rand_vec(5 * k, 5));
-            let a = LinearArgs { x: &x, rows: 6, k, w: &w, wtype: t, n: 5, bias: None, quant_act: false };
+            let a = LinearArgs {
+                x: &x,
+                rows: 6,
+                k,
+                w: &w,
+                wtype: t,
+                n: 5,
+                bias: None,
+                quant_act: false,
+            };
             let (mut r, mut f) = (vec![0f32; 30], vec![0f32; 30]);
             linear_ref(&a, &mut r).unwrap();
             linear(&threads, &a, &mut f).unwrap();
@@ -111,10 +155,23 @@ fn bad_sizes_are_errors() {
     let x = vec![0f32; 64];
     let w = vec![0u8; 100];
     let mut out = vec![0f32; 4];
-    let a = LinearArgs { x: &x, rows: 1, k: 40, w: &w, wtype: WeightType::Q4_0, n: 1, bias: None, quant_act: false };
-    assert!(linear(&threads, &a, &mut out).unwrap_err().contains("multiple of 32"));
+    let a = LinearArgs {
+        x: &x,
+        rows: 1,
+        k: 40,
+        w: &w,
+        wtype: WeightType::Q4_0,
+        n: 1,
+        bias: None,
+        quant_act: false,
+    };
+    assert!(linear(&threads, &a, &mut out)
+        .unwrap_err()
+        .contains("multiple of 32"));
     let a = LinearArgs { k: 64, n: 4, ..a };
-    assert!(linear(&threads, &a, &mut out).unwrap_err().contains("weight"));
+    assert!(linear(&threads, &a, &mut out)
+        .unwrap_err()
+        .contains("weight"));
     let a = LinearArgs { n: 1, rows: 2, ..a };
     assert!(linear_ref(&a, &mut out).unwrap_err().contains("input"));
 }
@@ -131,7 +188,11 @@ fn matmuls_match_reference() {
         matmul(&threads, s, &a, &b, 0.5, &mut f).unwrap();
         assert!(nmse(&f, &r) < 1e-12, "matmul {m}x{k}x{n}");
         let want: Vec<f32> = (0..m * n)
-            .map(|o| 0.5 * (0..k).map(|l| a[o / n * k + l] * b[l * n + o % n]).sum::<f32>())
+            .map(|o| {
+                0.5 * (0..k)
+                    .map(|l| a[o / n * k + l] * b[l * n + o % n])
+                    .sum::<f32>()
+            })
             .collect();
         assert!(nmse(&r, &want) < 1e-12);
         // transposed B: b viewed as [n, k]
@@ -139,7 +200,11 @@ fn matmuls_match_reference() {
         matmul_trans_b(&threads, s, &a, &b, 2.0, &mut f).unwrap();
         assert!(nmse(&f, &r) < 1e-12, "matmul_trans_b {m}x{k}x{n}");
         let want: Vec<f32> = (0..m * n)
-            .map(|o| 2.0 * (0..k).map(|l| a[o / n * k + l] * b[o % n * k + l]).sum::<f32>())
+            .map(|o| {
+                2.0 * (0..k)
+                    .map(|l| a[o / n * k + l] * b[o % n * k + l])
+                    .sum::<f32>()
+            })
             .collect();
         assert!(nmse(&r, &want) < 1e-12);
     }
@@ -153,24 +218,93 @@ fn every_simd_variant_matches_reference() {
     let mut float: Vec<(WeightType, &str, FloatRowsFn, FloatRowsFn)> = Vec::new();
     let mut int: Vec<(WeightType, &str, IntRowsFn, IntRowsFn)> = Vec::new();
     if simd::has_avx2_fma() {
-        float.push((WeightType::F32, "avx2", float_dot::rows_f32_ref, float_dot::avx2::rows_f32));
-        float.push((WeightType::F16, "avx2", float_dot::rows_f16_ref, float_dot::avx2::rows_f16));
-        float.push((WeightType::BF16, "avx2", float_dot::rows_bf16_ref, float_dot::avx2::rows_bf16));
-        float.push((WeightType::Q8_0, "avx2", quant_dot::rows_q8_0_ref, quant_dot::avx2::rows_q8_0));
-        float.push((WeightType::Q4_0, "avx2", quant_dot::rows_q4_0_ref, quant_dot::avx2::rows_q4_0));
-        float.push((WeightType::Q4_1, "avx2", quant_dot::rows_q4_1_ref, quant_dot::avx2::rows_q4_1));
-        int.push((WeightType::Q8_0, "avx2", int_dot::rows_q8_0_ref, int_dot::avx2::rows_q8_0));
-        int.push((WeightType::Q4_0, "avx2", int_dot::rows_q4_0_ref, int_dot::avx2::rows_q4_0));
-        int.push((WeightType::Q4_1, "avx2", int_dot::rows_q4_1_ref, int_dot::avx2::rows_q4_1));
+        float.push((
+            WeightType::F32,
+            "avx2",
+            float_dot::rows_f32_ref,
+            float_dot::avx2::rows_f32,
+        ));
+        float.push((
+            WeightType::F16,
+            "avx2",
+            float_dot::rows_f16_ref,
+            float_dot::avx2::rows_f16,
+        ));
+        float.push((
+            WeightType::BF16,
+            "avx2",
+            float_dot::rows_bf16_ref,
+            float_dot::avx2::rows_bf16,
+        ));
+        float.push((
+            WeightType::Q8_0,
+            "avx2",
+            quant_dot::rows_q8_0_ref,
+            quant_dot::avx2::rows_q8_0,
+        ));
+        float.push((
+            WeightType::Q4_0,
+            "avx2",
+            quant_dot::rows_q4_0_ref,
+            quant_dot::avx2::rows_q4_0,
+        ));
+        float.push((
+            WeightType::Q4_1,
+            "avx2",
+            quant_dot::rows_q4_1_ref,
+            quant_dot::avx2::rows_q4_1,
+        ));
+        int.push((
+            WeightType::Q8_0,
+            "avx2",
+            int_dot::rows_q8_0_ref,
+            int_dot::avx2::rows_q8_0,
+        ));
+        int.push((
+            WeightType::Q4_0,
+            "avx2",
+            int_dot::rows_q4_0_ref,
+            int_dot::avx2::rows_q4_0,
+        ));
+        int.push((
+            WeightType::Q4_1,
+            "avx2",
+            int_dot::rows_q4_1_ref,
+            int_dot::avx2::rows_q4_1,
+        ));
     }
     if simd::has_avx512() {
-        float.push((WeightType::F32, "avx512", float_dot::rows_f32_ref, float_dot::avx512::rows_f32));
-        float.push((WeightType::F16, "avx512", float_dot::rows_f16_ref, float_dot::avx512::rows_f16));
-        float.push((WeightType::BF16, "avx512", float_dot::rows_bf16_ref, float_dot::avx512::rows_bf16));
+        float.push((
+            WeightType::F32,
+            "avx512",
+            float_dot::rows_f32_ref,
+            float_dot::avx512::rows_f32,
+        ));
+        float.push((
+            WeightType::F16,
+            "avx512",
+            float_dot::rows_f16_ref,
+            float_dot::avx512::rows_f16,
+        ));
+        float.push((
+            WeightType::BF16,
+            "avx512",
+            float_dot::rows_bf16_ref,
+            float_dot::avx512::rows_bf16,
+        ));
     }
-    float.push((WeightType::F32, "portable", float_dot::rows_f32_ref, float_dot::rows_f32_portable));
+    float.push((
+        WeightType::F32,
+        "portable",
+        float_dot::rows_f32_ref,
+        float_dot::rows_f32_portable,
+    ));
     for (t, name, r, f) in float {
-        let ks: &[usize] = if t.is_block() { &[32, 96, 544] } else { &[1, 15, 16, 33, 100, 544] };
+        let ks: &[usize] = if t.is_block() {
+            &[32, 96, 544]
+        } else {
+            &[1, 15, 16, 33, 100, 544]
+        };
         for &k in ks {
             let (w, _) = encode(t, &rand_vec(k, 9));
             let x = rand_vec(4 * k, 10);
@@ -182,8 +316,15 @@ fn every_simd_variant_matches_reference() {
                     f(&w, &x, k, rows, &mut b);
                 }
                 // single dots can cancel to ~0, so bound the absolute error by the rounding scale
-                let close = a.iter().zip(&b).all(|(p, q)| (p - q).abs() <= 1e-6 * k as f32);
-                assert!(close, "{} {name} k={k} rows={rows}: {a:?} vs {b:?}", t.name());
+                let close = a
+                    .iter()
+                    .zip(&b)
+                    .all(|(p, q)| (p - q).abs() <= 1e-6 * k as f32);
+                assert!(
+                    close,
+                    "{} {name} k={k} rows={rows}: {a:?} vs {b:?}",
+                    t.name()
+                );
             }
         }
     }
@@ -200,8 +341,15 @@ fn every_simd_variant_matches_reference() {
                     f(&w, &q, 1, rows, &mut b);
                 }
                 // single dots can cancel to ~0, so bound the absolute error by the rounding scale
-                let close = a.iter().zip(&b).all(|(p, q)| (p - q).abs() <= 1e-6 * k as f32);
-                assert!(close, "{} {name} k={k} rows={rows}: {a:?} vs {b:?}", t.name());
+                let close = a
+                    .iter()
+                    .zip(&b)
+                    .all(|(p, q)| (p - q).abs() <= 1e-6 * k as f32);
+                assert!(
+                    close,
+                    "{} {name} k={k} rows={rows}: {a:?} vs {b:?}",
+                    t.name()
+                );
             }
         }
     }

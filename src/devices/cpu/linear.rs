@@ -17,8 +17,20 @@ use std::sync::Arc;
 /// Registers `Linear`, `MatMul` and `MatMulTransB`.
 pub fn register(ops: &mut OpRegistry, ctx: &Arc<CpuContext>) {
     ops.insert("Linear", Box::new(Linear(ctx.clone())));
-    ops.insert("MatMul", Box::new(MatMul { ctx: ctx.clone(), trans_b: false }));
-    ops.insert("MatMulTransB", Box::new(MatMul { ctx: ctx.clone(), trans_b: true }));
+    ops.insert(
+        "MatMul",
+        Box::new(MatMul {
+            ctx: ctx.clone(),
+            trans_b: false,
+        }),
+    );
+    ops.insert(
+        "MatMulTransB",
+        Box::new(MatMul {
+            ctx: ctx.clone(),
+            trans_b: true,
+        }),
+    );
 }
 
 /// The kernel weight type of a dtype, if `Linear` accepts it.
@@ -55,26 +67,41 @@ impl Linear {
         let x = d.require(OP, "input")?;
         let w = d.require(OP, "weight")?;
         if x.dtype() != DataType::F32 {
-            return Err(Error::op(OP, format!("input must be f32, got {} {:?}", x.dtype(), x.dims())));
+            return Err(Error::op(
+                OP,
+                format!("input must be f32, got {} {:?}", x.dtype(), x.dims()),
+            ));
         }
         if weight_type(w.dtype()).is_none() {
-            return Err(Error::op(OP, format!("weight dtype {} is not supported", w.dtype())));
+            return Err(Error::op(
+                OP,
+                format!("weight dtype {} is not supported", w.dtype()),
+            ));
         }
         let (xd, wd) = (x.dims(), w.dims());
         let (Some(&kx), [n, kw]) = (xd.last(), wd) else {
             return Err(Error::op(
                 OP,
-                format!("input {xd:?} must have at least 1 dim and weight {wd:?} exactly 2 ([n, k])"),
+                format!(
+                    "input {xd:?} must have at least 1 dim and weight {wd:?} exactly 2 ([n, k])"
+                ),
             ));
         };
         if kx != *kw {
-            return Err(Error::op(OP, format!("input {xd:?} and weight {wd:?} differ in k ({kx} vs {kw})")));
+            return Err(Error::op(
+                OP,
+                format!("input {xd:?} and weight {wd:?} differ in k ({kx} vs {kw})"),
+            ));
         }
         if let Some(b) = d.get("bias") {
             if b.dtype() != DataType::F32 || b.dims() != [*n] {
                 return Err(Error::op(
                     OP,
-                    format!("bias must be f32 [{n}] for weight {wd:?}, got {} {:?}", b.dtype(), b.dims()),
+                    format!(
+                        "bias must be f32 [{n}] for weight {wd:?}, got {} {:?}",
+                        b.dtype(),
+                        b.dims()
+                    ),
                 ));
             }
         }
@@ -109,11 +136,17 @@ impl Operator for Linear {
         let (Some(x), Some(w)) = (x, w) else {
             return Err(Error::op(OP, "missing input 'input' or 'weight'"));
         };
-        let wtype = weight_type(w.dtype()).ok_or_else(|| Error::op(OP, "unsupported weight dtype"))?;
+        let wtype =
+            weight_type(w.dtype()).ok_or_else(|| Error::op(OP, "unsupported weight dtype"))?;
         let xv = f32_values(OP, "input", x)?;
-        let wb = w.bytes().map_err(|e| Error::op(OP, format!("weight: {e}")))?;
+        let wb = w
+            .bytes()
+            .map_err(|e| Error::op(OP, format!("weight: {e}")))?;
         let bias = match bias {
-            Some(b) => Some(b.as_f32().map_err(|e| Error::op(OP, format!("bias: {e}")))?),
+            Some(b) => Some(
+                b.as_f32()
+                    .map_err(|e| Error::op(OP, format!("bias: {e}")))?,
+            ),
             None => None,
         };
         let args = LinearArgs {
@@ -126,8 +159,14 @@ impl Operator for Linear {
             bias,
             quant_act: ints.get_or("quant_act", 0) != 0,
         };
-        let o = out.as_f32_mut().map_err(|e| Error::op(OP, format!("output: {e}")))?;
-        let r = if self.0.reference() { k::linear_ref(&args, o) } else { k::linear(&self.0.threads, &args, o) };
+        let o = out
+            .as_f32_mut()
+            .map_err(|e| Error::op(OP, format!("output: {e}")))?;
+        let r = if self.0.reference() {
+            k::linear_ref(&args, o)
+        } else {
+            k::linear(&self.0.threads, &args, o)
+        };
         r.map_err(|e| Error::op(OP, e))
     }
 }
@@ -164,12 +203,21 @@ impl MatMul {
         if a.dtype() != DataType::F32 || b.dtype() != DataType::F32 {
             return Err(Error::op(
                 op,
-                format!("input0 and input1 must be f32, got {} {:?} and {} {:?}", a.dtype(), a.dims(), b.dtype(), b.dims()),
+                format!(
+                    "input0 and input1 must be f32, got {} {:?} and {} {:?}",
+                    a.dtype(),
+                    a.dims(),
+                    b.dtype(),
+                    b.dims()
+                ),
             ));
         }
         let (ad, bd) = (a.dims(), b.dims());
         if ad.len() < 2 || bd.len() < 2 {
-            return Err(Error::op(op, format!("input0 {ad:?} and input1 {bd:?} need at least 2 dims")));
+            return Err(Error::op(
+                op,
+                format!("input0 {ad:?} and input1 {bd:?} need at least 2 dims"),
+            ));
         }
         let (m, ka) = (ad[ad.len() - 2], ad[ad.len() - 1]);
         let (kb, n) = if self.trans_b {
@@ -178,19 +226,29 @@ impl MatMul {
             (bd[bd.len() - 2], bd[bd.len() - 1])
         };
         if ka != kb {
-            return Err(Error::op(op, format!("input0 {ad:?} and input1 {bd:?} differ in k ({ka} vs {kb})")));
+            return Err(Error::op(
+                op,
+                format!("input0 {ad:?} and input1 {bd:?} differ in k ({ka} vs {kb})"),
+            ));
         }
         let lead = &ad[..ad.len() - 2];
         let broadcast_b = bd.len() == 2 && ad.len() > 2;
         if !broadcast_b && lead != &bd[..bd.len() - 2] {
             return Err(Error::op(
                 op,
-                format!("input0 {ad:?} and input1 {bd:?}: leading dims must be equal or input1 2-D"),
+                format!(
+                    "input0 {ad:?} and input1 {bd:?}: leading dims must be equal or input1 2-D"
+                ),
             ));
         }
         let mut out_dims = lead.to_vec();
         out_dims.extend([m, n]);
-        Ok(Batched { batch: lead.iter().product(), shape: MatMulShape { m, k: ka, n }, broadcast_b, out_dims })
+        Ok(Batched {
+            batch: lead.iter().product(),
+            shape: MatMulShape { m, k: ka, n },
+            broadcast_b,
+            out_dims,
+        })
     }
 }
 
@@ -201,12 +259,18 @@ impl Operator for MatMul {
 
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
         let b = self.shapes(d)?;
-        d.require_mut(self.name(), "output")?.resize(DataType::F32, &b.out_dims)
+        d.require_mut(self.name(), "output")?
+            .resize(DataType::F32, &b.out_dims)
     }
 
     fn run(&self, d: &mut DataDict, f: &FloatDict, _: &IntDict) -> Result<()> {
         let op = self.name();
-        let Batched { batch, shape: s, broadcast_b, .. } = self.shapes(d)?;
+        let Batched {
+            batch,
+            shape: s,
+            broadcast_b,
+            ..
+        } = self.shapes(d)?;
         let alpha = f.get_or("alpha", 1.0);
         let ([a, b], out) = d.io(op, ["input0", "input1"], "output")?;
         let (Some(a), Some(b)) = (a, b) else {
@@ -214,14 +278,20 @@ impl Operator for MatMul {
         };
         let av = f32_values(op, "input0", a)?;
         let bv = f32_values(op, "input1", b)?;
-        let o = out.as_f32_mut().map_err(|e| Error::op(op, format!("output: {e}")))?;
+        let o = out
+            .as_f32_mut()
+            .map_err(|e| Error::op(op, format!("output: {e}")))?;
         let (sa, sb, so) = (s.m * s.k, s.k * s.n, s.m * s.n);
         let short = |what: &str, i: usize| Error::op(op, format!("{what} too small for batch {i}"));
         for i in 0..batch {
             let bo = if broadcast_b { 0 } else { i * sb };
-            let ai = av.get(i * sa..(i + 1) * sa).ok_or_else(|| short("input0", i))?;
+            let ai = av
+                .get(i * sa..(i + 1) * sa)
+                .ok_or_else(|| short("input0", i))?;
             let bi = bv.get(bo..bo + sb).ok_or_else(|| short("input1", i))?;
-            let oi = o.get_mut(i * so..(i + 1) * so).ok_or_else(|| short("output", i))?;
+            let oi = o
+                .get_mut(i * so..(i + 1) * so)
+                .ok_or_else(|| short("output", i))?;
             let threads = &self.ctx.threads;
             let r = match (self.trans_b, self.ctx.reference()) {
                 (false, true) => mm::matmul_ref(s, ai, bi, alpha, oi),
@@ -244,8 +314,17 @@ mod tests {
 
     fn linear(e: &Executor, x: &Data, w: &Data, quant_act: i32) -> Vec<f32> {
         let mut out = Data::empty(DataType::F32);
-        let mut d = DataDict::new().with("input", x).with("weight", w).with_mut("output", &mut out);
-        e.run("Linear", &mut d, &FloatDict::new(), &IntDict::new().with("quant_act", quant_act)).unwrap();
+        let mut d = DataDict::new()
+            .with("input", x)
+            .with("weight", w)
+            .with_mut("output", &mut out);
+        e.run(
+            "Linear",
+            &mut d,
+            &FloatDict::new(),
+            &IntDict::new().with("quant_act", quant_act),
+        )
+        .unwrap();
         out.to_f32_vec().unwrap()
     }
 
@@ -285,24 +364,58 @@ mod tests {
         let x = Data::zeros(DataType::F32, &[2, 64]).unwrap();
         let w = Data::zeros(DataType::Q4_0, &[3, 96]).unwrap();
         let mut out = Data::empty(DataType::F32);
-        let mut d = DataDict::new().with("input", &x).with("weight", &w).with_mut("output", &mut out);
-        let msg = e.run("Linear", &mut d, &FloatDict::new(), &IntDict::new()).unwrap_err().to_string();
-        assert!(msg.contains("Linear") && msg.contains("[2, 64]") && msg.contains("[3, 96]"), "{msg}");
+        let mut d = DataDict::new()
+            .with("input", &x)
+            .with("weight", &w)
+            .with_mut("output", &mut out);
+        let msg = e
+            .run("Linear", &mut d, &FloatDict::new(), &IntDict::new())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("Linear") && msg.contains("[2, 64]") && msg.contains("[3, 96]"),
+            "{msg}"
+        );
 
         let w = Data::zeros(DataType::F32, &[3, 64]).unwrap();
         let b = Data::zeros(DataType::F32, &[4]).unwrap();
-        let mut d = DataDict::new().with("input", &x).with("weight", &w).with("bias", &b).with_mut("output", &mut out);
-        let msg = e.run("Linear", &mut d, &FloatDict::new(), &IntDict::new()).unwrap_err().to_string();
+        let mut d = DataDict::new()
+            .with("input", &x)
+            .with("weight", &w)
+            .with("bias", &b)
+            .with_mut("output", &mut out);
+        let msg = e
+            .run("Linear", &mut d, &FloatDict::new(), &IntDict::new())
+            .unwrap_err()
+            .to_string();
         assert!(msg.contains("bias") && msg.contains("[4]"), "{msg}");
 
         let a = Data::zeros(DataType::F32, &[2, 3, 5]).unwrap();
         let bm = Data::zeros(DataType::F32, &[3, 5, 4]).unwrap();
-        let mut d = DataDict::new().with("input0", &a).with("input1", &bm).with_mut("output", &mut out);
-        let msg = e.run("MatMul", &mut d, &FloatDict::new(), &IntDict::new()).unwrap_err().to_string();
-        assert!(msg.contains("MatMul") && msg.contains("[2, 3, 5]") && msg.contains("[3, 5, 4]"), "{msg}");
-        let mut d = DataDict::new().with("input0", &a).with("input1", &bm).with_mut("output", &mut out);
-        let msg = e.run("MatMulTransB", &mut d, &FloatDict::new(), &IntDict::new()).unwrap_err().to_string();
-        assert!(msg.contains("MatMulTransB") && msg.contains("differ in k"), "{msg}");
+        let mut d = DataDict::new()
+            .with("input0", &a)
+            .with("input1", &bm)
+            .with_mut("output", &mut out);
+        let msg = e
+            .run("MatMul", &mut d, &FloatDict::new(), &IntDict::new())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("MatMul") && msg.contains("[2, 3, 5]") && msg.contains("[3, 5, 4]"),
+            "{msg}"
+        );
+        let mut d = DataDict::new()
+            .with("input0", &a)
+            .with("input1", &bm)
+            .with_mut("output", &mut out);
+        let msg = e
+            .run("MatMulTransB", &mut d, &FloatDict::new(), &IntDict::new())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("MatMulTransB") && msg.contains("differ in k"),
+            "{msg}"
+        );
     }
 
     #[test]
@@ -312,8 +425,13 @@ mod tests {
         let w = Data::from_f32(&[2, 3], &[1.0, 0.0, -1.0, 2.0, 2.0, 2.0]).unwrap();
         let b = Data::from_f32(&[2], &[0.5, -0.5]).unwrap();
         let mut out = Data::empty(DataType::F32);
-        let mut d = DataDict::new().with("input", &x).with("weight", &w).with("bias", &b).with_mut("output", &mut out);
-        e.run("Linear", &mut d, &FloatDict::new(), &IntDict::new()).unwrap();
+        let mut d = DataDict::new()
+            .with("input", &x)
+            .with("weight", &w)
+            .with("bias", &b)
+            .with_mut("output", &mut out);
+        e.run("Linear", &mut d, &FloatDict::new(), &IntDict::new())
+            .unwrap();
         assert_eq!(out.dims(), &[2, 2]);
         assert_eq!(out.to_f32_vec().unwrap(), vec![-1.5, 11.5, -0.5, -1.5]);
     }

@@ -124,6 +124,22 @@ pub fn pick_bf16() -> FloatRowsFn {
     rows_bf16_ref
 }
 
+/// The fast whole-row converter to f32 for F16/BF16 (for GEMM tiles), if this CPU has one.
+pub fn pick_row_to_f32(t: super::WeightType) -> Option<super::RowToF32Fn> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::simd::has_avx2_fma() {
+            return match t {
+                super::WeightType::F16 => Some(avx2::row_f16),
+                super::WeightType::BF16 => Some(avx2::row_bf16),
+                _ => None,
+            };
+        }
+    }
+    let _ = t;
+    None
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2 {
     //! AVX2+FMA+F16C float dots; only called after `simd::has_avx2_fma()`.
@@ -219,6 +235,27 @@ pub(super) mod avx2 {
     float_rows!(rows_f32, rows_f32_n, load_f32, w_f32);
     float_rows!(rows_f16, rows_f16_n, load_f16, w_f16);
     float_rows!(rows_bf16, rows_bf16_n, load_bf16, w_bf16);
+
+    macro_rules! row_to_f32 {
+        ($name:ident, $load:ident, $get:ident) => {
+            /// Converts a whole row ([`super::super::RowToF32Fn`] contract).
+            #[target_feature(enable = "avx2,fma,f16c")]
+            pub unsafe fn $name(w: &[u8], k: usize, out: &mut [f32]) {
+                let (wp, op) = (w.as_ptr(), out.as_mut_ptr());
+                let mut i = 0;
+                while i + 8 <= k {
+                    _mm256_storeu_ps(op.add(i), $load(wp, i));
+                    i += 8;
+                }
+                for j in i..k {
+                    *op.add(j) = $get(w, j);
+                }
+            }
+        };
+    }
+
+    row_to_f32!(row_f16, load_f16, w_f16);
+    row_to_f32!(row_bf16, load_bf16, w_bf16);
 }
 
 #[cfg(target_arch = "x86_64")]

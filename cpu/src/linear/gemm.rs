@@ -2,17 +2,25 @@
 //! tile of weight rows stays in cache while every block of [`MAX_ROWS`] activation rows passes
 //! over it, calls one dot kernel per (weight row, row block) and adds the bias.
 //!
+//! For GEMMs with non-f32 weights the caller may pass a row converter: each column tile is then
+//! converted to f32 once (into a per-thread scratch) and the f32 kernel runs on it.
+//!
 //! Callers validate sizes first (`LinearArgs::validate`). This module must not pick kernels.
 
 use super::act_quant::Q8Rows;
-use super::{FloatRowsFn, IntRowsFn, LinearArgs, MAX_ROWS};
+use super::{FloatRowsFn, IntRowsFn, LinearArgs, RowToF32Fn, MAX_ROWS};
 use crate::threads::Threads;
+use std::cell::RefCell;
+
+thread_local! {
+    static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
 
 /// The dot kernel of one call.
 #[derive(Clone, Copy)]
 pub(super) enum Kernel<'a> {
-    /// Float activations.
-    Float(FloatRowsFn),
+    /// Float activations; optionally (converter, f32 kernel) to run on f32 tiles.
+    Float(FloatRowsFn, Option<(RowToF32Fn, FloatRowsFn)>),
     /// Quantized activations (already quantized).
     Int(IntRowsFn, &'a Q8Rows),
 }
@@ -33,6 +41,8 @@ impl OutPtr {
 const MIN_TASK_WORK: usize = 1 << 16;
 /// Bytes of weight rows per column tile.
 const TILE_BYTES: usize = 32 << 10;
+/// Bytes of converted f32 weight rows per column tile.
+const F32_TILE_BYTES: usize = 128 << 10;
 
 /// Runs the kernel over all of `a` (sizes validated; `rb` = weight row bytes) into `out`.
 pub(super) fn run(
@@ -47,33 +57,42 @@ pub(super) fn run(
         return;
     }
     let op = OutPtr(out.as_mut_ptr());
-    let tile = (TILE_BYTES / rb.max(1)).clamp(1, 64);
+    let conv = match kern {
+        Kernel::Float(_, c) => c,
+        Kernel::Int(..) => None,
+    };
+    let tile = match conv {
+        Some(_) => (F32_TILE_BYTES / (4 * k.max(1))).clamp(1, 64),
+        None => (TILE_BYTES / rb.max(1)).clamp(1, 64),
+    };
     let body = |cols: std::ops::Range<usize>| {
         let op = op.get();
         let mut j0 = cols.start;
         while j0 < cols.end {
             let j1 = (j0 + tile).min(cols.end);
-            let mut r0 = 0;
-            while r0 < rows {
-                let nr = (rows - r0).min(MAX_ROWS);
-                for j in j0..j1 {
-                    let wr = &a.w[j * rb..(j + 1) * rb];
-                    let mut acc = [0f32; MAX_ROWS];
-                    // SAFETY: sizes validated by the caller; kernels were picked for this CPU.
-                    unsafe {
-                        match kern {
-                            Kernel::Float(f) => f(wr, &a.x[r0 * k..(r0 + nr) * k], k, nr, &mut acc),
-                            Kernel::Int(f, q) => f(wr, q, r0, nr, &mut acc),
-                        }
+            match conv {
+                Some((cvt, f32k)) => TILE.with(|t| {
+                    let mut fresh = Vec::new();
+                    let mut held = t.try_borrow_mut();
+                    let buf: &mut Vec<f32> = match held.as_mut() {
+                        Ok(b) => b,
+                        Err(_) => &mut fresh,
+                    };
+                    buf.resize((j1 - j0) * k, 0.0);
+                    for (j, dst) in (j0..j1).zip(buf.chunks_exact_mut(k.max(1))) {
+                        // SAFETY: sizes validated by the caller; converter picked for this CPU.
+                        unsafe { cvt(&a.w[j * rb..(j + 1) * rb], k, dst) };
                     }
-                    let b = a.bias.map_or(0.0, |b| b[j]);
-                    for (t, v) in acc.iter().enumerate().take(nr) {
-                        // SAFETY: (r0 + t) < rows and j < n, inside the validated output; no
-                        // other task writes column j.
-                        unsafe { *op.add((r0 + t) * n + j) = v + b };
-                    }
-                }
-                r0 += nr;
+                    let bytes = as_bytes(buf);
+                    tile_rows(
+                        a,
+                        j0..j1,
+                        |j| &bytes[(j - j0) * 4 * k..(j - j0 + 1) * 4 * k],
+                        Kernel::Float(f32k, None),
+                        op,
+                    );
+                }),
+                None => tile_rows(a, j0..j1, |j| &a.w[j * rb..(j + 1) * rb], kern, op),
             }
             j0 = j1;
         }
@@ -85,4 +104,42 @@ pub(super) fn run(
         }
         None => body(0..n),
     }
+}
+
+/// All row blocks of the activations against the weight rows `cols` (`row(j)` gives row `j`).
+fn tile_rows<'w>(
+    a: &LinearArgs,
+    cols: std::ops::Range<usize>,
+    row: impl Fn(usize) -> &'w [u8],
+    kern: Kernel,
+    op: *mut f32,
+) {
+    let (rows, n, k) = (a.rows, a.n, a.k);
+    let mut r0 = 0;
+    while r0 < rows {
+        let nr = (rows - r0).min(MAX_ROWS);
+        for j in cols.clone() {
+            let wr = row(j);
+            let mut acc = [0f32; MAX_ROWS];
+            // SAFETY: sizes validated by the caller; kernels were picked for this CPU.
+            unsafe {
+                match kern {
+                    Kernel::Float(f, _) => f(wr, &a.x[r0 * k..(r0 + nr) * k], k, nr, &mut acc),
+                    Kernel::Int(f, q) => f(wr, q, r0, nr, &mut acc),
+                }
+            }
+            let b = a.bias.map_or(0.0, |b| b[j]);
+            for (t, v) in acc.iter().enumerate().take(nr) {
+                // SAFETY: (r0 + t) < rows and j < n, inside the validated output; no other task
+                // writes column j.
+                unsafe { *op.add((r0 + t) * n + j) = v + b };
+            }
+        }
+        r0 += nr;
+    }
+}
+
+fn as_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: any f32 slice is a valid byte slice of 4x the length (u8 has alignment 1).
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
 }

@@ -25,6 +25,10 @@ use std::cell::RefCell;
 /// Activation rows handled together by one kernel call (each weight row is loaded once for them).
 pub const MAX_ROWS: usize = 4;
 
+/// From this many activation rows on, non-f32 weights are converted to f32 tiles first (the
+/// conversion is then amortized over all rows) on the fast path.
+pub const GEMM_MIN_ROWS: usize = 8;
+
 /// A float-activation dot kernel: `out[r] = Σ_i w[i] · x[r*k + i]` for `r < rows`, where `w` is
 /// one weight row of `k` elements in the kernel's dtype (raw bytes).
 ///
@@ -42,6 +46,13 @@ pub type FloatRowsFn =
 /// kernel's type, and the CPU has the features the kernel was picked for.
 pub type IntRowsFn =
     unsafe fn(w: &[u8], acts: &Q8Rows, row0: usize, rows: usize, out: &mut [f32; MAX_ROWS]);
+
+/// Converts one weight row of `k` elements to f32 (used to build GEMM tiles).
+///
+/// # Safety
+/// `w` holds a full row of `k` elements of the function's type (for block types
+/// `k % 32 == 0`), `out.len() >= k`, and the CPU has the features it was picked for.
+pub type RowToF32Fn = unsafe fn(w: &[u8], k: usize, out: &mut [f32]);
 
 /// Weight dtypes of `Linear`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -205,7 +216,7 @@ pub fn linear_ref(a: &LinearArgs, out: &mut [f32]) -> Result<(), String> {
             WeightType::Q4_0 => quant_dot::rows_q4_0_ref,
             WeightType::Q4_1 => quant_dot::rows_q4_1_ref,
         };
-        gemm::run(None, a, rb, gemm::Kernel::Float(f), out);
+        gemm::run(None, a, rb, gemm::Kernel::Float(f, None), out);
     }
     Ok(())
 }
@@ -237,7 +248,18 @@ pub fn linear(threads: &Threads, a: &LinearArgs, out: &mut [f32]) -> Result<(), 
             WeightType::Q4_0 => quant_dot::pick_q4_0(),
             WeightType::Q4_1 => quant_dot::pick_q4_1(),
         };
-        gemm::run(Some(threads), a, rb, gemm::Kernel::Float(f), out);
+        // GEMM: convert tiles of weight rows to f32 once, then run the f32 kernel on them
+        let tile = if a.rows >= GEMM_MIN_ROWS {
+            let conv = match a.wtype {
+                WeightType::F32 => None,
+                WeightType::F16 | WeightType::BF16 => float_dot::pick_row_to_f32(a.wtype),
+                _ => quant_dot::pick_row_to_f32(a.wtype),
+            };
+            conv.map(|c| (c, float_dot::pick_f32()))
+        } else {
+            None
+        };
+        gemm::run(Some(threads), a, rb, gemm::Kernel::Float(f, tile), out);
         Ok(())
     }
 }

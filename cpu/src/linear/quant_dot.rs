@@ -84,6 +84,23 @@ pub fn pick_q4_1() -> FloatRowsFn {
     rows_q4_1_ref
 }
 
+/// The fast whole-row dequantizer for a block type (for GEMM tiles), if this CPU has one.
+pub fn pick_row_to_f32(t: super::WeightType) -> Option<super::RowToF32Fn> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::simd::has_avx2_fma() {
+            return match t {
+                super::WeightType::Q8_0 => Some(avx2::row_q8_0),
+                super::WeightType::Q4_0 => Some(avx2::row_q4_0),
+                super::WeightType::Q4_1 => Some(avx2::row_q4_1),
+                _ => None,
+            };
+        }
+    }
+    let _ = t;
+    None
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2 {
     //! AVX2 dequantize-in-registers kernels; only called after `simd::has_avx2_fma()`.
@@ -215,6 +232,26 @@ pub(super) mod avx2 {
             }
         };
     }
+
+    macro_rules! row_to_f32 {
+        ($name:ident, $deq:ident, $bytes:expr) => {
+            /// Dequantizes a whole row ([`super::super::RowToF32Fn`] contract).
+            #[target_feature(enable = "avx2,fma,f16c")]
+            pub unsafe fn $name(w: &[u8], k: usize, out: &mut [f32]) {
+                let (wp, op) = (w.as_ptr(), out.as_mut_ptr());
+                for b in 0..k / QK {
+                    let v = $deq(wp.add(b * $bytes));
+                    for (u, x) in v.iter().enumerate() {
+                        _mm256_storeu_ps(op.add(b * QK + 8 * u), *x);
+                    }
+                }
+            }
+        };
+    }
+
+    row_to_f32!(row_q8_0, deq_q8_0, Q8_0_BYTES);
+    row_to_f32!(row_q4_0, deq_q4_0, Q4_0_BYTES);
+    row_to_f32!(row_q4_1, deq_q4_1, Q4_1_BYTES);
 
     quant_rows!(rows_q8_0, rows_q8_0_n, deq_q8_0, Q8_0_BYTES);
     quant_rows!(rows_q4_0, rows_q4_0_n, deq_q4_0, Q4_0_BYTES);

@@ -110,6 +110,33 @@ pub fn pick_f16() -> FloatRowsFn {
     rows_f16_ref
 }
 
+/// The register-tiled f32 GEMM kernel ([`super::TileF32Fn`]) if this CPU has one (AVX-512).
+pub fn pick_tile_f32() -> Option<super::TileF32Fn> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::simd::has_avx512() {
+            return Some(avx512::tile_f32);
+        }
+    }
+    None
+}
+
+/// Reference for [`super::TileF32Fn`]: plain sequential dots.
+pub fn tile_f32_ref(
+    w: &[u8],
+    x: &[f32],
+    k: usize,
+    rows: usize,
+    cols: usize,
+    out: &mut [[f32; MAX_ROWS]; MAX_ROWS],
+) {
+    for (c, oc) in out.iter_mut().enumerate().take(cols.min(MAX_ROWS)) {
+        let mut o = [0f32; MAX_ROWS];
+        rows_f32_ref(&w[c * 4 * k..(c + 1) * 4 * k], x, k, rows, &mut o);
+        *oc = o;
+    }
+}
+
 /// The fastest BF16 kernel for this CPU.
 pub fn pick_bf16() -> FloatRowsFn {
     #[cfg(target_arch = "x86_64")]
@@ -352,4 +379,77 @@ pub(super) mod avx512 {
     float_rows!(rows_f32, rows_f32_n, load_f32, w_f32);
     float_rows!(rows_f16, rows_f16_n, load_f16, w_f16);
     float_rows!(rows_bf16, rows_bf16_n, load_bf16, w_bf16);
+
+    /// `R` activation rows × `C` weight rows, 16 lanes per step, `R * C` accumulators; the tail
+    /// uses masked loads.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn tile_n<const R: usize, const C: usize>(
+        w: &[u8],
+        x: &[f32],
+        k: usize,
+        out: &mut [[f32; MAX_ROWS]; MAX_ROWS],
+    ) {
+        let wp = w.as_ptr() as *const f32;
+        let xp = x.as_ptr();
+        let mut acc = [[_mm512_setzero_ps(); C]; R];
+        let mut i = 0;
+        while i + 16 <= k {
+            let mut wv = [_mm512_setzero_ps(); C];
+            for (c, v) in wv.iter_mut().enumerate() {
+                *v = _mm512_loadu_ps(wp.add(c * k + i));
+            }
+            for (r, a) in acc.iter_mut().enumerate() {
+                let xv = _mm512_loadu_ps(xp.add(r * k + i));
+                for c in 0..C {
+                    a[c] = _mm512_fmadd_ps(wv[c], xv, a[c]);
+                }
+            }
+            i += 16;
+        }
+        if i < k {
+            let m: __mmask16 = ((1u32 << (k - i)) - 1) as __mmask16;
+            let mut wv = [_mm512_setzero_ps(); C];
+            for (c, v) in wv.iter_mut().enumerate() {
+                *v = _mm512_maskz_loadu_ps(m, wp.add(c * k + i));
+            }
+            for (r, a) in acc.iter_mut().enumerate() {
+                let xv = _mm512_maskz_loadu_ps(m, xp.add(r * k + i));
+                for c in 0..C {
+                    a[c] = _mm512_fmadd_ps(wv[c], xv, a[c]);
+                }
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            for (c, v) in a.iter().enumerate() {
+                out[c][r] = _mm512_reduce_add_ps(*v);
+            }
+        }
+    }
+
+    /// AVX-512 tile kernel ([`super::super::TileF32Fn`] contract).
+    pub unsafe fn tile_f32(
+        w: &[u8],
+        x: &[f32],
+        k: usize,
+        rows: usize,
+        cols: usize,
+        out: &mut [[f32; MAX_ROWS]; MAX_ROWS],
+    ) {
+        macro_rules! by_cols {
+            ($r:literal) => {
+                match cols {
+                    1 => tile_n::<$r, 1>(w, x, k, out),
+                    2 => tile_n::<$r, 2>(w, x, k, out),
+                    3 => tile_n::<$r, 3>(w, x, k, out),
+                    _ => tile_n::<$r, 4>(w, x, k, out),
+                }
+            };
+        }
+        match rows {
+            1 => by_cols!(1),
+            2 => by_cols!(2),
+            3 => by_cols!(3),
+            _ => by_cols!(4),
+        }
+    }
 }

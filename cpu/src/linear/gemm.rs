@@ -8,7 +8,7 @@
 //! Callers validate sizes first (`LinearArgs::validate`). This module must not pick kernels.
 
 use super::act_quant::Q8Rows;
-use super::{FloatRowsFn, IntRowsFn, LinearArgs, RowToF32Fn, MAX_ROWS};
+use super::{FloatRowsFn, IntRowsFn, LinearArgs, RowToF32Fn, TileF32Fn, MAX_ROWS};
 use crate::threads::Threads;
 use std::cell::RefCell;
 
@@ -19,10 +19,22 @@ thread_local! {
 /// The dot kernel of one call.
 #[derive(Clone, Copy)]
 pub(super) enum Kernel<'a> {
-    /// Float activations; optionally (converter, f32 kernel) to run on f32 tiles.
-    Float(FloatRowsFn, Option<(RowToF32Fn, FloatRowsFn)>),
+    /// Float activations; optionally the f32 GEMM plan for many rows.
+    Float(FloatRowsFn, Option<F32Gemm>),
     /// Quantized activations (already quantized).
     Int(IntRowsFn, &'a Q8Rows),
+}
+
+/// How a GEMM runs on f32 weight rows: `convert` (for non-f32 weights) fills a per-thread tile,
+/// then `tile` (register-tiled, if the CPU has one) or `rows` computes on it.
+#[derive(Clone, Copy)]
+pub(super) struct F32Gemm {
+    /// Weight row → f32 converter; `None` when the weights already are f32.
+    pub convert: Option<RowToF32Fn>,
+    /// The f32 row kernel.
+    pub rows: FloatRowsFn,
+    /// The f32 tile kernel, if any.
+    pub tile: Option<TileF32Fn>,
 }
 
 /// Output pointer shared by the column tasks (each writes disjoint columns).
@@ -57,11 +69,11 @@ pub(super) fn run(
         return;
     }
     let op = OutPtr(out.as_mut_ptr());
-    let conv = match kern {
-        Kernel::Float(_, c) => c,
+    let plan = match kern {
+        Kernel::Float(_, p) => p,
         Kernel::Int(..) => None,
     };
-    let tile = match conv {
+    let tile = match plan {
         Some(_) => (F32_TILE_BYTES / (4 * k.max(1))).clamp(1, 64),
         None => (TILE_BYTES / rb.max(1)).clamp(1, 64),
     };
@@ -70,8 +82,12 @@ pub(super) fn run(
         let mut j0 = cols.start;
         while j0 < cols.end {
             let j1 = (j0 + tile).min(cols.end);
-            match conv {
-                Some((cvt, f32k)) => TILE.with(|t| {
+            match plan {
+                Some(
+                    p @ F32Gemm {
+                        convert: Some(cvt), ..
+                    },
+                ) => TILE.with(|t| {
                     let mut fresh = Vec::new();
                     let mut held = t.try_borrow_mut();
                     let buf: &mut Vec<f32> = match held.as_mut() {
@@ -83,15 +99,9 @@ pub(super) fn run(
                         // SAFETY: sizes validated by the caller; converter picked for this CPU.
                         unsafe { cvt(&a.w[j * rb..(j + 1) * rb], k, dst) };
                     }
-                    let bytes = as_bytes(buf);
-                    tile_rows(
-                        a,
-                        j0..j1,
-                        |j| &bytes[(j - j0) * 4 * k..(j - j0 + 1) * 4 * k],
-                        Kernel::Float(f32k, None),
-                        op,
-                    );
+                    f32_tile(a, j0..j1, as_bytes(buf), p, op);
                 }),
+                Some(p) => f32_tile(a, j0..j1, &a.w[j0 * rb..j1 * rb], p, op),
                 None => tile_rows(a, j0..j1, |j| &a.w[j * rb..(j + 1) * rb], kern, op),
             }
             j0 = j1;
@@ -103,6 +113,53 @@ pub(super) fn run(
             t.for_rows(n, min_cols, body);
         }
         None => body(0..n),
+    }
+}
+
+/// All activation rows against the f32 weight rows `cols` (stored consecutively in `w`).
+fn f32_tile(a: &LinearArgs, cols: std::ops::Range<usize>, w: &[u8], p: F32Gemm, op: *mut f32) {
+    let (rows, n, k) = (a.rows, a.n, a.k);
+    let j0 = cols.start;
+    let rb = 4 * k;
+    let Some(tile) = p.tile else {
+        return tile_rows(
+            a,
+            cols,
+            |j| &w[(j - j0) * rb..(j - j0 + 1) * rb],
+            Kernel::Float(p.rows, None),
+            op,
+        );
+    };
+    let mut r0 = 0;
+    while r0 < rows {
+        let nr = (rows - r0).min(MAX_ROWS);
+        let mut c0 = j0;
+        while c0 < cols.end {
+            let nc = (cols.end - c0).min(MAX_ROWS);
+            let mut o = [[0f32; MAX_ROWS]; MAX_ROWS];
+            // SAFETY: `w` holds the tile's rows, sizes validated by the caller; kernel picked
+            // for this CPU.
+            unsafe {
+                tile(
+                    &w[(c0 - j0) * rb..(c0 - j0 + nc) * rb],
+                    &a.x[r0 * k..(r0 + nr) * k],
+                    k,
+                    nr,
+                    nc,
+                    &mut o,
+                )
+            };
+            for (c, oc) in o.iter().enumerate().take(nc) {
+                let j = c0 + c;
+                let b = a.bias.map_or(0.0, |b| b[j]);
+                for (t, v) in oc.iter().enumerate().take(nr) {
+                    // SAFETY: inside the validated output; no other task writes column j.
+                    unsafe { *op.add((r0 + t) * n + j) = v + b };
+                }
+            }
+            c0 += nc;
+        }
+        r0 += nr;
     }
 }
 

@@ -47,6 +47,21 @@ pub type FloatRowsFn =
 pub type IntRowsFn =
     unsafe fn(w: &[u8], acts: &Q8Rows, row0: usize, rows: usize, out: &mut [f32; MAX_ROWS]);
 
+/// A register-tiled f32 GEMM kernel: `out[c][r] = Σ_i w[c*k + i] · x[r*k + i]` for `r < rows`,
+/// `c < cols`, where `w` holds `cols` consecutive f32 weight rows of `k` elements (raw bytes).
+///
+/// # Safety
+/// `1 <= rows, cols <= MAX_ROWS`, `x.len() >= rows * k`, `w.len() >= cols * k * 4`, and the CPU
+/// has the features the kernel was picked for.
+pub type TileF32Fn = unsafe fn(
+    w: &[u8],
+    x: &[f32],
+    k: usize,
+    rows: usize,
+    cols: usize,
+    out: &mut [[f32; MAX_ROWS]; MAX_ROWS],
+);
+
 /// Converts one weight row of `k` elements to f32 (used to build GEMM tiles).
 ///
 /// # Safety
@@ -248,18 +263,23 @@ pub fn linear(threads: &Threads, a: &LinearArgs, out: &mut [f32]) -> Result<(), 
             WeightType::Q4_0 => quant_dot::pick_q4_0(),
             WeightType::Q4_1 => quant_dot::pick_q4_1(),
         };
-        // GEMM: convert tiles of weight rows to f32 once, then run the f32 kernel on them
-        let tile = if a.rows >= GEMM_MIN_ROWS {
-            let conv = match a.wtype {
+        // GEMM: convert tiles of weight rows to f32 once, then run the f32 kernels on them
+        let plan = if a.rows >= GEMM_MIN_ROWS {
+            let convert = match a.wtype {
                 WeightType::F32 => None,
                 WeightType::F16 | WeightType::BF16 => float_dot::pick_row_to_f32(a.wtype),
                 _ => quant_dot::pick_row_to_f32(a.wtype),
             };
-            conv.map(|c| (c, float_dot::pick_f32()))
+            let tile = float_dot::pick_tile_f32();
+            (a.wtype == WeightType::F32 || convert.is_some()).then_some(gemm::F32Gemm {
+                convert,
+                rows: float_dot::pick_f32(),
+                tile,
+            })
         } else {
             None
         };
-        gemm::run(Some(threads), a, rb, gemm::Kernel::Float(f, tile), out);
+        gemm::run(Some(threads), a, rb, gemm::Kernel::Float(f, plan), out);
         Ok(())
     }
 }

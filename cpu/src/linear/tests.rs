@@ -354,3 +354,33 @@ fn every_simd_variant_matches_reference() {
         }
     }
 }
+
+/// The register-tiled f32 GEMM kernel against its reference, every (rows, cols) and odd k.
+#[test]
+fn tile_kernel_matches_reference() {
+    let Some(tile) = float_dot::pick_tile_f32() else {
+        println!("no tile kernel on this CPU; skipped");
+        return;
+    };
+    for k in [1usize, 15, 16, 17, 100, 576] {
+        let (w, _) = encode(WeightType::F32, &rand_vec(4 * k, 13));
+        let x = rand_vec(4 * k, 14);
+        for rows in 1..=MAX_ROWS {
+            for cols in 1..=MAX_ROWS {
+                let (mut a, mut b) = ([[0f32; MAX_ROWS]; MAX_ROWS], [[0f32; MAX_ROWS]; MAX_ROWS]);
+                float_dot::tile_f32_ref(&w, &x, k, rows, cols, &mut a);
+                // SAFETY: sizes as in the contract; picked for this CPU.
+                unsafe { tile(&w, &x, k, rows, cols, &mut b) };
+                for c in 0..cols {
+                    for r in 0..rows {
+                        let (p, q) = (a[c][r], b[c][r]);
+                        assert!(
+                            (p - q).abs() <= 1e-6 * k as f32,
+                            "k={k} {rows}x{cols} [{c}][{r}]: {p} vs {q}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -23,6 +23,8 @@ pub struct Q8Rows {
     /// Per block `[d, d * Σq]`: the scale (an f16 value widened to f32) and the scaled sum of
     /// the 32 quantized values (one 8-byte load on the fast path).
     pub ds: Vec<[f32; 2]>,
+    /// Per block the integer `Σq` (exact; used by the tiled Q4_0 kernel).
+    pub sum: Vec<i32>,
     /// Quantized values, 32 per block.
     pub qs: Vec<i8>,
 }
@@ -33,6 +35,7 @@ impl Q8Rows {
         self.rows = rows;
         self.blocks = blocks;
         self.ds.resize(rows * blocks, [0.0; 2]);
+        self.sum.resize(rows * blocks, 0);
         self.qs.resize(rows * blocks * QK, 0);
     }
 }
@@ -61,6 +64,7 @@ pub fn quantize_rows_ref(x: &[f32], rows: usize, k: usize, out: &mut Q8Rows) -> 
             *q = r as i8;
         }
         out.ds[i] = [d, d * s as f32];
+        out.sum[i] = s;
     }
     Ok(())
 }
@@ -131,6 +135,7 @@ unsafe fn quantize_rows_avx2(x: &[f32], out: &mut Q8Rows) {
             *o = q as i8;
         }
         out.ds[i] = [d, d * s as f32];
+        out.sum[i] = s;
     }
 }
 
@@ -156,6 +161,7 @@ mod tests {
         quantize_rows(&x, 2, 160, &mut b).unwrap();
         assert_eq!(a.qs, b.qs);
         assert_eq!(a.ds, b.ds);
+        assert_eq!(a.sum, b.sum);
         assert_eq!(&a.qs[..4], &[127, 0, 2, -2]); // ties to even
                                                   // dequantized values are close to the input
         for (i, &v) in x.iter().enumerate() {

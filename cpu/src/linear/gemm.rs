@@ -8,7 +8,7 @@
 //! Callers validate sizes first (`LinearArgs::validate`). This module must not pick kernels.
 
 use super::act_quant::Q8Rows;
-use super::{FloatRowsFn, IntRowsFn, LinearArgs, RowToF32Fn, TileF32Fn, MAX_ROWS};
+use super::{FloatRowsFn, IntRowsFn, IntTileFn, LinearArgs, RowToF32Fn, TileF32Fn, MAX_ROWS};
 use crate::threads::Threads;
 use std::cell::RefCell;
 
@@ -21,8 +21,8 @@ thread_local! {
 pub(super) enum Kernel<'a> {
     /// Float activations; optionally the f32 GEMM plan for many rows.
     Float(FloatRowsFn, Option<F32Gemm>),
-    /// Quantized activations (already quantized).
-    Int(IntRowsFn, &'a Q8Rows),
+    /// Quantized activations (already quantized); optionally a tiled kernel for many rows.
+    Int(IntRowsFn, &'a Q8Rows, Option<IntTileFn>),
 }
 
 /// How a GEMM runs on f32 weight rows: `convert` (for non-f32 weights) fills a per-thread tile,
@@ -102,6 +102,9 @@ pub(super) fn run(
                     f32_tile(a, j0..j1, as_bytes(buf), p, op);
                 }),
                 Some(p) => f32_tile(a, j0..j1, &a.w[j0 * rb..j1 * rb], p, op),
+                None if matches!(kern, Kernel::Int(_, _, Some(_))) => {
+                    int_tile(a, j0..j1, rb, kern, op)
+                }
                 None => tile_rows(a, j0..j1, |j| &a.w[j * rb..(j + 1) * rb], kern, op),
             }
             j0 = j1;
@@ -113,6 +116,35 @@ pub(super) fn run(
             t.for_rows(n, min_cols, body);
         }
         None => body(0..n),
+    }
+}
+
+/// All activation rows against the block weight rows `cols` with the tiled integer kernel.
+fn int_tile(a: &LinearArgs, cols: std::ops::Range<usize>, rb: usize, kern: Kernel, op: *mut f32) {
+    let Kernel::Int(_, q, Some(tile)) = kern else {
+        return tile_rows(a, cols, |j| &a.w[j * rb..(j + 1) * rb], kern, op);
+    };
+    let (rows, n) = (a.rows, a.n);
+    let mut r0 = 0;
+    while r0 < rows {
+        let nr = (rows - r0).min(MAX_ROWS);
+        let mut c0 = cols.start;
+        while c0 < cols.end {
+            let nc = (cols.end - c0).min(MAX_ROWS);
+            let mut o = [[0f32; MAX_ROWS]; MAX_ROWS];
+            // SAFETY: sizes validated by the caller; kernel picked for this CPU.
+            unsafe { tile(&a.w[c0 * rb..(c0 + nc) * rb], rb, q, r0, nr, nc, &mut o) };
+            for (c, oc) in o.iter().enumerate().take(nc) {
+                let j = c0 + c;
+                let b = a.bias.map_or(0.0, |b| b[j]);
+                for (t, v) in oc.iter().enumerate().take(nr) {
+                    // SAFETY: inside the validated output; no other task writes column j.
+                    unsafe { *op.add((r0 + t) * n + j) = v + b };
+                }
+            }
+            c0 += nc;
+        }
+        r0 += nr;
     }
 }
 
@@ -182,7 +214,7 @@ fn tile_rows<'w>(
             unsafe {
                 match kern {
                     Kernel::Float(f, _) => f(wr, &a.x[r0 * k..(r0 + nr) * k], k, nr, &mut acc),
-                    Kernel::Int(f, q) => f(wr, q, r0, nr, &mut acc),
+                    Kernel::Int(f, q, _) => f(wr, q, r0, nr, &mut acc),
                 }
             }
             let b = a.bias.map_or(0.0, |b| b[j]);

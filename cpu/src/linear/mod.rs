@@ -14,6 +14,7 @@ pub mod act_quant;
 pub mod float_dot;
 mod gemm;
 pub mod int_dot;
+pub mod int_tile;
 pub mod matmul;
 pub mod quant_dot;
 
@@ -57,6 +58,23 @@ pub type TileF32Fn = unsafe fn(
     w: &[u8],
     x: &[f32],
     k: usize,
+    rows: usize,
+    cols: usize,
+    out: &mut [[f32; MAX_ROWS]; MAX_ROWS],
+);
+
+/// A register-tiled integer kernel: `out[c][r]` = the integer block dot of weight row `c` (rows
+/// `rb` bytes apart in `w`) with activation row `row0 + r`, for `r < rows`, `c < cols`.
+///
+/// # Safety
+/// `1 <= rows, cols <= MAX_ROWS`, `row0 + rows <= acts.rows`, `w` holds `cols` rows of
+/// `acts.blocks` blocks of the kernel's type `rb` bytes apart, and the CPU has the features
+/// the kernel was picked for.
+pub type IntTileFn = unsafe fn(
+    w: &[u8],
+    rb: usize,
+    acts: &Q8Rows,
+    row0: usize,
     rows: usize,
     cols: usize,
     out: &mut [[f32; MAX_ROWS]; MAX_ROWS],
@@ -221,7 +239,7 @@ pub fn linear_ref(a: &LinearArgs, out: &mut [f32]) -> Result<(), String> {
             WeightType::Q4_0 => int_dot::rows_q4_0_ref,
             _ => int_dot::rows_q4_1_ref,
         };
-        gemm::run(None, a, rb, gemm::Kernel::Int(f, &q), out);
+        gemm::run(None, a, rb, gemm::Kernel::Int(f, &q, None), out);
     } else {
         let f: FloatRowsFn = match a.wtype {
             WeightType::F32 => float_dot::rows_f32_ref,
@@ -251,7 +269,12 @@ pub fn linear(threads: &Threads, a: &LinearArgs, out: &mut [f32]) -> Result<(), 
                 .try_borrow_mut()
                 .map_err(|_| "activation scratch busy (re-entrant call)".to_string())?;
             act_quant::quantize_rows(a.x, a.rows, a.k, &mut q)?;
-            gemm::run(Some(threads), a, rb, gemm::Kernel::Int(f, &q), out);
+            let tile = if a.rows >= GEMM_MIN_ROWS {
+                int_tile::pick(a.wtype)
+            } else {
+                None
+            };
+            gemm::run(Some(threads), a, rb, gemm::Kernel::Int(f, &q, tile), out);
             Ok(())
         })
     } else {

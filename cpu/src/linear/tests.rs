@@ -384,3 +384,44 @@ fn tile_kernel_matches_reference() {
         }
     }
 }
+
+/// The tiled integer kernels against the per-row reference, every (rows, cols), odd and even
+/// block counts.
+#[test]
+fn int_tile_kernels_match_reference() {
+    for (t, r) in [
+        (WeightType::Q4_0, int_dot::rows_q4_0_ref as IntRowsFn),
+        (WeightType::Q4_1, int_dot::rows_q4_1_ref as IntRowsFn),
+    ] {
+        let Some(tile) = int_tile::pick(t) else {
+            println!("no tiled {} kernel on this CPU; skipped", t.name());
+            continue;
+        };
+        for k in [32usize, 64, 96, 544] {
+            let rb = t.row_bytes(k).unwrap();
+            let (w, _) = encode(t, &rand_vec(4 * k, 15));
+            let mut q = act_quant::Q8Rows::default();
+            act_quant::quantize_rows_ref(&rand_vec(6 * k, 16), 6, k, &mut q).unwrap();
+            for rows in 1..=MAX_ROWS {
+                for cols in 1..=MAX_ROWS {
+                    let mut got = [[0f32; MAX_ROWS]; MAX_ROWS];
+                    // SAFETY: sizes as in the contract; picked for this CPU.
+                    unsafe { tile(&w, rb, &q, 2, rows, cols, &mut got) };
+                    for c in 0..cols {
+                        let mut want = [0f32; MAX_ROWS];
+                        // SAFETY: as above.
+                        unsafe { r(&w[c * rb..(c + 1) * rb], &q, 2, rows, &mut want) };
+                        for r in 0..rows {
+                            let (p, g) = (want[r], got[c][r]);
+                            assert!(
+                                (p - g).abs() <= 1e-5 * (1.0 + p.abs()),
+                                "{} k={k} {rows}x{cols} [{c}][{r}]: {p} vs {g}",
+                                t.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

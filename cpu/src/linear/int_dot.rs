@@ -143,7 +143,7 @@ pub(super) mod avx2 {
         _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)))
     }
 
-    /// `[d, m, 0, 0]` from the block's first 4 bytes (for Q4_1 `m` is the min; for the other
+    /// `[d, m, ..]` from the block's first 4 bytes (for Q4_1 `m` is the min; for the other
     /// types lane 1 is unused).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -187,21 +187,35 @@ pub(super) mod avx2 {
                 let ds = a.ds.as_ptr() as *const f32;
                 let mut acc = [[_mm256_setzero_ps(); 2]; R];
                 let mut mins = [_mm_setzero_ps(); R];
-                for b in 0..nb {
-                    let blk = wp.add(b * $bytes);
-                    let v = $load(blk);
-                    let dm = dm_at(blk);
-                    for (r, ac) in acc.iter_mut().enumerate() {
-                        let i = (row0 + r) * nb + b;
-                        let x = _mm256_loadu_si256(qs.add(i * QK) as *const __m256i);
-                        let p =
-                            _mm_mul_ps(dm, _mm_castpd_ps(_mm_load_sd(ds.add(2 * i) as *const f64)));
-                        ac[b & 1] =
-                            _mm256_fmadd_ps(_mm256_broadcastss_ps(p), $dot(v, x), ac[b & 1]);
-                        if $has_min {
-                            mins[r] = _mm_add_ps(mins[r], p);
+                // one block into accumulator `$s` (a constant, so `acc` stays in registers)
+                macro_rules! step {
+                    ($b:expr, $s:literal) => {{
+                        let b = $b;
+                        let blk = wp.add(b * $bytes);
+                        let v = $load(blk);
+                        let dm = dm_at(blk);
+                        for (r, ac) in acc.iter_mut().enumerate() {
+                            let i = (row0 + r) * nb + b;
+                            let x = _mm256_loadu_si256(qs.add(i * QK) as *const __m256i);
+                            let p = _mm_mul_ps(
+                                dm,
+                                _mm_castpd_ps(_mm_load_sd(ds.add(2 * i) as *const f64)),
+                            );
+                            ac[$s] = _mm256_fmadd_ps(_mm256_broadcastss_ps(p), $dot(v, x), ac[$s]);
+                            if $has_min {
+                                mins[r] = _mm_add_ps(mins[r], p);
+                            }
                         }
-                    }
+                    }};
+                }
+                let mut b = 0;
+                while b + 2 <= nb {
+                    step!(b, 0);
+                    step!(b + 1, 1);
+                    b += 2;
+                }
+                if b < nb {
+                    step!(b, 0);
                 }
                 for (r, ac) in acc.iter().enumerate() {
                     let m = if $has_min {

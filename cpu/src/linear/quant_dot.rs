@@ -119,7 +119,7 @@ pub(super) mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn deq_q8_0(b: *const u8) -> [__m256; 4] {
-        let d = _mm256_set1_ps(f16_at(b));
+        let d = f16_at(b);
         let q = b.add(2);
         [
             _mm256_mul_ps(d, i8x8(q)),
@@ -156,7 +156,7 @@ pub(super) mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn deq_q4_0(b: *const u8) -> [__m256; 4] {
-        let d = _mm256_set1_ps(f16_at(b));
+        let d = f16_at(b);
         let (lo, hi) = nibbles(b.add(2));
         let e = _mm_set1_epi8(8);
         let (lo, hi) = (_mm_sub_epi8(lo, e), _mm_sub_epi8(hi, e));
@@ -172,8 +172,8 @@ pub(super) mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn deq_q4_1(b: *const u8) -> [__m256; 4] {
-        let d = _mm256_set1_ps(f16_at(b));
-        let m = _mm256_set1_ps(f16_at(b.add(2)));
+        let d = f16_at(b);
+        let m = f16_at(b.add(2));
         let (lo, hi) = nibbles(b.add(4));
         [
             affine_u8(lo, d, m),
@@ -200,10 +200,11 @@ pub(super) mod avx2 {
                     let wv = $deq(wp.add(b * $bytes));
                     for (r, a) in acc.iter_mut().enumerate() {
                         let xb = xp.add(r * k + b * QK);
-                        for (u, v) in wv.iter().enumerate() {
-                            a[u % A] =
-                                _mm256_fmadd_ps(*v, _mm256_loadu_ps(xb.add(8 * u)), a[u % A]);
-                        }
+                        // spelled out so every accumulator index is a constant
+                        a[0] = _mm256_fmadd_ps(wv[0], _mm256_loadu_ps(xb), a[0]);
+                        a[1 % A] = _mm256_fmadd_ps(wv[1], _mm256_loadu_ps(xb.add(8)), a[1 % A]);
+                        a[2 % A] = _mm256_fmadd_ps(wv[2], _mm256_loadu_ps(xb.add(16)), a[2 % A]);
+                        a[3 % A] = _mm256_fmadd_ps(wv[3], _mm256_loadu_ps(xb.add(24)), a[3 % A]);
                     }
                 }
                 for (r, a) in acc.iter().enumerate() {

@@ -1,11 +1,13 @@
 //! Matrix kernels of the CPU device: `Linear` (`y = x·Wᵀ + b` with F32/F16/BF16/Q8_0/Q4_0/Q4_1
 //! weights, f32 activations), `MatMul` and `MatMulTransB` (f32).
 //!
-//! One file per job: [`float_dot`] (float weight dots), [`quant_dot`] (exact dots with weight
-//! blocks dequantized in registers), [`act_quant`] (activation rows → Q8_0 for `quant_act`),
-//! [`int_dot`] (integer block dots), `gemm` (column tiling, row blocking and the split over
-//! threads), [`matmul`] (the two f32 matmuls). Each kernel exists as a plain scalar reference and
-//! a fast path chosen at run time (AVX2+FMA+F16C on x86-64, portable code elsewhere).
+//! One file per job: [`float_dot`] (float weight dots, plus the AVX-512 4×4 f32 GEMM tile),
+//! [`quant_dot`] (exact dots with weight blocks dequantized in registers), [`act_quant`]
+//! (activation rows → Q8_0 for `quant_act`), [`int_dot`] (integer block dots), [`int_tile`]
+//! (AVX-512 4×4 integer GEMM tiles), `gemm` (column tiling, row blocking, f32 tile conversion
+//! and the split over threads), [`matmul`] (the two f32 matmuls). Each kernel exists as a plain
+//! scalar reference and a fast path chosen at run time (AVX2+FMA+F16C or AVX-512 on x86-64,
+//! portable code elsewhere).
 //!
 //! This module works on plain slices and validates every size it is given (errors are `String`s
 //! naming the argument); it must not know about tensors or devices.

@@ -385,18 +385,51 @@ fn tile_kernel_matches_reference() {
     }
 }
 
-/// The tiled integer kernels against the per-row reference, every (rows, cols), odd and even
-/// block counts.
+/// Every tiled integer kernel this CPU can run against the per-row reference, every
+/// (rows, cols), odd and even block counts.
+#[cfg(target_arch = "x86_64")]
 #[test]
 fn int_tile_kernels_match_reference() {
-    for (t, r) in [
-        (WeightType::Q4_0, int_dot::rows_q4_0_ref as IntRowsFn),
-        (WeightType::Q4_1, int_dot::rows_q4_1_ref as IntRowsFn),
-    ] {
-        let Some(tile) = int_tile::pick(t) else {
-            println!("no tiled {} kernel on this CPU; skipped", t.name());
-            continue;
-        };
+    use int_tile::avx512 as t5;
+    let mut variants: Vec<(WeightType, &str, IntRowsFn, IntTileFn)> = Vec::new();
+    if crate::simd::has_avx512() {
+        variants.push((
+            WeightType::Q4_0,
+            "bw",
+            int_dot::rows_q4_0_ref,
+            t5::tile_q4_0,
+        ));
+        variants.push((
+            WeightType::Q4_1,
+            "bw",
+            int_dot::rows_q4_1_ref,
+            t5::tile_q4_1,
+        ));
+    }
+    if int_tile::has_vnni() {
+        variants.push((
+            WeightType::Q4_0,
+            "vnni",
+            int_dot::rows_q4_0_ref,
+            t5::tile_q4_0_vnni,
+        ));
+        variants.push((
+            WeightType::Q4_1,
+            "vnni",
+            int_dot::rows_q4_1_ref,
+            t5::tile_q4_1_vnni,
+        ));
+        variants.push((
+            WeightType::Q8_0,
+            "vnni",
+            int_dot::rows_q8_0_ref,
+            t5::tile_q8_0_vnni,
+        ));
+    }
+    if variants.is_empty() {
+        println!("no tiled integer kernel on this CPU; skipped");
+    }
+    for (t, name, r, tile) in variants {
         for k in [32usize, 64, 96, 544] {
             let rb = t.row_bytes(k).unwrap();
             let (w, _) = encode(t, &rand_vec(4 * k, 15));
@@ -405,7 +438,7 @@ fn int_tile_kernels_match_reference() {
             for rows in 1..=MAX_ROWS {
                 for cols in 1..=MAX_ROWS {
                     let mut got = [[0f32; MAX_ROWS]; MAX_ROWS];
-                    // SAFETY: sizes as in the contract; picked for this CPU.
+                    // SAFETY: sizes as in the contract; features checked above.
                     unsafe { tile(&w, rb, &q, 2, rows, cols, &mut got) };
                     for c in 0..cols {
                         let mut want = [0f32; MAX_ROWS];
@@ -415,7 +448,7 @@ fn int_tile_kernels_match_reference() {
                             let (p, g) = (want[r], got[c][r]);
                             assert!(
                                 (p - g).abs() <= 1e-5 * (1.0 + p.abs()),
-                                "{} k={k} {rows}x{cols} [{c}][{r}]: {p} vs {g}",
+                                "{} {name} k={k} {rows}x{cols} [{c}][{r}]: {p} vs {g}",
                                 t.name()
                             );
                         }

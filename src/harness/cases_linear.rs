@@ -76,13 +76,16 @@ fn linear_cases(v: &mut Vec<OpCase>) {
 fn matmul_cases(v: &mut Vec<OpCase>) {
     let mut rng = CaseRng::new(8);
     // (input0 dims, input1 dims as for MatMul [.., k, n], alpha)
-    let shapes: [(&[usize], &[usize], f32); 6] = [
+    // the last two have enough batches of enough work to be split over the threads by batch
+    let shapes: [(&[usize], &[usize], f32); 8] = [
         (&[1, 1], &[1, 1], 1.0),
         (&[5, 17], &[17, 3], 1.0),
         (&[7, 64], &[64, 129], 0.125),
         (&[2, 3, 5, 17], &[2, 3, 17, 9], 1.0),
         (&[3, 33, 20], &[3, 20, 70], 0.5),
         (&[4, 6, 33], &[33, 7], 1.0),
+        (&[16, 8, 64], &[16, 64, 40], 0.25),
+        (&[12, 8, 64], &[64, 40], 1.0),
     ];
     for (a, b, alpha) in shapes {
         v.push(

@@ -282,26 +282,53 @@ impl Operator for MatMul {
             .as_f32_mut()
             .map_err(|e| Error::op(op, format!("output: {e}")))?;
         let (sa, sb, so) = (s.m * s.k, s.k * s.n, s.m * s.n);
-        let short = |what: &str, i: usize| Error::op(op, format!("{what} too small for batch {i}"));
-        for i in 0..batch {
+        if so == 0 {
+            return Ok(());
+        }
+        let o = o
+            .get_mut(..batch * so)
+            .ok_or_else(|| Error::op(op, format!("output too small for {batch} batches")))?;
+        let threads = &self.ctx.threads;
+        // one batch entry; nested inside a parallel batch loop, the kernels' own thread split
+        // runs inline
+        let one = |i: usize, oi: &mut [f32]| -> Result<()> {
+            let short = |what: &str| Error::op(op, format!("{what} too small for batch {i}"));
             let bo = if broadcast_b { 0 } else { i * sb };
             let ai = av
                 .get(i * sa..(i + 1) * sa)
-                .ok_or_else(|| short("input0", i))?;
-            let bi = bv.get(bo..bo + sb).ok_or_else(|| short("input1", i))?;
-            let oi = o
-                .get_mut(i * so..(i + 1) * so)
-                .ok_or_else(|| short("output", i))?;
-            let threads = &self.ctx.threads;
+                .ok_or_else(|| short("input0"))?;
+            let bi = bv.get(bo..bo + sb).ok_or_else(|| short("input1"))?;
             let r = match (self.trans_b, self.ctx.reference()) {
                 (false, true) => mm::matmul_ref(s, ai, bi, alpha, oi),
                 (false, false) => mm::matmul(threads, s, ai, bi, alpha, oi),
                 (true, true) => mm::matmul_trans_b_ref(s, ai, bi, alpha, oi),
                 (true, false) => mm::matmul_trans_b(threads, s, ai, bi, alpha, oi),
             };
-            r.map_err(|e| Error::op(op, format!("batch {i}: {e}")))?;
+            r.map_err(|e| Error::op(op, format!("batch {i}: {e}")))
+        };
+        if batch == 1 || self.ctx.reference() {
+            for (i, oi) in o.chunks_exact_mut(so).enumerate() {
+                one(i, oi)?;
+            }
+            return Ok(());
         }
-        Ok(())
+        // many (typically small: attention heads) products: split the batch over the threads
+        let min_batches = (1usize << 16).div_ceil((so * s.k).max(1)).max(1);
+        let first_err = std::sync::Mutex::new(None);
+        threads.for_row_chunks(o, so, min_batches, |i0, chunk| {
+            for (t, oi) in chunk.chunks_exact_mut(so).enumerate() {
+                if let Err(e) = one(i0 + t, oi) {
+                    if let Ok(mut g) = first_err.lock() {
+                        g.get_or_insert(e);
+                    }
+                    return;
+                }
+            }
+        });
+        match first_err.into_inner() {
+            Ok(Some(e)) => Err(e),
+            _ => Ok(()),
+        }
     }
 }
 

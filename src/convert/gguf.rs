@@ -24,7 +24,9 @@ pub fn convert_gguf(
     let arch = gguf_architecture(&g)?;
     for t in &g.tensors {
         if !supported(t.ggml_type) {
-            let tname = ggml_type::info(t.ggml_type).map(|i| i.0).unwrap_or("unknown");
+            let tname = ggml_type::info(t.ggml_type)
+                .map(|i| i.0)
+                .unwrap_or("unknown");
             return Err(Error::format(
                 &g.path,
                 format!(
@@ -41,9 +43,14 @@ pub fn convert_gguf(
         if gguf_skipped(&t.name) {
             continue;
         }
-        let m = gguf_name(&t.name, config.num_heads, config.num_kv_heads, permute).ok_or_else(|| {
-            Error::format(&g.path, format!("tensor {}: no Hugging Face name for {arch}", t.name))
-        })?;
+        let m = gguf_name(&t.name, config.num_heads, config.num_kv_heads, permute).ok_or_else(
+            || {
+                Error::format(
+                    &g.path,
+                    format!("tensor {}: no Hugging Face name for {arch}", t.name),
+                )
+            },
+        )?;
         plan.push((i, m));
     }
     let spec = (opts.tokenizer.gguf)(&g)?;
@@ -83,5 +90,9 @@ pub fn convert_gguf(
         });
     }
     writer.finish()?;
-    Ok(ConvertReport { architecture: config.architecture, tensors: total, tensor_bytes: bytes_total })
+    Ok(ConvertReport {
+        architecture: config.architecture,
+        tensors: total,
+        tensor_bytes: bytes_total,
+    })
 }

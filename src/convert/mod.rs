@@ -2,6 +2,9 @@
 //! tensor by tensor (peak memory ≈ one tensor). Owns name mapping, layout fixes, the dtype
 //! policy and `ModelConfig` extraction; the file formats themselves live in `crate::format`.
 
+// `x % n != 0` instead of `is_multiple_of`: the workspace MSRV (1.80) predates it.
+#![allow(clippy::manual_is_multiple_of)]
+
 pub mod dtype_policy;
 pub mod ggml_dequant;
 mod gguf;
@@ -50,7 +53,10 @@ pub(crate) fn general_metadata(
     let mut m = Metadata::new();
     m.insert("general.architecture".into(), s(arch));
     m.insert("general.name".into(), s(name));
-    m.insert("general.source_file".into(), s(&source.display().to_string()));
+    m.insert(
+        "general.source_file".into(),
+        s(&source.display().to_string()),
+    );
     m.insert("general.source_format".into(), s(format));
     m.insert(
         "general.converter".into(),

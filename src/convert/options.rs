@@ -37,8 +37,8 @@ impl TargetDtype {
             "keep" => TargetDtype::Keep,
             other => {
                 return Err(Error::invalid(format!(
-                    "unknown dtype {other:?} (expected f32, f16, bf16, int8, int4, int4-min or keep)"
-                )))
+                "unknown dtype {other:?} (expected f32, f16, bf16, int8, int4, int4-min or keep)"
+            )))
             }
         })
     }

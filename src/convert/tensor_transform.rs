@@ -7,6 +7,9 @@ use super::names::{unpermuted_source_row, Mapped};
 use crate::data::DataType;
 use crate::error::{Error, Result};
 
+/// Decodes a source tensor's raw bytes into f32 (all elements).
+pub type DecodeFn = dyn Fn(&[u8], &mut [f32]) -> Result<()>;
+
 /// A source tensor as the converter sees it.
 pub struct SourceTensor<'a> {
     /// Source name (for messages).
@@ -18,7 +21,7 @@ pub struct SourceTensor<'a> {
     /// The `.flm` dtype with identical bytes, if any.
     pub same_as: Option<DataType>,
     /// Decodes `bytes` into f32 (all elements).
-    pub decode: &'a dyn Fn(&[u8], &mut [f32]) -> Result<()>,
+    pub decode: &'a DecodeFn,
 }
 
 /// The stored form of one tensor.
@@ -32,32 +35,51 @@ pub struct StoredTensor {
 }
 
 fn row_order(m: &Mapped, rows: usize, src: &SourceTensor<'_>) -> Result<Option<Vec<usize>>> {
-    let Some(heads) = m.unpermute_heads else { return Ok(None) };
+    let Some(heads) = m.unpermute_heads else {
+        return Ok(None);
+    };
     if heads == 0 || rows % heads != 0 || (rows / heads) % 2 != 0 {
         return Err(Error::invalid(format!(
             "tensor {}: {rows} rows cannot be split into {heads} heads of even size",
             src.source_name
         )));
     }
-    Ok(Some((0..rows).map(|r| unpermuted_source_row(r, rows, heads)).collect()))
+    Ok(Some(
+        (0..rows)
+            .map(|r| unpermuted_source_row(r, rows, heads))
+            .collect(),
+    ))
 }
 
 /// Converts `src` (mapped by `m`) to the dtype the policy picks for `target`.
-pub fn transform(m: &Mapped, src: SourceTensor<'_>, target: super::TargetDtype) -> Result<StoredTensor> {
+pub fn transform(
+    m: &Mapped,
+    src: SourceTensor<'_>,
+    target: super::TargetDtype,
+) -> Result<StoredTensor> {
     let dims = src.dims.clone();
     let count = dims
         .iter()
         .try_fold(1usize, |a, &d| a.checked_mul(d))
-        .ok_or_else(|| Error::invalid(format!("tensor {}: dims {dims:?} overflow", src.source_name)))?;
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "tensor {}: dims {dims:?} overflow",
+                src.source_name
+            ))
+        })?;
     let cols = dims.last().copied().unwrap_or(1);
-    let rows = if cols == 0 { 0 } else { count / cols };
+    let rows = count.checked_div(cols).unwrap_or(0);
     if m.transpose && dims.len() != 2 {
         return Err(Error::invalid(format!(
             "tensor {}: Conv1D weight must be 2-D, got {dims:?}",
             src.source_name
         )));
     }
-    let out_dims = if m.transpose { vec![cols, rows] } else { dims.clone() };
+    let out_dims = if m.transpose {
+        vec![cols, rows]
+    } else {
+        dims.clone()
+    };
     let dtype = dtype_policy::stored_dtype(target, &m.name, &out_dims, src.same_as);
     let order = row_order(m, rows, &src)?;
     if Some(dtype) == src.same_as && !m.transpose {
@@ -67,16 +89,19 @@ pub fn transform(m: &Mapped, src: SourceTensor<'_>, target: super::TargetDtype) 
             Some(order) => {
                 let mut out = Vec::with_capacity(src.bytes.len());
                 for r in order {
-                    let row = src
-                        .bytes
-                        .get(r * rb..(r + 1) * rb)
-                        .ok_or_else(|| Error::invalid(format!("tensor {}: row {r} out of range", src.source_name)))?;
+                    let row = src.bytes.get(r * rb..(r + 1) * rb).ok_or_else(|| {
+                        Error::invalid(format!("tensor {}: row {r} out of range", src.source_name))
+                    })?;
                     out.extend_from_slice(row);
                 }
                 out
             }
         };
-        return Ok(StoredTensor { dtype, dims: out_dims, bytes });
+        return Ok(StoredTensor {
+            dtype,
+            dims: out_dims,
+            bytes,
+        });
     }
     let mut values = vec![0f32; count];
     (src.decode)(&src.bytes, &mut values)?;
@@ -97,5 +122,9 @@ pub fn transform(m: &Mapped, src: SourceTensor<'_>, target: super::TargetDtype) 
         values = t;
     }
     let bytes = dtype_policy::encode(dtype, &values)?;
-    Ok(StoredTensor { dtype, dims: out_dims, bytes })
+    Ok(StoredTensor {
+        dtype,
+        dims: out_dims,
+        bytes,
+    })
 }

@@ -71,7 +71,9 @@ impl FlmWriter {
     }
 
     fn write(&mut self, b: &[u8]) -> Result<()> {
-        self.out.write_all(b).map_err(|e| Error::io(&self.path, e))?;
+        self.out
+            .write_all(b)
+            .map_err(|e| Error::io(&self.path, e))?;
         self.pos += b.len() as u64;
         Ok(())
     }
@@ -92,7 +94,13 @@ impl FlmWriter {
     }
 
     /// Appends one tensor's packed bytes (`bytes.len()` must match `dtype` and `dims`).
-    pub fn add_tensor(&mut self, name: &str, dtype: DataType, dims: &[usize], bytes: &[u8]) -> Result<()> {
+    pub fn add_tensor(
+        &mut self,
+        name: &str,
+        dtype: DataType,
+        dims: &[usize],
+        bytes: &[u8],
+    ) -> Result<()> {
         if dims.is_empty() || dims.len() > MAX_DIMS {
             return Err(Error::invalid(format!(
                 "{}: tensor {name} has {} dims (1..={MAX_DIMS} allowed)",
@@ -109,7 +117,10 @@ impl FlmWriter {
             )));
         }
         if !self.names.insert(name.to_string()) {
-            return Err(Error::invalid(format!("{}: tensor {name} written twice", self.path)));
+            return Err(Error::invalid(format!(
+                "{}: tensor {name} written twice",
+                self.path
+            )));
         }
         self.pad_to(align_up(self.pos))?;
         self.tensors.push(TensorInfo {
@@ -157,7 +168,10 @@ impl FlmWriter {
         let io = |e| Error::io(&path, e);
         self.out.seek(SeekFrom::Start(0)).map_err(io)?;
         self.out.write_all(&hb).map_err(io)?;
-        let file = self.out.into_inner().map_err(|e| Error::io(&path, e.into_error()))?;
+        let file = self
+            .out
+            .into_inner()
+            .map_err(|e| Error::io(&path, e.into_error()))?;
         file.sync_all().map_err(io)?;
         drop(file);
         std::fs::rename(&self.partial_path, &self.final_path).map_err(io)

@@ -58,7 +58,10 @@ fn run(args: &Args) -> Result<()> {
         .as_ref()
         .ok_or_else(|| Error::invalid("missing -o OUT.flm"))?;
     let dtype = TargetDtype::parse(&args.dtype)?;
-    let opts = ConvertOptions { dtype, tokenizer: importers() };
+    let opts = ConvertOptions {
+        dtype,
+        tokenizer: importers(),
+    };
     let mut bar = progress::Reporter::new();
     let report = convert(&args.input, out, &opts, &mut |p| bar.update(p))?;
     bar.finish();

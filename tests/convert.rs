@@ -50,6 +50,7 @@ fn empty_spec(kind: TokenizerKind) -> TokenizerSpec {
     }
 }
 
+#[cfg_attr(feature = "tokenizer-import", allow(dead_code))]
 fn fallback_hf(json: &str, _config: Option<&str>) -> Result<TokenizerSpec> {
     let v: Value = serde_json::from_str(json).map_err(Error::invalid)?;
     let model = &v["model"];
@@ -124,13 +125,22 @@ fn fallback_gguf(g: &GgufFile) -> Result<TokenizerSpec> {
     Ok(spec)
 }
 
+/// The real importers once `crate::tokenizer` provides them (feature `tokenizer-import`), the
+/// test-only fallback otherwise.
+fn importers() -> TokenizerImporters {
+    #[cfg(feature = "tokenizer-import")]
+    return TokenizerImporters::builtin();
+    #[cfg(not(feature = "tokenizer-import"))]
+    TokenizerImporters {
+        hf: fallback_hf,
+        gguf: fallback_gguf,
+    }
+}
+
 fn opts(dtype: TargetDtype) -> ConvertOptions {
     ConvertOptions {
         dtype,
-        tokenizer: TokenizerImporters {
-            hf: fallback_hf,
-            gguf: fallback_gguf,
-        },
+        tokenizer: importers(),
     }
 }
 
@@ -499,7 +509,15 @@ fn gguf_k_quants_become_q8_0_under_keep_and_q_rows_are_unpermuted() {
     )
     .unwrap();
     let out = tmp("q4k.flm");
-    convert(&p, &out, &opts(TargetDtype::Keep), &mut |_| {}).unwrap();
+    // The hand-made file has no tokenizer metadata: always use the test importer here.
+    let o = ConvertOptions {
+        dtype: TargetDtype::Keep,
+        tokenizer: TokenizerImporters {
+            hf: importers().hf,
+            gguf: fallback_gguf,
+        },
+    };
+    convert(&p, &out, &o, &mut |_| {}).unwrap();
     let f = FlmFile::open(&out, LoadMode::Mmap).unwrap();
     let t = f.tensor("model.layers.0.self_attn.q_proj.weight").unwrap();
     assert_eq!((t.dtype(), t.dims()), (DataType::Q8_0, &[8usize, 256][..]));

@@ -373,6 +373,22 @@ fn bad_hf_inputs_are_errors_naming_the_file() {
     );
     assert!(!tmp("y.flm").exists());
 
+    let bad_tok = tmp("bad-tok");
+    copy_dir(&src, &bad_tok, "");
+    std::fs::write(bad_tok.join("tokenizer.json"), "{ not json").unwrap();
+    let e = convert(
+        &bad_tok,
+        &tmp("v.flm"),
+        &opts(TargetDtype::F32),
+        &mut |_| {},
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains(bad_tok.join("tokenizer.json").to_str().unwrap()),
+        "{e}"
+    );
+
     let bad_st = tmp("bad-st");
     copy_dir(&src, &bad_st, "");
     std::fs::write(

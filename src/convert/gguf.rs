@@ -6,7 +6,7 @@ use super::ggml_dequant::{dequantize, shared_dtype, supported};
 use super::gguf_config::gguf_architecture;
 use super::names::{gguf_name, gguf_skipped, Mapped};
 use super::tensor_transform::{transform, SourceTensor};
-use super::{general_metadata, ConvertOptions, ConvertReport, Progress};
+use super::{general_metadata, naming_file, ConvertOptions, ConvertReport, Progress};
 use crate::error::{Error, Result};
 use crate::format::flm::{FlmWriter, MetaValue};
 use crate::format::gguf::{ggml_type, GgufFile};
@@ -53,7 +53,7 @@ pub fn convert_gguf(
         )?;
         plan.push((i, m));
     }
-    let spec = (opts.tokenizer.gguf)(&g)?;
+    let spec = (opts.tokenizer.gguf)(&g).map_err(|e| naming_file(&g.path, e))?;
     let name = g.get_str("general.name").unwrap_or_default().to_string();
     let mut meta = general_metadata(&config.architecture, &name, path, "gguf", opts);
     if let Some(t) = g.get_str("tokenizer.chat_template") {

@@ -4,7 +4,7 @@
 use super::hf_config::generation_metadata;
 use super::names::hf_name;
 use super::tensor_transform::{transform, SourceTensor};
-use super::{general_metadata, ConvertOptions, ConvertReport, Progress};
+use super::{general_metadata, naming_file, ConvertOptions, ConvertReport, Progress};
 use crate::data::decode_to_f32;
 use crate::error::{Error, Result};
 use crate::format::flm::{FlmWriter, MetaValue};
@@ -69,7 +69,8 @@ pub fn convert_hf_dir(
     let tok_text = read_optional(&tok_path)?
         .ok_or_else(|| Error::format(dir.display(), "no tokenizer.json"))?;
     let tok_cfg = read_optional(&dir.join("tokenizer_config.json"))?;
-    let spec = (opts.tokenizer.hf)(&tok_text, tok_cfg.as_deref())?;
+    let spec = (opts.tokenizer.hf)(&tok_text, tok_cfg.as_deref())
+        .map_err(|e| naming_file(&tok_path.display().to_string(), e))?;
     let weights = SafetensorsSet::open_dir(dir)?;
     if !weights.names().any(|n| n == "lm_head.weight") {
         config.tie_embeddings = true;

@@ -66,6 +66,16 @@ pub(crate) fn general_metadata(
     m
 }
 
+/// `e`, prefixed with `path` unless its message already names it (importer errors come from code
+/// that does not know the file).
+pub(crate) fn naming_file(path: &str, e: Error) -> Error {
+    if e.to_string().contains(path) {
+        e
+    } else {
+        Error::format(path, e)
+    }
+}
+
 /// The kinds of input [`convert`] accepts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InputKind {

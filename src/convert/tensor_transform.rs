@@ -67,7 +67,12 @@ pub fn transform(
                 src.source_name
             ))
         })?;
-    let cols = dims.last().copied().unwrap_or(1);
+    // A 1-D q/k bias is permuted element by element (rows of one value).
+    let cols = if dims.len() == 1 && m.unpermute_heads.is_some() {
+        1
+    } else {
+        dims.last().copied().unwrap_or(1)
+    };
     let rows = count.checked_div(cols).unwrap_or(0);
     if m.transpose && dims.len() != 2 {
         return Err(Error::invalid(format!(
@@ -127,4 +132,82 @@ pub fn transform(
         dims: out_dims,
         bytes,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::convert::TargetDtype;
+    use crate::data::decode_to_f32;
+
+    fn decode_f32(b: &[u8], o: &mut [f32]) -> Result<()> {
+        decode_to_f32(DataType::F32, b, o)
+    }
+
+    fn f32_src(dims: Vec<usize>, values: &[f32]) -> SourceTensor<'static> {
+        SourceTensor {
+            source_name: "t",
+            dims,
+            bytes: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            same_as: Some(DataType::F32),
+            decode: &decode_f32,
+        }
+    }
+
+    fn values(s: &StoredTensor) -> Vec<f32> {
+        s.bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+
+    #[test]
+    fn unpermutes_rows_and_bias_elements() {
+        // 2 heads of head_dim 4: HF rows of each head are GGUF rows [0, 2, 1, 3].
+        let m = Mapped {
+            name: "q.weight".into(),
+            transpose: false,
+            unpermute_heads: Some(2),
+        };
+        let w: Vec<f32> = (0..8).flat_map(|r| [r as f32; 32]).collect();
+        let out = transform(&m, f32_src(vec![8, 32], &w), TargetDtype::F32).unwrap();
+        let rows: Vec<f32> = values(&out).chunks(32).map(|r| r[0]).collect();
+        assert_eq!(rows, [0., 2., 1., 3., 4., 6., 5., 7.]);
+        let b = Mapped {
+            name: "q.bias".into(),
+            transpose: false,
+            unpermute_heads: Some(2),
+        };
+        let out = transform(
+            &b,
+            f32_src(vec![8], &[0., 1., 2., 3., 4., 5., 6., 7.]),
+            TargetDtype::Keep,
+        )
+        .unwrap();
+        assert_eq!(values(&out), [0., 2., 1., 3., 4., 6., 5., 7.]);
+        let odd = Mapped {
+            name: "q.weight".into(),
+            transpose: false,
+            unpermute_heads: Some(3),
+        };
+        assert!(transform(&odd, f32_src(vec![8, 32], &w), TargetDtype::F32).is_err());
+    }
+
+    #[test]
+    fn transposes_conv1d() {
+        let m = Mapped {
+            name: "c_attn.weight".into(),
+            transpose: true,
+            unpermute_heads: None,
+        };
+        // [in 2, out 3] → [out 3, in 2]
+        let out = transform(
+            &m,
+            f32_src(vec![2, 3], &[1., 2., 3., 4., 5., 6.]),
+            TargetDtype::F32,
+        )
+        .unwrap();
+        assert_eq!(out.dims, [3, 2]);
+        assert_eq!(values(&out), [1., 4., 2., 5., 3., 6.]);
+    }
 }

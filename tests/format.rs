@@ -414,6 +414,13 @@ fn writer_rejects_bad_tensors() {
             .count(),
         1
     );
+    // an unfinished writer leaves nothing behind
+    let q = tmp("unfinished.flm");
+    let mut w = FlmWriter::create(&q, &config(), &Metadata::new(), &tokenizer()).unwrap();
+    w.add_tensor("c", DataType::F32, &[1], &[0u8; 4]).unwrap();
+    drop(w);
+    assert!(!q.exists());
+    assert!(!tmp("unfinished.flm.partial").exists());
 }
 
 // ---- safetensors ------------------------------------------------------------------------

@@ -11,7 +11,11 @@ use std::path::Path;
 fn one_line(s: &str, max: usize) -> String {
     let flat: String = s.chars().map(|c| if c == '\n' { ' ' } else { c }).collect();
     if flat.chars().count() > max {
-        format!("{}… ({} chars)", flat.chars().take(max).collect::<String>(), s.chars().count())
+        format!(
+            "{}… ({} chars)",
+            flat.chars().take(max).collect::<String>(),
+            s.chars().count()
+        )
     } else {
         flat
     }
@@ -26,7 +30,10 @@ fn meta_str(v: &MetaValue) -> String {
         MetaValue::Bool(x) => x.to_string(),
         MetaValue::Str(s) => format!("{:?}", one_line(s, 80)),
         MetaValue::Array(a) if a.len() <= 16 => {
-            format!("[{}]", a.iter().map(meta_str).collect::<Vec<_>>().join(", "))
+            format!(
+                "[{}]",
+                a.iter().map(meta_str).collect::<Vec<_>>().join(", ")
+            )
         }
         MetaValue::Array(a) => format!("[{} items]", a.len()),
     }
@@ -36,7 +43,10 @@ fn gguf_str(v: &GgufValue) -> String {
     match v {
         GgufValue::Str(s) => format!("{:?}", one_line(s, 80)),
         GgufValue::Array(a) if a.len() <= 16 => {
-            format!("[{}]", a.iter().map(gguf_str).collect::<Vec<_>>().join(", "))
+            format!(
+                "[{}]",
+                a.iter().map(gguf_str).collect::<Vec<_>>().join(", ")
+            )
         }
         GgufValue::Array(a) => format!("[{} items]", a.len()),
         GgufValue::Bool(b) => b.to_string(),

@@ -10,11 +10,6 @@ use fastllm::format::flm::{FlmFile, LoadMode, MetaValue};
 use fastllm::format::gguf::GgufFile;
 use fastllm::format::safetensors::SafetensorsSet;
 use fastllm::model::{RopeScaling, RopeStyle};
-use fastllm::tokenizer::{
-    AddedToken, NormalizerKind, PreTokenizerKind, TokenizerKind, TokenizerSpec,
-};
-use fastllm::{Error, Result};
-use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/fixtures");
@@ -387,10 +382,14 @@ fn tokenizer_kv() -> Vec<(&'static str, u32, Vec<u8>)> {
     for t in &tokens {
         arr.extend(gstr(t));
     }
+    let mut merges = 8u32.to_le_bytes().to_vec();
+    merges.extend_from_slice(&1u64.to_le_bytes());
+    merges.extend(gstr("a b"));
     vec![
         ("tokenizer.ggml.model", 8, gstr("gpt2")),
         ("tokenizer.ggml.pre", 8, gstr("gpt-2")),
         ("tokenizer.ggml.tokens", 9, arr),
+        ("tokenizer.ggml.merges", 9, merges),
     ]
 }
 

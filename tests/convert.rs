@@ -368,7 +368,8 @@ fn tokenizer_kv() -> Vec<(&'static str, u32, Vec<u8>)> {
     let mut tokens = Vec::new();
     let mut n = 0u32;
     for b in 0u32..256 {
-        let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        let printable =
+            (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
         let c = if printable {
             char::from_u32(b).unwrap()
         } else {

@@ -30,7 +30,16 @@ fn header_is_current() {
 #[test]
 fn version_macros_match_cargo() {
     use fastllm::ffi::{FASTLLM_VERSION_MAJOR, FASTLLM_VERSION_MINOR, FASTLLM_VERSION_PATCH};
-    assert_eq!(FASTLLM_VERSION_MAJOR.to_string(), env!("CARGO_PKG_VERSION_MAJOR"));
-    assert_eq!(FASTLLM_VERSION_MINOR.to_string(), env!("CARGO_PKG_VERSION_MINOR"));
-    assert_eq!(FASTLLM_VERSION_PATCH.to_string(), env!("CARGO_PKG_VERSION_PATCH"));
+    assert_eq!(
+        FASTLLM_VERSION_MAJOR.to_string(),
+        env!("CARGO_PKG_VERSION_MAJOR")
+    );
+    assert_eq!(
+        FASTLLM_VERSION_MINOR.to_string(),
+        env!("CARGO_PKG_VERSION_MINOR")
+    );
+    assert_eq!(
+        FASTLLM_VERSION_PATCH.to_string(),
+        env!("CARGO_PKG_VERSION_PATCH")
+    );
 }

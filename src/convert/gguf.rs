@@ -53,7 +53,8 @@ pub fn convert_gguf(
         )?;
         plan.push((i, m));
     }
-    let spec = crate::tokenizer::TokenizerSpec::from_gguf(&g).map_err(|e| naming_file(&g.path, e))?;
+    let spec =
+        crate::tokenizer::TokenizerSpec::from_gguf(&g).map_err(|e| naming_file(&g.path, e))?;
     let name = g.get_str("general.name").unwrap_or_default().to_string();
     let mut meta = general_metadata(&config.architecture, &name, path, "gguf", opts);
     if let Some(t) = g.get_str("tokenizer.chat_template") {

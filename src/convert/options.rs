@@ -63,7 +63,9 @@ pub struct ConvertOptions {
 
 impl Default for ConvertOptions {
     fn default() -> Self {
-        ConvertOptions { dtype: TargetDtype::Keep }
+        ConvertOptions {
+            dtype: TargetDtype::Keep,
+        }
     }
 }
 

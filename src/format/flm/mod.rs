@@ -20,7 +20,8 @@ pub use writer::FlmWriter;
 /// True when the file at `path` starts with the `.flm` magic (an I/O error if it cannot be read).
 pub fn is_flm(path: &std::path::Path) -> crate::error::Result<bool> {
     use std::io::Read;
-    let mut f = std::fs::File::open(path).map_err(|e| crate::error::Error::io(path.display(), e))?;
+    let mut f =
+        std::fs::File::open(path).map_err(|e| crate::error::Error::io(path.display(), e))?;
     let mut m = [0u8; 8];
     let mut got = 0;
     while got < 8 {

@@ -116,7 +116,7 @@ impl DataType {
     /// multiple of the block size.
     pub fn row_bytes(self, row_elems: usize) -> Result<usize> {
         let be = self.block_elems();
-        if row_elems % be != 0 {
+        if !row_elems.is_multiple_of(be) {
             return Err(Error::invalid(format!(
                 "dtype {} needs rows that are a multiple of {be} elements, got {row_elems}",
                 self.name()
@@ -899,7 +899,9 @@ pub fn encode_from_f32(dtype: DataType, src: &[f32]) -> Result<Vec<u8>> {
 
 fn cast_slice<T: Copy>(b: &[u8]) -> Result<&[T]> {
     let sz = std::mem::size_of::<T>();
-    if b.as_ptr() as usize % std::mem::align_of::<T>() != 0 || b.len() % sz != 0 {
+    if !(b.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
+        || !b.len().is_multiple_of(sz)
+    {
         return Err(Error::invalid("misaligned tensor storage"));
     }
     // SAFETY: alignment and length checked; T is a plain number type.
@@ -908,7 +910,9 @@ fn cast_slice<T: Copy>(b: &[u8]) -> Result<&[T]> {
 
 fn cast_slice_mut<T: Copy>(b: &mut [u8]) -> Result<&mut [T]> {
     let sz = std::mem::size_of::<T>();
-    if b.as_ptr() as usize % std::mem::align_of::<T>() != 0 || b.len() % sz != 0 {
+    if !(b.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
+        || !b.len().is_multiple_of(sz)
+    {
         return Err(Error::invalid("misaligned tensor storage"));
     }
     // SAFETY: alignment and length checked; T is a plain number type.

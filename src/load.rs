@@ -43,10 +43,7 @@ impl WeightSource for FlmFile {
         self.has_tensor(name)
     }
     fn names(&self) -> Vec<String> {
-        self.tensor_names()
-            .into_iter()
-            .map(|s| s.to_string())
-            .collect()
+        self.tensor_names().map(|s| s.to_string()).collect()
     }
 }
 

@@ -320,12 +320,12 @@ fn gguf_bytes(kv: &[(&str, u32, Vec<u8>)], tensors: &[(&str, Vec<u64>, u32, Vec<
         b.extend_from_slice(&off.to_le_bytes());
         off += (data.len() as u64).div_ceil(32) * 32;
     }
-    while b.len() % 32 != 0 {
+    while !b.len().is_multiple_of(32) {
         b.push(0);
     }
     for (_, _, _, data) in tensors {
         b.extend_from_slice(data);
-        while b.len() % 32 != 0 {
+        while !b.len().is_multiple_of(32) {
             b.push(0);
         }
     }

@@ -122,7 +122,7 @@ impl Model {
     ) -> Result<Model> {
         let spec = arch::lookup(&config.architecture)?;
         let c = &config;
-        if c.num_heads == 0 || c.num_kv_heads == 0 || c.num_heads % c.num_kv_heads != 0 {
+        if c.num_heads == 0 || c.num_kv_heads == 0 || !c.num_heads.is_multiple_of(c.num_kv_heads) {
             return Err(bad(format!(
                 "{}: {} heads not divisible into {} KV heads",
                 c.architecture, c.num_heads, c.num_kv_heads
@@ -132,7 +132,7 @@ impl Model {
             return Err(bad(format!("{}: config has zero sizes", c.architecture)));
         }
         if spec.positions == Positions::Rope
-            && (c.rope_dim == 0 || c.rope_dim > c.head_dim || c.rope_dim % 2 != 0)
+            && (c.rope_dim == 0 || c.rope_dim > c.head_dim || !c.rope_dim.is_multiple_of(2))
         {
             return Err(bad(format!(
                 "{}: rotary dim {} invalid for head dim {}",
@@ -725,7 +725,7 @@ impl PagedKvPool {
     }
     /// Returns a finished sequence's blocks to the pool.
     pub fn release(&mut self, st: &mut PagedSeqState) {
-        self.free.extend(st.blocks.drain(..));
+        self.free.append(&mut st.blocks);
         st.len = 0;
     }
 }

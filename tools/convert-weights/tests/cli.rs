@@ -77,7 +77,7 @@ fn info_prints_a_gguf_tensor_table() {
     b.extend_from_slice(&4u64.to_le_bytes());
     b.extend_from_slice(&0u32.to_le_bytes());
     b.extend_from_slice(&0u64.to_le_bytes());
-    while b.len() % 32 != 0 {
+    while !b.len().is_multiple_of(32) {
         b.push(0);
     }
     b.extend_from_slice(&[0u8; 16]);

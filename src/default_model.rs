@@ -133,8 +133,10 @@ pub fn resolve(model: Option<&str>) -> Result<PathBuf> {
             std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
         ));
     }
-    if src.is_file() && crate::format::flm::is_flm(&src)? {
-        return Ok(src);
+    // only GGUF files and HF directories are converted; anything else is refused before work starts
+    match crate::convert::detect_input(&src)? {
+        crate::convert::InputKind::Flm => return Ok(src),
+        crate::convert::InputKind::Gguf | crate::convert::InputKind::HfDir => {}
     }
     let meta = std::fs::metadata(&src).map_err(|e| io(&src, e))?;
     let mtime = meta

@@ -37,7 +37,7 @@ fn floats(v: &Value) -> Vec<f32> {
 
 fn check_tiny(arch: &str, dtype: &str, precision: Precision, tol: f32) {
     let dir = fixtures().join("tiny").join(arch);
-    let out = tmp(&format!("{arch}-{dtype}.flm"));
+    let out = tmp(&format!("{arch}-{dtype}-{precision:?}.flm"));
     let opts = ConvertOptions {
         dtype: TargetDtype::parse(dtype).unwrap(),
     };

@@ -12,6 +12,8 @@ use std::time::Duration;
 
 fn tiny_model() -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/tiny/qwen2");
+    static ONCE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _g = ONCE.lock().unwrap_or_else(|e| e.into_inner());
     let out = std::env::temp_dir().join(format!("fastllm-serve-test-{}.flm", std::process::id()));
     if !out.exists() {
         fastllm::convert::convert(&dir, &out, &Default::default(), &mut |_| {}).unwrap();

@@ -39,15 +39,17 @@ fn ok(args: &[&str]) -> String {
     String::from_utf8(o.stdout).unwrap()
 }
 
-/// Fails with exit code 1, exactly one stderr line containing `needle`, and no panic.
+/// Fails with exit code 1 and exactly one error line on stderr (the last; progress lines such
+/// as "converting ..." may precede it) containing `needle`, and no panic.
 fn fails(args: &[&str], needle: &str) {
     let o = fastllm(args);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
     assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
-    let lines: Vec<&str> = err.lines().collect();
-    assert_eq!(lines.len(), 1, "{args:?}: expected one stderr line, got: {err}");
-    assert!(lines[0].contains(needle), "{args:?}: '{}' lacks '{needle}'", lines[0]);
+    let errors: Vec<&str> = err.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(errors.len(), 1, "{args:?}: expected one error line, got: {err}");
+    assert_eq!(err.lines().last(), Some(errors[0]), "{args:?}: the error must be the last line");
+    assert!(errors[0].contains(needle), "{args:?}: '{}' lacks '{needle}'", errors[0]);
 }
 
 #[test]

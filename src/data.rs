@@ -305,9 +305,9 @@ impl fmt::Debug for Data {
 }
 
 fn checked_count(dims: &[usize]) -> Result<usize> {
-    dims.iter()
-        .try_fold(1usize, |a, &d| a.checked_mul(d))
-        .ok_or_else(|| Error::invalid(format!("dims {dims:?}: element count overflows")))
+    dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).ok_or_else(|| {
+        Error::invalid(format!("dims {dims:?}: element count overflows"))
+    })
 }
 
 /// Bytes needed by a row-major tensor of `dims` in `dtype`.
@@ -577,9 +577,7 @@ impl Data {
     pub fn raw_bytes(&self) -> Result<&[u8]> {
         match &self.storage {
             Storage::Owned { buf, offset } => Ok(&buf.as_slice()[*offset..]),
-            Storage::Shared { bytes, offset, len } => {
-                Ok(&(**bytes).as_ref()[*offset..*offset + *len])
-            }
+            Storage::Shared { bytes, offset, len } => Ok(&(**bytes).as_ref()[*offset..*offset + *len]),
             Storage::None => Err(Error::invalid(format!("{:?} has no storage", self))),
             Storage::Device(_) => Err(Error::invalid(format!(
                 "{:?} lives on {}; copy it to the host first",
@@ -745,9 +743,7 @@ impl Data {
             )));
         }
         if self.dtype.is_quantized() && axis + 1 == self.dims.len() {
-            return Err(Error::invalid(
-                "reserve: cannot expand the packed last axis of a quantized tensor",
-            ));
+            return Err(Error::invalid("reserve: cannot expand the packed last axis of a quantized tensor"));
         }
         if let Some(a) = (0..self.dims.len()).find(|&i| self.dims[i] != self.capacity[i]) {
             if a != axis {
@@ -846,11 +842,7 @@ impl Data {
             Storage::Device(d) => d.to_host()?,
             _ => self.packed_bytes()?,
         };
-        let mut d = Data::from_bytes(
-            self.dtype,
-            &self.dims,
-            &bytes[..bytes_for(self.dtype, &self.dims)?],
-        )?;
+        let mut d = Data::from_bytes(self.dtype, &self.dims, &bytes[..bytes_for(self.dtype, &self.dims)?])?;
         d.name = self.name.clone();
         Ok(d)
     }
@@ -861,10 +853,7 @@ pub fn decode_to_f32(dtype: DataType, src: &[u8], dst: &mut [f32]) -> Result<()>
     use fastllm_cpu::quant::*;
     let need = bytes_for(dtype, &[dst.len()]).or_else(|_| {
         // quantized tensors whose total is a multiple of 32
-        bytes_for(
-            dtype,
-            &[dst.len() / dtype.block_elems(), dtype.block_elems()],
-        )
+        bytes_for(dtype, &[dst.len() / dtype.block_elems(), dtype.block_elems()])
     })?;
     if src.len() < need {
         return Err(Error::invalid(format!(

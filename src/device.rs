@@ -66,10 +66,7 @@ impl<'a> DataDict<'a> {
 
     /// The argument `name`, read-only.
     pub fn get(&self, name: &str) -> Option<&Data> {
-        self.items
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, s)| s.get())
+        self.items.iter().find(|(n, _)| *n == name).map(|(_, s)| s.get())
     }
 
     /// The argument `name`, or an `Err` naming `op` and the missing input.

@@ -25,10 +25,5 @@ fn cpu_fast_matches_reference() {
         }
     }
     println!("{} cases checked", cases.len());
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
 }

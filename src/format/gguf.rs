@@ -204,10 +204,7 @@ impl<'a> Cursor<'a> {
             .checked_add(n)
             .filter(|&e| e <= self.b.len())
             .ok_or_else(|| {
-                Error::format(
-                    self.path,
-                    format!("truncated: needed {n} bytes at offset {}", self.pos),
-                )
+                Error::format(self.path, format!("truncated: needed {n} bytes at offset {}", self.pos))
             })?;
         let s = &self.b[self.pos..end];
         self.pos = end;
@@ -236,10 +233,7 @@ impl<'a> Cursor<'a> {
         if n > (self.b.len() - self.pos) as u64 {
             return Err(Error::format(
                 self.path,
-                format!(
-                    "{what} length {n} at offset {} exceeds the file",
-                    self.pos - 8
-                ),
+                format!("{what} length {n} at offset {} exceeds the file", self.pos - 8),
             ));
         }
         Ok(n as usize)
@@ -261,10 +255,7 @@ impl<'a> Cursor<'a> {
             8 => GgufValue::Str(self.string()?),
             9 => {
                 if depth > 4 {
-                    return Err(Error::format(
-                        self.path,
-                        "metadata arrays nested too deeply",
-                    ));
+                    return Err(Error::format(self.path, "metadata arrays nested too deeply"));
                 }
                 let et = self.u32()?;
                 let n = self.len("array")?;
@@ -301,31 +292,18 @@ impl GgufFile {
 
     fn parse(path: String, map: Arc<Mmap>) -> Result<GgufFile> {
         let b: &[u8] = &map;
-        let mut c = Cursor {
-            b,
-            pos: 0,
-            path: &path,
-        };
-        if c.take(4)
-            .map_err(|_| Error::format(&path, "not a GGUF file (too short)"))?
-            != b"GGUF"
-        {
+        let mut c = Cursor { b, pos: 0, path: &path };
+        if c.take(4).map_err(|_| Error::format(&path, "not a GGUF file (too short)"))? != b"GGUF" {
             return Err(Error::format(&path, "not a GGUF file (bad magic)"));
         }
         let version = c.u32()?;
         if !(2..=3).contains(&version) {
-            return Err(Error::format(
-                &path,
-                format!("unsupported GGUF version {version}"),
-            ));
+            return Err(Error::format(&path, format!("unsupported GGUF version {version}")));
         }
         let n_tensors = c.u64()?;
         let n_kv = c.u64()?;
         if n_tensors > b.len() as u64 || n_kv > b.len() as u64 {
-            return Err(Error::format(
-                &path,
-                "tensor or metadata count exceeds the file",
-            ));
+            return Err(Error::format(&path, "tensor or metadata count exceeds the file"));
         }
         let mut metadata = BTreeMap::new();
         for _ in 0..n_kv {
@@ -348,36 +326,22 @@ impl GgufFile {
             let ggml_type = c.u32()?;
             let offset = c.u64()?;
             let (tname, be, bb) = ggml_type::info(ggml_type).ok_or_else(|| {
-                Error::format(
-                    &path,
-                    format!("tensor {name}: unknown ggml type {ggml_type}"),
-                )
+                Error::format(&path, format!("tensor {name}: unknown ggml type {ggml_type}"))
             })?;
             let count = dims
                 .iter()
                 .try_fold(1u64, |a, &d| a.checked_mul(d))
-                .ok_or_else(|| {
-                    Error::format(&path, format!("tensor {name}: dims {dims:?} overflow"))
-                })?;
+                .ok_or_else(|| Error::format(&path, format!("tensor {name}: dims {dims:?} overflow")))?;
             if dims[0] % be as u64 != 0 {
                 return Err(Error::format(
                     &path,
-                    format!(
-                        "tensor {name}: row of {} not a multiple of {tname}'s block {be}",
-                        dims[0]
-                    ),
+                    format!("tensor {name}: row of {} not a multiple of {tname}'s block {be}", dims[0]),
                 ));
             }
             let size = (count / be as u64)
                 .checked_mul(bb as u64)
                 .ok_or_else(|| Error::format(&path, format!("tensor {name}: size overflows")))?;
-            tensors.push(GgufTensorInfo {
-                name,
-                dims,
-                ggml_type,
-                offset,
-                size,
-            });
+            tensors.push(GgufTensorInfo { name, dims, ggml_type, offset, size });
         }
         let align = metadata
             .get("general.alignment")
@@ -402,14 +366,7 @@ impl GgufFile {
                 ));
             }
         }
-        Ok(GgufFile {
-            path,
-            version,
-            metadata,
-            tensors,
-            data_offset,
-            map,
-        })
+        Ok(GgufFile { path, version, metadata, tensors, data_offset, map })
     }
 
     /// A metadata value.

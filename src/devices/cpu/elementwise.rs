@@ -25,11 +25,7 @@ impl Operator for AddTo {
         if a.dims() != b.dims() {
             return Err(Error::op(
                 "AddTo",
-                format!(
-                    "input0 {:?} and input1 {:?} differ in shape",
-                    a.dims(),
-                    b.dims()
-                ),
+                format!("input0 {:?} and input1 {:?} differ in shape", a.dims(), b.dims()),
             ));
         }
         Ok(())
@@ -37,9 +33,7 @@ impl Operator for AddTo {
     fn run(&self, d: &mut DataDict, f: &FloatDict, _: &IntDict) -> Result<()> {
         let alpha = f.get_or("alpha", 1.0);
         let ([y], x) = d.io("AddTo", ["input1"], "input0")?;
-        let y = y
-            .ok_or_else(|| Error::op("AddTo", "missing input 'input1'"))?
-            .as_f32()?;
+        let y = y.ok_or_else(|| Error::op("AddTo", "missing input 'input1'"))?.as_f32()?;
         let x = x.as_f32_mut()?;
         if self.0.reference() {
             k::add_to_ref(x, y, alpha);

@@ -50,11 +50,7 @@ impl CpuDevice {
 
     /// A CPU device with the given kernel mode (reference mode always uses one thread).
     pub fn with_mode(threads: usize, mode: KernelMode) -> Result<CpuDevice> {
-        let threads = if mode == KernelMode::Reference {
-            1
-        } else {
-            threads
-        };
+        let threads = if mode == KernelMode::Reference { 1 } else { threads };
         let threads = Threads::new(threads).map_err(Error::Device)?;
         let ctx = Arc::new(CpuContext { threads, mode });
         let mut ops = OpRegistry::new();

@@ -10,10 +10,15 @@ __device__ __forceinline__ void dot_block(const unsigned char* row, long b, cons
     // block b (32 elements) of the weight row against rows x[r * k + b*32 ..]
     float w[32];
     if (DT == DT_Q8_0) {
-        const unsigned char* blk = row + b * 34;
-        float d = h2f(ld_u16(blk));
+        // 34-byte blocks are 2-byte aligned: seventeen half-word loads.
+        const unsigned short* blk = (const unsigned short*)(row + b * 34);
+        float d = h2f(blk[0]);
 #pragma unroll
-        for (int j = 0; j < 32; j++) w[j] = d * (float)(signed char)blk[2 + j];
+        for (int j = 0; j < 16; j++) {
+            unsigned short q = blk[1 + j];
+            w[2 * j] = d * (float)(signed char)(q & 0xff);
+            w[2 * j + 1] = d * (float)(signed char)(q >> 8);
+        }
     } else if (DT == DT_Q4_0) {
         const unsigned char* blk = row + b * 18;
         float d = h2f(ld_u16(blk));
@@ -24,13 +29,19 @@ __device__ __forceinline__ void dot_block(const unsigned char* row, long b, cons
             w[j + 16] = d * (float)((int)(q >> 4) - 8);
         }
     } else {
-        const unsigned char* blk = row + b * 20;
-        float d = h2f(ld_u16(blk)), mn = h2f(ld_u16(blk + 2));
+        // 20-byte blocks stay 4-byte aligned (rows are whole blocks): five word loads.
+        const unsigned int* blk = (const unsigned int*)(row + b * 20);
+        unsigned int dm = blk[0];
+        float d = h2f((unsigned short)(dm & 0xffff)), mn = h2f((unsigned short)(dm >> 16));
 #pragma unroll
-        for (int j = 0; j < 16; j++) {
-            unsigned char q = blk[4 + j];
-            w[j] = d * (float)(q & 15) + mn;
-            w[j + 16] = d * (float)(q >> 4) + mn;
+        for (int t = 0; t < 4; t++) {
+            unsigned int qw = blk[1 + t];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                unsigned int q = (qw >> (8 * u)) & 0xff;
+                w[4 * t + u] = d * (float)(q & 15) + mn;
+                w[4 * t + u + 16] = d * (float)(q >> 4) + mn;
+            }
         }
     }
 #pragma unroll
@@ -96,3 +107,98 @@ extern "C" __global__ void addbias_f32(float* y, const float* b, long rows, long
     for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < rows * n; i += (long)gridDim.x * blockDim.x)
         y[i] += b[i % n];
 }
+
+// ---- quant_act = 1: activations quantized to Q8_0 blocks, integer block dots ----
+// quantize_q8_f32: one warp per 32-value block (lane = element), like llama.cpp's
+// quantize_row_q8_0 and the CPU reference: d = amax / 127 (stored as f16), q = round-half-even
+// (x / d) clamped to ±127; ds[block] = (d as stored, d · Σq). qs: 32 int8 per block.
+
+__device__ __forceinline__ unsigned short f2h(float f) {
+    unsigned short h;
+    asm("{cvt.rn.f16.f32 %0, %1;}" : "=h"(h) : "f"(f));
+    return h;
+}
+
+extern "C" __global__ void quantize_q8_f32(const float* x, signed char* qs, float2* ds, long nblocks) {
+    long b = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (b >= nblocks) return;
+    float v = x[b * 32 + lane];
+    float amax = fabsf(v);
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    float d = amax / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int q = __float2int_rn(v * id);
+    q = max(-127, min(127, q));
+    qs[b * 32 + lane] = (signed char)q;
+    int s = q;
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) {
+        float dst = h2f(f2h(d));
+        ds[b] = make_float2(dst, dst * (float)s);
+    }
+}
+
+// Integer dot of weight block b against activation block (qs 32 int8, ds).
+template <int DT>
+__device__ __forceinline__ float qdot_block(const unsigned char* row, long b, const signed char* xq, float2 xd) {
+    int isum = 0;
+    if (DT == DT_Q8_0) {
+        const unsigned char* blk = row + b * 34;
+        for (int j = 0; j < 32; j++) isum += (int)(signed char)blk[2 + j] * (int)xq[j];
+        return h2f(ld_u16(blk)) * xd.x * (float)isum;
+    } else if (DT == DT_Q4_0) {
+        const unsigned char* blk = row + b * 18;
+        for (int j = 0; j < 16; j++) {
+            unsigned char q = blk[2 + j];
+            isum += ((int)(q & 15) - 8) * (int)xq[j] + ((int)(q >> 4) - 8) * (int)xq[j + 16];
+        }
+        return h2f(ld_u16(blk)) * xd.x * (float)isum;
+    } else {
+        const unsigned char* blk = row + b * 20;
+        for (int j = 0; j < 16; j++) {
+            unsigned char q = blk[4 + j];
+            isum += (int)(q & 15) * (int)xq[j] + (int)(q >> 4) * (int)xq[j + 16];
+        }
+        return h2f(ld_u16(blk)) * xd.x * (float)isum + h2f(ld_u16(blk + 2)) * xd.y;
+    }
+}
+
+// Same grid as linear_*: a warp per output feature, LIN_ROWS rows per block row.
+template <int DT>
+__device__ void linear_q8act_t(const signed char* xq, const float2* xd, const unsigned char* w, const float* bias,
+                               float* y, int m, int n, int k, long row_bytes) {
+    int lane = threadIdx.x & 31;
+    int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int r0 = blockIdx.y * LIN_ROWS;
+    if (j >= n) return;
+    int nr = min(LIN_ROWS, m - r0);
+    long nb = k / 32;
+    const unsigned char* row = w + (long)j * row_bytes;
+    float acc[LIN_ROWS];
+#pragma unroll
+    for (int r = 0; r < LIN_ROWS; r++) acc[r] = 0.0f;
+    for (long b = lane; b < nb; b += 32) {
+#pragma unroll
+        for (int r = 0; r < LIN_ROWS; r++) {
+            if (r < nr) {
+                long xb = (long)(r0 + r) * nb + b;
+                acc[r] += qdot_block<DT>(row, b, xq + xb * 32, xd[xb]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < LIN_ROWS; r++) {
+        float s = warp_sum(acc[r]);
+        if (lane == 0 && r < nr) y[(long)(r0 + r) * n + j] = s + (bias ? bias[j] : 0.0f);
+    }
+}
+
+#define LINQ(name, DT) \
+    extern "C" __global__ void linear_q8act_##name(const signed char* xq, const float2* xd, const unsigned char* w, \
+                                                   const float* bias, float* y, int m, int n, int k, long rb) { \
+        linear_q8act_t<DT>(xq, xd, w, bias, y, m, n, k, rb); \
+    }
+LINQ(q8_0, DT_Q8_0)
+LINQ(q4_0, DT_Q4_0)
+LINQ(q4_1, DT_Q4_1)

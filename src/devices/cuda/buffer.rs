@@ -39,6 +39,11 @@ impl CudaBuffer {
         })
     }
 
+    /// Size in bytes.
+    pub fn len_bytes(&self) -> usize {
+        self.slice.len()
+    }
+
     /// The device address of the first byte.
     pub fn ptr(&self) -> u64 {
         self.ptr

@@ -4,14 +4,20 @@
 //! runs named ops (`"Linear"`, `"Attention"`, ...) on the first registered device
 //! ([`device::BaseDevice`]) that accepts them, and devices holding registries of operators.
 
+pub mod convert;
 pub mod data;
+pub mod default_model;
 pub mod device;
 pub mod devices;
 pub mod error;
 pub mod executor;
+pub mod ffi;
 pub mod format;
+pub mod generate;
 pub mod harness;
+pub mod load;
 pub mod model;
+pub mod ops;
 pub mod tokenizer;
 
 pub use data::{Data, DataType, DeviceKind};

@@ -5,7 +5,19 @@
 //! thread pool ([`threads::Threads`]). The runtime's `CpuDevice` (in the `fastllm` crate) adapts
 //! `Data` to these kernels.
 
+pub mod activation;
+pub mod attention;
 pub mod elementwise;
+pub mod paged;
+pub mod embedding;
+pub mod erf;
+pub mod norm;
 pub mod quant;
+pub mod rope;
+pub mod select;
+pub mod shape;
 pub mod simd;
+#[cfg(test)]
+mod testutil;
 pub mod threads;
+pub mod vecmath;

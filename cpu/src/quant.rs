@@ -123,7 +123,9 @@ mod tests {
     use super::*;
 
     fn roundtrip(q: fn(&[f32], &mut [u8]), dq: fn(&[u8], &mut [f32]), bytes: usize, tol: f32) {
-        let x: Vec<f32> = (0..96).map(|i| ((i * 37 % 101) as f32 - 50.0) / 13.0).collect();
+        let x: Vec<f32> = (0..96)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 13.0)
+            .collect();
         let mut b = vec![0u8; 3 * bytes];
         q(&x, &mut b);
         let mut y = vec![0f32; 96];

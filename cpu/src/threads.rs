@@ -13,7 +13,9 @@ impl Threads {
     /// A pool of `n` threads (0 = all cores). With one thread no pool is made.
     pub fn new(n: usize) -> Result<Threads, String> {
         let n = if n == 0 {
-            std::thread::available_parallelism().map(|v| v.get()).unwrap_or(1)
+            std::thread::available_parallelism()
+                .map(|v| v.get())
+                .unwrap_or(1)
         } else {
             n
         };

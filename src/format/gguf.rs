@@ -189,6 +189,7 @@ pub struct GgufFile {
     /// Absolute offset of the data section.
     pub data_offset: u64,
     map: Arc<Mmap>,
+    file: std::fs::File,
 }
 
 struct Cursor<'a> {
@@ -287,10 +288,10 @@ impl GgufFile {
         // SAFETY: the file is opened read-only; like every mmap reader we rely on it not being
         // truncated while mapped.
         let map = unsafe { Mmap::map(&f) }.map_err(|e| Error::io(&ps, e))?;
-        Self::parse(ps, Arc::new(map))
+        Self::parse(ps, Arc::new(map), f)
     }
 
-    fn parse(path: String, map: Arc<Mmap>) -> Result<GgufFile> {
+    fn parse(path: String, map: Arc<Mmap>, file: std::fs::File) -> Result<GgufFile> {
         let b: &[u8] = &map;
         let mut c = Cursor { b, pos: 0, path: &path };
         if c.take(4).map_err(|_| Error::format(&path, "not a GGUF file (too short)"))? != b"GGUF" {
@@ -312,7 +313,7 @@ impl GgufFile {
             let v = c.value(t, 0)?;
             metadata.insert(k, v);
         }
-        let mut tensors = Vec::with_capacity(n_tensors as usize);
+        let mut tensors = Vec::with_capacity((n_tensors as usize).min(4096));
         for _ in 0..n_tensors {
             let name = c.string()?;
             let nd = c.u32()?;
@@ -366,7 +367,7 @@ impl GgufFile {
                 ));
             }
         }
-        Ok(GgufFile { path, version, metadata, tensors, data_offset, map })
+        Ok(GgufFile { path, version, metadata, tensors, data_offset, map, file })
     }
 
     /// A metadata value.
@@ -404,6 +405,16 @@ impl GgufFile {
             .get(s..s + t.size as usize)
             .ok_or_else(|| Error::format(&self.path, format!("tensor {} outside the file", t.name)))
     }
+    /// A fresh copy of a tensor's bytes, read with a positioned read (nothing of the file stays
+    /// resident; the converter uses this to keep its memory at one tensor).
+    pub fn read_tensor_bytes(&self, t: &GgufTensorInfo) -> Result<Vec<u8>> {
+        let start = self
+            .data_offset
+            .checked_add(t.offset)
+            .ok_or_else(|| Error::format(&self.path, format!("tensor {} outside the file", t.name)))?;
+        crate::format::pread::read_vec(&self.file, &self.path, start, t.size, &t.name)
+    }
+
     /// The whole mapping (for zero-copy views).
     pub fn mapping(&self) -> Arc<Mmap> {
         self.map.clone()

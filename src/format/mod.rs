@@ -1,4 +1,8 @@
 //! Model file formats: the `.flm` reader/writer, and the GGUF and safetensors readers used by the
-//! converter.
+//! converter. Parsing and validation only; name mapping and dtype conversion live in
+//! `crate::convert`.
 
+pub mod flm;
 pub mod gguf;
+pub mod pread;
+pub mod safetensors;

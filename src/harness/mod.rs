@@ -12,7 +12,15 @@ use crate::error::{Error, Result};
 use crate::executor::Executor;
 use std::time::{Duration, Instant};
 
+mod cases_activation;
+mod cases_attention;
 mod cases_elementwise;
+mod cases_paged;
+mod cases_embedding;
+mod cases_norm;
+mod cases_rope;
+mod cases_select;
+mod cases_shape;
 
 /// Byte value of guard regions.
 pub const GUARD_FILL: u8 = 0xA5;
@@ -274,5 +282,13 @@ pub fn time_case(case: &OpCase, exec: &Executor, reps: usize) -> Result<Duration
 pub fn all_cases() -> Vec<OpCase> {
     let mut v = Vec::new();
     cases_elementwise::cases(&mut v);
+    cases_paged::cases(&mut v);
+    cases_activation::cases(&mut v);
+    cases_attention::cases(&mut v);
+    cases_embedding::cases(&mut v);
+    cases_norm::cases(&mut v);
+    cases_rope::cases(&mut v);
+    cases_select::cases(&mut v);
+    cases_shape::cases(&mut v);
     v
 }

@@ -1,5 +1,11 @@
-//! Model architectures: configuration, weight naming, and forward passes built from Executor ops.
+//! Model architectures: configuration, the architecture table, weight access, and the
+//! transformer forward pass built from Executor ops.
 
+pub mod arch;
 pub mod config;
+pub mod transformer;
+pub mod weights;
 
 pub use config::{ModelConfig, RopeScaling, RopeStyle};
+pub use transformer::{KvCache, KvStore, Model, PagedKvPool, PagedSeqState, Precision};
+pub use weights::{MapSource, WeightSource, Weights};

@@ -2,8 +2,21 @@
 //! with byte fallback, greedy longest match), special tokens, and streaming-safe decoding.
 //!
 //! [`TokenizerSpec`] is the plain-data description stored in `.flm` files and built from
-//! Hugging Face `tokenizer.json` or GGUF metadata.
+//! Hugging Face `tokenizer.json` ([`TokenizerSpec::from_hf_json`]) or GGUF metadata
+//! ([`TokenizerSpec::from_gguf`]); [`Tokenizer::new`] builds the working tokenizer from it.
 
+mod bpe;
+mod byte_level;
+mod codec;
+mod gguf_meta;
+mod hf_json;
+mod pretokenize;
 pub mod spec;
+mod stream;
+pub mod trie;
+mod unicode_class;
 
+pub use codec::Tokenizer;
 pub use spec::{AddedToken, NormalizerKind, PreTokenizerKind, TokenizerKind, TokenizerSpec};
+pub use stream::StreamDecoder;
+pub use trie::Trie;

@@ -10,7 +10,16 @@ use crate::error::{Error, Result};
 use fastllm_cpu::threads::Threads;
 use std::sync::Arc;
 
+mod activation;
+mod args;
+mod attention;
 mod elementwise;
+mod paged;
+mod embedding;
+mod norm;
+mod rope;
+mod select;
+mod shape;
 
 /// Which kernels a CPU device runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +64,14 @@ impl CpuDevice {
         let ctx = Arc::new(CpuContext { threads, mode });
         let mut ops = OpRegistry::new();
         elementwise::register(&mut ops, &ctx);
+        paged::register(&mut ops, &ctx);
+        activation::register(&mut ops, &ctx);
+        attention::register(&mut ops, &ctx);
+        embedding::register(&mut ops, &ctx);
+        norm::register(&mut ops, &ctx);
+        rope::register(&mut ops, &ctx);
+        select::register(&mut ops, &ctx);
+        shape::register(&mut ops, &ctx);
         Ok(CpuDevice { ctx, ops })
     }
 

@@ -1,0 +1,215 @@
+//! Embedding lookup: gathers rows of a weight matrix `[vocab, d]` stored as F32, F16, BF16 or one
+//! of the block-quantized formats (Q8_0, Q4_0, Q4_1; layouts in [`crate::quant`]) and writes them
+//! as f32. The reference decodes element by element from the packed bytes; the fast path decodes
+//! whole rows with the block routines, rows split over the thread pool.
+//!
+//! Token ids are checked by the caller; an id whose row lies outside `weight` leaves its output
+//! row untouched (never a panic). Must not know about tensors.
+
+use crate::quant::{Q4_0_BYTES, Q4_1_BYTES, Q8_0_BYTES, QK};
+use crate::threads::Threads;
+use half::{bf16, f16};
+
+/// Storage format of the weight rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightFormat {
+    /// 32-bit float.
+    F32,
+    /// IEEE half.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// GGUF Q8_0 blocks.
+    Q8_0,
+    /// GGUF Q4_0 blocks.
+    Q4_0,
+    /// GGUF Q4_1 blocks.
+    Q4_1,
+}
+
+impl WeightFormat {
+    /// Bytes of one row of `d` elements (`None` when a quantized row is not whole blocks).
+    pub fn row_bytes(self, d: usize) -> Option<usize> {
+        match self {
+            WeightFormat::F32 => d.checked_mul(4),
+            WeightFormat::F16 | WeightFormat::BF16 => d.checked_mul(2),
+            WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q4_1 => {
+                if !d.is_multiple_of(QK) {
+                    return None;
+                }
+                let bb = match self {
+                    WeightFormat::Q8_0 => Q8_0_BYTES,
+                    WeightFormat::Q4_0 => Q4_0_BYTES,
+                    _ => Q4_1_BYTES,
+                };
+                (d / QK).checked_mul(bb)
+            }
+        }
+    }
+}
+
+fn le_f16(b: &[u8], at: usize) -> f32 {
+    match b.get(at..at + 2) {
+        Some(s) => f16::from_le_bytes([s[0], s[1]]).to_f32(),
+        None => 0.0,
+    }
+}
+
+/// Element `j` of a packed row, decoded on its own.
+fn element(fmt: WeightFormat, row: &[u8], j: usize) -> f32 {
+    let byte = |at: usize| row.get(at).copied().unwrap_or(0);
+    match fmt {
+        WeightFormat::F32 => f32::from_le_bytes([
+            byte(4 * j),
+            byte(4 * j + 1),
+            byte(4 * j + 2),
+            byte(4 * j + 3),
+        ]),
+        WeightFormat::F16 => le_f16(row, 2 * j),
+        WeightFormat::BF16 => bf16::from_le_bytes([byte(2 * j), byte(2 * j + 1)]).to_f32(),
+        WeightFormat::Q8_0 => {
+            let b = (j / QK) * Q8_0_BYTES;
+            le_f16(row, b) * (byte(b + 2 + j % QK) as i8) as f32
+        }
+        WeightFormat::Q4_0 | WeightFormat::Q4_1 => {
+            let (bb, qs) = if fmt == WeightFormat::Q4_0 {
+                (Q4_0_BYTES, 2)
+            } else {
+                (Q4_1_BYTES, 4)
+            };
+            let b = (j / QK) * bb;
+            let i = j % QK;
+            let q = byte(b + qs + i % 16);
+            let nib = if i < 16 { q & 15 } else { q >> 4 };
+            let d = le_f16(row, b);
+            if fmt == WeightFormat::Q4_0 {
+                d * (nib as i32 - 8) as f32
+            } else {
+                d * nib as f32 + le_f16(row, b + 2)
+            }
+        }
+    }
+}
+
+/// Reference: `out[t] = weight[ids[t]]` decoded per element.
+pub fn embedding_ref(fmt: WeightFormat, weight: &[u8], d: usize, ids: &[i32], out: &mut [f32]) {
+    let Some(rb) = fmt.row_bytes(d) else { return };
+    if d == 0 {
+        return;
+    }
+    for (&id, o) in ids.iter().zip(out.chunks_exact_mut(d)) {
+        let Some(row) = usize::try_from(id)
+            .ok()
+            .and_then(|i| weight.get(i * rb..(i + 1) * rb))
+        else {
+            continue;
+        };
+        for (j, v) in o.iter_mut().enumerate() {
+            *v = element(fmt, row, j);
+        }
+    }
+}
+
+/// Decodes one whole row with the block routines.
+fn decode_row(fmt: WeightFormat, row: &[u8], o: &mut [f32]) {
+    match fmt {
+        WeightFormat::F32 => {
+            for (v, c) in o.iter_mut().zip(row.chunks_exact(4)) {
+                *v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        WeightFormat::F16 => {
+            for (v, c) in o.iter_mut().zip(row.chunks_exact(2)) {
+                *v = f16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+        WeightFormat::BF16 => {
+            for (v, c) in o.iter_mut().zip(row.chunks_exact(2)) {
+                *v = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
+            }
+        }
+        WeightFormat::Q8_0 => crate::quant::dequantize_q8_0(row, o),
+        WeightFormat::Q4_0 => crate::quant::dequantize_q4_0(row, o),
+        WeightFormat::Q4_1 => crate::quant::dequantize_q4_1(row, o),
+    }
+}
+
+/// Fast embedding (same contract as [`embedding_ref`]).
+pub fn embedding(
+    th: &Threads,
+    fmt: WeightFormat,
+    weight: &[u8],
+    d: usize,
+    ids: &[i32],
+    out: &mut [f32],
+) {
+    let Some(rb) = fmt.row_bytes(d) else { return };
+    if d == 0 {
+        return;
+    }
+    th.for_row_chunks(out, d, crate::vecmath::min_rows_for(d), |r0, oc| {
+        for (&id, o) in ids.iter().skip(r0).zip(oc.chunks_exact_mut(d)) {
+            if let Some(row) = usize::try_from(id)
+                .ok()
+                .and_then(|i| weight.get(i * rb..(i + 1) * rb))
+            {
+                decode_row(fmt, row, o);
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::vals;
+
+    fn encode(fmt: WeightFormat, v: &[f32]) -> Vec<u8> {
+        match fmt {
+            WeightFormat::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            WeightFormat::F16 => v
+                .iter()
+                .flat_map(|x| f16::from_f32(*x).to_le_bytes())
+                .collect(),
+            WeightFormat::BF16 => v
+                .iter()
+                .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
+                .collect(),
+            WeightFormat::Q8_0 => {
+                let mut o = vec![0; v.len() / QK * Q8_0_BYTES];
+                crate::quant::quantize_q8_0(v, &mut o);
+                o
+            }
+            WeightFormat::Q4_0 => {
+                let mut o = vec![0; v.len() / QK * Q4_0_BYTES];
+                crate::quant::quantize_q4_0(v, &mut o);
+                o
+            }
+            WeightFormat::Q4_1 => {
+                let mut o = vec![0; v.len() / QK * Q4_1_BYTES];
+                crate::quant::quantize_q4_1(v, &mut o);
+                o
+            }
+        }
+    }
+
+    #[test]
+    fn fast_matches_reference_for_every_format() {
+        let th = Threads::new(2).unwrap();
+        use WeightFormat::*;
+        for fmt in [F32, F16, BF16, Q8_0, Q4_0, Q4_1] {
+            for (vocab, d) in [(5usize, 32usize), (17, 96), (300, 576)] {
+                let w = vals(vocab * d, 3, -1.0, 1.0);
+                let bytes = encode(fmt, &w);
+                let ids: Vec<i32> = (0..40).map(|t| ((t * 7 + 3) % vocab) as i32).collect();
+                let (mut r, mut f) = (vec![0.0; 40 * d], vec![0.0; 40 * d]);
+                embedding_ref(fmt, &bytes, d, &ids, &mut r);
+                embedding(&th, fmt, &bytes, d, &ids, &mut f);
+                assert_eq!(f, r, "{fmt:?} {vocab}x{d}");
+                if fmt == F32 {
+                    assert_eq!(&r[..d], &w[3 * d..4 * d]);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! Paged KV-cache kernels (vLLM style): a pool of fixed-size blocks of token slots shared by many
+//! sequences, a block table per sequence, `paged_cache_write` (store new keys/values into their
+//! slots) and `paged_attention` (causal attention of each sequence's new queries over its cached
+//! keys, read through its block table). A scalar reference and a fast path (online softmax,
+//! parallel over sequence × head).
+
+use crate::threads::Threads;
+
+/// Shapes and options shared by the attention kernels.
+#[derive(Clone, Copy, Debug)]
+pub struct PagedAttnParams {
+    /// Query heads.
+    pub n_heads: usize,
+    /// KV heads (divides `n_heads`).
+    pub n_kv_heads: usize,
+    /// Head dim.
+    pub head_dim: usize,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Score scale.
+    pub scale: f32,
+    /// Soft-capping (0 = off).
+    pub softcap: f32,
+    /// Sliding window (0 = off).
+    pub window: usize,
+}
+
+/// One sequence of a batch: its query rows `q_start..q_end` (the newest tokens, already written
+/// to the cache), its total cached length `kv_len`, and its block table.
+#[derive(Clone, Copy, Debug)]
+pub struct PagedSeq<'a> {
+    /// First query row.
+    pub q_start: usize,
+    /// One past the last query row.
+    pub q_end: usize,
+    /// Keys cached for this sequence (including the new ones).
+    pub kv_len: usize,
+    /// Block ids, in order.
+    pub blocks: &'a [i32],
+}
+
+/// Copies row `i` of `src` (`row` floats each) into slot `slots[i]` of `cache`.
+pub fn paged_cache_write(cache: &mut [f32], src: &[f32], slots: &[i32], row: usize) {
+    for (i, &s) in slots.iter().enumerate() {
+        let s = s as usize;
+        cache[s * row..(s + 1) * row].copy_from_slice(&src[i * row..(i + 1) * row]);
+    }
+}
+
+#[inline]
+fn slot_of(seq: &PagedSeq, j: usize, bs: usize) -> usize {
+    seq.blocks[j / bs] as usize * bs + j % bs
+}
+
+#[inline]
+fn cap(score: f32, p: &PagedAttnParams) -> f32 {
+    if p.softcap > 0.0 {
+        p.softcap * (score / p.softcap).tanh()
+    } else {
+        score
+    }
+}
+
+/// The visible key range `lo..=hi` of query row `i` (absolute position `pos`).
+#[inline]
+fn visible(pos: usize, p: &PagedAttnParams) -> (usize, usize) {
+    let lo = if p.window > 0 { (pos + 1).saturating_sub(p.window) } else { 0 };
+    (lo, pos)
+}
+
+/// Reference: for every sequence, query row and head, gathers the visible keys through the block
+/// table and computes a plain max-subtracted softmax in f64.
+pub fn paged_attention_ref(
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    seqs: &[PagedSeq],
+    alibi: Option<&[f32]>,
+    p: &PagedAttnParams,
+    out: &mut [f32],
+) {
+    let (nh, nkv, hd) = (p.n_heads, p.n_kv_heads, p.head_dim);
+    let group = nh / nkv;
+    for seq in seqs {
+        let nq = seq.q_end - seq.q_start;
+        for r in 0..nq {
+            let row = seq.q_start + r;
+            let pos = seq.kv_len - nq + r;
+            let (lo, hi) = visible(pos, p);
+            for h in 0..nh {
+                let kh = h / group;
+                let qv = &q[(row * nh + h) * hd..(row * nh + h + 1) * hd];
+                let mut scores = Vec::with_capacity(hi + 1 - lo);
+                for j in lo..=hi {
+                    let s = slot_of(seq, j, p.block_size);
+                    let kv = &k_cache[(s * nkv + kh) * hd..(s * nkv + kh + 1) * hd];
+                    let dot: f64 = qv.iter().zip(kv).map(|(a, b)| *a as f64 * *b as f64).sum();
+                    let mut sc = cap(dot as f32 * p.scale, p) as f64;
+                    if let Some(a) = alibi {
+                        sc += a[h] as f64 * (j as f64 - pos as f64);
+                    }
+                    scores.push(sc);
+                }
+                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                let z: f64 = w.iter().sum();
+                let o = &mut out[(row * nh + h) * hd..(row * nh + h + 1) * hd];
+                for d in 0..hd {
+                    let mut acc = 0f64;
+                    for (t, j) in (lo..=hi).enumerate() {
+                        let s = slot_of(seq, j, p.block_size);
+                        acc += w[t] * v_cache[(s * nkv + kh) * hd + d] as f64;
+                    }
+                    o[d] = (acc / z) as f32;
+                }
+            }
+        }
+    }
+}
+
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    // 8 independent accumulators: vectorizes well without intrinsics
+    let mut acc = [0f32; 8];
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        for l in 0..8 {
+            acc[l] += a[i + l] * b[i + l];
+        }
+        i += 8;
+    }
+    let mut s: f32 = acc.iter().sum();
+    while i < n {
+        s += a[i] * b[i];
+        i += 1;
+    }
+    s
+}
+
+/// Fast path: online softmax in one pass over the visible keys, parallel over (query row, head).
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention(
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    seqs: &[PagedSeq],
+    alibi: Option<&[f32]>,
+    p: &PagedAttnParams,
+    out: &mut [f32],
+    threads: &Threads,
+) {
+    let (nh, nkv, hd) = (p.n_heads, p.n_kv_heads, p.head_dim);
+    let group = nh / nkv;
+    // row -> (sequence, position)
+    let rows: usize = seqs.iter().map(|s| s.q_end - s.q_start).sum();
+    let mut row_seq = Vec::with_capacity(rows);
+    for (si, s) in seqs.iter().enumerate() {
+        let nq = s.q_end - s.q_start;
+        for r in 0..nq {
+            row_seq.push((si, s.q_start + r, s.kv_len - nq + r));
+        }
+    }
+    let work_per_row: usize = seqs.iter().map(|s| s.kv_len).max().unwrap_or(1) * nh * hd;
+    let min_rows = (65536 / work_per_row.max(1)).max(1);
+    let out_ptr = out.as_mut_ptr() as usize;
+    threads.for_rows(row_seq.len(), min_rows, |range| {
+        let mut acc = vec![0f32; hd];
+        for &(si, row, pos) in &row_seq[range] {
+            let seq = &seqs[si];
+            let (lo, hi) = visible(pos, p);
+            for h in 0..nh {
+                let kh = h / group;
+                let qv = &q[(row * nh + h) * hd..(row * nh + h + 1) * hd];
+                acc.iter_mut().for_each(|a| *a = 0.0);
+                let mut m = f32::NEG_INFINITY;
+                let mut z = 0f32;
+                for j in lo..=hi {
+                    let s = slot_of(seq, j, p.block_size);
+                    let base = (s * nkv + kh) * hd;
+                    let mut sc = cap(dot(qv, &k_cache[base..base + hd]) * p.scale, p);
+                    if let Some(a) = alibi {
+                        sc += a[h] * (j as f32 - pos as f32);
+                    }
+                    if sc > m {
+                        let c = (m - sc).exp();
+                        z *= c;
+                        acc.iter_mut().for_each(|a| *a *= c);
+                        m = sc;
+                    }
+                    let w = (sc - m).exp();
+                    z += w;
+                    for (a, v) in acc.iter_mut().zip(&v_cache[base..base + hd]) {
+                        *a += w * v;
+                    }
+                }
+                let inv = if z > 0.0 { 1.0 / z } else { 0.0 };
+                // SAFETY: each (row, head) output slice is written by exactly one task.
+                let o = unsafe {
+                    std::slice::from_raw_parts_mut((out_ptr as *mut f32).add((row * nh + h) * hd), hd)
+                };
+                for (o, a) in o.iter_mut().zip(&acc) {
+                    *o = a * inv;
+                }
+            }
+        }
+    });
+}

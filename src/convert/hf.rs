@@ -1,0 +1,110 @@
+//! Hugging Face directory (`config.json`, `tokenizer.json`, safetensors) → `.flm`, streaming
+//! tensor by tensor in name order.
+
+use super::hf_config::generation_metadata;
+use super::names::hf_name;
+use super::tensor_transform::{transform, SourceTensor};
+use super::{general_metadata, ConvertOptions, ConvertReport, Progress};
+use crate::data::decode_to_f32;
+use crate::error::{Error, Result};
+use crate::format::flm::{FlmWriter, MetaValue};
+use crate::format::safetensors::SafetensorsSet;
+use crate::model::ModelConfig;
+use std::path::Path;
+
+fn read_optional(p: &Path) -> Result<Option<String>> {
+    match std::fs::read_to_string(p) {
+        Ok(s) => Ok(Some(s)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(p.display(), e)),
+    }
+}
+
+fn chat_template(dir: &Path, tok_cfg: Option<&str>) -> Result<Option<String>> {
+    if let Some(t) = read_optional(&dir.join("chat_template.jinja"))? {
+        return Ok(Some(t));
+    }
+    let Some(cfg) = tok_cfg else { return Ok(None) };
+    let v: serde_json::Value = serde_json::from_str(cfg).map_err(|e| {
+        Error::format(dir.join("tokenizer_config.json").display(), format!("invalid JSON: {e}"))
+    })?;
+    Ok(match v.get("chat_template") {
+        Some(serde_json::Value::String(s)) => Some(s.clone()),
+        Some(serde_json::Value::Array(list)) => list
+            .iter()
+            .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+            .or_else(|| list.first())
+            .and_then(|t| t.get("template"))
+            .and_then(|t| t.as_str())
+            .map(str::to_string),
+        _ => None,
+    })
+}
+
+/// Converts the Hugging Face model directory `dir` into `out`.
+pub fn convert_hf_dir(
+    dir: &Path,
+    out: &Path,
+    opts: &ConvertOptions,
+    progress: &mut dyn FnMut(&Progress<'_>),
+) -> Result<ConvertReport> {
+    let cfg_path = dir.join("config.json");
+    let cfg_text = read_optional(&cfg_path)?.ok_or_else(|| {
+        Error::format(dir.display(), "no config.json: not a Hugging Face model directory")
+    })?;
+    let gen_path = dir.join("generation_config.json");
+    let gen_text = read_optional(&gen_path)?;
+    let mut config =
+        ModelConfig::from_hf_json(&cfg_text, gen_text.as_deref(), &cfg_path.display().to_string())?;
+    let tok_path = dir.join("tokenizer.json");
+    let tok_text = read_optional(&tok_path)?
+        .ok_or_else(|| Error::format(dir.display(), "no tokenizer.json"))?;
+    let tok_cfg = read_optional(&dir.join("tokenizer_config.json"))?;
+    let spec = (opts.tokenizer.hf)(&tok_text, tok_cfg.as_deref())?;
+    let weights = SafetensorsSet::open_dir(dir)?;
+    if !weights.names().any(|n| n == "lm_head.weight") {
+        config.tie_embeddings = true;
+    }
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut meta = general_metadata(&config.architecture, &name, dir, "hf", opts);
+    if let Some(t) = chat_template(dir, tok_cfg.as_deref())? {
+        meta.insert("chat_template".into(), MetaValue::Str(t));
+    }
+    if let Some(g) = &gen_text {
+        meta.extend(generation_metadata(g, &gen_path.display().to_string())?);
+    }
+    let mut writer = FlmWriter::create(out, &config, &meta, &spec)?;
+    let names: Vec<String> = weights.names().map(str::to_string).collect();
+    let total = names.len();
+    let mut bytes_total = 0u64;
+    for (i, n) in names.iter().enumerate() {
+        let (info, bytes) = weights.read_tensor(n)?;
+        let file = weights.file_of(n).unwrap_or("safetensors");
+        let dt = info.dtype;
+        let decode = move |b: &[u8], o: &mut [f32]| decode_to_f32(dt, b, o);
+        let src = SourceTensor {
+            source_name: n,
+            dims: info.dims.clone(),
+            bytes,
+            same_as: Some(info.dtype),
+            decode: &decode,
+        };
+        let mapped = hf_name(&config.architecture, n);
+        let stored = transform(&mapped, src, opts.dtype)
+            .map_err(|e| Error::format(file, format!("tensor {n}: {e}")))?;
+        writer.add_tensor(&mapped.name, stored.dtype, &stored.dims, &stored.bytes)?;
+        bytes_total += stored.bytes.len() as u64;
+        progress(&Progress {
+            done: i + 1,
+            total,
+            name: &mapped.name,
+            dtype: stored.dtype,
+            bytes: stored.bytes.len(),
+        });
+    }
+    writer.finish()?;
+    Ok(ConvertReport { architecture: config.architecture, tensors: total, tensor_bytes: bytes_total })
+}

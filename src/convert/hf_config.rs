@@ -1,0 +1,277 @@
+//! `ModelConfig` from a Hugging Face `config.json` (+ `generation_config.json`), per
+//! architecture, and the `generation.*` metadata. Reads both the transformers ≥ 5
+//! `rope_parameters` object and the older `rope_theta` / `rope_scaling` keys. Unknown
+//! architectures and rope types are refused by name.
+
+use crate::error::{Error, Result};
+use crate::format::flm::{MetaValue, Metadata};
+use crate::model::{ModelConfig, RopeScaling, RopeStyle};
+use serde_json::Value;
+
+/// Architectures the converter knows (HF `model_type`).
+pub const HF_ARCHITECTURES: [&str; 9] =
+    ["llama", "mistral", "qwen2", "qwen3", "bloom", "gpt2", "phi3", "gemma2", "glm"];
+
+struct Json<'a> {
+    v: &'a Value,
+    path: &'a str,
+}
+
+impl Json<'_> {
+    fn get(&self, keys: &[&str]) -> Option<&Value> {
+        keys.iter().filter_map(|k| self.v.get(*k)).find(|v| !v.is_null())
+    }
+    fn size(&self, keys: &[&str]) -> Result<Option<usize>> {
+        match self.get(keys) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .and_then(|v| usize::try_from(v).ok())
+                .map(Some)
+                .ok_or_else(|| Error::format(self.path, format!("{} must be a non-negative integer", keys[0]))),
+        }
+    }
+    fn need_size(&self, keys: &[&str]) -> Result<usize> {
+        self.size(keys)?
+            .ok_or_else(|| Error::format(self.path, format!("missing {}", keys.join(" or "))))
+    }
+    fn float(&self, keys: &[&str]) -> Result<Option<f32>> {
+        match self.get(keys) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(|f| Some(f as f32))
+                .ok_or_else(|| Error::format(self.path, format!("{} must be a number", keys[0]))),
+        }
+    }
+}
+
+/// Token ids from an int, a list of ints, or null.
+fn ids(v: Option<&Value>, path: &str, what: &str) -> Result<Vec<u32>> {
+    let one = |x: &Value| {
+        x.as_u64()
+            .and_then(|i| u32::try_from(i).ok())
+            .ok_or_else(|| Error::format(path, format!("{what} must be a token id or a list of them")))
+    };
+    match v {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(a)) => a.iter().map(one).collect(),
+        Some(x) => Ok(vec![one(x)?]),
+    }
+}
+
+fn activation(arch: &str, name: Option<&str>, path: &str) -> Result<String> {
+    let name = name.unwrap_or(match arch {
+        "gpt2" => "gelu_new",
+        "bloom" => "bloom_gelu",
+        "gemma2" => "gelu_pytorch_tanh",
+        _ => "silu",
+    });
+    Ok(match name {
+        "silu" | "swish" => "silu",
+        "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" | "gelu_tanh" | "bloom_gelu" => "gelu_tanh",
+        "gelu" => "gelu",
+        other => return Err(Error::Unsupported(format!("{path}: activation {other:?}"))),
+    }
+    .to_string())
+}
+
+/// The architecture of a parsed `config.json` (`model_type`), refused when unknown.
+pub fn hf_architecture(v: &Value, path: &str) -> Result<String> {
+    let arch = v
+        .get("model_type")
+        .and_then(Value::as_str)
+        .ok_or_else(|| Error::format(path, "config.json has no model_type"))?;
+    if !HF_ARCHITECTURES.contains(&arch) {
+        return Err(Error::Unsupported(format!(
+            "{path}: architecture {arch:?} (supported: {})",
+            HF_ARCHITECTURES.join(", ")
+        )));
+    }
+    Ok(arch.to_string())
+}
+
+impl ModelConfig {
+    /// Builds the config from `config.json` text and optional `generation_config.json` text;
+    /// `path` names the file in errors.
+    pub fn from_hf_json(config: &str, generation: Option<&str>, path: &str) -> Result<ModelConfig> {
+        let v: Value = serde_json::from_str(config)
+            .map_err(|e| Error::format(path, format!("invalid JSON: {e}")))?;
+        let arch = hf_architecture(&v, path)?;
+        let j = Json { v: &v, path };
+        let hidden = j.need_size(&["hidden_size", "n_embd", "n_embed"])?;
+        let heads = j.need_size(&["num_attention_heads", "n_head"])?;
+        if heads == 0 || hidden % heads != 0 && j.size(&["head_dim"])?.is_none() {
+            return Err(Error::format(path, format!("{heads} heads do not divide hidden size {hidden}")));
+        }
+        let head_dim = j.size(&["head_dim"])?.unwrap_or(hidden / heads);
+        let kv_heads = j.size(&["num_key_value_heads", "multi_query_group_num"])?.unwrap_or(heads);
+        let num_layers = j.need_size(&["num_hidden_layers", "n_layer"])?;
+        let intermediate = match arch.as_str() {
+            "gpt2" | "bloom" => j.size(&["n_inner"])?.unwrap_or(4 * hidden),
+            _ => j.need_size(&["intermediate_size"])?,
+        };
+        let context_length = match arch.as_str() {
+            // ALiBi has no position limit in the config; Bloom was trained at 2048.
+            "bloom" => j.size(&["seq_length"])?.unwrap_or(2048),
+            _ => j.need_size(&["max_position_embeddings", "n_positions", "n_ctx"])?,
+        };
+        let rp = v.get("rope_parameters").filter(|r| r.is_object());
+        let rs = v.get("rope_scaling").filter(|r| r.is_object());
+        let rope = |k: &str| rp.and_then(|r| r.get(k)).or_else(|| rs.and_then(|r| r.get(k)));
+        let has_rope = !matches!(arch.as_str(), "gpt2" | "bloom");
+        let rope_theta = rp
+            .and_then(|r| r.get("rope_theta"))
+            .and_then(Value::as_f64)
+            .map(|f| f as f32)
+            .or(j.float(&["rope_theta"])?)
+            .unwrap_or(10000.0);
+        let partial = rope("partial_rotary_factor")
+            .and_then(Value::as_f64)
+            .or(j.float(&["partial_rotary_factor"])?.map(f64::from))
+            .unwrap_or(1.0);
+        let rope_dim = if has_rope { (head_dim as f64 * partial).round() as usize } else { 0 };
+        let rope_type = rope("rope_type")
+            .or_else(|| rope("type"))
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        let fnum = |k: &str| -> Result<f32> {
+            rope(k)
+                .and_then(Value::as_f64)
+                .map(|f| f as f32)
+                .ok_or_else(|| Error::format(path, format!("rope scaling {rope_type} needs {k}")))
+        };
+        let rope_scaling = match rope_type {
+            "default" => RopeScaling::None,
+            "linear" => RopeScaling::Linear { factor: fnum("factor")? },
+            "llama3" => RopeScaling::Llama3 {
+                factor: fnum("factor")?,
+                low_freq_factor: fnum("low_freq_factor")?,
+                high_freq_factor: fnum("high_freq_factor")?,
+                original_context_length: rope("original_max_position_embeddings")
+                    .and_then(Value::as_u64)
+                    .and_then(|x| u32::try_from(x).ok())
+                    .ok_or_else(|| {
+                        Error::format(path, "llama3 rope scaling needs original_max_position_embeddings")
+                    })?,
+            },
+            other => return Err(Error::Unsupported(format!("{path}: rope scaling type {other:?}"))),
+        };
+        let tie_default = matches!(arch.as_str(), "gpt2" | "bloom" | "gemma2");
+        let tie_embeddings = v
+            .get("tie_word_embeddings")
+            .and_then(Value::as_bool)
+            .unwrap_or(tie_default);
+        let act_name = ["hidden_activation", "hidden_act", "activation_function"]
+            .iter()
+            .find_map(|k| v.get(*k).and_then(Value::as_str));
+        let hidden_act = activation(&arch, act_name, path)?;
+        let use_sliding = v.get("use_sliding_window").and_then(Value::as_bool).unwrap_or(true);
+        let sliding_window = if use_sliding { j.size(&["sliding_window"])?.unwrap_or(0) } else { 0 };
+        let sliding_layers = match v.get("layer_types").and_then(Value::as_array) {
+            Some(types) if sliding_window > 0 => {
+                if types.len() != num_layers {
+                    return Err(Error::format(
+                        path,
+                        format!("layer_types has {} entries for {num_layers} layers", types.len()),
+                    ));
+                }
+                types.iter().map(|t| t.as_str() == Some("sliding_attention")).collect()
+            }
+            _ if sliding_window > 0 && arch == "gemma2" => (0..num_layers).map(|i| i % 2 == 0).collect(),
+            _ if sliding_window > 0 => vec![true; num_layers],
+            _ => Vec::new(),
+        };
+        let mut eos_ids = ids(v.get("eos_token_id"), path, "eos_token_id")?;
+        let mut bos_id = ids(v.get("bos_token_id"), path, "bos_token_id")?.first().copied();
+        if let Some(g) = generation {
+            let g: Value = serde_json::from_str(g)
+                .map_err(|e| Error::format(path, format!("generation_config.json: invalid JSON: {e}")))?;
+            for e in ids(g.get("eos_token_id"), path, "generation_config eos_token_id")? {
+                if !eos_ids.contains(&e) {
+                    eos_ids.push(e);
+                }
+            }
+            if bos_id.is_none() {
+                bos_id = ids(g.get("bos_token_id"), path, "bos_token_id")?.first().copied();
+            }
+        }
+        let vocab_size = j.need_size(&["vocab_size", "padded_vocab_size"])?;
+        Ok(ModelConfig {
+            architecture: arch.clone(),
+            vocab_size,
+            hidden_size: hidden,
+            intermediate_size: intermediate,
+            num_layers,
+            num_heads: heads,
+            num_kv_heads: kv_heads,
+            head_dim,
+            context_length,
+            norm_eps: j
+                .float(&["rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps"])?
+                .unwrap_or(1e-5),
+            rope_theta,
+            rope_dim,
+            rope_style: if arch == "glm" { RopeStyle::Interleaved } else { RopeStyle::Neox },
+            rope_scaling,
+            tie_embeddings,
+            hidden_act,
+            attn_logit_softcap: j.float(&["attn_logit_softcapping"])?.unwrap_or(0.0),
+            final_logit_softcap: j.float(&["final_logit_softcapping"])?.unwrap_or(0.0),
+            sliding_window,
+            sliding_layers,
+            query_pre_attn_scalar: j.float(&["query_pre_attn_scalar"])?.unwrap_or(0.0),
+            bos_id,
+            eos_ids,
+        })
+    }
+}
+
+fn scalar(v: &Value) -> Option<MetaValue> {
+    Some(match v {
+        Value::Bool(b) => MetaValue::Bool(*b),
+        Value::String(s) => MetaValue::Str(s.clone()),
+        Value::Number(n) => match n.as_i64() {
+            Some(i) => MetaValue::I64(i),
+            None => MetaValue::F64(n.as_f64()?),
+        },
+        _ => return None,
+    })
+}
+
+/// `generation.*` entries from `generation_config.json` text: numbers, bools, strings and
+/// homogeneous arrays of those; nulls, objects and bookkeeping keys are skipped.
+pub fn generation_metadata(text: &str, path: &str) -> Result<Metadata> {
+    let v: Value = serde_json::from_str(text)
+        .map_err(|e| Error::format(path, format!("invalid JSON: {e}")))?;
+    let obj = v
+        .as_object()
+        .ok_or_else(|| Error::format(path, "not a JSON object"))?;
+    let mut m = Metadata::new();
+    for (k, v) in obj {
+        if k.starts_with('_') || k == "transformers_version" {
+            continue;
+        }
+        let value = match v {
+            Value::Array(a) => {
+                let items: Option<Vec<MetaValue>> = a.iter().map(scalar).collect();
+                match items {
+                    Some(items)
+                        if items
+                            .windows(2)
+                            .all(|w| std::mem::discriminant(&w[0]) == std::mem::discriminant(&w[1])) =>
+                    {
+                        MetaValue::Array(items)
+                    }
+                    _ => continue,
+                }
+            }
+            other => match scalar(other) {
+                Some(s) => s,
+                None => continue,
+            },
+        };
+        m.insert(format!("generation.{k}"), value);
+    }
+    Ok(m)
+}

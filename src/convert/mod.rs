@@ -1,0 +1,110 @@
+//! Model conversion into `.flm`: Hugging Face directories (safetensors) and GGUF files, streamed
+//! tensor by tensor (peak memory ≈ one tensor). Owns name mapping, layout fixes, the dtype
+//! policy and `ModelConfig` extraction; the file formats themselves live in `crate::format`.
+
+pub mod dtype_policy;
+pub mod ggml_dequant;
+mod gguf;
+pub mod gguf_config;
+mod hf;
+pub mod hf_config;
+pub mod names;
+mod options;
+pub mod tensor_transform;
+
+pub use gguf::convert_gguf;
+pub use hf::convert_hf_dir;
+pub use options::{
+    ConvertOptions, GgufTokenizerImport, HfTokenizerImport, Progress, TargetDtype,
+    TokenizerImporters,
+};
+
+use crate::error::{Error, Result};
+use crate::format::flm::{MetaValue, Metadata};
+use std::io::Read;
+use std::path::Path;
+
+/// Version recorded in `general.converter`.
+pub const CONVERTER_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// What a conversion produced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConvertReport {
+    /// Model architecture.
+    pub architecture: String,
+    /// Tensors written.
+    pub tensors: usize,
+    /// Bytes of tensor data written.
+    pub tensor_bytes: u64,
+}
+
+/// The `general.*` metadata of a conversion.
+pub(crate) fn general_metadata(
+    arch: &str,
+    name: &str,
+    source: &Path,
+    format: &str,
+    opts: &ConvertOptions,
+) -> Metadata {
+    let s = |v: &str| MetaValue::Str(v.to_string());
+    let mut m = Metadata::new();
+    m.insert("general.architecture".into(), s(arch));
+    m.insert("general.name".into(), s(name));
+    m.insert("general.source_file".into(), s(&source.display().to_string()));
+    m.insert("general.source_format".into(), s(format));
+    m.insert(
+        "general.converter".into(),
+        s(&format!("fastllm convert-weights {CONVERTER_VERSION}")),
+    );
+    m.insert("general.dtype".into(), s(opts.dtype.name()));
+    m
+}
+
+/// The kinds of input [`convert`] accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputKind {
+    /// A Hugging Face model directory.
+    HfDir,
+    /// A GGUF file.
+    Gguf,
+    /// A `.flm` file.
+    Flm,
+}
+
+/// Tells what `input` is from its type and first bytes; `Err` naming it otherwise.
+pub fn detect_input(input: &Path) -> Result<InputKind> {
+    let ps = input.display().to_string();
+    let md = std::fs::metadata(input).map_err(|e| Error::io(&ps, e))?;
+    if md.is_dir() {
+        return Ok(InputKind::HfDir);
+    }
+    let mut head = [0u8; 8];
+    let mut f = std::fs::File::open(input).map_err(|e| Error::io(&ps, e))?;
+    let n = f.read(&mut head).map_err(|e| Error::io(&ps, e))?;
+    match head.get(..n) {
+        Some(h) if h.starts_with(b"GGUF") => Ok(InputKind::Gguf),
+        Some(h) if h.starts_with(&crate::format::flm::MAGIC) => Ok(InputKind::Flm),
+        _ => Err(Error::format(
+            &ps,
+            "not a GGUF file, .flm file or Hugging Face model directory",
+        )),
+    }
+}
+
+/// Converts `input` (HF directory or GGUF file) into the `.flm` file `out`, calling `progress`
+/// after every tensor.
+pub fn convert(
+    input: &Path,
+    out: &Path,
+    opts: &ConvertOptions,
+    progress: &mut dyn FnMut(&Progress<'_>),
+) -> Result<ConvertReport> {
+    match detect_input(input)? {
+        InputKind::HfDir => convert_hf_dir(input, out, opts, progress),
+        InputKind::Gguf => convert_gguf(input, out, opts, progress),
+        InputKind::Flm => Err(Error::invalid(format!(
+            "{}: already a .flm file",
+            input.display()
+        ))),
+    }
+}

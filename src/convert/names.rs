@@ -1,0 +1,78 @@
+//! Tensor-name mapping tables, one per source: Hugging Face names pass through (GPT-2's Conv1D
+//! weights flagged for transposition), and GGUF llama-family names map to their HF names (with
+//! `attn_q` / `attn_k` flagged for llama.cpp's rotary row permutation to be undone).
+
+/// What to do with a source tensor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mapped {
+    /// The `.flm` (Hugging Face) name.
+    pub name: String,
+    /// Transpose a 2-D [in, out] Conv1D weight to [out, in].
+    pub transpose: bool,
+    /// Undo llama.cpp's q/k row permutation with this many heads.
+    pub unpermute_heads: Option<usize>,
+}
+
+/// HF name → `.flm` name for architecture `arch` (identity; GPT-2 Conv1D weights transposed).
+pub fn hf_name(arch: &str, name: &str) -> Mapped {
+    let conv1d = arch == "gpt2"
+        && name.ends_with(".weight")
+        && [".c_attn.", ".c_proj.", ".c_fc."].iter().any(|p| name.contains(p));
+    Mapped { name: name.to_string(), transpose: conv1d, unpermute_heads: None }
+}
+
+/// GGUF name → HF name for the llama family; `None` for names with no HF counterpart.
+/// `heads` / `kv_heads` drive the q/k un-permutation (llama only: `permute_qk`).
+pub fn gguf_name(name: &str, heads: usize, kv_heads: usize, permute_qk: bool) -> Option<Mapped> {
+    let plain = |n: String| Some(Mapped { name: n, transpose: false, unpermute_heads: None });
+    match name {
+        "token_embd.weight" => return plain("model.embed_tokens.weight".into()),
+        "output_norm.weight" => return plain("model.norm.weight".into()),
+        "output.weight" => return plain("lm_head.weight".into()),
+        _ => {}
+    }
+    let rest = name.strip_prefix("blk.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let (part, suffix) = rest.split_once('.')?;
+    if suffix != "weight" && suffix != "bias" {
+        return None;
+    }
+    let (hf, heads) = match part {
+        "attn_q" => ("self_attn.q_proj", permute_qk.then_some(heads)),
+        "attn_k" => ("self_attn.k_proj", permute_qk.then_some(kv_heads)),
+        "attn_v" => ("self_attn.v_proj", None),
+        "attn_output" => ("self_attn.o_proj", None),
+        "attn_q_norm" => ("self_attn.q_norm", None),
+        "attn_k_norm" => ("self_attn.k_norm", None),
+        "ffn_gate" => ("mlp.gate_proj", None),
+        "ffn_up" => ("mlp.up_proj", None),
+        "ffn_down" => ("mlp.down_proj", None),
+        "attn_norm" => ("input_layernorm", None),
+        "ffn_norm" => ("post_attention_layernorm", None),
+        _ => return None,
+    };
+    Some(Mapped {
+        name: format!("model.layers.{layer}.{hf}.{suffix}"),
+        transpose: false,
+        unpermute_heads: heads,
+    })
+}
+
+/// GGUF tensors that carry no weights of their own and are skipped.
+pub fn gguf_skipped(name: &str) -> bool {
+    name == "rope_freqs.weight"
+}
+
+/// For row `r` of an HF-ordered q/k weight with `rows` rows and `heads` heads, the GGUF row that
+/// holds it: within each head, HF row `j·half + i` is GGUF row `2i + j` (`half` = head_dim / 2).
+pub fn unpermuted_source_row(r: usize, rows: usize, heads: usize) -> usize {
+    let head_dim = rows / heads.max(1);
+    let half = head_dim / 2;
+    if half == 0 {
+        return r;
+    }
+    let (h, within) = (r / head_dim, r % head_dim);
+    let (j, i) = (within / half, within % half);
+    h * head_dim + 2 * i + j
+}

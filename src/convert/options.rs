@@ -1,0 +1,107 @@
+//! What a conversion is asked to do: the target dtype (`--dtype`), the tokenizer importers, and
+//! the progress events reported while tensors stream. Plain data; no I/O.
+
+use crate::error::{Error, Result};
+use crate::format::gguf::GgufFile;
+use crate::tokenizer::TokenizerSpec;
+
+/// The `--dtype` of a conversion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TargetDtype {
+    /// Everything f32.
+    F32,
+    /// Weights f16.
+    F16,
+    /// Weights bf16.
+    BF16,
+    /// Weights Q8_0.
+    Int8,
+    /// Weights Q4_0.
+    Int4,
+    /// Weights Q4_1.
+    Int4Min,
+    /// Keep the source's types where `.flm` has them (K-quants become Q8_0).
+    Keep,
+}
+
+impl TargetDtype {
+    /// Parses `f32|f16|bf16|int8|int4|int4-min|keep`.
+    pub fn parse(s: &str) -> Result<TargetDtype> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "f32" | "float32" => TargetDtype::F32,
+            "f16" | "float16" => TargetDtype::F16,
+            "bf16" | "bfloat16" => TargetDtype::BF16,
+            "int8" | "q8_0" => TargetDtype::Int8,
+            "int4" | "q4_0" => TargetDtype::Int4,
+            "int4-min" | "int4_min" | "q4_1" => TargetDtype::Int4Min,
+            "keep" => TargetDtype::Keep,
+            other => {
+                return Err(Error::invalid(format!(
+                    "unknown dtype {other:?} (expected f32, f16, bf16, int8, int4, int4-min or keep)"
+                )))
+            }
+        })
+    }
+
+    /// The name as written on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            TargetDtype::F32 => "f32",
+            TargetDtype::F16 => "f16",
+            TargetDtype::BF16 => "bf16",
+            TargetDtype::Int8 => "int8",
+            TargetDtype::Int4 => "int4",
+            TargetDtype::Int4Min => "int4-min",
+            TargetDtype::Keep => "keep",
+        }
+    }
+}
+
+/// Builds a tokenizer spec from HF `tokenizer.json` text and optional `tokenizer_config.json` text.
+pub type HfTokenizerImport = fn(&str, Option<&str>) -> Result<TokenizerSpec>;
+/// Builds a tokenizer spec from GGUF `tokenizer.*` metadata.
+pub type GgufTokenizerImport = fn(&GgufFile) -> Result<TokenizerSpec>;
+
+/// The functions that translate a source's tokenizer into a [`TokenizerSpec`].
+#[derive(Clone, Copy)]
+pub struct TokenizerImporters {
+    /// For Hugging Face directories.
+    pub hf: HfTokenizerImport,
+    /// For GGUF files.
+    pub gguf: GgufTokenizerImport,
+}
+
+impl TokenizerImporters {
+    /// `crate::tokenizer`'s importers (`TokenizerSpec::from_hf_json`, `TokenizerSpec::from_gguf`).
+    #[cfg(feature = "tokenizer-import")]
+    pub fn builtin() -> TokenizerImporters {
+        TokenizerImporters {
+            hf: TokenizerSpec::from_hf_json,
+            gguf: TokenizerSpec::from_gguf,
+        }
+    }
+}
+
+/// Options of one conversion.
+#[derive(Clone, Copy)]
+pub struct ConvertOptions {
+    /// Target dtype.
+    pub dtype: TargetDtype,
+    /// Tokenizer importers.
+    pub tokenizer: TokenizerImporters,
+}
+
+/// Reported after each tensor is written.
+#[derive(Clone, Debug)]
+pub struct Progress<'a> {
+    /// 1-based index of the tensor just written.
+    pub done: usize,
+    /// Number of tensors.
+    pub total: usize,
+    /// Its `.flm` name.
+    pub name: &'a str,
+    /// Its stored dtype.
+    pub dtype: crate::data::DataType,
+    /// Its stored size in bytes.
+    pub bytes: usize,
+}

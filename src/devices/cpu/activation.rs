@@ -1,0 +1,133 @@
+//! Activation operators on the CPU: `Softmax`, `Silu`, `Gelu`, `SoftCap` (same shape out) and the
+//! gated `Swiglu`, `GeluGated` (`[.., 2d]` → `[.., d]`). Validates, sizes the output and calls
+//! `fastllm_cpu::activation` (reference or fast by kernel mode). Must not hold kernel arithmetic.
+
+use super::args::{check_tensor, dtype_in, f32s, f32s_mut, need, rows_last};
+use super::CpuContext;
+use crate::data::DataType::F32;
+use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
+use crate::error::{Error, Result};
+use fastllm_cpu::activation::{self as k, Act};
+use std::sync::Arc;
+
+/// Registers this family's operators.
+pub fn register(ops: &mut OpRegistry, ctx: &Arc<CpuContext>) {
+    for kind in [
+        Kind::Softmax,
+        Kind::Silu,
+        Kind::Gelu,
+        Kind::SoftCap,
+        Kind::Swiglu,
+        Kind::GeluGated,
+    ] {
+        ops.insert(
+            kind.name(),
+            Box::new(Activation {
+                ctx: ctx.clone(),
+                kind,
+            }),
+        );
+    }
+}
+
+/// Which activation operator.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Softmax,
+    Silu,
+    Gelu,
+    SoftCap,
+    Swiglu,
+    GeluGated,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Softmax => "Softmax",
+            Kind::Silu => "Silu",
+            Kind::Gelu => "Gelu",
+            Kind::SoftCap => "SoftCap",
+            Kind::Swiglu => "Swiglu",
+            Kind::GeluGated => "GeluGated",
+        }
+    }
+    fn gated(self) -> bool {
+        matches!(self, Kind::Swiglu | Kind::GeluGated)
+    }
+    /// The pointwise function, from the parameters.
+    fn act(self, f: &FloatDict, i: &IntDict) -> Result<Act> {
+        let gelu = |i: &IntDict| match i.get_or("approx", 1) {
+            1 => Ok(Act::GeluTanh),
+            0 => Ok(Act::GeluErf),
+            a => Err(Error::op(
+                self.name(),
+                format!("parameter 'approx' must be 0 or 1, got {a}"),
+            )),
+        };
+        match self {
+            Kind::Silu | Kind::Swiglu | Kind::Softmax => Ok(Act::Silu),
+            Kind::Gelu | Kind::GeluGated => gelu(i),
+            Kind::SoftCap => match f.get("cap") {
+                Some(c) if c > 0.0 && c.is_finite() => Ok(Act::SoftCap(c)),
+                Some(c) => Err(Error::op(
+                    "SoftCap",
+                    format!("parameter 'cap' must be a positive number, got {c}"),
+                )),
+                None => Err(Error::op("SoftCap", "missing parameter 'cap'")),
+            },
+        }
+    }
+}
+
+/// One activation operator.
+struct Activation {
+    ctx: Arc<CpuContext>,
+    kind: Kind,
+}
+
+impl Operator for Activation {
+    fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
+        dtype_in(d, "input", &[F32])
+    }
+    fn reshape(&self, d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<()> {
+        let op = self.kind.name();
+        self.kind.act(f, i)?;
+        let x = d.require(op, "input")?;
+        check_tensor(op, "input", x)?;
+        f32s(op, "input", x)?;
+        let mut dims = x.dims().to_vec();
+        if self.kind.gated() {
+            let (_, n) = rows_last(&dims);
+            if !n.is_multiple_of(2) {
+                return Err(Error::op(
+                    op,
+                    format!("'input' {dims:?}: last dim must be even (gate and up halves)"),
+                ));
+            }
+            if let Some(l) = dims.last_mut() {
+                *l = n / 2;
+            }
+        }
+        d.require_mut(op, "output")?.resize(F32, &dims)
+    }
+    fn run(&self, d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<()> {
+        let op = self.kind.name();
+        let act = self.kind.act(f, i)?;
+        let ([x], out) = d.io(op, ["input"], "output")?;
+        let x = need(op, "input", x)?;
+        let n = rows_last(x.dims()).1;
+        let x = f32s(op, "input", x)?;
+        let o = f32s_mut(op, "output", out)?;
+        let th = &self.ctx.threads;
+        match (self.kind, self.ctx.reference()) {
+            (Kind::Softmax, true) => k::softmax_ref(x, o, n),
+            (Kind::Softmax, false) => k::softmax(th, x, o, n),
+            (kind, true) if kind.gated() => k::gated_ref(act, x, o, n / 2),
+            (kind, false) if kind.gated() => k::gated(th, act, x, o, n / 2),
+            (_, true) => k::act_map_ref(act, x, o),
+            (_, false) => k::act_map(th, act, x, o),
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,193 @@
+//! Paged KV-cache operators on the CPU: `PagedCacheWrite` and `PagedAttention` (see docs/ops.md).
+
+use super::CpuContext;
+use crate::data::{Data, DataType};
+use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
+use crate::error::{Error, Result};
+use fastllm_cpu::paged::{self as k, PagedAttnParams, PagedSeq};
+use std::sync::Arc;
+
+/// Registers this family's operators.
+pub fn register(ops: &mut OpRegistry, ctx: &Arc<CpuContext>) {
+    ops.insert("PagedCacheWrite", Box::new(PagedCacheWrite));
+    ops.insert("PagedAttention", Box::new(PagedAttention(ctx.clone())));
+}
+
+fn need<'a>(d: &'a DataDict, op: &str, name: &str, dt: DataType, nd: usize) -> Result<&'a Data> {
+    let x = d.require(op, name)?;
+    if x.dtype() != dt || x.dims().len() != nd {
+        return Err(Error::op(
+            op,
+            format!("'{name}' must be {dt} with {nd} dims, got {} {:?}", x.dtype(), x.dims()),
+        ));
+    }
+    Ok(x)
+}
+
+/// `PagedCacheWrite`: `cache[slots[i]] = input[i]`.
+struct PagedCacheWrite;
+
+impl Operator for PagedCacheWrite {
+    fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
+        d.dtype("input") == Some(DataType::F32) && d.dtype("cache") == Some(DataType::F32)
+    }
+    fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
+        const OP: &str = "PagedCacheWrite";
+        let x = need(d, OP, "input", DataType::F32, 3)?;
+        let s = need(d, OP, "slots", DataType::I32, 1)?;
+        let c = need(d, OP, "cache", DataType::F32, 3)?;
+        if x.dims()[1..] != c.dims()[1..] || s.dim(0) != x.dim(0) {
+            return Err(Error::op(
+                OP,
+                format!("input {:?}, slots {:?} and cache {:?} do not fit", x.dims(), s.dims(), c.dims()),
+            ));
+        }
+        let n = c.dim(0) as i64;
+        if let Some(bad) = s.as_i32()?.iter().find(|&&v| v < 0 || v as i64 >= n) {
+            return Err(Error::op(OP, format!("slot {bad} outside the cache of {n} slots")));
+        }
+        Ok(())
+    }
+    fn run(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
+        let ([x, s], c) = d.io("PagedCacheWrite", ["input", "slots"], "cache")?;
+        let (x, s) = (
+            x.ok_or_else(|| Error::op("PagedCacheWrite", "missing input"))?,
+            s.ok_or_else(|| Error::op("PagedCacheWrite", "missing slots"))?,
+        );
+        let row = x.dim(1) * x.dim(2);
+        k::paged_cache_write(c.as_f32_mut()?, x.as_f32()?, s.as_i32()?, row);
+        Ok(())
+    }
+}
+
+/// `PagedAttention`: attention of each sequence's new query rows over its cached keys.
+struct PagedAttention(Arc<CpuContext>);
+
+struct Checked<'a> {
+    p: PagedAttnParams,
+    seqs: Vec<PagedSeq<'a>>,
+}
+
+const NAMES: [&str; 7] = ["q", "k_cache", "v_cache", "q_starts", "kv_lens", "block_tables", "alibi_slopes"];
+
+fn req<'a>(x: Option<&'a Data>, name: &str, dt: DataType, nd: usize) -> Result<&'a Data> {
+    const OP: &str = "PagedAttention";
+    let x = x.ok_or_else(|| Error::op(OP, format!("missing input '{name}'")))?;
+    if x.dtype() != dt || x.dims().len() != nd {
+        return Err(Error::op(
+            OP,
+            format!("'{name}' must be {dt} with {nd} dims, got {} {:?}", x.dtype(), x.dims()),
+        ));
+    }
+    Ok(x)
+}
+
+fn check<'a>(a: &[Option<&'a Data>; 7], f: &FloatDict, i: &IntDict) -> Result<Checked<'a>> {
+    const OP: &str = "PagedAttention";
+    let q = req(a[0], "q", DataType::F32, 3)?;
+    let kc = req(a[1], "k_cache", DataType::F32, 3)?;
+    let vc = req(a[2], "v_cache", DataType::F32, 3)?;
+    let qs = req(a[3], "q_starts", DataType::I32, 1)?.as_i32()?;
+    let kl = req(a[4], "kv_lens", DataType::I32, 1)?.as_i32()?;
+    let bt = req(a[5], "block_tables", DataType::I32, 2)?;
+    let (rows, nh, hd) = (q.dim(0), q.dim(1), q.dim(2));
+    let (slots, nkv) = (kc.dim(0), kc.dim(1));
+    if kc.dims() != vc.dims() || kc.dim(2) != hd || nkv == 0 || nh % nkv != 0 {
+        return Err(Error::op(
+            OP,
+            format!(
+                "q {:?}, k_cache {:?}, v_cache {:?}: head dims or head counts do not fit",
+                q.dims(),
+                kc.dims(),
+                vc.dims()
+            ),
+        ));
+    }
+    let bs = i.get_or("block_size", 16);
+    if bs <= 0 || slots % bs as usize != 0 {
+        return Err(Error::op(OP, format!("block_size {bs} does not divide the {slots} cache slots")));
+    }
+    let bs = bs as usize;
+    let nseq = kl.len();
+    if qs.len() != nseq + 1 || bt.dim(0) != nseq {
+        return Err(Error::op(
+            OP,
+            format!("{} q_starts, {nseq} kv_lens and {} block tables disagree", qs.len(), bt.dim(0)),
+        ));
+    }
+    if qs.first() != Some(&0) || qs.last().map(|&v| v as usize) != Some(rows) {
+        return Err(Error::op(OP, format!("q_starts must run from 0 to {rows}")));
+    }
+    let maxb = bt.dim(1);
+    let table = bt.as_i32()?;
+    let n_blocks = (slots / bs) as i64;
+    let mut seqs = Vec::with_capacity(nseq);
+    for s in 0..nseq {
+        let (a, b, len) = (qs[s], qs[s + 1], kl[s]);
+        if a > b || len < 0 || (b - a) > len {
+            return Err(Error::op(OP, format!("sequence {s}: query rows {a}..{b} with {len} cached keys")));
+        }
+        let need_blocks = (len as usize).div_ceil(bs);
+        if need_blocks > maxb {
+            return Err(Error::op(
+                OP,
+                format!("sequence {s}: {len} keys need {need_blocks} blocks, table has {maxb}"),
+            ));
+        }
+        let blocks = &table[s * maxb..s * maxb + need_blocks];
+        if let Some(bad) = blocks.iter().find(|&&b| b < 0 || b as i64 >= n_blocks) {
+            return Err(Error::op(OP, format!("sequence {s}: block id {bad} outside the pool of {n_blocks}")));
+        }
+        seqs.push(PagedSeq { q_start: a as usize, q_end: b as usize, kv_len: len as usize, blocks });
+    }
+    if let Some(al) = a[6] {
+        if al.dtype() != DataType::F32 || al.count() != nh {
+            return Err(Error::op(
+                OP,
+                format!("alibi_slopes must be f32 [{nh}], got {} {:?}", al.dtype(), al.dims()),
+            ));
+        }
+    }
+    let p = PagedAttnParams {
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: hd,
+        block_size: bs,
+        scale: f.get_or("scale", 1.0 / (hd as f32).sqrt()),
+        softcap: f.get_or("softcap", 0.0),
+        window: i.get_or("sliding_window", 0).max(0) as usize,
+    };
+    Ok(Checked { p, seqs })
+}
+
+impl Operator for PagedAttention {
+    fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
+        d.dtype("q") == Some(DataType::F32) && d.dtype("k_cache") == Some(DataType::F32)
+    }
+    fn reshape(&self, d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<()> {
+        let dims = {
+            let a = NAMES.map(|n| d.get(n));
+            check(&a, f, i)?;
+            d.require("PagedAttention", "q")?.dims().to_vec()
+        };
+        d.require_mut("PagedAttention", "output")?.resize(DataType::F32, &dims)
+    }
+    fn run(&self, d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<()> {
+        let (a, out) = d.io("PagedAttention", NAMES, "output")?;
+        let c = check(&a, f, i)?;
+        let q = req(a[0], "q", DataType::F32, 3)?.as_f32()?;
+        let kc = req(a[1], "k_cache", DataType::F32, 3)?.as_f32()?;
+        let vc = req(a[2], "v_cache", DataType::F32, 3)?.as_f32()?;
+        let alibi = match a[6] {
+            Some(x) => Some(x.as_f32()?),
+            None => None,
+        };
+        let out = out.as_f32_mut()?;
+        if self.0.reference() {
+            k::paged_attention_ref(q, kc, vc, &c.seqs, alibi, &c.p, out);
+        } else {
+            k::paged_attention(q, kc, vc, &c.seqs, alibi, &c.p, out, &self.0.threads);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,178 @@
+//! `ModelConfig` ⇄ `model.*` metadata keys (see `docs/flm-format.md` for the list). Owns the
+//! key names and their types; validation beyond "present, right type, fits" is the model's job.
+
+use super::meta::{MetaValue, Metadata};
+use crate::error::{Error, Result};
+use crate::model::{ModelConfig, RopeScaling, RopeStyle};
+
+fn u32_of(key: &str, v: usize) -> Result<MetaValue> {
+    u32::try_from(v)
+        .map(MetaValue::U32)
+        .map_err(|_| Error::invalid(format!("model config {key} = {v} does not fit in u32")))
+}
+
+impl ModelConfig {
+    /// The `model.*` metadata entries describing this config.
+    pub fn to_metadata(&self) -> Result<Metadata> {
+        let mut m = Metadata::new();
+        let s = |v: &str| MetaValue::Str(v.to_string());
+        m.insert("model.architecture".into(), s(&self.architecture));
+        for (k, v) in [
+            ("model.vocab_size", self.vocab_size),
+            ("model.hidden_size", self.hidden_size),
+            ("model.intermediate_size", self.intermediate_size),
+            ("model.num_layers", self.num_layers),
+            ("model.num_heads", self.num_heads),
+            ("model.num_kv_heads", self.num_kv_heads),
+            ("model.head_dim", self.head_dim),
+            ("model.context_length", self.context_length),
+            ("model.rope_dim", self.rope_dim),
+            ("model.sliding_window", self.sliding_window),
+        ] {
+            m.insert(k.into(), u32_of(k, v)?);
+        }
+        for (k, v) in [
+            ("model.norm_eps", self.norm_eps),
+            ("model.rope_theta", self.rope_theta),
+            ("model.attn_logit_softcap", self.attn_logit_softcap),
+            ("model.final_logit_softcap", self.final_logit_softcap),
+            ("model.query_pre_attn_scalar", self.query_pre_attn_scalar),
+        ] {
+            m.insert(k.into(), MetaValue::F32(v));
+        }
+        let style = match self.rope_style {
+            RopeStyle::Neox => "neox",
+            RopeStyle::Interleaved => "interleaved",
+        };
+        m.insert("model.rope_style".into(), s(style));
+        match &self.rope_scaling {
+            RopeScaling::None => {
+                m.insert("model.rope_scaling.type".into(), s("none"));
+            }
+            RopeScaling::Linear { factor } => {
+                m.insert("model.rope_scaling.type".into(), s("linear"));
+                m.insert("model.rope_scaling.factor".into(), MetaValue::F32(*factor));
+            }
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_context_length,
+            } => {
+                m.insert("model.rope_scaling.type".into(), s("llama3"));
+                m.insert("model.rope_scaling.factor".into(), MetaValue::F32(*factor));
+                m.insert("model.rope_scaling.low_freq_factor".into(), MetaValue::F32(*low_freq_factor));
+                m.insert("model.rope_scaling.high_freq_factor".into(), MetaValue::F32(*high_freq_factor));
+                m.insert(
+                    "model.rope_scaling.original_context_length".into(),
+                    MetaValue::U32(*original_context_length),
+                );
+            }
+        }
+        m.insert("model.tie_embeddings".into(), MetaValue::Bool(self.tie_embeddings));
+        m.insert("model.hidden_act".into(), s(&self.hidden_act));
+        m.insert(
+            "model.sliding_layers".into(),
+            MetaValue::Array(self.sliding_layers.iter().map(|&b| MetaValue::Bool(b)).collect()),
+        );
+        if let Some(b) = self.bos_id {
+            m.insert("model.bos_id".into(), MetaValue::U32(b));
+        }
+        m.insert(
+            "model.eos_ids".into(),
+            MetaValue::Array(self.eos_ids.iter().map(|&e| MetaValue::U32(e)).collect()),
+        );
+        Ok(m)
+    }
+
+    /// Rebuilds a config from `model.*` metadata; `path` names the file in errors.
+    pub fn from_metadata(m: &Metadata, path: &str) -> Result<ModelConfig> {
+        let get = |k: &str| {
+            m.get(k)
+                .ok_or_else(|| Error::format(path, format!("metadata key {k} missing")))
+        };
+        let bad = |k: &str| Error::format(path, format!("metadata key {k} has the wrong type"));
+        let size = |k: &str| -> Result<usize> {
+            get(k)?
+                .as_u64()
+                .and_then(|v| usize::try_from(v).ok())
+                .ok_or_else(|| bad(k))
+        };
+        let float = |k: &str| -> Result<f32> { get(k)?.as_f64().map(|v| v as f32).ok_or_else(|| bad(k)) };
+        let string = |k: &str| -> Result<String> {
+            get(k)?.as_str().map(str::to_string).ok_or_else(|| bad(k))
+        };
+        let u32s = |k: &str| -> Result<Vec<u32>> {
+            get(k)?
+                .as_array()
+                .ok_or_else(|| bad(k))?
+                .iter()
+                .map(|v| v.as_u64().and_then(|v| u32::try_from(v).ok()).ok_or_else(|| bad(k)))
+                .collect()
+        };
+        let rope_style = match string("model.rope_style")?.as_str() {
+            "neox" => RopeStyle::Neox,
+            "interleaved" => RopeStyle::Interleaved,
+            other => {
+                return Err(Error::format(path, format!("unknown model.rope_style {other:?}")))
+            }
+        };
+        let rope_scaling = match string("model.rope_scaling.type")?.as_str() {
+            "none" => RopeScaling::None,
+            "linear" => RopeScaling::Linear { factor: float("model.rope_scaling.factor")? },
+            "llama3" => RopeScaling::Llama3 {
+                factor: float("model.rope_scaling.factor")?,
+                low_freq_factor: float("model.rope_scaling.low_freq_factor")?,
+                high_freq_factor: float("model.rope_scaling.high_freq_factor")?,
+                original_context_length: u32::try_from(size(
+                    "model.rope_scaling.original_context_length",
+                )?)
+                .map_err(|_| bad("model.rope_scaling.original_context_length"))?,
+            },
+            other => {
+                return Err(Error::format(path, format!("unknown model.rope_scaling.type {other:?}")))
+            }
+        };
+        let sliding_layers = get("model.sliding_layers")?
+            .as_array()
+            .ok_or_else(|| bad("model.sliding_layers"))?
+            .iter()
+            .map(|v| v.as_bool().ok_or_else(|| bad("model.sliding_layers")))
+            .collect::<Result<Vec<_>>>()?;
+        let bos_id = match m.get("model.bos_id") {
+            None => None,
+            Some(v) => Some(
+                v.as_u64()
+                    .and_then(|v| u32::try_from(v).ok())
+                    .ok_or_else(|| bad("model.bos_id"))?,
+            ),
+        };
+        Ok(ModelConfig {
+            architecture: string("model.architecture")?,
+            vocab_size: size("model.vocab_size")?,
+            hidden_size: size("model.hidden_size")?,
+            intermediate_size: size("model.intermediate_size")?,
+            num_layers: size("model.num_layers")?,
+            num_heads: size("model.num_heads")?,
+            num_kv_heads: size("model.num_kv_heads")?,
+            head_dim: size("model.head_dim")?,
+            context_length: size("model.context_length")?,
+            norm_eps: float("model.norm_eps")?,
+            rope_theta: float("model.rope_theta")?,
+            rope_dim: size("model.rope_dim")?,
+            rope_style,
+            rope_scaling,
+            tie_embeddings: get("model.tie_embeddings")?
+                .as_bool()
+                .ok_or_else(|| bad("model.tie_embeddings"))?,
+            hidden_act: string("model.hidden_act")?,
+            attn_logit_softcap: float("model.attn_logit_softcap")?,
+            final_logit_softcap: float("model.final_logit_softcap")?,
+            sliding_window: size("model.sliding_window")?,
+            sliding_layers,
+            query_pre_attn_scalar: float("model.query_pre_attn_scalar")?,
+            bos_id,
+            eos_ids: u32s("model.eos_ids")?,
+        })
+    }
+}

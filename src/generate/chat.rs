@@ -1,0 +1,73 @@
+//! Chat templates: renders a model's own Jinja chat template (minijinja, with Python-style string
+//! methods) over a list of messages.
+
+use crate::error::{Error, Result};
+use serde::Serialize;
+
+/// One chat message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ChatMessage {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+impl ChatMessage {
+    /// A message.
+    pub fn new(role: &str, content: &str) -> Self {
+        ChatMessage { role: role.to_string(), content: content.to_string() }
+    }
+}
+
+/// The template used when a model ships none (ChatML).
+pub const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+/// Renders `template` with `messages`, `add_generation_prompt`, `bos_token`, `eos_token`.
+pub fn render(
+    template: &str,
+    messages: &[ChatMessage],
+    add_generation_prompt: bool,
+    bos_token: &str,
+    eos_token: &str,
+) -> Result<String> {
+    let mut env = minijinja::Environment::new();
+    minijinja_contrib::add_to_environment(&mut env);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
+        Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+    });
+    env.add_template("chat", template)
+        .map_err(|e| Error::invalid(format!("chat template does not parse: {e}")))?;
+    let t = env
+        .get_template("chat")
+        .map_err(|e| Error::invalid(format!("chat template: {e}")))?;
+    t.render(minijinja::context! {
+        messages => messages,
+        add_generation_prompt => add_generation_prompt,
+        bos_token => bos_token,
+        eos_token => eos_token,
+    })
+    .map_err(|e| Error::invalid(format!("chat template failed to render: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chatml() {
+        let m = [ChatMessage::new("user", "Hi")];
+        let s = render(CHATML, &m, true, "", "").unwrap();
+        assert_eq!(s, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    }
+
+    #[test]
+    fn python_methods_and_errors() {
+        let t = "{{ messages[0]['content'].strip() }}{% if messages|length > 1 %}{{ raise_exception('only one') }}{% endif %}";
+        assert_eq!(render(t, &[ChatMessage::new("user", "  x ")], false, "", "").unwrap(), "x");
+        let two = [ChatMessage::new("user", "a"), ChatMessage::new("user", "b")];
+        assert!(render(t, &two, false, "", "").is_err());
+        assert!(render("{% for %}", &two, false, "", "").is_err());
+    }
+}

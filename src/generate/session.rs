@@ -1,0 +1,339 @@
+//! `Llm` (a loaded model + tokenizer + chat template) and `Session` (one sequence and its KV
+//! cache): `eval` appends tokens and returns the last logits, `sample` picks the next token,
+//! `generate` runs a whole completion (plain or chat, multi-turn) with streaming, stop tokens,
+//! stop strings and cancellation.
+
+use super::chat::{self, ChatMessage};
+use super::sampler::{Sampler, SamplingParams};
+use crate::error::{Error, Result};
+use crate::model::{KvCache, Model};
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+use std::sync::Arc;
+
+/// A model ready for generation.
+pub struct Llm {
+    /// The network.
+    pub model: Model,
+    /// Its tokenizer.
+    pub tokenizer: Tokenizer,
+    /// Its chat template (ChatML when the model ships none).
+    pub chat_template: String,
+    /// Display name.
+    pub name: String,
+}
+
+impl Llm {
+    /// End-of-sequence ids: the config's and the tokenizer's.
+    pub fn eos_ids(&self) -> Vec<u32> {
+        let mut v = self.model.config().eos_ids.clone();
+        for &e in self.tokenizer.eos_ids() {
+            if !v.contains(&e) {
+                v.push(e);
+            }
+        }
+        v
+    }
+
+    /// Renders messages with the model's chat template.
+    pub fn render_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let tok = |id: Option<u32>| {
+            id.and_then(|i| self.tokenizer.decode(&[i], false).ok())
+                .unwrap_or_default()
+        };
+        let bos = tok(self.tokenizer.bos_id());
+        let eos = tok(self.eos_ids().first().copied());
+        chat::render(&self.chat_template, messages, add_generation_prompt, &bos, &eos)
+    }
+}
+
+/// Parameters of [`Session::generate`].
+#[derive(Clone, Debug)]
+pub struct GenerateParams {
+    /// Maximum tokens to generate.
+    pub max_new_tokens: usize,
+    /// Sampling.
+    pub sampling: SamplingParams,
+    /// Stop strings (not included in the output).
+    pub stop: Vec<String>,
+    /// Treat the prompt as a user chat message (multi-turn: the session keeps the history).
+    pub chat: bool,
+    /// System message for chat (used when the history is empty).
+    pub system: Option<String>,
+}
+
+impl Default for GenerateParams {
+    fn default() -> Self {
+        GenerateParams {
+            max_new_tokens: 128,
+            sampling: SamplingParams::default(),
+            stop: Vec::new(),
+            chat: false,
+            system: None,
+        }
+    }
+}
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// An end-of-sequence token.
+    Eos,
+    /// A stop string.
+    StopString,
+    /// `max_new_tokens` reached.
+    MaxTokens,
+    /// The context is full.
+    ContextFull,
+    /// The callback asked to stop.
+    Cancelled,
+}
+
+/// The result of [`Session::generate`].
+#[derive(Clone, Debug)]
+pub struct Generation {
+    /// Generated text (stop string excluded).
+    pub text: String,
+    /// Generated token ids.
+    pub tokens: Vec<u32>,
+    /// Prompt tokens evaluated for this call (after prefix reuse).
+    pub prompt_tokens: usize,
+    /// Why it ended.
+    pub stop_reason: StopReason,
+}
+
+/// One sequence over a shared model.
+pub struct Session {
+    llm: Arc<Llm>,
+    cache: KvCache,
+    tokens: Vec<u32>,
+    logits: Vec<f32>,
+    history: Vec<ChatMessage>,
+}
+
+impl Session {
+    /// A session of up to `max_tokens` tokens (0 = the model's context length).
+    pub fn new(llm: Arc<Llm>, max_tokens: usize) -> Result<Session> {
+        let cache = llm.model.new_cache(max_tokens)?;
+        Ok(Session { llm, cache, tokens: Vec::new(), logits: Vec::new(), history: Vec::new() })
+    }
+
+    /// The model.
+    pub fn llm(&self) -> &Arc<Llm> {
+        &self.llm
+    }
+
+    /// Tokens in the sequence.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Maximum tokens.
+    pub fn capacity(&self) -> usize {
+        self.cache.capacity()
+    }
+
+    /// The tokens so far.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Logits after the last evaluated token (empty before the first `eval`).
+    pub fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+
+    /// Forgets everything (tokens, cache, chat history).
+    pub fn reset(&mut self) -> Result<()> {
+        self.cache.clear()?;
+        self.tokens.clear();
+        self.logits.clear();
+        self.history.clear();
+        Ok(())
+    }
+
+    /// Appends `tokens` and returns the logits after the last one. Invalid ids, an empty list,
+    /// context overflow or non-finite logits are errors (the session is unchanged on error,
+    /// except for context overflow which is detected before anything runs).
+    pub fn eval(&mut self, tokens: &[u32]) -> Result<&[f32]> {
+        if tokens.is_empty() {
+            return Err(Error::invalid("eval: no tokens"));
+        }
+        let vocab = self.llm.model.config().vocab_size;
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::invalid(format!("token id {t} out of range (vocabulary {vocab})")));
+        }
+        if self.cache.len() + tokens.len() > self.cache.capacity() {
+            return Err(Error::ContextFull(format!(
+                "{} tokens + {} new exceed the session's {} tokens",
+                self.cache.len(),
+                tokens.len(),
+                self.cache.capacity()
+            )));
+        }
+        let before = self.cache.len();
+        let logits = match self.llm.model.forward(&mut self.cache, tokens, false) {
+            Ok(l) => l,
+            Err(e) => {
+                self.cache.truncate(before)?;
+                return Err(e);
+            }
+        };
+        let v = logits.to_f32_vec()?;
+        if v.iter().any(|x| !x.is_finite() && *x != f32::NEG_INFINITY) {
+            self.cache.truncate(before)?;
+            return Err(Error::invalid("model produced NaN/Inf logits"));
+        }
+        self.tokens.extend_from_slice(tokens);
+        self.logits = v;
+        Ok(&self.logits)
+    }
+
+    /// Makes the sequence equal `target`, reusing the longest cached common prefix.
+    fn eval_reusing_prefix(&mut self, target: &[u32]) -> Result<usize> {
+        if target.is_empty() {
+            return Err(Error::invalid("empty prompt"));
+        }
+        let mut p = self.tokens.iter().zip(target).take_while(|(a, b)| a == b).count();
+        if p == target.len() {
+            p -= 1; // re-evaluate the last token to get its logits
+        }
+        if target.len() > self.cache.capacity() {
+            return Err(Error::ContextFull(format!(
+                "prompt of {} tokens exceeds the context of {}",
+                target.len(),
+                self.cache.capacity()
+            )));
+        }
+        self.cache.truncate(p)?;
+        self.tokens.truncate(p);
+        self.eval(&target[p..])?;
+        Ok(target.len() - p)
+    }
+
+    /// Appends a message to the chat history without generating (to replay a conversation);
+    /// the next chat-mode `generate` renders it with the template.
+    pub fn add_message(&mut self, role: &str, content: &str) -> Result<()> {
+        if !matches!(role, "system" | "user" | "assistant" | "tool") {
+            return Err(Error::invalid(format!("chat role '{role}' (expected system, user, assistant or tool)")));
+        }
+        self.history.push(ChatMessage::new(role, content));
+        Ok(())
+    }
+
+    /// Samples the next token from the current logits.
+    pub fn sample(&mut self, sampler: &mut Sampler) -> Result<u32> {
+        if self.logits.is_empty() {
+            return Err(Error::invalid("sample: evaluate tokens first"));
+        }
+        sampler.sample(&self.logits, &self.tokens)
+    }
+
+    /// Generates a completion of `prompt`. Plain mode continues the session's text; chat mode
+    /// adds a user turn to the session's history and renders the chat template. `on_piece`
+    /// receives each token and its text (complete UTF-8 only; may be empty); returning false
+    /// stops generation.
+    pub fn generate(
+        &mut self,
+        prompt: &str,
+        params: &GenerateParams,
+        on_piece: &mut dyn FnMut(u32, &str) -> bool,
+    ) -> Result<Generation> {
+        let mut sampler = Sampler::new(params.sampling.clone())?;
+        let llm = self.llm.clone();
+        let target: Vec<u32> = if params.chat {
+            let mut msgs = self.history.clone();
+            if msgs.is_empty() {
+                if let Some(s) = &params.system {
+                    msgs.push(ChatMessage::new("system", s));
+                }
+            }
+            msgs.push(ChatMessage::new("user", prompt));
+            let text = llm.render_chat(&msgs, true)?;
+            let ids = llm.tokenizer.encode(&text, false, true)?;
+            self.history = msgs;
+            ids
+        } else {
+            if prompt.is_empty() && self.tokens.is_empty() {
+                return Err(Error::invalid("empty prompt"));
+            }
+            let mut ids = self.tokens.clone();
+            ids.extend(llm.tokenizer.encode(prompt, self.tokens.is_empty(), false)?);
+            ids
+        };
+        if target.is_empty() {
+            return Err(Error::invalid("prompt produced no tokens"));
+        }
+        let prompt_tokens = self.eval_reusing_prefix(&target)?;
+        let eos = llm.eos_ids();
+        let mut stream = StreamDecoder::new(&llm.tokenizer);
+        let mut out = Generation { text: String::new(), tokens: Vec::new(), prompt_tokens, stop_reason: StopReason::MaxTokens };
+        let max_stop = params.stop.iter().map(|s| s.len()).max().unwrap_or(0);
+        let mut emitted = 0usize; // bytes of out.text already passed to on_piece
+        let mut last_tok = 0u32;
+        for step in 0..params.max_new_tokens {
+            let tok = self.sample(&mut sampler)?;
+            if eos.contains(&tok) {
+                out.stop_reason = StopReason::Eos;
+                break;
+            }
+            out.tokens.push(tok);
+            last_tok = tok;
+            out.text.push_str(&stream.push(tok)?);
+            // stop strings: cut at the first match
+            if let Some(cut) = params.stop.iter().filter_map(|s| (!s.is_empty()).then(|| out.text.find(s.as_str())).flatten()).min() {
+                out.text.truncate(cut);
+                out.stop_reason = StopReason::StopString;
+                break;
+            }
+            // emit what can no longer become part of a stop string
+            let safe = safe_emit_len(&out.text, max_stop);
+            if safe > emitted {
+                if !on_piece(tok, &out.text[emitted..safe]) {
+                    emitted = safe;
+                    out.stop_reason = StopReason::Cancelled;
+                    break;
+                }
+                emitted = safe;
+            } else if !on_piece(tok, "") {
+                out.stop_reason = StopReason::Cancelled;
+                break;
+            }
+            if step + 1 == params.max_new_tokens {
+                break;
+            }
+            if self.len() + 1 > self.capacity() {
+                out.stop_reason = StopReason::ContextFull;
+                break;
+            }
+            self.eval(&[tok])?;
+        }
+        if out.stop_reason != StopReason::StopString && out.stop_reason != StopReason::Cancelled {
+            out.text.push_str(&stream.finish());
+        }
+        if emitted < out.text.len() && out.stop_reason != StopReason::Cancelled {
+            on_piece(last_tok, &out.text[emitted..]);
+        }
+        if params.chat {
+            self.history.push(ChatMessage::new("assistant", &out.text));
+        }
+        Ok(out)
+    }
+}
+
+/// Length of the prefix of `text` that cannot be the start of a stop string of up to
+/// `max_stop` bytes (held back otherwise), on a char boundary.
+fn safe_emit_len(text: &str, max_stop: usize) -> usize {
+    if max_stop == 0 {
+        return text.len();
+    }
+    let mut cut = text.len().saturating_sub(max_stop - 1);
+    while cut > 0 && !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    cut
+}

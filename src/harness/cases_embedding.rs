@@ -1,0 +1,34 @@
+//! Harness cases for `Embedding`: every weight dtype, odd token counts, repeated ids, ids at both
+//! ends of the vocabulary. The lookup is exact, so the threshold is 0.
+
+use super::{CaseRng, OpCase};
+use crate::data::{Data, DataType};
+
+/// Adds this family's cases to `v`.
+pub fn cases(v: &mut Vec<OpCase>) {
+    let mut rng = CaseRng::new(17);
+    use DataType::*;
+    for dt in [F32, F16, BF16, Q8_0, Q4_0, Q4_1] {
+        for (vocab, d, n) in [
+            (1usize, 32usize, 1usize),
+            (50, 64, 7),
+            (1000, 576, 33),
+            (300, 96, 200),
+        ] {
+            let mut ids: Vec<i32> = (0..n).map(|_| rng.below(vocab as u64) as i32).collect();
+            if let Some(first) = ids.first_mut() {
+                *first = vocab as i32 - 1;
+            }
+            if n > 2 {
+                ids[1] = 0;
+                ids[2] = ids[0];
+            }
+            v.push(
+                OpCase::new("Embedding", format!("{dt} [{vocab}, {d}] n={n}"), 0.0)
+                    .input("input", Data::from_i32(&[n], &ids).expect("harness: ids"))
+                    .input("weight", rng.data(dt, &[vocab, d]))
+                    .output("output", F32),
+            );
+        }
+    }
+}

@@ -1,0 +1,73 @@
+//! Loading a `.flm` model into an `Llm`: opens the file (mmap or low-memory mode), builds the
+//! executor for the requested device, the model graph and the tokenizer.
+
+use crate::error::{Error, Result};
+use crate::executor::Executor;
+use crate::format::flm::{FlmFile, LoadMode};
+use crate::generate::Llm;
+use crate::model::{Model, Precision, WeightSource};
+use crate::tokenizer::Tokenizer;
+use crate::data::Data;
+use std::path::Path;
+use std::sync::Arc;
+
+/// How to load a model.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// CPU threads (0 = all cores).
+    pub threads: usize,
+    /// `cpu`, `cuda`, `cuda:N`.
+    pub device: String,
+    /// Low-memory mode: weights read from disk right before use.
+    pub low_memory: bool,
+    /// Activation precision.
+    pub precision: Precision,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { threads: 0, device: "cpu".into(), low_memory: false, precision: Precision::Fast }
+    }
+}
+
+impl WeightSource for FlmFile {
+    fn tensor(&self, name: &str) -> Result<Data> {
+        FlmFile::tensor(self, name)
+    }
+    fn has(&self, name: &str) -> bool {
+        self.has_tensor(name)
+    }
+    fn names(&self) -> Vec<String> {
+        self.tensor_names().into_iter().map(|s| s.to_string()).collect()
+    }
+}
+
+/// Builds the executor for a device string.
+pub fn executor_for(device: &str, threads: usize) -> Result<Executor> {
+    match device {
+        "cpu" | "" => Executor::cpu(threads),
+        d if d == "cuda" || d.starts_with("cuda:") => Err(Error::Unsupported(format!(
+            "device '{d}': this build has no CUDA device yet (use --device cpu)"
+        ))),
+        d => Err(Error::invalid(format!("device '{d}' (expected cpu, cuda or cuda:N)"))),
+    }
+}
+
+/// Loads a `.flm` file.
+pub fn load(path: &Path, opts: &LoadOptions) -> Result<Llm> {
+    let mode = if opts.low_memory { LoadMode::LowMemory } else { LoadMode::Mmap };
+    let file = FlmFile::open(path, mode)?;
+    let config = file.config().clone();
+    let tokenizer = Tokenizer::new(file.tokenizer_spec().clone())?;
+    let chat_template = file
+        .chat_template()
+        .map(|s| s.to_string())
+        .unwrap_or_else(|| crate::generate::chat::CHATML.to_string());
+    let name = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let exec = executor_for(&opts.device, opts.threads)?;
+    let model = Model::new(config, Arc::new(file), exec, opts.precision, opts.low_memory)?;
+    Ok(Llm { model, tokenizer, chat_template, name })
+}

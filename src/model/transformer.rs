@@ -1,0 +1,759 @@
+//! `Model`: a decoder-only transformer built from Executor ops according to its `ArchSpec`, with
+//! a KV cache that grows in place (`Data` expansion + `CatDirect`), batched prefill (the whole
+//! prompt in one forward) and one-token decode steps. Never calls a kernel directly.
+
+use super::arch::{self, ArchSpec, Mlp, NormKind, Positions, Qkv};
+use super::config::{ModelConfig, RopeScaling, RopeStyle};
+use super::weights::{WeightSource, Weights, W};
+use crate::data::{Data, DataType};
+use crate::error::{Error, Result};
+use crate::device::{DataDict, FloatDict, IntDict};
+use crate::executor::Executor;
+use crate::ops::{self, AttentionParams, RotaryParams, RotaryStyle};
+use std::sync::Arc;
+
+/// Numeric precision of activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// Activations quantized to int8 inside matmuls with block-quantized weights (llama.cpp's
+    /// scheme): fastest.
+    #[default]
+    Fast,
+    /// f32 activations everywhere.
+    Exact,
+}
+
+impl Precision {
+    /// Parses `fast` / `exact`.
+    pub fn parse(s: &str) -> Result<Precision> {
+        match s {
+            "fast" => Ok(Precision::Fast),
+            "exact" => Ok(Precision::Exact),
+            _ => Err(Error::invalid(format!("precision '{s}' (expected fast or exact)"))),
+        }
+    }
+}
+
+/// One sequence's KV cache plus reusable scratch tensors.
+pub struct KvCache {
+    k: Vec<Data>,
+    v: Vec<Data>,
+    len: usize,
+    cap: usize,
+    scratch: Scratch,
+}
+
+impl KvCache {
+    /// Tokens cached so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// True when nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Maximum tokens.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+    /// Forgets every cached token (keeps the allocations).
+    pub fn clear(&mut self) -> Result<()> {
+        for d in self.k.iter_mut().chain(self.v.iter_mut()) {
+            d.set_len(0, 0)?;
+        }
+        self.len = 0;
+        Ok(())
+    }
+    /// Drops cached tokens beyond `len` (e.g. to rewind to a shared prefix).
+    pub fn truncate(&mut self, len: usize) -> Result<()> {
+        if len < self.len {
+            for d in self.k.iter_mut().chain(self.v.iter_mut()) {
+                d.set_len(0, len)?;
+            }
+            self.len = len;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+struct Scratch {
+    bufs: Vec<Data>,
+}
+
+impl Scratch {
+    fn take(&mut self, n: usize) -> Vec<Data> {
+        while self.bufs.len() < n {
+            self.bufs.push(Data::empty(DataType::F32));
+        }
+        self.bufs.drain(..n).collect()
+    }
+    fn give(&mut self, v: Vec<Data>) {
+        self.bufs.extend(v);
+    }
+}
+
+/// A loaded model ready to run.
+pub struct Model {
+    config: ModelConfig,
+    spec: &'static ArchSpec,
+    weights: Weights,
+    exec: Executor,
+    precision: Precision,
+    inv_freq: Option<Data>,
+    alibi: Option<Data>,
+}
+
+fn bad(msg: impl std::fmt::Display) -> Error {
+    Error::Unsupported(msg.to_string())
+}
+
+impl Model {
+    /// Builds a model over `source` running on `exec`. Validates the config against the
+    /// architecture table and the tensors present.
+    pub fn new(
+        config: ModelConfig,
+        source: Arc<dyn WeightSource>,
+        exec: Executor,
+        precision: Precision,
+        low_memory: bool,
+    ) -> Result<Model> {
+        let spec = arch::lookup(&config.architecture)?;
+        let c = &config;
+        if c.num_heads == 0 || c.num_kv_heads == 0 || c.num_heads % c.num_kv_heads != 0 {
+            return Err(bad(format!(
+                "{}: {} heads not divisible into {} KV heads",
+                c.architecture, c.num_heads, c.num_kv_heads
+            )));
+        }
+        if c.head_dim == 0 || c.hidden_size == 0 || c.num_layers == 0 || c.vocab_size == 0 {
+            return Err(bad(format!("{}: config has zero sizes", c.architecture)));
+        }
+        if spec.positions == Positions::Rope && (c.rope_dim == 0 || c.rope_dim > c.head_dim || c.rope_dim % 2 != 0) {
+            return Err(bad(format!(
+                "{}: rotary dim {} invalid for head dim {}",
+                c.architecture, c.rope_dim, c.head_dim
+            )));
+        }
+        let mut weights = Weights::new(source, low_memory)?;
+        let embed = format!("{}.weight", spec.embed);
+        if !weights.has(&embed) {
+            return Err(bad(format!("model file lacks the embedding '{embed}'")));
+        }
+        if spec.norm == NormKind::RmsPlusOne {
+            // Gemma norms scale by (1 + w): derive once, keep resident.
+            let mut names = vec![format!("{}.weight", spec.final_norm)];
+            for i in 0..c.num_layers {
+                let p = format!("{}{i}.", spec.layer_prefix);
+                names.push(format!("{p}{}.weight", spec.attn_norm));
+                names.push(format!("{p}{}.weight", spec.ffn_norm));
+                for n in [spec.post_attn_norm, spec.post_ffn_norm].into_iter().flatten() {
+                    names.push(format!("{p}{n}.weight"));
+                }
+            }
+            for n in names {
+                let w = weights.get(&n)?;
+                let v: Vec<f32> = w.to_f32_vec()?.iter().map(|x| x + 1.0).collect();
+                let d = Data::from_f32(w.dims(), &v)?;
+                drop(w);
+                weights.set_resident(&n, d);
+            }
+        }
+        let inv_freq = match (&spec.positions, &c.rope_scaling) {
+            (Positions::Rope, RopeScaling::None) => None,
+            (Positions::Rope, s) => Some(Data::from_f32(&[c.rope_dim / 2], &inv_freq(c, s))?),
+            _ => None,
+        };
+        let alibi = match spec.positions {
+            Positions::Alibi => Some(Data::from_f32(&[c.num_heads], &alibi_slopes(c.num_heads))?),
+            _ => None,
+        };
+        Ok(Model { config, spec, weights, exec, precision, inv_freq, alibi })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The executor (for profiling).
+    pub fn executor(&self) -> &Executor {
+        &self.exec
+    }
+
+    /// The precision mode.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// A KV cache for up to `max_tokens` tokens (0 = the model's context length). Capacity is
+    /// reserved up front but only touched as tokens arrive.
+    pub fn new_cache(&self, max_tokens: usize) -> Result<KvCache> {
+        let c = &self.config;
+        let cap = if max_tokens == 0 { c.context_length } else { max_tokens.min(c.context_length.max(1)) };
+        let mut k = Vec::with_capacity(c.num_layers);
+        let mut v = Vec::with_capacity(c.num_layers);
+        for _ in 0..c.num_layers {
+            let mut kd = Data::zeros(DataType::F32, &[0, c.num_kv_heads, c.head_dim])?;
+            kd.reserve(0, cap)?;
+            let mut vd = Data::zeros(DataType::F32, &[0, c.num_kv_heads, c.head_dim])?;
+            vd.reserve(0, cap)?;
+            k.push(kd);
+            v.push(vd);
+        }
+        Ok(KvCache { k, v, len: 0, cap, scratch: Scratch::default() })
+    }
+
+    fn norm(&self, x: &Data, name: &str, out: &mut Data) -> Result<()> {
+        let e = &self.exec;
+        let eps = self.config.norm_eps;
+        let w = self.weights.get(&format!("{name}.weight"))?;
+        match self.spec.norm {
+            NormKind::Rms | NormKind::RmsPlusOne => ops::rms_norm(e, x, &w, eps, out),
+            NormKind::Layer => {
+                let b = self.weights.get(&format!("{name}.bias"))?;
+                ops::layer_norm(e, x, &w, &b, eps, out)
+            }
+        }
+    }
+
+    fn linear(&self, x: &Data, name: &str, out: &mut Data) -> Result<()> {
+        let w = self.weights.get(&format!("{name}.weight"))?;
+        let b = self.weights.opt(&format!("{name}.bias"))?;
+        ops::linear(
+            &self.exec,
+            x,
+            &w,
+            b.as_deref(),
+            out,
+            self.precision == Precision::Fast,
+        )
+    }
+
+    fn act(&self, x: &Data, out: &mut Data) -> Result<()> {
+        match self.config.hidden_act.as_str() {
+            "silu" => ops::silu(&self.exec, x, out),
+            "gelu_tanh" => ops::gelu(&self.exec, x, true, out),
+            "gelu" => ops::gelu(&self.exec, x, false, out),
+            a => Err(bad(format!("activation '{a}'"))),
+        }
+    }
+
+    /// Runs `tokens` through the model after the cached ones, appending to `cache`. Returns
+    /// logits [n, vocab]: for every new position when `all_logits`, else only the last one.
+    pub fn forward(&self, cache: &mut KvCache, tokens: &[u32], all_logits: bool) -> Result<Data> {
+        let c = &self.config;
+        let s = tokens.len();
+        if s == 0 {
+            return Err(Error::invalid("forward: no tokens"));
+        }
+        if cache.len + s > cache.cap {
+            return Err(Error::ContextFull(format!(
+                "{} cached + {s} new tokens exceed the context of {}",
+                cache.len, cache.cap
+            )));
+        }
+        if cache.k.len() != c.num_layers {
+            return Err(Error::invalid("KV cache belongs to another model"));
+        }
+        self.check_tokens(tokens)?;
+        let pos: Vec<i32> = (cache.len..cache.len + s).map(|p| p as i32).collect();
+        let rows: Vec<i32> = if all_logits { (0..s as i32).collect() } else { vec![s as i32 - 1] };
+        let mut scratch = std::mem::take(&mut cache.scratch);
+        let before = cache.len;
+        let r = self.forward_rows(tokens, &pos, &rows, cache, &mut scratch);
+        cache.scratch = scratch;
+        match r {
+            Ok(l) => {
+                cache.len += s;
+                Ok(l)
+            }
+            Err(e) => {
+                cache.truncate(before)?;
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs one step for a batch of sequences whose KV caches live in a paged pool: each item
+    /// gives its sequence state and its new tokens (a prompt chunk or one decode token).
+    /// Blocks are allocated from the pool as needed (`Err` when it is exhausted, with nothing
+    /// changed). Returns the logits after each item's last token.
+    pub fn forward_paged(&self, pool: &mut PagedKvPool, batch: &mut [(&mut PagedSeqState, &[u32])]) -> Result<Vec<Vec<f32>>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let c = &self.config;
+        if pool.k.len() != c.num_layers || pool.nkv != c.num_kv_heads || pool.head_dim != c.head_dim {
+            return Err(Error::invalid("paged KV pool belongs to another model"));
+        }
+        let bs = pool.block_size;
+        // blocks needed
+        let mut need = 0usize;
+        for (st, toks) in batch.iter() {
+            if toks.is_empty() {
+                return Err(Error::invalid("forward_paged: an item has no tokens"));
+            }
+            self.check_tokens(toks)?;
+            if st.len + toks.len() > c.context_length {
+                return Err(Error::ContextFull(format!(
+                    "{} cached + {} new tokens exceed the context of {}",
+                    st.len,
+                    toks.len(),
+                    c.context_length
+                )));
+            }
+            need += (st.len + toks.len()).div_ceil(bs).saturating_sub(st.blocks.len());
+        }
+        if need > pool.free.len() {
+            return Err(Error::OutOfMemory(format!(
+                "paged KV pool: {need} blocks needed, {} free",
+                pool.free.len()
+            )));
+        }
+        for (st, toks) in batch.iter_mut() {
+            while st.blocks.len() < (st.len + toks.len()).div_ceil(bs) {
+                match pool.free.pop() {
+                    Some(b) => st.blocks.push(b),
+                    None => return Err(Error::OutOfMemory("paged KV pool exhausted".into())),
+                }
+            }
+        }
+        let mut tokens = Vec::new();
+        let mut pos = Vec::new();
+        let mut slots = Vec::new();
+        let mut q_starts = vec![0i32];
+        let mut kv_lens = Vec::new();
+        let mut rows = Vec::new();
+        let max_blocks = batch.iter().map(|(st, _)| st.blocks.len()).max().unwrap_or(1).max(1);
+        let mut table = vec![0i32; batch.len() * max_blocks];
+        for (i, (st, toks)) in batch.iter().enumerate() {
+            for (k, &t) in toks.iter().enumerate() {
+                let p = st.len + k;
+                tokens.push(t);
+                pos.push(p as i32);
+                slots.push((st.blocks[p / bs] as usize * bs + p % bs) as i32);
+            }
+            q_starts.push(tokens.len() as i32);
+            kv_lens.push((st.len + toks.len()) as i32);
+            rows.push(tokens.len() as i32 - 1);
+            for (b, &id) in st.blocks.iter().enumerate() {
+                table[i * max_blocks + b] = id as i32;
+            }
+        }
+        let mut store = PagedStep {
+            pool,
+            slots: Data::from_i32(&[slots.len()], &slots)?,
+            q_starts: Data::from_i32(&[q_starts.len()], &q_starts)?,
+            kv_lens: Data::from_i32(&[kv_lens.len()], &kv_lens)?,
+            tables: Data::from_i32(&[batch.len(), max_blocks], &table)?,
+        };
+        let mut scratch = Scratch::default();
+        let logits = self.forward_rows(&tokens, &pos, &rows, &mut store, &mut scratch)?;
+        for (st, toks) in batch.iter_mut() {
+            st.len += toks.len();
+        }
+        let v = logits.to_f32_vec()?;
+        Ok(v.chunks(c.vocab_size).map(|r| r.to_vec()).collect())
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        let vocab = self.config.vocab_size;
+        match tokens.iter().find(|&&t| t as usize >= vocab) {
+            Some(t) => Err(Error::invalid(format!("token id {t} out of range (vocabulary {vocab})"))),
+            None => Ok(()),
+        }
+    }
+
+    /// The layer stack over rows `tokens` at positions `pos`, keys/values kept by `kv`;
+    /// returns logits for the rows listed in `logit_rows`.
+    fn forward_rows(
+        &self,
+        tokens: &[u32],
+        pos: &[i32],
+        logit_rows: &[i32],
+        kv: &mut dyn KvStore,
+        scratch: &mut Scratch,
+    ) -> Result<Data> {
+        let s = tokens.len();
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let ids = Data::from_i32(&[s], &ids)?;
+        let pos = Data::from_i32(&[s], pos)?;
+
+        let mut sc = scratch.take(12);
+        let r = self.layers(&ids, &pos, logit_rows, kv, &mut sc);
+        scratch.give(sc);
+        r
+    }
+
+    fn layers(&self, ids: &Data, pos: &Data, logit_rows: &[i32], kv: &mut dyn KvStore, sc: &mut [Data]) -> Result<Data> {
+        let c = &self.config;
+        let e = &self.exec;
+        let s = ids.dim(0);
+        let [x, h, q, k, v, a, b, g, t0, t1, _, _] = sc else {
+            return Err(Error::invalid("scratch"));
+        };
+        {
+            let w = self.weights.get(&format!("{}.weight", self.spec.embed))?;
+            ops::embedding(e, ids, &w, x)?;
+        }
+        if self.spec.embed_scale {
+            ops::mul(e, x, (c.hidden_size as f32).sqrt(), t0)?;
+            std::mem::swap(x, t0);
+        }
+        if let Positions::Learned(wpe) = self.spec.positions {
+            let w = self.weights.get(&format!("{wpe}.weight"))?;
+            let max_pos = pos.as_i32()?.iter().copied().max().unwrap_or(0) as usize;
+            if max_pos >= w.dim(0) {
+                return Err(Error::ContextFull(format!(
+                    "position {max_pos} beyond the {} learned positions",
+                    w.dim(0)
+                )));
+            }
+            ops::embedding(e, pos, &w, t0)?;
+            ops::add_to(e, x, t0, 1.0)?;
+        }
+        if let Some(n) = self.spec.embed_norm {
+            self.norm(x, n, t0)?;
+            std::mem::swap(x, t0);
+        }
+
+        let (nh, nkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
+        let scale = if c.query_pre_attn_scalar > 0.0 {
+            1.0 / c.query_pre_attn_scalar.sqrt()
+        } else {
+            1.0 / (hd as f32).sqrt()
+        };
+        for i in 0..c.num_layers {
+            let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
+            // attention
+            self.norm(x, &ln(self.spec.attn_norm), h)?;
+            match self.spec.qkv {
+                Qkv::Separate(qn, kn, vn) => {
+                    self.linear(h, &ln(qn), q)?;
+                    self.linear(h, &ln(kn), k)?;
+                    self.linear(h, &ln(vn), v)?;
+                }
+                Qkv::Fused(n) => {
+                    self.linear(h, &ln(n), t0)?;
+                    let (qd, kd) = (nh * hd, nkv * hd);
+                    if t0.dim(1) != qd + 2 * kd {
+                        return Err(bad(format!(
+                            "{}: fused qkv has {} outputs, expected {}",
+                            ln(n),
+                            t0.dim(1),
+                            qd + 2 * kd
+                        )));
+                    }
+                    ops::split(e, t0, 1, 0, qd, q)?;
+                    ops::split(e, t0, 1, qd, qd + kd, k)?;
+                    ops::split(e, t0, 1, qd + kd, qd + 2 * kd, v)?;
+                }
+                Qkv::FusedPerHead(n) => {
+                    if nh != nkv {
+                        return Err(bad("per-head fused qkv needs as many KV heads as heads"));
+                    }
+                    self.linear(h, &ln(n), t0)?;
+                    t0.reshape(&[s, nh, 3, hd])?;
+                    ops::permute(e, t0, &[2, 0, 1, 3], t1)?;
+                    t1.reshape(&[3, s * nh * hd])?;
+                    ops::split(e, t1, 0, 0, 1, q)?;
+                    ops::split(e, t1, 0, 1, 2, k)?;
+                    ops::split(e, t1, 0, 2, 3, v)?;
+                }
+            }
+            q.reshape(&[s, nh, hd])?;
+            k.reshape(&[s, nkv, hd])?;
+            v.reshape(&[s, nkv, hd])?;
+            if let Some((qn, kn)) = self.spec.qk_norm {
+                self.norm(q, &ln(qn), t0)?;
+                std::mem::swap(q, t0);
+                self.norm(k, &ln(kn), t0)?;
+                std::mem::swap(k, t0);
+            }
+            if self.spec.positions == Positions::Rope {
+                let rp = RotaryParams {
+                    positions: pos,
+                    inv_freq: self.inv_freq.as_ref(),
+                    rotary_dim: c.rope_dim,
+                    style: match c.rope_style {
+                        RopeStyle::Neox => RotaryStyle::Neox,
+                        RopeStyle::Interleaved => RotaryStyle::Interleaved,
+                    },
+                    theta: c.rope_theta,
+                };
+                ops::rotary(e, q, &rp)?;
+                ops::rotary(e, k, &rp)?;
+            }
+            let sliding = c.sliding_layers.get(i).copied().unwrap_or(false);
+            let ap = AttentionParams {
+                scale,
+                softcap: c.attn_logit_softcap,
+                sliding_window: if sliding { c.sliding_window } else { 0 },
+                alibi: self.alibi.as_ref(),
+            };
+            kv.attend(e, i, q, k, v, &ap, a)?;
+            a.reshape(&[s, nh * hd])?;
+            self.linear(a, &ln(self.spec.o_proj), b)?;
+            if let Some(n) = self.spec.post_attn_norm {
+                self.norm(b, &ln(n), t0)?;
+                std::mem::swap(b, t0);
+            }
+            ops::add_to(e, x, b, 1.0)?;
+            // MLP
+            self.norm(x, &ln(self.spec.ffn_norm), h)?;
+            match self.spec.mlp {
+                Mlp::Gated(gn, un, dn) => {
+                    self.linear(h, &ln(gn), g)?;
+                    self.linear(h, &ln(un), t0)?;
+                    self.act(g, t1)?;
+                    ops::mul_to(e, t1, t0)?;
+                    self.linear(t1, &ln(dn), b)?;
+                }
+                Mlp::GatedFused(gun, dn) => {
+                    self.linear(h, &ln(gun), g)?;
+                    match c.hidden_act.as_str() {
+                        "silu" => ops::swiglu(e, g, t1)?,
+                        "gelu_tanh" => ops::gelu_gated(e, g, true, t1)?,
+                        "gelu" => ops::gelu_gated(e, g, false, t1)?,
+                        other => return Err(bad(format!("activation '{other}'"))),
+                    }
+                    self.linear(t1, &ln(dn), b)?;
+                }
+                Mlp::Plain(un, dn) => {
+                    self.linear(h, &ln(un), g)?;
+                    self.act(g, t1)?;
+                    self.linear(t1, &ln(dn), b)?;
+                }
+            }
+            if let Some(n) = self.spec.post_ffn_norm {
+                self.norm(b, &ln(n), t0)?;
+                std::mem::swap(b, t0);
+            }
+            ops::add_to(e, x, b, 1.0)?;
+        }
+
+        // final norm and LM head, only for the rows asked for
+        let rows: &Data = if logit_rows.len() == s && logit_rows.iter().enumerate().all(|(i, &r)| r as usize == i) {
+            x
+        } else {
+            let idx = Data::from_i32(&[logit_rows.len()], logit_rows)?;
+            ops::embedding(e, &idx, x, t1)?; // row gather
+            t1
+        };
+        self.norm(rows, self.spec.final_norm, h)?;
+        let head = if !c.tie_embeddings && self.weights.has(&format!("{}.weight", self.spec.lm_head)) {
+            self.spec.lm_head
+        } else {
+            self.spec.embed
+        };
+        let mut logits = Data::empty(DataType::F32);
+        {
+            let w: W = self.weights.get(&format!("{head}.weight"))?;
+            ops::linear(e, h, &w, None, &mut logits, self.precision == Precision::Fast)?;
+        }
+        if c.final_logit_softcap > 0.0 {
+            let mut capped = Data::empty(DataType::F32);
+            ops::soft_cap(e, &logits, c.final_logit_softcap, &mut capped)?;
+            logits = capped;
+        }
+        Ok(logits)
+    }
+}
+
+/// Where a forward pass keeps keys and values: stores this step's k/v rows of `layer` and
+/// computes attention of `q` over everything cached.
+pub trait KvStore {
+    /// Appends `k`, `v` [rows, nkv, hd] for `layer` and writes attention of `q` into `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(&mut self, e: &Executor, layer: usize, q: &Data, k: &Data, v: &Data, p: &AttentionParams, out: &mut Data) -> Result<()>;
+}
+
+impl KvStore for KvCache {
+    fn attend(&mut self, e: &Executor, layer: usize, q: &Data, k: &Data, v: &Data, p: &AttentionParams, out: &mut Data) -> Result<()> {
+        let (kc, vc) = match (self.k.get_mut(layer), self.v.get_mut(layer)) {
+            (Some(kc), Some(vc)) => (kc, vc),
+            _ => return Err(Error::invalid(format!("KV cache has no layer {layer}"))),
+        };
+        ops::cat_direct(e, kc, k, 0)?;
+        ops::cat_direct(e, vc, v, 0)?;
+        ops::attention(e, q, kc, vc, p, out)
+    }
+}
+
+/// A pool of fixed-size KV blocks shared by many sequences (the paged KV cache).
+pub struct PagedKvPool {
+    k: Vec<Data>,
+    v: Vec<Data>,
+    free: Vec<u32>,
+    n_blocks: usize,
+    block_size: usize,
+    nkv: usize,
+    head_dim: usize,
+}
+
+impl PagedKvPool {
+    /// A pool of `n_blocks` blocks of `block_size` tokens for `model`.
+    pub fn new(model: &Model, n_blocks: usize, block_size: usize) -> Result<PagedKvPool> {
+        let c = model.config();
+        if n_blocks == 0 || block_size == 0 {
+            return Err(Error::invalid("paged KV pool needs at least one block of at least one token"));
+        }
+        let slots = n_blocks
+            .checked_mul(block_size)
+            .ok_or_else(|| Error::invalid("paged KV pool size overflows"))?;
+        let mut k = Vec::with_capacity(c.num_layers);
+        let mut v = Vec::with_capacity(c.num_layers);
+        for _ in 0..c.num_layers {
+            k.push(Data::zeros(DataType::F32, &[slots, c.num_kv_heads, c.head_dim])?);
+            v.push(Data::zeros(DataType::F32, &[slots, c.num_kv_heads, c.head_dim])?);
+        }
+        Ok(PagedKvPool {
+            k,
+            v,
+            free: (0..n_blocks as u32).rev().collect(),
+            n_blocks,
+            block_size,
+            nkv: c.num_kv_heads,
+            head_dim: c.head_dim,
+        })
+    }
+
+    /// Bytes one block takes across all layers (K and V).
+    pub fn block_bytes(model: &Model, block_size: usize) -> usize {
+        let c = model.config();
+        2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * 4
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+    /// Blocks in the pool.
+    pub fn total_blocks(&self) -> usize {
+        self.n_blocks
+    }
+    /// Blocks not in use.
+    pub fn free_blocks(&self) -> usize {
+        self.free.len()
+    }
+    /// Returns a finished sequence's blocks to the pool.
+    pub fn release(&mut self, st: &mut PagedSeqState) {
+        self.free.extend(st.blocks.drain(..));
+        st.len = 0;
+    }
+}
+
+/// One sequence's place in a [`PagedKvPool`]: its block table and length.
+#[derive(Default, Debug)]
+pub struct PagedSeqState {
+    blocks: Vec<u32>,
+    len: usize,
+}
+
+impl PagedSeqState {
+    /// An empty sequence.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Tokens cached.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// True when nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Blocks held.
+    pub fn blocks(&self) -> &[u32] {
+        &self.blocks
+    }
+}
+
+struct PagedStep<'a> {
+    pool: &'a mut PagedKvPool,
+    slots: Data,
+    q_starts: Data,
+    kv_lens: Data,
+    tables: Data,
+}
+
+impl KvStore for PagedStep<'_> {
+    fn attend(&mut self, e: &Executor, layer: usize, q: &Data, k: &Data, v: &Data, p: &AttentionParams, out: &mut Data) -> Result<()> {
+        let bs = self.pool.block_size as i32;
+        let (kc, vc) = match (self.pool.k.get_mut(layer), self.pool.v.get_mut(layer)) {
+            (Some(kc), Some(vc)) => (kc, vc),
+            _ => return Err(Error::invalid(format!("paged pool has no layer {layer}"))),
+        };
+        for (src, cache) in [(k, &mut *kc), (v, &mut *vc)] {
+            let mut d = DataDict::new().with("input", src).with("slots", &self.slots).with_mut("cache", cache);
+            e.run("PagedCacheWrite", &mut d, &FloatDict::new(), &IntDict::new())?;
+        }
+        let mut d = DataDict::new()
+            .with("q", q)
+            .with("k_cache", kc)
+            .with("v_cache", vc)
+            .with("q_starts", &self.q_starts)
+            .with("kv_lens", &self.kv_lens)
+            .with("block_tables", &self.tables);
+        if let Some(a) = p.alibi {
+            d.insert("alibi_slopes", a);
+        }
+        d.insert_mut("output", out);
+        e.run(
+            "PagedAttention",
+            &mut d,
+            &FloatDict::new().with("scale", p.scale).with("softcap", p.softcap),
+            &IntDict::new().with("block_size", bs).with("sliding_window", p.sliding_window as i32),
+        )
+    }
+}
+
+/// Rotary inverse frequencies with scaling applied.
+pub fn inv_freq(c: &ModelConfig, scaling: &RopeScaling) -> Vec<f32> {
+    let rot = c.rope_dim.max(2);
+    let base: Vec<f64> = (0..rot / 2)
+        .map(|i| 1.0 / (c.rope_theta as f64).powf(2.0 * i as f64 / rot as f64))
+        .collect();
+    let out: Vec<f64> = match *scaling {
+        RopeScaling::None => base,
+        RopeScaling::Linear { factor } => base.iter().map(|f| f / factor as f64).collect(),
+        RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_context_length } => {
+            let (factor, lo, hi, old) = (
+                factor as f64,
+                low_freq_factor as f64,
+                high_freq_factor as f64,
+                original_context_length as f64,
+            );
+            let low_wavelen = old / lo;
+            let high_wavelen = old / hi;
+            base.iter()
+                .map(|&f| {
+                    let wavelen = 2.0 * std::f64::consts::PI / f;
+                    if wavelen < high_wavelen {
+                        f
+                    } else if wavelen > low_wavelen {
+                        f / factor
+                    } else {
+                        let smooth = (old / wavelen - lo) / (hi - lo);
+                        (1.0 - smooth) * f / factor + smooth * f
+                    }
+                })
+                .collect()
+        }
+    };
+    out.iter().map(|&f| f as f32).collect()
+}
+
+/// ALiBi slopes for `n` heads (Press et al.; Bloom's `build_alibi_tensor`).
+pub fn alibi_slopes(n: usize) -> Vec<f32> {
+    let cp = 1usize << (usize::BITS - 1 - n.max(1).leading_zeros());
+    let base = 2f64.powf(-(2f64.powf(-((cp as f64).log2() - 3.0))));
+    let mut s: Vec<f64> = (1..=cp).map(|i| base.powi(i as i32)).collect();
+    if cp != n {
+        let extra = 2f64.powf(-(2f64.powf(-((2.0 * cp as f64).log2() - 3.0))));
+        let k = (n - cp).min(cp);
+        s.extend((0..k).map(|i| extra.powi((1 + 2 * i) as i32)));
+    }
+    s.iter().map(|&v| v as f32).collect()
+}

@@ -1,0 +1,193 @@
+//! Typed wrappers over `Executor::run` so model code reads like math and argument-name typos are
+//! compile errors. Each function is one op call with fastllm's argument names (see `docs/ops.md`).
+//! The string-keyed `Executor::run` stays the public path for custom models (C ABI, Python).
+
+use crate::data::Data;
+use crate::device::{DataDict, FloatDict, IntDict};
+use crate::error::Result;
+use crate::executor::Executor;
+
+/// Rotary pairing passed to [`rotary`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RotaryStyle {
+    /// Pairs `(i, i + rot/2)`.
+    Neox = 0,
+    /// Pairs `(2i, 2i + 1)`.
+    Interleaved = 1,
+}
+
+/// `output = input·weightᵀ + bias`.
+pub fn linear(e: &Executor, x: &Data, w: &Data, b: Option<&Data>, out: &mut Data, quant_act: bool) -> Result<()> {
+    let mut d = DataDict::new().with("input", x).with("weight", w);
+    if let Some(b) = b {
+        d.insert("bias", b);
+    }
+    d.insert_mut("output", out);
+    e.run("Linear", &mut d, &FloatDict::new(), &IntDict::new().with("quant_act", quant_act as i32))
+}
+
+/// `output = embedding rows of ids`.
+pub fn embedding(e: &Executor, ids: &Data, w: &Data, out: &mut Data) -> Result<()> {
+    let mut d = DataDict::new().with("input", ids).with("weight", w).with_mut("output", out);
+    e.run("Embedding", &mut d, &FloatDict::new(), &IntDict::new())
+}
+
+/// RMS normalization over the last axis.
+pub fn rms_norm(e: &Executor, x: &Data, w: &Data, eps: f32, out: &mut Data) -> Result<()> {
+    let mut d = DataDict::new().with("input", x).with("weight", w).with_mut("output", out);
+    e.run("RMSNorm", &mut d, &FloatDict::new().with("eps", eps), &IntDict::new())
+}
+
+/// Layer normalization over the last axis.
+pub fn layer_norm(e: &Executor, x: &Data, g: &Data, b: &Data, eps: f32, out: &mut Data) -> Result<()> {
+    let mut d = DataDict::new()
+        .with("input", x)
+        .with("gamma", g)
+        .with("beta", b)
+        .with_mut("output", out);
+    e.run("LayerNorm", &mut d, &FloatDict::new().with("eps", eps), &IntDict::new())
+}
+
+/// Parameters of [`rotary`].
+pub struct RotaryParams<'a> {
+    /// Positions, I32 [s].
+    pub positions: &'a Data,
+    /// Optional inverse frequencies [rot/2].
+    pub inv_freq: Option<&'a Data>,
+    /// Rotated dims per head.
+    pub rotary_dim: usize,
+    /// Pairing.
+    pub style: RotaryStyle,
+    /// Base.
+    pub theta: f32,
+}
+
+/// Rotary embedding of `x` [s, heads, hd], in place.
+pub fn rotary(e: &Executor, x: &mut Data, p: &RotaryParams) -> Result<()> {
+    let mut d = DataDict::new().with("positions", p.positions);
+    if let Some(f) = p.inv_freq {
+        d.insert("inv_freq", f);
+    }
+    d.insert_mut("input", x);
+    e.run(
+        "RotaryEmbedding",
+        &mut d,
+        &FloatDict::new().with("theta", p.theta),
+        &IntDict::new()
+            .with("rotary_dim", p.rotary_dim as i32)
+            .with("style", p.style as i32),
+    )
+}
+
+/// Parameters of [`attention`].
+pub struct AttentionParams<'a> {
+    /// Score scale.
+    pub scale: f32,
+    /// Soft-capping (0 = off).
+    pub softcap: f32,
+    /// Sliding window (0 = off).
+    pub sliding_window: usize,
+    /// ALiBi slopes [nh].
+    pub alibi: Option<&'a Data>,
+}
+
+/// Causal attention of `q` [sq, nh, hd] over `k`, `v` [skv, nkv, hd].
+pub fn attention(e: &Executor, q: &Data, k: &Data, v: &Data, p: &AttentionParams, out: &mut Data) -> Result<()> {
+    let mut d = DataDict::new().with("q", q).with("k", k).with("v", v);
+    if let Some(a) = p.alibi {
+        d.insert("alibi_slopes", a);
+    }
+    d.insert_mut("output", out);
+    e.run(
+        "Attention",
+        &mut d,
+        &FloatDict::new().with("scale", p.scale).with("softcap", p.softcap),
+        &IntDict::new()
+            .with("causal", 1)
+            .with("sliding_window", p.sliding_window as i32),
+    )
+}
+
+/// `x += alpha·y`.
+pub fn add_to(e: &Executor, x: &mut Data, y: &Data, alpha: f32) -> Result<()> {
+    let mut d = DataDict::new().with_mut("input0", x).with("input1", y);
+    e.run("AddTo", &mut d, &FloatDict::new().with("alpha", alpha), &IntDict::new())
+}
+
+/// `x *= y` (elementwise or row broadcast).
+pub fn mul_to(e: &Executor, x: &mut Data, y: &Data) -> Result<()> {
+    let mut d = DataDict::new().with_mut("input0", x).with("input1", y);
+    e.run("MulTo", &mut d, &FloatDict::new(), &IntDict::new())
+}
+
+/// `output = x·v`.
+pub fn mul(e: &Executor, x: &Data, v: f32, out: &mut Data) -> Result<()> {
+    let mut d = DataDict::new().with("input", x).with_mut("output", out);
+    e.run("Mul", &mut d, &FloatDict::new().with("v", v), &IntDict::new())
+}
+
+fn unary(e: &Executor, op: &str, x: &Data, out: &mut Data, f: FloatDict, i: IntDict) -> Result<()> {
+    let mut d = DataDict::new().with("input", x).with_mut("output", out);
+    e.run(op, &mut d, &f, &i)
+}
+
+/// `output = silu(x)`.
+pub fn silu(e: &Executor, x: &Data, out: &mut Data) -> Result<()> {
+    unary(e, "Silu", x, out, FloatDict::new(), IntDict::new())
+}
+
+/// `output = gelu(x)` (tanh approximation when `tanh`).
+pub fn gelu(e: &Executor, x: &Data, tanh: bool, out: &mut Data) -> Result<()> {
+    unary(e, "Gelu", x, out, FloatDict::new(), IntDict::new().with("approx", tanh as i32))
+}
+
+/// `output = silu(x[..d])·x[d..]`.
+pub fn swiglu(e: &Executor, x: &Data, out: &mut Data) -> Result<()> {
+    unary(e, "Swiglu", x, out, FloatDict::new(), IntDict::new())
+}
+
+/// `output = gelu(x[..d])·x[d..]`.
+pub fn gelu_gated(e: &Executor, x: &Data, tanh: bool, out: &mut Data) -> Result<()> {
+    unary(e, "GeluGated", x, out, FloatDict::new(), IntDict::new().with("approx", tanh as i32))
+}
+
+/// `output = cap·tanh(x/cap)`.
+pub fn soft_cap(e: &Executor, x: &Data, cap: f32, out: &mut Data) -> Result<()> {
+    unary(e, "SoftCap", x, out, FloatDict::new().with("cap", cap), IntDict::new())
+}
+
+/// `output = x[start..end]` along `axis`.
+pub fn split(e: &Executor, x: &Data, axis: usize, start: usize, end: usize, out: &mut Data) -> Result<()> {
+    unary(
+        e,
+        "Split",
+        x,
+        out,
+        FloatDict::new(),
+        IntDict::new()
+            .with("axis", axis as i32)
+            .with("start", start as i32)
+            .with("end", end as i32),
+    )
+}
+
+/// Appends `src` to `dst` along `axis` in place.
+pub fn cat_direct(e: &Executor, dst: &mut Data, src: &Data, axis: usize) -> Result<()> {
+    let mut d = DataDict::new().with_mut("input0", dst).with("input1", src);
+    e.run("CatDirect", &mut d, &FloatDict::new(), &IntDict::new().with("axis", axis as i32))
+}
+
+/// `output = x` with axes permuted.
+pub fn permute(e: &Executor, x: &Data, axes: &[usize], out: &mut Data) -> Result<()> {
+    const NAMES: [&str; 8] = ["axis0", "axis1", "axis2", "axis3", "axis4", "axis5", "axis6", "axis7"];
+    let mut ints = IntDict::new();
+    for (n, a) in NAMES.iter().zip(axes) {
+        ints.insert(n, *a as i32);
+    }
+    unary(e, "Permute", x, out, FloatDict::new(), ints)
+}
+
+/// Row-wise argmax into I32.
+pub fn argmax(e: &Executor, x: &Data, out: &mut Data) -> Result<()> {
+    unary(e, "ArgMax", x, out, FloatDict::new(), IntDict::new())
+}

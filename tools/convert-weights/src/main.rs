@@ -1,0 +1,86 @@
+//! `convert-weights`: converts a Hugging Face model directory or a GGUF file into `.flm`
+//! (`convert-weights INPUT -o OUT.flm [--dtype ...]`), or prints a `.flm` / GGUF file's metadata,
+//! tokenizer summary and tensor table (`convert-weights --info FILE`). Errors are one line on
+//! stderr and a non-zero exit code.
+
+mod info;
+mod progress;
+
+use clap::Parser;
+use fastllm::convert::{convert, ConvertOptions, TargetDtype, TokenizerImporters};
+use fastllm::{Error, Result};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Command-line arguments.
+#[derive(Parser, Debug)]
+#[command(name = "convert-weights", version, about)]
+struct Args {
+    /// Hugging Face model directory or GGUF file (with --info: a .flm or GGUF file).
+    input: PathBuf,
+    /// Output .flm file.
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    /// Weight dtype: f32, f16, bf16, int8, int4, int4-min or keep.
+    #[arg(long, default_value = "keep")]
+    dtype: String,
+    /// Print the file's metadata, tokenizer summary and tensor table instead of converting.
+    #[arg(long)]
+    info: bool,
+}
+
+#[cfg(feature = "tokenizer-import")]
+fn importers() -> TokenizerImporters {
+    TokenizerImporters::builtin()
+}
+
+/// Without the tokenizer module's importers the input is still validated (the error comes when
+/// the tokenizer is reached).
+#[cfg(not(feature = "tokenizer-import"))]
+fn importers() -> TokenizerImporters {
+    fn missing() -> Error {
+        Error::Unsupported(
+            "this build has no tokenizer import (rebuild with --features tokenizer-import)".into(),
+        )
+    }
+    TokenizerImporters {
+        hf: |_, _| Err(missing()),
+        gguf: |_| Err(missing()),
+    }
+}
+
+fn run(args: &Args) -> Result<()> {
+    if args.info {
+        return info::print_info(&args.input);
+    }
+    let out = args
+        .output
+        .as_ref()
+        .ok_or_else(|| Error::invalid("missing -o OUT.flm"))?;
+    let dtype = TargetDtype::parse(&args.dtype)?;
+    let opts = ConvertOptions { dtype, tokenizer: importers() };
+    let mut bar = progress::Reporter::new();
+    let report = convert(&args.input, out, &opts, &mut |p| bar.update(p))?;
+    bar.finish();
+    println!(
+        "{}: {} tensors, {} bytes of weights ({}), written to {}",
+        report.architecture,
+        report.tensors,
+        report.tensor_bytes,
+        dtype.name(),
+        out.display()
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let msg = e.to_string().replace('\n', " ");
+            eprintln!("convert-weights: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! `fastllm serve`: a scheduler thread doing continuous batching over a paged KV cache
+//! ([`engine`]), Prometheus-style metrics ([`metrics`]), and an HTTP front end with OpenAI- and
+//! TGI-compatible endpoints ([`http`]).
+
+pub mod engine;
+pub mod http;
+pub mod load;
+pub mod metrics;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// Options of `fastllm serve`.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// Address to bind.
+    pub addr: SocketAddr,
+    /// Model name reported by the API.
+    pub model_name: String,
+    /// Bearer token required on every endpoint but /health.
+    pub api_key: Option<String>,
+    /// KV cache budget in MiB (0 = a quarter of available memory, at most 4 GiB).
+    pub kv_cache_mb: usize,
+    /// Overrides of the engine limits (None = defaults).
+    pub max_concurrent_requests: Option<usize>,
+    /// See [`engine::EngineConfig`].
+    pub max_batch_prefill_tokens: Option<usize>,
+    /// See [`engine::EngineConfig`].
+    pub max_batch_total_tokens: Option<usize>,
+    /// See [`engine::EngineConfig`].
+    pub max_input_tokens: Option<usize>,
+    /// See [`engine::EngineConfig`].
+    pub max_total_tokens: Option<usize>,
+}
+
+/// The engine limits for `llm` under `o`.
+pub fn engine_config(llm: &fastllm::generate::Llm, o: &ServeOptions) -> engine::EngineConfig {
+    let kv_mb = if o.kv_cache_mb > 0 { o.kv_cache_mb } else { default_kv_mb() };
+    let mut c = engine::EngineConfig::for_model(llm, kv_mb);
+    if let Some(v) = o.max_concurrent_requests {
+        c.max_concurrent_requests = v.max(1);
+    }
+    if let Some(v) = o.max_batch_prefill_tokens {
+        c.max_batch_prefill_tokens = v.max(1);
+    }
+    if let Some(v) = o.max_batch_total_tokens {
+        c.max_batch_total_tokens = v.max(1);
+    }
+    if let Some(v) = o.max_total_tokens {
+        c.max_total_tokens = v.clamp(2, c.max_total_tokens);
+    }
+    if let Some(v) = o.max_input_tokens {
+        c.max_input_tokens = v.clamp(1, c.max_total_tokens - 1);
+    } else {
+        c.max_input_tokens = c.max_input_tokens.min(c.max_total_tokens - 1);
+    }
+    c
+}
+
+fn default_kv_mb() -> usize {
+    let avail_kb = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemAvailable:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse::<usize>().ok()))
+        })
+        .unwrap_or(4 << 20);
+    (avail_kb / 1024 / 4).clamp(64, 4096)
+}
+
+/// Binds, then loads the model with `load` in the background (/health answers 503 until it is
+/// ready), and serves until Ctrl-C.
+pub fn run(o: ServeOptions, load: impl FnOnce() -> fastllm::Result<fastllm::generate::Llm> + Send + 'static) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .worker_threads(2)
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    rt.block_on(async move {
+        let state = http::AppState::new(&o.model_name, o.api_key.clone());
+        let listener = tokio::net::TcpListener::bind(o.addr)
+            .await
+            .map_err(|e| format!("cannot listen on {}: {e}", o.addr))?;
+        eprintln!("fastllm serve: listening on http://{}", o.addr);
+        let st = state.clone();
+        let opts = o.clone();
+        let loader = tokio::task::spawn_blocking(move || -> Result<(), String> {
+            let llm = Arc::new(load().map_err(|e| e.to_string())?);
+            let cfg = engine_config(&llm, &opts);
+            eprintln!(
+                "fastllm serve: model ready ({} KV blocks of {} tokens, {} concurrent requests)",
+                cfg.kv_blocks, cfg.block_size, cfg.max_concurrent_requests
+            );
+            st.set_ready(llm, cfg).map_err(|e| e.to_string())
+        });
+        tokio::spawn(async move {
+            let r = match loader.await {
+                Ok(r) => r,
+                Err(e) => Err(format!("model loader failed: {e}")),
+            };
+            if let Err(e) = r {
+                // nothing can be served without a model: report and stop the process
+                eprintln!("fastllm serve: error: cannot load the model: {e}");
+                std::process::exit(1);
+            }
+        });
+        let app = http::router(state);
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await
+            .map_err(|e| format!("server error: {e}"))
+    })
+}

@@ -1,0 +1,116 @@
+//! Server metrics: gauges, counters and latency histograms, rendered in the Prometheus text
+//! format by `GET /metrics`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// A fixed-bucket latency histogram (seconds).
+pub struct Histogram {
+    bounds: &'static [f64],
+    counts: Mutex<(Vec<u64>, f64, u64)>,
+}
+
+/// Bucket bounds in seconds.
+pub const LATENCY_BUCKETS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+
+impl Histogram {
+    /// An empty histogram over `bounds`.
+    pub fn new(bounds: &'static [f64]) -> Self {
+        Histogram { bounds, counts: Mutex::new((vec![0; bounds.len()], 0.0, 0)) }
+    }
+    /// Records one observation.
+    pub fn observe(&self, v: f64) {
+        if let Ok(mut c) = self.counts.lock() {
+            for (i, b) in self.bounds.iter().enumerate() {
+                if v <= *b {
+                    c.0[i] += 1;
+                }
+            }
+            c.1 += v;
+            c.2 += 1;
+        }
+    }
+    /// Observation count.
+    pub fn count(&self) -> u64 {
+        self.counts.lock().map(|c| c.2).unwrap_or(0)
+    }
+    fn render(&self, name: &str, help: &str, out: &mut String) {
+        let Ok(c) = self.counts.lock() else { return };
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} histogram\n"));
+        for (b, n) in self.bounds.iter().zip(&c.0) {
+            out.push_str(&format!("{name}_bucket{{le=\"{b}\"}} {n}\n"));
+        }
+        out.push_str(&format!("{name}_bucket{{le=\"+Inf\"}} {}\n{name}_sum {}\n{name}_count {}\n", c.2, c.1, c.2));
+    }
+}
+
+/// All server metrics.
+pub struct Metrics {
+    /// Requests waiting for admission.
+    pub queue_len: AtomicU64,
+    /// Sequences in the running batch.
+    pub running: AtomicU64,
+    /// KV blocks in use.
+    pub kv_blocks_used: AtomicU64,
+    /// KV blocks free.
+    pub kv_blocks_free: AtomicU64,
+    /// Requests received.
+    pub requests_total: AtomicU64,
+    /// Requests refused (429).
+    pub rejected_total: AtomicU64,
+    /// Generated tokens.
+    pub tokens_generated_total: AtomicU64,
+    /// Prompt tokens processed.
+    pub prompt_tokens_total: AtomicU64,
+    /// Forward steps run.
+    pub steps_total: AtomicU64,
+    /// Time to first token.
+    pub ttft: Histogram,
+    /// Time between tokens of one request.
+    pub inter_token: Histogram,
+    started: std::time::Instant,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            queue_len: AtomicU64::new(0),
+            running: AtomicU64::new(0),
+            kv_blocks_used: AtomicU64::new(0),
+            kv_blocks_free: AtomicU64::new(0),
+            requests_total: AtomicU64::new(0),
+            rejected_total: AtomicU64::new(0),
+            tokens_generated_total: AtomicU64::new(0),
+            prompt_tokens_total: AtomicU64::new(0),
+            steps_total: AtomicU64::new(0),
+            ttft: Histogram::new(LATENCY_BUCKETS),
+            inter_token: Histogram::new(LATENCY_BUCKETS),
+            started: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Metrics {
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut s = String::new();
+        let mut gauge = |name: &str, help: &str, kind: &str, v: f64| {
+            s.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"));
+        };
+        gauge("fastllm_queue_size", "Requests waiting for admission", "gauge", g(&self.queue_len) as f64);
+        gauge("fastllm_batch_size", "Sequences in the running batch", "gauge", g(&self.running) as f64);
+        gauge("fastllm_kv_blocks_used", "KV cache blocks in use", "gauge", g(&self.kv_blocks_used) as f64);
+        gauge("fastllm_kv_blocks_free", "KV cache blocks free", "gauge", g(&self.kv_blocks_free) as f64);
+        gauge("fastllm_requests_total", "Requests received", "counter", g(&self.requests_total) as f64);
+        gauge("fastllm_requests_rejected_total", "Requests refused for overload", "counter", g(&self.rejected_total) as f64);
+        gauge("fastllm_generated_tokens_total", "Tokens generated", "counter", g(&self.tokens_generated_total) as f64);
+        gauge("fastllm_prompt_tokens_total", "Prompt tokens processed", "counter", g(&self.prompt_tokens_total) as f64);
+        gauge("fastllm_steps_total", "Batched forward steps", "counter", g(&self.steps_total) as f64);
+        let up = self.started.elapsed().as_secs_f64().max(1e-9);
+        gauge("fastllm_generated_tokens_per_second", "Mean generated tokens per second since start", "gauge", g(&self.tokens_generated_total) as f64 / up);
+        self.ttft.render("fastllm_time_to_first_token_seconds", "Time from request to first token", &mut s);
+        self.inter_token.render("fastllm_inter_token_latency_seconds", "Time between consecutive tokens of a request", &mut s);
+        s
+    }
+}

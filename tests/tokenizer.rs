@@ -323,3 +323,291 @@ fn smollm2_gguf_matches_hf() {
     let im_end = tok.token_id("<|im_end|>").unwrap();
     assert!(tok.is_special(im_end));
 }
+
+#[test]
+fn tokenizer_is_shareable_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Tokenizer>();
+    let tok = std::sync::Arc::new(tiny("qwen2"));
+    let want = tok.encode("shared between threads", false, false).unwrap();
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let tok = tok.clone();
+            std::thread::spawn(move || tok.encode("shared between threads", false, false).unwrap())
+        })
+        .collect();
+    for h in handles {
+        assert_eq!(h.join().unwrap(), want);
+    }
+}
+
+/// GGUF metadata values for the test writer.
+enum Meta {
+    Str(&'static str),
+    U32(u32),
+    Bool(bool),
+    Strs(Vec<String>),
+    F32s(Vec<f32>),
+    I32s(Vec<i32>),
+}
+
+/// Writes a GGUF v3 file with metadata only (no tensors) and opens it.
+fn gguf_with(name: &str, kvs: &[(&str, Meta)]) -> fastllm::Result<GgufFile> {
+    fn string(out: &mut Vec<u8>, s: &str) {
+        out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+        out.extend_from_slice(s.as_bytes());
+    }
+    let mut b = Vec::new();
+    b.extend_from_slice(b"GGUF");
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&0u64.to_le_bytes());
+    b.extend_from_slice(&(kvs.len() as u64).to_le_bytes());
+    for (k, v) in kvs {
+        string(&mut b, k);
+        match v {
+            Meta::Str(s) => {
+                b.extend_from_slice(&8u32.to_le_bytes());
+                string(&mut b, s);
+            }
+            Meta::U32(x) => {
+                b.extend_from_slice(&4u32.to_le_bytes());
+                b.extend_from_slice(&x.to_le_bytes());
+            }
+            Meta::Bool(x) => {
+                b.extend_from_slice(&7u32.to_le_bytes());
+                b.push(*x as u8);
+            }
+            Meta::Strs(a) => {
+                b.extend_from_slice(&9u32.to_le_bytes());
+                b.extend_from_slice(&8u32.to_le_bytes());
+                b.extend_from_slice(&(a.len() as u64).to_le_bytes());
+                for s in a {
+                    string(&mut b, s);
+                }
+            }
+            Meta::F32s(a) => {
+                b.extend_from_slice(&9u32.to_le_bytes());
+                b.extend_from_slice(&6u32.to_le_bytes());
+                b.extend_from_slice(&(a.len() as u64).to_le_bytes());
+                for x in a {
+                    b.extend_from_slice(&x.to_le_bytes());
+                }
+            }
+            Meta::I32s(a) => {
+                b.extend_from_slice(&9u32.to_le_bytes());
+                b.extend_from_slice(&5u32.to_le_bytes());
+                b.extend_from_slice(&(a.len() as u64).to_le_bytes());
+                for x in a {
+                    b.extend_from_slice(&x.to_le_bytes());
+                }
+            }
+        }
+    }
+    let path = std::env::temp_dir().join(format!("fastllm-tok-{}-{name}.gguf", std::process::id()));
+    std::fs::write(&path, &b).unwrap();
+    let file = GgufFile::open(&path);
+    let _ = std::fs::remove_file(&path);
+    file
+}
+
+/// A small SentencePiece (`llama`, score-based) vocabulary: specials, 256 byte tokens, pieces.
+fn spm_vocab() -> (Vec<String>, Vec<f32>, Vec<i32>) {
+    let mut tokens = vec!["<unk>".to_string(), "<s>".into(), "</s>".into()];
+    let mut types = vec![2, 3, 3];
+    for b in 0..256 {
+        tokens.push(format!("<0x{b:02X}>"));
+        types.push(6);
+    }
+    let pieces = [
+        "▁", "a", "b", "c", "▁a", "ab", "bc", "▁ab", "abc", "▁▁", "é",
+    ];
+    let piece_scores = [
+        -1.0, -2.0, -2.0, -2.0, -3.0, -1.5, -1.2, -0.5, -0.9, -4.0, -2.0,
+    ];
+    let mut scores = vec![0.0; tokens.len()];
+    for (p, s) in pieces.iter().zip(piece_scores) {
+        tokens.push(p.to_string());
+        scores.push(s);
+        types.push(1);
+    }
+    (tokens, scores, types)
+}
+
+/// Reference SentencePiece score merging, written the obvious way.
+fn naive_spm(tokens: &[String], scores: &[f32], text: &str) -> Vec<u32> {
+    let id = |s: &str| tokens.iter().position(|t| t == s).map(|i| i as u32);
+    let mut syms: Vec<String> = text.chars().map(|c| c.to_string()).collect();
+    loop {
+        let mut best: Option<(f32, usize)> = None;
+        for k in 0..syms.len().saturating_sub(1) {
+            if let Some(i) = id(&format!("{}{}", syms[k], syms[k + 1])) {
+                if best.is_none_or(|(s, _)| scores[i as usize] > s) {
+                    best = Some((scores[i as usize], k));
+                }
+            }
+        }
+        let Some((_, k)) = best else { break };
+        let right = syms.remove(k + 1);
+        syms[k].push_str(&right);
+    }
+    let mut out = Vec::new();
+    for s in syms {
+        match id(&s) {
+            Some(i) => out.push(i),
+            None => out.extend(s.bytes().map(|b| id(&format!("<0x{b:02X}>")).unwrap())),
+        }
+    }
+    out
+}
+
+#[test]
+fn gguf_sentencepiece_scores_match_naive_reference() {
+    let (tokens, scores, types) = spm_vocab();
+    let file = gguf_with(
+        "spm",
+        &[
+            ("tokenizer.ggml.model", Meta::Str("llama")),
+            ("tokenizer.ggml.tokens", Meta::Strs(tokens.clone())),
+            ("tokenizer.ggml.scores", Meta::F32s(scores.clone())),
+            ("tokenizer.ggml.token_type", Meta::I32s(types)),
+            ("tokenizer.ggml.bos_token_id", Meta::U32(1)),
+            ("tokenizer.ggml.eos_token_id", Meta::U32(2)),
+            ("tokenizer.ggml.unknown_token_id", Meta::U32(0)),
+        ],
+    )
+    .unwrap();
+    let spec = TokenizerSpec::from_gguf(&file).unwrap();
+    assert_eq!(spec.kind, TokenizerKind::SentencePieceBpe);
+    assert!(spec.byte_fallback && spec.add_bos && spec.add_prefix_space);
+    let tok = Tokenizer::new(spec).unwrap();
+    for text in [
+        "abc",
+        "ab abc",
+        "  cab bca",
+        "a\u{e9}b x",
+        "你 abcabc",
+        "bcbcab",
+    ] {
+        let normalized = format!("▁{}", text.replace(' ', "▁"));
+        let want = naive_spm(&tokens, &scores, &normalized);
+        assert_eq!(tok.encode(text, false, false).unwrap(), want, "{text:?}");
+        assert_eq!(tok.decode(&want, false).unwrap(), text);
+        let with = tok.encode(text, true, false).unwrap();
+        assert_eq!(with[0], 1);
+        assert_eq!(&with[1..], &want[..]);
+    }
+    assert!(tok.is_special(1) && !tok.is_special(3));
+    assert_eq!(tok.eos_ids(), &[2]);
+}
+
+#[test]
+fn bad_gguf_metadata_is_an_error() {
+    let (tokens, scores, _) = spm_vocab();
+    let err = |name: &str, kvs: &[(&str, Meta)]| {
+        let file = gguf_with(name, kvs).unwrap();
+        TokenizerSpec::from_gguf(&file).unwrap_err().to_string()
+    };
+    let e = err(
+        "nomodel",
+        &[("tokenizer.ggml.tokens", Meta::Strs(tokens.clone()))],
+    );
+    assert!(e.contains("tokenizer.ggml.model"), "{e}");
+    let e = err("bert", &[("tokenizer.ggml.model", Meta::Str("bert"))]);
+    assert!(e.contains("bert"), "{e}");
+    let e = err("notokens", &[("tokenizer.ggml.model", Meta::Str("llama"))]);
+    assert!(e.contains("tokenizer.ggml.tokens"), "{e}");
+    let e = err(
+        "scores",
+        &[
+            ("tokenizer.ggml.model", Meta::Str("llama")),
+            ("tokenizer.ggml.tokens", Meta::Strs(tokens.clone())),
+            ("tokenizer.ggml.scores", Meta::F32s(scores[..10].to_vec())),
+        ],
+    );
+    assert!(e.contains("scores"), "{e}");
+    let e = err(
+        "types",
+        &[
+            ("tokenizer.ggml.model", Meta::Str("llama")),
+            ("tokenizer.ggml.tokens", Meta::Strs(tokens.clone())),
+            ("tokenizer.ggml.token_type", Meta::I32s(vec![1, 1])),
+        ],
+    );
+    assert!(e.contains("token types"), "{e}");
+    let e = err(
+        "bos",
+        &[
+            ("tokenizer.ggml.model", Meta::Str("llama")),
+            ("tokenizer.ggml.tokens", Meta::Strs(tokens.clone())),
+            ("tokenizer.ggml.bos_token_id", Meta::U32(100_000)),
+        ],
+    );
+    assert!(e.contains("bos_token_id"), "{e}");
+    let bytes: Vec<String> = (0..=255u8).map(|b| b.to_string()).collect();
+    let e = err(
+        "pre",
+        &[
+            ("tokenizer.ggml.model", Meta::Str("gpt2")),
+            ("tokenizer.ggml.tokens", Meta::Strs(bytes.clone())),
+            ("tokenizer.ggml.merges", Meta::Strs(vec!["1 2".into()])),
+            ("tokenizer.ggml.pre", Meta::Str("mystery")),
+        ],
+    );
+    assert!(e.contains("mystery"), "{e}");
+    let e = err(
+        "nomerges",
+        &[
+            ("tokenizer.ggml.model", Meta::Str("gpt2")),
+            ("tokenizer.ggml.tokens", Meta::Strs(bytes)),
+            ("tokenizer.ggml.add_bos_token", Meta::Bool(false)),
+        ],
+    );
+    assert!(e.contains("merges"), "{e}");
+}
+
+#[test]
+fn hf_pre_tokenizer_patterns_are_recognized() {
+    let json = read("tiny/qwen2/tokenizer.json");
+    let with_pre = |pre: Value| {
+        let mut v: Value = serde_json::from_str(&json).unwrap();
+        v["pre_tokenizer"] = pre;
+        TokenizerSpec::from_hf_json(&v.to_string(), None)
+    };
+    let split = |pattern: &str| {
+        serde_json::json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]})
+    };
+    let llama3 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    let qwen2 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    let gpt2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+    assert_eq!(
+        with_pre(split(llama3)).unwrap().pre_tokenizer,
+        PreTokenizerKind::Llama3
+    );
+    assert_eq!(
+        with_pre(split(qwen2)).unwrap().pre_tokenizer,
+        PreTokenizerKind::Qwen2
+    );
+    assert_eq!(
+        with_pre(split(gpt2)).unwrap().pre_tokenizer,
+        PreTokenizerKind::Gpt2
+    );
+    let smol = serde_json::json!({"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": true},
+        {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}]});
+    let spec = with_pre(smol).unwrap();
+    assert_eq!(spec.pre_tokenizer, PreTokenizerKind::SmolLm);
+    // Qwen2 splits digits one by one, so "2024" is four pieces of one byte each
+    let tok = Tokenizer::new(with_pre(split(qwen2)).unwrap()).unwrap();
+    assert_eq!(tok.encode("2024", false, false).unwrap().len(), 4);
+    // SentencePiece through a Metaspace pre-tokenizer equals the Prepend+Replace normalizer
+    let sp_json = read("tiny/llama/tokenizer.json");
+    let mut v: Value = serde_json::from_str(&sp_json).unwrap();
+    v["normalizer"] = Value::Null;
+    v["pre_tokenizer"] = serde_json::json!({"type": "Metaspace", "replacement": "▁",
+        "prepend_scheme": "always", "split": false});
+    let meta = TokenizerSpec::from_hf_json(&v.to_string(), None).unwrap();
+    let norm = TokenizerSpec::from_hf_json(&sp_json, None).unwrap();
+    assert_eq!(meta, norm);
+}

@@ -4,9 +4,11 @@
 //! Query `i` sits at position `p = skv - sq + i`. A query that sees no key gets zeros.
 //!
 //! The reference computes scores in f32, softmax and the weighted sum in f64, one (query, head)
-//! at a time. The fast path computes a row of scores with SIMD dot products, a vectorised
-//! max-subtracted softmax, then accumulates `v` rows with FMA; (query, head) rows are split over
-//! the thread pool. Sizes are validated by the caller; this module never reads out of bounds
+//! at a time. The fast path works on one query and one KV head at a time (all the query heads of
+//! that GQA group, so each K/V row is loaded once per group): SIMD dot products for the scores, a
+//! vectorised max-subtracted softmax, then FMA accumulation of `v` rows; such units are split
+//! over the thread pool, and for decode on many threads each unit's keys are split too (partial
+//! softmax results merged flash-decoding style). Sizes are validated by the caller; this module never reads out of bounds
 //! (short slices produce fewer rows) and must not know about tensors.
 
 use crate::threads::Threads;
@@ -126,7 +128,94 @@ pub fn attention_ref(
     }
 }
 
+/// The inputs of one fast attention call, shared by its work units.
+struct Inputs<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    slopes: Option<&'a [f32]>,
+    p: &'a AttnParams,
+    /// Query heads per KV head.
+    g: usize,
+}
+
+impl Inputs<'_> {
+    /// One query `i` and KV head `kh` (the first argument) over the keys `keys` (a sub-range of what `i` sees):
+    /// writes, for each of the `g` heads `t`, the unnormalised `acc[t] = Σ e^(s - m_t) v` into
+    /// `ob[t]`, the running max into `ms[t]` and `Σ e^(s - m_t)` into `ls[t]`.
+    fn partial(
+        &self,
+        (i, kh): (usize, usize),
+        keys: std::ops::Range<usize>,
+        scores: &mut Vec<f32>,
+        ob: &mut [f32],
+        ms: &mut [f32],
+        ls: &mut [f32],
+    ) {
+        let (p, g) = (self.p, self.g);
+        let (hd, hdv) = (p.hd, p.hdv);
+        ob.fill(0.0);
+        ms.fill(f32::NEG_INFINITY);
+        ls.fill(0.0);
+        let n = keys.len();
+        let h0 = kh * g;
+        let Some(qb) = self.q.get((i * p.nh + h0) * hd..(i * p.nh + h0 + g) * hd) else {
+            return;
+        };
+        if n == 0 {
+            return;
+        }
+        scores.resize(n * g, 0.0);
+        // scores[t * n + jj] for head h0 + t and key keys.start + jj
+        for (jj, j) in keys.clone().enumerate() {
+            let kr = self
+                .k
+                .get((j * p.nkv + kh) * hd..(j * p.nkv + kh + 1) * hd)
+                .unwrap_or(&[]);
+            for (t, qr) in qb.chunks_exact(hd).enumerate() {
+                scores[t * n + jj] = vm::dot(qr, kr) * p.scale;
+            }
+        }
+        for (t, ((sc, m), l)) in scores
+            .chunks_exact_mut(n)
+            .take(g)
+            .zip(ms.iter_mut())
+            .zip(ls.iter_mut())
+            .enumerate()
+        {
+            let slope = self
+                .slopes
+                .and_then(|s| s.get(h0 + t).copied())
+                .unwrap_or(0.0);
+            if p.softcap > 0.0 || slope != 0.0 {
+                for (j, s) in keys.clone().zip(sc.iter_mut()) {
+                    *s = p.adjust(*s, slope, i, j);
+                }
+            }
+            *m = vm::max(sc);
+            *l = vm::exp_sub_sum(sc, *m);
+        }
+        for (jj, j) in keys.enumerate() {
+            let vr = self
+                .v
+                .get((j * p.nkv + kh) * hdv..(j * p.nkv + kh + 1) * hdv)
+                .unwrap_or(&[]);
+            for (t, o) in ob.chunks_exact_mut(hdv).enumerate() {
+                vm::axpy(o, scores[t * n + jj], vr);
+            }
+        }
+    }
+}
+
+/// Keys per split when one query's keys are spread over several tasks (decode on many threads).
+const MIN_SPLIT_KEYS: usize = 256;
+
 /// Fast attention (same contract as [`attention_ref`]).
+///
+/// Work unit: one query and one KV head, i.e. the `g` query heads sharing that KV head (their
+/// output rows are adjacent), so each K/V row is loaded once per group. When there are fewer
+/// units than threads and many keys (decode), each unit's keys are also split into chunks whose
+/// partial softmax results (max, sum, unnormalised output) are merged afterwards.
 pub fn attention(
     th: &Threads,
     q: &[f32],
@@ -137,54 +226,106 @@ pub fn attention(
     p: &AttnParams,
 ) {
     let (hd, hdv) = (p.hd, p.hdv);
-    if hdv == 0 || p.nh == 0 {
+    if hdv == 0 || p.nh == 0 || p.nkv == 0 {
         return;
     }
-    let rows = (p.sq * p.nh).min(out.len() / hdv);
-    let out = &mut out[..rows * hdv];
-    // one (query, head) row costs about skv·(hd + hdv) flops
-    let per_row = (p.skv * (hd + hdv)).max(1);
-    let min_rows = (32 * 1024 / per_row).max(1);
-    th.for_row_chunks(out, hdv, min_rows, |r0, oc| {
-        let mut scores = vec![0f32; p.skv];
-        for (ri, o) in oc.chunks_exact_mut(hdv).enumerate() {
-            let r = r0 + ri;
-            let (i, h) = (r / p.nh, r % p.nh);
-            let kh = p.kv_head(h);
-            let slope = slopes.and_then(|s| s.get(h).copied()).unwrap_or(0.0);
-            o.fill(0.0);
-            let Some(qr) = q.get(r * hd..(r + 1) * hd) else {
-                return;
-            };
-            let vis = p.visible(i);
-            let sc = &mut scores[vis.clone()];
-            for (j, s) in vis.clone().zip(sc.iter_mut()) {
-                let kr = k
-                    .get((j * p.nkv + kh) * hd..(j * p.nkv + kh + 1) * hd)
-                    .unwrap_or(&[]);
-                *s = vm::dot(qr, kr) * p.scale;
-            }
-            if p.softcap > 0.0 || slope != 0.0 {
-                for (j, s) in vis.clone().zip(sc.iter_mut()) {
-                    *s = p.adjust(*s, slope, i, j);
+    let g = (p.nh / p.nkv).max(1);
+    let inp = Inputs {
+        q,
+        k,
+        v,
+        slopes,
+        p,
+        g,
+    };
+    let unit = g * hdv;
+    let units = (p.sq * p.nkv).min(out.len() / unit);
+    let out = &mut out[..units * unit];
+    let splits = if units < th.n() {
+        (2 * th.n() / units.max(1)).min(p.skv / MIN_SPLIT_KEYS)
+    } else {
+        0
+    };
+    if splits >= 2 {
+        split_keys(th, &inp, out, units, splits);
+        return;
+    }
+    let per_unit = (p.skv * (hd + hdv) * g).max(1);
+    let min_units = (32 * 1024 / per_unit).max(1);
+    th.for_row_chunks(out, unit, min_units, |u0, oc| {
+        let mut scores = Vec::new();
+        let (mut ms, mut ls) = (vec![0f32; g], vec![0f32; g]);
+        for (ui, ob) in oc.chunks_exact_mut(unit).enumerate() {
+            let u = u0 + ui;
+            let i = u / p.nkv;
+            inp.partial(
+                (i, u % p.nkv),
+                p.visible(i),
+                &mut scores,
+                ob,
+                &mut ms,
+                &mut ls,
+            );
+            for (o, &l) in ob.chunks_exact_mut(hdv).zip(&ls) {
+                if l > 0.0 {
+                    vm::scale(o, 1.0 / l);
                 }
-            }
-            if sc.is_empty() {
-                continue;
-            }
-            let m = vm::max(sc);
-            let sum = vm::exp_sub_sum(sc, m);
-            for (j, &e) in vis.zip(sc.iter()) {
-                let vr = v
-                    .get((j * p.nkv + kh) * hdv..(j * p.nkv + kh + 1) * hdv)
-                    .unwrap_or(&[]);
-                vm::axpy(o, e, vr);
-            }
-            if sum > 0.0 {
-                vm::scale(o, 1.0 / sum);
             }
         }
     });
+}
+
+/// The split-keys path of [`attention`]: `splits` key chunks per unit computed in parallel,
+/// then merged per unit (`O = Σ e^(m_c - M) acc_c / Σ e^(m_c - M) l_c`).
+fn split_keys(th: &Threads, inp: &Inputs, out: &mut [f32], units: usize, splits: usize) {
+    let (p, g) = (inp.p, inp.g);
+    let hdv = p.hdv;
+    // one partial = g outputs of hdv, then g maxima, then g sums
+    let part = g * (hdv + 2);
+    let mut partials = vec![0f32; units * splits * part];
+    let kc = p.skv.div_ceil(splits);
+    th.for_row_chunks(&mut partials, part, 1, |r0, pc| {
+        let mut scores = Vec::new();
+        for (ri, pr) in pc.chunks_exact_mut(part).enumerate() {
+            let (u, c) = ((r0 + ri) / splits, (r0 + ri) % splits);
+            let i = u / p.nkv;
+            let vis = p.visible(i);
+            let keys = vis.start.max(c * kc)..vis.end.min((c + 1) * kc);
+            let keys = keys.start..keys.end.max(keys.start);
+            let (ob, rest) = pr.split_at_mut(g * hdv);
+            let (ms, ls) = rest.split_at_mut(g);
+            inp.partial((i, u % p.nkv), keys, &mut scores, ob, ms, ls);
+        }
+    });
+    for (ob, pu) in out
+        .chunks_exact_mut(g * hdv)
+        .zip(partials.chunks_exact(splits * part))
+    {
+        for (t, o) in ob.chunks_exact_mut(hdv).enumerate() {
+            let m_of = |c: usize| {
+                pu.get(c * part + g * hdv + t)
+                    .copied()
+                    .unwrap_or(f32::NEG_INFINITY)
+            };
+            let big = (0..splits).map(m_of).fold(f32::NEG_INFINITY, f32::max);
+            o.fill(0.0);
+            if big == f32::NEG_INFINITY {
+                continue;
+            }
+            let mut total = 0f32;
+            for c in 0..splits {
+                let w = (m_of(c) - big).exp();
+                total += w * pu.get(c * part + g * hdv + g + t).copied().unwrap_or(0.0);
+                let acc = pu
+                    .get(c * part + t * hdv..c * part + (t + 1) * hdv)
+                    .unwrap_or(&[]);
+                vm::axpy(o, w, acc);
+            }
+            if total > 0.0 {
+                vm::scale(o, 1.0 / total);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -241,6 +382,31 @@ mod tests {
                 let e = nmse(&f, &r);
                 assert!(e < 1e-11, "{sq} {skv} {nh} {nkv} {hd} v{variant}: {e:e}");
             }
+        }
+    }
+
+    #[test]
+    fn split_keys_path_matches_reference() {
+        // 8 threads, 2 units, 1000 keys: the split-keys path runs
+        let th = Threads::new(8).unwrap();
+        for (sq, skv, window, softcap) in [
+            (1usize, 1000usize, 0usize, 0.0f32),
+            (1, 1000, 300, 0.0),
+            (2, 777, 0, 10.0),
+            (1, 600, 5, 0.0),
+        ] {
+            let mut p = params(sq, skv, 4, 1, 64);
+            p.window = window;
+            p.softcap = softcap;
+            let slopes = [0.01f32, 0.02, 0.03, 0.04];
+            let q = vals(sq * 4 * 64, 1, -2.0, 2.0);
+            let k = vals(skv * 64, 2, -2.0, 2.0);
+            let v = vals(skv * 64, 3, -1.0, 1.0);
+            let (mut r, mut f) = (vec![0.0; sq * 4 * 64], vec![1.0; sq * 4 * 64]);
+            attention_ref(&q, &k, &v, Some(&slopes), &mut r, &p);
+            attention(&th, &q, &k, &v, Some(&slopes), &mut f, &p);
+            let e = nmse(&f, &r);
+            assert!(e < 1e-11, "sq={sq} skv={skv} window={window}: {e:e}");
         }
     }
 

@@ -1,6 +1,6 @@
 //! Elementwise kernels: `add_to` (x += alpha·y), `add` (out = a + alpha·b), `mul` by a scalar,
 //! `mul_to` (x *= y), the in-place ones also with `y` broadcast over rows. Scalar references and
-//! AVX2 fast paths; large inputs are split over the thread pool.
+//! AVX2 fast paths (AVX-512 for `add_to`, selected at run time); large inputs are split over the thread pool.
 //!
 //! Slices of different lengths are treated as their common prefix; this module never panics on
 //! sizes and must not know about tensors.
@@ -8,7 +8,7 @@
 use crate::threads::Threads;
 
 /// Values handed to one task by the flat (same-shape) fast paths.
-const FLAT_CHUNK: usize = 16 * 1024;
+const FLAT_CHUNK: usize = 32 * 1024;
 
 /// Reference: `x[i] += alpha * y[i]`.
 pub fn add_to_ref(x: &mut [f32], y: &[f32], alpha: f32) {
@@ -21,6 +21,11 @@ pub fn add_to_ref(x: &mut [f32], y: &[f32], alpha: f32) {
 pub fn add_to(x: &mut [f32], y: &[f32], alpha: f32) {
     #[cfg(target_arch = "x86_64")]
     {
+        if crate::simd::has_avx512() && x.len() >= 32 {
+            // SAFETY: feature checked at run time.
+            unsafe { add_to_avx512(x, y, alpha) };
+            return;
+        }
         if crate::simd::has_avx2_fma() && x.len() >= 16 {
             // SAFETY: feature checked at run time.
             unsafe { add_to_avx2(x, y, alpha) };
@@ -28,6 +33,31 @@ pub fn add_to(x: &mut [f32], y: &[f32], alpha: f32) {
         }
     }
     add_to_ref(x, y, alpha)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn add_to_avx512(x: &mut [f32], y: &[f32], alpha: f32) {
+    use std::arch::x86_64::*;
+    let n = x.len().min(y.len());
+    let a = _mm512_set1_ps(alpha);
+    let mut i = 0;
+    while i + 16 <= n {
+        let px = x.as_mut_ptr().add(i);
+        let v = _mm512_fmadd_ps(a, _mm512_loadu_ps(y.as_ptr().add(i)), _mm512_loadu_ps(px));
+        _mm512_storeu_ps(px, v);
+        i += 16;
+    }
+    if i < n {
+        let k = ((1u32 << (n - i)) - 1) as __mmask16;
+        let px = x.as_mut_ptr().add(i);
+        let v = _mm512_fmadd_ps(
+            a,
+            _mm512_maskz_loadu_ps(k, y.as_ptr().add(i)),
+            _mm512_maskz_loadu_ps(k, px),
+        );
+        _mm512_mask_storeu_ps(px, k, v);
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -209,6 +239,28 @@ mod tests {
             mul_ref(&x, 1.5, &mut r);
             mul(&th, &x, 1.5, &mut f);
             assert_eq!(f, r, "mul n={n}");
+        }
+    }
+
+    /// Both SIMD levels of `add_to`, called directly.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn add_to_every_simd_level() {
+        for n in [16usize, 17, 31, 32, 47, 100] {
+            let y = vals(n, 4, -1.0, 1.0);
+            let mut r = vals(n, 5, -1.0, 1.0);
+            let (mut a2, mut a5) = (r.clone(), r.clone());
+            add_to_ref(&mut r, &y, 0.7);
+            if crate::simd::has_avx2_fma() {
+                // SAFETY: checked just above.
+                unsafe { add_to_avx2(&mut a2, &y, 0.7) };
+                assert!(nmse(&a2, &r) < 1e-14, "avx2 n={n}");
+            }
+            if crate::simd::has_avx512() {
+                // SAFETY: checked just above.
+                unsafe { add_to_avx512(&mut a5, &y, 0.7) };
+                assert!(nmse(&a5, &r) < 1e-14, "avx512 n={n}");
+            }
         }
     }
 

@@ -12,6 +12,7 @@ pub mod paged;
 pub mod embedding;
 pub mod erf;
 pub mod norm;
+pub mod linear;
 pub mod quant;
 pub mod rope;
 pub mod select;

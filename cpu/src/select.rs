@@ -67,13 +67,8 @@ pub fn topk_ref(x: &[f32], n: usize, k: usize, out: &mut [f32]) {
     }
     for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(2 * k)) {
         let mut idx: Vec<usize> = (0..n).collect();
-        idx.sort_by(|&a, &b| {
-            if before(xr[a], a, xr[b], b) {
-                Ordering::Less
-            } else {
-                Ordering::Greater
-            }
-        });
+        // a consistent total order: descending value (total_cmp), then ascending index
+        idx.sort_by(|&a, &b| xr[b].total_cmp(&xr[a]).then(a.cmp(&b)));
         for (p, &j) in or.chunks_exact_mut(2).zip(&idx) {
             p[0] = j as f32;
             p[1] = xr[j];

@@ -1,18 +1,22 @@
 //! Vector primitives shared by the non-matrix kernels: sums, dot products, maxima and a
-//! vectorised `exp` (Cephes polynomial), each with an AVX2+FMA path chosen at run time and a
-//! portable fallback. Slices of different lengths are treated as their common prefix.
+//! vectorised `exp` (Cephes polynomial), each with an AVX-512 path and an AVX2+FMA path chosen at
+//! run time (see [`crate::simd`]) and a portable fallback. Slices of different lengths are treated as their common prefix.
 //!
 //! This module owns only arithmetic over slices; it must not know about ops or tensors.
 
-/// Rows of `row_len` elements that make one parallel task worth its overhead (about 16k values).
+/// Rows of `row_len` elements that make one parallel task worth its overhead (about 32k values).
 pub fn min_rows_for(row_len: usize) -> usize {
-    (16 * 1024 / row_len.max(1)).max(1)
+    (32 * 1024 / row_len.max(1)).max(1)
 }
 
 /// Sum of `x`.
 pub fn sum(x: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     {
+        if crate::simd::has_avx512() && x.len() >= 16 {
+            // SAFETY: AVX-512 F/BW/VL checked at run time.
+            return unsafe { avx512::sum(x) };
+        }
         if crate::simd::has_avx2_fma() && x.len() >= 16 {
             // SAFETY: AVX2/FMA checked at run time.
             return unsafe { avx2::sum(x) };
@@ -30,6 +34,10 @@ pub fn sum_sq(x: &[f32]) -> f32 {
 pub fn sum_sq_diff(x: &[f32], m: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
     {
+        if crate::simd::has_avx512() && x.len() >= 16 {
+            // SAFETY: AVX-512 F/BW/VL checked at run time.
+            return unsafe { avx512::sum_sq_diff(x, m) };
+        }
         if crate::simd::has_avx2_fma() && x.len() >= 16 {
             // SAFETY: AVX2/FMA checked at run time.
             return unsafe { avx2::sum_sq_diff(x, m) };
@@ -42,6 +50,10 @@ pub fn sum_sq_diff(x: &[f32], m: f32) -> f32 {
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     {
+        if crate::simd::has_avx512() && a.len().min(b.len()) >= 16 {
+            // SAFETY: AVX-512 F/BW/VL checked at run time.
+            return unsafe { avx512::dot(a, b) };
+        }
         if crate::simd::has_avx2_fma() && a.len().min(b.len()) >= 16 {
             // SAFETY: AVX2/FMA checked at run time.
             return unsafe { avx2::dot(a, b) };
@@ -54,6 +66,10 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 pub fn max(x: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     {
+        if crate::simd::has_avx512() && x.len() >= 16 {
+            // SAFETY: AVX-512 F/BW/VL checked at run time.
+            return unsafe { avx512::max(x) };
+        }
         if crate::simd::has_avx2_fma() && x.len() >= 16 {
             // SAFETY: AVX2/FMA checked at run time.
             return unsafe { avx2::max(x) };
@@ -66,6 +82,10 @@ pub fn max(x: &[f32]) -> f32 {
 pub fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
     {
+        if crate::simd::has_avx512() && x.len() >= 8 {
+            // SAFETY: AVX-512 F/BW/VL checked at run time.
+            return unsafe { avx512::exp_sub_sum(x, m) };
+        }
         if crate::simd::has_avx2_fma() && x.len() >= 8 {
             // SAFETY: AVX2/FMA checked at run time.
             return unsafe { avx2::exp_sub_sum(x, m) };
@@ -169,6 +189,7 @@ pub(crate) mod avx2 {
         _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e))
     }
 
+    /// Sum of `x`.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn sum(x: &[f32]) -> f32 {
         let n = x.len();
@@ -186,6 +207,7 @@ pub(crate) mod avx2 {
         s
     }
 
+    /// Sum of `(x - m)²`.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn sum_sq_diff(x: &[f32], m: f32) -> f32 {
         let n = x.len();
@@ -204,6 +226,7 @@ pub(crate) mod avx2 {
         s
     }
 
+    /// Dot product over the common prefix.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
         let n = a.len().min(b.len());
@@ -246,6 +269,7 @@ pub(crate) mod avx2 {
         s
     }
 
+    /// Largest value (NaN skipped).
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn max(x: &[f32]) -> f32 {
         let n = x.len();
@@ -263,6 +287,7 @@ pub(crate) mod avx2 {
         s
     }
 
+    /// `x = exp(x - m)`; returns the sum.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
         let n = x.len();
@@ -282,6 +307,156 @@ pub(crate) mod avx2 {
             s += *v;
         }
         s
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512 {
+    //! AVX-512 bodies; every function requires F/BW/VL (checked by the callers). Tails use masked
+    //! loads and stores.
+    use std::arch::x86_64::*;
+
+    /// Mask of the first `n` (< 16) lanes.
+    #[inline]
+    fn tail(n: usize) -> __mmask16 {
+        ((1u32 << n) - 1) as __mmask16
+    }
+
+    /// `exp(x)` on 16 lanes (the Cephes scheme of the AVX2 path; `scalef` applies 2^n).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[inline]
+    pub unsafe fn exp(x: __m512) -> __m512 {
+        let x = _mm512_min_ps(x, _mm512_set1_ps(88.376_26));
+        let x = _mm512_max_ps(x, _mm512_set1_ps(-87.336_54));
+        let fx = _mm512_fmadd_ps(
+            x,
+            _mm512_set1_ps(std::f32::consts::LOG2_E),
+            _mm512_set1_ps(0.5),
+        );
+        let fx = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(fx);
+        let x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693_359_4), x);
+        let x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.121_944_4e-4), x);
+        let mut y = _mm512_set1_ps(1.987_569_1e-4);
+        y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.398_199_9e-3));
+        y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.333_452e-3));
+        y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.166_579_6e-2));
+        y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(0.166_666_65));
+        y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(0.5));
+        y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), x);
+        y = _mm512_add_ps(y, _mm512_set1_ps(1.0));
+        _mm512_scalef_ps(y, fx)
+    }
+
+    /// Sum of `x`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub unsafe fn sum(x: &[f32]) -> f32 {
+        let n = x.len();
+        let mut acc = _mm512_setzero_ps();
+        let mut i = 0;
+        while i + 16 <= n {
+            acc = _mm512_add_ps(acc, _mm512_loadu_ps(x.as_ptr().add(i)));
+            i += 16;
+        }
+        if i < n {
+            acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(tail(n - i), x.as_ptr().add(i)));
+        }
+        _mm512_reduce_add_ps(acc)
+    }
+
+    /// Sum of `(x - m)²`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub unsafe fn sum_sq_diff(x: &[f32], m: f32) -> f32 {
+        let n = x.len();
+        let mv = _mm512_set1_ps(m);
+        let mut acc = _mm512_setzero_ps();
+        let mut i = 0;
+        while i + 16 <= n {
+            let d = _mm512_sub_ps(_mm512_loadu_ps(x.as_ptr().add(i)), mv);
+            acc = _mm512_fmadd_ps(d, d, acc);
+            i += 16;
+        }
+        if i < n {
+            let k = tail(n - i);
+            let d = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, x.as_ptr().add(i)), mv);
+            acc = _mm512_fmadd_ps(d, d, acc);
+        }
+        _mm512_reduce_add_ps(acc)
+    }
+
+    /// Dot product over the common prefix.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let mut i = 0;
+        while i + 32 <= n {
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(i)), _mm512_loadu_ps(pb.add(i)), a0);
+            a1 = _mm512_fmadd_ps(
+                _mm512_loadu_ps(pa.add(i + 16)),
+                _mm512_loadu_ps(pb.add(i + 16)),
+                a1,
+            );
+            i += 32;
+        }
+        while i + 16 <= n {
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(i)), _mm512_loadu_ps(pb.add(i)), a0);
+            i += 16;
+        }
+        if i < n {
+            let k = tail(n - i);
+            a1 = _mm512_fmadd_ps(
+                _mm512_maskz_loadu_ps(k, pa.add(i)),
+                _mm512_maskz_loadu_ps(k, pb.add(i)),
+                a1,
+            );
+        }
+        _mm512_reduce_add_ps(_mm512_add_ps(a0, a1))
+    }
+
+    /// Largest value (NaN skipped).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub unsafe fn max(x: &[f32]) -> f32 {
+        let n = x.len();
+        let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+        let mut m = ninf;
+        let mut i = 0;
+        while i + 16 <= n {
+            // NaN in the first operand yields the second: NaN is skipped
+            m = _mm512_max_ps(_mm512_loadu_ps(x.as_ptr().add(i)), m);
+            i += 16;
+        }
+        if i < n {
+            m = _mm512_max_ps(
+                _mm512_mask_loadu_ps(ninf, tail(n - i), x.as_ptr().add(i)),
+                m,
+            );
+        }
+        _mm512_reduce_max_ps(m)
+    }
+
+    /// `x = exp(x - m)`; returns the sum.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub unsafe fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
+        let n = x.len();
+        let mv = _mm512_set1_ps(m);
+        let mut acc = _mm512_setzero_ps();
+        let mut i = 0;
+        while i + 16 <= n {
+            let p = x.as_mut_ptr().add(i);
+            let e = exp(_mm512_sub_ps(_mm512_loadu_ps(p), mv));
+            _mm512_storeu_ps(p, e);
+            acc = _mm512_add_ps(acc, e);
+            i += 16;
+        }
+        if i < n {
+            let k = tail(n - i);
+            let p = x.as_mut_ptr().add(i);
+            let e = exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, p), mv));
+            _mm512_mask_storeu_ps(p, k, e);
+            acc = _mm512_mask_add_ps(acc, k, acc, e);
+        }
+        _mm512_reduce_add_ps(acc)
     }
 }
 
@@ -323,6 +498,66 @@ mod tests {
                 (se as f64 - rs).abs() <= 1e-5 * rs.max(1.0),
                 "exp sum n={n}"
             );
+        }
+    }
+
+    /// Both SIMD levels, called directly (the dispatcher only ever picks the best one).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn every_simd_level_matches_scalar() {
+        let levels = [crate::simd::has_avx2_fma(), crate::simd::has_avx512()];
+        for n in [1usize, 5, 16, 17, 31, 33, 64, 100, 1023] {
+            let a = data(n, 3);
+            let b = data(n, 11);
+            let d: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+            let s: f32 = a.iter().sum();
+            let ssd: f32 = a.iter().map(|v| (v - 0.1) * (v - 0.1)).sum();
+            let m = a.iter().fold(f32::NEG_INFINITY, |x, &y| x.max(y));
+            let mut e_ref = a.clone();
+            let es_ref: f32 = e_ref
+                .iter_mut()
+                .map(|v| {
+                    *v = (*v - 0.2).exp();
+                    *v
+                })
+                .sum();
+            for (level, on) in levels.iter().enumerate() {
+                if !on {
+                    continue;
+                }
+                // SAFETY: the feature set of each level was checked just above.
+                let (dd, ss, sd, mm, es, e) = unsafe {
+                    let mut e = a.clone();
+                    if level == 0 {
+                        (
+                            avx2::dot(&a, &b),
+                            avx2::sum(&a),
+                            avx2::sum_sq_diff(&a, 0.1),
+                            avx2::max(&a),
+                            avx2::exp_sub_sum(&mut e, 0.2),
+                            e,
+                        )
+                    } else {
+                        (
+                            avx512::dot(&a, &b),
+                            avx512::sum(&a),
+                            avx512::sum_sq_diff(&a, 0.1),
+                            avx512::max(&a),
+                            avx512::exp_sub_sum(&mut e, 0.2),
+                            e,
+                        )
+                    }
+                };
+                let close = |x: f32, y: f32| (x - y).abs() <= 1e-5 * (1.0 + y.abs());
+                assert!(
+                    close(dd, d) && close(ss, s) && close(sd, ssd) && close(es, es_ref),
+                    "level {level} n={n}"
+                );
+                assert_eq!(mm, m, "max level {level} n={n}");
+                for (x, y) in e.iter().zip(&e_ref) {
+                    assert!((x - y).abs() <= 4e-7 * y, "exp level {level} n={n}");
+                }
+            }
         }
     }
 

@@ -46,7 +46,7 @@ pub fn convert_gguf(
         })?;
         plan.push((i, m));
     }
-    let spec = (opts.tokenizer.gguf)(&g)?;
+    let spec = crate::tokenizer::TokenizerSpec::from_gguf(&g)?;
     let name = g.get_str("general.name").unwrap_or_default().to_string();
     let mut meta = general_metadata(&config.architecture, &name, path, "gguf", opts);
     if let Some(t) = g.get_str("tokenizer.chat_template") {

@@ -60,7 +60,7 @@ pub fn convert_hf_dir(
     let tok_text = read_optional(&tok_path)?
         .ok_or_else(|| Error::format(dir.display(), "no tokenizer.json"))?;
     let tok_cfg = read_optional(&dir.join("tokenizer_config.json"))?;
-    let spec = (opts.tokenizer.hf)(&tok_text, tok_cfg.as_deref())?;
+    let spec = crate::tokenizer::TokenizerSpec::from_hf_json(&tok_text, tok_cfg.as_deref())?;
     let weights = SafetensorsSet::open_dir(dir)?;
     if !weights.names().any(|n| n == "lm_head.weight") {
         config.tie_embeddings = true;

@@ -14,10 +14,7 @@ pub mod tensor_transform;
 
 pub use gguf::convert_gguf;
 pub use hf::convert_hf_dir;
-pub use options::{
-    ConvertOptions, GgufTokenizerImport, HfTokenizerImport, Progress, TargetDtype,
-    TokenizerImporters,
-};
+pub use options::{ConvertOptions, Progress, TargetDtype};
 
 use crate::error::{Error, Result};
 use crate::format::flm::{MetaValue, Metadata};

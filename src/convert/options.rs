@@ -2,8 +2,6 @@
 //! the progress events reported while tensors stream. Plain data; no I/O.
 
 use crate::error::{Error, Result};
-use crate::format::gguf::GgufFile;
-use crate::tokenizer::TokenizerSpec;
 
 /// The `--dtype` of a conversion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,38 +55,17 @@ impl TargetDtype {
     }
 }
 
-/// Builds a tokenizer spec from HF `tokenizer.json` text and optional `tokenizer_config.json` text.
-pub type HfTokenizerImport = fn(&str, Option<&str>) -> Result<TokenizerSpec>;
-/// Builds a tokenizer spec from GGUF `tokenizer.*` metadata.
-pub type GgufTokenizerImport = fn(&GgufFile) -> Result<TokenizerSpec>;
-
-/// The functions that translate a source's tokenizer into a [`TokenizerSpec`].
-#[derive(Clone, Copy)]
-pub struct TokenizerImporters {
-    /// For Hugging Face directories.
-    pub hf: HfTokenizerImport,
-    /// For GGUF files.
-    pub gguf: GgufTokenizerImport,
-}
-
-impl TokenizerImporters {
-    /// `crate::tokenizer`'s importers (`TokenizerSpec::from_hf_json`, `TokenizerSpec::from_gguf`).
-    #[cfg(feature = "tokenizer-import")]
-    pub fn builtin() -> TokenizerImporters {
-        TokenizerImporters {
-            hf: TokenizerSpec::from_hf_json,
-            gguf: TokenizerSpec::from_gguf,
-        }
-    }
-}
-
 /// Options of one conversion.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub struct ConvertOptions {
     /// Target dtype.
     pub dtype: TargetDtype,
-    /// Tokenizer importers.
-    pub tokenizer: TokenizerImporters,
+}
+
+impl Default for ConvertOptions {
+    fn default() -> Self {
+        ConvertOptions { dtype: TargetDtype::Keep }
+    }
 }
 
 /// Reported after each tensor is written.

@@ -4,5 +4,6 @@
 
 pub mod flm;
 pub mod gguf;
+pub mod info;
 pub mod pread;
 pub mod safetensors;

@@ -270,7 +270,7 @@ impl Session {
         }
         let prompt_tokens = self.eval_reusing_prefix(&target)?;
         let eos = llm.eos_ids();
-        let mut stream = StreamDecoder::new(&llm.tokenizer);
+        let mut stream = StreamDecoder::new(&llm.tokenizer, true);
         let mut out = Generation { text: String::new(), tokens: Vec::new(), prompt_tokens, stop_reason: StopReason::MaxTokens };
         let max_stop = params.stop.iter().map(|s| s.len()).max().unwrap_or(0);
         let mut emitted = 0usize; // bytes of out.text already passed to on_piece

@@ -25,6 +25,8 @@ pub fn cases(v: &mut Vec<OpCase>) {
         (7, 7, 4, 4, 16, 16),
         (5, 23, 12, 4, 40, 24),
         (32, 96, 6, 2, 64, 64),
+        // one KV head, many keys: on few threads the fast path splits the keys (flash-decoding)
+        (1, 1500, 8, 1, 64, 64),
     ];
     for (sq, skv, nh, nkv, hd, hdv) in shapes {
         // options: (alibi, softcap, window, causal, expanded)

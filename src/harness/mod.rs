@@ -21,6 +21,7 @@ mod cases_norm;
 mod cases_rope;
 mod cases_select;
 mod cases_shape;
+mod cases_linear;
 
 /// Byte value of guard regions.
 pub const GUARD_FILL: u8 = 0xA5;
@@ -290,5 +291,6 @@ pub fn all_cases() -> Vec<OpCase> {
     cases_rope::cases(&mut v);
     cases_select::cases(&mut v);
     cases_shape::cases(&mut v);
+    cases_linear::cases(&mut v);
     v
 }

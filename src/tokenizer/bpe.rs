@@ -5,7 +5,7 @@
 //! only: unknown-symbol fallback and splitting are the caller's.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// A small, fast, non-cryptographic hasher (FxHash) for the hot maps.
@@ -45,6 +45,9 @@ impl Hasher for FxHasher {
 
 /// A `HashMap` with [`FxHasher`].
 pub(crate) type FxHashMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+
+/// A `HashSet` with [`FxHasher`].
+pub(crate) type FxHashSet<K> = HashSet<K, BuildHasherDefault<FxHasher>>;
 
 /// No token id.
 pub(crate) const NO_ID: u32 = u32::MAX;
@@ -205,12 +208,11 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
         // alphabet 0..4; random merges creating ids 4..40
         let mut merges = FxHashMap::default();
-        let mut next = 4u32;
         for rank in 0..36u32 {
+            let next = rank + 4;
             let a = rng.gen_range(0..next);
             let b = rng.gen_range(0..next);
             merges.entry((a, b)).or_insert((rank, next));
-            next += 1;
         }
         let rule = MergeRule::Ranks(merges.clone());
         let mut scratch = Scratch::default();

@@ -377,10 +377,7 @@ impl TokenizerSpec {
             .enumerate()
         {
             let pair = match m {
-                Value::String(s) => s
-                    .split_once(' ')
-                    .filter(|(_, b)| !b.contains(' '))
-                    .map(|(a, b)| (a, b)),
+                Value::String(s) => s.split_once(' ').filter(|(_, b)| !b.contains(' ')),
                 Value::Array(p) => match p.as_slice() {
                     [Value::String(a), Value::String(b)] => Some((a.as_str(), b.as_str())),
                     _ => None,

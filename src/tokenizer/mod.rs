@@ -4,6 +4,13 @@
 //! [`TokenizerSpec`] is the plain-data description stored in `.flm` files and built from
 //! Hugging Face `tokenizer.json` ([`TokenizerSpec::from_hf_json`]) or GGUF metadata
 //! ([`TokenizerSpec::from_gguf`]); [`Tokenizer::new`] builds the working tokenizer from it.
+//!
+//! Where this differs from HF `tokenizers` (none of it shows in the fixtures):
+//! - added tokens are matched verbatim in the raw text; their `lstrip`/`rstrip`/`single_word`/
+//!   `normalized` flags are not part of the spec;
+//! - a Metaspace pre-tokenizer with `prepend_scheme: "first"` is treated like `"always"`
+//!   (`▁` is prepended to every text segment between added tokens);
+//! - HF's `ignore_merges` is implied by the Llama-3 pre-tokenizer (it is what Llama-3 sets).
 
 mod bpe;
 mod byte_level;

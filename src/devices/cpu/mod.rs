@@ -20,6 +20,7 @@ mod norm;
 mod rope;
 mod select;
 mod shape;
+mod linear;
 
 /// Which kernels a CPU device runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +73,7 @@ impl CpuDevice {
         rope::register(&mut ops, &ctx);
         select::register(&mut ops, &ctx);
         shape::register(&mut ops, &ctx);
+        linear::register(&mut ops, &ctx);
         Ok(CpuDevice { ctx, ops })
     }
 

@@ -28,7 +28,7 @@ pub fn register(ops: &mut OpRegistry, ctx: &Arc<CpuContext>) {
         }),
     );
     ops.insert("Cat", Box::new(Cat(ctx.clone())));
-    ops.insert("CatDirect", Box::new(CatDirect));
+    ops.insert("CatDirect", Box::new(CatDirect(ctx.clone())));
     ops.insert("Split", Box::new(Split(ctx.clone())));
 }
 
@@ -207,7 +207,47 @@ impl Operator for Cat {
 }
 
 /// `CatDirect`: appends `input1` to `input0` along `axis`, in place (reserved capacity first).
-struct CatDirect;
+/// Fast mode is `Data::append`; reference mode writes each element at its strided address.
+struct CatDirect(Arc<CpuContext>);
+
+/// Reference append: the same growth policy as `Data::append`, then every element of `b` is
+/// copied to the address its coordinates give in `a`'s capacity layout.
+fn append_per_element(a: &mut Data, b: &Data, axis: usize) -> Result<()> {
+    const OP: &str = "CatDirect";
+    let es = elem_size(OP, "input0", a)?;
+    let old = a.dims()[axis];
+    let need = old + b.dims()[axis];
+    if need > a.capacity()[axis] {
+        let cap = need.max(a.capacity()[axis] * 2).max(1);
+        a.reserve(axis, cap).map_err(|e| Error::op(OP, e))?;
+    }
+    let strides = a.strides();
+    let bd = b.dims().to_vec();
+    let src = packed(OP, "input1", b)?;
+    let dst = a.raw_bytes_mut().map_err(|e| Error::op(OP, e))?;
+    let n: usize = bd.iter().product();
+    for e in 0..n {
+        let (mut rem, mut at) = (e, 0usize);
+        for ax in (0..bd.len()).rev() {
+            let c = rem % bd[ax];
+            rem /= bd[ax];
+            at += (if ax == axis { c + old } else { c }) * strides[ax];
+        }
+        match (
+            src.get(e * es..(e + 1) * es),
+            dst.get_mut(at * es..(at + 1) * es),
+        ) {
+            (Some(s), Some(d)) => d.copy_from_slice(s),
+            _ => {
+                return Err(Error::op(
+                    OP,
+                    format!("element {e} of input1 {bd:?} falls outside input0's storage"),
+                ))
+            }
+        }
+    }
+    a.set_len(axis, need).map_err(|e| Error::op(OP, e))
+}
 
 impl Operator for CatDirect {
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, i: &IntDict) -> Result<()> {
@@ -226,6 +266,11 @@ impl Operator for CatDirect {
         let axis = non_neg(OP, "axis", i.get_or("axis", 0))?;
         let ([b], a) = d.io(OP, ["input1"], "input0")?;
         let b = super::args::need(OP, "input1", b)?;
+        let fresh = !a.is_allocated() || a.dims().is_empty();
+        if self.0.reference() && !fresh && !a.dtype().is_quantized() {
+            cat_dims(OP, a, b, axis as i32)?;
+            return append_per_element(a, b, axis);
+        }
         a.append(b, axis).map_err(|e| Error::op(OP, e))
     }
 }

@@ -414,7 +414,7 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
         Cmd::Fetch => println!("{}", fastllm::default_model::default_gguf()?.display()),
         Cmd::Info { model } => {
             let path = fastllm::default_model::resolve(model.as_deref())?;
-            print!("{}", fastllm::load::describe(&path)?);
+            print!("{}", fastllm::format::info::describe(&path)?);
         }
     }
     Ok(())

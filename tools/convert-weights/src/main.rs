@@ -3,11 +3,11 @@
 //! tokenizer summary and tensor table (`convert-weights --info FILE`). Errors are one line on
 //! stderr and a non-zero exit code.
 
-mod info;
+
 mod progress;
 
 use clap::Parser;
-use fastllm::convert::{convert, ConvertOptions, TargetDtype, TokenizerImporters};
+use fastllm::convert::{convert, ConvertOptions, TargetDtype};
 use fastllm::{Error, Result};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -29,36 +29,17 @@ struct Args {
     info: bool,
 }
 
-#[cfg(feature = "tokenizer-import")]
-fn importers() -> TokenizerImporters {
-    TokenizerImporters::builtin()
-}
-
-/// Without the tokenizer module's importers the input is still validated (the error comes when
-/// the tokenizer is reached).
-#[cfg(not(feature = "tokenizer-import"))]
-fn importers() -> TokenizerImporters {
-    fn missing() -> Error {
-        Error::Unsupported(
-            "this build has no tokenizer import (rebuild with --features tokenizer-import)".into(),
-        )
-    }
-    TokenizerImporters {
-        hf: |_, _| Err(missing()),
-        gguf: |_| Err(missing()),
-    }
-}
 
 fn run(args: &Args) -> Result<()> {
     if args.info {
-        return info::print_info(&args.input);
+        return fastllm::format::info::describe(&args.input).map(|s| print!("{s}"));
     }
     let out = args
         .output
         .as_ref()
         .ok_or_else(|| Error::invalid("missing -o OUT.flm"))?;
     let dtype = TargetDtype::parse(&args.dtype)?;
-    let opts = ConvertOptions { dtype, tokenizer: importers() };
+    let opts = ConvertOptions { dtype };
     let mut bar = progress::Reporter::new();
     let report = convert(&args.input, out, &opts, &mut |p| bar.update(p))?;
     bar.finish();

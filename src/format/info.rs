@@ -1,9 +1,11 @@
-//! `--info`: prints a `.flm` or GGUF file's metadata, tokenizer summary and tensor table.
+//! A human-readable description of a `.flm` or GGUF file: metadata, tokenizer summary, tensor
+//! table and the memory a model needs (used by `convert-weights --info` and `fastllm info`).
 
-use fastllm::convert::{detect_input, InputKind};
-use fastllm::format::flm::{FlmFile, LoadMode, MetaValue};
-use fastllm::format::gguf::{ggml_type, GgufFile, GgufValue};
-use fastllm::{Error, Result};
+use crate::convert::{detect_input, InputKind};
+use std::fmt::Write;
+use crate::format::flm::{FlmFile, LoadMode, MetaValue};
+use crate::format::gguf::{ggml_type, GgufFile, GgufValue};
+use crate::error::{Error, Result};
 use std::path::Path;
 
 fn one_line(s: &str, max: usize) -> String {
@@ -47,21 +49,21 @@ fn gguf_str(v: &GgufValue) -> String {
     }
 }
 
-fn print_flm(path: &Path) -> Result<()> {
+fn describe_flm(path: &Path, o: &mut String) -> Result<()> {
     let f = FlmFile::open(path, LoadMode::LowMemory)?;
     let (major, minor) = f.version();
-    println!("{}: .flm version {major}.{minor}", f.path());
-    println!("metadata:");
+    let _ = writeln!(o, "{}: .flm version {major}.{minor}", f.path());
+    let _ = writeln!(o, "metadata:");
     for (k, v) in f.metadata() {
-        println!("  {k} = {}", meta_str(v));
+        let _ = writeln!(o, "  {k} = {}", meta_str(v));
     }
     let t = f.tokenizer_spec();
-    println!("tokenizer:");
-    println!(
+    let _ = writeln!(o, "tokenizer:");
+    let _ = writeln!(o, 
         "  kind {:?}, pre-tokenizer {:?}, normalizer {:?}",
         t.kind, t.pre_tokenizer, t.normalizer
     );
-    println!(
+    let _ = writeln!(o, 
         "  vocab {}, merges {}, scores {}, added {} ({} special)",
         t.vocab.len(),
         t.merges.len(),
@@ -69,13 +71,24 @@ fn print_flm(path: &Path) -> Result<()> {
         t.added.len(),
         t.added.iter().filter(|a| a.special).count()
     );
-    println!(
+    let _ = writeln!(o, 
         "  bos {:?}, eos {:?}, unk {:?}, pad {:?}, add_bos {}, add_eos {}",
         t.bos_id, t.eos_ids, t.unk_id, t.pad_id, t.add_bos, t.add_eos
     );
-    println!("tensors ({}):", f.tensor_infos().len());
+    let c = f.config();
+    let weights: u64 = f.tensor_infos().iter().map(|t| t.length).sum();
+    let kv_per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4;
+    let _ = writeln!(
+        o,
+        "memory: weights {:.1} MiB (mapped, shared between processes); KV cache {:.1} KiB per token, {:.1} MiB at the full context of {}",
+        weights as f64 / 1048576.0,
+        kv_per_token as f64 / 1024.0,
+        (kv_per_token * c.context_length) as f64 / 1048576.0,
+        c.context_length
+    );
+    let _ = writeln!(o, "tensors ({}):", f.tensor_infos().len());
     for ti in f.tensor_infos() {
-        println!(
+        let _ = writeln!(o, 
             "  {:<56} {:<5} {:<16} {:>12} bytes @ {} crc {:08x}",
             ti.name,
             ti.dtype.name(),
@@ -88,18 +101,18 @@ fn print_flm(path: &Path) -> Result<()> {
     Ok(())
 }
 
-fn print_gguf(path: &Path) -> Result<()> {
+fn describe_gguf(path: &Path, o: &mut String) -> Result<()> {
     let g = GgufFile::open(path)?;
-    println!("{}: GGUF version {}", g.path, g.version);
-    println!("metadata:");
+    let _ = writeln!(o, "{}: GGUF version {}", g.path, g.version);
+    let _ = writeln!(o, "metadata:");
     for (k, v) in &g.metadata {
         if k == "tokenizer.ggml.tokens" || k == "tokenizer.ggml.merges" {
             continue;
         }
-        println!("  {k} = {}", gguf_str(v));
+        let _ = writeln!(o, "  {k} = {}", gguf_str(v));
     }
-    println!("tokenizer:");
-    println!(
+    let _ = writeln!(o, "tokenizer:");
+    let _ = writeln!(o, 
         "  model {:?}, pre {:?}, tokens {}, merges {}, bos {:?}, eos {:?}",
         g.get_str("tokenizer.ggml.model").unwrap_or("-"),
         g.get_str("tokenizer.ggml.pre").unwrap_or("-"),
@@ -108,10 +121,10 @@ fn print_gguf(path: &Path) -> Result<()> {
         g.get_u64("tokenizer.ggml.bos_token_id"),
         g.get_u64("tokenizer.ggml.eos_token_id"),
     );
-    println!("tensors ({}):", g.tensors.len());
+    let _ = writeln!(o, "tensors ({}):", g.tensors.len());
     for t in &g.tensors {
         let ty = ggml_type::info(t.ggml_type).map_or("?", |i| i.0);
-        println!(
+        let _ = writeln!(o, 
             "  {:<40} {:<5} {:<16} {:>12} bytes @ {}",
             t.name,
             ty,
@@ -123,14 +136,16 @@ fn print_gguf(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Prints `path` (a `.flm` or GGUF file).
-pub fn print_info(path: &Path) -> Result<()> {
+/// Describes `path` (a `.flm` or GGUF file).
+pub fn describe(path: &Path) -> Result<String> {
+    let mut o = String::new();
     match detect_input(path)? {
-        InputKind::Flm => print_flm(path),
-        InputKind::Gguf => print_gguf(path),
+        InputKind::Flm => describe_flm(path, &mut o)?,
+        InputKind::Gguf => describe_gguf(path, &mut o)?,
         InputKind::HfDir => Err(Error::invalid(format!(
             "{}: --info takes a .flm or GGUF file, not a directory",
             path.display()
-        ))),
+        )))?,
     }
+    Ok(o)
 }

@@ -1,0 +1,235 @@
+//! The `Linear` driver: splits output columns (weight rows) across threads, tiles columns so a
+//! tile of weight rows stays in cache while every block of [`MAX_ROWS`] activation rows passes
+//! over it, calls one dot kernel per (weight row, row block) and adds the bias.
+//!
+//! For GEMMs with non-f32 weights the caller may pass a row converter: each column tile is then
+//! converted to f32 once (into a per-thread scratch) and the f32 kernel runs on it.
+//!
+//! Callers validate sizes first (`LinearArgs::validate`). This module must not pick kernels.
+
+use super::act_quant::Q8Rows;
+use super::{FloatRowsFn, IntRowsFn, IntTileFn, LinearArgs, RowToF32Fn, TileF32Fn, MAX_ROWS};
+use crate::threads::Threads;
+use std::cell::RefCell;
+
+thread_local! {
+    static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The dot kernel of one call.
+#[derive(Clone, Copy)]
+pub(super) enum Kernel<'a> {
+    /// Float activations; optionally the f32 GEMM plan for many rows.
+    Float(FloatRowsFn, Option<F32Gemm>),
+    /// Quantized activations (already quantized); optionally a tiled kernel for many rows.
+    Int(IntRowsFn, &'a Q8Rows, Option<IntTileFn>),
+}
+
+/// How a GEMM runs on f32 weight rows: `convert` (for non-f32 weights) fills a per-thread tile,
+/// then `tile` (register-tiled, if the CPU has one) or `rows` computes on it.
+#[derive(Clone, Copy)]
+pub(super) struct F32Gemm {
+    /// Weight row → f32 converter; `None` when the weights already are f32.
+    pub convert: Option<RowToF32Fn>,
+    /// The f32 row kernel.
+    pub rows: FloatRowsFn,
+    /// The f32 tile kernel, if any.
+    pub tile: Option<TileF32Fn>,
+}
+
+/// Output pointer shared by the column tasks (each writes disjoint columns).
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint elements; the pointer outlives the parallel section.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+impl OutPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// Multiply-adds each task should at least get.
+const MIN_TASK_WORK: usize = 1 << 16;
+/// Bytes of weight rows per column tile.
+const TILE_BYTES: usize = 32 << 10;
+/// Bytes of f32 weight rows per column tile (half the 1 MiB L2 of the dev machine: the tile
+/// stays cached while every block of activation rows passes over it).
+const F32_TILE_BYTES: usize = 512 << 10;
+
+/// Runs the kernel over all of `a` (sizes validated; `rb` = weight row bytes) into `out`.
+pub(super) fn run(
+    threads: Option<&Threads>,
+    a: &LinearArgs,
+    rb: usize,
+    kern: Kernel,
+    out: &mut [f32],
+) {
+    let (rows, n, k) = (a.rows, a.n, a.k);
+    if rows == 0 || n == 0 {
+        return;
+    }
+    let op = OutPtr(out.as_mut_ptr());
+    let plan = match kern {
+        Kernel::Float(_, p) => p,
+        Kernel::Int(..) => None,
+    };
+    let tile = match plan {
+        Some(_) => (F32_TILE_BYTES / (4 * k.max(1))).clamp(4, 256),
+        None => (TILE_BYTES / rb.max(1)).clamp(1, 64),
+    };
+    let body = |cols: std::ops::Range<usize>| {
+        let op = op.get();
+        let mut j0 = cols.start;
+        while j0 < cols.end {
+            let j1 = (j0 + tile).min(cols.end);
+            match plan {
+                Some(
+                    p @ F32Gemm {
+                        convert: Some(cvt), ..
+                    },
+                ) => TILE.with(|t| {
+                    let mut fresh = Vec::new();
+                    let mut held = t.try_borrow_mut();
+                    let buf: &mut Vec<f32> = match held.as_mut() {
+                        Ok(b) => b,
+                        Err(_) => &mut fresh,
+                    };
+                    buf.resize((j1 - j0) * k, 0.0);
+                    for (j, dst) in (j0..j1).zip(buf.chunks_exact_mut(k.max(1))) {
+                        // SAFETY: sizes validated by the caller; converter picked for this CPU.
+                        unsafe { cvt(&a.w[j * rb..(j + 1) * rb], k, dst) };
+                    }
+                    f32_tile(a, j0..j1, as_bytes(buf), p, op);
+                }),
+                Some(p) => f32_tile(a, j0..j1, &a.w[j0 * rb..j1 * rb], p, op),
+                None if matches!(kern, Kernel::Int(_, _, Some(_))) => {
+                    int_tile(a, j0..j1, rb, kern, op)
+                }
+                None => tile_rows(a, j0..j1, |j| &a.w[j * rb..(j + 1) * rb], kern, op),
+            }
+            j0 = j1;
+        }
+    };
+    match threads {
+        Some(t) => {
+            let min_cols = MIN_TASK_WORK.div_ceil(k.max(1) * rows).max(1);
+            t.for_rows(n, min_cols, body);
+        }
+        None => body(0..n),
+    }
+}
+
+/// All activation rows against the block weight rows `cols` with the tiled integer kernel.
+fn int_tile(a: &LinearArgs, cols: std::ops::Range<usize>, rb: usize, kern: Kernel, op: *mut f32) {
+    let Kernel::Int(_, q, Some(tile)) = kern else {
+        return tile_rows(a, cols, |j| &a.w[j * rb..(j + 1) * rb], kern, op);
+    };
+    let (rows, n) = (a.rows, a.n);
+    let mut r0 = 0;
+    while r0 < rows {
+        let nr = (rows - r0).min(MAX_ROWS);
+        let mut c0 = cols.start;
+        while c0 < cols.end {
+            let nc = (cols.end - c0).min(MAX_ROWS);
+            let mut o = [[0f32; MAX_ROWS]; MAX_ROWS];
+            // SAFETY: sizes validated by the caller; kernel picked for this CPU.
+            unsafe { tile(&a.w[c0 * rb..(c0 + nc) * rb], rb, q, r0, nr, nc, &mut o) };
+            for (c, oc) in o.iter().enumerate().take(nc) {
+                let j = c0 + c;
+                let b = a.bias.map_or(0.0, |b| b[j]);
+                for (t, v) in oc.iter().enumerate().take(nr) {
+                    // SAFETY: inside the validated output; no other task writes column j.
+                    unsafe { *op.add((r0 + t) * n + j) = v + b };
+                }
+            }
+            c0 += nc;
+        }
+        r0 += nr;
+    }
+}
+
+/// All activation rows against the f32 weight rows `cols` (stored consecutively in `w`).
+fn f32_tile(a: &LinearArgs, cols: std::ops::Range<usize>, w: &[u8], p: F32Gemm, op: *mut f32) {
+    let (rows, n, k) = (a.rows, a.n, a.k);
+    let j0 = cols.start;
+    let rb = 4 * k;
+    let Some(tile) = p.tile else {
+        return tile_rows(
+            a,
+            cols,
+            |j| &w[(j - j0) * rb..(j - j0 + 1) * rb],
+            Kernel::Float(p.rows, None),
+            op,
+        );
+    };
+    let mut r0 = 0;
+    while r0 < rows {
+        let nr = (rows - r0).min(MAX_ROWS);
+        let mut c0 = j0;
+        while c0 < cols.end {
+            let nc = (cols.end - c0).min(MAX_ROWS);
+            let mut o = [[0f32; MAX_ROWS]; MAX_ROWS];
+            // SAFETY: `w` holds the tile's rows, sizes validated by the caller; kernel picked
+            // for this CPU.
+            unsafe {
+                tile(
+                    &w[(c0 - j0) * rb..(c0 - j0 + nc) * rb],
+                    &a.x[r0 * k..(r0 + nr) * k],
+                    k,
+                    nr,
+                    nc,
+                    &mut o,
+                )
+            };
+            for (c, oc) in o.iter().enumerate().take(nc) {
+                let j = c0 + c;
+                let b = a.bias.map_or(0.0, |b| b[j]);
+                for (t, v) in oc.iter().enumerate().take(nr) {
+                    // SAFETY: inside the validated output; no other task writes column j.
+                    unsafe { *op.add((r0 + t) * n + j) = v + b };
+                }
+            }
+            c0 += nc;
+        }
+        r0 += nr;
+    }
+}
+
+/// All row blocks of the activations against the weight rows `cols` (`row(j)` gives row `j`).
+fn tile_rows<'w>(
+    a: &LinearArgs,
+    cols: std::ops::Range<usize>,
+    row: impl Fn(usize) -> &'w [u8],
+    kern: Kernel,
+    op: *mut f32,
+) {
+    let (rows, n, k) = (a.rows, a.n, a.k);
+    let mut r0 = 0;
+    while r0 < rows {
+        let nr = (rows - r0).min(MAX_ROWS);
+        for j in cols.clone() {
+            let wr = row(j);
+            let mut acc = [0f32; MAX_ROWS];
+            // SAFETY: sizes validated by the caller; kernels were picked for this CPU.
+            unsafe {
+                match kern {
+                    Kernel::Float(f, _) => f(wr, &a.x[r0 * k..(r0 + nr) * k], k, nr, &mut acc),
+                    Kernel::Int(f, q, _) => f(wr, q, r0, nr, &mut acc),
+                }
+            }
+            let b = a.bias.map_or(0.0, |b| b[j]);
+            for (t, v) in acc.iter().enumerate().take(nr) {
+                // SAFETY: (r0 + t) < rows and j < n, inside the validated output; no other task
+                // writes column j.
+                unsafe { *op.add((r0 + t) * n + j) = v + b };
+            }
+        }
+        r0 += nr;
+    }
+}
+
+fn as_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: any f32 slice is a valid byte slice of 4x the length (u8 has alignment 1).
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}

@@ -1,0 +1,342 @@
+//! Matrix kernels of the CPU device: `Linear` (`y = x·Wᵀ + b` with F32/F16/BF16/Q8_0/Q4_0/Q4_1
+//! weights, f32 activations), `MatMul` and `MatMulTransB` (f32).
+//!
+//! One file per job: [`float_dot`] (float weight dots, plus the AVX-512 4×4 f32 GEMM tile),
+//! [`quant_dot`] (exact dots with weight blocks dequantized in registers), [`act_quant`]
+//! (activation rows → Q8_0 for `quant_act`), [`int_dot`] (integer block dots), [`int_tile`]
+//! (AVX-512 4×4 integer GEMM tiles), `gemm` (column tiling, row blocking, f32 tile conversion
+//! and the split over threads), [`matmul`] (the two f32 matmuls). Each kernel exists as a plain
+//! scalar reference and a fast path chosen at run time (AVX2+FMA+F16C or AVX-512 on x86-64,
+//! portable code elsewhere).
+//!
+//! This module works on plain slices and validates every size it is given (errors are `String`s
+//! naming the argument); it must not know about tensors or devices.
+
+pub mod act_quant;
+pub mod float_dot;
+mod gemm;
+pub mod int_dot;
+pub mod int_tile;
+pub mod matmul;
+pub mod quant_dot;
+
+use crate::quant::{Q4_0_BYTES, Q4_1_BYTES, Q8_0_BYTES, QK};
+use crate::threads::Threads;
+use act_quant::Q8Rows;
+use std::cell::RefCell;
+
+/// Activation rows handled together by one kernel call (each weight row is loaded once for them).
+pub const MAX_ROWS: usize = 4;
+
+/// From this many activation rows on, `quant_act` uses the tiled integer kernels where the CPU
+/// has them (measured: 1.35–1.5x faster than the per-row kernels at 4 rows, on par at 1 row).
+pub const INT_TILE_MIN_ROWS: usize = 2;
+
+/// From this many activation rows on, non-f32 weights are converted to f32 tiles first (the
+/// conversion is then amortized over all rows) on the fast path.
+pub const GEMM_MIN_ROWS: usize = 8;
+
+/// A float-activation dot kernel: `out[r] = Σ_i w[i] · x[r*k + i]` for `r < rows`, where `w` is
+/// one weight row of `k` elements in the kernel's dtype (raw bytes).
+///
+/// # Safety
+/// `1 <= rows <= MAX_ROWS`, `x.len() >= rows * k`, `w` holds a full row of `k` elements (for
+/// block types `k % 32 == 0`), and the CPU has the features the kernel was picked for.
+pub type FloatRowsFn =
+    unsafe fn(w: &[u8], x: &[f32], k: usize, rows: usize, out: &mut [f32; MAX_ROWS]);
+
+/// A quantized-activation dot kernel: `out[r]` = the integer block dot of the weight row `w`
+/// with row `row0 + r` of `acts`, for `r < rows`.
+///
+/// # Safety
+/// `1 <= rows <= MAX_ROWS`, `row0 + rows <= acts.rows`, `w` holds `acts.blocks` blocks of the
+/// kernel's type, and the CPU has the features the kernel was picked for.
+pub type IntRowsFn =
+    unsafe fn(w: &[u8], acts: &Q8Rows, row0: usize, rows: usize, out: &mut [f32; MAX_ROWS]);
+
+/// A register-tiled f32 GEMM kernel: `out[c][r] = Σ_i w[c*k + i] · x[r*k + i]` for `r < rows`,
+/// `c < cols`, where `w` holds `cols` consecutive f32 weight rows of `k` elements (raw bytes).
+///
+/// # Safety
+/// `1 <= rows, cols <= MAX_ROWS`, `x.len() >= rows * k`, `w.len() >= cols * k * 4`, and the CPU
+/// has the features the kernel was picked for.
+pub type TileF32Fn = unsafe fn(
+    w: &[u8],
+    x: &[f32],
+    k: usize,
+    rows: usize,
+    cols: usize,
+    out: &mut [[f32; MAX_ROWS]; MAX_ROWS],
+);
+
+/// A register-tiled integer kernel: `out[c][r]` = the integer block dot of weight row `c` (rows
+/// `rb` bytes apart in `w`) with activation row `row0 + r`, for `r < rows`, `c < cols`.
+///
+/// # Safety
+/// `1 <= rows, cols <= MAX_ROWS`, `row0 + rows <= acts.rows`, `w` holds `cols` rows of
+/// `acts.blocks` blocks of the kernel's type `rb` bytes apart, and the CPU has the features
+/// the kernel was picked for.
+pub type IntTileFn = unsafe fn(
+    w: &[u8],
+    rb: usize,
+    acts: &Q8Rows,
+    row0: usize,
+    rows: usize,
+    cols: usize,
+    out: &mut [[f32; MAX_ROWS]; MAX_ROWS],
+);
+
+/// Converts one weight row of `k` elements to f32 (used to build GEMM tiles).
+///
+/// # Safety
+/// `w` holds a full row of `k` elements of the function's type (for block types
+/// `k % 32 == 0`), `out.len() >= k`, and the CPU has the features it was picked for.
+pub type RowToF32Fn = unsafe fn(w: &[u8], k: usize, out: &mut [f32]);
+
+/// Weight dtypes of `Linear`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightType {
+    /// 32-bit float.
+    F32,
+    /// IEEE half.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// GGUF Q8_0 blocks.
+    Q8_0,
+    /// GGUF Q4_0 blocks.
+    Q4_0,
+    /// GGUF Q4_1 blocks.
+    Q4_1,
+}
+
+impl WeightType {
+    /// Every weight type.
+    pub const ALL: [WeightType; 6] = [
+        WeightType::F32,
+        WeightType::F16,
+        WeightType::BF16,
+        WeightType::Q8_0,
+        WeightType::Q4_0,
+        WeightType::Q4_1,
+    ];
+
+    /// True for the block-quantized types.
+    pub fn is_block(self) -> bool {
+        matches!(self, WeightType::Q8_0 | WeightType::Q4_0 | WeightType::Q4_1)
+    }
+
+    /// Bytes of one row of `k` elements; `None` when a block type gets `k % 32 != 0`.
+    pub fn row_bytes(self, k: usize) -> Option<usize> {
+        match self {
+            WeightType::F32 => k.checked_mul(4),
+            WeightType::F16 | WeightType::BF16 => k.checked_mul(2),
+            WeightType::Q8_0 | WeightType::Q4_0 | WeightType::Q4_1 if !k.is_multiple_of(QK) => None,
+            WeightType::Q8_0 => Some(k / QK * Q8_0_BYTES),
+            WeightType::Q4_0 => Some(k / QK * Q4_0_BYTES),
+            WeightType::Q4_1 => Some(k / QK * Q4_1_BYTES),
+        }
+    }
+
+    /// Lower-case name (`f32`, `q4_0`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightType::F32 => "f32",
+            WeightType::F16 => "f16",
+            WeightType::BF16 => "bf16",
+            WeightType::Q8_0 => "q8_0",
+            WeightType::Q4_0 => "q4_0",
+            WeightType::Q4_1 => "q4_1",
+        }
+    }
+}
+
+/// The arguments of one `Linear` call: `out[rows, n] = x[rows, k] · w[n, k]ᵀ + bias[n]`.
+#[derive(Clone, Copy, Debug)]
+pub struct LinearArgs<'a> {
+    /// Activations, `rows * k` values, row-major.
+    pub x: &'a [f32],
+    /// Number of activation rows.
+    pub rows: usize,
+    /// Row length (input features).
+    pub k: usize,
+    /// Weight bytes: `n` rows of `k` elements of `wtype`.
+    pub w: &'a [u8],
+    /// Weight dtype.
+    pub wtype: WeightType,
+    /// Number of weight rows (output features).
+    pub n: usize,
+    /// Optional bias of `n` values.
+    pub bias: Option<&'a [f32]>,
+    /// Quantize activations to Q8_0 and use integer dots (block weight types only; ignored for
+    /// float weights).
+    pub quant_act: bool,
+}
+
+impl LinearArgs<'_> {
+    /// Checks every size against `out`; returns the weight row size in bytes.
+    fn validate(&self, out: &[f32]) -> Result<usize, String> {
+        let rb = self.wtype.row_bytes(self.k).ok_or_else(|| {
+            format!(
+                "weight {} needs k to be a multiple of 32, got k = {}",
+                self.wtype.name(),
+                self.k
+            )
+        })?;
+        let need = |a: usize, b: usize, what: &str| {
+            a.checked_mul(b)
+                .ok_or_else(|| format!("{what} size overflows ({a} x {b})"))
+        };
+        let wn = need(self.n, rb, "weight")?;
+        if self.w.len() < wn {
+            return Err(format!(
+                "weight has {} bytes, {} x {} {} needs {wn}",
+                self.w.len(),
+                self.n,
+                self.k,
+                self.wtype.name()
+            ));
+        }
+        let xn = need(self.rows, self.k, "input")?;
+        if self.x.len() < xn {
+            return Err(format!(
+                "input has {} values, need {} x {}",
+                self.x.len(),
+                self.rows,
+                self.k
+            ));
+        }
+        let on = need(self.rows, self.n, "output")?;
+        if out.len() < on {
+            return Err(format!(
+                "output has {} values, need {} x {}",
+                out.len(),
+                self.rows,
+                self.n
+            ));
+        }
+        if let Some(b) = self.bias {
+            if b.len() < self.n {
+                return Err(format!("bias has {} values, need {}", b.len(), self.n));
+            }
+        }
+        Ok(rb)
+    }
+
+    /// True when the integer (quantized activation) path applies.
+    fn uses_int(&self) -> bool {
+        self.quant_act && self.wtype.is_block()
+    }
+}
+
+thread_local! {
+    static ACT_SCRATCH: RefCell<Q8Rows> = RefCell::new(Q8Rows::default());
+}
+
+/// Scalar reference `Linear` (single thread; plain sequential dots; with `quant_act` the same
+/// integer block math as the fast path).
+pub fn linear_ref(a: &LinearArgs, out: &mut [f32]) -> Result<(), String> {
+    let rb = a.validate(out)?;
+    if a.uses_int() {
+        let mut q = Q8Rows::default();
+        act_quant::quantize_rows_ref(a.x, a.rows, a.k, &mut q)?;
+        let f: IntRowsFn = match a.wtype {
+            WeightType::Q8_0 => int_dot::rows_q8_0_ref,
+            WeightType::Q4_0 => int_dot::rows_q4_0_ref,
+            _ => int_dot::rows_q4_1_ref,
+        };
+        gemm::run(None, a, rb, gemm::Kernel::Int(f, &q, None), out);
+    } else {
+        let f: FloatRowsFn = match a.wtype {
+            WeightType::F32 => float_dot::rows_f32_ref,
+            WeightType::F16 => float_dot::rows_f16_ref,
+            WeightType::BF16 => float_dot::rows_bf16_ref,
+            WeightType::Q8_0 => quant_dot::rows_q8_0_ref,
+            WeightType::Q4_0 => quant_dot::rows_q4_0_ref,
+            WeightType::Q4_1 => quant_dot::rows_q4_1_ref,
+        };
+        gemm::run(None, a, rb, gemm::Kernel::Float(f, None), out);
+    }
+    Ok(())
+}
+
+/// Fast `Linear`: SIMD kernels, split over output columns on `threads`, activation rows in
+/// blocks of [`MAX_ROWS`] so every weight block is loaded once per block of rows.
+pub fn linear(threads: &Threads, a: &LinearArgs, out: &mut [f32]) -> Result<(), String> {
+    let rb = a.validate(out)?;
+    if a.uses_int() {
+        let f: IntRowsFn = match a.wtype {
+            WeightType::Q8_0 => int_dot::pick_q8_0(),
+            WeightType::Q4_0 => int_dot::pick_q4_0(),
+            _ => int_dot::pick_q4_1(),
+        };
+        ACT_SCRATCH.with(|s| {
+            let mut q = s
+                .try_borrow_mut()
+                .map_err(|_| "activation scratch busy (re-entrant call)".to_string())?;
+            act_quant::quantize_rows(a.x, a.rows, a.k, &mut q)?;
+            let tile = if a.rows >= INT_TILE_MIN_ROWS {
+                int_tile::pick(a.wtype)
+            } else {
+                None
+            };
+            gemm::run(Some(threads), a, rb, gemm::Kernel::Int(f, &q, tile), out);
+            Ok(())
+        })
+    } else {
+        let f: FloatRowsFn = match a.wtype {
+            WeightType::F32 => float_dot::pick_f32(),
+            WeightType::F16 => float_dot::pick_f16(),
+            WeightType::BF16 => float_dot::pick_bf16(),
+            WeightType::Q8_0 => quant_dot::pick_q8_0(),
+            WeightType::Q4_0 => quant_dot::pick_q4_0(),
+            WeightType::Q4_1 => quant_dot::pick_q4_1(),
+        };
+        // GEMM: convert tiles of weight rows to f32 once, then run the f32 kernels on them
+        let plan = if a.rows >= GEMM_MIN_ROWS {
+            let convert = match a.wtype {
+                WeightType::F32 => None,
+                WeightType::F16 | WeightType::BF16 => float_dot::pick_row_to_f32(a.wtype),
+                _ => quant_dot::pick_row_to_f32(a.wtype),
+            };
+            let tile = float_dot::pick_tile_f32();
+            (a.wtype == WeightType::F32 || convert.is_some()).then_some(gemm::F32Gemm {
+                convert,
+                rows: float_dot::pick_f32(),
+                tile,
+            })
+        } else {
+            None
+        };
+        gemm::run(Some(threads), a, rb, gemm::Kernel::Float(f, plan), out);
+        Ok(())
+    }
+}
+
+/// Horizontal sum of 8 lanes.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn hsum_avx2(v: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// The little-endian f16 at `p`, widened (F16C) and broadcast to 8 lanes. Reads 8 bytes
+/// (`p..p + 8` must be readable: callers point into a quantized block, which is longer). A
+/// zero-extending 64-bit load is used on purpose: a 16-bit insert (what a 2-byte read compiles
+/// to) merges into an unrelated register, which put a loop-carried dependency on the
+/// accumulators and made the exact kernels 3x slower.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn f16_at_avx2(p: *const u8) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_loadl_epi64(p as *const __m128i)))
+}
+
+#[cfg(test)]
+mod tests;

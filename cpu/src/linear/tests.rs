@@ -1,0 +1,460 @@
+//! Kernel-level tests: every fast kernel against its scalar reference, and the references
+//! against a float64 product of the dequantized weights.
+
+use super::matmul::{matmul, matmul_ref, matmul_trans_b, matmul_trans_b_ref, MatMulShape};
+use super::*;
+use crate::quant;
+use crate::threads::Threads;
+use half::{bf16, f16};
+
+fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
+            ((s.wrapping_mul(0x2545F4914F6CDD1D) >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// Encodes `v` as `t` and returns (bytes, the values the bytes really hold).
+fn encode(t: WeightType, v: &[f32]) -> (Vec<u8>, Vec<f32>) {
+    let mut deq = vec![0f32; v.len()];
+    let bytes: Vec<u8> = match t {
+        WeightType::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        WeightType::F16 => v
+            .iter()
+            .flat_map(|x| f16::from_f32(*x).to_le_bytes())
+            .collect(),
+        WeightType::BF16 => v
+            .iter()
+            .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
+            .collect(),
+        WeightType::Q8_0 => {
+            let mut b = vec![0u8; v.len() / 32 * quant::Q8_0_BYTES];
+            quant::quantize_q8_0(v, &mut b);
+            b
+        }
+        WeightType::Q4_0 => {
+            let mut b = vec![0u8; v.len() / 32 * quant::Q4_0_BYTES];
+            quant::quantize_q4_0(v, &mut b);
+            b
+        }
+        WeightType::Q4_1 => {
+            let mut b = vec![0u8; v.len() / 32 * quant::Q4_1_BYTES];
+            quant::quantize_q4_1(v, &mut b);
+            b
+        }
+    };
+    match t {
+        WeightType::F32 => deq.copy_from_slice(v),
+        WeightType::F16 => deq
+            .iter_mut()
+            .zip(v)
+            .for_each(|(d, x)| *d = f16::from_f32(*x).to_f32()),
+        WeightType::BF16 => deq
+            .iter_mut()
+            .zip(v)
+            .for_each(|(d, x)| *d = bf16::from_f32(*x).to_f32()),
+        WeightType::Q8_0 => quant::dequantize_q8_0(&bytes, &mut deq),
+        WeightType::Q4_0 => quant::dequantize_q4_0(&bytes, &mut deq),
+        WeightType::Q4_1 => quant::dequantize_q4_1(&bytes, &mut deq),
+    }
+    (bytes, deq)
+}
+
+fn nmse(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+        .sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    num / den.max(1e-30)
+}
+
+#[test]
+fn linear_fast_and_ref_match_f64() {
+    let threads = Threads::new(2).unwrap();
+    for t in WeightType::ALL {
+        for &(rows, k, n) in &[(1, 64, 7), (3, 96, 67), (5, 160, 9), (9, 576, 33)] {
+            for quant_act in [false, true] {
+                let x = rand_vec(rows * k, 1);
+                let (w, wd) = encode(t, &rand_vec(n * k, 2));
+                let bias = rand_vec(n, 3);
+                let a = LinearArgs {
+                    x: &x,
+                    rows,
+                    k,
+                    w: &w,
+                    wtype: t,
+                    n,
+                    bias: Some(&bias),
+                    quant_act,
+                };
+                let mut r = vec![0f32; rows * n];
+                let mut f = vec![0f32; rows * n];
+                linear_ref(&a, &mut r).unwrap();
+                linear(&threads, &a, &mut f).unwrap();
+                let exact: Vec<f32> = (0..rows * n)
+                    .map(|o| {
+                        let (i, j) = (o / n, o % n);
+                        let s: f64 = (0..k)
+                            .map(|l| x[i * k + l] as f64 * wd[j * k + l] as f64)
+                            .sum();
+                        (s + bias[j] as f64) as f32
+                    })
+                    .collect();
+                let name = format!("{} rows={rows} k={k} n={n} qa={quant_act}", t.name());
+                assert!(nmse(&f, &r) < 1e-10, "{name}: fast vs ref {}", nmse(&f, &r));
+                let tol = if quant_act && t.is_block() {
+                    5e-4
+                } else {
+                    1e-10
+                };
+                assert!(
+                    nmse(&r, &exact) < tol,
+                    "{name}: ref vs f64 {}",
+                    nmse(&r, &exact)
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn float_weights_with_odd_k() {
+    let threads = Threads::new(2).unwrap();
+    for t in [WeightType::F32, WeightType::F16, WeightType::BF16] {
+        for k in [1, 7, 33, 45] {
+            let x = rand_vec(6 * k, 4);
+            let (w, _) = encode(t, &rand_vec(5 * k, 5));
+            let a = LinearArgs {
+                x: &x,
+                rows: 6,
+                k,
+                w: &w,
+                wtype: t,
+                n: 5,
+                bias: None,
+                quant_act: false,
+            };
+            let (mut r, mut f) = (vec![0f32; 30], vec![0f32; 30]);
+            linear_ref(&a, &mut r).unwrap();
+            linear(&threads, &a, &mut f).unwrap();
+            assert!(nmse(&f, &r) < 1e-12, "{} k={k}", t.name());
+        }
+    }
+}
+
+#[test]
+fn bad_sizes_are_errors() {
+    let threads = Threads::new(1).unwrap();
+    let x = vec![0f32; 64];
+    let w = vec![0u8; 100];
+    let mut out = vec![0f32; 4];
+    let a = LinearArgs {
+        x: &x,
+        rows: 1,
+        k: 40,
+        w: &w,
+        wtype: WeightType::Q4_0,
+        n: 1,
+        bias: None,
+        quant_act: false,
+    };
+    assert!(linear(&threads, &a, &mut out)
+        .unwrap_err()
+        .contains("multiple of 32"));
+    let a = LinearArgs { k: 64, n: 4, ..a };
+    assert!(linear(&threads, &a, &mut out)
+        .unwrap_err()
+        .contains("weight"));
+    let a = LinearArgs { n: 1, rows: 2, ..a };
+    assert!(linear_ref(&a, &mut out).unwrap_err().contains("input"));
+}
+
+#[test]
+fn matmuls_match_reference() {
+    let threads = Threads::new(2).unwrap();
+    for &(m, k, n) in &[(1, 1, 1), (3, 17, 5), (33, 64, 70), (7, 130, 129)] {
+        let s = MatMulShape { m, k, n };
+        let a = rand_vec(m * k, 6);
+        let b = rand_vec(k * n, 7);
+        let (mut r, mut f) = (vec![0f32; m * n], vec![0f32; m * n]);
+        matmul_ref(s, &a, &b, 0.5, &mut r).unwrap();
+        matmul(&threads, s, &a, &b, 0.5, &mut f).unwrap();
+        assert!(nmse(&f, &r) < 1e-12, "matmul {m}x{k}x{n}");
+        let want: Vec<f32> = (0..m * n)
+            .map(|o| {
+                0.5 * (0..k)
+                    .map(|l| a[o / n * k + l] * b[l * n + o % n])
+                    .sum::<f32>()
+            })
+            .collect();
+        assert!(nmse(&r, &want) < 1e-12);
+        // transposed B: b viewed as [n, k]
+        matmul_trans_b_ref(s, &a, &b, 2.0, &mut r).unwrap();
+        matmul_trans_b(&threads, s, &a, &b, 2.0, &mut f).unwrap();
+        assert!(nmse(&f, &r) < 1e-12, "matmul_trans_b {m}x{k}x{n}");
+        let want: Vec<f32> = (0..m * n)
+            .map(|o| {
+                2.0 * (0..k)
+                    .map(|l| a[o / n * k + l] * b[o % n * k + l])
+                    .sum::<f32>()
+            })
+            .collect();
+        assert!(nmse(&r, &want) < 1e-12);
+    }
+}
+
+/// Every SIMD kernel this CPU can run (not only the one `pick_*` selects) against its reference.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn every_simd_variant_matches_reference() {
+    use crate::simd;
+    let mut float: Vec<(WeightType, &str, FloatRowsFn, FloatRowsFn)> = Vec::new();
+    let mut int: Vec<(WeightType, &str, IntRowsFn, IntRowsFn)> = Vec::new();
+    if simd::has_avx2_fma() {
+        float.push((
+            WeightType::F32,
+            "avx2",
+            float_dot::rows_f32_ref,
+            float_dot::avx2::rows_f32,
+        ));
+        float.push((
+            WeightType::F16,
+            "avx2",
+            float_dot::rows_f16_ref,
+            float_dot::avx2::rows_f16,
+        ));
+        float.push((
+            WeightType::BF16,
+            "avx2",
+            float_dot::rows_bf16_ref,
+            float_dot::avx2::rows_bf16,
+        ));
+        float.push((
+            WeightType::Q8_0,
+            "avx2",
+            quant_dot::rows_q8_0_ref,
+            quant_dot::avx2::rows_q8_0,
+        ));
+        float.push((
+            WeightType::Q4_0,
+            "avx2",
+            quant_dot::rows_q4_0_ref,
+            quant_dot::avx2::rows_q4_0,
+        ));
+        float.push((
+            WeightType::Q4_1,
+            "avx2",
+            quant_dot::rows_q4_1_ref,
+            quant_dot::avx2::rows_q4_1,
+        ));
+        int.push((
+            WeightType::Q8_0,
+            "avx2",
+            int_dot::rows_q8_0_ref,
+            int_dot::avx2::rows_q8_0,
+        ));
+        int.push((
+            WeightType::Q4_0,
+            "avx2",
+            int_dot::rows_q4_0_ref,
+            int_dot::avx2::rows_q4_0,
+        ));
+        int.push((
+            WeightType::Q4_1,
+            "avx2",
+            int_dot::rows_q4_1_ref,
+            int_dot::avx2::rows_q4_1,
+        ));
+    }
+    if simd::has_avx512() {
+        float.push((
+            WeightType::F32,
+            "avx512",
+            float_dot::rows_f32_ref,
+            float_dot::avx512::rows_f32,
+        ));
+        float.push((
+            WeightType::F16,
+            "avx512",
+            float_dot::rows_f16_ref,
+            float_dot::avx512::rows_f16,
+        ));
+        float.push((
+            WeightType::BF16,
+            "avx512",
+            float_dot::rows_bf16_ref,
+            float_dot::avx512::rows_bf16,
+        ));
+    }
+    float.push((
+        WeightType::F32,
+        "portable",
+        float_dot::rows_f32_ref,
+        float_dot::rows_f32_portable,
+    ));
+    for (t, name, r, f) in float {
+        let ks: &[usize] = if t.is_block() {
+            &[32, 96, 544]
+        } else {
+            &[1, 15, 16, 33, 100, 544]
+        };
+        for &k in ks {
+            let (w, _) = encode(t, &rand_vec(k, 9));
+            let x = rand_vec(4 * k, 10);
+            for rows in 1..=MAX_ROWS {
+                let (mut a, mut b) = ([0f32; MAX_ROWS], [0f32; MAX_ROWS]);
+                // SAFETY: sizes as in the contract; features checked above.
+                unsafe {
+                    r(&w, &x, k, rows, &mut a);
+                    f(&w, &x, k, rows, &mut b);
+                }
+                // single dots can cancel to ~0, so bound the absolute error by the rounding scale
+                let close = a
+                    .iter()
+                    .zip(&b)
+                    .all(|(p, q)| (p - q).abs() <= 1e-6 * k as f32);
+                assert!(
+                    close,
+                    "{} {name} k={k} rows={rows}: {a:?} vs {b:?}",
+                    t.name()
+                );
+            }
+        }
+    }
+    for (t, name, r, f) in int {
+        for k in [32usize, 64, 96, 544] {
+            let (w, _) = encode(t, &rand_vec(k, 11));
+            let mut q = act_quant::Q8Rows::default();
+            act_quant::quantize_rows_ref(&rand_vec(5 * k, 12), 5, k, &mut q).unwrap();
+            for rows in 1..=MAX_ROWS {
+                let (mut a, mut b) = ([0f32; MAX_ROWS], [0f32; MAX_ROWS]);
+                // SAFETY: sizes as in the contract; features checked above.
+                unsafe {
+                    r(&w, &q, 1, rows, &mut a);
+                    f(&w, &q, 1, rows, &mut b);
+                }
+                // single dots can cancel to ~0, so bound the absolute error by the rounding scale
+                let close = a
+                    .iter()
+                    .zip(&b)
+                    .all(|(p, q)| (p - q).abs() <= 1e-6 * k as f32);
+                assert!(
+                    close,
+                    "{} {name} k={k} rows={rows}: {a:?} vs {b:?}",
+                    t.name()
+                );
+            }
+        }
+    }
+}
+
+/// The register-tiled f32 GEMM kernel against its reference, every (rows, cols) and odd k.
+#[test]
+fn tile_kernel_matches_reference() {
+    let Some(tile) = float_dot::pick_tile_f32() else {
+        println!("no tile kernel on this CPU; skipped");
+        return;
+    };
+    for k in [1usize, 15, 16, 17, 100, 576] {
+        let (w, _) = encode(WeightType::F32, &rand_vec(4 * k, 13));
+        let x = rand_vec(4 * k, 14);
+        for rows in 1..=MAX_ROWS {
+            for cols in 1..=MAX_ROWS {
+                let (mut a, mut b) = ([[0f32; MAX_ROWS]; MAX_ROWS], [[0f32; MAX_ROWS]; MAX_ROWS]);
+                float_dot::tile_f32_ref(&w, &x, k, rows, cols, &mut a);
+                // SAFETY: sizes as in the contract; picked for this CPU.
+                unsafe { tile(&w, &x, k, rows, cols, &mut b) };
+                for c in 0..cols {
+                    for r in 0..rows {
+                        let (p, q) = (a[c][r], b[c][r]);
+                        assert!(
+                            (p - q).abs() <= 1e-6 * k as f32,
+                            "k={k} {rows}x{cols} [{c}][{r}]: {p} vs {q}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Every tiled integer kernel this CPU can run against the per-row reference, every
+/// (rows, cols), odd and even block counts.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn int_tile_kernels_match_reference() {
+    use int_tile::avx512 as t5;
+    let mut variants: Vec<(WeightType, &str, IntRowsFn, IntTileFn)> = Vec::new();
+    if crate::simd::has_avx512() {
+        variants.push((
+            WeightType::Q4_0,
+            "bw",
+            int_dot::rows_q4_0_ref,
+            t5::tile_q4_0,
+        ));
+        variants.push((
+            WeightType::Q4_1,
+            "bw",
+            int_dot::rows_q4_1_ref,
+            t5::tile_q4_1,
+        ));
+    }
+    if int_tile::has_vnni() {
+        variants.push((
+            WeightType::Q4_0,
+            "vnni",
+            int_dot::rows_q4_0_ref,
+            t5::tile_q4_0_vnni,
+        ));
+        variants.push((
+            WeightType::Q4_1,
+            "vnni",
+            int_dot::rows_q4_1_ref,
+            t5::tile_q4_1_vnni,
+        ));
+        variants.push((
+            WeightType::Q8_0,
+            "vnni",
+            int_dot::rows_q8_0_ref,
+            t5::tile_q8_0_vnni,
+        ));
+    }
+    if variants.is_empty() {
+        println!("no tiled integer kernel on this CPU; skipped");
+    }
+    for (t, name, r, tile) in variants {
+        for k in [32usize, 64, 96, 544] {
+            let rb = t.row_bytes(k).unwrap();
+            let (w, _) = encode(t, &rand_vec(4 * k, 15));
+            let mut q = act_quant::Q8Rows::default();
+            act_quant::quantize_rows_ref(&rand_vec(6 * k, 16), 6, k, &mut q).unwrap();
+            for rows in 1..=MAX_ROWS {
+                for cols in 1..=MAX_ROWS {
+                    let mut got = [[0f32; MAX_ROWS]; MAX_ROWS];
+                    // SAFETY: sizes as in the contract; features checked above.
+                    unsafe { tile(&w, rb, &q, 2, rows, cols, &mut got) };
+                    for c in 0..cols {
+                        let mut want = [0f32; MAX_ROWS];
+                        // SAFETY: as above.
+                        unsafe { r(&w[c * rb..(c + 1) * rb], &q, 2, rows, &mut want) };
+                        for r in 0..rows {
+                            let (p, g) = (want[r], got[c][r]);
+                            assert!(
+                                (p - g).abs() <= 1e-5 * (1.0 + p.abs()),
+                                "{} {name} k={k} {rows}x{cols} [{c}][{r}]: {p} vs {g}",
+                                t.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -5,57 +5,32 @@
 
 #define LIN_ROWS 4
 
+// Four consecutive weights 4p..4p+3 of block b (p in 0..8), dequantized. Eight lanes share a
+// block, so a warp reads 4 neighbouring blocks and 512 contiguous bytes of x per step.
 template <int DT>
-__device__ __forceinline__ void dot_block(const unsigned char* row, long b, const float* x, long k, int nr, float* acc) {
-    // block b (32 elements) of the weight row against rows x[r * k + b*32 ..]
-    float w[32];
-    if (DT == DT_Q8_0) {
-        // 34-byte blocks are 2-byte aligned: seventeen half-word loads.
-        const unsigned short* blk = (const unsigned short*)(row + b * 34);
-        float d = h2f(blk[0]);
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            unsigned short q = blk[1 + j];
-            w[2 * j] = d * (float)(signed char)(q & 0xff);
-            w[2 * j + 1] = d * (float)(signed char)(q >> 8);
-        }
-    } else if (DT == DT_Q4_0) {
-        const unsigned char* blk = row + b * 18;
-        float d = h2f(ld_u16(blk));
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            unsigned char q = blk[2 + j];
-            w[j] = d * (float)((int)(q & 15) - 8);
-            w[j + 16] = d * (float)((int)(q >> 4) - 8);
-        }
-    } else {
-        // 20-byte blocks stay 4-byte aligned (rows are whole blocks): five word loads.
-        const unsigned int* blk = (const unsigned int*)(row + b * 20);
-        unsigned int dm = blk[0];
+__device__ __forceinline__ void load4(const unsigned char* row, long b, int p, float* w) {
+    if (DT == DT_Q4_1) {
+        const unsigned char* blk = row + b * 20;
+        unsigned int dm = *(const unsigned int*)blk;
         float d = h2f((unsigned short)(dm & 0xffff)), mn = h2f((unsigned short)(dm >> 16));
+        unsigned int q = *(const unsigned int*)(blk + 4 + 4 * (p & 3));
+        int sh = p < 4 ? 0 : 4;
 #pragma unroll
-        for (int t = 0; t < 4; t++) {
-            unsigned int qw = blk[1 + t];
+        for (int u = 0; u < 4; u++) w[u] = d * (float)((q >> (8 * u + sh)) & 15) + mn;
+    } else if (DT == DT_Q4_0) {
+        const unsigned short* hs = (const unsigned short*)(row + b * 18);
+        float d = h2f(hs[0]);
+        int t = p & 3;
+        unsigned int q = (unsigned int)hs[1 + 2 * t] | ((unsigned int)hs[2 + 2 * t] << 16);
+        int sh = p < 4 ? 0 : 4;
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                unsigned int q = (qw >> (8 * u)) & 0xff;
-                w[4 * t + u] = d * (float)(q & 15) + mn;
-                w[4 * t + u + 16] = d * (float)(q >> 4) + mn;
-            }
-        }
-    }
+        for (int u = 0; u < 4; u++) w[u] = d * (float)((int)((q >> (8 * u + sh)) & 15) - 8);
+    } else {
+        const unsigned short* hs = (const unsigned short*)(row + b * 34);
+        float d = h2f(hs[0]);
+        unsigned int q = (unsigned int)hs[1 + 2 * p] | ((unsigned int)hs[2 + 2 * p] << 16);
 #pragma unroll
-    for (int r = 0; r < LIN_ROWS; r++) {
-        if (r < nr) {
-            const float4* xv = (const float4*)(x + r * k + b * 32);
-            float s = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                float4 t = xv[j];
-                s += w[4 * j] * t.x + w[4 * j + 1] * t.y + w[4 * j + 2] * t.z + w[4 * j + 3] * t.w;
-            }
-            acc[r] += s;
-        }
+        for (int u = 0; u < 4; u++) w[u] = d * (float)(signed char)((q >> (8 * u)) & 0xff);
     }
 }
 
@@ -74,7 +49,18 @@ __device__ void linear_t(const float* x, const unsigned char* w, const float* bi
     for (int r = 0; r < LIN_ROWS; r++) acc[r] = 0.0f;
     if (DT == DT_Q8_0 || DT == DT_Q4_0 || DT == DT_Q4_1) {
         long nb = k / 32;
-        for (long b = lane; b < nb; b += 32) dot_block<DT>(row, b, xr, k, nr, acc);
+        int p = lane & 7;
+        for (long b = lane >> 3; b < nb; b += 4) {
+            float w[4];
+            load4<DT>(row, b, p, w);
+#pragma unroll
+            for (int r = 0; r < LIN_ROWS; r++) {
+                if (r < nr) {
+                    float4 t = *(const float4*)(xr + r * (long)k + b * 32 + 4 * p);
+                    acc[r] += w[0] * t.x + w[1] * t.y + w[2] * t.z + w[3] * t.w;
+                }
+            }
+        }
     } else {
         for (long i = lane; i < k; i += 32) {
             float wv = load_w<DT>(row, i);

@@ -290,7 +290,7 @@ fn copy_bandwidth_and_q4_1_gemv_speed() {
 
 // ---- SmolLM2-135M-Instruct end to end on the GPU ----
 
-use fastllm::convert::{convert, ConvertOptions, TargetDtype, TokenizerImporters};
+use fastllm::convert::{convert, ConvertOptions};
 use fastllm::load::{load, LoadOptions};
 use fastllm::model::Precision;
 use serde_json::Value;
@@ -300,7 +300,9 @@ use std::path::PathBuf;
 fn fixtures() -> PathBuf {
     std::env::var_os("FASTLLM_FIXTURES")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/fixtures")))
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/fixtures"))
+        })
 }
 
 fn smollm2_flm() -> Option<PathBuf> {
@@ -312,24 +314,31 @@ fn smollm2_flm() -> Option<PathBuf> {
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("smollm2.flm");
     if !out.is_file() {
-        let opts = ConvertOptions {
-            dtype: TargetDtype::Keep,
-            tokenizer: TokenizerImporters {
-                hf: fastllm::tokenizer::TokenizerSpec::from_hf_json,
-                gguf: fastllm::tokenizer::TokenizerSpec::from_gguf,
-            },
-        };
-        convert(std::path::Path::new(&gguf), &out, &opts, &mut |_| {}).unwrap();
+        convert(
+            std::path::Path::new(&gguf),
+            &out,
+            &ConvertOptions::default(),
+            &mut |_| {},
+        )
+        .unwrap();
     }
     Some(out)
 }
 
 fn json_ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn json_floats(v: &Value) -> Vec<f32> {
-    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
 }
 
 fn log_softmax(v: &[f32]) -> Vec<f64> {
@@ -349,27 +358,59 @@ fn argmax(v: &[f32]) -> u32 {
 }
 
 /// (max |Δ| on the last prompt logits, top-1 agreements, positions with margin > 1e-2, mean KL).
-fn smollm2_stats(flm: &std::path::Path, precision: Precision) -> (f32, usize, usize, f64) {
-    let llm = load(flm, &LoadOptions { threads: 0, device: "cuda".into(), precision, low_memory: false }).unwrap();
+fn smollm2_stats(
+    flm: &std::path::Path,
+    device: &str,
+    precision: Precision,
+) -> (f32, usize, usize, f64) {
+    let llm = load(
+        flm,
+        &LoadOptions {
+            threads: 0,
+            device: device.into(),
+            precision,
+            low_memory: false,
+        },
+    )
+    .unwrap();
     let dir = fixtures().join("logits_smollm2");
-    let reference: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
     let vocab = llm.model.config().vocab_size;
-    let (mut worst, mut agree, mut total, mut kl_sum, mut kl_n) = (0f32, 0usize, 0usize, 0f64, 0usize);
+    let (mut worst, mut agree, mut total, mut kl_sum, mut kl_n) =
+        (0f32, 0usize, 0usize, 0f64, 0usize);
     for case in reference["cases"].as_array().unwrap() {
         let seq = json_ids(&case["sequence"]);
         let n_prompt = case["n_prompt"].as_u64().unwrap() as usize;
         let mut cache = llm.model.new_cache(seq.len()).unwrap();
-        let logits = llm.model.forward(&mut cache, &seq, true).unwrap().to_f32_vec().unwrap();
+        let logits = llm
+            .model
+            .forward(&mut cache, &seq, true)
+            .unwrap()
+            .to_f32_vec()
+            .unwrap();
         let bytes = std::fs::read(dir.join(case["last_logits_file"].as_str().unwrap())).unwrap();
-        let refl: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let refl: Vec<f32> = bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
         let row = &logits[(n_prompt - 1) * vocab..n_prompt * vocab];
         for (a, b) in row.iter().zip(&refl) {
             worst = worst.max((a - b).abs());
         }
         let (lp, lq) = (log_softmax(&refl), log_softmax(row));
-        kl_sum += lp.iter().zip(&lq).map(|(p, q)| p.exp() * (p - q)).sum::<f64>();
+        kl_sum += lp
+            .iter()
+            .zip(&lq)
+            .map(|(p, q)| p.exp() * (p - q))
+            .sum::<f64>();
         kl_n += 1;
-        let tops = case["top5_ids"].as_array().unwrap().iter().zip(case["top5_logits"].as_array().unwrap());
+        let tops = case["top5_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(case["top5_logits"].as_array().unwrap());
         for (p, (ti, tl)) in tops.enumerate() {
             let (ti, tl) = (json_ids(ti), json_floats(tl));
             if tl[0] - tl[1] > 1e-2 {
@@ -387,15 +428,35 @@ fn smollm2_stats(flm: &std::path::Path, precision: Precision) -> (f32, usize, us
 fn smollm2_on_the_gpu_matches_reference_and_cpu() {
     let Some(_dev) = gpu() else { return };
     let Some(flm) = smollm2_flm() else { return };
-    let (worst, agree, total, kl) = smollm2_stats(&flm, Precision::Exact);
+    let (worst, agree, total, kl) = smollm2_stats(&flm, "cuda", Precision::Exact);
     println!("smollm2 cuda exact: max|Δ| {worst:.2e}, top-1 {agree}/{total}, mean KL {kl:.2e}");
-    let (fworst, fagree, ftotal, fkl) = smollm2_stats(&flm, Precision::Fast);
-    println!("smollm2 cuda fast: max|Δ| {fworst:.2e}, top-1 {fagree}/{ftotal}, mean KL {fkl:.2e}");
     assert!(worst <= 2e-3, "exact: max |logit - ref| {worst} > 2e-3");
-    assert_eq!(agree, total, "exact: top-1 must agree wherever the reference margin > 1e-2");
-    assert!(fagree as f64 >= 0.97 * ftotal as f64, "fast: top-1 {fagree}/{ftotal} < 97%");
+    assert_eq!(
+        agree, total,
+        "exact: top-1 must agree wherever the reference margin > 1e-2"
+    );
+    // `fast` (int8 activations) uses the CPU's scheme, bit for bit per op; which positions flip
+    // still depends on float rounding upstream of each quantization, so compare with the CPU
+    // loosely and hold the fixture's KL bound.
+    let (fworst, fagree, ftotal, fkl) = smollm2_stats(&flm, "cuda", Precision::Fast);
+    let (cworst, cagree, ctotal, ckl) = smollm2_stats(&flm, "cpu", Precision::Fast);
+    println!("smollm2 cuda fast: max|Δ| {fworst:.2e}, top-1 {fagree}/{ftotal}, mean KL {fkl:.2e}");
+    println!("smollm2 cpu  fast: max|Δ| {cworst:.2e}, top-1 {cagree}/{ctotal}, mean KL {ckl:.2e}");
     assert!(fkl <= 8e-3, "fast: mean KL {fkl} > 8e-3");
+    assert!(
+        fagree as f64 >= 0.95 * ftotal as f64,
+        "fast: top-1 {fagree}/{ftotal} < 95%"
+    );
+    assert!(
+        fagree.abs_diff(cagree) as f64 <= 0.02 * ctotal as f64,
+        "fast: GPU top-1 {fagree} vs CPU {cagree}"
+    );
+}
 
+#[test]
+fn smollm2_greedy_on_the_gpu_equals_cpu_and_decode_speed() {
+    let Some(_dev) = gpu() else { return };
+    let Some(flm) = smollm2_flm() else { return };
     // Greedy decoding: the GPU's tokens equal the CPU's; decode speed at batch 1.
     let reference: Value = serde_json::from_str(
         &std::fs::read_to_string(fixtures().join("logits_smollm2").join("reference.json")).unwrap(),
@@ -403,17 +464,35 @@ fn smollm2_on_the_gpu_matches_reference_and_cpu() {
     .unwrap();
     let prompt = json_ids(&reference["cases"][1]["prompt_ids"]);
     let greedy = |device: &str, steps: usize| -> (Vec<u32>, f64, f64) {
-        let llm = load(&flm, &LoadOptions { threads: 0, device: device.into(), precision: Precision::Exact, low_memory: false })
-            .unwrap();
+        let llm = load(
+            &flm,
+            &LoadOptions {
+                threads: 0,
+                device: device.into(),
+                precision: Precision::Exact,
+                low_memory: false,
+            },
+        )
+        .unwrap();
         let mut cache = llm.model.new_cache(prompt.len() + steps + 1).unwrap();
         let t0 = Instant::now();
-        let l = llm.model.forward(&mut cache, &prompt, false).unwrap().to_f32_vec().unwrap();
+        let l = llm
+            .model
+            .forward(&mut cache, &prompt, false)
+            .unwrap()
+            .to_f32_vec()
+            .unwrap();
         let prefill = t0.elapsed().as_secs_f64();
         let mut next = argmax(&l);
         let mut out = vec![next];
         let t0 = Instant::now();
         for _ in 1..steps {
-            let l = llm.model.forward(&mut cache, &[next], false).unwrap().to_f32_vec().unwrap();
+            let l = llm
+                .model
+                .forward(&mut cache, &[next], false)
+                .unwrap()
+                .to_f32_vec()
+                .unwrap();
             next = argmax(&l);
             out.push(next);
         }
@@ -427,5 +506,9 @@ fn smollm2_on_the_gpu_matches_reference_and_cpu() {
         prompt.len(),
         gpu_prefill * 1e3
     );
-    assert_eq!(&gpu_tokens[..32], &cpu_tokens[..], "greedy tokens differ between GPU and CPU");
+    assert_eq!(
+        &gpu_tokens[..32],
+        &cpu_tokens[..],
+        "greedy tokens differ between GPU and CPU"
+    );
 }

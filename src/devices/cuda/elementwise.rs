@@ -136,7 +136,7 @@ impl Operator for Activation {
             ),
             Act::Swiglu | Act::GeluGated => {
                 let dd = y.dim(-1);
-                let rows = if dd == 0 { 0 } else { n / dd };
+                let rows = n.checked_div(dd).unwrap_or(0);
                 let mut args = vec![
                     KArg::Ptr(xp),
                     KArg::Ptr(yp),

@@ -40,7 +40,10 @@ impl Rotary {
         let tables = d.get("cos").is_some() && d.get("sin").is_some();
         match d.get("positions") {
             Some(pos) if pos.count() != s => {
-                return Err(op_err("RotaryEmbedding", format!("positions {:?} must have {s} entries", pos.dims())))
+                return Err(op_err(
+                    "RotaryEmbedding",
+                    format!("positions {:?} must have {s} entries", pos.dims()),
+                ))
             }
             None if !tables => return Err(op_err("RotaryEmbedding", "missing input 'positions'")),
             _ => {}
@@ -77,7 +80,8 @@ impl Rotary {
 impl Operator for Rotary {
     fn can_run(&self, d: &DataDict, _: &FloatDict, i: &IntDict) -> bool {
         d.dtype("input") == Some(DataType::F32)
-            && (d.dtype("positions") == Some(DataType::I32) || (d.get("cos").is_some() && d.get("positions").is_none()))
+            && (d.dtype("positions") == Some(DataType::I32)
+                || (d.get("cos").is_some() && d.get("positions").is_none()))
             && all_f32(d, &["inv_freq", "cos", "sin"])
             && d.get("input").is_some_and(|x| x.is_contiguous())
             && matches!(i.get_or("style", 0), 0 | 1)

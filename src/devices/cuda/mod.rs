@@ -20,6 +20,7 @@ pub mod gpu;
 pub mod kernels;
 mod linear;
 mod norm;
+mod paged;
 mod rope;
 mod select;
 mod shape;
@@ -43,6 +44,7 @@ impl CudaDevice {
         let mut ops = OpRegistry::new();
         elementwise::register(&mut ops, &gpu);
         norm::register(&mut ops, &gpu);
+        paged::register(&mut ops, &gpu);
         embedding::register(&mut ops, &gpu);
         linear::register(&mut ops, &gpu);
         attention::register(&mut ops, &gpu);

@@ -677,7 +677,9 @@ impl Data {
         for o in 0..outer {
             let row = raw
                 .get(o * inner_cap..o * inner_cap + inner_used)
-                .ok_or_else(|| Error::invalid(format!("{:?}: storage smaller than its capacity", self)))?;
+                .ok_or_else(|| {
+                    Error::invalid(format!("{:?}: storage smaller than its capacity", self))
+                })?;
             out.extend_from_slice(row);
         }
         Ok(out)

@@ -56,9 +56,9 @@ pub fn executor_for(device: &str, threads: usize) -> Result<Executor> {
 #[cfg(feature = "cuda")]
 fn cuda_executor(d: &str, threads: usize) -> Result<Executor> {
     let ordinal = match d.strip_prefix("cuda:") {
-        Some(n) => n
-            .parse::<u32>()
-            .map_err(|_| Error::invalid(format!("device '{d}': expected cuda:N with N a GPU number")))?,
+        Some(n) => n.parse::<u32>().map_err(|_| {
+            Error::invalid(format!("device '{d}': expected cuda:N with N a GPU number"))
+        })?,
         None => 0,
     };
     let mut e = Executor::new();
@@ -69,7 +69,9 @@ fn cuda_executor(d: &str, threads: usize) -> Result<Executor> {
 
 #[cfg(not(feature = "cuda"))]
 fn cuda_executor(d: &str, _threads: usize) -> Result<Executor> {
-    Err(Error::Unsupported(format!("device '{d}': this build has no CUDA support (feature 'cuda')")))
+    Err(Error::Unsupported(format!(
+        "device '{d}': this build has no CUDA support (feature 'cuda')"
+    )))
 }
 
 /// Loads a `.flm` file.

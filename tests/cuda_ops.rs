@@ -247,6 +247,7 @@ fn copy_bandwidth_and_q4_1_gemv_speed() {
     let host = vec![1u8; 256 << 20];
     let t0 = Instant::now();
     g.htod(&host, sp).unwrap();
+    g.sync().unwrap();
     let dt = t0.elapsed().as_secs_f64();
     println!(
         "PERF h2d copy 256 MiB (pageable): {:.1} GB/s",

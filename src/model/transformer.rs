@@ -170,7 +170,11 @@ impl Model {
         };
         // A GPU (or other non-CPU) first device gets the weights once, now.
         let (mut inv_freq, mut alibi) = (inv_freq, alibi);
-        if let Some(dev) = exec.devices().first().filter(|d| d.kind() != DeviceKind::Cpu) {
+        if let Some(dev) = exec
+            .devices()
+            .first()
+            .filter(|d| d.kind() != DeviceKind::Cpu)
+        {
             weights.upload_to(dev.as_ref())?;
             for t in [&mut inv_freq, &mut alibi].into_iter().flatten() {
                 *t = dev.upload(t)?;

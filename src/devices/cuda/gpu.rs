@@ -138,17 +138,19 @@ impl Gpu {
             .map_err(|e| dev_err("synchronize", e))
     }
 
-    /// Copies `src` to device address `dst` (blocking on completion).
+    /// Enqueues a copy of `src` to device address `dst`. `src` is pageable host memory, which
+    /// the driver stages before returning, so the caller may drop it at once; the stream is not
+    /// synchronised (small per-step uploads such as token ids must not stall the queue).
     pub fn htod(&self, src: &[u8], dst: u64) -> Result<()> {
         if src.is_empty() {
             return Ok(());
         }
         self.bind()?;
-        // SAFETY: dst is a device allocation of at least src.len() bytes (callers check sizes);
-        // the copy completes before src can be dropped because we synchronize.
+        // SAFETY: dst is a device allocation of at least src.len() bytes (callers check sizes).
+        // For pageable memory cuMemcpyHtoDAsync copies `src` to a staging buffer before it
+        // returns, so `src` is no longer read after this call.
         unsafe { dres::memcpy_htod_async(dst, src, self.stream.cu_stream()) }
-            .map_err(|e| dev_err("copy to GPU", e))?;
-        self.sync()
+            .map_err(|e| dev_err("copy to GPU", e))
     }
 
     /// Copies `dst.len()` bytes from device address `src` into `dst` (blocking).

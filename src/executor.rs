@@ -69,7 +69,12 @@ impl Profiler {
                 100.0 * t.as_secs_f64() / total.as_secs_f64().max(1e-12)
             );
         }
-        s += &format!("{:<20} {:>9} {:>12.3}\n", "total", "", total.as_secs_f64() * 1e3);
+        s += &format!(
+            "{:<20} {:>9} {:>12.3}\n",
+            "total",
+            "",
+            total.as_secs_f64() * 1e3
+        );
         s
     }
 }
@@ -135,7 +140,9 @@ impl Executor {
             self.run_moved(device.as_ref(), op, datas, floats, ints)?;
         } else {
             let ops = device.ops();
-            let o = ops.get(op).ok_or_else(|| Error::UnknownOp(op.to_string()))?;
+            let o = ops
+                .get(op)
+                .ok_or_else(|| Error::UnknownOp(op.to_string()))?;
             o.reshape(datas, floats, ints)?;
             o.run(datas, floats, ints)?;
         }
@@ -171,7 +178,9 @@ impl Executor {
         }
         let mut moved = datas.reborrow_with(&copies);
         let ops = device.ops();
-        let o = ops.get(op).ok_or_else(|| Error::UnknownOp(op.to_string()))?;
+        let o = ops
+            .get(op)
+            .ok_or_else(|| Error::UnknownOp(op.to_string()))?;
         o.reshape(&mut moved, floats, ints)?;
         o.run(&mut moved, floats, ints)
     }

@@ -1,13 +1,13 @@
 //! Loading a `.flm` model into an `Llm`: opens the file (mmap or low-memory mode), builds the
 //! executor for the requested device, the model graph and the tokenizer.
 
+use crate::data::Data;
 use crate::error::{Error, Result};
 use crate::executor::Executor;
 use crate::format::flm::{FlmFile, LoadMode};
 use crate::generate::Llm;
 use crate::model::{Model, Precision, WeightSource};
 use crate::tokenizer::Tokenizer;
-use crate::data::Data;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -26,7 +26,12 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { threads: 0, device: "cpu".into(), low_memory: false, precision: Precision::Fast }
+        LoadOptions {
+            threads: 0,
+            device: "cpu".into(),
+            low_memory: false,
+            precision: Precision::Fast,
+        }
     }
 }
 
@@ -38,7 +43,7 @@ impl WeightSource for FlmFile {
         self.has_tensor(name)
     }
     fn names(&self) -> Vec<String> {
-        self.tensor_names().into_iter().map(|s| s.to_string()).collect()
+        self.tensor_names().map(|s| s.to_string()).collect()
     }
 }
 
@@ -49,7 +54,9 @@ pub fn executor_for(device: &str, threads: usize) -> Result<Executor> {
     match device {
         "cpu" | "" => Executor::cpu(threads),
         d if d == "cuda" || d.starts_with("cuda:") => cuda_executor(d, threads),
-        d => Err(Error::invalid(format!("device '{d}' (expected cpu, cuda or cuda:N)"))),
+        d => Err(Error::invalid(format!(
+            "device '{d}' (expected cpu, cuda or cuda:N)"
+        ))),
     }
 }
 
@@ -76,7 +83,11 @@ fn cuda_executor(d: &str, _threads: usize) -> Result<Executor> {
 
 /// Loads a `.flm` file.
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<Llm> {
-    let mode = if opts.low_memory { LoadMode::LowMemory } else { LoadMode::Mmap };
+    let mode = if opts.low_memory {
+        LoadMode::LowMemory
+    } else {
+        LoadMode::Mmap
+    };
     let file = FlmFile::open(path, mode)?;
     let config = file.config().clone();
     let tokenizer = Tokenizer::new(file.tokenizer_spec().clone())?;
@@ -89,6 +100,17 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Llm> {
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
     let exec = executor_for(&opts.device, opts.threads)?;
-    let model = Model::new(config, Arc::new(file), exec, opts.precision, opts.low_memory)?;
-    Ok(Llm { model, tokenizer, chat_template, name })
+    let model = Model::new(
+        config,
+        Arc::new(file),
+        exec,
+        opts.precision,
+        opts.low_memory,
+    )?;
+    Ok(Llm {
+        model,
+        tokenizer,
+        chat_template,
+        name,
+    })
 }

@@ -17,35 +17,70 @@ pub enum RotaryStyle {
 }
 
 /// `output = input·weightᵀ + bias`.
-pub fn linear(e: &Executor, x: &Data, w: &Data, b: Option<&Data>, out: &mut Data, quant_act: bool) -> Result<()> {
+pub fn linear(
+    e: &Executor,
+    x: &Data,
+    w: &Data,
+    b: Option<&Data>,
+    out: &mut Data,
+    quant_act: bool,
+) -> Result<()> {
     let mut d = DataDict::new().with("input", x).with("weight", w);
     if let Some(b) = b {
         d.insert("bias", b);
     }
     d.insert_mut("output", out);
-    e.run("Linear", &mut d, &FloatDict::new(), &IntDict::new().with("quant_act", quant_act as i32))
+    e.run(
+        "Linear",
+        &mut d,
+        &FloatDict::new(),
+        &IntDict::new().with("quant_act", quant_act as i32),
+    )
 }
 
 /// `output = embedding rows of ids`.
 pub fn embedding(e: &Executor, ids: &Data, w: &Data, out: &mut Data) -> Result<()> {
-    let mut d = DataDict::new().with("input", ids).with("weight", w).with_mut("output", out);
+    let mut d = DataDict::new()
+        .with("input", ids)
+        .with("weight", w)
+        .with_mut("output", out);
     e.run("Embedding", &mut d, &FloatDict::new(), &IntDict::new())
 }
 
 /// RMS normalization over the last axis.
 pub fn rms_norm(e: &Executor, x: &Data, w: &Data, eps: f32, out: &mut Data) -> Result<()> {
-    let mut d = DataDict::new().with("input", x).with("weight", w).with_mut("output", out);
-    e.run("RMSNorm", &mut d, &FloatDict::new().with("eps", eps), &IntDict::new())
+    let mut d = DataDict::new()
+        .with("input", x)
+        .with("weight", w)
+        .with_mut("output", out);
+    e.run(
+        "RMSNorm",
+        &mut d,
+        &FloatDict::new().with("eps", eps),
+        &IntDict::new(),
+    )
 }
 
 /// Layer normalization over the last axis.
-pub fn layer_norm(e: &Executor, x: &Data, g: &Data, b: &Data, eps: f32, out: &mut Data) -> Result<()> {
+pub fn layer_norm(
+    e: &Executor,
+    x: &Data,
+    g: &Data,
+    b: &Data,
+    eps: f32,
+    out: &mut Data,
+) -> Result<()> {
     let mut d = DataDict::new()
         .with("input", x)
         .with("gamma", g)
         .with("beta", b)
         .with_mut("output", out);
-    e.run("LayerNorm", &mut d, &FloatDict::new().with("eps", eps), &IntDict::new())
+    e.run(
+        "LayerNorm",
+        &mut d,
+        &FloatDict::new().with("eps", eps),
+        &IntDict::new(),
+    )
 }
 
 /// Parameters of [`rotary`].
@@ -92,7 +127,14 @@ pub struct AttentionParams<'a> {
 }
 
 /// Causal attention of `q` [sq, nh, hd] over `k`, `v` [skv, nkv, hd].
-pub fn attention(e: &Executor, q: &Data, k: &Data, v: &Data, p: &AttentionParams, out: &mut Data) -> Result<()> {
+pub fn attention(
+    e: &Executor,
+    q: &Data,
+    k: &Data,
+    v: &Data,
+    p: &AttentionParams,
+    out: &mut Data,
+) -> Result<()> {
     let mut d = DataDict::new().with("q", q).with("k", k).with("v", v);
     if let Some(a) = p.alibi {
         d.insert("alibi_slopes", a);
@@ -101,7 +143,9 @@ pub fn attention(e: &Executor, q: &Data, k: &Data, v: &Data, p: &AttentionParams
     e.run(
         "Attention",
         &mut d,
-        &FloatDict::new().with("scale", p.scale).with("softcap", p.softcap),
+        &FloatDict::new()
+            .with("scale", p.scale)
+            .with("softcap", p.softcap),
         &IntDict::new()
             .with("causal", 1)
             .with("sliding_window", p.sliding_window as i32),
@@ -111,7 +155,12 @@ pub fn attention(e: &Executor, q: &Data, k: &Data, v: &Data, p: &AttentionParams
 /// `x += alpha·y`.
 pub fn add_to(e: &Executor, x: &mut Data, y: &Data, alpha: f32) -> Result<()> {
     let mut d = DataDict::new().with_mut("input0", x).with("input1", y);
-    e.run("AddTo", &mut d, &FloatDict::new().with("alpha", alpha), &IntDict::new())
+    e.run(
+        "AddTo",
+        &mut d,
+        &FloatDict::new().with("alpha", alpha),
+        &IntDict::new(),
+    )
 }
 
 /// `x *= y` (elementwise or row broadcast).
@@ -123,7 +172,12 @@ pub fn mul_to(e: &Executor, x: &mut Data, y: &Data) -> Result<()> {
 /// `output = x·v`.
 pub fn mul(e: &Executor, x: &Data, v: f32, out: &mut Data) -> Result<()> {
     let mut d = DataDict::new().with("input", x).with_mut("output", out);
-    e.run("Mul", &mut d, &FloatDict::new().with("v", v), &IntDict::new())
+    e.run(
+        "Mul",
+        &mut d,
+        &FloatDict::new().with("v", v),
+        &IntDict::new(),
+    )
 }
 
 fn unary(e: &Executor, op: &str, x: &Data, out: &mut Data, f: FloatDict, i: IntDict) -> Result<()> {
@@ -138,7 +192,14 @@ pub fn silu(e: &Executor, x: &Data, out: &mut Data) -> Result<()> {
 
 /// `output = gelu(x)` (tanh approximation when `tanh`).
 pub fn gelu(e: &Executor, x: &Data, tanh: bool, out: &mut Data) -> Result<()> {
-    unary(e, "Gelu", x, out, FloatDict::new(), IntDict::new().with("approx", tanh as i32))
+    unary(
+        e,
+        "Gelu",
+        x,
+        out,
+        FloatDict::new(),
+        IntDict::new().with("approx", tanh as i32),
+    )
 }
 
 /// `output = silu(x[..d])·x[d..]`.
@@ -148,16 +209,37 @@ pub fn swiglu(e: &Executor, x: &Data, out: &mut Data) -> Result<()> {
 
 /// `output = gelu(x[..d])·x[d..]`.
 pub fn gelu_gated(e: &Executor, x: &Data, tanh: bool, out: &mut Data) -> Result<()> {
-    unary(e, "GeluGated", x, out, FloatDict::new(), IntDict::new().with("approx", tanh as i32))
+    unary(
+        e,
+        "GeluGated",
+        x,
+        out,
+        FloatDict::new(),
+        IntDict::new().with("approx", tanh as i32),
+    )
 }
 
 /// `output = cap·tanh(x/cap)`.
 pub fn soft_cap(e: &Executor, x: &Data, cap: f32, out: &mut Data) -> Result<()> {
-    unary(e, "SoftCap", x, out, FloatDict::new().with("cap", cap), IntDict::new())
+    unary(
+        e,
+        "SoftCap",
+        x,
+        out,
+        FloatDict::new().with("cap", cap),
+        IntDict::new(),
+    )
 }
 
 /// `output = x[start..end]` along `axis`.
-pub fn split(e: &Executor, x: &Data, axis: usize, start: usize, end: usize, out: &mut Data) -> Result<()> {
+pub fn split(
+    e: &Executor,
+    x: &Data,
+    axis: usize,
+    start: usize,
+    end: usize,
+    out: &mut Data,
+) -> Result<()> {
     unary(
         e,
         "Split",
@@ -174,12 +256,19 @@ pub fn split(e: &Executor, x: &Data, axis: usize, start: usize, end: usize, out:
 /// Appends `src` to `dst` along `axis` in place.
 pub fn cat_direct(e: &Executor, dst: &mut Data, src: &Data, axis: usize) -> Result<()> {
     let mut d = DataDict::new().with_mut("input0", dst).with("input1", src);
-    e.run("CatDirect", &mut d, &FloatDict::new(), &IntDict::new().with("axis", axis as i32))
+    e.run(
+        "CatDirect",
+        &mut d,
+        &FloatDict::new(),
+        &IntDict::new().with("axis", axis as i32),
+    )
 }
 
 /// `output = x` with axes permuted.
 pub fn permute(e: &Executor, x: &Data, axes: &[usize], out: &mut Data) -> Result<()> {
-    const NAMES: [&str; 8] = ["axis0", "axis1", "axis2", "axis3", "axis4", "axis5", "axis6", "axis7"];
+    const NAMES: [&str; 8] = [
+        "axis0", "axis1", "axis2", "axis3", "axis4", "axis5", "axis6", "axis7",
+    ];
     let mut ints = IntDict::new();
     for (n, a) in NAMES.iter().zip(axes) {
         ints.insert(n, *a as i32);

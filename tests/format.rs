@@ -64,7 +64,11 @@ fn tokenizer() -> TokenizerSpec {
         ],
         scores: vec![0.0, 0.0, 0.0, -1.5, -2.25, 0.0],
         merges: vec![("▁".as_bytes().to_vec(), b"a".to_vec())],
-        added: vec![AddedToken { id: 5, content: "<|im_end|>".into(), special: true }],
+        added: vec![AddedToken {
+            id: 5,
+            content: "<|im_end|>".into(),
+            special: true,
+        }],
         pre_tokenizer: PreTokenizerKind::None,
         normalizer: NormalizerKind::SentencePiece,
         add_prefix_space: true,
@@ -80,7 +84,10 @@ fn tokenizer() -> TokenizerSpec {
 
 fn extra_meta() -> Metadata {
     let mut m = Metadata::new();
-    m.insert("chat_template".into(), MetaValue::Str("{{ messages }}".into()));
+    m.insert(
+        "chat_template".into(),
+        MetaValue::Str("{{ messages }}".into()),
+    );
     m.insert("generation.temperature".into(), MetaValue::F64(0.7));
     m.insert("generation.top_k".into(), MetaValue::I64(-1));
     m.insert("generation.do_sample".into(), MetaValue::Bool(true));
@@ -97,15 +104,27 @@ fn sample_tensors() -> Vec<(String, DataType, Vec<usize>, Vec<u8>)> {
     let mut out = Vec::new();
     for (i, dt) in DataType::ALL.iter().copied().enumerate() {
         let dims = vec![3 + i, 64];
-        let values: Vec<f32> = (0..dims[0] * dims[1]).map(|_| rng.gen_range(-2.0..2.0)).collect();
+        let values: Vec<f32> = (0..dims[0] * dims[1])
+            .map(|_| rng.gen_range(-2.0..2.0))
+            .collect();
         let values: Vec<f32> = if dt == DataType::I32 {
             values.iter().map(|v| (v * 1000.0).round()).collect()
         } else {
             values
         };
-        out.push((format!("t.{}", dt.name()), dt, dims, encode_from_f32(dt, &values).unwrap()));
+        out.push((
+            format!("t.{}", dt.name()),
+            dt,
+            dims,
+            encode_from_f32(dt, &values).unwrap(),
+        ));
     }
-    out.push(("scalarish".into(), DataType::F32, vec![5], encode_from_f32(DataType::F32, &[1.0, 2.0, 3.0, 4.0, 5.0]).unwrap()));
+    out.push((
+        "scalarish".into(),
+        DataType::F32,
+        vec![5],
+        encode_from_f32(DataType::F32, &[1.0, 2.0, 3.0, 4.0, 5.0]).unwrap(),
+    ));
     out
 }
 
@@ -128,8 +147,14 @@ fn round_trip_every_dtype_both_modes() {
         assert_eq!(f.config(), &config());
         assert_eq!(f.tokenizer_spec(), &tokenizer());
         assert_eq!(f.chat_template(), Some("{{ messages }}"));
-        assert_eq!(f.metadata().get("generation.top_k"), Some(&MetaValue::I64(-1)));
-        assert_eq!(f.metadata().get("generation.temperature"), Some(&MetaValue::F64(0.7)));
+        assert_eq!(
+            f.metadata().get("generation.top_k"),
+            Some(&MetaValue::I64(-1))
+        );
+        assert_eq!(
+            f.metadata().get("generation.temperature"),
+            Some(&MetaValue::F64(0.7))
+        );
         assert_eq!(f.tensor_names().count(), tensors.len());
         for (n, dt, dims, bytes) in &tensors {
             assert!(f.has_tensor(n));
@@ -141,12 +166,18 @@ fn round_trip_every_dtype_both_modes() {
             assert_eq!(d.dims(), &dims[..]);
             assert_eq!(d.bytes().unwrap(), &bytes[..], "{n} in {mode:?}");
             assert_eq!(d.name, *n);
-            let want = Data::from_bytes(*dt, dims, bytes).unwrap().to_f32_vec().unwrap();
+            let want = Data::from_bytes(*dt, dims, bytes)
+                .unwrap()
+                .to_f32_vec()
+                .unwrap();
             assert_eq!(d.to_f32_vec().unwrap(), want);
         }
         assert!(!f.has_tensor("nope"));
         let err = f.tensor("nope").unwrap_err().to_string();
-        assert!(err.contains("nope") && err.contains(path.to_str().unwrap()), "{err}");
+        assert!(
+            err.contains("nope") && err.contains(path.to_str().unwrap()),
+            "{err}"
+        );
         f.verify().unwrap();
     }
 }
@@ -160,7 +191,10 @@ fn mmap_tensors_are_zero_copy_and_low_memory_copies() {
     let range = map.as_ptr() as usize..map.as_ptr() as usize + map.len();
     for n in f.tensor_names() {
         let d = f.tensor(n).unwrap();
-        assert!(matches!(d.storage(), Storage::Shared { .. }), "{n} is not a shared view");
+        assert!(
+            matches!(d.storage(), Storage::Shared { .. }),
+            "{n} is not a shared view"
+        );
         let p = d.bytes().unwrap().as_ptr() as usize;
         assert!(range.contains(&p), "{n} does not point into the mapping");
         assert_eq!(p % 64, 0, "{n} not 64-byte aligned");
@@ -170,8 +204,15 @@ fn mmap_tensors_are_zero_copy_and_low_memory_copies() {
     let a = low.tensor("t.q4_1").unwrap();
     let b = low.tensor("t.q4_1").unwrap();
     assert!(matches!(a.storage(), Storage::Owned { .. }));
-    assert_ne!(a.bytes().unwrap().as_ptr(), b.bytes().unwrap().as_ptr(), "each call is a fresh read");
-    assert_eq!(a.bytes().unwrap(), f.tensor("t.q4_1").unwrap().bytes().unwrap());
+    assert_ne!(
+        a.bytes().unwrap().as_ptr(),
+        b.bytes().unwrap().as_ptr(),
+        "each call is a fresh read"
+    );
+    assert_eq!(
+        a.bytes().unwrap(),
+        f.tensor("t.q4_1").unwrap().bytes().unwrap()
+    );
 }
 
 // ---- corrupt files ----------------------------------------------------------------------
@@ -187,7 +228,12 @@ fn sections(b: &[u8]) -> Vec<(u32, usize, usize, usize)> {
         .map(|i| {
             let e = 32 + 32 * i;
             let kind = u32::from_le_bytes(b[e..e + 4].try_into().unwrap());
-            (kind, u64_at(b, e + 8) as usize, u64_at(b, e + 16) as usize, e)
+            (
+                kind,
+                u64_at(b, e + 8) as usize,
+                u64_at(b, e + 16) as usize,
+                e,
+            )
         })
         .collect()
 }
@@ -221,7 +267,10 @@ fn open_err(name: &str, bytes: &[u8], mode: LoadMode) -> String {
         Ok(_) => panic!("{name}: corrupt file opened"),
         Err(e) => e.to_string(),
     };
-    assert!(e.contains(p.to_str().unwrap()), "{name}: error does not name the file: {e}");
+    assert!(
+        e.contains(p.to_str().unwrap()),
+        "{name}: error does not name the file: {e}"
+    );
     e
 }
 
@@ -334,7 +383,12 @@ fn checksum_mismatches() {
     for mode in [LoadMode::Mmap, LoadMode::LowMemory] {
         let f = FlmFile::open(&p, mode).unwrap();
         let e = f.tensor("t.q8_0").unwrap_err().to_string();
-        assert!(e.contains("checksum mismatch") && e.contains("t.q8_0") && e.contains(p.to_str().unwrap()), "{e}");
+        assert!(
+            e.contains("checksum mismatch")
+                && e.contains("t.q8_0")
+                && e.contains(p.to_str().unwrap()),
+            "{e}"
+        );
         assert!(f.tensor("t.f32").is_ok());
         assert!(f.verify().is_err());
     }
@@ -344,12 +398,29 @@ fn checksum_mismatches() {
 fn writer_rejects_bad_tensors() {
     let p = tmp("bad-writer.flm");
     let mut w = FlmWriter::create(&p, &config(), &Metadata::new(), &tokenizer()).unwrap();
-    assert!(w.add_tensor("a", DataType::F32, &[2, 2], &[0u8; 15]).is_err());
-    assert!(w.add_tensor("b", DataType::Q4_0, &[2, 33], &[0u8; 36]).is_err());
+    assert!(w
+        .add_tensor("a", DataType::F32, &[2, 2], &[0u8; 15])
+        .is_err());
+    assert!(w
+        .add_tensor("b", DataType::Q4_0, &[2, 33], &[0u8; 36])
+        .is_err());
     w.add_tensor("c", DataType::F32, &[1], &[0u8; 4]).unwrap();
     assert!(w.add_tensor("c", DataType::F32, &[1], &[0u8; 4]).is_err());
     w.finish().unwrap();
-    assert_eq!(FlmFile::open(&p, LoadMode::Mmap).unwrap().tensor_names().count(), 1);
+    assert_eq!(
+        FlmFile::open(&p, LoadMode::Mmap)
+            .unwrap()
+            .tensor_names()
+            .count(),
+        1
+    );
+    // an unfinished writer leaves nothing behind
+    let q = tmp("unfinished.flm");
+    let mut w = FlmWriter::create(&q, &config(), &Metadata::new(), &tokenizer()).unwrap();
+    w.add_tensor("c", DataType::F32, &[1], &[0u8; 4]).unwrap();
+    drop(w);
+    assert!(!q.exists());
+    assert!(!tmp("unfinished.flm.partial").exists());
 }
 
 // ---- safetensors ------------------------------------------------------------------------
@@ -393,17 +464,26 @@ fn safetensors_good_and_bad_headers() {
     assert!(st_err("json.safetensors", &safetensors("{not json", &[])).contains("JSON"));
     let e = st_err(
         "outside.safetensors",
-        &safetensors(r#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}}"#, &[0; 8]),
+        &safetensors(
+            r#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}}"#,
+            &[0; 8],
+        ),
     );
     assert!(e.contains("outside"), "{e}");
     let e = st_err(
         "size.safetensors",
-        &safetensors(r#"{"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#, &[0; 8]),
+        &safetensors(
+            r#"{"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#,
+            &[0; 8],
+        ),
     );
     assert!(e.contains("needs 12 bytes"), "{e}");
     let e = st_err(
         "dtype.safetensors",
-        &safetensors(r#"{"w":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}}"#, &[0; 8]),
+        &safetensors(
+            r#"{"w":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}}"#,
+            &[0; 8],
+        ),
     );
     assert!(e.contains("I64"), "{e}");
     let e = st_err(

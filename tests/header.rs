@@ -30,7 +30,46 @@ fn header_is_current() {
 #[test]
 fn version_macros_match_cargo() {
     use fastllm::ffi::{FASTLLM_VERSION_MAJOR, FASTLLM_VERSION_MINOR, FASTLLM_VERSION_PATCH};
-    assert_eq!(FASTLLM_VERSION_MAJOR.to_string(), env!("CARGO_PKG_VERSION_MAJOR"));
-    assert_eq!(FASTLLM_VERSION_MINOR.to_string(), env!("CARGO_PKG_VERSION_MINOR"));
-    assert_eq!(FASTLLM_VERSION_PATCH.to_string(), env!("CARGO_PKG_VERSION_PATCH"));
+    assert_eq!(
+        FASTLLM_VERSION_MAJOR.to_string(),
+        env!("CARGO_PKG_VERSION_MAJOR")
+    );
+    assert_eq!(
+        FASTLLM_VERSION_MINOR.to_string(),
+        env!("CARGO_PKG_VERSION_MINOR")
+    );
+    assert_eq!(
+        FASTLLM_VERSION_PATCH.to_string(),
+        env!("CARGO_PKG_VERSION_PATCH")
+    );
+}
+
+#[test]
+fn header_exports_only_prefixed_names() {
+    let h =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("include/fastllm.h"))
+            .unwrap();
+    for line in h.lines() {
+        let name = if let Some(r) = line.strip_prefix("#define ") {
+            r.split_whitespace().next()
+        } else if let Some(r) = line.strip_prefix("typedef ") {
+            // `typedef struct X X;`, `typedef enum X {`, `typedef bool (*X)(...`
+            match r.split_once("(*") {
+                Some((_, rest)) => rest.split(')').next(),
+                None => r.trim_end_matches(';').split_whitespace().last(),
+            }
+        } else {
+            None
+        };
+        if let Some(n) = name {
+            let n = n.trim_start_matches('*');
+            assert!(
+                n.starts_with("FASTLLM")
+                    || n.starts_with("Fastllm")
+                    || n.starts_with("fastllm")
+                    || n == "{",
+                "header exports '{n}' without the fastllm prefix: exclude it in cbindgen.toml"
+            );
+        }
+    }
 }

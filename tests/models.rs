@@ -20,29 +20,57 @@ fn tmp(name: &str) -> PathBuf {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn floats(v: &Value) -> Vec<f32> {
-    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
 }
 
 fn check_tiny(arch: &str, dtype: &str, precision: Precision, tol: f32) {
     let dir = fixtures().join("tiny").join(arch);
     let out = tmp(&format!("{arch}-{dtype}.flm"));
-    let opts = ConvertOptions { dtype: TargetDtype::parse(dtype).unwrap() };
+    let opts = ConvertOptions {
+        dtype: TargetDtype::parse(dtype).unwrap(),
+    };
     convert(&dir, &out, &opts, &mut |_| {}).unwrap_or_else(|e| panic!("convert {arch}: {e}"));
-    let llm = load(&out, &LoadOptions { threads: 2, precision, ..Default::default() })
-        .unwrap_or_else(|e| panic!("load {arch}: {e}"));
-    let reference: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    let llm = load(
+        &out,
+        &LoadOptions {
+            threads: 2,
+            precision,
+            ..Default::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("load {arch}: {e}"));
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
     let vocab = llm.model.config().vocab_size;
     for (ci, case) in reference["cases"].as_array().unwrap().iter().enumerate() {
         let tokens = ids(&case["ids"]);
         // the tokenizer reproduces the reference ids
         let text = case["text"].as_str().unwrap();
-        assert_eq!(llm.tokenizer.encode(text, true, false).unwrap(), tokens, "{arch} case {ci}: tokenizer ids");
+        assert_eq!(
+            llm.tokenizer.encode(text, true, false).unwrap(),
+            tokens,
+            "{arch} case {ci}: tokenizer ids"
+        );
         let mut cache = llm.model.new_cache(tokens.len()).unwrap();
-        let logits = llm.model.forward(&mut cache, &tokens, true).unwrap().to_f32_vec().unwrap();
+        let logits = llm
+            .model
+            .forward(&mut cache, &tokens, true)
+            .unwrap()
+            .to_f32_vec()
+            .unwrap();
         assert_eq!(logits.len(), tokens.len() * vocab);
         let top_ids = case["top5_ids"].as_array().unwrap();
         let top_logits = case["top5_logits"].as_array().unwrap();
@@ -58,11 +86,25 @@ fn check_tiny(arch: &str, dtype: &str, precision: Precision, tol: f32) {
         for (a, b) in row.iter().zip(&last) {
             worst = worst.max((a - b).abs());
         }
-        assert!(worst <= tol, "{arch} ({dtype}, {precision:?}) case {ci}: max |logit - ref| = {worst} > {tol}");
+        assert!(
+            worst <= tol,
+            "{arch} ({dtype}, {precision:?}) case {ci}: max |logit - ref| = {worst} > {tol}"
+        );
     }
 }
 
-const ARCHS: [&str; 10] = ["llama", "llama3-rope-scaling", "mistral", "qwen2", "qwen3", "bloom", "gpt2", "phi3", "gemma2", "glm"];
+const ARCHS: [&str; 10] = [
+    "llama",
+    "llama3-rope-scaling",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "bloom",
+    "gpt2",
+    "phi3",
+    "gemma2",
+    "glm",
+];
 
 #[test]
 fn tiny_models_match_reference_exact() {
@@ -108,31 +150,64 @@ fn smollm2_stats(precision: Precision) -> (f32, usize, usize, f64) {
     let gguf = smollm2().unwrap();
     let out = tmp(&format!("smollm2-{precision:?}.flm"));
     convert(&gguf, &out, &ConvertOptions::default(), &mut |_| {}).unwrap();
-    let llm = load(&out, &LoadOptions { threads: 2, precision, ..Default::default() }).unwrap();
+    let llm = load(
+        &out,
+        &LoadOptions {
+            threads: 2,
+            precision,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let dir = fixtures().join("logits_smollm2");
-    let reference: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
     let vocab = llm.model.config().vocab_size;
-    let (mut worst, mut agree, mut total, mut kl_sum, mut kl_n) = (0f32, 0usize, 0usize, 0f64, 0usize);
+    let (mut worst, mut agree, mut total, mut kl_sum, mut kl_n) =
+        (0f32, 0usize, 0usize, 0f64, 0usize);
     for case in reference["cases"].as_array().unwrap() {
         let seq = ids(&case["sequence"]);
         let n_prompt = case["n_prompt"].as_u64().unwrap() as usize;
         assert_eq!(ids(&case["prompt_ids"]), seq[..n_prompt].to_vec());
         if let Some(p) = case["prompt"].as_str() {
-            assert_eq!(llm.tokenizer.encode(p, false, true).unwrap(), seq[..n_prompt].to_vec(), "tokenizer on {p:?}");
+            assert_eq!(
+                llm.tokenizer.encode(p, false, true).unwrap(),
+                seq[..n_prompt].to_vec(),
+                "tokenizer on {p:?}"
+            );
         }
         let mut cache = llm.model.new_cache(seq.len()).unwrap();
-        let logits = llm.model.forward(&mut cache, &seq, true).unwrap().to_f32_vec().unwrap();
+        let logits = llm
+            .model
+            .forward(&mut cache, &seq, true)
+            .unwrap()
+            .to_f32_vec()
+            .unwrap();
         let f = case["last_logits_file"].as_str().unwrap();
         let bytes = std::fs::read(dir.join(f)).unwrap();
-        let refl: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let refl: Vec<f32> = bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
         let row = &logits[(n_prompt - 1) * vocab..n_prompt * vocab];
         for (a, b) in row.iter().zip(&refl) {
             worst = worst.max((a - b).abs());
         }
         let (lp, lq) = (log_softmax(&refl), log_softmax(row));
-        kl_sum += lp.iter().zip(&lq).map(|(p, q)| p.exp() * (p - q)).sum::<f64>();
+        kl_sum += lp
+            .iter()
+            .zip(&lq)
+            .map(|(p, q)| p.exp() * (p - q))
+            .sum::<f64>();
         kl_n += 1;
-        for (p, (ti, tl)) in case["top5_ids"].as_array().unwrap().iter().zip(case["top5_logits"].as_array().unwrap()).enumerate() {
+        for (p, (ti, tl)) in case["top5_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(case["top5_logits"].as_array().unwrap())
+            .enumerate()
+        {
             let (ti, tl) = (ids(ti), floats(tl));
             if tl[0] - tl[1] > 1e-2 {
                 total += 1;
@@ -154,7 +229,10 @@ fn smollm2_exact_matches_reference() {
     let (worst, agree, total, kl) = smollm2_stats(Precision::Exact);
     println!("smollm2 exact: max|Δ| {worst:.2e}, top-1 {agree}/{total}, mean KL {kl:.2e}");
     assert!(worst <= 2e-3, "max |logit - ref| {worst} > 2e-3");
-    assert_eq!(agree, total, "top-1 must agree wherever the reference margin > 1e-2");
+    assert_eq!(
+        agree, total,
+        "top-1 must agree wherever the reference margin > 1e-2"
+    );
 }
 
 #[test]
@@ -164,6 +242,9 @@ fn smollm2_fast_within_llama_cpp_tolerance() {
     }
     let (worst, agree, total, kl) = smollm2_stats(Precision::Fast);
     println!("smollm2 fast: max|Δ| {worst:.2e}, top-1 {agree}/{total}, mean KL {kl:.2e}");
-    assert!(agree as f64 >= 0.97 * total as f64, "top-1 agreement {agree}/{total} < 97%");
+    assert!(
+        agree as f64 >= 0.97 * total as f64,
+        "top-1 agreement {agree}/{total} < 97%"
+    );
     assert!(kl <= 8e-3, "mean KL {kl} > 8e-3");
 }

@@ -25,5 +25,10 @@ fn cpu_fast_matches_reference() {
         }
     }
     println!("{} cases checked", cases.len());
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

@@ -8,11 +8,11 @@
 pub mod activation;
 pub mod attention;
 pub mod elementwise;
-pub mod paged;
 pub mod embedding;
 pub mod erf;
-pub mod norm;
 pub mod linear;
+pub mod norm;
+pub mod paged;
 pub mod quant;
 pub mod rope;
 pub mod select;

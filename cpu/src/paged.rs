@@ -64,7 +64,11 @@ fn cap(score: f32, p: &PagedAttnParams) -> f32 {
 /// The visible key range `lo..=hi` of query row `i` (absolute position `pos`).
 #[inline]
 fn visible(pos: usize, p: &PagedAttnParams) -> (usize, usize) {
-    let lo = if p.window > 0 { (pos + 1).saturating_sub(p.window) } else { 0 };
+    let lo = if p.window > 0 {
+        (pos + 1).saturating_sub(p.window)
+    } else {
+        0
+    };
     (lo, pos)
 }
 
@@ -197,7 +201,10 @@ pub fn paged_attention(
                 let inv = if z > 0.0 { 1.0 / z } else { 0.0 };
                 // SAFETY: each (row, head) output slice is written by exactly one task.
                 let o = unsafe {
-                    std::slice::from_raw_parts_mut((out_ptr as *mut f32).add((row * nh + h) * hd), hd)
+                    std::slice::from_raw_parts_mut(
+                        (out_ptr as *mut f32).add((row * nh + h) * hd),
+                        hd,
+                    )
                 };
                 for (o, a) in o.iter_mut().zip(&acc) {
                     *o = a * inv;

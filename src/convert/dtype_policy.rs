@@ -18,7 +18,12 @@ pub fn always_f32(name: &str, dims: &[usize]) -> bool {
 
 /// The stored dtype of tensor `name` of `dims`, given the target and the source's dtype
 /// (`None` when the source type has no `.flm` equivalent).
-pub fn stored_dtype(target: TargetDtype, name: &str, dims: &[usize], source: Option<DataType>) -> DataType {
+pub fn stored_dtype(
+    target: TargetDtype,
+    name: &str,
+    dims: &[usize],
+    source: Option<DataType>,
+) -> DataType {
     if always_f32(name, dims) {
         return DataType::F32;
     }

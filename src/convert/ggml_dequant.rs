@@ -23,7 +23,10 @@ pub fn shared_dtype(t: u32) -> Option<DataType> {
 /// True for ggml types this module can dequantize.
 pub fn supported(t: u32) -> bool {
     shared_dtype(t).is_some()
-        || matches!(t, ggml_type::Q4_K | ggml_type::Q6_K | ggml_type::Q5_0 | ggml_type::Q5_1)
+        || matches!(
+            t,
+            ggml_type::Q4_K | ggml_type::Q6_K | ggml_type::Q5_0 | ggml_type::Q5_1
+        )
 }
 
 fn h(b: &[u8], at: usize) -> f32 {
@@ -38,8 +41,8 @@ pub fn dequantize(t: u32, src: &[u8], dst: &mut [f32]) -> Result<()> {
     if let Some(dt) = shared_dtype(t) {
         return decode_to_f32(dt, src, dst);
     }
-    let (name, block_elems, block_bytes) = ggml_type::info(t)
-        .ok_or_else(|| Error::Unsupported(format!("ggml tensor type {t}")))?;
+    let (name, block_elems, block_bytes) =
+        ggml_type::info(t).ok_or_else(|| Error::Unsupported(format!("ggml tensor type {t}")))?;
     if dst.len() % block_elems != 0 || src.len() != dst.len() / block_elems * block_bytes {
         return Err(Error::invalid(format!(
             "{name}: {} bytes cannot hold {} elements",
@@ -47,7 +50,9 @@ pub fn dequantize(t: u32, src: &[u8], dst: &mut [f32]) -> Result<()> {
             dst.len()
         )));
     }
-    let blocks = src.chunks_exact(block_bytes).zip(dst.chunks_exact_mut(block_elems));
+    let blocks = src
+        .chunks_exact(block_bytes)
+        .zip(dst.chunks_exact_mut(block_elems));
     match t {
         ggml_type::Q4_K => blocks.for_each(|(b, y)| q4_k_block(b, y)),
         ggml_type::Q6_K => blocks.for_each(|(b, y)| q6_k_block(b, y)),
@@ -205,7 +210,7 @@ mod tests {
         b[0] = 0x05; // y[0] low 5
         b[128] = 0b0000_1110; // qh[0]: bits0-1 = 2 → y[0] = 5 | 32 = 37 - 32 = 5; bits2-3 = 3 → y[32] high 3
         b[32] = 0x01; // y[32] low 1 → 1 | 48 = 49 - 32 = 17
-        // second half, y[128 + 96 + 0]: ql[64 + 32] >> 4, qh[128 + 32] >> 6, scale sc[8 + 6]
+                      // second half, y[128 + 96 + 0]: ql[64 + 32] >> 4, qh[128 + 32] >> 6, scale sc[8 + 6]
         b[64 + 32] = 0xA0; // 10
         b[128 + 32] = 0xC0; // high 3 → 10 | 48 = 58 - 32 = 26
         let mut y = [0f32; 256];

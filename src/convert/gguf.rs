@@ -6,7 +6,7 @@ use super::ggml_dequant::{dequantize, shared_dtype, supported};
 use super::gguf_config::gguf_architecture;
 use super::names::{gguf_name, gguf_skipped, Mapped};
 use super::tensor_transform::{transform, SourceTensor};
-use super::{general_metadata, ConvertOptions, ConvertReport, Progress};
+use super::{general_metadata, naming_file, ConvertOptions, ConvertReport, Progress};
 use crate::error::{Error, Result};
 use crate::format::flm::{FlmWriter, MetaValue};
 use crate::format::gguf::{ggml_type, GgufFile};
@@ -24,7 +24,9 @@ pub fn convert_gguf(
     let arch = gguf_architecture(&g)?;
     for t in &g.tensors {
         if !supported(t.ggml_type) {
-            let tname = ggml_type::info(t.ggml_type).map(|i| i.0).unwrap_or("unknown");
+            let tname = ggml_type::info(t.ggml_type)
+                .map(|i| i.0)
+                .unwrap_or("unknown");
             return Err(Error::format(
                 &g.path,
                 format!(
@@ -41,12 +43,18 @@ pub fn convert_gguf(
         if gguf_skipped(&t.name) {
             continue;
         }
-        let m = gguf_name(&t.name, config.num_heads, config.num_kv_heads, permute).ok_or_else(|| {
-            Error::format(&g.path, format!("tensor {}: no Hugging Face name for {arch}", t.name))
-        })?;
+        let m = gguf_name(&t.name, config.num_heads, config.num_kv_heads, permute).ok_or_else(
+            || {
+                Error::format(
+                    &g.path,
+                    format!("tensor {}: no Hugging Face name for {arch}", t.name),
+                )
+            },
+        )?;
         plan.push((i, m));
     }
-    let spec = crate::tokenizer::TokenizerSpec::from_gguf(&g)?;
+    let spec =
+        crate::tokenizer::TokenizerSpec::from_gguf(&g).map_err(|e| naming_file(&g.path, e))?;
     let name = g.get_str("general.name").unwrap_or_default().to_string();
     let mut meta = general_metadata(&config.architecture, &name, path, "gguf", opts);
     if let Some(t) = g.get_str("tokenizer.chat_template") {
@@ -83,5 +91,9 @@ pub fn convert_gguf(
         });
     }
     writer.finish()?;
-    Ok(ConvertReport { architecture: config.architecture, tensors: total, tensor_bytes: bytes_total })
+    Ok(ConvertReport {
+        architecture: config.architecture,
+        tensors: total,
+        tensor_bytes: bytes_total,
+    })
 }

@@ -56,7 +56,10 @@ impl ModelConfig {
             None => g
                 .get_array("tokenizer.ggml.tokens")
                 .map(|a| a.len())
-                .or_else(|| g.tensor("token_embd.weight").and_then(|t| t.dims.get(1).map(|&d| d as usize)))
+                .or_else(|| {
+                    g.tensor("token_embd.weight")
+                        .and_then(|t| t.dims.get(1).map(|&d| d as usize))
+                })
                 .ok_or_else(|| Error::format(&g.path, "cannot tell the vocabulary size"))?,
         };
         let rope_scaling = match g.get_str(&k("rope.scaling.type")) {
@@ -68,12 +71,19 @@ impl ModelConfig {
                     as f32,
             },
             Some(other) => {
-                return Err(Error::Unsupported(format!("{}: rope scaling {other:?}", g.path)))
+                return Err(Error::Unsupported(format!(
+                    "{}: rope scaling {other:?}",
+                    g.path
+                )))
             }
         };
         let eos_ids = id(g, "tokenizer.ggml.eos_token_id").into_iter().collect();
         Ok(ModelConfig {
-            architecture: if arch == "llama" { "llama".into() } else { arch.clone() },
+            architecture: if arch == "llama" {
+                "llama".into()
+            } else {
+                arch.clone()
+            },
             vocab_size,
             hidden_size: hidden,
             intermediate_size: size(g, &k("feed_forward_length"))?,
@@ -84,8 +94,12 @@ impl ModelConfig {
             context_length: size(g, &k("context_length"))?,
             norm_eps: g
                 .get_f64(&k("attention.layer_norm_rms_epsilon"))
-                .ok_or_else(|| Error::format(&g.path, format!("missing {}", k("attention.layer_norm_rms_epsilon"))))?
-                as f32,
+                .ok_or_else(|| {
+                    Error::format(
+                        &g.path,
+                        format!("missing {}", k("attention.layer_norm_rms_epsilon")),
+                    )
+                })? as f32,
             rope_theta: g.get_f64(&k("rope.freq_base")).unwrap_or(10000.0) as f32,
             rope_dim: g
                 .get_u64(&k("rope.dimension_count"))

@@ -4,7 +4,7 @@
 use super::hf_config::generation_metadata;
 use super::names::hf_name;
 use super::tensor_transform::{transform, SourceTensor};
-use super::{general_metadata, ConvertOptions, ConvertReport, Progress};
+use super::{general_metadata, naming_file, ConvertOptions, ConvertReport, Progress};
 use crate::data::decode_to_f32;
 use crate::error::{Error, Result};
 use crate::format::flm::{FlmWriter, MetaValue};
@@ -26,7 +26,10 @@ fn chat_template(dir: &Path, tok_cfg: Option<&str>) -> Result<Option<String>> {
     }
     let Some(cfg) = tok_cfg else { return Ok(None) };
     let v: serde_json::Value = serde_json::from_str(cfg).map_err(|e| {
-        Error::format(dir.join("tokenizer_config.json").display(), format!("invalid JSON: {e}"))
+        Error::format(
+            dir.join("tokenizer_config.json").display(),
+            format!("invalid JSON: {e}"),
+        )
     })?;
     Ok(match v.get("chat_template") {
         Some(serde_json::Value::String(s)) => Some(s.clone()),
@@ -50,17 +53,24 @@ pub fn convert_hf_dir(
 ) -> Result<ConvertReport> {
     let cfg_path = dir.join("config.json");
     let cfg_text = read_optional(&cfg_path)?.ok_or_else(|| {
-        Error::format(dir.display(), "no config.json: not a Hugging Face model directory")
+        Error::format(
+            dir.display(),
+            "no config.json: not a Hugging Face model directory",
+        )
     })?;
     let gen_path = dir.join("generation_config.json");
     let gen_text = read_optional(&gen_path)?;
-    let mut config =
-        ModelConfig::from_hf_json(&cfg_text, gen_text.as_deref(), &cfg_path.display().to_string())?;
+    let mut config = ModelConfig::from_hf_json(
+        &cfg_text,
+        gen_text.as_deref(),
+        &cfg_path.display().to_string(),
+    )?;
     let tok_path = dir.join("tokenizer.json");
     let tok_text = read_optional(&tok_path)?
         .ok_or_else(|| Error::format(dir.display(), "no tokenizer.json"))?;
     let tok_cfg = read_optional(&dir.join("tokenizer_config.json"))?;
-    let spec = crate::tokenizer::TokenizerSpec::from_hf_json(&tok_text, tok_cfg.as_deref())?;
+    let spec = crate::tokenizer::TokenizerSpec::from_hf_json(&tok_text, tok_cfg.as_deref())
+        .map_err(|e| naming_file(&tok_path.display().to_string(), e))?;
     let weights = SafetensorsSet::open_dir(dir)?;
     if !weights.names().any(|n| n == "lm_head.weight") {
         config.tie_embeddings = true;
@@ -106,5 +116,9 @@ pub fn convert_hf_dir(
         });
     }
     writer.finish()?;
-    Ok(ConvertReport { architecture: config.architecture, tensors: total, tensor_bytes: bytes_total })
+    Ok(ConvertReport {
+        architecture: config.architecture,
+        tensors: total,
+        tensor_bytes: bytes_total,
+    })
 }

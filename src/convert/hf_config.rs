@@ -9,8 +9,9 @@ use crate::model::{ModelConfig, RopeScaling, RopeStyle};
 use serde_json::Value;
 
 /// Architectures the converter knows (HF `model_type`).
-pub const HF_ARCHITECTURES: [&str; 9] =
-    ["llama", "mistral", "qwen2", "qwen3", "bloom", "gpt2", "phi3", "gemma2", "glm"];
+pub const HF_ARCHITECTURES: [&str; 9] = [
+    "llama", "mistral", "qwen2", "qwen3", "bloom", "gpt2", "phi3", "gemma2", "glm",
+];
 
 struct Json<'a> {
     v: &'a Value,
@@ -19,7 +20,9 @@ struct Json<'a> {
 
 impl Json<'_> {
     fn get(&self, keys: &[&str]) -> Option<&Value> {
-        keys.iter().filter_map(|k| self.v.get(*k)).find(|v| !v.is_null())
+        keys.iter()
+            .filter_map(|k| self.v.get(*k))
+            .find(|v| !v.is_null())
     }
     fn size(&self, keys: &[&str]) -> Result<Option<usize>> {
         match self.get(keys) {
@@ -28,7 +31,12 @@ impl Json<'_> {
                 .as_u64()
                 .and_then(|v| usize::try_from(v).ok())
                 .map(Some)
-                .ok_or_else(|| Error::format(self.path, format!("{} must be a non-negative integer", keys[0]))),
+                .ok_or_else(|| {
+                    Error::format(
+                        self.path,
+                        format!("{} must be a non-negative integer", keys[0]),
+                    )
+                }),
         }
     }
     fn need_size(&self, keys: &[&str]) -> Result<usize> {
@@ -51,7 +59,9 @@ fn ids(v: Option<&Value>, path: &str, what: &str) -> Result<Vec<u32>> {
     let one = |x: &Value| {
         x.as_u64()
             .and_then(|i| u32::try_from(i).ok())
-            .ok_or_else(|| Error::format(path, format!("{what} must be a token id or a list of them")))
+            .ok_or_else(|| {
+                Error::format(path, format!("{what} must be a token id or a list of them"))
+            })
     };
     match v {
         None | Some(Value::Null) => Ok(Vec::new()),
@@ -102,10 +112,15 @@ impl ModelConfig {
         let hidden = j.need_size(&["hidden_size", "n_embd", "n_embed"])?;
         let heads = j.need_size(&["num_attention_heads", "n_head"])?;
         if heads == 0 || hidden % heads != 0 && j.size(&["head_dim"])?.is_none() {
-            return Err(Error::format(path, format!("{heads} heads do not divide hidden size {hidden}")));
+            return Err(Error::format(
+                path,
+                format!("{heads} heads do not divide hidden size {hidden}"),
+            ));
         }
         let head_dim = j.size(&["head_dim"])?.unwrap_or(hidden / heads);
-        let kv_heads = j.size(&["num_key_value_heads", "multi_query_group_num"])?.unwrap_or(heads);
+        let kv_heads = j
+            .size(&["num_key_value_heads", "multi_query_group_num"])?
+            .unwrap_or(heads);
         let num_layers = j.need_size(&["num_hidden_layers", "n_layer"])?;
         let intermediate = match arch.as_str() {
             "gpt2" | "bloom" => j.size(&["n_inner"])?.unwrap_or(4 * hidden),
@@ -118,7 +133,10 @@ impl ModelConfig {
         };
         let rp = v.get("rope_parameters").filter(|r| r.is_object());
         let rs = v.get("rope_scaling").filter(|r| r.is_object());
-        let rope = |k: &str| rp.and_then(|r| r.get(k)).or_else(|| rs.and_then(|r| r.get(k)));
+        let rope = |k: &str| {
+            rp.and_then(|r| r.get(k))
+                .or_else(|| rs.and_then(|r| r.get(k)))
+        };
         let has_rope = !matches!(arch.as_str(), "gpt2" | "bloom");
         let rope_theta = rp
             .and_then(|r| r.get("rope_theta"))
@@ -130,7 +148,11 @@ impl ModelConfig {
             .and_then(Value::as_f64)
             .or(j.float(&["partial_rotary_factor"])?.map(f64::from))
             .unwrap_or(1.0);
-        let rope_dim = if has_rope { (head_dim as f64 * partial).round() as usize } else { 0 };
+        let rope_dim = if has_rope {
+            (head_dim as f64 * partial).round() as usize
+        } else {
+            0
+        };
         let rope_type = rope("rope_type")
             .or_else(|| rope("type"))
             .and_then(Value::as_str)
@@ -143,7 +165,9 @@ impl ModelConfig {
         };
         let rope_scaling = match rope_type {
             "default" => RopeScaling::None,
-            "linear" => RopeScaling::Linear { factor: fnum("factor")? },
+            "linear" => RopeScaling::Linear {
+                factor: fnum("factor")?,
+            },
             "llama3" => RopeScaling::Llama3 {
                 factor: fnum("factor")?,
                 low_freq_factor: fnum("low_freq_factor")?,
@@ -152,10 +176,17 @@ impl ModelConfig {
                     .and_then(Value::as_u64)
                     .and_then(|x| u32::try_from(x).ok())
                     .ok_or_else(|| {
-                        Error::format(path, "llama3 rope scaling needs original_max_position_embeddings")
+                        Error::format(
+                            path,
+                            "llama3 rope scaling needs original_max_position_embeddings",
+                        )
                     })?,
             },
-            other => return Err(Error::Unsupported(format!("{path}: rope scaling type {other:?}"))),
+            other => {
+                return Err(Error::Unsupported(format!(
+                    "{path}: rope scaling type {other:?}"
+                )))
+            }
         };
         let tie_default = matches!(arch.as_str(), "gpt2" | "bloom" | "gemma2");
         let tie_embeddings = v
@@ -166,34 +197,58 @@ impl ModelConfig {
             .iter()
             .find_map(|k| v.get(*k).and_then(Value::as_str));
         let hidden_act = activation(&arch, act_name, path)?;
-        let use_sliding = v.get("use_sliding_window").and_then(Value::as_bool).unwrap_or(true);
-        let sliding_window = if use_sliding { j.size(&["sliding_window"])?.unwrap_or(0) } else { 0 };
+        let use_sliding = v
+            .get("use_sliding_window")
+            .and_then(Value::as_bool)
+            .unwrap_or(true);
+        let sliding_window = if use_sliding {
+            j.size(&["sliding_window"])?.unwrap_or(0)
+        } else {
+            0
+        };
         let sliding_layers = match v.get("layer_types").and_then(Value::as_array) {
             Some(types) if sliding_window > 0 => {
                 if types.len() != num_layers {
                     return Err(Error::format(
                         path,
-                        format!("layer_types has {} entries for {num_layers} layers", types.len()),
+                        format!(
+                            "layer_types has {} entries for {num_layers} layers",
+                            types.len()
+                        ),
                     ));
                 }
-                types.iter().map(|t| t.as_str() == Some("sliding_attention")).collect()
+                types
+                    .iter()
+                    .map(|t| t.as_str() == Some("sliding_attention"))
+                    .collect()
             }
-            _ if sliding_window > 0 && arch == "gemma2" => (0..num_layers).map(|i| i % 2 == 0).collect(),
+            _ if sliding_window > 0 && arch == "gemma2" => {
+                (0..num_layers).map(|i| i % 2 == 0).collect()
+            }
             _ if sliding_window > 0 => vec![true; num_layers],
             _ => Vec::new(),
         };
         let mut eos_ids = ids(v.get("eos_token_id"), path, "eos_token_id")?;
-        let mut bos_id = ids(v.get("bos_token_id"), path, "bos_token_id")?.first().copied();
+        let mut bos_id = ids(v.get("bos_token_id"), path, "bos_token_id")?
+            .first()
+            .copied();
         if let Some(g) = generation {
-            let g: Value = serde_json::from_str(g)
-                .map_err(|e| Error::format(path, format!("generation_config.json: invalid JSON: {e}")))?;
-            for e in ids(g.get("eos_token_id"), path, "generation_config eos_token_id")? {
+            let g: Value = serde_json::from_str(g).map_err(|e| {
+                Error::format(path, format!("generation_config.json: invalid JSON: {e}"))
+            })?;
+            for e in ids(
+                g.get("eos_token_id"),
+                path,
+                "generation_config eos_token_id",
+            )? {
                 if !eos_ids.contains(&e) {
                     eos_ids.push(e);
                 }
             }
             if bos_id.is_none() {
-                bos_id = ids(g.get("bos_token_id"), path, "bos_token_id")?.first().copied();
+                bos_id = ids(g.get("bos_token_id"), path, "bos_token_id")?
+                    .first()
+                    .copied();
             }
         }
         let vocab_size = j.need_size(&["vocab_size", "padded_vocab_size"])?;
@@ -212,7 +267,11 @@ impl ModelConfig {
                 .unwrap_or(1e-5),
             rope_theta,
             rope_dim,
-            rope_style: if arch == "glm" { RopeStyle::Interleaved } else { RopeStyle::Neox },
+            rope_style: if arch == "glm" {
+                RopeStyle::Interleaved
+            } else {
+                RopeStyle::Neox
+            },
             rope_scaling,
             tie_embeddings,
             hidden_act,
@@ -257,9 +316,9 @@ pub fn generation_metadata(text: &str, path: &str) -> Result<Metadata> {
                 let items: Option<Vec<MetaValue>> = a.iter().map(scalar).collect();
                 match items {
                     Some(items)
-                        if items
-                            .windows(2)
-                            .all(|w| std::mem::discriminant(&w[0]) == std::mem::discriminant(&w[1])) =>
+                        if items.windows(2).all(|w| {
+                            std::mem::discriminant(&w[0]) == std::mem::discriminant(&w[1])
+                        }) =>
                     {
                         MetaValue::Array(items)
                     }

@@ -2,6 +2,9 @@
 //! tensor by tensor (peak memory ≈ one tensor). Owns name mapping, layout fixes, the dtype
 //! policy and `ModelConfig` extraction; the file formats themselves live in `crate::format`.
 
+// `x % n != 0` instead of `is_multiple_of`: the workspace MSRV (1.80) predates it.
+#![allow(clippy::manual_is_multiple_of)]
+
 pub mod dtype_policy;
 pub mod ggml_dequant;
 mod gguf;
@@ -47,7 +50,10 @@ pub(crate) fn general_metadata(
     let mut m = Metadata::new();
     m.insert("general.architecture".into(), s(arch));
     m.insert("general.name".into(), s(name));
-    m.insert("general.source_file".into(), s(&source.display().to_string()));
+    m.insert(
+        "general.source_file".into(),
+        s(&source.display().to_string()),
+    );
     m.insert("general.source_format".into(), s(format));
     m.insert(
         "general.converter".into(),
@@ -55,6 +61,16 @@ pub(crate) fn general_metadata(
     );
     m.insert("general.dtype".into(), s(opts.dtype.name()));
     m
+}
+
+/// `e`, prefixed with `path` unless its message already names it (importer errors come from code
+/// that does not know the file).
+pub(crate) fn naming_file(path: &str, e: Error) -> Error {
+    if e.to_string().contains(path) {
+        e
+    } else {
+        Error::format(path, e)
+    }
 }
 
 /// The kinds of input [`convert`] accepts.

@@ -17,14 +17,26 @@ pub struct Mapped {
 pub fn hf_name(arch: &str, name: &str) -> Mapped {
     let conv1d = arch == "gpt2"
         && name.ends_with(".weight")
-        && [".c_attn.", ".c_proj.", ".c_fc."].iter().any(|p| name.contains(p));
-    Mapped { name: name.to_string(), transpose: conv1d, unpermute_heads: None }
+        && [".c_attn.", ".c_proj.", ".c_fc."]
+            .iter()
+            .any(|p| name.contains(p));
+    Mapped {
+        name: name.to_string(),
+        transpose: conv1d,
+        unpermute_heads: None,
+    }
 }
 
 /// GGUF name → HF name for the llama family; `None` for names with no HF counterpart.
 /// `heads` / `kv_heads` drive the q/k un-permutation (llama only: `permute_qk`).
 pub fn gguf_name(name: &str, heads: usize, kv_heads: usize, permute_qk: bool) -> Option<Mapped> {
-    let plain = |n: String| Some(Mapped { name: n, transpose: false, unpermute_heads: None });
+    let plain = |n: String| {
+        Some(Mapped {
+            name: n,
+            transpose: false,
+            unpermute_heads: None,
+        })
+    };
     match name {
         "token_embd.weight" => return plain("model.embed_tokens.weight".into()),
         "output_norm.weight" => return plain("model.norm.weight".into()),

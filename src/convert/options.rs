@@ -1,5 +1,4 @@
-//! What a conversion is asked to do: the target dtype (`--dtype`), the tokenizer importers, and
-//! the progress events reported while tensors stream. Plain data; no I/O.
+//! What a conversion is asked to do: the target dtype (`--dtype`), and the progress events reported while tensors stream. Plain data; no I/O.
 
 use crate::error::{Error, Result};
 
@@ -35,8 +34,8 @@ impl TargetDtype {
             "keep" => TargetDtype::Keep,
             other => {
                 return Err(Error::invalid(format!(
-                    "unknown dtype {other:?} (expected f32, f16, bf16, int8, int4, int4-min or keep)"
-                )))
+                "unknown dtype {other:?} (expected f32, f16, bf16, int8, int4, int4-min or keep)"
+            )))
             }
         })
     }
@@ -64,7 +63,9 @@ pub struct ConvertOptions {
 
 impl Default for ConvertOptions {
     fn default() -> Self {
-        ConvertOptions { dtype: TargetDtype::Keep }
+        ConvertOptions {
+            dtype: TargetDtype::Keep,
+        }
     }
 }
 

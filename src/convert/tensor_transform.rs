@@ -7,6 +7,9 @@ use super::names::{unpermuted_source_row, Mapped};
 use crate::data::DataType;
 use crate::error::{Error, Result};
 
+/// Decodes a source tensor's raw bytes into f32 (all elements).
+pub type DecodeFn = dyn Fn(&[u8], &mut [f32]) -> Result<()>;
+
 /// A source tensor as the converter sees it.
 pub struct SourceTensor<'a> {
     /// Source name (for messages).
@@ -18,7 +21,7 @@ pub struct SourceTensor<'a> {
     /// The `.flm` dtype with identical bytes, if any.
     pub same_as: Option<DataType>,
     /// Decodes `bytes` into f32 (all elements).
-    pub decode: &'a dyn Fn(&[u8], &mut [f32]) -> Result<()>,
+    pub decode: &'a DecodeFn,
 }
 
 /// The stored form of one tensor.
@@ -32,32 +35,56 @@ pub struct StoredTensor {
 }
 
 fn row_order(m: &Mapped, rows: usize, src: &SourceTensor<'_>) -> Result<Option<Vec<usize>>> {
-    let Some(heads) = m.unpermute_heads else { return Ok(None) };
+    let Some(heads) = m.unpermute_heads else {
+        return Ok(None);
+    };
     if heads == 0 || rows % heads != 0 || (rows / heads) % 2 != 0 {
         return Err(Error::invalid(format!(
             "tensor {}: {rows} rows cannot be split into {heads} heads of even size",
             src.source_name
         )));
     }
-    Ok(Some((0..rows).map(|r| unpermuted_source_row(r, rows, heads)).collect()))
+    Ok(Some(
+        (0..rows)
+            .map(|r| unpermuted_source_row(r, rows, heads))
+            .collect(),
+    ))
 }
 
 /// Converts `src` (mapped by `m`) to the dtype the policy picks for `target`.
-pub fn transform(m: &Mapped, src: SourceTensor<'_>, target: super::TargetDtype) -> Result<StoredTensor> {
+pub fn transform(
+    m: &Mapped,
+    src: SourceTensor<'_>,
+    target: super::TargetDtype,
+) -> Result<StoredTensor> {
     let dims = src.dims.clone();
     let count = dims
         .iter()
         .try_fold(1usize, |a, &d| a.checked_mul(d))
-        .ok_or_else(|| Error::invalid(format!("tensor {}: dims {dims:?} overflow", src.source_name)))?;
-    let cols = dims.last().copied().unwrap_or(1);
-    let rows = if cols == 0 { 0 } else { count / cols };
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "tensor {}: dims {dims:?} overflow",
+                src.source_name
+            ))
+        })?;
+    // A 1-D q/k bias is permuted element by element (rows of one value).
+    let cols = if dims.len() == 1 && m.unpermute_heads.is_some() {
+        1
+    } else {
+        dims.last().copied().unwrap_or(1)
+    };
+    let rows = count.checked_div(cols).unwrap_or(0);
     if m.transpose && dims.len() != 2 {
         return Err(Error::invalid(format!(
             "tensor {}: Conv1D weight must be 2-D, got {dims:?}",
             src.source_name
         )));
     }
-    let out_dims = if m.transpose { vec![cols, rows] } else { dims.clone() };
+    let out_dims = if m.transpose {
+        vec![cols, rows]
+    } else {
+        dims.clone()
+    };
     let dtype = dtype_policy::stored_dtype(target, &m.name, &out_dims, src.same_as);
     let order = row_order(m, rows, &src)?;
     if Some(dtype) == src.same_as && !m.transpose {
@@ -67,16 +94,19 @@ pub fn transform(m: &Mapped, src: SourceTensor<'_>, target: super::TargetDtype) 
             Some(order) => {
                 let mut out = Vec::with_capacity(src.bytes.len());
                 for r in order {
-                    let row = src
-                        .bytes
-                        .get(r * rb..(r + 1) * rb)
-                        .ok_or_else(|| Error::invalid(format!("tensor {}: row {r} out of range", src.source_name)))?;
+                    let row = src.bytes.get(r * rb..(r + 1) * rb).ok_or_else(|| {
+                        Error::invalid(format!("tensor {}: row {r} out of range", src.source_name))
+                    })?;
                     out.extend_from_slice(row);
                 }
                 out
             }
         };
-        return Ok(StoredTensor { dtype, dims: out_dims, bytes });
+        return Ok(StoredTensor {
+            dtype,
+            dims: out_dims,
+            bytes,
+        });
     }
     let mut values = vec![0f32; count];
     (src.decode)(&src.bytes, &mut values)?;
@@ -97,5 +127,87 @@ pub fn transform(m: &Mapped, src: SourceTensor<'_>, target: super::TargetDtype) 
         values = t;
     }
     let bytes = dtype_policy::encode(dtype, &values)?;
-    Ok(StoredTensor { dtype, dims: out_dims, bytes })
+    Ok(StoredTensor {
+        dtype,
+        dims: out_dims,
+        bytes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::convert::TargetDtype;
+    use crate::data::decode_to_f32;
+
+    fn decode_f32(b: &[u8], o: &mut [f32]) -> Result<()> {
+        decode_to_f32(DataType::F32, b, o)
+    }
+
+    fn f32_src(dims: Vec<usize>, values: &[f32]) -> SourceTensor<'static> {
+        SourceTensor {
+            source_name: "t",
+            dims,
+            bytes: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            same_as: Some(DataType::F32),
+            decode: &decode_f32,
+        }
+    }
+
+    fn values(s: &StoredTensor) -> Vec<f32> {
+        s.bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+
+    #[test]
+    fn unpermutes_rows_and_bias_elements() {
+        // 2 heads of head_dim 4: HF rows of each head are GGUF rows [0, 2, 1, 3].
+        let m = Mapped {
+            name: "q.weight".into(),
+            transpose: false,
+            unpermute_heads: Some(2),
+        };
+        let w: Vec<f32> = (0..8).flat_map(|r| [r as f32; 32]).collect();
+        let out = transform(&m, f32_src(vec![8, 32], &w), TargetDtype::F32).unwrap();
+        let rows: Vec<f32> = values(&out).chunks(32).map(|r| r[0]).collect();
+        assert_eq!(rows, [0., 2., 1., 3., 4., 6., 5., 7.]);
+        let b = Mapped {
+            name: "q.bias".into(),
+            transpose: false,
+            unpermute_heads: Some(2),
+        };
+        let out = transform(
+            &b,
+            f32_src(vec![8], &[0., 1., 2., 3., 4., 5., 6., 7.]),
+            TargetDtype::Keep,
+        )
+        .unwrap();
+        assert_eq!(values(&out), [0., 2., 1., 3., 4., 6., 5., 7.]);
+        let odd = Mapped {
+            name: "q.weight".into(),
+            transpose: false,
+            unpermute_heads: Some(3),
+        };
+        assert!(transform(&odd, f32_src(vec![8, 32], &w), TargetDtype::F32).is_err());
+    }
+
+    #[test]
+    fn transposes_conv1d() {
+        let m = Mapped {
+            name: "c_attn.weight".into(),
+            transpose: true,
+            unpermute_heads: None,
+        };
+        // [in 2, out 3] → [out 3, in 2]
+        let out = transform(
+            &m,
+            f32_src(vec![2, 3], &[1., 2., 3., 4., 5., 6.]),
+            TargetDtype::F32,
+        )
+        .unwrap();
+        assert_eq!(out.dims, [3, 2]);
+        assert_eq!(values(&out), [1., 4., 2., 5., 3., 6.]);
+    }
 }

@@ -65,7 +65,8 @@ pub unsafe extern "C" fn fastllm_data_new(
         if out.is_null() {
             return Err(null("out"));
         }
-        let dt = DataType::from_code(dtype).ok_or_else(|| invalid(format!("unknown dtype code {dtype}")))?;
+        let dt = DataType::from_code(dtype)
+            .ok_or_else(|| invalid(format!("unknown dtype code {dtype}")))?;
         if ndims > 8 {
             return Err(invalid(format!("{ndims} dims (at most 8)")));
         }
@@ -83,7 +84,11 @@ pub unsafe extern "C" fn fastllm_data_new(
             }
             Data::zeros(dt, &d)?
         } else {
-            Data::from_bytes(dt, &d, std::slice::from_raw_parts(bytes as *const u8, nbytes))?
+            Data::from_bytes(
+                dt,
+                &d,
+                std::slice::from_raw_parts(bytes as *const u8, nbytes),
+            )?
         };
         *out = Box::into_raw(Box::new(FastllmData { data }));
         Ok(())
@@ -121,7 +126,10 @@ pub unsafe extern "C" fn fastllm_data_shape(
         let ds = d.data.dims();
         *ndims = ds.len();
         if dims.is_null() || cap < ds.len() {
-            return Err(Fail(FASTLLM_ERR_BUFFER_TOO_SMALL, format!("room for {cap} dims; {} needed", ds.len())));
+            return Err(Fail(
+                FASTLLM_ERR_BUFFER_TOO_SMALL,
+                format!("room for {cap} dims; {} needed", ds.len()),
+            ));
         }
         for (i, &v) in ds.iter().enumerate() {
             *dims.add(i) = v as i64;
@@ -150,7 +158,10 @@ pub unsafe extern "C" fn fastllm_data_read(
         let b = d.data.packed_bytes()?;
         *nbytes = b.len();
         if bytes.is_null() || cap < b.len() {
-            return Err(Fail(FASTLLM_ERR_BUFFER_TOO_SMALL, format!("room for {cap} bytes; {} needed", b.len())));
+            return Err(Fail(
+                FASTLLM_ERR_BUFFER_TOO_SMALL,
+                format!("room for {cap} bytes; {} needed", b.len()),
+            ));
         }
         std::ptr::copy_nonoverlapping(b.as_ptr(), bytes as *mut u8, b.len());
         Ok(())
@@ -220,7 +231,11 @@ pub unsafe extern "C" fn fastllm_op_run(
 /// # Safety
 /// `buf` valid for `cap` bytes; `len` valid.
 #[no_mangle]
-pub unsafe extern "C" fn fastllm_profiler_report(buf: *mut c_char, cap: usize, len: *mut usize) -> FastllmStatus {
+pub unsafe extern "C" fn fastllm_profiler_report(
+    buf: *mut c_char,
+    cap: usize,
+    len: *mut usize,
+) -> FastllmStatus {
     guard(|| {
         let r = executor()?.profiler().report();
         write_string(r.as_bytes(), buf, cap, len)

@@ -57,7 +57,11 @@ pub unsafe extern "C" fn fastllm_model_load(
         if out.is_null() {
             return Err(null("out"));
         }
-        let p = if params.is_null() { fastllm_model_params_default() } else { *params };
+        let p = if params.is_null() {
+            fastllm_model_params_default()
+        } else {
+            *params
+        };
         if (p.struct_size as usize) != std::mem::size_of::<FastllmModelParams>() {
             return Err(invalid(format!(
                 "params.struct_size is {}, expected {} (use fastllm_model_params_default())",
@@ -65,15 +69,32 @@ pub unsafe extern "C" fn fastllm_model_load(
                 std::mem::size_of::<FastllmModelParams>()
             )));
         }
-        let device = if p.device.is_null() { "cpu".to_string() } else { c_str(p.device, "params.device")?.to_string() };
+        let device = if p.device.is_null() {
+            "cpu".to_string()
+        } else {
+            c_str(p.device, "params.device")?.to_string()
+        };
         let precision = match p.precision {
             0 => Precision::Fast,
             1 => Precision::Exact,
-            v => return Err(invalid(format!("params.precision is {v} (0 fast, 1 exact)"))),
+            v => {
+                return Err(invalid(format!(
+                    "params.precision is {v} (0 fast, 1 exact)"
+                )))
+            }
         };
-        let model = if path.is_null() { None } else { Some(c_str(path, "path")?) };
+        let model = if path.is_null() {
+            None
+        } else {
+            Some(c_str(path, "path")?)
+        };
         let resolved = crate::default_model::resolve(model)?;
-        let opts = LoadOptions { threads: p.threads as usize, device, low_memory: p.low_memory, precision };
+        let opts = LoadOptions {
+            threads: p.threads as usize,
+            device,
+            low_memory: p.low_memory,
+            precision,
+        };
         let llm = load(&resolved, &opts)?;
         *out = Box::into_raw(Box::new(FastllmModel { llm: Arc::new(llm) }));
         Ok(())
@@ -87,7 +108,8 @@ pub unsafe extern "C" fn fastllm_model_load(
 #[no_mangle]
 pub unsafe extern "C" fn fastllm_model_free(model: *mut FastllmModel) {
     if !model.is_null() {
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(Box::from_raw(model))));
+        let _ =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(Box::from_raw(model))));
     }
 }
 
@@ -131,7 +153,12 @@ pub(crate) fn model_meta(llm: &Llm, key: &str) -> Option<String> {
         "rope_theta" => c.rope_theta.to_string(),
         "chat_template" => llm.chat_template.clone(),
         "bos_id" => llm.tokenizer.bos_id()?.to_string(),
-        "eos_ids" => llm.eos_ids().iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","),
+        "eos_ids" => llm
+            .eos_ids()
+            .iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(","),
         _ => return None,
     })
 }
@@ -155,7 +182,8 @@ pub unsafe extern "C" fn fastllm_model_meta(
     guard(|| {
         let m = model.as_ref().ok_or_else(|| null("model"))?;
         let key = c_str(key, "key")?;
-        let v = model_meta(&m.llm, key).ok_or_else(|| invalid(format!("unknown metadata key '{key}'")))?;
+        let v = model_meta(&m.llm, key)
+            .ok_or_else(|| invalid(format!("unknown metadata key '{key}'")))?;
         write_string(v.as_bytes(), buf, cap, len)
     })
 }
@@ -190,7 +218,8 @@ pub unsafe extern "C" fn fastllm_tokenize(
         } else {
             std::slice::from_raw_parts(text as *const u8, text_len)
         };
-        let s = std::str::from_utf8(bytes).map_err(|e| invalid(format!("text is not valid UTF-8: {e}")))?;
+        let s = std::str::from_utf8(bytes)
+            .map_err(|e| invalid(format!("text is not valid UTF-8: {e}")))?;
         let ids = m.llm.tokenizer.encode(s, add_special, parse_special)?;
         if tokens.is_null() || cap < ids.len() {
             *n = ids.len();

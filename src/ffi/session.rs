@@ -92,7 +92,10 @@ pub unsafe extern "C" fn fastllm_session_new(
             return Err(null("out"));
         }
         let session = Session::new(m.llm.clone(), max_tokens as usize)?;
-        *out = Box::into_raw(Box::new(FastllmSession { session, sampler: None }));
+        *out = Box::into_raw(Box::new(FastllmSession {
+            session,
+            sampler: None,
+        }));
         Ok(())
     })
 }
@@ -115,7 +118,11 @@ pub unsafe extern "C" fn fastllm_session_free(s: *mut FastllmSession) {
 /// # Safety
 /// `s` NULL or valid; `tokens` valid for `n` ids.
 #[no_mangle]
-pub unsafe extern "C" fn fastllm_session_eval(s: *mut FastllmSession, tokens: *const i32, n: usize) -> FastllmStatus {
+pub unsafe extern "C" fn fastllm_session_eval(
+    s: *mut FastllmSession,
+    tokens: *const i32,
+    n: usize,
+) -> FastllmStatus {
     guard(|| {
         let s = s.as_mut().ok_or_else(|| null("session"))?;
         let ids = token_slice(tokens, n)?;
@@ -214,7 +221,11 @@ pub unsafe extern "C" fn fastllm_session_sample(
         if token.is_null() {
             return Err(null("token"));
         }
-        let params = if p.is_null() { sampling_params(&fastllm_sampling_default())? } else { sampling_params(&*p)? };
+        let params = if p.is_null() {
+            sampling_params(&fastllm_sampling_default())?
+        } else {
+            sampling_params(&*p)?
+        };
         let reuse = matches!(&s.sampler, Some((old, _)) if *old == params);
         if !reuse {
             s.sampler = Some((params.clone(), Sampler::new(params)?));
@@ -232,8 +243,14 @@ pub unsafe extern "C" fn fastllm_session_sample(
 /// Called with each generated token and its text (`piece`, `piece_len` bytes of complete UTF-8,
 /// not NUL-terminated, possibly empty while a character or stop string is incomplete). Return
 /// false to stop.
-pub type FastllmTokenCallback =
-    Option<unsafe extern "C" fn(user_data: *mut c_void, token: i32, piece: *const c_char, piece_len: usize) -> bool>;
+pub type FastllmTokenCallback = Option<
+    unsafe extern "C" fn(
+        user_data: *mut c_void,
+        token: i32,
+        piece: *const c_char,
+        piece_len: usize,
+    ) -> bool,
+>;
 
 /// Generation parameters; defaults from `fastllm_generate_params_default()`.
 #[repr(C)]
@@ -289,7 +306,11 @@ pub unsafe extern "C" fn fastllm_generate(
     guard(|| {
         let s = s.as_mut().ok_or_else(|| null("session"))?;
         let prompt = c_str(prompt, "prompt")?;
-        let gp = if p.is_null() { fastllm_generate_params_default() } else { *p };
+        let gp = if p.is_null() {
+            fastllm_generate_params_default()
+        } else {
+            *p
+        };
         if gp.struct_size as usize != std::mem::size_of::<FastllmGenerateParams>() {
             return Err(invalid(format!(
                 "params.struct_size is {}, expected {} (use fastllm_generate_params_default())",
@@ -306,7 +327,11 @@ pub unsafe extern "C" fn fastllm_generate(
                 stop.push(c_str(*gp.stop.add(i), "a stop string")?.to_string());
             }
         }
-        let system = if gp.system.is_null() { None } else { Some(c_str(gp.system, "params.system")?.to_string()) };
+        let system = if gp.system.is_null() {
+            None
+        } else {
+            Some(c_str(gp.system, "params.system")?.to_string())
+        };
         let params = GenerateParams {
             max_new_tokens: gp.max_new_tokens as usize,
             sampling: sampling_params(&gp.sampling)?,
@@ -316,13 +341,21 @@ pub unsafe extern "C" fn fastllm_generate(
         };
         let mut on_piece = |tok: u32, piece: &str| -> bool {
             match cb {
-                Some(f) => f(user_data, tok as i32, piece.as_ptr() as *const c_char, piece.len()),
+                Some(f) => f(
+                    user_data,
+                    tok as i32,
+                    piece.as_ptr() as *const c_char,
+                    piece.len(),
+                ),
                 None => true,
             }
         };
         let g = s.session.generate(prompt, &params, &mut on_piece)?;
         if g.stop_reason == StopReason::Cancelled {
-            return Err(Fail(FASTLLM_ERR_CANCELLED, "generation stopped by the callback".into()));
+            return Err(Fail(
+                FASTLLM_ERR_CANCELLED,
+                "generation stopped by the callback".into(),
+            ));
         }
         if !out_text.is_null() {
             let c = CString::new(g.text.replace('\0', "")).map_err(|_| invalid("text with NUL"))?;

@@ -57,7 +57,9 @@ pub(crate) fn set_last_error(msg: &str) {
 /// The status for a Rust error.
 pub(crate) fn status_of(e: &Error) -> FastllmStatus {
     match e {
-        Error::Op { .. } | Error::UnknownOp(_) | Error::InvalidArgument(_) => FASTLLM_ERR_INVALID_ARGUMENT,
+        Error::Op { .. } | Error::UnknownOp(_) | Error::InvalidArgument(_) => {
+            FASTLLM_ERR_INVALID_ARGUMENT
+        }
         Error::Format { .. } => FASTLLM_ERR_FORMAT,
         Error::Io { .. } => FASTLLM_ERR_IO,
         Error::Unsupported(_) => FASTLLM_ERR_UNSUPPORTED,
@@ -129,7 +131,12 @@ pub(crate) unsafe fn c_str<'a>(p: *const c_char, what: &str) -> Result<&'a str, 
 ///
 /// # Safety
 /// `buf` must be NULL or valid for `cap` bytes; `len` must be NULL or valid.
-pub(crate) unsafe fn write_string(bytes: &[u8], buf: *mut c_char, cap: usize, len: *mut usize) -> FfiResult {
+pub(crate) unsafe fn write_string(
+    bytes: &[u8],
+    buf: *mut c_char,
+    cap: usize,
+    len: *mut usize,
+) -> FfiResult {
     if len.is_null() {
         return Err(null("len"));
     }
@@ -137,7 +144,10 @@ pub(crate) unsafe fn write_string(bytes: &[u8], buf: *mut c_char, cap: usize, le
         *len = bytes.len();
         return Err(Fail(
             FASTLLM_ERR_BUFFER_TOO_SMALL,
-            format!("buffer of {cap} bytes; {} needed (with the NUL)", bytes.len() + 1),
+            format!(
+                "buffer of {cap} bytes; {} needed (with the NUL)",
+                bytes.len() + 1
+            ),
         ));
     }
     std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf as *mut u8, bytes.len());

@@ -205,7 +205,10 @@ impl<'a> Cursor<'a> {
             .checked_add(n)
             .filter(|&e| e <= self.b.len())
             .ok_or_else(|| {
-                Error::format(self.path, format!("truncated: needed {n} bytes at offset {}", self.pos))
+                Error::format(
+                    self.path,
+                    format!("truncated: needed {n} bytes at offset {}", self.pos),
+                )
             })?;
         let s = &self.b[self.pos..end];
         self.pos = end;
@@ -234,7 +237,10 @@ impl<'a> Cursor<'a> {
         if n > (self.b.len() - self.pos) as u64 {
             return Err(Error::format(
                 self.path,
-                format!("{what} length {n} at offset {} exceeds the file", self.pos - 8),
+                format!(
+                    "{what} length {n} at offset {} exceeds the file",
+                    self.pos - 8
+                ),
             ));
         }
         Ok(n as usize)
@@ -256,7 +262,10 @@ impl<'a> Cursor<'a> {
             8 => GgufValue::Str(self.string()?),
             9 => {
                 if depth > 4 {
-                    return Err(Error::format(self.path, "metadata arrays nested too deeply"));
+                    return Err(Error::format(
+                        self.path,
+                        "metadata arrays nested too deeply",
+                    ));
                 }
                 let et = self.u32()?;
                 let n = self.len("array")?;
@@ -293,18 +302,31 @@ impl GgufFile {
 
     fn parse(path: String, map: Arc<Mmap>, file: std::fs::File) -> Result<GgufFile> {
         let b: &[u8] = &map;
-        let mut c = Cursor { b, pos: 0, path: &path };
-        if c.take(4).map_err(|_| Error::format(&path, "not a GGUF file (too short)"))? != b"GGUF" {
+        let mut c = Cursor {
+            b,
+            pos: 0,
+            path: &path,
+        };
+        if c.take(4)
+            .map_err(|_| Error::format(&path, "not a GGUF file (too short)"))?
+            != b"GGUF"
+        {
             return Err(Error::format(&path, "not a GGUF file (bad magic)"));
         }
         let version = c.u32()?;
         if !(2..=3).contains(&version) {
-            return Err(Error::format(&path, format!("unsupported GGUF version {version}")));
+            return Err(Error::format(
+                &path,
+                format!("unsupported GGUF version {version}"),
+            ));
         }
         let n_tensors = c.u64()?;
         let n_kv = c.u64()?;
         if n_tensors > b.len() as u64 || n_kv > b.len() as u64 {
-            return Err(Error::format(&path, "tensor or metadata count exceeds the file"));
+            return Err(Error::format(
+                &path,
+                "tensor or metadata count exceeds the file",
+            ));
         }
         let mut metadata = BTreeMap::new();
         for _ in 0..n_kv {
@@ -327,22 +349,36 @@ impl GgufFile {
             let ggml_type = c.u32()?;
             let offset = c.u64()?;
             let (tname, be, bb) = ggml_type::info(ggml_type).ok_or_else(|| {
-                Error::format(&path, format!("tensor {name}: unknown ggml type {ggml_type}"))
+                Error::format(
+                    &path,
+                    format!("tensor {name}: unknown ggml type {ggml_type}"),
+                )
             })?;
             let count = dims
                 .iter()
                 .try_fold(1u64, |a, &d| a.checked_mul(d))
-                .ok_or_else(|| Error::format(&path, format!("tensor {name}: dims {dims:?} overflow")))?;
+                .ok_or_else(|| {
+                    Error::format(&path, format!("tensor {name}: dims {dims:?} overflow"))
+                })?;
             if dims[0] % be as u64 != 0 {
                 return Err(Error::format(
                     &path,
-                    format!("tensor {name}: row of {} not a multiple of {tname}'s block {be}", dims[0]),
+                    format!(
+                        "tensor {name}: row of {} not a multiple of {tname}'s block {be}",
+                        dims[0]
+                    ),
                 ));
             }
             let size = (count / be as u64)
                 .checked_mul(bb as u64)
                 .ok_or_else(|| Error::format(&path, format!("tensor {name}: size overflows")))?;
-            tensors.push(GgufTensorInfo { name, dims, ggml_type, offset, size });
+            tensors.push(GgufTensorInfo {
+                name,
+                dims,
+                ggml_type,
+                offset,
+                size,
+            });
         }
         let align = metadata
             .get("general.alignment")
@@ -367,7 +403,15 @@ impl GgufFile {
                 ));
             }
         }
-        Ok(GgufFile { path, version, metadata, tensors, data_offset, map, file })
+        Ok(GgufFile {
+            path,
+            version,
+            metadata,
+            tensors,
+            data_offset,
+            map,
+            file,
+        })
     }
 
     /// A metadata value.
@@ -408,10 +452,9 @@ impl GgufFile {
     /// A fresh copy of a tensor's bytes, read with a positioned read (nothing of the file stays
     /// resident; the converter uses this to keep its memory at one tensor).
     pub fn read_tensor_bytes(&self, t: &GgufTensorInfo) -> Result<Vec<u8>> {
-        let start = self
-            .data_offset
-            .checked_add(t.offset)
-            .ok_or_else(|| Error::format(&self.path, format!("tensor {} outside the file", t.name)))?;
+        let start = self.data_offset.checked_add(t.offset).ok_or_else(|| {
+            Error::format(&self.path, format!("tensor {} outside the file", t.name))
+        })?;
         crate::format::pread::read_vec(&self.file, &self.path, start, t.size, &t.name)
     }
 

@@ -2,16 +2,20 @@
 //! table and the memory a model needs (used by `convert-weights --info` and `fastllm info`).
 
 use crate::convert::{detect_input, InputKind};
-use std::fmt::Write;
+use crate::error::{Error, Result};
 use crate::format::flm::{FlmFile, LoadMode, MetaValue};
 use crate::format::gguf::{ggml_type, GgufFile, GgufValue};
-use crate::error::{Error, Result};
+use std::fmt::Write;
 use std::path::Path;
 
 fn one_line(s: &str, max: usize) -> String {
     let flat: String = s.chars().map(|c| if c == '\n' { ' ' } else { c }).collect();
     if flat.chars().count() > max {
-        format!("{}… ({} chars)", flat.chars().take(max).collect::<String>(), s.chars().count())
+        format!(
+            "{}… ({} chars)",
+            flat.chars().take(max).collect::<String>(),
+            s.chars().count()
+        )
     } else {
         flat
     }
@@ -26,7 +30,10 @@ fn meta_str(v: &MetaValue) -> String {
         MetaValue::Bool(x) => x.to_string(),
         MetaValue::Str(s) => format!("{:?}", one_line(s, 80)),
         MetaValue::Array(a) if a.len() <= 16 => {
-            format!("[{}]", a.iter().map(meta_str).collect::<Vec<_>>().join(", "))
+            format!(
+                "[{}]",
+                a.iter().map(meta_str).collect::<Vec<_>>().join(", ")
+            )
         }
         MetaValue::Array(a) => format!("[{} items]", a.len()),
     }
@@ -36,7 +43,10 @@ fn gguf_str(v: &GgufValue) -> String {
     match v {
         GgufValue::Str(s) => format!("{:?}", one_line(s, 80)),
         GgufValue::Array(a) if a.len() <= 16 => {
-            format!("[{}]", a.iter().map(gguf_str).collect::<Vec<_>>().join(", "))
+            format!(
+                "[{}]",
+                a.iter().map(gguf_str).collect::<Vec<_>>().join(", ")
+            )
         }
         GgufValue::Array(a) => format!("[{} items]", a.len()),
         GgufValue::Bool(b) => b.to_string(),
@@ -59,11 +69,13 @@ fn describe_flm(path: &Path, o: &mut String) -> Result<()> {
     }
     let t = f.tokenizer_spec();
     let _ = writeln!(o, "tokenizer:");
-    let _ = writeln!(o, 
+    let _ = writeln!(
+        o,
         "  kind {:?}, pre-tokenizer {:?}, normalizer {:?}",
         t.kind, t.pre_tokenizer, t.normalizer
     );
-    let _ = writeln!(o, 
+    let _ = writeln!(
+        o,
         "  vocab {}, merges {}, scores {}, added {} ({} special)",
         t.vocab.len(),
         t.merges.len(),
@@ -71,7 +83,8 @@ fn describe_flm(path: &Path, o: &mut String) -> Result<()> {
         t.added.len(),
         t.added.iter().filter(|a| a.special).count()
     );
-    let _ = writeln!(o, 
+    let _ = writeln!(
+        o,
         "  bos {:?}, eos {:?}, unk {:?}, pad {:?}, add_bos {}, add_eos {}",
         t.bos_id, t.eos_ids, t.unk_id, t.pad_id, t.add_bos, t.add_eos
     );
@@ -88,7 +101,8 @@ fn describe_flm(path: &Path, o: &mut String) -> Result<()> {
     );
     let _ = writeln!(o, "tensors ({}):", f.tensor_infos().len());
     for ti in f.tensor_infos() {
-        let _ = writeln!(o, 
+        let _ = writeln!(
+            o,
             "  {:<56} {:<5} {:<16} {:>12} bytes @ {} crc {:08x}",
             ti.name,
             ti.dtype.name(),
@@ -112,7 +126,8 @@ fn describe_gguf(path: &Path, o: &mut String) -> Result<()> {
         let _ = writeln!(o, "  {k} = {}", gguf_str(v));
     }
     let _ = writeln!(o, "tokenizer:");
-    let _ = writeln!(o, 
+    let _ = writeln!(
+        o,
         "  model {:?}, pre {:?}, tokens {}, merges {}, bos {:?}, eos {:?}",
         g.get_str("tokenizer.ggml.model").unwrap_or("-"),
         g.get_str("tokenizer.ggml.pre").unwrap_or("-"),
@@ -124,7 +139,8 @@ fn describe_gguf(path: &Path, o: &mut String) -> Result<()> {
     let _ = writeln!(o, "tensors ({}):", g.tensors.len());
     for t in &g.tensors {
         let ty = ggml_type::info(t.ggml_type).map_or("?", |i| i.0);
-        let _ = writeln!(o, 
+        let _ = writeln!(
+            o,
             "  {:<40} {:<5} {:<16} {:>12} bytes @ {}",
             t.name,
             ty,

@@ -35,7 +35,11 @@ pub fn read_vec(f: &File, path: &str, offset: u64, len: u64, what: &str) -> Resu
     buf.try_reserve_exact(n)
         .map_err(|_| Error::OutOfMemory(format!("{path}: {what} of {n} bytes")))?;
     buf.resize(n, 0);
-    read_exact_at(f, &mut buf, offset)
-        .map_err(|e| Error::format(path, format!("cannot read {what} ({n} bytes at {offset}): {e}")))?;
+    read_exact_at(f, &mut buf, offset).map_err(|e| {
+        Error::format(
+            path,
+            format!("cannot read {what} ({n} bytes at {offset}): {e}"),
+        )
+    })?;
     Ok(buf)
 }

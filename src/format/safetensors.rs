@@ -57,7 +57,12 @@ impl SafetensorsFile {
         // SAFETY: read-only mapping; we rely on the file not being truncated while mapped.
         let map = unsafe { Mmap::map(&f) }.map_err(|e| Error::io(&ps, e))?;
         let tensors = Self::parse_header(&ps, &map)?;
-        Ok(SafetensorsFile { path: ps, file: f, map, tensors })
+        Ok(SafetensorsFile {
+            path: ps,
+            file: f,
+            map,
+            tensors,
+        })
     }
 
     fn parse_header(ps: &str, b: &[u8]) -> Result<BTreeMap<String, SafeTensorInfo>> {
@@ -89,14 +94,21 @@ impl SafetensorsFile {
                 continue;
             }
             let bad = |what: &str| Error::format(ps, format!("tensor {name}: {what}"));
-            let dtype_s = t.get("dtype").and_then(|d| d.as_str()).ok_or_else(|| bad("no dtype"))?;
+            let dtype_s = t
+                .get("dtype")
+                .and_then(|d| d.as_str())
+                .ok_or_else(|| bad("no dtype"))?;
             let dtype = parse_dtype(ps, name, dtype_s)?;
             let dims = t
                 .get("shape")
                 .and_then(|s| s.as_array())
                 .ok_or_else(|| bad("no shape"))?
                 .iter()
-                .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()).ok_or_else(|| bad("bad shape entry")))
+                .map(|d| {
+                    d.as_u64()
+                        .and_then(|d| usize::try_from(d).ok())
+                        .ok_or_else(|| bad("bad shape entry"))
+                })
                 .collect::<Result<Vec<usize>>>()?;
             let offs = t
                 .get("data_offsets")
@@ -105,7 +117,11 @@ impl SafetensorsFile {
                 .ok_or_else(|| bad("data_offsets must be [begin, end]"))?;
             let o: Vec<usize> = offs
                 .iter()
-                .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()).ok_or_else(|| bad("bad data_offsets")))
+                .map(|d| {
+                    d.as_u64()
+                        .and_then(|d| usize::try_from(d).ok())
+                        .ok_or_else(|| bad("bad data_offsets"))
+                })
                 .collect::<Result<_>>()?;
             let (s, e) = match o.as_slice() {
                 [s, e] => (*s, *e),
@@ -140,12 +156,16 @@ impl SafetensorsFile {
                 },
             );
         }
-        let mut spans: Vec<&SafeTensorInfo> = tensors.values().filter(|t| t.end > t.start).collect();
+        let mut spans: Vec<&SafeTensorInfo> =
+            tensors.values().filter(|t| t.end > t.start).collect();
         spans.sort_by_key(|t| t.start);
         for w in spans.windows(2) {
             if let [a, b] = w {
                 if b.start < a.end {
-                    return Err(Error::format(ps, format!("tensors {} and {} overlap", a.name, b.name)));
+                    return Err(Error::format(
+                        ps,
+                        format!("tensors {} and {} overlap", a.name, b.name),
+                    ));
                 }
             }
         }
@@ -169,7 +189,13 @@ impl SafetensorsFile {
             .tensors
             .get(name)
             .ok_or_else(|| Error::format(&self.path, format!("no tensor named {name}")))?;
-        let b = read_vec(&self.file, &self.path, t.start as u64, (t.end - t.start) as u64, name)?;
+        let b = read_vec(
+            &self.file,
+            &self.path,
+            t.start as u64,
+            (t.end - t.start) as u64,
+            name,
+        )?;
         Ok((t, b))
     }
 
@@ -217,20 +243,26 @@ impl SafetensorsSet {
     pub fn open_index(index: &Path) -> Result<SafetensorsSet> {
         let ps = index.display().to_string();
         let text = std::fs::read_to_string(index).map_err(|e| Error::io(&ps, e))?;
-        let v: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| Error::format(&ps, format!("invalid JSON: {e}")))?;
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| Error::format(&ps, format!("invalid JSON: {e}")))?;
         let map = v
             .get("weight_map")
             .and_then(|m| m.as_object())
             .ok_or_else(|| Error::format(&ps, "no weight_map object"))?;
-        let dir = index.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+        let dir = index
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
         let mut shards: Vec<String> = Vec::new();
         for (name, f) in map {
-            let f = f
-                .as_str()
-                .ok_or_else(|| Error::format(&ps, format!("weight_map[{name}] is not a file name")))?;
+            let f = f.as_str().ok_or_else(|| {
+                Error::format(&ps, format!("weight_map[{name}] is not a file name"))
+            })?;
             if f.contains('/') || f.contains('\\') || f == ".." {
-                return Err(Error::format(&ps, format!("weight_map[{name}]: shard {f:?} must be a plain file name")));
+                return Err(Error::format(
+                    &ps,
+                    format!("weight_map[{name}]: shard {f:?} must be a plain file name"),
+                ));
             }
             if !shards.iter().any(|s| s == f) {
                 shards.push(f.to_string());
@@ -244,7 +276,10 @@ impl SafetensorsSet {
         let set = Self::from_files(files)?;
         for name in map.keys() {
             if !set.by_name.contains_key(name) {
-                return Err(Error::format(&ps, format!("tensor {name} is not in its shard")));
+                return Err(Error::format(
+                    &ps,
+                    format!("tensor {name} is not in its shard"),
+                ));
             }
         }
         Ok(set)
@@ -255,7 +290,10 @@ impl SafetensorsSet {
         for (i, f) in files.iter().enumerate() {
             for name in f.tensors().keys() {
                 if by_name.insert(name.clone(), i).is_some() {
-                    return Err(Error::format(f.path(), format!("tensor {name} appears in two shards")));
+                    return Err(Error::format(
+                        f.path(),
+                        format!("tensor {name} appears in two shards"),
+                    ));
                 }
             }
         }
@@ -271,7 +309,9 @@ impl SafetensorsSet {
     pub fn tensor(&self, name: &str) -> Result<(&SafeTensorInfo, &[u8])> {
         match self.by_name.get(name).and_then(|&i| self.files.get(i)) {
             Some(f) => f.tensor(name),
-            None => Err(Error::invalid(format!("no tensor named {name} in the safetensors set"))),
+            None => Err(Error::invalid(format!(
+                "no tensor named {name} in the safetensors set"
+            ))),
         }
     }
 
@@ -279,12 +319,17 @@ impl SafetensorsSet {
     pub fn read_tensor(&self, name: &str) -> Result<(&SafeTensorInfo, Vec<u8>)> {
         match self.by_name.get(name).and_then(|&i| self.files.get(i)) {
             Some(f) => f.read_tensor(name),
-            None => Err(Error::invalid(format!("no tensor named {name} in the safetensors set"))),
+            None => Err(Error::invalid(format!(
+                "no tensor named {name} in the safetensors set"
+            ))),
         }
     }
 
     /// The file holding `name` (for messages).
     pub fn file_of(&self, name: &str) -> Option<&str> {
-        self.by_name.get(name).and_then(|&i| self.files.get(i)).map(|f| f.path())
+        self.by_name
+            .get(name)
+            .and_then(|&i| self.files.get(i))
+            .map(|f| f.path())
     }
 }

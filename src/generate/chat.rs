@@ -16,7 +16,10 @@ pub struct ChatMessage {
 impl ChatMessage {
     /// A message.
     pub fn new(role: &str, content: &str) -> Self {
-        ChatMessage { role: role.to_string(), content: content.to_string() }
+        ChatMessage {
+            role: role.to_string(),
+            content: content.to_string(),
+        }
     }
 }
 
@@ -34,9 +37,15 @@ pub fn render(
     let mut env = minijinja::Environment::new();
     minijinja_contrib::add_to_environment(&mut env);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-    env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
-        Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
-    });
+    env.add_function(
+        "raise_exception",
+        |msg: String| -> std::result::Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(
+                minijinja::ErrorKind::InvalidOperation,
+                msg,
+            ))
+        },
+    );
     env.add_template("chat", template)
         .map_err(|e| Error::invalid(format!("chat template does not parse: {e}")))?;
     let t = env
@@ -65,7 +74,10 @@ mod tests {
     #[test]
     fn python_methods_and_errors() {
         let t = "{{ messages[0]['content'].strip() }}{% if messages|length > 1 %}{{ raise_exception('only one') }}{% endif %}";
-        assert_eq!(render(t, &[ChatMessage::new("user", "  x ")], false, "", "").unwrap(), "x");
+        assert_eq!(
+            render(t, &[ChatMessage::new("user", "  x ")], false, "", "").unwrap(),
+            "x"
+        );
         let two = [ChatMessage::new("user", "a"), ChatMessage::new("user", "b")];
         assert!(render(t, &two, false, "", "").is_err());
         assert!(render("{% for %}", &two, false, "", "").is_err());

@@ -110,7 +110,11 @@ impl Sampler {
             for (&t, &n) in &counts {
                 if let Some(v) = l.get_mut(t as usize) {
                     if p.repetition_penalty != 1.0 {
-                        *v = if *v > 0.0 { *v / p.repetition_penalty } else { *v * p.repetition_penalty };
+                        *v = if *v > 0.0 {
+                            *v / p.repetition_penalty
+                        } else {
+                            *v * p.repetition_penalty
+                        };
                     }
                     *v -= p.presence_penalty + p.frequency_penalty * n as f32;
                 }
@@ -121,9 +125,15 @@ impl Sampler {
         }
         // candidates sorted by logit, descending
         let mut idx: Vec<u32> = (0..l.len() as u32).collect();
-        let k = if p.top_k > 0 { p.top_k.min(l.len()) } else { l.len() };
+        let k = if p.top_k > 0 {
+            p.top_k.min(l.len())
+        } else {
+            l.len()
+        };
         if k < l.len() {
-            idx.select_nth_unstable_by(k - 1, |&a, &b| cmp_desc(l[a as usize], l[b as usize], a, b));
+            idx.select_nth_unstable_by(k - 1, |&a, &b| {
+                cmp_desc(l[a as usize], l[b as usize], a, b)
+            });
             idx.truncate(k);
         }
         idx.sort_unstable_by(|&a, &b| cmp_desc(l[a as usize], l[b as usize], a, b));
@@ -167,7 +177,9 @@ impl Sampler {
 }
 
 fn cmp_desc(x: f32, y: f32, a: u32, b: u32) -> std::cmp::Ordering {
-    y.partial_cmp(&x).unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&b))
+    y.partial_cmp(&x)
+        .unwrap_or(std::cmp::Ordering::Equal)
+        .then(a.cmp(&b))
 }
 
 /// Index of the largest value (lowest index on ties).
@@ -190,35 +202,64 @@ mod tests {
         let l = [0.1, 2.0, 1.9, -1.0];
         let mut s = Sampler::new(SamplingParams::default()).unwrap();
         assert_eq!(s.sample(&l, &[]).unwrap(), 1);
-        let p = SamplingParams { temperature: 1.0, seed: 7, ..Default::default() };
-        let a: Vec<u32> = { let mut s = Sampler::new(p.clone()).unwrap(); (0..50).map(|_| s.sample(&l, &[]).unwrap()).collect() };
-        let b: Vec<u32> = { let mut s = Sampler::new(p).unwrap(); (0..50).map(|_| s.sample(&l, &[]).unwrap()).collect() };
+        let p = SamplingParams {
+            temperature: 1.0,
+            seed: 7,
+            ..Default::default()
+        };
+        let a: Vec<u32> = {
+            let mut s = Sampler::new(p.clone()).unwrap();
+            (0..50).map(|_| s.sample(&l, &[]).unwrap()).collect()
+        };
+        let b: Vec<u32> = {
+            let mut s = Sampler::new(p).unwrap();
+            (0..50).map(|_| s.sample(&l, &[]).unwrap()).collect()
+        };
         assert_eq!(a, b);
-        assert!(a.iter().any(|&t| t == 2) && a.iter().any(|&t| t == 1));
+        assert!(a.contains(&2) && a.contains(&1));
     }
 
     #[test]
     fn filters() {
         let l = [0.0, 5.0, 4.9, 1.0];
-        let p = SamplingParams { temperature: 1.0, top_k: 1, ..Default::default() };
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_k: 1,
+            ..Default::default()
+        };
         let mut s = Sampler::new(p).unwrap();
         for _ in 0..20 {
             assert_eq!(s.sample(&l, &[]).unwrap(), 1);
         }
-        let p = SamplingParams { temperature: 1.0, min_p: 0.5, ..Default::default() };
+        let p = SamplingParams {
+            temperature: 1.0,
+            min_p: 0.5,
+            ..Default::default()
+        };
         let mut s = Sampler::new(p).unwrap();
         for _ in 0..50 {
             assert!([1, 2].contains(&s.sample(&l, &[]).unwrap()));
         }
-        let p = SamplingParams { repetition_penalty: 100.0, ..Default::default() };
+        let p = SamplingParams {
+            repetition_penalty: 100.0,
+            ..Default::default()
+        };
         let mut s = Sampler::new(p).unwrap();
         assert_eq!(s.sample(&l, &[1]).unwrap(), 2);
     }
 
     #[test]
     fn bad_input() {
-        assert!(Sampler::new(SamplingParams { top_p: 0.0, ..Default::default() }).is_err());
-        assert!(Sampler::new(SamplingParams { temperature: -1.0, ..Default::default() }).is_err());
+        assert!(Sampler::new(SamplingParams {
+            top_p: 0.0,
+            ..Default::default()
+        })
+        .is_err());
+        assert!(Sampler::new(SamplingParams {
+            temperature: -1.0,
+            ..Default::default()
+        })
+        .is_err());
         let mut s = Sampler::new(SamplingParams::default()).unwrap();
         assert!(s.sample(&[1.0, f32::NAN], &[]).is_err());
         assert!(s.sample(&[], &[]).is_err());

@@ -35,14 +35,24 @@ impl Llm {
     }
 
     /// Renders messages with the model's chat template.
-    pub fn render_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+    pub fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let tok = |id: Option<u32>| {
             id.and_then(|i| self.tokenizer.decode(&[i], false).ok())
                 .unwrap_or_default()
         };
         let bos = tok(self.tokenizer.bos_id());
         let eos = tok(self.eos_ids().first().copied());
-        chat::render(&self.chat_template, messages, add_generation_prompt, &bos, &eos)
+        chat::render(
+            &self.chat_template,
+            messages,
+            add_generation_prompt,
+            &bos,
+            &eos,
+        )
     }
 }
 
@@ -114,7 +124,13 @@ impl Session {
     /// A session of up to `max_tokens` tokens (0 = the model's context length).
     pub fn new(llm: Arc<Llm>, max_tokens: usize) -> Result<Session> {
         let cache = llm.model.new_cache(max_tokens)?;
-        Ok(Session { llm, cache, tokens: Vec::new(), logits: Vec::new(), history: Vec::new() })
+        Ok(Session {
+            llm,
+            cache,
+            tokens: Vec::new(),
+            logits: Vec::new(),
+            history: Vec::new(),
+        })
     }
 
     /// The model.
@@ -165,7 +181,9 @@ impl Session {
         }
         let vocab = self.llm.model.config().vocab_size;
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(Error::invalid(format!("token id {t} out of range (vocabulary {vocab})")));
+            return Err(Error::invalid(format!(
+                "token id {t} out of range (vocabulary {vocab})"
+            )));
         }
         if self.cache.len() + tokens.len() > self.cache.capacity() {
             return Err(Error::ContextFull(format!(
@@ -198,7 +216,12 @@ impl Session {
         if target.is_empty() {
             return Err(Error::invalid("empty prompt"));
         }
-        let mut p = self.tokens.iter().zip(target).take_while(|(a, b)| a == b).count();
+        let mut p = self
+            .tokens
+            .iter()
+            .zip(target)
+            .take_while(|(a, b)| a == b)
+            .count();
         if p == target.len() {
             p -= 1; // re-evaluate the last token to get its logits
         }
@@ -219,7 +242,9 @@ impl Session {
     /// the next chat-mode `generate` renders it with the template.
     pub fn add_message(&mut self, role: &str, content: &str) -> Result<()> {
         if !matches!(role, "system" | "user" | "assistant" | "tool") {
-            return Err(Error::invalid(format!("chat role '{role}' (expected system, user, assistant or tool)")));
+            return Err(Error::invalid(format!(
+                "chat role '{role}' (expected system, user, assistant or tool)"
+            )));
         }
         self.history.push(ChatMessage::new(role, content));
         Ok(())
@@ -262,7 +287,10 @@ impl Session {
                 return Err(Error::invalid("empty prompt"));
             }
             let mut ids = self.tokens.clone();
-            ids.extend(llm.tokenizer.encode(prompt, self.tokens.is_empty(), false)?);
+            ids.extend(
+                llm.tokenizer
+                    .encode(prompt, self.tokens.is_empty(), false)?,
+            );
             ids
         };
         if target.is_empty() {
@@ -271,7 +299,12 @@ impl Session {
         let prompt_tokens = self.eval_reusing_prefix(&target)?;
         let eos = llm.eos_ids();
         let mut stream = StreamDecoder::new(&llm.tokenizer, true);
-        let mut out = Generation { text: String::new(), tokens: Vec::new(), prompt_tokens, stop_reason: StopReason::MaxTokens };
+        let mut out = Generation {
+            text: String::new(),
+            tokens: Vec::new(),
+            prompt_tokens,
+            stop_reason: StopReason::MaxTokens,
+        };
         let max_stop = params.stop.iter().map(|s| s.len()).max().unwrap_or(0);
         let mut emitted = 0usize; // bytes of out.text already passed to on_piece
         let mut last_tok = 0u32;
@@ -285,7 +318,12 @@ impl Session {
             last_tok = tok;
             out.text.push_str(&stream.push(tok)?);
             // stop strings: cut at the first match
-            if let Some(cut) = params.stop.iter().filter_map(|s| (!s.is_empty()).then(|| out.text.find(s.as_str())).flatten()).min() {
+            if let Some(cut) = params
+                .stop
+                .iter()
+                .filter_map(|s| (!s.is_empty()).then(|| out.text.find(s.as_str())).flatten())
+                .min()
+            {
                 out.text.truncate(cut);
                 out.stop_reason = StopReason::StopString;
                 break;

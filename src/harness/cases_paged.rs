@@ -7,14 +7,32 @@ use crate::data::{Data, DataType::F32};
 pub fn cases(v: &mut Vec<OpCase>) {
     let mut rng = CaseRng::new(77);
     // (heads, kv heads, head dim, block size, [(new rows, cached len)], alibi, softcap, window)
-    type Shape = (usize, usize, usize, usize, &'static [(usize, usize)], bool, f32, usize);
+    type Shape = (
+        usize,
+        usize,
+        usize,
+        usize,
+        &'static [(usize, usize)],
+        bool,
+        f32,
+        usize,
+    );
     let shapes: [Shape; 6] = [
         (4, 4, 16, 16, &[(1, 1)], false, 0.0, 0),
         (6, 2, 24, 4, &[(1, 9), (3, 3), (1, 33)], false, 0.0, 0),
         (8, 2, 32, 16, &[(5, 20), (1, 47), (2, 2)], true, 0.0, 0),
         (3, 1, 20, 8, &[(7, 7)], false, 30.0, 0),
         (4, 4, 17, 4, &[(2, 13), (1, 5)], false, 0.0, 5),
-        (12, 3, 64, 16, &[(1, 70), (1, 16), (1, 1), (4, 40)], false, 0.0, 0),
+        (
+            12,
+            3,
+            64,
+            16,
+            &[(1, 70), (1, 16), (1, 1), (4, 40)],
+            false,
+            0.0,
+            0,
+        ),
     ];
     for (nh, nkv, hd, bs, seqs, alibi, softcap, window) in shapes {
         let max_blocks = seqs.iter().map(|s| s.1.div_ceil(bs)).max().unwrap_or(1) + 1;
@@ -46,9 +64,19 @@ pub fn cases(v: &mut Vec<OpCase>) {
             .input("q", rng.data(F32, &[rows, nh, hd]))
             .input("k_cache", rng.data(F32, &[slots, nkv, hd]))
             .input("v_cache", rng.data(F32, &[slots, nkv, hd]))
-            .input("q_starts", Data::from_i32(&[q_starts.len()], &q_starts).unwrap_or_else(|_| Data::empty(F32)))
-            .input("kv_lens", Data::from_i32(&[kv_lens.len()], &kv_lens).unwrap_or_else(|_| Data::empty(F32)))
-            .input("block_tables", Data::from_i32(&[seqs.len(), max_blocks], &table).unwrap_or_else(|_| Data::empty(F32)))
+            .input(
+                "q_starts",
+                Data::from_i32(&[q_starts.len()], &q_starts).unwrap_or_else(|_| Data::empty(F32)),
+            )
+            .input(
+                "kv_lens",
+                Data::from_i32(&[kv_lens.len()], &kv_lens).unwrap_or_else(|_| Data::empty(F32)),
+            )
+            .input(
+                "block_tables",
+                Data::from_i32(&[seqs.len(), max_blocks], &table)
+                    .unwrap_or_else(|_| Data::empty(F32)),
+            )
             .output("output", F32)
             .float("scale", 1.0 / (hd as f32).sqrt())
             .int("block_size", bs as i32);
@@ -63,12 +91,21 @@ pub fn cases(v: &mut Vec<OpCase>) {
         }
         v.push(c);
         // the matching cache write
-        let slots_of_new: Vec<i32> = (0..rows as i32).map(|i| (i * 7 + 3) % slots as i32).collect();
+        let slots_of_new: Vec<i32> = (0..rows as i32)
+            .map(|i| (i * 7 + 3) % slots as i32)
+            .collect();
         v.push(
-            OpCase::new("PagedCacheWrite", format!("rows={rows} slots={slots} nkv={nkv} hd={hd}"), 0.0)
-                .input("input", rng.data(F32, &[rows, nkv, hd]))
-                .input("slots", Data::from_i32(&[rows], &slots_of_new).unwrap_or_else(|_| Data::empty(F32)))
-                .inout("cache", rng.data(F32, &[slots, nkv, hd])),
+            OpCase::new(
+                "PagedCacheWrite",
+                format!("rows={rows} slots={slots} nkv={nkv} hd={hd}"),
+                0.0,
+            )
+            .input("input", rng.data(F32, &[rows, nkv, hd]))
+            .input(
+                "slots",
+                Data::from_i32(&[rows], &slots_of_new).unwrap_or_else(|_| Data::empty(F32)),
+            )
+            .inout("cache", rng.data(F32, &[slots, nkv, hd])),
         );
     }
 }

@@ -15,13 +15,13 @@ use std::time::{Duration, Instant};
 mod cases_activation;
 mod cases_attention;
 mod cases_elementwise;
-mod cases_paged;
 mod cases_embedding;
+mod cases_linear;
 mod cases_norm;
+mod cases_paged;
 mod cases_rope;
 mod cases_select;
 mod cases_shape;
-mod cases_linear;
 
 /// Byte value of guard regions.
 pub const GUARD_FILL: u8 = 0xA5;
@@ -68,21 +68,40 @@ pub struct OpCase {
 impl OpCase {
     /// A case with no arguments yet.
     pub fn new(op: &'static str, label: impl Into<String>, max_nmse: f64) -> OpCase {
-        OpCase { op, label: label.into(), args: Vec::new(), floats: Vec::new(), ints: Vec::new(), max_nmse }
+        OpCase {
+            op,
+            label: label.into(),
+            args: Vec::new(),
+            floats: Vec::new(),
+            ints: Vec::new(),
+            max_nmse,
+        }
     }
     /// Adds a read-only input.
     pub fn input(mut self, name: &'static str, data: Data) -> Self {
-        self.args.push(CaseArg { name, kind: ArgKind::In, data });
+        self.args.push(CaseArg {
+            name,
+            kind: ArgKind::In,
+            data,
+        });
         self
     }
     /// Adds an in-place argument.
     pub fn inout(mut self, name: &'static str, data: Data) -> Self {
-        self.args.push(CaseArg { name, kind: ArgKind::InOut, data });
+        self.args.push(CaseArg {
+            name,
+            kind: ArgKind::InOut,
+            data,
+        });
         self
     }
     /// Adds an output of `dtype`.
     pub fn output(mut self, name: &'static str, dtype: DataType) -> Self {
-        self.args.push(CaseArg { name, kind: ArgKind::Out, data: Data::empty(dtype) });
+        self.args.push(CaseArg {
+            name,
+            kind: ArgKind::Out,
+            data: Data::empty(dtype),
+        });
         self
     }
     /// Adds a float parameter.
@@ -223,7 +242,11 @@ pub fn nmse(a: &[f32], b: &[f32]) -> (f64, bool) {
 
 /// Runs `case` on `test` and on `reference` and compares every written argument.
 pub fn check_case(case: &OpCase, test: &Executor, reference: &Executor) -> Result<CaseReport> {
-    let mut ref_args: Vec<Data> = case.args.iter().map(|a| clone_data(&a.data)).collect::<Result<_>>()?;
+    let mut ref_args: Vec<Data> = case
+        .args
+        .iter()
+        .map(|a| clone_data(&a.data))
+        .collect::<Result<_>>()?;
     run_on(reference, case, &mut ref_args)
         .map_err(|e| Error::op(case.op, format!("{}: reference failed: {e}", case.label)))?;
     // Outputs of the device under test get guard regions, sized like the reference's result.
@@ -234,7 +257,12 @@ pub fn check_case(case: &OpCase, test: &Executor, reference: &Executor) -> Resul
             _ => clone_data(&a.data)?,
         });
     }
-    let mut report = CaseReport { name: case.name(), nmse: 0.0, max_nmse: case.max_nmse, failure: None };
+    let mut report = CaseReport {
+        name: case.name(),
+        nmse: 0.0,
+        max_nmse: case.max_nmse,
+        failure: None,
+    };
     if let Err(e) = run_on(test, case, &mut test_args) {
         report.failure = Some(format!("device under test failed: {e}"));
         return Ok(report);
@@ -244,11 +272,19 @@ pub fn check_case(case: &OpCase, test: &Executor, reference: &Executor) -> Resul
             continue;
         }
         if r.dims() != t.dims() {
-            report.failure = Some(format!("{}: dims {:?} vs reference {:?}", a.name, t.dims(), r.dims()));
+            report.failure = Some(format!(
+                "{}: dims {:?} vs reference {:?}",
+                a.name,
+                t.dims(),
+                r.dims()
+            ));
             return Ok(report);
         }
         if a.kind == ArgKind::Out && !t.guards_intact(GUARD_FILL) {
-            report.failure = Some(format!("{}: write outside the output (guard overwritten)", a.name));
+            report.failure = Some(format!(
+                "{}: write outside the output (guard overwritten)",
+                a.name
+            ));
             return Ok(report);
         }
         let (e, bad) = nmse(&t.to_f32_vec()?, &r.to_f32_vec()?);
@@ -266,7 +302,11 @@ pub fn check_case(case: &OpCase, test: &Executor, reference: &Executor) -> Resul
 
 /// Runs `case` on `exec` `reps` times (after one warm-up) and returns the median time.
 pub fn time_case(case: &OpCase, exec: &Executor, reps: usize) -> Result<Duration> {
-    let mut args: Vec<Data> = case.args.iter().map(|a| clone_data(&a.data)).collect::<Result<_>>()?;
+    let mut args: Vec<Data> = case
+        .args
+        .iter()
+        .map(|a| clone_data(&a.data))
+        .collect::<Result<_>>()?;
     run_on(exec, case, &mut args)?;
     let mut ts = Vec::with_capacity(reps);
     for _ in 0..reps.max(1) {

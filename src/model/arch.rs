@@ -110,8 +110,14 @@ const LLAMA: ArchSpec = ArchSpec {
 
 const TABLE: &[ArchSpec] = &[
     LLAMA,
-    ArchSpec { name: "mistral", ..LLAMA },
-    ArchSpec { name: "qwen2", ..LLAMA },
+    ArchSpec {
+        name: "mistral",
+        ..LLAMA
+    },
+    ArchSpec {
+        name: "qwen2",
+        ..LLAMA
+    },
     ArchSpec {
         name: "qwen3",
         qk_norm: Some(("self_attn.q_norm", "self_attn.k_norm")),
@@ -184,10 +190,13 @@ pub fn supported() -> Vec<&'static str> {
 
 /// The spec of `architecture`, or an error listing the supported ones.
 pub fn lookup(architecture: &str) -> Result<&'static ArchSpec> {
-    TABLE.iter().find(|a| a.name == architecture).ok_or_else(|| {
-        Error::Unsupported(format!(
-            "architecture '{architecture}' (supported: {})",
-            supported().join(", ")
-        ))
-    })
+    TABLE
+        .iter()
+        .find(|a| a.name == architecture)
+        .ok_or_else(|| {
+            Error::Unsupported(format!(
+                "architecture '{architecture}' (supported: {})",
+                supported().join(", ")
+            ))
+        })
 }

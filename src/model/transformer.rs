@@ -6,8 +6,8 @@ use super::arch::{self, ArchSpec, Mlp, NormKind, Positions, Qkv};
 use super::config::{ModelConfig, RopeScaling, RopeStyle};
 use super::weights::{WeightSource, Weights, W};
 use crate::data::{Data, DataType, DeviceKind};
-use crate::error::{Error, Result};
 use crate::device::{DataDict, FloatDict, IntDict};
+use crate::error::{Error, Result};
 use crate::executor::Executor;
 use crate::ops::{self, AttentionParams, RotaryParams, RotaryStyle};
 use std::sync::Arc;
@@ -29,7 +29,9 @@ impl Precision {
         match s {
             "fast" => Ok(Precision::Fast),
             "exact" => Ok(Precision::Exact),
-            _ => Err(Error::invalid(format!("precision '{s}' (expected fast or exact)"))),
+            _ => Err(Error::invalid(format!(
+                "precision '{s}' (expected fast or exact)"
+            ))),
         }
     }
 }
@@ -120,7 +122,7 @@ impl Model {
     ) -> Result<Model> {
         let spec = arch::lookup(&config.architecture)?;
         let c = &config;
-        if c.num_heads == 0 || c.num_kv_heads == 0 || c.num_heads % c.num_kv_heads != 0 {
+        if c.num_heads == 0 || c.num_kv_heads == 0 || !c.num_heads.is_multiple_of(c.num_kv_heads) {
             return Err(bad(format!(
                 "{}: {} heads not divisible into {} KV heads",
                 c.architecture, c.num_heads, c.num_kv_heads
@@ -129,7 +131,9 @@ impl Model {
         if c.head_dim == 0 || c.hidden_size == 0 || c.num_layers == 0 || c.vocab_size == 0 {
             return Err(bad(format!("{}: config has zero sizes", c.architecture)));
         }
-        if spec.positions == Positions::Rope && (c.rope_dim == 0 || c.rope_dim > c.head_dim || c.rope_dim % 2 != 0) {
+        if spec.positions == Positions::Rope
+            && (c.rope_dim == 0 || c.rope_dim > c.head_dim || !c.rope_dim.is_multiple_of(2))
+        {
             return Err(bad(format!(
                 "{}: rotary dim {} invalid for head dim {}",
                 c.architecture, c.rope_dim, c.head_dim
@@ -147,7 +151,10 @@ impl Model {
                 let p = format!("{}{i}.", spec.layer_prefix);
                 names.push(format!("{p}{}.weight", spec.attn_norm));
                 names.push(format!("{p}{}.weight", spec.ffn_norm));
-                for n in [spec.post_attn_norm, spec.post_ffn_norm].into_iter().flatten() {
+                for n in [spec.post_attn_norm, spec.post_ffn_norm]
+                    .into_iter()
+                    .flatten()
+                {
                     names.push(format!("{p}{n}.weight"));
                 }
             }
@@ -180,7 +187,15 @@ impl Model {
                 *t = dev.upload(t)?;
             }
         }
-        Ok(Model { config, spec, weights, exec, precision, inv_freq, alibi })
+        Ok(Model {
+            config,
+            spec,
+            weights,
+            exec,
+            precision,
+            inv_freq,
+            alibi,
+        })
     }
 
     /// The configuration.
@@ -202,7 +217,11 @@ impl Model {
     /// reserved up front but only touched as tokens arrive.
     pub fn new_cache(&self, max_tokens: usize) -> Result<KvCache> {
         let c = &self.config;
-        let cap = if max_tokens == 0 { c.context_length } else { max_tokens.min(c.context_length.max(1)) };
+        let cap = if max_tokens == 0 {
+            c.context_length
+        } else {
+            max_tokens.min(c.context_length.max(1))
+        };
         let mut k = Vec::with_capacity(c.num_layers);
         let mut v = Vec::with_capacity(c.num_layers);
         for _ in 0..c.num_layers {
@@ -213,7 +232,13 @@ impl Model {
             k.push(kd);
             v.push(vd);
         }
-        Ok(KvCache { k, v, len: 0, cap, scratch: Scratch::default() })
+        Ok(KvCache {
+            k,
+            v,
+            len: 0,
+            cap,
+            scratch: Scratch::default(),
+        })
     }
 
     fn norm(&self, x: &Data, name: &str, out: &mut Data) -> Result<()> {
@@ -270,7 +295,11 @@ impl Model {
         }
         self.check_tokens(tokens)?;
         let pos: Vec<i32> = (cache.len..cache.len + s).map(|p| p as i32).collect();
-        let rows: Vec<i32> = if all_logits { (0..s as i32).collect() } else { vec![s as i32 - 1] };
+        let rows: Vec<i32> = if all_logits {
+            (0..s as i32).collect()
+        } else {
+            vec![s as i32 - 1]
+        };
         let mut scratch = std::mem::take(&mut cache.scratch);
         let before = cache.len;
         let r = self.forward_rows(tokens, &pos, &rows, cache, &mut scratch);
@@ -291,12 +320,17 @@ impl Model {
     /// gives its sequence state and its new tokens (a prompt chunk or one decode token).
     /// Blocks are allocated from the pool as needed (`Err` when it is exhausted, with nothing
     /// changed). Returns the logits after each item's last token.
-    pub fn forward_paged(&self, pool: &mut PagedKvPool, batch: &mut [(&mut PagedSeqState, &[u32])]) -> Result<Vec<Vec<f32>>> {
+    pub fn forward_paged(
+        &self,
+        pool: &mut PagedKvPool,
+        batch: &mut [(&mut PagedSeqState, &[u32])],
+    ) -> Result<Vec<Vec<f32>>> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
         let c = &self.config;
-        if pool.k.len() != c.num_layers || pool.nkv != c.num_kv_heads || pool.head_dim != c.head_dim {
+        if pool.k.len() != c.num_layers || pool.nkv != c.num_kv_heads || pool.head_dim != c.head_dim
+        {
             return Err(Error::invalid("paged KV pool belongs to another model"));
         }
         let bs = pool.block_size;
@@ -315,7 +349,9 @@ impl Model {
                     c.context_length
                 )));
             }
-            need += (st.len + toks.len()).div_ceil(bs).saturating_sub(st.blocks.len());
+            need += (st.len + toks.len())
+                .div_ceil(bs)
+                .saturating_sub(st.blocks.len());
         }
         if need > pool.free.len() {
             return Err(Error::OutOfMemory(format!(
@@ -337,7 +373,12 @@ impl Model {
         let mut q_starts = vec![0i32];
         let mut kv_lens = Vec::new();
         let mut rows = Vec::new();
-        let max_blocks = batch.iter().map(|(st, _)| st.blocks.len()).max().unwrap_or(1).max(1);
+        let max_blocks = batch
+            .iter()
+            .map(|(st, _)| st.blocks.len())
+            .max()
+            .unwrap_or(1)
+            .max(1);
         let mut table = vec![0i32; batch.len() * max_blocks];
         for (i, (st, toks)) in batch.iter().enumerate() {
             for (k, &t) in toks.iter().enumerate() {
@@ -372,7 +413,9 @@ impl Model {
     fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
         let vocab = self.config.vocab_size;
         match tokens.iter().find(|&&t| t as usize >= vocab) {
-            Some(t) => Err(Error::invalid(format!("token id {t} out of range (vocabulary {vocab})"))),
+            Some(t) => Err(Error::invalid(format!(
+                "token id {t} out of range (vocabulary {vocab})"
+            ))),
             None => Ok(()),
         }
     }
@@ -398,7 +441,14 @@ impl Model {
         r
     }
 
-    fn layers(&self, ids: &Data, pos: &Data, logit_rows: &[i32], kv: &mut dyn KvStore, sc: &mut [Data]) -> Result<Data> {
+    fn layers(
+        &self,
+        ids: &Data,
+        pos: &Data,
+        logit_rows: &[i32],
+        kv: &mut dyn KvStore,
+        sc: &mut [Data],
+    ) -> Result<Data> {
         let c = &self.config;
         let e = &self.exec;
         let s = ids.dim(0);
@@ -546,7 +596,9 @@ impl Model {
         }
 
         // final norm and LM head, only for the rows asked for
-        let rows: &Data = if logit_rows.len() == s && logit_rows.iter().enumerate().all(|(i, &r)| r as usize == i) {
+        let rows: &Data = if logit_rows.len() == s
+            && logit_rows.iter().enumerate().all(|(i, &r)| r as usize == i)
+        {
             x
         } else {
             let idx = Data::from_i32(&[logit_rows.len()], logit_rows)?;
@@ -554,15 +606,23 @@ impl Model {
             t1
         };
         self.norm(rows, self.spec.final_norm, h)?;
-        let head = if !c.tie_embeddings && self.weights.has(&format!("{}.weight", self.spec.lm_head)) {
-            self.spec.lm_head
-        } else {
-            self.spec.embed
-        };
+        let head =
+            if !c.tie_embeddings && self.weights.has(&format!("{}.weight", self.spec.lm_head)) {
+                self.spec.lm_head
+            } else {
+                self.spec.embed
+            };
         let mut logits = Data::empty(DataType::F32);
         {
             let w: W = self.weights.get(&format!("{head}.weight"))?;
-            ops::linear(e, h, &w, None, &mut logits, self.precision == Precision::Fast)?;
+            ops::linear(
+                e,
+                h,
+                &w,
+                None,
+                &mut logits,
+                self.precision == Precision::Fast,
+            )?;
         }
         if c.final_logit_softcap > 0.0 {
             let mut capped = Data::empty(DataType::F32);
@@ -581,11 +641,29 @@ impl Model {
 pub trait KvStore {
     /// Appends `k`, `v` [rows, nkv, hd] for `layer` and writes attention of `q` into `out`.
     #[allow(clippy::too_many_arguments)]
-    fn attend(&mut self, e: &Executor, layer: usize, q: &Data, k: &Data, v: &Data, p: &AttentionParams, out: &mut Data) -> Result<()>;
+    fn attend(
+        &mut self,
+        e: &Executor,
+        layer: usize,
+        q: &Data,
+        k: &Data,
+        v: &Data,
+        p: &AttentionParams,
+        out: &mut Data,
+    ) -> Result<()>;
 }
 
 impl KvStore for KvCache {
-    fn attend(&mut self, e: &Executor, layer: usize, q: &Data, k: &Data, v: &Data, p: &AttentionParams, out: &mut Data) -> Result<()> {
+    fn attend(
+        &mut self,
+        e: &Executor,
+        layer: usize,
+        q: &Data,
+        k: &Data,
+        v: &Data,
+        p: &AttentionParams,
+        out: &mut Data,
+    ) -> Result<()> {
         let (kc, vc) = match (self.k.get_mut(layer), self.v.get_mut(layer)) {
             (Some(kc), Some(vc)) => (kc, vc),
             _ => return Err(Error::invalid(format!("KV cache has no layer {layer}"))),
@@ -612,7 +690,9 @@ impl PagedKvPool {
     pub fn new(model: &Model, n_blocks: usize, block_size: usize) -> Result<PagedKvPool> {
         let c = model.config();
         if n_blocks == 0 || block_size == 0 {
-            return Err(Error::invalid("paged KV pool needs at least one block of at least one token"));
+            return Err(Error::invalid(
+                "paged KV pool needs at least one block of at least one token",
+            ));
         }
         let slots = n_blocks
             .checked_mul(block_size)
@@ -620,8 +700,14 @@ impl PagedKvPool {
         let mut k = Vec::with_capacity(c.num_layers);
         let mut v = Vec::with_capacity(c.num_layers);
         for _ in 0..c.num_layers {
-            k.push(Data::zeros(DataType::F32, &[slots, c.num_kv_heads, c.head_dim])?);
-            v.push(Data::zeros(DataType::F32, &[slots, c.num_kv_heads, c.head_dim])?);
+            k.push(Data::zeros(
+                DataType::F32,
+                &[slots, c.num_kv_heads, c.head_dim],
+            )?);
+            v.push(Data::zeros(
+                DataType::F32,
+                &[slots, c.num_kv_heads, c.head_dim],
+            )?);
         }
         Ok(PagedKvPool {
             k,
@@ -654,7 +740,7 @@ impl PagedKvPool {
     }
     /// Returns a finished sequence's blocks to the pool.
     pub fn release(&mut self, st: &mut PagedSeqState) {
-        self.free.extend(st.blocks.drain(..));
+        self.free.append(&mut st.blocks);
         st.len = 0;
     }
 }
@@ -694,15 +780,32 @@ struct PagedStep<'a> {
 }
 
 impl KvStore for PagedStep<'_> {
-    fn attend(&mut self, e: &Executor, layer: usize, q: &Data, k: &Data, v: &Data, p: &AttentionParams, out: &mut Data) -> Result<()> {
+    fn attend(
+        &mut self,
+        e: &Executor,
+        layer: usize,
+        q: &Data,
+        k: &Data,
+        v: &Data,
+        p: &AttentionParams,
+        out: &mut Data,
+    ) -> Result<()> {
         let bs = self.pool.block_size as i32;
         let (kc, vc) = match (self.pool.k.get_mut(layer), self.pool.v.get_mut(layer)) {
             (Some(kc), Some(vc)) => (kc, vc),
             _ => return Err(Error::invalid(format!("paged pool has no layer {layer}"))),
         };
         for (src, cache) in [(k, &mut *kc), (v, &mut *vc)] {
-            let mut d = DataDict::new().with("input", src).with("slots", &self.slots).with_mut("cache", cache);
-            e.run("PagedCacheWrite", &mut d, &FloatDict::new(), &IntDict::new())?;
+            let mut d = DataDict::new()
+                .with("input", src)
+                .with("slots", &self.slots)
+                .with_mut("cache", cache);
+            e.run(
+                "PagedCacheWrite",
+                &mut d,
+                &FloatDict::new(),
+                &IntDict::new(),
+            )?;
         }
         let mut d = DataDict::new()
             .with("q", q)
@@ -718,8 +821,12 @@ impl KvStore for PagedStep<'_> {
         e.run(
             "PagedAttention",
             &mut d,
-            &FloatDict::new().with("scale", p.scale).with("softcap", p.softcap),
-            &IntDict::new().with("block_size", bs).with("sliding_window", p.sliding_window as i32),
+            &FloatDict::new()
+                .with("scale", p.scale)
+                .with("softcap", p.softcap),
+            &IntDict::new()
+                .with("block_size", bs)
+                .with("sliding_window", p.sliding_window as i32),
         )
     }
 }
@@ -733,7 +840,12 @@ pub fn inv_freq(c: &ModelConfig, scaling: &RopeScaling) -> Vec<f32> {
     let out: Vec<f64> = match *scaling {
         RopeScaling::None => base,
         RopeScaling::Linear { factor } => base.iter().map(|f| f / factor as f64).collect(),
-        RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_context_length } => {
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_context_length,
+        } => {
             let (factor, lo, hi, old) = (
                 factor as f64,
                 low_freq_factor as f64,

@@ -87,7 +87,11 @@ impl Weights {
                 resident.insert(n, d);
             }
         }
-        Ok(Weights { source, resident, low_memory })
+        Ok(Weights {
+            source,
+            resident,
+            low_memory,
+        })
     }
 
     /// True in low-memory mode.
@@ -106,7 +110,9 @@ impl Weights {
             return Ok(W::Borrowed(d));
         }
         if !self.source.has(name) {
-            return Err(Error::Unsupported(format!("model file lacks tensor '{name}'")));
+            return Err(Error::Unsupported(format!(
+                "model file lacks tensor '{name}'"
+            )));
         }
         let mut d = self.source.tensor(name)?;
         d.name = name.to_string();

@@ -25,6 +25,9 @@ pub struct Q8Rows {
     pub ds: Vec<[f32; 2]>,
     /// Per block the integer `Σq` (exact; used by the tiled Q4_0 kernel).
     pub sum: Vec<i32>,
+    /// Per block `[8·Σq, 0, 0, 0, 0, 0, 0, 0]`: one 32-byte load turns the 8 partial sums of
+    /// `Σ q·x` (unsigned Q4_0 nibbles) into `Σ (q − 8)·x`, exactly, in the AVX2 Q4_0 kernel.
+    pub sum8: Vec<[i32; 8]>,
     /// Quantized values, 32 per block.
     pub qs: Vec<i8>,
 }
@@ -36,6 +39,7 @@ impl Q8Rows {
         self.blocks = blocks;
         self.ds.resize(rows * blocks, [0.0; 2]);
         self.sum.resize(rows * blocks, 0);
+        self.sum8.resize(rows * blocks, [0; 8]);
         self.qs.resize(rows * blocks * QK, 0);
     }
 }
@@ -65,6 +69,7 @@ pub fn quantize_rows_ref(x: &[f32], rows: usize, k: usize, out: &mut Q8Rows) -> 
         }
         out.ds[i] = [d, d * s as f32];
         out.sum[i] = s;
+        out.sum8[i] = [8 * s, 0, 0, 0, 0, 0, 0, 0];
     }
     Ok(())
 }
@@ -136,6 +141,7 @@ unsafe fn quantize_rows_avx2(x: &[f32], out: &mut Q8Rows) {
         }
         out.ds[i] = [d, d * s as f32];
         out.sum[i] = s;
+        out.sum8[i] = [8 * s, 0, 0, 0, 0, 0, 0, 0];
     }
 }
 
@@ -162,6 +168,7 @@ mod tests {
         assert_eq!(a.qs, b.qs);
         assert_eq!(a.ds, b.ds);
         assert_eq!(a.sum, b.sum);
+        assert_eq!(a.sum8, b.sum8);
         assert_eq!(&a.qs[..4], &[127, 0, 2, -2]); // ties to even
                                                   // dequantized values are close to the input
         for (i, &v) in x.iter().enumerate() {

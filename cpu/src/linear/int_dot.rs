@@ -127,20 +127,20 @@ pub(super) mod avx2 {
         _mm256_and_si256(v, _mm256_set1_epi8(15))
     }
 
-    /// Signed × signed bytes: 8 lanes of pairwise-summed products, as f32.
+    /// Signed × signed bytes: 8 lanes of 4-product sums.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot_ss(w: __m256i, x: __m256i) -> __m256 {
+    unsafe fn dot_ss(w: __m256i, x: __m256i) -> __m256i {
         let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-        _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)))
+        _mm256_madd_epi16(p, _mm256_set1_epi16(1))
     }
 
-    /// Unsigned × signed bytes: 8 lanes of pairwise-summed products, as f32.
+    /// Unsigned × signed bytes: 8 lanes of 4-product sums.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot_us(w: __m256i, x: __m256i) -> __m256 {
+    unsafe fn dot_us(w: __m256i, x: __m256i) -> __m256i {
         let p = _mm256_maddubs_epi16(w, x);
-        _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)))
+        _mm256_madd_epi16(p, _mm256_set1_epi16(1))
     }
 
     /// `[d, m, ..]` from the block's first 4 bytes (for Q4_1 `m` is the min; for the other
@@ -157,10 +157,11 @@ pub(super) mod avx2 {
         _mm256_loadu_si256(b.add(2) as *const __m256i)
     }
 
+    /// Q4_0 nibbles as unsigned 0..=15 (the `- 8` is applied to the integer sum).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn load_q4_0(b: *const u8) -> __m256i {
-        _mm256_sub_epi8(nibbles(b.add(2)), _mm256_set1_epi8(8))
+        nibbles(b.add(2))
     }
 
     #[inline]
@@ -170,7 +171,7 @@ pub(super) mod avx2 {
     }
 
     macro_rules! int_rows {
-        ($name:ident, $inner:ident, $load:ident, $dot:ident, $bytes:expr, $has_min:expr) => {
+        ($name:ident, $inner:ident, $load:ident, $dot:ident, $bytes:expr, $has_min:expr, $minus8:expr) => {
             /// `R` activation rows; two accumulators per row (even/odd blocks). The block
             /// scales are formed in a vector: `[dw, mw] * [dx, sx]`; lane 0 scales the integer
             /// dot, lane 1 (Q4_1's min term) is summed in `mins`.
@@ -185,6 +186,7 @@ pub(super) mod avx2 {
                 let nb = a.blocks;
                 let qs = a.qs.as_ptr();
                 let ds = a.ds.as_ptr() as *const f32;
+                let sum8 = a.sum8.as_ptr();
                 let mut acc = [[_mm256_setzero_ps(); 2]; R];
                 let mut mins = [_mm_setzero_ps(); R];
                 // one block into accumulator `$s` (a constant, so `acc` stays in registers)
@@ -201,7 +203,19 @@ pub(super) mod avx2 {
                                 dm,
                                 _mm_castpd_ps(_mm_load_sd(ds.add(2 * i) as *const f64)),
                             );
-                            ac[$s] = _mm256_fmadd_ps(_mm256_broadcastss_ps(p), $dot(v, x), ac[$s]);
+                            let mut d = $dot(v, x);
+                            if $minus8 {
+                                // Σ q·x − 8·Σx = Σ (q − 8)·x, exactly
+                                d = _mm256_sub_epi32(
+                                    d,
+                                    _mm256_loadu_si256(sum8.add(i) as *const __m256i),
+                                );
+                            }
+                            ac[$s] = _mm256_fmadd_ps(
+                                _mm256_broadcastss_ps(p),
+                                _mm256_cvtepi32_ps(d),
+                                ac[$s],
+                            );
                             if $has_min {
                                 mins[r] = _mm_add_ps(mins[r], p);
                             }
@@ -245,7 +259,31 @@ pub(super) mod avx2 {
         };
     }
 
-    int_rows!(rows_q8_0, rows_q8_0_n, load_q8_0, dot_ss, Q8_0_BYTES, false);
-    int_rows!(rows_q4_0, rows_q4_0_n, load_q4_0, dot_ss, Q4_0_BYTES, false);
-    int_rows!(rows_q4_1, rows_q4_1_n, load_q4_1, dot_us, Q4_1_BYTES, true);
+    int_rows!(
+        rows_q8_0,
+        rows_q8_0_n,
+        load_q8_0,
+        dot_ss,
+        Q8_0_BYTES,
+        false,
+        false
+    );
+    int_rows!(
+        rows_q4_0,
+        rows_q4_0_n,
+        load_q4_0,
+        dot_us,
+        Q4_0_BYTES,
+        false,
+        true
+    );
+    int_rows!(
+        rows_q4_1,
+        rows_q4_1_n,
+        load_q4_1,
+        dot_us,
+        Q4_1_BYTES,
+        true,
+        false
+    );
 }

@@ -14,13 +14,13 @@ mod activation;
 mod args;
 mod attention;
 mod elementwise;
-mod paged;
 mod embedding;
+mod linear;
 mod norm;
+mod paged;
 mod rope;
 mod select;
 mod shape;
-mod linear;
 
 /// Which kernels a CPU device runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,7 +60,11 @@ impl CpuDevice {
 
     /// A CPU device with the given kernel mode (reference mode always uses one thread).
     pub fn with_mode(threads: usize, mode: KernelMode) -> Result<CpuDevice> {
-        let threads = if mode == KernelMode::Reference { 1 } else { threads };
+        let threads = if mode == KernelMode::Reference {
+            1
+        } else {
+            threads
+        };
         let threads = Threads::new(threads).map_err(Error::Device)?;
         let ctx = Arc::new(CpuContext { threads, mode });
         let mut ops = OpRegistry::new();

@@ -18,7 +18,11 @@ fn need<'a>(d: &'a DataDict, op: &str, name: &str, dt: DataType, nd: usize) -> R
     if x.dtype() != dt || x.dims().len() != nd {
         return Err(Error::op(
             op,
-            format!("'{name}' must be {dt} with {nd} dims, got {} {:?}", x.dtype(), x.dims()),
+            format!(
+                "'{name}' must be {dt} with {nd} dims, got {} {:?}",
+                x.dtype(),
+                x.dims()
+            ),
         ));
     }
     Ok(x)
@@ -39,12 +43,20 @@ impl Operator for PagedCacheWrite {
         if x.dims()[1..] != c.dims()[1..] || s.dim(0) != x.dim(0) {
             return Err(Error::op(
                 OP,
-                format!("input {:?}, slots {:?} and cache {:?} do not fit", x.dims(), s.dims(), c.dims()),
+                format!(
+                    "input {:?}, slots {:?} and cache {:?} do not fit",
+                    x.dims(),
+                    s.dims(),
+                    c.dims()
+                ),
             ));
         }
         let n = c.dim(0) as i64;
         if let Some(bad) = s.as_i32()?.iter().find(|&&v| v < 0 || v as i64 >= n) {
-            return Err(Error::op(OP, format!("slot {bad} outside the cache of {n} slots")));
+            return Err(Error::op(
+                OP,
+                format!("slot {bad} outside the cache of {n} slots"),
+            ));
         }
         Ok(())
     }
@@ -68,7 +80,15 @@ struct Checked<'a> {
     seqs: Vec<PagedSeq<'a>>,
 }
 
-const NAMES: [&str; 7] = ["q", "k_cache", "v_cache", "q_starts", "kv_lens", "block_tables", "alibi_slopes"];
+const NAMES: [&str; 7] = [
+    "q",
+    "k_cache",
+    "v_cache",
+    "q_starts",
+    "kv_lens",
+    "block_tables",
+    "alibi_slopes",
+];
 
 fn req<'a>(x: Option<&'a Data>, name: &str, dt: DataType, nd: usize) -> Result<&'a Data> {
     const OP: &str = "PagedAttention";
@@ -76,7 +96,11 @@ fn req<'a>(x: Option<&'a Data>, name: &str, dt: DataType, nd: usize) -> Result<&
     if x.dtype() != dt || x.dims().len() != nd {
         return Err(Error::op(
             OP,
-            format!("'{name}' must be {dt} with {nd} dims, got {} {:?}", x.dtype(), x.dims()),
+            format!(
+                "'{name}' must be {dt} with {nd} dims, got {} {:?}",
+                x.dtype(),
+                x.dims()
+            ),
         ));
     }
     Ok(x)
@@ -105,14 +129,21 @@ fn check<'a>(a: &[Option<&'a Data>; 7], f: &FloatDict, i: &IntDict) -> Result<Ch
     }
     let bs = i.get_or("block_size", 16);
     if bs <= 0 || slots % bs as usize != 0 {
-        return Err(Error::op(OP, format!("block_size {bs} does not divide the {slots} cache slots")));
+        return Err(Error::op(
+            OP,
+            format!("block_size {bs} does not divide the {slots} cache slots"),
+        ));
     }
     let bs = bs as usize;
     let nseq = kl.len();
     if qs.len() != nseq + 1 || bt.dim(0) != nseq {
         return Err(Error::op(
             OP,
-            format!("{} q_starts, {nseq} kv_lens and {} block tables disagree", qs.len(), bt.dim(0)),
+            format!(
+                "{} q_starts, {nseq} kv_lens and {} block tables disagree",
+                qs.len(),
+                bt.dim(0)
+            ),
         ));
     }
     if qs.first() != Some(&0) || qs.last().map(|&v| v as usize) != Some(rows) {
@@ -125,7 +156,10 @@ fn check<'a>(a: &[Option<&'a Data>; 7], f: &FloatDict, i: &IntDict) -> Result<Ch
     for s in 0..nseq {
         let (a, b, len) = (qs[s], qs[s + 1], kl[s]);
         if a > b || len < 0 || (b - a) > len {
-            return Err(Error::op(OP, format!("sequence {s}: query rows {a}..{b} with {len} cached keys")));
+            return Err(Error::op(
+                OP,
+                format!("sequence {s}: query rows {a}..{b} with {len} cached keys"),
+            ));
         }
         let need_blocks = (len as usize).div_ceil(bs);
         if need_blocks > maxb {
@@ -136,15 +170,27 @@ fn check<'a>(a: &[Option<&'a Data>; 7], f: &FloatDict, i: &IntDict) -> Result<Ch
         }
         let blocks = &table[s * maxb..s * maxb + need_blocks];
         if let Some(bad) = blocks.iter().find(|&&b| b < 0 || b as i64 >= n_blocks) {
-            return Err(Error::op(OP, format!("sequence {s}: block id {bad} outside the pool of {n_blocks}")));
+            return Err(Error::op(
+                OP,
+                format!("sequence {s}: block id {bad} outside the pool of {n_blocks}"),
+            ));
         }
-        seqs.push(PagedSeq { q_start: a as usize, q_end: b as usize, kv_len: len as usize, blocks });
+        seqs.push(PagedSeq {
+            q_start: a as usize,
+            q_end: b as usize,
+            kv_len: len as usize,
+            blocks,
+        });
     }
     if let Some(al) = a[6] {
         if al.dtype() != DataType::F32 || al.count() != nh {
             return Err(Error::op(
                 OP,
-                format!("alibi_slopes must be f32 [{nh}], got {} {:?}", al.dtype(), al.dims()),
+                format!(
+                    "alibi_slopes must be f32 [{nh}], got {} {:?}",
+                    al.dtype(),
+                    al.dims()
+                ),
             ));
         }
     }
@@ -170,7 +216,8 @@ impl Operator for PagedAttention {
             check(&a, f, i)?;
             d.require("PagedAttention", "q")?.dims().to_vec()
         };
-        d.require_mut("PagedAttention", "output")?.resize(DataType::F32, &dims)
+        d.require_mut("PagedAttention", "output")?
+            .resize(DataType::F32, &dims)
     }
     fn run(&self, d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<()> {
         let (a, out) = d.io("PagedAttention", NAMES, "output")?;

@@ -114,7 +114,10 @@ mod tests {
         assert_ne!(fnv1a(b"a"), fnv1a(b"b"));
         let src = source();
         for (name, _) in SOURCES {
-            assert!(src.contains(&format!("// ---- {name} ----")), "{name} missing");
+            assert!(
+                src.contains(&format!("// ---- {name} ----")),
+                "{name} missing"
+            );
         }
         assert!(src.contains("LIN(q4_1, DT_Q4_1)"));
         // `common.cuh` comes first: every other file uses its helpers.

@@ -15,12 +15,20 @@ pub(crate) struct ByteReader<'a> {
 impl<'a> ByteReader<'a> {
     /// A reader over `bytes` of the section `what` in file `path` (both used in messages).
     pub(crate) fn new(bytes: &'a [u8], path: &'a str, what: &'static str) -> Self {
-        ByteReader { bytes, pos: 0, path, what }
+        ByteReader {
+            bytes,
+            pos: 0,
+            path,
+            what,
+        }
     }
 
     /// An error naming the file, the section and the offset.
     pub(crate) fn err(&self, msg: impl std::fmt::Display) -> Error {
-        Error::format(self.path, format!("{} section at byte {}: {msg}", self.what, self.pos))
+        Error::format(
+            self.path,
+            format!("{} section at byte {}: {msg}", self.what, self.pos),
+        )
     }
 
     /// Bytes not consumed yet.
@@ -33,11 +41,17 @@ impl<'a> ByteReader<'a> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.bytes.len());
         match end {
             Some(end) => {
-                let s = self.bytes.get(self.pos..end).ok_or_else(|| self.err("truncated"))?;
+                let s = self
+                    .bytes
+                    .get(self.pos..end)
+                    .ok_or_else(|| self.err("truncated"))?;
                 self.pos = end;
                 Ok(s)
             }
-            None => Err(self.err(format!("truncated: {n} more bytes needed, {} left", self.remaining()))),
+            None => Err(self.err(format!(
+                "truncated: {n} more bytes needed, {} left",
+                self.remaining()
+            ))),
         }
     }
 

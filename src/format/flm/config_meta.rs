@@ -61,19 +61,33 @@ impl ModelConfig {
             } => {
                 m.insert("model.rope_scaling.type".into(), s("llama3"));
                 m.insert("model.rope_scaling.factor".into(), MetaValue::F32(*factor));
-                m.insert("model.rope_scaling.low_freq_factor".into(), MetaValue::F32(*low_freq_factor));
-                m.insert("model.rope_scaling.high_freq_factor".into(), MetaValue::F32(*high_freq_factor));
+                m.insert(
+                    "model.rope_scaling.low_freq_factor".into(),
+                    MetaValue::F32(*low_freq_factor),
+                );
+                m.insert(
+                    "model.rope_scaling.high_freq_factor".into(),
+                    MetaValue::F32(*high_freq_factor),
+                );
                 m.insert(
                     "model.rope_scaling.original_context_length".into(),
                     MetaValue::U32(*original_context_length),
                 );
             }
         }
-        m.insert("model.tie_embeddings".into(), MetaValue::Bool(self.tie_embeddings));
+        m.insert(
+            "model.tie_embeddings".into(),
+            MetaValue::Bool(self.tie_embeddings),
+        );
         m.insert("model.hidden_act".into(), s(&self.hidden_act));
         m.insert(
             "model.sliding_layers".into(),
-            MetaValue::Array(self.sliding_layers.iter().map(|&b| MetaValue::Bool(b)).collect()),
+            MetaValue::Array(
+                self.sliding_layers
+                    .iter()
+                    .map(|&b| MetaValue::Bool(b))
+                    .collect(),
+            ),
         );
         if let Some(b) = self.bos_id {
             m.insert("model.bos_id".into(), MetaValue::U32(b));
@@ -98,7 +112,8 @@ impl ModelConfig {
                 .and_then(|v| usize::try_from(v).ok())
                 .ok_or_else(|| bad(k))
         };
-        let float = |k: &str| -> Result<f32> { get(k)?.as_f64().map(|v| v as f32).ok_or_else(|| bad(k)) };
+        let float =
+            |k: &str| -> Result<f32> { get(k)?.as_f64().map(|v| v as f32).ok_or_else(|| bad(k)) };
         let string = |k: &str| -> Result<String> {
             get(k)?.as_str().map(str::to_string).ok_or_else(|| bad(k))
         };
@@ -107,19 +122,28 @@ impl ModelConfig {
                 .as_array()
                 .ok_or_else(|| bad(k))?
                 .iter()
-                .map(|v| v.as_u64().and_then(|v| u32::try_from(v).ok()).ok_or_else(|| bad(k)))
+                .map(|v| {
+                    v.as_u64()
+                        .and_then(|v| u32::try_from(v).ok())
+                        .ok_or_else(|| bad(k))
+                })
                 .collect()
         };
         let rope_style = match string("model.rope_style")?.as_str() {
             "neox" => RopeStyle::Neox,
             "interleaved" => RopeStyle::Interleaved,
             other => {
-                return Err(Error::format(path, format!("unknown model.rope_style {other:?}")))
+                return Err(Error::format(
+                    path,
+                    format!("unknown model.rope_style {other:?}"),
+                ))
             }
         };
         let rope_scaling = match string("model.rope_scaling.type")?.as_str() {
             "none" => RopeScaling::None,
-            "linear" => RopeScaling::Linear { factor: float("model.rope_scaling.factor")? },
+            "linear" => RopeScaling::Linear {
+                factor: float("model.rope_scaling.factor")?,
+            },
             "llama3" => RopeScaling::Llama3 {
                 factor: float("model.rope_scaling.factor")?,
                 low_freq_factor: float("model.rope_scaling.low_freq_factor")?,
@@ -130,7 +154,10 @@ impl ModelConfig {
                 .map_err(|_| bad("model.rope_scaling.original_context_length"))?,
             },
             other => {
-                return Err(Error::format(path, format!("unknown model.rope_scaling.type {other:?}")))
+                return Err(Error::format(
+                    path,
+                    format!("unknown model.rope_scaling.type {other:?}"),
+                ))
             }
         };
         let sliding_layers = get("model.sliding_layers")?

@@ -72,8 +72,11 @@ pub(crate) fn decode(bytes: &[u8], path: &str, data: Section) -> Result<Vec<Tens
         let offset = r.u64()?;
         let length = r.u64()?;
         let crc32 = r.u32()?;
-        let need = bytes_for(dtype, &dims)
-            .map_err(|e| r.err(format!("tensor {name}: dims {dims:?} invalid for {dtype}: {e}")))?;
+        let need = bytes_for(dtype, &dims).map_err(|e| {
+            r.err(format!(
+                "tensor {name}: dims {dims:?} invalid for {dtype}: {e}"
+            ))
+        })?;
         if need as u64 != length {
             return Err(r.err(format!(
                 "tensor {name}: length {length} but {dtype} {dims:?} needs {need} bytes"
@@ -88,15 +91,26 @@ pub(crate) fn decode(bytes: &[u8], path: &str, data: Section) -> Result<Vec<Tens
             )));
         }
         if offset % ALIGN != 0 {
-            return Err(r.err(format!("tensor {name}: offset {offset} not aligned to {ALIGN}")));
+            return Err(r.err(format!(
+                "tensor {name}: offset {offset} not aligned to {ALIGN}"
+            )));
         }
         if !names.insert(name.clone()) {
             return Err(r.err(format!("tensor {name} appears twice")));
         }
-        out.push(TensorInfo { name, dtype, dims, offset, length, crc32 });
+        out.push(TensorInfo {
+            name,
+            dtype,
+            dims,
+            offset,
+            length,
+            crc32,
+        });
     }
-    let mut spans: Vec<(u64, u64, &str)> =
-        out.iter().map(|t| (t.offset, t.offset + t.length, t.name.as_str())).collect();
+    let mut spans: Vec<(u64, u64, &str)> = out
+        .iter()
+        .map(|t| (t.offset, t.offset + t.length, t.name.as_str()))
+        .collect();
     spans.sort_unstable();
     for w in spans.windows(2) {
         if let [a, b] = w {

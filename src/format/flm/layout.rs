@@ -93,10 +93,17 @@ impl Header {
 
     /// Decodes the first 32 bytes; returns the section count to read next.
     pub(crate) fn decode_fixed(path: &str, b: &[u8], actual_size: u64) -> Result<u32> {
-        let truncated = || Error::format(path, format!("truncated: {} bytes, not a .flm file", b.len()));
+        let truncated = || {
+            Error::format(
+                path,
+                format!("truncated: {} bytes, not a .flm file", b.len()),
+            )
+        };
         match b.get(..8) {
             None => return Err(truncated()),
-            Some(m) if m != MAGIC => return Err(Error::format(path, "not a .flm file (wrong magic)")),
+            Some(m) if m != MAGIC => {
+                return Err(Error::format(path, "not a .flm file (wrong magic)"))
+            }
             Some(_) => {}
         }
         let mut r = ByteReader::new(b.get(8..).unwrap_or(&[]), path, "header");
@@ -117,7 +124,10 @@ impl Header {
         }
         let marker = r.u32()?;
         if marker != ENDIAN_MARKER {
-            return Err(Error::format(path, format!("bad endianness marker {marker:#010x}")));
+            return Err(Error::format(
+                path,
+                format!("bad endianness marker {marker:#010x}"),
+            ));
         }
         let size = r.u64()?;
         if size != actual_size {
@@ -143,7 +153,10 @@ impl Header {
         let mut r = ByteReader::new(b.get(total - 4..total).unwrap_or(&[]), path, "header");
         let crc = r.u32()?;
         if crc32fast::hash(body) != crc {
-            return Err(Error::format(path, "header checksum mismatch (file corrupt)"));
+            return Err(Error::format(
+                path,
+                "header checksum mismatch (file corrupt)",
+            ));
         }
         let mut r = ByteReader::new(body, path, "header");
         r.take(8)?;
@@ -168,9 +181,19 @@ impl Header {
                     format!("section kind {kind}: bytes {offset}+{length} lie outside the file ({file_size} bytes)"),
                 ));
             }
-            sections.push(Section { kind, offset, length, crc32 });
+            sections.push(Section {
+                kind,
+                offset,
+                length,
+                crc32,
+            });
         }
-        Ok(Header { major, minor, file_size, sections })
+        Ok(Header {
+            major,
+            minor,
+            file_size,
+            sections,
+        })
     }
 
     /// The single section of `kind`; `Err` when missing or repeated.
@@ -179,7 +202,10 @@ impl Header {
         match (it.next(), it.next()) {
             (Some(s), None) => Ok(*s),
             (None, _) => Err(Error::format(path, format!("missing {kind:?} section"))),
-            _ => Err(Error::format(path, format!("{kind:?} section appears more than once"))),
+            _ => Err(Error::format(
+                path,
+                format!("{kind:?} section appears more than once"),
+            )),
         }
     }
 }

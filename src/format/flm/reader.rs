@@ -6,11 +6,11 @@
 
 use super::index::{self, TensorInfo};
 use super::layout::{Header, Section, SectionKind, FIXED};
-use super::meta::{self, Metadata, MetaValue};
+use super::meta::{self, MetaValue, Metadata};
 use super::tokenizer_codec;
 use crate::data::{Data, SharedBytes};
-use crate::format::pread::{read_exact_at, read_vec};
 use crate::error::{Error, Result};
+use crate::format::pread::{read_exact_at, read_vec};
 use crate::model::ModelConfig;
 use crate::tokenizer::TokenizerSpec;
 use memmap2::Mmap;
@@ -67,7 +67,10 @@ impl FlmFile {
             let s = header.section(&ps, kind)?;
             let b = read_vec(&file, &ps, s.offset, s.length, "section")?;
             if crc32fast::hash(&b) != s.crc32 {
-                return Err(Error::format(&ps, format!("{kind:?} section checksum mismatch (file corrupt)")));
+                return Err(Error::format(
+                    &ps,
+                    format!("{kind:?} section checksum mismatch (file corrupt)"),
+                ));
             }
             Ok((s, b))
         };
@@ -79,7 +82,11 @@ impl FlmFile {
         let (_, ib) = checked_section(SectionKind::TensorIndex)?;
         let tensors = index::decode(&ib, &ps, data)?;
         let config = ModelConfig::from_metadata(&metadata, &ps)?;
-        let by_name = tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
+        let by_name = tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
         let checked = tensors.iter().map(|_| AtomicBool::new(false)).collect();
         let backing = match mode {
             LoadMode::Mmap => {
@@ -139,7 +146,9 @@ impl FlmFile {
 
     /// The chat template, when the model has one.
     pub fn chat_template(&self) -> Option<&str> {
-        self.metadata.get("chat_template").and_then(MetaValue::as_str)
+        self.metadata
+            .get("chat_template")
+            .and_then(MetaValue::as_str)
     }
 
     /// Tensor names in file order.
@@ -189,11 +198,14 @@ impl FlmFile {
             .map_err(|_| Error::format(&self.path, format!("tensor {name}: too large")))?;
         let mut d = match &self.backing {
             Backing::Map(map) => {
-                let checked = self.checked.get(i).is_some_and(|c| c.load(Ordering::Acquire));
+                let checked = self
+                    .checked
+                    .get(i)
+                    .is_some_and(|c| c.load(Ordering::Acquire));
                 if !checked {
-                    let bytes = map
-                        .get(offset..offset.saturating_add(len))
-                        .ok_or_else(|| Error::format(&self.path, format!("tensor {name} outside the file")))?;
+                    let bytes = map.get(offset..offset.saturating_add(len)).ok_or_else(|| {
+                        Error::format(&self.path, format!("tensor {name} outside the file"))
+                    })?;
                     self.crc_check(t, bytes)?;
                     if let Some(c) = self.checked.get(i) {
                         c.store(true, Ordering::Release);
@@ -206,7 +218,13 @@ impl FlmFile {
                 let mut d = Data::zeros(t.dtype, &t.dims)?;
                 let buf = d.bytes_mut()?;
                 read_exact_at(f, buf, t.offset).map_err(|e| {
-                    Error::format(&self.path, format!("tensor {name}: cannot read {len} bytes at {}: {e}", t.offset))
+                    Error::format(
+                        &self.path,
+                        format!(
+                            "tensor {name}: cannot read {len} bytes at {}: {e}",
+                            t.offset
+                        ),
+                    )
                 })?;
                 self.crc_check(t, d.bytes()?)?;
                 d
@@ -230,9 +248,14 @@ impl FlmFile {
             match &self.backing {
                 Backing::Map(map) => {
                     let s = t.offset as usize;
-                    let bytes = map
-                        .get(s..s.saturating_add(t.length as usize))
-                        .ok_or_else(|| Error::format(&self.path, format!("tensor {} outside the file", t.name)))?;
+                    let bytes =
+                        map.get(s..s.saturating_add(t.length as usize))
+                            .ok_or_else(|| {
+                                Error::format(
+                                    &self.path,
+                                    format!("tensor {} outside the file", t.name),
+                                )
+                            })?;
                     self.crc_check(t, bytes)?;
                     if let Some(c) = self.checked.get(i) {
                         c.store(true, Ordering::Release);

@@ -137,7 +137,11 @@ pub(crate) fn decode(bytes: &[u8], path: &str) -> Result<TokenizerSpec> {
         let id = r.u32()?;
         let special = r.u8()? & 1 == 1;
         let content = r.str()?;
-        added.push(AddedToken { id, content, special });
+        added.push(AddedToken {
+            id,
+            content,
+            special,
+        });
     }
     let all_ids = bos
         .iter()

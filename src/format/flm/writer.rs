@@ -2,7 +2,8 @@
 //! tensors are appended one at a time (each 64-byte aligned, crc computed on the way), and the
 //! index plus the header are written by [`FlmWriter::finish`]. The file is built under
 //! `<path>.partial` and renamed at the end, so a failed conversion never leaves a file that looks
-//! complete. Never holds more than the tensor being written.
+//! complete (and an unfinished writer removes it when dropped). Never holds more than the
+//! tensor being written.
 
 use super::index::{self, TensorInfo, MAX_DIMS};
 use super::layout::{align_up, Header, Section, SectionKind, VERSION_MAJOR, VERSION_MINOR};
@@ -30,6 +31,7 @@ pub struct FlmWriter {
     data_start: u64,
     tensors: Vec<TensorInfo>,
     names: HashSet<String>,
+    finished: bool,
 }
 
 impl FlmWriter {
@@ -57,6 +59,7 @@ impl FlmWriter {
             data_start: 0,
             tensors: Vec::new(),
             names: HashSet::new(),
+            finished: false,
         };
         let mut all = metadata.clone();
         all.extend(config.to_metadata()?);
@@ -71,7 +74,9 @@ impl FlmWriter {
     }
 
     fn write(&mut self, b: &[u8]) -> Result<()> {
-        self.out.write_all(b).map_err(|e| Error::io(&self.path, e))?;
+        self.out
+            .write_all(b)
+            .map_err(|e| Error::io(&self.path, e))?;
         self.pos += b.len() as u64;
         Ok(())
     }
@@ -92,7 +97,13 @@ impl FlmWriter {
     }
 
     /// Appends one tensor's packed bytes (`bytes.len()` must match `dtype` and `dims`).
-    pub fn add_tensor(&mut self, name: &str, dtype: DataType, dims: &[usize], bytes: &[u8]) -> Result<()> {
+    pub fn add_tensor(
+        &mut self,
+        name: &str,
+        dtype: DataType,
+        dims: &[usize],
+        bytes: &[u8],
+    ) -> Result<()> {
         if dims.is_empty() || dims.len() > MAX_DIMS {
             return Err(Error::invalid(format!(
                 "{}: tensor {name} has {} dims (1..={MAX_DIMS} allowed)",
@@ -109,7 +120,10 @@ impl FlmWriter {
             )));
         }
         if !self.names.insert(name.to_string()) {
-            return Err(Error::invalid(format!("{}: tensor {name} written twice", self.path)));
+            return Err(Error::invalid(format!(
+                "{}: tensor {name} written twice",
+                self.path
+            )));
         }
         self.pad_to(align_up(self.pos))?;
         self.tensors.push(TensorInfo {
@@ -157,9 +171,19 @@ impl FlmWriter {
         let io = |e| Error::io(&path, e);
         self.out.seek(SeekFrom::Start(0)).map_err(io)?;
         self.out.write_all(&hb).map_err(io)?;
-        let file = self.out.into_inner().map_err(|e| Error::io(&path, e.into_error()))?;
-        file.sync_all().map_err(io)?;
-        drop(file);
-        std::fs::rename(&self.partial_path, &self.final_path).map_err(io)
+        self.out.flush().map_err(io)?;
+        self.out.get_ref().sync_all().map_err(io)?;
+        std::fs::rename(&self.partial_path, &self.final_path).map_err(io)?;
+        self.finished = true;
+        Ok(())
+    }
+}
+
+impl Drop for FlmWriter {
+    /// An unfinished file (error or early return while streaming) is removed.
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = std::fs::remove_file(&self.partial_path);
+        }
     }
 }

@@ -196,7 +196,10 @@ enum Cmd {
         requests: usize,
         #[arg(short = 'n', long, default_value_t = 64)]
         max_tokens: usize,
-        #[arg(long, default_value = "Write a short story about a robot learning to paint.")]
+        #[arg(
+            long,
+            default_value = "Write a short story about a robot learning to paint."
+        )]
         prompt: String,
         /// Stop after this many seconds.
         #[arg(long, default_value_t = 300)]
@@ -216,7 +219,13 @@ fn load_model(m: &ModelArgs) -> Result<Arc<Llm>> {
 }
 
 fn model_only(model: &Option<String>) -> ModelArgs {
-    ModelArgs { model: model.clone(), threads: 1, device: "cpu".into(), low_memory: false, precision: "fast".into() }
+    ModelArgs {
+        model: model.clone(),
+        threads: 1,
+        device: "cpu".into(),
+        low_memory: false,
+        precision: "fast".into(),
+    }
 }
 
 fn parse_ids(s: &str) -> Result<Vec<u32>> {
@@ -234,9 +243,11 @@ fn peak_rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse::<f64>().ok()))
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse::<f64>().ok())
+            })
         })
         .map(|kb| kb / 1024.0)
         .unwrap_or(0.0)
@@ -253,12 +264,28 @@ fn main() {
 
 fn run(cli: Cli, t0: Instant) -> Result<()> {
     match cli.cmd {
-        Cmd::Run { m, s, prompt, file, chat, system, profile } => {
+        Cmd::Run {
+            m,
+            s,
+            prompt,
+            file,
+            chat,
+            system,
+            profile,
+        } => {
             let prompt = match (prompt, file) {
                 (Some(p), None) => p,
-                (None, Some(f)) => std::fs::read_to_string(&f).map_err(|e| fastllm::Error::io(&f, e))?,
-                (None, None) => return Err(fastllm::Error::invalid("give a prompt with -p TEXT or -f FILE")),
-                (Some(_), Some(_)) => return Err(fastllm::Error::invalid("give either -p or -f, not both")),
+                (None, Some(f)) => {
+                    std::fs::read_to_string(&f).map_err(|e| fastllm::Error::io(&f, e))?
+                }
+                (None, None) => {
+                    return Err(fastllm::Error::invalid(
+                        "give a prompt with -p TEXT or -f FILE",
+                    ))
+                }
+                (Some(_), Some(_)) => {
+                    return Err(fastllm::Error::invalid("give either -p or -f, not both"))
+                }
             };
             let llm = load_model(&m)?;
             llm.model.executor().profiler().set_enabled(profile);
@@ -299,7 +326,13 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
         Cmd::Chat { m, s, system } => {
             let llm = load_model(&m)?;
             let mut sess = Session::new(llm, 0)?;
-            let params = GenerateParams { max_new_tokens: s.n, sampling: s.params(), stop: s.stop.clone(), chat: true, system };
+            let params = GenerateParams {
+                max_new_tokens: s.n,
+                sampling: s.params(),
+                stop: s.stop.clone(),
+                chat: true,
+                system,
+            };
             let stdin = std::io::stdin();
             eprint!("> ");
             for line in stdin.lock().lines() {
@@ -320,13 +353,29 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             }
             eprintln!();
         }
-        Cmd::Bench { m, pp, tg, reps, json } => bench(&m, pp, tg, reps, json, t0)?,
-        Cmd::Logits { m, prompt, ids, top, out } => {
+        Cmd::Bench {
+            m,
+            pp,
+            tg,
+            reps,
+            json,
+        } => bench(&m, pp, tg, reps, json, t0)?,
+        Cmd::Logits {
+            m,
+            prompt,
+            ids,
+            top,
+            out,
+        } => {
             let llm = load_model(&m)?;
             let ids = match (prompt, ids) {
                 (Some(p), None) => llm.tokenizer.encode(&p, true, true)?,
                 (None, Some(s)) => parse_ids(&s)?,
-                _ => return Err(fastllm::Error::invalid("give exactly one of --prompt or --ids")),
+                _ => {
+                    return Err(fastllm::Error::invalid(
+                        "give exactly one of --prompt or --ids",
+                    ))
+                }
             };
             if ids.is_empty() {
                 return Err(fastllm::Error::invalid("no tokens to evaluate"));
@@ -338,8 +387,16 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             let mut positions = Vec::new();
             for row in v.chunks(vocab) {
                 let mut idx: Vec<usize> = (0..row.len()).collect();
-                idx.sort_by(|&a, &b| row[b].partial_cmp(&row[a]).unwrap_or(std::cmp::Ordering::Equal));
-                let topk: Vec<serde_json::Value> = idx.iter().take(top).map(|&i| serde_json::json!([i, row[i]])).collect();
+                idx.sort_by(|&a, &b| {
+                    row[b]
+                        .partial_cmp(&row[a])
+                        .unwrap_or(std::cmp::Ordering::Equal)
+                });
+                let topk: Vec<serde_json::Value> = idx
+                    .iter()
+                    .take(top)
+                    .map(|&i| serde_json::json!([i, row[i]]))
+                    .collect();
                 positions.push(serde_json::json!({ "top": topk }));
             }
             if let Some(path) = out {
@@ -347,14 +404,28 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
                 let bytes: Vec<u8> = last.iter().flat_map(|x| x.to_le_bytes()).collect();
                 std::fs::write(&path, bytes).map_err(|e| fastllm::Error::io(&path, e))?;
             }
-            println!("{}", serde_json::json!({ "ids": ids, "positions": positions }));
+            println!(
+                "{}",
+                serde_json::json!({ "ids": ids, "positions": positions })
+            );
         }
-        Cmd::Tokenize { model, no_special, file, text } => {
+        Cmd::Tokenize {
+            model,
+            no_special,
+            file,
+            text,
+        } => {
             let llm = load_model(&model_only(&model))?;
             let text = match (text, file) {
                 (Some(t), None) => t,
-                (None, Some(f)) => std::fs::read_to_string(&f).map_err(|e| fastllm::Error::io(&f, e))?,
-                _ => return Err(fastllm::Error::invalid("give exactly one of TEXT or -f FILE")),
+                (None, Some(f)) => {
+                    std::fs::read_to_string(&f).map_err(|e| fastllm::Error::io(&f, e))?
+                }
+                _ => {
+                    return Err(fastllm::Error::invalid(
+                        "give exactly one of TEXT or -f FILE",
+                    ))
+                }
             };
             let ids = llm.tokenizer.encode(&text, false, !no_special)?;
             println!("{}", serde_json::json!(ids));
@@ -380,7 +451,10 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
                 .parse()
                 .map_err(|_| fastllm::Error::invalid(format!("bad address {host}:{port}")))?;
             let path = fastllm::default_model::resolve(m.model.as_deref())?;
-            let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            let name = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
             let opts = LoadOptions {
                 threads: m.threads,
                 device: m.device.clone(),
@@ -400,7 +474,14 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             };
             fastllm_serve::run(so, move || load(&path, &opts)).map_err(fastllm::Error::invalid)?;
         }
-        Cmd::BenchServe { addr, concurrency, requests, max_tokens, prompt, max_seconds } => {
+        Cmd::BenchServe {
+            addr,
+            concurrency,
+            requests,
+            max_tokens,
+            prompt,
+            max_seconds,
+        } => {
             let o = fastllm_serve::load::LoadOptions {
                 addr,
                 concurrency,
@@ -436,7 +517,9 @@ fn bench(m: &ModelArgs, pp: usize, tg: usize, reps: usize, json: bool, t0: Insta
     let load_s = lt.elapsed().as_secs_f64();
     let cfg = llm.model.config().clone();
     if pp == 0 && tg == 0 {
-        return Err(fastllm::Error::invalid("nothing to measure: -p and -n are both 0"));
+        return Err(fastllm::Error::invalid(
+            "nothing to measure: -p and -n are both 0",
+        ));
     }
     // deterministic pseudo-random prompt tokens, like llama-bench
     let mut x = 0x1234_5678u64;
@@ -453,7 +536,8 @@ fn bench(m: &ModelArgs, pp: usize, tg: usize, reps: usize, json: bool, t0: Insta
     // warm-up
     {
         let mut c = llm.model.new_cache(pp + tg + 2)?;
-        llm.model.forward(&mut c, &prompt[..prompt.len().min(8)], false)?;
+        llm.model
+            .forward(&mut c, &prompt[..prompt.len().min(8)], false)?;
     }
     for _ in 0..reps.max(1) {
         if pp > 0 {
@@ -471,7 +555,21 @@ fn bench(m: &ModelArgs, pp: usize, tg: usize, reps: usize, json: bool, t0: Insta
             tg_t.push(tg as f64 / t.elapsed().as_secs_f64());
         }
     }
-    let threads = llm.model.executor().devices().first().map(|_| if m.threads == 0 { std::thread::available_parallelism().map(|v| v.get()).unwrap_or(1) } else { m.threads }).unwrap_or(1);
+    let threads = llm
+        .model
+        .executor()
+        .devices()
+        .first()
+        .map(|_| {
+            if m.threads == 0 {
+                std::thread::available_parallelism()
+                    .map(|v| v.get())
+                    .unwrap_or(1)
+            } else {
+                m.threads
+            }
+        })
+        .unwrap_or(1);
     let (pps, tgs) = (median(pp_t), median(tg_t));
     let rss = peak_rss_mib();
     let _ = t0;
@@ -487,12 +585,21 @@ fn bench(m: &ModelArgs, pp: usize, tg: usize, reps: usize, json: bool, t0: Insta
     } else {
         println!("| model | threads | precision | test | t/s |");
         println!("|---|---|---|---|---|");
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         if pp > 0 {
-            println!("| {name} | {threads} | {} | pp{pp} | {pps:.2} |", m.precision);
+            println!(
+                "| {name} | {threads} | {} | pp{pp} | {pps:.2} |",
+                m.precision
+            );
         }
         if tg > 0 {
-            println!("| {name} | {threads} | {} | tg{tg} | {tgs:.2} |", m.precision);
+            println!(
+                "| {name} | {threads} | {} | tg{tg} | {tgs:.2} |",
+                m.precision
+            );
         }
         println!("load {load_s:.3} s, peak RSS {rss:.1} MiB");
     }

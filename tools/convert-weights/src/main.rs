@@ -3,7 +3,6 @@
 //! tokenizer summary and tensor table (`convert-weights --info FILE`). Errors are one line on
 //! stderr and a non-zero exit code.
 
-
 mod progress;
 
 use clap::Parser;
@@ -28,7 +27,6 @@ struct Args {
     #[arg(long)]
     info: bool,
 }
-
 
 fn run(args: &Args) -> Result<()> {
     if args.info {

@@ -18,7 +18,10 @@ impl Reporter {
     /// Called after each tensor.
     pub fn update(&mut self, p: &Progress<'_>) {
         if !std::io::stderr().is_terminal() {
-            eprintln!("[{}/{}] {} {} {} bytes", p.done, p.total, p.name, p.dtype, p.bytes);
+            eprintln!(
+                "[{}/{}] {} {} {} bytes",
+                p.done, p.total, p.name, p.dtype, p.bytes
+            );
             return;
         }
         let bar = self.bar.get_or_insert_with(|| {

@@ -44,10 +44,16 @@ fn bad_files_give_one_line_and_failure() {
     assert!(e.contains("version 9"), "{e}");
 
     let missing = tmp("missing.gguf");
-    one_line_error(&["--info", missing.to_str().unwrap()], missing.to_str().unwrap());
+    one_line_error(
+        &["--info", missing.to_str().unwrap()],
+        missing.to_str().unwrap(),
+    );
 
     let dir = format!("{FIXTURES}/tiny/llama");
-    one_line_error(&[&dir, "-o", out.to_str().unwrap(), "--dtype", "int3"], "int3");
+    one_line_error(
+        &[&dir, "-o", out.to_str().unwrap(), "--dtype", "int3"],
+        "int3",
+    );
     assert!(!out.exists());
 }
 
@@ -71,15 +77,25 @@ fn info_prints_a_gguf_tensor_table() {
     b.extend_from_slice(&4u64.to_le_bytes());
     b.extend_from_slice(&0u32.to_le_bytes());
     b.extend_from_slice(&0u64.to_le_bytes());
-    while b.len() % 32 != 0 {
+    while !b.len().is_multiple_of(32) {
         b.push(0);
     }
     b.extend_from_slice(&[0u8; 16]);
     let p = tmp("tiny.gguf");
     std::fs::write(&p, b).unwrap();
-    let out = bin().args(["--info", p.to_str().unwrap()]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = bin()
+        .args(["--info", p.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("general.architecture = \"llama\""), "{text}");
-    assert!(text.contains("output_norm.weight") && text.contains("F32") && text.contains("[4]"), "{text}");
+    assert!(
+        text.contains("output_norm.weight") && text.contains("F32") && text.contains("[4]"),
+        "{text}"
+    );
 }

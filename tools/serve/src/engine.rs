@@ -121,7 +121,11 @@ pub struct Engine {
 
 impl Engine {
     /// Starts the scheduler thread.
-    pub fn start(llm: Arc<Llm>, config: EngineConfig, metrics: Arc<Metrics>) -> fastllm::Result<Engine> {
+    pub fn start(
+        llm: Arc<Llm>,
+        config: EngineConfig,
+        metrics: Arc<Metrics>,
+    ) -> fastllm::Result<Engine> {
         let pool = PagedKvPool::new(&llm.model, config.kv_blocks, config.block_size)?;
         let (tx, rx) = mpsc::channel();
         let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -138,8 +142,15 @@ impl Engine {
         std::thread::Builder::new()
             .name("fastllm-scheduler".into())
             .spawn(move || sched.run(rx))
-            .map_err(|e| fastllm::Error::Device(format!("cannot start the scheduler thread: {e}")))?;
-        Ok(Engine { tx, metrics, config, in_flight })
+            .map_err(|e| {
+                fastllm::Error::Device(format!("cannot start the scheduler thread: {e}"))
+            })?;
+        Ok(Engine {
+            tx,
+            metrics,
+            config,
+            in_flight,
+        })
     }
 
     /// The limits in force.
@@ -306,15 +317,20 @@ impl Scheduler {
 
     fn publish(&self) {
         let m = &self.metrics;
-        m.queue_len.store(self.waiting.len() as u64, Ordering::Relaxed);
-        m.running.store(self.running.len() as u64, Ordering::Relaxed);
+        m.queue_len
+            .store(self.waiting.len() as u64, Ordering::Relaxed);
+        m.running
+            .store(self.running.len() as u64, Ordering::Relaxed);
         let free = self.pool.free_blocks();
         m.kv_blocks_free.store(free as u64, Ordering::Relaxed);
-        m.kv_blocks_used.store((self.pool.total_blocks() - free) as u64, Ordering::Relaxed);
+        m.kv_blocks_used
+            .store((self.pool.total_blocks() - free) as u64, Ordering::Relaxed);
     }
 
     fn blocks_needed(&self, s: &Seq, n: usize) -> usize {
-        (s.fed + n).div_ceil(self.pool.block_size()).saturating_sub(s.state.blocks().len())
+        (s.fed + n)
+            .div_ceil(self.pool.block_size())
+            .saturating_sub(s.state.blocks().len())
     }
 
     /// Frees the newest running sequence's blocks; it restarts from its tokens later.
@@ -379,7 +395,12 @@ impl Scheduler {
             // nothing fits even alone: fail the oldest request rather than spin
             if !self.running.is_empty() {
                 let s = self.running.remove(0);
-                self.finish(s, Some(Event::Error("the KV cache is too small for this request".into())));
+                self.finish(
+                    s,
+                    Some(Event::Error(
+                        "the KV cache is too small for this request".into(),
+                    )),
+                );
             }
             return;
         }
@@ -428,7 +449,9 @@ impl Scheduler {
             let s = &mut self.running[i];
             s.fed += n;
             if s.fed < s.n_prompt {
-                self.metrics.prompt_tokens_total.fetch_add(n as u64, Ordering::Relaxed);
+                self.metrics
+                    .prompt_tokens_total
+                    .fetch_add(n as u64, Ordering::Relaxed);
                 continue;
             }
             if s.fed < s.tokens.len() {
@@ -450,11 +473,20 @@ impl Scheduler {
             s.t_last = Some(now);
             let n_gen = s.tokens.len() - s.n_prompt;
             if self.eos.contains(&tok) {
-                done.push((i, Some(Event::Done { reason: FinishReason::Stop, prompt_tokens: s.n_prompt, completion_tokens: n_gen })));
+                done.push((
+                    i,
+                    Some(Event::Done {
+                        reason: FinishReason::Stop,
+                        prompt_tokens: s.n_prompt,
+                        completion_tokens: n_gen,
+                    }),
+                ));
                 continue;
             }
             s.tokens.push(tok);
-            self.metrics.tokens_generated_total.fetch_add(1, Ordering::Relaxed);
+            self.metrics
+                .tokens_generated_total
+                .fetch_add(1, Ordering::Relaxed);
             let n_gen = n_gen + 1;
             let gen = &s.tokens[s.n_prompt..];
             let text = self.llm.tokenizer.decode(gen, true).unwrap_or_default();
@@ -463,7 +495,14 @@ impl Scheduler {
             s.text = text;
             let mut finish = None;
             let mut emit_to = stable;
-            if let Some(cut) = s.req.stop.iter().filter(|x| !x.is_empty()).filter_map(|x| s.text.find(x.as_str())).min() {
+            if let Some(cut) = s
+                .req
+                .stop
+                .iter()
+                .filter(|x| !x.is_empty())
+                .filter_map(|x| s.text.find(x.as_str()))
+                .min()
+            {
                 emit_to = cut.max(s.text_sent);
                 finish = Some(FinishReason::Stop);
             } else {
@@ -476,7 +515,9 @@ impl Scheduler {
                     emit_to = c.max(s.text_sent);
                 }
             }
-            if finish.is_none() && (n_gen >= s.req.max_new_tokens || s.tokens.len() >= self.cfg.max_total_tokens) {
+            if finish.is_none()
+                && (n_gen >= s.req.max_new_tokens || s.tokens.len() >= self.cfg.max_total_tokens)
+            {
                 finish = Some(FinishReason::Length);
                 if emit_to < stable {
                     emit_to = stable;
@@ -484,15 +525,29 @@ impl Scheduler {
             }
             let piece = s.text.get(s.text_sent..emit_to).unwrap_or("").to_string();
             s.text_sent = s.text_sent.max(emit_to);
-            if s.req.events.send(Event::Token { id: tok, text: piece }).is_err() {
+            if s.req
+                .events
+                .send(Event::Token {
+                    id: tok,
+                    text: piece,
+                })
+                .is_err()
+            {
                 done.push((i, None));
                 continue;
             }
             if let Some(reason) = finish {
-                done.push((i, Some(Event::Done { reason, prompt_tokens: s.n_prompt, completion_tokens: n_gen })));
+                done.push((
+                    i,
+                    Some(Event::Done {
+                        reason,
+                        prompt_tokens: s.n_prompt,
+                        completion_tokens: n_gen,
+                    }),
+                ));
             }
         }
-        done.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        done.sort_unstable_by_key(|d| std::cmp::Reverse(d.0));
         for (i, ev) in done {
             let s = self.running.remove(i);
             self.finish(s, ev);

@@ -35,7 +35,12 @@ pub struct AppState {
 impl AppState {
     /// State with no model yet (health answers 503 until [`AppState::set_ready`]).
     pub fn new(model_name: &str, api_key: Option<String>) -> Arc<AppState> {
-        Arc::new(AppState { ready: OnceLock::new(), metrics: Arc::new(Metrics::default()), api_key, model_name: model_name.to_string() })
+        Arc::new(AppState {
+            ready: OnceLock::new(),
+            metrics: Arc::new(Metrics::default()),
+            api_key,
+            model_name: model_name.to_string(),
+        })
     }
     /// Installs the loaded model and starts the engine.
     pub fn set_ready(&self, llm: Arc<Llm>, cfg: EngineConfig) -> fastllm::Result<()> {
@@ -74,7 +79,11 @@ impl IntoResponse for ApiError {
             s if s.is_server_error() => "server_error",
             _ => "invalid_request_error",
         };
-        (self.0, Json(json!({ "error": { "message": self.1, "type": kind, "code": self.0.as_u16() } }))).into_response()
+        (
+            self.0,
+            Json(json!({ "error": { "message": self.1, "type": kind, "code": self.0.as_u16() } })),
+        )
+            .into_response()
     }
 }
 
@@ -94,14 +103,22 @@ fn auth(st: &AppState, h: &HeaderMap) -> Result<(), ApiError> {
             .and_then(|v| v.strip_prefix("Bearer "))
             .is_some_and(|v| v == key);
         if !ok {
-            return Err(ApiError(StatusCode::UNAUTHORIZED, "missing or wrong API key (Authorization: Bearer ...)".into()));
+            return Err(ApiError(
+                StatusCode::UNAUTHORIZED,
+                "missing or wrong API key (Authorization: Bearer ...)".into(),
+            ));
         }
     }
     Ok(())
 }
 
 fn ready(st: &AppState) -> Result<&(Arc<Llm>, Engine), ApiError> {
-    st.ready.get().ok_or_else(|| ApiError(StatusCode::SERVICE_UNAVAILABLE, "the model is still loading".into()))
+    st.ready.get().ok_or_else(|| {
+        ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the model is still loading".into(),
+        )
+    })
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
@@ -161,7 +178,10 @@ impl OaSampling {
             seed: self.seed.unwrap_or(0),
         };
         p.validate().map_err(|e| bad(e.to_string()))?;
-        let max = self.max_completion_tokens.or(self.max_tokens).unwrap_or(default_max);
+        let max = self
+            .max_completion_tokens
+            .or(self.max_tokens)
+            .unwrap_or(default_max);
         if max == 0 {
             return Err(bad("max_tokens must be at least 1"));
         }
@@ -196,26 +216,48 @@ fn content_text(v: &Value) -> Result<String, ApiError> {
         Value::Array(parts) => {
             let mut out = String::new();
             for p in parts {
-                match (p.get("type").and_then(|t| t.as_str()), p.get("text").and_then(|t| t.as_str())) {
+                match (
+                    p.get("type").and_then(|t| t.as_str()),
+                    p.get("text").and_then(|t| t.as_str()),
+                ) {
                     (Some("text"), Some(t)) => out.push_str(t),
                     _ => return Err(bad("only text content parts are supported")),
                 }
             }
             Ok(out)
         }
-        _ => Err(bad("message content must be a string or a list of text parts")),
+        _ => Err(bad(
+            "message content must be a string or a list of text parts",
+        )),
     }
 }
 
-fn submit(st: &AppState, prompt: Vec<u32>, sampling: SamplingParams, max_new: usize, stop: Vec<String>) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
+fn submit(
+    st: &AppState,
+    prompt: Vec<u32>,
+    sampling: SamplingParams,
+    max_new: usize,
+    stop: Vec<String>,
+) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
     let (_, engine) = ready(st)?;
     let (tx, rx) = mpsc::unbounded_channel();
     engine
-        .submit(GenRequest { prompt, sampling, max_new_tokens: max_new, stop, events: tx })
+        .submit(GenRequest {
+            prompt,
+            sampling,
+            max_new_tokens: max_new,
+            stop,
+            events: tx,
+        })
         .map_err(|e| match e {
-            SubmitError::Overloaded => ApiError(StatusCode::TOO_MANY_REQUESTS, "too many concurrent requests; retry later".into()),
+            SubmitError::Overloaded => ApiError(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too many concurrent requests; retry later".into(),
+            ),
             SubmitError::Invalid(m) => ApiError(StatusCode::UNPROCESSABLE_ENTITY, m),
-            SubmitError::Stopped => ApiError(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped".into()),
+            SubmitError::Stopped => {
+                ApiError(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped".into())
+            }
         })?;
     Ok(rx)
 }
@@ -232,13 +274,25 @@ async fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Collected, Ap
     while let Some(ev) = rx.recv().await {
         match ev {
             Event::Token { text: t, .. } => text.push_str(&t),
-            Event::Done { reason, prompt_tokens, completion_tokens } => {
-                return Ok(Collected { text, reason, prompt_tokens, completion_tokens })
+            Event::Done {
+                reason,
+                prompt_tokens,
+                completion_tokens,
+            } => {
+                return Ok(Collected {
+                    text,
+                    reason,
+                    prompt_tokens,
+                    completion_tokens,
+                })
             }
             Event::Error(m) => return Err(ApiError(StatusCode::UNPROCESSABLE_ENTITY, m)),
         }
     }
-    Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped".into()))
+    Err(ApiError(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the engine stopped".into(),
+    ))
 }
 
 fn reason_str(r: FinishReason) -> &'static str {
@@ -249,17 +303,28 @@ fn reason_str(r: FinishReason) -> &'static str {
 }
 
 fn now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 fn request_id(prefix: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(1);
-    format!("{prefix}-{:x}{:06x}", now(), N.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{prefix}-{:x}{:06x}",
+        now(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// SSE stream over engine events; `render` turns each event into zero or more JSON payloads.
-fn sse<F>(rx: mpsc::UnboundedReceiver<Event>, mut render: F, done_marker: bool) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>>
+fn sse<F>(
+    rx: mpsc::UnboundedReceiver<Event>,
+    mut render: F,
+    done_marker: bool,
+) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>>
 where
     F: FnMut(&Event) -> Vec<Value> + Send + 'static,
 {
@@ -272,7 +337,10 @@ where
         Some((ev, (rx, last)))
     });
     let s = futures_util::StreamExt::flat_map(s, move |ev| {
-        let mut items: Vec<Result<SseEvent, Infallible>> = render(&ev).into_iter().map(|v| Ok(SseEvent::default().data(v.to_string()))).collect();
+        let mut items: Vec<Result<SseEvent, Infallible>> = render(&ev)
+            .into_iter()
+            .map(|v| Ok(SseEvent::default().data(v.to_string())))
+            .collect();
         if done_marker && matches!(ev, Event::Done { .. } | Event::Error(_)) {
             items.push(Ok(SseEvent::default().data("[DONE]")));
         }
@@ -281,16 +349,25 @@ where
     Sse::new(s)
 }
 
-async fn completions(State(st): State<Arc<AppState>>, h: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+async fn completions(
+    State(st): State<Arc<AppState>>,
+    h: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     auth(&st, &h)?;
     let req: CompletionRequest = parse(&body)?;
     let (llm, _) = ready(&st)?;
     let prompt = match &req.prompt {
         Value::String(s) => s.clone(),
-        Value::Array(a) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or_default().to_string(),
+        Value::Array(a) if a.len() == 1 && a[0].is_string() => {
+            a[0].as_str().unwrap_or_default().to_string()
+        }
         _ => return Err(bad("prompt must be a string (or a list of one string)")),
     };
-    let ids = llm.tokenizer.encode(&prompt, true, false).map_err(|e| bad(e.to_string()))?;
+    let ids = llm
+        .tokenizer
+        .encode(&prompt, true, false)
+        .map_err(|e| bad(e.to_string()))?;
     let (sampling, max_new) = req.s.params(16)?;
     let rx = submit(&st, ids, sampling, max_new, Stop::list(req.s.stop))?;
     let (id, created, model) = (request_id("cmpl"), now(), st.model_name.clone());
@@ -298,11 +375,19 @@ async fn completions(State(st): State<Arc<AppState>>, h: HeaderMap, body: Bytes)
         let render = move |ev: &Event| -> Vec<Value> {
             match ev {
                 Event::Token { text, .. } if text.is_empty() => vec![],
-                Event::Token { text, .. } => vec![json!({"id": id, "object": "text_completion", "created": created, "model": model,
-                    "choices": [{"index": 0, "text": text, "finish_reason": null, "logprobs": null}]})],
-                Event::Done { reason, prompt_tokens, completion_tokens } => vec![json!({"id": id, "object": "text_completion", "created": created, "model": model,
+                Event::Token { text, .. } => vec![
+                    json!({"id": id, "object": "text_completion", "created": created, "model": model,
+                    "choices": [{"index": 0, "text": text, "finish_reason": null, "logprobs": null}]}),
+                ],
+                Event::Done {
+                    reason,
+                    prompt_tokens,
+                    completion_tokens,
+                } => vec![
+                    json!({"id": id, "object": "text_completion", "created": created, "model": model,
                     "choices": [{"index": 0, "text": "", "finish_reason": reason_str(*reason), "logprobs": null}],
-                    "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}})],
+                    "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}}),
+                ],
                 Event::Error(m) => vec![json!({"error": {"message": m, "type": "server_error"}})],
             }
         };
@@ -315,7 +400,11 @@ async fn completions(State(st): State<Arc<AppState>>, h: HeaderMap, body: Bytes)
     .into_response())
 }
 
-async fn chat_completions(State(st): State<Arc<AppState>>, h: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+async fn chat_completions(
+    State(st): State<Arc<AppState>>,
+    h: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     auth(&st, &h)?;
     let req: ChatRequest = parse(&body)?;
     let (llm, _) = ready(&st)?;
@@ -324,37 +413,64 @@ async fn chat_completions(State(st): State<Arc<AppState>>, h: HeaderMap, body: B
     }
     let mut msgs = Vec::with_capacity(req.messages.len());
     for m in &req.messages {
-        if !matches!(m.role.as_str(), "system" | "user" | "assistant" | "tool" | "developer") {
+        if !matches!(
+            m.role.as_str(),
+            "system" | "user" | "assistant" | "tool" | "developer"
+        ) {
             return Err(bad(format!("unknown role '{}'", m.role)));
         }
-        let role = if m.role == "developer" { "system" } else { m.role.as_str() };
+        let role = if m.role == "developer" {
+            "system"
+        } else {
+            m.role.as_str()
+        };
         msgs.push(ChatMessage::new(role, &content_text(&m.content)?));
     }
-    let text = llm.render_chat(&msgs, true).map_err(|e| bad(e.to_string()))?;
-    let ids = llm.tokenizer.encode(&text, false, true).map_err(|e| bad(e.to_string()))?;
+    let text = llm
+        .render_chat(&msgs, true)
+        .map_err(|e| bad(e.to_string()))?;
+    let ids = llm
+        .tokenizer
+        .encode(&text, false, true)
+        .map_err(|e| bad(e.to_string()))?;
     let ctx = llm.model.config().context_length as u32;
-    let (sampling, max_new) = req.s.params(ctx.saturating_sub(ids.len() as u32).clamp(1, 512))?;
+    let (sampling, max_new) = req
+        .s
+        .params(ctx.saturating_sub(ids.len() as u32).clamp(1, 512))?;
     let rx = submit(&st, ids, sampling, max_new, Stop::list(req.s.stop))?;
     let (id, created, model) = (request_id("chatcmpl"), now(), st.model_name.clone());
     if req.s.stream {
         let mut first = true;
         let render = move |ev: &Event| -> Vec<Value> {
-            let chunk = |delta: Value, fin: Value| json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": fin}]});
+            let chunk = |delta: Value, fin: Value| {
+                json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": fin}]})
+            };
             let mut out = Vec::new();
             if first {
                 first = false;
-                out.push(chunk(json!({"role": "assistant", "content": ""}), Value::Null));
+                out.push(chunk(
+                    json!({"role": "assistant", "content": ""}),
+                    Value::Null,
+                ));
             }
             match ev {
-                Event::Token { text, .. } if !text.is_empty() => out.push(chunk(json!({"content": text}), Value::Null)),
+                Event::Token { text, .. } if !text.is_empty() => {
+                    out.push(chunk(json!({"content": text}), Value::Null))
+                }
                 Event::Token { .. } => {}
-                Event::Done { reason, prompt_tokens, completion_tokens } => {
+                Event::Done {
+                    reason,
+                    prompt_tokens,
+                    completion_tokens,
+                } => {
                     let mut c = chunk(json!({}), json!(reason_str(*reason)));
                     c["usage"] = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens});
                     out.push(c);
                 }
-                Event::Error(m) => out.push(json!({"error": {"message": m, "type": "server_error"}})),
+                Event::Error(m) => {
+                    out.push(json!({"error": {"message": m, "type": "server_error"}}))
+                }
             }
             out
         };
@@ -369,7 +485,9 @@ async fn chat_completions(State(st): State<Arc<AppState>>, h: HeaderMap, body: B
 
 async fn models(State(st): State<Arc<AppState>>, h: HeaderMap) -> Result<Json<Value>, ApiError> {
     auth(&st, &h)?;
-    Ok(Json(json!({"object": "list", "data": [{"id": st.model_name, "object": "model", "created": 0, "owned_by": "fastllm"}]})))
+    Ok(Json(
+        json!({"object": "list", "data": [{"id": st.model_name, "object": "model", "created": 0, "owned_by": "fastllm"}]}),
+    ))
 }
 
 #[derive(Deserialize)]
@@ -393,14 +511,27 @@ struct TgiParams {
     stop: Vec<String>,
 }
 
-fn tgi_submit(st: &AppState, body: &Bytes) -> Result<(mpsc::UnboundedReceiver<Event>, usize), ApiError> {
+fn tgi_submit(
+    st: &AppState,
+    body: &Bytes,
+) -> Result<(mpsc::UnboundedReceiver<Event>, usize), ApiError> {
     let req: TgiRequest = parse(body)?;
     let (llm, _) = ready(st)?;
-    let ids = llm.tokenizer.encode(&req.inputs, true, false).map_err(|e| bad(e.to_string()))?;
+    let ids = llm
+        .tokenizer
+        .encode(&req.inputs, true, false)
+        .map_err(|e| bad(e.to_string()))?;
     let p = &req.parameters;
-    let sampled = p.do_sample || p.temperature.is_some_and(|t| t > 0.0) || p.top_k.is_some() || p.top_p.is_some();
+    let sampled = p.do_sample
+        || p.temperature.is_some_and(|t| t > 0.0)
+        || p.top_k.is_some()
+        || p.top_p.is_some();
     let sampling = SamplingParams {
-        temperature: if sampled { p.temperature.unwrap_or(1.0) } else { 0.0 },
+        temperature: if sampled {
+            p.temperature.unwrap_or(1.0)
+        } else {
+            0.0
+        },
         top_k: p.top_k.unwrap_or(0) as usize,
         top_p: p.top_p.unwrap_or(1.0),
         repetition_penalty: p.repetition_penalty.unwrap_or(1.0),
@@ -413,18 +544,31 @@ fn tgi_submit(st: &AppState, body: &Bytes) -> Result<(mpsc::UnboundedReceiver<Ev
         return Err(bad("max_new_tokens must be at least 1"));
     }
     let n = ids.len();
-    Ok((submit(st, ids, sampling, max_new as usize, p.stop.clone())?, n))
+    Ok((
+        submit(st, ids, sampling, max_new as usize, p.stop.clone())?,
+        n,
+    ))
 }
 
-async fn tgi_generate(State(st): State<Arc<AppState>>, h: HeaderMap, body: Bytes) -> Result<Json<Value>, ApiError> {
+async fn tgi_generate(
+    State(st): State<Arc<AppState>>,
+    h: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
     auth(&st, &h)?;
     let (rx, _) = tgi_submit(&st, &body)?;
     let c = collect(rx).await?;
-    Ok(Json(json!({"generated_text": c.text, "details": {"finish_reason": match c.reason { FinishReason::Stop => "eos_token", FinishReason::Length => "length" },
-        "generated_tokens": c.completion_tokens, "prompt_tokens": c.prompt_tokens}})))
+    Ok(Json(
+        json!({"generated_text": c.text, "details": {"finish_reason": match c.reason { FinishReason::Stop => "eos_token", FinishReason::Length => "length" },
+        "generated_tokens": c.completion_tokens, "prompt_tokens": c.prompt_tokens}}),
+    ))
 }
 
-async fn tgi_generate_stream(State(st): State<Arc<AppState>>, h: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+async fn tgi_generate_stream(
+    State(st): State<Arc<AppState>>,
+    h: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     auth(&st, &h)?;
     let (rx, _) = tgi_submit(&st, &body)?;
     let mut text = String::new();
@@ -435,11 +579,18 @@ async fn tgi_generate_stream(State(st): State<Arc<AppState>>, h: HeaderMap, body
             Event::Token { id, text: t } => {
                 text.push_str(t);
                 // emit the previous token; the final one is sent with the full text
-                let out = last.take().map(|(i, s)| vec![tok(i, &s, Value::Null, Value::Null)]).unwrap_or_default();
+                let out = last
+                    .take()
+                    .map(|(i, s)| vec![tok(i, &s, Value::Null, Value::Null)])
+                    .unwrap_or_default();
                 last = Some((*id, t.clone()));
                 out
             }
-            Event::Done { reason, completion_tokens, .. } => {
+            Event::Done {
+                reason,
+                completion_tokens,
+                ..
+            } => {
                 let details = json!({"finish_reason": match reason { FinishReason::Stop => "eos_token", FinishReason::Length => "length" }, "generated_tokens": completion_tokens});
                 let (i, s) = last.take().unwrap_or((0, String::new()));
                 vec![tok(i, &s, json!(text), details)]
@@ -467,12 +618,20 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
     if st.ready.get().is_some() {
         StatusCode::OK.into_response()
     } else {
-        ApiError(StatusCode::SERVICE_UNAVAILABLE, "the model is still loading".into()).into_response()
+        ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the model is still loading".into(),
+        )
+        .into_response()
     }
 }
 
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {
-    ([("content-type", "text/plain; version=0.0.4")], st.metrics.render()).into_response()
+    (
+        [("content-type", "text/plain; version=0.0.4")],
+        st.metrics.render(),
+    )
+        .into_response()
 }
 
 #[derive(Deserialize)]
@@ -482,11 +641,18 @@ struct TokenizeRequest {
     add_special_tokens: bool,
 }
 
-async fn tokenize(State(st): State<Arc<AppState>>, h: HeaderMap, body: Bytes) -> Result<Json<Value>, ApiError> {
+async fn tokenize(
+    State(st): State<Arc<AppState>>,
+    h: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
     auth(&st, &h)?;
     let req: TokenizeRequest = parse(&body)?;
     let (llm, _) = ready(&st)?;
-    let ids = llm.tokenizer.encode(&req.inputs, req.add_special_tokens, true).map_err(|e| bad(e.to_string()))?;
+    let ids = llm
+        .tokenizer
+        .encode(&req.inputs, req.add_special_tokens, true)
+        .map_err(|e| bad(e.to_string()))?;
     let toks: Vec<Value> = ids
         .iter()
         .map(|&i| json!({"id": i, "text": llm.tokenizer.decode(&[i], false).unwrap_or_default()}))

@@ -35,7 +35,11 @@ pub struct ServeOptions {
 
 /// The engine limits for `llm` under `o`.
 pub fn engine_config(llm: &fastllm::generate::Llm, o: &ServeOptions) -> engine::EngineConfig {
-    let kv_mb = if o.kv_cache_mb > 0 { o.kv_cache_mb } else { default_kv_mb() };
+    let kv_mb = if o.kv_cache_mb > 0 {
+        o.kv_cache_mb
+    } else {
+        default_kv_mb()
+    };
     let mut c = engine::EngineConfig::for_model(llm, kv_mb);
     if let Some(v) = o.max_concurrent_requests {
         c.max_concurrent_requests = v.max(1);
@@ -63,7 +67,11 @@ fn default_kv_mb() -> usize {
         .and_then(|s| {
             s.lines()
                 .find(|l| l.starts_with("MemAvailable:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse::<usize>().ok()))
+                .and_then(|l| {
+                    l.split_whitespace()
+                        .nth(1)
+                        .and_then(|v| v.parse::<usize>().ok())
+                })
         })
         .unwrap_or(4 << 20);
     (avail_kb / 1024 / 4).clamp(64, 4096)
@@ -71,7 +79,10 @@ fn default_kv_mb() -> usize {
 
 /// Binds, then loads the model with `load` in the background (/health answers 503 until it is
 /// ready), and serves until Ctrl-C.
-pub fn run(o: ServeOptions, load: impl FnOnce() -> fastllm::Result<fastllm::generate::Llm> + Send + 'static) -> Result<(), String> {
+pub fn run(
+    o: ServeOptions,
+    load: impl FnOnce() -> fastllm::Result<fastllm::generate::Llm> + Send + 'static,
+) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .worker_threads(2)

@@ -79,8 +79,12 @@ impl LoadReport {
 /// One streaming completion; returns (ttft, inter-token gaps, tokens).
 fn one(addr: &str, body: &str, deadline: Instant) -> Result<(f64, Vec<f64>, usize), String> {
     let mut s = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
-    s.set_read_timeout(Some(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10))))
-        .map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(
+        deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(10)),
+    ))
+    .map_err(|e| e.to_string())?;
     let t0 = Instant::now();
     write!(
         s,
@@ -132,7 +136,9 @@ pub fn run(o: &LoadOptions) -> LoadReport {
         for _ in 0..o.concurrency.max(1) {
             let (report, next, body) = (report.clone(), next.clone(), body.clone());
             sc.spawn(move || loop {
-                if next.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= o.requests || Instant::now() >= deadline {
+                if next.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= o.requests
+                    || Instant::now() >= deadline
+                {
                     return;
                 }
                 let r = one(&o.addr, &body, deadline);

@@ -11,12 +11,17 @@ pub struct Histogram {
 }
 
 /// Bucket bounds in seconds.
-pub const LATENCY_BUCKETS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
 
 impl Histogram {
     /// An empty histogram over `bounds`.
     pub fn new(bounds: &'static [f64]) -> Self {
-        Histogram { bounds, counts: Mutex::new((vec![0; bounds.len()], 0.0, 0)) }
+        Histogram {
+            bounds,
+            counts: Mutex::new((vec![0; bounds.len()], 0.0, 0)),
+        }
     }
     /// Records one observation.
     pub fn observe(&self, v: f64) {
@@ -40,7 +45,10 @@ impl Histogram {
         for (b, n) in self.bounds.iter().zip(&c.0) {
             out.push_str(&format!("{name}_bucket{{le=\"{b}\"}} {n}\n"));
         }
-        out.push_str(&format!("{name}_bucket{{le=\"+Inf\"}} {}\n{name}_sum {}\n{name}_count {}\n", c.2, c.1, c.2));
+        out.push_str(&format!(
+            "{name}_bucket{{le=\"+Inf\"}} {}\n{name}_sum {}\n{name}_count {}\n",
+            c.2, c.1, c.2
+        ));
     }
 }
 
@@ -96,21 +104,81 @@ impl Metrics {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let mut s = String::new();
         let mut gauge = |name: &str, help: &str, kind: &str, v: f64| {
-            s.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"));
+            s.push_str(&format!(
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
+            ));
         };
-        gauge("fastllm_queue_size", "Requests waiting for admission", "gauge", g(&self.queue_len) as f64);
-        gauge("fastllm_batch_size", "Sequences in the running batch", "gauge", g(&self.running) as f64);
-        gauge("fastllm_kv_blocks_used", "KV cache blocks in use", "gauge", g(&self.kv_blocks_used) as f64);
-        gauge("fastllm_kv_blocks_free", "KV cache blocks free", "gauge", g(&self.kv_blocks_free) as f64);
-        gauge("fastllm_requests_total", "Requests received", "counter", g(&self.requests_total) as f64);
-        gauge("fastllm_requests_rejected_total", "Requests refused for overload", "counter", g(&self.rejected_total) as f64);
-        gauge("fastllm_generated_tokens_total", "Tokens generated", "counter", g(&self.tokens_generated_total) as f64);
-        gauge("fastllm_prompt_tokens_total", "Prompt tokens processed", "counter", g(&self.prompt_tokens_total) as f64);
-        gauge("fastllm_steps_total", "Batched forward steps", "counter", g(&self.steps_total) as f64);
+        gauge(
+            "fastllm_queue_size",
+            "Requests waiting for admission",
+            "gauge",
+            g(&self.queue_len) as f64,
+        );
+        gauge(
+            "fastllm_batch_size",
+            "Sequences in the running batch",
+            "gauge",
+            g(&self.running) as f64,
+        );
+        gauge(
+            "fastllm_kv_blocks_used",
+            "KV cache blocks in use",
+            "gauge",
+            g(&self.kv_blocks_used) as f64,
+        );
+        gauge(
+            "fastllm_kv_blocks_free",
+            "KV cache blocks free",
+            "gauge",
+            g(&self.kv_blocks_free) as f64,
+        );
+        gauge(
+            "fastllm_requests_total",
+            "Requests received",
+            "counter",
+            g(&self.requests_total) as f64,
+        );
+        gauge(
+            "fastllm_requests_rejected_total",
+            "Requests refused for overload",
+            "counter",
+            g(&self.rejected_total) as f64,
+        );
+        gauge(
+            "fastllm_generated_tokens_total",
+            "Tokens generated",
+            "counter",
+            g(&self.tokens_generated_total) as f64,
+        );
+        gauge(
+            "fastllm_prompt_tokens_total",
+            "Prompt tokens processed",
+            "counter",
+            g(&self.prompt_tokens_total) as f64,
+        );
+        gauge(
+            "fastllm_steps_total",
+            "Batched forward steps",
+            "counter",
+            g(&self.steps_total) as f64,
+        );
         let up = self.started.elapsed().as_secs_f64().max(1e-9);
-        gauge("fastllm_generated_tokens_per_second", "Mean generated tokens per second since start", "gauge", g(&self.tokens_generated_total) as f64 / up);
-        self.ttft.render("fastllm_time_to_first_token_seconds", "Time from request to first token", &mut s);
-        self.inter_token.render("fastllm_inter_token_latency_seconds", "Time between consecutive tokens of a request", &mut s);
+        gauge(
+            "fastllm_generated_tokens_per_second",
+            "Mean generated tokens per second since start",
+            "gauge",
+            g(&self.tokens_generated_total) as f64 / up,
+        );
+        self.ttft.render(
+            "fastllm_time_to_first_token_seconds",
+            "Time from request to first token",
+            &mut s,
+        );
+        self.inter_token.render(
+            "fastllm_inter_token_latency_seconds",
+            "Time between consecutive tokens of a request",
+            &mut s,
+        );
         s
     }
 }

@@ -26,14 +26,29 @@ struct Server {
 }
 
 fn start(max_concurrent: usize, api_key: Option<&str>, load_model: bool) -> Server {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let state = AppState::new("tiny-qwen2", api_key.map(|s| s.to_string()));
-    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let app = router(state.clone());
     rt.spawn(async move { axum::serve(listener, app).await });
     if load_model {
-        let llm = Arc::new(load(&tiny_model(), &LoadOptions { threads: 2, ..Default::default() }).unwrap());
+        let llm = Arc::new(
+            load(
+                &tiny_model(),
+                &LoadOptions {
+                    threads: 2,
+                    ..Default::default()
+                },
+            )
+            .unwrap(),
+        );
         let o = ServeOptions {
             addr: "127.0.0.1:0".parse().unwrap(),
             model_name: "tiny-qwen2".into(),
@@ -48,33 +63,59 @@ fn start(max_concurrent: usize, api_key: Option<&str>, load_model: bool) -> Serv
         let cfg = engine_config(&llm, &o);
         state.set_ready(llm, cfg).unwrap();
     }
-    Server { base, state, _rt: rt }
+    Server {
+        base,
+        state,
+        _rt: rt,
+    }
 }
 
 fn client() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap()
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap()
 }
 
 fn block<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
 }
 
 async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
-    let r = client().post(format!("{base}{path}")).json(&body).send().await.unwrap();
+    let r = client()
+        .post(format!("{base}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     let st = r.status().as_u16();
     let text = r.text().await.unwrap();
-    (st, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    (
+        st,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
 }
 
 /// Reads an SSE stream: the `data:` payloads in order.
 async fn sse(base: &str, path: &str, body: Value) -> Vec<String> {
-    let mut r = client().post(format!("{base}{path}")).json(&body).send().await.unwrap();
+    let mut r = client()
+        .post(format!("{base}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status().as_u16(), 200);
     let mut buf = String::new();
     while let Some(chunk) = r.chunk().await.unwrap() {
         buf.push_str(&String::from_utf8_lossy(&chunk));
     }
-    buf.lines().filter_map(|l| l.strip_prefix("data: ").map(|s| s.to_string())).collect()
+    buf.lines()
+        .filter_map(|l| l.strip_prefix("data: ").map(|s| s.to_string()))
+        .collect()
 }
 
 fn stream_text(events: &[String]) -> String {
@@ -83,13 +124,24 @@ fn stream_text(events: &[String]) -> String {
         .filter(|e| *e != "[DONE]")
         .filter_map(|e| serde_json::from_str::<Value>(e).ok())
         .map(|v| {
-            v["choices"][0]["text"].as_str().or(v["choices"][0]["delta"]["content"].as_str()).unwrap_or("").to_string()
+            v["choices"][0]["text"]
+                .as_str()
+                .or(v["choices"][0]["delta"]["content"].as_str())
+                .unwrap_or("")
+                .to_string()
         })
         .collect()
 }
 
 async fn metric(base: &str, name: &str) -> f64 {
-    let t = client().get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    let t = client()
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     t.lines()
         .find(|l| l.starts_with(name) && l.as_bytes().get(name.len()) == Some(&b' '))
         .and_then(|l| l.split_whitespace().nth(1))
@@ -99,7 +151,9 @@ async fn metric(base: &str, name: &str) -> f64 {
 
 async fn wait_idle(base: &str) {
     for _ in 0..200 {
-        if metric(base, "fastllm_kv_blocks_used").await == 0.0 && metric(base, "fastllm_batch_size").await == 0.0 {
+        if metric(base, "fastllm_kv_blocks_used").await == 0.0
+            && metric(base, "fastllm_batch_size").await == 0.0
+        {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -111,7 +165,11 @@ async fn wait_idle(base: &str) {
 fn health_is_503_until_loaded() {
     let s = start(4, None, false);
     block(async {
-        let r = client().get(format!("{}/health", s.base)).send().await.unwrap();
+        let r = client()
+            .get(format!("{}/health", s.base))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status().as_u16(), 503);
         let (st, body) = post(&s.base, "/v1/completions", json!({"prompt": "hi"})).await;
         assert_eq!(st, 503);
@@ -125,46 +183,111 @@ fn endpoints_streams_and_bad_requests() {
     let s = start(8, None, true);
     let b = s.base.clone();
     block(async move {
-        assert_eq!(client().get(format!("{b}/health")).send().await.unwrap().status().as_u16(), 200);
+        assert_eq!(
+            client()
+                .get(format!("{b}/health"))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16(),
+            200
+        );
         // non-stream completion
-        let (st, v) = post(&b, "/v1/completions", json!({"prompt": "Hello world", "max_tokens": 6, "temperature": 0})).await;
+        let (st, v) = post(
+            &b,
+            "/v1/completions",
+            json!({"prompt": "Hello world", "max_tokens": 6, "temperature": 0}),
+        )
+        .await;
         assert_eq!(st, 200, "{v}");
         let text = v["choices"][0]["text"].as_str().unwrap().to_string();
         assert!(v["usage"]["completion_tokens"].as_u64().unwrap() <= 6);
         assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() > 0);
         assert!(["stop", "length"].contains(&v["choices"][0]["finish_reason"].as_str().unwrap()));
         // the same, streamed
-        let ev = sse(&b, "/v1/completions", json!({"prompt": "Hello world", "max_tokens": 6, "temperature": 0, "stream": true})).await;
+        let ev = sse(
+            &b,
+            "/v1/completions",
+            json!({"prompt": "Hello world", "max_tokens": 6, "temperature": 0, "stream": true}),
+        )
+        .await;
         assert_eq!(ev.last().map(|s| s.as_str()), Some("[DONE]"));
         assert_eq!(stream_text(&ev), text);
         // chat, both ways
         let msgs = json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]);
-        let (st, v) = post(&b, "/v1/chat/completions", json!({"messages": msgs, "max_tokens": 5, "temperature": 0})).await;
+        let (st, v) = post(
+            &b,
+            "/v1/chat/completions",
+            json!({"messages": msgs, "max_tokens": 5, "temperature": 0}),
+        )
+        .await;
         assert_eq!(st, 200, "{v}");
-        let chat_text = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
-        let ev = sse(&b, "/v1/chat/completions", json!({"messages": msgs, "max_tokens": 5, "temperature": 0, "stream": true})).await;
+        let chat_text = v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let ev = sse(
+            &b,
+            "/v1/chat/completions",
+            json!({"messages": msgs, "max_tokens": 5, "temperature": 0, "stream": true}),
+        )
+        .await;
         assert_eq!(stream_text(&ev), chat_text);
         // TGI
-        let (st, v) = post(&b, "/generate", json!({"inputs": "Hello world", "parameters": {"max_new_tokens": 6}})).await;
+        let (st, v) = post(
+            &b,
+            "/generate",
+            json!({"inputs": "Hello world", "parameters": {"max_new_tokens": 6}}),
+        )
+        .await;
         assert_eq!(st, 200, "{v}");
         assert_eq!(v["generated_text"].as_str().unwrap(), text);
-        let ev = sse(&b, "/generate_stream", json!({"inputs": "Hello world", "parameters": {"max_new_tokens": 6}})).await;
+        let ev = sse(
+            &b,
+            "/generate_stream",
+            json!({"inputs": "Hello world", "parameters": {"max_new_tokens": 6}}),
+        )
+        .await;
         let last: Value = serde_json::from_str(ev.last().unwrap()).unwrap();
         assert_eq!(last["generated_text"].as_str().unwrap(), text);
         // info, models, tokenize, metrics
-        let info: Value = client().get(format!("{b}/info")).send().await.unwrap().json().await.unwrap();
+        let info: Value = client()
+            .get(format!("{b}/info"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
         assert_eq!(info["max_input_tokens"], 100);
-        let models: Value = client().get(format!("{b}/v1/models")).send().await.unwrap().json().await.unwrap();
+        let models: Value = client()
+            .get(format!("{b}/v1/models"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
         assert_eq!(models["data"][0]["id"], "tiny-qwen2");
         let (st, v) = post(&b, "/tokenize", json!({"inputs": "Hello"})).await;
         assert_eq!(st, 200);
         assert!(v.as_array().is_some_and(|a| !a.is_empty()));
         assert!(metric(&b, "fastllm_generated_tokens_total").await > 0.0);
         // bad requests: 4xx with an error body, never 500
-        let r = client().post(format!("{b}/v1/completions")).body("{not json").header("content-type", "application/json").send().await.unwrap();
+        let r = client()
+            .post(format!("{b}/v1/completions"))
+            .body("{not json")
+            .header("content-type", "application/json")
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status().as_u16(), 400);
         let e: Value = r.json().await.unwrap();
-        assert!(e["error"]["message"].as_str().unwrap().contains("invalid request body"));
+        assert!(e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("invalid request body"));
         for (body, code) in [
             (json!({"prompt": "x", "max_tokens": "many"}), 400),
             (json!({"prompt": 12}), 400),
@@ -181,9 +304,23 @@ fn endpoints_streams_and_bad_requests() {
         }
         let (st, _) = post(&b, "/v1/chat/completions", json!({"messages": []})).await;
         assert_eq!(st, 400);
-        let (st, _) = post(&b, "/v1/chat/completions", json!({"messages": [{"role": "wizard", "content": "x"}]})).await;
+        let (st, _) = post(
+            &b,
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "wizard", "content": "x"}]}),
+        )
+        .await;
         assert_eq!(st, 400);
-        assert_eq!(client().get(format!("{b}/nope")).send().await.unwrap().status().as_u16(), 404);
+        assert_eq!(
+            client()
+                .get(format!("{b}/nope"))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16(),
+            404
+        );
         wait_idle(&b).await;
     });
 }
@@ -193,10 +330,17 @@ fn batching_is_equivalent_and_64_streams_complete() {
     let s = start(128, None, true);
     let b = s.base.clone();
     block(async move {
-        let prompts: Vec<String> = (0..8).map(|i| format!("Prompt number {i} about cats")).collect();
+        let prompts: Vec<String> = (0..8)
+            .map(|i| format!("Prompt number {i} about cats"))
+            .collect();
         let mut solo = Vec::new();
         for p in &prompts {
-            let (st, v) = post(&b, "/v1/completions", json!({"prompt": p, "max_tokens": 8, "temperature": 0})).await;
+            let (st, v) = post(
+                &b,
+                "/v1/completions",
+                json!({"prompt": p, "max_tokens": 8, "temperature": 0}),
+            )
+            .await;
             assert_eq!(st, 200);
             solo.push(v["choices"][0]["text"].as_str().unwrap().to_string());
         }
@@ -205,13 +349,22 @@ fn batching_is_equivalent_and_64_streams_complete() {
         for k in 0..64 {
             let (b, p) = (b.clone(), prompts[k % 8].clone());
             handles.push(tokio::spawn(async move {
-                let ev = sse(&b, "/v1/completions", json!({"prompt": p, "max_tokens": 8, "temperature": 0, "stream": true})).await;
+                let ev = sse(
+                    &b,
+                    "/v1/completions",
+                    json!({"prompt": p, "max_tokens": 8, "temperature": 0, "stream": true}),
+                )
+                .await;
                 assert_eq!(ev.last().map(|s| s.as_str()), Some("[DONE]"));
                 stream_text(&ev)
             }));
         }
         for (k, h) in handles.into_iter().enumerate() {
-            assert_eq!(h.await.unwrap(), solo[k % 8], "stream {k} differs from its solo run");
+            assert_eq!(
+                h.await.unwrap(),
+                solo[k % 8],
+                "stream {k} differs from its solo run"
+            );
         }
         assert!(metric(&b, "fastllm_steps_total").await > 0.0);
         wait_idle(&b).await;
@@ -225,10 +378,22 @@ fn cancellation_and_overload() {
     block(async move {
         // two long streams hold both slots
         let mut r1 = client().post(format!("{b}/v1/completions")).json(&json!({"prompt": "Once upon a time", "max_tokens": 150, "stream": true, "temperature": 0})).send().await.unwrap();
-        let r2 = client().post(format!("{b}/v1/completions")).json(&json!({"prompt": "Long ago", "max_tokens": 150, "stream": true, "temperature": 0})).send().await.unwrap();
+        let r2 = client()
+            .post(format!("{b}/v1/completions"))
+            .json(
+                &json!({"prompt": "Long ago", "max_tokens": 150, "stream": true, "temperature": 0}),
+            )
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r1.status().as_u16(), 200);
         let _ = r1.chunk().await.unwrap();
-        let (st, v) = post(&b, "/v1/completions", json!({"prompt": "third", "max_tokens": 4})).await;
+        let (st, v) = post(
+            &b,
+            "/v1/completions",
+            json!({"prompt": "third", "max_tokens": 4}),
+        )
+        .await;
         assert_eq!(st, 429, "{v}");
         assert!(v["error"]["message"].is_string());
         assert!(metric(&b, "fastllm_requests_rejected_total").await >= 1.0);
@@ -236,7 +401,12 @@ fn cancellation_and_overload() {
         drop(r1);
         drop(r2);
         wait_idle(&b).await;
-        let (st, _) = post(&b, "/v1/completions", json!({"prompt": "after", "max_tokens": 2})).await;
+        let (st, _) = post(
+            &b,
+            "/v1/completions",
+            json!({"prompt": "after", "max_tokens": 2}),
+        )
+        .await;
         assert_eq!(st, 200);
         wait_idle(&b).await;
     });
@@ -247,7 +417,12 @@ fn api_key_is_enforced() {
     let s = start(4, Some("sekret"), true);
     let b = s.base.clone();
     block(async move {
-        let (st, v) = post(&b, "/v1/completions", json!({"prompt": "x", "max_tokens": 1})).await;
+        let (st, v) = post(
+            &b,
+            "/v1/completions",
+            json!({"prompt": "x", "max_tokens": 1}),
+        )
+        .await;
         assert_eq!(st, 401, "{v}");
         let r = client()
             .post(format!("{b}/v1/completions"))
@@ -257,6 +432,15 @@ fn api_key_is_enforced() {
             .await
             .unwrap();
         assert_eq!(r.status().as_u16(), 200);
-        assert_eq!(client().get(format!("{b}/health")).send().await.unwrap().status().as_u16(), 200);
+        assert_eq!(
+            client()
+                .get(format!("{b}/health"))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16(),
+            200
+        );
     });
 }

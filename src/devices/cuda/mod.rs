@@ -174,7 +174,7 @@ impl BaseDevice for CudaDevice {
     }
 }
 
-/// `Err` for `op` unless every named argument present is F32.
+/// True when every named argument that is present is F32.
 fn all_f32(d: &DataDict, names: &[&str]) -> bool {
     names.iter().all(|n| {
         d.get(n)

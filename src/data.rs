@@ -504,6 +504,44 @@ impl Data {
         self.device = device;
     }
 
+    /// A tensor of `dtype` with logical `dims` and allocation `capacity` whose bytes are the
+    /// device buffer `buf` on `device` (for device backends). `capacity` must have the rank of
+    /// `dims`, be ≥ it on every axis, differ on at most one axis, and fit in `buf`.
+    pub fn from_device(
+        dtype: DataType,
+        dims: &[usize],
+        capacity: &[usize],
+        device: DeviceKind,
+        buf: Box<dyn DeviceBuffer>,
+    ) -> Result<Data> {
+        let need = bytes_for(dtype, capacity)?;
+        let differing = dims.iter().zip(capacity).filter(|(d, c)| d != c).count();
+        if capacity.len() != dims.len()
+            || dims.iter().zip(capacity).any(|(d, c)| d > c)
+            || differing > 1
+            || buf.len() < need
+        {
+            return Err(Error::invalid(format!(
+                "device tensor {dtype} dims {dims:?} capacity {capacity:?} does not fit a buffer of {} bytes",
+                buf.len()
+            )));
+        }
+        let mut d = Data::empty(dtype);
+        d.dims = dims.to_vec();
+        d.capacity = capacity.to_vec();
+        d.storage = Storage::Device(buf);
+        d.device = device;
+        Ok(d)
+    }
+
+    /// The device buffer, mutable (for device backends writing in place).
+    pub fn device_buffer_mut(&mut self) -> Option<&mut dyn DeviceBuffer> {
+        match &mut self.storage {
+            Storage::Device(b) => Some(b.as_mut()),
+            _ => None,
+        }
+    }
+
     /// True when storage is allocated.
     pub fn is_allocated(&self) -> bool {
         !matches!(self.storage, Storage::None)
@@ -625,8 +663,12 @@ impl Data {
         if self.is_contiguous() {
             return Ok(self.bytes()?.to_vec());
         }
-        // Expansion on an inner axis: gather the logical rows block by block.
-        let raw = self.raw_bytes()?;
+        self.gather_rows(self.raw_bytes()?)
+    }
+
+    /// The logical rows of an allocation `raw` laid out over the capacity dims (expansion on an
+    /// inner axis), packed row-major.
+    fn gather_rows(&self, raw: &[u8]) -> Result<Vec<u8>> {
         let axis = (0..self.dims.len())
             .find(|&i| self.dims[i] != self.capacity[i])
             .unwrap_or(0);
@@ -635,7 +677,12 @@ impl Data {
         let inner_used = bytes_for(self.dtype, &self.dims[axis..])?;
         let mut out = Vec::with_capacity(outer * inner_used);
         for o in 0..outer {
-            out.extend_from_slice(&raw[o * inner_cap..o * inner_cap + inner_used]);
+            let row = raw
+                .get(o * inner_cap..o * inner_cap + inner_used)
+                .ok_or_else(|| {
+                    Error::invalid(format!("{:?}: storage smaller than its capacity", self))
+                })?;
+            out.extend_from_slice(row);
         }
         Ok(out)
     }
@@ -805,14 +852,15 @@ impl Data {
     /// A host copy of this tensor (deep copy of the logical elements).
     pub fn to_owned_host(&self) -> Result<Data> {
         let bytes = match &self.storage {
-            Storage::Device(d) => d.to_host()?,
+            Storage::Device(d) if self.is_contiguous() => d.to_host()?,
+            Storage::Device(d) => self.gather_rows(&d.to_host()?)?,
             _ => self.packed_bytes()?,
         };
-        let mut d = Data::from_bytes(
-            self.dtype,
-            &self.dims,
-            &bytes[..bytes_for(self.dtype, &self.dims)?],
-        )?;
+        let n = bytes_for(self.dtype, &self.dims)?;
+        let bytes = bytes
+            .get(..n)
+            .ok_or_else(|| Error::invalid(format!("{:?}: storage smaller than its dims", self)))?;
+        let mut d = Data::from_bytes(self.dtype, &self.dims, bytes)?;
         d.name = self.name.clone();
         Ok(d)
     }

@@ -47,17 +47,38 @@ impl WeightSource for FlmFile {
     }
 }
 
-/// Builds the executor for a device string.
+/// Builds the executor for a device string: `cpu`, or `cuda` / `cuda:N` (the GPU first, the CPU
+/// after it as the fallback for ops the GPU does not run). A build without the `cuda` feature, or
+/// a machine without a usable GPU, gives an `Err` for `cuda`.
 pub fn executor_for(device: &str, threads: usize) -> Result<Executor> {
     match device {
         "cpu" | "" => Executor::cpu(threads),
-        d if d == "cuda" || d.starts_with("cuda:") => Err(Error::Unsupported(format!(
-            "device '{d}': this build has no CUDA device yet (use --device cpu)"
-        ))),
+        d if d == "cuda" || d.starts_with("cuda:") => cuda_executor(d, threads),
         d => Err(Error::invalid(format!(
             "device '{d}' (expected cpu, cuda or cuda:N)"
         ))),
     }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_executor(d: &str, threads: usize) -> Result<Executor> {
+    let ordinal = match d.strip_prefix("cuda:") {
+        Some(n) => n.parse::<u32>().map_err(|_| {
+            Error::invalid(format!("device '{d}': expected cuda:N with N a GPU number"))
+        })?,
+        None => 0,
+    };
+    let mut e = Executor::new();
+    e.add_device(Arc::new(crate::devices::cuda::CudaDevice::new(ordinal)?));
+    e.add_device(Arc::new(crate::devices::cpu::CpuDevice::new(threads)?));
+    Ok(e)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_executor(d: &str, _threads: usize) -> Result<Executor> {
+    Err(Error::Unsupported(format!(
+        "device '{d}': this build has no CUDA support (feature 'cuda')"
+    )))
 }
 
 /// Loads a `.flm` file.

@@ -1,3 +1,5 @@
 //! Device backends. Each implements `BaseDevice` and registers its operators by op name.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;

@@ -5,7 +5,7 @@
 use super::arch::{self, ArchSpec, Mlp, NormKind, Positions, Qkv};
 use super::config::{ModelConfig, RopeScaling, RopeStyle};
 use super::weights::{WeightSource, Weights, W};
-use crate::data::{Data, DataType};
+use crate::data::{Data, DataType, DeviceKind};
 use crate::device::{DataDict, FloatDict, IntDict};
 use crate::error::{Error, Result};
 use crate::executor::Executor;
@@ -175,6 +175,18 @@ impl Model {
             Positions::Alibi => Some(Data::from_f32(&[c.num_heads], &alibi_slopes(c.num_heads))?),
             _ => None,
         };
+        // A GPU (or other non-CPU) first device gets the weights once, now.
+        let (mut inv_freq, mut alibi) = (inv_freq, alibi);
+        if let Some(dev) = exec
+            .devices()
+            .first()
+            .filter(|d| d.kind() != DeviceKind::Cpu)
+        {
+            weights.upload_to(dev.as_ref())?;
+            for t in [&mut inv_freq, &mut alibi].into_iter().flatten() {
+                *t = dev.upload(t)?;
+            }
+        }
         Ok(Model {
             config,
             spec,
@@ -616,6 +628,9 @@ impl Model {
             let mut capped = Data::empty(DataType::F32);
             ops::soft_cap(e, &logits, c.final_logit_softcap, &mut capped)?;
             logits = capped;
+        }
+        if logits.device() != DeviceKind::Cpu {
+            logits = logits.to_owned_host()?;
         }
         Ok(logits)
     }

@@ -132,4 +132,18 @@ impl Weights {
     pub fn set_resident(&mut self, name: &str, d: Data) {
         self.resident.insert(name.to_string(), d);
     }
+
+    /// Copies every resident tensor onto `device` once (e.g. a GPU at load time), so ops running
+    /// there find their weights in place; dtypes are kept. Tensors fetched on demand in
+    /// low-memory mode are not resident and are not moved.
+    pub fn upload_to(&mut self, device: &dyn crate::device::BaseDevice) -> Result<()> {
+        for (name, d) in self.resident.iter_mut() {
+            if d.device() != device.kind() {
+                let mut up = device.upload(d)?;
+                up.name = name.clone();
+                *d = up;
+            }
+        }
+        Ok(())
+    }
 }

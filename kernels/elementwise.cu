@@ -1,0 +1,60 @@
+// Elementwise f32 kernels: activations, gated activations, soft-capping, Add/AddTo/Mul/MulTo.
+// Grid-stride loops over n elements.
+
+#define GRID_LOOP(i, n) for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (long)gridDim.x * blockDim.x)
+
+__device__ __forceinline__ float silu1(float x) { return x / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ float gelu1(float x, int approx) {
+    if (approx) {
+        const float c = 0.7978845608028654f;  // sqrt(2/pi)
+        return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+    }
+    return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
+}
+
+extern "C" __global__ void silu_f32(const float* x, float* y, long n) {
+    GRID_LOOP(i, n) y[i] = silu1(x[i]);
+}
+
+extern "C" __global__ void gelu_f32(const float* x, float* y, long n, int approx) {
+    GRID_LOOP(i, n) y[i] = gelu1(x[i], approx);
+}
+
+extern "C" __global__ void softcap_f32(const float* x, float* y, long n, float cap) {
+    GRID_LOOP(i, n) y[i] = cap * tanhf(x[i] / cap);
+}
+
+// x [rows, 2d] -> y [rows, d]: silu(x[..d]) * x[d..]
+extern "C" __global__ void swiglu_f32(const float* x, float* y, long rows, long d) {
+    GRID_LOOP(i, rows * d) {
+        long r = i / d, c = i % d;
+        const float* xr = x + r * 2 * d;
+        y[i] = silu1(xr[c]) * xr[d + c];
+    }
+}
+
+extern "C" __global__ void gelugated_f32(const float* x, float* y, long rows, long d, int approx) {
+    GRID_LOOP(i, rows * d) {
+        long r = i / d, c = i % d;
+        const float* xr = x + r * 2 * d;
+        y[i] = gelu1(xr[c], approx) * xr[d + c];
+    }
+}
+
+extern "C" __global__ void add_f32(const float* a, const float* b, float* y, long n, float alpha) {
+    GRID_LOOP(i, n) y[i] = a[i] + alpha * b[i];
+}
+
+// a[i] += alpha * b[i % bn] (bn == n: same shape; bn == d: broadcast over rows)
+extern "C" __global__ void addto_f32(float* a, const float* b, long n, long bn, float alpha) {
+    GRID_LOOP(i, n) a[i] += alpha * b[i % bn];
+}
+
+extern "C" __global__ void mul_f32(const float* x, float* y, long n, float v) {
+    GRID_LOOP(i, n) y[i] = x[i] * v;
+}
+
+extern "C" __global__ void multo_f32(float* a, const float* b, long n, long bn) {
+    GRID_LOOP(i, n) a[i] *= b[i % bn];
+}

@@ -1,0 +1,20 @@
+// Embedding: y[i, :] = weight[ids[i], :] decoded to f32. Ids are validated on the host first.
+// One block per token.
+
+template <int DT>
+__device__ void embedding_t(const int* ids, const unsigned char* w, float* y, int d, long row_bytes) {
+    const unsigned char* row = w + (long)ids[blockIdx.x] * row_bytes;
+    float* yr = y + (long)blockIdx.x * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) yr[i] = load_w<DT>(row, i);
+}
+
+#define EMB(name, DT) \
+    extern "C" __global__ void embedding_##name(const int* ids, const unsigned char* w, float* y, int d, long rb) { \
+        embedding_t<DT>(ids, w, y, d, rb); \
+    }
+EMB(f32, DT_F32)
+EMB(f16, DT_F16)
+EMB(bf16, DT_BF16)
+EMB(q8_0, DT_Q8_0)
+EMB(q4_0, DT_Q4_0)
+EMB(q4_1, DT_Q4_1)

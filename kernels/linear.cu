@@ -1,0 +1,190 @@
+// Linear y[m, n] = x[m, k] · W[n, k]ᵀ + b, f32 activations, any weight dtype, dequantized in
+// registers. One warp per output feature j and up to LIN_ROWS activation rows, so each weight
+// byte is read once per LIN_ROWS rows (decode: m = 1, the weight stream is the whole cost).
+// Block: 256 threads = 8 features; grid (ceil(n / 8), ceil(m / LIN_ROWS)).
+
+#define LIN_ROWS 4
+
+// Four consecutive weights 4p..4p+3 of block b (p in 0..8), dequantized. Eight lanes share a
+// block, so a warp reads 4 neighbouring blocks and 512 contiguous bytes of x per step.
+template <int DT>
+__device__ __forceinline__ void load4(const unsigned char* row, long b, int p, float* w) {
+    if (DT == DT_Q4_1) {
+        const unsigned char* blk = row + b * 20;
+        unsigned int dm = *(const unsigned int*)blk;
+        float d = h2f((unsigned short)(dm & 0xffff)), mn = h2f((unsigned short)(dm >> 16));
+        unsigned int q = *(const unsigned int*)(blk + 4 + 4 * (p & 3));
+        int sh = p < 4 ? 0 : 4;
+#pragma unroll
+        for (int u = 0; u < 4; u++) w[u] = d * (float)((q >> (8 * u + sh)) & 15) + mn;
+    } else if (DT == DT_Q4_0) {
+        const unsigned short* hs = (const unsigned short*)(row + b * 18);
+        float d = h2f(hs[0]);
+        int t = p & 3;
+        unsigned int q = (unsigned int)hs[1 + 2 * t] | ((unsigned int)hs[2 + 2 * t] << 16);
+        int sh = p < 4 ? 0 : 4;
+#pragma unroll
+        for (int u = 0; u < 4; u++) w[u] = d * (float)((int)((q >> (8 * u + sh)) & 15) - 8);
+    } else {
+        const unsigned short* hs = (const unsigned short*)(row + b * 34);
+        float d = h2f(hs[0]);
+        unsigned int q = (unsigned int)hs[1 + 2 * p] | ((unsigned int)hs[2 + 2 * p] << 16);
+#pragma unroll
+        for (int u = 0; u < 4; u++) w[u] = d * (float)(signed char)((q >> (8 * u)) & 0xff);
+    }
+}
+
+template <int DT>
+__device__ void linear_t(const float* x, const unsigned char* w, const float* bias, float* y,
+                         int m, int n, int k, long row_bytes) {
+    int lane = threadIdx.x & 31;
+    int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int r0 = blockIdx.y * LIN_ROWS;
+    if (j >= n) return;
+    int nr = min(LIN_ROWS, m - r0);
+    const float* xr = x + (long)r0 * k;
+    const unsigned char* row = w + (long)j * row_bytes;
+    float acc[LIN_ROWS];
+#pragma unroll
+    for (int r = 0; r < LIN_ROWS; r++) acc[r] = 0.0f;
+    if (DT == DT_Q8_0 || DT == DT_Q4_0 || DT == DT_Q4_1) {
+        long nb = k / 32;
+        int p = lane & 7;
+        for (long b = lane >> 3; b < nb; b += 4) {
+            float w[4];
+            load4<DT>(row, b, p, w);
+#pragma unroll
+            for (int r = 0; r < LIN_ROWS; r++) {
+                if (r < nr) {
+                    float4 t = *(const float4*)(xr + r * (long)k + b * 32 + 4 * p);
+                    acc[r] += w[0] * t.x + w[1] * t.y + w[2] * t.z + w[3] * t.w;
+                }
+            }
+        }
+    } else {
+        for (long i = lane; i < k; i += 32) {
+            float wv = load_w<DT>(row, i);
+#pragma unroll
+            for (int r = 0; r < LIN_ROWS; r++)
+                if (r < nr) acc[r] += wv * xr[r * (long)k + i];
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < LIN_ROWS; r++) {
+        float s = warp_sum(acc[r]);
+        if (lane == 0 && r < nr) y[(long)(r0 + r) * n + j] = s + (bias ? bias[j] : 0.0f);
+    }
+}
+
+#define LIN(name, DT) \
+    extern "C" __global__ void linear_##name(const float* x, const unsigned char* w, const float* bias, float* y, \
+                                             int m, int n, int k, long rb) { \
+        linear_t<DT>(x, w, bias, y, m, n, k, rb); \
+    }
+LIN(f32, DT_F32)
+LIN(f16, DT_F16)
+LIN(bf16, DT_BF16)
+LIN(q8_0, DT_Q8_0)
+LIN(q4_0, DT_Q4_0)
+LIN(q4_1, DT_Q4_1)
+
+// y[r, j] += b[j] (bias after a cuBLAS product)
+extern "C" __global__ void addbias_f32(float* y, const float* b, long rows, long n) {
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < rows * n; i += (long)gridDim.x * blockDim.x)
+        y[i] += b[i % n];
+}
+
+// ---- quant_act = 1: activations quantized to Q8_0 blocks, integer block dots ----
+// quantize_q8_f32: one warp per 32-value block (lane = element), like llama.cpp's
+// quantize_row_q8_0 and the CPU reference: d = amax / 127 (stored as f16), q = round-half-even
+// (x / d) clamped to ±127; ds[block] = (d as stored, d · Σq). qs: 32 int8 per block.
+
+__device__ __forceinline__ unsigned short f2h(float f) {
+    unsigned short h;
+    asm("{cvt.rn.f16.f32 %0, %1;}" : "=h"(h) : "f"(f));
+    return h;
+}
+
+extern "C" __global__ void quantize_q8_f32(const float* x, signed char* qs, float2* ds, long nblocks) {
+    long b = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (b >= nblocks) return;
+    float v = x[b * 32 + lane];
+    float amax = fabsf(v);
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    float d = amax / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int q = __float2int_rn(v * id);
+    q = max(-127, min(127, q));
+    qs[b * 32 + lane] = (signed char)q;
+    int s = q;
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) {
+        float dst = h2f(f2h(d));
+        ds[b] = make_float2(dst, dst * (float)s);
+    }
+}
+
+// Integer dot of weight block b against activation block (qs 32 int8, ds).
+template <int DT>
+__device__ __forceinline__ float qdot_block(const unsigned char* row, long b, const signed char* xq, float2 xd) {
+    int isum = 0;
+    if (DT == DT_Q8_0) {
+        const unsigned char* blk = row + b * 34;
+        for (int j = 0; j < 32; j++) isum += (int)(signed char)blk[2 + j] * (int)xq[j];
+        return h2f(ld_u16(blk)) * xd.x * (float)isum;
+    } else if (DT == DT_Q4_0) {
+        const unsigned char* blk = row + b * 18;
+        for (int j = 0; j < 16; j++) {
+            unsigned char q = blk[2 + j];
+            isum += ((int)(q & 15) - 8) * (int)xq[j] + ((int)(q >> 4) - 8) * (int)xq[j + 16];
+        }
+        return h2f(ld_u16(blk)) * xd.x * (float)isum;
+    } else {
+        const unsigned char* blk = row + b * 20;
+        for (int j = 0; j < 16; j++) {
+            unsigned char q = blk[4 + j];
+            isum += (int)(q & 15) * (int)xq[j] + (int)(q >> 4) * (int)xq[j + 16];
+        }
+        return h2f(ld_u16(blk)) * xd.x * (float)isum + h2f(ld_u16(blk + 2)) * xd.y;
+    }
+}
+
+// Same grid as linear_*: a warp per output feature, LIN_ROWS rows per block row.
+template <int DT>
+__device__ void linear_q8act_t(const signed char* xq, const float2* xd, const unsigned char* w, const float* bias,
+                               float* y, int m, int n, int k, long row_bytes) {
+    int lane = threadIdx.x & 31;
+    int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int r0 = blockIdx.y * LIN_ROWS;
+    if (j >= n) return;
+    int nr = min(LIN_ROWS, m - r0);
+    long nb = k / 32;
+    const unsigned char* row = w + (long)j * row_bytes;
+    float acc[LIN_ROWS];
+#pragma unroll
+    for (int r = 0; r < LIN_ROWS; r++) acc[r] = 0.0f;
+    for (long b = lane; b < nb; b += 32) {
+#pragma unroll
+        for (int r = 0; r < LIN_ROWS; r++) {
+            if (r < nr) {
+                long xb = (long)(r0 + r) * nb + b;
+                acc[r] += qdot_block<DT>(row, b, xq + xb * 32, xd[xb]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < LIN_ROWS; r++) {
+        float s = warp_sum(acc[r]);
+        if (lane == 0 && r < nr) y[(long)(r0 + r) * n + j] = s + (bias ? bias[j] : 0.0f);
+    }
+}
+
+#define LINQ(name, DT) \
+    extern "C" __global__ void linear_q8act_##name(const signed char* xq, const float2* xd, const unsigned char* w, \
+                                                   const float* bias, float* y, int m, int n, int k, long rb) { \
+        linear_q8act_t<DT>(xq, xd, w, bias, y, m, n, k, rb); \
+    }
+LINQ(q8_0, DT_Q8_0)
+LINQ(q4_0, DT_Q4_0)
+LINQ(q4_1, DT_Q4_1)

@@ -1,0 +1,61 @@
+// Selection, f32, one block per row: ArgMax (lowest index on ties) and TopK (k rounds, each
+// taking the largest element ordered after the previous pick by (value desc, index asc)).
+
+__device__ __forceinline__ bool better(float v, long i, float bv, long bi) {
+    return v > bv || (v == bv && i < bi);
+}
+
+// Block-wide best (value, index); every thread gets the result.
+__device__ void block_best(float& v, long& i) {
+    __shared__ float rv[32];
+    __shared__ long ri[32];
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        long oi = __shfl_xor_sync(0xffffffffu, i, o);
+        if (better(ov, oi, v, i)) { v = ov; i = oi; }
+    }
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    __syncthreads();
+    if (lane == 0) { rv[w] = v; ri[w] = i; }
+    __syncthreads();
+    v = lane < nw ? rv[lane] : -INF;
+    i = lane < nw ? ri[lane] : 0x7fffffffffffffffL;
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        long oi = __shfl_xor_sync(0xffffffffu, i, o);
+        if (better(ov, oi, v, i)) { v = ov; i = oi; }
+    }
+}
+
+extern "C" __global__ void argmax_f32(const float* x, int* out, long n) {
+    const float* xr = x + (long)blockIdx.x * n;
+    float bv = -INF;
+    long bi = 0x7fffffffffffffffL;
+    for (long j = threadIdx.x; j < n; j += blockDim.x)
+        if (better(xr[j], j, bv, bi)) { bv = xr[j]; bi = j; }
+    block_best(bv, bi);
+    if (threadIdx.x == 0) out[blockIdx.x] = bi == 0x7fffffffffffffffL ? 0 : (int)bi;
+}
+
+extern "C" __global__ void topk_f32(const float* x, float* out, long n, int k) {
+    const float* xr = x + (long)blockIdx.x * n;
+    float* orow = out + (long)blockIdx.x * k * 2;
+    float pv = INF;
+    long pi = -1;
+    for (int r = 0; r < k; r++) {
+        float bv = -INF;
+        long bi = 0x7fffffffffffffffL;
+        for (long j = threadIdx.x; j < n; j += blockDim.x) {
+            float v = xr[j];
+            bool after = v < pv || (v == pv && j > pi);
+            if (after && better(v, j, bv, bi)) { bv = v; bi = j; }
+        }
+        block_best(bv, bi);
+        if (threadIdx.x == 0) {
+            orow[2 * r] = (float)bi;
+            orow[2 * r + 1] = bv;
+        }
+        pv = bv;
+        pi = bi;
+    }
+}

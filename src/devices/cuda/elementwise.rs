@@ -1,0 +1,314 @@
+//! Elementwise operators on the GPU (f32): `Silu`, `Gelu`, `SoftCap`, `Swiglu`, `GeluGated`,
+//! `Add`, `AddTo`, `Mul`, `MulTo`.
+
+use super::buffer::{dptr, ensure_out};
+use super::gpu::{long, Gpu, KArg};
+use super::{all_f32, op_err};
+use crate::data::DataType;
+use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
+use crate::error::Result;
+use std::sync::Arc;
+
+/// Registers this family's operators.
+pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>) {
+    for kind in [
+        Act::Silu,
+        Act::Gelu,
+        Act::SoftCap,
+        Act::Swiglu,
+        Act::GeluGated,
+    ] {
+        ops.insert(
+            kind.op(),
+            Box::new(Activation {
+                gpu: gpu.clone(),
+                kind,
+            }),
+        );
+    }
+    ops.insert("Add", Box::new(Add(gpu.clone())));
+    ops.insert(
+        "AddTo",
+        Box::new(InPlace {
+            gpu: gpu.clone(),
+            mul: false,
+        }),
+    );
+    ops.insert(
+        "MulTo",
+        Box::new(InPlace {
+            gpu: gpu.clone(),
+            mul: true,
+        }),
+    );
+    ops.insert("Mul", Box::new(Mul(gpu.clone())));
+}
+
+#[derive(Clone, Copy)]
+enum Act {
+    Silu,
+    Gelu,
+    SoftCap,
+    Swiglu,
+    GeluGated,
+}
+
+impl Act {
+    fn op(self) -> &'static str {
+        match self {
+            Act::Silu => "Silu",
+            Act::Gelu => "Gelu",
+            Act::SoftCap => "SoftCap",
+            Act::Swiglu => "Swiglu",
+            Act::GeluGated => "GeluGated",
+        }
+    }
+    fn gated(self) -> bool {
+        matches!(self, Act::Swiglu | Act::GeluGated)
+    }
+}
+
+/// `input` → `output` through an activation; the gated ones halve the last dim.
+struct Activation {
+    gpu: Arc<Gpu>,
+    kind: Act,
+}
+
+impl Operator for Activation {
+    fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
+        d.dtype("input") == Some(DataType::F32) && d.get("input").is_some_and(|x| x.is_contiguous())
+    }
+    fn reshape(&self, d: &mut DataDict, f: &FloatDict, _: &IntDict) -> Result<()> {
+        let op = self.kind.op();
+        let x = d.require(op, "input")?;
+        let mut dims = x.dims().to_vec();
+        if self.kind.gated() {
+            let last = dims.last().copied().unwrap_or(0);
+            if dims.is_empty() || last % 2 != 0 {
+                return Err(op_err(op, format!("input {dims:?} needs an even last dim")));
+            }
+            if let Some(l) = dims.last_mut() {
+                *l = last / 2;
+            }
+        }
+        if matches!(self.kind, Act::SoftCap) && f.get("cap").is_none_or(|c| c == 0.0) {
+            return Err(op_err(op, "needs a non-zero 'cap'"));
+        }
+        let out = d.require_mut(op, "output")?;
+        ensure_out(&self.gpu, out, DataType::F32, &dims)
+    }
+    fn run(&self, d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<()> {
+        let op = self.kind.op();
+        let ([x], y) = d.io(op, ["input"], "output")?;
+        let x = x.ok_or_else(|| op_err(op, "missing input 'input'"))?;
+        let (xp, yp) = (dptr(x, "input")?, dptr(y, "output")?);
+        let n = y.count();
+        let approx = i.get_or("approx", 1);
+        let g = Gpu::grid_for(n, 256);
+        match self.kind {
+            Act::Silu => self.gpu.launch(
+                "silu_f32",
+                g,
+                256,
+                &[KArg::Ptr(xp), KArg::Ptr(yp), long(n, "n")?],
+            ),
+            Act::Gelu => self.gpu.launch(
+                "gelu_f32",
+                g,
+                256,
+                &[
+                    KArg::Ptr(xp),
+                    KArg::Ptr(yp),
+                    long(n, "n")?,
+                    KArg::I32(approx),
+                ],
+            ),
+            Act::SoftCap => self.gpu.launch(
+                "softcap_f32",
+                g,
+                256,
+                &[
+                    KArg::Ptr(xp),
+                    KArg::Ptr(yp),
+                    long(n, "n")?,
+                    KArg::F32(f.get_or("cap", 1.0)),
+                ],
+            ),
+            Act::Swiglu | Act::GeluGated => {
+                let dd = y.dim(-1);
+                let rows = n.checked_div(dd).unwrap_or(0);
+                let mut args = vec![
+                    KArg::Ptr(xp),
+                    KArg::Ptr(yp),
+                    long(rows, "rows")?,
+                    long(dd, "d")?,
+                ];
+                let name = if matches!(self.kind, Act::Swiglu) {
+                    "swiglu_f32"
+                } else {
+                    args.push(KArg::I32(approx));
+                    "gelugated_f32"
+                };
+                self.gpu.launch(name, g, 256, &args)
+            }
+        }
+    }
+}
+
+/// `Add`: `output = input0 + alpha·input1` (same shape).
+struct Add(Arc<Gpu>);
+
+impl Operator for Add {
+    fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
+        all_f32(d, &["input0", "input1"])
+            && d.get("input0").is_some_and(|x| x.is_contiguous())
+            && d.get("input1").is_some_and(|x| x.is_contiguous())
+    }
+    fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
+        let a = d.require("Add", "input0")?;
+        let b = d.require("Add", "input1")?;
+        if a.dims() != b.dims() {
+            return Err(op_err(
+                "Add",
+                format!(
+                    "input0 {:?} and input1 {:?} differ in shape",
+                    a.dims(),
+                    b.dims()
+                ),
+            ));
+        }
+        let dims = a.dims().to_vec();
+        ensure_out(
+            &self.0,
+            d.require_mut("Add", "output")?,
+            DataType::F32,
+            &dims,
+        )
+    }
+    fn run(&self, d: &mut DataDict, f: &FloatDict, _: &IntDict) -> Result<()> {
+        let ([a, b], y) = d.io("Add", ["input0", "input1"], "output")?;
+        let a = a.ok_or_else(|| op_err("Add", "missing input 'input0'"))?;
+        let b = b.ok_or_else(|| op_err("Add", "missing input 'input1'"))?;
+        let n = y.count();
+        self.0.launch(
+            "add_f32",
+            Gpu::grid_for(n, 256),
+            256,
+            &[
+                KArg::Ptr(dptr(a, "input0")?),
+                KArg::Ptr(dptr(b, "input1")?),
+                KArg::Ptr(dptr(y, "output")?),
+                long(n, "n")?,
+                KArg::F32(f.get_or("alpha", 1.0)),
+            ],
+        )
+    }
+}
+
+/// `AddTo` (`input0 += alpha·input1`) and `MulTo` (`input0 *= input1`); `input1` same shape
+/// or one row broadcast.
+struct InPlace {
+    gpu: Arc<Gpu>,
+    mul: bool,
+}
+
+impl InPlace {
+    fn op(&self) -> &'static str {
+        if self.mul {
+            "MulTo"
+        } else {
+            "AddTo"
+        }
+    }
+}
+
+impl Operator for InPlace {
+    fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
+        all_f32(d, &["input0", "input1"])
+            && d.get("input0").is_some_and(|x| x.is_contiguous())
+            && d.get("input1").is_some_and(|x| x.is_contiguous())
+    }
+    fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
+        let op = self.op();
+        let a = d.require(op, "input0")?;
+        let b = d.require(op, "input1")?;
+        let row = a.dims().last().copied().unwrap_or(1);
+        let same = a.dims() == b.dims();
+        let bcast = b.dims().len() == 1 && b.dims()[0] == row && row > 0;
+        if !same && !bcast {
+            return Err(op_err(
+                op,
+                format!(
+                    "input1 {:?} must equal input0 {:?} or be one row of {row}",
+                    b.dims(),
+                    a.dims()
+                ),
+            ));
+        }
+        d.require_mut(op, "input0").map(|_| ())
+    }
+    fn run(&self, d: &mut DataDict, f: &FloatDict, _: &IntDict) -> Result<()> {
+        let op = self.op();
+        let ([b], a) = d.io(op, ["input1"], "input0")?;
+        let b = b.ok_or_else(|| op_err(op, "missing input 'input1'"))?;
+        let n = a.count();
+        let bn = b.count().max(1);
+        let (ap, bp) = (dptr(a, "input0")?, dptr(b, "input1")?);
+        let g = Gpu::grid_for(n, 256);
+        if self.mul {
+            self.gpu.launch(
+                "multo_f32",
+                g,
+                256,
+                &[KArg::Ptr(ap), KArg::Ptr(bp), long(n, "n")?, long(bn, "n")?],
+            )
+        } else {
+            self.gpu.launch(
+                "addto_f32",
+                g,
+                256,
+                &[
+                    KArg::Ptr(ap),
+                    KArg::Ptr(bp),
+                    long(n, "n")?,
+                    long(bn, "n")?,
+                    KArg::F32(f.get_or("alpha", 1.0)),
+                ],
+            )
+        }
+    }
+}
+
+/// `Mul`: `output = input · v`.
+struct Mul(Arc<Gpu>);
+
+impl Operator for Mul {
+    fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
+        d.dtype("input") == Some(DataType::F32) && d.get("input").is_some_and(|x| x.is_contiguous())
+    }
+    fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
+        let dims = d.require("Mul", "input")?.dims().to_vec();
+        ensure_out(
+            &self.0,
+            d.require_mut("Mul", "output")?,
+            DataType::F32,
+            &dims,
+        )
+    }
+    fn run(&self, d: &mut DataDict, f: &FloatDict, _: &IntDict) -> Result<()> {
+        let ([x], y) = d.io("Mul", ["input"], "output")?;
+        let x = x.ok_or_else(|| op_err("Mul", "missing input 'input'"))?;
+        let n = y.count();
+        self.0.launch(
+            "mul_f32",
+            Gpu::grid_for(n, 256),
+            256,
+            &[
+                KArg::Ptr(dptr(x, "input")?),
+                KArg::Ptr(dptr(y, "output")?),
+                long(n, "n")?,
+                KArg::F32(f.get_or("v", 1.0)),
+            ],
+        )
+    }
+}

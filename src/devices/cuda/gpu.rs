@@ -1,0 +1,293 @@
+//! `Gpu`: one CUDA context and its stream, the run-time compiled kernel module, the optional
+//! cuBLAS handle, and the raw primitives the operators use (copies, launches). It must not know
+//! any op's semantics.
+
+use super::kernels;
+use crate::error::{Error, Result};
+use cudarc::driver::{
+    result as dres, CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
+};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// A GPU context with one in-order stream; every operator enqueues on it.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    ordinal: u32,
+    arch: (i32, i32),
+    driver_version: i32,
+    name: String,
+    module: OnceLock<std::result::Result<Arc<CudaModule>, String>>,
+    functions: Mutex<HashMap<String, CudaFunction>>,
+    blas: Option<Mutex<cudarc::cublas::CudaBlas>>,
+}
+
+fn dev_err(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Device(format!("{what}: {e}"))
+}
+
+/// Checks that the CUDA driver library can be loaded and that a device `ordinal` exists; the
+/// message of the `Err` says which part is missing.
+pub fn probe(ordinal: u32) -> Result<()> {
+    // SAFETY: only tries to dlopen the driver library.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(Error::Device(
+            "no CUDA device: the CUDA driver library (libcuda) is not installed".into(),
+        ));
+    }
+    let n = std::panic::catch_unwind(CudaContext::device_count)
+        .map_err(|_| Error::Device("no CUDA device: the CUDA driver library is unusable".into()))?
+        .map_err(|e| Error::Device(format!("no CUDA device: {e}")))?;
+    if n <= 0 {
+        return Err(Error::Device(
+            "no CUDA device: the driver reports 0 devices".into(),
+        ));
+    }
+    if ordinal as i64 >= n as i64 {
+        return Err(Error::Device(format!(
+            "no CUDA device cuda:{ordinal}: only {n} device(s)"
+        )));
+    }
+    // SAFETY: only tries to dlopen the NVRTC library.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(Error::Device(
+            "CUDA device found but NVRTC (libnvrtc) is missing, so kernels cannot be compiled"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+impl Gpu {
+    /// Opens device `ordinal` (after [`probe`]).
+    pub fn open(ordinal: u32) -> Result<Arc<Gpu>> {
+        probe(ordinal)?;
+        let ctx = std::panic::catch_unwind(|| CudaContext::new(ordinal as usize))
+            .map_err(|_| Error::Device(format!("cuda:{ordinal}: context creation panicked")))?
+            .map_err(|e| dev_err(&format!("cuda:{ordinal}: context"), e))?;
+        // One stream, in order: no per-buffer event tracking needed.
+        // SAFETY: called before any allocation on this context.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let arch = ctx
+            .compute_capability()
+            .map_err(|e| dev_err("compute capability", e))?;
+        let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        let mut driver_version = 0i32;
+        // SAFETY: writes one int.
+        unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver_version) };
+        // SAFETY: only tries to dlopen cuBLAS.
+        let blas = if unsafe { cudarc::cublas::sys::is_culib_present() } {
+            std::panic::catch_unwind(|| cudarc::cublas::CudaBlas::new(stream.clone()))
+                .ok()
+                .and_then(|r| r.ok())
+                .map(Mutex::new)
+        } else {
+            None
+        };
+        Ok(Arc::new(Gpu {
+            ctx,
+            stream,
+            ordinal,
+            arch,
+            driver_version,
+            name,
+            module: OnceLock::new(),
+            functions: Mutex::new(HashMap::new()),
+            blas,
+        }))
+    }
+
+    /// Device ordinal.
+    pub fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+
+    /// Marketing name, e.g. "NVIDIA H100 80GB HBM3".
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Compute capability (major, minor).
+    pub fn arch(&self) -> (i32, i32) {
+        self.arch
+    }
+
+    /// The stream every operation is enqueued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The cuBLAS handle, when cuBLAS could be loaded.
+    pub fn blas(&self) -> Option<&Mutex<cudarc::cublas::CudaBlas>> {
+        self.blas.as_ref()
+    }
+
+    /// Makes this context current on the calling thread (before raw driver or cuBLAS calls).
+    pub fn bind(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| dev_err("bind context", e))
+    }
+
+    /// Waits for all queued work.
+    pub fn sync(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| dev_err("synchronize", e))
+    }
+
+    /// Enqueues a copy of `src` to device address `dst`. `src` is pageable host memory, which
+    /// the driver stages before returning, so the caller may drop it at once; the stream is not
+    /// synchronised (small per-step uploads such as token ids must not stall the queue).
+    pub fn htod(&self, src: &[u8], dst: u64) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: dst is a device allocation of at least src.len() bytes (callers check sizes).
+        // For pageable memory cuMemcpyHtoDAsync copies `src` to a staging buffer before it
+        // returns, so `src` is no longer read after this call.
+        unsafe { dres::memcpy_htod_async(dst, src, self.stream.cu_stream()) }
+            .map_err(|e| dev_err("copy to GPU", e))
+    }
+
+    /// Copies `dst.len()` bytes from device address `src` into `dst` (blocking).
+    pub fn dtoh(&self, src: u64, dst: &mut [u8]) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: src holds at least dst.len() bytes (callers check sizes); we synchronize
+        // before returning so dst is written.
+        unsafe { dres::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }
+            .map_err(|e| dev_err("copy from GPU", e))?;
+        self.sync()
+    }
+
+    /// Enqueues a device-to-device copy of `n` bytes.
+    pub fn dtod(&self, src: u64, dst: u64, n: usize) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: both ranges are inside live device allocations (callers check sizes).
+        unsafe { dres::memcpy_dtod_async(dst, src, n, self.stream.cu_stream()) }
+            .map_err(|e| dev_err("copy on GPU", e))
+    }
+
+    fn module(&self) -> Result<Arc<CudaModule>> {
+        let m = self.module.get_or_init(|| {
+            let ptx =
+                kernels::compiled_ptx(self.arch, self.driver_version).map_err(|e| e.to_string())?;
+            self.ctx
+                .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+                .map_err(|e| format!("loading kernels: {e}"))
+        });
+        m.clone().map_err(Error::Device)
+    }
+
+    /// The kernel `name` (compiling the kernel sources on first use).
+    pub fn function(&self, name: &str) -> Result<CudaFunction> {
+        if let Ok(map) = self.functions.lock() {
+            if let Some(f) = map.get(name) {
+                return Ok(f.clone());
+            }
+        }
+        let f = self
+            .module()?
+            .load_function(name)
+            .map_err(|e| dev_err(&format!("kernel {name}"), e))?;
+        if let Ok(mut map) = self.functions.lock() {
+            map.insert(name.to_string(), f.clone());
+        }
+        Ok(f)
+    }
+
+    /// Launches kernel `name` with `grid` × `block` threads and arguments `args` (in the order
+    /// of the kernel's parameters).
+    pub fn launch(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &[KArg],
+    ) -> Result<()> {
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(());
+        }
+        let f = self.function(name)?;
+        let mut b = self.stream.launch_builder(&f);
+        for a in args {
+            match a {
+                KArg::Ptr(v) | KArg::U64(v) => b.arg(v),
+                KArg::I32(v) => b.arg(v),
+                KArg::I64(v) => b.arg(v),
+                KArg::F32(v) => b.arg(v),
+                KArg::Permute(v) => b.arg(v),
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: grid,
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: each operator validates sizes before launching and passes arguments that
+        // match the kernel's signature in kernels/*.cu.
+        unsafe { b.launch(cfg) }.map_err(|e| dev_err(&format!("launch {name}"), e))?;
+        Ok(())
+    }
+
+    /// A 1-D grid covering `n` items with `block` threads each (capped; kernels loop).
+    pub fn grid_for(n: usize, block: u32) -> (u32, u32, u32) {
+        let blocks = n.div_ceil(block as usize).clamp(1, 65535 * 8) as u32;
+        (if n == 0 { 0 } else { blocks }, 1, 1)
+    }
+}
+
+/// One kernel argument.
+#[derive(Clone, Copy, Debug)]
+pub enum KArg {
+    /// A device address (0 = null).
+    Ptr(u64),
+    /// A 64-bit unsigned integer.
+    U64(u64),
+    /// `int`.
+    I32(i32),
+    /// `long` (64-bit on the device).
+    I64(i64),
+    /// `float`.
+    F32(f32),
+    /// The `PermuteArgs` struct of kernels/shape.cu.
+    Permute(PermuteArgs),
+}
+
+/// `struct PermuteArgs` of kernels/shape.cu, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PermuteArgs {
+    /// Number of dims (≤ 8).
+    pub ndim: i32,
+    /// Output dims.
+    pub dims: [i64; 8],
+    /// Input stride (elements) of each output axis.
+    pub strides: [i64; 8],
+}
+
+// SAFETY: plain-old-data with the C layout of the kernel's struct.
+unsafe impl cudarc::driver::DeviceRepr for PermuteArgs {}
+
+/// usize → kernel `long`, an `Err` naming `what` when it does not fit.
+pub fn long(v: usize, what: &str) -> Result<KArg> {
+    i64::try_from(v)
+        .map(KArg::I64)
+        .map_err(|_| Error::invalid(format!("{what} = {v} is too large")))
+}
+
+/// usize → kernel `int`, an `Err` naming `what` when it does not fit.
+pub fn int(v: usize, what: &str) -> Result<KArg> {
+    i32::try_from(v)
+        .map(KArg::I32)
+        .map_err(|_| Error::invalid(format!("{what} = {v} is too large for this kernel")))
+}

@@ -1,0 +1,188 @@
+//! `CudaDevice`: NVIDIA GPUs through `cudarc` (driver, NVRTC and cuBLAS loaded at run time, so
+//! the same binary runs where CUDA is absent: [`CudaDevice::new`] then returns `Err`). Operators
+//! are registered by op name, one file per op family, and run on one in-order stream. Kernels
+//! come from `kernels/*.cu` (see [`kernels`]). An op this device does not accept falls back to
+//! the next device of the `Executor` (the CPU), with a one-time log line per op.
+//!
+//! This module owns device memory and data movement; it must not know about models.
+
+use crate::data::{bytes_for, Data, DeviceKind, Storage};
+use crate::device::{BaseDevice, DataDict, FloatDict, IntDict, OpRegistry};
+use crate::error::{Error, Result};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+mod attention;
+pub mod buffer;
+mod elementwise;
+mod embedding;
+pub mod gpu;
+pub mod kernels;
+mod linear;
+mod norm;
+mod paged;
+mod rope;
+mod select;
+mod shape;
+
+use buffer::{alloc_data, dptr};
+use gpu::Gpu;
+
+/// A CUDA GPU as a fastllm device.
+pub struct CudaDevice {
+    gpu: Arc<Gpu>,
+    ops: OpRegistry,
+    name: String,
+    fallback_logged: Mutex<HashSet<String>>,
+}
+
+impl CudaDevice {
+    /// Opens GPU `ordinal`. `Err` (never a panic) when the driver library, the device or NVRTC
+    /// is missing; the message starts with "no CUDA device" in the first two cases.
+    pub fn new(ordinal: u32) -> Result<CudaDevice> {
+        let gpu = Gpu::open(ordinal)?;
+        let mut ops = OpRegistry::new();
+        elementwise::register(&mut ops, &gpu);
+        norm::register(&mut ops, &gpu);
+        paged::register(&mut ops, &gpu);
+        embedding::register(&mut ops, &gpu);
+        linear::register(&mut ops, &gpu);
+        attention::register(&mut ops, &gpu);
+        rope::register(&mut ops, &gpu);
+        shape::register(&mut ops, &gpu);
+        select::register(&mut ops, &gpu);
+        Ok(CudaDevice {
+            name: format!("cuda:{ordinal}"),
+            gpu,
+            ops,
+            fallback_logged: Mutex::new(HashSet::new()),
+        })
+    }
+
+    /// True when the CUDA driver library loads and reports at least one device.
+    pub fn available() -> bool {
+        gpu::probe(0).is_ok()
+    }
+
+    /// The GPU's name and compute capability, e.g. "NVIDIA H100 80GB HBM3 (sm_90)".
+    pub fn description(&self) -> String {
+        let (a, b) = self.gpu.arch();
+        format!("{} (sm_{a}{b})", self.gpu.name())
+    }
+
+    /// Compiles (or loads from the disk cache) every kernel now rather than at first use.
+    pub fn warm_up(&self) -> Result<()> {
+        self.gpu.function("silu_f32").map(|_| ())
+    }
+
+    /// Waits until all queued GPU work is done (for timing).
+    pub fn synchronize(&self) -> Result<()> {
+        self.gpu.sync()
+    }
+
+    /// The underlying context (for tests and benchmarks in this crate).
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    fn log_fallback(&self, op: &str, datas: &DataDict) {
+        if let Ok(mut seen) = self.fallback_logged.lock() {
+            if seen.insert(op.to_string()) {
+                let args: Vec<String> = datas
+                    .iter()
+                    .map(|(n, d)| format!("{n}: {} {:?}", d.dtype(), d.dims()))
+                    .collect();
+                eprintln!(
+                    "fastllm: {}: op {op} is not run on the GPU for these arguments ({}); falling back to the next device",
+                    self.name,
+                    args.join(", ")
+                );
+            }
+        }
+    }
+}
+
+impl BaseDevice for CudaDevice {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Cuda(self.gpu.ordinal())
+    }
+    fn ops(&self) -> &OpRegistry {
+        &self.ops
+    }
+    fn can_run(&self, op: &str, datas: &DataDict, floats: &FloatDict, ints: &IntDict) -> bool {
+        let ok = self
+            .ops
+            .get(op)
+            .is_some_and(|o| o.can_run(datas, floats, ints));
+        if !ok {
+            self.log_fallback(op, datas);
+        }
+        ok
+    }
+    fn upload(&self, data: &Data) -> Result<Data> {
+        let kind = self.kind();
+        if data.device() == kind {
+            // Same device: a device-side copy.
+            let mut out = alloc_data(&self.gpu, data.dtype(), data.dims(), data.capacity())?;
+            let n = bytes_for(data.dtype(), data.capacity())?;
+            self.gpu
+                .dtod(dptr(data, "upload")?, dptr(&out, "upload")?, n)?;
+            out.name = data.name.clone();
+            return Ok(out);
+        }
+        if let Storage::Device(_) = data.storage() {
+            // Another device: through the host.
+            return self.upload(&data.to_owned_host()?);
+        }
+        if !data.is_allocated() {
+            return Ok(Data::empty(data.dtype()));
+        }
+        let mut out = alloc_data(&self.gpu, data.dtype(), data.dims(), data.capacity())?;
+        // Contiguous (or expanded on axis 0): the used prefix; otherwise the whole allocation.
+        let bytes = if data.is_contiguous() {
+            data.bytes()?
+        } else {
+            data.raw_bytes()?
+        };
+        let cap = bytes_for(data.dtype(), data.capacity())?;
+        let n = bytes.len().min(cap);
+        self.gpu
+            .htod(bytes.get(..n).unwrap_or(&[]), dptr(&out, "upload")?)?;
+        out.name = data.name.clone();
+        out.lock_in_cpu = data.lock_in_cpu;
+        Ok(out)
+    }
+    fn download(&self, data: &mut Data) -> Result<()> {
+        if data.device() != self.kind() {
+            return Ok(());
+        }
+        let name = std::mem::take(&mut data.name);
+        let mut host = data.to_owned_host()?;
+        if data.capacity() != data.dims() {
+            if let Some(axis) =
+                (0..data.dims().len()).find(|&i| data.dims()[i] != data.capacity()[i])
+            {
+                host.reserve(axis, data.capacity()[axis])?;
+            }
+        }
+        host.name = name;
+        *data = host;
+        Ok(())
+    }
+}
+
+/// True when every named argument that is present is F32.
+fn all_f32(d: &DataDict, names: &[&str]) -> bool {
+    names.iter().all(|n| {
+        d.get(n)
+            .is_none_or(|t| t.dtype() == crate::data::DataType::F32)
+    })
+}
+
+/// An `Err` for `op` saying `msg`.
+fn op_err(op: &str, msg: impl std::fmt::Display) -> Error {
+    Error::op(op, msg)
+}

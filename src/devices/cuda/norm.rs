@@ -1,0 +1,142 @@
+//! Row-wise operators on the GPU (f32): `RMSNorm`, `LayerNorm`, `Softmax`.
+
+use super::buffer::{dptr, ensure_out};
+use super::gpu::{int, Gpu, KArg};
+use super::{all_f32, op_err};
+use crate::data::DataType;
+use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
+use crate::error::Result;
+use std::sync::Arc;
+
+/// Registers this family's operators.
+pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>) {
+    ops.insert(
+        "RMSNorm",
+        Box::new(RowOp {
+            gpu: gpu.clone(),
+            kind: Kind::Rms,
+        }),
+    );
+    ops.insert(
+        "LayerNorm",
+        Box::new(RowOp {
+            gpu: gpu.clone(),
+            kind: Kind::Layer,
+        }),
+    );
+    ops.insert(
+        "Softmax",
+        Box::new(RowOp {
+            gpu: gpu.clone(),
+            kind: Kind::Softmax,
+        }),
+    );
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Rms,
+    Layer,
+    Softmax,
+}
+
+struct RowOp {
+    gpu: Arc<Gpu>,
+    kind: Kind,
+}
+
+impl RowOp {
+    fn op(&self) -> &'static str {
+        match self.kind {
+            Kind::Rms => "RMSNorm",
+            Kind::Layer => "LayerNorm",
+            Kind::Softmax => "Softmax",
+        }
+    }
+    fn params(&self) -> &'static [&'static str] {
+        match self.kind {
+            Kind::Rms => &["weight"],
+            Kind::Layer => &["gamma", "beta"],
+            Kind::Softmax => &[],
+        }
+    }
+}
+
+impl Operator for RowOp {
+    fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
+        d.dtype("input") == Some(DataType::F32)
+            && all_f32(d, self.params())
+            && d.get("input").is_some_and(|x| x.is_contiguous())
+    }
+    fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
+        let op = self.op();
+        let x = d.require(op, "input")?;
+        let dims = x.dims().to_vec();
+        let row = dims.last().copied().unwrap_or(0);
+        if dims.is_empty() || row == 0 {
+            return Err(op_err(
+                op,
+                format!("input {dims:?} needs a non-empty last dim"),
+            ));
+        }
+        for p in self.params() {
+            let w = d.require(op, p)?;
+            if w.count() != row {
+                return Err(op_err(
+                    op,
+                    format!("{p} {:?} does not match rows of {row}", w.dims()),
+                ));
+            }
+        }
+        ensure_out(
+            &self.gpu,
+            d.require_mut(op, "output")?,
+            DataType::F32,
+            &dims,
+        )
+    }
+    fn run(&self, d: &mut DataDict, f: &FloatDict, _: &IntDict) -> Result<()> {
+        let op = self.op();
+        let eps = f.get_or("eps", 1e-5);
+        let ([x, w, g, b], y) = d.io(op, ["input", "weight", "gamma", "beta"], "output")?;
+        let x = x.ok_or_else(|| op_err(op, "missing input 'input'"))?;
+        let row = x.dim(-1);
+        let rows = x.count() / row.max(1);
+        let grid = (
+            u32::try_from(rows).map_err(|_| op_err(op, "too many rows"))?,
+            1,
+            1,
+        );
+        let (xp, yp) = (KArg::Ptr(dptr(x, "input")?), KArg::Ptr(dptr(y, "output")?));
+        let dd = int(row, "row length")?;
+        match self.kind {
+            Kind::Rms => {
+                let w = w.ok_or_else(|| op_err(op, "missing input 'weight'"))?;
+                self.gpu.launch(
+                    "rmsnorm_f32",
+                    grid,
+                    256,
+                    &[xp, KArg::Ptr(dptr(w, "weight")?), yp, dd, KArg::F32(eps)],
+                )
+            }
+            Kind::Layer => {
+                let g = g.ok_or_else(|| op_err(op, "missing input 'gamma'"))?;
+                let b = b.ok_or_else(|| op_err(op, "missing input 'beta'"))?;
+                self.gpu.launch(
+                    "layernorm_f32",
+                    grid,
+                    256,
+                    &[
+                        xp,
+                        KArg::Ptr(dptr(g, "gamma")?),
+                        KArg::Ptr(dptr(b, "beta")?),
+                        yp,
+                        dd,
+                        KArg::F32(eps),
+                    ],
+                )
+            }
+            Kind::Softmax => self.gpu.launch("softmax_f32", grid, 256, &[xp, yp, dd]),
+        }
+    }
+}

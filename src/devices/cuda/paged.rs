@@ -1,0 +1,279 @@
+//! The paged KV cache on the GPU (f32): `PagedCacheWrite` (`cache[slots[i]] = input[i]`) and
+//! `PagedAttention` (each sequence's new query rows over its cached keys, through block tables;
+//! causal, sliding window, GQA, ALiBi, soft-capping). The small index arrays are read on the host
+//! first so that every slot and block id is checked before a kernel touches memory.
+
+use super::buffer::{dptr, ensure_out};
+use super::gpu::{int, long, Gpu, KArg};
+use super::{all_f32, op_err};
+use crate::data::{Data, DataType, Storage};
+use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
+use crate::error::Result;
+use std::sync::Arc;
+
+/// Registers this family's operators.
+pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>) {
+    ops.insert("PagedCacheWrite", Box::new(PagedCacheWrite(gpu.clone())));
+    ops.insert("PagedAttention", Box::new(PagedAttention(gpu.clone())));
+}
+
+/// Largest head size of the kernel (`qs[1024]`, and `ATT_THREADS * ATT_DPT` for values).
+const MAX_HD: usize = 512;
+
+/// The I32 values of `d`, wherever it lives.
+fn host_i32(d: &Data) -> Result<Vec<i32>> {
+    match d.storage() {
+        Storage::Device(b) => Ok(b
+            .to_host()?
+            .chunks_exact(4)
+            .take(d.count())
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()),
+        _ => Ok(d.as_i32()?.to_vec()),
+    }
+}
+
+fn need<'a>(
+    x: Option<&'a Data>,
+    op: &str,
+    name: &str,
+    dt: DataType,
+    nd: usize,
+) -> Result<&'a Data> {
+    let x = x.ok_or_else(|| op_err(op, format!("missing input '{name}'")))?;
+    if x.dtype() != dt || x.dims().len() != nd || !x.is_contiguous() {
+        return Err(op_err(
+            op,
+            format!(
+                "'{name}' must be a packed {dt} tensor with {nd} dims, got {} {:?}",
+                x.dtype(),
+                x.dims()
+            ),
+        ));
+    }
+    Ok(x)
+}
+
+struct PagedCacheWrite(Arc<Gpu>);
+
+impl Operator for PagedCacheWrite {
+    fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
+        d.dtype("input") == Some(DataType::F32) && d.dtype("cache") == Some(DataType::F32)
+    }
+    fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
+        const OP: &str = "PagedCacheWrite";
+        let x = need(d.get("input"), OP, "input", DataType::F32, 3)?;
+        let s = need(d.get("slots"), OP, "slots", DataType::I32, 1)?;
+        let c = need(d.get("cache"), OP, "cache", DataType::F32, 3)?;
+        if x.dims()[1..] != c.dims()[1..] || s.dim(0) != x.dim(0) {
+            return Err(op_err(
+                OP,
+                format!(
+                    "input {:?}, slots {:?} and cache {:?} do not fit",
+                    x.dims(),
+                    s.dims(),
+                    c.dims()
+                ),
+            ));
+        }
+        let n = c.dim(0) as i64;
+        if let Some(bad) = host_i32(s)?.iter().find(|&&v| v < 0 || v as i64 >= n) {
+            return Err(op_err(
+                OP,
+                format!("slot {bad} outside the cache of {n} slots"),
+            ));
+        }
+        d.require_mut(OP, "cache").map(|_| ())
+    }
+    fn run(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
+        const OP: &str = "PagedCacheWrite";
+        let ([x, s], c) = d.io(OP, ["input", "slots"], "cache")?;
+        let x = x.ok_or_else(|| op_err(OP, "missing input 'input'"))?;
+        let s = s.ok_or_else(|| op_err(OP, "missing input 'slots'"))?;
+        let row = x.dim(1) * x.dim(2);
+        let n = x.dim(0);
+        self.0.launch(
+            "paged_cache_write_f32",
+            Gpu::grid_for(n * row, 256),
+            256,
+            &[
+                KArg::Ptr(dptr(x, "input")?),
+                KArg::Ptr(dptr(s, "slots")?),
+                KArg::Ptr(dptr(c, "cache")?),
+                long(n, "rows")?,
+                long(row, "row")?,
+            ],
+        )
+    }
+}
+
+struct PagedAttention(Arc<Gpu>);
+
+const NAMES: [&str; 7] = [
+    "q",
+    "k_cache",
+    "v_cache",
+    "q_starts",
+    "kv_lens",
+    "block_tables",
+    "alibi_slopes",
+];
+
+/// Validated sizes: (rows, heads, kv heads, head dim, sequences, blocks per table, block size).
+struct Sizes {
+    rows: usize,
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    nseq: usize,
+    maxb: usize,
+    bs: usize,
+}
+
+fn check(a: &[Option<&Data>; 7], i: &IntDict) -> Result<Sizes> {
+    const OP: &str = "PagedAttention";
+    let q = need(a[0], OP, "q", DataType::F32, 3)?;
+    let kc = need(a[1], OP, "k_cache", DataType::F32, 3)?;
+    let vc = need(a[2], OP, "v_cache", DataType::F32, 3)?;
+    let qs = host_i32(need(a[3], OP, "q_starts", DataType::I32, 1)?)?;
+    let kl = host_i32(need(a[4], OP, "kv_lens", DataType::I32, 1)?)?;
+    let bt = need(a[5], OP, "block_tables", DataType::I32, 2)?;
+    let (rows, nh, hd) = (q.dim(0), q.dim(1), q.dim(2));
+    let (slots, nkv) = (kc.dim(0), kc.dim(1));
+    if kc.dims() != vc.dims() || kc.dim(2) != hd || nkv == 0 || nh % nkv != 0 || hd > MAX_HD {
+        return Err(op_err(
+            OP,
+            format!(
+                "q {:?}, k_cache {:?}, v_cache {:?}: head dims or head counts do not fit",
+                q.dims(),
+                kc.dims(),
+                vc.dims()
+            ),
+        ));
+    }
+    let bs = i.get_or("block_size", 16);
+    if bs <= 0 || slots % bs as usize != 0 {
+        return Err(op_err(
+            OP,
+            format!("block_size {bs} does not divide the {slots} cache slots"),
+        ));
+    }
+    let bs = bs as usize;
+    let nseq = kl.len();
+    if qs.len() != nseq + 1 || bt.dim(0) != nseq || nseq == 0 {
+        return Err(op_err(
+            OP,
+            format!(
+                "{} q_starts, {nseq} kv_lens and {} block tables disagree",
+                qs.len(),
+                bt.dim(0)
+            ),
+        ));
+    }
+    if qs.first() != Some(&0) || qs.last().map(|&v| v as usize) != Some(rows) {
+        return Err(op_err(OP, format!("q_starts must run from 0 to {rows}")));
+    }
+    let maxb = bt.dim(1);
+    let table = host_i32(bt)?;
+    let n_blocks = (slots / bs) as i64;
+    for s in 0..nseq {
+        let (a, b, len) = (qs[s], qs[s + 1], kl[s]);
+        if a > b || len < 0 || (b - a) > len {
+            return Err(op_err(
+                OP,
+                format!("sequence {s}: query rows {a}..{b} with {len} cached keys"),
+            ));
+        }
+        let need_blocks = (len as usize).div_ceil(bs);
+        if need_blocks > maxb {
+            return Err(op_err(
+                OP,
+                format!("sequence {s}: {len} keys need {need_blocks} blocks, table has {maxb}"),
+            ));
+        }
+        let blocks = table.get(s * maxb..s * maxb + need_blocks).unwrap_or(&[]);
+        if let Some(bad) = blocks.iter().find(|&&b| b < 0 || b as i64 >= n_blocks) {
+            return Err(op_err(
+                OP,
+                format!("sequence {s}: block id {bad} outside the pool of {n_blocks}"),
+            ));
+        }
+    }
+    if let Some(al) = a[6] {
+        if al.dtype() != DataType::F32 || al.count() != nh {
+            return Err(op_err(
+                OP,
+                format!(
+                    "alibi_slopes must be f32 [{nh}], got {} {:?}",
+                    al.dtype(),
+                    al.dims()
+                ),
+            ));
+        }
+    }
+    Ok(Sizes {
+        rows,
+        nh,
+        nkv,
+        hd,
+        nseq,
+        maxb,
+        bs,
+    })
+}
+
+impl Operator for PagedAttention {
+    fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
+        all_f32(d, &["q", "k_cache", "v_cache", "alibi_slopes"])
+            && d.dtype("q").is_some()
+            && d.get("q").is_some_and(|q| q.dim(-1) <= MAX_HD)
+    }
+    fn reshape(&self, d: &mut DataDict, _: &FloatDict, i: &IntDict) -> Result<()> {
+        let dims = {
+            let a = NAMES.map(|n| d.get(n));
+            check(&a, i)?;
+            d.require("PagedAttention", "q")?.dims().to_vec()
+        };
+        ensure_out(
+            &self.0,
+            d.require_mut("PagedAttention", "output")?,
+            DataType::F32,
+            &dims,
+        )
+    }
+    fn run(&self, d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<()> {
+        const OP: &str = "PagedAttention";
+        let (a, out) = d.io(OP, NAMES, "output")?;
+        let z = check(&a, i)?;
+        let ptr = |k: usize, n: &str| a[k].map(|t| dptr(t, n)).transpose().map(|p| p.unwrap_or(0));
+        let gx = u32::try_from(z.rows).map_err(|_| op_err(OP, "too many query rows"))?;
+        let gy = u32::try_from(z.nh)
+            .ok()
+            .filter(|&h| h <= 65535)
+            .ok_or_else(|| op_err(OP, "too many heads"))?;
+        self.0.launch(
+            "paged_attention_f32",
+            (gx, gy, 1),
+            128,
+            &[
+                KArg::Ptr(ptr(0, "q")?),
+                KArg::Ptr(ptr(1, "k_cache")?),
+                KArg::Ptr(ptr(2, "v_cache")?),
+                KArg::Ptr(ptr(3, "q_starts")?),
+                KArg::Ptr(ptr(4, "kv_lens")?),
+                KArg::Ptr(ptr(5, "block_tables")?),
+                KArg::Ptr(ptr(6, "alibi_slopes")?),
+                KArg::Ptr(dptr(out, "output")?),
+                int(z.nseq, "sequences")?,
+                int(z.maxb, "blocks per table")?,
+                int(z.bs, "block_size")?,
+                int(z.nh, "heads")?,
+                int(z.nkv, "kv heads")?,
+                int(z.hd, "head dim")?,
+                KArg::F32(f.get_or("scale", 1.0 / (z.hd.max(1) as f32).sqrt())),
+                KArg::F32(f.get_or("softcap", 0.0)),
+                KArg::I32(i.get_or("sliding_window", 0).max(0)),
+            ],
+        )
+    }
+}

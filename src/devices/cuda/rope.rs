@@ -1,0 +1,132 @@
+//! `RotaryEmbedding` on the GPU (f32, in place): neox or interleaved pairs, angles from `cos`/`sin`
+//! tables, `inv_freq`, or `theta`, formed in double as in the CPU reference.
+
+use super::buffer::dptr;
+use super::gpu::{int, Gpu, KArg};
+use super::{all_f32, op_err};
+use crate::data::DataType;
+use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
+use crate::error::Result;
+use std::sync::Arc;
+
+/// Registers this family's operators.
+pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>) {
+    ops.insert("RotaryEmbedding", Box::new(Rotary(gpu.clone())));
+}
+
+struct Rotary(Arc<Gpu>);
+
+impl Rotary {
+    /// (s, heads, hd, rot) after validating the arguments.
+    fn shape(d: &DataDict, i: &IntDict) -> Result<(usize, usize, usize, usize)> {
+        let x = d.require("RotaryEmbedding", "input")?;
+        let (s, heads, hd) = match x.dims() {
+            [s, h, hd] => (*s, *h, *hd),
+            other => {
+                return Err(op_err(
+                    "RotaryEmbedding",
+                    format!("input {other:?} must be [s, heads, hd]"),
+                ))
+            }
+        };
+        let rot = i.get_or("rotary_dim", hd as i32);
+        let rot = usize::try_from(rot).unwrap_or(usize::MAX);
+        if rot > hd || rot % 2 != 0 {
+            return Err(op_err(
+                "RotaryEmbedding",
+                format!("rotary_dim {rot} must be even and ≤ head dim {hd}"),
+            ));
+        }
+        let tables = d.get("cos").is_some() && d.get("sin").is_some();
+        match d.get("positions") {
+            Some(pos) if pos.count() != s => {
+                return Err(op_err(
+                    "RotaryEmbedding",
+                    format!("positions {:?} must have {s} entries", pos.dims()),
+                ))
+            }
+            None if !tables => return Err(op_err("RotaryEmbedding", "missing input 'positions'")),
+            _ => {}
+        }
+        if let Some(f) = d.get("inv_freq") {
+            if f.count() < rot / 2 {
+                return Err(op_err(
+                    "RotaryEmbedding",
+                    format!("inv_freq {:?} needs {} entries", f.dims(), rot / 2),
+                ));
+            }
+        }
+        match (d.get("cos"), d.get("sin")) {
+            (Some(c), Some(sn)) => {
+                if c.count() < s * (rot / 2) || sn.count() < s * (rot / 2) {
+                    return Err(op_err(
+                        "RotaryEmbedding",
+                        format!("cos/sin tables must be [{s}, {}]", rot / 2),
+                    ));
+                }
+            }
+            (None, None) => {}
+            _ => {
+                return Err(op_err(
+                    "RotaryEmbedding",
+                    "give both 'cos' and 'sin' or neither",
+                ))
+            }
+        }
+        Ok((s, heads, hd, rot))
+    }
+}
+
+impl Operator for Rotary {
+    fn can_run(&self, d: &DataDict, _: &FloatDict, i: &IntDict) -> bool {
+        d.dtype("input") == Some(DataType::F32)
+            && (d.dtype("positions") == Some(DataType::I32)
+                || (d.get("cos").is_some() && d.get("positions").is_none()))
+            && all_f32(d, &["inv_freq", "cos", "sin"])
+            && d.get("input").is_some_and(|x| x.is_contiguous())
+            && matches!(i.get_or("style", 0), 0 | 1)
+    }
+    fn reshape(&self, d: &mut DataDict, _: &FloatDict, i: &IntDict) -> Result<()> {
+        Self::shape(d, i)?;
+        d.require_mut("RotaryEmbedding", "input").map(|_| ())
+    }
+    fn run(&self, d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<()> {
+        let (s, heads, hd, rot) = Self::shape(d, i)?;
+        let ([pos, inv, cs, sn], x) = d.io(
+            "RotaryEmbedding",
+            ["positions", "inv_freq", "cos", "sin"],
+            "input",
+        )?;
+        let opt = |t: Option<&crate::data::Data>, n: &str| {
+            t.map(|t| dptr(t, n)).transpose().map(|p| p.unwrap_or(0))
+        };
+        let (ip, cp, spp) = (opt(inv, "inv_freq")?, opt(cs, "cos")?, opt(sn, "sin")?);
+        let mode = if cp != 0 {
+            2
+        } else if ip != 0 {
+            1
+        } else {
+            0
+        };
+        let n = s * heads * (rot / 2);
+        self.0.launch(
+            "rotary_f32",
+            Gpu::grid_for(n, 256),
+            256,
+            &[
+                KArg::Ptr(dptr(x, "input")?),
+                KArg::Ptr(opt(pos, "positions")?),
+                KArg::Ptr(ip),
+                KArg::Ptr(cp),
+                KArg::Ptr(spp),
+                int(s, "rows")?,
+                int(heads, "heads")?,
+                int(hd, "head dim")?,
+                int(rot, "rotary_dim")?,
+                KArg::I32(i.get_or("style", 0)),
+                KArg::F32(f.get_or("theta", 10000.0)),
+                KArg::I32(mode),
+            ],
+        )
+    }
+}

@@ -156,7 +156,10 @@ impl fmt::Display for DeviceKind {
 /// allocator's zeroed path so large untouched capacity (e.g. a reserved KV cache) costs no
 /// resident memory until written.
 pub struct AlignedBuf {
-    ptr: std::ptr::NonNull<u8>,
+    /// Start of the allocation (what is freed).
+    base: std::ptr::NonNull<u8>,
+    /// Start of the 64-byte aligned bytes inside it.
+    offset: usize,
     len: usize,
 }
 
@@ -168,8 +171,15 @@ unsafe impl Sync for AlignedBuf {}
 const BUF_ALIGN: usize = 64;
 
 impl AlignedBuf {
+    /// The allocation's layout: `len` plus slack for aligning, at the allocator's natural
+    /// alignment. Asking the allocator for 64-byte alignment directly would make it zero the
+    /// memory by hand (touching every page); at natural alignment `alloc_zeroed` is `calloc`,
+    /// whose large blocks come straight from the OS, already zero and not yet resident.
     fn layout(len: usize) -> Result<std::alloc::Layout> {
-        std::alloc::Layout::from_size_align(len.max(1), BUF_ALIGN)
+        let size = len
+            .checked_add(BUF_ALIGN)
+            .ok_or_else(|| Error::OutOfMemory(format!("cannot allocate {len} bytes")))?;
+        std::alloc::Layout::from_size_align(size, 16)
             .map_err(|_| Error::OutOfMemory(format!("cannot allocate {len} bytes")))
     }
 
@@ -178,9 +188,10 @@ impl AlignedBuf {
         let layout = Self::layout(len)?;
         // SAFETY: layout has non-zero size.
         let p = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = std::ptr::NonNull::new(p)
+        let base = std::ptr::NonNull::new(p)
             .ok_or_else(|| Error::OutOfMemory(format!("cannot allocate {len} bytes")))?;
-        Ok(AlignedBuf { ptr, len })
+        let offset = (BUF_ALIGN - (p as usize) % BUF_ALIGN) % BUF_ALIGN;
+        Ok(AlignedBuf { base, offset, len })
     }
 
     /// Length in bytes.
@@ -195,14 +206,14 @@ impl AlignedBuf {
 
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: ptr is valid for len initialized (zeroed) bytes.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        // SAFETY: base + offset + len lies inside the zeroed allocation.
+        unsafe { std::slice::from_raw_parts(self.base.as_ptr().add(self.offset), self.len) }
     }
 
     /// The bytes, mutable.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as above, and we hold `&mut self`.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr().add(self.offset), self.len) }
     }
 }
 
@@ -210,7 +221,7 @@ impl Drop for AlignedBuf {
     fn drop(&mut self) {
         if let Ok(layout) = Self::layout(self.len) {
             // SAFETY: allocated in `zeroed` with this same layout.
-            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+            unsafe { std::alloc::dealloc(self.base.as_ptr(), layout) };
         }
     }
 }

@@ -25,6 +25,9 @@ export FASTLLM_TEST_MODEL=$PWD/target/test-models/tiny-qwen2.flm
 echo "== C and C++ (header alone, examples, API test under ASan/UBSan)"
 make -s -C bindings/c OUT=$PWD/target/c-build all
 ASAN_OPTIONS=detect_leaks=1 ./target/c-build/api_test "$FASTLLM_TEST_MODEL"
+./target/c-build/generate "$FASTLLM_TEST_MODEL" "Hello" >/dev/null
+printf 'Hi there\nAnd again\n' | ./target/c-build/chat "$FASTLLM_TEST_MODEL" >/dev/null
+./target/c-build/generate /nonexistent/model.flm "Hello" 2>/dev/null && { echo "generate accepted a missing model"; exit 1; }
 
 echo "== install + pkg-config link of the example"
 bash scripts/install.sh "$PWD/target/prefix" >/dev/null

@@ -52,6 +52,8 @@ pub(super) mod avx512 {
     use crate::quant::{Q4_0_BYTES, Q4_1_BYTES, QK};
     use std::arch::x86_64::*;
 
+    /// Software prefetch distance (bytes ahead in each weight row).
+    const PF: usize = 1024;
     /// f16 words (= f32 lanes after widening) of block 0: 128-bit lanes 0 and 2; block 1: 1, 3.
     const W0: __mmask16 = 0x0F0F;
     const W1: __mmask16 = 0xF0F0;
@@ -172,6 +174,9 @@ pub(super) mod avx512 {
                         let x = $act::<$two, MIN>(a, base + b);
                         for (c, (ac, mn)) in acc.iter_mut().zip(mins.iter_mut()).enumerate() {
                             let blk = wp.add(c * rb + b * bytes);
+                            // 4 row streams at once: help the hardware prefetcher (a hint;
+                            // never faults past the end)
+                            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PF) as *const i8);
                             let q = nibbles::<$two>(blk, off, bytes);
                             let p = $dot(x.c, q, x.x);
                             let dw = halves::<$two>(blk, bytes, W0, W1);

@@ -3,7 +3,8 @@
 //!
 //! One file per job: [`float_dot`] (float weight dots, plus the AVX-512 4×4 f32 GEMM tile),
 //! [`quant_dot`] (exact dots with weight blocks dequantized in registers), [`act_quant`]
-//! (activation rows → Q8_0 for `quant_act`), [`int_dot`] (integer block dots), [`int_tile`]
+//! (activation rows → Q8_0 for `quant_act`), [`int_dot`] (integer block dots), [`int_gemv`]
+//! (AVX-512 integer GEMV, 4 weight rows × 1 activation row), [`int_tile`]
 //! (AVX-512 4×4 integer GEMM tiles), `gemm` (column tiling, row blocking, f32 tile conversion
 //! and the split over threads), [`matmul`] (the two f32 matmuls). Each kernel exists as a plain
 //! scalar reference and a fast path chosen at run time (AVX2+FMA+F16C or AVX-512 on x86-64,
@@ -16,6 +17,7 @@ pub mod act_quant;
 pub mod float_dot;
 mod gemm;
 pub mod int_dot;
+pub mod int_gemv;
 pub mod int_tile;
 pub mod matmul;
 pub mod quant_dot;
@@ -278,7 +280,7 @@ pub fn linear(threads: &Threads, a: &LinearArgs, out: &mut [f32]) -> Result<(), 
             let tile = if a.rows >= INT_TILE_MIN_ROWS {
                 int_tile::pick(a.wtype)
             } else {
-                None
+                int_gemv::pick(a.wtype)
             };
             gemm::run(Some(threads), a, rb, gemm::Kernel::Int(f, &q, tile), out);
             Ok(())

@@ -458,3 +458,95 @@ fn int_tile_kernels_match_reference() {
         }
     }
 }
+
+/// The AVX-512 integer GEMV kernels (BW and VNNI) against the per-row reference: awkward `k`
+/// (odd and even block counts) and `n` (weight rows in groups of up to 4, remainders 1..3),
+/// every activation row of a small batch; then `linear` with one row against `linear_ref`.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn int_gemv_kernels_match_reference() {
+    use int_gemv::avx512 as g;
+    let mut variants: Vec<(WeightType, &str, IntRowsFn, IntTileFn)> = Vec::new();
+    if crate::simd::has_avx512() {
+        variants.push((WeightType::Q4_0, "bw", int_dot::rows_q4_0_ref, g::gemv_q4_0));
+        variants.push((WeightType::Q4_1, "bw", int_dot::rows_q4_1_ref, g::gemv_q4_1));
+    }
+    if int_tile::has_vnni() {
+        variants.push((
+            WeightType::Q4_0,
+            "vnni",
+            int_dot::rows_q4_0_ref,
+            g::gemv_q4_0_vnni,
+        ));
+        variants.push((
+            WeightType::Q4_1,
+            "vnni",
+            int_dot::rows_q4_1_ref,
+            g::gemv_q4_1_vnni,
+        ));
+    }
+    if variants.is_empty() {
+        println!("no AVX-512 GEMV kernel on this CPU; skipped");
+    }
+    for (t, name, r, gemv) in variants {
+        for k in [32usize, 96, 4096 + 32] {
+            let rb = t.row_bytes(k).unwrap();
+            let mut q = act_quant::Q8Rows::default();
+            act_quant::quantize_rows_ref(&rand_vec(3 * k, 18), 3, k, &mut q).unwrap();
+            for n in [1usize, 3, 7, 67] {
+                let (w, _) = encode(t, &rand_vec(n * k, 17 + n as u64));
+                for row in 0..3 {
+                    let mut c0 = 0;
+                    while c0 < n {
+                        let cols = (n - c0).min(MAX_ROWS);
+                        let mut got = [[0f32; MAX_ROWS]; MAX_ROWS];
+                        let wt = &w[c0 * rb..(c0 + cols) * rb];
+                        // SAFETY: sizes as in the contract; features checked above.
+                        unsafe { gemv(wt, rb, &q, row, 1, cols, &mut got) };
+                        for (c, gc) in got.iter().enumerate().take(cols) {
+                            let mut want = [0f32; MAX_ROWS];
+                            let j = c0 + c;
+                            // SAFETY: as above.
+                            unsafe { r(&w[j * rb..(j + 1) * rb], &q, row, 1, &mut want) };
+                            let (p, v) = (want[0], gc[0]);
+                            // float sums in another order: error grows with the block count
+                            let tol = 1e-6 * (k / 32) as f32 * (1.0 + p.abs());
+                            assert!(
+                                (p - v).abs() <= tol,
+                                "{} {name} k={k} n={n} row={row} col={j}: {p} vs {v}",
+                                t.name()
+                            );
+                        }
+                        c0 += cols;
+                    }
+                }
+            }
+        }
+    }
+    // end to end: one activation row through `linear` (picks the GEMV kernel where it exists)
+    let threads = Threads::new(2).unwrap();
+    for t in [WeightType::Q4_0, WeightType::Q4_1] {
+        for k in [32usize, 96, 4096 + 32] {
+            for n in [1usize, 3, 7, 67] {
+                let (w, _) = encode(t, &rand_vec(n * k, 19));
+                let x = rand_vec(k, 20);
+                let bias = rand_vec(n, 21);
+                let a = LinearArgs {
+                    x: &x,
+                    rows: 1,
+                    k,
+                    w: &w,
+                    wtype: t,
+                    n,
+                    bias: Some(&bias),
+                    quant_act: true,
+                };
+                let (mut want, mut got) = (vec![0f32; n], vec![0f32; n]);
+                linear_ref(&a, &mut want).unwrap();
+                linear(&threads, &a, &mut got).unwrap();
+                let e = nmse(&got, &want);
+                assert!(e < 1e-10, "{} k={k} n={n}: nmse {e}", t.name());
+            }
+        }
+    }
+}

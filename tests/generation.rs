@@ -18,14 +18,26 @@ fn tiny(arch: &str) -> PathBuf {
     let _g = ONCE.lock().unwrap_or_else(|e| e.into_inner());
     let out = d.join(format!("{arch}.flm"));
     if !out.exists() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny").join(arch);
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../shared/fixtures/tiny")
+            .join(arch);
         convert(&dir, &out, &Default::default(), &mut |_| {}).unwrap();
     }
     out
 }
 
 fn llm(arch: &str, low_memory: bool) -> Arc<Llm> {
-    Arc::new(load(&tiny(arch), &LoadOptions { threads: 2, low_memory, ..Default::default() }).unwrap())
+    Arc::new(
+        load(
+            &tiny(arch),
+            &LoadOptions {
+                threads: 2,
+                low_memory,
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    )
 }
 
 #[test]
@@ -43,9 +55,18 @@ fn eval_sample_reset_and_errors() {
     // the incremental logits equal a one-shot forward of the same tokens
     s.eval(&[4, 5]).unwrap();
     let mut c = m.model.new_cache(8).unwrap();
-    let all = m.model.forward(&mut c, &[1, 2, 3, 4, 5], false).unwrap().to_f32_vec().unwrap();
+    let all = m
+        .model
+        .forward(&mut c, &[1, 2, 3, 4, 5], false)
+        .unwrap()
+        .to_f32_vec()
+        .unwrap();
     let inc = s.logits();
-    let worst = all.iter().zip(inc).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    let worst = all
+        .iter()
+        .zip(inc)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
     assert!(worst < 1e-4, "incremental decode differs by {worst}");
     s.reset().unwrap();
     assert!(s.is_empty() && s.logits().is_empty());
@@ -56,7 +77,12 @@ fn seeds_stops_and_chat() {
     let m = llm("qwen2", false);
     let p = |seed| GenerateParams {
         max_new_tokens: 12,
-        sampling: SamplingParams { temperature: 1.0, top_k: 50, seed, ..Default::default() },
+        sampling: SamplingParams {
+            temperature: 1.0,
+            top_k: 50,
+            seed,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let gen = |params: &GenerateParams| {
@@ -67,16 +93,27 @@ fn seeds_stops_and_chat() {
     assert_eq!(a.tokens, b.tokens, "same seed, same tokens");
     assert_ne!(a.tokens, c.tokens, "another seed, other tokens");
     // stop strings cut the text and are not included; pieces streamed equal the text
-    let greedy = gen(&GenerateParams { max_new_tokens: 12, ..Default::default() });
+    let greedy = gen(&GenerateParams {
+        max_new_tokens: 12,
+        ..Default::default()
+    });
     if greedy.text.chars().count() > 4 {
         let stop: String = greedy.text.chars().skip(2).take(2).collect();
         let mut streamed = String::new();
         let mut s = Session::new(m.clone(), 0).unwrap();
         let g = s
-            .generate("Hello there", &GenerateParams { max_new_tokens: 12, stop: vec![stop.clone()], ..Default::default() }, &mut |_, t| {
-                streamed.push_str(t);
-                true
-            })
+            .generate(
+                "Hello there",
+                &GenerateParams {
+                    max_new_tokens: 12,
+                    stop: vec![stop.clone()],
+                    ..Default::default()
+                },
+                &mut |_, t| {
+                    streamed.push_str(t);
+                    true
+                },
+            )
             .unwrap();
         assert_eq!(g.stop_reason, StopReason::StopString);
         assert!(!g.text.contains(&stop));
@@ -86,21 +123,42 @@ fn seeds_stops_and_chat() {
     // cancellation from the callback
     let mut s = Session::new(m.clone(), 0).unwrap();
     let mut n = 0;
-    let g = s.generate("Hello", &GenerateParams { max_new_tokens: 20, ..Default::default() }, &mut |_, _| {
-        n += 1;
-        n < 3
-    });
+    let g = s.generate(
+        "Hello",
+        &GenerateParams {
+            max_new_tokens: 20,
+            ..Default::default()
+        },
+        &mut |_, _| {
+            n += 1;
+            n < 3
+        },
+    );
     assert_eq!(g.unwrap().stop_reason, StopReason::Cancelled);
     // empty prompt
     let mut s = Session::new(m.clone(), 0).unwrap();
-    assert!(s.generate("", &GenerateParams::default(), &mut |_, _| true).is_err());
+    assert!(s
+        .generate("", &GenerateParams::default(), &mut |_, _| true)
+        .is_err());
     // chat: the second turn reuses the cached prefix
-    let chat = GenerateParams { max_new_tokens: 4, chat: true, system: Some("Be brief.".into()), ..Default::default() };
+    let chat = GenerateParams {
+        max_new_tokens: 4,
+        chat: true,
+        system: Some("Be brief.".into()),
+        ..Default::default()
+    };
     let g1 = s.generate("Hi", &chat, &mut |_, _| true).unwrap();
     let g2 = s.generate("Again", &chat, &mut |_, _| true).unwrap();
-    let rendered = m.render_chat(&[fastllm::generate::ChatMessage::new("user", "x")], true).unwrap();
+    let rendered = m
+        .render_chat(&[fastllm::generate::ChatMessage::new("user", "x")], true)
+        .unwrap();
     assert!(rendered.contains("x"));
-    assert!(g2.prompt_tokens < s.len(), "second turn evaluated {} of {} tokens", g2.prompt_tokens, s.len());
+    assert!(
+        g2.prompt_tokens < s.len(),
+        "second turn evaluated {} of {} tokens",
+        g2.prompt_tokens,
+        s.len()
+    );
     assert!(g1.prompt_tokens > 0);
 }
 
@@ -108,8 +166,18 @@ fn seeds_stops_and_chat() {
 fn low_memory_mode_gives_the_same_logits() {
     let (a, b) = (llm("llama", false), llm("llama", true));
     let ids = [1u32, 50, 60, 70, 80];
-    let la = a.model.forward(&mut a.model.new_cache(8).unwrap(), &ids, true).unwrap().to_f32_vec().unwrap();
-    let lb = b.model.forward(&mut b.model.new_cache(8).unwrap(), &ids, true).unwrap().to_f32_vec().unwrap();
+    let la = a
+        .model
+        .forward(&mut a.model.new_cache(8).unwrap(), &ids, true)
+        .unwrap()
+        .to_f32_vec()
+        .unwrap();
+    let lb = b
+        .model
+        .forward(&mut b.model.new_cache(8).unwrap(), &ids, true)
+        .unwrap()
+        .to_f32_vec()
+        .unwrap();
     assert_eq!(la, lb);
 }
 
@@ -117,7 +185,9 @@ fn low_memory_mode_gives_the_same_logits() {
 fn nan_weights_are_an_error_not_a_token() {
     let m = llm("qwen2", false);
     // rebuild the same model from memory with a poisoned final norm
-    let f = fastllm::format::flm::FlmFile::open(tiny("qwen2"), fastllm::format::flm::LoadMode::Mmap).unwrap();
+    let f =
+        fastllm::format::flm::FlmFile::open(tiny("qwen2"), fastllm::format::flm::LoadMode::Mmap)
+            .unwrap();
     let mut src = MapSource::new();
     for n in f.tensor_names() {
         let mut d = f.tensor(n).unwrap().to_owned_host().unwrap();
@@ -126,9 +196,21 @@ fn nan_weights_are_an_error_not_a_token() {
         }
         src.insert(n, d);
     }
-    let model = Model::new(m.model.config().clone(), Arc::new(src), Executor::cpu(1).unwrap(), Precision::Exact, false).unwrap();
+    let model = Model::new(
+        m.model.config().clone(),
+        Arc::new(src),
+        Executor::cpu(1).unwrap(),
+        Precision::Exact,
+        false,
+    )
+    .unwrap();
     let tokenizer = fastllm::tokenizer::Tokenizer::new(f.tokenizer_spec().clone()).unwrap();
-    let bad = Arc::new(Llm { model, tokenizer, chat_template: m.chat_template.clone(), name: "poisoned".into() });
+    let bad = Arc::new(Llm {
+        model,
+        tokenizer,
+        chat_template: m.chat_template.clone(),
+        name: "poisoned".into(),
+    });
     let mut s = Session::new(bad, 0).unwrap();
     let e = s.eval(&[1, 2]).unwrap_err().to_string();
     assert!(e.contains("NaN"), "{e}");
@@ -140,13 +222,29 @@ fn nan_weights_are_an_error_not_a_token() {
 fn paged_batch_equals_single_sequence_forward() {
     for arch in ["llama", "gemma2", "bloom", "qwen3"] {
         let m = llm(arch, false);
-        let seqs: [&[u32]; 3] = [&[1, 20, 30, 40, 50, 60, 70], &[2, 9], &[3, 33, 44, 55, 66, 77, 88, 99, 111, 122, 133, 144, 155, 166, 177, 188, 199, 210]];
+        let seqs: [&[u32]; 3] = [
+            &[1, 20, 30, 40, 50, 60, 70],
+            &[2, 9],
+            &[
+                3, 33, 44, 55, 66, 77, 88, 99, 111, 122, 133, 144, 155, 166, 177, 188, 199, 210,
+            ],
+        ];
         // reference: each sequence alone, prompt then one decode step
         let mut want = Vec::new();
         for s in seqs {
             let mut c = m.model.new_cache(64).unwrap();
-            let l1 = m.model.forward(&mut c, &s[..s.len() - 1], false).unwrap().to_f32_vec().unwrap();
-            let l2 = m.model.forward(&mut c, &s[s.len() - 1..], false).unwrap().to_f32_vec().unwrap();
+            let l1 = m
+                .model
+                .forward(&mut c, &s[..s.len() - 1], false)
+                .unwrap()
+                .to_f32_vec()
+                .unwrap();
+            let l2 = m
+                .model
+                .forward(&mut c, &s[s.len() - 1..], false)
+                .unwrap()
+                .to_f32_vec()
+                .unwrap();
             want.push((l1, l2));
         }
         let mut pool = PagedKvPool::new(&m.model, 8, 4).unwrap();
@@ -161,12 +259,23 @@ fn paged_batch_equals_single_sequence_forward() {
         ];
         let l = m.model.forward_paged(&mut pool, &mut batch).unwrap();
         // step 2: one decode token each
-        let mut batch2 = vec![(&mut a[0], &seqs[0][seqs[0].len() - 1..]), (&mut b[0], &seqs[1][seqs[1].len() - 1..]), (&mut c[0], &seqs[2][seqs[2].len() - 1..])];
+        let mut batch2 = vec![
+            (&mut a[0], &seqs[0][seqs[0].len() - 1..]),
+            (&mut b[0], &seqs[1][seqs[1].len() - 1..]),
+            (&mut c[0], &seqs[2][seqs[2].len() - 1..]),
+        ];
         let l2 = m.model.forward_paged(&mut pool, &mut batch2).unwrap();
         for i in 0..3 {
             for (got, exp) in [(&l[i], &want[i].0), (&l2[i], &want[i].1)] {
-                let worst = got.iter().zip(exp.iter()).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-                assert!(worst < 1e-4, "{arch} sequence {i}: paged differs by {worst}");
+                let worst = got
+                    .iter()
+                    .zip(exp.iter())
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0f32, f32::max);
+                assert!(
+                    worst < 1e-4,
+                    "{arch} sequence {i}: paged differs by {worst}"
+                );
             }
         }
         // pool accounting: blocks come back
@@ -179,7 +288,11 @@ fn paged_batch_equals_single_sequence_forward() {
         // exhaustion is an error that changes nothing
         let mut big = PagedSeqState::new();
         let long: Vec<u32> = (1..100).collect();
-        let e = m.model.forward_paged(&mut pool, &mut [(&mut big, &long[..])]).unwrap_err().to_string();
+        let e = m
+            .model
+            .forward_paged(&mut pool, &mut [(&mut big, &long[..])])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("blocks"), "{e}");
         assert_eq!(pool.free_blocks(), pool.total_blocks());
     }

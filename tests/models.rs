@@ -252,7 +252,15 @@ fn smollm2_fast_within_llama_cpp_tolerance() {
 #[test]
 fn every_convert_dtype_runs_and_stays_close() {
     // the tiny llama through every --dtype; quantized weights change the logits a little
-    for (dtype, tol) in [("f32", 1e-3), ("f16", 2e-2), ("bf16", 5e-2), ("int8", 5e-2), ("int4", 0.3), ("int4-min", 0.3), ("keep", 1e-3)] {
+    for (dtype, tol) in [
+        ("f32", 1e-3),
+        ("f16", 2e-2),
+        ("bf16", 5e-2),
+        ("int8", 5e-2),
+        ("int4", 0.3),
+        ("int4-min", 0.3),
+        ("keep", 1e-3),
+    ] {
         for precision in [Precision::Exact, Precision::Fast] {
             check_tiny("llama", dtype, precision, tol);
         }

@@ -20,7 +20,13 @@ fn tiny() -> PathBuf {
     let _g = ONCE.lock().unwrap_or_else(|e| e.into_inner());
     let out = tmpdir().join("tiny-qwen2.flm");
     if !out.exists() {
-        fastllm::convert::convert(&fixtures().join("tiny/qwen2"), &out, &Default::default(), &mut |_| {}).unwrap();
+        fastllm::convert::convert(
+            &fixtures().join("tiny/qwen2"),
+            &out,
+            &Default::default(),
+            &mut |_| {},
+        )
+        .unwrap();
     }
     out
 }
@@ -35,7 +41,11 @@ fn fastllm(args: &[&str]) -> Output {
 
 fn ok(args: &[&str]) -> String {
     let o = fastllm(args);
-    assert!(o.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     String::from_utf8(o.stdout).unwrap()
 }
 
@@ -47,29 +57,97 @@ fn fails(args: &[&str], needle: &str) {
     assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
     assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
     let errors: Vec<&str> = err.lines().filter(|l| l.contains("error")).collect();
-    assert_eq!(errors.len(), 1, "{args:?}: expected one error line, got: {err}");
-    assert_eq!(err.lines().last(), Some(errors[0]), "{args:?}: the error must be the last line");
-    assert!(errors[0].contains(needle), "{args:?}: '{}' lacks '{needle}'", errors[0]);
+    assert_eq!(
+        errors.len(),
+        1,
+        "{args:?}: expected one error line, got: {err}"
+    );
+    assert_eq!(
+        err.lines().last(),
+        Some(errors[0]),
+        "{args:?}: the error must be the last line"
+    );
+    assert!(
+        errors[0].contains(needle),
+        "{args:?}: '{}' lacks '{needle}'",
+        errors[0]
+    );
 }
 
 #[test]
 fn subcommands_work() {
     let m = tiny();
     let m = m.to_str().unwrap();
-    let out = ok(&["run", "-m", m, "-p", "Hello world", "-n", "5", "--threads", "2"]);
+    let out = ok(&[
+        "run",
+        "-m",
+        m,
+        "-p",
+        "Hello world",
+        "-n",
+        "5",
+        "--threads",
+        "2",
+    ]);
     assert!(!out.is_empty());
-    ok(&["run", "-m", m, "-p", "Hi", "-n", "3", "--chat", "--system", "Be brief", "--temperature", "0.8", "--top-k", "5", "--top-p", "0.9", "--seed", "3", "--precision", "exact", "--low-memory"]);
+    ok(&[
+        "run",
+        "-m",
+        m,
+        "-p",
+        "Hi",
+        "-n",
+        "3",
+        "--chat",
+        "--system",
+        "Be brief",
+        "--temperature",
+        "0.8",
+        "--top-k",
+        "5",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "3",
+        "--precision",
+        "exact",
+        "--low-memory",
+    ]);
     // tokenize matches the fixture
-    let cases: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixtures().join("tokenizer_tiny_bytelevel-bpe.json")).unwrap()).unwrap();
+    let cases: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("tokenizer_tiny_bytelevel-bpe.json")).unwrap(),
+    )
+    .unwrap();
     let case = &cases["cases"][3];
-    let ids: serde_json::Value = serde_json::from_str(&ok(&["tokenize", "-m", m, "--no-special", case["text"].as_str().unwrap()])).unwrap();
+    let ids: serde_json::Value = serde_json::from_str(&ok(&[
+        "tokenize",
+        "-m",
+        m,
+        "--no-special",
+        case["text"].as_str().unwrap(),
+    ]))
+    .unwrap();
     assert_eq!(ids, case["ids"]);
     let ids: Vec<u64> = serde_json::from_str(&ok(&["tokenize", "-m", m, "Hello world"])).unwrap();
     let csv: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
-    assert_eq!(ok(&["detokenize", "-m", m, &csv.join(",")]), "Hello world\n");
+    assert_eq!(
+        ok(&["detokenize", "-m", m, &csv.join(",")]),
+        "Hello world\n"
+    );
     // logits: one entry per position, top-K sorted
     let bin = tmpdir().join("last.f32");
-    let v: serde_json::Value = serde_json::from_str(&ok(&["logits", "-m", m, "--ids", "1,2,3,4", "--top", "3", "--out", bin.to_str().unwrap()])).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&ok(&[
+        "logits",
+        "-m",
+        m,
+        "--ids",
+        "1,2,3,4",
+        "--top",
+        "3",
+        "--out",
+        bin.to_str().unwrap(),
+    ]))
+    .unwrap();
     assert_eq!(v["ids"].as_array().unwrap().len(), 4);
     assert_eq!(v["positions"].as_array().unwrap().len(), 4);
     let top = v["positions"][3]["top"].as_array().unwrap();
@@ -77,34 +155,132 @@ fn subcommands_work() {
     assert!(top[0][1].as_f64().unwrap() >= top[1][1].as_f64().unwrap());
     assert_eq!(std::fs::metadata(&bin).unwrap().len(), 512 * 4);
     // bench --json
-    let b: serde_json::Value = serde_json::from_str(&ok(&["bench", "-m", m, "-p", "8", "-n", "4", "-r", "1", "--json", "--threads", "1"])).unwrap();
-    for k in ["pp_tok_s", "tg_tok_s", "load_s", "peak_rss_mib", "threads", "model"] {
+    let b: serde_json::Value = serde_json::from_str(&ok(&[
+        "bench",
+        "-m",
+        m,
+        "-p",
+        "8",
+        "-n",
+        "4",
+        "-r",
+        "1",
+        "--json",
+        "--threads",
+        "1",
+    ]))
+    .unwrap();
+    for k in [
+        "pp_tok_s",
+        "tg_tok_s",
+        "load_s",
+        "peak_rss_mib",
+        "threads",
+        "model",
+    ] {
         assert!(!b[k].is_null(), "bench --json lacks {k}: {b}");
     }
     assert!(b["tg_tok_s"].as_f64().unwrap() > 0.0);
     let info = ok(&["info", m]);
-    assert!(info.contains("tensors (26)") && info.contains("memory:"), "{info}");
+    assert!(
+        info.contains("tensors (26)") && info.contains("memory:"),
+        "{info}"
+    );
+}
+
+#[test]
+fn synthetic_bench() {
+    let b: serde_json::Value = serde_json::from_str(&ok(&[
+        "bench",
+        "--synthetic",
+        "qwen2-0.5b",
+        "--dtype",
+        "int4",
+        "-p",
+        "8",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "--json",
+    ]))
+    .unwrap();
+    assert!(b["tg_tok_s"].as_f64().unwrap() > 0.0, "{b}");
+    assert!(b["model"].as_str().unwrap().contains("qwen2-0.5b"), "{b}");
+    let bytes = b["weight_bytes_per_token"].as_f64().unwrap();
+    assert!((2e8..6e8).contains(&bytes), "{b}");
 }
 
 #[test]
 fn user_errors_are_one_line() {
     let m = tiny();
     let m = m.to_str().unwrap();
-    fails(&["run", "-m", "/nonexistent/model.flm", "-p", "x"], "/nonexistent/model.flm");
+    fails(
+        &["run", "-m", "/nonexistent/model.flm", "-p", "x"],
+        "/nonexistent/model.flm",
+    );
     fails(&["run", "-m", m, "-p", ""], "empty prompt");
     fails(&["run", "-m", m, "-p", &"word ".repeat(400)], "context");
     fails(&["run", "-m", m], "-p");
-    fails(&["run", "-m", m, "-p", "x", "--precision", "medium"], "precision");
+    fails(
+        &["run", "-m", m, "-p", "x", "--precision", "medium"],
+        "precision",
+    );
     fails(&["run", "-m", m, "-p", "x", "--device", "tpu"], "device");
     fails(&["run", "-m", m, "-p", "x", "--top-p", "0"], "top_p");
     fails(&["detokenize", "-m", m, "1,99999"], "99999");
+    fails(
+        &[
+            "bench",
+            "--synthetic",
+            "gpt-5",
+            "-p",
+            "8",
+            "-n",
+            "4",
+            "-r",
+            "1",
+        ],
+        "known: llama-3-8b, llama-3.2-1b, qwen2-0.5b",
+    );
+    fails(
+        &[
+            "bench",
+            "--synthetic",
+            "qwen2-0.5b",
+            "--dtype",
+            "int3",
+            "-p",
+            "8",
+            "-n",
+            "4",
+        ],
+        "known: f16, int8, int4",
+    );
+    fails(
+        &[
+            "bench",
+            "--synthetic",
+            "qwen2-0.5b",
+            "-m",
+            m,
+            "-p",
+            "8",
+            "-n",
+            "4",
+        ],
+        "exclusive",
+    );
     fails(&["detokenize", "-m", m, "1,abc"], "abc");
     fails(&["logits", "-m", m, "--ids", "1,512"], "512");
     fails(&["logits", "-m", m], "--prompt");
     // a file that is no model at all
     let junk = tmpdir().join("junk.bin");
     std::fs::write(&junk, b"hello, not a model").unwrap();
-    fails(&["run", "-m", junk.to_str().unwrap(), "-p", "x"], "junk.bin");
+    fails(
+        &["run", "-m", junk.to_str().unwrap(), "-p", "x"],
+        "junk.bin",
+    );
     // a truncated .flm
     let bytes = std::fs::read(tiny()).unwrap();
     let cut = tmpdir().join("cut.flm");
@@ -113,12 +289,25 @@ fn user_errors_are_one_line() {
     // an architecture we do not know
     let dir = tmpdir().join("mamba");
     std::fs::create_dir_all(&dir).unwrap();
-    for f in ["tokenizer.json", "tokenizer_config.json", "model.safetensors.index.json"] {
+    for f in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "model.safetensors.index.json",
+    ] {
         let _ = std::fs::copy(fixtures().join("tiny/qwen2").join(f), dir.join(f));
     }
     let cfg = std::fs::read_to_string(fixtures().join("tiny/llama/config.json")).unwrap();
-    std::fs::write(dir.join("config.json"), cfg.replace("LlamaForCausalLM", "MambaForCausalLM").replace("\"llama\"", "\"mamba\"")).unwrap();
-    std::fs::copy(fixtures().join("tiny/llama/model.safetensors"), dir.join("model.safetensors")).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        cfg.replace("LlamaForCausalLM", "MambaForCausalLM")
+            .replace("\"llama\"", "\"mamba\""),
+    )
+    .unwrap();
+    std::fs::copy(
+        fixtures().join("tiny/llama/model.safetensors"),
+        dir.join("model.safetensors"),
+    )
+    .unwrap();
     let _ = std::fs::remove_file(dir.join("model.safetensors.index.json"));
     fails(&["run", "-m", dir.to_str().unwrap(), "-p", "x"], "mamba");
 }

@@ -32,8 +32,9 @@ fn linear_cases(v: &mut Vec<OpCase>) {
     let mut rng = CaseRng::new(7);
     // (k, n): k a multiple of 32 so every dtype takes it; n odd / not a multiple of anything.
     let block_shapes = [(32usize, 1usize), (96, 7), (160, 67), (576, 129)];
-    // extra k for float weights only (not multiples of the SIMD width)
-    let float_shapes = [(33usize, 7usize), (45, 3), (100, 17)];
+    // extra k for float weights only (not multiples of the SIMD width), and one long row
+    // (1056 = 4·256 + 32) that takes the GPU's unrolled 16-byte f16/bf16 loop and its tail
+    let float_shapes = [(33usize, 7usize), (45, 3), (100, 17), (1056, 3)];
     let dtypes: [DataType; 6] = [F32, F16, BF16, Q8_0, Q4_0, Q4_1];
     for wt in dtypes {
         let mut shapes: Vec<(usize, usize)> = block_shapes.to_vec();

@@ -3,9 +3,11 @@
 
 pub mod arch;
 pub mod config;
+pub mod synthetic;
 pub mod transformer;
 pub mod weights;
 
 pub use config::{ModelConfig, RopeScaling, RopeStyle};
+pub use synthetic::SyntheticSource;
 pub use transformer::{KvCache, KvStore, Model, PagedKvPool, PagedSeqState, Precision};
 pub use weights::{MapSource, WeightSource, Weights};

@@ -123,6 +123,13 @@ enum Cmd {
         /// One JSON object on stdout.
         #[arg(long)]
         json: bool,
+        /// Measure a random-weight model of this shape instead of a file: llama-3-8b,
+        /// llama-3.2-1b or qwen2-0.5b (weights generated on the host, uploaded at load).
+        #[arg(long)]
+        synthetic: Option<String>,
+        /// Weight dtype of a synthetic model: f16, int8 (Q8_0) or int4 (Q4_0).
+        #[arg(long, default_value = "int4")]
+        dtype: String,
     },
     /// Top next-token logits at every position, as JSON.
     Logits {
@@ -359,7 +366,9 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             tg,
             reps,
             json,
-        } => bench(&m, pp, tg, reps, json, t0)?,
+            synthetic,
+            dtype,
+        } => bench(&m, pp, tg, reps, json, synthetic.as_deref(), &dtype, t0)?,
         Cmd::Logits {
             m,
             prompt,
@@ -510,17 +519,82 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-fn bench(m: &ModelArgs, pp: usize, tg: usize, reps: usize, json: bool, t0: Instant) -> Result<()> {
-    let path = fastllm::default_model::resolve(m.model.as_deref())?;
-    let lt = Instant::now();
-    let llm = load_model(m)?;
-    let load_s = lt.elapsed().as_secs_f64();
-    let cfg = llm.model.config().clone();
+/// The model `bench` measures: a file, or a synthetic random-weight model.
+struct BenchModel {
+    model: fastllm::model::Model,
+    name: String,
+    /// Weight bytes read per decoded token (synthetic models only).
+    weight_bytes: Option<usize>,
+}
+
+fn bench_model(m: &ModelArgs, synthetic: Option<&str>, dtype: &str) -> Result<BenchModel> {
+    use fastllm::model::synthetic;
+    let Some(shape) = synthetic else {
+        let path = fastllm::default_model::resolve(m.model.as_deref())?;
+        let llm = load(
+            &path,
+            &LoadOptions {
+                threads: m.threads,
+                device: m.device.clone(),
+                low_memory: m.low_memory,
+                precision: Precision::parse(&m.precision)?,
+            },
+        )?;
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        return Ok(BenchModel {
+            model: llm.model,
+            name,
+            weight_bytes: None,
+        });
+    };
+    if m.model.is_some() {
+        return Err(fastllm::Error::invalid(
+            "--synthetic and -m/--model are exclusive",
+        ));
+    }
+    let cfg = synthetic::config(shape)?;
+    let dt = synthetic::weight_dtype(dtype)?;
+    let src = Arc::new(fastllm::model::SyntheticSource::new(&cfg, dt)?);
+    let weight_bytes = src.weight_bytes_per_token();
+    let exec = fastllm::load::executor_for(&m.device, m.threads)?;
+    let model = fastllm::model::Model::new(
+        cfg,
+        src,
+        exec,
+        Precision::parse(&m.precision)?,
+        m.low_memory,
+    )?;
+    Ok(BenchModel {
+        model,
+        name: format!("{shape}-{dtype} (synthetic)"),
+        weight_bytes: Some(weight_bytes),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bench(
+    m: &ModelArgs,
+    pp: usize,
+    tg: usize,
+    reps: usize,
+    json: bool,
+    synthetic: Option<&str>,
+    dtype: &str,
+    t0: Instant,
+) -> Result<()> {
     if pp == 0 && tg == 0 {
         return Err(fastllm::Error::invalid(
             "nothing to measure: -p and -n are both 0",
         ));
     }
+    let lt = Instant::now();
+    let bm = bench_model(m, synthetic, dtype)?;
+    let load_s = lt.elapsed().as_secs_f64();
+    let model = &bm.model;
+    let cfg = model.config().clone();
     // deterministic pseudo-random prompt tokens, like llama-bench
     let mut x = 0x1234_5678u64;
     let mut tok = || {
@@ -535,28 +609,26 @@ fn bench(m: &ModelArgs, pp: usize, tg: usize, reps: usize, json: bool, t0: Insta
     let mut tg_t = Vec::new();
     // warm-up
     {
-        let mut c = llm.model.new_cache(pp + tg + 2)?;
-        llm.model
-            .forward(&mut c, &prompt[..prompt.len().min(8)], false)?;
+        let mut c = model.new_cache(pp + tg + 2)?;
+        model.forward(&mut c, &prompt[..prompt.len().min(8)], false)?;
     }
     for _ in 0..reps.max(1) {
         if pp > 0 {
-            let mut c = llm.model.new_cache(pp + 1)?;
+            let mut c = model.new_cache(pp + 1)?;
             let t = Instant::now();
-            llm.model.forward(&mut c, &prompt, false)?;
+            model.forward(&mut c, &prompt, false)?;
             pp_t.push(pp as f64 / t.elapsed().as_secs_f64());
         }
         if tg > 0 {
-            let mut c = llm.model.new_cache(tg + 2)?;
+            let mut c = model.new_cache(tg + 2)?;
             let t = Instant::now();
             for &g in &gen {
-                llm.model.forward(&mut c, &[g], false)?;
+                model.forward(&mut c, &[g], false)?;
             }
             tg_t.push(tg as f64 / t.elapsed().as_secs_f64());
         }
     }
-    let threads = llm
-        .model
+    let threads = model
         .executor()
         .devices()
         .first()
@@ -577,18 +649,17 @@ fn bench(m: &ModelArgs, pp: usize, tg: usize, reps: usize, json: bool, t0: Insta
         println!(
             "{}",
             serde_json::json!({
-                "model": path.display().to_string(), "threads": threads, "precision": m.precision,
+                "model": bm.name, "device": m.device, "threads": threads, "precision": m.precision,
+                "weight_bytes_per_token": bm.weight_bytes,
                 "pp": pp, "tg": tg, "reps": reps,
                 "pp_tok_s": pps, "tg_tok_s": tgs, "load_s": load_s, "peak_rss_mib": rss,
+                "tg_weight_gb_s": bm.weight_bytes.map(|b| b as f64 * tgs / 1e9),
             })
         );
     } else {
         println!("| model | threads | precision | test | t/s |");
         println!("|---|---|---|---|---|");
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let name = &bm.name;
         if pp > 0 {
             println!(
                 "| {name} | {threads} | {} | pp{pp} | {pps:.2} |",
@@ -602,6 +673,13 @@ fn bench(m: &ModelArgs, pp: usize, tg: usize, reps: usize, json: bool, t0: Insta
             );
         }
         println!("load {load_s:.3} s, peak RSS {rss:.1} MiB");
+        if let (Some(b), true) = (bm.weight_bytes, tg > 0) {
+            println!(
+                "weights read per token {:.3} GB: {:.1} GB/s at tg",
+                b as f64 / 1e9,
+                b as f64 * tgs / 1e9
+            );
+        }
     }
     Ok(())
 }

@@ -189,6 +189,29 @@ fn subcommands_work() {
 }
 
 #[test]
+fn synthetic_bench() {
+    let b: serde_json::Value = serde_json::from_str(&ok(&[
+        "bench",
+        "--synthetic",
+        "qwen2-0.5b",
+        "--dtype",
+        "int4",
+        "-p",
+        "8",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "--json",
+    ]))
+    .unwrap();
+    assert!(b["tg_tok_s"].as_f64().unwrap() > 0.0, "{b}");
+    assert!(b["model"].as_str().unwrap().contains("qwen2-0.5b"), "{b}");
+    let bytes = b["weight_bytes_per_token"].as_f64().unwrap();
+    assert!((2e8..6e8).contains(&bytes), "{b}");
+}
+
+#[test]
 fn user_errors_are_one_line() {
     let m = tiny();
     let m = m.to_str().unwrap();
@@ -206,6 +229,48 @@ fn user_errors_are_one_line() {
     fails(&["run", "-m", m, "-p", "x", "--device", "tpu"], "device");
     fails(&["run", "-m", m, "-p", "x", "--top-p", "0"], "top_p");
     fails(&["detokenize", "-m", m, "1,99999"], "99999");
+    fails(
+        &[
+            "bench",
+            "--synthetic",
+            "gpt-5",
+            "-p",
+            "8",
+            "-n",
+            "4",
+            "-r",
+            "1",
+        ],
+        "known: llama-3-8b, llama-3.2-1b, qwen2-0.5b",
+    );
+    fails(
+        &[
+            "bench",
+            "--synthetic",
+            "qwen2-0.5b",
+            "--dtype",
+            "int3",
+            "-p",
+            "8",
+            "-n",
+            "4",
+        ],
+        "known: f16, int8, int4",
+    );
+    fails(
+        &[
+            "bench",
+            "--synthetic",
+            "qwen2-0.5b",
+            "-m",
+            m,
+            "-p",
+            "8",
+            "-n",
+            "4",
+        ],
+        "exclusive",
+    );
     fails(&["detokenize", "-m", m, "1,abc"], "abc");
     fails(&["logits", "-m", m, "--ids", "1,512"], "512");
     fails(&["logits", "-m", m], "--prompt");

@@ -1,0 +1,376 @@
+//! Random-weight models of real shapes, for measuring speed at real sizes without weight files
+//! (`fastllm bench --synthetic NAME --dtype f16|int8|int4`).
+//!
+//! [`SyntheticSource`] is a [`WeightSource`] that generates each tensor on the host when it is
+//! asked for, directly in its stored dtype: F16 weights as random half floats, Q8_0 / Q4_0 block
+//! weights as random quants with small random f16 scales, norms as f32 ones. A model built from
+//! it on a GPU executor uploads each tensor once at load, like a file-backed model.
+
+use crate::data::{bytes_for, Data, DataType};
+use crate::error::{Error, Result};
+use crate::model::config::{ModelConfig, RopeScaling, RopeStyle};
+use crate::model::weights::WeightSource;
+use rayon::prelude::*;
+use std::collections::BTreeMap;
+
+/// The known shapes, by name (the names `--synthetic` accepts).
+pub const KNOWN: [&str; 3] = ["llama-3-8b", "llama-3.2-1b", "qwen2-0.5b"];
+
+/// The configuration of the named model shape (one of [`KNOWN`]); an error listing the known
+/// names otherwise.
+pub fn config(name: &str) -> Result<ModelConfig> {
+    let base = ModelConfig {
+        architecture: "llama".into(),
+        vocab_size: 128256,
+        hidden_size: 4096,
+        intermediate_size: 14336,
+        num_layers: 32,
+        num_heads: 32,
+        num_kv_heads: 8,
+        head_dim: 128,
+        context_length: 8192,
+        norm_eps: 1e-5,
+        rope_theta: 500000.0,
+        rope_dim: 128,
+        rope_style: RopeStyle::Neox,
+        rope_scaling: RopeScaling::None,
+        tie_embeddings: false,
+        hidden_act: "silu".into(),
+        attn_logit_softcap: 0.0,
+        final_logit_softcap: 0.0,
+        sliding_window: 0,
+        sliding_layers: Vec::new(),
+        query_pre_attn_scalar: 0.0,
+        bos_id: Some(128000),
+        eos_ids: vec![128001],
+    };
+    match name {
+        "llama-3-8b" => Ok(base),
+        "llama-3.2-1b" => Ok(ModelConfig {
+            hidden_size: 2048,
+            intermediate_size: 8192,
+            num_layers: 16,
+            head_dim: 64,
+            rope_dim: 64,
+            context_length: 131072,
+            rope_scaling: RopeScaling::Llama3 {
+                factor: 32.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_context_length: 8192,
+            },
+            tie_embeddings: true,
+            ..base
+        }),
+        "qwen2-0.5b" => Ok(ModelConfig {
+            architecture: "qwen2".into(),
+            vocab_size: 151936,
+            hidden_size: 896,
+            intermediate_size: 4864,
+            num_layers: 24,
+            num_heads: 14,
+            num_kv_heads: 2,
+            head_dim: 64,
+            rope_dim: 64,
+            context_length: 32768,
+            norm_eps: 1e-6,
+            rope_theta: 1000000.0,
+            tie_embeddings: true,
+            bos_id: None,
+            eos_ids: vec![151643],
+            ..base
+        }),
+        other => Err(Error::invalid(format!(
+            "unknown synthetic model '{other}' (known: {})",
+            KNOWN.join(", ")
+        ))),
+    }
+}
+
+/// The weight dtype of a synthetic model: `f16`, `int8` (Q8_0 blocks) or `int4` (Q4_0 blocks);
+/// an error naming the accepted values otherwise.
+pub fn weight_dtype(name: &str) -> Result<DataType> {
+    match name {
+        "f16" => Ok(DataType::F16),
+        "int8" | "q8_0" => Ok(DataType::Q8_0),
+        "int4" | "q4_0" => Ok(DataType::Q4_0),
+        other => Err(Error::invalid(format!(
+            "unknown synthetic dtype '{other}' (known: f16, int8, int4)"
+        ))),
+    }
+}
+
+/// One tensor to generate.
+#[derive(Clone, Debug)]
+struct Spec {
+    dtype: DataType,
+    dims: Vec<usize>,
+    /// Fill: `None` = random in `dtype`, `Some(v)` = every element `v` (f32 only).
+    fill: Option<f32>,
+    seed: u64,
+}
+
+/// A [`WeightSource`] generating random tensors of a model shape on demand (see the module docs).
+pub struct SyntheticSource {
+    tensors: BTreeMap<String, Spec>,
+    per_token: usize,
+}
+
+impl SyntheticSource {
+    /// The tensors of a Llama/Qwen2-shaped `config` with matrix weights in `dtype` (F16, BF16,
+    /// F32, Q8_0, Q4_0 or Q4_1; `hidden_size` and `intermediate_size` must be multiples of 32
+    /// for block dtypes). Qwen2 gets its q/k/v biases (f32).
+    pub fn new(config: &ModelConfig, dtype: DataType) -> Result<SyntheticSource> {
+        if dtype == DataType::I32 {
+            return Err(Error::invalid("synthetic weights cannot be I32"));
+        }
+        let c = config;
+        let (h, q, kv, f) = (
+            c.hidden_size,
+            c.num_heads * c.head_dim,
+            c.num_kv_heads * c.head_dim,
+            c.intermediate_size,
+        );
+        let mut tensors = BTreeMap::new();
+        let mut seed = 1u64;
+        let mut add = |name: String, dt: DataType, dims: Vec<usize>, fill: Option<f32>| {
+            seed += 1;
+            tensors.insert(
+                name,
+                Spec {
+                    dtype: dt,
+                    dims,
+                    fill,
+                    seed,
+                },
+            );
+        };
+        let f32t = DataType::F32;
+        add(
+            "model.embed_tokens.weight".into(),
+            dtype,
+            vec![c.vocab_size, h],
+            None,
+        );
+        if !c.tie_embeddings {
+            add("lm_head.weight".into(), dtype, vec![c.vocab_size, h], None);
+        }
+        add("model.norm.weight".into(), f32t, vec![h], Some(1.0));
+        for i in 0..c.num_layers {
+            let p = format!("model.layers.{i}.");
+            add(
+                format!("{p}input_layernorm.weight"),
+                f32t,
+                vec![h],
+                Some(1.0),
+            );
+            add(
+                format!("{p}post_attention_layernorm.weight"),
+                f32t,
+                vec![h],
+                Some(1.0),
+            );
+            for (n, out, inp) in [
+                ("self_attn.q_proj", q, h),
+                ("self_attn.k_proj", kv, h),
+                ("self_attn.v_proj", kv, h),
+                ("self_attn.o_proj", h, q),
+                ("mlp.gate_proj", f, h),
+                ("mlp.up_proj", f, h),
+                ("mlp.down_proj", h, f),
+            ] {
+                add(format!("{p}{n}.weight"), dtype, vec![out, inp], None);
+            }
+            if c.architecture == "qwen2" {
+                for (n, out) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
+                    add(format!("{p}self_attn.{n}.bias"), f32t, vec![out], None);
+                }
+            }
+        }
+        let mut per_token = 0usize;
+        for (name, s) in &tensors {
+            let b = bytes_for(s.dtype, &s.dims).map_err(|e| {
+                Error::invalid(format!("synthetic tensor '{name}' {:?}: {e}", s.dims))
+            })?;
+            // Every weight is read once per decoded token, except the embedding, of which one
+            // row is read (unless it doubles as the LM head).
+            if name != "model.embed_tokens.weight" || c.tie_embeddings {
+                per_token += b;
+            }
+        }
+        Ok(SyntheticSource { tensors, per_token })
+    }
+
+    /// Bytes of weights read per decoded token (every matrix once; the embedding only when it is
+    /// also the LM head): the numerator of the memory-bandwidth bound on decode speed.
+    pub fn weight_bytes_per_token(&self) -> usize {
+        self.per_token
+    }
+
+    /// Bytes of all tensors.
+    pub fn total_bytes(&self) -> usize {
+        self.tensors
+            .values()
+            .map(|s| bytes_for(s.dtype, &s.dims).unwrap_or(0))
+            .sum()
+    }
+}
+
+/// xorshift64* step.
+#[inline]
+fn next(x: &mut u64) -> u64 {
+    *x ^= *x >> 12;
+    *x ^= *x << 25;
+    *x ^= *x >> 27;
+    x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+}
+
+/// A random f16 of magnitude 2^-9 .. 2^-6 (about 0.002 .. 0.03) with a random sign.
+#[inline]
+fn rand_f16_bits(r: u64) -> u16 {
+    let sign = ((r >> 15) & 1) as u16;
+    let exp = 6 + ((r >> 10) & 3) as u16; // biased exponent 6..9
+    (sign << 15) | (exp << 10) | (r & 0x3ff) as u16
+}
+
+/// Fills `bytes` with random values of `dtype`, in parallel chunks seeded from `seed`.
+fn fill_random(dtype: DataType, bytes: &mut [u8], seed: u64) {
+    // Chunk sizes are whole elements / blocks of every dtype (34 = Q8_0, 18 = Q4_0, 20 = Q4_1).
+    let unit = match dtype {
+        DataType::Q8_0 => 34,
+        DataType::Q4_0 => 18,
+        DataType::Q4_1 => 20,
+        _ => 4,
+    };
+    let chunk = unit * 16384;
+    bytes
+        .par_chunks_mut(chunk)
+        .enumerate()
+        .for_each(|(ci, out)| {
+            let mut x = seed
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                .wrapping_add(ci as u64 + 1)
+                | 1;
+            match dtype {
+                DataType::F16 | DataType::BF16 => {
+                    for w in out.chunks_exact_mut(8) {
+                        let r = next(&mut x);
+                        for (j, e) in w.chunks_exact_mut(2).enumerate() {
+                            let mut v = rand_f16_bits(r >> (16 * j));
+                            if dtype == DataType::BF16 {
+                                // Same magnitude range in bf16: rebias the exponent.
+                                let f = half::f16::from_bits(v).to_f32();
+                                v = half::bf16::from_f32(f).to_bits();
+                            }
+                            e.copy_from_slice(&v.to_le_bytes());
+                        }
+                    }
+                    let rest = out.len() / 8 * 8;
+                    for e in out[rest..].chunks_exact_mut(2) {
+                        e.copy_from_slice(&rand_f16_bits(next(&mut x)).to_le_bytes());
+                    }
+                }
+                DataType::F32 => {
+                    for e in out.chunks_exact_mut(4) {
+                        let r = next(&mut x);
+                        let v = ((r >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.04;
+                        e.copy_from_slice(&v.to_le_bytes());
+                    }
+                }
+                _ => {
+                    // Block dtypes: random quant bytes, then a small f16 scale (and min) per block.
+                    for b in out.chunks_exact_mut(unit) {
+                        for q in b.chunks_mut(8) {
+                            let r = next(&mut x).to_le_bytes();
+                            q.copy_from_slice(&r[..q.len()]);
+                        }
+                        let r = next(&mut x);
+                        let scale = half::f16::from_f32(0.001 + (r & 0xffff) as f32 * 3e-8);
+                        b[..2].copy_from_slice(&scale.to_bits().to_le_bytes());
+                        if dtype == DataType::Q4_1 {
+                            let min = half::f16::from_f32(-8.0 * scale.to_f32());
+                            b[2..4].copy_from_slice(&min.to_bits().to_le_bytes());
+                        }
+                    }
+                }
+            }
+        });
+}
+
+impl WeightSource for SyntheticSource {
+    fn tensor(&self, name: &str) -> Result<Data> {
+        let s = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| Error::Unsupported(format!("synthetic model has no tensor '{name}'")))?;
+        let mut d = Data::zeros(s.dtype, &s.dims)?;
+        match s.fill {
+            Some(v) => {
+                for e in d.as_f32_mut()? {
+                    *e = v;
+                }
+            }
+            None => fill_random(s.dtype, d.bytes_mut()?, s.seed),
+        }
+        Ok(d)
+    }
+    fn has(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+    fn names(&self) -> Vec<String> {
+        self.tensors.keys().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_and_errors() {
+        for n in KNOWN {
+            let c = config(n).unwrap();
+            for dt in ["f16", "int8", "int4"] {
+                let s = SyntheticSource::new(&c, weight_dtype(dt).unwrap()).unwrap();
+                assert!(s.weight_bytes_per_token() <= s.total_bytes());
+            }
+        }
+        let e = config("gpt-5").unwrap_err().to_string();
+        assert!(e.contains("gpt-5") && e.contains("llama-3-8b"), "{e}");
+        assert!(weight_dtype("int3")
+            .unwrap_err()
+            .to_string()
+            .contains("int4"));
+        // llama-3-8b in f16: ~16 GB read per token
+        let s = SyntheticSource::new(&config("llama-3-8b").unwrap(), DataType::F16).unwrap();
+        let gb = s.weight_bytes_per_token() as f64 / 1e9;
+        assert!((14.0..16.5).contains(&gb), "{gb}");
+    }
+
+    #[test]
+    fn random_values_are_finite_and_small() {
+        let c = ModelConfig {
+            num_layers: 1,
+            vocab_size: 64,
+            hidden_size: 64,
+            intermediate_size: 64,
+            num_heads: 2,
+            num_kv_heads: 1,
+            head_dim: 32,
+            rope_dim: 32,
+            ..config("qwen2-0.5b").unwrap()
+        };
+        for dt in [
+            DataType::F16,
+            DataType::Q8_0,
+            DataType::Q4_0,
+            DataType::Q4_1,
+        ] {
+            let s = SyntheticSource::new(&c, dt).unwrap();
+            let v = s.tensor("model.layers.0.mlp.up_proj.weight").unwrap();
+            let f = v.to_f32_vec().unwrap();
+            assert!(f.iter().all(|x| x.is_finite() && x.abs() < 0.5), "{dt:?}");
+            assert!(f.iter().any(|x| *x != 0.0));
+        }
+    }
+}

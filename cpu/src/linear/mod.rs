@@ -38,6 +38,13 @@ pub const INT_TILE_MIN_ROWS: usize = 2;
 /// conversion is then amortized over all rows) on the fast path.
 pub const GEMM_MIN_ROWS: usize = 8;
 
+/// Largest weight matrix (bytes) for which a 1-row integer `Linear` uses the AVX-512 GEMV
+/// ([`int_gemv`], 4 weight rows per step). It wins while the weights stay in the 32 MiB L3
+/// between calls (4096×4096 Q4: 164–177 µs vs 239–257 µs for the one-row-stream kernel), but
+/// streaming from DRAM its four interleaved row streams lose to the sequential single stream
+/// (14336×4096 Q4_0: best 974 vs 873 µs; `docs/perf.md`), so larger matrices keep [`int_dot`].
+pub const INT_GEMV_MAX_BYTES: usize = 16 << 20;
+
 /// A float-activation dot kernel: `out[r] = Σ_i w[i] · x[r*k + i]` for `r < rows`, where `w` is
 /// one weight row of `k` elements in the kernel's dtype (raw bytes).
 ///
@@ -279,8 +286,10 @@ pub fn linear(threads: &Threads, a: &LinearArgs, out: &mut [f32]) -> Result<(), 
             act_quant::quantize_rows(a.x, a.rows, a.k, &mut q)?;
             let tile = if a.rows >= INT_TILE_MIN_ROWS {
                 int_tile::pick(a.wtype)
-            } else {
+            } else if a.w.len() <= INT_GEMV_MAX_BYTES {
                 int_gemv::pick(a.wtype)
+            } else {
+                None
             };
             gemm::run(Some(threads), a, rb, gemm::Kernel::Int(f, &q, tile), out);
             Ok(())

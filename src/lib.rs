@@ -18,6 +18,7 @@ pub mod harness;
 pub mod load;
 pub mod model;
 pub mod ops;
+pub mod parallel;
 pub mod tokenizer;
 
 pub use data::{Data, DataType, DeviceKind};

@@ -19,6 +19,7 @@ mod embedding;
 pub mod gpu;
 pub mod kernels;
 mod linear;
+pub mod nccl;
 mod norm;
 mod paged;
 mod rope;

@@ -1,0 +1,175 @@
+//! NCCL through cudarc (loaded at run time like the rest of CUDA): the communicator of one rank
+//! of a tensor-parallel group, as a [`Collective`] whose all-reduce is enqueued on the rank's
+//! GPU stream (the same in-order stream the operators use, so no extra synchronisation).
+//!
+//! A group is created from an [`NcclId`] (NCCL's `ncclUniqueId`, 128 bytes): one rank makes it
+//! with [`NcclId::new`], every rank passes it to [`NcclComm::new`] with its rank number. Within
+//! one process the id is simply shared between the rank threads. Across hosts, rank 0 sends
+//! [`NcclId::to_bytes`] to the other processes out of band (a file on shared storage, a TCP
+//! socket, an environment variable in hex, MPI broadcast) and they rebuild it with
+//! [`NcclId::from_bytes`]; NCCL then connects the ranks itself (set `NCCL_SOCKET_IFNAME` to the
+//! interface the hosts reach each other on).
+
+use super::buffer::dptr;
+use super::gpu::Gpu;
+use crate::data::{Data, DataType};
+use crate::error::{Error, Result};
+use crate::parallel::Collective;
+use cudarc::nccl::{result as nres, sys as nsys};
+use std::sync::{Arc, Mutex};
+
+fn nccl_err(what: &str, e: impl std::fmt::Debug) -> Error {
+    Error::Device(format!("NCCL {what}: {e:?}"))
+}
+
+/// Checks that the NCCL library can be loaded; the `Err` says how to provide it.
+pub fn probe() -> Result<()> {
+    // SAFETY: only tries to dlopen libnccl.
+    if unsafe { nsys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err(Error::Device(
+            "tensor parallelism needs NCCL, but libnccl.so could not be loaded (install NCCL, or \
+             put a directory holding libnccl.so on LD_LIBRARY_PATH; pip's nvidia-nccl ships \
+             libnccl.so.2: link it as libnccl.so)"
+                .into(),
+        ))
+    }
+}
+
+/// The NCCL version as `major*10000 + minor*100 + patch` (after [`probe`]).
+pub fn version() -> Result<i32> {
+    probe()?;
+    nres::get_nccl_version().map_err(|e| nccl_err("version", e))
+}
+
+/// A group's rendezvous id (`ncclUniqueId`).
+#[derive(Clone, Copy)]
+pub struct NcclId {
+    id: nsys::ncclUniqueId,
+}
+
+impl NcclId {
+    /// A fresh id (made by one rank, then shared with the others).
+    pub fn new() -> Result<NcclId> {
+        probe()?;
+        let id = nres::get_uniqueid().map_err(|e| nccl_err("get unique id", e))?;
+        Ok(NcclId { id })
+    }
+
+    /// The id's 128 bytes, to send to ranks in other processes.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        self.id.internal.iter().map(|&c| c as u8).collect()
+    }
+
+    /// An id rebuilt from [`NcclId::to_bytes`].
+    pub fn from_bytes(b: &[u8]) -> Result<NcclId> {
+        let mut internal = [0 as ::core::ffi::c_char; 128];
+        if b.len() != internal.len() {
+            return Err(Error::invalid(format!(
+                "an NCCL unique id has 128 bytes, got {}",
+                b.len()
+            )));
+        }
+        for (d, &s) in internal.iter_mut().zip(b) {
+            *d = s as ::core::ffi::c_char;
+        }
+        Ok(NcclId {
+            id: nsys::ncclUniqueId { internal },
+        })
+    }
+}
+
+struct CommPtr(nsys::ncclComm_t);
+// SAFETY: an NCCL communicator may be used from any thread as long as calls on it are not
+// concurrent; every use goes through the Mutex in `NcclComm`.
+unsafe impl Send for CommPtr {}
+
+/// One rank's NCCL communicator, bound to that rank's GPU and stream.
+pub struct NcclComm {
+    comm: Mutex<CommPtr>,
+    gpu: Arc<Gpu>,
+    rank: usize,
+    world: usize,
+}
+
+impl NcclComm {
+    /// Joins the group `id` as `rank` of `world` on `gpu`. Blocks until every rank has joined,
+    /// so the ranks of one process must call it from different threads.
+    pub fn new(gpu: &Arc<Gpu>, id: &NcclId, rank: usize, world: usize) -> Result<NcclComm> {
+        probe()?;
+        if rank >= world {
+            return Err(Error::invalid(format!("NCCL rank {rank} of {world}")));
+        }
+        gpu.bind()?;
+        let mut comm: nsys::ncclComm_t = std::ptr::null_mut();
+        let nranks = i32::try_from(world).map_err(|_| Error::invalid("NCCL world too large"))?;
+        // SAFETY: `comm` is a valid out-pointer; the id comes from ncclGetUniqueId.
+        unsafe { nres::comm_init_rank(&mut comm, nranks, id.id, rank as i32) }
+            .map_err(|e| nccl_err(&format!("init rank {rank} of {world}"), e))?;
+        Ok(NcclComm {
+            comm: Mutex::new(CommPtr(comm)),
+            gpu: gpu.clone(),
+            rank,
+            world,
+        })
+    }
+}
+
+impl Drop for NcclComm {
+    fn drop(&mut self) {
+        if let Ok(c) = self.comm.lock() {
+            if !c.0.is_null() {
+                let _ = self.gpu.bind();
+                // SAFETY: the communicator is valid and no longer used.
+                let _ = unsafe { nres::comm_destroy(c.0) };
+            }
+        }
+    }
+}
+
+impl Collective for NcclComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world(&self) -> usize {
+        self.world
+    }
+    fn all_reduce_sum(&self, x: &mut Data) -> Result<()> {
+        if x.dtype() != DataType::F32 || !x.is_contiguous() {
+            return Err(Error::invalid(format!(
+                "NCCL all-reduce needs a contiguous F32 tensor, got {x:?}"
+            )));
+        }
+        if x.device() != crate::data::DeviceKind::Cuda(self.gpu.ordinal()) {
+            // Produced by a fallback device: copy it onto this rank's GPU first.
+            let host = x.to_owned_host()?;
+            let mut up = super::buffer::alloc_data(&self.gpu, DataType::F32, x.dims(), x.dims())?;
+            self.gpu.htod(host.bytes()?, dptr(&up, "all-reduce")?)?;
+            up.name = std::mem::take(&mut x.name);
+            *x = up;
+        }
+        let p = dptr(x, "all-reduce")?;
+        let c = self
+            .comm
+            .lock()
+            .map_err(|_| Error::Device("NCCL comm poisoned".into()))?;
+        self.gpu.bind()?;
+        let stream = self.gpu.stream().cu_stream() as nsys::cudaStream_t;
+        // SAFETY: `p` addresses `x.count()` f32 on this rank's GPU, alive for the call; the
+        // reduction is in place and enqueued on the stream that produced `x`.
+        unsafe {
+            nres::all_reduce(
+                p as *const ::core::ffi::c_void,
+                p as *mut ::core::ffi::c_void,
+                x.count(),
+                nsys::ncclDataType_t::ncclFloat32,
+                nsys::ncclRedOp_t::ncclSum,
+                c.0,
+                stream,
+            )
+        }
+        .map_err(|e| nccl_err("all-reduce", e))?;
+        Ok(())
+    }
+}

@@ -16,7 +16,7 @@ use std::sync::Arc;
 pub struct LoadOptions {
     /// CPU threads (0 = all cores).
     pub threads: usize,
-    /// `cpu`, `cuda`, `cuda:N`.
+    /// `cpu`, `cuda`, `cuda:N`, or `cuda:0,1[,...]` (tensor parallelism over those GPUs).
     pub device: String,
     /// Low-memory mode: weights read from disk right before use.
     pub low_memory: bool,
@@ -81,6 +81,31 @@ fn cuda_executor(d: &str, _threads: usize) -> Result<Executor> {
     )))
 }
 
+/// Builds a model of `config` over `source` on `device`: `cpu`, `cuda`, `cuda:N`, or a
+/// tensor-parallel group of GPUs `cuda:0,1[,...]` (one rank per GPU, NCCL all-reduces; see
+/// `model::tensor_parallel`).
+pub fn model_for(
+    config: crate::model::ModelConfig,
+    source: Arc<dyn WeightSource>,
+    device: &str,
+    threads: usize,
+    precision: Precision,
+    low_memory: bool,
+) -> Result<Model> {
+    match crate::parallel::parse_gpu_group(device, 0)? {
+        Some(gpus) => crate::model::tensor_parallel::cuda_group(
+            config, source, &gpus, threads, precision, low_memory,
+        ),
+        None => Model::new(
+            config,
+            source,
+            executor_for(device, threads)?,
+            precision,
+            low_memory,
+        ),
+    }
+}
+
 /// Loads a `.flm` file.
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<Llm> {
     let mode = if opts.low_memory {
@@ -99,11 +124,11 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Llm> {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let exec = executor_for(&opts.device, opts.threads)?;
-    let model = Model::new(
+    let model = model_for(
         config,
         Arc::new(file),
-        exec,
+        &opts.device,
+        opts.threads,
         opts.precision,
         opts.low_memory,
     )?;

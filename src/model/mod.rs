@@ -4,6 +4,7 @@
 pub mod arch;
 pub mod config;
 pub mod synthetic;
+pub mod tensor_parallel;
 pub mod transformer;
 pub mod weights;
 

@@ -4,6 +4,7 @@
 
 use super::arch::{self, ArchSpec, Mlp, NormKind, Positions, Qkv};
 use super::config::{ModelConfig, RopeScaling, RopeStyle};
+use super::tensor_parallel::{RankTp, RemoteCache, TpGroup};
 use super::weights::{WeightSource, Weights, W};
 use crate::data::{Data, DataType, DeviceKind};
 use crate::device::{DataDict, FloatDict, IntDict};
@@ -43,6 +44,8 @@ pub struct KvCache {
     len: usize,
     cap: usize,
     scratch: Scratch,
+    /// Set when the cache lives on the ranks of a tensor-parallel group.
+    remote: Option<RemoteCache>,
 }
 
 impl KvCache {
@@ -60,6 +63,9 @@ impl KvCache {
     }
     /// Forgets every cached token (keeps the allocations).
     pub fn clear(&mut self) -> Result<()> {
+        if let Some(r) = &self.remote {
+            r.truncate(0)?;
+        }
         for d in self.k.iter_mut().chain(self.v.iter_mut()) {
             d.set_len(0, 0)?;
         }
@@ -69,6 +75,9 @@ impl KvCache {
     /// Drops cached tokens beyond `len` (e.g. to rewind to a shared prefix).
     pub fn truncate(&mut self, len: usize) -> Result<()> {
         if len < self.len {
+            if let Some(r) = &self.remote {
+                r.truncate(len)?;
+            }
             for d in self.k.iter_mut().chain(self.v.iter_mut()) {
                 d.set_len(0, len)?;
             }
@@ -104,6 +113,10 @@ pub struct Model {
     precision: Precision,
     inv_freq: Option<Data>,
     alibi: Option<Data>,
+    /// Set on a rank of a tensor-parallel group: its all-reduces.
+    tp: Option<RankTp>,
+    /// Set on the driver of a tensor-parallel group: the ranks that run it.
+    group: Option<Arc<TpGroup>>,
 }
 
 fn bad(msg: impl std::fmt::Display) -> Error {
@@ -182,6 +195,7 @@ impl Model {
             .first()
             .filter(|d| d.kind() != DeviceKind::Cpu)
         {
+            check_memory_cap(&weights, dev.name())?;
             weights.upload_to(dev.as_ref())?;
             for t in [&mut inv_freq, &mut alibi].into_iter().flatten() {
                 *t = dev.upload(t)?;
@@ -195,7 +209,64 @@ impl Model {
             precision,
             inv_freq,
             alibi,
+            tp: None,
+            group: None,
         })
+    }
+
+    /// Makes this model (built over a rank's shard) a rank of a tensor-parallel group.
+    pub(crate) fn into_rank(mut self, tp: RankTp) -> Result<Model> {
+        if let Some(a) = &self.alibi {
+            let (n, first) = tp.alibi_heads;
+            let all = alibi_slopes(n);
+            let mine = all
+                .get(first..first + self.config.num_heads)
+                .ok_or_else(|| Error::invalid("ALiBi heads out of range"))?;
+            let mut d = Data::from_f32(&[mine.len()], mine)?;
+            if a.device() != DeviceKind::Cpu {
+                if let Some(dev) = self.exec.devices().first() {
+                    d = dev.upload(&d)?;
+                }
+            }
+            self.alibi = Some(d);
+        }
+        self.tp = Some(tp);
+        Ok(self)
+    }
+
+    /// The driver of a tensor-parallel group: a model of `config` whose `forward` and
+    /// `new_cache` run on the group's ranks.
+    pub(crate) fn driver(config: ModelConfig, group: Arc<TpGroup>) -> Result<Model> {
+        let spec = arch::lookup(&config.architecture)?;
+        Ok(Model {
+            config,
+            spec,
+            weights: Weights::new(Arc::new(super::weights::MapSource::new()), false)?,
+            exec: Executor::new(),
+            precision: Precision::Exact,
+            inv_freq: None,
+            alibi: None,
+            tp: None,
+            group: Some(group),
+        })
+    }
+
+    /// The number of tensor-parallel ranks running this model (1 for a single device).
+    pub fn tensor_parallel(&self) -> usize {
+        self.group.as_ref().map_or(1, |g| g.plan().world())
+    }
+
+    /// What the ranks of a tensor-parallel model run on (e.g. `cuda:0,1`), `None` otherwise.
+    pub fn tensor_parallel_devices(&self) -> Option<&str> {
+        self.group.as_ref().map(|g| g.label())
+    }
+
+    /// Sums `x` over the ranks when this model is a rank and `on` holds.
+    fn all_reduce(&self, x: &mut Data, on: impl Fn(&RankTp) -> bool) -> Result<()> {
+        match &self.tp {
+            Some(tp) if on(tp) => tp.comm.all_reduce_sum(x),
+            _ => Ok(()),
+        }
     }
 
     /// The configuration.
@@ -222,6 +293,16 @@ impl Model {
         } else {
             max_tokens.min(c.context_length.max(1))
         };
+        if let Some(g) = &self.group {
+            return Ok(KvCache {
+                k: Vec::new(),
+                v: Vec::new(),
+                len: 0,
+                cap,
+                scratch: Scratch::default(),
+                remote: Some(g.new_cache(cap)?),
+            });
+        }
         let mut k = Vec::with_capacity(c.num_layers);
         let mut v = Vec::with_capacity(c.num_layers);
         for _ in 0..c.num_layers {
@@ -238,6 +319,7 @@ impl Model {
             len: 0,
             cap,
             scratch: Scratch::default(),
+            remote: None,
         })
     }
 
@@ -290,10 +372,19 @@ impl Model {
                 cache.len, cache.cap
             )));
         }
+        self.check_tokens(tokens)?;
+        if let Some(g) = &self.group {
+            let r = match &cache.remote {
+                Some(r) if Arc::ptr_eq(r.group(), g) => r,
+                _ => return Err(Error::invalid("KV cache belongs to another model")),
+            };
+            let logits = g.forward(r, cache.len, tokens, all_logits)?;
+            cache.len += s;
+            return Ok(logits);
+        }
         if cache.k.len() != c.num_layers {
             return Err(Error::invalid("KV cache belongs to another model"));
         }
-        self.check_tokens(tokens)?;
         let pos: Vec<i32> = (cache.len..cache.len + s).map(|p| p as i32).collect();
         let rows: Vec<i32> = if all_logits {
             (0..s as i32).collect()
@@ -327,6 +418,9 @@ impl Model {
     ) -> Result<Vec<Vec<f32>>> {
         if batch.is_empty() {
             return Ok(Vec::new());
+        }
+        if self.group.is_some() {
+            return Err(tp_paged_unsupported());
         }
         let c = &self.config;
         if pool.k.len() != c.num_layers || pool.nkv != c.num_kv_heads || pool.head_dim != c.head_dim
@@ -459,6 +553,7 @@ impl Model {
             let w = self.weights.get(&format!("{}.weight", self.spec.embed))?;
             ops::embedding(e, ids, &w, x)?;
         }
+        self.all_reduce(x, |_| true)?; // vocab-parallel embedding
         if self.spec.embed_scale {
             ops::mul(e, x, (c.hidden_size as f32).sqrt(), t0)?;
             std::mem::swap(x, t0);
@@ -557,6 +652,7 @@ impl Model {
             kv.attend(e, i, q, k, v, &ap, a)?;
             a.reshape(&[s, nh * hd])?;
             self.linear(a, &ln(self.spec.o_proj), b)?;
+            self.all_reduce(b, |tp| tp.reduce_attention)?;
             if let Some(n) = self.spec.post_attn_norm {
                 self.norm(b, &ln(n), t0)?;
                 std::mem::swap(b, t0);
@@ -588,6 +684,7 @@ impl Model {
                     self.linear(t1, &ln(dn), b)?;
                 }
             }
+            self.all_reduce(b, |_| true)?; // row-parallel down projection
             if let Some(n) = self.spec.post_ffn_norm {
                 self.norm(b, &ln(n), t0)?;
                 std::mem::swap(b, t0);
@@ -688,6 +785,9 @@ pub struct PagedKvPool {
 impl PagedKvPool {
     /// A pool of `n_blocks` blocks of `block_size` tokens for `model`.
     pub fn new(model: &Model, n_blocks: usize, block_size: usize) -> Result<PagedKvPool> {
+        if model.group.is_some() {
+            return Err(tp_paged_unsupported());
+        }
         let c = model.config();
         if n_blocks == 0 || block_size == 0 {
             return Err(Error::invalid(
@@ -829,6 +929,39 @@ impl KvStore for PagedStep<'_> {
                 .with("sliding_window", p.sliding_window as i32),
         )
     }
+}
+
+fn tp_paged_unsupported() -> Error {
+    Error::Unsupported(
+        "the paged KV cache (serving, batched decoding) does not run on tensor-parallel \
+         groups yet; use one device"
+            .into(),
+    )
+}
+
+/// The per-GPU memory cap in bytes, from `FASTLLM_GPU_MEMORY_CAP_MB` (unset or 0: none).
+pub fn gpu_memory_cap() -> Option<usize> {
+    std::env::var("FASTLLM_GPU_MEMORY_CAP_MB")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&mb| mb > 0)
+        .map(|mb| mb << 20)
+}
+
+/// `Err` when the weights to upload to `device` exceed [`gpu_memory_cap`].
+fn check_memory_cap(w: &Weights, device: &str) -> Result<()> {
+    if let Some(cap) = gpu_memory_cap() {
+        let need = w.resident_bytes();
+        if need > cap {
+            return Err(Error::OutOfMemory(format!(
+                "{device}: the weights need {:.2} GiB, over the per-GPU cap of {:.2} GiB \
+                 (FASTLLM_GPU_MEMORY_CAP_MB); split the model over more GPUs (--tp N)",
+                need as f64 / (1u64 << 30) as f64,
+                cap as f64 / (1u64 << 30) as f64
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Rotary inverse frequencies with scaling applied.

@@ -128,6 +128,14 @@ impl Weights {
         }
     }
 
+    /// Bytes of every resident tensor (what an upload to a device copies).
+    pub fn resident_bytes(&self) -> usize {
+        self.resident
+            .values()
+            .filter_map(|d| crate::data::bytes_for(d.dtype(), d.dims()).ok())
+            .sum()
+    }
+
     /// Stores a derived tensor (kept resident in every mode).
     pub fn set_resident(&mut self, name: &str, d: Data) {
         self.resident.insert(name.to_string(), d);

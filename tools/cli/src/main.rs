@@ -26,9 +26,12 @@ struct ModelArgs {
     /// CPU threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     threads: usize,
-    /// Device: cpu, cuda, cuda:N.
+    /// Device: cpu, cuda, cuda:N, or cuda:0,1[,...] (tensor parallelism over those GPUs).
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// Tensor parallelism over N GPUs (with --device cuda or cuda:K: GPUs K..K+N).
+    #[arg(long, default_value_t = 0)]
+    tp: usize,
     /// Keep weights on disk and read each layer when it runs.
     #[arg(long)]
     low_memory: bool,
@@ -214,10 +217,24 @@ enum Cmd {
     },
 }
 
+/// The device string after `--tp`: `cuda:0,1` for `--device cuda --tp 2`.
+fn device_of(m: &ModelArgs) -> Result<String> {
+    Ok(match fastllm::parallel::parse_gpu_group(&m.device, m.tp)? {
+        Some(g) => format!(
+            "cuda:{}",
+            g.iter()
+                .map(|o| o.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+        None => m.device.clone(),
+    })
+}
+
 fn load_model(m: &ModelArgs) -> Result<Arc<Llm>> {
     let opts = LoadOptions {
         threads: m.threads,
-        device: m.device.clone(),
+        device: device_of(m)?,
         low_memory: m.low_memory,
         precision: Precision::parse(&m.precision)?,
     };
@@ -230,6 +247,7 @@ fn model_only(model: &Option<String>) -> ModelArgs {
         model: model.clone(),
         threads: 1,
         device: "cpu".into(),
+        tp: 0,
         low_memory: false,
         precision: "fast".into(),
     }
@@ -466,7 +484,7 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
                 .unwrap_or_default();
             let opts = LoadOptions {
                 threads: m.threads,
-                device: m.device.clone(),
+                device: device_of(&m)?,
                 low_memory: m.low_memory,
                 precision: Precision::parse(&m.precision)?,
             };
@@ -535,7 +553,7 @@ fn bench_model(m: &ModelArgs, synthetic: Option<&str>, dtype: &str) -> Result<Be
             &path,
             &LoadOptions {
                 threads: m.threads,
-                device: m.device.clone(),
+                device: device_of(m)?,
                 low_memory: m.low_memory,
                 precision: Precision::parse(&m.precision)?,
             },
@@ -559,11 +577,11 @@ fn bench_model(m: &ModelArgs, synthetic: Option<&str>, dtype: &str) -> Result<Be
     let dt = synthetic::weight_dtype(dtype)?;
     let src = Arc::new(fastllm::model::SyntheticSource::new(&cfg, dt)?);
     let weight_bytes = src.weight_bytes_per_token();
-    let exec = fastllm::load::executor_for(&m.device, m.threads)?;
-    let model = fastllm::model::Model::new(
+    let model = fastllm::load::model_for(
         cfg,
         src,
-        exec,
+        &device_of(m)?,
+        m.threads,
         Precision::parse(&m.precision)?,
         m.low_memory,
     )?;
@@ -649,7 +667,8 @@ fn bench(
         println!(
             "{}",
             serde_json::json!({
-                "model": bm.name, "device": m.device, "threads": threads, "precision": m.precision,
+                "model": bm.name, "device": device_of(m)?, "tp": model.tensor_parallel(),
+                "threads": threads, "precision": m.precision,
                 "weight_bytes_per_token": bm.weight_bytes,
                 "pp": pp, "tg": tg, "reps": reps,
                 "pp_tok_s": pps, "tg_tok_s": tgs, "load_s": load_s, "peak_rss_mib": rss,
@@ -659,7 +678,10 @@ fn bench(
     } else {
         println!("| model | threads | precision | test | t/s |");
         println!("|---|---|---|---|---|");
-        let name = &bm.name;
+        let name = &match model.tensor_parallel_devices() {
+            Some(d) => format!("{} [tp={} {d}]", bm.name, model.tensor_parallel()),
+            None => bm.name.clone(),
+        };
         if pp > 0 {
             println!(
                 "| {name} | {threads} | {} | pp{pp} | {pps:.2} |",

@@ -1,0 +1,912 @@
+//! Tensor parallelism (Megatron-style) over a group of ranks, one worker thread per rank.
+//!
+//! * [`ShardPlan`] decides which slice of every tensor each rank holds: q/k/v and gate/up
+//!   column-parallel by whole heads and 32-wide blocks of the MLP; o_proj and down_proj
+//!   row-parallel (their biases on rank 0 only), each followed by a sum all-reduce; the
+//!   embedding vocab-parallel (each rank holds a slice of rows plus one zero row that ids
+//!   outside its slice map to, then an all-reduce); the LM head column-parallel over the vocab
+//!   (the driver concatenates the ranks' logits on the host, where the single-device model also
+//!   returns them); norms replicated. Fused weights (phi3 `qkv_proj` / `gate_up_proj`, GPT-2
+//!   `c_attn`, Bloom's per-head `query_key_value`) are split per component.
+//! * Attention is split by KV-head groups so that every rank keeps whole GQA groups: evenly
+//!   when the KV heads divide by the ranks; unevenly (some ranks get one group more) when there
+//!   are more KV heads than ranks but they do not divide (SmolLM2: 3 KV heads on 2 ranks give 1
+//!   and 2 groups, i.e. 3 and 6 of its 9 query heads); a KV head shared by several ranks when
+//!   the ranks divide by the KV heads (each takes part of the group's query heads); otherwise
+//!   attention is replicated on every rank (no all-reduce after o_proj) and only the MLP and
+//!   the vocabulary are split.
+//! * [`ShardedSource`] is a [`WeightSource`] over the full model's source that hands each rank
+//!   its slices (host copies of just the slice; the `.flm` mapping is never copied whole).
+//! * A rank's [`Model`] is an ordinary model over its local config (its heads, its MLP width,
+//!   its vocabulary slice + 1) with a [`Collective`] for the all-reduces.
+//! * [`TpGroup`] runs the ranks on worker threads; the driver `Model` returned by
+//!   [`cpu_group`] / `cuda_group` forwards `forward` / `new_cache` to them, so generation,
+//!   the CLI, the C API and Python work unchanged on top.
+
+use super::arch::{self, Mlp, Qkv};
+use super::config::ModelConfig;
+use super::transformer::{KvCache, Model, Precision};
+use super::weights::WeightSource;
+use crate::data::Data;
+use crate::error::{Error, Result};
+use crate::executor::Executor;
+use crate::parallel::{Collective, HostCollective};
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// `[n*r/w, n*(r+1)/w)`: rank `r`'s part of `n` items split over `w` ranks.
+fn split(n: usize, w: usize, r: usize) -> Range<usize> {
+    n * r / w..n * (r + 1) / w
+}
+
+fn scale(r: &Range<usize>, k: usize) -> Range<usize> {
+    r.start * k..r.end * k
+}
+
+fn shift(r: &Range<usize>, k: usize) -> Range<usize> {
+    r.start + k..r.end + k
+}
+
+/// How attention is divided between the ranks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AttentionSplit {
+    /// Each rank holds whole KV-head groups (or part of one group's query heads with that KV
+    /// head copied): `heads[r]` query heads and `kv_heads[r]` KV heads, global indices.
+    Heads {
+        /// Query heads per rank.
+        heads: Vec<Range<usize>>,
+        /// KV heads per rank.
+        kv_heads: Vec<Range<usize>>,
+    },
+    /// Every rank computes the whole attention (head counts that cannot be split).
+    Replicated,
+}
+
+/// Which slice of the model each rank of a `world`-rank group holds (see the module docs).
+#[derive(Clone, Debug)]
+pub struct ShardPlan {
+    world: usize,
+    config: ModelConfig,
+    /// The attention split.
+    pub attention: AttentionSplit,
+    /// MLP inner features per rank.
+    pub ffn: Vec<Range<usize>>,
+    /// Vocabulary rows per rank (embedding and LM head).
+    pub vocab: Vec<Range<usize>>,
+}
+
+impl ShardPlan {
+    /// The plan for `config` over `world` ranks; `Err` when a dimension is too small to give
+    /// every rank a part.
+    pub fn new(config: &ModelConfig, world: usize) -> Result<ShardPlan> {
+        let c = config;
+        let spec = arch::lookup(&c.architecture)?;
+        if world == 0 {
+            return Err(Error::invalid("tensor parallelism needs at least one rank"));
+        }
+        let (nh, nkv) = (c.num_heads, c.num_kv_heads);
+        if nkv == 0 || nh == 0 || !nh.is_multiple_of(nkv) {
+            return Err(Error::Unsupported(format!(
+                "{}: {nh} heads not divisible into {nkv} KV heads",
+                c.architecture
+            )));
+        }
+        let group = nh / nkv;
+        let attention = if nkv >= world {
+            let kv: Vec<_> = (0..world).map(|r| split(nkv, world, r)).collect();
+            AttentionSplit::Heads {
+                heads: kv.iter().map(|k| scale(k, group)).collect(),
+                kv_heads: kv,
+            }
+        } else if world.is_multiple_of(nkv) && group.is_multiple_of(world / nkv) {
+            let per = world / nkv;
+            AttentionSplit::Heads {
+                heads: (0..world)
+                    .map(|r| shift(&split(group, per, r % per), (r / per) * group))
+                    .collect(),
+                kv_heads: (0..world).map(|r| r / per..r / per + 1).collect(),
+            }
+        } else {
+            AttentionSplit::Replicated
+        };
+        // Bloom keeps q, k and v of a head together: it needs whole heads, which every split
+        // above gives (it has as many KV heads as heads).
+        if matches!(spec.qkv, Qkv::FusedPerHead(_)) && nh != nkv {
+            return Err(Error::Unsupported(
+                "per-head fused qkv needs as many KV heads as heads".into(),
+            ));
+        }
+        let unit = if c.intermediate_size.is_multiple_of(32) {
+            32
+        } else {
+            1
+        };
+        let units = c.intermediate_size / unit;
+        if units < world {
+            return Err(Error::Unsupported(format!(
+                "MLP width {} too small for {world} ranks",
+                c.intermediate_size
+            )));
+        }
+        if c.vocab_size < world {
+            return Err(Error::Unsupported(format!(
+                "vocabulary {} too small for {world} ranks",
+                c.vocab_size
+            )));
+        }
+        Ok(ShardPlan {
+            world,
+            config: c.clone(),
+            attention,
+            ffn: (0..world)
+                .map(|r| scale(&split(units, world, r), unit))
+                .collect(),
+            vocab: (0..world).map(|r| split(c.vocab_size, world, r)).collect(),
+        })
+    }
+
+    /// Number of ranks.
+    pub fn world(&self) -> usize {
+        self.world
+    }
+
+    /// The full model's configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// True when attention is split (an all-reduce follows o_proj).
+    pub fn splits_attention(&self) -> bool {
+        matches!(self.attention, AttentionSplit::Heads { .. })
+    }
+
+    /// Rank `rank`'s query and KV heads (global indices).
+    pub fn heads(&self, rank: usize) -> (Range<usize>, Range<usize>) {
+        match &self.attention {
+            AttentionSplit::Heads { heads, kv_heads } => (
+                heads.get(rank).cloned().unwrap_or(0..0),
+                kv_heads.get(rank).cloned().unwrap_or(0..0),
+            ),
+            AttentionSplit::Replicated => (0..self.config.num_heads, 0..self.config.num_kv_heads),
+        }
+    }
+
+    /// The configuration rank `rank` runs: its heads, MLP width and vocabulary slice (+1 for
+    /// the zero row of out-of-slice ids).
+    pub fn local_config(&self, rank: usize) -> ModelConfig {
+        let (h, kv) = self.heads(rank);
+        let f = self.ffn.get(rank).cloned().unwrap_or(0..0);
+        let v = self.vocab.get(rank).cloned().unwrap_or(0..0);
+        ModelConfig {
+            num_heads: h.len(),
+            num_kv_heads: kv.len(),
+            intermediate_size: f.len(),
+            vocab_size: v.len() + 1,
+            ..self.config.clone()
+        }
+    }
+
+    /// `tokens` as rank `rank`'s local embedding rows (ids outside its slice → the zero row).
+    pub fn local_ids(&self, rank: usize, tokens: &[u32]) -> Vec<u32> {
+        let v = self.vocab.get(rank).cloned().unwrap_or(0..0);
+        tokens
+            .iter()
+            .map(|&t| {
+                if v.contains(&(t as usize)) {
+                    (t as usize - v.start) as u32
+                } else {
+                    v.len() as u32
+                }
+            })
+            .collect()
+    }
+
+    /// The slicing rules of rank `rank`, by tensor name (tensors not named are replicated).
+    fn rules(&self, rank: usize) -> Result<HashMap<String, Rule>> {
+        let c = &self.config;
+        let spec = arch::lookup(&c.architecture)?;
+        let hd = c.head_dim;
+        let (h, kv) = self.heads(rank);
+        let f = self.ffn.get(rank).cloned().unwrap_or(0..0);
+        let mut m = HashMap::new();
+        let both = |m: &mut HashMap<String, Rule>, n: &str, r: Rule| {
+            m.insert(format!("{n}.bias"), r.clone());
+            m.insert(format!("{n}.weight"), r);
+        };
+        for i in 0..c.num_layers {
+            let ln = |n: &str| format!("{}{i}.{n}", spec.layer_prefix);
+            let row_parallel = |m: &mut HashMap<String, Rule>, n: &str, cols: Range<usize>| {
+                m.insert(format!("{n}.weight"), Rule::Cols(cols));
+                if rank != 0 {
+                    m.insert(format!("{n}.bias"), Rule::Absent);
+                }
+            };
+            if self.splits_attention() {
+                let (qd, kd) = (c.num_heads * hd, c.num_kv_heads * hd);
+                match spec.qkv {
+                    Qkv::Separate(q, k, v) => {
+                        both(&mut m, &ln(q), Rule::Rows(vec![scale(&h, hd)]));
+                        both(&mut m, &ln(k), Rule::Rows(vec![scale(&kv, hd)]));
+                        both(&mut m, &ln(v), Rule::Rows(vec![scale(&kv, hd)]));
+                    }
+                    Qkv::Fused(n) => both(
+                        &mut m,
+                        &ln(n),
+                        Rule::Rows(vec![
+                            scale(&h, hd),
+                            shift(&scale(&kv, hd), qd),
+                            shift(&scale(&kv, hd), qd + kd),
+                        ]),
+                    ),
+                    Qkv::FusedPerHead(n) => {
+                        both(&mut m, &ln(n), Rule::Rows(vec![scale(&h, 3 * hd)]))
+                    }
+                }
+                row_parallel(&mut m, &ln(spec.o_proj), scale(&h, hd));
+            }
+            match spec.mlp {
+                Mlp::Gated(g, u, d) => {
+                    both(&mut m, &ln(g), Rule::Rows(vec![f.clone()]));
+                    both(&mut m, &ln(u), Rule::Rows(vec![f.clone()]));
+                    row_parallel(&mut m, &ln(d), f.clone());
+                }
+                Mlp::GatedFused(gu, d) => {
+                    let inter = c.intermediate_size;
+                    both(
+                        &mut m,
+                        &ln(gu),
+                        Rule::Rows(vec![f.clone(), shift(&f, inter)]),
+                    );
+                    row_parallel(&mut m, &ln(d), f.clone());
+                }
+                Mlp::Plain(u, d) => {
+                    both(&mut m, &ln(u), Rule::Rows(vec![f.clone()]));
+                    row_parallel(&mut m, &ln(d), f.clone());
+                }
+            }
+        }
+        let v = self.vocab.get(rank).cloned().unwrap_or(0..0);
+        m.insert(format!("{}.weight", spec.embed), Rule::EmbedRows(v.clone()));
+        m.insert(format!("{}.weight", spec.lm_head), Rule::Rows(vec![v]));
+        Ok(m)
+    }
+}
+
+/// How one tensor is cut for one rank.
+#[derive(Clone, Debug)]
+enum Rule {
+    /// These rows of dim 0 (elements of a 1-D tensor), concatenated.
+    Rows(Vec<Range<usize>>),
+    /// These columns of a 2-D `[out, in]` weight (row-parallel layers).
+    Cols(Range<usize>),
+    /// These rows plus one zero row (the vocab-parallel embedding).
+    EmbedRows(Range<usize>),
+    /// Not on this rank (a row-parallel layer's bias lives on rank 0).
+    Absent,
+}
+
+fn slice_rows(t: &Data, ranges: &[Range<usize>], zero_row: bool) -> Result<Data> {
+    let dims = t.dims().to_vec();
+    let rows = *dims.first().ok_or_else(|| Error::invalid("a 0-D tensor"))?;
+    let bytes = t.bytes()?;
+    let rb = if dims.len() == 1 {
+        t.dtype().row_bytes(1)?
+    } else {
+        bytes.len() / rows.max(1)
+    };
+    let mut out = Vec::new();
+    let mut n = 0;
+    for r in ranges {
+        if r.end > rows || r.start > r.end {
+            return Err(Error::invalid(format!(
+                "rows {r:?} of a tensor with {rows} rows"
+            )));
+        }
+        out.extend_from_slice(bytes.get(r.start * rb..r.end * rb).unwrap_or(&[]));
+        n += r.len();
+    }
+    if zero_row {
+        out.resize(out.len() + rb, 0);
+        n += 1;
+    }
+    let mut d = dims;
+    d[0] = n;
+    Data::from_bytes(t.dtype(), &d, &out)
+}
+
+fn slice_cols(t: &Data, cols: &Range<usize>) -> Result<Data> {
+    let dims = t.dims();
+    if dims.len() != 2 || cols.end > dims[1] || cols.start > cols.end {
+        return Err(Error::invalid(format!(
+            "columns {cols:?} of a tensor of dims {dims:?}"
+        )));
+    }
+    let dt = t.dtype();
+    let rb = dt.row_bytes(dims[1])?;
+    let (c0, c1) = (dt.row_bytes(cols.start)?, dt.row_bytes(cols.end)?);
+    let bytes = t.bytes()?;
+    let mut out = Vec::with_capacity(dims[0] * (c1 - c0));
+    for row in 0..dims[0] {
+        out.extend_from_slice(bytes.get(row * rb + c0..row * rb + c1).unwrap_or(&[]));
+    }
+    Data::from_bytes(dt, &[dims[0], cols.len()], &out)
+}
+
+/// A rank's view of the full model's tensors: each tensor cut by the [`ShardPlan`].
+pub struct ShardedSource {
+    inner: Arc<dyn WeightSource>,
+    rules: HashMap<String, Rule>,
+}
+
+impl ShardedSource {
+    /// Rank `rank`'s tensors of `inner` under `plan`.
+    pub fn new(inner: Arc<dyn WeightSource>, plan: &ShardPlan, rank: usize) -> Result<Self> {
+        if rank >= plan.world {
+            return Err(Error::invalid(format!(
+                "rank {rank} of a {}-rank plan",
+                plan.world
+            )));
+        }
+        Ok(ShardedSource {
+            inner,
+            rules: plan.rules(rank)?,
+        })
+    }
+}
+
+impl WeightSource for ShardedSource {
+    fn tensor(&self, name: &str) -> Result<Data> {
+        let rule = self.rules.get(name);
+        if matches!(rule, Some(Rule::Absent)) {
+            return Err(Error::Unsupported(format!(
+                "tensor '{name}' is held by rank 0"
+            )));
+        }
+        let t = self.inner.tensor(name)?;
+        let t = if t.is_contiguous() {
+            t
+        } else {
+            t.to_owned_host()?
+        };
+        let r = match rule {
+            None => return Ok(t),
+            Some(Rule::Rows(rs)) => slice_rows(&t, rs, false),
+            Some(Rule::EmbedRows(r)) => slice_rows(&t, std::slice::from_ref(r), true),
+            Some(Rule::Cols(c)) => slice_cols(&t, c),
+            Some(Rule::Absent) => Err(Error::invalid("absent")),
+        };
+        r.map_err(|e| Error::Unsupported(format!("sharding tensor '{name}': {e}")))
+    }
+    fn has(&self, name: &str) -> bool {
+        !matches!(self.rules.get(name), Some(Rule::Absent)) && self.inner.has(name)
+    }
+    fn names(&self) -> Vec<String> {
+        self.inner
+            .names()
+            .into_iter()
+            .filter(|n| !matches!(self.rules.get(n), Some(Rule::Absent)))
+            .collect()
+    }
+}
+
+/// What a rank's model needs to know about its group.
+pub(crate) struct RankTp {
+    /// The all-reduce.
+    pub comm: Arc<dyn Collective>,
+    /// An all-reduce follows o_proj (attention is split).
+    pub reduce_attention: bool,
+    /// ALiBi: (global head count, first local head).
+    pub alibi_heads: (usize, usize),
+}
+
+/// Builds rank `rank`'s model over `exec` (`comm` its communicator).
+pub fn rank_model(
+    plan: &ShardPlan,
+    rank: usize,
+    source: Arc<dyn WeightSource>,
+    exec: Executor,
+    comm: Arc<dyn Collective>,
+    precision: Precision,
+    low_memory: bool,
+) -> Result<Model> {
+    let src = Arc::new(ShardedSource::new(source, plan, rank)?);
+    let m = Model::new(plan.local_config(rank), src, exec, precision, low_memory)?;
+    m.into_rank(RankTp {
+        comm,
+        reduce_attention: plan.splits_attention(),
+        alibi_heads: (plan.config.num_heads, plan.heads(rank).0.start),
+    })
+}
+
+enum Cmd {
+    NewCache {
+        id: u64,
+        cap: usize,
+    },
+    Truncate {
+        id: u64,
+        len: usize,
+    },
+    Free {
+        id: u64,
+    },
+    Forward {
+        id: u64,
+        tokens: Vec<u32>,
+        all: bool,
+    },
+}
+
+/// Logits of one rank: rows, width, values.
+type RankLogits = (usize, usize, Vec<f32>);
+
+enum Reply {
+    Done(Result<()>),
+    Logits(Result<RankLogits>),
+}
+
+struct Link {
+    tx: Sender<Cmd>,
+    rx: Receiver<Reply>,
+}
+
+/// The ranks of a tensor-parallel group, each a worker thread owning its model and its KV
+/// caches, driven in lock step (see the module docs).
+pub struct TpGroup {
+    plan: ShardPlan,
+    links: Mutex<Vec<Link>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    next_id: AtomicU64,
+    label: String,
+}
+
+/// Builds a rank's model inside its worker thread.
+pub type RankBuilder = Box<dyn FnOnce() -> Result<Model> + Send>;
+
+/// `e` with `what: ` in front of its message, same variant (so the status code is kept).
+fn prefixed(what: &str, e: Error) -> Error {
+    match e {
+        Error::InvalidArgument(m) => Error::InvalidArgument(format!("{what}: {m}")),
+        Error::Unsupported(m) => Error::Unsupported(format!("{what}: {m}")),
+        Error::Device(m) => Error::Device(format!("{what}: {m}")),
+        Error::OutOfMemory(m) => Error::OutOfMemory(format!("{what}: {m}")),
+        Error::ContextFull(m) => Error::ContextFull(format!("{what}: {m}")),
+        other => other,
+    }
+}
+
+fn stopped(r: usize) -> Error {
+    Error::Device(format!("tensor-parallel rank {r} stopped"))
+}
+
+fn worker(model: Model, rx: Receiver<Cmd>, tx: Sender<Reply>) {
+    let mut caches: HashMap<u64, KvCache> = HashMap::new();
+    for cmd in rx {
+        let reply = match cmd {
+            Cmd::NewCache { id, cap } => Reply::Done(model.new_cache(cap).map(|c| {
+                caches.insert(id, c);
+            })),
+            Cmd::Truncate { id, len } => Reply::Done(match caches.get_mut(&id) {
+                Some(c) => c.truncate(len),
+                None => Err(Error::invalid(format!("no KV cache {id} on this rank"))),
+            }),
+            Cmd::Free { id } => {
+                caches.remove(&id);
+                continue;
+            }
+            Cmd::Forward { id, tokens, all } => Reply::Logits(match caches.get_mut(&id) {
+                Some(c) => model.forward(c, &tokens, all).and_then(|l| {
+                    let (rows, width) = (l.dim(0), l.dim(-1));
+                    Ok((rows, width, l.to_f32_vec()?))
+                }),
+                None => Err(Error::invalid(format!("no KV cache {id} on this rank"))),
+            }),
+        };
+        if tx.send(reply).is_err() {
+            break;
+        }
+    }
+}
+
+impl TpGroup {
+    /// Starts one worker thread per rank, each building its model with its builder (ranks
+    /// that create an NCCL communicator must run concurrently, hence the threads), and waits
+    /// until every rank is ready.
+    pub fn start(plan: ShardPlan, builders: Vec<RankBuilder>, label: &str) -> Result<TpGroup> {
+        if builders.len() != plan.world {
+            return Err(Error::invalid("one builder per rank"));
+        }
+        let mut links = Vec::new();
+        let mut threads = Vec::new();
+        let mut ready = Vec::new();
+        for (r, b) in builders.into_iter().enumerate() {
+            let (ctx, crx) = channel::<Cmd>();
+            let (rtx, rrx) = channel::<Reply>();
+            let (ok_tx, ok_rx) = channel::<Result<()>>();
+            let h = std::thread::Builder::new()
+                .name(format!("fastllm-tp{r}"))
+                .spawn(move || match b() {
+                    Ok(m) => {
+                        if ok_tx.send(Ok(())).is_ok() {
+                            worker(m, crx, rtx);
+                        }
+                    }
+                    Err(e) => {
+                        let _ = ok_tx.send(Err(e));
+                    }
+                })
+                .map_err(|e| Error::Device(format!("spawning rank {r}: {e}")))?;
+            links.push(Link { tx: ctx, rx: rrx });
+            threads.push(h);
+            ready.push(ok_rx);
+        }
+        let mut first_err = None;
+        for (r, rx) in ready.into_iter().enumerate() {
+            let res = rx.recv().unwrap_or_else(|_| Err(stopped(r)));
+            if let (Err(e), None) = (res, &first_err) {
+                first_err = Some(prefixed(&format!("{label} rank {r}"), e));
+            }
+        }
+        if let Some(e) = first_err {
+            drop(links);
+            for t in threads {
+                let _ = t.join();
+            }
+            return Err(e);
+        }
+        Ok(TpGroup {
+            plan,
+            links: Mutex::new(links),
+            threads: Mutex::new(threads),
+            next_id: AtomicU64::new(1),
+            label: label.to_string(),
+        })
+    }
+
+    /// The plan.
+    pub fn plan(&self) -> &ShardPlan {
+        &self.plan
+    }
+
+    /// What the ranks run on, e.g. `cuda:0,1`.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    fn all(&self, make: impl Fn(usize) -> Cmd) -> Result<Vec<Reply>> {
+        let links = self
+            .links
+            .lock()
+            .map_err(|_| Error::Device("tensor-parallel group poisoned".into()))?;
+        for (r, l) in links.iter().enumerate() {
+            l.tx.send(make(r)).map_err(|_| stopped(r))?;
+        }
+        links
+            .iter()
+            .enumerate()
+            .map(|(r, l)| l.rx.recv().map_err(|_| stopped(r)))
+            .collect()
+    }
+
+    fn done(replies: Vec<Reply>) -> Result<()> {
+        for r in replies {
+            match r {
+                Reply::Done(r) => r?,
+                Reply::Logits(_) => return Err(Error::invalid("unexpected rank reply")),
+            }
+        }
+        Ok(())
+    }
+
+    /// A KV cache of `cap` tokens on every rank.
+    pub(crate) fn new_cache(self: &Arc<Self>, cap: usize) -> Result<RemoteCache> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        Self::done(self.all(|_| Cmd::NewCache { id, cap })?)?;
+        Ok(RemoteCache {
+            group: self.clone(),
+            id,
+        })
+    }
+
+    fn truncate(&self, id: u64, len: usize) -> Result<()> {
+        Self::done(self.all(|_| Cmd::Truncate { id, len })?)
+    }
+
+    fn free(&self, id: u64) {
+        if let Ok(links) = self.links.lock() {
+            for l in links.iter() {
+                let _ = l.tx.send(Cmd::Free { id });
+            }
+        }
+    }
+
+    /// Runs `tokens` on every rank after cache `cache`'s `before` tokens and gathers the
+    /// logits [rows, vocab] on the host. On an error every rank is rewound to `before`.
+    pub(crate) fn forward(
+        &self,
+        cache: &RemoteCache,
+        before: usize,
+        tokens: &[u32],
+        all: bool,
+    ) -> Result<Data> {
+        let id = cache.id;
+        let replies = self.all(|r| Cmd::Forward {
+            id,
+            tokens: self.plan.local_ids(r, tokens),
+            all,
+        })?;
+        let mut parts = Vec::with_capacity(replies.len());
+        let mut err = None;
+        for (r, rep) in replies.into_iter().enumerate() {
+            match rep {
+                Reply::Logits(Ok(p)) => parts.push(p),
+                Reply::Logits(Err(e)) => {
+                    err.get_or_insert(prefixed(&format!("{} rank {r}", self.label), e));
+                }
+                Reply::Done(_) => {
+                    err.get_or_insert(Error::invalid("unexpected rank reply"));
+                }
+            }
+        }
+        if let Some(e) = err {
+            let _ = self.truncate(id, before);
+            return Err(e);
+        }
+        gather_logits(&self.plan, &parts)
+    }
+}
+
+/// Concatenates the ranks' vocabulary slices of the logits (each rank's first
+/// `vocab[r].len()` columns; a tied embedding's zero row adds one column that is dropped).
+fn gather_logits(plan: &ShardPlan, parts: &[RankLogits]) -> Result<Data> {
+    let rows = parts.first().map(|p| p.0).unwrap_or(0);
+    let vocab = plan.config.vocab_size;
+    let mut out = vec![0f32; rows * vocab];
+    let mut col = 0;
+    for (r, (pr, width, v)) in parts.iter().enumerate() {
+        let vl = plan.vocab.get(r).map(|v| v.len()).unwrap_or(0);
+        if *pr != rows || *width < vl || v.len() != pr * width {
+            return Err(Error::invalid(format!(
+                "rank {r} returned logits [{pr}, {width}] for a vocabulary slice of {vl}"
+            )));
+        }
+        for row in 0..rows {
+            out[row * vocab + col..row * vocab + col + vl]
+                .copy_from_slice(&v[row * width..row * width + vl]);
+        }
+        col += vl;
+    }
+    Data::from_f32(&[rows, vocab], &out)
+}
+
+impl Drop for TpGroup {
+    fn drop(&mut self) {
+        if let Ok(mut l) = self.links.lock() {
+            l.clear();
+        }
+        if let Ok(mut t) = self.threads.lock() {
+            for h in t.drain(..) {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+/// A KV cache living on the ranks of a group (the driver's `KvCache` holds one).
+pub(crate) struct RemoteCache {
+    group: Arc<TpGroup>,
+    id: u64,
+}
+
+impl RemoteCache {
+    /// Rewinds every rank's cache to `len` tokens.
+    pub(crate) fn truncate(&self, len: usize) -> Result<()> {
+        self.group.truncate(self.id, len)
+    }
+    /// The group.
+    pub(crate) fn group(&self) -> &Arc<TpGroup> {
+        &self.group
+    }
+}
+
+impl Drop for RemoteCache {
+    fn drop(&mut self) {
+        self.group.free(self.id);
+    }
+}
+
+/// A tensor-parallel model over `world` CPU ranks (threads) whose all-reduce is done on the
+/// host: the same sharding and math as on GPUs, for tests and CI. `threads` per rank.
+pub fn cpu_group(
+    config: ModelConfig,
+    source: Arc<dyn WeightSource>,
+    world: usize,
+    threads: usize,
+    precision: Precision,
+) -> Result<Model> {
+    let plan = ShardPlan::new(&config, world)?;
+    let comms = HostCollective::group(world, Duration::from_secs(600))?;
+    let builders: Vec<RankBuilder> = comms
+        .into_iter()
+        .enumerate()
+        .map(|(r, comm)| {
+            let (plan, source) = (plan.clone(), source.clone());
+            Box::new(move || {
+                let exec = Executor::cpu(threads.max(1))?;
+                rank_model(&plan, r, source, exec, Arc::new(comm), precision, false)
+            }) as RankBuilder
+        })
+        .collect();
+    let group = TpGroup::start(plan, builders, &format!("cpu x{world}"))?;
+    Model::driver(config, Arc::new(group))
+}
+
+/// A tensor-parallel model over the GPUs `ordinals` (one rank each, NCCL all-reduces).
+/// Checks every GPU and NCCL before starting any rank, so a missing one gives a clear `Err`.
+#[cfg(feature = "cuda")]
+pub fn cuda_group(
+    config: ModelConfig,
+    source: Arc<dyn WeightSource>,
+    ordinals: &[u32],
+    threads: usize,
+    precision: Precision,
+    low_memory: bool,
+) -> Result<Model> {
+    use crate::devices::cuda::{gpu, nccl, CudaDevice};
+    let label = format!(
+        "cuda:{}",
+        ordinals
+            .iter()
+            .map(|o| o.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    for &o in ordinals {
+        gpu::probe(o).map_err(|e| prefixed(&label, e))?;
+    }
+    nccl::probe()?;
+    let world = ordinals.len();
+    let plan = ShardPlan::new(&config, world)?;
+    let id = nccl::NcclId::new()?;
+    let builders: Vec<RankBuilder> = ordinals
+        .iter()
+        .enumerate()
+        .map(|(r, &ord)| {
+            let (plan, source) = (plan.clone(), source.clone());
+            Box::new(move || {
+                let dev = CudaDevice::new(ord)?;
+                let comm = nccl::NcclComm::new(dev.gpu(), &id, r, world)?;
+                let mut exec = Executor::new();
+                exec.add_device(Arc::new(dev));
+                exec.add_device(Arc::new(crate::devices::cpu::CpuDevice::new(
+                    if threads == 0 { 2 } else { threads },
+                )?));
+                rank_model(
+                    &plan,
+                    r,
+                    source,
+                    exec,
+                    Arc::new(comm),
+                    precision,
+                    low_memory,
+                )
+            }) as RankBuilder
+        })
+        .collect();
+    let group = TpGroup::start(plan, builders, &label)?;
+    Model::driver(config, Arc::new(group))
+}
+
+/// Without the `cuda` feature a GPU group is an error.
+#[cfg(not(feature = "cuda"))]
+pub fn cuda_group(
+    _config: ModelConfig,
+    _source: Arc<dyn WeightSource>,
+    ordinals: &[u32],
+    _threads: usize,
+    _precision: Precision,
+    _low_memory: bool,
+) -> Result<Model> {
+    Err(Error::Unsupported(format!(
+        "tensor parallelism over {} GPUs: this build has no CUDA support (feature 'cuda')",
+        ordinals.len()
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::DataType;
+    use crate::model::synthetic;
+
+    fn cfg(nh: usize, nkv: usize) -> ModelConfig {
+        ModelConfig {
+            num_heads: nh,
+            num_kv_heads: nkv,
+            ..synthetic::config("llama-3-8b").unwrap()
+        }
+    }
+
+    fn heads(p: &ShardPlan) -> Vec<(Range<usize>, Range<usize>)> {
+        (0..p.world()).map(|r| p.heads(r)).collect()
+    }
+
+    #[test]
+    fn attention_is_split_by_kv_groups() {
+        // even
+        let p = ShardPlan::new(&cfg(32, 8), 2).unwrap();
+        assert_eq!(heads(&p), vec![(0..16, 0..4), (16..32, 4..8)]);
+        // SmolLM2: 9 heads, 3 KV heads over 2 ranks: 1 and 2 groups
+        let p = ShardPlan::new(&cfg(9, 3), 2).unwrap();
+        assert_eq!(heads(&p), vec![(0..3, 0..1), (3..9, 1..3)]);
+        assert_eq!(p.local_config(0).num_heads, 3);
+        assert_eq!(p.local_config(1).num_kv_heads, 2);
+        // one KV head shared by two ranks
+        let p = ShardPlan::new(&cfg(4, 1), 2).unwrap();
+        assert_eq!(heads(&p), vec![(0..2, 0..1), (2..4, 0..1)]);
+        let p = ShardPlan::new(&cfg(8, 2), 4).unwrap();
+        assert_eq!(
+            heads(&p),
+            vec![(0..2, 0..1), (2..4, 0..1), (4..6, 1..2), (6..8, 1..2)]
+        );
+        // cannot split: replicated
+        let p = ShardPlan::new(&cfg(9, 1), 2).unwrap();
+        assert_eq!(p.attention, AttentionSplit::Replicated);
+        assert_eq!(heads(&p), vec![(0..9, 0..1), (0..9, 0..1)]);
+    }
+
+    #[test]
+    fn mlp_and_vocab_ranges_cover_everything_once() {
+        let p = ShardPlan::new(&cfg(32, 8), 3).unwrap();
+        assert_eq!(p.ffn, vec![0..4768, 4768..9536, 9536..14336]);
+        assert!(p.ffn.iter().all(|r| r.start % 32 == 0));
+        assert_eq!(p.vocab[0].start, 0);
+        assert_eq!(p.vocab[2].end, 128256);
+        assert_eq!(p.vocab[0].end, p.vocab[1].start);
+        assert_eq!(p.local_ids(1, &[0, 42752, 42753]), vec![42752, 0, 1]);
+    }
+
+    #[test]
+    fn slices_rows_cols_and_blocks() {
+        let v: Vec<f32> = (0..24).map(|i| i as f32).collect();
+        let t = Data::from_f32(&[4, 6], &v).unwrap();
+        let r = slice_rows(&t, &[1..2, 3..4], true).unwrap();
+        assert_eq!(r.dims(), &[3, 6]);
+        assert_eq!(
+            r.to_f32_vec().unwrap(),
+            [6., 7., 8., 9., 10., 11., 18., 19., 20., 21., 22., 23., 0., 0., 0., 0., 0., 0.]
+        );
+        let c = slice_cols(&t, &(2..4)).unwrap();
+        assert_eq!(
+            c.to_f32_vec().unwrap(),
+            [2., 3., 8., 9., 14., 15., 20., 21.]
+        );
+        let b = Data::from_f32(&[4], &[1., 2., 3., 4.]).unwrap();
+        assert_eq!(
+            slice_rows(&b, std::slice::from_ref(&(2..4)), false)
+                .unwrap()
+                .to_f32_vec()
+                .unwrap(),
+            [3., 4.]
+        );
+        // Q8_0: columns must fall on 32-element blocks
+        let w: Vec<f32> = (0..128).map(|i| (i % 7) as f32 * 0.1).collect();
+        let q = Data::from_bytes(
+            DataType::Q8_0,
+            &[2, 64],
+            &crate::data::encode_from_f32(DataType::Q8_0, &w).unwrap(),
+        )
+        .unwrap();
+        let qc = slice_cols(&q, &(32..64)).unwrap();
+        let full = q.to_f32_vec().unwrap();
+        let part = qc.to_f32_vec().unwrap();
+        assert_eq!(&part[..32], &full[32..64]);
+        assert_eq!(&part[32..], &full[96..128]);
+        assert!(slice_cols(&q, &(16..48)).is_err());
+    }
+}

@@ -216,12 +216,80 @@ fn tp_without_gpus_is_a_clear_error() {
     assert!(e.contains("cuda") && !e.is_empty());
 }
 
+/// Three sequences through the paged pool: prompts of different lengths in one step, then
+/// four batched decode steps, then a sequence released and another started; every logit.
+fn run_paged(m: &Model) -> Vec<f32> {
+    use fastllm::model::{PagedKvPool, PagedSeqState};
+    let vocab = m.config().vocab_size;
+    let mut pool = PagedKvPool::new(m, 16, 4).unwrap();
+    let mut st: Vec<PagedSeqState> = (0..3).map(|_| PagedSeqState::new()).collect();
+    let prompts: Vec<Vec<u32>> = (0..3).map(|i| prompt(vocab, 3 + 2 * i)).collect();
+    let mut out = Vec::new();
+    let mut next: Vec<u32>;
+    {
+        let mut batch: Vec<(&mut PagedSeqState, &[u32])> = st
+            .iter_mut()
+            .zip(&prompts)
+            .map(|(s, p)| (s, p.as_slice()))
+            .collect();
+        let l = m.forward_paged(&mut pool, &mut batch).unwrap();
+        next = l.iter().map(|r| argmax(r)).collect();
+        out.extend(l.into_iter().flatten());
+    }
+    for _ in 0..4 {
+        let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+        let mut batch: Vec<(&mut PagedSeqState, &[u32])> = st
+            .iter_mut()
+            .zip(&toks)
+            .map(|(s, t)| (s, t.as_slice()))
+            .collect();
+        let l = m.forward_paged(&mut pool, &mut batch).unwrap();
+        next = l.iter().map(|r| argmax(r)).collect();
+        out.extend(l.into_iter().flatten());
+    }
+    pool.release(&mut st[1]);
+    let p = prompt(vocab, 5);
+    let mut batch: Vec<(&mut PagedSeqState, &[u32])> = vec![(&mut st[1], p.as_slice())];
+    out.extend(
+        m.forward_paged(&mut pool, &mut batch)
+            .unwrap()
+            .into_iter()
+            .flatten(),
+    );
+    out
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    v.iter()
+        .enumerate()
+        .fold(
+            (0, f32::NEG_INFINITY),
+            |b, (i, &x)| if x > b.1 { (i, x) } else { b },
+        )
+        .0 as u32
+}
+
 #[test]
-fn paged_cache_on_a_group_is_a_clear_error() {
-    let (cfg, src) = open(&tiny_flm("llama", "keep"));
-    let tp = tensor_parallel::cpu_group(cfg, src, 2, 1, Precision::Exact).unwrap();
-    let e = fastllm::model::PagedKvPool::new(&tp, 4, 16).err().unwrap();
-    assert!(e.to_string().contains("tensor-parallel"), "{e}");
+fn cpu_ranks_paged_batches_match_unsharded() {
+    for arch in ["llama", "qwen2", "gemma2", "bloom"] {
+        let (cfg, src) = open(&tiny_flm(arch, "keep"));
+        let single = Model::new(
+            cfg.clone(),
+            src.clone(),
+            fastllm::Executor::cpu(1).unwrap(),
+            Precision::Exact,
+            false,
+        )
+        .unwrap();
+        for world in [2, 3] {
+            let tp =
+                tensor_parallel::cpu_group(cfg.clone(), src.clone(), world, 1, Precision::Exact)
+                    .unwrap();
+            let d = max_diff(&run_paged(&single), &run_paged(&tp));
+            eprintln!("{arch} paged tp={world}: max |Δlogit| = {d:e}");
+            assert!(d <= 1e-4, "{arch} paged tp={world}: {d}");
+        }
+    }
 }
 
 /// Two GPUs and NCCL, or a message saying why not.
@@ -261,7 +329,10 @@ fn compare_gpu(path: &Path, precision: Precision, tol: f32) {
         path.file_name().unwrap_or_default(),
         g1 == g2
     );
+    let dp = max_diff(&run_paged(&one), &run_paged(&two));
+    eprintln!("  paged batch of 3: max |Δlogit| = {dp:e}");
     assert!(d <= tol, "{path:?}: max |Δlogit| {d} > {tol}");
+    assert!(dp <= tol, "{path:?}: paged max |Δlogit| {dp} > {tol}");
     assert_eq!(g1, g2, "{path:?}: greedy tokens differ");
 }
 

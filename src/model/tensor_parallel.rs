@@ -25,7 +25,7 @@
 
 use super::arch::{self, Mlp, Qkv};
 use super::config::ModelConfig;
-use super::transformer::{KvCache, Model, Precision};
+use super::transformer::{KvCache, Model, PagedBatch, PagedKvPool, Precision};
 use super::weights::WeightSource;
 use crate::data::Data;
 use crate::error::{Error, Result};
@@ -440,6 +440,18 @@ enum Cmd {
         tokens: Vec<u32>,
         all: bool,
     },
+    NewPool {
+        id: u64,
+        blocks: usize,
+        block_size: usize,
+    },
+    FreePool {
+        id: u64,
+    },
+    Paged {
+        id: u64,
+        batch: PagedBatch,
+    },
 }
 
 /// Logits of one rank: rows, width, values.
@@ -486,6 +498,11 @@ fn stopped(r: usize) -> Error {
 
 fn worker(model: Model, rx: Receiver<Cmd>, tx: Sender<Reply>) {
     let mut caches: HashMap<u64, KvCache> = HashMap::new();
+    let mut pools: HashMap<u64, PagedKvPool> = HashMap::new();
+    let logits = |l: Data| -> Result<RankLogits> {
+        let (rows, width) = (l.dim(0), l.dim(-1));
+        Ok((rows, width, l.to_f32_vec()?))
+    };
     for cmd in rx {
         let reply = match cmd {
             Cmd::NewCache { id, cap } => Reply::Done(model.new_cache(cap).map(|c| {
@@ -500,11 +517,25 @@ fn worker(model: Model, rx: Receiver<Cmd>, tx: Sender<Reply>) {
                 continue;
             }
             Cmd::Forward { id, tokens, all } => Reply::Logits(match caches.get_mut(&id) {
-                Some(c) => model.forward(c, &tokens, all).and_then(|l| {
-                    let (rows, width) = (l.dim(0), l.dim(-1));
-                    Ok((rows, width, l.to_f32_vec()?))
-                }),
+                Some(c) => model.forward(c, &tokens, all).and_then(logits),
                 None => Err(Error::invalid(format!("no KV cache {id} on this rank"))),
+            }),
+            Cmd::NewPool {
+                id,
+                blocks,
+                block_size,
+            } => Reply::Done(PagedKvPool::new(&model, blocks, block_size).map(|p| {
+                pools.insert(id, p);
+            })),
+            Cmd::FreePool { id } => {
+                pools.remove(&id);
+                continue;
+            }
+            Cmd::Paged { id, batch } => Reply::Logits(match pools.get_mut(&id) {
+                Some(p) => model.paged_step(p, &batch).and_then(logits),
+                None => Err(Error::invalid(format!(
+                    "no paged KV pool {id} on this rank"
+                ))),
             }),
         };
         if tx.send(reply).is_err() {
@@ -617,12 +648,57 @@ impl TpGroup {
         Self::done(self.all(|_| Cmd::Truncate { id, len })?)
     }
 
-    fn free(&self, id: u64) {
+    fn free(&self, id: u64, pool: bool) {
         if let Ok(links) = self.links.lock() {
             for l in links.iter() {
-                let _ = l.tx.send(Cmd::Free { id });
+                let _ = l.tx.send(if pool {
+                    Cmd::FreePool { id }
+                } else {
+                    Cmd::Free { id }
+                });
             }
         }
+    }
+
+    /// A paged KV pool of `blocks` blocks of `block_size` tokens on every rank.
+    pub(crate) fn new_pool(
+        self: &Arc<Self>,
+        blocks: usize,
+        block_size: usize,
+    ) -> Result<RemotePool> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        Self::done(self.all(|_| Cmd::NewPool {
+            id,
+            blocks,
+            block_size,
+        })?)?;
+        Ok(RemotePool {
+            group: self.clone(),
+            id,
+        })
+    }
+
+    /// Runs a planned paged step on every rank and gathers the logits.
+    pub(crate) fn forward_paged(&self, pool: &RemotePool, b: &PagedBatch) -> Result<Data> {
+        let id = pool.id;
+        let replies = self.all(|r| Cmd::Paged {
+            id,
+            batch: PagedBatch {
+                tokens: self.plan.local_ids(r, &b.tokens),
+                ..b.clone()
+            },
+        })?;
+        let mut parts = Vec::with_capacity(replies.len());
+        for (r, rep) in replies.into_iter().enumerate() {
+            match rep {
+                Reply::Logits(Ok(p)) => parts.push(p),
+                Reply::Logits(Err(e)) => {
+                    return Err(prefixed(&format!("{} rank {r}", self.label), e))
+                }
+                Reply::Done(_) => return Err(Error::invalid("unexpected rank reply")),
+            }
+        }
+        gather_logits(&self.plan, &parts)
     }
 
     /// Runs `tokens` on every rank after cache `cache`'s `before` tokens and gathers the
@@ -716,7 +792,26 @@ impl RemoteCache {
 
 impl Drop for RemoteCache {
     fn drop(&mut self) {
-        self.group.free(self.id);
+        self.group.free(self.id, false);
+    }
+}
+
+/// A paged KV pool living on the ranks of a group (the driver's `PagedKvPool` holds one).
+pub(crate) struct RemotePool {
+    group: Arc<TpGroup>,
+    id: u64,
+}
+
+impl RemotePool {
+    /// The group.
+    pub(crate) fn group(&self) -> &Arc<TpGroup> {
+        &self.group
+    }
+}
+
+impl Drop for RemotePool {
+    fn drop(&mut self) {
+        self.group.free(self.id, true);
     }
 }
 

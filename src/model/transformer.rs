@@ -4,7 +4,7 @@
 
 use super::arch::{self, ArchSpec, Mlp, NormKind, Positions, Qkv};
 use super::config::{ModelConfig, RopeScaling, RopeStyle};
-use super::tensor_parallel::{RankTp, RemoteCache, TpGroup};
+use super::tensor_parallel::{RankTp, RemoteCache, RemotePool, TpGroup};
 use super::weights::{WeightSource, Weights, W};
 use crate::data::{Data, DataType, DeviceKind};
 use crate::device::{DataDict, FloatDict, IntDict};
@@ -419,11 +419,10 @@ impl Model {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        if self.group.is_some() {
-            return Err(tp_paged_unsupported());
-        }
         let c = &self.config;
-        if pool.k.len() != c.num_layers || pool.nkv != c.num_kv_heads || pool.head_dim != c.head_dim
+        if (pool.remote.is_none() && pool.k.len() != c.num_layers)
+            || pool.nkv != c.num_kv_heads
+            || pool.head_dim != c.head_dim
         {
             return Err(Error::invalid("paged KV pool belongs to another model"));
         }
@@ -488,20 +487,40 @@ impl Model {
                 table[i * max_blocks + b] = id as i32;
             }
         }
-        let mut store = PagedStep {
-            pool,
-            slots: Data::from_i32(&[slots.len()], &slots)?,
-            q_starts: Data::from_i32(&[q_starts.len()], &q_starts)?,
-            kv_lens: Data::from_i32(&[kv_lens.len()], &kv_lens)?,
-            tables: Data::from_i32(&[batch.len(), max_blocks], &table)?,
+        let step = PagedBatch {
+            tokens,
+            pos,
+            rows,
+            slots,
+            q_starts,
+            kv_lens,
+            table,
+            seqs: batch.len(),
+            max_blocks,
         };
-        let mut scratch = Scratch::default();
-        let logits = self.forward_rows(&tokens, &pos, &rows, &mut store, &mut scratch)?;
+        let logits = match (&self.group, &pool.remote) {
+            (Some(g), Some(r)) if Arc::ptr_eq(r.group(), g) => g.forward_paged(r, &step)?,
+            (None, None) => self.paged_step(pool, &step)?,
+            _ => return Err(Error::invalid("paged KV pool belongs to another model")),
+        };
         for (st, toks) in batch.iter_mut() {
             st.len += toks.len();
         }
         let v = logits.to_f32_vec()?;
         Ok(v.chunks(c.vocab_size).map(|r| r.to_vec()).collect())
+    }
+
+    /// Runs one planned paged step over `pool`'s storage (blocks already assigned).
+    pub(crate) fn paged_step(&self, pool: &mut PagedKvPool, b: &PagedBatch) -> Result<Data> {
+        let mut store = PagedStep {
+            pool,
+            slots: Data::from_i32(&[b.slots.len()], &b.slots)?,
+            q_starts: Data::from_i32(&[b.q_starts.len()], &b.q_starts)?,
+            kv_lens: Data::from_i32(&[b.kv_lens.len()], &b.kv_lens)?,
+            tables: Data::from_i32(&[b.seqs, b.max_blocks], &b.table)?,
+        };
+        let mut scratch = Scratch::default();
+        self.forward_rows(&b.tokens, &b.pos, &b.rows, &mut store, &mut scratch)
     }
 
     fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
@@ -780,14 +799,27 @@ pub struct PagedKvPool {
     block_size: usize,
     nkv: usize,
     head_dim: usize,
+    /// Set when the storage lives on the ranks of a tensor-parallel group.
+    remote: Option<RemotePool>,
+}
+
+/// One planned paged step: the rows to run and where their keys and values go.
+#[derive(Clone, Debug)]
+pub(crate) struct PagedBatch {
+    pub tokens: Vec<u32>,
+    pub pos: Vec<i32>,
+    pub rows: Vec<i32>,
+    pub slots: Vec<i32>,
+    pub q_starts: Vec<i32>,
+    pub kv_lens: Vec<i32>,
+    pub table: Vec<i32>,
+    pub seqs: usize,
+    pub max_blocks: usize,
 }
 
 impl PagedKvPool {
     /// A pool of `n_blocks` blocks of `block_size` tokens for `model`.
     pub fn new(model: &Model, n_blocks: usize, block_size: usize) -> Result<PagedKvPool> {
-        if model.group.is_some() {
-            return Err(tp_paged_unsupported());
-        }
         let c = model.config();
         if n_blocks == 0 || block_size == 0 {
             return Err(Error::invalid(
@@ -797,9 +829,15 @@ impl PagedKvPool {
         let slots = n_blocks
             .checked_mul(block_size)
             .ok_or_else(|| Error::invalid("paged KV pool size overflows"))?;
-        let mut k = Vec::with_capacity(c.num_layers);
-        let mut v = Vec::with_capacity(c.num_layers);
-        for _ in 0..c.num_layers {
+        // A tensor-parallel model keeps the storage on its ranks; this pool keeps the books.
+        let remote = match &model.group {
+            Some(g) => Some(g.new_pool(n_blocks, block_size)?),
+            None => None,
+        };
+        let layers = if remote.is_some() { 0 } else { c.num_layers };
+        let mut k = Vec::with_capacity(layers);
+        let mut v = Vec::with_capacity(layers);
+        for _ in 0..layers {
             k.push(Data::zeros(
                 DataType::F32,
                 &[slots, c.num_kv_heads, c.head_dim],
@@ -817,6 +855,7 @@ impl PagedKvPool {
             block_size,
             nkv: c.num_kv_heads,
             head_dim: c.head_dim,
+            remote,
         })
     }
 
@@ -929,14 +968,6 @@ impl KvStore for PagedStep<'_> {
                 .with("sliding_window", p.sliding_window as i32),
         )
     }
-}
-
-fn tp_paged_unsupported() -> Error {
-    Error::Unsupported(
-        "the paged KV cache (serving, batched decoding) does not run on tensor-parallel \
-         groups yet; use one device"
-            .into(),
-    )
 }
 
 /// The per-GPU memory cap in bytes, from `FASTLLM_GPU_MEMORY_CAP_MB` (unset or 0: none).

@@ -133,6 +133,10 @@ enum Cmd {
         /// Weight dtype of a synthetic model: f16, int8 (Q8_0) or int4 (Q4_0).
         #[arg(long, default_value = "int4")]
         dtype: String,
+        /// Also measure decoding this many sequences at once (paged KV cache, 16-token
+        /// prompts, -n steps); reported as batch_tg_tok_s (all sequences' tokens per second).
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
     },
     /// Top next-token logits at every position, as JSON.
     Logits {
@@ -386,7 +390,18 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             json,
             synthetic,
             dtype,
-        } => bench(&m, pp, tg, reps, json, synthetic.as_deref(), &dtype, t0)?,
+            batch,
+        } => bench(
+            &m,
+            pp,
+            tg,
+            reps,
+            json,
+            synthetic.as_deref(),
+            &dtype,
+            batch,
+            t0,
+        )?,
         Cmd::Logits {
             m,
             prompt,
@@ -528,6 +543,40 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
     Ok(())
 }
 
+/// Tokens per second of `batch` sequences decoded together through the paged KV cache
+/// (16-token prompts prefilled in one step first, then `tg` steps of one token each).
+fn batch_decode(
+    model: &fastllm::model::Model,
+    batch: usize,
+    tg: usize,
+    tok: &mut impl FnMut() -> u32,
+) -> Result<f64> {
+    use fastllm::model::{PagedKvPool, PagedSeqState};
+    let (bs, plen) = (16, 16);
+    let mut pool = PagedKvPool::new(model, batch * (plen + tg + 1).div_ceil(bs), bs)?;
+    let mut st: Vec<PagedSeqState> = (0..batch).map(|_| PagedSeqState::new()).collect();
+    let prompts: Vec<Vec<u32>> = (0..batch)
+        .map(|_| (0..plen).map(|_| tok()).collect())
+        .collect();
+    let mut items: Vec<(&mut PagedSeqState, &[u32])> = st
+        .iter_mut()
+        .zip(&prompts)
+        .map(|(s, p)| (s, p.as_slice()))
+        .collect();
+    model.forward_paged(&mut pool, &mut items)?;
+    let next: Vec<[u32; 1]> = (0..batch).map(|_| [tok()]).collect();
+    let t = Instant::now();
+    for _ in 0..tg {
+        let mut items: Vec<(&mut PagedSeqState, &[u32])> = st
+            .iter_mut()
+            .zip(&next)
+            .map(|(s, n)| (s, n.as_slice()))
+            .collect();
+        model.forward_paged(&mut pool, &mut items)?;
+    }
+    Ok((batch * tg) as f64 / t.elapsed().as_secs_f64())
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
     if v.is_empty() {
@@ -601,6 +650,7 @@ fn bench(
     json: bool,
     synthetic: Option<&str>,
     dtype: &str,
+    batch: usize,
     t0: Instant,
 ) -> Result<()> {
     if pp == 0 && tg == 0 {
@@ -660,6 +710,13 @@ fn bench(
             }
         })
         .unwrap_or(1);
+    let mut btg_t = Vec::new();
+    if batch > 1 && tg > 0 {
+        for _ in 0..reps.max(1) {
+            btg_t.push(batch_decode(model, batch, tg, &mut tok)?);
+        }
+    }
+    let btgs = (batch > 1 && tg > 0).then(|| median(btg_t));
     let (pps, tgs) = (median(pp_t), median(tg_t));
     let rss = peak_rss_mib();
     let _ = t0;
@@ -673,6 +730,7 @@ fn bench(
                 "pp": pp, "tg": tg, "reps": reps,
                 "pp_tok_s": pps, "tg_tok_s": tgs, "load_s": load_s, "peak_rss_mib": rss,
                 "tg_weight_gb_s": bm.weight_bytes.map(|b| b as f64 * tgs / 1e9),
+                "batch": batch, "batch_tg_tok_s": btgs,
             })
         );
     } else {
@@ -691,6 +749,12 @@ fn bench(
         if tg > 0 {
             println!(
                 "| {name} | {threads} | {} | tg{tg} | {tgs:.2} |",
+                m.precision
+            );
+        }
+        if let Some(b) = btgs {
+            println!(
+                "| {name} | {threads} | {} | tg{tg} x batch {batch} | {b:.2} |",
                 m.precision
             );
         }

@@ -413,3 +413,104 @@ fn tp_gpu_smollm2_shape_matches_one_gpu() {
     assert!(d <= 1e-4 * scale.max(1.0), "max |Δlogit| {d}");
     assert_eq!(g1, g2);
 }
+
+/// Decode tokens/s of `m` over `n` single-token steps after a 4-token prompt.
+fn decode_rate(m: &Model, n: usize) -> f64 {
+    let p = prompt(m.config().vocab_size, 4);
+    let mut c = m.new_cache(p.len() + n + 1).unwrap();
+    m.forward(&mut c, &p, false).unwrap();
+    let t = std::time::Instant::now();
+    for i in 0..n {
+        m.forward(&mut c, &[p[i % 4]], false).unwrap();
+    }
+    n as f64 / t.elapsed().as_secs_f64()
+}
+
+#[test]
+fn tp_gpu_perf_allreduce_and_launch_contention() {
+    // Where two-GPU decode time goes: NCCL all-reduce latency at decode / batch / prefill sizes,
+    // and the decode rate of one GPU alone against two independent single-GPU models decoding
+    // at the same time from two threads of this process (shared driver / launch costs).
+    if !two_gpus() {
+        return;
+    }
+    use fastllm::devices::cuda::{nccl, CudaDevice};
+    use fastllm::BaseDevice;
+    let id = nccl::NcclId::new().unwrap();
+    let hs: Vec<_> = (0..2)
+        .map(|r| {
+            std::thread::spawn(move || {
+                let dev = CudaDevice::new(r as u32).unwrap();
+                let comm = nccl::NcclComm::new(dev.gpu(), &id, r, 2).unwrap();
+                use fastllm::parallel::Collective;
+                let mut y = dev
+                    .upload(&fastllm::Data::from_f32(&[8], &[r as f32 + 1.0; 8]).unwrap())
+                    .unwrap();
+                comm.all_reduce_sum(&mut y).unwrap();
+                assert_eq!(y.to_owned_host().unwrap().to_f32_vec().unwrap(), [3.0; 8]);
+                let mut out = Vec::new();
+                for n in [4096usize, 64 * 4096, 2048 * 4096] {
+                    let mut x = dev
+                        .upload(&fastllm::Data::zeros(fastllm::DataType::F32, &[n]).unwrap())
+                        .unwrap();
+                    for _ in 0..10 {
+                        comm.all_reduce_sum(&mut x).unwrap();
+                    }
+                    dev.synchronize().unwrap();
+                    let iters = if n > 1 << 20 { 50 } else { 1000 };
+                    let t = std::time::Instant::now();
+                    for _ in 0..iters {
+                        comm.all_reduce_sum(&mut x).unwrap();
+                    }
+                    dev.synchronize().unwrap();
+                    out.push((n, t.elapsed().as_secs_f64() * 1e6 / iters as f64));
+                }
+                out
+            })
+        })
+        .collect();
+    for (r, h) in hs.into_iter().enumerate() {
+        for (n, us) in h.join().unwrap() {
+            eprintln!(
+                "PERF rank {r}: all-reduce of {n} f32 ({} KiB): {us:.1} us",
+                n * 4 / 1024
+            );
+        }
+    }
+    let cfg = fastllm::model::synthetic::config("llama-3.2-1b").unwrap();
+    let src: Arc<dyn WeightSource> =
+        Arc::new(fastllm::model::SyntheticSource::new(&cfg, fastllm::DataType::F16).unwrap());
+    let solo = {
+        let m = model_for(
+            cfg.clone(),
+            src.clone(),
+            "cuda:0",
+            2,
+            Precision::Fast,
+            false,
+        )
+        .unwrap();
+        decode_rate(&m, 20);
+        decode_rate(&m, 128)
+    };
+    let barrier = Arc::new(std::sync::Barrier::new(2));
+    let pair: Vec<f64> = (0..2)
+        .map(|r| {
+            let (cfg, src, barrier) = (cfg.clone(), src.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let m =
+                    model_for(cfg, src, &format!("cuda:{r}"), 2, Precision::Fast, false).unwrap();
+                decode_rate(&m, 20);
+                barrier.wait();
+                decode_rate(&m, 128)
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    eprintln!(
+        "PERF llama-3.2-1b f16 decode: one GPU alone {solo:.1} tok/s; two independent models on cuda:0 and cuda:1 at once {:.1} and {:.1} tok/s",
+        pair[0], pair[1]
+    );
+}

@@ -148,7 +148,8 @@ typedef struct FastllmModelParams {
    */
   uint32_t struct_size;
   /*
-   "cpu", "cuda", "cuda:1"; NULL = the best available (the CPU in this build).
+   "cpu", "cuda", "cuda:1", or "cuda:0,1" (tensor parallelism over those GPUs, needs NCCL);
+   NULL = the best available (the CPU in this build).
    */
   const char *device;
   /*

@@ -19,7 +19,8 @@ pub struct FastllmModel {
 pub struct FastllmModelParams {
     /// `sizeof(FastllmModelParams)`.
     pub struct_size: u32,
-    /// "cpu", "cuda", "cuda:1"; NULL = the best available (the CPU in this build).
+    /// "cpu", "cuda", "cuda:1", or "cuda:0,1" (tensor parallelism over those GPUs, needs NCCL);
+    /// NULL = the best available (the CPU in this build).
     pub device: *const c_char,
     /// CPU threads; 0 = all cores.
     pub threads: u32,

@@ -77,7 +77,8 @@ class Model:
     """A loaded model. Thread-safe: tokenize and create sessions from any thread.
 
     path: a .flm file, GGUF file or Hugging Face directory; None = the default model.
-    device: "cpu", "cuda", "cuda:1" or None (best available). threads: 0 = all cores.
+    device: "cpu", "cuda", "cuda:1", "cuda:0,1" (tensor parallelism over GPUs 0 and 1, needs
+    NCCL) or None (best available). threads: 0 = all cores.
     precision: "fast" (int8 activations in quantized matmuls) or "exact".
     """
 

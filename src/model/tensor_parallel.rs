@@ -838,7 +838,7 @@ pub fn cpu_group(
         })
         .collect();
     let group = TpGroup::start(plan, builders, &format!("cpu x{world}"))?;
-    Model::driver(config, Arc::new(group))
+    Model::driver(config, Arc::new(group), precision)
 }
 
 /// A tensor-parallel model over the GPUs `ordinals` (one rank each, NCCL all-reduces).
@@ -894,7 +894,7 @@ pub fn cuda_group(
         })
         .collect();
     let group = TpGroup::start(plan, builders, &label)?;
-    Model::driver(config, Arc::new(group))
+    Model::driver(config, Arc::new(group), precision)
 }
 
 /// Without the `cuda` feature a GPU group is an error.

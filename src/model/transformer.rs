@@ -236,14 +236,18 @@ impl Model {
 
     /// The driver of a tensor-parallel group: a model of `config` whose `forward` and
     /// `new_cache` run on the group's ranks.
-    pub(crate) fn driver(config: ModelConfig, group: Arc<TpGroup>) -> Result<Model> {
+    pub(crate) fn driver(
+        config: ModelConfig,
+        group: Arc<TpGroup>,
+        precision: Precision,
+    ) -> Result<Model> {
         let spec = arch::lookup(&config.architecture)?;
         Ok(Model {
             config,
             spec,
             weights: Weights::new(Arc::new(super::weights::MapSource::new()), false)?,
             exec: Executor::new(),
-            precision: Precision::Exact,
+            precision,
             inv_freq: None,
             alibi: None,
             tp: None,

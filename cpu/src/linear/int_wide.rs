@@ -3,9 +3,10 @@
 //! 512-bit registers. Each weight block pair is expanded once and used by all 8 rows (the 4×4
 //! tiles of [`super::int_tile`] expand it for 4), and the per-pair work is 4 instructions:
 //!
-//! - the integer correction of Q4_0 (`Σ q·x − 8·Σx`) and Q8_0 (`Σ (q + 128)·x − 128·Σx`) is
-//!   the accumulator `vpdpbusd` starts from (formed once per row and step), not a subtraction
-//!   per pair; per block the integer sum stays exact and equal to the scalar reference's;
+//! - Q4_0 (`q − 8`) and Q8_0 weights are used as signed bytes against unsigned activations
+//!   `x + 128`; the correction `128·Σq` is formed once per weight block (per column and step, in
+//!   the same 4-byte lanes), not per row, and subtracted lane by lane; per block the integer sum
+//!   stays exact and equal to the scalar reference's;
 //! - Q4_1's `min · (dx·Σx)` term is not accumulated per step: the f16 `[d, m]` pairs of a
 //!   column are kept for 16 blocks and the term is added once per 8 blocks with one masked FMA
 //!   against the `[dx, dx·Σx]` pairs of the activations (the same float products as the
@@ -81,17 +82,15 @@ pub(super) mod avx512 {
         _mm512_cvtph_ps(_mm256_mask_set1_epi16(_mm256_set1_epi16(d0), 0xFF00, d1))
     }
 
-    /// The 64 unsigned weight bytes of blocks `b0`, `b1` in activation order.
+    /// The 64 weight bytes of blocks `b0`, `b1` in activation order: unsigned nibbles for
+    /// Q4_1, signed values for Q4_0 (`q − 8`) and Q8_0.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     unsafe fn quants<const K: u8>(b0: *const u8, b1: *const u8) -> __m512i {
         if K == Q8_0 {
             let lo = _mm256_loadu_si256(b0.add(2) as *const __m256i);
             let hi = _mm256_loadu_si256(b1.add(2) as *const __m256i);
-            return _mm512_xor_si512(
-                _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1),
-                _mm512_set1_epi8(-128),
-            );
+            return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
         }
         let off = if K == Q4_1 { 4 } else { 2 };
         let q0 = _mm_loadu_si128(b0.add(off) as *const __m128i);
@@ -99,7 +98,12 @@ pub(super) mod avx512 {
         // [q0 | q0 | q1 | q1], then the high nibbles into 128-bit lanes 1 and 3
         let v = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(q0), 0xFF00, q1);
         let v = _mm512_mask_srli_epi16(v, 0xFF00_FF00, v, 4);
-        _mm512_and_si512(v, _mm512_set1_epi8(15))
+        let q = _mm512_and_si512(v, _mm512_set1_epi8(15));
+        if K == Q4_0 {
+            _mm512_sub_epi8(q, _mm512_set1_epi8(8))
+        } else {
+            q
+        }
     }
 
     #[inline]
@@ -120,10 +124,9 @@ pub(super) mod avx512 {
         let wp = w.as_ptr();
         let qs = a.qs.as_ptr();
         let ds = a.ds.as_ptr();
-        let sums = a.sum.as_ptr();
         let mut acc = [[_mm512_setzero_ps(); C]; R];
         let didx = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
-        let nidx = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+        let bias = _mm512_set1_epi8(-128);
         let mut cb = 0;
         while cb < nb {
             let ce = (cb + CHUNK).min(nb);
@@ -133,11 +136,19 @@ pub(super) mod avx512 {
                 let two = b + 1 < ce;
                 let mut wq = [_mm512_setzero_si512(); C];
                 let mut wd = [_mm512_setzero_ps(); C];
+                let mut wc = [_mm512_setzero_si512(); C];
                 for c in 0..C {
                     let b0 = wp.add(c * rb + b * bytes);
                     let b1 = if two { b0.add(bytes) } else { b0 };
+                    // the next column pair at the same block, one step ahead of its use (a
+                    // prefetch never faults; the address is only formed, not dereferenced)
+                    _mm_prefetch::<_MM_HINT_T0>(b0.wrapping_add(C * rb + 64) as *const i8);
                     wq[c] = quants::<K>(b0, b1);
                     wd[c] = scales(b0, b1);
+                    if K != Q4_1 {
+                        // 128·Σq per 4-byte lane: (x + 128)·q − 128·q = x·q, lane by lane
+                        wc[c] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, wq[c]);
+                    }
                     if K == Q4_1 {
                         dm[c][b - cb] = (b0 as *const u32).read_unaligned();
                         if two {
@@ -145,32 +156,30 @@ pub(super) mod avx512 {
                         }
                     }
                 }
-                let (bm, dmask, smask): (__mmask64, __mmask8, __mmask8) = if two {
-                    (!0, 0xF, 0x3)
-                } else {
-                    (0xFFFF_FFFF, 0x3, 0x1)
-                };
+                let (bm, dmask): (__mmask64, __mmask8) =
+                    if two { (!0, 0xF) } else { (0xFFFF_FFFF, 0x3) };
                 for (r, ar) in acc.iter_mut().enumerate() {
                     let i = (row0 + r) * nb + b;
                     let x = _mm512_maskz_loadu_epi8(bm, qs.add(i * QK));
                     let dsv =
                         _mm512_castps128_ps512(_mm_maskz_loadu_ps(dmask, ds.add(i) as *const f32));
                     let xd = _mm512_permutexvar_ps(didx, dsv);
-                    // the exact integer correction, as the accumulator the dots start from
-                    let init = if K == Q4_1 {
-                        _mm512_setzero_si512()
+                    // Q4_0/Q8_0: unsigned x + 128 against signed weights (a missing second
+                    // block gives 128·q − 128·q = 0 in its lanes)
+                    let xu = if K == Q4_1 {
+                        x
                     } else {
-                        let s = _mm512_castsi128_si512(_mm_maskz_loadu_epi32(smask, sums.add(i)));
-                        let n = _mm512_maskz_permutexvar_epi32(0x0101, nidx, s);
-                        let n = if K == Q4_0 {
-                            _mm512_slli_epi32(n, 3)
-                        } else {
-                            _mm512_slli_epi32(n, 7)
-                        };
-                        _mm512_sub_epi32(_mm512_setzero_si512(), n)
+                        _mm512_xor_si512(x, bias)
                     };
                     for c in 0..C {
-                        let p = _mm512_dpbusd_epi32(init, wq[c], x);
+                        let p = if K == Q4_1 {
+                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[c], xu)
+                        } else {
+                            _mm512_sub_epi32(
+                                _mm512_dpbusd_epi32(_mm512_setzero_si512(), xu, wq[c]),
+                                wc[c],
+                            )
+                        };
                         ar[c] =
                             _mm512_fmadd_ps(_mm512_mul_ps(wd[c], xd), _mm512_cvtepi32_ps(p), ar[c]);
                     }

@@ -416,8 +416,13 @@ impl Model {
             st.len += toks.len();
             store.pool.commit(st, toks);
         }
-        let v = logits.to_f32_vec()?;
-        Ok(v.chunks(c.vocab_size).map(|r| r.to_vec()).collect())
+        let rows_out = |v: &[f32]| v.chunks(c.vocab_size).map(|r| r.to_vec()).collect();
+        if logits.is_contiguous() {
+            let v = logits.as_f32()?;
+            Ok(rows_out(v.get(..logits.count()).unwrap_or(v)))
+        } else {
+            Ok(rows_out(&logits.to_f32_vec()?))
+        }
     }
 
     fn check_tokens(&self, tokens: &[u32]) -> Result<()> {

@@ -318,3 +318,48 @@ impl PagedSeqState {
         &self.blocks
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The forward pass refuses to write into a block that another sequence shares or that is
+    /// registered in the prefix cache, and changes nothing when it refuses.
+    #[test]
+    fn shared_or_cached_blocks_are_never_written() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny/llama");
+        let out =
+            std::env::temp_dir().join(format!("fastllm-paged-unit-{}.flm", std::process::id()));
+        crate::convert::convert(&dir, &out, &Default::default(), &mut |_| {}).unwrap();
+        let llm = crate::load::load(&out, &Default::default()).unwrap();
+        let _ = std::fs::remove_file(&out);
+        let m = &llm.model;
+        let mut pool = PagedKvPool::new(m, 8, 4).unwrap();
+        pool.set_prefix_caching(true);
+        let toks: Vec<u32> = (1..=9).collect();
+        let mut a = PagedSeqState::new();
+        m.forward_paged(&mut pool, &mut [(&mut a, &toks[..])])
+            .unwrap();
+        let mut b = PagedSeqState::new();
+        assert_eq!(pool.match_prefix(&mut b, &toks), 8);
+        let free = pool.free_blocks();
+        // rewound into the shared blocks (b) or into its own registered block (a)
+        b.len = 5;
+        a.len = 4;
+        for st in [&mut b, &mut a] {
+            let e = m
+                .forward_paged(&mut pool, &mut [(st, &[7u32][..])])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("shared or cached"), "{e}");
+            assert_eq!(pool.free_blocks(), free);
+        }
+        a.len = 9;
+        b.len = 8;
+        pool.release(&mut a);
+        pool.release(&mut b);
+        assert_eq!(pool.free_blocks(), 8);
+        assert_eq!(pool.cached_blocks(), 2);
+    }
+}

@@ -14,7 +14,7 @@
 //! values computed from exactly its own tokens.
 
 use super::transformer::Model;
-use crate::data::{Data, DataType};
+use crate::data::{Data, DataType, DeviceKind};
 use crate::error::{Error, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -81,17 +81,25 @@ impl PagedKvPool {
         let slots = n_blocks
             .checked_mul(block_size)
             .ok_or_else(|| Error::invalid("paged KV pool size overflows"))?;
+        // on a GPU (or other non-CPU) model the pool lives on that device from the start, so
+        // the cache ops never move it
+        let dev = model
+            .executor()
+            .devices()
+            .first()
+            .filter(|d| d.kind() != DeviceKind::Cpu);
+        let layer = || -> Result<Data> {
+            let d = Data::zeros(DataType::F32, &[slots, c.num_kv_heads, c.head_dim])?;
+            match dev {
+                Some(dev) => dev.upload(&d),
+                None => Ok(d),
+            }
+        };
         let mut k = Vec::with_capacity(c.num_layers);
         let mut v = Vec::with_capacity(c.num_layers);
         for _ in 0..c.num_layers {
-            k.push(Data::zeros(
-                DataType::F32,
-                &[slots, c.num_kv_heads, c.head_dim],
-            )?);
-            v.push(Data::zeros(
-                DataType::F32,
-                &[slots, c.num_kv_heads, c.head_dim],
-            )?);
+            k.push(layer()?);
+            v.push(layer()?);
         }
         Ok(PagedKvPool {
             k,

@@ -266,6 +266,9 @@ fn endpoints_streams_and_bad_requests() {
             .await
             .unwrap();
         assert_eq!(info["max_input_tokens"], 100);
+        assert_eq!(info["waiting_served_ratio"], 0.0);
+        assert_eq!(info["max_waiting_tokens"], 20);
+        assert_eq!(info["prefix_caching"], true);
         let models: Value = client()
             .get(format!("{b}/v1/models"))
             .send()

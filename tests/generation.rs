@@ -297,3 +297,90 @@ fn paged_batch_equals_single_sequence_forward() {
         assert_eq!(pool.free_blocks(), pool.total_blocks());
     }
 }
+
+/// Logits after the last token of `toks`, computed alone in a contiguous cache.
+fn last_logits(m: &Llm, toks: &[u32]) -> Vec<f32> {
+    let mut c = m.model.new_cache(64).unwrap();
+    m.model
+        .forward(&mut c, toks, false)
+        .unwrap()
+        .to_f32_vec()
+        .unwrap()
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}
+
+#[test]
+fn paged_prefix_cache_reuses_only_identical_full_blocks() {
+    for arch in ["llama", "qwen3"] {
+        let m = llm(arch, false);
+        let mut pool = PagedKvPool::new(&m.model, 16, 4).unwrap();
+        pool.set_prefix_caching(true);
+        let a: Vec<u32> = (0..13).map(|i| 5 + i * 11).collect();
+        // A alone: 3 full blocks registered, cached after release
+        let mut st = PagedSeqState::new();
+        assert_eq!(pool.match_prefix(&mut st, &a), 0);
+        let l = m
+            .model
+            .forward_paged(&mut pool, &mut [(&mut st, &a[..])])
+            .unwrap();
+        assert!(max_diff(&l[0], &last_logits(&m, &a)) < 1e-4);
+        pool.release(&mut st);
+        assert_eq!(pool.cached_blocks(), 3);
+        assert_eq!(pool.free_blocks(), 16);
+        // B: A's first 10 tokens then others; C: same first block only; D: differs at once;
+        // E: exactly A's first 8 (the last token is always computed: 1 block)
+        let mut b = a[..10].to_vec();
+        b.extend([200, 201, 202]);
+        let mut c = a[..6].to_vec();
+        c.extend([7, 8, 9, 10, 11]);
+        let mut d = a.clone();
+        d[0] = 6;
+        let e = a[..8].to_vec();
+        let cases: [(&[u32], usize); 5] = [(&b, 8), (&c, 4), (&d, 0), (&e, 4), (&a, 12)];
+        let mut states: Vec<PagedSeqState> = (0..5).map(|_| PagedSeqState::new()).collect();
+        for ((toks, hit), st) in cases.iter().zip(states.iter_mut()) {
+            assert_eq!(pool.match_prefix(st, toks), *hit, "{arch} {toks:?}");
+            assert_eq!(st.len(), *hit);
+        }
+        // all five at once, sharing cached blocks: each equals its own computation
+        {
+            let mut batch: Vec<(&mut PagedSeqState, &[u32])> = states
+                .iter_mut()
+                .zip(cases.iter())
+                .map(|(st, (toks, hit))| (st, &toks[*hit..]))
+                .collect();
+            let l = m.model.forward_paged(&mut pool, &mut batch).unwrap();
+            for ((toks, _), got) in cases.iter().zip(&l) {
+                let worst = max_diff(got, &last_logits(&m, toks));
+                assert!(worst < 1e-4, "{arch} {toks:?}: differs by {worst}");
+            }
+        }
+        for st in states.iter_mut() {
+            pool.release(st);
+        }
+        assert_eq!(pool.free_blocks(), 16);
+        // a long sequence needs every block: cached ones are evicted, nothing stale matches
+        let long: Vec<u32> = (0..64).map(|i| 300 + i).collect();
+        let mut big = PagedSeqState::new();
+        m.model
+            .forward_paged(&mut pool, &mut [(&mut big, &long[..])])
+            .unwrap();
+        assert_eq!(pool.free_blocks(), 0);
+        pool.release(&mut big);
+        let mut again = PagedSeqState::new();
+        assert_eq!(pool.match_prefix(&mut again, &a), 0);
+        assert_eq!(pool.match_prefix(&mut again, &long[..44]), 40);
+        pool.release(&mut again);
+        // switching caching off frees every cached block
+        pool.set_prefix_caching(false);
+        assert_eq!(pool.cached_blocks(), 0);
+        assert_eq!(pool.free_blocks(), 16);
+    }
+}

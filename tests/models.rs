@@ -37,7 +37,10 @@ fn floats(v: &Value) -> Vec<f32> {
 
 fn check_tiny(arch: &str, dtype: &str, precision: Precision, tol: f32) {
     let dir = fixtures().join("tiny").join(arch);
-    let out = tmp(&format!("{arch}-{dtype}-{precision:?}.flm"));
+    // unique per call: tests run in parallel and several convert the same arch/dtype
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let out = tmp(&format!("{arch}-{dtype}-{precision:?}-{n}.flm"));
     let opts = ConvertOptions {
         dtype: TargetDtype::parse(dtype).unwrap(),
     };

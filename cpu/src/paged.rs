@@ -5,6 +5,7 @@
 //! parallel over sequence × head).
 
 use crate::threads::Threads;
+use crate::vecmath;
 
 /// Shapes and options shared by the attention kernels.
 #[derive(Clone, Copy, Debug)]
@@ -122,26 +123,6 @@ pub fn paged_attention_ref(
     }
 }
 
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // 8 independent accumulators: vectorizes well without intrinsics
-    let mut acc = [0f32; 8];
-    let n = a.len().min(b.len());
-    let mut i = 0;
-    while i + 8 <= n {
-        for l in 0..8 {
-            acc[l] += a[i + l] * b[i + l];
-        }
-        i += 8;
-    }
-    let mut s: f32 = acc.iter().sum();
-    while i < n {
-        s += a[i] * b[i];
-        i += 1;
-    }
-    s
-}
-
 /// Fast path: online softmax in one pass over the visible keys, parallel over (query row, head).
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
@@ -165,50 +146,51 @@ pub fn paged_attention(
             row_seq.push((si, s.q_start + r, s.kv_len - nq + r));
         }
     }
-    let work_per_row: usize = seqs.iter().map(|s| s.kv_len).max().unwrap_or(1) * nh * hd;
-    let min_rows = (65536 / work_per_row.max(1)).max(1);
+    // one task item per (row, head): a single decode row still uses every thread
+    let items = row_seq.len() * nh;
+    let work_per_item: usize = seqs.iter().map(|s| s.kv_len).max().unwrap_or(1) * hd * 2;
+    let min_items = (65536 / work_per_item.max(1)).max(1);
     let out_ptr = out.as_mut_ptr() as usize;
-    threads.for_rows(row_seq.len(), min_rows, |range| {
+    threads.for_rows(items, min_items, |range| {
         let mut acc = vec![0f32; hd];
-        for &(si, row, pos) in &row_seq[range] {
+        let mut scores: Vec<f32> = Vec::new();
+        for it in range {
+            let (si, row, pos) = row_seq[it / nh];
+            let h = it % nh;
             let seq = &seqs[si];
             let (lo, hi) = visible(pos, p);
-            for h in 0..nh {
-                let kh = h / group;
-                let qv = &q[(row * nh + h) * hd..(row * nh + h + 1) * hd];
-                acc.iter_mut().for_each(|a| *a = 0.0);
-                let mut m = f32::NEG_INFINITY;
-                let mut z = 0f32;
-                for j in lo..=hi {
-                    let s = slot_of(seq, j, p.block_size);
-                    let base = (s * nkv + kh) * hd;
-                    let mut sc = cap(dot(qv, &k_cache[base..base + hd]) * p.scale, p);
-                    if let Some(a) = alibi {
-                        sc += a[h] * (j as f32 - pos as f32);
-                    }
-                    if sc > m {
-                        let c = (m - sc).exp();
-                        z *= c;
-                        acc.iter_mut().for_each(|a| *a *= c);
-                        m = sc;
-                    }
-                    let w = (sc - m).exp();
-                    z += w;
-                    for (a, v) in acc.iter_mut().zip(&v_cache[base..base + hd]) {
-                        *a += w * v;
-                    }
+            let kh = h / group;
+            let qv = &q[(row * nh + h) * hd..(row * nh + h + 1) * hd];
+            // pass 1: scores (SIMD dots), pass 2: one SIMD exp over all, pass 3: Σ w·v
+            scores.clear();
+            for j in lo..=hi {
+                let base = (slot_of(seq, j, p.block_size) * nkv + kh) * hd;
+                let mut sc = cap(vecmath::dot(qv, &k_cache[base..base + hd]) * p.scale, p);
+                if let Some(a) = alibi {
+                    sc += a[h] * (j as f32 - pos as f32);
                 }
-                let inv = if z > 0.0 { 1.0 / z } else { 0.0 };
-                // SAFETY: each (row, head) output slice is written by exactly one task.
-                let o = unsafe {
-                    std::slice::from_raw_parts_mut(
-                        (out_ptr as *mut f32).add((row * nh + h) * hd),
-                        hd,
-                    )
-                };
-                for (o, a) in o.iter_mut().zip(&acc) {
-                    *o = a * inv;
+                scores.push(sc);
+            }
+            let m = vecmath::max(&scores);
+            let z = if m == f32::NEG_INFINITY {
+                0.0
+            } else {
+                vecmath::exp_sub_sum(&mut scores, m)
+            };
+            acc.iter_mut().for_each(|a| *a = 0.0);
+            if z > 0.0 {
+                for (j, &w) in (lo..=hi).zip(&scores) {
+                    let base = (slot_of(seq, j, p.block_size) * nkv + kh) * hd;
+                    vecmath::axpy(&mut acc, w, &v_cache[base..base + hd]);
                 }
+            }
+            let inv = if z > 0.0 { 1.0 / z } else { 0.0 };
+            // SAFETY: each (row, head) output slice is written by exactly one task.
+            let o = unsafe {
+                std::slice::from_raw_parts_mut((out_ptr as *mut f32).add((row * nh + h) * hd), hd)
+            };
+            for (o, a) in o.iter_mut().zip(&acc) {
+                *o = a * inv;
             }
         }
     });

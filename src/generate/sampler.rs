@@ -101,8 +101,10 @@ impl Sampler {
             return Err(Error::invalid("sample: logits contain NaN or +Inf"));
         }
         let p = &self.params;
-        let mut l: Vec<f32> = logits.to_vec();
+        // a copy only when penalties change the logits
+        let mut l: std::borrow::Cow<[f32]> = std::borrow::Cow::Borrowed(logits);
         if p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+            let l = l.to_mut();
             let mut counts: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
             for &t in history {
                 *counts.entry(t).or_default() += 1;

@@ -1,4 +1,4 @@
-//! Harness cases for the matrix ops: `Linear` (every weight dtype × 1, 3 and 64 rows × awkward
+//! Harness cases for the matrix ops: `Linear` (every weight dtype × 1, 3, 9 and 64 rows × awkward
 //! k/n, with and without bias, `quant_act` 0 and 1) and `MatMul` / `MatMulTransB` (2-D, batched,
 //! broadcast `input1`, odd sizes, `alpha`).
 //!
@@ -31,7 +31,8 @@ pub fn cases(v: &mut Vec<OpCase>) {
 fn linear_cases(v: &mut Vec<OpCase>) {
     let mut rng = CaseRng::new(7);
     // (k, n): k a multiple of 32 so every dtype takes it; n odd / not a multiple of anything.
-    let block_shapes = [(32usize, 1usize), (96, 7), (160, 67), (576, 129)];
+    // (1056: 33 blocks, past two 16-block chunks of the wide VNNI tiles' Q4_1 min term)
+    let block_shapes = [(32usize, 1usize), (96, 7), (160, 67), (576, 129), (1056, 5)];
     // extra k for float weights only (not multiples of the SIMD width), and one long row
     // (1056 = 4·256 + 32) that takes the GPU's unrolled 16-byte f16/bf16 loop and its tail
     let float_shapes = [(33usize, 7usize), (45, 3), (100, 17), (1056, 3)];
@@ -43,7 +44,8 @@ fn linear_cases(v: &mut Vec<OpCase>) {
         }
         let quant_acts: &[i32] = if wt.is_quantized() { &[0, 1] } else { &[0] };
         for &(k, n) in &shapes {
-            for rows in [1usize, 3, 64] {
+            // 9 = one 8-row wide tile + 1
+            for rows in [1usize, 3, 9, 64] {
                 // 64 rows as [2, 32, k]: leading dims are flattened
                 let in_dims: Vec<usize> = if rows == 64 {
                     vec![2, 32, k]

@@ -3,12 +3,14 @@
 
 pub mod arch;
 pub mod config;
+pub mod paged;
 pub mod synthetic;
 pub mod tensor_parallel;
 pub mod transformer;
 pub mod weights;
 
 pub use config::{ModelConfig, RopeScaling, RopeStyle};
+pub use paged::{PagedKvPool, PagedSeqState};
 pub use synthetic::SyntheticSource;
-pub use transformer::{KvCache, KvStore, Model, PagedKvPool, PagedSeqState, Precision};
+pub use transformer::{KvCache, KvStore, Model, Precision};
 pub use weights::{MapSource, WeightSource, Weights};

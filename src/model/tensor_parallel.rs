@@ -25,7 +25,8 @@
 
 use super::arch::{self, Mlp, Qkv};
 use super::config::ModelConfig;
-use super::transformer::{KvCache, Model, PagedBatch, PagedKvPool, Precision};
+use super::paged::PagedKvPool;
+use super::transformer::{KvCache, Model, PagedBatch, Precision};
 use super::weights::WeightSource;
 use crate::data::Data;
 use crate::error::{Error, Result};

@@ -4,7 +4,8 @@
 
 use super::arch::{self, ArchSpec, Mlp, NormKind, Positions, Qkv};
 use super::config::{ModelConfig, RopeScaling, RopeStyle};
-use super::tensor_parallel::{RankTp, RemoteCache, RemotePool, TpGroup};
+use super::paged::{PagedKvPool, PagedSeqState};
+use super::tensor_parallel::{RankTp, RemoteCache, TpGroup};
 use super::weights::{WeightSource, Weights, W};
 use crate::data::{Data, DataType, DeviceKind};
 use crate::device::{DataDict, FloatDict, IntDict};
@@ -255,6 +256,11 @@ impl Model {
         })
     }
 
+    /// The tensor-parallel group this model drives, if any.
+    pub(crate) fn group(&self) -> Option<&Arc<TpGroup>> {
+        self.group.as_ref()
+    }
+
     /// The number of tensor-parallel ranks running this model (1 for a single device).
     pub fn tensor_parallel(&self) -> usize {
         self.group.as_ref().map_or(1, |g| g.plan().world())
@@ -449,16 +455,24 @@ impl Model {
             need += (st.len + toks.len())
                 .div_ceil(bs)
                 .saturating_sub(st.blocks.len());
+            // never write into a block another sequence can read (prefix cache)
+            if let Some(held) = st.blocks.get(st.len / bs..) {
+                if let Some(b) = held.iter().find(|&&b| !pool.writable(b)) {
+                    return Err(Error::invalid(format!(
+                        "paged KV pool: block {b} is shared or cached and cannot be written"
+                    )));
+                }
+            }
         }
-        if need > pool.free.len() {
+        if need > pool.free_blocks() {
             return Err(Error::OutOfMemory(format!(
                 "paged KV pool: {need} blocks needed, {} free",
-                pool.free.len()
+                pool.free_blocks()
             )));
         }
         for (st, toks) in batch.iter_mut() {
             while st.blocks.len() < (st.len + toks.len()).div_ceil(bs) {
-                match pool.free.pop() {
+                match pool.alloc() {
                     Some(b) => st.blocks.push(b),
                     None => return Err(Error::OutOfMemory("paged KV pool exhausted".into())),
                 }
@@ -509,9 +523,15 @@ impl Model {
         };
         for (st, toks) in batch.iter_mut() {
             st.len += toks.len();
+            pool.commit(st, toks);
         }
-        let v = logits.to_f32_vec()?;
-        Ok(v.chunks(c.vocab_size).map(|r| r.to_vec()).collect())
+        let rows_out = |v: &[f32]| v.chunks(c.vocab_size).map(|r| r.to_vec()).collect();
+        if logits.is_contiguous() {
+            let v = logits.as_f32()?;
+            Ok(rows_out(v.get(..logits.count()).unwrap_or(v)))
+        } else {
+            Ok(rows_out(&logits.to_f32_vec()?))
+        }
     }
 
     /// Runs one planned paged step over `pool`'s storage (blocks already assigned).
@@ -794,19 +814,6 @@ impl KvStore for KvCache {
     }
 }
 
-/// A pool of fixed-size KV blocks shared by many sequences (the paged KV cache).
-pub struct PagedKvPool {
-    k: Vec<Data>,
-    v: Vec<Data>,
-    free: Vec<u32>,
-    n_blocks: usize,
-    block_size: usize,
-    nkv: usize,
-    head_dim: usize,
-    /// Set when the storage lives on the ranks of a tensor-parallel group.
-    remote: Option<RemotePool>,
-}
-
 /// One planned paged step: the rows to run and where their keys and values go.
 #[derive(Clone, Debug)]
 pub(crate) struct PagedBatch {
@@ -819,99 +826,6 @@ pub(crate) struct PagedBatch {
     pub table: Vec<i32>,
     pub seqs: usize,
     pub max_blocks: usize,
-}
-
-impl PagedKvPool {
-    /// A pool of `n_blocks` blocks of `block_size` tokens for `model`.
-    pub fn new(model: &Model, n_blocks: usize, block_size: usize) -> Result<PagedKvPool> {
-        let c = model.config();
-        if n_blocks == 0 || block_size == 0 {
-            return Err(Error::invalid(
-                "paged KV pool needs at least one block of at least one token",
-            ));
-        }
-        let slots = n_blocks
-            .checked_mul(block_size)
-            .ok_or_else(|| Error::invalid("paged KV pool size overflows"))?;
-        // A tensor-parallel model keeps the storage on its ranks; this pool keeps the books.
-        let remote = match &model.group {
-            Some(g) => Some(g.new_pool(n_blocks, block_size)?),
-            None => None,
-        };
-        let layers = if remote.is_some() { 0 } else { c.num_layers };
-        let mut k = Vec::with_capacity(layers);
-        let mut v = Vec::with_capacity(layers);
-        for _ in 0..layers {
-            k.push(Data::zeros(
-                DataType::F32,
-                &[slots, c.num_kv_heads, c.head_dim],
-            )?);
-            v.push(Data::zeros(
-                DataType::F32,
-                &[slots, c.num_kv_heads, c.head_dim],
-            )?);
-        }
-        Ok(PagedKvPool {
-            k,
-            v,
-            free: (0..n_blocks as u32).rev().collect(),
-            n_blocks,
-            block_size,
-            nkv: c.num_kv_heads,
-            head_dim: c.head_dim,
-            remote,
-        })
-    }
-
-    /// Bytes one block takes across all layers (K and V).
-    pub fn block_bytes(model: &Model, block_size: usize) -> usize {
-        let c = model.config();
-        2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * 4
-    }
-
-    /// Tokens per block.
-    pub fn block_size(&self) -> usize {
-        self.block_size
-    }
-    /// Blocks in the pool.
-    pub fn total_blocks(&self) -> usize {
-        self.n_blocks
-    }
-    /// Blocks not in use.
-    pub fn free_blocks(&self) -> usize {
-        self.free.len()
-    }
-    /// Returns a finished sequence's blocks to the pool.
-    pub fn release(&mut self, st: &mut PagedSeqState) {
-        self.free.append(&mut st.blocks);
-        st.len = 0;
-    }
-}
-
-/// One sequence's place in a [`PagedKvPool`]: its block table and length.
-#[derive(Default, Debug)]
-pub struct PagedSeqState {
-    blocks: Vec<u32>,
-    len: usize,
-}
-
-impl PagedSeqState {
-    /// An empty sequence.
-    pub fn new() -> Self {
-        Self::default()
-    }
-    /// Tokens cached.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-    /// True when nothing is cached.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    /// Blocks held.
-    pub fn blocks(&self) -> &[u32] {
-        &self.blocks
-    }
 }
 
 struct PagedStep<'a> {

@@ -25,5 +25,5 @@ mod unicode_class;
 
 pub use codec::Tokenizer;
 pub use spec::{AddedToken, NormalizerKind, PreTokenizerKind, TokenizerKind, TokenizerSpec};
-pub use stream::StreamDecoder;
+pub use stream::{StreamDecoder, StreamState};
 pub use trie::Trie;

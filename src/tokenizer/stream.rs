@@ -12,10 +12,7 @@ use crate::error::{Error, Result};
 /// `decode` gives one U+FFFD per byte for invalid runs of SentencePiece byte tokens).
 pub struct StreamDecoder<'a> {
     tokenizer: &'a Tokenizer,
-    skip_special: bool,
-    pending: Vec<u8>,
-    /// Nothing has been produced yet (the decoder may still drop one leading space).
-    at_start: bool,
+    state: StreamState,
 }
 
 impl<'a> StreamDecoder<'a> {
@@ -23,28 +20,58 @@ impl<'a> StreamDecoder<'a> {
     pub fn new(tokenizer: &'a Tokenizer, skip_special: bool) -> StreamDecoder<'a> {
         StreamDecoder {
             tokenizer,
-            skip_special,
-            pending: Vec::new(),
-            at_start: true,
+            state: StreamState::new(skip_special),
         }
     }
 
     /// Adds one id and returns the text that is now complete (possibly empty). An out-of-range
     /// id is an error and leaves the decoder unchanged.
     pub fn push(&mut self, id: u32) -> Result<String> {
-        let Some(bytes) = self.tokenizer.token_bytes(id) else {
+        self.state.push(self.tokenizer, id)
+    }
+
+    /// Returns the pending bytes as text (an unfinished character becomes U+FFFD) and resets.
+    pub fn finish(&mut self) -> String {
+        self.state.finish()
+    }
+}
+
+/// The state of a [`StreamDecoder`] without the borrow of its tokenizer, for owners that keep
+/// the tokenizer elsewhere (e.g. a server's per-request state): pass the same tokenizer to
+/// every `push`.
+#[derive(Clone, Debug)]
+pub struct StreamState {
+    skip_special: bool,
+    pending: Vec<u8>,
+    /// Nothing has been produced yet (the decoder may still drop one leading space).
+    at_start: bool,
+}
+
+impl StreamState {
+    /// Nothing pushed yet; `skip_special` leaves out special tokens.
+    pub fn new(skip_special: bool) -> StreamState {
+        StreamState {
+            skip_special,
+            pending: Vec::new(),
+            at_start: true,
+        }
+    }
+
+    /// As [`StreamDecoder::push`].
+    pub fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<String> {
+        let Some(bytes) = tokenizer.token_bytes(id) else {
             return Err(Error::invalid(format!(
                 "decode: token id {id} is outside the vocabulary of {} tokens",
-                self.tokenizer.vocab_size()
+                tokenizer.vocab_size()
             )));
         };
-        if self.skip_special && self.tokenizer.is_special(id) {
+        if self.skip_special && tokenizer.is_special(id) {
             return Ok(String::new());
         }
         let mut bytes = bytes;
         if self.at_start && !bytes.is_empty() {
             self.at_start = false;
-            if self.tokenizer.strips_leading_space() {
+            if tokenizer.strips_leading_space() {
                 if let Some(rest) = bytes.strip_prefix(b" ") {
                     bytes = rest;
                 }
@@ -54,7 +81,7 @@ impl<'a> StreamDecoder<'a> {
         Ok(self.take_complete())
     }
 
-    /// Returns the pending bytes as text (an unfinished character becomes U+FFFD) and resets.
+    /// As [`StreamDecoder::finish`].
     pub fn finish(&mut self) -> String {
         let s = String::from_utf8_lossy(&self.pending).into_owned();
         self.pending.clear();

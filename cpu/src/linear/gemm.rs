@@ -8,6 +8,7 @@
 //! Callers validate sizes first (`LinearArgs::validate`). This module must not pick kernels.
 
 use super::act_quant::Q8Rows;
+use super::int_wide::{IntWideFn, WIDE_COLS, WIDE_ROWS};
 use super::{FloatRowsFn, IntRowsFn, IntTileFn, LinearArgs, RowToF32Fn, TileF32Fn, MAX_ROWS};
 use crate::threads::Threads;
 use std::cell::RefCell;
@@ -23,6 +24,8 @@ pub(super) enum Kernel<'a> {
     Float(FloatRowsFn, Option<F32Gemm>),
     /// Quantized activations (already quantized); optionally a tiled kernel for many rows.
     Int(IntRowsFn, &'a Q8Rows, Option<IntTileFn>),
+    /// Quantized activations with the wide (8 rows × 2 columns) tiled kernel.
+    IntWide(IntRowsFn, &'a Q8Rows, IntWideFn),
 }
 
 /// How a GEMM runs on f32 weight rows: `convert` (for non-f32 weights) fills a per-thread tile,
@@ -72,7 +75,7 @@ pub(super) fn run(
     let op = OutPtr(out.as_mut_ptr());
     let plan = match kern {
         Kernel::Float(_, p) => p,
-        Kernel::Int(..) => None,
+        Kernel::Int(..) | Kernel::IntWide(..) => None,
     };
     let tile = match plan {
         Some(_) => (F32_TILE_BYTES / (4 * k.max(1))).clamp(4, 256),
@@ -106,6 +109,7 @@ pub(super) fn run(
                 None if matches!(kern, Kernel::Int(_, _, Some(_))) => {
                     int_tile(a, j0..j1, rb, kern, op)
                 }
+                None if matches!(kern, Kernel::IntWide(..)) => int_wide(a, j0..j1, rb, kern, op),
                 None => tile_rows(a, j0..j1, |j| &a.w[j * rb..(j + 1) * rb], kern, op),
             }
             j0 = j1;
@@ -135,6 +139,35 @@ fn int_tile(a: &LinearArgs, cols: std::ops::Range<usize>, rb: usize, kern: Kerne
             let mut o = [[0f32; MAX_ROWS]; MAX_ROWS];
             // SAFETY: sizes validated by the caller; kernel picked for this CPU.
             unsafe { tile(&a.w[c0 * rb..(c0 + nc) * rb], rb, q, r0, nr, nc, &mut o) };
+            for (c, oc) in o.iter().enumerate().take(nc) {
+                let j = c0 + c;
+                let b = a.bias.map_or(0.0, |b| b[j]);
+                for (t, v) in oc.iter().enumerate().take(nr) {
+                    // SAFETY: inside the validated output; no other task writes column j.
+                    unsafe { *op.add((r0 + t) * n + j) = v + b };
+                }
+            }
+            c0 += nc;
+        }
+        r0 += nr;
+    }
+}
+
+/// All activation rows against the block weight rows `cols` with the wide integer kernel.
+fn int_wide(a: &LinearArgs, cols: std::ops::Range<usize>, rb: usize, kern: Kernel, op: *mut f32) {
+    let Kernel::IntWide(_, q, wide) = kern else {
+        return tile_rows(a, cols, |j| &a.w[j * rb..(j + 1) * rb], kern, op);
+    };
+    let (rows, n) = (a.rows, a.n);
+    let mut r0 = 0;
+    while r0 < rows {
+        let nr = (rows - r0).min(WIDE_ROWS);
+        let mut c0 = cols.start;
+        while c0 < cols.end {
+            let nc = (cols.end - c0).min(WIDE_COLS);
+            let mut o = [[0f32; WIDE_ROWS]; WIDE_COLS];
+            // SAFETY: sizes validated by the caller; kernel picked for this CPU.
+            unsafe { wide(&a.w[c0 * rb..(c0 + nc) * rb], rb, q, r0, nr, nc, &mut o) };
             for (c, oc) in o.iter().enumerate().take(nc) {
                 let j = c0 + c;
                 let b = a.bias.map_or(0.0, |b| b[j]);
@@ -215,7 +248,7 @@ fn tile_rows<'w>(
             unsafe {
                 match kern {
                     Kernel::Float(f, _) => f(wr, &a.x[r0 * k..(r0 + nr) * k], k, nr, &mut acc),
-                    Kernel::Int(f, q, _) => f(wr, q, r0, nr, &mut acc),
+                    Kernel::Int(f, q, _) | Kernel::IntWide(f, q, _) => f(wr, q, r0, nr, &mut acc),
                 }
             }
             let b = a.bias.map_or(0.0, |b| b[j]);

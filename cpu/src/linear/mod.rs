@@ -5,7 +5,8 @@
 //! [`quant_dot`] (exact dots with weight blocks dequantized in registers), [`act_quant`]
 //! (activation rows → Q8_0 for `quant_act`), [`int_dot`] (integer block dots), [`int_gemv`]
 //! (AVX-512 integer GEMV, 4 weight rows × 1 activation row), [`int_tile`]
-//! (AVX-512 4×4 integer GEMM tiles), `gemm` (column tiling, row blocking, f32 tile conversion
+//! (AVX-512 4×4 integer GEMM tiles), [`int_wide`] (AVX-512 VNNI 8×2 integer GEMM tiles, used
+//! instead of `int_tile` where the CPU has VNNI), `gemm` (column tiling, row blocking, f32 tile conversion
 //! and the split over threads), [`matmul`] (the two f32 matmuls). Each kernel exists as a plain
 //! scalar reference and a fast path chosen at run time (AVX2+FMA+F16C or AVX-512 on x86-64,
 //! portable code elsewhere).
@@ -19,6 +20,7 @@ mod gemm;
 pub mod int_dot;
 pub mod int_gemv;
 pub mod int_tile;
+pub mod int_wide;
 pub mod matmul;
 pub mod quant_dot;
 
@@ -284,14 +286,25 @@ pub fn linear(threads: &Threads, a: &LinearArgs, out: &mut [f32]) -> Result<(), 
                 .try_borrow_mut()
                 .map_err(|_| "activation scratch busy (re-entrant call)".to_string())?;
             act_quant::quantize_rows(a.x, a.rows, a.k, &mut q)?;
-            let tile = if a.rows >= INT_TILE_MIN_ROWS {
-                int_tile::pick(a.wtype)
-            } else if a.w.len() <= INT_GEMV_MAX_BYTES {
-                int_gemv::pick(a.wtype)
+            let wide = if a.rows >= INT_TILE_MIN_ROWS {
+                int_wide::pick(a.wtype)
             } else {
                 None
             };
-            gemm::run(Some(threads), a, rb, gemm::Kernel::Int(f, &q, tile), out);
+            let kern = match wide {
+                Some(w) => gemm::Kernel::IntWide(f, &q, w),
+                None => {
+                    let tile = if a.rows >= INT_TILE_MIN_ROWS {
+                        int_tile::pick(a.wtype)
+                    } else if a.w.len() <= INT_GEMV_MAX_BYTES {
+                        int_gemv::pick(a.wtype)
+                    } else {
+                        None
+                    };
+                    gemm::Kernel::Int(f, &q, tile)
+                }
+            };
+            gemm::run(Some(threads), a, rb, kern, out);
             Ok(())
         })
     } else {

@@ -459,6 +459,92 @@ fn int_tile_kernels_match_reference() {
     }
 }
 
+/// The wide VNNI tiles (up to 8 rows × 2 columns) against the per-row reference: every
+/// (rows, cols), block counts odd and even, below, at and across the 16-block chunk of the
+/// Q4_1 min term; then `linear` with 2..=19 rows against `linear_ref` (row remainders).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn int_wide_kernels_match_reference() {
+    use int_wide::{avx512 as w8, IntWideFn, WIDE_COLS, WIDE_ROWS};
+    if !int_tile::has_vnni() {
+        println!("no AVX-512 VNNI on this CPU; skipped");
+        return;
+    }
+    let variants: [(WeightType, IntRowsFn, IntWideFn); 3] = [
+        (WeightType::Q4_0, int_dot::rows_q4_0_ref, w8::wide_q4_0),
+        (WeightType::Q4_1, int_dot::rows_q4_1_ref, w8::wide_q4_1),
+        (WeightType::Q8_0, int_dot::rows_q8_0_ref, w8::wide_q8_0),
+    ];
+    for (t, r, wide) in variants {
+        for k in [32usize, 64, 96, 512, 544, 1024, 1056] {
+            let rb = t.row_bytes(k).unwrap();
+            let (w, _) = encode(t, &rand_vec(WIDE_COLS * k, 17));
+            let mut q = act_quant::Q8Rows::default();
+            act_quant::quantize_rows_ref(&rand_vec(11 * k, 18), 11, k, &mut q).unwrap();
+            for rows in 1..=WIDE_ROWS {
+                for cols in 1..=WIDE_COLS {
+                    let mut got = [[0f32; WIDE_ROWS]; WIDE_COLS];
+                    // SAFETY: sizes as in the contract; VNNI checked above.
+                    unsafe { wide(&w, rb, &q, 3, rows, cols, &mut got) };
+                    for c in 0..cols {
+                        let mut want = [0f32; WIDE_ROWS];
+                        let mut r0 = 0;
+                        while r0 < rows {
+                            let nr = (rows - r0).min(MAX_ROWS);
+                            let mut part = [0f32; MAX_ROWS];
+                            // SAFETY: as above.
+                            unsafe { r(&w[c * rb..(c + 1) * rb], &q, 3 + r0, nr, &mut part) };
+                            want[r0..r0 + nr].copy_from_slice(&part[..nr]);
+                            r0 += nr;
+                        }
+                        for i in 0..rows {
+                            let (p, g) = (want[i], got[c][i]);
+                            assert!(
+                                (p - g).abs() <= 1e-5 * (1.0 + p.abs()),
+                                "{} k={k} {rows}x{cols} [{c}][{i}]: {p} vs {g}",
+                                t.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        // through `linear`: threads, column tiles, row blocks of 8 and their remainders, bias
+        let threads = Threads::new(2).unwrap();
+        for (rows, k, n) in [
+            (2usize, 64usize, 5usize),
+            (8, 576, 37),
+            (9, 96, 3),
+            (19, 1056, 66),
+        ] {
+            let (w, _) = encode(t, &rand_vec(n * k, 19));
+            let x = rand_vec(rows * k, 20);
+            let bias = rand_vec(n, 21);
+            let args = LinearArgs {
+                x: &x,
+                rows,
+                k,
+                w: &w,
+                wtype: t,
+                n,
+                bias: Some(&bias),
+                quant_act: true,
+            };
+            let mut want = vec![0f32; rows * n];
+            let mut got = vec![0f32; rows * n];
+            linear_ref(&args, &mut want).unwrap();
+            linear(&threads, &args, &mut got).unwrap();
+            for (i, (p, g)) in want.iter().zip(&got).enumerate() {
+                assert!(
+                    (p - g).abs() <= 1e-5 * (1.0 + p.abs()),
+                    "{} linear {rows}x{k}x{n} [{i}]: {p} vs {g}",
+                    t.name()
+                );
+            }
+        }
+    }
+}
+
 /// The AVX-512 integer GEMV kernels (BW and VNNI) against the per-row reference: awkward `k`
 /// (odd and even block counts) and `n` (weight rows in groups of up to 4, remainders 1..3),
 /// every activation row of a small batch; then `linear` with one row against `linear_ref`.

@@ -198,6 +198,18 @@ enum Cmd {
         max_input_tokens: Option<usize>,
         #[arg(long)]
         max_total_tokens: Option<usize>,
+        /// While a batch runs, waiting requests join only if at least floor(running × RATIO)
+        /// of them fit (TGI semantics; default 0: join as soon as they fit, since prefill is
+        /// chunked into the running steps).
+        #[arg(long)]
+        waiting_served_ratio: Option<f32>,
+        /// Steps of the running batch after which waiting requests join regardless of the
+        /// ratio (default 20).
+        #[arg(long)]
+        max_waiting_tokens: Option<usize>,
+        /// Reuse KV blocks of earlier requests that share a prompt prefix (true|false).
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        prefix_caching: bool,
     },
     /// Load test a running server: concurrent streaming completions, then req/s, tok/s, TTFT, ITL.
     BenchServe {
@@ -488,6 +500,9 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             max_batch_total_tokens,
             max_input_tokens,
             max_total_tokens,
+            waiting_served_ratio,
+            max_waiting_tokens,
+            prefix_caching,
         } => {
             let addr: std::net::SocketAddr = format!("{host}:{port}")
                 .parse()
@@ -513,6 +528,9 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
                 max_batch_total_tokens,
                 max_input_tokens,
                 max_total_tokens,
+                waiting_served_ratio,
+                max_waiting_tokens,
+                prefix_caching: Some(prefix_caching),
             };
             fastllm_serve::run(so, move || load(&path, &opts)).map_err(fastllm::Error::invalid)?;
         }

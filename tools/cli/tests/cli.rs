@@ -272,6 +272,13 @@ fn user_errors_are_one_line() {
         "exclusive",
     );
     fails(&["detokenize", "-m", m, "1,abc"], "abc");
+    // refused before binding or loading anything
+    for bad in ["--waiting-served-ratio=-1", "--waiting-served-ratio=nan"] {
+        fails(
+            &["serve", "-m", m, "--port", "0", bad],
+            "--waiting-served-ratio",
+        );
+    }
     fails(&["logits", "-m", m, "--ids", "1,512"], "512");
     fails(&["logits", "-m", m], "--prompt");
     // a file that is no model at all

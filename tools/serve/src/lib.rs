@@ -31,6 +31,26 @@ pub struct ServeOptions {
     pub max_input_tokens: Option<usize>,
     /// See [`engine::EngineConfig`].
     pub max_total_tokens: Option<usize>,
+    /// See [`engine::EngineConfig`].
+    pub waiting_served_ratio: Option<f32>,
+    /// See [`engine::EngineConfig`].
+    pub max_waiting_tokens: Option<usize>,
+    /// See [`engine::EngineConfig`] (None = on).
+    pub prefix_caching: Option<bool>,
+}
+
+impl ServeOptions {
+    /// Checks the options that have no safe interpretation (a message names the bad one).
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(r) = self.waiting_served_ratio {
+            if !r.is_finite() || r < 0.0 {
+                return Err(format!(
+                    "--waiting-served-ratio must be a finite number >= 0, got {r}"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The engine limits for `llm` under `o`.
@@ -49,6 +69,15 @@ pub fn engine_config(llm: &fastllm::generate::Llm, o: &ServeOptions) -> engine::
     }
     if let Some(v) = o.max_batch_total_tokens {
         c.max_batch_total_tokens = v.max(1);
+    }
+    if let Some(v) = o.waiting_served_ratio {
+        c.waiting_served_ratio = if v.is_finite() { v.max(0.0) } else { 0.0 };
+    }
+    if let Some(v) = o.max_waiting_tokens {
+        c.max_waiting_tokens = v;
+    }
+    if let Some(v) = o.prefix_caching {
+        c.prefix_caching = v;
     }
     if let Some(v) = o.max_total_tokens {
         c.max_total_tokens = v.clamp(2, c.max_total_tokens);
@@ -83,6 +112,7 @@ pub fn run(
     o: ServeOptions,
     load: impl FnOnce() -> fastllm::Result<fastllm::generate::Llm> + Send + 'static,
 ) -> Result<(), String> {
+    o.validate()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .worker_threads(2)
@@ -124,4 +154,38 @@ pub fn run(
             .await
             .map_err(|e| format!("server error: {e}"))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_waiting_served_ratio_is_refused() {
+        let mut o = ServeOptions {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            model_name: "m".into(),
+            api_key: None,
+            kv_cache_mb: 16,
+            max_concurrent_requests: None,
+            max_batch_prefill_tokens: None,
+            max_batch_total_tokens: None,
+            max_input_tokens: None,
+            max_total_tokens: None,
+            waiting_served_ratio: None,
+            max_waiting_tokens: None,
+            prefix_caching: None,
+        };
+        assert!(o.validate().is_ok());
+        for bad in [-0.5, f32::NAN, f32::INFINITY] {
+            o.waiting_served_ratio = Some(bad);
+            let e = o.validate().unwrap_err();
+            assert!(e.contains("--waiting-served-ratio"), "{e}");
+            // run() refuses before binding or loading anything
+            let e = run(o.clone(), || Err(fastllm::Error::invalid("not reached"))).unwrap_err();
+            assert!(e.contains("--waiting-served-ratio"), "{e}");
+        }
+        o.waiting_served_ratio = Some(1.2);
+        assert!(o.validate().is_ok());
+    }
 }

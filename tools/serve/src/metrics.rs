@@ -60,8 +60,12 @@ pub struct Metrics {
     pub running: AtomicU64,
     /// KV blocks in use.
     pub kv_blocks_used: AtomicU64,
-    /// KV blocks free.
+    /// KV blocks free (including cached blocks no request holds).
     pub kv_blocks_free: AtomicU64,
+    /// Cached (prefix-cache) blocks no request holds; evicted when blocks are needed.
+    pub kv_blocks_cached: AtomicU64,
+    /// Prompt tokens whose prefill was skipped thanks to the prefix cache.
+    pub prefix_cache_hit_tokens_total: AtomicU64,
     /// Requests received.
     pub requests_total: AtomicU64,
     /// Requests refused (429).
@@ -86,6 +90,8 @@ impl Default for Metrics {
             running: AtomicU64::new(0),
             kv_blocks_used: AtomicU64::new(0),
             kv_blocks_free: AtomicU64::new(0),
+            kv_blocks_cached: AtomicU64::new(0),
+            prefix_cache_hit_tokens_total: AtomicU64::new(0),
             requests_total: AtomicU64::new(0),
             rejected_total: AtomicU64::new(0),
             tokens_generated_total: AtomicU64::new(0),
@@ -131,6 +137,18 @@ impl Metrics {
             "KV cache blocks free",
             "gauge",
             g(&self.kv_blocks_free) as f64,
+        );
+        gauge(
+            "fastllm_kv_blocks_cached",
+            "Prefix-cache blocks no request holds (counted as free; evicted on demand)",
+            "gauge",
+            g(&self.kv_blocks_cached) as f64,
+        );
+        gauge(
+            "fastllm_prefix_cache_hit_tokens_total",
+            "Prompt tokens served from the prefix cache (prefill skipped)",
+            "counter",
+            g(&self.prefix_cache_hit_tokens_total) as f64,
         );
         gauge(
             "fastllm_requests_total",

@@ -61,6 +61,9 @@ fn start(max_concurrent: usize, api_key: Option<&str>, load_model: bool) -> Serv
             max_batch_total_tokens: None,
             max_input_tokens: Some(100),
             max_total_tokens: Some(200),
+            waiting_served_ratio: None,
+            max_waiting_tokens: None,
+            prefix_caching: None,
         };
         let cfg = engine_config(&llm, &o);
         state.set_ready(llm, cfg).unwrap();
@@ -263,6 +266,9 @@ fn endpoints_streams_and_bad_requests() {
             .await
             .unwrap();
         assert_eq!(info["max_input_tokens"], 100);
+        assert_eq!(info["waiting_served_ratio"], 0.0);
+        assert_eq!(info["max_waiting_tokens"], 20);
+        assert_eq!(info["prefix_caching"], true);
         let models: Value = client()
             .get(format!("{b}/v1/models"))
             .send()
@@ -370,6 +376,17 @@ fn batching_is_equivalent_and_64_streams_complete() {
         }
         assert!(metric(&b, "fastllm_steps_total").await > 0.0);
         wait_idle(&b).await;
+        // prefix cache (on by default): a repeated long prompt skips its cached full blocks
+        // and answers the same; cached blocks count as free at idle
+        let long = "the cat sat on the mat and ".repeat(6);
+        let body = json!({"prompt": long, "max_tokens": 8, "temperature": 0});
+        let hits0 = metric(&b, "fastllm_prefix_cache_hit_tokens_total").await;
+        let (_, first) = post(&b, "/v1/completions", body.clone()).await;
+        let (_, second) = post(&b, "/v1/completions", body).await;
+        assert_eq!(first["choices"][0]["text"], second["choices"][0]["text"]);
+        assert!(metric(&b, "fastllm_prefix_cache_hit_tokens_total").await >= hits0 + 16.0);
+        wait_idle(&b).await;
+        assert!(metric(&b, "fastllm_kv_blocks_cached").await > 0.0);
     });
 }
 

@@ -230,3 +230,176 @@ __device__ void linear_q8act_t(const signed char* xq, const float2* xd, const un
 LINQ(q8_0, DT_Q8_0)
 LINQ(q4_0, DT_Q4_0)
 LINQ(q4_1, DT_Q4_1)
+
+// ---- quant_act = 1 block-weight GEMV with 16-byte loads ("superblocks" of 8 blocks per lane) ----
+// For k % 256 == 0 (and 16-byte aligned weight rows): 8 consecutive blocks of a row are
+// 144 (Q4_0), 160 (Q4_1) or 272 (Q8_0) bytes, a multiple of 16, so a lane loads them with
+// 9 / 10 / 17 independent 16-byte loads and dequantizes from registers. `lpr` lanes (4, 8, 16
+// or 32, at most the superblocks per row) share a weight row, so short rows (k = 4096: 16
+// superblocks) still keep every lane busy; a warp covers 32 / lpr rows, a 256-thread block
+// 8 · 32 / lpr rows. Grid (ceil(n / rows per block), ceil(m / LIN_ROWS)).
+
+template <int DT>
+__device__ __forceinline__ constexpr int blk_bytes() {
+    return DT == DT_Q4_0 ? 18 : (DT == DT_Q4_1 ? 20 : 34);
+}
+
+// The 32-bit word at even byte offset o of a register array (constant o after unrolling).
+__device__ __forceinline__ unsigned int wat(const unsigned int* wd, int o) {
+    int i = o >> 2;
+    return (o & 3) ? __funnelshift_r(wd[i], wd[i + 1], 16) : wd[i];
+}
+
+__device__ __forceinline__ int dp4a(int a, int b, int c) {
+    int d;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// Loads superblock s (8 blocks) of `row` into wd (16-byte loads).
+template <int DT>
+__device__ __forceinline__ void load_sb(const unsigned char* row, long s, unsigned int* wd) {
+    constexpr int NV = blk_bytes<DT>() * 8 / 16;
+    const uint4* p = (const uint4*)(row + s * (long)(blk_bytes<DT>() * 8));
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+        uint4 q = __ldg(p + v);
+        wd[4 * v] = q.x;
+        wd[4 * v + 1] = q.y;
+        wd[4 * v + 2] = q.z;
+        wd[4 * v + 3] = q.w;
+    }
+    wd[4 * NV] = 0;
+}
+
+// Integer block dots with dp4a against Q8_0 activations (quant_act = 1). `sx` (m = 1 only):
+// the activation row was staged in shared memory by the caller, superblock s at
+// sx[s * 17] (16 chunks of 16 bytes + 16 bytes of padding, so lanes 272 bytes apart hit
+// distinct banks) and its scales at sxd[s * 9 + b].
+template <int DT>
+__device__ void linear_q8act_sb_t(const signed char* xq, const float2* xd, const unsigned char* w, const float* bias,
+                                  float* y, int m, int n, int k, long row_bytes, int lpr, const uint4* sx,
+                                  const float2* sxd) {
+    constexpr int BS = blk_bytes<DT>();
+    constexpr int NV = BS * 8 / 16;
+    int lane = threadIdx.x & 31, sub = lane & (lpr - 1);
+    int rpw = 32 / lpr;
+    int j = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * rpw + lane / lpr;
+    int r0 = blockIdx.y * LIN_ROWS;
+    bool live = j < n;
+    int nr = min(LIN_ROWS, m - r0);
+    long nb = k >> 5;
+    const unsigned char* row = w + (long)(live ? j : 0) * row_bytes;
+    float acc[LIN_ROWS];
+#pragma unroll
+    for (int r = 0; r < LIN_ROWS; r++) acc[r] = 0.0f;
+    long nsb = k >> 8;
+    for (long s = sub; live && s < nsb; s += lpr) {
+        unsigned int wd[4 * NV + 1];
+        load_sb<DT>(row, s, wd);
+#pragma unroll
+        for (int b = 0; b < 8; b++) {
+            int o = b * BS;
+            unsigned int hd = wat(wd, o);
+            float d = h2f((unsigned short)(hd & 0xffff));
+#pragma unroll
+            for (int r = 0; r < LIN_ROWS; r++) {
+                if (r < nr) {
+                    long xb = (long)(r0 + r) * nb + s * 8 + b;
+                    const uint4* xv = sx ? sx + s * 17 + 2 * b : (const uint4*)(xq + xb * 32);
+                    uint4 a = xv[0], c = xv[1];
+                    unsigned int xw[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+                    float2 dx = sx ? sxd[s * 9 + b] : xd[xb];
+                    int isum = 0;
+                    if (DT == DT_Q8_0) {
+#pragma unroll
+                        for (int t = 0; t < 8; t++) isum = dp4a((int)wat(wd, o + 2 + 4 * t), (int)xw[t], isum);
+                        acc[r] += d * dx.x * (float)isum;
+                    } else {
+                        const int qo = DT == DT_Q4_0 ? 2 : 4;
+#pragma unroll
+                        for (int t = 0; t < 4; t++) {
+                            unsigned int q = wat(wd, o + qo + 4 * t);
+                            isum = dp4a((int)(q & 0x0F0F0F0Fu), (int)xw[t], isum);
+                            isum = dp4a((int)((q >> 4) & 0x0F0F0F0Fu), (int)xw[4 + t], isum);
+                            if (DT == DT_Q4_0) {
+                                isum = dp4a((int)0xF8F8F8F8u, (int)xw[t], isum);
+                                isum = dp4a((int)0xF8F8F8F8u, (int)xw[4 + t], isum);
+                            }
+                        }
+                        if (DT == DT_Q4_0)
+                            acc[r] += d * dx.x * (float)isum;
+                        else
+                            acc[r] += d * dx.x * (float)isum + h2f((unsigned short)(hd >> 16)) * dx.y;
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < LIN_ROWS; r++) {
+        float v = acc[r];
+        for (int o = lpr >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (live && sub == 0 && r < nr) y[(long)(r0 + r) * n + j] = v + (bias ? bias[j] : 0.0f);
+    }
+}
+
+#define LINSB(name, DT) \
+    extern "C" __global__ void linear_q8act_sb_##name(const signed char* xq, const float2* xd, const unsigned char* w, \
+                                                      const float* bias, float* y, int m, int n, int k, long rb, \
+                                                      int lpr) { \
+        linear_q8act_sb_t<DT>(xq, xd, w, bias, y, m, n, k, rb, lpr, 0, 0); \
+    } \
+    extern "C" __global__ void linear_q8act_sbx_##name(const signed char* xq, const float2* xd, const unsigned char* w, \
+                                                       const float* bias, float* y, int m, int n, int k, long rb, \
+                                                       int lpr) { \
+        extern __shared__ uint4 smx[]; \
+        long nsb = k >> 8; \
+        for (long i = threadIdx.x; i < nsb * 16; i += blockDim.x) smx[(i >> 4) * 17 + (i & 15)] = ((const uint4*)xq)[i]; \
+        float2* sxd = (float2*)(smx + nsb * 17); \
+        for (long i = threadIdx.x; i < nsb * 8; i += blockDim.x) sxd[(i >> 3) * 9 + (i & 7)] = xd[i]; \
+        __syncthreads(); \
+        linear_q8act_sb_t<DT>(xq, xd, w, bias, y, 1, n, k, rb, lpr, smx, sxd); \
+    }
+LINSB(q8_0, DT_Q8_0)
+LINSB(q4_0, DT_Q4_0)
+LINSB(q4_1, DT_Q4_1)
+
+// ---- tensor-core (cuBLAS) path helpers ----
+
+__device__ __forceinline__ unsigned short f2bf(float f) {
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40);  // NaN stays NaN
+    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+    return (unsigned short)(u >> 16);
+}
+
+// y[i] = x[i] as f16 (bf = 0) or bf16 (bf = 1), round to nearest.
+extern "C" __global__ void cast_f32_half(const float* x, unsigned short* y, long n, int bf) {
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+        y[i] = bf ? f2bf(x[i]) : f2h(x[i]);
+}
+
+// Weight rows [r0, r0 + nr) of a block weight (k % 32 == 0) dequantized to f16, row-major
+// [nr, k]: one thread per 4 consecutive weights (load4 above).
+template <int DT>
+__device__ void dequant_f16_t(const unsigned char* w, unsigned short* out, long r0, long nr, int k, long row_bytes) {
+    long groups = (long)k / 4;
+    for (long id = (long)blockIdx.x * blockDim.x + threadIdx.x; id < nr * groups; id += (long)gridDim.x * blockDim.x) {
+        long r = id / groups, g = id % groups;
+        float v[4];
+        load4<DT>(w + (r0 + r) * row_bytes, g >> 3, (int)(g & 7), v);
+        unsigned int lo = (unsigned int)f2h(v[0]) | ((unsigned int)f2h(v[1]) << 16);
+        unsigned int hi = (unsigned int)f2h(v[2]) | ((unsigned int)f2h(v[3]) << 16);
+        *(uint2*)(out + r * (long)k + g * 4) = make_uint2(lo, hi);
+    }
+}
+
+#define DEQ(name, DT) \
+    extern "C" __global__ void dequant_f16_##name(const unsigned char* w, unsigned short* out, long r0, long nr, \
+                                                  int k, long rb) { \
+        dequant_f16_t<DT>(w, out, r0, nr, k, rb); \
+    }
+DEQ(q8_0, DT_Q8_0)
+DEQ(q4_0, DT_Q4_0)
+DEQ(q4_1, DT_Q4_1)

@@ -32,7 +32,17 @@ fn linear_cases(v: &mut Vec<OpCase>) {
     let mut rng = CaseRng::new(7);
     // (k, n): k a multiple of 32 so every dtype takes it; n odd / not a multiple of anything.
     // (1056: 33 blocks, past two 16-block chunks of the wide VNNI tiles' Q4_1 min term)
-    let block_shapes = [(32usize, 1usize), (96, 7), (160, 67), (576, 129), (1056, 5)];
+    // k = 512 and 2304 are multiples of 256, which the GPU's 16-byte block GEMV takes (2 and 9
+    // groups of 8 blocks per row: 4 and 8 lanes per row, some idle or looping).
+    let block_shapes = [
+        (32usize, 1usize),
+        (96, 7),
+        (160, 67),
+        (576, 129),
+        (1056, 5),
+        (512, 37),
+        (2304, 9),
+    ];
     // extra k for float weights only (not multiples of the SIMD width), and one long row
     // (1056 = 4·256 + 32) that takes the GPU's unrolled 16-byte f16/bf16 loop and its tail
     let float_shapes = [(33usize, 7usize), (45, 3), (100, 17), (1056, 3)];

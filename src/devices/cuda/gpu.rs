@@ -138,6 +138,24 @@ impl Gpu {
             .map_err(|e| dev_err("synchronize", e))
     }
 
+    /// GPU time of the work `f` enqueues, in milliseconds (CUDA events around it).
+    pub fn timed(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+        use cudarc::driver::sys::CUevent_flags;
+        let start = self
+            .stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| dev_err("event", e))?;
+        f()?;
+        let end = self
+            .stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| dev_err("event", e))?;
+        let ms = start
+            .elapsed_ms(&end)
+            .map_err(|e| dev_err("event time", e))?;
+        Ok(ms as f64)
+    }
+
     /// Enqueues a copy of `src` to device address `dst`. `src` is pageable host memory, which
     /// the driver stages before returning, so the caller may drop it at once; the stream is not
     /// synchronised (small per-step uploads such as token ids must not stall the queue).
@@ -214,6 +232,23 @@ impl Gpu {
         block: u32,
         args: &[KArg],
     ) -> Result<()> {
+        self.launch_smem(name, grid, block, 0, args)
+    }
+
+    /// [`Gpu::launch`] with `smem` bytes of dynamic shared memory per block (at most 48 KiB).
+    pub fn launch_smem(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[KArg],
+    ) -> Result<()> {
+        if smem > 48 * 1024 {
+            return Err(Error::invalid(format!(
+                "launch {name}: {smem} bytes of shared memory exceed 48 KiB"
+            )));
+        }
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
@@ -231,7 +266,7 @@ impl Gpu {
         let cfg = LaunchConfig {
             grid_dim: grid,
             block_dim: (block, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: smem,
         };
         // SAFETY: each operator validates sizes before launching and passes arguments that
         // match the kernel's signature in kernels/*.cu.

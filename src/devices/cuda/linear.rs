@@ -3,7 +3,18 @@
 //! Q8_0/Q4_0/Q4_1 block weights) runs the `linear_{dtype}` kernels, which dequantize in
 //! registers. With `quant_act = 1` and a block weight, activation rows are first quantized to
 //! Q8_0 (bit-identical to the CPU reference) and dotted in integers (`linear_q8act_{dtype}`).
+//! With `quant_act = 1`, block weights with `k % 256 == 0` take `linear_q8act_sb_*` (16-byte
+//! loads of 8 blocks per lane, several lanes per row, `dp4a`), and at one row
+//! `linear_q8act_sbx_*`, which first stages the quantized activation row in shared memory.
+//!
+//! Tensor cores (prefill): with `quant_act = 1` (the `fast` precision, which already accepts
+//! rounded activations) and at least [`TC_MIN_ROWS`] rows, F16/BF16 and block weights go through
+//! cuBLAS `GemmEx`: activations are cast to f16 (bf16 for BF16 weights) on the GPU, block
+//! weights are dequantized to f16 tile by tile ([`DEQ_TILE_BYTES`]) into a scratch buffer, and
+//! the product accumulates and is written in f32. `exact` precision (`quant_act = 0`) keeps
+//! the f32-activation kernels.
 
+use super::blas::{gemm, Elem, Gemm, Operand};
 use super::buffer::CudaBuffer;
 use super::buffer::{dptr, ensure_out};
 use super::embedding::weight_suffix;
@@ -21,6 +32,7 @@ pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>) {
         Box::new(Linear {
             gpu: gpu.clone(),
             scratch: Mutex::new(None),
+            tc_scratch: Mutex::new(None),
         }),
     );
 }
@@ -31,11 +43,23 @@ const LIN_ROWS: usize = 4;
 const LIN_FEATURES: usize = 8;
 /// From this many rows on, F32 weights use cuBLAS.
 const BLAS_MIN_ROWS: usize = 2;
+/// From this many rows on, `quant_act = 1` products with F16/BF16/block weights use cuBLAS
+/// tensor cores (below it the GEMV kernels, which read the weight once per 4 rows, are faster).
+pub const TC_MIN_ROWS: usize = 16;
+/// Largest f16 tile of a block weight dequantized at once for the tensor-core path.
+const DEQ_TILE_BYTES: usize = 128 << 20;
 
 struct Linear {
     gpu: Arc<Gpu>,
     /// Quantized activations for `quant_act = 1`, grown as needed (one stream: reuse is safe).
     scratch: Mutex<Option<CudaBuffer>>,
+    /// Tensor-core path: f16/bf16 activations, then the dequantized weight tile.
+    tc_scratch: Mutex<Option<CudaBuffer>>,
+}
+
+/// Rounds `v` up to a multiple of 256 bytes.
+fn align256(v: usize) -> usize {
+    v.div_ceil(256) * 256
 }
 
 impl Linear {
@@ -75,6 +99,144 @@ impl Linear {
         }
         .map_err(|e| Error::Device(format!("cuBLAS sgemm: {e}")))?;
         Ok(true)
+    }
+}
+
+impl Linear {
+    /// The tensor-core product (see the module doc). `Ok(false)` when cuBLAS is not loaded.
+    #[allow(clippy::too_many_arguments)]
+    fn tensor_core(
+        &self,
+        xp: u64,
+        w: &crate::data::Data,
+        bp: u64,
+        yp: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<bool> {
+        if self.gpu.blas().is_none() {
+            return Ok(false);
+        }
+        let wt = w.dtype();
+        let wp = dptr(w, "weight")?;
+        let elem = if wt == DataType::BF16 {
+            Elem::Bf16
+        } else {
+            Elem::F16
+        };
+        let act_bytes = align256(m * k * 2);
+        let tile_rows = if wt.is_quantized() {
+            // whole multiples of 256 rows (odd tile heights made cuBLAS pick slow kernels)
+            let r = DEQ_TILE_BYTES / (2 * k);
+            let r = if r >= 256 { r / 256 * 256 } else { r.max(1) };
+            r.min(n)
+        } else {
+            0
+        };
+        let need = act_bytes + tile_rows * k * 2;
+        let mut guard = self
+            .tc_scratch
+            .lock()
+            .map_err(|_| Error::Device("Linear scratch poisoned".into()))?;
+        if guard.as_ref().is_none_or(|b| b.len_bytes() < need) {
+            // Free the old buffer first: the new one may be large.
+            *guard = None;
+            *guard = Some(CudaBuffer::zeroed(&self.gpu, need.next_power_of_two())?);
+        }
+        let sp = guard.as_ref().map(|b| b.ptr()).unwrap_or(0);
+        self.gpu.launch(
+            "cast_f32_half",
+            Gpu::grid_for(m * k, 256),
+            256,
+            &[
+                KArg::Ptr(xp),
+                KArg::Ptr(sp),
+                long(m * k, "elements")?,
+                KArg::I32((elem == Elem::Bf16) as i32),
+            ],
+        )?;
+        let b = Operand {
+            ptr: sp,
+            elem,
+            ld: k,
+            stride: 0,
+        };
+        // Row-major y[m, n] = x·Wᵀ is column-major yᵀ[n, m] = W·xᵀ, W read transposed.
+        let product = |a_ptr: u64, rows: usize, c_ptr: u64| -> Result<bool> {
+            gemm(
+                &self.gpu,
+                &Gemm {
+                    ta: true,
+                    tb: false,
+                    m: rows,
+                    n: m,
+                    k,
+                    a: Operand {
+                        ptr: a_ptr,
+                        elem,
+                        ld: k,
+                        stride: 0,
+                    },
+                    b,
+                    c: Operand {
+                        ptr: c_ptr,
+                        elem: Elem::F32,
+                        ld: n,
+                        stride: 0,
+                    },
+                    batch: 1,
+                    alpha: 1.0,
+                    tf32: false,
+                },
+            )
+        };
+        if wt.is_quantized() {
+            let suffix = weight_suffix(wt).ok_or_else(|| op_err("Linear", "weight dtype"))?;
+            let tile = sp + act_bytes as u64;
+            let row_bytes = wt.row_bytes(k)?;
+            let mut r0 = 0;
+            while r0 < n {
+                let nr = tile_rows.min(n - r0);
+                self.gpu.launch(
+                    &format!("dequant_f16_{suffix}"),
+                    Gpu::grid_for(nr * k / 4, 256),
+                    256,
+                    &[
+                        KArg::Ptr(wp),
+                        KArg::Ptr(tile),
+                        long(r0, "row")?,
+                        long(nr, "rows")?,
+                        int(k, "k")?,
+                        long(row_bytes, "row bytes")?,
+                    ],
+                )?;
+                if !product(tile, nr, yp + 4 * r0 as u64)? {
+                    return Ok(false);
+                }
+                r0 += nr;
+            }
+        } else if !product(wp, n, yp)? {
+            return Ok(false);
+        }
+        if bp != 0 {
+            self.add_bias(yp, bp, m, n)?;
+        }
+        Ok(true)
+    }
+
+    fn add_bias(&self, yp: u64, bp: u64, m: usize, n: usize) -> Result<()> {
+        self.gpu.launch(
+            "addbias_f32",
+            Gpu::grid_for(m * n, 256),
+            256,
+            &[
+                KArg::Ptr(yp),
+                KArg::Ptr(bp),
+                long(m, "rows")?,
+                long(n, "n")?,
+            ],
+        )
     }
 }
 
@@ -140,22 +302,32 @@ impl Operator for Linear {
         }
         if w.dtype() == DataType::F32 && m >= BLAS_MIN_ROWS && self.sgemm(xp, wp, yp, m, n, k)? {
             if bp != 0 {
-                self.gpu.launch(
-                    "addbias_f32",
-                    Gpu::grid_for(m * n, 256),
-                    256,
-                    &[
-                        KArg::Ptr(yp),
-                        KArg::Ptr(bp),
-                        long(m, "rows")?,
-                        long(n, "n")?,
-                    ],
-                )?;
+                self.add_bias(yp, bp, m, n)?;
             }
             return Ok(());
         }
+        let quant_act = ints.get_or("quant_act", 0) != 0;
+        let tc_weight = w.dtype() != DataType::F32 && (!w.dtype().is_quantized() || k % 32 == 0);
+        if quant_act && tc_weight && m >= TC_MIN_ROWS && self.tensor_core(xp, w, bp, yp, m, n, k)? {
+            return Ok(());
+        }
+        // 16-byte superblock kernels for block weights with quantized activations: k % 256 == 0,
+        // aligned rows.
+        let sb = quant_act && w.dtype().is_quantized() && k % 256 == 0 && wp % 16 == 0;
+        // m = 1: the activation row in shared memory (272 bytes per 256 values + 72 of scales).
+        let sx_bytes = (k / 256) * (272 + 72);
+        let sbx = sb && m == 1 && sx_bytes <= 48 * 1024;
+        let lpr = (k / 256).clamp(1, 32);
+        let lpr = if lpr >= 32 {
+            32
+        } else {
+            // largest power of two ≤ superblocks per row, at least 4
+            (1usize << (usize::BITS - 1 - lpr.leading_zeros())).max(4)
+        };
+        let rows_per_block = LIN_FEATURES * (32 / lpr);
         let suffix = weight_suffix(w.dtype()).ok_or_else(|| op_err("Linear", "weight dtype"))?;
-        let gx = u32::try_from(n.div_ceil(LIN_FEATURES))
+        let per_block = if sb { rows_per_block } else { LIN_FEATURES };
+        let gx = u32::try_from(n.div_ceil(per_block))
             .map_err(|_| op_err("Linear", "too many outputs"))?;
         let gy =
             u32::try_from(m.div_ceil(LIN_ROWS)).map_err(|_| op_err("Linear", "too many rows"))?;
@@ -165,7 +337,7 @@ impl Operator for Linear {
                 format!("{m} rows exceed this kernel's grid"),
             ));
         }
-        let tail = [
+        let mut tail = vec![
             KArg::Ptr(bp),
             KArg::Ptr(yp),
             int(m, "rows")?,
@@ -173,8 +345,17 @@ impl Operator for Linear {
             int(k, "k")?,
             long(w.dtype().row_bytes(k)?, "row bytes")?,
         ];
+        let variant = if sbx {
+            tail.push(int(lpr, "lanes per row")?);
+            "sbx_"
+        } else if sb {
+            tail.push(int(lpr, "lanes per row")?);
+            "sb_"
+        } else {
+            ""
+        };
         let block = (32 * LIN_FEATURES) as u32;
-        if ints.get_or("quant_act", 0) != 0 && w.dtype().is_quantized() {
+        if quant_act && w.dtype().is_quantized() {
             if k % 32 != 0 {
                 return Err(op_err(
                     "Linear",
@@ -205,13 +386,22 @@ impl Operator for Linear {
             )?;
             let mut args = vec![KArg::Ptr(qs), KArg::Ptr(ds), KArg::Ptr(wp)];
             args.extend(tail);
-            return self
-                .gpu
-                .launch(&format!("linear_q8act_{suffix}"), (gx, gy, 1), block, &args);
+            let smem = if sbx { sx_bytes as u32 } else { 0 };
+            return self.gpu.launch_smem(
+                &format!("linear_q8act_{variant}{suffix}"),
+                (gx, gy, 1),
+                block,
+                smem,
+                &args,
+            );
         }
         let mut args = vec![KArg::Ptr(xp), KArg::Ptr(wp)];
         args.extend(tail);
-        self.gpu
-            .launch(&format!("linear_{suffix}"), (gx, gy, 1), block, &args)
+        self.gpu.launch(
+            &format!("linear_{variant}{suffix}"),
+            (gx, gy, 1),
+            block,
+            &args,
+        )
     }
 }

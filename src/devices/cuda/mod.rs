@@ -13,6 +13,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 mod attention;
+pub mod blas;
 pub mod buffer;
 mod elementwise;
 mod embedding;
@@ -25,6 +26,8 @@ mod paged;
 mod rope;
 mod select;
 mod shape;
+
+pub use linear::TC_MIN_ROWS;
 
 use buffer::{alloc_data, dptr};
 use gpu::Gpu;

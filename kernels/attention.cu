@@ -184,3 +184,84 @@ extern "C" __global__ void paged_cache_write_f32(const float* x, const int* slot
         cache[(long)slots[i] * row + c] = x[id];
     }
 }
+
+// Prefill attention through cuBLAS (tensor cores): the GEMM q·kᵀ·scale has written the scores
+// of queries i0..i0+qc of head h into s[(h·qc + r)·ld + j], keys j < kend. This turns each row
+// into probabilities in place: soft-capping, ALiBi, causal mask and sliding window as in
+// attention_f32; masked keys (j < kend) get 0; a row that sees no key is all 0 (the output row
+// is then 0, as in attention_f32). Block (r, h).
+#define SM_VPT 16
+
+extern "C" __global__ void attn_softmax_f32(float* s, const float* slopes, int qc, int i0, int sq, int skv, long ld,
+                                            int kend, float softcap, int causal, int window) {
+    int r = blockIdx.x, h = blockIdx.y;
+    float* row = s + ((long)h * qc + r) * ld;
+    long p = (long)skv - sq + i0 + r;
+    long end = causal ? min((long)skv, p + 1) : (long)skv;
+    if (end < 0) end = 0;
+    if (end > kend) end = kend;
+    long start = 0;
+    if (window > 0) {
+        start = p - window + 1;
+        if (start < 0) start = 0;
+        if (start > end) start = end;
+    }
+    float slope = slopes ? slopes[h] : 0.0f;
+    if (kend <= SM_VPT * (long)blockDim.x) {
+        // One read and one write of the row: the values stay in registers.
+        float v[SM_VPT];
+        float mx = -INF;
+#pragma unroll
+        for (int t = 0; t < SM_VPT; t++) {
+            long j = threadIdx.x + (long)t * blockDim.x;
+            float x = -INF;
+            if (j >= start && j < end) {
+                x = row[j];
+                if (softcap > 0.0f) x = softcap * tanhf(x / softcap);
+                x += slope * (float)(j - p);
+                mx = fmaxf(mx, x);
+            }
+            v[t] = x;
+        }
+        mx = block_max(mx);
+        float sum = 0.0f;
+#pragma unroll
+        for (int t = 0; t < SM_VPT; t++) {
+            long j = threadIdx.x + (long)t * blockDim.x;
+            float e = (j >= start && j < end) ? expf(v[t] - mx) : 0.0f;
+            v[t] = e;
+            sum += e;
+        }
+        sum = block_sum(sum);
+        float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+#pragma unroll
+        for (int t = 0; t < SM_VPT; t++) {
+            long j = threadIdx.x + (long)t * blockDim.x;
+            if (j < kend) row[j] = v[t] * inv;
+        }
+        return;
+    }
+    float mx = -INF;
+    for (long j = threadIdx.x; j < kend; j += blockDim.x) {
+        if (j >= start && j < end) {
+            float v = row[j];
+            if (softcap > 0.0f) v = softcap * tanhf(v / softcap);
+            v += slope * (float)(j - p);
+            row[j] = v;
+            mx = fmaxf(mx, v);
+        }
+    }
+    mx = block_max(mx);
+    float sum = 0.0f;
+    for (long j = threadIdx.x; j < kend; j += blockDim.x) {
+        float e = 0.0f;
+        if (j >= start && j < end) {
+            e = expf(row[j] - mx);
+            sum += e;
+        }
+        row[j] = e;
+    }
+    sum = block_sum(sum);
+    float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (long j = start + threadIdx.x; j < end; j += blockDim.x) row[j] *= inv;
+}

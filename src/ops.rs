@@ -124,6 +124,9 @@ pub struct AttentionParams<'a> {
     pub sliding_window: usize,
     /// ALiBi slopes [nh].
     pub alibi: Option<&'a Data>,
+    /// Reduced-precision arithmetic allowed (the `fast` precision): a device may use TF32 /
+    /// f16 tensor cores for long prefills.
+    pub fast: bool,
 }
 
 /// Causal attention of `q` [sq, nh, hd] over `k`, `v` [skv, nkv, hd].
@@ -148,7 +151,8 @@ pub fn attention(
             .with("softcap", p.softcap),
         &IntDict::new()
             .with("causal", 1)
-            .with("sliding_window", p.sliding_window as i32),
+            .with("sliding_window", p.sliding_window as i32)
+            .with("fast", p.fast as i32),
     )
 }
 

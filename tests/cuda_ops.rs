@@ -612,6 +612,85 @@ fn tensor_core_linear_matches_exact_reference() {
     }
 }
 
+/// (sq, skv, nh, nkv, hd, hdv, alibi, softcap, window, causal)
+type AttCase = (
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    bool,
+    f32,
+    i32,
+    i32,
+);
+
+/// TF32 products (10-bit mantissa) for q·kᵀ and p·v.
+const TC_ATTENTION_NMSE: f64 = 2e-5;
+
+#[test]
+fn tensor_core_attention_matches_reference() {
+    let Some(dev) = gpu() else { return };
+    let cuda = cuda_executor(&dev);
+    let reference = reference();
+    let mut rng = CaseRng::new(22);
+    // (sq, skv, nh, nkv, hd, hdv, alibi, softcap, window, causal); 64 heads × 1100 keys take
+    // two chunks of queries; 4200 keys exceed the softmax's in-register row (4096).
+    let cases: [AttCase; 7] = [
+        (64, 64, 8, 2, 64, 64, false, 0.0, 0, 1),
+        (100, 137, 6, 3, 40, 24, true, 0.0, 0, 1),
+        (80, 80, 4, 4, 32, 32, false, 20.0, 0, 1),
+        (70, 90, 4, 1, 64, 64, false, 0.0, 17, 1),
+        (64, 50, 4, 2, 32, 32, true, 10.0, 0, 0),
+        (1100, 1100, 64, 8, 16, 16, false, 0.0, 0, 1),
+        (64, 4200, 2, 1, 16, 16, true, 0.0, 0, 1),
+    ];
+    for (sq, skv, nh, nkv, hd, hdv, alibi, softcap, window, causal) in cases {
+        let q = rng.data_range(DataType::F32, &[sq, nh, hd], -2.0, 2.0);
+        let mut k = rng.data(DataType::F32, &[skv, nkv, hd]);
+        k.reserve(0, skv + 5).unwrap();
+        let v = rng.data(DataType::F32, &[skv, nkv, hdv]);
+        let slopes: Vec<f32> = (0..nh).map(|h| 0.5f32.powi(h as i32 + 1)).collect();
+        let slopes = Data::from_f32(&[nh], &slopes).unwrap();
+        let run = |exec: &Executor, q: &Data, k: &Data, v: &Data, s: &Data| {
+            let mut out = Data::empty(DataType::F32);
+            let mut d = DataDict::new().with("q", q).with("k", k).with("v", v);
+            if alibi {
+                d.insert("alibi_slopes", s);
+            }
+            d.insert_mut("output", &mut out);
+            exec.run(
+                "Attention",
+                &mut d,
+                &FloatDict::new().with("softcap", softcap),
+                &IntDict::new()
+                    .with("causal", causal)
+                    .with("sliding_window", window)
+                    .with("fast", 1),
+            )
+            .unwrap();
+            out.to_owned_host().unwrap()
+        };
+        let r = run(&reference, &q, &k, &v, &slopes);
+        let t = run(
+            &cuda,
+            &dev.upload(&q).unwrap(),
+            &dev.upload(&k).unwrap(),
+            &dev.upload(&v).unwrap(),
+            &dev.upload(&slopes).unwrap(),
+        );
+        let (e, bad) = nmse(&t.to_f32_vec().unwrap(), &r.to_f32_vec().unwrap());
+        println!(
+            "tensor-core Attention q[{sq},{nh},{hd}] kv[{skv},{nkv},{hd}/{hdv}] alibi={alibi} softcap={softcap} window={window} causal={causal}: nmse {e:.2e}"
+        );
+        assert!(
+            !bad && e <= TC_ATTENTION_NMSE,
+            "nmse {e:.3e} > {TC_ATTENTION_NMSE:.0e}"
+        );
+    }
+}
+
 #[test]
 fn synthetic_model_fast_prefill_close_to_exact() {
     use fastllm::model::{synthetic, Model, SyntheticSource};

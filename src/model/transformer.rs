@@ -691,6 +691,7 @@ impl Model {
                 softcap: c.attn_logit_softcap,
                 sliding_window: if sliding { c.sliding_window } else { 0 },
                 alibi: self.alibi.as_ref(),
+                fast: self.precision == Precision::Fast,
             };
             kv.attend(e, i, q, k, v, &ap, a)?;
             a.reshape(&[s, nh * hd])?;

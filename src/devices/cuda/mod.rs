@@ -27,6 +27,7 @@ mod rope;
 mod select;
 mod shape;
 
+pub use attention::TC_MIN_QUERIES;
 pub use linear::TC_MIN_ROWS;
 
 use buffer::{alloc_data, dptr};

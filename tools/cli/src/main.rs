@@ -137,6 +137,10 @@ enum Cmd {
         /// prompts, -n steps); reported as batch_tg_tok_s (all sequences' tokens per second).
         #[arg(long, default_value_t = 1)]
         batch: usize,
+        /// Print the per-op host time of the generation runs to stderr (GPU ops are queued
+        /// asynchronously, so on a GPU this is the host's dispatch cost per op).
+        #[arg(long)]
+        profile: bool,
     },
     /// Top next-token logits at every position, as JSON.
     Logits {
@@ -403,6 +407,7 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             synthetic,
             dtype,
             batch,
+            profile,
         } => bench(
             &m,
             pp,
@@ -412,6 +417,7 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             synthetic.as_deref(),
             &dtype,
             batch,
+            profile,
             t0,
         )?,
         Cmd::Logits {
@@ -669,6 +675,7 @@ fn bench(
     synthetic: Option<&str>,
     dtype: &str,
     batch: usize,
+    profile: bool,
     t0: Instant,
 ) -> Result<()> {
     if pp == 0 && tg == 0 {
@@ -707,12 +714,17 @@ fn bench(
         }
         if tg > 0 {
             let mut c = model.new_cache(tg + 2)?;
+            model.executor().profiler().set_enabled(profile);
             let t = Instant::now();
             for &g in &gen {
                 model.forward(&mut c, &[g], false)?;
             }
             tg_t.push(tg as f64 / t.elapsed().as_secs_f64());
+            model.executor().profiler().set_enabled(false);
         }
+    }
+    if profile {
+        eprint!("{}", model.executor().profiler().report());
     }
     let threads = model
         .executor()

@@ -706,11 +706,16 @@ fn synthetic_model_fast_prefill_close_to_exact() {
             let exec = fastllm::load::executor_for("cuda", 0).unwrap();
             let model = Model::new(cfg.clone(), src, exec, precision, false).unwrap();
             let mut cache = model.new_cache(tokens.len() + 1).unwrap();
-            model
+            let l = model
                 .forward(&mut cache, &tokens, false)
                 .unwrap()
                 .to_f32_vec()
-                .unwrap()
+                .unwrap();
+            // greedy on the GPU picks the logits' argmax
+            let mut cache = model.new_cache(tokens.len() + 1).unwrap();
+            let id = model.forward_greedy(&mut cache, &tokens).unwrap();
+            assert_eq!(id, argmax(&l), "{dtype} {precision:?}: forward_greedy");
+            l
         };
         let (fast, exact) = (logits(Precision::Fast), logits(Precision::Exact));
         let (e, bad) = nmse(&fast, &exact);
@@ -811,6 +816,39 @@ fn matmul_rate_and_gemv_speed() {
             println!(
                 "PERF Linear {wt} m={m} [{n}, {k}] fast (tensor cores): {ms:.3} ms, {:.0} TFLOP/s",
                 2.0 * (m * n * k) as f64 / ms / 1e9
+            );
+        }
+    }
+    // Prefill attention, llama-3-8b shape (32 heads, 8 KV heads, head 128), 2048 tokens.
+    {
+        let (sq, nh, nkv, hd) = (2048usize, 32usize, 8usize, 128usize);
+        let q = dev.upload(&rng.data(DataType::F32, &[sq, nh, hd])).unwrap();
+        let k = dev
+            .upload(&rng.data(DataType::F32, &[sq, nkv, hd]))
+            .unwrap();
+        let v = dev
+            .upload(&rng.data(DataType::F32, &[sq, nkv, hd]))
+            .unwrap();
+        for fast in [1, 0] {
+            let mut out = Data::empty(DataType::F32);
+            let mut run = || -> fastllm::Result<()> {
+                let mut d = DataDict::new()
+                    .with("q", &q)
+                    .with("k", &k)
+                    .with("v", &v)
+                    .with_mut("output", &mut out);
+                cuda.run(
+                    "Attention",
+                    &mut d,
+                    &FloatDict::new(),
+                    &IntDict::new().with("causal", 1).with("fast", fast),
+                )
+            };
+            run().unwrap();
+            let ms = g.timed(&mut run).unwrap();
+            println!(
+                "PERF Attention prefill sq=skv={sq} heads {nh}/{nkv} hd {hd} fast={fast}: {ms:.3} ms ({:.0} TFLOP/s causal)",
+                2.0 * 2.0 * (sq * sq / 2 * nh * hd) as f64 / ms / 1e9
             );
         }
     }

@@ -369,8 +369,33 @@ impl Model {
     }
 
     /// Runs `tokens` through the model after the cached ones, appending to `cache`. Returns
-    /// logits [n, vocab]: for every new position when `all_logits`, else only the last one.
+    /// logits [n, vocab] on the host: for every new position when `all_logits`, else only the
+    /// last one.
     pub fn forward(&self, cache: &mut KvCache, tokens: &[u32], all_logits: bool) -> Result<Data> {
+        to_host(self.forward_device(cache, tokens, all_logits)?)
+    }
+
+    /// [`Model::forward`] followed by greedy selection on the model's device: only the chosen
+    /// token id (the lowest index among equal maxima) crosses to the host, not the logits.
+    pub fn forward_greedy(&self, cache: &mut KvCache, tokens: &[u32]) -> Result<u32> {
+        let logits = self.forward_device(cache, tokens, false)?;
+        let mut ids = Data::empty(DataType::I32);
+        ops::argmax(&self.exec, &logits, &mut ids)?;
+        let ids = to_host(ids)?;
+        match ids.as_i32()?.first() {
+            Some(&t) if t >= 0 => Ok(t as u32),
+            _ => Err(Error::invalid("ArgMax returned no token")),
+        }
+    }
+
+    /// [`Model::forward`] with the logits left where the last op wrote them (the GPU, when the
+    /// model runs there).
+    fn forward_device(
+        &self,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        all_logits: bool,
+    ) -> Result<Data> {
         let c = &self.config;
         let s = tokens.len();
         if s == 0 {
@@ -534,7 +559,8 @@ impl Model {
         }
     }
 
-    /// Runs one planned paged step over `pool`'s storage (blocks already assigned).
+    /// Runs one planned paged step over `pool`'s storage (blocks already assigned); logits on
+    /// the host.
     pub(crate) fn paged_step(&self, pool: &mut PagedKvPool, b: &PagedBatch) -> Result<Data> {
         let mut store = PagedStep {
             pool,
@@ -544,7 +570,7 @@ impl Model {
             tables: Data::from_i32(&[b.seqs, b.max_blocks], &b.table)?,
         };
         let mut scratch = Scratch::default();
-        self.forward_rows(&b.tokens, &b.pos, &b.rows, &mut store, &mut scratch)
+        to_host(self.forward_rows(&b.tokens, &b.pos, &b.rows, &mut store, &mut scratch)?)
     }
 
     fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
@@ -572,6 +598,14 @@ impl Model {
         let ids = Data::from_i32(&[s], &ids)?;
         let pos = Data::from_i32(&[s], pos)?;
 
+        // Positions are read by every RoPE call: put them on the first device once per step
+        // rather than letting the executor copy them for each call.
+        let pos = match self.exec.devices().first() {
+            Some(d) if d.kind() != DeviceKind::Cpu && self.spec.positions == Positions::Rope => {
+                d.upload(&pos)?
+            }
+            _ => pos,
+        };
         let mut sc = scratch.take(12);
         let r = self.layers(&ids, &pos, logit_rows, kv, &mut sc);
         scratch.give(sc);
@@ -770,10 +804,16 @@ impl Model {
             ops::soft_cap(e, &logits, c.final_logit_softcap, &mut capped)?;
             logits = capped;
         }
-        if logits.device() != DeviceKind::Cpu {
-            logits = logits.to_owned_host()?;
-        }
         Ok(logits)
+    }
+}
+
+/// `d` on the host (a copy when it lives on a device).
+fn to_host(d: Data) -> Result<Data> {
+    if d.device() != DeviceKind::Cpu {
+        d.to_owned_host()
+    } else {
+        Ok(d)
     }
 }
 

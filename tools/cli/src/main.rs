@@ -716,8 +716,9 @@ fn bench(
             let mut c = model.new_cache(tg + 2)?;
             model.executor().profiler().set_enabled(profile);
             let t = Instant::now();
+            // greedy selection on the model's device: only the id comes back per step
             for &g in &gen {
-                model.forward(&mut c, &[g], false)?;
+                model.forward_greedy(&mut c, &[g])?;
             }
             tg_t.push(tg as f64 / t.elapsed().as_secs_f64());
             model.executor().profiler().set_enabled(false);

@@ -146,6 +146,15 @@ fn compare_cpu(path: &Path, world: usize, precision: Precision) -> f32 {
         greedy(&tp, &p[..4], 6),
         "{path:?} world {world}: greedy tokens differ"
     );
+    // forward_greedy on the driver (no ops of its own) picks the same tokens
+    let mut c1 = single.new_cache(16).unwrap();
+    let mut c2 = tp.new_cache(16).unwrap();
+    let (mut t1, mut t2) = (p[0], p[0]);
+    for _ in 0..4 {
+        t1 = single.forward_greedy(&mut c1, &[t1]).unwrap();
+        t2 = tp.forward_greedy(&mut c2, &[t2]).unwrap();
+        assert_eq!(t1, t2, "{path:?} world {world}: forward_greedy differs");
+    }
     d
 }
 

@@ -379,6 +379,21 @@ impl Model {
     /// token id (the lowest index among equal maxima) crosses to the host, not the logits.
     pub fn forward_greedy(&self, cache: &mut KvCache, tokens: &[u32]) -> Result<u32> {
         let logits = self.forward_device(cache, tokens, false)?;
+        if self.group.is_some() {
+            // a tensor-parallel driver gets the joined logits on the host and runs no ops
+            let v = logits.to_f32_vec()?;
+            let best = v
+                .iter()
+                .enumerate()
+                .fold(None, |best: Option<(usize, f32)>, (i, &x)| match best {
+                    Some((_, b)) if b >= x => best,
+                    _ => Some((i, x)),
+                });
+            return match best {
+                Some((i, _)) => Ok(i as u32),
+                None => Err(Error::invalid("forward_greedy: empty logits")),
+            };
+        }
         let mut ids = Data::empty(DataType::I32);
         ops::argmax(&self.exec, &logits, &mut ids)?;
         let ids = to_host(ids)?;

@@ -253,4 +253,9 @@ pub trait BaseDevice: Send + Sync {
     fn upload(&self, data: &Data) -> Result<Data>;
     /// Moves a tensor that this device wrote back to host memory, in place.
     fn download(&self, data: &mut Data) -> Result<()>;
+    /// Waits until the work this device has queued is done (a no-op for synchronous devices
+    /// such as the CPU).
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
 }

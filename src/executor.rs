@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 #[derive(Default)]
 pub struct Profiler {
     enabled: AtomicBool,
+    sync: AtomicBool,
     table: Mutex<HashMap<String, (u64, Duration)>>,
 }
 
@@ -27,6 +28,16 @@ impl Profiler {
     /// True when recording.
     pub fn enabled(&self) -> bool {
         self.enabled.load(Ordering::Relaxed)
+    }
+    /// While recording, waits for the device after every op ([`BaseDevice::synchronize`]), so
+    /// an asynchronous device's (GPU's) time is charged to the op that queued the work instead
+    /// of to the next op that waits. Slower; for finding which kernel is slow.
+    pub fn set_sync(&self, on: bool) {
+        self.sync.store(on, Ordering::Relaxed);
+    }
+    /// True when the profiler waits for the device after every op.
+    pub fn syncs(&self) -> bool {
+        self.sync.load(Ordering::Relaxed)
     }
     /// Adds one call of `op` taking `t`.
     pub fn record(&self, op: &str, t: Duration) {
@@ -147,6 +158,9 @@ impl Executor {
             o.run(datas, floats, ints)?;
         }
         if let Some(t0) = t0 {
+            if self.profiler.syncs() {
+                device.synchronize()?;
+            }
             self.profiler.record(op, t0.elapsed());
         }
         Ok(())

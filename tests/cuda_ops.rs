@@ -201,6 +201,32 @@ fn missing_device_is_an_error_not_a_panic() {
     }
 }
 
+/// Large copies back from the GPU go through a pinned staging buffer, in chunks above 64 MiB:
+/// every byte must come back, whatever the size (below, at and across the chunk size).
+#[test]
+fn large_downloads_through_the_staging_buffer_are_exact() {
+    let Some(dev) = gpu() else { return };
+    for n in [(1 << 20) - 4, 5 << 20, 16 << 20, (70 << 20) + 12] {
+        let v: Vec<f32> = (0..n / 4).map(|i| (i as f32) * 0.5 - 7.0).collect();
+        let host = Data::from_f32(&[v.len()], &v).unwrap();
+        let on_gpu = dev.upload(&host).unwrap();
+        let back = on_gpu.to_owned_host().unwrap();
+        assert_eq!(back.to_f32_vec().unwrap(), v, "{n} bytes");
+    }
+    let t = std::time::Instant::now();
+    let host = Data::from_f32(&[64 * 128256], &vec![1.5f32; 64 * 128256]).unwrap();
+    let on_gpu = dev.upload(&host).unwrap();
+    let t_up = t.elapsed();
+    let t = std::time::Instant::now();
+    let back = on_gpu.to_owned_host().unwrap();
+    println!(
+        "PERF download of 64 x 128256 f32 logits (32.8 MB): {:.2} ms (upload {:.2} ms)",
+        t.elapsed().as_secs_f64() * 1e3,
+        t_up.as_secs_f64() * 1e3
+    );
+    assert_eq!(back.count(), 64 * 128256);
+}
+
 #[test]
 fn kv_cache_grows_in_place_on_the_gpu() {
     let Some(dev) = gpu() else { return };

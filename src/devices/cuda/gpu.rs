@@ -21,7 +21,16 @@ pub struct Gpu {
     module: OnceLock<std::result::Result<Arc<CudaModule>, String>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
     blas: Option<Mutex<cudarc::cublas::CudaBlas>>,
+    /// Page-locked host buffer that large device-to-host copies go through (a pageable
+    /// destination made a 33 MB logits copy take ~40 ms); grown on demand up to
+    /// [`STAGING_MAX`].
+    staging: Mutex<Option<cudarc::driver::PinnedHostSlice<u8>>>,
 }
+
+/// Copies from the GPU at least this large go through the pinned staging buffer.
+const STAGING_MIN: usize = 1 << 20;
+/// Largest pinned staging buffer; larger copies go through it in chunks.
+const STAGING_MAX: usize = 64 << 20;
 
 fn dev_err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Device(format!("{what}: {e}"))
@@ -96,6 +105,7 @@ impl Gpu {
             module: OnceLock::new(),
             functions: Mutex::new(HashMap::new()),
             blas,
+            staging: Mutex::new(None),
         }))
     }
 
@@ -177,11 +187,53 @@ impl Gpu {
             return Ok(());
         }
         self.bind()?;
+        if dst.len() >= STAGING_MIN && self.dtoh_staged(src, dst)? {
+            return Ok(());
+        }
         // SAFETY: src holds at least dst.len() bytes (callers check sizes); we synchronize
         // before returning so dst is written.
         unsafe { dres::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }
             .map_err(|e| dev_err("copy from GPU", e))?;
         self.sync()
+    }
+
+    /// [`Gpu::dtoh`] through the pinned staging buffer, in chunks of at most [`STAGING_MAX`].
+    /// `Ok(false)` when no pinned buffer can be had (the caller copies directly).
+    fn dtoh_staged(&self, src: u64, dst: &mut [u8]) -> Result<bool> {
+        let mut guard = self
+            .staging
+            .lock()
+            .map_err(|_| Error::Device("GPU staging buffer lock poisoned".into()))?;
+        let want = dst.len().min(STAGING_MAX);
+        if guard.as_ref().is_none_or(|b| b.len() < want) {
+            *guard = None; // free the old one first
+            let size = want.next_power_of_two().min(STAGING_MAX);
+            // SAFETY: plain page-locked memory (flags 0: readable by the CPU at full speed,
+            // unlike write-combined memory); only used while `guard` is held.
+            match unsafe { self.ctx.alloc_pinned_with_flags::<u8>(size, 0) } {
+                Ok(b) => *guard = Some(b),
+                Err(_) => return Ok(false),
+            }
+        }
+        let Some(buf) = guard.as_mut() else {
+            return Ok(false);
+        };
+        let pinned = buf
+            .as_mut_slice()
+            .map_err(|e| dev_err("staging buffer", e))?;
+        let mut done = 0usize;
+        for chunk in dst.chunks_mut(want) {
+            let stage = &mut pinned[..chunk.len()];
+            // SAFETY: src + done .. + chunk.len() lies inside the source allocation (dst.len()
+            // bytes were requested from it); stage is page-locked and we synchronize before
+            // reading it.
+            unsafe { dres::memcpy_dtoh_async(stage, src + done as u64, self.stream.cu_stream()) }
+                .map_err(|e| dev_err("copy from GPU", e))?;
+            self.sync()?;
+            chunk.copy_from_slice(stage);
+            done += chunk.len();
+        }
+        Ok(true)
     }
 
     /// Enqueues a device-to-device copy of `n` bytes.

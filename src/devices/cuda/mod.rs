@@ -111,6 +111,9 @@ impl BaseDevice for CudaDevice {
     fn name(&self) -> &str {
         &self.name
     }
+    fn synchronize(&self) -> Result<()> {
+        self.gpu.sync()
+    }
     fn kind(&self) -> DeviceKind {
         DeviceKind::Cuda(self.gpu.ordinal())
     }

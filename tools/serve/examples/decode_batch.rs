@@ -57,6 +57,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let ex = m.executor();
     ex.profiler().set_enabled(true);
+    // FASTLLM_PROFILE_SYNC=1: device time per op (waits for the GPU after each op)
+    ex.profiler()
+        .set_sync(std::env::var_os("FASTLLM_PROFILE_SYNC").is_some());
     ex.profiler().reset();
     let tok = [42u32];
     let t0 = Instant::now();

@@ -124,6 +124,26 @@ pub(super) fn run(
     }
 }
 
+/// Writes a kernel's output tile `o[column][row]` (`nr` rows from `r0`, `nc` columns from `c0`)
+/// plus the bias into the row-major output `op` of row length `n`.
+fn store_tile<const R: usize, const C: usize>(
+    bias: Option<&[f32]>,
+    n: usize,
+    o: &[[f32; R]; C],
+    (r0, nr): (usize, usize),
+    (c0, nc): (usize, usize),
+    op: *mut f32,
+) {
+    for (c, oc) in o.iter().enumerate().take(nc) {
+        let j = c0 + c;
+        let b = bias.map_or(0.0, |b| b[j]);
+        for (t, v) in oc.iter().enumerate().take(nr) {
+            // SAFETY: inside the validated output; no other task writes column j.
+            unsafe { *op.add((r0 + t) * n + j) = v + b };
+        }
+    }
+}
+
 /// All activation rows against the block weight rows `cols` with the tiled integer kernel.
 fn int_tile(a: &LinearArgs, cols: std::ops::Range<usize>, rb: usize, kern: Kernel, op: *mut f32) {
     let Kernel::Int(_, q, Some(tile)) = kern else {
@@ -139,14 +159,7 @@ fn int_tile(a: &LinearArgs, cols: std::ops::Range<usize>, rb: usize, kern: Kerne
             let mut o = [[0f32; MAX_ROWS]; MAX_ROWS];
             // SAFETY: sizes validated by the caller; kernel picked for this CPU.
             unsafe { tile(&a.w[c0 * rb..(c0 + nc) * rb], rb, q, r0, nr, nc, &mut o) };
-            for (c, oc) in o.iter().enumerate().take(nc) {
-                let j = c0 + c;
-                let b = a.bias.map_or(0.0, |b| b[j]);
-                for (t, v) in oc.iter().enumerate().take(nr) {
-                    // SAFETY: inside the validated output; no other task writes column j.
-                    unsafe { *op.add((r0 + t) * n + j) = v + b };
-                }
-            }
+            store_tile(a.bias, n, &o, (r0, nr), (c0, nc), op);
             c0 += nc;
         }
         r0 += nr;
@@ -168,14 +181,7 @@ fn int_wide(a: &LinearArgs, cols: std::ops::Range<usize>, rb: usize, kern: Kerne
             let mut o = [[0f32; WIDE_ROWS]; WIDE_COLS];
             // SAFETY: sizes validated by the caller; kernel picked for this CPU.
             unsafe { wide(&a.w[c0 * rb..(c0 + nc) * rb], rb, q, r0, nr, nc, &mut o) };
-            for (c, oc) in o.iter().enumerate().take(nc) {
-                let j = c0 + c;
-                let b = a.bias.map_or(0.0, |b| b[j]);
-                for (t, v) in oc.iter().enumerate().take(nr) {
-                    // SAFETY: inside the validated output; no other task writes column j.
-                    unsafe { *op.add((r0 + t) * n + j) = v + b };
-                }
-            }
+            store_tile(a.bias, n, &o, (r0, nr), (c0, nc), op);
             c0 += nc;
         }
         r0 += nr;

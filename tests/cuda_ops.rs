@@ -486,9 +486,10 @@ fn smollm2_on_the_gpu_matches_reference_and_cpu() {
         agree, total,
         "exact: top-1 must agree wherever the reference margin > 1e-2"
     );
-    // `fast` (int8 activations) uses the CPU's scheme, bit for bit per op; which positions flip
-    // still depends on float rounding upstream of each quantization, so compare with the CPU
-    // loosely and hold the fixture's KL bound.
+    // `fast` on the GPU uses the CPU's int8-activation scheme for decode-sized `Linear`s but
+    // f16 activations on tensor cores for prefill (≥ `TC_MIN_ROWS` rows, as here), which is
+    // more accurate: hold the fixture's KL bound and require the GPU to be no worse than the
+    // CPU's `fast` by more than 2 % of positions (measured 2026-11-22: GPU 407/407, CPU 396).
     let (fworst, fagree, ftotal, fkl) = smollm2_stats(&flm, "cuda", Precision::Fast);
     let (cworst, cagree, ctotal, ckl) = smollm2_stats(&flm, "cpu", Precision::Fast);
     println!("smollm2 cuda fast: max|Δ| {fworst:.2e}, top-1 {fagree}/{ftotal}, mean KL {fkl:.2e}");
@@ -499,8 +500,8 @@ fn smollm2_on_the_gpu_matches_reference_and_cpu() {
         "fast: top-1 {fagree}/{ftotal} < 95%"
     );
     assert!(
-        fagree.abs_diff(cagree) as f64 <= 0.02 * ctotal as f64,
-        "fast: GPU top-1 {fagree} vs CPU {cagree}"
+        fagree as f64 + 0.02 * ctotal as f64 >= cagree as f64,
+        "fast: GPU top-1 {fagree} is worse than CPU {cagree} by more than 2 %"
     );
 }
 

@@ -211,6 +211,16 @@ fn nan_weights_are_an_error_not_a_token() {
         chat_template: m.chat_template.clone(),
         name: "poisoned".into(),
     });
+    // the greedy paged step checks host logits as the sampler does
+    let mut pool = PagedKvPool::new(&bad.model, 4, 4).unwrap();
+    let mut st = PagedSeqState::new();
+    let e = bad
+        .model
+        .forward_paged_greedy(&mut pool, &mut [(&mut st, &[1u32, 2][..])])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("NaN"), "{e}");
+    assert_eq!(st.len(), 0);
     let mut s = Session::new(bad, 0).unwrap();
     let e = s.eval(&[1, 2]).unwrap_err().to_string();
     assert!(e.contains("NaN"), "{e}");
@@ -382,5 +392,38 @@ fn paged_prefix_cache_reuses_only_identical_full_blocks() {
         pool.set_prefix_caching(false);
         assert_eq!(pool.cached_blocks(), 0);
         assert_eq!(pool.free_blocks(), 16);
+    }
+}
+
+/// `forward_paged_greedy` picks exactly the argmax of `forward_paged`'s rows, step after step
+/// (prompt chunks of different lengths, then decode tokens), and leaves the pool the same.
+#[test]
+fn paged_greedy_equals_argmax_of_paged_logits() {
+    for arch in ["llama", "qwen3", "gemma2"] {
+        let m = llm(arch, false);
+        let prompts: [&[u32]; 3] = [&[1, 20, 30, 40, 50], &[2, 9], &[3, 33, 44, 55, 66, 77, 88]];
+        let mut pa = PagedKvPool::new(&m.model, 16, 4).unwrap();
+        let mut pb = PagedKvPool::new(&m.model, 16, 4).unwrap();
+        let mut sa: Vec<PagedSeqState> = (0..3).map(|_| PagedSeqState::new()).collect();
+        let mut sb: Vec<PagedSeqState> = (0..3).map(|_| PagedSeqState::new()).collect();
+        let mut next: Vec<Vec<u32>> = prompts.iter().map(|p| p.to_vec()).collect();
+        for step in 0..4 {
+            let want: Vec<u32> = {
+                let mut batch: Vec<(&mut PagedSeqState, &[u32])> =
+                    sa.iter_mut().zip(&next).map(|(s, t)| (s, &t[..])).collect();
+                let rows = m.model.forward_paged(&mut pa, &mut batch).unwrap();
+                rows.iter()
+                    .map(|r| fastllm::generate::sampler::argmax(r))
+                    .collect()
+            };
+            let got = {
+                let mut batch: Vec<(&mut PagedSeqState, &[u32])> =
+                    sb.iter_mut().zip(&next).map(|(s, t)| (s, &t[..])).collect();
+                m.model.forward_paged_greedy(&mut pb, &mut batch).unwrap()
+            };
+            assert_eq!(got, want, "{arch} step {step}");
+            assert_eq!(pa.free_blocks(), pb.free_blocks(), "{arch} step {step}");
+            next = got.iter().map(|&t| vec![t]).collect();
+        }
     }
 }

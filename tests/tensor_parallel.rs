@@ -256,6 +256,31 @@ fn run_paged(m: &Model) -> Vec<f32> {
         next = l.iter().map(|r| argmax(r)).collect();
         out.extend(l.into_iter().flatten());
     }
+    // the greedy step (argmax of the joined logits on a group) picks the same tokens
+    {
+        let mut pool2 = PagedKvPool::new(m, 16, 4).unwrap();
+        let mut st2: Vec<PagedSeqState> = (0..3).map(|_| PagedSeqState::new()).collect();
+        let mut batch: Vec<(&mut PagedSeqState, &[u32])> = st2
+            .iter_mut()
+            .zip(&prompts)
+            .map(|(s, p)| (s, p.as_slice()))
+            .collect();
+        let ids = m.forward_paged_greedy(&mut pool2, &mut batch).unwrap();
+        assert_eq!(ids.len(), 3);
+        let mut fresh = PagedKvPool::new(m, 16, 4).unwrap();
+        let mut st3: Vec<PagedSeqState> = (0..3).map(|_| PagedSeqState::new()).collect();
+        let mut batch: Vec<(&mut PagedSeqState, &[u32])> = st3
+            .iter_mut()
+            .zip(&prompts)
+            .map(|(s, p)| (s, p.as_slice()))
+            .collect();
+        let rows = m.forward_paged(&mut fresh, &mut batch).unwrap();
+        let want: Vec<u32> = rows.iter().map(|r| argmax(r)).collect();
+        assert_eq!(
+            ids, want,
+            "greedy paged step differs from argmax of its logits"
+        );
+    }
     pool.release(&mut st[1]);
     let p = prompt(vocab, 5);
     let mut batch: Vec<(&mut PagedSeqState, &[u32])> = vec![(&mut st[1], p.as_slice())];

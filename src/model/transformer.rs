@@ -469,6 +469,49 @@ impl Model {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
+        match self.run_paged(pool, batch, false)? {
+            PagedOut::Logits(logits) => {
+                let vocab = self.config.vocab_size;
+                let rows_out = |v: &[f32]| v.chunks(vocab).map(|r| r.to_vec()).collect();
+                if logits.is_contiguous() {
+                    let v = logits.as_f32()?;
+                    Ok(rows_out(v.get(..logits.count()).unwrap_or(v)))
+                } else {
+                    Ok(rows_out(&logits.to_f32_vec()?))
+                }
+            }
+            PagedOut::Ids(_) => Err(Error::invalid("forward_paged: got ids, not logits")),
+        }
+    }
+
+    /// [`Model::forward_paged`] followed by greedy selection: returns the argmax token after
+    /// each item's last token (lowest id on ties, like the sampler's greedy). On a GPU the
+    /// argmax runs there and only the ids come back (not rows × vocabulary logits). Where the
+    /// logits are on the host, NaN or +Inf logits are an `Err` as in the sampler; on a GPU they
+    /// are not inspected.
+    pub fn forward_paged_greedy(
+        &self,
+        pool: &mut PagedKvPool,
+        batch: &mut [(&mut PagedSeqState, &[u32])],
+    ) -> Result<Vec<u32>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        match self.run_paged(pool, batch, true)? {
+            PagedOut::Ids(ids) => Ok(ids),
+            PagedOut::Logits(_) => Err(Error::invalid("forward_paged_greedy: got logits")),
+        }
+    }
+
+    fn run_paged(
+        &self,
+        pool: &mut PagedKvPool,
+        batch: &mut [(&mut PagedSeqState, &[u32])],
+        greedy: bool,
+    ) -> Result<PagedOut> {
+        if batch.is_empty() {
+            return Err(Error::invalid("paged step: empty batch"));
+        }
         let c = &self.config;
         if (pool.remote.is_none() && pool.k.len() != c.num_layers)
             || pool.nkv != c.num_kv_heads
@@ -556,27 +599,52 @@ impl Model {
             seqs: batch.len(),
             max_blocks,
         };
-        let logits = match (&self.group, &pool.remote) {
-            (Some(g), Some(r)) if Arc::ptr_eq(r.group(), g) => g.forward_paged(r, &step)?,
-            (None, None) => self.paged_step(pool, &step)?,
+        let out = match (&self.group, &pool.remote) {
+            (Some(g), Some(r)) if Arc::ptr_eq(r.group(), g) => {
+                let logits = g.forward_paged(r, &step)?;
+                if greedy {
+                    PagedOut::Ids(host_argmax_rows(&logits, c.vocab_size)?)
+                } else {
+                    PagedOut::Logits(logits)
+                }
+            }
+            (None, None) => {
+                let logits = self.paged_step_device(pool, &step)?;
+                if !greedy {
+                    PagedOut::Logits(to_host(logits)?)
+                } else if logits.device() == DeviceKind::Cpu {
+                    PagedOut::Ids(host_argmax_rows(&logits, c.vocab_size)?)
+                } else {
+                    let mut ids = Data::empty(DataType::I32);
+                    ops::argmax(&self.exec, &logits, &mut ids)?;
+                    let ids = to_host(ids)?;
+                    let ids = ids
+                        .as_i32()?
+                        .iter()
+                        .map(|&t| {
+                            u32::try_from(t).map_err(|_| bad("ArgMax returned a negative id"))
+                        })
+                        .collect::<Result<Vec<u32>>>()?;
+                    PagedOut::Ids(ids)
+                }
+            }
             _ => return Err(Error::invalid("paged KV pool belongs to another model")),
         };
         for (st, toks) in batch.iter_mut() {
             st.len += toks.len();
             pool.commit(st, toks);
         }
-        let rows_out = |v: &[f32]| v.chunks(c.vocab_size).map(|r| r.to_vec()).collect();
-        if logits.is_contiguous() {
-            let v = logits.as_f32()?;
-            Ok(rows_out(v.get(..logits.count()).unwrap_or(v)))
-        } else {
-            Ok(rows_out(&logits.to_f32_vec()?))
-        }
+        Ok(out)
     }
 
     /// Runs one planned paged step over `pool`'s storage (blocks already assigned); logits on
     /// the host.
     pub(crate) fn paged_step(&self, pool: &mut PagedKvPool, b: &PagedBatch) -> Result<Data> {
+        to_host(self.paged_step_device(pool, b)?)
+    }
+
+    /// [`Model::paged_step`] with the logits left where the last op wrote them.
+    fn paged_step_device(&self, pool: &mut PagedKvPool, b: &PagedBatch) -> Result<Data> {
         let mut store = PagedStep {
             pool,
             slots: Data::from_i32(&[b.slots.len()], &b.slots)?,
@@ -585,7 +653,7 @@ impl Model {
             tables: Data::from_i32(&[b.seqs, b.max_blocks], &b.table)?,
         };
         let mut scratch = Scratch::default();
-        to_host(self.forward_rows(&b.tokens, &b.pos, &b.rows, &mut store, &mut scratch)?)
+        self.forward_rows(&b.tokens, &b.pos, &b.rows, &mut store, &mut scratch)
     }
 
     fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
@@ -824,6 +892,32 @@ impl Model {
 }
 
 /// `d` on the host (a copy when it lives on a device).
+/// What a paged step returns: the logits rows, or (greedy) the argmax of each row.
+enum PagedOut {
+    Logits(Data),
+    Ids(Vec<u32>),
+}
+
+/// Argmax of each `vocab`-long row of host `logits` (lowest id on ties); NaN or +Inf is an
+/// `Err`, as in the sampler.
+fn host_argmax_rows(logits: &Data, vocab: usize) -> Result<Vec<u32>> {
+    let v = logits.to_f32_vec()?;
+    if vocab == 0 || v.len() % vocab != 0 {
+        return Err(bad(format!(
+            "logits of {} values are not rows of {vocab}",
+            v.len()
+        )));
+    }
+    v.chunks(vocab)
+        .map(|row| {
+            if row.iter().any(|x| x.is_nan() || *x == f32::INFINITY) {
+                return Err(Error::invalid("logits contain NaN or +Inf"));
+            }
+            Ok(crate::generate::sampler::argmax(row))
+        })
+        .collect()
+}
+
 fn to_host(d: Data) -> Result<Data> {
     if d.device() != DeviceKind::Cpu {
         d.to_owned_host()

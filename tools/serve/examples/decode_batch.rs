@@ -2,7 +2,7 @@
 //! `P`-token prompt, then `T` decode steps of all `B` at once; prints tokens/s and the
 //! executor's per-op profile.
 //!
-//! `cargo run --release -p fastllm-serve --example decode_batch -- MODEL THREADS B P T [DEVICE]`
+//! `cargo run --release -p fastllm-serve --example decode_batch -- MODEL THREADS B P T [DEVICE [greedy]]`
 //!
 //! `MODEL` is a `.flm` file or `synthetic:SHAPE:DTYPE` (a random-weight model as in
 //! `fastllm bench --synthetic`, e.g. `synthetic:llama-3.2-1b:f16`); `DEVICE` is `cpu` (default),
@@ -61,12 +61,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     ex.profiler()
         .set_sync(std::env::var_os("FASTLLM_PROFILE_SYNC").is_some());
     ex.profiler().reset();
-    let tok = [42u32];
+    // `greedy` as the 8th argument: select on the device (`forward_paged_greedy`, what the
+    // engine does when every request is greedy) and feed the picked tokens back
+    let greedy = a.get(7).is_some_and(|v| v == "greedy");
+    let mut next: Vec<[u32; 1]> = vec![[42u32]; b];
     let t0 = Instant::now();
     for _ in 0..t {
-        let mut batch: Vec<(&mut PagedSeqState, &[u32])> =
-            states.iter_mut().map(|s| (s, &tok[..])).collect();
-        m.forward_paged(&mut pool, &mut batch)?;
+        let mut batch: Vec<(&mut PagedSeqState, &[u32])> = states
+            .iter_mut()
+            .zip(&next)
+            .map(|(s, tok)| (s, &tok[..]))
+            .collect();
+        if greedy {
+            let ids = m.forward_paged_greedy(&mut pool, &mut batch)?;
+            next = ids.iter().map(|&t| [t]).collect();
+        } else {
+            m.forward_paged(&mut pool, &mut batch)?;
+        }
     }
     let dt = t0.elapsed().as_secs_f64();
     println!(

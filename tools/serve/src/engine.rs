@@ -517,7 +517,22 @@ impl Scheduler {
                 .zip(&toks)
                 .map(|((_, _, st), t)| (st, t.as_slice()))
                 .collect();
-            let r = self.llm.model.forward_paged(&mut self.pool, &mut batch);
+            // every sequence greedy without penalties: select on the device, so only the ids
+            // come back (on a GPU, not rows x vocabulary logits)
+            let greedy = plan
+                .iter()
+                .all(|&(i, _)| is_plain_greedy(self.running[i].sampler.params()));
+            let r = if greedy {
+                self.llm
+                    .model
+                    .forward_paged_greedy(&mut self.pool, &mut batch)
+                    .map(StepOut::Ids)
+            } else {
+                self.llm
+                    .model
+                    .forward_paged(&mut self.pool, &mut batch)
+                    .map(StepOut::Logits)
+            };
             drop(batch);
             for (i, _, st) in states {
                 self.running[i].state = st;
@@ -525,8 +540,8 @@ impl Scheduler {
             r
         };
         self.metrics.steps_total.fetch_add(1, Ordering::Relaxed);
-        let logits = match result {
-            Ok(l) => l,
+        let out = match result {
+            Ok(o) => o,
             Err(e) => {
                 // fail every sequence of the batch; keep serving others
                 let msg = e.to_string();
@@ -540,7 +555,7 @@ impl Scheduler {
             }
         };
         let mut done: Vec<(usize, Option<Event>)> = Vec::new();
-        for (&(i, n), l) in plan.iter().zip(logits) {
+        for (k, &(i, n)) in plan.iter().enumerate() {
             let s = &mut self.running[i];
             if s.fed < s.n_prompt {
                 self.metrics
@@ -551,7 +566,17 @@ impl Scheduler {
             if s.fed < s.tokens.len() {
                 continue; // prompt chunk, or recomputing after preemption
             }
-            let tok = match s.sampler.sample(&l, &s.tokens) {
+            let picked = match &out {
+                StepOut::Ids(ids) => ids
+                    .get(k)
+                    .copied()
+                    .ok_or_else(|| fastllm::Error::invalid("greedy step returned too few ids")),
+                StepOut::Logits(rows) => match rows.get(k) {
+                    Some(l) => s.sampler.sample(l, &s.tokens),
+                    None => Err(fastllm::Error::invalid("step returned too few logits rows")),
+                },
+            };
+            let tok = match picked {
                 Ok(t) => t,
                 Err(e) => {
                     done.push((i, Some(Event::Error(e.to_string()))));
@@ -656,6 +681,21 @@ impl Scheduler {
             self.finish(s, ev);
         }
     }
+}
+
+/// What one batched step gave: logits rows to sample from, or greedy ids.
+enum StepOut {
+    Logits(Vec<Vec<f32>>),
+    Ids(Vec<u32>),
+}
+
+/// True when `p` picks the argmax of the raw logits (temperature 0, no penalties), so the
+/// model may select on the device.
+fn is_plain_greedy(p: &SamplingParams) -> bool {
+    p.temperature == 0.0
+        && p.repetition_penalty == 1.0
+        && p.presence_penalty == 0.0
+        && p.frequency_penalty == 0.0
 }
 
 #[cfg(test)]

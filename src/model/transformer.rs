@@ -379,28 +379,26 @@ impl Model {
     /// token id (the lowest index among equal maxima) crosses to the host, not the logits.
     pub fn forward_greedy(&self, cache: &mut KvCache, tokens: &[u32]) -> Result<u32> {
         let logits = self.forward_device(cache, tokens, false)?;
-        if self.group.is_some() {
-            // a tensor-parallel driver gets the joined logits on the host and runs no ops
-            let v = logits.to_f32_vec()?;
-            let best = v
-                .iter()
-                .enumerate()
-                .fold(None, |best: Option<(usize, f32)>, (i, &x)| match best {
-                    Some((_, b)) if b >= x => best,
-                    _ => Some((i, x)),
-                });
-            return match best {
-                Some((i, _)) => Ok(i as u32),
-                None => Err(Error::invalid("forward_greedy: empty logits")),
-            };
+        match self.argmax_rows(logits)?.first() {
+            Some(&t) => Ok(t),
+            None => Err(Error::invalid("ArgMax returned no token")),
+        }
+    }
+
+    /// The argmax of each logits row (lowest id on ties). Host logits (a CPU model, or a
+    /// tensor-parallel driver, which runs no ops) are checked for NaN/+Inf as in the sampler;
+    /// on a GPU the `ArgMax` op runs there and only the ids come back.
+    fn argmax_rows(&self, logits: Data) -> Result<Vec<u32>> {
+        if logits.device() == DeviceKind::Cpu {
+            return host_argmax_rows(&logits, self.config.vocab_size);
         }
         let mut ids = Data::empty(DataType::I32);
         ops::argmax(&self.exec, &logits, &mut ids)?;
-        let ids = to_host(ids)?;
-        match ids.as_i32()?.first() {
-            Some(&t) if t >= 0 => Ok(t as u32),
-            _ => Err(Error::invalid("ArgMax returned no token")),
-        }
+        to_host(ids)?
+            .as_i32()?
+            .iter()
+            .map(|&t| u32::try_from(t).map_err(|_| bad("ArgMax returned a negative id")))
+            .collect()
     }
 
     /// [`Model::forward`] with the logits left where the last op wrote them (the GPU, when the
@@ -599,36 +597,15 @@ impl Model {
             seqs: batch.len(),
             max_blocks,
         };
-        let out = match (&self.group, &pool.remote) {
-            (Some(g), Some(r)) if Arc::ptr_eq(r.group(), g) => {
-                let logits = g.forward_paged(r, &step)?;
-                if greedy {
-                    PagedOut::Ids(host_argmax_rows(&logits, c.vocab_size)?)
-                } else {
-                    PagedOut::Logits(logits)
-                }
-            }
-            (None, None) => {
-                let logits = self.paged_step_device(pool, &step)?;
-                if !greedy {
-                    PagedOut::Logits(to_host(logits)?)
-                } else if logits.device() == DeviceKind::Cpu {
-                    PagedOut::Ids(host_argmax_rows(&logits, c.vocab_size)?)
-                } else {
-                    let mut ids = Data::empty(DataType::I32);
-                    ops::argmax(&self.exec, &logits, &mut ids)?;
-                    let ids = to_host(ids)?;
-                    let ids = ids
-                        .as_i32()?
-                        .iter()
-                        .map(|&t| {
-                            u32::try_from(t).map_err(|_| bad("ArgMax returned a negative id"))
-                        })
-                        .collect::<Result<Vec<u32>>>()?;
-                    PagedOut::Ids(ids)
-                }
-            }
+        let logits = match (&self.group, &pool.remote) {
+            (Some(g), Some(r)) if Arc::ptr_eq(r.group(), g) => g.forward_paged(r, &step)?,
+            (None, None) => self.paged_step_device(pool, &step)?,
             _ => return Err(Error::invalid("paged KV pool belongs to another model")),
+        };
+        let out = if greedy {
+            PagedOut::Ids(self.argmax_rows(logits)?)
+        } else {
+            PagedOut::Logits(to_host(logits)?)
         };
         for (st, toks) in batch.iter_mut() {
             st.len += toks.len();

@@ -4,8 +4,9 @@
 //! run (SIMD sum over a 1 GiB buffer, same thread count); plus the executor's dispatch overhead
 //! (a 1-element `AddTo`, µs per call).
 //!
-//! `cargo bench --bench linear -- [--threads N] [--quick] [--gemv]`
-//! (`--quick`: only the three small shapes; `--gemv`: skip the 64-row GEMMs).
+//! `cargo bench --bench linear -- [--threads N] [--quick] [--gemv] [--dtype LIST]`
+//! (`--quick`: only the three small shapes; `--gemv`: skip the 64-row GEMMs; `--dtype q4_0,f16`:
+//! only those weight dtypes).
 
 use fastllm::data::encode_from_f32;
 use fastllm::{Data, DataDict, DataType, Executor, FloatDict, IntDict};
@@ -18,6 +19,8 @@ struct Opts {
     threads: usize,
     quick: bool,
     gemv_only: bool,
+    /// Only these weight dtypes (`--dtype q4_0,q4_1`); all when empty.
+    dtypes: Vec<String>,
 }
 
 fn opts() -> Opts {
@@ -26,6 +29,7 @@ fn opts() -> Opts {
         threads: 2,
         quick: false,
         gemv_only: false,
+        dtypes: Vec::new(),
     };
     let mut i = 1;
     while i < args.len() {
@@ -36,6 +40,13 @@ fn opts() -> Opts {
             }
             "--quick" => o.quick = true,
             "--gemv" => o.gemv_only = true,
+            "--dtype" => {
+                o.dtypes = args
+                    .get(i + 1)
+                    .map(|v| v.split(',').map(str::to_string).collect())
+                    .unwrap_or_default();
+                i += 1;
+            }
             _ => {}
         }
         i += 1;
@@ -170,7 +181,7 @@ fn main() {
     );
     let mut shapes = vec![(576usize, 576usize), (1536, 576), (576, 1536)];
     if !o.quick {
-        shapes.extend([(4096, 4096), (14336, 4096)]);
+        shapes.extend([(4096, 4096), (14336, 4096), (4096, 14336)]);
     }
     let dtypes = [
         DataType::F32,
@@ -187,6 +198,9 @@ fn main() {
     );
     for &(n, k) in &shapes {
         for dt in dtypes {
+            if !o.dtypes.is_empty() && !o.dtypes.iter().any(|d| d == dt.name()) {
+                continue;
+            }
             let w = weight(dt, n, k);
             let wbytes = w.bytes().unwrap().len() as f64;
             let qas: &[i32] = if dt.is_quantized() { &[0, 1] } else { &[0] };

@@ -30,7 +30,43 @@ pub struct Q8Rows {
     pub sum8: Vec<[i32; 8]>,
     /// Quantized values, 32 per block.
     pub qs: Vec<i8>,
+    /// The same rows in the grouped layout of the streaming GEMV ([`Q8Split`]); empty until
+    /// [`Q8Rows::prepare_split`] is called, and emptied by every re-quantization.
+    pub split: Q8Split,
 }
+
+/// Activation rows rearranged for the streaming GEMV (`int_split`): blocks in groups of
+/// [`SPLIT_GROUP`], each group holding the first 16 values of its 4 blocks, then the last 16
+/// (the order of Q4 nibbles: low nibbles are values 0..16 of a block, high nibbles 16..32), and
+/// one 16-entry record of per-block numbers. A row's last group is padded with zero blocks.
+#[derive(Default, Clone, Debug)]
+pub struct Q8Split {
+    /// Rows prepared (0 when not prepared).
+    pub rows: usize,
+    /// Groups per row (`blocks.div_ceil(4)`).
+    pub groups: usize,
+    /// 128 bytes per group: `[x0[..16], x1[..16], x2[..16], x3[..16], x0[16..], .., x3[16..]]`.
+    pub xs: Vec<i8>,
+    /// 16 words per group (one 64-byte load), for blocks `j = 0..4` of the group: word `j` is
+    /// `dx·Σq` (f32 bits; Q4_1's min term), word `4 + j` the scale `dx` (f32 bits), word `8 + j`
+    /// `−8·Σq` (i32; turns `Σ q·x` of unsigned Q4_0 nibbles into `Σ (q − 8)·x` exactly), words
+    /// 12..16 zero.
+    pub meta: Vec<u32>,
+    /// `dx·Σq` of every block, contiguous per row ([`Q8Split::sx_stride`] floats a row, zero
+    /// padded): the wide tiles add Q4_1's min term 16 blocks at a time from here.
+    pub sx: Vec<f32>,
+}
+
+impl Q8Split {
+    /// Floats per row of [`Q8Split::sx`]: the row's blocks (padded to whole groups) rounded up
+    /// to 16.
+    pub fn sx_stride(&self) -> usize {
+        (self.groups * SPLIT_GROUP).next_multiple_of(16)
+    }
+}
+
+/// Blocks per group of [`Q8Split`].
+pub const SPLIT_GROUP: usize = 4;
 
 impl Q8Rows {
     /// Resizes for `rows` rows of `blocks` blocks (contents unspecified until quantized into).
@@ -41,10 +77,41 @@ impl Q8Rows {
         self.sum.resize(rows * blocks, 0);
         self.sum8.resize(rows * blocks, [0; 8]);
         self.qs.resize(rows * blocks * QK, 0);
+        self.split.rows = 0;
+    }
+
+    /// Fills [`Q8Rows::split`] from the quantized rows (cheap: one pass over `k` bytes per row).
+    pub fn prepare_split(&mut self) {
+        let (rows, blocks) = (self.rows, self.blocks);
+        let groups = blocks.div_ceil(SPLIT_GROUP);
+        let sp = &mut self.split;
+        sp.groups = groups;
+        sp.xs.clear();
+        sp.xs.resize(rows * groups * 128, 0);
+        sp.meta.clear();
+        sp.meta.resize(rows * groups * 16, 0);
+        let sxs = sp.sx_stride();
+        sp.sx.clear();
+        sp.sx.resize(rows * sxs, 0.0);
+        for r in 0..rows {
+            for b in 0..blocks {
+                let (g, j) = (r * groups + b / SPLIT_GROUP, b % SPLIT_GROUP);
+                let src = (r * blocks + b) * QK;
+                let xs = &mut sp.xs[g * 128..(g + 1) * 128];
+                xs[16 * j..16 * j + 16].copy_from_slice(&self.qs[src..src + 16]);
+                xs[64 + 16 * j..64 + 16 * j + 16].copy_from_slice(&self.qs[src + 16..src + 32]);
+                let [d, s] = self.ds[r * blocks + b];
+                let meta = &mut sp.meta[g * 16..(g + 1) * 16];
+                meta[j] = s.to_bits();
+                meta[4 + j] = d.to_bits();
+                meta[8 + j] = (-8 * self.sum[r * blocks + b]) as u32;
+                sp.sx[r * sxs + b] = s;
+            }
+        }
+        sp.rows = rows;
     }
 }
 
-/// Quantizes one block: returns `(d as stored, 1/d used for rounding)`.
 #[inline]
 fn block_scale(amax: f32) -> (f32, f32) {
     let d = amax / 127.0;

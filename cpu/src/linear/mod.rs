@@ -4,7 +4,8 @@
 //! One file per job: [`float_dot`] (float weight dots, plus the AVX-512 4×4 f32 GEMM tile),
 //! [`quant_dot`] (exact dots with weight blocks dequantized in registers), [`act_quant`]
 //! (activation rows → Q8_0 for `quant_act`), [`int_dot`] (integer block dots), [`int_gemv`]
-//! (AVX-512 integer GEMV, 4 weight rows × 1 activation row), [`int_tile`]
+//! (AVX-512 integer GEMV, 4 weight rows × 1 activation row), [`int_split`] (AVX-512 VBMI
+//! Q4 kernels over grouped activations: a streaming GEMV and an 8×2 tile, four blocks per step), [`int_tile`]
 //! (AVX-512 4×4 integer GEMM tiles), [`int_wide`] (AVX-512 VNNI 8×2 integer GEMM tiles, used
 //! instead of `int_tile` where the CPU has VNNI), `gemm` (column tiling, row blocking, f32 tile conversion
 //! and the split over threads), [`matmul`] (the two f32 matmuls). Each kernel exists as a plain
@@ -19,6 +20,7 @@ pub mod float_dot;
 mod gemm;
 pub mod int_dot;
 pub mod int_gemv;
+pub mod int_split;
 pub mod int_tile;
 pub mod int_wide;
 pub mod matmul;
@@ -276,7 +278,7 @@ pub fn linear_ref(a: &LinearArgs, out: &mut [f32]) -> Result<(), String> {
 pub fn linear(threads: &Threads, a: &LinearArgs, out: &mut [f32]) -> Result<(), String> {
     let rb = a.validate(out)?;
     if a.uses_int() {
-        let f: IntRowsFn = match a.wtype {
+        let mut f: IntRowsFn = match a.wtype {
             WeightType::Q8_0 => int_dot::pick_q8_0(),
             WeightType::Q4_0 => int_dot::pick_q4_0(),
             _ => int_dot::pick_q4_1(),
@@ -286,22 +288,34 @@ pub fn linear(threads: &Threads, a: &LinearArgs, out: &mut [f32]) -> Result<(), 
                 .try_borrow_mut()
                 .map_err(|_| "activation scratch busy (re-entrant call)".to_string())?;
             act_quant::quantize_rows(a.x, a.rows, a.k, &mut q)?;
-            let wide = if a.rows >= INT_TILE_MIN_ROWS {
-                int_wide::pick(a.wtype)
-            } else {
+            let gemv = a.rows < INT_TILE_MIN_ROWS;
+            let split_gemv = (gemv && a.w.len() > INT_GEMV_MAX_BYTES)
+                .then(|| int_split::pick_gemv(a.wtype))
+                .flatten();
+            let split_wide = (!gemv).then(|| int_split::pick_wide(a.wtype)).flatten();
+            if split_gemv.is_some() || split_wide.is_some() {
+                q.prepare_split();
+            }
+            if let Some(g) = split_gemv {
+                f = g;
+            }
+            let q = &*q;
+            let wide = if gemv {
                 None
+            } else {
+                split_wide.or_else(|| int_wide::pick(a.wtype))
             };
             let kern = match wide {
-                Some(w) => gemm::Kernel::IntWide(f, &q, w),
+                Some(w) => gemm::Kernel::IntWide(f, q, w),
                 None => {
-                    let tile = if a.rows >= INT_TILE_MIN_ROWS {
+                    let tile = if !gemv {
                         int_tile::pick(a.wtype)
                     } else if a.w.len() <= INT_GEMV_MAX_BYTES {
                         int_gemv::pick(a.wtype)
                     } else {
                         None
                     };
-                    gemm::Kernel::Int(f, &q, tile)
+                    gemm::Kernel::Int(f, q, tile)
                 }
             };
             gemm::run(Some(threads), a, rb, kern, out);

@@ -636,3 +636,153 @@ fn int_gemv_kernels_match_reference() {
         }
     }
 }
+
+/// The streaming GEMV kernels against the per-row reference: block counts that are and are not
+/// multiples of the 4-block group (1..7, 129, 131), several activation rows per call, weight rows
+/// taken from the end of the buffer (the masked tail loads must not read past it); then `linear`
+/// with one row and weights over [`INT_GEMV_MAX_BYTES`] (the size that picks this kernel).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn int_split_kernels_match_reference() {
+    let variants: Vec<(WeightType, IntRowsFn, IntRowsFn)> = [
+        (WeightType::Q4_0, int_dot::rows_q4_0_ref as IntRowsFn),
+        (WeightType::Q4_1, int_dot::rows_q4_1_ref as IntRowsFn),
+    ]
+    .into_iter()
+    .filter_map(|(t, r)| int_split::pick_gemv(t).map(|s| (t, r, s)))
+    .collect();
+    if variants.is_empty() {
+        println!("no AVX-512 VBMI/VNNI streaming GEMV on this CPU; skipped");
+    }
+    for (t, r, stream) in variants {
+        for blocks in [1usize, 2, 3, 4, 5, 6, 7, 129, 131] {
+            let k = blocks * 32;
+            let rb = t.row_bytes(k).unwrap();
+            let mut q = act_quant::Q8Rows::default();
+            act_quant::quantize_rows_ref(&rand_vec(3 * k, 28 + blocks as u64), 3, k, &mut q)
+                .unwrap();
+            q.prepare_split();
+            let n = 5;
+            let (w, _) = encode(t, &rand_vec(n * k, 27 + blocks as u64));
+            for j in 0..n {
+                // exactly one row's bytes: a read past the row would be caught by Miri/ASan and
+                // reads a neighbouring row otherwise (results would differ)
+                let wr = w[j * rb..(j + 1) * rb].to_vec();
+                for (row0, rows) in [(0usize, 1usize), (1, 2), (0, 3)] {
+                    let (mut want, mut got) = ([0f32; MAX_ROWS], [f32::NAN; MAX_ROWS]);
+                    // SAFETY: sizes as in the contract; kernel picked for this CPU.
+                    unsafe {
+                        r(&wr, &q, row0, rows, &mut want);
+                        stream(&wr, &q, row0, rows, &mut got);
+                    }
+                    for i in 0..rows {
+                        let (p, v) = (want[i], got[i]);
+                        let tol = 1e-6 * blocks as f32 * (1.0 + p.abs());
+                        assert!(
+                            (p - v).abs() <= tol,
+                            "{} blocks={blocks} col={j} row={}: {p} vs {v}",
+                            t.name(),
+                            row0 + i
+                        );
+                    }
+                }
+            }
+            // unprepared activations fall back to the per-block kernels (same results)
+            let mut plain = q.clone();
+            act_quant::quantize_rows_ref(&rand_vec(3 * k, 28 + blocks as u64), 3, k, &mut plain)
+                .unwrap();
+            assert_eq!(
+                plain.split.rows, 0,
+                "re-quantization must drop the split layout"
+            );
+            let (mut want, mut got) = ([0f32; MAX_ROWS], [0f32; MAX_ROWS]);
+            // SAFETY: as above.
+            unsafe {
+                r(&w[..rb], &plain, 0, 3, &mut want);
+                stream(&w[..rb], &plain, 0, 3, &mut got);
+            }
+            for i in 0..3 {
+                assert!((want[i] - got[i]).abs() <= 1e-5 * (1.0 + want[i].abs()));
+            }
+        }
+    }
+    // end to end through `linear`: one row, weights over the GEMV size limit
+    let threads = Threads::new(2).unwrap();
+    for t in [WeightType::Q4_0, WeightType::Q4_1] {
+        let k = 4096 + 96;
+        let n = INT_GEMV_MAX_BYTES / t.row_bytes(k).unwrap() + 37;
+        let (w, _) = encode(t, &rand_vec(n * k, 31));
+        assert!(w.len() > INT_GEMV_MAX_BYTES);
+        let x = rand_vec(k, 32);
+        let bias = rand_vec(n, 33);
+        let a = LinearArgs {
+            x: &x,
+            rows: 1,
+            k,
+            w: &w,
+            wtype: t,
+            n,
+            bias: Some(&bias),
+            quant_act: true,
+        };
+        let (mut want, mut got) = (vec![0f32; n], vec![0f32; n]);
+        linear_ref(&a, &mut want).unwrap();
+        linear(&threads, &a, &mut got).unwrap();
+        let e = nmse(&got, &want);
+        assert!(e < 1e-10, "{} k={k} n={n}: nmse {e}", t.name());
+    }
+}
+
+/// The split-layout wide tiles (Q4_0, Q4_1) against the per-row reference: block counts that
+/// are and are not multiples of the 4-block group, every row count 1..=8 and column count 1..=2,
+/// exactly sized weight buffers (the masked tail loads must stay inside them); the same call
+/// without a prepared layout falls back to the other wide kernels.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn int_split_wide_kernels_match_reference() {
+    use int_wide::{WIDE_COLS, WIDE_ROWS};
+    let variants: Vec<(WeightType, IntRowsFn, int_wide::IntWideFn)> = [
+        (WeightType::Q4_0, int_dot::rows_q4_0_ref as IntRowsFn),
+        (WeightType::Q4_1, int_dot::rows_q4_1_ref as IntRowsFn),
+    ]
+    .into_iter()
+    .filter_map(|(t, r)| int_split::pick_wide(t).map(|w| (t, r, w)))
+    .collect();
+    if variants.is_empty() {
+        println!("no AVX-512 VBMI/VNNI split tiles on this CPU; skipped");
+    }
+    for (t, r, wide) in variants {
+        for k in [32usize, 64, 96, 160, 576, 1056] {
+            let rb = t.row_bytes(k).unwrap();
+            let (w, _) = encode(t, &rand_vec(WIDE_COLS * k, 37 + k as u64));
+            let mut q = act_quant::Q8Rows::default();
+            act_quant::quantize_rows_ref(&rand_vec(11 * k, 38), 11, k, &mut q).unwrap();
+            let plain = q.clone();
+            q.prepare_split();
+            for acts in [&q, &plain] {
+                for rows in 1..=WIDE_ROWS {
+                    for cols in 1..=WIDE_COLS {
+                        let wt = w[..cols * rb].to_vec();
+                        let mut got = [[f32::NAN; WIDE_ROWS]; WIDE_COLS];
+                        // SAFETY: sizes as in the contract; kernel picked for this CPU.
+                        unsafe { wide(&wt, rb, acts, 3, rows, cols, &mut got) };
+                        for (c, gc) in got.iter().enumerate().take(cols) {
+                            for (i, &g) in gc.iter().enumerate().take(rows) {
+                                let mut want = [0f32; MAX_ROWS];
+                                // SAFETY: as above.
+                                unsafe { r(&wt[c * rb..(c + 1) * rb], acts, 3 + i, 1, &mut want) };
+                                let p = want[0];
+                                assert!(
+                                    (p - g).abs() <= 1e-5 * (1.0 + p.abs()),
+                                    "{} k={k} {rows}x{cols} [{c}][{i}] prepared={}: {p} vs {g}",
+                                    t.name(),
+                                    acts.split.rows > 0
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -146,6 +146,45 @@ pub fn paged_attention(
             row_seq.push((si, s.q_start + r, s.kv_len - nq + r));
         }
     }
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::simd::has_avx512() && hd % 16 == 0 {
+            // one task item per (row, KV head): the query heads of a GQA group share every key
+            // and value load
+            let items = row_seq.len() * nkv;
+            let work_per_item: usize =
+                seqs.iter().map(|s| s.kv_len).max().unwrap_or(1) * hd * 2 * group;
+            let min_items = (65536 / work_per_item.max(1)).max(1);
+            let out_ptr = out.as_mut_ptr() as usize;
+            threads.for_rows(items, min_items, |range| {
+                let mut scratch = GroupScratch::default();
+                for it in range {
+                    let (si, row, pos) = row_seq[it / nkv];
+                    let kh = it % nkv;
+                    let qs = &q[(row * nh + kh * group) * hd..(row * nh + (kh + 1) * group) * hd];
+                    // SAFETY: the group's output heads are written by this item alone.
+                    let o = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            (out_ptr as *mut f32).add((row * nh + kh * group) * hd),
+                            group * hd,
+                        )
+                    };
+                    let job = GroupJob {
+                        seq: &seqs[si],
+                        pos,
+                        kh,
+                        first_head: kh * group,
+                        group,
+                    };
+                    // SAFETY: AVX-512 checked above; hd % 16 == 0; slices sized above.
+                    unsafe {
+                        avx512::attend_group(qs, k_cache, v_cache, &job, alibi, p, &mut scratch, o)
+                    };
+                }
+            });
+            return;
+        }
+    }
     // one task item per (row, head): a single decode row still uses every thread
     let items = row_seq.len() * nh;
     let work_per_item: usize = seqs.iter().map(|s| s.kv_len).max().unwrap_or(1) * hd * 2;
@@ -194,4 +233,142 @@ pub fn paged_attention(
             }
         }
     });
+}
+
+/// One (query row, KV head) item of the grouped fast path.
+#[cfg(target_arch = "x86_64")]
+struct GroupJob<'a> {
+    /// The row's sequence.
+    seq: &'a PagedSeq<'a>,
+    /// Absolute position of the query row.
+    pos: usize,
+    /// KV head.
+    kh: usize,
+    /// First query head of the group.
+    first_head: usize,
+    /// Query heads per KV head.
+    group: usize,
+}
+
+/// Per-task buffers of the grouped fast path.
+#[cfg(target_arch = "x86_64")]
+#[derive(Default)]
+struct GroupScratch {
+    /// Scores, `group` rows of the visible length.
+    scores: Vec<f32>,
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    //! The grouped AVX-512 attention of one (query row, KV head) item; only called after
+    //! `simd::has_avx512()` with `head_dim % 16 == 0`.
+    use super::{cap, slot_of, visible, GroupJob, GroupScratch, PagedAttnParams};
+    use crate::vecmath;
+    use std::arch::x86_64::*;
+
+    /// Query heads dotted with one key load at a time.
+    const QB: usize = 4;
+
+    /// Attention of the `job.group` query heads in `qs` (`group × hd`) over the sequence's
+    /// visible keys of KV head `job.kh`, written to `out` (`group × hd`): scores with each key
+    /// loaded once for up to [`QB`] heads, one exp pass per head, values accumulated with each
+    /// value row loaded once per head block.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub(super) unsafe fn attend_group(
+        qs: &[f32],
+        k_cache: &[f32],
+        v_cache: &[f32],
+        job: &GroupJob,
+        alibi: Option<&[f32]>,
+        p: &PagedAttnParams,
+        s: &mut GroupScratch,
+        out: &mut [f32],
+    ) {
+        let (nkv, hd, g) = (p.n_kv_heads, p.head_dim, job.group);
+        let (lo, hi) = visible(job.pos, p);
+        let len = hi + 1 - lo;
+        let chunks = hd / 16;
+        s.scores.clear();
+        s.scores.resize(g * len, 0.0);
+        let base = |j: usize| (slot_of(job.seq, j, p.block_size) * nkv + job.kh) * hd;
+        let mut h0 = 0;
+        while h0 < g {
+            let nb = (g - h0).min(QB);
+            for (t, j) in (lo..=hi).enumerate() {
+                let kp = k_cache.as_ptr().add(base(j));
+                let mut acc = [_mm512_setzero_ps(); QB];
+                for c in 0..chunks {
+                    let kv = _mm512_loadu_ps(kp.add(16 * c));
+                    for (b, a) in acc.iter_mut().enumerate().take(nb) {
+                        let qv = _mm512_loadu_ps(qs.as_ptr().add((h0 + b) * hd + 16 * c));
+                        *a = _mm512_fmadd_ps(qv, kv, *a);
+                    }
+                }
+                for (b, a) in acc.iter().enumerate().take(nb) {
+                    let h = job.first_head + h0 + b;
+                    let mut sc = cap(_mm512_reduce_add_ps(*a) * p.scale, p);
+                    if let Some(al) = alibi {
+                        sc += al[h] * (j as f32 - job.pos as f32);
+                    }
+                    s.scores[(h0 + b) * len + t] = sc;
+                }
+            }
+            h0 += nb;
+        }
+        let mut inv = [0f32; 64];
+        let mut invs = Vec::new();
+        let inv: &mut [f32] = if g <= inv.len() {
+            &mut inv[..g]
+        } else {
+            invs.resize(g, 0.0);
+            &mut invs
+        };
+        for (b, iv) in inv.iter_mut().enumerate() {
+            let row = &mut s.scores[b * len..(b + 1) * len];
+            let m = vecmath::max(row);
+            let z = if m == f32::NEG_INFINITY {
+                0.0
+            } else {
+                vecmath::exp_sub_sum(row, m)
+            };
+            if z > 0.0 {
+                *iv = 1.0 / z;
+            } else {
+                row.iter_mut().for_each(|w| *w = 0.0);
+            }
+        }
+        // Σ w·v with the accumulators of up to QB heads × 4 chunks (64 values) in registers
+        let mut h0 = 0;
+        while h0 < g {
+            let nb = (g - h0).min(QB);
+            let mut c0 = 0;
+            while c0 < chunks {
+                let nc = (chunks - c0).min(4);
+                let mut acc = [[_mm512_setzero_ps(); 4]; QB];
+                for (t, j) in (lo..=hi).enumerate() {
+                    let vp = v_cache.as_ptr().add(base(j) + 16 * c0);
+                    let mut vv = [_mm512_setzero_ps(); 4];
+                    for (c, v) in vv.iter_mut().enumerate().take(nc) {
+                        *v = _mm512_loadu_ps(vp.add(16 * c));
+                    }
+                    for (b, ab) in acc.iter_mut().enumerate().take(nb) {
+                        let w = _mm512_set1_ps(*s.scores.get_unchecked((h0 + b) * len + t));
+                        for (a, v) in ab.iter_mut().zip(vv.iter()).take(nc) {
+                            *a = _mm512_fmadd_ps(w, *v, *a);
+                        }
+                    }
+                }
+                for (b, ab) in acc.iter().enumerate().take(nb) {
+                    let iv = _mm512_set1_ps(inv[h0 + b]);
+                    let op = out.as_mut_ptr().add((h0 + b) * hd + 16 * c0);
+                    for (c, a) in ab.iter().enumerate().take(nc) {
+                        _mm512_storeu_ps(op.add(16 * c), _mm512_mul_ps(*a, iv));
+                    }
+                }
+                c0 += nc;
+            }
+            h0 += nb;
+        }
+    }
 }

@@ -17,7 +17,7 @@ pub fn cases(v: &mut Vec<OpCase>) {
         f32,
         usize,
     );
-    let shapes: [Shape; 6] = [
+    let shapes: [Shape; 8] = [
         (4, 4, 16, 16, &[(1, 1)], false, 0.0, 0),
         (6, 2, 24, 4, &[(1, 9), (3, 3), (1, 33)], false, 0.0, 0),
         (8, 2, 32, 16, &[(5, 20), (1, 47), (2, 2)], true, 0.0, 0),
@@ -33,6 +33,11 @@ pub fn cases(v: &mut Vec<OpCase>) {
             0.0,
             0,
         ),
+        // SmolLM2's heads (GQA groups of 3) in a decode batch
+        (9, 3, 64, 16, &[(1, 50), (1, 18), (2, 33)], false, 0.0, 0),
+        // groups of 7 (more than one block of query heads per key load), soft-capping and a
+        // window on the grouped SIMD path
+        (14, 2, 32, 8, &[(3, 21), (1, 9)], false, 20.0, 6),
     ];
     for (nh, nkv, hd, bs, seqs, alibi, softcap, window) in shapes {
         let max_blocks = seqs.iter().map(|s| s.1.div_ceil(bs)).max().unwrap_or(1) + 1;

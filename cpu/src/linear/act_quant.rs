@@ -35,27 +35,49 @@ pub struct Q8Rows {
     pub split: Q8Split,
 }
 
-/// Activation rows rearranged for the streaming GEMV (`int_split`): blocks in groups of
-/// [`SPLIT_GROUP`], each group holding the first 16 values of its 4 blocks, then the last 16
-/// (the order of Q4 nibbles: low nibbles are values 0..16 of a block, high nibbles 16..32), and
-/// one 16-entry record of per-block numbers. A row's last group is padded with zero blocks.
+/// Activation rows rearranged for the `int_split` kernels: blocks in groups of
+/// [`SPLIT_GROUP`], each group one 64-byte aligned [`SplitGroup`] record. A row's last group is
+/// padded with zero blocks.
 #[derive(Default, Clone, Debug)]
 pub struct Q8Split {
     /// Rows prepared (0 when not prepared).
     pub rows: usize,
     /// Groups per row (`blocks.div_ceil(4)`).
     pub groups: usize,
-    /// 128 bytes per group: `[x0[..16], x1[..16], x2[..16], x3[..16], x0[16..], .., x3[16..]]`.
-    pub xs: Vec<i8>,
-    /// 16 words per group (one 64-byte load), for blocks `j = 0..4` of the group: word `j` is
-    /// `dx·Σq` (f32 bits; Q4_1's min term), word `4 + j` the scale `dx` (f32 bits), word `8 + j`
-    /// `−8·Σq` (i32; turns `Σ q·x` of unsigned Q4_0 nibbles into `Σ (q − 8)·x` exactly), words
-    /// 12..16 zero.
-    pub meta: Vec<u32>,
+    /// `rows × groups` records, row by row.
+    pub recs: Vec<SplitGroup>,
     /// `dx·Σq` of every block, contiguous per row ([`Q8Split::sx_stride`] floats a row, zero
     /// padded): the wide tiles add Q4_1's min term 16 blocks at a time from here.
-    pub sx: Vec<f32>,
+    pub sx: Vec<F32x16>,
 }
+
+/// Four activation blocks in the order of Q4 nibbles (low nibbles are values 0..16 of a block,
+/// high nibbles 16..32) and their per-block numbers; 64-byte aligned so every load of a record
+/// touches whole cache lines.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug)]
+pub struct SplitGroup {
+    /// `[x0[..16], x1[..16], x2[..16], x3[..16], x0[16..], .., x3[16..]]`.
+    pub xs: [[i8; 64]; 2],
+    /// For blocks `j = 0..4`: word `j` is `dx·Σq` (f32 bits; Q4_1's min term), word `4 + j`
+    /// the scale `dx` (f32 bits), word `8 + j` `−8·Σq` (i32; turns `Σ q·x` of unsigned Q4_0
+    /// nibbles into `Σ (q − 8)·x` exactly), words 12..16 zero.
+    pub meta: [u32; 16],
+}
+
+impl Default for SplitGroup {
+    fn default() -> Self {
+        SplitGroup {
+            xs: [[0; 64]; 2],
+            meta: [0; 16],
+        }
+    }
+}
+
+/// 16 floats, 64-byte aligned.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct F32x16(pub [f32; 16]);
 
 impl Q8Split {
     /// Floats per row of [`Q8Split::sx`]: the row's blocks (padded to whole groups) rounded up
@@ -86,26 +108,24 @@ impl Q8Rows {
         let groups = blocks.div_ceil(SPLIT_GROUP);
         let sp = &mut self.split;
         sp.groups = groups;
-        sp.xs.clear();
-        sp.xs.resize(rows * groups * 128, 0);
-        sp.meta.clear();
-        sp.meta.resize(rows * groups * 16, 0);
+        sp.recs.clear();
+        sp.recs.resize(rows * groups, SplitGroup::default());
         let sxs = sp.sx_stride();
         sp.sx.clear();
-        sp.sx.resize(rows * sxs, 0.0);
+        sp.sx.resize(rows * sxs / 16, F32x16::default());
         for r in 0..rows {
             for b in 0..blocks {
-                let (g, j) = (r * groups + b / SPLIT_GROUP, b % SPLIT_GROUP);
-                let src = (r * blocks + b) * QK;
-                let xs = &mut sp.xs[g * 128..(g + 1) * 128];
-                xs[16 * j..16 * j + 16].copy_from_slice(&self.qs[src..src + 16]);
-                xs[64 + 16 * j..64 + 16 * j + 16].copy_from_slice(&self.qs[src + 16..src + 32]);
+                let j = b % SPLIT_GROUP;
+                let rec = &mut sp.recs[r * groups + b / SPLIT_GROUP];
+                let src = &self.qs[(r * blocks + b) * QK..(r * blocks + b + 1) * QK];
+                rec.xs[0][16 * j..16 * j + 16].copy_from_slice(&src[..16]);
+                rec.xs[1][16 * j..16 * j + 16].copy_from_slice(&src[16..]);
                 let [d, s] = self.ds[r * blocks + b];
-                let meta = &mut sp.meta[g * 16..(g + 1) * 16];
-                meta[j] = s.to_bits();
-                meta[4 + j] = d.to_bits();
-                meta[8 + j] = (-8 * self.sum[r * blocks + b]) as u32;
-                sp.sx[r * sxs + b] = s;
+                rec.meta[j] = s.to_bits();
+                rec.meta[4 + j] = d.to_bits();
+                rec.meta[8 + j] = (-8 * self.sum[r * blocks + b]) as u32;
+                let at = r * sxs + b;
+                sp.sx[at / 16].0[at % 16] = s;
             }
         }
         sp.rows = rows;

@@ -247,12 +247,11 @@ pub(super) mod avx512 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
     unsafe fn act_group<const MIN: bool>(k: &Consts, a: &Q8Rows, r: usize, g: usize) -> ActGroup {
         let sp = &a.split;
-        let i = r * sp.groups + g;
-        let x = sp.xs.as_ptr().add(i * 128);
-        let m = _mm512_loadu_si512(sp.meta.as_ptr().add(i * 16) as *const _);
+        let rec = sp.recs.as_ptr().add(r * sp.groups + g);
+        let m = _mm512_load_si512((*rec).meta.as_ptr() as *const _);
         ActGroup {
-            x0: _mm512_loadu_si512(x as *const _),
-            x1: _mm512_loadu_si512(x.add(64) as *const _),
+            x0: _mm512_load_si512((*rec).xs[0].as_ptr() as *const _),
+            x1: _mm512_load_si512((*rec).xs[1].as_ptr() as *const _),
             dx: _mm512_permutexvar_ps(k.idx_d, _mm512_castsi512_ps(m)),
             meta: _mm512_castsi512_ps(m),
             start: if MIN {
@@ -345,6 +344,13 @@ pub(super) mod avx512 {
         while g0 < sp.groups {
             let g1 = (g0 + MIN_CHUNK).min(sp.groups);
             for g in g0..g1 {
+                // the next column pair at this group, one pair ahead of its use (the weights
+                // stream from memory; a prefetch never faults and the address is only formed)
+                for c in 0..C {
+                    let next = wp.wrapping_add((C + c) * rb + g * SPLIT_GROUP * k.bs);
+                    _mm_prefetch::<_MM_HINT_T0>(next as *const i8);
+                    _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64) as *const i8);
+                }
                 let mut wg = [weight_group::<MIN>(&k, wp, g, a.blocks); C];
                 for (c, v) in wg.iter_mut().enumerate().skip(1) {
                     *v = weight_group::<MIN>(&k, wp.add(c * rb), g, a.blocks);
@@ -374,7 +380,7 @@ pub(super) mod avx512 {
                     for (r, ar) in acc.iter_mut().enumerate() {
                         // in bounds: the offset is a multiple of 16 below the row's padded size
                         let at = (row0 + r) * sxs + g0 * SPLIT_GROUP + h;
-                        let sv = _mm512_loadu_ps(sp.sx.as_ptr().add(at));
+                        let sv = _mm512_load_ps(sp.sx.as_ptr().add(at / 16) as *const f32);
                         for (ac, v) in ar.iter_mut().zip(mv.iter()) {
                             *ac = _mm512_fmadd_ps(*v, sv, *ac);
                         }

@@ -256,6 +256,8 @@ struct GroupJob<'a> {
 struct GroupScratch {
     /// Scores, `group` rows of the visible length.
     scores: Vec<f32>,
+    /// Offset of each visible key (and value) row in the cache.
+    bases: Vec<usize>,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -268,11 +270,13 @@ mod avx512 {
 
     /// Query heads dotted with one key load at a time.
     const QB: usize = 4;
+    /// 16-value chunks of a value row accumulated in registers at a time.
+    const VB: usize = 4;
 
     /// Attention of the `job.group` query heads in `qs` (`group × hd`) over the sequence's
     /// visible keys of KV head `job.kh`, written to `out` (`group × hd`): scores with each key
     /// loaded once for up to [`QB`] heads, one exp pass per head, values accumulated with each
-    /// value row loaded once per head block.
+    /// value row loaded once per block of heads.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     pub(super) unsafe fn attend_group(
@@ -288,33 +292,37 @@ mod avx512 {
         let (nkv, hd, g) = (p.n_kv_heads, p.head_dim, job.group);
         let (lo, hi) = visible(job.pos, p);
         let len = hi + 1 - lo;
-        let chunks = hd / 16;
+        s.bases.clear();
+        s.bases
+            .extend((lo..=hi).map(|j| (slot_of(job.seq, j, p.block_size) * nkv + job.kh) * hd));
         s.scores.clear();
         s.scores.resize(g * len, 0.0);
-        let base = |j: usize| (slot_of(job.seq, j, p.block_size) * nkv + job.kh) * hd;
         let mut h0 = 0;
         while h0 < g {
             let nb = (g - h0).min(QB);
-            for (t, j) in (lo..=hi).enumerate() {
-                let kp = k_cache.as_ptr().add(base(j));
-                let mut acc = [_mm512_setzero_ps(); QB];
-                for c in 0..chunks {
-                    let kv = _mm512_loadu_ps(kp.add(16 * c));
-                    for (b, a) in acc.iter_mut().enumerate().take(nb) {
-                        let qv = _mm512_loadu_ps(qs.as_ptr().add((h0 + b) * hd + 16 * c));
-                        *a = _mm512_fmadd_ps(qv, kv, *a);
-                    }
-                }
-                for (b, a) in acc.iter().enumerate().take(nb) {
-                    let h = job.first_head + h0 + b;
-                    let mut sc = cap(_mm512_reduce_add_ps(*a) * p.scale, p);
-                    if let Some(al) = alibi {
-                        sc += al[h] * (j as f32 - job.pos as f32);
-                    }
-                    s.scores[(h0 + b) * len + t] = sc;
-                }
+            let (q, k, sc) = (
+                qs.as_ptr().add(h0 * hd),
+                k_cache.as_ptr(),
+                &mut s.scores[h0 * len..],
+            );
+            match nb {
+                1 => scores_block::<1>(q, k, &s.bases, hd, p.scale, sc),
+                2 => scores_block::<2>(q, k, &s.bases, hd, p.scale, sc),
+                3 => scores_block::<3>(q, k, &s.bases, hd, p.scale, sc),
+                _ => scores_block::<4>(q, k, &s.bases, hd, p.scale, sc),
             }
             h0 += nb;
+        }
+        if p.softcap > 0.0 || alibi.is_some() {
+            for (b, row) in s.scores.chunks_exact_mut(len).enumerate() {
+                let h = job.first_head + b;
+                for (j, v) in (lo..=hi).zip(row.iter_mut()) {
+                    *v = cap(*v, p);
+                    if let Some(al) = alibi {
+                        *v += al[h] * (j as f32 - job.pos as f32);
+                    }
+                }
+            }
         }
         let mut inv = [0f32; 64];
         let mut invs = Vec::new();
@@ -338,37 +346,99 @@ mod avx512 {
                 row.iter_mut().for_each(|w| *w = 0.0);
             }
         }
-        // Σ w·v with the accumulators of up to QB heads × 4 chunks (64 values) in registers
+        let chunks = hd / 16;
         let mut h0 = 0;
         while h0 < g {
             let nb = (g - h0).min(QB);
             let mut c0 = 0;
             while c0 < chunks {
-                let nc = (chunks - c0).min(4);
-                let mut acc = [[_mm512_setzero_ps(); 4]; QB];
-                for (t, j) in (lo..=hi).enumerate() {
-                    let vp = v_cache.as_ptr().add(base(j) + 16 * c0);
-                    let mut vv = [_mm512_setzero_ps(); 4];
-                    for (c, v) in vv.iter_mut().enumerate().take(nc) {
-                        *v = _mm512_loadu_ps(vp.add(16 * c));
-                    }
-                    for (b, ab) in acc.iter_mut().enumerate().take(nb) {
-                        let w = _mm512_set1_ps(*s.scores.get_unchecked((h0 + b) * len + t));
-                        for (a, v) in ab.iter_mut().zip(vv.iter()).take(nc) {
-                            *a = _mm512_fmadd_ps(w, *v, *a);
+                let nc = (chunks - c0).min(VB);
+                let w = &s.scores[h0 * len..];
+                let v = v_cache.as_ptr().add(16 * c0);
+                let o = out.as_mut_ptr().add(h0 * hd + 16 * c0);
+                let iv = &inv[h0..];
+                macro_rules! by_chunks {
+                    ($nb:literal) => {
+                        match nc {
+                            1 => values_block::<$nb, 1>(w, len, v, &s.bases, iv, hd, o),
+                            2 => values_block::<$nb, 2>(w, len, v, &s.bases, iv, hd, o),
+                            3 => values_block::<$nb, 3>(w, len, v, &s.bases, iv, hd, o),
+                            _ => values_block::<$nb, 4>(w, len, v, &s.bases, iv, hd, o),
                         }
-                    }
+                    };
                 }
-                for (b, ab) in acc.iter().enumerate().take(nb) {
-                    let iv = _mm512_set1_ps(inv[h0 + b]);
-                    let op = out.as_mut_ptr().add((h0 + b) * hd + 16 * c0);
-                    for (c, a) in ab.iter().enumerate().take(nc) {
-                        _mm512_storeu_ps(op.add(16 * c), _mm512_mul_ps(*a, iv));
-                    }
+                match nb {
+                    1 => by_chunks!(1),
+                    2 => by_chunks!(2),
+                    3 => by_chunks!(3),
+                    _ => by_chunks!(4),
                 }
                 c0 += nc;
             }
             h0 += nb;
+        }
+    }
+
+    /// `scores[b·len + t] = scale · q_b · k(t)` for `NB` query rows `hd` apart at `q` and the
+    /// keys at `k + bases[t]`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn scores_block<const NB: usize>(
+        q: *const f32,
+        k: *const f32,
+        bases: &[usize],
+        hd: usize,
+        scale: f32,
+        scores: &mut [f32],
+    ) {
+        let len = bases.len();
+        for (t, &b) in bases.iter().enumerate() {
+            let kp = k.add(b);
+            let mut acc = [_mm512_setzero_ps(); NB];
+            for c in 0..hd / 16 {
+                let kv = _mm512_loadu_ps(kp.add(16 * c));
+                for (i, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_fmadd_ps(_mm512_loadu_ps(q.add(i * hd + 16 * c)), kv, *a);
+                }
+            }
+            for (i, a) in acc.iter().enumerate() {
+                *scores.get_unchecked_mut(i * len + t) = _mm512_reduce_add_ps(*a) * scale;
+            }
+        }
+    }
+
+    /// `out[b·hd + 16c ..] = inv[b] · Σ_t w[b·len + t] · v(t)[16c ..]` for `NB` heads and `NC`
+    /// chunks of 16 values, the value rows at `v + bases[t]`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn values_block<const NB: usize, const NC: usize>(
+        w: &[f32],
+        len: usize,
+        v: *const f32,
+        bases: &[usize],
+        inv: &[f32],
+        hd: usize,
+        out: *mut f32,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); NC]; NB];
+        for (t, &b) in bases.iter().enumerate() {
+            let vp = v.add(b);
+            let mut vv = [_mm512_setzero_ps(); NC];
+            for (c, x) in vv.iter_mut().enumerate() {
+                *x = _mm512_loadu_ps(vp.add(16 * c));
+            }
+            for (i, ai) in acc.iter_mut().enumerate() {
+                let wt = _mm512_set1_ps(*w.get_unchecked(i * len + t));
+                for (a, x) in ai.iter_mut().zip(vv.iter()) {
+                    *a = _mm512_fmadd_ps(wt, *x, *a);
+                }
+            }
+        }
+        for (i, ai) in acc.iter().enumerate() {
+            let s = _mm512_set1_ps(inv[i]);
+            for (c, a) in ai.iter().enumerate() {
+                _mm512_storeu_ps(out.add(i * hd + 16 * c), _mm512_mul_ps(*a, s));
+            }
         }
     }
 }

@@ -1,24 +1,28 @@
-//! Integer kernels for `quant_act = 1` with Q4_0 / Q4_1 weights over the grouped activation
-//! layout [`Q8Split`] (AVX-512 VBMI + VNNI): a streaming GEMV (one weight row at a time, so
-//! every thread reads one sequential stream, what weights larger than the caches want) and a
-//! wide tile of up to [`WIDE_ROWS`] activation rows × [`WIDE_COLS`] weight rows for batches.
+//! Integer kernels for `quant_act = 1` over the grouped activation layout [`Q8Split`]
+//! (AVX-512 VBMI + VNNI), for Q4_0, Q4_1 and Q8_0 weights: a streaming GEMV (one weight row at
+//! a time, so every thread reads one sequential stream, what weights larger than the caches
+//! want) and a wide tile of up to [`WIDE_ROWS`] activation rows × [`WIDE_COLS`] weight rows for
+//! batches.
 //!
-//! Both work on four blocks per step. A step loads the 72 (Q4_0) or 80 (Q4_1) bytes of four
-//! consecutive blocks of a weight row with two 64-byte loads, gathers their 64 nibble bytes with
-//! one `vpermt2b` and their f16 scales (and mins) with one `vpermt2w`, so the 18/20-byte block
-//! stride costs no per-block shuffling. Low nibbles (values 0..16 of each block) and high
-//! nibbles (16..32) meet the activation bytes in the grouped order of [`Q8Split`] (prepared once
-//! per call), and two `vpdpbusd` leave each block's integer sum in its four lanes, which are
-//! scaled by `dw·dx` and accumulated in f32: per activation row, weight row and four blocks that
-//! is two dot instructions, one conversion and two float instructions (three for Q4_1).
+//! Both work on four blocks per step. A step loads the 72 (Q4_0), 80 (Q4_1) or 136 (Q8_0)
+//! bytes of four consecutive blocks of a weight row with two (Q8_0: four overlapping) 64-byte
+//! loads, gathers their values with one (two) `vpermt2b` and their f16 scales (and mins) with
+//! one `vpermt2w`, so the 18/20/34-byte block stride costs no per-block shuffling. Values 0..16
+//! of each block (Q4: low nibbles) and 16..32 (high nibbles) meet the activation bytes in the
+//! grouped order of [`Q8Split`] (prepared once per call), and two `vpdpbusd` leave each block's
+//! integer sum in its four lanes, which are scaled by `dw·dx` and accumulated in f32: per
+//! activation row, weight row and four blocks that is two dot instructions, one conversion and
+//! two float instructions.
 //!
 //! The integer math per block is the scalar reference's: Q4_0 computes `Σ q·x − 8·Σx` (the
-//! `−8·Σx` is the accumulator's start value), Q4_1 `Σ q·x` plus the min term `mw·(dx·Σx)`; only
-//! the order of the float sums differs.
+//! `−8·Σx` is the accumulator's start value), Q4_1 `Σ q·x` plus the min term `mw·(dx·Σx)`,
+//! Q8_0 `Σ (x + 128)·w − 128·Σw` (signed weights against unsigned activations, the correction
+//! formed once per weight group); only the order of the float sums differs.
 //!
 //! The GEMV has the [`IntRowsFn`] contract, the tile the [`IntWideFn`] contract; both need
 //! [`Q8Rows::prepare_split`] to have run on the activations, and without it they fall back to
-//! the AVX2 per-block kernels. This module must not split work across threads.
+//! the AVX2 per-block kernels or the other wide tiles. This module must not split work across
+//! threads.
 //!
 //! [`Q8Split`]: super::act_quant::Q8Split
 //! [`Q8Rows::prepare_split`]: super::act_quant::Q8Rows::prepare_split
@@ -52,6 +56,7 @@ pub fn pick_gemv(t: WeightType) -> Option<IntRowsFn> {
             let f: IntRowsFn = match t {
                 WeightType::Q4_0 => avx512::rows_q4_0,
                 WeightType::Q4_1 => avx512::rows_q4_1,
+                WeightType::Q8_0 => avx512::rows_q8_0,
                 _ => return None,
             };
             return Some(f);
@@ -69,6 +74,7 @@ pub fn pick_wide(t: WeightType) -> Option<IntWideFn> {
             let f: IntWideFn = match t {
                 WeightType::Q4_0 => avx512::wide_q4_0,
                 WeightType::Q4_1 => avx512::wide_q4_1,
+                WeightType::Q8_0 => avx512::wide_q8_0,
                 _ => return None,
             };
             return Some(f);
@@ -84,8 +90,13 @@ pub(super) mod avx512 {
     use super::super::act_quant::{Q8Rows, SPLIT_GROUP};
     use super::super::int_wide::{WIDE_COLS, WIDE_ROWS};
     use super::super::MAX_ROWS;
-    use crate::quant::{Q4_0_BYTES, Q4_1_BYTES};
+    use crate::quant::{Q4_0_BYTES, Q4_1_BYTES, Q8_0_BYTES};
     use std::arch::x86_64::*;
+
+    /// Weight kinds (const parameter of the kernels).
+    const Q4_0: u8 = 0;
+    const Q4_1: u8 = 1;
+    const Q8_0: u8 = 2;
 
     /// `vpermt2b` indices: byte `i` of the result is nibble byte `i % 16` of block `i / 16`
     /// (blocks `bs` bytes apart, nibbles `off` bytes into a block).
@@ -120,6 +131,11 @@ pub(super) mod avx512 {
     static Q4_1_NIBBLES: [u8; 64] = nibble_index(Q4_1_BYTES, 4);
     static Q4_0_SCALES: [u16; 32] = scale_index(Q4_0_BYTES);
     static Q4_1_SCALES: [u16; 32] = scale_index(Q4_1_BYTES);
+    /// Q8_0: values 0..16 of the four blocks from the bytes `[0, 128)` of the group, values
+    /// 16..32 from the bytes `[8, 136)` (a group is 136 bytes, more than one `vpermt2b` sees).
+    static Q8_0_LOW: [u8; 64] = nibble_index(Q8_0_BYTES, 2);
+    static Q8_0_HIGH: [u8; 64] = nibble_index(Q8_0_BYTES, 18 - 8);
+    static Q8_0_SCALES: [u16; 32] = scale_index(Q8_0_BYTES);
 
     /// The first `n` bits set (`n <= 64`).
     #[inline]
@@ -136,8 +152,10 @@ pub(super) mod avx512 {
     struct Consts {
         /// Block bytes.
         bs: usize,
-        /// `vpermt2b` nibble indices.
+        /// `vpermt2b` indices of the low nibbles / values 0..16.
         nib: __m512i,
+        /// Q8_0: `vpermt2b` indices of values 16..32 (in the window at byte 8).
+        high: __m512i,
         /// `vpermt2w` scale indices.
         sca: __m512i,
         /// Meta record → `dx` per lane.
@@ -148,89 +166,104 @@ pub(super) mod avx512 {
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
-    unsafe fn consts<const MIN: bool>() -> Consts {
-        let (bs, nib, sca) = if MIN {
-            (
-                Q4_1_BYTES,
-                Q4_1_NIBBLES.as_ptr(),
-                Q4_1_SCALES.as_ptr() as *const u8,
-            )
-        } else {
-            (
-                Q4_0_BYTES,
-                Q4_0_NIBBLES.as_ptr(),
-                Q4_0_SCALES.as_ptr() as *const u8,
-            )
+    unsafe fn consts<const KIND: u8>() -> Consts {
+        let (bs, nib, sca): (usize, *const u8, *const u16) = match KIND {
+            Q4_0 => (Q4_0_BYTES, Q4_0_NIBBLES.as_ptr(), Q4_0_SCALES.as_ptr()),
+            Q4_1 => (Q4_1_BYTES, Q4_1_NIBBLES.as_ptr(), Q4_1_SCALES.as_ptr()),
+            _ => (Q8_0_BYTES, Q8_0_LOW.as_ptr(), Q8_0_SCALES.as_ptr()),
         };
         Consts {
             bs,
             nib: _mm512_loadu_si512(nib as *const _),
+            high: _mm512_loadu_si512(Q8_0_HIGH.as_ptr() as *const _),
             sca: _mm512_loadu_si512(sca as *const _),
             idx_d: _mm512_set_epi32(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4),
             idx_c: _mm512_set_epi32(0, 0, 0, 11, 0, 0, 0, 10, 0, 0, 0, 9, 0, 0, 0, 8),
         }
     }
 
+    /// Bytes `from..to` of the 64 at `p` (clamped to `left` readable bytes from the group
+    /// start at `p - from`), zero elsewhere; a plain load when all 64 are readable.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+    unsafe fn window(p: *const u8, from: usize, left: usize) -> __m512i {
+        if left >= from + 64 {
+            _mm512_loadu_si512(p as *const _)
+        } else if left > from {
+            _mm512_maskz_loadu_epi8(first(left - from), p as *const i8)
+        } else {
+            _mm512_setzero_si512()
+        }
+    }
+
     /// Four blocks of one weight row, expanded.
     #[derive(Clone, Copy)]
     struct WeightGroup {
-        /// Low nibbles (values 0..16) of blocks 0..4, 16 bytes each.
+        /// Values 0..16 of blocks 0..4, 16 bytes each (Q4: low nibbles; Q8_0: signed bytes).
         lo: __m512i,
-        /// High nibbles (values 16..32).
+        /// Values 16..32 (Q4: high nibbles).
         hi: __m512i,
         /// `dw` of block `lane / 4`.
         dw: __m512,
         /// Q4_1: `mw` of block `lane` in lanes 0..4, zero above.
         mw: __m512,
+        /// Q8_0: `−128·Σw` of each lane's 8 weights (the start of the integer accumulator,
+        /// which takes the activations as unsigned `x + 128`).
+        start: __m512i,
     }
 
-    /// Group `g` of the weight row at `w` (`nb` blocks): full groups with two plain loads, the
-    /// last 1..3 blocks with masked loads (no byte past the row is touched; the missing blocks
-    /// read as zero nibbles and zero scales).
+    /// Group `g` of the weight row at `w` (`nb` blocks). Loads are masked to the row's bytes
+    /// (no byte past the row is touched; missing blocks of the last group read as zero values
+    /// and zero scales).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
-    unsafe fn weight_group<const MIN: bool>(
+    unsafe fn weight_group<const KIND: u8>(
         k: &Consts,
         w: *const u8,
         g: usize,
         nb: usize,
     ) -> WeightGroup {
-        let gb = SPLIT_GROUP * k.bs;
-        let p = w.add(g * gb);
+        let p = w.wrapping_add(g * SPLIT_GROUP * k.bs);
         let left = (nb - g * SPLIT_GROUP).min(SPLIT_GROUP) * k.bs;
-        let (va, vb) = if left == gb {
-            (
-                _mm512_loadu_si512(p as *const _),
-                _mm512_maskz_loadu_epi8(first(gb - 64), p.add(64) as *const i8),
-            )
-        } else {
-            let va = _mm512_maskz_loadu_epi8(first(left), p as *const i8);
-            let vb = if left > 64 {
-                _mm512_maskz_loadu_epi8(first(left - 64), p.add(64) as *const i8)
-            } else {
-                _mm512_setzero_si512()
+        let va = window(p, 0, left);
+        let vb = window(p.wrapping_add(64), 64, left);
+        let s = _mm512_maskz_permutex2var_epi16(0x000F_FFFF, va, k.sca, vb);
+        let dw = _mm512_cvtph_ps(_mm512_castsi512_si256(s));
+        if KIND == Q8_0 {
+            let lo = _mm512_permutex2var_epi8(va, k.nib, vb);
+            let vc = window(p.wrapping_add(8), 8, left);
+            let vd = window(p.wrapping_add(72), 72, left);
+            let hi = _mm512_permutex2var_epi8(vc, k.high, vd);
+            let b = _mm512_set1_epi8(-128);
+            let c = _mm512_dpbusd_epi32(_mm512_setzero_si512(), b, lo);
+            let c = _mm512_dpbusd_epi32(c, b, hi);
+            return WeightGroup {
+                lo,
+                hi,
+                dw,
+                mw: _mm512_setzero_ps(),
+                start: _mm512_sub_epi32(_mm512_setzero_si512(), c),
             };
-            (va, vb)
-        };
+        }
         let q = _mm512_permutex2var_epi8(va, k.nib, vb);
         let fifteen = _mm512_set1_epi8(15);
-        let s = _mm512_maskz_permutex2var_epi16(0x000F_FFFF, va, k.sca, vb);
         WeightGroup {
             lo: _mm512_and_si512(q, fifteen),
             hi: _mm512_and_si512(_mm512_srli_epi16(q, 4), fifteen),
-            dw: _mm512_cvtph_ps(_mm512_castsi512_si256(s)),
-            mw: if MIN {
+            dw,
+            mw: if KIND == Q4_1 {
                 _mm512_cvtph_ps(_mm512_extracti64x4_epi64(s, 1))
             } else {
                 _mm512_setzero_ps()
             },
+            start: _mm512_setzero_si512(),
         }
     }
 
     /// One activation row's share of a group.
     #[derive(Clone, Copy)]
     struct ActGroup {
-        /// Values 0..16 of blocks 0..4.
+        /// Values 0..16 of blocks 0..4 (Q8_0 weights: as unsigned `x + 128`).
         x0: __m512i,
         /// Values 16..32.
         x1: __m512i,
@@ -245,47 +278,60 @@ pub(super) mod avx512 {
     /// Group `g` of activation row `r`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
-    unsafe fn act_group<const MIN: bool>(k: &Consts, a: &Q8Rows, r: usize, g: usize) -> ActGroup {
+    unsafe fn act_group<const KIND: u8>(k: &Consts, a: &Q8Rows, r: usize, g: usize) -> ActGroup {
         let sp = &a.split;
         let rec = sp.recs.as_ptr().add(r * sp.groups + g);
         let m = _mm512_load_si512((*rec).meta.as_ptr() as *const _);
+        let x0 = _mm512_load_si512((*rec).xs[0].as_ptr() as *const _);
+        let x1 = _mm512_load_si512((*rec).xs[1].as_ptr() as *const _);
+        let (x0, x1) = if KIND == Q8_0 {
+            let b = _mm512_set1_epi8(-128);
+            (_mm512_xor_si512(x0, b), _mm512_xor_si512(x1, b))
+        } else {
+            (x0, x1)
+        };
         ActGroup {
-            x0: _mm512_load_si512((*rec).xs[0].as_ptr() as *const _),
-            x1: _mm512_load_si512((*rec).xs[1].as_ptr() as *const _),
+            x0,
+            x1,
             dx: _mm512_permutexvar_ps(k.idx_d, _mm512_castsi512_ps(m)),
             meta: _mm512_castsi512_ps(m),
-            start: if MIN {
-                _mm512_setzero_si512()
-            } else {
+            start: if KIND == Q4_0 {
                 _mm512_maskz_permutexvar_epi32(0x1111, k.idx_c, m)
+            } else {
+                _mm512_setzero_si512()
             },
         }
     }
 
-    /// `acc += w · x` for one group (the dot, its scaling and Q4_1's min term).
+    /// `acc += w · x` for one group: the integer dot and its scaling (Q4_1's min term is added
+    /// by the callers).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
-    unsafe fn dot_group<const MIN: bool>(w: &WeightGroup, x: &ActGroup, acc: __m512) -> __m512 {
-        let p = _mm512_dpbusd_epi32(x.start, w.lo, x.x0);
-        let p = _mm512_dpbusd_epi32(p, w.hi, x.x1);
-        let acc = _mm512_fmadd_ps(_mm512_mul_ps(w.dw, x.dx), _mm512_cvtepi32_ps(p), acc);
-        if MIN {
-            // the record's other lanes are not floats: only lanes 0..4 take part
-            _mm512_mask3_fmadd_ps(w.mw, x.meta, acc, 0x000F)
+    unsafe fn dot_group<const KIND: u8>(w: &WeightGroup, x: &ActGroup, acc: __m512) -> __m512 {
+        let p = if KIND == Q8_0 {
+            let p = _mm512_dpbusd_epi32(w.start, x.x0, w.lo);
+            _mm512_dpbusd_epi32(p, x.x1, w.hi)
         } else {
-            acc
-        }
+            let p = _mm512_dpbusd_epi32(x.start, w.lo, x.x0);
+            _mm512_dpbusd_epi32(p, w.hi, x.x1)
+        };
+        _mm512_fmadd_ps(_mm512_mul_ps(w.dw, x.dx), _mm512_cvtepi32_ps(p), acc)
     }
 
-    /// One weight row against activation row `r`; Q4_1 when `MIN`.
+    /// One weight row against activation row `r`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
-    unsafe fn row<const MIN: bool>(w: *const u8, a: &Q8Rows, r: usize) -> f32 {
-        let k = consts::<MIN>();
+    unsafe fn row<const KIND: u8>(w: *const u8, a: &Q8Rows, r: usize) -> f32 {
+        let k = consts::<KIND>();
         let mut acc = _mm512_setzero_ps();
         for g in 0..a.split.groups {
-            let wg = weight_group::<MIN>(&k, w, g, a.blocks);
-            acc = dot_group::<MIN>(&wg, &act_group::<MIN>(&k, a, r, g), acc);
+            let wg = weight_group::<KIND>(&k, w, g, a.blocks);
+            let x = act_group::<KIND>(&k, a, r, g);
+            acc = dot_group::<KIND>(&wg, &x, acc);
+            if KIND == Q4_1 {
+                // the record's other lanes are not floats: only lanes 0..4 take part
+                acc = _mm512_mask3_fmadd_ps(wg.mw, x.meta, acc, 0x000F);
+            }
         }
         _mm512_reduce_add_ps(acc)
     }
@@ -296,7 +342,7 @@ pub(super) mod avx512 {
     }
 
     macro_rules! rows_fn {
-        ($name:ident, $min:expr, $fallback:path) => {
+        ($name:ident, $kind:expr, $fallback:path) => {
             /// Streaming GEMV ([`super::super::IntRowsFn`] contract; activation rows one by one).
             pub unsafe fn $name(
                 w: &[u8],
@@ -309,14 +355,15 @@ pub(super) mod avx512 {
                     return $fallback(w, a, row0, rows, out);
                 }
                 for (t, o) in out.iter_mut().enumerate().take(rows.min(MAX_ROWS)) {
-                    *o = row::<{ $min }>(w.as_ptr(), a, row0 + t);
+                    *o = row::<{ $kind }>(w.as_ptr(), a, row0 + t);
                 }
             }
         };
     }
 
-    rows_fn!(rows_q4_0, false, super::super::int_dot::avx2::rows_q4_0);
-    rows_fn!(rows_q4_1, true, super::super::int_dot::avx2::rows_q4_1);
+    rows_fn!(rows_q4_0, Q4_0, super::super::int_dot::avx2::rows_q4_0);
+    rows_fn!(rows_q4_1, Q4_1, super::super::int_dot::avx2::rows_q4_1);
+    rows_fn!(rows_q8_0, Q8_0, super::super::int_dot::avx2::rows_q8_0);
 
     /// Groups whose Q4_1 mins a wide tile keeps before adding their term (64 blocks).
     const MIN_CHUNK: usize = 16;
@@ -327,14 +374,14 @@ pub(super) mod avx512 {
     /// a time.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
-    unsafe fn wide<const R: usize, const C: usize, const MIN: bool>(
+    unsafe fn wide<const R: usize, const C: usize, const KIND: u8>(
         w: &[u8],
         rb: usize,
         a: &Q8Rows,
         row0: usize,
         out: &mut [[f32; WIDE_ROWS]; WIDE_COLS],
     ) {
-        let k = consts::<MIN>();
+        let k = consts::<KIND>();
         let wp = w.as_ptr();
         let sp = &a.split;
         let sxs = sp.sx_stride();
@@ -351,24 +398,24 @@ pub(super) mod avx512 {
                     _mm_prefetch::<_MM_HINT_T0>(next as *const i8);
                     _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64) as *const i8);
                 }
-                let mut wg = [weight_group::<MIN>(&k, wp, g, a.blocks); C];
+                let mut wg = [weight_group::<KIND>(&k, wp, g, a.blocks); C];
                 for (c, v) in wg.iter_mut().enumerate().skip(1) {
-                    *v = weight_group::<MIN>(&k, wp.add(c * rb), g, a.blocks);
+                    *v = weight_group::<KIND>(&k, wp.add(c * rb), g, a.blocks);
                 }
-                if MIN {
+                if KIND == Q4_1 {
                     for (m, v) in mins.iter_mut().zip(wg.iter()) {
                         let at = m.as_mut_ptr().add((g - g0) * SPLIT_GROUP);
                         _mm512_mask_storeu_ps(at, 0x000F, v.mw);
                     }
                 }
                 for (r, ar) in acc.iter_mut().enumerate() {
-                    let x = act_group::<MIN>(&k, a, row0 + r, g);
+                    let x = act_group::<KIND>(&k, a, row0 + r, g);
                     for (ac, wc) in ar.iter_mut().zip(wg.iter()) {
-                        *ac = dot_group::<false>(wc, &x, *ac);
+                        *ac = dot_group::<KIND>(wc, &x, *ac);
                     }
                 }
             }
-            if MIN {
+            if KIND == Q4_1 {
                 let blocks = (g1 - g0) * SPLIT_GROUP;
                 let mut h = 0;
                 while h < blocks {
@@ -398,7 +445,7 @@ pub(super) mod avx512 {
     }
 
     macro_rules! wide_fn {
-        ($name:ident, $min:expr, $fallback:path) => {
+        ($name:ident, $kind:expr, $fallback:path) => {
             /// Wide tile ([`super::super::int_wide::IntWideFn`] contract).
             pub unsafe fn $name(
                 w: &[u8],
@@ -415,8 +462,8 @@ pub(super) mod avx512 {
                 macro_rules! by_cols {
                     ($r:literal) => {
                         match cols {
-                            1 => wide::<$r, 1, { $min }>(w, rb, a, row0, out),
-                            _ => wide::<$r, 2, { $min }>(w, rb, a, row0, out),
+                            1 => wide::<$r, 1, { $kind }>(w, rb, a, row0, out),
+                            _ => wide::<$r, 2, { $kind }>(w, rb, a, row0, out),
                         }
                     };
                 }
@@ -434,6 +481,7 @@ pub(super) mod avx512 {
         };
     }
 
-    wide_fn!(wide_q4_0, false, super::super::int_wide::avx512::wide_q4_0);
-    wide_fn!(wide_q4_1, true, super::super::int_wide::avx512::wide_q4_1);
+    wide_fn!(wide_q4_0, Q4_0, super::super::int_wide::avx512::wide_q4_0);
+    wide_fn!(wide_q4_1, Q4_1, super::super::int_wide::avx512::wide_q4_1);
+    wide_fn!(wide_q8_0, Q8_0, super::super::int_wide::avx512::wide_q8_0);
 }

@@ -647,6 +647,7 @@ fn int_split_kernels_match_reference() {
     let variants: Vec<(WeightType, IntRowsFn, IntRowsFn)> = [
         (WeightType::Q4_0, int_dot::rows_q4_0_ref as IntRowsFn),
         (WeightType::Q4_1, int_dot::rows_q4_1_ref as IntRowsFn),
+        (WeightType::Q8_0, int_dot::rows_q8_0_ref as IntRowsFn),
     ]
     .into_iter()
     .filter_map(|(t, r)| int_split::pick_gemv(t).map(|s| (t, r, s)))
@@ -708,7 +709,7 @@ fn int_split_kernels_match_reference() {
     }
     // end to end through `linear`: one row, weights over the GEMV size limit
     let threads = Threads::new(2).unwrap();
-    for t in [WeightType::Q4_0, WeightType::Q4_1] {
+    for t in [WeightType::Q4_0, WeightType::Q4_1, WeightType::Q8_0] {
         let k = 4096 + 96;
         let n = INT_GEMV_MAX_BYTES / t.row_bytes(k).unwrap() + 37;
         let (w, _) = encode(t, &rand_vec(n * k, 31));
@@ -744,6 +745,7 @@ fn int_split_wide_kernels_match_reference() {
     let variants: Vec<(WeightType, IntRowsFn, int_wide::IntWideFn)> = [
         (WeightType::Q4_0, int_dot::rows_q4_0_ref as IntRowsFn),
         (WeightType::Q4_1, int_dot::rows_q4_1_ref as IntRowsFn),
+        (WeightType::Q8_0, int_dot::rows_q8_0_ref as IntRowsFn),
     ]
     .into_iter()
     .filter_map(|(t, r)| int_split::pick_wide(t).map(|w| (t, r, w)))

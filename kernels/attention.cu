@@ -268,7 +268,8 @@ extern "C" __global__ void attn_softmax_f32(float* s, const float* slopes, int q
 
 // ---- decode attention, split-K ("flash-decoding") ----
 // For few queries over many keys. Block (split s, KV head kh · head chunk c, query row i): the
-// query heads h0..h0+G of one GQA group chunk (G <= DA_GMAX) share every K/V row the block
+// query heads h0..h0+G of one GQA group chunk (G <= gchunk <= DA_GMAX; the host takes 1 for
+// short key ranges, where more, smaller blocks finish sooner) share every K/V row the block
 // loads. The row's visible keys [lo, hi) are cut into `nsplit` equal ranges, one per block;
 // each block runs an online softmax over its range in chunks of DA_CHUNK keys: scores (a warp
 // per key, 4 keys in flight, all G heads per load), then per head (a warp each) the chunk's
@@ -290,7 +291,7 @@ extern "C" __global__ void attn_softmax_f32(float* s, const float* slopes, int q
 extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const float* v, const float* slopes,
                                            const int* positions, float* out, float* part, int sq, int skv, int kcap,
                                            int nh, int nkv, int hd, int hdv, long ks, long vs, float scale,
-                                           float softcap, int causal, int window, int nsplit) {
+                                           float softcap, int causal, int window, int nsplit, int gchunk) {
     __shared__ float qs[DA_GMAX][DA_DPL * 32];
     __shared__ float sc[DA_GMAX][DA_CHUNK];
     __shared__ float ms[DA_GMAX], ls[DA_GMAX], cr[DA_GMAX];
@@ -298,10 +299,11 @@ extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const
     int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
     int group = nh / nkv;
     if (group < 1) group = 1;
-    int hc = (group + DA_GMAX - 1) / DA_GMAX;
+    if (gchunk < 1 || gchunk > DA_GMAX) gchunk = DA_GMAX;
+    int hc = (group + gchunk - 1) / gchunk;
     int kh = blockIdx.y / hc, c = blockIdx.y % hc;
-    int G = min(DA_GMAX, group - c * DA_GMAX);
-    int h0 = kh * group + c * DA_GMAX;
+    int G = min(gchunk, group - c * gchunk);
+    int h0 = kh * group + c * gchunk;
     long p, lo = 0, hi;
     if (positions) {
         p = positions[i];

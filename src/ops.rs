@@ -214,6 +214,25 @@ pub fn rotary(e: &Executor, x: &mut Data, p: &RotaryParams) -> Result<()> {
     )
 }
 
+/// [`rotary`] of `q` and `k` (same rows and head size) in one call (`input1`); only devices that
+/// accept `input1` (the CUDA device) take it.
+pub fn rotary_pair(e: &Executor, q: &mut Data, k: &mut Data, p: &RotaryParams) -> Result<()> {
+    let mut d = DataDict::new().with("positions", p.positions);
+    if let Some(f) = p.inv_freq {
+        d.insert("inv_freq", f);
+    }
+    d.insert_mut("input", q);
+    d.insert_mut("input1", k);
+    e.run(
+        "RotaryEmbedding",
+        &mut d,
+        &FloatDict::new().with("theta", p.theta),
+        &IntDict::new()
+            .with("rotary_dim", p.rotary_dim as i32)
+            .with("style", p.style as i32),
+    )
+}
+
 /// Parameters of [`attention`].
 pub struct AttentionParams<'a> {
     /// Score scale.

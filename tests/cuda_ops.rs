@@ -1270,7 +1270,7 @@ fn multi_weight_linear_equals_one_weight_at_a_time() {
                     let b2 = dev.upload(&rng.data(DataType::F32, &[ns[2]])).unwrap();
                     let bs = [Some(&b0), None, Some(&b2)];
                     let ints = IntDict::new().with("quant_act", quant_act);
-                    let mut outs = vec![
+                    let mut outs = [
                         Data::empty(DataType::F32),
                         Data::empty(DataType::F32),
                         Data::empty(DataType::F32),
@@ -1454,4 +1454,123 @@ fn gpu_graph_decode_matches_cpu_decode() {
     );
     assert!(worst < 1e-8, "nmse {worst:.3e}");
     assert_eq!(top_equal, g.len());
+}
+
+#[test]
+fn rotary_of_two_inputs_in_one_call_matches_two_calls() {
+    let Some(dev) = gpu() else { return };
+    let cuda = cuda_executor(&dev);
+    let reference = reference();
+    let mut rng = CaseRng::new(23);
+    // (rows, q heads, k heads, hd, rot, style, inv_freq)
+    for (s, hq, hk, hd, rot, style, inv) in [
+        (1usize, 32usize, 8usize, 128usize, 128usize, 0i32, true),
+        (3, 9, 3, 64, 64, 0, false),
+        (5, 4, 4, 40, 20, 1, false),
+        (2, 14, 2, 64, 32, 1, true),
+    ] {
+        let q = rng.data(DataType::F32, &[s, hq, hd]);
+        let k = rng.data(DataType::F32, &[s, hk, hd]);
+        let pos: Vec<i32> = (0..s as i32).map(|i| 7 + 13 * i).collect();
+        let pos = Data::from_i32(&[s], &pos).unwrap();
+        let freqs: Vec<f32> = (0..rot / 2).map(|i| 0.9f32.powi(i as i32)).collect();
+        let freqs = Data::from_f32(&[rot / 2], &freqs).unwrap();
+        let ints = IntDict::new()
+            .with("rotary_dim", rot as i32)
+            .with("style", style);
+        let fl = FloatDict::new().with("theta", 500000.0);
+        let mut want = Vec::new();
+        for x in [&q, &k] {
+            let mut x = x.to_owned_host().unwrap();
+            let mut d = DataDict::new().with("positions", &pos);
+            if inv {
+                d.insert("inv_freq", &freqs);
+            }
+            d.insert_mut("input", &mut x);
+            reference
+                .run("RotaryEmbedding", &mut d, &fl, &ints)
+                .unwrap();
+            want.push(x.to_f32_vec().unwrap());
+        }
+        let (mut dq, mut dk) = (dev.upload(&q).unwrap(), dev.upload(&k).unwrap());
+        let (dpos, dfreqs) = (dev.upload(&pos).unwrap(), dev.upload(&freqs).unwrap());
+        {
+            let mut d = DataDict::new().with("positions", &dpos);
+            if inv {
+                d.insert("inv_freq", &dfreqs);
+            }
+            d.insert_mut("input", &mut dq);
+            d.insert_mut("input1", &mut dk);
+            cuda.run("RotaryEmbedding", &mut d, &fl, &ints).unwrap();
+        }
+        for (t, r) in [dq, dk].iter().zip(&want) {
+            let (e, bad) = nmse(&t.to_owned_host().unwrap().to_f32_vec().unwrap(), r);
+            assert!(
+                !bad && e < 1e-12,
+                "s={s} hq={hq} hk={hk} hd={hd} rot={rot}: nmse {e:.3e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn decode_attention_speed() {
+    use fastllm::devices::cuda::set_split_k_decode;
+    let Some(dev) = gpu() else { return };
+    let cuda = cuda_executor(&dev);
+    let mut rng = CaseRng::new(29);
+    // llama-3-8b attention shape (32 heads, 8 KV heads, head 128), one query over `len` keys:
+    // the split-K kernel against the one-block-per-head kernel it replaces for decode.
+    let (nh, nkv, hd) = (32usize, 8usize, 128usize);
+    for len in [64usize, 512, 4096, 16384] {
+        let q = dev.upload(&rng.data(DataType::F32, &[1, nh, hd])).unwrap();
+        let k = dev
+            .upload(&rng.data(DataType::F32, &[len, nkv, hd]))
+            .unwrap();
+        let v = dev
+            .upload(&rng.data(DataType::F32, &[len, nkv, hd]))
+            .unwrap();
+        let mut times = Vec::new();
+        let mut outs = Vec::new();
+        for split in [false, true] {
+            set_split_k_decode(split);
+            let mut out = Data::empty(DataType::F32);
+            let mut call = || {
+                let mut d = DataDict::new()
+                    .with("q", &q)
+                    .with("k", &k)
+                    .with("v", &v)
+                    .with_mut("output", &mut out);
+                cuda.run(
+                    "Attention",
+                    &mut d,
+                    &FloatDict::new(),
+                    &IntDict::new().with("causal", 1),
+                )
+            };
+            call().unwrap();
+            let reps = 50;
+            let ms = dev
+                .gpu()
+                .timed(&mut || {
+                    for _ in 0..reps {
+                        call()?;
+                    }
+                    Ok(())
+                })
+                .unwrap();
+            times.push(ms * 1e3 / reps as f64);
+            outs.push(out.to_owned_host().unwrap().to_f32_vec().unwrap());
+        }
+        set_split_k_decode(true);
+        let (e, _) = nmse(&outs[1], &outs[0]);
+        let bytes = 2.0 * (len * nkv * hd * 4) as f64;
+        println!(
+            "PERF decode attention 32/8 heads x 128, {len} keys: one block per head {:.1} us, split-K {:.1} us ({:.0} GB/s of K/V), nmse between them {e:.1e}",
+            times[0],
+            times[1],
+            bytes / (times[1] * 1e-6) / 1e9
+        );
+        assert!(e < 1e-9);
+    }
 }

@@ -239,7 +239,10 @@ impl Model {
                 .is_some_and(|d| d.kind() != DeviceKind::Cpu && d.ops().contains_key(op))
         };
         let fused_silu_mul = first_has("SiluMul") && config.hidden_act == "silu";
-        let multi_linear = first_has("SiluMul") && first_has("DecodeAttention");
+        // FASTLLM_DECODE_FUSE=0: no multi-weight / accumulating Linear or paired RoPE (A/B runs)
+        let multi_linear = first_has("SiluMul")
+            && first_has("DecodeAttention")
+            && std::env::var("FASTLLM_DECODE_FUSE").map_or(true, |v| v.trim() != "0");
         let decode_graphs = first_has("DecodeAttention")
             && first_has("KvWrite")
             && !weights.low_memory()
@@ -1051,8 +1054,12 @@ impl Model {
                     },
                     theta: c.rope_theta,
                 };
-                ops::rotary(e, q, &rp)?;
-                ops::rotary(e, k, &rp)?;
+                if self.multi_linear {
+                    ops::rotary_pair(e, q, k, &rp)?;
+                } else {
+                    ops::rotary(e, q, &rp)?;
+                    ops::rotary(e, k, &rp)?;
+                }
             }
             let sliding = c.sliding_layers.get(i).copied().unwrap_or(false);
             let ap = AttentionParams {

@@ -38,6 +38,14 @@ pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>) {
 
 /// Up to this many queries, `Attention` uses the split-K decode kernel.
 pub const DECODE_MAX_QUERIES: usize = 8;
+
+/// Off: `Attention` keeps the one-block-per-(query, head) kernel for decode too (for A/B timing).
+static SPLIT_K_DECODE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Turns the split-K decode path of `Attention` on or off (on by default; for measurements).
+pub fn set_split_k_decode(on: bool) {
+    SPLIT_K_DECODE.store(on, std::sync::atomic::Ordering::Relaxed);
+}
 /// Largest q/k and v head size of the decode kernel (`DA_DPL * 32`, `DA_VPT * DA_THREADS`).
 pub const DECODE_MAX_HD: usize = 256;
 /// Most key ranges per row (`wsh[64]` in the combine kernel).
@@ -74,10 +82,25 @@ struct DecodeArgs {
     window: i32,
 }
 
-/// Grid units (KV head × head chunk × row) of a decode launch.
-fn decode_units(nh: usize, nkv: usize, sq: usize) -> usize {
+/// Query heads per block of a decode launch over at most `keys` keys: one for short ranges
+/// (more, shorter blocks: the kernel is latency-bound there), else up to [`DECODE_GMAX`] heads of
+/// a GQA group sharing each K/V row loaded.
+fn decode_gchunk(keys: usize, nh: usize, nkv: usize) -> usize {
     let group = (nh / nkv.max(1)).max(1);
-    nkv * group.div_ceil(DECODE_GMAX) * sq
+    if keys <= DECODE_SHORT_KEYS {
+        1
+    } else {
+        group.min(DECODE_GMAX)
+    }
+}
+
+/// Up to this many keys, a decode block serves one query head.
+const DECODE_SHORT_KEYS: usize = 256;
+
+/// Grid units (KV head × head chunk × row) of a decode launch.
+fn decode_units(nh: usize, nkv: usize, sq: usize, gchunk: usize) -> usize {
+    let group = (nh / nkv.max(1)).max(1);
+    nkv * group.div_ceil(gchunk.max(1)) * sq
 }
 
 /// Workspace floats the decode kernel needs for `nsplit` ranges (0 with one range).
@@ -91,10 +114,10 @@ fn decode_workspace(sq: usize, nh: usize, hdv: usize, nsplit: usize) -> usize {
 
 /// Enqueues the split-K decode attention (and the merge when `nsplit > 1`; `part` then holds
 /// [`decode_workspace`] floats).
-fn decode_launch(gpu: &Gpu, a: &DecodeArgs, nsplit: usize, part: u64) -> Result<()> {
+fn decode_launch(gpu: &Gpu, a: &DecodeArgs, nsplit: usize, gchunk: usize, part: u64) -> Result<()> {
     const OP: &str = "Attention";
     let group = (a.nh / a.nkv.max(1)).max(1);
-    let gy = a.nkv * group.div_ceil(DECODE_GMAX);
+    let gy = a.nkv * group.div_ceil(gchunk.max(1));
     let grid = (
         u32::try_from(nsplit).map_err(|_| op_err(OP, "too many splits"))?,
         u32::try_from(gy)
@@ -133,6 +156,7 @@ fn decode_launch(gpu: &Gpu, a: &DecodeArgs, nsplit: usize, part: u64) -> Result<
             KArg::I32(a.causal as i32),
             KArg::I32(a.window),
             int(nsplit, "splits")?,
+            int(gchunk, "heads per block")?,
         ],
     )?;
     if nsplit > 1 {
@@ -402,8 +426,13 @@ impl Operator for Attention {
                 return Ok(());
             }
         }
-        if sq <= DECODE_MAX_QUERIES && hd <= DECODE_MAX_HD && hdv <= DECODE_MAX_HD {
-            let nsplit = decode_splits(skv, decode_units(nh, nkv, sq), self.0.sms());
+        if sq <= DECODE_MAX_QUERIES
+            && hd <= DECODE_MAX_HD
+            && hdv <= DECODE_MAX_HD
+            && SPLIT_K_DECODE.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            let gchunk = decode_gchunk(skv, nh, nkv);
+            let nsplit = decode_splits(skv, decode_units(nh, nkv, sq, gchunk), self.0.sms());
             let need = 4 * decode_workspace(sq, nh, hdv, nsplit);
             let mut guard = self
                 .2
@@ -438,6 +467,7 @@ impl Operator for Attention {
                     window,
                 },
                 nsplit,
+                gchunk,
                 part,
             );
         }
@@ -499,8 +529,8 @@ struct DecodeAttention(Arc<Gpu>);
 const DA_NAMES: [&str; 5] = ["q", "k_cache", "v_cache", "positions", "alibi_slopes"];
 
 impl DecodeAttention {
-    /// (sq, nh, nkv, hd, hdv, cache rows, splits) after validation.
-    fn sizes(&self, a: &[Option<&crate::data::Data>; 5]) -> Result<[usize; 7]> {
+    /// (sq, nh, nkv, hd, hdv, cache rows, splits, heads per block) after validation.
+    fn sizes(&self, a: &[Option<&crate::data::Data>; 5]) -> Result<[usize; 8]> {
         const OP: &str = "DecodeAttention";
         let need =
             |i: usize| a[i].ok_or_else(|| op_err(OP, format!("missing input '{}'", DA_NAMES[i])));
@@ -539,8 +569,9 @@ impl DecodeAttention {
             }
         }
         let kcap = cache_rows(OP, need(1)?, "k_cache")?.min(cache_rows(OP, need(2)?, "v_cache")?);
-        let nsplit = decode_splits(kcap, decode_units(nh, nkv, sq), self.0.sms());
-        Ok([sq, nh, nkv, hd, hdv, kcap, nsplit])
+        let gchunk = decode_gchunk(kcap, nh, nkv);
+        let nsplit = decode_splits(kcap, decode_units(nh, nkv, sq, gchunk), self.0.sms());
+        Ok([sq, nh, nkv, hd, hdv, kcap, nsplit, gchunk])
     }
 }
 
@@ -553,7 +584,7 @@ impl Operator for DecodeAttention {
             && d.get("v_cache").is_some_and(|v| v.is_contiguous())
     }
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
-        let [sq, nh, _, _, hdv, _, nsplit] = self.sizes(&DA_NAMES.map(|n| d.get(n)))?;
+        let [sq, nh, _, _, hdv, _, nsplit, _] = self.sizes(&DA_NAMES.map(|n| d.get(n)))?;
         let ws = decode_workspace(sq, nh, hdv, nsplit).max(1);
         ensure_out(
             &self.0,
@@ -578,7 +609,7 @@ impl Operator for DecodeAttention {
             )
         };
         let (a, out) = d.io(OP, DA_NAMES, "output")?;
-        let [sq, nh, nkv, hd, hdv, kcap, nsplit] = self.sizes(&a)?;
+        let [sq, nh, nkv, hd, hdv, kcap, nsplit, gchunk] = self.sizes(&a)?;
         if part_bytes < 4 * decode_workspace(sq, nh, hdv, nsplit) {
             return Err(op_err(OP, "workspace is smaller than this call needs"));
         }
@@ -609,6 +640,7 @@ impl Operator for DecodeAttention {
                 window: i.get_or("sliding_window", 0).max(0),
             },
             nsplit,
+            gchunk,
             part,
         )
     }

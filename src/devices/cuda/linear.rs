@@ -419,7 +419,8 @@ impl Linear {
                 return Ok(());
             }
             let quant_act = ints.get_or("quant_act", 0) != 0;
-            let tc_weight = dtype != DataType::F32 && (!dtype.is_quantized() || k % 32 == 0);
+            let tc_weight =
+                dtype != DataType::F32 && (!dtype.is_quantized() || k.is_multiple_of(32));
             if quant_act
                 && tc_weight
                 && m >= TC_MIN_ROWS
@@ -432,7 +433,7 @@ impl Linear {
         let aligned = segs.iter().all(|s| s.w % 16 == 0);
         // 16-byte superblock kernels for block weights with quantized activations: k % 256 == 0,
         // aligned rows.
-        let sb = quant_act && dtype.is_quantized() && k % 256 == 0 && aligned;
+        let sb = quant_act && dtype.is_quantized() && k.is_multiple_of(256) && aligned;
         // m = 1: the activation row in shared memory (272 bytes per 256 values + 72 of scales).
         let sx_bytes = (k / 256) * (272 + 72);
         let sbx = sb && m == 1 && sx_bytes <= 48 * 1024;
@@ -488,7 +489,7 @@ impl Linear {
         };
         let block = (32 * LIN_FEATURES) as u32;
         if quant_act && dtype.is_quantized() {
-            if k % 32 != 0 {
+            if !k.is_multiple_of(32) {
                 return Err(op_err(
                     "Linear",
                     format!("quant_act needs k % 32 == 0, got {k}"),

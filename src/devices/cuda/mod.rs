@@ -27,7 +27,9 @@ mod rope;
 mod select;
 mod shape;
 
-pub use attention::{decode_splits, DECODE_MAX_HD, DECODE_MAX_QUERIES, TC_MIN_QUERIES};
+pub use attention::{
+    decode_splits, set_split_k_decode, DECODE_MAX_HD, DECODE_MAX_QUERIES, TC_MIN_QUERIES,
+};
 pub use linear::TC_MIN_ROWS;
 
 use buffer::{alloc_data, dptr};

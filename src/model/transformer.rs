@@ -57,6 +57,8 @@ pub struct KvCache {
 /// per-step values (the token id and its position, which is also the KV write slot and the
 /// attention length) are written into `ids` / `pos` before each replay.
 struct DecodeGraph {
+    /// [`Model::id`] of the model that recorded it (its weights are in the recording).
+    model: u64,
     ids: Data,
     pos: Data,
     bufs: Vec<Data>,
@@ -149,6 +151,16 @@ pub struct Model {
     multi_linear: bool,
     /// One-token decode steps are recorded once per cache and replayed (CUDA graphs).
     decode_graphs: bool,
+    /// Unique per model in this process: a cache's recorded decode step is only replayed by
+    /// the model that recorded it (the recording holds that model's weight addresses).
+    id: u64,
+}
+
+/// Source of [`Model::id`].
+static NEXT_MODEL_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn next_model_id() -> u64 {
+    NEXT_MODEL_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 fn bad(msg: impl std::fmt::Display) -> Error {
@@ -261,6 +273,7 @@ impl Model {
             fused_silu_mul,
             multi_linear,
             decode_graphs,
+            id: next_model_id(),
         })
     }
 
@@ -327,6 +340,7 @@ impl Model {
             fused_silu_mul: false,
             multi_linear: false,
             decode_graphs: false,
+            id: next_model_id(),
         })
     }
 
@@ -579,10 +593,13 @@ impl Model {
             return Ok(false);
         };
         let mut g = match cache.graph.take() {
-            Some(g) => g,
-            None => {
+            Some(g) if g.model == self.id => g,
+            // none yet, or recorded by another model: start over (dropping a recording of
+            // another model's weights)
+            _ => {
                 let one = Data::from_i32(&[1], &[0])?;
                 Box::new(DecodeGraph {
+                    model: self.id,
                     ids: dev.upload(&one)?,
                     pos: dev.upload(&one)?,
                     bufs: (0..12).map(|_| Data::empty(DataType::F32)).collect(),

@@ -265,3 +265,228 @@ extern "C" __global__ void attn_softmax_f32(float* s, const float* slopes, int q
     float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     for (long j = start + threadIdx.x; j < end; j += blockDim.x) row[j] *= inv;
 }
+
+// ---- decode attention, split-K ("flash-decoding") ----
+// For few queries over many keys. Block (split s, KV head kh · head chunk c, query row i): the
+// query heads h0..h0+G of one GQA group chunk (G <= gchunk <= DA_GMAX; the host takes 1 for
+// short key ranges, where more, smaller blocks finish sooner) share every K/V row the block
+// loads. The row's visible keys [lo, hi) are cut into `nsplit` equal ranges, one per block;
+// each block runs an online softmax over its range in chunks of DA_CHUNK keys: scores (a warp
+// per key, 4 keys in flight, all G heads per load), then per head (a warp each) the chunk's
+// max / exp / sum, then the weighted V sum (a thread per value dim, V loaded once for all G
+// heads). With nsplit = 1 the block writes the normalised output; otherwise it writes its
+// unnormalised partial output and (max, sum) to `part`, which attn_decode_combine_f32 merges.
+// Positions: with `positions` (device, [sq]) query i sits at positions[i] and sees keys
+// max(0, p - window + 1) ..= p, below `kcap` (a KV cache read while it grows: the length is
+// not known on the host, so CUDA graphs can replay this launch every step); without it, as in
+// attention_f32: p = skv - sq + i, causal or not, window, skv keys. Scores as attention_f32.
+// hd <= DA_DPL * 32, hdv <= DA_VPT * DA_THREADS.
+
+#define DA_THREADS 128
+#define DA_CHUNK 64
+#define DA_GMAX 4
+#define DA_DPL 8
+#define DA_VPT 2
+
+extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const float* v, const float* slopes,
+                                           const int* positions, float* out, float* part, int sq, int skv, int kcap,
+                                           int nh, int nkv, int hd, int hdv, long ks, long vs, float scale,
+                                           float softcap, int causal, int window, int nsplit, int gchunk) {
+    __shared__ float qs[DA_GMAX][DA_DPL * 32];
+    __shared__ float sc[DA_GMAX][DA_CHUNK];
+    __shared__ float ms[DA_GMAX], ls[DA_GMAX], cr[DA_GMAX];
+    int s = blockIdx.x, i = blockIdx.z;
+    int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+    int group = nh / nkv;
+    if (group < 1) group = 1;
+    if (gchunk < 1 || gchunk > DA_GMAX) gchunk = DA_GMAX;
+    int hc = (group + gchunk - 1) / gchunk;
+    int kh = blockIdx.y / hc, c = blockIdx.y % hc;
+    int G = min(gchunk, group - c * gchunk);
+    int h0 = kh * group + c * gchunk;
+    long p, lo = 0, hi;
+    if (positions) {
+        p = positions[i];
+        hi = min(p + 1, (long)kcap);
+        if (window > 0) lo = p - window + 1;
+    } else {
+        p = (long)skv - sq + i;
+        hi = causal ? min((long)skv, p + 1) : (long)skv;
+        if (window > 0) lo = p - window + 1;
+    }
+    if (hi < 0) hi = 0;
+    if (lo < 0) lo = 0;
+    if (lo > hi) lo = hi;
+    long per = (hi - lo + nsplit - 1) / nsplit;
+    long a = lo + (long)s * per, b = min(hi, a + per);
+#pragma unroll
+    for (int it = 0; it < DA_GMAX * DA_DPL * 32 / DA_THREADS; it++) {
+        int e = tid + it * DA_THREADS;
+        int g = e / (DA_DPL * 32), d = e % (DA_DPL * 32);
+        qs[g][d] = (g < G && d < hd) ? q[((long)i * nh + h0 + g) * hd + d] : 0.0f;
+    }
+    if (tid < DA_GMAX) {
+        ms[tid] = -INF;
+        ls[tid] = 0.0f;
+    }
+    float acc[DA_GMAX][DA_VPT];
+#pragma unroll
+    for (int g = 0; g < DA_GMAX; g++)
+#pragma unroll
+        for (int t = 0; t < DA_VPT; t++) acc[g][t] = 0.0f;
+    __syncthreads();
+    for (long c0 = a; c0 < b; c0 += DA_CHUNK) {
+        int cn = (int)min((long)DA_CHUNK, b - c0);
+        // scores: a warp per key, 4 keys per step
+        for (int j0 = wid * 4; j0 < cn; j0 += 4 * (DA_THREADS / 32)) {
+            float kr[4][DA_DPL];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+#pragma unroll
+                for (int t = 0; t < DA_DPL; t++) {
+                    int d = lane + 32 * t;
+                    kr[u][t] = (j0 + u < cn && d < hd) ? k[(c0 + j0 + u) * ks + (long)kh * hd + d] : 0.0f;
+                }
+#pragma unroll
+            for (int g = 0; g < DA_GMAX; g++) {
+                if (g < G) {
+#pragma unroll
+                    for (int u = 0; u < 4; u++) {
+                        float sv = 0.0f;
+#pragma unroll
+                        for (int t = 0; t < DA_DPL; t++) sv += qs[g][lane + 32 * t] * kr[u][t];
+                        sv = warp_sum(sv);
+                        if (lane == 0 && j0 + u < cn) {
+                            long j = c0 + j0 + u;
+                            sv *= scale;
+                            if (softcap > 0.0f) sv = softcap * tanhf(sv / softcap);
+                            if (slopes) sv += slopes[h0 + g] * (float)(j - p);
+                            sc[g][j0 + u] = sv;
+                        }
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        // softmax update: a warp per head
+        for (int g = wid; g < G; g += DA_THREADS / 32) {
+            float cm = -INF;
+            for (int jj = lane; jj < cn; jj += 32) cm = fmaxf(cm, sc[g][jj]);
+            cm = warp_max(cm);
+            float om = ms[g];
+            float nm = fmaxf(om, cm);
+            float corr = (om == -INF) ? 0.0f : expf(om - nm);
+            float ps = 0.0f;
+            for (int jj = lane; jj < cn; jj += 32) {
+                float e = nm == -INF ? 0.0f : expf(sc[g][jj] - nm);
+                sc[g][jj] = e;
+                ps += e;
+            }
+            ps = warp_sum(ps);
+            __syncwarp();
+            if (lane == 0) {
+                ls[g] = ls[g] * corr + ps;
+                ms[g] = nm;
+                cr[g] = corr;
+            }
+        }
+        __syncthreads();
+        // weighted V sum
+#pragma unroll
+        for (int t = 0; t < DA_VPT; t++) {
+            int d = tid + t * DA_THREADS;
+            if (d < hdv) {
+                float a2[DA_GMAX];
+#pragma unroll
+                for (int g = 0; g < DA_GMAX; g++) a2[g] = g < G ? acc[g][t] * cr[g] : 0.0f;
+                const float* vp = v + c0 * vs + (long)kh * hdv + d;
+                int jj = 0;
+                for (; jj + 4 <= cn; jj += 4) {
+                    float v0 = vp[jj * vs], v1 = vp[(jj + 1) * vs], v2 = vp[(jj + 2) * vs], v3 = vp[(jj + 3) * vs];
+#pragma unroll
+                    for (int g = 0; g < DA_GMAX; g++)
+                        if (g < G) a2[g] += sc[g][jj] * v0 + sc[g][jj + 1] * v1 + sc[g][jj + 2] * v2 + sc[g][jj + 3] * v3;
+                }
+                for (; jj < cn; jj++) {
+                    float v0 = vp[jj * vs];
+#pragma unroll
+                    for (int g = 0; g < DA_GMAX; g++)
+                        if (g < G) a2[g] += sc[g][jj] * v0;
+                }
+#pragma unroll
+                for (int g = 0; g < DA_GMAX; g++) acc[g][t] = a2[g];
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int g = 0; g < DA_GMAX; g++) {
+        if (g < G) {
+            long h = h0 + g;
+#pragma unroll
+            for (int t = 0; t < DA_VPT; t++) {
+                int d = tid + t * DA_THREADS;
+                if (d < hdv) {
+                    if (part) {
+                        part[(((long)i * nh + h) * nsplit + s) * (hdv + 2) + d] = acc[g][t];
+                    } else {
+                        float l = ls[g];
+                        out[((long)i * nh + h) * hdv + d] = l > 0.0f ? acc[g][t] / l : 0.0f;
+                    }
+                }
+            }
+            if (part && tid == 0) {
+                float* pm = part + (((long)i * nh + h) * nsplit + s) * (hdv + 2) + hdv;
+                pm[0] = ms[g];
+                pm[1] = ls[g];
+            }
+        }
+    }
+}
+
+// Merges the nsplit partial results of attn_decode_f32: block (h, i), a thread per value dim.
+// out = Σ_s e^(m_s - M) o_s / Σ_s e^(m_s - M) l_s (0 when no split saw a key).
+extern "C" __global__ void attn_decode_combine_f32(const float* part, float* out, int nh, int hdv, int nsplit) {
+    __shared__ float wsh[64];
+    __shared__ float inv;
+    int h = blockIdx.x, i = blockIdx.y;
+    const float* pr = part + ((long)i * nh + h) * nsplit * (long)(hdv + 2);
+    if (threadIdx.x < 32) {
+        float mx = -INF;
+        for (int s = threadIdx.x; s < nsplit; s += 32) mx = fmaxf(mx, pr[(long)s * (hdv + 2) + hdv]);
+        mx = warp_max(mx);
+        float l = 0.0f;
+        for (int s = threadIdx.x; s < nsplit; s += 32) {
+            float m = pr[(long)s * (hdv + 2) + hdv];
+            float w = (m == -INF) ? 0.0f : expf(m - mx);
+            wsh[s] = w;
+            l += w * pr[(long)s * (hdv + 2) + hdv + 1];
+        }
+        l = warp_sum(l);
+        if (threadIdx.x == 0) inv = l > 0.0f ? 1.0f / l : 0.0f;
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < hdv; d += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < nsplit; s++) o += wsh[s] * pr[(long)s * (hdv + 2) + d];
+        out[((long)i * nh + h) * hdv + d] = o * inv;
+    }
+}
+
+// KV cache write for decode: rows i < n go to position pos[i] of the caches (kc rows of `krow`
+// floats, vc rows of `vrow`); positions outside [0, cap) are skipped (the host checks them, this
+// keeps a bad one from writing outside the cache). Reads the position on the device so a CUDA
+// graph replays it every step.
+extern "C" __global__ void kv_write_f32(const float* k, const float* v, const int* pos, float* kc, float* vc, int n,
+                                        long krow, long vrow, long cap) {
+    long total = (long)n * (krow + vrow);
+    for (long id = (long)blockIdx.x * blockDim.x + threadIdx.x; id < total; id += (long)gridDim.x * blockDim.x) {
+        long r = id / (krow + vrow), c = id % (krow + vrow);
+        long p = pos[r];
+        if (p < 0 || p >= cap) continue;
+        if (c < krow)
+            kc[p * krow + c] = k[r * krow + c];
+        else
+            vc[p * vrow + (c - krow)] = v[r * vrow + (c - krow)];
+    }
+}

@@ -58,3 +58,8 @@ extern "C" __global__ void mul_f32(const float* x, float* y, long n, float v) {
 extern "C" __global__ void multo_f32(float* a, const float* b, long n, long bn) {
     GRID_LOOP(i, n) a[i] *= b[i % bn];
 }
+
+// y = silu(g) * u (the gated MLP's activation and product in one pass)
+extern "C" __global__ void silu_mul_f32(const float* g, const float* u, float* y, long n) {
+    GRID_LOOP(i, n) y[i] = silu1(g[i]) * u[i];
+}

@@ -1,16 +1,20 @@
-// Embedding: y[i, :] = weight[ids[i], :] decoded to f32. Ids are validated on the host first.
-// One block per token.
+// Embedding: y[i, :] = weight[ids[i], :] decoded to f32. Ids are validated on the host first
+// (or, for ids already on the GPU, by the caller); an id outside 0..vocab is clamped so it can
+// never read outside the weight. One block per token.
 
 template <int DT>
-__device__ void embedding_t(const int* ids, const unsigned char* w, float* y, int d, long row_bytes) {
-    const unsigned char* row = w + (long)ids[blockIdx.x] * row_bytes;
+__device__ void embedding_t(const int* ids, const unsigned char* w, float* y, int d, long row_bytes, int vocab) {
+    int id = ids[blockIdx.x];
+    id = id < 0 ? 0 : (id >= vocab ? vocab - 1 : id);
+    const unsigned char* row = w + (long)id * row_bytes;
     float* yr = y + (long)blockIdx.x * d;
     for (int i = threadIdx.x; i < d; i += blockDim.x) yr[i] = load_w<DT>(row, i);
 }
 
 #define EMB(name, DT) \
-    extern "C" __global__ void embedding_##name(const int* ids, const unsigned char* w, float* y, int d, long rb) { \
-        embedding_t<DT>(ids, w, y, d, rb); \
+    extern "C" __global__ void embedding_##name(const int* ids, const unsigned char* w, float* y, int d, long rb, \
+                                                int vocab) { \
+        embedding_t<DT>(ids, w, y, d, rb, vocab); \
     }
 EMB(f32, DT_F32)
 EMB(f16, DT_F16)

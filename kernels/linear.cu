@@ -5,6 +5,34 @@
 
 #define LIN_ROWS 4
 
+// Up to three weights of the same dtype and k sharing one input (e.g. the q, k and v
+// projections): rows 0..n[0] of the launch are weight 0's, the next n[1] weight 1's, then
+// weight 2's, each with its own bias (or null) and output [m, n[i]]. One launch streams them all.
+// acc != 0: the products are added to the outputs (y += x·Wᵀ + b, a residual connection).
+struct LinSegs {
+    const unsigned char* w[3];
+    const float* b[3];
+    float* y[3];
+    int n[3];
+    int acc;
+};
+
+// The segment of launch row JG: its weight w, bias, output y, row count n and row j within it.
+#define SEG_PICK(JG)                                                          \
+    int j = (JG), si = 0;                                                     \
+    if (j >= sg.n[0]) {                                                       \
+        j -= sg.n[0];                                                         \
+        si = 1;                                                               \
+        if (j >= sg.n[1]) {                                                   \
+            j -= sg.n[1];                                                     \
+            si = 2;                                                           \
+        }                                                                     \
+    }                                                                         \
+    const unsigned char* w = si == 0 ? sg.w[0] : (si == 1 ? sg.w[1] : sg.w[2]); \
+    const float* bias = si == 0 ? sg.b[0] : (si == 1 ? sg.b[1] : sg.b[2]);    \
+    float* y = si == 0 ? sg.y[0] : (si == 1 ? sg.y[1] : sg.y[2]);             \
+    int n = si == 0 ? sg.n[0] : (si == 1 ? sg.n[1] : sg.n[2]);
+
 // Four consecutive weights 4p..4p+3 of block b (p in 0..8), dequantized. Eight lanes share a
 // block, so a warp reads 4 neighbouring blocks and 512 contiguous bytes of x per step.
 template <int DT>
@@ -61,12 +89,12 @@ __device__ __forceinline__ void dot8(uint4 q, const float* xr, int k, int v, int
 }
 
 template <int DT>
-__device__ void linear_t(const float* x, const unsigned char* w, const float* bias, float* y,
-                         int m, int n, int k, long row_bytes) {
+__device__ void linear_t(const float* x, const LinSegs& sg, int m, int ntot, int k, long row_bytes) {
     int lane = threadIdx.x & 31;
-    int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int jg = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int r0 = blockIdx.y * LIN_ROWS;
-    if (j >= n) return;
+    if (jg >= ntot) return;
+    SEG_PICK(jg)
     int nr = min(LIN_ROWS, m - r0);
     const float* xr = x + (long)r0 * k;
     const unsigned char* row = w + (long)j * row_bytes;
@@ -114,14 +142,16 @@ __device__ void linear_t(const float* x, const unsigned char* w, const float* bi
 #pragma unroll
     for (int r = 0; r < LIN_ROWS; r++) {
         float s = warp_sum(acc[r]);
-        if (lane == 0 && r < nr) y[(long)(r0 + r) * n + j] = s + (bias ? bias[j] : 0.0f);
+        if (lane == 0 && r < nr) {
+            float* yo = y + (long)(r0 + r) * n + j;
+            *yo = (sg.acc ? *yo : 0.0f) + s + (bias ? bias[j] : 0.0f);
+        }
     }
 }
 
 #define LIN(name, DT) \
-    extern "C" __global__ void linear_##name(const float* x, const unsigned char* w, const float* bias, float* y, \
-                                             int m, int n, int k, long rb) { \
-        linear_t<DT>(x, w, bias, y, m, n, k, rb); \
+    extern "C" __global__ void linear_##name(const float* x, LinSegs sg, int m, int ntot, int k, long rb) { \
+        linear_t<DT>(x, sg, m, ntot, k, rb); \
     }
 LIN(f32, DT_F32)
 LIN(f16, DT_F16)
@@ -194,12 +224,13 @@ __device__ __forceinline__ float qdot_block(const unsigned char* row, long b, co
 
 // Same grid as linear_*: a warp per output feature, LIN_ROWS rows per block row.
 template <int DT>
-__device__ void linear_q8act_t(const signed char* xq, const float2* xd, const unsigned char* w, const float* bias,
-                               float* y, int m, int n, int k, long row_bytes) {
+__device__ void linear_q8act_t(const signed char* xq, const float2* xd, const LinSegs& sg, int m, int ntot, int k,
+                               long row_bytes) {
     int lane = threadIdx.x & 31;
-    int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int jg = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int r0 = blockIdx.y * LIN_ROWS;
-    if (j >= n) return;
+    if (jg >= ntot) return;
+    SEG_PICK(jg)
     int nr = min(LIN_ROWS, m - r0);
     long nb = k / 32;
     const unsigned char* row = w + (long)j * row_bytes;
@@ -218,14 +249,17 @@ __device__ void linear_q8act_t(const signed char* xq, const float2* xd, const un
 #pragma unroll
     for (int r = 0; r < LIN_ROWS; r++) {
         float s = warp_sum(acc[r]);
-        if (lane == 0 && r < nr) y[(long)(r0 + r) * n + j] = s + (bias ? bias[j] : 0.0f);
+        if (lane == 0 && r < nr) {
+            float* yo = y + (long)(r0 + r) * n + j;
+            *yo = (sg.acc ? *yo : 0.0f) + s + (bias ? bias[j] : 0.0f);
+        }
     }
 }
 
 #define LINQ(name, DT) \
-    extern "C" __global__ void linear_q8act_##name(const signed char* xq, const float2* xd, const unsigned char* w, \
-                                                   const float* bias, float* y, int m, int n, int k, long rb) { \
-        linear_q8act_t<DT>(xq, xd, w, bias, y, m, n, k, rb); \
+    extern "C" __global__ void linear_q8act_##name(const signed char* xq, const float2* xd, LinSegs sg, int m, \
+                                                   int ntot, int k, long rb) { \
+        linear_q8act_t<DT>(xq, xd, sg, m, ntot, k, rb); \
     }
 LINQ(q8_0, DT_Q8_0)
 LINQ(q4_0, DT_Q4_0)
@@ -276,27 +310,40 @@ __device__ __forceinline__ void load_sb(const unsigned char* row, long s, unsign
 // the activation row was staged in shared memory by the caller, superblock s at
 // sx[s * 17] (16 chunks of 16 bytes + 16 bytes of padding, so lanes 272 bytes apart hit
 // distinct banks) and its scales at sxd[s * 9 + b].
+// With `smx` (m = 1), the block stages the activation row into shared memory itself, after each
+// lane has issued the loads of its first weight superblock (so the two latencies overlap).
 template <int DT>
-__device__ void linear_q8act_sb_t(const signed char* xq, const float2* xd, const unsigned char* w, const float* bias,
-                                  float* y, int m, int n, int k, long row_bytes, int lpr, const uint4* sx,
-                                  const float2* sxd) {
+__device__ void linear_q8act_sb_t(const signed char* xq, const float2* xd, const LinSegs& sg, int m, int ntot, int k,
+                                  long row_bytes, int lpr, uint4* smx) {
     constexpr int BS = blk_bytes<DT>();
     constexpr int NV = BS * 8 / 16;
     int lane = threadIdx.x & 31, sub = lane & (lpr - 1);
     int rpw = 32 / lpr;
-    int j = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * rpw + lane / lpr;
+    int jg = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * rpw + lane / lpr;
     int r0 = blockIdx.y * LIN_ROWS;
-    bool live = j < n;
+    bool live = jg < ntot;
+    SEG_PICK(live ? jg : 0)
     int nr = min(LIN_ROWS, m - r0);
     long nb = k >> 5;
-    const unsigned char* row = w + (long)(live ? j : 0) * row_bytes;
+    const unsigned char* row = w + (long)j * row_bytes;
     float acc[LIN_ROWS];
 #pragma unroll
     for (int r = 0; r < LIN_ROWS; r++) acc[r] = 0.0f;
     long nsb = k >> 8;
+    unsigned int wd[4 * NV + 1];
+    if (live && sub < nsb) load_sb<DT>(row, sub, wd);
+    const uint4* sx = 0;
+    const float2* sxd = 0;
+    if (smx) {
+        for (long i = threadIdx.x; i < nsb * 16; i += blockDim.x) smx[(i >> 4) * 17 + (i & 15)] = ((const uint4*)xq)[i];
+        float2* sd = (float2*)(smx + nsb * 17);
+        for (long i = threadIdx.x; i < nsb * 8; i += blockDim.x) sd[(i >> 3) * 9 + (i & 7)] = xd[i];
+        __syncthreads();
+        sx = smx;
+        sxd = sd;
+    }
     for (long s = sub; live && s < nsb; s += lpr) {
-        unsigned int wd[4 * NV + 1];
-        load_sb<DT>(row, s, wd);
+        if (s != sub) load_sb<DT>(row, s, wd);
 #pragma unroll
         for (int b = 0; b < 8; b++) {
             int o = b * BS;
@@ -340,26 +387,22 @@ __device__ void linear_q8act_sb_t(const signed char* xq, const float2* xd, const
     for (int r = 0; r < LIN_ROWS; r++) {
         float v = acc[r];
         for (int o = lpr >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (live && sub == 0 && r < nr) y[(long)(r0 + r) * n + j] = v + (bias ? bias[j] : 0.0f);
+        if (live && sub == 0 && r < nr) {
+            float* yo = y + (long)(r0 + r) * n + j;
+            *yo = (sg.acc ? *yo : 0.0f) + v + (bias ? bias[j] : 0.0f);
+        }
     }
 }
 
 #define LINSB(name, DT) \
-    extern "C" __global__ void linear_q8act_sb_##name(const signed char* xq, const float2* xd, const unsigned char* w, \
-                                                      const float* bias, float* y, int m, int n, int k, long rb, \
-                                                      int lpr) { \
-        linear_q8act_sb_t<DT>(xq, xd, w, bias, y, m, n, k, rb, lpr, 0, 0); \
+    extern "C" __global__ void linear_q8act_sb_##name(const signed char* xq, const float2* xd, LinSegs sg, int m, \
+                                                      int ntot, int k, long rb, int lpr) { \
+        linear_q8act_sb_t<DT>(xq, xd, sg, m, ntot, k, rb, lpr, 0); \
     } \
-    extern "C" __global__ void linear_q8act_sbx_##name(const signed char* xq, const float2* xd, const unsigned char* w, \
-                                                       const float* bias, float* y, int m, int n, int k, long rb, \
-                                                       int lpr) { \
+    extern "C" __global__ void linear_q8act_sbx_##name(const signed char* xq, const float2* xd, LinSegs sg, int m, \
+                                                       int ntot, int k, long rb, int lpr) { \
         extern __shared__ uint4 smx[]; \
-        long nsb = k >> 8; \
-        for (long i = threadIdx.x; i < nsb * 16; i += blockDim.x) smx[(i >> 4) * 17 + (i & 15)] = ((const uint4*)xq)[i]; \
-        float2* sxd = (float2*)(smx + nsb * 17); \
-        for (long i = threadIdx.x; i < nsb * 8; i += blockDim.x) sxd[(i >> 3) * 9 + (i & 7)] = xd[i]; \
-        __syncthreads(); \
-        linear_q8act_sb_t<DT>(xq, xd, w, bias, y, 1, n, k, rb, lpr, smx, sxd); \
+        linear_q8act_sb_t<DT>(xq, xd, sg, 1, ntot, k, rb, lpr, smx); \
     }
 LINSB(q8_0, DT_Q8_0)
 LINSB(q4_0, DT_Q4_0)

@@ -11,6 +11,37 @@ extern "C" __global__ void rmsnorm_f32(const float* x, const float* w, float* y,
     for (int i = threadIdx.x; i < d; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
 }
 
+// RMSNorm for rows of d % 4 == 0 floats (16-byte aligned), d <= 4 * RMS_V4 * blockDim.x: each
+// thread keeps its RMS_V4 float4s in registers, so x is read once with every load in flight at
+// once (the loop above reads each row twice, a few elements per thread at a time: a decode row
+// of 4096 took ~15 us on one block).
+#define RMS_V4 4
+
+extern "C" __global__ void rmsnorm_v4_f32(const float* x, const float* w, float* y, int d, float eps) {
+    int n4 = d >> 2;
+    const float4* xr = (const float4*)(x + (long)blockIdx.x * d);
+    float4* yr = (float4*)(y + (long)blockIdx.x * d);
+    const float4* w4 = (const float4*)w;
+    float4 v[RMS_V4];
+    float s = 0.0f;
+#pragma unroll
+    for (int t = 0; t < RMS_V4; t++) {
+        int i = threadIdx.x + t * blockDim.x;
+        v[t] = i < n4 ? xr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        s += v[t].x * v[t].x + v[t].y * v[t].y + v[t].z * v[t].z + v[t].w * v[t].w;
+    }
+    s = block_sum(s);
+    float inv = rsqrtf(s / (float)d + eps);
+#pragma unroll
+    for (int t = 0; t < RMS_V4; t++) {
+        int i = threadIdx.x + t * blockDim.x;
+        if (i < n4) {
+            float4 g = w4[i];
+            yr[i] = make_float4(v[t].x * inv * g.x, v[t].y * inv * g.y, v[t].z * inv * g.z, v[t].w * inv * g.w);
+        }
+    }
+}
+
 extern "C" __global__ void layernorm_f32(const float* x, const float* g, const float* b, float* y, int d, float eps) {
     const float* xr = x + (long)blockIdx.x * d;
     float* yr = y + (long)blockIdx.x * d;

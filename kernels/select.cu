@@ -31,8 +31,16 @@ extern "C" __global__ void argmax_f32(const float* x, int* out, long n) {
     const float* xr = x + (long)blockIdx.x * n;
     float bv = -INF;
     long bi = 0x7fffffffffffffffL;
-    for (long j = threadIdx.x; j < n; j += blockDim.x)
-        if (better(xr[j], j, bv, bi)) { bv = xr[j]; bi = j; }
+    // four independent loads per thread in flight (a vocabulary row is ~128k values)
+    long step = blockDim.x;
+    for (long j0 = threadIdx.x; j0 < n; j0 += 4 * step) {
+        float v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) v[u] = j0 + u * step < n ? xr[j0 + u * step] : -INF;
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (j0 + u * step < n && better(v[u], j0 + u * step, bv, bi)) { bv = v[u]; bi = j0 + u * step; }
+    }
     block_best(bv, bi);
     if (threadIdx.x == 0) out[blockIdx.x] = bi == 0x7fffffffffffffffL ? 0 : (int)bi;
 }

@@ -258,4 +258,30 @@ pub trait BaseDevice: Send + Sync {
     fn synchronize(&self) -> Result<()> {
         Ok(())
     }
+    /// Copies host tensor `src` into the existing allocation of `dst`, a tensor on this device
+    /// of the same dtype and at least as many elements (`dst` keeps its address, so work
+    /// recorded with [`BaseDevice::begin_recording`] reads the new values). Enqueued in order
+    /// with the device's other work. Devices without recording: `Unsupported`.
+    fn write(&self, _src: &Data, _dst: &mut Data) -> Result<()> {
+        Err(Error::Unsupported(format!(
+            "{}: write into a device tensor",
+            self.name()
+        )))
+    }
+    /// Starts recording the work that ops enqueue on this device instead of running it (a CUDA
+    /// graph). While recording, ops must not allocate, copy to or from the host or wait.
+    /// Devices without recording: `Unsupported`.
+    fn begin_recording(&self) -> Result<()> {
+        Err(Error::Unsupported(format!("{}: recording", self.name())))
+    }
+    /// Ends recording; the recorded work, to pass to [`BaseDevice::replay`]. Must follow every
+    /// successful [`BaseDevice::begin_recording`], also when an op failed in between.
+    fn end_recording(&self) -> Result<Box<dyn std::any::Any + Send + Sync>> {
+        Err(Error::Unsupported(format!("{}: recording", self.name())))
+    }
+    /// Enqueues recorded work again. `Ok(false)` (nothing enqueued) when the recording is stale:
+    /// a buffer it used was freed since, so it must be recorded again.
+    fn replay(&self, _recording: &(dyn std::any::Any + Send + Sync)) -> Result<bool> {
+        Err(Error::Unsupported(format!("{}: replay", self.name())))
+    }
 }

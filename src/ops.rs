@@ -38,6 +38,91 @@ pub fn linear(
     )
 }
 
+/// `out += x·wᵀ + b` for one row `x` (a residual connection fused into the product); `out`
+/// must already hold the row. Only devices that accept `accumulate` (the CUDA device) take it.
+pub fn linear_add(
+    e: &Executor,
+    x: &Data,
+    w: &Data,
+    b: Option<&Data>,
+    out: &mut Data,
+    quant_act: bool,
+) -> Result<()> {
+    let mut d = DataDict::new().with("input", x).with("weight", w);
+    if let Some(b) = b {
+        d.insert("bias", b);
+    }
+    d.insert_mut("output", out);
+    e.run(
+        "Linear",
+        &mut d,
+        &FloatDict::new(),
+        &IntDict::new()
+            .with("quant_act", quant_act as i32)
+            .with("accumulate", 1),
+    )
+}
+
+/// [`linear`] of the same `x` as the previous `Linear` call on this executor's device, with
+/// `x` unchanged since: a device may reuse that call's quantized activations (`reuse_act`).
+pub fn linear_same_input(
+    e: &Executor,
+    x: &Data,
+    w: &Data,
+    b: Option<&Data>,
+    out: &mut Data,
+    quant_act: bool,
+) -> Result<()> {
+    let mut d = DataDict::new().with("input", x).with("weight", w);
+    if let Some(b) = b {
+        d.insert("bias", b);
+    }
+    d.insert_mut("output", out);
+    e.run(
+        "Linear",
+        &mut d,
+        &FloatDict::new(),
+        &IntDict::new()
+            .with("quant_act", quant_act as i32)
+            .with("reuse_act", 1),
+    )
+}
+
+/// `output_i = input·weight_iᵀ + bias_i` for two or three weights of the same dtype sharing the
+/// input, as one `Linear` call (`weight`, `weight1`, `weight2`, ...): a device may stream them in
+/// one launch. Only devices that accept the extra weights (the CUDA device) take this call.
+pub fn linear_multi(
+    e: &Executor,
+    x: &Data,
+    parts: &mut [(&Data, Option<&Data>, &mut Data)],
+    quant_act: bool,
+) -> Result<()> {
+    const NAMES: [(&str, &str, &str); 3] = [
+        ("weight", "bias", "output"),
+        ("weight1", "bias1", "output1"),
+        ("weight2", "bias2", "output2"),
+    ];
+    if parts.len() > NAMES.len() {
+        return Err(crate::error::Error::invalid(
+            "linear_multi: at most three weights",
+        ));
+    }
+    let mut d = DataDict::new().with("input", x);
+    for ((w, b, out), (wn, bn, on)) in parts.iter_mut().zip(NAMES) {
+        d.insert(wn, w);
+        if let Some(b) = b {
+            d.insert(bn, b);
+        }
+        d.insert_mut(on, out);
+    }
+    e.run(
+        "Linear",
+        &mut d,
+        &FloatDict::new(),
+        &IntDict::new().with("quant_act", quant_act as i32),
+    )
+}
+
 /// `output = embedding rows of ids`.
 pub fn embedding(e: &Executor, ids: &Data, w: &Data, out: &mut Data) -> Result<()> {
     let mut d = DataDict::new()
@@ -45,6 +130,21 @@ pub fn embedding(e: &Executor, ids: &Data, w: &Data, out: &mut Data) -> Result<(
         .with("weight", w)
         .with_mut("output", out);
     e.run("Embedding", &mut d, &FloatDict::new(), &IntDict::new())
+}
+
+/// [`embedding`] of ids already on the embedding's device and validated by the caller (the
+/// device does not read them back; it clamps an id outside the vocabulary).
+pub fn embedding_checked(e: &Executor, ids: &Data, w: &Data, out: &mut Data) -> Result<()> {
+    let mut d = DataDict::new()
+        .with("input", ids)
+        .with("weight", w)
+        .with_mut("output", out);
+    e.run(
+        "Embedding",
+        &mut d,
+        &FloatDict::new(),
+        &IntDict::new().with("checked", 1),
+    )
 }
 
 /// RMS normalization over the last axis.
@@ -114,6 +214,25 @@ pub fn rotary(e: &Executor, x: &mut Data, p: &RotaryParams) -> Result<()> {
     )
 }
 
+/// [`rotary`] of `q` and `k` (same rows and head size) in one call (`input1`); only devices that
+/// accept `input1` (the CUDA device) take it.
+pub fn rotary_pair(e: &Executor, q: &mut Data, k: &mut Data, p: &RotaryParams) -> Result<()> {
+    let mut d = DataDict::new().with("positions", p.positions);
+    if let Some(f) = p.inv_freq {
+        d.insert("inv_freq", f);
+    }
+    d.insert_mut("input", q);
+    d.insert_mut("input1", k);
+    e.run(
+        "RotaryEmbedding",
+        &mut d,
+        &FloatDict::new().with("theta", p.theta),
+        &IntDict::new()
+            .with("rotary_dim", p.rotary_dim as i32)
+            .with("style", p.style as i32),
+    )
+}
+
 /// Parameters of [`attention`].
 pub struct AttentionParams<'a> {
     /// Score scale.
@@ -171,6 +290,15 @@ pub fn add_to(e: &Executor, x: &mut Data, y: &Data, alpha: f32) -> Result<()> {
 pub fn mul_to(e: &Executor, x: &mut Data, y: &Data) -> Result<()> {
     let mut d = DataDict::new().with_mut("input0", x).with("input1", y);
     e.run("MulTo", &mut d, &FloatDict::new(), &IntDict::new())
+}
+
+/// `output = silu(g)·u` (a device op; the CPU device does not have it).
+pub fn silu_mul(e: &Executor, g: &Data, u: &Data, out: &mut Data) -> Result<()> {
+    let mut d = DataDict::new()
+        .with("input0", g)
+        .with("input1", u)
+        .with_mut("output", out);
+    e.run("SiluMul", &mut d, &FloatDict::new(), &IntDict::new())
 }
 
 /// `output = x·v`.

@@ -927,3 +927,650 @@ fn matmul_rate_and_gemv_speed() {
         }
     }
 }
+
+/// Max |a − b| over two equally long slices.
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max)
+}
+
+#[test]
+fn kv_write_and_decode_attention_match_reference() {
+    let Some(dev) = gpu() else { return };
+    let cuda = cuda_executor(&dev);
+    let reference = reference();
+    let mut rng = CaseRng::new(61);
+    // (sq, len, cap, nh, nkv, hd, hdv, alibi, softcap, window): GQA groups 1/3/4/7/16 (16 is
+    // more than the kernel's 8 heads per block), odd head sizes, one to many splits.
+    let cases = [
+        (
+            1usize, 1usize, 5usize, 1usize, 1usize, 8usize, 8usize, false, 0.0f32, 0usize,
+        ),
+        (1, 37, 64, 9, 3, 64, 64, true, 0.0, 0),
+        (1, 100, 130, 8, 2, 33, 33, false, 20.0, 0),
+        (1, 1500, 1600, 8, 1, 64, 64, false, 0.0, 0),
+        (3, 200, 256, 12, 4, 40, 24, true, 10.0, 17),
+        (1, 777, 1000, 32, 8, 128, 128, false, 0.0, 0),
+        (1, 300, 300, 14, 2, 64, 64, false, 0.0, 100),
+        (1, 50, 64, 32, 2, 128, 128, false, 0.0, 0),
+        (2, 5, 8, 4, 4, 256, 256, true, 0.0, 0),
+        (1, 4097, 8192, 32, 8, 128, 128, false, 0.0, 0),
+    ];
+    for (sq, len, cap, nh, nkv, hd, hdv, alibi, softcap, window) in cases {
+        let q = rng.data_range(DataType::F32, &[sq, nh, hd], -2.0, 2.0);
+        let k = rng.data(DataType::F32, &[len, nkv, hd]);
+        let v = rng.data(DataType::F32, &[len, nkv, hdv]);
+        let kv = k.to_f32_vec().unwrap();
+        let vv = v.to_f32_vec().unwrap();
+        let slopes: Vec<f32> = (0..nh).map(|h| 0.5f32.powi(h as i32 % 8 + 1)).collect();
+        let slopes = Data::from_f32(&[nh], &slopes).unwrap();
+        let scale = 1.0 / (hd as f32).sqrt();
+        // reference: Attention over the full K/V, queries at len - sq + i
+        let mut r = Data::empty(DataType::F32);
+        {
+            let mut d = DataDict::new().with("q", &q).with("k", &k).with("v", &v);
+            if alibi {
+                d.insert("alibi_slopes", &slopes);
+            }
+            d.insert_mut("output", &mut r);
+            reference
+                .run(
+                    "Attention",
+                    &mut d,
+                    &FloatDict::new()
+                        .with("scale", scale)
+                        .with("softcap", softcap),
+                    &IntDict::new()
+                        .with("causal", 1)
+                        .with("sliding_window", window as i32),
+                )
+                .unwrap();
+        }
+        // GPU: caches of `cap` rows holding the first len - sq rows; KvWrite adds the last sq
+        // rows at their positions, DecodeAttention reads rows 0..=position.
+        let old = len - sq;
+        let cache = |all: &[f32], row: usize| {
+            let mut c = Data::from_f32(&[old, nkv, row], &all[..old * nkv * row]).unwrap();
+            c.reserve(0, cap).unwrap();
+            dev.upload(&c).unwrap()
+        };
+        let (mut kc, mut vc) = (cache(&kv, hd), cache(&vv, hdv));
+        let newk = Data::from_f32(&[sq, nkv, hd], &kv[old * nkv * hd..]).unwrap();
+        let newv = Data::from_f32(&[sq, nkv, hdv], &vv[old * nkv * hdv..]).unwrap();
+        let pos: Vec<i32> = (old..len).map(|p| p as i32).collect();
+        let pos = dev.upload(&Data::from_i32(&[sq], &pos).unwrap()).unwrap();
+        {
+            let (nk, nv) = (dev.upload(&newk).unwrap(), dev.upload(&newv).unwrap());
+            let mut d = DataDict::new()
+                .with("k", &nk)
+                .with("v", &nv)
+                .with("positions", &pos)
+                .with_mut("k_cache", &mut kc)
+                .with_mut("v_cache", &mut vc);
+            cuda.run("KvWrite", &mut d, &FloatDict::new(), &IntDict::new())
+                .unwrap();
+        }
+        // the output starts as NaN: every element must be written
+        let nan = vec![f32::NAN; sq * nh * hdv];
+        let mut out = dev
+            .upload(&Data::from_f32(&[sq, nh, hdv], &nan).unwrap())
+            .unwrap();
+        let mut ws = Data::empty(DataType::F32);
+        let dq = dev.upload(&q).unwrap();
+        let ds = dev.upload(&slopes).unwrap();
+        {
+            let mut d = DataDict::new()
+                .with("q", &dq)
+                .with("k_cache", &kc)
+                .with("v_cache", &vc)
+                .with("positions", &pos);
+            if alibi {
+                d.insert("alibi_slopes", &ds);
+            }
+            d.insert_mut("workspace", &mut ws);
+            d.insert_mut("output", &mut out);
+            cuda.run(
+                "DecodeAttention",
+                &mut d,
+                &FloatDict::new()
+                    .with("scale", scale)
+                    .with("softcap", softcap),
+                &IntDict::new().with("sliding_window", window as i32),
+            )
+            .unwrap();
+        }
+        assert!(
+            matches!(out.device(), DeviceKind::Cuda(_)),
+            "ran on the GPU"
+        );
+        let t = out.to_owned_host().unwrap().to_f32_vec().unwrap();
+        let (e, bad) = nmse(&t, &r.to_f32_vec().unwrap());
+        // the cache rows written by KvWrite
+        let kh = kc.to_owned_host().unwrap();
+        assert_eq!(kh.dims(), &[old, nkv, hd], "KvWrite keeps the host length");
+        let mut kfull = kc;
+        kfull.set_len(0, len).unwrap();
+        let kf = kfull.to_owned_host().unwrap().to_f32_vec().unwrap();
+        assert_eq!(kf, kv, "KvWrite rows");
+        println!(
+            "DecodeAttention q[{sq},{nh},{hd}] cache[{len}/{cap},{nkv},{hd}/{hdv}] alibi={alibi} softcap={softcap} window={window}: nmse {e:.2e}"
+        );
+        assert!(!bad && e <= 1e-9, "nmse {e:.3e}");
+    }
+}
+
+#[test]
+fn kv_write_skips_positions_outside_the_cache() {
+    let Some(dev) = gpu() else { return };
+    let cuda = cuda_executor(&dev);
+    let mut kc = Data::zeros(DataType::F32, &[0, 2, 4]).unwrap();
+    kc.reserve(0, 3).unwrap();
+    let mut kc = dev.upload(&kc).unwrap();
+    let mut vc = kc.to_owned_host().unwrap();
+    vc.reserve(0, 3).unwrap();
+    let mut vc = dev.upload(&vc).unwrap();
+    let k = dev
+        .upload(&Data::from_f32(&[2, 2, 4], &[1.0; 16]).unwrap())
+        .unwrap();
+    let pos = dev
+        .upload(&Data::from_i32(&[2], &[3, -1]).unwrap())
+        .unwrap();
+    let mut d = DataDict::new()
+        .with("k", &k)
+        .with("v", &k)
+        .with("positions", &pos)
+        .with_mut("k_cache", &mut kc)
+        .with_mut("v_cache", &mut vc);
+    cuda.run("KvWrite", &mut d, &FloatDict::new(), &IntDict::new())
+        .unwrap();
+    kc.set_len(0, 3).unwrap();
+    let all = kc.to_owned_host().unwrap().to_f32_vec().unwrap();
+    assert!(all.iter().all(|&x| x == 0.0), "nothing written");
+}
+
+#[test]
+fn silu_mul_matches_silu_then_mul() {
+    let Some(dev) = gpu() else { return };
+    let cuda = cuda_executor(&dev);
+    let reference = reference();
+    let mut rng = CaseRng::new(7);
+    for dims in [
+        vec![1usize, 1],
+        vec![3, 1000],
+        vec![1, 14336],
+        vec![5, 7, 33],
+    ] {
+        let g = rng.data_range(DataType::F32, &dims, -6.0, 6.0);
+        let u = rng.data(DataType::F32, &dims);
+        let mut r = Data::empty(DataType::F32);
+        {
+            let mut d = DataDict::new().with("input", &g).with_mut("output", &mut r);
+            reference
+                .run("Silu", &mut d, &FloatDict::new(), &IntDict::new())
+                .unwrap();
+            let mut d = DataDict::new()
+                .with_mut("input0", &mut r)
+                .with("input1", &u);
+            reference
+                .run("MulTo", &mut d, &FloatDict::new(), &IntDict::new())
+                .unwrap();
+        }
+        let mut t = Data::empty(DataType::F32);
+        let mut d = DataDict::new()
+            .with("input0", &g)
+            .with("input1", &u)
+            .with_mut("output", &mut t);
+        cuda.run("SiluMul", &mut d, &FloatDict::new(), &IntDict::new())
+            .unwrap();
+        assert!(matches!(t.device(), DeviceKind::Cuda(_)));
+        let (e, bad) = nmse(
+            &t.to_owned_host().unwrap().to_f32_vec().unwrap(),
+            &r.to_f32_vec().unwrap(),
+        );
+        assert!(!bad && e < 1e-12, "{dims:?}: nmse {e:.3e}");
+    }
+}
+
+#[test]
+fn decode_graphs_match_op_by_op_decoding() {
+    use fastllm::model::{synthetic, Model, SyntheticSource};
+    let Some(_dev) = gpu() else { return };
+    // Two-layer models of real widths, random weights: graph-replayed decode steps against the
+    // same steps run op by op (the same kernels, so the logits agree to rounding), across a
+    // rewind and a stale recording (another cache's prefill regrows a scratch buffer).
+    for (shape, dtype) in [
+        ("llama-3.2-1b", "f16"),
+        ("llama-3.2-1b", "int4"),
+        ("qwen2-0.5b", "int8"),
+    ] {
+        let mut cfg = synthetic::config(shape).unwrap();
+        cfg.num_layers = 2;
+        let dt = synthetic::weight_dtype(dtype).unwrap();
+        let src = Arc::new(SyntheticSource::new(&cfg, dt).unwrap());
+        let exec = fastllm::load::executor_for("cuda", 0).unwrap();
+        let mut model = Model::new(cfg.clone(), src, exec, Precision::Fast, false).unwrap();
+        let prompt: Vec<u32> = (0..20u32).map(|i| (i * 7919 + 13) % 100000).collect();
+        let steps: Vec<u32> = (0..24u32).map(|i| (i * 104729 + 7) % 100000).collect();
+        let run = |model: &Model| -> (Vec<Vec<f32>>, Vec<u32>) {
+            let mut cache = model.new_cache(64).unwrap();
+            let mut other = model.new_cache(64).unwrap();
+            model.forward(&mut cache, &prompt, false).unwrap();
+            let mut logits = Vec::new();
+            let mut ids = Vec::new();
+            for (i, &t) in steps.iter().enumerate() {
+                if i == 12 {
+                    // rewind four tokens and go on from there
+                    cache.truncate(cache.len() - 4).unwrap();
+                }
+                if i == 16 {
+                    // another cache's 10-row prefill grows the quantized-activation scratch
+                    model.forward(&mut other, &prompt[..10], false).unwrap();
+                }
+                if i % 2 == 0 {
+                    logits.push(
+                        model
+                            .forward(&mut cache, &[t], false)
+                            .unwrap()
+                            .to_f32_vec()
+                            .unwrap(),
+                    );
+                } else {
+                    ids.push(model.forward_greedy(&mut cache, &[t]).unwrap());
+                }
+            }
+            (logits, ids)
+        };
+        model.set_decode_graphs(false);
+        let (l0, i0) = run(&model);
+        model.set_decode_graphs(true);
+        assert!(model.decode_graphs(), "graphs available on the GPU");
+        let (l1, i1) = run(&model);
+        let worst = l0
+            .iter()
+            .zip(&l1)
+            .map(|(a, b)| max_abs_diff(a, b))
+            .fold(0.0f32, f32::max);
+        let scale = l0.iter().flatten().map(|x| x.abs()).fold(0.0f32, f32::max);
+        println!(
+            "decode graphs {shape} {dtype} (2 layers): max |logit graph - op by op| {worst:.2e} (max |logit| {scale:.2}), greedy ids equal: {}",
+            i0 == i1
+        );
+        assert_eq!(i0, i1, "{shape} {dtype}: greedy ids");
+        assert!(worst <= 1e-4 * scale.max(1.0), "{shape} {dtype}: {worst}");
+    }
+}
+
+#[test]
+fn linear_reuse_act_requantizes_another_input() {
+    let Some(dev) = gpu() else { return };
+    let cuda = cuda_executor(&dev);
+    let mut rng = CaseRng::new(5);
+    let k = 512;
+    let w = dev.upload(&rng.data(DataType::Q4_0, &[96, k])).unwrap();
+    let wf = dev.upload(&rng.data(DataType::F16, &[96, k])).unwrap();
+    let x1 = dev.upload(&rng.data(DataType::F32, &[1, k])).unwrap();
+    let x2 = dev.upload(&rng.data(DataType::F32, &[1, k])).unwrap();
+    let lin = |x: &Data, w: &Data, reuse: i32| -> Vec<f32> {
+        let mut y = Data::empty(DataType::F32);
+        let mut d = DataDict::new()
+            .with("input", x)
+            .with("weight", w)
+            .with_mut("output", &mut y);
+        cuda.run(
+            "Linear",
+            &mut d,
+            &FloatDict::new(),
+            &IntDict::new().with("quant_act", 1).with("reuse_act", reuse),
+        )
+        .unwrap();
+        y.to_owned_host().unwrap().to_f32_vec().unwrap()
+    };
+    let fresh1 = lin(&x1, &w, 0);
+    let fresh2 = lin(&x2, &w, 0);
+    // same input right after: reused, same result
+    assert_eq!(lin(&x2, &w, 1), fresh2);
+    // another input with the flag: quantized again
+    assert_eq!(lin(&x1, &w, 1), fresh1);
+    // an F16 product in between leaves nothing to reuse
+    lin(&x2, &w, 0);
+    lin(&x1, &wf, 0);
+    assert_eq!(lin(&x1, &w, 1), fresh1);
+}
+
+#[test]
+fn multi_weight_linear_equals_one_weight_at_a_time() {
+    let Some(dev) = gpu() else { return };
+    let cuda = cuda_executor(&dev);
+    let mut rng = CaseRng::new(11);
+    let mut checked = 0;
+    for dt in [
+        DataType::F32,
+        DataType::F16,
+        DataType::BF16,
+        DataType::Q8_0,
+        DataType::Q4_0,
+        DataType::Q4_1,
+    ] {
+        for k in [64usize, 96, 512, 4096] {
+            for m in [1usize, 3, 20] {
+                for quant_act in [0, 1] {
+                    if dt.is_quantized() && k % 32 != 0 {
+                        continue;
+                    }
+                    let ns = [37usize, 8, 100];
+                    let x = dev.upload(&rng.data(DataType::F32, &[m, k])).unwrap();
+                    let ws: Vec<Data> = ns
+                        .iter()
+                        .map(|&n| dev.upload(&rng.data(dt, &[n, k])).unwrap())
+                        .collect();
+                    let b0 = dev.upload(&rng.data(DataType::F32, &[ns[0]])).unwrap();
+                    let b2 = dev.upload(&rng.data(DataType::F32, &[ns[2]])).unwrap();
+                    let bs = [Some(&b0), None, Some(&b2)];
+                    let ints = IntDict::new().with("quant_act", quant_act);
+                    let mut outs = [
+                        Data::empty(DataType::F32),
+                        Data::empty(DataType::F32),
+                        Data::empty(DataType::F32),
+                    ];
+                    {
+                        let [o0, o1, o2] = &mut outs[..] else {
+                            unreachable!()
+                        };
+                        let mut d = DataDict::new()
+                            .with("input", &x)
+                            .with("weight", &ws[0])
+                            .with("bias", &b0)
+                            .with("weight1", &ws[1])
+                            .with("weight2", &ws[2])
+                            .with("bias2", &b2)
+                            .with_mut("output", o0)
+                            .with_mut("output1", o1)
+                            .with_mut("output2", o2);
+                        cuda.run("Linear", &mut d, &FloatDict::new(), &ints)
+                            .unwrap();
+                    }
+                    for i in 0..3 {
+                        let mut y = Data::empty(DataType::F32);
+                        let mut d = DataDict::new().with("input", &x).with("weight", &ws[i]);
+                        if let Some(b) = bs[i] {
+                            d.insert("bias", b);
+                        }
+                        d.insert_mut("output", &mut y);
+                        cuda.run("Linear", &mut d, &FloatDict::new(), &ints)
+                            .unwrap();
+                        let a = outs[i].to_owned_host().unwrap();
+                        let b = y.to_owned_host().unwrap();
+                        assert_eq!(a.dims(), &[m, ns[i]]);
+                        assert_eq!(
+                            a.to_f32_vec().unwrap(),
+                            b.to_f32_vec().unwrap(),
+                            "{dt} k={k} m={m} quant_act={quant_act} weight {i}"
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    println!("multi-weight Linear: {checked} outputs equal to single-weight calls");
+}
+
+#[test]
+fn linear_accumulate_adds_the_product_to_the_output() {
+    let Some(dev) = gpu() else { return };
+    let cuda = cuda_executor(&dev);
+    let reference = reference();
+    let mut rng = CaseRng::new(17);
+    for dt in [
+        DataType::F32,
+        DataType::F16,
+        DataType::Q8_0,
+        DataType::Q4_0,
+        DataType::Q4_1,
+    ] {
+        for k in [96usize, 256, 4096] {
+            for quant_act in [0, 1] {
+                let n = 75;
+                let x = rng.data(DataType::F32, &[1, k]);
+                let w = rng.data(dt, &[n, k]);
+                let b = rng.data(DataType::F32, &[n]);
+                let y0 = rng.data(DataType::F32, &[1, n]);
+                let ints = IntDict::new().with("quant_act", quant_act);
+                // reference: y0 + (x·Wᵀ + b)
+                let mut r = Data::empty(DataType::F32);
+                {
+                    let mut d = DataDict::new()
+                        .with("input", &x)
+                        .with("weight", &w)
+                        .with("bias", &b)
+                        .with_mut("output", &mut r);
+                    reference
+                        .run("Linear", &mut d, &FloatDict::new(), &ints)
+                        .unwrap();
+                }
+                let r: Vec<f32> = r
+                    .to_f32_vec()
+                    .unwrap()
+                    .iter()
+                    .zip(y0.to_f32_vec().unwrap())
+                    .map(|(p, y)| p + y)
+                    .collect();
+                let mut y = dev.upload(&y0).unwrap();
+                let (dx, dw, db) = (
+                    dev.upload(&x).unwrap(),
+                    dev.upload(&w).unwrap(),
+                    dev.upload(&b).unwrap(),
+                );
+                {
+                    let mut d = DataDict::new()
+                        .with("input", &dx)
+                        .with("weight", &dw)
+                        .with("bias", &db)
+                        .with_mut("output", &mut y);
+                    cuda.run(
+                        "Linear",
+                        &mut d,
+                        &FloatDict::new(),
+                        &IntDict::new()
+                            .with("quant_act", quant_act)
+                            .with("accumulate", 1),
+                    )
+                    .unwrap();
+                }
+                let t = y.to_owned_host().unwrap().to_f32_vec().unwrap();
+                let (e, bad) = nmse(&t, &r);
+                assert!(
+                    !bad && e < 1e-9,
+                    "{dt} k={k} quant_act={quant_act}: nmse {e:.3e}"
+                );
+            }
+        }
+    }
+    // more than one row is refused, not silently overwritten
+    let x = dev.upload(&rng.data(DataType::F32, &[2, 64])).unwrap();
+    let w = dev.upload(&rng.data(DataType::F16, &[8, 64])).unwrap();
+    let mut y = dev.upload(&rng.data(DataType::F32, &[2, 8])).unwrap();
+    let mut d = DataDict::new()
+        .with("input", &x)
+        .with("weight", &w)
+        .with_mut("output", &mut y);
+    assert!(cuda
+        .run(
+            "Linear",
+            &mut d,
+            &FloatDict::new(),
+            &IntDict::new().with("accumulate", 1)
+        )
+        .is_err());
+}
+
+#[test]
+fn gpu_graph_decode_matches_cpu_decode() {
+    use fastllm::model::{synthetic, Model, SyntheticSource};
+    let Some(_dev) = gpu() else { return };
+    // `exact` precision (f32 activations) on both: the GPU's graph-replayed decode steps (fused
+    // projections, residual adds, split-K attention) against the CPU's, 2-layer llama-3.2-1b
+    // shape with random f16 weights, 20 prompt tokens then 16 steps.
+    let mut cfg = synthetic::config("llama-3.2-1b").unwrap();
+    cfg.num_layers = 2;
+    let dt = synthetic::weight_dtype("f16").unwrap();
+    let prompt: Vec<u32> = (0..20u32).map(|i| (i * 7919 + 13) % 100000).collect();
+    let steps: Vec<u32> = (0..16u32).map(|i| (i * 104729 + 7) % 100000).collect();
+    let run = |device: &str| -> Vec<Vec<f32>> {
+        let src = Arc::new(SyntheticSource::new(&cfg, dt).unwrap());
+        let exec = fastllm::load::executor_for(device, 0).unwrap();
+        let model = Model::new(cfg.clone(), src, exec, Precision::Exact, false).unwrap();
+        assert_eq!(model.decode_graphs(), device == "cuda");
+        let mut cache = model.new_cache(64).unwrap();
+        model.forward(&mut cache, &prompt, false).unwrap();
+        steps
+            .iter()
+            .map(|&t| {
+                model
+                    .forward(&mut cache, &[t], false)
+                    .unwrap()
+                    .to_f32_vec()
+                    .unwrap()
+            })
+            .collect()
+    };
+    let (g, c) = (run("cuda"), run("cpu"));
+    let worst = g
+        .iter()
+        .zip(&c)
+        .map(|(a, b)| nmse(a, b).0)
+        .fold(0.0f64, f64::max);
+    let top_equal = g
+        .iter()
+        .zip(&c)
+        .filter(|(a, b)| argmax(a) == argmax(b))
+        .count();
+    println!(
+        "exact decode, GPU graphs vs CPU: worst step nmse {worst:.2e}, top-1 equal {top_equal}/{}",
+        g.len()
+    );
+    assert!(worst < 1e-8, "nmse {worst:.3e}");
+    assert_eq!(top_equal, g.len());
+}
+
+#[test]
+fn rotary_of_two_inputs_in_one_call_matches_two_calls() {
+    let Some(dev) = gpu() else { return };
+    let cuda = cuda_executor(&dev);
+    let reference = reference();
+    let mut rng = CaseRng::new(23);
+    // (rows, q heads, k heads, hd, rot, style, inv_freq)
+    for (s, hq, hk, hd, rot, style, inv) in [
+        (1usize, 32usize, 8usize, 128usize, 128usize, 0i32, true),
+        (3, 9, 3, 64, 64, 0, false),
+        (5, 4, 4, 40, 20, 1, false),
+        (2, 14, 2, 64, 32, 1, true),
+    ] {
+        let q = rng.data(DataType::F32, &[s, hq, hd]);
+        let k = rng.data(DataType::F32, &[s, hk, hd]);
+        let pos: Vec<i32> = (0..s as i32).map(|i| 7 + 13 * i).collect();
+        let pos = Data::from_i32(&[s], &pos).unwrap();
+        let freqs: Vec<f32> = (0..rot / 2).map(|i| 0.9f32.powi(i as i32)).collect();
+        let freqs = Data::from_f32(&[rot / 2], &freqs).unwrap();
+        let ints = IntDict::new()
+            .with("rotary_dim", rot as i32)
+            .with("style", style);
+        let fl = FloatDict::new().with("theta", 500000.0);
+        let mut want = Vec::new();
+        for x in [&q, &k] {
+            let mut x = x.to_owned_host().unwrap();
+            let mut d = DataDict::new().with("positions", &pos);
+            if inv {
+                d.insert("inv_freq", &freqs);
+            }
+            d.insert_mut("input", &mut x);
+            reference
+                .run("RotaryEmbedding", &mut d, &fl, &ints)
+                .unwrap();
+            want.push(x.to_f32_vec().unwrap());
+        }
+        let (mut dq, mut dk) = (dev.upload(&q).unwrap(), dev.upload(&k).unwrap());
+        let (dpos, dfreqs) = (dev.upload(&pos).unwrap(), dev.upload(&freqs).unwrap());
+        {
+            let mut d = DataDict::new().with("positions", &dpos);
+            if inv {
+                d.insert("inv_freq", &dfreqs);
+            }
+            d.insert_mut("input", &mut dq);
+            d.insert_mut("input1", &mut dk);
+            cuda.run("RotaryEmbedding", &mut d, &fl, &ints).unwrap();
+        }
+        for (t, r) in [dq, dk].iter().zip(&want) {
+            let (e, bad) = nmse(&t.to_owned_host().unwrap().to_f32_vec().unwrap(), r);
+            assert!(
+                !bad && e < 1e-12,
+                "s={s} hq={hq} hk={hk} hd={hd} rot={rot}: nmse {e:.3e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn decode_attention_speed() {
+    use fastllm::devices::cuda::set_split_k_decode;
+    let Some(dev) = gpu() else { return };
+    let cuda = cuda_executor(&dev);
+    let mut rng = CaseRng::new(29);
+    // llama-3-8b attention shape (32 heads, 8 KV heads, head 128), one query over `len` keys:
+    // the split-K kernel against the one-block-per-head kernel it replaces for decode.
+    let (nh, nkv, hd) = (32usize, 8usize, 128usize);
+    for len in [64usize, 512, 4096, 16384] {
+        let q = dev.upload(&rng.data(DataType::F32, &[1, nh, hd])).unwrap();
+        let k = dev
+            .upload(&rng.data(DataType::F32, &[len, nkv, hd]))
+            .unwrap();
+        let v = dev
+            .upload(&rng.data(DataType::F32, &[len, nkv, hd]))
+            .unwrap();
+        let mut times = Vec::new();
+        let mut outs = Vec::new();
+        for split in [false, true] {
+            set_split_k_decode(split);
+            let mut out = Data::empty(DataType::F32);
+            let mut call = || {
+                let mut d = DataDict::new()
+                    .with("q", &q)
+                    .with("k", &k)
+                    .with("v", &v)
+                    .with_mut("output", &mut out);
+                cuda.run(
+                    "Attention",
+                    &mut d,
+                    &FloatDict::new(),
+                    &IntDict::new().with("causal", 1),
+                )
+            };
+            call().unwrap();
+            let reps = 50;
+            let ms = dev
+                .gpu()
+                .timed(&mut || {
+                    for _ in 0..reps {
+                        call()?;
+                    }
+                    Ok(())
+                })
+                .unwrap();
+            times.push(ms * 1e3 / reps as f64);
+            outs.push(out.to_owned_host().unwrap().to_f32_vec().unwrap());
+        }
+        set_split_k_decode(true);
+        let (e, _) = nmse(&outs[1], &outs[0]);
+        let bytes = 2.0 * (len * nkv * hd * 4) as f64;
+        println!(
+            "PERF decode attention 32/8 heads x 128, {len} keys: one block per head {:.1} us, split-K {:.1} us ({:.0} GB/s of K/V), nmse between them {e:.1e}",
+            times[0],
+            times[1],
+            bytes / (times[1] * 1e-6) / 1e9
+        );
+        assert!(e < 1e-9);
+    }
+}

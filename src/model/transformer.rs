@@ -47,7 +47,33 @@ pub struct KvCache {
     scratch: Scratch,
     /// Set when the cache lives on the ranks of a tensor-parallel group.
     remote: Option<RemoteCache>,
+    /// Buffers and the recorded graph of replayed one-token decode steps (see
+    /// [`Model::decode_graph_step`]); `None` until the first such step.
+    graph: Option<Box<DecodeGraph>>,
 }
+
+/// The state of graph-replayed decode steps of one cache: every tensor the recorded work reads
+/// or writes (besides the weights and the KV cache) lives here at a fixed address, and the
+/// per-step values (the token id and its position, which is also the KV write slot and the
+/// attention length) are written into `ids` / `pos` before each replay.
+struct DecodeGraph {
+    /// [`Model::id`] of the model that recorded it (its weights are in the recording).
+    model: u64,
+    ids: Data,
+    pos: Data,
+    bufs: Vec<Data>,
+    workspace: Data,
+    logits: Data,
+    next: Data,
+    recording: Option<Box<dyn std::any::Any + Send + Sync>>,
+    /// Steps run without recording (the first one sizes every buffer).
+    eager_steps: usize,
+    /// Failed recordings; after [`GRAPH_MAX_FAILURES`] this cache stops trying.
+    failures: usize,
+}
+
+/// Failed recordings after which a cache decodes without graphs.
+const GRAPH_MAX_FAILURES: usize = 3;
 
 impl KvCache {
     /// Tokens cached so far.
@@ -118,6 +144,23 @@ pub struct Model {
     tp: Option<RankTp>,
     /// Set on the driver of a tensor-parallel group: the ranks that run it.
     group: Option<Arc<TpGroup>>,
+    /// The first device has `SiluMul` (the gated MLP's silu and product in one op).
+    fused_silu_mul: bool,
+    /// The first device is this crate's CUDA device, whose `Linear` takes two or three weights
+    /// sharing an input in one call (q/k/v, gate/up).
+    multi_linear: bool,
+    /// One-token decode steps are recorded once per cache and replayed (CUDA graphs).
+    decode_graphs: bool,
+    /// Unique per model in this process: a cache's recorded decode step is only replayed by
+    /// the model that recorded it (the recording holds that model's weight addresses).
+    id: u64,
+}
+
+/// Source of [`Model::id`].
+static NEXT_MODEL_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn next_model_id() -> u64 {
+    NEXT_MODEL_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 fn bad(msg: impl std::fmt::Display) -> Error {
@@ -202,6 +245,21 @@ impl Model {
                 *t = dev.upload(t)?;
             }
         }
+        let first_has = |op: &str| {
+            exec.devices()
+                .first()
+                .is_some_and(|d| d.kind() != DeviceKind::Cpu && d.ops().contains_key(op))
+        };
+        let fused_silu_mul = first_has("SiluMul") && config.hidden_act == "silu";
+        // FASTLLM_DECODE_FUSE=0: no multi-weight / accumulating Linear or paired RoPE (A/B runs)
+        let multi_linear = first_has("SiluMul")
+            && first_has("DecodeAttention")
+            && std::env::var("FASTLLM_DECODE_FUSE").map_or(true, |v| v.trim() != "0");
+        let decode_graphs = first_has("DecodeAttention")
+            && first_has("KvWrite")
+            && !weights.low_memory()
+            && !matches!(spec.positions, Positions::Learned(_))
+            && std::env::var("FASTLLM_DECODE_GRAPHS").map_or(true, |v| v.trim() != "0");
         Ok(Model {
             config,
             spec,
@@ -212,7 +270,32 @@ impl Model {
             alibi,
             tp: None,
             group: None,
+            fused_silu_mul,
+            multi_linear,
+            decode_graphs,
+            id: next_model_id(),
         })
+    }
+
+    /// Turns graph-replayed one-token decode steps on or off (on by default where the device
+    /// can record work; `FASTLLM_DECODE_GRAPHS=0` turns them off at load). Off, or on a device
+    /// without recording, every step runs its ops one by one.
+    pub fn set_decode_graphs(&mut self, on: bool) {
+        self.decode_graphs = on
+            && self.tp.is_none()
+            && self.group.is_none()
+            && self.exec.devices().first().is_some_and(|d| {
+                d.kind() != DeviceKind::Cpu
+                    && d.ops().contains_key("DecodeAttention")
+                    && d.ops().contains_key("KvWrite")
+            })
+            && !self.weights.low_memory()
+            && !matches!(self.spec.positions, Positions::Learned(_));
+    }
+
+    /// True when one-token decode steps are recorded and replayed.
+    pub fn decode_graphs(&self) -> bool {
+        self.decode_graphs
     }
 
     /// Makes this model (built over a rank's shard) a rank of a tensor-parallel group.
@@ -232,6 +315,7 @@ impl Model {
             self.alibi = Some(d);
         }
         self.tp = Some(tp);
+        self.decode_graphs = false;
         Ok(self)
     }
 
@@ -253,6 +337,10 @@ impl Model {
             alibi: None,
             tp: None,
             group: Some(group),
+            fused_silu_mul: false,
+            multi_linear: false,
+            decode_graphs: false,
+            id: next_model_id(),
         })
     }
 
@@ -311,6 +399,7 @@ impl Model {
                 cap,
                 scratch: Scratch::default(),
                 remote: Some(g.new_cache(cap)?),
+                graph: None,
             });
         }
         let mut k = Vec::with_capacity(c.num_layers);
@@ -330,6 +419,7 @@ impl Model {
             cap,
             scratch: Scratch::default(),
             remote: None,
+            graph: None,
         })
     }
 
@@ -359,6 +449,64 @@ impl Model {
         )
     }
 
+    /// `outs[i] = x·W_iᵀ + b_i` for the projections `names` of one input: one `Linear` call with
+    /// several weights where the device takes it and the weights share a dtype, else one call
+    /// per weight (later ones reusing the quantized input).
+    fn linears(&self, x: &Data, names: &[String], outs: &mut [&mut Data]) -> Result<()> {
+        let mut ws = Vec::with_capacity(names.len());
+        let mut bs = Vec::with_capacity(names.len());
+        for n in names {
+            ws.push(self.weights.get(&format!("{n}.weight"))?);
+            bs.push(self.weights.opt(&format!("{n}.bias"))?);
+        }
+        let same = ws.windows(2).all(|p| p[0].dtype() == p[1].dtype());
+        if self.multi_linear && same && names.len() == outs.len() && names.len() <= 3 {
+            let mut parts: Vec<(&Data, Option<&Data>, &mut Data)> = ws
+                .iter()
+                .zip(&bs)
+                .zip(outs.iter_mut())
+                .map(|((w, b), o)| (&**w, b.as_deref(), &mut **o))
+                .collect();
+            return ops::linear_multi(&self.exec, x, &mut parts, self.precision == Precision::Fast);
+        }
+        for (i, (n, o)) in names.iter().zip(outs.iter_mut()).enumerate() {
+            if i == 0 {
+                self.linear(x, n, o)?;
+            } else {
+                self.linear_again(x, n, o)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `out += x·Wᵀ + b` (one row, on a device that accumulates: see `multi_linear`).
+    fn linear_add(&self, x: &Data, name: &str, out: &mut Data) -> Result<()> {
+        let w = self.weights.get(&format!("{name}.weight"))?;
+        let b = self.weights.opt(&format!("{name}.bias"))?;
+        ops::linear_add(
+            &self.exec,
+            x,
+            &w,
+            b.as_deref(),
+            out,
+            self.precision == Precision::Fast,
+        )
+    }
+
+    /// [`Model::linear`] right after another `Linear` of the same unchanged `x`.
+    fn linear_again(&self, x: &Data, name: &str, out: &mut Data) -> Result<()> {
+        let w = self.weights.get(&format!("{name}.weight"))?;
+        let b = self.weights.opt(&format!("{name}.bias"))?;
+        ops::linear_same_input(
+            &self.exec,
+            x,
+            &w,
+            b.as_deref(),
+            out,
+            self.precision == Precision::Fast,
+        )
+    }
+
     fn act(&self, x: &Data, out: &mut Data) -> Result<()> {
         match self.config.hidden_act.as_str() {
             "silu" => ops::silu(&self.exec, x, out),
@@ -372,12 +520,26 @@ impl Model {
     /// logits [n, vocab] on the host: for every new position when `all_logits`, else only the
     /// last one.
     pub fn forward(&self, cache: &mut KvCache, tokens: &[u32], all_logits: bool) -> Result<Data> {
+        if self.decode_graph_step(cache, tokens)? {
+            if let Some(g) = &cache.graph {
+                return g.logits.to_owned_host();
+            }
+        }
         to_host(self.forward_device(cache, tokens, all_logits)?)
     }
 
     /// [`Model::forward`] followed by greedy selection on the model's device: only the chosen
     /// token id (the lowest index among equal maxima) crosses to the host, not the logits.
     pub fn forward_greedy(&self, cache: &mut KvCache, tokens: &[u32]) -> Result<u32> {
+        if self.decode_graph_step(cache, tokens)? {
+            if let Some(g) = &cache.graph {
+                let id = g.next.to_owned_host()?;
+                return match id.as_i32()?.first() {
+                    Some(&t) => u32::try_from(t).map_err(|_| bad("ArgMax returned a negative id")),
+                    None => Err(Error::invalid("ArgMax returned no token")),
+                };
+            }
+        }
         let logits = self.forward_device(cache, tokens, false)?;
         match self.argmax_rows(logits)?.first() {
             Some(&t) => Ok(t),
@@ -399,6 +561,131 @@ impl Model {
             .iter()
             .map(|&t| u32::try_from(t).map_err(|_| bad("ArgMax returned a negative id")))
             .collect()
+    }
+
+    /// One-token decode step through recorded work (CUDA graphs). `Ok(false)` when this step
+    /// cannot take that path (several tokens, graphs off or unsupported, profiling, a full
+    /// cache, a tensor-parallel model): the caller then runs it op by op. On `Ok(true)` the
+    /// token is appended to `cache` and its logits and argmax are in `cache.graph`.
+    ///
+    /// The first such step of a cache runs its ops directly (every buffer gets its size), the
+    /// next is recorded once and replayed from then on; the token id and the position (which is
+    /// also the KV write slot and the attention length) are written into device tensors before
+    /// each replay. A recording made stale by a freed scratch buffer is recorded again; one
+    /// that cannot be recorded (an op that allocates, copies to the host or falls back to the
+    /// CPU) runs op by op, and after [`GRAPH_MAX_FAILURES`] failures the cache stops trying.
+    fn decode_graph_step(&self, cache: &mut KvCache, tokens: &[u32]) -> Result<bool> {
+        if !self.decode_graphs
+            || tokens.len() != 1
+            || cache.remote.is_some()
+            || self.exec.profiler().enabled()
+            || cache.len + 1 > cache.cap
+            || cache.k.len() != self.config.num_layers
+            || cache
+                .graph
+                .as_ref()
+                .is_some_and(|g| g.failures >= GRAPH_MAX_FAILURES)
+        {
+            return Ok(false);
+        }
+        self.check_tokens(tokens)?;
+        let Some(dev) = self.exec.devices().first().cloned() else {
+            return Ok(false);
+        };
+        let mut g = match cache.graph.take() {
+            Some(g) if g.model == self.id => g,
+            // none yet, or recorded by another model: start over (dropping a recording of
+            // another model's weights)
+            _ => {
+                let one = Data::from_i32(&[1], &[0])?;
+                Box::new(DecodeGraph {
+                    model: self.id,
+                    ids: dev.upload(&one)?,
+                    pos: dev.upload(&one)?,
+                    bufs: (0..12).map(|_| Data::empty(DataType::F32)).collect(),
+                    workspace: Data::empty(DataType::F32),
+                    logits: Data::empty(DataType::F32),
+                    next: Data::empty(DataType::I32),
+                    recording: None,
+                    eager_steps: 0,
+                    failures: 0,
+                })
+            }
+        };
+        let r = self.graph_step_on(dev.as_ref(), &mut g, cache, tokens[0]);
+        cache.graph = Some(g);
+        r?;
+        let len = cache.len + 1;
+        for d in cache.k.iter_mut().chain(cache.v.iter_mut()) {
+            d.set_len(0, len)?;
+        }
+        cache.len = len;
+        Ok(true)
+    }
+
+    fn graph_step_on(
+        &self,
+        dev: &dyn crate::device::BaseDevice,
+        g: &mut DecodeGraph,
+        cache: &mut KvCache,
+        token: u32,
+    ) -> Result<()> {
+        let pos = i32::try_from(cache.len).map_err(|_| bad("position too large"))?;
+        dev.write(&Data::from_i32(&[1], &[token as i32])?, &mut g.ids)?;
+        dev.write(&Data::from_i32(&[1], &[pos])?, &mut g.pos)?;
+        if let Some(rec) = &g.recording {
+            if dev.replay(rec.as_ref())? {
+                return Ok(());
+            }
+            g.recording = None; // stale: record again
+        }
+        if g.eager_steps > 0 {
+            dev.begin_recording()?;
+            let run = self.graph_ops(g, cache);
+            let rec = dev.end_recording();
+            match (run, rec) {
+                (Ok(()), Ok(rec)) => {
+                    if dev.replay(rec.as_ref())? {
+                        g.recording = Some(rec);
+                        return Ok(());
+                    }
+                }
+                (run, rec) => {
+                    g.failures += 1;
+                    if g.failures == 1 {
+                        let why = run.err().or(rec.err()).map(|e| e.to_string());
+                        eprintln!(
+                            "fastllm: decode step not recorded as a graph ({}); running it op by op",
+                            why.unwrap_or_default()
+                        );
+                    }
+                }
+            }
+        }
+        self.graph_ops(g, cache)?;
+        g.eager_steps += 1;
+        Ok(())
+    }
+
+    /// The ops of one graph-mode decode step (recorded or run directly).
+    fn graph_ops(&self, g: &mut DecodeGraph, cache: &mut KvCache) -> Result<()> {
+        let DecodeGraph {
+            ids,
+            pos,
+            bufs,
+            workspace,
+            logits,
+            next,
+            ..
+        } = g;
+        let mut kv = GraphKv {
+            k: &mut cache.k,
+            v: &mut cache.v,
+            pos,
+            workspace,
+        };
+        self.layers(ids, pos, &[0], &mut kv, bufs, logits, true)?;
+        ops::argmax(&self.exec, logits, next)
     }
 
     /// [`Model::forward`] with the logits left where the last op wrote them (the GPU, when the
@@ -667,11 +954,15 @@ impl Model {
             _ => pos,
         };
         let mut sc = scratch.take(12);
-        let r = self.layers(&ids, &pos, logit_rows, kv, &mut sc);
+        let mut logits = Data::empty(DataType::F32);
+        let r = self.layers(&ids, &pos, logit_rows, kv, &mut sc, &mut logits, false);
         scratch.give(sc);
-        r
+        r.map(|()| logits)
     }
 
+    /// The layer stack; writes the logits of `logit_rows` into `logits`. `ids_on_device`: the
+    /// ids were validated and uploaded by the caller (the embedding does not read them back).
+    #[allow(clippy::too_many_arguments)]
     fn layers(
         &self,
         ids: &Data,
@@ -679,16 +970,22 @@ impl Model {
         logit_rows: &[i32],
         kv: &mut dyn KvStore,
         sc: &mut [Data],
-    ) -> Result<Data> {
+        logits: &mut Data,
+        ids_on_device: bool,
+    ) -> Result<()> {
         let c = &self.config;
         let e = &self.exec;
         let s = ids.dim(0);
-        let [x, h, q, k, v, a, b, g, t0, t1, _, _] = sc else {
+        let [x, h, q, k, v, a, b, g, t0, t1, t2, _] = sc else {
             return Err(Error::invalid("scratch"));
         };
         {
             let w = self.weights.get(&format!("{}.weight", self.spec.embed))?;
-            ops::embedding(e, ids, &w, x)?;
+            if ids_on_device {
+                ops::embedding_checked(e, ids, &w, x)?;
+            } else {
+                ops::embedding(e, ids, &w, x)?;
+            }
         }
         self.all_reduce(x, |_| true)?; // vocab-parallel embedding
         if self.spec.embed_scale {
@@ -724,9 +1021,7 @@ impl Model {
             self.norm(x, &ln(self.spec.attn_norm), h)?;
             match self.spec.qkv {
                 Qkv::Separate(qn, kn, vn) => {
-                    self.linear(h, &ln(qn), q)?;
-                    self.linear(h, &ln(kn), k)?;
-                    self.linear(h, &ln(vn), v)?;
+                    self.linears(h, &[ln(qn), ln(kn), ln(vn)], &mut [q, k, v])?;
                 }
                 Qkv::Fused(n) => {
                     self.linear(h, &ln(n), t0)?;
@@ -776,8 +1071,12 @@ impl Model {
                     },
                     theta: c.rope_theta,
                 };
-                ops::rotary(e, q, &rp)?;
-                ops::rotary(e, k, &rp)?;
+                if self.multi_linear {
+                    ops::rotary_pair(e, q, k, &rp)?;
+                } else {
+                    ops::rotary(e, q, &rp)?;
+                    ops::rotary(e, k, &rp)?;
+                }
             }
             let sliding = c.sliding_layers.get(i).copied().unwrap_or(false);
             let ap = AttentionParams {
@@ -789,22 +1088,31 @@ impl Model {
             };
             kv.attend(e, i, q, k, v, &ap, a)?;
             a.reshape(&[s, nh * hd])?;
-            self.linear(a, &ln(self.spec.o_proj), b)?;
-            self.all_reduce(b, |tp| tp.reduce_attention)?;
-            if let Some(n) = self.spec.post_attn_norm {
-                self.norm(b, &ln(n), t0)?;
-                std::mem::swap(b, t0);
+            // one row on the CUDA device: the residual add rides on the projection
+            let fuse_residual = self.multi_linear && s == 1 && self.tp.is_none();
+            if fuse_residual && self.spec.post_attn_norm.is_none() {
+                self.linear_add(a, &ln(self.spec.o_proj), x)?;
+            } else {
+                self.linear(a, &ln(self.spec.o_proj), b)?;
+                self.all_reduce(b, |tp| tp.reduce_attention)?;
+                if let Some(n) = self.spec.post_attn_norm {
+                    self.norm(b, &ln(n), t0)?;
+                    std::mem::swap(b, t0);
+                }
+                ops::add_to(e, x, b, 1.0)?;
             }
-            ops::add_to(e, x, b, 1.0)?;
             // MLP
             self.norm(x, &ln(self.spec.ffn_norm), h)?;
-            match self.spec.mlp {
+            let down = match self.spec.mlp {
                 Mlp::Gated(gn, un, dn) => {
-                    self.linear(h, &ln(gn), g)?;
-                    self.linear(h, &ln(un), t0)?;
-                    self.act(g, t1)?;
-                    ops::mul_to(e, t1, t0)?;
-                    self.linear(t1, &ln(dn), b)?;
+                    self.linears(h, &[ln(gn), ln(un)], &mut [g, t0])?;
+                    if self.fused_silu_mul {
+                        ops::silu_mul(e, g, t0, t1)?;
+                    } else {
+                        self.act(g, t1)?;
+                        ops::mul_to(e, t1, t0)?;
+                    }
+                    dn
                 }
                 Mlp::GatedFused(gun, dn) => {
                     self.linear(h, &ln(gun), g)?;
@@ -814,14 +1122,19 @@ impl Model {
                         "gelu" => ops::gelu_gated(e, g, false, t1)?,
                         other => return Err(bad(format!("activation '{other}'"))),
                     }
-                    self.linear(t1, &ln(dn), b)?;
+                    dn
                 }
                 Mlp::Plain(un, dn) => {
                     self.linear(h, &ln(un), g)?;
                     self.act(g, t1)?;
-                    self.linear(t1, &ln(dn), b)?;
+                    dn
                 }
+            };
+            if fuse_residual && self.spec.post_ffn_norm.is_none() {
+                self.linear_add(t1, &ln(down), x)?;
+                continue;
             }
+            self.linear(t1, &ln(down), b)?;
             self.all_reduce(b, |_| true)?; // row-parallel down projection
             if let Some(n) = self.spec.post_ffn_norm {
                 self.norm(b, &ln(n), t0)?;
@@ -847,24 +1160,15 @@ impl Model {
             } else {
                 self.spec.embed
             };
-        let mut logits = Data::empty(DataType::F32);
         {
             let w: W = self.weights.get(&format!("{head}.weight"))?;
-            ops::linear(
-                e,
-                h,
-                &w,
-                None,
-                &mut logits,
-                self.precision == Precision::Fast,
-            )?;
+            ops::linear(e, h, &w, None, logits, self.precision == Precision::Fast)?;
         }
         if c.final_logit_softcap > 0.0 {
-            let mut capped = Data::empty(DataType::F32);
-            ops::soft_cap(e, &logits, c.final_logit_softcap, &mut capped)?;
-            logits = capped;
+            ops::soft_cap(e, logits, c.final_logit_softcap, t2)?;
+            std::mem::swap(logits, t2);
         }
-        Ok(logits)
+        Ok(())
     }
 }
 
@@ -938,6 +1242,59 @@ impl KvStore for KvCache {
         ops::cat_direct(e, kc, k, 0)?;
         ops::cat_direct(e, vc, v, 0)?;
         ops::attention(e, q, kc, vc, p, out)
+    }
+}
+
+/// The KV store of a graph-mode decode step: the step's keys and values go to row `pos` of the
+/// caches (`KvWrite`) and attention reads rows 0..=pos (`DecodeAttention`), both with the
+/// position read on the device, so the recorded work does not depend on the host-side length.
+struct GraphKv<'a> {
+    k: &'a mut [Data],
+    v: &'a mut [Data],
+    pos: &'a Data,
+    workspace: &'a mut Data,
+}
+
+impl KvStore for GraphKv<'_> {
+    fn attend(
+        &mut self,
+        e: &Executor,
+        layer: usize,
+        q: &Data,
+        k: &Data,
+        v: &Data,
+        p: &AttentionParams,
+        out: &mut Data,
+    ) -> Result<()> {
+        let (kc, vc) = match (self.k.get_mut(layer), self.v.get_mut(layer)) {
+            (Some(kc), Some(vc)) => (kc, vc),
+            _ => return Err(Error::invalid(format!("KV cache has no layer {layer}"))),
+        };
+        let mut d = DataDict::new()
+            .with("k", k)
+            .with("v", v)
+            .with("positions", self.pos)
+            .with_mut("k_cache", kc)
+            .with_mut("v_cache", vc);
+        e.run("KvWrite", &mut d, &FloatDict::new(), &IntDict::new())?;
+        let mut d = DataDict::new()
+            .with("q", q)
+            .with("k_cache", kc)
+            .with("v_cache", vc)
+            .with("positions", self.pos);
+        if let Some(a) = p.alibi {
+            d.insert("alibi_slopes", a);
+        }
+        d.insert_mut("workspace", self.workspace);
+        d.insert_mut("output", out);
+        e.run(
+            "DecodeAttention",
+            &mut d,
+            &FloatDict::new()
+                .with("scale", p.scale)
+                .with("softcap", p.softcap),
+            &IntDict::new().with("sliding_window", p.sliding_window as i32),
+        )
     }
 }
 

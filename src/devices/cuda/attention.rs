@@ -8,6 +8,14 @@
 //! buffer, `attn_softmax_f32` turns them into probabilities in place (mask, window, ALiBi,
 //! soft-capping), and out = p·v (TF32) is written straight into `[sq, nh, hdv]`. The scores are
 //! materialised (at most [`SCORE_BYTES`] per chunk), so this is not a fused flash kernel.
+//!
+//! Decode (at most [`DECODE_MAX_QUERIES`] queries, head sizes ≤ 256) goes through the split-K
+//! "flash-decoding" kernel `attn_decode_f32`: the keys are cut into ranges spread over the
+//! multiprocessors, each block serves one GQA group and merges its range with an online softmax,
+//! and `attn_decode_combine_f32` merges the ranges. `DecodeAttention` is the same kernel for a
+//! KV cache whose length is only known on the device (query positions read from a device
+//! tensor, so one CUDA graph replays every decode step), and `KvWrite` stores a step's keys and
+//! values at those positions.
 
 use super::blas::{gemm, Elem, Gemm, Operand};
 use super::buffer::{dptr, ensure_out, CudaBuffer};
@@ -22,8 +30,154 @@ use std::sync::{Arc, Mutex};
 pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>) {
     ops.insert(
         "Attention",
-        Box::new(Attention(gpu.clone(), Mutex::new(None))),
+        Box::new(Attention(gpu.clone(), Mutex::new(None), Mutex::new(None))),
     );
+    ops.insert("DecodeAttention", Box::new(DecodeAttention(gpu.clone())));
+    ops.insert("KvWrite", Box::new(KvWrite(gpu.clone())));
+}
+
+/// Up to this many queries, `Attention` uses the split-K decode kernel.
+pub const DECODE_MAX_QUERIES: usize = 8;
+
+/// Off: `Attention` keeps the one-block-per-(query, head) kernel for decode too (for A/B timing).
+static SPLIT_K_DECODE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Turns the split-K decode path of `Attention` on or off (on by default; for measurements).
+pub fn set_split_k_decode(on: bool) {
+    SPLIT_K_DECODE.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+/// Largest q/k and v head size of the decode kernel (`DA_DPL * 32`, `DA_VPT * DA_THREADS`).
+pub const DECODE_MAX_HD: usize = 256;
+/// Most key ranges per row (`wsh[64]` in the combine kernel).
+const DECODE_MAX_SPLITS: usize = 64;
+/// Query heads per block of the decode kernel (`DA_GMAX`).
+const DECODE_GMAX: usize = 4;
+
+/// Key ranges per (row, GQA group chunk) for up to `keys` visible keys: ~64 keys per range, at
+/// most [`DECODE_MAX_SPLITS`], and no more than about four blocks per multiprocessor in all.
+pub fn decode_splits(keys: usize, units: usize, sms: usize) -> usize {
+    let by_keys = keys.div_ceil(64).max(1);
+    let by_grid = (4 * sms / units.max(1)).max(1);
+    by_keys.min(by_grid).clamp(1, DECODE_MAX_SPLITS)
+}
+
+/// One launch of the decode kernel.
+struct DecodeArgs {
+    q: u64,
+    k: u64,
+    v: u64,
+    slopes: u64,
+    positions: u64,
+    out: u64,
+    sq: usize,
+    skv: usize,
+    kcap: usize,
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    hdv: usize,
+    scale: f32,
+    softcap: f32,
+    causal: bool,
+    window: i32,
+}
+
+/// Query heads per block of a decode launch over at most `keys` keys: one for short ranges
+/// (more, shorter blocks: the kernel is latency-bound there), else up to [`DECODE_GMAX`] heads of
+/// a GQA group sharing each K/V row loaded.
+fn decode_gchunk(keys: usize, nh: usize, nkv: usize) -> usize {
+    let group = (nh / nkv.max(1)).max(1);
+    if keys <= DECODE_SHORT_KEYS {
+        1
+    } else {
+        group.min(DECODE_GMAX)
+    }
+}
+
+/// Up to this many keys, a decode block serves one query head.
+const DECODE_SHORT_KEYS: usize = 256;
+
+/// Grid units (KV head × head chunk × row) of a decode launch.
+fn decode_units(nh: usize, nkv: usize, sq: usize, gchunk: usize) -> usize {
+    let group = (nh / nkv.max(1)).max(1);
+    nkv * group.div_ceil(gchunk.max(1)) * sq
+}
+
+/// Workspace floats the decode kernel needs for `nsplit` ranges (0 with one range).
+fn decode_workspace(sq: usize, nh: usize, hdv: usize, nsplit: usize) -> usize {
+    if nsplit <= 1 {
+        0
+    } else {
+        sq * nh * nsplit * (hdv + 2)
+    }
+}
+
+/// Enqueues the split-K decode attention (and the merge when `nsplit > 1`; `part` then holds
+/// [`decode_workspace`] floats).
+fn decode_launch(gpu: &Gpu, a: &DecodeArgs, nsplit: usize, gchunk: usize, part: u64) -> Result<()> {
+    const OP: &str = "Attention";
+    let group = (a.nh / a.nkv.max(1)).max(1);
+    let gy = a.nkv * group.div_ceil(gchunk.max(1));
+    let grid = (
+        u32::try_from(nsplit).map_err(|_| op_err(OP, "too many splits"))?,
+        u32::try_from(gy)
+            .ok()
+            .filter(|&v| v <= 65535)
+            .ok_or_else(|| op_err(OP, "too many heads"))?,
+        u32::try_from(a.sq)
+            .ok()
+            .filter(|&v| v <= 65535)
+            .ok_or_else(|| op_err(OP, "too many queries"))?,
+    );
+    let part = if nsplit > 1 { part } else { 0 };
+    gpu.launch(
+        "attn_decode_f32",
+        grid,
+        128,
+        &[
+            KArg::Ptr(a.q),
+            KArg::Ptr(a.k),
+            KArg::Ptr(a.v),
+            KArg::Ptr(a.slopes),
+            KArg::Ptr(a.positions),
+            KArg::Ptr(a.out),
+            KArg::Ptr(part),
+            int(a.sq, "sq")?,
+            int(a.skv, "skv")?,
+            int(a.kcap, "cache rows")?,
+            int(a.nh, "heads")?,
+            int(a.nkv, "kv heads")?,
+            int(a.hd, "head dim")?,
+            int(a.hdv, "v head dim")?,
+            long(a.nkv * a.hd, "k row")?,
+            long(a.nkv * a.hdv, "v row")?,
+            KArg::F32(a.scale),
+            KArg::F32(a.softcap),
+            KArg::I32(a.causal as i32),
+            KArg::I32(a.window),
+            int(nsplit, "splits")?,
+            int(gchunk, "heads per block")?,
+        ],
+    )?;
+    if nsplit > 1 {
+        gpu.launch(
+            "attn_decode_combine_f32",
+            (
+                u32::try_from(a.nh).map_err(|_| op_err(OP, "too many heads"))?,
+                grid.2,
+                1,
+            ),
+            128,
+            &[
+                KArg::Ptr(part),
+                KArg::Ptr(a.out),
+                int(a.nh, "heads")?,
+                int(a.hdv, "v head dim")?,
+                int(nsplit, "splits")?,
+            ],
+        )?;
+    }
+    Ok(())
 }
 
 /// Largest q/k head size (`qs[1024]` in the kernel).
@@ -36,8 +190,12 @@ pub const TC_MIN_QUERIES: usize = 64;
 /// Most bytes of scores materialised at once (the query chunk is sized to fit).
 const SCORE_BYTES: usize = 256 << 20;
 
-/// The device and the score scratch of the cuBLAS path.
-struct Attention(Arc<Gpu>, Mutex<Option<CudaBuffer>>);
+/// The device, the score scratch of the cuBLAS path and the split-K decode partials.
+struct Attention(
+    Arc<Gpu>,
+    Mutex<Option<CudaBuffer>>,
+    Mutex<Option<CudaBuffer>>,
+);
 
 /// Pointers and sizes of one attention call, for the cuBLAS path.
 struct TcArgs {
@@ -73,6 +231,8 @@ impl Attention {
             .map_err(|_| Error::Device("Attention scratch poisoned".into()))?;
         let need = qc * row_bytes;
         if guard.as_ref().is_none_or(|b| b.len_bytes() < need) {
+            self.0.not_capturing("allocation")?;
+            self.0.bump_generation();
             *guard = None;
             *guard = Some(CudaBuffer::zeroed(&self.0, need)?);
         }
@@ -266,6 +426,51 @@ impl Operator for Attention {
                 return Ok(());
             }
         }
+        if sq <= DECODE_MAX_QUERIES
+            && hd <= DECODE_MAX_HD
+            && hdv <= DECODE_MAX_HD
+            && SPLIT_K_DECODE.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            let gchunk = decode_gchunk(skv, nh, nkv);
+            let nsplit = decode_splits(skv, decode_units(nh, nkv, sq, gchunk), self.0.sms());
+            let need = 4 * decode_workspace(sq, nh, hdv, nsplit);
+            let mut guard = self
+                .2
+                .lock()
+                .map_err(|_| Error::Device("Attention scratch poisoned".into()))?;
+            if need > 0 && guard.as_ref().is_none_or(|b| b.len_bytes() < need) {
+                self.0.not_capturing("allocation")?;
+                self.0.bump_generation();
+                *guard = None;
+                *guard = Some(CudaBuffer::zeroed(&self.0, need.next_power_of_two())?);
+            }
+            let part = guard.as_ref().map(|b| b.ptr()).unwrap_or(0);
+            return decode_launch(
+                &self.0,
+                &DecodeArgs {
+                    q: qp,
+                    k: kp,
+                    v: vp,
+                    slopes: sp,
+                    positions: 0,
+                    out: op,
+                    sq,
+                    skv,
+                    kcap: skv,
+                    nh,
+                    nkv,
+                    hd,
+                    hdv,
+                    scale,
+                    softcap: f.get_or("softcap", 0.0),
+                    causal: causal != 0,
+                    window,
+                },
+                nsplit,
+                gchunk,
+                part,
+            );
+        }
         let gx = u32::try_from(sq).map_err(|_| op_err("Attention", "too many queries"))?;
         let gy = u32::try_from(nh)
             .ok()
@@ -293,6 +498,248 @@ impl Operator for Attention {
                 KArg::F32(f.get_or("softcap", 0.0)),
                 KArg::I32(causal),
                 KArg::I32(window),
+            ],
+        )
+    }
+}
+
+/// Rows of a KV cache (its capacity on axis 0), after checking that its allocation holds them.
+fn cache_rows(op: &str, c: &crate::data::Data, name: &str) -> Result<usize> {
+    let [_, nkv, hd] = dims3(c, name)?;
+    let cap = c.capacity().first().copied().unwrap_or(0);
+    let need = cap * nkv * hd * 4;
+    match super::buffer::device_len(c) {
+        Some(len) if len >= need => Ok(cap),
+        Some(len) => Err(op_err(
+            op,
+            format!("{name}: {len} bytes hold fewer than its {cap} rows"),
+        )),
+        None => Err(op_err(op, format!("{name} is not on the GPU"))),
+    }
+}
+
+/// `DecodeAttention`: attention of `q` [sq, nh, hd] at positions `positions` (I32 [sq], read on
+/// the device) over KV caches `k_cache` [len, nkv, hd] / `v_cache` [len, nkv, hdv] whose rows
+/// up to the capacity are readable: query i sees keys max(0, p − window + 1) ..= p of its
+/// position p (causal). The cache length on the host is ignored, so a recorded graph replays
+/// this op as the cache grows. Floats `scale`, `softcap`; ints `sliding_window`. The inout
+/// `workspace` (F32) is sized by the op (fixed for a given cache capacity and shapes).
+struct DecodeAttention(Arc<Gpu>);
+
+const DA_NAMES: [&str; 5] = ["q", "k_cache", "v_cache", "positions", "alibi_slopes"];
+
+impl DecodeAttention {
+    /// (sq, nh, nkv, hd, hdv, cache rows, splits, heads per block) after validation.
+    fn sizes(&self, a: &[Option<&crate::data::Data>; 5]) -> Result<[usize; 8]> {
+        const OP: &str = "DecodeAttention";
+        let need =
+            |i: usize| a[i].ok_or_else(|| op_err(OP, format!("missing input '{}'", DA_NAMES[i])));
+        let [sq, nh, hd] = dims3(need(0)?, "q")?;
+        let [_, nkv, hdk] = dims3(need(1)?, "k_cache")?;
+        let [_, nkv2, hdv] = dims3(need(2)?, "v_cache")?;
+        if hdk != hd
+            || nkv2 != nkv
+            || nkv == 0
+            || nh % nkv != 0
+            || hd > DECODE_MAX_HD
+            || hdv > DECODE_MAX_HD
+        {
+            return Err(op_err(
+                OP,
+                format!("q [{sq}, {nh}, {hd}], k_cache [_, {nkv}, {hdk}], v_cache [_, {nkv2}, {hdv}] do not fit (head sizes ≤ {DECODE_MAX_HD})"),
+            ));
+        }
+        let pos = need(3)?;
+        if pos.dtype() != DataType::I32 || pos.count() != sq {
+            return Err(op_err(
+                OP,
+                format!(
+                    "positions must be I32 [{sq}], got {} {:?}",
+                    pos.dtype(),
+                    pos.dims()
+                ),
+            ));
+        }
+        if let Some(s) = a[4] {
+            if s.count() != nh {
+                return Err(op_err(
+                    OP,
+                    format!("alibi_slopes {:?} must have {nh} entries", s.dims()),
+                ));
+            }
+        }
+        let kcap = cache_rows(OP, need(1)?, "k_cache")?.min(cache_rows(OP, need(2)?, "v_cache")?);
+        let gchunk = decode_gchunk(kcap, nh, nkv);
+        let nsplit = decode_splits(kcap, decode_units(nh, nkv, sq, gchunk), self.0.sms());
+        Ok([sq, nh, nkv, hd, hdv, kcap, nsplit, gchunk])
+    }
+}
+
+impl Operator for DecodeAttention {
+    fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
+        all_f32(d, &["q", "k_cache", "v_cache", "alibi_slopes"])
+            && d.dtype("positions") == Some(DataType::I32)
+            && d.get("q").is_some_and(|q| q.is_contiguous())
+            && d.get("k_cache").is_some_and(|k| k.is_contiguous())
+            && d.get("v_cache").is_some_and(|v| v.is_contiguous())
+    }
+    fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
+        let [sq, nh, _, _, hdv, _, nsplit, _] = self.sizes(&DA_NAMES.map(|n| d.get(n)))?;
+        let ws = decode_workspace(sq, nh, hdv, nsplit).max(1);
+        ensure_out(
+            &self.0,
+            d.require_mut("DecodeAttention", "workspace")?,
+            DataType::F32,
+            &[ws],
+        )?;
+        ensure_out(
+            &self.0,
+            d.require_mut("DecodeAttention", "output")?,
+            DataType::F32,
+            &[sq, nh, hdv],
+        )
+    }
+    fn run(&self, d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<()> {
+        const OP: &str = "DecodeAttention";
+        let (part, part_bytes) = {
+            let w = d.require(OP, "workspace")?;
+            (
+                dptr(w, "workspace")?,
+                super::buffer::device_len(w).unwrap_or(0),
+            )
+        };
+        let (a, out) = d.io(OP, DA_NAMES, "output")?;
+        let [sq, nh, nkv, hd, hdv, kcap, nsplit, gchunk] = self.sizes(&a)?;
+        if part_bytes < 4 * decode_workspace(sq, nh, hdv, nsplit) {
+            return Err(op_err(OP, "workspace is smaller than this call needs"));
+        }
+        let ptr = |k: usize| {
+            a[k].map(|t| dptr(t, DA_NAMES[k]))
+                .transpose()
+                .map(|p| p.unwrap_or(0))
+        };
+        decode_launch(
+            &self.0,
+            &DecodeArgs {
+                q: ptr(0)?,
+                k: ptr(1)?,
+                v: ptr(2)?,
+                positions: ptr(3)?,
+                slopes: ptr(4)?,
+                out: dptr(out, "output")?,
+                sq,
+                skv: kcap,
+                kcap,
+                nh,
+                nkv,
+                hd,
+                hdv,
+                scale: f.get_or("scale", 1.0 / (hd.max(1) as f32).sqrt()),
+                softcap: f.get_or("softcap", 0.0),
+                causal: true,
+                window: i.get_or("sliding_window", 0).max(0),
+            },
+            nsplit,
+            gchunk,
+            part,
+        )
+    }
+}
+
+/// `KvWrite`: row i of `k` [n, nkv, hd] and `v` [n, nkv, hdv] is stored at row `positions[i]`
+/// (I32 [n], read on the device) of `k_cache` / `v_cache` (rows up to their capacity; a position
+/// outside it is skipped by the kernel). The caches' host-side length is not changed.
+struct KvWrite(Arc<Gpu>);
+
+impl KvWrite {
+    /// (n, k row, v row, cache rows) after validation.
+    fn sizes(
+        k: &crate::data::Data,
+        v: &crate::data::Data,
+        pos: &crate::data::Data,
+        kc: &crate::data::Data,
+        vc: &crate::data::Data,
+    ) -> Result<[usize; 4]> {
+        const OP: &str = "KvWrite";
+        let [n, nkv, hd] = dims3(k, "k")?;
+        let [n2, nkv2, hdv] = dims3(v, "v")?;
+        let [_, ckv, chd] = dims3(kc, "k_cache")?;
+        let [_, cvkv, chdv] = dims3(vc, "v_cache")?;
+        if n2 != n || pos.count() != n || (nkv, hd) != (ckv, chd) || (nkv2, hdv) != (cvkv, chdv) {
+            return Err(op_err(
+                OP,
+                format!(
+                    "k {:?}, v {:?}, positions {:?}, k_cache {:?}, v_cache {:?} do not fit",
+                    k.dims(),
+                    v.dims(),
+                    pos.dims(),
+                    kc.dims(),
+                    vc.dims()
+                ),
+            ));
+        }
+        let cap = cache_rows(OP, kc, "k_cache")?.min(cache_rows(OP, vc, "v_cache")?);
+        Ok([n, nkv * hd, nkv2 * hdv, cap])
+    }
+}
+
+impl Operator for KvWrite {
+    fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
+        all_f32(d, &["k", "v", "k_cache", "v_cache"])
+            && d.dtype("positions") == Some(DataType::I32)
+            && ["k", "v", "k_cache", "v_cache"]
+                .iter()
+                .all(|n| d.get(n).is_some_and(|t| t.is_contiguous()))
+    }
+    fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
+        const OP: &str = "KvWrite";
+        let (k, v, pos, kc, vc) = (
+            d.require(OP, "k")?,
+            d.require(OP, "v")?,
+            d.require(OP, "positions")?,
+            d.require(OP, "k_cache")?,
+            d.require(OP, "v_cache")?,
+        );
+        if pos.dtype() != DataType::I32 {
+            return Err(op_err(OP, "positions must be I32"));
+        }
+        Self::sizes(k, v, pos, kc, vc)?;
+        d.require_mut(OP, "k_cache")?;
+        d.require_mut(OP, "v_cache").map(|_| ())
+    }
+    fn run(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
+        const OP: &str = "KvWrite";
+        let (kp, vp, pp) = (
+            dptr(d.require(OP, "k")?, "k")?,
+            dptr(d.require(OP, "v")?, "v")?,
+            dptr(d.require(OP, "positions")?, "positions")?,
+        );
+        let [n, krow, vrow, cap] = {
+            let (k, v, pos, kc, vc) = (
+                d.require(OP, "k")?,
+                d.require(OP, "v")?,
+                d.require(OP, "positions")?,
+                d.require(OP, "k_cache")?,
+                d.require(OP, "v_cache")?,
+            );
+            Self::sizes(k, v, pos, kc, vc)?
+        };
+        let kcp = dptr(d.require(OP, "k_cache")?, "k_cache")?;
+        let vcp = dptr(d.require(OP, "v_cache")?, "v_cache")?;
+        self.0.launch(
+            "kv_write_f32",
+            Gpu::grid_for(n * (krow + vrow), 256),
+            256,
+            &[
+                KArg::Ptr(kp),
+                KArg::Ptr(vp),
+                KArg::Ptr(pp),
+                KArg::Ptr(kcp),
+                KArg::Ptr(vcp),
+                int(n, "rows")?,
+                long(krow, "k row")?,
+                long(vrow, "v row")?,
+                long(cap, "cache rows")?,
             ],
         )
     }

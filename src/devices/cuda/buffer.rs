@@ -24,6 +24,7 @@ impl fmt::Debug for CudaBuffer {
 impl CudaBuffer {
     /// `len` zeroed bytes on `gpu` (at least 1, so every buffer has a valid address).
     pub fn zeroed(gpu: &Arc<Gpu>, len: usize) -> Result<CudaBuffer> {
+        gpu.not_capturing("allocation")?;
         let slice = gpu
             .stream()
             .alloc_zeros::<u8>(len.max(1))

@@ -1,5 +1,6 @@
 //! Elementwise operators on the GPU (f32): `Silu`, `Gelu`, `SoftCap`, `Swiglu`, `GeluGated`,
-//! `Add`, `AddTo`, `Mul`, `MulTo`.
+//! `Add`, `AddTo`, `Mul`, `MulTo`, and `SiluMul` (`output = silu(input0) · input1`, the gated
+//! MLP's activation and product in one pass; GPU only, the model uses it when the device has it).
 
 use super::buffer::{dptr, ensure_out};
 use super::gpu::{long, Gpu, KArg};
@@ -42,6 +43,52 @@ pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>) {
         }),
     );
     ops.insert("Mul", Box::new(Mul(gpu.clone())));
+    ops.insert("SiluMul", Box::new(SiluMul(gpu.clone())));
+}
+
+/// `output = silu(input0) · input1` (same shapes).
+struct SiluMul(Arc<Gpu>);
+
+impl Operator for SiluMul {
+    fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
+        all_f32(d, &["input0", "input1"])
+            && d.get("input0").is_some_and(|x| x.is_contiguous())
+            && d.get("input1").is_some_and(|x| x.is_contiguous())
+    }
+    fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
+        let g = d.require("SiluMul", "input0")?;
+        let u = d.require("SiluMul", "input1")?;
+        if g.dims() != u.dims() {
+            return Err(op_err(
+                "SiluMul",
+                format!("input0 {:?} and input1 {:?} differ", g.dims(), u.dims()),
+            ));
+        }
+        let dims = g.dims().to_vec();
+        ensure_out(
+            &self.0,
+            d.require_mut("SiluMul", "output")?,
+            DataType::F32,
+            &dims,
+        )
+    }
+    fn run(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
+        let ([g, u], y) = d.io("SiluMul", ["input0", "input1"], "output")?;
+        let g = g.ok_or_else(|| op_err("SiluMul", "missing input 'input0'"))?;
+        let u = u.ok_or_else(|| op_err("SiluMul", "missing input 'input1'"))?;
+        let n = y.count();
+        self.0.launch(
+            "silu_mul_f32",
+            Gpu::grid_for(n, 256),
+            256,
+            &[
+                KArg::Ptr(dptr(g, "input0")?),
+                KArg::Ptr(dptr(u, "input1")?),
+                KArg::Ptr(dptr(y, "output")?),
+                long(n, "n")?,
+            ],
+        )
+    }
 }
 
 #[derive(Clone, Copy)]

@@ -1,5 +1,8 @@
 //! `Embedding` on the GPU: gathers rows of a weight of any dtype into f32. Token ids are checked
-//! against the vocabulary on the host first (they are few), so a bad id is an `Err`.
+//! against the vocabulary on the host first (they are few), so a bad id is an `Err`; with the
+//! int `checked = 1` ids that live on the GPU are not read back (the caller validated them before
+//! uploading; a decode step recorded as a CUDA graph cannot wait for the device), and the kernel
+//! clamps any id to the vocabulary so memory outside the weight is never read.
 
 use super::buffer::{dptr, ensure_out};
 use super::gpu::{int, long, Gpu, KArg};
@@ -41,7 +44,7 @@ impl Operator for Embedding {
             && d.dtype("weight").and_then(weight_suffix).is_some()
             && d.get("weight").is_some_and(|w| w.is_contiguous())
     }
-    fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
+    fn reshape(&self, d: &mut DataDict, _: &FloatDict, i: &IntDict) -> Result<()> {
         let ids = d.require("Embedding", "input")?;
         let w = d.require("Embedding", "weight")?;
         if w.dims().len() != 2 {
@@ -51,7 +54,9 @@ impl Operator for Embedding {
             ));
         }
         let vocab = w.dim(0);
-        for (i, &t) in host_ids(ids)?.iter().enumerate() {
+        let trusted = i.get_or("checked", 0) != 0 && matches!(ids.storage(), Storage::Device(_));
+        let host = if trusted { Vec::new() } else { host_ids(ids)? };
+        for (i, &t) in host.iter().enumerate() {
             if t < 0 || t as usize >= vocab {
                 return Err(op_err(
                     "Embedding",
@@ -84,6 +89,7 @@ impl Operator for Embedding {
                 KArg::Ptr(dptr(y, "output")?),
                 int(dd, "d")?,
                 long(w.dtype().row_bytes(dd)?, "row bytes")?,
+                int(w.dim(0), "vocabulary")?,
             ],
         )
     }

@@ -8,6 +8,7 @@ use cudarc::driver::{
     result as dres, CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
 };
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// A GPU context with one in-order stream; every operator enqueues on it.
@@ -25,7 +26,28 @@ pub struct Gpu {
     /// destination made a 33 MB logits copy take ~40 ms); grown on demand up to
     /// [`STAGING_MAX`].
     staging: Mutex<Option<cudarc::driver::PinnedHostSlice<u8>>>,
+    /// Multiprocessors on the device (sizes the split-K decode attention grid).
+    sms: usize,
+    /// True while the stream records a CUDA graph: allocations, host copies and waits are
+    /// refused then (they cannot be recorded), so a capture that would need them fails cleanly.
+    capturing: AtomicBool,
+    /// Bumped whenever an operator frees or replaces a scratch buffer that kernels read: a
+    /// graph recorded under an older generation may point at freed memory and must not replay.
+    generation: AtomicU64,
 }
+
+/// A recorded CUDA graph of work on a [`Gpu`]'s stream, with the scratch generation it was
+/// recorded under.
+pub struct Graph {
+    graph: cudarc::driver::CudaGraph,
+    generation: u64,
+}
+
+// SAFETY: the graph handle is only launched through `&Graph` from the thread holding the model
+// (the model serialises its use); the driver objects may move between threads.
+unsafe impl Send for Graph {}
+// SAFETY: as above; `launch` takes `&self` but every user holds the model's `&mut` cache.
+unsafe impl Sync for Graph {}
 
 /// Copies from the GPU at least this large go through the pinned staging buffer.
 const STAGING_MIN: usize = 1 << 20;
@@ -78,7 +100,17 @@ impl Gpu {
         // One stream, in order: no per-buffer event tracking needed.
         // SAFETY: called before any allocation on this context.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        // A created stream rather than the legacy default stream, which cannot be captured
+        // into a CUDA graph.
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| dev_err(&format!("cuda:{ordinal}: stream"), e))?;
+        let sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map(|v| v.max(1) as usize)
+            .unwrap_or(1);
         let arch = ctx
             .compute_capability()
             .map_err(|e| dev_err("compute capability", e))?;
@@ -106,7 +138,71 @@ impl Gpu {
             functions: Mutex::new(HashMap::new()),
             blas,
             staging: Mutex::new(None),
+            sms,
+            capturing: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
         }))
+    }
+
+    /// Number of multiprocessors.
+    pub fn sms(&self) -> usize {
+        self.sms
+    }
+
+    /// True while a graph is being recorded on the stream.
+    pub fn capturing(&self) -> bool {
+        self.capturing.load(Ordering::Acquire)
+    }
+
+    /// `Err` naming `what` while a graph is being recorded (for calls that cannot be recorded).
+    pub fn not_capturing(&self, what: &str) -> Result<()> {
+        if self.capturing() {
+            return Err(Error::Device(format!(
+                "{what} while recording a CUDA graph (the step is not graph-safe)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Marks every recorded graph stale (an operator is about to free a scratch buffer).
+    pub fn bump_generation(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Starts recording the stream's work into a graph (nothing runs until it is launched).
+    pub fn begin_capture(&self) -> Result<()> {
+        self.not_capturing("begin_capture")?;
+        self.stream
+            .begin_capture(
+                cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+            .map_err(|e| dev_err("begin graph capture", e))?;
+        self.capturing.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Ends recording and instantiates the graph (`Err` if the capture was invalidated).
+    pub fn end_capture(&self) -> Result<Graph> {
+        let generation = self.generation.load(Ordering::Acquire);
+        let r = self
+            .stream
+            .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+        self.capturing.store(false, Ordering::Release);
+        let graph = r
+            .map_err(|e| dev_err("end graph capture", e))?
+            .ok_or_else(|| Error::Device("graph capture recorded nothing".into()))?;
+        Ok(Graph { graph, generation })
+    }
+
+    /// Enqueues a recorded graph. `Ok(false)` (nothing enqueued) when a scratch buffer it
+    /// uses was replaced since it was recorded.
+    pub fn replay(&self, g: &Graph) -> Result<bool> {
+        self.not_capturing("graph launch")?;
+        if g.generation != self.generation.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        g.graph.launch().map_err(|e| dev_err("graph launch", e))?;
+        Ok(true)
     }
 
     /// Device ordinal.
@@ -143,6 +239,7 @@ impl Gpu {
 
     /// Waits for all queued work.
     pub fn sync(&self) -> Result<()> {
+        self.not_capturing("stream synchronize")?;
         self.stream
             .synchronize()
             .map_err(|e| dev_err("synchronize", e))
@@ -173,6 +270,7 @@ impl Gpu {
         if src.is_empty() {
             return Ok(());
         }
+        self.not_capturing("copy to GPU")?;
         self.bind()?;
         // SAFETY: dst is a device allocation of at least src.len() bytes (callers check sizes).
         // For pageable memory cuMemcpyHtoDAsync copies `src` to a staging buffer before it
@@ -186,6 +284,7 @@ impl Gpu {
         if dst.is_empty() {
             return Ok(());
         }
+        self.not_capturing("copy from GPU")?;
         self.bind()?;
         if dst.len() >= STAGING_MIN && self.dtoh_staged(src, dst)? {
             return Ok(());
@@ -313,6 +412,7 @@ impl Gpu {
                 KArg::I64(v) => b.arg(v),
                 KArg::F32(v) => b.arg(v),
                 KArg::Permute(v) => b.arg(v),
+                KArg::Segs(v) => b.arg(v),
             };
         }
         let cfg = LaunchConfig {
@@ -348,7 +448,29 @@ pub enum KArg {
     F32(f32),
     /// The `PermuteArgs` struct of kernels/shape.cu.
     Permute(PermuteArgs),
+    /// The `LinSegs` struct of kernels/linear.cu, passed by value.
+    Segs(LinSegs),
 }
+
+/// `struct LinSegs` of kernels/linear.cu, passed by value: up to three weights (address, bias
+/// address or 0, output address, rows) that one GEMV launch streams.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LinSegs {
+    /// Weight addresses.
+    pub w: [u64; 3],
+    /// Bias addresses (0 = none).
+    pub b: [u64; 3],
+    /// Output addresses.
+    pub y: [u64; 3],
+    /// Rows (output features) of each weight; 0 for unused entries.
+    pub n: [i32; 3],
+    /// Non-zero: add the products to the outputs.
+    pub acc: i32,
+}
+
+// SAFETY: plain-old-data with the C layout of the kernel's struct (9 pointers, 4 ints).
+unsafe impl cudarc::driver::DeviceRepr for LinSegs {}
 
 /// `struct PermuteArgs` of kernels/shape.cu, passed by value.
 #[repr(C)]

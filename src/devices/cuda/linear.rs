@@ -18,7 +18,7 @@ use super::blas::{gemm, Elem, Gemm, Operand};
 use super::buffer::CudaBuffer;
 use super::buffer::{dptr, ensure_out};
 use super::embedding::weight_suffix;
-use super::gpu::{int, long, Gpu, KArg};
+use super::gpu::{int, long, Gpu, KArg, LinSegs};
 use super::op_err;
 use crate::data::DataType;
 use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
@@ -33,6 +33,7 @@ pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>) {
             gpu: gpu.clone(),
             scratch: Mutex::new(None),
             tc_scratch: Mutex::new(None),
+            quantized: Mutex::new(None),
         }),
     );
 }
@@ -55,6 +56,8 @@ struct Linear {
     scratch: Mutex<Option<CudaBuffer>>,
     /// Tensor-core path: f16/bf16 activations, then the dequantized weight tile.
     tc_scratch: Mutex<Option<CudaBuffer>>,
+    /// What `scratch` holds: the quantized rows of (input address, rows, k, scratch address).
+    quantized: Mutex<Option<(u64, usize, usize, u64)>>,
 }
 
 /// Rounds `v` up to a multiple of 256 bytes.
@@ -141,6 +144,8 @@ impl Linear {
             .map_err(|_| Error::Device("Linear scratch poisoned".into()))?;
         if guard.as_ref().is_none_or(|b| b.len_bytes() < need) {
             // Free the old buffer first: the new one may be large.
+            self.gpu.not_capturing("allocation")?;
+            self.gpu.bump_generation();
             *guard = None;
             *guard = Some(CudaBuffer::zeroed(&self.gpu, need.next_power_of_two())?);
         }
@@ -245,75 +250,190 @@ impl Operator for Linear {
         let w_ok = d.dtype("weight").and_then(weight_suffix).is_some();
         let quant_act =
             i.get_or("quant_act", 0) != 0 && d.dtype("weight").is_some_and(|t| t.is_quantized());
+        // extra weights (weight1, weight2) share the first one's dtype; their biases are f32
+        let extra_ok = SEGMENTS[1..].iter().all(|(wn, bn, _)| {
+            d.get(wn)
+                .is_none_or(|w| Some(w.dtype()) == d.dtype("weight") && w.is_contiguous())
+                && d.get(bn).is_none_or(|b| b.dtype() == DataType::F32)
+        });
         d.dtype("input") == Some(DataType::F32)
             && w_ok
+            && extra_ok
             && (!quant_act || d.get("input").is_some_and(|x| x.dim(-1) % 32 == 0))
             && d.get("bias").is_none_or(|b| b.dtype() == DataType::F32)
             && d.get("input").is_some_and(|x| x.is_contiguous())
             && d.get("weight").is_some_and(|x| x.is_contiguous())
     }
-    fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
-        let x = d.require("Linear", "input")?;
-        let w = d.require("Linear", "weight")?;
-        let k = x.dim(-1);
-        if x.dims().is_empty() || w.dims().len() != 2 || w.dim(1) != k {
-            return Err(op_err(
-                "Linear",
-                format!(
-                    "input {:?} and weight {:?} do not match (weight must be [n, {k}])",
-                    x.dims(),
-                    w.dims()
-                ),
-            ));
-        }
-        let n = w.dim(0);
-        if let Some(b) = d.get("bias") {
-            if b.count() != n {
+    fn reshape(&self, d: &mut DataDict, _: &FloatDict, ints: &IntDict) -> Result<()> {
+        let acc = ints.get_or("accumulate", 0) != 0;
+        for (wn, bn, on) in SEGMENTS {
+            if wn != "weight" && !d.contains(wn) {
+                if d.contains(bn) {
+                    return Err(op_err("Linear", format!("'{bn}' without '{wn}'")));
+                }
+                continue;
+            }
+            let x = d.require("Linear", "input")?;
+            let w = d.require("Linear", wn)?;
+            let k = x.dim(-1);
+            if x.dims().is_empty() || w.dims().len() != 2 || w.dim(1) != k {
                 return Err(op_err(
                     "Linear",
-                    format!("bias {:?} does not match {n} outputs", b.dims()),
+                    format!(
+                        "input {:?} and {wn} {:?} do not match (weight must be [n, {k}])",
+                        x.dims(),
+                        w.dims()
+                    ),
                 ));
             }
+            let n = w.dim(0);
+            if let Some(b) = d.get(bn) {
+                if b.count() != n {
+                    return Err(op_err(
+                        "Linear",
+                        format!("{bn} {:?} does not match {n} outputs", b.dims()),
+                    ));
+                }
+            }
+            let mut dims = x.dims().to_vec();
+            if let Some(l) = dims.last_mut() {
+                *l = n;
+            }
+            let rows = x.count() / k.max(1);
+            if acc {
+                let y = d.require("Linear", on)?;
+                let ok = rows == 1
+                    && y.dims() == dims.as_slice()
+                    && y.dtype() == DataType::F32
+                    && y.is_contiguous()
+                    && super::buffer::device_len(y).is_some_and(|l| l >= 4 * n);
+                if !ok {
+                    return Err(op_err(
+                        "Linear",
+                        format!(
+                            "accumulate needs one input row and {on} an F32 GPU tensor {dims:?}, got input {:?}, {on} {} {:?}",
+                            x.dims(),
+                            y.dtype(),
+                            y.dims()
+                        ),
+                    ));
+                }
+                continue;
+            }
+            ensure_out(
+                &self.gpu,
+                d.require_mut("Linear", on)?,
+                DataType::F32,
+                &dims,
+            )?;
         }
-        let mut dims = x.dims().to_vec();
-        if let Some(l) = dims.last_mut() {
-            *l = n;
-        }
-        ensure_out(
-            &self.gpu,
-            d.require_mut("Linear", "output")?,
-            DataType::F32,
-            &dims,
-        )
+        Ok(())
     }
     fn run(&self, d: &mut DataDict, _: &FloatDict, ints: &IntDict) -> Result<()> {
-        let ([x, w, b], y) = d.io("Linear", ["input", "weight", "bias"], "output")?;
-        let x = x.ok_or_else(|| op_err("Linear", "missing input 'input'"))?;
-        let w = w.ok_or_else(|| op_err("Linear", "missing input 'weight'"))?;
-        let (k, n) = (x.dim(-1), w.dim(0));
+        // What the previous call left quantized in `scratch`; cleared now, so only a call that
+        // quantizes leaves a key behind (reuse needs the immediately preceding call).
+        let prev = self
+            .quantized
+            .lock()
+            .map_err(|_| Error::Device("Linear scratch poisoned".into()))?
+            .take();
+        let mut segs = Vec::with_capacity(3);
+        for (wn, bn, on) in SEGMENTS {
+            let Some(w) = d.get(wn) else { continue };
+            let b = d.get(bn);
+            let y = d.require("Linear", on)?;
+            segs.push(Seg {
+                w: dptr(w, wn)?,
+                dtype: w.dtype(),
+                n: w.dim(0),
+                b: b.map(|b| dptr(b, bn)).transpose()?.unwrap_or(0),
+                y: dptr(y, on)?,
+            });
+        }
+        let x = d.require("Linear", "input")?;
+        let k = x.dim(-1);
         let m = x.count() / k.max(1);
-        let (xp, wp, yp) = (dptr(x, "input")?, dptr(w, "weight")?, dptr(y, "output")?);
-        let bp = match b {
-            Some(b) => dptr(b, "bias")?,
-            None => 0,
+        let xp = dptr(x, "input")?;
+        if segs.len() > 1 {
+            let w0 = d.require("Linear", "weight")?;
+            let tc_like = (w0.dtype() == DataType::F32 && m >= BLAS_MIN_ROWS)
+                || (ints.get_or("quant_act", 0) != 0 && m >= TC_MIN_ROWS);
+            if tc_like {
+                // cuBLAS products: one weight at a time
+                for (i, (wn, _, _)) in SEGMENTS.iter().enumerate().take(segs.len()) {
+                    let w = d.require("Linear", wn)?;
+                    self.product(None, ints, xp, m, k, w, &segs[i..i + 1])?;
+                }
+                return Ok(());
+            }
+        }
+        let w0 = d.require("Linear", "weight")?;
+        self.product(prev, ints, xp, m, k, w0, &segs)
+    }
+}
+
+/// (weight, bias, output) argument names of the segments a `Linear` call may carry.
+const SEGMENTS: [(&str, &str, &str); 3] = [
+    ("weight", "bias", "output"),
+    ("weight1", "bias1", "output1"),
+    ("weight2", "bias2", "output2"),
+];
+
+/// One weight of a (possibly multi-weight) `Linear` launch.
+struct Seg {
+    w: u64,
+    dtype: DataType,
+    n: usize,
+    b: u64,
+    y: u64,
+}
+
+impl Linear {
+    /// `y_i = x·W_iᵀ + b_i` for the segments (one launch of the GEMV kernels for several; one
+    /// segment may also take the cuBLAS paths). `w0` is the first segment's weight.
+    #[allow(clippy::too_many_arguments)]
+    fn product(
+        &self,
+        prev: Option<(u64, usize, usize, u64)>,
+        ints: &IntDict,
+        xp: u64,
+        m: usize,
+        k: usize,
+        w0: &crate::data::Data,
+        segs: &[Seg],
+    ) -> Result<()> {
+        let Some(first) = segs.first() else {
+            return Ok(());
         };
+        let dtype = first.dtype;
+        let n: usize = segs.iter().map(|s| s.n).sum();
         if m == 0 || n == 0 {
             return Ok(());
         }
-        if w.dtype() == DataType::F32 && m >= BLAS_MIN_ROWS && self.sgemm(xp, wp, yp, m, n, k)? {
-            if bp != 0 {
-                self.add_bias(yp, bp, m, n)?;
+        if segs.len() == 1 {
+            let (wp, bp, yp) = (first.w, first.b, first.y);
+            if dtype == DataType::F32 && m >= BLAS_MIN_ROWS && self.sgemm(xp, wp, yp, m, n, k)? {
+                if bp != 0 {
+                    self.add_bias(yp, bp, m, n)?;
+                }
+                return Ok(());
             }
-            return Ok(());
+            let quant_act = ints.get_or("quant_act", 0) != 0;
+            let tc_weight =
+                dtype != DataType::F32 && (!dtype.is_quantized() || k.is_multiple_of(32));
+            if quant_act
+                && tc_weight
+                && m >= TC_MIN_ROWS
+                && self.tensor_core(xp, w0, bp, yp, m, n, k)?
+            {
+                return Ok(());
+            }
         }
         let quant_act = ints.get_or("quant_act", 0) != 0;
-        let tc_weight = w.dtype() != DataType::F32 && (!w.dtype().is_quantized() || k % 32 == 0);
-        if quant_act && tc_weight && m >= TC_MIN_ROWS && self.tensor_core(xp, w, bp, yp, m, n, k)? {
-            return Ok(());
-        }
+        let aligned = segs.iter().all(|s| s.w % 16 == 0);
         // 16-byte superblock kernels for block weights with quantized activations: k % 256 == 0,
         // aligned rows.
-        let sb = quant_act && w.dtype().is_quantized() && k % 256 == 0 && wp % 16 == 0;
+        let sb = quant_act && dtype.is_quantized() && k.is_multiple_of(256) && aligned;
         // m = 1: the activation row in shared memory (272 bytes per 256 values + 72 of scales).
         let sx_bytes = (k / 256) * (272 + 72);
         let sbx = sb && m == 1 && sx_bytes <= 48 * 1024;
@@ -325,7 +445,7 @@ impl Operator for Linear {
             (1usize << (usize::BITS - 1 - lpr.leading_zeros())).max(4)
         };
         let rows_per_block = LIN_FEATURES * (32 / lpr);
-        let suffix = weight_suffix(w.dtype()).ok_or_else(|| op_err("Linear", "weight dtype"))?;
+        let suffix = weight_suffix(dtype).ok_or_else(|| op_err("Linear", "weight dtype"))?;
         let per_block = if sb { rows_per_block } else { LIN_FEATURES };
         let gx = u32::try_from(n.div_ceil(per_block))
             .map_err(|_| op_err("Linear", "too many outputs"))?;
@@ -337,13 +457,26 @@ impl Operator for Linear {
                 format!("{m} rows exceed this kernel's grid"),
             ));
         }
+        let acc = ints.get_or("accumulate", 0) != 0;
+        if acc && m != 1 {
+            return Err(op_err("Linear", "accumulate needs one input row"));
+        }
+        let mut table = LinSegs {
+            acc: acc as i32,
+            ..LinSegs::default()
+        };
+        for (i, sg) in segs.iter().enumerate().take(3) {
+            table.w[i] = sg.w;
+            table.b[i] = sg.b;
+            table.y[i] = sg.y;
+            table.n[i] = i32::try_from(sg.n).map_err(|_| op_err("Linear", "too many outputs"))?;
+        }
         let mut tail = vec![
-            KArg::Ptr(bp),
-            KArg::Ptr(yp),
+            KArg::Segs(table),
             int(m, "rows")?,
             int(n, "outputs")?,
             int(k, "k")?,
-            long(w.dtype().row_bytes(k)?, "row bytes")?,
+            long(dtype.row_bytes(k)?, "row bytes")?,
         ];
         let variant = if sbx {
             tail.push(int(lpr, "lanes per row")?);
@@ -355,8 +488,8 @@ impl Operator for Linear {
             ""
         };
         let block = (32 * LIN_FEATURES) as u32;
-        if quant_act && w.dtype().is_quantized() {
-            if k % 32 != 0 {
+        if quant_act && dtype.is_quantized() {
+            if !k.is_multiple_of(32) {
                 return Err(op_err(
                     "Linear",
                     format!("quant_act needs k % 32 == 0, got {k}"),
@@ -369,22 +502,31 @@ impl Operator for Linear {
                 .lock()
                 .map_err(|_| Error::Device("Linear scratch poisoned".into()))?;
             if guard.as_ref().is_none_or(|b| b.len_bytes() < need) {
-                *guard = Some(CudaBuffer::zeroed(&self.gpu, need.next_power_of_two())?);
+                let fresh = CudaBuffer::zeroed(&self.gpu, need.next_power_of_two())?;
+                // the old buffer may be recorded in a CUDA graph
+                self.gpu.bump_generation();
+                *guard = Some(fresh);
             }
             let sp = guard.as_ref().map(|b| b.ptr()).unwrap_or(0);
             let (qs, ds) = (sp, sp + (m * k) as u64);
-            self.gpu.launch(
-                "quantize_q8_f32",
-                Gpu::grid_for(nblocks * 32, 256),
-                256,
-                &[
-                    KArg::Ptr(xp),
-                    KArg::Ptr(qs),
-                    KArg::Ptr(ds),
-                    long(nblocks, "blocks")?,
-                ],
-            )?;
-            let mut args = vec![KArg::Ptr(qs), KArg::Ptr(ds), KArg::Ptr(wp)];
+            let key = (xp, m, k, sp);
+            if !(ints.get_or("reuse_act", 0) != 0 && prev == Some(key)) {
+                self.gpu.launch(
+                    "quantize_q8_f32",
+                    Gpu::grid_for(nblocks * 32, 256),
+                    256,
+                    &[
+                        KArg::Ptr(xp),
+                        KArg::Ptr(qs),
+                        KArg::Ptr(ds),
+                        long(nblocks, "blocks")?,
+                    ],
+                )?;
+            }
+            if let Ok(mut held) = self.quantized.lock() {
+                *held = Some(key);
+            }
+            let mut args = vec![KArg::Ptr(qs), KArg::Ptr(ds)];
             args.extend(tail);
             let smem = if sbx { sx_bytes as u32 } else { 0 };
             return self.gpu.launch_smem(
@@ -395,7 +537,7 @@ impl Operator for Linear {
                 &args,
             );
         }
-        let mut args = vec![KArg::Ptr(xp), KArg::Ptr(wp)];
+        let mut args = vec![KArg::Ptr(xp)];
         args.extend(tail);
         self.gpu.launch(
             &format!("linear_{variant}{suffix}"),

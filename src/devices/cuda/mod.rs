@@ -27,7 +27,9 @@ mod rope;
 mod select;
 mod shape;
 
-pub use attention::TC_MIN_QUERIES;
+pub use attention::{
+    decode_splits, set_split_k_decode, DECODE_MAX_HD, DECODE_MAX_QUERIES, TC_MIN_QUERIES,
+};
 pub use linear::TC_MIN_ROWS;
 
 use buffer::{alloc_data, dptr};
@@ -162,6 +164,49 @@ impl BaseDevice for CudaDevice {
         out.name = data.name.clone();
         out.lock_in_cpu = data.lock_in_cpu;
         Ok(out)
+    }
+    fn write(&self, src: &Data, dst: &mut Data) -> Result<()> {
+        if dst.device() != self.kind() || src.device() != DeviceKind::Cpu {
+            return Err(Error::invalid(format!(
+                "{}: write needs a host source and a destination on this device",
+                self.name
+            )));
+        }
+        if src.dtype() != dst.dtype() || src.count() > dst.count() || !src.is_contiguous() {
+            return Err(Error::invalid(format!(
+                "{}: cannot write {} {:?} into {} {:?}",
+                self.name,
+                src.dtype(),
+                src.dims(),
+                dst.dtype(),
+                dst.dims()
+            )));
+        }
+        let bytes = src.bytes()?;
+        let room = buffer::device_len(dst).unwrap_or(0);
+        if bytes.len() > room {
+            return Err(Error::invalid(format!(
+                "{}: {} bytes do not fit a buffer of {room}",
+                self.name,
+                bytes.len()
+            )));
+        }
+        self.gpu.htod(bytes, dptr(dst, "write")?)
+    }
+    fn begin_recording(&self) -> Result<()> {
+        self.gpu.begin_capture()
+    }
+    fn end_recording(&self) -> Result<Box<dyn std::any::Any + Send + Sync>> {
+        Ok(Box::new(self.gpu.end_capture()?))
+    }
+    fn replay(&self, recording: &(dyn std::any::Any + Send + Sync)) -> Result<bool> {
+        match recording.downcast_ref::<gpu::Graph>() {
+            Some(g) => self.gpu.replay(g),
+            None => Err(Error::invalid(format!(
+                "{}: replay of work recorded elsewhere",
+                self.name
+            ))),
+        }
     }
     fn download(&self, data: &mut Data) -> Result<()> {
         if data.device() != self.kind() {

@@ -112,6 +112,21 @@ impl Operator for RowOp {
         match self.kind {
             Kind::Rms => {
                 let w = w.ok_or_else(|| op_err(op, "missing input 'weight'"))?;
+                let wp = dptr(w, "weight")?;
+                let aligned = [dptr(x, "input")?, wp, dptr(y, "output")?]
+                    .iter()
+                    .all(|p| p % 16 == 0);
+                // float4s per thread of rmsnorm_v4_f32 (RMS_V4)
+                const V4: usize = 4;
+                if row % 4 == 0 && aligned && row <= 4 * V4 * 1024 {
+                    let threads = (row / 4).div_ceil(V4).div_ceil(32).clamp(1, 32) * 32;
+                    return self.gpu.launch(
+                        "rmsnorm_v4_f32",
+                        grid,
+                        threads as u32,
+                        &[xp, KArg::Ptr(wp), yp, dd, KArg::F32(eps)],
+                    );
+                }
                 self.gpu.launch(
                     "rmsnorm_f32",
                     grid,

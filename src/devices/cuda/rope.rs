@@ -1,5 +1,8 @@
 //! `RotaryEmbedding` on the GPU (f32, in place): neox or interleaved pairs, angles from `cos`/`sin`
-//! tables, `inv_freq`, or `theta`, formed in double as in the CPU reference.
+//! tables, `inv_freq`, or `theta`, formed in double as in the CPU reference. An optional second
+//! mutable tensor `input1` [s, heads1, hd] (same rows and head size) is rotated in the same
+//! launch with the same positions (a decode step's keys along with its queries); the CPU
+//! devices do not take it, so only callers that know the device has it pass it.
 
 use super::buffer::dptr;
 use super::gpu::{int, Gpu, KArg};
@@ -73,6 +76,23 @@ impl Rotary {
                 ))
             }
         }
+        if let Some(x1) = d.get("input1") {
+            let ok = x1.dtype() == DataType::F32
+                && x1.is_contiguous()
+                && x1.dims().len() == 3
+                && x1.dim(0) == s
+                && x1.dim(2) == hd;
+            if !ok {
+                return Err(op_err(
+                    "RotaryEmbedding",
+                    format!(
+                        "input1 {} {:?} must be F32 [{s}, heads, {hd}]",
+                        x1.dtype(),
+                        x1.dims()
+                    ),
+                ));
+            }
+        }
         Ok((s, heads, hd, rot))
     }
 }
@@ -88,10 +108,17 @@ impl Operator for Rotary {
     }
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, i: &IntDict) -> Result<()> {
         Self::shape(d, i)?;
+        if d.contains("input1") {
+            d.require_mut("RotaryEmbedding", "input1")?;
+        }
         d.require_mut("RotaryEmbedding", "input").map(|_| ())
     }
     fn run(&self, d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<()> {
         let (s, heads, hd, rot) = Self::shape(d, i)?;
+        let (x1p, heads1) = match d.get("input1") {
+            Some(x1) => (dptr(x1, "input1")?, x1.dim(1)),
+            None => (0, 0),
+        };
         let ([pos, inv, cs, sn], x) = d.io(
             "RotaryEmbedding",
             ["positions", "inv_freq", "cos", "sin"],
@@ -108,7 +135,7 @@ impl Operator for Rotary {
         } else {
             0
         };
-        let n = s * heads * (rot / 2);
+        let n = s * (heads + heads1) * (rot / 2);
         self.0.launch(
             "rotary_f32",
             Gpu::grid_for(n, 256),
@@ -126,6 +153,8 @@ impl Operator for Rotary {
                 KArg::I32(i.get_or("style", 0)),
                 KArg::F32(f.get_or("theta", 10000.0)),
                 KArg::I32(mode),
+                KArg::Ptr(x1p),
+                int(heads1, "input1 heads")?,
             ],
         )
     }

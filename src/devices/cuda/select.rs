@@ -105,7 +105,7 @@ impl Operator for Select {
             )
         } else {
             self.gpu
-                .launch("argmax_f32", (r, 1, 1), 256, &[xp, yp, long(n, "n")?])
+                .launch("argmax_f32", (r, 1, 1), 1024, &[xp, yp, long(n, "n")?])
         }
     }
 }

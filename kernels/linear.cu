@@ -88,13 +88,34 @@ __device__ __forceinline__ void dot8(uint4 q, const float* xr, int k, int v, int
     }
 }
 
-template <int DT>
+// MULTI = false: one weight (segment 0 only), without the per-warp segment selection (the
+// plain f16 GEMV measured ~15 % slower per byte with it, docs/perf-cuda.md).
+template <int DT, bool MULTI>
 __device__ void linear_t(const float* x, const LinSegs& sg, int m, int ntot, int k, long row_bytes) {
     int lane = threadIdx.x & 31;
     int jg = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int r0 = blockIdx.y * LIN_ROWS;
     if (jg >= ntot) return;
-    SEG_PICK(jg)
+    int j = jg;
+    const unsigned char* w = sg.w[0];
+    const float* bias = sg.b[0];
+    float* y = sg.y[0];
+    int n = sg.n[0];
+    if (MULTI && j >= sg.n[0]) {
+        j -= sg.n[0];
+        if (j < sg.n[1]) {
+            w = sg.w[1];
+            bias = sg.b[1];
+            y = sg.y[1];
+            n = sg.n[1];
+        } else {
+            j -= sg.n[1];
+            w = sg.w[2];
+            bias = sg.b[2];
+            y = sg.y[2];
+            n = sg.n[2];
+        }
+    }
     int nr = min(LIN_ROWS, m - r0);
     const float* xr = x + (long)r0 * k;
     const unsigned char* row = w + (long)j * row_bytes;
@@ -151,7 +172,10 @@ __device__ void linear_t(const float* x, const LinSegs& sg, int m, int ntot, int
 
 #define LIN(name, DT) \
     extern "C" __global__ void linear_##name(const float* x, LinSegs sg, int m, int ntot, int k, long rb) { \
-        linear_t<DT>(x, sg, m, ntot, k, rb); \
+        linear_t<DT, true>(x, sg, m, ntot, k, rb); \
+    } \
+    extern "C" __global__ void linear1_##name(const float* x, LinSegs sg, int m, int ntot, int k, long rb) { \
+        linear_t<DT, false>(x, sg, m, ntot, k, rb); \
     }
 LIN(f32, DT_F32)
 LIN(f16, DT_F16)

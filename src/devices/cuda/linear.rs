@@ -539,8 +539,10 @@ impl Linear {
         }
         let mut args = vec![KArg::Ptr(xp)];
         args.extend(tail);
+        // one weight: the kernel without segment selection (`linear1_*`)
+        let single = if segs.len() == 1 { "1" } else { "" };
         self.gpu.launch(
-            &format!("linear_{variant}{suffix}"),
+            &format!("linear{single}_{variant}{suffix}"),
             (gx, gy, 1),
             block,
             &args,

@@ -1,0 +1,261 @@
+// Token sampling on the GPU, one block per row (blockDim a multiple of 32, at most 1024):
+// sample_f32 (temperature, top-k, top-p, min-p, a host-drawn random word per row) and
+// penalties_f32 (repetition / presence / frequency penalties in place). Bit-identical with
+// fastllm_cpu::sample (cpu/src/sample.rs holds the definition): float arithmetic uses the
+// explicitly rounded __f*_rn intrinsics (no contraction into fused multiply-adds), weights are
+// 64-bit integers whose sums do not depend on the order of additions, and the element order is
+// the 64-bit key (f32 total-order key << 32 | ~index).
+//
+// The selections (top-k cutoff, nucleus cutoff, the pick) are radix selects over that key,
+// 8 bits per pass over the row, with a 256-bin histogram of weights in shared memory; a pass
+// stops early once its bin holds a single element.
+
+#define SMP_WSCALE 1099511627776.0f  // 2^40
+
+__device__ __forceinline__ unsigned int smp_fkey(float v) {
+    unsigned int u = __float_as_uint(v);
+    return (u >> 31) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ float smp_unkey(unsigned int k) {
+    return (k >> 31) ? __uint_as_float(k & 0x7fffffffu) : __uint_as_float(~k);
+}
+
+__device__ __forceinline__ unsigned long long smp_key(float v, long i) {
+    return ((unsigned long long)smp_fkey(v) << 32) | (unsigned long long)(~(unsigned int)i);
+}
+
+// e^x for x <= 0 (see exp_det in cpu/src/sample.rs: same operations, same rounding).
+__device__ __forceinline__ float smp_exp(float x) {
+    float n = floorf(__fadd_rn(__fmul_rn(x, __uint_as_float(0x3fb8aa3bu)), 0.5f));
+    float r = __fsub_rn(__fsub_rn(x, __fmul_rn(n, __uint_as_float(0x3f318000u))),
+                        __fmul_rn(n, __uint_as_float(0xb95e8083u)));
+    float p = __uint_as_float(0x3ab60b61u);
+    p = __fadd_rn(__fmul_rn(p, r), __uint_as_float(0x3c088889u));
+    p = __fadd_rn(__fmul_rn(p, r), __uint_as_float(0x3d2aaaabu));
+    p = __fadd_rn(__fmul_rn(p, r), __uint_as_float(0x3e2aaaabu));
+    p = __fadd_rn(__fmul_rn(p, r), 0.5f);
+    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
+    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
+    return __fmul_rn(p, __int_as_float(((int)n + 127) << 23));
+}
+
+// (w, q) of logit v for row maximum m and temperature t > 0.
+__device__ __forceinline__ void smp_weight(float v, float m, float t, float& w,
+                                           unsigned long long& q) {
+    float x = __fdiv_rn(__fsub_rn(v, m), t);
+    if (!(x >= -28.0f)) {
+        w = 0.0f;
+        q = 0;
+        return;
+    }
+    w = smp_exp(x);
+    q = __float2ull_rz(__fmul_rn(w, SMP_WSCALE));
+}
+
+struct SmpShared {
+    unsigned long long hist[256];
+    unsigned int cnt[256];
+    unsigned long long sum;
+    unsigned long long sel_above;
+    unsigned long long sel_key;
+    unsigned int maxkey;
+    unsigned int minidx;
+    int bad;
+    int sel_d;
+    int sel_single;
+};
+
+__device__ __forceinline__ unsigned long long smp_warp_sum(unsigned long long v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum of q over elements with q > 0, key >= kmin and w >= minp; every thread gets it.
+__device__ unsigned long long smp_sum(const float* xr, long n, float m, float t,
+                                      unsigned long long kmin, float minp, SmpShared& sh) {
+    if (threadIdx.x == 0) sh.sum = 0;
+    __syncthreads();
+    unsigned long long s = 0;
+    for (long i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = xr[i];
+        if (smp_key(v, i) < kmin) continue;
+        float w;
+        unsigned long long q;
+        smp_weight(v, m, t, w, q);
+        if (q != 0 && w >= minp) s += q;
+    }
+    s = smp_warp_sum(s);
+    if ((threadIdx.x & 31) == 0 && s != 0) atomicAdd(&sh.sum, s);
+    __syncthreads();
+    unsigned long long r = sh.sum;
+    __syncthreads();
+    return r;
+}
+
+// Among elements with q > 0, key >= kmin and w >= minp, in descending key order: the key of the
+// first at which the running weight (1 each when `count`, else q) exceeds thr. False when the
+// total is at most thr.
+__device__ bool smp_select(const float* xr, long n, float m, float t, unsigned long long kmin,
+                           float minp, bool count, unsigned long long thr,
+                           unsigned long long& kc, SmpShared& sh) {
+    unsigned long long prefix = 0, above = 0;
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        unsigned long long hmask = shift == 56 ? 0ull : (~0ull << (shift + 8));
+        for (int j = threadIdx.x; j < 256; j += blockDim.x) {
+            sh.hist[j] = 0;
+            sh.cnt[j] = 0;
+        }
+        __syncthreads();
+        for (long i = threadIdx.x; i < n; i += blockDim.x) {
+            float v = xr[i];
+            unsigned long long k = smp_key(v, i);
+            if (k < kmin || (k & hmask) != prefix) continue;
+            float w;
+            unsigned long long q;
+            smp_weight(v, m, t, w, q);
+            if (q == 0 || !(w >= minp)) continue;
+            int d = (int)((k >> shift) & 255ull);
+            atomicAdd(&sh.hist[d], count ? 1ull : q);
+            atomicAdd(&sh.cnt[d], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int dd = -1;
+            unsigned long long a = above;
+            for (int d = 255; d >= 0; d--) {
+                if (a + sh.hist[d] > thr) {
+                    dd = d;
+                    break;
+                }
+                a += sh.hist[d];
+            }
+            sh.sel_d = dd;
+            sh.sel_above = a;
+            sh.sel_single = dd >= 0 && sh.cnt[dd] == 1u;
+        }
+        __syncthreads();
+        int d = sh.sel_d;
+        int single = sh.sel_single;
+        above = sh.sel_above;
+        __syncthreads();
+        if (d < 0) return false;
+        prefix |= (unsigned long long)d << shift;
+        if (shift == 0) break;
+        if (single) {
+            // the only element under this prefix: find its whole key
+            unsigned long long pmask = ~0ull << shift;
+            for (long i = threadIdx.x; i < n; i += blockDim.x) {
+                float v = xr[i];
+                unsigned long long k = smp_key(v, i);
+                if (k < kmin || (k & pmask) != prefix) continue;
+                float w;
+                unsigned long long q;
+                smp_weight(v, m, t, w, q);
+                if (q != 0 && w >= minp) sh.sel_key = k;
+            }
+            __syncthreads();
+            kc = sh.sel_key;
+            __syncthreads();
+            return true;
+        }
+    }
+    kc = prefix;
+    return true;
+}
+
+__device__ __forceinline__ unsigned long long smp_mul_shr32_ceil(unsigned long long a,
+                                                                 unsigned long long b) {
+    unsigned long long lo = a * b, hi = __umul64hi(a, b);
+    unsigned long long lo2 = lo + 0xffffffffull;
+    if (lo2 < lo) hi++;
+    return (hi << 32) | (lo2 >> 32);
+}
+
+// x [rows, n] logits; params [rows, 4] = (temperature, top_k, top_p, min_p); rnd [rows, 2] =
+// the random word (low, high 32 bits); out [rows] = token id, or -1 for a row with NaN/+Inf,
+// only -Inf, or a bad temperature.
+extern "C" __global__ void sample_f32(const float* x, const float* params, const int* rnd,
+                                      int* out, long n) {
+    __shared__ SmpShared sh;
+    const long row = blockIdx.x;
+    const float* xr = x + row * n;
+    const float t = params[4 * row], topk = params[4 * row + 1];
+    const float top_p = params[4 * row + 2], min_p = params[4 * row + 3];
+    const unsigned long long R = (unsigned long long)(unsigned int)rnd[2 * row] |
+                                 ((unsigned long long)(unsigned int)rnd[2 * row + 1] << 32);
+    if (threadIdx.x == 0) {
+        sh.maxkey = 0;
+        sh.bad = 0;
+        sh.minidx = 0xffffffffu;
+    }
+    __syncthreads();
+    unsigned int mk = 0;
+    int bad = 0;
+    for (long i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = xr[i];
+        if (v != v || v == INF) bad = 1;
+        unsigned int k = smp_fkey(v);
+        mk = k > mk ? k : mk;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        unsigned int om = __shfl_xor_sync(0xffffffffu, mk, o);
+        mk = om > mk ? om : mk;
+        bad |= __shfl_xor_sync(0xffffffffu, bad, o);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        atomicMax(&sh.maxkey, mk);
+        if (bad) atomicOr(&sh.bad, 1);
+    }
+    __syncthreads();
+    mk = sh.maxkey;
+    const float m = smp_unkey(mk);
+    if (sh.bad || n == 0 || m == -INF || !(t >= 0.0f && t < INF)) {
+        if (threadIdx.x == 0) out[row] = -1;
+        return;
+    }
+    if (t == 0.0f) {
+        unsigned int best = 0xffffffffu;
+        for (long i = threadIdx.x; i < n; i += blockDim.x)
+            if (smp_fkey(xr[i]) == mk && (unsigned int)i < best) best = (unsigned int)i;
+        atomicMin(&sh.minidx, best);
+        __syncthreads();
+        if (threadIdx.x == 0) out[row] = (int)sh.minidx;
+        return;
+    }
+    unsigned long long kk = 0, kc = 0;
+    if (topk >= 1.0f) {
+        unsigned long long k = (unsigned long long)topk;
+        if (smp_select(xr, n, m, t, 0, 0.0f, true, k - 1, kc, sh)) kk = kc;
+    }
+    unsigned long long kp = kk;
+    if (top_p < 1.0f) {
+        unsigned long long qk = smp_sum(xr, n, m, t, kk, 0.0f, sh);
+        unsigned long long pq = (unsigned long long)((double)top_p * 4294967296.0);
+        unsigned long long p = smp_mul_shr32_ceil(qk, pq);
+        if (smp_select(xr, n, m, t, kk, min_p, false, p == 0 ? 0 : p - 1, kc, sh)) kp = kc;
+    }
+    unsigned long long qn = smp_sum(xr, n, m, t, kp, min_p, sh);
+    unsigned long long target = __umul64hi(R, qn);
+    bool ok = smp_select(xr, n, m, t, kp, min_p, false, target, kc, sh);
+    if (threadIdx.x == 0) out[row] = ok ? (int)(~(unsigned int)(kc & 0xffffffffull)) : -1;
+}
+
+// In place on x [rows, n]: for each of the m (token, count) slots of a row (tokens outside
+// 0..n are padding; a token at most once per row), the repetition penalty then
+// x -= presence + frequency * count; params [rows, 3] = (repetition, presence, frequency).
+extern "C" __global__ void penalties_f32(float* x, const int* toks, const int* counts,
+                                         const float* params, long n, int m) {
+    const long row = blockIdx.x;
+    const float rp = params[3 * row], pres = params[3 * row + 1], freq = params[3 * row + 2];
+    for (int j = threadIdx.x; j < m; j += blockDim.x) {
+        int tk = toks[row * m + j];
+        if (tk < 0 || (long)tk >= n) continue;
+        int c = counts[row * m + j];
+        if (c < 0) c = 0;
+        float* p = x + row * n + tk;
+        float v = *p;
+        if (rp != 1.0f) v = v > 0.0f ? __fdiv_rn(v, rp) : __fmul_rn(v, rp);
+        *p = __fsub_rn(v, __fadd_rn(pres, __fmul_rn(freq, (float)c)));
+    }
+}

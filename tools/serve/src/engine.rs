@@ -12,7 +12,7 @@
 //! tokens (their prefill is skipped).
 
 use crate::metrics::Metrics;
-use fastllm::generate::{Llm, Sampler, SamplingParams};
+use fastllm::generate::{Llm, SampleRow, Sampler, SamplingParams};
 use fastllm::model::{PagedKvPool, PagedSeqState};
 use fastllm::tokenizer::StreamState;
 use std::collections::VecDeque;
@@ -517,22 +517,24 @@ impl Scheduler {
                 .zip(&toks)
                 .map(|((_, _, st), t)| (st, t.as_slice()))
                 .collect();
-            // every sequence greedy without penalties: select on the device, so only the ids
-            // come back (on a GPU, not rows x vocabulary logits)
-            let greedy = plan
+            // one pick per item, made where the logits are (on a GPU only the ids come back);
+            // items that do not end their prompt here get a greedy row whose pick is dropped,
+            // so their sampler's random stream does not move
+            let rows: Vec<SampleRow> = plan
                 .iter()
-                .all(|&(i, _)| is_plain_greedy(self.running[i].sampler.params()));
-            let r = if greedy {
-                self.llm
-                    .model
-                    .forward_paged_greedy(&mut self.pool, &mut batch)
-                    .map(StepOut::Ids)
-            } else {
-                self.llm
-                    .model
-                    .forward_paged(&mut self.pool, &mut batch)
-                    .map(StepOut::Logits)
-            };
+                .map(|&(i, n)| {
+                    let s = &mut self.running[i];
+                    if s.fed + n >= s.tokens.len() {
+                        s.sampler.next_row(&s.tokens)
+                    } else {
+                        SampleRow::greedy()
+                    }
+                })
+                .collect();
+            let r = self
+                .llm
+                .model
+                .forward_paged_sample(&mut self.pool, &mut batch, &rows);
             drop(batch);
             for (i, _, st) in states {
                 self.running[i].state = st;
@@ -566,16 +568,10 @@ impl Scheduler {
             if s.fed < s.tokens.len() {
                 continue; // prompt chunk, or recomputing after preemption
             }
-            let picked = match &out {
-                StepOut::Ids(ids) => ids
-                    .get(k)
-                    .copied()
-                    .ok_or_else(|| fastllm::Error::invalid("greedy step returned too few ids")),
-                StepOut::Logits(rows) => match rows.get(k) {
-                    Some(l) => s.sampler.sample(l, &s.tokens),
-                    None => Err(fastllm::Error::invalid("step returned too few logits rows")),
-                },
-            };
+            let picked = out
+                .get(k)
+                .copied()
+                .ok_or_else(|| fastllm::Error::invalid("step returned too few ids"));
             let tok = match picked {
                 Ok(t) => t,
                 Err(e) => {
@@ -681,21 +677,6 @@ impl Scheduler {
             self.finish(s, ev);
         }
     }
-}
-
-/// What one batched step gave: logits rows to sample from, or greedy ids.
-enum StepOut {
-    Logits(Vec<Vec<f32>>),
-    Ids(Vec<u32>),
-}
-
-/// True when `p` picks the argmax of the raw logits (temperature 0, no penalties), so the
-/// model may select on the device.
-fn is_plain_greedy(p: &SamplingParams) -> bool {
-    p.temperature == 0.0
-        && p.repetition_penalty == 1.0
-        && p.presence_penalty == 0.0
-        && p.frequency_penalty == 0.0
 }
 
 #[cfg(test)]

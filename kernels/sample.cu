@@ -6,9 +6,10 @@
 // 64-bit integers whose sums do not depend on the order of additions, and the element order is
 // the 64-bit key (f32 total-order key << 32 | ~index).
 //
-// The selections (top-k cutoff, nucleus cutoff, the pick) are radix selects over that key,
-// 8 bits per pass over the row, with a 256-bin histogram of weights in shared memory; a pass
-// stops early once its bin holds a single element.
+// The selections (top-k cutoff, nucleus cutoff, the pick) are one histogram pass over 2048
+// coarse buckets of the scaled logit (a monotone function of the key, so the chosen bucket is a
+// run of the key order), then radix passes over the 64-bit key (8 bits each) inside that
+// bucket until a bin holds a single element. Histograms of integer weights in shared memory.
 
 #define SMP_WSCALE 1099511627776.0f  // 2^40
 
@@ -40,10 +41,10 @@ __device__ __forceinline__ float smp_exp(float x) {
     return __fmul_rn(p, __int_as_float(((int)n + 127) << 23));
 }
 
-// (w, q) of logit v for row maximum m and temperature t > 0.
-__device__ __forceinline__ void smp_weight(float v, float m, float t, float& w,
+// (x, w, q) of logit v for row maximum m and temperature t > 0.
+__device__ __forceinline__ void smp_weight(float v, float m, float t, float& x, float& w,
                                            unsigned long long& q) {
-    float x = __fdiv_rn(__fsub_rn(v, m), t);
+    x = __fdiv_rn(__fsub_rn(v, m), t);
     if (!(x >= -28.0f)) {
         w = 0.0f;
         q = 0;
@@ -53,9 +54,18 @@ __device__ __forceinline__ void smp_weight(float v, float m, float t, float& w,
     q = __float2ull_rz(__fmul_rn(w, SMP_WSCALE));
 }
 
+// Coarse buckets of the scaled logit x in [-28, 0]: bucket 0 holds the largest logits. A
+// non-increasing function of the logit, so each bucket is a contiguous run of the key order;
+// it spreads the first histogram of a select over many bins (few same-address atomics).
+#define SMP_BUCKETS 2048
+__device__ __forceinline__ int smp_bucket(float x) {
+    int b = (int)floorf(__fmul_rn(-x, 73.14285714f));  // 2048 / 28
+    return b > SMP_BUCKETS - 1 ? SMP_BUCKETS - 1 : b;
+}
+
 struct SmpShared {
-    unsigned long long hist[256];
-    unsigned int cnt[256];
+    unsigned long long hist[SMP_BUCKETS];
+    unsigned int cnt[SMP_BUCKETS];
     unsigned long long sum;
     unsigned long long sel_above;
     unsigned long long sel_key;
@@ -80,9 +90,9 @@ __device__ unsigned long long smp_sum(const float* xr, long n, float m, float t,
     for (long i = threadIdx.x; i < n; i += blockDim.x) {
         float v = xr[i];
         if (smp_key(v, i) < kmin) continue;
-        float w;
+        float x, w;
         unsigned long long q;
-        smp_weight(v, m, t, w, q);
+        smp_weight(v, m, t, x, w, q);
         if (q != 0 && w >= minp) s += q;
     }
     s = smp_warp_sum(s);
@@ -93,14 +103,75 @@ __device__ unsigned long long smp_sum(const float* xr, long n, float m, float t,
     return r;
 }
 
+// Warp 0 walks sh.hist[0..nbins) (nbins a multiple of 32) from bin 0 on, starting at `above`:
+// the first bin at which the running sum exceeds thr goes to sh.sel_d (-1: none), the sum
+// before it to sh.sel_above, and whether it holds one element to sh.sel_single. The caller
+// synchronizes before and after.
+__device__ void smp_find(SmpShared& sh, int nbins, unsigned long long above,
+                         unsigned long long thr) {
+    if (threadIdx.x >= 32) return;
+    const int lane = threadIdx.x, per = nbins / 32;
+    unsigned long long s = 0;
+    for (int j = 0; j < per; j++) s += sh.hist[lane * per + j];
+    unsigned long long incl = s;
+    for (int o = 1; o < 32; o <<= 1) {
+        unsigned long long v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+    }
+    unsigned int hit = __ballot_sync(0xffffffffu, above + incl > thr);
+    if (hit == 0) {
+        if (lane == 0) sh.sel_d = -1;
+        return;
+    }
+    int l = __ffs(hit) - 1;
+    if (lane == l) {
+        unsigned long long a = above + incl - s;
+        int d = lane * per;
+        for (int j = 0; j < per; j++, d++) {
+            if (a + sh.hist[d] > thr) break;
+            a += sh.hist[d];
+        }
+        sh.sel_d = d;
+        sh.sel_above = a;
+        sh.sel_single = sh.cnt[d] == 1u;
+    }
+}
+
 // Among elements with q > 0, key >= kmin and w >= minp, in descending key order: the key of the
 // first at which the running weight (1 each when `count`, else q) exceeds thr. False when the
-// total is at most thr.
+// total is at most thr. First a histogram over the coarse buckets, then radix passes over the
+// key (8 bits each) inside the chosen bucket, until a bin holds one element.
 __device__ bool smp_select(const float* xr, long n, float m, float t, unsigned long long kmin,
                            float minp, bool count, unsigned long long thr,
                            unsigned long long& kc, SmpShared& sh) {
-    unsigned long long prefix = 0, above = 0;
-    for (int shift = 56; shift >= 0; shift -= 8) {
+    for (int j = threadIdx.x; j < SMP_BUCKETS; j += blockDim.x) {
+        sh.hist[j] = 0;
+        sh.cnt[j] = 0;
+    }
+    __syncthreads();
+    for (long i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = xr[i];
+        if (smp_key(v, i) < kmin) continue;
+        float x, w;
+        unsigned long long q;
+        smp_weight(v, m, t, x, w, q);
+        if (q == 0 || !(w >= minp)) continue;
+        int b = smp_bucket(x);
+        atomicAdd(&sh.hist[b], count ? 1ull : q);
+        atomicAdd(&sh.cnt[b], 1u);
+    }
+    __syncthreads();
+    smp_find(sh, SMP_BUCKETS, 0, thr);
+    __syncthreads();
+    const int bucket = sh.sel_d;
+    int single = sh.sel_single;
+    unsigned long long above = sh.sel_above;
+    __syncthreads();
+    if (bucket < 0) return false;
+    unsigned long long prefix = 0;
+    int shift = 64;  // bits of the key fixed so far: those above `shift`
+    while (!single && shift > 0) {
+        shift -= 8;
         unsigned long long hmask = shift == 56 ? 0ull : (~0ull << (shift + 8));
         for (int j = threadIdx.x; j < 256; j += blockDim.x) {
             sh.hist[j] = 0;
@@ -111,56 +182,43 @@ __device__ bool smp_select(const float* xr, long n, float m, float t, unsigned l
             float v = xr[i];
             unsigned long long k = smp_key(v, i);
             if (k < kmin || (k & hmask) != prefix) continue;
-            float w;
+            float x, w;
             unsigned long long q;
-            smp_weight(v, m, t, w, q);
-            if (q == 0 || !(w >= minp)) continue;
-            int d = (int)((k >> shift) & 255ull);
+            smp_weight(v, m, t, x, w, q);
+            if (q == 0 || !(w >= minp) || smp_bucket(x) != bucket) continue;
+            // bins in descending key order: bin 0 holds the largest digit
+            int d = 255 - (int)((k >> shift) & 255ull);
             atomicAdd(&sh.hist[d], count ? 1ull : q);
             atomicAdd(&sh.cnt[d], 1u);
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-            int dd = -1;
-            unsigned long long a = above;
-            for (int d = 255; d >= 0; d--) {
-                if (a + sh.hist[d] > thr) {
-                    dd = d;
-                    break;
-                }
-                a += sh.hist[d];
-            }
-            sh.sel_d = dd;
-            sh.sel_above = a;
-            sh.sel_single = dd >= 0 && sh.cnt[dd] == 1u;
-        }
+        smp_find(sh, 256, above, thr);
         __syncthreads();
         int d = sh.sel_d;
-        int single = sh.sel_single;
+        single = sh.sel_single;
         above = sh.sel_above;
         __syncthreads();
-        if (d < 0) return false;
-        prefix |= (unsigned long long)d << shift;
-        if (shift == 0) break;
-        if (single) {
-            // the only element under this prefix: find its whole key
-            unsigned long long pmask = ~0ull << shift;
-            for (long i = threadIdx.x; i < n; i += blockDim.x) {
-                float v = xr[i];
-                unsigned long long k = smp_key(v, i);
-                if (k < kmin || (k & pmask) != prefix) continue;
-                float w;
-                unsigned long long q;
-                smp_weight(v, m, t, w, q);
-                if (q != 0 && w >= minp) sh.sel_key = k;
-            }
-            __syncthreads();
-            kc = sh.sel_key;
-            __syncthreads();
-            return true;
-        }
+        if (d < 0) return false;  // cannot happen: the bucket's total exceeds thr
+        prefix |= (unsigned long long)(255 - d) << shift;
     }
-    kc = prefix;
+    if (shift == 0) {
+        kc = prefix;
+        return true;
+    }
+    // the only element under this prefix (in this bucket): find its whole key
+    unsigned long long pmask = shift == 64 ? 0ull : (~0ull << shift);
+    for (long i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = xr[i];
+        unsigned long long k = smp_key(v, i);
+        if (k < kmin || (k & pmask) != prefix) continue;
+        float x, w;
+        unsigned long long q;
+        smp_weight(v, m, t, x, w, q);
+        if (q != 0 && w >= minp && smp_bucket(x) == bucket) sh.sel_key = k;
+    }
+    __syncthreads();
+    kc = sh.sel_key;
+    __syncthreads();
     return true;
 }
 
@@ -175,7 +233,7 @@ __device__ __forceinline__ unsigned long long smp_mul_shr32_ceil(unsigned long l
 // x [rows, n] logits; params [rows, 4] = (temperature, top_k, top_p, min_p); rnd [rows, 2] =
 // the random word (low, high 32 bits); out [rows] = token id, or -1 for a row with NaN/+Inf,
 // only -Inf, or a bad temperature.
-extern "C" __global__ void sample_f32(const float* x, const float* params, const int* rnd,
+extern "C" __global__ void __launch_bounds__(1024) sample_f32(const float* x, const float* params, const int* rnd,
                                       int* out, long n) {
     __shared__ SmpShared sh;
     const long row = blockIdx.x;

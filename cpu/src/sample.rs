@@ -284,17 +284,13 @@ pub fn sample_row(x: &[f32], p: &RowParams) -> i32 {
         set = &mut set[..k];
     }
     let qk: u64 = set.iter().map(|e| e.q).sum();
-    // min-p: move the kept ones to the front
-    let mut kept = set.len();
-    if p.min_p > 0.0 {
-        let mut j = 0;
-        for i in 0..set.len() {
-            if set[i].w >= p.min_p {
-                set.swap(i, j);
-                j += 1;
-            }
+    // min-p: move the kept ones to the front (a NaN min_p keeps none, as in the reference)
+    let mut kept = 0;
+    for i in 0..set.len() {
+        if set[i].w >= p.min_p {
+            set.swap(i, kept);
+            kept += 1;
         }
-        kept = j;
     }
     let mut nucleus = &mut set[..kept];
     if p.top_p < 1.0 {
@@ -430,6 +426,8 @@ mod tests {
                 (2.0, 0, 0.3, 0.2),
                 (0.0, 0, 1.0, 0.0),
                 (1.0, 1, 1.0, 0.0),
+                (1.0, 0, 1.0, f32::NAN),
+                (1.0, 3, f32::NAN, 0.0),
             ] {
                 for s in 0..6u64 {
                     let ps: Vec<RowParams> = (0..rows as u64)
@@ -439,7 +437,9 @@ mod tests {
                     sample_ref(&x, n, &ps, &mut a);
                     sample(&th, &x, n, &ps, &mut b);
                     assert_eq!(a, b, "{rows}x{n} t={t} k={k} p={tp} min_p={mp} s={s}");
-                    assert!(a.iter().all(|&v| v >= 0 && (v as usize) < n));
+                    if !mp.is_nan() {
+                        assert!(a.iter().all(|&v| v >= 0 && (v as usize) < n));
+                    }
                 }
             }
         }
@@ -502,6 +502,170 @@ mod tests {
             let p = ((x[i] / t) as f64).exp() / z;
             let f = seen[i] as f64 / n as f64;
             assert!((f - p).abs() < 0.015, "token {i}: {f} vs {p}");
+        }
+    }
+
+    /// A sequential model of the GPU kernel's selection (kernels/sample.cu: coarse buckets of
+    /// the scaled logit, then 8-bit radix passes over the key inside the chosen bucket, early
+    /// exit on a single element): it must pick what the definition picks.
+    mod gpu_model {
+        use super::super::*;
+        use super::{params, rnd};
+        use crate::testutil::vals;
+
+        fn bucket(x: f32) -> usize {
+            ((-x * 73.142_86_f32).floor() as usize).min(2047)
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        fn select(
+            x: &[f32],
+            m: f32,
+            t: f32,
+            kmin: u64,
+            minp: f32,
+            count: bool,
+            thr: u64,
+        ) -> Option<u64> {
+            let elems: Vec<(u64, f32, f32, u64)> = x
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    let xx = (v - m) / t;
+                    let (w, q) = weight(v, m, t);
+                    (order_key(v, i), xx, w, q)
+                })
+                .filter(|&(k, _, w, q)| k >= kmin && q != 0 && w >= minp)
+                .collect();
+            let wt = |q: u64| if count { 1 } else { q };
+            let mut hist = vec![(0u64, 0u32); 2048];
+            for &(_, xx, _, q) in &elems {
+                let b = bucket(xx);
+                hist[b].0 += wt(q);
+                hist[b].1 += 1;
+            }
+            let mut above = 0u64;
+            let b = (0..2048).find(|&b| {
+                if above + hist[b].0 > thr {
+                    true
+                } else {
+                    above += hist[b].0;
+                    false
+                }
+            })?;
+            let mut single = hist[b].1 == 1;
+            let mut prefix = 0u64;
+            let mut shift = 64;
+            while !single && shift > 0 {
+                shift -= 8;
+                let hmask = if shift == 56 { 0 } else { !0u64 << (shift + 8) };
+                let mut h = vec![(0u64, 0u32); 256];
+                for &(k, xx, _, q) in &elems {
+                    if k & hmask == prefix && bucket(xx) == b {
+                        let d = 255 - ((k >> shift) & 255) as usize;
+                        h[d].0 += wt(q);
+                        h[d].1 += 1;
+                    }
+                }
+                let d = (0..256).find(|&d| {
+                    if above + h[d].0 > thr {
+                        true
+                    } else {
+                        above += h[d].0;
+                        false
+                    }
+                })?;
+                single = h[d].1 == 1;
+                prefix |= ((255 - d) as u64) << shift;
+            }
+            if shift == 0 {
+                return Some(prefix);
+            }
+            let pmask = if shift == 64 { 0 } else { !0u64 << shift };
+            elems
+                .iter()
+                .find(|&&(k, xx, _, _)| k & pmask == prefix && bucket(xx) == b)
+                .map(|e| e.0)
+        }
+
+        fn sample_row_gpu(x: &[f32], p: &RowParams) -> i32 {
+            let Some(m) = row_max(x) else {
+                return -1;
+            };
+            let t = p.temperature;
+            if !(t >= 0.0 && t.is_finite()) {
+                return -1;
+            }
+            if t == 0.0 {
+                return argmax_key(x);
+            }
+            let sum = |kmin: u64, minp: f32| -> u64 {
+                x.iter()
+                    .enumerate()
+                    .filter(|&(i, &v)| order_key(v, i) >= kmin)
+                    .map(|(_, &v)| weight(v, m, t))
+                    .filter(|&(w, q)| q != 0 && w >= minp)
+                    .map(|(_, q)| q)
+                    .sum()
+            };
+            let mut kk = 0;
+            if p.top_k >= 1 {
+                if let Some(k) = select(x, m, t, 0, 0.0, true, p.top_k as u64 - 1) {
+                    kk = k;
+                }
+            }
+            let mut kp = kk;
+            if p.top_p < 1.0 {
+                let pt = top_p_threshold(sum(kk, 0.0), p.top_p);
+                if let Some(k) = select(x, m, t, kk, p.min_p, false, pt.saturating_sub(1)) {
+                    kp = k;
+                }
+            }
+            let target = mul_hi(p.random, sum(kp, p.min_p));
+            match select(x, m, t, kp, p.min_p, false, target) {
+                Some(k) => !(k as u32) as i32,
+                None => -1,
+            }
+        }
+
+        #[test]
+        fn gpu_algorithm_matches_reference() {
+            for (rows, n, lo, hi) in [
+                (6usize, 7usize, -1.0f32, 1.0f32),
+                (6, 1000, -4.0, 4.0),
+                (3, 20000, -1.0, 1.0),
+                (6, 300, -60.0, 60.0),
+            ] {
+                let mut x = vals(rows * n, n as u64 + 3, lo, hi);
+                if n > 10 {
+                    for (j, e) in x[n..2 * n].iter_mut().enumerate() {
+                        *e = (j % 3) as f32 * 0.25; // ties
+                    }
+                    x[2 * n..3 * n].fill(0.5); // all equal
+                    x[7] = f32::NEG_INFINITY;
+                }
+                for (t, k, tp, mp) in [
+                    (1.0, 0, 1.0, 0.0),
+                    (0.7, 0, 0.9, 0.0),
+                    (1.3, 40, 1.0, 0.0),
+                    (0.5, 5, 0.5, 0.05),
+                    (2.0, 0, 0.3, 0.2),
+                    (1.0, 1, 1.0, 0.0),
+                    (0.8, 1000, 0.95, 0.01),
+                ] {
+                    for s in 0..4u64 {
+                        for r in 0..rows {
+                            let p = params(t, k, tp, mp, rnd(s * 977 + r as u64));
+                            let row = &x[r * n..(r + 1) * n];
+                            assert_eq!(
+                                sample_row_gpu(row, &p),
+                                sample_row_ref(row, &p),
+                                "{rows}x{n} row {r} t={t} k={k} p={tp} min_p={mp} s={s}"
+                            );
+                        }
+                    }
+                }
+            }
         }
     }
 

@@ -7,7 +7,8 @@
 //! 2. `T == 0`: the argmax in the order below (largest logit, lowest index on ties).
 //! 3. Order: every element gets the 64-bit key `K = (fkey(l) << 32) | !index`, where [`fkey`]
 //!    maps the f32 total order onto u32; larger `K` first. Keys are distinct.
-//! 4. Weights: `m` = the largest logit, `x = (l - m) / T` (IEEE f32), `w = exp_det(x)` with
+//! 4. Weights: `m` = the largest logit, `x = (l - m) · (1 / T)` (IEEE f32; 0 where `l = m`),
+//!    `w = exp_det(x)` with
 //!    [`exp_det`] (only IEEE f32 add/mul, so the GPU reproduces it bit for bit) and the integer
 //!    weight `q = floor(w · 2^40)` (0 when `x < -28`). Integer sums are exact in any order. The
 //!    largest logit has `w = 1`, `q = 2^40`. Elements with `q = 0` (probability below about
@@ -92,10 +93,11 @@ pub fn exp_det(x: f32) -> f32 {
     p * f32::from_bits((((n as i32) + 127) as u32) << 23)
 }
 
-/// `(w, q)` of a logit `v` given the row maximum `m` and temperature `t > 0`.
+/// `(w, q)` of a logit `v` given the row maximum `m` and `inv_t = 1 / temperature` (f32).
 #[inline]
-pub fn weight(v: f32, m: f32, t: f32) -> (f32, u64) {
-    let x = (v - m) / t;
+pub fn weight(v: f32, m: f32, inv_t: f32) -> (f32, u64) {
+    let d = v - m;
+    let x = if d == 0.0 { 0.0 } else { d * inv_t };
     if x.is_nan() || x < MIN_X {
         return (0.0, 0);
     }
@@ -176,9 +178,10 @@ pub fn sample_row_ref(x: &[f32], p: &RowParams) -> i32 {
     if p.temperature == 0.0 {
         return argmax_key(x);
     }
+    let inv_t = 1.0 / p.temperature;
     let mut c: Vec<Cand> = Vec::new();
     for (i, &v) in x.iter().enumerate() {
-        let (w, q) = weight(v, m, p.temperature);
+        let (w, q) = weight(v, m, inv_t);
         if q > 0 {
             c.push(Cand {
                 k: order_key(v, i),
@@ -266,9 +269,10 @@ pub fn sample_row(x: &[f32], p: &RowParams) -> i32 {
     if p.temperature == 0.0 {
         return argmax_key(x);
     }
+    let inv_t = 1.0 / p.temperature;
     let mut c: Vec<Cand> = Vec::with_capacity(x.len().min(4096));
     for (i, &v) in x.iter().enumerate() {
-        let (w, q) = weight(v, m, p.temperature);
+        let (w, q) = weight(v, m, inv_t);
         if q > 0 {
             c.push(Cand {
                 k: order_key(v, i),
@@ -400,7 +404,11 @@ mod tests {
             x -= 0.0137;
         }
         assert_eq!(exp_det(0.0), 1.0);
-        assert_eq!(weight(3.0, 3.0, 0.7), (1.0, 1u64 << 40));
+        assert_eq!(weight(3.0, 3.0, 1.0 / 0.7), (1.0, 1u64 << 40));
+        // a subnormal temperature: only the maximum keeps a weight
+        let it = 1.0 / 1e-40f32;
+        assert_eq!(weight(3.0, 3.0, it), (1.0, 1u64 << 40));
+        assert_eq!(weight(2.0, 3.0, it).1, 0);
     }
 
     #[test]
@@ -427,6 +435,7 @@ mod tests {
                 (0.0, 0, 1.0, 0.0),
                 (1.0, 1, 1.0, 0.0),
                 (1.0, 0, 1.0, f32::NAN),
+                (1e-40, 0, 0.9, 0.0),
                 (1.0, 3, f32::NAN, 0.0),
             ] {
                 for s in 0..6u64 {
@@ -531,7 +540,8 @@ mod tests {
                 .iter()
                 .enumerate()
                 .map(|(i, &v)| {
-                    let xx = (v - m) / t;
+                    let d = v - m;
+                    let xx = if d == 0.0 { 0.0 } else { d * t };
                     let (w, q) = weight(v, m, t);
                     (order_key(v, i), xx, w, q)
                 })
@@ -592,13 +602,13 @@ mod tests {
             let Some(m) = row_max(x) else {
                 return -1;
             };
-            let t = p.temperature;
-            if !(t >= 0.0 && t.is_finite()) {
+            if !(p.temperature >= 0.0 && p.temperature.is_finite()) {
                 return -1;
             }
-            if t == 0.0 {
+            if p.temperature == 0.0 {
                 return argmax_key(x);
             }
+            let t = 1.0 / p.temperature; // `select` and `sum` take 1 / temperature
             let sum = |kmin: u64, minp: f32| -> u64 {
                 x.iter()
                     .enumerate()

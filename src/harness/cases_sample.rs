@@ -9,7 +9,7 @@ use crate::data::Data;
 use crate::data::DataType::{F32, I32};
 
 /// Parameter sets (temperature, top_k, top_p, min_p) cycled over the rows.
-const SETS: [(f32, f32, f32, f32); 8] = [
+const SETS: [(f32, f32, f32, f32); 9] = [
     (1.0, 0.0, 1.0, 0.0),
     (0.7, 0.0, 0.9, 0.0),
     (0.0, 0.0, 1.0, 0.0),
@@ -18,6 +18,7 @@ const SETS: [(f32, f32, f32, f32); 8] = [
     (1.2, 0.0, 1.0, 0.05),
     (0.5, 5.0, 0.5, 0.1),
     (2.0, 1000.0, 0.3, 0.0),
+    (1e-40, 0.0, 0.9, 0.0),
 ];
 
 fn tables(rng: &mut CaseRng, rows: usize, first_set: usize) -> (Data, Data) {

@@ -139,3 +139,31 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Llm> {
         name,
     })
 }
+
+/// A random-weight model of the shape `name` (one of `model::synthetic::KNOWN`) with matrix
+/// weights in `dtype` (`f16`, `int8`, `int4`), built directly for `opts.device`, with the
+/// byte-level stand-in tokenizer of `model::synthetic::tokenizer_spec` (ids 0..255 are bytes;
+/// other ids decode to a fixed piece) and the ChatML template. For measuring speed end to end
+/// (`fastllm serve --synthetic`); its text is meaningless. Unknown names or dtypes are an
+/// `Err` listing the known ones.
+pub fn load_synthetic(name: &str, dtype: &str, opts: &LoadOptions) -> Result<Llm> {
+    use crate::model::synthetic;
+    let config = synthetic::config(name)?;
+    let dt = synthetic::weight_dtype(dtype)?;
+    let tokenizer = Tokenizer::new(synthetic::tokenizer_spec(&config)?)?;
+    let source = Arc::new(crate::model::SyntheticSource::new(&config, dt)?);
+    let model = model_for(
+        config,
+        source,
+        &opts.device,
+        opts.threads,
+        opts.precision,
+        opts.low_memory,
+    )?;
+    Ok(Llm {
+        model,
+        tokenizer,
+        chat_template: crate::generate::chat::CHATML.to_string(),
+        name: format!("{name}-{dtype}-synthetic"),
+    })
+}

@@ -427,3 +427,227 @@ fn paged_greedy_equals_argmax_of_paged_logits() {
         }
     }
 }
+
+fn sampling_sets() -> Vec<SamplingParams> {
+    vec![
+        SamplingParams::default(),
+        SamplingParams {
+            temperature: 0.7,
+            top_p: 0.9,
+            seed: 11,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 1.3,
+            top_k: 7,
+            min_p: 0.02,
+            seed: 12,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 0.9,
+            repetition_penalty: 1.3,
+            presence_penalty: 0.4,
+            frequency_penalty: 0.2,
+            seed: 13,
+            ..Default::default()
+        },
+        SamplingParams {
+            repetition_penalty: 1.5,
+            ..Default::default()
+        },
+    ]
+}
+
+/// `forward_paged_sample` picks exactly what the host sampler picks from `forward_paged`'s rows
+/// with the same seeds, step after step, greedy and sampled rows (with penalties) mixed in one
+/// batch; a wrong number of rows is an error.
+#[test]
+fn paged_sample_equals_host_sampler_on_paged_logits() {
+    use fastllm::generate::Sampler;
+    for arch in ["llama", "qwen3"] {
+        let m = llm(arch, false);
+        let sets = sampling_sets();
+        let prompts: Vec<Vec<u32>> = (0..sets.len() as u32)
+            .map(|i| (0..3 + i).map(|k| 1 + (i * 37 + k * 11) % 400).collect())
+            .collect();
+        let n = sets.len();
+        let mut pa = PagedKvPool::new(&m.model, 32, 4).unwrap();
+        let mut pb = PagedKvPool::new(&m.model, 32, 4).unwrap();
+        let mut sa: Vec<PagedSeqState> = (0..n).map(|_| PagedSeqState::new()).collect();
+        let mut sb: Vec<PagedSeqState> = (0..n).map(|_| PagedSeqState::new()).collect();
+        let mut ha: Vec<Sampler> = sets
+            .iter()
+            .map(|p| Sampler::new(p.clone()).unwrap())
+            .collect();
+        let mut hb: Vec<Sampler> = sets
+            .iter()
+            .map(|p| Sampler::new(p.clone()).unwrap())
+            .collect();
+        let mut hist: Vec<Vec<u32>> = prompts.clone();
+        let mut next: Vec<Vec<u32>> = prompts.clone();
+        for step in 0..6 {
+            let want: Vec<u32> = {
+                let mut batch: Vec<(&mut PagedSeqState, &[u32])> =
+                    sa.iter_mut().zip(&next).map(|(s, t)| (s, &t[..])).collect();
+                let rows = m.model.forward_paged(&mut pa, &mut batch).unwrap();
+                rows.iter()
+                    .zip(ha.iter_mut())
+                    .zip(&hist)
+                    .map(|((r, s), h)| s.sample(r, h).unwrap())
+                    .collect()
+            };
+            let got = {
+                let rows: Vec<_> = hb
+                    .iter_mut()
+                    .zip(&hist)
+                    .map(|(s, h)| s.next_row(h))
+                    .collect();
+                let mut batch: Vec<(&mut PagedSeqState, &[u32])> =
+                    sb.iter_mut().zip(&next).map(|(s, t)| (s, &t[..])).collect();
+                assert!(m
+                    .model
+                    .forward_paged_sample(&mut pb, &mut batch, &rows[..1])
+                    .is_err());
+                m.model
+                    .forward_paged_sample(&mut pb, &mut batch, &rows)
+                    .unwrap()
+            };
+            assert_eq!(got, want, "{arch} step {step}");
+            assert_eq!(pa.free_blocks(), pb.free_blocks(), "{arch} step {step}");
+            for (h, &t) in hist.iter_mut().zip(&got) {
+                h.push(t);
+            }
+            next = got.iter().map(|&t| vec![t]).collect();
+        }
+    }
+}
+
+/// `Session::generate` (which runs each step and its pick together, where the logits are)
+/// gives the tokens of the plain loop of `eval` and `Sampler::sample` on host logits.
+#[test]
+fn generate_equals_eval_and_host_sampling() {
+    use fastllm::generate::Sampler;
+    let m = llm("llama", false);
+    for params in sampling_sets() {
+        let gp = GenerateParams {
+            max_new_tokens: 10,
+            sampling: params.clone(),
+            ..Default::default()
+        };
+        let mut s = Session::new(m.clone(), 0).unwrap();
+        let g = s.generate("Hello there", &gp, &mut |_, _| true).unwrap();
+        // after generate, logits() still gives the last step's logits
+        assert_eq!(s.logits().len(), 512);
+        let mut h = Session::new(m.clone(), 0).unwrap();
+        let prompt = m.tokenizer.encode("Hello there", true, false).unwrap();
+        h.eval(&prompt).unwrap();
+        let mut smp = Sampler::new(params.clone()).unwrap();
+        let eos = m.eos_ids();
+        let mut toks = Vec::new();
+        for i in 0..10 {
+            let t = h.sample(&mut smp).unwrap();
+            if eos.contains(&t) {
+                break;
+            }
+            toks.push(t);
+            if i + 1 < 10 {
+                h.eval(&[t]).unwrap();
+            }
+        }
+        assert_eq!(g.tokens, toks, "{params:?}");
+    }
+}
+
+/// The `Sample` and `ApplyPenalties` ops through an executor: top-k 1 and temperature 0 are the
+/// argmax, top-p keeps only the nucleus, the same random word gives the same token, bad rows
+/// give -1, and the ops equal the host sampler.
+#[test]
+fn sample_ops_select_as_specified() {
+    use fastllm::generate::{sample_logits, Penalties, SampleRow};
+    use fastllm::{DataDict, FloatDict, IntDict};
+    let e = Executor::cpu(2).unwrap();
+    let run = |x: &[f32], n: usize, rows: &[(f32, f32, f32, f32, u64)]| -> Vec<i32> {
+        let r = rows.len();
+        let x = Data::from_f32(&[r, n], x).unwrap();
+        let p: Vec<f32> = rows.iter().flat_map(|q| [q.0, q.1, q.2, q.3]).collect();
+        let w: Vec<i32> = rows
+            .iter()
+            .flat_map(|q| [q.4 as u32 as i32, (q.4 >> 32) as u32 as i32])
+            .collect();
+        let p = Data::from_f32(&[r, 4], &p).unwrap();
+        let w = Data::from_i32(&[r, 2], &w).unwrap();
+        let mut out = Data::empty(DataType::I32);
+        let mut d = DataDict::new()
+            .with("input", &x)
+            .with("params", &p)
+            .with("random", &w)
+            .with_mut("output", &mut out);
+        e.run("Sample", &mut d, &FloatDict::new(), &IntDict::new())
+            .unwrap();
+        out.as_i32().unwrap().to_vec()
+    };
+    let n = 1000;
+    let mut x: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 / 250.0).collect();
+    x[123] = 9.0; // a clear best
+    let argmax = 123;
+    for s in 0..20u64 {
+        let w = s.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        assert_eq!(run(&x, n, &[(1.0, 1.0, 1.0, 0.0, w)]), [argmax]);
+        assert_eq!(run(&x, n, &[(0.0, 0.0, 1.0, 0.0, w)]), [argmax]);
+        // nucleus of 0.5 at temperature 0.5: 9.0 holds far more than half the mass
+        assert_eq!(run(&x, n, &[(0.5, 0.0, 0.5, 0.0, w)]), [argmax]);
+        // top-k 3 of a row whose three best are known
+        let mut y = x.clone();
+        y[5] = 8.9;
+        y[6] = 8.8;
+        let t = run(&y, n, &[(3.0, 3.0, 1.0, 0.0, w)])[0];
+        assert!([123, 5, 6].contains(&t), "{t}");
+        // determinism: same word, same token; rows are independent
+        let yy = [y.clone(), y.clone()].concat();
+        let a = run(&yy, n, &[(5.0, 0.0, 1.0, 0.0, w), (5.0, 0.0, 1.0, 0.0, w)]);
+        assert_eq!(a[0], a[1]);
+        let row = SampleRow {
+            temperature: 5.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            random: w,
+            penalties: None,
+        };
+        assert_eq!(sample_logits(&y, &row).unwrap() as i32, a[0]);
+    }
+    let mut bad = x.clone();
+    bad[3] = f32::NAN;
+    assert_eq!(run(&bad, n, &[(1.0, 0.0, 1.0, 0.0, 1)]), [-1]);
+    assert!(sample_logits(&bad, &SampleRow::greedy())
+        .unwrap_err()
+        .to_string()
+        .contains("NaN"));
+    // ApplyPenalties in place equals the host sampler's penalties
+    let mut l = Data::from_f32(&[1, n], &x).unwrap();
+    let toks = Data::from_i32(&[1, 2], &[123, 7]).unwrap();
+    let counts = Data::from_i32(&[1, 2], &[3, 1]).unwrap();
+    let pp = Data::from_f32(&[1, 3], &[2.0, 0.5, 1.0]).unwrap();
+    let mut d = DataDict::new()
+        .with_mut("input", &mut l)
+        .with("tokens", &toks)
+        .with("counts", &counts)
+        .with("params", &pp);
+    e.run("ApplyPenalties", &mut d, &FloatDict::new(), &IntDict::new())
+        .unwrap();
+    let l = l.to_f32_vec().unwrap();
+    assert_eq!(l[123], 9.0 / 2.0 - (0.5 + 3.0));
+    assert_eq!(l[7], x[7] / 2.0 - 1.5);
+    let row = SampleRow {
+        penalties: Some(Penalties {
+            repetition: 2.0,
+            presence: 0.5,
+            frequency: 1.0,
+            tokens: vec![(7, 1), (123, 3)],
+        }),
+        ..SampleRow::greedy()
+    };
+    let want = fastllm::generate::sampler::argmax(&l);
+    assert_eq!(sample_logits(&x, &row).unwrap(), want);
+}

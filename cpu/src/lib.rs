@@ -15,6 +15,7 @@ pub mod norm;
 pub mod paged;
 pub mod quant;
 pub mod rope;
+pub mod sample;
 pub mod select;
 pub mod shape;
 pub mod simd;

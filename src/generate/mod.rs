@@ -5,5 +5,5 @@ pub mod sampler;
 pub mod session;
 
 pub use chat::ChatMessage;
-pub use sampler::{Sampler, SamplingParams};
+pub use sampler::{sample_logits, Penalties, SampleRow, Sampler, SamplingParams};
 pub use session::{GenerateParams, Generation, Llm, Session, StopReason};

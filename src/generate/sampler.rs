@@ -1,5 +1,10 @@
 //! Token sampling from logits: greedy, temperature, top-k, top-p, min-p, repetition / presence /
 //! frequency penalties, seeded RNG (same seed → same tokens).
+//!
+//! The RNG stays on the host: each pick draws one 64-bit word ([`Sampler::next_row`]). The
+//! selection itself is `fastllm_cpu::sample` (integer weights, explicitly rounded f32
+//! arithmetic), which the GPU's `Sample` op reproduces bit for bit, so the same logits and seed
+//! give the same token whether the pick runs on the host or on the device.
 
 use crate::error::{Error, Result};
 
@@ -62,6 +67,96 @@ impl SamplingParams {
     }
 }
 
+/// Penalties of one pick: the parameters and each distinct earlier token with its count.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Penalties {
+    /// CTRL-style repetition penalty (1 = off).
+    pub repetition: f32,
+    /// Subtracted once per distinct earlier token.
+    pub presence: f32,
+    /// Subtracted per occurrence.
+    pub frequency: f32,
+    /// (token, count) pairs, each token once, ascending.
+    pub tokens: Vec<(u32, u32)>,
+}
+
+/// Everything one pick needs: the filters, the random word drawn for it, and the penalties.
+/// Made by [`Sampler::next_row`]; used by [`sample_logits`] on the host and by
+/// `Model::sample_rows` / `Model::forward_paged_sample` on the model's device, which give the
+/// same token for the same logits (the selection is defined exactly, see
+/// `fastllm_cpu::sample`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SampleRow {
+    /// 0 = greedy (argmax, lowest id on ties).
+    pub temperature: f32,
+    /// 0 = off.
+    pub top_k: usize,
+    /// 1 = off.
+    pub top_p: f32,
+    /// 0 = off.
+    pub min_p: f32,
+    /// The random word of this pick (unused when greedy).
+    pub random: u64,
+    /// `None` when no penalty applies.
+    pub penalties: Option<Penalties>,
+}
+
+impl SampleRow {
+    /// Plain greedy selection (argmax of the raw logits).
+    pub fn greedy() -> SampleRow {
+        SampleRow {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            random: 0,
+            penalties: None,
+        }
+    }
+
+    /// The kernel's per-row parameters.
+    pub fn kernel_params(&self) -> fastllm_cpu::sample::RowParams {
+        fastllm_cpu::sample::RowParams {
+            temperature: self.temperature,
+            top_k: u32::try_from(self.top_k).unwrap_or(u32::MAX),
+            top_p: self.top_p,
+            min_p: self.min_p,
+            random: self.random,
+        }
+    }
+}
+
+/// Picks a token from one row of `logits` (host memory) for `row`: penalties on a copy, then
+/// the selection of `fastllm_cpu::sample`. NaN/+Inf logits or only -Inf are an error, never a
+/// garbage token.
+pub fn sample_logits(logits: &[f32], row: &SampleRow) -> Result<u32> {
+    if logits.is_empty() {
+        return Err(Error::invalid("sample: empty logits"));
+    }
+    let mut l: std::borrow::Cow<[f32]> = std::borrow::Cow::Borrowed(logits);
+    if let Some(p) = &row.penalties {
+        let l = l.to_mut();
+        for &(t, n) in &p.tokens {
+            if let Some(v) = l.get_mut(t as usize) {
+                *v = fastllm_cpu::sample::penalize(*v, n, p.repetition, p.presence, p.frequency);
+            }
+        }
+    }
+    let id = fastllm_cpu::sample::sample_row(&l, &row.kernel_params());
+    u32::try_from(id).map_err(|_| pick_error(&l))
+}
+
+/// The error of a row the selection refused (-1).
+pub fn pick_error(logits: &[f32]) -> Error {
+    if logits.iter().any(|v| v.is_nan() || *v == f32::INFINITY) {
+        Error::invalid("sample: logits contain NaN or +Inf")
+    } else if logits.iter().all(|v| *v == f32::NEG_INFINITY) {
+        Error::invalid("sample: every logit is -Inf")
+    } else {
+        Error::invalid("sample: no token could be picked (bad sampling parameters)")
+    }
+}
+
 /// A sampler with its RNG state.
 pub struct Sampler {
     params: SamplingParams,
@@ -81,14 +176,59 @@ impl Sampler {
         &self.params
     }
 
-    fn next_f64(&mut self) -> f64 {
+    fn next_u64(&mut self) -> u64 {
         // splitmix64
         self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.rng;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
+        z ^ (z >> 31)
+    }
+
+    /// True when this sampler picks the argmax of the raw logits (temperature 0, no penalties).
+    pub fn is_plain_greedy(&self) -> bool {
+        let p = &self.params;
+        p.temperature == 0.0
+            && p.repetition_penalty == 1.0
+            && p.presence_penalty == 0.0
+            && p.frequency_penalty == 0.0
+    }
+
+    /// The next pick's parameters given the tokens so far (`history`, for penalties). Draws
+    /// this pick's random word (only when the temperature is above 0), so call it once per
+    /// token actually generated.
+    pub fn next_row(&mut self, history: &[u32]) -> SampleRow {
+        let p = self.params.clone();
+        let penalties = if p.repetition_penalty != 1.0
+            || p.presence_penalty != 0.0
+            || p.frequency_penalty != 0.0
+        {
+            let mut counts: std::collections::BTreeMap<u32, u32> = Default::default();
+            for &t in history {
+                *counts.entry(t).or_default() += 1;
+            }
+            Some(Penalties {
+                repetition: p.repetition_penalty,
+                presence: p.presence_penalty,
+                frequency: p.frequency_penalty,
+                tokens: counts.into_iter().collect(),
+            })
+        } else {
+            None
+        };
+        let random = if p.temperature > 0.0 {
+            self.next_u64()
+        } else {
+            0
+        };
+        SampleRow {
+            temperature: p.temperature,
+            top_k: p.top_k,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            random,
+            penalties,
+        }
     }
 
     /// Picks the next token from `logits` given the tokens so far (`history`, for penalties).
@@ -97,91 +237,9 @@ impl Sampler {
         if logits.is_empty() {
             return Err(Error::invalid("sample: empty logits"));
         }
-        if logits.iter().any(|v| v.is_nan() || *v == f32::INFINITY) {
-            return Err(Error::invalid("sample: logits contain NaN or +Inf"));
-        }
-        let p = &self.params;
-        // a copy only when penalties change the logits
-        let mut l: std::borrow::Cow<[f32]> = std::borrow::Cow::Borrowed(logits);
-        if p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
-            let l = l.to_mut();
-            let mut counts: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
-            for &t in history {
-                *counts.entry(t).or_default() += 1;
-            }
-            for (&t, &n) in &counts {
-                if let Some(v) = l.get_mut(t as usize) {
-                    if p.repetition_penalty != 1.0 {
-                        *v = if *v > 0.0 {
-                            *v / p.repetition_penalty
-                        } else {
-                            *v * p.repetition_penalty
-                        };
-                    }
-                    *v -= p.presence_penalty + p.frequency_penalty * n as f32;
-                }
-            }
-        }
-        if p.temperature == 0.0 {
-            return Ok(argmax(&l));
-        }
-        // candidates sorted by logit, descending
-        let mut idx: Vec<u32> = (0..l.len() as u32).collect();
-        let k = if p.top_k > 0 {
-            p.top_k.min(l.len())
-        } else {
-            l.len()
-        };
-        if k < l.len() {
-            idx.select_nth_unstable_by(k - 1, |&a, &b| {
-                cmp_desc(l[a as usize], l[b as usize], a, b)
-            });
-            idx.truncate(k);
-        }
-        idx.sort_unstable_by(|&a, &b| cmp_desc(l[a as usize], l[b as usize], a, b));
-        let max = l[idx[0] as usize];
-        if max == f32::NEG_INFINITY {
-            return Err(Error::invalid("sample: every logit is -Inf"));
-        }
-        let mut probs: Vec<f64> = idx
-            .iter()
-            .map(|&i| (((l[i as usize] - max) / p.temperature) as f64).exp())
-            .collect();
-        let sum: f64 = probs.iter().sum();
-        probs.iter_mut().for_each(|v| *v /= sum);
-        let mut keep = probs.len();
-        if p.min_p > 0.0 {
-            let thr = p.min_p as f64 * probs[0];
-            keep = probs.iter().take_while(|&&v| v >= thr).count().max(1);
-        }
-        if p.top_p < 1.0 {
-            let mut cum = 0.0;
-            let mut n = 0;
-            for v in &probs[..keep] {
-                cum += v;
-                n += 1;
-                if cum >= p.top_p as f64 {
-                    break;
-                }
-            }
-            keep = n.max(1);
-        }
-        let total: f64 = probs[..keep].iter().sum();
-        let mut r = self.next_f64() * total;
-        for (i, v) in probs[..keep].iter().enumerate() {
-            r -= v;
-            if r <= 0.0 {
-                return Ok(idx[i]);
-            }
-        }
-        Ok(idx[keep - 1])
+        let row = self.next_row(history);
+        sample_logits(logits, &row)
     }
-}
-
-fn cmp_desc(x: f32, y: f32, a: u32, b: u32) -> std::cmp::Ordering {
-    y.partial_cmp(&x)
-        .unwrap_or(std::cmp::Ordering::Equal)
-        .then(a.cmp(&b))
 }
 
 /// Index of the largest value (lowest index on ties).

@@ -5,10 +5,11 @@
 
 use super::chat::{self, ChatMessage};
 use super::sampler::{Sampler, SamplingParams};
+use crate::data::Data;
 use crate::error::{Error, Result};
 use crate::model::{KvCache, Model};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// A model ready for generation.
 pub struct Llm {
@@ -117,6 +118,10 @@ pub struct Session {
     cache: KvCache,
     tokens: Vec<u32>,
     logits: Vec<f32>,
+    /// Logits of the last generation step where the model left them (the GPU), and their host
+    /// copy, made only when asked for.
+    dev_logits: Option<Data>,
+    dev_host: OnceLock<Vec<f32>>,
     history: Vec<ChatMessage>,
 }
 
@@ -129,6 +134,8 @@ impl Session {
             cache,
             tokens: Vec::new(),
             logits: Vec::new(),
+            dev_logits: None,
+            dev_host: OnceLock::new(),
             history: Vec::new(),
         })
     }
@@ -158,9 +165,23 @@ impl Session {
         &self.tokens
     }
 
-    /// Logits after the last evaluated token (empty before the first `eval`).
+    /// Logits after the last evaluated token (empty before the first `eval`). After
+    /// [`Session::generate`], whose steps leave the logits on the model's device, they are
+    /// copied to the host on the first call.
     pub fn logits(&self) -> &[f32] {
-        &self.logits
+        match &self.dev_logits {
+            Some(d) => self.dev_host.get_or_init(|| {
+                d.to_owned_host()
+                    .and_then(|h| h.to_f32_vec())
+                    .unwrap_or_default()
+            }),
+            None => &self.logits,
+        }
+    }
+
+    fn clear_device_logits(&mut self) {
+        self.dev_logits = None;
+        self.dev_host = OnceLock::new();
     }
 
     /// Forgets everything (tokens, cache, chat history).
@@ -168,6 +189,7 @@ impl Session {
         self.cache.clear()?;
         self.tokens.clear();
         self.logits.clear();
+        self.clear_device_logits();
         self.history.clear();
         Ok(())
     }
@@ -208,7 +230,53 @@ impl Session {
         }
         self.tokens.extend_from_slice(tokens);
         self.logits = v;
+        self.clear_device_logits();
         Ok(&self.logits)
+    }
+
+    /// Appends `tok`, runs it, and picks the next token with `sampler` where the logits are:
+    /// on a GPU only the chosen id crosses to the host (the same id the host would pick from
+    /// the same logits). NaN/+Inf logits are an error; on error the session is unchanged.
+    fn eval_and_pick(&mut self, tok: u32, sampler: &mut Sampler) -> Result<u32> {
+        let vocab = self.llm.model.config().vocab_size;
+        if tok as usize >= vocab {
+            return Err(Error::invalid(format!(
+                "token id {tok} out of range (vocabulary {vocab})"
+            )));
+        }
+        if self.cache.len() + 1 > self.cache.capacity() {
+            return Err(Error::ContextFull(format!(
+                "{} tokens + 1 new exceed the session's {} tokens",
+                self.cache.len(),
+                self.cache.capacity()
+            )));
+        }
+        let before = self.cache.len();
+        self.tokens.push(tok);
+        let row = sampler.next_row(&self.tokens);
+        let model = &self.llm.model;
+        let r = model
+            .forward_device(&mut self.cache, &[tok], false)
+            .and_then(|l| {
+                let ids = model.sample_rows(&l, std::slice::from_ref(&row))?;
+                match ids.first() {
+                    Some(&id) => Ok((l, id)),
+                    None => Err(Error::invalid("sample: no token returned")),
+                }
+            });
+        match r {
+            Ok((l, id)) => {
+                self.logits.clear();
+                self.clear_device_logits();
+                self.dev_logits = Some(l);
+                Ok(id)
+            }
+            Err(e) => {
+                self.tokens.pop();
+                self.cache.truncate(before)?;
+                Err(e)
+            }
+        }
     }
 
     /// Makes the sequence equal `target`, reusing the longest cached common prefix.
@@ -252,10 +320,11 @@ impl Session {
 
     /// Samples the next token from the current logits.
     pub fn sample(&mut self, sampler: &mut Sampler) -> Result<u32> {
-        if self.logits.is_empty() {
+        let l = self.logits();
+        if l.is_empty() {
             return Err(Error::invalid("sample: evaluate tokens first"));
         }
-        sampler.sample(&self.logits, &self.tokens)
+        sampler.sample(l, &self.tokens)
     }
 
     /// Generates a completion of `prompt`. Plain mode continues the session's text; chat mode
@@ -308,8 +377,14 @@ impl Session {
         let max_stop = params.stop.iter().map(|s| s.len()).max().unwrap_or(0);
         let mut emitted = 0usize; // bytes of out.text already passed to on_piece
         let mut last_tok = 0u32;
+        // the first token comes from the prompt's host logits; every later step runs the model
+        // and the pick together where the logits are (see `eval_and_pick`)
+        let mut next: Option<u32> = None;
         for step in 0..params.max_new_tokens {
-            let tok = self.sample(&mut sampler)?;
+            let tok = match next.take() {
+                Some(t) => t,
+                None => self.sample(&mut sampler)?,
+            };
             if eos.contains(&tok) {
                 out.stop_reason = StopReason::Eos;
                 break;
@@ -348,7 +423,7 @@ impl Session {
                 out.stop_reason = StopReason::ContextFull;
                 break;
             }
-            self.eval(&[tok])?;
+            next = Some(self.eval_and_pick(tok, &mut sampler)?);
         }
         if out.stop_reason != StopReason::StopString && out.stop_reason != StopReason::Cancelled {
             out.text.push_str(&stream.finish());

@@ -20,6 +20,7 @@ mod cases_linear;
 mod cases_norm;
 mod cases_paged;
 mod cases_rope;
+mod cases_sample;
 mod cases_select;
 mod cases_shape;
 
@@ -330,6 +331,7 @@ pub fn all_cases() -> Vec<OpCase> {
     cases_norm::cases(&mut v);
     cases_rope::cases(&mut v);
     cases_select::cases(&mut v);
+    cases_sample::cases(&mut v);
     cases_shape::cases(&mut v);
     cases_linear::cases(&mut v);
     v

@@ -5,16 +5,28 @@
 //! asked for, directly in its stored dtype: F16 weights as random half floats, Q8_0 / Q4_0 block
 //! weights as random quants with small random f16 scales, norms as f32 ones. A model built from
 //! it on a GPU executor uploads each tensor once at load, like a file-backed model.
+//!
+//! [`tokenizer_spec`] gives a synthetic model a stand-in tokenizer so that text can go in and out
+//! (`fastllm serve --synthetic`): byte level, ids 0..255 are the bytes, the configured bos/eos
+//! ids are the special tokens `<|bos|>` / `<|eos|>`, and every other id decodes to the fixed
+//! piece [`FILLER_PIECE`]. It is not a real vocabulary: text is encoded one token per byte.
 
 use crate::data::{bytes_for, Data, DataType};
 use crate::error::{Error, Result};
 use crate::model::config::{ModelConfig, RopeScaling, RopeStyle};
 use crate::model::weights::WeightSource;
+use crate::tokenizer::{
+    AddedToken, NormalizerKind, PreTokenizerKind, TokenizerKind, TokenizerSpec,
+};
 use rayon::prelude::*;
 use std::collections::BTreeMap;
 
-/// The known shapes, by name (the names `--synthetic` accepts).
-pub const KNOWN: [&str; 3] = ["llama-3-8b", "llama-3.2-1b", "qwen2-0.5b"];
+/// The known shapes, by name (the names `--synthetic` accepts); `tiny` (2 layers, hidden 64,
+/// 512-token vocabulary) is for tests.
+pub const KNOWN: [&str; 4] = ["llama-3-8b", "llama-3.2-1b", "qwen2-0.5b", "tiny"];
+
+/// What the stand-in tokenizer decodes every non-byte, non-special id to.
+pub const FILLER_PIECE: &str = " tok";
 
 /// The configuration of the named model shape (one of [`KNOWN`]); an error listing the known
 /// names otherwise.
@@ -80,6 +92,22 @@ pub fn config(name: &str) -> Result<ModelConfig> {
             eos_ids: vec![151643],
             ..base
         }),
+        "tiny" => Ok(ModelConfig {
+            vocab_size: 512,
+            hidden_size: 64,
+            intermediate_size: 128,
+            num_layers: 2,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 16,
+            rope_dim: 16,
+            context_length: 4096,
+            rope_theta: 10000.0,
+            tie_embeddings: true,
+            bos_id: Some(510),
+            eos_ids: vec![511],
+            ..base
+        }),
         other => Err(Error::invalid(format!(
             "unknown synthetic model '{other}' (known: {})",
             KNOWN.join(", ")
@@ -98,6 +126,69 @@ pub fn weight_dtype(name: &str) -> Result<DataType> {
             "unknown synthetic dtype '{other}' (known: f16, int8, int4)"
         ))),
     }
+}
+
+/// The stand-in tokenizer of a synthetic model of `config` (see the module docs): byte-level
+/// BPE without merges, so text encodes to one id per byte; `Err` when the vocabulary is too
+/// small for the 256 bytes and the special tokens.
+pub fn tokenizer_spec(config: &ModelConfig) -> Result<TokenizerSpec> {
+    let n = config.vocab_size;
+    let specials: Vec<u32> = config
+        .bos_id
+        .iter()
+        .chain(config.eos_ids.iter())
+        .copied()
+        .collect();
+    if n < 257
+        || specials
+            .iter()
+            .any(|&id| (id as usize) < 256 || id as usize >= n)
+    {
+        return Err(Error::invalid(format!(
+            "synthetic tokenizer: a vocabulary of {n} with special ids {specials:?} has no room \
+             for the 256 byte tokens"
+        )));
+    }
+    let filler = crate::tokenizer::byte_level_piece(FILLER_PIECE.as_bytes());
+    let mut vocab: Vec<Vec<u8>> = Vec::with_capacity(n);
+    for b in 0..=255u8 {
+        vocab.push(crate::tokenizer::byte_level_piece(&[b]).into_bytes());
+    }
+    vocab.resize(n, filler.into_bytes());
+    let mut added = Vec::new();
+    if let Some(b) = config.bos_id {
+        added.push(AddedToken {
+            id: b,
+            content: "<|bos|>".into(),
+            special: true,
+        });
+    }
+    for &e in &config.eos_ids {
+        if Some(e) != config.bos_id {
+            added.push(AddedToken {
+                id: e,
+                content: "<|eos|>".into(),
+                special: true,
+            });
+        }
+    }
+    Ok(TokenizerSpec {
+        kind: TokenizerKind::ByteLevelBpe,
+        vocab,
+        scores: Vec::new(),
+        merges: Vec::new(),
+        added,
+        pre_tokenizer: PreTokenizerKind::None,
+        normalizer: NormalizerKind::None,
+        add_prefix_space: false,
+        byte_fallback: false,
+        bos_id: config.bos_id,
+        eos_ids: config.eos_ids.clone(),
+        unk_id: None,
+        pad_id: None,
+        add_bos: config.bos_id.is_some(),
+        add_eos: false,
+    })
 }
 
 /// One tensor to generate.
@@ -345,6 +436,33 @@ mod tests {
         let s = SyntheticSource::new(&config("llama-3-8b").unwrap(), DataType::F16).unwrap();
         let gb = s.weight_bytes_per_token() as f64 / 1e9;
         assert!((14.0..16.5).contains(&gb), "{gb}");
+    }
+
+    #[test]
+    fn stand_in_tokenizer_round_trips_bytes() {
+        use crate::tokenizer::Tokenizer;
+        for name in KNOWN {
+            let c = config(name).unwrap();
+            let t = Tokenizer::new(tokenizer_spec(&c).unwrap()).unwrap();
+            assert_eq!(t.vocab_size(), c.vocab_size);
+            let text = "Hi, wörld! <|im_start|>";
+            let ids = t.encode(text, false, true).unwrap();
+            assert_eq!(ids.len(), text.len(), "{name}: one id per byte");
+            assert!(ids.iter().all(|&i| i < 256));
+            assert_eq!(t.decode(&ids, false).unwrap(), text);
+            // other ids decode to the filler piece; bos is prepended when asked
+            assert_eq!(t.decode(&[300, 301], false).unwrap(), " tok tok");
+            if let Some(b) = c.bos_id {
+                assert_eq!(t.encode("a", true, true).unwrap(), vec![b, 97]);
+            }
+            assert!(t.eos_ids().contains(&c.eos_ids[0]));
+        }
+        let small = ModelConfig {
+            vocab_size: 100,
+            ..config("tiny").unwrap()
+        };
+        let e = tokenizer_spec(&small).unwrap_err().to_string();
+        assert!(e.contains("256"), "{e}");
     }
 
     #[test]

@@ -11,6 +11,7 @@ use crate::data::{Data, DataType, DeviceKind};
 use crate::device::{DataDict, FloatDict, IntDict};
 use crate::error::{Error, Result};
 use crate::executor::Executor;
+use crate::generate::sampler::{pick_error, sample_logits, SampleRow};
 use crate::ops::{self, AttentionParams, RotaryParams, RotaryStyle};
 use std::sync::Arc;
 
@@ -688,9 +689,105 @@ impl Model {
         ops::argmax(&self.exec, logits, next)
     }
 
+    /// One token per logits row (`logits` [rows, vocab], as [`Model::forward_device`] leaves
+    /// them), picked with each row's choices of `rows`. Host logits (a CPU model, a
+    /// tensor-parallel driver) are sampled on the host; elsewhere the `ApplyPenalties` (on a
+    /// copy, when a row has penalties) and `Sample` ops run where the logits are and only the
+    /// ids come back. Both give the same ids for the same logits (see
+    /// `crate::generate::sampler`). A row with NaN or +Inf logits (or only -Inf) is an `Err`.
+    pub fn sample_rows(&self, logits: &Data, rows: &[SampleRow]) -> Result<Vec<u32>> {
+        let vocab = self.config.vocab_size;
+        if vocab == 0 || logits.dims() != [rows.len(), vocab] {
+            return Err(bad(format!(
+                "sample_rows: logits {:?} are not {} rows of {vocab}",
+                logits.dims(),
+                rows.len()
+            )));
+        }
+        if logits.device() == DeviceKind::Cpu {
+            let v = logits.to_f32_vec()?;
+            return v
+                .chunks(vocab)
+                .zip(rows)
+                .map(|(l, r)| sample_logits(l, r))
+                .collect();
+        }
+        let e = &self.exec;
+        let n = rows.len();
+        let mut penalized = None;
+        let m = rows
+            .iter()
+            .map(|r| r.penalties.as_ref().map_or(0, |p| p.tokens.len()))
+            .max()
+            .unwrap_or(0);
+        if m > 0 {
+            let mut toks = vec![-1i32; n * m];
+            let mut counts = vec![0i32; n * m];
+            let mut params = vec![0f32; n * 3];
+            for (i, r) in rows.iter().enumerate() {
+                params[3 * i] = 1.0;
+                if let Some(p) = &r.penalties {
+                    params[3 * i..3 * i + 3].copy_from_slice(&[
+                        p.repetition,
+                        p.presence,
+                        p.frequency,
+                    ]);
+                    for (j, &(t, c)) in p.tokens.iter().enumerate() {
+                        toks[i * m + j] = i32::try_from(t).unwrap_or(-1);
+                        counts[i * m + j] = i32::try_from(c).unwrap_or(i32::MAX);
+                    }
+                }
+            }
+            let mut copy = Data::empty(DataType::F32);
+            ops::mul(e, logits, 1.0, &mut copy)?; // keep the caller's logits unchanged
+            let toks = Data::from_i32(&[n, m], &toks)?;
+            let counts = Data::from_i32(&[n, m], &counts)?;
+            let params = Data::from_f32(&[n, 3], &params)?;
+            let mut d = DataDict::new()
+                .with_mut("input", &mut copy)
+                .with("tokens", &toks)
+                .with("counts", &counts)
+                .with("params", &params);
+            e.run("ApplyPenalties", &mut d, &FloatDict::new(), &IntDict::new())?;
+            penalized = Some(copy);
+        }
+        let x = penalized.as_ref().unwrap_or(logits);
+        let mut params = Vec::with_capacity(n * 4);
+        let mut random = Vec::with_capacity(n * 2);
+        for r in rows {
+            let k = r.kernel_params();
+            params.extend([k.temperature, k.top_k.min(1 << 24) as f32, k.top_p, k.min_p]);
+            random.extend([k.random as u32 as i32, (k.random >> 32) as u32 as i32]);
+        }
+        let params = Data::from_f32(&[n, 4], &params)?;
+        let random = Data::from_i32(&[n, 2], &random)?;
+        let mut ids = Data::empty(DataType::I32);
+        let mut d = DataDict::new()
+            .with("input", x)
+            .with("params", &params)
+            .with("random", &random)
+            .with_mut("output", &mut ids);
+        e.run("Sample", &mut d, &FloatDict::new(), &IntDict::new())?;
+        let ids = to_host(ids)?;
+        let ids = ids.as_i32()?;
+        let mut out = Vec::with_capacity(n);
+        for (i, &t) in ids.iter().take(n).enumerate() {
+            match u32::try_from(t) {
+                Ok(t) => out.push(t),
+                Err(_) => {
+                    // only on failure: bring this row back to say why
+                    let row = x.to_owned_host()?.to_f32_vec()?;
+                    let r = row.get(i * vocab..(i + 1) * vocab).unwrap_or(&[]);
+                    return Err(pick_error(r));
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// [`Model::forward`] with the logits left where the last op wrote them (the GPU, when the
-    /// model runs there).
-    fn forward_device(
+    /// model runs there); pass them to [`Model::sample_rows`] to pick tokens there.
+    pub fn forward_device(
         &self,
         cache: &mut KvCache,
         tokens: &[u32],
@@ -754,7 +851,7 @@ impl Model {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        match self.run_paged(pool, batch, false)? {
+        match self.run_paged(pool, batch, PagedMode::Logits)? {
             PagedOut::Logits(logits) => {
                 let vocab = self.config.vocab_size;
                 let rows_out = |v: &[f32]| v.chunks(vocab).map(|r| r.to_vec()).collect();
@@ -782,9 +879,36 @@ impl Model {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        match self.run_paged(pool, batch, true)? {
+        match self.run_paged(pool, batch, PagedMode::Greedy)? {
             PagedOut::Ids(ids) => Ok(ids),
             PagedOut::Logits(_) => Err(Error::invalid("forward_paged_greedy: got logits")),
+        }
+    }
+
+    /// [`Model::forward_paged`] followed by a pick per item with `rows[i]` (temperature,
+    /// top-k, top-p, min-p, penalties, the item's random word; see [`Model::sample_rows`]):
+    /// returns the token after each item's last token. On a GPU the selection runs there and
+    /// only the ids come back; on the host it is the same selection, so the ids are the same
+    /// for the same logits. NaN or +Inf logits (or only -Inf) in a row are an `Err`.
+    pub fn forward_paged_sample(
+        &self,
+        pool: &mut PagedKvPool,
+        batch: &mut [(&mut PagedSeqState, &[u32])],
+        rows: &[SampleRow],
+    ) -> Result<Vec<u32>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        if rows.len() != batch.len() {
+            return Err(Error::invalid(format!(
+                "forward_paged_sample: {} sampling rows for {} items",
+                rows.len(),
+                batch.len()
+            )));
+        }
+        match self.run_paged(pool, batch, PagedMode::Sample(rows))? {
+            PagedOut::Ids(ids) => Ok(ids),
+            PagedOut::Logits(_) => Err(Error::invalid("forward_paged_sample: got logits")),
         }
     }
 
@@ -792,7 +916,7 @@ impl Model {
         &self,
         pool: &mut PagedKvPool,
         batch: &mut [(&mut PagedSeqState, &[u32])],
-        greedy: bool,
+        mode: PagedMode,
     ) -> Result<PagedOut> {
         if batch.is_empty() {
             return Err(Error::invalid("paged step: empty batch"));
@@ -889,10 +1013,10 @@ impl Model {
             (None, None) => self.paged_step_device(pool, &step)?,
             _ => return Err(Error::invalid("paged KV pool belongs to another model")),
         };
-        let out = if greedy {
-            PagedOut::Ids(self.argmax_rows(logits)?)
-        } else {
-            PagedOut::Logits(to_host(logits)?)
+        let out = match mode {
+            PagedMode::Greedy => PagedOut::Ids(self.argmax_rows(logits)?),
+            PagedMode::Sample(rows) => PagedOut::Ids(self.sample_rows(&logits, rows)?),
+            PagedMode::Logits => PagedOut::Logits(to_host(logits)?),
         };
         for (st, toks) in batch.iter_mut() {
             st.len += toks.len();
@@ -1173,7 +1297,16 @@ impl Model {
 }
 
 /// `d` on the host (a copy when it lives on a device).
-/// What a paged step returns: the logits rows, or (greedy) the argmax of each row.
+/// What a paged step returns: the logits rows, or the argmax of each row, or a sampled token
+/// per row.
+#[derive(Clone, Copy)]
+enum PagedMode<'a> {
+    Logits,
+    Greedy,
+    Sample(&'a [SampleRow]),
+}
+
+/// What a paged step returns: the logits rows, or (greedy, sampled) one id per row.
 enum PagedOut {
     Logits(Data),
     Ids(Vec<u32>),

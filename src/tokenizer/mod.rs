@@ -27,3 +27,10 @@ pub use codec::Tokenizer;
 pub use spec::{AddedToken, NormalizerKind, PreTokenizerKind, TokenizerKind, TokenizerSpec};
 pub use stream::{StreamDecoder, StreamState};
 pub use trie::Trie;
+
+/// The byte-level BPE vocabulary string (GPT-2's byte-to-unicode alphabet, `Ġ` for a space) of
+/// raw `bytes`, e.g. to build a [`TokenizerSpec`] by hand.
+pub fn byte_level_piece(bytes: &[u8]) -> String {
+    let table = byte_level::byte_to_char();
+    bytes.iter().map(|&b| table[b as usize]).collect()
+}

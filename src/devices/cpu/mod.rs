@@ -19,6 +19,7 @@ mod linear;
 mod norm;
 mod paged;
 mod rope;
+mod sample;
 mod select;
 mod shape;
 
@@ -76,6 +77,7 @@ impl CpuDevice {
         norm::register(&mut ops, &ctx);
         rope::register(&mut ops, &ctx);
         select::register(&mut ops, &ctx);
+        sample::register(&mut ops, &ctx);
         shape::register(&mut ops, &ctx);
         linear::register(&mut ops, &ctx);
         Ok(CpuDevice { ctx, ops })

@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use std::path::PathBuf;
 
 /// Every kernel source, in order; `common.cuh` first (the others use its helpers).
-const SOURCES: [(&str, &str); 9] = [
+const SOURCES: [(&str, &str); 10] = [
     ("common.cuh", include_str!("../../../kernels/common.cuh")),
     (
         "elementwise.cu",
@@ -26,6 +26,7 @@ const SOURCES: [(&str, &str); 9] = [
     ("rope.cu", include_str!("../../../kernels/rope.cu")),
     ("shape.cu", include_str!("../../../kernels/shape.cu")),
     ("select.cu", include_str!("../../../kernels/select.cu")),
+    ("sample.cu", include_str!("../../../kernels/sample.cu")),
 ];
 
 /// All kernel sources as one translation unit.

@@ -24,6 +24,7 @@ pub mod nccl;
 mod norm;
 mod paged;
 mod rope;
+mod sample;
 mod select;
 mod shape;
 
@@ -58,6 +59,7 @@ impl CudaDevice {
         rope::register(&mut ops, &gpu);
         shape::register(&mut ops, &gpu);
         select::register(&mut ops, &gpu);
+        sample::register(&mut ops, &gpu);
         Ok(CudaDevice {
             name: format!("cuda:{ordinal}"),
             gpu,

@@ -214,6 +214,14 @@ enum Cmd {
         /// Reuse KV blocks of earlier requests that share a prompt prefix (true|false).
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
         prefix_caching: bool,
+        /// Serve a random-weight model of this shape instead of a file (llama-3-8b,
+        /// llama-3.2-1b, qwen2-0.5b, tiny), with a byte-level stand-in tokenizer: for load
+        /// tests; its text is meaningless.
+        #[arg(long)]
+        synthetic: Option<String>,
+        /// Weight dtype of a synthetic model: f16, int8 (Q8_0) or int4 (Q4_0).
+        #[arg(long, default_value = "f16")]
+        dtype: String,
     },
     /// Load test a running server: concurrent streaming completions, then req/s, tok/s, TTFT, ITL.
     BenchServe {
@@ -234,6 +242,12 @@ enum Cmd {
         /// Stop after this many seconds.
         #[arg(long, default_value_t = 300)]
         max_seconds: u64,
+        /// Sampling temperature of every request (0 = greedy).
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f32,
+        /// Nucleus (top-p) of every request (1 = off).
+        #[arg(long, default_value_t = 1.0)]
+        top_p: f32,
     },
 }
 
@@ -509,15 +523,33 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             waiting_served_ratio,
             max_waiting_tokens,
             prefix_caching,
+            synthetic,
+            dtype,
         } => {
             let addr: std::net::SocketAddr = format!("{host}:{port}")
                 .parse()
                 .map_err(|_| fastllm::Error::invalid(format!("bad address {host}:{port}")))?;
-            let path = fastllm::default_model::resolve(m.model.as_deref())?;
-            let name = path
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default();
+            // a synthetic model's name and dtype are checked before anything binds or loads
+            let (path, name) = match &synthetic {
+                Some(shape) => {
+                    if m.model.is_some() {
+                        return Err(fastllm::Error::invalid(
+                            "--synthetic and -m/--model are exclusive",
+                        ));
+                    }
+                    fastllm::model::synthetic::config(shape)?;
+                    fastllm::model::synthetic::weight_dtype(&dtype)?;
+                    (None, format!("{shape}-{dtype}-synthetic"))
+                }
+                None => {
+                    let path = fastllm::default_model::resolve(m.model.as_deref())?;
+                    let name = path
+                        .file_stem()
+                        .map(|s| s.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    (Some(path), name)
+                }
+            };
             let opts = LoadOptions {
                 threads: m.threads,
                 device: device_of(&m)?,
@@ -538,7 +570,12 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
                 max_waiting_tokens,
                 prefix_caching: Some(prefix_caching),
             };
-            fastllm_serve::run(so, move || load(&path, &opts)).map_err(fastllm::Error::invalid)?;
+            fastllm_serve::run(so, move || match (&path, &synthetic) {
+                (Some(p), _) => load(p, &opts),
+                (None, Some(shape)) => fastllm::load::load_synthetic(shape, &dtype, &opts),
+                (None, None) => Err(fastllm::Error::invalid("no model to serve")),
+            })
+            .map_err(fastllm::Error::invalid)?;
         }
         Cmd::BenchServe {
             addr,
@@ -547,6 +584,8 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             max_tokens,
             prompt,
             max_seconds,
+            temperature,
+            top_p,
         } => {
             let o = fastllm_serve::load::LoadOptions {
                 addr,
@@ -555,6 +594,8 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
                 max_tokens,
                 prompt,
                 max_duration: std::time::Duration::from_secs(max_seconds),
+                temperature,
+                top_p,
             };
             println!("{}", fastllm_serve::load::run(&o).summary());
         }

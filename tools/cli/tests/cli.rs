@@ -279,6 +279,32 @@ fn user_errors_are_one_line() {
             "--waiting-served-ratio",
         );
     }
+    // synthetic serving: name, dtype and -m are checked before binding or loading anything
+    fails(
+        &["serve", "--synthetic", "gpt-5", "--port", "0"],
+        "unknown synthetic model 'gpt-5'",
+    );
+    fails(
+        &[
+            "serve",
+            "--synthetic",
+            "tiny",
+            "--dtype",
+            "int3",
+            "--port",
+            "0",
+        ],
+        "known: f16, int8, int4",
+    );
+    fails(
+        &["serve", "--synthetic", "tiny", "-m", m, "--port", "0"],
+        "exclusive",
+    );
+    fails(
+        &["run", "-m", m, "-p", "x", "--temperature=-1"],
+        "temperature",
+    );
+    fails(&["run", "-m", m, "-p", "x", "--min-p", "1.5"], "min_p");
     fails(&["logits", "-m", m, "--ids", "1,512"], "512");
     fails(&["logits", "-m", m], "--prompt");
     // a file that is no model at all

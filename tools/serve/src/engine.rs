@@ -12,7 +12,7 @@
 //! tokens (their prefill is skipped).
 
 use crate::metrics::Metrics;
-use fastllm::generate::{Llm, Sampler, SamplingParams};
+use fastllm::generate::{Llm, SampleRow, Sampler, SamplingParams};
 use fastllm::model::{PagedKvPool, PagedSeqState};
 use fastllm::tokenizer::StreamState;
 use std::collections::VecDeque;
@@ -517,22 +517,24 @@ impl Scheduler {
                 .zip(&toks)
                 .map(|((_, _, st), t)| (st, t.as_slice()))
                 .collect();
-            // every sequence greedy without penalties: select on the device, so only the ids
-            // come back (on a GPU, not rows x vocabulary logits)
-            let greedy = plan
+            // one pick per item, made where the logits are (on a GPU only the ids come back);
+            // items that do not end their prompt here get a greedy row whose pick is dropped,
+            // so their sampler's random stream does not move
+            let rows: Vec<SampleRow> = plan
                 .iter()
-                .all(|&(i, _)| is_plain_greedy(self.running[i].sampler.params()));
-            let r = if greedy {
-                self.llm
-                    .model
-                    .forward_paged_greedy(&mut self.pool, &mut batch)
-                    .map(StepOut::Ids)
-            } else {
-                self.llm
-                    .model
-                    .forward_paged(&mut self.pool, &mut batch)
-                    .map(StepOut::Logits)
-            };
+                .map(|&(i, n)| {
+                    let s = &mut self.running[i];
+                    if s.fed + n >= s.tokens.len() {
+                        s.sampler.next_row(&s.tokens)
+                    } else {
+                        SampleRow::greedy()
+                    }
+                })
+                .collect();
+            let r = self
+                .llm
+                .model
+                .forward_paged_sample(&mut self.pool, &mut batch, &rows);
             drop(batch);
             for (i, _, st) in states {
                 self.running[i].state = st;
@@ -566,16 +568,10 @@ impl Scheduler {
             if s.fed < s.tokens.len() {
                 continue; // prompt chunk, or recomputing after preemption
             }
-            let picked = match &out {
-                StepOut::Ids(ids) => ids
-                    .get(k)
-                    .copied()
-                    .ok_or_else(|| fastllm::Error::invalid("greedy step returned too few ids")),
-                StepOut::Logits(rows) => match rows.get(k) {
-                    Some(l) => s.sampler.sample(l, &s.tokens),
-                    None => Err(fastllm::Error::invalid("step returned too few logits rows")),
-                },
-            };
+            let picked = out
+                .get(k)
+                .copied()
+                .ok_or_else(|| fastllm::Error::invalid("step returned too few ids"));
             let tok = match picked {
                 Ok(t) => t,
                 Err(e) => {
@@ -681,21 +677,6 @@ impl Scheduler {
             self.finish(s, ev);
         }
     }
-}
-
-/// What one batched step gave: logits rows to sample from, or greedy ids.
-enum StepOut {
-    Logits(Vec<Vec<f32>>),
-    Ids(Vec<u32>),
-}
-
-/// True when `p` picks the argmax of the raw logits (temperature 0, no penalties), so the
-/// model may select on the device.
-fn is_plain_greedy(p: &SamplingParams) -> bool {
-    p.temperature == 0.0
-        && p.repetition_penalty == 1.0
-        && p.presence_penalty == 0.0
-        && p.frequency_penalty == 0.0
 }
 
 #[cfg(test)]
@@ -860,6 +841,84 @@ mod tests {
         let _b = submit(&mut s, vec![8], 50);
         s.tick();
         assert_eq!((s.running.len(), s.waiting.len()), (2, 0));
+    }
+
+    fn submit_sampled(
+        s: &mut Scheduler,
+        prompt: Vec<u32>,
+        n: usize,
+        sampling: SamplingParams,
+    ) -> UnboundedReceiver<Event> {
+        let (mut req, rx) = request(prompt, n);
+        req.sampling = sampling;
+        s.in_flight.fetch_add(1, Ordering::SeqCst);
+        s.enqueue(req);
+        rx
+    }
+
+    /// Sampled requests (temperature, top-p, top-k, min-p, penalties; each its own seed) give
+    /// the same tokens run alone, twice, and all together in one batch with greedy ones, with
+    /// prompts long enough to be prefilled in chunks: the engine draws a request's random words
+    /// only for the tokens it generates, and the picks of a batch do not interact.
+    #[test]
+    fn sampled_requests_are_reproducible_alone_and_batched() {
+        let sets = [
+            SamplingParams {
+                temperature: 0.8,
+                top_p: 0.9,
+                seed: 1,
+                ..Default::default()
+            },
+            SamplingParams {
+                temperature: 1.3,
+                top_k: 20,
+                min_p: 0.01,
+                seed: 2,
+                ..Default::default()
+            },
+            SamplingParams {
+                temperature: 1.0,
+                repetition_penalty: 1.2,
+                presence_penalty: 0.3,
+                frequency_penalty: 0.2,
+                seed: 3,
+                ..Default::default()
+            },
+            SamplingParams::default(),
+        ];
+        let mut c = cfg(0.0, 20, 10_000);
+        c.max_batch_prefill_tokens = 24;
+        let mut s = sched(c);
+        let prompts: Vec<Vec<u32>> = (0..4)
+            .map(|i| prompt(10 + i, 30 + 7 * i as usize))
+            .collect();
+        let alone = |s: &mut Scheduler| -> Vec<Vec<u32>> {
+            prompts
+                .iter()
+                .zip(&sets)
+                .map(|(p, sp)| {
+                    let mut rx = submit_sampled(s, p.clone(), 12, sp.clone());
+                    drain(s);
+                    tokens(&mut rx)
+                })
+                .collect()
+        };
+        let a = alone(&mut s);
+        assert_eq!(a, alone(&mut s), "same seeds, same tokens");
+        let mut rxs: Vec<_> = prompts
+            .iter()
+            .zip(&sets)
+            .map(|(p, sp)| submit_sampled(&mut s, p.clone(), 12, sp.clone()))
+            .collect();
+        drain(&mut s);
+        let batched: Vec<Vec<u32>> = rxs.iter_mut().map(tokens).collect();
+        assert_eq!(batched, a, "batched with others");
+        // another seed gives another sequence
+        let mut other = sets[0].clone();
+        other.seed = 99;
+        let mut rx = submit_sampled(&mut s, prompts[0].clone(), 12, other);
+        drain(&mut s);
+        assert_ne!(tokens(&mut rx), a[0]);
     }
 
     fn prompt(seed: u32, len: usize) -> Vec<u32> {

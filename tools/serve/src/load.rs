@@ -22,6 +22,10 @@ pub struct LoadOptions {
     pub prompt: String,
     /// Stop after this long even if requests remain.
     pub max_duration: Duration,
+    /// Sampling temperature of every request (0 = greedy).
+    pub temperature: f32,
+    /// Nucleus of every request (1 = off).
+    pub top_p: f32,
 }
 
 /// Results.
@@ -127,7 +131,14 @@ fn one(addr: &str, body: &str, deadline: Instant) -> Result<(f64, Vec<f64>, usiz
 
 /// Runs the load and reports.
 pub fn run(o: &LoadOptions) -> LoadReport {
-    let body = serde_json::json!({"prompt": o.prompt, "max_tokens": o.max_tokens, "temperature": 0.0, "stream": true}).to_string();
+    let body = serde_json::json!({
+        "prompt": o.prompt,
+        "max_tokens": o.max_tokens,
+        "temperature": o.temperature,
+        "top_p": o.top_p,
+        "stream": true
+    })
+    .to_string();
     let report = Arc::new(Mutex::new(LoadReport::default()));
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let t0 = Instant::now();

@@ -13,6 +13,7 @@
 extern "C" __global__ void attention_f32(const float* q, const float* k, const float* v, const float* slopes,
                                          float* out, int sq, int skv, int nh, int nkv, int hd, int hdv,
                                          long ks, long vs, float scale, float softcap, int causal, int window) {
+    pdl_begin();
     __shared__ float sc[ATT_CHUNK];
     __shared__ float qs[1024];
     int i = blockIdx.x, h = blockIdx.y;
@@ -97,6 +98,7 @@ extern "C" __global__ void paged_attention_f32(const float* q, const float* kc, 
                                                const int* q_starts, const int* kv_lens, const int* tables,
                                                const float* slopes, float* out, int nseq, int maxb, int bs,
                                                int nh, int nkv, int hd, float scale, float softcap, int window) {
+    pdl_begin();
     __shared__ float sc[ATT_CHUNK];
     __shared__ float qs[1024];
     int row = blockIdx.x, h = blockIdx.y;
@@ -179,6 +181,7 @@ extern "C" __global__ void paged_attention_f32(const float* q, const float* kc, 
 
 // PagedCacheWrite: cache[slots[i]] = input[i] (rows of `row` floats).
 extern "C" __global__ void paged_cache_write_f32(const float* x, const int* slots, float* cache, long n, long row) {
+    pdl_begin();
     for (long id = (long)blockIdx.x * blockDim.x + threadIdx.x; id < n * row; id += (long)gridDim.x * blockDim.x) {
         long i = id / row, c = id % row;
         cache[(long)slots[i] * row + c] = x[id];
@@ -194,6 +197,7 @@ extern "C" __global__ void paged_cache_write_f32(const float* x, const int* slot
 
 extern "C" __global__ void attn_softmax_f32(float* s, const float* slopes, int qc, int i0, int sq, int skv, long ld,
                                             int kend, float softcap, int causal, int window) {
+    pdl_begin();
     int r = blockIdx.x, h = blockIdx.y;
     float* row = s + ((long)h * qc + r) * ld;
     long p = (long)skv - sq + i0 + r;
@@ -292,6 +296,7 @@ extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const
                                            const int* positions, float* out, float* part, int sq, int skv, int kcap,
                                            int nh, int nkv, int hd, int hdv, long ks, long vs, float scale,
                                            float softcap, int causal, int window, int nsplit, int gchunk) {
+    pdl_begin();
     __shared__ float qs[DA_GMAX][DA_DPL * 32];
     __shared__ float sc[DA_GMAX][DA_CHUNK];
     __shared__ float ms[DA_GMAX], ls[DA_GMAX], cr[DA_GMAX];
@@ -447,6 +452,7 @@ extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const
 // Merges the nsplit partial results of attn_decode_f32: block (h, i), a thread per value dim.
 // out = Σ_s e^(m_s - M) o_s / Σ_s e^(m_s - M) l_s (0 when no split saw a key).
 extern "C" __global__ void attn_decode_combine_f32(const float* part, float* out, int nh, int hdv, int nsplit) {
+    pdl_begin();
     __shared__ float wsh[64];
     __shared__ float inv;
     int h = blockIdx.x, i = blockIdx.y;
@@ -479,6 +485,7 @@ extern "C" __global__ void attn_decode_combine_f32(const float* part, float* out
 // graph replays it every step.
 extern "C" __global__ void kv_write_f32(const float* k, const float* v, const int* pos, float* kc, float* vc, int n,
                                         long krow, long vrow, long cap) {
+    pdl_begin();
     long total = (long)n * (krow + vrow);
     for (long id = (long)blockIdx.x * blockDim.x + threadIdx.x; id < total; id += (long)gridDim.x * blockDim.x) {
         long r = id / (krow + vrow), c = id % (krow + vrow);

@@ -4,6 +4,56 @@
 
 #define INF __int_as_float(0x7f800000)
 
+// Programmatic dependent launch (compute capability >= 9.0). The host launches a kernel with
+// the programmatic-serialization attribute only when its PTX contains `griddepcontrol.wait`
+// (src/devices/cuda/gpu.rs), so its blocks may already run while the previous kernel on the
+// stream finishes. pdl_wait() blocks until that kernel has completed and its writes are
+// visible: every kernel calls it before reading anything another kernel wrote and before
+// writing anything (a GEMV may load its weights, which no kernel writes, before it).
+// pdl_launch() then lets the next kernel's blocks start early; called after the wait, at most
+// one kernel runs ahead. Both are no-ops on older GPUs and in launches without the attribute.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Tuning switches (integers; FASTLLM_CUDA_DEFINES overrides them, see kernels.rs):
+// PDL_SMALL_EARLY: kernels other than the GEMVs let their successor start right after their
+// wait (else only when they exit); PDL_GEMV_EARLY: the same for the GEMVs; PDL_PREFETCH: the
+// GEMVs load their first weights before waiting; F16_PIPE: the f16/bf16 GEMV issues the next
+// group of weight loads before dotting the current one.
+#ifndef PDL_SMALL_EARLY
+#define PDL_SMALL_EARLY 1
+#endif
+#ifndef PDL_GEMV_EARLY
+#define PDL_GEMV_EARLY 0
+#endif
+#ifndef PDL_PREFETCH
+#define PDL_PREFETCH 1
+#endif
+#ifndef F16_PIPE
+#define F16_PIPE 0
+#endif
+
+// Start of a kernel that reads no data before waiting for its predecessor.
+__device__ __forceinline__ void pdl_begin() {
+    pdl_wait();
+    if (PDL_SMALL_EARLY) pdl_launch();
+}
+
+// The wait of a GEMV (after it has issued its first weight loads when PDL_PREFETCH).
+__device__ __forceinline__ void pdl_gemv_begin() {
+    pdl_wait();
+    if (PDL_GEMV_EARLY) pdl_launch();
+}
+
 __device__ __forceinline__ float h2f(unsigned short h) {
     float f;
     asm("{cvt.f32.f16 %0, %1;}" : "=f"(f) : "h"(h));

@@ -14,19 +14,23 @@ __device__ __forceinline__ float gelu1(float x, int approx) {
 }
 
 extern "C" __global__ void silu_f32(const float* x, float* y, long n) {
+    pdl_begin();
     GRID_LOOP(i, n) y[i] = silu1(x[i]);
 }
 
 extern "C" __global__ void gelu_f32(const float* x, float* y, long n, int approx) {
+    pdl_begin();
     GRID_LOOP(i, n) y[i] = gelu1(x[i], approx);
 }
 
 extern "C" __global__ void softcap_f32(const float* x, float* y, long n, float cap) {
+    pdl_begin();
     GRID_LOOP(i, n) y[i] = cap * tanhf(x[i] / cap);
 }
 
 // x [rows, 2d] -> y [rows, d]: silu(x[..d]) * x[d..]
 extern "C" __global__ void swiglu_f32(const float* x, float* y, long rows, long d) {
+    pdl_begin();
     GRID_LOOP(i, rows * d) {
         long r = i / d, c = i % d;
         const float* xr = x + r * 2 * d;
@@ -35,6 +39,7 @@ extern "C" __global__ void swiglu_f32(const float* x, float* y, long rows, long 
 }
 
 extern "C" __global__ void gelugated_f32(const float* x, float* y, long rows, long d, int approx) {
+    pdl_begin();
     GRID_LOOP(i, rows * d) {
         long r = i / d, c = i % d;
         const float* xr = x + r * 2 * d;
@@ -43,23 +48,28 @@ extern "C" __global__ void gelugated_f32(const float* x, float* y, long rows, lo
 }
 
 extern "C" __global__ void add_f32(const float* a, const float* b, float* y, long n, float alpha) {
+    pdl_begin();
     GRID_LOOP(i, n) y[i] = a[i] + alpha * b[i];
 }
 
 // a[i] += alpha * b[i % bn] (bn == n: same shape; bn == d: broadcast over rows)
 extern "C" __global__ void addto_f32(float* a, const float* b, long n, long bn, float alpha) {
+    pdl_begin();
     GRID_LOOP(i, n) a[i] += alpha * b[i % bn];
 }
 
 extern "C" __global__ void mul_f32(const float* x, float* y, long n, float v) {
+    pdl_begin();
     GRID_LOOP(i, n) y[i] = x[i] * v;
 }
 
 extern "C" __global__ void multo_f32(float* a, const float* b, long n, long bn) {
+    pdl_begin();
     GRID_LOOP(i, n) a[i] *= b[i % bn];
 }
 
 // y = silu(g) * u (the gated MLP's activation and product in one pass)
 extern "C" __global__ void silu_mul_f32(const float* g, const float* u, float* y, long n) {
+    pdl_begin();
     GRID_LOOP(i, n) y[i] = silu1(g[i]) * u[i];
 }

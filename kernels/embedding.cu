@@ -4,6 +4,7 @@
 
 template <int DT>
 __device__ void embedding_t(const int* ids, const unsigned char* w, float* y, int d, long row_bytes, int vocab) {
+    pdl_begin();
     int id = ids[blockIdx.x];
     id = id < 0 ? 0 : (id >= vocab ? vocab - 1 : id);
     const unsigned char* row = w + (long)id * row_bytes;

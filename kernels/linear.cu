@@ -63,7 +63,7 @@ __device__ __forceinline__ void load4(const unsigned char* row, long b, int p, f
 }
 
 // acc[r] += 8 f16/bf16 weights (one 16-byte load, elements 8v..8v+7) · x row r.
-template <int DT>
+template <int DT, int R>
 __device__ __forceinline__ void dot8(uint4 q, const float* xr, int k, int v, int nr, float* acc) {
     unsigned int u[4] = {q.x, q.y, q.z, q.w};
     float w[8];
@@ -78,7 +78,7 @@ __device__ __forceinline__ void dot8(uint4 q, const float* xr, int k, int v, int
         }
     }
 #pragma unroll
-    for (int r = 0; r < LIN_ROWS; r++) {
+    for (int r = 0; r < R; r++) {
         if (r < nr) {
             const float4* xv = (const float4*)(xr + r * (long)k) + 2 * v;
             float4 a = xv[0], b = xv[1];
@@ -88,13 +88,15 @@ __device__ __forceinline__ void dot8(uint4 q, const float* xr, int k, int v, int
     }
 }
 
+// R: activation rows per block (LIN_ROWS, or 1 for the decode GEMV `gemv*_`, which then
+// needs fewer registers, so more blocks are resident and n = 4096 fits in one wave).
 // MULTI = false: one weight (segment 0 only), without the per-warp segment selection (the
 // plain f16 GEMV measured ~15 % slower per byte with it, docs/perf-cuda.md).
-template <int DT, bool MULTI>
+template <int DT, bool MULTI, int R>
 __device__ void linear_t(const float* x, const LinSegs& sg, int m, int ntot, int k, long row_bytes) {
     int lane = threadIdx.x & 31;
     int jg = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int r0 = blockIdx.y * LIN_ROWS;
+    int r0 = blockIdx.y * R;
     if (jg >= ntot) return;
     int j = jg;
     const unsigned char* w = sg.w[0];
@@ -116,20 +118,21 @@ __device__ void linear_t(const float* x, const LinSegs& sg, int m, int ntot, int
             n = sg.n[2];
         }
     }
-    int nr = min(LIN_ROWS, m - r0);
+    int nr = min(R, m - r0);
     const float* xr = x + (long)r0 * k;
     const unsigned char* row = w + (long)j * row_bytes;
-    float acc[LIN_ROWS];
+    float acc[R];
 #pragma unroll
-    for (int r = 0; r < LIN_ROWS; r++) acc[r] = 0.0f;
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
     if (DT == DT_Q8_0 || DT == DT_Q4_0 || DT == DT_Q4_1) {
+        pdl_gemv_begin();
         long nb = k / 32;
         int p = lane & 7;
         for (long b = lane >> 3; b < nb; b += 4) {
             float w[4];
             load4<DT>(row, b, p, w);
 #pragma unroll
-            for (int r = 0; r < LIN_ROWS; r++) {
+            for (int r = 0; r < R; r++) {
                 if (r < nr) {
                     float4 t = *(const float4*)(xr + r * (long)k + b * 32 + 4 * p);
                     acc[r] += w[0] * t.x + w[1] * t.y + w[2] * t.z + w[3] * t.w;
@@ -139,29 +142,52 @@ __device__ void linear_t(const float* x, const LinSegs& sg, int m, int ntot, int
     } else if ((DT == DT_F16 || DT == DT_BF16) && (k & 7) == 0 &&
                ((((unsigned long)row) | ((unsigned long)xr)) & 15) == 0) {
         // 16-byte loads: each lane takes 8 consecutive weights, a warp 512 contiguous bytes of
-        // the row per step (the scalar loop below moved 64 bytes per warp per step).
+        // the row per load. Groups of four loads per lane; the next group is issued before the
+        // current one is dotted (8 loads in flight), and the first group before waiting for
+        // the kernel that wrote x (pdl_wait), so the weight stream starts while it finishes.
         const uint4* wr = (const uint4*)row;
         int nv = k >> 3;
         int v = lane;
-        // Four independent 16-byte loads in flight per lane before any arithmetic.
-        for (; v + 96 < nv; v += 128) {
-            uint4 q[4];
+        bool full = v + 96 < nv;
+        uint4 q[4];
+        if (full && PDL_PREFETCH) {
 #pragma unroll
             for (int u = 0; u < 4; u++) q[u] = __ldg(wr + v + 32 * u);
-#pragma unroll
-            for (int u = 0; u < 4; u++) dot8<DT>(q[u], xr, k, v + 32 * u, nr, acc);
         }
-        for (; v < nv; v += 32) dot8<DT>(__ldg(wr + v), xr, k, v, nr, acc);
+        pdl_gemv_begin();
+        if (full && !PDL_PREFETCH) {
+#pragma unroll
+            for (int u = 0; u < 4; u++) q[u] = __ldg(wr + v + 32 * u);
+        }
+        while (full) {
+            int vn = v + 128;
+            bool nfull = vn + 96 < nv;
+            uint4 nq[4];
+            if (F16_PIPE && nfull) {
+#pragma unroll
+                for (int u = 0; u < 4; u++) nq[u] = __ldg(wr + vn + 32 * u);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) dot8<DT, R>(q[u], xr, k, v + 32 * u, nr, acc);
+            if (nfull) {
+#pragma unroll
+                for (int u = 0; u < 4; u++) q[u] = F16_PIPE ? nq[u] : __ldg(wr + vn + 32 * u);
+            }
+            v = vn;
+            full = nfull;
+        }
+        for (; v < nv; v += 32) dot8<DT, R>(__ldg(wr + v), xr, k, v, nr, acc);
     } else {
+        pdl_gemv_begin();
         for (long i = lane; i < k; i += 32) {
             float wv = load_w<DT>(row, i);
 #pragma unroll
-            for (int r = 0; r < LIN_ROWS; r++)
+            for (int r = 0; r < R; r++)
                 if (r < nr) acc[r] += wv * xr[r * (long)k + i];
         }
     }
 #pragma unroll
-    for (int r = 0; r < LIN_ROWS; r++) {
+    for (int r = 0; r < R; r++) {
         float s = warp_sum(acc[r]);
         if (lane == 0 && r < nr) {
             float* yo = y + (long)(r0 + r) * n + j;
@@ -170,12 +196,26 @@ __device__ void linear_t(const float* x, const LinSegs& sg, int m, int ntot, int
     }
 }
 
+// The one-row (decode) kernels promise at least GEMV_MIN_BLOCKS resident blocks per SM, which
+// caps their registers (4: 64 per thread).
+#ifndef GEMV_MIN_BLOCKS
+#define GEMV_MIN_BLOCKS 4
+#endif
+
 #define LIN(name, DT) \
     extern "C" __global__ void linear_##name(const float* x, LinSegs sg, int m, int ntot, int k, long rb) { \
-        linear_t<DT, true>(x, sg, m, ntot, k, rb); \
+        linear_t<DT, true, LIN_ROWS>(x, sg, m, ntot, k, rb); \
     } \
     extern "C" __global__ void linear1_##name(const float* x, LinSegs sg, int m, int ntot, int k, long rb) { \
-        linear_t<DT, false>(x, sg, m, ntot, k, rb); \
+        linear_t<DT, false, LIN_ROWS>(x, sg, m, ntot, k, rb); \
+    } \
+    extern "C" __global__ void __launch_bounds__(256, GEMV_MIN_BLOCKS) \
+        gemv_##name(const float* x, LinSegs sg, int m, int ntot, int k, long rb) { \
+        linear_t<DT, true, 1>(x, sg, 1, ntot, k, rb); \
+    } \
+    extern "C" __global__ void __launch_bounds__(256, GEMV_MIN_BLOCKS) \
+        gemv1_##name(const float* x, LinSegs sg, int m, int ntot, int k, long rb) { \
+        linear_t<DT, false, 1>(x, sg, 1, ntot, k, rb); \
     }
 LIN(f32, DT_F32)
 LIN(f16, DT_F16)
@@ -186,6 +226,7 @@ LIN(q4_1, DT_Q4_1)
 
 // y[r, j] += b[j] (bias after a cuBLAS product)
 extern "C" __global__ void addbias_f32(float* y, const float* b, long rows, long n) {
+    pdl_begin();
     for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < rows * n; i += (long)gridDim.x * blockDim.x)
         y[i] += b[i % n];
 }
@@ -202,6 +243,7 @@ __device__ __forceinline__ unsigned short f2h(float f) {
 }
 
 extern "C" __global__ void quantize_q8_f32(const float* x, signed char* qs, float2* ds, long nblocks) {
+    pdl_begin();
     long b = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (b >= nblocks) return;
@@ -255,6 +297,7 @@ __device__ void linear_q8act_t(const signed char* xq, const float2* xd, const Li
     int r0 = blockIdx.y * LIN_ROWS;
     if (jg >= ntot) return;
     SEG_PICK(jg)
+    pdl_gemv_begin();
     int nr = min(LIN_ROWS, m - r0);
     long nb = k / 32;
     const unsigned char* row = w + (long)j * row_bytes;
@@ -355,7 +398,10 @@ __device__ void linear_q8act_sb_t(const signed char* xq, const float2* xd, const
     for (int r = 0; r < LIN_ROWS; r++) acc[r] = 0.0f;
     long nsb = k >> 8;
     unsigned int wd[4 * NV + 1];
-    if (live && sub < nsb) load_sb<DT>(row, sub, wd);
+    // the first superblock in flight, then wait for the kernel that wrote the activations
+    if (PDL_PREFETCH && live && sub < nsb) load_sb<DT>(row, sub, wd);
+    pdl_gemv_begin();
+    if (!PDL_PREFETCH && live && sub < nsb) load_sb<DT>(row, sub, wd);
     const uint4* sx = 0;
     const float2* sxd = 0;
     if (smx) {
@@ -443,6 +489,7 @@ __device__ __forceinline__ unsigned short f2bf(float f) {
 
 // y[i] = x[i] as f16 (bf = 0) or bf16 (bf = 1), round to nearest.
 extern "C" __global__ void cast_f32_half(const float* x, unsigned short* y, long n, int bf) {
+    pdl_begin();
     for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
         y[i] = bf ? f2bf(x[i]) : f2h(x[i]);
 }
@@ -451,6 +498,7 @@ extern "C" __global__ void cast_f32_half(const float* x, unsigned short* y, long
 // [nr, k]: one thread per 4 consecutive weights (load4 above).
 template <int DT>
 __device__ void dequant_f16_t(const unsigned char* w, unsigned short* out, long r0, long nr, int k, long row_bytes) {
+    pdl_begin();
     long groups = (long)k / 4;
     for (long id = (long)blockIdx.x * blockDim.x + threadIdx.x; id < nr * groups; id += (long)gridDim.x * blockDim.x) {
         long r = id / groups, g = id % groups;

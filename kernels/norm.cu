@@ -2,6 +2,7 @@
 // Sums are accumulated in f32 per thread, then reduced as a tree over the block.
 
 extern "C" __global__ void rmsnorm_f32(const float* x, const float* w, float* y, int d, float eps) {
+    pdl_begin();
     const float* xr = x + (long)blockIdx.x * d;
     float* yr = y + (long)blockIdx.x * d;
     float s = 0.0f;
@@ -22,6 +23,14 @@ extern "C" __global__ void rmsnorm_v4_f32(const float* x, const float* w, float*
     const float4* xr = (const float4*)(x + (long)blockIdx.x * d);
     float4* yr = (float4*)(y + (long)blockIdx.x * d);
     const float4* w4 = (const float4*)w;
+    // the norm weight (no kernel writes it) is loaded before waiting for the kernel that wrote x
+    float4 g[RMS_V4];
+#pragma unroll
+    for (int t = 0; t < RMS_V4; t++) {
+        int i = threadIdx.x + t * blockDim.x;
+        g[t] = i < n4 ? w4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    pdl_begin();
     float4 v[RMS_V4];
     float s = 0.0f;
 #pragma unroll
@@ -35,14 +44,14 @@ extern "C" __global__ void rmsnorm_v4_f32(const float* x, const float* w, float*
 #pragma unroll
     for (int t = 0; t < RMS_V4; t++) {
         int i = threadIdx.x + t * blockDim.x;
-        if (i < n4) {
-            float4 g = w4[i];
-            yr[i] = make_float4(v[t].x * inv * g.x, v[t].y * inv * g.y, v[t].z * inv * g.z, v[t].w * inv * g.w);
-        }
+        if (i < n4)
+            yr[i] = make_float4(v[t].x * inv * g[t].x, v[t].y * inv * g[t].y, v[t].z * inv * g[t].z,
+                                v[t].w * inv * g[t].w);
     }
 }
 
 extern "C" __global__ void layernorm_f32(const float* x, const float* g, const float* b, float* y, int d, float eps) {
+    pdl_begin();
     const float* xr = x + (long)blockIdx.x * d;
     float* yr = y + (long)blockIdx.x * d;
     float s = 0.0f;
@@ -58,6 +67,7 @@ extern "C" __global__ void layernorm_f32(const float* x, const float* g, const f
 }
 
 extern "C" __global__ void softmax_f32(const float* x, float* y, int d) {
+    pdl_begin();
     const float* xr = x + (long)blockIdx.x * d;
     float* yr = y + (long)blockIdx.x * d;
     float m = -INF;

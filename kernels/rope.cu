@@ -8,6 +8,7 @@
 extern "C" __global__ void rotary_f32(float* x, const int* pos, const float* inv_freq, const float* cosv,
                                       const float* sinv, int s, int heads, int hd, int rot, int style,
                                       float theta, int mode, float* x2, int heads2) {
+    pdl_begin();
     int half = rot / 2;
     int ht = heads + (x2 ? heads2 : 0);
     long total = (long)s * ht * half;

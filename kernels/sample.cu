@@ -262,6 +262,7 @@ __device__ bool smp_select(const float* xr, long n, float m, float t, float it,
 // only -Inf, or a bad temperature.
 extern "C" __global__ void __launch_bounds__(1024)
     sample_f32(const float* x, const float* params, const int* rnd, int* out, long n) {
+    pdl_begin();
     __shared__ SmpShared sh;
     const long row = blockIdx.x;
     const float* xr = x + row * n;
@@ -337,6 +338,7 @@ extern "C" __global__ void __launch_bounds__(1024)
 // x -= presence + frequency * count; params [rows, 3] = (repetition, presence, frequency).
 extern "C" __global__ void penalties_f32(float* x, const int* toks, const int* counts,
                                          const float* params, long n, int m) {
+    pdl_begin();
     const long row = blockIdx.x;
     const float rp = params[3 * row], pres = params[3 * row + 1], freq = params[3 * row + 2];
     for (int j = threadIdx.x; j < m; j += blockDim.x) {

@@ -28,6 +28,7 @@ __device__ void block_best(float& v, long& i) {
 }
 
 extern "C" __global__ void argmax_f32(const float* x, int* out, long n) {
+    pdl_begin();
     const float* xr = x + (long)blockIdx.x * n;
     float bv = -INF;
     long bi = 0x7fffffffffffffffL;
@@ -46,6 +47,7 @@ extern "C" __global__ void argmax_f32(const float* x, int* out, long n) {
 }
 
 extern "C" __global__ void topk_f32(const float* x, float* out, long n, int k) {
+    pdl_begin();
     const float* xr = x + (long)blockIdx.x * n;
     float* orow = out + (long)blockIdx.x * k * 2;
     float pv = INF;

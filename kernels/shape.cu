@@ -2,6 +2,7 @@
 
 // For o < outer: copy `chunk` units from src + o*sp to dst + o*dp (units of 4 bytes or 1 byte).
 extern "C" __global__ void copy2d_u32(const unsigned int* src, unsigned int* dst, long outer, long chunk, long sp, long dp) {
+    pdl_begin();
     for (long id = (long)blockIdx.x * blockDim.x + threadIdx.x; id < outer * chunk; id += (long)gridDim.x * blockDim.x) {
         long o = id / chunk, c = id % chunk;
         dst[o * dp + c] = src[o * sp + c];
@@ -9,6 +10,7 @@ extern "C" __global__ void copy2d_u32(const unsigned int* src, unsigned int* dst
 }
 
 extern "C" __global__ void copy2d_u8(const unsigned char* src, unsigned char* dst, long outer, long chunk, long sp, long dp) {
+    pdl_begin();
     for (long id = (long)blockIdx.x * blockDim.x + threadIdx.x; id < outer * chunk; id += (long)gridDim.x * blockDim.x) {
         long o = id / chunk, c = id % chunk;
         dst[o * dp + c] = src[o * sp + c];
@@ -37,9 +39,11 @@ __device__ void permute_t(const T* src, T* dst, long n, PermuteArgs a) {
 }
 
 extern "C" __global__ void permute_b32(const unsigned int* src, unsigned int* dst, long n, PermuteArgs a) {
+    pdl_begin();
     permute_t<unsigned int>(src, dst, n, a);
 }
 
 extern "C" __global__ void permute_b16(const unsigned short* src, unsigned short* dst, long n, PermuteArgs a) {
+    pdl_begin();
     permute_t<unsigned short>(src, dst, n, a);
 }

@@ -1769,3 +1769,40 @@ fn gpu_model_sampling_equals_host_sampling() {
     }
     println!("synthetic tiny on the GPU: device picks equal host picks (paged and session)");
 }
+
+#[test]
+fn decode_kernels_launch_with_programmatic_dependent_launch() {
+    let Some(dev) = gpu() else { return };
+    let g = dev.gpu();
+    if !g.uses_pdl() {
+        println!("SKIPPED: programmatic dependent launch not used (compute capability < 9.0 or FASTLLM_PDL=0)");
+        return;
+    }
+    // the kernels of a decode step: each must carry its own `griddepcontrol.wait` in the PTX
+    // (kernels/common.cuh), or it would be launched normally and the step would lose the overlap
+    for name in [
+        "embedding_f16",
+        "rmsnorm_v4_f32",
+        "linear1_f16",
+        "linear_f16",
+        "gemv1_f16",
+        "gemv_f16",
+        "gemv1_q4_0",
+        "quantize_q8_f32",
+        "linear_q8act_sbx_q4_0",
+        "linear_q8act_sb_q8_0",
+        "rotary_f32",
+        "kv_write_f32",
+        "attn_decode_f32",
+        "attn_decode_combine_f32",
+        "silu_mul_f32",
+        "argmax_f32",
+        "sample_f32",
+    ] {
+        assert!(
+            g.launches_with_pdl(name).unwrap(),
+            "{name} is not launched with programmatic dependent launch"
+        );
+    }
+    println!("programmatic dependent launch: decode kernels covered");
+}

@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use cudarc::driver::{
     result as dres, CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
 };
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -20,6 +20,14 @@ pub struct Gpu {
     driver_version: i32,
     name: String,
     module: OnceLock<std::result::Result<Arc<CudaModule>, String>>,
+    /// Kernels whose compiled code waits for the previous kernel's results
+    /// (`griddepcontrol.wait`, see `pdl_wait` in kernels/common.cuh), found in the PTX when the
+    /// module loads. Only these are launched with programmatic dependent launch.
+    pdl_kernels: OnceLock<HashSet<String>>,
+    /// Programmatic dependent launch is used (compute capability ≥ 9.0 and `FASTLLM_PDL` is not
+    /// `0`): a kernel's blocks may start, and read their weights, while the previous kernel
+    /// finishes; they wait in `pdl_wait` before touching anything that kernel writes.
+    pdl: bool,
     functions: Mutex<HashMap<String, CudaFunction>>,
     blas: Option<Mutex<cudarc::cublas::CudaBlas>>,
     /// Page-locked host buffer that large device-to-host copies go through (a pageable
@@ -135,6 +143,8 @@ impl Gpu {
             driver_version,
             name,
             module: OnceLock::new(),
+            pdl_kernels: OnceLock::new(),
+            pdl: arch.0 >= 9 && std::env::var("FASTLLM_PDL").map_or(true, |v| v != "0"),
             functions: Mutex::new(HashMap::new()),
             blas,
             staging: Mutex::new(None),
@@ -350,6 +360,9 @@ impl Gpu {
         let m = self.module.get_or_init(|| {
             let ptx =
                 kernels::compiled_ptx(self.arch, self.driver_version).map_err(|e| e.to_string())?;
+            let _ = self
+                .pdl_kernels
+                .set(kernels::entries_waiting_on_predecessor(&ptx));
             self.ctx
                 .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
                 .map_err(|e| format!("loading kernels: {e}"))
@@ -404,6 +417,9 @@ impl Gpu {
             return Ok(());
         }
         let f = self.function(name)?;
+        if self.pdl && self.pdl_kernels.get().is_some_and(|k| k.contains(name)) {
+            return self.launch_pdl(name, &f, grid, block, smem, args);
+        }
         let mut b = self.stream.launch_builder(&f);
         for a in args {
             match a {
@@ -424,6 +440,80 @@ impl Gpu {
         // match the kernel's signature in kernels/*.cu.
         unsafe { b.launch(cfg) }.map_err(|e| dev_err(&format!("launch {name}"), e))?;
         Ok(())
+    }
+
+    /// Whether kernels that wait for their predecessor are launched with programmatic
+    /// dependent launch on this GPU (see the `pdl` field).
+    pub fn uses_pdl(&self) -> bool {
+        self.pdl
+    }
+
+    /// Whether kernel `name` is launched with programmatic dependent launch (compiling the
+    /// kernels first if needed).
+    pub fn launches_with_pdl(&self, name: &str) -> Result<bool> {
+        self.module()?;
+        Ok(self.pdl && self.pdl_kernels.get().is_some_and(|k| k.contains(name)))
+    }
+
+    /// Launch with the programmatic-stream-serialization attribute (`cuLaunchKernelEx`): the
+    /// kernel may begin before the previous one on the stream has finished; its code (checked
+    /// in the PTX: `pdl_kernels`) waits for that kernel before reading or writing shared data.
+    fn launch_pdl(
+        &self,
+        name: &str,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[KArg],
+    ) -> Result<()> {
+        use cudarc::driver::sys;
+        self.bind()?;
+        let mut store: Vec<KArg> = args.to_vec();
+        let mut params: Vec<*mut std::ffi::c_void> = store
+            .iter_mut()
+            .map(|a| match a {
+                KArg::Ptr(v) | KArg::U64(v) => v as *mut u64 as *mut std::ffi::c_void,
+                KArg::I32(v) => v as *mut i32 as *mut std::ffi::c_void,
+                KArg::I64(v) => v as *mut i64 as *mut std::ffi::c_void,
+                KArg::F32(v) => v as *mut f32 as *mut std::ffi::c_void,
+                KArg::Permute(v) => v as *mut PermuteArgs as *mut std::ffi::c_void,
+                KArg::Segs(v) => v as *mut LinSegs as *mut std::ffi::c_void,
+            })
+            .collect();
+        // SAFETY: an all-zero attribute value is valid (a union of plain integers).
+        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+        value.programmaticStreamSerializationAllowed = 1;
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value,
+        };
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: `params` points at one live value per kernel parameter, in the kernel's
+        // order and with its C layout (`store` outlives the call); sizes were validated by the
+        // operator, as for `launch_smem`.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &cfg,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(|e| dev_err(&format!("launch {name}"), e))
     }
 
     /// A 1-D grid covering `n` items with `block` threads each (capped; kernels loop).

@@ -4,6 +4,7 @@
 //! a second start skips NVRTC. Knows nothing about ops.
 
 use crate::error::{Error, Result};
+use std::collections::HashSet;
 use std::path::PathBuf;
 
 /// Every kernel source, in order; `common.cuh` first (the others use its helpers).
@@ -29,9 +30,33 @@ const SOURCES: [(&str, &str); 10] = [
     ("sample.cu", include_str!("../../../kernels/sample.cu")),
 ];
 
+/// Tuning switches for the kernel sources from `FASTLLM_CUDA_DEFINES` (`NAME=VALUE,...`, each
+/// an integer macro that kernels/common.cuh defaults with `#ifndef`), as `#define` lines. Names
+/// and values other than identifiers and integers are ignored. For measuring kernel variants
+/// without rebuilding; the PTX cache key includes them (they are part of the source).
+fn defines_from_env() -> String {
+    let Ok(spec) = std::env::var("FASTLLM_CUDA_DEFINES") else {
+        return String::new();
+    };
+    let mut out = String::new();
+    for item in spec.split(',') {
+        let Some((k, v)) = item.split_once('=') else {
+            continue;
+        };
+        let (k, v) = (k.trim(), v.trim());
+        let ident = !k.is_empty()
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && !k.starts_with(|c: char| c.is_ascii_digit());
+        if ident && v.parse::<i64>().is_ok() {
+            out.push_str(&format!("#define {k} {v}\n"));
+        }
+    }
+    out
+}
+
 /// All kernel sources as one translation unit.
 pub fn source() -> String {
-    let mut s = String::new();
+    let mut s = defines_from_env();
     for (name, text) in SOURCES {
         s.push_str(&format!("// ---- {name} ----\n"));
         s.push_str(text);
@@ -99,6 +124,32 @@ pub fn compiled_ptx(arch: (i32, i32), driver: i32) -> Result<String> {
     Ok(ptx)
 }
 
+/// The names of the kernels (`.entry` functions) in `ptx` whose own body contains
+/// `griddepcontrol.wait` (`pdl_wait` in kernels/common.cuh): the only ones that may be launched
+/// with programmatic dependent launch, since they wait for the previous kernel themselves. A
+/// kernel that reaches the wait only through a separate `.func` is left out (launched normally).
+pub fn entries_waiting_on_predecessor(ptx: &str) -> HashSet<String> {
+    let mut out = HashSet::new();
+    let starts: Vec<usize> = ptx.match_indices(".entry ").map(|(i, _)| i).collect();
+    for (n, &at) in starts.iter().enumerate() {
+        let end = starts.get(n + 1).copied().unwrap_or(ptx.len());
+        let text = &ptx[at + ".entry ".len()..end];
+        let name: String = text
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '$')
+            .collect();
+        // the body only (a later `.func` would start with its own header)
+        let body = match text.find(".func") {
+            Some(f) => &text[..f],
+            None => text,
+        };
+        if !name.is_empty() && body.contains("griddepcontrol.wait") {
+            out.insert(name);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,5 +174,19 @@ mod tests {
         assert!(src.contains("LIN(q4_1, DT_Q4_1)"));
         // `common.cuh` comes first: every other file uses its helpers.
         assert!(src.starts_with("// ---- common.cuh ----"));
+    }
+
+    #[test]
+    fn pdl_entries_are_those_whose_body_waits() {
+        let ptx =
+            "//\n.visible .entry a_f32(\n.param .u64 p\n)\n{\n\tgriddepcontrol.wait;\n\tret;\n}\n\
+                   .visible .entry b_f32(\n)\n{\n\tret;\n}\n\
+                   .func c()\n{\n\tgriddepcontrol.wait;\n}\n\
+                   .visible .entry d$x(\n)\n{\n\tgriddepcontrol.wait;\n}\n";
+        let e = entries_waiting_on_predecessor(ptx);
+        assert!(e.contains("a_f32"));
+        assert!(!e.contains("b_f32"), "b only precedes a .func that waits");
+        assert!(e.contains("d$x"));
+        assert_eq!(e.len(), 2);
     }
 }

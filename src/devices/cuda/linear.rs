@@ -539,10 +539,12 @@ impl Linear {
         }
         let mut args = vec![KArg::Ptr(xp)];
         args.extend(tail);
-        // one weight: the kernel without segment selection (`linear1_*`)
+        // one weight: the kernel without segment selection (`linear1_*`); one row: the
+        // one-row kernels (`gemv_*`, fewer registers)
         let single = if segs.len() == 1 { "1" } else { "" };
+        let kind = if m == 1 { "gemv" } else { "linear" };
         self.gpu.launch(
-            &format!("linear{single}_{variant}{suffix}"),
+            &format!("{kind}{single}_{variant}{suffix}"),
             (gx, gy, 1),
             block,
             &args,

@@ -73,3 +73,30 @@ extern "C" __global__ void silu_mul_f32(const float* g, const float* u, float* y
     pdl_begin();
     GRID_LOOP(i, n) y[i] = silu1(g[i]) * u[i];
 }
+
+// silu_mul_f32 that also writes y as Q8_0 blocks (qs: n int8, ds: n / 32 scale pairs) for the
+// next Linear with quantized activations, with the arithmetic of quantize_q8_f32. n % 32 == 0
+// and blockDim % 32 == 0, so every warp takes whole 32-value blocks in each step.
+extern "C" __global__ void silu_mul_q8_f32(const float* g, const float* u, float* y, long n, signed char* qs,
+                                           float2* ds) {
+    pdl_begin();
+    int lane = threadIdx.x & 31;
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+        float v = silu1(g[i]) * u[i];
+        y[i] = v;
+        float amax = fabsf(v);
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int q = max(-127, min(127, __float2int_rn(v * id)));
+        qs[i] = (signed char)q;
+        int s = q;
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0) {
+            unsigned short h;
+            asm("{cvt.rn.f16.f32 %0, %1;}" : "=h"(h) : "f"(d));
+            float dst = h2f(h);
+            ds[i >> 5] = make_float2(dst, dst * (float)s);
+        }
+    }
+}

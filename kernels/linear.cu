@@ -379,7 +379,7 @@ __device__ __forceinline__ void load_sb(const unsigned char* row, long s, unsign
 // distinct banks) and its scales at sxd[s * 9 + b].
 // With `smx` (m = 1), the block stages the activation row into shared memory itself, after each
 // lane has issued the loads of its first weight superblock (so the two latencies overlap).
-template <int DT>
+template <int DT, int R>
 __device__ void linear_q8act_sb_t(const signed char* xq, const float2* xd, const LinSegs& sg, int m, int ntot, int k,
                                   long row_bytes, int lpr, uint4* smx) {
     constexpr int BS = blk_bytes<DT>();
@@ -387,15 +387,15 @@ __device__ void linear_q8act_sb_t(const signed char* xq, const float2* xd, const
     int lane = threadIdx.x & 31, sub = lane & (lpr - 1);
     int rpw = 32 / lpr;
     int jg = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * rpw + lane / lpr;
-    int r0 = blockIdx.y * LIN_ROWS;
+    int r0 = blockIdx.y * R;
     bool live = jg < ntot;
     SEG_PICK(live ? jg : 0)
-    int nr = min(LIN_ROWS, m - r0);
+    int nr = min(R, m - r0);
     long nb = k >> 5;
     const unsigned char* row = w + (long)j * row_bytes;
-    float acc[LIN_ROWS];
+    float acc[R];
 #pragma unroll
-    for (int r = 0; r < LIN_ROWS; r++) acc[r] = 0.0f;
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
     long nsb = k >> 8;
     unsigned int wd[4 * NV + 1];
     // the first superblock in flight, then wait for the kernel that wrote the activations
@@ -420,7 +420,7 @@ __device__ void linear_q8act_sb_t(const signed char* xq, const float2* xd, const
             unsigned int hd = wat(wd, o);
             float d = h2f((unsigned short)(hd & 0xffff));
 #pragma unroll
-            for (int r = 0; r < LIN_ROWS; r++) {
+            for (int r = 0; r < R; r++) {
                 if (r < nr) {
                     long xb = (long)(r0 + r) * nb + s * 8 + b;
                     const uint4* xv = sx ? sx + s * 17 + 2 * b : (const uint4*)(xq + xb * 32);
@@ -439,13 +439,9 @@ __device__ void linear_q8act_sb_t(const signed char* xq, const float2* xd, const
                             unsigned int q = wat(wd, o + qo + 4 * t);
                             isum = dp4a((int)(q & 0x0F0F0F0Fu), (int)xw[t], isum);
                             isum = dp4a((int)((q >> 4) & 0x0F0F0F0Fu), (int)xw[4 + t], isum);
-                            if (DT == DT_Q4_0) {
-                                isum = dp4a((int)0xF8F8F8F8u, (int)xw[t], isum);
-                                isum = dp4a((int)0xF8F8F8F8u, (int)xw[4 + t], isum);
-                            }
                         }
                         if (DT == DT_Q4_0)
-                            acc[r] += d * dx.x * (float)isum;
+                            acc[r] += d * (dx.x * (float)isum - 8.0f * dx.y);
                         else
                             acc[r] += d * dx.x * (float)isum + h2f((unsigned short)(hd >> 16)) * dx.y;
                     }
@@ -454,7 +450,7 @@ __device__ void linear_q8act_sb_t(const signed char* xq, const float2* xd, const
         }
     }
 #pragma unroll
-    for (int r = 0; r < LIN_ROWS; r++) {
+    for (int r = 0; r < R; r++) {
         float v = acc[r];
         for (int o = lpr >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
         if (live && sub == 0 && r < nr) {
@@ -464,19 +460,29 @@ __device__ void linear_q8act_sb_t(const signed char* xq, const float2* xd, const
     }
 }
 
-#define LINSB(name, DT) \
+// Resident blocks per SM promised by the one-row kernels (`sbx`): 4-bit weights keep a
+// 9-10 register-word superblock per lane, 8-bit ones 17, so they get different caps.
+#ifndef SBX4_MIN_BLOCKS
+#define SBX4_MIN_BLOCKS 2
+#endif
+#ifndef SBX8_MIN_BLOCKS
+#define SBX8_MIN_BLOCKS 2
+#endif
+
+#define LINSB(name, DT, MINB) \
     extern "C" __global__ void linear_q8act_sb_##name(const signed char* xq, const float2* xd, LinSegs sg, int m, \
                                                       int ntot, int k, long rb, int lpr) { \
-        linear_q8act_sb_t<DT>(xq, xd, sg, m, ntot, k, rb, lpr, 0); \
+        linear_q8act_sb_t<DT, LIN_ROWS>(xq, xd, sg, m, ntot, k, rb, lpr, 0); \
     } \
-    extern "C" __global__ void linear_q8act_sbx_##name(const signed char* xq, const float2* xd, LinSegs sg, int m, \
+    extern "C" __global__ void __launch_bounds__(256, MINB) \
+        linear_q8act_sbx_##name(const signed char* xq, const float2* xd, LinSegs sg, int m, \
                                                        int ntot, int k, long rb, int lpr) { \
         extern __shared__ uint4 smx[]; \
-        linear_q8act_sb_t<DT>(xq, xd, sg, 1, ntot, k, rb, lpr, smx); \
+        linear_q8act_sb_t<DT, 1>(xq, xd, sg, 1, ntot, k, rb, lpr, smx); \
     }
-LINSB(q8_0, DT_Q8_0)
-LINSB(q4_0, DT_Q4_0)
-LINSB(q4_1, DT_Q4_1)
+LINSB(q8_0, DT_Q8_0, SBX8_MIN_BLOCKS)
+LINSB(q4_0, DT_Q4_0, SBX4_MIN_BLOCKS)
+LINSB(q4_1, DT_Q4_1, SBX4_MIN_BLOCKS)
 
 // ---- tensor-core (cuBLAS) path helpers ----
 

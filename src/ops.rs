@@ -137,6 +137,21 @@ pub fn embedding_checked(e: &Executor, ids: &Data, w: &Data, out: &mut Data) -> 
 
 /// RMS normalization over the last axis.
 pub fn rms_norm(e: &Executor, x: &Data, w: &Data, eps: f32, out: &mut Data) -> Result<()> {
+    rms_norm_quantizing(e, x, w, eps, out, false)
+}
+
+/// [`rms_norm`]; with `quantize`, a device that can (CUDA) also keeps the output as the Q8_0
+/// rows that the next `Linear` with `quant_act` and a block weight reads, so that `Linear`
+/// skips quantizing it (`quantize_output = 1`: only valid when that `Linear` is the next op on
+/// the device and its input is this output, unchanged). Other devices ignore it.
+pub fn rms_norm_quantizing(
+    e: &Executor,
+    x: &Data,
+    w: &Data,
+    eps: f32,
+    out: &mut Data,
+    quantize: bool,
+) -> Result<()> {
     let mut d = DataDict::new()
         .with("input", x)
         .with("weight", w)
@@ -145,7 +160,7 @@ pub fn rms_norm(e: &Executor, x: &Data, w: &Data, eps: f32, out: &mut Data) -> R
         "RMSNorm",
         &mut d,
         &FloatDict::new().with("eps", eps),
-        &IntDict::new(),
+        &IntDict::new().with("quantize_output", quantize as i32),
     )
 }
 
@@ -282,11 +297,27 @@ pub fn mul_to(e: &Executor, x: &mut Data, y: &Data) -> Result<()> {
 
 /// `output = silu(g)·u` (a device op; the CPU device does not have it).
 pub fn silu_mul(e: &Executor, g: &Data, u: &Data, out: &mut Data) -> Result<()> {
+    silu_mul_quantizing(e, g, u, out, false)
+}
+
+/// [`silu_mul`]; `quantize` as in [`rms_norm_quantizing`].
+pub fn silu_mul_quantizing(
+    e: &Executor,
+    g: &Data,
+    u: &Data,
+    out: &mut Data,
+    quantize: bool,
+) -> Result<()> {
     let mut d = DataDict::new()
         .with("input0", g)
         .with("input1", u)
         .with_mut("output", out);
-    e.run("SiluMul", &mut d, &FloatDict::new(), &IntDict::new())
+    e.run(
+        "SiluMul",
+        &mut d,
+        &FloatDict::new(),
+        &IntDict::new().with("quantize_output", quantize as i32),
+    )
 }
 
 /// `output = x·v`.

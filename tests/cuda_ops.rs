@@ -1806,3 +1806,50 @@ fn decode_kernels_launch_with_programmatic_dependent_launch() {
     }
     println!("programmatic dependent launch: decode kernels covered");
 }
+
+#[test]
+fn norm_and_silu_mul_quantizing_for_the_next_linear_give_the_same_products() {
+    let Some(dev) = gpu() else { return };
+    let cuda = cuda_executor(&dev);
+    let mut rng = CaseRng::new(23);
+    let mut checked = 0;
+    for dt in [DataType::Q4_0, DataType::Q4_1, DataType::Q8_0] {
+        for k in [64usize, 512, 4096] {
+            let w = dev.upload(&rng.data(dt, &[72, k])).unwrap();
+            let g = dev.upload(&rng.data(DataType::F32, &[k])).unwrap();
+            let x = dev.upload(&rng.data(DataType::F32, &[1, k])).unwrap();
+            let u = dev.upload(&rng.data(DataType::F32, &[1, k])).unwrap();
+            let other = dev.upload(&rng.data(DataType::F32, &[1, k])).unwrap();
+            let lin = |x: &Data| run_linear(&cuda, x, &w, None, 1).to_f32_vec().unwrap();
+            let norm = |quantize: bool| {
+                let mut h = Data::empty(DataType::F32);
+                fastllm::ops::rms_norm_quantizing(&cuda, &x, &g, 1e-5, &mut h, quantize).unwrap();
+                h
+            };
+            let silu = |quantize: bool| {
+                let mut h = Data::empty(DataType::F32);
+                fastllm::ops::silu_mul_quantizing(&cuda, &x, &u, &mut h, quantize).unwrap();
+                h
+            };
+            // the rows the producer left give exactly what quantizing in Linear gives
+            let h = norm(false);
+            let want = lin(&h);
+            let h = norm(true);
+            assert_eq!(lin(&h), want, "RMSNorm {dt} k={k}");
+            let h = silu(false);
+            let want = lin(&h);
+            let h = silu(true);
+            assert_eq!(lin(&h), want, "SiluMul {dt} k={k}");
+            // a Linear of another input after a quantizing producer quantizes its own input
+            let want_other = lin(&other);
+            let _h = norm(true);
+            assert_eq!(
+                lin(&other),
+                want_other,
+                "other input after RMSNorm {dt} k={k}"
+            );
+            checked += 1;
+        }
+    }
+    println!("quantizing RMSNorm/SiluMul: {checked} weight shapes, products bit-equal");
+}

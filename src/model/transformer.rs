@@ -152,6 +152,10 @@ pub struct Model {
     multi_linear: bool,
     /// One-token decode steps are recorded once per cache and replayed (CUDA graphs).
     decode_graphs: bool,
+    /// The `fast` precision with block-quantized projections on such a device: at one row,
+    /// `RMSNorm` and `SiluMul` also leave their output as the Q8_0 rows the next `Linear`
+    /// reads (`quantize_output`), instead of that `Linear` quantizing it in a launch of its own.
+    norm_quantizes: bool,
     /// Unique per model in this process: a cache's recorded decode step is only replayed by
     /// the model that recorded it (the recording holds that model's weight addresses).
     id: u64,
@@ -261,6 +265,14 @@ impl Model {
             && !weights.low_memory()
             && !matches!(spec.positions, Positions::Learned(_))
             && std::env::var("FASTLLM_DECODE_GRAPHS").map_or(true, |v| v.trim() != "0");
+        // FASTLLM_DECODE_FUSE=0 also turns this off
+        let norm_quantizes = multi_linear && precision == Precision::Fast && {
+            let down = match spec.mlp {
+                Mlp::Gated(_, _, dn) | Mlp::GatedFused(_, dn) | Mlp::Plain(_, dn) => dn,
+            };
+            let name = format!("{}0.{down}.weight", spec.layer_prefix);
+            weights.has(&name) && weights.get(&name).is_ok_and(|w| w.dtype().is_quantized())
+        };
         Ok(Model {
             config,
             spec,
@@ -274,6 +286,7 @@ impl Model {
             fused_silu_mul,
             multi_linear,
             decode_graphs,
+            norm_quantizes,
             id: next_model_id(),
         })
     }
@@ -341,6 +354,7 @@ impl Model {
             fused_silu_mul: false,
             multi_linear: false,
             decode_graphs: false,
+            norm_quantizes: false,
             id: next_model_id(),
         })
     }
@@ -425,11 +439,24 @@ impl Model {
     }
 
     fn norm(&self, x: &Data, name: &str, out: &mut Data) -> Result<()> {
+        self.norm_q(x, name, out, false)
+    }
+
+    /// [`Model::norm`] whose output feeds a `Linear`: at one row with `norm_quantizes`, the
+    /// norm also leaves the Q8_0 rows that `Linear` reads.
+    fn norm_for_linear(&self, x: &Data, name: &str, out: &mut Data) -> Result<()> {
+        let rows = x.count() / x.dim(-1).max(1);
+        self.norm_q(x, name, out, self.norm_quantizes && rows == 1)
+    }
+
+    fn norm_q(&self, x: &Data, name: &str, out: &mut Data, quantize: bool) -> Result<()> {
         let e = &self.exec;
         let eps = self.config.norm_eps;
         let w = self.weights.get(&format!("{name}.weight"))?;
         match self.spec.norm {
-            NormKind::Rms | NormKind::RmsPlusOne => ops::rms_norm(e, x, &w, eps, out),
+            NormKind::Rms | NormKind::RmsPlusOne => {
+                ops::rms_norm_quantizing(e, x, &w, eps, out, quantize)
+            }
             NormKind::Layer => {
                 let b = self.weights.get(&format!("{name}.bias"))?;
                 ops::layer_norm(e, x, &w, &b, eps, out)
@@ -1142,7 +1169,7 @@ impl Model {
         for i in 0..c.num_layers {
             let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
             // attention
-            self.norm(x, &ln(self.spec.attn_norm), h)?;
+            self.norm_for_linear(x, &ln(self.spec.attn_norm), h)?;
             match self.spec.qkv {
                 Qkv::Separate(qn, kn, vn) => {
                     self.linears(h, &[ln(qn), ln(kn), ln(vn)], &mut [q, k, v])?;
@@ -1226,12 +1253,13 @@ impl Model {
                 ops::add_to(e, x, b, 1.0)?;
             }
             // MLP
-            self.norm(x, &ln(self.spec.ffn_norm), h)?;
+            self.norm_for_linear(x, &ln(self.spec.ffn_norm), h)?;
             let down = match self.spec.mlp {
                 Mlp::Gated(gn, un, dn) => {
                     self.linears(h, &[ln(gn), ln(un)], &mut [g, t0])?;
                     if self.fused_silu_mul {
-                        ops::silu_mul(e, g, t0, t1)?;
+                        let quantize = self.norm_quantizes && s == 1;
+                        ops::silu_mul_quantizing(e, g, t0, t1, quantize)?;
                     } else {
                         self.act(g, t1)?;
                         ops::mul_to(e, t1, t0)?;
@@ -1277,7 +1305,7 @@ impl Model {
             ops::embedding(e, &idx, x, t1)?; // row gather
             t1
         };
-        self.norm(rows, self.spec.final_norm, h)?;
+        self.norm_for_linear(rows, self.spec.final_norm, h)?;
         let head =
             if !c.tie_embeddings && self.weights.has(&format!("{}.weight", self.spec.lm_head)) {
                 self.spec.lm_head

@@ -2,6 +2,7 @@
 //! `Add`, `AddTo`, `Mul`, `MulTo`, and `SiluMul` (`output = silu(input0) · input1`, the gated
 //! MLP's activation and product in one pass; GPU only, the model uses it when the device has it).
 
+use super::act_quant::ActQuant;
 use super::buffer::{dptr, ensure_out};
 use super::gpu::{long, Gpu, KArg};
 use super::{all_f32, op_err};
@@ -11,7 +12,7 @@ use crate::error::Result;
 use std::sync::Arc;
 
 /// Registers this family's operators.
-pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>) {
+pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>) {
     for kind in [
         Act::Silu,
         Act::Gelu,
@@ -43,11 +44,13 @@ pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>) {
         }),
     );
     ops.insert("Mul", Box::new(Mul(gpu.clone())));
-    ops.insert("SiluMul", Box::new(SiluMul(gpu.clone())));
+    ops.insert("SiluMul", Box::new(SiluMul(gpu.clone(), act.clone())));
 }
 
 /// `output = silu(input0) · input1` (same shapes).
-struct SiluMul(Arc<Gpu>);
+/// `output = silu(input0) · input1`; with `quantize_output = 1` (and a row length that is a
+/// multiple of 32) the output is also left as Q8_0 rows for the next `Linear` (quant_act).
+struct SiluMul(Arc<Gpu>, Arc<ActQuant>);
 
 impl Operator for SiluMul {
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
@@ -72,22 +75,29 @@ impl Operator for SiluMul {
             &dims,
         )
     }
-    fn run(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
+    fn run(&self, d: &mut DataDict, _: &FloatDict, ints: &IntDict) -> Result<()> {
         let ([g, u], y) = d.io("SiluMul", ["input0", "input1"], "output")?;
         let g = g.ok_or_else(|| op_err("SiluMul", "missing input 'input0'"))?;
         let u = u.ok_or_else(|| op_err("SiluMul", "missing input 'input1'"))?;
         let n = y.count();
-        self.0.launch(
-            "silu_mul_f32",
-            Gpu::grid_for(n, 256),
-            256,
-            &[
-                KArg::Ptr(dptr(g, "input0")?),
-                KArg::Ptr(dptr(u, "input1")?),
-                KArg::Ptr(dptr(y, "output")?),
-                long(n, "n")?,
-            ],
-        )
+        let row = y.dims().last().copied().unwrap_or(0);
+        let args = [
+            KArg::Ptr(dptr(g, "input0")?),
+            KArg::Ptr(dptr(u, "input1")?),
+            KArg::Ptr(dptr(y, "output")?),
+            long(n, "n")?,
+        ];
+        if ints.get_or("quantize_output", 0) != 0 && row > 0 && row.is_multiple_of(32) {
+            let out = dptr(y, "output")?;
+            let (qs, ds, key) = self.1.slots(out, n / row, row)?;
+            let mut a = args.to_vec();
+            a.extend([KArg::Ptr(qs), KArg::Ptr(ds)]);
+            self.0
+                .launch("silu_mul_q8_f32", Gpu::grid_for(n, 256), 256, &a)?;
+            return self.1.set(key, true);
+        }
+        self.0
+            .launch("silu_mul_f32", Gpu::grid_for(n, 256), 256, &args)
     }
 }
 

@@ -14,6 +14,7 @@
 //! the product accumulates and is written in f32. `exact` precision (`quant_act = 0`) keeps
 //! the f32-activation kernels.
 
+use super::act_quant::{ActQuant, Held};
 use super::blas::{gemm, Elem, Gemm, Operand};
 use super::buffer::CudaBuffer;
 use super::buffer::{dptr, ensure_out};
@@ -26,14 +27,13 @@ use crate::error::{Error, Result};
 use std::sync::{Arc, Mutex};
 
 /// Registers this family's operators.
-pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>) {
+pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>) {
     ops.insert(
         "Linear",
         Box::new(Linear {
             gpu: gpu.clone(),
-            scratch: Mutex::new(None),
+            act: act.clone(),
             tc_scratch: Mutex::new(None),
-            quantized: Mutex::new(None),
         }),
     );
 }
@@ -52,12 +52,10 @@ const DEQ_TILE_BYTES: usize = 128 << 20;
 
 struct Linear {
     gpu: Arc<Gpu>,
-    /// Quantized activations for `quant_act = 1`, grown as needed (one stream: reuse is safe).
-    scratch: Mutex<Option<CudaBuffer>>,
+    /// Quantized activations for `quant_act = 1` (shared with the ops that can write them).
+    act: Arc<ActQuant>,
     /// Tensor-core path: f16/bf16 activations, then the dequantized weight tile.
     tc_scratch: Mutex<Option<CudaBuffer>>,
-    /// What `scratch` holds: the quantized rows of (input address, rows, k, scratch address).
-    quantized: Mutex<Option<(u64, usize, usize, u64)>>,
 }
 
 /// Rounds `v` up to a multiple of 256 bytes.
@@ -330,13 +328,10 @@ impl Operator for Linear {
         Ok(())
     }
     fn run(&self, d: &mut DataDict, _: &FloatDict, ints: &IntDict) -> Result<()> {
-        // What the previous call left quantized in `scratch`; cleared now, so only a call that
-        // quantizes leaves a key behind (reuse needs the immediately preceding call).
-        let prev = self
-            .quantized
-            .lock()
-            .map_err(|_| Error::Device("Linear scratch poisoned".into()))?
-            .take();
+        // What the previous call (or the op that produced this input) left quantized; cleared
+        // now, so only a call that quantizes leaves a record behind (reuse needs the
+        // immediately preceding call).
+        let prev = self.act.take()?;
         let mut segs = Vec::with_capacity(3);
         for (wn, bn, on) in SEGMENTS {
             let Some(w) = d.get(wn) else { continue };
@@ -394,7 +389,7 @@ impl Linear {
     #[allow(clippy::too_many_arguments)]
     fn product(
         &self,
-        prev: Option<(u64, usize, usize, u64)>,
+        prev: Option<Held>,
         ints: &IntDict,
         xp: u64,
         m: usize,
@@ -496,21 +491,10 @@ impl Linear {
                 ));
             }
             let nblocks = m * k / 32;
-            let need = m * k + nblocks * 8;
-            let mut guard = self
-                .scratch
-                .lock()
-                .map_err(|_| Error::Device("Linear scratch poisoned".into()))?;
-            if guard.as_ref().is_none_or(|b| b.len_bytes() < need) {
-                let fresh = CudaBuffer::zeroed(&self.gpu, need.next_power_of_two())?;
-                // the old buffer may be recorded in a CUDA graph
-                self.gpu.bump_generation();
-                *guard = Some(fresh);
-            }
-            let sp = guard.as_ref().map(|b| b.ptr()).unwrap_or(0);
-            let (qs, ds) = (sp, sp + (m * k) as u64);
-            let key = (xp, m, k, sp);
-            if !(ints.get_or("reuse_act", 0) != 0 && prev == Some(key)) {
+            let (qs, ds, key) = self.act.slots(xp, m, k)?;
+            let reuse = ints.get_or("reuse_act", 0) != 0;
+            let ready = prev.is_some_and(|p| p.key == key && (reuse || p.produced));
+            if !ready {
                 self.gpu.launch(
                     "quantize_q8_f32",
                     Gpu::grid_for(nblocks * 32, 256),
@@ -523,9 +507,7 @@ impl Linear {
                     ],
                 )?;
             }
-            if let Ok(mut held) = self.quantized.lock() {
-                *held = Some(key);
-            }
+            self.act.set(key, false)?;
             let mut args = vec![KArg::Ptr(qs), KArg::Ptr(ds)];
             args.extend(tail);
             let smem = if sbx { sx_bytes as u32 } else { 0 };

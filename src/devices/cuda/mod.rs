@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
+mod act_quant;
 mod attention;
 pub mod blas;
 pub mod buffer;
@@ -50,11 +51,12 @@ impl CudaDevice {
     pub fn new(ordinal: u32) -> Result<CudaDevice> {
         let gpu = Gpu::open(ordinal)?;
         let mut ops = OpRegistry::new();
-        elementwise::register(&mut ops, &gpu);
-        norm::register(&mut ops, &gpu);
+        let act = Arc::new(act_quant::ActQuant::new(&gpu));
+        elementwise::register(&mut ops, &gpu, &act);
+        norm::register(&mut ops, &gpu, &act);
         paged::register(&mut ops, &gpu);
         embedding::register(&mut ops, &gpu);
-        linear::register(&mut ops, &gpu);
+        linear::register(&mut ops, &gpu, &act);
         attention::register(&mut ops, &gpu);
         rope::register(&mut ops, &gpu);
         shape::register(&mut ops, &gpu);

@@ -1,5 +1,6 @@
 //! Row-wise operators on the GPU (f32): `RMSNorm`, `LayerNorm`, `Softmax`.
 
+use super::act_quant::ActQuant;
 use super::buffer::{dptr, ensure_out};
 use super::gpu::{int, Gpu, KArg};
 use super::{all_f32, op_err};
@@ -9,12 +10,13 @@ use crate::error::Result;
 use std::sync::Arc;
 
 /// Registers this family's operators.
-pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>) {
+pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>) {
     ops.insert(
         "RMSNorm",
         Box::new(RowOp {
             gpu: gpu.clone(),
             kind: Kind::Rms,
+            act: act.clone(),
         }),
     );
     ops.insert(
@@ -22,6 +24,7 @@ pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>) {
         Box::new(RowOp {
             gpu: gpu.clone(),
             kind: Kind::Layer,
+            act: act.clone(),
         }),
     );
     ops.insert(
@@ -29,6 +32,7 @@ pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>) {
         Box::new(RowOp {
             gpu: gpu.clone(),
             kind: Kind::Softmax,
+            act: act.clone(),
         }),
     );
 }
@@ -43,6 +47,9 @@ enum Kind {
 struct RowOp {
     gpu: Arc<Gpu>,
     kind: Kind,
+    /// Where `RMSNorm` with `quantize_output = 1` also leaves its output as Q8_0 rows for the
+    /// next `Linear`.
+    act: Arc<ActQuant>,
 }
 
 impl RowOp {
@@ -95,7 +102,7 @@ impl Operator for RowOp {
             &dims,
         )
     }
-    fn run(&self, d: &mut DataDict, f: &FloatDict, _: &IntDict) -> Result<()> {
+    fn run(&self, d: &mut DataDict, f: &FloatDict, ints: &IntDict) -> Result<()> {
         let op = self.op();
         let eps = f.get_or("eps", 1e-5);
         let ([x, w, g, b], y) = d.io(op, ["input", "weight", "gamma", "beta"], "output")?;
@@ -120,6 +127,26 @@ impl Operator for RowOp {
                 const V4: usize = 4;
                 if row % 4 == 0 && aligned && row <= 4 * V4 * 1024 {
                     let threads = (row / 4).div_ceil(V4).div_ceil(32).clamp(1, 32) * 32;
+                    if ints.get_or("quantize_output", 0) != 0 && row.is_multiple_of(32) {
+                        // also write the Q8_0 rows the next `Linear` (quant_act) reads
+                        let out = dptr(y, "output")?;
+                        let (qs, ds, key) = self.act.slots(out, rows, row)?;
+                        self.gpu.launch(
+                            "rmsnorm_v4q_f32",
+                            grid,
+                            threads as u32,
+                            &[
+                                xp,
+                                KArg::Ptr(wp),
+                                yp,
+                                dd,
+                                KArg::F32(eps),
+                                KArg::Ptr(qs),
+                                KArg::Ptr(ds),
+                            ],
+                        )?;
+                        return self.act.set(key, true);
+                    }
                     return self.gpu.launch(
                         "rmsnorm_v4_f32",
                         grid,

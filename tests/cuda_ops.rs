@@ -1853,3 +1853,31 @@ fn norm_and_silu_mul_quantizing_for_the_next_linear_give_the_same_products() {
     }
     println!("quantizing RMSNorm/SiluMul: {checked} weight shapes, products bit-equal");
 }
+
+#[test]
+fn long_row_gemv_matches_the_reference() {
+    let Some(dev) = gpu() else { return };
+    let cuda = cuda_executor(&dev);
+    let cpu = reference();
+    let mut rng = CaseRng::new(31);
+    // rows of 33, 56 and 65 superblocks: one or two per lane, and a lane looping twice
+    for k in [8448usize, 14336, 16640] {
+        for dt in [DataType::Q4_0, DataType::Q4_1, DataType::Q8_0] {
+            let w = rng.data(dt, &[40, k]);
+            let x = rng.data(DataType::F32, &[1, k]);
+            let want = run_linear(&cpu, &x, &w, None, 1).to_f32_vec().unwrap();
+            let got = run_linear(
+                &cuda,
+                &dev.upload(&x).unwrap(),
+                &dev.upload(&w).unwrap(),
+                None,
+                1,
+            )
+            .to_f32_vec()
+            .unwrap();
+            let (e, bad) = nmse(&got, &want);
+            assert!(!bad && e < 1e-9, "{dt} k={k}: nmse {e:.2e}");
+        }
+    }
+    println!("one-row GEMV with rows of 33/56/65 superblocks: matches the reference");
+}

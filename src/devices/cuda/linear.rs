@@ -32,6 +32,10 @@ pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>) {
         "Linear",
         Box::new(Linear {
             gpu: gpu.clone(),
+            stream_blocks: std::env::var("FASTLLM_GEMV_STREAM")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(2),
             act: act.clone(),
             tc_scratch: Mutex::new(None),
         }),
@@ -52,6 +56,9 @@ const DEQ_TILE_BYTES: usize = 128 << 20;
 
 struct Linear {
     gpu: Arc<Gpu>,
+    /// Blocks per SM of the streaming one-row GEMV for 4-bit weights (`linear_q8act_sbp_*`);
+    /// 0 = not used. `FASTLLM_GEMV_STREAM` (default 2; 0 turns it off, for A/B runs).
+    stream_blocks: usize,
     /// Quantized activations for `quant_act = 1` (shared with the ops that can write them).
     act: Arc<ActQuant>,
     /// Tensor-core path: f16/bf16 activations, then the dequantized weight tile.
@@ -511,6 +518,20 @@ impl Linear {
             let mut args = vec![KArg::Ptr(qs), KArg::Ptr(ds)];
             args.extend(tail);
             let smem = if sbx { sx_bytes as u32 } else { 0 };
+            // 4-bit weights at one row: the streaming kernel, a few blocks per SM that walk the
+            // rows with the next weights in flight (`sbp`)
+            let stream =
+                sbx && matches!(dtype, DataType::Q4_0 | DataType::Q4_1) && self.stream_blocks > 0;
+            if stream {
+                let cap = u32::try_from(self.gpu.sms() * self.stream_blocks).unwrap_or(u32::MAX);
+                return self.gpu.launch_smem(
+                    &format!("linear_q8act_sbp_{suffix}"),
+                    (gx.min(cap.max(1)), 1, 1),
+                    block,
+                    smem,
+                    &args,
+                );
+            }
             return self.gpu.launch_smem(
                 &format!("linear_q8act_{variant}{suffix}"),
                 (gx, gy, 1),

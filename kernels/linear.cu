@@ -486,118 +486,121 @@ __device__ void linear_q8act_sb_t(const signed char* xq, const float2* xd, const
     }
 }
 
-// The segment of launch row jg (as SEG_PICK): its weight, bias, output, rows and local row.
-__device__ __forceinline__ void seg_of(const LinSegs& sg, int jg, int& j, const unsigned char*& w,
-                                       const float*& bias, float*& y, int& n) {
-    j = jg;
-    int si = 0;
-    if (j >= sg.n[0]) {
-        j -= sg.n[0];
-        si = 1;
-        if (j >= sg.n[1]) {
-            j -= sg.n[1];
-            si = 2;
+// (A streaming variant — a few blocks per SM walking the rows with the next superblock in
+// flight — measured no faster than sbx at 8B shapes and slower than sbh everywhere; removed.)
+
+// One-row GEMV with half superblocks: a lane takes 4 blocks (half a superblock: 5 / 5 / 9
+// 16-byte loads for Q4_0 / Q4_1 / Q8_0) instead of 8, so its registers and its arithmetic per
+// memory round trip halve and twice as many lanes share a row (k = 4096: a warp per row).
+// Half h of superblock s is item hs = 2s + h; with an even number of lanes per row a lane's h
+// never changes, and the second half's window is shifted in registers (constant indices), so
+// both halves run the same code.
+template <int DT>
+__device__ __forceinline__ constexpr int nvh() {
+    return (4 * blk_bytes<DT>() + 15) / 16;
+}
+
+template <int DT>
+__device__ __forceinline__ void load_hsb(const unsigned char* row, long hs, unsigned int* wd) {
+    constexpr int NV = blk_bytes<DT>() * 8 / 16, NVH = nvh<DT>(), H1 = NV - NVH;
+    // words the second half's first block sits after its window start
+    constexpr int SH = (4 * blk_bytes<DT>() - H1 * 16) / 4;
+    long s = hs >> 1;
+    int h = (int)(hs & 1);
+    const uint4* p = (const uint4*)(row + s * (long)(blk_bytes<DT>() * 8)) + (h ? H1 : 0);
+#pragma unroll
+    for (int v = 0; v < NVH; v++) {
+        uint4 q = __ldg(p + v);
+        wd[4 * v] = q.x;
+        wd[4 * v + 1] = q.y;
+        wd[4 * v + 2] = q.z;
+        wd[4 * v + 3] = q.w;
+    }
+    wd[4 * NVH] = 0;
+    if (SH) {
+#pragma unroll
+        for (int i = 0; i + SH <= 4 * NVH; i++) wd[i] = h ? wd[i + SH] : wd[i];
+    }
+}
+
+template <int DT>
+__device__ __forceinline__ void hsb_dot(const unsigned int* wd, long hs, const uint4* sx, const float2* sxd,
+                                        float& acc) {
+    constexpr int BS = blk_bytes<DT>();
+    long s = hs >> 1;
+    int b0 = (int)(hs & 1) * 4;
+#pragma unroll
+    for (int bb = 0; bb < 4; bb++) {
+        int o = bb * BS, b = b0 + bb;
+        unsigned int hd = wat(wd, o);
+        float d = h2f((unsigned short)(hd & 0xffff));
+        const uint4* xv = sx + s * 17 + 2 * b;
+        uint4 a = xv[0], c = xv[1];
+        unsigned int xw[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+        float2 dx = sxd[s * 9 + b];
+        int isum = 0;
+        if (DT == DT_Q8_0) {
+#pragma unroll
+            for (int t = 0; t < 8; t++) isum = dp4a((int)wat(wd, o + 2 + 4 * t), (int)xw[t], isum);
+            acc += d * dx.x * (float)isum;
+        } else {
+            const int qo = DT == DT_Q4_0 ? 2 : 4;
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                unsigned int q = wat(wd, o + qo + 4 * t);
+                isum = dp4a((int)(q & 0x0F0F0F0Fu), (int)xw[t], isum);
+                isum = dp4a((int)((q >> 4) & 0x0F0F0F0Fu), (int)xw[4 + t], isum);
+            }
+            if (DT == DT_Q4_0)
+                acc += d * (dx.x * (float)isum - 8.0f * dx.y);
+            else
+                acc += d * dx.x * (float)isum + h2f((unsigned short)(hd >> 16)) * dx.y;
         }
     }
-    w = sg.w[si];
-    bias = sg.b[si];
-    y = sg.y[si];
-    n = sg.n[si];
-}
-
-// One-row GEMV over 4-bit block weights that streams: a grid of a few blocks per SM, each warp
-// taking groups of 32 / lpr rows in turn (group g, g + all warps, ...), with the weights of its
-// next (row, superblock) item loaded while it dots the current one, so loads and arithmetic
-// overlap within a warp and the activation row is staged once per block, not once per 16 rows.
-// Item t of a lane: row group warp + (t / per_row) · warps, superblock sub + (t % per_row) · lpr.
-template <int DT>
-__device__ __forceinline__ void sbp_load(const LinSegs& sg, long t, int per_row, int gw, int nw, int rpw, int lpr,
-                                         int lane, int sub, int ntot, long nsb, long row_bytes, unsigned int* wd) {
-    long g = gw + (t / per_row) * (long)nw;
-    long s = sub + (t % per_row) * (long)lpr;
-    long jg = g * rpw + lane / lpr;
-    if (jg < ntot && s < nsb) {
-        int j, n;
-        const unsigned char* w;
-        const float* bias;
-        float* y;
-        seg_of(sg, (int)jg, j, w, bias, y, n);
-        load_sb<DT>(w + (long)j * row_bytes, s, wd);
-    }
 }
 
 template <int DT>
-__device__ __forceinline__ void sbp_step(const LinSegs& sg, long t, int per_row, int gw, int nw, int rpw, int lpr,
-                                         int lane, int sub, int ntot, long nsb, long nb, const unsigned int* wd,
-                                         const uint4* sx, const float2* sxd, float* acc) {
-    long g = gw + (t / per_row) * (long)nw;
-    long s = sub + (t % per_row) * (long)lpr;
-    long jg = g * rpw + lane / lpr;
-    bool live = jg < ntot;
-    if (live && s < nsb) sb_dot<DT, 1>(wd, s, 0, 0, sx, sxd, 0, 1, nb, acc);
-    if (t % per_row == per_row - 1) {
-        float v = acc[0];
-        for (int o = lpr >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (live && sub == 0) {
-            int j, n;
-            const unsigned char* w;
-            const float* bias;
-            float* y;
-            seg_of(sg, (int)jg, j, w, bias, y, n);
-            y[j] = (sg.acc ? y[j] : 0.0f) + v + (bias ? bias[j] : 0.0f);
-        }
-        acc[0] = 0.0f;
-    }
-}
-
-template <int DT>
-__device__ void linear_q8act_sbp_t(const signed char* xq, const float2* xd, const LinSegs& sg, int ntot, int k,
+__device__ void linear_q8act_sbh_t(const signed char* xq, const float2* xd, const LinSegs& sg, int ntot, int k,
                                    long row_bytes, int lpr, uint4* smx) {
-    constexpr int NV = blk_bytes<DT>() * 8 / 16;
+    constexpr int NVH = nvh<DT>();
     int lane = threadIdx.x & 31, sub = lane & (lpr - 1);
     int rpw = 32 / lpr;
-    int nw = gridDim.x * (blockDim.x >> 5);
-    int gw = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    long nsb = k >> 8, nb = k >> 5;
-    int per_row = (int)((nsb + lpr - 1) / lpr);
-    long groups = (ntot + rpw - 1) / rpw;
-    float acc[1] = {0.0f};
-    unsigned int wa[4 * NV + 1], wb[4 * NV + 1];
-    bool any = gw < groups;
-    if (PDL_PREFETCH && any) sbp_load<DT>(sg, 0, per_row, gw, nw, rpw, lpr, lane, sub, ntot, nsb, row_bytes, wa);
+    int jg = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * rpw + lane / lpr;
+    bool live = jg < ntot;
+    SEG_PICK(live ? jg : 0)
+    const unsigned char* row = w + (long)j * row_bytes;
+    long nsb = k >> 8, nhs = nsb * 2;
+    unsigned int wd[4 * NVH + 1];
+    if (PDL_PREFETCH && live && sub < nhs) load_hsb<DT>(row, sub, wd);
     pdl_gemv_begin();
-    if (!PDL_PREFETCH && any) sbp_load<DT>(sg, 0, per_row, gw, nw, rpw, lpr, lane, sub, ntot, nsb, row_bytes, wa);
+    if (!PDL_PREFETCH && live && sub < nhs) load_hsb<DT>(row, sub, wd);
     for (long i = threadIdx.x; i < nsb * 16; i += blockDim.x) smx[(i >> 4) * 17 + (i & 15)] = ((const uint4*)xq)[i];
     float2* sd = (float2*)(smx + nsb * 17);
     for (long i = threadIdx.x; i < nsb * 8; i += blockDim.x) sd[(i >> 3) * 9 + (i & 7)] = xd[i];
     __syncthreads();
-    if (!any) return;
-    // items exist while their row group is below `groups` (the same for the whole warp)
-    for (long t = 0;; t += 2) {
-        bool m1 = gw + ((t + 1) / per_row) * (long)nw < groups;
-        if (m1) sbp_load<DT>(sg, t + 1, per_row, gw, nw, rpw, lpr, lane, sub, ntot, nsb, row_bytes, wb);
-        sbp_step<DT>(sg, t, per_row, gw, nw, rpw, lpr, lane, sub, ntot, nsb, nb, wa, smx, sd, acc);
-        if (!m1) break;
-        bool m2 = gw + ((t + 2) / per_row) * (long)nw < groups;
-        if (m2) sbp_load<DT>(sg, t + 2, per_row, gw, nw, rpw, lpr, lane, sub, ntot, nsb, row_bytes, wa);
-        sbp_step<DT>(sg, t + 1, per_row, gw, nw, rpw, lpr, lane, sub, ntot, nsb, nb, wb, smx, sd, acc);
-        if (!m2) break;
+    float acc = 0.0f;
+    for (long hs = sub; live && hs < nhs; hs += lpr) {
+        if (hs != sub) load_hsb<DT>(row, hs, wd);
+        hsb_dot<DT>(wd, hs, smx, sd, acc);
     }
+    for (int o = lpr >> 1; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (live && sub == 0) y[j] = (sg.acc ? y[j] : 0.0f) + acc + (bias ? bias[j] : 0.0f);
 }
 
-#ifndef SBP_MIN_BLOCKS
-#define SBP_MIN_BLOCKS 2
+#ifndef SBH_MIN_BLOCKS
+#define SBH_MIN_BLOCKS 4
 #endif
 
-#define LINSBP(name, DT) \
-    extern "C" __global__ void __launch_bounds__(256, SBP_MIN_BLOCKS) \
-        linear_q8act_sbp_##name(const signed char* xq, const float2* xd, LinSegs sg, int m, int ntot, int k, long rb, \
+#define LINSBH(name, DT) \
+    extern "C" __global__ void __launch_bounds__(256, SBH_MIN_BLOCKS) \
+        linear_q8act_sbh_##name(const signed char* xq, const float2* xd, LinSegs sg, int m, int ntot, int k, long rb, \
                                 int lpr) { \
         extern __shared__ uint4 smx[]; \
-        linear_q8act_sbp_t<DT>(xq, xd, sg, ntot, k, rb, lpr, smx); \
+        linear_q8act_sbh_t<DT>(xq, xd, sg, ntot, k, rb, lpr, smx); \
     }
-LINSBP(q4_0, DT_Q4_0)
-LINSBP(q4_1, DT_Q4_1)
+LINSBH(q8_0, DT_Q8_0)
+LINSBH(q4_0, DT_Q4_0)
+LINSBH(q4_1, DT_Q4_1)
 
 // Resident blocks per SM promised by the one-row kernels (`sbx`): 4-bit weights keep a
 // 9-10 register-word superblock per lane, 8-bit ones 17, so they get different caps.

@@ -1790,6 +1790,7 @@ fn decode_kernels_launch_with_programmatic_dependent_launch() {
         "gemv1_q4_0",
         "quantize_q8_f32",
         "linear_q8act_sbx_q4_0",
+        "linear_q8act_sbh_q4_0",
         "linear_q8act_sb_q8_0",
         "rotary_f32",
         "kv_write_f32",

@@ -553,7 +553,7 @@ impl Model {
                 return g.logits.to_owned_host();
             }
         }
-        to_host(self.forward_device(cache, tokens, all_logits)?)
+        to_host(self.forward_ops(cache, tokens, all_logits)?)
     }
 
     /// [`Model::forward`] followed by greedy selection on the model's device: only the chosen
@@ -568,7 +568,7 @@ impl Model {
                 };
             }
         }
-        let logits = self.forward_device(cache, tokens, false)?;
+        let logits = self.forward_ops(cache, tokens, false)?;
         match self.argmax_rows(logits)?.first() {
             Some(&t) => Ok(t),
             None => Err(Error::invalid("ArgMax returned no token")),
@@ -813,13 +813,27 @@ impl Model {
     }
 
     /// [`Model::forward`] with the logits left where the last op wrote them (the GPU, when the
-    /// model runs there); pass them to [`Model::sample_rows`] to pick tokens there.
+    /// model runs there); pass them to [`Model::sample_rows`] to pick tokens there. One-token
+    /// steps take the recorded decode step (CUDA graphs) where [`Model::forward`] would; the
+    /// logits returned are then a device copy of that step's (which the next step overwrites).
     pub fn forward_device(
         &self,
         cache: &mut KvCache,
         tokens: &[u32],
         all_logits: bool,
     ) -> Result<Data> {
+        if self.decode_graph_step(cache, tokens)? {
+            if let Some(g) = &cache.graph {
+                let mut out = Data::empty(DataType::F32);
+                ops::mul(&self.exec, &g.logits, 1.0, &mut out)?;
+                return Ok(out);
+            }
+        }
+        self.forward_ops(cache, tokens, all_logits)
+    }
+
+    /// [`Model::forward_device`] op by op (no recorded step).
+    fn forward_ops(&self, cache: &mut KvCache, tokens: &[u32], all_logits: bool) -> Result<Data> {
         let c = &self.config;
         let s = tokens.len();
         if s == 0 {

@@ -32,10 +32,7 @@ pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>) {
         "Linear",
         Box::new(Linear {
             gpu: gpu.clone(),
-            stream_blocks: std::env::var("FASTLLM_GEMV_STREAM")
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(2),
+            one_row: OneRow::from_env(),
             act: act.clone(),
             tc_scratch: Mutex::new(None),
         }),
@@ -54,11 +51,38 @@ pub const TC_MIN_ROWS: usize = 16;
 /// Largest f16 tile of a block weight dequantized at once for the tensor-core path.
 const DEQ_TILE_BYTES: usize = 128 << 20;
 
+/// The one-row (decode) GEMV for block weights with quantized activations, both staging the
+/// activation row in shared memory: `Whole` (`linear_q8act_sbx_*`, a lane per superblock) or
+/// `Half` (`linear_q8act_sbh_*`, a lane per half superblock, fewer registers: more blocks per
+/// SM). `Auto` takes `Half` for 4-bit weights unless `Whole` fills the GPU's block slots in
+/// fewer waves (see [`Linear::one_row_half`]); `FASTLLM_GEMV_Q` = `sbx` / `sbh` forces one
+/// (A/B runs).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum OneRow {
+    Auto,
+    Whole,
+    Half,
+}
+
+impl OneRow {
+    fn from_env() -> OneRow {
+        match std::env::var("FASTLLM_GEMV_Q").as_deref().map(str::trim) {
+            Ok("sbx") => OneRow::Whole,
+            Ok("sbh") => OneRow::Half,
+            _ => OneRow::Auto,
+        }
+    }
+}
+
+/// Resident 256-thread blocks per SM of `sbx` (79 registers on sm_90) and `sbh` (capped at 64:
+/// `SBH_MIN_BLOCKS`), for the wave count of [`Linear::one_row_half`].
+const SBX_BLOCKS_PER_SM: usize = 3;
+const SBH_BLOCKS_PER_SM: usize = 4;
+
 struct Linear {
     gpu: Arc<Gpu>,
-    /// Blocks per SM of the streaming one-row GEMV for 4-bit weights (`linear_q8act_sbp_*`);
-    /// 0 = not used. `FASTLLM_GEMV_STREAM` (default 2; 0 turns it off, for A/B runs).
-    stream_blocks: usize,
+    /// Which kernel takes one-row products with block weights and quantized activations.
+    one_row: OneRow,
     /// Quantized activations for `quant_act = 1` (shared with the ops that can write them).
     act: Arc<ActQuant>,
     /// Tensor-core path: f16/bf16 activations, then the dequantized weight tile.
@@ -71,6 +95,39 @@ fn align256(v: usize) -> usize {
 }
 
 impl Linear {
+    /// Whether a one-row product of `n` rows of `k` takes the half-superblock kernel. For
+    /// 4-bit weights it does unless the whole-superblock kernel uses its block slots better in
+    /// the last wave (on an H100, llama-3-8b: q/k/v, 6144 rows, is 384 sbx blocks in one wave of
+    /// 396 but 768 sbh blocks in 1.45 waves of 528). Q8_0 keeps `sbx` (measured faster).
+    fn one_row_half(&self, dtype: DataType, n: usize, k: usize) -> bool {
+        let four_bit = matches!(dtype, DataType::Q4_0 | DataType::Q4_1);
+        match self.one_row {
+            OneRow::Whole => false,
+            OneRow::Half => true,
+            OneRow::Auto if !four_bit => false,
+            OneRow::Auto => {
+                let sms = self.gpu.sms().max(1);
+                let rows_per_block = |units: usize| {
+                    let lpr = units.clamp(1, 32);
+                    let lpr = if lpr >= 32 {
+                        32
+                    } else {
+                        (1usize << (usize::BITS - 1 - lpr.leading_zeros())).max(4)
+                    };
+                    LIN_FEATURES * (32 / lpr)
+                };
+                // share of the block slots used over all waves
+                let fill = |blocks: usize, per_sm: usize| {
+                    let slots = sms * per_sm;
+                    blocks as f64 / (blocks.div_ceil(slots) * slots) as f64
+                };
+                let xb = n.div_ceil(rows_per_block(k / 256));
+                let hb = n.div_ceil(rows_per_block(2 * (k / 256)));
+                fill(hb, SBH_BLOCKS_PER_SM) >= fill(xb, SBX_BLOCKS_PER_SM)
+            }
+        }
+    }
+
     fn sgemm(&self, x: u64, w: u64, y: u64, m: usize, n: usize, k: usize) -> Result<bool> {
         let Some(blas) = self.gpu.blas() else {
             return Ok(false);
@@ -439,7 +496,10 @@ impl Linear {
         // m = 1: the activation row in shared memory (272 bytes per 256 values + 72 of scales).
         let sx_bytes = (k / 256) * (272 + 72);
         let sbx = sb && m == 1 && sx_bytes <= 48 * 1024;
-        let lpr = (k / 256).clamp(1, 32);
+        let half = sbx && self.one_row_half(dtype, n, k);
+        // lanes share a row's superblocks (or half superblocks)
+        let units = if half { 2 * (k / 256) } else { k / 256 };
+        let lpr = units.clamp(1, 32);
         let lpr = if lpr >= 32 {
             32
         } else {
@@ -518,15 +578,10 @@ impl Linear {
             let mut args = vec![KArg::Ptr(qs), KArg::Ptr(ds)];
             args.extend(tail);
             let smem = if sbx { sx_bytes as u32 } else { 0 };
-            // 4-bit weights at one row: the streaming kernel, a few blocks per SM that walk the
-            // rows with the next weights in flight (`sbp`)
-            let stream =
-                sbx && matches!(dtype, DataType::Q4_0 | DataType::Q4_1) && self.stream_blocks > 0;
-            if stream {
-                let cap = u32::try_from(self.gpu.sms() * self.stream_blocks).unwrap_or(u32::MAX);
+            if half {
                 return self.gpu.launch_smem(
-                    &format!("linear_q8act_sbp_{suffix}"),
-                    (gx.min(cap.max(1)), 1, 1),
+                    &format!("linear_q8act_sbh_{suffix}"),
+                    (gx, 1, 1),
                     block,
                     smem,
                     &args,

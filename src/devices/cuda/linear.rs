@@ -54,9 +54,8 @@ const DEQ_TILE_BYTES: usize = 128 << 20;
 /// The one-row (decode) GEMV for block weights with quantized activations, both staging the
 /// activation row in shared memory: `Whole` (`linear_q8act_sbx_*`, a lane per superblock) or
 /// `Half` (`linear_q8act_sbh_*`, a lane per half superblock, fewer registers: more blocks per
-/// SM). `Auto` takes `Half` for 4-bit weights unless `Whole` fills the GPU's block slots in
-/// fewer waves (see [`Linear::one_row_half`]); `FASTLLM_GEMV_Q` = `sbx` / `sbh` forces one
-/// (A/B runs).
+/// SM). `Auto` takes `Half` for 4-bit weights ([`Linear::one_row_half`]); `FASTLLM_GEMV_Q` =
+/// `sbx` / `sbh` forces one (A/B runs).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum OneRow {
     Auto,
@@ -74,11 +73,6 @@ impl OneRow {
     }
 }
 
-/// Resident 256-thread blocks per SM of `sbx` (79 registers on sm_90) and `sbh` (capped at 64:
-/// `SBH_MIN_BLOCKS`), for the wave count of [`Linear::one_row_half`].
-const SBX_BLOCKS_PER_SM: usize = 3;
-const SBH_BLOCKS_PER_SM: usize = 4;
-
 struct Linear {
     gpu: Arc<Gpu>,
     /// Which kernel takes one-row products with block weights and quantized activations.
@@ -95,36 +89,15 @@ fn align256(v: usize) -> usize {
 }
 
 impl Linear {
-    /// Whether a one-row product of `n` rows of `k` takes the half-superblock kernel. For
-    /// 4-bit weights it does unless the whole-superblock kernel uses its block slots better in
-    /// the last wave (on an H100, llama-3-8b: q/k/v, 6144 rows, is 384 sbx blocks in one wave of
-    /// 396 but 768 sbh blocks in 1.45 waves of 528). Q8_0 keeps `sbx` (measured faster).
-    fn one_row_half(&self, dtype: DataType, n: usize, k: usize) -> bool {
-        let four_bit = matches!(dtype, DataType::Q4_0 | DataType::Q4_1);
+    /// Whether a one-row product takes the half-superblock kernel: 4-bit weights do (on an
+    /// H100, llama-3-8b int4 decode 377 vs 352 tok/s with `sbx`); Q8_0 keeps `sbx` (241 vs 230).
+    /// The choice depends on the dtype only, so a multi-weight launch and one-weight launches of
+    /// the same weights sum in the same order (bit-equal results).
+    fn one_row_half(&self, dtype: DataType) -> bool {
         match self.one_row {
             OneRow::Whole => false,
             OneRow::Half => true,
-            OneRow::Auto if !four_bit => false,
-            OneRow::Auto => {
-                let sms = self.gpu.sms().max(1);
-                let rows_per_block = |units: usize| {
-                    let lpr = units.clamp(1, 32);
-                    let lpr = if lpr >= 32 {
-                        32
-                    } else {
-                        (1usize << (usize::BITS - 1 - lpr.leading_zeros())).max(4)
-                    };
-                    LIN_FEATURES * (32 / lpr)
-                };
-                // share of the block slots used over all waves
-                let fill = |blocks: usize, per_sm: usize| {
-                    let slots = sms * per_sm;
-                    blocks as f64 / (blocks.div_ceil(slots) * slots) as f64
-                };
-                let xb = n.div_ceil(rows_per_block(k / 256));
-                let hb = n.div_ceil(rows_per_block(2 * (k / 256)));
-                fill(hb, SBH_BLOCKS_PER_SM) >= fill(xb, SBX_BLOCKS_PER_SM)
-            }
+            OneRow::Auto => matches!(dtype, DataType::Q4_0 | DataType::Q4_1),
         }
     }
 
@@ -496,7 +469,7 @@ impl Linear {
         // m = 1: the activation row in shared memory (272 bytes per 256 values + 72 of scales).
         let sx_bytes = (k / 256) * (272 + 72);
         let sbx = sb && m == 1 && sx_bytes <= 48 * 1024;
-        let half = sbx && self.one_row_half(dtype, n, k);
+        let half = sbx && self.one_row_half(dtype);
         // lanes share a row's superblocks (or half superblocks)
         let units = if half { 2 * (k / 256) } else { k / 256 };
         let lpr = units.clamp(1, 32);

@@ -1,7 +1,9 @@
 // Linear y[m, n] = x[m, k] · W[n, k]ᵀ + b, f32 activations, any weight dtype, dequantized in
 // registers. One warp per output feature j and up to LIN_ROWS activation rows, so each weight
 // byte is read once per LIN_ROWS rows (decode: m = 1, the weight stream is the whole cost).
-// Block: 256 threads = 8 features; grid (ceil(n / 8), ceil(m / LIN_ROWS)).
+// Block: 256 threads = 8 features; grid (ceil(n / 8), ceil(m / LIN_ROWS)). The `gemv*_` kernels
+// are the one-row instances (R = 1). Every GEMV issues its first weight loads before
+// pdl_gemv_begin() (common.cuh): weights are never written by a kernel.
 
 #define LIN_ROWS 4
 

@@ -1,11 +1,15 @@
 //! `Linear` on the GPU: `y = x·Wᵀ + b` with f32 activations. F32 weights with several rows go
 //! through cuBLAS SGEMM (when cuBLAS loads); every other case (decode rows, F16/BF16 and the
 //! Q8_0/Q4_0/Q4_1 block weights) runs the `linear_{dtype}` kernels, which dequantize in
-//! registers. With `quant_act = 1` and a block weight, activation rows are first quantized to
-//! Q8_0 (bit-identical to the CPU reference) and dotted in integers (`linear_q8act_{dtype}`).
-//! With `quant_act = 1`, block weights with `k % 256 == 0` take `linear_q8act_sb_*` (16-byte
-//! loads of 8 blocks per lane, several lanes per row, `dp4a`), and at one row
-//! `linear_q8act_sbx_*`, which first stages the quantized activation row in shared memory.
+//! registers; at one row the `gemv_{dtype}` instances of the same loop (one activation row,
+//! at most 64 registers, so more blocks are resident). With `quant_act = 1` and a block weight,
+//! activation rows are quantized to Q8_0 (bit-identical to the CPU reference; by the producing
+//! `RMSNorm`/`SiluMul` when it was asked to, see `act_quant`) and dotted in integers
+//! (`linear_q8act_{dtype}`). Block weights with `k % 256 == 0` take `linear_q8act_sb_*` (16-byte
+//! loads of 8 blocks per lane, several lanes per row, `dp4a`), and at one row a kernel that
+//! first stages the quantized activation row in shared memory: `linear_q8act_sbh_*` (a lane
+//! per half superblock) for 4-bit weights, `linear_q8act_sbx_*` (a lane per superblock) for
+//! Q8_0.
 //!
 //! Tensor cores (prefill): with `quant_act = 1` (the `fast` precision, which already accepts
 //! rounded activations) and at least [`TC_MIN_ROWS`] rows, F16/BF16 and block weights go through

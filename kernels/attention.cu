@@ -497,3 +497,191 @@ extern "C" __global__ void kv_write_f32(const float* k, const float* v, const in
             vc[p * vrow + (c - krow)] = v[r * vrow + (c - krow)];
     }
 }
+
+// ---- Flash attention for prefill (`fast` precision): causal, GQA, no ALiBi / soft-cap / window ----
+// q [sq, nh, HD], k / v [skv, nkv, HD] (f32, rows of nkv · HD), out [sq, nh, HD]; query i sits at
+// position skv - sq + i and sees keys 0 ..= that position. A block of 4 warps takes 64 queries of
+// one head; each warp keeps its 16 query rows as f16 tensor-core fragments (scaled by
+// scale · log2 e) and walks the keys in tiles of 64 staged in shared memory as f16: S = Q·Kᵀ and
+// O += P·V with mma.sync m16n8k16 (f32 accumulate), an online softmax in between (exp2), the
+// probabilities reused from the S accumulators as the A operand. Scores never reach memory.
+
+#define FA_BQ 64
+#define FA_BK 64
+
+__device__ __forceinline__ unsigned int fa_pack(float lo, float hi) {
+    return (unsigned int)f2h(lo) | ((unsigned int)f2h(hi) << 16);
+}
+
+// c[0..3] += A (16×16, row-major f16 pairs) · B (16×8, column pairs), the PTX fragment layouts
+// of mma.m16n8k16: lane = 4 g + t; A regs: (g, 2t), (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8);
+// B regs: (k 2t, n g), (k 2t + 8, n g); C: (g, 2t..2t+1), (g + 8, 2t..2t+1).
+__device__ __forceinline__ void fa_mma(float* c, const unsigned int* a, unsigned int b0, unsigned int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8×8 f16 matrices from shared memory (ldmatrix .x4): lane l gives the address of row l % 8
+// of matrix l / 8; register i gets matrix i's (row lane / 4, columns 2 (lane % 4) ..+1), or
+// with TRANS its (rows 2 (lane % 4) ..+1, column lane / 4) — the B fragment of a row-major tile.
+template <bool TRANS>
+__device__ __forceinline__ void fa_ldm4(const unsigned short* p, unsigned int* r) {
+    unsigned int a = (unsigned int)__cvta_generic_to_shared(p);
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+}
+
+// HPB query heads of one GQA group per block (4 warps each), sharing every K/V tile it stages.
+template <int HD, int HPB>
+__device__ void flash_attn_t(const float* q, const float* k, const float* v, float* out, int sq, int skv, int nh,
+                             int nkv, float scale) {
+    __shared__ __align__(16) unsigned short Ks[FA_BK][HD + 8];
+    __shared__ __align__(16) unsigned short Vs[FA_BK][HD + 8];
+    // the last query tiles have the most keys: start them first
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y * HPB + (warp >> 2);
+    int group = nh / nkv, kh = h / group;
+    int q0 = qt * FA_BQ + (warp & 3) * 16;
+    long kstride = (long)nkv * HD, qstride = (long)nh * HD;
+    int off = skv - sq;
+    const float sl2 = scale * 1.4426950408889634f;
+    unsigned int qf[HD / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            int row = q0 + g + ((r & 1) ? 8 : 0);
+            int col = kk * 16 + 2 * t + ((r & 2) ? 8 : 0);
+            float a = 0.0f, b = 0.0f;
+            if (row < sq) {
+                const float* qp = q + row * qstride + (long)h * HD + col;
+                a = qp[0] * sl2;
+                b = qp[1] * sl2;
+            }
+            qf[kk][r] = fa_pack(a, b);
+        }
+    float o[HD / 8][4];
+#pragma unroll
+    for (int dn = 0; dn < HD / 8; dn++) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.0f;
+    float m[2] = {-INF, -INF}, l[2] = {0.0f, 0.0f};
+    int last = min(sq - 1, qt * FA_BQ + FA_BQ - 1);
+    int kend = min(skv, off + last + 1);
+    for (int k0 = 0; k0 < kend; k0 += FA_BK) {
+        __syncthreads();
+        for (int e = threadIdx.x; e < FA_BK * HD / 4; e += blockDim.x) {
+            int r = e / (HD / 4), c4 = (e % (HD / 4)) * 4;
+            long j = k0 + r;
+            float4 kv4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv4 = kv4;
+            if (j < skv) {
+                kv4 = *(const float4*)(k + j * kstride + (long)kh * HD + c4);
+                vv4 = *(const float4*)(v + j * kstride + (long)kh * HD + c4);
+            }
+            *(uint2*)&Ks[r][c4] = make_uint2(fa_pack(kv4.x, kv4.y), fa_pack(kv4.z, kv4.w));
+            *(uint2*)&Vs[r][c4] = make_uint2(fa_pack(vv4.x, vv4.y), fa_pack(vv4.z, vv4.w));
+        }
+        __syncthreads();
+        // this warp's queries all before the tile: nothing to add (warp-uniform)
+        if (q0 >= sq || off + q0 + 15 < k0) continue;
+        float s[FA_BK / 8][4];
+        // K fragments by ldmatrix: matrices (keys 8nt.., dims 16kk), (.., 16kk + 8), (.., 16kk + 16),
+        // (.., 16kk + 24) = b0, b1 of k-steps kk and kk + 1
+#pragma unroll
+        for (int nt = 0; nt < FA_BK / 8; nt++) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk += 2) {
+                unsigned int b[4];
+                fa_ldm4<false>(&Ks[nt * 8 + (lane & 7)][kk * 16 + (lane >> 3) * 8], b);
+                fa_mma(s[nt], qf[kk], b[0], b[1]);
+                fa_mma(s[nt], qf[kk + 1], b[2], b[3]);
+            }
+        }
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            int i = q0 + g + 8 * hh;
+            long pos = (long)off + i;
+            float mx = -INF;
+#pragma unroll
+            for (int nt = 0; nt < FA_BK / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    long j = k0 + nt * 8 + 2 * t + e;
+                    float val = s[nt][2 * hh + e];
+                    if (j > pos || j >= skv || i >= sq) val = -INF;
+                    s[nt][2 * hh + e] = val;
+                    mx = fmaxf(mx, val);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            float mnew = fmaxf(m[hh], mx);
+            float corr = (m[hh] == -INF) ? 0.0f : exp2f(m[hh] - mnew);
+            float rs = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < FA_BK / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float p = mnew == -INF ? 0.0f : exp2f(s[nt][2 * hh + e] - mnew);
+                    s[nt][2 * hh + e] = p;
+                    rs += p;
+                }
+            rs += __shfl_xor_sync(0xffffffffu, rs, 1);
+            rs += __shfl_xor_sync(0xffffffffu, rs, 2);
+            l[hh] = l[hh] * corr + rs;
+            m[hh] = mnew;
+#pragma unroll
+            for (int dn = 0; dn < HD / 8; dn++) {
+                o[dn][2 * hh] *= corr;
+                o[dn][2 * hh + 1] *= corr;
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < FA_BK / 16; kk++) {
+            unsigned int a[4] = {fa_pack(s[2 * kk][0], s[2 * kk][1]), fa_pack(s[2 * kk][2], s[2 * kk][3]),
+                                 fa_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                 fa_pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            // V fragments by transposing ldmatrix: matrices (keys 16kk.., dims 8dn), (keys 16kk + 8..,
+            // 8dn), (16kk.., 8dn + 8), (16kk + 8.., 8dn + 8) = b0, b1 of dim tiles dn and dn + 1
+#pragma unroll
+            for (int dn = 0; dn < HD / 8; dn += 2) {
+                unsigned int b[4];
+                fa_ldm4<true>(&Vs[kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8][dn * 8 + (lane >> 4) * 8], b);
+                fa_mma(o[dn], a, b[0], b[1]);
+                fa_mma(o[dn + 1], a, b[2], b[3]);
+            }
+        }
+    }
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        int i = q0 + g + 8 * hh;
+        if (i < sq) {
+            float inv = l[hh] > 0.0f ? 1.0f / l[hh] : 0.0f;
+            float* op = out + i * qstride + (long)h * HD;
+#pragma unroll
+            for (int dn = 0; dn < HD / 8; dn++) {
+                int col = dn * 8 + 2 * t;
+                op[col] = o[dn][2 * hh] * inv;
+                op[col + 1] = o[dn][2 * hh + 1] * inv;
+            }
+        }
+    }
+}
+
+#define FLASH(HD, HPB) \
+    extern "C" __global__ void __launch_bounds__(128 * HPB) flash_attn##HD##x##HPB##_f32( \
+        const float* q, const float* k, const float* v, float* out, int sq, int skv, int nh, int nkv, float scale) { \
+        pdl_begin(); \
+        flash_attn_t<HD, HPB>(q, k, v, out, sq, skv, nh, nkv, scale); \
+    }
+FLASH(64, 1)
+FLASH(64, 2)
+FLASH(128, 1)
+FLASH(128, 2)

@@ -1882,3 +1882,49 @@ fn long_row_gemv_matches_the_reference() {
     }
     println!("one-row GEMV with rows of 33/56/65 superblocks: matches the reference");
 }
+
+#[test]
+fn flash_attention_prefill_matches_reference() {
+    let Some(dev) = gpu() else { return };
+    let cuda = cuda_executor(&dev);
+    let reference = reference();
+    let mut rng = CaseRng::new(41);
+    // (sq, skv, nh, nkv, hd): GQA 4 and 1, query counts not a multiple of 64, a chunk of
+    // queries after cached keys (skv > sq), head sizes 128 and 64
+    for (sq, skv, nh, nkv, hd) in [
+        (300usize, 300usize, 8usize, 2usize, 128usize),
+        (130, 400, 4, 4, 64),
+        (64, 64, 2, 1, 128),
+        (513, 513, 8, 2, 64),
+    ] {
+        let q = rng.data_range(DataType::F32, &[sq, nh, hd], -2.0, 2.0);
+        let k = rng.data(DataType::F32, &[skv, nkv, hd]);
+        let v = rng.data(DataType::F32, &[skv, nkv, hd]);
+        let run = |exec: &Executor, q: &Data, k: &Data, v: &Data| {
+            let mut out = Data::empty(DataType::F32);
+            let mut d = DataDict::new()
+                .with("q", q)
+                .with("k", k)
+                .with("v", v)
+                .with_mut("output", &mut out);
+            exec.run(
+                "Attention",
+                &mut d,
+                &FloatDict::new(),
+                &IntDict::new().with("causal", 1).with("fast", 1),
+            )
+            .unwrap();
+            out.to_owned_host().unwrap().to_f32_vec().unwrap()
+        };
+        let r = run(&reference, &q, &k, &v);
+        let t = run(
+            &cuda,
+            &dev.upload(&q).unwrap(),
+            &dev.upload(&k).unwrap(),
+            &dev.upload(&v).unwrap(),
+        );
+        let (e, bad) = nmse(&t, &r);
+        println!("flash Attention q[{sq},{nh},{hd}] kv[{skv},{nkv}]: nmse {e:.2e}");
+        assert!(!bad && e <= TC_ATTENTION_NMSE, "nmse {e:.3e}");
+    }
+}

@@ -2,8 +2,12 @@
 //! chunks (kernels/attention.cu); causal mask, sliding window, GQA, ALiBi and soft-capping.
 //! `k`/`v` may be KV caches expanded on axis 0.
 //!
-//! Prefill with `fast = 1` (the `fast` precision) and at least [`TC_MIN_QUERIES`] queries goes
-//! through cuBLAS instead: per chunk of queries, scores = q·kᵀ·scale (TF32 tensor cores,
+//! Prefill with `fast = 1` (the `fast` precision) and at least [`TC_MIN_QUERIES`] queries, causal,
+//! head size 64 or 128 and no ALiBi / soft-capping / window runs the fused flash-attention
+//! kernel `flash_attn{64,128}x{1,2}_f32`: f16 tensor-core `mma.sync` for q·kᵀ and p·v with f32
+//! accumulation and an online softmax, K/V tiles staged in shared memory as f16 and shared by
+//! two query heads of a GQA group; the scores never reach memory (`FASTLLM_FLASH=0` turns it
+//! off). Other fast prefill goes through cuBLAS: per chunk of queries, scores = q·kᵀ·scale (TF32 tensor cores,
 //! strided-batched over the KV heads, once per query head of a GQA group) into a scratch
 //! buffer, `attn_softmax_f32` turns them into probabilities in place (mask, window, ALiBi,
 //! soft-capping), and out = p·v (TF32) is written straight into `[sq, nh, hdv]`. The scores are
@@ -187,6 +191,10 @@ const MAX_HDV: usize = 512;
 
 /// From this many queries on, `fast = 1` attention uses the cuBLAS path.
 pub const TC_MIN_QUERIES: usize = 64;
+
+/// `FASTLLM_FLASH=0` keeps prefill attention on the cuBLAS path (for A/B runs).
+static FLASH_ON: std::sync::LazyLock<bool> =
+    std::sync::LazyLock::new(|| std::env::var("FASTLLM_FLASH").map_or(true, |v| v.trim() != "0"));
 /// Most bytes of scores materialised at once (the query chunk is sized to fit).
 const SCORE_BYTES: usize = 256 << 20;
 
@@ -217,6 +225,56 @@ struct TcArgs {
 }
 
 impl Attention {
+    /// The fused flash-attention kernel (`flash_attn{64,128}x{1,2}_f32`, module doc): causal, head
+    /// sizes 64 or 128 (q, k and v alike), no ALiBi, soft-capping or window. `Ok(false)` when the
+    /// call is not of that kind or `FASTLLM_FLASH=0`.
+    fn flash(&self, a: &TcArgs) -> Result<bool> {
+        let fits = a.causal
+            && a.hd == a.hdv
+            && (a.hd == 64 || a.hd == 128)
+            && a.slopes == 0
+            && a.softcap == 0.0
+            && a.window == 0
+            && a.skv >= a.sq
+            && a.nkv > 0
+            && a.nh % a.nkv == 0;
+        if !fits || !*FLASH_ON {
+            return Ok(false);
+        }
+        const OP: &str = "Attention";
+        // two query heads of a GQA group per block share its K/V tiles
+        let hpb = if (a.nh / a.nkv).is_multiple_of(2) {
+            2
+        } else {
+            1
+        };
+        let grid = (
+            u32::try_from(a.sq.div_ceil(64)).map_err(|_| op_err(OP, "too many queries"))?,
+            u32::try_from(a.nh / hpb)
+                .ok()
+                .filter(|&v| v <= 65535)
+                .ok_or_else(|| op_err(OP, "too many heads"))?,
+            1,
+        );
+        self.0.launch(
+            &format!("flash_attn{}x{hpb}_f32", a.hd),
+            grid,
+            128 * hpb as u32,
+            &[
+                KArg::Ptr(a.q),
+                KArg::Ptr(a.k),
+                KArg::Ptr(a.v),
+                KArg::Ptr(a.out),
+                int(a.sq, "queries")?,
+                int(a.skv, "keys")?,
+                int(a.nh, "heads")?,
+                int(a.nkv, "kv heads")?,
+                KArg::F32(a.scale),
+            ],
+        )?;
+        Ok(true)
+    }
+
     /// The cuBLAS path (module doc). `Ok(false)` when cuBLAS is not loaded.
     fn tensor_core(&self, a: &TcArgs) -> Result<bool> {
         if self.0.blas().is_none() {
@@ -422,7 +480,7 @@ impl Operator for Attention {
                 causal: causal != 0,
                 window,
             };
-            if self.tensor_core(&args)? {
+            if self.flash(&args)? || self.tensor_core(&args)? {
                 return Ok(());
             }
         }

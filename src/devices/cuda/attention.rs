@@ -237,7 +237,7 @@ impl Attention {
             && a.window == 0
             && a.skv >= a.sq
             && a.nkv > 0
-            && a.nh % a.nkv == 0;
+            && a.nh.is_multiple_of(a.nkv);
         if !fits || !*FLASH_ON {
             return Ok(false);
         }

@@ -102,6 +102,20 @@ __device__ float block_max(float v) {
     return warp_max(r);
 }
 
+// Q8_0 quantization (llama.cpp's quantize_row_q8_0 and the CPU reference): a 32-value block
+// with d = amax / 127 stores q = round-half-even(v / d) clamped to ±127, and (d as f16, d · Σq).
+// q8_of: one value given 1 / d (0 for an all-zero block); q8_scales: the stored pair.
+__device__ __forceinline__ int q8_of(float v, float id) {
+    return max(-127, min(127, __float2int_rn(v * id)));
+}
+
+__device__ __forceinline__ float2 q8_scales(float d, int sum_q) {
+    unsigned short h;
+    asm("{cvt.rn.f16.f32 %0, %1;}" : "=h"(h) : "f"(d));
+    float dst = h2f(h);
+    return make_float2(dst, dst * (float)sum_q);
+}
+
 // Weight dtype codes (fastllm numbering, as in src/data.rs).
 #define DT_F32 0
 #define DT_BF16 1

@@ -87,16 +87,10 @@ extern "C" __global__ void silu_mul_q8_f32(const float* g, const float* u, float
         float amax = fabsf(v);
         for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
         float d = amax / 127.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
-        int q = max(-127, min(127, __float2int_rn(v * id)));
+        int q = q8_of(v, d != 0.0f ? 1.0f / d : 0.0f);
         qs[i] = (signed char)q;
         int s = q;
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (lane == 0) {
-            unsigned short h;
-            asm("{cvt.rn.f16.f32 %0, %1;}" : "=h"(h) : "f"(d));
-            float dst = h2f(h);
-            ds[i >> 5] = make_float2(dst, dst * (float)s);
-        }
+        if (lane == 0) ds[i >> 5] = q8_scales(d, s);
     }
 }

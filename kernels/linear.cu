@@ -253,16 +253,11 @@ extern "C" __global__ void quantize_q8_f32(const float* x, signed char* qs, floa
     float amax = fabsf(v);
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     float d = amax / 127.0f;
-    float id = d != 0.0f ? 1.0f / d : 0.0f;
-    int q = __float2int_rn(v * id);
-    q = max(-127, min(127, q));
+    int q = q8_of(v, d != 0.0f ? 1.0f / d : 0.0f);
     qs[b * 32 + lane] = (signed char)q;
     int s = q;
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == 0) {
-        float dst = h2f(f2h(d));
-        ds[b] = make_float2(dst, dst * (float)s);
-    }
+    if (lane == 0) ds[b] = q8_scales(d, s);
 }
 
 // Integer dot of weight block b against activation block (qs 32 int8, ds).
@@ -381,6 +376,32 @@ __device__ __forceinline__ void load_sb(const unsigned char* row, long s, unsign
 // distinct banks) and its scales at sxd[s * 9 + b].
 // With `smx` (m = 1), the block stages the activation row into shared memory itself, after each
 // lane has issued the loads of its first weight superblock (so the two latencies overlap).
+// The dot of one weight block (at even byte offset o of the register words wd, dtype DT) with
+// one Q8_0 activation block (32 int8 at xv, scales dx): integer dp4a sums, then the scales.
+// Q4_0: Σ (q - 8)·x = Σ q·x - 8 Σ x, and dx.y = dx.x · Σ x.
+template <int DT>
+__device__ __forceinline__ float q8_block_dot(const unsigned int* wd, int o, const uint4* xv, float2 dx) {
+    unsigned int hd = wat(wd, o);
+    float d = h2f((unsigned short)(hd & 0xffff));
+    uint4 a = xv[0], c = xv[1];
+    unsigned int xw[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+    int isum = 0;
+    if (DT == DT_Q8_0) {
+#pragma unroll
+        for (int t = 0; t < 8; t++) isum = dp4a((int)wat(wd, o + 2 + 4 * t), (int)xw[t], isum);
+        return d * dx.x * (float)isum;
+    }
+    const int qo = DT == DT_Q4_0 ? 2 : 4;
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        unsigned int q = wat(wd, o + qo + 4 * t);
+        isum = dp4a((int)(q & 0x0F0F0F0Fu), (int)xw[t], isum);
+        isum = dp4a((int)((q >> 4) & 0x0F0F0F0Fu), (int)xw[4 + t], isum);
+    }
+    if (DT == DT_Q4_0) return d * (dx.x * (float)isum - 8.0f * dx.y);
+    return d * dx.x * (float)isum + h2f((unsigned short)(hd >> 16)) * dx.y;
+}
+
 // acc[r] += superblock s of a weight row (in registers, wd) · activation row r0 + r (from the
 // staged copy sx/sxd when given, else from global memory).
 template <int DT, int R>
@@ -389,36 +410,13 @@ __device__ __forceinline__ void sb_dot(const unsigned int* wd, long s, const sig
     constexpr int BS = blk_bytes<DT>();
 #pragma unroll
     for (int b = 0; b < 8; b++) {
-        int o = b * BS;
-        unsigned int hd = wat(wd, o);
-        float d = h2f((unsigned short)(hd & 0xffff));
 #pragma unroll
         for (int r = 0; r < R; r++) {
             if (r < nr) {
                 long xb = (long)(r0 + r) * nb + s * 8 + b;
                 const uint4* xv = sx ? sx + s * 17 + 2 * b : (const uint4*)(xq + xb * 32);
-                uint4 a = xv[0], c = xv[1];
-                unsigned int xw[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
                 float2 dx = sx ? sxd[s * 9 + b] : xd[xb];
-                int isum = 0;
-                if (DT == DT_Q8_0) {
-#pragma unroll
-                    for (int t = 0; t < 8; t++) isum = dp4a((int)wat(wd, o + 2 + 4 * t), (int)xw[t], isum);
-                    acc[r] += d * dx.x * (float)isum;
-                } else {
-                    const int qo = DT == DT_Q4_0 ? 2 : 4;
-#pragma unroll
-                    for (int t = 0; t < 4; t++) {
-                        unsigned int q = wat(wd, o + qo + 4 * t);
-                        isum = dp4a((int)(q & 0x0F0F0F0Fu), (int)xw[t], isum);
-                        isum = dp4a((int)((q >> 4) & 0x0F0F0F0Fu), (int)xw[4 + t], isum);
-                    }
-                    // Q4_0: Σ (q - 8)·x = Σ q·x - 8 Σ x, and dx.y = dx.x · Σ x
-                    if (DT == DT_Q4_0)
-                        acc[r] += d * (dx.x * (float)isum - 8.0f * dx.y);
-                    else
-                        acc[r] += d * dx.x * (float)isum + h2f((unsigned short)(hd >> 16)) * dx.y;
-                }
+                acc[r] += q8_block_dot<DT>(wd, b * BS, xv, dx);
             }
         }
     }
@@ -528,37 +526,11 @@ __device__ __forceinline__ void load_hsb(const unsigned char* row, long hs, unsi
 template <int DT>
 __device__ __forceinline__ void hsb_dot(const unsigned int* wd, long hs, const uint4* sx, const float2* sxd,
                                         float& acc) {
-    constexpr int BS = blk_bytes<DT>();
     long s = hs >> 1;
     int b0 = (int)(hs & 1) * 4;
 #pragma unroll
-    for (int bb = 0; bb < 4; bb++) {
-        int o = bb * BS, b = b0 + bb;
-        unsigned int hd = wat(wd, o);
-        float d = h2f((unsigned short)(hd & 0xffff));
-        const uint4* xv = sx + s * 17 + 2 * b;
-        uint4 a = xv[0], c = xv[1];
-        unsigned int xw[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
-        float2 dx = sxd[s * 9 + b];
-        int isum = 0;
-        if (DT == DT_Q8_0) {
-#pragma unroll
-            for (int t = 0; t < 8; t++) isum = dp4a((int)wat(wd, o + 2 + 4 * t), (int)xw[t], isum);
-            acc += d * dx.x * (float)isum;
-        } else {
-            const int qo = DT == DT_Q4_0 ? 2 : 4;
-#pragma unroll
-            for (int t = 0; t < 4; t++) {
-                unsigned int q = wat(wd, o + qo + 4 * t);
-                isum = dp4a((int)(q & 0x0F0F0F0Fu), (int)xw[t], isum);
-                isum = dp4a((int)((q >> 4) & 0x0F0F0F0Fu), (int)xw[4 + t], isum);
-            }
-            if (DT == DT_Q4_0)
-                acc += d * (dx.x * (float)isum - 8.0f * dx.y);
-            else
-                acc += d * dx.x * (float)isum + h2f((unsigned short)(hd >> 16)) * dx.y;
-        }
-    }
+    for (int bb = 0; bb < 4; bb++)
+        acc += q8_block_dot<DT>(wd, bb * blk_bytes<DT>(), sx + s * 17 + 2 * (b0 + bb), sxd[s * 9 + b0 + bb]);
 }
 
 template <int DT>

@@ -18,7 +18,28 @@ extern "C" __global__ void rmsnorm_f32(const float* x, const float* w, float* y,
 // of 4096 took ~15 us on one block).
 #define RMS_V4 4
 
-extern "C" __global__ void rmsnorm_v4_f32(const float* x, const float* w, float* y, int d, float eps) {
+// Q8_0 quantization of 4 values held by each of 8 consecutive lanes (one 32-value block), the
+// arithmetic of quantize_q8_f32 (q8_of, q8_scales), so the rows are bit-identical to quantizing
+// the output afterwards: the 4 int8 packed in *q4 and the block's scale pair in *dsb.
+__device__ __forceinline__ void quant8x4(float4 o, unsigned int* q4, float2* dsb) {
+    float amax = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
+    for (int m = 1; m < 8; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+    float d = amax / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int a = q8_of(o.x, id), b = q8_of(o.y, id), c = q8_of(o.z, id), e = q8_of(o.w, id);
+    int s = a + b + c + e;
+    for (int m = 1; m < 8; m <<= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+    *q4 = (unsigned int)(a & 255) | ((unsigned int)(b & 255) << 8) | ((unsigned int)(c & 255) << 16) |
+          ((unsigned int)(e & 255) << 24);
+    *dsb = q8_scales(d, s);
+}
+
+// Q: also write the output as Q8_0 rows (qs: d int8 per row, ds: d / 32 scale pairs per row)
+// for the next Linear with quantized activations; then d % 32 == 0 and blockDim % 32 == 0, so
+// the 8 lanes holding a 32-value block are consecutive in one warp.
+template <bool Q>
+__device__ __forceinline__ void rmsnorm_v4_t(const float* x, const float* w, float* y, int d, float eps,
+                                             signed char* qs, float2* ds) {
     int n4 = d >> 2;
     const float4* xr = (const float4*)(x + (long)blockIdx.x * d);
     float4* yr = (float4*)(y + (long)blockIdx.x * d);
@@ -44,10 +65,28 @@ extern "C" __global__ void rmsnorm_v4_f32(const float* x, const float* w, float*
 #pragma unroll
     for (int t = 0; t < RMS_V4; t++) {
         int i = threadIdx.x + t * blockDim.x;
-        if (i < n4)
-            yr[i] = make_float4(v[t].x * inv * g[t].x, v[t].y * inv * g[t].y, v[t].z * inv * g[t].z,
-                                v[t].w * inv * g[t].w);
+        float4 o = make_float4(v[t].x * inv * g[t].x, v[t].y * inv * g[t].y, v[t].z * inv * g[t].z,
+                               v[t].w * inv * g[t].w);
+        unsigned int q4 = 0;
+        float2 sc;
+        if (Q) quant8x4(o, &q4, &sc);  // every lane: the shuffles need the whole warp
+        if (i < n4) {
+            yr[i] = o;
+            if (Q) {
+                ((unsigned int*)(qs + (long)blockIdx.x * d))[i] = q4;
+                if ((i & 7) == 0) ds[(long)blockIdx.x * (d >> 5) + (i >> 3)] = sc;
+            }
+        }
     }
+}
+
+extern "C" __global__ void rmsnorm_v4_f32(const float* x, const float* w, float* y, int d, float eps) {
+    rmsnorm_v4_t<false>(x, w, y, d, eps, 0, 0);
+}
+
+extern "C" __global__ void rmsnorm_v4q_f32(const float* x, const float* w, float* y, int d, float eps,
+                                           signed char* qs, float2* ds) {
+    rmsnorm_v4_t<true>(x, w, y, d, eps, qs, ds);
 }
 
 extern "C" __global__ void layernorm_f32(const float* x, const float* g, const float* b, float* y, int d, float eps) {
@@ -79,70 +118,3 @@ extern "C" __global__ void softmax_f32(const float* x, float* y, int d) {
     for (int i = threadIdx.x; i < d; i += blockDim.x) yr[i] = expf(xr[i] - m) * inv;
 }
 
-// Q8_0 quantization of 4 values held by each of 8 consecutive lanes (one 32-value block), the
-// same arithmetic as quantize_q8_f32 (so the rows are bit-identical to quantizing y after the
-// fact): writes the 4 int8 at q4 and, from the group's first lane, the block's (d, d · Σq).
-__device__ __forceinline__ void quant8x4(float4 o, unsigned int* q4, float2* dsb, bool first) {
-    float amax = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
-    for (int m = 1; m < 8; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-    float d = amax / 127.0f;
-    float id = d != 0.0f ? 1.0f / d : 0.0f;
-    int a = max(-127, min(127, __float2int_rn(o.x * id)));
-    int b = max(-127, min(127, __float2int_rn(o.y * id)));
-    int c = max(-127, min(127, __float2int_rn(o.z * id)));
-    int e = max(-127, min(127, __float2int_rn(o.w * id)));
-    int s = a + b + c + e;
-    for (int m = 1; m < 8; m <<= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
-    *q4 = (unsigned int)(a & 255) | ((unsigned int)(b & 255) << 8) | ((unsigned int)(c & 255) << 16) |
-          ((unsigned int)(e & 255) << 24);
-    if (first) {
-        unsigned short h;
-        asm("{cvt.rn.f16.f32 %0, %1;}" : "=h"(h) : "f"(d));
-        float dst = h2f(h);
-        *dsb = make_float2(dst, dst * (float)s);
-    }
-}
-
-// rmsnorm_v4_f32 that also writes its output as Q8_0 rows (qs: d int8 per row, ds: d / 32
-// scale pairs per row) for the next Linear with quantized activations. d % 32 == 0 and
-// blockDim % 32 == 0, so the 8 lanes holding a 32-value block are consecutive in one warp.
-extern "C" __global__ void rmsnorm_v4q_f32(const float* x, const float* w, float* y, int d, float eps,
-                                           signed char* qs, float2* ds) {
-    int n4 = d >> 2;
-    const float4* xr = (const float4*)(x + (long)blockIdx.x * d);
-    float4* yr = (float4*)(y + (long)blockIdx.x * d);
-    unsigned int* qr = (unsigned int*)(qs + (long)blockIdx.x * d);
-    float2* dr = ds + (long)blockIdx.x * (d >> 5);
-    const float4* w4 = (const float4*)w;
-    float4 g[RMS_V4];
-#pragma unroll
-    for (int t = 0; t < RMS_V4; t++) {
-        int i = threadIdx.x + t * blockDim.x;
-        g[t] = i < n4 ? w4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-    pdl_begin();
-    float4 v[RMS_V4];
-    float s = 0.0f;
-#pragma unroll
-    for (int t = 0; t < RMS_V4; t++) {
-        int i = threadIdx.x + t * blockDim.x;
-        v[t] = i < n4 ? xr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        s += v[t].x * v[t].x + v[t].y * v[t].y + v[t].z * v[t].z + v[t].w * v[t].w;
-    }
-    s = block_sum(s);
-    float inv = rsqrtf(s / (float)d + eps);
-#pragma unroll
-    for (int t = 0; t < RMS_V4; t++) {
-        int i = threadIdx.x + t * blockDim.x;
-        float4 o = make_float4(v[t].x * inv * g[t].x, v[t].y * inv * g[t].y, v[t].z * inv * g[t].z,
-                               v[t].w * inv * g[t].w);
-        unsigned int q4;
-        float2 sc;
-        quant8x4(o, &q4, &sc, true);
-        if (i < n4) {
-            yr[i] = o;
-            qr[i] = q4;
-            if ((i & 7) == 0) dr[i >> 3] = sc;
-        }
-    }
-}

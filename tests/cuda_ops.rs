@@ -1783,6 +1783,9 @@ fn decode_kernels_launch_with_programmatic_dependent_launch() {
     for name in [
         "embedding_f16",
         "rmsnorm_v4_f32",
+        "rmsnorm_v4q_f32",
+        "silu_mul_q8_f32",
+        "flash_attn128x2_f32",
         "linear1_f16",
         "linear_f16",
         "gemv1_f16",

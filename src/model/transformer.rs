@@ -815,7 +815,8 @@ impl Model {
     /// [`Model::forward`] with the logits left where the last op wrote them (the GPU, when the
     /// model runs there); pass them to [`Model::sample_rows`] to pick tokens there. One-token
     /// steps take the recorded decode step (CUDA graphs) where [`Model::forward`] would; the
-    /// logits returned are then a device copy of that step's (which the next step overwrites).
+    /// logits returned are then a device copy of that step's logits (the recording's own buffer
+    /// is overwritten by the next step).
     pub fn forward_device(
         &self,
         cache: &mut KvCache,

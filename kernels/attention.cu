@@ -499,18 +499,30 @@ extern "C" __global__ void kv_write_f32(const float* k, const float* v, const in
 }
 
 // ---- Flash attention for prefill (`fast` precision): causal, GQA, no ALiBi / soft-cap / window ----
-// q [sq, nh, HD], k / v [skv, nkv, HD] (f32, rows of nkv · HD), out [sq, nh, HD]; query i sits at
-// position skv - sq + i and sees keys 0 ..= that position. A block of 4 warps takes 64 queries of
-// one head; each warp keeps its 16 query rows as f16 tensor-core fragments (scaled by
-// scale · log2 e) and walks the keys in tiles of 64 staged in shared memory as f16: S = Q·Kᵀ and
-// O += P·V with mma.sync m16n8k16 (f32 accumulate), an online softmax in between (exp2), the
-// probabilities reused from the S accumulators as the A operand. Scores never reach memory.
+// q [sq, nh, HD] f32, kh / vh [skv, nkv, HD] f16 (the f32 cache rows converted by kv_half_f32),
+// out [sq, nh, HD] f32; query i sits at position skv - sq + i and sees keys 0 ..= that position.
+// A block of 4 warps takes 64 queries of one head; each warp keeps its 16 query rows as f16
+// tensor-core fragments (scaled by scale · log2 e) and walks the keys in tiles of 64 staged in
+// shared memory: S = Q·Kᵀ and O += P·V with mma.sync m16n8k16 (f32 accumulate), an online
+// softmax in between (exp2), the probabilities reused from the S accumulators as the A operand.
+// Scores never reach memory. The tiles arrive by cp.async and overlap the math: V of a tile
+// loads while S is formed, K of the next tile while P·V runs. Only tiles that cross the
+// diagonal or the ends are masked.
 
 #define FA_BQ 64
 #define FA_BK 64
 
 __device__ __forceinline__ unsigned int fa_pack(float lo, float hi) {
     return (unsigned int)f2h(lo) | ((unsigned int)f2h(hi) << 16);
+}
+
+// k and v rows [0, n) (rows of `row` floats) as f16, four values per thread.
+extern "C" __global__ void kv_half_f32(const float4* k, const float4* v, uint2* kh, uint2* vh, long n4) {
+    pdl_begin();
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (long)gridDim.x * blockDim.x) {
+        kh[i] = half4_of(k[i], 0);
+        vh[i] = half4_of(v[i], 0);
+    }
 }
 
 // c[0..3] += A (16×16, row-major f16 pairs) · B (16×8, column pairs), the PTX fragment layouts
@@ -540,18 +552,41 @@ __device__ __forceinline__ void fa_ldm4(const unsigned short* p, unsigned int* r
                      : "r"(a));
 }
 
+// Rows k0 .. k0 + FA_BK of one KV head (src already offset to it; rows `stride` halves apart,
+// skv of them) into the shared tile by 16-byte cp.async, rows past the end zeroed; one commit
+// group.
+template <int HD>
+__device__ __forceinline__ void fa_stage(unsigned short (*tile)[HD + 8], const unsigned short* src, long stride,
+                                         int k0, int skv) {
+    for (int e = threadIdx.x; e < FA_BK * HD / 8; e += blockDim.x) {
+        int r = e / (HD / 8), c8 = (e % (HD / 8)) * 8;
+        long j = k0 + r;
+        if (j < skv) {
+            unsigned int sa = (unsigned int)__cvta_generic_to_shared(&tile[r][c8]);
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(src + j * stride + c8));
+        } else {
+            *(uint4*)&tile[r][c8] = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+    asm volatile("cp.async.commit_group;");
+}
+
+__device__ __forceinline__ void fa_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
 // HPB query heads of one GQA group per block (4 warps each), sharing every K/V tile it stages.
 template <int HD, int HPB>
-__device__ void flash_attn_t(const float* q, const float* k, const float* v, float* out, int sq, int skv, int nh,
-                             int nkv, float scale) {
+__device__ void flash_attn_t(const float* q, const unsigned short* kh, const unsigned short* vh, float* out, int sq,
+                             int skv, int nh, int nkv, float scale) {
     __shared__ __align__(16) unsigned short Ks[FA_BK][HD + 8];
     __shared__ __align__(16) unsigned short Vs[FA_BK][HD + 8];
     // the last query tiles have the most keys: start them first
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y * HPB + (warp >> 2);
-    int group = nh / nkv, kh = h / group;
+    int group = nh / nkv, kvh = blockIdx.y * HPB / group;
     int q0 = qt * FA_BQ + (warp & 3) * 16;
     long kstride = (long)nkv * HD, qstride = (long)nh * HD;
+    const unsigned short* ksrc = kh + (long)kvh * HD;
+    const unsigned short* vsrc = vh + (long)kvh * HD;
     int off = skv - sq;
     const float sl2 = scale * 1.4426950408889634f;
     unsigned int qf[HD / 16][4];
@@ -575,74 +610,75 @@ __device__ void flash_attn_t(const float* q, const float* k, const float* v, flo
     float m[2] = {-INF, -INF}, l[2] = {0.0f, 0.0f};
     int last = min(sq - 1, qt * FA_BQ + FA_BQ - 1);
     int kend = min(skv, off + last + 1);
+    if (kend > 0) fa_stage<HD>(Ks, ksrc, kstride, 0, skv);
     for (int k0 = 0; k0 < kend; k0 += FA_BK) {
-        __syncthreads();
-        for (int e = threadIdx.x; e < FA_BK * HD / 4; e += blockDim.x) {
-            int r = e / (HD / 4), c4 = (e % (HD / 4)) * 4;
-            long j = k0 + r;
-            float4 kv4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv4 = kv4;
-            if (j < skv) {
-                kv4 = *(const float4*)(k + j * kstride + (long)kh * HD + c4);
-                vv4 = *(const float4*)(v + j * kstride + (long)kh * HD + c4);
-            }
-            *(uint2*)&Ks[r][c4] = make_uint2(fa_pack(kv4.x, kv4.y), fa_pack(kv4.z, kv4.w));
-            *(uint2*)&Vs[r][c4] = make_uint2(fa_pack(vv4.x, vv4.y), fa_pack(vv4.z, vv4.w));
-        }
-        __syncthreads();
+        fa_wait_all();
+        __syncthreads();  // K tile here; every warp is past the last tile's P·V (V is free)
+        fa_stage<HD>(Vs, vsrc, kstride, k0, skv);
         // this warp's queries all before the tile: nothing to add (warp-uniform)
-        if (q0 >= sq || off + q0 + 15 < k0) continue;
+        bool active = q0 < sq && off + q0 + 15 >= k0;
         float s[FA_BK / 8][4];
-        // K fragments by ldmatrix: matrices (keys 8nt.., dims 16kk), (.., 16kk + 8), (.., 16kk + 16),
-        // (.., 16kk + 24) = b0, b1 of k-steps kk and kk + 1
+        if (active) {
+            // K fragments by ldmatrix: matrices (keys 8nt.., dims 16kk), (.., 16kk + 8),
+            // (.., 16kk + 16), (.., 16kk + 24) = b0, b1 of k-steps kk and kk + 1
 #pragma unroll
-        for (int nt = 0; nt < FA_BK / 8; nt++) {
-            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+            for (int nt = 0; nt < FA_BK / 8; nt++) {
+                s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
-            for (int kk = 0; kk < HD / 16; kk += 2) {
-                unsigned int b[4];
-                fa_ldm4<false>(&Ks[nt * 8 + (lane & 7)][kk * 16 + (lane >> 3) * 8], b);
-                fa_mma(s[nt], qf[kk], b[0], b[1]);
-                fa_mma(s[nt], qf[kk + 1], b[2], b[3]);
+                for (int kk = 0; kk < HD / 16; kk += 2) {
+                    unsigned int b[4];
+                    fa_ldm4<false>(&Ks[nt * 8 + (lane & 7)][kk * 16 + (lane >> 3) * 8], b);
+                    fa_mma(s[nt], qf[kk], b[0], b[1]);
+                    fa_mma(s[nt], qf[kk + 1], b[2], b[3]);
+                }
+            }
+            // masks only where the tile crosses the diagonal, the last key or the last query
+            bool edge = k0 + FA_BK - 1 > off + q0 || k0 + FA_BK > skv || q0 + 16 > sq;
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                int i = q0 + g + 8 * hh;
+                long pos = (long)off + i;
+                float mx = -INF;
+#pragma unroll
+                for (int nt = 0; nt < FA_BK / 8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        float val = s[nt][2 * hh + e];
+                        if (edge) {
+                            long j = k0 + nt * 8 + 2 * t + e;
+                            if (j > pos || j >= skv || i >= sq) val = -INF;
+                            s[nt][2 * hh + e] = val;
+                        }
+                        mx = fmaxf(mx, val);
+                    }
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                float mnew = fmaxf(m[hh], mx);
+                float corr = (m[hh] == -INF) ? 0.0f : exp2f(m[hh] - mnew);
+                float rs = 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < FA_BK / 8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        float p = mnew == -INF ? 0.0f : exp2f(s[nt][2 * hh + e] - mnew);
+                        s[nt][2 * hh + e] = p;
+                        rs += p;
+                    }
+                rs += __shfl_xor_sync(0xffffffffu, rs, 1);
+                rs += __shfl_xor_sync(0xffffffffu, rs, 2);
+                l[hh] = l[hh] * corr + rs;
+                m[hh] = mnew;
+#pragma unroll
+                for (int dn = 0; dn < HD / 8; dn++) {
+                    o[dn][2 * hh] *= corr;
+                    o[dn][2 * hh + 1] *= corr;
+                }
             }
         }
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            int i = q0 + g + 8 * hh;
-            long pos = (long)off + i;
-            float mx = -INF;
-#pragma unroll
-            for (int nt = 0; nt < FA_BK / 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    long j = k0 + nt * 8 + 2 * t + e;
-                    float val = s[nt][2 * hh + e];
-                    if (j > pos || j >= skv || i >= sq) val = -INF;
-                    s[nt][2 * hh + e] = val;
-                    mx = fmaxf(mx, val);
-                }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            float mnew = fmaxf(m[hh], mx);
-            float corr = (m[hh] == -INF) ? 0.0f : exp2f(m[hh] - mnew);
-            float rs = 0.0f;
-#pragma unroll
-            for (int nt = 0; nt < FA_BK / 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    float p = mnew == -INF ? 0.0f : exp2f(s[nt][2 * hh + e] - mnew);
-                    s[nt][2 * hh + e] = p;
-                    rs += p;
-                }
-            rs += __shfl_xor_sync(0xffffffffu, rs, 1);
-            rs += __shfl_xor_sync(0xffffffffu, rs, 2);
-            l[hh] = l[hh] * corr + rs;
-            m[hh] = mnew;
-#pragma unroll
-            for (int dn = 0; dn < HD / 8; dn++) {
-                o[dn][2 * hh] *= corr;
-                o[dn][2 * hh + 1] *= corr;
-            }
-        }
+        fa_wait_all();
+        __syncthreads();  // V tile here; every warp is past this tile's S (K is free)
+        if (k0 + FA_BK < kend) fa_stage<HD>(Ks, ksrc, kstride, k0 + FA_BK, skv);
+        if (!active) continue;
 #pragma unroll
         for (int kk = 0; kk < FA_BK / 16; kk++) {
             unsigned int a[4] = {fa_pack(s[2 * kk][0], s[2 * kk][1]), fa_pack(s[2 * kk][2], s[2 * kk][3]),
@@ -668,8 +704,7 @@ __device__ void flash_attn_t(const float* q, const float* k, const float* v, flo
 #pragma unroll
             for (int dn = 0; dn < HD / 8; dn++) {
                 int col = dn * 8 + 2 * t;
-                op[col] = o[dn][2 * hh] * inv;
-                op[col + 1] = o[dn][2 * hh + 1] * inv;
+                *(float2*)&op[col] = make_float2(o[dn][2 * hh] * inv, o[dn][2 * hh + 1] * inv);
             }
         }
     }
@@ -677,9 +712,10 @@ __device__ void flash_attn_t(const float* q, const float* k, const float* v, flo
 
 #define FLASH(HD, HPB) \
     extern "C" __global__ void __launch_bounds__(128 * HPB) flash_attn##HD##x##HPB##_f32( \
-        const float* q, const float* k, const float* v, float* out, int sq, int skv, int nh, int nkv, float scale) { \
+        const float* q, const unsigned short* kh, const unsigned short* vh, float* out, int sq, int skv, int nh, \
+        int nkv, float scale) { \
         pdl_begin(); \
-        flash_attn_t<HD, HPB>(q, k, v, out, sq, skv, nh, nkv, scale); \
+        flash_attn_t<HD, HPB>(q, kh, vh, out, sq, skv, nh, nkv, scale); \
     }
 FLASH(64, 1)
 FLASH(64, 2)

@@ -148,3 +148,25 @@ __device__ __forceinline__ float load_w(const unsigned char* row, long i) {
     int v = j < 16 ? (q & 15) : (q >> 4);
     return h2f(ld_u16(blk)) * (float)v + h2f(ld_u16(blk + 2));
 }
+
+// f32 -> IEEE half / bfloat16 bits, round to nearest even (the casts of the tensor-core path and
+// the f16/bf16 copies the producer ops write for it; one rounding, so both give the same bits).
+__device__ __forceinline__ unsigned short f2h(float f) {
+    unsigned short h;
+    asm("{cvt.rn.f16.f32 %0, %1;}" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ unsigned short f2bf(float f) {
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40);  // NaN stays NaN
+    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+    return (unsigned short)(u >> 16);
+}
+
+// Four floats as f16 (bf = 0) or bf16 (bf = 1), packed for one 8-byte store.
+__device__ __forceinline__ uint2 half4_of(float4 v, int bf) {
+    unsigned int a = bf ? f2bf(v.x) : f2h(v.x), b = bf ? f2bf(v.y) : f2h(v.y);
+    unsigned int c = bf ? f2bf(v.z) : f2h(v.z), d = bf ? f2bf(v.w) : f2h(v.w);
+    return make_uint2(a | (b << 16), c | (d << 16));
+}

@@ -74,6 +74,18 @@ extern "C" __global__ void silu_mul_f32(const float* g, const float* u, float* y
     GRID_LOOP(i, n) y[i] = silu1(g[i]) * u[i];
 }
 
+// silu_mul_f32 that also writes y as f16 (bf = 0) or bf16 (bf = 1) at h, for the next tensor-core
+// Linear; four values per thread (n % 4 == 0, 16-byte aligned g, u, y).
+extern "C" __global__ void silu_mul_h_f32(const float4* g, const float4* u, float4* y, long n4, uint2* h, int bf) {
+    pdl_begin();
+    GRID_LOOP(i, n4) {
+        float4 a = g[i], b = u[i];
+        float4 v = make_float4(silu1(a.x) * b.x, silu1(a.y) * b.y, silu1(a.z) * b.z, silu1(a.w) * b.w);
+        y[i] = v;
+        h[i] = half4_of(v, bf);
+    }
+}
+
 // silu_mul_f32 that also writes y as Q8_0 blocks (qs: n int8, ds: n / 32 scale pairs) for the
 // next Linear with quantized activations, with the arithmetic of quantize_q8_f32. n % 32 == 0
 // and blockDim % 32 == 0, so every warp takes whole 32-value blocks in each step.

@@ -238,12 +238,6 @@ extern "C" __global__ void addbias_f32(float* y, const float* b, long rows, long
 // quantize_row_q8_0 and the CPU reference: d = amax / 127 (stored as f16), q = round-half-even
 // (x / d) clamped to ±127; ds[block] = (d as stored, d · Σq). qs: 32 int8 per block.
 
-__device__ __forceinline__ unsigned short f2h(float f) {
-    unsigned short h;
-    asm("{cvt.rn.f16.f32 %0, %1;}" : "=h"(h) : "f"(f));
-    return h;
-}
-
 extern "C" __global__ void quantize_q8_f32(const float* x, signed char* qs, float2* ds, long nblocks) {
     pdl_begin();
     long b = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -601,13 +595,6 @@ LINSB(q4_0, DT_Q4_0, SBX4_MIN_BLOCKS)
 LINSB(q4_1, DT_Q4_1, SBX4_MIN_BLOCKS)
 
 // ---- tensor-core (cuBLAS) path helpers ----
-
-__device__ __forceinline__ unsigned short f2bf(float f) {
-    unsigned int u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40);  // NaN stays NaN
-    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-    return (unsigned short)(u >> 16);
-}
 
 // y[i] = x[i] as f16 (bf = 0) or bf16 (bf = 1), round to nearest.
 extern "C" __global__ void cast_f32_half(const float* x, unsigned short* y, long n, int bf) {

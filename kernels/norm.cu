@@ -34,12 +34,13 @@ __device__ __forceinline__ void quant8x4(float4 o, unsigned int* q4, float2* dsb
     *dsb = q8_scales(d, s);
 }
 
-// Q: also write the output as Q8_0 rows (qs: d int8 per row, ds: d / 32 scale pairs per row)
-// for the next Linear with quantized activations; then d % 32 == 0 and blockDim % 32 == 0, so
-// the 8 lanes holding a 32-value block are consecutive in one warp.
-template <bool Q>
+// COPY 1: also write the output as Q8_0 rows (qs: d int8 per row, ds: d / 32 scale pairs per
+// row) for the next Linear with quantized activations; then d % 32 == 0 and blockDim % 32 == 0,
+// so the 8 lanes holding a 32-value block are consecutive in one warp. COPY 2: also write it as
+// f16 (bf = 0) or bf16 (bf = 1) rows at hs (d per row) for the next tensor-core Linear.
+template <int COPY>
 __device__ __forceinline__ void rmsnorm_v4_t(const float* x, const float* w, float* y, int d, float eps,
-                                             signed char* qs, float2* ds) {
+                                             signed char* qs, float2* ds, uint2* hs, int bf) {
     int n4 = d >> 2;
     const float4* xr = (const float4*)(x + (long)blockIdx.x * d);
     float4* yr = (float4*)(y + (long)blockIdx.x * d);
@@ -69,24 +70,30 @@ __device__ __forceinline__ void rmsnorm_v4_t(const float* x, const float* w, flo
                                v[t].w * inv * g[t].w);
         unsigned int q4 = 0;
         float2 sc;
-        if (Q) quant8x4(o, &q4, &sc);  // every lane: the shuffles need the whole warp
+        if (COPY == 1) quant8x4(o, &q4, &sc);  // every lane: the shuffles need the whole warp
         if (i < n4) {
             yr[i] = o;
-            if (Q) {
+            if (COPY == 1) {
                 ((unsigned int*)(qs + (long)blockIdx.x * d))[i] = q4;
                 if ((i & 7) == 0) ds[(long)blockIdx.x * (d >> 5) + (i >> 3)] = sc;
             }
+            if (COPY == 2) hs[(long)blockIdx.x * n4 + i] = half4_of(o, bf);
         }
     }
 }
 
 extern "C" __global__ void rmsnorm_v4_f32(const float* x, const float* w, float* y, int d, float eps) {
-    rmsnorm_v4_t<false>(x, w, y, d, eps, 0, 0);
+    rmsnorm_v4_t<0>(x, w, y, d, eps, 0, 0, 0, 0);
 }
 
 extern "C" __global__ void rmsnorm_v4q_f32(const float* x, const float* w, float* y, int d, float eps,
                                            signed char* qs, float2* ds) {
-    rmsnorm_v4_t<true>(x, w, y, d, eps, qs, ds);
+    rmsnorm_v4_t<1>(x, w, y, d, eps, qs, ds, 0, 0);
+}
+
+extern "C" __global__ void rmsnorm_v4h_f32(const float* x, const float* w, float* y, int d, float eps,
+                                           uint2* hs, int bf) {
+    rmsnorm_v4_t<2>(x, w, y, d, eps, 0, 0, hs, bf);
 }
 
 extern "C" __global__ void layernorm_f32(const float* x, const float* g, const float* b, float* y, int d, float eps) {

@@ -1,21 +1,26 @@
-// RotaryEmbedding, f32, in place: x [s, heads, hd]; one thread per (row, head, pair).
+// RotaryEmbedding, f32, in place: x [s, heads, hd]; one thread per (row, group of ROPE_HEADS
+// heads, pair): the angle of a (row, pair) is formed once for the heads of its group (it does
+// not depend on the head).
 // mode 0: angle = pos · theta^(-2i/rot); 1: pos · inv_freq[i]; 2: cos/sin tables [s, rot/2].
 // Angles are formed in double, as in the CPU reference. style 0 = neox pairs (i, i + rot/2),
 // 1 = interleaved pairs (2i, 2i + 1).
 
 // x2 (or null) [s, heads2, hd]: a second tensor rotated in the same launch (the keys, with x
-// the queries of a decode step).
+// the queries).
+#define ROPE_HEADS 8
+
 extern "C" __global__ void rotary_f32(float* x, const int* pos, const float* inv_freq, const float* cosv,
                                       const float* sinv, int s, int heads, int hd, int rot, int style,
                                       float theta, int mode, float* x2, int heads2) {
     pdl_begin();
     int half = rot / 2;
     int ht = heads + (x2 ? heads2 : 0);
-    long total = (long)s * ht * half;
+    int groups = (ht + ROPE_HEADS - 1) / ROPE_HEADS;
+    long total = (long)s * groups * half;
     for (long id = (long)blockIdx.x * blockDim.x + threadIdx.x; id < total; id += (long)gridDim.x * blockDim.x) {
         int i = (int)(id % half);
-        long tk = id / half;
-        int t = (int)(tk / ht), hh = (int)(tk % ht);
+        long tg = id / half;
+        int t = (int)(tg / groups), grp = (int)(tg % groups);
         float c, sn;
         if (mode == 2) {
             c = cosv[(long)t * half + i];
@@ -26,11 +31,26 @@ extern "C" __global__ void rotary_f32(float* x, const int* pos, const float* inv
             c = (float)cos(a);
             sn = (float)sin(a);
         }
-        float* xh = hh < heads ? x + ((long)t * heads + hh) * hd : x2 + ((long)t * heads2 + (hh - heads)) * hd;
         int ia = style == 0 ? i : 2 * i;
         int ib = style == 0 ? i + half : 2 * i + 1;
-        float a = xh[ia], b = xh[ib];
-        xh[ia] = a * c - b * sn;
-        xh[ib] = b * c + a * sn;
+        // all loads of the group first, then the stores (they may not alias, but the compiler
+        // cannot know that: interleaved, each load would wait for the previous store)
+        float* xh[ROPE_HEADS];
+        float a[ROPE_HEADS], b[ROPE_HEADS];
+#pragma unroll
+        for (int u = 0; u < ROPE_HEADS; u++) {
+            int hh = grp * ROPE_HEADS + u;
+            xh[u] = hh >= ht ? 0 : hh < heads ? x + ((long)t * heads + hh) * hd : x2 + ((long)t * heads2 + (hh - heads)) * hd;
+            if (xh[u]) {
+                a[u] = xh[u][ia];
+                b[u] = xh[u][ib];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < ROPE_HEADS; u++)
+            if (xh[u]) {
+                xh[u][ia] = a[u] * c - b[u] * sn;
+                xh[u][ib] = b[u] * c + a[u] * sn;
+            }
     }
 }

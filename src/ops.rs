@@ -50,8 +50,8 @@ fn linear_flagged(
     e.run("Linear", &mut d, &FloatDict::new(), &ints)
 }
 
-/// `out += x·wᵀ + b` for one row `x` (a residual connection fused into the product); `out`
-/// must already hold the row. Only devices that accept `accumulate` (the CUDA device) take it.
+/// `out += x·wᵀ + b` (a residual connection fused into the product); `out` must already hold
+/// the rows. Only devices that accept `accumulate` (the CUDA device) take it.
 pub fn linear_add(
     e: &Executor,
     x: &Data,
@@ -137,20 +137,47 @@ pub fn embedding_checked(e: &Executor, ids: &Data, w: &Data, out: &mut Data) -> 
 
 /// RMS normalization over the last axis.
 pub fn rms_norm(e: &Executor, x: &Data, w: &Data, eps: f32, out: &mut Data) -> Result<()> {
-    rms_norm_quantizing(e, x, w, eps, out, false)
+    rms_norm_quantizing(e, x, w, eps, out, OutputCopy::None)
 }
 
-/// [`rms_norm`]; with `quantize`, a device that can (CUDA) also keeps the output as the Q8_0
-/// rows that the next `Linear` with `quant_act` and a block weight reads, so that `Linear`
-/// skips quantizing it (`quantize_output = 1`: only valid when that `Linear` is the next op on
-/// the device and its input is this output, unchanged). Other devices ignore it.
+/// A copy of a producer op's output (`RMSNorm`, `SiluMul`) in the form the next `Linear`
+/// reads, so that `Linear` skips converting its input. Only valid when that `Linear` is the next
+/// op on the device and its input is this output, unchanged. Devices that cannot keep such a
+/// copy (the CPU) ignore it; the CUDA device keeps it (the `quantize_output` parameter).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputCopy {
+    /// No copy.
+    None,
+    /// Q8_0 rows, for a one-row `Linear` with `quant_act` and a block weight.
+    Q8,
+    /// f16 rows, for the tensor-core path of a `quant_act` `Linear` of many rows with f16 or
+    /// block weights.
+    F16,
+    /// bf16 rows, the same for bf16 weights.
+    Bf16,
+}
+
+impl OutputCopy {
+    /// The `quantize_output` parameter value (0 … 3).
+    pub fn param(self) -> i32 {
+        match self {
+            OutputCopy::None => 0,
+            OutputCopy::Q8 => 1,
+            OutputCopy::F16 => 2,
+            OutputCopy::Bf16 => 3,
+        }
+    }
+}
+
+/// [`rms_norm`]; with a `copy`, a device that can (CUDA) also keeps the output in that form for
+/// the next `Linear` (see [`OutputCopy`]).
 pub fn rms_norm_quantizing(
     e: &Executor,
     x: &Data,
     w: &Data,
     eps: f32,
     out: &mut Data,
-    quantize: bool,
+    copy: OutputCopy,
 ) -> Result<()> {
     let mut d = DataDict::new()
         .with("input", x)
@@ -160,7 +187,7 @@ pub fn rms_norm_quantizing(
         "RMSNorm",
         &mut d,
         &FloatDict::new().with("eps", eps),
-        &IntDict::new().with("quantize_output", quantize as i32),
+        &IntDict::new().with("quantize_output", copy.param()),
     )
 }
 
@@ -297,16 +324,16 @@ pub fn mul_to(e: &Executor, x: &mut Data, y: &Data) -> Result<()> {
 
 /// `output = silu(g)·u` (a device op; the CPU device does not have it).
 pub fn silu_mul(e: &Executor, g: &Data, u: &Data, out: &mut Data) -> Result<()> {
-    silu_mul_quantizing(e, g, u, out, false)
+    silu_mul_quantizing(e, g, u, out, OutputCopy::None)
 }
 
-/// [`silu_mul`]; `quantize` as in [`rms_norm_quantizing`].
+/// [`silu_mul`]; `copy` as in [`rms_norm_quantizing`].
 pub fn silu_mul_quantizing(
     e: &Executor,
     g: &Data,
     u: &Data,
     out: &mut Data,
-    quantize: bool,
+    copy: OutputCopy,
 ) -> Result<()> {
     let mut d = DataDict::new()
         .with("input0", g)
@@ -316,7 +343,7 @@ pub fn silu_mul_quantizing(
         "SiluMul",
         &mut d,
         &FloatDict::new(),
-        &IntDict::new().with("quantize_output", quantize as i32),
+        &IntDict::new().with("quantize_output", copy.param()),
     )
 }
 

@@ -788,6 +788,7 @@ fn matmul_rate_and_gemv_speed() {
             c: op(&c, out_elem),
             batch: 1,
             alpha: 1.0,
+            beta: 0.0,
             tf32: false,
         };
         assert!(gemm(g, &gm).unwrap(), "cuBLAS not loaded");
@@ -1322,89 +1323,81 @@ fn multi_weight_linear_equals_one_weight_at_a_time() {
 fn linear_accumulate_adds_the_product_to_the_output() {
     let Some(dev) = gpu() else { return };
     let cuda = cuda_executor(&dev);
-    let reference = reference();
     let mut rng = CaseRng::new(17);
+    let mut checked = 0;
     for dt in [
         DataType::F32,
         DataType::F16,
+        DataType::BF16,
         DataType::Q8_0,
         DataType::Q4_0,
         DataType::Q4_1,
     ] {
         for k in [96usize, 256, 4096] {
-            for quant_act in [0, 1] {
-                let n = 75;
-                let x = rng.data(DataType::F32, &[1, k]);
-                let w = rng.data(dt, &[n, k]);
-                let b = rng.data(DataType::F32, &[n]);
-                let y0 = rng.data(DataType::F32, &[1, n]);
-                let ints = IntDict::new().with("quant_act", quant_act);
-                // reference: y0 + (x·Wᵀ + b)
-                let mut r = Data::empty(DataType::F32);
-                {
-                    let mut d = DataDict::new()
-                        .with("input", &x)
-                        .with("weight", &w)
-                        .with("bias", &b)
-                        .with_mut("output", &mut r);
-                    reference
-                        .run("Linear", &mut d, &FloatDict::new(), &ints)
+            // one row (GEMV kernels), 3 rows (tiled kernels; SGEMM for F32), 20 rows (tensor
+            // cores with quant_act)
+            for m in [1usize, 3, 20] {
+                for quant_act in [0, 1] {
+                    let n = 75;
+                    let x = dev.upload(&rng.data(DataType::F32, &[m, k])).unwrap();
+                    let w = dev.upload(&rng.data(dt, &[n, k])).unwrap();
+                    let b = dev.upload(&rng.data(DataType::F32, &[n])).unwrap();
+                    let y0 = rng.data(DataType::F32, &[m, n]);
+                    let ints = IntDict::new().with("quant_act", quant_act);
+                    // the same device's product, then added on the host
+                    let p = run_linear(&cuda, &x, &w, Some(&b), quant_act);
+                    let want: Vec<f32> = p
+                        .to_f32_vec()
+                        .unwrap()
+                        .iter()
+                        .zip(y0.to_f32_vec().unwrap())
+                        .map(|(p, y)| p + y)
+                        .collect();
+                    let mut y = dev.upload(&y0).unwrap();
+                    {
+                        let mut d = DataDict::new()
+                            .with("input", &x)
+                            .with("weight", &w)
+                            .with("bias", &b)
+                            .with_mut("output", &mut y);
+                        cuda.run(
+                            "Linear",
+                            &mut d,
+                            &FloatDict::new(),
+                            &ints.clone().with("accumulate", 1),
+                        )
                         .unwrap();
+                    }
+                    let got = y.to_owned_host().unwrap().to_f32_vec().unwrap();
+                    let (e, bad) = nmse(&got, &want);
+                    assert!(
+                        !bad && e < 1e-12,
+                        "{dt} k={k} m={m} quant_act={quant_act}: nmse {e:.3e}"
+                    );
+                    checked += 1;
                 }
-                let r: Vec<f32> = r
-                    .to_f32_vec()
-                    .unwrap()
-                    .iter()
-                    .zip(y0.to_f32_vec().unwrap())
-                    .map(|(p, y)| p + y)
-                    .collect();
-                let mut y = dev.upload(&y0).unwrap();
-                let (dx, dw, db) = (
-                    dev.upload(&x).unwrap(),
-                    dev.upload(&w).unwrap(),
-                    dev.upload(&b).unwrap(),
-                );
-                {
-                    let mut d = DataDict::new()
-                        .with("input", &dx)
-                        .with("weight", &dw)
-                        .with("bias", &db)
-                        .with_mut("output", &mut y);
-                    cuda.run(
-                        "Linear",
-                        &mut d,
-                        &FloatDict::new(),
-                        &IntDict::new()
-                            .with("quant_act", quant_act)
-                            .with("accumulate", 1),
-                    )
-                    .unwrap();
-                }
-                let t = y.to_owned_host().unwrap().to_f32_vec().unwrap();
-                let (e, bad) = nmse(&t, &r);
-                assert!(
-                    !bad && e < 1e-9,
-                    "{dt} k={k} quant_act={quant_act}: nmse {e:.3e}"
-                );
             }
         }
     }
-    // more than one row is refused, not silently overwritten
-    let x = dev.upload(&rng.data(DataType::F32, &[2, 64])).unwrap();
+    // an output that does not hold the product's shape is refused, not overwritten
+    let x = dev.upload(&rng.data(DataType::F32, &[20, 64])).unwrap();
     let w = dev.upload(&rng.data(DataType::F16, &[8, 64])).unwrap();
-    let mut y = dev.upload(&rng.data(DataType::F32, &[2, 8])).unwrap();
+    let mut y = dev.upload(&rng.data(DataType::F32, &[20, 9])).unwrap();
     let mut d = DataDict::new()
         .with("input", &x)
         .with("weight", &w)
         .with_mut("output", &mut y);
-    assert!(cuda
+    let msg = cuda
         .run(
             "Linear",
             &mut d,
             &FloatDict::new(),
-            &IntDict::new().with("accumulate", 1)
+            &IntDict::new().with("accumulate", 1),
         )
-        .is_err());
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("accumulate"), "{msg}");
+    println!("Linear accumulate: {checked} cases equal to product + output");
 }
 
 #[test]
@@ -1813,49 +1806,84 @@ fn decode_kernels_launch_with_programmatic_dependent_launch() {
 
 #[test]
 fn norm_and_silu_mul_quantizing_for_the_next_linear_give_the_same_products() {
+    use fastllm::ops::OutputCopy;
     let Some(dev) = gpu() else { return };
     let cuda = cuda_executor(&dev);
     let mut rng = CaseRng::new(23);
     let mut checked = 0;
-    for dt in [DataType::Q4_0, DataType::Q4_1, DataType::Q8_0] {
+    // one row: Q8_0 rows for block weights; 20 rows: f16 / bf16 rows for the tensor-core path
+    let cases = [
+        (DataType::Q4_0, 1usize, OutputCopy::Q8),
+        (DataType::Q4_1, 1, OutputCopy::Q8),
+        (DataType::Q8_0, 1, OutputCopy::Q8),
+        (DataType::Q4_0, 20, OutputCopy::F16),
+        (DataType::Q8_0, 20, OutputCopy::F16),
+        (DataType::F16, 20, OutputCopy::F16),
+        (DataType::BF16, 20, OutputCopy::Bf16),
+    ];
+    for (dt, m, copy) in cases {
         for k in [64usize, 512, 4096] {
             let w = dev.upload(&rng.data(dt, &[72, k])).unwrap();
+            let w1 = dev.upload(&rng.data(dt, &[40, k])).unwrap();
             let g = dev.upload(&rng.data(DataType::F32, &[k])).unwrap();
-            let x = dev.upload(&rng.data(DataType::F32, &[1, k])).unwrap();
-            let u = dev.upload(&rng.data(DataType::F32, &[1, k])).unwrap();
-            let other = dev.upload(&rng.data(DataType::F32, &[1, k])).unwrap();
+            let x = dev.upload(&rng.data(DataType::F32, &[m, k])).unwrap();
+            let u = dev.upload(&rng.data(DataType::F32, &[m, k])).unwrap();
+            let other = dev.upload(&rng.data(DataType::F32, &[m, k])).unwrap();
             let lin = |x: &Data| run_linear(&cuda, x, &w, None, 1).to_f32_vec().unwrap();
-            let norm = |quantize: bool| {
+            // two weights in one call (the input converted once for both)
+            let lin2 = |x: &Data| {
+                let (mut o0, mut o1) = (Data::empty(DataType::F32), Data::empty(DataType::F32));
+                let mut d = DataDict::new()
+                    .with("input", x)
+                    .with("weight", &w)
+                    .with("weight1", &w1)
+                    .with_mut("output", &mut o0)
+                    .with_mut("output1", &mut o1);
+                cuda.run(
+                    "Linear",
+                    &mut d,
+                    &FloatDict::new(),
+                    &IntDict::new().with("quant_act", 1),
+                )
+                .unwrap();
+                drop(d);
+                let mut v = o0.to_owned_host().unwrap().to_f32_vec().unwrap();
+                v.extend(o1.to_owned_host().unwrap().to_f32_vec().unwrap());
+                v
+            };
+            let norm = |c: OutputCopy| {
                 let mut h = Data::empty(DataType::F32);
-                fastllm::ops::rms_norm_quantizing(&cuda, &x, &g, 1e-5, &mut h, quantize).unwrap();
+                fastllm::ops::rms_norm_quantizing(&cuda, &x, &g, 1e-5, &mut h, c).unwrap();
                 h
             };
-            let silu = |quantize: bool| {
+            let silu = |c: OutputCopy| {
                 let mut h = Data::empty(DataType::F32);
-                fastllm::ops::silu_mul_quantizing(&cuda, &x, &u, &mut h, quantize).unwrap();
+                fastllm::ops::silu_mul_quantizing(&cuda, &x, &u, &mut h, c).unwrap();
                 h
             };
-            // the rows the producer left give exactly what quantizing in Linear gives
-            let h = norm(false);
+            // the rows the producer left give exactly what converting in Linear gives
+            let h = norm(OutputCopy::None);
+            let (want, want2) = (lin(&h), lin2(&h));
+            let h = norm(copy);
+            assert_eq!(lin(&h), want, "RMSNorm {dt} m={m} k={k}");
+            let h = norm(copy);
+            assert_eq!(lin2(&h), want2, "RMSNorm, two weights, {dt} m={m} k={k}");
+            let h = silu(OutputCopy::None);
             let want = lin(&h);
-            let h = norm(true);
-            assert_eq!(lin(&h), want, "RMSNorm {dt} k={k}");
-            let h = silu(false);
-            let want = lin(&h);
-            let h = silu(true);
-            assert_eq!(lin(&h), want, "SiluMul {dt} k={k}");
-            // a Linear of another input after a quantizing producer quantizes its own input
+            let h = silu(copy);
+            assert_eq!(lin(&h), want, "SiluMul {dt} m={m} k={k}");
+            // a Linear of another input after a producer that left a copy converts its own input
             let want_other = lin(&other);
-            let _h = norm(true);
+            let _h = norm(copy);
             assert_eq!(
                 lin(&other),
                 want_other,
-                "other input after RMSNorm {dt} k={k}"
+                "other input after RMSNorm {dt} m={m} k={k}"
             );
             checked += 1;
         }
     }
-    println!("quantizing RMSNorm/SiluMul: {checked} weight shapes, products bit-equal");
+    println!("RMSNorm/SiluMul leaving Q8_0/f16/bf16 copies: {checked} cases, products bit-equal");
 }
 
 #[test]

@@ -12,7 +12,7 @@ use crate::device::{DataDict, FloatDict, IntDict};
 use crate::error::{Error, Result};
 use crate::executor::Executor;
 use crate::generate::sampler::{pick_error, sample_logits, SampleRow};
-use crate::ops::{self, AttentionParams, RotaryParams, RotaryStyle};
+use crate::ops::{self, AttentionParams, OutputCopy, RotaryParams, RotaryStyle};
 use std::sync::Arc;
 
 /// Numeric precision of activations.
@@ -156,6 +156,11 @@ pub struct Model {
     /// `RMSNorm` and `SiluMul` also leave their output as the Q8_0 rows the next `Linear`
     /// reads (`quantize_output`), instead of that `Linear` quantizing it in a launch of its own.
     norm_quantizes: bool,
+    /// The `fast` precision on such a device, for a prefill (many rows): the copy `RMSNorm` and
+    /// `SiluMul` leave for the tensor-core path of the next `Linear` (f16 rows for f16 or block
+    /// weights, bf16 rows for bf16 weights, by layer 0's down projection), which then skips its
+    /// own cast. `FASTLLM_PREFILL_COPY=0` turns it off (A/B runs).
+    prefill_copy: OutputCopy,
     /// Unique per model in this process: a cache's recorded decode step is only replayed by
     /// the model that recorded it (the recording holds that model's weight addresses).
     id: u64,
@@ -273,6 +278,22 @@ impl Model {
             let name = format!("{}0.{down}.weight", spec.layer_prefix);
             weights.has(&name) && weights.get(&name).is_ok_and(|w| w.dtype().is_quantized())
         };
+        let prefill_copy = if multi_linear
+            && precision == Precision::Fast
+            && std::env::var("FASTLLM_PREFILL_COPY").map_or(true, |v| v.trim() != "0")
+        {
+            let down = match spec.mlp {
+                Mlp::Gated(_, _, dn) | Mlp::GatedFused(_, dn) | Mlp::Plain(_, dn) => dn,
+            };
+            let name = format!("{}0.{down}.weight", spec.layer_prefix);
+            match weights.get(&name).map(|w| w.dtype()) {
+                Ok(DataType::BF16) => OutputCopy::Bf16,
+                Ok(DataType::F32) | Err(_) => OutputCopy::None,
+                Ok(_) => OutputCopy::F16,
+            }
+        } else {
+            OutputCopy::None
+        };
         Ok(Model {
             config,
             spec,
@@ -287,6 +308,7 @@ impl Model {
             multi_linear,
             decode_graphs,
             norm_quantizes,
+            prefill_copy,
             id: next_model_id(),
         })
     }
@@ -355,6 +377,7 @@ impl Model {
             multi_linear: false,
             decode_graphs: false,
             norm_quantizes: false,
+            prefill_copy: OutputCopy::None,
             id: next_model_id(),
         })
     }
@@ -439,23 +462,34 @@ impl Model {
     }
 
     fn norm(&self, x: &Data, name: &str, out: &mut Data) -> Result<()> {
-        self.norm_q(x, name, out, false)
+        self.norm_q(x, name, out, OutputCopy::None)
     }
 
-    /// [`Model::norm`] whose output feeds a `Linear`: at one row with `norm_quantizes`, the
-    /// norm also leaves the Q8_0 rows that `Linear` reads.
+    /// [`Model::norm`] whose output feeds a `Linear`: the norm also leaves the copy that
+    /// `Linear` reads ([`Model::copy_for`]).
     fn norm_for_linear(&self, x: &Data, name: &str, out: &mut Data) -> Result<()> {
         let rows = x.count() / x.dim(-1).max(1);
-        self.norm_q(x, name, out, self.norm_quantizes && rows == 1)
+        self.norm_q(x, name, out, self.copy_for(rows))
     }
 
-    fn norm_q(&self, x: &Data, name: &str, out: &mut Data, quantize: bool) -> Result<()> {
+    /// The copy a producer of `rows` rows leaves for the `Linear` after it: Q8_0 rows at one row
+    /// (`norm_quantizes`), the prefill copy at more.
+    fn copy_for(&self, rows: usize) -> OutputCopy {
+        match rows {
+            0 => OutputCopy::None,
+            1 if self.norm_quantizes => OutputCopy::Q8,
+            1 => OutputCopy::None,
+            _ => self.prefill_copy,
+        }
+    }
+
+    fn norm_q(&self, x: &Data, name: &str, out: &mut Data, copy: OutputCopy) -> Result<()> {
         let e = &self.exec;
         let eps = self.config.norm_eps;
         let w = self.weights.get(&format!("{name}.weight"))?;
         match self.spec.norm {
             NormKind::Rms | NormKind::RmsPlusOne => {
-                ops::rms_norm_quantizing(e, x, &w, eps, out, quantize)
+                ops::rms_norm_quantizing(e, x, &w, eps, out, copy)
             }
             NormKind::Layer => {
                 let b = self.weights.get(&format!("{name}.bias"))?;
@@ -1254,8 +1288,8 @@ impl Model {
             };
             kv.attend(e, i, q, k, v, &ap, a)?;
             a.reshape(&[s, nh * hd])?;
-            // one row on the CUDA device: the residual add rides on the projection
-            let fuse_residual = self.multi_linear && s == 1 && self.tp.is_none();
+            // on the CUDA device the residual add rides on the projection (`accumulate`)
+            let fuse_residual = self.multi_linear && self.tp.is_none();
             if fuse_residual && self.spec.post_attn_norm.is_none() {
                 self.linear_add(a, &ln(self.spec.o_proj), x)?;
             } else {
@@ -1273,8 +1307,7 @@ impl Model {
                 Mlp::Gated(gn, un, dn) => {
                     self.linears(h, &[ln(gn), ln(un)], &mut [g, t0])?;
                     if self.fused_silu_mul {
-                        let quantize = self.norm_quantizes && s == 1;
-                        ops::silu_mul_quantizing(e, g, t0, t1, quantize)?;
+                        ops::silu_mul_quantizing(e, g, t0, t1, self.copy_for(s))?;
                     } else {
                         self.act(g, t1)?;
                         ops::mul_to(e, t1, t0)?;

@@ -111,12 +111,14 @@ impl Linear {
 
 impl Operator for Linear {
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
+        // one weight per call (the multi-weight form is the CUDA device's)
         d.dtype("input") == Some(DataType::F32)
             && d.dtype("weight").and_then(weight_type).is_some()
             && d.dtype("bias").is_none_or(|t| t == DataType::F32)
+            && !d.contains("weight1")
     }
 
-    fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
+    fn reshape(&self, d: &mut DataDict, _: &FloatDict, ints: &IntDict) -> Result<()> {
         Self::shapes(d)?;
         let ([x, w], out) = d.io("Linear", ["input", "weight"], "output")?;
         let (Some(x), Some(w)) = (x, w) else {
@@ -125,6 +127,20 @@ impl Operator for Linear {
         let mut dims = x.dims().to_vec();
         if let Some(last) = dims.last_mut() {
             *last = w.dim(0);
+        }
+        if ints.get_or("accumulate", 0) != 0 {
+            // the output holds the rows the product is added to
+            if out.dims() != dims.as_slice() || out.dtype() != DataType::F32 {
+                return Err(Error::op(
+                    "Linear",
+                    format!(
+                        "accumulate needs output to be F32 {dims:?}, got {} {:?}",
+                        out.dtype(),
+                        out.dims()
+                    ),
+                ));
+            }
+            return Ok(());
         }
         out.resize(DataType::F32, &dims)
     }
@@ -162,12 +178,21 @@ impl Operator for Linear {
         let o = out
             .as_f32_mut()
             .map_err(|e| Error::op(OP, format!("output: {e}")))?;
+        let o = o
+            .get_mut(..rows * n)
+            .ok_or_else(|| Error::op(OP, "output smaller than its dims"))?;
+        // accumulate: y += x·Wᵀ + b (the product computed apart, then added)
+        let held = (ints.get_or("accumulate", 0) != 0).then(|| o.to_vec());
         let r = if self.0.reference() {
             k::linear_ref(&args, o)
         } else {
             k::linear(&self.0.threads, &args, o)
         };
-        r.map_err(|e| Error::op(OP, e))
+        r.map_err(|e| Error::op(OP, e))?;
+        if let Some(h) = held {
+            o.iter_mut().zip(h).for_each(|(y, v)| *y += v);
+        }
+        Ok(())
     }
 }
 
@@ -383,6 +408,68 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `accumulate = 1` adds the product to what the output holds (any row count); an output of
+    /// the wrong shape is an error, and a second weight is refused (CUDA's multi-weight form).
+    #[test]
+    fn accumulate_adds_the_product_and_checks_the_output() {
+        let e = Executor::cpu(2).unwrap();
+        let mut rng = CaseRng::new(5);
+        for (rows, k, n) in [(1usize, 64usize, 33usize), (20, 96, 17)] {
+            let x = rng.data(DataType::F32, &[rows, k]);
+            let w = rng.data(DataType::Q4_0, &[n, k]);
+            let b = rng.data(DataType::F32, &[n]);
+            let y0 = rng.data(DataType::F32, &[rows, n]);
+            let mut plain = Data::empty(DataType::F32);
+            let mut d = DataDict::new()
+                .with("input", &x)
+                .with("weight", &w)
+                .with("bias", &b)
+                .with_mut("output", &mut plain);
+            e.run("Linear", &mut d, &FloatDict::new(), &IntDict::new())
+                .unwrap();
+            let want: Vec<f32> = plain
+                .to_f32_vec()
+                .unwrap()
+                .iter()
+                .zip(y0.to_f32_vec().unwrap())
+                .map(|(p, y)| p + y)
+                .collect();
+            let mut y = Data::from_f32(&[rows, n], &y0.to_f32_vec().unwrap()).unwrap();
+            let acc = IntDict::new().with("accumulate", 1);
+            let mut d = DataDict::new()
+                .with("input", &x)
+                .with("weight", &w)
+                .with("bias", &b)
+                .with_mut("output", &mut y);
+            e.run("Linear", &mut d, &FloatDict::new(), &acc).unwrap();
+            assert_eq!(y.to_f32_vec().unwrap(), want, "{rows}x{k}x{n}");
+            // an output that does not hold [rows, n] is an error naming it
+            let mut bad = Data::zeros(DataType::F32, &[rows, n + 1]).unwrap();
+            let mut d = DataDict::new()
+                .with("input", &x)
+                .with("weight", &w)
+                .with_mut("output", &mut bad);
+            let msg = e
+                .run("Linear", &mut d, &FloatDict::new(), &acc)
+                .unwrap_err()
+                .to_string();
+            assert!(msg.contains("accumulate") && msg.contains("output"), "{msg}");
+        }
+        let x = rng.data(DataType::F32, &[1, 64]);
+        let w = rng.data(DataType::F32, &[8, 64]);
+        let mut o0 = Data::empty(DataType::F32);
+        let mut o1 = Data::empty(DataType::F32);
+        let mut d = DataDict::new()
+            .with("input", &x)
+            .with("weight", &w)
+            .with("weight1", &w)
+            .with_mut("output", &mut o0)
+            .with_mut("output1", &mut o1);
+        assert!(e
+            .run("Linear", &mut d, &FloatDict::new(), &IntDict::new())
+            .is_err());
     }
 
     #[test]

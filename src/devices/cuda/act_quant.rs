@@ -10,8 +10,32 @@ use super::gpu::Gpu;
 use crate::error::{Error, Result};
 use std::sync::{Arc, Mutex};
 
-/// Which rows the buffer holds: the quantization of `rows` × `k` floats at `input`, written
-/// into the buffer at `scratch`.
+/// The form in which the buffer holds a copy of the activation rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActForm {
+    /// Q8_0 blocks: `rows · k` int8 values, then `rows · k / 32` (d, d·Σq) float pairs.
+    Q8,
+    /// IEEE half, row-major `rows × k`.
+    F16,
+    /// bfloat16, row-major `rows × k`.
+    Bf16,
+}
+
+impl ActForm {
+    /// The copy the producer op is asked for by its `quantize_output` parameter: 1 = Q8_0 rows,
+    /// 2 = f16 rows, 3 = bf16 rows, anything else none.
+    pub fn from_param(v: i32) -> Option<ActForm> {
+        match v {
+            1 => Some(ActForm::Q8),
+            2 => Some(ActForm::F16),
+            3 => Some(ActForm::Bf16),
+            _ => None,
+        }
+    }
+}
+
+/// Which rows the buffer holds: the quantization (or f16/bf16 copy) of `rows` × `k` floats at
+/// `input`, written into the buffer at `scratch`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QuantKey {
     /// Device address of the f32 rows that were quantized.
@@ -22,6 +46,8 @@ pub struct QuantKey {
     pub k: usize,
     /// Address of the buffer they were written to (a regrown buffer invalidates the key).
     pub scratch: u64,
+    /// The form of the copy.
+    pub form: ActForm,
 }
 
 /// What the last writer left: the key and whether a producing op (not a `Linear`) wrote it.
@@ -69,6 +95,47 @@ impl ActQuant {
             .checked_mul(k)
             .ok_or_else(|| Error::invalid("activation rows too large"))?;
         let need = values + values / 32 * 8;
+        let sp = self.reserve(need)?;
+        let key = QuantKey {
+            input,
+            rows,
+            k,
+            scratch: sp,
+            form: ActForm::Q8,
+        };
+        Ok((sp, sp + values as u64, key))
+    }
+
+    /// Address of an f16 / bf16 copy (`form`) of `rows` × `k` floats at `input`, growing the
+    /// buffer when needed, and the key that records it. `Err` for [`ActForm::Q8`] (see
+    /// [`ActQuant::slots`]).
+    pub fn half_slot(
+        &self,
+        input: u64,
+        rows: usize,
+        k: usize,
+        form: ActForm,
+    ) -> Result<(u64, QuantKey)> {
+        if form == ActForm::Q8 {
+            return Err(Error::invalid("half_slot takes the f16/bf16 forms"));
+        }
+        let need = rows
+            .checked_mul(k)
+            .and_then(|v| v.checked_mul(2))
+            .ok_or_else(|| Error::invalid("activation rows too large"))?;
+        let sp = self.reserve(need)?;
+        let key = QuantKey {
+            input,
+            rows,
+            k,
+            scratch: sp,
+            form,
+        };
+        Ok((sp, key))
+    }
+
+    /// The buffer's address, grown to at least `need` bytes first.
+    fn reserve(&self, need: usize) -> Result<u64> {
         let mut guard = self.buffer.lock().map_err(|_| poisoned())?;
         if guard.as_ref().is_none_or(|b| b.len_bytes() < need) {
             let fresh = CudaBuffer::zeroed(&self.gpu, need.next_power_of_two())?;
@@ -77,14 +144,7 @@ impl ActQuant {
             *guard = Some(fresh);
             *self.held.lock().map_err(|_| poisoned())? = None;
         }
-        let sp = guard.as_ref().map(|b| b.ptr()).unwrap_or(0);
-        let key = QuantKey {
-            input,
-            rows,
-            k,
-            scratch: sp,
-        };
-        Ok((sp, sp + values as u64, key))
+        Ok(guard.as_ref().map(|b| b.ptr()).unwrap_or(0))
     }
 
     /// Takes what the buffer holds (the record is cleared: only the next call may use it).

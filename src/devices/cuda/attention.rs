@@ -5,9 +5,10 @@
 //! Prefill with `fast = 1` (the `fast` precision) and at least [`TC_MIN_QUERIES`] queries, causal,
 //! head size 64 or 128 and no ALiBi / soft-capping / window runs the fused flash-attention
 //! kernel `flash_attn{64,128}x{1,2}_f32`: f16 tensor-core `mma.sync` for q·kᵀ and p·v with f32
-//! accumulation and an online softmax, K/V tiles staged in shared memory as f16 and shared by
-//! two query heads of a GQA group; the scores never reach memory (`FASTLLM_FLASH=0` turns it
-//! off). Other fast prefill goes through cuBLAS: per chunk of queries, scores = q·kᵀ·scale (TF32 tensor cores,
+//! accumulation and an online softmax; the keys and values are first converted to f16
+//! (`kv_half_f32`), then staged tile by tile in shared memory by `cp.async` overlapping the math,
+//! each tile shared by two query heads of a GQA group; the scores never reach memory
+//! (`FASTLLM_FLASH=0` turns it off). Other fast prefill goes through cuBLAS: per chunk of queries, scores = q·kᵀ·scale (TF32 tensor cores,
 //! strided-batched over the KV heads, once per query head of a GQA group) into a scratch
 //! buffer, `attn_softmax_f32` turns them into probabilities in place (mask, window, ALiBi,
 //! soft-capping), and out = p·v (TF32) is written straight into `[sq, nh, hdv]`. The scores are
@@ -238,10 +239,39 @@ impl Attention {
             && a.skv >= a.sq
             && a.nkv > 0
             && a.nh.is_multiple_of(a.nkv);
-        if !fits || !*FLASH_ON {
+        let aligned = [a.k, a.v].iter().all(|p| p % 16 == 0);
+        if !fits || !aligned || !*FLASH_ON {
             return Ok(false);
         }
         const OP: &str = "Attention";
+        // the keys and values as f16 (the kernel stages them by 16-byte cp.async), in the
+        // scratch the cuBLAS path uses for its scores
+        let values = a.skv * a.nkv * a.hd;
+        let need = 4 * values;
+        let mut guard = self
+            .1
+            .lock()
+            .map_err(|_| Error::Device("Attention scratch poisoned".into()))?;
+        if guard.as_ref().is_none_or(|b| b.len_bytes() < need) {
+            self.0.not_capturing("allocation")?;
+            self.0.bump_generation();
+            *guard = None;
+            *guard = Some(CudaBuffer::zeroed(&self.0, need)?);
+        }
+        let kh = guard.as_ref().map(|b| b.ptr()).unwrap_or(0);
+        let vh = kh + 2 * values as u64;
+        self.0.launch(
+            "kv_half_f32",
+            Gpu::grid_for(values / 4, 256),
+            256,
+            &[
+                KArg::Ptr(a.k),
+                KArg::Ptr(a.v),
+                KArg::Ptr(kh),
+                KArg::Ptr(vh),
+                long(values / 4, "values")?,
+            ],
+        )?;
         // two query heads of a GQA group per block share its K/V tiles
         let hpb = if (a.nh / a.nkv).is_multiple_of(2) {
             2
@@ -262,8 +292,8 @@ impl Attention {
             128 * hpb as u32,
             &[
                 KArg::Ptr(a.q),
-                KArg::Ptr(a.k),
-                KArg::Ptr(a.v),
+                KArg::Ptr(kh),
+                KArg::Ptr(vh),
                 KArg::Ptr(a.out),
                 int(a.sq, "queries")?,
                 int(a.skv, "keys")?,
@@ -329,6 +359,7 @@ impl Attention {
                         c: f32op(sp + 4 * (g * n * a.skv) as u64, a.skv, group * n * a.skv),
                         batch: a.nkv,
                         alpha: a.scale,
+                        beta: 0.0,
                         tf32: true,
                     },
                 )?;
@@ -379,6 +410,7 @@ impl Attention {
                         ),
                         batch: a.nkv,
                         alpha: 1.0,
+                        beta: 0.0,
                         tf32: true,
                     },
                 )?;

@@ -66,6 +66,8 @@ pub struct Gemm {
     pub batch: usize,
     /// Scale of the product.
     pub alpha: f32,
+    /// Scale of what C held (0: C is overwritten; 1: the product is added to it).
+    pub beta: f32,
     /// TF32 tensor cores for f32 inputs.
     pub tf32: bool,
 }
@@ -105,13 +107,12 @@ pub fn gemm(gpu: &Gpu, g: &Gemm) -> Result<bool> {
         i32_of(g.b.ld, "ldb")?,
         i32_of(g.c.ld, "ldc")?,
     );
-    let beta = 0.0f32;
     let blas = blas
         .lock()
         .map_err(|_| Error::Device("cuBLAS handle poisoned".into()))?;
     gpu.bind()?;
     let alpha_p = &g.alpha as *const f32 as *const c_void;
-    let beta_p = &beta as *const f32 as *const c_void;
+    let beta_p = &g.beta as *const f32 as *const c_void;
     let r = if g.batch == 1 {
         // SAFETY: the caller passes device buffers holding the m×k, k×n and m×n matrices with
         // these leading dimensions; alpha/beta are host scalars (default pointer mode).

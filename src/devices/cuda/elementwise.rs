@@ -2,7 +2,8 @@
 //! `Add`, `AddTo`, `Mul`, `MulTo`, and `SiluMul` (`output = silu(input0) · input1`, the gated
 //! MLP's activation and product in one pass; GPU only, the model uses it when the device has it).
 
-use super::act_quant::ActQuant;
+use super::act_quant::{ActForm, ActQuant};
+use super::linear::TC_MIN_ROWS;
 use super::buffer::{dptr, ensure_out};
 use super::gpu::{long, Gpu, KArg};
 use super::{all_f32, op_err};
@@ -49,7 +50,8 @@ pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>) {
 
 /// `output = silu(input0) · input1` (same shapes).
 /// `output = silu(input0) · input1`; with `quantize_output = 1` (and a row length that is a
-/// multiple of 32) the output is also left as Q8_0 rows for the next `Linear` (quant_act).
+/// multiple of 32) the output is also left as Q8_0 rows for the next `Linear` (quant_act), with
+/// 2 / 3 (and at least `TC_MIN_ROWS` rows) as f16 / bf16 rows for its tensor-core path.
 struct SiluMul(Arc<Gpu>, Arc<ActQuant>);
 
 impl Operator for SiluMul {
@@ -87,7 +89,34 @@ impl Operator for SiluMul {
             KArg::Ptr(dptr(y, "output")?),
             long(n, "n")?,
         ];
-        if ints.get_or("quantize_output", 0) != 0 && row > 0 && row.is_multiple_of(32) {
+        let copy = ActForm::from_param(ints.get_or("quantize_output", 0));
+        let rows = if row > 0 { n / row } else { 0 };
+        if let Some(form @ (ActForm::F16 | ActForm::Bf16)) = copy {
+            let (gp, up, yp) = (
+                dptr(g, "input0")?,
+                dptr(u, "input1")?,
+                dptr(y, "output")?,
+            );
+            let aligned = [gp, up, yp].iter().all(|p| p % 16 == 0);
+            if rows >= TC_MIN_ROWS && n.is_multiple_of(4) && aligned {
+                let (hp, key) = self.1.half_slot(yp, rows, row, form)?;
+                self.0.launch(
+                    "silu_mul_h_f32",
+                    Gpu::grid_for(n / 4, 256),
+                    256,
+                    &[
+                        KArg::Ptr(gp),
+                        KArg::Ptr(up),
+                        KArg::Ptr(yp),
+                        long(n / 4, "n / 4")?,
+                        KArg::Ptr(hp),
+                        KArg::I32((form == ActForm::Bf16) as i32),
+                    ],
+                )?;
+                return self.1.set(key, true);
+            }
+        }
+        if copy == Some(ActForm::Q8) && row > 0 && row.is_multiple_of(32) {
             let out = dptr(y, "output")?;
             let (qs, ds, key) = self.1.slots(out, n / row, row)?;
             let mut a = args.to_vec();

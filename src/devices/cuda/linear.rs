@@ -18,7 +18,7 @@
 //! the product accumulates and is written in f32. `exact` precision (`quant_act = 0`) keeps
 //! the f32-activation kernels.
 
-use super::act_quant::{ActQuant, Held};
+use super::act_quant::{ActForm, ActQuant, Held};
 use super::blas::{gemm, Elem, Gemm, Operand};
 use super::buffer::CudaBuffer;
 use super::buffer::{dptr, ensure_out};
@@ -87,6 +87,11 @@ struct Linear {
     tc_scratch: Mutex<Option<CudaBuffer>>,
 }
 
+/// cuBLAS was loaded when a product began and is not now (cannot happen: it is never unloaded).
+fn lost_blas() -> Error {
+    Error::Device("cuBLAS unavailable in the middle of a Linear".into())
+}
+
 /// Rounds `v` up to a multiple of 256 bytes.
 fn align256(v: usize) -> usize {
     v.div_ceil(256) * 256
@@ -105,7 +110,18 @@ impl Linear {
         }
     }
 
-    fn sgemm(&self, x: u64, w: u64, y: u64, m: usize, n: usize, k: usize) -> Result<bool> {
+    /// `y (+)= x·Wᵀ` through cuBLAS SGEMM (`acc`: added to y). `Ok(false)` without cuBLAS.
+    #[allow(clippy::too_many_arguments)]
+    fn sgemm(
+        &self,
+        x: u64,
+        w: u64,
+        y: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+        acc: bool,
+    ) -> Result<bool> {
         let Some(blas) = self.gpu.blas() else {
             return Ok(false);
         };
@@ -117,7 +133,7 @@ impl Linear {
             .lock()
             .map_err(|_| Error::Device("cuBLAS handle poisoned".into()))?;
         self.gpu.bind()?;
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (alpha, beta) = (1.0f32, if acc { 1.0f32 } else { 0.0 });
         use cudarc::cublas::sys::cublasOperation_t as Op;
         // Row-major y[m,n] = x[m,k]·W[n,k]ᵀ is column-major yᵀ[n,m] = W·xᵀ with W read transposed.
         // SAFETY: x, w, y are device buffers of m·k, n·k and m·n floats (checked in reshape).
@@ -145,43 +161,62 @@ impl Linear {
 }
 
 impl Linear {
-    /// The tensor-core product (see the module doc). `Ok(false)` when cuBLAS is not loaded.
+    /// The tensor-core products `y_i (+)= x·W_iᵀ + b_i` of one input and the segments' weights
+    /// (see the module doc). The input is cast to f16/bf16 once for all of them, or not at all
+    /// when the op that produced it left that copy (`prev`, `quantize_output` = 2 / 3). With
+    /// `acc` the products are added to what the outputs hold (cuBLAS `beta = 1`). `Ok(false)`
+    /// when cuBLAS is not loaded.
     #[allow(clippy::too_many_arguments)]
     fn tensor_core(
         &self,
+        prev: Option<Held>,
         xp: u64,
-        w: &crate::data::Data,
-        bp: u64,
-        yp: u64,
         m: usize,
-        n: usize,
         k: usize,
+        segs: &[Seg],
+        acc: bool,
     ) -> Result<bool> {
+        let Some(first) = segs.first() else {
+            return Ok(true);
+        };
         if self.gpu.blas().is_none() {
             return Ok(false);
         }
-        let wt = w.dtype();
-        let wp = dptr(w, "weight")?;
-        let elem = if wt == DataType::BF16 {
-            Elem::Bf16
+        let wt = first.dtype;
+        let (elem, form) = if wt == DataType::BF16 {
+            (Elem::Bf16, ActForm::Bf16)
         } else {
-            Elem::F16
+            (Elem::F16, ActForm::F16)
         };
-        let act_bytes = align256(m * k * 2);
-        let tile_rows = if wt.is_quantized() {
-            // whole multiples of 256 rows (odd tile heights made cuBLAS pick slow kernels)
-            let r = DEQ_TILE_BYTES / (2 * k);
-            let r = if r >= 256 { r / 256 * 256 } else { r.max(1) };
-            r.min(n)
-        } else {
+        // the copy the producer left, if it is this input's
+        let produced = prev
+            .filter(|p| {
+                let q = p.key;
+                p.produced && q.form == form && q.input == xp && q.rows == m && q.k == k
+            })
+            .map(|p| p.key.scratch);
+        let tile_rows = |n: usize| {
+            if wt.is_quantized() {
+                // whole multiples of 256 rows (odd tile heights made cuBLAS pick slow kernels)
+                let r = DEQ_TILE_BYTES / (2 * k);
+                let r = if r >= 256 { r / 256 * 256 } else { r.max(1) };
+                r.min(n)
+            } else {
+                0
+            }
+        };
+        let max_tile = segs.iter().map(|s| tile_rows(s.n)).max().unwrap_or(0);
+        let act_bytes = if produced.is_some() {
             0
+        } else {
+            align256(m * k * 2)
         };
-        let need = act_bytes + tile_rows * k * 2;
+        let need = act_bytes + max_tile * k * 2;
         let mut guard = self
             .tc_scratch
             .lock()
             .map_err(|_| Error::Device("Linear scratch poisoned".into()))?;
-        if guard.as_ref().is_none_or(|b| b.len_bytes() < need) {
+        if need > 0 && guard.as_ref().is_none_or(|b| b.len_bytes() < need) {
             // Free the old buffer first: the new one may be large.
             self.gpu.not_capturing("allocation")?;
             self.gpu.bump_generation();
@@ -189,25 +224,31 @@ impl Linear {
             *guard = Some(CudaBuffer::zeroed(&self.gpu, need.next_power_of_two())?);
         }
         let sp = guard.as_ref().map(|b| b.ptr()).unwrap_or(0);
-        self.gpu.launch(
-            "cast_f32_half",
-            Gpu::grid_for(m * k, 256),
-            256,
-            &[
-                KArg::Ptr(xp),
-                KArg::Ptr(sp),
-                long(m * k, "elements")?,
-                KArg::I32((elem == Elem::Bf16) as i32),
-            ],
-        )?;
+        let act = match produced {
+            Some(p) => p,
+            None => {
+                self.gpu.launch(
+                    "cast_f32_half",
+                    Gpu::grid_for(m * k, 256),
+                    256,
+                    &[
+                        KArg::Ptr(xp),
+                        KArg::Ptr(sp),
+                        long(m * k, "elements")?,
+                        KArg::I32((elem == Elem::Bf16) as i32),
+                    ],
+                )?;
+                sp
+            }
+        };
         let b = Operand {
-            ptr: sp,
+            ptr: act,
             elem,
             ld: k,
             stride: 0,
         };
         // Row-major y[m, n] = x·Wᵀ is column-major yᵀ[n, m] = W·xᵀ, W read transposed.
-        let product = |a_ptr: u64, rows: usize, c_ptr: u64| -> Result<bool> {
+        let product = |a_ptr: u64, rows: usize, c_ptr: u64, ldc: usize| -> Result<bool> {
             gemm(
                 &self.gpu,
                 &Gemm {
@@ -226,45 +267,50 @@ impl Linear {
                     c: Operand {
                         ptr: c_ptr,
                         elem: Elem::F32,
-                        ld: n,
+                        ld: ldc,
                         stride: 0,
                     },
                     batch: 1,
                     alpha: 1.0,
+                    beta: if acc { 1.0 } else { 0.0 },
                     tf32: false,
                 },
             )
         };
-        if wt.is_quantized() {
-            let suffix = weight_suffix(wt).ok_or_else(|| op_err("Linear", "weight dtype"))?;
-            let tile = sp + act_bytes as u64;
-            let row_bytes = wt.row_bytes(k)?;
-            let mut r0 = 0;
-            while r0 < n {
-                let nr = tile_rows.min(n - r0);
-                self.gpu.launch(
-                    &format!("dequant_f16_{suffix}"),
-                    Gpu::grid_for(nr * k / 4, 256),
-                    256,
-                    &[
-                        KArg::Ptr(wp),
-                        KArg::Ptr(tile),
-                        long(r0, "row")?,
-                        long(nr, "rows")?,
-                        int(k, "k")?,
-                        long(row_bytes, "row bytes")?,
-                    ],
-                )?;
-                if !product(tile, nr, yp + 4 * r0 as u64)? {
-                    return Ok(false);
+        let tile = sp + act_bytes as u64;
+        for sg in segs {
+            let n = sg.n;
+            if wt.is_quantized() {
+                let suffix = weight_suffix(wt).ok_or_else(|| op_err("Linear", "weight dtype"))?;
+                let row_bytes = wt.row_bytes(k)?;
+                let rows = tile_rows(n);
+                let mut r0 = 0;
+                while r0 < n {
+                    let nr = rows.min(n - r0);
+                    self.gpu.launch(
+                        &format!("dequant_f16_{suffix}"),
+                        Gpu::grid_for(nr * k / 4, 256),
+                        256,
+                        &[
+                            KArg::Ptr(sg.w),
+                            KArg::Ptr(tile),
+                            long(r0, "row")?,
+                            long(nr, "rows")?,
+                            int(k, "k")?,
+                            long(row_bytes, "row bytes")?,
+                        ],
+                    )?;
+                    if !product(tile, nr, sg.y + 4 * r0 as u64, n)? {
+                        return Err(lost_blas());
+                    }
+                    r0 += nr;
                 }
-                r0 += nr;
+            } else if !product(sg.w, n, sg.y, n)? {
+                return Err(lost_blas());
             }
-        } else if !product(wp, n, yp)? {
-            return Ok(false);
-        }
-        if bp != 0 {
-            self.add_bias(yp, bp, m, n)?;
+            if sg.b != 0 {
+                self.add_bias(sg.y, sg.b, m, n)?;
+            }
         }
         Ok(true)
     }
@@ -341,16 +387,15 @@ impl Operator for Linear {
             let rows = x.count() / k.max(1);
             if acc {
                 let y = d.require("Linear", on)?;
-                let ok = rows == 1
-                    && y.dims() == dims.as_slice()
+                let ok = y.dims() == dims.as_slice()
                     && y.dtype() == DataType::F32
                     && y.is_contiguous()
-                    && super::buffer::device_len(y).is_some_and(|l| l >= 4 * n);
+                    && super::buffer::device_len(y).is_some_and(|l| l >= 4 * n * rows);
                 if !ok {
                     return Err(op_err(
                         "Linear",
                         format!(
-                            "accumulate needs one input row and {on} an F32 GPU tensor {dims:?}, got input {:?}, {on} {} {:?}",
+                            "accumulate needs {on} to be an F32 GPU tensor {dims:?}, got input {:?}, {on} {} {:?}",
                             x.dims(),
                             y.dtype(),
                             y.dims()
@@ -391,20 +436,16 @@ impl Operator for Linear {
         let m = x.count() / k.max(1);
         let xp = dptr(x, "input")?;
         if segs.len() > 1 {
-            let w0 = d.require("Linear", "weight")?;
-            let tc_like = (w0.dtype() == DataType::F32 && m >= BLAS_MIN_ROWS)
-                || (ints.get_or("quant_act", 0) != 0 && m >= TC_MIN_ROWS);
-            if tc_like {
-                // cuBLAS products: one weight at a time
-                for (i, (wn, _, _)) in SEGMENTS.iter().enumerate().take(segs.len()) {
-                    let w = d.require("Linear", wn)?;
-                    self.product(None, ints, xp, m, k, w, &segs[i..i + 1])?;
+            let w0 = d.require("Linear", "weight")?.dtype();
+            if w0 == DataType::F32 && m >= BLAS_MIN_ROWS {
+                // SGEMM: one weight at a time
+                for i in 0..segs.len() {
+                    self.product(None, ints, xp, m, k, &segs[i..i + 1])?;
                 }
                 return Ok(());
             }
         }
-        let w0 = d.require("Linear", "weight")?;
-        self.product(prev, ints, xp, m, k, w0, &segs)
+        self.product(prev, ints, xp, m, k, &segs)
     }
 }
 
@@ -425,9 +466,9 @@ struct Seg {
 }
 
 impl Linear {
-    /// `y_i = x·W_iᵀ + b_i` for the segments (one launch of the GEMV kernels for several; one
-    /// segment may also take the cuBLAS paths). `w0` is the first segment's weight.
-    #[allow(clippy::too_many_arguments)]
+    /// `y_i (+)= x·W_iᵀ + b_i` for the segments: the tensor-core path (all segments, one cast of
+    /// the input) for `quant_act` products of at least [`TC_MIN_ROWS`] rows, SGEMM for one F32
+    /// weight of several rows, else one launch of the GEMV kernels for all segments.
     fn product(
         &self,
         prev: Option<Held>,
@@ -435,7 +476,6 @@ impl Linear {
         xp: u64,
         m: usize,
         k: usize,
-        w0: &crate::data::Data,
         segs: &[Seg],
     ) -> Result<()> {
         let Some(first) = segs.first() else {
@@ -446,24 +486,20 @@ impl Linear {
         if m == 0 || n == 0 {
             return Ok(());
         }
-        if segs.len() == 1 {
+        let acc = ints.get_or("accumulate", 0) != 0;
+        if segs.len() == 1 && dtype == DataType::F32 && m >= BLAS_MIN_ROWS {
             let (wp, bp, yp) = (first.w, first.b, first.y);
-            if dtype == DataType::F32 && m >= BLAS_MIN_ROWS && self.sgemm(xp, wp, yp, m, n, k)? {
+            if self.sgemm(xp, wp, yp, m, n, k, acc)? {
                 if bp != 0 {
                     self.add_bias(yp, bp, m, n)?;
                 }
                 return Ok(());
             }
-            let quant_act = ints.get_or("quant_act", 0) != 0;
-            let tc_weight =
-                dtype != DataType::F32 && (!dtype.is_quantized() || k.is_multiple_of(32));
-            if quant_act
-                && tc_weight
-                && m >= TC_MIN_ROWS
-                && self.tensor_core(xp, w0, bp, yp, m, n, k)?
-            {
-                return Ok(());
-            }
+        }
+        let quant_act = ints.get_or("quant_act", 0) != 0;
+        let tc_weight = dtype != DataType::F32 && (!dtype.is_quantized() || k.is_multiple_of(32));
+        if quant_act && tc_weight && m >= TC_MIN_ROWS && self.tensor_core(prev, xp, m, k, segs, acc)? {
+            return Ok(());
         }
         let quant_act = ints.get_or("quant_act", 0) != 0;
         let aligned = segs.iter().all(|s| s.w % 16 == 0);
@@ -495,10 +531,6 @@ impl Linear {
                 "Linear",
                 format!("{m} rows exceed this kernel's grid"),
             ));
-        }
-        let acc = ints.get_or("accumulate", 0) != 0;
-        if acc && m != 1 {
-            return Err(op_err("Linear", "accumulate needs one input row"));
         }
         let mut table = LinSegs {
             acc: acc as i32,

@@ -1,6 +1,7 @@
 //! Row-wise operators on the GPU (f32): `RMSNorm`, `LayerNorm`, `Softmax`.
 
-use super::act_quant::ActQuant;
+use super::act_quant::{ActForm, ActQuant};
+use super::linear::TC_MIN_ROWS;
 use super::buffer::{dptr, ensure_out};
 use super::gpu::{int, Gpu, KArg};
 use super::{all_f32, op_err};
@@ -48,7 +49,8 @@ struct RowOp {
     gpu: Arc<Gpu>,
     kind: Kind,
     /// Where `RMSNorm` with `quantize_output = 1` also leaves its output as Q8_0 rows for the
-    /// next `Linear`.
+    /// next `Linear` (2 / 3: f16 / bf16 rows for its tensor-core path, at `TC_MIN_ROWS` rows or
+    /// more).
     act: Arc<ActQuant>,
 }
 
@@ -127,7 +129,29 @@ impl Operator for RowOp {
                 const V4: usize = 4;
                 if row % 4 == 0 && aligned && row <= 4 * V4 * 1024 {
                     let threads = (row / 4).div_ceil(V4).div_ceil(32).clamp(1, 32) * 32;
-                    if ints.get_or("quantize_output", 0) != 0 && row.is_multiple_of(32) {
+                    let copy = ActForm::from_param(ints.get_or("quantize_output", 0));
+                    if let Some(form @ (ActForm::F16 | ActForm::Bf16)) = copy {
+                        if rows >= TC_MIN_ROWS {
+                            let out = dptr(y, "output")?;
+                            let (hs, key) = self.act.half_slot(out, rows, row, form)?;
+                            self.gpu.launch(
+                                "rmsnorm_v4h_f32",
+                                grid,
+                                threads as u32,
+                                &[
+                                    xp,
+                                    KArg::Ptr(wp),
+                                    yp,
+                                    dd,
+                                    KArg::F32(eps),
+                                    KArg::Ptr(hs),
+                                    KArg::I32((form == ActForm::Bf16) as i32),
+                                ],
+                            )?;
+                            return self.act.set(key, true);
+                        }
+                    }
+                    if copy == Some(ActForm::Q8) && row.is_multiple_of(32) {
                         // also write the Q8_0 rows the next `Linear` (quant_act) reads
                         let out = dptr(y, "output")?;
                         let (qs, ds, key) = self.act.slots(out, rows, row)?;

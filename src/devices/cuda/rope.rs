@@ -135,7 +135,9 @@ impl Operator for Rotary {
         } else {
             0
         };
-        let n = s * (heads + heads1) * (rot / 2);
+        // one thread per (row, group of ROPE_HEADS heads, pair): see kernels/rope.cu
+        const ROPE_HEADS: usize = 8;
+        let n = s * (heads + heads1).div_ceil(ROPE_HEADS) * (rot / 2);
         self.0.launch(
             "rotary_f32",
             Gpu::grid_for(n, 256),

@@ -510,10 +510,19 @@ extern "C" __global__ void kv_write_f32(const float* k, const float* v, const in
 // diagonal or the ends are masked.
 
 #define FA_BQ 64
+// keys per tile (a multiple of 16) and the blocks per SM the kernel promises (register cap)
+#ifndef FA_BK
 #define FA_BK 64
+#endif
+#ifndef FLASH_MIN_BLOCKS
+#define FLASH_MIN_BLOCKS 1
+#endif
 
+// two floats as packed f16 (lo in the low half), one cvt for both; the same bits as two f2h
 __device__ __forceinline__ unsigned int fa_pack(float lo, float hi) {
-    return (unsigned int)f2h(lo) | ((unsigned int)f2h(hi) << 16);
+    unsigned int r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
 }
 
 // k and v rows [0, n) (rows of `row` floats) as f16, four values per thread.
@@ -574,9 +583,10 @@ __device__ __forceinline__ void fa_stage(unsigned short (*tile)[HD + 8], const u
 __device__ __forceinline__ void fa_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
 // HPB query heads of one GQA group per block (4 warps each), sharing every K/V tile it stages.
+// hs (or null): the output also as f16 (bf = 0) or bf16 (bf = 1) rows, for the next Linear.
 template <int HD, int HPB>
 __device__ void flash_attn_t(const float* q, const unsigned short* kh, const unsigned short* vh, float* out, int sq,
-                             int skv, int nh, int nkv, float scale) {
+                             int skv, int nh, int nkv, float scale, unsigned int* hs, int bf) {
     __shared__ __align__(16) unsigned short Ks[FA_BK][HD + 8];
     __shared__ __align__(16) unsigned short Vs[FA_BK][HD + 8];
     // the last query tiles have the most keys: start them first
@@ -704,18 +714,22 @@ __device__ void flash_attn_t(const float* q, const unsigned short* kh, const uns
 #pragma unroll
             for (int dn = 0; dn < HD / 8; dn++) {
                 int col = dn * 8 + 2 * t;
-                *(float2*)&op[col] = make_float2(o[dn][2 * hh] * inv, o[dn][2 * hh + 1] * inv);
+                float a = o[dn][2 * hh] * inv, b = o[dn][2 * hh + 1] * inv;
+                *(float2*)&op[col] = make_float2(a, b);
+                if (hs)
+                    hs[(i * qstride + (long)h * HD + col) >> 1] =
+                        bf ? ((unsigned int)f2bf(a) | ((unsigned int)f2bf(b) << 16)) : fa_pack(a, b);
             }
         }
     }
 }
 
 #define FLASH(HD, HPB) \
-    extern "C" __global__ void __launch_bounds__(128 * HPB) flash_attn##HD##x##HPB##_f32( \
+    extern "C" __global__ void __launch_bounds__(128 * HPB, FLASH_MIN_BLOCKS) flash_attn##HD##x##HPB##_f32( \
         const float* q, const unsigned short* kh, const unsigned short* vh, float* out, int sq, int skv, int nh, \
-        int nkv, float scale) { \
+        int nkv, float scale, unsigned int* hs, int bf) { \
         pdl_begin(); \
-        flash_attn_t<HD, HPB>(q, kh, vh, out, sq, skv, nh, nkv, scale); \
+        flash_attn_t<HD, HPB>(q, kh, vh, out, sq, skv, nh, nkv, scale, hs, bf); \
     }
 FLASH(64, 1)
 FLASH(64, 2)

@@ -276,6 +276,9 @@ pub struct AttentionParams<'a> {
     /// Reduced-precision arithmetic allowed (the `fast` precision): a device may use TF32 /
     /// f16 tensor cores for long prefills.
     pub fast: bool,
+    /// The copy of the output the next `Linear` reads (the output projection), as for
+    /// [`rms_norm_quantizing`]; the CUDA flash-attention kernel writes the f16/bf16 forms.
+    pub output_copy: OutputCopy,
 }
 
 /// Causal attention of `q` [sq, nh, hd] over `k`, `v` [skv, nkv, hd].
@@ -301,7 +304,8 @@ pub fn attention(
         &IntDict::new()
             .with("causal", 1)
             .with("sliding_window", p.sliding_window as i32)
-            .with("fast", p.fast as i32),
+            .with("fast", p.fast as i32)
+            .with("quantize_output", p.output_copy.param()),
     )
 }
 

@@ -1959,3 +1959,57 @@ fn flash_attention_prefill_matches_reference() {
         assert!(!bad && e <= TC_ATTENTION_NMSE, "nmse {e:.3e}");
     }
 }
+
+#[test]
+fn flash_attention_output_copy_gives_the_same_projection() {
+    use fastllm::ops::OutputCopy;
+    let Some(dev) = gpu() else { return };
+    let cuda = cuda_executor(&dev);
+    let mut rng = CaseRng::new(43);
+    let (sq, nh, nkv, hd) = (200usize, 8usize, 2usize, 128usize);
+    let q = dev.upload(&rng.data(DataType::F32, &[sq, nh, hd])).unwrap();
+    let k = dev
+        .upload(&rng.data(DataType::F32, &[sq, nkv, hd]))
+        .unwrap();
+    let v = dev
+        .upload(&rng.data(DataType::F32, &[sq, nkv, hd]))
+        .unwrap();
+    for (wt, copy) in [
+        (DataType::F16, OutputCopy::F16),
+        (DataType::Q4_0, OutputCopy::F16),
+        (DataType::BF16, OutputCopy::Bf16),
+    ] {
+        let w = dev.upload(&rng.data(wt, &[96, nh * hd])).unwrap();
+        // attention (the flash kernel), then the projection of its output
+        let attend_project = |c: OutputCopy| {
+            let mut out = Data::empty(DataType::F32);
+            let mut d = DataDict::new()
+                .with("q", &q)
+                .with("k", &k)
+                .with("v", &v)
+                .with_mut("output", &mut out);
+            cuda.run(
+                "Attention",
+                &mut d,
+                &FloatDict::new(),
+                &IntDict::new()
+                    .with("causal", 1)
+                    .with("fast", 1)
+                    .with("quantize_output", c.param()),
+            )
+            .unwrap();
+            drop(d);
+            out.reshape(&[sq, nh * hd]).unwrap();
+            let o = out.to_owned_host().unwrap().to_f32_vec().unwrap();
+            (
+                o,
+                run_linear(&cuda, &out, &w, None, 1).to_f32_vec().unwrap(),
+            )
+        };
+        let (o0, p0) = attend_project(OutputCopy::None);
+        let (o1, p1) = attend_project(copy);
+        assert_eq!(o0, o1, "{wt}: the output itself changed");
+        assert_eq!(p0, p1, "{wt}: projection of the copy differs from the cast");
+    }
+    println!("flash attention f16/bf16 output copies: projections bit-equal to casting");
+}

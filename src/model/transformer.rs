@@ -1285,6 +1285,11 @@ impl Model {
                 sliding_window: if sliding { c.sliding_window } else { 0 },
                 alibi: self.alibi.as_ref(),
                 fast: self.precision == Precision::Fast,
+                output_copy: if s > 1 {
+                    self.copy_for(s)
+                } else {
+                    OutputCopy::None
+                },
             };
             kv.attend(e, i, q, k, v, &ap, a)?;
             a.reshape(&[s, nh * hd])?;

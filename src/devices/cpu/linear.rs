@@ -455,7 +455,10 @@ mod tests {
                 .run("Linear", &mut d, &FloatDict::new(), &acc)
                 .unwrap_err()
                 .to_string();
-            assert!(msg.contains("accumulate") && msg.contains("output"), "{msg}");
+            assert!(
+                msg.contains("accumulate") && msg.contains("output"),
+                "{msg}"
+            );
         }
         let x = rng.data(DataType::F32, &[1, 64]);
         let w = rng.data(DataType::F32, &[8, 64]);

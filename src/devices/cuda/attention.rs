@@ -22,9 +22,11 @@
 //! tensor, so one CUDA graph replays every decode step), and `KvWrite` stores a step's keys and
 //! values at those positions.
 
+use super::act_quant::{ActForm, ActQuant};
 use super::blas::{gemm, Elem, Gemm, Operand};
 use super::buffer::{dptr, ensure_out, CudaBuffer};
 use super::gpu::{int, long, Gpu, KArg};
+use super::linear::TC_MIN_ROWS;
 use super::{all_f32, op_err};
 use crate::data::DataType;
 use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
@@ -32,10 +34,15 @@ use crate::error::{Error, Result};
 use std::sync::{Arc, Mutex};
 
 /// Registers this family's operators.
-pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>) {
+pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>) {
     ops.insert(
         "Attention",
-        Box::new(Attention(gpu.clone(), Mutex::new(None), Mutex::new(None))),
+        Box::new(Attention(
+            gpu.clone(),
+            Mutex::new(None),
+            Mutex::new(None),
+            act.clone(),
+        )),
     );
     ops.insert("DecodeAttention", Box::new(DecodeAttention(gpu.clone())));
     ops.insert("KvWrite", Box::new(KvWrite(gpu.clone())));
@@ -199,11 +206,13 @@ static FLASH_ON: std::sync::LazyLock<bool> =
 /// Most bytes of scores materialised at once (the query chunk is sized to fit).
 const SCORE_BYTES: usize = 256 << 20;
 
-/// The device, the score scratch of the cuBLAS path and the split-K decode partials.
+/// The device, the score scratch of the cuBLAS path (the f16 K/V of the flash path), the
+/// split-K decode partials, and the buffer for the output's f16/bf16 copy (`quantize_output`).
 struct Attention(
     Arc<Gpu>,
     Mutex<Option<CudaBuffer>>,
     Mutex<Option<CudaBuffer>>,
+    Arc<ActQuant>,
 );
 
 /// Pointers and sizes of one attention call, for the cuBLAS path.
@@ -223,6 +232,8 @@ struct TcArgs {
     softcap: f32,
     causal: bool,
     window: i32,
+    /// The f16/bf16 copy of the output the next `Linear` reads (`quantize_output` 2 / 3).
+    copy: Option<ActForm>,
 }
 
 impl Attention {
@@ -260,6 +271,14 @@ impl Attention {
         }
         let kh = guard.as_ref().map(|b| b.ptr()).unwrap_or(0);
         let vh = kh + 2 * values as u64;
+        // the output's f16/bf16 copy for the next tensor-core Linear (o-projection)
+        let copy = match a.copy {
+            Some(form @ (ActForm::F16 | ActForm::Bf16)) if a.sq >= TC_MIN_ROWS => {
+                let (hp, key) = self.3.half_slot(a.out, a.sq, a.nh * a.hd, form)?;
+                Some((hp, key, form == ActForm::Bf16))
+            }
+            _ => None,
+        };
         self.0.launch(
             "kv_half_f32",
             Gpu::grid_for(values / 4, 256),
@@ -300,8 +319,13 @@ impl Attention {
                 int(a.nh, "heads")?,
                 int(a.nkv, "kv heads")?,
                 KArg::F32(a.scale),
+                KArg::Ptr(copy.map_or(0, |c| c.0)),
+                KArg::I32(copy.is_some_and(|c| c.2) as i32),
             ],
         )?;
+        if let Some((_, key, _)) = copy {
+            self.3.set(key, true)?;
+        }
         Ok(true)
     }
 
@@ -511,6 +535,7 @@ impl Operator for Attention {
                 softcap: f.get_or("softcap", 0.0),
                 causal: causal != 0,
                 window,
+                copy: ActForm::from_param(i.get_or("quantize_output", 0)),
             };
             if self.flash(&args)? || self.tensor_core(&args)? {
                 return Ok(());

@@ -3,9 +3,9 @@
 //! MLP's activation and product in one pass; GPU only, the model uses it when the device has it).
 
 use super::act_quant::{ActForm, ActQuant};
-use super::linear::TC_MIN_ROWS;
 use super::buffer::{dptr, ensure_out};
 use super::gpu::{long, Gpu, KArg};
+use super::linear::TC_MIN_ROWS;
 use super::{all_f32, op_err};
 use crate::data::DataType;
 use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
@@ -90,13 +90,9 @@ impl Operator for SiluMul {
             long(n, "n")?,
         ];
         let copy = ActForm::from_param(ints.get_or("quantize_output", 0));
-        let rows = if row > 0 { n / row } else { 0 };
+        let rows = n.checked_div(row).unwrap_or(0);
         if let Some(form @ (ActForm::F16 | ActForm::Bf16)) = copy {
-            let (gp, up, yp) = (
-                dptr(g, "input0")?,
-                dptr(u, "input1")?,
-                dptr(y, "output")?,
-            );
+            let (gp, up, yp) = (dptr(g, "input0")?, dptr(u, "input1")?, dptr(y, "output")?);
             let aligned = [gp, up, yp].iter().all(|p| p % 16 == 0);
             if rows >= TC_MIN_ROWS && n.is_multiple_of(4) && aligned {
                 let (hp, key) = self.1.half_slot(yp, rows, row, form)?;

@@ -498,7 +498,11 @@ impl Linear {
         }
         let quant_act = ints.get_or("quant_act", 0) != 0;
         let tc_weight = dtype != DataType::F32 && (!dtype.is_quantized() || k.is_multiple_of(32));
-        if quant_act && tc_weight && m >= TC_MIN_ROWS && self.tensor_core(prev, xp, m, k, segs, acc)? {
+        if quant_act
+            && tc_weight
+            && m >= TC_MIN_ROWS
+            && self.tensor_core(prev, xp, m, k, segs, acc)?
+        {
             return Ok(());
         }
         let quant_act = ints.get_or("quant_act", 0) != 0;

@@ -57,7 +57,7 @@ impl CudaDevice {
         paged::register(&mut ops, &gpu);
         embedding::register(&mut ops, &gpu);
         linear::register(&mut ops, &gpu, &act);
-        attention::register(&mut ops, &gpu);
+        attention::register(&mut ops, &gpu, &act);
         rope::register(&mut ops, &gpu);
         shape::register(&mut ops, &gpu);
         select::register(&mut ops, &gpu);

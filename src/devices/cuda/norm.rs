@@ -1,9 +1,9 @@
 //! Row-wise operators on the GPU (f32): `RMSNorm`, `LayerNorm`, `Softmax`.
 
 use super::act_quant::{ActForm, ActQuant};
-use super::linear::TC_MIN_ROWS;
 use super::buffer::{dptr, ensure_out};
 use super::gpu::{int, Gpu, KArg};
+use super::linear::TC_MIN_ROWS;
 use super::{all_f32, op_err};
 use crate::data::DataType;
 use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};

@@ -13,10 +13,15 @@
 //!
 //! Tensor cores (prefill): with `quant_act = 1` (the `fast` precision, which already accepts
 //! rounded activations) and at least [`TC_MIN_ROWS`] rows, F16/BF16 and block weights go through
-//! cuBLAS `GemmEx`: activations are cast to f16 (bf16 for BF16 weights) on the GPU, block
+//! cuBLAS `GemmEx`: activations are cast to f16 (bf16 for BF16 weights) on the GPU, once for
+//! all weights of a call, or not at all when the op that produced them left that copy
+//! (`RMSNorm`, `SiluMul`, `Attention` with `quantize_output` 2 / 3, see `act_quant`); block
 //! weights are dequantized to f16 tile by tile ([`DEQ_TILE_BYTES`]) into a scratch buffer, and
 //! the product accumulates and is written in f32. `exact` precision (`quant_act = 0`) keeps
 //! the f32-activation kernels.
+//!
+//! `accumulate = 1` adds the products to what the outputs hold (a residual connection), on
+//! every path: cuBLAS `beta = 1`, the kernels' `acc` flag.
 
 use super::act_quant::{ActForm, ActQuant, Held};
 use super::blas::{gemm, Elem, Gemm, Operand};

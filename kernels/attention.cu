@@ -286,6 +286,19 @@ extern "C" __global__ void attn_softmax_f32(float* s, const float* slopes, int q
 // attention_f32: p = skv - sq + i, causal or not, window, skv keys. Scores as attention_f32.
 // hd <= DA_DPL * 32, hdv <= DA_VPT * DA_THREADS.
 
+// The decode output also as Q8_0 rows (oq, od; or null) for the o-projection (quantize_output =
+// 1): value `val` at flat index o, the 32 lanes of the warp holding one 32-value block (hdv % 32
+// == 0, so the warp is uniform), with the arithmetic of quantize_q8_f32.
+__device__ __forceinline__ void da_quant_store(float val, long o, signed char* oq, float2* od) {
+    float amax = warp_max(fabsf(val));
+    float dd = amax / 127.0f;
+    int q = q8_of(val, dd != 0.0f ? 1.0f / dd : 0.0f);
+    oq[o] = (signed char)q;
+    int sum = q;
+    for (int m = 16; m > 0; m >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, m);
+    if ((threadIdx.x & 31) == 0) od[o >> 5] = q8_scales(dd, sum);
+}
+
 #define DA_THREADS 128
 #define DA_CHUNK 64
 #define DA_GMAX 4
@@ -295,7 +308,8 @@ extern "C" __global__ void attn_softmax_f32(float* s, const float* slopes, int q
 extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const float* v, const float* slopes,
                                            const int* positions, float* out, float* part, int sq, int skv, int kcap,
                                            int nh, int nkv, int hd, int hdv, long ks, long vs, float scale,
-                                           float softcap, int causal, int window, int nsplit, int gchunk) {
+                                           float softcap, int causal, int window, int nsplit, int gchunk,
+                                           signed char* oq, float2* od) {
     pdl_begin();
     __shared__ float qs[DA_GMAX][DA_DPL * 32];
     __shared__ float sc[DA_GMAX][DA_CHUNK];
@@ -436,7 +450,10 @@ extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const
                         part[(((long)i * nh + h) * nsplit + s) * (hdv + 2) + d] = acc[g][t];
                     } else {
                         float l = ls[g];
-                        out[((long)i * nh + h) * hdv + d] = l > 0.0f ? acc[g][t] / l : 0.0f;
+                        long o = ((long)i * nh + h) * hdv + d;
+                        float val = l > 0.0f ? acc[g][t] / l : 0.0f;
+                        out[o] = val;
+                        if (oq) da_quant_store(val, o, oq, od);
                     }
                 }
             }
@@ -451,7 +468,8 @@ extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const
 
 // Merges the nsplit partial results of attn_decode_f32: block (h, i), a thread per value dim.
 // out = Σ_s e^(m_s - M) o_s / Σ_s e^(m_s - M) l_s (0 when no split saw a key).
-extern "C" __global__ void attn_decode_combine_f32(const float* part, float* out, int nh, int hdv, int nsplit) {
+extern "C" __global__ void attn_decode_combine_f32(const float* part, float* out, int nh, int hdv, int nsplit,
+                                                    signed char* oq, float2* od) {
     pdl_begin();
     __shared__ float wsh[64];
     __shared__ float inv;
@@ -475,7 +493,9 @@ extern "C" __global__ void attn_decode_combine_f32(const float* part, float* out
     for (int d = threadIdx.x; d < hdv; d += blockDim.x) {
         float o = 0.0f;
         for (int s = 0; s < nsplit; s++) o += wsh[s] * pr[(long)s * (hdv + 2) + d];
-        out[((long)i * nh + h) * hdv + d] = o * inv;
+        long oi = ((long)i * nh + h) * hdv + d;
+        out[oi] = o * inv;
+        if (oq) da_quant_store(o * inv, oi, oq, od);
     }
 }
 

@@ -2013,3 +2013,59 @@ fn flash_attention_output_copy_gives_the_same_projection() {
     }
     println!("flash attention f16/bf16 output copies: projections bit-equal to casting");
 }
+
+#[test]
+fn decode_attention_q8_output_gives_the_same_projection() {
+    use fastllm::ops::OutputCopy;
+    let Some(dev) = gpu() else { return };
+    let cuda = cuda_executor(&dev);
+    let mut rng = CaseRng::new(47);
+    let (nh, nkv, hd) = (8usize, 2usize, 128usize);
+    let mut checked = 0;
+    // 40 keys: one key range (the kernel writes the output); 3000: split ranges (the merge does)
+    for skv in [40usize, 3000] {
+        for sq in [1usize, 2] {
+            let q = dev.upload(&rng.data(DataType::F32, &[sq, nh, hd])).unwrap();
+            let k = dev
+                .upload(&rng.data(DataType::F32, &[skv, nkv, hd]))
+                .unwrap();
+            let v = dev
+                .upload(&rng.data(DataType::F32, &[skv, nkv, hd]))
+                .unwrap();
+            for wt in [DataType::Q4_0, DataType::Q8_0] {
+                let w = dev.upload(&rng.data(wt, &[64, nh * hd])).unwrap();
+                let attend_project = |c: OutputCopy| {
+                    let mut out = Data::empty(DataType::F32);
+                    let mut d = DataDict::new()
+                        .with("q", &q)
+                        .with("k", &k)
+                        .with("v", &v)
+                        .with_mut("output", &mut out);
+                    cuda.run(
+                        "Attention",
+                        &mut d,
+                        &FloatDict::new(),
+                        &IntDict::new()
+                            .with("causal", 1)
+                            .with("fast", 1)
+                            .with("quantize_output", c.param()),
+                    )
+                    .unwrap();
+                    drop(d);
+                    out.reshape(&[sq, nh * hd]).unwrap();
+                    let o = out.to_owned_host().unwrap().to_f32_vec().unwrap();
+                    (
+                        o,
+                        run_linear(&cuda, &out, &w, None, 1).to_f32_vec().unwrap(),
+                    )
+                };
+                let (o0, p0) = attend_project(OutputCopy::None);
+                let (o1, p1) = attend_project(OutputCopy::Q8);
+                assert_eq!(o0, o1, "skv={skv} sq={sq} {wt}: the output itself changed");
+                assert_eq!(p0, p1, "skv={skv} sq={sq} {wt}: projection differs");
+                checked += 1;
+            }
+        }
+    }
+    println!("decode attention Q8_0 output rows: {checked} cases, projections bit-equal");
+}

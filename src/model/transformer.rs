@@ -1285,11 +1285,7 @@ impl Model {
                 sliding_window: if sliding { c.sliding_window } else { 0 },
                 alibi: self.alibi.as_ref(),
                 fast: self.precision == Precision::Fast,
-                output_copy: if s > 1 {
-                    self.copy_for(s)
-                } else {
-                    OutputCopy::None
-                },
+                output_copy: self.copy_for(s),
             };
             kv.attend(e, i, q, k, v, &ap, a)?;
             a.reshape(&[s, nh * hd])?;
@@ -1507,7 +1503,9 @@ impl KvStore for GraphKv<'_> {
             &FloatDict::new()
                 .with("scale", p.scale)
                 .with("softcap", p.softcap),
-            &IntDict::new().with("sliding_window", p.sliding_window as i32),
+            &IntDict::new()
+                .with("sliding_window", p.sliding_window as i32)
+                .with("quantize_output", p.output_copy.param()),
         )
     }
 }

@@ -22,7 +22,7 @@
 //! tensor, so one CUDA graph replays every decode step), and `KvWrite` stores a step's keys and
 //! values at those positions.
 
-use super::act_quant::{ActForm, ActQuant};
+use super::act_quant::{ActForm, ActQuant, QuantKey};
 use super::blas::{gemm, Elem, Gemm, Operand};
 use super::buffer::{dptr, ensure_out, CudaBuffer};
 use super::gpu::{int, long, Gpu, KArg};
@@ -44,7 +44,10 @@ pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>) {
             act.clone(),
         )),
     );
-    ops.insert("DecodeAttention", Box::new(DecodeAttention(gpu.clone())));
+    ops.insert(
+        "DecodeAttention",
+        Box::new(DecodeAttention(gpu.clone(), act.clone())),
+    );
     ops.insert("KvWrite", Box::new(KvWrite(gpu.clone())));
 }
 
@@ -92,6 +95,8 @@ struct DecodeArgs {
     softcap: f32,
     causal: bool,
     window: i32,
+    /// Q8_0 rows of the output for the next `Linear` (values, scale pairs), or none.
+    q8: Option<(u64, u64)>,
 }
 
 /// Query heads per block of a decode launch over at most `keys` keys: one for short ranges
@@ -142,6 +147,7 @@ fn decode_launch(gpu: &Gpu, a: &DecodeArgs, nsplit: usize, gchunk: usize, part: 
             .ok_or_else(|| op_err(OP, "too many queries"))?,
     );
     let part = if nsplit > 1 { part } else { 0 };
+    let (q8v, q8d) = a.q8.unwrap_or((0, 0));
     gpu.launch(
         "attn_decode_f32",
         grid,
@@ -169,6 +175,8 @@ fn decode_launch(gpu: &Gpu, a: &DecodeArgs, nsplit: usize, gchunk: usize, part: 
             KArg::I32(a.window),
             int(nsplit, "splits")?,
             int(gchunk, "heads per block")?,
+            KArg::Ptr(if nsplit > 1 { 0 } else { q8v }),
+            KArg::Ptr(if nsplit > 1 { 0 } else { q8d }),
         ],
     )?;
     if nsplit > 1 {
@@ -186,10 +194,38 @@ fn decode_launch(gpu: &Gpu, a: &DecodeArgs, nsplit: usize, gchunk: usize, part: 
                 int(a.nh, "heads")?,
                 int(a.hdv, "v head dim")?,
                 int(nsplit, "splits")?,
+                KArg::Ptr(q8v),
+                KArg::Ptr(q8d),
             ],
         )?;
     }
     Ok(())
+}
+
+/// `FASTLLM_ATTN_Q8=0`: decode attention leaves the o-projection's quantization to `Linear`
+/// (A/B runs).
+static DECODE_Q8_ON: std::sync::LazyLock<bool> =
+    std::sync::LazyLock::new(|| std::env::var("FASTLLM_ATTN_Q8").map_or(true, |v| v.trim() != "0"));
+
+/// The Q8_0 output rows asked for by `quantize_output = 1` (for the o-projection): slots in
+/// `act` for `sq` rows of `nh · hdv` values when `hdv % 32 == 0` (a warp's 32 values form one
+/// block), with the key to record once the launch is queued.
+fn decode_q8(
+    act: &ActQuant,
+    ints: &IntDict,
+    out: u64,
+    sq: usize,
+    nh: usize,
+    hdv: usize,
+) -> Result<Option<((u64, u64), QuantKey)>> {
+    if ActForm::from_param(ints.get_or("quantize_output", 0)) != Some(ActForm::Q8)
+        || !hdv.is_multiple_of(32)
+        || !*DECODE_Q8_ON
+    {
+        return Ok(None);
+    }
+    let (qs, ds, key) = act.slots(out, sq, nh * hdv)?;
+    Ok(Some(((qs, ds), key)))
 }
 
 /// Largest q/k head size (`qs[1024]` in the kernel).
@@ -560,7 +596,8 @@ impl Operator for Attention {
                 *guard = Some(CudaBuffer::zeroed(&self.0, need.next_power_of_two())?);
             }
             let part = guard.as_ref().map(|b| b.ptr()).unwrap_or(0);
-            return decode_launch(
+            let q8 = decode_q8(&self.3, i, op, sq, nh, hdv)?;
+            decode_launch(
                 &self.0,
                 &DecodeArgs {
                     q: qp,
@@ -580,11 +617,16 @@ impl Operator for Attention {
                     softcap: f.get_or("softcap", 0.0),
                     causal: causal != 0,
                     window,
+                    q8: q8.map(|q| q.0),
                 },
                 nsplit,
                 gchunk,
                 part,
-            );
+            )?;
+            if let Some((_, key)) = q8 {
+                self.3.set(key, true)?;
+            }
+            return Ok(());
         }
         let gx = u32::try_from(sq).map_err(|_| op_err("Attention", "too many queries"))?;
         let gy = u32::try_from(nh)
@@ -639,7 +681,7 @@ fn cache_rows(op: &str, c: &crate::data::Data, name: &str) -> Result<usize> {
 /// position p (causal). The cache length on the host is ignored, so a recorded graph replays
 /// this op as the cache grows. Floats `scale`, `softcap`; ints `sliding_window`. The inout
 /// `workspace` (F32) is sized by the op (fixed for a given cache capacity and shapes).
-struct DecodeAttention(Arc<Gpu>);
+struct DecodeAttention(Arc<Gpu>, Arc<ActQuant>);
 
 const DA_NAMES: [&str; 5] = ["q", "k_cache", "v_cache", "positions", "alibi_slopes"];
 
@@ -733,6 +775,8 @@ impl Operator for DecodeAttention {
                 .transpose()
                 .map(|p| p.unwrap_or(0))
         };
+        let out_ptr = dptr(out, "output")?;
+        let q8 = decode_q8(&self.1, i, out_ptr, sq, nh, hdv)?;
         decode_launch(
             &self.0,
             &DecodeArgs {
@@ -753,11 +797,16 @@ impl Operator for DecodeAttention {
                 softcap: f.get_or("softcap", 0.0),
                 causal: true,
                 window: i.get_or("sliding_window", 0).max(0),
+                q8: q8.map(|q| q.0),
             },
             nsplit,
             gchunk,
             part,
-        )
+        )?;
+        if let Some((_, key)) = q8 {
+            self.1.set(key, true)?;
+        }
+        Ok(())
     }
 }
 

@@ -1960,6 +1960,37 @@ fn flash_attention_prefill_matches_reference() {
     }
 }
 
+/// Causal `fast` attention of q [sq, nh, hd] over k, v with `quantize_output` = `copy`, then
+/// `Linear` (quant_act) of its output rows [sq, nh · hd] by `w`: (attention output, product).
+fn attend_then_project(
+    cuda: &Executor,
+    [q, k, v]: [&Data; 3],
+    w: &Data,
+    copy: fastllm::ops::OutputCopy,
+) -> (Vec<f32>, Vec<f32>) {
+    let mut out = Data::empty(DataType::F32);
+    let mut d = DataDict::new()
+        .with("q", q)
+        .with("k", k)
+        .with("v", v)
+        .with_mut("output", &mut out);
+    cuda.run(
+        "Attention",
+        &mut d,
+        &FloatDict::new(),
+        &IntDict::new()
+            .with("causal", 1)
+            .with("fast", 1)
+            .with("quantize_output", copy.param()),
+    )
+    .unwrap();
+    drop(d);
+    let rows = q.dim(0);
+    out.reshape(&[rows, q.count() / rows]).unwrap();
+    let o = out.to_owned_host().unwrap().to_f32_vec().unwrap();
+    (o, run_linear(cuda, &out, w, None, 1).to_f32_vec().unwrap())
+}
+
 #[test]
 fn flash_attention_output_copy_gives_the_same_projection() {
     use fastllm::ops::OutputCopy;
@@ -1981,31 +2012,7 @@ fn flash_attention_output_copy_gives_the_same_projection() {
     ] {
         let w = dev.upload(&rng.data(wt, &[96, nh * hd])).unwrap();
         // attention (the flash kernel), then the projection of its output
-        let attend_project = |c: OutputCopy| {
-            let mut out = Data::empty(DataType::F32);
-            let mut d = DataDict::new()
-                .with("q", &q)
-                .with("k", &k)
-                .with("v", &v)
-                .with_mut("output", &mut out);
-            cuda.run(
-                "Attention",
-                &mut d,
-                &FloatDict::new(),
-                &IntDict::new()
-                    .with("causal", 1)
-                    .with("fast", 1)
-                    .with("quantize_output", c.param()),
-            )
-            .unwrap();
-            drop(d);
-            out.reshape(&[sq, nh * hd]).unwrap();
-            let o = out.to_owned_host().unwrap().to_f32_vec().unwrap();
-            (
-                o,
-                run_linear(&cuda, &out, &w, None, 1).to_f32_vec().unwrap(),
-            )
-        };
+        let attend_project = |c| attend_then_project(&cuda, [&q, &k, &v], &w, c);
         let (o0, p0) = attend_project(OutputCopy::None);
         let (o1, p1) = attend_project(copy);
         assert_eq!(o0, o1, "{wt}: the output itself changed");
@@ -2034,31 +2041,7 @@ fn decode_attention_q8_output_gives_the_same_projection() {
                 .unwrap();
             for wt in [DataType::Q4_0, DataType::Q8_0] {
                 let w = dev.upload(&rng.data(wt, &[64, nh * hd])).unwrap();
-                let attend_project = |c: OutputCopy| {
-                    let mut out = Data::empty(DataType::F32);
-                    let mut d = DataDict::new()
-                        .with("q", &q)
-                        .with("k", &k)
-                        .with("v", &v)
-                        .with_mut("output", &mut out);
-                    cuda.run(
-                        "Attention",
-                        &mut d,
-                        &FloatDict::new(),
-                        &IntDict::new()
-                            .with("causal", 1)
-                            .with("fast", 1)
-                            .with("quantize_output", c.param()),
-                    )
-                    .unwrap();
-                    drop(d);
-                    out.reshape(&[sq, nh * hd]).unwrap();
-                    let o = out.to_owned_host().unwrap().to_f32_vec().unwrap();
-                    (
-                        o,
-                        run_linear(&cuda, &out, &w, None, 1).to_f32_vec().unwrap(),
-                    )
-                };
+                let attend_project = |c| attend_then_project(&cuda, [&q, &k, &v], &w, c);
                 let (o0, p0) = attend_project(OutputCopy::None);
                 let (o1, p1) = attend_project(OutputCopy::Q8);
                 assert_eq!(o0, o1, "skv={skv} sq={sq} {wt}: the output itself changed");

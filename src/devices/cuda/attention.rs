@@ -24,7 +24,7 @@
 
 use super::act_quant::{ActForm, ActQuant, QuantKey};
 use super::blas::{gemm, Elem, Gemm, Operand};
-use super::buffer::{dptr, ensure_out, CudaBuffer};
+use super::buffer::{dptr, ensure_out, scratch, CudaBuffer};
 use super::gpu::{int, long, Gpu, KArg};
 use super::linear::TC_MIN_ROWS;
 use super::{all_f32, op_err};
@@ -299,13 +299,7 @@ impl Attention {
             .1
             .lock()
             .map_err(|_| Error::Device("Attention scratch poisoned".into()))?;
-        if guard.as_ref().is_none_or(|b| b.len_bytes() < need) {
-            self.0.not_capturing("allocation")?;
-            self.0.bump_generation();
-            *guard = None;
-            *guard = Some(CudaBuffer::zeroed(&self.0, need)?);
-        }
-        let kh = guard.as_ref().map(|b| b.ptr()).unwrap_or(0);
+        let kh = scratch(&self.0, &mut guard, need, false)?;
         let vh = kh + 2 * values as u64;
         // the output's f16/bf16 copy for the next tensor-core Linear (o-projection)
         let copy = match a.copy {
@@ -378,13 +372,7 @@ impl Attention {
             .lock()
             .map_err(|_| Error::Device("Attention scratch poisoned".into()))?;
         let need = qc * row_bytes;
-        if guard.as_ref().is_none_or(|b| b.len_bytes() < need) {
-            self.0.not_capturing("allocation")?;
-            self.0.bump_generation();
-            *guard = None;
-            *guard = Some(CudaBuffer::zeroed(&self.0, need)?);
-        }
-        let sp = guard.as_ref().map(|b| b.ptr()).unwrap_or(0);
+        let sp = scratch(&self.0, &mut guard, need, false)?;
         let f32op = |ptr: u64, ld: usize, stride: usize| Operand {
             ptr,
             elem: Elem::F32,
@@ -589,13 +577,7 @@ impl Operator for Attention {
                 .2
                 .lock()
                 .map_err(|_| Error::Device("Attention scratch poisoned".into()))?;
-            if need > 0 && guard.as_ref().is_none_or(|b| b.len_bytes() < need) {
-                self.0.not_capturing("allocation")?;
-                self.0.bump_generation();
-                *guard = None;
-                *guard = Some(CudaBuffer::zeroed(&self.0, need.next_power_of_two())?);
-            }
-            let part = guard.as_ref().map(|b| b.ptr()).unwrap_or(0);
+            let part = scratch(&self.0, &mut guard, need, true)?;
             let q8 = decode_q8(&self.3, i, op, sq, nh, hdv)?;
             decode_launch(
                 &self.0,

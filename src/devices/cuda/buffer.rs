@@ -51,6 +51,26 @@ impl CudaBuffer {
     }
 }
 
+/// The address of the scratch buffer held in `slot`, first regrown to at least `need` bytes when
+/// it is smaller (the old one freed first, as the new one may be large; recorded graphs that hold
+/// the old address are marked stale). `pow2` rounds a new size up to a power of two. 0 when
+/// `need` is 0 and nothing is held.
+pub fn scratch(
+    gpu: &Arc<Gpu>,
+    slot: &mut Option<CudaBuffer>,
+    need: usize,
+    pow2: bool,
+) -> Result<u64> {
+    if need > 0 && slot.as_ref().is_none_or(|b| b.len_bytes() < need) {
+        gpu.not_capturing("allocation")?;
+        gpu.bump_generation();
+        *slot = None;
+        let len = if pow2 { need.next_power_of_two() } else { need };
+        *slot = Some(CudaBuffer::zeroed(gpu, len)?);
+    }
+    Ok(slot.as_ref().map(|b| b.ptr()).unwrap_or(0))
+}
+
 impl DeviceBuffer for CudaBuffer {
     fn len(&self) -> usize {
         self.slice.len()

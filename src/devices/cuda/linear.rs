@@ -25,8 +25,7 @@
 
 use super::act_quant::{ActForm, ActQuant, Held};
 use super::blas::{gemm, Elem, Gemm, Operand};
-use super::buffer::CudaBuffer;
-use super::buffer::{dptr, ensure_out};
+use super::buffer::{dptr, ensure_out, scratch, CudaBuffer};
 use super::embedding::weight_suffix;
 use super::gpu::{int, long, Gpu, KArg, LinSegs};
 use super::op_err;
@@ -221,14 +220,7 @@ impl Linear {
             .tc_scratch
             .lock()
             .map_err(|_| Error::Device("Linear scratch poisoned".into()))?;
-        if need > 0 && guard.as_ref().is_none_or(|b| b.len_bytes() < need) {
-            // Free the old buffer first: the new one may be large.
-            self.gpu.not_capturing("allocation")?;
-            self.gpu.bump_generation();
-            *guard = None;
-            *guard = Some(CudaBuffer::zeroed(&self.gpu, need.next_power_of_two())?);
-        }
-        let sp = guard.as_ref().map(|b| b.ptr()).unwrap_or(0);
+        let sp = scratch(&self.gpu, &mut guard, need, true)?;
         let act = match produced {
             Some(p) => p,
             None => {

@@ -545,6 +545,14 @@ __device__ __forceinline__ unsigned int fa_pack(float lo, float hi) {
     return r;
 }
 
+// 2^x by the SFU alone (ex2.approx.ftz: results below 2^-126 flush to 0, 2^-inf = 0); exp2f
+// adds a rescaling test around it for subnormal results, which probabilities do not need
+__device__ __forceinline__ float fa_exp2(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+
 // k and v rows [0, n) (rows of `row` floats) as f16, four values per thread.
 extern "C" __global__ void kv_half_f32(const float4* k, const float4* v, uint2* kh, uint2* vh, long n4) {
     pdl_begin();
@@ -584,10 +592,13 @@ __device__ __forceinline__ void fa_ldm4(const unsigned short* p, unsigned int* r
 // Rows k0 .. k0 + FA_BK of one KV head (src already offset to it; rows `stride` halves apart,
 // skv of them) into the shared tile by 16-byte cp.async, rows past the end zeroed; one commit
 // group.
-template <int HD>
+template <int HD, int NT>
 __device__ __forceinline__ void fa_stage(unsigned short (*tile)[HD + 8], const unsigned short* src, long stride,
                                          int k0, int skv) {
-    for (int e = threadIdx.x; e < FA_BK * HD / 8; e += blockDim.x) {
+    static_assert((FA_BK * HD / 8) % NT == 0, "tile chunks must split evenly over the threads");
+#pragma unroll
+    for (int it = 0; it < FA_BK * HD / 8 / NT; it++) {
+        int e = threadIdx.x + it * NT;
         int r = e / (HD / 8), c8 = (e % (HD / 8)) * 8;
         long j = k0 + r;
         if (j < skv) {
@@ -611,8 +622,10 @@ __device__ void flash_attn_t(const float* q, const unsigned short* kh, const uns
     __shared__ __align__(16) unsigned short Vs[FA_BK][HD + 8];
     // the last query tiles have the most keys: start them first
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y * HPB + (warp >> 2);
-    int group = nh / nkv, kvh = blockIdx.y * HPB / group;
+    // grid (head groups, query tiles): the dispatch order walks all heads of one query tile
+    // before the next, so the longest tiles (the last queries) go first across every head
+    int qt = gridDim.y - 1 - blockIdx.y, h = blockIdx.x * HPB + (warp >> 2);
+    int group = nh / nkv, kvh = blockIdx.x * HPB / group;
     int q0 = qt * FA_BQ + (warp & 3) * 16;
     long kstride = (long)nkv * HD, qstride = (long)nh * HD;
     const unsigned short* ksrc = kh + (long)kvh * HD;
@@ -640,11 +653,11 @@ __device__ void flash_attn_t(const float* q, const unsigned short* kh, const uns
     float m[2] = {-INF, -INF}, l[2] = {0.0f, 0.0f};
     int last = min(sq - 1, qt * FA_BQ + FA_BQ - 1);
     int kend = min(skv, off + last + 1);
-    if (kend > 0) fa_stage<HD>(Ks, ksrc, kstride, 0, skv);
+    if (kend > 0) fa_stage<HD, 128 * HPB>(Ks, ksrc, kstride, 0, skv);
     for (int k0 = 0; k0 < kend; k0 += FA_BK) {
         fa_wait_all();
         __syncthreads();  // K tile here; every warp is past the last tile's P·V (V is free)
-        fa_stage<HD>(Vs, vsrc, kstride, k0, skv);
+        fa_stage<HD, 128 * HPB>(Vs, vsrc, kstride, k0, skv);
         // this warp's queries all before the tile: nothing to add (warp-uniform)
         bool active = q0 < sq && off + q0 + 15 >= k0;
         float s[FA_BK / 8][4];
@@ -662,35 +675,39 @@ __device__ void flash_attn_t(const float* q, const unsigned short* kh, const uns
                     fa_mma(s[nt], qf[kk + 1], b[2], b[3]);
                 }
             }
-            // masks only where the tile crosses the diagonal, the last key or the last query
+            // masks only where the tile crosses the diagonal, the last key or the last query:
+            // key k0 + 8 nt + 2 t + e of row i is kept while 8 nt + e <= lim
             bool edge = k0 + FA_BK - 1 > off + q0 || k0 + FA_BK > skv || q0 + 16 > sq;
+            if (edge) {
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    int i = q0 + g + 8 * hh;
+                    int lim = (i < sq ? min(off + i, skv - 1) : -1) - (k0 + 2 * t);
+#pragma unroll
+                    for (int nt = 0; nt < FA_BK / 8; nt++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++)
+                            if (nt * 8 + e > lim) s[nt][2 * hh + e] = -INF;
+                }
+            }
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
-                int i = q0 + g + 8 * hh;
-                long pos = (long)off + i;
                 float mx = -INF;
 #pragma unroll
-                for (int nt = 0; nt < FA_BK / 8; nt++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        float val = s[nt][2 * hh + e];
-                        if (edge) {
-                            long j = k0 + nt * 8 + 2 * t + e;
-                            if (j > pos || j >= skv || i >= sq) val = -INF;
-                            s[nt][2 * hh + e] = val;
-                        }
-                        mx = fmaxf(mx, val);
-                    }
+                for (int nt = 0; nt < FA_BK / 8; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * hh], s[nt][2 * hh + 1]));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                 float mnew = fmaxf(m[hh], mx);
-                float corr = (m[hh] == -INF) ? 0.0f : exp2f(m[hh] - mnew);
+                // a row with every key so far masked keeps m = -INF: subtract 0 instead, so
+                // exp2(-INF) = 0 without a test per element
+                float msafe = mnew == -INF ? 0.0f : mnew;
+                float corr = fa_exp2(m[hh] - msafe);
                 float rs = 0.0f;
 #pragma unroll
                 for (int nt = 0; nt < FA_BK / 8; nt++)
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
-                        float p = mnew == -INF ? 0.0f : exp2f(s[nt][2 * hh + e] - mnew);
+                        float p = fa_exp2(s[nt][2 * hh + e] - msafe);
                         s[nt][2 * hh + e] = p;
                         rs += p;
                     }
@@ -707,7 +724,7 @@ __device__ void flash_attn_t(const float* q, const unsigned short* kh, const uns
         }
         fa_wait_all();
         __syncthreads();  // V tile here; every warp is past this tile's S (K is free)
-        if (k0 + FA_BK < kend) fa_stage<HD>(Ks, ksrc, kstride, k0 + FA_BK, skv);
+        if (k0 + FA_BK < kend) fa_stage<HD, 128 * HPB>(Ks, ksrc, kstride, k0 + FA_BK, skv);
         if (!active) continue;
 #pragma unroll
         for (int kk = 0; kk < FA_BK / 16; kk++) {
@@ -744,14 +761,14 @@ __device__ void flash_attn_t(const float* q, const unsigned short* kh, const uns
     }
 }
 
-#define FLASH(HD, HPB) \
-    extern "C" __global__ void __launch_bounds__(128 * HPB, FLASH_MIN_BLOCKS) flash_attn##HD##x##HPB##_f32( \
+#define FLASH(HD, HPB, MINB) \
+    extern "C" __global__ void __launch_bounds__(128 * HPB, MINB) flash_attn##HD##x##HPB##_f32( \
         const float* q, const unsigned short* kh, const unsigned short* vh, float* out, int sq, int skv, int nh, \
         int nkv, float scale, unsigned int* hs, int bf) { \
         pdl_begin(); \
         flash_attn_t<HD, HPB>(q, kh, vh, out, sq, skv, nh, nkv, scale, hs, bf); \
     }
-FLASH(64, 1)
-FLASH(64, 2)
-FLASH(128, 1)
-FLASH(128, 2)
+FLASH(64, 1, FLASH_MIN_BLOCKS)
+FLASH(64, 2, 1)
+FLASH(128, 1, FLASH_MIN_BLOCKS)
+FLASH(128, 2, 1)

@@ -86,6 +86,35 @@ extern "C" __global__ void silu_mul_h_f32(const float4* g, const float4* u, floa
     }
 }
 
+// y = silu(g)·u on f16 (bf = 0) or bf16 (bf = 1) rows, computed in f32 and rounded once: the
+// gated MLP of prefill when the gate/up projections wrote half outputs. Eight values per
+// thread by 16-byte accesses for i < n8 · 8 (the caller passes n8 = 0 when the pointers are
+// not 16-byte aligned), one at a time for the rest.
+__device__ __forceinline__ float half_at(unsigned short v, int bf) { return bf ? bf2f(v) : h2f(v); }
+
+extern "C" __global__ void silu_mul_hh(const unsigned short* g, const unsigned short* u, unsigned short* y, long n,
+                                       long n8, int bf) {
+    pdl_begin();
+    GRID_LOOP(i, n8) {
+        uint4 a = ((const uint4*)g)[i], b = ((const uint4*)u)[i];
+        const unsigned short* ah = (const unsigned short*)&a;
+        const unsigned short* bh = (const unsigned short*)&b;
+        uint4 r;
+        unsigned short* rh = (unsigned short*)&r;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float v = silu1(half_at(ah[j], bf)) * half_at(bh[j], bf);
+            rh[j] = bf ? f2bf(v) : f2h(v);
+        }
+        ((uint4*)y)[i] = r;
+    }
+    GRID_LOOP(i, n - n8 * 8) {
+        long j = n8 * 8 + i;
+        float v = silu1(half_at(g[j], bf)) * half_at(u[j], bf);
+        y[j] = bf ? f2bf(v) : f2h(v);
+    }
+}
+
 // silu_mul_f32 that also writes y as Q8_0 blocks (qs: n int8, ds: n / 32 scale pairs) for the
 // next Linear with quantized activations, with the arithmetic of quantize_q8_f32. n % 32 == 0
 // and blockDim % 32 == 0, so every warp takes whole 32-value blocks in each step.

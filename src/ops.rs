@@ -85,6 +85,20 @@ pub fn linear_multi(
     parts: &mut [(&Data, Option<&Data>, &mut Data)],
     quant_act: bool,
 ) -> Result<()> {
+    linear_multi_as(e, x, parts, quant_act, OutputCopy::None)
+}
+
+/// [`linear_multi`]; with `half` = [`OutputCopy::F16`] / [`OutputCopy::Bf16`] a device that
+/// can (CUDA, tensor-core products of many rows in `fast` precision, no bias) writes the outputs
+/// as F16/BF16 tensors instead of F32. Other devices and products ignore it, so the caller
+/// must accept either dtype (the CUDA `SiluMul` and `Linear` take both).
+pub fn linear_multi_as(
+    e: &Executor,
+    x: &Data,
+    parts: &mut [(&Data, Option<&Data>, &mut Data)],
+    quant_act: bool,
+    half: OutputCopy,
+) -> Result<()> {
     const NAMES: [(&str, &str, &str); 3] = [
         ("weight", "bias", "output"),
         ("weight1", "bias1", "output1"),
@@ -107,7 +121,9 @@ pub fn linear_multi(
         "Linear",
         &mut d,
         &FloatDict::new(),
-        &IntDict::new().with("quant_act", quant_act as i32),
+        &IntDict::new()
+            .with("quant_act", quant_act as i32)
+            .with("half_output", half.param()),
     )
 }
 

@@ -2052,3 +2052,150 @@ fn decode_attention_q8_output_gives_the_same_projection() {
     }
     println!("decode attention Q8_0 output rows: {checked} cases, projections bit-equal");
 }
+
+/// The half-precision MLP path of prefill: `Linear` with `half_output` writes F16/BF16 outputs
+/// that are the f32 products rounded once (and ignores the flag below `TC_MIN_ROWS` rows, with a
+/// bias or `accumulate`); a half input is read as it is, giving the same bits as the f32 input
+/// it came from; `SiluMul` on half inputs rounds silu(g)·u once.
+#[test]
+fn half_outputs_and_inputs_of_linear_and_silu_mul() {
+    let Some(dev) = gpu() else { return };
+    let cuda = cuda_executor(&dev);
+    let mut rng = CaseRng::new(29);
+    // relative size of one rounding step: f16 2^-11, bf16 2^-8 (plus slack for subnormal-ish
+    // magnitudes, measured against the largest output)
+    let close = |got: &[f32], want: &[f32], rel: f32| -> f32 {
+        let scale = want.iter().fold(0f32, |a, &v| a.max(v.abs())).max(1e-30);
+        let worst = got
+            .iter()
+            .zip(want)
+            .map(|(g, w)| (g - w).abs() / (w.abs().max(scale * 1e-3)))
+            .fold(0f32, f32::max);
+        assert!(
+            worst <= rel,
+            "worst relative rounding {worst:.3e} > {rel:.3e}"
+        );
+        worst
+    };
+    let linear = |x: &Data, ws: &[&Data], b: Option<&Data>, ints: IntDict| -> Vec<Data> {
+        let mut outs: Vec<Data> = ws.iter().map(|_| Data::empty(DataType::F32)).collect();
+        {
+            let mut d = DataDict::new().with("input", x);
+            const NAMES: [(&str, &str); 3] = [
+                ("weight", "output"),
+                ("weight1", "output1"),
+                ("weight2", "output2"),
+            ];
+            for (i, ((w, o), (wn, on))) in ws.iter().zip(outs.iter_mut()).zip(NAMES).enumerate() {
+                d.insert(wn, w);
+                if let (Some(b), 0) = (b, i) {
+                    d.insert("bias", b);
+                }
+                d.insert_mut(on, o);
+            }
+            cuda.run("Linear", &mut d, &FloatDict::new(), &ints)
+                .unwrap();
+        }
+        outs
+    };
+    let mut cases = 0;
+    for (wt, half, param, rel) in [
+        (DataType::F16, DataType::F16, 2, 1.0 / 2048.0),
+        (DataType::Q4_0, DataType::F16, 2, 1.0 / 2048.0),
+        (DataType::Q8_0, DataType::F16, 2, 1.0 / 2048.0),
+        (DataType::BF16, DataType::BF16, 3, 1.0 / 256.0),
+    ] {
+        for (m, k, n) in [(40usize, 256usize, 96usize), (16, 4096, 200), (5, 256, 64)] {
+            let x = dev.upload(&rng.data(DataType::F32, &[m, k])).unwrap();
+            let w0 = dev.upload(&rng.data(wt, &[n, k])).unwrap();
+            let w1 = dev.upload(&rng.data(wt, &[n + 8, k])).unwrap();
+            let fast = || IntDict::new().with("quant_act", 1);
+            let f32s = linear(&x, &[&w0, &w1], None, fast());
+            let halves = linear(&x, &[&w0, &w1], None, fast().with("half_output", param));
+            for (h, f) in halves.iter().zip(&f32s) {
+                let want_dt = if m >= 16 { half } else { DataType::F32 };
+                assert_eq!(h.dtype(), want_dt, "{wt:?} m {m}: output dtype");
+                let hv = h.to_owned_host().unwrap().to_f32_vec().unwrap();
+                let fv = f.to_owned_host().unwrap().to_f32_vec().unwrap();
+                if m >= 16 {
+                    close(&hv, &fv, rel);
+                } else {
+                    assert_eq!(hv, fv, "{wt:?} m {m}: the flag must be ignored");
+                }
+            }
+            // a bias or accumulate keeps f32 outputs
+            let b = dev.upload(&rng.data(DataType::F32, &[n])).unwrap();
+            let with_bias = linear(&x, &[&w0], Some(&b), fast().with("half_output", param));
+            assert_eq!(with_bias[0].dtype(), DataType::F32, "{wt:?}: bias");
+            if m >= 16 {
+                // a half input equal to the f32 one after rounding: the same bits out
+                let xh_host = x.to_owned_host().unwrap().to_f32_vec().unwrap();
+                let xh = Data::from_bytes(
+                    half,
+                    &[m, k],
+                    &fastllm::data::encode_from_f32(half, &xh_host).unwrap(),
+                )
+                .unwrap();
+                let xr = Data::from_f32(&[m, k], &xh.to_f32_vec().unwrap()).unwrap();
+                let (xh, xr) = (dev.upload(&xh).unwrap(), dev.upload(&xr).unwrap());
+                let from_half = linear(&xh, &[&w0, &w1], None, fast());
+                let from_f32 = linear(&xr, &[&w0, &w1], None, fast());
+                for (a, b) in from_half.iter().zip(&from_f32) {
+                    assert_eq!(a.dtype(), DataType::F32);
+                    assert_eq!(
+                        a.to_owned_host().unwrap().to_f32_vec().unwrap(),
+                        b.to_owned_host().unwrap().to_f32_vec().unwrap(),
+                        "{wt:?} m {m}: half input differs from its f32 value"
+                    );
+                }
+                // and half in, half out (the down projection never does this, a chain could)
+                let hh = linear(&xh, &[&w0], None, fast().with("half_output", param));
+                assert_eq!(hh[0].dtype(), half);
+                // a half input of the other form, or without quant_act, is not taken
+                let mut y = Data::empty(DataType::F32);
+                let mut d = DataDict::new()
+                    .with("input", &xh)
+                    .with("weight", &w0)
+                    .with_mut("output", &mut y);
+                let err = cuda.run("Linear", &mut d, &FloatDict::new(), &IntDict::new());
+                assert!(
+                    err.is_err(),
+                    "{wt:?}: half input without quant_act must be refused"
+                );
+            }
+            cases += 1;
+        }
+    }
+    // SiluMul on half inputs: aligned rows (16-byte path), odd sizes (the one-at-a-time tail)
+    for half in [DataType::F16, DataType::BF16] {
+        let rel = if half == DataType::F16 {
+            1.0 / 1024.0
+        } else {
+            1.0 / 128.0
+        };
+        for dims in [vec![40usize, 1000], vec![3, 37], vec![1, 7]] {
+            let g = rng.data_range(half, &dims, -6.0, 6.0);
+            let u = rng.data(half, &dims);
+            let (gv, uv) = (g.to_f32_vec().unwrap(), u.to_f32_vec().unwrap());
+            let want: Vec<f32> = gv
+                .iter()
+                .zip(&uv)
+                .map(|(&a, &b)| (a as f64 / (1.0 + (-a as f64).exp()) * b as f64) as f32)
+                .collect();
+            let (g, u) = (dev.upload(&g).unwrap(), dev.upload(&u).unwrap());
+            let mut y = Data::empty(DataType::F32);
+            let mut d = DataDict::new()
+                .with("input0", &g)
+                .with("input1", &u)
+                .with_mut("output", &mut y);
+            cuda.run("SiluMul", &mut d, &FloatDict::new(), &IntDict::new())
+                .unwrap();
+            assert_eq!(y.dtype(), half, "{dims:?}");
+            let got = y.to_owned_host().unwrap().to_f32_vec().unwrap();
+            let worst = close(&got, &want, rel);
+            println!("SiluMul {half:?} {dims:?}: worst relative error {worst:.2e}");
+            cases += 1;
+        }
+    }
+    println!("half-precision Linear/SiluMul: {cases} cases");
+}

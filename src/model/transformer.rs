@@ -161,6 +161,11 @@ pub struct Model {
     /// weights, bf16 rows for bf16 weights, by layer 0's down projection), which then skips its
     /// own cast. `FASTLLM_PREFILL_COPY=0` turns it off (A/B runs).
     prefill_copy: OutputCopy,
+    /// With a `prefill_copy` of f16/bf16 and `SiluMul`: the gate/up projections of a prefill
+    /// write F16/BF16 outputs, `SiluMul` multiplies them into a half tensor, and the down
+    /// projection reads that as it is (no f32 round trip of the widest activations).
+    /// `FASTLLM_HALF_MLP=0` turns it off (A/B runs).
+    half_mlp: bool,
     /// Unique per model in this process: a cache's recorded decode step is only replayed by
     /// the model that recorded it (the recording holds that model's weight addresses).
     id: u64,
@@ -294,6 +299,9 @@ impl Model {
         } else {
             OutputCopy::None
         };
+        let half_mlp = fused_silu_mul
+            && matches!(prefill_copy, OutputCopy::F16 | OutputCopy::Bf16)
+            && std::env::var("FASTLLM_HALF_MLP").map_or(true, |v| v.trim() != "0");
         Ok(Model {
             config,
             spec,
@@ -309,6 +317,7 @@ impl Model {
             decode_graphs,
             norm_quantizes,
             prefill_copy,
+            half_mlp,
             id: next_model_id(),
         })
     }
@@ -378,6 +387,7 @@ impl Model {
             decode_graphs: false,
             norm_quantizes: false,
             prefill_copy: OutputCopy::None,
+            half_mlp: false,
             id: next_model_id(),
         })
     }
@@ -515,6 +525,18 @@ impl Model {
     /// several weights where the device takes it and the weights share a dtype, else one call
     /// per weight (later ones reusing the quantized input).
     fn linears(&self, x: &Data, names: &[String], outs: &mut [&mut Data]) -> Result<()> {
+        self.linears_as(x, names, outs, OutputCopy::None)
+    }
+
+    /// [`Model::linears`], asking for `half` outputs where the device can write them
+    /// ([`ops::linear_multi_as`]; one-weight calls ignore it and write f32).
+    fn linears_as(
+        &self,
+        x: &Data,
+        names: &[String],
+        outs: &mut [&mut Data],
+        half: OutputCopy,
+    ) -> Result<()> {
         let mut ws = Vec::with_capacity(names.len());
         let mut bs = Vec::with_capacity(names.len());
         for n in names {
@@ -529,7 +551,8 @@ impl Model {
                 .zip(outs.iter_mut())
                 .map(|((w, b), o)| (&**w, b.as_deref(), &mut **o))
                 .collect();
-            return ops::linear_multi(&self.exec, x, &mut parts, self.precision == Precision::Fast);
+            let fast = self.precision == Precision::Fast;
+            return ops::linear_multi_as(&self.exec, x, &mut parts, fast, half);
         }
         for (i, (n, o)) in names.iter().zip(outs.iter_mut()).enumerate() {
             if i == 0 {
@@ -539,6 +562,25 @@ impl Model {
             }
         }
         Ok(())
+    }
+
+    /// The half form the gate/up projections of `rows` rows may write ([`Model::half_mlp`]):
+    /// the prefill copy's form when the down projection `down` (a weight name) reads that form
+    /// on the tensor-core path, else [`OutputCopy::None`].
+    fn half_mlp_for(&self, rows: usize, down: &str) -> Result<OutputCopy> {
+        let copy = self.copy_for(rows);
+        if !self.half_mlp || !matches!(copy, OutputCopy::F16 | OutputCopy::Bf16) {
+            return Ok(OutputCopy::None);
+        }
+        let w = self.weights.get(&format!("{down}.weight"))?;
+        let k = w.dims().get(1).copied().unwrap_or(0);
+        let form = match w.dtype() {
+            DataType::BF16 => OutputCopy::Bf16,
+            DataType::F16 => OutputCopy::F16,
+            t if t.is_quantized() && k % 32 == 0 => OutputCopy::F16,
+            _ => OutputCopy::None,
+        };
+        Ok(if form == copy { copy } else { OutputCopy::None })
     }
 
     /// `out += x·Wᵀ + b` (one row, on a device that accumulates: see `multi_linear`).
@@ -1306,7 +1348,13 @@ impl Model {
             self.norm_for_linear(x, &ln(self.spec.ffn_norm), h)?;
             let down = match self.spec.mlp {
                 Mlp::Gated(gn, un, dn) => {
-                    self.linears(h, &[ln(gn), ln(un)], &mut [g, t0])?;
+                    // half gate/up outputs only where the fused SiluMul reads them
+                    let half = if self.fused_silu_mul {
+                        self.half_mlp_for(s, &ln(dn))?
+                    } else {
+                        OutputCopy::None
+                    };
+                    self.linears_as(h, &[ln(gn), ln(un)], &mut [g, t0], half)?;
                     if self.fused_silu_mul {
                         ops::silu_mul_quantizing(e, g, t0, t1, self.copy_for(s))?;
                     } else {

@@ -6,8 +6,9 @@
 //! head size 64 or 128 and no ALiBi / soft-capping / window runs the fused flash-attention
 //! kernel `flash_attn{64,128}x{1,2}_f32`: f16 tensor-core `mma.sync` for q·kᵀ and p·v with f32
 //! accumulation and an online softmax; the keys and values are first converted to f16
-//! (`kv_half_f32`), then staged tile by tile in shared memory by `cp.async` overlapping the math,
-//! each tile shared by two query heads of a GQA group; the scores never reach memory
+//! (`kv_half_f32`), then staged tile by tile in shared memory by `cp.async` overlapping the math
+//! (one query head per block of four warps, two blocks per SM; `FASTLLM_FLASH_HPB=2` shares
+//! each tile between two query heads of a GQA group instead); the scores never reach memory
 //! (`FASTLLM_FLASH=0` turns it off). Other fast prefill goes through cuBLAS: per chunk of queries, scores = q·kᵀ·scale (TF32 tensor cores,
 //! strided-batched over the KV heads, once per query head of a GQA group) into a scratch
 //! buffer, `attn_softmax_f32` turns them into probabilities in place (mask, window, ALiBi,
@@ -239,6 +240,12 @@ pub const TC_MIN_QUERIES: usize = 64;
 /// `FASTLLM_FLASH=0` keeps prefill attention on the cuBLAS path (for A/B runs).
 static FLASH_ON: std::sync::LazyLock<bool> =
     std::sync::LazyLock::new(|| std::env::var("FASTLLM_FLASH").map_or(true, |v| v.trim() != "0"));
+/// Query heads per flash block: 1 (four warps; two blocks fit an SM, so one block's softmax
+/// overlaps the other's products) unless `FASTLLM_FLASH_HPB=2` (two heads of a GQA group
+/// share one block's K/V tiles; A/B runs).
+static FLASH_HPB: std::sync::LazyLock<usize> = std::sync::LazyLock::new(|| {
+    std::env::var("FASTLLM_FLASH_HPB").map_or(1, |v| if v.trim() == "2" { 2 } else { 1 })
+});
 /// Most bytes of scores materialised at once (the query chunk is sized to fit).
 const SCORE_BYTES: usize = 256 << 20;
 
@@ -323,16 +330,17 @@ impl Attention {
         )?;
         // two query heads of a GQA group per block share its K/V tiles
         let hpb = if (a.nh / a.nkv).is_multiple_of(2) {
-            2
+            *FLASH_HPB
         } else {
             1
         };
+        // (head groups, query tiles): the kernel's dispatch order is longest tiles first
         let grid = (
-            u32::try_from(a.sq.div_ceil(64)).map_err(|_| op_err(OP, "too many queries"))?,
-            u32::try_from(a.nh / hpb)
+            u32::try_from(a.nh / hpb).map_err(|_| op_err(OP, "too many heads"))?,
+            u32::try_from(a.sq.div_ceil(64))
                 .ok()
                 .filter(|&v| v <= 65535)
-                .ok_or_else(|| op_err(OP, "too many heads"))?,
+                .ok_or_else(|| op_err(OP, "too many queries"))?,
             1,
         );
         self.0.launch(

@@ -1,6 +1,8 @@
 //! Elementwise operators on the GPU (f32): `Silu`, `Gelu`, `SoftCap`, `Swiglu`, `GeluGated`,
 //! `Add`, `AddTo`, `Mul`, `MulTo`, and `SiluMul` (`output = silu(input0) · input1`, the gated
 //! MLP's activation and product in one pass; GPU only, the model uses it when the device has it).
+//! `SiluMul` also takes f16 or bf16 inputs (the half outputs of the tensor-core gate/up
+//! projections in prefill, see `linear`) and then writes its output in the same dtype.
 
 use super::act_quant::{ActForm, ActQuant};
 use super::buffer::{dptr, ensure_out};
@@ -56,7 +58,9 @@ struct SiluMul(Arc<Gpu>, Arc<ActQuant>);
 
 impl Operator for SiluMul {
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
-        all_f32(d, &["input0", "input1"])
+        let half_pair = matches!(d.dtype("input0"), Some(DataType::F16 | DataType::BF16))
+            && d.dtype("input0") == d.dtype("input1");
+        (all_f32(d, &["input0", "input1"]) || half_pair)
             && d.get("input0").is_some_and(|x| x.is_contiguous())
             && d.get("input1").is_some_and(|x| x.is_contiguous())
     }
@@ -69,19 +73,46 @@ impl Operator for SiluMul {
                 format!("input0 {:?} and input1 {:?} differ", g.dims(), u.dims()),
             ));
         }
+        if g.dtype() != u.dtype() {
+            return Err(op_err(
+                "SiluMul",
+                format!("input0 is {:?} but input1 is {:?}", g.dtype(), u.dtype()),
+            ));
+        }
+        // half inputs give a half output of the same kind; everything else is f32
+        let dt = match g.dtype() {
+            t @ (DataType::F16 | DataType::BF16) => t,
+            _ => DataType::F32,
+        };
         let dims = g.dims().to_vec();
-        ensure_out(
-            &self.0,
-            d.require_mut("SiluMul", "output")?,
-            DataType::F32,
-            &dims,
-        )
+        ensure_out(&self.0, d.require_mut("SiluMul", "output")?, dt, &dims)
     }
     fn run(&self, d: &mut DataDict, _: &FloatDict, ints: &IntDict) -> Result<()> {
         let ([g, u], y) = d.io("SiluMul", ["input0", "input1"], "output")?;
         let g = g.ok_or_else(|| op_err("SiluMul", "missing input 'input0'"))?;
         let u = u.ok_or_else(|| op_err("SiluMul", "missing input 'input1'"))?;
         let n = y.count();
+        if let t @ (DataType::F16 | DataType::BF16) = g.dtype() {
+            if n == 0 {
+                return Ok(());
+            }
+            let (gp, up, yp) = (dptr(g, "input0")?, dptr(u, "input1")?, dptr(y, "output")?);
+            let aligned = [gp, up, yp].iter().all(|p| p % 16 == 0);
+            let n8 = if aligned { n / 8 } else { 0 };
+            return self.0.launch(
+                "silu_mul_hh",
+                Gpu::grid_for(n8.max(n - 8 * n8), 256),
+                256,
+                &[
+                    KArg::Ptr(gp),
+                    KArg::Ptr(up),
+                    KArg::Ptr(yp),
+                    long(n, "n")?,
+                    long(n8, "n / 8")?,
+                    KArg::I32((t == DataType::BF16) as i32),
+                ],
+            );
+        }
         let row = y.dims().last().copied().unwrap_or(0);
         let args = [
             KArg::Ptr(dptr(g, "input0")?),
@@ -242,7 +273,9 @@ struct Add(Arc<Gpu>);
 
 impl Operator for Add {
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
-        all_f32(d, &["input0", "input1"])
+        let half_pair = matches!(d.dtype("input0"), Some(DataType::F16 | DataType::BF16))
+            && d.dtype("input0") == d.dtype("input1");
+        (all_f32(d, &["input0", "input1"]) || half_pair)
             && d.get("input0").is_some_and(|x| x.is_contiguous())
             && d.get("input1").is_some_and(|x| x.is_contiguous())
     }
@@ -306,7 +339,9 @@ impl InPlace {
 
 impl Operator for InPlace {
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
-        all_f32(d, &["input0", "input1"])
+        let half_pair = matches!(d.dtype("input0"), Some(DataType::F16 | DataType::BF16))
+            && d.dtype("input0") == d.dtype("input1");
+        (all_f32(d, &["input0", "input1"]) || half_pair)
             && d.get("input0").is_some_and(|x| x.is_contiguous())
             && d.get("input1").is_some_and(|x| x.is_contiguous())
     }

@@ -20,6 +20,12 @@
 //! the product accumulates and is written in f32. `exact` precision (`quant_act = 0`) keeps
 //! the f32-activation kernels.
 //!
+//! Half activations (prefill of the gated MLP): with `half_output` = 2 (f16) / 3 (bf16) and a
+//! tensor-core product (the conditions above, the weight's form equal to the one asked for, no
+//! bias, no `accumulate`), the outputs are F16/BF16 tensors written by cuBLAS directly; an
+//! F16/BF16 input (of the weight's form, at least [`TC_MIN_ROWS`] rows) is read as it is, with
+//! no cast. Otherwise the flag is ignored and the outputs are f32.
+//!
 //! `accumulate = 1` adds the products to what the outputs hold (a residual connection), on
 //! every path: cuBLAS `beta = 1`, the kernels' `acc` flag.
 
@@ -91,6 +97,26 @@ struct Linear {
     tc_scratch: Mutex<Option<CudaBuffer>>,
 }
 
+/// The activation form the tensor-core path uses with this weight dtype (`k` values per row):
+/// bf16 for BF16 weights, f16 for F16 and for block weights with whole 32-value blocks.
+fn tc_form(w: DataType, k: usize) -> Option<ActForm> {
+    match w {
+        DataType::BF16 => Some(ActForm::Bf16),
+        DataType::F16 => Some(ActForm::F16),
+        t if t.is_quantized() && k.is_multiple_of(32) => Some(ActForm::F16),
+        _ => None,
+    }
+}
+
+/// The half form of an activation dtype (`None` for anything else).
+fn half_form(t: DataType) -> Option<ActForm> {
+    match t {
+        DataType::F16 => Some(ActForm::F16),
+        DataType::BF16 => Some(ActForm::Bf16),
+        _ => None,
+    }
+}
+
 /// cuBLAS was loaded when a product began and is not now (cannot happen: it is never unloaded).
 fn lost_blas() -> Error {
     Error::Device("cuBLAS unavailable in the middle of a Linear".into())
@@ -102,6 +128,44 @@ fn align256(v: usize) -> usize {
 }
 
 impl Linear {
+    /// Whether a half input of `form` can be read as it is: the tensor-core conditions (module
+    /// doc) with the weight's form equal to the input's.
+    fn half_input_ok(&self, d: &DataDict, i: &IntDict, form: ActForm) -> bool {
+        let (Some(x), Some(w)) = (d.get("input"), d.dtype("weight")) else {
+            return false;
+        };
+        let k = x.dim(-1);
+        i.get_or("quant_act", 0) != 0
+            && self.gpu.blas().is_some()
+            && tc_form(w, k) == Some(form)
+            && x.count() / k.max(1) >= TC_MIN_ROWS
+    }
+
+    /// The outputs' dtype: F16/BF16 when `half_output` asks for the weight's tensor-core form
+    /// and this product takes that path without bias or `accumulate`; F32 otherwise.
+    fn output_dtype(&self, d: &DataDict, i: &IntDict, rows: usize, k: usize) -> DataType {
+        let asked = ActForm::from_param(i.get_or("half_output", 0));
+        let form = d.dtype("weight").and_then(|w| tc_form(w, k));
+        let plain =
+            SEGMENTS.iter().all(|(_, bn, _)| !d.contains(bn)) && i.get_or("accumulate", 0) == 0;
+        match asked {
+            Some(a @ (ActForm::F16 | ActForm::Bf16))
+                if Some(a) == form
+                    && plain
+                    && rows >= TC_MIN_ROWS
+                    && i.get_or("quant_act", 0) != 0
+                    && self.gpu.blas().is_some() =>
+            {
+                if a == ActForm::Bf16 {
+                    DataType::BF16
+                } else {
+                    DataType::F16
+                }
+            }
+            _ => DataType::F32,
+        }
+    }
+
     /// Whether a one-row product takes the half-superblock kernel: 4-bit weights do (on an
     /// H100, llama-3-8b int4 decode 377 vs 352 tok/s with `sbx`); Q8_0 keeps `sbx` (241 vs 230).
     /// The choice depends on the dtype only, so a multi-weight launch and one-weight launches of
@@ -179,6 +243,7 @@ impl Linear {
         k: usize,
         segs: &[Seg],
         acc: bool,
+        io: HalfIo,
     ) -> Result<bool> {
         let Some(first) = segs.first() else {
             return Ok(true);
@@ -194,6 +259,7 @@ impl Linear {
         };
         // the copy the producer left, if it is this input's
         let produced = prev
+            .filter(|_| !io.input)
             .filter(|p| {
                 let q = p.key;
                 p.produced && q.form == form && q.input == xp && q.rows == m && q.k == k
@@ -210,7 +276,7 @@ impl Linear {
             }
         };
         let max_tile = segs.iter().map(|s| tile_rows(s.n)).max().unwrap_or(0);
-        let act_bytes = if produced.is_some() {
+        let act_bytes = if produced.is_some() || io.input {
             0
         } else {
             align256(m * k * 2)
@@ -223,6 +289,7 @@ impl Linear {
         let sp = scratch(&self.gpu, &mut guard, need, true)?;
         let act = match produced {
             Some(p) => p,
+            None if io.input => xp,
             None => {
                 self.gpu.launch(
                     "cast_f32_half",
@@ -244,6 +311,11 @@ impl Linear {
             ld: k,
             stride: 0,
         };
+        let (out_elem, out_size) = match io.output {
+            Some(ActForm::F16) => (Elem::F16, 2u64),
+            Some(ActForm::Bf16) => (Elem::Bf16, 2),
+            _ => (Elem::F32, 4),
+        };
         // Row-major y[m, n] = x·Wᵀ is column-major yᵀ[n, m] = W·xᵀ, W read transposed.
         let product = |a_ptr: u64, rows: usize, c_ptr: u64, ldc: usize| -> Result<bool> {
             gemm(
@@ -263,7 +335,7 @@ impl Linear {
                     b,
                     c: Operand {
                         ptr: c_ptr,
-                        elem: Elem::F32,
+                        elem: out_elem,
                         ld: ldc,
                         stride: 0,
                     },
@@ -297,7 +369,7 @@ impl Linear {
                             long(row_bytes, "row bytes")?,
                         ],
                     )?;
-                    if !product(tile, nr, sg.y + 4 * r0 as u64, n)? {
+                    if !product(tile, nr, sg.y + out_size * r0 as u64, n)? {
                         return Err(lost_blas());
                     }
                     r0 += nr;
@@ -338,7 +410,13 @@ impl Operator for Linear {
                 .is_none_or(|w| Some(w.dtype()) == d.dtype("weight") && w.is_contiguous())
                 && d.get(bn).is_none_or(|b| b.dtype() == DataType::F32)
         });
-        d.dtype("input") == Some(DataType::F32)
+        // a half input only where the tensor-core path takes it as it is
+        let input_ok = match d.dtype("input").map(half_form) {
+            Some(None) => d.dtype("input") == Some(DataType::F32),
+            Some(Some(form)) => self.half_input_ok(d, i, form),
+            None => false,
+        };
+        input_ok
             && w_ok
             && extra_ok
             && (!quant_act || d.get("input").is_some_and(|x| x.dim(-1) % 32 == 0))
@@ -401,12 +479,8 @@ impl Operator for Linear {
                 }
                 continue;
             }
-            ensure_out(
-                &self.gpu,
-                d.require_mut("Linear", on)?,
-                DataType::F32,
-                &dims,
-            )?;
+            let dt = self.output_dtype(d, ints, rows, k);
+            ensure_out(&self.gpu, d.require_mut("Linear", on)?, dt, &dims)?;
         }
         Ok(())
     }
@@ -432,17 +506,21 @@ impl Operator for Linear {
         let k = x.dim(-1);
         let m = x.count() / k.max(1);
         let xp = dptr(x, "input")?;
+        let io = HalfIo {
+            input: half_form(x.dtype()).is_some(),
+            output: half_form(d.require("Linear", "output")?.dtype()),
+        };
         if segs.len() > 1 {
             let w0 = d.require("Linear", "weight")?.dtype();
             if w0 == DataType::F32 && m >= BLAS_MIN_ROWS {
                 // SGEMM: one weight at a time
                 for i in 0..segs.len() {
-                    self.product(None, ints, xp, m, k, &segs[i..i + 1])?;
+                    self.product(None, ints, xp, m, k, &segs[i..i + 1], io)?;
                 }
                 return Ok(());
             }
         }
-        self.product(prev, ints, xp, m, k, &segs)
+        self.product(prev, ints, xp, m, k, &segs, io)
     }
 }
 
@@ -452,6 +530,14 @@ const SEGMENTS: [(&str, &str, &str); 3] = [
     ("weight1", "bias1", "output1"),
     ("weight2", "bias2", "output2"),
 ];
+
+/// Which side of a product is in half precision: the input (read as it is) and the outputs'
+/// form (`None`: f32).
+#[derive(Clone, Copy, Default)]
+struct HalfIo {
+    input: bool,
+    output: Option<ActForm>,
+}
 
 /// One weight of a (possibly multi-weight) `Linear` launch.
 struct Seg {
@@ -466,6 +552,7 @@ impl Linear {
     /// `y_i (+)= x·W_iᵀ + b_i` for the segments: the tensor-core path (all segments, one cast of
     /// the input) for `quant_act` products of at least [`TC_MIN_ROWS`] rows, SGEMM for one F32
     /// weight of several rows, else one launch of the GEMV kernels for all segments.
+    #[allow(clippy::too_many_arguments)]
     fn product(
         &self,
         prev: Option<Held>,
@@ -474,6 +561,7 @@ impl Linear {
         m: usize,
         k: usize,
         segs: &[Seg],
+        io: HalfIo,
     ) -> Result<()> {
         let Some(first) = segs.first() else {
             return Ok(());
@@ -484,6 +572,13 @@ impl Linear {
             return Ok(());
         }
         let acc = ints.get_or("accumulate", 0) != 0;
+        if io.input || io.output.is_some() {
+            // can_run / reshape admitted these only for the tensor-core path
+            return match self.tensor_core(prev, xp, m, k, segs, acc, io)? {
+                true => Ok(()),
+                false => Err(lost_blas()),
+            };
+        }
         if segs.len() == 1 && dtype == DataType::F32 && m >= BLAS_MIN_ROWS {
             let (wp, bp, yp) = (first.w, first.b, first.y);
             if self.sgemm(xp, wp, yp, m, n, k, acc)? {
@@ -498,7 +593,7 @@ impl Linear {
         if quant_act
             && tc_weight
             && m >= TC_MIN_ROWS
-            && self.tensor_core(prev, xp, m, k, segs, acc)?
+            && self.tensor_core(prev, xp, m, k, segs, acc, io)?
         {
             return Ok(());
         }

@@ -54,3 +54,21 @@ extern "C" __global__ void rotary_f32(float* x, const int* pos, const float* inv
             }
     }
 }
+
+// The cos/sin of every (row, pair) angle of modes 0 and 1, formed exactly as rotary_f32 forms
+// them (same expressions, so the same bits), into tables [s, rot/2] that every layer of a step
+// then reads (mode 2) instead of evaluating pow/cos/sin in double again.
+extern "C" __global__ void rotary_tables_f32(const int* pos, const float* inv_freq, int s, int rot, float theta,
+                                             int mode, float* cosv, float* sinv) {
+    pdl_begin();
+    int half = rot / 2;
+    long total = (long)s * half;
+    for (long id = (long)blockIdx.x * blockDim.x + threadIdx.x; id < total; id += (long)gridDim.x * blockDim.x) {
+        int i = (int)(id % half);
+        long t = id / half;
+        double f = mode == 1 ? (double)inv_freq[i] : pow((double)theta, -2.0 * i / (double)rot);
+        double a = (double)pos[t] * f;
+        cosv[id] = (float)cos(a);
+        sinv[id] = (float)sin(a);
+    }
+}

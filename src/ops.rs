@@ -241,14 +241,46 @@ pub struct RotaryParams<'a> {
     pub style: RotaryStyle,
     /// Base.
     pub theta: f32,
+    /// `cos`/`sin` tables [s, rotary_dim/2] of these positions ([`rotary_tables`]): when set,
+    /// the rotation reads them instead of forming the angles.
+    pub tables: Option<(&'a Data, &'a Data)>,
 }
 
-/// Rotary embedding of `x` [s, heads, hd], in place.
-pub fn rotary(e: &Executor, x: &mut Data, p: &RotaryParams) -> Result<()> {
+/// The `cos`/`sin` tables [s, rotary_dim/2] of `p`'s positions (`RotaryTables`, GPU only: call it
+/// where the first device has the op), for [`RotaryParams::tables`].
+pub fn rotary_tables(e: &Executor, p: &RotaryParams, cos: &mut Data, sin: &mut Data) -> Result<()> {
     let mut d = DataDict::new().with("positions", p.positions);
     if let Some(f) = p.inv_freq {
         d.insert("inv_freq", f);
     }
+    d.insert_mut("cos", cos);
+    d.insert_mut("sin", sin);
+    e.run(
+        "RotaryTables",
+        &mut d,
+        &FloatDict::new().with("theta", p.theta),
+        &IntDict::new().with("rotary_dim", p.rotary_dim as i32),
+    )
+}
+
+/// The inputs that give a rotation its angles: the tables, or the positions (and inverse
+/// frequencies).
+fn rotary_inputs<'a>(p: &RotaryParams<'a>) -> DataDict<'a> {
+    match p.tables {
+        Some((c, s)) => DataDict::new().with("cos", c).with("sin", s),
+        None => {
+            let mut d = DataDict::new().with("positions", p.positions);
+            if let Some(f) = p.inv_freq {
+                d.insert("inv_freq", f);
+            }
+            d
+        }
+    }
+}
+
+/// Rotary embedding of `x` [s, heads, hd], in place.
+pub fn rotary(e: &Executor, x: &mut Data, p: &RotaryParams) -> Result<()> {
+    let mut d = rotary_inputs(p);
     d.insert_mut("input", x);
     e.run(
         "RotaryEmbedding",
@@ -263,10 +295,7 @@ pub fn rotary(e: &Executor, x: &mut Data, p: &RotaryParams) -> Result<()> {
 /// [`rotary`] of `q` and `k` (same rows and head size) in one call (`input1`); only devices that
 /// accept `input1` (the CUDA device) take it.
 pub fn rotary_pair(e: &Executor, q: &mut Data, k: &mut Data, p: &RotaryParams) -> Result<()> {
-    let mut d = DataDict::new().with("positions", p.positions);
-    if let Some(f) = p.inv_freq {
-        d.insert("inv_freq", f);
-    }
+    let mut d = rotary_inputs(p);
     d.insert_mut("input", q);
     d.insert_mut("input1", k);
     e.run(

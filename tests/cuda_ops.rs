@@ -1496,13 +1496,51 @@ fn rotary_of_two_inputs_in_one_call_matches_two_calls() {
             d.insert_mut("input1", &mut dk);
             cuda.run("RotaryEmbedding", &mut d, &fl, &ints).unwrap();
         }
-        for (t, r) in [dq, dk].iter().zip(&want) {
+        for (t, r) in [&dq, &dk].iter().zip(&want) {
             let (e, bad) = nmse(&t.to_owned_host().unwrap().to_f32_vec().unwrap(), r);
             assert!(
                 !bad && e < 1e-12,
                 "s={s} hq={hq} hk={hk} hd={hd} rot={rot}: nmse {e:.3e}"
             );
         }
+        // the step's cos/sin tables (`RotaryTables`) give the same bits as the angles formed
+        // in the kernel
+        let (mut cs, mut sn) = (Data::empty(DataType::F32), Data::empty(DataType::F32));
+        {
+            let mut d = DataDict::new().with("positions", &dpos);
+            if inv {
+                d.insert("inv_freq", &dfreqs);
+            }
+            d.insert_mut("cos", &mut cs);
+            d.insert_mut("sin", &mut sn);
+            cuda.run("RotaryTables", &mut d, &fl, &ints).unwrap();
+        }
+        assert_eq!(cs.dims(), &[s, rot / 2]);
+        let (mut tq, mut tk) = (dev.upload(&q).unwrap(), dev.upload(&k).unwrap());
+        {
+            let mut d = DataDict::new().with("cos", &cs).with("sin", &sn);
+            d.insert_mut("input", &mut tq);
+            d.insert_mut("input1", &mut tk);
+            cuda.run("RotaryEmbedding", &mut d, &fl, &ints).unwrap();
+        }
+        for (a, b) in [(&tq, &dq), (&tk, &dk)] {
+            assert_eq!(
+                a.to_owned_host().unwrap().to_f32_vec().unwrap(),
+                b.to_owned_host().unwrap().to_f32_vec().unwrap(),
+                "s={s} rot={rot} inv={inv}: tables differ from the kernel's own angles"
+            );
+        }
+        // an odd rotary_dim is an error, not a launch
+        let mut d = DataDict::new().with("positions", &dpos);
+        d.insert_mut("cos", &mut cs);
+        d.insert_mut("sin", &mut sn);
+        let bad_rot = cuda.run(
+            "RotaryTables",
+            &mut d,
+            &fl,
+            &IntDict::new().with("rotary_dim", 7),
+        );
+        assert!(bad_rot.is_err(), "rotary_dim 7 must be refused");
     }
 }
 

@@ -120,6 +120,9 @@ struct Scratch {
     bufs: Vec<Data>,
 }
 
+/// Working tensors of one step through the layer stack ([`Model::layers`]).
+const SCRATCH_BUFS: usize = 14;
+
 impl Scratch {
     fn take(&mut self, n: usize) -> Vec<Data> {
         while self.bufs.len() < n {
@@ -166,6 +169,9 @@ pub struct Model {
     /// projection reads that as it is (no f32 round trip of the widest activations).
     /// `FASTLLM_HALF_MLP=0` turns it off (A/B runs).
     half_mlp: bool,
+    /// The first device has `RotaryTables`: a step forms its RoPE cos/sin once for all layers.
+    /// `FASTLLM_ROPE_TABLES=0` turns it off (A/B runs).
+    rope_tables: bool,
     /// Unique per model in this process: a cache's recorded decode step is only replayed by
     /// the model that recorded it (the recording holds that model's weight addresses).
     id: u64,
@@ -299,6 +305,8 @@ impl Model {
         } else {
             OutputCopy::None
         };
+        let rope_tables = first_has("RotaryTables")
+            && std::env::var("FASTLLM_ROPE_TABLES").map_or(true, |v| v.trim() != "0");
         let half_mlp = fused_silu_mul
             && matches!(prefill_copy, OutputCopy::F16 | OutputCopy::Bf16)
             && std::env::var("FASTLLM_HALF_MLP").map_or(true, |v| v.trim() != "0");
@@ -318,6 +326,7 @@ impl Model {
             norm_quantizes,
             prefill_copy,
             half_mlp,
+            rope_tables,
             id: next_model_id(),
         })
     }
@@ -388,6 +397,7 @@ impl Model {
             norm_quantizes: false,
             prefill_copy: OutputCopy::None,
             half_mlp: false,
+            rope_tables: false,
             id: next_model_id(),
         })
     }
@@ -569,7 +579,11 @@ impl Model {
     /// on the tensor-core path, else [`OutputCopy::None`].
     fn half_mlp_for(&self, rows: usize, down: &str) -> Result<OutputCopy> {
         let copy = self.copy_for(rows);
-        if !self.half_mlp || !matches!(copy, OutputCopy::F16 | OutputCopy::Bf16) {
+        // (low-memory mode would read the weight from the file just to see its dtype)
+        if !self.half_mlp
+            || self.weights.low_memory()
+            || !matches!(copy, OutputCopy::F16 | OutputCopy::Bf16)
+        {
             return Ok(OutputCopy::None);
         }
         let w = self.weights.get(&format!("{down}.weight"))?;
@@ -706,7 +720,9 @@ impl Model {
                     model: self.id,
                     ids: dev.upload(&one)?,
                     pos: dev.upload(&one)?,
-                    bufs: (0..12).map(|_| Data::empty(DataType::F32)).collect(),
+                    bufs: (0..SCRATCH_BUFS)
+                        .map(|_| Data::empty(DataType::F32))
+                        .collect(),
                     workspace: Data::empty(DataType::F32),
                     logits: Data::empty(DataType::F32),
                     next: Data::empty(DataType::I32),
@@ -1195,7 +1211,7 @@ impl Model {
             }
             _ => pos,
         };
-        let mut sc = scratch.take(12);
+        let mut sc = scratch.take(SCRATCH_BUFS);
         let mut logits = Data::empty(DataType::F32);
         let r = self.layers(&ids, &pos, logit_rows, kv, &mut sc, &mut logits, false);
         scratch.give(sc);
@@ -1218,7 +1234,7 @@ impl Model {
         let c = &self.config;
         let e = &self.exec;
         let s = ids.dim(0);
-        let [x, h, q, k, v, a, b, g, t0, t1, t2, _] = sc else {
+        let [x, h, q, k, v, a, b, g, t0, t1, t2, _, rope_cos, rope_sin] = sc else {
             return Err(Error::invalid("scratch"));
         };
         {
@@ -1251,6 +1267,22 @@ impl Model {
             std::mem::swap(x, t0);
         }
 
+        // the rotation's angles: formed once for the step where the device keeps tables
+        let mut rope = RotaryParams {
+            positions: pos,
+            inv_freq: self.inv_freq.as_ref(),
+            rotary_dim: c.rope_dim,
+            style: match c.rope_style {
+                RopeStyle::Neox => RotaryStyle::Neox,
+                RopeStyle::Interleaved => RotaryStyle::Interleaved,
+            },
+            theta: c.rope_theta,
+            tables: None,
+        };
+        if self.rope_tables && self.spec.positions == Positions::Rope {
+            ops::rotary_tables(e, &rope, rope_cos, rope_sin)?;
+            rope.tables = Some((&*rope_cos, &*rope_sin));
+        }
         let (nh, nkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
         let scale = if c.query_pre_attn_scalar > 0.0 {
             1.0 / c.query_pre_attn_scalar.sqrt()
@@ -1303,21 +1335,11 @@ impl Model {
                 std::mem::swap(k, t0);
             }
             if self.spec.positions == Positions::Rope {
-                let rp = RotaryParams {
-                    positions: pos,
-                    inv_freq: self.inv_freq.as_ref(),
-                    rotary_dim: c.rope_dim,
-                    style: match c.rope_style {
-                        RopeStyle::Neox => RotaryStyle::Neox,
-                        RopeStyle::Interleaved => RotaryStyle::Interleaved,
-                    },
-                    theta: c.rope_theta,
-                };
                 if self.multi_linear {
-                    ops::rotary_pair(e, q, k, &rp)?;
+                    ops::rotary_pair(e, q, k, &rope)?;
                 } else {
-                    ops::rotary(e, q, &rp)?;
-                    ops::rotary(e, k, &rp)?;
+                    ops::rotary(e, q, &rope)?;
+                    ops::rotary(e, k, &rope)?;
                 }
             }
             let sliding = c.sliding_layers.get(i).copied().unwrap_or(false);

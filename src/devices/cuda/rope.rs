@@ -3,8 +3,12 @@
 //! mutable tensor `input1` [s, heads1, hd] (same rows and head size) is rotated in the same
 //! launch with the same positions (a decode step's keys along with its queries); the CPU
 //! devices do not take it, so only callers that know the device has it pass it.
+//!
+//! `RotaryTables` (GPU only): the `cos`/`sin` tables [s, rot/2] of a step's positions, formed
+//! with the same double-precision expressions as the kernel's own angles, so a model computes
+//! them once per step and every layer's `RotaryEmbedding` reads them (bit-equal results).
 
-use super::buffer::dptr;
+use super::buffer::{dptr, ensure_out};
 use super::gpu::{int, Gpu, KArg};
 use super::{all_f32, op_err};
 use crate::data::DataType;
@@ -15,6 +19,83 @@ use std::sync::Arc;
 /// Registers this family's operators.
 pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>) {
     ops.insert("RotaryEmbedding", Box::new(Rotary(gpu.clone())));
+    ops.insert("RotaryTables", Box::new(RotaryTables(gpu.clone())));
+}
+
+/// `RotaryTables`: `cos`, `sin` [s, rot/2] (F32) of `positions` (I32 [s]) with `inv_freq`
+/// [rot/2] or `theta` (module doc).
+struct RotaryTables(Arc<Gpu>);
+
+impl RotaryTables {
+    /// (s, rot) after validating the arguments.
+    fn shape(d: &DataDict, i: &IntDict) -> Result<(usize, usize)> {
+        const OP: &str = "RotaryTables";
+        let s = d.require(OP, "positions")?.count();
+        let rot = usize::try_from(i.get_or("rotary_dim", 0)).unwrap_or(0);
+        if rot == 0 || rot % 2 != 0 {
+            return Err(op_err(
+                OP,
+                format!("rotary_dim {rot} must be even and positive"),
+            ));
+        }
+        if let Some(f) = d.get("inv_freq") {
+            if f.count() < rot / 2 {
+                return Err(op_err(
+                    OP,
+                    format!("inv_freq {:?} needs {} entries", f.dims(), rot / 2),
+                ));
+            }
+        }
+        Ok((s, rot))
+    }
+}
+
+impl Operator for RotaryTables {
+    fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
+        d.dtype("positions") == Some(DataType::I32)
+            && d.get("positions").is_some_and(|p| p.is_contiguous())
+            && all_f32(d, &["inv_freq"])
+    }
+    fn reshape(&self, d: &mut DataDict, _: &FloatDict, i: &IntDict) -> Result<()> {
+        let (s, rot) = Self::shape(d, i)?;
+        for name in ["cos", "sin"] {
+            ensure_out(
+                &self.0,
+                d.require_mut("RotaryTables", name)?,
+                DataType::F32,
+                &[s, rot / 2],
+            )?;
+        }
+        Ok(())
+    }
+    fn run(&self, d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<()> {
+        let (s, rot) = Self::shape(d, i)?;
+        if s == 0 {
+            return Ok(());
+        }
+        let pos = dptr(d.require("RotaryTables", "positions")?, "positions")?;
+        let inv = match d.get("inv_freq") {
+            Some(t) => dptr(t, "inv_freq")?,
+            None => 0,
+        };
+        let cp = dptr(d.require("RotaryTables", "cos")?, "cos")?;
+        let sp = dptr(d.require("RotaryTables", "sin")?, "sin")?;
+        self.0.launch(
+            "rotary_tables_f32",
+            Gpu::grid_for(s * (rot / 2), 256),
+            256,
+            &[
+                KArg::Ptr(pos),
+                KArg::Ptr(inv),
+                int(s, "rows")?,
+                int(rot, "rotary_dim")?,
+                KArg::F32(f.get_or("theta", 10000.0)),
+                KArg::I32((inv != 0) as i32),
+                KArg::Ptr(cp),
+                KArg::Ptr(sp),
+            ],
+        )
+    }
 }
 
 struct Rotary(Arc<Gpu>);

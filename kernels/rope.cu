@@ -9,6 +9,15 @@
 // the queries).
 #define ROPE_HEADS 8
 
+// cos and sin of pair i's angle at position p (modes 0 and 1), formed in double.
+__device__ __forceinline__ void rope_angle(long p, const float* inv_freq, int i, int rot, float theta, int mode,
+                                           float& c, float& sn) {
+    double f = mode == 1 ? (double)inv_freq[i] : pow((double)theta, -2.0 * i / (double)rot);
+    double a = (double)p * f;
+    c = (float)cos(a);
+    sn = (float)sin(a);
+}
+
 extern "C" __global__ void rotary_f32(float* x, const int* pos, const float* inv_freq, const float* cosv,
                                       const float* sinv, int s, int heads, int hd, int rot, int style,
                                       float theta, int mode, float* x2, int heads2) {
@@ -26,10 +35,7 @@ extern "C" __global__ void rotary_f32(float* x, const int* pos, const float* inv
             c = cosv[(long)t * half + i];
             sn = sinv[(long)t * half + i];
         } else {
-            double f = mode == 1 ? (double)inv_freq[i] : pow((double)theta, -2.0 * i / (double)rot);
-            double a = (double)pos[t] * f;
-            c = (float)cos(a);
-            sn = (float)sin(a);
+            rope_angle(pos[t], inv_freq, i, rot, theta, mode, c, sn);
         }
         int ia = style == 0 ? i : 2 * i;
         int ib = style == 0 ? i + half : 2 * i + 1;
@@ -55,9 +61,9 @@ extern "C" __global__ void rotary_f32(float* x, const int* pos, const float* inv
     }
 }
 
-// The cos/sin of every (row, pair) angle of modes 0 and 1, formed exactly as rotary_f32 forms
-// them (same expressions, so the same bits), into tables [s, rot/2] that every layer of a step
-// then reads (mode 2) instead of evaluating pow/cos/sin in double again.
+// The cos/sin of every (row, pair) angle of modes 0 and 1, formed by rotary_f32's rope_angle
+// (so the same bits), into tables [s, rot/2] that every layer of a step then reads (mode 2)
+// instead of evaluating pow/cos/sin in double again.
 extern "C" __global__ void rotary_tables_f32(const int* pos, const float* inv_freq, int s, int rot, float theta,
                                              int mode, float* cosv, float* sinv) {
     pdl_begin();
@@ -65,10 +71,6 @@ extern "C" __global__ void rotary_tables_f32(const int* pos, const float* inv_fr
     long total = (long)s * half;
     for (long id = (long)blockIdx.x * blockDim.x + threadIdx.x; id < total; id += (long)gridDim.x * blockDim.x) {
         int i = (int)(id % half);
-        long t = id / half;
-        double f = mode == 1 ? (double)inv_freq[i] : pow((double)theta, -2.0 * i / (double)rot);
-        double a = (double)pos[t] * f;
-        cosv[id] = (float)cos(a);
-        sinv[id] = (float)sin(a);
+        rope_angle(pos[id / half], inv_freq, i, rot, theta, mode, cosv[id], sinv[id]);
     }
 }

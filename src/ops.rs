@@ -2,7 +2,7 @@
 //! compile errors. Each function is one op call with fastllm's argument names (see `docs/ops.md`).
 //! The string-keyed `Executor::run` stays the public path for custom models (C ABI, Python).
 
-use crate::data::Data;
+use crate::data::{Data, DataType};
 use crate::device::{DataDict, FloatDict, IntDict};
 use crate::error::Result;
 use crate::executor::Executor;
@@ -174,6 +174,19 @@ pub enum OutputCopy {
 }
 
 impl OutputCopy {
+    /// The half form a tensor-core `Linear` (CUDA, `fast` precision) reads and writes with a
+    /// weight of dtype `w` and `k` inputs: bf16 for BF16 weights, f16 for F16 weights and for
+    /// block weights of whole 32-value blocks, [`OutputCopy::None`] for anything else (no
+    /// tensor-core path).
+    pub fn tensor_core_form(w: DataType, k: usize) -> OutputCopy {
+        match w {
+            DataType::BF16 => OutputCopy::Bf16,
+            DataType::F16 => OutputCopy::F16,
+            t if t.is_quantized() && k.is_multiple_of(32) => OutputCopy::F16,
+            _ => OutputCopy::None,
+        }
+    }
+
     /// The `quantize_output` parameter value (0 … 3).
     pub fn param(self) -> i32 {
         match self {
@@ -249,10 +262,7 @@ pub struct RotaryParams<'a> {
 /// The `cos`/`sin` tables [s, rotary_dim/2] of `p`'s positions (`RotaryTables`, GPU only: call it
 /// where the first device has the op), for [`RotaryParams::tables`].
 pub fn rotary_tables(e: &Executor, p: &RotaryParams, cos: &mut Data, sin: &mut Data) -> Result<()> {
-    let mut d = DataDict::new().with("positions", p.positions);
-    if let Some(f) = p.inv_freq {
-        d.insert("inv_freq", f);
-    }
+    let mut d = angle_inputs(p);
     d.insert_mut("cos", cos);
     d.insert_mut("sin", sin);
     e.run(
@@ -268,14 +278,17 @@ pub fn rotary_tables(e: &Executor, p: &RotaryParams, cos: &mut Data, sin: &mut D
 fn rotary_inputs<'a>(p: &RotaryParams<'a>) -> DataDict<'a> {
     match p.tables {
         Some((c, s)) => DataDict::new().with("cos", c).with("sin", s),
-        None => {
-            let mut d = DataDict::new().with("positions", p.positions);
-            if let Some(f) = p.inv_freq {
-                d.insert("inv_freq", f);
-            }
-            d
-        }
+        None => angle_inputs(p),
     }
+}
+
+/// The positions (and inverse frequencies) the angles are formed from.
+fn angle_inputs<'a>(p: &RotaryParams<'a>) -> DataDict<'a> {
+    let mut d = DataDict::new().with("positions", p.positions);
+    if let Some(f) = p.inv_freq {
+        d.insert("inv_freq", f);
+    }
+    d
 }
 
 /// Rotary embedding of `x` [s, heads, hd], in place.

@@ -2097,6 +2097,7 @@ fn decode_attention_q8_output_gives_the_same_projection() {
 /// it came from; `SiluMul` on half inputs rounds silu(g)·u once.
 #[test]
 fn half_outputs_and_inputs_of_linear_and_silu_mul() {
+    use fastllm::ops::OutputCopy;
     let Some(dev) = gpu() else { return };
     let cuda = cuda_executor(&dev);
     let mut rng = CaseRng::new(29);
@@ -2115,41 +2116,38 @@ fn half_outputs_and_inputs_of_linear_and_silu_mul() {
         );
         worst
     };
-    let linear = |x: &Data, ws: &[&Data], b: Option<&Data>, ints: IntDict| -> Vec<Data> {
+    // fast-precision Linear of one input and `ws` (a bias on the first), asking for `copy`
+    let linear = |x: &Data, ws: &[&Data], b: Option<&Data>, copy: OutputCopy| -> Vec<Data> {
         let mut outs: Vec<Data> = ws.iter().map(|_| Data::empty(DataType::F32)).collect();
-        {
-            let mut d = DataDict::new().with("input", x);
-            const NAMES: [(&str, &str); 3] = [
-                ("weight", "output"),
-                ("weight1", "output1"),
-                ("weight2", "output2"),
-            ];
-            for (i, ((w, o), (wn, on))) in ws.iter().zip(outs.iter_mut()).zip(NAMES).enumerate() {
-                d.insert(wn, w);
-                if let (Some(b), 0) = (b, i) {
-                    d.insert("bias", b);
-                }
-                d.insert_mut(on, o);
-            }
-            cuda.run("Linear", &mut d, &FloatDict::new(), &ints)
-                .unwrap();
-        }
+        let mut parts: Vec<(&Data, Option<&Data>, &mut Data)> = ws
+            .iter()
+            .zip(outs.iter_mut())
+            .enumerate()
+            .map(|(i, (w, o))| (*w, b.filter(|_| i == 0), o))
+            .collect();
+        fastllm::ops::linear_multi_as(&cuda, x, &mut parts, true, copy).unwrap();
+        drop(parts);
         outs
     };
     let mut cases = 0;
-    for (wt, half, param, rel) in [
-        (DataType::F16, DataType::F16, 2, 1.0 / 2048.0),
-        (DataType::Q4_0, DataType::F16, 2, 1.0 / 2048.0),
-        (DataType::Q8_0, DataType::F16, 2, 1.0 / 2048.0),
-        (DataType::BF16, DataType::BF16, 3, 1.0 / 256.0),
+    for (wt, half, copy, rel) in [
+        (DataType::F16, DataType::F16, OutputCopy::F16, 1.0 / 2048.0),
+        (DataType::Q4_0, DataType::F16, OutputCopy::F16, 1.0 / 2048.0),
+        (DataType::Q8_0, DataType::F16, OutputCopy::F16, 1.0 / 2048.0),
+        (
+            DataType::BF16,
+            DataType::BF16,
+            OutputCopy::Bf16,
+            1.0 / 256.0,
+        ),
     ] {
         for (m, k, n) in [(40usize, 256usize, 96usize), (16, 4096, 200), (5, 256, 64)] {
             let x = dev.upload(&rng.data(DataType::F32, &[m, k])).unwrap();
             let w0 = dev.upload(&rng.data(wt, &[n, k])).unwrap();
             let w1 = dev.upload(&rng.data(wt, &[n + 8, k])).unwrap();
-            let fast = || IntDict::new().with("quant_act", 1);
-            let f32s = linear(&x, &[&w0, &w1], None, fast());
-            let halves = linear(&x, &[&w0, &w1], None, fast().with("half_output", param));
+            let none = OutputCopy::None;
+            let f32s = linear(&x, &[&w0, &w1], None, none);
+            let halves = linear(&x, &[&w0, &w1], None, copy);
             for (h, f) in halves.iter().zip(&f32s) {
                 let want_dt = if m >= 16 { half } else { DataType::F32 };
                 assert_eq!(h.dtype(), want_dt, "{wt:?} m {m}: output dtype");
@@ -2163,7 +2161,7 @@ fn half_outputs_and_inputs_of_linear_and_silu_mul() {
             }
             // a bias or accumulate keeps f32 outputs
             let b = dev.upload(&rng.data(DataType::F32, &[n])).unwrap();
-            let with_bias = linear(&x, &[&w0], Some(&b), fast().with("half_output", param));
+            let with_bias = linear(&x, &[&w0], Some(&b), copy);
             assert_eq!(with_bias[0].dtype(), DataType::F32, "{wt:?}: bias");
             if m >= 16 {
                 // a half input equal to the f32 one after rounding: the same bits out
@@ -2176,8 +2174,8 @@ fn half_outputs_and_inputs_of_linear_and_silu_mul() {
                 .unwrap();
                 let xr = Data::from_f32(&[m, k], &xh.to_f32_vec().unwrap()).unwrap();
                 let (xh, xr) = (dev.upload(&xh).unwrap(), dev.upload(&xr).unwrap());
-                let from_half = linear(&xh, &[&w0, &w1], None, fast());
-                let from_f32 = linear(&xr, &[&w0, &w1], None, fast());
+                let from_half = linear(&xh, &[&w0, &w1], None, none);
+                let from_f32 = linear(&xr, &[&w0, &w1], None, none);
                 for (a, b) in from_half.iter().zip(&from_f32) {
                     assert_eq!(a.dtype(), DataType::F32);
                     assert_eq!(
@@ -2187,7 +2185,7 @@ fn half_outputs_and_inputs_of_linear_and_silu_mul() {
                     );
                 }
                 // and half in, half out (the down projection never does this, a chain could)
-                let hh = linear(&xh, &[&w0], None, fast().with("half_output", param));
+                let hh = linear(&xh, &[&w0], None, copy);
                 assert_eq!(hh[0].dtype(), half);
                 // a half input of the other form, or without quant_act, is not taken
                 let mut y = Data::empty(DataType::F32);
@@ -2235,5 +2233,18 @@ fn half_outputs_and_inputs_of_linear_and_silu_mul() {
             cases += 1;
         }
     }
+    // inputs of different dtypes are an error, not a silent reinterpretation
+    let g = dev.upload(&rng.data(DataType::F16, &[4, 64])).unwrap();
+    let u = dev.upload(&rng.data(DataType::F32, &[4, 64])).unwrap();
+    let mut y = Data::empty(DataType::F32);
+    let mut d = DataDict::new()
+        .with("input0", &g)
+        .with("input1", &u)
+        .with_mut("output", &mut y);
+    let mixed = cuda.run("SiluMul", &mut d, &FloatDict::new(), &IntDict::new());
+    assert!(
+        mixed.is_err(),
+        "SiluMul of F16 and F32 inputs must be refused"
+    );
     println!("half-precision Linear/SiluMul: {cases} cases");
 }

@@ -297,11 +297,9 @@ impl Model {
                 Mlp::Gated(_, _, dn) | Mlp::GatedFused(_, dn) | Mlp::Plain(_, dn) => dn,
             };
             let name = format!("{}0.{down}.weight", spec.layer_prefix);
-            match weights.get(&name).map(|w| w.dtype()) {
-                Ok(DataType::BF16) => OutputCopy::Bf16,
-                Ok(DataType::F32) | Err(_) => OutputCopy::None,
-                Ok(_) => OutputCopy::F16,
-            }
+            weights.get(&name).map_or(OutputCopy::None, |w| {
+                OutputCopy::tensor_core_form(w.dtype(), w.dims().get(1).copied().unwrap_or(0))
+            })
         } else {
             OutputCopy::None
         };
@@ -587,13 +585,7 @@ impl Model {
             return Ok(OutputCopy::None);
         }
         let w = self.weights.get(&format!("{down}.weight"))?;
-        let k = w.dims().get(1).copied().unwrap_or(0);
-        let form = match w.dtype() {
-            DataType::BF16 => OutputCopy::Bf16,
-            DataType::F16 => OutputCopy::F16,
-            t if t.is_quantized() && k % 32 == 0 => OutputCopy::F16,
-            _ => OutputCopy::None,
-        };
+        let form = OutputCopy::tensor_core_form(w.dtype(), w.dims().get(1).copied().unwrap_or(0));
         Ok(if form == copy { copy } else { OutputCopy::None })
     }
 

@@ -38,6 +38,7 @@ use super::op_err;
 use crate::data::DataType;
 use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
 use crate::error::{Error, Result};
+use crate::ops::OutputCopy;
 use std::sync::{Arc, Mutex};
 
 /// Registers this family's operators.
@@ -97,15 +98,10 @@ struct Linear {
     tc_scratch: Mutex<Option<CudaBuffer>>,
 }
 
-/// The activation form the tensor-core path uses with this weight dtype (`k` values per row):
-/// bf16 for BF16 weights, f16 for F16 and for block weights with whole 32-value blocks.
+/// The activation form the tensor-core path uses with this weight dtype (`k` values per row),
+/// as the model expects it ([`OutputCopy::tensor_core_form`]).
 fn tc_form(w: DataType, k: usize) -> Option<ActForm> {
-    match w {
-        DataType::BF16 => Some(ActForm::Bf16),
-        DataType::F16 => Some(ActForm::F16),
-        t if t.is_quantized() && k.is_multiple_of(32) => Some(ActForm::F16),
-        _ => None,
-    }
+    ActForm::from_param(OutputCopy::tensor_core_form(w, k).param())
 }
 
 /// The half form of an activation dtype (`None` for anything else).
@@ -128,40 +124,33 @@ fn align256(v: usize) -> usize {
 }
 
 impl Linear {
-    /// Whether a half input of `form` can be read as it is: the tensor-core conditions (module
-    /// doc) with the weight's form equal to the input's.
+    /// The half form of a product of `rows` rows with weight dtype `w` when it takes the
+    /// tensor-core path (`quant_act`, cuBLAS, at least [`TC_MIN_ROWS`] rows), else `None`.
+    fn tc_half(&self, i: &IntDict, w: DataType, rows: usize, k: usize) -> Option<ActForm> {
+        let tc = i.get_or("quant_act", 0) != 0 && self.gpu.blas().is_some() && rows >= TC_MIN_ROWS;
+        tc.then(|| tc_form(w, k)).flatten()
+    }
+
+    /// Whether a half input of `form` can be read as it is: the tensor-core path with the
+    /// weight's form equal to the input's.
     fn half_input_ok(&self, d: &DataDict, i: &IntDict, form: ActForm) -> bool {
         let (Some(x), Some(w)) = (d.get("input"), d.dtype("weight")) else {
             return false;
         };
         let k = x.dim(-1);
-        i.get_or("quant_act", 0) != 0
-            && self.gpu.blas().is_some()
-            && tc_form(w, k) == Some(form)
-            && x.count() / k.max(1) >= TC_MIN_ROWS
+        self.tc_half(i, w, x.count() / k.max(1), k) == Some(form)
     }
 
     /// The outputs' dtype: F16/BF16 when `half_output` asks for the weight's tensor-core form
     /// and this product takes that path without bias or `accumulate`; F32 otherwise.
     fn output_dtype(&self, d: &DataDict, i: &IntDict, rows: usize, k: usize) -> DataType {
         let asked = ActForm::from_param(i.get_or("half_output", 0));
-        let form = d.dtype("weight").and_then(|w| tc_form(w, k));
         let plain =
             SEGMENTS.iter().all(|(_, bn, _)| !d.contains(bn)) && i.get_or("accumulate", 0) == 0;
+        let form = d.dtype("weight").and_then(|w| self.tc_half(i, w, rows, k));
         match asked {
-            Some(a @ (ActForm::F16 | ActForm::Bf16))
-                if Some(a) == form
-                    && plain
-                    && rows >= TC_MIN_ROWS
-                    && i.get_or("quant_act", 0) != 0
-                    && self.gpu.blas().is_some() =>
-            {
-                if a == ActForm::Bf16 {
-                    DataType::BF16
-                } else {
-                    DataType::F16
-                }
-            }
+            Some(ActForm::F16) if plain && form == asked => DataType::F16,
+            Some(ActForm::Bf16) if plain && form == asked => DataType::BF16,
             _ => DataType::F32,
         }
     }

@@ -44,14 +44,16 @@ __device__ __forceinline__ void pdl_launch() {
 
 // Start of a kernel that reads no data before waiting for its predecessor.
 __device__ __forceinline__ void pdl_begin() {
+    if (PDL_SMALL_EARLY == 2) pdl_launch();
     pdl_wait();
-    if (PDL_SMALL_EARLY) pdl_launch();
+    if (PDL_SMALL_EARLY == 1) pdl_launch();
 }
 
 // The wait of a GEMV (after it has issued its first weight loads when PDL_PREFETCH).
 __device__ __forceinline__ void pdl_gemv_begin() {
+    if (PDL_GEMV_EARLY == 2) pdl_launch();
     pdl_wait();
-    if (PDL_GEMV_EARLY) pdl_launch();
+    if (PDL_GEMV_EARLY == 1) pdl_launch();
 }
 
 __device__ __forceinline__ float h2f(unsigned short h) {

@@ -570,6 +570,204 @@ LINSBH(q8_0, DT_Q8_0)
 LINSBH(q4_0, DT_Q4_0)
 LINSBH(q4_1, DT_Q4_1)
 
+// ---- one-row GEMV streaming the weights through shared memory (compute capability >= 9.0) ----
+//
+// `linear_q8act_bulk{LPR}x{NI}_*`: each warp owns a ring of `slots` weight slots in shared
+// memory; lane 0 fills a slot with bulk copies (`cp.async.bulk`, completion counted by an
+// mbarrier per slot) of the RPW = 32 / LPR rows the warp dots next. The first `slots` row groups
+// are requested before the kernel waits for its predecessor, so the small GEMVs are in flight
+// (or already in shared memory) when the activations become ready, and the big ones keep
+// slots · RPW rows per warp outstanding without holding them in registers. A row is dotted by
+// LPR lanes, lane `sub` taking half superblocks sub, sub + LPR, ... (at most NI of them); the
+// partial sums meet in a fixed shuffle tree, so a row's result does not depend on the launch
+// (segments, grid). NI = 1: a lane's activations (4 Q8_0 blocks) live in registers; NI > 1:
+// the block stages the activation row in shared memory as `sbh` does. Warps stride over row
+// groups (warp gw takes groups gw, gw + warps in grid, ...); the host sizes the grid to the
+// blocks that fit on the GPU at once.
+
+// A shared-memory address as the 32-bit value the shared-state-space instructions take.
+__device__ __forceinline__ unsigned int smem_u32(const void* p) {
+    unsigned int a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void mbar_init(unsigned int bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+}
+
+// Arms the barrier's current phase for `bytes` of bulk copies (lane 0's single arrival).
+__device__ __forceinline__ void mbar_expect(unsigned int bar, unsigned int bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(unsigned int bar, unsigned int parity) {
+    unsigned int done = 0;
+    while (!done) {
+        asm volatile(
+            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    }
+}
+
+__device__ __forceinline__ void bulk_g2s(unsigned int dst, const void* src, unsigned int bytes, unsigned int bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
+// The weight row `row` of the launch (segment table sg), or null past the end.
+__device__ __forceinline__ const unsigned char* seg_row(const LinSegs& sg, int row, int ntot, long row_bytes) {
+    if (row >= ntot) return 0;
+    int si = row >= sg.n[0] ? (row >= sg.n[0] + sg.n[1] ? 2 : 1) : 0;
+    int j = row - (si > 0 ? sg.n[0] : 0) - (si > 1 ? sg.n[1] : 0);
+    return (si == 0 ? sg.w[0] : (si == 1 ? sg.w[1] : sg.w[2])) + (long)j * row_bytes;
+}
+
+// Lane 0: the rows of group g into slot `slot` (RPW rows of row_bytes each).
+template <int RPW>
+__device__ __forceinline__ void bulk_issue(const LinSegs& sg, int g, int ntot, long row_bytes, unsigned char* slot,
+                                           unsigned int bar) {
+    int nrow = min(RPW, ntot - g * RPW);
+    mbar_expect(bar, (unsigned int)(nrow * row_bytes));
+    for (int r = 0; r < nrow; r++)
+        bulk_g2s(smem_u32(slot + r * row_bytes), seg_row(sg, g * RPW + r, ntot, row_bytes), (unsigned int)row_bytes,
+                 bar);
+}
+#endif
+
+// Half superblock (4 blocks, HB bytes at 8-byte aligned shared address p) into register words.
+template <int DT>
+__device__ __forceinline__ void lds_hsb(const unsigned char* p, unsigned int* wd) {
+    constexpr int NW = blk_bytes<DT>();  // 4 blocks of BS bytes = BS words
+    if (NW % 4 == 0) {
+#pragma unroll
+        for (int v = 0; v < NW / 4; v++) {
+            uint4 t = ((const uint4*)p)[v];
+            wd[4 * v] = t.x;
+            wd[4 * v + 1] = t.y;
+            wd[4 * v + 2] = t.z;
+            wd[4 * v + 3] = t.w;
+        }
+    } else {
+#pragma unroll
+        for (int v = 0; v < NW / 2; v++) {
+            uint2 t = ((const uint2*)p)[v];
+            wd[2 * v] = t.x;
+            wd[2 * v + 1] = t.y;
+        }
+    }
+    wd[NW] = 0;
+}
+
+template <int DT, int LPR, int NI>
+__device__ void linear_q8act_bulk_t(const signed char* xq, const float2* xd, const LinSegs& sg, int ntot, int k,
+                                    long row_bytes, int slots, unsigned char* smem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int RPW = 32 / LPR;
+    constexpr int BS = blk_bytes<DT>();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int sub = lane & (LPR - 1), rw = lane / LPR;
+    const long nsb = k >> 8;
+    const int nhs = (int)(2 * nsb);
+    const long act_bytes = NI > 1 ? ((nsb * (272 + 72) + 15) & ~15L) : 0;
+    const long slot_bytes = RPW * row_bytes;
+    unsigned char* ring = smem + act_bytes + (long)warp * slots * slot_bytes;
+    unsigned long long* bars = (unsigned long long*)(smem + act_bytes + (long)nw * slots * slot_bytes) + warp * slots;
+    const int groups = (ntot + RPW - 1) / RPW;
+    const int gw = blockIdx.x * nw + warp, nwg = gridDim.x * nw;
+    if (lane == 0) {
+        for (int s = 0; s < slots; s++) mbar_init(smem_u32(bars + s));
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        for (int s = 0; s < slots && gw + s * nwg < groups; s++)
+            bulk_issue<RPW>(sg, gw + s * nwg, ntot, row_bytes, ring + s * slot_bytes, smem_u32(bars + s));
+    }
+    __syncwarp();
+    pdl_gemv_begin();
+    // this lane's activations: registers (NI = 1) or the block's staged row (NI > 1)
+    uint4 xa[4][2];
+    float2 xs[4];
+    const uint4* sx = (const uint4*)smem;
+    const float2* sxd = (const float2*)(sx + nsb * 17);
+    if (NI == 1) {
+        int hs = sub < nhs ? sub : 0;
+        long b0 = (long)(hs >> 1) * 8 + (hs & 1) * 4;
+#pragma unroll
+        for (int bb = 0; bb < 4; bb++) {
+            const uint4* xv = (const uint4*)(xq + (b0 + bb) * 32);
+            xa[bb][0] = xv[0];
+            xa[bb][1] = xv[1];
+            xs[bb] = xd[b0 + bb];
+        }
+    } else {
+        uint4* smx = (uint4*)smem;
+        for (long i = threadIdx.x; i < nsb * 16; i += blockDim.x) smx[(i >> 4) * 17 + (i & 15)] = ((const uint4*)xq)[i];
+        float2* sd = (float2*)(smx + nsb * 17);
+        for (long i = threadIdx.x; i < nsb * 8; i += blockDim.x) sd[(i >> 3) * 9 + (i & 7)] = xd[i];
+        __syncthreads();
+    }
+    for (int it = 0, g = gw; g < groups; it++, g += nwg) {
+        int s = it % slots;
+        mbar_wait(smem_u32(bars + s), (unsigned int)((it / slots) & 1));
+        int row = g * RPW + rw;
+        const unsigned char* wrow = ring + s * slot_bytes + rw * row_bytes;
+        float acc = 0.0f;
+        if (row < ntot) {
+#pragma unroll
+            for (int t = 0; t < NI; t++) {
+                int hs = sub + t * LPR;
+                if (hs < nhs) {
+                    unsigned int wd[BS + 1];
+                    lds_hsb<DT>(wrow + (long)hs * (4 * BS), wd);
+                    if (NI == 1) {
+#pragma unroll
+                        for (int bb = 0; bb < 4; bb++) acc += q8_block_dot<DT>(wd, bb * BS, xa[bb], xs[bb]);
+                    } else {
+                        long sb = hs >> 1;
+                        int b0 = (hs & 1) * 4;
+#pragma unroll
+                        for (int bb = 0; bb < 4; bb++)
+                            acc += q8_block_dot<DT>(wd, bb * BS, sx + sb * 17 + 2 * (b0 + bb), sxd[sb * 9 + b0 + bb]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int o = LPR >> 1; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (row < ntot && sub == 0) {
+            SEG_PICK(row)
+            y[j] = (sg.acc ? y[j] : 0.0f) + acc + (bias ? bias[j] : 0.0f);
+        }
+        __syncwarp();
+        int gn = g + slots * nwg;
+        if (lane == 0 && gn < groups) bulk_issue<RPW>(sg, gn, ntot, row_bytes, ring + s * slot_bytes, smem_u32(bars + s));
+    }
+#endif
+}
+
+#define LINBULK1(name, DT, LPR, NI) \
+    extern "C" __global__ void __launch_bounds__(256, 1) \
+        linear_q8act_bulk##LPR##x##NI##_##name(const signed char* xq, const float2* xd, LinSegs sg, int m, int ntot, \
+                                               int k, long rb, int slots) { \
+        extern __shared__ uint4 smb[]; \
+        linear_q8act_bulk_t<DT, LPR, NI>(xq, xd, sg, ntot, k, rb, slots, (unsigned char*)smb); \
+    }
+#define LINBULK(name, DT) \
+    LINBULK1(name, DT, 32, 1) \
+    LINBULK1(name, DT, 32, 2) \
+    LINBULK1(name, DT, 32, 3) \
+    LINBULK1(name, DT, 32, 4) \
+    LINBULK1(name, DT, 16, 1) \
+    LINBULK1(name, DT, 16, 2) \
+    LINBULK1(name, DT, 8, 1) \
+    LINBULK1(name, DT, 8, 2)
+LINBULK(q8_0, DT_Q8_0)
+LINBULK(q4_0, DT_Q4_0)
+LINBULK(q4_1, DT_Q4_1)
+
 // Resident blocks per SM promised by the one-row kernels (`sbx`): 4-bit weights keep a
 // 9-10 register-word superblock per lane, 8-bit ones 17, so they get different caps.
 #ifndef SBX4_MIN_BLOCKS

@@ -1255,7 +1255,9 @@ fn multi_weight_linear_equals_one_weight_at_a_time() {
         DataType::Q4_0,
         DataType::Q4_1,
     ] {
-        for k in [64usize, 96, 512, 4096] {
+        // 1536 and 2048: several rows per warp in the bulk one-row kernels, so a warp's rows
+        // can straddle two weights
+        for k in [64usize, 96, 512, 1536, 2048, 4096] {
             for m in [1usize, 3, 20] {
                 for quant_act in [0, 1] {
                     if dt.is_quantized() && k % 32 != 0 {
@@ -1825,6 +1827,9 @@ fn decode_kernels_launch_with_programmatic_dependent_launch() {
         "quantize_q8_f32",
         "linear_q8act_sbx_q4_0",
         "linear_q8act_sbh_q4_0",
+        "linear_q8act_bulk32x1_q4_0",
+        "linear_q8act_bulk32x4_q8_0",
+        "linear_q8act_bulk16x2_q4_1",
         "linear_q8act_sb_q8_0",
         "rotary_f32",
         "kv_write_f32",
@@ -1922,6 +1927,67 @@ fn norm_and_silu_mul_quantizing_for_the_next_linear_give_the_same_products() {
         }
     }
     println!("RMSNorm/SiluMul leaving Q8_0/f16/bf16 copies: {checked} cases, products bit-equal");
+}
+
+#[test]
+fn bulk_one_row_gemv_matches_the_reference_on_every_plan() {
+    let Some(dev) = gpu() else { return };
+    if dev.gpu().arch().0 < 9 {
+        println!("SKIPPED: bulk-copy GEMV needs compute capability >= 9.0");
+        return;
+    }
+    let cuda = cuda_executor(&dev);
+    let cpu = reference();
+    let mut rng = CaseRng::new(37);
+    // k: 8 lanes per row × 2 half superblocks each (1536), 16 lanes × 1 / 2 (2048 / 3072), 32
+    // lanes × 1 / 2 / 3 / 4 (4096, 8192, 8448, 14336); n = 1 (most warps idle), 9000 (warps
+    // reuse their slots), odd counts (a warp's last group short)
+    let shapes = [
+        (1536usize, 45usize),
+        (2048, 77),
+        (3072, 61),
+        (4096, 1),
+        (4096, 9000),
+        (8192, 150),
+        (8448, 40),
+        (14336, 300),
+    ];
+    let mut checked = 0;
+    for dt in [DataType::Q4_0, DataType::Q4_1, DataType::Q8_0] {
+        for (k, n) in shapes {
+            let w = rng.data(dt, &[n, k]);
+            let x = rng.data(DataType::F32, &[1, k]);
+            let b = rng.data(DataType::F32, &[n]);
+            let want = run_linear(&cpu, &x, &w, Some(&b), 1).to_f32_vec().unwrap();
+            let (xg, wg, bg) = (
+                dev.upload(&x).unwrap(),
+                dev.upload(&w).unwrap(),
+                dev.upload(&b).unwrap(),
+            );
+            // the bulk kernel (gemv_kernel = 3) and, for comparison, the register kernels
+            for kernel in [3, 1, 2] {
+                let mut y = Data::empty(DataType::F32);
+                let mut d = DataDict::new()
+                    .with("input", &xg)
+                    .with("weight", &wg)
+                    .with("bias", &bg)
+                    .with_mut("output", &mut y);
+                let ints = IntDict::new()
+                    .with("quant_act", 1)
+                    .with("gemv_kernel", kernel);
+                cuda.run("Linear", &mut d, &FloatDict::new(), &ints)
+                    .unwrap();
+                let got = y.to_owned_host().unwrap().to_f32_vec().unwrap();
+                let (e, bad) = nmse(&got, &want);
+                assert!(
+                    !bad && e < 1e-9,
+                    "{dt} k={k} n={n} gemv_kernel={kernel}: nmse {e:.2e}"
+                );
+                checked += 1;
+            }
+        }
+    }
+    println!("bulk one-row GEMV (and sbx/sbh): {checked} products match the reference");
 }
 
 #[test]

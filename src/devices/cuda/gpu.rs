@@ -36,12 +36,28 @@ pub struct Gpu {
     staging: Mutex<Option<cudarc::driver::PinnedHostSlice<u8>>>,
     /// Multiprocessors on the device (sizes the split-K decode attention grid).
     sms: usize,
+    /// Shared memory limits: (most one block may ask for after opting in, per multiprocessor,
+    /// reserved by the system per block), in bytes.
+    smem: SharedMemory,
+    /// Kernels whose dynamic shared-memory limit was raised to `smem.block_optin`.
+    big_smem: Mutex<HashSet<String>>,
     /// True while the stream records a CUDA graph: allocations, host copies and waits are
     /// refused then (they cannot be recorded), so a capture that would need them fails cleanly.
     capturing: AtomicBool,
     /// Bumped whenever an operator frees or replaces a scratch buffer that kernels read: a
     /// graph recorded under an older generation may point at freed memory and must not replay.
     generation: AtomicU64,
+}
+
+/// A device's shared-memory limits, in bytes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SharedMemory {
+    /// The most one block may use once its kernel opts in (at least the default 48 KiB).
+    pub block_optin: usize,
+    /// Per multiprocessor, shared by its resident blocks.
+    pub per_sm: usize,
+    /// Taken by the system from the multiprocessor's memory for every resident block.
+    pub reserved_per_block: usize,
 }
 
 /// A recorded CUDA graph of work on a [`Gpu`]'s stream, with the scratch generation it was
@@ -119,6 +135,14 @@ impl Gpu {
             )
             .map(|v| v.max(1) as usize)
             .unwrap_or(1);
+        let attr = |a| ctx.attribute(a).map(|v| v.max(0) as usize).unwrap_or(0);
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        let smem = SharedMemory {
+            block_optin: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+                .max(48 * 1024),
+            per_sm: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR),
+            reserved_per_block: attr(A::CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK),
+        };
         let arch = ctx
             .compute_capability()
             .map_err(|e| dev_err("compute capability", e))?;
@@ -149,6 +173,8 @@ impl Gpu {
             blas,
             staging: Mutex::new(None),
             sms,
+            smem,
+            big_smem: Mutex::new(HashSet::new()),
             capturing: AtomicBool::new(false),
             generation: AtomicU64::new(0),
         }))
@@ -157,6 +183,11 @@ impl Gpu {
     /// Number of multiprocessors.
     pub fn sms(&self) -> usize {
         self.sms
+    }
+
+    /// The device's shared-memory limits.
+    pub fn shared_memory(&self) -> SharedMemory {
+        self.smem
     }
 
     /// True while a graph is being recorded on the stream.
@@ -399,7 +430,8 @@ impl Gpu {
         self.launch_smem(name, grid, block, 0, args)
     }
 
-    /// [`Gpu::launch`] with `smem` bytes of dynamic shared memory per block (at most 48 KiB).
+    /// [`Gpu::launch`] with `smem` bytes of dynamic shared memory per block (more than 48 KiB
+    /// raises the kernel's limit to the device's opt-in maximum first).
     pub fn launch_smem(
         &self,
         name: &str,
@@ -408,15 +440,19 @@ impl Gpu {
         smem: u32,
         args: &[KArg],
     ) -> Result<()> {
-        if smem > 48 * 1024 {
+        if smem as usize > self.smem.block_optin {
             return Err(Error::invalid(format!(
-                "launch {name}: {smem} bytes of shared memory exceed 48 KiB"
+                "launch {name}: {smem} bytes of shared memory exceed this GPU's {} per block",
+                self.smem.block_optin
             )));
         }
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
         let f = self.function(name)?;
+        if smem > 48 * 1024 {
+            self.raise_smem_limit(name, &f)?;
+        }
         if self.pdl && self.pdl_kernels.get().is_some_and(|k| k.contains(name)) {
             return self.launch_pdl(name, &f, grid, block, smem, args);
         }
@@ -439,6 +475,25 @@ impl Gpu {
         // SAFETY: each operator validates sizes before launching and passes arguments that
         // match the kernel's signature in kernels/*.cu.
         unsafe { b.launch(cfg) }.map_err(|e| dev_err(&format!("launch {name}"), e))?;
+        Ok(())
+    }
+
+    /// Lets kernel `name` ask for up to the opt-in maximum of dynamic shared memory (once).
+    fn raise_smem_limit(&self, name: &str, f: &CudaFunction) -> Result<()> {
+        let mut done = self
+            .big_smem
+            .lock()
+            .map_err(|_| Error::Device("shared-memory limit table poisoned".into()))?;
+        if done.contains(name) {
+            return Ok(());
+        }
+        let most = i32::try_from(self.smem.block_optin).unwrap_or(i32::MAX);
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            most,
+        )
+        .map_err(|e| dev_err(&format!("shared-memory limit of {name}"), e))?;
+        done.insert(name.to_string());
         Ok(())
     }
 

@@ -9,7 +9,10 @@
 //! loads of 8 blocks per lane, several lanes per row, `dp4a`), and at one row a kernel that
 //! first stages the quantized activation row in shared memory: `linear_q8act_sbh_*` (a lane
 //! per half superblock) for 4-bit weights, `linear_q8act_sbx_*` (a lane per superblock) for
-//! Q8_0.
+//! Q8_0. On compute capability ≥ 9.0, one-row Q8_0 products stream their weight rows through
+//! shared memory with bulk copies instead (`linear_q8act_bulk*`, [`BulkPlan`]): each warp keeps
+//! a ring of rows in flight, the first ones requested before the kernel waits for its
+//! predecessor.
 //!
 //! Tensor cores (prefill): with `quant_act = 1` (the `fast` precision, which already accepts
 //! rounded activations) and at least [`TC_MIN_ROWS`] rows, F16/BF16 and block weights go through
@@ -48,6 +51,10 @@ pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>) {
         Box::new(Linear {
             gpu: gpu.clone(),
             one_row: OneRow::from_env(),
+            bulk_slots: std::env::var("FASTLLM_BULK_SLOTS")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(BULK_SLOTS),
             act: act.clone(),
             tc_scratch: Mutex::new(None),
         }),
@@ -66,16 +73,21 @@ pub const TC_MIN_ROWS: usize = 16;
 /// Largest f16 tile of a block weight dequantized at once for the tensor-core path.
 const DEQ_TILE_BYTES: usize = 128 << 20;
 
-/// The one-row (decode) GEMV for block weights with quantized activations, both staging the
-/// activation row in shared memory: `Whole` (`linear_q8act_sbx_*`, a lane per superblock) or
-/// `Half` (`linear_q8act_sbh_*`, a lane per half superblock, fewer registers: more blocks per
-/// SM). `Auto` takes `Half` for 4-bit weights ([`Linear::one_row_half`]); `FASTLLM_GEMV_Q` =
-/// `sbx` / `sbh` forces one (A/B runs).
+/// The one-row (decode) GEMV for block weights with quantized activations: `Whole`
+/// (`linear_q8act_sbx_*`, a lane per superblock) or `Half` (`linear_q8act_sbh_*`, a lane per
+/// half superblock, fewer registers: more blocks per SM), both staging the activation row in
+/// shared memory and loading weights into registers, or `Bulk` (`linear_q8act_bulk*`, weights
+/// streamed through shared memory by bulk copies, compute capability ≥ 9.0, see
+/// [`BulkPlan`]). `Auto` takes `Bulk` for Q8_0 where it applies (else `Whole`) and `Half` for
+/// 4-bit weights ([`Linear::one_row_half`], [`Linear::bulk_plan`]); `FASTLLM_GEMV_Q` = `sbx` /
+/// `sbh` / `bulk` forces one for the device (A/B runs; `bulk` still falls back where it does not
+/// apply), and a call's `gemv_kernel` = 1 / 2 / 3 for that call.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum OneRow {
     Auto,
     Whole,
     Half,
+    Bulk,
 }
 
 impl OneRow {
@@ -83,8 +95,89 @@ impl OneRow {
         match std::env::var("FASTLLM_GEMV_Q").as_deref().map(str::trim) {
             Ok("sbx") => OneRow::Whole,
             Ok("sbh") => OneRow::Half,
+            Ok("bulk") => OneRow::Bulk,
             _ => OneRow::Auto,
         }
+    }
+}
+
+/// Warps per block of the `linear_q8act_bulk*` kernels.
+const BULK_WARPS: usize = 8;
+/// Default most weight slots per warp of the bulk kernels (`FASTLLM_BULK_SLOTS` overrides).
+const BULK_SLOTS: usize = 4;
+
+/// How a one-row product runs on the `linear_q8act_bulk{lanes}x{items}_*` kernels: `lanes`
+/// lanes per weight row (32 / `lanes` rows per warp), at most `items` half superblocks per lane,
+/// `slots` row groups in flight per warp, `blocks` blocks of [`BULK_WARPS`] warps, `smem` bytes
+/// of shared memory per block (the slots, their barriers and, with `items` > 1, the activation
+/// row).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct BulkPlan {
+    lanes: usize,
+    items: usize,
+    slots: usize,
+    blocks: usize,
+    smem: usize,
+}
+
+impl BulkPlan {
+    /// The plan for `n` rows of `k` values (`row_bytes` each) on a GPU with `sms`
+    /// multiprocessors and shared memory `lim`, at most `max_slots` slots per warp; `None` when
+    /// the kernels do not cover this shape (fewer than 2048 or more than 16384 values per row,
+    /// `k % 256 != 0`) or one slot per warp does not fit.
+    fn new(
+        k: usize,
+        n: usize,
+        row_bytes: usize,
+        sms: usize,
+        lim: super::gpu::SharedMemory,
+        max_slots: usize,
+    ) -> Option<BulkPlan> {
+        if !k.is_multiple_of(256) || n == 0 || max_slots == 0 {
+            return None;
+        }
+        let halves = 2 * (k / 256);
+        let lanes = if halves >= 32 {
+            32
+        } else if halves >= 16 {
+            16
+        } else if halves >= 8 {
+            8
+        } else {
+            return None;
+        };
+        let items = halves.div_ceil(lanes);
+        if items > if lanes == 32 { 4 } else { 2 } {
+            return None;
+        }
+        let rows_per_warp = 32 / lanes;
+        let slot_bytes = rows_per_warp * row_bytes + 8;
+        let act = if items > 1 {
+            ((k / 256) * (272 + 72)).next_multiple_of(16)
+        } else {
+            0
+        };
+        let groups = n.div_ceil(rows_per_warp);
+        for per_sm in [2usize, 1] {
+            let limit = (lim.per_sm / per_sm)
+                .saturating_sub(lim.reserved_per_block)
+                .min(lim.block_optin);
+            let fit = limit.saturating_sub(act) / (BULK_WARPS * slot_bytes);
+            if fit == 0 {
+                continue;
+            }
+            let blocks = groups.div_ceil(BULK_WARPS).min(per_sm * sms).max(1);
+            let per_warp = groups.div_ceil(blocks * BULK_WARPS);
+            let slots = fit.min(max_slots).min(per_warp).max(1);
+            return Some(BulkPlan {
+                lanes,
+                items,
+                slots,
+                blocks,
+                smem: act + BULK_WARPS * slots * slot_bytes,
+            });
+        }
+        None
     }
 }
 
@@ -92,6 +185,8 @@ struct Linear {
     gpu: Arc<Gpu>,
     /// Which kernel takes one-row products with block weights and quantized activations.
     one_row: OneRow,
+    /// Most weight slots per warp of the bulk kernels.
+    bulk_slots: usize,
     /// Quantized activations for `quant_act = 1` (shared with the ops that can write them).
     act: Arc<ActQuant>,
     /// Tensor-core path: f16/bf16 activations, then the dequantized weight tile.
@@ -159,12 +254,36 @@ impl Linear {
     /// H100, llama-3-8b int4 decode 377 vs 352 tok/s with `sbx`); Q8_0 keeps `sbx` (241 vs 230).
     /// The choice depends on the dtype only, so a multi-weight launch and one-weight launches of
     /// the same weights sum in the same order (bit-equal results).
-    fn one_row_half(&self, dtype: DataType) -> bool {
-        match self.one_row {
+    fn one_row_half(&self, choice: OneRow, dtype: DataType) -> bool {
+        match choice {
             OneRow::Whole => false,
             OneRow::Half => true,
-            OneRow::Auto => matches!(dtype, DataType::Q4_0 | DataType::Q4_1),
+            OneRow::Auto | OneRow::Bulk => matches!(dtype, DataType::Q4_0 | DataType::Q4_1),
         }
+    }
+
+    /// The bulk-copy plan for a one-row product of `n` rows of `k` values, where the GPU has
+    /// bulk copies (compute capability ≥ 9.0) and the kernel choice allows it.
+    fn bulk_plan(&self, choice: OneRow, dtype: DataType, k: usize, n: usize) -> Option<BulkPlan> {
+        let wanted = match choice {
+            OneRow::Bulk => true,
+            // measured faster than `sbx` for Q8_0, not faster than `sbh` for 4-bit weights
+            // (docs/perf-cuda.md, seventh session)
+            OneRow::Auto => dtype == DataType::Q8_0,
+            OneRow::Whole | OneRow::Half => false,
+        };
+        if self.gpu.arch().0 < 9 || !wanted {
+            return None;
+        }
+        let rb = dtype.row_bytes(k).ok()?;
+        BulkPlan::new(
+            k,
+            n,
+            rb,
+            self.gpu.sms(),
+            self.gpu.shared_memory(),
+            self.bulk_slots,
+        )
     }
 
     /// `y (+)= x·Wᵀ` through cuBLAS SGEMM (`acc`: added to y). `Ok(false)` without cuBLAS.
@@ -594,7 +713,19 @@ impl Linear {
         // m = 1: the activation row in shared memory (272 bytes per 256 values + 72 of scales).
         let sx_bytes = (k / 256) * (272 + 72);
         let sbx = sb && m == 1 && sx_bytes <= 48 * 1024;
-        let half = sbx && self.one_row_half(dtype);
+        // the call's own choice (`gemv_kernel` 1 / 2 / 3 = sbx / sbh / bulk), else the device's
+        let choice = match ints.get_or("gemv_kernel", 0) {
+            1 => OneRow::Whole,
+            2 => OneRow::Half,
+            3 => OneRow::Bulk,
+            _ => self.one_row,
+        };
+        let half = sbx && self.one_row_half(choice, dtype);
+        let bulk = if sbx {
+            self.bulk_plan(choice, dtype, k, n)
+        } else {
+            None
+        };
         // lanes share a row's superblocks (or half superblocks)
         let units = if half { 2 * (k / 256) } else { k / 256 };
         let lpr = units.clamp(1, 32);
@@ -672,6 +803,20 @@ impl Linear {
             let mut args = vec![KArg::Ptr(qs), KArg::Ptr(ds)];
             args.extend(tail);
             let smem = if sbx { sx_bytes as u32 } else { 0 };
+            if let Some(p) = bulk {
+                let mut bargs = args;
+                bargs.pop(); // lanes per row: the kernel's own
+                bargs.push(int(p.slots, "slots")?);
+                let blocks =
+                    u32::try_from(p.blocks).map_err(|_| op_err("Linear", "too many blocks"))?;
+                return self.gpu.launch_smem(
+                    &format!("linear_q8act_bulk{}x{}_{suffix}", p.lanes, p.items),
+                    (blocks, 1, 1),
+                    block,
+                    u32::try_from(p.smem).map_err(|_| op_err("Linear", "shared memory"))?,
+                    &bargs,
+                );
+            }
             if half {
                 return self.gpu.launch_smem(
                     &format!("linear_q8act_sbh_{suffix}"),
@@ -701,5 +846,67 @@ impl Linear {
             block,
             &args,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::gpu::SharedMemory;
+    use super::BulkPlan;
+
+    /// An H100's limits: 132 multiprocessors, 227 KiB per block after opting in, 228 KiB per
+    /// multiprocessor, 1 KiB reserved per block.
+    const H100: SharedMemory = SharedMemory {
+        block_optin: 232_448,
+        per_sm: 233_472,
+        reserved_per_block: 1024,
+    };
+
+    #[test]
+    fn bulk_plans_fit_the_shared_memory_and_cover_the_rows() {
+        // llama-3-8b Q4_0 o-projection: two blocks per multiprocessor, two row groups per warp
+        let p = BulkPlan::new(4096, 4096, 2304, 132, H100, 4).unwrap();
+        assert_eq!((p.lanes, p.items, p.blocks, p.slots), (32, 1, 264, 2));
+        assert_eq!(p.smem, 8 * 2 * (2304 + 8));
+        // gate/up: more groups than slots, the cap applies
+        let p = BulkPlan::new(4096, 28672, 2304, 132, H100, 4).unwrap();
+        assert_eq!((p.blocks, p.slots), (264, 4));
+        // down projection: activations staged (56 superblocks · 344 bytes), one slot per warp
+        let p = BulkPlan::new(14336, 4096, 8064, 132, H100, 4).unwrap();
+        assert_eq!((p.lanes, p.items, p.slots), (32, 4, 1));
+        assert_eq!(p.smem, 19264 + 8 * (8064 + 8));
+        // Q8_0 down projection: only one block per multiprocessor fits
+        let p = BulkPlan::new(14336, 4096, 15232, 132, H100, 4).unwrap();
+        assert_eq!((p.blocks, p.slots), (132, 1));
+        assert!(p.smem <= H100.block_optin);
+        // short rows: several rows per warp
+        let p = BulkPlan::new(2048, 100, 1152, 132, H100, 4).unwrap();
+        assert_eq!((p.lanes, p.items), (16, 1));
+        assert_eq!(p.blocks, 100usize.div_ceil(2).div_ceil(8));
+        let p = BulkPlan::new(1536, 10, 864, 132, H100, 4).unwrap();
+        assert_eq!((p.lanes, p.items), (8, 2));
+        // shapes the kernels do not take
+        assert!(BulkPlan::new(16640, 40, 9360, 132, H100, 4).is_none()); // 5 items per lane
+        assert!(BulkPlan::new(512, 40, 288, 132, H100, 4).is_none()); // 4 half superblocks
+        assert!(BulkPlan::new(4000, 40, 2250, 132, H100, 4).is_none()); // k % 256
+        assert!(BulkPlan::new(4096, 40, 2304, 132, H100, 0).is_none());
+        let small = SharedMemory {
+            block_optin: 48 * 1024,
+            per_sm: 64 * 1024,
+            reserved_per_block: 0,
+        };
+        assert!(BulkPlan::new(14336, 40, 15232, 132, small, 4).is_none());
+        // every plan's blocks, warps and slots fit in one multiprocessor's memory at once
+        for (k, rb) in [(2048, 1152), (4096, 2560), (8192, 4608), (14336, 8960)] {
+            for n in [1usize, 7, 1000, 50_000] {
+                let p = BulkPlan::new(k, n, rb, 132, H100, 8).unwrap();
+                let per_sm = p.blocks.div_ceil(132);
+                assert!(
+                    per_sm * (p.smem + 1024) <= H100.per_sm,
+                    "k={k} n={n}: {p:?}"
+                );
+                assert!(p.blocks <= 2 * 132 && p.slots >= 1, "k={k} n={n}: {p:?}");
+            }
+        }
     }
 }

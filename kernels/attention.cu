@@ -277,14 +277,15 @@ extern "C" __global__ void attn_softmax_f32(float* s, const float* slopes, int q
 // loads. The row's visible keys [lo, hi) are cut into `nsplit` equal ranges, one per block;
 // each block runs an online softmax over its range in chunks of DA_CHUNK keys: scores (a warp
 // per key, 4 keys in flight, all G heads per load), then per head (a warp each) the chunk's
-// max / exp / sum, then the weighted V sum (a thread per value dim, V loaded once for all G
-// heads). With nsplit = 1 the block writes the normalised output; otherwise it writes its
+// max / exp / sum, then the weighted V sum (a thread per value dim in each group of DA_VT
+// threads, the groups taking every nkq-th run of 4 keys, summed at the end; V loaded once for
+// all G heads). With nsplit = 1 the block writes the normalised output; otherwise it writes its
 // unnormalised partial output and (max, sum) to `part`, which attn_decode_combine_f32 merges.
 // Positions: with `positions` (device, [sq]) query i sits at positions[i] and sees keys
 // max(0, p - window + 1) ..= p, below `kcap` (a KV cache read while it grows: the length is
 // not known on the host, so CUDA graphs can replay this launch every step); without it, as in
 // attention_f32: p = skv - sq + i, causal or not, window, skv keys. Scores as attention_f32.
-// hd <= DA_DPL * 32, hdv <= DA_VPT * DA_THREADS.
+// hd <= DA_DPL * 32, hdv <= DA_VPT * DA_VT.
 
 // The decode output also as Q8_0 rows (oq, od; or null) for the o-projection (quantize_output =
 // 1): value `val` at flat index o, the 32 lanes of the warp holding one 32-value block (hdv % 32
@@ -299,7 +300,11 @@ __device__ __forceinline__ void da_quant_store(float val, long o, signed char* o
     if ((threadIdx.x & 31) == 0) od[o >> 5] = q8_scales(dd, sum);
 }
 
-#define DA_THREADS 128
+// Threads per block: DA_VT · nkq (the host picks nkq ≤ DA_KQ_MAX, `DECODE_KEY_GROUPS`): nkq key
+// groups of DA_VT threads share the weighted-V pass (one value dim per thread and step) and
+// are summed once at the end; scores use every warp.
+#define DA_VT 128
+#define DA_KQ_MAX 4
 #define DA_CHUNK 64
 #define DA_GMAX 4
 #define DA_DPL 8
@@ -316,6 +321,8 @@ extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const
     __shared__ float ms[DA_GMAX], ls[DA_GMAX], cr[DA_GMAX];
     int s = blockIdx.x, i = blockIdx.z;
     int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+    const int nt = blockDim.x, nkq = nt / DA_VT;
+    int kq = tid / DA_VT, dl = tid % DA_VT;
     int group = nh / nkv;
     if (group < 1) group = 1;
     if (gchunk < 1 || gchunk > DA_GMAX) gchunk = DA_GMAX;
@@ -338,9 +345,7 @@ extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const
     if (lo > hi) lo = hi;
     long per = (hi - lo + nsplit - 1) / nsplit;
     long a = lo + (long)s * per, b = min(hi, a + per);
-#pragma unroll
-    for (int it = 0; it < DA_GMAX * DA_DPL * 32 / DA_THREADS; it++) {
-        int e = tid + it * DA_THREADS;
+    for (int e = tid; e < DA_GMAX * DA_DPL * 32; e += nt) {
         int g = e / (DA_DPL * 32), d = e % (DA_DPL * 32);
         qs[g][d] = (g < G && d < hd) ? q[((long)i * nh + h0 + g) * hd + d] : 0.0f;
     }
@@ -357,7 +362,7 @@ extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const
     for (long c0 = a; c0 < b; c0 += DA_CHUNK) {
         int cn = (int)min((long)DA_CHUNK, b - c0);
         // scores: a warp per key, 4 keys per step
-        for (int j0 = wid * 4; j0 < cn; j0 += 4 * (DA_THREADS / 32)) {
+        for (int j0 = wid * 4; j0 < cn; j0 += 4 * (nt / 32)) {
             float kr[4][DA_DPL];
 #pragma unroll
             for (int u = 0; u < 4; u++)
@@ -388,7 +393,7 @@ extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const
         }
         __syncthreads();
         // softmax update: a warp per head
-        for (int g = wid; g < G; g += DA_THREADS / 32) {
+        for (int g = wid; g < G; g += nt / 32) {
             float cm = -INF;
             for (int jj = lane; jj < cn; jj += 32) cm = fmaxf(cm, sc[g][jj]);
             cm = warp_max(cm);
@@ -410,23 +415,24 @@ extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const
             }
         }
         __syncthreads();
-        // weighted V sum
+        // weighted V sum: key group kq takes keys 4·kq + 4·nkq·m (4 at a time) and the tail
+        // keys ≡ kq (mod nkq)
 #pragma unroll
         for (int t = 0; t < DA_VPT; t++) {
-            int d = tid + t * DA_THREADS;
+            int d = dl + t * DA_VT;
             if (d < hdv) {
                 float a2[DA_GMAX];
 #pragma unroll
                 for (int g = 0; g < DA_GMAX; g++) a2[g] = g < G ? acc[g][t] * cr[g] : 0.0f;
                 const float* vp = v + c0 * vs + (long)kh * hdv + d;
-                int jj = 0;
-                for (; jj + 4 <= cn; jj += 4) {
+                int jj = 4 * kq;
+                for (; jj + 4 <= cn; jj += 4 * nkq) {
                     float v0 = vp[jj * vs], v1 = vp[(jj + 1) * vs], v2 = vp[(jj + 2) * vs], v3 = vp[(jj + 3) * vs];
 #pragma unroll
                     for (int g = 0; g < DA_GMAX; g++)
                         if (g < G) a2[g] += sc[g][jj] * v0 + sc[g][jj + 1] * v1 + sc[g][jj + 2] * v2 + sc[g][jj + 3] * v3;
                 }
-                for (; jj < cn; jj++) {
+                for (jj = (cn & ~3) + kq; jj < cn; jj += nkq) {
                     float v0 = vp[jj * vs];
 #pragma unroll
                     for (int g = 0; g < DA_GMAX; g++)
@@ -438,13 +444,32 @@ extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const
         }
         __syncthreads();
     }
+    if (nkq > 1) {
+        // the key groups' partial sums meet (in a fixed order) in the first group's threads
+        __shared__ float red[DA_KQ_MAX - 1][DA_GMAX][DA_VPT * DA_VT];
+        if (kq > 0) {
+#pragma unroll
+            for (int g = 0; g < DA_GMAX; g++)
+#pragma unroll
+                for (int t = 0; t < DA_VPT; t++) red[kq - 1][g][dl + t * DA_VT] = acc[g][t];
+        }
+        __syncthreads();
+        if (kq == 0) {
+#pragma unroll
+            for (int g = 0; g < DA_GMAX; g++)
+#pragma unroll
+                for (int t = 0; t < DA_VPT; t++)
+                    for (int r = 0; r < nkq - 1; r++) acc[g][t] += red[r][g][dl + t * DA_VT];
+        }
+    }
+    if (kq > 0) return;
 #pragma unroll
     for (int g = 0; g < DA_GMAX; g++) {
         if (g < G) {
             long h = h0 + g;
 #pragma unroll
             for (int t = 0; t < DA_VPT; t++) {
-                int d = tid + t * DA_THREADS;
+                int d = dl + t * DA_VT;
                 if (d < hdv) {
                     if (part) {
                         part[(((long)i * nh + h) * nsplit + s) * (hdv + 2) + d] = acc[g][t];

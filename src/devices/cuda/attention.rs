@@ -77,6 +77,31 @@ pub fn decode_splits(keys: usize, units: usize, sms: usize) -> usize {
     by_keys.min(by_grid).clamp(1, DECODE_MAX_SPLITS)
 }
 
+/// Key groups of 128 threads per decode block (`DA_KQ_MAX` in kernels/attention.cu at most):
+/// they split each chunk's weighted-V pass and the score steps, which shortens a block's serial
+/// chain when the grid leaves multiprocessors idle (short contexts). With more blocks than
+/// multiprocessors the bigger blocks only cost residency, so those launches keep one group
+/// (H100 numbers in docs/perf-cuda.md, seventh session). `FASTLLM_DECODE_KEY_GROUPS` = 1..4
+/// overrides the count for the small grids.
+const DECODE_KEY_GROUPS: u32 = 4;
+
+/// Key groups for a decode launch of `blocks` blocks on `sms` multiprocessors.
+fn decode_key_groups(blocks: usize, sms: usize) -> u32 {
+    static GROUPS: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let small = *GROUPS.get_or_init(|| {
+        std::env::var("FASTLLM_DECODE_KEY_GROUPS")
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .filter(|g| (1..=4).contains(g))
+            .unwrap_or(DECODE_KEY_GROUPS)
+    });
+    if blocks <= sms {
+        small
+    } else {
+        1
+    }
+}
+
 /// One launch of the decode kernel.
 struct DecodeArgs {
     q: u64,
@@ -152,7 +177,7 @@ fn decode_launch(gpu: &Gpu, a: &DecodeArgs, nsplit: usize, gchunk: usize, part: 
     gpu.launch(
         "attn_decode_f32",
         grid,
-        128,
+        128 * decode_key_groups(grid.0 as usize * grid.1 as usize * grid.2 as usize, gpu.sms()),
         &[
             KArg::Ptr(a.q),
             KArg::Ptr(a.k),
@@ -896,5 +921,26 @@ impl Operator for KvWrite {
                 long(cap, "cache rows")?,
             ],
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{decode_key_groups, decode_splits};
+
+    #[test]
+    fn decode_blocks_widen_only_on_small_grids() {
+        // llama-3-8b, one query, 64 keys: 32 blocks on 132 multiprocessors; the
+        // FASTLLM_DECODE_KEY_GROUPS override (1..=4) applies to such grids only
+        let small = decode_key_groups(32, 132);
+        assert!((1..=4).contains(&small));
+        if std::env::var_os("FASTLLM_DECODE_KEY_GROUPS").is_none() {
+            assert_eq!(small, 4);
+        }
+        // 4096 keys: 64 splits × 8 KV heads = 512 blocks keep one group of 128 threads
+        let blocks = decode_splits(4096, 8, 132) * 8;
+        assert_eq!(blocks, 512);
+        assert_eq!(decode_key_groups(blocks, 132), 1);
+        assert_eq!(decode_key_groups(133, 132), 1);
     }
 }

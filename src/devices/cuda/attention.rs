@@ -177,7 +177,10 @@ fn decode_launch(gpu: &Gpu, a: &DecodeArgs, nsplit: usize, gchunk: usize, part: 
     gpu.launch(
         "attn_decode_f32",
         grid,
-        128 * decode_key_groups(grid.0 as usize * grid.1 as usize * grid.2 as usize, gpu.sms()),
+        128 * decode_key_groups(
+            grid.0 as usize * grid.1 as usize * grid.2 as usize,
+            gpu.sms(),
+        ),
         &[
             KArg::Ptr(a.q),
             KArg::Ptr(a.k),

@@ -766,7 +766,11 @@ impl Linear {
             long(dtype.row_bytes(k)?, "row bytes")?,
         ];
         let variant = if sbx {
-            tail.push(int(lpr, "lanes per row")?);
+            // the one-row kernels' last argument: lanes per row, or the bulk kernel's slots
+            tail.push(match bulk {
+                Some(p) => int(p.slots, "slots")?,
+                None => int(lpr, "lanes per row")?,
+            });
             "sbx_"
         } else if sb {
             tail.push(int(lpr, "lanes per row")?);
@@ -804,9 +808,6 @@ impl Linear {
             args.extend(tail);
             let smem = if sbx { sx_bytes as u32 } else { 0 };
             if let Some(p) = bulk {
-                let mut bargs = args;
-                bargs.pop(); // lanes per row: the kernel's own
-                bargs.push(int(p.slots, "slots")?);
                 let blocks =
                     u32::try_from(p.blocks).map_err(|_| op_err("Linear", "too many blocks"))?;
                 return self.gpu.launch_smem(
@@ -814,7 +815,7 @@ impl Linear {
                     (blocks, 1, 1),
                     block,
                     u32::try_from(p.smem).map_err(|_| op_err("Linear", "shared memory"))?,
-                    &bargs,
+                    &args,
                 );
             }
             if half {

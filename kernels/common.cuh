@@ -26,7 +26,10 @@ __device__ __forceinline__ void pdl_launch() {
 
 // Tuning switches (integers; FASTLLM_CUDA_DEFINES overrides them, see kernels.rs):
 // PDL_SMALL_EARLY: kernels other than the GEMVs let their successor start right after their
-// wait (else only when they exit); PDL_GEMV_EARLY: the same for the GEMVs; PDL_PREFETCH: the
+// wait (1), before it (2: chains of kernels may then be resident at once; with 0 or 1 a kernel
+// starts only after the one two back has completed, with 2 that no longer holds, so nothing
+// written by an earlier kernel may be read before the wait), or only when they exit (0);
+// PDL_GEMV_EARLY: the same for the GEMVs (default 0); PDL_PREFETCH: the
 // GEMVs load their first weights before waiting; F16_PIPE: the f16/bf16 GEMV issues the next
 // group of weight loads before dotting the current one.
 #ifndef PDL_SMALL_EARLY

@@ -1987,6 +1987,24 @@ fn bulk_one_row_gemv_matches_the_reference_on_every_plan() {
             }
         }
     }
+    // a kernel choice that does not exist is refused
+    let x = dev.upload(&rng.data(DataType::F32, &[1, 4096])).unwrap();
+    let w = dev.upload(&rng.data(DataType::Q8_0, &[8, 4096])).unwrap();
+    let mut y = Data::empty(DataType::F32);
+    let mut d = DataDict::new()
+        .with("input", &x)
+        .with("weight", &w)
+        .with_mut("output", &mut y);
+    let msg = cuda
+        .run(
+            "Linear",
+            &mut d,
+            &FloatDict::new(),
+            &IntDict::new().with("quant_act", 1).with("gemv_kernel", 7),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("gemv_kernel 7"), "{msg}");
     println!("bulk one-row GEMV (and sbx/sbh): {checked} products match the reference");
 }
 

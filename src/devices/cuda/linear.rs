@@ -99,6 +99,21 @@ impl OneRow {
             _ => OneRow::Auto,
         }
     }
+
+    /// A call's own choice (`gemv_kernel` 1 / 2 / 3 = sbx / sbh / bulk), or `device`'s for 0;
+    /// any other value is an error.
+    fn of_call(ints: &IntDict, device: OneRow) -> Result<OneRow> {
+        match ints.get_or("gemv_kernel", 0) {
+            0 => Ok(device),
+            1 => Ok(OneRow::Whole),
+            2 => Ok(OneRow::Half),
+            3 => Ok(OneRow::Bulk),
+            v => Err(op_err(
+                "Linear",
+                format!("gemv_kernel {v}: expected 0 (the device's choice), 1 (sbx), 2 (sbh) or 3 (bulk)"),
+            )),
+        }
+    }
 }
 
 /// Warps per block of the `linear_q8act_bulk*` kernels.
@@ -123,7 +138,7 @@ struct BulkPlan {
 impl BulkPlan {
     /// The plan for `n` rows of `k` values (`row_bytes` each) on a GPU with `sms`
     /// multiprocessors and shared memory `lim`, at most `max_slots` slots per warp; `None` when
-    /// the kernels do not cover this shape (fewer than 2048 or more than 16384 values per row,
+    /// the kernels do not cover this shape (fewer than 1024 or more than 16384 values per row,
     /// `k % 256 != 0`) or one slot per warp does not fit.
     fn new(
         k: usize,
@@ -146,8 +161,9 @@ impl BulkPlan {
         } else {
             return None;
         };
+        // (below 32 lanes a lane never takes more than 2 half superblocks)
         let items = halves.div_ceil(lanes);
-        if items > if lanes == 32 { 4 } else { 2 } {
+        if items > 4 {
             return None;
         }
         let rows_per_warp = 32 / lanes;
@@ -533,6 +549,7 @@ impl Operator for Linear {
             && d.get("weight").is_some_and(|x| x.is_contiguous())
     }
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, ints: &IntDict) -> Result<()> {
+        OneRow::of_call(ints, self.one_row)?;
         let acc = ints.get_or("accumulate", 0) != 0;
         for (wn, bn, on) in SEGMENTS {
             if wn != "weight" && !d.contains(wn) {
@@ -713,13 +730,7 @@ impl Linear {
         // m = 1: the activation row in shared memory (272 bytes per 256 values + 72 of scales).
         let sx_bytes = (k / 256) * (272 + 72);
         let sbx = sb && m == 1 && sx_bytes <= 48 * 1024;
-        // the call's own choice (`gemv_kernel` 1 / 2 / 3 = sbx / sbh / bulk), else the device's
-        let choice = match ints.get_or("gemv_kernel", 0) {
-            1 => OneRow::Whole,
-            2 => OneRow::Half,
-            3 => OneRow::Bulk,
-            _ => self.one_row,
-        };
+        let choice = OneRow::of_call(ints, self.one_row)?;
         let half = sbx && self.one_row_half(choice, dtype);
         let bulk = if sbx {
             self.bulk_plan(choice, dtype, k, n)

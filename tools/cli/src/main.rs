@@ -706,6 +706,10 @@ fn bench_model(m: &ModelArgs, synthetic: Option<&str>, dtype: &str) -> Result<Be
     })
 }
 
+/// Untimed decode steps before the timed ones: the first runs op by op and sizes the buffers,
+/// the second records the decode step's CUDA graph, the third replays it.
+const DECODE_WARMUP_STEPS: usize = 3;
+
 #[allow(clippy::too_many_arguments)]
 fn bench(
     m: &ModelArgs,
@@ -759,6 +763,13 @@ fn bench(
         let mut c = model.new_cache(pp + tg + 2)?;
         model.forward(&mut c, &prompt[..n], false)?;
     }
+    // decode runs on one cache, cleared before each rep, as a chat session keeps its cache; its
+    // warm-up steps size the buffers and record the CUDA graph of the decode step (a one-time
+    // cost per cache, like the prompt warm-up above), so the reps time the steady state
+    let mut tg_cache = model.new_cache(tg + 2)?;
+    for &g in gen.iter().take(DECODE_WARMUP_STEPS) {
+        model.forward_greedy(&mut tg_cache, &[g])?;
+    }
     for _ in 0..reps.max(1) {
         if pp > 0 {
             let mut c = model.new_cache(pp + 1)?;
@@ -767,12 +778,12 @@ fn bench(
             pp_t.push(pp as f64 / t.elapsed().as_secs_f64());
         }
         if tg > 0 {
-            let mut c = model.new_cache(tg + 2)?;
+            tg_cache.clear()?;
             model.executor().profiler().set_enabled(profile);
             let t = Instant::now();
             // greedy selection on the model's device: only the id comes back per step
             for &g in &gen {
-                model.forward_greedy(&mut c, &[g])?;
+                model.forward_greedy(&mut tg_cache, &[g])?;
             }
             tg_t.push(tg as f64 / t.elapsed().as_secs_f64());
             model.executor().profiler().set_enabled(false);

@@ -281,6 +281,10 @@ extern "C" __global__ void attn_softmax_f32(float* s, const float* slopes, int q
 // threads, the groups taking every nkq-th run of 4 keys, summed at the end; V loaded once for
 // all G heads). With nsplit = 1 the block writes the normalised output; otherwise it writes its
 // unnormalised partial output and (max, sum) to `part`, which attn_decode_combine_f32 merges.
+// Fused step (DecodeAttention with the step's raw keys, one query row): knew / vnew [nkv, hd /
+// hdv] go to cache row p as below, and with rcos / rsin (the step's [rot/2] tables) the queries
+// and that key are rotated first (rope_value, style `rstyle`), which replaces the RotaryEmbedding
+// and KvWrite launches before this one.
 // Positions: with `positions` (device, [sq]) query i sits at positions[i] and sees keys
 // max(0, p - window + 1) ..= p, below `kcap` (a KV cache read while it grows: the length is
 // not known on the host, so CUDA graphs can replay this launch every step); without it, as in
@@ -314,7 +318,8 @@ extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const
                                            const int* positions, float* out, float* part, int sq, int skv, int kcap,
                                            int nh, int nkv, int hd, int hdv, long ks, long vs, float scale,
                                            float softcap, int causal, int window, int nsplit, int gchunk,
-                                           signed char* oq, float2* od) {
+                                           signed char* oq, float2* od, const float* knew, const float* vnew,
+                                           const float* rcos, const float* rsin, int rot, int rstyle) {
     pdl_begin();
     __shared__ float qs[DA_GMAX][DA_DPL * 32];
     __shared__ float sc[DA_GMAX][DA_CHUNK];
@@ -345,9 +350,24 @@ extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const
     if (lo > hi) lo = hi;
     long per = (hi - lo + nsplit - 1) / nsplit;
     long a = lo + (long)s * per, b = min(hi, a + per);
+    // the step's own key and value (knew, vnew; one query row): every block whose range holds
+    // position p writes them (the key rotated) to cache row p before reading it, all the same
+    // bits, so a block reads back its own write or an identical one
+    if (knew && a <= p && p < b) {
+        float* kw = (float*)k + p * ks + (long)kh * hd;
+        float* vw = (float*)v + p * vs + (long)kh * hdv;
+        const float* kn = knew + (long)kh * hd;
+        for (int e = tid; e < hd + hdv; e += nt) {
+            if (e < hd)
+                kw[e] = rcos ? rope_value(kn, e, rot, rstyle, rcos, rsin) : kn[e];
+            else
+                vw[e - hd] = vnew[(long)kh * hdv + (e - hd)];
+        }
+    }
     for (int e = tid; e < DA_GMAX * DA_DPL * 32; e += nt) {
         int g = e / (DA_DPL * 32), d = e % (DA_DPL * 32);
-        qs[g][d] = (g < G && d < hd) ? q[((long)i * nh + h0 + g) * hd + d] : 0.0f;
+        const float* qh = q + ((long)i * nh + h0 + g) * hd;
+        qs[g][d] = (g < G && d < hd) ? (rcos ? rope_value(qh, d, rot, rstyle, rcos, rsin) : qh[d]) : 0.0f;
     }
     if (tid < DA_GMAX) {
         ms[tid] = -INF;

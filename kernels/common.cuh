@@ -175,3 +175,26 @@ __device__ __forceinline__ uint2 half4_of(float4 v, int bf) {
     unsigned int c = bf ? f2bf(v.z) : f2h(v.z), d = bf ? f2bf(v.w) : f2h(v.w);
     return make_uint2(a | (b << 16), c | (d << 16));
 }
+
+// ---- rotary embedding of one pair (shared by rotary_f32 and the fused decode attention) ----
+// The rotated pair (a, b) by the angle with cosine c and sine s: (a·c − b·s, b·c + a·s), each
+// product rounded on its own (no fused multiply-add, as the CPU reference), so every kernel
+// that rotates gives the same bits.
+__device__ __forceinline__ float rope_first(float a, float b, float c, float s) {
+    return __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+}
+__device__ __forceinline__ float rope_second(float a, float b, float c, float s) {
+    return __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
+
+// Value d of head row x (hd values) after the rotation of its first `rot` dims, the angles of
+// pair i at cosv[i], sinv[i]; style 0 pairs (i, i + rot/2), style 1 pairs (2i, 2i + 1).
+__device__ __forceinline__ float rope_value(const float* x, int d, int rot, int style, const float* cosv,
+                                            const float* sinv) {
+    if (d >= rot) return x[d];
+    int half = rot / 2;
+    int i = style == 0 ? (d < half ? d : d - half) : d >> 1;
+    int ia = style == 0 ? i : 2 * i, ib = style == 0 ? i + half : 2 * i + 1;
+    float a = x[ia], b = x[ib], c = cosv[i], s = sinv[i];
+    return d == ia ? rope_first(a, b, c, s) : rope_second(a, b, c, s);
+}

@@ -55,8 +55,8 @@ extern "C" __global__ void rotary_f32(float* x, const int* pos, const float* inv
 #pragma unroll
         for (int u = 0; u < ROPE_HEADS; u++)
             if (xh[u]) {
-                xh[u][ia] = a[u] * c - b[u] * sn;
-                xh[u][ib] = b[u] * c + a[u] * sn;
+                xh[u][ia] = rope_first(a[u], b[u], c, sn);
+                xh[u][ib] = rope_second(a[u], b[u], c, sn);
             }
     }
 }

@@ -64,6 +64,14 @@ impl<'a> DataDict<'a> {
         self.items.iter().any(|(n, _)| *n == name)
     }
 
+    /// True when `name` is present as an inout argument (one the op may write, and that the
+    /// `Executor` moves to the op's device for good instead of copying it for the call).
+    pub fn is_mut(&self, name: &str) -> bool {
+        self.items
+            .iter()
+            .any(|(n, s)| *n == name && matches!(s, Slot::Mut(_)))
+    }
+
     /// The argument `name`, read-only.
     pub fn get(&self, name: &str) -> Option<&Data> {
         self.items

@@ -1063,6 +1063,260 @@ fn kv_write_and_decode_attention_match_reference() {
     }
 }
 
+/// `DecodeAttention` given the step's raw key and value (and the step's cos/sin tables) stores
+/// and rotates them itself: the output and the cache rows are bit for bit those of
+/// `RotaryEmbedding` + `KvWrite` + `DecodeAttention`, and `q`, `k` are left unchanged. Wrong
+/// step inputs are errors, not launches.
+#[test]
+fn decode_attention_with_the_step_kv_equals_rotary_kv_write_and_attention() {
+    let Some(dev) = gpu() else { return };
+    let cuda = cuda_executor(&dev);
+    let mut rng = CaseRng::new(67);
+    // (len, cap, nh, nkv, hd, rot, style, rotate, alibi, window): one and many splits, GQA
+    // groups 1/4/16 (16 spans several blocks per KV head), partial rotation, both styles.
+    let cases = [
+        (
+            1usize, 4usize, 4usize, 4usize, 64usize, 64usize, 0i32, true, false, 0i32,
+        ),
+        (37, 66, 32, 8, 128, 128, 0, true, false, 0),
+        (1500, 1600, 16, 1, 64, 32, 1, true, true, 0),
+        (300, 300, 14, 2, 64, 64, 1, true, false, 100),
+        (4097, 8192, 32, 8, 128, 128, 0, true, false, 0),
+        (20, 32, 9, 3, 40, 40, 0, false, true, 0),
+    ];
+    for (len, cap, nh, nkv, hd, rot, style, rotate, alibi, window) in cases {
+        let ctx = format!(
+            "len={len} cap={cap} nh={nh} nkv={nkv} hd={hd} rot={rot} style={style} rotate={rotate}"
+        );
+        let old = len - 1;
+        let q = dev.upload(&rng.data(DataType::F32, &[1, nh, hd])).unwrap();
+        let k = dev.upload(&rng.data(DataType::F32, &[1, nkv, hd])).unwrap();
+        let v = dev.upload(&rng.data(DataType::F32, &[1, nkv, hd])).unwrap();
+        let cache = |rng: &mut CaseRng| {
+            let mut c = rng.data(DataType::F32, &[old, nkv, hd]);
+            c.reserve(0, cap).unwrap();
+            dev.upload(&c).unwrap()
+        };
+        let (kc0, vc0) = (cache(&mut rng), cache(&mut rng));
+        let pos = dev
+            .upload(&Data::from_i32(&[1], &[old as i32]).unwrap())
+            .unwrap();
+        let slopes: Vec<f32> = (0..nh).map(|h| 0.5f32.powi(h as i32 % 8 + 1)).collect();
+        let slopes = dev
+            .upload(&Data::from_f32(&[nh], &slopes).unwrap())
+            .unwrap();
+        let ints = IntDict::new()
+            .with("rotary_dim", rot as i32)
+            .with("style", style);
+        let fl = FloatDict::new().with("theta", 10000.0);
+        let (mut cs, mut sn) = (Data::empty(DataType::F32), Data::empty(DataType::F32));
+        {
+            let mut d = DataDict::new().with("positions", &pos);
+            d.insert_mut("cos", &mut cs);
+            d.insert_mut("sin", &mut sn);
+            cuda.run("RotaryTables", &mut d, &fl, &ints).unwrap();
+        }
+        let scale = FloatDict::new().with("scale", 1.0 / (hd as f32).sqrt());
+        let attend = |q: &Data, kc: &mut Data, vc: &mut Data, step: bool| -> Data {
+            let mut out = Data::empty(DataType::F32);
+            let mut ws = Data::empty(DataType::F32);
+            let mut d = DataDict::new().with("q", q).with("positions", &pos);
+            if step {
+                // written by the kernel: inout
+                d.insert_mut("k_cache", kc);
+                d.insert_mut("v_cache", vc);
+            } else {
+                d.insert("k_cache", &*kc);
+                d.insert("v_cache", &*vc);
+            }
+            let mut ints = IntDict::new().with("sliding_window", window);
+            if step {
+                d.insert("k", &k);
+                d.insert("v", &v);
+                if rotate {
+                    d.insert("cos", &cs);
+                    d.insert("sin", &sn);
+                    ints = ints.with("rotary_dim", rot as i32).with("style", style);
+                }
+            }
+            if alibi {
+                d.insert("alibi_slopes", &slopes);
+            }
+            d.insert_mut("workspace", &mut ws);
+            d.insert_mut("output", &mut out);
+            cuda.run("DecodeAttention", &mut d, &scale, &ints).unwrap();
+            out
+        };
+        let host = |d: &Data| d.to_owned_host().unwrap().to_f32_vec().unwrap();
+        let full = |mut c: Data| {
+            c.set_len(0, len).unwrap();
+            host(&c)
+        };
+        // a device copy of a cache, with its capacity
+        let copy = |c: &Data| {
+            let mut h = c.to_owned_host().unwrap();
+            h.reserve(0, cap).unwrap();
+            dev.upload(&h).unwrap()
+        };
+        // apart: rotate copies of q and k, KvWrite, then attend
+        let (mut qa, mut ka) = (
+            dev.upload(&q.to_owned_host().unwrap()).unwrap(),
+            dev.upload(&k.to_owned_host().unwrap()).unwrap(),
+        );
+        if rotate {
+            let mut d = DataDict::new().with("cos", &cs).with("sin", &sn);
+            d.insert_mut("input", &mut qa);
+            d.insert_mut("input1", &mut ka);
+            cuda.run("RotaryEmbedding", &mut d, &fl, &ints).unwrap();
+        }
+        let (mut kca, mut vca) = (copy(&kc0), copy(&vc0));
+        let (mut kcb, mut vcb) = (kc0, vc0);
+        {
+            let mut d = DataDict::new()
+                .with("k", &ka)
+                .with("v", &v)
+                .with("positions", &pos)
+                .with_mut("k_cache", &mut kca)
+                .with_mut("v_cache", &mut vca);
+            cuda.run("KvWrite", &mut d, &FloatDict::new(), &IntDict::new())
+                .unwrap();
+        }
+        let want = host(&attend(&qa, &mut kca, &mut vca, false));
+        // fused: one launch
+        let (q0, k0) = (host(&q), host(&k));
+        let got = host(&attend(&q, &mut kcb, &mut vcb, true));
+        assert_eq!(got, want, "{ctx}: output");
+        assert_eq!(full(kcb), full(kca), "{ctx}: key cache");
+        assert_eq!(full(vcb), full(vca), "{ctx}: value cache");
+        assert_eq!((host(&q), host(&k)), (q0, k0), "{ctx}: q and k unchanged");
+        println!("DecodeAttention with the step's k/v, {ctx}: equal bits");
+    }
+    // wrong step inputs are refused before any launch
+    let (nh, nkv, hd) = (4usize, 2usize, 8usize);
+    let up = |dims: &[usize]| {
+        dev.upload(&Data::zeros(DataType::F32, dims).unwrap())
+            .unwrap()
+    };
+    let q = up(&[1, nh, hd]);
+    let q2 = up(&[2, nh, hd]);
+    let (k, v, kbad) = (up(&[1, nkv, hd]), up(&[1, nkv, hd]), up(&[1, nkv, hd + 1]));
+    let (cs, sn, cbad) = (up(&[1, hd / 2]), up(&[1, hd / 2]), up(&[1, 3]));
+    let mut cache = Data::zeros(DataType::F32, &[0, nkv, hd]).unwrap();
+    cache.reserve(0, 8).unwrap();
+    let (kc, vc) = (dev.upload(&cache).unwrap(), dev.upload(&cache).unwrap());
+    let p1 = dev.upload(&Data::from_i32(&[1], &[0]).unwrap()).unwrap();
+    let p2 = dev.upload(&Data::from_i32(&[2], &[0, 1]).unwrap()).unwrap();
+    let (mut kc, mut vc) = (kc, vc);
+    type Step<'a> = [Option<&'a Data>; 4];
+    // (what, q, positions, k/v/cos/sin, rotary_dim, caches inout, words of the message)
+    let bad: [(&str, &Data, &Data, Step, i32, bool, &str); 8] = [
+        (
+            "k without v",
+            &q,
+            &p1,
+            [Some(&k), None, None, None],
+            8,
+            true,
+            "'v'",
+        ),
+        (
+            "v without k",
+            &q,
+            &p1,
+            [None, Some(&v), None, None],
+            8,
+            true,
+            "'k'",
+        ),
+        (
+            "two query rows",
+            &q2,
+            &p2,
+            [Some(&k), Some(&v), None, None],
+            8,
+            true,
+            "one query row",
+        ),
+        (
+            "k of the wrong head size",
+            &q,
+            &p1,
+            [Some(&kbad), Some(&v), None, None],
+            8,
+            true,
+            "must be",
+        ),
+        (
+            "cos without sin",
+            &q,
+            &p1,
+            [Some(&k), Some(&v), Some(&cs), None],
+            8,
+            true,
+            "together",
+        ),
+        (
+            "tables of the wrong size",
+            &q,
+            &p1,
+            [Some(&k), Some(&v), Some(&cbad), Some(&sn)],
+            8,
+            true,
+            "angles",
+        ),
+        (
+            "an odd rotary_dim",
+            &q,
+            &p1,
+            [Some(&k), Some(&v), Some(&cs), Some(&sn)],
+            7,
+            true,
+            "rotary_dim 7",
+        ),
+        (
+            "read-only caches",
+            &q,
+            &p1,
+            [Some(&k), Some(&v), Some(&cs), Some(&sn)],
+            8,
+            false,
+            "inout",
+        ),
+    ];
+    for (what, q, pos, step, rot, inout, words) in bad {
+        let mut out = Data::empty(DataType::F32);
+        let mut ws = Data::empty(DataType::F32);
+        let mut d = DataDict::new().with("q", q).with("positions", pos);
+        if inout {
+            d.insert_mut("k_cache", &mut kc);
+            d.insert_mut("v_cache", &mut vc);
+        } else {
+            d.insert("k_cache", &kc);
+            d.insert("v_cache", &vc);
+        }
+        for (n, t) in ["k", "v", "cos", "sin"].into_iter().zip(step) {
+            if let Some(t) = t {
+                d.insert(n, t);
+            }
+        }
+        d.insert_mut("workspace", &mut ws);
+        d.insert_mut("output", &mut out);
+        let r = cuda.run(
+            "DecodeAttention",
+            &mut d,
+            &FloatDict::new().with("scale", 0.5),
+            &IntDict::new().with("rotary_dim", rot),
+        );
+        match r {
+            Err(e) => {
+                println!("{what}: refused ({e})");
+                assert!(e.to_string().contains(words), "{what}: {e}");
+            }
+            Ok(()) => panic!("{what}: accepted"),
+        }
+    }
+}
+
 #[test]
 fn kv_write_skips_positions_outside_the_cache() {
     let Some(dev) = gpu() else { return };
@@ -1155,10 +1409,14 @@ fn decode_graphs_match_op_by_op_decoding() {
         let mut model = Model::new(cfg.clone(), src, exec, Precision::Fast, false).unwrap();
         let prompt: Vec<u32> = (0..20u32).map(|i| (i * 7919 + 13) % 100000).collect();
         let steps: Vec<u32> = (0..24u32).map(|i| (i * 104729 + 7) % 100000).collect();
-        let run = |model: &Model| -> (Vec<Vec<f32>>, Vec<u32>) {
+        // `prefill`: the steps follow a prompt; else they start on a fresh cache (still on the
+        // host: the first step's ops move it to the device)
+        let run = |model: &Model, prefill: bool| -> (Vec<Vec<f32>>, Vec<u32>, bool) {
             let mut cache = model.new_cache(64).unwrap();
             let mut other = model.new_cache(64).unwrap();
-            model.forward(&mut cache, &prompt, false).unwrap();
+            if prefill {
+                model.forward(&mut cache, &prompt, false).unwrap();
+            }
             let mut logits = Vec::new();
             let mut ids = Vec::new();
             for (i, &t) in steps.iter().enumerate() {
@@ -1182,25 +1440,35 @@ fn decode_graphs_match_op_by_op_decoding() {
                     ids.push(model.forward_greedy(&mut cache, &[t]).unwrap());
                 }
             }
-            (logits, ids)
+            (logits, ids, cache.replays_decode_graph())
         };
-        model.set_decode_graphs(false);
-        let (l0, i0) = run(&model);
-        model.set_decode_graphs(true);
-        assert!(model.decode_graphs(), "graphs available on the GPU");
-        let (l1, i1) = run(&model);
-        let worst = l0
-            .iter()
-            .zip(&l1)
-            .map(|(a, b)| max_abs_diff(a, b))
-            .fold(0.0f32, f32::max);
-        let scale = l0.iter().flatten().map(|x| x.abs()).fold(0.0f32, f32::max);
-        println!(
-            "decode graphs {shape} {dtype} (2 layers): max |logit graph - op by op| {worst:.2e} (max |logit| {scale:.2}), greedy ids equal: {}",
+        for prefill in [true, false] {
+            model.set_decode_graphs(false);
+            let (l0, i0, replayed0) = run(&model, prefill);
+            assert!(!replayed0, "no graph without decode graphs");
+            model.set_decode_graphs(true);
+            assert!(model.decode_graphs(), "graphs available on the GPU");
+            let (l1, i1, replayed) = run(&model, prefill);
+            assert!(
+                replayed,
+                "{shape} {dtype} prefill {prefill}: the decode steps replay a recorded graph"
+            );
+            let worst = l0
+                .iter()
+                .zip(&l1)
+                .map(|(a, b)| max_abs_diff(a, b))
+                .fold(0.0f32, f32::max);
+            let scale = l0.iter().flatten().map(|x| x.abs()).fold(0.0f32, f32::max);
+            println!(
+            "decode graphs {shape} {dtype} (2 layers, prefill {prefill}): max |logit graph - op by op| {worst:.2e} (max |logit| {scale:.2}), greedy ids equal: {}",
             i0 == i1
         );
-        assert_eq!(i0, i1, "{shape} {dtype}: greedy ids");
-        assert!(worst <= 1e-4 * scale.max(1.0), "{shape} {dtype}: {worst}");
+            assert_eq!(i0, i1, "{shape} {dtype} prefill {prefill}: greedy ids");
+            assert!(
+                worst <= 1e-4 * scale.max(1.0),
+                "{shape} {dtype} prefill {prefill}: {worst}"
+            );
+        }
     }
 }
 

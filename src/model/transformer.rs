@@ -89,6 +89,12 @@ impl KvCache {
     pub fn capacity(&self) -> usize {
         self.cap
     }
+    /// True when this cache's one-token decode steps replay a recorded graph (CUDA graphs),
+    /// false while none is recorded (before the second step, after a failed recording, or on a
+    /// device without graphs).
+    pub fn replays_decode_graph(&self) -> bool {
+        self.graph.as_ref().is_some_and(|g| g.recording.is_some())
+    }
     /// Forgets every cached token (keeps the allocations).
     pub fn clear(&mut self) -> Result<()> {
         if let Some(r) = &self.remote {
@@ -172,6 +178,11 @@ pub struct Model {
     /// The first device has `RotaryTables`: a step forms its RoPE cos/sin once for all layers.
     /// `FASTLLM_ROPE_TABLES=0` turns it off (A/B runs).
     rope_tables: bool,
+    /// A graph-mode decode step's `DecodeAttention` stores the step's key and value itself and
+    /// rotates q and k (with the step's tables) in the same launch, instead of a
+    /// `RotaryEmbedding` and a `KvWrite` launch before it. `FASTLLM_DECODE_STEP_KV=0` turns it
+    /// off (A/B runs).
+    step_kv_in_attention: bool,
     /// Unique per model in this process: a cache's recorded decode step is only replayed by
     /// the model that recorded it (the recording holds that model's weight addresses).
     id: u64,
@@ -305,6 +316,8 @@ impl Model {
         };
         let rope_tables = first_has("RotaryTables")
             && std::env::var("FASTLLM_ROPE_TABLES").map_or(true, |v| v.trim() != "0");
+        let step_kv_in_attention = decode_graphs
+            && std::env::var("FASTLLM_DECODE_STEP_KV").map_or(true, |v| v.trim() != "0");
         let half_mlp = fused_silu_mul
             && matches!(prefill_copy, OutputCopy::F16 | OutputCopy::Bf16)
             && std::env::var("FASTLLM_HALF_MLP").map_or(true, |v| v.trim() != "0");
@@ -325,6 +338,7 @@ impl Model {
             prefill_copy,
             half_mlp,
             rope_tables,
+            step_kv_in_attention,
             id: next_model_id(),
         })
     }
@@ -396,6 +410,7 @@ impl Model {
             prefill_copy: OutputCopy::None,
             half_mlp: false,
             rope_tables: false,
+            step_kv_in_attention: false,
             id: next_model_id(),
         })
     }
@@ -795,6 +810,7 @@ impl Model {
             v: &mut cache.v,
             pos,
             workspace,
+            fused: self.step_kv_in_attention,
         };
         self.layers(ids, pos, &[0], &mut kv, bufs, logits, true)?;
         ops::argmax(&self.exec, logits, next)
@@ -1326,7 +1342,12 @@ impl Model {
                 self.norm(k, &ln(kn), t0)?;
                 std::mem::swap(k, t0);
             }
-            if self.spec.positions == Positions::Rope {
+            // a graph-mode decode step rotates q and k in the attention launch
+            let rotate_in_store = self.spec.positions == Positions::Rope
+                && rope.tables.is_some()
+                && s == 1
+                && kv.rotates_step();
+            if self.spec.positions == Positions::Rope && !rotate_in_store {
                 if self.multi_linear {
                     ops::rotary_pair(e, q, k, &rope)?;
                 } else {
@@ -1343,7 +1364,11 @@ impl Model {
                 fast: self.precision == Precision::Fast,
                 output_copy: self.copy_for(s),
             };
-            kv.attend(e, i, q, k, v, &ap, a)?;
+            if rotate_in_store {
+                kv.attend_rotating(e, i, q, k, v, &rope, &ap, a)?;
+            } else {
+                kv.attend(e, i, q, k, v, &ap, a)?;
+            }
             a.reshape(&[s, nh * hd])?;
             // on the CUDA device the residual add rides on the projection (`accumulate`)
             let fuse_residual = self.multi_linear && self.tp.is_none();
@@ -1494,6 +1519,30 @@ pub trait KvStore {
         p: &AttentionParams,
         out: &mut Data,
     ) -> Result<()>;
+
+    /// True when [`KvStore::attend_rotating`] takes this step's queries and keys unrotated.
+    fn rotates_step(&self) -> bool {
+        false
+    }
+
+    /// [`KvStore::attend`] of `q` and `k` not yet rotated: the store rotates them by `rope`
+    /// (whose tables are set) as it stores the key, in the attention launch itself.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_rotating(
+        &mut self,
+        _e: &Executor,
+        _layer: usize,
+        _q: &Data,
+        _k: &Data,
+        _v: &Data,
+        _rope: &RotaryParams,
+        _p: &AttentionParams,
+        _out: &mut Data,
+    ) -> Result<()> {
+        Err(Error::invalid(
+            "this KV store does not rotate the step's keys",
+        ))
+    }
 }
 
 impl KvStore for KvCache {
@@ -1525,6 +1574,79 @@ struct GraphKv<'a> {
     v: &'a mut [Data],
     pos: &'a Data,
     workspace: &'a mut Data,
+    /// The step's key and value go to the caches (rotated) in the attention launch itself
+    /// (`DecodeAttention` with `k`, `v`, `cos`, `sin`) instead of `RotaryEmbedding` + `KvWrite`.
+    fused: bool,
+}
+
+impl GraphKv<'_> {
+    /// `DecodeAttention` of layer `layer`, storing the step's `k`, `v` in the launch when `step`
+    /// (rotating q and k by the tables of `rope` when given), else after a `KvWrite`.
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &mut self,
+        e: &Executor,
+        layer: usize,
+        q: &Data,
+        k: &Data,
+        v: &Data,
+        rope: Option<&RotaryParams>,
+        p: &AttentionParams,
+        out: &mut Data,
+    ) -> Result<()> {
+        let (kc, vc) = match (self.k.get_mut(layer), self.v.get_mut(layer)) {
+            (Some(kc), Some(vc)) => (kc, vc),
+            _ => return Err(Error::invalid(format!("KV cache has no layer {layer}"))),
+        };
+        if !self.fused {
+            let mut d = DataDict::new()
+                .with("k", k)
+                .with("v", v)
+                .with("positions", self.pos)
+                .with_mut("k_cache", kc)
+                .with_mut("v_cache", vc);
+            e.run("KvWrite", &mut d, &FloatDict::new(), &IntDict::new())?;
+        }
+        let mut d = DataDict::new().with("q", q).with("positions", self.pos);
+        if self.fused {
+            // written: inout, so a cache still on the host moves to the device for good
+            d.insert_mut("k_cache", kc);
+            d.insert_mut("v_cache", vc);
+        } else {
+            d.insert("k_cache", kc);
+            d.insert("v_cache", vc);
+        }
+        let mut ints = IntDict::new()
+            .with("sliding_window", p.sliding_window as i32)
+            .with("quantize_output", p.output_copy.param());
+        if self.fused {
+            d.insert("k", k);
+            d.insert("v", v);
+            if let Some(r) = rope {
+                let (cos, sin) = r
+                    .tables
+                    .ok_or_else(|| Error::invalid("the step's rotation needs its tables"))?;
+                d.insert("cos", cos);
+                d.insert("sin", sin);
+                ints = ints
+                    .with("rotary_dim", r.rotary_dim as i32)
+                    .with("style", r.style as i32);
+            }
+        }
+        if let Some(a) = p.alibi {
+            d.insert("alibi_slopes", a);
+        }
+        d.insert_mut("workspace", self.workspace);
+        d.insert_mut("output", out);
+        e.run(
+            "DecodeAttention",
+            &mut d,
+            &FloatDict::new()
+                .with("scale", p.scale)
+                .with("softcap", p.softcap),
+            &ints,
+        )
+    }
 }
 
 impl KvStore for GraphKv<'_> {
@@ -1538,37 +1660,28 @@ impl KvStore for GraphKv<'_> {
         p: &AttentionParams,
         out: &mut Data,
     ) -> Result<()> {
-        let (kc, vc) = match (self.k.get_mut(layer), self.v.get_mut(layer)) {
-            (Some(kc), Some(vc)) => (kc, vc),
-            _ => return Err(Error::invalid(format!("KV cache has no layer {layer}"))),
-        };
-        let mut d = DataDict::new()
-            .with("k", k)
-            .with("v", v)
-            .with("positions", self.pos)
-            .with_mut("k_cache", kc)
-            .with_mut("v_cache", vc);
-        e.run("KvWrite", &mut d, &FloatDict::new(), &IntDict::new())?;
-        let mut d = DataDict::new()
-            .with("q", q)
-            .with("k_cache", kc)
-            .with("v_cache", vc)
-            .with("positions", self.pos);
-        if let Some(a) = p.alibi {
-            d.insert("alibi_slopes", a);
+        self.run(e, layer, q, k, v, None, p, out)
+    }
+
+    fn rotates_step(&self) -> bool {
+        self.fused
+    }
+
+    fn attend_rotating(
+        &mut self,
+        e: &Executor,
+        layer: usize,
+        q: &Data,
+        k: &Data,
+        v: &Data,
+        rope: &RotaryParams,
+        p: &AttentionParams,
+        out: &mut Data,
+    ) -> Result<()> {
+        if !self.fused {
+            return Err(Error::invalid("this decode step stores its keys apart"));
         }
-        d.insert_mut("workspace", self.workspace);
-        d.insert_mut("output", out);
-        e.run(
-            "DecodeAttention",
-            &mut d,
-            &FloatDict::new()
-                .with("scale", p.scale)
-                .with("softcap", p.softcap),
-            &IntDict::new()
-                .with("sliding_window", p.sliding_window as i32)
-                .with("quantize_output", p.output_copy.param()),
-        )
+        self.run(e, layer, q, k, v, Some(rope), p, out)
     }
 }
 

@@ -123,6 +123,25 @@ struct DecodeArgs {
     window: i32,
     /// Q8_0 rows of the output for the next `Linear` (values, scale pairs), or none.
     q8: Option<(u64, u64)>,
+    /// The step's own key and value to store (and rotate) in the kernel, or none.
+    step: Option<StepKv>,
+}
+
+/// The raw key and value of a one-row decode step that `DecodeAttention` stores in the caches
+/// itself, rotating the key (and the queries) when the tables are given.
+#[derive(Clone, Copy)]
+struct StepKv {
+    /// Keys [1, nkv, hd].
+    k: u64,
+    /// Values [1, nkv, hdv].
+    v: u64,
+    /// cos / sin tables [1, rot/2], or 0 when q and k arrive rotated.
+    cos: u64,
+    sin: u64,
+    /// Rotated dims per head.
+    rot: usize,
+    /// 0 = pairs (i, i + rot/2), 1 = pairs (2i, 2i + 1).
+    style: i32,
 }
 
 /// Query heads per block of a decode launch over at most `keys` keys: one for short ranges
@@ -206,6 +225,12 @@ fn decode_launch(gpu: &Gpu, a: &DecodeArgs, nsplit: usize, gchunk: usize, part: 
             int(gchunk, "heads per block")?,
             KArg::Ptr(if nsplit > 1 { 0 } else { q8v }),
             KArg::Ptr(if nsplit > 1 { 0 } else { q8d }),
+            KArg::Ptr(a.step.map_or(0, |t| t.k)),
+            KArg::Ptr(a.step.map_or(0, |t| t.v)),
+            KArg::Ptr(a.step.map_or(0, |t| t.cos)),
+            KArg::Ptr(a.step.map_or(0, |t| t.sin)),
+            int(a.step.map_or(0, |t| t.rot), "rotary dim")?,
+            KArg::I32(a.step.map_or(0, |t| t.style)),
         ],
     )?;
     if nsplit > 1 {
@@ -636,6 +661,7 @@ impl Operator for Attention {
                     causal: causal != 0,
                     window,
                     q8: q8.map(|q| q.0),
+                    step: None,
                 },
                 nsplit,
                 gchunk,
@@ -699,9 +725,85 @@ fn cache_rows(op: &str, c: &crate::data::Data, name: &str) -> Result<usize> {
 /// position p (causal). The cache length on the host is ignored, so a recorded graph replays
 /// this op as the cache grows. Floats `scale`, `softcap`; ints `sliding_window`. The inout
 /// `workspace` (F32) is sized by the op (fixed for a given cache capacity and shapes).
+/// With the step's own keys and values `k` [1, nkv, hd] / `v` [1, nkv, hdv] (one query row) the
+/// kernel also stores them at cache row `positions[0]`, and with `cos` / `sin` (that position's
+/// [`crate::ops::rotary_tables`], ints `rotary_dim`, `style`) it rotates `q` and `k` first: one
+/// launch for what `RotaryEmbedding`, `KvWrite` and this op do apart (`q` and `k` are read, not
+/// changed). The caches are then inout arguments (an `Err` otherwise), as for `KvWrite`.
 struct DecodeAttention(Arc<Gpu>, Arc<ActQuant>);
 
 const DA_NAMES: [&str; 5] = ["q", "k_cache", "v_cache", "positions", "alibi_slopes"];
+
+/// The optional step inputs of `DecodeAttention`: raw key and value, cos and sin tables.
+const STEP_NAMES: [&str; 4] = ["k", "v", "cos", "sin"];
+
+/// The validated [`StepKv`] of a `DecodeAttention` call from its optional inputs (device address
+/// and dims of `k`, `v`, `cos`, `sin`) and ints `rotary_dim`, `style`: none without `k`.
+fn step_kv(
+    t: &[Option<(u64, Vec<usize>)>; 4],
+    ints: &IntDict,
+    sq: usize,
+    nkv: usize,
+    hd: usize,
+    hdv: usize,
+) -> Result<Option<StepKv>> {
+    const OP: &str = "DecodeAttention";
+    let [k, v, cos, sin] = t;
+    let Some((kp, kd)) = k else {
+        return if v.is_some() || cos.is_some() {
+            Err(op_err(OP, "'v' and 'cos'/'sin' need the step's keys 'k'"))
+        } else {
+            Ok(None)
+        };
+    };
+    let Some((vp, vd)) = v else {
+        return Err(op_err(OP, "'k' needs the step's values 'v'"));
+    };
+    if sq != 1 {
+        return Err(op_err(
+            OP,
+            format!("the step's own keys ('k') need one query row, got {sq}"),
+        ));
+    }
+    if kd.as_slice() != [1, nkv, hd] || vd.as_slice() != [1, nkv, hdv] {
+        return Err(op_err(
+            OP,
+            format!("k {kd:?} / v {vd:?} must be [1, {nkv}, {hd}] / [1, {nkv}, {hdv}]"),
+        ));
+    }
+    let (cos, sin, rot) = match (cos, sin) {
+        (None, None) => (0, 0, 0),
+        (Some((cp, cd)), Some((sp, sd))) => {
+            let rot = usize::try_from(ints.get_or("rotary_dim", hd as i32)).unwrap_or(usize::MAX);
+            if rot == 0 || rot > hd || rot % 2 != 0 {
+                return Err(op_err(
+                    OP,
+                    format!("rotary_dim {rot} must be even, positive and ≤ head dim {hd}"),
+                ));
+            }
+            if cd.iter().product::<usize>() != rot / 2 || sd.iter().product::<usize>() != rot / 2 {
+                return Err(op_err(
+                    OP,
+                    format!("cos {cd:?} / sin {sd:?} must hold {} angles", rot / 2),
+                ));
+            }
+            (*cp, *sp, rot)
+        }
+        _ => return Err(op_err(OP, "'cos' and 'sin' come together")),
+    };
+    let style = ints.get_or("style", 0);
+    if !(0..=1).contains(&style) {
+        return Err(op_err(OP, format!("rotary style {style} must be 0 or 1")));
+    }
+    Ok(Some(StepKv {
+        k: *kp,
+        v: *vp,
+        cos,
+        sin,
+        rot,
+        style,
+    }))
+}
 
 impl DecodeAttention {
     /// (sq, nh, nkv, hd, hdv, cache rows, splits, heads per block) after validation.
@@ -783,6 +885,19 @@ impl Operator for DecodeAttention {
                 super::buffer::device_len(w).unwrap_or(0),
             )
         };
+        let mut step_in: [Option<(u64, Vec<usize>)>; 4] = Default::default();
+        for (slot, n) in step_in.iter_mut().zip(STEP_NAMES) {
+            if let Some(t) = d.get(n) {
+                *slot = Some((dptr(t, n)?, t.dims().to_vec()));
+            }
+        }
+        if step_in[0].is_some() && !(d.is_mut("k_cache") && d.is_mut("v_cache")) {
+            // a read-only cache on another device would be a copy, and the step's row lost
+            return Err(op_err(
+                OP,
+                "with the step's keys 'k' the kernel writes 'k_cache' and 'v_cache': pass them as inout",
+            ));
+        }
         let (a, out) = d.io(OP, DA_NAMES, "output")?;
         let [sq, nh, nkv, hd, hdv, kcap, nsplit, gchunk] = self.sizes(&a)?;
         if part_bytes < 4 * decode_workspace(sq, nh, hdv, nsplit) {
@@ -795,6 +910,7 @@ impl Operator for DecodeAttention {
         };
         let out_ptr = dptr(out, "output")?;
         let q8 = decode_q8(&self.1, i, out_ptr, sq, nh, hdv)?;
+        let step = step_kv(&step_in, i, sq, nkv, hd, hdv)?;
         decode_launch(
             &self.0,
             &DecodeArgs {
@@ -816,6 +932,7 @@ impl Operator for DecodeAttention {
                 causal: true,
                 window: i.get_or("sliding_window", 0).max(0),
                 q8: q8.map(|q| q.0),
+                step,
             },
             nsplit,
             gchunk,

@@ -120,6 +120,15 @@ enum Cmd {
         /// Generated tokens.
         #[arg(short = 'n', default_value_t = 128)]
         tg: usize,
+        /// Context depth of the generation test: each rep first fills the cache with this many
+        /// prompt tokens (untimed), then times -n decode steps after them (llama-bench's -d).
+        #[arg(short = 'd', long = "depth", default_value_t = 0)]
+        depth: usize,
+        /// Capacity (tokens) of the generation test's KV cache, as a session would allocate
+        /// for its context; 0 = just enough (depth + n + 2). The GPU decode kernel is sized
+        /// for the capacity, its work for the tokens actually cached.
+        #[arg(long, default_value_t = 0)]
+        kv_capacity: usize,
         /// Repetitions (median reported).
         #[arg(short = 'r', default_value_t = 5)]
         reps: usize,
@@ -416,6 +425,8 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             m,
             pp,
             tg,
+            depth,
+            kv_capacity,
             reps,
             json,
             synthetic,
@@ -426,6 +437,7 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             &m,
             pp,
             tg,
+            (depth, kv_capacity),
             reps,
             json,
             synthetic.as_deref(),
@@ -715,6 +727,7 @@ fn bench(
     m: &ModelArgs,
     pp: usize,
     tg: usize,
+    (depth, kv_capacity): (usize, usize),
     reps: usize,
     json: bool,
     synthetic: Option<&str>,
@@ -727,6 +740,16 @@ fn bench(
         return Err(fastllm::Error::invalid(
             "nothing to measure: -p and -n are both 0",
         ));
+    }
+    let tg_cap = if kv_capacity == 0 {
+        depth + tg + 2
+    } else {
+        kv_capacity
+    };
+    if tg_cap < depth + tg {
+        return Err(fastllm::Error::invalid(format!(
+            "--kv-capacity {kv_capacity} cannot hold the depth {depth} and the {tg} generated tokens"
+        )));
     }
     let lt = Instant::now();
     let bm = bench_model(m, synthetic, dtype)?;
@@ -743,6 +766,7 @@ fn bench(
     };
     let prompt: Vec<u32> = (0..pp.max(1)).map(|_| tok()).collect();
     let gen: Vec<u32> = (0..tg).map(|_| tok()).collect();
+    let context: Vec<u32> = (0..depth).map(|_| tok()).collect();
     let mut pp_t = Vec::new();
     let mut tg_t = Vec::new();
     // warm-up: on a GPU the whole prompt (its first run allocates scratch buffers sized for
@@ -766,7 +790,7 @@ fn bench(
     // decode runs on one cache, cleared before each rep, as a chat session keeps its cache; its
     // warm-up steps size the buffers and record the CUDA graph of the decode step (a one-time
     // cost per cache, like the prompt warm-up above), so the reps time the steady state
-    let mut tg_cache = model.new_cache(tg + 2)?;
+    let mut tg_cache = model.new_cache(tg_cap)?;
     for &g in gen.iter().take(DECODE_WARMUP_STEPS) {
         model.forward_greedy(&mut tg_cache, &[g])?;
     }
@@ -779,6 +803,9 @@ fn bench(
         }
         if tg > 0 {
             tg_cache.clear()?;
+            if depth > 0 {
+                model.forward(&mut tg_cache, &context, false)?;
+            }
             model.executor().profiler().set_enabled(profile);
             let t = Instant::now();
             // greedy selection on the model's device: only the id comes back per step
@@ -823,7 +850,7 @@ fn bench(
                 "model": bm.name, "device": device_of(m)?, "tp": model.tensor_parallel(),
                 "threads": threads, "precision": m.precision,
                 "weight_bytes_per_token": bm.weight_bytes,
-                "pp": pp, "tg": tg, "reps": reps,
+                "pp": pp, "tg": tg, "depth": depth, "kv_capacity": tg_cap, "reps": reps,
                 "pp_tok_s": pps, "tg_tok_s": tgs, "load_s": load_s, "peak_rss_mib": rss,
                 "tg_weight_gb_s": bm.weight_bytes.map(|b| b as f64 * tgs / 1e9),
                 "batch": batch, "batch_tg_tok_s": btgs,
@@ -843,8 +870,13 @@ fn bench(
             );
         }
         if tg > 0 {
+            let at = if depth > 0 {
+                format!(" @ d{depth}")
+            } else {
+                String::new()
+            };
             println!(
-                "| {name} | {threads} | {} | tg{tg} | {tgs:.2} |",
+                "| {name} | {threads} | {} | tg{tg}{at} | {tgs:.2} |",
                 m.precision
             );
         }

@@ -209,6 +209,32 @@ fn synthetic_bench() {
     assert!(b["model"].as_str().unwrap().contains("qwen2-0.5b"), "{b}");
     let bytes = b["weight_bytes_per_token"].as_f64().unwrap();
     assert!((2e8..6e8).contains(&bytes), "{b}");
+    // generation after a context of 5 tokens, in a cache of 64
+    let b: serde_json::Value = serde_json::from_str(&ok(&[
+        "bench",
+        "--synthetic",
+        "qwen2-0.5b",
+        "--dtype",
+        "int4",
+        "-p",
+        "0",
+        "-n",
+        "2",
+        "-d",
+        "5",
+        "--kv-capacity",
+        "64",
+        "-r",
+        "1",
+        "--json",
+    ]))
+    .unwrap();
+    assert!(b["tg_tok_s"].as_f64().unwrap() > 0.0, "{b}");
+    assert_eq!(
+        (b["depth"].as_u64(), b["kv_capacity"].as_u64()),
+        (Some(5), Some(64)),
+        "{b}"
+    );
 }
 
 #[test]
@@ -272,6 +298,20 @@ fn user_errors_are_one_line() {
         "exclusive",
     );
     fails(&["detokenize", "-m", m, "1,abc"], "abc");
+    fails(
+        &[
+            "bench",
+            "--synthetic",
+            "qwen2-0.5b",
+            "-n",
+            "4",
+            "-d",
+            "8",
+            "--kv-capacity",
+            "10",
+        ],
+        "--kv-capacity 10 cannot hold the depth 8",
+    );
     // refused before binding or loading anything
     for bad in ["--waiting-served-ratio=-1", "--waiting-served-ratio=nan"] {
         fails(

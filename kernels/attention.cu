@@ -279,8 +279,16 @@ extern "C" __global__ void attn_softmax_f32(float* s, const float* slopes, int q
 // per key, 4 keys in flight, all G heads per load), then per head (a warp each) the chunk's
 // max / exp / sum, then the weighted V sum (a thread per value dim in each group of DA_VT
 // threads, the groups taking every nkq-th run of 4 keys, summed at the end; V loaded once for
-// all G heads). With nsplit = 1 the block writes the normalised output; otherwise it writes its
-// unnormalised partial output and (max, sum) to `part`, which attn_decode_combine_f32 merges.
+// all G heads). The launch has `nsplit` ranges (≤ DA_MAX_SPLITS) for the longest row the cache
+// can hold. With `counters` (launches of no more blocks than multiprocessors) a row uses only
+// as many as its keys need at DA_SPLIT_MIN keys each (decided on the device, as the length is
+// only known there; the blocks beyond stop at once): with one, its block writes the normalised
+// output; with more, each block writes its unnormalised partial output and (max, sum) to
+// `part` and the last one to finish (an atomic count per row and head chunk in `counters`, all
+// zero between launches) merges them in split order, so the result does not depend on which
+// is last. Without `counters` (big grids, where the combine's spread over many blocks is
+// faster than one block merging up to 64 ranges) every range is used and, with nsplit > 1,
+// attn_decode_combine_f32 merges them in a second launch.
 // Fused step (DecodeAttention with the step's raw keys, one query row): knew / vnew [nkv, hd /
 // hdv] go to cache row p as below, and with rcos / rsin (the step's [rot/2] tables) the queries
 // and that key are rotated first (rope_value, style `rstyle`), which replaces the RotaryEmbedding
@@ -313,13 +321,17 @@ __device__ __forceinline__ void da_quant_store(float val, long o, signed char* o
 #define DA_GMAX 4
 #define DA_DPL 8
 #define DA_VPT 2
+#define DA_SPLIT_MIN 64
+#define DA_MAX_SPLITS 64
 
 extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const float* v, const float* slopes,
                                            const int* positions, float* out, float* part, int sq, int skv, int kcap,
                                            int nh, int nkv, int hd, int hdv, long ks, long vs, float scale,
                                            float softcap, int causal, int window, int nsplit, int gchunk,
                                            signed char* oq, float2* od, const float* knew, const float* vnew,
-                                           const float* rcos, const float* rsin, int rot, int rstyle) {
+                                           const float* rcos, const float* rsin, int rot, int rstyle,
+                                           int* counters) {
+    // counters: null = every split writes its partial for attn_decode_combine_f32
     pdl_begin();
     __shared__ float qs[DA_GMAX][DA_DPL * 32];
     __shared__ float sc[DA_GMAX][DA_CHUNK];
@@ -348,7 +360,11 @@ extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const
     if (hi < 0) hi = 0;
     if (lo < 0) lo = 0;
     if (lo > hi) lo = hi;
-    long per = (hi - lo + nsplit - 1) / nsplit;
+    // the splits this row's keys need (at least DA_SPLIT_MIN keys each): the launch has
+    // `nsplit` for the longest row the cache can hold; the blocks beyond stop here
+    int eff = counters ? (int)min((long)nsplit, max(1L, (hi - lo + DA_SPLIT_MIN - 1) / DA_SPLIT_MIN)) : nsplit;
+    if (s >= eff) return;
+    long per = (hi - lo + eff - 1) / eff;
     long a = lo + (long)s * per, b = min(hi, a + per);
     // the step's own key and value (knew, vnew; one query row): every block whose range holds
     // position p writes them (the key rotated) to cache row p before reading it, all the same
@@ -482,32 +498,87 @@ extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const
                     for (int r = 0; r < nkq - 1; r++) acc[g][t] += red[r][g][dl + t * DA_VT];
         }
     }
-    if (kq > 0) return;
+    if (eff == 1) {
+        // the whole range in this block: the normalised output
+        if (kq > 0) return;
 #pragma unroll
-    for (int g = 0; g < DA_GMAX; g++) {
-        if (g < G) {
-            long h = h0 + g;
+        for (int g = 0; g < DA_GMAX; g++) {
+            if (g < G) {
+                float l = ls[g];
 #pragma unroll
-            for (int t = 0; t < DA_VPT; t++) {
-                int d = dl + t * DA_VT;
-                if (d < hdv) {
-                    if (part) {
-                        part[(((long)i * nh + h) * nsplit + s) * (hdv + 2) + d] = acc[g][t];
-                    } else {
-                        float l = ls[g];
-                        long o = ((long)i * nh + h) * hdv + d;
+                for (int t = 0; t < DA_VPT; t++) {
+                    int d = dl + t * DA_VT;
+                    if (d < hdv) {
+                        long o = ((long)i * nh + h0 + g) * hdv + d;
                         float val = l > 0.0f ? acc[g][t] / l : 0.0f;
                         out[o] = val;
                         if (oq) da_quant_store(val, o, oq, od);
                     }
                 }
             }
-            if (part && tid == 0) {
-                float* pm = part + (((long)i * nh + h) * nsplit + s) * (hdv + 2) + hdv;
-                pm[0] = ms[g];
-                pm[1] = ls[g];
+        }
+        return;
+    }
+    // several splits: this block's unnormalised output and (max, sum) go to `part`; the last
+    // block of the row's head chunk to finish (counted in `counters`) merges them in split order
+    const long pstride = (long)nsplit * (hdv + 2);
+    if (!counters && kq > 0) return;
+    if (kq == 0) {
+#pragma unroll
+        for (int g = 0; g < DA_GMAX; g++) {
+            if (g < G) {
+                float* pp = part + ((long)i * nh + h0 + g) * pstride + (long)s * (hdv + 2);
+#pragma unroll
+                for (int t = 0; t < DA_VPT; t++) {
+                    int d = dl + t * DA_VT;
+                    if (d < hdv) pp[d] = acc[g][t];
+                }
+                if (tid == 0) {
+                    pp[hdv] = ms[g];
+                    pp[hdv + 1] = ls[g];
+                }
             }
         }
+    }
+    if (!counters) return;  // merged by attn_decode_combine_f32
+    __shared__ int last;
+    __shared__ float wsp[DA_GMAX][DA_MAX_SPLITS];
+    __shared__ float linv[DA_GMAX];
+    __threadfence();
+    __syncthreads();
+    int* counter = counters + (long)i * gridDim.y + blockIdx.y;
+    if (tid == 0) last = atomicAdd(counter, 1) == eff - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (tid == 0) *counter = 0;  // ready for the next launch
+    // per head: M = max_s m_s, w_s = e^(m_s - M), 1 / Σ_s w_s l_s (0 when no split saw a key)
+    if (wid < G) {
+        const float* pr = part + ((long)i * nh + h0 + wid) * pstride;
+        float mx = -INF;
+        for (int t = lane; t < eff; t += 32) mx = fmaxf(mx, __ldcg(pr + (long)t * (hdv + 2) + hdv));
+        mx = warp_max(mx);
+        float l = 0.0f;
+        for (int t = lane; t < eff; t += 32) {
+            float m = __ldcg(pr + (long)t * (hdv + 2) + hdv);
+            float w = (m == -INF) ? 0.0f : expf(m - mx);
+            wsp[wid][t] = w;
+            l += w * __ldcg(pr + (long)t * (hdv + 2) + hdv + 1);
+        }
+        l = warp_sum(l);
+        if (lane == 0) linv[wid] = l > 0.0f ? 1.0f / l : 0.0f;
+    }
+    __syncthreads();
+    // out = Σ_s w_s o_s · (1 / L); a warp holds 32 consecutive dims of one head (hdv % 32 == 0
+    // where the Q8 copy is asked for)
+    for (int e = tid; e < G * hdv; e += nt) {
+        int g = e / hdv, d = e % hdv;
+        const float* pr = part + ((long)i * nh + h0 + g) * pstride + d;
+        float o = 0.0f;
+        for (int t = 0; t < eff; t++) o += wsp[g][t] * __ldcg(pr + (long)t * (hdv + 2));
+        long oi = ((long)i * nh + h0 + g) * hdv + d;
+        out[oi] = o * linv[g];
+        if (oq) da_quant_store(o * linv[g], oi, oq, od);
     }
 }
 

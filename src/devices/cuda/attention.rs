@@ -18,10 +18,12 @@
 //! Decode (at most [`DECODE_MAX_QUERIES`] queries, head sizes ≤ 256) goes through the split-K
 //! "flash-decoding" kernel `attn_decode_f32`: the keys are cut into ranges spread over the
 //! multiprocessors, each block serves one GQA group and merges its range with an online softmax,
-//! and `attn_decode_combine_f32` merges the ranges. `DecodeAttention` is the same kernel for a
-//! KV cache whose length is only known on the device (query positions read from a device
-//! tensor, so one CUDA graph replays every decode step), and `KvWrite` stores a step's keys and
-//! values at those positions.
+//! and the ranges are merged: in a small launch by the last block of a row to finish (a row uses
+//! only the ranges its keys need, one for up to 64 keys, decided on the device), else by
+//! `attn_decode_combine_f32`. `DecodeAttention` is the same kernel for
+//! a KV cache whose length is only known on the device (query positions read from a device
+//! tensor, so one CUDA graph replays every decode step; it can also store and rotate the step's
+//! own key and value), and `KvWrite` stores a step's keys and values at those positions.
 
 use super::act_quant::{ActForm, ActQuant, QuantKey};
 use super::blas::{gemm, Elem, Gemm, Operand};
@@ -36,6 +38,7 @@ use std::sync::{Arc, Mutex};
 
 /// Registers this family's operators.
 pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>) {
+    let counters = Arc::new(DecodeCounters(Mutex::new(None)));
     ops.insert(
         "Attention",
         Box::new(Attention(
@@ -43,11 +46,12 @@ pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>) {
             Mutex::new(None),
             Mutex::new(None),
             act.clone(),
+            counters.clone(),
         )),
     );
     ops.insert(
         "DecodeAttention",
-        Box::new(DecodeAttention(gpu.clone(), act.clone())),
+        Box::new(DecodeAttention(gpu.clone(), act.clone(), counters)),
     );
     ops.insert("KvWrite", Box::new(KvWrite(gpu.clone())));
 }
@@ -64,7 +68,7 @@ pub fn set_split_k_decode(on: bool) {
 }
 /// Largest q/k and v head size of the decode kernel (`DA_DPL * 32`, `DA_VPT * DA_THREADS`).
 pub const DECODE_MAX_HD: usize = 256;
-/// Most key ranges per row (`wsh[64]` in the combine kernel).
+/// Most key ranges per row (`DA_MAX_SPLITS` in the kernel's merge).
 const DECODE_MAX_SPLITS: usize = 64;
 /// Query heads per block of the decode kernel (`DA_GMAX`).
 const DECODE_GMAX: usize = 4;
@@ -174,9 +178,19 @@ fn decode_workspace(sq: usize, nh: usize, hdv: usize, nsplit: usize) -> usize {
     }
 }
 
-/// Enqueues the split-K decode attention (and the merge when `nsplit > 1`; `part` then holds
-/// [`decode_workspace`] floats).
-fn decode_launch(gpu: &Gpu, a: &DecodeArgs, nsplit: usize, gchunk: usize, part: u64) -> Result<()> {
+/// Enqueues the split-K decode attention: `nsplit` ranges; `part` holds [`decode_workspace`]
+/// floats when `nsplit > 1`. A launch of no more blocks than multiprocessors with several
+/// ranges merges them in the kernel (a row takes only the ranges its keys need, so a short one
+/// needs no merge), with `counters` (zero: one int per query row and block row of the grid);
+/// a bigger one uses every range and merges them in `attn_decode_combine_f32`.
+fn decode_launch(
+    gpu: &Gpu,
+    a: &DecodeArgs,
+    nsplit: usize,
+    gchunk: usize,
+    part: u64,
+    counters: u64,
+) -> Result<()> {
     const OP: &str = "Attention";
     let group = (a.nh / a.nkv.max(1)).max(1);
     let gy = a.nkv * group.div_ceil(gchunk.max(1));
@@ -193,13 +207,13 @@ fn decode_launch(gpu: &Gpu, a: &DecodeArgs, nsplit: usize, gchunk: usize, part: 
     );
     let part = if nsplit > 1 { part } else { 0 };
     let (q8v, q8d) = a.q8.unwrap_or((0, 0));
+    let blocks = grid.0 as usize * grid.1 as usize * grid.2 as usize;
+    let merge_in_kernel = nsplit > 1 && blocks <= gpu.sms();
+    let counters = if merge_in_kernel { counters } else { 0 };
     gpu.launch(
         "attn_decode_f32",
         grid,
-        128 * decode_key_groups(
-            grid.0 as usize * grid.1 as usize * grid.2 as usize,
-            gpu.sms(),
-        ),
+        128 * decode_key_groups(blocks, gpu.sms()),
         &[
             KArg::Ptr(a.q),
             KArg::Ptr(a.k),
@@ -223,17 +237,18 @@ fn decode_launch(gpu: &Gpu, a: &DecodeArgs, nsplit: usize, gchunk: usize, part: 
             KArg::I32(a.window),
             int(nsplit, "splits")?,
             int(gchunk, "heads per block")?,
-            KArg::Ptr(if nsplit > 1 { 0 } else { q8v }),
-            KArg::Ptr(if nsplit > 1 { 0 } else { q8d }),
+            KArg::Ptr(q8v),
+            KArg::Ptr(q8d),
             KArg::Ptr(a.step.map_or(0, |t| t.k)),
             KArg::Ptr(a.step.map_or(0, |t| t.v)),
             KArg::Ptr(a.step.map_or(0, |t| t.cos)),
             KArg::Ptr(a.step.map_or(0, |t| t.sin)),
             int(a.step.map_or(0, |t| t.rot), "rotary dim")?,
             KArg::I32(a.step.map_or(0, |t| t.style)),
+            KArg::Ptr(counters),
         ],
     )?;
-    if nsplit > 1 {
+    if nsplit > 1 && !merge_in_kernel {
         gpu.launch(
             "attn_decode_combine_f32",
             (
@@ -303,13 +318,32 @@ static FLASH_HPB: std::sync::LazyLock<usize> = std::sync::LazyLock::new(|| {
 const SCORE_BYTES: usize = 256 << 20;
 
 /// The device, the score scratch of the cuBLAS path (the f16 K/V of the flash path), the
-/// split-K decode partials, and the buffer for the output's f16/bf16 copy (`quantize_output`).
+/// split-K decode partials, the buffer for the output's f16/bf16 copy (`quantize_output`), and
+/// the split decode launches' counters.
 struct Attention(
     Arc<Gpu>,
     Mutex<Option<CudaBuffer>>,
     Mutex<Option<CudaBuffer>>,
     Arc<ActQuant>,
+    Arc<DecodeCounters>,
 );
+
+/// The counters of split decode launches (one int per query row and block row of the grid:
+/// how many of its splits have finished, so the last one merges them; see `attn_decode_f32`).
+/// One zeroed buffer per device shared by `Attention` and `DecodeAttention`, grown outside
+/// recordings (a regrowth marks recorded graphs stale); every launch leaves its counters zero.
+struct DecodeCounters(Mutex<Option<CudaBuffer>>);
+
+impl DecodeCounters {
+    /// The address of at least `units` zeroed counters.
+    fn get(&self, gpu: &Arc<Gpu>, units: usize) -> Result<u64> {
+        let mut guard = self
+            .0
+            .lock()
+            .map_err(|_| Error::Device("decode counters poisoned".into()))?;
+        scratch(gpu, &mut guard, 4 * units.max(1), true)
+    }
+}
 
 /// Pointers and sizes of one attention call, for the cuBLAS path.
 struct TcArgs {
@@ -639,6 +673,7 @@ impl Operator for Attention {
                 .lock()
                 .map_err(|_| Error::Device("Attention scratch poisoned".into()))?;
             let part = scratch(&self.0, &mut guard, need, true)?;
+            let counters = self.4.get(&self.0, decode_units(nh, nkv, sq, gchunk))?;
             let q8 = decode_q8(&self.3, i, op, sq, nh, hdv)?;
             decode_launch(
                 &self.0,
@@ -666,6 +701,7 @@ impl Operator for Attention {
                 nsplit,
                 gchunk,
                 part,
+                counters,
             )?;
             if let Some((_, key)) = q8 {
                 self.3.set(key, true)?;
@@ -730,7 +766,7 @@ fn cache_rows(op: &str, c: &crate::data::Data, name: &str) -> Result<usize> {
 /// [`crate::ops::rotary_tables`], ints `rotary_dim`, `style`) it rotates `q` and `k` first: one
 /// launch for what `RotaryEmbedding`, `KvWrite` and this op do apart (`q` and `k` are read, not
 /// changed). The caches are then inout arguments (an `Err` otherwise), as for `KvWrite`.
-struct DecodeAttention(Arc<Gpu>, Arc<ActQuant>);
+struct DecodeAttention(Arc<Gpu>, Arc<ActQuant>, Arc<DecodeCounters>);
 
 const DA_NAMES: [&str; 5] = ["q", "k_cache", "v_cache", "positions", "alibi_slopes"];
 
@@ -909,8 +945,9 @@ impl Operator for DecodeAttention {
                 .map(|p| p.unwrap_or(0))
         };
         let out_ptr = dptr(out, "output")?;
-        let q8 = decode_q8(&self.1, i, out_ptr, sq, nh, hdv)?;
         let step = step_kv(&step_in, i, sq, nkv, hd, hdv)?;
+        let counters = self.2.get(&self.0, decode_units(nh, nkv, sq, gchunk))?;
+        let q8 = decode_q8(&self.1, i, out_ptr, sq, nh, hdv)?;
         decode_launch(
             &self.0,
             &DecodeArgs {
@@ -937,6 +974,7 @@ impl Operator for DecodeAttention {
             nsplit,
             gchunk,
             part,
+            counters,
         )?;
         if let Some((_, key)) = q8 {
             self.1.set(key, true)?;

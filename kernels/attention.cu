@@ -324,6 +324,43 @@ __device__ __forceinline__ void da_quant_store(float val, long o, signed char* o
 #define DA_SPLIT_MIN 64
 #define DA_MAX_SPLITS 64
 
+// Merging split ranges (the in-kernel merge of attn_decode_f32 and attn_decode_combine_f32):
+// pr holds `n` ≤ DA_MAX_SPLITS (two per lane) partials of one head, each hdv unnormalised
+// output values then (max, sum). One warp: w[s] = e^(m_s − M) with M = max_s m_s, and the
+// returned 1 / Σ_s w_s l_s (0 when no range saw a key); every (max, sum) is loaded once, all
+// at the start. Loads bypass L1: the partials may have been written by other blocks of this
+// launch.
+__device__ __forceinline__ float da_merge_weights(const float* pr, int n, int hdv, float* w) {
+    int lane = threadIdx.x & 31;
+    float m[2], l[2];
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        int t = lane + 32 * u;
+        m[u] = t < n ? __ldcg(pr + (long)t * (hdv + 2) + hdv) : -INF;
+        l[u] = t < n ? __ldcg(pr + (long)t * (hdv + 2) + hdv + 1) : 0.0f;
+    }
+    float mx = warp_max(fmaxf(m[0], m[1]));
+    float sum = 0.0f;
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        int t = lane + 32 * u;
+        if (t < n) {
+            float wt = (m[u] == -INF) ? 0.0f : expf(m[u] - mx);
+            w[t] = wt;
+            sum += wt * l[u];
+        }
+    }
+    sum = warp_sum(sum);
+    return sum > 0.0f ? 1.0f / sum : 0.0f;
+}
+
+// Output dim d of the merged head: Σ_s w_s o_s[d] (in range order), unnormalised.
+__device__ __forceinline__ float da_merge_value(const float* pr, int n, int hdv, const float* w, int d) {
+    float o = 0.0f;
+    for (int t = 0; t < n; t++) o += w[t] * __ldcg(pr + (long)t * (hdv + 2) + d);
+    return o;
+}
+
 extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const float* v, const float* slopes,
                                            const int* positions, float* out, float* part, int sq, int skv, int kcap,
                                            int nh, int nkv, int hd, int hdv, long ks, long vs, float scale,
@@ -554,28 +591,15 @@ extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const
     if (tid == 0) *counter = 0;  // ready for the next launch
     // per head: M = max_s m_s, w_s = e^(m_s - M), 1 / Σ_s w_s l_s (0 when no split saw a key)
     if (wid < G) {
-        const float* pr = part + ((long)i * nh + h0 + wid) * pstride;
-        float mx = -INF;
-        for (int t = lane; t < eff; t += 32) mx = fmaxf(mx, __ldcg(pr + (long)t * (hdv + 2) + hdv));
-        mx = warp_max(mx);
-        float l = 0.0f;
-        for (int t = lane; t < eff; t += 32) {
-            float m = __ldcg(pr + (long)t * (hdv + 2) + hdv);
-            float w = (m == -INF) ? 0.0f : expf(m - mx);
-            wsp[wid][t] = w;
-            l += w * __ldcg(pr + (long)t * (hdv + 2) + hdv + 1);
-        }
-        l = warp_sum(l);
-        if (lane == 0) linv[wid] = l > 0.0f ? 1.0f / l : 0.0f;
+        float inv = da_merge_weights(part + ((long)i * nh + h0 + wid) * pstride, eff, hdv, wsp[wid]);
+        if (lane == 0) linv[wid] = inv;
     }
     __syncthreads();
     // out = Σ_s w_s o_s · (1 / L); a warp holds 32 consecutive dims of one head (hdv % 32 == 0
     // where the Q8 copy is asked for)
     for (int e = tid; e < G * hdv; e += nt) {
         int g = e / hdv, d = e % hdv;
-        const float* pr = part + ((long)i * nh + h0 + g) * pstride + d;
-        float o = 0.0f;
-        for (int t = 0; t < eff; t++) o += wsp[g][t] * __ldcg(pr + (long)t * (hdv + 2));
+        float o = da_merge_value(part + ((long)i * nh + h0 + g) * pstride, eff, hdv, wsp[g], d);
         long oi = ((long)i * nh + h0 + g) * hdv + d;
         out[oi] = o * linv[g];
         if (oq) da_quant_store(o * linv[g], oi, oq, od);
@@ -587,28 +611,17 @@ extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const
 extern "C" __global__ void attn_decode_combine_f32(const float* part, float* out, int nh, int hdv, int nsplit,
                                                     signed char* oq, float2* od) {
     pdl_begin();
-    __shared__ float wsh[64];
+    __shared__ float wsh[DA_MAX_SPLITS];
     __shared__ float inv;
     int h = blockIdx.x, i = blockIdx.y;
     const float* pr = part + ((long)i * nh + h) * nsplit * (long)(hdv + 2);
     if (threadIdx.x < 32) {
-        float mx = -INF;
-        for (int s = threadIdx.x; s < nsplit; s += 32) mx = fmaxf(mx, pr[(long)s * (hdv + 2) + hdv]);
-        mx = warp_max(mx);
-        float l = 0.0f;
-        for (int s = threadIdx.x; s < nsplit; s += 32) {
-            float m = pr[(long)s * (hdv + 2) + hdv];
-            float w = (m == -INF) ? 0.0f : expf(m - mx);
-            wsh[s] = w;
-            l += w * pr[(long)s * (hdv + 2) + hdv + 1];
-        }
-        l = warp_sum(l);
-        if (threadIdx.x == 0) inv = l > 0.0f ? 1.0f / l : 0.0f;
+        float v = da_merge_weights(pr, nsplit, hdv, wsh);
+        if (threadIdx.x == 0) inv = v;
     }
     __syncthreads();
     for (int d = threadIdx.x; d < hdv; d += blockDim.x) {
-        float o = 0.0f;
-        for (int s = 0; s < nsplit; s++) o += wsh[s] * pr[(long)s * (hdv + 2) + d];
+        float o = da_merge_value(pr, nsplit, hdv, wsh, d);
         long oi = ((long)i * nh + h) * hdv + d;
         out[oi] = o * inv;
         if (oq) da_quant_store(o * inv, oi, oq, od);

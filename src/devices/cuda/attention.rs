@@ -773,10 +773,10 @@ const DA_NAMES: [&str; 5] = ["q", "k_cache", "v_cache", "positions", "alibi_slop
 /// The optional step inputs of `DecodeAttention`: raw key and value, cos and sin tables.
 const STEP_NAMES: [&str; 4] = ["k", "v", "cos", "sin"];
 
-/// The validated [`StepKv`] of a `DecodeAttention` call from its optional inputs (device address
-/// and dims of `k`, `v`, `cos`, `sin`) and ints `rotary_dim`, `style`: none without `k`.
+/// The validated [`StepKv`] of a `DecodeAttention` call from its optional inputs `k`, `v`,
+/// `cos`, `sin` and ints `rotary_dim`, `style`: none without `k`.
 fn step_kv(
-    t: &[Option<(u64, Vec<usize>)>; 4],
+    t: &[Option<&crate::data::Data>; 4],
     ints: &IntDict,
     sq: usize,
     nkv: usize,
@@ -784,15 +784,15 @@ fn step_kv(
     hdv: usize,
 ) -> Result<Option<StepKv>> {
     const OP: &str = "DecodeAttention";
-    let [k, v, cos, sin] = t;
-    let Some((kp, kd)) = k else {
+    let [k, v, cos, sin] = *t;
+    let Some(k) = k else {
         return if v.is_some() || cos.is_some() {
             Err(op_err(OP, "'v' and 'cos'/'sin' need the step's keys 'k'"))
         } else {
             Ok(None)
         };
     };
-    let Some((vp, vd)) = v else {
+    let Some(v) = v else {
         return Err(op_err(OP, "'k' needs the step's values 'v'"));
     };
     if sq != 1 {
@@ -801,7 +801,8 @@ fn step_kv(
             format!("the step's own keys ('k') need one query row, got {sq}"),
         ));
     }
-    if kd.as_slice() != [1, nkv, hd] || vd.as_slice() != [1, nkv, hdv] {
+    let (kd, vd) = (k.dims(), v.dims());
+    if kd != [1, nkv, hd] || vd != [1, nkv, hdv] {
         return Err(op_err(
             OP,
             format!("k {kd:?} / v {vd:?} must be [1, {nkv}, {hd}] / [1, {nkv}, {hdv}]"),
@@ -809,7 +810,8 @@ fn step_kv(
     }
     let (cos, sin, rot) = match (cos, sin) {
         (None, None) => (0, 0, 0),
-        (Some((cp, cd)), Some((sp, sd))) => {
+        (Some(c), Some(sn)) => {
+            let (cd, sd) = (c.dims(), sn.dims());
             let rot = usize::try_from(ints.get_or("rotary_dim", hd as i32)).unwrap_or(usize::MAX);
             if rot == 0 || rot > hd || rot % 2 != 0 {
                 return Err(op_err(
@@ -823,7 +825,7 @@ fn step_kv(
                     format!("cos {cd:?} / sin {sd:?} must hold {} angles", rot / 2),
                 ));
             }
-            (*cp, *sp, rot)
+            (dptr(c, "cos")?, dptr(sn, "sin")?, rot)
         }
         _ => return Err(op_err(OP, "'cos' and 'sin' come together")),
     };
@@ -832,8 +834,8 @@ fn step_kv(
         return Err(op_err(OP, format!("rotary style {style} must be 0 or 1")));
     }
     Ok(Some(StepKv {
-        k: *kp,
-        v: *vp,
+        k: dptr(k, "k")?,
+        v: dptr(v, "v")?,
         cos,
         sin,
         rot,
@@ -921,13 +923,10 @@ impl Operator for DecodeAttention {
                 super::buffer::device_len(w).unwrap_or(0),
             )
         };
-        let mut step_in: [Option<(u64, Vec<usize>)>; 4] = Default::default();
-        for (slot, n) in step_in.iter_mut().zip(STEP_NAMES) {
-            if let Some(t) = d.get(n) {
-                *slot = Some((dptr(t, n)?, t.dims().to_vec()));
-            }
-        }
-        if step_in[0].is_some() && !(d.is_mut("k_cache") && d.is_mut("v_cache")) {
+        let [sq, nh, nkv, hd, hdv, kcap, nsplit, gchunk] =
+            self.sizes(&DA_NAMES.map(|n| d.get(n)))?;
+        let step = step_kv(&STEP_NAMES.map(|n| d.get(n)), i, sq, nkv, hd, hdv)?;
+        if step.is_some() && !(d.is_mut("k_cache") && d.is_mut("v_cache")) {
             // a read-only cache on another device would be a copy, and the step's row lost
             return Err(op_err(
                 OP,
@@ -935,7 +934,6 @@ impl Operator for DecodeAttention {
             ));
         }
         let (a, out) = d.io(OP, DA_NAMES, "output")?;
-        let [sq, nh, nkv, hd, hdv, kcap, nsplit, gchunk] = self.sizes(&a)?;
         if part_bytes < 4 * decode_workspace(sq, nh, hdv, nsplit) {
             return Err(op_err(OP, "workspace is smaller than this call needs"));
         }
@@ -945,7 +943,6 @@ impl Operator for DecodeAttention {
                 .map(|p| p.unwrap_or(0))
         };
         let out_ptr = dptr(out, "output")?;
-        let step = step_kv(&step_in, i, sq, nkv, hd, hdv)?;
         let counters = self.2.get(&self.0, decode_units(nh, nkv, sq, gchunk))?;
         let q8 = decode_q8(&self.1, i, out_ptr, sq, nh, hdv)?;
         decode_launch(

@@ -259,6 +259,15 @@ pub struct RotaryParams<'a> {
     pub tables: Option<(&'a Data, &'a Data)>,
 }
 
+impl RotaryParams<'_> {
+    /// The ints a rotating op takes: `rotary_dim` and `style`.
+    pub fn ints(&self) -> IntDict<'static> {
+        IntDict::new()
+            .with("rotary_dim", self.rotary_dim as i32)
+            .with("style", self.style as i32)
+    }
+}
+
 /// The `cos`/`sin` tables [s, rotary_dim/2] of `p`'s positions (`RotaryTables`, GPU only: call it
 /// where the first device has the op), for [`RotaryParams::tables`].
 pub fn rotary_tables(e: &Executor, p: &RotaryParams, cos: &mut Data, sin: &mut Data) -> Result<()> {
@@ -299,9 +308,7 @@ pub fn rotary(e: &Executor, x: &mut Data, p: &RotaryParams) -> Result<()> {
         "RotaryEmbedding",
         &mut d,
         &FloatDict::new().with("theta", p.theta),
-        &IntDict::new()
-            .with("rotary_dim", p.rotary_dim as i32)
-            .with("style", p.style as i32),
+        &p.ints(),
     )
 }
 
@@ -315,9 +322,7 @@ pub fn rotary_pair(e: &Executor, q: &mut Data, k: &mut Data, p: &RotaryParams) -
         "RotaryEmbedding",
         &mut d,
         &FloatDict::new().with("theta", p.theta),
-        &IntDict::new()
-            .with("rotary_dim", p.rotary_dim as i32)
-            .with("style", p.style as i32),
+        &p.ints(),
     )
 }
 

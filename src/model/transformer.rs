@@ -1580,8 +1580,8 @@ struct GraphKv<'a> {
 }
 
 impl GraphKv<'_> {
-    /// `DecodeAttention` of layer `layer`, storing the step's `k`, `v` in the launch when `step`
-    /// (rotating q and k by the tables of `rope` when given), else after a `KvWrite`.
+    /// `DecodeAttention` of layer `layer`. With `fused` the launch stores the step's `k`, `v`
+    /// itself (rotating q and k by the tables of `rope` when given), else a `KvWrite` does first.
     #[allow(clippy::too_many_arguments)]
     fn run(
         &mut self,
@@ -1608,18 +1608,11 @@ impl GraphKv<'_> {
             e.run("KvWrite", &mut d, &FloatDict::new(), &IntDict::new())?;
         }
         let mut d = DataDict::new().with("q", q).with("positions", self.pos);
+        let mut ints = IntDict::new();
         if self.fused {
             // written: inout, so a cache still on the host moves to the device for good
             d.insert_mut("k_cache", kc);
             d.insert_mut("v_cache", vc);
-        } else {
-            d.insert("k_cache", kc);
-            d.insert("v_cache", vc);
-        }
-        let mut ints = IntDict::new()
-            .with("sliding_window", p.sliding_window as i32)
-            .with("quantize_output", p.output_copy.param());
-        if self.fused {
             d.insert("k", k);
             d.insert("v", v);
             if let Some(r) = rope {
@@ -1628,11 +1621,15 @@ impl GraphKv<'_> {
                     .ok_or_else(|| Error::invalid("the step's rotation needs its tables"))?;
                 d.insert("cos", cos);
                 d.insert("sin", sin);
-                ints = ints
-                    .with("rotary_dim", r.rotary_dim as i32)
-                    .with("style", r.style as i32);
+                ints = r.ints();
             }
+        } else {
+            d.insert("k_cache", kc);
+            d.insert("v_cache", vc);
         }
+        let ints = ints
+            .with("sliding_window", p.sliding_window as i32)
+            .with("quantize_output", p.output_copy.param());
         if let Some(a) = p.alibi {
             d.insert("alibi_slopes", a);
         }

@@ -1121,16 +1121,11 @@ fn decode_attention_with_the_step_kv_equals_rotary_kv_write_and_attention() {
             let mut out = Data::empty(DataType::F32);
             let mut ws = Data::empty(DataType::F32);
             let mut d = DataDict::new().with("q", q).with("positions", &pos);
+            let mut ints = IntDict::new().with("sliding_window", window);
             if step {
                 // written by the kernel: inout
                 d.insert_mut("k_cache", kc);
                 d.insert_mut("v_cache", vc);
-            } else {
-                d.insert("k_cache", &*kc);
-                d.insert("v_cache", &*vc);
-            }
-            let mut ints = IntDict::new().with("sliding_window", window);
-            if step {
                 d.insert("k", &k);
                 d.insert("v", &v);
                 if rotate {
@@ -1138,6 +1133,9 @@ fn decode_attention_with_the_step_kv_equals_rotary_kv_write_and_attention() {
                     d.insert("sin", &sn);
                     ints = ints.with("rotary_dim", rot as i32).with("style", style);
                 }
+            } else {
+                d.insert("k_cache", &*kc);
+                d.insert("v_cache", &*vc);
             }
             if alibi {
                 d.insert("alibi_slopes", &slopes);
@@ -1152,17 +1150,10 @@ fn decode_attention_with_the_step_kv_equals_rotary_kv_write_and_attention() {
             c.set_len(0, len).unwrap();
             host(&c)
         };
-        // a device copy of a cache, with its capacity
-        let copy = |c: &Data| {
-            let mut h = c.to_owned_host().unwrap();
-            h.reserve(0, cap).unwrap();
-            dev.upload(&h).unwrap()
-        };
+        // a device copy (with its capacity)
+        let copy = |c: &Data| dev.upload(&clone_arg(c)).unwrap();
         // apart: rotate copies of q and k, KvWrite, then attend
-        let (mut qa, mut ka) = (
-            dev.upload(&q.to_owned_host().unwrap()).unwrap(),
-            dev.upload(&k.to_owned_host().unwrap()).unwrap(),
-        );
+        let (mut qa, mut ka) = (copy(&q), copy(&k));
         if rotate {
             let mut d = DataDict::new().with("cos", &cs).with("sin", &sn);
             d.insert_mut("input", &mut qa);

@@ -10,8 +10,8 @@
 // stream finishes. pdl_wait() blocks until that kernel has completed and its writes are
 // visible: every kernel calls it before reading anything another kernel wrote and before
 // writing anything (a GEMV may load its weights, which no kernel writes, before it).
-// pdl_launch() then lets the next kernel's blocks start early; called after the wait, at most
-// one kernel runs ahead. Both are no-ops on older GPUs and in launches without the attribute.
+// pdl_launch() lets the next kernel's blocks start early (where: PDL_SMALL_EARLY and
+// PDL_GEMV_EARLY below). Both are no-ops on older GPUs and in launches without the attribute.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -25,18 +25,22 @@ __device__ __forceinline__ void pdl_launch() {
 }
 
 // Tuning switches (integers; FASTLLM_CUDA_DEFINES overrides them, see kernels.rs):
-// PDL_SMALL_EARLY: kernels other than the GEMVs let their successor start right after their
-// wait (1), before it (2: chains of kernels may then be resident at once; with 0 or 1 a kernel
-// starts only after the one two back has completed, with 2 that no longer holds, so nothing
-// written by an earlier kernel may be read before the wait), or only when they exit (0);
-// PDL_GEMV_EARLY: the same for the GEMVs (default 0); PDL_PREFETCH: the
-// GEMVs load their first weights before waiting; F16_PIPE: the f16/bf16 GEMV issues the next
-// group of weight loads before dotting the current one.
+// PDL_SMALL_EARLY: kernels other than the GEMVs let their successor start before their own
+// wait (2, the default), right after it (1) or only when they exit (0); PDL_GEMV_EARLY: the
+// same for the GEMVs (default 2). With 2 a chain of kernels may be resident at once, each
+// waiting for its predecessor, and a kernel may start before the one two back has completed:
+// so no kernel reads anything but weights (which no kernel writes) and writes nothing before
+// its wait; every kernel here keeps to that (the GEMVs and norms load weights, the others start
+// with the wait). It cannot starve a kernel of multiprocessors: a successor is launched only
+// once every block of its predecessor has started. Measured on an H100 (8B int4 decode):
+// 2 / 2 ahead of 1 / 0 by 0.5–2.7 % in every call of four sessions (docs/perf-cuda.md).
+// PDL_PREFETCH: the GEMVs load their first weights before waiting; F16_PIPE: the f16/bf16
+// GEMV issues the next group of weight loads before dotting the current one.
 #ifndef PDL_SMALL_EARLY
-#define PDL_SMALL_EARLY 1
+#define PDL_SMALL_EARLY 2
 #endif
 #ifndef PDL_GEMV_EARLY
-#define PDL_GEMV_EARLY 0
+#define PDL_GEMV_EARLY 2
 #endif
 #ifndef PDL_PREFETCH
 #define PDL_PREFETCH 1

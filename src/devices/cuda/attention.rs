@@ -91,15 +91,17 @@ pub fn decode_splits(keys: usize, units: usize, sms: usize) -> usize {
 /// a block's serial chain gets shorter when the grid leaves multiprocessors idle (short
 /// contexts). With more blocks than multiprocessors the bigger blocks only cost residency, so
 /// those launches keep one group (H100 numbers in docs/perf-cuda.md, seventh and twelfth
-/// sessions: 4 groups for `attn_decode_f32`, 2 for the warp kernels, whose last merge costs
-/// more with more warps). `FASTLLM_DECODE_KEY_GROUPS` = 1..4 overrides the count for the small
+/// sessions: 4 groups for `attn_decode_f32` and for warp kernels serving several heads per
+/// block, 2 for warp kernels serving one head — short rows — whose last merge costs more with
+/// more warps). `FASTLLM_DECODE_KEY_GROUPS` = 1..4 overrides the count for the small
 /// grids.
 const DECODE_KEY_GROUPS: u32 = 4;
 /// [`DECODE_KEY_GROUPS`] for the warp kernels.
 const DECODE_WARP_KEY_GROUPS: u32 = 2;
 
-/// Key groups for a launch of `kernel` with `blocks` blocks on `sms` multiprocessors.
-fn decode_key_groups(kernel: &str, blocks: usize, sms: usize) -> u32 {
+/// Key groups for a launch of `kernel` with `blocks` blocks on `sms` multiprocessors, each
+/// block serving `gchunk` query heads.
+fn decode_key_groups(kernel: &str, blocks: usize, sms: usize, gchunk: usize) -> u32 {
     static GROUPS: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
     let forced = *GROUPS.get_or_init(|| {
         std::env::var("FASTLLM_DECODE_KEY_GROUPS")
@@ -111,7 +113,7 @@ fn decode_key_groups(kernel: &str, blocks: usize, sms: usize) -> u32 {
         1
     } else if let Some(g) = forced {
         g
-    } else if kernel == "attn_decode_f32" {
+    } else if kernel == "attn_decode_f32" || gchunk > 1 {
         DECODE_KEY_GROUPS
     } else {
         DECODE_WARP_KEY_GROUPS
@@ -249,7 +251,7 @@ fn decode_launch(
     let merge_in_kernel = nsplit > 1 && blocks <= gpu.sms();
     let counters = if merge_in_kernel { counters } else { 0 };
     let kernel = decode_kernel(a.hd, a.hdv);
-    let threads = 128 * decode_key_groups(kernel, blocks, gpu.sms());
+    let threads = 128 * decode_key_groups(kernel, blocks, gpu.sms(), gchunk);
     // the warp kernels' per-warp outputs: threads / 32 warps × gchunk heads × hd floats
     let smem = if kernel == "attn_decode_f32" {
         0
@@ -1134,8 +1136,12 @@ mod tests {
     fn decode_blocks_widen_only_on_small_grids() {
         // llama-3-8b, one query, 64 keys: 32 blocks on 132 multiprocessors; the
         // FASTLLM_DECODE_KEY_GROUPS override (1..=4) applies to such grids only
-        for (kernel, default) in [("attn_decode_f32", 4), ("attn_decode_w128_f32", 2)] {
-            let small = decode_key_groups(kernel, 32, 132);
+        for (kernel, gchunk, default) in [
+            ("attn_decode_f32", 1, 4),
+            ("attn_decode_w128_f32", 1, 2),
+            ("attn_decode_w128_f32", 4, 4),
+        ] {
+            let small = decode_key_groups(kernel, 32, 132, gchunk);
             assert!((1..=4).contains(&small));
             if std::env::var_os("FASTLLM_DECODE_KEY_GROUPS").is_none() {
                 assert_eq!(small, default, "{kernel}");
@@ -1143,8 +1149,8 @@ mod tests {
             // 4096 keys: 64 splits × 8 KV heads = 512 blocks keep one group of 128 threads
             let blocks = decode_splits(4096, 8, 132) * 8;
             assert_eq!(blocks, 512);
-            assert_eq!(decode_key_groups(kernel, blocks, 132), 1);
-            assert_eq!(decode_key_groups(kernel, 133, 132), 1);
+            assert_eq!(decode_key_groups(kernel, blocks, 132, gchunk), 1);
+            assert_eq!(decode_key_groups(kernel, 133, 132, gchunk), 1);
         }
     }
 

@@ -361,6 +361,26 @@ __device__ __forceinline__ float da_merge_value(const float* pr, int n, int hdv,
     return o;
 }
 
+// The query heads of this block (grid row blockIdx.y): KV head kh, and G <= gchunk heads of its
+// GQA group from h0 (gchunk clamped to 1..DA_GMAX).
+struct DaHeads {
+    int kh, G, h0, gchunk;
+};
+
+__device__ __forceinline__ DaHeads da_heads(int nh, int nkv, int gchunk) {
+    int group = nh / nkv;
+    if (group < 1) group = 1;
+    if (gchunk < 1 || gchunk > DA_GMAX) gchunk = DA_GMAX;
+    int hc = (group + gchunk - 1) / gchunk;
+    int c = blockIdx.y % hc;
+    DaHeads r;
+    r.kh = blockIdx.y / hc;
+    r.G = min(gchunk, group - c * gchunk);
+    r.h0 = r.kh * group + c * gchunk;
+    r.gchunk = gchunk;
+    return r;
+}
+
 // The keys of query row i and this block's share of them: query position p, the keys [a, b)
 // of split s among the `eff` splits the row uses (eff = 0: this block has none and stops).
 // With `positions` (device, [sq]) query i sits at positions[i] and sees keys
@@ -448,13 +468,9 @@ extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const
     int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
     const int nt = blockDim.x, nkq = nt / DA_VT;
     int kq = tid / DA_VT, dl = tid % DA_VT;
-    int group = nh / nkv;
-    if (group < 1) group = 1;
-    if (gchunk < 1 || gchunk > DA_GMAX) gchunk = DA_GMAX;
-    int hc = (group + gchunk - 1) / gchunk;
-    int kh = blockIdx.y / hc, c = blockIdx.y % hc;
-    int G = min(gchunk, group - c * gchunk);
-    int h0 = kh * group + c * gchunk;
+    DaHeads hs = da_heads(nh, nkv, gchunk);
+    const int kh = hs.kh, G = hs.G, h0 = hs.h0;
+    gchunk = hs.gchunk;
     DaRange r = da_range(positions, i, sq, skv, kcap, causal, window, nsplit, counters != nullptr, s);
     if (r.eff == 0) return;
     const long p = r.p, a = r.a, b = r.b;
@@ -751,13 +767,9 @@ __device__ __forceinline__ void attn_decode_warps(const float* q, const float* k
     int s = blockIdx.x, i = blockIdx.z;
     int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
     const int nt = blockDim.x, nw = nt / 32;
-    int group = nh / nkv;
-    if (group < 1) group = 1;
-    if (gchunk < 1 || gchunk > DA_GMAX) gchunk = DA_GMAX;
-    int hc = (group + gchunk - 1) / gchunk;
-    int kh = blockIdx.y / hc, c = blockIdx.y % hc;
-    int G = min(gchunk, group - c * gchunk);
-    int h0 = kh * group + c * gchunk;
+    DaHeads hs = da_heads(nh, nkv, gchunk);
+    const int kh = hs.kh, G = hs.G, h0 = hs.h0;
+    gchunk = hs.gchunk;
     const long ks = (long)nkv * HD;  // K and V rows
     const int d0 = lane * VPL;
     // the queries (rotated when the step's tables are given) while the position loads

@@ -32,8 +32,7 @@ __device__ __forceinline__ void pdl_launch() {
 // so no kernel reads anything but weights (which no kernel writes) and writes nothing before
 // its wait; every kernel here keeps to that (the GEMVs and norms load weights, the others start
 // with the wait). It cannot starve a kernel of multiprocessors: a successor is launched only
-// once every block of its predecessor has started. Measured on an H100 (8B int4 decode):
-// 2 / 2 ahead of 1 / 0 in every call since the seventh session, by 0.3–2.7 % (docs/perf-cuda.md).
+// once every block of its predecessor has started. 2 / 2 is the fastest setting on an H100.
 // PDL_PREFETCH: the GEMVs load their first weights before waiting; F16_PIPE: the f16/bf16
 // GEMV issues the next group of weight loads before dotting the current one.
 #ifndef PDL_SMALL_EARLY

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A/B of the serve throughput ratio (docs/perf.md, "Fourth measurement"): per round, wait until
+# A/B of the serve throughput ratio (docs/benchmarks.md, "Serving SmolLM2"): per round, wait until
 # both CPUs are >= 90 % idle for 3 s (other builds distort 2-thread numbers badly), then for
 # BEFORE and AFTER: start `fastllm serve` (SmolLM2, 2 threads, 256 MiB KV), run 8 requests at
 # one stream and 32 at eight streams (64 tokens each), stop it.

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Interleaved serve measurement (docs/perf.md, "Serving"): per round and config, start
+# Interleaved serve measurement (docs/benchmarks.md, "Serving SmolLM2"): per round and config, start
 # `fastllm serve` (SmolLM2, 2 threads, 256 MiB KV), run 1 then 8 concurrent streams of 64 tokens,
 # stop it. Configs: BEFORE (another fastllm binary, e.g. main's), AFTER without and with the
 # prefix cache. Prints one line per run with the load average.

@@ -1,4 +1,4 @@
-# PyTorch + transformers decode speed on random-init Llama shapes, for docs/perf-cuda.md.
+# PyTorch + transformers decode speed on random-init Llama shapes, the peer of docs/benchmarks.md.
 # Usage (on the GPU machine): python3 scripts/torch_bench_llama.py llama-3.2-1b llama-3-8b
 # PyTorch + transformers decode speed on random-init Llama shapes (fp16, cuda, greedy generate).
 import sys, time, json, torch

@@ -1,5 +1,5 @@
 # PyTorch + transformers prefill speed (one forward over N random tokens, fp16, sdpa attention,
-# logits of the last position only) on random-init Llama shapes, for docs/perf-cuda.md.
+# logits of the last position only) on random-init Llama shapes, the peer of docs/benchmarks.md.
 # Usage (on the GPU machine): python3 scripts/torch_prefill_llama.py llama-3-8b 2048
 import sys, time, json, torch
 from transformers import LlamaConfig, LlamaForCausalLM

@@ -247,7 +247,7 @@ fn smollm2_fast_within_llama_cpp_tolerance() {
     }
     let (worst, agree, total, kl) = smollm2_stats(Precision::Fast);
     println!("smollm2 fast: max|Δ| {worst:.2e}, top-1 {agree}/{total}, mean KL {kl:.2e}");
-    // llama.cpp on the same fixture and GGUF: top-1 97.1 %, mean KL 8.0e-3 (docs/perf.md).
+    // llama.cpp on the same fixture and GGUF: top-1 97.1 %, mean KL 8.0e-3.
     // int8 activations are re-quantized before every matrix, so the order in which a kernel
     // sums its (exact) per-block integer dots flips a few roundings and moves top-1 by about
     // a percent: the per-block AVX2/int_wide kernels give 396/407 (KL 5.7e-3), the grouped

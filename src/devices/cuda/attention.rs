@@ -90,11 +90,10 @@ pub fn decode_splits(keys: usize, units: usize, sms: usize) -> usize {
 /// warp kernels `attn_decode_w*` each group adds four warps with keys of their own; either way
 /// a block's serial chain gets shorter when the grid leaves multiprocessors idle (short
 /// contexts). With more blocks than multiprocessors the bigger blocks only cost residency, so
-/// those launches keep one group (H100 numbers in docs/perf-cuda.md, seventh and twelfth
-/// sessions: 4 groups for `attn_decode_f32` and for warp kernels serving several heads per
-/// block, 2 for warp kernels serving one head — short rows — whose last merge costs more with
-/// more warps). `FASTLLM_DECODE_KEY_GROUPS` = 1..4 overrides the count for the small
-/// grids.
+/// those launches keep one group. On small grids the fastest counts on an H100 are 4 groups for
+/// `attn_decode_f32` and for warp kernels serving several heads per block, and 2 for warp
+/// kernels serving one head (short rows), whose last merge costs more with more warps.
+/// `FASTLLM_DECODE_KEY_GROUPS` = 1..4 overrides the count for the small grids.
 const DECODE_KEY_GROUPS: u32 = 4;
 /// [`DECODE_KEY_GROUPS`] for the warp kernels.
 const DECODE_WARP_KEY_GROUPS: u32 = 2;

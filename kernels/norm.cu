@@ -14,8 +14,8 @@ extern "C" __global__ void rmsnorm_f32(const float* x, const float* w, float* y,
 
 // RMSNorm for rows of d % 4 == 0 floats (16-byte aligned), d <= 4 * RMS_V4 * blockDim.x: each
 // thread keeps its RMS_V4 float4s in registers, so x is read once with every load in flight at
-// once (the loop above reads each row twice, a few elements per thread at a time: a decode row
-// of 4096 took ~15 us on one block).
+// once (the loop above reads each row twice, a few elements per thread at a time, which leaves
+// one block slow on a decode row of 4096).
 #define RMS_V4 4
 
 // Q8_0 quantization of 4 values held by each of 8 consecutive lanes (one 32-value block), the

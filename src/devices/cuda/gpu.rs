@@ -30,9 +30,9 @@ pub struct Gpu {
     pdl: bool,
     functions: Mutex<HashMap<String, CudaFunction>>,
     blas: Option<Mutex<cudarc::cublas::CudaBlas>>,
-    /// Page-locked host buffer that large device-to-host copies go through (a pageable
-    /// destination made a 33 MB logits copy take ~40 ms); grown on demand up to
-    /// [`STAGING_MAX`].
+    /// Page-locked host buffer that large device-to-host copies go through (the copy engine
+    /// writes it directly; into pageable memory the driver stages each copy again); grown on
+    /// demand up to [`STAGING_MAX`].
     staging: Mutex<Option<cudarc::driver::PinnedHostSlice<u8>>>,
     /// Multiprocessors on the device (sizes the split-K decode attention grid).
     sms: usize,

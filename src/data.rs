@@ -250,13 +250,8 @@ pub trait DeviceBuffer: Send + Sync + fmt::Debug {
 pub enum Storage {
     /// Nothing allocated yet.
     None,
-    /// Owned host memory; the tensor starts `offset` bytes in (used for guard regions in tests).
-    Owned {
-        /// The buffer.
-        buf: AlignedBuf,
-        /// Start of the tensor inside `buf`.
-        offset: usize,
-    },
+    /// Owned host memory; the tensor starts at its first byte.
+    Owned(AlignedBuf),
     /// A read-only zero-copy view of `len` bytes at `offset` of shared bytes (e.g. an mmap).
     Shared {
         /// The owner of the bytes.
@@ -274,7 +269,7 @@ impl fmt::Debug for Storage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Storage::None => f.write_str("None"),
-            Storage::Owned { buf, offset } => write!(f, "Owned({} bytes @{offset})", buf.len()),
+            Storage::Owned(buf) => write!(f, "Owned({} bytes)", buf.len()),
             Storage::Shared { offset, len, .. } => write!(f, "Shared({len} bytes @{offset})"),
             Storage::Device(d) => write!(f, "Device({:?})", d),
         }
@@ -353,10 +348,7 @@ impl Data {
         let mut d = Data::empty(dtype);
         d.dims = dims.to_vec();
         d.capacity = dims.to_vec();
-        d.storage = Storage::Owned {
-            buf: AlignedBuf::zeroed(n)?,
-            offset: 0,
-        };
+        d.storage = Storage::Owned(AlignedBuf::zeroed(n)?);
         Ok(d)
     }
 
@@ -425,32 +417,6 @@ impl Data {
         d.capacity = dims.to_vec();
         d.storage = Storage::Shared { bytes, offset, len };
         Ok(d)
-    }
-
-    /// A host tensor whose storage sits between two guard regions of `guard` bytes filled with
-    /// `fill`; [`Data::guards_intact`] checks them (the op harness' out-of-bounds detector).
-    pub fn with_guards(dtype: DataType, dims: &[usize], guard: usize, fill: u8) -> Result<Data> {
-        let n = bytes_for(dtype, dims)?;
-        let mut buf = AlignedBuf::zeroed(n + 2 * guard)?;
-        buf.as_mut_slice().fill(fill);
-        let mut d = Data::empty(dtype);
-        d.dims = dims.to_vec();
-        d.capacity = dims.to_vec();
-        d.storage = Storage::Owned { buf, offset: guard };
-        Ok(d)
-    }
-
-    /// For a tensor made by [`Data::with_guards`]: true when every guard byte still equals `fill`.
-    pub fn guards_intact(&self, fill: u8) -> bool {
-        match &self.storage {
-            Storage::Owned { buf, offset } => {
-                let n = bytes_for(self.dtype, &self.capacity).unwrap_or(0);
-                let s = buf.as_slice();
-                s[..*offset].iter().all(|&b| b == fill)
-                    && s[(offset + n).min(s.len())..].iter().all(|&b| b == fill)
-            }
-            _ => true,
-        }
     }
 
     /// Element type.
@@ -587,7 +553,7 @@ impl Data {
     /// The whole allocation, capacity included.
     pub fn raw_bytes(&self) -> Result<&[u8]> {
         match &self.storage {
-            Storage::Owned { buf, offset } => Ok(&buf.as_slice()[*offset..]),
+            Storage::Owned(buf) => Ok(buf.as_slice()),
             Storage::Shared { bytes, offset, len } => {
                 Ok(&(**bytes).as_ref()[*offset..*offset + *len])
             }
@@ -603,7 +569,7 @@ impl Data {
     pub fn raw_bytes_mut(&mut self) -> Result<&mut [u8]> {
         let desc = format!("{:?}", self);
         match &mut self.storage {
-            Storage::Owned { buf, offset } => Ok(&mut buf.as_mut_slice()[*offset..]),
+            Storage::Owned(buf) => Ok(buf.as_mut_slice()),
             Storage::Shared { .. } => Err(Error::invalid(format!("{desc} is a read-only view"))),
             Storage::None => Err(Error::invalid(format!("{desc} has no storage"))),
             Storage::Device(_) => Err(Error::invalid(format!("{desc} lives on a device"))),
@@ -699,18 +665,16 @@ impl Data {
     }
 
     /// Makes this tensor `dtype` × `dims`, keeping the allocation when it is large enough and
-    /// owned (outputs are reused across calls; guard regions survive). Expansion is dropped.
+    /// owned (outputs are reused across calls; bytes past the new size stay as they were).
+    /// Expansion is dropped.
     pub fn resize(&mut self, dtype: DataType, dims: &[usize]) -> Result<()> {
         let need = bytes_for(dtype, dims)?;
         let fits = match &self.storage {
-            Storage::Owned { buf, offset } => buf.len() - offset >= need,
+            Storage::Owned(buf) => buf.len() >= need,
             _ => false,
         };
         if !fits || self.device != DeviceKind::Cpu {
-            self.storage = Storage::Owned {
-                buf: AlignedBuf::zeroed(need)?,
-                offset: 0,
-            };
+            self.storage = Storage::Owned(AlignedBuf::zeroed(need)?);
             self.device = DeviceKind::Cpu;
         }
         self.dtype = dtype;
@@ -796,7 +760,7 @@ impl Data {
             }
         }
         self.capacity = new_cap;
-        self.storage = Storage::Owned { buf, offset: 0 };
+        self.storage = Storage::Owned(buf);
         self.device = DeviceKind::Cpu;
         Ok(())
     }
@@ -809,10 +773,7 @@ impl Data {
             self.dtype = other.dtype;
             self.dims = other.dims.clone();
             self.capacity = other.dims.clone();
-            self.storage = Storage::Owned {
-                buf: AlignedBuf::zeroed(0)?,
-                offset: 0,
-            };
+            self.storage = Storage::Owned(AlignedBuf::zeroed(0)?);
             let mut fresh = Data::zeros(other.dtype, &other.dims)?;
             fresh.bytes_mut()?.copy_from_slice(&other.packed_bytes()?);
             *self = fresh;
@@ -1007,14 +968,5 @@ mod tests {
         assert!(Data::zeros(DataType::Q4_0, &[3, 33]).is_err());
         assert!(Data::zeros(DataType::F32, &[usize::MAX, 3]).is_err());
         assert!(Data::from_f32(&[2, 2], &[1.0; 3]).is_err());
-    }
-
-    #[test]
-    fn guards() {
-        let mut d = Data::with_guards(DataType::F32, &[5], 64, 0xA5).unwrap();
-        d.as_f32_mut().unwrap().fill(1.0);
-        assert!(d.guards_intact(0xA5));
-        d.raw_bytes_mut().unwrap()[20] = 0;
-        assert!(!d.guards_intact(0xA5));
     }
 }

@@ -14,6 +14,9 @@ pub mod executor;
 pub mod ffi;
 pub mod format;
 pub mod generate;
+// The op test harness: built for this crate's unit tests and, through the `harness` feature,
+// for its integration tests and benches; the library built by default does not contain it.
+#[cfg(any(test, feature = "harness"))]
 pub mod harness;
 pub mod load;
 pub mod model;

@@ -1,12 +1,15 @@
 //! The op test harness (llama.cpp `test-backend-ops` style): one table of cases (op × dtype ×
 //! shape), each run on a device under test and on a reference device with identical random
 //! inputs, compared by normalized mean squared error with a per-case threshold; NaN/Inf
-//! mismatches fail; outputs of the device under test sit between guard regions that must stay
-//! untouched. The same case list serves as a performance suite ([`time_case`]).
+//! mismatches fail; an output of the device under test is handed over in a buffer that runs
+//! past its end into a guard region that must stay untouched. The same case list serves as a
+//! performance suite ([`time_case`]).
 //!
-//! Case lists live in one file per op family (`cases_*.rs`), gathered by [`all_cases`].
+//! Case lists live in one file per op family (`cases_*.rs`), gathered by [`all_cases`]. The
+//! module is built for the crate's own tests and, through the `harness` feature, for the
+//! integration tests and benches; the library built by default does not contain it.
 
-use crate::data::{Data, DataType};
+use crate::data::{bytes_for, Data, DataType};
 use crate::device::{DataDict, FloatDict, IntDict};
 use crate::error::{Error, Result};
 use crate::executor::Executor;
@@ -26,8 +29,34 @@ mod cases_shape;
 
 /// Byte value of guard regions.
 pub const GUARD_FILL: u8 = 0xA5;
-/// Guard size in bytes on each side of an output.
+/// Guard size in bytes after an output.
 pub const GUARD_BYTES: usize = 256;
+
+/// A host output slot of `dtype` × `dims` whose allocation runs [`GUARD_BYTES`] past the
+/// tensor's bytes, every byte set to [`GUARD_FILL`]. An op that sizes its output in place
+/// ([`Data::resize`] keeps an allocation that is large enough) writes into the front of it;
+/// [`guard_intact`] then tells whether it wrote past the end.
+pub fn guarded_output(dtype: DataType, dims: &[usize]) -> Result<Data> {
+    let need = bytes_for(dtype, dims)?;
+    let mut d = Data::zeros(DataType::I32, &[(need + GUARD_BYTES).div_ceil(4)])?;
+    d.raw_bytes_mut()?.fill(GUARD_FILL);
+    d.resize(dtype, dims)?;
+    Ok(d)
+}
+
+/// For an output made by [`guarded_output`] that still holds that allocation (its bytes start
+/// at `start`): true when every byte past the tensor still equals [`GUARD_FILL`]. An output the
+/// op replaced (another allocation, or device memory) has no guard to check and passes.
+pub fn guard_intact(d: &Data, start: *const u8) -> Result<bool> {
+    let raw = match d.raw_bytes() {
+        Ok(raw) if raw.as_ptr() == start => raw,
+        _ => return Ok(true),
+    };
+    let n = bytes_for(d.dtype(), d.capacity())?;
+    Ok(raw
+        .get(n..)
+        .is_some_and(|g| g.iter().all(|&b| b == GUARD_FILL)))
+}
 
 /// How an argument of a case is passed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -241,6 +270,24 @@ pub fn nmse(a: &[f32], b: &[f32]) -> (f64, bool) {
     (if den > 0.0 { num / den } else { num }, bad)
 }
 
+/// The arguments for the device under test: inputs cloned from the case, outputs in
+/// [`guarded_output`]s sized like the reference's results; with where each one's bytes start
+/// (null when it has none).
+fn guarded_args(case: &OpCase, ref_args: &[Data]) -> Result<(Vec<Data>, Vec<*const u8>)> {
+    let mut args = Vec::with_capacity(case.args.len());
+    for (a, r) in case.args.iter().zip(ref_args) {
+        args.push(match a.kind {
+            ArgKind::Out => guarded_output(r.dtype(), r.dims())?,
+            _ => clone_data(&a.data)?,
+        });
+    }
+    let starts = args
+        .iter()
+        .map(|d| d.raw_bytes().map_or(std::ptr::null(), |b| b.as_ptr()))
+        .collect();
+    Ok((args, starts))
+}
+
 /// Runs `case` on `test` and on `reference` and compares every written argument.
 pub fn check_case(case: &OpCase, test: &Executor, reference: &Executor) -> Result<CaseReport> {
     let mut ref_args: Vec<Data> = case
@@ -250,14 +297,7 @@ pub fn check_case(case: &OpCase, test: &Executor, reference: &Executor) -> Resul
         .collect::<Result<_>>()?;
     run_on(reference, case, &mut ref_args)
         .map_err(|e| Error::op(case.op, format!("{}: reference failed: {e}", case.label)))?;
-    // Outputs of the device under test get guard regions, sized like the reference's result.
-    let mut test_args = Vec::with_capacity(case.args.len());
-    for (a, r) in case.args.iter().zip(&ref_args) {
-        test_args.push(match a.kind {
-            ArgKind::Out => Data::with_guards(r.dtype(), r.dims(), GUARD_BYTES, GUARD_FILL)?,
-            _ => clone_data(&a.data)?,
-        });
-    }
+    let (mut test_args, starts) = guarded_args(case, &ref_args)?;
     let mut report = CaseReport {
         name: case.name(),
         nmse: 0.0,
@@ -268,7 +308,7 @@ pub fn check_case(case: &OpCase, test: &Executor, reference: &Executor) -> Resul
         report.failure = Some(format!("device under test failed: {e}"));
         return Ok(report);
     }
-    for ((a, r), t) in case.args.iter().zip(&ref_args).zip(&test_args) {
+    for (((a, r), t), &start) in case.args.iter().zip(&ref_args).zip(&test_args).zip(&starts) {
         if a.kind == ArgKind::In {
             continue;
         }
@@ -281,9 +321,9 @@ pub fn check_case(case: &OpCase, test: &Executor, reference: &Executor) -> Resul
             ));
             return Ok(report);
         }
-        if a.kind == ArgKind::Out && !t.guards_intact(GUARD_FILL) {
+        if a.kind == ArgKind::Out && !guard_intact(t, start)? {
             report.failure = Some(format!(
-                "{}: write outside the output (guard overwritten)",
+                "{}: write past the end of the output (guard overwritten)",
                 a.name
             ));
             return Ok(report);
@@ -335,4 +375,67 @@ pub fn all_cases() -> Vec<OpCase> {
     cases_shape::cases(&mut v);
     cases_linear::cases(&mut v);
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The guard catches a write one byte past the output, on every dtype's byte size.
+    #[test]
+    fn guard_detects_a_write_past_the_output() {
+        for (dtype, dims) in [
+            (DataType::F32, vec![5usize]),
+            (DataType::F16, vec![3, 7]),
+            (DataType::Q8_0, vec![2, 64]),
+        ] {
+            let mut d = guarded_output(dtype, &dims).unwrap();
+            let start = d.raw_bytes().unwrap().as_ptr();
+            let n = bytes_for(dtype, &dims).unwrap();
+            d.bytes_mut().unwrap().fill(0);
+            assert!(guard_intact(&d, start).unwrap(), "{dtype} {dims:?}");
+            d.raw_bytes_mut().unwrap()[n] = 0;
+            assert!(!guard_intact(&d, start).unwrap(), "{dtype} {dims:?}");
+        }
+    }
+
+    /// The CPU operators size their outputs in place, so the harness really checks the guard
+    /// after every output of theirs: each keeps the guarded allocation.
+    #[test]
+    fn cpu_outputs_stay_in_the_guarded_allocation() {
+        let exec = Executor::cpu(1).unwrap();
+        let (mut outputs, mut kept) = (0, 0);
+        for case in all_cases() {
+            let mut ref_args: Vec<Data> = case
+                .args
+                .iter()
+                .map(|a| clone_data(&a.data).unwrap())
+                .collect();
+            run_on(&exec, &case, &mut ref_args).unwrap();
+            let (mut args, starts) = guarded_args(&case, &ref_args).unwrap();
+            run_on(&exec, &case, &mut args).unwrap();
+            for ((a, d), &start) in case.args.iter().zip(&args).zip(&starts) {
+                if a.kind == ArgKind::Out {
+                    outputs += 1;
+                    kept += usize::from(d.raw_bytes().unwrap().as_ptr() == start);
+                }
+            }
+        }
+        eprintln!("{kept} of {outputs} outputs kept their guarded allocation");
+        assert!(
+            outputs > 0 && kept * 10 >= outputs * 9,
+            "{kept} of {outputs}"
+        );
+    }
+
+    /// A same-sized `resize` (what an op's `reshape` does) keeps the guarded allocation.
+    #[test]
+    fn resize_keeps_the_guarded_allocation() {
+        let mut d = guarded_output(DataType::F32, &[4, 9]).unwrap();
+        let start = d.raw_bytes().unwrap().as_ptr();
+        d.resize(DataType::F32, &[4, 9]).unwrap();
+        assert_eq!(d.raw_bytes().unwrap().as_ptr(), start);
+        d.raw_bytes_mut().unwrap()[4 * 9 * 4 + GUARD_BYTES - 1] = 0;
+        assert!(!guard_intact(&d, start).unwrap());
+    }
 }

@@ -2,7 +2,8 @@
 //! moving inputs that live elsewhere, calling `reshape` (shape inference) then `run`, and
 //! recording per-op call counts and time (the profiler, fastllm's `PrintProfiler`).
 //!
-//! Devices are added at run time (`add_device`), so a new backend needs no change here.
+//! Devices are added at run time (`add_device`), so a new backend needs no change here; the
+//! executor names no concrete device (`Executor::cpu` is defined by the CPU device's module).
 
 use crate::data::{Data, DeviceKind};
 use crate::device::{BaseDevice, DataDict, FloatDict, IntDict};
@@ -101,13 +102,6 @@ impl Executor {
     /// An executor with no devices.
     pub fn new() -> Self {
         Self::default()
-    }
-
-    /// An executor with one CPU device using `threads` threads (0 = all cores).
-    pub fn cpu(threads: usize) -> Result<Self> {
-        let mut e = Self::new();
-        e.add_device(Arc::new(crate::devices::cpu::CpuDevice::new(threads)?));
-        Ok(e)
     }
 
     /// Registers a device; earlier devices are preferred.

@@ -3,10 +3,14 @@
 //!
 //! A device runs in one of two kernel modes: `Fast` (SIMD, threads) or `Reference` (the plain
 //! scalar kernels, single-threaded) — the op test harness compares the two.
+//!
+//! [`Executor::cpu`], the executor with just a CPU device, is defined here so that the executor
+//! itself names no device.
 
 use crate::data::{Data, DeviceKind};
 use crate::device::{BaseDevice, OpRegistry};
 use crate::error::{Error, Result};
+use crate::executor::Executor;
 use fastllm_cpu::threads::Threads;
 use std::sync::Arc;
 
@@ -91,6 +95,15 @@ impl CpuDevice {
     /// The kernel mode.
     pub fn mode(&self) -> KernelMode {
         self.ctx.mode
+    }
+}
+
+impl Executor {
+    /// An executor with one fast CPU device using `threads` threads (0 = all cores).
+    pub fn cpu(threads: usize) -> Result<Executor> {
+        let mut e = Executor::new();
+        e.add_device(Arc::new(CpuDevice::new(threads)?));
+        Ok(e)
     }
 }
 

@@ -1,10 +1,13 @@
 //! Translation of GGUF tokenizer metadata (`tokenizer.ggml.*`, as written by llama.cpp's
 //! converters) into a [`TokenizerSpec`]. It only reads metadata; unknown or inconsistent keys
-//! are errors naming the key.
+//! are errors naming the key. It lives with the converter, above both the GGUF reader and the
+//! tokenizer, so the tokenizer layer knows no file format but its own spec.
 
-use super::spec::{AddedToken, NormalizerKind, PreTokenizerKind, TokenizerKind, TokenizerSpec};
 use crate::error::{Error, Result};
 use crate::format::gguf::{GgufFile, GgufValue};
+use crate::tokenizer::{
+    AddedToken, NormalizerKind, PreTokenizerKind, TokenizerKind, TokenizerSpec,
+};
 
 /// llama.cpp token types.
 const TOKEN_TYPE_CONTROL: i64 = 3;

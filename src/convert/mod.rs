@@ -1,6 +1,8 @@
 //! Model conversion into `.flm`: Hugging Face directories (safetensors) and GGUF files, streamed
 //! tensor by tensor (peak memory ≈ one tensor). Owns name mapping, layout fixes, the dtype
-//! policy and `ModelConfig` extraction; the file formats themselves live in `crate::format`.
+//! policy, `ModelConfig` extraction and the tokenizer spec of a GGUF file
+//! ([`TokenizerSpec::from_gguf`](crate::tokenizer::TokenizerSpec::from_gguf)); the file formats
+//! themselves live in `crate::format`.
 
 // `x % n != 0` instead of `is_multiple_of`: the workspace MSRV (1.80) predates it.
 #![allow(clippy::manual_is_multiple_of)]
@@ -9,6 +11,7 @@ pub mod dtype_policy;
 pub mod ggml_dequant;
 mod gguf;
 pub mod gguf_config;
+mod gguf_tokenizer;
 mod hf;
 pub mod hf_config;
 pub mod names;

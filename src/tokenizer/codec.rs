@@ -1,7 +1,8 @@
 //! [`Tokenizer`]: a built, immutable tokenizer (text → ids → text). It owns the lookup tables
 //! made from a [`TokenizerSpec`], added/special-token matching, normalization and the three
 //! algorithms (byte-level BPE, SentencePiece BPE, greedy longest match). It must not parse files
-//! (see `hf_json`/`gguf_meta`) nor do streaming bookkeeping (see `stream`).
+//! (see `hf_json`, and `convert::gguf_tokenizer` for GGUF) nor do streaming bookkeeping (see
+//! `stream`).
 
 use super::bpe::{merge_word, push_symbol, FxHashMap, FxHashSet, MergeRule, Scratch, NO_ID};
 use super::byte_level;

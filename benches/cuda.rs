@@ -116,7 +116,8 @@ fn linear(
     )
 }
 
-/// Device-to-device and host-to-device bandwidth; 64 rows of 128256 f32 logits up and back.
+/// Device-to-device and host-to-device bandwidth; 64 rows of 128256 f32 logits up and back
+/// (after one untimed round trip, which allocates the staging buffer).
 fn copies(dev: &CudaDevice) {
     use fastllm::devices::cuda::buffer::{alloc_data, dptr};
     let g = dev.gpu();
@@ -135,27 +136,37 @@ fn copies(dev: &CudaDevice) {
         2.0 * n as f64 / ms / 1e6
     );
     let host = vec![1u8; 256 << 20];
-    let t0 = Instant::now();
-    g.htod(&host, sp).unwrap();
-    g.sync().unwrap();
-    let dt = t0.elapsed().as_secs_f64();
+    let dt = best_secs(3, &mut || {
+        g.htod(&host, sp).unwrap();
+        g.sync().unwrap();
+    });
     println!(
-        "h2d copy 256 MiB (pageable): {:.1} GB/s",
+        "h2d copy 256 MiB (pageable, best of 3): {:.1} GB/s",
         host.len() as f64 / dt / 1e9
     );
     drop((src, dst));
-    let t = Instant::now();
     let host = Data::from_f32(&[64 * 128256], &vec![1.5f32; 64 * 128256]).unwrap();
-    let on_gpu = dev.upload(&host).unwrap();
-    let t_up = t.elapsed();
-    let t = Instant::now();
-    let back = on_gpu.to_owned_host().unwrap();
+    let mut on_gpu = dev.upload(&host).unwrap();
+    let up = best_secs(3, &mut || on_gpu = dev.upload(&host).unwrap());
+    let mut back = on_gpu.to_owned_host().unwrap();
+    let down = best_secs(3, &mut || back = on_gpu.to_owned_host().unwrap());
+    assert_eq!(back.to_f32_vec().unwrap(), host.to_f32_vec().unwrap());
     println!(
-        "download of 64 x 128256 f32 logits (32.8 MB): {:.2} ms (upload {:.2} ms)",
-        t.elapsed().as_secs_f64() * 1e3,
-        t_up.as_secs_f64() * 1e3
+        "download of 64 x 128256 f32 logits (32.8 MB, best of 3): {:.2} ms (upload {:.2} ms)",
+        down * 1e3,
+        up * 1e3
     );
-    assert_eq!(back.count(), 64 * 128256);
+}
+
+/// The shortest of `n` runs of `f` timed on the host, in seconds.
+fn best_secs(n: usize, f: &mut dyn FnMut()) -> f64 {
+    (0..n)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
 }
 
 /// The matmul ceiling: cuBLAS f16 / bf16 GEMM with f32 accumulation and output, 8192³.

@@ -1,15 +1,18 @@
 // Block-weight products for a few activation rows on tensor cores: y[m, n] = x[m, k] · W[n, k]ᵀ
 // (+ bias, + y), W in Q8_0 / Q4_0 / Q4_1, x in f16 (the cast or the producer's copy of the
 // tensor-core path), f32 accumulation (mma.sync m16n8k16). Each weight block is read once from
-// device memory for all rows and dequantized to f16 in registers (the value dequant_f16 gives),
-// so a step of up to MMA_TOKENS rows reads the weight once, like a one-row GEMV.
+// device memory for all 8 · NT activation rows of a launch slice and dequantized to f16 in
+// registers (the value dequant_f16 gives), so a step of up to 64 rows reads its weights once,
+// like a one-row GEMV.
 //
-// Grid (row tiles, k splits, row slices): a block of MMA_WARPS warps takes MMA_WROWS · 16
-// weight rows per warp, the k range of its split and MMA_TOKENS · NT / 8 activation rows; the
-// activations of one MMA_KC-value chunk at a time are staged in shared memory and read by all
-// warps, the next chunk arriving (cp.async) while one is used. With one split the block writes y itself; with several it writes its partial sums to
-// `part` [splits, m, ntot] and `mma_reduce_f32` adds them in split order (deterministic).
-// Needs k % MMA_KC == 0.
+// Grid (row tiles, k splits, row slices): a block of MMA_WARPS warps takes MMA_ROWS weight rows
+// (MMA_WROWS tiles of 16 per warp), the k range of its split and 8 · NT activation rows. Chunk
+// by chunk (MMA_KC values) the block copies the weight rows' blocks and the activation rows
+// into shared memory with 16-byte cp.async (two stages: the next chunk arrives while one is
+// used), so device memory is read in whole, coalesced pieces. With one split the block writes
+// y itself; with several it writes its partial sums to `part` [splits, m, ntot] and
+// `mma_reduce_f32` adds them in split order (deterministic). Needs k % MMA_KC == 0 and weights
+// at 16-byte aligned addresses.
 //
 // The k order inside a 32-value block is permuted the same way for both operands (a dot product
 // does not depend on it): fragment k indices (2t, 2t+1) and (2t+8, 2t+9) of the first 16-step
@@ -19,9 +22,9 @@
 
 #define MMA_WARPS 4
 #define MMA_WROWS 2
+// weight rows per block
+#define MMA_ROWS (MMA_WARPS * MMA_WROWS * 16)
 #define MMA_KC 256
-// weight blocks each lane has in flight (divides MMA_KC / 32)
-#define MMA_PF 4
 // halves per staged activation row: MMA_KC + 16 (row stride ≡ 8 words mod 32: the eight
 // 8-byte reads of a quad group hit distinct banks)
 #define MMA_XS (MMA_KC + 16)
@@ -58,46 +61,42 @@ __device__ __forceinline__ unsigned int hfma2u(unsigned int a, unsigned int b, u
     return r;
 }
 
-// A 32-bit word at a 2-byte aligned address.
-__device__ __forceinline__ unsigned int ld_w2(const unsigned char* p) {
-    const unsigned short* h = (const unsigned short*)p;
-    return (unsigned int)__ldg(h) | ((unsigned int)__ldg(h + 1) << 16);
+// Bytes per staged weight row of one chunk (MMA_KC / 32 blocks), padded where the rows of a
+// quad group would share banks (Q4_1: 160 -> 176 bytes).
+template <int DT>
+__device__ __forceinline__ constexpr int mma_wrow() {
+    return DT == DT_Q4_0 ? 8 * 18 : (DT == DT_Q4_1 ? 8 * 20 + 16 : 8 * 34);
 }
 
-// What lane t of a quad group loads of one weight block: the quant words (q[0]; Q8_0 also
+// A 32-bit word at a 2-byte aligned shared-memory address.
+__device__ __forceinline__ unsigned int sm_w2(const unsigned char* p) {
+    const unsigned short* h = (const unsigned short*)p;
+    return (unsigned int)h[0] | ((unsigned int)h[1] << 16);
+}
+
+// What lane t of a quad group takes of one weight block: the quant words (q[0]; Q8_0 also
 // q[1]) and the scale (Q4_1: scale | min << 16).
 struct WQuad {
     unsigned int q[2];
     unsigned int d;
 };
 
+// Lane t's share of the staged block at blk.
 template <int DT>
-__device__ __forceinline__ void wquad_load(const unsigned char* row, long b, int t, WQuad& w) {
+__device__ __forceinline__ void wquad_load(const unsigned char* blk, int t, WQuad& w) {
     if (DT == DT_Q4_0) {
-        const unsigned char* blk = row + b * 18;
-        w.d = __ldg((const unsigned short*)blk);
-        w.q[0] = ld_w2(blk + 2 + 4 * t);
+        w.d = *(const unsigned short*)blk;
+        w.q[0] = sm_w2(blk + 2 + 4 * t);
         w.q[1] = 0;
     } else if (DT == DT_Q4_1) {
-        const unsigned char* blk = row + b * 20;
-        w.d = __ldg((const unsigned int*)blk);
-        w.q[0] = __ldg((const unsigned int*)(blk + 4 + 4 * t));
+        w.d = *(const unsigned int*)blk;
+        w.q[0] = *(const unsigned int*)(blk + 4 + 4 * t);
         w.q[1] = 0;
     } else {
-        const unsigned char* blk = row + b * 34;
-        w.d = __ldg((const unsigned short*)blk);
-        w.q[0] = ld_w2(blk + 2 + 4 * t);
-        w.q[1] = ld_w2(blk + 18 + 4 * t);
+        w.d = *(const unsigned short*)blk;
+        w.q[0] = sm_w2(blk + 2 + 4 * t);
+        w.q[1] = sm_w2(blk + 18 + 4 * t);
     }
-}
-
-// Lane t's share of block b of its weight rows (tile i, half h).
-template <int DT>
-__device__ __forceinline__ void wquad_rows(const unsigned char* const (*rows)[2], long b, int t, WQuad (*w)[2]) {
-#pragma unroll
-    for (int i = 0; i < MMA_WROWS; i++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) wquad_load<DT>(rows[i][h], b, t, w[i][h]);
 }
 
 // The four f16 pairs of lane t's share of a block (see the file comment): a[0] / a[1] = the
@@ -134,7 +133,7 @@ __device__ __forceinline__ void wquad_deq(const WQuad& w, unsigned int* a) {
 }
 
 // Starts copying activation rows [t0, t0 + 8·NT) (zeros past m), values [c0, c0 + MMA_KC), into
-// xs (MMA_XS halves per row) with 16-byte cp.async, as one commit group.
+// xs (MMA_XS halves per row) with 16-byte cp.async; joins the caller's commit group.
 template <int NT>
 __device__ __forceinline__ void mma_stage(const unsigned short* x, int m, int k, int t0, long c0, unsigned short* xs) {
     constexpr int PER_ROW = MMA_KC / 8;  // 16-byte pieces
@@ -145,34 +144,42 @@ __device__ __forceinline__ void mma_stage(const unsigned short* x, int m, int k,
         unsigned int sa = (unsigned int)__cvta_generic_to_shared(xs + r * MMA_XS + 8 * p);
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(src), "r"(live ? 16 : 0));
     }
-    asm volatile("cp.async.commit_group;");
 }
 
-// The output slot of launch row jg: segment weight row pointer, and (through SEG_PICK) its
-// bias, output and row count.
+// Starts copying chunk c of the block's weight rows [row0, row0 + MMA_ROWS) (zeros past ntot)
+// into ws (mma_wrow<DT>() bytes per row) with 16-byte cp.async; joins the caller's commit group.
+template <int DT>
+__device__ __forceinline__ void mma_stage_w(const LinSegs& sg, int ntot, long row_bytes, int row0, long c,
+                                            unsigned char* ws) {
+    constexpr int BYTES = 8 * (DT == DT_Q4_0 ? 18 : (DT == DT_Q4_1 ? 20 : 34)), PER_ROW = BYTES / 16;
+    for (int i = threadIdx.x; i < MMA_ROWS * PER_ROW; i += blockDim.x) {
+        int r = i / PER_ROW, p = i % PER_ROW;
+        int jg = row0 + r;
+        bool live = jg < ntot;
+        SEG_PICK(live ? jg : 0)
+        (void)bias;
+        (void)y;
+        (void)n;
+        const unsigned char* src = w + (long)j * row_bytes + c * BYTES + 16 * p;
+        unsigned int sa = (unsigned int)__cvta_generic_to_shared(ws + r * mma_wrow<DT>() + 16 * p);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(src), "r"(live ? 16 : 0));
+    }
+}
+
+// One block of the product (see the file comment): its weight rows' products with activation
+// rows [t0, t0 + 8·NT) over chunks [c_lo, c_hi) of k.
 template <int DT, int NT>
 __device__ void linear_mma_t(const unsigned short* x, const LinSegs& sg, int m, int ntot, int k, long row_bytes,
                              int splits, float* part, int out_half) {
     extern __shared__ uint4 mma_smem[];
-    unsigned short* xs = (unsigned short*)mma_smem;
+    // each of the two stages: the weight rows' chunk, then the activation rows' chunk
+    constexpr int WBYTES = MMA_ROWS * mma_wrow<DT>(), STAGE = WBYTES + 8 * NT * MMA_XS * 2;
+    unsigned char* smem = (unsigned char*)mma_smem;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     int t0 = blockIdx.z * 8 * NT;
     long nchunks = k / MMA_KC;
     long c_lo = nchunks * blockIdx.y / splits, c_hi = nchunks * (blockIdx.y + 1) / splits;
-    int base = (blockIdx.x * MMA_WARPS + warp) * MMA_WROWS * 16;
-    // the four weight rows of this lane: tile i, half h -> base + 16 i + 8 h + g
-    const unsigned char* rows[MMA_WROWS][2];
-#pragma unroll
-    for (int i = 0; i < MMA_WROWS; i++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int jg = base + 16 * i + 8 * h + g;
-            SEG_PICK(jg < ntot ? jg : 0)
-            (void)bias;
-            (void)y;
-            (void)n;
-            rows[i][h] = w + (long)j * row_bytes;
-        }
+    int row0 = blockIdx.x * MMA_ROWS;
     float acc[MMA_WROWS][NT][4];
 #pragma unroll
     for (int i = 0; i < MMA_WROWS; i++)
@@ -180,20 +187,22 @@ __device__ void linear_mma_t(const unsigned short* x, const LinSegs& sg, int m, 
         for (int u = 0; u < NT; u++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][u][e] = 0.0f;
-    // weights of blocks b .. b + MMA_PF - 1 in flight (ring slot b % MMA_PF); the first ones
-    // before waiting for the kernel that wrote the activations (no kernel writes weights)
-    long b_lo = c_lo * (MMA_KC / 32), b_hi = c_hi * (MMA_KC / 32);
-    WQuad wq[MMA_PF][MMA_WROWS][2];
-#pragma unroll
-    for (int p = 0; p < MMA_PF; p++)
-        if (b_lo + p < b_hi) wquad_rows<DT>(rows, b_lo + p, t, wq[p]);
+    // the first weight chunk before waiting for the kernel that wrote the activations (no
+    // kernel writes weights); two stages: chunk c + 1 arrives while chunk c is used
+    if (c_lo < c_hi) mma_stage_w<DT>(sg, ntot, row_bytes, row0, c_lo, smem);
     pdl_gemv_begin();
-    // two staging buffers: chunk c + 1 arrives while chunk c is used
-    if (c_lo < c_hi) mma_stage<NT>(x, m, k, t0, c_lo * MMA_KC, xs);
+    if (c_lo < c_hi) {
+        mma_stage<NT>(x, m, k, t0, c_lo * MMA_KC, (unsigned short*)(smem + WBYTES));
+        asm volatile("cp.async.commit_group;");
+    }
     for (long c = c_lo; c < c_hi; c++) {
-        const unsigned short* xc = xs + ((c - c_lo) & 1) * (8 * NT * MMA_XS);
+        const unsigned char* st = smem + ((c - c_lo) & 1) * STAGE;
+        const unsigned short* xc = (const unsigned short*)(st + WBYTES);
         if (c + 1 < c_hi) {
-            mma_stage<NT>(x, m, k, t0, (c + 1) * MMA_KC, xs + ((c + 1 - c_lo) & 1) * (8 * NT * MMA_XS));
+            unsigned char* nx = smem + ((c + 1 - c_lo) & 1) * STAGE;
+            mma_stage_w<DT>(sg, ntot, row_bytes, row0, c + 1, nx);
+            mma_stage<NT>(x, m, k, t0, (c + 1) * MMA_KC, (unsigned short*)(nx + WBYTES));
+            asm volatile("cp.async.commit_group;");
             asm volatile("cp.async.wait_group 1;" ::: "memory");
         } else {
             asm volatile("cp.async.wait_group 0;" ::: "memory");
@@ -201,14 +210,18 @@ __device__ void linear_mma_t(const unsigned short* x, const LinSegs& sg, int m, 
         __syncthreads();
 #pragma unroll
         for (int bb = 0; bb < MMA_KC / 32; bb++) {
-            long b = c * (MMA_KC / 32) + bb;
-            constexpr int PF = MMA_PF;
+            constexpr int BS = DT == DT_Q4_0 ? 18 : (DT == DT_Q4_1 ? 20 : 34);
             unsigned int af[MMA_WROWS][2][4];
 #pragma unroll
             for (int i = 0; i < MMA_WROWS; i++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) wquad_deq<DT>(wq[bb % PF][i][h], af[i][h]);
-            if (b + PF < b_hi) wquad_rows<DT>(rows, b + PF, t, wq[bb % PF]);
+                for (int h = 0; h < 2; h++) {
+                    // weight row warp·32 + 16 i + 8 h + g of the block
+                    int r = (warp * MMA_WROWS + i) * 16 + 8 * h + g;
+                    WQuad wq;
+                    wquad_load<DT>(st + r * mma_wrow<DT>() + bb * BS, t, wq);
+                    wquad_deq<DT>(wq, af[i][h]);
+                }
 #pragma unroll
             for (int s = 0; s < 2; s++) {
                 // A fragment of tile i, step s: rows g / g+8, pairs (2t, 2t+1) / (2t+8, 2t+9)
@@ -230,9 +243,10 @@ __device__ void linear_mma_t(const unsigned short* x, const LinSegs& sg, int m, 
                 }
             }
         }
-        // every warp is done with this buffer before it is refilled
+        // every warp is done with this stage before it is refilled
         __syncthreads();
     }
+    int base = row0 + warp * MMA_WROWS * 16;
     // c[e]: row g + 8 (e >> 1), activation row 2t + (e & 1) of the 8-row tile
 #pragma unroll
     for (int i = 0; i < MMA_WROWS; i++)

@@ -74,7 +74,8 @@ const BLAS_MIN_ROWS: usize = 2;
 pub const TC_MIN_ROWS: usize = 16;
 /// Largest f16 tile of a block weight dequantized at once for the tensor-core path.
 const DEQ_TILE_BYTES: usize = 128 << 20;
-/// Up to this many rows, `quant_act` products with block weights (`k % MMA_KC == 0`) take the
+/// Up to this many rows, `quant_act` products with block weights (`k % MMA_KC == 0`, 16-byte
+/// aligned) take the
 /// `linear_mma` kernels (weights read once, dequantized in registers), from 2 rows on; above it
 /// the dequantize-then-cuBLAS path.
 const MMA_MAX_ROWS: usize = 64;
@@ -440,7 +441,9 @@ impl Linear {
             return Ok(true);
         };
         // (bf16 outputs come only with BF16 weights, which take cuBLAS)
-        let mma = bat.mma(first.dtype, m, k) && io.output != Some(ActForm::Bf16);
+        let mma = bat.mma(first.dtype, m, k)
+            && io.output != Some(ActForm::Bf16)
+            && segs.iter().all(|s| s.w % 16 == 0);
         if self.gpu.blas().is_none() {
             return Ok(false);
         }

@@ -1,6 +1,7 @@
 //! Block-weight (Q8_0 / Q4_0 / Q4_1) products with a few f16 activation rows on tensor cores:
 //! the `linear_mma{nt}_*` kernels of kernels/linear_mma.cu read each weight block once for up
-//! to [`MMA_SLICE_ROWS`] activation rows and dequantize it in registers, so a batched decode
+//! to [`MMA_SLICE_ROWS`] activation rows (staged with it in shared memory by 16-byte copies)
+//! and dequantize it in registers, so a batched decode
 //! step reads its weights once (where the dequantize-then-cuBLAS path writes and reads an f16
 //! copy of every weight). Short weights are split along k over several blocks ([`MmaPlan`]);
 //! their partial sums go to a scratch buffer and `mma_reduce_f32` adds them in a fixed order.
@@ -70,9 +71,12 @@ impl MmaPlan {
         })
     }
 
-    /// Dynamic shared memory per block: two staged activation chunks.
-    pub fn smem(&self) -> usize {
-        2 * 8 * self.nt * XS_HALVES * 2
+    /// Dynamic shared memory per block for weights of `block_bytes` per 32 values: two stages
+    /// of one chunk of the block's weight rows (`mma_wrow` in the kernels) and activation rows.
+    pub fn smem(&self, block_bytes: usize) -> usize {
+        let pad = if block_bytes == 20 { 16 } else { 0 };
+        let wrow = MMA_KC / 32 * block_bytes + pad;
+        2 * (ROWS_PER_BLOCK * wrow + 8 * self.nt * XS_HALVES * 2)
     }
 }
 
@@ -125,7 +129,8 @@ pub fn mma_product(
         &format!("linear_mma{}_{suffix}", plan.nt),
         grid,
         THREADS,
-        u32::try_from(plan.smem()).map_err(|_| op_err("Linear", "shared memory"))?,
+        u32::try_from(plan.smem(row_bytes / (k / 32)))
+            .map_err(|_| op_err("Linear", "shared memory"))?,
         &args,
     )?;
     if plan.splits > 1 {

@@ -240,7 +240,7 @@ fn mma_linear_segments_accumulate_and_half_outputs() {
 }
 
 #[test]
-fn mma_and_cublas_paths_agree_with_the_previous_paths() {
+fn mma_and_cublas_paths_agree_with_the_gemv_and_dequantized_paths() {
     let Some(dev) = gpu() else { return };
     let cuda = cuda_executor(&dev);
     let mut rng = CaseRng::new(93);

@@ -14,14 +14,17 @@
 //! a ring of rows in flight, the first ones requested before the kernel waits for its
 //! predecessor.
 //!
-//! Tensor cores (prefill): with `quant_act = 1` (the `fast` precision, which already accepts
-//! rounded activations) and at least [`TC_MIN_ROWS`] rows, F16/BF16 and block weights go through
-//! cuBLAS `GemmEx`: activations are cast to f16 (bf16 for BF16 weights) on the GPU, once for
-//! all weights of a call, or not at all when the op that produced them left that copy
-//! (`RMSNorm`, `SiluMul`, `Attention` with `quantize_output` 2 / 3, see `act_quant`); block
-//! weights are dequantized to f16 tile by tile ([`DEQ_TILE_BYTES`]) into a scratch buffer, and
-//! the product accumulates and is written in f32. `exact` precision (`quant_act = 0`) keeps
-//! the f32-activation kernels.
+//! Tensor cores (batched decode and prefill): with `quant_act = 1` (the `fast` precision, which
+//! already accepts rounded activations) and enough rows ([`tensor_core_rows`]), F16/BF16 and
+//! block weights take tensor cores with activations cast to f16 (bf16 for BF16 weights) on the
+//! GPU, once for all weights of a call, or not at all when the op that produced them left that
+//! copy (`RMSNorm`, `SiluMul`, `Attention` with `quantize_output` 2 / 3, see `act_quant`).
+//! F16/BF16 weights go through cuBLAS `GemmEx` from 2 rows. Block weights (`k % 256 == 0`,
+//! 16-byte aligned) of 2..[`MMA_MAX_ROWS`] rows take the `linear_mma` kernels (see
+//! `linear_mma`: each weight block read once for all rows, dequantized in registers); more
+//! rows, or other block weights from [`TC_MIN_ROWS`] rows, are dequantized to f16 tile by tile
+//! ([`DEQ_TILE_BYTES`]) into a scratch buffer for cuBLAS. Products accumulate and are written in
+//! f32. `exact` precision (`quant_act = 0`) keeps the f32-activation kernels.
 //!
 //! Half activations (prefill of the gated MLP): with `half_output` = 2 (f16) / 3 (bf16) and a
 //! tensor-core product (the conditions above, the weight's form equal to the one asked for, no
@@ -69,8 +72,9 @@ const LIN_ROWS: usize = 4;
 const LIN_FEATURES: usize = 8;
 /// From this many rows on, F32 weights use cuBLAS.
 const BLAS_MIN_ROWS: usize = 2;
-/// From this many rows on, `quant_act = 1` products with F16/BF16/block weights use cuBLAS
-/// tensor cores (below it the GEMV kernels, which read the weight once per 4 rows, are faster).
+/// From this many rows on, `quant_act = 1` products with block weights that `linear_mma` does not
+/// take use cuBLAS tensor cores (below it the GEMV kernels, which read the weight once per 4
+/// rows, are faster); also the fewest rows for half-precision inputs and outputs of `Linear`.
 pub const TC_MIN_ROWS: usize = 16;
 /// Largest f16 tile of a block weight dequantized at once for the tensor-core path.
 const DEQ_TILE_BYTES: usize = 128 << 20;
@@ -90,9 +94,10 @@ pub fn tensor_core_rows(dtype: DataType, rows: usize, k: usize) -> bool {
     dtype != DataType::F32 && rows >= Batched { mode: 0, splits: 0 }.tc_min_rows(dtype, k)
 }
 
-/// A call's choice of the batched paths (`mma`): the device's (0), the paths from before the
-/// `linear_mma` kernels existed (1: tensor cores from [`TC_MIN_ROWS`] rows, dequantized tiles),
-/// or `linear_mma` wherever it applies (2); `mma_splits` > 0 forces its k splits.
+/// A call's choice of the batched paths (`mma`): the device's (0), no `linear_mma` and no
+/// cuBLAS below [`TC_MIN_ROWS`] rows (1: the GEMV kernels below, dequantized tiles for cuBLAS
+/// above), or `linear_mma` wherever it applies (2, any number of rows); `mma_splits` > 0 forces
+/// its k splits.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 struct Batched {
     mode: i32,

@@ -238,6 +238,12 @@ pub trait Operator: Send + Sync {
     fn reshape(&self, datas: &mut DataDict, floats: &FloatDict, ints: &IntDict) -> Result<()>;
     /// Computes the outputs.
     fn run(&self, datas: &mut DataDict, floats: &FloatDict, ints: &IntDict) -> Result<()>;
+    /// Read-only inputs this implementation takes where they are when they live in host memory
+    /// (small index arrays it checks on the host before a kernel touches memory, then copies
+    /// itself): the executor does not copy them onto the device first. Default: none.
+    fn host_inputs(&self) -> &'static [&'static str] {
+        &[]
+    }
 }
 
 /// Op name → operator.

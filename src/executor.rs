@@ -138,16 +138,17 @@ impl Executor {
             .find(|d| d.can_run(op, datas, floats, ints))
             .ok_or_else(|| self.why_not(op, datas))?;
         let kind = device.kind();
+        let ops = device.ops();
+        let o = ops
+            .get(op)
+            .ok_or_else(|| Error::UnknownOp(op.to_string()))?;
+        let host = o.host_inputs();
         let misplaced = datas
             .iter()
-            .any(|(_, d)| d.is_allocated() && d.device() != kind);
+            .any(|(n, d)| Self::misplaced(d, kind, host.contains(&n)));
         if misplaced {
             self.run_moved(device.as_ref(), op, datas, floats, ints)?;
         } else {
-            let ops = device.ops();
-            let o = ops
-                .get(op)
-                .ok_or_else(|| Error::UnknownOp(op.to_string()))?;
             o.reshape(datas, floats, ints)?;
             o.run(datas, floats, ints)?;
         }
@@ -160,8 +161,16 @@ impl Executor {
         Ok(())
     }
 
+    /// Whether `d` must be moved or copied to a `kind` device before an op reads it: it lives
+    /// elsewhere, unless it is in host memory and the op takes it there (`host_ok`, see
+    /// [`crate::device::Operator::host_inputs`]).
+    fn misplaced(d: &Data, kind: DeviceKind, host_ok: bool) -> bool {
+        d.is_allocated() && d.device() != kind && !(host_ok && d.device() == DeviceKind::Cpu)
+    }
+
     /// Slow path: some argument lives on another device. Mutable arguments are moved to the
-    /// chosen device (and stay there); read-only inputs are copied for this call.
+    /// chosen device (and stay there); read-only inputs are copied for this call. Inputs the op takes in host
+    /// memory stay there.
     fn run_moved(
         &self,
         device: &dyn BaseDevice,
@@ -171,6 +180,11 @@ impl Executor {
         ints: &IntDict,
     ) -> Result<()> {
         let kind = device.kind();
+        let ops = device.ops();
+        let o = ops
+            .get(op)
+            .ok_or_else(|| Error::UnknownOp(op.to_string()))?;
+        let host = o.host_inputs();
         for (_, d) in datas.iter_mut() {
             if d.is_allocated() && d.device() != kind {
                 let name = std::mem::take(&mut d.name);
@@ -180,15 +194,11 @@ impl Executor {
         }
         let mut copies: Vec<(String, Data)> = Vec::new();
         for (n, d) in datas.iter() {
-            if d.is_allocated() && d.device() != kind {
+            if Self::misplaced(d, kind, host.contains(&n)) {
                 copies.push((n.to_string(), device.upload(d)?));
             }
         }
         let mut moved = datas.reborrow_with(&copies);
-        let ops = device.ops();
-        let o = ops
-            .get(op)
-            .ok_or_else(|| Error::UnknownOp(op.to_string()))?;
         o.reshape(&mut moved, floats, ints)?;
         o.run(&mut moved, floats, ints)
     }

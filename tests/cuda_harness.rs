@@ -12,7 +12,7 @@ mod common;
 
 use common::cuda::{clone_arg, cuda_executor, gpu, reference};
 use fastllm::data::{Data, DataType, DeviceKind};
-use fastllm::devices::cuda::TC_MIN_ROWS;
+use fastllm::devices::cuda::tensor_core_rows;
 use fastllm::harness::{all_cases, nmse, ArgKind, OpCase};
 use fastllm::{DataDict, Executor, FloatDict, IntDict};
 
@@ -35,7 +35,7 @@ fn run_case(exec: &Executor, case: &OpCase, args: &mut [Data]) -> fastllm::Resul
     exec.run(case.op, &mut dict, &fl, &il)
 }
 
-/// `Linear` with `quant_act = 1` and at least `TC_MIN_ROWS` rows runs on the GPU's tensor cores
+/// `Linear` with `quant_act = 1` and enough rows (`tensor_core_rows`) runs on the GPU's tensor cores
 /// with f16 activations, where the reference quantizes the activations to int8 (Q8_0): the two
 /// differ by the int8 rounding, which is bounded like the `fast` precision against the exact
 /// product (NMSE ≤ 5e-4, `devices::cpu::linear`'s tests). The GPU path's own distance to the
@@ -49,7 +49,7 @@ fn tolerance(case: &OpCase) -> f64 {
     if case.op == "Linear" && quant_act {
         if let (Some(x), Some(w)) = (arg("input"), arg("weight")) {
             let rows = x.count() / x.dim(-1).max(1);
-            if w.dtype() != DataType::F32 && rows >= TC_MIN_ROWS {
+            if tensor_core_rows(w.dtype(), rows, x.dim(-1)) {
                 return case.max_nmse.max(TC_LINEAR_VS_Q8_NMSE);
             }
         }

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 
 /// Every kernel source, in order; `common.cuh` first (the others use its helpers).
-const SOURCES: [(&str, &str); 10] = [
+const SOURCES: [(&str, &str); 11] = [
     ("common.cuh", include_str!("../../../kernels/common.cuh")),
     (
         "elementwise.cu",
@@ -20,6 +20,10 @@ const SOURCES: [(&str, &str); 10] = [
         include_str!("../../../kernels/embedding.cu"),
     ),
     ("linear.cu", include_str!("../../../kernels/linear.cu")),
+    (
+        "linear_mma.cu",
+        include_str!("../../../kernels/linear_mma.cu"),
+    ),
     (
         "attention.cu",
         include_str!("../../../kernels/attention.cu"),

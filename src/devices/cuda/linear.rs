@@ -14,14 +14,17 @@
 //! a ring of rows in flight, the first ones requested before the kernel waits for its
 //! predecessor.
 //!
-//! Tensor cores (prefill): with `quant_act = 1` (the `fast` precision, which already accepts
-//! rounded activations) and at least [`TC_MIN_ROWS`] rows, F16/BF16 and block weights go through
-//! cuBLAS `GemmEx`: activations are cast to f16 (bf16 for BF16 weights) on the GPU, once for
-//! all weights of a call, or not at all when the op that produced them left that copy
-//! (`RMSNorm`, `SiluMul`, `Attention` with `quantize_output` 2 / 3, see `act_quant`); block
-//! weights are dequantized to f16 tile by tile ([`DEQ_TILE_BYTES`]) into a scratch buffer, and
-//! the product accumulates and is written in f32. `exact` precision (`quant_act = 0`) keeps
-//! the f32-activation kernels.
+//! Tensor cores (batched decode and prefill): with `quant_act = 1` (the `fast` precision, which
+//! already accepts rounded activations) and enough rows ([`tensor_core_rows`]), F16/BF16 and
+//! block weights take tensor cores with activations cast to f16 (bf16 for BF16 weights) on the
+//! GPU, once for all weights of a call, or not at all when the op that produced them left that
+//! copy (`RMSNorm`, `SiluMul`, `Attention` with `quantize_output` 2 / 3, see `act_quant`).
+//! F16/BF16 weights go through cuBLAS `GemmEx` from 2 rows. Block weights (`k % 256 == 0`,
+//! 16-byte aligned) of 2..[`MMA_MAX_ROWS`] rows take the `linear_mma` kernels (see
+//! `linear_mma`: each weight block read once for all rows, dequantized in registers); more
+//! rows, or other block weights from [`TC_MIN_ROWS`] rows, are dequantized to f16 tile by tile
+//! ([`DEQ_TILE_BYTES`]) into a scratch buffer for cuBLAS. Products accumulate and are written in
+//! f32. `exact` precision (`quant_act = 0`) keeps the f32-activation kernels.
 //!
 //! Half activations (prefill of the gated MLP): with `half_output` = 2 (f16) / 3 (bf16) and a
 //! tensor-core product (the conditions above, the weight's form equal to the one asked for, no
@@ -37,6 +40,7 @@ use super::blas::{gemm, Elem, Gemm, Operand};
 use super::buffer::{dptr, ensure_out, scratch, CudaBuffer};
 use super::embedding::weight_suffix;
 use super::gpu::{int, long, Gpu, KArg, LinSegs};
+use super::linear_mma::{mma_product, MmaPlan, MMA_KC};
 use super::op_err;
 use crate::data::DataType;
 use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
@@ -57,6 +61,7 @@ pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>) {
                 .unwrap_or(BULK_SLOTS),
             act: act.clone(),
             tc_scratch: Mutex::new(None),
+            mma_part: Mutex::new(None),
         }),
     );
 }
@@ -67,11 +72,76 @@ const LIN_ROWS: usize = 4;
 const LIN_FEATURES: usize = 8;
 /// From this many rows on, F32 weights use cuBLAS.
 const BLAS_MIN_ROWS: usize = 2;
-/// From this many rows on, `quant_act = 1` products with F16/BF16/block weights use cuBLAS
-/// tensor cores (below it the GEMV kernels, which read the weight once per 4 rows, are faster).
+/// From this many rows on, `quant_act = 1` products with block weights that `linear_mma` does not
+/// take use cuBLAS tensor cores (below it the GEMV kernels, which read the weight once per 4
+/// rows, are faster); also the fewest rows for half-precision inputs and outputs of `Linear`.
 pub const TC_MIN_ROWS: usize = 16;
 /// Largest f16 tile of a block weight dequantized at once for the tensor-core path.
 const DEQ_TILE_BYTES: usize = 128 << 20;
+/// Up to this many rows, `quant_act` products with block weights (`k % MMA_KC == 0`, 16-byte
+/// aligned) take the
+/// `linear_mma` kernels (weights read once, dequantized in registers), from 2 rows on; above it
+/// the dequantize-then-cuBLAS path.
+const MMA_MAX_ROWS: usize = 64;
+/// From this many rows on, `quant_act` products with F16/BF16 weights use cuBLAS (which reads
+/// the weight once for all rows; the GEMV kernels read it once per 4 rows).
+const HALF_TC_MIN_ROWS: usize = 2;
+
+/// Whether a `quant_act` product of `rows` rows of `k` values with `dtype` weights runs on
+/// tensor cores with f16/bf16 activations (cuBLAS or `linear_mma`) by the device's choice, where
+/// cuBLAS loads; fewer rows take the GEMV kernels (Q8_0 activations for block weights).
+pub fn tensor_core_rows(dtype: DataType, rows: usize, k: usize) -> bool {
+    dtype != DataType::F32 && rows >= Batched { mode: 0, splits: 0 }.tc_min_rows(dtype, k)
+}
+
+/// A call's choice of the batched paths (`mma`): the device's (0), no `linear_mma` and no
+/// cuBLAS below [`TC_MIN_ROWS`] rows (1: the GEMV kernels below, dequantized tiles for cuBLAS
+/// above), or `linear_mma` wherever it applies (2, any number of rows); `mma_splits` > 0 forces
+/// its k splits.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Batched {
+    mode: i32,
+    splits: usize,
+}
+
+impl Batched {
+    fn of_call(ints: &IntDict) -> Result<Batched> {
+        let mode = ints.get_or("mma", 0);
+        if !(0..=2).contains(&mode) {
+            return Err(op_err(
+                "Linear",
+                format!("mma {mode}: expected 0 (the device's choice), 1 (off) or 2 (always)"),
+            ));
+        }
+        let splits = usize::try_from(ints.get_or("mma_splits", 0))
+            .map_err(|_| op_err("Linear", "mma_splits must not be negative"))?;
+        Ok(Batched { mode, splits })
+    }
+
+    /// Whether a block-weight product of `m` rows of `k` values takes `linear_mma`.
+    fn mma(&self, dtype: DataType, m: usize, k: usize) -> bool {
+        let fits = dtype.is_quantized() && k.is_multiple_of(MMA_KC) && m >= 2;
+        match self.mode {
+            1 => false,
+            2 => fits,
+            _ => fits && m <= MMA_MAX_ROWS,
+        }
+    }
+
+    /// The fewest rows for which a `quant_act` product with `dtype` weights takes the
+    /// tensor-core path (cuBLAS or `linear_mma`).
+    fn tc_min_rows(&self, dtype: DataType, k: usize) -> usize {
+        if self.mode == 1 {
+            TC_MIN_ROWS
+        } else if self.mma(dtype, 2, k) {
+            2
+        } else if matches!(dtype, DataType::F16 | DataType::BF16) {
+            HALF_TC_MIN_ROWS
+        } else {
+            TC_MIN_ROWS
+        }
+    }
+}
 
 /// The one-row (decode) GEMV for block weights with quantized activations: `Whole`
 /// (`linear_q8act_sbx_*`, a lane per superblock) or `Half` (`linear_q8act_sbh_*`, a lane per
@@ -207,6 +277,8 @@ struct Linear {
     act: Arc<ActQuant>,
     /// Tensor-core path: f16/bf16 activations, then the dequantized weight tile.
     tc_scratch: Mutex<Option<CudaBuffer>>,
+    /// Partial sums of the k-split `linear_mma` products.
+    mma_part: Mutex<Option<CudaBuffer>>,
 }
 
 /// The activation form the tensor-core path uses with this weight dtype (`k` values per row),
@@ -362,6 +434,7 @@ impl Linear {
     fn tensor_core(
         &self,
         prev: Option<Held>,
+        bat: Batched,
         xp: u64,
         m: usize,
         k: usize,
@@ -372,6 +445,10 @@ impl Linear {
         let Some(first) = segs.first() else {
             return Ok(true);
         };
+        // (bf16 outputs come only with BF16 weights, which take cuBLAS)
+        let mma = bat.mma(first.dtype, m, k)
+            && io.output != Some(ActForm::Bf16)
+            && segs.iter().all(|s| s.w % 16 == 0);
         if self.gpu.blas().is_none() {
             return Ok(false);
         }
@@ -399,7 +476,11 @@ impl Linear {
                 0
             }
         };
-        let max_tile = segs.iter().map(|s| tile_rows(s.n)).max().unwrap_or(0);
+        let max_tile = if mma {
+            0
+        } else {
+            segs.iter().map(|s| tile_rows(s.n)).max().unwrap_or(0)
+        };
         let act_bytes = if produced.is_some() || io.input {
             0
         } else {
@@ -429,6 +510,12 @@ impl Linear {
                 sp
             }
         };
+        if mma {
+            drop(guard);
+            return self
+                .mma_segments(bat, act, m, k, segs, acc, io)
+                .map(|()| true);
+        }
         let b = Operand {
             ptr: act,
             elem,
@@ -508,6 +595,42 @@ impl Linear {
         Ok(true)
     }
 
+    /// The segments' products through `linear_mma` (one launch, biases and `acc` inside), the
+    /// f16 activations at `act`.
+    #[allow(clippy::too_many_arguments)]
+    fn mma_segments(
+        &self,
+        bat: Batched,
+        act: u64,
+        m: usize,
+        k: usize,
+        segs: &[Seg],
+        acc: bool,
+        io: HalfIo,
+    ) -> Result<()> {
+        let Some(first) = segs.first() else {
+            return Ok(());
+        };
+        let dtype = first.dtype;
+        let ntot: usize = segs.iter().map(|s| s.n).sum();
+        let plan = MmaPlan::new(m, k, ntot, self.gpu.sms(), bat.splits)
+            .ok_or_else(|| op_err("Linear", format!("no tensor-core plan for k = {k}")))?;
+        let suffix = weight_suffix(dtype).ok_or_else(|| op_err("Linear", "weight dtype"))?;
+        mma_product(
+            &self.gpu,
+            plan,
+            suffix,
+            act,
+            seg_table(segs, acc)?,
+            m,
+            ntot,
+            k,
+            dtype.row_bytes(k)?,
+            io.output == Some(ActForm::F16),
+            &self.mma_part,
+        )
+    }
+
     fn add_bias(&self, yp: u64, bp: u64, m: usize, n: usize) -> Result<()> {
         self.gpu.launch(
             "addbias_f32",
@@ -550,6 +673,7 @@ impl Operator for Linear {
     }
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, ints: &IntDict) -> Result<()> {
         OneRow::of_call(ints, self.one_row)?;
+        Batched::of_call(ints)?;
         let acc = ints.get_or("accumulate", 0) != 0;
         for (wn, bn, on) in SEGMENTS {
             if wn != "weight" && !d.contains(wn) {
@@ -664,6 +788,21 @@ struct HalfIo {
     output: Option<ActForm>,
 }
 
+/// The kernels' segment table of (up to three) weights; `acc`: add to the outputs.
+fn seg_table(segs: &[Seg], acc: bool) -> Result<LinSegs> {
+    let mut table = LinSegs {
+        acc: acc as i32,
+        ..LinSegs::default()
+    };
+    for (i, sg) in segs.iter().enumerate().take(3) {
+        table.w[i] = sg.w;
+        table.b[i] = sg.b;
+        table.y[i] = sg.y;
+        table.n[i] = i32::try_from(sg.n).map_err(|_| op_err("Linear", "too many outputs"))?;
+    }
+    Ok(table)
+}
+
 /// One weight of a (possibly multi-weight) `Linear` launch.
 struct Seg {
     w: u64,
@@ -697,9 +836,10 @@ impl Linear {
             return Ok(());
         }
         let acc = ints.get_or("accumulate", 0) != 0;
+        let bat = Batched::of_call(ints)?;
         if io.input || io.output.is_some() {
             // can_run / reshape admitted these only for the tensor-core path
-            return match self.tensor_core(prev, xp, m, k, segs, acc, io)? {
+            return match self.tensor_core(prev, bat, xp, m, k, segs, acc, io)? {
                 true => Ok(()),
                 false => Err(lost_blas()),
             };
@@ -717,8 +857,8 @@ impl Linear {
         let tc_weight = dtype != DataType::F32 && (!dtype.is_quantized() || k.is_multiple_of(32));
         if quant_act
             && tc_weight
-            && m >= TC_MIN_ROWS
-            && self.tensor_core(prev, xp, m, k, segs, acc, io)?
+            && m >= bat.tc_min_rows(dtype, k)
+            && self.tensor_core(prev, bat, xp, m, k, segs, acc, io)?
         {
             return Ok(());
         }
@@ -759,18 +899,8 @@ impl Linear {
                 format!("{m} rows exceed this kernel's grid"),
             ));
         }
-        let mut table = LinSegs {
-            acc: acc as i32,
-            ..LinSegs::default()
-        };
-        for (i, sg) in segs.iter().enumerate().take(3) {
-            table.w[i] = sg.w;
-            table.b[i] = sg.b;
-            table.y[i] = sg.y;
-            table.n[i] = i32::try_from(sg.n).map_err(|_| op_err("Linear", "too many outputs"))?;
-        }
         let mut tail = vec![
-            KArg::Segs(table),
+            KArg::Segs(seg_table(segs, acc)?),
             int(m, "rows")?,
             int(n, "outputs")?,
             int(k, "k")?,

@@ -21,6 +21,7 @@ mod embedding;
 pub mod gpu;
 pub mod kernels;
 mod linear;
+mod linear_mma;
 pub mod nccl;
 mod norm;
 mod paged;
@@ -33,7 +34,7 @@ pub use attention::{
     decode_splits, set_decode_warps, set_split_k_decode, DECODE_MAX_HD, DECODE_MAX_QUERIES,
     TC_MIN_QUERIES,
 };
-pub use linear::TC_MIN_ROWS;
+pub use linear::{tensor_core_rows, TC_MIN_ROWS};
 
 use buffer::{alloc_data, dptr};
 use gpu::Gpu;

@@ -1,20 +1,63 @@
 //! The paged KV cache on the GPU (f32): `PagedCacheWrite` (`cache[slots[i]] = input[i]`) and
 //! `PagedAttention` (each sequence's new query rows over its cached keys, through block tables;
 //! causal, sliding window, GQA, ALiBi, soft-capping). The small index arrays are read on the host
-//! first so that every slot and block id is checked before a kernel touches memory.
+//! first so that every slot and block id is checked before a kernel touches memory. Both ops
+//! take them in host memory ([`Operator::host_inputs`]) and copy them to the GPU themselves
+//! ([`HostIndex`]): a step's layers pass the same arrays, which are copied once, and nothing
+//! waits for the GPU to read an array back.
 
-use super::buffer::{dptr, ensure_out};
+use super::buffer::{dptr, ensure_out, scratch, CudaBuffer};
 use super::gpu::{int, long, Gpu, KArg};
 use super::{all_f32, op_err};
 use crate::data::{Data, DataType, Storage};
 use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
 use crate::error::Result;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Registers this family's operators.
 pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>) {
-    ops.insert("PagedCacheWrite", Box::new(PagedCacheWrite(gpu.clone())));
-    ops.insert("PagedAttention", Box::new(PagedAttention(gpu.clone())));
+    ops.insert(
+        "PagedCacheWrite",
+        Box::new(PagedCacheWrite {
+            gpu: gpu.clone(),
+            slots: HostIndex::default(),
+        }),
+    );
+    ops.insert(
+        "PagedAttention",
+        Box::new(PagedAttention {
+            gpu: gpu.clone(),
+            index: Default::default(),
+        }),
+    );
+}
+
+/// The GPU copy of a host index array, kept while calls pass the same values: a call with other
+/// values copies them into the same buffer (in stream order, after the kernels that read the
+/// previous values), growing it when they do not fit.
+#[derive(Default)]
+struct HostIndex(Mutex<Option<(Vec<u8>, Option<CudaBuffer>)>>);
+
+impl HostIndex {
+    /// The device address of `d`'s values: its own where it lives on the GPU, else the copy.
+    fn ptr(&self, gpu: &Arc<Gpu>, d: &Data, name: &str) -> Result<u64> {
+        if let Storage::Device(_) = d.storage() {
+            return dptr(d, name);
+        }
+        let bytes = d.bytes()?;
+        let mut guard = self
+            .0
+            .lock()
+            .map_err(|_| crate::error::Error::Device(format!("{name} copy poisoned")))?;
+        let (held, buf) = guard.get_or_insert_with(|| (Vec::new(), None));
+        let p = scratch(gpu, buf, bytes.len().max(4), true)?;
+        if held.as_slice() != bytes {
+            gpu.htod(bytes, p)?;
+            held.clear();
+            held.extend_from_slice(bytes);
+        }
+        Ok(p)
+    }
 }
 
 /// Largest head size of the kernel (`qs[1024]`, and `ATT_THREADS * ATT_DPT` for values).
@@ -54,9 +97,15 @@ fn need<'a>(
     Ok(x)
 }
 
-struct PagedCacheWrite(Arc<Gpu>);
+struct PagedCacheWrite {
+    gpu: Arc<Gpu>,
+    slots: HostIndex,
+}
 
 impl Operator for PagedCacheWrite {
+    fn host_inputs(&self) -> &'static [&'static str] {
+        &["slots"]
+    }
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
         d.dtype("input") == Some(DataType::F32) && d.dtype("cache") == Some(DataType::F32)
     }
@@ -92,13 +141,13 @@ impl Operator for PagedCacheWrite {
         let s = s.ok_or_else(|| op_err(OP, "missing input 'slots'"))?;
         let row = x.dim(1) * x.dim(2);
         let n = x.dim(0);
-        self.0.launch(
+        self.gpu.launch(
             "paged_cache_write_f32",
             Gpu::grid_for(n * row, 256),
             256,
             &[
                 KArg::Ptr(dptr(x, "input")?),
-                KArg::Ptr(dptr(s, "slots")?),
+                KArg::Ptr(self.slots.ptr(&self.gpu, s, "slots")?),
                 KArg::Ptr(dptr(c, "cache")?),
                 long(n, "rows")?,
                 long(row, "row")?,
@@ -107,7 +156,11 @@ impl Operator for PagedCacheWrite {
     }
 }
 
-struct PagedAttention(Arc<Gpu>);
+struct PagedAttention {
+    gpu: Arc<Gpu>,
+    /// Copies of q_starts, kv_lens and block_tables.
+    index: [HostIndex; 3],
+}
 
 const NAMES: [&str; 7] = [
     "q",
@@ -223,6 +276,9 @@ fn check(a: &[Option<&Data>; 7], i: &IntDict) -> Result<Sizes> {
 }
 
 impl Operator for PagedAttention {
+    fn host_inputs(&self) -> &'static [&'static str] {
+        &["q_starts", "kv_lens", "block_tables"]
+    }
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
         all_f32(d, &["q", "k_cache", "v_cache", "alibi_slopes"])
             && d.dtype("q").is_some()
@@ -235,7 +291,7 @@ impl Operator for PagedAttention {
             d.require("PagedAttention", "q")?.dims().to_vec()
         };
         ensure_out(
-            &self.0,
+            &self.gpu,
             d.require_mut("PagedAttention", "output")?,
             DataType::F32,
             &dims,
@@ -246,12 +302,16 @@ impl Operator for PagedAttention {
         let (a, out) = d.io(OP, NAMES, "output")?;
         let z = check(&a, i)?;
         let ptr = |k: usize, n: &str| a[k].map(|t| dptr(t, n)).transpose().map(|p| p.unwrap_or(0));
+        let index = |k: usize, n: &str| match a[k] {
+            Some(t) => self.index[k - 3].ptr(&self.gpu, t, n),
+            None => Err(op_err(OP, format!("missing input '{n}'"))),
+        };
         let gx = u32::try_from(z.rows).map_err(|_| op_err(OP, "too many query rows"))?;
         let gy = u32::try_from(z.nh)
             .ok()
             .filter(|&h| h <= 65535)
             .ok_or_else(|| op_err(OP, "too many heads"))?;
-        self.0.launch(
+        self.gpu.launch(
             "paged_attention_f32",
             (gx, gy, 1),
             128,
@@ -259,9 +319,9 @@ impl Operator for PagedAttention {
                 KArg::Ptr(ptr(0, "q")?),
                 KArg::Ptr(ptr(1, "k_cache")?),
                 KArg::Ptr(ptr(2, "v_cache")?),
-                KArg::Ptr(ptr(3, "q_starts")?),
-                KArg::Ptr(ptr(4, "kv_lens")?),
-                KArg::Ptr(ptr(5, "block_tables")?),
+                KArg::Ptr(index(3, "q_starts")?),
+                KArg::Ptr(index(4, "kv_lens")?),
+                KArg::Ptr(index(5, "block_tables")?),
                 KArg::Ptr(ptr(6, "alibi_slopes")?),
                 KArg::Ptr(dptr(out, "output")?),
                 int(z.nseq, "sequences")?,

@@ -143,7 +143,8 @@ enum Cmd {
         #[arg(long, default_value = "int4")]
         dtype: String,
         /// Also measure decoding this many sequences at once (paged KV cache, 16-token
-        /// prompts, -n steps); reported as batch_tg_tok_s (all sequences' tokens per second).
+        /// prompts cached first, then -n timed decode steps, each picking every sequence's
+        /// token on the device); reported as batch_tg_tok_s (all sequences' tokens per second).
         #[arg(long, default_value_t = 1)]
         batch: usize,
         /// Print the per-op host time of the generation runs to stderr (GPU ops are queued
@@ -622,15 +623,22 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
 
 /// Tokens per second of `batch` sequences decoded together through the paged KV cache
 /// (16-token prompts prefilled in one step first, then `tg` steps of one token each).
+/// Total decode tokens/s of `batch` sequences decoding together: each sequence's 16-token
+/// prompt is cached first (untimed, with one untimed decode step after it that sizes the
+/// buffers), then `tg` decode steps of all sequences are timed, each picking its tokens on the
+/// model's device (greedy) and feeding them back, as the server does: decode steps only, with
+/// the prompts already cached, like llama-batched-bench's S_TG. `profile` records the timed
+/// steps in the executor's profiler.
 fn batch_decode(
     model: &fastllm::model::Model,
     batch: usize,
     tg: usize,
     tok: &mut impl FnMut() -> u32,
+    profile: bool,
 ) -> Result<f64> {
     use fastllm::model::{PagedKvPool, PagedSeqState};
     let (bs, plen) = (16, 16);
-    let mut pool = PagedKvPool::new(model, batch * (plen + tg + 1).div_ceil(bs), bs)?;
+    let mut pool = PagedKvPool::new(model, batch * (plen + tg + 2).div_ceil(bs), bs)?;
     let mut st: Vec<PagedSeqState> = (0..batch).map(|_| PagedSeqState::new()).collect();
     let prompts: Vec<Vec<u32>> = (0..batch)
         .map(|_| (0..plen).map(|_| tok()).collect())
@@ -640,18 +648,27 @@ fn batch_decode(
         .zip(&prompts)
         .map(|(s, p)| (s, p.as_slice()))
         .collect();
-    model.forward_paged(&mut pool, &mut items)?;
-    let next: Vec<[u32; 1]> = (0..batch).map(|_| [tok()]).collect();
-    let t = Instant::now();
-    for _ in 0..tg {
+    let first = model.forward_paged_greedy(&mut pool, &mut items)?;
+    let mut next: Vec<[u32; 1]> = first.iter().map(|&t| [t]).collect();
+    let mut step = |next: &mut Vec<[u32; 1]>| -> Result<()> {
         let mut items: Vec<(&mut PagedSeqState, &[u32])> = st
             .iter_mut()
-            .zip(&next)
+            .zip(next.iter())
             .map(|(s, n)| (s, n.as_slice()))
             .collect();
-        model.forward_paged(&mut pool, &mut items)?;
+        let ids = model.forward_paged_greedy(&mut pool, &mut items)?;
+        *next = ids.iter().map(|&t| [t]).collect();
+        Ok(())
+    };
+    step(&mut next)?;
+    model.executor().profiler().set_enabled(profile);
+    let t = Instant::now();
+    for _ in 0..tg {
+        step(&mut next)?;
     }
-    Ok((batch * tg) as f64 / t.elapsed().as_secs_f64())
+    let tps = (batch * tg) as f64 / t.elapsed().as_secs_f64();
+    model.executor().profiler().set_enabled(false);
+    Ok(tps)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -835,8 +852,13 @@ fn bench(
         .unwrap_or(1);
     let mut btg_t = Vec::new();
     if batch > 1 && tg > 0 {
+        model.executor().profiler().reset();
         for _ in 0..reps.max(1) {
-            btg_t.push(batch_decode(model, batch, tg, &mut tok)?);
+            btg_t.push(batch_decode(model, batch, tg, &mut tok, profile)?);
+        }
+        if profile {
+            eprintln!("decode of {batch} sequences at once:");
+            eprint!("{}", model.executor().profiler().report());
         }
     }
     let btgs = (batch > 1 && tg > 0).then(|| median(btg_t));

@@ -1,0 +1,307 @@
+// Block-weight products for a few activation rows on tensor cores: y[m, n] = x[m, k] · W[n, k]ᵀ
+// (+ bias, + y), W in Q8_0 / Q4_0 / Q4_1, x in f16 (the cast or the producer's copy of the
+// tensor-core path), f32 accumulation (mma.sync m16n8k16). Each weight block is read once from
+// device memory for all 8 · NT activation rows of a launch slice and dequantized to f16 in
+// registers (the value dequant_f16 gives), so a step of up to 64 rows reads its weights once,
+// like a one-row GEMV.
+//
+// Grid (row tiles, k splits, row slices): a block of MMA_WARPS warps takes MMA_ROWS weight rows
+// (MMA_WROWS tiles of 16 per warp), the k range of its split and 8 · NT activation rows. Chunk
+// by chunk (MMA_KC values) the block copies the weight rows' blocks and the activation rows
+// into shared memory with 16-byte cp.async (two stages: the next chunk arrives while one is
+// used), so device memory is read in whole, coalesced pieces. With one split the block writes
+// y itself; with several it writes its partial sums to `part` [splits, m, ntot] and
+// `mma_reduce_f32` adds them in split order (deterministic). Needs k % MMA_KC == 0 and weights
+// at 16-byte aligned addresses.
+//
+// The k order inside a 32-value block is permuted the same way for both operands (a dot product
+// does not depend on it): fragment k indices (2t, 2t+1) and (2t+8, 2t+9) of the first 16-step
+// hold elements (4t, 4t+2) and (4t+1, 4t+3) of the block, those of the second step elements
+// 16 + the same. A 4-bit weight word (bytes 4t..4t+3) then yields its four f16 pairs with one
+// mask each, and a lane reads 4 consecutive activations (a, b, c, d) and pairs them (a, c), (b, d).
+
+#define MMA_WARPS 4
+#define MMA_WROWS 2
+// weight rows per block
+#define MMA_ROWS (MMA_WARPS * MMA_WROWS * 16)
+#define MMA_KC 256
+// halves per staged activation row: MMA_KC + 16 (row stride ≡ 8 words mod 32: the eight
+// 8-byte reads of a quad group hit distinct banks)
+#define MMA_XS (MMA_KC + 16)
+
+__device__ __forceinline__ void mma16816(float* c, const unsigned int* a, unsigned int b0, unsigned int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned int prmt(unsigned int a, unsigned int b, unsigned int s) {
+    unsigned int r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
+    return r;
+}
+
+__device__ __forceinline__ unsigned int hsub2u(unsigned int a, unsigned int b) {
+    unsigned int r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+__device__ __forceinline__ unsigned int hmul2u(unsigned int a, unsigned int b) {
+    unsigned int r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+__device__ __forceinline__ unsigned int hfma2u(unsigned int a, unsigned int b, unsigned int c) {
+    unsigned int r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
+// Bytes per staged weight row of one chunk (MMA_KC / 32 blocks), padded where the rows of a
+// quad group would share banks (Q4_1: 160 -> 176 bytes).
+template <int DT>
+__device__ __forceinline__ constexpr int mma_wrow() {
+    return DT == DT_Q4_0 ? 8 * 18 : (DT == DT_Q4_1 ? 8 * 20 + 16 : 8 * 34);
+}
+
+// A 32-bit word at a 2-byte aligned shared-memory address.
+__device__ __forceinline__ unsigned int sm_w2(const unsigned char* p) {
+    const unsigned short* h = (const unsigned short*)p;
+    return (unsigned int)h[0] | ((unsigned int)h[1] << 16);
+}
+
+// What lane t of a quad group takes of one weight block: the quant words (q[0]; Q8_0 also
+// q[1]) and the scale (Q4_1: scale | min << 16).
+struct WQuad {
+    unsigned int q[2];
+    unsigned int d;
+};
+
+// Lane t's share of the staged block at blk.
+template <int DT>
+__device__ __forceinline__ void wquad_load(const unsigned char* blk, int t, WQuad& w) {
+    if (DT == DT_Q4_0) {
+        w.d = *(const unsigned short*)blk;
+        w.q[0] = sm_w2(blk + 2 + 4 * t);
+        w.q[1] = 0;
+    } else if (DT == DT_Q4_1) {
+        w.d = *(const unsigned int*)blk;
+        w.q[0] = *(const unsigned int*)(blk + 4 + 4 * t);
+        w.q[1] = 0;
+    } else {
+        w.d = *(const unsigned short*)blk;
+        w.q[0] = sm_w2(blk + 2 + 4 * t);
+        w.q[1] = sm_w2(blk + 18 + 4 * t);
+    }
+}
+
+// The four f16 pairs of lane t's share of a block (see the file comment): a[0] / a[1] = the
+// first step's (4t, 4t+2) / (4t+1, 4t+3), a[2] / a[3] = the second step's.
+template <int DT>
+__device__ __forceinline__ void wquad_deq(const WQuad& w, unsigned int* a) {
+    if (DT == DT_Q8_0) {
+        // signed bytes + 128 as the mantissa of 1024 + u, minus 1152: the exact integer
+        unsigned int x0 = w.q[0] ^ 0x80808080u, x1 = w.q[1] ^ 0x80808080u;
+        const unsigned int off = 0x64806480u;  // 1152, 1152
+        unsigned int d2 = w.d | (w.d << 16);
+        a[0] = hmul2u(hsub2u(prmt(x0, 0x64646464u, 0x4240), off), d2);
+        a[1] = hmul2u(hsub2u(prmt(x0, 0x64646464u, 0x4341), off), d2);
+        a[2] = hmul2u(hsub2u(prmt(x1, 0x64646464u, 0x4240), off), d2);
+        a[3] = hmul2u(hsub2u(prmt(x1, 0x64646464u, 0x4341), off), d2);
+        return;
+    }
+    unsigned int q = w.q[0];
+    unsigned int v[4] = {
+        (q & 0x000F000Fu) | 0x64006400u,
+        ((q >> 8) & 0x000F000Fu) | 0x64006400u,
+        ((q >> 4) & 0x000F000Fu) | 0x64006400u,
+        ((q >> 12) & 0x000F000Fu) | 0x64006400u,
+    };
+    if (DT == DT_Q4_0) {
+        unsigned int d2 = (w.d & 0xffffu) | (w.d << 16);
+#pragma unroll
+        for (int i = 0; i < 4; i++) a[i] = hmul2u(hsub2u(v[i], 0x64086408u), d2);  // (q - 8) · d
+    } else {
+        unsigned int d2 = (w.d & 0xffffu) | (w.d << 16), m2 = (w.d >> 16) | (w.d & 0xffff0000u);
+#pragma unroll
+        for (int i = 0; i < 4; i++) a[i] = hfma2u(hsub2u(v[i], 0x64006400u), d2, m2);  // q · d + m
+    }
+}
+
+// Starts copying activation rows [t0, t0 + 8·NT) (zeros past m), values [c0, c0 + MMA_KC), into
+// xs (MMA_XS halves per row) with 16-byte cp.async; joins the caller's commit group.
+template <int NT>
+__device__ __forceinline__ void mma_stage(const unsigned short* x, int m, int k, int t0, long c0, unsigned short* xs) {
+    constexpr int PER_ROW = MMA_KC / 8;  // 16-byte pieces
+    for (int i = threadIdx.x; i < 8 * NT * PER_ROW; i += blockDim.x) {
+        int r = i / PER_ROW, p = i % PER_ROW;
+        bool live = t0 + r < m;
+        const unsigned short* src = x + (long)(live ? t0 + r : 0) * k + c0 + 8 * p;
+        unsigned int sa = (unsigned int)__cvta_generic_to_shared(xs + r * MMA_XS + 8 * p);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(src), "r"(live ? 16 : 0));
+    }
+}
+
+// Starts copying chunk c of the block's weight rows [row0, row0 + MMA_ROWS) (zeros past ntot)
+// into ws (mma_wrow<DT>() bytes per row) with 16-byte cp.async; joins the caller's commit group.
+template <int DT>
+__device__ __forceinline__ void mma_stage_w(const LinSegs& sg, int ntot, long row_bytes, int row0, long c,
+                                            unsigned char* ws) {
+    constexpr int BYTES = 8 * (DT == DT_Q4_0 ? 18 : (DT == DT_Q4_1 ? 20 : 34)), PER_ROW = BYTES / 16;
+    for (int i = threadIdx.x; i < MMA_ROWS * PER_ROW; i += blockDim.x) {
+        int r = i / PER_ROW, p = i % PER_ROW;
+        int jg = row0 + r;
+        bool live = jg < ntot;
+        SEG_PICK(live ? jg : 0)
+        (void)bias;
+        (void)y;
+        (void)n;
+        const unsigned char* src = w + (long)j * row_bytes + c * BYTES + 16 * p;
+        unsigned int sa = (unsigned int)__cvta_generic_to_shared(ws + r * mma_wrow<DT>() + 16 * p);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(src), "r"(live ? 16 : 0));
+    }
+}
+
+// One block of the product (see the file comment): its weight rows' products with activation
+// rows [t0, t0 + 8·NT) over chunks [c_lo, c_hi) of k.
+template <int DT, int NT>
+__device__ void linear_mma_t(const unsigned short* x, const LinSegs& sg, int m, int ntot, int k, long row_bytes,
+                             int splits, float* part, int out_half) {
+    extern __shared__ uint4 mma_smem[];
+    // each of the two stages: the weight rows' chunk, then the activation rows' chunk
+    constexpr int WBYTES = MMA_ROWS * mma_wrow<DT>(), STAGE = WBYTES + 8 * NT * MMA_XS * 2;
+    unsigned char* smem = (unsigned char*)mma_smem;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    int t0 = blockIdx.z * 8 * NT;
+    long nchunks = k / MMA_KC;
+    long c_lo = nchunks * blockIdx.y / splits, c_hi = nchunks * (blockIdx.y + 1) / splits;
+    int row0 = blockIdx.x * MMA_ROWS;
+    float acc[MMA_WROWS][NT][4];
+#pragma unroll
+    for (int i = 0; i < MMA_WROWS; i++)
+#pragma unroll
+        for (int u = 0; u < NT; u++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][u][e] = 0.0f;
+    // the first weight chunk before waiting for the kernel that wrote the activations (no
+    // kernel writes weights); two stages: chunk c + 1 arrives while chunk c is used
+    if (c_lo < c_hi) mma_stage_w<DT>(sg, ntot, row_bytes, row0, c_lo, smem);
+    pdl_gemv_begin();
+    if (c_lo < c_hi) {
+        mma_stage<NT>(x, m, k, t0, c_lo * MMA_KC, (unsigned short*)(smem + WBYTES));
+        asm volatile("cp.async.commit_group;");
+    }
+    for (long c = c_lo; c < c_hi; c++) {
+        const unsigned char* st = smem + ((c - c_lo) & 1) * STAGE;
+        const unsigned short* xc = (const unsigned short*)(st + WBYTES);
+        if (c + 1 < c_hi) {
+            unsigned char* nx = smem + ((c + 1 - c_lo) & 1) * STAGE;
+            mma_stage_w<DT>(sg, ntot, row_bytes, row0, c + 1, nx);
+            mma_stage<NT>(x, m, k, t0, (c + 1) * MMA_KC, (unsigned short*)(nx + WBYTES));
+            asm volatile("cp.async.commit_group;");
+            asm volatile("cp.async.wait_group 1;" ::: "memory");
+        } else {
+            asm volatile("cp.async.wait_group 0;" ::: "memory");
+        }
+        __syncthreads();
+#pragma unroll
+        for (int bb = 0; bb < MMA_KC / 32; bb++) {
+            constexpr int BS = DT == DT_Q4_0 ? 18 : (DT == DT_Q4_1 ? 20 : 34);
+            unsigned int af[MMA_WROWS][2][4];
+#pragma unroll
+            for (int i = 0; i < MMA_WROWS; i++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    // weight row warp·32 + 16 i + 8 h + g of the block
+                    int r = (warp * MMA_WROWS + i) * 16 + 8 * h + g;
+                    WQuad wq;
+                    wquad_load<DT>(st + r * mma_wrow<DT>() + bb * BS, t, wq);
+                    wquad_deq<DT>(wq, af[i][h]);
+                }
+#pragma unroll
+            for (int s = 0; s < 2; s++) {
+                // A fragment of tile i, step s: rows g / g+8, pairs (2t, 2t+1) / (2t+8, 2t+9)
+                unsigned int a[MMA_WROWS][4];
+#pragma unroll
+                for (int i = 0; i < MMA_WROWS; i++) {
+                    a[i][0] = af[i][0][2 * s];
+                    a[i][1] = af[i][1][2 * s];
+                    a[i][2] = af[i][0][2 * s + 1];
+                    a[i][3] = af[i][1][2 * s + 1];
+                }
+#pragma unroll
+                for (int u = 0; u < NT; u++) {
+                    // values 4t..4t+3 of the step: fragment pairs (4t, 4t+2) and (4t+1, 4t+3)
+                    uint2 bv = *(const uint2*)(xc + (8 * u + g) * MMA_XS + bb * 32 + 16 * s + 4 * t);
+                    unsigned int b0 = prmt(bv.x, bv.y, 0x5410), b1 = prmt(bv.x, bv.y, 0x7632);
+#pragma unroll
+                    for (int i = 0; i < MMA_WROWS; i++) mma16816(acc[i][u], a[i], b0, b1);
+                }
+            }
+        }
+        // every warp is done with this stage before it is refilled
+        __syncthreads();
+    }
+    int base = row0 + warp * MMA_WROWS * 16;
+    // c[e]: row g + 8 (e >> 1), activation row 2t + (e & 1) of the 8-row tile
+#pragma unroll
+    for (int i = 0; i < MMA_WROWS; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int jg = base + 16 * i + 8 * (e >> 1) + g;
+            if (jg >= ntot) continue;
+#pragma unroll
+            for (int u = 0; u < NT; u++) {
+                int r = t0 + 8 * u + 2 * t + (e & 1);
+                if (r >= m) continue;
+                float v = acc[i][u][e];
+                if (splits > 1) {
+                    part[((long)blockIdx.y * m + r) * ntot + jg] = v;
+                    continue;
+                }
+                SEG_PICK(jg)
+                long o = (long)r * n + j;
+                if (out_half) {
+                    ((unsigned short*)y)[o] = f2h(v + (bias ? bias[j] : 0.0f));
+                } else {
+                    y[o] = (sg.acc ? y[o] : 0.0f) + v + (bias ? bias[j] : 0.0f);
+                }
+            }
+        }
+}
+
+#define LINMMA1(name, DT, NT) \
+    extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS) linear_mma##NT##_##name( \
+        const unsigned short* x, LinSegs sg, int m, int ntot, int k, long rb, int splits, float* part, int oh) { \
+        linear_mma_t<DT, NT>(x, sg, m, ntot, k, rb, splits, part, oh); \
+    }
+#define LINMMA(name, DT) \
+    LINMMA1(name, DT, 1) \
+    LINMMA1(name, DT, 2) \
+    LINMMA1(name, DT, 4) \
+    LINMMA1(name, DT, 8)
+LINMMA(q8_0, DT_Q8_0)
+LINMMA(q4_0, DT_Q4_0)
+LINMMA(q4_1, DT_Q4_1)
+
+// y (+)= Σ_s part[s] + bias over the segments, the splits added in order; out_half: f16 outputs.
+extern "C" __global__ void mma_reduce_f32(const float* part, LinSegs sg, int m, int ntot, int splits, int out_half) {
+    pdl_begin();
+    long total = (long)m * ntot;
+    for (long id = (long)blockIdx.x * blockDim.x + threadIdx.x; id < total; id += (long)gridDim.x * blockDim.x) {
+        int r = (int)(id / ntot), jg = (int)(id % ntot);
+        float v = 0.0f;
+        for (int s = 0; s < splits; s++) v += part[(long)s * total + id];
+        SEG_PICK(jg)
+        long o = (long)r * n + j;
+        if (out_half) {
+            ((unsigned short*)y)[o] = f2h(v + (bias ? bias[j] : 0.0f));
+        } else {
+            y[o] = (sg.acc ? y[o] : 0.0f) + v + (bias ? bias[j] : 0.0f);
+        }
+    }
+}

@@ -15,6 +15,7 @@ pub mod ffi;
 pub mod format;
 pub mod generate;
 pub mod harness;
+pub mod interleave;
 pub mod load;
 pub mod model;
 pub mod ops;

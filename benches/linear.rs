@@ -265,7 +265,9 @@ fn dram_shape(name: &str) -> Option<(usize, usize, usize, usize)> {
 }
 
 /// Times one decode token's matmuls of a model shape with weights streaming from DRAM (see the
-/// module doc), per weight dtype, as GB/s and the share of the read bandwidth `bw`.
+/// module doc), per weight dtype, in the file's layout and (block dtypes, where the CPU has the
+/// kernels) interleaved as the CPU device holds them; as GB/s and the share of the read
+/// bandwidth `bw`.
 fn dram_pass(e: &Executor, o: &Opts, shape: &str, bw: f64) {
     let Some((h, f, kv, layers)) = dram_shape(shape) else {
         eprintln!("--dram: unknown shape {shape} (llama-3.2-1b, qwen2.5-0.5b, llama-3-8b)");
@@ -275,9 +277,13 @@ fn dram_pass(e: &Executor, o: &Opts, shape: &str, bw: f64) {
     let mats = [(h, h), (kv, h), (kv, h), (h, h), (f, h), (f, h), (h, f)];
     println!("{shape}: {layers} layers, one-row Linear per matrix (q k v o gate up down)");
     println!(
-        "{:<6} {:>10} {:>10} {:>9} {:>7}",
+        "{:<18} {:>10} {:>10} {:>9} {:>7}",
         "weight", "MB/token", "ms/token", "GB/s", "w/read"
     );
+    let xs = [
+        Data::from_f32(&[1, h], &vec![0.25f32; h]).unwrap(),
+        Data::from_f32(&[1, f], &vec![0.25f32; f]).unwrap(),
+    ];
     for dt in [
         DataType::Q4_0,
         DataType::Q4_1,
@@ -288,99 +294,36 @@ fn dram_pass(e: &Executor, o: &Opts, shape: &str, bw: f64) {
         if !o.dtypes.is_empty() && !o.dtypes.iter().any(|d| d == dt.name()) {
             continue;
         }
-        let ws: Vec<Data> = (0..layers)
+        let mut ws: Vec<Data> = (0..layers)
             .flat_map(|_| mats.iter().map(move |&(n, k)| weight(dt, n, k)))
             .collect();
         let bytes: usize = ws.iter().map(|w| w.bytes().unwrap().len()).sum();
-        let xs = [
-            Data::from_f32(&[1, h], &vec![0.25f32; h]).unwrap(),
-            Data::from_f32(&[1, f], &vec![0.25f32; f]).unwrap(),
-        ];
-        let qa = i32::from(dt.is_quantized());
-        let (fl, il) = (FloatDict::new(), IntDict::new().with("quant_act", qa));
-        let mut outs: Vec<Data> = (0..mats.len())
-            .map(|_| Data::empty(DataType::F32))
-            .collect();
-        let mut pass = || {
-            for (i, w) in ws.iter().enumerate() {
-                let x = &xs[usize::from(w.dim(-1) == f)];
-                let mut d = DataDict::new()
-                    .with("input", x)
-                    .with("weight", w)
-                    .with_mut("output", &mut outs[i % mats.len()]);
-                e.run("Linear", &mut d, &fl, &il).unwrap();
+        report(dt.name(), bytes, token_pass(e, &ws, &xs), bw);
+        if fastllm_cpu::linear::interleaved::available() && dt.is_quantized() {
+            for w in ws.iter_mut() {
+                *w = fastllm::interleave::interleave(w).unwrap().unwrap();
             }
-        };
-        pass();
-        let mut ts: Vec<f64> = (0..7)
-            .map(|_| {
-                let t = Instant::now();
-                pass();
-                t.elapsed().as_secs_f64()
-            })
-            .collect();
-        ts.sort_by(f64::total_cmp);
-        let t = ts[ts.len() / 2];
-        report(dt.name(), bytes, t, bw);
-        if let Some(t) = interleaved_pass(o, &ws, &mats, h) {
-            report(&format!("{}/p", dt.name()), bytes, t, bw);
+            report(ws[0].dtype().name(), bytes, token_pass(e, &ws, &xs), bw);
         }
     }
 }
 
-/// One line of the `--dram` table.
-fn report(name: &str, bytes: usize, t: f64, bw: f64) {
-    let gbs = bytes as f64 / t / 1e9;
-    println!(
-        "{:<8} {:>10.1} {:>10.2} {:>9.1} {:>6.0}%",
-        name,
-        bytes as f64 / 1e6,
-        t * 1e3,
-        gbs,
-        100.0 * gbs / bw
-    );
-}
-
-/// Median seconds of the same pass with the weights interleaved (block dtypes with an interleaved kernel).
-fn interleaved_pass(o: &Opts, ws: &[Data], mats: &[(usize, usize)], h: usize) -> Option<f64> {
-    use fastllm_cpu::linear::{interleaved, linear_interleaved, LinearArgs, WeightType};
-    let wt = match ws[0].dtype() {
-        DataType::Q4_0 => WeightType::Q4_0,
-        DataType::Q4_1 => WeightType::Q4_1,
-        DataType::Q8_0 => WeightType::Q8_0,
-        _ => return None,
-    };
-    interleaved::pick(wt)?;
-    let threads = Threads::new(o.threads).unwrap();
-    let pw: Vec<Vec<u8>> = ws
-        .iter()
-        .map(|w| {
-            let b = w.bytes().unwrap();
-            let mut p = vec![0u8; b.len()];
-            interleaved::interleave(wt, b, w.dim(0), w.dim(-1), &mut p).unwrap();
-            p
-        })
-        .collect();
-    let f = mats.iter().map(|m| m.0.max(m.1)).max().unwrap();
-    let x = vec![0.25f32; f];
-    let mut out = vec![0f32; f];
+/// Median seconds of one pass of one-row `Linear`s over `ws` (input `xs[0]` or, for the down
+/// projection, `xs[1]`), after one untimed pass.
+fn token_pass(e: &Executor, ws: &[Data], xs: &[Data; 2]) -> f64 {
+    let qa = i32::from(ws[0].dtype().block_elems() > 1);
+    let (fl, il) = (FloatDict::new(), IntDict::new().with("quant_act", qa));
+    let mut out = Data::empty(DataType::F32);
     let mut pass = || {
-        for (i, w) in pw.iter().enumerate() {
-            let (n, k) = mats[i % mats.len()];
-            let a = LinearArgs {
-                x: &x[..k],
-                rows: 1,
-                k,
-                w,
-                wtype: wt,
-                n,
-                bias: None,
-                quant_act: true,
-            };
-            linear_interleaved(Some(&threads), &a, &mut out[..n]).unwrap();
+        for w in ws {
+            let x = &xs[usize::from(w.dim(-1) != xs[0].dim(-1))];
+            let mut d = DataDict::new()
+                .with("input", x)
+                .with("weight", w)
+                .with_mut("output", &mut out);
+            e.run("Linear", &mut d, &fl, &il).unwrap();
         }
     };
-    let _ = h;
     pass();
     let mut ts: Vec<f64> = (0..7)
         .map(|_| {
@@ -390,20 +333,18 @@ fn interleaved_pass(o: &Opts, ws: &[Data], mats: &[(usize, usize)], h: usize) ->
         })
         .collect();
     ts.sort_by(f64::total_cmp);
-    Some(ts[ts.len() / 2])
+    ts[ts.len() / 2]
 }
 
-#[allow(dead_code)]
-fn unused_report(dt: DataType, bytes: usize, t: f64, bw: f64) {
+/// One line of the `--dram` table.
+fn report(name: &str, bytes: usize, t: f64, bw: f64) {
     let gbs = bytes as f64 / t / 1e9;
-    {
-        println!(
-            "{:<6} {:>10.1} {:>10.2} {:>9.1} {:>6.0}%",
-            dt.name(),
-            bytes as f64 / 1e6,
-            t * 1e3,
-            gbs,
-            100.0 * gbs / bw
-        );
-    }
+    println!(
+        "{:<18} {:>10.1} {:>10.2} {:>9.1} {:>6.0}%",
+        name,
+        bytes as f64 / 1e6,
+        t * 1e3,
+        gbs,
+        100.0 * gbs / bw
+    );
 }

@@ -7,6 +7,11 @@
 //! `cargo bench --bench linear -- [--threads N] [--quick] [--gemv] [--dtype LIST]`
 //! (`--quick`: only the three small shapes; `--gemv`: skip the 64-row GEMMs; `--dtype q4_0,f16`:
 //! only those weight dtypes).
+//!
+//! `--dram SHAPE` (`llama-3.2-1b`, `qwen2.5-0.5b`, `llama-3-8b`) instead times what a decode token
+//! reads: one-row `Linear`s (`quant_act = 1` for block dtypes) over every layer's q, k, v, o, gate,
+//! up and down matrices of that model shape, each layer its own buffers, so the weights (far larger
+//! than the L3) stream from DRAM as in real decode; `--layers N` caps the layer count (memory).
 
 use fastllm::data::encode_from_f32;
 use fastllm::{Data, DataDict, DataType, Executor, FloatDict, IntDict};
@@ -21,6 +26,10 @@ struct Opts {
     gemv_only: bool,
     /// Only these weight dtypes (`--dtype q4_0,q4_1`); all when empty.
     dtypes: Vec<String>,
+    /// Model shape of the DRAM-streaming decode pass (`--dram`).
+    dram: Option<String>,
+    /// Most layers of the `--dram` pass.
+    layers: usize,
 }
 
 fn opts() -> Opts {
@@ -30,6 +39,8 @@ fn opts() -> Opts {
         quick: false,
         gemv_only: false,
         dtypes: Vec::new(),
+        dram: None,
+        layers: usize::MAX,
     };
     let mut i = 1;
     while i < args.len() {
@@ -39,6 +50,17 @@ fn opts() -> Opts {
                 i += 1;
             }
             "--quick" => o.quick = true,
+            "--dram" => {
+                o.dram = args.get(i + 1).cloned();
+                i += 1;
+            }
+            "--layers" => {
+                o.layers = args
+                    .get(i + 1)
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(usize::MAX);
+                i += 1;
+            }
             "--gemv" => o.gemv_only = true,
             "--dtype" => {
                 o.dtypes = args
@@ -179,6 +201,9 @@ fn main() {
         "threads {}  read bandwidth {:.1} GB/s  dispatch (AddTo, 1 element) {:.3} us/call",
         o.threads, bw, disp
     );
+    if let Some(shape) = &o.dram {
+        return dram_pass(&e, &o, shape, bw);
+    }
     let mut shapes = vec![(576usize, 576usize), (1536, 576), (576, 1536)];
     if !o.quick {
         shapes.extend([(4096, 4096), (14336, 4096), (4096, 14336)]);
@@ -227,4 +252,99 @@ fn main() {
             }
         }
     }
+}
+
+/// (hidden, ffn, kv width, layers) of the model shapes of `--dram`.
+fn dram_shape(name: &str) -> Option<(usize, usize, usize, usize)> {
+    match name {
+        "llama-3.2-1b" => Some((2048, 8192, 512, 16)),
+        "qwen2.5-0.5b" => Some((896, 4864, 128, 24)),
+        "llama-3-8b" => Some((4096, 14336, 1024, 32)),
+        _ => None,
+    }
+}
+
+/// Times one decode token's matmuls of a model shape with weights streaming from DRAM (see the
+/// module doc), per weight dtype, in the file's layout and (block dtypes, where the CPU has the
+/// kernels) interleaved as the CPU device holds them; as GB/s and the share of the read
+/// bandwidth `bw`.
+fn dram_pass(e: &Executor, o: &Opts, shape: &str, bw: f64) {
+    let Some((h, f, kv, layers)) = dram_shape(shape) else {
+        eprintln!("--dram: unknown shape {shape} (llama-3.2-1b, qwen2.5-0.5b, llama-3-8b)");
+        std::process::exit(2);
+    };
+    let layers = layers.min(o.layers);
+    let mats = [(h, h), (kv, h), (kv, h), (h, h), (f, h), (f, h), (h, f)];
+    println!("{shape}: {layers} layers, one-row Linear per matrix (q k v o gate up down)");
+    println!(
+        "{:<18} {:>10} {:>10} {:>9} {:>7}",
+        "weight", "MB/token", "ms/token", "GB/s", "w/read"
+    );
+    let xs = [
+        Data::from_f32(&[1, h], &vec![0.25f32; h]).unwrap(),
+        Data::from_f32(&[1, f], &vec![0.25f32; f]).unwrap(),
+    ];
+    for dt in [
+        DataType::Q4_0,
+        DataType::Q4_1,
+        DataType::Q8_0,
+        DataType::F16,
+        DataType::BF16,
+    ] {
+        if !o.dtypes.is_empty() && !o.dtypes.iter().any(|d| d == dt.name()) {
+            continue;
+        }
+        let mut ws: Vec<Data> = (0..layers)
+            .flat_map(|_| mats.iter().map(move |&(n, k)| weight(dt, n, k)))
+            .collect();
+        let bytes: usize = ws.iter().map(|w| w.bytes().unwrap().len()).sum();
+        report(dt.name(), bytes, token_pass(e, &ws, &xs), bw);
+        if fastllm_cpu::linear::interleaved::available() && dt.is_quantized() {
+            for w in ws.iter_mut() {
+                *w = fastllm::interleave::interleave(w).unwrap().unwrap();
+            }
+            report(ws[0].dtype().name(), bytes, token_pass(e, &ws, &xs), bw);
+        }
+    }
+}
+
+/// Median seconds of one pass of one-row `Linear`s over `ws` (input `xs[0]` or, for the down
+/// projection, `xs[1]`), after one untimed pass.
+fn token_pass(e: &Executor, ws: &[Data], xs: &[Data; 2]) -> f64 {
+    let qa = i32::from(ws[0].dtype().block_elems() > 1);
+    let (fl, il) = (FloatDict::new(), IntDict::new().with("quant_act", qa));
+    let mut out = Data::empty(DataType::F32);
+    let mut pass = || {
+        for w in ws {
+            let x = &xs[usize::from(w.dim(-1) != xs[0].dim(-1))];
+            let mut d = DataDict::new()
+                .with("input", x)
+                .with("weight", w)
+                .with_mut("output", &mut out);
+            e.run("Linear", &mut d, &fl, &il).unwrap();
+        }
+    };
+    pass();
+    let mut ts: Vec<f64> = (0..7)
+        .map(|_| {
+            let t = Instant::now();
+            pass();
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    ts.sort_by(f64::total_cmp);
+    ts[ts.len() / 2]
+}
+
+/// One line of the `--dram` table.
+fn report(name: &str, bytes: usize, t: f64, bw: f64) {
+    let gbs = bytes as f64 / t / 1e9;
+    println!(
+        "{:<18} {:>10.1} {:>10.2} {:>9.1} {:>6.0}%",
+        name,
+        bytes as f64 / 1e6,
+        t * 1e3,
+        gbs,
+        100.0 * gbs / bw
+    );
 }

@@ -30,10 +30,17 @@ pub enum DataType {
     Q4_1 = 8,
     /// 32-bit signed integer (token ids, positions, indices).
     I32 = 13,
+    /// `Q8_0` blocks of 16 rows interleaved for the CPU's SIMD kernels (in memory only, never in a
+    /// file; layout in `fastllm_cpu::linear::interleaved`). Same bytes per row as `Q8_0`.
+    Q8_0Interleaved = 103,
+    /// `Q4_0` blocks of 16 rows interleaved for the CPU's SIMD kernels (in memory only).
+    Q4_0Interleaved = 104,
+    /// `Q4_1` blocks of 16 rows interleaved for the CPU's SIMD kernels (in memory only).
+    Q4_1Interleaved = 108,
 }
 
 impl DataType {
-    /// All dtypes, in code order.
+    /// All dtypes a file can hold, in code order (the in-memory interleaved forms are not among them).
     pub const ALL: [DataType; 7] = [
         DataType::F32,
         DataType::BF16,
@@ -64,7 +71,35 @@ impl DataType {
             DataType::F16 => "f16",
             DataType::Q4_1 => "q4_1",
             DataType::I32 => "i32",
+            DataType::Q8_0Interleaved => "q8_0/interleaved",
+            DataType::Q4_0Interleaved => "q4_0/interleaved",
+            DataType::Q4_1Interleaved => "q4_1/interleaved",
         }
+    }
+
+    /// The 16-row interleaved form of a block type (`None` for other types).
+    pub fn interleaved(self) -> Option<DataType> {
+        match self {
+            DataType::Q8_0 => Some(DataType::Q8_0Interleaved),
+            DataType::Q4_0 => Some(DataType::Q4_0Interleaved),
+            DataType::Q4_1 => Some(DataType::Q4_1Interleaved),
+            _ => None,
+        }
+    }
+
+    /// The plain block type of an interleaved type (`self` for every other type).
+    pub fn plain(self) -> DataType {
+        match self {
+            DataType::Q8_0Interleaved => DataType::Q8_0,
+            DataType::Q4_0Interleaved => DataType::Q4_0,
+            DataType::Q4_1Interleaved => DataType::Q4_1,
+            t => t,
+        }
+    }
+
+    /// True for the in-memory interleaved forms of the block types.
+    pub fn is_interleaved(self) -> bool {
+        self.plain() != self
     }
 
     /// Parses [`DataType::name`] (also accepts `int8` for q8_0, `int4` for q4_0, `int4-min` for q4_1).
@@ -84,7 +119,7 @@ impl DataType {
 
     /// Elements per storage block: 32 for quantized types, 1 otherwise.
     pub fn block_elems(self) -> usize {
-        if self.is_quantized() {
+        if self.plain().is_quantized() {
             QK
         } else {
             1
@@ -93,12 +128,12 @@ impl DataType {
 
     /// Bytes per storage block.
     pub fn block_bytes(self) -> usize {
-        match self {
+        match self.plain() {
             DataType::F32 | DataType::I32 => 4,
             DataType::F16 | DataType::BF16 => 2,
             DataType::Q8_0 => Q8_0_BYTES,
             DataType::Q4_0 => Q4_0_BYTES,
-            DataType::Q4_1 => Q4_1_BYTES,
+            _ => Q4_1_BYTES,
         }
     }
 
@@ -628,10 +663,14 @@ impl Data {
         if self.device != DeviceKind::Cpu {
             return Err(Error::invalid(format!("{:?}: copy to host first", self)));
         }
-        let packed = self.packed_bytes()?;
         let n = self.count();
         let mut out = vec![0f32; n];
-        decode_to_f32(self.dtype, &packed, &mut out)?;
+        if self.dtype.is_interleaved() {
+            let plain = crate::interleave::plain_bytes(self)?;
+            decode_to_f32(self.dtype.plain(), &plain, &mut out)?;
+        } else {
+            decode_to_f32(self.dtype, &self.packed_bytes()?, &mut out)?;
+        }
         Ok(out)
     }
 
@@ -879,6 +918,11 @@ pub fn decode_to_f32(dtype: DataType, src: &[u8], dst: &mut [f32]) -> Result<()>
         DataType::Q8_0 => dequantize_q8_0(&src[..need], dst),
         DataType::Q4_0 => dequantize_q4_0(&src[..need], dst),
         DataType::Q4_1 => dequantize_q4_1(&src[..need], dst),
+        DataType::Q8_0Interleaved | DataType::Q4_0Interleaved | DataType::Q4_1Interleaved => {
+            return Err(Error::invalid(format!(
+                "decode {dtype}: interleaved rows are decoded through their tensor (Data::to_f32_vec)"
+            )))
+        }
     }
     Ok(())
 }
@@ -913,6 +957,11 @@ pub fn encode_from_f32(dtype: DataType, src: &[f32]) -> Result<Vec<u8>> {
         DataType::Q8_0 => quantize_q8_0(src, &mut out),
         DataType::Q4_0 => quantize_q4_0(src, &mut out),
         DataType::Q4_1 => quantize_q4_1(src, &mut out),
+        DataType::Q8_0Interleaved | DataType::Q4_0Interleaved | DataType::Q4_1Interleaved => {
+            return Err(Error::invalid(format!(
+                "encode {dtype}: encode the plain type, then interleave the tensor"
+            )))
+        }
     }
     Ok(out)
 }

@@ -265,6 +265,12 @@ pub trait BaseDevice: Send + Sync {
     }
     /// Copies a tensor onto this device (host tensors for the CPU device).
     fn upload(&self, data: &Data) -> Result<Data>;
+    /// The form in which this device reads a resident weight matrix fastest, when it differs from
+    /// the file's (the CPU's block weights interleaved 16 rows at a time); `None` keeps `data` as
+    /// it is. Only for matrices that `Linear` and `Embedding` read, in `fast` precision.
+    fn weight_form(&self, _data: &Data) -> Result<Option<Data>> {
+        Ok(None)
+    }
     /// Moves a tensor that this device wrote back to host memory, in place.
     fn download(&self, data: &mut Data) -> Result<()>;
     /// Waits until the work this device has queued is done (a no-op for synchronous devices

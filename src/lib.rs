@@ -18,6 +18,7 @@ pub mod generate;
 // for its integration tests and benches; the library built by default does not contain it.
 #[cfg(any(test, feature = "harness"))]
 pub mod harness;
+pub mod interleave;
 pub mod load;
 pub mod model;
 pub mod ops;

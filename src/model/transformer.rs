@@ -276,6 +276,13 @@ impl Model {
             for t in [&mut inv_freq, &mut alibi].into_iter().flatten() {
                 *t = dev.upload(t)?;
             }
+        } else if let Some(dev) = exec
+            .devices()
+            .first()
+            .filter(|_| precision == Precision::Fast)
+        {
+            // a CPU first device may hold the weight matrices in the layout its kernels stream
+            weights.reform_for(dev.as_ref())?;
         }
         let first_has = |op: &str| {
             exec.devices()
@@ -441,6 +448,12 @@ impl Model {
     /// The configuration.
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// The dtype in which the resident tensor `name` is held (the file's, or the device's form of
+    /// it, e.g. interleaved blocks on the CPU); `None` when it is not resident.
+    pub fn weight_dtype(&self, name: &str) -> Option<DataType> {
+        self.weights.resident_dtype(name)
     }
 
     /// The executor (for profiling).

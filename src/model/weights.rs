@@ -128,6 +128,11 @@ impl Weights {
         }
     }
 
+    /// The dtype of the resident tensor `name`, if resident.
+    pub fn resident_dtype(&self, name: &str) -> Option<crate::data::DataType> {
+        self.resident.get(name).map(|d| d.dtype())
+    }
+
     /// Bytes of every resident tensor (what an upload to a device copies).
     pub fn resident_bytes(&self) -> usize {
         self.resident
@@ -139,6 +144,27 @@ impl Weights {
     /// Stores a derived tensor (kept resident in every mode).
     pub fn set_resident(&mut self, name: &str, d: Data) {
         self.resident.insert(name.to_string(), d);
+    }
+
+    /// Replaces every resident matrix with the form `device` reads fastest
+    /// ([`BaseDevice::weight_form`]), one tensor at a time; the file pages a replaced tensor viewed
+    /// are handed back to the OS at once, so resident memory stays about one copy of the weights.
+    /// Returns how many tensors changed.
+    ///
+    /// [`BaseDevice::weight_form`]: crate::device::BaseDevice::weight_form
+    pub fn reform_for(&mut self, device: &dyn crate::device::BaseDevice) -> Result<usize> {
+        let mut changed = 0;
+        for d in self.resident.values_mut() {
+            if d.dims().len() != 2 || d.device() != device.kind() {
+                continue;
+            }
+            if let Some(new) = device.weight_form(d)? {
+                let old = std::mem::replace(d, new);
+                crate::interleave::release_view(&old);
+                changed += 1;
+            }
+        }
+        Ok(changed)
     }
 
     /// Copies every resident tensor onto `device` once (e.g. a GPU at load time), so ops running

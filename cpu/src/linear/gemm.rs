@@ -9,6 +9,7 @@
 
 use super::act_quant::Q8Rows;
 use super::int_wide::{IntWideFn, WIDE_COLS, WIDE_ROWS};
+use super::interleaved::{InterleavedFn, GROUP_ROWS};
 use super::{FloatRowsFn, IntRowsFn, IntTileFn, LinearArgs, RowToF32Fn, TileF32Fn, MAX_ROWS};
 use crate::threads::Threads;
 use std::cell::RefCell;
@@ -121,6 +122,57 @@ pub(super) fn run(
             t.for_rows(n, min_cols, body);
         }
         None => body(0..n),
+    }
+}
+
+/// Runs a interleaved-group kernel over all of `a` (sizes validated, `a.n` a multiple of
+/// [`GROUP_ROWS`]; `rb` = weight row bytes; `q` = the quantized activations) into `out`. Each task
+/// takes consecutive groups, so every thread reads one sequential stream of weights; within a
+/// group every block of [`MAX_ROWS`] activation rows passes over the group while it is cached.
+pub(super) fn run_interleaved(
+    threads: Option<&Threads>,
+    a: &LinearArgs,
+    rb: usize,
+    f: InterleavedFn,
+    q: &Q8Rows,
+    out: &mut [f32],
+) {
+    let (rows, n) = (a.rows, a.n);
+    if rows == 0 || n == 0 {
+        return;
+    }
+    let op = OutPtr(out.as_mut_ptr());
+    let gbytes = GROUP_ROWS * rb;
+    let body = |groups: std::ops::Range<usize>| {
+        let op = op.get();
+        for g in groups {
+            let w = &a.w[g * gbytes..(g + 1) * gbytes];
+            let mut r0 = 0;
+            while r0 < rows {
+                let nr = (rows - r0).min(MAX_ROWS);
+                let mut o = [[0f32; GROUP_ROWS]; MAX_ROWS];
+                // SAFETY: sizes validated by the caller; kernel picked for this CPU.
+                unsafe { f(w, q, r0, nr, &mut o) };
+                for (t, ot) in o.iter().enumerate().take(nr) {
+                    for (c, v) in ot.iter().enumerate() {
+                        let j = g * GROUP_ROWS + c;
+                        let b = a.bias.map_or(0.0, |b| b[j]);
+                        // SAFETY: inside the validated output; no other task writes column j.
+                        unsafe { *op.add((r0 + t) * n + j) = v + b };
+                    }
+                }
+                r0 += nr;
+            }
+        }
+    };
+    match threads {
+        Some(t) => {
+            let min_groups = MIN_TASK_WORK
+                .div_ceil(a.k.max(1) * rows * GROUP_ROWS)
+                .max(1);
+            t.for_rows(n / GROUP_ROWS, min_groups, body);
+        }
+        None => body(0..n / GROUP_ROWS),
     }
 }
 

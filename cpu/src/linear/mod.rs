@@ -23,6 +23,7 @@ pub mod int_gemv;
 pub mod int_split;
 pub mod int_tile;
 pub mod int_wide;
+pub mod interleaved;
 pub mod matmul;
 pub mod quant_dot;
 
@@ -41,13 +42,6 @@ pub const INT_TILE_MIN_ROWS: usize = 2;
 /// From this many activation rows on, non-f32 weights are converted to f32 tiles first (the
 /// conversion is then amortized over all rows) on the fast path.
 pub const GEMM_MIN_ROWS: usize = 8;
-
-/// Largest weight matrix (bytes) for which a 1-row integer `Linear` uses the AVX-512 GEMV
-/// ([`int_gemv`], 4 weight rows per step). It wins while the weights stay in the 32 MiB L3
-/// between calls (4096×4096 Q4: 164–177 µs vs 239–257 µs for the one-row-stream kernel), but
-/// streaming from DRAM its four interleaved row streams lose to the sequential single stream
-/// (14336×4096 Q4_0: best 974 vs 873 µs; `docs/perf.md`), so larger matrices keep [`int_dot`].
-pub const INT_GEMV_MAX_BYTES: usize = 16 << 20;
 
 /// A float-activation dot kernel: `out[r] = Σ_i w[i] · x[r*k + i]` for `r < rows`, where `w` is
 /// one weight row of `k` elements in the kernel's dtype (raw bytes).
@@ -289,9 +283,9 @@ pub fn linear(threads: &Threads, a: &LinearArgs, out: &mut [f32]) -> Result<(), 
                 .map_err(|_| "activation scratch busy (re-entrant call)".to_string())?;
             act_quant::quantize_rows(a.x, a.rows, a.k, &mut q)?;
             let gemv = a.rows < INT_TILE_MIN_ROWS;
-            let split_gemv = (gemv && a.w.len() > INT_GEMV_MAX_BYTES)
-                .then(|| int_split::pick_gemv(a.wtype))
-                .flatten();
+            // one row: the streaming GEMV (one sequential weight stream per thread, what weights
+            // read from DRAM want) where the CPU has it, else the 4-row AVX-512 GEMV
+            let split_gemv = gemv.then(|| int_split::pick_gemv(a.wtype)).flatten();
             let split_wide = (!gemv).then(|| int_split::pick_wide(a.wtype)).flatten();
             if split_gemv.is_some() || split_wide.is_some() {
                 q.prepare_split();
@@ -310,7 +304,7 @@ pub fn linear(threads: &Threads, a: &LinearArgs, out: &mut [f32]) -> Result<(), 
                 None => {
                     let tile = if !gemv {
                         int_tile::pick(a.wtype)
-                    } else if a.w.len() <= INT_GEMV_MAX_BYTES {
+                    } else if split_gemv.is_none() {
                         int_gemv::pick(a.wtype)
                     } else {
                         None
@@ -349,6 +343,55 @@ pub fn linear(threads: &Threads, a: &LinearArgs, out: &mut [f32]) -> Result<(), 
         gemm::run(Some(threads), a, rb, gemm::Kernel::Float(f, plan), out);
         Ok(())
     }
+}
+
+/// `Linear` with an interleaved block weight (`a.w` in the layout of [`interleaved`], `a.n` a multiple of
+/// [`interleaved::GROUP_ROWS`]): the SIMD kernels over groups of 16 weight rows, split over `threads`;
+/// with `threads = None` the scalar reference on one thread. Without `quant_act` (f32
+/// activations) the weight is brought back to the plain layout first and the plain path runs (slow:
+/// interleaving is meant for quantized activations).
+pub fn linear_interleaved(
+    threads: Option<&Threads>,
+    a: &LinearArgs,
+    out: &mut [f32],
+) -> Result<(), String> {
+    let rb = a.validate(out)?;
+    if !a.wtype.is_block() || !a.n.is_multiple_of(interleaved::GROUP_ROWS) {
+        return Err(format!(
+            "interleaved weights are Q4_0/Q4_1/Q8_0 with rows a multiple of {}, got {} x {} {}",
+            interleaved::GROUP_ROWS,
+            a.n,
+            a.k,
+            a.wtype.name()
+        ));
+    }
+    if !a.quant_act {
+        let mut plain = vec![0u8; a.n * rb];
+        for (r, row) in plain.chunks_exact_mut(rb).enumerate() {
+            interleaved::plain_row(a.wtype, a.w, a.n, a.k, r, row)?;
+        }
+        let b = LinearArgs { w: &plain, ..*a };
+        return match threads {
+            Some(t) => linear(t, &b, out),
+            None => linear_ref(&b, out),
+        };
+    }
+    let simd = threads.and_then(|_| interleaved::pick(a.wtype));
+    let f = simd
+        .or_else(|| interleaved::pick_ref(a.wtype))
+        .ok_or_else(|| format!("no interleaved kernel for {}", a.wtype.name()))?;
+    ACT_SCRATCH.with(|s| {
+        let mut q = s
+            .try_borrow_mut()
+            .map_err(|_| "activation scratch busy (re-entrant call)".to_string())?;
+        if simd.is_some() {
+            act_quant::quantize_rows(a.x, a.rows, a.k, &mut q)?;
+        } else {
+            act_quant::quantize_rows_ref(a.x, a.rows, a.k, &mut q)?;
+        }
+        gemm::run_interleaved(threads, a, rb, f, &q, out);
+        Ok(())
+    })
 }
 
 /// Horizontal sum of 8 lanes.

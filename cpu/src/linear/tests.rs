@@ -640,7 +640,7 @@ fn int_gemv_kernels_match_reference() {
 /// The streaming GEMV kernels against the per-row reference: block counts that are and are not
 /// multiples of the 4-block group (1..7, 129, 131), several activation rows per call, weight rows
 /// taken from the end of the buffer (the masked tail loads must not read past it); then `linear`
-/// with one row and weights over [`INT_GEMV_MAX_BYTES`] (the size that picks this kernel).
+/// with one row (the case that picks this kernel).
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn int_split_kernels_match_reference() {
@@ -707,13 +707,12 @@ fn int_split_kernels_match_reference() {
             }
         }
     }
-    // end to end through `linear`: one row, weights over the GEMV size limit
+    // end to end through `linear` with one row
     let threads = Threads::new(2).unwrap();
     for t in [WeightType::Q4_0, WeightType::Q4_1, WeightType::Q8_0] {
         let k = 4096 + 96;
-        let n = INT_GEMV_MAX_BYTES / t.row_bytes(k).unwrap() + 37;
+        let n = 101;
         let (w, _) = encode(t, &rand_vec(n * k, 31));
-        assert!(w.len() > INT_GEMV_MAX_BYTES);
         let x = rand_vec(k, 32);
         let bias = rand_vec(n, 33);
         let a = LinearArgs {
@@ -787,4 +786,120 @@ fn int_split_wide_kernels_match_reference() {
             }
         }
     }
+}
+
+/// Interleaving: taking every row back gives the plain bytes back; interleaving refuses shapes it cannot
+/// hold (rows not a multiple of 16, k not whole blocks, float types, short buffers).
+#[test]
+fn interleaved_layout_round_trips() {
+    for t in [WeightType::Q4_0, WeightType::Q4_1, WeightType::Q8_0] {
+        for (n, k) in [(16, 32), (32, 96), (48, 160)] {
+            let (plain, _) = encode(t, &rand_vec(n * k, (n * 7 + k) as u64));
+            let mut p = vec![0u8; plain.len()];
+            interleaved::interleave(t, &plain, n, k, &mut p).unwrap();
+            assert_ne!(
+                p,
+                plain,
+                "{} {n}x{k}: interleaving changed nothing",
+                t.name()
+            );
+            let rb = t.row_bytes(k).unwrap();
+            let mut row = vec![0u8; rb];
+            for r in 0..n {
+                interleaved::plain_row(t, &p, n, k, r, &mut row).unwrap();
+                assert_eq!(
+                    row,
+                    plain[r * rb..(r + 1) * rb],
+                    "{} {n}x{k} row {r}",
+                    t.name()
+                );
+            }
+        }
+        let (plain, _) = encode(t, &rand_vec(24 * 64, 3));
+        let mut p = vec![0u8; plain.len()];
+        assert!(
+            interleaved::interleave(t, &plain, 24, 64, &mut p).is_err(),
+            "24 rows"
+        );
+        assert!(
+            interleaved::interleave(t, &plain[..100], 16, 64, &mut p).is_err(),
+            "short input"
+        );
+        assert!(
+            interleaved::interleave(t, &plain, 16, 48, &mut p).is_err(),
+            "k = 48"
+        );
+        assert!(
+            interleaved::plain_row(t, &plain, 16, 64, 16, &mut p).is_err(),
+            "row 16 of 16"
+        );
+    }
+    let f32w = vec![0u8; 16 * 32 * 4];
+    let mut p = f32w.clone();
+    assert!(interleaved::interleave(WeightType::F32, &f32w, 16, 32, &mut p).is_err());
+}
+
+/// The interleaved kernels: SIMD bit-equal to the scalar reference (same integer math, same float
+/// order), and both equal to the plain integer path within float reordering, for awkward block
+/// counts, several groups, activation row counts 1..9 (chunks of 4 and a remainder), with a bias;
+/// `quant_act = 0` (brought back to the plain layout first) equal to the plain exact path.
+#[test]
+fn interleaved_kernels_match_reference() {
+    let threads = Threads::new(2).unwrap();
+    for t in [WeightType::Q4_0, WeightType::Q4_1, WeightType::Q8_0] {
+        for (n, k) in [(16, 32), (32, 96), (48, 224), (64, 4096)] {
+            let (plain, _) = encode(t, &rand_vec(n * k, (n + 3 * k) as u64));
+            let mut p = vec![0u8; plain.len()];
+            interleaved::interleave(t, &plain, n, k, &mut p).unwrap();
+            let bias = rand_vec(n, 99);
+            for rows in [1usize, 2, 3, 4, 5, 9] {
+                let x = rand_vec(rows * k, (rows * 31 + k) as u64);
+                for quant_act in [true, false] {
+                    let a = LinearArgs {
+                        x: &x,
+                        rows,
+                        k,
+                        w: &p,
+                        wtype: t,
+                        n,
+                        bias: Some(&bias),
+                        quant_act,
+                    };
+                    let plain_args = LinearArgs { w: &plain, ..a };
+                    let mut want = vec![0f32; rows * n];
+                    linear_ref(&plain_args, &mut want).unwrap();
+                    let mut r = vec![0f32; rows * n];
+                    linear_interleaved(None, &a, &mut r).unwrap();
+                    let mut f = vec![0f32; rows * n];
+                    linear_interleaved(Some(&threads), &a, &mut f).unwrap();
+                    let what = format!("{} {n}x{k} rows {rows} qa {quant_act}", t.name());
+                    if quant_act {
+                        assert_eq!(r, f, "{what}: SIMD differs from the interleaved reference");
+                    }
+                    let e = nmse(&r, &want);
+                    assert!(e < 1e-10, "{what}: nmse {e} against the plain path");
+                }
+            }
+        }
+    }
+}
+
+/// `linear_interleaved` refuses weights it cannot take.
+#[test]
+fn interleaved_linear_refuses_bad_shapes() {
+    let x = vec![0f32; 32];
+    let w = vec![0u8; 8 * 18];
+    let mut out = vec![0f32; 8];
+    let a = LinearArgs {
+        x: &x,
+        rows: 1,
+        k: 32,
+        w: &w,
+        wtype: WeightType::Q4_0,
+        n: 8,
+        bias: None,
+        quant_act: true,
+    };
+    let e = linear_interleaved(None, &a, &mut out).unwrap_err();
+    assert!(e.contains("multiple of 16"), "{e}");
 }

@@ -25,6 +25,9 @@ fn format_of(t: DataType) -> Option<WeightFormat> {
         DataType::Q8_0 => WeightFormat::Q8_0,
         DataType::Q4_0 => WeightFormat::Q4_0,
         DataType::Q4_1 => WeightFormat::Q4_1,
+        DataType::Q8_0Interleaved | DataType::Q4_0Interleaved | DataType::Q4_1Interleaved => {
+            return format_of(t.plain())
+        }
         DataType::I32 => return None,
     })
 }
@@ -84,6 +87,9 @@ impl Operator for Embedding {
             .map_err(|e| Error::op(OP, format!("'weight': {e}")))?;
         check_dtype(OP, "output", out, DataType::F32)?;
         let o = super::args::f32s_mut(OP, "output", out)?;
+        if w.dtype().is_interleaved() {
+            return interleaved_rows(fmt, w, dim, ids, o);
+        }
         if self.0.reference() {
             k::embedding_ref(fmt, wb, dim, ids, o);
         } else {
@@ -91,4 +97,28 @@ impl Operator for Embedding {
         }
         Ok(())
     }
+}
+
+/// `Embedding` over an interleaved weight: each id's row is taken back to the plain block layout
+/// (one row, on the calling thread) and decoded by the plain kernel.
+fn interleaved_rows(
+    fmt: WeightFormat,
+    w: &Data,
+    dim: usize,
+    ids: &[i32],
+    o: &mut [f32],
+) -> Result<()> {
+    let rb = fmt.row_bytes(dim).ok_or_else(|| {
+        Error::op(
+            OP,
+            format!("'weight' rows of {dim} values are not whole blocks"),
+        )
+    })?;
+    let mut row = vec![0u8; rb];
+    for (&id, out) in ids.iter().zip(o.chunks_exact_mut(dim.max(1))) {
+        crate::interleave::plain_row(w, id as usize, &mut row)
+            .map_err(|e| Error::op(OP, format!("'weight': {e}")))?;
+        k::embedding_ref(fmt, &row, dim, &[0], out);
+    }
+    Ok(())
 }

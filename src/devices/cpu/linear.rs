@@ -1,4 +1,5 @@
-//! Matrix operators on the CPU: `Linear` (F32/F16/BF16/Q8_0/Q4_0/Q4_1 weights, optional bias,
+//! Matrix operators on the CPU: `Linear` (F32/F16/BF16/Q8_0/Q4_0/Q4_1 weights, plain or
+//! interleaved 16 rows at a time (`crate::interleave`), optional bias,
 //! `quant_act`), `MatMul` and `MatMulTransB` (f32, batched). `reshape` validates shapes and
 //! dtypes and sizes the output; `run` adapts `Data` to the kernels of `fastllm_cpu::linear`
 //! (scalar references in `KernelMode::Reference`, SIMD + threads in `Fast`).
@@ -42,6 +43,9 @@ fn weight_type(t: DataType) -> Option<WeightType> {
         DataType::Q8_0 => WeightType::Q8_0,
         DataType::Q4_0 => WeightType::Q4_0,
         DataType::Q4_1 => WeightType::Q4_1,
+        DataType::Q8_0Interleaved | DataType::Q4_0Interleaved | DataType::Q4_1Interleaved => {
+            return crate::interleave::block_type(t)
+        }
         DataType::I32 => return None,
     })
 }
@@ -183,10 +187,11 @@ impl Operator for Linear {
             .ok_or_else(|| Error::op(OP, "output smaller than its dims"))?;
         // accumulate: y += x·Wᵀ + b (the product computed apart, then added)
         let held = (ints.get_or("accumulate", 0) != 0).then(|| o.to_vec());
-        let r = if self.0.reference() {
-            k::linear_ref(&args, o)
-        } else {
-            k::linear(&self.0.threads, &args, o)
+        let threads = (!self.0.reference()).then_some(&self.0.threads);
+        let r = match threads {
+            _ if w.dtype().is_interleaved() => k::linear_interleaved(threads, &args, o),
+            Some(t) => k::linear(t, &args, o),
+            None => k::linear_ref(&args, o),
         };
         r.map_err(|e| Error::op(OP, e))?;
         if let Some(h) = held {

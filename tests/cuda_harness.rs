@@ -11,7 +11,7 @@
 mod common;
 
 use common::cuda::{clone_arg, cuda_executor, gpu, reference};
-use fastllm::data::{Data, DataType, DeviceKind};
+use fastllm::data::{Data, DeviceKind};
 use fastllm::devices::cuda::tensor_core_rows;
 use fastllm::harness::{all_cases, nmse, ArgKind, OpCase};
 use fastllm::{DataDict, Executor, FloatDict, IntDict};

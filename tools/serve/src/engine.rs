@@ -76,8 +76,10 @@ impl EngineConfig {
 /// Why a request finished.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinishReason {
-    /// End-of-sequence token or stop string.
+    /// End-of-sequence token.
     Stop,
+    /// A stop string.
+    StopString,
     /// `max_new_tokens` or the total-token limit.
     Length,
 }
@@ -115,6 +117,8 @@ pub struct GenRequest {
     pub max_new_tokens: usize,
     /// Stop strings.
     pub stop: Vec<String>,
+    /// Generate past end-of-sequence tokens (until `max_new_tokens` or a stop string).
+    pub ignore_eos: bool,
     /// Where events go; when the receiver is dropped the request is cancelled.
     pub events: UnboundedSender<Event>,
 }
@@ -148,6 +152,8 @@ impl Engine {
         let (tx, rx) = mpsc::channel();
         let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let sched = Scheduler::new(llm, config.clone(), metrics.clone(), in_flight.clone())?;
+        // the KV gauges are right before the first request
+        sched.publish();
         std::thread::Builder::new()
             .name("fastllm-scheduler".into())
             .spawn(move || sched.run(rx))
@@ -586,7 +592,7 @@ impl Scheduler {
             }
             s.t_last = Some(now);
             let n_gen = s.tokens.len() - s.n_prompt;
-            if self.eos.contains(&tok) {
+            if !s.req.ignore_eos && self.eos.contains(&tok) {
                 done.push((
                     i,
                     Some(Event::Done {
@@ -631,7 +637,7 @@ impl Scheduler {
                 .map(|c| c + from)
             {
                 emit_to = cut.max(s.text_sent);
-                finish = Some(FinishReason::Stop);
+                finish = Some(FinishReason::StopString);
             } else if max_stop > 1 {
                 let mut c = stable.saturating_sub(max_stop - 1);
                 while c > 0 && !s.text.is_char_boundary(c) {
@@ -776,6 +782,7 @@ mod tests {
             },
             max_new_tokens: n,
             stop: Vec::new(),
+            ignore_eos: false,
             events: tx,
         };
         (req, rx)

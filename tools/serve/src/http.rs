@@ -1,12 +1,20 @@
 //! HTTP front end (axum): OpenAI `POST /v1/completions`, `POST /v1/chat/completions`,
-//! `GET /v1/models`; TGI `POST /generate`, `POST /generate_stream`, `GET /info`, `GET /health`;
-//! `GET /metrics`, `POST /tokenize`. Streams are Server-Sent Events. Bad requests get a 4xx with
-//! an error body, never a 500; a client that disconnects cancels its request.
+//! `GET /v1/models`; TGI `POST /generate`, `POST /generate_stream`, `POST /` ([`tgi`]),
+//! `GET /info`, `GET /health`; `GET /metrics`, `POST /tokenize`. Streams are Server-Sent Events.
+//! Every error is a JSON body in the OpenAI error shape ([`guard`]); bad requests get a 4xx,
+//! and a request field this server does not serve is refused by name ([`fields`]). A client
+//! that disconnects cancels its request.
+
+pub mod fields;
+pub mod guard;
+pub mod tgi;
 
 use crate::engine::{Engine, EngineConfig, Event, FinishReason, GenRequest, SubmitError};
 use crate::metrics::Metrics;
+use crate::seed::seed_or_fresh;
+use crate::ServeOptions;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
@@ -14,11 +22,13 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use fastllm::generate::{ChatMessage, Llm, SamplingParams};
 use futures_util::stream::{self, Stream};
+use guard::auth;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 /// Shared server state.
 pub struct AppState {
@@ -30,16 +40,37 @@ pub struct AppState {
     pub api_key: Option<String>,
     /// Model name reported by the API.
     pub model_name: String,
+    /// Device the model runs on.
+    pub device: String,
+    /// Origin allowed by CORS (`*` = any), if any.
+    pub cors_origin: Option<String>,
+    /// Set on shutdown: new requests are refused.
+    draining: AtomicBool,
+    /// Set when the drain timeout has passed: running requests end.
+    cut: watch::Sender<bool>,
 }
 
 impl AppState {
-    /// State with no model yet (health answers 503 until [`AppState::set_ready`]).
+    /// State with no model yet (health answers 503 until [`AppState::set_ready`]), on the CPU,
+    /// without CORS.
     pub fn new(model_name: &str, api_key: Option<String>) -> Arc<AppState> {
+        AppState::configured(&ServeOptions {
+            model_name: model_name.to_string(),
+            api_key,
+            ..Default::default()
+        })
+    }
+    /// State with no model yet, for the options `o`.
+    pub fn configured(o: &ServeOptions) -> Arc<AppState> {
         Arc::new(AppState {
             ready: OnceLock::new(),
             metrics: Arc::new(Metrics::default()),
-            api_key,
-            model_name: model_name.to_string(),
+            api_key: o.api_key.clone(),
+            model_name: o.model_name.clone(),
+            device: o.device.clone(),
+            cors_origin: o.cors_origin.clone(),
+            draining: AtomicBool::new(false),
+            cut: watch::channel(false).0,
         })
     }
     /// Installs the loaded model and starts the engine.
@@ -47,6 +78,19 @@ impl AppState {
         let engine = Engine::start(llm.clone(), cfg, self.metrics.clone())?;
         let _ = self.ready.set((llm, engine));
         Ok(())
+    }
+    /// Refuses new requests from now on; returns how many are in flight.
+    pub fn start_draining(&self) -> usize {
+        self.draining.store(true, Ordering::SeqCst);
+        self.ready.get().map(|(_, e)| e.in_flight()).unwrap_or(0)
+    }
+    /// Ends every running request (streams get an error event, then their end marker).
+    pub fn end_running(&self) {
+        self.cut.send_replace(true);
+    }
+    /// True once shutdown began.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
     }
 }
 
@@ -56,18 +100,26 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
-        .route("/generate", post(tgi_generate))
-        .route("/generate_stream", post(tgi_generate_stream))
+        .route("/", post(tgi::compat))
+        .route("/generate", post(tgi::generate))
+        .route("/generate_stream", post(tgi::generate_stream))
         .route("/info", get(info))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/tokenize", post(tokenize))
         .fallback(not_found)
+        .layer(DefaultBodyLimit::max(guard::MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(guard::json_errors))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            guard::cors,
+        ))
         .with_state(state)
 }
 
 /// An API error: status and message.
-pub struct ApiError(StatusCode, String);
+#[derive(Debug)]
+pub struct ApiError(pub StatusCode, pub String);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -87,7 +139,8 @@ impl IntoResponse for ApiError {
     }
 }
 
-fn bad(msg: impl Into<String>) -> ApiError {
+/// A 400 with `msg`.
+pub fn bad(msg: impl Into<String>) -> ApiError {
     ApiError(StatusCode::BAD_REQUEST, msg.into())
 }
 
@@ -95,24 +148,8 @@ async fn not_found() -> ApiError {
     ApiError(StatusCode::NOT_FOUND, "no such endpoint".into())
 }
 
-fn auth(st: &AppState, h: &HeaderMap) -> Result<(), ApiError> {
-    if let Some(key) = &st.api_key {
-        let ok = h
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|v| v == key);
-        if !ok {
-            return Err(ApiError(
-                StatusCode::UNAUTHORIZED,
-                "missing or wrong API key (Authorization: Bearer ...)".into(),
-            ));
-        }
-    }
-    Ok(())
-}
-
-fn ready(st: &AppState) -> Result<&(Arc<Llm>, Engine), ApiError> {
+/// The model and engine, or 503 while loading.
+pub fn ready(st: &AppState) -> Result<&(Arc<Llm>, Engine), ApiError> {
     st.ready.get().ok_or_else(|| {
         ApiError(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -121,20 +158,25 @@ fn ready(st: &AppState) -> Result<&(Arc<Llm>, Engine), ApiError> {
     })
 }
 
-fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| bad(format!("invalid request body: {e}")))
+/// Deserializes a checked request object.
+pub fn parse<T: for<'de> Deserialize<'de>>(obj: Map<String, Value>) -> Result<T, ApiError> {
+    serde_json::from_value(Value::Object(obj))
+        .map_err(|e| bad(format!("invalid request body: {e}")))
 }
 
 /// `stop` as a string or a list of strings.
 #[derive(Deserialize)]
 #[serde(untagged)]
-enum Stop {
+pub enum Stop {
+    /// One stop string.
     One(String),
+    /// Several.
     Many(Vec<String>),
 }
 
 impl Stop {
-    fn list(s: Option<Stop>) -> Vec<String> {
+    /// The stop strings of an optional `stop` field.
+    pub fn list(s: Option<Stop>) -> Vec<String> {
         match s {
             None => Vec::new(),
             Some(Stop::One(x)) => vec![x],
@@ -160,10 +202,14 @@ struct OaSampling {
     #[serde(default)]
     stream: bool,
     n: Option<u32>,
+    /// vLLM's extension: keep generating past end-of-sequence tokens (load tests).
+    #[serde(default)]
+    ignore_eos: bool,
 }
 
 impl OaSampling {
-    fn params(&self, default_max: u32) -> Result<(SamplingParams, usize), ApiError> {
+    /// The engine job for `prompt`; a request without a seed gets a fresh one.
+    fn job(&mut self, prompt: Vec<u32>, default_max: u32) -> Result<Job, ApiError> {
         if self.n.unwrap_or(1) != 1 {
             return Err(bad("only n = 1 is supported"));
         }
@@ -175,7 +221,7 @@ impl OaSampling {
             repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
             presence_penalty: self.presence_penalty.unwrap_or(0.0),
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
-            seed: self.seed.unwrap_or(0),
+            seed: seed_or_fresh(self.seed),
         };
         p.validate().map_err(|e| bad(e.to_string()))?;
         let max = self
@@ -185,7 +231,13 @@ impl OaSampling {
         if max == 0 {
             return Err(bad("max_tokens must be at least 1"));
         }
-        Ok((p, max as usize))
+        Ok(Job {
+            prompt,
+            sampling: p,
+            max_new: max as usize,
+            stop: Stop::list(self.stop.take()),
+            ignore_eos: self.ignore_eos,
+        })
     }
 }
 
@@ -232,21 +284,48 @@ fn content_text(v: &Value) -> Result<String, ApiError> {
     }
 }
 
-fn submit(
-    st: &AppState,
-    prompt: Vec<u32>,
-    sampling: SamplingParams,
-    max_new: usize,
-    stop: Vec<String>,
-) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
+/// One generation for the engine.
+pub struct Job {
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Sampling, with the seed it runs with.
+    pub sampling: SamplingParams,
+    /// Maximum new tokens.
+    pub max_new: usize,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// Generate past end-of-sequence tokens.
+    pub ignore_eos: bool,
+}
+
+impl Job {
+    /// The seed to report: the one used when sampling, none when greedy.
+    pub fn reported_seed(&self) -> Value {
+        if self.sampling.temperature > 0.0 {
+            json!(self.sampling.seed)
+        } else {
+            Value::Null
+        }
+    }
+}
+
+/// Queues `job`; the receiver gets its events.
+pub fn submit(st: &AppState, job: Job) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
     let (_, engine) = ready(st)?;
+    if st.is_draining() {
+        return Err(ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is shutting down".into(),
+        ));
+    }
     let (tx, rx) = mpsc::unbounded_channel();
     engine
         .submit(GenRequest {
-            prompt,
-            sampling,
-            max_new_tokens: max_new,
-            stop,
+            prompt: job.prompt,
+            sampling: job.sampling,
+            max_new_tokens: job.max_new,
+            stop: job.stop,
+            ignore_eos: job.ignore_eos,
             events: tx,
         })
         .map_err(|e| match e {
@@ -262,18 +341,52 @@ fn submit(
     Ok(rx)
 }
 
-struct Collected {
-    text: String,
-    reason: FinishReason,
-    prompt_tokens: usize,
-    completion_tokens: usize,
+/// The message of requests ended by the drain timeout.
+pub const SHUTDOWN_MSG: &str = "the server shut down before this request finished";
+
+/// The next event of a request, or an error once the server ends running requests.
+async fn next_event(
+    rx: &mut mpsc::UnboundedReceiver<Event>,
+    cut: &mut watch::Receiver<bool>,
+) -> Option<Event> {
+    let ended = async {
+        if cut.wait_for(|c| *c).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        ev = rx.recv() => ev,
+        _ = ended => Some(Event::Error(SHUTDOWN_MSG.into())),
+    }
 }
 
-async fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Collected, ApiError> {
-    let mut text = String::new();
-    while let Some(ev) = rx.recv().await {
+/// A finished request.
+pub struct Collected {
+    /// Generated text.
+    pub text: String,
+    /// Generated token ids.
+    pub ids: Vec<u32>,
+    /// Why it finished.
+    pub reason: FinishReason,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens.
+    pub completion_tokens: usize,
+}
+
+/// Waits for a request to finish.
+pub async fn collect(
+    st: &AppState,
+    mut rx: mpsc::UnboundedReceiver<Event>,
+) -> Result<Collected, ApiError> {
+    let mut cut = st.cut.subscribe();
+    let (mut text, mut ids) = (String::new(), Vec::new());
+    while let Some(ev) = next_event(&mut rx, &mut cut).await {
         match ev {
-            Event::Token { text: t, .. } => text.push_str(&t),
+            Event::Token { id, text: t } => {
+                text.push_str(&t);
+                ids.push(id);
+            }
             Event::Done {
                 reason,
                 prompt_tokens,
@@ -281,10 +394,14 @@ async fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Collected, Ap
             } => {
                 return Ok(Collected {
                     text,
+                    ids,
                     reason,
                     prompt_tokens,
                     completion_tokens,
                 })
+            }
+            Event::Error(m) if m == SHUTDOWN_MSG => {
+                return Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, m))
             }
             Event::Error(m) => return Err(ApiError(StatusCode::UNPROCESSABLE_ENTITY, m)),
         }
@@ -297,7 +414,7 @@ async fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Collected, Ap
 
 fn reason_str(r: FinishReason) -> &'static str {
     match r {
-        FinishReason::Stop => "stop",
+        FinishReason::Stop | FinishReason::StopString => "stop",
         FinishReason::Length => "length",
     }
 }
@@ -310,7 +427,7 @@ fn now() -> u64 {
 }
 
 fn request_id(prefix: &str) -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::atomic::AtomicU64;
     static N: AtomicU64 = AtomicU64::new(1);
     format!(
         "{prefix}-{:x}{:06x}",
@@ -320,7 +437,10 @@ fn request_id(prefix: &str) -> String {
 }
 
 /// SSE stream over engine events; `render` turns each event into zero or more JSON payloads.
-fn sse<F>(
+/// The stream ends after the request's last event, or with an error event when the server
+/// ends running requests; `done_marker` appends OpenAI's `[DONE]` after either.
+pub fn sse<F>(
+    st: &AppState,
     rx: mpsc::UnboundedReceiver<Event>,
     mut render: F,
     done_marker: bool,
@@ -328,13 +448,14 @@ fn sse<F>(
 where
     F: FnMut(&Event) -> Vec<Value> + Send + 'static,
 {
-    let s = stream::unfold((rx, false), |(mut rx, finished)| async move {
+    let cut = st.cut.subscribe();
+    let s = stream::unfold((rx, cut, false), |(mut rx, mut cut, finished)| async move {
         if finished {
             return None;
         }
-        let ev = rx.recv().await?;
+        let ev = next_event(&mut rx, &mut cut).await?;
         let last = matches!(ev, Event::Done { .. } | Event::Error(_));
-        Some((ev, (rx, last)))
+        Some((ev, (rx, cut, last)))
     });
     let s = futures_util::StreamExt::flat_map(s, move |ev| {
         let mut items: Vec<Result<SseEvent, Infallible>> = render(&ev)
@@ -349,13 +470,45 @@ where
     Sse::new(s)
 }
 
+fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
+    json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+           "total_tokens": prompt_tokens + completion_tokens})
+}
+
+fn error_chunk(m: &str) -> Value {
+    let kind = if m == SHUTDOWN_MSG {
+        "service_unavailable"
+    } else {
+        "server_error"
+    };
+    json!({"error": {"message": m, "type": kind}})
+}
+
+/// Checks and parses an OpenAI request body: top-level fields, `stream_options`, and the
+/// fields of each chat message.
+fn openai_request<T: for<'de> Deserialize<'de>>(
+    body: &Bytes,
+    served: &[&str],
+) -> Result<T, ApiError> {
+    let obj = fields::object(body, served)?;
+    fields::nested(&obj, "stream_options", fields::STREAM_OPTIONS)?;
+    if let Some(Value::Array(msgs)) = obj.get("messages") {
+        for m in msgs {
+            if let Value::Object(m) = m {
+                fields::check(m, fields::MESSAGE, "message ")?;
+            }
+        }
+    }
+    parse(obj)
+}
+
 async fn completions(
     State(st): State<Arc<AppState>>,
     h: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     auth(&st, &h)?;
-    let req: CompletionRequest = parse(&body)?;
+    let mut req: CompletionRequest = openai_request(&body, fields::COMPLETION)?;
     let (llm, _) = ready(&st)?;
     let prompt = match &req.prompt {
         Value::String(s) => s.clone(),
@@ -368,51 +521,53 @@ async fn completions(
         .tokenizer
         .encode(&prompt, true, false)
         .map_err(|e| bad(e.to_string()))?;
-    let (sampling, max_new) = req.s.params(16)?;
-    let rx = submit(&st, ids, sampling, max_new, Stop::list(req.s.stop))?;
+    let job = req.s.job(ids, 16)?;
+    let seed = job.reported_seed();
+    let rx = submit(&st, job)?;
     let (id, created, model) = (request_id("cmpl"), now(), st.model_name.clone());
+    let head = json!({"id": id, "object": "text_completion", "created": created, "model": model});
     if req.s.stream {
         let render = move |ev: &Event| -> Vec<Value> {
+            let chunk = |text: &str, fin: Value| {
+                let mut c = head.clone();
+                c["choices"] =
+                    json!([{"index": 0, "text": text, "finish_reason": fin, "logprobs": null}]);
+                c
+            };
             match ev {
                 Event::Token { text, .. } if text.is_empty() => vec![],
-                Event::Token { text, .. } => vec![
-                    json!({"id": id, "object": "text_completion", "created": created, "model": model,
-                    "choices": [{"index": 0, "text": text, "finish_reason": null, "logprobs": null}]}),
-                ],
+                Event::Token { text, .. } => vec![chunk(text, Value::Null)],
                 Event::Done {
                     reason,
                     prompt_tokens,
                     completion_tokens,
-                } => vec![
-                    json!({"id": id, "object": "text_completion", "created": created, "model": model,
-                    "choices": [{"index": 0, "text": "", "finish_reason": reason_str(*reason), "logprobs": null}],
-                    "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}}),
-                ],
-                Event::Error(m) => vec![json!({"error": {"message": m, "type": "server_error"}})],
+                } => {
+                    let mut c = chunk("", json!(reason_str(*reason)));
+                    c["usage"] = usage(*prompt_tokens, *completion_tokens);
+                    c["seed"] = seed.clone();
+                    vec![c]
+                }
+                Event::Error(m) => vec![error_chunk(m)],
             }
         };
-        return Ok(sse(rx, render, true).into_response());
+        return Ok(sse(&st, rx, render, true).into_response());
     }
-    let c = collect(rx).await?;
-    Ok(Json(json!({"id": id, "object": "text_completion", "created": created, "model": model,
-        "choices": [{"index": 0, "text": c.text, "finish_reason": reason_str(c.reason), "logprobs": null}],
-        "usage": {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens, "total_tokens": c.prompt_tokens + c.completion_tokens}}))
-    .into_response())
+    let c = collect(&st, rx).await?;
+    let mut out = head;
+    out["choices"] = json!([{"index": 0, "text": c.text,
+        "finish_reason": reason_str(c.reason), "logprobs": null}]);
+    out["usage"] = usage(c.prompt_tokens, c.completion_tokens);
+    out["seed"] = seed;
+    Ok(Json(out).into_response())
 }
 
-async fn chat_completions(
-    State(st): State<Arc<AppState>>,
-    h: HeaderMap,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    auth(&st, &h)?;
-    let req: ChatRequest = parse(&body)?;
-    let (llm, _) = ready(&st)?;
-    if req.messages.is_empty() {
+/// The chat prompt's token ids.
+fn chat_prompt(llm: &Llm, messages: &[ChatMsgIn]) -> Result<Vec<u32>, ApiError> {
+    if messages.is_empty() {
         return Err(bad("messages must not be empty"));
     }
-    let mut msgs = Vec::with_capacity(req.messages.len());
-    for m in &req.messages {
+    let mut msgs = Vec::with_capacity(messages.len());
+    for m in messages {
         if !matches!(
             m.role.as_str(),
             "system" | "user" | "assistant" | "tool" | "developer"
@@ -429,22 +584,35 @@ async fn chat_completions(
     let text = llm
         .render_chat(&msgs, true)
         .map_err(|e| bad(e.to_string()))?;
-    let ids = llm
-        .tokenizer
+    llm.tokenizer
         .encode(&text, false, true)
-        .map_err(|e| bad(e.to_string()))?;
+        .map_err(|e| bad(e.to_string()))
+}
+
+async fn chat_completions(
+    State(st): State<Arc<AppState>>,
+    h: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    auth(&st, &h)?;
+    let mut req: ChatRequest = openai_request(&body, fields::CHAT)?;
+    let (llm, _) = ready(&st)?;
+    let ids = chat_prompt(llm, &req.messages)?;
     let ctx = llm.model.config().context_length as u32;
-    let (sampling, max_new) = req
-        .s
-        .params(ctx.saturating_sub(ids.len() as u32).clamp(1, 512))?;
-    let rx = submit(&st, ids, sampling, max_new, Stop::list(req.s.stop))?;
+    let default_max = ctx.saturating_sub(ids.len() as u32).clamp(1, 512);
+    let job = req.s.job(ids, default_max)?;
+    let seed = job.reported_seed();
+    let rx = submit(&st, job)?;
     let (id, created, model) = (request_id("chatcmpl"), now(), st.model_name.clone());
+    let head =
+        json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model});
     if req.s.stream {
         let mut first = true;
         let render = move |ev: &Event| -> Vec<Value> {
             let chunk = |delta: Value, fin: Value| {
-                json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": fin}]})
+                let mut c = head.clone();
+                c["choices"] = json!([{"index": 0, "delta": delta, "finish_reason": fin}]);
+                c
             };
             let mut out = Vec::new();
             if first {
@@ -465,22 +633,24 @@ async fn chat_completions(
                     completion_tokens,
                 } => {
                     let mut c = chunk(json!({}), json!(reason_str(*reason)));
-                    c["usage"] = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens});
+                    c["usage"] = usage(*prompt_tokens, *completion_tokens);
+                    c["seed"] = seed.clone();
                     out.push(c);
                 }
-                Event::Error(m) => {
-                    out.push(json!({"error": {"message": m, "type": "server_error"}}))
-                }
+                Event::Error(m) => out.push(error_chunk(m)),
             }
             out
         };
-        return Ok(sse(rx, render, true).into_response());
+        return Ok(sse(&st, rx, render, true).into_response());
     }
-    let c = collect(rx).await?;
-    Ok(Json(json!({"id": id, "object": "chat.completion", "created": created, "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text}, "finish_reason": reason_str(c.reason)}],
-        "usage": {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens, "total_tokens": c.prompt_tokens + c.completion_tokens}}))
-    .into_response())
+    let c = collect(&st, rx).await?;
+    let mut out = head;
+    out["object"] = json!("chat.completion");
+    out["choices"] = json!([{"index": 0, "message": {"role": "assistant", "content": c.text},
+        "finish_reason": reason_str(c.reason)}]);
+    out["usage"] = usage(c.prompt_tokens, c.completion_tokens);
+    out["seed"] = seed;
+    Ok(Json(out).into_response())
 }
 
 async fn models(State(st): State<Arc<AppState>>, h: HeaderMap) -> Result<Json<Value>, ApiError> {
@@ -490,122 +660,11 @@ async fn models(State(st): State<Arc<AppState>>, h: HeaderMap) -> Result<Json<Va
     ))
 }
 
-#[derive(Deserialize)]
-struct TgiRequest {
-    inputs: String,
-    #[serde(default)]
-    parameters: TgiParams,
-}
-
-#[derive(Deserialize, Default)]
-struct TgiParams {
-    max_new_tokens: Option<u32>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    top_k: Option<u32>,
-    seed: Option<u64>,
-    repetition_penalty: Option<f32>,
-    #[serde(default)]
-    do_sample: bool,
-    #[serde(default)]
-    stop: Vec<String>,
-}
-
-fn tgi_submit(
-    st: &AppState,
-    body: &Bytes,
-) -> Result<(mpsc::UnboundedReceiver<Event>, usize), ApiError> {
-    let req: TgiRequest = parse(body)?;
-    let (llm, _) = ready(st)?;
-    let ids = llm
-        .tokenizer
-        .encode(&req.inputs, true, false)
-        .map_err(|e| bad(e.to_string()))?;
-    let p = &req.parameters;
-    let sampled = p.do_sample
-        || p.temperature.is_some_and(|t| t > 0.0)
-        || p.top_k.is_some()
-        || p.top_p.is_some();
-    let sampling = SamplingParams {
-        temperature: if sampled {
-            p.temperature.unwrap_or(1.0)
-        } else {
-            0.0
-        },
-        top_k: p.top_k.unwrap_or(0) as usize,
-        top_p: p.top_p.unwrap_or(1.0),
-        repetition_penalty: p.repetition_penalty.unwrap_or(1.0),
-        seed: p.seed.unwrap_or(0),
-        ..Default::default()
-    };
-    sampling.validate().map_err(|e| bad(e.to_string()))?;
-    let max_new = p.max_new_tokens.unwrap_or(20);
-    if max_new == 0 {
-        return Err(bad("max_new_tokens must be at least 1"));
-    }
-    let n = ids.len();
-    Ok((
-        submit(st, ids, sampling, max_new as usize, p.stop.clone())?,
-        n,
-    ))
-}
-
-async fn tgi_generate(
-    State(st): State<Arc<AppState>>,
-    h: HeaderMap,
-    body: Bytes,
-) -> Result<Json<Value>, ApiError> {
-    auth(&st, &h)?;
-    let (rx, _) = tgi_submit(&st, &body)?;
-    let c = collect(rx).await?;
-    Ok(Json(
-        json!({"generated_text": c.text, "details": {"finish_reason": match c.reason { FinishReason::Stop => "eos_token", FinishReason::Length => "length" },
-        "generated_tokens": c.completion_tokens, "prompt_tokens": c.prompt_tokens}}),
-    ))
-}
-
-async fn tgi_generate_stream(
-    State(st): State<Arc<AppState>>,
-    h: HeaderMap,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    auth(&st, &h)?;
-    let (rx, _) = tgi_submit(&st, &body)?;
-    let mut text = String::new();
-    let mut last: Option<(u32, String)> = None;
-    let render = move |ev: &Event| -> Vec<Value> {
-        let tok = |id: u32, t: &str, gen: Value, details: Value| json!({"token": {"id": id, "text": t, "logprob": 0.0, "special": false}, "generated_text": gen, "details": details});
-        match ev {
-            Event::Token { id, text: t } => {
-                text.push_str(t);
-                // emit the previous token; the final one is sent with the full text
-                let out = last
-                    .take()
-                    .map(|(i, s)| vec![tok(i, &s, Value::Null, Value::Null)])
-                    .unwrap_or_default();
-                last = Some((*id, t.clone()));
-                out
-            }
-            Event::Done {
-                reason,
-                completion_tokens,
-                ..
-            } => {
-                let details = json!({"finish_reason": match reason { FinishReason::Stop => "eos_token", FinishReason::Length => "length" }, "generated_tokens": completion_tokens});
-                let (i, s) = last.take().unwrap_or((0, String::new()));
-                vec![tok(i, &s, json!(text), details)]
-            }
-            Event::Error(m) => vec![json!({"error": m, "error_type": "generation"})],
-        }
-    };
-    Ok(sse(rx, render, false).into_response())
-}
-
 async fn info(State(st): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
     let (llm, engine) = ready(&st)?;
     let c: &EngineConfig = engine.config();
     Ok(Json(json!({
-        "model_id": st.model_name, "model_dtype": "mixed", "model_device_type": "cpu",
+        "model_id": st.model_name, "model_dtype": "mixed", "model_device_type": device_type(&st.device),
         "architecture": llm.model.config().architecture,
         "max_concurrent_requests": c.max_concurrent_requests, "max_input_tokens": c.max_input_tokens,
         "max_total_tokens": c.max_total_tokens, "max_batch_total_tokens": c.max_batch_total_tokens,
@@ -616,8 +675,19 @@ async fn info(State(st): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> 
     })))
 }
 
+/// TGI's device type: `cpu` or `cuda`.
+fn device_type(device: &str) -> &str {
+    device.split(':').next().unwrap_or(device)
+}
+
 async fn health(State(st): State<Arc<AppState>>) -> Response {
-    if st.ready.get().is_some() {
+    if st.is_draining() {
+        ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is shutting down".into(),
+        )
+        .into_response()
+    } else if st.ready.get().is_some() {
         StatusCode::OK.into_response()
     } else {
         ApiError(
@@ -649,7 +719,7 @@ async fn tokenize(
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
     auth(&st, &h)?;
-    let req: TokenizeRequest = parse(&body)?;
+    let req: TokenizeRequest = parse(fields::object(&body, &["inputs", "add_special_tokens"])?)?;
     let (llm, _) = ready(&st)?;
     let ids = llm
         .tokenizer

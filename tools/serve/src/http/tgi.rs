@@ -1,0 +1,246 @@
+//! TGI's API: `POST /generate` (one JSON answer), `POST /generate_stream` (SSE, one event per
+//! token, the last with the full text and details), and `POST /`, TGI's compatibility route,
+//! which answers like `/generate` (wrapped in a one-element list) or, when `stream` is true,
+//! like `/generate_stream`. `details` lists the generated tokens with their text and whether
+//! they are special; their `logprob` is null (this server does not compute log probabilities).
+
+use super::{auth, bad, collect, fields, parse, ready, sse, submit, ApiError, AppState, Job};
+use crate::engine::{Event, FinishReason};
+use crate::seed::seed_or_fresh;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use fastllm::generate::{Llm, SamplingParams};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+#[derive(Deserialize)]
+struct TgiRequest {
+    inputs: String,
+    #[serde(default)]
+    parameters: Option<TgiParams>,
+    #[serde(default)]
+    stream: bool,
+}
+
+#[derive(Deserialize, Default)]
+struct TgiParams {
+    max_new_tokens: Option<u32>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<u32>,
+    seed: Option<u64>,
+    repetition_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    do_sample: Option<bool>,
+    stop: Option<Vec<String>>,
+    details: Option<bool>,
+    return_full_text: Option<bool>,
+    truncate: Option<usize>,
+}
+
+/// A checked TGI request, queued.
+struct Queued {
+    rx: mpsc::UnboundedReceiver<Event>,
+    seed: Value,
+    details: bool,
+    /// Text put before the generated text (the inputs with `return_full_text`).
+    prefix: String,
+}
+
+/// Parses and checks a TGI body; `stream_field` allows the top-level `stream` of `POST /`.
+fn request(body: &Bytes, stream_field: bool) -> Result<TgiRequest, ApiError> {
+    let top: &[&str] = if stream_field {
+        &["inputs", "parameters", "stream"]
+    } else {
+        fields::TGI
+    };
+    let obj = fields::object(body, top)?;
+    fields::nested(&obj, "parameters", fields::TGI_PARAMS)?;
+    parse(obj)
+}
+
+/// The sampling of TGI parameters: greedy unless `do_sample` or a sampling knob is set.
+fn sampling(p: &TgiParams) -> Result<SamplingParams, ApiError> {
+    let sampled = p.do_sample == Some(true)
+        || p.temperature.is_some_and(|t| t > 0.0)
+        || p.top_k.is_some()
+        || p.top_p.is_some();
+    let s = SamplingParams {
+        temperature: if sampled {
+            p.temperature.unwrap_or(1.0)
+        } else {
+            0.0
+        },
+        top_k: p.top_k.unwrap_or(0) as usize,
+        top_p: p.top_p.unwrap_or(1.0),
+        repetition_penalty: p.repetition_penalty.unwrap_or(1.0),
+        frequency_penalty: p.frequency_penalty.unwrap_or(0.0),
+        seed: seed_or_fresh(p.seed),
+        ..Default::default()
+    };
+    s.validate().map_err(|e| bad(e.to_string()))?;
+    Ok(s)
+}
+
+fn queue(st: &AppState, req: TgiRequest) -> Result<Queued, ApiError> {
+    let (llm, _) = ready(st)?;
+    let p = req.parameters.unwrap_or_default();
+    let mut ids = llm
+        .tokenizer
+        .encode(&req.inputs, true, false)
+        .map_err(|e| bad(e.to_string()))?;
+    match p.truncate {
+        Some(0) => return Err(bad("truncate must be at least 1")),
+        Some(t) if ids.len() > t => {
+            ids.drain(..ids.len() - t);
+        }
+        _ => {}
+    }
+    let max_new = p.max_new_tokens.unwrap_or(20);
+    if max_new == 0 {
+        return Err(bad("max_new_tokens must be at least 1"));
+    }
+    let job = Job {
+        prompt: ids,
+        sampling: sampling(&p)?,
+        max_new: max_new as usize,
+        stop: p.stop.clone().unwrap_or_default(),
+        ignore_eos: false,
+    };
+    let seed = job.reported_seed();
+    let prefix = if p.return_full_text == Some(true) {
+        req.inputs
+    } else {
+        String::new()
+    };
+    Ok(Queued {
+        rx: submit(st, job)?,
+        seed,
+        details: p.details == Some(true),
+        prefix,
+    })
+}
+
+fn finish_reason(r: FinishReason) -> &'static str {
+    match r {
+        FinishReason::Stop => "eos_token",
+        FinishReason::StopString => "stop_sequence",
+        FinishReason::Length => "length",
+    }
+}
+
+/// A generated token as TGI lists it.
+fn token(llm: &Llm, id: u32, text: &str) -> Value {
+    json!({"id": id, "text": text, "logprob": null, "special": llm.tokenizer.is_special(id)})
+}
+
+/// `/generate`'s answer.
+async fn answer(st: &AppState, q: Queued) -> Result<Value, ApiError> {
+    let c = collect(st, q.rx).await?;
+    let mut out = json!({"generated_text": format!("{}{}", q.prefix, c.text)});
+    if q.details {
+        let (llm, _) = ready(st)?;
+        let tokens: Vec<Value> = c
+            .ids
+            .iter()
+            .map(|&i| {
+                token(
+                    llm,
+                    i,
+                    &llm.tokenizer.decode(&[i], false).unwrap_or_default(),
+                )
+            })
+            .collect();
+        out["details"] = json!({"finish_reason": finish_reason(c.reason),
+            "generated_tokens": c.completion_tokens, "seed": q.seed,
+            "prefill": [], "tokens": tokens});
+    }
+    Ok(out)
+}
+
+/// `/generate_stream`'s answer: each token is sent when the next one arrives, so that the last
+/// one can carry the full text and the details.
+fn stream(st: &AppState, q: Queued) -> Result<Response, ApiError> {
+    let (llm, _) = ready(st)?;
+    let llm = llm.clone();
+    let mut text = q.prefix;
+    let seed = q.seed;
+    let mut last: Option<(u32, String)> = None;
+    let render = move |ev: &Event| -> Vec<Value> {
+        let tok = |id: u32, t: &str, gen: Value, details: Value| json!({"token": token(&llm, id, t), "generated_text": gen, "details": details});
+        match ev {
+            Event::Token { id, text: t } => {
+                text.push_str(t);
+                let out = last
+                    .take()
+                    .map(|(i, s)| vec![tok(i, &s, Value::Null, Value::Null)])
+                    .unwrap_or_default();
+                last = Some((*id, t.clone()));
+                out
+            }
+            Event::Done {
+                reason,
+                completion_tokens,
+                ..
+            } => {
+                let details = json!({"finish_reason": finish_reason(*reason),
+                    "generated_tokens": completion_tokens, "seed": seed});
+                let mut out: Vec<Value> = Vec::new();
+                match last.take() {
+                    Some((i, s)) => out.push(tok(i, &s, json!(text), details)),
+                    // finished before any token (end-of-sequence first): no token to carry
+                    // the details, so they come alone
+                    None => out.push(json!({"token": null, "generated_text": text,
+                        "details": details})),
+                }
+                out
+            }
+            Event::Error(m) => vec![json!({"error": m, "error_type": "generation"})],
+        }
+    };
+    Ok(sse(st, q.rx, render, false).into_response())
+}
+
+/// `POST /generate`.
+pub async fn generate(
+    State(st): State<Arc<AppState>>,
+    h: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    auth(&st, &h)?;
+    let q = queue(&st, request(&body, false)?)?;
+    Ok(Json(answer(&st, q).await?))
+}
+
+/// `POST /generate_stream`.
+pub async fn generate_stream(
+    State(st): State<Arc<AppState>>,
+    h: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    auth(&st, &h)?;
+    let q = queue(&st, request(&body, false)?)?;
+    stream(&st, q)
+}
+
+/// `POST /`: like `/generate_stream` when `stream` is true, else like `/generate` with the
+/// answer in a one-element list.
+pub async fn compat(
+    State(st): State<Arc<AppState>>,
+    h: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    auth(&st, &h)?;
+    let req = request(&body, true)?;
+    let streamed = req.stream;
+    let q = queue(&st, req)?;
+    if streamed {
+        return stream(&st, q);
+    }
+    Ok(Json(json!([answer(&st, q).await?])).into_response())
+}

@@ -731,3 +731,47 @@ async fn tokenize(
         .collect();
     Ok(Json(Value::Array(toks)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Once the server ends running requests, a stream whose request is still running gets
+    /// the shutdown error and `[DONE]`, and its receiver is dropped (cancelling the request).
+    #[test]
+    fn ended_streams_get_an_error_and_done() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let st = AppState::new("m", None);
+            let (tx, rx) = mpsc::unbounded_channel();
+            tx.send(Event::Token {
+                id: 5,
+                text: "Hi".into(),
+            })
+            .unwrap();
+            let render = |ev: &Event| match ev {
+                Event::Token { text, .. } => vec![json!({ "text": text })],
+                Event::Error(m) => vec![error_chunk(m)],
+                Event::Done { .. } => vec![json!("done")],
+            };
+            let resp = sse(&st, rx, render, true).into_response();
+            st.end_running();
+            let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+                .await
+                .unwrap();
+            let data: Vec<String> = String::from_utf8_lossy(&body)
+                .lines()
+                .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
+                .collect();
+            assert_eq!(data.len(), 3, "{data:?}");
+            let err: Value = serde_json::from_str(&data[1]).unwrap();
+            assert_eq!(err["error"]["message"], SHUTDOWN_MSG);
+            assert_eq!(err["error"]["type"], "service_unavailable");
+            assert_eq!(data[2], "[DONE]");
+            assert!(tx.is_closed(), "the request is cancelled");
+        });
+    }
+}

@@ -51,7 +51,7 @@ struct SampleArgs {
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     temperature: f32,
     /// Sample only among the K most likely tokens (0 = off).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     top_k: usize,
     /// Nucleus: sample among the most likely tokens whose probabilities sum to P (1 = off).
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]

@@ -182,8 +182,10 @@ pub fn run(
         let loader = tokio::task::spawn_blocking(move || -> Result<(), String> {
             let llm = Arc::new(load().map_err(|e| e.to_string())?);
             let cfg = engine_config(&llm, &opts);
-            eprintln!("fastllm serve: {}", ready_line(&opts, &cfg));
-            st.set_ready(llm, cfg).map_err(|e| e.to_string())
+            let line = ready_line(&opts, &cfg);
+            st.set_ready(llm, cfg).map_err(|e| e.to_string())?;
+            eprintln!("fastllm serve: {line}");
+            Ok(())
         });
         tokio::spawn(async move {
             let r = match loader.await {

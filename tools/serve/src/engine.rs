@@ -13,7 +13,7 @@
 
 use crate::metrics::Metrics;
 use fastllm::generate::{Llm, SampleRow, Sampler, SamplingParams};
-use fastllm::model::{PagedKvPool, PagedSeqState};
+use fastllm::model::{PagedKvPool, PagedSeqState, PickLogprobs};
 use fastllm::tokenizer::StreamState;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -93,6 +93,8 @@ pub enum Event {
         id: u32,
         /// New text.
         text: String,
+        /// Its log-probability and the most likely tokens, when the request asked for them.
+        logprobs: Option<PickLogprobs>,
     },
     /// The request finished.
     Done {
@@ -119,6 +121,8 @@ pub struct GenRequest {
     pub stop: Vec<String>,
     /// Generate past end-of-sequence tokens (until `max_new_tokens` or a stop string).
     pub ignore_eos: bool,
+    /// Report each token's log-probability with this many most likely tokens (None = off).
+    pub logprobs: Option<usize>,
     /// Where events go; when the receiver is dropped the request is cancelled.
     pub events: UnboundedSender<Event>,
 }
@@ -537,10 +541,25 @@ impl Scheduler {
                     }
                 })
                 .collect();
-            let r = self
-                .llm
-                .model
-                .forward_paged_sample(&mut self.pool, &mut batch, &rows);
+            // log-probabilities only when an item that picks a token here asks for them
+            let top_n = plan
+                .iter()
+                .filter_map(|&(i, n)| {
+                    let s = &self.running[i];
+                    (s.fed + n >= s.tokens.len())
+                        .then_some(s.req.logprobs)
+                        .flatten()
+                })
+                .max();
+            let model = &self.llm.model;
+            let r = match top_n {
+                None => model
+                    .forward_paged_sample(&mut self.pool, &mut batch, &rows)
+                    .map(|ids| (ids, Vec::new())),
+                Some(t) => {
+                    model.forward_paged_sample_logprobs(&mut self.pool, &mut batch, &rows, t)
+                }
+            };
             drop(batch);
             for (i, _, st) in states {
                 self.running[i].state = st;
@@ -548,7 +567,7 @@ impl Scheduler {
             r
         };
         self.metrics.steps_total.fetch_add(1, Ordering::Relaxed);
-        let out = match result {
+        let (out, mut logprobs) = match result {
             Ok(o) => o,
             Err(e) => {
                 // fail every sequence of the batch; keep serving others
@@ -578,6 +597,13 @@ impl Scheduler {
                 .get(k)
                 .copied()
                 .ok_or_else(|| fastllm::Error::invalid("step returned too few ids"));
+            // this request's share: its own number of most likely tokens
+            let lp = s.req.logprobs.and_then(|t| {
+                logprobs.get_mut(k).map(|l| PickLogprobs {
+                    logprob: l.logprob,
+                    top: std::mem::take(&mut l.top).into_iter().take(t).collect(),
+                })
+            });
             let tok = match picked {
                 Ok(t) => t,
                 Err(e) => {
@@ -660,6 +686,7 @@ impl Scheduler {
                 .send(Event::Token {
                     id: tok,
                     text: piece,
+                    logprobs: lp,
                 })
                 .is_err()
             {
@@ -783,6 +810,7 @@ mod tests {
             max_new_tokens: n,
             stop: Vec::new(),
             ignore_eos: false,
+            logprobs: None,
             events: tx,
         };
         (req, rx)

@@ -7,6 +7,7 @@
 
 pub mod fields;
 pub mod guard;
+pub mod logprobs;
 pub mod tgi;
 
 use crate::engine::{Engine, EngineConfig, Event, FinishReason, GenRequest, SubmitError};
@@ -21,6 +22,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use fastllm::generate::{ChatMessage, Llm, SamplingParams};
+use fastllm::model::PickLogprobs;
 use futures_util::stream::{self, Stream};
 use guard::auth;
 use serde::Deserialize;
@@ -109,6 +111,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/tokenize", post(tokenize))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(guard::MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(guard::length_limit))
         .layer(axum::middleware::from_fn(guard::json_errors))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -237,6 +240,7 @@ impl OaSampling {
             max_new: max as usize,
             stop: Stop::list(self.stop.take()),
             ignore_eos: self.ignore_eos,
+            logprobs: None,
         })
     }
 }
@@ -244,6 +248,8 @@ impl OaSampling {
 #[derive(Deserialize)]
 struct CompletionRequest {
     prompt: Value,
+    /// Log-probabilities of each token with this many most likely tokens.
+    logprobs: Option<u32>,
     #[serde(flatten)]
     s: OaSampling,
 }
@@ -251,8 +257,22 @@ struct CompletionRequest {
 #[derive(Deserialize)]
 struct ChatRequest {
     messages: Vec<ChatMsgIn>,
+    #[serde(default)]
+    logprobs: bool,
+    top_logprobs: Option<u32>,
     #[serde(flatten)]
     s: OaSampling,
+}
+
+impl ChatRequest {
+    /// The most likely tokens to list per position, when log-probabilities are asked for.
+    fn top_logprobs(&self) -> Result<Option<usize>, ApiError> {
+        match (self.logprobs, self.top_logprobs) {
+            (false, Some(_)) => Err(bad("top_logprobs requires logprobs: true")),
+            (false, None) => Ok(None),
+            (true, n) => logprobs::check_top(n.unwrap_or(0), "top_logprobs").map(Some),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -296,6 +316,8 @@ pub struct Job {
     pub stop: Vec<String>,
     /// Generate past end-of-sequence tokens.
     pub ignore_eos: bool,
+    /// Report log-probabilities with this many most likely tokens (None = off).
+    pub logprobs: Option<usize>,
 }
 
 impl Job {
@@ -326,6 +348,7 @@ pub fn submit(st: &AppState, job: Job) -> Result<mpsc::UnboundedReceiver<Event>,
             max_new_tokens: job.max_new,
             stop: job.stop,
             ignore_eos: job.ignore_eos,
+            logprobs: job.logprobs,
             events: tx,
         })
         .map_err(|e| match e {
@@ -366,6 +389,8 @@ pub struct Collected {
     pub text: String,
     /// Generated token ids.
     pub ids: Vec<u32>,
+    /// Their log-probabilities, when asked for.
+    pub logprobs: Vec<Option<PickLogprobs>>,
     /// Why it finished.
     pub reason: FinishReason,
     /// Prompt tokens.
@@ -374,18 +399,34 @@ pub struct Collected {
     pub completion_tokens: usize,
 }
 
+impl Collected {
+    /// The tokens that carry log-probabilities, with them.
+    pub fn with_logprobs(&self) -> Vec<(u32, &PickLogprobs)> {
+        self.ids
+            .iter()
+            .zip(&self.logprobs)
+            .filter_map(|(&i, l)| l.as_ref().map(|l| (i, l)))
+            .collect()
+    }
+}
+
 /// Waits for a request to finish.
 pub async fn collect(
     st: &AppState,
     mut rx: mpsc::UnboundedReceiver<Event>,
 ) -> Result<Collected, ApiError> {
     let mut cut = st.cut.subscribe();
-    let (mut text, mut ids) = (String::new(), Vec::new());
+    let (mut text, mut ids, mut lps) = (String::new(), Vec::new(), Vec::new());
     while let Some(ev) = next_event(&mut rx, &mut cut).await {
         match ev {
-            Event::Token { id, text: t } => {
+            Event::Token {
+                id,
+                text: t,
+                logprobs,
+            } => {
                 text.push_str(&t);
                 ids.push(id);
+                lps.push(logprobs);
             }
             Event::Done {
                 reason,
@@ -395,6 +436,7 @@ pub async fn collect(
                 return Ok(Collected {
                     text,
                     ids,
+                    logprobs: lps,
                     reason,
                     prompt_tokens,
                     completion_tokens,
@@ -521,28 +563,48 @@ async fn completions(
         .tokenizer
         .encode(&prompt, true, false)
         .map_err(|e| bad(e.to_string()))?;
-    let job = req.s.job(ids, 16)?;
+    let mut job = req.s.job(ids, 16)?;
+    job.logprobs = req
+        .logprobs
+        .map(|n| logprobs::check_top(n, "logprobs"))
+        .transpose()?;
     let seed = job.reported_seed();
     let rx = submit(&st, job)?;
     let (id, created, model) = (request_id("cmpl"), now(), st.model_name.clone());
     let head = json!({"id": id, "object": "text_completion", "created": created, "model": model});
     if req.s.stream {
+        let llm = llm.clone();
+        let mut offset = 0;
         let render = move |ev: &Event| -> Vec<Value> {
-            let chunk = |text: &str, fin: Value| {
+            let chunk = |text: &str, fin: Value, lp: Value| {
                 let mut c = head.clone();
                 c["choices"] =
-                    json!([{"index": 0, "text": text, "finish_reason": fin, "logprobs": null}]);
+                    json!([{"index": 0, "text": text, "finish_reason": fin, "logprobs": lp}]);
                 c
             };
             match ev {
-                Event::Token { text, .. } if text.is_empty() => vec![],
-                Event::Token { text, .. } => vec![chunk(text, Value::Null)],
+                Event::Token {
+                    text,
+                    logprobs: None,
+                    ..
+                } if text.is_empty() => vec![],
+                Event::Token { id, text, logprobs } => {
+                    let lp = match logprobs {
+                        Some(l) => {
+                            let v = logprobs::completion(&llm, &[(*id, l)], offset);
+                            offset += logprobs::token_text(&llm, *id).chars().count();
+                            v
+                        }
+                        None => Value::Null,
+                    };
+                    vec![chunk(text, Value::Null, lp)]
+                }
                 Event::Done {
                     reason,
                     prompt_tokens,
                     completion_tokens,
                 } => {
-                    let mut c = chunk("", json!(reason_str(*reason)));
+                    let mut c = chunk("", json!(reason_str(*reason)), Value::Null);
                     c["usage"] = usage(*prompt_tokens, *completion_tokens);
                     c["seed"] = seed.clone();
                     vec![c]
@@ -553,9 +615,13 @@ async fn completions(
         return Ok(sse(&st, rx, render, true).into_response());
     }
     let c = collect(&st, rx).await?;
+    let lp = match req.logprobs {
+        Some(_) => logprobs::completion(llm, &c.with_logprobs(), 0),
+        None => Value::Null,
+    };
     let mut out = head;
     out["choices"] = json!([{"index": 0, "text": c.text,
-        "finish_reason": reason_str(c.reason), "logprobs": null}]);
+        "finish_reason": reason_str(c.reason), "logprobs": lp}]);
     out["usage"] = usage(c.prompt_tokens, c.completion_tokens);
     out["seed"] = seed;
     Ok(Json(out).into_response())
@@ -600,7 +666,8 @@ async fn chat_completions(
     let ids = chat_prompt(llm, &req.messages)?;
     let ctx = llm.model.config().context_length as u32;
     let default_max = ctx.saturating_sub(ids.len() as u32).clamp(1, 512);
-    let job = req.s.job(ids, default_max)?;
+    let mut job = req.s.job(ids, default_max)?;
+    job.logprobs = req.top_logprobs()?;
     let seed = job.reported_seed();
     let rx = submit(&st, job)?;
     let (id, created, model) = (request_id("chatcmpl"), now(), st.model_name.clone());
@@ -608,6 +675,7 @@ async fn chat_completions(
         json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model});
     if req.s.stream {
         let mut first = true;
+        let llm = llm.clone();
         let render = move |ev: &Event| -> Vec<Value> {
             let chunk = |delta: Value, fin: Value| {
                 let mut c = head.clone();
@@ -623,6 +691,15 @@ async fn chat_completions(
                 ));
             }
             match ev {
+                Event::Token {
+                    id,
+                    text,
+                    logprobs: Some(l),
+                } => {
+                    let mut c = chunk(json!({"content": text}), Value::Null);
+                    c["choices"][0]["logprobs"] = logprobs::chat(&llm, &[(*id, l)]);
+                    out.push(c)
+                }
                 Event::Token { text, .. } if !text.is_empty() => {
                     out.push(chunk(json!({"content": text}), Value::Null))
                 }
@@ -646,8 +723,12 @@ async fn chat_completions(
     let c = collect(&st, rx).await?;
     let mut out = head;
     out["object"] = json!("chat.completion");
+    let lp = match req.logprobs {
+        true => logprobs::chat(llm, &c.with_logprobs()),
+        false => Value::Null,
+    };
     out["choices"] = json!([{"index": 0, "message": {"role": "assistant", "content": c.text},
-        "finish_reason": reason_str(c.reason)}]);
+        "finish_reason": reason_str(c.reason), "logprobs": lp}]);
     out["usage"] = usage(c.prompt_tokens, c.completion_tokens);
     out["seed"] = seed;
     Ok(Json(out).into_response())
@@ -750,6 +831,7 @@ mod tests {
             tx.send(Event::Token {
                 id: 5,
                 text: "Hi".into(),
+                logprobs: None,
             })
             .unwrap();
             let render = |ev: &Event| match ev {

@@ -4,6 +4,7 @@
 //! `ignore_eos`, and the graceful drain (every running stream ends with `[DONE]`).
 
 use fastllm::load::{load, LoadOptions};
+use fastllm::model::Model;
 use fastllm_serve::http::AppState;
 use fastllm_serve::{engine_config, shutdown, ServeOptions};
 use serde_json::{json, Value};
@@ -152,6 +153,32 @@ async fn metric(base: &str, name: &str) -> f64 {
         .unwrap()
 }
 
+/// Announces a 5 MiB body and waits for the answer before sending it (`Expect:
+/// 100-continue`), as curl does for large bodies: the server refuses from the length alone.
+async fn too_large(base: &str) -> (u16, Value) {
+    let addr = base.trim_start_matches("http://").to_string();
+    tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let head = format!(
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n",
+            5 << 20
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).unwrap();
+        let text = String::from_utf8_lossy(&out).to_string();
+        let status = text.split_whitespace().nth(1).unwrap().parse().unwrap();
+        let body = text.split("\r\n\r\n").nth(1).unwrap_or("");
+        let v = serde_json::from_str(body).unwrap_or(Value::String(text.clone()));
+        (status, v)
+    })
+    .await
+    .unwrap()
+}
+
 #[test]
 fn every_error_is_json_in_the_openai_shape() {
     let s = start(ServeOptions {
@@ -179,8 +206,7 @@ fn every_error_is_json_in_the_openai_shape() {
             .unwrap();
         let (st, v) = (r.status().as_u16(), r.json::<Value>().await.unwrap());
         is_error(st, &v, 405, "DELETE");
-        let huge = json!({"prompt": "x".repeat(5 << 20)});
-        let (st, v) = post(&b, "/v1/completions", huge).await;
+        let (st, v) = too_large(&b).await;
         is_error(st, &v, 413, "larger than the limit");
         // 400 (bad JSON, unknown and unsupported fields), 422 (over a limit)
         let r = client()
@@ -241,8 +267,6 @@ fn unsupported_fields_are_refused_by_name() {
             ),
             ("tool_choice", json!("required")),
             ("response_format", json!({"type": "json_object"})),
-            ("logprobs", json!(true)),
-            ("top_logprobs", json!(3)),
             ("logit_bias", json!({"5": 1})),
         ] {
             let (st, v) = post(&b, "/v1/chat/completions", chat(json!({field: value}))).await;
@@ -293,7 +317,6 @@ fn unsupported_fields_are_refused_by_name() {
         // TGI parameters
         for (field, value) in [
             ("watermark", json!(true)),
-            ("top_n_tokens", json!(3)),
             ("decoder_input_details", json!(true)),
             ("typical_p", json!(0.5)),
             ("best_of", json!(2)),
@@ -367,7 +390,8 @@ fn tgi_root_route_and_details() {
         assert_eq!(toks.len() as u64, n);
         for t in toks {
             assert!(t["id"].is_u64() && t["text"].is_string() && t["special"].is_boolean());
-            assert_eq!(t["logprob"], Value::Null, "no made-up logprob: {t}");
+            let lp = t["logprob"].as_f64().unwrap_or_else(|| panic!("{t}"));
+            assert!(lp <= 0.0 && lp > -50.0, "{t}");
         }
         let joined: String = toks.iter().map(|t| t["text"].as_str().unwrap()).collect();
         assert_eq!(joined, text);
@@ -383,7 +407,7 @@ fn tgi_root_route_and_details() {
         let last: Value = serde_json::from_str(ev.last().unwrap()).unwrap();
         assert_eq!(last["generated_text"], text.as_str());
         assert_eq!(last["details"]["generated_tokens"], n);
-        assert_eq!(last["token"]["logprob"], Value::Null);
+        assert_eq!(last["token"]["logprob"], toks.last().unwrap()["logprob"]);
         // return_full_text and truncate
         let (_, v) = post(
             &b,
@@ -668,5 +692,181 @@ fn drain_timeout_ends_streams_with_an_error_and_done() {
             .await
             .expect("the server returns once drained");
         assert!(r.unwrap().is_ok());
+    });
+}
+
+/// Log-softmax of the model's logits after each of `generated` (following `prompt`), in f64
+/// on the host: the reference for the server's log-probabilities.
+fn reference_logprobs(model: &Model, prompt: &[u32], generated: &[u32]) -> Vec<Vec<f64>> {
+    let all: Vec<u32> = prompt.iter().chain(generated).copied().collect();
+    let mut cache = model.new_cache(all.len() + 1).unwrap();
+    let logits = model
+        .forward(&mut cache, &all, true)
+        .unwrap()
+        .to_f32_vec()
+        .unwrap();
+    let vocab = model.config().vocab_size;
+    (0..generated.len())
+        .map(|i| {
+            let row = &logits[(prompt.len() - 1 + i) * vocab..(prompt.len() + i) * vocab];
+            let m = row.iter().fold(f64::MIN, |a, &b| a.max(b as f64));
+            let lse = m + row.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln();
+            row.iter().map(|&x| x as f64 - lse).collect()
+        })
+        .collect()
+}
+
+#[test]
+fn logprobs_match_a_host_log_softmax() {
+    let s = start(ServeOptions::default());
+    let b = s.base.clone();
+    let llm = s.state.ready.get().unwrap().0.clone();
+    let prompt = "Hello world";
+    let prompt_ids = llm.tokenizer.encode(prompt, true, false).unwrap();
+    s.rt.block_on(async move {
+        // completions, sampled: every token's logprob and top 5 against the reference
+        let (st, v) = post(
+            &b,
+            "/v1/completions",
+            json!({"prompt": prompt, "max_tokens": 12, "temperature": 1.3, "seed": 5,
+                   "logprobs": 5, "ignore_eos": true}),
+        )
+        .await;
+        assert_eq!(st, 200, "{v}");
+        let lp = &v["choices"][0]["logprobs"];
+        let n = lp["tokens"].as_array().unwrap().len();
+        assert_eq!(n, 12, "{lp}");
+        for k in ["token_logprobs", "top_logprobs", "text_offset"] {
+            assert_eq!(lp[k].as_array().unwrap().len(), n, "{k}: {lp}");
+        }
+        // the generated ids, from TGI with the same seed and sampling (it stops at an
+        // end-of-sequence token, the completion went on)
+        let (_, t) = post(
+            &b,
+            "/generate",
+            json!({"inputs": prompt, "parameters": {"max_new_tokens": 12, "temperature": 1.3,
+                   "seed": 5, "details": true, "top_n_tokens": 5}}),
+        )
+        .await;
+        let toks = t["details"]["tokens"].as_array().unwrap();
+        let ids: Vec<u32> = toks
+            .iter()
+            .map(|x| x["id"].as_u64().unwrap() as u32)
+            .collect();
+        let want = reference_logprobs(&llm.model, &prompt_ids, &ids);
+        let top_tokens = t["details"]["top_tokens"].as_array().unwrap();
+        for (i, &id) in ids.iter().enumerate() {
+            let w = want[i][id as usize];
+            let tgi = toks[i]["logprob"].as_f64().unwrap();
+            assert!((tgi - w).abs() < 1e-3, "token {i}: {tgi} vs {w}");
+            // the same seed and sampling pick the same tokens (TGI's stop at an end token)
+            let oa = lp["token_logprobs"][i].as_f64().unwrap();
+            assert!((oa - w).abs() < 1e-3, "token {i}: {oa} vs {w}");
+            // the top 5: the 5 best of the reference, best first
+            let mut best: Vec<f64> = want[i].clone();
+            best.sort_by(|a, b| b.partial_cmp(a).unwrap());
+            let top = top_tokens[i].as_array().unwrap();
+            assert_eq!(top.len(), 5);
+            for (j, e) in top.iter().enumerate() {
+                let got = e["logprob"].as_f64().unwrap();
+                assert!(
+                    (got - best[j]).abs() < 1e-3,
+                    "top {j} of {i}: {got} vs {}",
+                    best[j]
+                );
+                let tid = e["id"].as_u64().unwrap() as usize;
+                assert!((want[i][tid] - got).abs() < 1e-3);
+            }
+            // keyed by token text: tokens with the same text share a key
+            let keys = lp["top_logprobs"][i].as_object().unwrap().len();
+            assert!((1..=5).contains(&keys), "{keys}");
+        }
+        // chat, greedy: the pick is the best token; streamed entries equal the answer's
+        let body = json!({"messages": [{"role": "user", "content": "Hi there"}],
+            "max_tokens": 8, "temperature": 0, "logprobs": true, "top_logprobs": 3,
+            "ignore_eos": true});
+        let (st, v) = post(&b, "/v1/chat/completions", body.clone()).await;
+        assert_eq!(st, 200, "{v}");
+        let content = v["choices"][0]["logprobs"]["content"]
+            .as_array()
+            .unwrap()
+            .clone();
+        assert_eq!(content.len(), 8);
+        for e in &content {
+            let top = e["top_logprobs"].as_array().unwrap();
+            assert_eq!(top.len(), 3);
+            assert_eq!(top[0]["token"], e["token"], "{e}");
+            assert_eq!(top[0]["logprob"], e["logprob"], "{e}");
+            assert!(top[0]["logprob"].as_f64() >= top[1]["logprob"].as_f64());
+            assert!(e["bytes"].is_array());
+        }
+        let mut streamed_body = body.clone();
+        streamed_body["stream"] = json!(true);
+        let ev = sse(&b, "/v1/chat/completions", streamed_body).await;
+        let streamed: Vec<Value> = ev
+            .iter()
+            .filter(|e| *e != "[DONE]")
+            .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+            .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned())
+            .flatten()
+            .collect();
+        assert_eq!(streamed.len(), content.len());
+        for (a, c) in streamed.iter().zip(&content) {
+            assert_eq!(a["token"], c["token"]);
+            let (x, y) = (
+                a["logprob"].as_f64().unwrap(),
+                c["logprob"].as_f64().unwrap(),
+            );
+            assert!((x - y).abs() < 1e-4, "{x} vs {y}");
+        }
+        // logprobs off: null, and no cost asked of the engine
+        let (_, v) = post(
+            &b,
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}),
+        )
+        .await;
+        assert_eq!(v["choices"][0]["logprobs"], Value::Null);
+        // bad inputs
+        let msgs = json!([{"role": "user", "content": "x"}]);
+        for (body, needle) in [
+            (
+                json!({"messages": msgs, "logprobs": true, "top_logprobs": 21}),
+                "at most 20",
+            ),
+            (
+                json!({"messages": msgs, "top_logprobs": 2}),
+                "requires logprobs",
+            ),
+            (
+                json!({"messages": msgs, "logprobs": true, "top_logprobs": -1}),
+                "invalid",
+            ),
+            (json!({"messages": msgs, "logprobs": 3}), "invalid"),
+        ] {
+            let (st, v) = post(&b, "/v1/chat/completions", body.clone()).await;
+            is_error(st, &v, 400, needle);
+        }
+        let (st, v) = post(
+            &b,
+            "/v1/completions",
+            json!({"prompt": "x", "logprobs": 21}),
+        )
+        .await;
+        is_error(st, &v, 400, "logprobs must be at most 20");
+        let (st, v) = post(
+            &b,
+            "/v1/completions",
+            json!({"prompt": "x", "logprobs": true}),
+        )
+        .await;
+        is_error(st, &v, 400, "invalid");
+        let (st, v) = post(
+            &b,
+            "/generate",
+            json!({"inputs": "x", "parameters": {"top_n_tokens": 21}}),
+        )
+        .await;
+        is_error(st, &v, 400, "top_n_tokens must be at most 20");
     });
 }

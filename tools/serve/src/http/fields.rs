@@ -25,6 +25,7 @@ pub const COMPLETION: &[&str] = &[
     "n",
     "user",
     "ignore_eos",
+    "logprobs",
 ];
 
 /// Fields of `POST /v1/chat/completions`.
@@ -47,6 +48,8 @@ pub const CHAT: &[&str] = &[
     "n",
     "user",
     "ignore_eos",
+    "logprobs",
+    "top_logprobs",
 ];
 
 /// Fields of a chat message.
@@ -72,12 +75,11 @@ pub const TGI_PARAMS: &[&str] = &[
     "details",
     "return_full_text",
     "truncate",
+    "top_n_tokens",
 ];
 
 /// API fields this server knows and does not implement, with what they would do.
 const UNSUPPORTED: &[(&str, &str)] = &[
-    ("logprobs", "log probabilities"),
-    ("top_logprobs", "log probabilities"),
     ("logit_bias", "logit bias"),
     ("best_of", "best-of sampling"),
     ("echo", "echoing the prompt"),
@@ -102,7 +104,6 @@ const UNSUPPORTED: &[(&str, &str)] = &[
     ("typical_p", "typical sampling"),
     ("watermark", "watermarking"),
     ("decoder_input_details", "prompt log probabilities"),
-    ("top_n_tokens", "top-token details"),
     ("grammar", "constrained output"),
     ("adapter_id", "adapters"),
 ];
@@ -120,7 +121,6 @@ fn neutral(key: &str, v: &Value) -> bool {
         Value::Number(n) => match key {
             "best_of" => n.as_f64() == Some(1.0),
             "typical_p" => n.as_f64() == Some(1.0),
-            "top_n_tokens" => n.as_f64() == Some(0.0),
             _ => false,
         },
         _ => false,
@@ -192,8 +192,8 @@ mod tests {
         )
         .unwrap();
         assert!(m.contains("'tools'") && m.contains("not supported"), "{m}");
-        let m = msg(json!({"prompt": "x", "logprobs": true}), COMPLETION).unwrap();
-        assert!(m.contains("'logprobs'"), "{m}");
+        let m = msg(json!({"prompt": "x", "echo": true}), COMPLETION).unwrap();
+        assert!(m.contains("'echo'"), "{m}");
         let m = msg(
             json!({"response_format": {"type": "json_object"}}),
             COMPLETION,

@@ -1,6 +1,7 @@
 //! What every endpoint shares before and after its handler: the API key check (constant time),
-//! CORS for one configured origin, and the OpenAI error shape for errors axum answers itself
-//! (unknown path, wrong method, body over the limit).
+//! CORS for one configured origin, the body size limit (refused from `Content-Length` before
+//! any of the body is read), and the OpenAI error shape for errors axum answers itself (unknown
+//! path, wrong method, body over the limit).
 
 use super::{ApiError, AppState};
 use axum::extract::{Request, State};
@@ -66,6 +67,28 @@ pub fn auth(st: &AppState, h: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
+fn too_large() -> ApiError {
+    ApiError(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("the request body is larger than the limit of {MAX_BODY_BYTES} bytes"),
+    )
+}
+
+/// Refuses a body whose announced length is over [`MAX_BODY_BYTES`] without reading it (a
+/// client that sent `Expect: 100-continue` then never sends it); longer bodies without a
+/// length are cut by the limit on reading.
+pub async fn length_limit(req: Request, next: Next) -> Response {
+    let announced = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return too_large().into_response();
+    }
+    next.run(req).await
+}
+
 /// Rewrites error responses that are not JSON (axum's own 404/405/413 and rejections) into the
 /// OpenAI error shape, keeping their status and `Allow` header.
 pub async fn json_errors(req: Request, next: Next) -> Response {
@@ -93,9 +116,7 @@ pub async fn json_errors(req: Request, next: Next) -> Response {
             ),
             None => format!("method {method} is not allowed on {path}"),
         },
-        StatusCode::PAYLOAD_TOO_LARGE => {
-            format!("the request body is larger than the limit of {MAX_BODY_BYTES} bytes")
-        }
+        StatusCode::PAYLOAD_TOO_LARGE => too_large().1,
         _ if !body.is_empty() => body,
         _ => st.canonical_reason().unwrap_or("error").to_string(),
     };

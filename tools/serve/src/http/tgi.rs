@@ -1,9 +1,11 @@
 //! TGI's API: `POST /generate` (one JSON answer), `POST /generate_stream` (SSE, one event per
 //! token, the last with the full text and details), and `POST /`, TGI's compatibility route,
 //! which answers like `/generate` (wrapped in a one-element list) or, when `stream` is true,
-//! like `/generate_stream`. `details` lists the generated tokens with their text and whether
-//! they are special; their `logprob` is null (this server does not compute log probabilities).
+//! like `/generate_stream`. Every token carries its log-probability (computed on the logits'
+//! device, see [`super::logprobs`]); `details` lists the generated tokens, and `top_n_tokens`
+//! adds the most likely tokens of each position.
 
+use super::logprobs::{check_top, tgi_token as token, tgi_top, token_text};
 use super::{auth, bad, collect, fields, parse, ready, sse, submit, ApiError, AppState, Job};
 use crate::engine::{Event, FinishReason};
 use crate::seed::seed_or_fresh;
@@ -12,7 +14,8 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use fastllm::generate::{Llm, SamplingParams};
+use fastllm::generate::SamplingParams;
+use fastllm::model::PickLogprobs;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -41,6 +44,7 @@ struct TgiParams {
     details: Option<bool>,
     return_full_text: Option<bool>,
     truncate: Option<usize>,
+    top_n_tokens: Option<u32>,
 }
 
 /// A checked TGI request, queued.
@@ -48,6 +52,8 @@ struct Queued {
     rx: mpsc::UnboundedReceiver<Event>,
     seed: Value,
     details: bool,
+    /// Most likely tokens listed per position.
+    top_n: usize,
     /// Text put before the generated text (the inputs with `return_full_text`).
     prefix: String,
 }
@@ -105,12 +111,14 @@ fn queue(st: &AppState, req: TgiRequest) -> Result<Queued, ApiError> {
     if max_new == 0 {
         return Err(bad("max_new_tokens must be at least 1"));
     }
+    let top_n = check_top(p.top_n_tokens.unwrap_or(0), "top_n_tokens")?;
     let job = Job {
         prompt: ids,
         sampling: sampling(&p)?,
         max_new: max_new as usize,
         stop: p.stop.clone().unwrap_or_default(),
         ignore_eos: false,
+        logprobs: Some(top_n),
     };
     let seed = job.reported_seed();
     let prefix = if p.return_full_text == Some(true) {
@@ -122,6 +130,7 @@ fn queue(st: &AppState, req: TgiRequest) -> Result<Queued, ApiError> {
         rx: submit(st, job)?,
         seed,
         details: p.details == Some(true),
+        top_n,
         prefix,
     })
 }
@@ -134,34 +143,29 @@ fn finish_reason(r: FinishReason) -> &'static str {
     }
 }
 
-/// A generated token as TGI lists it.
-fn token(llm: &Llm, id: u32, text: &str) -> Value {
-    json!({"id": id, "text": text, "logprob": null, "special": llm.tokenizer.is_special(id)})
-}
-
 /// `/generate`'s answer.
 async fn answer(st: &AppState, q: Queued) -> Result<Value, ApiError> {
     let c = collect(st, q.rx).await?;
     let mut out = json!({"generated_text": format!("{}{}", q.prefix, c.text)});
     if q.details {
         let (llm, _) = ready(st)?;
-        let tokens: Vec<Value> = c
-            .ids
+        let lps = c.with_logprobs();
+        let tokens: Vec<Value> = lps
             .iter()
-            .map(|&i| {
-                token(
-                    llm,
-                    i,
-                    &llm.tokenizer.decode(&[i], false).unwrap_or_default(),
-                )
-            })
+            .map(|&(i, l)| token(llm, i, &token_text(llm, i), Some(l.logprob)))
             .collect();
         out["details"] = json!({"finish_reason": finish_reason(c.reason),
             "generated_tokens": c.completion_tokens, "seed": q.seed,
             "prefill": [], "tokens": tokens});
+        if q.top_n > 0 {
+            out["details"]["top_tokens"] = lps.iter().map(|&(_, l)| tgi_top(llm, l)).collect();
+        }
     }
     Ok(out)
 }
+
+/// A streamed token: id, the text it completes, its log-probabilities.
+type Streamed = (u32, String, Option<PickLogprobs>);
 
 /// `/generate_stream`'s answer: each token is sent when the next one arrives, so that the last
 /// one can carry the full text and the details.
@@ -169,18 +173,30 @@ fn stream(st: &AppState, q: Queued) -> Result<Response, ApiError> {
     let (llm, _) = ready(st)?;
     let llm = llm.clone();
     let mut text = q.prefix;
-    let seed = q.seed;
-    let mut last: Option<(u32, String)> = None;
+    let (seed, top_n) = (q.seed, q.top_n);
+    let mut last: Option<Streamed> = None;
     let render = move |ev: &Event| -> Vec<Value> {
-        let tok = |id: u32, t: &str, gen: Value, details: Value| json!({"token": token(&llm, id, t), "generated_text": gen, "details": details});
+        let tok = |(id, t, lp): Streamed, gen: Value, details: Value| {
+            let logprob = lp.as_ref().map(|l| l.logprob);
+            let mut v = json!({"token": token(&llm, id, &t, logprob),
+                "generated_text": gen, "details": details});
+            if let (Some(l), true) = (&lp, top_n > 0) {
+                v["top_tokens"] = tgi_top(&llm, l);
+            }
+            v
+        };
         match ev {
-            Event::Token { id, text: t } => {
+            Event::Token {
+                id,
+                text: t,
+                logprobs,
+            } => {
                 text.push_str(t);
                 let out = last
                     .take()
-                    .map(|(i, s)| vec![tok(i, &s, Value::Null, Value::Null)])
+                    .map(|l| vec![tok(l, Value::Null, Value::Null)])
                     .unwrap_or_default();
-                last = Some((*id, t.clone()));
+                last = Some((*id, t.clone(), logprobs.clone()));
                 out
             }
             Event::Done {
@@ -190,15 +206,13 @@ fn stream(st: &AppState, q: Queued) -> Result<Response, ApiError> {
             } => {
                 let details = json!({"finish_reason": finish_reason(*reason),
                     "generated_tokens": completion_tokens, "seed": seed});
-                let mut out: Vec<Value> = Vec::new();
                 match last.take() {
-                    Some((i, s)) => out.push(tok(i, &s, json!(text), details)),
+                    Some(l) => vec![tok(l, json!(text), details)],
                     // finished before any token (end-of-sequence first): no token to carry
                     // the details, so they come alone
-                    None => out.push(json!({"token": null, "generated_text": text,
-                        "details": details})),
+                    None => vec![json!({"token": null, "generated_text": text,
+                        "details": details})],
                 }
-                out
             }
             Event::Error(m) => vec![json!({"error": m, "error_type": "generation"})],
         }

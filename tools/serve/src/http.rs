@@ -8,11 +8,11 @@
 pub mod fields;
 pub mod guard;
 pub mod logprobs;
+pub mod openai;
 pub mod tgi;
 
 use crate::engine::{Engine, EngineConfig, Event, FinishReason, GenRequest, SubmitError};
 use crate::metrics::Metrics;
-use crate::seed::seed_or_fresh;
 use crate::ServeOptions;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
@@ -21,7 +21,7 @@ use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use fastllm::generate::{ChatMessage, Llm, SamplingParams};
+use fastllm::generate::{Llm, SamplingParams};
 use fastllm::model::PickLogprobs;
 use futures_util::stream::{self, Stream};
 use guard::auth;
@@ -99,9 +99,9 @@ impl AppState {
 /// The router with every endpoint.
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
-        .route("/v1/completions", post(completions))
-        .route("/v1/chat/completions", post(chat_completions))
-        .route("/v1/models", get(models))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/models", get(openai::models))
         .route("/", post(tgi::compat))
         .route("/generate", post(tgi::generate))
         .route("/generate_stream", post(tgi::generate_stream))
@@ -167,144 +167,8 @@ pub fn parse<T: for<'de> Deserialize<'de>>(obj: Map<String, Value>) -> Result<T,
         .map_err(|e| bad(format!("invalid request body: {e}")))
 }
 
-/// `stop` as a string or a list of strings.
-#[derive(Deserialize)]
-#[serde(untagged)]
-pub enum Stop {
-    /// One stop string.
-    One(String),
-    /// Several.
-    Many(Vec<String>),
-}
-
-impl Stop {
-    /// The stop strings of an optional `stop` field.
-    pub fn list(s: Option<Stop>) -> Vec<String> {
-        match s {
-            None => Vec::new(),
-            Some(Stop::One(x)) => vec![x],
-            Some(Stop::Many(v)) => v,
-        }
-    }
-}
-
-/// Common OpenAI sampling fields.
-#[derive(Deserialize)]
-struct OaSampling {
-    max_tokens: Option<u32>,
-    max_completion_tokens: Option<u32>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    top_k: Option<u32>,
-    min_p: Option<f32>,
-    seed: Option<u64>,
-    presence_penalty: Option<f32>,
-    frequency_penalty: Option<f32>,
-    repetition_penalty: Option<f32>,
-    stop: Option<Stop>,
-    #[serde(default)]
-    stream: bool,
-    n: Option<u32>,
-    /// vLLM's extension: keep generating past end-of-sequence tokens (load tests).
-    #[serde(default)]
-    ignore_eos: bool,
-}
-
-impl OaSampling {
-    /// The engine job for `prompt`; a request without a seed gets a fresh one.
-    fn job(&mut self, prompt: Vec<u32>, default_max: u32) -> Result<Job, ApiError> {
-        if self.n.unwrap_or(1) != 1 {
-            return Err(bad("only n = 1 is supported"));
-        }
-        let p = SamplingParams {
-            temperature: self.temperature.unwrap_or(1.0),
-            top_k: self.top_k.unwrap_or(0) as usize,
-            top_p: self.top_p.unwrap_or(1.0),
-            min_p: self.min_p.unwrap_or(0.0),
-            repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
-            presence_penalty: self.presence_penalty.unwrap_or(0.0),
-            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
-            seed: seed_or_fresh(self.seed),
-        };
-        p.validate().map_err(|e| bad(e.to_string()))?;
-        let max = self
-            .max_completion_tokens
-            .or(self.max_tokens)
-            .unwrap_or(default_max);
-        if max == 0 {
-            return Err(bad("max_tokens must be at least 1"));
-        }
-        Ok(Job {
-            prompt,
-            sampling: p,
-            max_new: max as usize,
-            stop: Stop::list(self.stop.take()),
-            ignore_eos: self.ignore_eos,
-            logprobs: None,
-        })
-    }
-}
-
-#[derive(Deserialize)]
-struct CompletionRequest {
-    prompt: Value,
-    /// Log-probabilities of each token with this many most likely tokens.
-    logprobs: Option<u32>,
-    #[serde(flatten)]
-    s: OaSampling,
-}
-
-#[derive(Deserialize)]
-struct ChatRequest {
-    messages: Vec<ChatMsgIn>,
-    #[serde(default)]
-    logprobs: bool,
-    top_logprobs: Option<u32>,
-    #[serde(flatten)]
-    s: OaSampling,
-}
-
-impl ChatRequest {
-    /// The most likely tokens to list per position, when log-probabilities are asked for.
-    fn top_logprobs(&self) -> Result<Option<usize>, ApiError> {
-        match (self.logprobs, self.top_logprobs) {
-            (false, Some(_)) => Err(bad("top_logprobs requires logprobs: true")),
-            (false, None) => Ok(None),
-            (true, n) => logprobs::check_top(n.unwrap_or(0), "top_logprobs").map(Some),
-        }
-    }
-}
-
-#[derive(Deserialize)]
-struct ChatMsgIn {
-    role: String,
-    content: Value,
-}
-
-fn content_text(v: &Value) -> Result<String, ApiError> {
-    match v {
-        Value::String(s) => Ok(s.clone()),
-        Value::Null => Ok(String::new()),
-        Value::Array(parts) => {
-            let mut out = String::new();
-            for p in parts {
-                match (
-                    p.get("type").and_then(|t| t.as_str()),
-                    p.get("text").and_then(|t| t.as_str()),
-                ) {
-                    (Some("text"), Some(t)) => out.push_str(t),
-                    _ => return Err(bad("only text content parts are supported")),
-                }
-            }
-            Ok(out)
-        }
-        _ => Err(bad(
-            "message content must be a string or a list of text parts",
-        )),
-    }
-}
-
 /// One generation for the engine.
+#[derive(Clone)]
 pub struct Job {
     /// Prompt token ids.
     pub prompt: Vec<u32>,
@@ -454,291 +318,60 @@ pub async fn collect(
     ))
 }
 
-fn reason_str(r: FinishReason) -> &'static str {
-    match r {
-        FinishReason::Stop | FinishReason::StopString => "stop",
-        FinishReason::Length => "length",
-    }
-}
-
-fn now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-fn request_id(prefix: &str) -> String {
-    use std::sync::atomic::AtomicU64;
-    static N: AtomicU64 = AtomicU64::new(1);
-    format!(
-        "{prefix}-{:x}{:06x}",
-        now(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// SSE stream over engine events; `render` turns each event into zero or more JSON payloads.
-/// The stream ends after the request's last event, or with an error event when the server
-/// ends running requests; `done_marker` appends OpenAI's `[DONE]` after either.
+/// SSE stream over the events of one or more requests (the choices of one answer);
+/// `render(i, event)` turns an event of request `i` into zero or more JSON payloads. The stream
+/// ends after every request's last event, or with an error event (rendered as request 0's) when
+/// the server ends running requests; `done_marker` appends OpenAI's `[DONE]` after either.
+/// Dropping the stream cancels the requests still running.
 pub fn sse<F>(
     st: &AppState,
-    rx: mpsc::UnboundedReceiver<Event>,
+    rxs: Vec<mpsc::UnboundedReceiver<Event>>,
     mut render: F,
     done_marker: bool,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>>
 where
-    F: FnMut(&Event) -> Vec<Value> + Send + 'static,
+    F: FnMut(usize, &Event) -> Vec<Value> + Send + 'static,
 {
+    let n = rxs.len();
+    let merged = stream::select_all(rxs.into_iter().enumerate().map(|(i, rx)| {
+        Box::pin(stream::unfold(rx, move |mut rx| async move {
+            rx.recv().await.map(|ev| ((i, ev), rx))
+        }))
+    }));
     let cut = st.cut.subscribe();
-    let s = stream::unfold((rx, cut, false), |(mut rx, mut cut, finished)| async move {
-        if finished {
-            return None;
-        }
-        let ev = next_event(&mut rx, &mut cut).await?;
-        let last = matches!(ev, Event::Done { .. } | Event::Error(_));
-        Some((ev, (rx, cut, last)))
-    });
-    let s = futures_util::StreamExt::flat_map(s, move |ev| {
-        let mut items: Vec<Result<SseEvent, Infallible>> = render(&ev)
+    let s = stream::unfold(
+        (merged, cut, 0usize, false),
+        move |(mut merged, mut cut, mut ended, finished)| async move {
+            if finished {
+                return None;
+            }
+            let stop = async {
+                if cut.wait_for(|c| *c).await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            };
+            let (item, last) = tokio::select! {
+                x = futures_util::StreamExt::next(&mut merged) => {
+                    let (i, ev) = x?;
+                    ended += usize::from(matches!(ev, Event::Done { .. } | Event::Error(_)));
+                    ((i, ev), ended >= n)
+                }
+                _ = stop => ((0, Event::Error(SHUTDOWN_MSG.into())), true),
+            };
+            Some(((item, last), (merged, cut, ended, last)))
+        },
+    );
+    let s = futures_util::StreamExt::flat_map(s, move |((i, ev), last)| {
+        let mut items: Vec<Result<SseEvent, Infallible>> = render(i, &ev)
             .into_iter()
             .map(|v| Ok(SseEvent::default().data(v.to_string())))
             .collect();
-        if done_marker && matches!(ev, Event::Done { .. } | Event::Error(_)) {
+        if done_marker && last {
             items.push(Ok(SseEvent::default().data("[DONE]")));
         }
         stream::iter(items)
     });
     Sse::new(s)
-}
-
-fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
-    json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-           "total_tokens": prompt_tokens + completion_tokens})
-}
-
-fn error_chunk(m: &str) -> Value {
-    let kind = if m == SHUTDOWN_MSG {
-        "service_unavailable"
-    } else {
-        "server_error"
-    };
-    json!({"error": {"message": m, "type": kind}})
-}
-
-/// Checks and parses an OpenAI request body: top-level fields, `stream_options`, and the
-/// fields of each chat message.
-fn openai_request<T: for<'de> Deserialize<'de>>(
-    body: &Bytes,
-    served: &[&str],
-) -> Result<T, ApiError> {
-    let obj = fields::object(body, served)?;
-    fields::nested(&obj, "stream_options", fields::STREAM_OPTIONS)?;
-    if let Some(Value::Array(msgs)) = obj.get("messages") {
-        for m in msgs {
-            if let Value::Object(m) = m {
-                fields::check(m, fields::MESSAGE, "message ")?;
-            }
-        }
-    }
-    parse(obj)
-}
-
-async fn completions(
-    State(st): State<Arc<AppState>>,
-    h: HeaderMap,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    auth(&st, &h)?;
-    let mut req: CompletionRequest = openai_request(&body, fields::COMPLETION)?;
-    let (llm, _) = ready(&st)?;
-    let prompt = match &req.prompt {
-        Value::String(s) => s.clone(),
-        Value::Array(a) if a.len() == 1 && a[0].is_string() => {
-            a[0].as_str().unwrap_or_default().to_string()
-        }
-        _ => return Err(bad("prompt must be a string (or a list of one string)")),
-    };
-    let ids = llm
-        .tokenizer
-        .encode(&prompt, true, false)
-        .map_err(|e| bad(e.to_string()))?;
-    let mut job = req.s.job(ids, 16)?;
-    job.logprobs = req
-        .logprobs
-        .map(|n| logprobs::check_top(n, "logprobs"))
-        .transpose()?;
-    let seed = job.reported_seed();
-    let rx = submit(&st, job)?;
-    let (id, created, model) = (request_id("cmpl"), now(), st.model_name.clone());
-    let head = json!({"id": id, "object": "text_completion", "created": created, "model": model});
-    if req.s.stream {
-        let llm = llm.clone();
-        let mut offset = 0;
-        let render = move |ev: &Event| -> Vec<Value> {
-            let chunk = |text: &str, fin: Value, lp: Value| {
-                let mut c = head.clone();
-                c["choices"] =
-                    json!([{"index": 0, "text": text, "finish_reason": fin, "logprobs": lp}]);
-                c
-            };
-            match ev {
-                Event::Token {
-                    text,
-                    logprobs: None,
-                    ..
-                } if text.is_empty() => vec![],
-                Event::Token { id, text, logprobs } => {
-                    let lp = match logprobs {
-                        Some(l) => {
-                            let v = logprobs::completion(&llm, &[(*id, l)], offset);
-                            offset += logprobs::token_text(&llm, *id).chars().count();
-                            v
-                        }
-                        None => Value::Null,
-                    };
-                    vec![chunk(text, Value::Null, lp)]
-                }
-                Event::Done {
-                    reason,
-                    prompt_tokens,
-                    completion_tokens,
-                } => {
-                    let mut c = chunk("", json!(reason_str(*reason)), Value::Null);
-                    c["usage"] = usage(*prompt_tokens, *completion_tokens);
-                    c["seed"] = seed.clone();
-                    vec![c]
-                }
-                Event::Error(m) => vec![error_chunk(m)],
-            }
-        };
-        return Ok(sse(&st, rx, render, true).into_response());
-    }
-    let c = collect(&st, rx).await?;
-    let lp = match req.logprobs {
-        Some(_) => logprobs::completion(llm, &c.with_logprobs(), 0),
-        None => Value::Null,
-    };
-    let mut out = head;
-    out["choices"] = json!([{"index": 0, "text": c.text,
-        "finish_reason": reason_str(c.reason), "logprobs": lp}]);
-    out["usage"] = usage(c.prompt_tokens, c.completion_tokens);
-    out["seed"] = seed;
-    Ok(Json(out).into_response())
-}
-
-/// The chat prompt's token ids.
-fn chat_prompt(llm: &Llm, messages: &[ChatMsgIn]) -> Result<Vec<u32>, ApiError> {
-    if messages.is_empty() {
-        return Err(bad("messages must not be empty"));
-    }
-    let mut msgs = Vec::with_capacity(messages.len());
-    for m in messages {
-        if !matches!(
-            m.role.as_str(),
-            "system" | "user" | "assistant" | "tool" | "developer"
-        ) {
-            return Err(bad(format!("unknown role '{}'", m.role)));
-        }
-        let role = if m.role == "developer" {
-            "system"
-        } else {
-            m.role.as_str()
-        };
-        msgs.push(ChatMessage::new(role, &content_text(&m.content)?));
-    }
-    let text = llm
-        .render_chat(&msgs, true)
-        .map_err(|e| bad(e.to_string()))?;
-    llm.tokenizer
-        .encode(&text, false, true)
-        .map_err(|e| bad(e.to_string()))
-}
-
-async fn chat_completions(
-    State(st): State<Arc<AppState>>,
-    h: HeaderMap,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    auth(&st, &h)?;
-    let mut req: ChatRequest = openai_request(&body, fields::CHAT)?;
-    let (llm, _) = ready(&st)?;
-    let ids = chat_prompt(llm, &req.messages)?;
-    let ctx = llm.model.config().context_length as u32;
-    let default_max = ctx.saturating_sub(ids.len() as u32).clamp(1, 512);
-    let mut job = req.s.job(ids, default_max)?;
-    job.logprobs = req.top_logprobs()?;
-    let seed = job.reported_seed();
-    let rx = submit(&st, job)?;
-    let (id, created, model) = (request_id("chatcmpl"), now(), st.model_name.clone());
-    let head =
-        json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model});
-    if req.s.stream {
-        let mut first = true;
-        let llm = llm.clone();
-        let render = move |ev: &Event| -> Vec<Value> {
-            let chunk = |delta: Value, fin: Value| {
-                let mut c = head.clone();
-                c["choices"] = json!([{"index": 0, "delta": delta, "finish_reason": fin}]);
-                c
-            };
-            let mut out = Vec::new();
-            if first {
-                first = false;
-                out.push(chunk(
-                    json!({"role": "assistant", "content": ""}),
-                    Value::Null,
-                ));
-            }
-            match ev {
-                Event::Token {
-                    id,
-                    text,
-                    logprobs: Some(l),
-                } => {
-                    let mut c = chunk(json!({"content": text}), Value::Null);
-                    c["choices"][0]["logprobs"] = logprobs::chat(&llm, &[(*id, l)]);
-                    out.push(c)
-                }
-                Event::Token { text, .. } if !text.is_empty() => {
-                    out.push(chunk(json!({"content": text}), Value::Null))
-                }
-                Event::Token { .. } => {}
-                Event::Done {
-                    reason,
-                    prompt_tokens,
-                    completion_tokens,
-                } => {
-                    let mut c = chunk(json!({}), json!(reason_str(*reason)));
-                    c["usage"] = usage(*prompt_tokens, *completion_tokens);
-                    c["seed"] = seed.clone();
-                    out.push(c);
-                }
-                Event::Error(m) => out.push(error_chunk(m)),
-            }
-            out
-        };
-        return Ok(sse(&st, rx, render, true).into_response());
-    }
-    let c = collect(&st, rx).await?;
-    let mut out = head;
-    out["object"] = json!("chat.completion");
-    let lp = match req.logprobs {
-        true => logprobs::chat(llm, &c.with_logprobs()),
-        false => Value::Null,
-    };
-    out["choices"] = json!([{"index": 0, "message": {"role": "assistant", "content": c.text},
-        "finish_reason": reason_str(c.reason), "logprobs": lp}]);
-    out["usage"] = usage(c.prompt_tokens, c.completion_tokens);
-    out["seed"] = seed;
-    Ok(Json(out).into_response())
-}
-
-async fn models(State(st): State<Arc<AppState>>, h: HeaderMap) -> Result<Json<Value>, ApiError> {
-    auth(&st, &h)?;
-    Ok(Json(
-        json!({"object": "list", "data": [{"id": st.model_name, "object": "model", "created": 0, "owned_by": "fastllm"}]}),
-    ))
 }
 
 async fn info(State(st): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
@@ -834,12 +467,12 @@ mod tests {
                 logprobs: None,
             })
             .unwrap();
-            let render = |ev: &Event| match ev {
+            let render = |_: usize, ev: &Event| match ev {
                 Event::Token { text, .. } => vec![json!({ "text": text })],
-                Event::Error(m) => vec![error_chunk(m)],
+                Event::Error(m) => vec![openai::error_chunk(m)],
                 Event::Done { .. } => vec![json!("done")],
             };
-            let resp = sse(&st, rx, render, true).into_response();
+            let resp = sse(&st, vec![rx], render, true).into_response();
             st.end_running();
             let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
                 .await

@@ -297,7 +297,7 @@ fn endpoints_streams_and_bad_requests() {
             (json!({"prompt": "x", "max_tokens": "many"}), 400),
             (json!({"prompt": 12}), 400),
             (json!({"max_tokens": 3}), 400),
-            (json!({"prompt": "x", "n": 2}), 400),
+            (json!({"prompt": "x", "n": 0}), 400),
             (json!({"prompt": "x", "temperature": -1}), 400),
             (json!({"prompt": "x", "max_tokens": 0}), 400),
             (json!({"prompt": "x", "max_tokens": 100000}), 422),

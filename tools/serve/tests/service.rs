@@ -870,3 +870,106 @@ fn logprobs_match_a_host_log_softmax() {
         is_error(st, &v, 400, "top_n_tokens must be at most 20");
     });
 }
+
+/// The text of each choice of an OpenAI stream, by index.
+fn choice_texts(events: &[String], n: usize) -> Vec<String> {
+    let mut out = vec![String::new(); n];
+    for e in events.iter().filter(|e| *e != "[DONE]") {
+        let v: Value = serde_json::from_str(e).unwrap();
+        let c = &v["choices"][0];
+        let i = c["index"].as_u64().unwrap() as usize;
+        let t = c["text"].as_str().or(c["delta"]["content"].as_str());
+        out[i].push_str(t.unwrap_or(""));
+    }
+    out
+}
+
+#[test]
+fn n_choices_each_with_its_own_seed() {
+    let s = start(ServeOptions {
+        max_concurrent_requests: Some(4),
+        ..Default::default()
+    });
+    let b = s.base.clone();
+    let state = s.state.clone();
+    s.rt.block_on(async move {
+        let body = |n: u32, seed: u64, stream: bool| {
+            json!({"prompt": "Hello", "max_tokens": 10, "temperature": 1.2, "seed": seed,
+                   "n": n, "stream": stream, "ignore_eos": true})
+        };
+        let (st, v) = post(&b, "/v1/completions", body(3, 40, false)).await;
+        assert_eq!(st, 200, "{v}");
+        let choices = v["choices"].as_array().unwrap();
+        assert_eq!(choices.len(), 3);
+        let mut gen = 0;
+        for (i, c) in choices.iter().enumerate() {
+            assert_eq!(c["index"], i);
+            // choice i is the single request with seed + i
+            let (_, one) = post(&b, "/v1/completions", body(1, 40 + i as u64, false)).await;
+            assert_eq!(c["text"], one["choices"][0]["text"], "choice {i}");
+            assert_eq!(v["usage"]["prompt_tokens"], one["usage"]["prompt_tokens"]);
+            gen += one["usage"]["completion_tokens"].as_u64().unwrap();
+        }
+        assert_eq!(v["usage"]["completion_tokens"], gen);
+        assert_eq!(v["seed"], 40);
+        let texts: std::collections::HashSet<&str> = choices
+            .iter()
+            .map(|c| c["text"].as_str().unwrap())
+            .collect();
+        assert!(texts.len() > 1, "the choices differ: {texts:?}");
+        // streamed: the same choices, one usage (on the last finish), then [DONE]
+        let ev = sse(&b, "/v1/completions", body(3, 40, true)).await;
+        assert_eq!(ev.last().map(|s| s.as_str()), Some("[DONE]"));
+        let streamed = choice_texts(&ev, 3);
+        for (i, c) in choices.iter().enumerate() {
+            assert_eq!(streamed[i], c["text"].as_str().unwrap());
+        }
+        let usages: Vec<Value> = ev
+            .iter()
+            .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+            .filter(|v| !v["usage"].is_null())
+            .collect();
+        assert_eq!(usages.len(), 1);
+        assert_eq!(usages[0]["usage"], v["usage"]);
+        // chat, streamed, with logprobs: each choice opens with its role
+        let msgs = json!([{"role": "user", "content": "Hi"}]);
+        let chat = json!({"messages": msgs, "max_tokens": 6, "temperature": 0.9, "seed": 3,
+                          "n": 2, "logprobs": true, "ignore_eos": true});
+        let (st, v) = post(&b, "/v1/chat/completions", chat.clone()).await;
+        assert_eq!(st, 200, "{v}");
+        for c in v["choices"].as_array().unwrap() {
+            assert_eq!(c["logprobs"]["content"].as_array().unwrap().len(), 6);
+        }
+        let mut streamed = chat.clone();
+        streamed["stream"] = json!(true);
+        let ev = sse(&b, "/v1/chat/completions", streamed).await;
+        let texts = choice_texts(&ev, 2);
+        for (i, c) in v["choices"].as_array().unwrap().iter().enumerate() {
+            assert_eq!(texts[i], c["message"]["content"].as_str().unwrap());
+        }
+        let roles = ev
+            .iter()
+            .filter(|e| e.contains("\"role\":\"assistant\""))
+            .count();
+        assert_eq!(roles, 2);
+        // bad n; more choices than free slots is a 429 that leaves nothing running
+        for (n, needle) in [
+            (json!(0), "at least 1"),
+            (json!(17), "at most 16"),
+            (json!(-1), "invalid"),
+        ] {
+            let (st, v) = post(&b, "/v1/completions", json!({"prompt": "x", "n": n})).await;
+            is_error(st, &v, 400, needle);
+        }
+        let (st, v) = post(&b, "/v1/completions", json!({"prompt": "x", "n": 5})).await;
+        is_error(st, &v, 429, "too many");
+        let engine = &state.ready.get().unwrap().1;
+        for _ in 0..200 {
+            if engine.in_flight() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(engine.in_flight(), 0);
+    });
+}

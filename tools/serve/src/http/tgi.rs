@@ -175,7 +175,7 @@ fn stream(st: &AppState, q: Queued) -> Result<Response, ApiError> {
     let mut text = q.prefix;
     let (seed, top_n) = (q.seed, q.top_n);
     let mut last: Option<Streamed> = None;
-    let render = move |ev: &Event| -> Vec<Value> {
+    let render = move |_: usize, ev: &Event| -> Vec<Value> {
         let tok = |(id, t, lp): Streamed, gen: Value, details: Value| {
             let logprob = lp.as_ref().map(|l| l.logprob);
             let mut v = json!({"token": token(&llm, id, &t, logprob),
@@ -217,7 +217,7 @@ fn stream(st: &AppState, q: Queued) -> Result<Response, ApiError> {
             Event::Error(m) => vec![json!({"error": m, "error_type": "generation"})],
         }
     };
-    Ok(sse(st, q.rx, render, false).into_response())
+    Ok(sse(st, vec![q.rx], render, false).into_response())
 }
 
 /// `POST /generate`.

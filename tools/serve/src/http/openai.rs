@@ -272,6 +272,59 @@ impl Finished {
     }
 }
 
+/// Renders a completions stream's events: one chunk per token (with its log-probabilities),
+/// a finishing chunk per choice, usage and seed on the last.
+fn completion_chunks(
+    llm: Arc<Llm>,
+    head: Value,
+    n: usize,
+    seed: Value,
+) -> impl FnMut(usize, &Event) -> Vec<Value> + Send + 'static {
+    let mut offsets = vec![0; n];
+    let mut fin = Finished {
+        n,
+        done: 0,
+        generated: 0,
+        seed,
+    };
+    move |i: usize, ev: &Event| -> Vec<Value> {
+        let chunk = |text: &str, reason: Value, lp: Value| {
+            let mut c = head.clone();
+            c["choices"] =
+                json!([{"index": i, "text": text, "finish_reason": reason, "logprobs": lp}]);
+            c
+        };
+        match ev {
+            Event::Token {
+                text,
+                logprobs: None,
+                ..
+            } if text.is_empty() => vec![],
+            Event::Token { id, text, logprobs } => {
+                let lp = match logprobs {
+                    Some(l) => {
+                        let v = logprobs::completion(&llm, &[(*id, l)], offsets[i]);
+                        offsets[i] += logprobs::token_text(&llm, *id).chars().count();
+                        v
+                    }
+                    None => Value::Null,
+                };
+                vec![chunk(text, Value::Null, lp)]
+            }
+            Event::Done {
+                reason,
+                prompt_tokens,
+                completion_tokens,
+            } => {
+                let mut c = chunk("", json!(reason_str(*reason)), Value::Null);
+                fin.finish(&mut c, *prompt_tokens, *completion_tokens);
+                vec![c]
+            }
+            Event::Error(m) => vec![error_chunk(m)],
+        }
+    }
+}
+
 /// `POST /v1/completions`.
 pub async fn completions(
     State(st): State<Arc<AppState>>,
@@ -303,50 +356,7 @@ pub async fn completions(
     let (id, created, model) = (request_id("cmpl"), now(), st.model_name.clone());
     let head = json!({"id": id, "object": "text_completion", "created": created, "model": model});
     if req.s.stream {
-        let llm = llm.clone();
-        let mut offsets = vec![0; n];
-        let mut fin = Finished {
-            n,
-            done: 0,
-            generated: 0,
-            seed,
-        };
-        let render = move |i: usize, ev: &Event| -> Vec<Value> {
-            let chunk = |text: &str, reason: Value, lp: Value| {
-                let mut c = head.clone();
-                c["choices"] =
-                    json!([{"index": i, "text": text, "finish_reason": reason, "logprobs": lp}]);
-                c
-            };
-            match ev {
-                Event::Token {
-                    text,
-                    logprobs: None,
-                    ..
-                } if text.is_empty() => vec![],
-                Event::Token { id, text, logprobs } => {
-                    let lp = match logprobs {
-                        Some(l) => {
-                            let v = logprobs::completion(&llm, &[(*id, l)], offsets[i]);
-                            offsets[i] += logprobs::token_text(&llm, *id).chars().count();
-                            v
-                        }
-                        None => Value::Null,
-                    };
-                    vec![chunk(text, Value::Null, lp)]
-                }
-                Event::Done {
-                    reason,
-                    prompt_tokens,
-                    completion_tokens,
-                } => {
-                    let mut c = chunk("", json!(reason_str(*reason)), Value::Null);
-                    fin.finish(&mut c, *prompt_tokens, *completion_tokens);
-                    vec![c]
-                }
-                Event::Error(m) => vec![error_chunk(m)],
-            }
-        };
+        let render = completion_chunks(llm.clone(), head, n, seed);
         return Ok(sse(&st, rxs, render, true).into_response());
     }
     let cs = collect_all(&st, rxs).await?;
@@ -397,6 +407,63 @@ fn chat_prompt(llm: &Llm, messages: &[ChatMsgIn]) -> Result<Vec<u32>, ApiError> 
         .map_err(|e| bad(e.to_string()))
 }
 
+/// Renders a chat stream's events: each choice opens with its role, then one chunk per token
+/// (with its log-probabilities), a finishing chunk per choice, usage and seed on the last.
+fn chat_chunks(
+    llm: Arc<Llm>,
+    head: Value,
+    n: usize,
+    seed: Value,
+) -> impl FnMut(usize, &Event) -> Vec<Value> + Send + 'static {
+    let mut first = vec![true; n];
+    let mut fin = Finished {
+        n,
+        done: 0,
+        generated: 0,
+        seed,
+    };
+    move |i: usize, ev: &Event| -> Vec<Value> {
+        let chunk = |delta: Value, reason: Value| {
+            let mut c = head.clone();
+            c["choices"] = json!([{"index": i, "delta": delta, "finish_reason": reason}]);
+            c
+        };
+        let mut out = Vec::new();
+        if std::mem::take(&mut first[i]) {
+            out.push(chunk(
+                json!({"role": "assistant", "content": ""}),
+                Value::Null,
+            ));
+        }
+        match ev {
+            Event::Token {
+                id,
+                text,
+                logprobs: Some(l),
+            } => {
+                let mut c = chunk(json!({"content": text}), Value::Null);
+                c["choices"][0]["logprobs"] = logprobs::chat(&llm, &[(*id, l)]);
+                out.push(c)
+            }
+            Event::Token { text, .. } if !text.is_empty() => {
+                out.push(chunk(json!({"content": text}), Value::Null))
+            }
+            Event::Token { .. } => {}
+            Event::Done {
+                reason,
+                prompt_tokens,
+                completion_tokens,
+            } => {
+                let mut c = chunk(json!({}), json!(reason_str(*reason)));
+                fin.finish(&mut c, *prompt_tokens, *completion_tokens);
+                out.push(c);
+            }
+            Event::Error(m) => out.push(error_chunk(m)),
+        }
+        out
+    }
+}
+
 /// `POST /v1/chat/completions`.
 pub async fn chat_completions(
     State(st): State<Arc<AppState>>,
@@ -418,54 +485,7 @@ pub async fn chat_completions(
     let head =
         json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model});
     if req.s.stream {
-        let llm = llm.clone();
-        let mut first = vec![true; n];
-        let mut fin = Finished {
-            n,
-            done: 0,
-            generated: 0,
-            seed,
-        };
-        let render = move |i: usize, ev: &Event| -> Vec<Value> {
-            let chunk = |delta: Value, reason: Value| {
-                let mut c = head.clone();
-                c["choices"] = json!([{"index": i, "delta": delta, "finish_reason": reason}]);
-                c
-            };
-            let mut out = Vec::new();
-            if std::mem::take(&mut first[i]) {
-                out.push(chunk(
-                    json!({"role": "assistant", "content": ""}),
-                    Value::Null,
-                ));
-            }
-            match ev {
-                Event::Token {
-                    id,
-                    text,
-                    logprobs: Some(l),
-                } => {
-                    let mut c = chunk(json!({"content": text}), Value::Null);
-                    c["choices"][0]["logprobs"] = logprobs::chat(&llm, &[(*id, l)]);
-                    out.push(c)
-                }
-                Event::Token { text, .. } if !text.is_empty() => {
-                    out.push(chunk(json!({"content": text}), Value::Null))
-                }
-                Event::Token { .. } => {}
-                Event::Done {
-                    reason,
-                    prompt_tokens,
-                    completion_tokens,
-                } => {
-                    let mut c = chunk(json!({}), json!(reason_str(*reason)));
-                    fin.finish(&mut c, *prompt_tokens, *completion_tokens);
-                    out.push(c);
-                }
-                Event::Error(m) => out.push(error_chunk(m)),
-            }
-            out
-        };
+        let render = chat_chunks(llm.clone(), head, n, seed);
         return Ok(sse(&st, rxs, render, true).into_response());
     }
     let cs = collect_all(&st, rxs).await?;

@@ -241,9 +241,11 @@ async fn next_event(
             std::future::pending::<()>().await;
         }
     };
+    // once the server ends requests, nothing more of them is passed on
     tokio::select! {
-        ev = rx.recv() => ev,
+        biased;
         _ = ended => Some(Event::Error(SHUTDOWN_MSG.into())),
+        ev = rx.recv() => ev,
     }
 }
 
@@ -351,12 +353,13 @@ where
                 }
             };
             let (item, last) = tokio::select! {
+                biased;
+                _ = stop => ((0, Event::Error(SHUTDOWN_MSG.into())), true),
                 x = futures_util::StreamExt::next(&mut merged) => {
                     let (i, ev) = x?;
                     ended += usize::from(matches!(ev, Event::Done { .. } | Event::Error(_)));
                     ((i, ev), ended >= n)
                 }
-                _ = stop => ((0, Event::Error(SHUTDOWN_MSG.into())), true),
             };
             Some(((item, last), (merged, cut, ended, last)))
         },
@@ -473,14 +476,29 @@ mod tests {
                 Event::Done { .. } => vec![json!("done")],
             };
             let resp = sse(&st, vec![rx], render, true).into_response();
-            st.end_running();
-            let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            let mut body = resp.into_body().into_data_stream();
+            let first = futures_util::StreamExt::next(&mut body)
                 .await
+                .unwrap()
                 .unwrap();
-            let data: Vec<String> = String::from_utf8_lossy(&body)
-                .lines()
-                .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
-                .collect();
+            assert!(String::from_utf8_lossy(&first).contains("\"text\":\"Hi\""));
+            // a token generated after the end is not passed on
+            tx.send(Event::Token {
+                id: 6,
+                text: "late".into(),
+                logprobs: None,
+            })
+            .unwrap();
+            st.end_running();
+            let mut rest = String::new();
+            while let Some(b) = futures_util::StreamExt::next(&mut body).await {
+                rest.push_str(&String::from_utf8_lossy(&b.unwrap()));
+            }
+            let mut data = vec![String::from_utf8_lossy(&first).to_string()];
+            data.extend(
+                rest.lines()
+                    .filter_map(|l| l.strip_prefix("data: ").map(str::to_string)),
+            );
             assert_eq!(data.len(), 3, "{data:?}");
             let err: Value = serde_json::from_str(&data[1]).unwrap();
             assert_eq!(err["error"]["message"], SHUTDOWN_MSG);

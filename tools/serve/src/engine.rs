@@ -452,6 +452,19 @@ impl Scheduler {
         false
     }
 
+    /// The most likely tokens to report in a step of `plan`, when an item that picks a token
+    /// in it asks for log-probabilities (None: the step computes none).
+    fn logprobs_wanted(&self, plan: &[(usize, usize)]) -> Option<usize> {
+        plan.iter()
+            .filter_map(|&(i, n)| {
+                let s = &self.running[i];
+                (s.fed + n >= s.tokens.len())
+                    .then_some(s.req.logprobs)
+                    .flatten()
+            })
+            .max()
+    }
+
     fn step(&mut self) {
         // plan: decode tokens first, then prompt chunks within the prefill budget and free blocks
         let plan = loop {
@@ -541,16 +554,7 @@ impl Scheduler {
                     }
                 })
                 .collect();
-            // log-probabilities only when an item that picks a token here asks for them
-            let top_n = plan
-                .iter()
-                .filter_map(|&(i, n)| {
-                    let s = &self.running[i];
-                    (s.fed + n >= s.tokens.len())
-                        .then_some(s.req.logprobs)
-                        .flatten()
-                })
-                .max();
+            let top_n = self.logprobs_wanted(&plan);
             let model = &self.llm.model;
             let r = match top_n {
                 None => model

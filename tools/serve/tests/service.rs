@@ -373,6 +373,15 @@ fn tgi_root_route_and_details() {
             plain.get("details").is_none(),
             "details only when asked: {plain}"
         );
+        let info: Value = client()
+            .get(format!("{b}/info"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(info["model_device_type"], "cpu");
         let text = plain["generated_text"].as_str().unwrap().to_string();
         // POST / answers like /generate, in a one-element list, with details
         let (st, v) = post(&b, "/", tgi_client_body("Hello world", false, 6)).await;

@@ -103,14 +103,18 @@ impl ServeOptions {
     }
 }
 
-/// The engine limits for `llm` under `o`.
-pub fn engine_config(llm: &fastllm::generate::Llm, o: &ServeOptions) -> engine::EngineConfig {
-    let kv_mb = if o.kv_cache_mb > 0 {
+/// The KV cache budget in MiB: `o`'s, or (0) a quarter of available memory, at most 4 GiB.
+pub fn kv_budget_mb(o: &ServeOptions) -> usize {
+    if o.kv_cache_mb > 0 {
         o.kv_cache_mb
     } else {
         default_kv_mb()
-    };
-    let mut c = engine::EngineConfig::for_model(llm, kv_mb);
+    }
+}
+
+/// The engine limits for `llm` under `o`.
+pub fn engine_config(llm: &fastllm::generate::Llm, o: &ServeOptions) -> engine::EngineConfig {
+    let mut c = engine::EngineConfig::for_model(llm, kv_budget_mb(o));
     if let Some(v) = o.max_concurrent_requests {
         c.max_concurrent_requests = v.max(1);
     }
@@ -180,9 +184,15 @@ pub fn run(
         let st = state.clone();
         let opts = o.clone();
         let loader = tokio::task::spawn_blocking(move || -> Result<(), String> {
+            // the budget from free memory is taken before the model takes its share
+            let from_free = opts.kv_cache_mb == 0;
+            let opts = ServeOptions {
+                kv_cache_mb: kv_budget_mb(&opts),
+                ..opts
+            };
             let llm = Arc::new(load().map_err(|e| e.to_string())?);
             let cfg = engine_config(&llm, &opts);
-            let line = ready_line(&opts, &cfg);
+            let line = ready_line(&opts, &cfg, from_free);
             st.set_ready(llm, cfg).map_err(|e| e.to_string())?;
             eprintln!("fastllm serve: {line}");
             Ok(())
@@ -207,12 +217,13 @@ pub fn run(
     r
 }
 
-/// The startup line once the model is loaded: address, model, device and KV budget.
-pub fn ready_line(o: &ServeOptions, c: &engine::EngineConfig) -> String {
-    let kv_mb = if o.kv_cache_mb > 0 {
-        format!("{} MiB", o.kv_cache_mb)
+/// The startup line once the model is loaded: address, model, device and KV budget (`o`'s,
+/// taken from free memory when `from_free`).
+pub fn ready_line(o: &ServeOptions, c: &engine::EngineConfig, from_free: bool) -> String {
+    let kv_mb = if from_free {
+        format!("{} MiB (from free memory)", o.kv_cache_mb)
     } else {
-        format!("{} MiB (from free memory)", default_kv_mb())
+        format!("{} MiB", o.kv_cache_mb)
     };
     format!(
         "ready on http://{}: model {} on {}, KV cache {kv_mb} = {} blocks of {} tokens \

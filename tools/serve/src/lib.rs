@@ -184,13 +184,13 @@ pub fn run(
         let st = state.clone();
         let opts = o.clone();
         let loader = tokio::task::spawn_blocking(move || -> Result<(), String> {
-            // the budget from free memory is taken before the model takes its share
+            let llm = Arc::new(load().map_err(|e| e.to_string())?);
+            // a budget from free memory is measured once, with the model loaded, and reported
             let from_free = opts.kv_cache_mb == 0;
             let opts = ServeOptions {
                 kv_cache_mb: kv_budget_mb(&opts),
                 ..opts
             };
-            let llm = Arc::new(load().map_err(|e| e.to_string())?);
             let cfg = engine_config(&llm, &opts);
             let line = ready_line(&opts, &cfg, from_free);
             st.set_ready(llm, cfg).map_err(|e| e.to_string())?;

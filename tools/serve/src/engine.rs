@@ -179,6 +179,11 @@ impl Engine {
 
     /// Queues a request, or refuses it.
     pub fn submit(&self, req: GenRequest) -> Result<(), SubmitError> {
+        self.submit_all(vec![req])
+    }
+
+    /// Checks one request's own limits.
+    fn check(&self, req: &GenRequest) -> Result<(), SubmitError> {
         let c = &self.config;
         if req.prompt.is_empty() {
             return Err(SubmitError::Invalid("the prompt is empty".into()));
@@ -198,17 +203,35 @@ impl Engine {
                 c.max_total_tokens
             )));
         }
-        self.metrics.requests_total.fetch_add(1, Ordering::Relaxed);
-        let n = self.in_flight.fetch_add(1, Ordering::SeqCst);
-        if n >= c.max_concurrent_requests {
-            self.in_flight.fetch_sub(1, Ordering::SeqCst);
-            self.metrics.rejected_total.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Queues all of `reqs` (the sequences of one answer) or none: they take their places
+    /// among the requests in flight together.
+    pub fn submit_all(&self, reqs: Vec<GenRequest>) -> Result<(), SubmitError> {
+        for r in &reqs {
+            self.check(r)?;
+        }
+        let n = reqs.len();
+        self.metrics
+            .requests_total
+            .fetch_add(n as u64, Ordering::Relaxed);
+        let before = self.in_flight.fetch_add(n, Ordering::SeqCst);
+        if before + n > self.config.max_concurrent_requests {
+            self.in_flight.fetch_sub(n, Ordering::SeqCst);
+            self.metrics
+                .rejected_total
+                .fetch_add(n as u64, Ordering::Relaxed);
             return Err(SubmitError::Overloaded);
         }
-        self.tx.send(req).map_err(|_| {
-            self.in_flight.fetch_sub(1, Ordering::SeqCst);
-            SubmitError::Stopped
-        })
+        for (sent, r) in reqs.into_iter().enumerate() {
+            if self.tx.send(r).is_err() {
+                // the scheduler is gone: the unsent ones are not in flight
+                self.in_flight.fetch_sub(n - sent, Ordering::SeqCst);
+                return Err(SubmitError::Stopped);
+            }
+        }
+        Ok(())
     }
 
     /// Requests in flight.

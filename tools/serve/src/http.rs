@@ -197,6 +197,22 @@ impl Job {
 
 /// Queues `job`; the receiver gets its events.
 pub fn submit(st: &AppState, job: Job) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
+    let mut rxs = submit_n(st, job, 1)?;
+    rxs.pop().ok_or_else(|| {
+        ApiError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "no request queued".into(),
+        )
+    })
+}
+
+/// Queues `n` sequences of `job`, sequence `i` with seed `seed + i`, all or none (429 when
+/// they do not all fit); dropping the receivers cancels them.
+pub fn submit_n(
+    st: &AppState,
+    job: Job,
+    n: usize,
+) -> Result<Vec<mpsc::UnboundedReceiver<Event>>, ApiError> {
     let (_, engine) = ready(st)?;
     if st.is_draining() {
         return Err(ApiError(
@@ -204,28 +220,42 @@ pub fn submit(st: &AppState, job: Job) -> Result<mpsc::UnboundedReceiver<Event>,
             "the server is shutting down".into(),
         ));
     }
-    let (tx, rx) = mpsc::unbounded_channel();
-    engine
-        .submit(GenRequest {
-            prompt: job.prompt,
-            sampling: job.sampling,
+    let mut reqs = Vec::with_capacity(n);
+    let mut rxs = Vec::with_capacity(n);
+    for i in 0..n {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut sampling = job.sampling.clone();
+        sampling.seed = job.sampling.seed.wrapping_add(i as u64);
+        reqs.push(GenRequest {
+            prompt: job.prompt.clone(),
+            sampling,
             max_new_tokens: job.max_new,
-            stop: job.stop,
+            stop: job.stop.clone(),
             ignore_eos: job.ignore_eos,
             logprobs: job.logprobs,
             events: tx,
-        })
-        .map_err(|e| match e {
-            SubmitError::Overloaded => ApiError(
-                StatusCode::TOO_MANY_REQUESTS,
-                "too many concurrent requests; retry later".into(),
-            ),
-            SubmitError::Invalid(m) => ApiError(StatusCode::UNPROCESSABLE_ENTITY, m),
-            SubmitError::Stopped => {
-                ApiError(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped".into())
-            }
-        })?;
-    Ok(rx)
+        });
+        rxs.push(rx);
+    }
+    engine.submit_all(reqs).map_err(|e| match e {
+        SubmitError::Overloaded => ApiError(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many concurrent requests; retry later".into(),
+        ),
+        SubmitError::Invalid(m) => ApiError(StatusCode::UNPROCESSABLE_ENTITY, m),
+        SubmitError::Stopped => {
+            ApiError(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped".into())
+        }
+    })?;
+    Ok(rxs)
+}
+
+/// Every choice, finished.
+pub async fn collect_all(
+    st: &AppState,
+    rxs: Vec<mpsc::UnboundedReceiver<Event>>,
+) -> Result<Vec<Collected>, ApiError> {
+    futures_util::future::try_join_all(rxs.into_iter().map(|rx| collect(st, rx))).await
 }
 
 /// The message of requests ended by the drain timeout.

@@ -319,7 +319,6 @@ fn unsupported_fields_are_refused_by_name() {
             ("watermark", json!(true)),
             ("decoder_input_details", json!(true)),
             ("typical_p", json!(0.5)),
-            ("best_of", json!(2)),
             ("grammar", json!({"type": "json", "value": {}})),
         ] {
             let (st, v) = post(
@@ -980,5 +979,82 @@ fn n_choices_each_with_its_own_seed() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(engine.in_flight(), 0);
+    });
+}
+
+#[test]
+fn tgi_best_of_answers_the_likeliest_sequence() {
+    let s = start(ServeOptions::default());
+    let b = s.base.clone();
+    s.rt.block_on(async move {
+        let params = |seed: u64, best_of: u32| {
+            json!({"max_new_tokens": 8, "do_sample": true, "temperature": 1.3, "seed": seed,
+                   "details": true, "best_of": best_of})
+        };
+        let (st, v) = post(
+            &b,
+            "/generate",
+            json!({"inputs": "Hello", "parameters": params(7, 3)}),
+        )
+        .await;
+        assert_eq!(st, 200, "{v}");
+        // the three sequences, each run alone with its seed
+        let mut singles = Vec::new();
+        for i in 0..3u64 {
+            let (_, one) = post(
+                &b,
+                "/generate",
+                json!({"inputs": "Hello", "parameters": params(7 + i, 1)}),
+            )
+            .await;
+            let sum: f64 = one["details"]["tokens"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["logprob"].as_f64().unwrap())
+                .sum();
+            singles.push((
+                one["generated_text"].as_str().unwrap().to_string(),
+                sum,
+                7 + i,
+            ));
+        }
+        let best = singles
+            .iter()
+            .max_by(|a, b| a.1.partial_cmp(&b.1).unwrap())
+            .unwrap();
+        assert_eq!(v["generated_text"], best.0.as_str(), "{singles:?}");
+        assert_eq!(v["details"]["seed"], best.2);
+        let others = v["details"]["best_of_sequences"].as_array().unwrap();
+        assert_eq!(others.len(), 2);
+        for o in others {
+            let seed = o["seed"].as_u64().unwrap();
+            let single = singles.iter().find(|x| x.2 == seed).unwrap();
+            assert_eq!(o["generated_text"], single.0.as_str());
+            assert!(o["tokens"].is_array() && o["finish_reason"].is_string());
+        }
+        // bad best_of
+        for (p, needle) in [
+            (json!({"best_of": 2}), "needs sampling"),
+            (json!({"best_of": 0, "do_sample": true}), "at least 1"),
+            (json!({"best_of": 17, "do_sample": true}), "at most 16"),
+        ] {
+            let (st, v) = post(&b, "/generate", json!({"inputs": "x", "parameters": p})).await;
+            is_error(st, &v, 400, needle);
+        }
+        let (st, v) = post(
+            &b,
+            "/generate_stream",
+            json!({"inputs": "x", "parameters": {"best_of": 2, "do_sample": true}}),
+        )
+        .await;
+        is_error(st, &v, 400, "cannot be streamed");
+        let (st, v) = post(
+            &b,
+            "/",
+            json!({"inputs": "x", "stream": true, "parameters": {"best_of": 2, "do_sample": true}}),
+        )
+        .await;
+        is_error(st, &v, 400, "cannot be streamed");
     });
 }

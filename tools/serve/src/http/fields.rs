@@ -76,6 +76,7 @@ pub const TGI_PARAMS: &[&str] = &[
     "return_full_text",
     "truncate",
     "top_n_tokens",
+    "best_of",
 ];
 
 /// API fields this server knows and does not implement, with what they would do.

@@ -4,8 +4,8 @@
 //! the seed used is reported as `seed` (null when greedy); usage counts the prompt once.
 
 use super::{
-    auth, bad, collect, fields, logprobs, parse, ready, sse, submit, ApiError, AppState, Collected,
-    Job, SHUTDOWN_MSG,
+    auth, bad, collect_all, fields, logprobs, parse, ready, sse, submit_n, ApiError, AppState,
+    Collected, Job, SHUTDOWN_MSG,
 };
 use crate::engine::{Event, FinishReason};
 use crate::seed::seed_or_fresh;
@@ -221,29 +221,6 @@ fn openai_request<T: for<'de> Deserialize<'de>>(
         }
     }
     parse(obj)
-}
-
-/// Queues choice `i` of `n` of `job` with seed `seed + i`; dropping the receivers cancels them.
-fn submit_n(
-    st: &AppState,
-    job: Job,
-    n: usize,
-) -> Result<Vec<tokio::sync::mpsc::UnboundedReceiver<Event>>, ApiError> {
-    (0..n)
-        .map(|i| {
-            let mut j = job.clone();
-            j.sampling.seed = job.sampling.seed.wrapping_add(i as u64);
-            submit(st, j)
-        })
-        .collect()
-}
-
-/// Every choice, finished.
-async fn collect_all(
-    st: &AppState,
-    rxs: Vec<tokio::sync::mpsc::UnboundedReceiver<Event>>,
-) -> Result<Vec<Collected>, ApiError> {
-    futures_util::future::try_join_all(rxs.into_iter().map(|rx| collect(st, rx))).await
 }
 
 /// Usage of finished choices: the prompt counted once.

@@ -3,10 +3,15 @@
 //! which answers like `/generate` (wrapped in a one-element list) or, when `stream` is true,
 //! like `/generate_stream`. Every token carries its log-probability (computed on the logits'
 //! device, see [`super::logprobs`]); `details` lists the generated tokens, and `top_n_tokens`
-//! adds the most likely tokens of each position.
+//! adds the most likely tokens of each position. `best_of` (sampled, not streamed) runs that
+//! many sequences (sequence `i` with seed `seed + i`) and answers with the one of the highest
+//! log-probability sum, the others in `details.best_of_sequences`.
 
 use super::logprobs::{check_top, tgi_token as token, tgi_top, token_text};
-use super::{auth, bad, collect, fields, parse, ready, sse, submit, ApiError, AppState, Job};
+use super::openai::MAX_N;
+use super::{
+    auth, bad, collect_all, fields, parse, ready, sse, submit_n, ApiError, AppState, Collected, Job,
+};
 use crate::engine::{Event, FinishReason};
 use crate::seed::seed_or_fresh;
 use axum::body::Bytes;
@@ -45,11 +50,14 @@ struct TgiParams {
     return_full_text: Option<bool>,
     truncate: Option<usize>,
     top_n_tokens: Option<u32>,
+    best_of: Option<u32>,
 }
 
 /// A checked TGI request, queued.
 struct Queued {
-    rx: mpsc::UnboundedReceiver<Event>,
+    /// One receiver per sequence (`best_of` of them).
+    rxs: Vec<mpsc::UnboundedReceiver<Event>>,
+    /// The first sequence's seed (null when greedy).
     seed: Value,
     details: bool,
     /// Most likely tokens listed per position.
@@ -93,7 +101,21 @@ fn sampling(p: &TgiParams) -> Result<SamplingParams, ApiError> {
     Ok(s)
 }
 
-fn queue(st: &AppState, req: TgiRequest) -> Result<Queued, ApiError> {
+/// The number of sequences of `best_of`, checked.
+fn best_of(p: &TgiParams, sampled: bool, streamed: bool) -> Result<usize, ApiError> {
+    match p.best_of.unwrap_or(1) {
+        0 => Err(bad("best_of must be at least 1")),
+        1 => Ok(1),
+        n if n as usize > MAX_N => Err(bad(format!("best_of must be at most {MAX_N}, got {n}"))),
+        _ if !sampled => Err(bad(
+            "best_of > 1 needs sampling (do_sample, or temperature, top_k or top_p)",
+        )),
+        _ if streamed => Err(bad("best_of > 1 cannot be streamed")),
+        n => Ok(n as usize),
+    }
+}
+
+fn queue(st: &AppState, req: TgiRequest, streamed: bool) -> Result<Queued, ApiError> {
     let (llm, _) = ready(st)?;
     let p = req.parameters.unwrap_or_default();
     let mut ids = llm
@@ -112,9 +134,11 @@ fn queue(st: &AppState, req: TgiRequest) -> Result<Queued, ApiError> {
         return Err(bad("max_new_tokens must be at least 1"));
     }
     let top_n = check_top(p.top_n_tokens.unwrap_or(0), "top_n_tokens")?;
+    let sampling = sampling(&p)?;
+    let n = best_of(&p, sampling.temperature > 0.0, streamed)?;
     let job = Job {
         prompt: ids,
-        sampling: sampling(&p)?,
+        sampling,
         max_new: max_new as usize,
         stop: p.stop.clone().unwrap_or_default(),
         ignore_eos: false,
@@ -127,7 +151,7 @@ fn queue(st: &AppState, req: TgiRequest) -> Result<Queued, ApiError> {
         String::new()
     };
     Ok(Queued {
-        rx: submit(st, job)?,
+        rxs: submit_n(st, job, n)?,
         seed,
         details: p.details == Some(true),
         top_n,
@@ -143,22 +167,61 @@ fn finish_reason(r: FinishReason) -> &'static str {
     }
 }
 
-/// `/generate`'s answer.
+/// The log-probability sum of a sequence's tokens.
+fn logprob_sum(c: &Collected) -> f64 {
+    c.with_logprobs()
+        .iter()
+        .map(|(_, l)| l.logprob as f64)
+        .sum()
+}
+
+/// A sequence's details: finish reason, token count, seed, tokens (and top tokens).
+fn sequence_details(st: &AppState, c: &Collected, seed: Value, top_n: usize) -> Value {
+    let Some((llm, _)) = st.ready.get() else {
+        return Value::Null;
+    };
+    let lps = c.with_logprobs();
+    let tokens: Vec<Value> = lps
+        .iter()
+        .map(|&(i, l)| token(llm, i, &token_text(llm, i), Some(l.logprob)))
+        .collect();
+    let mut d = json!({"finish_reason": finish_reason(c.reason),
+        "generated_tokens": c.completion_tokens, "seed": seed, "prefill": [], "tokens": tokens});
+    if top_n > 0 {
+        d["top_tokens"] = lps.iter().map(|&(_, l)| tgi_top(llm, l)).collect();
+    }
+    d
+}
+
+/// `/generate`'s answer: the sequence of the highest log-probability sum (the only one
+/// without `best_of`).
 async fn answer(st: &AppState, q: Queued) -> Result<Value, ApiError> {
-    let c = collect(st, q.rx).await?;
+    let cs = collect_all(st, q.rxs).await?;
+    let best = (0..cs.len())
+        .max_by(|&a, &b| {
+            logprob_sum(&cs[a])
+                .total_cmp(&logprob_sum(&cs[b]))
+                .then(b.cmp(&a))
+        })
+        .unwrap_or(0);
+    let seed_of = |i: usize| match q.seed.as_u64() {
+        Some(s) => json!(s.wrapping_add(i as u64)),
+        None => Value::Null,
+    };
+    let c = &cs[best];
     let mut out = json!({"generated_text": format!("{}{}", q.prefix, c.text)});
     if q.details {
-        let (llm, _) = ready(st)?;
-        let lps = c.with_logprobs();
-        let tokens: Vec<Value> = lps
-            .iter()
-            .map(|&(i, l)| token(llm, i, &token_text(llm, i), Some(l.logprob)))
-            .collect();
-        out["details"] = json!({"finish_reason": finish_reason(c.reason),
-            "generated_tokens": c.completion_tokens, "seed": q.seed,
-            "prefill": [], "tokens": tokens});
-        if q.top_n > 0 {
-            out["details"]["top_tokens"] = lps.iter().map(|&(_, l)| tgi_top(llm, l)).collect();
+        out["details"] = sequence_details(st, c, seed_of(best), q.top_n);
+        if cs.len() > 1 {
+            let others: Vec<Value> = (0..cs.len())
+                .filter(|&i| i != best)
+                .map(|i| {
+                    let mut d = sequence_details(st, &cs[i], seed_of(i), q.top_n);
+                    d["generated_text"] = json!(format!("{}{}", q.prefix, cs[i].text));
+                    d
+                })
+                .collect();
+            out["details"]["best_of_sequences"] = json!(others);
         }
     }
     Ok(out)
@@ -217,7 +280,7 @@ fn stream(st: &AppState, q: Queued) -> Result<Response, ApiError> {
             Event::Error(m) => vec![json!({"error": m, "error_type": "generation"})],
         }
     };
-    Ok(sse(st, vec![q.rx], render, false).into_response())
+    Ok(sse(st, q.rxs, render, false).into_response())
 }
 
 /// `POST /generate`.
@@ -227,7 +290,7 @@ pub async fn generate(
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
     auth(&st, &h)?;
-    let q = queue(&st, request(&body, false)?)?;
+    let q = queue(&st, request(&body, false)?, false)?;
     Ok(Json(answer(&st, q).await?))
 }
 
@@ -238,7 +301,7 @@ pub async fn generate_stream(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     auth(&st, &h)?;
-    let q = queue(&st, request(&body, false)?)?;
+    let q = queue(&st, request(&body, false)?, true)?;
     stream(&st, q)
 }
 
@@ -252,7 +315,7 @@ pub async fn compat(
     auth(&st, &h)?;
     let req = request(&body, true)?;
     let streamed = req.stream;
-    let q = queue(&st, req)?;
+    let q = queue(&st, req, streamed)?;
     if streamed {
         return stream(&st, q);
     }

@@ -1,6 +1,6 @@
 """The official `openai` client and TGI's `text-generation` client against a running
 `fastllm serve` (base URL as the only argument): plain and streamed generation, logprobs,
-n > 1, TGI details and top tokens, and refusals of unsupported fields. Exits non-zero on the
+n > 1, TGI details, top tokens and best_of, and refusals of unsupported fields. Exits non-zero on the
 first failed check."""
 
 import sys
@@ -25,6 +25,9 @@ def main(base: str) -> None:
         last = ev
     assert last.generated_text == r.generated_text == text, (last, r.generated_text, text)
     assert last.details.generated_tokens == d.generated_tokens
+    r = tgi.generate("Hello", max_new_tokens=4, best_of=2, do_sample=True, seed=3)
+    assert len(r.details.best_of_sequences) == 1, r.details
+    assert r.details.seed in (3, 4) and r.details.best_of_sequences[0].seed in (3, 4)
     try:
         tgi.generate("Hello", max_new_tokens=2, watermark=True)
         raise AssertionError("watermark was accepted")

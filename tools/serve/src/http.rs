@@ -1,9 +1,11 @@
-//! HTTP front end (axum): OpenAI `POST /v1/completions`, `POST /v1/chat/completions`,
-//! `GET /v1/models`; TGI `POST /generate`, `POST /generate_stream`, `POST /` ([`tgi`]),
-//! `GET /info`, `GET /health`; `GET /metrics`, `POST /tokenize`. Streams are Server-Sent Events.
-//! Every error is a JSON body in the OpenAI error shape ([`guard`]); bad requests get a 4xx,
-//! and a request field this server does not serve is refused by name ([`fields`]). A client
-//! that disconnects cancels its request.
+//! HTTP front end (axum): the router and the state shared by the endpoints — OpenAI
+//! `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models` ([`openai`]); TGI
+//! `POST /generate`, `POST /generate_stream`, `POST /` ([`tgi`]); `GET /info`, `GET /health`,
+//! `GET /metrics`, `POST /tokenize` (here) — and what they share: queueing sequences in the
+//! engine, collecting them, and streaming them as Server-Sent Events. Every error is a JSON body
+//! in the OpenAI error shape ([`guard`]); bad requests get a 4xx, and a request field this server
+//! does not serve is refused by name ([`fields`]). A client that disconnects cancels its
+//! request; on shutdown, running requests end after the drain timeout ([`crate::shutdown`]).
 
 pub mod fields;
 pub mod guard;

@@ -177,12 +177,14 @@ pub fn run(
         let listener = tokio::net::TcpListener::bind(o.addr)
             .await
             .map_err(|e| format!("cannot listen on {}: {e}", o.addr))?;
+        // the address bound (port 0 asks for a free one)
+        let addr = listener.local_addr().unwrap_or(o.addr);
         eprintln!(
-            "fastllm serve: listening on http://{} (model {} on {}; loading)",
-            o.addr, o.model_name, o.device
+            "fastllm serve: listening on http://{addr} (model {} on {}; loading)",
+            o.model_name, o.device
         );
         let st = state.clone();
-        let opts = o.clone();
+        let opts = ServeOptions { addr, ..o.clone() };
         let loader = tokio::task::spawn_blocking(move || -> Result<(), String> {
             let llm = Arc::new(load().map_err(|e| e.to_string())?);
             // a budget from free memory is measured once, with the model loaded, and reported

@@ -11,6 +11,7 @@ pub mod fields;
 pub mod guard;
 pub mod logprobs;
 pub mod openai;
+pub mod reasoning;
 pub mod tgi;
 
 use crate::engine::{Engine, EngineConfig, Event, FinishReason, GenRequest, SubmitError};

@@ -3,6 +3,7 @@
 //! with seed `seed + i`; `logprobs` / `top_logprobs` come from the engine ([`super::logprobs`]);
 //! the seed used is reported as `seed` (null when greedy); usage counts the prompt once.
 
+use super::reasoning::{self, Split, ThinkSplitter};
 use super::{
     auth, bad, collect_all, fields, logprobs, parse, ready, sse, submit_n, ApiError, AppState,
     Collected, Job, SHUTDOWN_MSG,
@@ -356,8 +357,8 @@ pub async fn completions(
     Ok(Json(out).into_response())
 }
 
-/// The chat prompt's token ids.
-fn chat_prompt(llm: &Llm, messages: &[ChatMsgIn]) -> Result<Vec<u32>, ApiError> {
+/// The chat prompt's token ids, and whether it ends by opening `<think>`.
+fn chat_prompt(llm: &Llm, messages: &[ChatMsgIn]) -> Result<(Vec<u32>, bool), ApiError> {
     if messages.is_empty() {
         return Err(bad("messages must not be empty"));
     }
@@ -379,19 +380,56 @@ fn chat_prompt(llm: &Llm, messages: &[ChatMsgIn]) -> Result<Vec<u32>, ApiError> 
     let text = llm
         .render_chat(&msgs, true)
         .map_err(|e| bad(e.to_string()))?;
-    llm.tokenizer
+    let ids = llm
+        .tokenizer
         .encode(&text, false, true)
-        .map_err(|e| bad(e.to_string()))
+        .map_err(|e| bad(e.to_string()))?;
+    Ok((ids, reasoning::opens_thinking(&text)))
 }
 
-/// Renders a chat stream's events: each choice opens with its role, then one chunk per token
-/// (with its log-probabilities), a finishing chunk per choice, usage and seed on the last.
+/// The deltas of one piece of a chat answer: reasoning and content (split when `splitter`),
+/// the token's log-probabilities on the first, an empty content delta when only they are new.
+fn chat_deltas(splitter: Option<&mut ThinkSplitter>, text: &str, lp: Option<Value>) -> Vec<Value> {
+    let split = match splitter {
+        Some(s) => s.push(text),
+        None => Split {
+            reasoning: String::new(),
+            content: text.to_string(),
+        },
+    };
+    delta_values(split, lp)
+}
+
+fn delta_values(split: Split, lp: Option<Value>) -> Vec<Value> {
+    let mut out = Vec::new();
+    if !split.reasoning.is_empty() {
+        out.push(json!({"reasoning_content": split.reasoning}));
+    }
+    if !split.content.is_empty() || (out.is_empty() && lp.is_some()) {
+        out.push(json!({"content": split.content}));
+    }
+    match lp {
+        Some(lp) => out
+            .into_iter()
+            .enumerate()
+            .map(|(k, d)| json!({"delta": d, "logprobs": if k == 0 { lp.clone() } else { Value::Null }}))
+            .collect(),
+        None => out.into_iter().map(|d| json!({"delta": d})).collect(),
+    }
+}
+
+/// Renders a chat stream's events: each choice opens with its role, then its reasoning and
+/// content deltas (`think`: split `<think>` reasoning, the prompt having opened the tag or not)
+/// with the tokens' log-probabilities, a finishing chunk per choice, usage and seed on the last.
 fn chat_chunks(
     llm: Arc<Llm>,
     head: Value,
     n: usize,
     seed: Value,
+    think: Option<bool>,
 ) -> impl FnMut(usize, &Event) -> Vec<Value> + Send + 'static {
+    let mut splitters: Vec<Option<ThinkSplitter>> =
+        (0..n).map(|_| think.map(ThinkSplitter::new)).collect();
     let mut first = vec![true; n];
     let mut fin = Finished {
         n,
@@ -412,25 +450,27 @@ fn chat_chunks(
                 Value::Null,
             ));
         }
+        let with = |d: Value| {
+            let mut c = chunk(d["delta"].clone(), Value::Null);
+            if let Some(lp) = d.get("logprobs") {
+                c["choices"][0]["logprobs"] = lp.clone();
+            }
+            c
+        };
         match ev {
-            Event::Token {
-                id,
-                text,
-                logprobs: Some(l),
-            } => {
-                let mut c = chunk(json!({"content": text}), Value::Null);
-                c["choices"][0]["logprobs"] = logprobs::chat(&llm, &[(*id, l)]);
-                out.push(c)
+            Event::Token { id, text, logprobs } => {
+                let lp = logprobs.as_ref().map(|l| logprobs::chat(&llm, &[(*id, l)]));
+                let deltas = chat_deltas(splitters[i].as_mut(), text, lp);
+                out.extend(deltas.into_iter().map(with));
             }
-            Event::Token { text, .. } if !text.is_empty() => {
-                out.push(chunk(json!({"content": text}), Value::Null))
-            }
-            Event::Token { .. } => {}
             Event::Done {
                 reason,
                 prompt_tokens,
                 completion_tokens,
             } => {
+                if let Some(s) = splitters[i].as_mut() {
+                    out.extend(delta_values(s.finish(), None).into_iter().map(with));
+                }
                 let mut c = chunk(json!({}), json!(reason_str(*reason)));
                 fin.finish(&mut c, *prompt_tokens, *completion_tokens);
                 out.push(c);
@@ -439,6 +479,19 @@ fn chat_chunks(
         }
         out
     }
+}
+
+/// The assistant message of a whole answer, its `<think>` reasoning split off when `think`.
+fn chat_message(text: &str, think: Option<bool>) -> Value {
+    let Some(opened) = think else {
+        return json!({"role": "assistant", "content": text});
+    };
+    let s = reasoning::split_all(text, opened);
+    let mut m = json!({"role": "assistant", "content": s.content});
+    if !s.reasoning.is_empty() {
+        m["reasoning_content"] = json!(s.reasoning);
+    }
+    m
 }
 
 /// `POST /v1/chat/completions`.
@@ -450,7 +503,8 @@ pub async fn chat_completions(
     auth(&st, &h)?;
     let mut req: ChatRequest = openai_request(&body, fields::CHAT)?;
     let (llm, _) = ready(&st)?;
-    let ids = chat_prompt(llm, &req.messages)?;
+    let (ids, opened) = chat_prompt(llm, &req.messages)?;
+    let think = reasoning::model_thinks(llm).then_some(opened);
     let ctx = llm.model.config().context_length as u32;
     let default_max = ctx.saturating_sub(ids.len() as u32).clamp(1, 512);
     let n = req.s.choices()?;
@@ -462,7 +516,7 @@ pub async fn chat_completions(
     let head =
         json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model});
     if req.s.stream {
-        let render = chat_chunks(llm.clone(), head, n, seed);
+        let render = chat_chunks(llm.clone(), head, n, seed, think);
         return Ok(sse(&st, rxs, render, true).into_response());
     }
     let cs = collect_all(&st, rxs).await?;
@@ -474,7 +528,7 @@ pub async fn chat_completions(
                 true => logprobs::chat(llm, &c.with_logprobs()),
                 false => Value::Null,
             };
-            json!({"index": i, "message": {"role": "assistant", "content": c.text},
+            json!({"index": i, "message": chat_message(&c.text, think),
                    "finish_reason": reason_str(c.reason), "logprobs": lp})
         })
         .collect();
@@ -495,4 +549,76 @@ pub async fn models(
     Ok(Json(
         json!({"object": "list", "data": [{"id": st.model_name, "object": "model", "created": 0, "owned_by": "fastllm"}]}),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fastllm::load::{load, LoadOptions};
+    use std::path::Path;
+
+    fn tiny() -> Arc<Llm> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/tiny/qwen2");
+        let out =
+            std::env::temp_dir().join(format!("fastllm-openai-test-{}.flm", std::process::id()));
+        fastllm::convert::convert(&dir, &out, &Default::default(), &mut |_| {}).unwrap();
+        let llm = load(&out, &LoadOptions::default()).unwrap();
+        let _ = std::fs::remove_file(&out);
+        Arc::new(llm)
+    }
+
+    fn token(text: &str) -> Event {
+        Event::Token {
+            id: 5,
+            text: text.into(),
+            logprobs: None,
+        }
+    }
+
+    /// A thinking model's stream: reasoning deltas, then content deltas, tags split across
+    /// tokens removed; without `think` the text passes as content.
+    #[test]
+    fn chat_streams_split_reasoning_from_content() {
+        let llm = tiny();
+        let events = [
+            token("<thi"),
+            token("nk>\nFirst, "),
+            token("add.</th"),
+            token("ink>\n\nIt is"),
+            token(" 4."),
+            Event::Done {
+                reason: FinishReason::Stop,
+                prompt_tokens: 3,
+                completion_tokens: 5,
+            },
+        ];
+        let run = |think: Option<bool>| {
+            let mut render = chat_chunks(llm.clone(), json!({}), 1, Value::Null, think);
+            let chunks: Vec<Value> = events.iter().flat_map(|e| render(0, e)).collect();
+            let field = |k: &str| -> String {
+                chunks
+                    .iter()
+                    .filter_map(|c| c["choices"][0]["delta"][k].as_str())
+                    .collect()
+            };
+            (field("reasoning_content"), field("content"))
+        };
+        assert_eq!(run(Some(false)), ("First, add.".into(), "It is 4.".into()));
+        let plain = "<think>\nFirst, add.</think>\n\nIt is 4.";
+        assert_eq!(run(None), (String::new(), plain.into()));
+        // whole answers
+        let m = chat_message(plain, Some(false));
+        assert_eq!(m["reasoning_content"], "First, add.");
+        assert_eq!(m["content"], "It is 4.");
+        let m = chat_message("the prompt opened it</think>ok", Some(true));
+        assert_eq!(
+            (m["reasoning_content"].as_str(), m["content"].as_str()),
+            (Some("the prompt opened it"), Some("ok"))
+        );
+        let m = chat_message(plain, None);
+        assert!(m.get("reasoning_content").is_none());
+        assert_eq!(m["content"], plain);
+        // the tiny model has no </think> token: its answers are never split
+        assert!(!reasoning::model_thinks(&llm));
+    }
 }

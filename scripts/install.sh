@@ -23,3 +23,17 @@ Libs.private: -lpthread -ldl -lm
 Cflags: -I\${includedir}
 PC
 echo "installed fastllm $VERSION into $PREFIX (pkg-config: $PREFIX/lib/pkgconfig/fastllm.pc)"
+# the .pc file sets no rpath: say how a program finds libfastllm.so at run time
+PC="PKG_CONFIG_PATH=$PREFIX/lib/pkgconfig pkg-config --cflags --libs fastllm"
+echo
+echo "Build a program (the rpath lets it find libfastllm.so at run time):"
+echo "  cc app.c \$($PC) -Wl,-rpath,$PREFIX/lib -o app"
+if ldconfig -p 2>/dev/null | grep -qF "$PREFIX/lib/libfastllm.so"; then
+  echo "(the dynamic loader already finds $PREFIX/lib/libfastllm.so, so the rpath is optional)"
+else
+  echo "Without the rpath, the loader must be told where the library is, either once as root"
+  echo "(with $PREFIX/lib listed in /etc/ld.so.conf or /etc/ld.so.conf.d/):"
+  echo "  ldconfig"
+  echo "or for each run:"
+  echo "  LD_LIBRARY_PATH=$PREFIX/lib ./app"
+fi

@@ -3,6 +3,7 @@
 
 pub mod arch;
 pub mod config;
+pub mod logprobs;
 pub mod paged;
 pub mod synthetic;
 pub mod tensor_parallel;
@@ -10,6 +11,7 @@ pub mod transformer;
 pub mod weights;
 
 pub use config::{ModelConfig, RopeScaling, RopeStyle};
+pub use logprobs::PickLogprobs;
 pub use paged::{PagedKvPool, PagedSeqState};
 pub use synthetic::SyntheticSource;
 pub use transformer::{KvCache, KvStore, Model, Precision};

@@ -4,6 +4,7 @@
 
 use super::arch::{self, ArchSpec, Mlp, NormKind, Positions, Qkv};
 use super::config::{ModelConfig, RopeScaling, RopeStyle};
+use super::logprobs::{pick_logprobs, PickLogprobs};
 use super::paged::{PagedKvPool, PagedSeqState};
 use super::tensor_parallel::{RankTp, RemoteCache, TpGroup};
 use super::weights::{WeightSource, Weights, W};
@@ -1017,7 +1018,7 @@ impl Model {
                     Ok(rows_out(&logits.to_f32_vec()?))
                 }
             }
-            PagedOut::Ids(_) => Err(Error::invalid("forward_paged: got ids, not logits")),
+            _ => Err(Error::invalid("forward_paged: got ids, not logits")),
         }
     }
 
@@ -1036,7 +1037,7 @@ impl Model {
         }
         match self.run_paged(pool, batch, PagedMode::Greedy)? {
             PagedOut::Ids(ids) => Ok(ids),
-            PagedOut::Logits(_) => Err(Error::invalid("forward_paged_greedy: got logits")),
+            _ => Err(Error::invalid("forward_paged_greedy: got logits")),
         }
     }
 
@@ -1063,7 +1064,41 @@ impl Model {
         }
         match self.run_paged(pool, batch, PagedMode::Sample(rows))? {
             PagedOut::Ids(ids) => Ok(ids),
-            PagedOut::Logits(_) => Err(Error::invalid("forward_paged_sample: got logits")),
+            _ => Err(Error::invalid("forward_paged_sample: got logits")),
+        }
+    }
+
+    /// [`Model::forward_paged_sample`] that also gives each pick's log-probability and the
+    /// `top_n` most likely tokens of each row, computed on the logits' device
+    /// ([`super::logprobs`]).
+    pub fn forward_paged_sample_logprobs(
+        &self,
+        pool: &mut PagedKvPool,
+        batch: &mut [(&mut PagedSeqState, &[u32])],
+        rows: &[SampleRow],
+        top_n: usize,
+    ) -> Result<(Vec<u32>, Vec<PickLogprobs>)> {
+        if batch.is_empty() {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        if rows.len() != batch.len() {
+            return Err(Error::invalid(format!(
+                "forward_paged_sample_logprobs: {} sampling rows for {} items",
+                rows.len(),
+                batch.len()
+            )));
+        }
+        if top_n > self.config.vocab_size {
+            return Err(Error::invalid(format!(
+                "top {top_n} exceeds the vocabulary of {}",
+                self.config.vocab_size
+            )));
+        }
+        match self.run_paged(pool, batch, PagedMode::SampleLogprobs(rows, top_n))? {
+            PagedOut::IdsLogprobs(ids, lp) => Ok((ids, lp)),
+            _ => Err(Error::invalid(
+                "forward_paged_sample_logprobs: got no logprobs",
+            )),
         }
     }
 
@@ -1171,6 +1206,11 @@ impl Model {
         let out = match mode {
             PagedMode::Greedy => PagedOut::Ids(self.argmax_rows(logits)?),
             PagedMode::Sample(rows) => PagedOut::Ids(self.sample_rows(&logits, rows)?),
+            PagedMode::SampleLogprobs(rows, top_n) => {
+                let ids = self.sample_rows(&logits, rows)?;
+                let lp = pick_logprobs(&self.exec, &logits, &ids, top_n)?;
+                PagedOut::IdsLogprobs(ids, lp)
+            }
             PagedMode::Logits => PagedOut::Logits(to_host(logits)?),
         };
         for (st, toks) in batch.iter_mut() {
@@ -1481,12 +1521,15 @@ enum PagedMode<'a> {
     Logits,
     Greedy,
     Sample(&'a [SampleRow]),
+    /// Sampled, with log-probabilities and the top n of each row.
+    SampleLogprobs(&'a [SampleRow], usize),
 }
 
 /// What a paged step returns: the logits rows, or (greedy, sampled) one id per row.
 enum PagedOut {
     Logits(Data),
     Ids(Vec<u32>),
+    IdsLogprobs(Vec<u32>, Vec<PickLogprobs>),
 }
 
 /// Argmax of each `vocab`-long row of host `logits` (lowest id on ties); NaN or +Inf is an

@@ -40,38 +40,51 @@ struct ModelArgs {
     precision: String,
 }
 
+// Numeric flags accept a leading '-' so that a negative value reaches the sampling
+// validator and gets its message instead of "unexpected argument".
 #[derive(Args, Clone)]
 struct SampleArgs {
     /// Tokens to generate.
     #[arg(short = 'n', long = "max-tokens", default_value_t = 128)]
     n: usize,
     /// Temperature (0 = greedy).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     temperature: f32,
-    #[arg(long, default_value_t = 0)]
+    /// Sample only among the K most likely tokens (0 = off).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     top_k: usize,
-    #[arg(long, default_value_t = 1.0)]
+    /// Nucleus: sample among the most likely tokens whose probabilities sum to P (1 = off).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     top_p: f32,
-    #[arg(long, default_value_t = 0.0)]
+    /// Drop tokens less likely than P times the most likely one (0 = off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     min_p: f32,
-    #[arg(long, default_value_t = 1.0)]
+    /// Penalty on tokens already seen, CTRL style (1 = off).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     repeat_penalty: f32,
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    /// Random seed of sampling (default: a fresh one, printed on stderr).
+    #[arg(long)]
+    seed: Option<u64>,
     /// Stop string (repeatable).
     #[arg(long = "stop")]
     stop: Vec<String>,
 }
 
 impl SampleArgs {
+    /// The sampling parameters; without --seed a sampled run gets a fresh seed, printed on
+    /// stderr so that the run can be repeated.
     fn params(&self) -> SamplingParams {
+        let seed = fastllm_serve::seed::seed_or_fresh(self.seed);
+        if self.seed.is_none() && self.temperature > 0.0 {
+            eprintln!("fastllm: sampling with --seed {seed}");
+        }
         SamplingParams {
             temperature: self.temperature,
             top_k: self.top_k,
             top_p: self.top_p,
             min_p: self.min_p,
             repetition_penalty: self.repeat_penalty,
-            seed: self.seed,
+            seed,
             ..Default::default()
         }
     }
@@ -107,6 +120,7 @@ enum Cmd {
         m: ModelArgs,
         #[command(flatten)]
         s: SampleArgs,
+        /// System message.
         #[arg(long)]
         system: Option<String>,
     },
@@ -152,15 +166,18 @@ enum Cmd {
         #[arg(long)]
         profile: bool,
     },
-    /// Top next-token logits at every position, as JSON.
+    /// Top next-token logits at every position, as JSON: {"ids", "tokens" (their text),
+    /// "positions": [{"top": [[id, logit, text], ...]}]}.
     Logits {
         #[command(flatten)]
         m: ModelArgs,
+        /// Prompt text (tokenized with the model's tokenizer).
         #[arg(long)]
         prompt: Option<String>,
         /// Comma-separated token ids.
         #[arg(long)]
         ids: Option<String>,
+        /// Most likely next tokens listed per position.
         #[arg(long, default_value_t = 5)]
         top: usize,
         /// Write all last-position logits as little-endian f32.
@@ -169,53 +186,75 @@ enum Cmd {
     },
     /// Print token ids of a text as a JSON array.
     Tokenize {
+        /// Model whose tokenizer is used (default: the default model).
         #[arg(short = 'm', long = "model")]
         model: Option<String>,
         /// Do not parse special tokens written in the text.
         #[arg(long)]
         no_special: bool,
+        /// Read the text from a file.
         #[arg(short = 'f', long)]
         file: Option<String>,
+        /// Text to tokenize.
         text: Option<String>,
     },
     /// Print the text of comma-separated token ids.
     Detokenize {
+        /// Model whose tokenizer is used (default: the default model).
         #[arg(short = 'm', long = "model")]
         model: Option<String>,
+        /// Comma-separated token ids.
         ids: String,
     },
     /// Model metadata, tokenizer, tensors and memory needed.
-    Info { model: Option<String> },
+    Info {
+        /// Model file or directory (default: the default model).
+        model: Option<String>,
+    },
     /// Fetch the default model if needed and print its GGUF path.
     Fetch,
     /// HTTP server: OpenAI- and TGI-compatible API with continuous batching.
     Serve {
         #[command(flatten)]
         m: ModelArgs,
+        /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1")]
         host: String,
+        /// Port to listen on.
         #[arg(long, default_value_t = 8080)]
         port: u16,
-        /// Require `Authorization: Bearer KEY`.
-        #[arg(long)]
+        /// Require `Authorization: Bearer KEY` (visible in the process list: prefer
+        /// --api-key-file).
+        #[arg(long, conflicts_with = "api_key_file")]
         api_key: Option<String>,
+        /// Read the API key from the first line of this file.
+        #[arg(long)]
+        api_key_file: Option<String>,
         /// KV cache budget in MiB (default: from free memory).
         #[arg(long, default_value_t = 0)]
         kv_cache_mb: usize,
+        /// Requests in flight (running + waiting); more get HTTP 429 (default 128).
         #[arg(long)]
         max_concurrent_requests: Option<usize>,
+        /// Prompt tokens processed in one step; longer prompts are prefilled in chunks
+        /// (default 4096).
         #[arg(long)]
         max_batch_prefill_tokens: Option<usize>,
+        /// Prompt + allowed output tokens of all running requests together (default: the KV
+        /// cache's capacity).
         #[arg(long)]
         max_batch_total_tokens: Option<usize>,
+        /// Prompt tokens of one request (default: max-total-tokens - 1).
         #[arg(long)]
         max_input_tokens: Option<usize>,
+        /// Prompt + generated tokens of one request (default: the model's context, at most
+        /// the KV cache's capacity).
         #[arg(long)]
         max_total_tokens: Option<usize>,
         /// While a batch runs, waiting requests join only if at least floor(running × RATIO)
         /// of them fit (TGI semantics; default 0: join as soon as they fit, since prefill is
         /// chunked into the running steps).
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         waiting_served_ratio: Option<f32>,
         /// Steps of the running batch after which waiting requests join regardless of the
         /// ratio (default 20).
@@ -232,18 +271,30 @@ enum Cmd {
         /// Weight dtype of a synthetic model: f16, int8 (Q8_0) or int4 (Q4_0).
         #[arg(long, default_value = "f16")]
         dtype: String,
+        /// On SIGTERM/SIGINT, seconds running requests may take to finish before they are
+        /// ended (streams then get an error event and their end marker).
+        #[arg(long, default_value_t = 30.0, allow_negative_numbers = true)]
+        drain_timeout: f64,
+        /// Allow browser pages from this origin (scheme://host[:port], or * for any) to call
+        /// the API (CORS).
+        #[arg(long)]
+        cors_origin: Option<String>,
     },
     /// Load test a running server: concurrent streaming completions, then req/s, tok/s, TTFT, ITL.
     BenchServe {
         /// Server address host:port (this machine).
         #[arg(long, default_value = "127.0.0.1:8080")]
         addr: String,
+        /// Streams open at once.
         #[arg(short = 'c', long, default_value_t = 8)]
         concurrency: usize,
+        /// Requests in all.
         #[arg(long, default_value_t = 32)]
         requests: usize,
+        /// Tokens generated per request.
         #[arg(short = 'n', long, default_value_t = 64)]
         max_tokens: usize,
+        /// Prompt of every request (a completion, not a chat).
         #[arg(
             long,
             default_value = "Write a short story about a robot learning to paint."
@@ -253,11 +304,14 @@ enum Cmd {
         #[arg(long, default_value_t = 300)]
         max_seconds: u64,
         /// Sampling temperature of every request (0 = greedy).
-        #[arg(long, default_value_t = 0.0)]
+        #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
         temperature: f32,
         /// Nucleus (top-p) of every request (1 = off).
-        #[arg(long, default_value_t = 1.0)]
+        #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
         top_p: f32,
+        /// Let requests end at an end-of-sequence token (default: each generates -n tokens).
+        #[arg(long)]
+        stop_at_eos: bool,
     },
 }
 
@@ -295,6 +349,11 @@ fn model_only(model: &Option<String>) -> ModelArgs {
         low_memory: false,
         precision: "fast".into(),
     }
+}
+
+/// The text of one token as the tokenizer spells it (special tokens included).
+fn token_text(llm: &Llm, id: u32) -> String {
+    llm.tokenizer.decode(&[id], false).unwrap_or_default()
 }
 
 fn parse_ids(s: &str) -> Result<Vec<u32>> {
@@ -482,7 +541,7 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
                 let topk: Vec<serde_json::Value> = idx
                     .iter()
                     .take(top)
-                    .map(|&i| serde_json::json!([i, row[i]]))
+                    .map(|&i| serde_json::json!([i, row[i], token_text(&llm, i as u32)]))
                     .collect();
                 positions.push(serde_json::json!({ "top": topk }));
             }
@@ -491,9 +550,10 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
                 let bytes: Vec<u8> = last.iter().flat_map(|x| x.to_le_bytes()).collect();
                 std::fs::write(&path, bytes).map_err(|e| fastllm::Error::io(&path, e))?;
             }
+            let texts: Vec<String> = ids.iter().map(|&i| token_text(&llm, i)).collect();
             println!(
                 "{}",
-                serde_json::json!({ "ids": ids, "positions": positions })
+                serde_json::json!({ "ids": ids, "tokens": texts, "positions": positions })
             );
         }
         Cmd::Tokenize {
@@ -527,6 +587,7 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             host,
             port,
             api_key,
+            api_key_file,
             kv_cache_mb,
             max_concurrent_requests,
             max_batch_prefill_tokens,
@@ -538,10 +599,24 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             prefix_caching,
             synthetic,
             dtype,
+            drain_timeout,
+            cors_origin,
         } => {
             let addr: std::net::SocketAddr = format!("{host}:{port}")
                 .parse()
                 .map_err(|_| fastllm::Error::invalid(format!("bad address {host}:{port}")))?;
+            let api_key = match api_key_file {
+                Some(f) => {
+                    Some(fastllm_serve::read_api_key_file(&f).map_err(fastllm::Error::invalid)?)
+                }
+                None => api_key,
+            };
+            let drain_timeout =
+                std::time::Duration::try_from_secs_f64(drain_timeout).map_err(|_| {
+                    fastllm::Error::invalid(format!(
+                        "--drain-timeout must be a number of seconds >= 0, got {drain_timeout}"
+                    ))
+                })?;
             // a synthetic model's name and dtype are checked before anything binds or loads
             let (path, name) = match &synthetic {
                 Some(shape) => {
@@ -572,6 +647,9 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             let so = fastllm_serve::ServeOptions {
                 addr,
                 model_name: name,
+                device: opts.device.clone(),
+                drain_timeout,
+                cors_origin,
                 api_key,
                 kv_cache_mb,
                 max_concurrent_requests,
@@ -599,6 +677,7 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             max_seconds,
             temperature,
             top_p,
+            stop_at_eos,
         } => {
             let o = fastllm_serve::load::LoadOptions {
                 addr,
@@ -609,8 +688,11 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
                 max_duration: std::time::Duration::from_secs(max_seconds),
                 temperature,
                 top_p,
+                stop_at_eos,
             };
-            println!("{}", fastllm_serve::load::run(&o).summary());
+            let report = fastllm_serve::load::run(&o);
+            println!("{}", report.summary());
+            report.check().map_err(fastllm::Error::invalid)?;
         }
         Cmd::Fetch => println!("{}", fastllm::default_model::default_gguf()?.display()),
         Cmd::Info { model } => {

@@ -13,7 +13,7 @@
 
 use crate::metrics::Metrics;
 use fastllm::generate::{Llm, SampleRow, Sampler, SamplingParams};
-use fastllm::model::{PagedKvPool, PagedSeqState};
+use fastllm::model::{PagedKvPool, PagedSeqState, PickLogprobs};
 use fastllm::tokenizer::StreamState;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -76,8 +76,10 @@ impl EngineConfig {
 /// Why a request finished.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinishReason {
-    /// End-of-sequence token or stop string.
+    /// End-of-sequence token.
     Stop,
+    /// A stop string.
+    StopString,
     /// `max_new_tokens` or the total-token limit.
     Length,
 }
@@ -91,6 +93,8 @@ pub enum Event {
         id: u32,
         /// New text.
         text: String,
+        /// Its log-probability and the most likely tokens, when the request asked for them.
+        logprobs: Option<PickLogprobs>,
     },
     /// The request finished.
     Done {
@@ -115,6 +119,10 @@ pub struct GenRequest {
     pub max_new_tokens: usize,
     /// Stop strings.
     pub stop: Vec<String>,
+    /// Generate past end-of-sequence tokens (until `max_new_tokens` or a stop string).
+    pub ignore_eos: bool,
+    /// Report each token's log-probability with this many most likely tokens (None = off).
+    pub logprobs: Option<usize>,
     /// Where events go; when the receiver is dropped the request is cancelled.
     pub events: UnboundedSender<Event>,
 }
@@ -148,6 +156,8 @@ impl Engine {
         let (tx, rx) = mpsc::channel();
         let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let sched = Scheduler::new(llm, config.clone(), metrics.clone(), in_flight.clone())?;
+        // the KV gauges are right before the first request
+        sched.publish();
         std::thread::Builder::new()
             .name("fastllm-scheduler".into())
             .spawn(move || sched.run(rx))
@@ -169,6 +179,11 @@ impl Engine {
 
     /// Queues a request, or refuses it.
     pub fn submit(&self, req: GenRequest) -> Result<(), SubmitError> {
+        self.submit_all(vec![req])
+    }
+
+    /// Checks one request's own limits.
+    fn check(&self, req: &GenRequest) -> Result<(), SubmitError> {
         let c = &self.config;
         if req.prompt.is_empty() {
             return Err(SubmitError::Invalid("the prompt is empty".into()));
@@ -188,17 +203,35 @@ impl Engine {
                 c.max_total_tokens
             )));
         }
-        self.metrics.requests_total.fetch_add(1, Ordering::Relaxed);
-        let n = self.in_flight.fetch_add(1, Ordering::SeqCst);
-        if n >= c.max_concurrent_requests {
-            self.in_flight.fetch_sub(1, Ordering::SeqCst);
-            self.metrics.rejected_total.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Queues all of `reqs` (the sequences of one answer) or none: they take their places
+    /// among the requests in flight together.
+    pub fn submit_all(&self, reqs: Vec<GenRequest>) -> Result<(), SubmitError> {
+        for r in &reqs {
+            self.check(r)?;
+        }
+        let n = reqs.len();
+        self.metrics
+            .requests_total
+            .fetch_add(n as u64, Ordering::Relaxed);
+        let before = self.in_flight.fetch_add(n, Ordering::SeqCst);
+        if before + n > self.config.max_concurrent_requests {
+            self.in_flight.fetch_sub(n, Ordering::SeqCst);
+            self.metrics
+                .rejected_total
+                .fetch_add(n as u64, Ordering::Relaxed);
             return Err(SubmitError::Overloaded);
         }
-        self.tx.send(req).map_err(|_| {
-            self.in_flight.fetch_sub(1, Ordering::SeqCst);
-            SubmitError::Stopped
-        })
+        for (sent, r) in reqs.into_iter().enumerate() {
+            if self.tx.send(r).is_err() {
+                // the scheduler is gone: the unsent ones are not in flight
+                self.in_flight.fetch_sub(n - sent, Ordering::SeqCst);
+                return Err(SubmitError::Stopped);
+            }
+        }
+        Ok(())
     }
 
     /// Requests in flight.
@@ -442,6 +475,19 @@ impl Scheduler {
         false
     }
 
+    /// The most likely tokens to report in a step of `plan`, when an item that picks a token
+    /// in it asks for log-probabilities (None: the step computes none).
+    fn logprobs_wanted(&self, plan: &[(usize, usize)]) -> Option<usize> {
+        plan.iter()
+            .filter_map(|&(i, n)| {
+                let s = &self.running[i];
+                (s.fed + n >= s.tokens.len())
+                    .then_some(s.req.logprobs)
+                    .flatten()
+            })
+            .max()
+    }
+
     fn step(&mut self) {
         // plan: decode tokens first, then prompt chunks within the prefill budget and free blocks
         let plan = loop {
@@ -531,10 +577,16 @@ impl Scheduler {
                     }
                 })
                 .collect();
-            let r = self
-                .llm
-                .model
-                .forward_paged_sample(&mut self.pool, &mut batch, &rows);
+            let top_n = self.logprobs_wanted(&plan);
+            let model = &self.llm.model;
+            let r = match top_n {
+                None => model
+                    .forward_paged_sample(&mut self.pool, &mut batch, &rows)
+                    .map(|ids| (ids, Vec::new())),
+                Some(t) => {
+                    model.forward_paged_sample_logprobs(&mut self.pool, &mut batch, &rows, t)
+                }
+            };
             drop(batch);
             for (i, _, st) in states {
                 self.running[i].state = st;
@@ -542,7 +594,7 @@ impl Scheduler {
             r
         };
         self.metrics.steps_total.fetch_add(1, Ordering::Relaxed);
-        let out = match result {
+        let (out, mut logprobs) = match result {
             Ok(o) => o,
             Err(e) => {
                 // fail every sequence of the batch; keep serving others
@@ -572,6 +624,13 @@ impl Scheduler {
                 .get(k)
                 .copied()
                 .ok_or_else(|| fastllm::Error::invalid("step returned too few ids"));
+            // this request's share: its own number of most likely tokens
+            let lp = s.req.logprobs.and_then(|t| {
+                logprobs.get_mut(k).map(|l| PickLogprobs {
+                    logprob: l.logprob,
+                    top: std::mem::take(&mut l.top).into_iter().take(t).collect(),
+                })
+            });
             let tok = match picked {
                 Ok(t) => t,
                 Err(e) => {
@@ -586,7 +645,7 @@ impl Scheduler {
             }
             s.t_last = Some(now);
             let n_gen = s.tokens.len() - s.n_prompt;
-            if self.eos.contains(&tok) {
+            if !s.req.ignore_eos && self.eos.contains(&tok) {
                 done.push((
                     i,
                     Some(Event::Done {
@@ -631,7 +690,7 @@ impl Scheduler {
                 .map(|c| c + from)
             {
                 emit_to = cut.max(s.text_sent);
-                finish = Some(FinishReason::Stop);
+                finish = Some(FinishReason::StopString);
             } else if max_stop > 1 {
                 let mut c = stable.saturating_sub(max_stop - 1);
                 while c > 0 && !s.text.is_char_boundary(c) {
@@ -654,6 +713,7 @@ impl Scheduler {
                 .send(Event::Token {
                     id: tok,
                     text: piece,
+                    logprobs: lp,
                 })
                 .is_err()
             {
@@ -776,6 +836,8 @@ mod tests {
             },
             max_new_tokens: n,
             stop: Vec::new(),
+            ignore_eos: false,
+            logprobs: None,
             events: tx,
         };
         (req, rx)

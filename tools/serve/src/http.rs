@@ -1,24 +1,39 @@
-//! HTTP front end (axum): OpenAI `POST /v1/completions`, `POST /v1/chat/completions`,
-//! `GET /v1/models`; TGI `POST /generate`, `POST /generate_stream`, `GET /info`, `GET /health`;
-//! `GET /metrics`, `POST /tokenize`. Streams are Server-Sent Events. Bad requests get a 4xx with
-//! an error body, never a 500; a client that disconnects cancels its request.
+//! HTTP front end (axum): the router and the state shared by the endpoints — OpenAI
+//! `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models` ([`openai`]); TGI
+//! `POST /generate`, `POST /generate_stream`, `POST /` ([`tgi`]); `GET /info`, `GET /health`,
+//! `GET /metrics`, `POST /tokenize` (here) — and what they share: queueing sequences in the
+//! engine, collecting them, and streaming them as Server-Sent Events. Every error is a JSON body
+//! in the OpenAI error shape ([`guard`]); bad requests get a 4xx, and a request field this server
+//! does not serve is refused by name ([`fields`]). A client that disconnects cancels its
+//! request; on shutdown, running requests end after the drain timeout ([`crate::shutdown`]).
+
+pub mod fields;
+pub mod guard;
+pub mod logprobs;
+pub mod openai;
+pub mod reasoning;
+pub mod tgi;
 
 use crate::engine::{Engine, EngineConfig, Event, FinishReason, GenRequest, SubmitError};
 use crate::metrics::Metrics;
+use crate::ServeOptions;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use fastllm::generate::{ChatMessage, Llm, SamplingParams};
+use fastllm::generate::{Llm, SamplingParams};
+use fastllm::model::PickLogprobs;
 use futures_util::stream::{self, Stream};
+use guard::auth;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 /// Shared server state.
 pub struct AppState {
@@ -30,16 +45,37 @@ pub struct AppState {
     pub api_key: Option<String>,
     /// Model name reported by the API.
     pub model_name: String,
+    /// Device the model runs on.
+    pub device: String,
+    /// Origin allowed by CORS (`*` = any), if any.
+    pub cors_origin: Option<String>,
+    /// Set on shutdown: new requests are refused.
+    draining: AtomicBool,
+    /// Set when the drain timeout has passed: running requests end.
+    cut: watch::Sender<bool>,
 }
 
 impl AppState {
-    /// State with no model yet (health answers 503 until [`AppState::set_ready`]).
+    /// State with no model yet (health answers 503 until [`AppState::set_ready`]), on the CPU,
+    /// without CORS.
     pub fn new(model_name: &str, api_key: Option<String>) -> Arc<AppState> {
+        AppState::configured(&ServeOptions {
+            model_name: model_name.to_string(),
+            api_key,
+            ..Default::default()
+        })
+    }
+    /// State with no model yet, for the options `o`.
+    pub fn configured(o: &ServeOptions) -> Arc<AppState> {
         Arc::new(AppState {
             ready: OnceLock::new(),
             metrics: Arc::new(Metrics::default()),
-            api_key,
-            model_name: model_name.to_string(),
+            api_key: o.api_key.clone(),
+            model_name: o.model_name.clone(),
+            device: o.device.clone(),
+            cors_origin: o.cors_origin.clone(),
+            draining: AtomicBool::new(false),
+            cut: watch::channel(false).0,
         })
     }
     /// Installs the loaded model and starts the engine.
@@ -48,26 +84,48 @@ impl AppState {
         let _ = self.ready.set((llm, engine));
         Ok(())
     }
+    /// Refuses new requests from now on; returns how many are in flight.
+    pub fn start_draining(&self) -> usize {
+        self.draining.store(true, Ordering::SeqCst);
+        self.ready.get().map(|(_, e)| e.in_flight()).unwrap_or(0)
+    }
+    /// Ends every running request (streams get an error event, then their end marker).
+    pub fn end_running(&self) {
+        self.cut.send_replace(true);
+    }
+    /// True once shutdown began.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
 }
 
 /// The router with every endpoint.
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
-        .route("/v1/completions", post(completions))
-        .route("/v1/chat/completions", post(chat_completions))
-        .route("/v1/models", get(models))
-        .route("/generate", post(tgi_generate))
-        .route("/generate_stream", post(tgi_generate_stream))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/models", get(openai::models))
+        .route("/", post(tgi::compat))
+        .route("/generate", post(tgi::generate))
+        .route("/generate_stream", post(tgi::generate_stream))
         .route("/info", get(info))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/tokenize", post(tokenize))
         .fallback(not_found)
+        .layer(DefaultBodyLimit::max(guard::MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(guard::length_limit))
+        .layer(axum::middleware::from_fn(guard::json_errors))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            guard::cors,
+        ))
         .with_state(state)
 }
 
 /// An API error: status and message.
-pub struct ApiError(StatusCode, String);
+#[derive(Debug)]
+pub struct ApiError(pub StatusCode, pub String);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -87,7 +145,8 @@ impl IntoResponse for ApiError {
     }
 }
 
-fn bad(msg: impl Into<String>) -> ApiError {
+/// A 400 with `msg`.
+pub fn bad(msg: impl Into<String>) -> ApiError {
     ApiError(StatusCode::BAD_REQUEST, msg.into())
 }
 
@@ -95,24 +154,8 @@ async fn not_found() -> ApiError {
     ApiError(StatusCode::NOT_FOUND, "no such endpoint".into())
 }
 
-fn auth(st: &AppState, h: &HeaderMap) -> Result<(), ApiError> {
-    if let Some(key) = &st.api_key {
-        let ok = h
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|v| v == key);
-        if !ok {
-            return Err(ApiError(
-                StatusCode::UNAUTHORIZED,
-                "missing or wrong API key (Authorization: Bearer ...)".into(),
-            ));
-        }
-    }
-    Ok(())
-}
-
-fn ready(st: &AppState) -> Result<&(Arc<Llm>, Engine), ApiError> {
+/// The model and engine, or 503 while loading.
+pub fn ready(st: &AppState) -> Result<&(Arc<Llm>, Engine), ApiError> {
     st.ready.get().ok_or_else(|| {
         ApiError(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -121,159 +164,169 @@ fn ready(st: &AppState) -> Result<&(Arc<Llm>, Engine), ApiError> {
     })
 }
 
-fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| bad(format!("invalid request body: {e}")))
+/// Deserializes a checked request object.
+pub fn parse<T: for<'de> Deserialize<'de>>(obj: Map<String, Value>) -> Result<T, ApiError> {
+    serde_json::from_value(Value::Object(obj))
+        .map_err(|e| bad(format!("invalid request body: {e}")))
 }
 
-/// `stop` as a string or a list of strings.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Stop {
-    One(String),
-    Many(Vec<String>),
+/// One generation for the engine.
+#[derive(Clone)]
+pub struct Job {
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Sampling, with the seed it runs with.
+    pub sampling: SamplingParams,
+    /// Maximum new tokens.
+    pub max_new: usize,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// Generate past end-of-sequence tokens.
+    pub ignore_eos: bool,
+    /// Report log-probabilities with this many most likely tokens (None = off).
+    pub logprobs: Option<usize>,
 }
 
-impl Stop {
-    fn list(s: Option<Stop>) -> Vec<String> {
-        match s {
-            None => Vec::new(),
-            Some(Stop::One(x)) => vec![x],
-            Some(Stop::Many(v)) => v,
+impl Job {
+    /// The seed to report: the one used when sampling, none when greedy.
+    pub fn reported_seed(&self) -> Value {
+        if self.sampling.temperature > 0.0 {
+            json!(self.sampling.seed)
+        } else {
+            Value::Null
         }
     }
 }
 
-/// Common OpenAI sampling fields.
-#[derive(Deserialize)]
-struct OaSampling {
-    max_tokens: Option<u32>,
-    max_completion_tokens: Option<u32>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    top_k: Option<u32>,
-    min_p: Option<f32>,
-    seed: Option<u64>,
-    presence_penalty: Option<f32>,
-    frequency_penalty: Option<f32>,
-    repetition_penalty: Option<f32>,
-    stop: Option<Stop>,
-    #[serde(default)]
-    stream: bool,
-    n: Option<u32>,
+/// Queues `job`; the receiver gets its events.
+pub fn submit(st: &AppState, job: Job) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
+    let mut rxs = submit_n(st, job, 1)?;
+    rxs.pop().ok_or_else(|| {
+        ApiError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "no request queued".into(),
+        )
+    })
 }
 
-impl OaSampling {
-    fn params(&self, default_max: u32) -> Result<(SamplingParams, usize), ApiError> {
-        if self.n.unwrap_or(1) != 1 {
-            return Err(bad("only n = 1 is supported"));
-        }
-        let p = SamplingParams {
-            temperature: self.temperature.unwrap_or(1.0),
-            top_k: self.top_k.unwrap_or(0) as usize,
-            top_p: self.top_p.unwrap_or(1.0),
-            min_p: self.min_p.unwrap_or(0.0),
-            repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
-            presence_penalty: self.presence_penalty.unwrap_or(0.0),
-            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
-            seed: self.seed.unwrap_or(0),
-        };
-        p.validate().map_err(|e| bad(e.to_string()))?;
-        let max = self
-            .max_completion_tokens
-            .or(self.max_tokens)
-            .unwrap_or(default_max);
-        if max == 0 {
-            return Err(bad("max_tokens must be at least 1"));
-        }
-        Ok((p, max as usize))
-    }
-}
-
-#[derive(Deserialize)]
-struct CompletionRequest {
-    prompt: Value,
-    #[serde(flatten)]
-    s: OaSampling,
-}
-
-#[derive(Deserialize)]
-struct ChatRequest {
-    messages: Vec<ChatMsgIn>,
-    #[serde(flatten)]
-    s: OaSampling,
-}
-
-#[derive(Deserialize)]
-struct ChatMsgIn {
-    role: String,
-    content: Value,
-}
-
-fn content_text(v: &Value) -> Result<String, ApiError> {
-    match v {
-        Value::String(s) => Ok(s.clone()),
-        Value::Null => Ok(String::new()),
-        Value::Array(parts) => {
-            let mut out = String::new();
-            for p in parts {
-                match (
-                    p.get("type").and_then(|t| t.as_str()),
-                    p.get("text").and_then(|t| t.as_str()),
-                ) {
-                    (Some("text"), Some(t)) => out.push_str(t),
-                    _ => return Err(bad("only text content parts are supported")),
-                }
-            }
-            Ok(out)
-        }
-        _ => Err(bad(
-            "message content must be a string or a list of text parts",
-        )),
-    }
-}
-
-fn submit(
+/// Queues `n` sequences of `job`, sequence `i` with seed `seed + i`, all or none (429 when
+/// they do not all fit); dropping the receivers cancels them.
+pub fn submit_n(
     st: &AppState,
-    prompt: Vec<u32>,
-    sampling: SamplingParams,
-    max_new: usize,
-    stop: Vec<String>,
-) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
+    job: Job,
+    n: usize,
+) -> Result<Vec<mpsc::UnboundedReceiver<Event>>, ApiError> {
     let (_, engine) = ready(st)?;
-    let (tx, rx) = mpsc::unbounded_channel();
-    engine
-        .submit(GenRequest {
-            prompt,
+    if st.is_draining() {
+        return Err(ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is shutting down".into(),
+        ));
+    }
+    let mut reqs = Vec::with_capacity(n);
+    let mut rxs = Vec::with_capacity(n);
+    for i in 0..n {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut sampling = job.sampling.clone();
+        sampling.seed = job.sampling.seed.wrapping_add(i as u64);
+        reqs.push(GenRequest {
+            prompt: job.prompt.clone(),
             sampling,
-            max_new_tokens: max_new,
-            stop,
+            max_new_tokens: job.max_new,
+            stop: job.stop.clone(),
+            ignore_eos: job.ignore_eos,
+            logprobs: job.logprobs,
             events: tx,
-        })
-        .map_err(|e| match e {
-            SubmitError::Overloaded => ApiError(
-                StatusCode::TOO_MANY_REQUESTS,
-                "too many concurrent requests; retry later".into(),
-            ),
-            SubmitError::Invalid(m) => ApiError(StatusCode::UNPROCESSABLE_ENTITY, m),
-            SubmitError::Stopped => {
-                ApiError(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped".into())
-            }
-        })?;
-    Ok(rx)
+        });
+        rxs.push(rx);
+    }
+    engine.submit_all(reqs).map_err(|e| match e {
+        SubmitError::Overloaded => ApiError(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many concurrent requests; retry later".into(),
+        ),
+        SubmitError::Invalid(m) => ApiError(StatusCode::UNPROCESSABLE_ENTITY, m),
+        SubmitError::Stopped => {
+            ApiError(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped".into())
+        }
+    })?;
+    Ok(rxs)
 }
 
-struct Collected {
-    text: String,
-    reason: FinishReason,
-    prompt_tokens: usize,
-    completion_tokens: usize,
+/// Every choice, finished.
+pub async fn collect_all(
+    st: &AppState,
+    rxs: Vec<mpsc::UnboundedReceiver<Event>>,
+) -> Result<Vec<Collected>, ApiError> {
+    futures_util::future::try_join_all(rxs.into_iter().map(|rx| collect(st, rx))).await
 }
 
-async fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Collected, ApiError> {
-    let mut text = String::new();
-    while let Some(ev) = rx.recv().await {
+/// The message of requests ended by the drain timeout.
+pub const SHUTDOWN_MSG: &str = "the server shut down before this request finished";
+
+/// The next event of a request, or an error once the server ends running requests.
+async fn next_event(
+    rx: &mut mpsc::UnboundedReceiver<Event>,
+    cut: &mut watch::Receiver<bool>,
+) -> Option<Event> {
+    let ended = async {
+        if cut.wait_for(|c| *c).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    // once the server ends requests, nothing more of them is passed on
+    tokio::select! {
+        biased;
+        _ = ended => Some(Event::Error(SHUTDOWN_MSG.into())),
+        ev = rx.recv() => ev,
+    }
+}
+
+/// A finished request.
+pub struct Collected {
+    /// Generated text.
+    pub text: String,
+    /// Generated token ids.
+    pub ids: Vec<u32>,
+    /// Their log-probabilities, when asked for.
+    pub logprobs: Vec<Option<PickLogprobs>>,
+    /// Why it finished.
+    pub reason: FinishReason,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens.
+    pub completion_tokens: usize,
+}
+
+impl Collected {
+    /// The tokens that carry log-probabilities, with them.
+    pub fn with_logprobs(&self) -> Vec<(u32, &PickLogprobs)> {
+        self.ids
+            .iter()
+            .zip(&self.logprobs)
+            .filter_map(|(&i, l)| l.as_ref().map(|l| (i, l)))
+            .collect()
+    }
+}
+
+/// Waits for a request to finish.
+pub async fn collect(
+    st: &AppState,
+    mut rx: mpsc::UnboundedReceiver<Event>,
+) -> Result<Collected, ApiError> {
+    let mut cut = st.cut.subscribe();
+    let (mut text, mut ids, mut lps) = (String::new(), Vec::new(), Vec::new());
+    while let Some(ev) = next_event(&mut rx, &mut cut).await {
         match ev {
-            Event::Token { text: t, .. } => text.push_str(&t),
+            Event::Token {
+                id,
+                text: t,
+                logprobs,
+            } => {
+                text.push_str(&t);
+                ids.push(id);
+                lps.push(logprobs);
+            }
             Event::Done {
                 reason,
                 prompt_tokens,
@@ -281,10 +334,15 @@ async fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Collected, Ap
             } => {
                 return Ok(Collected {
                     text,
+                    ids,
+                    logprobs: lps,
                     reason,
                     prompt_tokens,
                     completion_tokens,
                 })
+            }
+            Event::Error(m) if m == SHUTDOWN_MSG => {
+                return Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, m))
             }
             Event::Error(m) => return Err(ApiError(StatusCode::UNPROCESSABLE_ENTITY, m)),
         }
@@ -295,53 +353,56 @@ async fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Collected, Ap
     ))
 }
 
-fn reason_str(r: FinishReason) -> &'static str {
-    match r {
-        FinishReason::Stop => "stop",
-        FinishReason::Length => "length",
-    }
-}
-
-fn now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-fn request_id(prefix: &str) -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(1);
-    format!(
-        "{prefix}-{:x}{:06x}",
-        now(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// SSE stream over engine events; `render` turns each event into zero or more JSON payloads.
-fn sse<F>(
-    rx: mpsc::UnboundedReceiver<Event>,
+/// SSE stream over the events of one or more requests (the choices of one answer);
+/// `render(i, event)` turns an event of request `i` into zero or more JSON payloads. The stream
+/// ends after every request's last event, or with an error event (rendered as request 0's) when
+/// the server ends running requests; `done_marker` appends OpenAI's `[DONE]` after either.
+/// Dropping the stream cancels the requests still running.
+pub fn sse<F>(
+    st: &AppState,
+    rxs: Vec<mpsc::UnboundedReceiver<Event>>,
     mut render: F,
     done_marker: bool,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>>
 where
-    F: FnMut(&Event) -> Vec<Value> + Send + 'static,
+    F: FnMut(usize, &Event) -> Vec<Value> + Send + 'static,
 {
-    let s = stream::unfold((rx, false), |(mut rx, finished)| async move {
-        if finished {
-            return None;
-        }
-        let ev = rx.recv().await?;
-        let last = matches!(ev, Event::Done { .. } | Event::Error(_));
-        Some((ev, (rx, last)))
-    });
-    let s = futures_util::StreamExt::flat_map(s, move |ev| {
-        let mut items: Vec<Result<SseEvent, Infallible>> = render(&ev)
+    let n = rxs.len();
+    let merged = stream::select_all(rxs.into_iter().enumerate().map(|(i, rx)| {
+        Box::pin(stream::unfold(rx, move |mut rx| async move {
+            rx.recv().await.map(|ev| ((i, ev), rx))
+        }))
+    }));
+    let cut = st.cut.subscribe();
+    let s = stream::unfold(
+        (merged, cut, 0usize, false),
+        move |(mut merged, mut cut, mut ended, finished)| async move {
+            if finished {
+                return None;
+            }
+            let stop = async {
+                if cut.wait_for(|c| *c).await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            };
+            let (item, last) = tokio::select! {
+                biased;
+                _ = stop => ((0, Event::Error(SHUTDOWN_MSG.into())), true),
+                x = futures_util::StreamExt::next(&mut merged) => {
+                    let (i, ev) = x?;
+                    ended += usize::from(matches!(ev, Event::Done { .. } | Event::Error(_)));
+                    ((i, ev), ended >= n)
+                }
+            };
+            Some(((item, last), (merged, cut, ended, last)))
+        },
+    );
+    let s = futures_util::StreamExt::flat_map(s, move |((i, ev), last)| {
+        let mut items: Vec<Result<SseEvent, Infallible>> = render(i, &ev)
             .into_iter()
             .map(|v| Ok(SseEvent::default().data(v.to_string())))
             .collect();
-        if done_marker && matches!(ev, Event::Done { .. } | Event::Error(_)) {
+        if done_marker && last {
             items.push(Ok(SseEvent::default().data("[DONE]")));
         }
         stream::iter(items)
@@ -349,263 +410,11 @@ where
     Sse::new(s)
 }
 
-async fn completions(
-    State(st): State<Arc<AppState>>,
-    h: HeaderMap,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    auth(&st, &h)?;
-    let req: CompletionRequest = parse(&body)?;
-    let (llm, _) = ready(&st)?;
-    let prompt = match &req.prompt {
-        Value::String(s) => s.clone(),
-        Value::Array(a) if a.len() == 1 && a[0].is_string() => {
-            a[0].as_str().unwrap_or_default().to_string()
-        }
-        _ => return Err(bad("prompt must be a string (or a list of one string)")),
-    };
-    let ids = llm
-        .tokenizer
-        .encode(&prompt, true, false)
-        .map_err(|e| bad(e.to_string()))?;
-    let (sampling, max_new) = req.s.params(16)?;
-    let rx = submit(&st, ids, sampling, max_new, Stop::list(req.s.stop))?;
-    let (id, created, model) = (request_id("cmpl"), now(), st.model_name.clone());
-    if req.s.stream {
-        let render = move |ev: &Event| -> Vec<Value> {
-            match ev {
-                Event::Token { text, .. } if text.is_empty() => vec![],
-                Event::Token { text, .. } => vec![
-                    json!({"id": id, "object": "text_completion", "created": created, "model": model,
-                    "choices": [{"index": 0, "text": text, "finish_reason": null, "logprobs": null}]}),
-                ],
-                Event::Done {
-                    reason,
-                    prompt_tokens,
-                    completion_tokens,
-                } => vec![
-                    json!({"id": id, "object": "text_completion", "created": created, "model": model,
-                    "choices": [{"index": 0, "text": "", "finish_reason": reason_str(*reason), "logprobs": null}],
-                    "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}}),
-                ],
-                Event::Error(m) => vec![json!({"error": {"message": m, "type": "server_error"}})],
-            }
-        };
-        return Ok(sse(rx, render, true).into_response());
-    }
-    let c = collect(rx).await?;
-    Ok(Json(json!({"id": id, "object": "text_completion", "created": created, "model": model,
-        "choices": [{"index": 0, "text": c.text, "finish_reason": reason_str(c.reason), "logprobs": null}],
-        "usage": {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens, "total_tokens": c.prompt_tokens + c.completion_tokens}}))
-    .into_response())
-}
-
-async fn chat_completions(
-    State(st): State<Arc<AppState>>,
-    h: HeaderMap,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    auth(&st, &h)?;
-    let req: ChatRequest = parse(&body)?;
-    let (llm, _) = ready(&st)?;
-    if req.messages.is_empty() {
-        return Err(bad("messages must not be empty"));
-    }
-    let mut msgs = Vec::with_capacity(req.messages.len());
-    for m in &req.messages {
-        if !matches!(
-            m.role.as_str(),
-            "system" | "user" | "assistant" | "tool" | "developer"
-        ) {
-            return Err(bad(format!("unknown role '{}'", m.role)));
-        }
-        let role = if m.role == "developer" {
-            "system"
-        } else {
-            m.role.as_str()
-        };
-        msgs.push(ChatMessage::new(role, &content_text(&m.content)?));
-    }
-    let text = llm
-        .render_chat(&msgs, true)
-        .map_err(|e| bad(e.to_string()))?;
-    let ids = llm
-        .tokenizer
-        .encode(&text, false, true)
-        .map_err(|e| bad(e.to_string()))?;
-    let ctx = llm.model.config().context_length as u32;
-    let (sampling, max_new) = req
-        .s
-        .params(ctx.saturating_sub(ids.len() as u32).clamp(1, 512))?;
-    let rx = submit(&st, ids, sampling, max_new, Stop::list(req.s.stop))?;
-    let (id, created, model) = (request_id("chatcmpl"), now(), st.model_name.clone());
-    if req.s.stream {
-        let mut first = true;
-        let render = move |ev: &Event| -> Vec<Value> {
-            let chunk = |delta: Value, fin: Value| {
-                json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": fin}]})
-            };
-            let mut out = Vec::new();
-            if first {
-                first = false;
-                out.push(chunk(
-                    json!({"role": "assistant", "content": ""}),
-                    Value::Null,
-                ));
-            }
-            match ev {
-                Event::Token { text, .. } if !text.is_empty() => {
-                    out.push(chunk(json!({"content": text}), Value::Null))
-                }
-                Event::Token { .. } => {}
-                Event::Done {
-                    reason,
-                    prompt_tokens,
-                    completion_tokens,
-                } => {
-                    let mut c = chunk(json!({}), json!(reason_str(*reason)));
-                    c["usage"] = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens});
-                    out.push(c);
-                }
-                Event::Error(m) => {
-                    out.push(json!({"error": {"message": m, "type": "server_error"}}))
-                }
-            }
-            out
-        };
-        return Ok(sse(rx, render, true).into_response());
-    }
-    let c = collect(rx).await?;
-    Ok(Json(json!({"id": id, "object": "chat.completion", "created": created, "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text}, "finish_reason": reason_str(c.reason)}],
-        "usage": {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens, "total_tokens": c.prompt_tokens + c.completion_tokens}}))
-    .into_response())
-}
-
-async fn models(State(st): State<Arc<AppState>>, h: HeaderMap) -> Result<Json<Value>, ApiError> {
-    auth(&st, &h)?;
-    Ok(Json(
-        json!({"object": "list", "data": [{"id": st.model_name, "object": "model", "created": 0, "owned_by": "fastllm"}]}),
-    ))
-}
-
-#[derive(Deserialize)]
-struct TgiRequest {
-    inputs: String,
-    #[serde(default)]
-    parameters: TgiParams,
-}
-
-#[derive(Deserialize, Default)]
-struct TgiParams {
-    max_new_tokens: Option<u32>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    top_k: Option<u32>,
-    seed: Option<u64>,
-    repetition_penalty: Option<f32>,
-    #[serde(default)]
-    do_sample: bool,
-    #[serde(default)]
-    stop: Vec<String>,
-}
-
-fn tgi_submit(
-    st: &AppState,
-    body: &Bytes,
-) -> Result<(mpsc::UnboundedReceiver<Event>, usize), ApiError> {
-    let req: TgiRequest = parse(body)?;
-    let (llm, _) = ready(st)?;
-    let ids = llm
-        .tokenizer
-        .encode(&req.inputs, true, false)
-        .map_err(|e| bad(e.to_string()))?;
-    let p = &req.parameters;
-    let sampled = p.do_sample
-        || p.temperature.is_some_and(|t| t > 0.0)
-        || p.top_k.is_some()
-        || p.top_p.is_some();
-    let sampling = SamplingParams {
-        temperature: if sampled {
-            p.temperature.unwrap_or(1.0)
-        } else {
-            0.0
-        },
-        top_k: p.top_k.unwrap_or(0) as usize,
-        top_p: p.top_p.unwrap_or(1.0),
-        repetition_penalty: p.repetition_penalty.unwrap_or(1.0),
-        seed: p.seed.unwrap_or(0),
-        ..Default::default()
-    };
-    sampling.validate().map_err(|e| bad(e.to_string()))?;
-    let max_new = p.max_new_tokens.unwrap_or(20);
-    if max_new == 0 {
-        return Err(bad("max_new_tokens must be at least 1"));
-    }
-    let n = ids.len();
-    Ok((
-        submit(st, ids, sampling, max_new as usize, p.stop.clone())?,
-        n,
-    ))
-}
-
-async fn tgi_generate(
-    State(st): State<Arc<AppState>>,
-    h: HeaderMap,
-    body: Bytes,
-) -> Result<Json<Value>, ApiError> {
-    auth(&st, &h)?;
-    let (rx, _) = tgi_submit(&st, &body)?;
-    let c = collect(rx).await?;
-    Ok(Json(
-        json!({"generated_text": c.text, "details": {"finish_reason": match c.reason { FinishReason::Stop => "eos_token", FinishReason::Length => "length" },
-        "generated_tokens": c.completion_tokens, "prompt_tokens": c.prompt_tokens}}),
-    ))
-}
-
-async fn tgi_generate_stream(
-    State(st): State<Arc<AppState>>,
-    h: HeaderMap,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    auth(&st, &h)?;
-    let (rx, _) = tgi_submit(&st, &body)?;
-    let mut text = String::new();
-    let mut last: Option<(u32, String)> = None;
-    let render = move |ev: &Event| -> Vec<Value> {
-        let tok = |id: u32, t: &str, gen: Value, details: Value| json!({"token": {"id": id, "text": t, "logprob": 0.0, "special": false}, "generated_text": gen, "details": details});
-        match ev {
-            Event::Token { id, text: t } => {
-                text.push_str(t);
-                // emit the previous token; the final one is sent with the full text
-                let out = last
-                    .take()
-                    .map(|(i, s)| vec![tok(i, &s, Value::Null, Value::Null)])
-                    .unwrap_or_default();
-                last = Some((*id, t.clone()));
-                out
-            }
-            Event::Done {
-                reason,
-                completion_tokens,
-                ..
-            } => {
-                let details = json!({"finish_reason": match reason { FinishReason::Stop => "eos_token", FinishReason::Length => "length" }, "generated_tokens": completion_tokens});
-                let (i, s) = last.take().unwrap_or((0, String::new()));
-                vec![tok(i, &s, json!(text), details)]
-            }
-            Event::Error(m) => vec![json!({"error": m, "error_type": "generation"})],
-        }
-    };
-    Ok(sse(rx, render, false).into_response())
-}
-
 async fn info(State(st): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
     let (llm, engine) = ready(&st)?;
     let c: &EngineConfig = engine.config();
     Ok(Json(json!({
-        "model_id": st.model_name, "model_dtype": "mixed", "model_device_type": "cpu",
+        "model_id": st.model_name, "model_dtype": "mixed", "model_device_type": device_type(&st.device),
         "architecture": llm.model.config().architecture,
         "max_concurrent_requests": c.max_concurrent_requests, "max_input_tokens": c.max_input_tokens,
         "max_total_tokens": c.max_total_tokens, "max_batch_total_tokens": c.max_batch_total_tokens,
@@ -616,8 +425,19 @@ async fn info(State(st): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> 
     })))
 }
 
+/// TGI's device type: `cpu` or `cuda`.
+fn device_type(device: &str) -> &str {
+    device.split(':').next().unwrap_or(device)
+}
+
 async fn health(State(st): State<Arc<AppState>>) -> Response {
-    if st.ready.get().is_some() {
+    if st.is_draining() {
+        ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is shutting down".into(),
+        )
+        .into_response()
+    } else if st.ready.get().is_some() {
         StatusCode::OK.into_response()
     } else {
         ApiError(
@@ -649,7 +469,7 @@ async fn tokenize(
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
     auth(&st, &h)?;
-    let req: TokenizeRequest = parse(&body)?;
+    let req: TokenizeRequest = parse(fields::object(&body, &["inputs", "add_special_tokens"])?)?;
     let (llm, _) = ready(&st)?;
     let ids = llm
         .tokenizer
@@ -660,4 +480,64 @@ async fn tokenize(
         .map(|&i| json!({"id": i, "text": llm.tokenizer.decode(&[i], false).unwrap_or_default()}))
         .collect();
     Ok(Json(Value::Array(toks)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Once the server ends running requests, a stream whose request is still running gets
+    /// the shutdown error and `[DONE]`, and its receiver is dropped (cancelling the request).
+    #[test]
+    fn ended_streams_get_an_error_and_done() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let st = AppState::new("m", None);
+            let (tx, rx) = mpsc::unbounded_channel();
+            tx.send(Event::Token {
+                id: 5,
+                text: "Hi".into(),
+                logprobs: None,
+            })
+            .unwrap();
+            let render = |_: usize, ev: &Event| match ev {
+                Event::Token { text, .. } => vec![json!({ "text": text })],
+                Event::Error(m) => vec![openai::error_chunk(m)],
+                Event::Done { .. } => vec![json!("done")],
+            };
+            let resp = sse(&st, vec![rx], render, true).into_response();
+            let mut body = resp.into_body().into_data_stream();
+            let first = futures_util::StreamExt::next(&mut body)
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(String::from_utf8_lossy(&first).contains("\"text\":\"Hi\""));
+            // a token generated after the end is not passed on
+            tx.send(Event::Token {
+                id: 6,
+                text: "late".into(),
+                logprobs: None,
+            })
+            .unwrap();
+            st.end_running();
+            let mut rest = String::new();
+            while let Some(b) = futures_util::StreamExt::next(&mut body).await {
+                rest.push_str(&String::from_utf8_lossy(&b.unwrap()));
+            }
+            let mut data = vec![String::from_utf8_lossy(&first).to_string()];
+            data.extend(
+                rest.lines()
+                    .filter_map(|l| l.strip_prefix("data: ").map(str::to_string)),
+            );
+            assert_eq!(data.len(), 3, "{data:?}");
+            let err: Value = serde_json::from_str(&data[1]).unwrap();
+            assert_eq!(err["error"]["message"], SHUTDOWN_MSG);
+            assert_eq!(err["error"]["type"], "service_unavailable");
+            assert_eq!(data[2], "[DONE]");
+            assert!(tx.is_closed(), "the request is cancelled");
+        });
+    }
 }

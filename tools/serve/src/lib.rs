@@ -1,14 +1,17 @@
 //! `fastllm serve`: a scheduler thread doing continuous batching over a paged KV cache
-//! ([`engine`]), Prometheus-style metrics ([`metrics`]), and an HTTP front end with OpenAI- and
-//! TGI-compatible endpoints ([`http`]).
+//! ([`engine`]), Prometheus-style metrics ([`metrics`]), an HTTP front end with OpenAI- and
+//! TGI-compatible endpoints ([`http`]), and a graceful stop on SIGTERM/SIGINT ([`shutdown`]).
 
 pub mod engine;
 pub mod http;
 pub mod load;
 pub mod metrics;
+pub mod seed;
+pub mod shutdown;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Options of `fastllm serve`.
 #[derive(Clone, Debug)]
@@ -37,11 +40,58 @@ pub struct ServeOptions {
     pub max_waiting_tokens: Option<usize>,
     /// See [`engine::EngineConfig`] (None = on).
     pub prefix_caching: Option<bool>,
+    /// Device the model runs on, as given to the loader (reported by the startup log and
+    /// `/info`).
+    pub device: String,
+    /// After SIGTERM/SIGINT, how long running requests may go on before they are ended.
+    pub drain_timeout: Duration,
+    /// Origin allowed to call the API from a browser (`*` = any); None = no CORS headers.
+    pub cors_origin: Option<String>,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            model_name: String::new(),
+            api_key: None,
+            kv_cache_mb: 0,
+            max_concurrent_requests: None,
+            max_batch_prefill_tokens: None,
+            max_batch_total_tokens: None,
+            max_input_tokens: None,
+            max_total_tokens: None,
+            waiting_served_ratio: None,
+            max_waiting_tokens: None,
+            prefix_caching: None,
+            device: "cpu".into(),
+            drain_timeout: Duration::from_secs(30),
+            cors_origin: None,
+        }
+    }
+}
+
+/// Reads the API key from `path`: its first line, surrounding whitespace removed. An unreadable
+/// or empty file is an error naming the file.
+pub fn read_api_key_file(path: &str) -> Result<String, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read --api-key-file {path}: {e}"))?;
+    let key = text.lines().next().unwrap_or("").trim();
+    if key.is_empty() {
+        return Err(format!("--api-key-file {path}: the first line is empty"));
+    }
+    Ok(key.to_string())
 }
 
 impl ServeOptions {
     /// Checks the options that have no safe interpretation (a message names the bad one).
     pub fn validate(&self) -> Result<(), String> {
+        if self.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+            return Err("--api-key must not be empty".into());
+        }
+        if let Some(o) = &self.cors_origin {
+            http::guard::check_cors_origin(o)?;
+        }
         if let Some(r) = self.waiting_served_ratio {
             if !r.is_finite() || r < 0.0 {
                 return Err(format!(
@@ -53,14 +103,18 @@ impl ServeOptions {
     }
 }
 
-/// The engine limits for `llm` under `o`.
-pub fn engine_config(llm: &fastllm::generate::Llm, o: &ServeOptions) -> engine::EngineConfig {
-    let kv_mb = if o.kv_cache_mb > 0 {
+/// The KV cache budget in MiB: `o`'s, or (0) a quarter of available memory, at most 4 GiB.
+pub fn kv_budget_mb(o: &ServeOptions) -> usize {
+    if o.kv_cache_mb > 0 {
         o.kv_cache_mb
     } else {
         default_kv_mb()
-    };
-    let mut c = engine::EngineConfig::for_model(llm, kv_mb);
+    }
+}
+
+/// The engine limits for `llm` under `o`.
+pub fn engine_config(llm: &fastllm::generate::Llm, o: &ServeOptions) -> engine::EngineConfig {
+    let mut c = engine::EngineConfig::for_model(llm, kv_budget_mb(o));
     if let Some(v) = o.max_concurrent_requests {
         c.max_concurrent_requests = v.max(1);
     }
@@ -107,7 +161,7 @@ fn default_kv_mb() -> usize {
 }
 
 /// Binds, then loads the model with `load` in the background (/health answers 503 until it is
-/// ready), and serves until Ctrl-C.
+/// ready), and serves until SIGTERM or SIGINT; then drains (see [`shutdown`]).
 pub fn run(
     o: ServeOptions,
     load: impl FnOnce() -> fastllm::Result<fastllm::generate::Llm> + Send + 'static,
@@ -118,22 +172,32 @@ pub fn run(
         .worker_threads(2)
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    rt.block_on(async move {
-        let state = http::AppState::new(&o.model_name, o.api_key.clone());
+    let r = rt.block_on(async move {
+        let state = http::AppState::configured(&o);
         let listener = tokio::net::TcpListener::bind(o.addr)
             .await
             .map_err(|e| format!("cannot listen on {}: {e}", o.addr))?;
-        eprintln!("fastllm serve: listening on http://{}", o.addr);
+        // the address bound (port 0 asks for a free one)
+        let addr = listener.local_addr().unwrap_or(o.addr);
+        eprintln!(
+            "fastllm serve: listening on http://{addr} (model {} on {}; loading)",
+            o.model_name, o.device
+        );
         let st = state.clone();
-        let opts = o.clone();
+        let opts = ServeOptions { addr, ..o.clone() };
         let loader = tokio::task::spawn_blocking(move || -> Result<(), String> {
             let llm = Arc::new(load().map_err(|e| e.to_string())?);
+            // a budget from free memory is measured once, with the model loaded, and reported
+            let from_free = opts.kv_cache_mb == 0;
+            let opts = ServeOptions {
+                kv_cache_mb: kv_budget_mb(&opts),
+                ..opts
+            };
             let cfg = engine_config(&llm, &opts);
-            eprintln!(
-                "fastllm serve: model ready ({} KV blocks of {} tokens, {} concurrent requests)",
-                cfg.kv_blocks, cfg.block_size, cfg.max_concurrent_requests
-            );
-            st.set_ready(llm, cfg).map_err(|e| e.to_string())
+            let line = ready_line(&opts, &cfg, from_free);
+            st.set_ready(llm, cfg).map_err(|e| e.to_string())?;
+            eprintln!("fastllm serve: {line}");
+            Ok(())
         });
         tokio::spawn(async move {
             let r = match loader.await {
@@ -146,14 +210,35 @@ pub fn run(
                 std::process::exit(1);
             }
         });
-        let app = http::router(state);
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
+        shutdown::serve(listener, state, shutdown::signal(), o.drain_timeout)
             .await
             .map_err(|e| format!("server error: {e}"))
-    })
+    });
+    // a model still loading must not hold the process
+    rt.shutdown_background();
+    r
+}
+
+/// The startup line once the model is loaded: address, model, device and KV budget (`o`'s,
+/// taken from free memory when `from_free`).
+pub fn ready_line(o: &ServeOptions, c: &engine::EngineConfig, from_free: bool) -> String {
+    let kv_mb = if from_free {
+        format!("{} MiB (from free memory)", o.kv_cache_mb)
+    } else {
+        format!("{} MiB", o.kv_cache_mb)
+    };
+    format!(
+        "ready on http://{}: model {} on {}, KV cache {kv_mb} = {} blocks of {} tokens \
+         ({} tokens), up to {} concurrent requests, {} tokens per request",
+        o.addr,
+        o.model_name,
+        o.device,
+        c.kv_blocks,
+        c.block_size,
+        c.kv_blocks * c.block_size,
+        c.max_concurrent_requests,
+        c.max_total_tokens
+    )
 }
 
 #[cfg(test)]
@@ -165,16 +250,8 @@ mod tests {
         let mut o = ServeOptions {
             addr: "127.0.0.1:0".parse().unwrap(),
             model_name: "m".into(),
-            api_key: None,
             kv_cache_mb: 16,
-            max_concurrent_requests: None,
-            max_batch_prefill_tokens: None,
-            max_batch_total_tokens: None,
-            max_input_tokens: None,
-            max_total_tokens: None,
-            waiting_served_ratio: None,
-            max_waiting_tokens: None,
-            prefix_caching: None,
+            ..Default::default()
         };
         assert!(o.validate().is_ok());
         for bad in [-0.5, f32::NAN, f32::INFINITY] {
@@ -187,5 +264,45 @@ mod tests {
         }
         o.waiting_served_ratio = Some(1.2);
         assert!(o.validate().is_ok());
+    }
+
+    #[test]
+    fn bad_api_key_and_cors_origin_are_refused() {
+        let o = ServeOptions {
+            api_key: Some("  ".into()),
+            ..Default::default()
+        };
+        assert!(o.validate().unwrap_err().contains("--api-key"));
+        for bad in ["", "example.com", "http://a b", "http://x.org/path"] {
+            let o = ServeOptions {
+                cors_origin: Some(bad.into()),
+                ..Default::default()
+            };
+            let e = o.validate().unwrap_err();
+            assert!(e.contains("--cors-origin"), "{bad}: {e}");
+        }
+        for good in ["*", "http://localhost:3000", "https://chat.example.org"] {
+            let o = ServeOptions {
+                cors_origin: Some(good.into()),
+                ..Default::default()
+            };
+            assert!(o.validate().is_ok(), "{good}");
+        }
+    }
+
+    #[test]
+    fn api_key_file_gives_its_first_line() {
+        let dir = std::env::temp_dir().join(format!("fastllm-keyfile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("key");
+        std::fs::write(&f, "  s3cret \nignored\n").unwrap();
+        assert_eq!(read_api_key_file(f.to_str().unwrap()).unwrap(), "s3cret");
+        std::fs::write(&f, "\n").unwrap();
+        assert!(read_api_key_file(f.to_str().unwrap())
+            .unwrap_err()
+            .contains("empty"));
+        let e = read_api_key_file(dir.join("missing").to_str().unwrap()).unwrap_err();
+        assert!(e.contains("cannot read --api-key-file"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1,6 +1,9 @@
 //! A load generator for `fastllm bench-serve`: N concurrent streaming requests (bounded count and
 //! duration) against a server on this machine, reporting requests/s, output tokens/s, time to
 //! first token and inter-token latency percentiles. Plain HTTP/1.1 over `std::net` (loopback use).
+//! Requests ask the server to generate past end-of-sequence tokens (`ignore_eos`) unless told
+//! otherwise, so every request produces its `max_tokens`; a run that produced no tokens is an
+//! error ([`LoadReport::check`]).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -26,6 +29,8 @@ pub struct LoadOptions {
     pub temperature: f32,
     /// Nucleus of every request (1 = off).
     pub top_p: f32,
+    /// Let requests end at an end-of-sequence token (else they generate `max_tokens`).
+    pub stop_at_eos: bool,
 }
 
 /// Results.
@@ -37,8 +42,10 @@ pub struct LoadReport {
     pub failed: usize,
     /// Wall time.
     pub seconds: f64,
-    /// Output tokens (streamed chunks).
+    /// Output tokens (the server's count, from each stream's final usage).
     pub tokens: usize,
+    /// The first failure's message.
+    pub first_error: Option<String>,
     /// TTFT samples (s).
     pub ttft: Vec<f64>,
     /// Inter-token samples (s).
@@ -70,6 +77,23 @@ impl LoadReport {
             pct(&self.itl, 0.99) * 1e3,
         )
     }
+    /// An error when the run measured nothing: every request failed, or none produced a token.
+    pub fn check(&self) -> Result<(), String> {
+        if self.completed == 0 {
+            return Err(match &self.first_error {
+                Some(e) => format!("every request failed; the first: {e}"),
+                None => "no request completed".into(),
+            });
+        }
+        if self.tokens == 0 {
+            return Err(
+                "the requests produced no tokens (each ended at once); give a prompt the model \
+                 continues, or drop --stop-at-eos"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
     /// Output tokens per second.
     pub fn tokens_per_s(&self) -> f64 {
         self.tokens as f64 / self.seconds.max(1e-9)
@@ -78,6 +102,15 @@ impl LoadReport {
     pub fn itl_pct(&self, p: f64) -> f64 {
         pct(&self.itl, p)
     }
+}
+
+/// The server's count of generated tokens in a stream's final chunk, if `data` is one.
+fn usage_tokens(data: &str) -> Option<usize> {
+    let v: serde_json::Value = serde_json::from_str(data).ok()?;
+    v.get("usage")?
+        .get("completion_tokens")?
+        .as_u64()
+        .map(|n| n as usize)
 }
 
 /// One streaming completion; returns (ttft, inter-token gaps, tokens).
@@ -100,7 +133,11 @@ fn one(addr: &str, body: &str, deadline: Instant) -> Result<(f64, Vec<f64>, usiz
     let mut status = String::new();
     r.read_line(&mut status).map_err(|e| e.to_string())?;
     if !status.contains(" 200 ") {
-        return Err(format!("HTTP status: {}", status.trim()));
+        // the connection closes after the answer: its last line is the JSON error body
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut r, &mut rest);
+        let body = rest.lines().last().unwrap_or("").trim().to_string();
+        return Err(format!("HTTP status: {} {body}", status.trim()));
     }
     let (mut ttft, mut gaps, mut n, mut last) = (0.0, Vec::new(), 0usize, None::<Instant>);
     let mut line = String::new();
@@ -114,6 +151,9 @@ fn one(addr: &str, body: &str, deadline: Instant) -> Result<(f64, Vec<f64>, usiz
             if data == "[DONE]" {
                 return Ok((ttft, gaps, n));
             }
+            if let Some(u) = usage_tokens(data) {
+                n = u;
+            }
             if data.contains("\"text\":\"\"") {
                 continue;
             }
@@ -123,7 +163,6 @@ fn one(addr: &str, body: &str, deadline: Instant) -> Result<(f64, Vec<f64>, usiz
                 Some(t) => gaps.push((now - t).as_secs_f64()),
             }
             last = Some(now);
-            n += 1;
         }
     }
     Err("stream ended without [DONE]".into())
@@ -136,6 +175,7 @@ pub fn run(o: &LoadOptions) -> LoadReport {
         "max_tokens": o.max_tokens,
         "temperature": o.temperature,
         "top_p": o.top_p,
+        "ignore_eos": !o.stop_at_eos,
         "stream": true
     })
     .to_string();
@@ -161,7 +201,10 @@ pub fn run(o: &LoadOptions) -> LoadReport {
                             rep.ttft.push(ttft);
                             rep.itl.extend(gaps);
                         }
-                        Err(_) => rep.failed += 1,
+                        Err(e) => {
+                            rep.failed += 1;
+                            rep.first_error.get_or_insert(e);
+                        }
                     }
                 }
             });

@@ -54,16 +54,13 @@ fn start(max_concurrent: usize, api_key: Option<&str>, load_model: bool) -> Serv
         let o = ServeOptions {
             addr: "127.0.0.1:0".parse().unwrap(),
             model_name: "tiny-qwen2".into(),
-            api_key: None,
             kv_cache_mb: 16,
             max_concurrent_requests: Some(max_concurrent),
-            max_batch_prefill_tokens: None,
-            max_batch_total_tokens: None,
+
             max_input_tokens: Some(100),
             max_total_tokens: Some(200),
-            waiting_served_ratio: None,
-            max_waiting_tokens: None,
-            prefix_caching: None,
+
+            ..Default::default()
         };
         let cfg = engine_config(&llm, &o);
         state.set_ready(llm, cfg).unwrap();
@@ -300,7 +297,7 @@ fn endpoints_streams_and_bad_requests() {
             (json!({"prompt": "x", "max_tokens": "many"}), 400),
             (json!({"prompt": 12}), 400),
             (json!({"max_tokens": 3}), 400),
-            (json!({"prompt": "x", "n": 2}), 400),
+            (json!({"prompt": "x", "n": 0}), 400),
             (json!({"prompt": "x", "temperature": -1}), 400),
             (json!({"prompt": "x", "max_tokens": 0}), 400),
             (json!({"prompt": "x", "max_tokens": 100000}), 422),
@@ -493,16 +490,10 @@ fn start_synthetic() -> Server {
     let o = ServeOptions {
         addr: "127.0.0.1:0".parse().unwrap(),
         model_name: "tiny-f16-synthetic".into(),
-        api_key: None,
         kv_cache_mb: 16,
         max_concurrent_requests: Some(64),
-        max_batch_prefill_tokens: None,
-        max_batch_total_tokens: None,
-        max_input_tokens: None,
-        max_total_tokens: None,
-        waiting_served_ratio: None,
-        max_waiting_tokens: None,
-        prefix_caching: None,
+
+        ..Default::default()
     };
     let cfg = engine_config(&llm, &o);
     state.set_ready(llm, cfg).unwrap();

@@ -14,14 +14,14 @@ use crate::error::{Error, Result};
 use std::sync::{Arc, Mutex};
 
 /// k values per staged activation chunk (`MMA_KC`); the kernels need `k % MMA_KC == 0`.
-pub const MMA_KC: usize = 256;
+pub(super) const MMA_KC: usize = 256;
 /// Weight rows per block (`MMA_WARPS` · `MMA_WROWS` · 16).
 const ROWS_PER_BLOCK: usize = 128;
 /// Threads per block (`MMA_WARPS` warps).
 const THREADS: u32 = 128;
 /// Activation rows one launch slice covers (8 · the largest `nt`); more rows take several
 /// slices, each reading the weight again.
-pub const MMA_SLICE_ROWS: usize = 64;
+pub(super) const MMA_SLICE_ROWS: usize = 64;
 /// Halves per staged activation row (`MMA_XS`).
 const XS_HALVES: usize = MMA_KC + 16;
 /// Most k splits of one product.

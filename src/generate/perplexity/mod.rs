@@ -10,6 +10,7 @@
 //! [`kl`] saves them to a base file or compares them against one.
 
 pub mod kl;
+mod kl_row;
 mod stats;
 
 pub use stats::{log_softmax_row, NllStats};

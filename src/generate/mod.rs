@@ -1,6 +1,8 @@
-//! Generation: sampling, chat templates, and sessions (one sequence + its KV cache).
+//! Generation: sampling, chat templates, sessions (one sequence + its KV cache), and perplexity
+//! over a text.
 
 pub mod chat;
+pub mod perplexity;
 pub mod sampler;
 pub mod session;
 

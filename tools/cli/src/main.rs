@@ -1,5 +1,5 @@
-//! `fastllm`: run, chat, bench, logits, tokenize, detokenize and info over a model (a `.flm`
-//! file, a GGUF file or a Hugging Face directory; the default model when `-m` is omitted).
+//! `fastllm`: run, chat, bench, logits, perplexity, tokenize, detokenize and info over a model (a
+//! `.flm` file, a GGUF file or a Hugging Face directory; the default model when `-m` is omitted).
 //! Errors print one line on stderr and exit non-zero.
 
 use clap::{Args, Parser, Subcommand};
@@ -10,6 +10,8 @@ use fastllm::Result;
 use std::io::{BufRead, Write};
 use std::sync::Arc;
 use std::time::Instant;
+
+mod perplexity;
 
 #[derive(Parser)]
 #[command(name = "fastllm", version, about = "Portable LLM inference")]
@@ -184,6 +186,8 @@ enum Cmd {
         #[arg(long)]
         out: Option<String>,
     },
+    /// Perplexity over a text file (llama-perplexity's method), with KL divergence to a base run.
+    Perplexity(perplexity::PerplexityArgs),
     /// Print token ids of a text as a JSON array.
     Tokenize {
         /// Model whose tokenizer is used (default: the default model).
@@ -556,6 +560,7 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
                 serde_json::json!({ "ids": ids, "tokens": texts, "positions": positions })
             );
         }
+        Cmd::Perplexity(a) => perplexity::run(a)?,
         Cmd::Tokenize {
             model,
             no_special,

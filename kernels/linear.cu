@@ -93,7 +93,7 @@ __device__ __forceinline__ void dot8(uint4 q, const float* xr, int k, int v, int
 // R: activation rows per block (LIN_ROWS, or 1 for the decode GEMV `gemv*_`, which then
 // needs fewer registers, so more blocks are resident and n = 4096 fits in one wave).
 // MULTI = false: one weight (segment 0 only), without the per-warp segment selection (the
-// plain f16 GEMV measured ~15 % slower per byte with it, docs/perf-cuda.md).
+// selection makes the plain f16 GEMV about 15 % slower per byte).
 template <int DT, bool MULTI, int R>
 __device__ void linear_t(const float* x, const LinSegs& sg, int m, int ntot, int k, long row_bytes) {
     int lane = threadIdx.x & 31;
@@ -416,8 +416,8 @@ __device__ __forceinline__ void sb_dot(const unsigned int* wd, long s, const sig
     }
 }
 
-// NSB: superblocks a lane loads before dotting them. (NSB = 2 for rows of 56 superblocks
-// measured slower than 1 on an H100: 22.4 vs 21.0 us at [4096, 14336] Q4_0; more registers.)
+// NSB: superblocks a lane loads before dotting them (1: more would need more registers and is
+// slower on an H100 for rows of 56 superblocks).
 template <int DT, int R, int NSB>
 __device__ void linear_q8act_sb_t(const signed char* xq, const float2* xd, const LinSegs& sg, int m, int ntot, int k,
                                   long row_bytes, int lpr, uint4* smx) {
@@ -479,9 +479,6 @@ __device__ void linear_q8act_sb_t(const signed char* xq, const float2* xd, const
         }
     }
 }
-
-// (A streaming variant — a few blocks per SM walking the rows with the next superblock in
-// flight — measured no faster than sbx at 8B shapes and slower than sbh everywhere; removed.)
 
 // One-row GEMV with half superblocks: a lane takes 4 blocks (half a superblock: 5 / 5 / 9
 // 16-byte loads for Q4_0 / Q4_1 / Q8_0) instead of 8, so its registers and its arithmetic per

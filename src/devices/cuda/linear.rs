@@ -339,7 +339,7 @@ impl Linear {
     }
 
     /// Whether a one-row product takes the half-superblock kernel: 4-bit weights do (on an
-    /// H100, llama-3-8b int4 decode 377 vs 352 tok/s with `sbx`); Q8_0 keeps `sbx` (241 vs 230).
+    /// H100: llama-3-8b int4 decode is about 7 % faster than with `sbx`); Q8_0 keeps `sbx`.
     /// The choice depends on the dtype only, so a multi-weight launch and one-weight launches of
     /// the same weights sum in the same order (bit-equal results).
     fn one_row_half(&self, choice: OneRow, dtype: DataType) -> bool {
@@ -355,8 +355,7 @@ impl Linear {
     fn bulk_plan(&self, choice: OneRow, dtype: DataType, k: usize, n: usize) -> Option<BulkPlan> {
         let wanted = match choice {
             OneRow::Bulk => true,
-            // measured faster than `sbx` for Q8_0, not faster than `sbh` for 4-bit weights
-            // (docs/perf-cuda.md, seventh session)
+            // faster than `sbx` for Q8_0 on Hopper; `sbh` stays faster for 4-bit weights
             OneRow::Auto => dtype == DataType::Q8_0,
             OneRow::Whole | OneRow::Half => false,
         };

@@ -13,7 +13,7 @@ ROUNDS=${2:-3}
 cargo build --release -q -p fastllm-cli
 F=./target/release/fastllm
 PEER=../shared/peers/llama-cpp.sh
-tok_s() { grep -E "\| (tg|pp)[0-9]" | awk -F'|' '{print $(NF-1)}' | tr -d ' ' | cut -d'±' -f1; }
+tok_s() { grep -E '[|] *(tg|pp)[0-9]' | awk -F'|' '{print $(NF-1)}' | sed 's/±.*//' | tr -d ' '; }
 for m in llama-3.2-1b-q4_0 llama-3.2-1b-q8_0 qwen2.5-0.5b-q4_0; do
   $F info "$DIR/$m.gguf" >/dev/null   # converts once, outside the timings
 done

@@ -1,8 +1,9 @@
 //! Decode attention on AVX-512 (few query rows over a long KV cache): the keys are split into
 //! chunks, and one task handles one query and one chunk for every head, so it reads its part of
-//! the cache as one contiguous stream (all KV heads of a key row are adjacent) with software
-//! prefetch ahead. Each task leaves a partial softmax (max, sum, unnormalised output per head);
-//! [`super::merge_partials`] combines them. The caller checks the CPU features and slice sizes.
+//! the cache as one contiguous stream (all KV heads of a key row are adjacent): first the keys
+//! (scores of every head), then the values in blocks of [`VB`] keys, with the outputs of a head
+//! group held in registers over a block. Each task leaves a partial softmax (max, sum,
+//! unnormalised output per head); [`super::merge_partials`] combines them. The caller checks the CPU features and slice sizes.
 
 use super::{merge_partials, Inputs};
 use crate::threads::Threads;
@@ -13,8 +14,8 @@ use std::arch::x86_64::*;
 const MIN_CHUNK: usize = 128;
 /// Most keys per chunk (bounds the per-task score buffer).
 const MAX_CHUNK: usize = 1024;
-/// Key rows prefetched ahead of the one being read.
-const PREFETCH_ROWS: usize = 6;
+/// Keys per block of the value pass (the outputs stay in registers over a block).
+const VB: usize = 32;
 
 /// Keys per chunk for `sq` queries over `skv` keys on `threads` threads: at least four tasks
 /// per thread when the keys allow it.
@@ -61,7 +62,7 @@ unsafe fn chunk(
     ls: &mut [f32],
 ) {
     let (p, g) = (inp.p, inp.g);
-    let (hd, hdv, nh) = (p.hd, p.hdv, p.nh);
+    let (hd, nh) = (p.hd, p.nh);
     ob.fill(0.0);
     ms.fill(f32::NEG_INFINITY);
     ls.fill(0.0);
@@ -71,10 +72,9 @@ unsafe fn chunk(
     }
     scores.resize(nh * n, 0.0);
     let qi = inp.q.as_ptr().add(i * nh * hd);
-    let (krow, vrow) = (p.nkv * hd, p.nkv * hdv);
+    let krow = p.nkv * hd;
     for (jj, j) in keys.clone().enumerate() {
         let kr = inp.k.as_ptr().add(j * krow);
-        prefetch(kr.wrapping_add(PREFETCH_ROWS * krow), krow);
         for h in 0..nh {
             scores[h * n + jj] = dot(qi.add(h * hd), kr.add((h / g) * hd), hd) * p.scale;
         }
@@ -90,28 +90,70 @@ unsafe fn chunk(
         *m = avx512::max(sc);
         *l = avx512::exp_sub_sum(sc, *m);
     }
-    let o = ob.as_mut_ptr();
-    for (jj, j) in keys.enumerate() {
-        let vr = inp.v.as_ptr().add(j * vrow);
-        prefetch(vr.wrapping_add(PREFETCH_ROWS * vrow), vrow);
-        for h in 0..nh {
-            axpy(
-                o.add(h * hdv),
-                scores[h * n + jj],
-                vr.add((h / g) * hdv),
-                hdv,
-            );
-        }
+    let vs = VScores {
+        scores: &scores[..],
+        n,
+        first: keys.start,
+    };
+    for b in (0..n).step_by(VB) {
+        add_values(inp, &vs, b..(b + VB).min(n), ob.as_mut_ptr());
     }
 }
 
-/// Prefetches the `len` values at `x` (an address that may lie past the cache: a prefetch
-/// never faults).
+/// Probabilities `scores [nh][n]` of keys `first..first + n`.
+struct VScores<'a> {
+    scores: &'a [f32],
+    n: usize,
+    first: usize,
+}
+
+/// `ob[h] += Σ_jj s[h][jj] · v[key jj][h / g]` over the key block `jjs` (offsets from
+/// `vs.first`), for every head: the outputs of up to four heads of one group stay in registers
+/// over the block, so each value row segment is loaded once per group.
+#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-#[inline]
-unsafe fn prefetch(x: *const f32, len: usize) {
-    for off in (0..len).step_by(16) {
-        _mm_prefetch::<_MM_HINT_T0>(x.wrapping_add(off) as *const i8);
+unsafe fn add_values(inp: &Inputs, vs: &VScores, jjs: std::ops::Range<usize>, ob: *mut f32) {
+    let (p, g) = (inp.p, inp.g);
+    let (hdv, vrow) = (p.hdv, p.nkv * p.hdv);
+    let v0 = inp.v.as_ptr().add(vs.first * vrow);
+    for kh in 0..p.nkv {
+        for t0 in (0..g).step_by(4) {
+            let gn = (g - t0).min(4);
+            let h0 = kh * g + t0;
+            for c0 in (0..hdv).step_by(64) {
+                let mut mk = [0 as __mmask16; 4];
+                for (z, m) in mk.iter_mut().enumerate() {
+                    *m = lanes(hdv.saturating_sub(c0 + 16 * z).min(16));
+                }
+                let mut a = [[_mm512_setzero_ps(); 4]; 4];
+                for t in 0..gn {
+                    for z in 0..4 {
+                        a[t][z] =
+                            _mm512_maskz_loadu_ps(mk[z], ob.add((h0 + t) * hdv + c0 + 16 * z));
+                    }
+                }
+                for jj in jjs.clone() {
+                    let vr = v0.add(jj * vrow + kh * hdv + c0);
+                    let mut vz = [_mm512_setzero_ps(); 4];
+                    for z in 0..4 {
+                        vz[z] = _mm512_maskz_loadu_ps(mk[z], vr.add(16 * z));
+                    }
+                    for t in 0..4 {
+                        if t < gn {
+                            let pb = _mm512_set1_ps(*vs.scores.get_unchecked((h0 + t) * vs.n + jj));
+                            for z in 0..4 {
+                                a[t][z] = _mm512_fmadd_ps(pb, vz[z], a[t][z]);
+                            }
+                        }
+                    }
+                }
+                for t in 0..gn {
+                    for z in 0..4 {
+                        _mm512_mask_storeu_ps(ob.add((h0 + t) * hdv + c0 + 16 * z), mk[z], a[t][z]);
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -143,19 +185,4 @@ unsafe fn dot(a: *const f32, b: *const f32, n: usize) -> f32 {
         d += 16;
     }
     _mm512_reduce_add_ps(_mm512_add_ps(s0, s1))
-}
-
-/// `y += a · x` over `n` values.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-#[inline]
-unsafe fn axpy(y: *mut f32, a: f32, x: *const f32, n: usize) {
-    let av = _mm512_set1_ps(a);
-    let mut d = 0;
-    while d < n {
-        let m = lanes((n - d).min(16));
-        let yv = _mm512_maskz_loadu_ps(m, y.add(d));
-        let xv = _mm512_maskz_loadu_ps(m, x.add(d));
-        _mm512_mask_storeu_ps(y.add(d), m, _mm512_fmadd_ps(av, xv, yv));
-        d += 16;
-    }
 }

@@ -503,13 +503,15 @@ mod tests {
     }
 
     #[test]
-    fn non_causal_with_fewer_keys_than_queries() {
+    fn non_causal_with_fewer_or_no_keys() {
         let th = Threads::new(2).unwrap();
-        let mut p = params(40, 9, 6, 2, 64);
-        p.causal = false;
-        for kernel in KERNELS {
-            let e = check(&th, &p, None, kernel);
-            assert!(e < 1e-11, "{kernel:?}: {e:e}");
+        for skv in [0usize, 9] {
+            let mut p = params(40, skv, 6, 2, 64);
+            p.causal = false;
+            for kernel in KERNELS {
+                let e = check(&th, &p, None, kernel);
+                assert!(e < 1e-11, "{kernel:?} skv={skv}: {e:e}");
+            }
         }
     }
 

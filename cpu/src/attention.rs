@@ -4,12 +4,20 @@
 //! Query `i` sits at position `p = skv - sq + i`. A query that sees no key gets zeros.
 //!
 //! The reference computes scores in f32, softmax and the weighted sum in f64, one (query, head)
-//! at a time. The fast path works on one query and one KV head at a time (all the query heads of
-//! that GQA group, so each K/V row is loaded once per group): SIMD dot products for the scores, a
+//! at a time. With AVX-512, prompts take the tiled online-softmax kernel of [`flash`] (no score
+//! matrix) and a few query rows take the key-split streaming kernel of [`decode`]. Elsewhere the
+//! portable fast path works on one query and one KV head at a time (all the query heads of that
+//! GQA group, so each K/V row is loaded once per group): SIMD dot products for the scores, a
 //! vectorised max-subtracted softmax, then FMA accumulation of `v` rows; such units are split
 //! over the thread pool, and for decode on many threads each unit's keys are split too (partial
-//! softmax results merged flash-decoding style). Sizes are validated by the caller; this module never reads out of bounds
-//! (short slices produce fewer rows) and must not know about tensors.
+//! softmax results merged flash-decoding style). Sizes are validated by the caller; this module
+//! never reads out of bounds (short slices produce fewer rows, or take the bounds-checked path)
+//! and must not know about tensors.
+
+#[cfg(target_arch = "x86_64")]
+mod decode;
+#[cfg(target_arch = "x86_64")]
+mod flash;
 
 use crate::threads::Threads;
 use crate::vecmath as vm;
@@ -140,6 +148,23 @@ struct Inputs<'a> {
 }
 
 impl Inputs<'_> {
+    /// ALiBi slope of query head `h` (0 without slopes).
+    fn slope(&self, h: usize) -> f32 {
+        self.slopes.and_then(|s| s.get(h).copied()).unwrap_or(0.0)
+    }
+
+    /// True when every slice holds the values the parameters imply (the SIMD kernels index
+    /// through raw pointers and need this) and the heads group evenly.
+    fn sizes_ok(&self, out: &[f32]) -> bool {
+        let p = self.p;
+        self.g * p.nkv == p.nh
+            && p.hd > 0
+            && self.q.len() >= p.sq * p.nh * p.hd
+            && self.k.len() >= p.skv * p.nkv * p.hd
+            && self.v.len() >= p.skv * p.nkv * p.hdv
+            && out.len() >= p.sq * p.nh * p.hdv
+    }
+
     /// One query `i` and KV head `kh` (the first argument) over the keys `keys` (a sub-range of what `i` sees):
     /// writes, for each of the `g` heads `t`, the unnormalised `acc[t] = Σ e^(s - m_t) v` into
     /// `ob[t]`, the running max into `ms[t]` and `Σ e^(s - m_t)` into `ls[t]`.
@@ -207,6 +232,10 @@ impl Inputs<'_> {
     }
 }
 
+/// Fewest query positions that take the tiled prefill kernel (fewer take the decode kernel).
+#[cfg(target_arch = "x86_64")]
+const FLASH_MIN_QUERIES: usize = 8;
+
 /// Keys per split when one query's keys are spread over several tasks (decode on many threads).
 const MIN_SPLIT_KEYS: usize = 256;
 
@@ -225,8 +254,36 @@ pub fn attention(
     out: &mut [f32],
     p: &AttnParams,
 ) {
-    let (hd, hdv) = (p.hd, p.hdv);
-    if hdv == 0 || p.nh == 0 || p.nkv == 0 {
+    attention_on(th, (q, k, v, slopes), out, p, Kernel::Auto);
+}
+
+/// Which fast kernel runs a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kernel {
+    /// The tiled or decode kernel where the CPU has AVX-512, the portable one elsewhere.
+    Auto,
+    /// The portable kernel.
+    Portable,
+    /// The tiled prefill kernel (AVX-512 only; falls back to `Auto` without it).
+    #[cfg(test)]
+    Flash,
+    /// The decode kernel (AVX-512 only; falls back to `Auto` without it).
+    #[cfg(test)]
+    Decode,
+}
+
+/// The `q`, `k`, `v` and ALiBi slopes of one call.
+type Qkvs<'a> = (&'a [f32], &'a [f32], &'a [f32], Option<&'a [f32]>);
+
+/// [`attention`] on a chosen kernel.
+fn attention_on(
+    th: &Threads,
+    (q, k, v, slopes): Qkvs,
+    out: &mut [f32],
+    p: &AttnParams,
+    kernel: Kernel,
+) {
+    if p.hdv == 0 || p.nh == 0 || p.nkv == 0 {
         return;
     }
     let g = (p.nh / p.nkv).max(1);
@@ -238,6 +295,29 @@ pub fn attention(
         p,
         g,
     };
+    #[cfg(target_arch = "x86_64")]
+    if kernel != Kernel::Portable && crate::simd::has_avx512() && inp.sizes_ok(out) {
+        let flash = match kernel {
+            #[cfg(test)]
+            Kernel::Flash => true,
+            #[cfg(test)]
+            Kernel::Decode => false,
+            _ => p.sq >= FLASH_MIN_QUERIES,
+        };
+        if flash {
+            flash::run(th, &inp, out);
+        } else {
+            decode::run(th, &inp, out);
+        }
+        return;
+    }
+    portable(th, &inp, out);
+}
+
+/// The portable fast kernel (see the module header).
+fn portable(th: &Threads, inp: &Inputs, out: &mut [f32]) {
+    let (p, g) = (inp.p, inp.g);
+    let (hd, hdv) = (p.hd, p.hdv);
     let unit = g * hdv;
     let units = (p.sq * p.nkv).min(out.len() / unit);
     let out = &mut out[..units * unit];
@@ -247,7 +327,7 @@ pub fn attention(
         0
     };
     if splits >= 2 {
-        split_keys(th, &inp, out, units, splits);
+        split_keys(th, inp, out, units, splits);
         return;
     }
     let per_unit = (p.skv * (hd + hdv) * g).max(1);
@@ -297,13 +377,21 @@ fn split_keys(th: &Threads, inp: &Inputs, out: &mut [f32], units: usize, splits:
             inp.partial((i, u % p.nkv), keys, &mut scores, ob, ms, ls);
         }
     });
+    merge_partials(out, &partials, g, hdv, splits);
+}
+
+/// Merges `splits` partial softmax results per unit into `out` (`heads` rows of `hdv` per unit):
+/// each unit's partials are `splits` runs of `heads` unnormalised outputs, `heads` maxima and
+/// `heads` sums; `O = Σ e^(m_c - M) acc_c / Σ e^(m_c - M) l_c`.
+fn merge_partials(out: &mut [f32], partials: &[f32], heads: usize, hdv: usize, splits: usize) {
+    let part = heads * (hdv + 2);
     for (ob, pu) in out
-        .chunks_exact_mut(g * hdv)
+        .chunks_exact_mut(heads * hdv)
         .zip(partials.chunks_exact(splits * part))
     {
         for (t, o) in ob.chunks_exact_mut(hdv).enumerate() {
             let m_of = |c: usize| {
-                pu.get(c * part + g * hdv + t)
+                pu.get(c * part + heads * hdv + t)
                     .copied()
                     .unwrap_or(f32::NEG_INFINITY)
             };
@@ -315,7 +403,10 @@ fn split_keys(th: &Threads, inp: &Inputs, out: &mut [f32], units: usize, splits:
             let mut total = 0f32;
             for c in 0..splits {
                 let w = (m_of(c) - big).exp();
-                total += w * pu.get(c * part + g * hdv + g + t).copied().unwrap_or(0.0);
+                total += w * pu
+                    .get(c * part + heads * hdv + heads + t)
+                    .copied()
+                    .unwrap_or(0.0);
                 let acc = pu
                     .get(c * part + t * hdv..c * part + (t + 1) * hdv)
                     .unwrap_or(&[]);
@@ -345,6 +436,94 @@ mod tests {
             softcap: 0.0,
             causal: true,
             window: 0,
+        }
+    }
+
+    const KERNELS: [Kernel; 4] = [
+        Kernel::Auto,
+        Kernel::Portable,
+        Kernel::Flash,
+        Kernel::Decode,
+    ];
+
+    /// Runs `kernel` and the reference on the same inputs; returns the NMSE.
+    fn check(th: &Threads, p: &AttnParams, slopes: Option<&[f32]>, kernel: Kernel) -> f64 {
+        let q = vals(p.sq * p.nh * p.hd, 1, -2.0, 2.0);
+        let k = vals(p.skv * p.nkv * p.hd, 2, -2.0, 2.0);
+        let v = vals(p.skv * p.nkv * p.hdv, 3, -1.0, 1.0);
+        let n = p.sq * p.nh * p.hdv;
+        let (mut r, mut f) = (vec![0.0; n], vec![1.0; n]);
+        attention_ref(&q, &k, &v, slopes, &mut r, p);
+        attention_on(th, (&q, &k, &v, slopes), &mut f, p, kernel);
+        nmse(&f, &r)
+    }
+
+    #[test]
+    fn every_kernel_matches_reference_on_awkward_sizes() {
+        // rows and keys not multiples of the tiles, one query row, GQA ratios 1 / 3 / 4 / 8,
+        // head sizes 1, 7, 33, 64, 80, 128, value head size differing from the key's
+        let shapes = [
+            (1usize, 1usize, 1usize, 1usize, 1usize, 1usize),
+            (1, 37, 9, 3, 64, 64),
+            (1, 300, 8, 1, 128, 128),
+            (3, 200, 4, 4, 33, 33),
+            (7, 7, 6, 2, 7, 7),
+            (8, 8, 8, 2, 64, 64),
+            (9, 50, 9, 3, 64, 64),
+            (17, 17, 4, 1, 128, 128),
+            (25, 70, 16, 2, 80, 48),
+            (53, 61, 6, 3, 33, 70),
+            (100, 100, 3, 3, 64, 64),
+        ];
+        for threads in [1, 2, 5] {
+            let th = Threads::new(threads).unwrap();
+            for (sq, skv, nh, nkv, hd, hdv) in shapes {
+                for variant in 0..5 {
+                    let mut p = params(sq, skv, nh, nkv, hd);
+                    p.hdv = hdv;
+                    let slopes: Vec<f32> = (0..nh).map(|h| 0.5f32.powi(h as i32 + 1)).collect();
+                    match variant {
+                        1 => p.softcap = 5.0,
+                        2 => p.window = 11,
+                        3 => p.causal = false,
+                        4 => (p.causal, p.window) = (false, 3),
+                        _ => {}
+                    }
+                    let s = (variant == 0).then_some(&slopes[..]);
+                    for kernel in KERNELS {
+                        let e = check(&th, &p, s, kernel);
+                        assert!(
+                            e < 1e-11,
+                            "{kernel:?} t{threads} {sq} {skv} {nh} {nkv} {hd} {hdv} v{variant}: {e:e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn non_causal_with_fewer_or_no_keys() {
+        let th = Threads::new(2).unwrap();
+        for skv in [0usize, 9] {
+            let mut p = params(40, skv, 6, 2, 64);
+            p.causal = false;
+            for kernel in KERNELS {
+                let e = check(&th, &p, None, kernel);
+                assert!(e < 1e-11, "{kernel:?} skv={skv}: {e:e}");
+            }
+        }
+    }
+
+    #[test]
+    fn long_context_prefill_and_decode_match_reference() {
+        let th = Threads::new(2).unwrap();
+        for (sq, skv) in [(1usize, 2100usize), (3, 1500), (70, 1100)] {
+            let p = params(sq, skv, 9, 3, 64);
+            for kernel in KERNELS {
+                let e = check(&th, &p, None, kernel);
+                assert!(e < 1e-11, "{kernel:?} {sq} {skv}: {e:e}");
+            }
         }
     }
 
@@ -404,9 +583,14 @@ mod tests {
             let v = vals(skv * 64, 3, -1.0, 1.0);
             let (mut r, mut f) = (vec![0.0; sq * 4 * 64], vec![1.0; sq * 4 * 64]);
             attention_ref(&q, &k, &v, Some(&slopes), &mut r, &p);
-            attention(&th, &q, &k, &v, Some(&slopes), &mut f, &p);
-            let e = nmse(&f, &r);
-            assert!(e < 1e-11, "sq={sq} skv={skv} window={window}: {e:e}");
+            for kernel in KERNELS {
+                attention_on(&th, (&q, &k, &v, Some(&slopes)), &mut f, &p, kernel);
+                let e = nmse(&f, &r);
+                assert!(
+                    e < 1e-11,
+                    "{kernel:?} sq={sq} skv={skv} window={window}: {e:e}"
+                );
+            }
         }
     }
 

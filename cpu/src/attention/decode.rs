@@ -1,0 +1,188 @@
+//! Decode attention on AVX-512 (few query rows over a long KV cache): the keys are split into
+//! chunks, and one task handles one query and one chunk for every head, so it reads its part of
+//! the cache as one contiguous stream (all KV heads of a key row are adjacent): first the keys
+//! (scores of every head), then the values in blocks of [`VB`] keys, with the outputs of a head
+//! group held in registers over a block. Each task leaves a partial softmax (max, sum,
+//! unnormalised output per head); [`super::merge_partials`] combines them. The caller checks the CPU features and slice sizes.
+
+use super::{merge_partials, Inputs};
+use crate::threads::Threads;
+use crate::vecmath::avx512;
+use std::arch::x86_64::*;
+
+/// Fewest keys per chunk (below that, a task costs more to schedule than to run).
+const MIN_CHUNK: usize = 128;
+/// Most keys per chunk (bounds the per-task score buffer).
+const MAX_CHUNK: usize = 1024;
+/// Keys per block of the value pass (the outputs stay in registers over a block).
+const VB: usize = 32;
+
+/// Keys per chunk for `sq` queries over `skv` keys on `threads` threads: at least four tasks
+/// per thread when the keys allow it.
+fn chunk_keys(sq: usize, skv: usize, threads: usize) -> usize {
+    let want = (4 * threads).div_ceil(sq.max(1)).max(1);
+    skv.div_ceil(want).clamp(MIN_CHUNK, MAX_CHUNK)
+}
+
+/// Decode attention over all rows (same contract as `attention_ref`); requires AVX-512 F/BW/VL
+/// and slices of at least the sizes `inp.p` implies.
+pub(super) fn run(th: &Threads, inp: &Inputs, out: &mut [f32]) {
+    let p = inp.p;
+    let kc = chunk_keys(p.sq, p.skv, th.n());
+    let splits = p.skv.div_ceil(kc).max(1);
+    // one partial = nh outputs of hdv, then nh maxima, then nh sums
+    let part = p.nh * (p.hdv + 2);
+    let mut partials = vec![0f32; p.sq * splits * part];
+    th.for_row_chunks(&mut partials, part, 1, |r0, pc| {
+        let mut scores = Vec::new();
+        for (ri, pr) in pc.chunks_exact_mut(part).enumerate() {
+            let (i, c) = ((r0 + ri) / splits, (r0 + ri) % splits);
+            let vis = p.visible(i);
+            let keys = vis.start.max(c * kc)..vis.end.min((c + 1) * kc);
+            let keys = keys.start..keys.end.max(keys.start);
+            let (ob, rest) = pr.split_at_mut(p.nh * p.hdv);
+            let (ms, ls) = rest.split_at_mut(p.nh);
+            // SAFETY: AVX-512 and the slice sizes are checked by the caller.
+            unsafe { chunk(inp, i, keys, &mut scores, ob, ms, ls) };
+        }
+    });
+    merge_partials(out, &partials, p.nh, p.hdv, splits);
+}
+
+/// Partial softmax of query `i` over `keys` for every head: unnormalised outputs `ob [nh][hdv]`,
+/// maxima `ms [nh]`, sums `ls [nh]`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn chunk(
+    inp: &Inputs,
+    i: usize,
+    keys: std::ops::Range<usize>,
+    scores: &mut Vec<f32>,
+    ob: &mut [f32],
+    ms: &mut [f32],
+    ls: &mut [f32],
+) {
+    let (p, g) = (inp.p, inp.g);
+    let (hd, nh) = (p.hd, p.nh);
+    ob.fill(0.0);
+    ms.fill(f32::NEG_INFINITY);
+    ls.fill(0.0);
+    let n = keys.len();
+    if n == 0 {
+        return;
+    }
+    scores.resize(nh * n, 0.0);
+    let qi = inp.q.as_ptr().add(i * nh * hd);
+    let krow = p.nkv * hd;
+    for (jj, j) in keys.clone().enumerate() {
+        let kr = inp.k.as_ptr().add(j * krow);
+        for h in 0..nh {
+            scores[h * n + jj] = dot(qi.add(h * hd), kr.add((h / g) * hd), hd) * p.scale;
+        }
+    }
+    for (h, (m, l)) in ms.iter_mut().zip(ls.iter_mut()).enumerate() {
+        let sc = &mut scores[h * n..(h + 1) * n];
+        let slope = inp.slope(h);
+        if p.softcap > 0.0 || slope != 0.0 {
+            for (j, s) in keys.clone().zip(sc.iter_mut()) {
+                *s = p.adjust(*s, slope, i, j);
+            }
+        }
+        *m = avx512::max(sc);
+        *l = avx512::exp_sub_sum(sc, *m);
+    }
+    let vs = VScores {
+        scores: &scores[..],
+        n,
+        first: keys.start,
+    };
+    for b in (0..n).step_by(VB) {
+        add_values(inp, &vs, b..(b + VB).min(n), ob.as_mut_ptr());
+    }
+}
+
+/// Probabilities `scores [nh][n]` of keys `first..first + n`.
+struct VScores<'a> {
+    scores: &'a [f32],
+    n: usize,
+    first: usize,
+}
+
+/// `ob[h] += Σ_jj s[h][jj] · v[key jj][h / g]` over the key block `jjs` (offsets from
+/// `vs.first`), for every head: the outputs of up to four heads of one group stay in registers
+/// over the block, so each value row segment is loaded once per group.
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn add_values(inp: &Inputs, vs: &VScores, jjs: std::ops::Range<usize>, ob: *mut f32) {
+    let (p, g) = (inp.p, inp.g);
+    let (hdv, vrow) = (p.hdv, p.nkv * p.hdv);
+    let v0 = inp.v.as_ptr().add(vs.first * vrow);
+    for kh in 0..p.nkv {
+        for t0 in (0..g).step_by(4) {
+            let gn = (g - t0).min(4);
+            let h0 = kh * g + t0;
+            for c0 in (0..hdv).step_by(64) {
+                let mut mk = [0 as __mmask16; 4];
+                for (z, m) in mk.iter_mut().enumerate() {
+                    *m = lanes(hdv.saturating_sub(c0 + 16 * z).min(16));
+                }
+                let mut a = [[_mm512_setzero_ps(); 4]; 4];
+                for t in 0..gn {
+                    for z in 0..4 {
+                        a[t][z] =
+                            _mm512_maskz_loadu_ps(mk[z], ob.add((h0 + t) * hdv + c0 + 16 * z));
+                    }
+                }
+                for jj in jjs.clone() {
+                    let vr = v0.add(jj * vrow + kh * hdv + c0);
+                    let mut vz = [_mm512_setzero_ps(); 4];
+                    for z in 0..4 {
+                        vz[z] = _mm512_maskz_loadu_ps(mk[z], vr.add(16 * z));
+                    }
+                    for t in 0..4 {
+                        if t < gn {
+                            let pb = _mm512_set1_ps(*vs.scores.get_unchecked((h0 + t) * vs.n + jj));
+                            for z in 0..4 {
+                                a[t][z] = _mm512_fmadd_ps(pb, vz[z], a[t][z]);
+                            }
+                        }
+                    }
+                }
+                for t in 0..gn {
+                    for z in 0..4 {
+                        _mm512_mask_storeu_ps(ob.add((h0 + t) * hdv + c0 + 16 * z), mk[z], a[t][z]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Mask of the first `n` (≤ 16) lanes.
+#[inline]
+fn lanes(n: usize) -> __mmask16 {
+    ((1u32 << n) - 1) as __mmask16
+}
+
+/// `a · b` over `n` values.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+unsafe fn dot(a: *const f32, b: *const f32, n: usize) -> f32 {
+    let (mut s0, mut s1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let mut d = 0;
+    while d + 32 <= n {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(d)), _mm512_loadu_ps(b.add(d)), s0);
+        s1 = _mm512_fmadd_ps(
+            _mm512_loadu_ps(a.add(d + 16)),
+            _mm512_loadu_ps(b.add(d + 16)),
+            s1,
+        );
+        d += 32;
+    }
+    while d < n {
+        let m = lanes((n - d).min(16));
+        let x = _mm512_maskz_loadu_ps(m, a.add(d));
+        s0 = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(m, b.add(d)), s0);
+        d += 16;
+    }
+    _mm512_reduce_add_ps(_mm512_add_ps(s0, s1))
+}

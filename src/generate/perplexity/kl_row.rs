@@ -69,7 +69,9 @@ pub(super) fn row_kl(row: &[f32], rec: &[u8]) -> RowKl {
     }
     let base_top = u32::from_le_bytes([rec[8], rec[9], rec[10], rec[11]]) as usize;
     RowKl {
-        kld,
+        // a KL between two distributions over the same K + 1 outcomes is ≥ 0; below 0 is only
+        // the base's f32 rounding (e.g. a model compared with itself)
+        kld: kld.max(0.0),
         same_top: argmax(row) == base_top,
         base_nll: -(f32_at(rec, 0) as f64),
     }

@@ -84,7 +84,9 @@ fn tiny_models_same_logits_interleaved_or_plain() {
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny");
     let ids: Vec<u32> = vec![1, 17, 5, 30, 2, 9, 44, 3, 12, 7, 21, 8];
     let mut interleaved = 0;
-    for arch in ["llama", "qwen2", "mistral", "gemma2", "phi3"] {
+    for arch in [
+        "llama", "qwen2", "qwen3", "mistral", "gemma2", "phi3", "bloom", "gpt2", "glm",
+    ] {
         for dtype in ["int4", "int4-min", "int8"] {
             let out = tmp(&format!("{arch}-{dtype}.flm"));
             let opts = ConvertOptions {

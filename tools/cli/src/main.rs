@@ -210,7 +210,8 @@ enum Cmd {
         /// Comma-separated token ids.
         ids: String,
     },
-    /// Model metadata, tokenizer, tensors and memory needed.
+    /// Model metadata, tokenizer, tensors and memory needed (a .flm or GGUF file is described as
+    /// it is; a Hugging Face directory is converted first).
     Info {
         /// Model file or directory (default: the default model).
         model: Option<String>,
@@ -701,7 +702,12 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
         }
         Cmd::Fetch => println!("{}", fastllm::default_model::default_gguf()?.display()),
         Cmd::Info { model } => {
-            let path = fastllm::default_model::resolve(model.as_deref())?;
+            // a GGUF file is described as it is (no conversion); a directory is converted first
+            let given = model.as_deref().map(std::path::Path::new);
+            let path = match given {
+                Some(p) if p.is_file() => p.to_path_buf(),
+                _ => fastllm::default_model::resolve(model.as_deref())?,
+            };
             print!("{}", fastllm::format::info::describe(&path)?);
         }
     }

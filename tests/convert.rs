@@ -671,3 +671,24 @@ fn smollm2_conversion_streams() {
         );
     }
 }
+
+/// A GGUF's `rope_freqs.weight` (a Llama-3.1/3.2 GGUF's llama3 rope scaling) is kept, as f32,
+/// under `model::ROPE_FREQS_TENSOR` (tests/rope_freqs.rs checks what the model does with it).
+#[test]
+fn gguf_rope_freqs_is_kept() {
+    let mut kv = llama_kv();
+    kv.extend(tokenizer_kv());
+    let divisors: Vec<f32> = (0..4).map(|i| 1.0 + i as f32).collect();
+    let bytes: Vec<u8> = divisors.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let p = tmp("rope-freqs.gguf");
+    std::fs::write(
+        &p,
+        gguf_bytes(&kv, &[("rope_freqs.weight", vec![4], 0, bytes)]),
+    )
+    .unwrap();
+    let out = tmp("rope-freqs.flm");
+    convert(&p, &out, &opts(TargetDtype::Keep), &mut |_| {}).unwrap();
+    let f = FlmFile::open(&out, LoadMode::Mmap).unwrap();
+    let t = f.tensor(fastllm::model::ROPE_FREQS_TENSOR).unwrap();
+    assert_eq!(t.to_f32_vec().unwrap(), divisors);
+}

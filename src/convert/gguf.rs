@@ -4,7 +4,7 @@
 
 use super::ggml_dequant::{dequantize, shared_dtype, supported};
 use super::gguf_config::gguf_architecture;
-use super::names::{gguf_name, gguf_skipped, Mapped};
+use super::names::{gguf_name, Mapped, ROPE_FREQS};
 use super::tensor_transform::{transform, SourceTensor};
 use super::{general_metadata, naming_file, ConvertOptions, ConvertReport, Progress};
 use crate::error::{Error, Result};
@@ -40,7 +40,13 @@ pub fn convert_gguf(
     let permute = arch == "llama";
     let mut plan: Vec<(usize, Mapped)> = Vec::new();
     for (i, t) in g.tensors.iter().enumerate() {
-        if gguf_skipped(&t.name) {
+        if t.name == "rope_freqs.weight" {
+            let m = Mapped {
+                name: ROPE_FREQS.to_string(),
+                transpose: false,
+                unpermute_heads: None,
+            };
+            plan.push((i, m));
             continue;
         }
         let m = gguf_name(&t.name, config.num_heads, config.num_kv_heads, permute).ok_or_else(

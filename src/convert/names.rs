@@ -71,10 +71,8 @@ pub fn gguf_name(name: &str, heads: usize, kv_heads: usize, permute_qk: bool) ->
     })
 }
 
-/// GGUF tensors that carry no weights of their own and are skipped.
-pub fn gguf_skipped(name: &str) -> bool {
-    name == "rope_freqs.weight"
-}
+/// The `.flm` name of a GGUF `rope_freqs.weight` (see [`ROPE_FREQS_TENSOR`]).
+pub use crate::model::ROPE_FREQS_TENSOR as ROPE_FREQS;
 
 /// For row `r` of an HF-ordered q/k weight with `rows` rows and `heads` heads, the GGUF row that
 /// holds it: within each head, HF row `j·half + i` is GGUF row `2i + j` (`half` = head_dim / 2).

@@ -34,6 +34,11 @@ pub enum RopeScaling {
     },
 }
 
+/// The tensor holding llama.cpp's per-frequency divisors of the rotary frequencies (a GGUF's
+/// `rope_freqs.weight`: how a Llama-3.1/3.2 GGUF carries its llama3 rope scaling); a model that
+/// has it divides each rotary frequency by its entry.
+pub const ROPE_FREQS_TENSOR: &str = "model.rope_freqs.weight";
+
 /// A model's configuration. Tensor names in `.flm` are the Hugging Face names of the
 /// architecture, with every linear weight stored as [out_features, in_features].
 #[derive(Clone, Debug, PartialEq)]

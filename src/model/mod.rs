@@ -10,7 +10,7 @@ pub mod tensor_parallel;
 pub mod transformer;
 pub mod weights;
 
-pub use config::{ModelConfig, RopeScaling, RopeStyle};
+pub use config::{ModelConfig, RopeScaling, RopeStyle, ROPE_FREQS_TENSOR};
 pub use logprobs::PickLogprobs;
 pub use paged::{PagedKvPool, PagedSeqState};
 pub use synthetic::SyntheticSource;

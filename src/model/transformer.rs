@@ -256,9 +256,16 @@ impl Model {
                 weights.set_resident(&n, d);
             }
         }
-        let inv_freq = match (&spec.positions, &c.rope_scaling) {
-            (Positions::Rope, RopeScaling::None) => None,
-            (Positions::Rope, s) => Some(Data::from_f32(&[c.rope_dim / 2], &inv_freq(c, s))?),
+        let rope_freqs = rope_freq_divisors(&weights, c)?;
+        let inv_freq = match (&spec.positions, &c.rope_scaling, rope_freqs) {
+            (Positions::Rope, RopeScaling::None, None) => None,
+            (Positions::Rope, s, divisors) => {
+                let mut f = inv_freq(c, s);
+                for (f, d) in f.iter_mut().zip(divisors.unwrap_or_default()) {
+                    *f /= d;
+                }
+                Some(Data::from_f32(&[c.rope_dim / 2], &f)?)
+            }
             _ => None,
         };
         let alibi = match spec.positions {
@@ -1876,6 +1883,33 @@ pub fn inv_freq(c: &ModelConfig, scaling: &RopeScaling) -> Vec<f32> {
         }
     };
     out.iter().map(|&f| f as f32).collect()
+}
+
+/// The per-frequency divisors a GGUF carries as `rope_freqs.weight` (llama.cpp's form of the
+/// llama3 rope scaling; kept in `.flm` as [`ROPE_FREQS_TENSOR`]), checked: `rope_dim / 2` finite
+/// positive values. `None` when the model has none.
+///
+/// [`ROPE_FREQS_TENSOR`]: super::ROPE_FREQS_TENSOR
+fn rope_freq_divisors(weights: &Weights, c: &ModelConfig) -> Result<Option<Vec<f32>>> {
+    let name = super::ROPE_FREQS_TENSOR;
+    let Some(w) = weights.opt(name)? else {
+        return Ok(None);
+    };
+    let v = w.to_f32_vec()?;
+    if v.len() != c.rope_dim / 2 || v.iter().any(|d| !d.is_finite() || *d <= 0.0) {
+        return Err(bad(format!(
+            "{name}: expected {} positive rope frequency divisors (rope dim {}), got {} values{}",
+            c.rope_dim / 2,
+            c.rope_dim,
+            v.len(),
+            if v.len() == c.rope_dim / 2 {
+                " with a zero, negative or non-finite one"
+            } else {
+                ""
+            }
+        )));
+    }
+    Ok(Some(v))
 }
 
 /// ALiBi slopes for `n` heads (Press et al.; Bloom's `build_alibi_tensor`).

@@ -1,5 +1,5 @@
 //! GGUF (llama family) → `.flm`: maps names to Hugging Face names, undoes llama.cpp's q/k row
-//! permutation, keeps representable blocks bit-exact and dequantizes the rest, streaming tensor
+//! permutation, keeps representable blocks (K-quants included) bit-exact and dequantizes the rest, streaming tensor
 //! by tensor. Every tensor's type and name is checked before the output file is created.
 
 use super::ggml_dequant::{dequantize, shared_dtype, supported};
@@ -30,7 +30,7 @@ pub fn convert_gguf(
             return Err(Error::format(
                 &g.path,
                 format!(
-                    "tensor {}: unsupported GGUF tensor type {tname} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K)",
+                    "tensor {}: unsupported GGUF tensor type {tname} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)",
                     t.name
                 ),
             ));

@@ -185,6 +185,15 @@ fn kquant_simd_kernels_match_reference() {
         }
     }
     let _ = refs;
+    // the GEMM path's row converters decode exactly like the scalar dequantization
+    for t in [WeightType::Q4K, WeightType::Q5K, WeightType::Q6K] {
+        let k = 768;
+        let (w, wd) = encode(t, &rand_vec(k, 15));
+        let mut o = vec![0f32; k];
+        // SAFETY: a whole row of k values; the converter was picked for this CPU.
+        unsafe { kquant_dot::pick_row_to_f32(t).unwrap()(&w, k, &mut o) };
+        assert_eq!(o, wd, "{} row converter", t.name());
+    }
     // 1, 3 and 7 super-blocks; activation row offsets past the first row
     for (t, name, rf, ff) in float {
         for k in [256usize, 768, 1792] {

@@ -288,6 +288,9 @@ fn dram_pass(e: &Executor, o: &Opts, shape: &str, bw: f64) {
         DataType::Q4_0,
         DataType::Q4_1,
         DataType::Q8_0,
+        DataType::Q4K,
+        DataType::Q5K,
+        DataType::Q6K,
         DataType::F16,
         DataType::BF16,
     ] {
@@ -299,7 +302,7 @@ fn dram_pass(e: &Executor, o: &Opts, shape: &str, bw: f64) {
             .collect();
         let bytes: usize = ws.iter().map(|w| w.bytes().unwrap().len()).sum();
         report(dt.name(), bytes, token_pass(e, &ws, &xs), bw);
-        if fastllm_cpu::linear::interleaved::available() && dt.is_quantized() {
+        if fastllm_cpu::linear::interleaved::available() && dt.interleaved().is_some() {
             for w in ws.iter_mut() {
                 *w = fastllm::interleave::interleave(w).unwrap().unwrap();
             }

@@ -6,7 +6,9 @@ use crate::error::{Error, Result};
 use crate::executor::Executor;
 use crate::format::flm::{FlmFile, LoadMode};
 use crate::generate::Llm;
+use crate::model::tp_process::Follower;
 use crate::model::{Model, Precision, WeightSource};
+use crate::parallel::rendezvous::GroupSpec;
 use crate::tokenizer::Tokenizer;
 use std::path::Path;
 use std::sync::Arc;
@@ -106,15 +108,21 @@ pub fn model_for(
     }
 }
 
-/// Loads a `.flm` file.
-pub fn load(path: &Path, opts: &LoadOptions) -> Result<Llm> {
+/// An opened `.flm` file with what an `Llm` needs besides its model.
+struct Opened {
+    file: FlmFile,
+    tokenizer: Tokenizer,
+    chat_template: String,
+    name: String,
+}
+
+fn open(path: &Path, opts: &LoadOptions) -> Result<Opened> {
     let mode = if opts.low_memory {
         LoadMode::LowMemory
     } else {
         LoadMode::Mmap
     };
     let file = FlmFile::open(path, mode)?;
-    let config = file.config().clone();
     let tokenizer = Tokenizer::new(file.tokenizer_spec().clone())?;
     let chat_template = file
         .chat_template()
@@ -124,9 +132,21 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Llm> {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
+    Ok(Opened {
+        file,
+        tokenizer,
+        chat_template,
+        name,
+    })
+}
+
+/// Loads a `.flm` file.
+pub fn load(path: &Path, opts: &LoadOptions) -> Result<Llm> {
+    let o = open(path, opts)?;
+    let config = o.file.config().clone();
     let model = model_for(
         config,
-        Arc::new(file),
+        Arc::new(o.file),
         &opts.device,
         opts.threads,
         opts.precision,
@@ -134,10 +154,88 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Llm> {
     )?;
     Ok(Llm {
         model,
-        tokenizer,
-        chat_template,
-        name,
+        tokenizer: o.tokenizer,
+        chat_template: o.chat_template,
+        name: o.name,
     })
+}
+
+/// What [`load_in_group`] made of this process.
+pub enum GroupMember {
+    /// Node 0: the model of the whole group, used like any other.
+    Driver(Box<Llm>),
+    /// Another node: [`Follower::run`] serves node 0's steps until it ends the group.
+    Follower(Follower),
+}
+
+/// Loads a `.flm` file as one process of a tensor-parallel group of processes (see
+/// `parallel::rendezvous`): every process loads the same file and keeps only its ranks'
+/// shards; `opts.device` is `cpu` (one rank per process) or this process's GPUs (`cuda`,
+/// `cuda:N` or `cuda:0,1`, as many as `spec.per_node()`; `cuda` alone means GPUs from 0).
+pub fn load_in_group(path: &Path, opts: &LoadOptions, spec: &GroupSpec) -> Result<GroupMember> {
+    use crate::model::tp_process::{self, GroupRole};
+    let o = open(path, opts)?;
+    let config = o.file.config().clone();
+    let source: Arc<dyn WeightSource> = Arc::new(o.file);
+    let role = if opts.device == "cpu" {
+        tp_process::cpu_process_group(spec, config, source, opts.threads, opts.precision)?
+    } else {
+        group_on_gpus(spec, config, source, opts)?
+    };
+    Ok(match role {
+        GroupRole::Driver(model) => GroupMember::Driver(Box::new(Llm {
+            model: *model,
+            tokenizer: o.tokenizer,
+            chat_template: o.chat_template,
+            name: o.name,
+        })),
+        GroupRole::Follower(f) => GroupMember::Follower(f),
+    })
+}
+
+#[cfg(feature = "cuda")]
+fn group_on_gpus(
+    spec: &GroupSpec,
+    config: crate::model::ModelConfig,
+    source: Arc<dyn WeightSource>,
+    opts: &LoadOptions,
+) -> Result<crate::model::tp_process::GroupRole> {
+    let n = spec.per_node();
+    let gpus = match crate::parallel::parse_gpu_group(&opts.device, n)? {
+        Some(g) => g,
+        None if opts.device == "cuda" => vec![0],
+        None => match opts.device.strip_prefix("cuda:").map(str::parse::<u32>) {
+            Some(Ok(g)) => vec![g],
+            _ => {
+                return Err(Error::invalid(format!(
+                    "device '{}' for a group of processes: use cpu or cuda[:N[,M...]]",
+                    opts.device
+                )))
+            }
+        },
+    };
+    crate::model::tp_process::cuda_process_group(
+        spec,
+        config,
+        source,
+        &gpus,
+        opts.threads,
+        opts.precision,
+        opts.low_memory,
+    )
+}
+
+#[cfg(not(feature = "cuda"))]
+fn group_on_gpus(
+    _spec: &GroupSpec,
+    _config: crate::model::ModelConfig,
+    _source: Arc<dyn WeightSource>,
+    opts: &LoadOptions,
+) -> Result<crate::model::tp_process::GroupRole> {
+    Err(Error::Unsupported(format!(
+        "device '{}' for a group of processes: this build has no CUDA support (feature 'cuda')",
+        opts.device
+    )))
 }
 
 /// A random-weight model of the shape `name` (one of `model::synthetic::KNOWN`) with matrix

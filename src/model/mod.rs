@@ -7,6 +7,7 @@ pub mod logprobs;
 pub mod paged;
 pub mod synthetic;
 pub mod tensor_parallel;
+pub mod tp_process;
 pub mod transformer;
 pub mod weights;
 

@@ -440,6 +440,14 @@ impl Model {
         self.group.as_ref().map_or(1, |g| g.plan().world())
     }
 
+    /// A handle that tells whether this model's tensor-parallel group stopped (a rank in
+    /// another process that disconnected or failed alone); `None` for a single device.
+    pub fn group_health(&self) -> Option<super::tensor_parallel::GroupHealth> {
+        self.group
+            .as_ref()
+            .map(super::tensor_parallel::GroupHealth::of)
+    }
+
     /// What the ranks of a tensor-parallel model run on (e.g. `cuda:0,1`), `None` otherwise.
     pub fn tensor_parallel_devices(&self) -> Option<&str> {
         self.group.as_ref().map(|g| g.label())

@@ -4,8 +4,9 @@
 
 use clap::{Args, Parser, Subcommand};
 use fastllm::generate::{GenerateParams, Llm, SamplingParams, Session};
-use fastllm::load::{load, LoadOptions};
+use fastllm::load::{load, GroupMember, LoadOptions};
 use fastllm::model::Precision;
+use fastllm::parallel::rendezvous::GroupSpec;
 use fastllm::Result;
 use std::io::{BufRead, Write};
 use std::sync::Arc;
@@ -34,6 +35,19 @@ struct ModelArgs {
     /// Tensor parallelism over N GPUs (with --device cuda or cuda:K: GPUs K..K+N).
     #[arg(long, default_value_t = 0)]
     tp: usize,
+    /// Processes the --tp ranks are spread over (one per host, or one per GPU); each runs this
+    /// same command with its own --node-rank.
+    #[arg(long, default_value_t = 1)]
+    nnodes: usize,
+    /// This process's number in 0..--nnodes; node 0 runs the command, the others follow it.
+    #[arg(long, default_value_t = 0)]
+    node_rank: usize,
+    /// HOST:PORT where node 0 listens for the other nodes (needed with --nnodes > 1).
+    #[arg(long)]
+    rendezvous: Option<String>,
+    /// Seconds to wait for every node at the start, and for a rank during a step.
+    #[arg(long, default_value_t = 300)]
+    rendezvous_timeout: u64,
     /// Keep weights on disk and read each layer when it runs.
     #[arg(long)]
     low_memory: bool,
@@ -335,14 +349,79 @@ fn device_of(m: &ModelArgs) -> Result<String> {
 }
 
 fn load_model(m: &ModelArgs) -> Result<Arc<Llm>> {
+    let spec = group_spec(m)?;
     let opts = LoadOptions {
         threads: m.threads,
-        device: device_of(m)?,
+        // a process of a group names its own devices; --tp counts the whole group's ranks
+        device: if spec.is_some() {
+            m.device.clone()
+        } else {
+            device_of(m)?
+        },
         low_memory: m.low_memory,
         precision: Precision::parse(&m.precision)?,
     };
     let path = fastllm::default_model::resolve(m.model.as_deref())?;
-    Ok(Arc::new(load(&path, &opts)?))
+    let Some(spec) = spec else {
+        return Ok(Arc::new(load(&path, &opts)?));
+    };
+    match fastllm::load::load_in_group(&path, &opts, &spec)? {
+        GroupMember::Driver(llm) => {
+            watch_group(&llm);
+            Ok(Arc::new(*llm))
+        }
+        GroupMember::Follower(f) => {
+            eprintln!(
+                "fastllm: node {} of {}: following node 0 at {}",
+                f.node(),
+                spec.nnodes,
+                spec.addr
+            );
+            f.run()?;
+            eprintln!("fastllm: node {}: node 0 ended the group", spec.node_rank);
+            std::process::exit(0)
+        }
+    }
+}
+
+/// The process group of `--nnodes/--node-rank/--rendezvous`, `None` for one process.
+fn group_spec(m: &ModelArgs) -> Result<Option<GroupSpec>> {
+    if m.nnodes <= 1 {
+        if m.node_rank != 0 || m.rendezvous.is_some() {
+            return Err(fastllm::Error::invalid(
+                "--node-rank and --rendezvous need --nnodes 2 or more",
+            ));
+        }
+        return Ok(None);
+    }
+    let addr = m.rendezvous.as_deref().ok_or_else(|| {
+        fastllm::Error::invalid("--nnodes > 1 needs --rendezvous HOST:PORT (node 0's address)")
+    })?;
+    let tp = if m.tp == 0 { m.nnodes } else { m.tp };
+    Ok(Some(GroupSpec::new(
+        tp,
+        m.nnodes,
+        m.node_rank,
+        addr,
+        std::time::Duration::from_secs(m.rendezvous_timeout),
+    )?))
+}
+
+/// Node 0 of a group of processes exits with the reason once a rank in another process fails:
+/// the group cannot run another step, and a server must not keep accepting requests.
+fn watch_group(llm: &Llm) {
+    let Some(health) = llm.model.group_health() else {
+        return;
+    };
+    std::thread::spawn(move || {
+        while health.exists() {
+            if let Some(why) = health.failure() {
+                eprintln!("fastllm: error: tensor-parallel group stopped: {why}");
+                std::process::exit(1);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    });
 }
 
 fn model_only(model: &Option<String>) -> ModelArgs {
@@ -351,6 +430,10 @@ fn model_only(model: &Option<String>) -> ModelArgs {
         threads: 1,
         device: "cpu".into(),
         tp: 0,
+        nnodes: 1,
+        node_rank: 0,
+        rendezvous: None,
+        rendezvous_timeout: 300,
         low_memory: false,
         precision: "fast".into(),
     }
@@ -608,6 +691,12 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             drain_timeout,
             cors_origin,
         } => {
+            let group = group_spec(&m)?;
+            if group.as_ref().is_some_and(|g| g.node_rank > 0) {
+                // the other nodes serve no HTTP: they follow node 0's steps, then exit
+                load_model(&m)?;
+                return Ok(());
+            }
             let addr: std::net::SocketAddr = format!("{host}:{port}")
                 .parse()
                 .map_err(|_| fastllm::Error::invalid(format!("bad address {host}:{port}")))?;
@@ -646,7 +735,10 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             };
             let opts = LoadOptions {
                 threads: m.threads,
-                device: device_of(&m)?,
+                device: match group {
+                    Some(_) => m.device.clone(),
+                    None => device_of(&m)?,
+                },
                 low_memory: m.low_memory,
                 precision: Precision::parse(&m.precision)?,
             };
@@ -667,10 +759,20 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
                 max_waiting_tokens,
                 prefix_caching: Some(prefix_caching),
             };
-            fastllm_serve::run(so, move || match (&path, &synthetic) {
-                (Some(p), _) => load(p, &opts),
-                (None, Some(shape)) => fastllm::load::load_synthetic(shape, &dtype, &opts),
-                (None, None) => Err(fastllm::Error::invalid("no model to serve")),
+            fastllm_serve::run(so, move || match (&path, &synthetic, &group) {
+                (Some(p), _, Some(g)) => match fastllm::load::load_in_group(p, &opts, g)? {
+                    GroupMember::Driver(llm) => {
+                        watch_group(&llm);
+                        Ok(*llm)
+                    }
+                    GroupMember::Follower(_) => Err(fastllm::Error::invalid("node 0 drives")),
+                },
+                (None, Some(_), Some(_)) => Err(fastllm::Error::invalid(
+                    "--synthetic models are not served by a group of processes",
+                )),
+                (Some(p), _, None) => load(p, &opts),
+                (None, Some(shape), None) => fastllm::load::load_synthetic(shape, &dtype, &opts),
+                (None, None, _) => Err(fastllm::Error::invalid("no model to serve")),
             })
             .map_err(fastllm::Error::invalid)?;
         }

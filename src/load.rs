@@ -7,6 +7,7 @@ use crate::executor::Executor;
 use crate::format::flm::{FlmFile, LoadMode};
 use crate::generate::Llm;
 use crate::model::{Model, Precision, WeightSource};
+use crate::options::RuntimeOptions;
 use crate::tokenizer::Tokenizer;
 use std::path::Path;
 use std::sync::Arc;
@@ -22,6 +23,8 @@ pub struct LoadOptions {
     pub low_memory: bool,
     /// Activation precision.
     pub precision: Precision,
+    /// The run-time switches (CUDA graphs, fused ops, GPU memory cap, SIMD cap, cache dir).
+    pub runtime: RuntimeOptions,
 }
 
 impl Default for LoadOptions {
@@ -31,6 +34,7 @@ impl Default for LoadOptions {
             device: "cpu".into(),
             low_memory: false,
             precision: Precision::Fast,
+            runtime: RuntimeOptions::default(),
         }
     }
 }
@@ -49,11 +53,13 @@ impl WeightSource for FlmFile {
 
 /// Builds the executor for a device string: `cpu`, or `cuda` / `cuda:N` (the GPU first, the CPU
 /// after it as the fallback for ops the GPU does not run). A build without the `cuda` feature, or
-/// a machine without a usable GPU, gives an `Err` for `cuda`.
-pub fn executor_for(device: &str, threads: usize) -> Result<Executor> {
+/// a machine without a usable GPU, gives an `Err` for `cuda`. Applies `opts.simd` (the CPU
+/// kernels' SIMD cap) and gives the GPU `opts`'s kernel cache.
+pub fn executor_for(device: &str, threads: usize, opts: &RuntimeOptions) -> Result<Executor> {
+    crate::options::apply_simd_cap(opts.simd)?;
     match device {
         "cpu" | "" => Executor::cpu(threads),
-        d if d == "cuda" || d.starts_with("cuda:") => cuda_executor(d, threads),
+        d if d == "cuda" || d.starts_with("cuda:") => cuda_executor(d, threads, opts),
         d => Err(Error::invalid(format!(
             "device '{d}' (expected cpu, cuda or cuda:N)"
         ))),
@@ -61,7 +67,7 @@ pub fn executor_for(device: &str, threads: usize) -> Result<Executor> {
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_executor(d: &str, threads: usize) -> Result<Executor> {
+fn cuda_executor(d: &str, threads: usize, opts: &RuntimeOptions) -> Result<Executor> {
     let ordinal = match d.strip_prefix("cuda:") {
         Some(n) => n.parse::<u32>().map_err(|_| {
             Error::invalid(format!("device '{d}': expected cuda:N with N a GPU number"))
@@ -69,13 +75,15 @@ fn cuda_executor(d: &str, threads: usize) -> Result<Executor> {
         None => 0,
     };
     let mut e = Executor::new();
-    e.add_device(Arc::new(crate::devices::cuda::CudaDevice::new(ordinal)?));
+    e.add_device(Arc::new(crate::devices::cuda::CudaDevice::with_options(
+        ordinal, opts,
+    )?));
     e.add_device(Arc::new(crate::devices::cpu::CpuDevice::new(threads)?));
     Ok(e)
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_executor(d: &str, _threads: usize) -> Result<Executor> {
+fn cuda_executor(d: &str, _threads: usize, _opts: &RuntimeOptions) -> Result<Executor> {
     Err(Error::Unsupported(format!(
         "device '{d}': this build has no CUDA support (feature 'cuda')"
     )))
@@ -83,7 +91,7 @@ fn cuda_executor(d: &str, _threads: usize) -> Result<Executor> {
 
 /// Builds a model of `config` over `source` on `device`: `cpu`, `cuda`, `cuda:N`, or a
 /// tensor-parallel group of GPUs `cuda:0,1[,...]` (one rank per GPU, NCCL all-reduces; see
-/// `model::tensor_parallel`).
+/// `model::tensor_parallel`), with the switches of `opts`.
 pub fn model_for(
     config: crate::model::ModelConfig,
     source: Arc<dyn WeightSource>,
@@ -91,17 +99,22 @@ pub fn model_for(
     threads: usize,
     precision: Precision,
     low_memory: bool,
+    opts: &RuntimeOptions,
 ) -> Result<Model> {
     match crate::parallel::parse_gpu_group(device, 0)? {
-        Some(gpus) => crate::model::tensor_parallel::cuda_group(
-            config, source, &gpus, threads, precision, low_memory,
-        ),
-        None => Model::new(
+        Some(gpus) => {
+            crate::options::apply_simd_cap(opts.simd)?;
+            crate::model::tensor_parallel::cuda_group(
+                config, source, &gpus, threads, precision, low_memory, opts,
+            )
+        }
+        None => Model::with_options(
             config,
             source,
-            executor_for(device, threads)?,
+            executor_for(device, threads, opts)?,
             precision,
             low_memory,
+            opts,
         ),
     }
 }
@@ -131,6 +144,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Llm> {
         opts.threads,
         opts.precision,
         opts.low_memory,
+        &opts.runtime,
     )?;
     Ok(Llm {
         model,
@@ -159,6 +173,7 @@ pub fn load_synthetic(name: &str, dtype: &str, opts: &LoadOptions) -> Result<Llm
         opts.threads,
         opts.precision,
         opts.low_memory,
+        &opts.runtime,
     )?;
     Ok(Llm {
         model,

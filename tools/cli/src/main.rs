@@ -6,6 +6,7 @@ use clap::{Args, Parser, Subcommand};
 use fastllm::generate::{GenerateParams, Llm, SamplingParams, Session};
 use fastllm::load::{load, LoadOptions};
 use fastllm::model::Precision;
+use fastllm::options::RuntimeOptions;
 use fastllm::Result;
 use std::io::{BufRead, Write};
 use std::sync::Arc;
@@ -40,6 +41,48 @@ struct ModelArgs {
     /// fast (int8 activations in quantized matmuls) or exact (f32 activations).
     #[arg(long, default_value = "fast")]
     precision: String,
+    /// GPU: run one-token decode steps op by op instead of replaying a recorded CUDA graph
+    /// (for debugging; env FASTLLM_DECODE_GRAPHS=0).
+    #[arg(long)]
+    no_cuda_graphs: bool,
+    /// GPU: run every op in its plain form, none of the fused ones (for debugging; env
+    /// FASTLLM_FUSED_OPS=0).
+    #[arg(long)]
+    no_fused_ops: bool,
+    /// GPU: refuse a model whose weights need more than N MiB on any one GPU (0 = no cap; env
+    /// FASTLLM_GPU_MEMORY_CAP_MB).
+    #[arg(long, value_name = "N")]
+    gpu_memory_cap_mb: Option<usize>,
+    /// CPU: the highest SIMD level the kernels use: portable, avx2 or avx512 (env FASTLLM_SIMD).
+    #[arg(long, value_name = "LEVEL")]
+    simd: Option<String>,
+}
+
+impl ModelArgs {
+    /// The run-time switches: the environment's, then these flags.
+    fn runtime(&self) -> Result<RuntimeOptions> {
+        let mut o = RuntimeOptions::from_env()?;
+        o.cuda_graphs &= !self.no_cuda_graphs;
+        o.fused_ops &= !self.no_fused_ops;
+        if let Some(mb) = self.gpu_memory_cap_mb {
+            o.gpu_memory_cap = fastllm::options::cap_from_mib(mb)?;
+        }
+        if let Some(level) = &self.simd {
+            o.simd = Some(fastllm::options::parse_simd(level)?);
+        }
+        Ok(o)
+    }
+
+    /// The load options of these flags.
+    fn load_options(&self) -> Result<LoadOptions> {
+        Ok(LoadOptions {
+            threads: self.threads,
+            device: device_of(self)?,
+            low_memory: self.low_memory,
+            precision: Precision::parse(&self.precision)?,
+            runtime: self.runtime()?,
+        })
+    }
 }
 
 // Numeric flags accept a leading '-' so that a negative value reaches the sampling
@@ -335,13 +378,8 @@ fn device_of(m: &ModelArgs) -> Result<String> {
 }
 
 fn load_model(m: &ModelArgs) -> Result<Arc<Llm>> {
-    let opts = LoadOptions {
-        threads: m.threads,
-        device: device_of(m)?,
-        low_memory: m.low_memory,
-        precision: Precision::parse(&m.precision)?,
-    };
-    let path = fastllm::default_model::resolve(m.model.as_deref())?;
+    let opts = m.load_options()?;
+    let path = fastllm::default_model::resolve(m.model.as_deref(), &opts.runtime)?;
     Ok(Arc::new(load(&path, &opts)?))
 }
 
@@ -353,6 +391,10 @@ fn model_only(model: &Option<String>) -> ModelArgs {
         tp: 0,
         low_memory: false,
         precision: "fast".into(),
+        no_cuda_graphs: false,
+        no_fused_ops: false,
+        gpu_memory_cap_mb: None,
+        simd: None,
     }
 }
 
@@ -623,6 +665,7 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
                         "--drain-timeout must be a number of seconds >= 0, got {drain_timeout}"
                     ))
                 })?;
+            let opts = m.load_options()?;
             // a synthetic model's name and dtype are checked before anything binds or loads
             let (path, name) = match &synthetic {
                 Some(shape) => {
@@ -636,19 +679,13 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
                     (None, format!("{shape}-{dtype}-synthetic"))
                 }
                 None => {
-                    let path = fastllm::default_model::resolve(m.model.as_deref())?;
+                    let path = fastllm::default_model::resolve(m.model.as_deref(), &opts.runtime)?;
                     let name = path
                         .file_stem()
                         .map(|s| s.to_string_lossy().into_owned())
                         .unwrap_or_default();
                     (Some(path), name)
                 }
-            };
-            let opts = LoadOptions {
-                threads: m.threads,
-                device: device_of(&m)?,
-                low_memory: m.low_memory,
-                precision: Precision::parse(&m.precision)?,
             };
             let so = fastllm_serve::ServeOptions {
                 addr,
@@ -700,13 +737,18 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             println!("{}", report.summary());
             report.check().map_err(fastllm::Error::invalid)?;
         }
-        Cmd::Fetch => println!("{}", fastllm::default_model::default_gguf()?.display()),
+        Cmd::Fetch => println!(
+            "{}",
+            fastllm::default_model::default_gguf(&RuntimeOptions::from_env()?)?.display()
+        ),
         Cmd::Info { model } => {
             // a GGUF file is described as it is (no conversion); a directory is converted first
             let given = model.as_deref().map(std::path::Path::new);
             let path = match given {
                 Some(p) if p.is_file() => p.to_path_buf(),
-                _ => fastllm::default_model::resolve(model.as_deref())?,
+                _ => {
+                    fastllm::default_model::resolve(model.as_deref(), &RuntimeOptions::from_env()?)?
+                }
             };
             print!("{}", fastllm::format::info::describe(&path)?);
         }
@@ -784,16 +826,9 @@ struct BenchModel {
 fn bench_model(m: &ModelArgs, synthetic: Option<&str>, dtype: &str) -> Result<BenchModel> {
     use fastllm::model::synthetic;
     let Some(shape) = synthetic else {
-        let path = fastllm::default_model::resolve(m.model.as_deref())?;
-        let llm = load(
-            &path,
-            &LoadOptions {
-                threads: m.threads,
-                device: device_of(m)?,
-                low_memory: m.low_memory,
-                precision: Precision::parse(&m.precision)?,
-            },
-        )?;
+        let opts = m.load_options()?;
+        let path = fastllm::default_model::resolve(m.model.as_deref(), &opts.runtime)?;
+        let llm = load(&path, &opts)?;
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -820,6 +855,7 @@ fn bench_model(m: &ModelArgs, synthetic: Option<&str>, dtype: &str) -> Result<Be
         m.threads,
         Precision::parse(&m.precision)?,
         m.low_memory,
+        &m.runtime()?,
     )?;
     Ok(BenchModel {
         model,

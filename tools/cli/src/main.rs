@@ -5,7 +5,9 @@
 use clap::{Args, Parser, Subcommand};
 use fastllm::generate::{GenerateParams, Llm, SamplingParams, Session};
 use fastllm::load::{load, GroupMember, LoadOptions};
+use fastllm::model::tp_process::GroupRole;
 use fastllm::model::Precision;
+use fastllm::options::RuntimeOptions;
 use fastllm::parallel::rendezvous::GroupSpec;
 use fastllm::Result;
 use std::io::{BufRead, Write};
@@ -54,6 +56,53 @@ struct ModelArgs {
     /// fast (int8 activations in quantized matmuls) or exact (f32 activations).
     #[arg(long, default_value = "fast")]
     precision: String,
+    /// GPU: run one-token decode steps op by op instead of replaying a recorded CUDA graph
+    /// (for debugging; env FASTLLM_DECODE_GRAPHS=0).
+    #[arg(long)]
+    no_cuda_graphs: bool,
+    /// GPU: run every op in its plain form, none of the fused ones (for debugging; env
+    /// FASTLLM_FUSED_OPS=0).
+    #[arg(long)]
+    no_fused_ops: bool,
+    /// GPU: refuse a model whose weights need more than N MiB on any one GPU (0 = no cap; env
+    /// FASTLLM_GPU_MEMORY_CAP_MB).
+    #[arg(long, value_name = "N")]
+    gpu_memory_cap_mb: Option<usize>,
+    /// CPU: the highest SIMD level the kernels use: portable, avx2 or avx512 (env FASTLLM_SIMD).
+    #[arg(long, value_name = "LEVEL")]
+    simd: Option<String>,
+}
+
+impl ModelArgs {
+    /// The run-time switches: the environment's, then these flags.
+    fn runtime(&self) -> Result<RuntimeOptions> {
+        let mut o = RuntimeOptions::from_env()?;
+        o.cuda_graphs &= !self.no_cuda_graphs;
+        o.fused_ops &= !self.no_fused_ops;
+        if let Some(mb) = self.gpu_memory_cap_mb {
+            o.gpu_memory_cap = fastllm::options::cap_from_mib(mb)?;
+        }
+        if let Some(level) = &self.simd {
+            o.simd = Some(fastllm::options::parse_simd(level)?);
+        }
+        Ok(o)
+    }
+
+    /// The load options of these flags; `in_group`: a process of a group names its own
+    /// devices (--tp counts the whole group's ranks).
+    fn load_options(&self, in_group: bool) -> Result<LoadOptions> {
+        Ok(LoadOptions {
+            threads: self.threads,
+            device: if in_group {
+                self.device.clone()
+            } else {
+                device_of(self)?
+            },
+            low_memory: self.low_memory,
+            precision: Precision::parse(&self.precision)?,
+            runtime: self.runtime()?,
+        })
+    }
 }
 
 // Numeric flags accept a leading '-' so that a negative value reaches the sampling
@@ -349,39 +398,38 @@ fn device_of(m: &ModelArgs) -> Result<String> {
 }
 
 fn load_model(m: &ModelArgs) -> Result<Arc<Llm>> {
+    Ok(Arc::new(load_llm(m)?))
+}
+
+/// Loads the model of the flags; in a group of processes, node 0 gets the group's model and
+/// the other nodes follow node 0 until it ends the group, then exit.
+fn load_llm(m: &ModelArgs) -> Result<Llm> {
     let spec = group_spec(m)?;
-    let opts = LoadOptions {
-        threads: m.threads,
-        // a process of a group names its own devices; --tp counts the whole group's ranks
-        device: if spec.is_some() {
-            m.device.clone()
-        } else {
-            device_of(m)?
-        },
-        low_memory: m.low_memory,
-        precision: Precision::parse(&m.precision)?,
-    };
-    let path = fastllm::default_model::resolve(m.model.as_deref())?;
+    let opts = m.load_options(spec.is_some())?;
+    let path = fastllm::default_model::resolve(m.model.as_deref(), &opts.runtime)?;
     let Some(spec) = spec else {
-        return Ok(Arc::new(load(&path, &opts)?));
+        return load(&path, &opts);
     };
     match fastllm::load::load_in_group(&path, &opts, &spec)? {
         GroupMember::Driver(llm) => {
             watch_group(&llm);
-            Ok(Arc::new(*llm))
+            Ok(*llm)
         }
-        GroupMember::Follower(f) => {
-            eprintln!(
-                "fastllm: node {} of {}: following node 0 at {}",
-                f.node(),
-                spec.nnodes,
-                spec.addr
-            );
-            f.run()?;
-            eprintln!("fastllm: node {}: node 0 ended the group", spec.node_rank);
-            std::process::exit(0)
-        }
+        GroupMember::Follower(f) => follow(f, &spec),
     }
+}
+
+/// A node other than 0 serves node 0's steps until node 0 ends the group, then exits.
+fn follow<T>(f: fastllm::model::tp_process::Follower, spec: &GroupSpec) -> Result<T> {
+    eprintln!(
+        "fastllm: node {} of {}: following node 0 at {}",
+        f.node(),
+        spec.nnodes,
+        spec.addr
+    );
+    f.run()?;
+    eprintln!("fastllm: node {}: node 0 ended the group", spec.node_rank);
+    std::process::exit(0)
 }
 
 /// The process group of `--nnodes/--node-rank/--rendezvous`, `None` for one process.
@@ -436,6 +484,10 @@ fn model_only(model: &Option<String>) -> ModelArgs {
         rendezvous_timeout: 300,
         low_memory: false,
         precision: "fast".into(),
+        no_cuda_graphs: false,
+        no_fused_ops: false,
+        gpu_memory_cap_mb: None,
+        simd: None,
     }
 }
 
@@ -712,6 +764,7 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
                         "--drain-timeout must be a number of seconds >= 0, got {drain_timeout}"
                     ))
                 })?;
+            let opts = m.load_options(group.is_some())?;
             // a synthetic model's name and dtype are checked before anything binds or loads
             let (path, name) = match &synthetic {
                 Some(shape) => {
@@ -725,22 +778,13 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
                     (None, format!("{shape}-{dtype}-synthetic"))
                 }
                 None => {
-                    let path = fastllm::default_model::resolve(m.model.as_deref())?;
+                    let path = fastllm::default_model::resolve(m.model.as_deref(), &opts.runtime)?;
                     let name = path
                         .file_stem()
                         .map(|s| s.to_string_lossy().into_owned())
                         .unwrap_or_default();
                     (Some(path), name)
                 }
-            };
-            let opts = LoadOptions {
-                threads: m.threads,
-                device: match group {
-                    Some(_) => m.device.clone(),
-                    None => device_of(&m)?,
-                },
-                low_memory: m.low_memory,
-                precision: Precision::parse(&m.precision)?,
             };
             let so = fastllm_serve::ServeOptions {
                 addr,
@@ -802,13 +846,18 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             println!("{}", report.summary());
             report.check().map_err(fastllm::Error::invalid)?;
         }
-        Cmd::Fetch => println!("{}", fastllm::default_model::default_gguf()?.display()),
+        Cmd::Fetch => println!(
+            "{}",
+            fastllm::default_model::default_gguf(&RuntimeOptions::from_env()?)?.display()
+        ),
         Cmd::Info { model } => {
             // a GGUF file is described as it is (no conversion); a directory is converted first
             let given = model.as_deref().map(std::path::Path::new);
             let path = match given {
                 Some(p) if p.is_file() => p.to_path_buf(),
-                _ => fastllm::default_model::resolve(model.as_deref())?,
+                _ => {
+                    fastllm::default_model::resolve(model.as_deref(), &RuntimeOptions::from_env()?)?
+                }
             };
             print!("{}", fastllm::format::info::describe(&path)?);
         }
@@ -886,16 +935,8 @@ struct BenchModel {
 fn bench_model(m: &ModelArgs, synthetic: Option<&str>, dtype: &str) -> Result<BenchModel> {
     use fastllm::model::synthetic;
     let Some(shape) = synthetic else {
-        let path = fastllm::default_model::resolve(m.model.as_deref())?;
-        let llm = load(
-            &path,
-            &LoadOptions {
-                threads: m.threads,
-                device: device_of(m)?,
-                low_memory: m.low_memory,
-                precision: Precision::parse(&m.precision)?,
-            },
-        )?;
+        let path = fastllm::default_model::resolve(m.model.as_deref(), &m.runtime()?)?;
+        let llm = load_llm(m)?;
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -915,6 +956,18 @@ fn bench_model(m: &ModelArgs, synthetic: Option<&str>, dtype: &str) -> Result<Be
     let dt = synthetic::weight_dtype(dtype)?;
     let src = Arc::new(fastllm::model::SyntheticSource::new(&cfg, dt)?);
     let weight_bytes = src.weight_bytes_per_token();
+    if let Some(spec) = group_spec(m)? {
+        let opts = m.load_options(true)?;
+        let model = match fastllm::load::model_in_group(&spec, cfg, src, &opts)? {
+            GroupRole::Driver(model) => *model,
+            GroupRole::Follower(f) => follow(f, &spec)?,
+        };
+        return Ok(BenchModel {
+            model,
+            name: format!("{shape}-{dtype} (synthetic)"),
+            weight_bytes: Some(weight_bytes),
+        });
+    }
     let model = fastllm::load::model_for(
         cfg,
         src,
@@ -922,6 +975,7 @@ fn bench_model(m: &ModelArgs, synthetic: Option<&str>, dtype: &str) -> Result<Be
         m.threads,
         Precision::parse(&m.precision)?,
         m.low_memory,
+        &m.runtime()?,
     )?;
     Ok(BenchModel {
         model,

@@ -62,11 +62,12 @@ fn check_tiny(arch: &str, dtype: &str, precision: Precision, tol: f32) {
     let vocab = llm.model.config().vocab_size;
     for (ci, case) in reference["cases"].as_array().unwrap().iter().enumerate() {
         let tokens = ids(&case["ids"]);
-        // the tokenizer reproduces the reference ids
+        // the tokenizer reproduces the reference ids (a long text's are cut at 96 tokens)
         let text = case["text"].as_str().unwrap();
+        let encoded = llm.tokenizer.encode(text, true, false).unwrap();
         assert_eq!(
-            llm.tokenizer.encode(text, true, false).unwrap(),
-            tokens,
+            encoded.get(..tokens.len()),
+            Some(&tokens[..]),
             "{arch} case {ci}: tokenizer ids"
         );
         let mut cache = llm.model.new_cache(tokens.len()).unwrap();
@@ -98,7 +99,7 @@ fn check_tiny(arch: &str, dtype: &str, precision: Precision, tol: f32) {
     }
 }
 
-const ARCHS: [&str; 10] = [
+const ARCHS: [&str; 13] = [
     "llama",
     "llama3-rope-scaling",
     "mistral",
@@ -109,6 +110,9 @@ const ARCHS: [&str; 10] = [
     "phi3",
     "gemma2",
     "glm",
+    "gemma3",
+    "phi3-longrope",
+    "qwen2-yarn",
 ];
 
 #[test]

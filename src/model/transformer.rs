@@ -459,6 +459,12 @@ impl Model {
         self.weights.resident_dtype(name)
     }
 
+    /// Bytes of the weights held in memory (read, derived or re-formed), besides those the
+    /// model reads from the file's mapping.
+    pub fn resident_weight_bytes(&self) -> usize {
+        self.weights.resident_bytes()
+    }
+
     /// The executor (for profiling).
     pub fn executor(&self) -> &Executor {
         &self.exec

@@ -71,12 +71,12 @@ fn gguf_bytes(kv: &[Kv], tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Vec<u8> 
         b.extend_from_slice(&off.to_le_bytes());
         off += (data.len() as u64 * 4).div_ceil(32) * 32;
     }
-    while b.len() % 32 != 0 {
+    while !b.len().is_multiple_of(32) {
         b.push(0);
     }
     for (_, _, data) in tensors {
         b.extend(data.iter().flat_map(|v| v.to_le_bytes()));
-        while b.len() % 32 != 0 {
+        while !b.len().is_multiple_of(32) {
             b.push(0);
         }
     }

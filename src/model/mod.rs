@@ -5,6 +5,7 @@ pub mod arch;
 pub mod config;
 pub mod logprobs;
 pub mod paged;
+pub mod rope;
 pub mod synthetic;
 pub mod tensor_parallel;
 pub mod tp_process;

@@ -279,8 +279,13 @@ enum Cmd {
         /// Model file or directory (default: the default model).
         model: Option<String>,
     },
-    /// Fetch the default model if needed and print its GGUF path.
-    Fetch,
+    /// Fetch a model if needed and print its GGUF path: `smollm2` (the default model) or
+    /// `gemma3-270m` (Gemma 3 270M Q4_K_M, for its reference tests).
+    Fetch {
+        /// Which model.
+        #[arg(default_value = "smollm2")]
+        name: String,
+    },
     /// HTTP server: OpenAI- and TGI-compatible API with continuous batching.
     Serve {
         #[command(flatten)]
@@ -846,10 +851,20 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             println!("{}", report.summary());
             report.check().map_err(fastllm::Error::invalid)?;
         }
-        Cmd::Fetch => println!(
-            "{}",
-            fastllm::default_model::default_gguf(&RuntimeOptions::from_env()?)?.display()
-        ),
+        Cmd::Fetch { name } => {
+            let path = match name.as_str() {
+                "smollm2" => fastllm::default_model::default_gguf(&RuntimeOptions::from_env()?)?,
+                "gemma3-270m" => {
+                    fastllm::default_model::gemma3_270m_gguf(&RuntimeOptions::from_env()?)?
+                }
+                other => {
+                    return Err(fastllm::Error::invalid(format!(
+                        "unknown model {other:?} to fetch (known: smollm2, gemma3-270m)"
+                    )))
+                }
+            };
+            println!("{}", path.display())
+        }
         Cmd::Info { model } => {
             // a GGUF file is described as it is (no conversion); a directory is converted first
             let given = model.as_deref().map(std::path::Path::new);

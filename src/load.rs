@@ -190,15 +190,17 @@ pub fn load_in_group(path: &Path, opts: &LoadOptions, spec: &GroupSpec) -> Resul
     use crate::model::tp_process::GroupRole;
     let o = open(path, opts)?;
     let config = o.file.config().clone();
-    Ok(match model_in_group(spec, config, Arc::new(o.file), opts)? {
-        GroupRole::Driver(model) => GroupMember::Driver(Box::new(Llm {
-            model: *model,
-            tokenizer: o.tokenizer,
-            chat_template: o.chat_template,
-            name: o.name,
-        })),
-        GroupRole::Follower(f) => GroupMember::Follower(f),
-    })
+    Ok(
+        match model_in_group(spec, config, Arc::new(o.file), opts)? {
+            GroupRole::Driver(model) => GroupMember::Driver(Box::new(Llm {
+                model: *model,
+                tokenizer: o.tokenizer,
+                chat_template: o.chat_template,
+                name: o.name,
+            })),
+            GroupRole::Follower(f) => GroupMember::Follower(f),
+        },
+    )
 }
 
 /// The model of `config` over `source` as one process of a group (see [`load_in_group`]):

@@ -188,6 +188,7 @@ fn tiny_on_the_gpu(arch: &str, precision: Precision, tol: f32) {
         device: "cuda".into(),
         precision,
         low_memory: false,
+        ..Default::default()
     };
     let llm = load(&out, &opts).unwrap();
     let vocab = llm.model.config().vocab_size;

@@ -349,7 +349,16 @@ pub fn cpu_process_group(
     let build = |rank: usize, comm: Arc<dyn Collective>| -> Result<Model> {
         let exec = Executor::cpu(setup.threads.max(1))?;
         let s = setup;
-        rank_model(&plan, rank, source.clone(), exec, comm, s.precision, false, &s.runtime)
+        rank_model(
+            &plan,
+            rank,
+            source.clone(),
+            exec,
+            comm,
+            s.precision,
+            false,
+            &s.runtime,
+        )
     };
     if spec.node_rank == 0 {
         let links = rendezvous::host(spec, &fp, &[])?;
@@ -449,16 +458,18 @@ pub fn cuda_process_group(
             let mut exec = Executor::new();
             exec.add_device(Arc::new(dev));
             exec.add_device(Arc::new(crate::devices::cpu::CpuDevice::new(
-                if threads == 0 { 2 } else { threads },
+                if s.threads == 0 { 2 } else { s.threads },
             )?));
+            let comm = Arc::new(comm);
             rank_model(
                 &plan,
                 rank,
                 source,
                 exec,
-                Arc::new(comm),
-                precision,
-                low_memory,
+                comm,
+                s.precision,
+                s.low_memory,
+                &s.runtime,
             )
         }
     };

@@ -6,11 +6,14 @@ use crate::error::{Error, Result};
 use crate::executor::Executor;
 use crate::format::flm::{FlmFile, LoadMode};
 use crate::generate::Llm;
+use crate::model::tensor_parallel::{rank_model, RankBuilder, ShardPlan, TpGroup};
 use crate::model::{Model, Precision, WeightSource};
 use crate::options::RuntimeOptions;
+use crate::parallel::HostCollective;
 use crate::tokenizer::Tokenizer;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// How to load a model.
 #[derive(Clone, Debug)]
@@ -104,9 +107,7 @@ pub fn model_for(
     match crate::parallel::parse_gpu_group(device, 0)? {
         Some(gpus) => {
             crate::options::apply_simd_cap(opts.simd)?;
-            crate::model::tensor_parallel::cuda_group(
-                config, source, &gpus, threads, precision, low_memory, opts,
-            )
+            cuda_group(config, source, &gpus, threads, precision, low_memory, opts)
         }
         None => Model::with_options(
             config,
@@ -117,6 +118,23 @@ pub fn model_for(
             opts,
         ),
     }
+}
+
+/// [`model_for`] with the settings of `opts`.
+fn model_with(
+    config: crate::model::ModelConfig,
+    source: Arc<dyn WeightSource>,
+    opts: &LoadOptions,
+) -> Result<Model> {
+    model_for(
+        config,
+        source,
+        &opts.device,
+        opts.threads,
+        opts.precision,
+        opts.low_memory,
+        &opts.runtime,
+    )
 }
 
 /// Loads a `.flm` file.
@@ -137,15 +155,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Llm> {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let model = model_for(
-        config,
-        Arc::new(file),
-        &opts.device,
-        opts.threads,
-        opts.precision,
-        opts.low_memory,
-        &opts.runtime,
-    )?;
+    let model = model_with(config, Arc::new(file), opts)?;
     Ok(Llm {
         model,
         tokenizer,
@@ -166,19 +176,123 @@ pub fn load_synthetic(name: &str, dtype: &str, opts: &LoadOptions) -> Result<Llm
     let dt = synthetic::weight_dtype(dtype)?;
     let tokenizer = Tokenizer::new(synthetic::tokenizer_spec(&config)?)?;
     let source = Arc::new(crate::model::SyntheticSource::new(&config, dt)?);
-    let model = model_for(
-        config,
-        source,
-        &opts.device,
-        opts.threads,
-        opts.precision,
-        opts.low_memory,
-        &opts.runtime,
-    )?;
+    let model = model_with(config, source, opts)?;
     Ok(Llm {
         model,
         tokenizer,
         chat_template: crate::generate::chat::CHATML.to_string(),
         name: format!("{name}-{dtype}-synthetic"),
     })
+}
+
+/// A tensor-parallel model over `world` CPU ranks (threads) whose all-reduce is done on the
+/// host: the same sharding and math as on GPUs, for tests and CI. `threads` per rank.
+pub fn cpu_group(
+    config: crate::model::ModelConfig,
+    source: Arc<dyn WeightSource>,
+    world: usize,
+    threads: usize,
+    precision: Precision,
+) -> Result<Model> {
+    let plan = ShardPlan::new(&config, world)?;
+    let comms = HostCollective::group(world, Duration::from_secs(600))?;
+    let builders: Vec<RankBuilder> = comms
+        .into_iter()
+        .enumerate()
+        .map(|(r, comm)| {
+            let (plan, source) = (plan.clone(), source.clone());
+            Box::new(move || {
+                let exec = Executor::cpu(threads.max(1))?;
+                let opts = RuntimeOptions::default();
+                rank_model(
+                    &plan,
+                    r,
+                    source,
+                    exec,
+                    Arc::new(comm),
+                    precision,
+                    false,
+                    &opts,
+                )
+            }) as RankBuilder
+        })
+        .collect();
+    let group = TpGroup::start(plan, builders, &format!("cpu x{world}"))?;
+    Model::driver(config, Arc::new(group), precision)
+}
+
+/// A tensor-parallel model over the GPUs `ordinals` (one rank each, NCCL all-reduces).
+/// Checks every GPU and NCCL before starting any rank, so a missing one gives a clear `Err`.
+#[cfg(feature = "cuda")]
+fn cuda_group(
+    config: crate::model::ModelConfig,
+    source: Arc<dyn WeightSource>,
+    ordinals: &[u32],
+    threads: usize,
+    precision: Precision,
+    low_memory: bool,
+    opts: &RuntimeOptions,
+) -> Result<Model> {
+    use crate::devices::cuda::{gpu, nccl, CudaDevice};
+    use crate::model::tensor_parallel::prefixed;
+    let label = format!(
+        "cuda:{}",
+        ordinals
+            .iter()
+            .map(|o| o.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    for &o in ordinals {
+        gpu::probe(o).map_err(|e| prefixed(&label, e))?;
+    }
+    nccl::probe()?;
+    let world = ordinals.len();
+    let plan = ShardPlan::new(&config, world)?;
+    let id = nccl::NcclId::new()?;
+    let builders: Vec<RankBuilder> = ordinals
+        .iter()
+        .enumerate()
+        .map(|(r, &ord)| {
+            let (plan, source, opts) = (plan.clone(), source.clone(), opts.clone());
+            Box::new(move || {
+                let dev = CudaDevice::with_options(ord, &opts)?;
+                let comm = nccl::NcclComm::new(dev.gpu(), &id, r, world)?;
+                let mut exec = Executor::new();
+                exec.add_device(Arc::new(dev));
+                exec.add_device(Arc::new(crate::devices::cpu::CpuDevice::new(
+                    if threads == 0 { 2 } else { threads },
+                )?));
+                rank_model(
+                    &plan,
+                    r,
+                    source,
+                    exec,
+                    Arc::new(comm),
+                    precision,
+                    low_memory,
+                    &opts,
+                )
+            }) as RankBuilder
+        })
+        .collect();
+    let group = TpGroup::start(plan, builders, &label)?;
+    Model::driver(config, Arc::new(group), precision)
+}
+
+/// Without the `cuda` feature a GPU group is an error.
+#[cfg(not(feature = "cuda"))]
+fn cuda_group(
+    _config: crate::model::ModelConfig,
+    _source: Arc<dyn WeightSource>,
+    ordinals: &[u32],
+    _threads: usize,
+    _precision: Precision,
+    _low_memory: bool,
+    _opts: &RuntimeOptions,
+) -> Result<Model> {
+    Err(Error::Unsupported(format!(
+        "tensor parallelism over {} GPUs: this build has no CUDA support (feature 'cuda')",
+        ordinals.len()
+    )))
 }

@@ -7,8 +7,10 @@ use crate::executor::Executor;
 use crate::format::flm::{FlmFile, LoadMode};
 use crate::generate::Llm;
 use crate::model::tensor_parallel::{rank_model, RankBuilder, ShardPlan, TpGroup};
+use crate::model::tp_process::Follower;
 use crate::model::{Model, Precision, WeightSource};
 use crate::options::RuntimeOptions;
+use crate::parallel::rendezvous::GroupSpec;
 use crate::parallel::HostCollective;
 use crate::tokenizer::Tokenizer;
 use std::path::Path;
@@ -137,15 +139,21 @@ fn model_with(
     )
 }
 
-/// Loads a `.flm` file.
-pub fn load(path: &Path, opts: &LoadOptions) -> Result<Llm> {
+/// An opened `.flm` file with what an `Llm` needs besides its model.
+struct Opened {
+    file: FlmFile,
+    tokenizer: Tokenizer,
+    chat_template: String,
+    name: String,
+}
+
+fn open(path: &Path, opts: &LoadOptions) -> Result<Opened> {
     let mode = if opts.low_memory {
         LoadMode::LowMemory
     } else {
         LoadMode::Mmap
     };
     let file = FlmFile::open(path, mode)?;
-    let config = file.config().clone();
     let tokenizer = Tokenizer::new(file.tokenizer_spec().clone())?;
     let chat_template = file
         .chat_template()
@@ -155,13 +163,154 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Llm> {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let model = model_with(config, Arc::new(file), opts)?;
-    Ok(Llm {
-        model,
+    Ok(Opened {
+        file,
         tokenizer,
         chat_template,
         name,
     })
+}
+
+/// Loads a `.flm` file.
+pub fn load(path: &Path, opts: &LoadOptions) -> Result<Llm> {
+    let o = open(path, opts)?;
+    let config = o.file.config().clone();
+    let model = model_with(config, Arc::new(o.file), opts)?;
+    Ok(Llm {
+        model,
+        tokenizer: o.tokenizer,
+        chat_template: o.chat_template,
+        name: o.name,
+    })
+}
+
+/// What [`load_in_group`] made of this process.
+pub enum GroupMember {
+    /// Node 0: the model of the whole group, used like any other.
+    Driver(Box<Llm>),
+    /// Another node: [`Follower::run`] serves node 0's steps until it ends the group.
+    Follower(Follower),
+}
+
+/// Loads a `.flm` file as one process of a tensor-parallel group of processes (see
+/// `parallel::rendezvous`): every process loads the same file and keeps only its ranks'
+/// shards; `opts.device` is `cpu` (one rank per process) or this process's GPUs (`cuda`,
+/// `cuda:N` or `cuda:0,1`, as many as `spec.per_node()`; `cuda` alone means GPUs from 0).
+pub fn load_in_group(path: &Path, opts: &LoadOptions, spec: &GroupSpec) -> Result<GroupMember> {
+    use crate::model::tp_process::GroupRole;
+    let o = open(path, opts)?;
+    let config = o.file.config().clone();
+    Ok(
+        match model_in_group(spec, config, Arc::new(o.file), opts)? {
+            GroupRole::Driver(model) => GroupMember::Driver(Box::new(Llm {
+                model: *model,
+                tokenizer: o.tokenizer,
+                chat_template: o.chat_template,
+                name: o.name,
+            })),
+            GroupRole::Follower(f) => GroupMember::Follower(f),
+        },
+    )
+}
+
+/// The model of `config` over `source` as one process of a group (see [`load_in_group`]):
+/// node 0's driver, or a follower. Every process must pass the same weights (the same file,
+/// or the same synthetic shape, whose weights are deterministic).
+pub fn model_in_group(
+    spec: &GroupSpec,
+    config: crate::model::ModelConfig,
+    source: Arc<dyn WeightSource>,
+    opts: &LoadOptions,
+) -> Result<crate::model::tp_process::GroupRole> {
+    use crate::model::tp_process::{self, RankSetup};
+    let setup = RankSetup {
+        threads: opts.threads,
+        precision: opts.precision,
+        low_memory: opts.low_memory,
+        runtime: opts.runtime.clone(),
+    };
+    if opts.device == "cpu" {
+        crate::options::apply_simd_cap(opts.runtime.simd)?;
+        let threads = opts.threads.max(1);
+        tp_process::cpu_process_group(spec, config, source, &setup, &|| Executor::cpu(threads))
+    } else {
+        group_on_gpus(spec, config, source, &opts.device, &setup)
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn group_on_gpus(
+    spec: &GroupSpec,
+    config: crate::model::ModelConfig,
+    source: Arc<dyn WeightSource>,
+    device: &str,
+    setup: &crate::model::tp_process::RankSetup,
+) -> Result<crate::model::tp_process::GroupRole> {
+    let gpus = match crate::parallel::parse_gpu_group(device, spec.per_node())? {
+        Some(g) => g,
+        None if device == "cuda" => vec![0],
+        None => match device.strip_prefix("cuda:").map(str::parse::<u32>) {
+            Some(Ok(g)) => vec![g],
+            _ => {
+                return Err(Error::invalid(format!(
+                    "device '{device}' for a group of processes: use cpu or cuda[:N[,M...]]"
+                )))
+            }
+        },
+    };
+    cuda_process_group(spec, config, source, &gpus, setup)
+}
+
+/// [`crate::model::tp_process::device_process_group`] over the local GPUs `ordinals`: one
+/// CUDA device (with the CPU as its fallback) and one NCCL communicator per rank.
+#[cfg(feature = "cuda")]
+fn cuda_process_group(
+    spec: &GroupSpec,
+    config: crate::model::ModelConfig,
+    source: Arc<dyn WeightSource>,
+    ordinals: &[u32],
+    setup: &crate::model::tp_process::RankSetup,
+) -> Result<crate::model::tp_process::GroupRole> {
+    use crate::devices::cuda::{gpu, nccl, CudaDevice};
+    use crate::model::tp_process::{device_process_group, DeviceRanks, RankParts};
+    for &o in ordinals {
+        gpu::probe(o)?;
+    }
+    nccl::probe()?;
+    let (ords, world, s) = (ordinals.to_vec(), spec.tp, setup.clone());
+    let rank: RankParts = Arc::new(move |id: &[u8], rank: usize, i: usize| {
+        let ord = *ords
+            .get(i)
+            .ok_or_else(|| Error::invalid(format!("no local GPU for rank {rank}")))?;
+        let dev = CudaDevice::with_options(ord, &s.runtime)?;
+        let comm = nccl::NcclComm::new(dev.gpu(), &nccl::NcclId::from_bytes(id)?, rank, world)?;
+        let mut exec = Executor::new();
+        exec.add_device(Arc::new(dev));
+        exec.add_device(Arc::new(crate::devices::cpu::CpuDevice::new(
+            if s.threads == 0 { 2 } else { s.threads },
+        )?));
+        Ok((exec, Arc::new(comm) as Arc<dyn crate::parallel::Collective>))
+    });
+    let dev = DeviceRanks {
+        kind: "cuda",
+        local: ordinals.len(),
+        new_id: &|| Ok(nccl::NcclId::new()?.to_bytes()),
+        rank,
+    };
+    device_process_group(spec, config, source, setup, &dev)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn group_on_gpus(
+    _spec: &GroupSpec,
+    _config: crate::model::ModelConfig,
+    _source: Arc<dyn WeightSource>,
+    device: &str,
+    _setup: &crate::model::tp_process::RankSetup,
+) -> Result<crate::model::tp_process::GroupRole> {
+    Err(Error::Unsupported(format!(
+        "device '{device}' for a group of processes: this build has no CUDA support (feature 'cuda')"
+    )))
 }
 
 /// A random-weight model of the shape `name` (one of `model::synthetic::KNOWN`) with matrix

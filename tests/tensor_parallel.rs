@@ -31,7 +31,7 @@ fn tmp(name: &str) -> PathBuf {
     d.join(name)
 }
 
-const ARCHS: [&str; 10] = [
+const ARCHS: [&str; 13] = [
     "llama",
     "llama3-rope-scaling",
     "mistral",
@@ -42,6 +42,9 @@ const ARCHS: [&str; 10] = [
     "phi3",
     "gemma2",
     "glm",
+    "gemma3",
+    "phi3-longrope",
+    "qwen2-yarn",
 ];
 
 fn tiny_flm(arch: &str, dtype: &str) -> PathBuf {

@@ -6,6 +6,7 @@ use super::arch::{self, ArchSpec, Mlp, NormKind, Positions, Qkv};
 use super::config::{ModelConfig, RopeScaling, RopeStyle};
 use super::logprobs::{pick_logprobs, PickLogprobs};
 use super::paged::{PagedKvPool, PagedSeqState};
+use super::rope::RopePlan;
 use super::sampler::{pick_error, sample_logits, SampleRow};
 use super::tensor_parallel::{RankTp, RemoteCache, TpGroup};
 use super::weights::{WeightSource, Weights, W};
@@ -150,7 +151,8 @@ pub struct Model {
     weights: Weights,
     exec: Executor,
     precision: Precision,
-    inv_freq: Option<Data>,
+    /// The rotations of the layers (one base, or Gemma-3's two).
+    rope: RopePlan,
     alibi: Option<Data>,
     /// Set on a rank of a tensor-parallel group: its all-reduces.
     tp: Option<RankTp>,
@@ -255,7 +257,8 @@ impl Model {
                 let p = format!("{}{i}.", spec.layer_prefix);
                 names.push(format!("{p}{}.weight", spec.attn_norm));
                 names.push(format!("{p}{}.weight", spec.ffn_norm));
-                for n in [spec.post_attn_norm, spec.post_ffn_norm]
+                let (qn, kn) = spec.qk_norm.unzip();
+                for n in [spec.post_attn_norm, spec.post_ffn_norm, qn, kn]
                     .into_iter()
                     .flatten()
                 {
@@ -270,24 +273,13 @@ impl Model {
                 weights.set_resident(&n, d);
             }
         }
-        let rope_freqs = rope_freq_divisors(&weights, c)?;
-        let inv_freq = match (&spec.positions, &c.rope_scaling, rope_freqs) {
-            (Positions::Rope, RopeScaling::None, None) => None,
-            (Positions::Rope, s, divisors) => {
-                let mut f = inv_freq(c, s);
-                for (f, d) in f.iter_mut().zip(divisors.unwrap_or_default()) {
-                    *f /= d;
-                }
-                Some(Data::from_f32(&[c.rope_dim / 2], &f)?)
-            }
-            _ => None,
-        };
+        let mut rope = RopePlan::new(c, rope_freq_divisors(&weights, c)?)?;
         let alibi = match spec.positions {
             Positions::Alibi => Some(Data::from_f32(&[c.num_heads], &alibi_slopes(c.num_heads))?),
             _ => None,
         };
         // A GPU (or other non-CPU) first device gets the weights once, now.
-        let (mut inv_freq, mut alibi) = (inv_freq, alibi);
+        let mut alibi = alibi;
         if let Some(dev) = exec
             .devices()
             .first()
@@ -295,7 +287,8 @@ impl Model {
         {
             check_memory_cap(&weights, dev.name(), opts.gpu_memory_cap)?;
             weights.upload_to(dev.as_ref())?;
-            for t in [&mut inv_freq, &mut alibi].into_iter().flatten() {
+            rope.upload(dev.as_ref())?;
+            for t in [&mut alibi].into_iter().flatten() {
                 *t = dev.upload(t)?;
             }
         } else if let Some(dev) = exec
@@ -315,6 +308,7 @@ impl Model {
         let multi_linear = first_has("SiluMul") && first_has("DecodeAttention") && opts.fused_ops;
         let decode_graphs = first_has("DecodeAttention")
             && !weights.low_memory()
+            && !rope.length_dependent()
             && !matches!(spec.positions, Positions::Learned(_))
             && opts.cuda_graphs;
         let norm_quantizes = multi_linear && precision == Precision::Fast && {
@@ -343,7 +337,7 @@ impl Model {
             weights,
             exec,
             precision,
-            inv_freq,
+            rope,
             alibi,
             tp: None,
             group: None,
@@ -369,6 +363,7 @@ impl Model {
                 d.kind() != DeviceKind::Cpu && d.ops().contains_key("DecodeAttention")
             })
             && !self.weights.low_memory()
+            && !self.rope.length_dependent()
             && !matches!(self.spec.positions, Positions::Learned(_));
     }
 
@@ -407,12 +402,12 @@ impl Model {
     ) -> Result<Model> {
         let spec = arch::lookup(&config.architecture)?;
         Ok(Model {
+            rope: RopePlan::new(&config, None)?,
             config,
             spec,
             weights: Weights::new(Arc::new(super::weights::MapSource::new()), false)?,
             exec: Executor::new(),
             precision,
-            inv_freq: None,
             alibi: None,
             tp: None,
             group: Some(group),
@@ -437,6 +432,14 @@ impl Model {
         self.group.as_ref().map_or(1, |g| g.plan().world())
     }
 
+    /// A handle that tells whether this model's tensor-parallel group stopped (a rank in
+    /// another process that disconnected or failed alone); `None` for a single device.
+    pub fn group_health(&self) -> Option<super::tensor_parallel::GroupHealth> {
+        self.group
+            .as_ref()
+            .map(super::tensor_parallel::GroupHealth::of)
+    }
+
     /// What the ranks of a tensor-parallel model run on (e.g. `cuda:0,1`), `None` otherwise.
     pub fn tensor_parallel_devices(&self) -> Option<&str> {
         self.group.as_ref().map(|g| g.label())
@@ -459,6 +462,12 @@ impl Model {
     /// it, e.g. interleaved blocks on the CPU); `None` when it is not resident.
     pub fn weight_dtype(&self, name: &str) -> Option<DataType> {
         self.weights.resident_dtype(name)
+    }
+
+    /// Bytes of the weights held in memory (read, derived or re-formed), besides those the
+    /// model reads from the file's mapping.
+    pub fn resident_weight_bytes(&self) -> usize {
+        self.weights.resident_bytes()
     }
 
     /// The executor (for profiling).
@@ -984,7 +993,7 @@ impl Model {
         };
         let mut scratch = std::mem::take(&mut cache.scratch);
         let before = cache.len;
-        let r = self.forward_rows(tokens, &pos, &rows, cache, &mut scratch);
+        let r = self.forward_rows(tokens, &pos, &rows, &[0, s], cache, &mut scratch);
         cache.scratch = scratch;
         match r {
             Ok(l) => {
@@ -1227,7 +1236,8 @@ impl Model {
             tables: Data::from_i32(&[b.seqs, b.max_blocks], &b.table)?,
         };
         let mut scratch = Scratch::default();
-        self.forward_rows(&b.tokens, &b.pos, &b.rows, &mut store, &mut scratch)
+        let runs: Vec<usize> = b.q_starts.iter().map(|&r| r.max(0) as usize).collect();
+        self.forward_rows(&b.tokens, &b.pos, &b.rows, &runs, &mut store, &mut scratch)
     }
 
     fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
@@ -1241,18 +1251,21 @@ impl Model {
     }
 
     /// The layer stack over rows `tokens` at positions `pos`, keys/values kept by `kv`;
-    /// returns logits for the rows listed in `logit_rows`.
+    /// returns logits for the rows listed in `logit_rows`. `runs` gives where each sequence's
+    /// rows start (as `q_starts`), for rotations that depend on how far a sequence reaches.
     fn forward_rows(
         &self,
         tokens: &[u32],
         pos: &[i32],
         logit_rows: &[i32],
+        runs: &[usize],
         kv: &mut dyn KvStore,
         scratch: &mut Scratch,
     ) -> Result<Data> {
         let s = tokens.len();
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         let ids = Data::from_i32(&[s], &ids)?;
+        let pos_host = pos;
         let pos = Data::from_i32(&[s], pos)?;
 
         // Positions are read by every RoPE call: put them on the first device once per step
@@ -1264,6 +1277,25 @@ impl Model {
             _ => pos,
         };
         let mut sc = scratch.take(SCRATCH_BUFS);
+        if self.rope.length_dependent() && self.spec.positions == Positions::Rope {
+            // this step's cos/sin tables, where `layers` reads them (the last two buffers)
+            let (cos, sin) = self
+                .rope
+                .global
+                .step_tables(self.config.rope_dim, pos_host, runs)?;
+            let dev = self
+                .exec
+                .devices()
+                .first()
+                .filter(|d| d.kind() != DeviceKind::Cpu);
+            let n = sc.len();
+            let place = |t: Data| match dev {
+                Some(d) => d.upload(&t),
+                None => Ok(t),
+            };
+            sc[n - 2] = place(cos)?;
+            sc[n - 1] = place(sin)?;
+        }
         let mut logits = Data::empty(DataType::F32);
         let r = self.layers(&ids, &pos, logit_rows, kv, &mut sc, &mut logits, false);
         scratch.give(sc);
@@ -1302,9 +1334,9 @@ impl Model {
             t2,
         };
         self.embed(ids, pos, ids_on_device, &mut bufs)?;
-        let rope = self.step_rope(pos, rope_cos, rope_sin)?;
+        let ropes = self.step_rope(pos, rope_cos, rope_sin)?;
         for i in 0..self.config.num_layers {
-            self.attention_block(i, &rope, kv, &mut bufs)?;
+            self.attention_block(i, &ropes, kv, &mut bufs)?;
             self.ffn_block(i, &mut bufs)?;
         }
         self.head(logit_rows, &mut bufs, logits)
@@ -1354,31 +1386,38 @@ impl Model {
         Ok(())
     }
 
-    /// The step's rotation parameters; the angles are formed once for all layers into
-    /// `cos` / `sin` where the device keeps tables.
+    /// The step's rotations: the global one, whose angles are formed once for all layers into
+    /// `cos` / `sin` where the device keeps tables (or were formed by `forward_rows` for a
+    /// length-dependent scaling), and Gemma-3's local one for the sliding-window layers (its own
+    /// base, angles formed by the rotation itself).
     fn step_rope<'a>(
         &'a self,
         pos: &'a Data,
         cos: &'a mut Data,
         sin: &'a mut Data,
-    ) -> Result<RotaryParams<'a>> {
+    ) -> Result<StepRope<'a>> {
         let c = &self.config;
-        let mut rope = RotaryParams {
+        let style = match c.rope_style {
+            RopeStyle::Neox => RotaryStyle::Neox,
+            RopeStyle::Interleaved => RotaryStyle::Interleaved,
+        };
+        let rotary = |r: &'a super::rope::LayerRope| RotaryParams {
             positions: pos,
-            inv_freq: self.inv_freq.as_ref(),
+            inv_freq: r.inv_freq.as_ref(),
             rotary_dim: c.rope_dim,
-            style: match c.rope_style {
-                RopeStyle::Neox => RotaryStyle::Neox,
-                RopeStyle::Interleaved => RotaryStyle::Interleaved,
-            },
-            theta: c.rope_theta,
+            style,
+            theta: r.theta,
             tables: None,
         };
-        if self.rope_tables && self.spec.positions == Positions::Rope {
-            ops::rotary_tables(&self.exec, &rope, cos, sin)?;
-            rope.tables = Some((&*cos, &*sin));
+        let mut global = rotary(&self.rope.global);
+        let local = self.rope.local.as_ref().map(rotary);
+        if self.rope.length_dependent() {
+            global.tables = Some((&*cos, &*sin)); // formed by `forward_rows`
+        } else if self.rope_tables && self.spec.positions == Positions::Rope {
+            ops::rotary_tables(&self.exec, &global, cos, sin)?;
+            global.tables = Some((&*cos, &*sin));
         }
-        Ok(rope)
+        Ok(StepRope { global, local })
     }
 
     /// The attention scale: `query_pre_attn_scalar`, else the head size.
@@ -1392,7 +1431,7 @@ impl Model {
     }
 
     /// Layer `i`'s q, k, v [rows, heads, head dim] from the normed input `h`, in the
-    /// architecture's projection form, with the q/k norms where it has them.
+    /// architecture's projection form.
     fn qkv(&self, i: usize, bufs: &mut StepBufs) -> Result<()> {
         let c = &self.config;
         let e = &self.exec;
@@ -1439,22 +1478,15 @@ impl Model {
         }
         q.reshape(&[s, nh, hd])?;
         k.reshape(&[s, nkv, hd])?;
-        v.reshape(&[s, nkv, hd])?;
-        if let Some((qn, kn)) = self.spec.qk_norm {
-            self.norm(q, &ln(qn), t0)?;
-            std::mem::swap(*q, *t0);
-            self.norm(k, &ln(kn), t0)?;
-            std::mem::swap(*k, *t0);
-        }
-        Ok(())
+        v.reshape(&[s, nkv, hd])
     }
 
-    /// Layer `i`'s attention: norm, q/k/v, rotation, attention through `kv`, o projection, and
-    /// the residual added into `x`.
+    /// Layer `i`'s attention: norm, q/k/v, the layer's query scale and q/k norms, rotation,
+    /// attention through `kv`, o projection, and the residual added into `x`.
     fn attention_block(
         &self,
         i: usize,
-        rope: &RotaryParams,
+        ropes: &StepRope,
         kv: &mut dyn KvStore,
         bufs: &mut StepBufs,
     ) -> Result<()> {
@@ -1474,6 +1506,20 @@ impl Model {
             ..
         } = bufs;
         let (s, nh, hd) = (q.dim(0), c.num_heads, c.head_dim);
+        let layer_rope = self.rope.layer(c, i);
+        let rope = match (&ropes.local, self.rope.local.as_ref()) {
+            (Some(r), Some(l)) if std::ptr::eq(layer_rope, l) => r,
+            _ => &ropes.global,
+        };
+        if let Some(m) = &layer_rope.q_scale {
+            ops::mul_to(e, q, m)?; // the attention factor on the rotated dims only
+        }
+        if let Some((qn, kn)) = self.spec.qk_norm {
+            self.norm(q, &ln(qn), t0)?;
+            std::mem::swap(*q, *t0);
+            self.norm(k, &ln(kn), t0)?;
+            std::mem::swap(*k, *t0);
+        }
         // a graph-mode decode step rotates q and k in the attention launch
         let rotate_in_store = self.spec.positions == Positions::Rope
             && rope.tables.is_some()
@@ -1489,7 +1535,7 @@ impl Model {
         }
         let sliding = c.sliding_layers.get(i).copied().unwrap_or(false);
         let ap = AttentionParams {
-            scale: self.attention_scale(),
+            scale: self.attention_scale() * layer_rope.score_scale,
             softcap: c.attn_logit_softcap,
             sliding_window: if sliding { c.sliding_window } else { 0 },
             alibi: self.alibi.as_ref(),
@@ -1606,6 +1652,12 @@ impl Model {
         }
         Ok(())
     }
+}
+
+/// The rotations of one step: the global one and Gemma-3's local one.
+struct StepRope<'a> {
+    global: RotaryParams<'a>,
+    local: Option<RotaryParams<'a>>,
 }
 
 /// The working tensors of one step through the layer stack: `x` the residual stream, `h` the
@@ -1921,45 +1973,13 @@ fn check_memory_cap(w: &Weights, device: &str, cap: Option<usize>) -> Result<()>
     Ok(())
 }
 
-/// Rotary inverse frequencies with scaling applied.
+/// Rotary inverse frequencies of `c`'s base with `scaling` applied, at the start of a
+/// sequence ([`super::rope::inv_freq_f64`]).
 pub fn inv_freq(c: &ModelConfig, scaling: &RopeScaling) -> Vec<f32> {
-    let rot = c.rope_dim.max(2);
-    let base: Vec<f64> = (0..rot / 2)
-        .map(|i| 1.0 / (c.rope_theta as f64).powf(2.0 * i as f64 / rot as f64))
-        .collect();
-    let out: Vec<f64> = match *scaling {
-        RopeScaling::None => base,
-        RopeScaling::Linear { factor } => base.iter().map(|f| f / factor as f64).collect(),
-        RopeScaling::Llama3 {
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_context_length,
-        } => {
-            let (factor, lo, hi, old) = (
-                factor as f64,
-                low_freq_factor as f64,
-                high_freq_factor as f64,
-                original_context_length as f64,
-            );
-            let low_wavelen = old / lo;
-            let high_wavelen = old / hi;
-            base.iter()
-                .map(|&f| {
-                    let wavelen = 2.0 * std::f64::consts::PI / f;
-                    if wavelen < high_wavelen {
-                        f
-                    } else if wavelen > low_wavelen {
-                        f / factor
-                    } else {
-                        let smooth = (old / wavelen - lo) / (hi - lo);
-                        (1.0 - smooth) * f / factor + smooth * f
-                    }
-                })
-                .collect()
-        }
-    };
-    out.iter().map(|&f| f as f32).collect()
+    super::rope::inv_freq_f64(c.rope_dim, c.rope_theta, scaling, 0)
+        .iter()
+        .map(|&f| f as f32)
+        .collect()
 }
 
 /// The per-frequency divisors a GGUF carries as `rope_freqs.weight` (llama.cpp's form of the

@@ -36,7 +36,7 @@ use std::cell::RefCell;
 pub const MAX_ROWS: usize = 4;
 
 /// From this many activation rows on, `quant_act` uses the tiled integer kernels where the CPU
-/// has them (measured: 1.35–1.5x faster than the per-row kernels at 4 rows, on par at 1 row).
+/// has them (faster than the per-row kernels from two rows on; on par at one row).
 pub const INT_TILE_MIN_ROWS: usize = 2;
 
 /// From this many activation rows on, non-f32 weights are converted to f32 tiles first (the
@@ -409,8 +409,8 @@ pub(crate) unsafe fn hsum_avx2(v: std::arch::x86_64::__m256) -> f32 {
 /// The little-endian f16 at `p`, widened (F16C) and broadcast to 8 lanes. Reads 8 bytes
 /// (`p..p + 8` must be readable: callers point into a quantized block, which is longer). A
 /// zero-extending 64-bit load is used on purpose: a 16-bit insert (what a 2-byte read compiles
-/// to) merges into an unrelated register, which put a loop-carried dependency on the
-/// accumulators and made the exact kernels 3x slower.
+/// to) merges into an unrelated register, which would put a loop-carried dependency on the
+/// accumulators.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]

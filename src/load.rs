@@ -160,7 +160,7 @@ fn open(path: &Path, opts: &LoadOptions) -> Result<Opened> {
         .map(|s| s.to_string())
         .unwrap_or_else(|| {
             let has = |t: &str| tokenizer.token_id(t).is_some();
-            crate::generate::chat::default_template(&config.architecture, has).to_string()
+            crate::generate::chat::default_template(&file.config().architecture, has).to_string()
         });
     let name = path
         .file_stem()

@@ -28,9 +28,11 @@ fn format_of(t: DataType) -> Option<WeightFormat> {
         DataType::Q4K => WeightFormat::Q4K,
         DataType::Q5K => WeightFormat::Q5K,
         DataType::Q6K => WeightFormat::Q6K,
-        DataType::Q8_0Interleaved | DataType::Q4_0Interleaved | DataType::Q4_1Interleaved => {
-            return format_of(t.plain())
-        }
+        DataType::Q8_0Interleaved
+        | DataType::Q4_0Interleaved
+        | DataType::Q4_1Interleaved
+        | DataType::F16Interleaved
+        | DataType::BF16Interleaved => return format_of(t.plain()),
         DataType::I32 => return None,
     })
 }

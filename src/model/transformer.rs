@@ -317,9 +317,9 @@ impl Model {
             };
             let name = format!("{}0.{down}.weight", spec.layer_prefix);
             weights.has(&name)
-                && weights
-                    .get(&name)
-                    .is_ok_and(|w| w.dtype().is_quantized() && !w.dtype().is_kquant())
+                && weights.get(&name).is_ok_and(|w| {
+                    matches!(w.dtype(), DataType::Q8_0 | DataType::Q4_0 | DataType::Q4_1)
+                })
         };
         let prefill_copy = if multi_linear && precision == Precision::Fast {
             let down = match spec.mlp {

@@ -1433,19 +1433,19 @@ impl Model {
             q.reshape(&[s, nh, hd])?;
             k.reshape(&[s, nkv, hd])?;
             v.reshape(&[s, nkv, hd])?;
-            let layer_rope = self.rope.layer(c, i);
-            let rope = match (&local_rope, self.rope.local.as_ref()) {
-                (Some(r), Some(l)) if std::ptr::eq(layer_rope, l) => r,
-                _ => &rope,
-            };
-            if let Some(m) = &layer_rope.q_scale {
-                ops::mul_to(e, q, m)?; // the attention factor on the rotated dims only
-            }
             if let Some((qn, kn)) = self.spec.qk_norm {
                 self.norm(q, &ln(qn), t0)?;
                 std::mem::swap(q, t0);
                 self.norm(k, &ln(kn), t0)?;
                 std::mem::swap(k, t0);
+            }
+            let layer_rope = self.rope.layer(c, i);
+            let rope = match &local_rope {
+                Some(r) if self.rope.is_local(c, i) => r,
+                _ => &rope,
+            };
+            if let Some(m) = &layer_rope.q_scale {
+                ops::mul_to(e, q, m)?; // the attention factor on the rotated dims only
             }
             // a graph-mode decode step rotates q and k in the attention launch
             let rotate_in_store = self.spec.positions == Positions::Rope

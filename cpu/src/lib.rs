@@ -10,6 +10,7 @@ pub mod attention;
 pub mod elementwise;
 pub mod embedding;
 pub mod erf;
+pub mod kquant;
 pub mod linear;
 pub mod norm;
 pub mod paged;

@@ -1,7 +1,7 @@
 //! GGUF → `.flm`: maps names to Hugging Face names, undoes llama.cpp's q/k row permutation
-//! (llama) and its `1 + w` of Gemma-3's norms, keeps representable blocks bit-exact and
-//! dequantizes the rest, streaming tensor by tensor. Every tensor's type and name is checked
-//! before the output file is created.
+//! (llama) and its `1 + w` of Gemma-3's norms, keeps representable blocks (K-quants included)
+//! bit-exact and dequantizes the rest, streaming tensor by tensor. Every tensor's type and name
+//! is checked before the output file is created.
 
 use super::ggml_dequant::{dequantize, shared_dtype, supported};
 use super::gguf_config::gguf_architecture;
@@ -32,7 +32,7 @@ pub fn convert_gguf(
             return Err(Error::format(
                 &g.path,
                 format!(
-                    "tensor {}: unsupported GGUF tensor type {tname} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K)",
+                    "tensor {}: unsupported GGUF tensor type {tname} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)",
                     t.name
                 ),
             ));

@@ -316,7 +316,10 @@ impl Model {
                 Mlp::Gated(_, _, dn) | Mlp::GatedFused(_, dn) | Mlp::Plain(_, dn) => dn,
             };
             let name = format!("{}0.{down}.weight", spec.layer_prefix);
-            weights.has(&name) && weights.get(&name).is_ok_and(|w| w.dtype().is_quantized())
+            weights.has(&name)
+                && weights
+                    .get(&name)
+                    .is_ok_and(|w| w.dtype().is_quantized() && !w.dtype().is_kquant())
         };
         let prefill_copy = if multi_linear && precision == Precision::Fast {
             let down = match spec.mlp {

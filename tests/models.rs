@@ -62,13 +62,14 @@ fn check_tiny(arch: &str, dtype: &str, precision: Precision, tol: f32) {
     let vocab = llm.model.config().vocab_size;
     for (ci, case) in reference["cases"].as_array().unwrap().iter().enumerate() {
         let tokens = ids(&case["ids"]);
-        // the tokenizer reproduces the reference ids
+        // the tokenizer reproduces the reference ids (the long cases of the newer fixtures
+        // keep the first 96 ids of their text)
         let text = case["text"].as_str().unwrap();
-        assert_eq!(
-            llm.tokenizer.encode(text, true, false).unwrap(),
-            tokens,
-            "{arch} case {ci}: tokenizer ids"
-        );
+        let mut encoded = llm.tokenizer.encode(text, true, false).unwrap();
+        if tokens.len() == 96 {
+            encoded.truncate(96);
+        }
+        assert_eq!(encoded, tokens, "{arch} case {ci}: tokenizer ids");
         let mut cache = llm.model.new_cache(tokens.len()).unwrap();
         let logits = llm
             .model
@@ -98,7 +99,7 @@ fn check_tiny(arch: &str, dtype: &str, precision: Precision, tol: f32) {
     }
 }
 
-const ARCHS: [&str; 10] = [
+const ARCHS: [&str; 12] = [
     "llama",
     "llama3-rope-scaling",
     "mistral",
@@ -109,6 +110,8 @@ const ARCHS: [&str; 10] = [
     "phi3",
     "gemma2",
     "glm",
+    "mixtral",
+    "qwen3_moe",
 ];
 
 #[test]
@@ -129,7 +132,7 @@ fn tiny_models_match_reference_fast() {
 #[test]
 fn tiny_models_quantized_int8_close() {
     // int8 weights change the model; the logits stay close to the reference
-    for arch in ["llama", "qwen2", "gemma2"] {
+    for arch in ["llama", "qwen2", "gemma2", "mixtral", "qwen3_moe"] {
         check_tiny(arch, "int8", Precision::Fast, 5e-2);
     }
 }

@@ -116,6 +116,7 @@ impl ModelConfig {
             query_pre_attn_scalar: 0.0,
             bos_id: id(g, "tokenizer.ggml.bos_token_id"),
             eos_ids,
+            moe: None,
         })
     }
 }

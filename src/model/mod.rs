@@ -4,6 +4,7 @@
 pub mod arch;
 pub mod config;
 pub mod logprobs;
+pub mod moe;
 pub mod paged;
 pub mod synthetic;
 pub mod tensor_parallel;
@@ -12,6 +13,7 @@ pub mod weights;
 
 pub use config::{ModelConfig, RopeScaling, RopeStyle, ROPE_FREQS_TENSOR};
 pub use logprobs::PickLogprobs;
+pub use moe::{MoeConfig, MoeNames, MoeScoring};
 pub use paged::{PagedKvPool, PagedSeqState};
 pub use synthetic::SyntheticSource;
 pub use transformer::{KvCache, KvStore, Model, Precision};

@@ -55,6 +55,7 @@ pub fn config(name: &str) -> Result<ModelConfig> {
         query_pre_attn_scalar: 0.0,
         bos_id: Some(128000),
         eos_ids: vec![128001],
+        moe: None,
     };
     match name {
         "llama-3-8b" => Ok(base),

@@ -229,6 +229,15 @@ impl Model {
                 c.architecture, c.rope_dim, c.head_dim
             )));
         }
+        if let Some(m) = &c.moe {
+            m.validate(&c.architecture, c.num_layers)?;
+            if spec.moe.is_none() {
+                return Err(bad(format!(
+                    "{}: has no mixture-of-experts layers",
+                    c.architecture
+                )));
+            }
+        }
         let mut weights = Weights::new(source, low_memory)?;
         let embed = format!("{}.weight", spec.embed);
         if !weights.has(&embed) {
@@ -289,8 +298,12 @@ impl Model {
             .first()
             .filter(|_| precision == Precision::Fast)
         {
-            // a CPU first device may hold the weight matrices in the layout its kernels stream
-            weights.reform_for(dev.as_ref())?;
+            // a CPU first device may hold the weight matrices in the layout its kernels stream;
+            // experts stay mapped from the file (only the routed ones are ever read)
+            let experts = spec.moe.map(|m| m.experts);
+            weights.reform_for_where(dev.as_ref(), |n| {
+                experts.is_none_or(|x| !super::moe::is_expert_tensor(x, n))
+            })?;
         }
         let first_has = |op: &str| {
             exec.devices()
@@ -304,6 +317,7 @@ impl Model {
             && std::env::var("FASTLLM_DECODE_FUSE").map_or(true, |v| v.trim() != "0");
         let decode_graphs = first_has("DecodeAttention")
             && first_has("KvWrite")
+            && config.moe.is_none() // routing is read back mid-step
             && !weights.low_memory()
             && !matches!(spec.positions, Positions::Learned(_))
             && std::env::var("FASTLLM_DECODE_GRAPHS").map_or(true, |v| v.trim() != "0");
@@ -371,6 +385,7 @@ impl Model {
                     && d.ops().contains_key("KvWrite")
             })
             && !self.weights.low_memory()
+            && self.config.moe.is_none()
             && !matches!(self.spec.positions, Positions::Learned(_));
     }
 
@@ -651,6 +666,22 @@ impl Model {
             out,
             self.precision == Precision::Fast,
         )
+    }
+
+    /// The MoE config and expert names when layer `i` routes to experts.
+    fn moe_layer(&self, i: usize) -> Option<(&super::moe::MoeConfig, super::moe::MoeNames)> {
+        let m = self.config.moe.as_ref().filter(|m| m.is_moe(i))?;
+        Some((m, self.spec.moe?))
+    }
+
+    /// What the MoE stage reads from this model.
+    fn moe_step(&self) -> super::moe::MoeStep<'_> {
+        super::moe::MoeStep {
+            exec: &self.exec,
+            weights: &self.weights,
+            quant_act: self.precision == Precision::Fast,
+            act: &self.config.hidden_act,
+        }
     }
 
     fn act(&self, x: &Data, out: &mut Data) -> Result<()> {
@@ -1444,6 +1475,16 @@ impl Model {
                 ops::add_to(e, x, b, 1.0)?;
             }
             // MLP
+            if let Some((m, names)) = self.moe_layer(i) {
+                self.norm(x, &ln(self.spec.ffn_norm), h)?;
+                super::moe::moe_ffn(&self.moe_step(), m, &names, &ln(""), h, b)?;
+                if let Some(n) = self.spec.post_ffn_norm {
+                    self.norm(b, &ln(n), t0)?;
+                    std::mem::swap(b, t0);
+                }
+                ops::add_to(e, x, b, 1.0)?;
+                continue;
+            }
             self.norm_for_linear(x, &ln(self.spec.ffn_norm), h)?;
             let down = match self.spec.mlp {
                 Mlp::Gated(gn, un, dn) => {

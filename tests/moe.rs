@@ -340,13 +340,13 @@ fn gguf_bytes(kv: &[(String, Kv)], tensors: &[(String, Vec<usize>, Vec<f32>)]) -
         b.extend_from_slice(&off.to_le_bytes());
         off += (data.len() as u64 * 4).div_ceil(32) * 32;
     }
-    while b.len() % 32 != 0 {
+    while !b.len().is_multiple_of(32) {
         b.push(0);
     }
     for (_, _, data) in tensors {
         data.iter()
             .for_each(|v| b.extend_from_slice(&v.to_le_bytes()));
-        while b.len() % 32 != 0 {
+        while !b.len().is_multiple_of(32) {
             b.push(0);
         }
     }

@@ -48,7 +48,7 @@ impl RouteParams {
                 p.k, p.experts
             ));
         }
-        if p.groups == 0 || p.experts % p.groups != 0 {
+        if p.groups == 0 || !p.experts.is_multiple_of(p.groups) {
             return Err(format!(
                 "groups = {} must divide the {} experts",
                 p.groups, p.experts
@@ -88,9 +88,9 @@ fn best(v: &[f64], allowed: impl Iterator<Item = usize>, k: usize) -> Vec<usize>
 /// Routes each row of `logits` [rows, experts]: scores by `p.scoring`; the choice uses
 /// `score + bias` (DeepSeek-V3's `e_score_correction_bias`, when given), limited to the best
 /// `topk_groups` groups (a group's rank is the sum of its best two choice values); the weights
-/// are the chosen experts' scores (without the bias), renormalised when `normalize` (sum
-/// + 1e-20 for sigmoid scores), times `scale`. `out` rows hold `k` (index, weight) pairs in the
-/// order of the choice (best first).
+/// are the chosen experts' scores (without the bias), renormalised when `normalize` (by their
+/// sum, plus 1e-20 for sigmoid scores), times `scale`. `out` rows hold `k` (index, weight) pairs
+/// in the order of the choice (best first).
 pub fn route(
     logits: &[f32],
     bias: Option<&[f32]>,
@@ -99,7 +99,7 @@ pub fn route(
 ) -> Result<(), String> {
     p.check()?;
     let e = p.experts;
-    if bias.is_some_and(|b| b.len() != e) || logits.len() % e != 0 {
+    if bias.is_some_and(|b| b.len() != e) || !logits.len().is_multiple_of(e) {
         return Err(format!("logits or bias are not rows of {e} experts"));
     }
     let rows = logits.len() / e;
@@ -172,7 +172,7 @@ fn expert_of(v: f32, experts: usize) -> Result<usize, String> {
 /// (`token · k + choice`), by expert ascending, then slot ascending. A token naming one expert
 /// twice is an error.
 pub fn dispatch(route: &[f32], k: usize, experts: usize, out: &mut [i32]) -> Result<(), String> {
-    if k == 0 || route.len() % (2 * k) != 0 {
+    if k == 0 || !route.len().is_multiple_of(2 * k) {
         return Err(format!("route is not rows of {k} (index, weight) pairs"));
     }
     let slots = route.len() / 2;
@@ -221,7 +221,11 @@ fn combine_positions(
     out: &[f32],
 ) -> Result<Vec<usize>, String> {
     let slots = route.len() / 2;
-    if k == 0 || route.len() % (2 * k) != 0 || x.len() != slots * d || out.len() != slots / k * d {
+    if k == 0
+        || !route.len().is_multiple_of(2 * k)
+        || x.len() != slots * d
+        || out.len() != slots / k * d
+    {
         return Err(format!(
             "sizes disagree: {} route values for k = {k}, {} input values, {} output values, d = {d}",
             route.len(),

@@ -596,27 +596,34 @@ fn mixtral_gguf_equals_hf() {
 
 #[test]
 fn gguf_without_expert_count_is_refused_by_name() {
-    let dir = fixture("qwen3_moe");
-    let c: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
-    let src = safetensors_f32(&dir.join("model.safetensors"));
-    let tensors = gguf_tensors(&src, "qwen3moe", 2, 8, (4, 2));
-    for missing in ["qwen3moe.expert_count", "qwen3moe.expert_used_count"] {
-        let kv: Vec<(String, Kv)> = base_kv("qwen3moe", &c, 8, &[])
-            .into_iter()
-            .filter(|(k, _)| k != missing)
-            .collect();
-        let gguf = tmp("no-experts.gguf");
-        gguf_file(&gguf, kv, &tensors);
-        let e = convert(
-            &gguf,
-            &tmp("no-experts.flm"),
-            &ConvertOptions::default(),
-            &mut |_| {},
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains(missing) && e.contains("no-experts.gguf"), "{e}");
+    // (fixture, GGUF architecture, heads, kv heads, experts)
+    for (fx, arch, h, kv, n) in [
+        ("qwen3_moe", "qwen3moe", 4, 2, 8),
+        ("mixtral", "llama", 4, 2, 4),
+    ] {
+        let dir = fixture(fx);
+        let c: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap();
+        let src = safetensors_f32(&dir.join("model.safetensors"));
+        let tensors = gguf_tensors(&src, arch, 2, n, (h, kv));
+        for key in ["expert_count", "expert_used_count"] {
+            let missing = format!("{arch}.{key}");
+            let kv: Vec<(String, Kv)> = base_kv(arch, &c, n, &[])
+                .into_iter()
+                .filter(|(k, _)| *k != missing)
+                .collect();
+            let gguf = tmp(&format!("no-{key}-{arch}.gguf"));
+            gguf_file(&gguf, kv, &tensors);
+            let opts = ConvertOptions::default();
+            let e = convert(&gguf, &tmp("no-experts.flm"), &opts, &mut |_| {})
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&missing) && e.contains(&format!("no-{key}")),
+                "{e}"
+            );
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 pub mod arch;
 pub mod config;
 pub mod logprobs;
+pub mod moe;
 pub mod paged;
 pub mod rope;
 pub mod sampler;
@@ -15,6 +16,7 @@ pub mod weights;
 
 pub use config::{ModelConfig, RopeScaling, RopeStyle, ROPE_FREQS_TENSOR};
 pub use logprobs::PickLogprobs;
+pub use moe::{MoeConfig, MoeNames, MoeScoring};
 pub use paged::{PagedKvPool, PagedSeqState};
 pub use synthetic::SyntheticSource;
 pub use transformer::{KvCache, KvStore, Model, Precision};

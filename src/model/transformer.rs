@@ -245,6 +245,15 @@ impl Model {
                 c.architecture, c.rope_dim, c.head_dim
             )));
         }
+        if let Some(m) = &c.moe {
+            m.validate(&c.architecture, c.num_layers)?;
+            if spec.moe.is_none() {
+                return Err(bad(format!(
+                    "{}: has no mixture-of-experts layers",
+                    c.architecture
+                )));
+            }
+        }
         let mut weights = Weights::new(source, low_memory)?;
         let embed = format!("{}.weight", spec.embed);
         if !weights.has(&embed) {
@@ -296,8 +305,12 @@ impl Model {
             .first()
             .filter(|_| precision == Precision::Fast)
         {
-            // a CPU first device may hold the weight matrices in the layout its kernels stream
-            weights.reform_for(dev.as_ref())?;
+            // a CPU first device may hold the weight matrices in the layout its kernels stream;
+            // experts stay mapped from the file (only the routed ones are ever read)
+            let experts = spec.moe.map(|m| m.experts);
+            weights.reform_for_where(dev.as_ref(), |n| {
+                experts.is_none_or(|x| !super::moe::is_expert_tensor(x, n))
+            })?;
         }
         let first_has = |op: &str| {
             exec.devices()
@@ -307,6 +320,7 @@ impl Model {
         let fused_silu_mul = first_has("SiluMul") && config.hidden_act == "silu";
         let multi_linear = first_has("SiluMul") && first_has("DecodeAttention") && opts.fused_ops;
         let decode_graphs = first_has("DecodeAttention")
+            && config.moe.is_none() // routing is read back mid-step
             && !weights.low_memory()
             && !rope.length_dependent()
             && !matches!(spec.positions, Positions::Learned(_))
@@ -366,6 +380,7 @@ impl Model {
                 d.kind() != DeviceKind::Cpu && d.ops().contains_key("DecodeAttention")
             })
             && !self.weights.low_memory()
+            && self.config.moe.is_none()
             && !self.rope.length_dependent()
             && !matches!(self.spec.positions, Positions::Learned(_));
     }
@@ -660,6 +675,22 @@ impl Model {
             out,
             self.precision == Precision::Fast,
         )
+    }
+
+    /// The MoE config and expert names when layer `i` routes to experts.
+    fn moe_layer(&self, i: usize) -> Option<(&super::moe::MoeConfig, super::moe::MoeNames)> {
+        let m = self.config.moe.as_ref().filter(|m| m.is_moe(i))?;
+        Some((m, self.spec.moe?))
+    }
+
+    /// What the MoE stage reads from this model.
+    fn moe_step(&self) -> super::moe::MoeStep<'_> {
+        super::moe::MoeStep {
+            exec: &self.exec,
+            weights: &self.weights,
+            quant_act: self.precision == Precision::Fast,
+            act: &self.config.hidden_act,
+        }
     }
 
     fn act(&self, x: &Data, out: &mut Data) -> Result<()> {
@@ -1575,6 +1606,11 @@ impl Model {
         } = bufs;
         let s = x.dim(0);
         let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
+        if let Some((m, names)) = self.moe_layer(i) {
+            self.norm(x, &ln(self.spec.ffn_norm), h)?;
+            super::moe::moe_ffn(&self.moe_step(), m, &names, &ln(""), h, b)?;
+            return self.ffn_residual(i, b, t0, x);
+        }
         self.norm_for_linear(x, &ln(self.spec.ffn_norm), h)?;
         let down = match self.spec.mlp {
             Mlp::Gated(gn, un, dn) => {
@@ -1615,11 +1651,16 @@ impl Model {
         }
         self.linear(t1, &ln(down), b)?;
         self.all_reduce(b, |_| true)?; // row-parallel down projection
+        self.ffn_residual(i, b, t0, x)
+    }
+
+    /// `x += post_ffn_norm(b)` (the norm where the architecture has one; `t` is scratch).
+    fn ffn_residual(&self, i: usize, b: &mut Data, t: &mut Data, x: &mut Data) -> Result<()> {
         if let Some(n) = self.spec.post_ffn_norm {
-            self.norm(b, &ln(n), t0)?;
-            std::mem::swap(*b, *t0);
+            self.norm(b, &format!("{}{i}.{n}", self.spec.layer_prefix), t)?;
+            std::mem::swap(b, t);
         }
-        ops::add_to(e, x, b, 1.0)
+        ops::add_to(&self.exec, x, b, 1.0)
     }
 
     /// The final norm and LM head over the rows `logit_rows` of `x`, with the logit

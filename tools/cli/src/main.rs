@@ -215,7 +215,8 @@ enum Cmd {
         #[arg(long)]
         json: bool,
         /// Measure a random-weight model of this shape instead of a file: llama-3-8b,
-        /// llama-3.2-1b or qwen2-0.5b (weights generated on the host, uploaded at load).
+        /// llama-3.2-1b, qwen2-0.5b, or the mixture-of-experts qwen3-30b-a3b, moe-small,
+        /// moe-tiny (weights generated on the host, uploaded at load).
         #[arg(long)]
         synthetic: Option<String>,
         /// Weight dtype of a synthetic model: f16, int8 (Q8_0) or int4 (Q4_0).
@@ -337,7 +338,8 @@ enum Cmd {
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
         prefix_caching: bool,
         /// Serve a random-weight model of this shape instead of a file (llama-3-8b,
-        /// llama-3.2-1b, qwen2-0.5b, tiny), with a byte-level stand-in tokenizer: for load
+        /// llama-3.2-1b, qwen2-0.5b, tiny, qwen3-30b-a3b, moe-small, moe-tiny), with a
+        /// byte-level stand-in tokenizer: for load
         /// tests; its text is meaningless.
         #[arg(long)]
         synthetic: Option<String>,

@@ -30,7 +30,7 @@ fn model(shape: &str, dtype: &str, precision: Precision, mode: BatchDecode) -> M
     cfg.num_layers = 2;
     let dt = synthetic::weight_dtype(dtype).unwrap();
     let src = Arc::new(SyntheticSource::new(&cfg, dt).unwrap());
-    let exec = fastllm::load::executor_for("cuda", 0).unwrap();
+    let exec = fastllm::load::executor_for("cuda", 0, &Default::default()).unwrap();
     let mut m = Model::new(cfg, src, exec, precision, false).unwrap();
     m.set_batch_decode(mode).unwrap();
     m
@@ -456,7 +456,7 @@ fn time_batched_decode_modes() {
         let cfg = synthetic::config("llama-3-8b").unwrap();
         let dt = synthetic::weight_dtype(dtype).unwrap();
         let src = Arc::new(SyntheticSource::new(&cfg, dt).unwrap());
-        let exec = fastllm::load::executor_for("cuda", 0).unwrap();
+        let exec = fastllm::load::executor_for("cuda", 0, &Default::default()).unwrap();
         let mut m = Model::new(cfg, src, exec, Precision::Fast, false).unwrap();
         for b in [1usize, 8, 32, 64, 128] {
             let mut row = format!("PERF {dtype} B={b:3}:");

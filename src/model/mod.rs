@@ -6,8 +6,10 @@ pub mod config;
 pub mod logprobs;
 pub mod paged;
 pub mod paged_graph;
+pub mod rope;
 pub mod synthetic;
 pub mod tensor_parallel;
+pub mod tp_process;
 pub mod transformer;
 pub mod weights;
 

@@ -159,6 +159,45 @@ fn padded_batched_decode_matches_the_plain_paged_path() {
     }
 }
 
+#[test]
+fn warm_up_records_every_bucket_and_returns_the_blocks() {
+    let Some(_dev) = gpu() else { return };
+    let m = model("tiny", "f16", Precision::Fast, BatchDecode::Graphs);
+    let mut pool = PagedKvPool::new(&m, 64, 16).unwrap();
+    pool.set_prefix_caching(true);
+    assert_eq!(
+        fastllm::model::warm_batch_decode(&m, &mut pool, 8).unwrap(),
+        4
+    );
+    assert_eq!(pool.free_blocks(), 64);
+    assert_eq!(pool.cached_blocks(), 0);
+    assert!(pool.prefix_caching());
+    // more buckets than free blocks: only those that fit
+    let mut small = PagedKvPool::new(&m, 5, 16).unwrap();
+    assert_eq!(
+        fastllm::model::warm_batch_decode(&m, &mut small, 128).unwrap(),
+        3
+    );
+    assert_eq!(small.free_blocks(), 5);
+    // the warmed pool decodes as a fresh one
+    let mut fresh = PagedKvPool::new(&m, 64, 16).unwrap();
+    let run = |pool: &mut PagedKvPool| {
+        let mut st: Vec<PagedSeqState> = (0..3).map(|_| PagedSeqState::new()).collect();
+        let mut out = Vec::new();
+        for step in 0..4 {
+            let toks: Vec<[u32; 1]> = (0..3).map(|r| [tok(&m, step, r)]).collect();
+            let mut items: Vec<(&mut PagedSeqState, &[u32])> = st
+                .iter_mut()
+                .zip(&toks)
+                .map(|(s, t)| (s, t.as_slice()))
+                .collect();
+            out.push(m.forward_paged(pool, &mut items).unwrap());
+        }
+        out
+    };
+    assert!(run(&mut pool) == run(&mut fresh));
+}
+
 /// Random f32 values in ±1.
 fn rand_f32(rng: &mut CaseRng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.uniform(-1.0, 1.0)).collect()

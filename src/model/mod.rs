@@ -16,7 +16,7 @@ pub mod weights;
 pub use config::{ModelConfig, RopeScaling, RopeStyle, ROPE_FREQS_TENSOR};
 pub use logprobs::PickLogprobs;
 pub use paged::{PagedKvPool, PagedSeqState};
-pub use paged_graph::{BatchDecode, BATCH_BUCKETS};
+pub use paged_graph::{warm_batch_decode, BatchDecode, BATCH_BUCKETS};
 pub use synthetic::SyntheticSource;
 pub use transformer::{KvCache, KvStore, Model, Precision};
 pub use weights::{MapSource, WeightSource, Weights};

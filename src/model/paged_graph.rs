@@ -12,7 +12,7 @@
 //! the same ops directly (every buffer gets its size); the next is recorded and replayed from
 //! then on. Prefill chunks and mixed steps run op by op through `PagedAttention`.
 
-use super::paged::PagedKvPool;
+use super::paged::{PagedKvPool, PagedSeqState};
 use super::transformer::{KvStore, Model, PagedBatch};
 use crate::data::{Data, DataType};
 use crate::device::{BaseDevice, DataDict, FloatDict, IntDict};
@@ -349,4 +349,47 @@ impl Model {
         let all: Vec<i32> = (0..*rows as i32).collect();
         self.layers(ids, pos, &all, &mut kv, bufs, logits, true)
     }
+}
+
+/// Runs the padded decode step of every bucket of up to `max_rows` rows over throwaway
+/// sequences of `pool` (one eager step that sizes the bucket's buffers, one that records it, one
+/// replay), so that a server's first requests neither compile kernels nor record graphs for
+/// short sequences (longer key-count classes are recorded when first reached). Every block
+/// taken is returned and prefix caching is left as it was. Returns the buckets warmed: none
+/// when batched decode is off, and only those whose sequences fit the free blocks.
+pub fn warm_batch_decode(model: &Model, pool: &mut PagedKvPool, max_rows: usize) -> Result<usize> {
+    if model.batch_decode() == BatchDecode::Off {
+        return Ok(0);
+    }
+    let caching = pool.prefix_caching();
+    pool.set_prefix_caching(false);
+    let mut warmed = 0;
+    let mut result = Ok(());
+    for &rows in BATCH_BUCKETS.iter().filter(|&&r| r <= max_rows.max(1)) {
+        if rows > pool.free_blocks() {
+            break;
+        }
+        let mut seqs: Vec<PagedSeqState> = (0..rows).map(|_| PagedSeqState::new()).collect();
+        for step in 0..3u32 {
+            let toks: Vec<[u32; 1]> = (0..rows).map(|_| [step]).collect();
+            let mut items: Vec<(&mut PagedSeqState, &[u32])> = seqs
+                .iter_mut()
+                .zip(&toks)
+                .map(|(s, t)| (s, t.as_slice()))
+                .collect();
+            if let Err(e) = model.forward_paged_greedy(pool, &mut items) {
+                result = Err(e);
+                break;
+            }
+        }
+        for s in seqs.iter_mut() {
+            pool.release(s);
+        }
+        if result.is_err() {
+            break;
+        }
+        warmed += 1;
+    }
+    pool.set_prefix_caching(caching);
+    result.map(|()| warmed)
 }

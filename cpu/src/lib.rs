@@ -12,6 +12,7 @@ pub mod embedding;
 pub mod erf;
 pub mod kquant;
 pub mod linear;
+pub mod moe;
 pub mod norm;
 pub mod paged;
 pub mod quant;

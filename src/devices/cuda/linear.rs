@@ -80,10 +80,9 @@ pub const TC_MIN_ROWS: usize = 16;
 /// Largest f16 tile of a block weight dequantized at once for the tensor-core path.
 const DEQ_TILE_BYTES: usize = 128 << 20;
 /// Up to this many rows, `quant_act` products with block weights (`k % MMA_KC == 0`, 16-byte
-/// aligned) take the
-/// `linear_mma` kernels (weights read once, dequantized in registers), from 2 rows on; above it
-/// the dequantize-then-cuBLAS path.
-const MMA_MAX_ROWS: usize = 64;
+/// aligned) take the `linear_mma` kernels (weights read once per slice of 64 rows, dequantized
+/// in registers), from 2 rows on; above it the dequantize-then-cuBLAS path.
+const MMA_MAX_ROWS: usize = 128;
 /// From this many rows on, `quant_act` products with F16/BF16 weights use cuBLAS (which reads
 /// the weight once for all rows; the GEMV kernels read it once per 4 rows).
 const HALF_TC_MIN_ROWS: usize = 2;

@@ -2,7 +2,7 @@
 //! fetches with `fastllm fetch gemma3-270m`; skipped with a message when it is not set) against
 //! the float64 reference of `../shared/fixtures/logits_gemma3/`:
 //!
-//! * converted `lossless` (Q8_0 blocks kept, the K-quant and Q5_0 ones dequantized to f32, so
+//! * converted `lossless` (Q8_0 and K-quant blocks kept, the Q5_0 ones dequantized to f32, so
 //!   every weight has the reference's value), `exact` precision: the reference's 16 greedy
 //!   tokens for every prompt, and max |Δlogit| ≤ 2e-3 on the last prompt position;
 //! * converted `keep` (the blocks without a `.flm` form re-quantized to Q8_0), `fast` precision:

@@ -417,6 +417,7 @@ mod tests {
             query_pre_attn_scalar: 0.0,
             bos_id: None,
             eos_ids: Vec::new(),
+            moe: None,
         }
     }
 

@@ -26,7 +26,7 @@ fn opts(dtype: TargetDtype) -> ConvertOptions {
 
 // ---- HF fixtures ------------------------------------------------------------------------
 
-const TINY: [&str; 10] = [
+const TINY: [&str; 13] = [
     "llama",
     "llama3-rope-scaling",
     "mistral",
@@ -37,6 +37,9 @@ const TINY: [&str; 10] = [
     "phi3",
     "gemma2",
     "glm",
+    "gemma3",
+    "phi3-longrope",
+    "qwen2-yarn",
 ];
 
 fn is_conv1d(arch: &str, name: &str) -> bool {
@@ -213,6 +216,128 @@ fn configs_per_architecture() {
     assert_eq!((q2.sliding_window, q2.tie_embeddings), (0, true));
     let p = cfg("phi3");
     assert_eq!((p.rope_dim, p.num_kv_heads), (16, 4));
+    let g3 = cfg("gemma3");
+    assert_eq!(g3.architecture, "gemma3");
+    assert_eq!(
+        (g3.rope_theta, g3.rope_local_theta, g3.query_pre_attn_scalar),
+        (1e6, 1e4, 16.0)
+    );
+    assert_eq!(
+        (
+            g3.sliding_window,
+            g3.sliding_layers.clone(),
+            g3.tie_embeddings
+        ),
+        (8, vec![true, false], true)
+    );
+    assert_eq!(g3.hidden_act, "gelu_tanh");
+    let y = cfg("qwen2-yarn");
+    let RopeScaling::Yarn {
+        factor,
+        original_context_length,
+        attention_factor,
+        ..
+    } = y.rope_scaling
+    else {
+        panic!("{:?}", y.rope_scaling)
+    };
+    assert_eq!((factor, original_context_length), (4.0, 32));
+    assert!((attention_factor - (0.1 * 4f32.ln() + 1.0)).abs() < 1e-6);
+    let lr = cfg("phi3-longrope");
+    let RopeScaling::LongRope {
+        original_context_length,
+        short_factor,
+        long_factor,
+        ..
+    } = lr.rope_scaling
+    else {
+        panic!("{:?}", lr.rope_scaling)
+    };
+    assert_eq!(
+        (
+            original_context_length,
+            short_factor.len(),
+            long_factor.len()
+        ),
+        (32, 8, 8)
+    );
+}
+
+/// `tiny/qwen2` with its config edited by `edit`, in a directory of its own.
+fn edited_qwen2(tag: &str, edit: impl Fn(&mut serde_json::Value)) -> PathBuf {
+    let dir = tmp(tag);
+    copy_dir(&Path::new(FIXTURES).join("tiny/qwen2"), &dir, "config.json");
+    let src = Path::new(FIXTURES).join("tiny/qwen2/config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(dir.join("config.json"), v.to_string()).unwrap();
+    dir
+}
+
+/// Dynamic NTK: the context grows to `factor` × max_position_embeddings, positions within the
+/// original context rotate as without scaling, and a step past it with a grown base.
+#[test]
+fn dynamic_ntk_from_hf_config() {
+    let dir = edited_qwen2("dynamic", |v| {
+        v["rope_parameters"]["rope_type"] = serde_json::json!("dynamic");
+        v["rope_parameters"]["factor"] = serde_json::json!(2.0);
+        v["max_position_embeddings"] = serde_json::json!(64);
+    });
+    let out = tmp("dynamic.flm");
+    convert(&dir, &out, &opts(TargetDtype::F32), &mut |_| {}).unwrap();
+    let c = FlmFile::open(&out, LoadMode::Mmap)
+        .unwrap()
+        .config()
+        .clone();
+    assert_eq!(
+        (c.context_length, c.rope_scaling.clone()),
+        (
+            128,
+            RopeScaling::Dynamic {
+                factor: 2.0,
+                original_context_length: 64
+            }
+        )
+    );
+    let plain = edited_qwen2("plain", |v| {
+        v["max_position_embeddings"] = serde_json::json!(128);
+    });
+    let plain_out = tmp("plain.flm");
+    convert(&plain, &plain_out, &opts(TargetDtype::F32), &mut |_| {}).unwrap();
+    let logits = |p: &Path, n: usize| {
+        let llm = fastllm::load::load(p, &Default::default()).unwrap();
+        let ids: Vec<u32> = (0..n as u32).map(|i| (i * 11 + 3) % 500).collect();
+        let mut cache = llm.model.new_cache(n).unwrap();
+        llm.model
+            .forward(&mut cache, &ids, false)
+            .unwrap()
+            .to_f32_vec()
+            .unwrap()
+    };
+    let diff = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max)
+    };
+    let (within, past) = (
+        diff(&logits(&out, 64), &logits(&plain_out, 64)),
+        diff(&logits(&out, 100), &logits(&plain_out, 100)),
+    );
+    assert!(within < 1e-5, "within the original context: {within}");
+    assert!(past > 1e-4, "past it the base must grow: {past}");
+}
+
+#[test]
+fn embedding_models_are_refused() {
+    let dir = edited_qwen2("bidirectional", |v| {
+        v["use_bidirectional_attention"] = serde_json::json!(true);
+    });
+    let e = convert(&dir, &tmp("bidi.flm"), &opts(TargetDtype::F32), &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("use_bidirectional_attention"), "{e}");
 }
 
 fn copy_dir(from: &Path, to: &Path, skip: &str) {

@@ -263,9 +263,9 @@ fn tiny_gemma_and_rope_scalings_on_the_gpu_match_reference() {
         "qwen2-yarn",
         "llama3-rope-scaling",
     ] {
-        for precision in [Precision::Exact, Precision::Fast] {
-            tiny_on_the_gpu(arch, precision, 1e-3);
-        }
+        tiny_on_the_gpu(arch, Precision::Exact, 1e-3);
+        // `fast` prefill of ≥ 64 queries takes TF32 tensor-core attention on the GPU
+        tiny_on_the_gpu(arch, Precision::Fast, 1e-2);
     }
 }
 

@@ -118,17 +118,20 @@ impl ModelConfig {
         };
         match arch.as_str() {
             "gemma3" => gemma3(g, &mut c)?,
-            "phi3" => {
-                c.sliding_window = g
-                    .get_u64(&k("attention.sliding_window"))
-                    .map_or(0, |v| v as usize);
-                if c.sliding_window > 0 {
-                    c.sliding_layers = vec![true; c.num_layers];
-                }
-            }
+            "phi3" => phi3(g, &mut c),
             _ => {}
         }
         Ok(c)
+    }
+}
+
+/// Phi-3's sliding window (every layer; 0 = none).
+fn phi3(g: &GgufFile, c: &mut ModelConfig) {
+    c.sliding_window = g
+        .get_u64("phi3.attention.sliding_window")
+        .map_or(0, |v| v as usize);
+    if c.sliding_window > 0 {
+        c.sliding_layers = vec![true; c.num_layers];
     }
 }
 

@@ -67,8 +67,9 @@ pub fn gguf_rope_scaling(
             )
         })
     };
+    // without a type, llama.cpp applies a factor linearly
     let kind = match g.get(&k("type")) {
-        None => return Ok(RopeScaling::None),
+        None => "linear",
         Some(v) => v
             .as_str()
             .ok_or_else(|| Error::format(&g.path, format!("{} is not a string", k("type"))))?,

@@ -148,6 +148,14 @@ impl ModelConfig {
             "bloom" => j.size(&["seq_length"])?.unwrap_or(2048),
             _ => j.need_size(&["max_position_embeddings", "n_positions", "n_ctx"])?,
         };
+        if v.get("use_bidirectional_attention")
+            .and_then(Value::as_bool)
+            == Some(true)
+        {
+            return Err(Error::Unsupported(format!(
+                "{path}: use_bidirectional_attention (an embedding model; only causal decoders run)"
+            )));
+        }
         let has_rope = !matches!(arch.as_str(), "gpt2" | "bloom");
         let rope = hf_rope(&v, path, context_length)?;
         let rope_dim = if has_rope {

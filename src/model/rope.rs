@@ -47,30 +47,14 @@ pub fn inv_freq_f64(
             beta_slow,
             truncate,
             ..
-        } => {
-            let (factor, orig) = (*factor as f64, *original_context_length as f64);
-            // the dimension at which a frequency makes `rotations` turns over the context
-            let dim_of = |rotations: f64| {
-                d * (orig / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
-            };
-            let (mut low, mut high) = (dim_of(*beta_fast as f64), dim_of(*beta_slow as f64));
-            if *truncate {
-                (low, high) = (low.floor(), high.ceil());
-            }
-            let (low, mut high) = (low.max(0.0), high.min(d - 1.0));
-            if low == high {
-                high += 0.001;
-            }
-            plain(base)
-                .iter()
-                .enumerate()
-                .map(|(i, &f)| {
-                    let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
-                    let extrapolated = 1.0 - ramp;
-                    f / factor * (1.0 - extrapolated) + f * extrapolated
-                })
-                .collect()
-        }
+        } => yarn(
+            &plain(base),
+            base,
+            *factor as f64,
+            *original_context_length as f64,
+            (*beta_fast as f64, *beta_slow as f64),
+            *truncate,
+        ),
         RopeScaling::LongRope {
             original_context_length,
             short_factor,
@@ -98,6 +82,40 @@ pub fn inv_freq_f64(
             plain(grown)
         }
     }
+}
+
+/// YaRN: each frequency blended between `f / factor` (interpolated) and `f` (extrapolated) by
+/// a ramp over the dimensions whose ends are where a frequency turns `betas.0` and `betas.1`
+/// times over the original context.
+fn yarn(
+    plain: &[f64],
+    base: f64,
+    factor: f64,
+    orig: f64,
+    betas: (f64, f64),
+    truncate: bool,
+) -> Vec<f64> {
+    let d = 2.0 * plain.len() as f64;
+    let dim_of = |rotations: f64| {
+        d * (orig / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
+    };
+    let (mut low, mut high) = (dim_of(betas.0), dim_of(betas.1));
+    if truncate {
+        (low, high) = (low.floor(), high.ceil());
+    }
+    let (low, mut high) = (low.max(0.0), high.min(d - 1.0));
+    if low == high {
+        high += 0.001;
+    }
+    plain
+        .iter()
+        .enumerate()
+        .map(|(i, &f)| {
+            let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+            let extrapolated = 1.0 - ramp;
+            f / factor * (1.0 - extrapolated) + f * extrapolated
+        })
+        .collect()
 }
 
 fn llama3(base: &[f64], factor: f64, lo: f64, hi: f64, old: f64) -> Vec<f64> {

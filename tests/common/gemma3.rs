@@ -12,9 +12,13 @@ use fastllm::model::Precision;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
-/// The reference fixture's directory.
+/// The reference fixture's directory (under `FASTLLM_FIXTURES` when set, for runs on another
+/// machine).
 pub fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/logits_gemma3")
+    std::env::var_os("FASTLLM_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures"))
+        .join("logits_gemma3")
 }
 
 /// The GGUF named by `FASTLLM_GEMMA3_GGUF`, or `None` after reporting the skip.

@@ -49,6 +49,7 @@ fn config() -> ModelConfig {
         query_pre_attn_scalar: 256.0,
         bos_id: Some(1),
         eos_ids: vec![2, 5],
+        moe: None,
     }
 }
 

@@ -215,7 +215,8 @@ enum Cmd {
         #[arg(long)]
         json: bool,
         /// Measure a random-weight model of this shape instead of a file: llama-3-8b,
-        /// llama-3.2-1b or qwen2-0.5b (weights generated on the host, uploaded at load).
+        /// llama-3.2-1b, qwen2-0.5b, or the mixture-of-experts qwen3-30b-a3b, moe-small,
+        /// moe-tiny (weights generated on the host, uploaded at load).
         #[arg(long)]
         synthetic: Option<String>,
         /// Weight dtype of a synthetic model: f16, int8 (Q8_0) or int4 (Q4_0).
@@ -342,7 +343,8 @@ enum Cmd {
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
         prefix_caching: bool,
         /// Serve a random-weight model of this shape instead of a file (llama-3-8b,
-        /// llama-3.2-1b, qwen2-0.5b, tiny), with a byte-level stand-in tokenizer: for load
+        /// llama-3.2-1b, qwen2-0.5b, tiny, qwen3-30b-a3b, moe-small, moe-tiny), with a
+        /// byte-level stand-in tokenizer: for load
         /// tests; its text is meaningless.
         #[arg(long)]
         synthetic: Option<String>,
@@ -1074,8 +1076,7 @@ fn bench(
     let mut pp_t = Vec::new();
     let mut tg_t = Vec::new();
     // warm-up: on a GPU the whole prompt (its first run allocates scratch buffers sized for
-    // it and creates library handles: a timed first run of 2048 tokens measured 8.2k instead of
-    // 19.8k tok/s on an H100), on the CPU a few tokens
+    // it and creates library handles, which a timed run must not pay), on the CPU a few tokens
     {
         let on_gpu = model
             .executor()

@@ -413,7 +413,10 @@ impl Model {
         let ok = match mode {
             BatchDecode::Off => true,
             BatchDecode::Eager => padded,
-            BatchDecode::Graphs => padded && !self.weights.low_memory(),
+            // MoE routing is read back mid-step: not recordable
+            BatchDecode::Graphs => {
+                padded && !self.weights.low_memory() && self.config.moe.is_none()
+            }
         };
         if !ok {
             return Err(Error::invalid(format!(

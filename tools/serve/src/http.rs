@@ -4,9 +4,11 @@
 //! `GET /metrics`, `POST /tokenize` (here) — and what they share: queueing sequences in the
 //! engine, collecting them, and streaming them as Server-Sent Events. Every error is a JSON body
 //! in the OpenAI error shape ([`guard`]); bad requests get a 4xx, and a request field this server
-//! does not serve is refused by name ([`fields`]). A client that disconnects cancels its
+//! does not serve is refused by name ([`fields`]); grammars of constrained output are read and
+//! compiled by [`constrain`]. A client that disconnects cancels its
 //! request; on shutdown, running requests end after the drain timeout ([`crate::shutdown`]).
 
+pub mod constrain;
 pub mod fields;
 pub mod guard;
 pub mod logprobs;
@@ -15,6 +17,7 @@ pub mod reasoning;
 pub mod tgi;
 
 use crate::engine::{Engine, EngineConfig, Event, FinishReason, GenRequest, SubmitError};
+use crate::grammar::{Constraint, Grammars};
 use crate::metrics::Metrics;
 use crate::ServeOptions;
 use axum::body::Bytes;
@@ -53,6 +56,8 @@ pub struct AppState {
     draining: AtomicBool,
     /// Set when the drain timeout has passed: running requests end.
     cut: watch::Sender<bool>,
+    /// The grammar compiler, made on the first constrained request.
+    grammars: OnceLock<Result<Arc<Grammars>, String>>,
 }
 
 impl AppState {
@@ -76,7 +81,14 @@ impl AppState {
             cors_origin: o.cors_origin.clone(),
             draining: AtomicBool::new(false),
             cut: watch::channel(false).0,
+            grammars: OnceLock::new(),
         })
+    }
+    /// The grammar compiler of the loaded model `llm`.
+    pub fn grammars(&self, llm: &Arc<Llm>) -> Result<Arc<Grammars>, String> {
+        self.grammars
+            .get_or_init(|| Grammars::new(llm.clone()).map(Arc::new))
+            .clone()
     }
     /// Installs the loaded model and starts the engine.
     pub fn set_ready(&self, llm: Arc<Llm>, cfg: EngineConfig) -> fastllm::Result<()> {
@@ -185,6 +197,8 @@ pub struct Job {
     pub ignore_eos: bool,
     /// Report log-probabilities with this many most likely tokens (None = off).
     pub logprobs: Option<usize>,
+    /// The grammar every sequence follows (each gets its own copy of the fresh state).
+    pub grammar: Option<Constraint>,
 }
 
 impl Job {
@@ -236,6 +250,7 @@ pub fn submit_n(
             stop: job.stop.clone(),
             ignore_eos: job.ignore_eos,
             logprobs: job.logprobs,
+            grammar: job.grammar.clone(),
             events: tx,
         });
         rxs.push(rx);

@@ -574,3 +574,149 @@ fn synthetic_model_serves_text_and_seeded_sampling() {
         wait_idle(&b).await;
     });
 }
+
+/// Constrained output through HTTP on the tiny model (whose unconstrained text is noise):
+/// `response_format` `json_schema` and `json_object` (chat, streamed and not, sampled with
+/// n = 3), completions, and TGI's `grammar` (JSON and regex) give text that follows the
+/// grammar; bad formats and grammars are a 400 naming the field.
+#[test]
+fn constrained_output_follows_the_grammar() {
+    let s = start(16, None, true);
+    let b = s.base.clone();
+    block(async move {
+        let schema = json!({"type": "object", "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150},
+            "kind": {"enum": ["cat", "dog"]}},
+            "required": ["name", "age", "kind"], "additionalProperties": false});
+        let valid = |text: &str| {
+            let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+            let o = v.as_object().unwrap();
+            assert_eq!(o.len(), 3, "{text}");
+            assert!(v["name"].as_str().unwrap().chars().count() <= 12, "{text}");
+            assert!((0..=150).contains(&v["age"].as_i64().unwrap()), "{text}");
+            assert!(
+                ["cat", "dog"].contains(&v["kind"].as_str().unwrap()),
+                "{text}"
+            );
+        };
+        let rf = json!({"type": "json_schema", "json_schema": {"name": "pet", "schema": schema}});
+        let msgs = json!([{"role": "user", "content": "A pet, please."}]);
+        let (st, v) = post(
+            &b,
+            "/v1/chat/completions",
+            json!({"messages": msgs, "max_tokens": 60, "temperature": 0.9, "n": 3,
+                   "response_format": rf}),
+        )
+        .await;
+        assert_eq!(st, 200, "{v}");
+        for c in v["choices"].as_array().unwrap() {
+            assert_eq!(c["finish_reason"], "stop", "{v}");
+            valid(c["message"]["content"].as_str().unwrap());
+        }
+        let ev = sse(
+            &b,
+            "/v1/chat/completions",
+            json!({"messages": msgs, "max_tokens": 60, "temperature": 0, "stream": true,
+                   "response_format": rf}),
+        )
+        .await;
+        assert_eq!(ev.last().map(|s| s.as_str()), Some("[DONE]"));
+        let text: String = ev
+            .iter()
+            .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+            .filter_map(|v| {
+                v["choices"][0]["delta"]["content"]
+                    .as_str()
+                    .map(String::from)
+            })
+            .collect();
+        valid(&text);
+        // any JSON object, on completions
+        let (st, v) = post(
+            &b,
+            "/v1/completions",
+            json!({"prompt": "Data:", "max_tokens": 80, "temperature": 0.7, "seed": 4,
+                   "response_format": {"type": "json_object"}}),
+        )
+        .await;
+        assert_eq!(st, 200, "{v}");
+        if v["choices"][0]["finish_reason"] == "stop" {
+            let o: Value = serde_json::from_str(v["choices"][0]["text"].as_str().unwrap()).unwrap();
+            assert!(o.is_object(), "{v}");
+        } else {
+            assert!(
+                v["choices"][0]["text"].as_str().unwrap().starts_with('{'),
+                "{v}"
+            );
+        }
+        // TGI: a JSON grammar (schema given as an object) and a regex
+        let (st, v) = post(
+            &b,
+            "/generate",
+            json!({"inputs": "Pet:", "parameters": {"max_new_tokens": 60,
+                   "grammar": {"type": "json", "value": schema}}}),
+        )
+        .await;
+        assert_eq!(st, 200, "{v}");
+        valid(v["generated_text"].as_str().unwrap());
+        let (st, v) = post(
+            &b,
+            "/generate",
+            json!({"inputs": "Call", "parameters": {"max_new_tokens": 20, "do_sample": true,
+                   "grammar": {"type": "regex", "value": "[0-9]{3}-[0-9]{4}"}}}),
+        )
+        .await;
+        assert_eq!(st, 200, "{v}");
+        let t = v["generated_text"].as_str().unwrap();
+        assert!(
+            t.len() == 8
+                && t.chars().enumerate().all(|(i, c)| if i == 3 {
+                    c == '-'
+                } else {
+                    c.is_ascii_digit()
+                }),
+            "{t:?}"
+        );
+        // bad inputs
+        for (path, body, want) in [
+            (
+                "/v1/chat/completions",
+                json!({"messages": msgs, "response_format": {"type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "objekt"}}}}),
+                "response_format: invalid JSON schema",
+            ),
+            (
+                "/v1/chat/completions",
+                json!({"messages": msgs, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+                "needs a 'schema'",
+            ),
+            (
+                "/v1/chat/completions",
+                json!({"messages": msgs, "response_format": {"type": "yaml"}}),
+                "response_format type 'yaml'",
+            ),
+            (
+                "/generate",
+                json!({"inputs": "x", "parameters": {"grammar": {"type": "regex", "value": "(a"}}}),
+                "grammar: invalid regular expression",
+            ),
+            (
+                "/generate",
+                json!({"inputs": "x", "parameters": {"grammar": {"type": "json", "value": "{not json"}}}),
+                "grammar value is not a JSON schema",
+            ),
+            (
+                "/generate",
+                json!({"inputs": "x", "parameters": {"grammar": {"type": "ebnf", "value": "x"}}}),
+                "grammar type 'ebnf'",
+            ),
+        ] {
+            let (st, v) = post(&b, path, body).await;
+            assert_eq!(st, 400, "{v}");
+            let m = v["error"]["message"].as_str().unwrap();
+            assert!(m.contains(want), "{m}");
+        }
+        wait_idle(&b).await;
+    });
+}

@@ -5,8 +5,8 @@
 
 use super::reasoning::{self, Split, ThinkSplitter};
 use super::{
-    auth, bad, collect_all, fields, logprobs, parse, ready, sse, submit_n, ApiError, AppState,
-    Collected, Job, SHUTDOWN_MSG,
+    auth, bad, collect_all, constrain, fields, logprobs, parse, ready, sse, submit_n, ApiError,
+    AppState, Collected, Job, SHUTDOWN_MSG,
 };
 use crate::engine::{Event, FinishReason};
 use crate::seed::seed_or_fresh;
@@ -65,6 +65,8 @@ struct OaSampling {
     /// vLLM's extension: keep generating past end-of-sequence tokens (load tests).
     #[serde(default)]
     ignore_eos: bool,
+    /// Constrained output (`json_object`, `json_schema`).
+    response_format: Option<Value>,
 }
 
 impl OaSampling {
@@ -104,6 +106,7 @@ impl OaSampling {
             stop: Stop::list(self.stop.take()),
             ignore_eos: self.ignore_eos,
             logprobs: None,
+            grammar: None,
         })
     }
 }
@@ -324,7 +327,9 @@ pub async fn completions(
         .encode(&prompt, true, false)
         .map_err(|e| bad(e.to_string()))?;
     let n = req.s.choices()?;
+    let spec = constrain::response_format(req.s.response_format.as_ref())?;
     let mut job = req.s.job(ids, 16)?;
+    job.grammar = constrain::compile_opt(&st, llm, spec, "response_format")?;
     job.logprobs = req
         .logprobs
         .map(|k| logprobs::check_top(k, "logprobs"))
@@ -508,8 +513,10 @@ pub async fn chat_completions(
     let ctx = llm.model.config().context_length as u32;
     let default_max = ctx.saturating_sub(ids.len() as u32).clamp(1, 512);
     let n = req.s.choices()?;
+    let spec = constrain::response_format(req.s.response_format.as_ref())?;
     let mut job = req.s.job(ids, default_max)?;
     job.logprobs = req.top_logprobs()?;
+    job.grammar = constrain::compile_opt(&st, llm, spec, "response_format")?;
     let seed = job.reported_seed();
     let rxs = submit_n(&st, job, n)?;
     let (id, created, model) = (request_id("chatcmpl"), now(), st.model_name.clone());

@@ -15,6 +15,7 @@ pub mod logprobs;
 pub mod openai;
 pub mod reasoning;
 pub mod tgi;
+pub mod tools;
 
 use crate::engine::{Engine, EngineConfig, Event, FinishReason, GenRequest, SubmitError};
 use crate::grammar::{Constraint, Grammars};

@@ -52,10 +52,13 @@ pub const CHAT: &[&str] = &[
     "logprobs",
     "top_logprobs",
     "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
 ];
 
 /// Fields of a chat message.
-pub const MESSAGE: &[&str] = &["role", "content"];
+pub const MESSAGE: &[&str] = &["role", "content", "tool_calls", "tool_call_id", "name"];
 
 /// Fields of `stream_options`.
 pub const STREAM_OPTIONS: &[&str] = &["include_usage"];

@@ -1,6 +1,7 @@
 """The official `openai` client and TGI's `text-generation` client against a running
 `fastllm serve` (base URL as the only argument): plain and streamed generation, logprobs,
-n > 1, TGI details, top tokens and best_of, and refusals of unsupported fields. Exits non-zero on the
+n > 1, TGI details, top tokens and best_of, and refusals of unsupported fields
+and unknown tools. Exits non-zero on the
 first failed check."""
 
 import sys
@@ -62,15 +63,18 @@ def main(base: str) -> None:
     p = oa.completions.create(model="tiny", prompt="Hello", max_tokens=4, logprobs=2, temperature=0)
     lp = p.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) >= 1
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}]
     try:
         oa.chat.completions.create(
             model="tiny",
             messages=msgs,
-            tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+            tools=tools,
+            tool_choice={"type": "function", "function": {"name": "g"}},
         )
-        raise AssertionError("tools were accepted")
+        raise AssertionError("an unknown tool name was accepted")
     except openai.BadRequestError as e:
-        assert "'tools' is not supported" in str(e), e
+        assert "unknown tool 'g'" in str(e), e
     print("real clients: all checks passed")
 
 

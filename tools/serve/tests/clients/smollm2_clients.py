@@ -1,6 +1,7 @@
 """The official `openai` client against `fastllm serve` running SmolLM2 (base URL as the only
 argument): structured output under a JSON schema for 20 different prompts (each answer must
-parse and validate against the schema) and a refused invalid schema. Exits non-zero on the
+parse and validate against the schema), a refused invalid schema, and a tool-call round trip
+(a forced call, its result sent back, a text answer; also streamed). Exits non-zero on the
 first failed check."""
 
 import json
@@ -53,6 +54,58 @@ def structured(oa: OpenAI, topic: str) -> None:
     jsonschema.validate(value, SCHEMA)
 
 
+WEATHER = [{
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}]
+
+
+def tool_round_trip(oa: OpenAI) -> None:
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    c = oa.chat.completions.create(
+        model="smollm2", messages=msgs, tools=WEATHER, tool_choice="required",
+        temperature=0, max_tokens=80,
+    )
+    ch = c.choices[0]
+    assert ch.finish_reason == "tool_calls", ch
+    call = ch.message.tool_calls[0]
+    assert call.function.name == "get_weather", call
+    args = json.loads(call.function.arguments)
+    assert isinstance(args["city"], str), args
+    # the same call, streamed: the deltas assemble to it
+    s = oa.chat.completions.create(
+        model="smollm2", messages=msgs, tools=WEATHER,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        temperature=0, max_tokens=80, stream=True,
+    )
+    name, streamed_args, reason = "", "", None
+    for chunk in s:
+        if not chunk.choices:
+            continue
+        for d in chunk.choices[0].delta.tool_calls or []:
+            name += d.function.name or ""
+            streamed_args += d.function.arguments or ""
+        reason = chunk.choices[0].finish_reason or reason
+    assert (name, reason) == ("get_weather", "tool_calls"), (name, reason)
+    assert json.loads(streamed_args) == args, (streamed_args, args)
+    msgs.append(ch.message.model_dump(exclude_none=True))
+    msgs.append({"role": "tool", "tool_call_id": call.id, "content": "18 C and sunny"})
+    c = oa.chat.completions.create(
+        model="smollm2", messages=msgs, tools=WEATHER, temperature=0, max_tokens=40
+    )
+    answer = c.choices[0].message
+    assert c.choices[0].finish_reason in ("stop", "length"), c
+    assert answer.content and not answer.tool_calls, answer
+
+
 def main(base: str) -> None:
     oa = OpenAI(base_url=base + "/v1", api_key="none", timeout=600)
     assert len(set(TOPICS)) == 20
@@ -70,6 +123,7 @@ def main(base: str) -> None:
         raise AssertionError("an invalid schema was accepted")
     except openai.BadRequestError as e:
         assert "invalid JSON schema" in str(e) and "objekt" in str(e), e
+    tool_round_trip(oa)
     print("smollm2 clients: all checks passed")
 
 

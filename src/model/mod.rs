@@ -5,8 +5,10 @@ pub mod arch;
 pub mod config;
 pub mod logprobs;
 pub mod paged;
+pub mod rope;
 pub mod synthetic;
 pub mod tensor_parallel;
+pub mod tp_process;
 pub mod transformer;
 pub mod weights;
 

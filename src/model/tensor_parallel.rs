@@ -26,6 +26,7 @@
 use super::arch::{self, Mlp, Qkv};
 use super::config::ModelConfig;
 use super::paged::PagedKvPool;
+use super::tp_process::RemoteRank;
 use super::transformer::{KvCache, Model, PagedBatch, Precision};
 use super::weights::WeightSource;
 use crate::data::Data;
@@ -406,6 +407,7 @@ pub(crate) struct RankTp {
 }
 
 /// Builds rank `rank`'s model over `exec` (`comm` its communicator).
+#[allow(clippy::too_many_arguments)]
 pub fn rank_model(
     plan: &ShardPlan,
     rank: usize,
@@ -414,9 +416,17 @@ pub fn rank_model(
     comm: Arc<dyn Collective>,
     precision: Precision,
     low_memory: bool,
+    opts: &crate::options::RuntimeOptions,
 ) -> Result<Model> {
     let src = Arc::new(ShardedSource::new(source, plan, rank)?);
-    let m = Model::new(plan.local_config(rank), src, exec, precision, low_memory)?;
+    let m = Model::with_options(
+        plan.local_config(rank),
+        src,
+        exec,
+        precision,
+        low_memory,
+        opts,
+    )?;
     m.into_rank(RankTp {
         comm,
         reduce_attention: plan.splits_attention(),
@@ -424,7 +434,8 @@ pub fn rank_model(
     })
 }
 
-enum Cmd {
+/// A step or cache operation sent to a rank.
+pub(crate) enum Cmd {
     NewCache {
         id: u64,
         cap: usize,
@@ -456,16 +467,49 @@ enum Cmd {
 }
 
 /// Logits of one rank: rows, width, values.
-type RankLogits = (usize, usize, Vec<f32>);
+pub(crate) type RankLogits = (usize, usize, Vec<f32>);
 
-enum Reply {
+/// A rank's answer to a [`Cmd`].
+pub(crate) enum Reply {
     Done(Result<()>),
     Logits(Result<RankLogits>),
 }
 
-struct Link {
-    tx: Sender<Cmd>,
-    rx: Receiver<Reply>,
+/// The driver's channel to one rank: a worker thread of this process, or a rank of another
+/// process (see `model::tp_process`).
+enum Link {
+    Local {
+        tx: Sender<Cmd>,
+        rx: Receiver<Reply>,
+    },
+    Remote(RemoteRank),
+}
+
+impl Reply {
+    fn is_err(&self) -> bool {
+        matches!(self, Reply::Done(Err(_)) | Reply::Logits(Err(_)))
+    }
+    fn err_text(&self) -> Option<String> {
+        match self {
+            Reply::Done(Err(e)) | Reply::Logits(Err(e)) => Some(e.to_string()),
+            _ => None,
+        }
+    }
+}
+
+impl Link {
+    fn send(&self, cmd: Cmd) -> std::result::Result<(), String> {
+        match self {
+            Link::Local { tx, .. } => tx.send(cmd).map_err(|_| "its worker stopped".to_string()),
+            Link::Remote(r) => r.send(&cmd),
+        }
+    }
+    fn recv(&self) -> std::result::Result<Reply, String> {
+        match self {
+            Link::Local { rx, .. } => rx.recv().map_err(|_| "its worker stopped".to_string()),
+            Link::Remote(r) => r.recv(),
+        }
+    }
 }
 
 /// The ranks of a tensor-parallel group, each a worker thread owning its model and its KV
@@ -473,9 +517,28 @@ struct Link {
 pub struct TpGroup {
     plan: ShardPlan,
     links: Mutex<Vec<Link>>,
+    /// Why the group stopped, once a rank failed in a way that leaves the ranks out of step.
+    failure: Mutex<Option<String>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     next_id: AtomicU64,
     label: String,
+}
+
+/// Whether a group stopped, without keeping it alive (see [`Model::group_health`]).
+pub struct GroupHealth(std::sync::Weak<TpGroup>);
+
+impl GroupHealth {
+    pub(crate) fn of(g: &Arc<TpGroup>) -> GroupHealth {
+        GroupHealth(Arc::downgrade(g))
+    }
+    /// `Some(why)` once the group stopped; `None` while it runs.
+    pub fn failure(&self) -> Option<String> {
+        self.0.upgrade().and_then(|g| g.failure())
+    }
+    /// Whether the group still exists (its model was not dropped).
+    pub fn exists(&self) -> bool {
+        self.0.strong_count() > 0
+    }
 }
 
 /// Builds a rank's model inside its worker thread.
@@ -497,50 +560,64 @@ fn stopped(r: usize) -> Error {
     Error::Device(format!("tensor-parallel rank {r} stopped"))
 }
 
-fn worker(model: Model, rx: Receiver<Cmd>, tx: Sender<Reply>) {
-    let mut caches: HashMap<u64, KvCache> = HashMap::new();
-    let mut pools: HashMap<u64, PagedKvPool> = HashMap::new();
-    let logits = |l: Data| -> Result<RankLogits> {
-        let (rows, width) = (l.dim(0), l.dim(-1));
-        Ok((rows, width, l.to_f32_vec()?))
-    };
-    for cmd in rx {
-        let reply = match cmd {
+/// A rank's KV caches and pools, and how it runs a [`Cmd`] on its model.
+#[derive(Default)]
+pub(crate) struct RankState {
+    caches: HashMap<u64, KvCache>,
+    pools: HashMap<u64, PagedKvPool>,
+}
+
+fn rank_logits(l: Data) -> Result<RankLogits> {
+    let (rows, width) = (l.dim(0), l.dim(-1));
+    Ok((rows, width, l.to_f32_vec()?))
+}
+
+impl RankState {
+    /// Runs `cmd`; `None` for the commands that have no reply (frees).
+    pub(crate) fn handle(&mut self, model: &Model, cmd: Cmd) -> Option<Reply> {
+        let missing = |what: &str, id: u64| Error::invalid(format!("no {what} {id} on this rank"));
+        Some(match cmd {
             Cmd::NewCache { id, cap } => Reply::Done(model.new_cache(cap).map(|c| {
-                caches.insert(id, c);
+                self.caches.insert(id, c);
             })),
-            Cmd::Truncate { id, len } => Reply::Done(match caches.get_mut(&id) {
+            Cmd::Truncate { id, len } => Reply::Done(match self.caches.get_mut(&id) {
                 Some(c) => c.truncate(len),
-                None => Err(Error::invalid(format!("no KV cache {id} on this rank"))),
+                None => Err(missing("KV cache", id)),
             }),
             Cmd::Free { id } => {
-                caches.remove(&id);
-                continue;
+                self.caches.remove(&id);
+                return None;
             }
-            Cmd::Forward { id, tokens, all } => Reply::Logits(match caches.get_mut(&id) {
-                Some(c) => model.forward(c, &tokens, all).and_then(logits),
-                None => Err(Error::invalid(format!("no KV cache {id} on this rank"))),
+            Cmd::Forward { id, tokens, all } => Reply::Logits(match self.caches.get_mut(&id) {
+                Some(c) => model.forward(c, &tokens, all).and_then(rank_logits),
+                None => Err(missing("KV cache", id)),
             }),
             Cmd::NewPool {
                 id,
                 blocks,
                 block_size,
-            } => Reply::Done(PagedKvPool::new(&model, blocks, block_size).map(|p| {
-                pools.insert(id, p);
+            } => Reply::Done(PagedKvPool::new(model, blocks, block_size).map(|p| {
+                self.pools.insert(id, p);
             })),
             Cmd::FreePool { id } => {
-                pools.remove(&id);
-                continue;
+                self.pools.remove(&id);
+                return None;
             }
-            Cmd::Paged { id, batch } => Reply::Logits(match pools.get_mut(&id) {
-                Some(p) => model.paged_step(p, &batch).and_then(logits),
-                None => Err(Error::invalid(format!(
-                    "no paged KV pool {id} on this rank"
-                ))),
+            Cmd::Paged { id, batch } => Reply::Logits(match self.pools.get_mut(&id) {
+                Some(p) => model.paged_step(p, &batch).and_then(rank_logits),
+                None => Err(missing("paged KV pool", id)),
             }),
-        };
-        if tx.send(reply).is_err() {
-            break;
+        })
+    }
+}
+
+fn worker(model: Model, rx: Receiver<Cmd>, tx: Sender<Reply>) {
+    let mut state = RankState::default();
+    for cmd in rx {
+        if let Some(reply) = state.handle(&model, cmd) {
+            if tx.send(reply).is_err() {
+                break;
+            }
         }
     }
 }
@@ -550,8 +627,19 @@ impl TpGroup {
     /// that create an NCCL communicator must run concurrently, hence the threads), and waits
     /// until every rank is ready.
     pub fn start(plan: ShardPlan, builders: Vec<RankBuilder>, label: &str) -> Result<TpGroup> {
-        if builders.len() != plan.world {
-            return Err(Error::invalid("one builder per rank"));
+        Self::start_with_remote(plan, builders, Vec::new(), label)
+    }
+
+    /// Like [`TpGroup::start`] for a group whose first ranks are threads of this process
+    /// (`builders`) and whose others are ranks of other processes (`remote`, in rank order).
+    pub(crate) fn start_with_remote(
+        plan: ShardPlan,
+        builders: Vec<RankBuilder>,
+        remote: Vec<RemoteRank>,
+        label: &str,
+    ) -> Result<TpGroup> {
+        if builders.len() + remote.len() != plan.world {
+            return Err(Error::invalid("one builder or remote rank per rank"));
         }
         let mut links = Vec::new();
         let mut threads = Vec::new();
@@ -573,7 +661,7 @@ impl TpGroup {
                     }
                 })
                 .map_err(|e| Error::Device(format!("spawning rank {r}: {e}")))?;
-            links.push(Link { tx: ctx, rx: rrx });
+            links.push(Link::Local { tx: ctx, rx: rrx });
             threads.push(h);
             ready.push(ok_rx);
         }
@@ -584,6 +672,7 @@ impl TpGroup {
                 first_err = Some(prefixed(&format!("{label} rank {r}"), e));
             }
         }
+        links.extend(remote.into_iter().map(Link::Remote));
         if let Some(e) = first_err {
             drop(links);
             for t in threads {
@@ -594,6 +683,7 @@ impl TpGroup {
         Ok(TpGroup {
             plan,
             links: Mutex::new(links),
+            failure: Mutex::new(None),
             threads: Mutex::new(threads),
             next_id: AtomicU64::new(1),
             label: label.to_string(),
@@ -610,19 +700,64 @@ impl TpGroup {
         &self.label
     }
 
+    /// Why the group stopped, if a rank failed and left the others out of step (a rank of
+    /// another process that disconnected, or an error on some ranks but not all).
+    pub fn failure(&self) -> Option<String> {
+        self.failure.lock().ok().and_then(|f| f.clone())
+    }
+
+    /// Marks the group stopped and tells the ranks of other processes why (they exit).
+    fn fail(&self, links: &[Link], why: String) -> Error {
+        for l in links {
+            if let Link::Remote(r) = l {
+                r.abort(&why);
+            }
+        }
+        if let Ok(mut f) = self.failure.lock() {
+            f.get_or_insert(why.clone());
+        }
+        Error::Device(format!("tensor-parallel group stopped: {why}"))
+    }
+
     fn all(&self, make: impl Fn(usize) -> Cmd) -> Result<Vec<Reply>> {
         let links = self
             .links
             .lock()
             .map_err(|_| Error::Device("tensor-parallel group poisoned".into()))?;
-        for (r, l) in links.iter().enumerate() {
-            l.tx.send(make(r)).map_err(|_| stopped(r))?;
+        if let Some(why) = self.failure() {
+            return Err(Error::Device(format!(
+                "tensor-parallel group stopped: {why}"
+            )));
         }
-        links
-            .iter()
-            .enumerate()
-            .map(|(r, l)| l.rx.recv().map_err(|_| stopped(r)))
-            .collect()
+        for (r, l) in links.iter().enumerate() {
+            if let Err(e) = l.send(make(r)) {
+                return Err(self.fail(&links, format!("{} rank {r}: {e}", self.label)));
+            }
+        }
+        let mut replies = Vec::with_capacity(links.len());
+        let mut lost = None;
+        for (r, l) in links.iter().enumerate() {
+            match l.recv() {
+                Ok(rep) => replies.push(rep),
+                Err(e) => {
+                    lost.get_or_insert(format!("{} rank {r}: {e}", self.label));
+                }
+            }
+        }
+        if let Some(why) = lost {
+            return Err(self.fail(&links, why));
+        }
+        let failed = replies.iter().filter(|r| r.is_err()).count();
+        if failed > 0 && failed < replies.len() {
+            // Some ranks ran the step and some did not: their caches disagree from now on.
+            let (r, e) = replies
+                .iter()
+                .enumerate()
+                .find_map(|(r, rep)| rep.err_text().map(|e| (r, e)))
+                .unwrap_or((0, String::new()));
+            return Err(self.fail(&links, format!("{} rank {r} failed alone: {e}", self.label)));
+        }
+        Ok(replies)
     }
 
     fn done(replies: Vec<Reply>) -> Result<()> {
@@ -652,7 +787,7 @@ impl TpGroup {
     fn free(&self, id: u64, pool: bool) {
         if let Ok(links) = self.links.lock() {
             for l in links.iter() {
-                let _ = l.tx.send(if pool {
+                let _ = l.send(if pool {
                     Cmd::FreePool { id }
                 } else {
                     Cmd::Free { id }
@@ -834,7 +969,17 @@ pub fn cpu_group(
             let (plan, source) = (plan.clone(), source.clone());
             Box::new(move || {
                 let exec = Executor::cpu(threads.max(1))?;
-                rank_model(&plan, r, source, exec, Arc::new(comm), precision, false)
+                let opts = crate::options::RuntimeOptions::default();
+                rank_model(
+                    &plan,
+                    r,
+                    source,
+                    exec,
+                    Arc::new(comm),
+                    precision,
+                    false,
+                    &opts,
+                )
             }) as RankBuilder
         })
         .collect();
@@ -852,6 +997,7 @@ pub fn cuda_group(
     threads: usize,
     precision: Precision,
     low_memory: bool,
+    opts: &crate::options::RuntimeOptions,
 ) -> Result<Model> {
     use crate::devices::cuda::{gpu, nccl, CudaDevice};
     let label = format!(
@@ -873,9 +1019,9 @@ pub fn cuda_group(
         .iter()
         .enumerate()
         .map(|(r, &ord)| {
-            let (plan, source) = (plan.clone(), source.clone());
+            let (plan, source, opts) = (plan.clone(), source.clone(), opts.clone());
             Box::new(move || {
-                let dev = CudaDevice::new(ord)?;
+                let dev = CudaDevice::with_options(ord, &opts)?;
                 let comm = nccl::NcclComm::new(dev.gpu(), &id, r, world)?;
                 let mut exec = Executor::new();
                 exec.add_device(Arc::new(dev));
@@ -890,6 +1036,7 @@ pub fn cuda_group(
                     Arc::new(comm),
                     precision,
                     low_memory,
+                    &opts,
                 )
             }) as RankBuilder
         })
@@ -907,6 +1054,7 @@ pub fn cuda_group(
     _threads: usize,
     _precision: Precision,
     _low_memory: bool,
+    _opts: &crate::options::RuntimeOptions,
 ) -> Result<Model> {
     Err(Error::Unsupported(format!(
         "tensor parallelism over {} GPUs: this build has no CUDA support (feature 'cuda')",

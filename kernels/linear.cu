@@ -93,7 +93,7 @@ __device__ __forceinline__ void dot8(uint4 q, const float* xr, int k, int v, int
 // R: activation rows per block (LIN_ROWS, or 1 for the decode GEMV `gemv*_`, which then
 // needs fewer registers, so more blocks are resident and n = 4096 fits in one wave).
 // MULTI = false: one weight (segment 0 only), without the per-warp segment selection (the
-// selection makes the plain f16 GEMV about 15 % slower per byte).
+// selection costs the plain f16 GEMV bandwidth).
 template <int DT, bool MULTI, int R>
 __device__ void linear_t(const float* x, const LinSegs& sg, int m, int ntot, int k, long row_bytes) {
     int lane = threadIdx.x & 31;
@@ -405,8 +405,8 @@ __device__ __forceinline__ void sb_dot(const unsigned int* wd, long s, const sig
     }
 }
 
-// NSB: superblocks a lane loads before dotting them (1: more would need more registers and is
-// slower on an H100 for rows of 56 superblocks).
+// NSB: superblocks a lane loads before dotting them (1: more would need more registers, which
+// costs more in resident blocks than it gains for long rows).
 template <int DT, int R, int NSB>
 __device__ void linear_q8act_sb_t(const signed char* xq, const float2* xd, const LinSegs& sg, int m, int ntot, int k,
                                   long row_bytes, int lpr, uint4* smx) {

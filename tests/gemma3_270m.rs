@@ -8,7 +8,8 @@
 //! * converted `keep` (the blocks without a `.flm` form re-quantized to Q8_0), `fast` precision:
 //!   at least llama.cpp's 63 of the 64 reference tokens (each predicted from the reference's
 //!   own preceding tokens), and the mean KL over the last-position distributions printed;
-//! * the GGUF's tokenizer gives the reference's prompt ids.
+//! * the GGUF's tokenizer gives the reference's prompt ids, and a chat prompt in Gemma's turn
+//!   format (the file has no template of its own) has its markers as single tokens.
 
 mod common;
 
@@ -217,4 +218,22 @@ fn gemma3_270m_fast_at_least_as_faithful_as_llama_cpp() {
         s.total
     );
     assert!(s.kl <= 8e-3, "fast: mean KL {} > 8e-3", s.kl);
+    chat_prompt(&llm);
+}
+
+/// The file ships no chat template: Gemma's turn format is used, its markers are single tokens
+/// and the prompt starts with one BOS.
+fn chat_prompt(llm: &Llm) {
+    use fastllm::generate::chat::{ChatMessage, GEMMA};
+    assert_eq!(llm.chat_template, GEMMA);
+    let text = llm
+        .render_chat(&[ChatMessage::new("user", "Hi")], true)
+        .unwrap();
+    let ids = llm.tokenizer.encode(&text, false, true).unwrap();
+    let start = llm.tokenizer.token_id("<start_of_turn>").unwrap();
+    let end = llm.tokenizer.token_id("<end_of_turn>").unwrap();
+    assert_eq!(ids.first(), Some(&2), "{text:?} → {ids:?}");
+    assert_eq!(ids.iter().filter(|&&t| t == 2).count(), 1, "{ids:?}");
+    assert_eq!(ids.iter().filter(|&&t| t == start).count(), 2, "{ids:?}");
+    assert_eq!(ids.iter().filter(|&&t| t == end).count(), 1, "{ids:?}");
 }

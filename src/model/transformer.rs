@@ -7,13 +7,13 @@ use super::config::{ModelConfig, RopeScaling, RopeStyle};
 use super::logprobs::{pick_logprobs, PickLogprobs};
 use super::paged::{PagedKvPool, PagedSeqState};
 use super::rope::RopePlan;
+use super::sampler::{pick_error, sample_logits, SampleRow};
 use super::tensor_parallel::{RankTp, RemoteCache, TpGroup};
 use super::weights::{WeightSource, Weights, W};
 use crate::data::{Data, DataType, DeviceKind};
 use crate::device::{DataDict, FloatDict, IntDict};
 use crate::error::{Error, Result};
 use crate::executor::Executor;
-use crate::generate::sampler::{pick_error, sample_logits, SampleRow};
 use crate::ops::{self, AttentionParams, OutputCopy, RotaryParams, RotaryStyle};
 use crate::options::RuntimeOptions;
 use std::sync::Arc;
@@ -847,7 +847,7 @@ impl Model {
     /// tensor-parallel driver) are sampled on the host; elsewhere the `ApplyPenalties` (on a
     /// copy, when a row has penalties) and `Sample` ops run where the logits are and only the
     /// ids come back. Both give the same ids for the same logits (see
-    /// `crate::generate::sampler`). A row with NaN or +Inf logits (or only -Inf) is an `Err`.
+    /// `crate::model::sampler`). A row with NaN or +Inf logits (or only -Inf) is an `Err`.
     /// A step where a row has a grammar mask is picked on the host (the logits are copied
     /// back), so the mask holds on every device.
     pub fn sample_rows(&self, logits: &Data, rows: &[SampleRow]) -> Result<Vec<u32>> {
@@ -1072,13 +1072,7 @@ impl Model {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        if rows.len() != batch.len() {
-            return Err(Error::invalid(format!(
-                "forward_paged_sample: {} sampling rows for {} items",
-                rows.len(),
-                batch.len()
-            )));
-        }
+        check_sample_rows("forward_paged_sample", rows, batch.len())?;
         match self.run_paged(pool, batch, PagedMode::Sample(rows))? {
             PagedOut::Ids(ids) => Ok(ids),
             _ => Err(Error::invalid("forward_paged_sample: got logits")),
@@ -1098,13 +1092,7 @@ impl Model {
         if batch.is_empty() {
             return Ok((Vec::new(), Vec::new()));
         }
-        if rows.len() != batch.len() {
-            return Err(Error::invalid(format!(
-                "forward_paged_sample_logprobs: {} sampling rows for {} items",
-                rows.len(),
-                batch.len()
-            )));
-        }
+        check_sample_rows("forward_paged_sample_logprobs", rows, batch.len())?;
         if top_n > self.config.vocab_size {
             return Err(Error::invalid(format!(
                 "top {top_n} exceeds the vocabulary of {}",
@@ -1321,6 +1309,8 @@ impl Model {
 
     /// The layer stack; writes the logits of `logit_rows` into `logits`. `ids_on_device`: the
     /// ids were validated and uploaded by the caller (the embedding does not read them back).
+    /// Stages: [`Model::embed`], then per layer [`Model::attention_block`] and
+    /// [`Model::ffn_block`] (each adding its residual), then [`Model::head`].
     #[allow(clippy::too_many_arguments)]
     fn layers(
         &self,
@@ -1332,12 +1322,43 @@ impl Model {
         logits: &mut Data,
         ids_on_device: bool,
     ) -> Result<()> {
-        let c = &self.config;
-        let e = &self.exec;
-        let s = ids.dim(0);
         let [x, h, q, k, v, a, b, g, t0, t1, t2, _, rope_cos, rope_sin] = sc else {
             return Err(Error::invalid("scratch"));
         };
+        let mut bufs = StepBufs {
+            x,
+            h,
+            q,
+            k,
+            v,
+            a,
+            b,
+            g,
+            t0,
+            t1,
+            t2,
+        };
+        self.embed(ids, pos, ids_on_device, &mut bufs)?;
+        let ropes = self.step_rope(pos, rope_cos, rope_sin)?;
+        for i in 0..self.config.num_layers {
+            self.attention_block(i, &ropes, kv, &mut bufs)?;
+            self.ffn_block(i, &mut bufs)?;
+        }
+        self.head(logit_rows, &mut bufs, logits)
+    }
+
+    /// The step's embedding into `x`: token rows, then the learned positions, the embedding
+    /// scale and norm where the architecture has them.
+    fn embed(
+        &self,
+        ids: &Data,
+        pos: &Data,
+        ids_on_device: bool,
+        bufs: &mut StepBufs,
+    ) -> Result<()> {
+        let c = &self.config;
+        let e = &self.exec;
+        let StepBufs { x, t0, .. } = bufs;
         {
             let w = self.weights.get(&format!("{}.weight", self.spec.embed))?;
             if ids_on_device {
@@ -1349,7 +1370,7 @@ impl Model {
         self.all_reduce(x, |_| true)?; // vocab-parallel embedding
         if self.spec.embed_scale {
             ops::mul(e, x, (c.hidden_size as f32).sqrt(), t0)?;
-            std::mem::swap(x, t0);
+            std::mem::swap(*x, *t0);
         }
         if let Positions::Learned(wpe) = self.spec.positions {
             let w = self.weights.get(&format!("{wpe}.weight"))?;
@@ -1365,187 +1386,251 @@ impl Model {
         }
         if let Some(n) = self.spec.embed_norm {
             self.norm(x, n, t0)?;
-            std::mem::swap(x, t0);
+            std::mem::swap(*x, *t0);
         }
+        Ok(())
+    }
 
-        // the rotation's angles: formed once for the step where the device keeps tables
+    /// The step's rotations: the global one, whose angles are formed once for all layers into
+    /// `cos` / `sin` where the device keeps tables (or were formed by `forward_rows` for a
+    /// length-dependent scaling), and Gemma-3's local one for the sliding-window layers (its own
+    /// base, angles formed by the rotation itself).
+    fn step_rope<'a>(
+        &'a self,
+        pos: &'a Data,
+        cos: &'a mut Data,
+        sin: &'a mut Data,
+    ) -> Result<StepRope<'a>> {
+        let c = &self.config;
         let style = match c.rope_style {
             RopeStyle::Neox => RotaryStyle::Neox,
             RopeStyle::Interleaved => RotaryStyle::Interleaved,
         };
-        fn rotary<'a>(
-            pos: &'a Data,
-            r: &'a super::rope::LayerRope,
-            c: &ModelConfig,
-            style: RotaryStyle,
-        ) -> RotaryParams<'a> {
-            RotaryParams {
-                positions: pos,
-                inv_freq: r.inv_freq.as_ref(),
-                rotary_dim: c.rope_dim,
-                style,
-                theta: r.theta,
-                tables: None,
-            }
-        }
-        let mut rope = rotary(pos, &self.rope.global, c, style);
-        // Gemma-3's sliding-window layers: their own base, angles formed by the rotation itself
-        let local_rope = self.rope.local.as_ref().map(|l| rotary(pos, l, c, style));
+        let rotary = |r: &'a super::rope::LayerRope| RotaryParams {
+            positions: pos,
+            inv_freq: r.inv_freq.as_ref(),
+            rotary_dim: c.rope_dim,
+            style,
+            theta: r.theta,
+            tables: None,
+        };
+        let mut global = rotary(&self.rope.global);
+        let local = self.rope.local.as_ref().map(rotary);
         if self.rope.length_dependent() {
-            rope.tables = Some((&*rope_cos, &*rope_sin)); // formed by `forward_rows`
+            global.tables = Some((&*cos, &*sin)); // formed by `forward_rows`
         } else if self.rope_tables && self.spec.positions == Positions::Rope {
-            ops::rotary_tables(e, &rope, rope_cos, rope_sin)?;
-            rope.tables = Some((&*rope_cos, &*rope_sin));
+            ops::rotary_tables(&self.exec, &global, cos, sin)?;
+            global.tables = Some((&*cos, &*sin));
         }
-        let (nh, nkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
-        let scale = if c.query_pre_attn_scalar > 0.0 {
+        Ok(StepRope { global, local })
+    }
+
+    /// The attention scale: `query_pre_attn_scalar`, else the head size.
+    fn attention_scale(&self) -> f32 {
+        let c = &self.config;
+        if c.query_pre_attn_scalar > 0.0 {
             1.0 / c.query_pre_attn_scalar.sqrt()
         } else {
-            1.0 / (hd as f32).sqrt()
-        };
-        for i in 0..c.num_layers {
-            let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
-            // attention
-            self.norm_for_linear(x, &ln(self.spec.attn_norm), h)?;
-            match self.spec.qkv {
-                Qkv::Separate(qn, kn, vn) => {
-                    self.linears(h, &[ln(qn), ln(kn), ln(vn)], &mut [q, k, v])?;
-                }
-                Qkv::Fused(n) => {
-                    self.linear(h, &ln(n), t0)?;
-                    let (qd, kd) = (nh * hd, nkv * hd);
-                    if t0.dim(1) != qd + 2 * kd {
-                        return Err(bad(format!(
-                            "{}: fused qkv has {} outputs, expected {}",
-                            ln(n),
-                            t0.dim(1),
-                            qd + 2 * kd
-                        )));
-                    }
-                    ops::split(e, t0, 1, 0, qd, q)?;
-                    ops::split(e, t0, 1, qd, qd + kd, k)?;
-                    ops::split(e, t0, 1, qd + kd, qd + 2 * kd, v)?;
-                }
-                Qkv::FusedPerHead(n) => {
-                    if nh != nkv {
-                        return Err(bad("per-head fused qkv needs as many KV heads as heads"));
-                    }
-                    self.linear(h, &ln(n), t0)?;
-                    t0.reshape(&[s, nh, 3, hd])?;
-                    ops::permute(e, t0, &[2, 0, 1, 3], t1)?;
-                    t1.reshape(&[3, s * nh * hd])?;
-                    ops::split(e, t1, 0, 0, 1, q)?;
-                    ops::split(e, t1, 0, 1, 2, k)?;
-                    ops::split(e, t1, 0, 2, 3, v)?;
-                }
-            }
-            q.reshape(&[s, nh, hd])?;
-            k.reshape(&[s, nkv, hd])?;
-            v.reshape(&[s, nkv, hd])?;
-            let layer_rope = self.rope.layer(c, i);
-            let rope = match (&local_rope, self.rope.local.as_ref()) {
-                (Some(r), Some(l)) if std::ptr::eq(layer_rope, l) => r,
-                _ => &rope,
-            };
-            if let Some(m) = &layer_rope.q_scale {
-                ops::mul_to(e, q, m)?; // the attention factor on the rotated dims only
-            }
-            if let Some((qn, kn)) = self.spec.qk_norm {
-                self.norm(q, &ln(qn), t0)?;
-                std::mem::swap(q, t0);
-                self.norm(k, &ln(kn), t0)?;
-                std::mem::swap(k, t0);
-            }
-            // a graph-mode decode step rotates q and k in the attention launch
-            let rotate_in_store = self.spec.positions == Positions::Rope
-                && rope.tables.is_some()
-                && s == 1
-                && kv.rotates_step();
-            if self.spec.positions == Positions::Rope && !rotate_in_store {
-                if self.multi_linear {
-                    ops::rotary_pair(e, q, k, rope)?;
-                } else {
-                    ops::rotary(e, q, rope)?;
-                    ops::rotary(e, k, rope)?;
-                }
-            }
-            let sliding = c.sliding_layers.get(i).copied().unwrap_or(false);
-            let ap = AttentionParams {
-                scale: scale * layer_rope.score_scale,
-                softcap: c.attn_logit_softcap,
-                sliding_window: if sliding { c.sliding_window } else { 0 },
-                alibi: self.alibi.as_ref(),
-                fast: self.precision == Precision::Fast,
-                output_copy: self.copy_for(s),
-            };
-            if rotate_in_store {
-                kv.attend_rotating(e, i, q, k, v, rope, &ap, a)?;
-            } else {
-                kv.attend(e, i, q, k, v, &ap, a)?;
-            }
-            a.reshape(&[s, nh * hd])?;
-            // on the CUDA device the residual add rides on the projection (`accumulate`)
-            let fuse_residual = self.multi_linear && self.tp.is_none();
-            if fuse_residual && self.spec.post_attn_norm.is_none() {
-                self.linear_add(a, &ln(self.spec.o_proj), x)?;
-            } else {
-                self.linear(a, &ln(self.spec.o_proj), b)?;
-                self.all_reduce(b, |tp| tp.reduce_attention)?;
-                if let Some(n) = self.spec.post_attn_norm {
-                    self.norm(b, &ln(n), t0)?;
-                    std::mem::swap(b, t0);
-                }
-                ops::add_to(e, x, b, 1.0)?;
-            }
-            // MLP
-            self.norm_for_linear(x, &ln(self.spec.ffn_norm), h)?;
-            let down = match self.spec.mlp {
-                Mlp::Gated(gn, un, dn) => {
-                    // half gate/up outputs only where the fused SiluMul reads them
-                    let half = if self.fused_silu_mul {
-                        self.half_mlp_for(s, &ln(dn))?
-                    } else {
-                        OutputCopy::None
-                    };
-                    self.linears_as(h, &[ln(gn), ln(un)], &mut [g, t0], half)?;
-                    if self.fused_silu_mul {
-                        ops::silu_mul_quantizing(e, g, t0, t1, self.copy_for(s))?;
-                    } else {
-                        self.act(g, t1)?;
-                        ops::mul_to(e, t1, t0)?;
-                    }
-                    dn
-                }
-                Mlp::GatedFused(gun, dn) => {
-                    self.linear(h, &ln(gun), g)?;
-                    match c.hidden_act.as_str() {
-                        "silu" => ops::swiglu(e, g, t1)?,
-                        "gelu_tanh" => ops::gelu_gated(e, g, true, t1)?,
-                        "gelu" => ops::gelu_gated(e, g, false, t1)?,
-                        other => return Err(bad(format!("activation '{other}'"))),
-                    }
-                    dn
-                }
-                Mlp::Plain(un, dn) => {
-                    self.linear(h, &ln(un), g)?;
-                    self.act(g, t1)?;
-                    dn
-                }
-            };
-            if fuse_residual && self.spec.post_ffn_norm.is_none() {
-                self.linear_add(t1, &ln(down), x)?;
-                continue;
-            }
-            self.linear(t1, &ln(down), b)?;
-            self.all_reduce(b, |_| true)?; // row-parallel down projection
-            if let Some(n) = self.spec.post_ffn_norm {
-                self.norm(b, &ln(n), t0)?;
-                std::mem::swap(b, t0);
-            }
-            ops::add_to(e, x, b, 1.0)?;
+            1.0 / (c.head_dim as f32).sqrt()
         }
+    }
 
-        // final norm and LM head, only for the rows asked for
+    /// Layer `i`'s q, k, v [rows, heads, head dim] from the normed input `h`, in the
+    /// architecture's projection form.
+    fn qkv(&self, i: usize, bufs: &mut StepBufs) -> Result<()> {
+        let c = &self.config;
+        let e = &self.exec;
+        let StepBufs {
+            h, q, k, v, t0, t1, ..
+        } = bufs;
+        let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
+        let (s, nh, nkv, hd) = (h.dim(0), c.num_heads, c.num_kv_heads, c.head_dim);
+        match self.spec.qkv {
+            Qkv::Separate(qn, kn, vn) => {
+                self.linears(
+                    h,
+                    &[ln(qn), ln(kn), ln(vn)],
+                    &mut [&mut **q, &mut **k, &mut **v],
+                )?;
+            }
+            Qkv::Fused(n) => {
+                self.linear(h, &ln(n), t0)?;
+                let (qd, kd) = (nh * hd, nkv * hd);
+                if t0.dim(1) != qd + 2 * kd {
+                    return Err(bad(format!(
+                        "{}: fused qkv has {} outputs, expected {}",
+                        ln(n),
+                        t0.dim(1),
+                        qd + 2 * kd
+                    )));
+                }
+                ops::split(e, t0, 1, 0, qd, q)?;
+                ops::split(e, t0, 1, qd, qd + kd, k)?;
+                ops::split(e, t0, 1, qd + kd, qd + 2 * kd, v)?;
+            }
+            Qkv::FusedPerHead(n) => {
+                if nh != nkv {
+                    return Err(bad("per-head fused qkv needs as many KV heads as heads"));
+                }
+                self.linear(h, &ln(n), t0)?;
+                t0.reshape(&[s, nh, 3, hd])?;
+                ops::permute(e, t0, &[2, 0, 1, 3], t1)?;
+                t1.reshape(&[3, s * nh * hd])?;
+                ops::split(e, t1, 0, 0, 1, q)?;
+                ops::split(e, t1, 0, 1, 2, k)?;
+                ops::split(e, t1, 0, 2, 3, v)?;
+            }
+        }
+        q.reshape(&[s, nh, hd])?;
+        k.reshape(&[s, nkv, hd])?;
+        v.reshape(&[s, nkv, hd])
+    }
+
+    /// Layer `i`'s attention: norm, q/k/v, the layer's query scale and q/k norms, rotation,
+    /// attention through `kv`, o projection, and the residual added into `x`.
+    fn attention_block(
+        &self,
+        i: usize,
+        ropes: &StepRope,
+        kv: &mut dyn KvStore,
+        bufs: &mut StepBufs,
+    ) -> Result<()> {
+        let c = &self.config;
+        let e = &self.exec;
+        let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
+        self.norm_for_linear(bufs.x, &ln(self.spec.attn_norm), bufs.h)?;
+        self.qkv(i, bufs)?;
+        let StepBufs {
+            x,
+            q,
+            k,
+            v,
+            a,
+            b,
+            t0,
+            ..
+        } = bufs;
+        let (s, nh, hd) = (q.dim(0), c.num_heads, c.head_dim);
+        let layer_rope = self.rope.layer(c, i);
+        let rope = match (&ropes.local, self.rope.local.as_ref()) {
+            (Some(r), Some(l)) if std::ptr::eq(layer_rope, l) => r,
+            _ => &ropes.global,
+        };
+        if let Some(m) = &layer_rope.q_scale {
+            ops::mul_to(e, q, m)?; // the attention factor on the rotated dims only
+        }
+        if let Some((qn, kn)) = self.spec.qk_norm {
+            self.norm(q, &ln(qn), t0)?;
+            std::mem::swap(*q, *t0);
+            self.norm(k, &ln(kn), t0)?;
+            std::mem::swap(*k, *t0);
+        }
+        // a graph-mode decode step rotates q and k in the attention launch
+        let rotate_in_store = self.spec.positions == Positions::Rope
+            && rope.tables.is_some()
+            && s == 1
+            && kv.rotates_step();
+        if self.spec.positions == Positions::Rope && !rotate_in_store {
+            if self.multi_linear {
+                ops::rotary_pair(e, q, k, rope)?;
+            } else {
+                ops::rotary(e, q, rope)?;
+                ops::rotary(e, k, rope)?;
+            }
+        }
+        let sliding = c.sliding_layers.get(i).copied().unwrap_or(false);
+        let ap = AttentionParams {
+            scale: self.attention_scale() * layer_rope.score_scale,
+            softcap: c.attn_logit_softcap,
+            sliding_window: if sliding { c.sliding_window } else { 0 },
+            alibi: self.alibi.as_ref(),
+            fast: self.precision == Precision::Fast,
+            output_copy: self.copy_for(s),
+        };
+        if rotate_in_store {
+            kv.attend_rotating(e, i, q, k, v, rope, &ap, a)?;
+        } else {
+            kv.attend(e, i, q, k, v, &ap, a)?;
+        }
+        a.reshape(&[s, nh * hd])?;
+        // on the CUDA device the residual add rides on the projection (`accumulate`)
+        let fuse_residual = self.multi_linear && self.tp.is_none();
+        if fuse_residual && self.spec.post_attn_norm.is_none() {
+            return self.linear_add(a, &ln(self.spec.o_proj), x);
+        }
+        self.linear(a, &ln(self.spec.o_proj), b)?;
+        self.all_reduce(b, |tp| tp.reduce_attention)?;
+        if let Some(n) = self.spec.post_attn_norm {
+            self.norm(b, &ln(n), t0)?;
+            std::mem::swap(*b, *t0);
+        }
+        ops::add_to(e, x, b, 1.0)
+    }
+
+    /// Layer `i`'s MLP: norm, the architecture's gate/up form and activation, down projection,
+    /// and the residual added into `x`.
+    fn ffn_block(&self, i: usize, bufs: &mut StepBufs) -> Result<()> {
+        let c = &self.config;
+        let e = &self.exec;
+        let StepBufs {
+            x, h, b, g, t0, t1, ..
+        } = bufs;
+        let s = x.dim(0);
+        let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
+        self.norm_for_linear(x, &ln(self.spec.ffn_norm), h)?;
+        let down = match self.spec.mlp {
+            Mlp::Gated(gn, un, dn) => {
+                // half gate/up outputs only where the fused SiluMul reads them
+                let half = if self.fused_silu_mul {
+                    self.half_mlp_for(s, &ln(dn))?
+                } else {
+                    OutputCopy::None
+                };
+                self.linears_as(h, &[ln(gn), ln(un)], &mut [&mut **g, &mut **t0], half)?;
+                if self.fused_silu_mul {
+                    ops::silu_mul_quantizing(e, g, t0, t1, self.copy_for(s))?;
+                } else {
+                    self.act(g, t1)?;
+                    ops::mul_to(e, t1, t0)?;
+                }
+                dn
+            }
+            Mlp::GatedFused(gun, dn) => {
+                self.linear(h, &ln(gun), g)?;
+                match c.hidden_act.as_str() {
+                    "silu" => ops::swiglu(e, g, t1)?,
+                    "gelu_tanh" => ops::gelu_gated(e, g, true, t1)?,
+                    "gelu" => ops::gelu_gated(e, g, false, t1)?,
+                    other => return Err(bad(format!("activation '{other}'"))),
+                }
+                dn
+            }
+            Mlp::Plain(un, dn) => {
+                self.linear(h, &ln(un), g)?;
+                self.act(g, t1)?;
+                dn
+            }
+        };
+        let fuse_residual = self.multi_linear && self.tp.is_none();
+        if fuse_residual && self.spec.post_ffn_norm.is_none() {
+            return self.linear_add(t1, &ln(down), x);
+        }
+        self.linear(t1, &ln(down), b)?;
+        self.all_reduce(b, |_| true)?; // row-parallel down projection
+        if let Some(n) = self.spec.post_ffn_norm {
+            self.norm(b, &ln(n), t0)?;
+            std::mem::swap(*b, *t0);
+        }
+        ops::add_to(e, x, b, 1.0)
+    }
+
+    /// The final norm and LM head over the rows `logit_rows` of `x`, with the logit
+    /// soft-capping where the architecture has it.
+    fn head(&self, logit_rows: &[i32], bufs: &mut StepBufs, logits: &mut Data) -> Result<()> {
+        let c = &self.config;
+        let e = &self.exec;
+        let StepBufs { x, h, t1, t2, .. } = bufs;
+        let s = x.dim(0);
         let rows: &Data = if logit_rows.len() == s
             && logit_rows.iter().enumerate().all(|(i, &r)| r as usize == i)
         {
@@ -1568,10 +1653,34 @@ impl Model {
         }
         if c.final_logit_softcap > 0.0 {
             ops::soft_cap(e, logits, c.final_logit_softcap, t2)?;
-            std::mem::swap(logits, t2);
+            std::mem::swap(logits, *t2);
         }
         Ok(())
     }
+}
+
+/// The rotations of one step: the global one and Gemma-3's local one.
+struct StepRope<'a> {
+    global: RotaryParams<'a>,
+    local: Option<RotaryParams<'a>>,
+}
+
+/// The working tensors of one step through the layer stack: `x` the residual stream, `h` the
+/// normed input of the next projection, `q`/`k`/`v`, `a` the attention output, `b` a
+/// projection's output before its residual add, `g` the gate (or up) projection, and the
+/// temporaries `t0`..`t2`.
+struct StepBufs<'a> {
+    x: &'a mut Data,
+    h: &'a mut Data,
+    q: &'a mut Data,
+    k: &'a mut Data,
+    v: &'a mut Data,
+    a: &'a mut Data,
+    b: &'a mut Data,
+    g: &'a mut Data,
+    t0: &'a mut Data,
+    t1: &'a mut Data,
+    t2: &'a mut Data,
 }
 
 /// `d` on the host (a copy when it lives on a device).
@@ -1608,9 +1717,20 @@ fn host_argmax_rows(logits: &Data, vocab: usize) -> Result<Vec<u32>> {
             if row.iter().any(|x| x.is_nan() || *x == f32::INFINITY) {
                 return Err(Error::invalid("logits contain NaN or +Inf"));
             }
-            Ok(crate::generate::sampler::argmax(row))
+            Ok(super::sampler::argmax(row))
         })
         .collect()
+}
+
+/// `Err` unless there is one sampling row per batch item.
+fn check_sample_rows(what: &str, rows: &[SampleRow], items: usize) -> Result<()> {
+    if rows.len() != items {
+        return Err(Error::invalid(format!(
+            "{what}: {} sampling rows for {items} items",
+            rows.len()
+        )));
+    }
+    Ok(())
 }
 
 fn to_host(d: Data) -> Result<Data> {
@@ -1733,19 +1853,9 @@ impl GraphKv<'_> {
         let ints = ints
             .with("sliding_window", p.sliding_window as i32)
             .with("quantize_output", p.output_copy.param());
-        if let Some(a) = p.alibi {
-            d.insert("alibi_slopes", a);
-        }
         d.insert_mut("workspace", self.workspace);
-        d.insert_mut("output", out);
-        e.run(
-            "DecodeAttention",
-            &mut d,
-            &FloatDict::new()
-                .with("scale", p.scale)
-                .with("softcap", p.softcap),
-            &ints,
-        )
+        let floats = p.args(&mut d, out);
+        e.run("DecodeAttention", &mut d, &floats, &ints)
     }
 }
 
@@ -1839,16 +1949,11 @@ impl KvStore for PagedStep<'_> {
             .with("q_starts", &self.q_starts)
             .with("kv_lens", &self.kv_lens)
             .with("block_tables", &self.tables);
-        if let Some(a) = p.alibi {
-            d.insert("alibi_slopes", a);
-        }
-        d.insert_mut("output", out);
+        let floats = p.args(&mut d, out);
         e.run(
             "PagedAttention",
             &mut d,
-            &FloatDict::new()
-                .with("scale", p.scale)
-                .with("softcap", p.softcap),
+            &floats,
             &IntDict::new()
                 .with("block_size", bs)
                 .with("sliding_window", p.sliding_window as i32),

@@ -43,9 +43,9 @@ use super::gpu::{int, long, Gpu, KArg, LinSegs};
 use super::linear_mma::{mma_product, MmaPlan, MMA_KC};
 use super::op_err;
 use crate::data::DataType;
+use crate::device::OutputCopy;
 use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
 use crate::error::{Error, Result};
-use crate::ops::OutputCopy;
 use std::sync::{Arc, Mutex};
 
 /// Registers this family's operators.
@@ -320,8 +320,8 @@ impl Linear {
         }
     }
 
-    /// Whether a one-row product takes the half-superblock kernel: 4-bit weights do (on an
-    /// H100: llama-3-8b int4 decode is about 7 % faster than with `sbx`); Q8_0 keeps `sbx`.
+    /// Whether a one-row product takes the half-superblock kernel: 4-bit weights do (fewer
+    /// registers, more resident blocks: the faster one for them); Q8_0 keeps `sbx`.
     /// The choice depends on the dtype only, so a multi-weight launch and one-weight launches of
     /// the same weights sum in the same order (bit-equal results).
     fn one_row_half(&self, choice: OneRow, dtype: DataType) -> bool {

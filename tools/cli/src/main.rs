@@ -1051,8 +1051,7 @@ fn bench(
     let mut pp_t = Vec::new();
     let mut tg_t = Vec::new();
     // warm-up: on a GPU the whole prompt (its first run allocates scratch buffers sized for
-    // it and creates library handles: a timed first run of 2048 tokens measured 8.2k instead of
-    // 19.8k tok/s on an H100), on the CPU a few tokens
+    // it and creates library handles, which a timed run must not pay), on the CPU a few tokens
     {
         let on_gpu = model
             .executor()

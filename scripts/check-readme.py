@@ -86,7 +86,7 @@ def main() -> int:
     args = sys.argv[1:]
     python = sys.executable
     if args[:1] == ["--python"]:
-        python, args = args[1], args[2:]
+        python, args = os.path.abspath(args[1]), args[2:]
     readme = args[0] if args else os.path.join(ROOT, "README.md")
     text = open(readme, encoding="utf-8").read()
     scratch = tempfile.mkdtemp(prefix="fastllm-readme-")
@@ -94,6 +94,9 @@ def main() -> int:
     os.makedirs(home)
     shutil.copy(os.path.join(ROOT, "bindings/c/examples/generate.c"), os.path.join(ROOT, "app.c"))
     env = dict(os.environ)
+    # the models stay in the user's cache (fetched once), though HOME is the scratch one
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    env.setdefault("FASTLLM_CACHE_DIR", os.path.join(xdg, "fastllm"))
     env["HOME"] = home
     # the venv first (its `pip`), then the built tools
     env["PATH"] = os.pathsep.join([os.path.dirname(os.path.abspath(python)),

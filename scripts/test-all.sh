@@ -55,3 +55,9 @@ python3 -m venv target/pyenv
 target/pyenv/bin/pip install -q --upgrade pip
 target/pyenv/bin/pip install -q pytest ./bindings/python
 FASTLLM_LIBRARY=$PWD/target/release/libfastllm.so target/pyenv/bin/python -m pytest -q bindings/python/tests
+
+echo "== the README's commands and code blocks, as written (scripts/check-readme.py)"
+rm -rf target/readme-venv
+python3 -m venv target/readme-venv
+target/readme-venv/bin/pip install -q --upgrade pip
+python3 scripts/check-readme.py --python target/readme-venv/bin/python

@@ -56,6 +56,32 @@ impl Llm {
             &eos,
         )
     }
+
+    /// Renders messages given as JSON objects (with fields such as `tool_calls`), and the tools
+    /// offered, with the model's chat template.
+    pub fn render_chat_json(
+        &self,
+        messages: &serde_json::Value,
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let tok = |id: Option<u32>| {
+            id.and_then(|i| self.tokenizer.decode(&[i], false).ok())
+                .unwrap_or_default()
+        };
+        let bos = tok(self.tokenizer.bos_id());
+        let eos = tok(self.eos_ids().first().copied());
+        chat::render_json(
+            &self.chat_template,
+            &chat::ChatContext {
+                messages,
+                tools,
+                add_generation_prompt,
+                bos_token: &bos,
+                eos_token: &eos,
+            },
+        )
+    }
 }
 
 /// Parameters of [`Session::generate`].

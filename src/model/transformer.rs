@@ -931,6 +931,8 @@ impl Model {
     /// copy, when a row has penalties) and `Sample` ops run where the logits are and only the
     /// ids come back. Both give the same ids for the same logits (see
     /// `crate::model::sampler`). A row with NaN or +Inf logits (or only -Inf) is an `Err`.
+    /// A step where a row has a grammar mask is picked on the host (the logits are copied
+    /// back), so the mask holds on every device.
     pub fn sample_rows(&self, logits: &Data, rows: &[SampleRow]) -> Result<Vec<u32>> {
         let vocab = self.config.vocab_size;
         if vocab == 0 || logits.dims() != [rows.len(), vocab] {
@@ -940,8 +942,11 @@ impl Model {
                 rows.len()
             )));
         }
-        if logits.device() == DeviceKind::Cpu {
-            let v = logits.to_f32_vec()?;
+        if logits.device() == DeviceKind::Cpu || rows.iter().any(|r| r.mask.is_some()) {
+            let v = match logits.device() {
+                DeviceKind::Cpu => logits.to_f32_vec()?,
+                _ => logits.to_owned_host()?.to_f32_vec()?,
+            };
             return v
                 .chunks(vocab)
                 .zip(rows)

@@ -4,7 +4,9 @@
 pub mod arch;
 pub mod config;
 pub mod logprobs;
+pub mod moe;
 pub mod paged;
+pub mod paged_graph;
 pub mod rope;
 pub mod sampler;
 pub mod synthetic;
@@ -15,7 +17,9 @@ pub mod weights;
 
 pub use config::{ModelConfig, RopeScaling, RopeStyle, ROPE_FREQS_TENSOR};
 pub use logprobs::PickLogprobs;
+pub use moe::{MoeConfig, MoeNames, MoeScoring};
 pub use paged::{PagedKvPool, PagedSeqState};
+pub use paged_graph::{warm_batch_decode, BatchDecode, BATCH_BUCKETS};
 pub use synthetic::SyntheticSource;
 pub use transformer::{KvCache, KvStore, Model, Precision};
 pub use weights::{MapSource, WeightSource, Weights};

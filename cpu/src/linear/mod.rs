@@ -390,9 +390,13 @@ pub fn linear(threads: &Threads, a: &LinearArgs, out: &mut [f32]) -> Result<(), 
             }
         };
         // GEMM: convert tiles of weight rows to f32 once, then run the f32 kernels on them;
-        // fewer rows of float weights: the same tile kernel reading the rows in place (a row's
+        // fewer rows: a tile kernel with the same arithmetic reading the rows in place (a row's
         // sums then do not depend on the number of rows)
-        let direct = float_dot::pick_tile_direct(a.wtype);
+        let direct = if a.wtype.is_block() {
+            quant_dot::pick_tile_direct(a.wtype)
+        } else {
+            float_dot::pick_tile_direct(a.wtype)
+        };
         let plan = if a.rows < GEMM_MIN_ROWS {
             direct.map(|tile| gemm::F32Gemm {
                 convert: None,

@@ -61,3 +61,4 @@ rm -rf target/readme-venv
 python3 -m venv target/readme-venv
 target/readme-venv/bin/pip install -q --upgrade pip
 python3 scripts/check-readme.py --python target/readme-venv/bin/python
+echo "== all tests passed"

@@ -6,13 +6,16 @@ use crate::error::{Error, Result};
 use crate::executor::Executor;
 use crate::format::flm::{FlmFile, LoadMode};
 use crate::generate::Llm;
+use crate::model::tensor_parallel::{rank_model, RankBuilder, ShardPlan, TpGroup};
 use crate::model::tp_process::Follower;
 use crate::model::{Model, Precision, WeightSource};
 use crate::options::RuntimeOptions;
 use crate::parallel::rendezvous::GroupSpec;
+use crate::parallel::HostCollective;
 use crate::tokenizer::Tokenizer;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// How to load a model.
 #[derive(Clone, Debug)]
@@ -106,9 +109,7 @@ pub fn model_for(
     match crate::parallel::parse_gpu_group(device, 0)? {
         Some(gpus) => {
             crate::options::apply_simd_cap(opts.simd)?;
-            crate::model::tensor_parallel::cuda_group(
-                config, source, &gpus, threads, precision, low_memory, opts,
-            )
+            cuda_group(config, source, &gpus, threads, precision, low_memory, opts)
         }
         None => Model::with_options(
             config,
@@ -119,6 +120,23 @@ pub fn model_for(
             opts,
         ),
     }
+}
+
+/// [`model_for`] with the settings of `opts`.
+fn model_with(
+    config: crate::model::ModelConfig,
+    source: Arc<dyn WeightSource>,
+    opts: &LoadOptions,
+) -> Result<Model> {
+    model_for(
+        config,
+        source,
+        &opts.device,
+        opts.threads,
+        opts.precision,
+        opts.low_memory,
+        &opts.runtime,
+    )
 }
 
 /// An opened `.flm` file with what an `Llm` needs besides its model.
@@ -140,7 +158,10 @@ fn open(path: &Path, opts: &LoadOptions) -> Result<Opened> {
     let chat_template = file
         .chat_template()
         .map(|s| s.to_string())
-        .unwrap_or_else(|| crate::generate::chat::CHATML.to_string());
+        .unwrap_or_else(|| {
+            let has = |t: &str| tokenizer.token_id(t).is_some();
+            crate::generate::chat::default_template(&file.config().architecture, has).to_string()
+        });
     let name = path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
@@ -157,15 +178,7 @@ fn open(path: &Path, opts: &LoadOptions) -> Result<Opened> {
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<Llm> {
     let o = open(path, opts)?;
     let config = o.file.config().clone();
-    let model = model_for(
-        config,
-        Arc::new(o.file),
-        &opts.device,
-        opts.threads,
-        opts.precision,
-        opts.low_memory,
-        &opts.runtime,
-    )?;
+    let model = model_with(config, Arc::new(o.file), opts)?;
     Ok(Llm {
         model,
         tokenizer: o.tokenizer,
@@ -220,7 +233,9 @@ pub fn model_in_group(
         runtime: opts.runtime.clone(),
     };
     if opts.device == "cpu" {
-        tp_process::cpu_process_group(spec, config, source, &setup)
+        crate::options::apply_simd_cap(opts.runtime.simd)?;
+        let threads = opts.threads.max(1);
+        tp_process::cpu_process_group(spec, config, source, &setup, &|| Executor::cpu(threads))
     } else {
         group_on_gpus(spec, config, source, &opts.device, &setup)
     }
@@ -246,7 +261,46 @@ fn group_on_gpus(
             }
         },
     };
-    crate::model::tp_process::cuda_process_group(spec, config, source, &gpus, setup)
+    cuda_process_group(spec, config, source, &gpus, setup)
+}
+
+/// [`crate::model::tp_process::device_process_group`] over the local GPUs `ordinals`: one
+/// CUDA device (with the CPU as its fallback) and one NCCL communicator per rank.
+#[cfg(feature = "cuda")]
+fn cuda_process_group(
+    spec: &GroupSpec,
+    config: crate::model::ModelConfig,
+    source: Arc<dyn WeightSource>,
+    ordinals: &[u32],
+    setup: &crate::model::tp_process::RankSetup,
+) -> Result<crate::model::tp_process::GroupRole> {
+    use crate::devices::cuda::{gpu, nccl, CudaDevice};
+    use crate::model::tp_process::{device_process_group, DeviceRanks, RankParts};
+    for &o in ordinals {
+        gpu::probe(o)?;
+    }
+    nccl::probe()?;
+    let (ords, world, s) = (ordinals.to_vec(), spec.tp, setup.clone());
+    let rank: RankParts = Arc::new(move |id: &[u8], rank: usize, i: usize| {
+        let ord = *ords
+            .get(i)
+            .ok_or_else(|| Error::invalid(format!("no local GPU for rank {rank}")))?;
+        let dev = CudaDevice::with_options(ord, &s.runtime)?;
+        let comm = nccl::NcclComm::new(dev.gpu(), &nccl::NcclId::from_bytes(id)?, rank, world)?;
+        let mut exec = Executor::new();
+        exec.add_device(Arc::new(dev));
+        exec.add_device(Arc::new(crate::devices::cpu::CpuDevice::new(
+            if s.threads == 0 { 2 } else { s.threads },
+        )?));
+        Ok((exec, Arc::new(comm) as Arc<dyn crate::parallel::Collective>))
+    });
+    let dev = DeviceRanks {
+        kind: "cuda",
+        local: ordinals.len(),
+        new_id: &|| Ok(nccl::NcclId::new()?.to_bytes()),
+        rank,
+    };
+    device_process_group(spec, config, source, setup, &dev)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -274,19 +328,123 @@ pub fn load_synthetic(name: &str, dtype: &str, opts: &LoadOptions) -> Result<Llm
     let dt = synthetic::weight_dtype(dtype)?;
     let tokenizer = Tokenizer::new(synthetic::tokenizer_spec(&config)?)?;
     let source = Arc::new(crate::model::SyntheticSource::new(&config, dt)?);
-    let model = model_for(
-        config,
-        source,
-        &opts.device,
-        opts.threads,
-        opts.precision,
-        opts.low_memory,
-        &opts.runtime,
-    )?;
+    let model = model_with(config, source, opts)?;
     Ok(Llm {
         model,
         tokenizer,
         chat_template: crate::generate::chat::CHATML.to_string(),
         name: format!("{name}-{dtype}-synthetic"),
     })
+}
+
+/// A tensor-parallel model over `world` CPU ranks (threads) whose all-reduce is done on the
+/// host: the same sharding and math as on GPUs, for tests and CI. `threads` per rank.
+pub fn cpu_group(
+    config: crate::model::ModelConfig,
+    source: Arc<dyn WeightSource>,
+    world: usize,
+    threads: usize,
+    precision: Precision,
+) -> Result<Model> {
+    let plan = ShardPlan::new(&config, world)?;
+    let comms = HostCollective::group(world, Duration::from_secs(600))?;
+    let builders: Vec<RankBuilder> = comms
+        .into_iter()
+        .enumerate()
+        .map(|(r, comm)| {
+            let (plan, source) = (plan.clone(), source.clone());
+            Box::new(move || {
+                let exec = Executor::cpu(threads.max(1))?;
+                let opts = RuntimeOptions::default();
+                rank_model(
+                    &plan,
+                    r,
+                    source,
+                    exec,
+                    Arc::new(comm),
+                    precision,
+                    false,
+                    &opts,
+                )
+            }) as RankBuilder
+        })
+        .collect();
+    let group = TpGroup::start(plan, builders, &format!("cpu x{world}"))?;
+    Model::driver(config, Arc::new(group), precision)
+}
+
+/// A tensor-parallel model over the GPUs `ordinals` (one rank each, NCCL all-reduces).
+/// Checks every GPU and NCCL before starting any rank, so a missing one gives a clear `Err`.
+#[cfg(feature = "cuda")]
+fn cuda_group(
+    config: crate::model::ModelConfig,
+    source: Arc<dyn WeightSource>,
+    ordinals: &[u32],
+    threads: usize,
+    precision: Precision,
+    low_memory: bool,
+    opts: &RuntimeOptions,
+) -> Result<Model> {
+    use crate::devices::cuda::{gpu, nccl, CudaDevice};
+    use crate::model::tensor_parallel::prefixed;
+    let label = format!(
+        "cuda:{}",
+        ordinals
+            .iter()
+            .map(|o| o.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    for &o in ordinals {
+        gpu::probe(o).map_err(|e| prefixed(&label, e))?;
+    }
+    nccl::probe()?;
+    let world = ordinals.len();
+    let plan = ShardPlan::new(&config, world)?;
+    let id = nccl::NcclId::new()?;
+    let builders: Vec<RankBuilder> = ordinals
+        .iter()
+        .enumerate()
+        .map(|(r, &ord)| {
+            let (plan, source, opts) = (plan.clone(), source.clone(), opts.clone());
+            Box::new(move || {
+                let dev = CudaDevice::with_options(ord, &opts)?;
+                let comm = nccl::NcclComm::new(dev.gpu(), &id, r, world)?;
+                let mut exec = Executor::new();
+                exec.add_device(Arc::new(dev));
+                exec.add_device(Arc::new(crate::devices::cpu::CpuDevice::new(
+                    if threads == 0 { 2 } else { threads },
+                )?));
+                rank_model(
+                    &plan,
+                    r,
+                    source,
+                    exec,
+                    Arc::new(comm),
+                    precision,
+                    low_memory,
+                    &opts,
+                )
+            }) as RankBuilder
+        })
+        .collect();
+    let group = TpGroup::start(plan, builders, &label)?;
+    Model::driver(config, Arc::new(group), precision)
+}
+
+/// Without the `cuda` feature a GPU group is an error.
+#[cfg(not(feature = "cuda"))]
+fn cuda_group(
+    _config: crate::model::ModelConfig,
+    _source: Arc<dyn WeightSource>,
+    ordinals: &[u32],
+    _threads: usize,
+    _precision: Precision,
+    _low_memory: bool,
+    _opts: &RuntimeOptions,
+) -> Result<Model> {
+    Err(Error::Unsupported(format!(
+        "tensor parallelism over {} GPUs: this build has no CUDA support (feature 'cuda')",
+        ordinals.len()
+    )))
 }

@@ -14,7 +14,7 @@ mod common;
 use fastllm::convert::{convert, ConvertOptions, TargetDtype};
 use fastllm::format::flm::{FlmFile, LoadMode};
 use fastllm::load::model_for;
-use fastllm::model::{tensor_parallel, Model, Precision, WeightSource};
+use fastllm::model::{Model, Precision, WeightSource};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -142,7 +142,7 @@ fn compare_cpu(path: &Path, world: usize, precision: Precision) -> f32 {
         false,
     )
     .unwrap();
-    let tp = tensor_parallel::cpu_group(cfg.clone(), src, world, 1, precision).unwrap();
+    let tp = fastllm::load::cpu_group(cfg.clone(), src, world, 1, precision).unwrap();
     assert_eq!(tp.tensor_parallel(), world);
     let p = prompt(cfg.vocab_size, 9);
     let d = max_diff(&run(&single, &p), &run(&tp, &p));
@@ -329,9 +329,8 @@ fn cpu_ranks_paged_batches_match_unsharded() {
         )
         .unwrap();
         for world in [2, 3] {
-            let tp =
-                tensor_parallel::cpu_group(cfg.clone(), src.clone(), world, 1, Precision::Exact)
-                    .unwrap();
+            let tp = fastllm::load::cpu_group(cfg.clone(), src.clone(), world, 1, Precision::Exact)
+                .unwrap();
             let d = max_diff(&run_paged(&single), &run_paged(&tp));
             eprintln!("{arch} paged tp={world}: max |Δlogit| = {d:e}");
             assert!(d <= 1e-4, "{arch} paged tp={world}: {d}");

@@ -1,11 +1,14 @@
-//! Model architectures: configuration, the architecture table, weight access, and the
-//! transformer forward pass built from Executor ops.
+//! Model architectures: configuration, the architecture table, weight access, the transformer
+//! forward pass built from Executor ops, and token sampling from its logits.
 
 pub mod arch;
 pub mod config;
 pub mod logprobs;
+pub mod moe;
 pub mod paged;
+pub mod paged_graph;
 pub mod rope;
+pub mod sampler;
 pub mod synthetic;
 pub mod tensor_parallel;
 pub mod tp_process;
@@ -14,7 +17,9 @@ pub mod weights;
 
 pub use config::{ModelConfig, RopeScaling, RopeStyle, ROPE_FREQS_TENSOR};
 pub use logprobs::PickLogprobs;
+pub use moe::{MoeConfig, MoeNames, MoeScoring};
 pub use paged::{PagedKvPool, PagedSeqState};
+pub use paged_graph::{warm_batch_decode, BatchDecode, BATCH_BUCKETS};
 pub use synthetic::SyntheticSource;
 pub use transformer::{KvCache, KvStore, Model, Precision};
 pub use weights::{MapSource, WeightSource, Weights};

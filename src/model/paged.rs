@@ -13,6 +13,7 @@
 //! hash collision can cause a miss but never a wrong hit: a sequence only ever reads keys and
 //! values computed from exactly its own tokens.
 
+use super::paged_graph::BatchGraphs;
 use super::tensor_parallel::RemotePool;
 use super::transformer::Model;
 use crate::data::{Data, DataType, DeviceKind};
@@ -59,6 +60,8 @@ pub struct PagedKvPool {
     /// Set when the storage lives on the ranks of a tensor-parallel group (this pool then
     /// keeps only the books: block tables, free list, prefix cache).
     pub(super) remote: Option<RemotePool>,
+    /// The padded decode steps recorded over this pool's storage (`paged_graph`).
+    pub(super) graphs: Option<BatchGraphs>,
 }
 
 const HASH_SEED: u64 = 0x6661_7374_6c6c_6d00;
@@ -92,8 +95,9 @@ impl PagedKvPool {
             .devices()
             .first()
             .filter(|d| d.kind() != DeviceKind::Cpu);
+        let dtype = Self::kv_dtype(model);
         let layer = || -> Result<Data> {
-            let d = Data::zeros(DataType::F32, &[slots, c.num_kv_heads, c.head_dim])?;
+            let d = Data::zeros(dtype, &[slots, c.num_kv_heads, c.head_dim])?;
             match dev {
                 Some(dev) => dev.upload(&d),
                 None => Ok(d),
@@ -125,7 +129,22 @@ impl PagedKvPool {
             lru: BTreeMap::new(),
             tick: 0,
             remote,
+            graphs: None,
         })
+    }
+
+    /// The element type of `model`'s pool: f16 on a device whose paged decode attention reads
+    /// it (`PagedDecodeAttention`), else f32.
+    pub fn kv_dtype(model: &Model) -> DataType {
+        let f16 = model.group().is_none()
+            && model.executor().devices().first().is_some_and(|d| {
+                d.kind() != DeviceKind::Cpu && d.ops().contains_key("PagedDecodeAttention")
+            });
+        if f16 {
+            DataType::F16
+        } else {
+            DataType::F32
+        }
     }
 
     /// Turns prefix caching on or off. Turning it off drops every cached block that no
@@ -148,7 +167,11 @@ impl PagedKvPool {
     /// Bytes one block takes across all layers (K and V).
     pub fn block_bytes(model: &Model, block_size: usize) -> usize {
         let c = model.config();
-        2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * 4
+        let elem = match Self::kv_dtype(model) {
+            DataType::F16 => 2,
+            _ => 4,
+        };
+        2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * elem
     }
 
     /// Tokens per block.

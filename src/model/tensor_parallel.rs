@@ -19,9 +19,11 @@
 //!   its slices (host copies of just the slice; the `.flm` mapping is never copied whole).
 //! * A rank's [`Model`] is an ordinary model over its local config (its heads, its MLP width,
 //!   its vocabulary slice + 1) with a [`Collective`] for the all-reduces.
-//! * [`TpGroup`] runs the ranks on worker threads; the driver `Model` returned by
-//!   [`cpu_group`] / `cuda_group` forwards `forward` / `new_cache` to them, so generation,
-//!   the CLI, the C API and Python work unchanged on top.
+//! * [`TpGroup`] runs the ranks on worker threads, each building its model with the executor
+//!   and all-reduce the caller's [`RankBuilder`] makes (the devices are built at the program's
+//!   edge: `load::cpu_group`, `load::cuda_group`); the driver `Model` (`Model::driver`)
+//!   forwards `forward` / `new_cache` to them, so generation, the CLI, the C API and Python
+//!   work unchanged on top.
 
 use super::arch::{self, Mlp, Qkv};
 use super::config::ModelConfig;
@@ -32,14 +34,13 @@ use super::weights::WeightSource;
 use crate::data::Data;
 use crate::error::{Error, Result};
 use crate::executor::Executor;
-use crate::parallel::{Collective, HostCollective};
+use crate::parallel::Collective;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 /// `[n*r/w, n*(r+1)/w)`: rank `r`'s part of `n` items split over `w` ranks.
 fn split(n: usize, w: usize, r: usize) -> Range<usize> {
@@ -90,6 +91,12 @@ impl ShardPlan {
         let spec = arch::lookup(&c.architecture)?;
         if world == 0 {
             return Err(Error::invalid("tensor parallelism needs at least one rank"));
+        }
+        if c.moe.is_some() {
+            return Err(Error::Unsupported(format!(
+                "{}: tensor parallelism of mixture-of-experts layers",
+                c.architecture
+            )));
         }
         let (nh, nkv) = (c.num_heads, c.num_kv_heads);
         if nkv == 0 || nh == 0 || !nh.is_multiple_of(nkv) {
@@ -545,7 +552,7 @@ impl GroupHealth {
 pub type RankBuilder = Box<dyn FnOnce() -> Result<Model> + Send>;
 
 /// `e` with `what: ` in front of its message, same variant (so the status code is kept).
-fn prefixed(what: &str, e: Error) -> Error {
+pub(crate) fn prefixed(what: &str, e: Error) -> Error {
     match e {
         Error::InvalidArgument(m) => Error::InvalidArgument(format!("{what}: {m}")),
         Error::Unsupported(m) => Error::Unsupported(format!("{what}: {m}")),
@@ -949,117 +956,6 @@ impl Drop for RemotePool {
     fn drop(&mut self) {
         self.group.free(self.id, true);
     }
-}
-
-/// A tensor-parallel model over `world` CPU ranks (threads) whose all-reduce is done on the
-/// host: the same sharding and math as on GPUs, for tests and CI. `threads` per rank.
-pub fn cpu_group(
-    config: ModelConfig,
-    source: Arc<dyn WeightSource>,
-    world: usize,
-    threads: usize,
-    precision: Precision,
-) -> Result<Model> {
-    let plan = ShardPlan::new(&config, world)?;
-    let comms = HostCollective::group(world, Duration::from_secs(600))?;
-    let builders: Vec<RankBuilder> = comms
-        .into_iter()
-        .enumerate()
-        .map(|(r, comm)| {
-            let (plan, source) = (plan.clone(), source.clone());
-            Box::new(move || {
-                let exec = Executor::cpu(threads.max(1))?;
-                let opts = crate::options::RuntimeOptions::default();
-                rank_model(
-                    &plan,
-                    r,
-                    source,
-                    exec,
-                    Arc::new(comm),
-                    precision,
-                    false,
-                    &opts,
-                )
-            }) as RankBuilder
-        })
-        .collect();
-    let group = TpGroup::start(plan, builders, &format!("cpu x{world}"))?;
-    Model::driver(config, Arc::new(group), precision)
-}
-
-/// A tensor-parallel model over the GPUs `ordinals` (one rank each, NCCL all-reduces).
-/// Checks every GPU and NCCL before starting any rank, so a missing one gives a clear `Err`.
-#[cfg(feature = "cuda")]
-pub fn cuda_group(
-    config: ModelConfig,
-    source: Arc<dyn WeightSource>,
-    ordinals: &[u32],
-    threads: usize,
-    precision: Precision,
-    low_memory: bool,
-    opts: &crate::options::RuntimeOptions,
-) -> Result<Model> {
-    use crate::devices::cuda::{gpu, nccl, CudaDevice};
-    let label = format!(
-        "cuda:{}",
-        ordinals
-            .iter()
-            .map(|o| o.to_string())
-            .collect::<Vec<_>>()
-            .join(",")
-    );
-    for &o in ordinals {
-        gpu::probe(o).map_err(|e| prefixed(&label, e))?;
-    }
-    nccl::probe()?;
-    let world = ordinals.len();
-    let plan = ShardPlan::new(&config, world)?;
-    let id = nccl::NcclId::new()?;
-    let builders: Vec<RankBuilder> = ordinals
-        .iter()
-        .enumerate()
-        .map(|(r, &ord)| {
-            let (plan, source, opts) = (plan.clone(), source.clone(), opts.clone());
-            Box::new(move || {
-                let dev = CudaDevice::with_options(ord, &opts)?;
-                let comm = nccl::NcclComm::new(dev.gpu(), &id, r, world)?;
-                let mut exec = Executor::new();
-                exec.add_device(Arc::new(dev));
-                exec.add_device(Arc::new(crate::devices::cpu::CpuDevice::new(
-                    if threads == 0 { 2 } else { threads },
-                )?));
-                rank_model(
-                    &plan,
-                    r,
-                    source,
-                    exec,
-                    Arc::new(comm),
-                    precision,
-                    low_memory,
-                    &opts,
-                )
-            }) as RankBuilder
-        })
-        .collect();
-    let group = TpGroup::start(plan, builders, &label)?;
-    Model::driver(config, Arc::new(group), precision)
-}
-
-/// Without the `cuda` feature a GPU group is an error.
-#[cfg(not(feature = "cuda"))]
-pub fn cuda_group(
-    _config: ModelConfig,
-    _source: Arc<dyn WeightSource>,
-    ordinals: &[u32],
-    _threads: usize,
-    _precision: Precision,
-    _low_memory: bool,
-    _opts: &crate::options::RuntimeOptions,
-) -> Result<Model> {
-    Err(Error::Unsupported(format!(
-        "tensor parallelism over {} GPUs: this build has no CUDA support (feature 'cuda')",
-        ordinals.len()
-    )))
 }
 
 #[cfg(test)]

@@ -328,12 +328,14 @@ pub struct RankSetup {
 }
 
 /// Joins (node > 0) or hosts (node 0) a group of CPU processes, one rank per process, over
-/// `source` (each rank reads only its shard). Node 0 gets the driver model.
+/// `source` (each rank reads only its shard), its rank on the executor `executor` makes.
+/// Node 0 gets the driver model.
 pub fn cpu_process_group(
     spec: &GroupSpec,
     config: ModelConfig,
     source: Arc<dyn WeightSource>,
     setup: &RankSetup,
+    executor: &dyn Fn() -> Result<Executor>,
 ) -> Result<GroupRole> {
     if spec.per_node() != 1 {
         return Err(Error::Unsupported(format!(
@@ -347,7 +349,7 @@ pub fn cpu_process_group(
     let fp = fingerprint(&config, setup.precision, "cpu");
     let (timeout, world, precision) = (spec.timeout, spec.tp, setup.precision);
     let build = |rank: usize, comm: Arc<dyn Collective>| -> Result<Model> {
-        let exec = Executor::cpu(setup.threads.max(1))?;
+        let exec = executor()?;
         let s = setup;
         rank_model(
             &plan,
@@ -422,45 +424,55 @@ fn driver(
     )?)))
 }
 
+/// The devices of a group of GPU processes, made by the caller (the program's edge): the
+/// group's id that node 0 hands out at the rendezvous (NCCL's unique id), and each local rank's
+/// executor and all-reduce from that id.
+pub struct DeviceRanks<'a> {
+    /// The device kind, part of the group's fingerprint (`cuda`).
+    pub kind: &'a str,
+    /// Ranks of this process.
+    pub local: usize,
+    /// Node 0 makes the group's id.
+    pub new_id: &'a dyn Fn() -> Result<Vec<u8>>,
+    /// (id, global rank, local index) → that rank's executor and all-reduce, on its thread.
+    pub rank: RankParts,
+}
+
+/// Makes one rank's executor and all-reduce (see [`DeviceRanks`]).
+pub type RankParts =
+    Arc<dyn Fn(&[u8], usize, usize) -> Result<(Executor, Arc<dyn Collective>)> + Send + Sync>;
+
 /// Joins (node > 0) or hosts (node 0) a group of GPU processes: each process runs the ranks
-/// of its local GPUs `ordinals` (as many as `spec.per_node()`), node 0 makes the NCCL id and
-/// hands it out at the rendezvous, and NCCL then connects the ranks itself.
-#[cfg(feature = "cuda")]
-pub fn cuda_process_group(
+/// of its local GPUs (`dev.local`, as many as `spec.per_node()`), node 0 makes the group's id
+/// and hands it out at the rendezvous, and the devices' collective then connects the ranks.
+pub fn device_process_group(
     spec: &GroupSpec,
     config: ModelConfig,
     source: Arc<dyn WeightSource>,
-    ordinals: &[u32],
     setup: &RankSetup,
+    dev: &DeviceRanks,
 ) -> Result<GroupRole> {
-    use crate::devices::cuda::{gpu, nccl, CudaDevice};
-    if ordinals.len() != spec.per_node() {
+    if dev.local != spec.per_node() {
         return Err(Error::invalid(format!(
             "this process lists {} GPUs but --tp {} over --nnodes {} gives {} per process",
-            ordinals.len(),
+            dev.local,
             spec.tp,
             spec.nnodes,
             spec.per_node()
         )));
     }
-    for &o in ordinals {
-        gpu::probe(o)?;
-    }
-    nccl::probe()?;
     let plan = ShardPlan::new(&config, spec.tp)?;
     let precision = setup.precision;
-    let fp = fingerprint(&config, precision, "cuda");
-    let builder = |id: nccl::NcclId, rank: usize, ord: u32| {
-        let (plan, source, world, s) = (plan.clone(), source.clone(), spec.tp, setup.clone());
+    let fp = fingerprint(&config, precision, dev.kind);
+    let builder = |id: Vec<u8>, rank: usize, i: usize| {
+        let (plan, source, s, parts) = (
+            plan.clone(),
+            source.clone(),
+            setup.clone(),
+            dev.rank.clone(),
+        );
         move || -> Result<Model> {
-            let dev = CudaDevice::with_options(ord, &s.runtime)?;
-            let comm = nccl::NcclComm::new(dev.gpu(), &id, rank, world)?;
-            let mut exec = Executor::new();
-            exec.add_device(Arc::new(dev));
-            exec.add_device(Arc::new(crate::devices::cpu::CpuDevice::new(
-                if s.threads == 0 { 2 } else { s.threads },
-            )?));
-            let comm = Arc::new(comm);
+            let (exec, comm) = parts(&id, rank, i)?;
             rank_model(
                 &plan,
                 rank,
@@ -475,30 +487,24 @@ pub fn cuda_process_group(
     };
     let first = spec.local_ranks().start;
     if spec.node_rank == 0 {
-        let id = nccl::NcclId::new()?;
-        let bytes = id.to_bytes();
+        let bytes = (dev.new_id)()?;
         // NCCL's communicator creation blocks until every rank joins: the local ranks start
         // (in their threads) only after the other nodes have the id.
         let links = rendezvous::host(spec, &fp, &bytes)?;
-        let builders = ordinals
-            .iter()
-            .enumerate()
-            .map(|(i, &o)| {
-                let id = nccl::NcclId::from_bytes(&bytes)?;
-                Ok(Box::new(builder(id, first + i, o)) as super::tensor_parallel::RankBuilder)
+        let builders = (0..dev.local)
+            .map(|i| {
+                Box::new(builder(bytes.clone(), first + i, i))
+                    as super::tensor_parallel::RankBuilder
             })
-            .collect::<Result<Vec<_>>>()?;
-        driver(spec, config.clone(), builders, links, precision, "cuda")
+            .collect();
+        driver(spec, config.clone(), builders, links, precision, dev.kind)
     } else {
         let (bytes, links) = rendezvous::join(spec, &fp)?;
         let models: Vec<Result<Model>> = std::thread::scope(|s| {
-            let hs: Vec<_> = ordinals
-                .iter()
-                .enumerate()
-                .map(|(i, &o)| {
-                    let id = nccl::NcclId::from_bytes(&bytes);
-                    let b = id.map(|id| builder(id, first + i, o));
-                    s.spawn(move || b.and_then(|b| b()))
+            let hs: Vec<_> = (0..dev.local)
+                .map(|i| {
+                    let b = builder(bytes.clone(), first + i, i);
+                    s.spawn(b)
                 })
                 .collect();
             hs.into_iter()

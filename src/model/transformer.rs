@@ -6,14 +6,15 @@ use super::arch::{self, ArchSpec, Mlp, NormKind, Positions, Qkv};
 use super::config::{ModelConfig, RopeScaling, RopeStyle};
 use super::logprobs::{pick_logprobs, PickLogprobs};
 use super::paged::{PagedKvPool, PagedSeqState};
+use super::paged_graph::BatchDecode;
 use super::rope::RopePlan;
+use super::sampler::{pick_error, sample_logits, SampleRow};
 use super::tensor_parallel::{RankTp, RemoteCache, TpGroup};
 use super::weights::{WeightSource, Weights, W};
 use crate::data::{Data, DataType, DeviceKind};
 use crate::device::{DataDict, FloatDict, IntDict};
 use crate::error::{Error, Result};
 use crate::executor::Executor;
-use crate::generate::sampler::{pick_error, sample_logits, SampleRow};
 use crate::ops::{self, AttentionParams, OutputCopy, RotaryParams, RotaryStyle};
 use crate::options::RuntimeOptions;
 use std::sync::Arc;
@@ -130,7 +131,7 @@ struct Scratch {
 }
 
 /// Working tensors of one step through the layer stack ([`Model::layers`]).
-const SCRATCH_BUFS: usize = 14;
+pub(super) const SCRATCH_BUFS: usize = 14;
 
 impl Scratch {
     fn take(&mut self, n: usize) -> Vec<Data> {
@@ -181,6 +182,8 @@ pub struct Model {
     half_mlp: bool,
     /// The first device has `RotaryTables`: a step forms its RoPE cos/sin once for all layers.
     rope_tables: bool,
+    /// How paged steps of one token per sequence run ([`BatchDecode`]).
+    batch_decode: BatchDecode,
     /// Unique per model in this process: a cache's recorded decode step is only replayed by
     /// the model that recorded it (the recording holds that model's weight addresses).
     id: u64,
@@ -245,6 +248,15 @@ impl Model {
                 c.architecture, c.rope_dim, c.head_dim
             )));
         }
+        if let Some(m) = &c.moe {
+            m.validate(&c.architecture, c.num_layers)?;
+            if spec.moe.is_none() {
+                return Err(bad(format!(
+                    "{}: has no mixture-of-experts layers",
+                    c.architecture
+                )));
+            }
+        }
         let mut weights = Weights::new(source, low_memory)?;
         let embed = format!("{}.weight", spec.embed);
         if !weights.has(&embed) {
@@ -296,8 +308,12 @@ impl Model {
             .first()
             .filter(|_| precision == Precision::Fast)
         {
-            // a CPU first device may hold the weight matrices in the layout its kernels stream
-            weights.reform_for(dev.as_ref())?;
+            // a CPU first device may hold the weight matrices in the layout its kernels stream;
+            // experts stay mapped from the file (only the routed ones are ever read)
+            let experts = spec.moe.map(|m| m.experts);
+            weights.reform_for_where(dev.as_ref(), |n| {
+                experts.is_none_or(|x| !super::moe::is_expert_tensor(x, n))
+            })?;
         }
         let first_has = |op: &str| {
             exec.devices()
@@ -307,6 +323,7 @@ impl Model {
         let fused_silu_mul = first_has("SiluMul") && config.hidden_act == "silu";
         let multi_linear = first_has("SiluMul") && first_has("DecodeAttention") && opts.fused_ops;
         let decode_graphs = first_has("DecodeAttention")
+            && config.moe.is_none() // routing is read back mid-step
             && !weights.low_memory()
             && !rope.length_dependent()
             && !matches!(spec.positions, Positions::Learned(_))
@@ -316,7 +333,10 @@ impl Model {
                 Mlp::Gated(_, _, dn) | Mlp::GatedFused(_, dn) | Mlp::Plain(_, dn) => dn,
             };
             let name = format!("{}0.{down}.weight", spec.layer_prefix);
-            weights.has(&name) && weights.get(&name).is_ok_and(|w| w.dtype().is_quantized())
+            weights.has(&name)
+                && weights
+                    .get(&name)
+                    .is_ok_and(|w| w.dtype().is_quantized() && !w.dtype().is_kquant())
         };
         let prefill_copy = if multi_linear && precision == Precision::Fast {
             let down = match spec.mlp {
@@ -331,6 +351,11 @@ impl Model {
         };
         let rope_tables = first_has("RotaryTables");
         let half_mlp = fused_silu_mul && matches!(prefill_copy, OutputCopy::F16 | OutputCopy::Bf16);
+        let batch_decode = if decode_graphs && first_has("PagedDecodeAttention") {
+            BatchDecode::Graphs
+        } else {
+            BatchDecode::Off
+        };
         Ok(Model {
             config,
             spec,
@@ -348,6 +373,7 @@ impl Model {
             prefill_copy,
             half_mlp,
             rope_tables,
+            batch_decode,
             id: next_model_id(),
         })
     }
@@ -363,6 +389,7 @@ impl Model {
                 d.kind() != DeviceKind::Cpu && d.ops().contains_key("DecodeAttention")
             })
             && !self.weights.low_memory()
+            && self.config.moe.is_none()
             && !self.rope.length_dependent()
             && !matches!(self.spec.positions, Positions::Learned(_));
     }
@@ -370,6 +397,41 @@ impl Model {
     /// True when one-token decode steps are recorded and replayed.
     pub fn decode_graphs(&self) -> bool {
         self.decode_graphs
+    }
+
+    /// Sets how paged steps of one token per sequence run (default: [`BatchDecode::Graphs`]
+    /// where the first device has `PagedDecodeAttention` and records one-token decode steps,
+    /// else [`BatchDecode::Off`]). `Err` when the device or model cannot take `mode`.
+    pub fn set_batch_decode(&mut self, mode: BatchDecode) -> Result<()> {
+        let padded = self.tp.is_none()
+            && self.group.is_none()
+            && !self.rope.length_dependent()
+            && !matches!(self.spec.positions, Positions::Learned(_))
+            && self.exec.devices().first().is_some_and(|d| {
+                d.kind() != DeviceKind::Cpu && d.ops().contains_key("PagedDecodeAttention")
+            });
+        let ok = match mode {
+            BatchDecode::Off => true,
+            BatchDecode::Eager => padded,
+            BatchDecode::Graphs => padded && !self.weights.low_memory(),
+        };
+        if !ok {
+            return Err(Error::invalid(format!(
+                "batched decode mode {mode:?} needs a single device with PagedDecodeAttention (and recording, for graphs)"
+            )));
+        }
+        self.batch_decode = mode;
+        Ok(())
+    }
+
+    /// How paged steps of one token per sequence run.
+    pub fn batch_decode(&self) -> BatchDecode {
+        self.batch_decode
+    }
+
+    /// Unique per model in this process (recordings hold its weight addresses).
+    pub(super) fn id(&self) -> u64 {
+        self.id
     }
 
     /// Makes this model (built over a rank's shard) a rank of a tensor-parallel group.
@@ -390,6 +452,7 @@ impl Model {
         }
         self.tp = Some(tp);
         self.decode_graphs = false;
+        self.batch_decode = BatchDecode::Off;
         Ok(self)
     }
 
@@ -418,6 +481,7 @@ impl Model {
             prefill_copy: OutputCopy::None,
             half_mlp: false,
             rope_tables: false,
+            batch_decode: BatchDecode::Off,
             id: next_model_id(),
         })
     }
@@ -659,6 +723,22 @@ impl Model {
         )
     }
 
+    /// The MoE config and expert names when layer `i` routes to experts.
+    fn moe_layer(&self, i: usize) -> Option<(&super::moe::MoeConfig, super::moe::MoeNames)> {
+        let m = self.config.moe.as_ref().filter(|m| m.is_moe(i))?;
+        Some((m, self.spec.moe?))
+    }
+
+    /// What the MoE stage reads from this model.
+    fn moe_step(&self) -> super::moe::MoeStep<'_> {
+        super::moe::MoeStep {
+            exec: &self.exec,
+            weights: &self.weights,
+            quant_act: self.precision == Precision::Fast,
+            act: &self.config.hidden_act,
+        }
+    }
+
     fn act(&self, x: &Data, out: &mut Data) -> Result<()> {
         match self.config.hidden_act.as_str() {
             "silu" => ops::silu(&self.exec, x, out),
@@ -847,7 +927,7 @@ impl Model {
     /// tensor-parallel driver) are sampled on the host; elsewhere the `ApplyPenalties` (on a
     /// copy, when a row has penalties) and `Sample` ops run where the logits are and only the
     /// ids come back. Both give the same ids for the same logits (see
-    /// `crate::generate::sampler`). A row with NaN or +Inf logits (or only -Inf) is an `Err`.
+    /// `crate::model::sampler`). A row with NaN or +Inf logits (or only -Inf) is an `Err`.
     pub fn sample_rows(&self, logits: &Data, rows: &[SampleRow]) -> Result<Vec<u32>> {
         let vocab = self.config.vocab_size;
         if vocab == 0 || logits.dims() != [rows.len(), vocab] {
@@ -1067,13 +1147,7 @@ impl Model {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        if rows.len() != batch.len() {
-            return Err(Error::invalid(format!(
-                "forward_paged_sample: {} sampling rows for {} items",
-                rows.len(),
-                batch.len()
-            )));
-        }
+        check_sample_rows("forward_paged_sample", rows, batch.len())?;
         match self.run_paged(pool, batch, PagedMode::Sample(rows))? {
             PagedOut::Ids(ids) => Ok(ids),
             _ => Err(Error::invalid("forward_paged_sample: got logits")),
@@ -1093,13 +1167,7 @@ impl Model {
         if batch.is_empty() {
             return Ok((Vec::new(), Vec::new()));
         }
-        if rows.len() != batch.len() {
-            return Err(Error::invalid(format!(
-                "forward_paged_sample_logprobs: {} sampling rows for {} items",
-                rows.len(),
-                batch.len()
-            )));
-        }
+        check_sample_rows("forward_paged_sample_logprobs", rows, batch.len())?;
         if top_n > self.config.vocab_size {
             return Err(Error::invalid(format!(
                 "top {top_n} exceeds the vocabulary of {}",
@@ -1210,12 +1278,35 @@ impl Model {
             seqs: batch.len(),
             max_blocks,
         };
-        let logits = match (&self.group, &pool.remote) {
-            (Some(g), Some(r)) if Arc::ptr_eq(r.group(), g) => g.forward_paged(r, &step)?,
-            (None, None) => self.paged_step_device(pool, &step)?,
+        let bucket = match mode {
+            PagedMode::SampleLogprobs(..) => None,
+            _ => self.decode_bucket(&step),
+        };
+        let out = match (&self.group, &pool.remote, bucket) {
+            (None, None, Some(rows)) => {
+                let logits = self.paged_decode_step(pool, &step, rows)?;
+                self.pick_padded(logits, mode, step.seqs)?
+            }
+            (Some(g), Some(r), _) if Arc::ptr_eq(r.group(), g) => {
+                let logits = g.forward_paged(r, &step)?;
+                self.pick(logits, mode)?
+            }
+            (None, None, None) => {
+                let logits = self.paged_step_device(pool, &step)?;
+                self.pick(logits, mode)?
+            }
             _ => return Err(Error::invalid("paged KV pool belongs to another model")),
         };
-        let out = match mode {
+        for (st, toks) in batch.iter_mut() {
+            st.len += toks.len();
+            pool.commit(st, toks);
+        }
+        Ok(out)
+    }
+
+    /// The tokens (or host logits) `mode` asks for from a step's logits rows.
+    fn pick(&self, logits: Data, mode: PagedMode) -> Result<PagedOut> {
+        Ok(match mode {
             PagedMode::Greedy => PagedOut::Ids(self.argmax_rows(logits)?),
             PagedMode::Sample(rows) => PagedOut::Ids(self.sample_rows(&logits, rows)?),
             PagedMode::SampleLogprobs(rows, top_n) => {
@@ -1224,12 +1315,42 @@ impl Model {
                 PagedOut::IdsLogprobs(ids, lp)
             }
             PagedMode::Logits => PagedOut::Logits(to_host(logits)?),
-        };
-        for (st, toks) in batch.iter_mut() {
-            st.len += toks.len();
-            pool.commit(st, toks);
+        })
+    }
+
+    /// [`Model::pick`] over the first `n` rows of a padded decode step's `logits` (the padding
+    /// rows are picked greedily and dropped).
+    fn pick_padded(&self, logits: &Data, mode: PagedMode, n: usize) -> Result<PagedOut> {
+        let vocab = self.config.vocab_size;
+        let rows = logits.dim(0);
+        match mode {
+            PagedMode::Greedy => {
+                let mut ids = Data::empty(DataType::I32);
+                ops::argmax(&self.exec, logits, &mut ids)?;
+                let ids = to_host(ids)?;
+                let ids = ids.as_i32()?.get(..n).unwrap_or(&[]).to_vec();
+                let ids: Result<Vec<u32>> = ids
+                    .iter()
+                    .map(|&t| u32::try_from(t).map_err(|_| bad("ArgMax returned a negative id")))
+                    .collect();
+                Ok(PagedOut::Ids(ids?))
+            }
+            PagedMode::Sample(r) => {
+                let mut all = r.to_vec();
+                all.resize(rows, SampleRow::greedy());
+                let mut ids = self.sample_rows(logits, &all)?;
+                ids.truncate(n);
+                Ok(PagedOut::Ids(ids))
+            }
+            PagedMode::Logits => {
+                let host = logits.to_owned_host()?;
+                let v = host.as_f32()?.get(..n * vocab).unwrap_or(&[]).to_vec();
+                Ok(PagedOut::Logits(Data::from_f32(&[n, vocab], &v)?))
+            }
+            PagedMode::SampleLogprobs(..) => Err(Error::invalid(
+                "padded decode step: log-probabilities run op by op",
+            )),
         }
-        Ok(out)
     }
 
     /// Runs one planned paged step over `pool`'s storage (blocks already assigned); logits on
@@ -1316,8 +1437,10 @@ impl Model {
 
     /// The layer stack; writes the logits of `logit_rows` into `logits`. `ids_on_device`: the
     /// ids were validated and uploaded by the caller (the embedding does not read them back).
+    /// Stages: [`Model::embed`], then per layer [`Model::attention_block`] and
+    /// [`Model::ffn_block`] (each adding its residual), then [`Model::head`].
     #[allow(clippy::too_many_arguments)]
-    fn layers(
+    pub(super) fn layers(
         &self,
         ids: &Data,
         pos: &Data,
@@ -1327,12 +1450,43 @@ impl Model {
         logits: &mut Data,
         ids_on_device: bool,
     ) -> Result<()> {
-        let c = &self.config;
-        let e = &self.exec;
-        let s = ids.dim(0);
         let [x, h, q, k, v, a, b, g, t0, t1, t2, _, rope_cos, rope_sin] = sc else {
             return Err(Error::invalid("scratch"));
         };
+        let mut bufs = StepBufs {
+            x,
+            h,
+            q,
+            k,
+            v,
+            a,
+            b,
+            g,
+            t0,
+            t1,
+            t2,
+        };
+        self.embed(ids, pos, ids_on_device, &mut bufs)?;
+        let ropes = self.step_rope(pos, rope_cos, rope_sin)?;
+        for i in 0..self.config.num_layers {
+            self.attention_block(i, &ropes, kv, &mut bufs)?;
+            self.ffn_block(i, &mut bufs)?;
+        }
+        self.head(logit_rows, &mut bufs, logits)
+    }
+
+    /// The step's embedding into `x`: token rows, then the learned positions, the embedding
+    /// scale and norm where the architecture has them.
+    fn embed(
+        &self,
+        ids: &Data,
+        pos: &Data,
+        ids_on_device: bool,
+        bufs: &mut StepBufs,
+    ) -> Result<()> {
+        let c = &self.config;
+        let e = &self.exec;
+        let StepBufs { x, t0, .. } = bufs;
         {
             let w = self.weights.get(&format!("{}.weight", self.spec.embed))?;
             if ids_on_device {
@@ -1344,7 +1498,7 @@ impl Model {
         self.all_reduce(x, |_| true)?; // vocab-parallel embedding
         if self.spec.embed_scale {
             ops::mul(e, x, (c.hidden_size as f32).sqrt(), t0)?;
-            std::mem::swap(x, t0);
+            std::mem::swap(*x, *t0);
         }
         if let Positions::Learned(wpe) = self.spec.positions {
             let w = self.weights.get(&format!("{wpe}.weight"))?;
@@ -1360,187 +1514,261 @@ impl Model {
         }
         if let Some(n) = self.spec.embed_norm {
             self.norm(x, n, t0)?;
-            std::mem::swap(x, t0);
+            std::mem::swap(*x, *t0);
         }
+        Ok(())
+    }
 
-        // the rotation's angles: formed once for the step where the device keeps tables
+    /// The step's rotations: the global one, whose angles are formed once for all layers into
+    /// `cos` / `sin` where the device keeps tables (or were formed by `forward_rows` for a
+    /// length-dependent scaling), and Gemma-3's local one for the sliding-window layers (its own
+    /// base, angles formed by the rotation itself).
+    fn step_rope<'a>(
+        &'a self,
+        pos: &'a Data,
+        cos: &'a mut Data,
+        sin: &'a mut Data,
+    ) -> Result<StepRope<'a>> {
+        let c = &self.config;
         let style = match c.rope_style {
             RopeStyle::Neox => RotaryStyle::Neox,
             RopeStyle::Interleaved => RotaryStyle::Interleaved,
         };
-        fn rotary<'a>(
-            pos: &'a Data,
-            r: &'a super::rope::LayerRope,
-            c: &ModelConfig,
-            style: RotaryStyle,
-        ) -> RotaryParams<'a> {
-            RotaryParams {
-                positions: pos,
-                inv_freq: r.inv_freq.as_ref(),
-                rotary_dim: c.rope_dim,
-                style,
-                theta: r.theta,
-                tables: None,
-            }
-        }
-        let mut rope = rotary(pos, &self.rope.global, c, style);
-        // Gemma-3's sliding-window layers: their own base, angles formed by the rotation itself
-        let local_rope = self.rope.local.as_ref().map(|l| rotary(pos, l, c, style));
+        let rotary = |r: &'a super::rope::LayerRope| RotaryParams {
+            positions: pos,
+            inv_freq: r.inv_freq.as_ref(),
+            rotary_dim: c.rope_dim,
+            style,
+            theta: r.theta,
+            tables: None,
+        };
+        let mut global = rotary(&self.rope.global);
+        let local = self.rope.local.as_ref().map(rotary);
         if self.rope.length_dependent() {
-            rope.tables = Some((&*rope_cos, &*rope_sin)); // formed by `forward_rows`
+            global.tables = Some((&*cos, &*sin)); // formed by `forward_rows`
         } else if self.rope_tables && self.spec.positions == Positions::Rope {
-            ops::rotary_tables(e, &rope, rope_cos, rope_sin)?;
-            rope.tables = Some((&*rope_cos, &*rope_sin));
+            ops::rotary_tables(&self.exec, &global, cos, sin)?;
+            global.tables = Some((&*cos, &*sin));
         }
-        let (nh, nkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
-        let scale = if c.query_pre_attn_scalar > 0.0 {
+        Ok(StepRope { global, local })
+    }
+
+    /// The attention scale: `query_pre_attn_scalar`, else the head size.
+    fn attention_scale(&self) -> f32 {
+        let c = &self.config;
+        if c.query_pre_attn_scalar > 0.0 {
             1.0 / c.query_pre_attn_scalar.sqrt()
         } else {
-            1.0 / (hd as f32).sqrt()
-        };
-        for i in 0..c.num_layers {
-            let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
-            // attention
-            self.norm_for_linear(x, &ln(self.spec.attn_norm), h)?;
-            match self.spec.qkv {
-                Qkv::Separate(qn, kn, vn) => {
-                    self.linears(h, &[ln(qn), ln(kn), ln(vn)], &mut [q, k, v])?;
-                }
-                Qkv::Fused(n) => {
-                    self.linear(h, &ln(n), t0)?;
-                    let (qd, kd) = (nh * hd, nkv * hd);
-                    if t0.dim(1) != qd + 2 * kd {
-                        return Err(bad(format!(
-                            "{}: fused qkv has {} outputs, expected {}",
-                            ln(n),
-                            t0.dim(1),
-                            qd + 2 * kd
-                        )));
-                    }
-                    ops::split(e, t0, 1, 0, qd, q)?;
-                    ops::split(e, t0, 1, qd, qd + kd, k)?;
-                    ops::split(e, t0, 1, qd + kd, qd + 2 * kd, v)?;
-                }
-                Qkv::FusedPerHead(n) => {
-                    if nh != nkv {
-                        return Err(bad("per-head fused qkv needs as many KV heads as heads"));
-                    }
-                    self.linear(h, &ln(n), t0)?;
-                    t0.reshape(&[s, nh, 3, hd])?;
-                    ops::permute(e, t0, &[2, 0, 1, 3], t1)?;
-                    t1.reshape(&[3, s * nh * hd])?;
-                    ops::split(e, t1, 0, 0, 1, q)?;
-                    ops::split(e, t1, 0, 1, 2, k)?;
-                    ops::split(e, t1, 0, 2, 3, v)?;
-                }
-            }
-            q.reshape(&[s, nh, hd])?;
-            k.reshape(&[s, nkv, hd])?;
-            v.reshape(&[s, nkv, hd])?;
-            let layer_rope = self.rope.layer(c, i);
-            let rope = match (&local_rope, self.rope.local.as_ref()) {
-                (Some(r), Some(l)) if std::ptr::eq(layer_rope, l) => r,
-                _ => &rope,
-            };
-            if let Some(m) = &layer_rope.q_scale {
-                ops::mul_to(e, q, m)?; // the attention factor on the rotated dims only
-            }
-            if let Some((qn, kn)) = self.spec.qk_norm {
-                self.norm(q, &ln(qn), t0)?;
-                std::mem::swap(q, t0);
-                self.norm(k, &ln(kn), t0)?;
-                std::mem::swap(k, t0);
-            }
-            // a graph-mode decode step rotates q and k in the attention launch
-            let rotate_in_store = self.spec.positions == Positions::Rope
-                && rope.tables.is_some()
-                && s == 1
-                && kv.rotates_step();
-            if self.spec.positions == Positions::Rope && !rotate_in_store {
-                if self.multi_linear {
-                    ops::rotary_pair(e, q, k, rope)?;
-                } else {
-                    ops::rotary(e, q, rope)?;
-                    ops::rotary(e, k, rope)?;
-                }
-            }
-            let sliding = c.sliding_layers.get(i).copied().unwrap_or(false);
-            let ap = AttentionParams {
-                scale: scale * layer_rope.score_scale,
-                softcap: c.attn_logit_softcap,
-                sliding_window: if sliding { c.sliding_window } else { 0 },
-                alibi: self.alibi.as_ref(),
-                fast: self.precision == Precision::Fast,
-                output_copy: self.copy_for(s),
-            };
-            if rotate_in_store {
-                kv.attend_rotating(e, i, q, k, v, rope, &ap, a)?;
-            } else {
-                kv.attend(e, i, q, k, v, &ap, a)?;
-            }
-            a.reshape(&[s, nh * hd])?;
-            // on the CUDA device the residual add rides on the projection (`accumulate`)
-            let fuse_residual = self.multi_linear && self.tp.is_none();
-            if fuse_residual && self.spec.post_attn_norm.is_none() {
-                self.linear_add(a, &ln(self.spec.o_proj), x)?;
-            } else {
-                self.linear(a, &ln(self.spec.o_proj), b)?;
-                self.all_reduce(b, |tp| tp.reduce_attention)?;
-                if let Some(n) = self.spec.post_attn_norm {
-                    self.norm(b, &ln(n), t0)?;
-                    std::mem::swap(b, t0);
-                }
-                ops::add_to(e, x, b, 1.0)?;
-            }
-            // MLP
-            self.norm_for_linear(x, &ln(self.spec.ffn_norm), h)?;
-            let down = match self.spec.mlp {
-                Mlp::Gated(gn, un, dn) => {
-                    // half gate/up outputs only where the fused SiluMul reads them
-                    let half = if self.fused_silu_mul {
-                        self.half_mlp_for(s, &ln(dn))?
-                    } else {
-                        OutputCopy::None
-                    };
-                    self.linears_as(h, &[ln(gn), ln(un)], &mut [g, t0], half)?;
-                    if self.fused_silu_mul {
-                        ops::silu_mul_quantizing(e, g, t0, t1, self.copy_for(s))?;
-                    } else {
-                        self.act(g, t1)?;
-                        ops::mul_to(e, t1, t0)?;
-                    }
-                    dn
-                }
-                Mlp::GatedFused(gun, dn) => {
-                    self.linear(h, &ln(gun), g)?;
-                    match c.hidden_act.as_str() {
-                        "silu" => ops::swiglu(e, g, t1)?,
-                        "gelu_tanh" => ops::gelu_gated(e, g, true, t1)?,
-                        "gelu" => ops::gelu_gated(e, g, false, t1)?,
-                        other => return Err(bad(format!("activation '{other}'"))),
-                    }
-                    dn
-                }
-                Mlp::Plain(un, dn) => {
-                    self.linear(h, &ln(un), g)?;
-                    self.act(g, t1)?;
-                    dn
-                }
-            };
-            if fuse_residual && self.spec.post_ffn_norm.is_none() {
-                self.linear_add(t1, &ln(down), x)?;
-                continue;
-            }
-            self.linear(t1, &ln(down), b)?;
-            self.all_reduce(b, |_| true)?; // row-parallel down projection
-            if let Some(n) = self.spec.post_ffn_norm {
-                self.norm(b, &ln(n), t0)?;
-                std::mem::swap(b, t0);
-            }
-            ops::add_to(e, x, b, 1.0)?;
+            1.0 / (c.head_dim as f32).sqrt()
         }
+    }
 
-        // final norm and LM head, only for the rows asked for
+    /// Layer `i`'s q, k, v [rows, heads, head dim] from the normed input `h`, in the
+    /// architecture's projection form.
+    fn qkv(&self, i: usize, bufs: &mut StepBufs) -> Result<()> {
+        let c = &self.config;
+        let e = &self.exec;
+        let StepBufs {
+            h, q, k, v, t0, t1, ..
+        } = bufs;
+        let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
+        let (s, nh, nkv, hd) = (h.dim(0), c.num_heads, c.num_kv_heads, c.head_dim);
+        match self.spec.qkv {
+            Qkv::Separate(qn, kn, vn) => {
+                self.linears(
+                    h,
+                    &[ln(qn), ln(kn), ln(vn)],
+                    &mut [&mut **q, &mut **k, &mut **v],
+                )?;
+            }
+            Qkv::Fused(n) => {
+                self.linear(h, &ln(n), t0)?;
+                let (qd, kd) = (nh * hd, nkv * hd);
+                if t0.dim(1) != qd + 2 * kd {
+                    return Err(bad(format!(
+                        "{}: fused qkv has {} outputs, expected {}",
+                        ln(n),
+                        t0.dim(1),
+                        qd + 2 * kd
+                    )));
+                }
+                ops::split(e, t0, 1, 0, qd, q)?;
+                ops::split(e, t0, 1, qd, qd + kd, k)?;
+                ops::split(e, t0, 1, qd + kd, qd + 2 * kd, v)?;
+            }
+            Qkv::FusedPerHead(n) => {
+                if nh != nkv {
+                    return Err(bad("per-head fused qkv needs as many KV heads as heads"));
+                }
+                self.linear(h, &ln(n), t0)?;
+                t0.reshape(&[s, nh, 3, hd])?;
+                ops::permute(e, t0, &[2, 0, 1, 3], t1)?;
+                t1.reshape(&[3, s * nh * hd])?;
+                ops::split(e, t1, 0, 0, 1, q)?;
+                ops::split(e, t1, 0, 1, 2, k)?;
+                ops::split(e, t1, 0, 2, 3, v)?;
+            }
+        }
+        q.reshape(&[s, nh, hd])?;
+        k.reshape(&[s, nkv, hd])?;
+        v.reshape(&[s, nkv, hd])
+    }
+
+    /// Layer `i`'s attention: norm, q/k/v, the layer's query scale and q/k norms, rotation,
+    /// attention through `kv`, o projection, and the residual added into `x`.
+    fn attention_block(
+        &self,
+        i: usize,
+        ropes: &StepRope,
+        kv: &mut dyn KvStore,
+        bufs: &mut StepBufs,
+    ) -> Result<()> {
+        let c = &self.config;
+        let e = &self.exec;
+        let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
+        self.norm_for_linear(bufs.x, &ln(self.spec.attn_norm), bufs.h)?;
+        self.qkv(i, bufs)?;
+        let StepBufs {
+            x,
+            q,
+            k,
+            v,
+            a,
+            b,
+            t0,
+            ..
+        } = bufs;
+        let (s, nh, hd) = (q.dim(0), c.num_heads, c.head_dim);
+        let layer_rope = self.rope.layer(c, i);
+        let rope = match &ropes.local {
+            Some(r) if self.rope.is_local(c, i) => r,
+            _ => &ropes.global,
+        };
+        if let Some((qn, kn)) = self.spec.qk_norm {
+            self.norm(q, &ln(qn), t0)?;
+            std::mem::swap(*q, *t0);
+            self.norm(k, &ln(kn), t0)?;
+            std::mem::swap(*k, *t0);
+        }
+        if let Some(m) = &layer_rope.q_scale {
+            ops::mul_to(e, q, m)?; // the attention factor on the rotated dims only (after the norm)
+        }
+        // a graph-mode decode step rotates q and k in the attention launch
+        let rotate_in_store = self.spec.positions == Positions::Rope
+            && rope.tables.is_some()
+            && s == 1
+            && kv.rotates_step();
+        if self.spec.positions == Positions::Rope && !rotate_in_store {
+            if self.multi_linear {
+                ops::rotary_pair(e, q, k, rope)?;
+            } else {
+                ops::rotary(e, q, rope)?;
+                ops::rotary(e, k, rope)?;
+            }
+        }
+        let sliding = c.sliding_layers.get(i).copied().unwrap_or(false);
+        let ap = AttentionParams {
+            scale: self.attention_scale() * layer_rope.score_scale,
+            softcap: c.attn_logit_softcap,
+            sliding_window: if sliding { c.sliding_window } else { 0 },
+            alibi: self.alibi.as_ref(),
+            fast: self.precision == Precision::Fast,
+            output_copy: self.copy_for(s),
+        };
+        if rotate_in_store {
+            kv.attend_rotating(e, i, q, k, v, rope, &ap, a)?;
+        } else {
+            kv.attend(e, i, q, k, v, &ap, a)?;
+        }
+        a.reshape(&[s, nh * hd])?;
+        // on the CUDA device the residual add rides on the projection (`accumulate`)
+        let fuse_residual = self.multi_linear && self.tp.is_none();
+        if fuse_residual && self.spec.post_attn_norm.is_none() {
+            return self.linear_add(a, &ln(self.spec.o_proj), x);
+        }
+        self.linear(a, &ln(self.spec.o_proj), b)?;
+        self.all_reduce(b, |tp| tp.reduce_attention)?;
+        if let Some(n) = self.spec.post_attn_norm {
+            self.norm(b, &ln(n), t0)?;
+            std::mem::swap(*b, *t0);
+        }
+        ops::add_to(e, x, b, 1.0)
+    }
+
+    /// Layer `i`'s MLP: norm, the architecture's gate/up form and activation, down projection,
+    /// and the residual added into `x`.
+    fn ffn_block(&self, i: usize, bufs: &mut StepBufs) -> Result<()> {
+        let c = &self.config;
+        let e = &self.exec;
+        let StepBufs {
+            x, h, b, g, t0, t1, ..
+        } = bufs;
+        let s = x.dim(0);
+        let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
+        if let Some((m, names)) = self.moe_layer(i) {
+            self.norm(x, &ln(self.spec.ffn_norm), h)?;
+            super::moe::moe_ffn(&self.moe_step(), m, &names, &ln(""), h, b)?;
+            return self.ffn_residual(i, b, t0, x);
+        }
+        self.norm_for_linear(x, &ln(self.spec.ffn_norm), h)?;
+        let down = match self.spec.mlp {
+            Mlp::Gated(gn, un, dn) => {
+                // half gate/up outputs only where the fused SiluMul reads them
+                let half = if self.fused_silu_mul {
+                    self.half_mlp_for(s, &ln(dn))?
+                } else {
+                    OutputCopy::None
+                };
+                self.linears_as(h, &[ln(gn), ln(un)], &mut [&mut **g, &mut **t0], half)?;
+                if self.fused_silu_mul {
+                    ops::silu_mul_quantizing(e, g, t0, t1, self.copy_for(s))?;
+                } else {
+                    self.act(g, t1)?;
+                    ops::mul_to(e, t1, t0)?;
+                }
+                dn
+            }
+            Mlp::GatedFused(gun, dn) => {
+                self.linear(h, &ln(gun), g)?;
+                match c.hidden_act.as_str() {
+                    "silu" => ops::swiglu(e, g, t1)?,
+                    "gelu_tanh" => ops::gelu_gated(e, g, true, t1)?,
+                    "gelu" => ops::gelu_gated(e, g, false, t1)?,
+                    other => return Err(bad(format!("activation '{other}'"))),
+                }
+                dn
+            }
+            Mlp::Plain(un, dn) => {
+                self.linear(h, &ln(un), g)?;
+                self.act(g, t1)?;
+                dn
+            }
+        };
+        let fuse_residual = self.multi_linear && self.tp.is_none();
+        if fuse_residual && self.spec.post_ffn_norm.is_none() {
+            return self.linear_add(t1, &ln(down), x);
+        }
+        self.linear(t1, &ln(down), b)?;
+        self.all_reduce(b, |_| true)?; // row-parallel down projection
+        self.ffn_residual(i, b, t0, x)
+    }
+
+    /// `x += post_ffn_norm(b)` (the norm where the architecture has one; `t` is scratch).
+    fn ffn_residual(&self, i: usize, b: &mut Data, t: &mut Data, x: &mut Data) -> Result<()> {
+        if let Some(n) = self.spec.post_ffn_norm {
+            self.norm(b, &format!("{}{i}.{n}", self.spec.layer_prefix), t)?;
+            std::mem::swap(b, t);
+        }
+        ops::add_to(&self.exec, x, b, 1.0)
+    }
+
+    /// The final norm and LM head over the rows `logit_rows` of `x`, with the logit
+    /// soft-capping where the architecture has it.
+    fn head(&self, logit_rows: &[i32], bufs: &mut StepBufs, logits: &mut Data) -> Result<()> {
+        let c = &self.config;
+        let e = &self.exec;
+        let StepBufs { x, h, t1, t2, .. } = bufs;
+        let s = x.dim(0);
         let rows: &Data = if logit_rows.len() == s
             && logit_rows.iter().enumerate().all(|(i, &r)| r as usize == i)
         {
@@ -1563,10 +1791,34 @@ impl Model {
         }
         if c.final_logit_softcap > 0.0 {
             ops::soft_cap(e, logits, c.final_logit_softcap, t2)?;
-            std::mem::swap(logits, t2);
+            std::mem::swap(logits, *t2);
         }
         Ok(())
     }
+}
+
+/// The rotations of one step: the global one and Gemma-3's local one.
+struct StepRope<'a> {
+    global: RotaryParams<'a>,
+    local: Option<RotaryParams<'a>>,
+}
+
+/// The working tensors of one step through the layer stack: `x` the residual stream, `h` the
+/// normed input of the next projection, `q`/`k`/`v`, `a` the attention output, `b` a
+/// projection's output before its residual add, `g` the gate (or up) projection, and the
+/// temporaries `t0`..`t2`.
+struct StepBufs<'a> {
+    x: &'a mut Data,
+    h: &'a mut Data,
+    q: &'a mut Data,
+    k: &'a mut Data,
+    v: &'a mut Data,
+    a: &'a mut Data,
+    b: &'a mut Data,
+    g: &'a mut Data,
+    t0: &'a mut Data,
+    t1: &'a mut Data,
+    t2: &'a mut Data,
 }
 
 /// `d` on the host (a copy when it lives on a device).
@@ -1603,9 +1855,20 @@ fn host_argmax_rows(logits: &Data, vocab: usize) -> Result<Vec<u32>> {
             if row.iter().any(|x| x.is_nan() || *x == f32::INFINITY) {
                 return Err(Error::invalid("logits contain NaN or +Inf"));
             }
-            Ok(crate::generate::sampler::argmax(row))
+            Ok(super::sampler::argmax(row))
         })
         .collect()
+}
+
+/// `Err` unless there is one sampling row per batch item.
+fn check_sample_rows(what: &str, rows: &[SampleRow], items: usize) -> Result<()> {
+    if rows.len() != items {
+        return Err(Error::invalid(format!(
+            "{what}: {} sampling rows for {items} items",
+            rows.len()
+        )));
+    }
+    Ok(())
 }
 
 fn to_host(d: Data) -> Result<Data> {
@@ -1728,19 +1991,9 @@ impl GraphKv<'_> {
         let ints = ints
             .with("sliding_window", p.sliding_window as i32)
             .with("quantize_output", p.output_copy.param());
-        if let Some(a) = p.alibi {
-            d.insert("alibi_slopes", a);
-        }
         d.insert_mut("workspace", self.workspace);
-        d.insert_mut("output", out);
-        e.run(
-            "DecodeAttention",
-            &mut d,
-            &FloatDict::new()
-                .with("scale", p.scale)
-                .with("softcap", p.softcap),
-            &ints,
-        )
+        let floats = p.args(&mut d, out);
+        e.run("DecodeAttention", &mut d, &floats, &ints)
     }
 }
 
@@ -1834,16 +2087,11 @@ impl KvStore for PagedStep<'_> {
             .with("q_starts", &self.q_starts)
             .with("kv_lens", &self.kv_lens)
             .with("block_tables", &self.tables);
-        if let Some(a) = p.alibi {
-            d.insert("alibi_slopes", a);
-        }
-        d.insert_mut("output", out);
+        let floats = p.args(&mut d, out);
         e.run(
             "PagedAttention",
             &mut d,
-            &FloatDict::new()
-                .with("scale", p.scale)
-                .with("softcap", p.softcap),
+            &floats,
             &IntDict::new()
                 .with("block_size", bs)
                 .with("sliding_window", p.sliding_window as i32),

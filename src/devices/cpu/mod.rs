@@ -20,6 +20,7 @@ mod attention;
 mod elementwise;
 mod embedding;
 mod linear;
+mod moe;
 mod norm;
 mod paged;
 mod rope;
@@ -87,6 +88,7 @@ impl CpuDevice {
         sample::register(&mut ops, &ctx);
         shape::register(&mut ops, &ctx);
         linear::register(&mut ops, &ctx);
+        moe::register(&mut ops, &ctx);
         Ok(CpuDevice {
             ctx,
             ops,

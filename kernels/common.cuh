@@ -111,6 +111,7 @@ __device__ __forceinline__ float2 q8_scales(float d, int sum_q) {
 #define DT_Q4_0 4
 #define DT_F16 7
 #define DT_Q4_1 8
+#define DT_Q5_0 33
 #define DT_Q4_K 30
 #define DT_Q5_K 31
 #define DT_Q6_K 32
@@ -163,6 +164,14 @@ __device__ __forceinline__ float load_w(const unsigned char* row, long i) {
     if (DT == DT_F32) return ((const float*)row)[i];
     if (DT == DT_F16) return h2f(((const unsigned short*)row)[i]);
     if (DT == DT_BF16) return bf2f(((const unsigned short*)row)[i]);
+    if (DT == DT_Q5_0) {
+        const unsigned char* blk = row + (i >> 5) * 22;
+        int j = (int)(i & 31);
+        unsigned int qh = (unsigned int)ld_u16(blk + 2) | ((unsigned int)ld_u16(blk + 4) << 16);
+        unsigned char q = blk[6 + (j & 15)];
+        int v = (j < 16 ? (q & 15) : (q >> 4)) | (int)(((qh >> j) & 1) << 4);
+        return h2f(ld_u16(blk)) * (float)(v - 16);
+    }
     if (DT == DT_Q4_K || DT == DT_Q5_K || DT == DT_Q6_K) {
         float w[8];
         kq_load8<DT>(row + (i >> 8) * KQ_BYTES(DT), (int)((i & 255) >> 3), w);

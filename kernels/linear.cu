@@ -231,6 +231,7 @@ LIN(bf16, DT_BF16)
 LIN(q8_0, DT_Q8_0)
 LIN(q4_0, DT_Q4_0)
 LIN(q4_1, DT_Q4_1)
+LIN(q5_0, DT_Q5_0)
 LIN(q4_k, DT_Q4_K)
 LIN(q5_k, DT_Q5_K)
 LIN(q6_k, DT_Q6_K)
@@ -843,6 +844,23 @@ __device__ void dequant_f16_kq_t(const unsigned char* w, unsigned short* out, lo
                                                   int k, long rb) { \
         dequant_f16_kq_t<DT>(w, out, r0, nr, k, rb); \
     }
+
+// Weight rows [r0, r0 + nr) of a weight of any dtype, dequantized element by element (load_w).
+template <int DT>
+__device__ void dequant_f16_el_t(const unsigned char* w, unsigned short* out, long r0, long nr, int k,
+                                 long row_bytes) {
+    pdl_begin();
+    for (long id = (long)blockIdx.x * blockDim.x + threadIdx.x; id < nr * k; id += (long)gridDim.x * blockDim.x) {
+        long r = id / k, i = id % k;
+        out[r * (long)k + i] = f2h(load_w<DT>(w + (r0 + r) * row_bytes, i));
+    }
+}
+
+extern "C" __global__ void dequant_f16_q5_0(const unsigned char* w, unsigned short* out, long r0, long nr, int k,
+                                            long rb) {
+    dequant_f16_el_t<DT_Q5_0>(w, out, r0, nr, k, rb);
+}
+
 DEQK(q4_k, DT_Q4_K)
 DEQK(q5_k, DT_Q5_K)
 DEQK(q6_k, DT_Q6_K)

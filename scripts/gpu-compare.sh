@@ -29,7 +29,7 @@ rows=(
 )
 # "pp X tg Y" of one `fastllm bench --json` run (the prompt and decode tok/s it reports)
 rates() {
-    "$1" bench --device cuda --json -r 3 $2 2>/dev/null |
+    "$1" bench --device cuda --json -r 3 $2 2>>"${TMPDIR:-/tmp}/gpu-compare.err" |
         python3 -c 'import json,sys
 r = json.loads(sys.stdin.read().strip().splitlines()[-1])
 print("pp %.0f tg %.1f" % (r["pp_tok_s"] or 0, r["tg_tok_s"] or 0))'

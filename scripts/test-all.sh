@@ -19,6 +19,16 @@ FASTLLM_GEMMA3_GGUF=$(./target/release/fastllm fetch gemma3-270m)
 export FASTLLM_GEMMA3_GGUF
 echo "using $FASTLLM_GEMMA3_GGUF"
 
+echo "== the real HTTP clients (openai, text-generation 0.7, jsonschema, a DevTools driver) in a venv"
+python3 -m venv target/clients-venv
+target/clients-venv/bin/pip install -q openai 'text-generation==0.7.*' jsonschema websocket-client
+export FASTLLM_CLIENTS_PYTHON=$PWD/target/clients-venv/bin/python
+
+echo "== headless Chromium for the web chat page's browser test"
+if ! command -v chromium >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
+
 echo "== rust tests"
 cargo test --release --workspace
 
@@ -45,3 +55,9 @@ python3 -m venv target/pyenv
 target/pyenv/bin/pip install -q --upgrade pip
 target/pyenv/bin/pip install -q pytest ./bindings/python
 FASTLLM_LIBRARY=$PWD/target/release/libfastllm.so target/pyenv/bin/python -m pytest -q bindings/python/tests
+
+echo "== the README's commands and code blocks, as written (scripts/check-readme.py)"
+rm -rf target/readme-venv
+python3 -m venv target/readme-venv
+target/readme-venv/bin/pip install -q --upgrade pip
+python3 scripts/check-readme.py --python target/readme-venv/bin/python

@@ -11,7 +11,7 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use fastllm_cpu::kquant::{Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K};
-pub use fastllm_cpu::quant::{Q4_0_BYTES, Q4_1_BYTES, Q8_0_BYTES, QK};
+pub use fastllm_cpu::quant::{Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES, Q8_0_BYTES, QK};
 
 /// Element types. The numeric codes follow fastllm's `DataType` (used by the C ABI and `.flm`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -31,6 +31,8 @@ pub enum DataType {
     Q4_1 = 8,
     /// 32-bit signed integer (token ids, positions, indices).
     I32 = 13,
+    /// int5 blocks of 32 with an f16 scale (zero point 16); bit-compatible with GGUF `Q5_0`.
+    Q5_0 = 33,
     /// K-quant super-blocks of 256 (f16 d and dmin, 6-bit scales and mins, 4-bit values);
     /// bit-compatible with GGUF `Q4_K` (layout in `fastllm_cpu::kquant`).
     Q4K = 30,
@@ -55,7 +57,7 @@ pub enum DataType {
 
 impl DataType {
     /// All dtypes a file can hold, in code order (the in-memory interleaved forms are not among them).
-    pub const ALL: [DataType; 10] = [
+    pub const ALL: [DataType; 11] = [
         DataType::F32,
         DataType::BF16,
         DataType::Q8_0,
@@ -63,6 +65,7 @@ impl DataType {
         DataType::F16,
         DataType::Q4_1,
         DataType::I32,
+        DataType::Q5_0,
         DataType::Q4K,
         DataType::Q5K,
         DataType::Q6K,
@@ -78,8 +81,8 @@ impl DataType {
         Self::ALL.iter().copied().find(|d| d.code() == code)
     }
 
-    /// Lower-case name: `f32`, `bf16`, `q8_0`, `q4_0`, `f16`, `q4_1`, `i32`, `q4_k`, `q5_k`,
-    /// `q6_k`.
+    /// Lower-case name: `f32`, `bf16`, `q8_0`, `q4_0`, `f16`, `q4_1`, `i32`, `q5_0`, `q4_k`,
+    /// `q5_k`, `q6_k`.
     pub fn name(self) -> &'static str {
         match self {
             DataType::F32 => "f32",
@@ -89,6 +92,7 @@ impl DataType {
             DataType::F16 => "f16",
             DataType::Q4_1 => "q4_1",
             DataType::I32 => "i32",
+            DataType::Q5_0 => "q5_0",
             DataType::Q4K => "q4_k",
             DataType::Q5K => "q5_k",
             DataType::Q6K => "q6_k",
@@ -140,6 +144,7 @@ impl DataType {
             "q4_0" | "int4" => DataType::Q4_0,
             "q4_1" | "int4-min" | "int4_min" => DataType::Q4_1,
             "i32" | "int32" => DataType::I32,
+            "q5_0" => DataType::Q5_0,
             "q4_k" => DataType::Q4K,
             "q5_k" => DataType::Q5K,
             "q6_k" => DataType::Q6K,
@@ -166,6 +171,7 @@ impl DataType {
             DataType::F16 | DataType::BF16 => 2,
             DataType::Q8_0 => Q8_0_BYTES,
             DataType::Q4_0 => Q4_0_BYTES,
+            DataType::Q5_0 => Q5_0_BYTES,
             DataType::Q4K => Q4_K_BYTES,
             DataType::Q5K => Q5_K_BYTES,
             DataType::Q6K => Q6_K_BYTES,
@@ -180,6 +186,7 @@ impl DataType {
             DataType::Q8_0
                 | DataType::Q4_0
                 | DataType::Q4_1
+                | DataType::Q5_0
                 | DataType::Q4K
                 | DataType::Q5K
                 | DataType::Q6K
@@ -968,6 +975,7 @@ pub fn decode_to_f32(dtype: DataType, src: &[u8], dst: &mut [f32]) -> Result<()>
         DataType::Q8_0 => dequantize_q8_0(&src[..need], dst),
         DataType::Q4_0 => dequantize_q4_0(&src[..need], dst),
         DataType::Q4_1 => dequantize_q4_1(&src[..need], dst),
+        DataType::Q5_0 => dequantize_q5_0(&src[..need], dst),
         DataType::Q4K => fastllm_cpu::kquant::dequantize_q4_k(&src[..need], dst),
         DataType::Q5K => fastllm_cpu::kquant::dequantize_q5_k(&src[..need], dst),
         DataType::Q6K => fastllm_cpu::kquant::dequantize_q6_k(&src[..need], dst),
@@ -1014,6 +1022,7 @@ pub fn encode_from_f32(dtype: DataType, src: &[f32]) -> Result<Vec<u8>> {
         DataType::Q8_0 => quantize_q8_0(src, &mut out),
         DataType::Q4_0 => quantize_q4_0(src, &mut out),
         DataType::Q4_1 => quantize_q4_1(src, &mut out),
+        DataType::Q5_0 => quantize_q5_0(src, &mut out),
         DataType::Q4K => fastllm_cpu::kquant::quantize_q4_k(src, &mut out),
         DataType::Q5K => fastllm_cpu::kquant::quantize_q5_k(src, &mut out),
         DataType::Q6K => fastllm_cpu::kquant::quantize_q6_k(src, &mut out),

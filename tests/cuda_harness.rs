@@ -11,7 +11,7 @@
 mod common;
 
 use common::cuda::{clone_arg, cuda_executor, gpu, reference};
-use fastllm::data::{Data, DeviceKind};
+use fastllm::data::{Data, DataType, DeviceKind};
 use fastllm::devices::cuda::tensor_core_rows;
 use fastllm::harness::{all_cases, nmse, ArgKind, OpCase};
 use fastllm::{DataDict, Executor, FloatDict, IntDict};
@@ -42,7 +42,7 @@ fn run_case(exec: &Executor, case: &OpCase, args: &mut [Data]) -> fastllm::Resul
 /// exact product is checked tightly in `tensor_core_linear_matches_exact_reference`.
 const TC_LINEAR_VS_Q8_NMSE: f64 = 5e-4;
 
-/// The case's threshold on the GPU (see [`TC_LINEAR_VS_Q8_NMSE`]; K-quant weights with
+/// The case's threshold on the GPU (see [`TC_LINEAR_VS_Q8_NMSE`]; Q5_0 and K-quant weights with
 /// `quant_act = 1` get it at every row count, their GEMVs computing the exact product).
 fn tolerance(case: &OpCase) -> f64 {
     let quant_act = case.ints.iter().any(|(n, v)| *n == "quant_act" && *v != 0);
@@ -50,8 +50,9 @@ fn tolerance(case: &OpCase) -> f64 {
     if case.op == "Linear" && quant_act {
         if let (Some(x), Some(w)) = (arg("input"), arg("weight")) {
             let rows = x.count() / x.dim(-1).max(1);
-            // (the GPU's K-quant GEMVs always read f32 activations: the exact product)
-            if tensor_core_rows(w.dtype(), rows, x.dim(-1)) || w.dtype().is_kquant() {
+            // (the GPU's Q5_0 and K-quant GEMVs always read f32 activations: the exact product)
+            let f32_gemv = w.dtype().is_kquant() || w.dtype() == DataType::Q5_0;
+            if tensor_core_rows(w.dtype(), rows, x.dim(-1)) || f32_gemv {
                 return case.max_nmse.max(TC_LINEAR_VS_Q8_NMSE);
             }
         }

@@ -2,12 +2,13 @@
 //! fetches with `fastllm fetch gemma3-270m`; skipped with a message when it is not set) against
 //! the float64 reference of `../shared/fixtures/logits_gemma3/`:
 //!
-//! * converted `lossless` (Q8_0 and K-quant blocks kept, the Q5_0 ones dequantized to f32, so
+//! * converted `lossless` (every block of this file — Q8_0, Q5_0, Q4_K, Q6_K — kept as it is, so
 //!   every weight has the reference's value), `exact` precision: the reference's 16 greedy
 //!   tokens for every prompt, and max |Δlogit| ≤ 2e-3 on the last prompt position;
-//! * converted `keep` (the blocks without a `.flm` form re-quantized to Q8_0), `fast` precision:
-//!   at least llama.cpp's 63 of the 64 reference tokens (each predicted from the reference's
-//!   own preceding tokens), and the mean KL over the last-position distributions printed;
+//! * converted `keep` (the same blocks), `fast` precision: at least llama.cpp's 63 of the 64
+//!   reference tokens (each predicted from the reference's own preceding tokens), the mean KL
+//!   over the last-position distributions printed, and resident weights within 5 % of the
+//!   GGUF's tensor bytes;
 //! * the GGUF's tokenizer gives the reference's prompt ids, and a chat prompt in Gemma's turn
 //!   format (the file has no template of its own) has its markers as single tokens.
 
@@ -36,6 +37,14 @@ fn gemma3_270m_fast_at_least_as_faithful_as_llama_cpp() {
     let (llm, file) = model(&gguf, "keep", "cpu", Precision::Fast);
     let s = stats(&llm);
     report("keep fast", &llm, file, &s);
+    // every block type of the file is kept: resident weights within 5 % of its tensor bytes
+    let g = fastllm::format::gguf::GgufFile::open(&gguf).unwrap();
+    let tensor_bytes: u64 = g.tensors.iter().map(|t| t.size).sum();
+    let held = llm.model.resident_weight_bytes() as f64;
+    assert!(
+        held <= 1.05 * tensor_bytes as f64,
+        "weights held {held} bytes, the GGUF's tensors {tensor_bytes}"
+    );
     // llama.cpp (CPU, same file) reproduces 63 of the 64 reference tokens
     assert!(
         s.forced >= 63,

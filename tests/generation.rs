@@ -650,6 +650,7 @@ fn sample_ops_select_as_specified() {
             min_p: 0.0,
             random: w,
             penalties: None,
+            mask: None,
         };
         assert_eq!(sample_logits(&y, &row).unwrap() as i32, a[0]);
     }

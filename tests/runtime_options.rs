@@ -117,12 +117,14 @@ mod gpu {
     }
 
     /// Op calls of the executor's profile by name, after a 4-token prompt and 3 decode steps.
-    fn decode(model: &Model) -> (bool, Vec<(String, u64)>) {
+    /// Three decode steps after a prompt; whether the cache replays a recorded graph, and the
+    /// op counts when `profile` (profiling runs op by op, so the graphs-on case is not profiled).
+    fn decode(model: &Model, profile: bool) -> (bool, Vec<(String, u64)>) {
         let mut cache = model.new_cache(32).unwrap();
         model.forward(&mut cache, &[1, 2, 3, 4], false).unwrap();
         let p = model.executor().profiler();
         p.reset();
-        p.set_enabled(true);
+        p.set_enabled(profile);
         for t in 5..8 {
             model.forward(&mut cache, &[t], false).unwrap();
         }
@@ -142,7 +144,7 @@ mod gpu {
         };
         let on = on.unwrap();
         assert!(on.decode_graphs());
-        let (replays, _) = decode(&on);
+        let (replays, _) = decode(&on, false);
         assert!(
             replays,
             "graphs on: the steps did not replay a recorded graph"
@@ -154,7 +156,7 @@ mod gpu {
         .unwrap()
         .unwrap();
         assert!(!off.decode_graphs());
-        let (replays, rows) = decode(&off);
+        let (replays, rows) = decode(&off, true);
         assert!(!replays, "graphs off: a step replayed a graph");
         // every step ran its ops one by one: one Attention per layer and step
         assert_eq!(calls(&rows, "Attention"), 2 * 3, "{rows:?}");
@@ -174,8 +176,8 @@ mod gpu {
         })
         .unwrap()
         .unwrap();
-        let (_, with) = decode(&fused);
-        let (_, without) = decode(&off.unwrap());
+        let (_, with) = decode(&fused, true);
+        let (_, without) = decode(&off.unwrap(), true);
         // per layer and step: q/k/v in one call and gate/up in one call when fused
         let (a, b) = (calls(&with, "Linear"), calls(&without, "Linear"));
         assert_eq!(b - a, 3 * 2 * 3, "fused {a} vs plain {b} Linear calls");

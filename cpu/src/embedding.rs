@@ -1,5 +1,5 @@
 //! Embedding lookup: gathers rows of a weight matrix `[vocab, d]` stored as F32, F16, BF16 or one
-//! of the block-quantized formats (Q8_0, Q4_0, Q4_1 and the K-quants Q4_K, Q5_K, Q6_K; layouts in
+//! of the block-quantized formats (Q8_0, Q4_0, Q4_1, Q5_0 and the K-quants Q4_K, Q5_K, Q6_K; layouts in
 //! [`crate::quant`] and [`crate::kquant`]) and writes them
 //! as f32. The reference decodes element by element from the packed bytes; the fast path decodes
 //! whole rows with the block routines, rows split over the thread pool.
@@ -8,7 +8,7 @@
 //! row untouched (never a panic). Must not know about tensors.
 
 use crate::kquant::{q6_k_value, scales_mins, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K};
-use crate::quant::{Q4_0_BYTES, Q4_1_BYTES, Q8_0_BYTES, QK};
+use crate::quant::{q5_0_value, Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES, Q8_0_BYTES, QK};
 use crate::threads::Threads;
 use half::{bf16, f16};
 
@@ -27,6 +27,8 @@ pub enum WeightFormat {
     Q4_0,
     /// GGUF Q4_1 blocks.
     Q4_1,
+    /// GGUF Q5_0 blocks.
+    Q5_0,
     /// GGUF Q4_K super-blocks (layouts in [`crate::kquant`]).
     Q4K,
     /// GGUF Q5_K super-blocks.
@@ -41,13 +43,14 @@ impl WeightFormat {
         match self {
             WeightFormat::F32 => d.checked_mul(4),
             WeightFormat::F16 | WeightFormat::BF16 => d.checked_mul(2),
-            WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q4_1 => {
+            WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::Q4_1 | WeightFormat::Q5_0 => {
                 if !d.is_multiple_of(QK) {
                     return None;
                 }
                 let bb = match self {
                     WeightFormat::Q8_0 => Q8_0_BYTES,
                     WeightFormat::Q4_0 => Q4_0_BYTES,
+                    WeightFormat::Q5_0 => Q5_0_BYTES,
                     _ => Q4_1_BYTES,
                 };
                 (d / QK).checked_mul(bb)
@@ -109,6 +112,13 @@ fn element(fmt: WeightFormat, row: &[u8], j: usize) -> f32 {
         WeightFormat::Q8_0 => {
             let b = (j / QK) * Q8_0_BYTES;
             le_f16(row, b) * (byte(b + 2 + j % QK) as i8) as f32
+        }
+        WeightFormat::Q5_0 => {
+            let b = (j / QK) * Q5_0_BYTES;
+            match row.get(b..b + Q5_0_BYTES) {
+                Some(blk) => le_f16(blk, 0) * (q5_0_value(blk, j % QK) as i32 - 16) as f32,
+                None => 0.0,
+            }
         }
         WeightFormat::Q4K | WeightFormat::Q5K | WeightFormat::Q6K => {
             let bb = kquant_bytes(fmt);
@@ -178,6 +188,7 @@ fn decode_row(fmt: WeightFormat, row: &[u8], o: &mut [f32]) {
         WeightFormat::Q8_0 => crate::quant::dequantize_q8_0(row, o),
         WeightFormat::Q4_0 => crate::quant::dequantize_q4_0(row, o),
         WeightFormat::Q4_1 => crate::quant::dequantize_q4_1(row, o),
+        WeightFormat::Q5_0 => crate::quant::dequantize_q5_0(row, o),
         WeightFormat::Q4K => crate::kquant::dequantize_q4_k(row, o),
         WeightFormat::Q5K => crate::kquant::dequantize_q5_k(row, o),
         WeightFormat::Q6K => crate::kquant::dequantize_q6_k(row, o),
@@ -240,6 +251,11 @@ mod tests {
                 crate::quant::quantize_q4_1(v, &mut o);
                 o
             }
+            WeightFormat::Q5_0 => {
+                let mut o = vec![0; v.len() / QK * Q5_0_BYTES];
+                crate::quant::quantize_q5_0(v, &mut o);
+                o
+            }
             WeightFormat::Q4K | WeightFormat::Q5K | WeightFormat::Q6K => {
                 let mut o = vec![0; v.len() / QK_K * kquant_bytes(fmt)];
                 match fmt {
@@ -256,7 +272,7 @@ mod tests {
     fn fast_matches_reference_for_every_format() {
         let th = Threads::new(2).unwrap();
         use WeightFormat::*;
-        for fmt in [F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4K, Q5K, Q6K] {
+        for fmt in [F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4K, Q5K, Q6K] {
             let shapes = if matches!(fmt, Q4K | Q5K | Q6K) {
                 [(5usize, 256usize), (17, 768), (300, 1280)]
             } else {

@@ -1,4 +1,4 @@
-//! Quantized weight block formats, bit-compatible with GGUF's Q8_0, Q4_0 and Q4_1, and their
+//! Quantized weight block formats, bit-compatible with GGUF's Q8_0, Q4_0, Q4_1 and Q5_0, and their
 //! plain scalar quantize/dequantize routines (the reference every fast kernel is tested against).
 //!
 //! A block covers 32 consecutive values of one row:
@@ -6,6 +6,8 @@
 //! - `Q4_0` (18 bytes): `d: f16`, `qs: [u8; 16]`; element `j < 16` is the low nibble of `qs[j]`,
 //!   element `j + 16` the high nibble; value = `d * (q - 8)`.
 //! - `Q4_1` (20 bytes): `d: f16`, `m: f16`, `qs: [u8; 16]` (same nibble order); value = `d * q + m`.
+//! - `Q5_0` (22 bytes): `d: f16`, `qh: u32` (bit `j` is the fifth bit, value 16, of element `j`),
+//!   `qs: [u8; 16]` (same nibble order); value = `d * (q - 16)`.
 //!
 //! This module owns the byte layout only; it must not know about tensors or devices.
 
@@ -19,6 +21,8 @@ pub const Q8_0_BYTES: usize = 34;
 pub const Q4_0_BYTES: usize = 18;
 /// Bytes of one Q4_1 block.
 pub const Q4_1_BYTES: usize = 20;
+/// Bytes of one Q5_0 block.
+pub const Q5_0_BYTES: usize = 22;
 
 #[inline]
 fn rd_f16(b: &[u8], at: usize) -> f32 {
@@ -62,6 +66,51 @@ pub fn dequantize_q4_1(src: &[u8], dst: &mut [f32]) {
             out[j] = d * (b & 15) as f32 + m;
             out[j + 16] = d * (b >> 4) as f32 + m;
         }
+    }
+}
+
+/// The 5-bit value (0..=31, offset 16) of element `j` of a Q5_0 block.
+#[inline]
+pub fn q5_0_value(blk: &[u8], j: usize) -> u8 {
+    let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+    let q = blk[6 + j % 16];
+    let low = if j < 16 { q & 15 } else { q >> 4 };
+    low | ((((qh >> j) & 1) as u8) << 4)
+}
+
+/// Dequantizes `Q5_0` blocks: `dst.len()` must be `32 * src.len() / 22`.
+pub fn dequantize_q5_0(src: &[u8], dst: &mut [f32]) {
+    for (blk, out) in src.chunks_exact(Q5_0_BYTES).zip(dst.chunks_exact_mut(QK)) {
+        let d = rd_f16(blk, 0);
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = d * (q5_0_value(blk, j) as i32 - 16) as f32;
+        }
+    }
+}
+
+/// Quantizes to `Q5_0` (ggml's reference rounding: the signed value of largest magnitude maps
+/// to -16).
+pub fn quantize_q5_0(src: &[f32], dst: &mut [u8]) {
+    for (x, blk) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(Q5_0_BYTES)) {
+        let mut amax = 0f32;
+        let mut max = 0f32;
+        for &v in x {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        let d = max / -16.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        wr_f16(blk, 0, d);
+        let mut qh = 0u32;
+        for j in 0..16 {
+            let q0 = ((x[j] * id + 16.5) as i32).clamp(0, 31) as u32;
+            let q1 = ((x[j + 16] * id + 16.5) as i32).clamp(0, 31) as u32;
+            blk[6 + j] = ((q0 & 15) | ((q1 & 15) << 4)) as u8;
+            qh |= ((q0 >> 4) << j) | ((q1 >> 4) << (j + 16));
+        }
+        blk[2..6].copy_from_slice(&qh.to_le_bytes());
     }
 }
 
@@ -142,6 +191,10 @@ mod tests {
     #[test]
     fn q4_0_roundtrip() {
         roundtrip(quantize_q4_0, dequantize_q4_0, Q4_0_BYTES, 0.5);
+    }
+    #[test]
+    fn q5_0_roundtrip() {
+        roundtrip(quantize_q5_0, dequantize_q5_0, Q5_0_BYTES, 0.25);
     }
     #[test]
     fn q4_1_roundtrip() {

@@ -1,7 +1,7 @@
 //! Dequantizes GGUF tensor bytes of any type the converter accepts into f32: the types `Data`
-//! shares with GGUF (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) through
-//! `crate::data::decode_to_f32`, and Q5_0, Q5_1 here (ggml's reference algorithm). Other GGUF
-//! types are refused by name.
+//! shares with GGUF (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K) through
+//! `crate::data::decode_to_f32`, and Q5_1 here (ggml's reference algorithm). Other GGUF types
+//! are refused by name.
 
 use crate::data::{decode_to_f32, DataType};
 use crate::error::{Error, Result};
@@ -17,6 +17,7 @@ pub fn shared_dtype(t: u32) -> Option<DataType> {
         ggml_type::Q8_0 => DataType::Q8_0,
         ggml_type::Q4_0 => DataType::Q4_0,
         ggml_type::Q4_1 => DataType::Q4_1,
+        ggml_type::Q5_0 => DataType::Q5_0,
         ggml_type::Q4_K => DataType::Q4K,
         ggml_type::Q5_K => DataType::Q5K,
         ggml_type::Q6_K => DataType::Q6K,
@@ -26,7 +27,7 @@ pub fn shared_dtype(t: u32) -> Option<DataType> {
 
 /// True for ggml types this module can dequantize.
 pub fn supported(t: u32) -> bool {
-    shared_dtype(t).is_some() || matches!(t, ggml_type::Q5_0 | ggml_type::Q5_1)
+    shared_dtype(t).is_some() || t == ggml_type::Q5_1
 }
 
 fn h(b: &[u8], at: usize) -> f32 {
@@ -54,8 +55,7 @@ pub fn dequantize(t: u32, src: &[u8], dst: &mut [f32]) -> Result<()> {
         .chunks_exact(block_bytes)
         .zip(dst.chunks_exact_mut(block_elems));
     match t {
-        ggml_type::Q5_0 => blocks.for_each(|(b, y)| q5_block(b, y, false)),
-        ggml_type::Q5_1 => blocks.for_each(|(b, y)| q5_block(b, y, true)),
+        ggml_type::Q5_1 => blocks.for_each(|(b, y)| q5_1_block(b, y)),
         _ => {
             return Err(Error::Unsupported(format!(
                 "ggml tensor type {name} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)"
@@ -65,14 +65,12 @@ pub fn dequantize(t: u32, src: &[u8], dst: &mut [f32]) -> Result<()> {
     Ok(())
 }
 
-/// One Q5_0 (f16 d, u32 high bits, 16 bytes nibbles; value − 16) or Q5_1 (f16 d, f16 m, ...;
-/// value·d + m) block.
-fn q5_block(b: &[u8], y: &mut [f32], with_min: bool) {
-    let d = h(b, 0);
-    let (m, at) = if with_min { (h(b, 2), 4) } else { (0.0, 2) };
-    let qh = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
-    let qs = &b[at + 4..at + 20];
-    let bias = if with_min { 0 } else { 16 };
+/// One Q5_1 block (f16 d, f16 m, u32 high bits, 16 bytes of nibbles; value·d + m).
+fn q5_1_block(b: &[u8], y: &mut [f32]) {
+    let (d, m) = (h(b, 0), h(b, 2));
+    let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+    let qs = &b[8..24];
+    let bias = 0;
     for j in 0..16 {
         let xh0 = (((qh >> j) << 4) & 0x10) as i32;
         let xh1 = ((qh >> (j + 12)) & 0x10) as i32;

@@ -60,6 +60,36 @@ pub fn render(
     bos_token: &str,
     eos_token: &str,
 ) -> Result<String> {
+    let msgs = serde_json::to_value(messages)
+        .map_err(|e| Error::invalid(format!("chat messages: {e}")))?;
+    let ctx = ChatContext {
+        messages: &msgs,
+        tools: None,
+        add_generation_prompt,
+        bos_token,
+        eos_token,
+    };
+    render_json(template, &ctx)
+}
+
+/// What a chat template is rendered with: messages as JSON objects (so fields such as
+/// `tool_calls` and `tool_call_id` reach the template), the tools offered (OpenAI's
+/// `{"type": "function", "function": {...}}` list), and the special tokens.
+pub struct ChatContext<'a> {
+    /// The messages (a JSON list of objects with at least `role`).
+    pub messages: &'a serde_json::Value,
+    /// The tools, passed to the template as `tools` (None: undefined there).
+    pub tools: Option<&'a serde_json::Value>,
+    /// End with the opening of an assistant turn.
+    pub add_generation_prompt: bool,
+    /// The beginning-of-sequence token's text.
+    pub bos_token: &'a str,
+    /// The end-of-sequence token's text.
+    pub eos_token: &'a str,
+}
+
+/// Renders `template` with `ctx`.
+pub fn render_json(template: &str, ctx: &ChatContext) -> Result<String> {
     let mut env = minijinja::Environment::new();
     minijinja_contrib::add_to_environment(&mut env);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -77,11 +107,13 @@ pub fn render(
     let t = env
         .get_template("chat")
         .map_err(|e| Error::invalid(format!("chat template: {e}")))?;
+    let v = minijinja::Value::from_serialize;
     t.render(minijinja::context! {
-        messages => messages,
-        add_generation_prompt => add_generation_prompt,
-        bos_token => bos_token,
-        eos_token => eos_token,
+        messages => v(ctx.messages),
+        tools => ctx.tools.map(v),
+        add_generation_prompt => ctx.add_generation_prompt,
+        bos_token => ctx.bos_token,
+        eos_token => ctx.eos_token,
     })
     .map_err(|e| Error::invalid(format!("chat template failed to render: {e}")))
 }
@@ -136,5 +168,34 @@ mod tests {
         let two = [ChatMessage::new("user", "a"), ChatMessage::new("user", "b")];
         assert!(render(t, &two, false, "", "").is_err());
         assert!(render("{% for %}", &two, false, "", "").is_err());
+    }
+
+    /// Tools and message fields beyond role and content reach the template; without tools,
+    /// `tools` is undefined there.
+    #[test]
+    fn tools_and_tool_calls_reach_the_template() {
+        let t = "{% if tools %}{% for t in tools %}[{{ t.function.name }}:{{ t.function.parameters | tojson }}]{% endfor %}{% endif %}{% for m in messages %}{{ m.role }}={% if m.tool_calls %}{{ m.tool_calls[0].function.name }}({{ m.tool_calls[0].function.arguments.city }}){% else %}{{ m.content }}{% endif %};{% endfor %}";
+        let msgs = serde_json::json!([
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+             "function": {"name": "weather", "arguments": {"city": "Oslo"}}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]);
+        let tools = serde_json::json!([{"type": "function", "function": {"name": "weather",
+            "parameters": {"type": "object"}}}]);
+        let ctx = |tools| ChatContext {
+            messages: &msgs,
+            tools,
+            add_generation_prompt: false,
+            bos_token: "",
+            eos_token: "",
+        };
+        assert_eq!(
+            render_json(t, &ctx(Some(&tools))).unwrap(),
+            "[weather:{\"type\":\"object\"}]user=weather?;assistant=weather(Oslo);tool=sunny;"
+        );
+        assert_eq!(
+            render_json(t, &ctx(None)).unwrap(),
+            "user=weather?;assistant=weather(Oslo);tool=sunny;"
+        );
     }
 }

@@ -8,5 +8,5 @@ pub mod session;
 pub mod stop;
 
 pub use chat::ChatMessage;
-pub use sampler::{sample_logits, Penalties, SampleRow, Sampler, SamplingParams};
+pub use sampler::{sample_logits, Penalties, SampleRow, Sampler, SamplingParams, TokenMask};
 pub use session::{GenerateParams, Generation, Llm, Session, StopReason};

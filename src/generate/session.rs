@@ -56,6 +56,32 @@ impl Llm {
             &eos,
         )
     }
+
+    /// Renders messages given as JSON objects (with fields such as `tool_calls`), and the tools
+    /// offered, with the model's chat template.
+    pub fn render_chat_json(
+        &self,
+        messages: &serde_json::Value,
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let tok = |id: Option<u32>| {
+            id.and_then(|i| self.tokenizer.decode(&[i], false).ok())
+                .unwrap_or_default()
+        };
+        let bos = tok(self.tokenizer.bos_id());
+        let eos = tok(self.eos_ids().first().copied());
+        chat::render_json(
+            &self.chat_template,
+            &chat::ChatContext {
+                messages,
+                tools,
+                add_generation_prompt,
+                bos_token: &bos,
+                eos_token: &eos,
+            },
+        )
+    }
 }
 
 /// Parameters of [`Session::generate`].
@@ -328,17 +354,10 @@ impl Session {
         sampler.sample(l, &self.tokens)
     }
 
-    /// Generates a completion of `prompt`. Plain mode continues the session's text; chat mode
-    /// adds a user turn to the session's history and renders the chat template. `on_piece`
-    /// receives each token and its text (complete UTF-8 only; may be empty); returning false
-    /// stops generation.
-    pub fn generate(
-        &mut self,
-        prompt: &str,
-        params: &GenerateParams,
-        on_piece: &mut dyn FnMut(u32, &str) -> bool,
-    ) -> Result<Generation> {
-        let mut sampler = Sampler::new(params.sampling.clone())?;
+    /// The whole sequence `generate` needs cached for `prompt`: the chat history with the new
+    /// user turn rendered by the template (the history then holds that turn), or the cached
+    /// tokens followed by the prompt's.
+    fn prompt_ids(&mut self, prompt: &str, params: &GenerateParams) -> Result<Vec<u32>> {
         let llm = self.llm.clone();
         let target: Vec<u32> = if params.chat {
             let mut msgs = self.history.clone();
@@ -366,6 +385,22 @@ impl Session {
         if target.is_empty() {
             return Err(Error::invalid("prompt produced no tokens"));
         }
+        Ok(target)
+    }
+
+    /// Generates a completion of `prompt`. Plain mode continues the session's text; chat mode
+    /// adds a user turn to the session's history and renders the chat template. `on_piece`
+    /// receives each token and its text (complete UTF-8 only; may be empty); returning false
+    /// stops generation.
+    pub fn generate(
+        &mut self,
+        prompt: &str,
+        params: &GenerateParams,
+        on_piece: &mut dyn FnMut(u32, &str) -> bool,
+    ) -> Result<Generation> {
+        let mut sampler = Sampler::new(params.sampling.clone())?;
+        let llm = self.llm.clone();
+        let target = self.prompt_ids(prompt, params)?;
         let prompt_tokens = self.eval_reusing_prefix(&target)?;
         let eos = llm.eos_ids();
         let mut stream = StreamDecoder::new(&llm.tokenizer, true);

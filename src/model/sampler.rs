@@ -99,6 +99,42 @@ pub struct SampleRow {
     pub random: u64,
     /// `None` when no penalty applies.
     pub penalties: Option<Penalties>,
+    /// The tokens a grammar allows at this pick (`None` = every token).
+    pub mask: Option<TokenMask>,
+}
+
+/// A set of allowed token ids (constrained decoding): bit `id % 32` of word `id / 32` is set
+/// for an allowed `id`. Ids past the words are not allowed. Cheap to clone.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenMask(std::sync::Arc<[u32]>);
+
+impl TokenMask {
+    /// A mask from its bit words.
+    pub fn from_words(words: &[u32]) -> TokenMask {
+        TokenMask(words.into())
+    }
+
+    /// True if `id` is allowed.
+    pub fn allows(&self, id: usize) -> bool {
+        self.0
+            .get(id / 32)
+            .is_some_and(|w| w & (1u32 << (id % 32)) != 0)
+    }
+
+    /// Sets every disallowed logit of `row` to -Inf.
+    pub fn apply(&self, row: &mut [f32]) {
+        for (w, chunk) in row.chunks_mut(32).enumerate() {
+            let bits = self.0.get(w).copied().unwrap_or(0);
+            if bits == u32::MAX {
+                continue;
+            }
+            for (b, v) in chunk.iter_mut().enumerate() {
+                if bits & (1u32 << b) == 0 {
+                    *v = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
 }
 
 impl SampleRow {
@@ -111,6 +147,7 @@ impl SampleRow {
             min_p: 0.0,
             random: 0,
             penalties: None,
+            mask: None,
         }
     }
 
@@ -126,14 +163,17 @@ impl SampleRow {
     }
 }
 
-/// Picks a token from one row of `logits` (host memory) for `row`: penalties on a copy, then
-/// the selection of `fastllm_cpu::sample`. NaN/+Inf logits or only -Inf are an error, never a
-/// garbage token.
+/// Picks a token from one row of `logits` (host memory) for `row`: the grammar mask and the
+/// penalties on a copy, then the selection of `fastllm_cpu::sample`. NaN/+Inf logits or only
+/// -Inf (also: a mask that allows no token) are an error, never a garbage token.
 pub fn sample_logits(logits: &[f32], row: &SampleRow) -> Result<u32> {
     if logits.is_empty() {
         return Err(Error::invalid("sample: empty logits"));
     }
     let mut l: std::borrow::Cow<[f32]> = std::borrow::Cow::Borrowed(logits);
+    if let Some(m) = &row.mask {
+        m.apply(l.to_mut());
+    }
     if let Some(p) = &row.penalties {
         let l = l.to_mut();
         for &(t, n) in &p.tokens {
@@ -228,6 +268,7 @@ impl Sampler {
             min_p: p.min_p,
             random,
             penalties,
+            mask: None,
         }
     }
 
@@ -306,6 +347,51 @@ mod tests {
         };
         let mut s = Sampler::new(p).unwrap();
         assert_eq!(s.sample(&l, &[1]).unwrap(), 2);
+    }
+
+    /// A mask limits greedy and sampled picks to its tokens (penalties too); a mask that allows
+    /// nothing is an error.
+    #[test]
+    fn masks_limit_picks() {
+        let l: Vec<f32> = (0..70).map(|i| (i as f32 * 0.37).sin()).collect();
+        let allowed = [3usize, 40, 64, 69];
+        let mut words = vec![0u32; 3];
+        for &a in &allowed {
+            words[a / 32] |= 1 << (a % 32);
+        }
+        let m = TokenMask::from_words(&words);
+        assert!((0..70).all(|i| m.allows(i) == allowed.contains(&i)));
+        assert!(!m.allows(1000));
+        let best = *allowed
+            .iter()
+            .max_by(|a, b| l[**a].total_cmp(&l[**b]))
+            .unwrap();
+        let row = SampleRow {
+            mask: Some(m.clone()),
+            ..SampleRow::greedy()
+        };
+        assert_eq!(sample_logits(&l, &row).unwrap() as usize, best);
+        let p = SamplingParams {
+            temperature: 2.0,
+            repetition_penalty: 1.5,
+            seed: 9,
+            ..Default::default()
+        };
+        let mut s = Sampler::new(p).unwrap();
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..200 {
+            let mut row = s.next_row(&[40]);
+            row.mask = Some(m.clone());
+            let t = sample_logits(&l, &row).unwrap() as usize;
+            assert!(allowed.contains(&t), "{t}");
+            seen.insert(t);
+        }
+        assert_eq!(seen.len(), allowed.len());
+        let none = SampleRow {
+            mask: Some(TokenMask::from_words(&[0, 0, 0])),
+            ..SampleRow::greedy()
+        };
+        assert!(sample_logits(&l, &none).is_err());
     }
 
     #[test]

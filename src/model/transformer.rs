@@ -334,9 +334,9 @@ impl Model {
             };
             let name = format!("{}0.{down}.weight", spec.layer_prefix);
             weights.has(&name)
-                && weights
-                    .get(&name)
-                    .is_ok_and(|w| w.dtype().is_quantized() && !w.dtype().is_kquant())
+                && weights.get(&name).is_ok_and(|w| {
+                    matches!(w.dtype(), DataType::Q8_0 | DataType::Q4_0 | DataType::Q4_1)
+                })
         };
         let prefill_copy = if multi_linear && precision == Precision::Fast {
             let down = match spec.mlp {
@@ -413,7 +413,10 @@ impl Model {
         let ok = match mode {
             BatchDecode::Off => true,
             BatchDecode::Eager => padded,
-            BatchDecode::Graphs => padded && !self.weights.low_memory(),
+            // MoE routing is read back mid-step: not recordable
+            BatchDecode::Graphs => {
+                padded && !self.weights.low_memory() && self.config.moe.is_none()
+            }
         };
         if !ok {
             return Err(Error::invalid(format!(
@@ -928,6 +931,8 @@ impl Model {
     /// copy, when a row has penalties) and `Sample` ops run where the logits are and only the
     /// ids come back. Both give the same ids for the same logits (see
     /// `crate::model::sampler`). A row with NaN or +Inf logits (or only -Inf) is an `Err`.
+    /// A step where a row has a grammar mask is picked on the host (the logits are copied
+    /// back), so the mask holds on every device.
     pub fn sample_rows(&self, logits: &Data, rows: &[SampleRow]) -> Result<Vec<u32>> {
         let vocab = self.config.vocab_size;
         if vocab == 0 || logits.dims() != [rows.len(), vocab] {
@@ -937,8 +942,11 @@ impl Model {
                 rows.len()
             )));
         }
-        if logits.device() == DeviceKind::Cpu {
-            let v = logits.to_f32_vec()?;
+        if logits.device() == DeviceKind::Cpu || rows.iter().any(|r| r.mask.is_some()) {
+            let v = match logits.device() {
+                DeviceKind::Cpu => logits.to_f32_vec()?,
+                _ => logits.to_owned_host()?.to_f32_vec()?,
+            };
             return v
                 .chunks(vocab)
                 .zip(rows)

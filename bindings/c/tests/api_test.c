@@ -59,6 +59,23 @@ static void test_load_errors(void) {
     p = fastllm_model_params_default();
     p.precision = 7;
     CHECK(fastllm_model_load("x", &p, &m) == FASTLLM_ERR_INVALID_ARGUMENT);
+    /* run-time switches out of range name their field */
+    p = fastllm_model_params_default();
+    p.cuda_graphs = 5;
+    CHECK(fastllm_model_load("x", &p, &m) == FASTLLM_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(fastllm_last_error(), "cuda_graphs") != NULL);
+    p = fastllm_model_params_default();
+    p.fused_ops = -2;
+    CHECK(fastllm_model_load("x", &p, &m) == FASTLLM_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(fastllm_last_error(), "fused_ops") != NULL);
+    p = fastllm_model_params_default();
+    p.gpu_memory_cap_mb = -3;
+    CHECK(fastllm_model_load("x", &p, &m) == FASTLLM_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(fastllm_last_error(), "gpu_memory_cap_mb") != NULL);
+    p = fastllm_model_params_default();
+    p.simd = 3;
+    CHECK(fastllm_model_load("x", &p, &m) == FASTLLM_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(fastllm_last_error(), "simd") != NULL);
     /* a file that is not a model */
     FILE *f = fopen("/tmp/fastllm_api_test_garbage.flm", "wb");
     fputs("this is not a model file at all, just text", f);
@@ -269,6 +286,32 @@ static void *worker(void *arg) {
     return ok;
 }
 
+/* The first version of FastllmModelParams (it ended at `precision`). */
+typedef struct {
+    uint32_t struct_size;
+    const char *device;
+    uint32_t threads;
+    bool low_memory;
+    uint32_t precision;
+} ModelParamsV1;
+
+/* A caller built against the first version still loads; the switches load on the CPU. */
+static void test_params_versions(const char *path) {
+    ModelParamsV1 v1 = {sizeof(ModelParamsV1), NULL, 1, false, 0};
+    FastllmModel *m = NULL;
+    CHECK(fastllm_model_load(path, (const FastllmModelParams *)&v1, &m) == FASTLLM_OK);
+    fastllm_model_free(m);
+    FastllmModelParams p = fastllm_model_params_default();
+    p.threads = 1;
+    p.cuda_graphs = 0;
+    p.fused_ops = 0;
+    p.gpu_memory_cap_mb = 0;
+    p.cache_dir = "/tmp/fastllm_api_test_cache";
+    m = NULL;
+    CHECK(fastllm_model_load(path, &p, &m) == FASTLLM_OK);
+    fastllm_model_free(m);
+}
+
 static void test_threads(void) {
     pthread_t th[8];
     for (long i = 0; i < 8; i++) pthread_create(&th[i], NULL, worker, (void *)i);
@@ -287,6 +330,7 @@ int main(int argc, char **argv) {
     }
     test_status_and_version();
     test_load_errors();
+    test_params_versions(argv[1]);
     FastllmModelParams p = fastllm_model_params_default();
     p.threads = 2;
     if (fastllm_model_load(argv[1], &p, &model) != FASTLLM_OK) {

@@ -40,6 +40,23 @@ def test_bad_precision():
         fastllm.Model(TINY or "x", precision="medium")
 
 
+def test_bad_runtime_switches():
+    with pytest.raises(FastllmError) as e:
+        fastllm.Model(TINY or "x", simd="sse4")
+    assert "simd" in str(e.value)
+    with pytest.raises(FastllmError) as e:
+        fastllm.Model(TINY or "x", gpu_memory_cap_mb=-1)
+    assert "gpu_memory_cap_mb" in str(e.value)
+
+
+@needs_tiny
+def test_runtime_switches_load_on_the_cpu(tmp_path):
+    m = fastllm.Model(TINY, threads=1, cuda_graphs=False, fused_ops=False,
+                      gpu_memory_cap_mb=0, cache_dir=tmp_path)
+    assert m.detokenize(m.tokenize("Hello world")) == "Hello world"
+    m.close()
+
+
 @needs_tiny
 def test_tokenize_roundtrip(tiny):
     for text in ["Hello world", "", "Ünïcödé ✓ 123", "a\nb\tc  d"]:

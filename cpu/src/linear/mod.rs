@@ -29,10 +29,11 @@ pub mod interleaved_float;
 pub mod kquant_dot;
 pub mod kquant_int;
 pub mod matmul;
+pub mod q5_dot;
 pub mod quant_dot;
 
 use crate::kquant::{Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K};
-use crate::quant::{Q4_0_BYTES, Q4_1_BYTES, Q8_0_BYTES, QK};
+use crate::quant::{Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES, Q8_0_BYTES, QK};
 use crate::threads::Threads;
 use act_quant::Q8Rows;
 use std::cell::RefCell;
@@ -120,6 +121,8 @@ pub enum WeightType {
     Q4_0,
     /// GGUF Q4_1 blocks.
     Q4_1,
+    /// GGUF Q5_0 blocks.
+    Q5_0,
     /// GGUF Q4_K super-blocks (layouts in [`crate::kquant`]).
     Q4K,
     /// GGUF Q5_K super-blocks.
@@ -130,13 +133,14 @@ pub enum WeightType {
 
 impl WeightType {
     /// Every weight type.
-    pub const ALL: [WeightType; 9] = [
+    pub const ALL: [WeightType; 10] = [
         WeightType::F32,
         WeightType::F16,
         WeightType::BF16,
         WeightType::Q8_0,
         WeightType::Q4_0,
         WeightType::Q4_1,
+        WeightType::Q5_0,
         WeightType::Q4K,
         WeightType::Q5K,
         WeightType::Q6K,
@@ -152,11 +156,18 @@ impl WeightType {
         matches!(self, WeightType::Q4K | WeightType::Q5K | WeightType::Q6K)
     }
 
+    /// True for the weight types whose kernels are separate modules ([`kquant_dot`],
+    /// [`kquant_int`], [`q5_dot`]): the K-quants and Q5_0. They have no tiled, split or
+    /// interleaved kernels.
+    pub fn has_own_kernels(self) -> bool {
+        self.is_kquant() || self == WeightType::Q5_0
+    }
+
     /// Values per storage block: 32 for block types, 256 for K-quants, 1 for floats.
     pub fn block_elems(self) -> usize {
         if self.is_kquant() {
             QK_K
-        } else if self.is_block() {
+        } else if self.is_block() || self == WeightType::Q5_0 {
             QK
         } else {
             1
@@ -175,6 +186,7 @@ impl WeightType {
             WeightType::Q8_0 => blocks.checked_mul(Q8_0_BYTES),
             WeightType::Q4_0 => blocks.checked_mul(Q4_0_BYTES),
             WeightType::Q4_1 => blocks.checked_mul(Q4_1_BYTES),
+            WeightType::Q5_0 => blocks.checked_mul(Q5_0_BYTES),
             WeightType::Q4K => blocks.checked_mul(Q4_K_BYTES),
             WeightType::Q5K => blocks.checked_mul(Q5_K_BYTES),
             WeightType::Q6K => blocks.checked_mul(Q6_K_BYTES),
@@ -190,6 +202,7 @@ impl WeightType {
             WeightType::Q8_0 => "q8_0",
             WeightType::Q4_0 => "q4_0",
             WeightType::Q4_1 => "q4_1",
+            WeightType::Q5_0 => "q5_0",
             WeightType::Q4K => "q4_k",
             WeightType::Q5K => "q5_k",
             WeightType::Q6K => "q6_k",
@@ -272,7 +285,7 @@ impl LinearArgs<'_> {
 
     /// True when the integer (quantized activation) path applies.
     fn uses_int(&self) -> bool {
-        self.quant_act && (self.wtype.is_block() || self.wtype.is_kquant())
+        self.quant_act && (self.wtype.is_block() || self.wtype.has_own_kernels())
     }
 }
 
@@ -284,8 +297,8 @@ thread_local! {
 /// integer block math as the fast path).
 pub fn linear_ref(a: &LinearArgs, out: &mut [f32]) -> Result<(), String> {
     let rb = a.validate(out)?;
-    if a.wtype.is_kquant() {
-        return linear_kquant(None, a, rb, out);
+    if a.wtype.has_own_kernels() {
+        return linear_own(None, a, rb, out);
     }
     if a.uses_int() {
         let mut q = Q8Rows::default();
@@ -304,8 +317,8 @@ pub fn linear_ref(a: &LinearArgs, out: &mut [f32]) -> Result<(), String> {
             WeightType::Q8_0 => quant_dot::rows_q8_0_ref,
             WeightType::Q4_0 => quant_dot::rows_q4_0_ref,
             WeightType::Q4_1 => quant_dot::rows_q4_1_ref,
-            WeightType::Q4K | WeightType::Q5K | WeightType::Q6K => {
-                return linear_kquant(None, a, rb, out)
+            WeightType::Q5_0 | WeightType::Q4K | WeightType::Q5K | WeightType::Q6K => {
+                return linear_own(None, a, rb, out)
             }
         };
         gemm::run(None, a, rb, gemm::Kernel::Float(f, None), out);
@@ -317,8 +330,8 @@ pub fn linear_ref(a: &LinearArgs, out: &mut [f32]) -> Result<(), String> {
 /// blocks of [`MAX_ROWS`] so every weight block is loaded once per block of rows.
 pub fn linear(threads: &Threads, a: &LinearArgs, out: &mut [f32]) -> Result<(), String> {
     let rb = a.validate(out)?;
-    if a.wtype.is_kquant() {
-        return linear_kquant(Some(threads), a, rb, out);
+    if a.wtype.has_own_kernels() {
+        return linear_own(Some(threads), a, rb, out);
     }
     if a.uses_int() {
         let mut f: IntRowsFn = match a.wtype {
@@ -372,14 +385,18 @@ pub fn linear(threads: &Threads, a: &LinearArgs, out: &mut [f32]) -> Result<(), 
             WeightType::Q8_0 => quant_dot::pick_q8_0(),
             WeightType::Q4_0 => quant_dot::pick_q4_0(),
             WeightType::Q4_1 => quant_dot::pick_q4_1(),
-            WeightType::Q4K | WeightType::Q5K | WeightType::Q6K => {
-                return linear_kquant(Some(threads), a, rb, out)
+            WeightType::Q5_0 | WeightType::Q4K | WeightType::Q5K | WeightType::Q6K => {
+                return linear_own(Some(threads), a, rb, out)
             }
         };
         // GEMM: convert tiles of weight rows to f32 once, then run the f32 kernels on them;
-        // fewer rows of float weights: the same tile kernel reading the rows in place (a row's
+        // fewer rows: a tile kernel with the same arithmetic reading the rows in place (a row's
         // sums then do not depend on the number of rows)
-        let direct = float_dot::pick_tile_direct(a.wtype);
+        let direct = if a.wtype.is_block() {
+            quant_dot::pick_tile_direct(a.wtype)
+        } else {
+            float_dot::pick_tile_direct(a.wtype)
+        };
         let plan = if a.rows < GEMM_MIN_ROWS {
             direct.map(|tile| gemm::F32Gemm {
                 convert: None,
@@ -404,22 +421,25 @@ pub fn linear(threads: &Threads, a: &LinearArgs, out: &mut [f32]) -> Result<(), 
     }
 }
 
-/// `Linear` with K-quant weights (`a` validated, `rb` its row bytes): with `quant_act` the
-/// activations are quantized to Q8_0 and the integer kernels of [`kquant_int`] run (one weight
-/// row × up to [`MAX_ROWS`] activation rows per call, columns split over `threads`); otherwise the
-/// exact kernels of [`kquant_dot`], and from [`GEMM_MIN_ROWS`] rows on the f32 GEMM over
-/// dequantized tiles. `threads = None` runs the scalar references on one thread.
-fn linear_kquant(
+/// `Linear` with weights of their own kernel modules (K-quants, Q5_0; `a` validated, `rb` its
+/// row bytes): with `quant_act` the activations are quantized to Q8_0 and the integer kernels run
+/// (one weight row × up to [`MAX_ROWS`] activation rows per call, columns split over `threads`);
+/// otherwise the exact kernels, and from [`GEMM_MIN_ROWS`] rows on the f32 GEMM over dequantized
+/// tiles. `threads = None` runs the scalar references on one thread.
+fn linear_own(
     threads: Option<&Threads>,
     a: &LinearArgs,
     rb: usize,
     out: &mut [f32],
 ) -> Result<(), String> {
     let none = || format!("no kernel for {}", a.wtype.name());
+    let q5 = a.wtype == WeightType::Q5_0;
     if a.quant_act {
-        let f = match threads {
-            Some(_) => kquant_int::pick(a.wtype),
-            None => kquant_int::pick_ref(a.wtype),
+        let f = match (threads, q5) {
+            (Some(_), true) => Some(q5_dot::pick_int()),
+            (None, true) => Some(q5_dot::rows_q5_0_int_ref as IntRowsFn),
+            (Some(_), false) => kquant_int::pick(a.wtype),
+            (None, false) => kquant_int::pick_ref(a.wtype),
         }
         .ok_or_else(none)?;
         return ACT_SCRATCH.with(|s| {
@@ -434,13 +454,20 @@ fn linear_kquant(
             Ok(())
         });
     }
-    let f = match threads {
-        Some(_) => kquant_dot::pick(a.wtype),
-        None => kquant_dot::pick_ref(a.wtype),
+    let f = match (threads, q5) {
+        (Some(_), true) => Some(q5_dot::pick()),
+        (None, true) => Some(q5_dot::rows_q5_0_ref as FloatRowsFn),
+        (Some(_), false) => kquant_dot::pick(a.wtype),
+        (None, false) => kquant_dot::pick_ref(a.wtype),
     }
     .ok_or_else(none)?;
+    let convert = if q5 {
+        Some(q5_dot::row_to_f32())
+    } else {
+        kquant_dot::pick_row_to_f32(a.wtype)
+    };
     let plan = (threads.is_some() && a.rows >= GEMM_MIN_ROWS).then(|| gemm::F32Gemm {
-        convert: kquant_dot::pick_row_to_f32(a.wtype),
+        convert,
         rows: float_dot::pick_f32(),
         tile: float_dot::pick_tile_f32(),
     });

@@ -84,6 +84,27 @@ pub fn pick_q4_1() -> FloatRowsFn {
     rows_q4_1_ref
 }
 
+/// The register-tiled kernel ([`super::TileF32Fn`] contract, but `w` holds block rows) that
+/// dequantizes block weights in registers with the values of [`pick_row_to_f32`]'s converter
+/// and sums them with the arithmetic of `float_dot::pick_tile_f32`'s kernel, if this CPU has one
+/// (AVX-512): the exact-precision GEMV reads block rows in place and gives the bits of the GEMM,
+/// which converts tiles first, so a row's result does not depend on the number of rows.
+pub fn pick_tile_direct(t: super::WeightType) -> Option<super::TileF32Fn> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::simd::has_avx512() {
+            return match t {
+                super::WeightType::Q8_0 => Some(avx512::tile_q8_0),
+                super::WeightType::Q4_0 => Some(avx512::tile_q4_0),
+                super::WeightType::Q4_1 => Some(avx512::tile_q4_1),
+                _ => None,
+            };
+        }
+    }
+    let _ = t;
+    None
+}
+
 /// The fast whole-row dequantizer for a block type (for GEMM tiles), if this CPU has one.
 pub fn pick_row_to_f32(t: super::WeightType) -> Option<super::RowToF32Fn> {
     #[cfg(target_arch = "x86_64")]
@@ -118,7 +139,7 @@ pub(super) mod avx2 {
     /// The 32 values of a Q8_0 block.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn deq_q8_0(b: *const u8) -> [__m256; 4] {
+    pub(super) unsafe fn deq_q8_0(b: *const u8) -> [__m256; 4] {
         let d = f16_at(b);
         let q = b.add(2);
         [
@@ -155,7 +176,7 @@ pub(super) mod avx2 {
     /// The 32 values of a Q4_0 block.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn deq_q4_0(b: *const u8) -> [__m256; 4] {
+    pub(super) unsafe fn deq_q4_0(b: *const u8) -> [__m256; 4] {
         let d = f16_at(b);
         let (lo, hi) = nibbles(b.add(2));
         let e = _mm_set1_epi8(8);
@@ -171,7 +192,7 @@ pub(super) mod avx2 {
     /// The 32 values of a Q4_1 block.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn deq_q4_1(b: *const u8) -> [__m256; 4] {
+    pub(super) unsafe fn deq_q4_1(b: *const u8) -> [__m256; 4] {
         let d = f16_at(b);
         let m = f16_at(b.add(2));
         let (lo, hi) = nibbles(b.add(4));
@@ -267,4 +288,90 @@ pub(super) mod avx2 {
     quant_rows!(rows_q8_0, rows_q8_0_n, deq_q8_0, Q8_0_BYTES);
     quant_rows!(rows_q4_0, rows_q4_0_n, deq_q4_0, Q4_0_BYTES);
     quant_rows!(rows_q4_1, rows_q4_1_n, deq_q4_1, Q4_1_BYTES);
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    //! AVX-512 tiles over block weights; only called after `simd::has_avx512()`.
+    use super::super::MAX_ROWS;
+    use super::avx2::{deq_q4_0, deq_q4_1, deq_q8_0};
+    use crate::quant::{Q4_0_BYTES, Q4_1_BYTES, Q8_0_BYTES, QK};
+    use std::arch::x86_64::*;
+
+    /// Two 8-lane halves as one 16-lane vector.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn join(lo: __m256, hi: __m256) -> __m512 {
+        _mm512_insertf32x8::<1>(_mm512_castps256_ps512(lo), hi)
+    }
+
+    macro_rules! quant_tile {
+        ($name:ident, $inner:ident, $deq:ident, $bytes:expr) => {
+            /// `R` activation rows × `C` block weight rows (`k / 32` blocks each), one
+            /// accumulator per entry, 16 values per step in order.
+            #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+            unsafe fn $inner<const R: usize, const C: usize>(
+                w: &[u8],
+                x: &[f32],
+                k: usize,
+                out: &mut [[f32; MAX_ROWS]; MAX_ROWS],
+            ) {
+                let rb = k / QK * $bytes;
+                let (wp, xp) = (w.as_ptr(), x.as_ptr());
+                let mut acc = [[_mm512_setzero_ps(); C]; R];
+                for b in 0..k / QK {
+                    let mut wv = [[_mm512_setzero_ps(); 2]; C];
+                    for (c, v) in wv.iter_mut().enumerate() {
+                        let q = $deq(wp.add(c * rb + b * $bytes));
+                        *v = [join(q[0], q[1]), join(q[2], q[3])];
+                    }
+                    for (r, a) in acc.iter_mut().enumerate() {
+                        let xb = xp.add(r * k + b * QK);
+                        let (x0, x1) = (_mm512_loadu_ps(xb), _mm512_loadu_ps(xb.add(16)));
+                        for c in 0..C {
+                            a[c] = _mm512_fmadd_ps(wv[c][0], x0, a[c]);
+                            a[c] = _mm512_fmadd_ps(wv[c][1], x1, a[c]);
+                        }
+                    }
+                }
+                for (r, a) in acc.iter().enumerate() {
+                    for (c, v) in a.iter().enumerate() {
+                        out[c][r] = _mm512_reduce_add_ps(*v);
+                    }
+                }
+            }
+
+            /// [`super::super::TileF32Fn`] contract over block rows.
+            #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+            pub unsafe fn $name(
+                w: &[u8],
+                x: &[f32],
+                k: usize,
+                rows: usize,
+                cols: usize,
+                out: &mut [[f32; MAX_ROWS]; MAX_ROWS],
+            ) {
+                macro_rules! by_cols {
+                    ($r:literal) => {
+                        match cols {
+                            1 => $inner::<$r, 1>(w, x, k, out),
+                            2 => $inner::<$r, 2>(w, x, k, out),
+                            3 => $inner::<$r, 3>(w, x, k, out),
+                            _ => $inner::<$r, 4>(w, x, k, out),
+                        }
+                    };
+                }
+                match rows {
+                    1 => by_cols!(1),
+                    2 => by_cols!(2),
+                    3 => by_cols!(3),
+                    _ => by_cols!(4),
+                }
+            }
+        };
+    }
+
+    quant_tile!(tile_q8_0, tile_q8_0_n, deq_q8_0, Q8_0_BYTES);
+    quant_tile!(tile_q4_0, tile_q4_0_n, deq_q4_0, Q4_0_BYTES);
+    quant_tile!(tile_q4_1, tile_q4_1_n, deq_q4_1, Q4_1_BYTES);
 }

@@ -47,6 +47,11 @@ fn encode(t: WeightType, v: &[f32]) -> (Vec<u8>, Vec<f32>) {
             quant::quantize_q4_1(v, &mut b);
             b
         }
+        WeightType::Q5_0 => {
+            let mut b = vec![0u8; v.len() / 32 * quant::Q5_0_BYTES];
+            quant::quantize_q5_0(v, &mut b);
+            b
+        }
         WeightType::Q4K => {
             let mut b = vec![0u8; v.len() / 256 * kquant::Q4_K_BYTES];
             kquant::quantize_q4_k(v, &mut b);
@@ -76,6 +81,7 @@ fn encode(t: WeightType, v: &[f32]) -> (Vec<u8>, Vec<f32>) {
         WeightType::Q8_0 => quant::dequantize_q8_0(&bytes, &mut deq),
         WeightType::Q4_0 => quant::dequantize_q4_0(&bytes, &mut deq),
         WeightType::Q4_1 => quant::dequantize_q4_1(&bytes, &mut deq),
+        WeightType::Q5_0 => quant::dequantize_q5_0(&bytes, &mut deq),
         WeightType::Q4K => kquant::dequantize_q4_k(&bytes, &mut deq),
         WeightType::Q5K => kquant::dequantize_q5_k(&bytes, &mut deq),
         WeightType::Q6K => kquant::dequantize_q6_k(&bytes, &mut deq),
@@ -133,7 +139,7 @@ fn linear_fast_and_ref_match_f64() {
                     .collect();
                 let name = format!("{} rows={rows} k={k} n={n} qa={quant_act}", t.name());
                 assert!(nmse(&f, &r) < 1e-10, "{name}: fast vs ref {}", nmse(&f, &r));
-                let tol = if quant_act && (t.is_block() || t.is_kquant()) {
+                let tol = if quant_act && (t.is_block() || t.has_own_kernels()) {
                     5e-4
                 } else {
                     1e-10
@@ -149,7 +155,7 @@ fn linear_fast_and_ref_match_f64() {
 }
 
 #[test]
-fn kquant_simd_kernels_match_reference() {
+fn own_kernel_types_simd_match_reference() {
     use crate::simd;
     let mut float: Vec<(WeightType, &str, FloatRowsFn, FloatRowsFn)> = Vec::new();
     let mut int: Vec<(WeightType, &str, IntRowsFn, IntRowsFn)> = Vec::new();
@@ -185,6 +191,17 @@ fn kquant_simd_kernels_match_reference() {
         }
     }
     let _ = refs;
+    #[cfg(target_arch = "x86_64")]
+    if simd::has_avx2_fma() {
+        let t = WeightType::Q5_0;
+        float.push((t, "avx2", q5_dot::rows_q5_0_ref, q5_dot::avx2::rows_q5_0));
+        int.push((
+            t,
+            "avx2",
+            q5_dot::rows_q5_0_int_ref,
+            q5_dot::avx2::rows_q5_0_int,
+        ));
+    }
     // the GEMM path's row converters decode exactly like the scalar dequantization
     for t in [WeightType::Q4K, WeightType::Q5K, WeightType::Q6K] {
         let k = 768;
@@ -196,7 +213,12 @@ fn kquant_simd_kernels_match_reference() {
     }
     // 1, 3 and 7 super-blocks; activation row offsets past the first row
     for (t, name, rf, ff) in float {
-        for k in [256usize, 768, 1792] {
+        let ks: &[usize] = if t.is_kquant() {
+            &[256, 768, 1792]
+        } else {
+            &[96, 640, 1056]
+        };
+        for &k in ks {
             for rows in 1..=MAX_ROWS {
                 let x = rand_vec((rows + 1) * k, 11);
                 let (w, _) = encode(t, &rand_vec(k, 12));
@@ -215,7 +237,12 @@ fn kquant_simd_kernels_match_reference() {
         }
     }
     for (t, name, rf, ff) in int {
-        for k in [256usize, 768, 1792] {
+        let ks: &[usize] = if t.is_kquant() {
+            &[256, 768, 1792]
+        } else {
+            &[96, 640, 1056]
+        };
+        for &k in ks {
             for rows in 1..=MAX_ROWS {
                 let x = rand_vec((rows + 2) * k, 13);
                 let mut q = act_quant::Q8Rows::default();

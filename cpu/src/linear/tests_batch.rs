@@ -42,6 +42,7 @@ fn weight(t: WeightType, n: usize, k: usize, seed: u64) -> Vec<u8> {
         WeightType::Q8_0 => crate::quant::quantize_q8_0(&v, &mut b),
         WeightType::Q4_0 => crate::quant::quantize_q4_0(&v, &mut b),
         WeightType::Q4_1 => crate::quant::quantize_q4_1(&v, &mut b),
+        WeightType::Q5_0 => crate::quant::quantize_q5_0(&v, &mut b),
         WeightType::Q4K => crate::kquant::quantize_q4_k(&v, &mut b),
         WeightType::Q5K => crate::kquant::quantize_q5_k(&v, &mut b),
         WeightType::Q6K => crate::kquant::quantize_q6_k(&v, &mut b),
@@ -109,7 +110,7 @@ fn a_rows_output_does_not_depend_on_the_batch() {
                         while r0 < 16 {
                             let rows = b.min(16 - r0);
                             let got = run(&th, &a, &x, r0, rows, il);
-                            let exact_gemm = (t.is_block() || t.is_kquant())
+                            let exact_gemm = (t.is_block() || t.has_own_kernels())
                                 && !quant_act
                                 && rows >= GEMM_MIN_ROWS;
                             for r in (0..rows).filter(|_| !exact_gemm) {

@@ -26,10 +26,11 @@
 //! ([`DEQ_TILE_BYTES`]) into a scratch buffer for cuBLAS. Products accumulate and are written in
 //! f32. `exact` precision (`quant_act = 0`) keeps the f32-activation kernels.
 //!
-//! K-quant weights (Q4_K/Q5_K/Q6_K, `k % 256 == 0`): the `linear_*`/`gemv_*` kernels read f32
-//! activations whatever `quant_act` asks (a warp takes one 256-value super-block per step, 8
-//! values per lane); with `quant_act = 1` and [`TC_MIN_ROWS`] rows or more they are dequantized
-//! to f16 tiles for cuBLAS (`dequant_f16_q*_k`); they have no `linear_mma` kernel.
+//! K-quant weights (Q4_K/Q5_K/Q6_K, `k % 256 == 0`) and Q5_0: the `linear_*`/`gemv_*` kernels
+//! read f32 activations whatever `quant_act` asks (for K-quants a warp takes one 256-value
+//! super-block per step, 8 values per lane; Q5_0 is decoded value by value); with `quant_act = 1`
+//! and [`TC_MIN_ROWS`] rows or more they are dequantized to f16 tiles for cuBLAS
+//! (`dequant_f16_q*_k`, `dequant_f16_q5_0`); they have no `linear_mma` kernel.
 //!
 //! Half activations (prefill of the gated MLP): with `half_output` = 2 (f16) / 3 (bf16) and a
 //! tensor-core product (the conditions above, the weight's form equal to the one asked for, no
@@ -119,8 +120,8 @@ impl Batched {
 
     /// Whether a block-weight product of `m` rows of `k` values takes `linear_mma`.
     fn mma(&self, dtype: DataType, m: usize, k: usize) -> bool {
-        // (K-quants have no `linear_mma` kernel; they take dequantized tiles for cuBLAS)
-        let fits = dtype.is_quantized() && !dtype.is_kquant() && k.is_multiple_of(MMA_KC) && m >= 2;
+        // (Q5_0 and the K-quants have no `linear_mma` kernel; they take dequantized tiles)
+        let fits = q8_kernels(dtype) && k.is_multiple_of(MMA_KC) && m >= 2;
         match self.mode {
             1 => false,
             2 => fits,
@@ -270,6 +271,11 @@ struct Linear {
 
 /// The activation form the tensor-core path uses with this weight dtype (`k` values per row),
 /// as the model expects it ([`OutputCopy::tensor_core_form`]).
+/// True for the block dtypes with Q8_0-activation and `linear_mma` kernels (Q8_0, Q4_0, Q4_1).
+fn q8_kernels(t: DataType) -> bool {
+    matches!(t, DataType::Q8_0 | DataType::Q4_0 | DataType::Q4_1)
+}
+
 fn tc_form(w: DataType, k: usize) -> Option<ActForm> {
     ActForm::from_param(OutputCopy::tensor_core_form(w, k).param())
 }
@@ -849,8 +855,9 @@ impl Linear {
         {
             return Ok(());
         }
-        // the GEMV kernels of K-quant weights read f32 activations (no Q8_0 activation kernels)
-        let quant_act = ints.get_or("quant_act", 0) != 0 && !dtype.is_kquant();
+        // the GEMV kernels of Q5_0 and K-quant weights read f32 activations (they have no Q8_0
+        // activation kernels)
+        let quant_act = ints.get_or("quant_act", 0) != 0 && q8_kernels(dtype);
         let aligned = segs.iter().all(|s| s.w % 16 == 0);
         // 16-byte superblock kernels for block weights with quantized activations: k % 256 == 0,
         // aligned rows.

@@ -11,6 +11,7 @@
 //! full KV blocks of earlier requests are reused by requests whose prompt starts with the same
 //! tokens (their prefill is skipped).
 
+use crate::grammar::Constraint;
 use crate::metrics::Metrics;
 use fastllm::generate::stop::StopStrings;
 use fastllm::generate::{Llm, SampleRow, Sampler, SamplingParams};
@@ -124,6 +125,9 @@ pub struct GenRequest {
     pub ignore_eos: bool,
     /// Report each token's log-probability with this many most likely tokens (None = off).
     pub logprobs: Option<usize>,
+    /// The grammar the output must follow (constrained decoding); the request ends when the
+    /// grammar is complete.
+    pub grammar: Option<Constraint>,
     /// Where events go; when the receiver is dropped the request is cancelled.
     pub events: UnboundedSender<Event>,
 }
@@ -292,6 +296,8 @@ struct Seq {
     decoder: StreamState,
     t_start: Instant,
     t_last: Option<Instant>,
+    /// Why this step's grammar mask could not be computed (the request fails with it).
+    grammar_error: Option<String>,
 }
 
 struct Scheduler {
@@ -385,6 +391,7 @@ impl Scheduler {
             decoder: StreamState::new(true),
             t_start: Instant::now(),
             t_last: None,
+            grammar_error: None,
         });
     }
 
@@ -621,11 +628,17 @@ impl Scheduler {
             .iter()
             .map(|&(i, n)| {
                 let s = &mut self.running[i];
-                if s.fed + n >= s.tokens.len() {
-                    s.sampler.next_row(&s.tokens)
-                } else {
-                    SampleRow::greedy()
+                if s.fed + n < s.tokens.len() {
+                    return SampleRow::greedy();
                 }
+                let mut row = s.sampler.next_row(&s.tokens);
+                if let Some(g) = s.req.grammar.as_mut() {
+                    match g.mask() {
+                        Ok(m) => row.mask = Some(m),
+                        Err(e) => s.grammar_error = Some(e),
+                    }
+                }
+                row
             })
             .collect();
         let top_n = self.logprobs_wanted(plan);
@@ -674,6 +687,9 @@ impl Scheduler {
             Ok(t) => t,
             Err(e) => return Some(Some(Event::Error(e.to_string()))),
         };
+        if let Some(e) = s.grammar_error.take() {
+            return Some(Some(Event::Error(e)));
+        }
         let now = Instant::now();
         match s.t_last {
             None => self.metrics.ttft.observe((now - s.t_start).as_secs_f64()),
@@ -681,7 +697,15 @@ impl Scheduler {
         }
         s.t_last = Some(now);
         let n_gen = s.tokens.len() - s.n_prompt;
-        if !s.req.ignore_eos && self.eos.contains(&tok) {
+        let is_eos = self.eos.contains(&tok);
+        // a grammar allows end-of-sequence only where its output is complete
+        let constrained = s.req.grammar.is_some();
+        if let Some(g) = s.req.grammar.as_mut().filter(|_| !is_eos) {
+            if let Err(e) = g.commit(tok) {
+                return Some(Some(Event::Error(e)));
+            }
+        }
+        if is_eos && (constrained || !s.req.ignore_eos) {
             return Some(Some(Event::Done {
                 reason: FinishReason::Stop,
                 prompt_tokens: s.n_prompt,
@@ -697,14 +721,18 @@ impl Scheduler {
             Ok(p) => p,
             Err(e) => return Some(Some(Event::Error(e.to_string()))),
         };
+        let grammar_done = s.req.grammar.as_ref().is_some_and(|g| g.is_finished());
+        if finish.is_none() && grammar_done {
+            finish = Some(FinishReason::Stop);
+        }
         if finish.is_none()
             && (n_gen >= s.req.max_new_tokens || s.tokens.len() >= self.cfg.max_total_tokens)
         {
             finish = Some(FinishReason::Length);
         }
-        // at the length limit the held-back tail goes too
+        // at the length limit (or the grammar's end) the held-back tail goes too
         let piece = match finish {
-            Some(FinishReason::Length) => {
+            Some(FinishReason::Length | FinishReason::Stop) => {
                 let rest = s.text.get(s.text_sent..).unwrap_or("").to_string();
                 s.text_sent = s.text.len();
                 piece + &rest
@@ -848,6 +876,7 @@ mod tests {
             stop: Vec::new(),
             ignore_eos: false,
             logprobs: None,
+            grammar: None,
             events: tx,
         };
         (req, rx)

@@ -1,20 +1,26 @@
 //! HTTP front end (axum): the router and the state shared by the endpoints — OpenAI
 //! `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models` ([`openai`]); TGI
-//! `POST /generate`, `POST /generate_stream`, `POST /` ([`tgi`]); `GET /info`, `GET /health`,
+//! `POST /generate`, `POST /generate_stream`, `POST /` ([`tgi`]); the web chat page at `GET /`
+//! ([`page`]); `GET /info`, `GET /health`,
 //! `GET /metrics`, `POST /tokenize` (here) — and what they share: queueing sequences in the
 //! engine, collecting them, and streaming them as Server-Sent Events. Every error is a JSON body
 //! in the OpenAI error shape ([`guard`]); bad requests get a 4xx, and a request field this server
-//! does not serve is refused by name ([`fields`]). A client that disconnects cancels its
+//! does not serve is refused by name ([`fields`]); grammars of constrained output are read and
+//! compiled by [`constrain`]. A client that disconnects cancels its
 //! request; on shutdown, running requests end after the drain timeout ([`crate::shutdown`]).
 
+pub mod constrain;
 pub mod fields;
 pub mod guard;
 pub mod logprobs;
 pub mod openai;
+pub mod page;
 pub mod reasoning;
 pub mod tgi;
+pub mod tools;
 
 use crate::engine::{Engine, EngineConfig, Event, FinishReason, GenRequest, SubmitError};
+use crate::grammar::{Constraint, Grammars};
 use crate::metrics::Metrics;
 use crate::ServeOptions;
 use axum::body::Bytes;
@@ -53,6 +59,8 @@ pub struct AppState {
     draining: AtomicBool,
     /// Set when the drain timeout has passed: running requests end.
     cut: watch::Sender<bool>,
+    /// The grammar compiler, made on the first constrained request.
+    grammars: OnceLock<Result<Arc<Grammars>, String>>,
 }
 
 impl AppState {
@@ -76,7 +84,14 @@ impl AppState {
             cors_origin: o.cors_origin.clone(),
             draining: AtomicBool::new(false),
             cut: watch::channel(false).0,
+            grammars: OnceLock::new(),
         })
+    }
+    /// The grammar compiler of the loaded model `llm`.
+    pub fn grammars(&self, llm: &Arc<Llm>) -> Result<Arc<Grammars>, String> {
+        self.grammars
+            .get_or_init(|| Grammars::new(llm.clone()).map(Arc::new))
+            .clone()
     }
     /// Installs the loaded model and starts the engine.
     pub fn set_ready(&self, llm: Arc<Llm>, cfg: EngineConfig) -> fastllm::Result<()> {
@@ -105,7 +120,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/models", get(openai::models))
-        .route("/", post(tgi::compat))
+        .route("/", get(page::chat_page).post(tgi::compat))
         .route("/generate", post(tgi::generate))
         .route("/generate_stream", post(tgi::generate_stream))
         .route("/info", get(info))
@@ -185,6 +200,8 @@ pub struct Job {
     pub ignore_eos: bool,
     /// Report log-probabilities with this many most likely tokens (None = off).
     pub logprobs: Option<usize>,
+    /// The grammar every sequence follows (each gets its own copy of the fresh state).
+    pub grammar: Option<Constraint>,
 }
 
 impl Job {
@@ -236,6 +253,7 @@ pub fn submit_n(
             stop: job.stop.clone(),
             ignore_eos: job.ignore_eos,
             logprobs: job.logprobs,
+            grammar: job.grammar.clone(),
             events: tx,
         });
         rxs.push(rx);

@@ -1,8 +1,9 @@
 //! `fastllm serve`: a scheduler thread doing continuous batching over a paged KV cache
-//! ([`engine`]), Prometheus-style metrics ([`metrics`]), an HTTP front end with OpenAI- and
+//! ([`engine`]) with grammar-constrained decoding ([`grammar`]), Prometheus-style metrics ([`metrics`]), an HTTP front end with OpenAI- and
 //! TGI-compatible endpoints ([`http`]), and a graceful stop on SIGTERM/SIGINT ([`shutdown`]).
 
 pub mod engine;
+pub mod grammar;
 pub mod http;
 pub mod load;
 pub mod metrics;

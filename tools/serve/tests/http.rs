@@ -28,6 +28,17 @@ struct Server {
 }
 
 fn start(max_concurrent: usize, api_key: Option<&str>, load_model: bool) -> Server {
+    start_limits(max_concurrent, api_key, load_model, 100, 200)
+}
+
+/// [`start`] with the limits of prompt and total tokens per request.
+fn start_limits(
+    max_concurrent: usize,
+    api_key: Option<&str>,
+    load_model: bool,
+    max_input: usize,
+    max_total: usize,
+) -> Server {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -57,8 +68,8 @@ fn start(max_concurrent: usize, api_key: Option<&str>, load_model: bool) -> Serv
             kv_cache_mb: 16,
             max_concurrent_requests: Some(max_concurrent),
 
-            max_input_tokens: Some(100),
-            max_total_tokens: Some(200),
+            max_input_tokens: Some(max_input),
+            max_total_tokens: Some(max_total),
 
             ..Default::default()
         };
@@ -571,6 +582,266 @@ fn synthetic_model_serves_text_and_seeded_sampling() {
         // /tokenize: one id per byte after bos
         let (st, v) = post(&b, "/tokenize", json!({"inputs": "Hi"})).await;
         assert_eq!(st, 200, "{v}");
+        wait_idle(&b).await;
+    });
+}
+
+/// Constrained output through HTTP on the tiny model (whose unconstrained text is noise):
+/// `response_format` `json_schema` and `json_object` (chat, streamed and not, sampled with
+/// n = 3), completions, and TGI's `grammar` (JSON and regex) give text that follows the
+/// grammar; bad formats and grammars are a 400 naming the field.
+#[test]
+fn constrained_output_follows_the_grammar() {
+    let s = start(16, None, true);
+    let b = s.base.clone();
+    block(async move {
+        let schema = json!({"type": "object", "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150},
+            "kind": {"enum": ["cat", "dog"]}},
+            "required": ["name", "age", "kind"], "additionalProperties": false});
+        let valid = |text: &str| {
+            let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+            let o = v.as_object().unwrap();
+            assert_eq!(o.len(), 3, "{text}");
+            assert!(v["name"].as_str().unwrap().chars().count() <= 12, "{text}");
+            assert!((0..=150).contains(&v["age"].as_i64().unwrap()), "{text}");
+            assert!(
+                ["cat", "dog"].contains(&v["kind"].as_str().unwrap()),
+                "{text}"
+            );
+        };
+        let rf = json!({"type": "json_schema", "json_schema": {"name": "pet", "schema": schema}});
+        let msgs = json!([{"role": "user", "content": "A pet, please."}]);
+        let (st, v) = post(
+            &b,
+            "/v1/chat/completions",
+            json!({"messages": msgs, "max_tokens": 60, "temperature": 0.9, "n": 3,
+                   "response_format": rf}),
+        )
+        .await;
+        assert_eq!(st, 200, "{v}");
+        for c in v["choices"].as_array().unwrap() {
+            assert_eq!(c["finish_reason"], "stop", "{v}");
+            valid(c["message"]["content"].as_str().unwrap());
+        }
+        let ev = sse(
+            &b,
+            "/v1/chat/completions",
+            json!({"messages": msgs, "max_tokens": 60, "temperature": 0, "stream": true,
+                   "response_format": rf}),
+        )
+        .await;
+        assert_eq!(ev.last().map(|s| s.as_str()), Some("[DONE]"));
+        let text: String = ev
+            .iter()
+            .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+            .filter_map(|v| {
+                v["choices"][0]["delta"]["content"]
+                    .as_str()
+                    .map(String::from)
+            })
+            .collect();
+        valid(&text);
+        // any JSON object, on completions
+        let (st, v) = post(
+            &b,
+            "/v1/completions",
+            json!({"prompt": "Data:", "max_tokens": 80, "temperature": 0.7, "seed": 4,
+                   "response_format": {"type": "json_object"}}),
+        )
+        .await;
+        assert_eq!(st, 200, "{v}");
+        if v["choices"][0]["finish_reason"] == "stop" {
+            let o: Value = serde_json::from_str(v["choices"][0]["text"].as_str().unwrap()).unwrap();
+            assert!(o.is_object(), "{v}");
+        } else {
+            assert!(
+                v["choices"][0]["text"].as_str().unwrap().starts_with('{'),
+                "{v}"
+            );
+        }
+        // TGI: a JSON grammar (schema given as an object) and a regex
+        let (st, v) = post(
+            &b,
+            "/generate",
+            json!({"inputs": "Pet:", "parameters": {"max_new_tokens": 60,
+                   "grammar": {"type": "json", "value": schema}}}),
+        )
+        .await;
+        assert_eq!(st, 200, "{v}");
+        valid(v["generated_text"].as_str().unwrap());
+        let (st, v) = post(
+            &b,
+            "/generate",
+            json!({"inputs": "Call", "parameters": {"max_new_tokens": 20, "do_sample": true,
+                   "grammar": {"type": "regex", "value": "[0-9]{3}-[0-9]{4}"}}}),
+        )
+        .await;
+        assert_eq!(st, 200, "{v}");
+        let t = v["generated_text"].as_str().unwrap();
+        assert!(
+            t.len() == 8
+                && t.chars().enumerate().all(|(i, c)| if i == 3 {
+                    c == '-'
+                } else {
+                    c.is_ascii_digit()
+                }),
+            "{t:?}"
+        );
+        // bad inputs
+        for (path, body, want) in [
+            (
+                "/v1/chat/completions",
+                json!({"messages": msgs, "response_format": {"type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "objekt"}}}}),
+                "response_format: invalid JSON schema",
+            ),
+            (
+                "/v1/chat/completions",
+                json!({"messages": msgs, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+                "needs a 'schema'",
+            ),
+            (
+                "/v1/chat/completions",
+                json!({"messages": msgs, "response_format": {"type": "yaml"}}),
+                "response_format type 'yaml'",
+            ),
+            (
+                "/generate",
+                json!({"inputs": "x", "parameters": {"grammar": {"type": "regex", "value": "(a"}}}),
+                "grammar: invalid regular expression",
+            ),
+            (
+                "/generate",
+                json!({"inputs": "x", "parameters": {"grammar": {"type": "json", "value": "{not json"}}}),
+                "grammar value is not a JSON schema",
+            ),
+            (
+                "/generate",
+                json!({"inputs": "x", "parameters": {"grammar": {"type": "ebnf", "value": "x"}}}),
+                "grammar type 'ebnf'",
+            ),
+        ] {
+            let (st, v) = post(&b, path, body).await;
+            assert_eq!(st, 400, "{v}");
+            let m = v["error"]["message"].as_str().unwrap();
+            assert!(m.contains(want), "{m}");
+        }
+        wait_idle(&b).await;
+    });
+}
+
+/// Tool calls through HTTP on the tiny model: a forced call (`required`, named) comes back as
+/// OpenAI `tool_calls` whose arguments follow the tool's schema, streamed too; a round trip
+/// with the call and its result in the messages renders; bad tools and choices are a 400
+/// naming what is wrong.
+#[test]
+fn forced_tool_calls_come_back_as_tool_calls() {
+    // the tools are described in the prompt: too long for the tiny fixture's context of 256
+    let s = start_synthetic();
+    let b = s.base.clone();
+    block(async move {
+        let tools = json!([
+            {"type": "function", "function": {"name": "add", "parameters": {"type": "object",
+              "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+                             "b": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["a", "b"], "additionalProperties": false}}},
+            {"type": "function", "function": {"name": "now"}}]);
+        let msgs = json!([{"role": "user", "content": "2+3?"}]);
+        for choice in [
+            json!("required"),
+            json!({"type": "function", "function": {"name": "add"}}),
+        ] {
+            let (st, v) = post(
+                &b,
+                "/v1/chat/completions",
+                json!({"messages": msgs, "tools": tools, "tool_choice": choice, "max_tokens": 120,
+                       "temperature": 0.8, "parallel_tool_calls": false}),
+            )
+            .await;
+            assert_eq!(st, 200, "{v}");
+            let c = &v["choices"][0];
+            assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+            let call = &c["message"]["tool_calls"][0];
+            assert_eq!(call["type"], "function");
+            assert!(call["id"].as_str().unwrap().starts_with("call_"));
+            let name = call["function"]["name"].as_str().unwrap();
+            let args: Value =
+                serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+            match name {
+                "add" => assert!(args["a"].is_i64() && args["b"].is_i64(), "{args}"),
+                "now" => assert!(args.is_object(), "{args}"),
+                _ => panic!("{name}"),
+            }
+        }
+        let ev = sse(
+            &b,
+            "/v1/chat/completions",
+            json!({"messages": msgs, "tools": tools, "stream": true, "max_tokens": 120,
+                   "tool_choice": {"type": "function", "function": {"name": "add"}}}),
+        )
+        .await;
+        assert_eq!(ev.last().map(|s| s.as_str()), Some("[DONE]"));
+        let chunks: Vec<Value> = ev
+            .iter()
+            .filter_map(|e| serde_json::from_str(e).ok())
+            .collect();
+        let calls: Vec<&Value> = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
+            .flatten()
+            .collect();
+        assert_eq!(calls.len(), 1, "{ev:?}");
+        assert_eq!(calls[0]["function"]["name"], "add");
+        assert!(chunks
+            .iter()
+            .any(|c| c["choices"][0]["finish_reason"] == "tool_calls"));
+        // the round trip's second request: the call and its result in the messages
+        let back = json!([{"role": "user", "content": "2+3?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+             "function": {"name": "add", "arguments": "{\"a\":2,\"b\":3}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "5"}]);
+        let (st, v) = post(
+            &b,
+            "/v1/chat/completions",
+            json!({"messages": back, "tools": tools, "max_tokens": 5, "temperature": 0}),
+        )
+        .await;
+        assert_eq!(st, 200, "{v}");
+        for (body, want) in [
+            (
+                json!({"messages": msgs, "tools": tools,
+                    "tool_choice": {"type": "function", "function": {"name": "mul"}}}),
+                "unknown tool 'mul'",
+            ),
+            (
+                json!({"messages": msgs, "tool_choice": "required"}),
+                "no tools are given",
+            ),
+            (
+                json!({"messages": msgs, "tools": [{"type": "function", "function": {"name": ""}}]}),
+                "tools[0].function needs a non-empty 'name'",
+            ),
+            (
+                json!({"messages": msgs, "tools": tools, "tool_choice": "required",
+                    "response_format": {"type": "json_object"}}),
+                "cannot be combined",
+            ),
+        ] {
+            let (st, v) = post(&b, "/v1/chat/completions", body).await;
+            assert_eq!(st, 400, "{v}");
+            let m = v["error"]["message"].as_str().unwrap();
+            assert!(m.contains(want), "{m}");
+        }
+        let (st, v) = post(
+            &b,
+            "/v1/completions",
+            json!({"prompt": "x", "tools": tools}),
+        )
+        .await;
+        assert_eq!(st, 400, "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("'tools'"));
         wait_idle(&b).await;
     });
 }

@@ -26,6 +26,7 @@ pub const COMPLETION: &[&str] = &[
     "user",
     "ignore_eos",
     "logprobs",
+    "response_format",
 ];
 
 /// Fields of `POST /v1/chat/completions`.
@@ -50,10 +51,14 @@ pub const CHAT: &[&str] = &[
     "ignore_eos",
     "logprobs",
     "top_logprobs",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
 ];
 
 /// Fields of a chat message.
-pub const MESSAGE: &[&str] = &["role", "content"];
+pub const MESSAGE: &[&str] = &["role", "content", "tool_calls", "tool_call_id", "name"];
 
 /// Fields of `stream_options`.
 pub const STREAM_OPTIONS: &[&str] = &["include_usage"];
@@ -77,6 +82,7 @@ pub const TGI_PARAMS: &[&str] = &[
     "truncate",
     "top_n_tokens",
     "best_of",
+    "grammar",
 ];
 
 /// API fields this server knows and does not implement, with what they would do.
@@ -85,7 +91,6 @@ const UNSUPPORTED: &[(&str, &str)] = &[
     ("best_of", "best-of sampling"),
     ("echo", "echoing the prompt"),
     ("suffix", "insertion"),
-    ("response_format", "constrained output"),
     ("tools", "tool calls"),
     ("tool_choice", "tool calls"),
     ("parallel_tool_calls", "tool calls"),
@@ -105,7 +110,6 @@ const UNSUPPORTED: &[(&str, &str)] = &[
     ("typical_p", "typical sampling"),
     ("watermark", "watermarking"),
     ("decoder_input_details", "prompt log probabilities"),
-    ("grammar", "constrained output"),
     ("adapter_id", "adapters"),
 ];
 
@@ -195,12 +199,8 @@ mod tests {
         assert!(m.contains("'tools'") && m.contains("not supported"), "{m}");
         let m = msg(json!({"prompt": "x", "echo": true}), COMPLETION).unwrap();
         assert!(m.contains("'echo'"), "{m}");
-        let m = msg(
-            json!({"response_format": {"type": "json_object"}}),
-            COMPLETION,
-        )
-        .unwrap();
-        assert!(m.contains("'response_format'"), "{m}");
+        let m = msg(json!({"grammar": {"type": "json"}}), COMPLETION).unwrap();
+        assert_eq!(m, "unknown field 'grammar'");
         let m = msg(json!({"prompt": "x", "frobnicate": 1}), COMPLETION).unwrap();
         assert_eq!(m, "unknown field 'frobnicate'");
         assert!(msg(json!([1, 2]), COMPLETION)

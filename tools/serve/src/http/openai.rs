@@ -2,20 +2,24 @@
 //! ending in `data: [DONE]`) and `GET /v1/models`. `n` choices run as `n` sequences, choice `i`
 //! with seed `seed + i`; `logprobs` / `top_logprobs` come from the engine ([`super::logprobs`]);
 //! the seed used is reported as `seed` (null when greedy); usage counts the prompt once.
+//! `response_format` constrains the output ([`super::constrain`]); `tools` and `tool_choice`
+//! offer functions whose calls come back as `tool_calls` ([`super::tools`]).
 
 use super::reasoning::{self, Split, ThinkSplitter};
+use super::tools::{self, ToolChoice, ToolFormat, ToolStream};
 use super::{
-    auth, bad, collect_all, fields, logprobs, parse, ready, sse, submit_n, ApiError, AppState,
-    Collected, Job, SHUTDOWN_MSG,
+    auth, bad, collect_all, constrain, fields, logprobs, parse, ready, sse, submit_n, ApiError,
+    AppState, Collected, Job, SHUTDOWN_MSG,
 };
 use crate::engine::{Event, FinishReason};
+use crate::grammar::GrammarSpec;
 use crate::seed::seed_or_fresh;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use fastllm::generate::{ChatMessage, Llm, SamplingParams};
+use fastllm::generate::{Llm, SamplingParams};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
@@ -65,6 +69,8 @@ struct OaSampling {
     /// vLLM's extension: keep generating past end-of-sequence tokens (load tests).
     #[serde(default)]
     ignore_eos: bool,
+    /// Constrained output (`json_object`, `json_schema`).
+    response_format: Option<Value>,
 }
 
 impl OaSampling {
@@ -104,6 +110,7 @@ impl OaSampling {
             stop: Stop::list(self.stop.take()),
             ignore_eos: self.ignore_eos,
             logprobs: None,
+            grammar: None,
         })
     }
 }
@@ -119,10 +126,14 @@ struct CompletionRequest {
 
 #[derive(Deserialize)]
 struct ChatRequest {
-    messages: Vec<ChatMsgIn>,
+    messages: Vec<Value>,
     #[serde(default)]
     logprobs: bool,
     top_logprobs: Option<u32>,
+    tools: Option<Value>,
+    tool_choice: Option<Value>,
+    /// False: at most one tool call per answer.
+    parallel_tool_calls: Option<bool>,
     #[serde(flatten)]
     s: OaSampling,
 }
@@ -136,12 +147,6 @@ impl ChatRequest {
             (true, n) => logprobs::check_top(n.unwrap_or(0), "top_logprobs").map(Some),
         }
     }
-}
-
-#[derive(Deserialize)]
-struct ChatMsgIn {
-    role: String,
-    content: Value,
 }
 
 fn content_text(v: &Value) -> Result<String, ApiError> {
@@ -324,7 +329,9 @@ pub async fn completions(
         .encode(&prompt, true, false)
         .map_err(|e| bad(e.to_string()))?;
     let n = req.s.choices()?;
+    let spec = constrain::response_format(req.s.response_format.as_ref())?;
     let mut job = req.s.job(ids, 16)?;
+    job.grammar = constrain::compile_opt(&st, llm, spec, "response_format")?;
     job.logprobs = req
         .logprobs
         .map(|k| logprobs::check_top(k, "logprobs"))
@@ -357,28 +364,59 @@ pub async fn completions(
     Ok(Json(out).into_response())
 }
 
-/// The chat prompt's token ids, and whether it ends by opening `<think>`.
-fn chat_prompt(llm: &Llm, messages: &[ChatMsgIn]) -> Result<(Vec<u32>, bool), ApiError> {
+/// The tool calling of a chat request: the offered tools (None: off), how calls are written.
+struct ToolUse {
+    format: ToolFormat,
+    /// At most one call per answer.
+    single: bool,
+}
+
+/// A chat message as the template gets it: a known role (`developer` as `system`), the
+/// content as text, and the tool fields passed through.
+fn template_message(m: &Value) -> Result<Value, ApiError> {
+    let role = m
+        .get("role")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad("every message needs a string 'role'"))?;
+    if !matches!(role, "system" | "user" | "assistant" | "tool" | "developer") {
+        return Err(bad(format!("unknown role '{role}'")));
+    }
+    let role = if role == "developer" { "system" } else { role };
+    let content = content_text(m.get("content").unwrap_or(&Value::Null))?;
+    let mut out = json!({"role": role, "content": content});
+    for k in ["tool_calls", "tool_call_id", "name"] {
+        if let Some(v) = m.get(k).filter(|v| !v.is_null()) {
+            out[k] = v.clone();
+        }
+    }
+    Ok(out)
+}
+
+/// The chat prompt's token ids, and whether it ends by opening `<think>`. With `tools`, they
+/// go through the template (or, for a template that knows none, a system message).
+fn chat_prompt(
+    llm: &Llm,
+    messages: &[Value],
+    tools: Option<&Value>,
+) -> Result<(Vec<u32>, bool), ApiError> {
     if messages.is_empty() {
         return Err(bad("messages must not be empty"));
     }
-    let mut msgs = Vec::with_capacity(messages.len());
-    for m in messages {
-        if !matches!(
-            m.role.as_str(),
-            "system" | "user" | "assistant" | "tool" | "developer"
-        ) {
-            return Err(bad(format!("unknown role '{}'", m.role)));
+    let msgs: Vec<Value> = messages
+        .iter()
+        .map(template_message)
+        .collect::<Result<_, _>>()?;
+    let (_, knows_tools) = ToolFormat::of_template(&llm.chat_template);
+    let (msgs, tools) = match tools {
+        Some(t) if !knows_tools => {
+            tools::parse_tools(Some(t))?;
+            let desc = tools::describe_tools(t);
+            (tools::template_messages(&msgs, Some(desc)), None)
         }
-        let role = if m.role == "developer" {
-            "system"
-        } else {
-            m.role.as_str()
-        };
-        msgs.push(ChatMessage::new(role, &content_text(&m.content)?));
-    }
+        t => (tools::template_messages(&msgs, None), t),
+    };
     let text = llm
-        .render_chat(&msgs, true)
+        .render_chat_json(&msgs, tools, true)
         .map_err(|e| bad(e.to_string()))?;
     let ids = llm
         .tokenizer
@@ -389,14 +427,22 @@ fn chat_prompt(llm: &Llm, messages: &[ChatMsgIn]) -> Result<(Vec<u32>, bool), Ap
 
 /// The deltas of one piece of a chat answer: reasoning and content (split when `splitter`),
 /// the token's log-probabilities on the first, an empty content delta when only they are new.
-fn chat_deltas(splitter: Option<&mut ThinkSplitter>, text: &str, lp: Option<Value>) -> Vec<Value> {
-    let split = match splitter {
+fn chat_deltas(
+    splitter: Option<&mut ThinkSplitter>,
+    calls: Option<&mut ToolStream>,
+    text: &str,
+    lp: Option<Value>,
+) -> Vec<Value> {
+    let mut split = match splitter {
         Some(s) => s.push(text),
         None => Split {
             reasoning: String::new(),
             content: text.to_string(),
         },
     };
+    if let Some(c) = calls {
+        split.content = c.push(&split.content);
+    }
     delta_values(split, lp)
 }
 
@@ -427,9 +473,14 @@ fn chat_chunks(
     n: usize,
     seed: Value,
     think: Option<bool>,
+    tool_use: Option<ToolUse>,
 ) -> impl FnMut(usize, &Event) -> Vec<Value> + Send + 'static {
     let mut splitters: Vec<Option<ThinkSplitter>> =
         (0..n).map(|_| think.map(ThinkSplitter::new)).collect();
+    let mut callers: Vec<Option<ToolStream>> = (0..n)
+        .map(|_| tool_use.as_ref().map(|t| ToolStream::new(t.format)))
+        .collect();
+    let id = head["id"].as_str().unwrap_or("").to_string();
     let mut first = vec![true; n];
     let mut fin = Finished {
         n,
@@ -460,7 +511,7 @@ fn chat_chunks(
         match ev {
             Event::Token { id, text, logprobs } => {
                 let lp = logprobs.as_ref().map(|l| logprobs::chat(&llm, &[(*id, l)]));
-                let deltas = chat_deltas(splitters[i].as_mut(), text, lp);
+                let deltas = chat_deltas(splitters[i].as_mut(), callers[i].as_mut(), text, lp);
                 out.extend(deltas.into_iter().map(with));
             }
             Event::Done {
@@ -469,9 +520,30 @@ fn chat_chunks(
                 completion_tokens,
             } => {
                 if let Some(s) = splitters[i].as_mut() {
-                    out.extend(delta_values(s.finish(), None).into_iter().map(with));
+                    let mut split = s.finish();
+                    if let Some(c) = callers[i].as_mut() {
+                        split.content = c.push(&split.content);
+                    }
+                    out.extend(delta_values(split, None).into_iter().map(with));
                 }
-                let mut c = chunk(json!({}), json!(reason_str(*reason)));
+                let mut reason = json!(reason_str(*reason));
+                if let (Some(c), Some(t)) = (callers[i].as_mut(), tool_use.as_ref()) {
+                    let (rest, mut calls) = c.finish();
+                    if t.single {
+                        calls.truncate(1);
+                    }
+                    if !rest.is_empty() {
+                        out.push(chunk(json!({ "content": rest }), Value::Null));
+                    }
+                    let prefix = format!("{id}_{i}");
+                    for d in tools::call_deltas(&calls, &prefix) {
+                        out.push(chunk(d, Value::Null));
+                    }
+                    if !calls.is_empty() {
+                        reason = json!("tool_calls");
+                    }
+                }
+                let mut c = chunk(json!({}), reason);
                 fin.finish(&mut c, *prompt_tokens, *completion_tokens);
                 out.push(c);
             }
@@ -481,17 +553,42 @@ fn chat_chunks(
     }
 }
 
-/// The assistant message of a whole answer, its `<think>` reasoning split off when `think`.
-fn chat_message(text: &str, think: Option<bool>) -> Value {
-    let Some(opened) = think else {
-        return json!({"role": "assistant", "content": text});
+/// The assistant message of a whole answer, its `<think>` reasoning split off when `think`;
+/// with `tool_use`, its tool calls parsed out (then the finish reason is `tool_calls`).
+fn chat_message(
+    text: &str,
+    think: Option<bool>,
+    tool_use: Option<&ToolUse>,
+    id: &str,
+) -> (Value, Option<&'static str>) {
+    let s = match think {
+        Some(opened) => reasoning::split_all(text, opened),
+        None => Split {
+            reasoning: String::new(),
+            content: text.to_string(),
+        },
     };
-    let s = reasoning::split_all(text, opened);
     let mut m = json!({"role": "assistant", "content": s.content});
     if !s.reasoning.is_empty() {
         m["reasoning_content"] = json!(s.reasoning);
     }
-    m
+    let Some(t) = tool_use else {
+        return (m, None);
+    };
+    let (content, mut calls) = tools::parse_calls(t.format, &s.content);
+    if t.single {
+        calls.truncate(1);
+    }
+    if calls.is_empty() {
+        return (m, None);
+    }
+    m["content"] = if content.is_empty() {
+        Value::Null
+    } else {
+        json!(content)
+    };
+    m["tool_calls"] = tools::openai_calls(&calls, id);
+    (m, Some("tool_calls"))
 }
 
 /// `POST /v1/chat/completions`.
@@ -503,20 +600,42 @@ pub async fn chat_completions(
     auth(&st, &h)?;
     let mut req: ChatRequest = openai_request(&body, fields::CHAT)?;
     let (llm, _) = ready(&st)?;
-    let (ids, opened) = chat_prompt(llm, &req.messages)?;
+    let offered = tools::parse_tools(req.tools.as_ref())?;
+    let choice = tools::parse_choice(req.tool_choice.as_ref(), &offered)?;
+    let (format, _) = ToolFormat::of_template(&llm.chat_template);
+    let tool_use = (choice != ToolChoice::None).then_some(ToolUse {
+        format,
+        single: req.parallel_tool_calls == Some(false),
+    });
+    let tools_value = req.tools.as_ref().filter(|_| tool_use.is_some());
+    let (ids, opened) = chat_prompt(llm, &req.messages, tools_value)?;
     let think = reasoning::model_thinks(llm).then_some(opened);
     let ctx = llm.model.config().context_length as u32;
     let default_max = ctx.saturating_sub(ids.len() as u32).clamp(1, 512);
     let n = req.s.choices()?;
+    let mut spec = constrain::response_format(req.s.response_format.as_ref())?;
+    if let Some(g) = tools::grammar(format, &offered, &choice) {
+        if spec.is_some() {
+            return Err(bad(
+                "response_format cannot be combined with a tool_choice that forces a call",
+            ));
+        }
+        spec = Some(g);
+    }
+    let field = match spec {
+        Some(GrammarSpec::Lark(_)) => "tool_choice",
+        _ => "response_format",
+    };
     let mut job = req.s.job(ids, default_max)?;
     job.logprobs = req.top_logprobs()?;
+    job.grammar = constrain::compile_opt(&st, llm, spec, field)?;
     let seed = job.reported_seed();
     let rxs = submit_n(&st, job, n)?;
     let (id, created, model) = (request_id("chatcmpl"), now(), st.model_name.clone());
     let head =
         json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model});
     if req.s.stream {
-        let render = chat_chunks(llm.clone(), head, n, seed, think);
+        let render = chat_chunks(llm.clone(), head, n, seed, think, tool_use);
         return Ok(sse(&st, rxs, render, true).into_response());
     }
     let cs = collect_all(&st, rxs).await?;
@@ -528,8 +647,10 @@ pub async fn chat_completions(
                 true => logprobs::chat(llm, &c.with_logprobs()),
                 false => Value::Null,
             };
-            json!({"index": i, "message": chat_message(&c.text, think),
-                   "finish_reason": reason_str(c.reason), "logprobs": lp})
+            let (message, tool_reason) =
+                chat_message(&c.text, think, tool_use.as_ref(), &format!("{id}_{i}"));
+            json!({"index": i, "message": message,
+                   "finish_reason": tool_reason.unwrap_or(reason_str(c.reason)), "logprobs": lp})
         })
         .collect();
     let mut out = head;
@@ -593,7 +714,7 @@ mod tests {
             },
         ];
         let run = |think: Option<bool>| {
-            let mut render = chat_chunks(llm.clone(), json!({}), 1, Value::Null, think);
+            let mut render = chat_chunks(llm.clone(), json!({}), 1, Value::Null, think, None);
             let chunks: Vec<Value> = events.iter().flat_map(|e| render(0, e)).collect();
             let field = |k: &str| -> String {
                 chunks
@@ -607,15 +728,15 @@ mod tests {
         let plain = "<think>\nFirst, add.</think>\n\nIt is 4.";
         assert_eq!(run(None), (String::new(), plain.into()));
         // whole answers
-        let m = chat_message(plain, Some(false));
+        let m = chat_message(plain, Some(false), None, "x").0;
         assert_eq!(m["reasoning_content"], "First, add.");
         assert_eq!(m["content"], "It is 4.");
-        let m = chat_message("the prompt opened it</think>ok", Some(true));
+        let m = chat_message("the prompt opened it</think>ok", Some(true), None, "x").0;
         assert_eq!(
             (m["reasoning_content"].as_str(), m["content"].as_str()),
             (Some("the prompt opened it"), Some("ok"))
         );
-        let m = chat_message(plain, None);
+        let m = chat_message(plain, None, None, "x").0;
         assert!(m.get("reasoning_content").is_none());
         assert_eq!(m["content"], plain);
         // the tiny model has no </think> token: its answers are never split

@@ -10,7 +10,8 @@
 use super::logprobs::{check_top, tgi_token as token, tgi_top, token_text};
 use super::openai::MAX_N;
 use super::{
-    auth, bad, collect_all, fields, parse, ready, sse, submit_n, ApiError, AppState, Collected, Job,
+    auth, bad, collect_all, constrain, fields, parse, ready, sse, submit_n, ApiError, AppState,
+    Collected, Job,
 };
 use crate::engine::{Event, FinishReason};
 use crate::seed::seed_or_fresh;
@@ -51,6 +52,7 @@ struct TgiParams {
     truncate: Option<usize>,
     top_n_tokens: Option<u32>,
     best_of: Option<u32>,
+    grammar: Option<Value>,
 }
 
 /// A checked TGI request, queued.
@@ -136,6 +138,7 @@ fn queue(st: &AppState, req: TgiRequest, streamed: bool) -> Result<Queued, ApiEr
     let top_n = check_top(p.top_n_tokens.unwrap_or(0), "top_n_tokens")?;
     let sampling = sampling(&p)?;
     let n = best_of(&p, sampling.temperature > 0.0, streamed)?;
+    let spec = constrain::tgi_grammar(p.grammar.as_ref())?;
     let job = Job {
         prompt: ids,
         sampling,
@@ -143,6 +146,7 @@ fn queue(st: &AppState, req: TgiRequest, streamed: bool) -> Result<Queued, ApiEr
         stop: p.stop.clone().unwrap_or_default(),
         ignore_eos: false,
         logprobs: Some(top_n),
+        grammar: constrain::compile_opt(st, llm, spec, "grammar")?,
     };
     let seed = job.reported_seed();
     let prefix = if p.return_full_text == Some(true) {

@@ -1,14 +1,63 @@
 """The official `openai` client and TGI's `text-generation` client against a running
 `fastllm serve` (base URL as the only argument): plain and streamed generation, logprobs,
-n > 1, TGI details, top tokens and best_of, and refusals of unsupported fields. Exits non-zero on the
-first failed check."""
+n > 1, TGI details, top tokens, best_of and grammars (JSON, regex), and refusals of
+unsupported fields and unknown tools. Exits non-zero on the first failed check."""
 
+import json
 import sys
 
 import openai
 from openai import OpenAI
 from text_generation import Client
 from text_generation.errors import BadRequestError
+from text_generation.types import Grammar, GrammarType
+
+# bounded, so the tiny model's noise still ends inside its context
+PET = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 10},
+        "age": {"type": "integer", "minimum": 0, "maximum": 30},
+        "kind": {"enum": ["cat", "dog"]},
+    },
+    "required": ["name", "age", "kind"],
+    "additionalProperties": False,
+}
+
+
+def pet_ok(text: str) -> None:
+    v = json.loads(text)
+    assert set(v) == {"name", "age", "kind"}, v
+    assert len(v["name"]) <= 10 and 0 <= v["age"] <= 30 and v["kind"] in ("cat", "dog"), v
+
+
+def tgi_grammar(tgi: Client) -> None:
+    """generate (always with details) and generate_stream with top_n_tokens and a JSON grammar;
+    a regex."""
+    g = Grammar(type=GrammarType.Json, value=PET)
+    r = tgi.generate("Pet:", max_new_tokens=80, top_n_tokens=2, grammar=g,
+                     do_sample=True, seed=3)
+    pet_ok(r.generated_text)
+    d = r.details
+    assert d.finish_reason == "eos_token", d
+    assert d.generated_tokens == len(d.tokens) == len(d.top_tokens) >= 1, d
+    assert all(len(t) == 2 for t in d.top_tokens)
+    text, last = "", None
+    for ev in tgi.generate_stream("Pet:", max_new_tokens=80, top_n_tokens=2, grammar=g,
+                                  do_sample=True, seed=3):
+        text += ev.token.text
+        assert len(ev.top_tokens) == 2, ev
+        last = ev
+    assert text == last.generated_text == r.generated_text, (text, last, r.generated_text)
+    r = tgi.generate("Code:", max_new_tokens=10,
+                     grammar=Grammar(type=GrammarType.Regex, value="[A-Z]{2}-[0-9]{3}"))
+    t = r.generated_text
+    assert len(t) == 6 and t[:2].isupper() and t[2] == "-" and t[3:].isdigit(), t
+    try:
+        tgi.generate("x", max_new_tokens=4, grammar=Grammar(type=GrammarType.Regex, value="(a"))
+        raise AssertionError("an invalid regex was accepted")
+    except BadRequestError as e:
+        assert "invalid regular expression" in str(e), e
 
 
 def main(base: str) -> None:
@@ -33,6 +82,8 @@ def main(base: str) -> None:
         raise AssertionError("watermark was accepted")
     except BadRequestError as e:
         assert "watermark" in str(e), e
+
+    tgi_grammar(tgi)
 
     oa = OpenAI(base_url=base + "/v1", api_key="none")
     msgs = [{"role": "user", "content": "Hi there"}]
@@ -62,15 +113,18 @@ def main(base: str) -> None:
     p = oa.completions.create(model="tiny", prompt="Hello", max_tokens=4, logprobs=2, temperature=0)
     lp = p.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) >= 1
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}]
     try:
         oa.chat.completions.create(
             model="tiny",
             messages=msgs,
-            tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+            tools=tools,
+            tool_choice={"type": "function", "function": {"name": "g"}},
         )
-        raise AssertionError("tools were accepted")
+        raise AssertionError("an unknown tool name was accepted")
     except openai.BadRequestError as e:
-        assert "'tools' is not supported" in str(e), e
+        assert "unknown tool 'g'" in str(e), e
     print("real clients: all checks passed")
 
 

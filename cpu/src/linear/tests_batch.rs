@@ -110,7 +110,8 @@ fn a_rows_output_does_not_depend_on_the_batch() {
                         while r0 < 16 {
                             let rows = b.min(16 - r0);
                             let got = run(&th, &a, &x, r0, rows, il);
-                            let exact_gemm = t.has_own_kernels() && !quant_act && rows >= GEMM_MIN_ROWS;
+                            let exact_gemm =
+                                t.has_own_kernels() && !quant_act && rows >= GEMM_MIN_ROWS;
                             for r in (0..rows).filter(|_| !exact_gemm) {
                                 let g = &got[r * n..(r + 1) * n];
                                 let want = &solo[r0 + r];

@@ -140,7 +140,8 @@ typedef struct FastllmSession FastllmSession;
 
 /*
  Load parameters. Get defaults from `fastllm_model_params_default()`; `struct_size` must be
- `sizeof(FastllmModelParams)`.
+ `sizeof(FastllmModelParams)`, or the size of an earlier version of this struct (a prefix of
+ it: the fields after it take their defaults).
  */
 typedef struct FastllmModelParams {
   /*
@@ -164,6 +165,11 @@ typedef struct FastllmModelParams {
    0 = fast (int8 activations in quantized matmuls), 1 = exact (f32 activations).
    */
   uint32_t precision;
+  /*
+   KV cache dtype: "f16", "q8_0" or "f32"; NULL = the device's default (f16 on the CPU in
+   fast precision, else f32). A dtype the device does not store is an error naming it.
+   */
+  const char *kv_dtype;
 } FastllmModelParams;
 
 /*
@@ -251,6 +257,8 @@ typedef bool (*FastllmTokenCallback)(void *user_data,
                                      int32_t token,
                                      const char *piece,
                                      size_t piece_len);
+
+
 
 
 

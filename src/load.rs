@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::executor::Executor;
 use crate::format::flm::{FlmFile, LoadMode};
 use crate::generate::Llm;
-use crate::model::{Model, Precision, WeightSource};
+use crate::model::{KvDtype, Model, Precision, WeightSource};
 use crate::tokenizer::Tokenizer;
 use std::path::Path;
 use std::sync::Arc;
@@ -22,6 +22,9 @@ pub struct LoadOptions {
     pub low_memory: bool,
     /// Activation precision.
     pub precision: Precision,
+    /// KV cache dtype; `None` = the device's default (f16 on the CPU in `fast` precision, else
+    /// f32). A dtype the device does not store is an error naming it.
+    pub kv_dtype: Option<KvDtype>,
 }
 
 impl Default for LoadOptions {
@@ -31,6 +34,7 @@ impl Default for LoadOptions {
             device: "cpu".into(),
             low_memory: false,
             precision: Precision::Fast,
+            kv_dtype: None,
         }
     }
 }
@@ -124,7 +128,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Llm> {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let model = model_for(
+    let mut model = model_for(
         config,
         Arc::new(file),
         &opts.device,
@@ -132,6 +136,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Llm> {
         opts.precision,
         opts.low_memory,
     )?;
+    model.set_kv_dtype(opts.kv_dtype)?;
     Ok(Llm {
         model,
         tokenizer,
@@ -152,7 +157,7 @@ pub fn load_synthetic(name: &str, dtype: &str, opts: &LoadOptions) -> Result<Llm
     let dt = synthetic::weight_dtype(dtype)?;
     let tokenizer = Tokenizer::new(synthetic::tokenizer_spec(&config)?)?;
     let source = Arc::new(crate::model::SyntheticSource::new(&config, dt)?);
-    let model = model_for(
+    let mut model = model_for(
         config,
         source,
         &opts.device,
@@ -160,6 +165,7 @@ pub fn load_synthetic(name: &str, dtype: &str, opts: &LoadOptions) -> Result<Llm
         opts.precision,
         opts.low_memory,
     )?;
+    model.set_kv_dtype(opts.kv_dtype)?;
     Ok(Llm {
         model,
         tokenizer,

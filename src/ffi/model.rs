@@ -3,7 +3,7 @@
 use super::status::*;
 use crate::generate::Llm;
 use crate::load::{load, LoadOptions};
-use crate::model::Precision;
+use crate::model::{KvDtype, Precision};
 use std::ffi::c_char;
 use std::sync::Arc;
 
@@ -13,7 +13,8 @@ pub struct FastllmModel {
 }
 
 /// Load parameters. Get defaults from `fastllm_model_params_default()`; `struct_size` must be
-/// `sizeof(FastllmModelParams)`.
+/// `sizeof(FastllmModelParams)`, or the size of an earlier version of this struct (a prefix of
+/// it: the fields after it take their defaults).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct FastllmModelParams {
@@ -28,7 +29,13 @@ pub struct FastllmModelParams {
     pub low_memory: bool,
     /// 0 = fast (int8 activations in quantized matmuls), 1 = exact (f32 activations).
     pub precision: u32,
+    /// KV cache dtype: "f16", "q8_0" or "f32"; NULL = the device's default (f16 on the CPU in
+    /// fast precision, else f32). A dtype the device does not store is an error naming it.
+    pub kv_dtype: *const c_char,
 }
+
+/// `struct_size` of the first version of [`FastllmModelParams`] (without `kv_dtype`).
+const PARAMS_V1_SIZE: usize = std::mem::offset_of!(FastllmModelParams, kv_dtype);
 
 /// Default load parameters.
 #[no_mangle]
@@ -39,7 +46,38 @@ pub extern "C" fn fastllm_model_params_default() -> FastllmModelParams {
         threads: 0,
         low_memory: false,
         precision: 0,
+        kv_dtype: std::ptr::null(),
     }
+}
+
+/// The parameters `params` points at (NULL: the defaults), read up to its `struct_size`.
+///
+/// # Safety
+/// `params` NULL or valid for its `struct_size` bytes.
+unsafe fn read_params(params: *const FastllmModelParams) -> Result<FastllmModelParams, Fail> {
+    let mut p = fastllm_model_params_default();
+    if params.is_null() {
+        return Ok(p);
+    }
+    let size = (*params.cast::<u32>()) as usize;
+    let full = std::mem::size_of::<FastllmModelParams>();
+    if size == full {
+        return Ok(*params);
+    }
+    if size != PARAMS_V1_SIZE {
+        return Err(invalid(format!(
+            "params.struct_size is {size}, expected {full} (use fastllm_model_params_default())"
+        )));
+    }
+    // SAFETY: the caller's struct holds `size` bytes, a prefix of this one's layout.
+    std::ptr::copy_nonoverlapping(
+        params.cast::<u8>(),
+        (&mut p as *mut FastllmModelParams).cast::<u8>(),
+        size,
+    );
+    p.struct_size = full as u32;
+    p.kv_dtype = std::ptr::null();
+    Ok(p)
 }
 
 /// Loads a model: a `.flm` file, a GGUF file or a Hugging Face directory (converted once into
@@ -58,18 +96,7 @@ pub unsafe extern "C" fn fastllm_model_load(
         if out.is_null() {
             return Err(null("out"));
         }
-        let p = if params.is_null() {
-            fastllm_model_params_default()
-        } else {
-            *params
-        };
-        if (p.struct_size as usize) != std::mem::size_of::<FastllmModelParams>() {
-            return Err(invalid(format!(
-                "params.struct_size is {}, expected {} (use fastllm_model_params_default())",
-                p.struct_size,
-                std::mem::size_of::<FastllmModelParams>()
-            )));
-        }
+        let p = read_params(params)?;
         let device = if p.device.is_null() {
             "cpu".to_string()
         } else {
@@ -84,6 +111,11 @@ pub unsafe extern "C" fn fastllm_model_load(
                 )))
             }
         };
+        let kv_dtype = if p.kv_dtype.is_null() {
+            None
+        } else {
+            Some(KvDtype::parse(c_str(p.kv_dtype, "params.kv_dtype")?)?)
+        };
         let model = if path.is_null() {
             None
         } else {
@@ -95,6 +127,7 @@ pub unsafe extern "C" fn fastllm_model_load(
             device,
             low_memory: p.low_memory,
             precision,
+            kv_dtype,
         };
         let llm = load(&resolved, &opts)?;
         *out = Box::into_raw(Box::new(FastllmModel { llm: Arc::new(llm) }));

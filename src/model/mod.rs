@@ -3,6 +3,7 @@
 
 pub mod arch;
 pub mod config;
+pub mod kv_dtype;
 pub mod logprobs;
 pub mod paged;
 pub mod synthetic;
@@ -11,6 +12,7 @@ pub mod transformer;
 pub mod weights;
 
 pub use config::{ModelConfig, RopeScaling, RopeStyle, ROPE_FREQS_TENSOR};
+pub use kv_dtype::KvDtype;
 pub use logprobs::PickLogprobs;
 pub use paged::{PagedKvPool, PagedSeqState};
 pub use synthetic::SyntheticSource;

@@ -15,7 +15,7 @@
 
 use super::tensor_parallel::RemotePool;
 use super::transformer::Model;
-use crate::data::{Data, DataType, DeviceKind};
+use crate::data::{Data, DeviceKind};
 use crate::error::{Error, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -92,8 +92,10 @@ impl PagedKvPool {
             .devices()
             .first()
             .filter(|d| d.kind() != DeviceKind::Cpu);
+        let kd = model.kv_dtype();
         let layer = || -> Result<Data> {
-            let d = Data::zeros(DataType::F32, &[slots, c.num_kv_heads, c.head_dim])?;
+            let dims = [slots, c.num_kv_heads, kd.stored_head_dim(c.head_dim)];
+            let d = Data::zeros(kd.data_type(), &dims)?;
             match dev {
                 Some(dev) => dev.upload(&d),
                 None => Ok(d),
@@ -147,8 +149,7 @@ impl PagedKvPool {
 
     /// Bytes one block takes across all layers (K and V).
     pub fn block_bytes(model: &Model, block_size: usize) -> usize {
-        let c = model.config();
-        2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * 4
+        block_size * model.kv_bytes_per_token()
     }
 
     /// Tokens per block.

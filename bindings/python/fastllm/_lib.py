@@ -45,6 +45,7 @@ class ModelParams(ctypes.Structure):
         ("threads", ctypes.c_uint32),
         ("low_memory", ctypes.c_bool),
         ("precision", ctypes.c_uint32),
+        ("kv_dtype", ctypes.c_char_p),
     ]
 
 

@@ -258,9 +258,9 @@ mod avx2 {
             _mm_storeu_si128(o.add(2 * c).cast(), h);
             c += 8;
         }
-        for c in c..n {
-            let b = half::f16::from_f32(x[c]).to_bits();
-            o.add(2 * c).cast::<u16>().write_unaligned(b);
+        for (i, v) in x.iter().enumerate().skip(c) {
+            let b = half::f16::from_f32(*v).to_bits();
+            o.add(2 * i).cast::<u16>().write_unaligned(b);
         }
     }
 }

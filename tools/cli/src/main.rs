@@ -40,6 +40,17 @@ struct ModelArgs {
     /// fast (int8 activations in quantized matmuls) or exact (f32 activations).
     #[arg(long, default_value = "fast")]
     precision: String,
+    /// KV cache dtype: f16, q8_0 or f32 (default: f16 on the CPU in fast precision, else f32).
+    #[arg(long)]
+    kv_dtype: Option<String>,
+}
+
+/// The `--kv-dtype` of `m` (`None`: the device's default); an unknown name is an error naming it.
+fn kv_dtype_of(m: &ModelArgs) -> Result<Option<fastllm::model::KvDtype>> {
+    m.kv_dtype
+        .as_deref()
+        .map(fastllm::model::KvDtype::parse)
+        .transpose()
 }
 
 // Numeric flags accept a leading '-' so that a negative value reaches the sampling
@@ -340,6 +351,7 @@ fn load_model(m: &ModelArgs) -> Result<Arc<Llm>> {
         device: device_of(m)?,
         low_memory: m.low_memory,
         precision: Precision::parse(&m.precision)?,
+        kv_dtype: kv_dtype_of(m)?,
     };
     let path = fastllm::default_model::resolve(m.model.as_deref())?;
     Ok(Arc::new(load(&path, &opts)?))
@@ -353,6 +365,7 @@ fn model_only(model: &Option<String>) -> ModelArgs {
         tp: 0,
         low_memory: false,
         precision: "fast".into(),
+        kv_dtype: None,
     }
 }
 
@@ -649,6 +662,7 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
                 device: device_of(&m)?,
                 low_memory: m.low_memory,
                 precision: Precision::parse(&m.precision)?,
+                kv_dtype: kv_dtype_of(&m)?,
             };
             let so = fastllm_serve::ServeOptions {
                 addr,
@@ -792,6 +806,7 @@ fn bench_model(m: &ModelArgs, synthetic: Option<&str>, dtype: &str) -> Result<Be
                 device: device_of(m)?,
                 low_memory: m.low_memory,
                 precision: Precision::parse(&m.precision)?,
+                kv_dtype: kv_dtype_of(m)?,
             },
         )?;
         let name = path
@@ -813,7 +828,7 @@ fn bench_model(m: &ModelArgs, synthetic: Option<&str>, dtype: &str) -> Result<Be
     let dt = synthetic::weight_dtype(dtype)?;
     let src = Arc::new(fastllm::model::SyntheticSource::new(&cfg, dt)?);
     let weight_bytes = src.weight_bytes_per_token();
-    let model = fastllm::load::model_for(
+    let mut model = fastllm::load::model_for(
         cfg,
         src,
         &device_of(m)?,
@@ -821,6 +836,7 @@ fn bench_model(m: &ModelArgs, synthetic: Option<&str>, dtype: &str) -> Result<Be
         Precision::parse(&m.precision)?,
         m.low_memory,
     )?;
+    model.set_kv_dtype(kv_dtype_of(m)?)?;
     Ok(BenchModel {
         model,
         name: format!("{shape}-{dtype} (synthetic)"),
@@ -969,6 +985,8 @@ fn bench(
                 "pp_tok_s": pps, "tg_tok_s": tgs, "load_s": load_s, "peak_rss_mib": rss,
                 "tg_weight_gb_s": bm.weight_bytes.map(|b| b as f64 * tgs / 1e9),
                 "batch": batch, "batch_tg_tok_s": btgs,
+                "kv_dtype": model.kv_dtype().name(),
+                "kv_bytes_per_token": model.kv_bytes_per_token(),
             })
         );
     } else {
@@ -1001,7 +1019,11 @@ fn bench(
                 m.precision
             );
         }
-        println!("load {load_s:.3} s, peak RSS {rss:.1} MiB");
+        println!(
+            "load {load_s:.3} s, peak RSS {rss:.1} MiB, KV cache {} ({:.2} KiB per token)",
+            model.kv_dtype(),
+            model.kv_bytes_per_token() as f64 / 1024.0
+        );
         if let (Some(b), true) = (bm.weight_bytes, tg > 0) {
             println!(
                 "weights read per token {:.3} GB: {:.1} GB/s at tg",

@@ -265,8 +265,8 @@ fn dram_shape(name: &str) -> Option<(usize, usize, usize, usize)> {
 }
 
 /// Times one decode token's matmuls of a model shape with weights streaming from DRAM (see the
-/// module doc), per weight dtype, in the file's layout and (block dtypes, where the CPU has the
-/// kernels) interleaved as the CPU device holds them; as GB/s and the share of the read
+/// module doc), per weight dtype, in the file's layout and (where the CPU has the kernels)
+/// interleaved as the CPU device holds them; as GB/s and the share of the read
 /// bandwidth `bw`.
 fn dram_pass(e: &Executor, o: &Opts, shape: &str, bw: f64) {
     let Some((h, f, kv, layers)) = dram_shape(shape) else {
@@ -299,7 +299,9 @@ fn dram_pass(e: &Executor, o: &Opts, shape: &str, bw: f64) {
             .collect();
         let bytes: usize = ws.iter().map(|w| w.bytes().unwrap().len()).sum();
         report(dt.name(), bytes, token_pass(e, &ws, &xs), bw);
-        if fastllm_cpu::linear::interleaved::available() && dt.is_quantized() {
+        let kernels = fastllm::interleave::kernel_type(dt)
+            .is_some_and(fastllm_cpu::linear::interleaved::available_for);
+        if kernels {
             for w in ws.iter_mut() {
                 *w = fastllm::interleave::interleave(w).unwrap().unwrap();
             }

@@ -21,6 +21,11 @@
 #include <stdint.h>
 
 /*
+ Its size in bytes.
+ */
+#define GEMMA3_GGUF_BYTES 253113024
+
+/*
  Library version, major part (matches Cargo.toml).
  */
 #define FASTLLM_VERSION_MAJOR 0
@@ -34,6 +39,11 @@
  Library version, patch part.
  */
 #define FASTLLM_VERSION_PATCH 0
+
+/*
+ The largest frame accepted (a longer length prefix means a corrupt or foreign stream).
+ */
+#define MAX_FRAME (16 << 30)
 
 /*
  Result of every fallible call.
@@ -140,8 +150,9 @@ typedef struct FastllmSession FastllmSession;
 
 /*
  Load parameters. Get defaults from `fastllm_model_params_default()`; `struct_size` must be
- `sizeof(FastllmModelParams)`, or the size of an earlier version of this struct (a prefix of
- it: the fields after it take their defaults).
+ `sizeof(FastllmModelParams)` (or the size of an earlier version: the first ended at
+ `precision`, the second at `cache_dir`; the later fields then keep their defaults). The run-time switches (`cuda_graphs` onwards)
+ default to "unset": the environment's `FASTLLM_*` value, else the built-in default.
  */
 typedef struct FastllmModelParams {
   /*
@@ -165,6 +176,28 @@ typedef struct FastllmModelParams {
    0 = fast (int8 activations in quantized matmuls), 1 = exact (f32 activations).
    */
   uint32_t precision;
+  /*
+   -1 = unset; 0 = one-token decode steps run op by op; 1 = they are recorded once and
+   replayed as CUDA graphs (the default).
+   */
+  int32_t cuda_graphs;
+  /*
+   -1 = unset; 0 = every op in its plain form on the GPU; 1 = fused forms (the default).
+   */
+  int32_t fused_ops;
+  /*
+   -1 = unset; 0 = no cap; N > 0 = refuse weights over N MiB on any one GPU.
+   */
+  int64_t gpu_memory_cap_mb;
+  /*
+   -1 = unset; highest SIMD level of the CPU kernels: 0 = portable, 1 = AVX2, 2 = AVX-512.
+   */
+  int32_t simd;
+  /*
+   NULL = unset; where the default model, converted models and compiled GPU kernels are
+   cached.
+   */
+  const char *cache_dir;
   /*
    KV cache dtype: "f16", "q8_0" or "f32"; NULL = the device's default (f16 on the CPU in
    fast precision, else f32). A dtype the device does not store is an error naming it.

@@ -662,17 +662,11 @@ extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const
 // own key and value are used from registers (and stored to cache row p for later steps), and
 // the warps meet once at the end: a thread per output value merges the warps' (max, sum,
 // output) in warp order. No block-wide barrier inside the key loop.
-#ifndef DW_KPW
 #define DW_KPW 4
-#endif
 #define DW_WMAX 16
-// Launch bounds (tuning switches): at most DW_MAXT threads, DW_MINB blocks per multiprocessor.
-#ifndef DW_MAXT
+// Launch bounds: at most DW_MAXT threads, DW_MINB blocks per multiprocessor.
 #define DW_MAXT 512
-#endif
-#ifndef DW_MINB
 #define DW_MINB 1
-#endif
 
 template <int HD>
 __device__ __forceinline__ void dw_load(const float* src, float (&x)[HD / 32]) {
@@ -932,12 +926,8 @@ extern "C" __global__ void kv_write_f32(const float* k, const float* v, const in
 
 #define FA_BQ 64
 // keys per tile (a multiple of 16) and the blocks per SM the kernel promises (register cap)
-#ifndef FA_BK
 #define FA_BK 64
-#endif
-#ifndef FLASH_MIN_BLOCKS
 #define FLASH_MIN_BLOCKS 1
-#endif
 
 // two floats as packed f16 (lo in the low half), one cvt for both; the same bits as two f2h
 __device__ __forceinline__ unsigned int fa_pack(float lo, float hi) {
@@ -1170,6 +1160,4 @@ __device__ void flash_attn_t(const float* q, const unsigned short* kh, const uns
         flash_attn_t<HD, HPB>(q, kh, vh, out, sq, skv, nh, nkv, scale, hs, bf); \
     }
 FLASH(64, 1, FLASH_MIN_BLOCKS)
-FLASH(64, 2, 1)
 FLASH(128, 1, FLASH_MIN_BLOCKS)
-FLASH(128, 2, 1)

@@ -10,8 +10,7 @@
 // stream finishes. pdl_wait() blocks until that kernel has completed and its writes are
 // visible: every kernel calls it before reading anything another kernel wrote and before
 // writing anything (a GEMV may load its weights, which no kernel writes, before it).
-// pdl_launch() lets the next kernel's blocks start early (where: PDL_SMALL_EARLY and
-// PDL_GEMV_EARLY below). Both are no-ops on older GPUs and in launches without the attribute.
+// pdl_launch() lets the next kernel's blocks start early (pdl_begin / pdl_gemv_begin below). Both are no-ops on older GPUs and in launches without the attribute.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -24,42 +23,23 @@ __device__ __forceinline__ void pdl_launch() {
 #endif
 }
 
-// Tuning switches (integers; FASTLLM_CUDA_DEFINES overrides them, see kernels.rs):
-// PDL_SMALL_EARLY: kernels other than the GEMVs let their successor start before their own
-// wait (2, the default), right after it (1) or only when they exit (0); PDL_GEMV_EARLY: the
-// same for the GEMVs (default 2). With 2 a chain of kernels may be resident at once, each
-// waiting for its predecessor, and a kernel may start before the one two back has completed:
-// so no kernel reads anything but weights (which no kernel writes) and writes nothing before
-// its wait; every kernel here keeps to that (the GEMVs and norms load weights, the others start
-// with the wait). It cannot starve a kernel of multiprocessors: a successor is launched only
-// once every block of its predecessor has started. 2 / 2 is the fastest setting on an H100.
-// PDL_PREFETCH: the GEMVs load their first weights before waiting; F16_PIPE: the f16/bf16
-// GEMV issues the next group of weight loads before dotting the current one.
-#ifndef PDL_SMALL_EARLY
-#define PDL_SMALL_EARLY 2
-#endif
-#ifndef PDL_GEMV_EARLY
-#define PDL_GEMV_EARLY 2
-#endif
-#ifndef PDL_PREFETCH
-#define PDL_PREFETCH 1
-#endif
-#ifndef F16_PIPE
-#define F16_PIPE 0
-#endif
+// Every kernel lets its successor start before its own wait. A chain of kernels may then be
+// resident at once, each waiting for its predecessor, and a kernel may start before the one two
+// back has completed: so no kernel reads anything but weights (which no kernel writes) and
+// writes nothing before its wait; every kernel here keeps to that (the GEMVs and norms load
+// weights, the others start with the wait). It cannot starve a kernel of multiprocessors: a
+// successor is launched only once every block of its predecessor has started.
 
 // Start of a kernel that reads no data before waiting for its predecessor.
 __device__ __forceinline__ void pdl_begin() {
-    if (PDL_SMALL_EARLY == 2) pdl_launch();
+    pdl_launch();
     pdl_wait();
-    if (PDL_SMALL_EARLY == 1) pdl_launch();
 }
 
-// The wait of a GEMV (after it has issued its first weight loads when PDL_PREFETCH).
+// The wait of a GEMV, after it has issued its first weight loads.
 __device__ __forceinline__ void pdl_gemv_begin() {
-    if (PDL_GEMV_EARLY == 2) pdl_launch();
+    pdl_launch();
     pdl_wait();
-    if (PDL_GEMV_EARLY == 1) pdl_launch();
 }
 
 __device__ __forceinline__ float h2f(unsigned short h) {

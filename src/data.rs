@@ -37,6 +37,11 @@ pub enum DataType {
     Q4_0Interleaved = 104,
     /// `Q4_1` blocks of 16 rows interleaved for the CPU's SIMD kernels (in memory only).
     Q4_1Interleaved = 108,
+    /// `F16` rows interleaved 16 at a time for the CPU's SIMD kernels (in memory only; layout in
+    /// `fastllm_cpu::linear::interleaved_float`). Same bytes per row as `F16`.
+    F16Interleaved = 107,
+    /// `BF16` rows interleaved 16 at a time for the CPU's SIMD kernels (in memory only).
+    BF16Interleaved = 101,
 }
 
 impl DataType {
@@ -74,15 +79,19 @@ impl DataType {
             DataType::Q8_0Interleaved => "q8_0/interleaved",
             DataType::Q4_0Interleaved => "q4_0/interleaved",
             DataType::Q4_1Interleaved => "q4_1/interleaved",
+            DataType::F16Interleaved => "f16/interleaved",
+            DataType::BF16Interleaved => "bf16/interleaved",
         }
     }
 
-    /// The 16-row interleaved form of a block type (`None` for other types).
+    /// The 16-row interleaved form of a block, F16 or BF16 type (`None` for other types).
     pub fn interleaved(self) -> Option<DataType> {
         match self {
             DataType::Q8_0 => Some(DataType::Q8_0Interleaved),
             DataType::Q4_0 => Some(DataType::Q4_0Interleaved),
             DataType::Q4_1 => Some(DataType::Q4_1Interleaved),
+            DataType::F16 => Some(DataType::F16Interleaved),
+            DataType::BF16 => Some(DataType::BF16Interleaved),
             _ => None,
         }
     }
@@ -93,11 +102,13 @@ impl DataType {
             DataType::Q8_0Interleaved => DataType::Q8_0,
             DataType::Q4_0Interleaved => DataType::Q4_0,
             DataType::Q4_1Interleaved => DataType::Q4_1,
+            DataType::F16Interleaved => DataType::F16,
+            DataType::BF16Interleaved => DataType::BF16,
             t => t,
         }
     }
 
-    /// True for the in-memory interleaved forms of the block types.
+    /// True for the in-memory interleaved forms (block types, F16, BF16).
     pub fn is_interleaved(self) -> bool {
         self.plain() != self
     }
@@ -918,10 +929,14 @@ pub fn decode_to_f32(dtype: DataType, src: &[u8], dst: &mut [f32]) -> Result<()>
         DataType::Q8_0 => dequantize_q8_0(&src[..need], dst),
         DataType::Q4_0 => dequantize_q4_0(&src[..need], dst),
         DataType::Q4_1 => dequantize_q4_1(&src[..need], dst),
-        DataType::Q8_0Interleaved | DataType::Q4_0Interleaved | DataType::Q4_1Interleaved => {
+        DataType::Q8_0Interleaved
+        | DataType::Q4_0Interleaved
+        | DataType::Q4_1Interleaved
+        | DataType::F16Interleaved
+        | DataType::BF16Interleaved => {
             return Err(Error::invalid(format!(
-                "decode {dtype}: interleaved rows are decoded through their tensor (Data::to_f32_vec)"
-            )))
+            "decode {dtype}: interleaved rows are decoded through their tensor (Data::to_f32_vec)"
+        )))
         }
     }
     Ok(())
@@ -957,7 +972,11 @@ pub fn encode_from_f32(dtype: DataType, src: &[f32]) -> Result<Vec<u8>> {
         DataType::Q8_0 => quantize_q8_0(src, &mut out),
         DataType::Q4_0 => quantize_q4_0(src, &mut out),
         DataType::Q4_1 => quantize_q4_1(src, &mut out),
-        DataType::Q8_0Interleaved | DataType::Q4_0Interleaved | DataType::Q4_1Interleaved => {
+        DataType::Q8_0Interleaved
+        | DataType::Q4_0Interleaved
+        | DataType::Q4_1Interleaved
+        | DataType::F16Interleaved
+        | DataType::BF16Interleaved => {
             return Err(Error::invalid(format!(
                 "encode {dtype}: encode the plain type, then interleave the tensor"
             )))

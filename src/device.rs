@@ -1,6 +1,8 @@
 //! The device seam: the `Operator` trait (one op on one device: `can_run`, `reshape`, `run`), the
 //! `BaseDevice` trait (a named op registry plus data movement), and the op argument containers
-//! `DataDict`, `FloatDict` and `IntDict` (fastllm's names and shapes of arguments).
+//! `DataDict`, `FloatDict` and `IntDict` (fastllm's names and shapes of arguments), and
+//! `OutputCopy`, the form in which a producer op may leave a copy of its output for the next op
+//! (the `quantize_output` parameter both sides read).
 //!
 //! This module must not know any concrete op or device.
 
@@ -307,5 +309,47 @@ pub trait BaseDevice: Send + Sync {
     /// a buffer it used was freed since, so it must be recorded again.
     fn replay(&self, _recording: &(dyn std::any::Any + Send + Sync)) -> Result<bool> {
         Err(Error::Unsupported(format!("{}: replay", self.name())))
+    }
+}
+
+/// A copy of a producer op's output (`RMSNorm`, `SiluMul`) in the form the next `Linear`
+/// reads, so that `Linear` skips converting its input. Only valid when that `Linear` is the next
+/// op on the device and its input is this output, unchanged. Devices that cannot keep such a
+/// copy (the CPU) ignore it; the CUDA device keeps it (the `quantize_output` parameter).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputCopy {
+    /// No copy.
+    None,
+    /// Q8_0 rows, for a one-row `Linear` with `quant_act` and a block weight.
+    Q8,
+    /// f16 rows, for the tensor-core path of a `quant_act` `Linear` of many rows with f16 or
+    /// block weights.
+    F16,
+    /// bf16 rows, the same for bf16 weights.
+    Bf16,
+}
+
+impl OutputCopy {
+    /// The half form a tensor-core `Linear` (CUDA, `fast` precision) reads and writes with a
+    /// weight of dtype `w` and `k` inputs: bf16 for BF16 weights, f16 for F16 weights and for
+    /// block weights of whole 32-value blocks, [`OutputCopy::None`] for anything else (no
+    /// tensor-core path).
+    pub fn tensor_core_form(w: DataType, k: usize) -> OutputCopy {
+        match w {
+            DataType::BF16 => OutputCopy::Bf16,
+            DataType::F16 => OutputCopy::F16,
+            t if t.is_quantized() && k.is_multiple_of(32) => OutputCopy::F16,
+            _ => OutputCopy::None,
+        }
+    }
+
+    /// The `quantize_output` parameter value (0 … 3).
+    pub fn param(self) -> i32 {
+        match self {
+            OutputCopy::None => 0,
+            OutputCopy::Q8 => 1,
+            OutputCopy::F16 => 2,
+            OutputCopy::Bf16 => 3,
+        }
     }
 }

@@ -6,7 +6,7 @@
 //! executor names no concrete device (`Executor::cpu` is defined by the CPU device's module).
 
 use crate::data::{Data, DeviceKind};
-use crate::device::{BaseDevice, DataDict, FloatDict, IntDict};
+use crate::device::{BaseDevice, DataDict, FloatDict, IntDict, Operator};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -147,7 +147,7 @@ impl Executor {
             .iter()
             .any(|(n, d)| Self::misplaced(d, kind, host.contains(&n)));
         if misplaced {
-            self.run_moved(device.as_ref(), op, datas, floats, ints)?;
+            Self::run_moved(device.as_ref(), o.as_ref(), datas, floats, ints)?;
         } else {
             o.reshape(datas, floats, ints)?;
             o.run(datas, floats, ints)?;
@@ -172,18 +172,13 @@ impl Executor {
     /// chosen device (and stay there); read-only inputs are copied for this call. Inputs the op takes in host
     /// memory stay there.
     fn run_moved(
-        &self,
         device: &dyn BaseDevice,
-        op: &str,
+        o: &dyn Operator,
         datas: &mut DataDict,
         floats: &FloatDict,
         ints: &IntDict,
     ) -> Result<()> {
         let kind = device.kind();
-        let ops = device.ops();
-        let o = ops
-            .get(op)
-            .ok_or_else(|| Error::UnknownOp(op.to_string()))?;
         let host = o.host_inputs();
         for (_, d) in datas.iter_mut() {
             if d.is_allocated() && d.device() != kind {

@@ -1,27 +1,31 @@
-//! Block weights interleaved 16 rows at a time for the CPU's SIMD kernels, at the tensor level:
-//! which tensors can be interleaved, the interleaving of a whole `Data`, and the way back to the
-//! plain block layout (for decoding and for ops that read single rows, such as `Embedding`).
-//! The byte layout and the kernels are `fastllm_cpu::linear::interleaved`'s.
+//! Weights interleaved 16 rows at a time for the CPU's SIMD kernels, at the tensor level: which
+//! tensors can be interleaved (Q4_0/Q4_1/Q8_0 blocks, F16, BF16), the interleaving of a whole
+//! `Data`, and the way back to the plain layout (for decoding and for ops that read single rows,
+//! such as `Embedding`). The byte layouts and the kernels are `fastllm_cpu::linear::interleaved`'s
+//! and `fastllm_cpu::linear::interleaved_float`'s.
 
 use crate::data::{Data, DataType, DeviceKind, Storage};
 use crate::error::{Error, Result};
 use fastllm_cpu::linear::{interleaved, WeightType};
 
-/// The kernel weight type of a plain or interleaved block dtype (`None` for other dtypes).
-pub fn block_type(t: DataType) -> Option<WeightType> {
+/// The kernel weight type of a dtype that has an interleaved form, plain or interleaved (`None`
+/// for other dtypes).
+pub fn kernel_type(t: DataType) -> Option<WeightType> {
     match t.plain() {
         DataType::Q8_0 => Some(WeightType::Q8_0),
         DataType::Q4_0 => Some(WeightType::Q4_0),
         DataType::Q4_1 => Some(WeightType::Q4_1),
+        DataType::F16 => Some(WeightType::F16),
+        DataType::BF16 => Some(WeightType::BF16),
         _ => None,
     }
 }
 
-/// The interleaved copy of a host block matrix `[n, k]` with `n` a multiple of 16; `None` for
-/// every tensor that cannot be interleaved (other dtypes or ranks, another row count, a device
-/// tensor, a non-contiguous view).
+/// The interleaved copy of a host matrix `[n, k]` (block, F16 or BF16) with `n` a multiple of
+/// 16; `None` for every tensor that cannot be interleaved (other dtypes or ranks, another row
+/// count, a device tensor, a non-contiguous view).
 pub fn interleave(d: &Data) -> Result<Option<Data>> {
-    let (Some(t), Some(it), &[n, k]) = (block_type(d.dtype()), d.dtype().interleaved(), d.dims())
+    let (Some(t), Some(it), &[n, k]) = (kernel_type(d.dtype()), d.dtype().interleaved(), d.dims())
     else {
         return Ok(None);
     };
@@ -39,9 +43,9 @@ pub fn interleave(d: &Data) -> Result<Option<Data>> {
     Ok(Some(out))
 }
 
-/// Row `r` of an interleaved matrix in the plain block layout, into `out` (one plain row).
+/// Row `r` of an interleaved matrix in the plain layout, into `out` (one plain row).
 pub fn plain_row(d: &Data, r: usize, out: &mut [u8]) -> Result<()> {
-    let (Some(t), &[n, k]) = (block_type(d.dtype()), d.dims()) else {
+    let (Some(t), &[n, k]) = (kernel_type(d.dtype()), d.dims()) else {
         return Err(Error::invalid(format!(
             "{d:?} is not an interleaved matrix"
         )));

@@ -22,6 +22,7 @@ pub mod interleave;
 pub mod load;
 pub mod model;
 pub mod ops;
+pub mod options;
 pub mod parallel;
 pub mod tokenizer;
 

@@ -2,7 +2,8 @@
 //! compile errors. Each function is one op call with fastllm's argument names (see `docs/ops.md`).
 //! The string-keyed `Executor::run` stays the public path for custom models (C ABI, Python).
 
-use crate::data::{Data, DataType};
+use crate::data::Data;
+pub use crate::device::OutputCopy;
 use crate::device::{DataDict, FloatDict, IntDict};
 use crate::error::Result;
 use crate::executor::Executor;
@@ -156,48 +157,6 @@ pub fn rms_norm(e: &Executor, x: &Data, w: &Data, eps: f32, out: &mut Data) -> R
     rms_norm_quantizing(e, x, w, eps, out, OutputCopy::None)
 }
 
-/// A copy of a producer op's output (`RMSNorm`, `SiluMul`) in the form the next `Linear`
-/// reads, so that `Linear` skips converting its input. Only valid when that `Linear` is the next
-/// op on the device and its input is this output, unchanged. Devices that cannot keep such a
-/// copy (the CPU) ignore it; the CUDA device keeps it (the `quantize_output` parameter).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OutputCopy {
-    /// No copy.
-    None,
-    /// Q8_0 rows, for a one-row `Linear` with `quant_act` and a block weight.
-    Q8,
-    /// f16 rows, for the tensor-core path of a `quant_act` `Linear` of many rows with f16 or
-    /// block weights.
-    F16,
-    /// bf16 rows, the same for bf16 weights.
-    Bf16,
-}
-
-impl OutputCopy {
-    /// The half form a tensor-core `Linear` (CUDA, `fast` precision) reads and writes with a
-    /// weight of dtype `w` and `k` inputs: bf16 for BF16 weights, f16 for F16 weights and for
-    /// block weights of whole 32-value blocks, [`OutputCopy::None`] for anything else (no
-    /// tensor-core path).
-    pub fn tensor_core_form(w: DataType, k: usize) -> OutputCopy {
-        match w {
-            DataType::BF16 => OutputCopy::Bf16,
-            DataType::F16 => OutputCopy::F16,
-            t if t.is_quantized() && k.is_multiple_of(32) => OutputCopy::F16,
-            _ => OutputCopy::None,
-        }
-    }
-
-    /// The `quantize_output` parameter value (0 … 3).
-    pub fn param(self) -> i32 {
-        match self {
-            OutputCopy::None => 0,
-            OutputCopy::Q8 => 1,
-            OutputCopy::F16 => 2,
-            OutputCopy::Bf16 => 3,
-        }
-    }
-}
-
 /// [`rms_norm`]; with a `copy`, a device that can (CUDA) also keeps the output in that form for
 /// the next `Linear` (see [`OutputCopy`]).
 pub fn rms_norm_quantizing(
@@ -344,6 +303,23 @@ pub struct AttentionParams<'a> {
     pub output_copy: OutputCopy,
 }
 
+impl<'a> AttentionParams<'a> {
+    /// Adds the arguments every attention op shares to `d`: the ALiBi slopes (when given),
+    /// then `output`; returns the float parameters (`scale`, `softcap`).
+    pub fn args<'d>(&self, d: &mut DataDict<'d>, out: &'d mut Data) -> FloatDict<'static>
+    where
+        'a: 'd,
+    {
+        if let Some(a) = self.alibi {
+            d.insert("alibi_slopes", a);
+        }
+        d.insert_mut("output", out);
+        FloatDict::new()
+            .with("scale", self.scale)
+            .with("softcap", self.softcap)
+    }
+}
+
 /// Causal attention of `q` [sq, nh, hd] over `k`, `v` [skv, nkv, hd].
 pub fn attention(
     e: &Executor,
@@ -354,16 +330,11 @@ pub fn attention(
     out: &mut Data,
 ) -> Result<()> {
     let mut d = DataDict::new().with("q", q).with("k", k).with("v", v);
-    if let Some(a) = p.alibi {
-        d.insert("alibi_slopes", a);
-    }
-    d.insert_mut("output", out);
+    let floats = p.args(&mut d, out);
     e.run(
         "Attention",
         &mut d,
-        &FloatDict::new()
-            .with("scale", p.scale)
-            .with("softcap", p.softcap),
+        &floats,
         &IntDict::new()
             .with("causal", 1)
             .with("sliding_window", p.sliding_window as i32)

@@ -28,7 +28,7 @@ fn decode_graphs_match_op_by_op_decoding() {
         cfg.num_layers = 2;
         let dt = synthetic::weight_dtype(dtype).unwrap();
         let src = Arc::new(SyntheticSource::new(&cfg, dt).unwrap());
-        let exec = fastllm::load::executor_for("cuda", 0).unwrap();
+        let exec = fastllm::load::executor_for("cuda", 0, &Default::default()).unwrap();
         let mut model = Model::new(cfg.clone(), src, exec, Precision::Fast, false).unwrap();
         let prompt: Vec<u32> = (0..20u32).map(|i| (i * 7919 + 13) % 100000).collect();
         let steps: Vec<u32> = (0..24u32).map(|i| (i * 104729 + 7) % 100000).collect();
@@ -108,7 +108,7 @@ fn gpu_graph_decode_matches_cpu_decode() {
     let steps: Vec<u32> = (0..16u32).map(|i| (i * 104729 + 7) % 100000).collect();
     let run = |device: &str| -> Vec<Vec<f32>> {
         let src = Arc::new(SyntheticSource::new(&cfg, dt).unwrap());
-        let exec = fastllm::load::executor_for(device, 0).unwrap();
+        let exec = fastllm::load::executor_for(device, 0, &Default::default()).unwrap();
         let model = Model::new(cfg.clone(), src, exec, Precision::Exact, false).unwrap();
         assert_eq!(model.decode_graphs(), device == "cuda");
         let mut cache = model.new_cache(64).unwrap();

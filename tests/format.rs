@@ -39,6 +39,7 @@ fn config() -> ModelConfig {
             high_freq_factor: 4.0,
             original_context_length: 64,
         },
+        rope_local_theta: 10000.0,
         tie_embeddings: true,
         hidden_act: "silu".into(),
         attn_logit_softcap: 50.0,

@@ -228,6 +228,42 @@ fn nan_weights_are_an_error_not_a_token() {
     assert_eq!(DataType::F32.name(), "f32");
 }
 
+/// A paged batch of sequences of different reach equals each sequence alone, with rotations
+/// that depend on the length a sequence reaches in the step (LongRoPE: one sequence past its
+/// original context of 32, one within it) and with Gemma-3's two bases.
+#[test]
+fn paged_batch_with_length_dependent_rope_equals_single_sequences() {
+    for arch in ["phi3-longrope", "gemma3"] {
+        let m = llm(arch, false);
+        let long: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 500).collect();
+        let short: Vec<u32> = vec![5, 17, 29, 41];
+        let alone = |s: &[u32]| {
+            let mut c = m.model.new_cache(64).unwrap();
+            m.model
+                .forward(&mut c, s, false)
+                .unwrap()
+                .to_f32_vec()
+                .unwrap()
+        };
+        let want = [alone(&long), alone(&short)];
+        let mut pool = PagedKvPool::new(&m.model, 16, 8).unwrap();
+        let (mut a, mut b) = (PagedSeqState::new(), PagedSeqState::new());
+        let mut batch = vec![(&mut a, &long[..]), (&mut b, &short[..])];
+        let got = m.model.forward_paged(&mut pool, &mut batch).unwrap();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let worst = g
+                .iter()
+                .zip(w)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                worst < 1e-4,
+                "{arch} sequence {i}: paged differs by {worst}"
+            );
+        }
+    }
+}
+
 #[test]
 fn paged_batch_equals_single_sequence_forward() {
     for arch in ["llama", "gemma2", "bloom", "qwen3"] {

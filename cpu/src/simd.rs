@@ -1,4 +1,5 @@
-//! Run-time CPU feature detection, cached (one atomic load per query).
+//! Run-time CPU feature detection, cached (one atomic load per query), which a program may cap
+//! once per process (`limit`) before the first kernel runs.
 
 use std::sync::OnceLock;
 
@@ -13,20 +14,17 @@ pub enum SimdLevel {
     Avx512,
 }
 
+/// The best level this CPU supports.
 fn detect() -> SimdLevel {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::env::var_os("FASTLLM_NO_SIMD").is_some() {
-            return SimdLevel::Portable;
-        }
         let avx2 = is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c");
         let avx512 = avx2
             && is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl")
-            && std::env::var_os("FASTLLM_NO_AVX512").is_none();
+            && is_x86_feature_detected!("avx512vl");
         if avx512 {
             return SimdLevel::Avx512;
         }
@@ -37,10 +35,23 @@ fn detect() -> SimdLevel {
     SimdLevel::Portable
 }
 
-/// The SIMD level of this CPU (set `FASTLLM_NO_SIMD` / `FASTLLM_NO_AVX512` to force lower).
+/// The level of this process, fixed at its first query or [`limit`].
+static LEVEL: OnceLock<SimdLevel> = OnceLock::new();
+
+/// The SIMD level the kernels use: the best this CPU has, or lower after [`limit`].
 pub fn level() -> SimdLevel {
-    static L: OnceLock<SimdLevel> = OnceLock::new();
-    *L.get_or_init(detect)
+    *LEVEL.get_or_init(detect)
+}
+
+/// Caps the level at `max` for the rest of the process. Must come before the level is first
+/// used (any kernel call fixes it); `Err` with the fixed level when that level is above `max`.
+pub fn limit(max: SimdLevel) -> Result<(), SimdLevel> {
+    let fixed = *LEVEL.get_or_init(|| detect().min(max));
+    if fixed <= max {
+        Ok(())
+    } else {
+        Err(fixed)
+    }
 }
 
 /// True when AVX2, FMA and F16C are available.

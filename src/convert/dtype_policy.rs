@@ -1,7 +1,7 @@
 //! Which dtype each tensor is stored in, and the conversion of one tensor's values to it. Rules
 //! (see `docs/flm-format.md`): norms, biases and 1-D tensors are F32; quantized targets need rows
 //! that are a multiple of 32 (else F16); `keep` keeps `.flm`-representable source types and turns
-//! the others (GGUF K-quants, Q5_x) into Q8_0.
+//! the others (GGUF K-quants, Q5_x) into Q8_0, `lossless` turns them into F32.
 
 use super::options::TargetDtype;
 use crate::data::{encode_from_f32, DataType, QK};
@@ -40,6 +40,10 @@ pub fn stored_dtype(
         TargetDtype::Keep => match source {
             Some(d) if d != DataType::I32 => d,
             _ => quant(DataType::Q8_0),
+        },
+        TargetDtype::Lossless => match source {
+            Some(d) if d != DataType::I32 => d,
+            _ => DataType::F32,
         },
     }
 }

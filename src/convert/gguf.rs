@@ -1,10 +1,12 @@
-//! GGUF (llama family) → `.flm`: maps names to Hugging Face names, undoes llama.cpp's q/k row
-//! permutation, keeps representable blocks bit-exact and dequantizes the rest, streaming tensor
-//! by tensor. Every tensor's type and name is checked before the output file is created.
+//! GGUF → `.flm`: maps names to Hugging Face names, undoes llama.cpp's q/k row permutation
+//! (llama) and its `1 + w` of Gemma-3's norms, keeps representable blocks bit-exact and
+//! dequantizes the rest, streaming tensor by tensor. Every tensor's type and name is checked
+//! before the output file is created.
 
 use super::ggml_dequant::{dequantize, shared_dtype, supported};
 use super::gguf_config::gguf_architecture;
-use super::names::{gguf_name, Mapped, ROPE_FREQS};
+use super::gguf_rope::ROPE_FACTOR_TENSORS;
+use super::names::{gguf_arch_name, gguf_name, Mapped, ROPE_FREQS};
 use super::tensor_transform::{transform, SourceTensor};
 use super::{general_metadata, naming_file, ConvertOptions, ConvertReport, Progress};
 use crate::error::{Error, Result};
@@ -49,14 +51,17 @@ pub fn convert_gguf(
             plan.push((i, m));
             continue;
         }
-        let m = gguf_name(&t.name, config.num_heads, config.num_kv_heads, permute).ok_or_else(
-            || {
+        if ROPE_FACTOR_TENSORS.contains(&t.name.as_str()) {
+            continue; // LongRoPE's factors, already in the config
+        }
+        let m = gguf_arch_name(&arch, &t.name)
+            .or_else(|| gguf_name(&t.name, config.num_heads, config.num_kv_heads, permute))
+            .ok_or_else(|| {
                 Error::format(
                     &g.path,
                     format!("tensor {}: no Hugging Face name for {arch}", t.name),
                 )
-            },
-        )?;
+            })?;
         plan.push((i, m));
     }
     let spec =
@@ -76,12 +81,22 @@ pub fn convert_gguf(
             .ok_or_else(|| Error::format(&g.path, "tensor index changed"))?;
         let bytes = g.read_tensor_bytes(t)?;
         let ty = t.ggml_type;
-        let decode = move |b: &[u8], o: &mut [f32]| dequantize(ty, b, o);
+        // llama.cpp stores Gemma-3's norm weights as (1 + w); `.flm` keeps HF's w
+        let shift = if arch == "gemma3" && t.name.ends_with("norm.weight") {
+            1.0
+        } else {
+            0.0
+        };
+        let decode = move |b: &[u8], o: &mut [f32]| {
+            dequantize(ty, b, o)?;
+            o.iter_mut().for_each(|v| *v -= shift);
+            Ok(())
+        };
         let src = SourceTensor {
             source_name: &t.name,
             dims: t.shape(),
             bytes,
-            same_as: shared_dtype(ty),
+            same_as: shared_dtype(ty).filter(|_| shift == 0.0),
             decode: &decode,
         };
         let stored = transform(m, src, opts.dtype)

@@ -1,12 +1,13 @@
-//! `ModelConfig` from GGUF metadata (`{arch}.*` keys of the llama family: llama, qwen2, qwen3)
-//! and the chat template. Missing required keys are errors naming the key and the file.
+//! `ModelConfig` from GGUF metadata (`{arch}.*` keys: llama, qwen2, qwen3, phi3, gemma3) and
+//! the chat template. Missing required keys are errors naming the key and the file.
 
+use super::gguf_rope::gguf_rope_scaling;
 use crate::error::{Error, Result};
 use crate::format::gguf::GgufFile;
-use crate::model::{ModelConfig, RopeScaling, RopeStyle};
+use crate::model::{ModelConfig, RopeStyle};
 
 /// GGUF architectures the converter knows.
-pub const GGUF_ARCHITECTURES: [&str; 3] = ["llama", "qwen2", "qwen3"];
+pub const GGUF_ARCHITECTURES: [&str; 5] = ["llama", "qwen2", "qwen3", "phi3", "gemma3"];
 
 /// The GGUF architecture, refused when unknown.
 pub fn gguf_architecture(g: &GgufFile) -> Result<String> {
@@ -62,23 +63,14 @@ impl ModelConfig {
                 })
                 .ok_or_else(|| Error::format(&g.path, "cannot tell the vocabulary size"))?,
         };
-        let rope_scaling = match g.get_str(&k("rope.scaling.type")) {
-            None | Some("none") => RopeScaling::None,
-            Some("linear") => RopeScaling::Linear {
-                factor: g
-                    .get_f64(&k("rope.scaling.factor"))
-                    .ok_or_else(|| Error::format(&g.path, "linear rope scaling without a factor"))?
-                    as f32,
-            },
-            Some(other) => {
-                return Err(Error::Unsupported(format!(
-                    "{}: rope scaling {other:?}",
-                    g.path
-                )))
-            }
-        };
+        let context_length = size(g, &k("context_length"))?;
+        let rope_dim = g
+            .get_u64(&k("rope.dimension_count"))
+            .map(|v| v as usize)
+            .unwrap_or(head_dim);
+        let rope_scaling = gguf_rope_scaling(g, &arch, context_length, rope_dim)?;
         let eos_ids = id(g, "tokenizer.ggml.eos_token_id").into_iter().collect();
-        Ok(ModelConfig {
+        let mut c = ModelConfig {
             architecture: if arch == "llama" {
                 "llama".into()
             } else {
@@ -91,7 +83,7 @@ impl ModelConfig {
             num_heads: heads,
             num_kv_heads: kv_heads,
             head_dim,
-            context_length: size(g, &k("context_length"))?,
+            context_length,
             norm_eps: g
                 .get_f64(&k("attention.layer_norm_rms_epsilon"))
                 .ok_or_else(|| {
@@ -101,12 +93,10 @@ impl ModelConfig {
                     )
                 })? as f32,
             rope_theta: g.get_f64(&k("rope.freq_base")).unwrap_or(10000.0) as f32,
-            rope_dim: g
-                .get_u64(&k("rope.dimension_count"))
-                .map(|v| v as usize)
-                .unwrap_or(head_dim),
+            rope_dim,
             rope_style: RopeStyle::Neox,
             rope_scaling,
+            rope_local_theta: 0.0,
             tie_embeddings: g.tensor("output.weight").is_none(),
             hidden_act: "silu".into(),
             attn_logit_softcap: 0.0,
@@ -116,6 +106,67 @@ impl ModelConfig {
             query_pre_attn_scalar: 0.0,
             bos_id: id(g, "tokenizer.ggml.bos_token_id"),
             eos_ids,
-        })
+        };
+        match arch.as_str() {
+            "gemma3" => gemma3(g, &mut c)?,
+            "phi3" => {
+                c.sliding_window = g
+                    .get_u64(&k("attention.sliding_window"))
+                    .map_or(0, |v| v as usize);
+                if c.sliding_window > 0 {
+                    c.sliding_layers = vec![true; c.num_layers];
+                }
+            }
+            _ => {}
+        }
+        Ok(c)
     }
+}
+
+/// Gemma-3's settings beyond the llama family's: GELU-tanh, scaled attention as llama.cpp sets
+/// it (`head_dim^-0.5`, or `(hidden/heads)^-0.5` for the 62-layer 27B), sliding-window layers
+/// (all but every `sliding_window_pattern`-th, 6 by default, or an explicit per-layer list)
+/// with their own rotary base (`rope.freq_base_swa`, 10000 by default), final soft-capping.
+fn gemma3(g: &GgufFile, c: &mut ModelConfig) -> Result<()> {
+    let k = |s: &str| format!("gemma3.{s}");
+    c.hidden_act = "gelu_tanh".into();
+    c.query_pre_attn_scalar = if c.num_layers == 62 {
+        (c.hidden_size / c.num_heads) as f32
+    } else {
+        c.head_dim as f32
+    };
+    c.final_logit_softcap = g.get_f64(&k("final_logit_softcapping")).unwrap_or(0.0) as f32;
+    c.sliding_window = g
+        .get_u64(&k("attention.sliding_window"))
+        .map_or(0, |v| v as usize);
+    if c.sliding_window > 0 {
+        let key = k("attention.sliding_window_pattern");
+        c.sliding_layers = match g.get(&key) {
+            Some(v) if v.as_array().is_some() => {
+                let a = v.as_array().unwrap_or_default();
+                if a.len() != c.num_layers {
+                    return Err(Error::format(
+                        &g.path,
+                        format!("{key} has {} entries for {} layers", a.len(), c.num_layers),
+                    ));
+                }
+                a.iter()
+                    .map(|b| {
+                        b.as_bool().ok_or_else(|| {
+                            Error::format(&g.path, format!("{key} must hold booleans"))
+                        })
+                    })
+                    .collect::<Result<Vec<bool>>>()?
+            }
+            Some(v) => {
+                let n = v.as_u64().filter(|&n| n > 0).ok_or_else(|| {
+                    Error::format(&g.path, format!("{key} must be a positive integer"))
+                })? as usize;
+                (0..c.num_layers).map(|i| i % n < n - 1).collect()
+            }
+            None => (0..c.num_layers).map(|i| i % 6 < 5).collect(),
+        };
+        c.rope_local_theta = g.get_f64(&k("rope.freq_base_swa")).unwrap_or(10000.0) as f32;
+    }
+    Ok(())
 }

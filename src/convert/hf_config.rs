@@ -3,14 +3,24 @@
 //! `rope_parameters` object and the older `rope_theta` / `rope_scaling` keys. Unknown
 //! architectures and rope types are refused by name.
 
+use super::hf_rope::hf_rope;
 use crate::error::{Error, Result};
 use crate::format::flm::{MetaValue, Metadata};
 use crate::model::{ModelConfig, RopeScaling, RopeStyle};
 use serde_json::Value;
 
 /// Architectures the converter knows (HF `model_type`).
-pub const HF_ARCHITECTURES: [&str; 9] = [
-    "llama", "mistral", "qwen2", "qwen3", "bloom", "gpt2", "phi3", "gemma2", "glm",
+pub const HF_ARCHITECTURES: [&str; 10] = [
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "bloom",
+    "gpt2",
+    "phi3",
+    "gemma2",
+    "gemma3_text",
+    "glm",
 ];
 
 struct Json<'a> {
@@ -74,7 +84,7 @@ fn activation(arch: &str, name: Option<&str>, path: &str) -> Result<String> {
     let name = name.unwrap_or(match arch {
         "gpt2" => "gelu_new",
         "bloom" => "bloom_gelu",
-        "gemma2" => "gelu_pytorch_tanh",
+        "gemma2" | "gemma3" => "gelu_pytorch_tanh",
         _ => "silu",
     });
     Ok(match name {
@@ -98,7 +108,12 @@ pub fn hf_architecture(v: &Value, path: &str) -> Result<String> {
             HF_ARCHITECTURES.join(", ")
         )));
     }
-    Ok(arch.to_string())
+    // Gemma-3's text model (`gemma3_text`) is the `gemma3` architecture
+    Ok(match arch {
+        "gemma3_text" => "gemma3",
+        a => a,
+    }
+    .to_string())
 }
 
 impl ModelConfig {
@@ -131,64 +146,21 @@ impl ModelConfig {
             "bloom" => j.size(&["seq_length"])?.unwrap_or(2048),
             _ => j.need_size(&["max_position_embeddings", "n_positions", "n_ctx"])?,
         };
-        let rp = v.get("rope_parameters").filter(|r| r.is_object());
-        let rs = v.get("rope_scaling").filter(|r| r.is_object());
-        let rope = |k: &str| {
-            rp.and_then(|r| r.get(k))
-                .or_else(|| rs.and_then(|r| r.get(k)))
-        };
         let has_rope = !matches!(arch.as_str(), "gpt2" | "bloom");
-        let rope_theta = rp
-            .and_then(|r| r.get("rope_theta"))
-            .and_then(Value::as_f64)
-            .map(|f| f as f32)
-            .or(j.float(&["rope_theta"])?)
-            .unwrap_or(10000.0);
-        let partial = rope("partial_rotary_factor")
-            .and_then(Value::as_f64)
-            .or(j.float(&["partial_rotary_factor"])?.map(f64::from))
-            .unwrap_or(1.0);
+        let rope = hf_rope(&v, path, context_length)?;
         let rope_dim = if has_rope {
-            (head_dim as f64 * partial).round() as usize
+            (head_dim as f64 * rope.partial).round() as usize
         } else {
             0
         };
-        let rope_type = rope("rope_type")
-            .or_else(|| rope("type"))
-            .and_then(Value::as_str)
-            .unwrap_or("default");
-        let fnum = |k: &str| -> Result<f32> {
-            rope(k)
-                .and_then(Value::as_f64)
-                .map(|f| f as f32)
-                .ok_or_else(|| Error::format(path, format!("rope scaling {rope_type} needs {k}")))
-        };
-        let rope_scaling = match rope_type {
-            "default" => RopeScaling::None,
-            "linear" => RopeScaling::Linear {
-                factor: fnum("factor")?,
-            },
-            "llama3" => RopeScaling::Llama3 {
-                factor: fnum("factor")?,
-                low_freq_factor: fnum("low_freq_factor")?,
-                high_freq_factor: fnum("high_freq_factor")?,
-                original_context_length: rope("original_max_position_embeddings")
-                    .and_then(Value::as_u64)
-                    .and_then(|x| u32::try_from(x).ok())
-                    .ok_or_else(|| {
-                        Error::format(
-                            path,
-                            "llama3 rope scaling needs original_max_position_embeddings",
-                        )
-                    })?,
-            },
-            other => {
-                return Err(Error::Unsupported(format!(
-                    "{path}: rope scaling type {other:?}"
-                )))
+        // dynamic NTK stretches the base past max_position_embeddings, up to `factor` times it
+        let context_length = match rope.scaling {
+            RopeScaling::Dynamic { factor, .. } if factor > 1.0 => {
+                (context_length as f64 * factor as f64) as usize
             }
+            _ => context_length,
         };
-        let tie_default = matches!(arch.as_str(), "gpt2" | "bloom" | "gemma2");
+        let tie_default = matches!(arch.as_str(), "gpt2" | "bloom" | "gemma2" | "gemma3");
         let tie_embeddings = v
             .get("tie_word_embeddings")
             .and_then(Value::as_bool)
@@ -224,6 +196,12 @@ impl ModelConfig {
             }
             _ if sliding_window > 0 && arch == "gemma2" => {
                 (0..num_layers).map(|i| i % 2 == 0).collect()
+            }
+            _ if sliding_window > 0 && arch == "gemma3" => {
+                // every `sliding_window_pattern`-th layer is global (6 by default)
+                let n = j.size(&["sliding_window_pattern", "_sliding_window_pattern"])?;
+                let n = n.unwrap_or(6).max(1);
+                (0..num_layers).map(|i| (i + 1) % n != 0).collect()
             }
             _ if sliding_window > 0 => vec![true; num_layers],
             _ => Vec::new(),
@@ -265,14 +243,15 @@ impl ModelConfig {
             norm_eps: j
                 .float(&["rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps"])?
                 .unwrap_or(1e-5),
-            rope_theta,
+            rope_theta: rope.theta,
             rope_dim,
             rope_style: if arch == "glm" {
                 RopeStyle::Interleaved
             } else {
                 RopeStyle::Neox
             },
-            rope_scaling,
+            rope_scaling: rope.scaling,
+            rope_local_theta: rope.local_theta,
             tie_embeddings,
             hidden_act,
             attn_logit_softcap: j.float(&["attn_logit_softcapping"])?.unwrap_or(0.0),

@@ -1,6 +1,7 @@
 //! Tensor-name mapping tables, one per source: Hugging Face names pass through (GPT-2's Conv1D
-//! weights flagged for transposition), and GGUF llama-family names map to their HF names (with
-//! `attn_q` / `attn_k` flagged for llama.cpp's rotary row permutation to be undone).
+//! weights flagged for transposition), and GGUF names map to their HF names (llama-family
+//! names, with `attn_q` / `attn_k` flagged for llama.cpp's rotary row permutation to be undone,
+//! plus the names particular to an architecture).
 
 /// What to do with a source tensor.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,6 +69,28 @@ pub fn gguf_name(name: &str, heads: usize, kv_heads: usize, permute_qk: bool) ->
         name: format!("model.layers.{layer}.{hf}.{suffix}"),
         transpose: false,
         unpermute_heads: heads,
+    })
+}
+
+/// GGUF name → HF name for the tensors whose naming differs by architecture (Gemma-3's four
+/// norms per layer, Phi-3's fused projections); `None` to fall back on [`gguf_name`].
+pub fn gguf_arch_name(arch: &str, name: &str) -> Option<Mapped> {
+    let rest = name.strip_prefix("blk.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let (part, suffix) = rest.split_once('.')?;
+    let hf = match (arch, part) {
+        ("gemma3", "post_attention_norm") => "post_attention_layernorm",
+        ("gemma3", "ffn_norm") => "pre_feedforward_layernorm",
+        ("gemma3", "post_ffw_norm") => "post_feedforward_layernorm",
+        ("phi3", "attn_qkv") => "self_attn.qkv_proj",
+        ("phi3", "ffn_up") => "mlp.gate_up_proj",
+        _ => return None,
+    };
+    Some(Mapped {
+        name: format!("model.layers.{layer}.{hf}.{suffix}"),
+        transpose: false,
+        unpermute_heads: None,
     })
 }
 

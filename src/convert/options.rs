@@ -19,10 +19,14 @@ pub enum TargetDtype {
     Int4Min,
     /// Keep the source's types where `.flm` has them (K-quants become Q8_0).
     Keep,
+    /// Keep the source's types where `.flm` has them and dequantize the others to F32: every
+    /// weight keeps its exact value (what the `exact` precision needs to match a reference
+    /// computed on the dequantized weights), at up to 8× the source's size for those tensors.
+    Lossless,
 }
 
 impl TargetDtype {
-    /// Parses `f32|f16|bf16|int8|int4|int4-min|keep`.
+    /// Parses `f32|f16|bf16|int8|int4|int4-min|keep|lossless`.
     pub fn parse(s: &str) -> Result<TargetDtype> {
         Ok(match s.to_ascii_lowercase().as_str() {
             "f32" | "float32" => TargetDtype::F32,
@@ -32,9 +36,10 @@ impl TargetDtype {
             "int4" | "q4_0" => TargetDtype::Int4,
             "int4-min" | "int4_min" | "q4_1" => TargetDtype::Int4Min,
             "keep" => TargetDtype::Keep,
+            "lossless" => TargetDtype::Lossless,
             other => {
                 return Err(Error::invalid(format!(
-                "unknown dtype {other:?} (expected f32, f16, bf16, int8, int4, int4-min or keep)"
+                "unknown dtype {other:?} (expected f32, f16, bf16, int8, int4, int4-min, keep or lossless)"
             )))
             }
         })
@@ -50,6 +55,7 @@ impl TargetDtype {
             TargetDtype::Int4 => "int4",
             TargetDtype::Int4Min => "int4-min",
             TargetDtype::Keep => "keep",
+            TargetDtype::Lossless => "lossless",
         }
     }
 }

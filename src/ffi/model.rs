@@ -4,6 +4,7 @@ use super::status::*;
 use crate::generate::Llm;
 use crate::load::{load, LoadOptions};
 use crate::model::{KvDtype, Precision};
+use crate::options::{RuntimeOptions, SimdLevel};
 use std::ffi::c_char;
 use std::sync::Arc;
 
@@ -13,8 +14,9 @@ pub struct FastllmModel {
 }
 
 /// Load parameters. Get defaults from `fastllm_model_params_default()`; `struct_size` must be
-/// `sizeof(FastllmModelParams)`, or the size of an earlier version of this struct (a prefix of
-/// it: the fields after it take their defaults).
+/// `sizeof(FastllmModelParams)` (or the size of an earlier version: the first ended at
+/// `precision`, the second at `cache_dir`; the later fields then keep their defaults). The run-time switches (`cuda_graphs` onwards)
+/// default to "unset": the environment's `FASTLLM_*` value, else the built-in default.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct FastllmModelParams {
@@ -29,13 +31,35 @@ pub struct FastllmModelParams {
     pub low_memory: bool,
     /// 0 = fast (int8 activations in quantized matmuls), 1 = exact (f32 activations).
     pub precision: u32,
+    /// -1 = unset; 0 = one-token decode steps run op by op; 1 = they are recorded once and
+    /// replayed as CUDA graphs (the default).
+    pub cuda_graphs: i32,
+    /// -1 = unset; 0 = every op in its plain form on the GPU; 1 = fused forms (the default).
+    pub fused_ops: i32,
+    /// -1 = unset; 0 = no cap; N > 0 = refuse weights over N MiB on any one GPU.
+    pub gpu_memory_cap_mb: i64,
+    /// -1 = unset; highest SIMD level of the CPU kernels: 0 = portable, 1 = AVX2, 2 = AVX-512.
+    pub simd: i32,
+    /// NULL = unset; where the default model, converted models and compiled GPU kernels are
+    /// cached.
+    pub cache_dir: *const c_char,
     /// KV cache dtype: "f16", "q8_0" or "f32"; NULL = the device's default (f16 on the CPU in
     /// fast precision, else f32). A dtype the device does not store is an error naming it.
     pub kv_dtype: *const c_char,
 }
 
-/// `struct_size` of the first version of [`FastllmModelParams`] (without `kv_dtype`).
-const PARAMS_V1_SIZE: usize = std::mem::offset_of!(FastllmModelParams, kv_dtype);
+/// `struct_size` of the second version of [`FastllmModelParams`] (up to `cache_dir`).
+const PARAMS_V2_SIZE: usize = std::mem::offset_of!(FastllmModelParams, kv_dtype);
+
+/// The first version of [`FastllmModelParams`] (its size is accepted as `struct_size`).
+#[repr(C)]
+struct ModelParamsV1 {
+    struct_size: u32,
+    device: *const c_char,
+    threads: u32,
+    low_memory: bool,
+    precision: u32,
+}
 
 /// Default load parameters.
 #[no_mangle]
@@ -46,38 +70,105 @@ pub extern "C" fn fastllm_model_params_default() -> FastllmModelParams {
         threads: 0,
         low_memory: false,
         precision: 0,
+        cuda_graphs: -1,
+        fused_ops: -1,
+        gpu_memory_cap_mb: -1,
+        simd: -1,
+        cache_dir: std::ptr::null(),
         kv_dtype: std::ptr::null(),
     }
 }
 
-/// The parameters `params` points at (NULL: the defaults), read up to its `struct_size`.
+/// `params` read as the version its `struct_size` names.
 ///
 /// # Safety
-/// `params` NULL or valid for its `struct_size` bytes.
+/// `params` valid for at least `struct_size` bytes (checked to be a known size first).
 unsafe fn read_params(params: *const FastllmModelParams) -> Result<FastllmModelParams, Fail> {
-    let mut p = fastllm_model_params_default();
     if params.is_null() {
+        return Ok(fastllm_model_params_default());
+    }
+    // SAFETY: every version starts with the u32 `struct_size`.
+    let size = unsafe { (*params).struct_size } as usize;
+    if size == std::mem::size_of::<FastllmModelParams>() {
+        // SAFETY: the caller's struct is the current version.
+        return Ok(unsafe { *params });
+    }
+    if size == PARAMS_V2_SIZE {
+        let mut p = fastllm_model_params_default();
+        // SAFETY: the caller's struct is the second version, a prefix of the current one
+        // (`size` bytes of the same layout); the copy covers exactly those bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                params.cast::<u8>(),
+                (&mut p as *mut FastllmModelParams).cast::<u8>(),
+                size,
+            )
+        };
+        p.struct_size = std::mem::size_of::<FastllmModelParams>() as u32;
         return Ok(p);
     }
-    let size = (*params.cast::<u32>()) as usize;
-    let full = std::mem::size_of::<FastllmModelParams>();
-    if size == full {
-        return Ok(*params);
+    if size == std::mem::size_of::<ModelParamsV1>() {
+        // SAFETY: the caller's struct is the first version, a prefix of the current one.
+        let v1 = unsafe { &*(params as *const ModelParamsV1) };
+        return Ok(FastllmModelParams {
+            device: v1.device,
+            threads: v1.threads,
+            low_memory: v1.low_memory,
+            precision: v1.precision,
+            ..fastllm_model_params_default()
+        });
     }
-    if size != PARAMS_V1_SIZE {
-        return Err(invalid(format!(
-            "params.struct_size is {size}, expected {full} (use fastllm_model_params_default())"
-        )));
+    Err(invalid(format!(
+        "params.struct_size is {size}, expected {} (use fastllm_model_params_default())",
+        std::mem::size_of::<FastllmModelParams>()
+    )))
+}
+
+/// The environment's run-time switches (`RuntimeOptions::from_env`) with the fields `p` sets.
+///
+/// # Safety
+/// `p.cache_dir` NULL or a NUL-terminated string.
+unsafe fn runtime_options(p: &FastllmModelParams) -> Result<RuntimeOptions, Fail> {
+    let mut o = RuntimeOptions::from_env()?;
+    let flag = |v: i32, name: &str| match v {
+        -1 => Ok(None),
+        0 => Ok(Some(false)),
+        1 => Ok(Some(true)),
+        v => Err(invalid(format!(
+            "params.{name} is {v} (-1 unset, 0 off, 1 on)"
+        ))),
+    };
+    if let Some(on) = flag(p.cuda_graphs, "cuda_graphs")? {
+        o.cuda_graphs = on;
     }
-    // SAFETY: the caller's struct holds `size` bytes, a prefix of this one's layout.
-    std::ptr::copy_nonoverlapping(
-        params.cast::<u8>(),
-        (&mut p as *mut FastllmModelParams).cast::<u8>(),
-        size,
-    );
-    p.struct_size = full as u32;
-    p.kv_dtype = std::ptr::null();
-    Ok(p)
+    if let Some(on) = flag(p.fused_ops, "fused_ops")? {
+        o.fused_ops = on;
+    }
+    match p.gpu_memory_cap_mb {
+        -1 => {}
+        mb if mb >= 0 => o.gpu_memory_cap = crate::options::cap_from_mib(mb as usize)?,
+        mb => {
+            return Err(invalid(format!(
+                "params.gpu_memory_cap_mb is {mb} (-1 unset, 0 no cap, N MiB)"
+            )))
+        }
+    }
+    o.simd = match p.simd {
+        -1 => o.simd,
+        0 => Some(SimdLevel::Portable),
+        1 => Some(SimdLevel::Avx2),
+        2 => Some(SimdLevel::Avx512),
+        v => {
+            return Err(invalid(format!(
+                "params.simd is {v} (-1 unset, 0 portable, 1 AVX2, 2 AVX-512)"
+            )))
+        }
+    };
+    if !p.cache_dir.is_null() {
+        // SAFETY: the caller passes a NUL-terminated string.
+        o.cache_dir = Some(unsafe { c_str(p.cache_dir, "params.cache_dir") }?.into());
+    }
+    Ok(o)
 }
 
 /// Loads a model: a `.flm` file, a GGUF file or a Hugging Face directory (converted once into
@@ -96,7 +187,10 @@ pub unsafe extern "C" fn fastllm_model_load(
         if out.is_null() {
             return Err(null("out"));
         }
-        let p = read_params(params)?;
+        // SAFETY: the caller passes NULL or valid parameters.
+        let p = unsafe { read_params(params) }?;
+        // SAFETY: as above, `cache_dir` NULL or a string.
+        let runtime = unsafe { runtime_options(&p) }?;
         let device = if p.device.is_null() {
             "cpu".to_string()
         } else {
@@ -111,22 +205,23 @@ pub unsafe extern "C" fn fastllm_model_load(
                 )))
             }
         };
-        let kv_dtype = if p.kv_dtype.is_null() {
-            None
-        } else {
-            Some(KvDtype::parse(c_str(p.kv_dtype, "params.kv_dtype")?)?)
-        };
         let model = if path.is_null() {
             None
         } else {
             Some(c_str(path, "path")?)
         };
-        let resolved = crate::default_model::resolve(model)?;
+        let kv_dtype = if p.kv_dtype.is_null() {
+            None
+        } else {
+            Some(KvDtype::parse(c_str(p.kv_dtype, "params.kv_dtype")?)?)
+        };
+        let resolved = crate::default_model::resolve(model, &runtime)?;
         let opts = LoadOptions {
             threads: p.threads as usize,
             device,
             low_memory: p.low_memory,
             precision,
+            runtime,
             kv_dtype,
         };
         let llm = load(&resolved, &opts)?;

@@ -3,8 +3,9 @@
 
 pub mod chat;
 pub mod perplexity;
-pub mod sampler;
+pub use crate::model::sampler;
 pub mod session;
+pub mod stop;
 
 pub use chat::ChatMessage;
 pub use sampler::{sample_logits, Penalties, SampleRow, Sampler, SamplingParams};

@@ -5,6 +5,7 @@
 
 use super::chat::{self, ChatMessage};
 use super::sampler::{Sampler, SamplingParams};
+use super::stop::StopStrings;
 use crate::data::Data;
 use crate::error::{Error, Result};
 use crate::model::{KvCache, Model};
@@ -374,7 +375,7 @@ impl Session {
             prompt_tokens,
             stop_reason: StopReason::MaxTokens,
         };
-        let max_stop = params.stop.iter().map(|s| s.len()).max().unwrap_or(0);
+        let stops = StopStrings::new(&params.stop);
         let mut emitted = 0usize; // bytes of out.text already passed to on_piece
         let mut last_tok = 0u32;
         // the first token comes from the prompt's host logits; every later step runs the model
@@ -391,20 +392,16 @@ impl Session {
             }
             out.tokens.push(tok);
             last_tok = tok;
+            let old_len = out.text.len();
             out.text.push_str(&stream.push(tok)?);
             // stop strings: cut at the first match
-            if let Some(cut) = params
-                .stop
-                .iter()
-                .filter_map(|s| (!s.is_empty()).then(|| out.text.find(s.as_str())).flatten())
-                .min()
-            {
+            if let Some(cut) = stops.find(&out.text, old_len) {
                 out.text.truncate(cut);
                 out.stop_reason = StopReason::StopString;
                 break;
             }
             // emit what can no longer become part of a stop string
-            let safe = safe_emit_len(&out.text, max_stop);
+            let safe = stops.safe_len(&out.text);
             if safe > emitted {
                 if !on_piece(tok, &out.text[emitted..safe]) {
                     emitted = safe;
@@ -436,17 +433,4 @@ impl Session {
         }
         Ok(out)
     }
-}
-
-/// Length of the prefix of `text` that cannot be the start of a stop string of up to
-/// `max_stop` bytes (held back otherwise), on a char boundary.
-fn safe_emit_len(text: &str, max_stop: usize) -> usize {
-    if max_stop == 0 {
-        return text.len();
-    }
-    let mut cut = text.len().saturating_sub(max_stop - 1);
-    while cut > 0 && !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    cut
 }

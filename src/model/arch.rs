@@ -70,7 +70,7 @@ pub struct ArchSpec {
     pub attn_norm: &'static str,
     /// q/k/v projection.
     pub qkv: Qkv,
-    /// Per-head q/k RMSNorm (Qwen3).
+    /// Per-head q/k RMSNorm (Qwen3, Gemma-3).
     pub qk_norm: Option<(&'static str, &'static str)>,
     /// Attention output projection.
     pub o_proj: &'static str,
@@ -138,6 +138,16 @@ const TABLE: &[ArchSpec] = &[
         name: "gemma2",
         embed_scale: true,
         norm: NormKind::RmsPlusOne,
+        post_attn_norm: Some("post_attention_layernorm"),
+        ffn_norm: "pre_feedforward_layernorm",
+        post_ffn_norm: Some("post_feedforward_layernorm"),
+        ..LLAMA
+    },
+    ArchSpec {
+        name: "gemma3",
+        embed_scale: true,
+        norm: NormKind::RmsPlusOne,
+        qk_norm: Some(("self_attn.q_norm", "self_attn.k_norm")),
         post_attn_norm: Some("post_attention_layernorm"),
         ffn_norm: "pre_feedforward_layernorm",
         post_ffn_norm: Some("post_feedforward_layernorm"),

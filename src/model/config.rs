@@ -32,6 +32,43 @@ pub enum RopeScaling {
         /// `original_max_position_embeddings`.
         original_context_length: u32,
     },
+    /// YaRN: frequencies blended between interpolated (÷ `factor`) and extrapolated by a ramp
+    /// over the dimensions, and q·k scaled by `attention_factor²`.
+    Yarn {
+        /// Context extension factor.
+        factor: f32,
+        /// The pre-training context the ramp is measured against.
+        original_context_length: u32,
+        /// Rotations above which a dimension is extrapolated (32 by default).
+        beta_fast: f32,
+        /// Rotations below which a dimension is interpolated (1 by default).
+        beta_slow: f32,
+        /// Scale of the rotated q and k (already resolved from `mscale` etc.).
+        attention_factor: f32,
+        /// Round the ramp's ends to whole dimensions (HF `truncate`, true by default).
+        truncate: bool,
+    },
+    /// LongRoPE (Phi-3.5): each frequency divided by a per-dimension factor, `short` while a
+    /// sequence step stays within `original_context_length` positions, `long` beyond; q·k scaled
+    /// by `attention_factor²`.
+    LongRope {
+        /// The pre-training context.
+        original_context_length: u32,
+        /// Scale of the rotated q and k.
+        attention_factor: f32,
+        /// Divisors for short sequences (`rope_dim / 2` values).
+        short_factor: Vec<f32>,
+        /// Divisors for long sequences (`rope_dim / 2` values).
+        long_factor: Vec<f32>,
+    },
+    /// Dynamic NTK: past `context_length` (HF `max_position_embeddings`) positions, the base
+    /// grows to `theta·(factor·len/ctx − factor + 1)^(d/(d−2))` for a step reaching `len`.
+    Dynamic {
+        /// The factor.
+        factor: f32,
+        /// The context the base is measured against (HF `max_position_embeddings`).
+        original_context_length: u32,
+    },
 }
 
 /// The tensor holding llama.cpp's per-frequency divisors of the rotary frequencies (a GGUF's
@@ -44,7 +81,7 @@ pub const ROPE_FREQS_TENSOR: &str = "model.rope_freqs.weight";
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
     /// One of: `llama` (also Llama-2/3, SmolLM2), `mistral`, `qwen2`, `qwen3`, `bloom`, `gpt2`,
-    /// `phi3`, `gemma2`, `glm`.
+    /// `phi3`, `gemma2`, `gemma3`, `glm`.
     pub architecture: String,
     /// Vocabulary size (rows of the embedding).
     pub vocab_size: usize,
@@ -70,8 +107,12 @@ pub struct ModelConfig {
     pub rope_dim: usize,
     /// Rotary pairing.
     pub rope_style: RopeStyle,
-    /// Rotary scaling.
+    /// Rotary scaling (of every layer, or of the full-attention layers when
+    /// `rope_local_theta` is set).
     pub rope_scaling: RopeScaling,
+    /// Gemma-3: the rotary base of the sliding-window layers, which use plain unscaled
+    /// frequencies (0 = every layer uses `rope_theta` and `rope_scaling`).
+    pub rope_local_theta: f32,
     /// LM head shares the embedding matrix.
     pub tie_embeddings: bool,
     /// MLP activation: `silu`, `gelu_tanh` or `gelu` (erf).

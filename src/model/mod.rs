@@ -1,13 +1,16 @@
-//! Model architectures: configuration, the architecture table, weight access, and the
-//! transformer forward pass built from Executor ops.
+//! Model architectures: configuration, the architecture table, weight access, the transformer
+//! forward pass built from Executor ops, and token sampling from its logits.
 
 pub mod arch;
 pub mod config;
 pub mod kv_dtype;
 pub mod logprobs;
 pub mod paged;
+pub mod rope;
+pub mod sampler;
 pub mod synthetic;
 pub mod tensor_parallel;
+pub mod tp_process;
 pub mod transformer;
 pub mod weights;
 

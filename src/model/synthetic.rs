@@ -46,6 +46,7 @@ pub fn config(name: &str) -> Result<ModelConfig> {
         rope_dim: 128,
         rope_style: RopeStyle::Neox,
         rope_scaling: RopeScaling::None,
+        rope_local_theta: 0.0,
         tie_embeddings: false,
         hidden_act: "silu".into(),
         attn_logit_softcap: 0.0,

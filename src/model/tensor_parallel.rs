@@ -19,26 +19,28 @@
 //!   its slices (host copies of just the slice; the `.flm` mapping is never copied whole).
 //! * A rank's [`Model`] is an ordinary model over its local config (its heads, its MLP width,
 //!   its vocabulary slice + 1) with a [`Collective`] for the all-reduces.
-//! * [`TpGroup`] runs the ranks on worker threads; the driver `Model` returned by
-//!   [`cpu_group`] / `cuda_group` forwards `forward` / `new_cache` to them, so generation,
-//!   the CLI, the C API and Python work unchanged on top.
+//! * [`TpGroup`] runs the ranks on worker threads, each building its model with the executor
+//!   and all-reduce the caller's [`RankBuilder`] makes (the devices are built at the program's
+//!   edge: `load::cpu_group`, `load::cuda_group`); the driver `Model` (`Model::driver`)
+//!   forwards `forward` / `new_cache` to them, so generation, the CLI, the C API and Python
+//!   work unchanged on top.
 
 use super::arch::{self, Mlp, Qkv};
 use super::config::ModelConfig;
 use super::paged::PagedKvPool;
+use super::tp_process::RemoteRank;
 use super::transformer::{KvCache, Model, PagedBatch, Precision};
 use super::weights::WeightSource;
 use crate::data::Data;
 use crate::error::{Error, Result};
 use crate::executor::Executor;
-use crate::parallel::{Collective, HostCollective};
+use crate::parallel::Collective;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 /// `[n*r/w, n*(r+1)/w)`: rank `r`'s part of `n` items split over `w` ranks.
 fn split(n: usize, w: usize, r: usize) -> Range<usize> {
@@ -406,6 +408,7 @@ pub(crate) struct RankTp {
 }
 
 /// Builds rank `rank`'s model over `exec` (`comm` its communicator).
+#[allow(clippy::too_many_arguments)]
 pub fn rank_model(
     plan: &ShardPlan,
     rank: usize,
@@ -414,9 +417,17 @@ pub fn rank_model(
     comm: Arc<dyn Collective>,
     precision: Precision,
     low_memory: bool,
+    opts: &crate::options::RuntimeOptions,
 ) -> Result<Model> {
     let src = Arc::new(ShardedSource::new(source, plan, rank)?);
-    let m = Model::new(plan.local_config(rank), src, exec, precision, low_memory)?;
+    let m = Model::with_options(
+        plan.local_config(rank),
+        src,
+        exec,
+        precision,
+        low_memory,
+        opts,
+    )?;
     m.into_rank(RankTp {
         comm,
         reduce_attention: plan.splits_attention(),
@@ -424,7 +435,8 @@ pub fn rank_model(
     })
 }
 
-enum Cmd {
+/// A step or cache operation sent to a rank.
+pub(crate) enum Cmd {
     NewCache {
         id: u64,
         cap: usize,
@@ -456,16 +468,49 @@ enum Cmd {
 }
 
 /// Logits of one rank: rows, width, values.
-type RankLogits = (usize, usize, Vec<f32>);
+pub(crate) type RankLogits = (usize, usize, Vec<f32>);
 
-enum Reply {
+/// A rank's answer to a [`Cmd`].
+pub(crate) enum Reply {
     Done(Result<()>),
     Logits(Result<RankLogits>),
 }
 
-struct Link {
-    tx: Sender<Cmd>,
-    rx: Receiver<Reply>,
+/// The driver's channel to one rank: a worker thread of this process, or a rank of another
+/// process (see `model::tp_process`).
+enum Link {
+    Local {
+        tx: Sender<Cmd>,
+        rx: Receiver<Reply>,
+    },
+    Remote(RemoteRank),
+}
+
+impl Reply {
+    fn is_err(&self) -> bool {
+        matches!(self, Reply::Done(Err(_)) | Reply::Logits(Err(_)))
+    }
+    fn err_text(&self) -> Option<String> {
+        match self {
+            Reply::Done(Err(e)) | Reply::Logits(Err(e)) => Some(e.to_string()),
+            _ => None,
+        }
+    }
+}
+
+impl Link {
+    fn send(&self, cmd: Cmd) -> std::result::Result<(), String> {
+        match self {
+            Link::Local { tx, .. } => tx.send(cmd).map_err(|_| "its worker stopped".to_string()),
+            Link::Remote(r) => r.send(&cmd),
+        }
+    }
+    fn recv(&self) -> std::result::Result<Reply, String> {
+        match self {
+            Link::Local { rx, .. } => rx.recv().map_err(|_| "its worker stopped".to_string()),
+            Link::Remote(r) => r.recv(),
+        }
+    }
 }
 
 /// The ranks of a tensor-parallel group, each a worker thread owning its model and its KV
@@ -473,16 +518,35 @@ struct Link {
 pub struct TpGroup {
     plan: ShardPlan,
     links: Mutex<Vec<Link>>,
+    /// Why the group stopped, once a rank failed in a way that leaves the ranks out of step.
+    failure: Mutex<Option<String>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     next_id: AtomicU64,
     label: String,
+}
+
+/// Whether a group stopped, without keeping it alive (see [`Model::group_health`]).
+pub struct GroupHealth(std::sync::Weak<TpGroup>);
+
+impl GroupHealth {
+    pub(crate) fn of(g: &Arc<TpGroup>) -> GroupHealth {
+        GroupHealth(Arc::downgrade(g))
+    }
+    /// `Some(why)` once the group stopped; `None` while it runs.
+    pub fn failure(&self) -> Option<String> {
+        self.0.upgrade().and_then(|g| g.failure())
+    }
+    /// Whether the group still exists (its model was not dropped).
+    pub fn exists(&self) -> bool {
+        self.0.strong_count() > 0
+    }
 }
 
 /// Builds a rank's model inside its worker thread.
 pub type RankBuilder = Box<dyn FnOnce() -> Result<Model> + Send>;
 
 /// `e` with `what: ` in front of its message, same variant (so the status code is kept).
-fn prefixed(what: &str, e: Error) -> Error {
+pub(crate) fn prefixed(what: &str, e: Error) -> Error {
     match e {
         Error::InvalidArgument(m) => Error::InvalidArgument(format!("{what}: {m}")),
         Error::Unsupported(m) => Error::Unsupported(format!("{what}: {m}")),
@@ -497,50 +561,64 @@ fn stopped(r: usize) -> Error {
     Error::Device(format!("tensor-parallel rank {r} stopped"))
 }
 
-fn worker(model: Model, rx: Receiver<Cmd>, tx: Sender<Reply>) {
-    let mut caches: HashMap<u64, KvCache> = HashMap::new();
-    let mut pools: HashMap<u64, PagedKvPool> = HashMap::new();
-    let logits = |l: Data| -> Result<RankLogits> {
-        let (rows, width) = (l.dim(0), l.dim(-1));
-        Ok((rows, width, l.to_f32_vec()?))
-    };
-    for cmd in rx {
-        let reply = match cmd {
+/// A rank's KV caches and pools, and how it runs a [`Cmd`] on its model.
+#[derive(Default)]
+pub(crate) struct RankState {
+    caches: HashMap<u64, KvCache>,
+    pools: HashMap<u64, PagedKvPool>,
+}
+
+fn rank_logits(l: Data) -> Result<RankLogits> {
+    let (rows, width) = (l.dim(0), l.dim(-1));
+    Ok((rows, width, l.to_f32_vec()?))
+}
+
+impl RankState {
+    /// Runs `cmd`; `None` for the commands that have no reply (frees).
+    pub(crate) fn handle(&mut self, model: &Model, cmd: Cmd) -> Option<Reply> {
+        let missing = |what: &str, id: u64| Error::invalid(format!("no {what} {id} on this rank"));
+        Some(match cmd {
             Cmd::NewCache { id, cap } => Reply::Done(model.new_cache(cap).map(|c| {
-                caches.insert(id, c);
+                self.caches.insert(id, c);
             })),
-            Cmd::Truncate { id, len } => Reply::Done(match caches.get_mut(&id) {
+            Cmd::Truncate { id, len } => Reply::Done(match self.caches.get_mut(&id) {
                 Some(c) => c.truncate(len),
-                None => Err(Error::invalid(format!("no KV cache {id} on this rank"))),
+                None => Err(missing("KV cache", id)),
             }),
             Cmd::Free { id } => {
-                caches.remove(&id);
-                continue;
+                self.caches.remove(&id);
+                return None;
             }
-            Cmd::Forward { id, tokens, all } => Reply::Logits(match caches.get_mut(&id) {
-                Some(c) => model.forward(c, &tokens, all).and_then(logits),
-                None => Err(Error::invalid(format!("no KV cache {id} on this rank"))),
+            Cmd::Forward { id, tokens, all } => Reply::Logits(match self.caches.get_mut(&id) {
+                Some(c) => model.forward(c, &tokens, all).and_then(rank_logits),
+                None => Err(missing("KV cache", id)),
             }),
             Cmd::NewPool {
                 id,
                 blocks,
                 block_size,
-            } => Reply::Done(PagedKvPool::new(&model, blocks, block_size).map(|p| {
-                pools.insert(id, p);
+            } => Reply::Done(PagedKvPool::new(model, blocks, block_size).map(|p| {
+                self.pools.insert(id, p);
             })),
             Cmd::FreePool { id } => {
-                pools.remove(&id);
-                continue;
+                self.pools.remove(&id);
+                return None;
             }
-            Cmd::Paged { id, batch } => Reply::Logits(match pools.get_mut(&id) {
-                Some(p) => model.paged_step(p, &batch).and_then(logits),
-                None => Err(Error::invalid(format!(
-                    "no paged KV pool {id} on this rank"
-                ))),
+            Cmd::Paged { id, batch } => Reply::Logits(match self.pools.get_mut(&id) {
+                Some(p) => model.paged_step(p, &batch).and_then(rank_logits),
+                None => Err(missing("paged KV pool", id)),
             }),
-        };
-        if tx.send(reply).is_err() {
-            break;
+        })
+    }
+}
+
+fn worker(model: Model, rx: Receiver<Cmd>, tx: Sender<Reply>) {
+    let mut state = RankState::default();
+    for cmd in rx {
+        if let Some(reply) = state.handle(&model, cmd) {
+            if tx.send(reply).is_err() {
+                break;
+            }
         }
     }
 }
@@ -550,8 +628,19 @@ impl TpGroup {
     /// that create an NCCL communicator must run concurrently, hence the threads), and waits
     /// until every rank is ready.
     pub fn start(plan: ShardPlan, builders: Vec<RankBuilder>, label: &str) -> Result<TpGroup> {
-        if builders.len() != plan.world {
-            return Err(Error::invalid("one builder per rank"));
+        Self::start_with_remote(plan, builders, Vec::new(), label)
+    }
+
+    /// Like [`TpGroup::start`] for a group whose first ranks are threads of this process
+    /// (`builders`) and whose others are ranks of other processes (`remote`, in rank order).
+    pub(crate) fn start_with_remote(
+        plan: ShardPlan,
+        builders: Vec<RankBuilder>,
+        remote: Vec<RemoteRank>,
+        label: &str,
+    ) -> Result<TpGroup> {
+        if builders.len() + remote.len() != plan.world {
+            return Err(Error::invalid("one builder or remote rank per rank"));
         }
         let mut links = Vec::new();
         let mut threads = Vec::new();
@@ -573,7 +662,7 @@ impl TpGroup {
                     }
                 })
                 .map_err(|e| Error::Device(format!("spawning rank {r}: {e}")))?;
-            links.push(Link { tx: ctx, rx: rrx });
+            links.push(Link::Local { tx: ctx, rx: rrx });
             threads.push(h);
             ready.push(ok_rx);
         }
@@ -584,6 +673,7 @@ impl TpGroup {
                 first_err = Some(prefixed(&format!("{label} rank {r}"), e));
             }
         }
+        links.extend(remote.into_iter().map(Link::Remote));
         if let Some(e) = first_err {
             drop(links);
             for t in threads {
@@ -594,6 +684,7 @@ impl TpGroup {
         Ok(TpGroup {
             plan,
             links: Mutex::new(links),
+            failure: Mutex::new(None),
             threads: Mutex::new(threads),
             next_id: AtomicU64::new(1),
             label: label.to_string(),
@@ -610,19 +701,64 @@ impl TpGroup {
         &self.label
     }
 
+    /// Why the group stopped, if a rank failed and left the others out of step (a rank of
+    /// another process that disconnected, or an error on some ranks but not all).
+    pub fn failure(&self) -> Option<String> {
+        self.failure.lock().ok().and_then(|f| f.clone())
+    }
+
+    /// Marks the group stopped and tells the ranks of other processes why (they exit).
+    fn fail(&self, links: &[Link], why: String) -> Error {
+        for l in links {
+            if let Link::Remote(r) = l {
+                r.abort(&why);
+            }
+        }
+        if let Ok(mut f) = self.failure.lock() {
+            f.get_or_insert(why.clone());
+        }
+        Error::Device(format!("tensor-parallel group stopped: {why}"))
+    }
+
     fn all(&self, make: impl Fn(usize) -> Cmd) -> Result<Vec<Reply>> {
         let links = self
             .links
             .lock()
             .map_err(|_| Error::Device("tensor-parallel group poisoned".into()))?;
-        for (r, l) in links.iter().enumerate() {
-            l.tx.send(make(r)).map_err(|_| stopped(r))?;
+        if let Some(why) = self.failure() {
+            return Err(Error::Device(format!(
+                "tensor-parallel group stopped: {why}"
+            )));
         }
-        links
-            .iter()
-            .enumerate()
-            .map(|(r, l)| l.rx.recv().map_err(|_| stopped(r)))
-            .collect()
+        for (r, l) in links.iter().enumerate() {
+            if let Err(e) = l.send(make(r)) {
+                return Err(self.fail(&links, format!("{} rank {r}: {e}", self.label)));
+            }
+        }
+        let mut replies = Vec::with_capacity(links.len());
+        let mut lost = None;
+        for (r, l) in links.iter().enumerate() {
+            match l.recv() {
+                Ok(rep) => replies.push(rep),
+                Err(e) => {
+                    lost.get_or_insert(format!("{} rank {r}: {e}", self.label));
+                }
+            }
+        }
+        if let Some(why) = lost {
+            return Err(self.fail(&links, why));
+        }
+        let failed = replies.iter().filter(|r| r.is_err()).count();
+        if failed > 0 && failed < replies.len() {
+            // Some ranks ran the step and some did not: their caches disagree from now on.
+            let (r, e) = replies
+                .iter()
+                .enumerate()
+                .find_map(|(r, rep)| rep.err_text().map(|e| (r, e)))
+                .unwrap_or((0, String::new()));
+            return Err(self.fail(&links, format!("{} rank {r} failed alone: {e}", self.label)));
+        }
+        Ok(replies)
     }
 
     fn done(replies: Vec<Reply>) -> Result<()> {
@@ -652,7 +788,7 @@ impl TpGroup {
     fn free(&self, id: u64, pool: bool) {
         if let Ok(links) = self.links.lock() {
             for l in links.iter() {
-                let _ = l.tx.send(if pool {
+                let _ = l.send(if pool {
                     Cmd::FreePool { id }
                 } else {
                     Cmd::Free { id }
@@ -814,104 +950,6 @@ impl Drop for RemotePool {
     fn drop(&mut self) {
         self.group.free(self.id, true);
     }
-}
-
-/// A tensor-parallel model over `world` CPU ranks (threads) whose all-reduce is done on the
-/// host: the same sharding and math as on GPUs, for tests and CI. `threads` per rank.
-pub fn cpu_group(
-    config: ModelConfig,
-    source: Arc<dyn WeightSource>,
-    world: usize,
-    threads: usize,
-    precision: Precision,
-) -> Result<Model> {
-    let plan = ShardPlan::new(&config, world)?;
-    let comms = HostCollective::group(world, Duration::from_secs(600))?;
-    let builders: Vec<RankBuilder> = comms
-        .into_iter()
-        .enumerate()
-        .map(|(r, comm)| {
-            let (plan, source) = (plan.clone(), source.clone());
-            Box::new(move || {
-                let exec = Executor::cpu(threads.max(1))?;
-                rank_model(&plan, r, source, exec, Arc::new(comm), precision, false)
-            }) as RankBuilder
-        })
-        .collect();
-    let group = TpGroup::start(plan, builders, &format!("cpu x{world}"))?;
-    Model::driver(config, Arc::new(group), precision)
-}
-
-/// A tensor-parallel model over the GPUs `ordinals` (one rank each, NCCL all-reduces).
-/// Checks every GPU and NCCL before starting any rank, so a missing one gives a clear `Err`.
-#[cfg(feature = "cuda")]
-pub fn cuda_group(
-    config: ModelConfig,
-    source: Arc<dyn WeightSource>,
-    ordinals: &[u32],
-    threads: usize,
-    precision: Precision,
-    low_memory: bool,
-) -> Result<Model> {
-    use crate::devices::cuda::{gpu, nccl, CudaDevice};
-    let label = format!(
-        "cuda:{}",
-        ordinals
-            .iter()
-            .map(|o| o.to_string())
-            .collect::<Vec<_>>()
-            .join(",")
-    );
-    for &o in ordinals {
-        gpu::probe(o).map_err(|e| prefixed(&label, e))?;
-    }
-    nccl::probe()?;
-    let world = ordinals.len();
-    let plan = ShardPlan::new(&config, world)?;
-    let id = nccl::NcclId::new()?;
-    let builders: Vec<RankBuilder> = ordinals
-        .iter()
-        .enumerate()
-        .map(|(r, &ord)| {
-            let (plan, source) = (plan.clone(), source.clone());
-            Box::new(move || {
-                let dev = CudaDevice::new(ord)?;
-                let comm = nccl::NcclComm::new(dev.gpu(), &id, r, world)?;
-                let mut exec = Executor::new();
-                exec.add_device(Arc::new(dev));
-                exec.add_device(Arc::new(crate::devices::cpu::CpuDevice::new(
-                    if threads == 0 { 2 } else { threads },
-                )?));
-                rank_model(
-                    &plan,
-                    r,
-                    source,
-                    exec,
-                    Arc::new(comm),
-                    precision,
-                    low_memory,
-                )
-            }) as RankBuilder
-        })
-        .collect();
-    let group = TpGroup::start(plan, builders, &label)?;
-    Model::driver(config, Arc::new(group), precision)
-}
-
-/// Without the `cuda` feature a GPU group is an error.
-#[cfg(not(feature = "cuda"))]
-pub fn cuda_group(
-    _config: ModelConfig,
-    _source: Arc<dyn WeightSource>,
-    ordinals: &[u32],
-    _threads: usize,
-    _precision: Precision,
-    _low_memory: bool,
-) -> Result<Model> {
-    Err(Error::Unsupported(format!(
-        "tensor parallelism over {} GPUs: this build has no CUDA support (feature 'cuda')",
-        ordinals.len()
-    )))
 }
 
 #[cfg(test)]

@@ -7,14 +7,16 @@ use super::config::{ModelConfig, RopeScaling, RopeStyle};
 use super::kv_dtype::{self, KvDtype};
 use super::logprobs::{pick_logprobs, PickLogprobs};
 use super::paged::{PagedKvPool, PagedSeqState};
+use super::rope::RopePlan;
+use super::sampler::{pick_error, sample_logits, SampleRow};
 use super::tensor_parallel::{RankTp, RemoteCache, TpGroup};
 use super::weights::{WeightSource, Weights, W};
 use crate::data::{Data, DataType, DeviceKind};
 use crate::device::{DataDict, FloatDict, IntDict};
 use crate::error::{Error, Result};
 use crate::executor::Executor;
-use crate::generate::sampler::{pick_error, sample_logits, SampleRow};
 use crate::ops::{self, AttentionParams, OutputCopy, RotaryParams, RotaryStyle};
+use crate::options::RuntimeOptions;
 use std::sync::Arc;
 
 /// Numeric precision of activations.
@@ -150,7 +152,8 @@ pub struct Model {
     weights: Weights,
     exec: Executor,
     precision: Precision,
-    inv_freq: Option<Data>,
+    /// The rotations of the layers (one base, or Gemma-3's two).
+    rope: RopePlan,
     alibi: Option<Data>,
     /// Set on a rank of a tensor-parallel group: its all-reduces.
     tp: Option<RankTp>,
@@ -159,7 +162,8 @@ pub struct Model {
     /// The first device has `SiluMul` (the gated MLP's silu and product in one op).
     fused_silu_mul: bool,
     /// The first device is this crate's CUDA device, whose `Linear` takes two or three weights
-    /// sharing an input in one call (q/k/v, gate/up).
+    /// sharing an input in one call (q/k/v, gate/up), and [`RuntimeOptions::fused_ops`] is on;
+    /// it also gates the producers' copies below.
     multi_linear: bool,
     /// One-token decode steps are recorded once per cache and replayed (CUDA graphs).
     decode_graphs: bool,
@@ -170,21 +174,14 @@ pub struct Model {
     /// The `fast` precision on such a device, for a prefill (many rows): the copy `RMSNorm` and
     /// `SiluMul` leave for the tensor-core path of the next `Linear` (f16 rows for f16 or block
     /// weights, bf16 rows for bf16 weights, by layer 0's down projection), which then skips its
-    /// own cast. `FASTLLM_PREFILL_COPY=0` turns it off (A/B runs).
+    /// own cast.
     prefill_copy: OutputCopy,
     /// With a `prefill_copy` of f16/bf16 and `SiluMul`: the gate/up projections of a prefill
     /// write F16/BF16 outputs, `SiluMul` multiplies them into a half tensor, and the down
     /// projection reads that as it is (no f32 round trip of the widest activations).
-    /// `FASTLLM_HALF_MLP=0` turns it off (A/B runs).
     half_mlp: bool,
     /// The first device has `RotaryTables`: a step forms its RoPE cos/sin once for all layers.
-    /// `FASTLLM_ROPE_TABLES=0` turns it off (A/B runs).
     rope_tables: bool,
-    /// A graph-mode decode step's `DecodeAttention` stores the step's key and value itself and
-    /// rotates q and k (with the step's tables) in the same launch, instead of a
-    /// `RotaryEmbedding` and a `KvWrite` launch before it. `FASTLLM_DECODE_STEP_KV=0` turns it
-    /// off (A/B runs).
-    step_kv_in_attention: bool,
     /// Unique per model in this process: a cache's recorded decode step is only replayed by
     /// the model that recorded it (the recording holds that model's weight addresses).
     id: u64,
@@ -204,14 +201,33 @@ fn bad(msg: impl std::fmt::Display) -> Error {
 }
 
 impl Model {
-    /// Builds a model over `source` running on `exec`. Validates the config against the
-    /// architecture table and the tensors present.
+    /// Builds a model over `source` running on `exec` with the default [`RuntimeOptions`].
+    /// Validates the config against the architecture table and the tensors present.
     pub fn new(
         config: ModelConfig,
         source: Arc<dyn WeightSource>,
         exec: Executor,
         precision: Precision,
         low_memory: bool,
+    ) -> Result<Model> {
+        Model::with_options(
+            config,
+            source,
+            exec,
+            precision,
+            low_memory,
+            &RuntimeOptions::default(),
+        )
+    }
+
+    /// [`Model::new`] with the switches of `opts` (CUDA graphs, fused ops, the GPU memory cap).
+    pub fn with_options(
+        config: ModelConfig,
+        source: Arc<dyn WeightSource>,
+        exec: Executor,
+        precision: Precision,
+        low_memory: bool,
+        opts: &RuntimeOptions,
     ) -> Result<Model> {
         let spec = arch::lookup(&config.architecture)?;
         let c = &config;
@@ -244,7 +260,8 @@ impl Model {
                 let p = format!("{}{i}.", spec.layer_prefix);
                 names.push(format!("{p}{}.weight", spec.attn_norm));
                 names.push(format!("{p}{}.weight", spec.ffn_norm));
-                for n in [spec.post_attn_norm, spec.post_ffn_norm]
+                let (qn, kn) = spec.qk_norm.unzip();
+                for n in [spec.post_attn_norm, spec.post_ffn_norm, qn, kn]
                     .into_iter()
                     .flatten()
                 {
@@ -259,32 +276,22 @@ impl Model {
                 weights.set_resident(&n, d);
             }
         }
-        let rope_freqs = rope_freq_divisors(&weights, c)?;
-        let inv_freq = match (&spec.positions, &c.rope_scaling, rope_freqs) {
-            (Positions::Rope, RopeScaling::None, None) => None,
-            (Positions::Rope, s, divisors) => {
-                let mut f = inv_freq(c, s);
-                for (f, d) in f.iter_mut().zip(divisors.unwrap_or_default()) {
-                    *f /= d;
-                }
-                Some(Data::from_f32(&[c.rope_dim / 2], &f)?)
-            }
-            _ => None,
-        };
+        let mut rope = RopePlan::new(c, rope_freq_divisors(&weights, c)?)?;
         let alibi = match spec.positions {
             Positions::Alibi => Some(Data::from_f32(&[c.num_heads], &alibi_slopes(c.num_heads))?),
             _ => None,
         };
         // A GPU (or other non-CPU) first device gets the weights once, now.
-        let (mut inv_freq, mut alibi) = (inv_freq, alibi);
+        let mut alibi = alibi;
         if let Some(dev) = exec
             .devices()
             .first()
             .filter(|d| d.kind() != DeviceKind::Cpu)
         {
-            check_memory_cap(&weights, dev.name())?;
+            check_memory_cap(&weights, dev.name(), opts.gpu_memory_cap)?;
             weights.upload_to(dev.as_ref())?;
-            for t in [&mut inv_freq, &mut alibi].into_iter().flatten() {
+            rope.upload(dev.as_ref())?;
+            for t in [&mut alibi].into_iter().flatten() {
                 *t = dev.upload(t)?;
             }
         } else if let Some(dev) = exec
@@ -301,16 +308,12 @@ impl Model {
                 .is_some_and(|d| d.kind() != DeviceKind::Cpu && d.ops().contains_key(op))
         };
         let fused_silu_mul = first_has("SiluMul") && config.hidden_act == "silu";
-        // FASTLLM_DECODE_FUSE=0: no multi-weight / accumulating Linear or paired RoPE (A/B runs)
-        let multi_linear = first_has("SiluMul")
-            && first_has("DecodeAttention")
-            && std::env::var("FASTLLM_DECODE_FUSE").map_or(true, |v| v.trim() != "0");
+        let multi_linear = first_has("SiluMul") && first_has("DecodeAttention") && opts.fused_ops;
         let decode_graphs = first_has("DecodeAttention")
-            && first_has("KvWrite")
             && !weights.low_memory()
+            && !rope.length_dependent()
             && !matches!(spec.positions, Positions::Learned(_))
-            && std::env::var("FASTLLM_DECODE_GRAPHS").map_or(true, |v| v.trim() != "0");
-        // FASTLLM_DECODE_FUSE=0 also turns this off
+            && opts.cuda_graphs;
         let norm_quantizes = multi_linear && precision == Precision::Fast && {
             let down = match spec.mlp {
                 Mlp::Gated(_, _, dn) | Mlp::GatedFused(_, dn) | Mlp::Plain(_, dn) => dn,
@@ -318,10 +321,7 @@ impl Model {
             let name = format!("{}0.{down}.weight", spec.layer_prefix);
             weights.has(&name) && weights.get(&name).is_ok_and(|w| w.dtype().is_quantized())
         };
-        let prefill_copy = if multi_linear
-            && precision == Precision::Fast
-            && std::env::var("FASTLLM_PREFILL_COPY").map_or(true, |v| v.trim() != "0")
-        {
+        let prefill_copy = if multi_linear && precision == Precision::Fast {
             let down = match spec.mlp {
                 Mlp::Gated(_, _, dn) | Mlp::GatedFused(_, dn) | Mlp::Plain(_, dn) => dn,
             };
@@ -332,13 +332,8 @@ impl Model {
         } else {
             OutputCopy::None
         };
-        let rope_tables = first_has("RotaryTables")
-            && std::env::var("FASTLLM_ROPE_TABLES").map_or(true, |v| v.trim() != "0");
-        let step_kv_in_attention = decode_graphs
-            && std::env::var("FASTLLM_DECODE_STEP_KV").map_or(true, |v| v.trim() != "0");
-        let half_mlp = fused_silu_mul
-            && matches!(prefill_copy, OutputCopy::F16 | OutputCopy::Bf16)
-            && std::env::var("FASTLLM_HALF_MLP").map_or(true, |v| v.trim() != "0");
+        let rope_tables = first_has("RotaryTables");
+        let half_mlp = fused_silu_mul && matches!(prefill_copy, OutputCopy::F16 | OutputCopy::Bf16);
         let kv_dtype =
             kv_dtype::resolve(None, exec.devices().first().map(|d| d.as_ref()), precision)?;
         Ok(Model {
@@ -347,7 +342,7 @@ impl Model {
             weights,
             exec,
             precision,
-            inv_freq,
+            rope,
             alibi,
             tp: None,
             group: None,
@@ -358,25 +353,23 @@ impl Model {
             prefill_copy,
             half_mlp,
             rope_tables,
-            step_kv_in_attention,
             id: next_model_id(),
             kv_dtype,
         })
     }
 
     /// Turns graph-replayed one-token decode steps on or off (on by default where the device
-    /// can record work; `FASTLLM_DECODE_GRAPHS=0` turns them off at load). Off, or on a device
+    /// can record work unless [`RuntimeOptions::cuda_graphs`] turned them off at load). Off, or on a device
     /// without recording, every step runs its ops one by one.
     pub fn set_decode_graphs(&mut self, on: bool) {
         self.decode_graphs = on
             && self.tp.is_none()
             && self.group.is_none()
             && self.exec.devices().first().is_some_and(|d| {
-                d.kind() != DeviceKind::Cpu
-                    && d.ops().contains_key("DecodeAttention")
-                    && d.ops().contains_key("KvWrite")
+                d.kind() != DeviceKind::Cpu && d.ops().contains_key("DecodeAttention")
             })
             && !self.weights.low_memory()
+            && !self.rope.length_dependent()
             && !matches!(self.spec.positions, Positions::Learned(_));
     }
 
@@ -437,12 +430,12 @@ impl Model {
     ) -> Result<Model> {
         let spec = arch::lookup(&config.architecture)?;
         Ok(Model {
+            rope: RopePlan::new(&config, None)?,
             config,
             spec,
             weights: Weights::new(Arc::new(super::weights::MapSource::new()), false)?,
             exec: Executor::new(),
             precision,
-            inv_freq: None,
             alibi: None,
             tp: None,
             group: Some(group),
@@ -453,7 +446,6 @@ impl Model {
             prefill_copy: OutputCopy::None,
             half_mlp: false,
             rope_tables: false,
-            step_kv_in_attention: false,
             id: next_model_id(),
             kv_dtype: KvDtype::F32,
         })
@@ -467,6 +459,14 @@ impl Model {
     /// The number of tensor-parallel ranks running this model (1 for a single device).
     pub fn tensor_parallel(&self) -> usize {
         self.group.as_ref().map_or(1, |g| g.plan().world())
+    }
+
+    /// A handle that tells whether this model's tensor-parallel group stopped (a rank in
+    /// another process that disconnected or failed alone); `None` for a single device.
+    pub fn group_health(&self) -> Option<super::tensor_parallel::GroupHealth> {
+        self.group
+            .as_ref()
+            .map(super::tensor_parallel::GroupHealth::of)
     }
 
     /// What the ranks of a tensor-parallel model run on (e.g. `cuda:0,1`), `None` otherwise.
@@ -491,6 +491,12 @@ impl Model {
     /// it, e.g. interleaved blocks on the CPU); `None` when it is not resident.
     pub fn weight_dtype(&self, name: &str) -> Option<DataType> {
         self.weights.resident_dtype(name)
+    }
+
+    /// Bytes of the weights held in memory (read, derived or re-formed), besides those the
+    /// model reads from the file's mapping.
+    pub fn resident_weight_bytes(&self) -> usize {
+        self.weights.resident_bytes()
     }
 
     /// The executor (for profiling).
@@ -864,7 +870,6 @@ impl Model {
             v: &mut cache.v,
             pos,
             workspace,
-            fused: self.step_kv_in_attention,
         };
         self.layers(ids, pos, &[0], &mut kv, bufs, logits, true)?;
         ops::argmax(&self.exec, logits, next)
@@ -875,7 +880,7 @@ impl Model {
     /// tensor-parallel driver) are sampled on the host; elsewhere the `ApplyPenalties` (on a
     /// copy, when a row has penalties) and `Sample` ops run where the logits are and only the
     /// ids come back. Both give the same ids for the same logits (see
-    /// `crate::generate::sampler`). A row with NaN or +Inf logits (or only -Inf) is an `Err`.
+    /// `crate::model::sampler`). A row with NaN or +Inf logits (or only -Inf) is an `Err`.
     pub fn sample_rows(&self, logits: &Data, rows: &[SampleRow]) -> Result<Vec<u32>> {
         let vocab = self.config.vocab_size;
         if vocab == 0 || logits.dims() != [rows.len(), vocab] {
@@ -1021,7 +1026,7 @@ impl Model {
         };
         let mut scratch = std::mem::take(&mut cache.scratch);
         let before = cache.len;
-        let r = self.forward_rows(tokens, &pos, &rows, cache, &mut scratch);
+        let r = self.forward_rows(tokens, &pos, &rows, &[0, s], cache, &mut scratch);
         cache.scratch = scratch;
         match r {
             Ok(l) => {
@@ -1095,13 +1100,7 @@ impl Model {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        if rows.len() != batch.len() {
-            return Err(Error::invalid(format!(
-                "forward_paged_sample: {} sampling rows for {} items",
-                rows.len(),
-                batch.len()
-            )));
-        }
+        check_sample_rows("forward_paged_sample", rows, batch.len())?;
         match self.run_paged(pool, batch, PagedMode::Sample(rows))? {
             PagedOut::Ids(ids) => Ok(ids),
             _ => Err(Error::invalid("forward_paged_sample: got logits")),
@@ -1121,13 +1120,7 @@ impl Model {
         if batch.is_empty() {
             return Ok((Vec::new(), Vec::new()));
         }
-        if rows.len() != batch.len() {
-            return Err(Error::invalid(format!(
-                "forward_paged_sample_logprobs: {} sampling rows for {} items",
-                rows.len(),
-                batch.len()
-            )));
-        }
+        check_sample_rows("forward_paged_sample_logprobs", rows, batch.len())?;
         if top_n > self.config.vocab_size {
             return Err(Error::invalid(format!(
                 "top {top_n} exceeds the vocabulary of {}",
@@ -1276,7 +1269,8 @@ impl Model {
             tables: Data::from_i32(&[b.seqs, b.max_blocks], &b.table)?,
         };
         let mut scratch = Scratch::default();
-        self.forward_rows(&b.tokens, &b.pos, &b.rows, &mut store, &mut scratch)
+        let runs: Vec<usize> = b.q_starts.iter().map(|&r| r.max(0) as usize).collect();
+        self.forward_rows(&b.tokens, &b.pos, &b.rows, &runs, &mut store, &mut scratch)
     }
 
     fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
@@ -1290,18 +1284,21 @@ impl Model {
     }
 
     /// The layer stack over rows `tokens` at positions `pos`, keys/values kept by `kv`;
-    /// returns logits for the rows listed in `logit_rows`.
+    /// returns logits for the rows listed in `logit_rows`. `runs` gives where each sequence's
+    /// rows start (as `q_starts`), for rotations that depend on how far a sequence reaches.
     fn forward_rows(
         &self,
         tokens: &[u32],
         pos: &[i32],
         logit_rows: &[i32],
+        runs: &[usize],
         kv: &mut dyn KvStore,
         scratch: &mut Scratch,
     ) -> Result<Data> {
         let s = tokens.len();
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         let ids = Data::from_i32(&[s], &ids)?;
+        let pos_host = pos;
         let pos = Data::from_i32(&[s], pos)?;
 
         // Positions are read by every RoPE call: put them on the first device once per step
@@ -1313,6 +1310,25 @@ impl Model {
             _ => pos,
         };
         let mut sc = scratch.take(SCRATCH_BUFS);
+        if self.rope.length_dependent() && self.spec.positions == Positions::Rope {
+            // this step's cos/sin tables, where `layers` reads them (the last two buffers)
+            let (cos, sin) = self
+                .rope
+                .global
+                .step_tables(self.config.rope_dim, pos_host, runs)?;
+            let dev = self
+                .exec
+                .devices()
+                .first()
+                .filter(|d| d.kind() != DeviceKind::Cpu);
+            let n = sc.len();
+            let place = |t: Data| match dev {
+                Some(d) => d.upload(&t),
+                None => Ok(t),
+            };
+            sc[n - 2] = place(cos)?;
+            sc[n - 1] = place(sin)?;
+        }
         let mut logits = Data::empty(DataType::F32);
         let r = self.layers(&ids, &pos, logit_rows, kv, &mut sc, &mut logits, false);
         scratch.give(sc);
@@ -1321,6 +1337,8 @@ impl Model {
 
     /// The layer stack; writes the logits of `logit_rows` into `logits`. `ids_on_device`: the
     /// ids were validated and uploaded by the caller (the embedding does not read them back).
+    /// Stages: [`Model::embed`], then per layer [`Model::attention_block`] and
+    /// [`Model::ffn_block`] (each adding its residual), then [`Model::head`].
     #[allow(clippy::too_many_arguments)]
     fn layers(
         &self,
@@ -1332,12 +1350,43 @@ impl Model {
         logits: &mut Data,
         ids_on_device: bool,
     ) -> Result<()> {
-        let c = &self.config;
-        let e = &self.exec;
-        let s = ids.dim(0);
         let [x, h, q, k, v, a, b, g, t0, t1, t2, _, rope_cos, rope_sin] = sc else {
             return Err(Error::invalid("scratch"));
         };
+        let mut bufs = StepBufs {
+            x,
+            h,
+            q,
+            k,
+            v,
+            a,
+            b,
+            g,
+            t0,
+            t1,
+            t2,
+        };
+        self.embed(ids, pos, ids_on_device, &mut bufs)?;
+        let ropes = self.step_rope(pos, rope_cos, rope_sin)?;
+        for i in 0..self.config.num_layers {
+            self.attention_block(i, &ropes, kv, &mut bufs)?;
+            self.ffn_block(i, &mut bufs)?;
+        }
+        self.head(logit_rows, &mut bufs, logits)
+    }
+
+    /// The step's embedding into `x`: token rows, then the learned positions, the embedding
+    /// scale and norm where the architecture has them.
+    fn embed(
+        &self,
+        ids: &Data,
+        pos: &Data,
+        ids_on_device: bool,
+        bufs: &mut StepBufs,
+    ) -> Result<()> {
+        let c = &self.config;
+        let e = &self.exec;
+        let StepBufs { x, t0, .. } = bufs;
         {
             let w = self.weights.get(&format!("{}.weight", self.spec.embed))?;
             if ids_on_device {
@@ -1349,7 +1398,7 @@ impl Model {
         self.all_reduce(x, |_| true)?; // vocab-parallel embedding
         if self.spec.embed_scale {
             ops::mul(e, x, (c.hidden_size as f32).sqrt(), t0)?;
-            std::mem::swap(x, t0);
+            std::mem::swap(*x, *t0);
         }
         if let Positions::Learned(wpe) = self.spec.positions {
             let w = self.weights.get(&format!("{wpe}.weight"))?;
@@ -1365,166 +1414,251 @@ impl Model {
         }
         if let Some(n) = self.spec.embed_norm {
             self.norm(x, n, t0)?;
-            std::mem::swap(x, t0);
+            std::mem::swap(*x, *t0);
         }
+        Ok(())
+    }
 
-        // the rotation's angles: formed once for the step where the device keeps tables
-        let mut rope = RotaryParams {
+    /// The step's rotations: the global one, whose angles are formed once for all layers into
+    /// `cos` / `sin` where the device keeps tables (or were formed by `forward_rows` for a
+    /// length-dependent scaling), and Gemma-3's local one for the sliding-window layers (its own
+    /// base, angles formed by the rotation itself).
+    fn step_rope<'a>(
+        &'a self,
+        pos: &'a Data,
+        cos: &'a mut Data,
+        sin: &'a mut Data,
+    ) -> Result<StepRope<'a>> {
+        let c = &self.config;
+        let style = match c.rope_style {
+            RopeStyle::Neox => RotaryStyle::Neox,
+            RopeStyle::Interleaved => RotaryStyle::Interleaved,
+        };
+        let rotary = |r: &'a super::rope::LayerRope| RotaryParams {
             positions: pos,
-            inv_freq: self.inv_freq.as_ref(),
+            inv_freq: r.inv_freq.as_ref(),
             rotary_dim: c.rope_dim,
-            style: match c.rope_style {
-                RopeStyle::Neox => RotaryStyle::Neox,
-                RopeStyle::Interleaved => RotaryStyle::Interleaved,
-            },
-            theta: c.rope_theta,
+            style,
+            theta: r.theta,
             tables: None,
         };
-        if self.rope_tables && self.spec.positions == Positions::Rope {
-            ops::rotary_tables(e, &rope, rope_cos, rope_sin)?;
-            rope.tables = Some((&*rope_cos, &*rope_sin));
+        let mut global = rotary(&self.rope.global);
+        let local = self.rope.local.as_ref().map(rotary);
+        if self.rope.length_dependent() {
+            global.tables = Some((&*cos, &*sin)); // formed by `forward_rows`
+        } else if self.rope_tables && self.spec.positions == Positions::Rope {
+            ops::rotary_tables(&self.exec, &global, cos, sin)?;
+            global.tables = Some((&*cos, &*sin));
         }
-        let (nh, nkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
-        let scale = if c.query_pre_attn_scalar > 0.0 {
+        Ok(StepRope { global, local })
+    }
+
+    /// The attention scale: `query_pre_attn_scalar`, else the head size.
+    fn attention_scale(&self) -> f32 {
+        let c = &self.config;
+        if c.query_pre_attn_scalar > 0.0 {
             1.0 / c.query_pre_attn_scalar.sqrt()
         } else {
-            1.0 / (hd as f32).sqrt()
-        };
-        for i in 0..c.num_layers {
-            let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
-            // attention
-            self.norm_for_linear(x, &ln(self.spec.attn_norm), h)?;
-            match self.spec.qkv {
-                Qkv::Separate(qn, kn, vn) => {
-                    self.linears(h, &[ln(qn), ln(kn), ln(vn)], &mut [q, k, v])?;
-                }
-                Qkv::Fused(n) => {
-                    self.linear(h, &ln(n), t0)?;
-                    let (qd, kd) = (nh * hd, nkv * hd);
-                    if t0.dim(1) != qd + 2 * kd {
-                        return Err(bad(format!(
-                            "{}: fused qkv has {} outputs, expected {}",
-                            ln(n),
-                            t0.dim(1),
-                            qd + 2 * kd
-                        )));
-                    }
-                    ops::split(e, t0, 1, 0, qd, q)?;
-                    ops::split(e, t0, 1, qd, qd + kd, k)?;
-                    ops::split(e, t0, 1, qd + kd, qd + 2 * kd, v)?;
-                }
-                Qkv::FusedPerHead(n) => {
-                    if nh != nkv {
-                        return Err(bad("per-head fused qkv needs as many KV heads as heads"));
-                    }
-                    self.linear(h, &ln(n), t0)?;
-                    t0.reshape(&[s, nh, 3, hd])?;
-                    ops::permute(e, t0, &[2, 0, 1, 3], t1)?;
-                    t1.reshape(&[3, s * nh * hd])?;
-                    ops::split(e, t1, 0, 0, 1, q)?;
-                    ops::split(e, t1, 0, 1, 2, k)?;
-                    ops::split(e, t1, 0, 2, 3, v)?;
-                }
-            }
-            q.reshape(&[s, nh, hd])?;
-            k.reshape(&[s, nkv, hd])?;
-            v.reshape(&[s, nkv, hd])?;
-            if let Some((qn, kn)) = self.spec.qk_norm {
-                self.norm(q, &ln(qn), t0)?;
-                std::mem::swap(q, t0);
-                self.norm(k, &ln(kn), t0)?;
-                std::mem::swap(k, t0);
-            }
-            // a graph-mode decode step rotates q and k in the attention launch
-            let rotate_in_store = self.spec.positions == Positions::Rope
-                && rope.tables.is_some()
-                && s == 1
-                && kv.rotates_step();
-            if self.spec.positions == Positions::Rope && !rotate_in_store {
-                if self.multi_linear {
-                    ops::rotary_pair(e, q, k, &rope)?;
-                } else {
-                    ops::rotary(e, q, &rope)?;
-                    ops::rotary(e, k, &rope)?;
-                }
-            }
-            let sliding = c.sliding_layers.get(i).copied().unwrap_or(false);
-            let ap = AttentionParams {
-                scale,
-                softcap: c.attn_logit_softcap,
-                sliding_window: if sliding { c.sliding_window } else { 0 },
-                alibi: self.alibi.as_ref(),
-                fast: self.precision == Precision::Fast,
-                output_copy: self.copy_for(s),
-            };
-            if rotate_in_store {
-                kv.attend_rotating(e, i, q, k, v, &rope, &ap, a)?;
-            } else {
-                kv.attend(e, i, q, k, v, &ap, a)?;
-            }
-            a.reshape(&[s, nh * hd])?;
-            // on the CUDA device the residual add rides on the projection (`accumulate`)
-            let fuse_residual = self.multi_linear && self.tp.is_none();
-            if fuse_residual && self.spec.post_attn_norm.is_none() {
-                self.linear_add(a, &ln(self.spec.o_proj), x)?;
-            } else {
-                self.linear(a, &ln(self.spec.o_proj), b)?;
-                self.all_reduce(b, |tp| tp.reduce_attention)?;
-                if let Some(n) = self.spec.post_attn_norm {
-                    self.norm(b, &ln(n), t0)?;
-                    std::mem::swap(b, t0);
-                }
-                ops::add_to(e, x, b, 1.0)?;
-            }
-            // MLP
-            self.norm_for_linear(x, &ln(self.spec.ffn_norm), h)?;
-            let down = match self.spec.mlp {
-                Mlp::Gated(gn, un, dn) => {
-                    // half gate/up outputs only where the fused SiluMul reads them
-                    let half = if self.fused_silu_mul {
-                        self.half_mlp_for(s, &ln(dn))?
-                    } else {
-                        OutputCopy::None
-                    };
-                    self.linears_as(h, &[ln(gn), ln(un)], &mut [g, t0], half)?;
-                    if self.fused_silu_mul {
-                        ops::silu_mul_quantizing(e, g, t0, t1, self.copy_for(s))?;
-                    } else {
-                        self.act(g, t1)?;
-                        ops::mul_to(e, t1, t0)?;
-                    }
-                    dn
-                }
-                Mlp::GatedFused(gun, dn) => {
-                    self.linear(h, &ln(gun), g)?;
-                    match c.hidden_act.as_str() {
-                        "silu" => ops::swiglu(e, g, t1)?,
-                        "gelu_tanh" => ops::gelu_gated(e, g, true, t1)?,
-                        "gelu" => ops::gelu_gated(e, g, false, t1)?,
-                        other => return Err(bad(format!("activation '{other}'"))),
-                    }
-                    dn
-                }
-                Mlp::Plain(un, dn) => {
-                    self.linear(h, &ln(un), g)?;
-                    self.act(g, t1)?;
-                    dn
-                }
-            };
-            if fuse_residual && self.spec.post_ffn_norm.is_none() {
-                self.linear_add(t1, &ln(down), x)?;
-                continue;
-            }
-            self.linear(t1, &ln(down), b)?;
-            self.all_reduce(b, |_| true)?; // row-parallel down projection
-            if let Some(n) = self.spec.post_ffn_norm {
-                self.norm(b, &ln(n), t0)?;
-                std::mem::swap(b, t0);
-            }
-            ops::add_to(e, x, b, 1.0)?;
+            1.0 / (c.head_dim as f32).sqrt()
         }
+    }
 
-        // final norm and LM head, only for the rows asked for
+    /// Layer `i`'s q, k, v [rows, heads, head dim] from the normed input `h`, in the
+    /// architecture's projection form.
+    fn qkv(&self, i: usize, bufs: &mut StepBufs) -> Result<()> {
+        let c = &self.config;
+        let e = &self.exec;
+        let StepBufs {
+            h, q, k, v, t0, t1, ..
+        } = bufs;
+        let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
+        let (s, nh, nkv, hd) = (h.dim(0), c.num_heads, c.num_kv_heads, c.head_dim);
+        match self.spec.qkv {
+            Qkv::Separate(qn, kn, vn) => {
+                self.linears(
+                    h,
+                    &[ln(qn), ln(kn), ln(vn)],
+                    &mut [&mut **q, &mut **k, &mut **v],
+                )?;
+            }
+            Qkv::Fused(n) => {
+                self.linear(h, &ln(n), t0)?;
+                let (qd, kd) = (nh * hd, nkv * hd);
+                if t0.dim(1) != qd + 2 * kd {
+                    return Err(bad(format!(
+                        "{}: fused qkv has {} outputs, expected {}",
+                        ln(n),
+                        t0.dim(1),
+                        qd + 2 * kd
+                    )));
+                }
+                ops::split(e, t0, 1, 0, qd, q)?;
+                ops::split(e, t0, 1, qd, qd + kd, k)?;
+                ops::split(e, t0, 1, qd + kd, qd + 2 * kd, v)?;
+            }
+            Qkv::FusedPerHead(n) => {
+                if nh != nkv {
+                    return Err(bad("per-head fused qkv needs as many KV heads as heads"));
+                }
+                self.linear(h, &ln(n), t0)?;
+                t0.reshape(&[s, nh, 3, hd])?;
+                ops::permute(e, t0, &[2, 0, 1, 3], t1)?;
+                t1.reshape(&[3, s * nh * hd])?;
+                ops::split(e, t1, 0, 0, 1, q)?;
+                ops::split(e, t1, 0, 1, 2, k)?;
+                ops::split(e, t1, 0, 2, 3, v)?;
+            }
+        }
+        q.reshape(&[s, nh, hd])?;
+        k.reshape(&[s, nkv, hd])?;
+        v.reshape(&[s, nkv, hd])
+    }
+
+    /// Layer `i`'s attention: norm, q/k/v, the layer's query scale and q/k norms, rotation,
+    /// attention through `kv`, o projection, and the residual added into `x`.
+    fn attention_block(
+        &self,
+        i: usize,
+        ropes: &StepRope,
+        kv: &mut dyn KvStore,
+        bufs: &mut StepBufs,
+    ) -> Result<()> {
+        let c = &self.config;
+        let e = &self.exec;
+        let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
+        self.norm_for_linear(bufs.x, &ln(self.spec.attn_norm), bufs.h)?;
+        self.qkv(i, bufs)?;
+        let StepBufs {
+            x,
+            q,
+            k,
+            v,
+            a,
+            b,
+            t0,
+            ..
+        } = bufs;
+        let (s, nh, hd) = (q.dim(0), c.num_heads, c.head_dim);
+        let layer_rope = self.rope.layer(c, i);
+        let rope = match (&ropes.local, self.rope.local.as_ref()) {
+            (Some(r), Some(l)) if std::ptr::eq(layer_rope, l) => r,
+            _ => &ropes.global,
+        };
+        if let Some(m) = &layer_rope.q_scale {
+            ops::mul_to(e, q, m)?; // the attention factor on the rotated dims only
+        }
+        if let Some((qn, kn)) = self.spec.qk_norm {
+            self.norm(q, &ln(qn), t0)?;
+            std::mem::swap(*q, *t0);
+            self.norm(k, &ln(kn), t0)?;
+            std::mem::swap(*k, *t0);
+        }
+        // a graph-mode decode step rotates q and k in the attention launch
+        let rotate_in_store = self.spec.positions == Positions::Rope
+            && rope.tables.is_some()
+            && s == 1
+            && kv.rotates_step();
+        if self.spec.positions == Positions::Rope && !rotate_in_store {
+            if self.multi_linear {
+                ops::rotary_pair(e, q, k, rope)?;
+            } else {
+                ops::rotary(e, q, rope)?;
+                ops::rotary(e, k, rope)?;
+            }
+        }
+        let sliding = c.sliding_layers.get(i).copied().unwrap_or(false);
+        let ap = AttentionParams {
+            scale: self.attention_scale() * layer_rope.score_scale,
+            softcap: c.attn_logit_softcap,
+            sliding_window: if sliding { c.sliding_window } else { 0 },
+            alibi: self.alibi.as_ref(),
+            fast: self.precision == Precision::Fast,
+            output_copy: self.copy_for(s),
+        };
+        if rotate_in_store {
+            kv.attend_rotating(e, i, q, k, v, rope, &ap, a)?;
+        } else {
+            kv.attend(e, i, q, k, v, &ap, a)?;
+        }
+        a.reshape(&[s, nh * hd])?;
+        // on the CUDA device the residual add rides on the projection (`accumulate`)
+        let fuse_residual = self.multi_linear && self.tp.is_none();
+        if fuse_residual && self.spec.post_attn_norm.is_none() {
+            return self.linear_add(a, &ln(self.spec.o_proj), x);
+        }
+        self.linear(a, &ln(self.spec.o_proj), b)?;
+        self.all_reduce(b, |tp| tp.reduce_attention)?;
+        if let Some(n) = self.spec.post_attn_norm {
+            self.norm(b, &ln(n), t0)?;
+            std::mem::swap(*b, *t0);
+        }
+        ops::add_to(e, x, b, 1.0)
+    }
+
+    /// Layer `i`'s MLP: norm, the architecture's gate/up form and activation, down projection,
+    /// and the residual added into `x`.
+    fn ffn_block(&self, i: usize, bufs: &mut StepBufs) -> Result<()> {
+        let c = &self.config;
+        let e = &self.exec;
+        let StepBufs {
+            x, h, b, g, t0, t1, ..
+        } = bufs;
+        let s = x.dim(0);
+        let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
+        self.norm_for_linear(x, &ln(self.spec.ffn_norm), h)?;
+        let down = match self.spec.mlp {
+            Mlp::Gated(gn, un, dn) => {
+                // half gate/up outputs only where the fused SiluMul reads them
+                let half = if self.fused_silu_mul {
+                    self.half_mlp_for(s, &ln(dn))?
+                } else {
+                    OutputCopy::None
+                };
+                self.linears_as(h, &[ln(gn), ln(un)], &mut [&mut **g, &mut **t0], half)?;
+                if self.fused_silu_mul {
+                    ops::silu_mul_quantizing(e, g, t0, t1, self.copy_for(s))?;
+                } else {
+                    self.act(g, t1)?;
+                    ops::mul_to(e, t1, t0)?;
+                }
+                dn
+            }
+            Mlp::GatedFused(gun, dn) => {
+                self.linear(h, &ln(gun), g)?;
+                match c.hidden_act.as_str() {
+                    "silu" => ops::swiglu(e, g, t1)?,
+                    "gelu_tanh" => ops::gelu_gated(e, g, true, t1)?,
+                    "gelu" => ops::gelu_gated(e, g, false, t1)?,
+                    other => return Err(bad(format!("activation '{other}'"))),
+                }
+                dn
+            }
+            Mlp::Plain(un, dn) => {
+                self.linear(h, &ln(un), g)?;
+                self.act(g, t1)?;
+                dn
+            }
+        };
+        let fuse_residual = self.multi_linear && self.tp.is_none();
+        if fuse_residual && self.spec.post_ffn_norm.is_none() {
+            return self.linear_add(t1, &ln(down), x);
+        }
+        self.linear(t1, &ln(down), b)?;
+        self.all_reduce(b, |_| true)?; // row-parallel down projection
+        if let Some(n) = self.spec.post_ffn_norm {
+            self.norm(b, &ln(n), t0)?;
+            std::mem::swap(*b, *t0);
+        }
+        ops::add_to(e, x, b, 1.0)
+    }
+
+    /// The final norm and LM head over the rows `logit_rows` of `x`, with the logit
+    /// soft-capping where the architecture has it.
+    fn head(&self, logit_rows: &[i32], bufs: &mut StepBufs, logits: &mut Data) -> Result<()> {
+        let c = &self.config;
+        let e = &self.exec;
+        let StepBufs { x, h, t1, t2, .. } = bufs;
+        let s = x.dim(0);
         let rows: &Data = if logit_rows.len() == s
             && logit_rows.iter().enumerate().all(|(i, &r)| r as usize == i)
         {
@@ -1547,10 +1681,34 @@ impl Model {
         }
         if c.final_logit_softcap > 0.0 {
             ops::soft_cap(e, logits, c.final_logit_softcap, t2)?;
-            std::mem::swap(logits, t2);
+            std::mem::swap(logits, *t2);
         }
         Ok(())
     }
+}
+
+/// The rotations of one step: the global one and Gemma-3's local one.
+struct StepRope<'a> {
+    global: RotaryParams<'a>,
+    local: Option<RotaryParams<'a>>,
+}
+
+/// The working tensors of one step through the layer stack: `x` the residual stream, `h` the
+/// normed input of the next projection, `q`/`k`/`v`, `a` the attention output, `b` a
+/// projection's output before its residual add, `g` the gate (or up) projection, and the
+/// temporaries `t0`..`t2`.
+struct StepBufs<'a> {
+    x: &'a mut Data,
+    h: &'a mut Data,
+    q: &'a mut Data,
+    k: &'a mut Data,
+    v: &'a mut Data,
+    a: &'a mut Data,
+    b: &'a mut Data,
+    g: &'a mut Data,
+    t0: &'a mut Data,
+    t1: &'a mut Data,
+    t2: &'a mut Data,
 }
 
 /// `d` on the host (a copy when it lives on a device).
@@ -1587,9 +1745,20 @@ fn host_argmax_rows(logits: &Data, vocab: usize) -> Result<Vec<u32>> {
             if row.iter().any(|x| x.is_nan() || *x == f32::INFINITY) {
                 return Err(Error::invalid("logits contain NaN or +Inf"));
             }
-            Ok(crate::generate::sampler::argmax(row))
+            Ok(super::sampler::argmax(row))
         })
         .collect()
+}
+
+/// `Err` unless there is one sampling row per batch item.
+fn check_sample_rows(what: &str, rows: &[SampleRow], items: usize) -> Result<()> {
+    if rows.len() != items {
+        return Err(Error::invalid(format!(
+            "{what}: {} sampling rows for {items} items",
+            rows.len()
+        )));
+    }
+    Ok(())
 }
 
 fn to_host(d: Data) -> Result<Data> {
@@ -1667,22 +1836,20 @@ impl KvStore for KvCache {
     }
 }
 
-/// The KV store of a graph-mode decode step: the step's keys and values go to row `pos` of the
-/// caches (`KvWrite`) and attention reads rows 0..=pos (`DecodeAttention`), both with the
-/// position read on the device, so the recorded work does not depend on the host-side length.
+/// The KV store of a graph-mode decode step: `DecodeAttention` stores the step's keys and
+/// values in row `pos` of the caches (rotating q and k by the step's tables when given) and
+/// attends over rows 0..=pos, with the position read on the device, so the recorded work does
+/// not depend on the host-side length.
 struct GraphKv<'a> {
     k: &'a mut [Data],
     v: &'a mut [Data],
     pos: &'a Data,
     workspace: &'a mut Data,
-    /// The step's key and value go to the caches (rotated) in the attention launch itself
-    /// (`DecodeAttention` with `k`, `v`, `cos`, `sin`) instead of `RotaryEmbedding` + `KvWrite`.
-    fused: bool,
 }
 
 impl GraphKv<'_> {
-    /// `DecodeAttention` of layer `layer`. With `fused` the launch stores the step's `k`, `v`
-    /// itself (rotating q and k by the tables of `rope` when given), else a `KvWrite` does first.
+    /// `DecodeAttention` of layer `layer`, storing the step's `k`, `v` itself (rotating q and k
+    /// by the tables of `rope` when given).
     #[allow(clippy::too_many_arguments)]
     fn run(
         &mut self,
@@ -1699,51 +1866,29 @@ impl GraphKv<'_> {
             (Some(kc), Some(vc)) => (kc, vc),
             _ => return Err(Error::invalid(format!("KV cache has no layer {layer}"))),
         };
-        if !self.fused {
-            let mut d = DataDict::new()
-                .with("k", k)
-                .with("v", v)
-                .with("positions", self.pos)
-                .with_mut("k_cache", kc)
-                .with_mut("v_cache", vc);
-            e.run("KvWrite", &mut d, &FloatDict::new(), &IntDict::new())?;
-        }
-        let mut d = DataDict::new().with("q", q).with("positions", self.pos);
+        // written: inout, so a cache still on the host moves to the device for good
+        let mut d = DataDict::new()
+            .with("q", q)
+            .with("positions", self.pos)
+            .with_mut("k_cache", kc)
+            .with_mut("v_cache", vc)
+            .with("k", k)
+            .with("v", v);
         let mut ints = IntDict::new();
-        if self.fused {
-            // written: inout, so a cache still on the host moves to the device for good
-            d.insert_mut("k_cache", kc);
-            d.insert_mut("v_cache", vc);
-            d.insert("k", k);
-            d.insert("v", v);
-            if let Some(r) = rope {
-                let (cos, sin) = r
-                    .tables
-                    .ok_or_else(|| Error::invalid("the step's rotation needs its tables"))?;
-                d.insert("cos", cos);
-                d.insert("sin", sin);
-                ints = r.ints();
-            }
-        } else {
-            d.insert("k_cache", kc);
-            d.insert("v_cache", vc);
+        if let Some(r) = rope {
+            let (cos, sin) = r
+                .tables
+                .ok_or_else(|| Error::invalid("the step's rotation needs its tables"))?;
+            d.insert("cos", cos);
+            d.insert("sin", sin);
+            ints = r.ints();
         }
         let ints = ints
             .with("sliding_window", p.sliding_window as i32)
             .with("quantize_output", p.output_copy.param());
-        if let Some(a) = p.alibi {
-            d.insert("alibi_slopes", a);
-        }
         d.insert_mut("workspace", self.workspace);
-        d.insert_mut("output", out);
-        e.run(
-            "DecodeAttention",
-            &mut d,
-            &FloatDict::new()
-                .with("scale", p.scale)
-                .with("softcap", p.softcap),
-            &ints,
-        )
+        let floats = p.args(&mut d, out);
+        e.run("DecodeAttention", &mut d, &floats, &ints)
     }
 }
 
@@ -1762,7 +1907,7 @@ impl KvStore for GraphKv<'_> {
     }
 
     fn rotates_step(&self) -> bool {
-        self.fused
+        true
     }
 
     fn attend_rotating(
@@ -1776,9 +1921,6 @@ impl KvStore for GraphKv<'_> {
         p: &AttentionParams,
         out: &mut Data,
     ) -> Result<()> {
-        if !self.fused {
-            return Err(Error::invalid("this decode step stores its keys apart"));
-        }
         self.run(e, layer, q, k, v, Some(rope), p, out)
     }
 }
@@ -1840,16 +1982,11 @@ impl KvStore for PagedStep<'_> {
             .with("q_starts", &self.q_starts)
             .with("kv_lens", &self.kv_lens)
             .with("block_tables", &self.tables);
-        if let Some(a) = p.alibi {
-            d.insert("alibi_slopes", a);
-        }
-        d.insert_mut("output", out);
+        let floats = p.args(&mut d, out);
         e.run(
             "PagedAttention",
             &mut d,
-            &FloatDict::new()
-                .with("scale", p.scale)
-                .with("softcap", p.softcap),
+            &floats,
             &IntDict::new()
                 .with("block_size", bs)
                 .with("sliding_window", p.sliding_window as i32),
@@ -1857,23 +1994,15 @@ impl KvStore for PagedStep<'_> {
     }
 }
 
-/// The per-GPU memory cap in bytes, from `FASTLLM_GPU_MEMORY_CAP_MB` (unset or 0: none).
-pub fn gpu_memory_cap() -> Option<usize> {
-    std::env::var("FASTLLM_GPU_MEMORY_CAP_MB")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|&mb| mb > 0)
-        .map(|mb| mb << 20)
-}
-
-/// `Err` when the weights to upload to `device` exceed [`gpu_memory_cap`].
-fn check_memory_cap(w: &Weights, device: &str) -> Result<()> {
-    if let Some(cap) = gpu_memory_cap() {
+/// `Err` when the weights to upload to `device` exceed `cap` bytes
+/// ([`RuntimeOptions::gpu_memory_cap`]).
+fn check_memory_cap(w: &Weights, device: &str, cap: Option<usize>) -> Result<()> {
+    if let Some(cap) = cap {
         let need = w.resident_bytes();
         if need > cap {
             return Err(Error::OutOfMemory(format!(
                 "{device}: the weights need {:.2} GiB, over the per-GPU cap of {:.2} GiB \
-                 (FASTLLM_GPU_MEMORY_CAP_MB); split the model over more GPUs (--tp N)",
+                 (the GPU memory cap option); split the model over more GPUs (--tp N)",
                 need as f64 / (1u64 << 30) as f64,
                 cap as f64 / (1u64 << 30) as f64
             )));
@@ -1882,45 +2011,13 @@ fn check_memory_cap(w: &Weights, device: &str) -> Result<()> {
     Ok(())
 }
 
-/// Rotary inverse frequencies with scaling applied.
+/// Rotary inverse frequencies of `c`'s base with `scaling` applied, at the start of a
+/// sequence ([`super::rope::inv_freq_f64`]).
 pub fn inv_freq(c: &ModelConfig, scaling: &RopeScaling) -> Vec<f32> {
-    let rot = c.rope_dim.max(2);
-    let base: Vec<f64> = (0..rot / 2)
-        .map(|i| 1.0 / (c.rope_theta as f64).powf(2.0 * i as f64 / rot as f64))
-        .collect();
-    let out: Vec<f64> = match *scaling {
-        RopeScaling::None => base,
-        RopeScaling::Linear { factor } => base.iter().map(|f| f / factor as f64).collect(),
-        RopeScaling::Llama3 {
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_context_length,
-        } => {
-            let (factor, lo, hi, old) = (
-                factor as f64,
-                low_freq_factor as f64,
-                high_freq_factor as f64,
-                original_context_length as f64,
-            );
-            let low_wavelen = old / lo;
-            let high_wavelen = old / hi;
-            base.iter()
-                .map(|&f| {
-                    let wavelen = 2.0 * std::f64::consts::PI / f;
-                    if wavelen < high_wavelen {
-                        f
-                    } else if wavelen > low_wavelen {
-                        f / factor
-                    } else {
-                        let smooth = (old / wavelen - lo) / (hi - lo);
-                        (1.0 - smooth) * f / factor + smooth * f
-                    }
-                })
-                .collect()
-        }
-    };
-    out.iter().map(|&f| f as f32).collect()
+    super::rope::inv_freq_f64(c.rope_dim, c.rope_theta, scaling, 0)
+        .iter()
+        .map(|&f| f as f32)
+        .collect()
 }
 
 /// The per-frequency divisors a GGUF carries as `rope_freqs.weight` (llama.cpp's form of the

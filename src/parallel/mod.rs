@@ -1,10 +1,15 @@
 //! Tensor parallelism plumbing that knows no model: the [`Collective`] trait (a sum all-reduce
 //! across the ranks of a group), [`HostCollective`] (ranks on the host, summed in rank order;
 //! the CPU simulation the tests use), and the parsing of multi-device strings such as
-//! `cuda:0,1`.
+//! `cuda:0,1`; for groups whose ranks are processes, the [`rendezvous`], the framed
+//! [`wire`] format and the [`tcp::TcpCollective`] all-reduce of CPU ranks.
 //!
 //! The NCCL collective for GPUs lives in `devices::cuda::nccl`; the sharding of a model and the
 //! rank workers in `model::tensor_parallel`.
+
+pub mod rendezvous;
+pub mod tcp;
+pub mod wire;
 
 use crate::data::{Data, DataType, DeviceKind};
 use crate::error::{Error, Result};

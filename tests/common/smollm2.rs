@@ -72,6 +72,7 @@ pub fn load_smollm2(flm: &Path, device: &str, precision: Precision) -> Llm {
             device: device.into(),
             precision,
             low_memory: false,
+            runtime: Default::default(),
             kv_dtype: None,
         },
     )

@@ -82,15 +82,27 @@ class Model:
     precision: "fast" (int8 activations in quantized matmuls) or "exact".
     kv_dtype: KV cache dtype "f16", "q8_0" or "f32"; None = the device's default (f16 on the CPU
     in fast precision, else f32). A dtype the device does not store raises, naming it.
+    Run-time switches (None: the FASTLLM_* environment variable, else the default; see
+    docs/tuning.md): cuda_graphs (replay recorded decode steps on a GPU), fused_ops (fused GPU
+    op forms), gpu_memory_cap_mb (0 = no cap), simd ("portable", "avx2" or "avx512": the
+    highest level of the CPU kernels), cache_dir.
     """
 
     def __init__(self, path: Optional[str] = None, device: Optional[str] = None, threads: int = 0,
-                 low_memory: bool = False, precision: str = "fast",
-                 kv_dtype: Optional[str] = None):
+                 low_memory: bool = False, precision: str = "fast", *,
+                 kv_dtype: Optional[str] = None,
+                 cuda_graphs: Optional[bool] = None, fused_ops: Optional[bool] = None,
+                 gpu_memory_cap_mb: Optional[int] = None, simd: Optional[str] = None,
+                 cache_dir: Optional[str] = None):
         if precision not in ("fast", "exact"):
             raise FastllmError(2, f"precision must be 'fast' or 'exact', not {precision!r}")
         if kv_dtype is not None and not isinstance(kv_dtype, str):
             raise FastllmError(2, f"kv_dtype must be a string such as 'f16', not {kv_dtype!r}")
+        simd_levels = {"portable": 0, "avx2": 1, "avx512": 2}
+        if simd is not None and simd not in simd_levels:
+            raise FastllmError(2, f"simd must be one of {sorted(simd_levels)}, not {simd!r}")
+        if gpu_memory_cap_mb is not None and int(gpu_memory_cap_mb) < 0:
+            raise FastllmError(2, f"gpu_memory_cap_mb must be >= 0, not {gpu_memory_cap_mb!r}")
         p = _L.fastllm_model_params_default()
         self._device = device.encode() if device else None
         self._kv_dtype = kv_dtype.encode() if kv_dtype is not None else None
@@ -99,6 +111,16 @@ class Model:
         p.threads = int(threads)
         p.low_memory = bool(low_memory)
         p.precision = 0 if precision == "fast" else 1
+        if cuda_graphs is not None:
+            p.cuda_graphs = 1 if cuda_graphs else 0
+        if fused_ops is not None:
+            p.fused_ops = 1 if fused_ops else 0
+        if gpu_memory_cap_mb is not None:
+            p.gpu_memory_cap_mb = int(gpu_memory_cap_mb)
+        if simd is not None:
+            p.simd = simd_levels[simd]
+        self._cache_dir = str(cache_dir).encode() if cache_dir is not None else None
+        p.cache_dir = self._cache_dir
         h = ctypes.c_void_p()
         _check(_L.fastllm_model_load(path.encode() if path is not None else None, ctypes.byref(p), ctypes.byref(h)))
         self._h = h

@@ -45,6 +45,11 @@ class ModelParams(ctypes.Structure):
         ("threads", ctypes.c_uint32),
         ("low_memory", ctypes.c_bool),
         ("precision", ctypes.c_uint32),
+        ("cuda_graphs", ctypes.c_int32),
+        ("fused_ops", ctypes.c_int32),
+        ("gpu_memory_cap_mb", ctypes.c_int64),
+        ("simd", ctypes.c_int32),
+        ("cache_dir", ctypes.c_char_p),
         ("kv_dtype", ctypes.c_char_p),
     ]
 

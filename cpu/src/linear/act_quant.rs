@@ -59,9 +59,9 @@ pub struct Q8Split {
 pub struct SplitGroup {
     /// `[x0[..16], x1[..16], x2[..16], x3[..16], x0[16..], .., x3[16..]]`.
     pub xs: [[i8; 64]; 2],
-    /// For blocks `j = 0..4`: word `j` is `dx·Σq` (f32 bits; Q4_1's min term), word `4 + j`
-    /// the scale `dx` (f32 bits), word `8 + j` `−8·Σq` (i32; turns `Σ q·x` of unsigned Q4_0
-    /// nibbles into `Σ (q − 8)·x` exactly), words 12..16 zero.
+    /// For blocks `j = 0..4`: word `4 + j` is the scale `dx` (f32 bits), word `8 + j` `−8·Σq`
+    /// (i32; turns `Σ q·x` of unsigned Q4_0 nibbles into `Σ (q − 8)·x` exactly); words 0..4 and
+    /// 12..16 are zero (Q4_1's min term reads `dx·Σq` from [`Q8Split::sx`]).
     pub meta: [u32; 16],
 }
 
@@ -121,7 +121,6 @@ impl Q8Rows {
                 rec.xs[0][16 * j..16 * j + 16].copy_from_slice(&src[..16]);
                 rec.xs[1][16 * j..16 * j + 16].copy_from_slice(&src[16..]);
                 let [d, s] = self.ds[r * blocks + b];
-                rec.meta[j] = s.to_bits();
                 rec.meta[4 + j] = d.to_bits();
                 rec.meta[8 + j] = (-8 * self.sum[r * blocks + b]) as u32;
                 let at = r * sxs + b;

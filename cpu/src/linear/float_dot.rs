@@ -114,6 +114,26 @@ pub fn pick_f16() -> FloatRowsFn {
     rows_f16_ref
 }
 
+/// The register-tiled kernel reading F16/BF16 weight rows in place with the arithmetic of
+/// [`pick_tile_f32`]'s kernel (the same bits as converting the rows to f32 first), if this CPU
+/// has one (AVX-512); the one-row GEMV of float weights uses it, so a row's result does not
+/// depend on how many rows run with it.
+pub fn pick_tile_direct(t: super::WeightType) -> Option<super::TileF32Fn> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::simd::has_avx512() {
+            return match t {
+                super::WeightType::F32 => Some(avx512::tile_f32),
+                super::WeightType::F16 => Some(avx512::tile_f16),
+                super::WeightType::BF16 => Some(avx512::tile_bf16),
+                _ => None,
+            };
+        }
+    }
+    let _ = t;
+    None
+}
+
 /// The register-tiled f32 GEMM kernel ([`super::TileF32Fn`]) if this CPU has one (AVX-512).
 pub fn pick_tile_f32() -> Option<super::TileF32Fn> {
     #[cfg(target_arch = "x86_64")]
@@ -253,11 +273,21 @@ pub(super) mod avx2 {
                 rows: usize,
                 out: &mut [f32; MAX_ROWS],
             ) {
+                // 4 accumulators per row whatever the row count (a row's sum does not depend
+                // on its batch); more than 2 rows run as pairs (the weight row stays in L1)
                 match rows {
                     1 => $inner::<1, 4>(w, x, k, out),
                     2 => $inner::<2, 4>(w, x, k, out),
-                    3 => $inner::<3, 2>(w, x, k, out),
-                    _ => $inner::<4, 2>(w, x, k, out),
+                    _ => {
+                        let mut hi = [0f32; MAX_ROWS];
+                        $inner::<2, 4>(w, x, k, out);
+                        if rows == 3 {
+                            $inner::<1, 4>(w, &x[2 * k..], k, &mut hi);
+                        } else {
+                            $inner::<2, 4>(w, &x[2 * k..], k, &mut hi);
+                        }
+                        out[2..rows.min(MAX_ROWS)].copy_from_slice(&hi[..rows.min(MAX_ROWS) - 2]);
+                    }
                 }
             }
         };
@@ -394,23 +424,48 @@ pub(super) mod avx512 {
     float_rows!(rows_f16, rows_f16_n, load_f16, w_f16, 2);
     float_rows!(rows_bf16, rows_bf16_n, load_bf16, w_bf16, 2);
 
-    /// `R` activation rows × `C` weight rows, 16 lanes per step, `R * C` accumulators; the tail
-    /// uses masked loads.
+    /// Weight element types of [`tile_n`].
+    const F32: u8 = 0;
+    const F16: u8 = 1;
+    const BF16: u8 = 2;
+
+    /// 16 weights from element `i` of the row at `w` (type `T`), as f32; lanes past `m` are 0.
+    #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    unsafe fn tile_n<const R: usize, const C: usize>(
+    unsafe fn load_masked<const T: u8>(w: *const u8, i: usize, m: __mmask16) -> __m512 {
+        match T {
+            F32 => _mm512_maskz_loadu_ps(m, (w as *const f32).add(i)),
+            F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w.add(2 * i) as *const i16)),
+            _ => {
+                let h = _mm256_maskz_loadu_epi16(m, w.add(2 * i) as *const i16);
+                _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+            }
+        }
+    }
+
+    /// `R` activation rows × `C` weight rows of type `T` (rows `k` elements apart), 16 lanes per
+    /// step, one accumulator per entry; the tail uses masked loads. Widening is exact, so F16/BF16
+    /// rows give the bits of the same rows converted to f32 first: the GEMV (weights read in
+    /// place) and the GEMM (tiles converted once) compute a row alike.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn tile_n<const T: u8, const R: usize, const C: usize>(
         w: &[u8],
         x: &[f32],
         k: usize,
         out: &mut [[f32; MAX_ROWS]; MAX_ROWS],
     ) {
-        let wp = w.as_ptr() as *const f32;
+        let es = if T == F32 { 4 } else { 2 };
+        let wp = w.as_ptr();
         let xp = x.as_ptr();
         let mut acc = [[_mm512_setzero_ps(); C]; R];
         let mut i = 0;
         while i + 16 <= k {
             let mut wv = [_mm512_setzero_ps(); C];
             for (c, v) in wv.iter_mut().enumerate() {
-                *v = _mm512_loadu_ps(wp.add(c * k + i));
+                let row = wp.add(c * k * es);
+                // the stream's next lines (a hint; never faults)
+                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(i * es + PF) as *const i8);
+                *v = load_masked::<T>(row, i, 0xFFFF);
             }
             for (r, a) in acc.iter_mut().enumerate() {
                 let xv = _mm512_loadu_ps(xp.add(r * k + i));
@@ -424,7 +479,7 @@ pub(super) mod avx512 {
             let m: __mmask16 = ((1u32 << (k - i)) - 1) as __mmask16;
             let mut wv = [_mm512_setzero_ps(); C];
             for (c, v) in wv.iter_mut().enumerate() {
-                *v = _mm512_maskz_loadu_ps(m, wp.add(c * k + i));
+                *v = load_masked::<T>(wp.add(c * k * es), i, m);
             }
             for (r, a) in acc.iter_mut().enumerate() {
                 let xv = _mm512_maskz_loadu_ps(m, xp.add(r * k + i));
@@ -440,8 +495,10 @@ pub(super) mod avx512 {
         }
     }
 
-    /// AVX-512 tile kernel ([`super::super::TileF32Fn`] contract).
-    pub unsafe fn tile_f32(
+    /// [`tile_n`] dispatched on the row and column counts (1..=MAX_ROWS each).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn tile_t<const T: u8>(
         w: &[u8],
         x: &[f32],
         k: usize,
@@ -452,10 +509,10 @@ pub(super) mod avx512 {
         macro_rules! by_cols {
             ($r:literal) => {
                 match cols {
-                    1 => tile_n::<$r, 1>(w, x, k, out),
-                    2 => tile_n::<$r, 2>(w, x, k, out),
-                    3 => tile_n::<$r, 3>(w, x, k, out),
-                    _ => tile_n::<$r, 4>(w, x, k, out),
+                    1 => tile_n::<T, $r, 1>(w, x, k, out),
+                    2 => tile_n::<T, $r, 2>(w, x, k, out),
+                    3 => tile_n::<T, $r, 3>(w, x, k, out),
+                    _ => tile_n::<T, $r, 4>(w, x, k, out),
                 }
             };
         }
@@ -465,5 +522,45 @@ pub(super) mod avx512 {
             3 => by_cols!(3),
             _ => by_cols!(4),
         }
+    }
+
+    /// AVX-512 tile kernel over F16 weight rows ([`super::super::TileF32Fn`] contract, but `w`
+    /// holds F16 rows).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub unsafe fn tile_f16(
+        w: &[u8],
+        x: &[f32],
+        k: usize,
+        rows: usize,
+        cols: usize,
+        out: &mut [[f32; MAX_ROWS]; MAX_ROWS],
+    ) {
+        tile_t::<F16>(w, x, k, rows, cols, out)
+    }
+
+    /// AVX-512 tile kernel over BF16 weight rows (as [`tile_f16`]).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub unsafe fn tile_bf16(
+        w: &[u8],
+        x: &[f32],
+        k: usize,
+        rows: usize,
+        cols: usize,
+        out: &mut [[f32; MAX_ROWS]; MAX_ROWS],
+    ) {
+        tile_t::<BF16>(w, x, k, rows, cols, out)
+    }
+
+    /// AVX-512 tile kernel ([`super::super::TileF32Fn`] contract).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub unsafe fn tile_f32(
+        w: &[u8],
+        x: &[f32],
+        k: usize,
+        rows: usize,
+        cols: usize,
+        out: &mut [[f32; MAX_ROWS]; MAX_ROWS],
+    ) {
+        tile_t::<F32>(w, x, k, rows, cols, out)
     }
 }

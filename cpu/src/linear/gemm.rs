@@ -10,6 +10,7 @@
 use super::act_quant::Q8Rows;
 use super::int_wide::{IntWideFn, WIDE_COLS, WIDE_ROWS};
 use super::interleaved::{InterleavedFn, GROUP_ROWS};
+use super::interleaved_float::FloatGroupFn;
 use super::{FloatRowsFn, IntRowsFn, IntTileFn, LinearArgs, RowToF32Fn, TileF32Fn, MAX_ROWS};
 use crate::threads::Threads;
 use std::cell::RefCell;
@@ -30,7 +31,9 @@ pub(super) enum Kernel<'a> {
 }
 
 /// How a GEMM runs on f32 weight rows: `convert` (for non-f32 weights) fills a per-thread tile,
-/// then `tile` (register-tiled, if the CPU has one) or `rows` computes on it.
+/// then `tile` (register-tiled, if the CPU has one) or `rows` computes on it. Without `convert`
+/// the kernels read the weight rows in place (f32 rows, or F16/BF16 rows for a tile kernel that
+/// widens them itself).
 #[derive(Clone, Copy)]
 pub(super) struct F32Gemm {
     /// Weight row → f32 converter; `None` when the weights already are f32.
@@ -104,9 +107,9 @@ pub(super) fn run(
                         // SAFETY: sizes validated by the caller; converter picked for this CPU.
                         unsafe { cvt(&a.w[j * rb..(j + 1) * rb], k, dst) };
                     }
-                    f32_tile(a, j0..j1, as_bytes(buf), p, op);
+                    f32_tile(a, j0..j1, (as_bytes(buf), 4 * k), p, op);
                 }),
-                Some(p) => f32_tile(a, j0..j1, &a.w[j0 * rb..j1 * rb], p, op),
+                Some(p) => f32_tile(a, j0..j1, (&a.w[j0 * rb..j1 * rb], rb), p, op),
                 None if matches!(kern, Kernel::Int(_, _, Some(_))) => {
                     int_tile(a, j0..j1, rb, kern, op)
                 }
@@ -125,16 +128,16 @@ pub(super) fn run(
     }
 }
 
-/// Runs a interleaved-group kernel over all of `a` (sizes validated, `a.n` a multiple of
-/// [`GROUP_ROWS`]; `rb` = weight row bytes; `q` = the quantized activations) into `out`. Each task
+/// Runs an interleaved-group kernel over all of `a` (sizes validated, `a.n` a multiple of
+/// [`GROUP_ROWS`]; `rb` = weight row bytes) into `out`. `kern(group, r0, nr, o)` computes the
+/// group's 16 columns for activation rows `r0..r0 + nr` (`nr <= MAX_ROWS`) into `o`. Each task
 /// takes consecutive groups, so every thread reads one sequential stream of weights; within a
 /// group every block of [`MAX_ROWS`] activation rows passes over the group while it is cached.
-pub(super) fn run_interleaved(
+pub(super) fn run_groups(
     threads: Option<&Threads>,
     a: &LinearArgs,
     rb: usize,
-    f: InterleavedFn,
-    q: &Q8Rows,
+    kern: impl Fn(&[u8], usize, usize, &mut [[f32; GROUP_ROWS]; MAX_ROWS]) + Sync,
     out: &mut [f32],
 ) {
     let (rows, n) = (a.rows, a.n);
@@ -151,8 +154,7 @@ pub(super) fn run_interleaved(
             while r0 < rows {
                 let nr = (rows - r0).min(MAX_ROWS);
                 let mut o = [[0f32; GROUP_ROWS]; MAX_ROWS];
-                // SAFETY: sizes validated by the caller; kernel picked for this CPU.
-                unsafe { f(w, q, r0, nr, &mut o) };
+                kern(w, r0, nr, &mut o);
                 for (t, ot) in o.iter().enumerate().take(nr) {
                     for (c, v) in ot.iter().enumerate() {
                         let j = g * GROUP_ROWS + c;
@@ -174,6 +176,36 @@ pub(super) fn run_interleaved(
         }
         None => body(0..n / GROUP_ROWS),
     }
+}
+
+/// [`run_groups`] with an integer interleaved-group kernel over the quantized activations `q`.
+pub(super) fn run_interleaved(
+    threads: Option<&Threads>,
+    a: &LinearArgs,
+    rb: usize,
+    f: InterleavedFn,
+    q: &Q8Rows,
+    out: &mut [f32],
+) {
+    // SAFETY: sizes validated by the caller; kernel picked for this CPU.
+    let kern = |w: &[u8], r0, nr, o: &mut _| unsafe { f(w, q, r0, nr, o) };
+    run_groups(threads, a, rb, kern, out);
+}
+
+/// [`run_groups`] with a float interleaved-group kernel over the f32 activations `a.x`.
+pub(super) fn run_interleaved_float(
+    threads: Option<&Threads>,
+    a: &LinearArgs,
+    rb: usize,
+    f: FloatGroupFn,
+    out: &mut [f32],
+) {
+    let k = a.k;
+    // SAFETY: sizes validated by the caller; kernel picked for this CPU.
+    let kern = |w: &[u8], r0: usize, nr: usize, o: &mut _| unsafe {
+        f(w, &a.x[r0 * k..(r0 + nr) * k], k, nr, o)
+    };
+    run_groups(threads, a, rb, kern, out);
 }
 
 /// Writes a kernel's output tile `o[column][row]` (`nr` rows from `r0`, `nc` columns from `c0`)
@@ -240,11 +272,17 @@ fn int_wide(a: &LinearArgs, cols: std::ops::Range<usize>, rb: usize, kern: Kerne
     }
 }
 
-/// All activation rows against the f32 weight rows `cols` (stored consecutively in `w`).
-fn f32_tile(a: &LinearArgs, cols: std::ops::Range<usize>, w: &[u8], p: F32Gemm, op: *mut f32) {
+/// All activation rows against the weight rows `cols` (stored consecutively in `w`, `rb` bytes
+/// each: f32 rows, or rows of the dtype `p.tile` reads in place).
+fn f32_tile(
+    a: &LinearArgs,
+    cols: std::ops::Range<usize>,
+    (w, rb): (&[u8], usize),
+    p: F32Gemm,
+    op: *mut f32,
+) {
     let (rows, n, k) = (a.rows, a.n, a.k);
     let j0 = cols.start;
-    let rb = 4 * k;
     let Some(tile) = p.tile else {
         return tile_rows(
             a,

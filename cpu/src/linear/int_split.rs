@@ -269,8 +269,6 @@ pub(super) mod avx512 {
         x1: __m512i,
         /// `dx` of block `lane / 4`.
         dx: __m512,
-        /// The meta record (Q4_1: `dx·Σq` of block `lane` in lanes 0..4).
-        meta: __m512,
         /// Integer accumulator start (Q4_0: `−8·Σq` in each block's first lane).
         start: __m512i,
     }
@@ -294,7 +292,6 @@ pub(super) mod avx512 {
             x0,
             x1,
             dx: _mm512_permutexvar_ps(k.idx_d, _mm512_castsi512_ps(m)),
-            meta: _mm512_castsi512_ps(m),
             start: if KIND == Q4_0 {
                 _mm512_maskz_permutexvar_epi32(0x1111, k.idx_c, m)
             } else {
@@ -318,20 +315,24 @@ pub(super) mod avx512 {
         _mm512_fmadd_ps(_mm512_mul_ps(w.dw, x.dx), _mm512_cvtepi32_ps(p), acc)
     }
 
-    /// One weight row against activation row `r`.
+    /// One weight row (`rb` bytes at `w`) against activation row `r`: the arithmetic of one
+    /// entry of [`wide`], so a row gives the same bits alone and in a batch (Q4_0 and Q8_0 run
+    /// the same chain of [`dot_group`]s directly; Q4_1 takes [`wide`] itself for its deferred
+    /// min terms).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
-    unsafe fn row<const KIND: u8>(w: *const u8, a: &Q8Rows, r: usize) -> f32 {
+    unsafe fn row<const KIND: u8>(w: &[u8], a: &Q8Rows, r: usize) -> f32 {
+        if KIND == Q4_1 {
+            let mut o = [[0f32; WIDE_ROWS]; WIDE_COLS];
+            wide::<1, 1, KIND>(w, w.len(), a, r, &mut o);
+            return o[0][0];
+        }
         let k = consts::<KIND>();
         let mut acc = _mm512_setzero_ps();
         for g in 0..a.split.groups {
-            let wg = weight_group::<KIND>(&k, w, g, a.blocks);
+            let wg = weight_group::<KIND>(&k, w.as_ptr(), g, a.blocks);
             let x = act_group::<KIND>(&k, a, r, g);
             acc = dot_group::<KIND>(&wg, &x, acc);
-            if KIND == Q4_1 {
-                // the record's other lanes are not floats: only lanes 0..4 take part
-                acc = _mm512_mask3_fmadd_ps(wg.mw, x.meta, acc, 0x000F);
-            }
         }
         _mm512_reduce_add_ps(acc)
     }
@@ -355,7 +356,7 @@ pub(super) mod avx512 {
                     return $fallback(w, a, row0, rows, out);
                 }
                 for (t, o) in out.iter_mut().enumerate().take(rows.min(MAX_ROWS)) {
-                    *o = row::<{ $kind }>(w.as_ptr(), a, row0 + t);
+                    *o = row::<{ $kind }>(w, a, row0 + t);
                 }
             }
         };

@@ -23,7 +23,9 @@
 //! `dw·dx` and added in block order, in the scalar reference and the SIMD kernel alike.
 //!
 //! Matrices whose row count is not a multiple of [`GROUP_ROWS`] are not interleaved (callers keep the
-//! plain layout). This module must not split work across threads or know about tensors.
+//! plain layout). F16/BF16 weights have their own layout and kernels ([`super::interleaved_float`]);
+//! [`interleave`], [`plain_row`] and [`available_for`] take every type. This module must not split
+//! work across threads or know about tensors.
 
 use super::act_quant::Q8Rows;
 use super::{WeightType, MAX_ROWS};
@@ -98,7 +100,8 @@ fn check(t: WeightType, w: &[u8], n: usize, k: usize) -> Result<usize, String> {
     Ok(bs)
 }
 
-/// Interleaves the plain `n × k` weight `w` of type `t` into `out` (the same number of bytes).
+/// Interleaves the plain `n × k` weight `w` of type `t` into `out` (the same number of bytes);
+/// F16/BF16 weights take the layout of [`super::interleaved_float`].
 pub fn interleave(
     t: WeightType,
     w: &[u8],
@@ -106,6 +109,9 @@ pub fn interleave(
     k: usize,
     out: &mut [u8],
 ) -> Result<(), String> {
+    if super::interleaved_float::is_float(t) {
+        return super::interleaved_float::interleave(t, w, n, k, out);
+    }
     let bs = check(t, w, n, k)?;
     let nb = k / QK;
     if out.len() < n * nb * bs {
@@ -140,7 +146,7 @@ pub fn interleave(
 }
 
 /// Row `r` of an interleaved `n × k` weight of type `t`, in the plain block layout, into `out`
-/// (`k / 32` plain blocks).
+/// (`k / 32` plain blocks; F16/BF16: `k` values).
 pub fn plain_row(
     t: WeightType,
     w: &[u8],
@@ -149,6 +155,9 @@ pub fn plain_row(
     r: usize,
     out: &mut [u8],
 ) -> Result<(), String> {
+    if super::interleaved_float::is_float(t) {
+        return super::interleaved_float::plain_row(t, w, n, k, r, out);
+    }
     let bs = check(t, w, n, k)?;
     let nb = k / QK;
     if r >= n || out.len() < nb * bs {
@@ -289,6 +298,16 @@ pub fn available() -> bool {
     #[cfg(not(target_arch = "x86_64"))]
     {
         false
+    }
+}
+
+/// True when this CPU has the SIMD kernels for interleaved weights of type `t` (block types:
+/// [`available`]; F16/BF16: [`super::interleaved_float::available`]).
+pub fn available_for(t: WeightType) -> bool {
+    if super::interleaved_float::is_float(t) {
+        super::interleaved_float::available(t)
+    } else {
+        t.is_block() && available()
     }
 }
 

@@ -7,7 +7,8 @@
 //! (AVX-512 integer GEMV, 4 weight rows × 1 activation row), [`int_split`] (AVX-512 VBMI
 //! Q4 kernels over grouped activations: a streaming GEMV and an 8×2 tile, four blocks per step), [`int_tile`]
 //! (AVX-512 4×4 integer GEMM tiles), [`int_wide`] (AVX-512 VNNI 8×2 integer GEMM tiles, used
-//! instead of `int_tile` where the CPU has VNNI), `gemm` (column tiling, row blocking, f32 tile conversion
+//! instead of `int_tile` where the CPU has VNNI), [`interleaved`] (block weights 16 rows side by side
+//! and their integer kernels), [`interleaved_float`] (the same for F16/BF16 weights), `gemm` (column tiling, row blocking, f32 tile conversion
 //! and the split over threads), [`matmul`] (the two f32 matmuls). Each kernel exists as a plain
 //! scalar reference and a fast path chosen at run time (AVX2+FMA+F16C or AVX-512 on x86-64,
 //! portable code elsewhere).
@@ -24,6 +25,7 @@ pub mod int_split;
 pub mod int_tile;
 pub mod int_wide;
 pub mod interleaved;
+pub mod interleaved_float;
 pub mod matmul;
 pub mod quant_dot;
 
@@ -36,7 +38,7 @@ use std::cell::RefCell;
 pub const MAX_ROWS: usize = 4;
 
 /// From this many activation rows on, `quant_act` uses the tiled integer kernels where the CPU
-/// has them (measured: 1.35–1.5x faster than the per-row kernels at 4 rows, on par at 1 row).
+/// has them (faster than the per-row kernels from two rows on; on par at one row).
 pub const INT_TILE_MIN_ROWS: usize = 2;
 
 /// From this many activation rows on, non-f32 weights are converted to f32 tiles first (the
@@ -324,8 +326,17 @@ pub fn linear(threads: &Threads, a: &LinearArgs, out: &mut [f32]) -> Result<(), 
             WeightType::Q4_0 => quant_dot::pick_q4_0(),
             WeightType::Q4_1 => quant_dot::pick_q4_1(),
         };
-        // GEMM: convert tiles of weight rows to f32 once, then run the f32 kernels on them
-        let plan = if a.rows >= GEMM_MIN_ROWS {
+        // GEMM: convert tiles of weight rows to f32 once, then run the f32 kernels on them;
+        // fewer rows of float weights: the same tile kernel reading the rows in place (a row's
+        // sums then do not depend on the number of rows)
+        let direct = float_dot::pick_tile_direct(a.wtype);
+        let plan = if a.rows < GEMM_MIN_ROWS {
+            direct.map(|tile| gemm::F32Gemm {
+                convert: None,
+                rows: f,
+                tile: Some(tile),
+            })
+        } else {
             let convert = match a.wtype {
                 WeightType::F32 => None,
                 WeightType::F16 | WeightType::BF16 => float_dot::pick_row_to_f32(a.wtype),
@@ -337,33 +348,42 @@ pub fn linear(threads: &Threads, a: &LinearArgs, out: &mut [f32]) -> Result<(), 
                 rows: float_dot::pick_f32(),
                 tile,
             })
-        } else {
-            None
         };
         gemm::run(Some(threads), a, rb, gemm::Kernel::Float(f, plan), out);
         Ok(())
     }
 }
 
-/// `Linear` with an interleaved block weight (`a.w` in the layout of [`interleaved`], `a.n` a multiple of
-/// [`interleaved::GROUP_ROWS`]): the SIMD kernels over groups of 16 weight rows, split over `threads`;
-/// with `threads = None` the scalar reference on one thread. Without `quant_act` (f32
-/// activations) the weight is brought back to the plain layout first and the plain path runs (slow:
-/// interleaving is meant for quantized activations).
+/// `Linear` with an interleaved weight (`a.w` in the layout of [`interleaved`] for block types or
+/// [`interleaved_float`] for F16/BF16, `a.n` a multiple of [`interleaved::GROUP_ROWS`]): the SIMD
+/// kernels over groups of 16 weight rows, split over `threads`; with `threads = None` the scalar
+/// reference on one thread. Float weights always take f32 activations (`quant_act` does not apply).
+/// A block weight without `quant_act` (f32 activations) is brought back to the plain layout
+/// first and the plain path runs (slow: interleaving block weights is meant for quantized
+/// activations).
 pub fn linear_interleaved(
     threads: Option<&Threads>,
     a: &LinearArgs,
     out: &mut [f32],
 ) -> Result<(), String> {
     let rb = a.validate(out)?;
-    if !a.wtype.is_block() || !a.n.is_multiple_of(interleaved::GROUP_ROWS) {
+    let float = interleaved_float::is_float(a.wtype);
+    if !(a.wtype.is_block() || float) || !a.n.is_multiple_of(interleaved::GROUP_ROWS) {
         return Err(format!(
-            "interleaved weights are Q4_0/Q4_1/Q8_0 with rows a multiple of {}, got {} x {} {}",
+            "interleaved weights are Q4_0/Q4_1/Q8_0/F16/BF16 with rows a multiple of {}, got {} x {} {}",
             interleaved::GROUP_ROWS,
             a.n,
             a.k,
             a.wtype.name()
         ));
+    }
+    if float {
+        let f = threads
+            .and_then(|_| interleaved_float::pick(a.wtype))
+            .or_else(|| interleaved_float::pick_ref(a.wtype))
+            .ok_or_else(|| format!("no interleaved kernel for {}", a.wtype.name()))?;
+        gemm::run_interleaved_float(threads, a, rb, f, out);
+        return Ok(());
     }
     if !a.quant_act {
         let mut plain = vec![0u8; a.n * rb];
@@ -409,8 +429,8 @@ pub(crate) unsafe fn hsum_avx2(v: std::arch::x86_64::__m256) -> f32 {
 /// The little-endian f16 at `p`, widened (F16C) and broadcast to 8 lanes. Reads 8 bytes
 /// (`p..p + 8` must be readable: callers point into a quantized block, which is longer). A
 /// zero-extending 64-bit load is used on purpose: a 16-bit insert (what a 2-byte read compiles
-/// to) merges into an unrelated register, which put a loop-carried dependency on the
-/// accumulators and made the exact kernels 3x slower.
+/// to) merges into an unrelated register, which would put a loop-carried dependency on the
+/// accumulators.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -421,3 +441,7 @@ pub(crate) unsafe fn f16_at_avx2(p: *const u8) -> std::arch::x86_64::__m256 {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_batch;
+#[cfg(test)]
+mod tests_float_interleaved;

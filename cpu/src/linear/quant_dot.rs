@@ -224,11 +224,21 @@ pub(super) mod avx2 {
                 rows: usize,
                 out: &mut [f32; MAX_ROWS],
             ) {
+                // 4 accumulators per row whatever the row count (a row's sum does not depend
+                // on its batch); more than 2 rows run as pairs (the weight row stays in L1)
                 match rows {
                     1 => $inner::<1, 4>(w, x, k, out),
                     2 => $inner::<2, 4>(w, x, k, out),
-                    3 => $inner::<3, 2>(w, x, k, out),
-                    _ => $inner::<4, 2>(w, x, k, out),
+                    _ => {
+                        let mut hi = [0f32; MAX_ROWS];
+                        $inner::<2, 4>(w, x, k, out);
+                        if rows == 3 {
+                            $inner::<1, 4>(w, &x[2 * k..], k, &mut hi);
+                        } else {
+                            $inner::<2, 4>(w, &x[2 * k..], k, &mut hi);
+                        }
+                        out[2..rows.min(MAX_ROWS)].copy_from_slice(&hi[..rows.min(MAX_ROWS) - 2]);
+                    }
                 }
             }
         };

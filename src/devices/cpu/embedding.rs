@@ -25,9 +25,11 @@ fn format_of(t: DataType) -> Option<WeightFormat> {
         DataType::Q8_0 => WeightFormat::Q8_0,
         DataType::Q4_0 => WeightFormat::Q4_0,
         DataType::Q4_1 => WeightFormat::Q4_1,
-        DataType::Q8_0Interleaved | DataType::Q4_0Interleaved | DataType::Q4_1Interleaved => {
-            return format_of(t.plain())
-        }
+        DataType::Q8_0Interleaved
+        | DataType::Q4_0Interleaved
+        | DataType::Q4_1Interleaved
+        | DataType::F16Interleaved
+        | DataType::BF16Interleaved => return format_of(t.plain()),
         DataType::I32 => return None,
     })
 }

@@ -1,5 +1,5 @@
-//! Matrix operators on the CPU: `Linear` (F32/F16/BF16/Q8_0/Q4_0/Q4_1 weights, plain or
-//! interleaved 16 rows at a time (`crate::interleave`), optional bias,
+//! Matrix operators on the CPU: `Linear` (F32/F16/BF16/Q8_0/Q4_0/Q4_1 weights, plain or (all but
+//! F32) interleaved 16 rows at a time (`crate::interleave`), optional bias,
 //! `quant_act`), `MatMul` and `MatMulTransB` (f32, batched). `reshape` validates shapes and
 //! dtypes and sizes the output; `run` adapts `Data` to the kernels of `fastllm_cpu::linear`
 //! (scalar references in `KernelMode::Reference`, SIMD + threads in `Fast`).
@@ -43,9 +43,11 @@ fn weight_type(t: DataType) -> Option<WeightType> {
         DataType::Q8_0 => WeightType::Q8_0,
         DataType::Q4_0 => WeightType::Q4_0,
         DataType::Q4_1 => WeightType::Q4_1,
-        DataType::Q8_0Interleaved | DataType::Q4_0Interleaved | DataType::Q4_1Interleaved => {
-            return crate::interleave::block_type(t)
-        }
+        DataType::Q8_0Interleaved
+        | DataType::Q4_0Interleaved
+        | DataType::Q4_1Interleaved
+        | DataType::F16Interleaved
+        | DataType::BF16Interleaved => return crate::interleave::kernel_type(t),
         DataType::I32 => return None,
     })
 }

@@ -56,7 +56,8 @@ impl CpuContext {
 pub struct CpuDevice {
     ctx: Arc<CpuContext>,
     ops: OpRegistry,
-    /// Whether resident block weights are interleaved at load ([`BaseDevice::weight_form`]).
+    /// Whether resident block, F16 and BF16 weights are interleaved at load
+    /// ([`BaseDevice::weight_form`]).
     interleave_weights: bool,
 }
 
@@ -95,7 +96,7 @@ impl CpuDevice {
         })
     }
 
-    /// This device, holding block weights as the file has them (`false`) or interleaved 16 rows
+    /// This device, holding block, F16 and BF16 weights as the file has them (`false`) or interleaved 16 rows
     /// at a time where its SIMD kernels read them faster (`true`, the default).
     pub fn with_interleaved_weights(mut self, on: bool) -> CpuDevice {
         self.interleave_weights = on;
@@ -136,10 +137,9 @@ impl BaseDevice for CpuDevice {
         data.to_owned_host()
     }
     fn weight_form(&self, data: &Data) -> Result<Option<Data>> {
-        if !self.interleave_weights
-            || self.ctx.mode == KernelMode::Reference
-            || !fastllm_cpu::linear::interleaved::available()
-        {
+        let kernels = crate::interleave::kernel_type(data.dtype())
+            .is_some_and(fastllm_cpu::linear::interleaved::available_for);
+        if !self.interleave_weights || self.ctx.mode == KernelMode::Reference || !kernels {
             return Ok(None);
         }
         crate::interleave::interleave(data)

@@ -4,12 +4,11 @@
 //!
 //! Prefill with `fast = 1` (the `fast` precision) and at least [`TC_MIN_QUERIES`] queries, causal,
 //! head size 64 or 128 and no ALiBi / soft-capping / window runs the fused flash-attention
-//! kernel `flash_attn{64,128}x{1,2}_f32`: f16 tensor-core `mma.sync` for q·kᵀ and p·v with f32
+//! kernel `flash_attn{64,128}x1_f32`: f16 tensor-core `mma.sync` for q·kᵀ and p·v with f32
 //! accumulation and an online softmax; the keys and values are first converted to f16
 //! (`kv_half_f32`), then staged tile by tile in shared memory by `cp.async` overlapping the math
-//! (one query head per block of four warps, two blocks per SM; `FASTLLM_FLASH_HPB=2` shares
-//! each tile between two query heads of a GQA group instead); the scores never reach memory
-//! (`FASTLLM_FLASH=0` turns it off). Other fast prefill goes through cuBLAS: per chunk of queries, scores = q·kᵀ·scale (TF32 tensor cores,
+//! (one query head per block of four warps, two blocks per SM); the scores never reach memory.
+//! Other fast prefill goes through cuBLAS: per chunk of queries, scores = q·kᵀ·scale (TF32 tensor cores,
 //! strided-batched over the KV heads, once per query head of a GQA group) into a scratch
 //! buffer, `attn_softmax_f32` turns them into probabilities in place (mask, window, ALiBi,
 //! soft-capping), and out = p·v (TF32) is written straight into `[sq, nh, hdv]`. The scores are
@@ -23,8 +22,7 @@
 //! `attn_decode_combine_f32`. For head sizes 64 and 128 (q/k and v alike) the same launch runs
 //! `attn_decode_w{64,128}_f32`: each warp keeps an online softmax over its own runs of four
 //! keys in registers (K and V rows loaded together) and the warps meet once at the end, where
-//! `attn_decode_f32` synchronises the block three times per chunk of 64 keys
-//! (`FASTLLM_DECODE_WARPS=0` keeps the latter). `DecodeAttention` is the same kernel for
+//! `attn_decode_f32` synchronises the block three times per chunk of 64 keys. `DecodeAttention` is the same kernel for
 //! a KV cache whose length is only known on the device (query positions read from a device
 //! tensor, so one CUDA graph replays every decode step; it can also store and rotate the step's
 //! own key and value), and `KvWrite` stores a step's keys and values at those positions.
@@ -63,13 +61,6 @@ pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>) {
 /// Up to this many queries, `Attention` uses the split-K decode kernel.
 pub const DECODE_MAX_QUERIES: usize = 8;
 
-/// Off: `Attention` keeps the one-block-per-(query, head) kernel for decode too (for A/B timing).
-static SPLIT_K_DECODE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-
-/// Turns the split-K decode path of `Attention` on or off (on by default; for measurements).
-pub fn set_split_k_decode(on: bool) {
-    SPLIT_K_DECODE.store(on, std::sync::atomic::Ordering::Relaxed);
-}
 /// Largest q/k and v head size of the decode kernel (`DA_DPL * 32`, `DA_VPT * DA_THREADS`).
 pub const DECODE_MAX_HD: usize = 256;
 /// Most key ranges per row (`DA_MAX_SPLITS` in the kernel's merge).
@@ -93,7 +84,6 @@ pub fn decode_splits(keys: usize, units: usize, sms: usize) -> usize {
 /// those launches keep one group. On small grids the fastest counts on an H100 are 4 groups for
 /// `attn_decode_f32` and for warp kernels serving several heads per block, and 2 for warp
 /// kernels serving one head (short rows), whose last merge costs more with more warps.
-/// `FASTLLM_DECODE_KEY_GROUPS` = 1..4 overrides the count for the small grids.
 const DECODE_KEY_GROUPS: u32 = 4;
 /// [`DECODE_KEY_GROUPS`] for the warp kernels.
 const DECODE_WARP_KEY_GROUPS: u32 = 2;
@@ -101,17 +91,8 @@ const DECODE_WARP_KEY_GROUPS: u32 = 2;
 /// Key groups for a launch of `kernel` with `blocks` blocks on `sms` multiprocessors, each
 /// block serving `gchunk` query heads.
 fn decode_key_groups(kernel: &str, blocks: usize, sms: usize, gchunk: usize) -> u32 {
-    static GROUPS: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
-    let forced = *GROUPS.get_or_init(|| {
-        std::env::var("FASTLLM_DECODE_KEY_GROUPS")
-            .ok()
-            .and_then(|v| v.trim().parse::<u32>().ok())
-            .filter(|g| (1..=4).contains(g))
-    });
     if blocks > sms {
         1
-    } else if let Some(g) = forced {
-        g
     } else if kernel == "attn_decode_f32" || gchunk > 1 {
         DECODE_KEY_GROUPS
     } else {
@@ -191,28 +172,13 @@ fn decode_workspace(sq: usize, nh: usize, hdv: usize, nsplit: usize) -> usize {
     }
 }
 
-/// `FASTLLM_DECODE_WARPS=0` keeps head sizes 64 and 128 on `attn_decode_f32` (A/B runs).
-static DECODE_WARPS_ENV: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
-    std::env::var("FASTLLM_DECODE_WARPS").map_or(true, |v| v.trim() != "0")
-});
-
-/// Off: decode keeps head sizes 64 and 128 on `attn_decode_f32` too (for A/B timing).
-static DECODE_WARPS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-
-/// Turns the warp-per-key-run decode kernels (`attn_decode_w{64,128}_f32`) on or off (on by
-/// default unless `FASTLLM_DECODE_WARPS=0`; for measurements).
-pub fn set_decode_warps(on: bool) {
-    DECODE_WARPS.store(on, std::sync::atomic::Ordering::Relaxed);
-}
-
 /// The decode kernel for these head sizes: `attn_decode_w{64,128}_f32` (each warp its own keys,
 /// one barrier) where q/k and v heads are both 64 or both 128, else `attn_decode_f32`. Both
 /// take the same launch and arguments.
 fn decode_kernel(hd: usize, hdv: usize) -> &'static str {
-    let on = *DECODE_WARPS_ENV && DECODE_WARPS.load(std::sync::atomic::Ordering::Relaxed);
-    match (hd, hdv, on) {
-        (64, 64, true) => "attn_decode_w64_f32",
-        (128, 128, true) => "attn_decode_w128_f32",
+    match (hd, hdv) {
+        (64, 64) => "attn_decode_w64_f32",
+        (128, 128) => "attn_decode_w128_f32",
         _ => "attn_decode_f32",
     }
 }
@@ -319,11 +285,6 @@ fn decode_launch(
     Ok(())
 }
 
-/// `FASTLLM_ATTN_Q8=0`: decode attention leaves the o-projection's quantization to `Linear`
-/// (A/B runs).
-static DECODE_Q8_ON: std::sync::LazyLock<bool> =
-    std::sync::LazyLock::new(|| std::env::var("FASTLLM_ATTN_Q8").map_or(true, |v| v.trim() != "0"));
-
 /// The Q8_0 output rows asked for by `quantize_output = 1` (for the o-projection): slots in
 /// `act` for `sq` rows of `nh · hdv` values when `hdv % 32 == 0` (a warp's 32 values form one
 /// block), with the key to record once the launch is queued.
@@ -337,7 +298,6 @@ fn decode_q8(
 ) -> Result<Option<((u64, u64), QuantKey)>> {
     if ActForm::from_param(ints.get_or("quantize_output", 0)) != Some(ActForm::Q8)
         || !hdv.is_multiple_of(32)
-        || !*DECODE_Q8_ON
     {
         return Ok(None);
     }
@@ -353,15 +313,6 @@ const MAX_HDV: usize = 512;
 /// From this many queries on, `fast = 1` attention uses the cuBLAS path.
 pub const TC_MIN_QUERIES: usize = 64;
 
-/// `FASTLLM_FLASH=0` keeps prefill attention on the cuBLAS path (for A/B runs).
-static FLASH_ON: std::sync::LazyLock<bool> =
-    std::sync::LazyLock::new(|| std::env::var("FASTLLM_FLASH").map_or(true, |v| v.trim() != "0"));
-/// Query heads per flash block: 1 (four warps; two blocks fit an SM, so one block's softmax
-/// overlaps the other's products) unless `FASTLLM_FLASH_HPB=2` (two heads of a GQA group
-/// share one block's K/V tiles; A/B runs).
-static FLASH_HPB: std::sync::LazyLock<usize> = std::sync::LazyLock::new(|| {
-    std::env::var("FASTLLM_FLASH_HPB").map_or(1, |v| if v.trim() == "2" { 2 } else { 1 })
-});
 /// Most bytes of scores materialised at once (the query chunk is sized to fit).
 const SCORE_BYTES: usize = 256 << 20;
 
@@ -415,9 +366,9 @@ struct TcArgs {
 }
 
 impl Attention {
-    /// The fused flash-attention kernel (`flash_attn{64,128}x{1,2}_f32`, module doc): causal, head
+    /// The fused flash-attention kernel (`flash_attn{64,128}x1_f32`, module doc): causal, head
     /// sizes 64 or 128 (q, k and v alike), no ALiBi, soft-capping or window. `Ok(false)` when the
-    /// call is not of that kind or `FASTLLM_FLASH=0`.
+    /// call is not of that kind.
     fn flash(&self, a: &TcArgs) -> Result<bool> {
         let fits = a.causal
             && a.hd == a.hdv
@@ -429,7 +380,7 @@ impl Attention {
             && a.nkv > 0
             && a.nh.is_multiple_of(a.nkv);
         let aligned = [a.k, a.v].iter().all(|p| p % 16 == 0);
-        if !fits || !aligned || !*FLASH_ON {
+        if !fits || !aligned {
             return Ok(false);
         }
         const OP: &str = "Attention";
@@ -463,15 +414,11 @@ impl Attention {
                 long(values / 4, "values")?,
             ],
         )?;
-        // two query heads of a GQA group per block share its K/V tiles
-        let hpb = if (a.nh / a.nkv).is_multiple_of(2) {
-            *FLASH_HPB
-        } else {
-            1
-        };
-        // (head groups, query tiles): the kernel's dispatch order is longest tiles first
+        // one query head per block of four warps (two blocks fit an SM, so one block's softmax
+        // overlaps the other's products); (heads, query tiles): the kernel's dispatch order is
+        // longest tiles first
         let grid = (
-            u32::try_from(a.nh / hpb).map_err(|_| op_err(OP, "too many heads"))?,
+            u32::try_from(a.nh).map_err(|_| op_err(OP, "too many heads"))?,
             u32::try_from(a.sq.div_ceil(64))
                 .ok()
                 .filter(|&v| v <= 65535)
@@ -479,9 +426,9 @@ impl Attention {
             1,
         );
         self.0.launch(
-            &format!("flash_attn{}x{hpb}_f32", a.hd),
+            &format!("flash_attn{}x1_f32", a.hd),
             grid,
-            128 * hpb as u32,
+            128,
             &[
                 KArg::Ptr(a.q),
                 KArg::Ptr(kh),
@@ -708,11 +655,7 @@ impl Operator for Attention {
                 return Ok(());
             }
         }
-        if sq <= DECODE_MAX_QUERIES
-            && hd <= DECODE_MAX_HD
-            && hdv <= DECODE_MAX_HD
-            && SPLIT_K_DECODE.load(std::sync::atomic::Ordering::Relaxed)
-        {
+        if sq <= DECODE_MAX_QUERIES && hd <= DECODE_MAX_HD && hdv <= DECODE_MAX_HD {
             let gchunk = decode_gchunk(skv, nh, nkv);
             let nsplit = decode_splits(skv, decode_units(nh, nkv, sq, gchunk), self.0.sms());
             let need = 4 * decode_workspace(sq, nh, hdv, nsplit);
@@ -1133,18 +1076,17 @@ mod tests {
 
     #[test]
     fn decode_blocks_widen_only_on_small_grids() {
-        // llama-3-8b, one query, 64 keys: 32 blocks on 132 multiprocessors; the
-        // FASTLLM_DECODE_KEY_GROUPS override (1..=4) applies to such grids only
+        // llama-3-8b, one query, 64 keys: 32 blocks on 132 multiprocessors
         for (kernel, gchunk, default) in [
             ("attn_decode_f32", 1, 4),
             ("attn_decode_w128_f32", 1, 2),
             ("attn_decode_w128_f32", 4, 4),
         ] {
-            let small = decode_key_groups(kernel, 32, 132, gchunk);
-            assert!((1..=4).contains(&small));
-            if std::env::var_os("FASTLLM_DECODE_KEY_GROUPS").is_none() {
-                assert_eq!(small, default, "{kernel}");
-            }
+            assert_eq!(
+                decode_key_groups(kernel, 32, 132, gchunk),
+                default,
+                "{kernel}"
+            );
             // 4096 keys: 64 splits × 8 KV heads = 512 blocks keep one group of 128 threads
             let blocks = decode_splits(4096, 8, 132) * 8;
             assert_eq!(blocks, 512);
@@ -1155,9 +1097,6 @@ mod tests {
 
     #[test]
     fn warp_decode_kernels_take_head_sizes_64_and_128_only() {
-        if std::env::var("FASTLLM_DECODE_WARPS").is_ok_and(|v| v.trim() == "0") {
-            return;
-        }
         assert_eq!(decode_kernel(64, 64), "attn_decode_w64_f32");
         assert_eq!(decode_kernel(128, 128), "attn_decode_w128_f32");
         for (hd, hdv) in [(128, 64), (64, 128), (96, 96), (256, 256), (33, 33)] {

@@ -8,6 +8,7 @@ use cudarc::driver::{
     result as dres, CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
 };
 use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -24,10 +25,11 @@ pub struct Gpu {
     /// (`griddepcontrol.wait`, see `pdl_wait` in kernels/common.cuh), found in the PTX when the
     /// module loads. Only these are launched with programmatic dependent launch.
     pdl_kernels: OnceLock<HashSet<String>>,
-    /// Programmatic dependent launch is used (compute capability ≥ 9.0 and `FASTLLM_PDL` is not
-    /// `0`): a kernel's blocks may start, and read their weights, while the previous kernel
+    /// Programmatic dependent launch is used (compute capability ≥ 9.0): a kernel's blocks may start, and read their weights, while the previous kernel
     /// finishes; they wait in `pdl_wait` before touching anything that kernel writes.
     pdl: bool,
+    /// Where compiled kernels are cached (none: not cached).
+    kernel_cache: Option<PathBuf>,
     functions: Mutex<HashMap<String, CudaFunction>>,
     blas: Option<Mutex<cudarc::cublas::CudaBlas>>,
     /// Page-locked host buffer that large device-to-host copies go through (the copy engine
@@ -115,8 +117,9 @@ pub fn probe(ordinal: u32) -> Result<()> {
 }
 
 impl Gpu {
-    /// Opens device `ordinal` (after [`probe`]).
-    pub fn open(ordinal: u32) -> Result<Arc<Gpu>> {
+    /// Opens device `ordinal` (after [`probe`]); compiled kernels are cached under
+    /// `kernel_cache` (none: compiled again by every process).
+    pub fn open(ordinal: u32, kernel_cache: Option<PathBuf>) -> Result<Arc<Gpu>> {
         probe(ordinal)?;
         let ctx = std::panic::catch_unwind(|| CudaContext::new(ordinal as usize))
             .map_err(|_| Error::Device(format!("cuda:{ordinal}: context creation panicked")))?
@@ -168,7 +171,8 @@ impl Gpu {
             name,
             module: OnceLock::new(),
             pdl_kernels: OnceLock::new(),
-            pdl: arch.0 >= 9 && std::env::var("FASTLLM_PDL").map_or(true, |v| v != "0"),
+            pdl: arch.0 >= 9,
+            kernel_cache,
             functions: Mutex::new(HashMap::new()),
             blas,
             staging: Mutex::new(None),
@@ -390,7 +394,8 @@ impl Gpu {
     fn module(&self) -> Result<Arc<CudaModule>> {
         let m = self.module.get_or_init(|| {
             let ptx =
-                kernels::compiled_ptx(self.arch, self.driver_version).map_err(|e| e.to_string())?;
+                kernels::compiled_ptx(self.arch, self.driver_version, self.kernel_cache.as_deref())
+                    .map_err(|e| e.to_string())?;
             let _ = self
                 .pdl_kernels
                 .set(kernels::entries_waiting_on_predecessor(&ptx));

@@ -5,7 +5,7 @@
 
 use crate::error::{Error, Result};
 use std::collections::HashSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Every kernel source, in order; `common.cuh` first (the others use its helpers).
 const SOURCES: [(&str, &str); 11] = [
@@ -34,33 +34,9 @@ const SOURCES: [(&str, &str); 11] = [
     ("sample.cu", include_str!("../../../kernels/sample.cu")),
 ];
 
-/// Tuning switches for the kernel sources from `FASTLLM_CUDA_DEFINES` (`NAME=VALUE,...`, each
-/// an integer macro that kernels/common.cuh defaults with `#ifndef`), as `#define` lines. Names
-/// and values other than identifiers and integers are ignored. For measuring kernel variants
-/// without rebuilding; the PTX cache key includes them (they are part of the source).
-fn defines_from_env() -> String {
-    let Ok(spec) = std::env::var("FASTLLM_CUDA_DEFINES") else {
-        return String::new();
-    };
-    let mut out = String::new();
-    for item in spec.split(',') {
-        let Some((k, v)) = item.split_once('=') else {
-            continue;
-        };
-        let (k, v) = (k.trim(), v.trim());
-        let ident = !k.is_empty()
-            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-            && !k.starts_with(|c: char| c.is_ascii_digit());
-        if ident && v.parse::<i64>().is_ok() {
-            out.push_str(&format!("#define {k} {v}\n"));
-        }
-    }
-    out
-}
-
 /// All kernel sources as one translation unit.
 pub fn source() -> String {
-    let mut s = defines_from_env();
+    let mut s = String::new();
     for (name, text) in SOURCES {
         s.push_str(&format!("// ---- {name} ----\n"));
         s.push_str(text);
@@ -79,24 +55,22 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
     h
 }
 
-/// Where the PTX for this source, arch and driver is cached on disk (`None` without a cache dir).
-pub fn cache_path(src: &str, arch: (i32, i32), driver: i32) -> Option<PathBuf> {
-    let dir = std::env::var_os("FASTLLM_CACHE_DIR")
-        .map(PathBuf::from)
-        .or_else(|| dirs::cache_dir().map(|d| d.join("fastllm")))?;
-    Some(dir.join("cuda").join(format!(
+/// Where the PTX for this source, arch and driver is cached under the cache directory `dir`.
+pub fn cache_path(dir: &Path, src: &str, arch: (i32, i32), driver: i32) -> PathBuf {
+    dir.join("cuda").join(format!(
         "kernels-{:016x}-sm{}{}-drv{driver}.ptx",
         fnv1a(src.as_bytes()),
         arch.0,
         arch.1
-    )))
+    ))
 }
 
 /// The PTX of all kernels for compute capability `arch`: from the disk cache when present,
-/// otherwise compiled with NVRTC (and written to the cache; a failed write is not an error).
-pub fn compiled_ptx(arch: (i32, i32), driver: i32) -> Result<String> {
+/// otherwise compiled with NVRTC (and written to the cache under `cache_dir` when given; a
+/// failed write is not an error).
+pub fn compiled_ptx(arch: (i32, i32), driver: i32, cache_dir: Option<&Path>) -> Result<String> {
     let src = source();
-    let path = cache_path(&src, arch, driver);
+    let path = cache_dir.map(|d| cache_path(d, &src, arch, driver));
     if let Some(p) = &path {
         if let Ok(text) = std::fs::read_to_string(p) {
             if text.contains(".entry") {
@@ -160,13 +134,13 @@ mod tests {
 
     #[test]
     fn cache_key_changes_with_arch_and_source() {
-        let a = cache_path("x", (9, 0), 13000);
-        let b = cache_path("x", (8, 0), 13000);
-        let c = cache_path("y", (9, 0), 13000);
-        if a.is_some() {
-            assert_ne!(a, b);
-            assert_ne!(a, c);
-        }
+        let dir = Path::new("/cache");
+        let a = cache_path(dir, "x", (9, 0), 13000);
+        let b = cache_path(dir, "x", (8, 0), 13000);
+        let c = cache_path(dir, "y", (9, 0), 13000);
+        assert!(a.starts_with("/cache/cuda"));
+        assert_ne!(a, b);
+        assert_ne!(a, c);
         assert_ne!(fnv1a(b"a"), fnv1a(b"b"));
         let src = source();
         for (name, _) in SOURCES {

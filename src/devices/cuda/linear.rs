@@ -43,9 +43,9 @@ use super::gpu::{int, long, Gpu, KArg, LinSegs};
 use super::linear_mma::{mma_product, MmaPlan, MMA_KC};
 use super::op_err;
 use crate::data::DataType;
+use crate::device::OutputCopy;
 use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
 use crate::error::{Error, Result};
-use crate::ops::OutputCopy;
 use std::sync::{Arc, Mutex};
 
 /// Registers this family's operators.
@@ -54,11 +54,6 @@ pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>) {
         "Linear",
         Box::new(Linear {
             gpu: gpu.clone(),
-            one_row: OneRow::from_env(),
-            bulk_slots: std::env::var("FASTLLM_BULK_SLOTS")
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(BULK_SLOTS),
             act: act.clone(),
             tc_scratch: Mutex::new(None),
             mma_part: Mutex::new(None),
@@ -149,9 +144,9 @@ impl Batched {
 /// shared memory and loading weights into registers, or `Bulk` (`linear_q8act_bulk*`, weights
 /// streamed through shared memory by bulk copies, compute capability ≥ 9.0, see
 /// [`BulkPlan`]). `Auto` takes `Bulk` for Q8_0 where it applies (else `Whole`) and `Half` for
-/// 4-bit weights ([`Linear::one_row_half`], [`Linear::bulk_plan`]); `FASTLLM_GEMV_Q` = `sbx` /
-/// `sbh` / `bulk` forces one for the device (A/B runs; `bulk` still falls back where it does not
-/// apply), and a call's `gemv_kernel` = 1 / 2 / 3 for that call.
+/// 4-bit weights ([`Linear::one_row_half`], [`Linear::bulk_plan`]); a call's `gemv_kernel` =
+/// 1 / 2 / 3 forces one for that call (`bulk` still falls back where it does not apply), so
+/// tests check every kernel against the reference.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum OneRow {
     Auto,
@@ -161,20 +156,11 @@ enum OneRow {
 }
 
 impl OneRow {
-    fn from_env() -> OneRow {
-        match std::env::var("FASTLLM_GEMV_Q").as_deref().map(str::trim) {
-            Ok("sbx") => OneRow::Whole,
-            Ok("sbh") => OneRow::Half,
-            Ok("bulk") => OneRow::Bulk,
-            _ => OneRow::Auto,
-        }
-    }
-
-    /// A call's own choice (`gemv_kernel` 1 / 2 / 3 = sbx / sbh / bulk), or `device`'s for 0;
+    /// A call's own choice (`gemv_kernel` 1 / 2 / 3 = sbx / sbh / bulk), or `Auto` for 0;
     /// any other value is an error.
-    fn of_call(ints: &IntDict, device: OneRow) -> Result<OneRow> {
+    fn of_call(ints: &IntDict) -> Result<OneRow> {
         match ints.get_or("gemv_kernel", 0) {
-            0 => Ok(device),
+            0 => Ok(OneRow::Auto),
             1 => Ok(OneRow::Whole),
             2 => Ok(OneRow::Half),
             3 => Ok(OneRow::Bulk),
@@ -188,7 +174,7 @@ impl OneRow {
 
 /// Warps per block of the `linear_q8act_bulk*` kernels.
 const BULK_WARPS: usize = 8;
-/// Default most weight slots per warp of the bulk kernels (`FASTLLM_BULK_SLOTS` overrides).
+/// Most weight slots per warp of the bulk kernels.
 const BULK_SLOTS: usize = 4;
 
 /// How a one-row product runs on the `linear_q8act_bulk{lanes}x{items}_*` kernels: `lanes`
@@ -269,10 +255,6 @@ impl BulkPlan {
 
 struct Linear {
     gpu: Arc<Gpu>,
-    /// Which kernel takes one-row products with block weights and quantized activations.
-    one_row: OneRow,
-    /// Most weight slots per warp of the bulk kernels.
-    bulk_slots: usize,
     /// Quantized activations for `quant_act = 1` (shared with the ops that can write them).
     act: Arc<ActQuant>,
     /// Tensor-core path: f16/bf16 activations, then the dequantized weight tile.
@@ -338,8 +320,8 @@ impl Linear {
         }
     }
 
-    /// Whether a one-row product takes the half-superblock kernel: 4-bit weights do (on an
-    /// H100: llama-3-8b int4 decode is about 7 % faster than with `sbx`); Q8_0 keeps `sbx`.
+    /// Whether a one-row product takes the half-superblock kernel: 4-bit weights do (fewer
+    /// registers, more resident blocks: the faster one for them); Q8_0 keeps `sbx`.
     /// The choice depends on the dtype only, so a multi-weight launch and one-weight launches of
     /// the same weights sum in the same order (bit-equal results).
     fn one_row_half(&self, choice: OneRow, dtype: DataType) -> bool {
@@ -369,7 +351,7 @@ impl Linear {
             rb,
             self.gpu.sms(),
             self.gpu.shared_memory(),
-            self.bulk_slots,
+            BULK_SLOTS,
         )
     }
 
@@ -671,7 +653,7 @@ impl Operator for Linear {
             && d.get("weight").is_some_and(|x| x.is_contiguous())
     }
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, ints: &IntDict) -> Result<()> {
-        OneRow::of_call(ints, self.one_row)?;
+        OneRow::of_call(ints)?;
         Batched::of_call(ints)?;
         let acc = ints.get_or("accumulate", 0) != 0;
         for (wn, bn, on) in SEGMENTS {
@@ -869,7 +851,7 @@ impl Linear {
         // m = 1: the activation row in shared memory (272 bytes per 256 values + 72 of scales).
         let sx_bytes = (k / 256) * (272 + 72);
         let sbx = sb && m == 1 && sx_bytes <= 48 * 1024;
-        let choice = OneRow::of_call(ints, self.one_row)?;
+        let choice = OneRow::of_call(ints)?;
         let half = sbx && self.one_row_half(choice, dtype);
         let bulk = if sbx {
             self.bulk_plan(choice, dtype, k, n)

@@ -9,6 +9,7 @@
 use crate::data::{bytes_for, Data, DeviceKind, Storage};
 use crate::device::{BaseDevice, DataDict, FloatDict, IntDict, OpRegistry};
 use crate::error::{Error, Result};
+use crate::options::RuntimeOptions;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
@@ -30,10 +31,7 @@ mod sample;
 mod select;
 mod shape;
 
-pub use attention::{
-    decode_splits, set_decode_warps, set_split_k_decode, DECODE_MAX_HD, DECODE_MAX_QUERIES,
-    TC_MIN_QUERIES,
-};
+pub use attention::{decode_splits, DECODE_MAX_HD, DECODE_MAX_QUERIES, TC_MIN_QUERIES};
 pub use linear::{tensor_core_rows, TC_MIN_ROWS};
 
 use buffer::{alloc_data, dptr};
@@ -48,10 +46,16 @@ pub struct CudaDevice {
 }
 
 impl CudaDevice {
-    /// Opens GPU `ordinal`. `Err` (never a panic) when the driver library, the device or NVRTC
-    /// is missing; the message starts with "no CUDA device" in the first two cases.
+    /// Opens GPU `ordinal` with the default [`RuntimeOptions`]. `Err` (never a panic) when the
+    /// driver library, the device or NVRTC is missing; the message starts with "no CUDA device"
+    /// in the first two cases.
     pub fn new(ordinal: u32) -> Result<CudaDevice> {
-        let gpu = Gpu::open(ordinal)?;
+        CudaDevice::with_options(ordinal, &RuntimeOptions::default())
+    }
+
+    /// [`CudaDevice::new`] keeping its compiled kernels under `opts`'s cache directory.
+    pub fn with_options(ordinal: u32, opts: &RuntimeOptions) -> Result<CudaDevice> {
+        let gpu = Gpu::open(ordinal, opts.cache_dir().ok())?;
         let mut ops = OpRegistry::new();
         let act = Arc::new(act_quant::ActQuant::new(&gpu));
         elementwise::register(&mut ops, &gpu, &act);

@@ -74,6 +74,69 @@ impl ModelConfig {
                     MetaValue::U32(*original_context_length),
                 );
             }
+            RopeScaling::Yarn {
+                factor,
+                original_context_length,
+                beta_fast,
+                beta_slow,
+                attention_factor,
+                truncate,
+            } => {
+                m.insert("model.rope_scaling.type".into(), s("yarn"));
+                for (k, v) in [
+                    ("factor", *factor),
+                    ("beta_fast", *beta_fast),
+                    ("beta_slow", *beta_slow),
+                    ("attention_factor", *attention_factor),
+                ] {
+                    m.insert(format!("model.rope_scaling.{k}"), MetaValue::F32(v));
+                }
+                m.insert(
+                    "model.rope_scaling.original_context_length".into(),
+                    MetaValue::U32(*original_context_length),
+                );
+                m.insert(
+                    "model.rope_scaling.truncate".into(),
+                    MetaValue::Bool(*truncate),
+                );
+            }
+            RopeScaling::LongRope {
+                original_context_length,
+                attention_factor,
+                short_factor,
+                long_factor,
+            } => {
+                m.insert("model.rope_scaling.type".into(), s("longrope"));
+                m.insert(
+                    "model.rope_scaling.original_context_length".into(),
+                    MetaValue::U32(*original_context_length),
+                );
+                m.insert(
+                    "model.rope_scaling.attention_factor".into(),
+                    MetaValue::F32(*attention_factor),
+                );
+                let arr =
+                    |v: &[f32]| MetaValue::Array(v.iter().map(|&x| MetaValue::F32(x)).collect());
+                m.insert("model.rope_scaling.short_factor".into(), arr(short_factor));
+                m.insert("model.rope_scaling.long_factor".into(), arr(long_factor));
+            }
+            RopeScaling::Dynamic {
+                factor,
+                original_context_length,
+            } => {
+                m.insert("model.rope_scaling.type".into(), s("dynamic"));
+                m.insert("model.rope_scaling.factor".into(), MetaValue::F32(*factor));
+                m.insert(
+                    "model.rope_scaling.original_context_length".into(),
+                    MetaValue::U32(*original_context_length),
+                );
+            }
+        }
+        if self.rope_local_theta > 0.0 {
+            m.insert(
+                "model.rope_local_theta".into(),
+                MetaValue::F32(self.rope_local_theta),
+            );
         }
         m.insert(
             "model.tie_embeddings".into(),
@@ -129,6 +192,18 @@ impl ModelConfig {
                 })
                 .collect()
         };
+        let orig = || -> Result<u32> {
+            u32::try_from(size("model.rope_scaling.original_context_length")?)
+                .map_err(|_| bad("model.rope_scaling.original_context_length"))
+        };
+        let f32s = |k: &str| -> Result<Vec<f32>> {
+            get(k)?
+                .as_array()
+                .ok_or_else(|| bad(k))?
+                .iter()
+                .map(|v| v.as_f64().map(|v| v as f32).ok_or_else(|| bad(k)))
+                .collect()
+        };
         let rope_style = match string("model.rope_style")?.as_str() {
             "neox" => RopeStyle::Neox,
             "interleaved" => RopeStyle::Interleaved,
@@ -148,10 +223,27 @@ impl ModelConfig {
                 factor: float("model.rope_scaling.factor")?,
                 low_freq_factor: float("model.rope_scaling.low_freq_factor")?,
                 high_freq_factor: float("model.rope_scaling.high_freq_factor")?,
-                original_context_length: u32::try_from(size(
-                    "model.rope_scaling.original_context_length",
-                )?)
-                .map_err(|_| bad("model.rope_scaling.original_context_length"))?,
+                original_context_length: orig()?,
+            },
+            "yarn" => RopeScaling::Yarn {
+                factor: float("model.rope_scaling.factor")?,
+                original_context_length: orig()?,
+                beta_fast: float("model.rope_scaling.beta_fast")?,
+                beta_slow: float("model.rope_scaling.beta_slow")?,
+                attention_factor: float("model.rope_scaling.attention_factor")?,
+                truncate: get("model.rope_scaling.truncate")?
+                    .as_bool()
+                    .ok_or_else(|| bad("model.rope_scaling.truncate"))?,
+            },
+            "longrope" => RopeScaling::LongRope {
+                original_context_length: orig()?,
+                attention_factor: float("model.rope_scaling.attention_factor")?,
+                short_factor: f32s("model.rope_scaling.short_factor")?,
+                long_factor: f32s("model.rope_scaling.long_factor")?,
+            },
+            "dynamic" => RopeScaling::Dynamic {
+                factor: float("model.rope_scaling.factor")?,
+                original_context_length: orig()?,
             },
             other => {
                 return Err(Error::format(
@@ -159,6 +251,13 @@ impl ModelConfig {
                     format!("unknown model.rope_scaling.type {other:?}"),
                 ))
             }
+        };
+        let rope_local_theta = match m.get("model.rope_local_theta") {
+            None => 0.0,
+            Some(v) => v
+                .as_f64()
+                .map(|v| v as f32)
+                .ok_or_else(|| bad("model.rope_local_theta"))?,
         };
         let sliding_layers = get("model.sliding_layers")?
             .as_array()
@@ -189,6 +288,7 @@ impl ModelConfig {
             rope_dim: size("model.rope_dim")?,
             rope_style,
             rope_scaling,
+            rope_local_theta,
             tie_embeddings: get("model.tie_embeddings")?
                 .as_bool()
                 .ok_or_else(|| bad("model.tie_embeddings"))?,

@@ -4,8 +4,11 @@
 
 use clap::{Args, Parser, Subcommand};
 use fastllm::generate::{GenerateParams, Llm, SamplingParams, Session};
-use fastllm::load::{load, LoadOptions};
+use fastllm::load::{load, GroupMember, LoadOptions};
+use fastllm::model::tp_process::GroupRole;
 use fastllm::model::Precision;
+use fastllm::options::RuntimeOptions;
+use fastllm::parallel::rendezvous::GroupSpec;
 use fastllm::Result;
 use std::io::{BufRead, Write};
 use std::sync::Arc;
@@ -34,6 +37,19 @@ struct ModelArgs {
     /// Tensor parallelism over N GPUs (with --device cuda or cuda:K: GPUs K..K+N).
     #[arg(long, default_value_t = 0)]
     tp: usize,
+    /// Processes the --tp ranks are spread over (one per host, or one per GPU); each runs this
+    /// same command with its own --node-rank.
+    #[arg(long, default_value_t = 1)]
+    nnodes: usize,
+    /// This process's number in 0..--nnodes; node 0 runs the command, the others follow it.
+    #[arg(long, default_value_t = 0)]
+    node_rank: usize,
+    /// HOST:PORT where node 0 listens for the other nodes (needed with --nnodes > 1).
+    #[arg(long)]
+    rendezvous: Option<String>,
+    /// Seconds to wait for every node at the start, and for a rank during a step.
+    #[arg(long, default_value_t = 300)]
+    rendezvous_timeout: u64,
     /// Keep weights on disk and read each layer when it runs.
     #[arg(long)]
     low_memory: bool,
@@ -43,14 +59,62 @@ struct ModelArgs {
     /// KV cache dtype: f16, q8_0 or f32 (default: f16 on the CPU in fast precision, else f32).
     #[arg(long)]
     kv_dtype: Option<String>,
+    /// GPU: run one-token decode steps op by op instead of replaying a recorded CUDA graph
+    /// (for debugging; env FASTLLM_DECODE_GRAPHS=0).
+    #[arg(long)]
+    no_cuda_graphs: bool,
+    /// GPU: run every op in its plain form, none of the fused ones (for debugging; env
+    /// FASTLLM_FUSED_OPS=0).
+    #[arg(long)]
+    no_fused_ops: bool,
+    /// GPU: refuse a model whose weights need more than N MiB on any one GPU (0 = no cap; env
+    /// FASTLLM_GPU_MEMORY_CAP_MB).
+    #[arg(long, value_name = "N")]
+    gpu_memory_cap_mb: Option<usize>,
+    /// CPU: the highest SIMD level the kernels use: portable, avx2 or avx512 (env FASTLLM_SIMD).
+    #[arg(long, value_name = "LEVEL")]
+    simd: Option<String>,
 }
 
-/// The `--kv-dtype` of `m` (`None`: the device's default); an unknown name is an error naming it.
-fn kv_dtype_of(m: &ModelArgs) -> Result<Option<fastllm::model::KvDtype>> {
-    m.kv_dtype
-        .as_deref()
-        .map(fastllm::model::KvDtype::parse)
-        .transpose()
+impl ModelArgs {
+    /// The run-time switches: the environment's, then these flags.
+    fn runtime(&self) -> Result<RuntimeOptions> {
+        let mut o = RuntimeOptions::from_env()?;
+        o.cuda_graphs &= !self.no_cuda_graphs;
+        o.fused_ops &= !self.no_fused_ops;
+        if let Some(mb) = self.gpu_memory_cap_mb {
+            o.gpu_memory_cap = fastllm::options::cap_from_mib(mb)?;
+        }
+        if let Some(level) = &self.simd {
+            o.simd = Some(fastllm::options::parse_simd(level)?);
+        }
+        Ok(o)
+    }
+
+    /// The load options of these flags; `in_group`: a process of a group names its own
+    /// devices (--tp counts the whole group's ranks).
+    fn load_options(&self, in_group: bool) -> Result<LoadOptions> {
+        Ok(LoadOptions {
+            threads: self.threads,
+            device: if in_group {
+                self.device.clone()
+            } else {
+                device_of(self)?
+            },
+            low_memory: self.low_memory,
+            precision: Precision::parse(&self.precision)?,
+            runtime: self.runtime()?,
+            kv_dtype: self.kv_dtype()?,
+        })
+    }
+
+    /// The `--kv-dtype` (`None`: the device's default); an unknown name is an error naming it.
+    fn kv_dtype(&self) -> Result<Option<fastllm::model::KvDtype>> {
+        self.kv_dtype
+            .as_deref()
+            .map(fastllm::model::KvDtype::parse)
+            .transpose()
+    }
 }
 
 // Numeric flags accept a leading '-' so that a negative value reaches the sampling
@@ -227,8 +291,13 @@ enum Cmd {
         /// Model file or directory (default: the default model).
         model: Option<String>,
     },
-    /// Fetch the default model if needed and print its GGUF path.
-    Fetch,
+    /// Fetch a model if needed and print its GGUF path: `smollm2` (the default model) or
+    /// `gemma3-270m` (Gemma 3 270M Q4_K_M, for its reference tests).
+    Fetch {
+        /// Which model.
+        #[arg(default_value = "smollm2")]
+        name: String,
+    },
     /// HTTP server: OpenAI- and TGI-compatible API with continuous batching.
     Serve {
         #[command(flatten)]
@@ -346,15 +415,78 @@ fn device_of(m: &ModelArgs) -> Result<String> {
 }
 
 fn load_model(m: &ModelArgs) -> Result<Arc<Llm>> {
-    let opts = LoadOptions {
-        threads: m.threads,
-        device: device_of(m)?,
-        low_memory: m.low_memory,
-        precision: Precision::parse(&m.precision)?,
-        kv_dtype: kv_dtype_of(m)?,
+    Ok(Arc::new(load_llm(m)?))
+}
+
+/// Loads the model of the flags; in a group of processes, node 0 gets the group's model and
+/// the other nodes follow node 0 until it ends the group, then exit.
+fn load_llm(m: &ModelArgs) -> Result<Llm> {
+    let spec = group_spec(m)?;
+    let opts = m.load_options(spec.is_some())?;
+    let path = fastllm::default_model::resolve(m.model.as_deref(), &opts.runtime)?;
+    let Some(spec) = spec else {
+        return load(&path, &opts);
     };
-    let path = fastllm::default_model::resolve(m.model.as_deref())?;
-    Ok(Arc::new(load(&path, &opts)?))
+    match fastllm::load::load_in_group(&path, &opts, &spec)? {
+        GroupMember::Driver(llm) => {
+            watch_group(&llm);
+            Ok(*llm)
+        }
+        GroupMember::Follower(f) => follow(f, &spec),
+    }
+}
+
+/// A node other than 0 serves node 0's steps until node 0 ends the group, then exits.
+fn follow<T>(f: fastllm::model::tp_process::Follower, spec: &GroupSpec) -> Result<T> {
+    eprintln!(
+        "fastllm: node {} of {}: following node 0 at {}",
+        f.node(),
+        spec.nnodes,
+        spec.addr
+    );
+    f.run()?;
+    eprintln!("fastllm: node {}: node 0 ended the group", spec.node_rank);
+    std::process::exit(0)
+}
+
+/// The process group of `--nnodes/--node-rank/--rendezvous`, `None` for one process.
+fn group_spec(m: &ModelArgs) -> Result<Option<GroupSpec>> {
+    if m.nnodes <= 1 {
+        if m.node_rank != 0 || m.rendezvous.is_some() {
+            return Err(fastllm::Error::invalid(
+                "--node-rank and --rendezvous need --nnodes 2 or more",
+            ));
+        }
+        return Ok(None);
+    }
+    let addr = m.rendezvous.as_deref().ok_or_else(|| {
+        fastllm::Error::invalid("--nnodes > 1 needs --rendezvous HOST:PORT (node 0's address)")
+    })?;
+    let tp = if m.tp == 0 { m.nnodes } else { m.tp };
+    Ok(Some(GroupSpec::new(
+        tp,
+        m.nnodes,
+        m.node_rank,
+        addr,
+        std::time::Duration::from_secs(m.rendezvous_timeout),
+    )?))
+}
+
+/// Node 0 of a group of processes exits with the reason once a rank in another process fails:
+/// the group cannot run another step, and a server must not keep accepting requests.
+fn watch_group(llm: &Llm) {
+    let Some(health) = llm.model.group_health() else {
+        return;
+    };
+    std::thread::spawn(move || {
+        while health.exists() {
+            if let Some(why) = health.failure() {
+                eprintln!("fastllm: error: tensor-parallel group stopped: {why}");
+                std::process::exit(1);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    });
 }
 
 fn model_only(model: &Option<String>) -> ModelArgs {
@@ -363,9 +495,17 @@ fn model_only(model: &Option<String>) -> ModelArgs {
         threads: 1,
         device: "cpu".into(),
         tp: 0,
+        nnodes: 1,
+        node_rank: 0,
+        rendezvous: None,
+        rendezvous_timeout: 300,
         low_memory: false,
         precision: "fast".into(),
         kv_dtype: None,
+        no_cuda_graphs: false,
+        no_fused_ops: false,
+        gpu_memory_cap_mb: None,
+        simd: None,
     }
 }
 
@@ -621,6 +761,12 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             drain_timeout,
             cors_origin,
         } => {
+            let group = group_spec(&m)?;
+            if group.as_ref().is_some_and(|g| g.node_rank > 0) {
+                // the other nodes serve no HTTP: they follow node 0's steps, then exit
+                load_model(&m)?;
+                return Ok(());
+            }
             let addr: std::net::SocketAddr = format!("{host}:{port}")
                 .parse()
                 .map_err(|_| fastllm::Error::invalid(format!("bad address {host}:{port}")))?;
@@ -636,6 +782,7 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
                         "--drain-timeout must be a number of seconds >= 0, got {drain_timeout}"
                     ))
                 })?;
+            let opts = m.load_options(group.is_some())?;
             // a synthetic model's name and dtype are checked before anything binds or loads
             let (path, name) = match &synthetic {
                 Some(shape) => {
@@ -649,20 +796,13 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
                     (None, format!("{shape}-{dtype}-synthetic"))
                 }
                 None => {
-                    let path = fastllm::default_model::resolve(m.model.as_deref())?;
+                    let path = fastllm::default_model::resolve(m.model.as_deref(), &opts.runtime)?;
                     let name = path
                         .file_stem()
                         .map(|s| s.to_string_lossy().into_owned())
                         .unwrap_or_default();
                     (Some(path), name)
                 }
-            };
-            let opts = LoadOptions {
-                threads: m.threads,
-                device: device_of(&m)?,
-                low_memory: m.low_memory,
-                precision: Precision::parse(&m.precision)?,
-                kv_dtype: kv_dtype_of(&m)?,
             };
             let so = fastllm_serve::ServeOptions {
                 addr,
@@ -681,10 +821,20 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
                 max_waiting_tokens,
                 prefix_caching: Some(prefix_caching),
             };
-            fastllm_serve::run(so, move || match (&path, &synthetic) {
-                (Some(p), _) => load(p, &opts),
-                (None, Some(shape)) => fastllm::load::load_synthetic(shape, &dtype, &opts),
-                (None, None) => Err(fastllm::Error::invalid("no model to serve")),
+            fastllm_serve::run(so, move || match (&path, &synthetic, &group) {
+                (Some(p), _, Some(g)) => match fastllm::load::load_in_group(p, &opts, g)? {
+                    GroupMember::Driver(llm) => {
+                        watch_group(&llm);
+                        Ok(*llm)
+                    }
+                    GroupMember::Follower(_) => Err(fastllm::Error::invalid("node 0 drives")),
+                },
+                (None, Some(_), Some(_)) => Err(fastllm::Error::invalid(
+                    "--synthetic models are not served by a group of processes",
+                )),
+                (Some(p), _, None) => load(p, &opts),
+                (None, Some(shape), None) => fastllm::load::load_synthetic(shape, &dtype, &opts),
+                (None, None, _) => Err(fastllm::Error::invalid("no model to serve")),
             })
             .map_err(fastllm::Error::invalid)?;
         }
@@ -714,13 +864,28 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             println!("{}", report.summary());
             report.check().map_err(fastllm::Error::invalid)?;
         }
-        Cmd::Fetch => println!("{}", fastllm::default_model::default_gguf()?.display()),
+        Cmd::Fetch { name } => {
+            let path = match name.as_str() {
+                "smollm2" => fastllm::default_model::default_gguf(&RuntimeOptions::from_env()?)?,
+                "gemma3-270m" => {
+                    fastllm::default_model::gemma3_270m_gguf(&RuntimeOptions::from_env()?)?
+                }
+                other => {
+                    return Err(fastllm::Error::invalid(format!(
+                        "unknown model {other:?} to fetch (known: smollm2, gemma3-270m)"
+                    )))
+                }
+            };
+            println!("{}", path.display())
+        }
         Cmd::Info { model } => {
             // a GGUF file is described as it is (no conversion); a directory is converted first
             let given = model.as_deref().map(std::path::Path::new);
             let path = match given {
                 Some(p) if p.is_file() => p.to_path_buf(),
-                _ => fastllm::default_model::resolve(model.as_deref())?,
+                _ => {
+                    fastllm::default_model::resolve(model.as_deref(), &RuntimeOptions::from_env()?)?
+                }
             };
             print!("{}", fastllm::format::info::describe(&path)?);
         }
@@ -798,17 +963,8 @@ struct BenchModel {
 fn bench_model(m: &ModelArgs, synthetic: Option<&str>, dtype: &str) -> Result<BenchModel> {
     use fastllm::model::synthetic;
     let Some(shape) = synthetic else {
-        let path = fastllm::default_model::resolve(m.model.as_deref())?;
-        let llm = load(
-            &path,
-            &LoadOptions {
-                threads: m.threads,
-                device: device_of(m)?,
-                low_memory: m.low_memory,
-                precision: Precision::parse(&m.precision)?,
-                kv_dtype: kv_dtype_of(m)?,
-            },
-        )?;
+        let path = fastllm::default_model::resolve(m.model.as_deref(), &m.runtime()?)?;
+        let llm = load_llm(m)?;
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -828,6 +984,18 @@ fn bench_model(m: &ModelArgs, synthetic: Option<&str>, dtype: &str) -> Result<Be
     let dt = synthetic::weight_dtype(dtype)?;
     let src = Arc::new(fastllm::model::SyntheticSource::new(&cfg, dt)?);
     let weight_bytes = src.weight_bytes_per_token();
+    if let Some(spec) = group_spec(m)? {
+        let opts = m.load_options(true)?;
+        let model = match fastllm::load::model_in_group(&spec, cfg, src, &opts)? {
+            GroupRole::Driver(model) => *model,
+            GroupRole::Follower(f) => follow(f, &spec)?,
+        };
+        return Ok(BenchModel {
+            model,
+            name: format!("{shape}-{dtype} (synthetic)"),
+            weight_bytes: Some(weight_bytes),
+        });
+    }
     let mut model = fastllm::load::model_for(
         cfg,
         src,
@@ -835,8 +1003,9 @@ fn bench_model(m: &ModelArgs, synthetic: Option<&str>, dtype: &str) -> Result<Be
         m.threads,
         Precision::parse(&m.precision)?,
         m.low_memory,
+        &m.runtime()?,
     )?;
-    model.set_kv_dtype(kv_dtype_of(m)?)?;
+    model.set_kv_dtype(m.kv_dtype()?)?;
     Ok(BenchModel {
         model,
         name: format!("{shape}-{dtype} (synthetic)"),
@@ -896,8 +1065,7 @@ fn bench(
     let mut pp_t = Vec::new();
     let mut tg_t = Vec::new();
     // warm-up: on a GPU the whole prompt (its first run allocates scratch buffers sized for
-    // it and creates library handles: a timed first run of 2048 tokens measured 8.2k instead of
-    // 19.8k tok/s on an H100), on the CPU a few tokens
+    // it and creates library handles, which a timed run must not pay), on the CPU a few tokens
     {
         let on_gpu = model
             .executor()

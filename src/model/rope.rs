@@ -1,0 +1,364 @@
+//! Rotary frequencies of a model's layers: the inverse frequencies of every rope scaling
+//! (linear, llama3, YaRN, LongRoPE, dynamic NTK — the definitions of HF `modeling_rope_utils`,
+//! formed in f64), the attention factor YaRN and LongRoPE apply to the rotated dims of q and k,
+//! Gemma-3's second base for its sliding-window layers, and, for the scalings whose frequencies
+//! depend on how far a sequence has got (LongRoPE, dynamic NTK), the cos/sin tables of one step.
+
+use super::config::{ModelConfig, RopeScaling};
+use crate::data::Data;
+use crate::device::BaseDevice;
+use crate::error::{Error, Result};
+
+/// Rotary inverse frequencies (`rope_dim / 2` of them) of base `theta` under `scaling`, for a
+/// step whose sequence reaches `seq_len` positions (only LongRoPE and dynamic NTK look at it).
+pub fn inv_freq_f64(
+    rope_dim: usize,
+    theta: f32,
+    scaling: &RopeScaling,
+    seq_len: usize,
+) -> Vec<f64> {
+    let rot = rope_dim.max(2);
+    let d = rot as f64;
+    let base = theta as f64;
+    let plain = |base: f64| -> Vec<f64> {
+        (0..rot / 2)
+            .map(|i| 1.0 / base.powf(2.0 * i as f64 / d))
+            .collect()
+    };
+    match scaling {
+        RopeScaling::None => plain(base),
+        RopeScaling::Linear { factor } => plain(base).iter().map(|f| f / *factor as f64).collect(),
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_context_length,
+        } => llama3(
+            &plain(base),
+            *factor as f64,
+            *low_freq_factor as f64,
+            *high_freq_factor as f64,
+            *original_context_length as f64,
+        ),
+        RopeScaling::Yarn {
+            factor,
+            original_context_length,
+            beta_fast,
+            beta_slow,
+            truncate,
+            ..
+        } => {
+            let (factor, orig) = (*factor as f64, *original_context_length as f64);
+            // the dimension at which a frequency makes `rotations` turns over the context
+            let dim_of = |rotations: f64| {
+                d * (orig / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
+            };
+            let (mut low, mut high) = (dim_of(*beta_fast as f64), dim_of(*beta_slow as f64));
+            if *truncate {
+                (low, high) = (low.floor(), high.ceil());
+            }
+            let (low, mut high) = (low.max(0.0), high.min(d - 1.0));
+            if low == high {
+                high += 0.001;
+            }
+            plain(base)
+                .iter()
+                .enumerate()
+                .map(|(i, &f)| {
+                    let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                    let extrapolated = 1.0 - ramp;
+                    f / factor * (1.0 - extrapolated) + f * extrapolated
+                })
+                .collect()
+        }
+        RopeScaling::LongRope {
+            original_context_length,
+            short_factor,
+            long_factor,
+            ..
+        } => {
+            let ext = if seq_len > *original_context_length as usize {
+                long_factor
+            } else {
+                short_factor
+            };
+            plain(base)
+                .iter()
+                .zip(ext.iter().chain(std::iter::repeat(&1.0)))
+                .map(|(f, e)| f / *e as f64)
+                .collect()
+        }
+        RopeScaling::Dynamic {
+            factor,
+            original_context_length,
+        } => {
+            let (factor, orig) = (*factor as f64, *original_context_length as f64);
+            let len = (seq_len as f64).max(orig);
+            let grown = base * ((factor * len / orig) - (factor - 1.0)).powf(d / (d - 2.0));
+            plain(grown)
+        }
+    }
+}
+
+fn llama3(base: &[f64], factor: f64, lo: f64, hi: f64, old: f64) -> Vec<f64> {
+    let (low_wavelen, high_wavelen) = (old / lo, old / hi);
+    base.iter()
+        .map(|&f| {
+            let wavelen = 2.0 * std::f64::consts::PI / f;
+            if wavelen < high_wavelen {
+                f
+            } else if wavelen > low_wavelen {
+                f / factor
+            } else {
+                let smooth = (old / wavelen - lo) / (hi - lo);
+                (1.0 - smooth) * f / factor + smooth * f
+            }
+        })
+        .collect()
+}
+
+/// The factor YaRN and LongRoPE multiply the rotated dims of q and k by (1 for the others).
+pub fn attention_factor(scaling: &RopeScaling) -> f32 {
+    match scaling {
+        RopeScaling::Yarn {
+            attention_factor, ..
+        }
+        | RopeScaling::LongRope {
+            attention_factor, ..
+        } => *attention_factor,
+        _ => 1.0,
+    }
+}
+
+/// True for the scalings whose frequencies depend on the sequence length a step reaches.
+pub fn length_dependent(scaling: &RopeScaling) -> bool {
+    matches!(
+        scaling,
+        RopeScaling::LongRope { .. } | RopeScaling::Dynamic { .. }
+    )
+}
+
+/// The rotation of one kind of layer, resolved at load.
+pub(crate) struct LayerRope {
+    /// Rotary base.
+    pub theta: f32,
+    /// Its scaling.
+    pub scaling: RopeScaling,
+    /// Divisors of the frequencies (a GGUF's `rope_freqs.weight`), if any.
+    divisors: Option<Vec<f32>>,
+    /// Fixed inverse frequencies; `None` when the op's own `theta^(-2i/d)` is exact.
+    pub inv_freq: Option<Data>,
+    /// Multiplier of the attention scores (the attention factor², when every dim rotates).
+    pub score_scale: f32,
+    /// With partial rotary and an attention factor: q is multiplied by this [head_dim] vector
+    /// (factor² on the rotated dims, 1 on the others).
+    pub q_scale: Option<Data>,
+}
+
+impl LayerRope {
+    fn new(
+        c: &ModelConfig,
+        theta: f32,
+        scaling: RopeScaling,
+        divisors: Option<Vec<f32>>,
+    ) -> Result<LayerRope> {
+        check(c, &scaling)?;
+        let plain = matches!(scaling, RopeScaling::None) && divisors.is_none();
+        let inv_freq = if plain || length_dependent(&scaling) {
+            None
+        } else {
+            let f = scaled(c.rope_dim, theta, &scaling, divisors.as_deref(), 0);
+            Some(Data::from_f32(&[f.len()], &f)?)
+        };
+        let m = attention_factor(&scaling);
+        let m2 = m * m;
+        let (score_scale, q_scale) = if m2 == 1.0 {
+            (1.0, None)
+        } else if c.rope_dim >= c.head_dim {
+            (m2, None)
+        } else {
+            let v: Vec<f32> = (0..c.head_dim)
+                .map(|i| if i < c.rope_dim { m2 } else { 1.0 })
+                .collect();
+            (1.0, Some(Data::from_f32(&[c.head_dim], &v)?))
+        };
+        Ok(LayerRope {
+            theta,
+            scaling,
+            divisors,
+            inv_freq,
+            score_scale,
+            q_scale,
+        })
+    }
+
+    /// The `cos`/`sin` tables [rows, rope_dim/2] of a step (length-dependent scalings): row `r`
+    /// at position `pos[r]` rotates with the frequencies of the length its sequence reaches in
+    /// this step, `runs` giving where each sequence's rows start (as `q_starts`: the first is 0,
+    /// the last is the row count).
+    pub fn step_tables(
+        &self,
+        rope_dim: usize,
+        pos: &[i32],
+        runs: &[usize],
+    ) -> Result<(Data, Data)> {
+        let half = rope_dim / 2;
+        let (mut cos, mut sin) = (vec![0f32; pos.len() * half], vec![0f32; pos.len() * half]);
+        for w in runs.windows(2) {
+            let rows = pos
+                .get(w[0]..w[1])
+                .ok_or_else(|| Error::invalid("rotary step: sequence rows out of range"))?;
+            let reach = rows
+                .iter()
+                .map(|&p| p.max(0) as usize + 1)
+                .max()
+                .unwrap_or(0);
+            let f = scaled(
+                rope_dim,
+                self.theta,
+                &self.scaling,
+                self.divisors.as_deref(),
+                reach,
+            );
+            for (r, &p) in rows.iter().enumerate() {
+                let at = (w[0] + r) * half;
+                for (i, f) in f.iter().enumerate() {
+                    let a = p as f64 * *f as f64;
+                    cos[at + i] = a.cos() as f32;
+                    sin[at + i] = a.sin() as f32;
+                }
+            }
+        }
+        Ok((
+            Data::from_f32(&[pos.len(), half], &cos)?,
+            Data::from_f32(&[pos.len(), half], &sin)?,
+        ))
+    }
+
+    fn upload(&mut self, dev: &dyn BaseDevice) -> Result<()> {
+        for t in [&mut self.inv_freq, &mut self.q_scale]
+            .into_iter()
+            .flatten()
+        {
+            *t = dev.upload(t)?;
+        }
+        Ok(())
+    }
+}
+
+/// [`inv_freq_f64`] divided by `divisors`, as f32.
+fn scaled(
+    rope_dim: usize,
+    theta: f32,
+    s: &RopeScaling,
+    divisors: Option<&[f32]>,
+    len: usize,
+) -> Vec<f32> {
+    let mut f = inv_freq_f64(rope_dim, theta, s, len);
+    for (f, d) in f.iter_mut().zip(divisors.unwrap_or_default()) {
+        *f /= *d as f64;
+    }
+    f.iter().map(|&f| f as f32).collect()
+}
+
+/// `Err` for a scaling whose parameters cannot work with this model's rotary dims.
+fn check(c: &ModelConfig, s: &RopeScaling) -> Result<()> {
+    let half = c.rope_dim / 2;
+    let bad = |m: String| Err(Error::Unsupported(format!("{}: {m}", c.architecture)));
+    match s {
+        RopeScaling::LongRope {
+            short_factor,
+            long_factor,
+            original_context_length,
+            ..
+        } => {
+            if short_factor.len() != half || long_factor.len() != half {
+                return bad(format!(
+                    "longrope needs {half} short and long factors (rope dim {}), got {} and {}",
+                    c.rope_dim,
+                    short_factor.len(),
+                    long_factor.len()
+                ));
+            }
+            if short_factor
+                .iter()
+                .chain(long_factor)
+                .any(|f| !f.is_finite() || *f <= 0.0)
+            {
+                return bad("longrope factors must be positive".into());
+            }
+            if *original_context_length == 0 {
+                return bad("longrope needs an original context length".into());
+            }
+            Ok(())
+        }
+        RopeScaling::Yarn {
+            factor,
+            original_context_length,
+            ..
+        }
+        | RopeScaling::Dynamic {
+            factor,
+            original_context_length,
+        } if *factor <= 0.0 || *original_context_length == 0 => bad(format!(
+            "rope scaling {s:?} needs a positive factor and original context length"
+        )),
+        RopeScaling::Linear { factor } if *factor <= 0.0 => bad(format!(
+            "linear rope scaling factor {factor} must be positive"
+        )),
+        RopeScaling::Dynamic { .. } if c.rope_dim <= 2 => {
+            bad("dynamic rope scaling needs a rotary dim above 2".into())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The rotations of a model: every layer's, or, with Gemma-3's local base, the sliding-window
+/// layers' apart.
+pub(crate) struct RopePlan {
+    /// Full-attention layers (every layer without a local base).
+    pub global: LayerRope,
+    /// Sliding-window layers, when they rotate with a base of their own.
+    pub local: Option<LayerRope>,
+}
+
+impl RopePlan {
+    /// The plan of `c`, with the GGUF `rope_freqs` divisors when the model has them.
+    pub fn new(c: &ModelConfig, divisors: Option<Vec<f32>>) -> Result<RopePlan> {
+        let global = LayerRope::new(c, c.rope_theta, c.rope_scaling.clone(), divisors)?;
+        let local = if c.rope_local_theta > 0.0 {
+            Some(LayerRope::new(
+                c,
+                c.rope_local_theta,
+                RopeScaling::None,
+                None,
+            )?)
+        } else {
+            None
+        };
+        Ok(RopePlan { global, local })
+    }
+
+    /// The rotation of layer `i`.
+    pub fn layer(&self, c: &ModelConfig, i: usize) -> &LayerRope {
+        match &self.local {
+            Some(l) if c.sliding_layers.get(i).copied().unwrap_or(false) => l,
+            _ => &self.global,
+        }
+    }
+
+    /// True when a step's frequencies depend on how far its sequences reach (its tables are
+    /// then formed on the host, [`LayerRope::step_tables`]).
+    pub fn length_dependent(&self) -> bool {
+        length_dependent(&self.global.scaling)
+    }
+
+    /// Moves the fixed tensors to `dev`.
+    pub fn upload(&mut self, dev: &dyn BaseDevice) -> Result<()> {
+        self.global.upload(dev)?;
+        if let Some(l) = &mut self.local {
+            l.upload(dev)?;
+        }
+        Ok(())
+    }
+}

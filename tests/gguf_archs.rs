@@ -1,0 +1,381 @@
+//! GGUF import of the architectures and rope scalings llama.cpp writes with their own keys and
+//! tensors: a tiny Hugging Face fixture written out as a GGUF the way llama.cpp's converter
+//! names and describes it (f32 tensors), converted back, gives the same logits as the fixture
+//! converted directly — Gemma-3 (norms stored as `1 + w`, the sliding-window pattern, the
+//! sliding layers' base), Qwen2 with YaRN (`rope.scaling.*`), Phi-3 with LongRoPE
+//! (`rope_factors_short/long.weight`, `rope.scaling.attn_factor`). Metadata errors (an unknown
+//! rope type, a missing factor or factors tensor) are refused naming the key or tensor.
+
+use fastllm::convert::{convert, ConvertOptions, TargetDtype};
+use fastllm::format::flm::{FlmFile, LoadMode};
+use fastllm::model::{Model, Precision};
+use fastllm::Executor;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("fastllm-gguf-archs-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+fn fixture(arch: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/fixtures/tiny")
+        .join(arch)
+}
+
+/// A GGUF metadata value: its type code and encoded bytes.
+type Kv = (String, u32, Vec<u8>);
+
+fn gstr(v: &str) -> Vec<u8> {
+    let mut b = (v.len() as u64).to_le_bytes().to_vec();
+    b.extend_from_slice(v.as_bytes());
+    b
+}
+fn kv_str(k: &str, v: &str) -> Kv {
+    (k.into(), 8, gstr(v))
+}
+fn kv_u32(k: &str, v: usize) -> Kv {
+    (k.into(), 4, (v as u32).to_le_bytes().to_vec())
+}
+fn kv_f32(k: &str, v: f32) -> Kv {
+    (k.into(), 6, v.to_le_bytes().to_vec())
+}
+fn kv_bools(k: &str, v: &[bool]) -> Kv {
+    let mut b = 7u32.to_le_bytes().to_vec();
+    b.extend_from_slice(&(v.len() as u64).to_le_bytes());
+    b.extend(v.iter().map(|&x| x as u8));
+    (k.into(), 9, b)
+}
+
+/// A GGUF v3 file of `kv` and f32 `tensors` (name, row-major dims, values).
+fn gguf_bytes(kv: &[Kv], tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Vec<u8> {
+    let mut b = b"GGUF".to_vec();
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    b.extend_from_slice(&(kv.len() as u64).to_le_bytes());
+    for (k, t, v) in kv {
+        b.extend(gstr(k));
+        b.extend_from_slice(&t.to_le_bytes());
+        b.extend_from_slice(v);
+    }
+    let mut off = 0u64;
+    for (name, dims, data) in tensors {
+        b.extend(gstr(name));
+        b.extend_from_slice(&(dims.len() as u32).to_le_bytes());
+        for d in dims.iter().rev() {
+            b.extend_from_slice(&(*d as u64).to_le_bytes());
+        }
+        b.extend_from_slice(&0u32.to_le_bytes()); // F32
+        b.extend_from_slice(&off.to_le_bytes());
+        off += (data.len() as u64 * 4).div_ceil(32) * 32;
+    }
+    while !b.len().is_multiple_of(32) {
+        b.push(0);
+    }
+    for (_, _, data) in tensors {
+        b.extend(data.iter().flat_map(|v| v.to_le_bytes()));
+        while !b.len().is_multiple_of(32) {
+            b.push(0);
+        }
+    }
+    b
+}
+
+/// A byte-level tokenizer of `n` tokens as GGUF metadata (the 256 byte symbols, then fillers).
+fn tokenizer_kv(n: usize) -> Vec<Kv> {
+    let mut arr = 8u32.to_le_bytes().to_vec();
+    arr.extend_from_slice(&(n as u64).to_le_bytes());
+    let mut extra = 0u32;
+    for i in 0..n as u32 {
+        let t = if i < 256 {
+            let printable =
+                (33..=126).contains(&i) || (161..=172).contains(&i) || (174..=255).contains(&i);
+            if printable {
+                char::from_u32(i).unwrap().to_string()
+            } else {
+                extra += 1;
+                char::from_u32(255 + extra).unwrap().to_string()
+            }
+        } else {
+            format!("<t{i}>")
+        };
+        arr.extend(gstr(&t));
+    }
+    let mut merges = 8u32.to_le_bytes().to_vec();
+    merges.extend_from_slice(&1u64.to_le_bytes());
+    merges.extend(gstr("a b"));
+    vec![
+        kv_str("tokenizer.ggml.model", "gpt2"),
+        kv_str("tokenizer.ggml.pre", "gpt-2"),
+        ("tokenizer.ggml.tokens".into(), 9, arr),
+        ("tokenizer.ggml.merges".into(), 9, merges),
+    ]
+}
+
+/// llama.cpp's name of HF tensor `name` in architecture `arch`.
+fn gguf_name(arch: &str, name: &str) -> String {
+    match name {
+        "model.embed_tokens.weight" => return "token_embd.weight".into(),
+        "model.norm.weight" => return "output_norm.weight".into(),
+        "lm_head.weight" => return "output.weight".into(),
+        _ => {}
+    }
+    let rest = name.strip_prefix("model.layers.").unwrap();
+    let (layer, rest) = rest.split_once('.').unwrap();
+    let (part, suffix) = rest.rsplit_once('.').unwrap();
+    let g = match (arch, part) {
+        (_, "self_attn.q_proj") => "attn_q",
+        (_, "self_attn.k_proj") => "attn_k",
+        (_, "self_attn.v_proj") => "attn_v",
+        (_, "self_attn.o_proj") => "attn_output",
+        (_, "self_attn.q_norm") => "attn_q_norm",
+        (_, "self_attn.k_norm") => "attn_k_norm",
+        (_, "self_attn.qkv_proj") => "attn_qkv",
+        (_, "input_layernorm") => "attn_norm",
+        ("gemma3", "post_attention_layernorm") => "post_attention_norm",
+        (_, "post_attention_layernorm") => "ffn_norm",
+        (_, "pre_feedforward_layernorm") => "ffn_norm",
+        (_, "post_feedforward_layernorm") => "post_ffw_norm",
+        (_, "mlp.gate_proj") => "ffn_gate",
+        (_, "mlp.up_proj") => "ffn_up",
+        (_, "mlp.gate_up_proj") => "ffn_up",
+        (_, "mlp.down_proj") => "ffn_down",
+        other => panic!("no GGUF name for {other:?}"),
+    };
+    format!("blk.{layer}.{g}.{suffix}")
+}
+
+/// The fixture `arch` converted directly (f32), and written as a GGUF of GGUF architecture
+/// `garch` with the extra metadata `kv` and tensors `extra`, converted back.
+fn both_ways(
+    arch: &str,
+    garch: &str,
+    kv: Vec<Kv>,
+    extra: Vec<(String, Vec<usize>, Vec<f32>)>,
+) -> (PathBuf, PathBuf) {
+    let opts = ConvertOptions {
+        dtype: TargetDtype::F32,
+    };
+    let hf = tmp(&format!("{arch}-hf.flm"));
+    convert(&fixture(arch), &hf, &opts, &mut |_| {}).unwrap();
+    let f = FlmFile::open(&hf, LoadMode::Mmap).unwrap();
+    let c = f.config().clone();
+    let k = |s: &str| format!("{garch}.{s}");
+    let mut meta = vec![
+        kv_str("general.architecture", garch),
+        kv_u32(&k("context_length"), c.context_length),
+        kv_u32(&k("vocab_size"), c.vocab_size),
+        kv_u32(&k("embedding_length"), c.hidden_size),
+        kv_u32(&k("block_count"), c.num_layers),
+        kv_u32(&k("feed_forward_length"), c.intermediate_size),
+        kv_u32(&k("attention.head_count"), c.num_heads),
+        kv_u32(&k("attention.head_count_kv"), c.num_kv_heads),
+        kv_u32(&k("attention.key_length"), c.head_dim),
+        kv_u32(&k("rope.dimension_count"), c.rope_dim),
+        kv_f32(&k("rope.freq_base"), c.rope_theta),
+        kv_f32(&k("attention.layer_norm_rms_epsilon"), c.norm_eps),
+    ];
+    meta.extend(kv);
+    meta.extend(tokenizer_kv(c.vocab_size));
+    let mut tensors = extra;
+    for name in f.tensor_names() {
+        let t = f.tensor(name).unwrap();
+        let mut v = t.to_f32_vec().unwrap();
+        if garch == "gemma3" && name.ends_with("norm.weight") {
+            v.iter_mut().for_each(|x| *x += 1.0); // llama.cpp stores Gemma's norms as 1 + w
+        }
+        tensors.push((gguf_name(garch, name), t.dims().to_vec(), v));
+    }
+    let g = tmp(&format!("{arch}.gguf"));
+    std::fs::write(&g, gguf_bytes(&meta, &tensors)).unwrap();
+    let back = tmp(&format!("{arch}-gguf.flm"));
+    convert(&g, &back, &opts, &mut |_| {}).unwrap();
+    (hf, back)
+}
+
+fn logits(flm: &Path, ids: &[u32]) -> Vec<f32> {
+    let file = FlmFile::open(flm, LoadMode::Mmap).unwrap();
+    let config = file.config().clone();
+    let m = Model::new(
+        config,
+        Arc::new(file),
+        Executor::cpu(2).unwrap(),
+        Precision::Exact,
+        false,
+    )
+    .unwrap();
+    let mut cache = m.new_cache(ids.len()).unwrap();
+    m.forward(&mut cache, ids, true)
+        .unwrap()
+        .to_f32_vec()
+        .unwrap()
+}
+
+/// Max |Δlogit| between the two conversions over 48 tokens (past the rope variants' original
+/// context of 32, and the sliding window of 8).
+fn compare(hf: &Path, gguf: &Path) -> f32 {
+    let ids: Vec<u32> = (0..48).map(|i| (i * 37 + 5) % 500).collect();
+    let (a, b) = (logits(hf, &ids), logits(gguf, &ids));
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn gemma3_gguf_equals_hf() {
+    let kv = vec![
+        kv_u32("gemma3.attention.sliding_window", 8),
+        kv_bools("gemma3.attention.sliding_window_pattern", &[true, false]),
+        kv_f32("gemma3.rope.freq_base_swa", 10000.0),
+    ];
+    let (hf, gguf) = both_ways("gemma3", "gemma3", kv, Vec::new());
+    let (a, b) = (
+        FlmFile::open(&hf, LoadMode::Mmap).unwrap().config().clone(),
+        FlmFile::open(&gguf, LoadMode::Mmap)
+            .unwrap()
+            .config()
+            .clone(),
+    );
+    assert_eq!(
+        (
+            b.sliding_layers.clone(),
+            b.rope_local_theta,
+            b.query_pre_attn_scalar
+        ),
+        (
+            a.sliding_layers.clone(),
+            a.rope_local_theta,
+            a.query_pre_attn_scalar
+        )
+    );
+    let d = compare(&hf, &gguf);
+    assert!(d <= 1e-4, "gemma3 GGUF vs HF: max |Δlogit| {d}");
+}
+
+#[test]
+fn yarn_gguf_equals_hf() {
+    let kv = vec![
+        kv_str("qwen2.rope.scaling.type", "yarn"),
+        kv_f32("qwen2.rope.scaling.factor", 4.0),
+        kv_u32("qwen2.rope.scaling.original_context_length", 32),
+    ];
+    let (hf, gguf) = both_ways("qwen2-yarn", "qwen2", kv, Vec::new());
+    let d = compare(&hf, &gguf);
+    assert!(d <= 1e-4, "qwen2-yarn GGUF vs HF: max |Δlogit| {d}");
+}
+
+fn longrope_factors(arch: &str) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    let c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture(arch).join("config.json")).unwrap())
+            .unwrap();
+    let list = |k: &str| -> Vec<f32> {
+        c["rope_parameters"][k]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap() as f32)
+            .collect()
+    };
+    let (s, l) = (list("short_factor"), list("long_factor"));
+    vec![
+        ("rope_factors_short.weight".into(), vec![s.len()], s),
+        ("rope_factors_long.weight".into(), vec![l.len()], l),
+    ]
+}
+
+#[test]
+fn longrope_gguf_equals_hf() {
+    // the attention factor as llama.cpp's converter writes it: from max / original positions
+    let scale = 512f64 / 32.0;
+    let attn = (1.0 + scale.ln() / 32f64.ln()).sqrt() as f32;
+    let kv = vec![
+        kv_str("phi3.rope.scaling.type", "longrope"),
+        kv_u32("phi3.rope.scaling.original_context_length", 32),
+        kv_f32("phi3.rope.scaling.attn_factor", attn),
+    ];
+    let (hf, gguf) = both_ways(
+        "phi3-longrope",
+        "phi3",
+        kv,
+        longrope_factors("phi3-longrope"),
+    );
+    let d = compare(&hf, &gguf);
+    assert!(d <= 1e-4, "phi3-longrope GGUF vs HF: max |Δlogit| {d}");
+}
+
+/// The conversion error of a tiny qwen2 GGUF with the rope metadata `kv` and tensors `extra`.
+fn rope_error(tag: &str, kv: Vec<Kv>, extra: Vec<(String, Vec<usize>, Vec<f32>)>) -> String {
+    let mut meta = vec![
+        kv_str("general.architecture", "qwen2"),
+        kv_u32("qwen2.context_length", 64),
+        kv_u32("qwen2.embedding_length", 64),
+        kv_u32("qwen2.block_count", 1),
+        kv_u32("qwen2.feed_forward_length", 64),
+        kv_u32("qwen2.attention.head_count", 4),
+        kv_f32("qwen2.attention.layer_norm_rms_epsilon", 1e-6),
+    ];
+    meta.extend(kv);
+    meta.extend(tokenizer_kv(256));
+    let g = tmp(&format!("{tag}.gguf"));
+    std::fs::write(&g, gguf_bytes(&meta, &extra)).unwrap();
+    let out = tmp(&format!("{tag}.flm"));
+    let e = convert(&g, &out, &ConvertOptions::default(), &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(!out.exists(), "{tag}: an output was written");
+    assert!(e.contains(g.to_str().unwrap()), "{tag}: {e}");
+    e
+}
+
+#[test]
+fn gguf_rope_metadata_errors_are_named() {
+    let e = rope_error(
+        "unknown",
+        vec![kv_str("qwen2.rope.scaling.type", "ntk-by-parts")],
+        Vec::new(),
+    );
+    assert!(
+        e.contains("ntk-by-parts") && e.contains("qwen2.rope.scaling.type") && e.contains("yarn"),
+        "{e}"
+    );
+    let e = rope_error(
+        "yarn-no-factor",
+        vec![kv_str("qwen2.rope.scaling.type", "yarn")],
+        Vec::new(),
+    );
+    assert!(e.contains("qwen2.rope.scaling.factor"), "{e}");
+    let e = rope_error(
+        "longrope-no-factors",
+        vec![
+            kv_str("qwen2.rope.scaling.type", "longrope"),
+            kv_u32("qwen2.rope.scaling.original_context_length", 32),
+        ],
+        Vec::new(),
+    );
+    assert!(e.contains("rope_factors_short.weight"), "{e}");
+    let e = rope_error(
+        "longrope-short",
+        vec![
+            kv_str("qwen2.rope.scaling.type", "longrope"),
+            kv_u32("qwen2.rope.scaling.original_context_length", 32),
+        ],
+        vec![
+            ("rope_factors_short.weight".into(), vec![3], vec![1.0; 3]),
+            ("rope_factors_long.weight".into(), vec![8], vec![1.0; 8]),
+        ],
+    );
+    assert!(
+        e.contains("rope_factors_short.weight") && e.contains("expected 8"),
+        "{e}"
+    );
+    let e = rope_error(
+        "type-not-string",
+        vec![kv_u32("qwen2.rope.scaling.type", 3)],
+        Vec::new(),
+    );
+    assert!(e.contains("qwen2.rope.scaling.type"), "{e}");
+}

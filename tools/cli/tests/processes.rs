@@ -1,0 +1,336 @@
+//! Tensor-parallel ranks as processes on the CPU (`--tp 2 --nnodes 2 --node-rank R
+//! --rendezvous HOST:PORT`): two `fastllm` processes give the logits of one; a world size that
+//! differs, a node that never arrives, and a node killed while the group runs each end every
+//! process with an error naming it, never a hang.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn tmpdir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("fastllm-tp-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The tiny llama fixture as a `.flm` (converted once per test binary).
+fn tiny() -> PathBuf {
+    static ONCE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _g = ONCE.lock().unwrap_or_else(|e| e.into_inner());
+    let out = tmpdir().join("tiny-llama.flm");
+    if !out.exists() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/tiny/llama");
+        fastllm::convert::convert(&src, &out, &Default::default(), &mut |_| {}).unwrap();
+    }
+    out
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn cmd(args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_fastllm"));
+    c.args(args)
+        .env("FASTLLM_CACHE_DIR", tmpdir().join("cache"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// `args` followed by the group flags of node `node`.
+fn node_args(args: &[&str], tp: usize, node: usize, port: u16, timeout: u64) -> Vec<String> {
+    let mut v: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    v.extend([
+        "--tp".to_string(),
+        tp.to_string(),
+        "--nnodes".into(),
+        "2".into(),
+        "--node-rank".into(),
+        node.to_string(),
+        "--rendezvous".into(),
+        format!("127.0.0.1:{port}"),
+        "--rendezvous-timeout".into(),
+        timeout.to_string(),
+    ]);
+    v
+}
+
+fn spawn(args: &[String]) -> Child {
+    let a: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    cmd(&a).spawn().unwrap()
+}
+
+/// Waits for `c` at most `limit`; a process still running then is a hang (killed, test fails).
+fn finish(mut c: Child, limit: Duration, what: &str) -> Output {
+    let t0 = Instant::now();
+    while c.try_wait().unwrap().is_none() {
+        if t0.elapsed() > limit {
+            let _ = c.kill();
+            panic!("{what} still running after {limit:?}: it hangs");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    c.wait_with_output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The top-5 (id, logit) of every position of `fastllm logits` JSON.
+fn tops(json: &[u8]) -> Vec<Vec<(u64, f64)>> {
+    let v: serde_json::Value = serde_json::from_slice(json).unwrap();
+    v["positions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            p["top"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| (t[0].as_u64().unwrap(), t[1].as_f64().unwrap()))
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn two_processes_give_the_logits_of_one() {
+    let m = tiny();
+    let base = [
+        "logits",
+        "-m",
+        m.to_str().unwrap(),
+        "--ids",
+        "1,5,9,200,3,77",
+        "--top",
+        "5",
+    ];
+    let base = [&base[..], &["--threads", "1", "--precision", "exact"]].concat();
+    let solo = cmd(&base).output().unwrap();
+    assert!(solo.status.success(), "{}", stderr(&solo));
+    let port = free_port();
+    let follower = spawn(&node_args(&base, 2, 1, port, 30));
+    let driver = spawn(&node_args(&base, 2, 0, port, 30));
+    let d = finish(driver, Duration::from_secs(60), "node 0");
+    let f = finish(follower, Duration::from_secs(60), "node 1");
+    assert!(d.status.success(), "node 0: {}", stderr(&d));
+    assert!(f.status.success(), "node 1: {}", stderr(&f));
+    assert!(
+        stderr(&f).contains("node 0 ended the group"),
+        "{}",
+        stderr(&f)
+    );
+    let (a, b) = (tops(&solo.stdout), tops(&d.stdout));
+    assert_eq!(a.len(), b.len());
+    for (pa, pb) in a.iter().zip(&b) {
+        assert_eq!(pa[0].0, pb[0].0, "top-1 differs: {pa:?} vs {pb:?}");
+        for ((ia, la), (ib, lb)) in pa.iter().zip(pb) {
+            if ia == ib {
+                assert!((la - lb).abs() < 1e-4, "{pa:?} vs {pb:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_different_world_size_ends_both_processes() {
+    let m = tiny();
+    let base = [
+        "logits",
+        "-m",
+        m.to_str().unwrap(),
+        "--ids",
+        "1,2",
+        "--threads",
+        "1",
+    ];
+    let port = free_port();
+    let follower = spawn(&node_args(&base, 4, 1, port, 20));
+    let driver = spawn(&node_args(&base, 2, 0, port, 20));
+    let d = finish(driver, Duration::from_secs(40), "node 0");
+    let f = finish(follower, Duration::from_secs(40), "node 1");
+    // node 1 with --tp 4 over 2 nodes runs 2 CPU ranks in one process: refused before the
+    // rendezvous; node 0 then waits for it in vain and names it
+    assert_eq!(f.status.code(), Some(1), "{}", stderr(&f));
+    assert!(
+        stderr(&f).contains("one rank per process"),
+        "{}",
+        stderr(&f)
+    );
+    assert_eq!(d.status.code(), Some(1), "{}", stderr(&d));
+    assert!(
+        stderr(&d).contains("node(s) 1 never arrived"),
+        "{}",
+        stderr(&d)
+    );
+}
+
+#[test]
+fn a_different_group_size_is_named_on_both_sides() {
+    let m = tiny();
+    let base = [
+        "logits",
+        "-m",
+        m.to_str().unwrap(),
+        "--ids",
+        "1,2",
+        "--threads",
+        "1",
+    ];
+    let port = free_port();
+    // --tp 2 over 2 nodes against a node 0 that expects 3 nodes
+    let mut a = node_args(&base, 3, 0, port, 20);
+    let i = a.iter().position(|s| s == "--nnodes").unwrap();
+    a[i + 1] = "3".into();
+    let driver = spawn(&a);
+    let follower = spawn(&node_args(&base, 2, 1, port, 20));
+    let d = finish(driver, Duration::from_secs(40), "node 0");
+    let f = finish(follower, Duration::from_secs(40), "node 1");
+    assert_eq!(d.status.code(), Some(1), "{}", stderr(&d));
+    assert!(stderr(&d).contains("--nnodes 2"), "{}", stderr(&d));
+    assert_eq!(f.status.code(), Some(1), "{}", stderr(&f));
+    assert!(stderr(&f).contains("refused node 1"), "{}", stderr(&f));
+}
+
+#[test]
+fn a_node_that_never_arrives_times_out() {
+    let m = tiny();
+    let base = [
+        "logits",
+        "-m",
+        m.to_str().unwrap(),
+        "--ids",
+        "1,2",
+        "--threads",
+        "1",
+    ];
+    let port = free_port();
+    let d = finish(
+        spawn(&node_args(&base, 2, 0, port, 2)),
+        Duration::from_secs(30),
+        "node 0",
+    );
+    assert_eq!(d.status.code(), Some(1), "{}", stderr(&d));
+    assert!(
+        stderr(&d).contains("node(s) 1 never arrived within 2s"),
+        "{}",
+        stderr(&d)
+    );
+    let f = finish(
+        spawn(&node_args(&base, 2, 1, free_port(), 2)),
+        Duration::from_secs(30),
+        "node 1",
+    );
+    assert_eq!(f.status.code(), Some(1), "{}", stderr(&f));
+    assert!(
+        stderr(&f).contains("node 0 did not answer"),
+        "{}",
+        stderr(&f)
+    );
+}
+
+/// Starts `serve` on node 0 and its follower; returns both once node 0 is ready, and its port.
+fn serving_group() -> (Child, Child, u16) {
+    let m = tiny();
+    let http = free_port();
+    let http_s = http.to_string();
+    let base = [
+        "serve",
+        "-m",
+        m.to_str().unwrap(),
+        "--threads",
+        "1",
+        "--port",
+        &http_s,
+    ];
+    let port = free_port();
+    let follower = spawn(&node_args(&base, 2, 1, port, 30));
+    let mut driver = spawn(&node_args(&base, 2, 0, port, 30));
+    let mut err = BufReader::new(driver.stderr.take().unwrap());
+    let t0 = Instant::now();
+    let mut line = String::new();
+    while !line.contains("ready on") {
+        line.clear();
+        if err.read_line(&mut line).unwrap() == 0 || t0.elapsed() > Duration::from_secs(60) {
+            panic!("node 0 did not become ready: {line}");
+        }
+    }
+    // keep draining node 0's stderr so that it never blocks on a full pipe
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = err.read_to_string(&mut rest);
+        let _ = tx.send(rest);
+    });
+    DRIVER_ERR.with(|c| *c.borrow_mut() = Some(rx));
+    (driver, follower, http)
+}
+
+thread_local! {
+    static DRIVER_ERR: std::cell::RefCell<Option<std::sync::mpsc::Receiver<String>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+fn driver_stderr() -> String {
+    DRIVER_ERR.with(|c| {
+        c.borrow_mut()
+            .take()
+            .and_then(|rx| rx.recv_timeout(Duration::from_secs(10)).ok())
+            .unwrap_or_default()
+    })
+}
+
+/// A completion request; the response text, or "" when the connection failed.
+fn complete(port: u16) -> String {
+    let body = r#"{"prompt":"hello","max_tokens":8,"temperature":0}"#;
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
+    let req = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = s.write_all(req.as_bytes());
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+#[test]
+fn a_killed_follower_ends_node_0_with_its_rank() {
+    let (driver, mut follower, http) = serving_group();
+    assert!(complete(http).contains("200 OK"), "the group serves");
+    follower.kill().unwrap();
+    let _ = follower.wait();
+    let _ = complete(http);
+    let d = finish(driver, Duration::from_secs(30), "node 0");
+    let err = driver_stderr();
+    assert_eq!(d.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("tensor-parallel group stopped") && err.contains("rank 1"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_killed_node_0_ends_the_follower() {
+    let (mut driver, follower, http) = serving_group();
+    assert!(complete(http).contains("200 OK"), "the group serves");
+    driver.kill().unwrap();
+    let _ = driver.wait();
+    let f = finish(follower, Duration::from_secs(30), "node 1");
+    assert_eq!(f.status.code(), Some(1), "{}", stderr(&f));
+    assert!(stderr(&f).contains("node 0"), "{}", stderr(&f));
+    assert!(stderr(&f).contains("disconnected"), "{}", stderr(&f));
+}

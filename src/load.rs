@@ -224,7 +224,8 @@ pub fn load_in_group(path: &Path, opts: &LoadOptions, spec: &GroupSpec) -> Resul
 
 /// The model of `config` over `source` as one process of a group (see [`load_in_group`]):
 /// node 0's driver, or a follower. Every process must pass the same weights (the same file,
-/// or the same synthetic shape, whose weights are deterministic).
+/// or the same synthetic shape, whose weights are deterministic). An explicit `kv_dtype` is
+/// refused: every rank keeps its device's default.
 pub fn model_in_group(
     spec: &GroupSpec,
     config: crate::model::ModelConfig,
@@ -232,6 +233,12 @@ pub fn model_in_group(
     opts: &LoadOptions,
 ) -> Result<crate::model::tp_process::GroupRole> {
     use crate::model::tp_process::{self, RankSetup};
+    if let Some(k) = opts.kv_dtype {
+        return Err(Error::Unsupported(format!(
+            "KV cache dtype {k}: a group of processes keeps each rank's device default (f16 on \
+             the CPU in fast precision, f32 on a GPU); drop --kv-dtype"
+        )));
+    }
     let setup = RankSetup {
         threads: opts.threads,
         precision: opts.precision,

@@ -288,6 +288,9 @@ fn dram_pass(e: &Executor, o: &Opts, shape: &str, bw: f64) {
         DataType::Q4_0,
         DataType::Q4_1,
         DataType::Q8_0,
+        DataType::Q4K,
+        DataType::Q5K,
+        DataType::Q6K,
         DataType::F16,
         DataType::BF16,
     ] {

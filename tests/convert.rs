@@ -410,9 +410,32 @@ fn gguf_with_unsupported_tensor_type_is_refused() {
     assert!(!out.exists());
 }
 
-#[test]
-fn gguf_k_quants_become_q8_0_under_keep_and_q_rows_are_unpermuted() {
-    // attn_q: Q4_K, 8 rows of 256 (4 heads × head_dim 2 → trivial pairs) — use 2 heads of 4 rows.
+/// Deterministic pseudo-random bytes for K-quant super-blocks: every byte random except the
+/// f16 scales, which are set to small finite values (at `d_at`).
+fn kquant_blocks(n: usize, bytes: usize, d_at: &[usize], seed: u64) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(n * bytes);
+    for _ in 0..n {
+        let mut b: Vec<u8> = (0..bytes)
+            .map(|_| {
+                s ^= s >> 12;
+                s ^= s << 25;
+                s ^= s >> 27;
+                (s.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 56) as u8
+            })
+            .collect();
+        for &at in d_at {
+            let v = 0.001 + (b[at] as f32) / 4096.0;
+            b[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+        }
+        out.extend(b);
+    }
+    out
+}
+
+/// A llama GGUF with 2 heads and one Q4_K (attn_q, 8 rows), Q5_K (attn_k) and Q6_K (attn_v)
+/// tensor of 512 columns; returns (path, the three tensors' GGUF bytes).
+fn kquant_gguf(name: &str) -> (PathBuf, [Vec<u8>; 3]) {
     let mut kv = llama_kv();
     kv.retain(|(k, _, _)| !k.starts_with("llama.attention.head_count"));
     kv.push(("llama.attention.head_count", 4, 2u32.to_le_bytes().to_vec()));
@@ -422,50 +445,98 @@ fn gguf_k_quants_become_q8_0_under_keep_and_q_rows_are_unpermuted() {
         2u32.to_le_bytes().to_vec(),
     ));
     kv.extend(tokenizer_kv());
-    // Q4_K super-blocks with d = 1, dmin = 0, every sub-block scale 1, nibble value = row index.
-    let block = |v: u8| {
-        let mut b = vec![0u8; 144];
-        b[..2].copy_from_slice(&half::f16::from_f32(1.0).to_le_bytes());
-        for s in 0..4 {
-            b[4 + s] = 1;
-        }
-        for s in 8..12 {
-            b[4 + s] = 1; // sub-blocks 4..8: scale low nibble 1
-        }
-        b[16..].fill(v | (v << 4));
-        b
-    };
-    let data: Vec<u8> = (0..8u8).flat_map(block).collect();
-    let p = tmp("q4k.gguf");
-    std::fs::write(
-        &p,
-        gguf_bytes(&kv, &[("blk.0.attn_q.weight", vec![256, 8], 12, data)]),
-    )
-    .unwrap();
-    let out = tmp("q4k.flm");
+    let q4 = kquant_blocks(16, 144, &[0, 2], 1);
+    let q5 = kquant_blocks(16, 176, &[0, 2], 2);
+    let q6 = kquant_blocks(16, 210, &[208], 3);
+    let p = tmp(name);
+    let t = |n: &'static str, ty: u32, b: &Vec<u8>| (n, vec![512u64, 8], ty, b.clone());
+    let tensors = [
+        t("blk.0.attn_q.weight", 12, &q4),
+        t("blk.0.attn_k.weight", 13, &q5),
+        t("blk.0.attn_v.weight", 14, &q6),
+    ];
+    std::fs::write(&p, gguf_bytes(&kv, &tensors)).unwrap();
+    (p, [q4, q5, q6])
+}
+
+#[test]
+fn gguf_k_quants_are_kept_bit_exact_and_q_rows_are_unpermuted() {
+    let (p, [q4, q5, q6]) = kquant_gguf("kq.gguf");
+    let out = tmp("kq.flm");
     convert(&p, &out, &opts(TargetDtype::Keep), &mut |_| {}).unwrap();
     let f = FlmFile::open(&out, LoadMode::Mmap).unwrap();
-    let t = f.tensor("model.layers.0.self_attn.q_proj.weight").unwrap();
-    assert_eq!((t.dtype(), t.dims()), (DataType::Q8_0, &[8usize, 256][..]));
-    // Every row of the dequantized Q4_K equals its GGUF row index. Head_dim 4, half 2: HF rows of
-    // head h are GGUF rows h*4 + [0, 2, 1, 3].
-    let expect_src_rows = [0, 2, 1, 3, 4, 6, 5, 7];
-    let want: Vec<f32> = expect_src_rows
-        .iter()
-        .flat_map(|&r| [r as f32; 256])
-        .collect();
-    assert_eq!(
-        t.bytes().unwrap(),
-        &encode_from_f32(DataType::Q8_0, &want).unwrap()[..]
-    );
-    let v = t.to_f32_vec().unwrap();
-    for (r, &src) in expect_src_rows.iter().enumerate() {
-        assert!(
-            v[r * 256..(r + 1) * 256]
-                .iter()
-                .all(|&x| (x - src as f32).abs() < 0.02),
-            "row {r}"
+    f.verify().unwrap();
+    let g = GgufFile::open(&p).unwrap();
+    // Head_dim 4, half 2: HF rows of head h are GGUF rows h*4 + [0, 2, 1, 3]; q and k move rows.
+    let order = [0usize, 2, 1, 3, 4, 6, 5, 7];
+    let cases = [
+        ("q_proj", "attn_q", DataType::Q4K, &q4, 288, true),
+        ("k_proj", "attn_k", DataType::Q5K, &q5, 352, true),
+        ("v_proj", "attn_v", DataType::Q6K, &q6, 420, false),
+    ];
+    for (name, gname, dt, src, rb, permuted) in cases {
+        let t = f
+            .tensor(&format!("model.layers.0.self_attn.{name}.weight"))
+            .unwrap();
+        assert_eq!((t.dtype(), t.dims()), (dt, &[8usize, 512][..]), "{name}");
+        let want: Vec<u8> = (0..8)
+            .flat_map(|r| {
+                let s = if permuted { order[r] } else { r };
+                src[s * rb..(s + 1) * rb].to_vec()
+            })
+            .collect();
+        assert_eq!(
+            t.bytes().unwrap(),
+            &want[..],
+            "{name}: blocks not bit-exact"
         );
+        // the stored blocks decode to what the GGUF's blocks decode to
+        let gt = g
+            .tensors
+            .iter()
+            .find(|x| x.name == format!("blk.0.{gname}.weight"))
+            .unwrap();
+        let mut gv = vec![0f32; 8 * 512];
+        fastllm::convert::ggml_dequant::dequantize(gt.ggml_type, src, &mut gv).unwrap();
+        let v = t.to_f32_vec().unwrap();
+        for r in 0..8 {
+            let s = if permuted { order[r] } else { r };
+            assert_eq!(
+                v[r * 512..(r + 1) * 512],
+                gv[s * 512..(s + 1) * 512],
+                "{name} row {r}"
+            );
+        }
+    }
+    // int8 still re-quantizes them
+    let out8 = tmp("kq8.flm");
+    convert(&p, &out8, &opts(TargetDtype::Int8), &mut |_| {}).unwrap();
+    let f8 = FlmFile::open(&out8, LoadMode::Mmap).unwrap();
+    let t8 = f8.tensor("model.layers.0.self_attn.v_proj.weight").unwrap();
+    assert_eq!(t8.dtype(), DataType::Q8_0);
+}
+
+#[test]
+fn corrupt_k_quant_scale_block_is_caught_by_the_checksum() {
+    let (p, _) = kquant_gguf("kqc.gguf");
+    let out = tmp("kqc.flm");
+    convert(&p, &out, &opts(TargetDtype::Keep), &mut |_| {}).unwrap();
+    let name = "model.layers.0.self_attn.q_proj.weight";
+    let off = {
+        let f = FlmFile::open(&out, LoadMode::Mmap).unwrap();
+        let i = f.tensor_info(name).unwrap();
+        assert_eq!(i.dtype, DataType::Q4K);
+        i.offset as usize
+    };
+    // one bit of the third super-block's packed 6-bit scales (bytes 4..16 of a block)
+    let mut bytes = std::fs::read(&out).unwrap();
+    bytes[off + 2 * 144 + 7] ^= 0x10;
+    std::fs::write(&out, &bytes).unwrap();
+    for mode in [LoadMode::Mmap, LoadMode::LowMemory] {
+        let f = FlmFile::open(&out, mode).unwrap();
+        let e = f.tensor(name).unwrap_err().to_string();
+        assert!(e.contains("checksum") && e.contains(name), "{mode:?}: {e}");
+        assert!(f.tensor("model.layers.0.self_attn.v_proj.weight").is_ok());
     }
 }
 

@@ -268,3 +268,34 @@ fn tiny_gemma_and_rope_scalings_on_the_gpu_match_reference() {
         }
     }
 }
+
+/// Gemma 3 270M on the GPU (`FASTLLM_GEMMA3_GGUF`): `lossless` + `exact` within 2e-3 of the
+/// reference with its 64 greedy tokens, `keep` + `fast` at least llama.cpp's 63 of 64.
+#[test]
+fn gemma3_270m_on_the_gpu_matches_reference() {
+    use common::gemma3::{gguf, model, report, stats};
+    let Some(_dev) = gpu() else { return };
+    let Some(gguf) = gguf() else { return };
+    let (llm, file) = model(&gguf, "lossless", "cuda", Precision::Exact);
+    let s = stats(&llm);
+    report("cuda lossless exact", &llm, file, &s);
+    assert!(
+        s.worst <= 2e-3,
+        "exact: max |logit - ref| {} > 2e-3",
+        s.worst
+    );
+    assert_eq!(
+        s.greedy, s.total,
+        "exact: greedy tokens differ from the reference"
+    );
+    drop(llm);
+    let (llm, file) = model(&gguf, "keep", "cuda", Precision::Fast);
+    let s = stats(&llm);
+    report("cuda keep fast", &llm, file, &s);
+    assert!(
+        s.forced >= 63,
+        "fast: {} of {} reference tokens",
+        s.forced,
+        s.total
+    );
+}

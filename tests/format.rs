@@ -49,6 +49,7 @@ fn config() -> ModelConfig {
         query_pre_attn_scalar: 256.0,
         bos_id: Some(1),
         eos_ids: vec![2, 5],
+        moe: None,
     }
 }
 
@@ -104,7 +105,8 @@ fn sample_tensors() -> Vec<(String, DataType, Vec<usize>, Vec<u8>)> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let mut out = Vec::new();
     for (i, dt) in DataType::ALL.iter().copied().enumerate() {
-        let dims = vec![3 + i, 64];
+        // rows of whole blocks (256 elements for the K-quants)
+        let dims = vec![3 + i, dt.block_elems().max(64)];
         let values: Vec<f32> = (0..dims[0] * dims[1])
             .map(|_| rng.gen_range(-2.0..2.0))
             .collect();

@@ -99,7 +99,7 @@ fn check_tiny(arch: &str, dtype: &str, precision: Precision, tol: f32) {
     }
 }
 
-const ARCHS: [&str; 13] = [
+const ARCHS: [&str; 15] = [
     "llama",
     "llama3-rope-scaling",
     "mistral",
@@ -113,6 +113,8 @@ const ARCHS: [&str; 13] = [
     "gemma3",
     "phi3-longrope",
     "qwen2-yarn",
+    "mixtral",
+    "qwen3_moe",
 ];
 
 #[test]
@@ -194,7 +196,7 @@ fn tiny_models_decode_step_by_step() {
 #[test]
 fn tiny_models_quantized_int8_close() {
     // int8 weights change the model; the logits stay close to the reference
-    for arch in ["llama", "qwen2", "gemma2", "gemma3"] {
+    for arch in ["llama", "qwen2", "gemma2", "gemma3", "mixtral", "qwen3_moe"] {
         check_tiny(arch, "int8", Precision::Fast, 5e-2);
     }
 }

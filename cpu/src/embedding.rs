@@ -1,11 +1,13 @@
 //! Embedding lookup: gathers rows of a weight matrix `[vocab, d]` stored as F32, F16, BF16 or one
-//! of the block-quantized formats (Q8_0, Q4_0, Q4_1; layouts in [`crate::quant`]) and writes them
+//! of the block-quantized formats (Q8_0, Q4_0, Q4_1 and the K-quants Q4_K, Q5_K, Q6_K; layouts in
+//! [`crate::quant`] and [`crate::kquant`]) and writes them
 //! as f32. The reference decodes element by element from the packed bytes; the fast path decodes
 //! whole rows with the block routines, rows split over the thread pool.
 //!
 //! Token ids are checked by the caller; an id whose row lies outside `weight` leaves its output
 //! row untouched (never a panic). Must not know about tensors.
 
+use crate::kquant::{q6_k_value, scales_mins, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K};
 use crate::quant::{Q4_0_BYTES, Q4_1_BYTES, Q8_0_BYTES, QK};
 use crate::threads::Threads;
 use half::{bf16, f16};
@@ -25,6 +27,12 @@ pub enum WeightFormat {
     Q4_0,
     /// GGUF Q4_1 blocks.
     Q4_1,
+    /// GGUF Q4_K super-blocks (layouts in [`crate::kquant`]).
+    Q4K,
+    /// GGUF Q5_K super-blocks.
+    Q5K,
+    /// GGUF Q6_K super-blocks.
+    Q6K,
 }
 
 impl WeightFormat {
@@ -44,8 +52,39 @@ impl WeightFormat {
                 };
                 (d / QK).checked_mul(bb)
             }
+            WeightFormat::Q4K | WeightFormat::Q5K | WeightFormat::Q6K => {
+                if !d.is_multiple_of(QK_K) {
+                    return None;
+                }
+                (d / QK_K).checked_mul(kquant_bytes(self))
+            }
         }
     }
+}
+
+fn kquant_bytes(fmt: WeightFormat) -> usize {
+    match fmt {
+        WeightFormat::Q4K => Q4_K_BYTES,
+        WeightFormat::Q5K => Q5_K_BYTES,
+        _ => Q6_K_BYTES,
+    }
+}
+
+/// Element `e` (< 256) of one K-quant super-block `b`, decoded on its own.
+fn kquant_element(fmt: WeightFormat, b: &[u8], e: usize) -> f32 {
+    if fmt == WeightFormat::Q6K {
+        let sc = b[192 + e / 16] as i8 as f32;
+        return le_f16(b, 208) * sc * (q6_k_value(b, e) as i32 - 32) as f32;
+    }
+    let (j, l) = (e / 32, e % 32);
+    let (sc, m) = scales_mins(&b[4..16]);
+    let qs_at = if fmt == WeightFormat::Q5K { 48 } else { 16 };
+    let mut q = (b[qs_at + 32 * (j / 2) + l] >> (4 * (j % 2))) & 0xF;
+    if fmt == WeightFormat::Q5K {
+        q |= ((b[16 + l] >> j) & 1) << 4;
+    }
+    let s = le_f16(b, 0) * ((sc >> (8 * j)) & 0xff) as f32;
+    s * q as f32 - le_f16(b, 2) * ((m >> (8 * j)) & 0xff) as f32
 }
 
 fn le_f16(b: &[u8], at: usize) -> f32 {
@@ -70,6 +109,14 @@ fn element(fmt: WeightFormat, row: &[u8], j: usize) -> f32 {
         WeightFormat::Q8_0 => {
             let b = (j / QK) * Q8_0_BYTES;
             le_f16(row, b) * (byte(b + 2 + j % QK) as i8) as f32
+        }
+        WeightFormat::Q4K | WeightFormat::Q5K | WeightFormat::Q6K => {
+            let bb = kquant_bytes(fmt);
+            let at = (j / QK_K) * bb;
+            match row.get(at..at + bb) {
+                Some(b) => kquant_element(fmt, b, j % QK_K),
+                None => 0.0,
+            }
         }
         WeightFormat::Q4_0 | WeightFormat::Q4_1 => {
             let (bb, qs) = if fmt == WeightFormat::Q4_0 {
@@ -131,6 +178,9 @@ fn decode_row(fmt: WeightFormat, row: &[u8], o: &mut [f32]) {
         WeightFormat::Q8_0 => crate::quant::dequantize_q8_0(row, o),
         WeightFormat::Q4_0 => crate::quant::dequantize_q4_0(row, o),
         WeightFormat::Q4_1 => crate::quant::dequantize_q4_1(row, o),
+        WeightFormat::Q4K => crate::kquant::dequantize_q4_k(row, o),
+        WeightFormat::Q5K => crate::kquant::dequantize_q5_k(row, o),
+        WeightFormat::Q6K => crate::kquant::dequantize_q6_k(row, o),
     }
 }
 
@@ -190,6 +240,15 @@ mod tests {
                 crate::quant::quantize_q4_1(v, &mut o);
                 o
             }
+            WeightFormat::Q4K | WeightFormat::Q5K | WeightFormat::Q6K => {
+                let mut o = vec![0; v.len() / QK_K * kquant_bytes(fmt)];
+                match fmt {
+                    WeightFormat::Q4K => crate::kquant::quantize_q4_k(v, &mut o),
+                    WeightFormat::Q5K => crate::kquant::quantize_q5_k(v, &mut o),
+                    _ => crate::kquant::quantize_q6_k(v, &mut o),
+                }
+                o
+            }
         }
     }
 
@@ -197,8 +256,13 @@ mod tests {
     fn fast_matches_reference_for_every_format() {
         let th = Threads::new(2).unwrap();
         use WeightFormat::*;
-        for fmt in [F32, F16, BF16, Q8_0, Q4_0, Q4_1] {
-            for (vocab, d) in [(5usize, 32usize), (17, 96), (300, 576)] {
+        for fmt in [F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4K, Q5K, Q6K] {
+            let shapes = if matches!(fmt, Q4K | Q5K | Q6K) {
+                [(5usize, 256usize), (17, 768), (300, 1280)]
+            } else {
+                [(5, 32), (17, 96), (300, 576)]
+            };
+            for (vocab, d) in shapes {
                 let w = vals(vocab * d, 3, -1.0, 1.0);
                 let bytes = encode(fmt, &w);
                 let ids: Vec<i32> = (0..40).map(|t| ((t * 7 + 3) % vocab) as i32).collect();

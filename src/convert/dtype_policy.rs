@@ -1,7 +1,8 @@
 //! Which dtype each tensor is stored in, and the conversion of one tensor's values to it. Rules
 //! (see `docs/flm-format.md`): norms, biases and 1-D tensors are F32; quantized targets need rows
-//! that are a multiple of 32 (else F16); `keep` keeps `.flm`-representable source types and turns
-//! the others (GGUF K-quants, Q5_x) into Q8_0, `lossless` turns them into F32.
+//! that are a multiple of 32 (else F16); `keep` keeps `.flm`-representable source types (GGUF
+//! Q4_K/Q5_K/Q6_K included) and turns the others (GGUF Q5_0/Q5_1) into Q8_0, `lossless` turns
+//! them into F32.
 
 use super::options::TargetDtype;
 use crate::data::{encode_from_f32, DataType, QK};

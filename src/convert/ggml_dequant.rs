@@ -1,6 +1,7 @@
 //! Dequantizes GGUF tensor bytes of any type the converter accepts into f32: the types `Data`
-//! shares with GGUF (F32, F16, BF16, Q8_0, Q4_0, Q4_1) through `crate::data::decode_to_f32`, and
-//! Q4_K, Q6_K, Q5_0, Q5_1 here (ggml's reference algorithms). Other GGUF types are refused by name.
+//! shares with GGUF (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) through
+//! `crate::data::decode_to_f32`, and Q5_0, Q5_1 here (ggml's reference algorithm). Other GGUF
+//! types are refused by name.
 
 use crate::data::{decode_to_f32, DataType};
 use crate::error::{Error, Result};
@@ -16,17 +17,16 @@ pub fn shared_dtype(t: u32) -> Option<DataType> {
         ggml_type::Q8_0 => DataType::Q8_0,
         ggml_type::Q4_0 => DataType::Q4_0,
         ggml_type::Q4_1 => DataType::Q4_1,
+        ggml_type::Q4_K => DataType::Q4K,
+        ggml_type::Q5_K => DataType::Q5K,
+        ggml_type::Q6_K => DataType::Q6K,
         _ => return None,
     })
 }
 
 /// True for ggml types this module can dequantize.
 pub fn supported(t: u32) -> bool {
-    shared_dtype(t).is_some()
-        || matches!(
-            t,
-            ggml_type::Q4_K | ggml_type::Q6_K | ggml_type::Q5_0 | ggml_type::Q5_1
-        )
+    shared_dtype(t).is_some() || matches!(t, ggml_type::Q5_0 | ggml_type::Q5_1)
 }
 
 fn h(b: &[u8], at: usize) -> f32 {
@@ -54,70 +54,15 @@ pub fn dequantize(t: u32, src: &[u8], dst: &mut [f32]) -> Result<()> {
         .chunks_exact(block_bytes)
         .zip(dst.chunks_exact_mut(block_elems));
     match t {
-        ggml_type::Q4_K => blocks.for_each(|(b, y)| q4_k_block(b, y)),
-        ggml_type::Q6_K => blocks.for_each(|(b, y)| q6_k_block(b, y)),
         ggml_type::Q5_0 => blocks.for_each(|(b, y)| q5_block(b, y, false)),
         ggml_type::Q5_1 => blocks.for_each(|(b, y)| q5_block(b, y, true)),
         _ => {
             return Err(Error::Unsupported(format!(
-                "ggml tensor type {name} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K)"
+                "ggml tensor type {name} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)"
             )))
         }
     }
     Ok(())
-}
-
-fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
-    if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        (
-            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
-            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-        )
-    }
-}
-
-/// One Q4_K super-block: f16 d, f16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles.
-fn q4_k_block(b: &[u8], y: &mut [f32]) {
-    let d = h(b, 0);
-    let dmin = h(b, 2);
-    let mut scales = [0u8; 12];
-    scales.copy_from_slice(&b[4..16]);
-    let qs = &b[16..144];
-    for (chunk, (q, out)) in qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
-        let (sc1, m1) = scale_min_k4(2 * chunk, &scales);
-        let (sc2, m2) = scale_min_k4(2 * chunk + 1, &scales);
-        let (d1, m1) = (d * sc1 as f32, dmin * m1 as f32);
-        let (d2, m2) = (d * sc2 as f32, dmin * m2 as f32);
-        for l in 0..32 {
-            out[l] = d1 * (q[l] & 0xF) as f32 - m1;
-            out[l + 32] = d2 * (q[l] >> 4) as f32 - m2;
-        }
-    }
-}
-
-/// One Q6_K super-block: 128 bytes low nibbles, 64 bytes high 2-bit pairs, 16 i8 scales, f16 d.
-fn q6_k_block(b: &[u8], y: &mut [f32]) {
-    let d = h(b, 208);
-    for half in 0..2 {
-        let ql = &b[half * 64..half * 64 + 64];
-        let qh = &b[128 + half * 32..128 + half * 32 + 32];
-        let sc = &b[192 + half * 8..192 + half * 8 + 8];
-        let out = &mut y[half * 128..half * 128 + 128];
-        for l in 0..32 {
-            let is = l / 16;
-            let q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
-            let q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
-            let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
-            let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
-            let s = |i: usize| sc[i] as i8 as f32;
-            out[l] = d * s(is) * q1 as f32;
-            out[l + 32] = d * s(is + 2) * q2 as f32;
-            out[l + 64] = d * s(is + 4) * q3 as f32;
-            out[l + 96] = d * s(is + 6) * q4 as f32;
-        }
-    }
 }
 
 /// One Q5_0 (f16 d, u32 high bits, 16 bytes nibbles; value − 16) or Q5_1 (f16 d, f16 m, ...;

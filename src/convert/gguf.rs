@@ -1,12 +1,14 @@
 //! GGUF → `.flm`: maps names to Hugging Face names, undoes llama.cpp's q/k row permutation
-//! (llama) and its `1 + w` of Gemma-3's norms, keeps representable blocks bit-exact and
-//! dequantizes the rest, streaming tensor by tensor. Every tensor's type and name is checked
-//! before the output file is created.
+//! (llama) and its `1 + w` of Gemma-3's norms, keeps representable blocks (K-quants included)
+//! bit-exact and dequantizes the rest, streaming tensor by tensor. Every tensor's type and name
+//! is checked before the output file is created.
 
 use super::ggml_dequant::{dequantize, shared_dtype, supported};
 use super::gguf_config::gguf_architecture;
 use super::gguf_rope::ROPE_FACTOR_TENSORS;
-use super::names::{gguf_arch_name, gguf_name, Mapped, ROPE_FREQS};
+use super::names::{
+    gguf_arch_name, gguf_moe_part, gguf_name, moe_hf_name, GgufMoePart, Mapped, ROPE_FREQS,
+};
 use super::tensor_transform::{transform, SourceTensor};
 use super::{general_metadata, naming_file, ConvertOptions, ConvertReport, Progress};
 use crate::error::{Error, Result};
@@ -32,7 +34,7 @@ pub fn convert_gguf(
             return Err(Error::format(
                 &g.path,
                 format!(
-                    "tensor {}: unsupported GGUF tensor type {tname} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K)",
+                    "tensor {}: unsupported GGUF tensor type {tname} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)",
                     t.name
                 ),
             ));
@@ -40,7 +42,8 @@ pub fn convert_gguf(
     }
     let config = ModelConfig::from_gguf(&g)?;
     let permute = arch == "llama";
-    let mut plan: Vec<(usize, Mapped)> = Vec::new();
+    let moe_names = crate::model::arch::lookup(&config.architecture)?.moe;
+    let mut plan: Vec<(usize, Vec<Mapped>)> = Vec::new();
     for (i, t) in g.tensors.iter().enumerate() {
         if t.name == "rope_freqs.weight" {
             let m = Mapped {
@@ -48,7 +51,11 @@ pub fn convert_gguf(
                 transpose: false,
                 unpermute_heads: None,
             };
-            plan.push((i, m));
+            plan.push((i, vec![m]));
+            continue;
+        }
+        if let Some(ms) = moe_plan(&g, t, &config, moe_names.as_ref())? {
+            plan.push((i, ms));
             continue;
         }
         if ROPE_FACTOR_TENSORS.contains(&t.name.as_str()) {
@@ -62,7 +69,7 @@ pub fn convert_gguf(
                     format!("tensor {}: no Hugging Face name for {arch}", t.name),
                 )
             })?;
-        plan.push((i, m));
+        plan.push((i, vec![m]));
     }
     let spec =
         crate::tokenizer::TokenizerSpec::from_gguf(&g).map_err(|e| naming_file(&g.path, e))?;
@@ -72,9 +79,10 @@ pub fn convert_gguf(
         meta.insert("chat_template".into(), MetaValue::Str(t.to_string()));
     }
     let mut writer = FlmWriter::create(out, &config, &meta, &spec)?;
-    let total = plan.len();
+    let total = plan.iter().map(|(_, ms)| ms.len()).sum();
     let mut bytes_total = 0u64;
-    for (done, (i, m)) in plan.iter().enumerate() {
+    let mut done = 0;
+    for (i, ms) in &plan {
         let t = g
             .tensors
             .get(*i)
@@ -92,24 +100,33 @@ pub fn convert_gguf(
             o.iter_mut().for_each(|v| *v -= shift);
             Ok(())
         };
-        let src = SourceTensor {
-            source_name: &t.name,
-            dims: t.shape(),
-            bytes,
-            same_as: shared_dtype(ty).filter(|_| shift == 0.0),
-            decode: &decode,
-        };
-        let stored = transform(m, src, opts.dtype)
-            .map_err(|e| Error::format(&g.path, format!("tensor {}: {e}", t.name)))?;
-        writer.add_tensor(&m.name, stored.dtype, &stored.dims, &stored.bytes)?;
-        bytes_total += stored.bytes.len() as u64;
-        progress(&Progress {
-            done: done + 1,
-            total,
-            name: &m.name,
-            dtype: stored.dtype,
-            bytes: stored.bytes.len(),
-        });
+        // a stacked expert tensor [experts, out, in] becomes one [out, in] tensor per expert
+        let mut dims = t.shape();
+        if ms.len() > 1 {
+            dims.remove(0);
+        }
+        let part = bytes.len() / ms.len();
+        for (m, b) in ms.iter().zip(bytes.chunks_exact(part.max(1))) {
+            let src = SourceTensor {
+                source_name: &t.name,
+                dims: dims.clone(),
+                bytes: b.to_vec(),
+                same_as: shared_dtype(ty).filter(|_| shift == 0.0),
+                decode: &decode,
+            };
+            let stored = transform(m, src, opts.dtype)
+                .map_err(|e| Error::format(&g.path, format!("tensor {}: {e}", t.name)))?;
+            writer.add_tensor(&m.name, stored.dtype, &stored.dims, &stored.bytes)?;
+            bytes_total += stored.bytes.len() as u64;
+            done += 1;
+            progress(&Progress {
+                done,
+                total,
+                name: &m.name,
+                dtype: stored.dtype,
+                bytes: stored.bytes.len(),
+            });
+        }
     }
     writer.finish()?;
     Ok(ConvertReport {
@@ -117,4 +134,63 @@ pub fn convert_gguf(
         tensors: total,
         tensor_bytes: bytes_total,
     })
+}
+
+/// The `.flm` tensors of a GGUF MoE tensor (one per expert for a stacked one), `None` when `t`
+/// is not a MoE tensor; an error when the model has no MoE layers for it or the stack does not
+/// hold `expert_count` experts.
+fn moe_plan(
+    g: &GgufFile,
+    t: &crate::format::gguf::GgufTensorInfo,
+    config: &ModelConfig,
+    names: Option<&crate::model::MoeNames>,
+) -> Result<Option<Vec<Mapped>>> {
+    let Some((layer, part)) = gguf_moe_part(&t.name) else {
+        return Ok(None);
+    };
+    let (Some(names), Some(moe)) = (names, config.moe.as_ref()) else {
+        return Err(Error::format(
+            &g.path,
+            format!(
+                "tensor {}: an expert tensor in a model without experts",
+                t.name
+            ),
+        ));
+    };
+    let plain = |name: String| Mapped {
+        name,
+        transpose: false,
+        unpermute_heads: None,
+    };
+    let missing = || {
+        Error::format(
+            &g.path,
+            format!(
+                "tensor {}: no Hugging Face name for {}",
+                t.name, config.architecture
+            ),
+        )
+    };
+    if let GgufMoePart::Stacked(_) = part {
+        let shape = t.shape();
+        if shape.len() != 3 || shape[0] != moe.experts {
+            return Err(Error::format(
+                &g.path,
+                format!(
+                    "tensor {}: shape {shape:?} is not [{} experts, out, in]",
+                    t.name, moe.experts
+                ),
+            ));
+        }
+        return (0..moe.experts)
+            .map(|e| {
+                moe_hf_name(names, layer, part, e)
+                    .map(plain)
+                    .ok_or_else(missing)
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Some);
+    }
+    let name = moe_hf_name(names, layer, part, 0).ok_or_else(missing)?;
+    Ok(Some(vec![plain(name)]))
 }

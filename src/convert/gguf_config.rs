@@ -4,10 +4,10 @@
 use super::gguf_rope::gguf_rope_scaling;
 use crate::error::{Error, Result};
 use crate::format::gguf::GgufFile;
-use crate::model::{ModelConfig, RopeStyle};
+use crate::model::{ModelConfig, MoeConfig, MoeScoring, RopeStyle};
 
 /// GGUF architectures the converter knows.
-pub const GGUF_ARCHITECTURES: [&str; 5] = ["llama", "qwen2", "qwen3", "phi3", "gemma3"];
+pub const GGUF_ARCHITECTURES: [&str; 6] = ["llama", "qwen2", "qwen3", "phi3", "gemma3", "qwen3moe"];
 
 /// The GGUF architecture, refused when unknown.
 pub fn gguf_architecture(g: &GgufFile) -> Result<String> {
@@ -70,16 +70,24 @@ impl ModelConfig {
             .unwrap_or(head_dim);
         let rope_scaling = gguf_rope_scaling(g, &arch, context_length, rope_dim)?;
         let eos_ids = id(g, "tokenizer.ggml.eos_token_id").into_iter().collect();
+        let num_layers = size(g, &k("block_count"))?;
+        let moe = gguf_moe(g, &arch, num_layers)?;
+        let intermediate_size = match &moe {
+            Some(m) => g
+                .get_u64(&k("feed_forward_length"))
+                .map_or(m.expert_intermediate, |v| v as usize),
+            None => size(g, &k("feed_forward_length"))?,
+        };
         let mut c = ModelConfig {
-            architecture: if arch == "llama" {
-                "llama".into()
-            } else {
-                arch.clone()
+            architecture: match (arch.as_str(), &moe) {
+                ("llama", Some(_)) => "mixtral".into(),
+                ("qwen3moe", _) => "qwen3_moe".into(),
+                _ => arch.clone(),
             },
             vocab_size,
             hidden_size: hidden,
-            intermediate_size: size(g, &k("feed_forward_length"))?,
-            num_layers: size(g, &k("block_count"))?,
+            intermediate_size,
+            num_layers,
             num_heads: heads,
             num_kv_heads: kv_heads,
             head_dim,
@@ -106,6 +114,7 @@ impl ModelConfig {
             query_pre_attn_scalar: 0.0,
             bos_id: id(g, "tokenizer.ggml.bos_token_id"),
             eos_ids,
+            moe,
         };
         match arch.as_str() {
             "gemma3" => gemma3(g, &mut c)?,
@@ -169,4 +178,72 @@ fn gemma3(g: &GgufFile, c: &mut ModelConfig) -> Result<()> {
         c.rope_local_theta = g.get_f64(&k("rope.freq_base_swa")).unwrap_or(10000.0) as f32;
     }
     Ok(())
+}
+
+/// The mixture-of-experts config from llama.cpp's `{arch}.expert_*` keys: `None` for a dense
+/// model (a llama file without experts); a MoE architecture or expert tensors without
+/// `expert_count` / `expert_used_count` are errors naming the key.
+fn gguf_moe(g: &GgufFile, arch: &str, layers: usize) -> Result<Option<MoeConfig>> {
+    let k = |s: &str| format!("{arch}.{s}");
+    let has_experts = g
+        .tensors
+        .iter()
+        .any(|t| t.name.contains("_exps.") || t.name.contains("ffn_gate_inp."));
+    if arch != "qwen3moe" && !has_experts && g.get_u64(&k("expert_count")).is_none_or(|n| n == 0) {
+        return Ok(None);
+    }
+    let need = |key: &str| -> Result<usize> {
+        g.get_u64(&k(key))
+            .and_then(|v| usize::try_from(v).ok())
+            .filter(|&v| v > 0)
+            .ok_or_else(|| {
+                Error::format(
+                    &g.path,
+                    format!(
+                        "a mixture-of-experts model needs metadata {} (missing or 0)",
+                        k(key)
+                    ),
+                )
+            })
+    };
+    let experts = need("expert_count")?;
+    let experts_per_token = need("expert_used_count")?;
+    let expert_intermediate = match g.get_u64(&k("expert_feed_forward_length")) {
+        Some(v) => v as usize,
+        None => need("feed_forward_length")?,
+    };
+    let scoring = match g.get_u64(&k("expert_gating_func")) {
+        None | Some(1) => MoeScoring::Softmax,
+        Some(2) => MoeScoring::Sigmoid,
+        Some(other) => {
+            return Err(Error::Unsupported(format!(
+                "{}: {} = {other} (1 = softmax and 2 = sigmoid are supported)",
+                g.path,
+                k("expert_gating_func")
+            )))
+        }
+    };
+    let groups = g
+        .get_u64(&k("expert_group_count"))
+        .map_or(1, |v| v.max(1) as usize);
+    let dense = g.get_u64(&k("leading_dense_block_count")).unwrap_or(0) as usize;
+    Ok(Some(MoeConfig {
+        experts,
+        experts_per_token,
+        expert_intermediate,
+        scoring,
+        groups,
+        topk_groups: g
+            .get_u64(&k("expert_group_used_count"))
+            .map_or(groups, |v| v.max(1) as usize),
+        normalize: !matches!(
+            g.get(&k("expert_weights_norm")),
+            Some(crate::format::gguf::GgufValue::Bool(false))
+        ),
+        routed_scale: g
+            .get_f64(&k("expert_weights_scale"))
+            .map_or(1.0, |v| v as f32),
+        shared_intermediate: 0,
+        layers: (0..layers).map(|i| i >= dense).collect(),
+    }))
 }

@@ -6,11 +6,11 @@
 use super::hf_rope::hf_rope;
 use crate::error::{Error, Result};
 use crate::format::flm::{MetaValue, Metadata};
-use crate::model::{ModelConfig, RopeScaling, RopeStyle};
+use crate::model::{ModelConfig, MoeConfig, MoeScoring, RopeScaling, RopeStyle};
 use serde_json::Value;
 
 /// Architectures the converter knows (HF `model_type`).
-pub const HF_ARCHITECTURES: [&str; 10] = [
+pub const HF_ARCHITECTURES: [&str; 12] = [
     "llama",
     "mistral",
     "qwen2",
@@ -21,6 +21,8 @@ pub const HF_ARCHITECTURES: [&str; 10] = [
     "gemma2",
     "gemma3_text",
     "glm",
+    "mixtral",
+    "qwen3_moe",
 ];
 
 struct Json<'a> {
@@ -261,8 +263,53 @@ impl ModelConfig {
             query_pre_attn_scalar: j.float(&["query_pre_attn_scalar"])?.unwrap_or(0.0),
             bos_id,
             eos_ids,
+            moe: moe_config(&j, &arch, num_layers, intermediate)?,
         })
     }
+}
+
+/// The mixture-of-experts part of an HF config (`None` for a dense architecture).
+fn moe_config(
+    j: &Json,
+    arch: &str,
+    layers: usize,
+    intermediate: usize,
+) -> Result<Option<MoeConfig>> {
+    let experts = || j.need_size(&["num_local_experts", "num_experts", "n_routed_experts"]);
+    let bool_key = |k: &str, default: bool| j.v.get(k).and_then(Value::as_bool).unwrap_or(default);
+    let base = |experts: usize, inner: usize| -> Result<MoeConfig> {
+        Ok(MoeConfig {
+            experts,
+            experts_per_token: j.need_size(&["num_experts_per_tok"])?,
+            expert_intermediate: inner,
+            scoring: MoeScoring::Softmax,
+            groups: 1,
+            topk_groups: 1,
+            normalize: true,
+            routed_scale: 1.0,
+            shared_intermediate: 0,
+            layers: vec![true; layers],
+        })
+    };
+    Ok(Some(match arch {
+        "mixtral" => base(experts()?, intermediate)?,
+        "qwen3_moe" => {
+            let step = j.size(&["decoder_sparse_step"])?.unwrap_or(1).max(1);
+            let dense: Vec<u64> = j
+                .get(&["mlp_only_layers"])
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_u64).collect())
+                .unwrap_or_default();
+            MoeConfig {
+                normalize: bool_key("norm_topk_prob", false),
+                layers: (0..layers)
+                    .map(|i| !dense.contains(&(i as u64)) && (i + 1) % step == 0)
+                    .collect(),
+                ..base(experts()?, j.need_size(&["moe_intermediate_size"])?)?
+            }
+        }
+        _ => return Ok(None),
+    }))
 }
 
 fn scalar(v: &Value) -> Option<MetaValue> {

@@ -109,3 +109,62 @@ pub fn unpermuted_source_row(r: usize, rows: usize, heads: usize) -> usize {
     let (j, i) = (within / half, within % half);
     h * head_dim + 2 * i + j
 }
+
+/// Which part of a MoE layer a GGUF tensor is (llama.cpp's names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GgufMoePart {
+    /// `ffn_gate_inp`: the router.
+    Router,
+    /// `exp_probs_b`: the router's choice bias.
+    ScoreBias,
+    /// `ffn_{gate,up,down}_exps`: all routed experts' projections stacked [experts, out, in]
+    /// (0 = gate, 1 = up, 2 = down).
+    Stacked(usize),
+    /// `ffn_{gate,up,down}.E`: one routed expert's projection (older Mixtral files).
+    Expert(usize, usize),
+    /// `ffn_{gate,up,down}_shexp`: the shared experts' projection.
+    Shared(usize),
+}
+
+/// The MoE part and layer of a GGUF tensor name (`blk.N.…`), if it is one.
+pub fn gguf_moe_part(name: &str) -> Option<(usize, GgufMoePart)> {
+    let rest = name.strip_prefix("blk.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let proj = |p: &str| {
+        ["ffn_gate", "ffn_up", "ffn_down"]
+            .iter()
+            .position(|&x| x == p)
+    };
+    let part = match rest.split('.').collect::<Vec<_>>().as_slice() {
+        ["ffn_gate_inp", "weight"] => GgufMoePart::Router,
+        ["exp_probs_b", "bias"] | ["exp_probs_b", "weight"] => GgufMoePart::ScoreBias,
+        [p, "weight"] => match p.strip_suffix("_exps").and_then(proj) {
+            Some(i) => GgufMoePart::Stacked(i),
+            None => GgufMoePart::Shared(p.strip_suffix("_shexp").and_then(proj)?),
+        },
+        [p, e, "weight"] => GgufMoePart::Expert(proj(p)?, e.parse().ok()?),
+        _ => return None,
+    };
+    Some((layer, part))
+}
+
+/// The `.flm` name of a MoE part in layer `layer` under the architecture's `names`; for
+/// [`GgufMoePart::Stacked`], `expert` picks the slice. `None` when the architecture has no
+/// such tensor (e.g. a choice bias for Qwen3-MoE).
+pub fn moe_hf_name(
+    names: &crate::model::MoeNames,
+    layer: usize,
+    part: GgufMoePart,
+    expert: usize,
+) -> Option<String> {
+    let proj = |i: usize| [names.proj.0, names.proj.1, names.proj.2].get(i).copied();
+    let p = format!("model.layers.{layer}.");
+    Some(match part {
+        GgufMoePart::Router => format!("{p}{}.weight", names.router),
+        GgufMoePart::ScoreBias => format!("{p}{}", names.score_bias?),
+        GgufMoePart::Stacked(i) => format!("{p}{}.{expert}.{}.weight", names.experts, proj(i)?),
+        GgufMoePart::Expert(i, e) => format!("{p}{}.{e}.{}.weight", names.experts, proj(i)?),
+        GgufMoePart::Shared(i) => format!("{p}{}.{}.weight", names.shared?, proj(i)?),
+    })
+}

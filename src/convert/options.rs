@@ -17,7 +17,7 @@ pub enum TargetDtype {
     Int4,
     /// Weights Q4_1.
     Int4Min,
-    /// Keep the source's types where `.flm` has them (K-quants become Q8_0).
+    /// Keep the source's types where `.flm` has them (GGUF Q5_0/Q5_1 become Q8_0).
     Keep,
     /// Keep the source's types where `.flm` has them and dequantize the others to F32: every
     /// weight keeps its exact value (what the `exact` precision needs to match a reference

@@ -8,13 +8,18 @@ use crate::data::{Data, DataType};
 pub fn cases(v: &mut Vec<OpCase>) {
     let mut rng = CaseRng::new(17);
     use DataType::*;
-    for dt in [F32, F16, BF16, Q8_0, Q4_0, Q4_1] {
-        for (vocab, d, n) in [
-            (1usize, 32usize, 1usize),
-            (50, 64, 7),
-            (1000, 576, 33),
-            (300, 96, 200),
-        ] {
+    for dt in [F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4K, Q5K, Q6K] {
+        let shapes = if dt.is_kquant() {
+            [
+                (1usize, 256usize, 1usize),
+                (50, 512, 7),
+                (1000, 768, 33),
+                (300, 256, 200),
+            ]
+        } else {
+            [(1, 32, 1), (50, 64, 7), (1000, 576, 33), (300, 96, 200)]
+        };
+        for (vocab, d, n) in shapes {
             let mut ids: Vec<i32> = (0..n).map(|_| rng.below(vocab as u64) as i32).collect();
             if let Some(first) = ids.first_mut() {
                 *first = vocab as i32 - 1;

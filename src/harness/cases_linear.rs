@@ -46,9 +46,15 @@ fn linear_cases(v: &mut Vec<OpCase>) {
     // extra k for float weights only (not multiples of the SIMD width), and one long row
     // (1056 = 4·256 + 32) that takes the GPU's unrolled 16-byte f16/bf16 loop and its tail
     let float_shapes = [(33usize, 7usize), (45, 3), (100, 17), (1056, 3)];
-    let dtypes: [DataType; 6] = [F32, F16, BF16, Q8_0, Q4_0, Q4_1];
+    // K-quants: 1, 2, 5 and 9 super-blocks per row
+    let kquant_shapes = [(256usize, 7usize), (512, 37), (1280, 67), (2304, 9)];
+    let dtypes: [DataType; 9] = [F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4K, Q5K, Q6K];
     for wt in dtypes {
-        let mut shapes: Vec<(usize, usize)> = block_shapes.to_vec();
+        let mut shapes: Vec<(usize, usize)> = if wt.is_kquant() {
+            kquant_shapes.to_vec()
+        } else {
+            block_shapes.to_vec()
+        };
         if !wt.is_quantized() {
             shapes.extend(float_shapes);
         }

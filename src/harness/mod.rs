@@ -20,6 +20,7 @@ mod cases_attention;
 mod cases_elementwise;
 mod cases_embedding;
 mod cases_linear;
+mod cases_moe;
 mod cases_norm;
 mod cases_paged;
 mod cases_rope;
@@ -374,6 +375,7 @@ pub fn all_cases() -> Vec<OpCase> {
     cases_sample::cases(&mut v);
     cases_shape::cases(&mut v);
     cases_linear::cases(&mut v);
+    cases_moe::cases(&mut v);
     v
 }
 

@@ -2,6 +2,7 @@
 //! its forward pass makes (norm kind, fused projections, position encoding, MLP shape). Adding an
 //! architecture of a known shape is one table entry.
 
+use super::moe::MoeNames;
 use crate::error::{Error, Result};
 
 /// Normalization layers.
@@ -86,6 +87,8 @@ pub struct ArchSpec {
     pub final_norm: &'static str,
     /// LM head (tied to `embed` when absent or when the config says so).
     pub lm_head: &'static str,
+    /// The experts of the MoE layers (`ModelConfig::moe` says which layers they are).
+    pub moe: Option<MoeNames>,
 }
 
 const LLAMA: ArchSpec = ArchSpec {
@@ -106,6 +109,16 @@ const LLAMA: ArchSpec = ArchSpec {
     mlp: Mlp::Gated("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"),
     final_norm: "model.norm",
     lm_head: "lm_head",
+    moe: None,
+};
+
+/// The MoE names of Qwen3-MoE (and of DeepSeek-V3 without its bias and shared experts).
+const QWEN_MOE: MoeNames = MoeNames {
+    router: "mlp.gate",
+    score_bias: None,
+    experts: "mlp.experts",
+    proj: ("gate_proj", "up_proj", "down_proj"),
+    shared: None,
 };
 
 const TABLE: &[ArchSpec] = &[
@@ -121,6 +134,23 @@ const TABLE: &[ArchSpec] = &[
     ArchSpec {
         name: "qwen3",
         qk_norm: Some(("self_attn.q_norm", "self_attn.k_norm")),
+        ..LLAMA
+    },
+    ArchSpec {
+        name: "mixtral",
+        moe: Some(MoeNames {
+            router: "block_sparse_moe.gate",
+            score_bias: None,
+            experts: "block_sparse_moe.experts",
+            proj: ("w1", "w3", "w2"),
+            shared: None,
+        }),
+        ..LLAMA
+    },
+    ArchSpec {
+        name: "qwen3_moe",
+        qk_norm: Some(("self_attn.q_norm", "self_attn.k_norm")),
+        moe: Some(QWEN_MOE),
         ..LLAMA
     },
     ArchSpec {
@@ -171,6 +201,7 @@ const TABLE: &[ArchSpec] = &[
         mlp: Mlp::Plain("mlp.dense_h_to_4h", "mlp.dense_4h_to_h"),
         final_norm: "transformer.ln_f",
         lm_head: "lm_head",
+        moe: None,
     },
     ArchSpec {
         name: "gpt2",
@@ -190,6 +221,7 @@ const TABLE: &[ArchSpec] = &[
         mlp: Mlp::Plain("mlp.c_fc", "mlp.c_proj"),
         final_norm: "transformer.ln_f",
         lm_head: "lm_head",
+        moe: None,
     },
 ];
 

@@ -13,9 +13,11 @@
 //! hash collision can cause a miss but never a wrong hit: a sequence only ever reads keys and
 //! values computed from exactly its own tokens.
 
+use super::kv_dtype::KvDtype;
+use super::paged_graph::BatchGraphs;
 use super::tensor_parallel::RemotePool;
 use super::transformer::Model;
-use crate::data::{Data, DeviceKind};
+use crate::data::{Data, DataType, DeviceKind};
 use crate::error::{Error, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -59,6 +61,8 @@ pub struct PagedKvPool {
     /// Set when the storage lives on the ranks of a tensor-parallel group (this pool then
     /// keeps only the books: block tables, free list, prefix cache).
     pub(super) remote: Option<RemotePool>,
+    /// The padded decode steps recorded over this pool's storage (`paged_graph`).
+    pub(super) graphs: Option<BatchGraphs>,
 }
 
 const HASH_SEED: u64 = 0x6661_7374_6c6c_6d00;
@@ -92,10 +96,10 @@ impl PagedKvPool {
             .devices()
             .first()
             .filter(|d| d.kind() != DeviceKind::Cpu);
-        let kd = model.kv_dtype();
+        let dtype = Self::kv_dtype(model);
+        let hds = KvDtype::of(dtype).map_or(c.head_dim, |k| k.stored_head_dim(c.head_dim));
         let layer = || -> Result<Data> {
-            let dims = [slots, c.num_kv_heads, kd.stored_head_dim(c.head_dim)];
-            let d = Data::zeros(kd.data_type(), &dims)?;
+            let d = Data::zeros(dtype, &[slots, c.num_kv_heads, hds])?;
             match dev {
                 Some(dev) => dev.upload(&d),
                 None => Ok(d),
@@ -127,7 +131,25 @@ impl PagedKvPool {
             lru: BTreeMap::new(),
             tick: 0,
             remote,
+            graphs: None,
         })
+    }
+
+    /// The element type of `model`'s pool: on the CPU the model's KV dtype
+    /// ([`Model::kv_dtype`]); on another device f16 where its paged decode attention reads it
+    /// (`PagedDecodeAttention`), else f32; f32 for a tensor-parallel group.
+    pub fn kv_dtype(model: &Model) -> DataType {
+        match model.executor().devices().first() {
+            _ if model.group().is_some() => DataType::F32,
+            Some(d) if d.kind() != DeviceKind::Cpu => {
+                if d.ops().contains_key("PagedDecodeAttention") {
+                    DataType::F16
+                } else {
+                    DataType::F32
+                }
+            }
+            _ => model.kv_dtype().data_type(),
+        }
     }
 
     /// Turns prefix caching on or off. Turning it off drops every cached block that no
@@ -149,7 +171,8 @@ impl PagedKvPool {
 
     /// Bytes one block takes across all layers (K and V).
     pub fn block_bytes(model: &Model, block_size: usize) -> usize {
-        block_size * model.kv_bytes_per_token()
+        let kd = KvDtype::of(Self::kv_dtype(model)).unwrap_or(KvDtype::F32);
+        block_size * kd.bytes_per_token(model.config())
     }
 
     /// Tokens per block.

@@ -339,10 +339,15 @@ impl RopePlan {
         Ok(RopePlan { global, local })
     }
 
+    /// True when layer `i` rotates with the sliding-window layers' own base.
+    pub fn is_local(&self, c: &ModelConfig, i: usize) -> bool {
+        self.local.is_some() && c.sliding_layers.get(i).copied().unwrap_or(false)
+    }
+
     /// The rotation of layer `i`.
     pub fn layer(&self, c: &ModelConfig, i: usize) -> &LayerRope {
         match &self.local {
-            Some(l) if c.sliding_layers.get(i).copied().unwrap_or(false) => l,
+            Some(l) if self.is_local(c, i) => l,
             _ => &self.global,
         }
     }
@@ -360,5 +365,117 @@ impl RopePlan {
             l.upload(dev)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::RopeStyle;
+
+    fn config(head_dim: usize, rope_dim: usize, scaling: RopeScaling) -> ModelConfig {
+        ModelConfig {
+            architecture: "llama".into(),
+            vocab_size: 8,
+            hidden_size: 4 * head_dim,
+            intermediate_size: 8,
+            num_layers: 2,
+            num_heads: 4,
+            num_kv_heads: 4,
+            head_dim,
+            context_length: 64,
+            norm_eps: 1e-5,
+            rope_theta: 10000.0,
+            rope_dim,
+            rope_style: RopeStyle::Neox,
+            rope_scaling: scaling,
+            rope_local_theta: 0.0,
+            tie_embeddings: true,
+            hidden_act: "silu".into(),
+            attn_logit_softcap: 0.0,
+            final_logit_softcap: 0.0,
+            sliding_window: 0,
+            sliding_layers: Vec::new(),
+            query_pre_attn_scalar: 0.0,
+            bos_id: None,
+            eos_ids: Vec::new(),
+            moe: None,
+        }
+    }
+
+    fn yarn(attention_factor: f32) -> RopeScaling {
+        RopeScaling::Yarn {
+            factor: 4.0,
+            original_context_length: 32,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            attention_factor,
+            truncate: true,
+        }
+    }
+
+    #[test]
+    fn attention_factor_scores_or_rotated_dims() {
+        // every dim rotates: the factor² multiplies the scores
+        let full = LayerRope::new(&config(16, 16, yarn(1.5)), 1e4, yarn(1.5), None).unwrap();
+        assert_eq!((full.score_scale, full.q_scale.is_none()), (2.25, true));
+        // partial rotary: q's rotated dims only
+        let part = LayerRope::new(&config(16, 8, yarn(1.5)), 1e4, yarn(1.5), None).unwrap();
+        assert_eq!(part.score_scale, 1.0);
+        let v = part.q_scale.unwrap().to_f32_vec().unwrap();
+        assert_eq!(v, [[2.25f32; 8], [1.0; 8]].concat());
+        let plain = LayerRope::new(&config(16, 8, yarn(1.0)), 1e4, yarn(1.0), None).unwrap();
+        assert!(plain.q_scale.is_none() && plain.score_scale == 1.0);
+    }
+
+    #[test]
+    fn dynamic_ntk_grows_the_base_past_the_original_context() {
+        let s = RopeScaling::Dynamic {
+            factor: 2.0,
+            original_context_length: 32,
+        };
+        let plain = inv_freq_f64(8, 1e4, &RopeScaling::None, 0);
+        assert_eq!(inv_freq_f64(8, 1e4, &s, 32), plain);
+        // at 64 positions: base · (2·64/32 − 1)^(8/6)
+        let base = 1e4 * 3f64.powf(8.0 / 6.0);
+        let want = inv_freq_f64(8, base as f32, &RopeScaling::None, 0);
+        for (a, b) in inv_freq_f64(8, 1e4, &s, 64).iter().zip(&want) {
+            assert!((a - b).abs() <= 1e-6 * b, "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn longrope_tables_follow_each_sequence_reach() {
+        let s = RopeScaling::LongRope {
+            original_context_length: 4,
+            attention_factor: 1.0,
+            short_factor: vec![1.0, 1.0],
+            long_factor: vec![2.0, 4.0],
+        };
+        let r = LayerRope::new(&config(4, 4, s.clone()), 100.0, s, None).unwrap();
+        // sequence A: rows 0..2 at positions 0, 1 (reach 2: short); B: positions 3..6 (long)
+        let (cos, _) = r.step_tables(4, &[0, 1, 3, 4, 5], &[0, 2, 5]).unwrap();
+        let cos = cos.to_f32_vec().unwrap();
+        assert!((cos[2] - 1f32.cos()).abs() < 1e-6); // row 1, pair 0: 1·1/1
+        assert!((cos[4] - (3.0f32 / 2.0).cos()).abs() < 1e-6); // row 2, pair 0: 3·1/2
+        assert!((cos[5] - (3.0f32 * 0.1 / 4.0).cos()).abs() < 1e-6); // pair 1: 3·100^-0.5/4
+    }
+
+    #[test]
+    fn bad_longrope_factors_are_refused() {
+        let s = RopeScaling::LongRope {
+            original_context_length: 4,
+            attention_factor: 1.0,
+            short_factor: vec![1.0],
+            long_factor: vec![2.0, 4.0],
+        };
+        let e = RopePlan::new(&config(4, 4, s), None)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("longrope") && e.contains("2 short and long"),
+            "{e}"
+        );
     }
 }

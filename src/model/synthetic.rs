@@ -23,7 +23,15 @@ use std::collections::BTreeMap;
 
 /// The known shapes, by name (the names `--synthetic` accepts); `tiny` (2 layers, hidden 64,
 /// 512-token vocabulary) is for tests.
-pub const KNOWN: [&str; 4] = ["llama-3-8b", "llama-3.2-1b", "qwen2-0.5b", "tiny"];
+pub const KNOWN: [&str; 7] = [
+    "llama-3-8b",
+    "llama-3.2-1b",
+    "qwen2-0.5b",
+    "tiny",
+    "qwen3-30b-a3b",
+    "moe-small",
+    "moe-tiny",
+];
 
 /// What the stand-in tokenizer decodes every non-byte, non-special id to.
 pub const FILLER_PIECE: &str = " tok";
@@ -56,6 +64,7 @@ pub fn config(name: &str) -> Result<ModelConfig> {
         query_pre_attn_scalar: 0.0,
         bos_id: Some(128000),
         eos_ids: vec![128001],
+        moe: None,
     };
     match name {
         "llama-3-8b" => Ok(base),
@@ -109,10 +118,79 @@ pub fn config(name: &str) -> Result<ModelConfig> {
             eos_ids: vec![511],
             ..base
         }),
+        "qwen3-30b-a3b" => Ok(moe_shape(
+            ModelConfig {
+                vocab_size: 151936,
+                hidden_size: 2048,
+                num_layers: 48,
+                num_heads: 32,
+                num_kv_heads: 4,
+                head_dim: 128,
+                rope_dim: 128,
+                context_length: 40960,
+                rope_theta: 1000000.0,
+                ..base
+            },
+            (128, 8, 768),
+        )),
+        "moe-small" => Ok(moe_shape(
+            ModelConfig {
+                vocab_size: 32000,
+                hidden_size: 1024,
+                num_layers: 8,
+                num_heads: 16,
+                num_kv_heads: 4,
+                head_dim: 64,
+                rope_dim: 64,
+                context_length: 4096,
+                bos_id: Some(31998),
+                eos_ids: vec![31999],
+                ..base
+            },
+            (32, 4, 512),
+        )),
+        "moe-tiny" => Ok(moe_shape(
+            ModelConfig {
+                vocab_size: 512,
+                hidden_size: 64,
+                num_layers: 2,
+                num_heads: 4,
+                num_kv_heads: 2,
+                head_dim: 16,
+                rope_dim: 16,
+                context_length: 4096,
+                bos_id: Some(510),
+                eos_ids: vec![511],
+                ..base
+            },
+            (8, 2, 64),
+        )),
         other => Err(Error::invalid(format!(
             "unknown synthetic model '{other}' (known: {})",
             KNOWN.join(", ")
         ))),
+    }
+}
+
+/// `c` as a Qwen3-MoE model whose every layer routes to `k` of `experts` experts of inner size
+/// `inner` (no shared expert).
+fn moe_shape(c: ModelConfig, (experts, k, inner): (usize, usize, usize)) -> ModelConfig {
+    ModelConfig {
+        architecture: "qwen3_moe".into(),
+        intermediate_size: inner,
+        moe: Some(super::MoeConfig {
+            experts,
+            experts_per_token: k,
+            expert_intermediate: inner,
+            scoring: super::MoeScoring::Softmax,
+            groups: 1,
+            topk_groups: 1,
+            normalize: true,
+            routed_scale: 1.0,
+            shared_intermediate: 0,
+            layers: vec![true; c.num_layers],
+        }),
+        ..c
     }
 }
 
@@ -267,11 +345,39 @@ impl SyntheticSource {
                 ("self_attn.k_proj", kv, h),
                 ("self_attn.v_proj", kv, h),
                 ("self_attn.o_proj", h, q),
-                ("mlp.gate_proj", f, h),
-                ("mlp.up_proj", f, h),
-                ("mlp.down_proj", h, f),
             ] {
                 add(format!("{p}{n}.weight"), dtype, vec![out, inp], None);
+            }
+            match c.moe.as_ref().filter(|m| m.is_moe(i)) {
+                Some(m) => {
+                    // Qwen3-MoE: q/k norms, an f32 router, the experts
+                    for n in ["q_norm", "k_norm"] {
+                        let name = format!("{p}self_attn.{n}.weight");
+                        add(name, f32t, vec![c.head_dim], Some(1.0));
+                    }
+                    add(
+                        format!("{p}mlp.gate.weight"),
+                        f32t,
+                        vec![m.experts, h],
+                        None,
+                    );
+                    let fe = m.expert_intermediate;
+                    for e in 0..m.experts {
+                        let x = format!("{p}mlp.experts.{e}.");
+                        add(format!("{x}gate_proj.weight"), dtype, vec![fe, h], None);
+                        add(format!("{x}up_proj.weight"), dtype, vec![fe, h], None);
+                        add(format!("{x}down_proj.weight"), dtype, vec![h, fe], None);
+                    }
+                }
+                None => {
+                    for (n, out, inp) in [
+                        ("mlp.gate_proj", f, h),
+                        ("mlp.up_proj", f, h),
+                        ("mlp.down_proj", h, f),
+                    ] {
+                        add(format!("{p}{n}.weight"), dtype, vec![out, inp], None);
+                    }
+                }
             }
             if c.architecture == "qwen2" {
                 for (n, out) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
@@ -285,8 +391,11 @@ impl SyntheticSource {
                 Error::invalid(format!("synthetic tensor '{name}' {:?}: {e}", s.dims))
             })?;
             // Every weight is read once per decoded token, except the embedding, of which one
-            // row is read (unless it doubles as the LM head).
-            if name != "model.embed_tokens.weight" || c.tie_embeddings {
+            // row is read (unless it doubles as the LM head), and the routed experts, of which
+            // a token reads `k` of every layer's experts (counted as that share of them).
+            if let Some(m) = c.moe.as_ref().filter(|_| name.contains(".mlp.experts.")) {
+                per_token += b * m.experts_per_token / m.experts;
+            } else if name != "model.embed_tokens.weight" || c.tie_embeddings {
                 per_token += b;
             }
         }
@@ -437,6 +546,28 @@ mod tests {
         let s = SyntheticSource::new(&config("llama-3-8b").unwrap(), DataType::F16).unwrap();
         let gb = s.weight_bytes_per_token() as f64 / 1e9;
         assert!((14.0..16.5).contains(&gb), "{gb}");
+    }
+
+    #[test]
+    fn moe_shapes_count_the_active_experts() {
+        // qwen3-30b-a3b: ~3.0 B active parameters (8 of 128 experts), ~30 B in all
+        let c = config("qwen3-30b-a3b").unwrap();
+        let s = SyntheticSource::new(&c, DataType::F16).unwrap();
+        let (active, total) = (
+            s.weight_bytes_per_token() as f64 / 1e9,
+            s.total_bytes() as f64 / 1e9,
+        );
+        assert!((5.5..6.8).contains(&active), "{active}");
+        assert!((55.0..66.0).contains(&total), "{total}");
+        // the tiny MoE shape runs
+        let c = config("moe-tiny").unwrap();
+        let src = std::sync::Arc::new(SyntheticSource::new(&c, DataType::Q8_0).unwrap());
+        let exec = crate::executor::Executor::cpu(1).unwrap();
+        let m =
+            crate::model::Model::new(c, src, exec, crate::model::Precision::Fast, false).unwrap();
+        let mut cache = m.new_cache(8).unwrap();
+        let l = m.forward(&mut cache, &[1, 2, 3], false).unwrap();
+        assert!(l.to_f32_vec().unwrap().iter().all(|v| v.is_finite()));
     }
 
     #[test]

@@ -92,6 +92,12 @@ impl ShardPlan {
         if world == 0 {
             return Err(Error::invalid("tensor parallelism needs at least one rank"));
         }
+        if c.moe.is_some() {
+            return Err(Error::Unsupported(format!(
+                "{}: tensor parallelism of mixture-of-experts layers",
+                c.architecture
+            )));
+        }
         let (nh, nkv) = (c.num_heads, c.num_kv_heads);
         if nkv == 0 || nh == 0 || !nh.is_multiple_of(nkv) {
             return Err(Error::Unsupported(format!(

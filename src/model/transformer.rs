@@ -7,6 +7,7 @@ use super::config::{ModelConfig, RopeScaling, RopeStyle};
 use super::kv_dtype::{self, KvDtype};
 use super::logprobs::{pick_logprobs, PickLogprobs};
 use super::paged::{PagedKvPool, PagedSeqState};
+use super::paged_graph::BatchDecode;
 use super::rope::RopePlan;
 use super::sampler::{pick_error, sample_logits, SampleRow};
 use super::tensor_parallel::{RankTp, RemoteCache, TpGroup};
@@ -131,7 +132,7 @@ struct Scratch {
 }
 
 /// Working tensors of one step through the layer stack ([`Model::layers`]).
-const SCRATCH_BUFS: usize = 14;
+pub(super) const SCRATCH_BUFS: usize = 14;
 
 impl Scratch {
     fn take(&mut self, n: usize) -> Vec<Data> {
@@ -182,6 +183,8 @@ pub struct Model {
     half_mlp: bool,
     /// The first device has `RotaryTables`: a step forms its RoPE cos/sin once for all layers.
     rope_tables: bool,
+    /// How paged steps of one token per sequence run ([`BatchDecode`]).
+    batch_decode: BatchDecode,
     /// Unique per model in this process: a cache's recorded decode step is only replayed by
     /// the model that recorded it (the recording holds that model's weight addresses).
     id: u64,
@@ -248,6 +251,15 @@ impl Model {
                 c.architecture, c.rope_dim, c.head_dim
             )));
         }
+        if let Some(m) = &c.moe {
+            m.validate(&c.architecture, c.num_layers)?;
+            if spec.moe.is_none() {
+                return Err(bad(format!(
+                    "{}: has no mixture-of-experts layers",
+                    c.architecture
+                )));
+            }
+        }
         let mut weights = Weights::new(source, low_memory)?;
         let embed = format!("{}.weight", spec.embed);
         if !weights.has(&embed) {
@@ -299,8 +311,12 @@ impl Model {
             .first()
             .filter(|_| precision == Precision::Fast)
         {
-            // a CPU first device may hold the weight matrices in the layout its kernels stream
-            weights.reform_for(dev.as_ref())?;
+            // a CPU first device may hold the weight matrices in the layout its kernels stream;
+            // experts stay mapped from the file (only the routed ones are ever read)
+            let experts = spec.moe.map(|m| m.experts);
+            weights.reform_for_where(dev.as_ref(), |n| {
+                experts.is_none_or(|x| !super::moe::is_expert_tensor(x, n))
+            })?;
         }
         let first_has = |op: &str| {
             exec.devices()
@@ -310,6 +326,7 @@ impl Model {
         let fused_silu_mul = first_has("SiluMul") && config.hidden_act == "silu";
         let multi_linear = first_has("SiluMul") && first_has("DecodeAttention") && opts.fused_ops;
         let decode_graphs = first_has("DecodeAttention")
+            && config.moe.is_none() // routing is read back mid-step
             && !weights.low_memory()
             && !rope.length_dependent()
             && !matches!(spec.positions, Positions::Learned(_))
@@ -319,7 +336,10 @@ impl Model {
                 Mlp::Gated(_, _, dn) | Mlp::GatedFused(_, dn) | Mlp::Plain(_, dn) => dn,
             };
             let name = format!("{}0.{down}.weight", spec.layer_prefix);
-            weights.has(&name) && weights.get(&name).is_ok_and(|w| w.dtype().is_quantized())
+            weights.has(&name)
+                && weights
+                    .get(&name)
+                    .is_ok_and(|w| w.dtype().is_quantized() && !w.dtype().is_kquant())
         };
         let prefill_copy = if multi_linear && precision == Precision::Fast {
             let down = match spec.mlp {
@@ -334,6 +354,11 @@ impl Model {
         };
         let rope_tables = first_has("RotaryTables");
         let half_mlp = fused_silu_mul && matches!(prefill_copy, OutputCopy::F16 | OutputCopy::Bf16);
+        let batch_decode = if decode_graphs && first_has("PagedDecodeAttention") {
+            BatchDecode::Graphs
+        } else {
+            BatchDecode::Off
+        };
         let kv_dtype =
             kv_dtype::resolve(None, exec.devices().first().map(|d| d.as_ref()), precision)?;
         Ok(Model {
@@ -353,6 +378,7 @@ impl Model {
             prefill_copy,
             half_mlp,
             rope_tables,
+            batch_decode,
             id: next_model_id(),
             kv_dtype,
         })
@@ -369,6 +395,7 @@ impl Model {
                 d.kind() != DeviceKind::Cpu && d.ops().contains_key("DecodeAttention")
             })
             && !self.weights.low_memory()
+            && self.config.moe.is_none()
             && !self.rope.length_dependent()
             && !matches!(self.spec.positions, Positions::Learned(_));
     }
@@ -400,6 +427,41 @@ impl Model {
         self.kv_dtype.bytes_per_token(&self.config)
     }
 
+    /// Sets how paged steps of one token per sequence run (default: [`BatchDecode::Graphs`]
+    /// where the first device has `PagedDecodeAttention` and records one-token decode steps,
+    /// else [`BatchDecode::Off`]). `Err` when the device or model cannot take `mode`.
+    pub fn set_batch_decode(&mut self, mode: BatchDecode) -> Result<()> {
+        let padded = self.tp.is_none()
+            && self.group.is_none()
+            && !self.rope.length_dependent()
+            && !matches!(self.spec.positions, Positions::Learned(_))
+            && self.exec.devices().first().is_some_and(|d| {
+                d.kind() != DeviceKind::Cpu && d.ops().contains_key("PagedDecodeAttention")
+            });
+        let ok = match mode {
+            BatchDecode::Off => true,
+            BatchDecode::Eager => padded,
+            BatchDecode::Graphs => padded && !self.weights.low_memory(),
+        };
+        if !ok {
+            return Err(Error::invalid(format!(
+                "batched decode mode {mode:?} needs a single device with PagedDecodeAttention (and recording, for graphs)"
+            )));
+        }
+        self.batch_decode = mode;
+        Ok(())
+    }
+
+    /// How paged steps of one token per sequence run.
+    pub fn batch_decode(&self) -> BatchDecode {
+        self.batch_decode
+    }
+
+    /// Unique per model in this process (recordings hold its weight addresses).
+    pub(super) fn id(&self) -> u64 {
+        self.id
+    }
+
     /// Makes this model (built over a rank's shard) a rank of a tensor-parallel group.
     pub(crate) fn into_rank(mut self, tp: RankTp) -> Result<Model> {
         if let Some(a) = &self.alibi {
@@ -418,6 +480,7 @@ impl Model {
         }
         self.tp = Some(tp);
         self.decode_graphs = false;
+        self.batch_decode = BatchDecode::Off;
         Ok(self)
     }
 
@@ -446,6 +509,7 @@ impl Model {
             prefill_copy: OutputCopy::None,
             half_mlp: false,
             rope_tables: false,
+            batch_decode: BatchDecode::Off,
             id: next_model_id(),
             kv_dtype: KvDtype::F32,
         })
@@ -690,6 +754,22 @@ impl Model {
             out,
             self.precision == Precision::Fast,
         )
+    }
+
+    /// The MoE config and expert names when layer `i` routes to experts.
+    fn moe_layer(&self, i: usize) -> Option<(&super::moe::MoeConfig, super::moe::MoeNames)> {
+        let m = self.config.moe.as_ref().filter(|m| m.is_moe(i))?;
+        Some((m, self.spec.moe?))
+    }
+
+    /// What the MoE stage reads from this model.
+    fn moe_step(&self) -> super::moe::MoeStep<'_> {
+        super::moe::MoeStep {
+            exec: &self.exec,
+            weights: &self.weights,
+            quant_act: self.precision == Precision::Fast,
+            act: &self.config.hidden_act,
+        }
     }
 
     fn act(&self, x: &Data, out: &mut Data) -> Result<()> {
@@ -1231,12 +1311,35 @@ impl Model {
             seqs: batch.len(),
             max_blocks,
         };
-        let logits = match (&self.group, &pool.remote) {
-            (Some(g), Some(r)) if Arc::ptr_eq(r.group(), g) => g.forward_paged(r, &step)?,
-            (None, None) => self.paged_step_device(pool, &step)?,
+        let bucket = match mode {
+            PagedMode::SampleLogprobs(..) => None,
+            _ => self.decode_bucket(&step),
+        };
+        let out = match (&self.group, &pool.remote, bucket) {
+            (None, None, Some(rows)) => {
+                let logits = self.paged_decode_step(pool, &step, rows)?;
+                self.pick_padded(logits, mode, step.seqs)?
+            }
+            (Some(g), Some(r), _) if Arc::ptr_eq(r.group(), g) => {
+                let logits = g.forward_paged(r, &step)?;
+                self.pick(logits, mode)?
+            }
+            (None, None, None) => {
+                let logits = self.paged_step_device(pool, &step)?;
+                self.pick(logits, mode)?
+            }
             _ => return Err(Error::invalid("paged KV pool belongs to another model")),
         };
-        let out = match mode {
+        for (st, toks) in batch.iter_mut() {
+            st.len += toks.len();
+            pool.commit(st, toks);
+        }
+        Ok(out)
+    }
+
+    /// The tokens (or host logits) `mode` asks for from a step's logits rows.
+    fn pick(&self, logits: Data, mode: PagedMode) -> Result<PagedOut> {
+        Ok(match mode {
             PagedMode::Greedy => PagedOut::Ids(self.argmax_rows(logits)?),
             PagedMode::Sample(rows) => PagedOut::Ids(self.sample_rows(&logits, rows)?),
             PagedMode::SampleLogprobs(rows, top_n) => {
@@ -1245,12 +1348,42 @@ impl Model {
                 PagedOut::IdsLogprobs(ids, lp)
             }
             PagedMode::Logits => PagedOut::Logits(to_host(logits)?),
-        };
-        for (st, toks) in batch.iter_mut() {
-            st.len += toks.len();
-            pool.commit(st, toks);
+        })
+    }
+
+    /// [`Model::pick`] over the first `n` rows of a padded decode step's `logits` (the padding
+    /// rows are picked greedily and dropped).
+    fn pick_padded(&self, logits: &Data, mode: PagedMode, n: usize) -> Result<PagedOut> {
+        let vocab = self.config.vocab_size;
+        let rows = logits.dim(0);
+        match mode {
+            PagedMode::Greedy => {
+                let mut ids = Data::empty(DataType::I32);
+                ops::argmax(&self.exec, logits, &mut ids)?;
+                let ids = to_host(ids)?;
+                let ids = ids.as_i32()?.get(..n).unwrap_or(&[]).to_vec();
+                let ids: Result<Vec<u32>> = ids
+                    .iter()
+                    .map(|&t| u32::try_from(t).map_err(|_| bad("ArgMax returned a negative id")))
+                    .collect();
+                Ok(PagedOut::Ids(ids?))
+            }
+            PagedMode::Sample(r) => {
+                let mut all = r.to_vec();
+                all.resize(rows, SampleRow::greedy());
+                let mut ids = self.sample_rows(logits, &all)?;
+                ids.truncate(n);
+                Ok(PagedOut::Ids(ids))
+            }
+            PagedMode::Logits => {
+                let host = logits.to_owned_host()?;
+                let v = host.as_f32()?.get(..n * vocab).unwrap_or(&[]).to_vec();
+                Ok(PagedOut::Logits(Data::from_f32(&[n, vocab], &v)?))
+            }
+            PagedMode::SampleLogprobs(..) => Err(Error::invalid(
+                "padded decode step: log-probabilities run op by op",
+            )),
         }
-        Ok(out)
     }
 
     /// Runs one planned paged step over `pool`'s storage (blocks already assigned); logits on
@@ -1340,7 +1473,7 @@ impl Model {
     /// Stages: [`Model::embed`], then per layer [`Model::attention_block`] and
     /// [`Model::ffn_block`] (each adding its residual), then [`Model::head`].
     #[allow(clippy::too_many_arguments)]
-    fn layers(
+    pub(super) fn layers(
         &self,
         ids: &Data,
         pos: &Data,
@@ -1540,18 +1673,18 @@ impl Model {
         } = bufs;
         let (s, nh, hd) = (q.dim(0), c.num_heads, c.head_dim);
         let layer_rope = self.rope.layer(c, i);
-        let rope = match (&ropes.local, self.rope.local.as_ref()) {
-            (Some(r), Some(l)) if std::ptr::eq(layer_rope, l) => r,
+        let rope = match &ropes.local {
+            Some(r) if self.rope.is_local(c, i) => r,
             _ => &ropes.global,
         };
-        if let Some(m) = &layer_rope.q_scale {
-            ops::mul_to(e, q, m)?; // the attention factor on the rotated dims only
-        }
         if let Some((qn, kn)) = self.spec.qk_norm {
             self.norm(q, &ln(qn), t0)?;
             std::mem::swap(*q, *t0);
             self.norm(k, &ln(kn), t0)?;
             std::mem::swap(*k, *t0);
+        }
+        if let Some(m) = &layer_rope.q_scale {
+            ops::mul_to(e, q, m)?; // the attention factor on the rotated dims only (after the norm)
         }
         // a graph-mode decode step rotates q and k in the attention launch
         let rotate_in_store = self.spec.positions == Positions::Rope
@@ -1605,6 +1738,11 @@ impl Model {
         } = bufs;
         let s = x.dim(0);
         let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
+        if let Some((m, names)) = self.moe_layer(i) {
+            self.norm(x, &ln(self.spec.ffn_norm), h)?;
+            super::moe::moe_ffn(&self.moe_step(), m, &names, &ln(""), h, b)?;
+            return self.ffn_residual(i, b, t0, x);
+        }
         self.norm_for_linear(x, &ln(self.spec.ffn_norm), h)?;
         let down = match self.spec.mlp {
             Mlp::Gated(gn, un, dn) => {
@@ -1645,11 +1783,16 @@ impl Model {
         }
         self.linear(t1, &ln(down), b)?;
         self.all_reduce(b, |_| true)?; // row-parallel down projection
+        self.ffn_residual(i, b, t0, x)
+    }
+
+    /// `x += post_ffn_norm(b)` (the norm where the architecture has one; `t` is scratch).
+    fn ffn_residual(&self, i: usize, b: &mut Data, t: &mut Data, x: &mut Data) -> Result<()> {
         if let Some(n) = self.spec.post_ffn_norm {
-            self.norm(b, &ln(n), t0)?;
-            std::mem::swap(*b, *t0);
+            self.norm(b, &format!("{}{i}.{n}", self.spec.layer_prefix), t)?;
+            std::mem::swap(b, t);
         }
-        ops::add_to(e, x, b, 1.0)
+        ops::add_to(&self.exec, x, b, 1.0)
     }
 
     /// The final norm and LM head over the rows `logit_rows` of `x`, with the logit

@@ -153,9 +153,19 @@ impl Weights {
     ///
     /// [`BaseDevice::weight_form`]: crate::device::BaseDevice::weight_form
     pub fn reform_for(&mut self, device: &dyn crate::device::BaseDevice) -> Result<usize> {
+        self.reform_for_where(device, |_| true)
+    }
+
+    /// [`Weights::reform_for`] of the tensors whose name passes `pick`; the others stay as
+    /// loaded (e.g. mapped from the file).
+    pub fn reform_for_where(
+        &mut self,
+        device: &dyn crate::device::BaseDevice,
+        pick: impl Fn(&str) -> bool,
+    ) -> Result<usize> {
         let mut changed = 0;
-        for d in self.resident.values_mut() {
-            if d.dims().len() != 2 || d.device() != device.kind() {
+        for (name, d) in self.resident.iter_mut() {
+            if d.dims().len() != 2 || d.device() != device.kind() || !pick(name) {
                 continue;
             }
             if let Some(new) = device.weight_form(d)? {

@@ -26,9 +26,12 @@ pub mod int_tile;
 pub mod int_wide;
 pub mod interleaved;
 pub mod interleaved_float;
+pub mod kquant_dot;
+pub mod kquant_int;
 pub mod matmul;
 pub mod quant_dot;
 
+use crate::kquant::{Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K};
 use crate::quant::{Q4_0_BYTES, Q4_1_BYTES, Q8_0_BYTES, QK};
 use crate::threads::Threads;
 use act_quant::Q8Rows;
@@ -117,33 +120,64 @@ pub enum WeightType {
     Q4_0,
     /// GGUF Q4_1 blocks.
     Q4_1,
+    /// GGUF Q4_K super-blocks (layouts in [`crate::kquant`]).
+    Q4K,
+    /// GGUF Q5_K super-blocks.
+    Q5K,
+    /// GGUF Q6_K super-blocks.
+    Q6K,
 }
 
 impl WeightType {
     /// Every weight type.
-    pub const ALL: [WeightType; 6] = [
+    pub const ALL: [WeightType; 9] = [
         WeightType::F32,
         WeightType::F16,
         WeightType::BF16,
         WeightType::Q8_0,
         WeightType::Q4_0,
         WeightType::Q4_1,
+        WeightType::Q4K,
+        WeightType::Q5K,
+        WeightType::Q6K,
     ];
 
-    /// True for the block-quantized types.
+    /// True for the 32-value block types (Q8_0, Q4_0, Q4_1).
     pub fn is_block(self) -> bool {
         matches!(self, WeightType::Q8_0 | WeightType::Q4_0 | WeightType::Q4_1)
     }
 
-    /// Bytes of one row of `k` elements; `None` when a block type gets `k % 32 != 0`.
+    /// True for the 256-value K-quant super-block types.
+    pub fn is_kquant(self) -> bool {
+        matches!(self, WeightType::Q4K | WeightType::Q5K | WeightType::Q6K)
+    }
+
+    /// Values per storage block: 32 for block types, 256 for K-quants, 1 for floats.
+    pub fn block_elems(self) -> usize {
+        if self.is_kquant() {
+            QK_K
+        } else if self.is_block() {
+            QK
+        } else {
+            1
+        }
+    }
+
+    /// Bytes of one row of `k` elements; `None` when `k` is not a whole number of blocks.
     pub fn row_bytes(self, k: usize) -> Option<usize> {
+        if !k.is_multiple_of(self.block_elems()) {
+            return None;
+        }
+        let blocks = k / self.block_elems();
         match self {
             WeightType::F32 => k.checked_mul(4),
             WeightType::F16 | WeightType::BF16 => k.checked_mul(2),
-            WeightType::Q8_0 | WeightType::Q4_0 | WeightType::Q4_1 if !k.is_multiple_of(QK) => None,
-            WeightType::Q8_0 => Some(k / QK * Q8_0_BYTES),
-            WeightType::Q4_0 => Some(k / QK * Q4_0_BYTES),
-            WeightType::Q4_1 => Some(k / QK * Q4_1_BYTES),
+            WeightType::Q8_0 => blocks.checked_mul(Q8_0_BYTES),
+            WeightType::Q4_0 => blocks.checked_mul(Q4_0_BYTES),
+            WeightType::Q4_1 => blocks.checked_mul(Q4_1_BYTES),
+            WeightType::Q4K => blocks.checked_mul(Q4_K_BYTES),
+            WeightType::Q5K => blocks.checked_mul(Q5_K_BYTES),
+            WeightType::Q6K => blocks.checked_mul(Q6_K_BYTES),
         }
     }
 
@@ -156,6 +190,9 @@ impl WeightType {
             WeightType::Q8_0 => "q8_0",
             WeightType::Q4_0 => "q4_0",
             WeightType::Q4_1 => "q4_1",
+            WeightType::Q4K => "q4_k",
+            WeightType::Q5K => "q5_k",
+            WeightType::Q6K => "q6_k",
         }
     }
 }
@@ -187,8 +224,9 @@ impl LinearArgs<'_> {
     fn validate(&self, out: &[f32]) -> Result<usize, String> {
         let rb = self.wtype.row_bytes(self.k).ok_or_else(|| {
             format!(
-                "weight {} needs k to be a multiple of 32, got k = {}",
+                "weight {} needs k to be a multiple of {}, got k = {}",
                 self.wtype.name(),
+                self.wtype.block_elems(),
                 self.k
             )
         })?;
@@ -234,7 +272,7 @@ impl LinearArgs<'_> {
 
     /// True when the integer (quantized activation) path applies.
     fn uses_int(&self) -> bool {
-        self.quant_act && self.wtype.is_block()
+        self.quant_act && (self.wtype.is_block() || self.wtype.is_kquant())
     }
 }
 
@@ -246,6 +284,9 @@ thread_local! {
 /// integer block math as the fast path).
 pub fn linear_ref(a: &LinearArgs, out: &mut [f32]) -> Result<(), String> {
     let rb = a.validate(out)?;
+    if a.wtype.is_kquant() {
+        return linear_kquant(None, a, rb, out);
+    }
     if a.uses_int() {
         let mut q = Q8Rows::default();
         act_quant::quantize_rows_ref(a.x, a.rows, a.k, &mut q)?;
@@ -263,6 +304,9 @@ pub fn linear_ref(a: &LinearArgs, out: &mut [f32]) -> Result<(), String> {
             WeightType::Q8_0 => quant_dot::rows_q8_0_ref,
             WeightType::Q4_0 => quant_dot::rows_q4_0_ref,
             WeightType::Q4_1 => quant_dot::rows_q4_1_ref,
+            WeightType::Q4K | WeightType::Q5K | WeightType::Q6K => {
+                return linear_kquant(None, a, rb, out)
+            }
         };
         gemm::run(None, a, rb, gemm::Kernel::Float(f, None), out);
     }
@@ -273,6 +317,9 @@ pub fn linear_ref(a: &LinearArgs, out: &mut [f32]) -> Result<(), String> {
 /// blocks of [`MAX_ROWS`] so every weight block is loaded once per block of rows.
 pub fn linear(threads: &Threads, a: &LinearArgs, out: &mut [f32]) -> Result<(), String> {
     let rb = a.validate(out)?;
+    if a.wtype.is_kquant() {
+        return linear_kquant(Some(threads), a, rb, out);
+    }
     if a.uses_int() {
         let mut f: IntRowsFn = match a.wtype {
             WeightType::Q8_0 => int_dot::pick_q8_0(),
@@ -325,6 +372,9 @@ pub fn linear(threads: &Threads, a: &LinearArgs, out: &mut [f32]) -> Result<(), 
             WeightType::Q8_0 => quant_dot::pick_q8_0(),
             WeightType::Q4_0 => quant_dot::pick_q4_0(),
             WeightType::Q4_1 => quant_dot::pick_q4_1(),
+            WeightType::Q4K | WeightType::Q5K | WeightType::Q6K => {
+                return linear_kquant(Some(threads), a, rb, out)
+            }
         };
         // GEMM: convert tiles of weight rows to f32 once, then run the f32 kernels on them;
         // fewer rows of float weights: the same tile kernel reading the rows in place (a row's
@@ -352,6 +402,50 @@ pub fn linear(threads: &Threads, a: &LinearArgs, out: &mut [f32]) -> Result<(), 
         gemm::run(Some(threads), a, rb, gemm::Kernel::Float(f, plan), out);
         Ok(())
     }
+}
+
+/// `Linear` with K-quant weights (`a` validated, `rb` its row bytes): with `quant_act` the
+/// activations are quantized to Q8_0 and the integer kernels of [`kquant_int`] run (one weight
+/// row × up to [`MAX_ROWS`] activation rows per call, columns split over `threads`); otherwise the
+/// exact kernels of [`kquant_dot`], and from [`GEMM_MIN_ROWS`] rows on the f32 GEMM over
+/// dequantized tiles. `threads = None` runs the scalar references on one thread.
+fn linear_kquant(
+    threads: Option<&Threads>,
+    a: &LinearArgs,
+    rb: usize,
+    out: &mut [f32],
+) -> Result<(), String> {
+    let none = || format!("no kernel for {}", a.wtype.name());
+    if a.quant_act {
+        let f = match threads {
+            Some(_) => kquant_int::pick(a.wtype),
+            None => kquant_int::pick_ref(a.wtype),
+        }
+        .ok_or_else(none)?;
+        return ACT_SCRATCH.with(|s| {
+            let mut q = s
+                .try_borrow_mut()
+                .map_err(|_| "activation scratch busy (re-entrant call)".to_string())?;
+            match threads {
+                Some(_) => act_quant::quantize_rows(a.x, a.rows, a.k, &mut q)?,
+                None => act_quant::quantize_rows_ref(a.x, a.rows, a.k, &mut q)?,
+            }
+            gemm::run(threads, a, rb, gemm::Kernel::Int(f, &q, None), out);
+            Ok(())
+        });
+    }
+    let f = match threads {
+        Some(_) => kquant_dot::pick(a.wtype),
+        None => kquant_dot::pick_ref(a.wtype),
+    }
+    .ok_or_else(none)?;
+    let plan = (threads.is_some() && a.rows >= GEMM_MIN_ROWS).then(|| gemm::F32Gemm {
+        convert: kquant_dot::pick_row_to_f32(a.wtype),
+        rows: float_dot::pick_f32(),
+        tile: float_dot::pick_tile_f32(),
+    });
+    gemm::run(threads, a, rb, gemm::Kernel::Float(f, plan), out);
+    Ok(())
 }
 
 /// `Linear` with an interleaved weight (`a.w` in the layout of [`interleaved`] for block types or

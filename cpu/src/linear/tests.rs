@@ -3,8 +3,8 @@
 
 use super::matmul::{matmul, matmul_ref, matmul_trans_b, matmul_trans_b_ref, MatMulShape};
 use super::*;
-use crate::quant;
 use crate::threads::Threads;
+use crate::{kquant, quant};
 use half::{bf16, f16};
 
 fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
@@ -47,6 +47,21 @@ fn encode(t: WeightType, v: &[f32]) -> (Vec<u8>, Vec<f32>) {
             quant::quantize_q4_1(v, &mut b);
             b
         }
+        WeightType::Q4K => {
+            let mut b = vec![0u8; v.len() / 256 * kquant::Q4_K_BYTES];
+            kquant::quantize_q4_k(v, &mut b);
+            b
+        }
+        WeightType::Q5K => {
+            let mut b = vec![0u8; v.len() / 256 * kquant::Q5_K_BYTES];
+            kquant::quantize_q5_k(v, &mut b);
+            b
+        }
+        WeightType::Q6K => {
+            let mut b = vec![0u8; v.len() / 256 * kquant::Q6_K_BYTES];
+            kquant::quantize_q6_k(v, &mut b);
+            b
+        }
     };
     match t {
         WeightType::F32 => deq.copy_from_slice(v),
@@ -61,6 +76,9 @@ fn encode(t: WeightType, v: &[f32]) -> (Vec<u8>, Vec<f32>) {
         WeightType::Q8_0 => quant::dequantize_q8_0(&bytes, &mut deq),
         WeightType::Q4_0 => quant::dequantize_q4_0(&bytes, &mut deq),
         WeightType::Q4_1 => quant::dequantize_q4_1(&bytes, &mut deq),
+        WeightType::Q4K => kquant::dequantize_q4_k(&bytes, &mut deq),
+        WeightType::Q5K => kquant::dequantize_q5_k(&bytes, &mut deq),
+        WeightType::Q6K => kquant::dequantize_q6_k(&bytes, &mut deq),
     }
     (bytes, deq)
 }
@@ -79,7 +97,13 @@ fn nmse(a: &[f32], b: &[f32]) -> f64 {
 fn linear_fast_and_ref_match_f64() {
     let threads = Threads::new(2).unwrap();
     for t in WeightType::ALL {
-        for &(rows, k, n) in &[(1, 64, 7), (3, 96, 67), (5, 160, 9), (9, 576, 33)] {
+        // K-quants: 1, 3, 2 and 5 super-blocks per row
+        let shapes: &[(usize, usize, usize)] = if t.is_kquant() {
+            &[(1, 256, 7), (3, 768, 67), (5, 512, 9), (9, 1280, 33)]
+        } else {
+            &[(1, 64, 7), (3, 96, 67), (5, 160, 9), (9, 576, 33)]
+        };
+        for &(rows, k, n) in shapes {
             for quant_act in [false, true] {
                 let x = rand_vec(rows * k, 1);
                 let (w, wd) = encode(t, &rand_vec(n * k, 2));
@@ -109,7 +133,7 @@ fn linear_fast_and_ref_match_f64() {
                     .collect();
                 let name = format!("{} rows={rows} k={k} n={n} qa={quant_act}", t.name());
                 assert!(nmse(&f, &r) < 1e-10, "{name}: fast vs ref {}", nmse(&f, &r));
-                let tol = if quant_act && t.is_block() {
+                let tol = if quant_act && (t.is_block() || t.is_kquant()) {
                     5e-4
                 } else {
                     1e-10
@@ -118,6 +142,95 @@ fn linear_fast_and_ref_match_f64() {
                     nmse(&r, &exact) < tol,
                     "{name}: ref vs f64 {}",
                     nmse(&r, &exact)
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn kquant_simd_kernels_match_reference() {
+    use crate::simd;
+    let mut float: Vec<(WeightType, &str, FloatRowsFn, FloatRowsFn)> = Vec::new();
+    let mut int: Vec<(WeightType, &str, IntRowsFn, IntRowsFn)> = Vec::new();
+    let refs = |t| {
+        (
+            kquant_dot::pick_ref(t).unwrap(),
+            kquant_int::pick_ref(t).unwrap(),
+        )
+    };
+    #[cfg(target_arch = "x86_64")]
+    for t in [WeightType::Q4K, WeightType::Q5K, WeightType::Q6K] {
+        let (fr, ir) = refs(t);
+        if simd::has_avx2_fma() {
+            let (f, i): (FloatRowsFn, IntRowsFn) = match t {
+                WeightType::Q4K => (kquant_dot::avx2::rows_q4_k, kquant_int::avx2::rows_q4_k),
+                WeightType::Q5K => (kquant_dot::avx2::rows_q5_k, kquant_int::avx2::rows_q5_k),
+                _ => (kquant_dot::avx2::rows_q6_k, kquant_int::avx2::rows_q6_k),
+            };
+            float.push((t, "avx2", fr, f));
+            int.push((t, "avx2", ir, i));
+        }
+        if int_tile::has_vnni() {
+            let i: IntRowsFn = match t {
+                WeightType::Q4K => kquant_int::avx512::rows_q4_k,
+                WeightType::Q5K => kquant_int::avx512::rows_q5_k,
+                _ => kquant_int::avx512::rows_q6_k,
+            };
+            int.push((t, "avx512-vnni", ir, i));
+        } else {
+            eprintln!(
+                "kquant_simd_kernels_match_reference: no AVX-512 VNNI here, VNNI kernels not run"
+            );
+        }
+    }
+    let _ = refs;
+    // the GEMM path's row converters decode exactly like the scalar dequantization
+    for t in [WeightType::Q4K, WeightType::Q5K, WeightType::Q6K] {
+        let k = 768;
+        let (w, wd) = encode(t, &rand_vec(k, 15));
+        let mut o = vec![0f32; k];
+        // SAFETY: a whole row of k values; the converter was picked for this CPU.
+        unsafe { kquant_dot::pick_row_to_f32(t).unwrap()(&w, k, &mut o) };
+        assert_eq!(o, wd, "{} row converter", t.name());
+    }
+    // 1, 3 and 7 super-blocks; activation row offsets past the first row
+    for (t, name, rf, ff) in float {
+        for k in [256usize, 768, 1792] {
+            for rows in 1..=MAX_ROWS {
+                let x = rand_vec((rows + 1) * k, 11);
+                let (w, _) = encode(t, &rand_vec(k, 12));
+                let (mut a, mut b) = ([0f32; MAX_ROWS], [0f32; MAX_ROWS]);
+                // SAFETY: sizes as the contract asks; the kernel's features checked above.
+                unsafe {
+                    rf(&w, &x[k..], k, rows, &mut a);
+                    ff(&w, &x[k..], k, rows, &mut b);
+                }
+                let tag = format!("{} {name} exact k={k} rows={rows}", t.name());
+                assert!(
+                    nmse(&b[..rows], &a[..rows]) < 1e-10,
+                    "{tag}: {a:?} vs {b:?}"
+                );
+            }
+        }
+    }
+    for (t, name, rf, ff) in int {
+        for k in [256usize, 768, 1792] {
+            for rows in 1..=MAX_ROWS {
+                let x = rand_vec((rows + 2) * k, 13);
+                let mut q = act_quant::Q8Rows::default();
+                act_quant::quantize_rows_ref(&x, rows + 2, k, &mut q).unwrap();
+                let (w, _) = encode(t, &rand_vec(k, 14));
+                let (mut a, mut b) = ([0f32; MAX_ROWS], [0f32; MAX_ROWS]);
+                // SAFETY: as above.
+                unsafe {
+                    rf(&w, &q, 2, rows, &mut a);
+                    ff(&w, &q, 2, rows, &mut b);
+                }
+                let tag = format!("{} {name} int k={k} rows={rows}", t.name());
+                assert!(
+                    nmse(&b[..rows], &a[..rows]) < 1e-10,
+                    "{tag}: {a:?} vs {b:?}"
                 );
             }
         }

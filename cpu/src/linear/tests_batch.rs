@@ -1,7 +1,7 @@
 //! Batch invariance: a row's `Linear` output is bit-equal whether the row runs alone or in a
 //! batch of any size, on the fast (threaded SIMD) path, in the plain and the interleaved layout:
-//! for block weights with quantized activations (`fast` precision) and for F32/F16/BF16 weights.
-//! Block weights with f32 activations (`exact` precision) hold it below
+//! for block and K-quant weights with quantized activations (`fast` precision) and for
+//! F32/F16/BF16 weights. Block and K-quant weights with f32 activations (`exact` precision) hold it below
 //! [`GEMM_MIN_ROWS`](super::GEMM_MIN_ROWS) rows; from there on AVX-512 they run as converted
 //! f32 tiles, whose sums are ordered differently.
 
@@ -42,6 +42,9 @@ fn weight(t: WeightType, n: usize, k: usize, seed: u64) -> Vec<u8> {
         WeightType::Q8_0 => crate::quant::quantize_q8_0(&v, &mut b),
         WeightType::Q4_0 => crate::quant::quantize_q4_0(&v, &mut b),
         WeightType::Q4_1 => crate::quant::quantize_q4_1(&v, &mut b),
+        WeightType::Q4K => crate::kquant::quantize_q4_k(&v, &mut b),
+        WeightType::Q5K => crate::kquant::quantize_q5_k(&v, &mut b),
+        WeightType::Q6K => crate::kquant::quantize_q6_k(&v, &mut b),
     }
     b
 }
@@ -73,6 +76,9 @@ fn a_rows_output_does_not_depend_on_the_batch() {
         let x = rand_vec(16 * k, (n * k) as u64);
         let bias = rand_vec(n, 7);
         for t in WeightType::ALL {
+            if t.row_bytes(k).is_none() {
+                continue; // (K-quants: only the k that is whole super-blocks)
+            }
             let w = weight(t, n, k, (n + k) as u64);
             let inter = n % interleaved::GROUP_ROWS == 0 && interleaved::available_for(t);
             let wi = if inter {
@@ -103,7 +109,9 @@ fn a_rows_output_does_not_depend_on_the_batch() {
                         while r0 < 16 {
                             let rows = b.min(16 - r0);
                             let got = run(&th, &a, &x, r0, rows, il);
-                            let exact_gemm = t.is_block() && !quant_act && rows >= GEMM_MIN_ROWS;
+                            let exact_gemm = (t.is_block() || t.is_kquant())
+                                && !quant_act
+                                && rows >= GEMM_MIN_ROWS;
                             for r in (0..rows).filter(|_| !exact_gemm) {
                                 let g = &got[r * n..(r + 1) * n];
                                 let want = &solo[r0 + r];

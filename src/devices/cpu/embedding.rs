@@ -1,5 +1,5 @@
 //! The `Embedding` operator on the CPU: validates token ids (I32, each in `0..vocab`) and the
-//! weight (`[vocab, d]` in F32/F16/BF16/Q8_0/Q4_0/Q4_1), sizes `output [.., d]` and calls
+//! weight (`[vocab, d]` in F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K), sizes `output [.., d]` and calls
 //! `fastllm_cpu::embedding`. Must not hold kernel arithmetic.
 
 use super::args::{check_dtype, check_tensor, i32s, need};
@@ -25,6 +25,9 @@ fn format_of(t: DataType) -> Option<WeightFormat> {
         DataType::Q8_0 => WeightFormat::Q8_0,
         DataType::Q4_0 => WeightFormat::Q4_0,
         DataType::Q4_1 => WeightFormat::Q4_1,
+        DataType::Q4K => WeightFormat::Q4K,
+        DataType::Q5K => WeightFormat::Q5K,
+        DataType::Q6K => WeightFormat::Q6K,
         DataType::Q8_0Interleaved
         | DataType::Q4_0Interleaved
         | DataType::Q4_1Interleaved

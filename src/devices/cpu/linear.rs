@@ -1,6 +1,6 @@
-//! Matrix operators on the CPU: `Linear` (F32/F16/BF16/Q8_0/Q4_0/Q4_1 weights, plain or (all but
-//! F32) interleaved 16 rows at a time (`crate::interleave`), optional bias,
-//! `quant_act`), `MatMul` and `MatMulTransB` (f32, batched). `reshape` validates shapes and
+//! Matrix operators on the CPU: `Linear` (F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K weights,
+//! plain or (all but F32 and the K-quants) interleaved 16 rows at a time (`crate::interleave`),
+//! optional bias, `quant_act`), `MatMul` and `MatMulTransB` (f32, batched). `reshape` validates shapes and
 //! dtypes and sizes the output; `run` adapts `Data` to the kernels of `fastllm_cpu::linear`
 //! (scalar references in `KernelMode::Reference`, SIMD + threads in `Fast`).
 //!
@@ -43,6 +43,9 @@ fn weight_type(t: DataType) -> Option<WeightType> {
         DataType::Q8_0 => WeightType::Q8_0,
         DataType::Q4_0 => WeightType::Q4_0,
         DataType::Q4_1 => WeightType::Q4_1,
+        DataType::Q4K => WeightType::Q4K,
+        DataType::Q5K => WeightType::Q5K,
+        DataType::Q6K => WeightType::Q6K,
         DataType::Q8_0Interleaved
         | DataType::Q4_0Interleaved
         | DataType::Q4_1Interleaved

@@ -21,6 +21,7 @@ mod elementwise;
 mod embedding;
 mod kv;
 mod linear;
+mod moe;
 mod norm;
 mod paged;
 mod rope;
@@ -89,6 +90,7 @@ impl CpuDevice {
         sample::register(&mut ops, &ctx);
         shape::register(&mut ops, &ctx);
         linear::register(&mut ops, &ctx);
+        moe::register(&mut ops, &ctx);
         Ok(CpuDevice {
             ctx,
             ops,

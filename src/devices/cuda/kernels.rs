@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 /// Every kernel source, in order; `common.cuh` first (the others use its helpers).
-const SOURCES: [(&str, &str); 11] = [
+const SOURCES: [(&str, &str); 12] = [
     ("common.cuh", include_str!("../../../kernels/common.cuh")),
     (
         "elementwise.cu",
@@ -32,6 +32,10 @@ const SOURCES: [(&str, &str); 11] = [
     ("shape.cu", include_str!("../../../kernels/shape.cu")),
     ("select.cu", include_str!("../../../kernels/select.cu")),
     ("sample.cu", include_str!("../../../kernels/sample.cu")),
+    (
+        "paged_decode.cu",
+        include_str!("../../../kernels/paged_decode.cu"),
+    ),
 ];
 
 /// All kernel sources as one translation unit.

@@ -26,6 +26,11 @@
 //! ([`DEQ_TILE_BYTES`]) into a scratch buffer for cuBLAS. Products accumulate and are written in
 //! f32. `exact` precision (`quant_act = 0`) keeps the f32-activation kernels.
 //!
+//! K-quant weights (Q4_K/Q5_K/Q6_K, `k % 256 == 0`): the `linear_*`/`gemv_*` kernels read f32
+//! activations whatever `quant_act` asks (a warp takes one 256-value super-block per step, 8
+//! values per lane); with `quant_act = 1` and [`TC_MIN_ROWS`] rows or more they are dequantized
+//! to f16 tiles for cuBLAS (`dequant_f16_q*_k`); they have no `linear_mma` kernel.
+//!
 //! Half activations (prefill of the gated MLP): with `half_output` = 2 (f16) / 3 (bf16) and a
 //! tensor-core product (the conditions above, the weight's form equal to the one asked for, no
 //! bias, no `accumulate`), the outputs are F16/BF16 tensors written by cuBLAS directly; an
@@ -74,10 +79,9 @@ pub const TC_MIN_ROWS: usize = 16;
 /// Largest f16 tile of a block weight dequantized at once for the tensor-core path.
 const DEQ_TILE_BYTES: usize = 128 << 20;
 /// Up to this many rows, `quant_act` products with block weights (`k % MMA_KC == 0`, 16-byte
-/// aligned) take the
-/// `linear_mma` kernels (weights read once, dequantized in registers), from 2 rows on; above it
-/// the dequantize-then-cuBLAS path.
-const MMA_MAX_ROWS: usize = 64;
+/// aligned) take the `linear_mma` kernels (weights read once per slice of 64 rows, dequantized
+/// in registers), from 2 rows on; above it the dequantize-then-cuBLAS path.
+const MMA_MAX_ROWS: usize = 128;
 /// From this many rows on, `quant_act` products with F16/BF16 weights use cuBLAS (which reads
 /// the weight once for all rows; the GEMV kernels read it once per 4 rows).
 const HALF_TC_MIN_ROWS: usize = 2;
@@ -115,7 +119,8 @@ impl Batched {
 
     /// Whether a block-weight product of `m` rows of `k` values takes `linear_mma`.
     fn mma(&self, dtype: DataType, m: usize, k: usize) -> bool {
-        let fits = dtype.is_quantized() && k.is_multiple_of(MMA_KC) && m >= 2;
+        // (K-quants have no `linear_mma` kernel; they take dequantized tiles for cuBLAS)
+        let fits = dtype.is_quantized() && !dtype.is_kquant() && k.is_multiple_of(MMA_KC) && m >= 2;
         match self.mode {
             1 => false,
             2 => fits,
@@ -835,7 +840,8 @@ impl Linear {
             }
         }
         let quant_act = ints.get_or("quant_act", 0) != 0;
-        let tc_weight = dtype != DataType::F32 && (!dtype.is_quantized() || k.is_multiple_of(32));
+        let tc_weight = dtype != DataType::F32
+            && (!dtype.is_quantized() || k.is_multiple_of(dtype.block_elems()));
         if quant_act
             && tc_weight
             && m >= bat.tc_min_rows(dtype, k)
@@ -843,7 +849,8 @@ impl Linear {
         {
             return Ok(());
         }
-        let quant_act = ints.get_or("quant_act", 0) != 0;
+        // the GEMV kernels of K-quant weights read f32 activations (no Q8_0 activation kernels)
+        let quant_act = ints.get_or("quant_act", 0) != 0 && !dtype.is_kquant();
         let aligned = segs.iter().all(|s| s.w % 16 == 0);
         // 16-byte superblock kernels for block weights with quantized activations: k % 256 == 0,
         // aligned rows.

@@ -26,6 +26,7 @@ mod linear_mma;
 pub mod nccl;
 mod norm;
 mod paged;
+mod paged_decode;
 mod rope;
 mod sample;
 mod select;
@@ -33,6 +34,7 @@ mod shape;
 
 pub use attention::{decode_splits, DECODE_MAX_HD, DECODE_MAX_QUERIES, TC_MIN_QUERIES};
 pub use linear::{tensor_core_rows, TC_MIN_ROWS};
+pub use paged_decode::paged_decode_splits;
 
 use buffer::{alloc_data, dptr};
 use gpu::Gpu;
@@ -61,6 +63,7 @@ impl CudaDevice {
         elementwise::register(&mut ops, &gpu, &act);
         norm::register(&mut ops, &gpu, &act);
         paged::register(&mut ops, &gpu);
+        paged_decode::register(&mut ops, &gpu);
         embedding::register(&mut ops, &gpu);
         linear::register(&mut ops, &gpu, &act);
         attention::register(&mut ops, &gpu, &act);

@@ -1,4 +1,4 @@
-//! The paged KV cache on the GPU (f32): `PagedCacheWrite` (`cache[slots[i]] = input[i]`) and
+//! The paged KV cache on the GPU (f16 or f32 slots): `PagedCacheWrite` (`cache[slots[i]] = input[i]`) and
 //! `PagedAttention` (each sequence's new query rows over its cached keys, through block tables;
 //! causal, sliding window, GQA, ALiBi, soft-capping). The small index arrays are read on the host
 //! first so that every slot and block id is checked before a kernel touches memory. Both ops
@@ -36,11 +36,11 @@ pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>) {
 /// values copies them into the same buffer (in stream order, after the kernels that read the
 /// previous values), growing it when they do not fit.
 #[derive(Default)]
-struct HostIndex(Mutex<Option<(Vec<u8>, Option<CudaBuffer>)>>);
+pub(super) struct HostIndex(Mutex<Option<(Vec<u8>, Option<CudaBuffer>)>>);
 
 impl HostIndex {
     /// The device address of `d`'s values: its own where it lives on the GPU, else the copy.
-    fn ptr(&self, gpu: &Arc<Gpu>, d: &Data, name: &str) -> Result<u64> {
+    pub(super) fn ptr(&self, gpu: &Arc<Gpu>, d: &Data, name: &str) -> Result<u64> {
         if let Storage::Device(_) = d.storage() {
             return dptr(d, name);
         }
@@ -107,13 +107,18 @@ impl Operator for PagedCacheWrite {
         &["slots"]
     }
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
-        d.dtype("input") == Some(DataType::F32) && d.dtype("cache") == Some(DataType::F32)
+        d.dtype("input") == Some(DataType::F32)
+            && matches!(d.dtype("cache"), Some(DataType::F32 | DataType::F16))
     }
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
         const OP: &str = "PagedCacheWrite";
         let x = need(d.get("input"), OP, "input", DataType::F32, 3)?;
         let s = need(d.get("slots"), OP, "slots", DataType::I32, 1)?;
-        let c = need(d.get("cache"), OP, "cache", DataType::F32, 3)?;
+        let c = d.get("cache").filter(|c| c.dtype() == DataType::F16);
+        let c = match c {
+            Some(c) => need(Some(c), OP, "cache", DataType::F16, 3)?,
+            None => need(d.get("cache"), OP, "cache", DataType::F32, 3)?,
+        };
         if x.dims()[1..] != c.dims()[1..] || s.dim(0) != x.dim(0) {
             return Err(op_err(
                 OP,
@@ -141,8 +146,12 @@ impl Operator for PagedCacheWrite {
         let s = s.ok_or_else(|| op_err(OP, "missing input 'slots'"))?;
         let row = x.dim(1) * x.dim(2);
         let n = x.dim(0);
+        let kernel = match c.dtype() {
+            DataType::F16 => "paged_cache_write_f16",
+            _ => "paged_cache_write_f32",
+        };
         self.gpu.launch(
-            "paged_cache_write_f32",
+            kernel,
             Gpu::grid_for(n * row, 256),
             256,
             &[
@@ -186,8 +195,12 @@ struct Sizes {
 fn check(a: &[Option<&Data>; 7], i: &IntDict) -> Result<Sizes> {
     const OP: &str = "PagedAttention";
     let q = need(a[0], OP, "q", DataType::F32, 3)?;
-    let kc = need(a[1], OP, "k_cache", DataType::F32, 3)?;
-    let vc = need(a[2], OP, "v_cache", DataType::F32, 3)?;
+    let cdt = match a[1].map(|c| c.dtype()) {
+        Some(DataType::F16) => DataType::F16,
+        _ => DataType::F32,
+    };
+    let kc = need(a[1], OP, "k_cache", cdt, 3)?;
+    let vc = need(a[2], OP, "v_cache", cdt, 3)?;
     let qs = host_i32(need(a[3], OP, "q_starts", DataType::I32, 1)?)?;
     let kl = host_i32(need(a[4], OP, "kv_lens", DataType::I32, 1)?)?;
     let bt = need(a[5], OP, "block_tables", DataType::I32, 2)?;
@@ -280,7 +293,10 @@ impl Operator for PagedAttention {
         &["q_starts", "kv_lens", "block_tables"]
     }
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
-        all_f32(d, &["q", "k_cache", "v_cache", "alibi_slopes"])
+        let cache = d.dtype("k_cache");
+        all_f32(d, &["q", "alibi_slopes"])
+            && matches!(cache, Some(DataType::F32 | DataType::F16))
+            && d.dtype("v_cache") == cache
             && d.dtype("q").is_some()
             && d.get("q").is_some_and(|q| q.dim(-1) <= MAX_HD)
     }
@@ -311,8 +327,12 @@ impl Operator for PagedAttention {
             .ok()
             .filter(|&h| h <= 65535)
             .ok_or_else(|| op_err(OP, "too many heads"))?;
+        let kernel = match a[1].map(|c| c.dtype()) {
+            Some(DataType::F16) => "paged_attention_f16",
+            _ => "paged_attention_f32",
+        };
         self.gpu.launch(
-            "paged_attention_f32",
+            kernel,
             (gx, gy, 1),
             128,
             &[

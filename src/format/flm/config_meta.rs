@@ -3,7 +3,7 @@
 
 use super::meta::{MetaValue, Metadata};
 use crate::error::{Error, Result};
-use crate::model::{ModelConfig, RopeScaling, RopeStyle};
+use crate::model::{ModelConfig, MoeConfig, MoeScoring, RopeScaling, RopeStyle};
 
 fn u32_of(key: &str, v: usize) -> Result<MetaValue> {
     u32::try_from(v)
@@ -159,6 +159,9 @@ impl ModelConfig {
             "model.eos_ids".into(),
             MetaValue::Array(self.eos_ids.iter().map(|&e| MetaValue::U32(e)).collect()),
         );
+        if let Some(moe) = &self.moe {
+            moe_to_metadata(moe, &mut m)?;
+        }
         Ok(m)
     }
 
@@ -300,6 +303,92 @@ impl ModelConfig {
             query_pre_attn_scalar: float("model.query_pre_attn_scalar")?,
             bos_id,
             eos_ids: u32s("model.eos_ids")?,
+            moe: moe_from_metadata(m, path)?,
         })
     }
+}
+
+/// The `model.moe.*` entries of a mixture-of-experts config.
+fn moe_to_metadata(moe: &MoeConfig, m: &mut Metadata) -> Result<()> {
+    for (k, v) in [
+        ("model.moe.experts", moe.experts),
+        ("model.moe.experts_per_token", moe.experts_per_token),
+        ("model.moe.expert_intermediate", moe.expert_intermediate),
+        ("model.moe.groups", moe.groups),
+        ("model.moe.topk_groups", moe.topk_groups),
+        ("model.moe.shared_intermediate", moe.shared_intermediate),
+    ] {
+        m.insert(k.into(), u32_of(k, v)?);
+    }
+    let scoring = match moe.scoring {
+        MoeScoring::Softmax => "softmax",
+        MoeScoring::Sigmoid => "sigmoid",
+    };
+    m.insert("model.moe.scoring".into(), MetaValue::Str(scoring.into()));
+    m.insert("model.moe.normalize".into(), MetaValue::Bool(moe.normalize));
+    m.insert(
+        "model.moe.routed_scale".into(),
+        MetaValue::F32(moe.routed_scale),
+    );
+    m.insert(
+        "model.moe.layers".into(),
+        MetaValue::Array(moe.layers.iter().map(|&b| MetaValue::Bool(b)).collect()),
+    );
+    Ok(())
+}
+
+/// The mixture-of-experts config from `model.moe.*` (`None` when `model.moe.experts` is absent:
+/// a dense model).
+fn moe_from_metadata(m: &Metadata, path: &str) -> Result<Option<MoeConfig>> {
+    if m.get("model.moe.experts").is_none() {
+        return Ok(None);
+    }
+    let bad = |k: &str| {
+        Error::format(
+            path,
+            format!("metadata key {k} missing or of the wrong type"),
+        )
+    };
+    let size = |k: &str| -> Result<usize> {
+        m.get(k)
+            .and_then(|v| v.as_u64())
+            .and_then(|v| usize::try_from(v).ok())
+            .ok_or_else(|| bad(k))
+    };
+    let scoring = match m.get("model.moe.scoring").and_then(|v| v.as_str()) {
+        Some("softmax") => MoeScoring::Softmax,
+        Some("sigmoid") => MoeScoring::Sigmoid,
+        Some(other) => {
+            return Err(Error::format(
+                path,
+                format!("unknown model.moe.scoring {other:?}"),
+            ))
+        }
+        None => return Err(bad("model.moe.scoring")),
+    };
+    let layers = m
+        .get("model.moe.layers")
+        .and_then(|v| v.as_array())
+        .ok_or_else(|| bad("model.moe.layers"))?
+        .iter()
+        .map(|v| v.as_bool().ok_or_else(|| bad("model.moe.layers")))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Some(MoeConfig {
+        experts: size("model.moe.experts")?,
+        experts_per_token: size("model.moe.experts_per_token")?,
+        expert_intermediate: size("model.moe.expert_intermediate")?,
+        scoring,
+        groups: size("model.moe.groups")?,
+        topk_groups: size("model.moe.topk_groups")?,
+        normalize: m
+            .get("model.moe.normalize")
+            .and_then(|v| v.as_bool())
+            .ok_or_else(|| bad("model.moe.normalize"))?,
+        routed_scale: m
+            .get("model.moe.routed_scale")
+            .and_then(|v| v.as_f64())
+            .ok_or_else(|| bad("model.moe.routed_scale"))? as f32,
+        shared_intermediate: size("model.moe.shared_intermediate")?,
+        layers,
+    }))
 }

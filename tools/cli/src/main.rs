@@ -227,7 +227,8 @@ enum Cmd {
         #[arg(long)]
         json: bool,
         /// Measure a random-weight model of this shape instead of a file: llama-3-8b,
-        /// llama-3.2-1b or qwen2-0.5b (weights generated on the host, uploaded at load).
+        /// llama-3.2-1b, qwen2-0.5b, or the mixture-of-experts qwen3-30b-a3b, moe-small,
+        /// moe-tiny (weights generated on the host, uploaded at load).
         #[arg(long)]
         synthetic: Option<String>,
         /// Weight dtype of a synthetic model: f16, int8 (Q8_0) or int4 (Q4_0).
@@ -238,6 +239,11 @@ enum Cmd {
         /// token on the device); reported as batch_tg_tok_s (all sequences' tokens per second).
         #[arg(long, default_value_t = 1)]
         batch: usize,
+        /// How those steps run: graphs (padded to a batch bucket, recorded and replayed as
+        /// CUDA graphs), eager (padded, op by op), off (op by op over exactly the batch) or
+        /// auto (graphs where the device records them, else off).
+        #[arg(long, default_value = "auto")]
+        batch_decode: String,
         /// Print the per-op host time of the generation runs to stderr (GPU ops are queued
         /// asynchronously, so on a GPU this is the host's dispatch cost per op).
         #[arg(long)]
@@ -349,7 +355,8 @@ enum Cmd {
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
         prefix_caching: bool,
         /// Serve a random-weight model of this shape instead of a file (llama-3-8b,
-        /// llama-3.2-1b, qwen2-0.5b, tiny), with a byte-level stand-in tokenizer: for load
+        /// llama-3.2-1b, qwen2-0.5b, tiny, qwen3-30b-a3b, moe-small, moe-tiny), with a
+        /// byte-level stand-in tokenizer: for load
         /// tests; its text is meaningless.
         #[arg(long)]
         synthetic: Option<String>,
@@ -650,6 +657,7 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             synthetic,
             dtype,
             batch,
+            batch_decode,
             profile,
         } => bench(
             &m,
@@ -660,7 +668,7 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             json,
             synthetic.as_deref(),
             &dtype,
-            batch,
+            (batch, &batch_decode),
             profile,
             t0,
         )?,
@@ -1027,7 +1035,7 @@ fn bench(
     json: bool,
     synthetic: Option<&str>,
     dtype: &str,
-    batch: usize,
+    (batch, batch_mode): (usize, &str),
     profile: bool,
     t0: Instant,
 ) -> Result<()> {
@@ -1047,8 +1055,25 @@ fn bench(
         )));
     }
     let lt = Instant::now();
-    let bm = bench_model(m, synthetic, dtype)?;
+    let mut bm = bench_model(m, synthetic, dtype)?;
     let load_s = lt.elapsed().as_secs_f64();
+    if batch > 1 {
+        use fastllm::model::BatchDecode;
+        let mode = match batch_mode {
+            "auto" => bm.model.batch_decode(),
+            "graphs" => BatchDecode::Graphs,
+            "eager" => BatchDecode::Eager,
+            "off" => BatchDecode::Off,
+            other => {
+                return Err(fastllm::Error::invalid(format!(
+                    "--batch-decode {other}: expected auto, graphs, eager or off"
+                )))
+            }
+        };
+        if mode != bm.model.batch_decode() {
+            bm.model.set_batch_decode(mode)?;
+        }
+    }
     let model = &bm.model;
     let cfg = model.config().clone();
     // deterministic pseudo-random prompt tokens, like llama-bench
@@ -1153,6 +1178,7 @@ fn bench(
                 "pp_tok_s": pps, "tg_tok_s": tgs, "load_s": load_s, "peak_rss_mib": rss,
                 "tg_weight_gb_s": bm.weight_bytes.map(|b| b as f64 * tgs / 1e9),
                 "batch": batch, "batch_tg_tok_s": btgs,
+                "batch_decode": format!("{:?}", model.batch_decode()).to_lowercase(),
                 "kv_dtype": model.kv_dtype().name(),
                 "kv_bytes_per_token": model.kv_bytes_per_token(),
             })

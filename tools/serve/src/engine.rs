@@ -322,6 +322,8 @@ impl Scheduler {
     ) -> fastllm::Result<Scheduler> {
         let mut pool = PagedKvPool::new(&llm.model, cfg.kv_blocks, cfg.block_size)?;
         pool.set_prefix_caching(cfg.prefix_caching);
+        // kernels compiled and batched decode steps recorded before the server says ready
+        fastllm::model::warm_batch_decode(&llm.model, &mut pool, cfg.max_concurrent_requests)?;
         let eos = llm.eos_ids();
         Ok(Scheduler {
             llm,

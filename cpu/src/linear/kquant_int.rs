@@ -1,0 +1,533 @@
+//! Integer dots for `quant_act = 1` with K-quant weights (Q4_K, Q5_K, Q6_K; layouts in
+//! `crate::kquant`): one weight row against up to [`MAX_ROWS`] activation rows quantized to Q8_0
+//! blocks of 32 ([`Q8Rows`]). A 32-value activation block lines up with one Q4_K/Q5_K sub-block
+//! and with two Q6_K scale groups of 16, so per activation block the products are summed exactly
+//! in integers and scaled once:
+//! - Q4_K/Q5_K: `d·sc[j]·dx·Σ q·x − dmin·m[j]·(dx·Σx)` (the second factor is `Q8Rows::ds[..][1]`);
+//! - Q6_K: `d·dx·(sc[2j]·Σ_{first 16} (q−32)·x + sc[2j+1]·Σ_{last 16} (q−32)·x)`.
+//!
+//! Kernels: scalar reference, AVX2 (`maddubs`/`madd`), and AVX-512 VNNI (`vpdpbusd`, two
+//! activation blocks per instruction, weights prefetched a few super-blocks ahead). Every kernel
+//! has the [`IntRowsFn`] contract with `acts.blocks % 8 == 0` (checked by the caller). This
+//! module must not split work across threads or know about bias/output.
+
+use super::act_quant::Q8Rows;
+use super::{IntRowsFn, WeightType, MAX_ROWS};
+use crate::kquant::{q6_k_value, scales_mins, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES};
+use half::f16;
+
+/// Activation blocks (of 32) per super-block.
+const SUB: usize = 8;
+
+#[inline]
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+/// Reference Q4_K (`Q5 = false`) / Q5_K × Q8_0 kernel.
+fn rows_q45_ref<const Q5: bool>(
+    w: &[u8],
+    a: &Q8Rows,
+    row0: usize,
+    rows: usize,
+    out: &mut [f32; MAX_ROWS],
+) {
+    let (bytes, qs_at) = if Q5 {
+        (Q5_K_BYTES, 48)
+    } else {
+        (Q4_K_BYTES, 16)
+    };
+    for (r, o) in out.iter_mut().enumerate().take(rows.min(MAX_ROWS)) {
+        let base = (row0 + r) * a.blocks;
+        let mut acc = 0f32;
+        for (sb, blk) in w.chunks_exact(bytes).take(a.blocks / SUB).enumerate() {
+            let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
+            let (sc, m) = scales_mins(&blk[4..16]);
+            for j in 0..SUB {
+                let i = base + sb * SUB + j;
+                let xq = &a.qs[i * 32..i * 32 + 32];
+                let q = &blk[qs_at + 32 * (j / 2)..qs_at + 32 * (j / 2) + 32];
+                let mut isum = 0i32;
+                for l in 0..32 {
+                    let lo = (q[l] >> (4 * (j % 2))) & 0xF;
+                    let hi = if Q5 { ((blk[16 + l] >> j) & 1) << 4 } else { 0 };
+                    isum += (lo | hi) as i32 * xq[l] as i32;
+                }
+                let [dx, sx] = a.ds[i];
+                acc += d * ((sc >> (8 * j)) & 0xff) as f32 * dx * isum as f32;
+                acc -= dmin * ((m >> (8 * j)) & 0xff) as f32 * sx;
+            }
+        }
+        *o = acc;
+    }
+}
+
+/// Reference Q4_K × Q8_0 kernel.
+pub fn rows_q4_k_ref(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, out: &mut [f32; MAX_ROWS]) {
+    rows_q45_ref::<false>(w, a, row0, rows, out)
+}
+
+/// Reference Q5_K × Q8_0 kernel.
+pub fn rows_q5_k_ref(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, out: &mut [f32; MAX_ROWS]) {
+    rows_q45_ref::<true>(w, a, row0, rows, out)
+}
+
+/// Reference Q6_K × Q8_0 kernel.
+pub fn rows_q6_k_ref(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, out: &mut [f32; MAX_ROWS]) {
+    for (r, o) in out.iter_mut().enumerate().take(rows.min(MAX_ROWS)) {
+        let base = (row0 + r) * a.blocks;
+        let mut acc = 0f32;
+        for (sb, blk) in w.chunks_exact(Q6_K_BYTES).take(a.blocks / SUB).enumerate() {
+            let d = f16_at(blk, 208);
+            for j in 0..SUB {
+                let i = base + sb * SUB + j;
+                let xq = &a.qs[i * 32..i * 32 + 32];
+                let mut half = [0i32; 2];
+                for (l, &x) in xq.iter().enumerate() {
+                    let q = q6_k_value(blk, 32 * j + l) as i32 - 32;
+                    half[l / 16] += q * x as i32;
+                }
+                let sc = |g: usize| blk[192 + g] as i8 as i32;
+                let isum = sc(2 * j) * half[0] + sc(2 * j + 1) * half[1];
+                acc += d * a.ds[i][0] * isum as f32;
+            }
+        }
+        *o = acc;
+    }
+}
+
+/// The reference kernel of K-quant type `t` (`None` for other types).
+pub fn pick_ref(t: WeightType) -> Option<IntRowsFn> {
+    Some(match t {
+        WeightType::Q4K => rows_q4_k_ref,
+        WeightType::Q5K => rows_q5_k_ref,
+        WeightType::Q6K => rows_q6_k_ref,
+        _ => return None,
+    })
+}
+
+/// The fastest kernel of K-quant type `t` for this CPU (`None` for other types).
+pub fn pick(t: WeightType) -> Option<IntRowsFn> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if super::int_tile::has_vnni() {
+            return Some(match t {
+                WeightType::Q4K => avx512::rows_q4_k,
+                WeightType::Q5K => avx512::rows_q5_k,
+                WeightType::Q6K => avx512::rows_q6_k,
+                _ => return None,
+            });
+        }
+        if crate::simd::has_avx2_fma() {
+            return Some(match t {
+                WeightType::Q4K => avx2::rows_q4_k,
+                WeightType::Q5K => avx2::rows_q5_k,
+                WeightType::Q6K => avx2::rows_q6_k,
+                _ => return None,
+            });
+        }
+    }
+    pick_ref(t)
+}
+
+/// Dispatches a const-generic row count (1..=4) to `$f::<R, ..>`.
+macro_rules! by_rows {
+    ($f:ident $(, $c:expr)*; $rows:expr, $($arg:expr),*) => {
+        match $rows {
+            1 => $f::<1 $(, $c)*>($($arg),*),
+            2 => $f::<2 $(, $c)*>($($arg),*),
+            3 => $f::<3 $(, $c)*>($($arg),*),
+            _ => $f::<4 $(, $c)*>($($arg),*),
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(super) mod avx2 {
+    //! AVX2 K-quant integer dots; only called after `simd::has_avx2_fma()`.
+    use super::super::act_quant::Q8Rows;
+    use super::super::MAX_ROWS;
+    use super::SUB;
+    use crate::kquant::{scales_mins, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES};
+    use crate::linear::hsum_avx2 as hsum;
+    use std::arch::x86_64::*;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn f16v(p: *const u8) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+            (p as *const u16).read_unaligned() as i32,
+        )))
+    }
+
+    /// Unsigned × signed bytes, pairs summed to i16, then × `scale` (i16 lanes) summed to i32.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_us(w: __m256i, x: __m256i, scale: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), scale)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q45_n<const R: usize, const Q5: bool>(
+        w: &[u8],
+        a: &Q8Rows,
+        row0: usize,
+        out: &mut [f32; MAX_ROWS],
+    ) {
+        let (bytes, qs_at) = if Q5 {
+            (Q5_K_BYTES, 48)
+        } else {
+            (Q4_K_BYTES, 16)
+        };
+        let nb = a.blocks;
+        let (wp, xs, ds) = (w.as_ptr(), a.qs.as_ptr(), a.ds.as_ptr() as *const f32);
+        let m4 = _mm256_set1_epi8(0xF);
+        let one = _mm256_set1_epi16(1);
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        let mut mins = [0f32; R];
+        for sb in 0..nb / SUB {
+            let blk = wp.add(sb * bytes);
+            let (d, dmin) = (f16v(blk), f16v(blk.add(2)));
+            let (sc, m) = scales_mins(std::slice::from_raw_parts(blk.add(4), 12));
+            let qh = if Q5 {
+                _mm256_loadu_si256(blk.add(16) as *const __m256i)
+            } else {
+                _mm256_setzero_si256()
+            };
+            for c in 0..4 {
+                let v = _mm256_loadu_si256(blk.add(qs_at + 32 * c) as *const __m256i);
+                let mut lo = _mm256_and_si256(v, m4);
+                let mut hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                if Q5 {
+                    let h = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32));
+                    let b0 = _mm256_and_si256(h, _mm256_set1_epi8(1));
+                    let b1 = _mm256_and_si256(_mm256_srli_epi16(h, 1), _mm256_set1_epi8(1));
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(b0, 4));
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(b1, 4));
+                }
+                let s0 = d * ((sc >> (16 * c)) & 0xff) as f32;
+                let s1 = d * ((sc >> (16 * c + 8)) & 0xff) as f32;
+                for (r, ac) in acc.iter_mut().enumerate() {
+                    let i = (row0 + r) * nb + sb * SUB + 2 * c;
+                    let xl = _mm256_loadu_si256(xs.add(32 * i) as *const __m256i);
+                    let xh = _mm256_loadu_si256(xs.add(32 * i + 32) as *const __m256i);
+                    let pl = _mm256_cvtepi32_ps(dot_us(lo, xl, one));
+                    let ph = _mm256_cvtepi32_ps(dot_us(hi, xh, one));
+                    ac[0] = _mm256_fmadd_ps(_mm256_set1_ps(s0 * *ds.add(2 * i)), pl, ac[0]);
+                    ac[1] = _mm256_fmadd_ps(_mm256_set1_ps(s1 * *ds.add(2 * i + 2)), ph, ac[1]);
+                }
+            }
+            for (r, mn) in mins.iter_mut().enumerate() {
+                let i0 = (row0 + r) * nb + sb * SUB;
+                let mut s = 0f32;
+                for j in 0..SUB {
+                    s += ((m >> (8 * j)) & 0xff) as f32 * *ds.add(2 * (i0 + j) + 1);
+                }
+                *mn += dmin * s;
+            }
+        }
+        for (r, ac) in acc.iter().enumerate() {
+            out[r] = hsum(_mm256_add_ps(ac[0], ac[1])) - mins[r];
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q6_n<const R: usize>(w: &[u8], a: &Q8Rows, row0: usize, out: &mut [f32; MAX_ROWS]) {
+        let nb = a.blocks;
+        let (wp, xs, ds) = (w.as_ptr(), a.qs.as_ptr(), a.ds.as_ptr() as *const f32);
+        let (m4, m2, off) = (
+            _mm256_set1_epi8(0xF),
+            _mm256_set1_epi8(3),
+            _mm256_set1_epi8(32),
+        );
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        for sb in 0..nb / SUB {
+            let blk = wp.add(sb * Q6_K_BYTES);
+            let d = f16v(blk.add(208));
+            for h in 0..2 {
+                let ql0 = _mm256_loadu_si256(blk.add(64 * h) as *const __m256i);
+                let ql1 = _mm256_loadu_si256(blk.add(64 * h + 32) as *const __m256i);
+                let qh = _mm256_loadu_si256(blk.add(128 + 32 * h) as *const __m256i);
+                let hb = |s: i32| {
+                    let t = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(s));
+                    _mm256_slli_epi16(_mm256_and_si256(t, m2), 4)
+                };
+                let v = [
+                    _mm256_or_si256(_mm256_and_si256(ql0, m4), hb(0)),
+                    _mm256_or_si256(_mm256_and_si256(ql1, m4), hb(2)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), hb(4)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), hb(6)),
+                ];
+                for (g, vg) in v.iter().enumerate() {
+                    let j = 4 * h + g; // activation block within the super-block
+                    let sw = _mm256_sub_epi8(*vg, off);
+                    let aw = _mm256_sign_epi8(sw, sw);
+                    let sc0 = *blk.add(192 + 2 * j) as i8 as i16;
+                    let sc1 = *blk.add(192 + 2 * j + 1) as i8 as i16;
+                    let scv = _mm256_set_m128i(_mm_set1_epi16(sc1), _mm_set1_epi16(sc0));
+                    for (r, ac) in acc.iter_mut().enumerate() {
+                        let i = (row0 + r) * nb + sb * SUB + j;
+                        let x = _mm256_loadu_si256(xs.add(32 * i) as *const __m256i);
+                        let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, sw));
+                        let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, scv));
+                        let s = _mm256_set1_ps(d * *ds.add(2 * i));
+                        ac[g % 2] = _mm256_fmadd_ps(s, p, ac[g % 2]);
+                    }
+                }
+            }
+        }
+        for (r, ac) in acc.iter().enumerate() {
+            out[r] = hsum(_mm256_add_ps(ac[0], ac[1]));
+        }
+    }
+
+    /// AVX2 Q4_K kernel ([`super::super::IntRowsFn`] contract).
+    pub unsafe fn rows_q4_k(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, o: &mut [f32; 4]) {
+        by_rows!(q45_n, false; rows, w, a, row0, o)
+    }
+
+    /// AVX2 Q5_K kernel ([`super::super::IntRowsFn`] contract).
+    pub unsafe fn rows_q5_k(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, o: &mut [f32; 4]) {
+        by_rows!(q45_n, true; rows, w, a, row0, o)
+    }
+
+    /// AVX2 Q6_K kernel ([`super::super::IntRowsFn`] contract).
+    pub unsafe fn rows_q6_k(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, o: &mut [f32; 4]) {
+        by_rows!(q6_n; rows, w, a, row0, o)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(super) mod avx512 {
+    //! AVX-512 VNNI K-quant integer dots: 64 weight values × 64 activation bytes per `vpdpbusd`;
+    //! only called after `int_tile::has_vnni()`.
+    use super::super::act_quant::Q8Rows;
+    use super::super::MAX_ROWS;
+    use super::SUB;
+    use crate::kquant::{scales_mins, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES};
+    use std::arch::x86_64::*;
+
+    /// Super-blocks ahead of the one being computed that are prefetched.
+    const PREFETCH_AHEAD: usize = 4;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn f16v(p: *const u8) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+            (p as *const u16).read_unaligned() as i32,
+        )))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
+        _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
+    }
+
+    /// Eight u8 (little-endian in `v`) as f32 lanes.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn u8x8(v: u64) -> __m256 {
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v as i64)))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn prefetch(p: *const u8, bytes: usize) {
+        let mut o = 0;
+        while o < bytes {
+            _mm_prefetch(p.add(o) as *const i8, _MM_HINT_T0);
+            o += 64;
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn q45_n<const R: usize, const Q5: bool>(
+        w: &[u8],
+        a: &Q8Rows,
+        row0: usize,
+        out: &mut [f32; MAX_ROWS],
+    ) {
+        let (bytes, qs_at) = if Q5 {
+            (Q5_K_BYTES, 48)
+        } else {
+            (Q4_K_BYTES, 16)
+        };
+        let nb = a.blocks;
+        let (wp, xs, ds) = (w.as_ptr(), a.qs.as_ptr(), a.ds.as_ptr() as *const f32);
+        let m4 = _mm256_set1_epi8(0xF);
+        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 0, 0, 0, 0, 0, 0, 0, 0);
+        let pair = |c: i32| {
+            _mm512_setr_epi32(
+                2 * c,
+                2 * c,
+                2 * c,
+                2 * c,
+                2 * c,
+                2 * c,
+                2 * c,
+                2 * c,
+                2 * c + 1,
+                2 * c + 1,
+                2 * c + 1,
+                2 * c + 1,
+                2 * c + 1,
+                2 * c + 1,
+                2 * c + 1,
+                2 * c + 1,
+            )
+        };
+        let perm = [pair(0), pair(1), pair(2), pair(3)];
+        let mut acc = [_mm512_setzero_ps(); R];
+        let mut accm = [_mm256_setzero_ps(); R];
+        let nsb = nb / SUB;
+        for sb in 0..nsb {
+            let blk = wp.add(sb * bytes);
+            if sb + PREFETCH_AHEAD < nsb {
+                prefetch(blk.add(PREFETCH_AHEAD * bytes), bytes);
+            }
+            let (d, dmin) = (f16v(blk), f16v(blk.add(2)));
+            let (sc, m) = scales_mins(std::slice::from_raw_parts(blk.add(4), 12));
+            let scf = _mm256_mul_ps(u8x8(sc), _mm256_set1_ps(d));
+            let mf = _mm256_mul_ps(u8x8(m), _mm256_set1_ps(dmin));
+            let qh = if Q5 {
+                _mm256_loadu_si256(blk.add(16) as *const __m256i)
+            } else {
+                _mm256_setzero_si256()
+            };
+            let mut wv = [_mm512_setzero_si512(); 4];
+            for (c, wc) in wv.iter_mut().enumerate() {
+                let v = _mm256_loadu_si256(blk.add(qs_at + 32 * c) as *const __m256i);
+                let mut lo = _mm256_and_si256(v, m4);
+                let mut hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                if Q5 {
+                    let h = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32));
+                    let b0 = _mm256_and_si256(h, _mm256_set1_epi8(1));
+                    let b1 = _mm256_and_si256(_mm256_srli_epi16(h, 1), _mm256_set1_epi8(1));
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(b0, 4));
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(b1, 4));
+                }
+                *wc = join(lo, hi);
+            }
+            for r in 0..R {
+                let i0 = (row0 + r) * nb + sb * SUB;
+                let dsv = _mm512_loadu_ps(ds.add(2 * i0));
+                let dx = _mm512_castps512_ps256(_mm512_permutexvar_ps(even, dsv));
+                let sx = _mm512_castps512_ps256(_mm512_permutexvar_ps(odd, dsv));
+                let s = _mm512_castps256_ps512(_mm256_mul_ps(scf, dx));
+                for c in 0..4 {
+                    let x = _mm512_loadu_si512(xs.add(32 * i0 + 64 * c) as *const _);
+                    let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[c], x);
+                    let sv = _mm512_permutexvar_ps(perm[c], s);
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sv, acc[r]);
+                }
+                accm[r] = _mm256_fmadd_ps(mf, sx, accm[r]);
+            }
+        }
+        for r in 0..R {
+            let m = _mm512_castps256_ps512(accm[r]);
+            let m = _mm512_maskz_mov_ps(0xff, m);
+            out[r] = _mm512_reduce_add_ps(_mm512_sub_ps(acc[r], m));
+        }
+    }
+
+    /// The 4 × 64 six-bit values (offset 32) of a Q6_K super-block, 64 values per register.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn q6_values(blk: *const u8) -> [__m512i; 4] {
+        let (m4, m2) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(3));
+        let mut out = [_mm512_setzero_si512(); 4];
+        for h in 0..2 {
+            let ql0 = _mm256_loadu_si256(blk.add(64 * h) as *const __m256i);
+            let ql1 = _mm256_loadu_si256(blk.add(64 * h + 32) as *const __m256i);
+            let qh = _mm256_loadu_si256(blk.add(128 + 32 * h) as *const __m256i);
+            let hb = |s: i32| {
+                let t = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(s));
+                _mm256_slli_epi16(_mm256_and_si256(t, m2), 4)
+            };
+            let v0 = _mm256_or_si256(_mm256_and_si256(ql0, m4), hb(0));
+            let v1 = _mm256_or_si256(_mm256_and_si256(ql1, m4), hb(2));
+            let v2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), hb(4));
+            let v3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), hb(6));
+            out[2 * h] = join(v0, v1);
+            out[2 * h + 1] = join(v2, v3);
+        }
+        out
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn q6_n<const R: usize>(w: &[u8], a: &Q8Rows, row0: usize, out: &mut [f32; MAX_ROWS]) {
+        let nb = a.blocks;
+        let (wp, xs, ds) = (w.as_ptr(), a.qs.as_ptr(), a.ds.as_ptr() as *const f32);
+        let off = _mm512_set1_epi8(32);
+        // lane g (a group of 16 values) → the scale word of its activation block
+        let dx_of_group = _mm512_setr_epi32(0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14);
+        let quad = |p: i32| {
+            let g = 4 * p;
+            _mm512_setr_epi32(
+                g,
+                g,
+                g,
+                g,
+                g + 1,
+                g + 1,
+                g + 1,
+                g + 1,
+                g + 2,
+                g + 2,
+                g + 2,
+                g + 2,
+                g + 3,
+                g + 3,
+                g + 3,
+                g + 3,
+            )
+        };
+        let perm = [quad(0), quad(1), quad(2), quad(3)];
+        let mut acc = [_mm512_setzero_ps(); R];
+        let nsb = nb / SUB;
+        for sb in 0..nsb {
+            let blk = wp.add(sb * Q6_K_BYTES);
+            if sb + PREFETCH_AHEAD < nsb {
+                prefetch(blk.add(PREFETCH_AHEAD * Q6_K_BYTES), Q6_K_BYTES);
+            }
+            let d = f16v(blk.add(208));
+            let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                blk.add(192) as *const __m128i
+            )));
+            let sc = _mm512_mul_ps(sc, _mm512_set1_ps(d));
+            let wv = q6_values(blk);
+            for (r, ac) in acc.iter_mut().enumerate() {
+                let i0 = (row0 + r) * nb + sb * SUB;
+                let dsv = _mm512_loadu_ps(ds.add(2 * i0));
+                let f = _mm512_mul_ps(sc, _mm512_permutexvar_ps(dx_of_group, dsv));
+                for (p, wp) in wv.iter().enumerate() {
+                    let x = _mm512_loadu_si512(xs.add(32 * i0 + 64 * p) as *const _);
+                    let q = _mm512_dpbusd_epi32(_mm512_setzero_si512(), *wp, x);
+                    let c = _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, x);
+                    let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(q, c));
+                    *ac = _mm512_fmadd_ps(v, _mm512_permutexvar_ps(perm[p], f), *ac);
+                }
+            }
+        }
+        for r in 0..R {
+            out[r] = _mm512_reduce_add_ps(acc[r]);
+        }
+    }
+
+    /// AVX-512 VNNI Q4_K kernel ([`super::super::IntRowsFn`] contract).
+    pub unsafe fn rows_q4_k(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, o: &mut [f32; 4]) {
+        by_rows!(q45_n, false; rows, w, a, row0, o)
+    }
+
+    /// AVX-512 VNNI Q5_K kernel ([`super::super::IntRowsFn`] contract).
+    pub unsafe fn rows_q5_k(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, o: &mut [f32; 4]) {
+        by_rows!(q45_n, true; rows, w, a, row0, o)
+    }
+
+    /// AVX-512 VNNI Q6_K kernel ([`super::super::IntRowsFn`] contract).
+    pub unsafe fn rows_q6_k(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, o: &mut [f32; 4]) {
+        by_rows!(q6_n; rows, w, a, row0, o)
+    }
+}

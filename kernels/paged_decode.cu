@@ -1,0 +1,252 @@
+// Paged decode attention (flash-decoding over block tables): one query row per sequence, keys
+// and values in a pool of slots [slots, nkv, hd] (f16 or f32) addressed through per-sequence
+// block tables. Every index array is read on the device, so a recorded step (CUDA graph) replays
+// with new lengths and tables.
+//
+// Block (kv head × head chunk, sequence, split) of PD_THREADS threads handles up to PD_GMAX of
+// the G = nh / nkv query heads of its kv head (each key and value row is read once for them).
+// Head size hd ≤ 32·DPL: lane l owns dims l·DPL .. l·DPL + DPL − 1 (those below hd).
+// Sequence s has L = kv_lens[s] keys (L = 0: a padding row, output zeros); its query sits at position L - 1 and sees keys
+// lo..L-1 (lo = L - window with a window). The step's own key and value (rows s of k, v) belong at
+// position L - 1 in slot slots[s] (skipped when < 0): the block whose range holds L - 1 stores
+// them (rounded to the cache's type) before reading its keys (the head chunks of one kv head
+// write the same values), so no block reads that slot before its own store.
+// Splits: the keys lo..L-1 are cut into pieces of `chunk(L)` keys (a function of L and the launch's
+// split count only, so a row's result does not depend on the other rows of the batch); blocks
+// past the last piece exit. With one split the block writes the output row, else its unnormalized
+// part (max, sum, acc[hd]) goes to `part` and paged_decode_combine merges them.
+// Scores: q·k * scale, then softcap·tanh(s / softcap), then + slope[h]·(j - (L - 1)).
+// Keys whose slot lies outside the pool (a bad table entry) are skipped.
+
+#define PD_THREADS 128
+#define PD_WARPS (PD_THREADS / 32)
+#define PD_GMAX 8
+#define PD_KPW 4
+#define PD_MIN_CHUNK 256
+
+__device__ __forceinline__ float pd_ld(const float* p) { return *p; }
+__device__ __forceinline__ float pd_ld(const unsigned short* p) { return h2f(*p); }
+__device__ __forceinline__ void pd_st(float* p, float v) { *p = v; }
+__device__ __forceinline__ void pd_st(unsigned short* p, float v) { *p = f2h(v); }
+
+// The lane's DPL elements of a cache row starting at p, as floats (`n` of them valid; all when
+// `full`, read with vector loads).
+template <int DPL>
+__device__ __forceinline__ void pd_row(const float* p, float* out, bool full, int n) {
+#pragma unroll
+    for (int t = 0; t < DPL; t++) out[t] = full || t < n ? p[t] : 0.0f;
+}
+template <int DPL>
+__device__ __forceinline__ void pd_row(const unsigned short* p, float* out, bool full, int n) {
+    if (DPL % 4 == 0 && full) {
+#pragma unroll
+        for (int t = 0; t < DPL; t += 4) {
+            uint2 u = *(const uint2*)(p + t);
+            out[t] = h2f((unsigned short)(u.x & 0xffff));
+            out[t + 1] = h2f((unsigned short)(u.x >> 16));
+            out[t + 2] = h2f((unsigned short)(u.y & 0xffff));
+            out[t + 3] = h2f((unsigned short)(u.y >> 16));
+        }
+    } else {
+#pragma unroll
+        for (int t = 0; t < DPL; t++) out[t] = full || t < n ? h2f(p[t]) : 0.0f;
+    }
+}
+
+// Keys per split for a row of n visible keys over `nsplit` splits (multiple of 32).
+__device__ __forceinline__ int pd_chunk(int n, int nsplit) {
+    int c = (n + nsplit - 1) / nsplit;
+    c = (c + 31) & ~31;
+    return c < PD_MIN_CHUNK ? PD_MIN_CHUNK : c;
+}
+
+// Warp-level online-softmax state for G heads: each lane owns dims lane*DPL .. lane*DPL+DPL-1.
+template <typename T, int DPL>
+__device__ void paged_decode_impl(const float* q, const float* k, const float* v, T* kc, T* vc,
+                                  const int* slots, const int* kv_lens, const int* tables,
+                                  const float* slopes, float* out, float* part, int maxb, int bs,
+                                  long nslots, int nh, int nkv, int hd, float scale, float softcap,
+                                  int window) {
+    __shared__ float qs[PD_GMAX][DPL * 32];
+    __shared__ float wm[PD_WARPS][PD_GMAX], wl[PD_WARPS][PD_GMAX];
+    __shared__ float wacc[PD_WARPS][PD_GMAX][DPL * 32];
+    pdl_begin();
+    int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    int group = nh / nkv, nchunk = (group + PD_GMAX - 1) / PD_GMAX;
+    int kvh = blockIdx.x / nchunk, g0 = (blockIdx.x % nchunk) * PD_GMAX;
+    int s = blockIdx.y, z = blockIdx.z, nsplit = gridDim.z;
+    int G = min(PD_GMAX, group - g0);  // heads of this block: kvh * group + g0 + g
+    bool full = hd == DPL * 32;
+    int nv = hd - lane * DPL;  // valid dims of this lane (all when >= DPL)
+    int L = kv_lens[s];
+    int lo = window > 0 && L > window ? L - window : 0;
+    int n = L > lo ? L - lo : 0;
+    int chunk = pd_chunk(n, nsplit);
+    int j0 = lo + z * chunk, j1 = min(L, j0 + chunk);
+    if (z > 0 && j0 >= L) return;  // nothing for this split (the combine skips it)
+    long rs = (long)nkv * hd;
+    // the step's key and value: stored by the block whose range holds L - 1
+    if (L > 0 && j0 <= L - 1 && L - 1 < j1) {
+        int slot = slots[s];
+        if (slot >= 0 && slot < nslots) {
+            for (int d = tid; d < hd; d += PD_THREADS) {
+                pd_st(kc + slot * rs + (long)kvh * hd + d, k[((long)s * nkv + kvh) * hd + d]);
+                pd_st(vc + slot * rs + (long)kvh * hd + d, v[((long)s * nkv + kvh) * hd + d]);
+            }
+        }
+    }
+    for (int i = tid; i < PD_GMAX * DPL * 32; i += PD_THREADS) {
+        int g = i / (DPL * 32), d = i % (DPL * 32);
+        qs[g][d] = g < G && d < hd ? q[((long)s * nh + kvh * group + g0 + g) * hd + d] : 0.0f;
+    }
+    __syncthreads();
+    float m[PD_GMAX], l[PD_GMAX], acc[PD_GMAX][DPL];
+#pragma unroll
+    for (int g = 0; g < PD_GMAX; g++) {
+        m[g] = -INF;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int t = 0; t < DPL; t++) acc[g][t] = 0.0f;
+    }
+    const int* tb = tables + (long)s * maxb;
+    long p = (long)L - 1;
+    for (int jb = j0 + w * PD_KPW; jb < j1; jb += PD_WARPS * PD_KPW) {
+        float kr[PD_KPW][DPL];
+        long sl[PD_KPW];
+#pragma unroll
+        for (int u = 0; u < PD_KPW; u++) {
+            int j = jb + u;
+            long slot = -1;
+            if (j < j1) {
+                int b = j / bs;
+                long blk = b < maxb ? (long)tb[b] : -1;
+                slot = blk * bs + j % bs;
+                if (blk < 0 || slot >= nslots) slot = -1;
+            }
+            sl[u] = slot;
+            if (slot >= 0 && nv > 0) pd_row<DPL>(kc + slot * rs + (long)kvh * hd + lane * DPL, kr[u], full, nv);
+        }
+        float sc[PD_KPW][PD_GMAX];
+#pragma unroll
+        for (int u = 0; u < PD_KPW; u++) {
+#pragma unroll
+            for (int g = 0; g < PD_GMAX; g++) {
+                if (g >= G) continue;
+                float a = 0.0f;
+#pragma unroll
+                for (int t = 0; t < DPL; t++) a += qs[g][lane * DPL + t] * (sl[u] >= 0 && t < nv ? kr[u][t] : 0.0f);
+                a = warp_sum(a) * scale;
+                if (softcap > 0.0f) a = softcap * tanhf(a / softcap);
+                if (slopes) a += slopes[kvh * group + g0 + g] * (float)(jb + u - p);
+                sc[u][g] = sl[u] >= 0 ? a : -INF;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < PD_KPW; u++) {
+            if (sl[u] < 0) continue;
+            float vr[DPL];
+#pragma unroll
+            for (int t = 0; t < DPL; t++) vr[t] = 0.0f;
+            if (nv > 0) pd_row<DPL>(vc + sl[u] * rs + (long)kvh * hd + lane * DPL, vr, full, nv);
+#pragma unroll
+            for (int g = 0; g < PD_GMAX; g++) {
+                if (g >= G) continue;
+                float nm = fmaxf(m[g], sc[u][g]);
+                float corr = expf(m[g] - nm), e = expf(sc[u][g] - nm);
+                l[g] = l[g] * corr + e;
+                m[g] = nm;
+#pragma unroll
+                for (int t = 0; t < DPL; t++) acc[g][t] = acc[g][t] * corr + e * vr[t];
+            }
+        }
+    }
+    // merge the warps
+#pragma unroll
+    for (int g = 0; g < PD_GMAX; g++) {
+        if (g >= G) continue;
+        if (lane == 0) {
+            wm[w][g] = m[g];
+            wl[w][g] = l[g];
+        }
+#pragma unroll
+        for (int t = 0; t < DPL; t++) wacc[w][g][lane * DPL + t] = acc[g][t];
+    }
+    __syncthreads();
+    for (int i = tid; i < G * hd; i += PD_THREADS) {
+        int g = i / hd, d = i % hd;
+        float mm = -INF;
+        for (int x = 0; x < PD_WARPS; x++) mm = fmaxf(mm, wm[x][g]);
+        float ls = 0.0f, a = 0.0f;
+        if (mm > -INF) {
+            for (int x = 0; x < PD_WARPS; x++) {
+                float f = expf(wm[x][g] - mm);
+                ls += wl[x][g] * f;
+                a += wacc[x][g][d] * f;
+            }
+        }
+        long h = (long)kvh * group + g0 + g;
+        if (nsplit == 1) {
+            out[((long)s * nh + h) * hd + d] = ls > 0.0f ? a / ls : 0.0f;
+        } else {
+            float* pp = part + (((long)s * nh + h) * nsplit + z) * (hd + 2);
+            pp[2 + d] = a;
+            if (d == 0) {
+                pp[0] = mm;
+                pp[1] = ls;
+            }
+        }
+    }
+}
+
+#define PAGED_DECODE(NAME, T, DPL)                                                                         \
+    extern "C" __global__ void __launch_bounds__(PD_THREADS) NAME(                                          \
+        const float* q, const float* k, const float* v, T* kc, T* vc, const int* slots, const int* kv_lens, \
+        const int* tables, const float* slopes, float* out, float* part, int maxb, int bs, long nslots,     \
+        int nh, int nkv, int hd, float scale, float softcap, int window) {                                  \
+        paged_decode_impl<T, DPL>(q, k, v, kc, vc, slots, kv_lens, tables, slopes, out, part, maxb, bs,     \
+                                  nslots, nh, nkv, hd, scale, softcap, window);                             \
+    }
+
+PAGED_DECODE(paged_decode_h1, unsigned short, 1)
+PAGED_DECODE(paged_decode_h2, unsigned short, 2)
+PAGED_DECODE(paged_decode_h4, unsigned short, 4)
+PAGED_DECODE(paged_decode_h8, unsigned short, 8)
+PAGED_DECODE(paged_decode_f1, float, 1)
+PAGED_DECODE(paged_decode_f2, float, 2)
+PAGED_DECODE(paged_decode_f4, float, 4)
+PAGED_DECODE(paged_decode_f8, float, 8)
+
+// Merges the splits of paged_decode_*: block (sequence, head), one thread per output dim.
+extern "C" __global__ void paged_decode_combine(const float* part, const int* kv_lens, float* out, int nh, int hd,
+                                                int nsplit, int window) {
+    pdl_begin();
+    int s = blockIdx.x, h = blockIdx.y;
+    int L = kv_lens[s];
+    int lo = window > 0 && L > window ? L - window : 0;
+    int n = L > lo ? L - lo : 0;
+    int used = n > 0 ? (n + pd_chunk(n, nsplit) - 1) / pd_chunk(n, nsplit) : 1;
+    const float* pp = part + ((long)s * nh + h) * nsplit * (hd + 2);
+    float mm = -INF;
+    for (int z = 0; z < used; z++) mm = fmaxf(mm, pp[z * (hd + 2)]);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float ls = 0.0f, a = 0.0f;
+        if (mm > -INF) {
+            for (int z = 0; z < used; z++) {
+                float f = expf(pp[z * (hd + 2)] - mm);
+                ls += pp[z * (hd + 2) + 1] * f;
+                a += pp[z * (hd + 2) + 2 + d] * f;
+            }
+        }
+        out[((long)s * nh + h) * hd + d] = ls > 0.0f ? a / ls : 0.0f;
+    }
+}
+
+// PagedCacheWrite into an f16 cache: cache[slots[i]] = half(input[i]) (rows of `row` values).
+extern "C" __global__ void paged_cache_write_f16(const float* x, const int* slots, unsigned short* cache, long n,
+                                                 long row) {
+    pdl_begin();
+    for (long id = (long)blockIdx.x * blockDim.x + threadIdx.x; id < n * row; id += (long)gridDim.x * blockDim.x) {
+        long i = id / row, c = id % row;
+        cache[(long)slots[i] * row + c] = f2h(x[id]);
+    }
+}

@@ -1,0 +1,337 @@
+//! `PagedDecodeAttention`: one decode query row per sequence over the paged KV pool (f16 or f32
+//! slots), flash-decoding through block tables with split-K for long rows, the step's own keys
+//! and values stored into their slots in the same launch (`kernels/paged_decode.cu`).
+//!
+//! Unlike `PagedAttention` (`paged.rs`), the index arrays (`slots`, `kv_lens`, `block_tables`) may
+//! live on the GPU, where they are not read back: a recorded batched decode step (CUDA graph)
+//! replays this op with new lengths and tables written into the same buffers. Device arrays are
+//! trusted for their values; the kernel still never touches memory outside the pool (a slot or
+//! block id outside it is skipped, a length beyond the table reads only the table's blocks).
+//! Host arrays are checked like `PagedAttention`'s and copied once per change.
+
+use super::buffer::{device_len, dptr, ensure_out};
+use super::gpu::{int, long, Gpu, KArg};
+use super::op_err;
+use super::paged::HostIndex;
+use crate::data::{Data, DataType, Storage};
+use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
+use crate::error::Result;
+use std::sync::Arc;
+
+/// Registers the operator.
+pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>) {
+    ops.insert(
+        "PagedDecodeAttention",
+        Box::new(PagedDecodeAttention {
+            gpu: gpu.clone(),
+            index: Default::default(),
+        }),
+    );
+}
+
+const OP: &str = "PagedDecodeAttention";
+
+/// Keys per split at least (`PD_MIN_CHUNK` of the kernel).
+const MIN_CHUNK: usize = 256;
+/// Most splits of one row.
+const MAX_SPLITS: usize = 32;
+/// Kernel threads per block (`PD_THREADS`).
+const THREADS: u32 = 128;
+/// Query heads of one kv head per block (`PD_GMAX`).
+const GROUP_CHUNK: usize = 8;
+/// Largest head size (32 lanes × 8 values).
+const MAX_HD: usize = 256;
+
+/// Splits of each row for `rows` sequences of at most `max_keys` keys on a GPU of `sms`
+/// multiprocessors: enough blocks to fill it, none shorter than [`MIN_CHUNK`] keys.
+pub fn paged_decode_splits(max_keys: usize, rows: usize, nkv: usize, sms: usize) -> usize {
+    let by_len = max_keys.div_ceil(MIN_CHUNK).max(1);
+    let by_fill = (2 * sms).div_ceil((rows * nkv).max(1)).max(1);
+    by_len.min(by_fill).clamp(1, MAX_SPLITS)
+}
+
+/// Validated sizes of one call.
+struct Sizes {
+    rows: usize,
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    slots: usize,
+    maxb: usize,
+    bs: usize,
+    half: bool,
+    nsplit: usize,
+}
+
+const NAMES: [&str; 10] = [
+    "q",
+    "k",
+    "v",
+    "k_cache",
+    "v_cache",
+    "slots",
+    "kv_lens",
+    "block_tables",
+    "alibi_slopes",
+    "workspace",
+];
+
+fn packed<'a>(x: Option<&'a Data>, name: &str, dts: &[DataType], nd: usize) -> Result<&'a Data> {
+    let x = x.ok_or_else(|| op_err(OP, format!("missing input '{name}'")))?;
+    if !dts.contains(&x.dtype()) || x.dims().len() != nd || !x.is_contiguous() {
+        return Err(op_err(
+            OP,
+            format!(
+                "'{name}' must be a packed {:?} tensor with {nd} dims, got {} {:?}",
+                dts,
+                x.dtype(),
+                x.dims()
+            ),
+        ));
+    }
+    Ok(x)
+}
+
+/// The I32 values of a host array (`None` for a device one, which is not read back).
+fn host_values(d: &Data) -> Result<Option<Vec<i32>>> {
+    match d.storage() {
+        Storage::Device(_) => Ok(None),
+        _ => Ok(Some(d.as_i32()?.to_vec())),
+    }
+}
+
+fn check(a: &[Option<&Data>; 10], i: &IntDict, sms: usize) -> Result<Sizes> {
+    use DataType::{F16, F32, I32};
+    let q = packed(a[0], "q", &[F32], 3)?;
+    let k = packed(a[1], "k", &[F32], 3)?;
+    let v = packed(a[2], "v", &[F32], 3)?;
+    let kc = packed(a[3], "k_cache", &[F16, F32], 3)?;
+    let vc = packed(a[4], "v_cache", &[F16, F32], 3)?;
+    let slots_d = packed(a[5], "slots", &[I32], 1)?;
+    let lens_d = packed(a[6], "kv_lens", &[I32], 1)?;
+    let bt = packed(a[7], "block_tables", &[I32], 2)?;
+    let (rows, nh, hd) = (q.dim(0), q.dim(1), q.dim(2));
+    let (slots, nkv) = (kc.dim(0), kc.dim(1));
+    let fits = kc.dims() == vc.dims()
+        && kc.dtype() == vc.dtype()
+        && kc.dim(2) == hd
+        && k.dims() == [rows, nkv, hd]
+        && v.dims() == [rows, nkv, hd]
+        && nkv > 0
+        && nh % nkv == 0
+        && (1..=MAX_HD).contains(&hd);
+    if !fits {
+        return Err(op_err(
+            OP,
+            format!(
+                "q {:?}, k {:?}, v {:?}, k_cache {:?} {}, v_cache {:?} {} do not fit (head size at most {MAX_HD})",
+                q.dims(), k.dims(), v.dims(), kc.dims(), kc.dtype(), vc.dims(), vc.dtype()
+            ),
+        ));
+    }
+    let bs = usize::try_from(i.get_or("block_size", 16)).unwrap_or(0);
+    if bs == 0 || slots % bs != 0 {
+        return Err(op_err(
+            OP,
+            format!("block_size {bs} does not divide the {slots} cache slots"),
+        ));
+    }
+    if slots_d.dim(0) != rows || lens_d.dim(0) != rows || bt.dim(0) != rows || bt.dim(1) == 0 {
+        return Err(op_err(
+            OP,
+            format!(
+                "{} slots, {} kv_lens and {:?} block tables for {rows} query rows",
+                slots_d.dim(0),
+                lens_d.dim(0),
+                bt.dims()
+            ),
+        ));
+    }
+    let maxb = bt.dim(1);
+    let (sv, lv, tv) = (
+        host_values(slots_d)?,
+        host_values(lens_d)?,
+        host_values(bt)?,
+    );
+    if let Some(bad) = sv
+        .iter()
+        .flatten()
+        .find(|&&s| s >= 0 && s as usize >= slots)
+    {
+        return Err(op_err(OP, format!("slot {bad} outside the {slots} slots")));
+    }
+    if let Some(bad) = lv
+        .iter()
+        .flatten()
+        .find(|&&l| l < 0 || l as usize > maxb * bs)
+    {
+        return Err(op_err(
+            OP,
+            format!("kv_len {bad} beyond the {maxb} blocks of a table"),
+        ));
+    }
+    let n_blocks = (slots / bs) as i64;
+    if let (Some(t), Some(l)) = (&tv, &lv) {
+        for (s, &len) in l.iter().enumerate() {
+            let used = t
+                .get(s * maxb..s * maxb + (len as usize).div_ceil(bs))
+                .unwrap_or(&[]);
+            if let Some(bad) = used.iter().find(|&&b| b < 0 || b as i64 >= n_blocks) {
+                return Err(op_err(
+                    OP,
+                    format!("sequence {s}: block id {bad} outside the pool of {n_blocks}"),
+                ));
+            }
+        }
+    }
+    if let Some(al) = a[8] {
+        if al.dtype() != F32 || al.count() != nh {
+            return Err(op_err(OP, format!("alibi_slopes must be f32 [{nh}]")));
+        }
+    }
+    let max_keys = usize::try_from(i.get_or("max_keys", (maxb * bs) as i32)).unwrap_or(1);
+    Ok(Sizes {
+        rows,
+        nh,
+        nkv,
+        hd,
+        slots,
+        maxb,
+        bs,
+        half: kc.dtype() == F16,
+        nsplit: paged_decode_splits(max_keys.min(maxb * bs), rows, nkv, sms),
+    })
+}
+
+/// Flash-decoding over the paged pool; see the module doc. Inputs: `q` [rows, nh, hd], the
+/// step's `k`, `v` [rows, nkv, hd] (f32, rotated), inout `k_cache`, `v_cache` [slots, nkv, hd]
+/// (f16 or f32), `slots` [rows] (the step's slot per row; < 0: not stored), `kv_lens` [rows]
+/// (keys of each row, the step's included; 0: a padding row, output zeros), `block_tables`
+/// [rows, maxb], optional `alibi_slopes`; inout `workspace`. Floats `scale`, `softcap`; ints
+/// `block_size`, `sliding_window`, `max_keys` (a bound on `kv_lens` that picks the split count;
+/// any value is correct). Output [rows, nh, hd].
+struct PagedDecodeAttention {
+    gpu: Arc<Gpu>,
+    /// Copies of host `slots`, `kv_lens` and `block_tables`.
+    index: [HostIndex; 3],
+}
+
+impl Operator for PagedDecodeAttention {
+    fn host_inputs(&self) -> &'static [&'static str] {
+        &["slots", "kv_lens", "block_tables"]
+    }
+    fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
+        let cache = |n: &str| matches!(d.dtype(n), Some(DataType::F16 | DataType::F32));
+        cache("k_cache")
+            && cache("v_cache")
+            && d.get("q")
+                .is_some_and(|q| q.dtype() == DataType::F32 && (1..=MAX_HD).contains(&q.dim(-1)))
+    }
+    fn reshape(&self, d: &mut DataDict, _: &FloatDict, i: &IntDict) -> Result<()> {
+        let z = check(&NAMES.map(|n| d.get(n)), i, self.gpu.sms())?;
+        if !(d.is_mut("k_cache") && d.is_mut("v_cache")) {
+            return Err(op_err(
+                OP,
+                "'k_cache' and 'v_cache' are written: pass them as inout",
+            ));
+        }
+        let ws = if z.nsplit > 1 {
+            z.rows * z.nh * z.nsplit * (z.hd + 2)
+        } else {
+            1
+        };
+        let w = d.require_mut(OP, "workspace")?;
+        if device_len(w).is_none_or(|n| n < 4 * ws) {
+            ensure_out(&self.gpu, w, DataType::F32, &[ws])?;
+        }
+        ensure_out(
+            &self.gpu,
+            d.require_mut(OP, "output")?,
+            DataType::F32,
+            &[z.rows, z.nh, z.hd],
+        )
+    }
+    fn run(&self, d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<()> {
+        let a = NAMES.map(|n| d.get(n));
+        let z = check(&a, i, self.gpu.sms())?;
+        let ptr = |k: usize| {
+            a[k].map(|t| dptr(t, NAMES[k]))
+                .transpose()
+                .map(|p| p.unwrap_or(0))
+        };
+        let index = |k: usize| match a[k] {
+            Some(t) => self.index[k - 5].ptr(&self.gpu, t, NAMES[k]),
+            None => Err(op_err(OP, format!("missing input '{}'", NAMES[k]))),
+        };
+        let ws = a[9].ok_or_else(|| op_err(OP, "missing inout 'workspace'"))?;
+        if z.nsplit > 1 && device_len(ws).unwrap_or(0) < 4 * z.rows * z.nh * z.nsplit * (z.hd + 2) {
+            return Err(op_err(OP, "workspace is smaller than this call needs"));
+        }
+        let args = [
+            KArg::Ptr(ptr(0)?),
+            KArg::Ptr(ptr(1)?),
+            KArg::Ptr(ptr(2)?),
+            KArg::Ptr(ptr(3)?),
+            KArg::Ptr(ptr(4)?),
+            KArg::Ptr(index(5)?),
+            KArg::Ptr(index(6)?),
+            KArg::Ptr(index(7)?),
+            KArg::Ptr(ptr(8)?),
+        ];
+        let part = dptr(ws, "workspace")?;
+        let lens = index(6)?;
+        let window = i.get_or("sliding_window", 0).max(0);
+        let out = dptr(d.require(OP, "output")?, "output")?;
+        let kernel = format!(
+            "paged_decode_{}{}",
+            if z.half { "h" } else { "f" },
+            z.hd.div_ceil(32).next_power_of_two()
+        );
+        let blocks_x = z.nkv * (z.nh / z.nkv).div_ceil(GROUP_CHUNK);
+        let rows = u32::try_from(z.rows)
+            .ok()
+            .filter(|&r| r <= 65535)
+            .ok_or_else(|| op_err(OP, "more than 65535 query rows"))?;
+        let mut all = args.to_vec();
+        all.extend([
+            KArg::Ptr(out),
+            KArg::Ptr(part),
+            int(z.maxb, "blocks per table")?,
+            int(z.bs, "block_size")?,
+            long(z.slots, "slots")?,
+            int(z.nh, "heads")?,
+            int(z.nkv, "kv heads")?,
+            int(z.hd, "head dim")?,
+            KArg::F32(f.get_or("scale", 1.0 / (z.hd as f32).sqrt())),
+            KArg::F32(f.get_or("softcap", 0.0)),
+            KArg::I32(window),
+        ]);
+        self.gpu.launch(
+            &kernel,
+            (
+                u32::try_from(blocks_x).map_err(|_| op_err(OP, "too many heads"))?,
+                rows,
+                z.nsplit as u32,
+            ),
+            THREADS,
+            &all,
+        )?;
+        if z.nsplit == 1 {
+            return Ok(());
+        }
+        self.gpu.launch(
+            "paged_decode_combine",
+            (rows, z.nh as u32, 1),
+            z.hd as u32,
+            &[
+                KArg::Ptr(part),
+                KArg::Ptr(lens),
+                KArg::Ptr(out),
+                int(z.nh, "heads")?,
+                int(z.hd, "head dim")?,
+                int(z.nsplit, "splits")?,
+                KArg::I32(window),
+            ],
+        )
+    }
+}

@@ -1,0 +1,98 @@
+//! Harness cases for `MoeRoute`, `MoeDispatch` and `MoeCombine` on awkward routings: an expert
+//! that receives no token, one token going to every expert (top-k equal to the expert count),
+//! softmax and sigmoid scoring, group-limited choice with a correction bias, expert counts and
+//! hidden sizes that are not multiples of 8. Routing and dispatch are exact (threshold 0); the
+//! combine sums in a fixed order (threshold 0 as well).
+
+use super::{CaseRng, OpCase};
+use crate::data::Data;
+use crate::data::DataType::{F32, I32};
+
+/// A route [rows, k, 2] where token `t` picks experts `pick(t, j)` with random weights.
+fn route(rng: &mut CaseRng, rows: usize, k: usize, pick: impl Fn(usize, usize) -> usize) -> Data {
+    let mut v = Vec::with_capacity(rows * k * 2);
+    for t in 0..rows {
+        for j in 0..k {
+            v.push(pick(t, j) as f32);
+            v.push(rng.uniform(0.05, 1.0));
+        }
+    }
+    Data::from_f32(&[rows, k, 2], &v).expect("harness: route dims")
+}
+
+/// The dispatch of `r` for `experts` experts (computed by the kernel the op wraps; the
+/// `MoeDispatch` cases check it against the reference device separately).
+fn dispatch_of(r: &Data, experts: usize) -> Data {
+    let rows = r.dim(0);
+    let k = r.dim(1);
+    let mut out = vec![0i32; experts + 1 + rows * k];
+    let rv = r.to_f32_vec().expect("harness: route values");
+    fastllm_cpu::moe::dispatch(&rv, k, experts, &mut out).expect("harness: valid route");
+    Data::from_i32(&[out.len()], &out).expect("harness: dispatch dims")
+}
+
+fn route_cases(v: &mut Vec<OpCase>, rng: &mut CaseRng) {
+    // (rows, experts, k, scoring, groups, topk_groups, normalize, scale, bias)
+    for (rows, e, k, scoring, groups, tg, norm, scale, bias) in [
+        (1usize, 4usize, 2usize, 0, 1, 1, 1, 1.0f32, false),
+        (5, 8, 2, 0, 1, 1, 0, 1.0, false),
+        (3, 7, 7, 0, 1, 1, 1, 1.0, false),
+        (9, 8, 2, 1, 2, 1, 1, 2.5, true),
+        (4, 12, 3, 1, 4, 2, 1, 1.0, true),
+        (2, 5, 5, 1, 1, 1, 0, 1.0, false),
+        (17, 64, 6, 0, 1, 1, 1, 1.0, false),
+    ] {
+        let mut c = OpCase::new(
+            "MoeRoute",
+            format!("[{rows}, {e}] k={k} scoring={scoring} groups={groups}/{tg} bias={bias}"),
+            0.0,
+        )
+        .input("input", rng.data_range(F32, &[rows, e], -4.0, 4.0));
+        if bias {
+            c = c.input("bias", rng.data_range(F32, &[e], -0.3, 0.3));
+        }
+        v.push(
+            c.output("output", F32)
+                .int("k", k as i32)
+                .int("scoring", scoring)
+                .int("groups", groups)
+                .int("topk_groups", tg)
+                .int("normalize", norm)
+                .float("scale", scale),
+        );
+    }
+}
+
+/// Adds this family's cases to `v`.
+pub fn cases(v: &mut Vec<OpCase>) {
+    let mut rng = CaseRng::new(26);
+    route_cases(v, &mut rng);
+    // (label, rows, experts, k, pick): the routings the model steps produce at the edges
+    type Pick = fn(usize, usize) -> usize;
+    let routings: [(&str, usize, usize, usize, Pick); 5] = [
+        ("expert 3 gets no token", 5, 4, 2, |t, j| (t + 2 * j) % 3),
+        ("one token to every expert", 1, 6, 6, |_, j| 5 - j),
+        ("top-k = expert count", 7, 3, 3, |t, j| (t + j) % 3),
+        ("all tokens to one pair", 9, 8, 2, |_, j| 6 + j),
+        ("one expert, one choice", 3, 1, 1, |_, _| 0),
+    ];
+    for (label, rows, e, k, pick) in routings {
+        let r = route(&mut rng, rows, k, pick);
+        v.push(
+            OpCase::new("MoeDispatch", format!("{label}: [{rows}, {k}] of {e}"), 0.0)
+                .input("input", r.to_owned_host().expect("harness: copy"))
+                .output("output", I32)
+                .int("experts", e as i32),
+        );
+        let disp = dispatch_of(&r, e);
+        for d in [1usize, 13, 64] {
+            v.push(
+                OpCase::new("MoeCombine", format!("{label}: [{rows}, {k}] d={d}"), 0.0)
+                    .input("input", rng.data(F32, &[rows * k, d]))
+                    .input("route", r.to_owned_host().expect("harness: copy"))
+                    .input("dispatch", disp.to_owned_host().expect("harness: copy"))
+                    .output("output", F32),
+            );
+        }
+    }
+}

@@ -1,0 +1,395 @@
+//! Batched decode steps over the paged KV pool, padded to a bucket of rows and, on a device
+//! that records work (CUDA graphs), recorded once per bucket and replayed.
+//!
+//! A paged step whose items each carry one token is padded to the next size of
+//! [`BATCH_BUCKETS`]. Its per-step values (token ids, positions, KV write slots, key counts and
+//! block tables) are written into device tensors that the bucket keeps at fixed addresses; the
+//! attention (`PagedDecodeAttention`) reads them there, so the recorded work does not depend on
+//! host-side lengths and replays as sequences grow, join or leave. Padding rows embed token 0 at
+//! position 0, store nothing (slot −1) and see no key (length 0); their logits are ignored.
+//! A bucket keeps one recording per key-count class (the longest row's keys rounded up to a
+//! power of two), since the attention's split count follows it. The first step of a class runs
+//! the same ops directly (every buffer gets its size); the next is recorded and replayed from
+//! then on. Prefill chunks and mixed steps run op by op through `PagedAttention`.
+
+use super::paged::{PagedKvPool, PagedSeqState};
+use super::transformer::{KvStore, Model, PagedBatch};
+use crate::data::{Data, DataType};
+use crate::device::{BaseDevice, DataDict, FloatDict, IntDict};
+use crate::error::{Error, Result};
+use crate::executor::Executor;
+use crate::ops::AttentionParams;
+use std::any::Any;
+
+/// How a paged step whose items all carry one token runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchDecode {
+    /// Op by op over exactly the step's rows (`PagedCacheWrite` + `PagedAttention`).
+    Off,
+    /// Padded to a bucket with device-side index arrays (`PagedDecodeAttention`), op by op.
+    Eager,
+    /// [`BatchDecode::Eager`] recorded once per bucket and key-count class, then replayed.
+    Graphs,
+}
+
+/// The row counts a batched decode step is padded to; larger batches run op by op.
+pub const BATCH_BUCKETS: [usize; 8] = [1, 2, 4, 8, 16, 32, 64, 128];
+
+/// Failed recordings after which a pool's decode steps stop trying to record.
+const MAX_FAILURES: usize = 3;
+
+/// Smallest key-count class (the attention's shortest split).
+const MIN_CLASS: usize = 256;
+
+/// The padded buckets of one pool (see the module doc).
+#[derive(Default)]
+pub(super) struct BatchGraphs {
+    /// [`Model::id`] of the model whose weights the recordings hold.
+    model: u64,
+    buckets: Vec<Bucket>,
+    failures: usize,
+}
+
+/// One bucket's device tensors and recordings.
+struct Bucket {
+    rows: usize,
+    /// Block-table entries per row.
+    width: usize,
+    ids: Data,
+    pos: Data,
+    slots: Data,
+    lens: Data,
+    tables: Data,
+    /// The block tables last written to `tables`.
+    tables_host: Vec<i32>,
+    bufs: Vec<Data>,
+    workspace: Data,
+    logits: Data,
+    /// (key-count class, recording).
+    recordings: Vec<(usize, Box<dyn Any + Send + Sync>)>,
+    /// Classes that have run once without recording.
+    sized: Vec<usize>,
+}
+
+impl Bucket {
+    fn new(dev: &dyn BaseDevice, rows: usize, width: usize) -> Result<Bucket> {
+        let up = |dims: &[usize]| dev.upload(&Data::zeros(DataType::I32, dims)?);
+        Ok(Bucket {
+            rows,
+            width,
+            ids: up(&[rows])?,
+            pos: up(&[rows])?,
+            slots: up(&[rows])?,
+            lens: up(&[rows])?,
+            tables: up(&[rows, width])?,
+            tables_host: vec![0; rows * width],
+            bufs: (0..super::transformer::SCRATCH_BUFS)
+                .map(|_| Data::empty(DataType::F32))
+                .collect(),
+            workspace: Data::empty(DataType::F32),
+            logits: Data::empty(DataType::F32),
+            recordings: Vec::new(),
+            sized: Vec::new(),
+        })
+    }
+
+    /// Writes the step's values, padded to the bucket.
+    fn write(&mut self, dev: &dyn BaseDevice, b: &PagedBatch) -> Result<()> {
+        let (n, rows, w) = (b.seqs, self.rows, self.width);
+        let pad = |v: &[i32], fill: i32| -> Vec<i32> {
+            let mut out = v.to_vec();
+            out.resize(rows, fill);
+            out
+        };
+        let ids: Vec<i32> = b.tokens.iter().map(|&t| t as i32).collect();
+        dev.write(&Data::from_i32(&[rows], &pad(&ids, 0))?, &mut self.ids)?;
+        dev.write(&Data::from_i32(&[rows], &pad(&b.pos, 0))?, &mut self.pos)?;
+        dev.write(
+            &Data::from_i32(&[rows], &pad(&b.slots, -1))?,
+            &mut self.slots,
+        )?;
+        dev.write(
+            &Data::from_i32(&[rows], &pad(&b.kv_lens, 0))?,
+            &mut self.lens,
+        )?;
+        let mut t = vec![0i32; rows * w];
+        for s in 0..n {
+            let src = b.table.get(s * b.max_blocks..(s + 1) * b.max_blocks);
+            let src = src.ok_or_else(|| Error::invalid("paged step: short block table"))?;
+            let used = src.len().min(w);
+            t[s * w..s * w + used].copy_from_slice(&src[..used]);
+        }
+        if t != self.tables_host {
+            dev.write(&Data::from_i32(&[rows, w], &t)?, &mut self.tables)?;
+            self.tables_host = t;
+        }
+        Ok(())
+    }
+}
+
+/// The key-count class of a step whose longest row has `max_len` keys.
+fn key_class(max_len: usize, cap: usize) -> usize {
+    max_len.next_power_of_two().max(MIN_CLASS).min(cap.max(1))
+}
+
+/// What one padded decode step runs on.
+struct DecodeRun<'a> {
+    dev: &'a dyn BaseDevice,
+    block_size: usize,
+    class: usize,
+}
+
+/// The KV store of a padded decode step: `PagedDecodeAttention` over the bucket's arrays.
+struct DecodeKv<'a> {
+    k: &'a mut [Data],
+    v: &'a mut [Data],
+    slots: &'a Data,
+    lens: &'a Data,
+    tables: &'a Data,
+    workspace: &'a mut Data,
+    block_size: i32,
+    max_keys: i32,
+}
+
+impl KvStore for DecodeKv<'_> {
+    fn attend(
+        &mut self,
+        e: &Executor,
+        layer: usize,
+        q: &Data,
+        k: &Data,
+        v: &Data,
+        p: &AttentionParams,
+        out: &mut Data,
+    ) -> Result<()> {
+        let (kc, vc) = match (self.k.get_mut(layer), self.v.get_mut(layer)) {
+            (Some(kc), Some(vc)) => (kc, vc),
+            _ => return Err(Error::invalid(format!("paged pool has no layer {layer}"))),
+        };
+        let mut d = DataDict::new()
+            .with("q", q)
+            .with("k", k)
+            .with("v", v)
+            .with_mut("k_cache", kc)
+            .with_mut("v_cache", vc)
+            .with("slots", self.slots)
+            .with("kv_lens", self.lens)
+            .with("block_tables", self.tables)
+            .with_mut("workspace", self.workspace);
+        if let Some(a) = p.alibi {
+            d.insert("alibi_slopes", a);
+        }
+        d.insert_mut("output", out);
+        e.run(
+            "PagedDecodeAttention",
+            &mut d,
+            &FloatDict::new()
+                .with("scale", p.scale)
+                .with("softcap", p.softcap),
+            &IntDict::new()
+                .with("block_size", self.block_size)
+                .with("sliding_window", p.sliding_window as i32)
+                .with("max_keys", self.max_keys),
+        )
+    }
+}
+
+impl Model {
+    /// The bucket a decode step of `b` takes, or `None` when it runs op by op (batch decode
+    /// off, a prompt chunk in the step, more rows than the largest bucket, profiling).
+    pub(super) fn decode_bucket(&self, b: &PagedBatch) -> Option<usize> {
+        if self.batch_decode() == BatchDecode::Off
+            || b.tokens.len() != b.seqs
+            || self.executor().profiler().enabled()
+        {
+            return None;
+        }
+        BATCH_BUCKETS.iter().copied().find(|&r| r >= b.seqs)
+    }
+
+    /// Runs the decode step `b` padded to `rows` rows (see the module doc); returns the bucket's
+    /// logits [rows, vocab] on the device (rows past `b.seqs` are padding).
+    pub(super) fn paged_decode_step<'p>(
+        &self,
+        pool: &'p mut PagedKvPool,
+        b: &PagedBatch,
+        rows: usize,
+    ) -> Result<&'p Data> {
+        let dev = self
+            .executor()
+            .devices()
+            .first()
+            .cloned()
+            .ok_or_else(|| Error::invalid("batched decode needs a device"))?;
+        let bs = pool.block_size;
+        let width = (self.config().context_length.div_ceil(bs))
+            .min(pool.total_blocks())
+            .max(1);
+        let graphs = pool.graphs.get_or_insert_with(Default::default);
+        if graphs.model != self.id() {
+            *graphs = BatchGraphs {
+                model: self.id(),
+                ..Default::default()
+            };
+        }
+        let i = match graphs.buckets.iter().position(|k| k.rows == rows) {
+            Some(i) => i,
+            None => {
+                graphs.buckets.push(Bucket::new(dev.as_ref(), rows, width)?);
+                graphs.buckets.len() - 1
+            }
+        };
+        let max_len = b.kv_lens.iter().copied().max().unwrap_or(1).max(1) as usize;
+        let class = key_class(max_len, width * bs);
+        let record = self.batch_decode() == BatchDecode::Graphs && graphs.failures < MAX_FAILURES;
+        let step = DecodeRun {
+            dev: dev.as_ref(),
+            block_size: bs,
+            class,
+        };
+        let bucket = graphs
+            .buckets
+            .get_mut(i)
+            .ok_or_else(|| Error::invalid("batched decode bucket"))?;
+        bucket.write(dev.as_ref(), b)?;
+        let recorded = record && self.replay_or_record(&step, bucket, &mut pool.k, &mut pool.v)?;
+        if !recorded {
+            if record && bucket.sized.contains(&class) {
+                graphs.failures += 1;
+            }
+            let bucket = graphs
+                .buckets
+                .get_mut(i)
+                .ok_or_else(|| Error::invalid("batched decode bucket"))?;
+            self.decode_ops(bucket, &mut pool.k, &mut pool.v, bs, class)?;
+            if !bucket.sized.contains(&class) {
+                bucket.sized.push(class);
+            }
+        }
+        graphs
+            .buckets
+            .get(i)
+            .map(|b| &b.logits)
+            .ok_or_else(|| Error::invalid("batched decode bucket"))
+    }
+
+    /// Replays the bucket's recording of `step.class`, or records it when that class has run
+    /// once already. `Ok(false)`: the step has not run (nothing recorded yet, or the recording
+    /// failed; the caller runs it op by op).
+    fn replay_or_record(
+        &self,
+        step: &DecodeRun,
+        bucket: &mut Bucket,
+        k: &mut [Data],
+        v: &mut [Data],
+    ) -> Result<bool> {
+        let dev = step.dev;
+        if let Some(j) = bucket.recordings.iter().position(|r| r.0 == step.class) {
+            if dev.replay(bucket.recordings[j].1.as_ref())? {
+                return Ok(true);
+            }
+            bucket.recordings.swap_remove(j); // stale: record again
+        }
+        if !bucket.sized.contains(&step.class) {
+            return Ok(false);
+        }
+        dev.begin_recording()?;
+        let run = self.decode_ops(bucket, k, v, step.block_size, step.class);
+        let rec = dev.end_recording();
+        match (run, rec) {
+            (Ok(()), Ok(rec)) => {
+                if dev.replay(rec.as_ref())? {
+                    bucket.recordings.push((step.class, rec));
+                    return Ok(true);
+                }
+                Ok(false)
+            }
+            (run, rec) => {
+                let why = run.err().or(rec.err()).map(|e| e.to_string());
+                eprintln!(
+                    "fastllm: batched decode step not recorded as a graph ({}); running it op by op",
+                    why.unwrap_or_default()
+                );
+                Ok(false)
+            }
+        }
+    }
+
+    /// The ops of one padded decode step (recorded or run directly).
+    fn decode_ops(
+        &self,
+        bucket: &mut Bucket,
+        k: &mut [Data],
+        v: &mut [Data],
+        block_size: usize,
+        class: usize,
+    ) -> Result<()> {
+        let Bucket {
+            rows,
+            ids,
+            pos,
+            slots,
+            lens,
+            tables,
+            bufs,
+            workspace,
+            logits,
+            ..
+        } = bucket;
+        let mut kv = DecodeKv {
+            k,
+            v,
+            slots,
+            lens,
+            tables,
+            workspace,
+            block_size: i32::try_from(block_size).map_err(|_| Error::invalid("block size"))?,
+            max_keys: i32::try_from(class).unwrap_or(i32::MAX),
+        };
+        let all: Vec<i32> = (0..*rows as i32).collect();
+        self.layers(ids, pos, &all, &mut kv, bufs, logits, true)
+    }
+}
+
+/// Runs the padded decode step of every bucket of up to `max_rows` rows over throwaway
+/// sequences of `pool` (one eager step that sizes the bucket's buffers, one that records it, one
+/// replay), so that a server's first requests neither compile kernels nor record graphs for
+/// short sequences (longer key-count classes are recorded when first reached). Every block
+/// taken is returned and prefix caching is left as it was. Returns the buckets warmed: none
+/// when batched decode is off, and only those whose sequences fit the free blocks.
+pub fn warm_batch_decode(model: &Model, pool: &mut PagedKvPool, max_rows: usize) -> Result<usize> {
+    if model.batch_decode() == BatchDecode::Off {
+        return Ok(0);
+    }
+    let caching = pool.prefix_caching();
+    pool.set_prefix_caching(false);
+    let mut warmed = 0;
+    let mut result = Ok(());
+    for &rows in BATCH_BUCKETS.iter().filter(|&&r| r <= max_rows.max(1)) {
+        if rows > pool.free_blocks() {
+            break;
+        }
+        let mut seqs: Vec<PagedSeqState> = (0..rows).map(|_| PagedSeqState::new()).collect();
+        for step in 0..3u32 {
+            let toks: Vec<[u32; 1]> = (0..rows).map(|_| [step]).collect();
+            let mut items: Vec<(&mut PagedSeqState, &[u32])> = seqs
+                .iter_mut()
+                .zip(&toks)
+                .map(|(s, t)| (s, t.as_slice()))
+                .collect();
+            if let Err(e) = model.forward_paged_greedy(pool, &mut items) {
+                result = Err(e);
+                break;
+            }
+        }
+        for s in seqs.iter_mut() {
+            pool.release(s);
+        }
+        if result.is_err() {
+            break;
+        }
+        warmed += 1;
+    }
+    pool.set_prefix_caching(caching);
+    result.map(|()| warmed)
+}

@@ -1,0 +1,510 @@
+//! Batched decode over the paged KV pool on the CUDA device (`src/model/paged_graph.rs`):
+//! - steps padded to a bucket and replayed from recorded graphs equal the same padded steps run
+//!   op by op, bit for bit, for B = 1, 3, 8 and 64 on random two-layer models of several shapes,
+//!   with sequences of different lengths, a sequence leaving and a new one joining through a
+//!   prefill chunk mixed into a decode step, a batch shrinking into a smaller bucket, and rows
+//!   long enough for split-K attention;
+//! - the padded steps agree with the unpadded op-by-op path (`PagedAttention`) to rounding;
+//! - `PagedDecodeAttention` alone against `PagedCacheWrite` + `PagedAttention` on awkward sizes
+//!   (head sizes 16 / 80 / 128, 1 to 12 query heads per kv head, empty and long rows, windows,
+//!   soft-capping, ALiBi), f32 and f16 caches.
+//!
+//! Without a GPU every test passes without work and the binary says once, on stderr past the
+//! test harness's capture, "SKIPPED: no CUDA device (...)" (CI has none).
+
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use common::cuda::{gpu, max_abs_diff};
+use fastllm::data::{Data, DataType};
+use fastllm::devices::cuda::CudaDevice;
+use fastllm::harness::{nmse, CaseRng};
+use fastllm::model::SyntheticSource;
+use fastllm::model::{synthetic, BatchDecode, Model, PagedKvPool, PagedSeqState, Precision};
+use fastllm::{BaseDevice, DataDict, Executor, FloatDict, IntDict};
+use std::sync::Arc;
+
+fn model(shape: &str, dtype: &str, precision: Precision, mode: BatchDecode) -> Model {
+    let mut cfg = synthetic::config(shape).unwrap();
+    cfg.num_layers = 2;
+    let dt = synthetic::weight_dtype(dtype).unwrap();
+    let src = Arc::new(SyntheticSource::new(&cfg, dt).unwrap());
+    let exec = fastllm::load::executor_for("cuda", 0, &Default::default()).unwrap();
+    let mut m = Model::new(cfg, src, exec, precision, false).unwrap();
+    m.set_batch_decode(mode).unwrap();
+    m
+}
+
+/// Token of row `r` at step `i` (fixed, so runs that differ by rounding see the same inputs).
+fn tok(model: &Model, i: usize, r: usize) -> u32 {
+    ((i * 7919 + r * 104_729 + 13) % model.config().vocab_size) as u32
+}
+
+/// The logits of every row of every step of the scenario in the module doc, for `b` sequences
+/// (`long`: prompts of a few hundred tokens).
+fn scenario(model: &Model, b: usize, long: bool) -> Vec<Vec<Vec<f32>>> {
+    let bs = 16;
+    let mut pool = PagedKvPool::new(
+        model,
+        4 * b * (40 + if long { 700 } else { 0 }) / bs + 8,
+        bs,
+    )
+    .unwrap();
+    let mut st: Vec<PagedSeqState> = (0..b).map(|_| PagedSeqState::new()).collect();
+    let plen = |r: usize| if long { 300 + 37 * r } else { 1 + (7 * r) % 29 };
+    let prompts: Vec<Vec<u32>> = (0..b)
+        .map(|r| (0..plen(r)).map(|i| tok(model, i + 100, r)).collect())
+        .collect();
+    let mut items: Vec<(&mut PagedSeqState, &[u32])> = st
+        .iter_mut()
+        .zip(&prompts)
+        .map(|(s, p)| (s, p.as_slice()))
+        .collect();
+    let mut out = vec![model.forward_paged(&mut pool, &mut items).unwrap()];
+    let mut live: Vec<usize> = (0..b).collect();
+    for step in 0..14 {
+        if step == 6 {
+            // sequence 0 leaves; a new one joins with a 5-token chunk in this decode step
+            pool.release(&mut st[0]);
+        }
+        if step == 10 && live.len() > 1 {
+            pool.release(&mut st[1]);
+            live.retain(|&r| r != 1);
+        }
+        let new_prompt: Vec<u32> = (0..5).map(|i| tok(model, i + 500, 0)).collect();
+        let toks: Vec<[u32; 1]> = live.iter().map(|&r| [tok(model, step, r)]).collect();
+        let mut items: Vec<(&mut PagedSeqState, &[u32])> = Vec::new();
+        for (s, (r, st)) in st
+            .iter_mut()
+            .enumerate()
+            .filter(|(r, _)| live.contains(r))
+            .enumerate()
+        {
+            let t: &[u32] = if step == 6 && r == 0 {
+                &new_prompt
+            } else {
+                &toks[s]
+            };
+            items.push((st, t));
+        }
+        out.push(model.forward_paged(&mut pool, &mut items).unwrap());
+    }
+    for s in st.iter_mut() {
+        pool.release(s);
+    }
+    assert_eq!(pool.free_blocks(), pool.total_blocks(), "every block back");
+    out
+}
+
+#[test]
+fn graph_replayed_batched_decode_equals_op_by_op() {
+    let Some(_dev) = gpu() else { return };
+    for (shape, dtype) in [
+        ("tiny", "f16"),
+        ("llama-3.2-1b", "int4"),
+        ("qwen2-0.5b", "int8"),
+    ] {
+        let eager = model(shape, dtype, Precision::Fast, BatchDecode::Eager);
+        let graphs = model(shape, dtype, Precision::Fast, BatchDecode::Graphs);
+        for (b, long) in [
+            (1, false),
+            (3, false),
+            (8, false),
+            (64, false),
+            (1, true),
+            (3, true),
+        ] {
+            let a = scenario(&eager, b, long);
+            let g = scenario(&graphs, b, long);
+            let bits = |v: &Vec<Vec<Vec<f32>>>| -> Vec<u32> {
+                v.iter().flatten().flatten().map(|x| x.to_bits()).collect()
+            };
+            assert!(
+                bits(&a) == bits(&g),
+                "{shape} {dtype} B={b} long={long}: graph-replayed logits differ from op by op"
+            );
+            println!("{shape} {dtype} B={b} long={long}: graph replay bit-equal to op by op");
+        }
+    }
+}
+
+#[test]
+fn padded_batched_decode_matches_the_plain_paged_path() {
+    let Some(_dev) = gpu() else { return };
+    for (shape, dtype) in [
+        ("tiny", "f16"),
+        ("llama-3.2-1b", "f16"),
+        ("qwen2-0.5b", "int8"),
+    ] {
+        let off = model(shape, dtype, Precision::Exact, BatchDecode::Off);
+        let padded = model(shape, dtype, Precision::Exact, BatchDecode::Graphs);
+        for (b, long) in [(3, false), (64, false), (3, true)] {
+            let a = scenario(&off, b, long);
+            let p = scenario(&padded, b, long);
+            let (mut worst, mut scale) = (0f32, 0f32);
+            for (sa, sp) in a.iter().zip(&p) {
+                assert_eq!(sa.len(), sp.len());
+                for (ra, rp) in sa.iter().zip(sp) {
+                    worst = worst.max(max_abs_diff(ra, rp));
+                    scale = scale.max(ra.iter().fold(0f32, |m, x| m.max(x.abs())));
+                }
+            }
+            println!("{shape} {dtype} B={b} long={long}: max |padded - plain| {worst:.2e} (max |logit| {scale:.2})");
+            assert!(
+                worst <= 1e-4 * scale.max(1.0),
+                "{shape} {dtype} B={b}: {worst}"
+            );
+        }
+    }
+}
+
+#[test]
+fn warm_up_records_every_bucket_and_returns_the_blocks() {
+    let Some(_dev) = gpu() else { return };
+    let m = model("tiny", "f16", Precision::Fast, BatchDecode::Graphs);
+    let mut pool = PagedKvPool::new(&m, 64, 16).unwrap();
+    pool.set_prefix_caching(true);
+    assert_eq!(
+        fastllm::model::warm_batch_decode(&m, &mut pool, 8).unwrap(),
+        4
+    );
+    assert_eq!(pool.free_blocks(), 64);
+    assert_eq!(pool.cached_blocks(), 0);
+    assert!(pool.prefix_caching());
+    // more buckets than free blocks: only those that fit
+    let mut small = PagedKvPool::new(&m, 5, 16).unwrap();
+    assert_eq!(
+        fastllm::model::warm_batch_decode(&m, &mut small, 128).unwrap(),
+        3
+    );
+    assert_eq!(small.free_blocks(), 5);
+    // the warmed pool decodes as a fresh one
+    let mut fresh = PagedKvPool::new(&m, 64, 16).unwrap();
+    let run = |pool: &mut PagedKvPool| {
+        let mut st: Vec<PagedSeqState> = (0..3).map(|_| PagedSeqState::new()).collect();
+        let mut out = Vec::new();
+        for step in 0..4 {
+            let toks: Vec<[u32; 1]> = (0..3).map(|r| [tok(&m, step, r)]).collect();
+            let mut items: Vec<(&mut PagedSeqState, &[u32])> = st
+                .iter_mut()
+                .zip(&toks)
+                .map(|(s, t)| (s, t.as_slice()))
+                .collect();
+            out.push(m.forward_paged(pool, &mut items).unwrap());
+        }
+        out
+    };
+    assert!(run(&mut pool) == run(&mut fresh));
+}
+
+/// Random f32 values in ±1.
+fn rand_f32(rng: &mut CaseRng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.uniform(-1.0, 1.0)).collect()
+}
+
+/// One attention case: sizes, scoring options and each row's key count (0: a padding row).
+struct AttnCase {
+    hd: usize,
+    nh: usize,
+    nkv: usize,
+    window: i32,
+    softcap: f32,
+    alibi: bool,
+    lens: &'static [usize],
+}
+
+/// Host inputs of a case: pool contents, step rows, block tables and slots.
+struct AttnInputs {
+    k_pool: Vec<f32>,
+    v_pool: Vec<f32>,
+    q: Data,
+    k: Data,
+    v: Data,
+    slopes: Data,
+    table: Vec<i32>,
+    maxb: usize,
+    slots: Vec<i32>,
+    n_slots: usize,
+}
+
+const BS: usize = 16;
+
+fn attn_inputs(c: &AttnCase, rng: &mut CaseRng) -> AttnInputs {
+    let rows = c.lens.len();
+    let maxb = c
+        .lens
+        .iter()
+        .map(|l| l.div_ceil(BS))
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let n_blocks = rows * maxb + 3;
+    let mut ids: Vec<i32> = (0..n_blocks as i32).collect();
+    for i in (1..ids.len()).rev() {
+        let j = (rng.uniform(0.0, 1.0) * (i + 1) as f32) as usize % (i + 1);
+        ids.swap(i, j);
+    }
+    let mut table = vec![0i32; rows * maxb];
+    for r in 0..rows {
+        for b in 0..c.lens[r].div_ceil(BS) {
+            table[r * maxb + b] = ids[r * maxb + b];
+        }
+    }
+    let slot = |r: usize, j: usize| table[r * maxb + j / BS] * BS as i32 + (j % BS) as i32;
+    let slots = (0..rows)
+        .map(|r| match c.lens[r] {
+            0 => -1,
+            l => slot(r, l - 1),
+        })
+        .collect();
+    let (nh, nkv, hd) = (c.nh, c.nkv, c.hd);
+    let n_slots = n_blocks * BS;
+    let slopes: Vec<f32> = (0..nh).map(|h| 0.5f32.powi(h as i32 + 1)).collect();
+    AttnInputs {
+        k_pool: rand_f32(rng, n_slots * nkv * hd),
+        v_pool: rand_f32(rng, n_slots * nkv * hd),
+        q: Data::from_f32(&[rows, nh, hd], &rand_f32(rng, rows * nh * hd)).unwrap(),
+        k: Data::from_f32(&[rows, nkv, hd], &rand_f32(rng, rows * nkv * hd)).unwrap(),
+        v: Data::from_f32(&[rows, nkv, hd], &rand_f32(rng, rows * nkv * hd)).unwrap(),
+        slopes: Data::from_f32(&[nh], &slopes).unwrap(),
+        table,
+        maxb,
+        slots,
+        n_slots,
+    }
+}
+
+/// A pool layer on the GPU holding `vals`, f16 or f32.
+fn pool_layer(dev: &CudaDevice, c: &AttnCase, n_slots: usize, vals: &[f32], half: bool) -> Data {
+    let dims = [n_slots, c.nkv, c.hd];
+    let d = if half {
+        let bytes = fastllm::data::encode_from_f32(DataType::F16, vals).unwrap();
+        Data::from_bytes(DataType::F16, &dims, &bytes).unwrap()
+    } else {
+        Data::from_f32(&dims, vals).unwrap()
+    };
+    dev.upload(&d).unwrap()
+}
+
+/// Rows `live` of `x` (rows of `w` values), as [live, w / hd, hd].
+fn rows_of(x: &Data, live: &[usize], w: usize, hd: usize) -> Data {
+    let all = x.to_f32_vec().unwrap();
+    let v: Vec<f32> = live
+        .iter()
+        .flat_map(|&r| all[r * w..(r + 1) * w].to_vec())
+        .collect();
+    Data::from_f32(&[live.len(), w / hd, hd], &v).unwrap()
+}
+
+/// `PagedDecodeAttention` with the index arrays on the device: output and the two pool layers.
+fn run_decode(
+    exec: &Executor,
+    dev: &CudaDevice,
+    c: &AttnCase,
+    x: &AttnInputs,
+    half: bool,
+) -> [Vec<f32>; 3] {
+    let rows = c.lens.len();
+    let mut kc = pool_layer(dev, c, x.n_slots, &x.k_pool, half);
+    let mut vc = pool_layer(dev, c, x.n_slots, &x.v_pool, half);
+    let lens: Vec<i32> = c.lens.iter().map(|&l| l as i32).collect();
+    let up = |d: Data| dev.upload(&d).unwrap();
+    let slots = up(Data::from_i32(&[rows], &x.slots).unwrap());
+    let lens = up(Data::from_i32(&[rows], &lens).unwrap());
+    let tables = up(Data::from_i32(&[rows, x.maxb], &x.table).unwrap());
+    let (mut ws, mut out) = (Data::empty(DataType::F32), Data::empty(DataType::F32));
+    let mut d = DataDict::new()
+        .with("q", &x.q)
+        .with("k", &x.k)
+        .with("v", &x.v)
+        .with_mut("k_cache", &mut kc)
+        .with_mut("v_cache", &mut vc)
+        .with("slots", &slots)
+        .with("kv_lens", &lens)
+        .with("block_tables", &tables)
+        .with_mut("workspace", &mut ws)
+        .with_mut("output", &mut out);
+    if c.alibi {
+        d.insert("alibi_slopes", &x.slopes);
+    }
+    let ints = IntDict::new()
+        .with("block_size", BS as i32)
+        .with("sliding_window", c.window)
+        .with("max_keys", 2048);
+    let floats = FloatDict::new()
+        .with("scale", 0.11)
+        .with("softcap", c.softcap);
+    exec.run("PagedDecodeAttention", &mut d, &floats, &ints)
+        .unwrap();
+    let host = |d: &Data| d.to_owned_host().unwrap().to_f32_vec().unwrap();
+    [host(&out), host(&kc), host(&vc)]
+}
+
+/// The reference: `PagedCacheWrite` of the step's rows, then `PagedAttention` over the rows
+/// with keys; output (those rows) and the two pool layers.
+fn run_reference(
+    exec: &Executor,
+    dev: &CudaDevice,
+    c: &AttnCase,
+    x: &AttnInputs,
+    half: bool,
+) -> [Vec<f32>; 3] {
+    let (nh, nkv, hd) = (c.nh, c.nkv, c.hd);
+    let mut kc = pool_layer(dev, c, x.n_slots, &x.k_pool, half);
+    let mut vc = pool_layer(dev, c, x.n_slots, &x.v_pool, half);
+    let live: Vec<usize> = (0..c.lens.len()).filter(|&r| c.lens[r] > 0).collect();
+    let n = live.len();
+    let slots: Vec<i32> = live.iter().map(|&r| x.slots[r]).collect();
+    let slots = Data::from_i32(&[n], &slots).unwrap();
+    for (src, cache) in [(&x.k, &mut kc), (&x.v, &mut vc)] {
+        let rows = rows_of(src, &live, nkv * hd, hd);
+        let mut d = DataDict::new()
+            .with("input", &rows)
+            .with("slots", &slots)
+            .with_mut("cache", cache);
+        exec.run(
+            "PagedCacheWrite",
+            &mut d,
+            &FloatDict::new(),
+            &IntDict::new(),
+        )
+        .unwrap();
+    }
+    let qs: Vec<i32> = (0..=n as i32).collect();
+    let kl: Vec<i32> = live.iter().map(|&r| c.lens[r] as i32).collect();
+    let lt: Vec<i32> = live
+        .iter()
+        .flat_map(|&r| x.table[r * x.maxb..(r + 1) * x.maxb].to_vec())
+        .collect();
+    let qs = Data::from_i32(&[n + 1], &qs).unwrap();
+    let kl = Data::from_i32(&[n], &kl).unwrap();
+    let lt = Data::from_i32(&[n, x.maxb], &lt).unwrap();
+    let q = rows_of(&x.q, &live, nh * hd, hd);
+    let mut out = Data::empty(DataType::F32);
+    let mut d = DataDict::new()
+        .with("q", &q)
+        .with("k_cache", &kc)
+        .with("v_cache", &vc)
+        .with("q_starts", &qs)
+        .with("kv_lens", &kl)
+        .with("block_tables", &lt)
+        .with_mut("output", &mut out);
+    if c.alibi {
+        d.insert("alibi_slopes", &x.slopes);
+    }
+    let ints = IntDict::new()
+        .with("block_size", BS as i32)
+        .with("sliding_window", c.window);
+    let floats = FloatDict::new()
+        .with("scale", 0.11)
+        .with("softcap", c.softcap);
+    exec.run("PagedAttention", &mut d, &floats, &ints).unwrap();
+    let host = |d: &Data| d.to_owned_host().unwrap().to_f32_vec().unwrap();
+    [host(&out), host(&kc), host(&vc)]
+}
+
+#[test]
+fn paged_decode_attention_matches_paged_attention() {
+    let Some(dev) = gpu() else { return };
+    let exec = common::cuda::cuda_executor(&dev);
+    let mut rng = CaseRng::new(7);
+    let case = |hd, nh, nkv, window, softcap, alibi, lens| AttnCase {
+        hd,
+        nh,
+        nkv,
+        window,
+        softcap,
+        alibi,
+        lens,
+    };
+    let cases = [
+        case(128, 32, 8, 0, 0.0, false, &[1, 80, 17, 0, 300][..]),
+        case(16, 4, 2, 0, 0.0, false, &[5, 0, 33]),
+        case(80, 12, 1, 40, 0.0, false, &[100, 3, 1000]),
+        case(64, 14, 2, 0, 30.0, true, &[64, 65, 2]),
+        case(128, 8, 8, 0, 0.0, false, &[2000, 1]),
+    ];
+    for c in &cases {
+        for half in [false, true] {
+            let x = attn_inputs(c, &mut rng);
+            let [got, kc, vc] = run_decode(&exec, &dev, c, &x, half);
+            let [want, kr, vr] = run_reference(&exec, &dev, c, &x, half);
+            let w = c.nh * c.hd;
+            let live: Vec<usize> = (0..c.lens.len()).filter(|&r| c.lens[r] > 0).collect();
+            let got_live: Vec<f32> = live
+                .iter()
+                .flat_map(|&r| got[r * w..(r + 1) * w].to_vec())
+                .collect();
+            let (e, bad) = nmse(&got_live, &want);
+            println!(
+                "hd {} heads {}/{} window {} softcap {} alibi {} f16 {half}: nmse {e:.2e}",
+                c.hd, c.nh, c.nkv, c.window, c.softcap, c.alibi
+            );
+            assert!(!bad && e < 1e-10, "hd {} f16 {half}: nmse {e}", c.hd);
+            for r in (0..c.lens.len()).filter(|&r| c.lens[r] == 0) {
+                let row = &got[r * w..(r + 1) * w];
+                assert!(row.iter().all(|&x| x == 0.0), "padding row {r} not zero");
+            }
+            assert!(kc == kr && vc == vr, "the pool after the step differs");
+        }
+    }
+}
+
+/// Total decode tokens/s of `b` sequences (16-token prompts cached first, one untimed step,
+/// then `steps` timed greedy steps), as `fastllm bench --batch` measures it.
+fn batch_tok_s(model: &Model, b: usize, steps: usize) -> f64 {
+    let bs = 16;
+    let mut pool = PagedKvPool::new(model, b * (16 + steps + 2).div_ceil(bs) + 1, bs).unwrap();
+    let mut st: Vec<PagedSeqState> = (0..b).map(|_| PagedSeqState::new()).collect();
+    let prompts: Vec<Vec<u32>> = (0..b)
+        .map(|r| (0..16).map(|i| tok(model, i, r)).collect())
+        .collect();
+    let mut items: Vec<(&mut PagedSeqState, &[u32])> = st
+        .iter_mut()
+        .zip(&prompts)
+        .map(|(s, p)| (s, p.as_slice()))
+        .collect();
+    let mut next: Vec<[u32; 1]> = model
+        .forward_paged_greedy(&mut pool, &mut items)
+        .unwrap()
+        .iter()
+        .map(|&t| [t])
+        .collect();
+    let mut t0 = std::time::Instant::now();
+    for i in 0..=steps {
+        if i == 1 {
+            t0 = std::time::Instant::now();
+        }
+        let mut items: Vec<(&mut PagedSeqState, &[u32])> = st
+            .iter_mut()
+            .zip(next.iter())
+            .map(|(s, n)| (s, n.as_slice()))
+            .collect();
+        let ids = model.forward_paged_greedy(&mut pool, &mut items).unwrap();
+        next = ids.iter().map(|&t| [t]).collect();
+    }
+    (b * steps) as f64 / t0.elapsed().as_secs_f64()
+}
+
+#[test]
+#[ignore = "timing: llama-3-8b-shaped models, prints tok/s"]
+fn time_batched_decode_modes() {
+    let Some(_dev) = gpu() else { return };
+    for dtype in ["int4", "f16"] {
+        let cfg = synthetic::config("llama-3-8b").unwrap();
+        let dt = synthetic::weight_dtype(dtype).unwrap();
+        let src = Arc::new(SyntheticSource::new(&cfg, dt).unwrap());
+        let exec = fastllm::load::executor_for("cuda", 0, &Default::default()).unwrap();
+        let mut m = Model::new(cfg, src, exec, Precision::Fast, false).unwrap();
+        for b in [1usize, 8, 32, 64, 128] {
+            let mut row = format!("PERF {dtype} B={b:3}:");
+            for mode in [BatchDecode::Off, BatchDecode::Eager, BatchDecode::Graphs] {
+                m.set_batch_decode(mode).unwrap();
+                let t = batch_tok_s(&m, b, 48);
+                row.push_str(&format!(" {mode:?} {t:8.1}"));
+            }
+            println!("{row}");
+        }
+    }
+}

@@ -21,6 +21,11 @@
 #include <stdint.h>
 
 /*
+ Its size in bytes.
+ */
+#define GEMMA3_GGUF_BYTES 253113024
+
+/*
  Library version, major part (matches Cargo.toml).
  */
 #define FASTLLM_VERSION_MAJOR 0
@@ -34,6 +39,11 @@
  Library version, patch part.
  */
 #define FASTLLM_VERSION_PATCH 0
+
+/*
+ The largest frame accepted (a longer length prefix means a corrupt or foreign stream).
+ */
+#define MAX_FRAME (16 << 30)
 
 /*
  Result of every fallible call.
@@ -140,8 +150,8 @@ typedef struct FastllmSession FastllmSession;
 
 /*
  Load parameters. Get defaults from `fastllm_model_params_default()`; `struct_size` must be
- `sizeof(FastllmModelParams)` (or the size of its first version, which ended at `precision`:
- the later fields then keep their defaults). The run-time switches (`cuda_graphs` onwards)
+ `sizeof(FastllmModelParams)` (or the size of an earlier version: the first ended at
+ `precision`, the second at `cache_dir`; the later fields then keep their defaults). The run-time switches (`cuda_graphs` onwards)
  default to "unset": the environment's `FASTLLM_*` value, else the built-in default.
  */
 typedef struct FastllmModelParams {
@@ -188,6 +198,11 @@ typedef struct FastllmModelParams {
    cached.
    */
   const char *cache_dir;
+  /*
+   KV cache dtype: "f16", "q8_0" or "f32"; NULL = the device's default (f16 on the CPU in
+   fast precision, else f32). A dtype the device does not store is an error naming it.
+   */
+  const char *kv_dtype;
 } FastllmModelParams;
 
 /*
@@ -275,6 +290,8 @@ typedef bool (*FastllmTokenCallback)(void *user_data,
                                      int32_t token,
                                      const char *piece,
                                      size_t piece_len);
+
+
 
 
 

@@ -275,6 +275,10 @@ pub trait BaseDevice: Send + Sync {
     }
     /// Moves a tensor that this device wrote back to host memory, in place.
     fn download(&self, data: &mut Data) -> Result<()>;
+    /// The dtypes in which this device stores a KV cache (and its attention reads it).
+    fn kv_dtypes(&self) -> &[DataType] {
+        &[DataType::F32]
+    }
     /// Waits until the work this device has queued is done (a no-op for synchronous devices
     /// such as the CPU).
     fn synchronize(&self) -> Result<()> {

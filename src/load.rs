@@ -8,7 +8,7 @@ use crate::format::flm::{FlmFile, LoadMode};
 use crate::generate::Llm;
 use crate::model::tensor_parallel::{rank_model, RankBuilder, ShardPlan, TpGroup};
 use crate::model::tp_process::Follower;
-use crate::model::{Model, Precision, WeightSource};
+use crate::model::{KvDtype, Model, Precision, WeightSource};
 use crate::options::RuntimeOptions;
 use crate::parallel::rendezvous::GroupSpec;
 use crate::parallel::HostCollective;
@@ -30,6 +30,9 @@ pub struct LoadOptions {
     pub precision: Precision,
     /// The run-time switches (CUDA graphs, fused ops, GPU memory cap, SIMD cap, cache dir).
     pub runtime: RuntimeOptions,
+    /// KV cache dtype; `None` = the device's default (f16 on the CPU in `fast` precision, else
+    /// f32). A dtype the device does not store is an error naming it.
+    pub kv_dtype: Option<KvDtype>,
 }
 
 impl Default for LoadOptions {
@@ -40,6 +43,7 @@ impl Default for LoadOptions {
             low_memory: false,
             precision: Precision::Fast,
             runtime: RuntimeOptions::default(),
+            kv_dtype: None,
         }
     }
 }
@@ -128,7 +132,7 @@ fn model_with(
     source: Arc<dyn WeightSource>,
     opts: &LoadOptions,
 ) -> Result<Model> {
-    model_for(
+    let mut model = model_for(
         config,
         source,
         &opts.device,
@@ -136,7 +140,9 @@ fn model_with(
         opts.precision,
         opts.low_memory,
         &opts.runtime,
-    )
+    )?;
+    model.set_kv_dtype(opts.kv_dtype)?;
+    Ok(model)
 }
 
 /// An opened `.flm` file with what an `Llm` needs besides its model.
@@ -218,7 +224,8 @@ pub fn load_in_group(path: &Path, opts: &LoadOptions, spec: &GroupSpec) -> Resul
 
 /// The model of `config` over `source` as one process of a group (see [`load_in_group`]):
 /// node 0's driver, or a follower. Every process must pass the same weights (the same file,
-/// or the same synthetic shape, whose weights are deterministic).
+/// or the same synthetic shape, whose weights are deterministic). An explicit `kv_dtype` is
+/// refused: every rank keeps its device's default.
 pub fn model_in_group(
     spec: &GroupSpec,
     config: crate::model::ModelConfig,
@@ -226,6 +233,12 @@ pub fn model_in_group(
     opts: &LoadOptions,
 ) -> Result<crate::model::tp_process::GroupRole> {
     use crate::model::tp_process::{self, RankSetup};
+    if let Some(k) = opts.kv_dtype {
+        return Err(Error::Unsupported(format!(
+            "KV cache dtype {k}: a group of processes keeps each rank's device default (f16 on \
+             the CPU in fast precision, f32 on a GPU); drop --kv-dtype"
+        )));
+    }
     let setup = RankSetup {
         threads: opts.threads,
         precision: opts.precision,

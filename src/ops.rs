@@ -480,6 +480,13 @@ pub fn cat_direct(e: &Executor, dst: &mut Data, src: &Data, axis: usize) -> Resu
     )
 }
 
+/// Encodes the f32 rows `src [n, nkv, hd]` at the end of the KV cache `cache` (f16 or q8_0, or
+/// f32) in place (`KvAppend`).
+pub fn kv_append(e: &Executor, cache: &mut Data, src: &Data) -> Result<()> {
+    let mut d = DataDict::new().with_mut("cache", cache).with("input", src);
+    e.run("KvAppend", &mut d, &FloatDict::new(), &IntDict::new())
+}
+
 /// `output = x` with axes permuted.
 pub fn permute(e: &Executor, x: &Data, axes: &[usize], out: &mut Data) -> Result<()> {
     const NAMES: [&str; 8] = [

@@ -222,11 +222,14 @@ fn smollm2_stats(precision: Precision) -> (f32, usize, usize, f64) {
     let gguf = smollm2().unwrap();
     let out = tmp(&format!("smollm2-{precision:?}.flm"));
     convert(&gguf, &out, &ConvertOptions::default(), &mut |_| {}).unwrap();
+    // an f32 KV cache: these bounds measure the activation path (tests/kv_dtype.rs measures
+    // the f16 and q8_0 caches)
     let llm = load(
         &out,
         &LoadOptions {
             threads: 2,
             precision,
+            kv_dtype: Some(fastllm::model::KvDtype::F32),
             ..Default::default()
         },
     )

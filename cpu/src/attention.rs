@@ -18,6 +18,9 @@
 mod decode;
 #[cfg(target_arch = "x86_64")]
 mod flash;
+pub mod kv;
+
+pub use kv::{store_rows, KvFormat, KvRows};
 
 use crate::threads::Threads;
 use crate::vecmath as vm;
@@ -83,6 +86,20 @@ impl AttnParams {
     }
 }
 
+/// Reference attention over a cache in any [`KvFormat`]: converts it to f32 (scalar) and runs
+/// [`attention_ref`].
+pub fn attention_ref_kv(
+    q: &[f32],
+    k: KvRows,
+    v: KvRows,
+    slopes: Option<&[f32]>,
+    out: &mut [f32],
+    p: &AttnParams,
+) {
+    let (kf, vf) = (k.to_f32(p.hd), v.to_f32(p.hdv));
+    attention_ref(q, &kf, &vf, slopes, out, p);
+}
+
 /// Reference attention.
 pub fn attention_ref(
     q: &[f32],
@@ -139,8 +156,8 @@ pub fn attention_ref(
 /// The inputs of one fast attention call, shared by its work units.
 struct Inputs<'a> {
     q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
+    k: KvRows<'a>,
+    v: KvRows<'a>,
     slopes: Option<&'a [f32]>,
     p: &'a AttnParams,
     /// Query heads per KV head.
@@ -160,8 +177,8 @@ impl Inputs<'_> {
         self.g * p.nkv == p.nh
             && p.hd > 0
             && self.q.len() >= p.sq * p.nh * p.hd
-            && self.k.len() >= p.skv * p.nkv * p.hd
-            && self.v.len() >= p.skv * p.nkv * p.hdv
+            && self.k.rows(p.hd) >= p.skv * p.nkv
+            && self.v.rows(p.hdv) >= p.skv * p.nkv
             && out.len() >= p.sq * p.nh * p.hdv
     }
 
@@ -172,12 +189,13 @@ impl Inputs<'_> {
         &self,
         (i, kh): (usize, usize),
         keys: std::ops::Range<usize>,
-        scores: &mut Vec<f32>,
+        sc: &mut Scratch,
         ob: &mut [f32],
         ms: &mut [f32],
         ls: &mut [f32],
     ) {
         let (p, g) = (self.p, self.g);
+        let Scratch { scores, row } = sc;
         let (hd, hdv) = (p.hd, p.hdv);
         ob.fill(0.0);
         ms.fill(f32::NEG_INFINITY);
@@ -193,10 +211,7 @@ impl Inputs<'_> {
         scores.resize(n * g, 0.0);
         // scores[t * n + jj] for head h0 + t and key keys.start + jj
         for (jj, j) in keys.clone().enumerate() {
-            let kr = self
-                .k
-                .get((j * p.nkv + kh) * hd..(j * p.nkv + kh + 1) * hd)
-                .unwrap_or(&[]);
+            let kr = row_of(&self.k, j * p.nkv + kh, hd, row);
             for (t, qr) in qb.chunks_exact(hd).enumerate() {
                 scores[t * n + jj] = vm::dot(qr, kr) * p.scale;
             }
@@ -221,15 +236,29 @@ impl Inputs<'_> {
             *l = vm::exp_sub_sum(sc, *m);
         }
         for (jj, j) in keys.enumerate() {
-            let vr = self
-                .v
-                .get((j * p.nkv + kh) * hdv..(j * p.nkv + kh + 1) * hdv)
-                .unwrap_or(&[]);
+            let vr = row_of(&self.v, j * p.nkv + kh, hdv, row);
             for (t, o) in ob.chunks_exact_mut(hdv).enumerate() {
                 vm::axpy(o, scores[t * n + jj], vr);
             }
         }
     }
+}
+
+/// Per-task buffers of the portable kernel: scores, and one converted head row.
+#[derive(Default)]
+struct Scratch {
+    scores: Vec<f32>,
+    row: Vec<f32>,
+}
+
+/// Head row `r` of `hd` values of `rows`: borrowed from an f32 cache, else converted into `buf`.
+fn row_of<'a>(rows: &KvRows<'a>, r: usize, hd: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
+    if let Some(x) = rows.f32_row(r, hd) {
+        return x;
+    }
+    buf.resize(hd, 0.0);
+    rows.load_row(r, buf);
+    buf
 }
 
 /// Fewest query positions that take the tiled prefill kernel (fewer take the decode kernel).
@@ -254,6 +283,25 @@ pub fn attention(
     out: &mut [f32],
     p: &AttnParams,
 ) {
+    attention_on(
+        th,
+        (q, KvRows::F32(k), KvRows::F32(v), slopes),
+        out,
+        p,
+        Kernel::Auto,
+    );
+}
+
+/// [`attention`] over a cache in any [`KvFormat`] (the kernels read it directly).
+pub fn attention_kv(
+    th: &Threads,
+    q: &[f32],
+    k: KvRows,
+    v: KvRows,
+    slopes: Option<&[f32]>,
+    out: &mut [f32],
+    p: &AttnParams,
+) {
     attention_on(th, (q, k, v, slopes), out, p, Kernel::Auto);
 }
 
@@ -273,7 +321,7 @@ enum Kernel {
 }
 
 /// The `q`, `k`, `v` and ALiBi slopes of one call.
-type Qkvs<'a> = (&'a [f32], &'a [f32], &'a [f32], Option<&'a [f32]>);
+type Qkvs<'a> = (&'a [f32], KvRows<'a>, KvRows<'a>, Option<&'a [f32]>);
 
 /// [`attention`] on a chosen kernel.
 fn attention_on(
@@ -333,7 +381,7 @@ fn portable(th: &Threads, inp: &Inputs, out: &mut [f32]) {
     let per_unit = (p.skv * (hd + hdv) * g).max(1);
     let min_units = (32 * 1024 / per_unit).max(1);
     th.for_row_chunks(out, unit, min_units, |u0, oc| {
-        let mut scores = Vec::new();
+        let mut scores = Scratch::default();
         let (mut ms, mut ls) = (vec![0f32; g], vec![0f32; g]);
         for (ui, ob) in oc.chunks_exact_mut(unit).enumerate() {
             let u = u0 + ui;
@@ -365,7 +413,7 @@ fn split_keys(th: &Threads, inp: &Inputs, out: &mut [f32], units: usize, splits:
     let mut partials = vec![0f32; units * splits * part];
     let kc = p.skv.div_ceil(splits);
     th.for_row_chunks(&mut partials, part, 1, |r0, pc| {
-        let mut scores = Vec::new();
+        let mut scores = Scratch::default();
         for (ri, pr) in pc.chunks_exact_mut(part).enumerate() {
             let (u, c) = ((r0 + ri) / splits, (r0 + ri) % splits);
             let i = u / p.nkv;
@@ -454,8 +502,91 @@ mod tests {
         let n = p.sq * p.nh * p.hdv;
         let (mut r, mut f) = (vec![0.0; n], vec![1.0; n]);
         attention_ref(&q, &k, &v, slopes, &mut r, p);
-        attention_on(th, (&q, &k, &v, slopes), &mut f, p, kernel);
+        let (kr, vr) = (KvRows::F32(&k), KvRows::F32(&v));
+        attention_on(th, (&q, kr, vr, slopes), &mut f, p, kernel);
         nmse(&f, &r)
+    }
+
+    /// A cache of `x` (head rows of `hd`) encoded in `fmt`.
+    struct Enc {
+        fmt: KvFormat,
+        bytes: Vec<u8>,
+        halves: Vec<half::f16>,
+        floats: Vec<f32>,
+    }
+
+    impl Enc {
+        fn new(fmt: KvFormat, x: &[f32], hd: usize) -> Enc {
+            let mut bytes = vec![0u8; x.len() / hd * fmt.row_bytes(hd)];
+            store_rows(fmt, x, hd, &mut bytes);
+            let halves = bytes
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]))
+                .collect();
+            Enc {
+                fmt,
+                bytes,
+                halves,
+                floats: x.to_vec(),
+            }
+        }
+        fn rows(&self) -> KvRows<'_> {
+            match self.fmt {
+                KvFormat::F32 => KvRows::F32(&self.floats),
+                KvFormat::F16 => KvRows::F16(&self.halves),
+                KvFormat::Q8_0 => KvRows::Q8_0(&self.bytes),
+            }
+        }
+    }
+
+    /// Runs `kernel` over a K cache in `kf` and a V cache in `vf`, and the reference over the
+    /// same cache converted to f32 (scalar); returns the NMSE.
+    fn check_kv(
+        th: &Threads,
+        p: &AttnParams,
+        (kf, vf): (KvFormat, KvFormat),
+        kernel: Kernel,
+    ) -> f64 {
+        let q = vals(p.sq * p.nh * p.hd, 1, -2.0, 2.0);
+        let k = Enc::new(kf, &vals(p.skv * p.nkv * p.hd, 2, -2.0, 2.0), p.hd);
+        let v = Enc::new(vf, &vals(p.skv * p.nkv * p.hdv, 3, -1.0, 1.0), p.hdv);
+        let n = p.sq * p.nh * p.hdv;
+        let (mut r, mut f) = (vec![0.0; n], vec![1.0; n]);
+        attention_ref_kv(&q, k.rows(), v.rows(), None, &mut r, p);
+        attention_on(th, (&q, k.rows(), v.rows(), None), &mut f, p, kernel);
+        nmse(&f, &r)
+    }
+
+    #[test]
+    fn every_kernel_reads_f16_and_q8_caches_like_the_reference() {
+        // head sizes 64 / 80 / 128, key counts not multiples of the tiles, one and many KV heads
+        let shapes = [
+            (1usize, 37usize, 9usize, 3usize, 64usize, 64usize),
+            (1, 300, 8, 1, 128, 128),
+            (1, 1100, 6, 6, 80, 80),
+            (9, 50, 9, 3, 80, 80),
+            (25, 70, 16, 2, 80, 48),
+            (40, 333, 4, 1, 128, 128),
+            (70, 1100, 9, 3, 64, 64),
+        ];
+        use KvFormat::{F16, F32, Q8_0};
+        let formats = [(F16, F16), (Q8_0, Q8_0), (F16, Q8_0), (Q8_0, F32)];
+        for threads in [1, 2] {
+            let th = Threads::new(threads).unwrap();
+            for (sq, skv, nh, nkv, hd, hdv) in shapes {
+                let mut p = params(sq, skv, nh, nkv, hd);
+                p.hdv = hdv;
+                for fm in formats {
+                    for kernel in KERNELS {
+                        let e = check_kv(&th, &p, fm, kernel);
+                        assert!(
+                            e < 1e-11,
+                            "{kernel:?} {fm:?} t{threads} {sq} {skv} {nh} {nkv} {hd} {hdv}: {e:e}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]
@@ -584,7 +715,13 @@ mod tests {
             let (mut r, mut f) = (vec![0.0; sq * 4 * 64], vec![1.0; sq * 4 * 64]);
             attention_ref(&q, &k, &v, Some(&slopes), &mut r, &p);
             for kernel in KERNELS {
-                attention_on(&th, (&q, &k, &v, Some(&slopes)), &mut f, &p, kernel);
+                attention_on(
+                    &th,
+                    (&q, KvRows::F32(&k), KvRows::F32(&v), Some(&slopes)),
+                    &mut f,
+                    &p,
+                    kernel,
+                );
                 let e = nmse(&f, &r);
                 assert!(
                     e < 1e-11,

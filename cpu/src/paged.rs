@@ -2,8 +2,10 @@
 //! sequences, a block table per sequence, `paged_cache_write` (store new keys/values into their
 //! slots) and `paged_attention` (causal attention of each sequence's new queries over its cached
 //! keys, read through its block table). A scalar reference and a fast path (online softmax,
-//! parallel over sequence × head).
+//! parallel over sequence × head). The pool stores its values in any
+//! [`KvFormat`](crate::attention::KvFormat) (f32, f16, q8_0; see `attention::kv`), read in place.
 
+use crate::attention::kv::{store_rows, KvFormat, KvRows};
 use crate::threads::Threads;
 use crate::vecmath;
 
@@ -48,6 +50,28 @@ pub fn paged_cache_write(cache: &mut [f32], src: &[f32], slots: &[i32], row: usi
     }
 }
 
+/// Encodes row `i` of `src` (`nkv` head rows of `hd` floats each) into slot `slots[i]` of
+/// `cache`, a pool of slots of `nkv` head rows in `fmt` (bytes).
+pub fn paged_cache_write_kv(
+    fmt: KvFormat,
+    cache: &mut [u8],
+    src: &[f32],
+    slots: &[i32],
+    (nkv, hd): (usize, usize),
+) {
+    let (row, rb) = (nkv * hd, nkv * fmt.row_bytes(hd));
+    for (i, &s) in slots.iter().enumerate() {
+        let s = s as usize;
+        let (Some(x), Some(dst)) = (
+            src.get(i * row..(i + 1) * row),
+            cache.get_mut(s * rb..(s + 1) * rb),
+        ) else {
+            continue;
+        };
+        store_rows(fmt, x, hd, dst);
+    }
+}
+
 #[inline]
 fn slot_of(seq: &PagedSeq, j: usize, bs: usize) -> usize {
     seq.blocks[j / bs] as usize * bs + j % bs
@@ -74,17 +98,18 @@ fn visible(pos: usize, p: &PagedAttnParams) -> (usize, usize) {
 }
 
 /// Reference: for every sequence, query row and head, gathers the visible keys through the block
-/// table and computes a plain max-subtracted softmax in f64.
+/// table and computes a plain max-subtracted softmax in f64 (over the cache converted to f32).
 pub fn paged_attention_ref(
     q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: KvRows,
+    v_cache: KvRows,
     seqs: &[PagedSeq],
     alibi: Option<&[f32]>,
     p: &PagedAttnParams,
     out: &mut [f32],
 ) {
     let (nh, nkv, hd) = (p.n_heads, p.n_kv_heads, p.head_dim);
+    let (k_cache, v_cache) = (&k_cache.to_f32(hd)[..], &v_cache.to_f32(hd)[..]);
     let group = nh / nkv;
     for seq in seqs {
         let nq = seq.q_end - seq.q_start;
@@ -127,8 +152,8 @@ pub fn paged_attention_ref(
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: KvRows,
+    v_cache: KvRows,
     seqs: &[PagedSeq],
     alibi: Option<&[f32]>,
     p: &PagedAttnParams,
@@ -178,7 +203,15 @@ pub fn paged_attention(
                     };
                     // SAFETY: AVX-512 checked above; hd % 16 == 0; slices sized above.
                     unsafe {
-                        avx512::attend_group(qs, k_cache, v_cache, &job, alibi, p, &mut scratch, o)
+                        avx512::attend_group(
+                            qs,
+                            (k_cache, v_cache),
+                            &job,
+                            alibi,
+                            p,
+                            &mut scratch,
+                            o,
+                        )
                     };
                 }
             });
@@ -193,6 +226,7 @@ pub fn paged_attention(
     threads.for_rows(items, min_items, |range| {
         let mut acc = vec![0f32; hd];
         let mut scores: Vec<f32> = Vec::new();
+        let mut buf = vec![0f32; hd];
         for it in range {
             let (si, row, pos) = row_seq[it / nh];
             let h = it % nh;
@@ -203,8 +237,11 @@ pub fn paged_attention(
             // pass 1: scores (SIMD dots), pass 2: one SIMD exp over all, pass 3: Σ w·v
             scores.clear();
             for j in lo..=hi {
-                let base = (slot_of(seq, j, p.block_size) * nkv + kh) * hd;
-                let mut sc = cap(vecmath::dot(qv, &k_cache[base..base + hd]) * p.scale, p);
+                let r = slot_of(seq, j, p.block_size) * nkv + kh;
+                let mut sc = cap(
+                    vecmath::dot(qv, row_of(&k_cache, r, hd, &mut buf)) * p.scale,
+                    p,
+                );
                 if let Some(a) = alibi {
                     sc += a[h] * (j as f32 - pos as f32);
                 }
@@ -219,8 +256,8 @@ pub fn paged_attention(
             acc.iter_mut().for_each(|a| *a = 0.0);
             if z > 0.0 {
                 for (j, &w) in (lo..=hi).zip(&scores) {
-                    let base = (slot_of(seq, j, p.block_size) * nkv + kh) * hd;
-                    vecmath::axpy(&mut acc, w, &v_cache[base..base + hd]);
+                    let r = slot_of(seq, j, p.block_size) * nkv + kh;
+                    vecmath::axpy(&mut acc, w, row_of(&v_cache, r, hd, &mut buf));
                 }
             }
             let inv = if z > 0.0 { 1.0 / z } else { 0.0 };
@@ -233,6 +270,15 @@ pub fn paged_attention(
             }
         }
     });
+}
+
+/// Head row `r` of `hd` values: borrowed from an f32 cache, else converted into `buf`.
+fn row_of<'a>(rows: &KvRows<'a>, r: usize, hd: usize, buf: &'a mut [f32]) -> &'a [f32] {
+    if let Some(x) = rows.f32_row(r, hd) {
+        return x;
+    }
+    rows.load_row(r, buf);
+    buf
 }
 
 /// One (query row, KV head) item of the grouped fast path.
@@ -256,7 +302,7 @@ struct GroupJob<'a> {
 struct GroupScratch {
     /// Scores, `group` rows of the visible length.
     scores: Vec<f32>,
-    /// Offset of each visible key (and value) row in the cache.
+    /// Head row index (slot · nkv + KV head) of each visible key (and value) in the cache.
     bases: Vec<usize>,
 }
 
@@ -265,6 +311,8 @@ mod avx512 {
     //! The grouped AVX-512 attention of one (query row, KV head) item; only called after
     //! `simd::has_avx512()` with `head_dim % 16 == 0`.
     use super::{cap, slot_of, visible, GroupJob, GroupScratch, PagedAttnParams};
+    use crate::attention::kv::avx512::{Load16, F16, F32, Q8};
+    use crate::attention::kv::{KvFormat, KvRows};
     use crate::vecmath;
     use std::arch::x86_64::*;
 
@@ -278,11 +326,36 @@ mod avx512 {
     /// loaded once for up to [`QB`] heads, one exp pass per head, values accumulated with each
     /// value row loaded once per block of heads.
     #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     pub(super) unsafe fn attend_group(
         qs: &[f32],
-        k_cache: &[f32],
-        v_cache: &[f32],
+        (k, v): (KvRows, KvRows),
+        job: &GroupJob,
+        alibi: Option<&[f32]>,
+        p: &PagedAttnParams,
+        s: &mut GroupScratch,
+        out: &mut [f32],
+    ) {
+        use KvFormat as F;
+        let kv = (k.base(), v.base());
+        match (k.format(), v.format()) {
+            (F::F32, F::F32) => group_as::<F32, F32>(qs, kv, job, alibi, p, s, out),
+            (F::F32, F::F16) => group_as::<F32, F16>(qs, kv, job, alibi, p, s, out),
+            (F::F32, F::Q8_0) => group_as::<F32, Q8>(qs, kv, job, alibi, p, s, out),
+            (F::F16, F::F32) => group_as::<F16, F32>(qs, kv, job, alibi, p, s, out),
+            (F::F16, F::F16) => group_as::<F16, F16>(qs, kv, job, alibi, p, s, out),
+            (F::F16, F::Q8_0) => group_as::<F16, Q8>(qs, kv, job, alibi, p, s, out),
+            (F::Q8_0, F::F32) => group_as::<Q8, F32>(qs, kv, job, alibi, p, s, out),
+            (F::Q8_0, F::F16) => group_as::<Q8, F16>(qs, kv, job, alibi, p, s, out),
+            (F::Q8_0, F::Q8_0) => group_as::<Q8, Q8>(qs, kv, job, alibi, p, s, out),
+        }
+    }
+
+    /// [`attend_group`] with keys stored as `K` and values as `V` (caches at `kb`, `vb`).
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn group_as<K: Load16, V: Load16>(
+        qs: &[f32],
+        (kb, vb): (*const u8, *const u8),
         job: &GroupJob,
         alibi: Option<&[f32]>,
         p: &PagedAttnParams,
@@ -294,22 +367,18 @@ mod avx512 {
         let len = hi + 1 - lo;
         s.bases.clear();
         s.bases
-            .extend((lo..=hi).map(|j| (slot_of(job.seq, j, p.block_size) * nkv + job.kh) * hd));
+            .extend((lo..=hi).map(|j| slot_of(job.seq, j, p.block_size) * nkv + job.kh));
         s.scores.clear();
         s.scores.resize(g * len, 0.0);
         let mut h0 = 0;
         while h0 < g {
             let nb = (g - h0).min(QB);
-            let (q, k, sc) = (
-                qs.as_ptr().add(h0 * hd),
-                k_cache.as_ptr(),
-                &mut s.scores[h0 * len..],
-            );
+            let (q, sc) = (qs.as_ptr().add(h0 * hd), &mut s.scores[h0 * len..]);
             match nb {
-                1 => scores_block::<1>(q, k, &s.bases, hd, p.scale, sc),
-                2 => scores_block::<2>(q, k, &s.bases, hd, p.scale, sc),
-                3 => scores_block::<3>(q, k, &s.bases, hd, p.scale, sc),
-                _ => scores_block::<4>(q, k, &s.bases, hd, p.scale, sc),
+                1 => scores_block::<K, 1>(q, kb, &s.bases, hd, p.scale, sc),
+                2 => scores_block::<K, 2>(q, kb, &s.bases, hd, p.scale, sc),
+                3 => scores_block::<K, 3>(q, kb, &s.bases, hd, p.scale, sc),
+                _ => scores_block::<K, 4>(q, kb, &s.bases, hd, p.scale, sc),
             }
             h0 += nb;
         }
@@ -354,16 +423,16 @@ mod avx512 {
             while c0 < chunks {
                 let nc = (chunks - c0).min(VB);
                 let w = &s.scores[h0 * len..];
-                let v = v_cache.as_ptr().add(16 * c0);
+                let v = (vb, 16 * c0);
                 let o = out.as_mut_ptr().add(h0 * hd + 16 * c0);
                 let iv = &inv[h0..];
                 macro_rules! by_chunks {
                     ($nb:literal) => {
                         match nc {
-                            1 => values_block::<$nb, 1>(w, len, v, &s.bases, iv, hd, o),
-                            2 => values_block::<$nb, 2>(w, len, v, &s.bases, iv, hd, o),
-                            3 => values_block::<$nb, 3>(w, len, v, &s.bases, iv, hd, o),
-                            _ => values_block::<$nb, 4>(w, len, v, &s.bases, iv, hd, o),
+                            1 => values_block::<V, $nb, 1>(w, len, v, &s.bases, iv, hd, o),
+                            2 => values_block::<V, $nb, 2>(w, len, v, &s.bases, iv, hd, o),
+                            3 => values_block::<V, $nb, 3>(w, len, v, &s.bases, iv, hd, o),
+                            _ => values_block::<V, $nb, 4>(w, len, v, &s.bases, iv, hd, o),
                         }
                     };
                 }
@@ -380,23 +449,23 @@ mod avx512 {
     }
 
     /// `scores[b·len + t] = scale · q_b · k(t)` for `NB` query rows `hd` apart at `q` and the
-    /// keys at `k + bases[t]`.
+    /// key head rows `bases[t]` of the cache at `k` (stored as `K`).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    unsafe fn scores_block<const NB: usize>(
+    unsafe fn scores_block<K: Load16, const NB: usize>(
         q: *const f32,
-        k: *const f32,
+        k: *const u8,
         bases: &[usize],
         hd: usize,
         scale: f32,
         scores: &mut [f32],
     ) {
-        let len = bases.len();
+        let (len, rb) = (bases.len(), K::row_bytes(hd));
         for (t, &b) in bases.iter().enumerate() {
-            let kp = k.add(b);
+            let kp = k.add(b * rb);
             let mut acc = [_mm512_setzero_ps(); NB];
             for c in 0..hd / 16 {
-                let kv = _mm512_loadu_ps(kp.add(16 * c));
+                let kv = K::load(kp, 16 * c, 0xFFFF);
                 for (i, a) in acc.iter_mut().enumerate() {
                     *a = _mm512_fmadd_ps(_mm512_loadu_ps(q.add(i * hd + 16 * c)), kv, *a);
                 }
@@ -407,25 +476,27 @@ mod avx512 {
         }
     }
 
-    /// `out[b·hd + 16c ..] = inv[b] · Σ_t w[b·len + t] · v(t)[16c ..]` for `NB` heads and `NC`
-    /// chunks of 16 values, the value rows at `v + bases[t]`.
+    /// `out[b·hd + 16c ..] = inv[b] · Σ_t w[b·len + t] · v(t)[c0 + 16c ..]` for `NB` heads and
+    /// `NC` chunks of 16 values from value `c0`, `v(t)` the head row `bases[t]` of the cache at
+    /// `v.0` (stored as `V`).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    unsafe fn values_block<const NB: usize, const NC: usize>(
+    unsafe fn values_block<V: Load16, const NB: usize, const NC: usize>(
         w: &[f32],
         len: usize,
-        v: *const f32,
+        (v, c0): (*const u8, usize),
         bases: &[usize],
         inv: &[f32],
         hd: usize,
         out: *mut f32,
     ) {
+        let rb = V::row_bytes(hd);
         let mut acc = [[_mm512_setzero_ps(); NC]; NB];
         for (t, &b) in bases.iter().enumerate() {
-            let vp = v.add(b);
+            let vp = v.add(b * rb);
             let mut vv = [_mm512_setzero_ps(); NC];
             for (c, x) in vv.iter_mut().enumerate() {
-                *x = _mm512_loadu_ps(vp.add(16 * c));
+                *x = V::load(vp, c0 + 16 * c, 0xFFFF);
             }
             for (i, ai) in acc.iter_mut().enumerate() {
                 let wt = _mm512_set1_ps(*w.get_unchecked(i * len + t));
@@ -438,6 +509,123 @@ mod avx512 {
             let s = _mm512_set1_ps(inv[i]);
             for (c, a) in ai.iter().enumerate() {
                 _mm512_storeu_ps(out.add(i * hd + 16 * c), _mm512_mul_ps(*a, s));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{nmse, vals};
+
+    /// A pool of `slots` slots written through `paged_cache_write_kv` in `fmt`.
+    fn pool(fmt: KvFormat, x: &[f32], slots: usize, (nkv, hd): (usize, usize)) -> Vec<u8> {
+        let mut b = vec![0u8; slots * nkv * fmt.row_bytes(hd)];
+        let ids: Vec<i32> = (0..slots as i32).rev().collect();
+        paged_cache_write_kv(fmt, &mut b, x, &ids, (nkv, hd));
+        b
+    }
+
+    fn rows_of(fmt: KvFormat, b: &[u8]) -> (Vec<f32>, Vec<half::f16>) {
+        match fmt {
+            KvFormat::F32 => (
+                b.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+                vec![],
+            ),
+            _ => (
+                vec![],
+                b.chunks_exact(2)
+                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]))
+                    .collect(),
+            ),
+        }
+    }
+
+    fn kv<'a>(fmt: KvFormat, b: &'a [u8], f: &'a [f32], h: &'a [half::f16]) -> KvRows<'a> {
+        match fmt {
+            KvFormat::F32 => KvRows::F32(f),
+            KvFormat::F16 => KvRows::F16(h),
+            KvFormat::Q8_0 => KvRows::Q8_0(b),
+        }
+    }
+
+    #[test]
+    fn fast_path_reads_every_format_like_the_reference() {
+        let th = Threads::new(2).unwrap();
+        // (heads, kv heads, head dim, block size); two sequences: a prefill and a decode row
+        for (nh, nkv, hd, bs) in [
+            (9, 3, 64, 16),
+            (4, 1, 80, 7),
+            (8, 8, 128, 16),
+            (6, 2, 40, 5),
+        ] {
+            let slots = 16 * bs;
+            let p = PagedAttnParams {
+                n_heads: nh,
+                n_kv_heads: nkv,
+                head_dim: hd,
+                block_size: bs,
+                scale: 1.0 / (hd as f32).sqrt(),
+                softcap: 0.0,
+                window: 0,
+            };
+            let kx = vals(slots * nkv * hd, 2, -2.0, 2.0);
+            let vx = vals(slots * nkv * hd, 3, -1.0, 1.0);
+            let t0: Vec<i32> = (0..8).collect();
+            let t1: Vec<i32> = (8..16).rev().collect();
+            let (l0, l1) = (5 * bs + 3, 7 * bs + 1);
+            let seqs = [
+                PagedSeq {
+                    q_start: 0,
+                    q_end: 9,
+                    kv_len: l0,
+                    blocks: &t0,
+                },
+                PagedSeq {
+                    q_start: 9,
+                    q_end: 10,
+                    kv_len: l1,
+                    blocks: &t1,
+                },
+            ];
+            let q = vals(10 * nh * hd, 1, -2.0, 2.0);
+            for fmt in [KvFormat::F32, KvFormat::F16, KvFormat::Q8_0] {
+                let (kb, vb) = (
+                    pool(fmt, &kx, slots, (nkv, hd)),
+                    pool(fmt, &vx, slots, (nkv, hd)),
+                );
+                let ((kf, kh), (vf, vh)) = (rows_of(fmt, &kb), rows_of(fmt, &vb));
+                let (k, v) = (kv(fmt, &kb, &kf, &kh), kv(fmt, &vb, &vf, &vh));
+                let (mut r, mut f) = (vec![0f32; q.len()], vec![1f32; q.len()]);
+                paged_attention_ref(&q, k, v, &seqs, None, &p, &mut r);
+                paged_attention(&q, k, v, &seqs, None, &p, &mut f, &th);
+                let e = nmse(&f, &r);
+                assert!(e < 1e-11, "{fmt:?} {nh} {nkv} {hd} {bs}: {e:e}");
+                if fmt != KvFormat::F32 {
+                    // the cache holds the values to the format's precision
+                    let (mut exact, mut x) = (vec![0f32; q.len()], vec![0f32; q.len()]);
+                    let (kb, vb) = (
+                        pool(KvFormat::F32, &kx, slots, (nkv, hd)),
+                        pool(KvFormat::F32, &vx, slots, (nkv, hd)),
+                    );
+                    let ((kf, _), (vf, _)) =
+                        (rows_of(KvFormat::F32, &kb), rows_of(KvFormat::F32, &vb));
+                    paged_attention_ref(
+                        &q,
+                        KvRows::F32(&kf),
+                        KvRows::F32(&vf),
+                        &seqs,
+                        None,
+                        &p,
+                        &mut exact,
+                    );
+                    paged_attention(&q, k, v, &seqs, None, &p, &mut x, &th);
+                    let e = nmse(&x, &exact);
+                    assert!(e < 1e-3, "{fmt:?} vs f32 {nh} {nkv} {hd} {bs}: {e:e}");
+                }
             }
         }
     }

@@ -3,7 +3,7 @@
 use super::status::*;
 use crate::generate::Llm;
 use crate::load::{load, LoadOptions};
-use crate::model::Precision;
+use crate::model::{KvDtype, Precision};
 use crate::options::{RuntimeOptions, SimdLevel};
 use std::ffi::c_char;
 use std::sync::Arc;
@@ -14,8 +14,8 @@ pub struct FastllmModel {
 }
 
 /// Load parameters. Get defaults from `fastllm_model_params_default()`; `struct_size` must be
-/// `sizeof(FastllmModelParams)` (or the size of its first version, which ended at `precision`:
-/// the later fields then keep their defaults). The run-time switches (`cuda_graphs` onwards)
+/// `sizeof(FastllmModelParams)` (or the size of an earlier version: the first ended at
+/// `precision`, the second at `cache_dir`; the later fields then keep their defaults). The run-time switches (`cuda_graphs` onwards)
 /// default to "unset": the environment's `FASTLLM_*` value, else the built-in default.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -43,7 +43,13 @@ pub struct FastllmModelParams {
     /// NULL = unset; where the default model, converted models and compiled GPU kernels are
     /// cached.
     pub cache_dir: *const c_char,
+    /// KV cache dtype: "f16", "q8_0" or "f32"; NULL = the device's default (f16 on the CPU in
+    /// fast precision, else f32). A dtype the device does not store is an error naming it.
+    pub kv_dtype: *const c_char,
 }
+
+/// `struct_size` of the second version of [`FastllmModelParams`] (up to `cache_dir`).
+const PARAMS_V2_SIZE: usize = std::mem::offset_of!(FastllmModelParams, kv_dtype);
 
 /// The first version of [`FastllmModelParams`] (its size is accepted as `struct_size`).
 #[repr(C)]
@@ -69,6 +75,7 @@ pub extern "C" fn fastllm_model_params_default() -> FastllmModelParams {
         gpu_memory_cap_mb: -1,
         simd: -1,
         cache_dir: std::ptr::null(),
+        kv_dtype: std::ptr::null(),
     }
 }
 
@@ -85,6 +92,20 @@ unsafe fn read_params(params: *const FastllmModelParams) -> Result<FastllmModelP
     if size == std::mem::size_of::<FastllmModelParams>() {
         // SAFETY: the caller's struct is the current version.
         return Ok(unsafe { *params });
+    }
+    if size == PARAMS_V2_SIZE {
+        let mut p = fastllm_model_params_default();
+        // SAFETY: the caller's struct is the second version, a prefix of the current one
+        // (`size` bytes of the same layout); the copy covers exactly those bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                params.cast::<u8>(),
+                (&mut p as *mut FastllmModelParams).cast::<u8>(),
+                size,
+            )
+        };
+        p.struct_size = std::mem::size_of::<FastllmModelParams>() as u32;
+        return Ok(p);
     }
     if size == std::mem::size_of::<ModelParamsV1>() {
         // SAFETY: the caller's struct is the first version, a prefix of the current one.
@@ -189,6 +210,11 @@ pub unsafe extern "C" fn fastllm_model_load(
         } else {
             Some(c_str(path, "path")?)
         };
+        let kv_dtype = if p.kv_dtype.is_null() {
+            None
+        } else {
+            Some(KvDtype::parse(c_str(p.kv_dtype, "params.kv_dtype")?)?)
+        };
         let resolved = crate::default_model::resolve(model, &runtime)?;
         let opts = LoadOptions {
             threads: p.threads as usize,
@@ -196,6 +222,7 @@ pub unsafe extern "C" fn fastllm_model_load(
             low_memory: p.low_memory,
             precision,
             runtime,
+            kv_dtype,
         };
         let llm = load(&resolved, &opts)?;
         *out = Box::into_raw(Box::new(FastllmModel { llm: Arc::new(llm) }));

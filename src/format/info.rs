@@ -90,14 +90,20 @@ fn describe_flm(path: &Path, o: &mut String) -> Result<()> {
     );
     let c = f.config();
     let weights: u64 = f.tensor_infos().iter().map(|t| t.length).sum();
-    let kv_per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4;
+    use crate::model::KvDtype;
+    let kv_per_token = KvDtype::F16.bytes_per_token(c);
+    let others: Vec<String> = [KvDtype::Q8_0, KvDtype::F32]
+        .iter()
+        .map(|k| format!("{k} {:.1} KiB", k.bytes_per_token(c) as f64 / 1024.0))
+        .collect();
     let _ = writeln!(
         o,
-        "memory: weights {:.1} MiB (mapped, shared between processes); KV cache {:.1} KiB per token, {:.1} MiB at the full context of {}",
+        "memory: weights {:.1} MiB (mapped, shared between processes); KV cache (f16, the CPU's default) {:.1} KiB per token, {:.1} MiB at the full context of {} (--kv-dtype {})",
         weights as f64 / 1048576.0,
         kv_per_token as f64 / 1024.0,
         (kv_per_token * c.context_length) as f64 / 1048576.0,
-        c.context_length
+        c.context_length,
+        others.join(", ")
     );
     let _ = writeln!(o, "tensors ({}):", f.tensor_infos().len());
     for ti in f.tensor_infos() {

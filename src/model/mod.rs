@@ -3,6 +3,7 @@
 
 pub mod arch;
 pub mod config;
+pub mod kv_dtype;
 pub mod logprobs;
 pub mod moe;
 pub mod paged;
@@ -16,6 +17,7 @@ pub mod transformer;
 pub mod weights;
 
 pub use config::{ModelConfig, RopeScaling, RopeStyle, ROPE_FREQS_TENSOR};
+pub use kv_dtype::KvDtype;
 pub use logprobs::PickLogprobs;
 pub use moe::{MoeConfig, MoeNames, MoeScoring};
 pub use paged::{PagedKvPool, PagedSeqState};

@@ -13,6 +13,7 @@
 //! hash collision can cause a miss but never a wrong hit: a sequence only ever reads keys and
 //! values computed from exactly its own tokens.
 
+use super::kv_dtype::KvDtype;
 use super::paged_graph::BatchGraphs;
 use super::tensor_parallel::RemotePool;
 use super::transformer::Model;
@@ -96,8 +97,9 @@ impl PagedKvPool {
             .first()
             .filter(|d| d.kind() != DeviceKind::Cpu);
         let dtype = Self::kv_dtype(model);
+        let hds = KvDtype::of(dtype).map_or(c.head_dim, |k| k.stored_head_dim(c.head_dim));
         let layer = || -> Result<Data> {
-            let d = Data::zeros(dtype, &[slots, c.num_kv_heads, c.head_dim])?;
+            let d = Data::zeros(dtype, &[slots, c.num_kv_heads, hds])?;
             match dev {
                 Some(dev) => dev.upload(&d),
                 None => Ok(d),
@@ -133,17 +135,20 @@ impl PagedKvPool {
         })
     }
 
-    /// The element type of `model`'s pool: f16 on a device whose paged decode attention reads
-    /// it (`PagedDecodeAttention`), else f32.
+    /// The element type of `model`'s pool: on the CPU the model's KV dtype
+    /// ([`Model::kv_dtype`]); on another device f16 where its paged decode attention reads it
+    /// (`PagedDecodeAttention`), else f32; f32 for a tensor-parallel group.
     pub fn kv_dtype(model: &Model) -> DataType {
-        let f16 = model.group().is_none()
-            && model.executor().devices().first().is_some_and(|d| {
-                d.kind() != DeviceKind::Cpu && d.ops().contains_key("PagedDecodeAttention")
-            });
-        if f16 {
-            DataType::F16
-        } else {
-            DataType::F32
+        match model.executor().devices().first() {
+            _ if model.group().is_some() => DataType::F32,
+            Some(d) if d.kind() != DeviceKind::Cpu => {
+                if d.ops().contains_key("PagedDecodeAttention") {
+                    DataType::F16
+                } else {
+                    DataType::F32
+                }
+            }
+            _ => model.kv_dtype().data_type(),
         }
     }
 
@@ -166,12 +171,8 @@ impl PagedKvPool {
 
     /// Bytes one block takes across all layers (K and V).
     pub fn block_bytes(model: &Model, block_size: usize) -> usize {
-        let c = model.config();
-        let elem = match Self::kv_dtype(model) {
-            DataType::F16 => 2,
-            _ => 4,
-        };
-        2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * elem
+        let kd = KvDtype::of(Self::kv_dtype(model)).unwrap_or(KvDtype::F32);
+        block_size * kd.bytes_per_token(model.config())
     }
 
     /// Tokens per block.

@@ -4,6 +4,7 @@
 
 use super::arch::{self, ArchSpec, Mlp, NormKind, Positions, Qkv};
 use super::config::{ModelConfig, RopeScaling, RopeStyle};
+use super::kv_dtype::{self, KvDtype};
 use super::logprobs::{pick_logprobs, PickLogprobs};
 use super::paged::{PagedKvPool, PagedSeqState};
 use super::paged_graph::BatchDecode;
@@ -187,6 +188,8 @@ pub struct Model {
     /// Unique per model in this process: a cache's recorded decode step is only replayed by
     /// the model that recorded it (the recording holds that model's weight addresses).
     id: u64,
+    /// How new KV caches and pools store keys and values.
+    kv_dtype: KvDtype,
 }
 
 /// Source of [`Model::id`].
@@ -356,6 +359,8 @@ impl Model {
         } else {
             BatchDecode::Off
         };
+        let kv_dtype =
+            kv_dtype::resolve(None, exec.devices().first().map(|d| d.as_ref()), precision)?;
         Ok(Model {
             config,
             spec,
@@ -375,6 +380,7 @@ impl Model {
             rope_tables,
             batch_decode,
             id: next_model_id(),
+            kv_dtype,
         })
     }
 
@@ -397,6 +403,28 @@ impl Model {
     /// True when one-token decode steps are recorded and replayed.
     pub fn decode_graphs(&self) -> bool {
         self.decode_graphs
+    }
+
+    /// Sets how new KV caches and pools store keys and values: `Some` dtype when the model's
+    /// device stores it (else an `Err` naming the dtype and the device), `None` for the device's
+    /// default (f16 on the CPU in `fast` precision, else f32). Existing caches keep theirs.
+    pub fn set_kv_dtype(&mut self, requested: Option<KvDtype>) -> Result<()> {
+        let dev = match self.group {
+            Some(_) => None,
+            None => self.exec.devices().first().map(|d| d.as_ref()),
+        };
+        self.kv_dtype = kv_dtype::resolve(requested, dev, self.precision)?;
+        Ok(())
+    }
+
+    /// How new KV caches store keys and values.
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
+    }
+
+    /// KV cache bytes per token (keys and values of every layer) in [`Model::kv_dtype`].
+    pub fn kv_bytes_per_token(&self) -> usize {
+        self.kv_dtype.bytes_per_token(&self.config)
     }
 
     /// Sets how paged steps of one token per sequence run (default: [`BatchDecode::Graphs`]
@@ -486,6 +514,7 @@ impl Model {
             rope_tables: false,
             batch_decode: BatchDecode::Off,
             id: next_model_id(),
+            kv_dtype: KvDtype::F32,
         })
     }
 
@@ -569,10 +598,14 @@ impl Model {
         }
         let mut k = Vec::with_capacity(c.num_layers);
         let mut v = Vec::with_capacity(c.num_layers);
+        let (dt, hds) = (
+            self.kv_dtype.data_type(),
+            self.kv_dtype.stored_head_dim(c.head_dim),
+        );
         for _ in 0..c.num_layers {
-            let mut kd = Data::zeros(DataType::F32, &[0, c.num_kv_heads, c.head_dim])?;
+            let mut kd = Data::zeros(dt, &[0, c.num_kv_heads, hds])?;
             kd.reserve(0, cap)?;
-            let mut vd = Data::zeros(DataType::F32, &[0, c.num_kv_heads, c.head_dim])?;
+            let mut vd = Data::zeros(dt, &[0, c.num_kv_heads, hds])?;
             vd.reserve(0, cap)?;
             k.push(kd);
             v.push(vd);
@@ -1943,8 +1976,13 @@ impl KvStore for KvCache {
             (Some(kc), Some(vc)) => (kc, vc),
             _ => return Err(Error::invalid(format!("KV cache has no layer {layer}"))),
         };
-        ops::cat_direct(e, kc, k, 0)?;
-        ops::cat_direct(e, vc, v, 0)?;
+        if kc.dtype() == DataType::F32 {
+            ops::cat_direct(e, kc, k, 0)?;
+            ops::cat_direct(e, vc, v, 0)?;
+        } else {
+            ops::kv_append(e, kc, k)?;
+            ops::kv_append(e, vc, v)?;
+        }
         ops::attention(e, q, kc, vc, p, out)
     }
 }

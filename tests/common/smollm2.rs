@@ -73,6 +73,7 @@ pub fn load_smollm2(flm: &Path, device: &str, precision: Precision) -> Llm {
             precision,
             low_memory: false,
             runtime: Default::default(),
+            kv_dtype: None,
         },
     )
     .unwrap()

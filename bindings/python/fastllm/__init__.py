@@ -80,6 +80,8 @@ class Model:
     device: "cpu", "cuda", "cuda:1", "cuda:0,1" (tensor parallelism over GPUs 0 and 1, needs
     NCCL) or None (best available). threads: 0 = all cores.
     precision: "fast" (int8 activations in quantized matmuls) or "exact".
+    kv_dtype: KV cache dtype "f16", "q8_0" or "f32"; None = the device's default (f16 on the CPU
+    in fast precision, else f32). A dtype the device does not store raises, naming it.
     Run-time switches (None: the FASTLLM_* environment variable, else the default; see
     docs/tuning.md): cuda_graphs (replay recorded decode steps on a GPU), fused_ops (fused GPU
     op forms), gpu_memory_cap_mb (0 = no cap), simd ("portable", "avx2" or "avx512": the
@@ -88,11 +90,14 @@ class Model:
 
     def __init__(self, path: Optional[str] = None, device: Optional[str] = None, threads: int = 0,
                  low_memory: bool = False, precision: str = "fast", *,
+                 kv_dtype: Optional[str] = None,
                  cuda_graphs: Optional[bool] = None, fused_ops: Optional[bool] = None,
                  gpu_memory_cap_mb: Optional[int] = None, simd: Optional[str] = None,
                  cache_dir: Optional[str] = None):
         if precision not in ("fast", "exact"):
             raise FastllmError(2, f"precision must be 'fast' or 'exact', not {precision!r}")
+        if kv_dtype is not None and not isinstance(kv_dtype, str):
+            raise FastllmError(2, f"kv_dtype must be a string such as 'f16', not {kv_dtype!r}")
         simd_levels = {"portable": 0, "avx2": 1, "avx512": 2}
         if simd is not None and simd not in simd_levels:
             raise FastllmError(2, f"simd must be one of {sorted(simd_levels)}, not {simd!r}")
@@ -100,6 +105,8 @@ class Model:
             raise FastllmError(2, f"gpu_memory_cap_mb must be >= 0, not {gpu_memory_cap_mb!r}")
         p = _L.fastllm_model_params_default()
         self._device = device.encode() if device else None
+        self._kv_dtype = kv_dtype.encode() if kv_dtype is not None else None
+        p.kv_dtype = self._kv_dtype
         p.device = self._device
         p.threads = int(threads)
         p.low_memory = bool(low_memory)

@@ -50,6 +50,7 @@ class ModelParams(ctypes.Structure):
         ("gpu_memory_cap_mb", ctypes.c_int64),
         ("simd", ctypes.c_int32),
         ("cache_dir", ctypes.c_char_p),
+        ("kv_dtype", ctypes.c_char_p),
     ]
 
 

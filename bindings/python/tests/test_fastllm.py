@@ -58,6 +58,20 @@ def test_runtime_switches_load_on_the_cpu(tmp_path):
 
 
 @needs_tiny
+def test_kv_dtype_choices_and_unknown_name():
+    prompt = "Hello world"
+    outs = []
+    for kv in ("f32", "f16", "q8_0"):
+        m = fastllm.Model(TINY, threads=2, kv_dtype=kv)
+        outs.append(m.generate(prompt, max_new_tokens=4))
+        m.close()
+    assert all(isinstance(o, str) for o in outs)
+    with pytest.raises(FastllmError) as e:
+        fastllm.Model(TINY, threads=2, kv_dtype="int4")
+    assert "int4" in str(e.value)
+
+
+@needs_tiny
 def test_tokenize_roundtrip(tiny):
     for text in ["Hello world", "", "Ünïcödé ✓ 123", "a\nb\tc  d"]:
         ids = tiny.tokenize(text)

@@ -3,9 +3,12 @@
 //! the cache as one contiguous stream (all KV heads of a key row are adjacent): first the keys
 //! (scores of every head), then the values in blocks of [`VB`] keys, with the outputs of a head
 //! group held in registers over a block. Each task leaves a partial softmax (max, sum,
-//! unnormalised output per head); [`super::merge_partials`] combines them. The caller checks the CPU features and slice sizes.
+//! unnormalised output per head); [`super::merge_partials`] combines them. The cache is read in
+//! place in any [`KvFormat`], converted 16 values at a time in registers. The caller checks the
+//! CPU features and cache sizes.
 
-use super::{merge_partials, Inputs};
+use super::kv::avx512::{Load16, F16, F32, Q8};
+use super::{merge_partials, Inputs, KvFormat};
 use crate::threads::Threads;
 use crate::vecmath::avx512;
 use std::arch::x86_64::*;
@@ -25,8 +28,24 @@ fn chunk_keys(sq: usize, skv: usize, threads: usize) -> usize {
 }
 
 /// Decode attention over all rows (same contract as `attention_ref`); requires AVX-512 F/BW/VL
-/// and slices of at least the sizes `inp.p` implies.
+/// and caches of at least the rows `inp.p` implies.
 pub(super) fn run(th: &Threads, inp: &Inputs, out: &mut [f32]) {
+    use KvFormat as F;
+    match (inp.k.format(), inp.v.format()) {
+        (F::F32, F::F32) => run_as::<F32, F32>(th, inp, out),
+        (F::F32, F::F16) => run_as::<F32, F16>(th, inp, out),
+        (F::F32, F::Q8_0) => run_as::<F32, Q8>(th, inp, out),
+        (F::F16, F::F32) => run_as::<F16, F32>(th, inp, out),
+        (F::F16, F::F16) => run_as::<F16, F16>(th, inp, out),
+        (F::F16, F::Q8_0) => run_as::<F16, Q8>(th, inp, out),
+        (F::Q8_0, F::F32) => run_as::<Q8, F32>(th, inp, out),
+        (F::Q8_0, F::F16) => run_as::<Q8, F16>(th, inp, out),
+        (F::Q8_0, F::Q8_0) => run_as::<Q8, Q8>(th, inp, out),
+    }
+}
+
+/// [`run`] with keys stored as `K` and values as `V`.
+fn run_as<K: Load16, V: Load16>(th: &Threads, inp: &Inputs, out: &mut [f32]) {
     let p = inp.p;
     let kc = chunk_keys(p.sq, p.skv, th.n());
     let splits = p.skv.div_ceil(kc).max(1);
@@ -43,7 +62,7 @@ pub(super) fn run(th: &Threads, inp: &Inputs, out: &mut [f32]) {
             let (ob, rest) = pr.split_at_mut(p.nh * p.hdv);
             let (ms, ls) = rest.split_at_mut(p.nh);
             // SAFETY: AVX-512 and the slice sizes are checked by the caller.
-            unsafe { chunk(inp, i, keys, &mut scores, ob, ms, ls) };
+            unsafe { chunk::<K, V>(inp, i, keys, &mut scores, ob, ms, ls) };
         }
     });
     merge_partials(out, &partials, p.nh, p.hdv, splits);
@@ -51,8 +70,8 @@ pub(super) fn run(th: &Threads, inp: &Inputs, out: &mut [f32]) {
 
 /// Partial softmax of query `i` over `keys` for every head: unnormalised outputs `ob [nh][hdv]`,
 /// maxima `ms [nh]`, sums `ls [nh]`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn chunk(
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+unsafe fn chunk<K: Load16, V: Load16>(
     inp: &Inputs,
     i: usize,
     keys: std::ops::Range<usize>,
@@ -72,11 +91,11 @@ unsafe fn chunk(
     }
     scores.resize(nh * n, 0.0);
     let qi = inp.q.as_ptr().add(i * nh * hd);
-    let krow = p.nkv * hd;
+    let rb = K::row_bytes(hd);
     for (jj, j) in keys.clone().enumerate() {
-        let kr = inp.k.as_ptr().add(j * krow);
+        let kr = inp.k.base().add(j * p.nkv * rb);
         for h in 0..nh {
-            scores[h * n + jj] = dot(qi.add(h * hd), kr.add((h / g) * hd), hd) * p.scale;
+            scores[h * n + jj] = dot::<K>(qi.add(h * hd), kr.add((h / g) * rb), hd) * p.scale;
         }
     }
     for (h, (m, l)) in ms.iter_mut().zip(ls.iter_mut()).enumerate() {
@@ -96,7 +115,7 @@ unsafe fn chunk(
         first: keys.start,
     };
     for b in (0..n).step_by(VB) {
-        add_values(inp, &vs, b..(b + VB).min(n), ob.as_mut_ptr());
+        add_values::<V>(inp, &vs, b..(b + VB).min(n), ob.as_mut_ptr());
     }
 }
 
@@ -111,11 +130,17 @@ struct VScores<'a> {
 /// `vs.first`), for every head: the outputs of up to four heads of one group stay in registers
 /// over the block, so each value row segment is loaded once per group.
 #[allow(clippy::needless_range_loop)]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn add_values(inp: &Inputs, vs: &VScores, jjs: std::ops::Range<usize>, ob: *mut f32) {
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+unsafe fn add_values<V: Load16>(
+    inp: &Inputs,
+    vs: &VScores,
+    jjs: std::ops::Range<usize>,
+    ob: *mut f32,
+) {
     let (p, g) = (inp.p, inp.g);
-    let (hdv, vrow) = (p.hdv, p.nkv * p.hdv);
-    let v0 = inp.v.as_ptr().add(vs.first * vrow);
+    let (hdv, rb) = (p.hdv, V::row_bytes(p.hdv));
+    let vrow = p.nkv * rb;
+    let v0 = inp.v.base().add(vs.first * vrow);
     for kh in 0..p.nkv {
         for t0 in (0..g).step_by(4) {
             let gn = (g - t0).min(4);
@@ -133,10 +158,10 @@ unsafe fn add_values(inp: &Inputs, vs: &VScores, jjs: std::ops::Range<usize>, ob
                     }
                 }
                 for jj in jjs.clone() {
-                    let vr = v0.add(jj * vrow + kh * hdv + c0);
+                    let vr = v0.add(jj * vrow + kh * rb);
                     let mut vz = [_mm512_setzero_ps(); 4];
                     for z in 0..4 {
-                        vz[z] = _mm512_maskz_loadu_ps(mk[z], vr.add(16 * z));
+                        vz[z] = V::load(vr, c0 + 16 * z, mk[z]);
                     }
                     for t in 0..4 {
                         if t < gn {
@@ -163,17 +188,17 @@ fn lanes(n: usize) -> __mmask16 {
     ((1u32 << n) - 1) as __mmask16
 }
 
-/// `a · b` over `n` values.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+/// `a · b` over `n` values, `b` a head row stored as `K`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 #[inline]
-unsafe fn dot(a: *const f32, b: *const f32, n: usize) -> f32 {
+unsafe fn dot<K: Load16>(a: *const f32, b: *const u8, n: usize) -> f32 {
     let (mut s0, mut s1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     let mut d = 0;
     while d + 32 <= n {
-        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(d)), _mm512_loadu_ps(b.add(d)), s0);
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(d)), K::load(b, d, 0xFFFF), s0);
         s1 = _mm512_fmadd_ps(
             _mm512_loadu_ps(a.add(d + 16)),
-            _mm512_loadu_ps(b.add(d + 16)),
+            K::load(b, d + 16, 0xFFFF),
             s1,
         );
         d += 32;
@@ -181,7 +206,7 @@ unsafe fn dot(a: *const f32, b: *const f32, n: usize) -> f32 {
     while d < n {
         let m = lanes((n - d).min(16));
         let x = _mm512_maskz_loadu_ps(m, a.add(d));
-        s0 = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(m, b.add(d)), s0);
+        s0 = _mm512_fmadd_ps(x, K::load(b, d, m), s0);
         d += 16;
     }
     _mm512_reduce_add_ps(_mm512_add_ps(s0, s1))

@@ -1,14 +1,17 @@
 //! Tiled (flash-style) prefill attention on AVX-512: the score matrix is never materialised.
 //!
-//! Each KV head's keys are first packed transposed in blocks of [`KB`] keys (`[d][KB]`), so a
-//! tile of [`MR`] query rows × `KB` keys of scores is one register-blocked product. A task owns
+//! The cache is read in place, in any [`KvFormat`]: a task converts each block of [`KB`] keys it
+//! visits into a transposed f32 tile (`[d][KB]`), so a tile of [`MR`] query rows × `KB` keys of
+//! scores is one register-blocked product, and reads the values straight from the cache
+//! (converted 16 at a time in registers). A task owns
 //! one KV head and [`RB`] consecutive rows of that head's group (row `r` = query `r / g`, head
 //! `kh·g + r % g`); it walks the key blocks its rows see and, per block and per `MR`-row tile,
 //! computes the scores, masks them, updates the running max / sum (online softmax, rescaling the
 //! accumulated output) and adds `P·V`. Tasks are taken dynamically by the pool, latest rows (the
 //! longest under causal masking) first. The caller checks the CPU features and slice sizes.
 
-use super::{AttnParams, Inputs};
+use super::kv::avx512::{Load16, F16, F32, Q8};
+use super::{Inputs, KvFormat};
 use crate::threads::Threads;
 use crate::vecmath::avx512::exp;
 use std::arch::x86_64::*;
@@ -25,42 +28,35 @@ struct Shared(*mut f32);
 // SAFETY: every task writes rows no other task writes (see `run`).
 unsafe impl Sync for Shared {}
 
-/// Packs the keys of every KV head transposed: block `b` of head `kh` is `hd × KB` values at
-/// `((kh · nblk + b) · hd + d) · KB + jj` for key `b·KB + jj` (zero past `skv`).
-fn pack_keys(th: &Threads, k: &[f32], p: &AttnParams, nblk: usize) -> Vec<f32> {
-    let blk = p.hd * KB;
-    let mut kt = vec![0f32; p.nkv * nblk * blk];
-    th.for_row_chunks(&mut kt, blk, 8, |b0, chunk| {
-        for (bi, tile) in chunk.chunks_exact_mut(blk).enumerate() {
-            let (kh, b) = ((b0 + bi) / nblk, (b0 + bi) % nblk);
-            for jj in 0..KB.min(p.skv.saturating_sub(b * KB)) {
-                let j = b * KB + jj;
-                let row = &k[(j * p.nkv + kh) * p.hd..(j * p.nkv + kh + 1) * p.hd];
-                for (d, &x) in row.iter().enumerate() {
-                    tile[d * KB + jj] = x;
-                }
-            }
-        }
-    });
-    kt
+/// Flash attention over all rows (same contract as `attention_ref`); requires AVX-512 F/BW/VL
+/// and caches of at least the rows `p` implies.
+pub(super) fn run(th: &Threads, inp: &Inputs, out: &mut [f32]) {
+    use KvFormat as F;
+    match (inp.k.format(), inp.v.format()) {
+        (F::F32, F::F32) => run_as::<F32, F32>(th, inp, out),
+        (F::F32, F::F16) => run_as::<F32, F16>(th, inp, out),
+        (F::F32, F::Q8_0) => run_as::<F32, Q8>(th, inp, out),
+        (F::F16, F::F32) => run_as::<F16, F32>(th, inp, out),
+        (F::F16, F::F16) => run_as::<F16, F16>(th, inp, out),
+        (F::F16, F::Q8_0) => run_as::<F16, Q8>(th, inp, out),
+        (F::Q8_0, F::F32) => run_as::<Q8, F32>(th, inp, out),
+        (F::Q8_0, F::F16) => run_as::<Q8, F16>(th, inp, out),
+        (F::Q8_0, F::Q8_0) => run_as::<Q8, Q8>(th, inp, out),
+    }
 }
 
-/// Flash attention over all rows (same contract as `attention_ref`); requires AVX-512 F/BW/VL
-/// and slices of at least the sizes `p` implies.
-pub(super) fn run(th: &Threads, inp: &Inputs, out: &mut [f32]) {
+/// [`run`] with keys stored as `K` and values as `V`.
+fn run_as<K: Load16, V: Load16>(th: &Threads, inp: &Inputs, out: &mut [f32]) {
     let p = inp.p;
-    let nblk = p.skv.div_ceil(KB);
-    let kt = pack_keys(th, inp.k, p, nblk);
     let rows = p.sq * inp.g;
     let row_blocks = rows.div_ceil(RB);
     let o = Shared(out.as_mut_ptr());
     th.run_tasks(p.nkv * row_blocks, |task| {
         let (kh, rb) = (task % p.nkv, row_blocks - 1 - task / p.nkv);
         let r0 = rb * RB;
-        let kth = &kt[kh * nblk * p.hd * KB..(kh + 1) * nblk * p.hd * KB];
         // SAFETY: AVX-512 checked by the caller; rows r0.. of head group kh are written only by
         // this task, and `out` holds sq·nh·hdv values (checked by the caller).
-        unsafe { row_block(inp, kth, kh, r0..(r0 + RB).min(rows), &o) };
+        unsafe { row_block::<K, V>(inp, kh, r0..(r0 + RB).min(rows), &o) };
     });
 }
 
@@ -71,11 +67,41 @@ struct Acc {
     o: Vec<f32>,
 }
 
+/// Converts keys `j0..j0 + nk` of KV head `kh` into the transposed tile `kt` (`[d][KB]`, zero
+/// past `nk`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+unsafe fn pack_tile<K: Load16>(inp: &Inputs, kh: usize, j0: usize, nk: usize, kt: &mut [f32]) {
+    let p = inp.p;
+    let rb = K::row_bytes(p.hd);
+    let mut x = [0f32; 16];
+    for jj in 0..KB {
+        if jj >= nk {
+            for d in 0..p.hd {
+                kt[d * KB + jj] = 0.0;
+            }
+            continue;
+        }
+        let row = inp.k.base().add(((j0 + jj) * p.nkv + kh) * rb);
+        for c in (0..p.hd).step_by(16) {
+            let n = (p.hd - c).min(16);
+            _mm512_storeu_ps(x.as_mut_ptr(), K::load(row, c, lanes(n)));
+            for (l, &v) in x.iter().enumerate().take(n) {
+                *kt.get_unchecked_mut((c + l) * KB + jj) = v;
+            }
+        }
+    }
+}
+
+/// Mask of the first `n` (≤ 16) lanes.
+#[inline]
+fn lanes(n: usize) -> __mmask16 {
+    ((1u32 << n) - 1) as __mmask16
+}
+
 /// One task: rows `rows` of KV head `kh` over every key block they see.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn row_block(
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+unsafe fn row_block<K: Load16, V: Load16>(
     inp: &Inputs,
-    kth: &[f32],
     kh: usize,
     rows: std::ops::Range<usize>,
     out: &Shared,
@@ -90,8 +116,11 @@ unsafe fn row_block(
     let first = p.visible(rows.start / g);
     let last = p.visible((rows.end - 1) / g);
     let zero_q = vec![0f32; p.hd];
+    let mut kt = vec![0f32; p.hd * KB];
+    let vrb = V::row_bytes(p.hdv);
     for b in first.start / KB..last.end.div_ceil(KB) {
-        let ktb = &kth[b * p.hd * KB..(b + 1) * p.hd * KB];
+        let nk = KB.min(p.skv - b * KB);
+        pack_tile::<K>(inp, kh, b * KB, nk, &mut kt);
         for t0 in (0..n).step_by(MR) {
             let mut qp = [zero_q.as_ptr(); MR];
             for (t, q) in qp.iter_mut().enumerate().take((n - t0).min(MR)) {
@@ -100,12 +129,16 @@ unsafe fn row_block(
                 *q = inp.q.as_ptr().add((i * p.nh + h) * p.hd);
             }
             let mut s = [[0f32; KB]; MR];
-            qk_tile(&qp, ktb.as_ptr(), p.hd, &mut s);
+            qk_tile(&qp, kt.as_ptr(), p.hd, &mut s);
             let w = softmax_tile(inp, &mut s, &mut acc, kh, rows.start + t0, t0, b * KB, n);
-            let nk = KB.min(p.skv - b * KB);
-            let vp = inp.v.as_ptr().add((b * KB * p.nkv + kh) * p.hdv);
+            let vp = inp.v.base().add((b * KB * p.nkv + kh) * vrb);
             let o = acc.o.as_mut_ptr().add(t0 * p.hdv);
-            pv_tile(&s, &w, nk, vp, p.nkv * p.hdv, o, p.hdv, (n - t0).min(MR));
+            let tile = VTile {
+                vp,
+                stride: p.nkv * vrb,
+                nk,
+            };
+            pv_tile::<V>(&s, &w, &tile, o, p.hdv, (n - t0).min(MR));
         }
     }
     for (t, r) in rows.enumerate() {
@@ -116,6 +149,13 @@ unsafe fn row_block(
             *dst.add(c) = acc.o[t * p.hdv + c] * inv;
         }
     }
+}
+
+/// The value rows of one key block: `nk` rows, the first at `vp`, `stride` bytes apart.
+struct VTile {
+    vp: *const u8,
+    stride: usize,
+    nk: usize,
 }
 
 /// Scores of `MR` query rows (`qp`, each `hd` long) against one packed key block:
@@ -210,17 +250,15 @@ fn adjust_row(inp: &Inputs, row: &mut [f32; KB], i: usize, h: usize, j0: usize) 
     }
 }
 
-/// `o[r] = w[r]·o[r] + Σ_jj s[r][jj]·v[jj]` for `rows` rows of `hdv` values, `nk` keys whose
-/// value rows start at `vp` and are `vstride` apart (index loops over the register tile).
-#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+/// `o[r] = w[r]·o[r] + Σ_jj s[r][jj]·v[jj]` for `rows` rows of `hdv` values over the value
+/// rows of `t` (index loops over the register tile).
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 #[inline]
-unsafe fn pv_tile(
+unsafe fn pv_tile<V: Load16>(
     s: &[[f32; KB]; MR],
     w: &[f32; MR],
-    nk: usize,
-    vp: *const f32,
-    vstride: usize,
+    t: &VTile,
     o: *mut f32,
     hdv: usize,
     rows: usize,
@@ -228,8 +266,7 @@ unsafe fn pv_tile(
     for c0 in (0..hdv).step_by(64) {
         let mut mk = [0 as __mmask16; 4];
         for (z, m) in mk.iter_mut().enumerate() {
-            let left = hdv.saturating_sub(c0 + 16 * z).min(16);
-            *m = ((1u32 << left) - 1) as __mmask16;
+            *m = lanes(hdv.saturating_sub(c0 + 16 * z).min(16));
         }
         let mut a = [[_mm512_setzero_ps(); 4]; MR];
         for r in 0..rows {
@@ -239,11 +276,11 @@ unsafe fn pv_tile(
                 a[r][z] = _mm512_mul_ps(x, wr);
             }
         }
-        for jj in 0..nk {
-            let vr = vp.add(jj * vstride + c0);
+        for jj in 0..t.nk {
+            let vr = t.vp.add(jj * t.stride);
             let mut vz = [_mm512_setzero_ps(); 4];
             for z in 0..4 {
-                vz[z] = _mm512_maskz_loadu_ps(mk[z], vr.add(16 * z));
+                vz[z] = V::load(vr, c0 + 16 * z, mk[z]);
             }
             for r in 0..MR {
                 let pb = _mm512_set1_ps(s[r][jj]);

@@ -1,11 +1,13 @@
 //! The `Attention` operator on the CPU: validates `q [sq, nh, hd]`, `k [skv, nkv, hd]`,
-//! `v [skv, nkv, hdv]` (K/V may be caches expanded on axis 0), optional ALiBi `alibi_slopes [nh]`,
-//! and the parameters; sizes `output [sq, nh, hdv]`; calls `fastllm_cpu::attention`. Must not hold
-//! kernel arithmetic.
+//! `v [skv, nkv, hdv]` (K/V may be caches expanded on axis 0, in f32, f16 or q8_0; a q8_0 cache
+//! stores each head row padded to whole blocks of 32, see `super::kv`), optional ALiBi
+//! `alibi_slopes [nh]`, and the parameters; sizes `output [sq, nh, hdv]`; calls
+//! `fastllm_cpu::attention`. Must not hold kernel arithmetic.
 
 use super::args::{check_tensor, check_vec, dtype_in, f32s, f32s_mut, need, non_neg};
+use super::kv::{kv_rows, stored_head_dim, KV_DTYPES};
 use super::CpuContext;
-use crate::data::{Data, DataType::F32};
+use crate::data::{Data, DataType, DataType::F32};
 use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
 use crate::error::{Error, Result};
 use fastllm_cpu::attention::{self as k, AttnParams};
@@ -26,22 +28,43 @@ fn three_d<'a>(name: &str, x: &'a Data) -> Result<&'a [usize]> {
             format!("'{name}' must be 3-D, got {:?}", x.dims()),
         ));
     }
-    f32s(OP, name, x)?;
+    if name == "q" {
+        f32s(OP, name, x)?;
+    } else {
+        kv_rows(OP, name, x)?;
+    }
     Ok(x.dims())
+}
+
+/// The value head size of `v` (`[skv, nkv, stored]`): a q8_0 cache pads rows to whole blocks, so
+/// a stored width equal to the padded `hd` means `hd`.
+fn value_head_dim(v: &Data, hd: usize) -> usize {
+    let stored = v.dims()[2];
+    if v.dtype() == F32 || v.dtype() == DataType::F16 {
+        stored
+    } else if stored_head_dim(v.dtype(), hd) == stored {
+        hd
+    } else {
+        stored
+    }
 }
 
 /// Validates every argument and returns the call's parameters.
 fn params(d: &DataDict, f: &FloatDict, i: &IntDict) -> Result<AttnParams> {
     let q = three_d("q", d.require(OP, "q")?)?;
-    let kd = three_d("k", d.require(OP, "k")?)?;
-    let vd = three_d("v", d.require(OP, "v")?)?;
+    let kk = d.require(OP, "k")?;
+    let kd = three_d("k", kk)?;
+    let v = d.require(OP, "v")?;
+    let vd = three_d("v", v)?;
     let (sq, nh, hd) = (q[0], q[1], q[2]);
     let (skv, nkv) = (kd[0], kd[1]);
-    if kd[2] != hd || vd[0] != skv || vd[1] != nkv {
+    if kd[2] != stored_head_dim(kk.dtype(), hd) || vd[0] != skv || vd[1] != nkv {
         return Err(Error::op(
             OP,
             format!(
-                "q {q:?}, k {kd:?}, v {vd:?}: k must be [skv, nkv, hd of q] and v [skv, nkv, hdv]"
+                "q {q:?}, k {} {kd:?}, v {vd:?}: k must be [skv, nkv, hd of q (q8_0: padded to \
+                 32)] and v [skv, nkv, hdv]",
+                kk.dtype()
             ),
         ));
     }
@@ -89,7 +112,7 @@ fn params(d: &DataDict, f: &FloatDict, i: &IntDict) -> Result<AttnParams> {
         nh,
         nkv,
         hd,
-        hdv: vd[2],
+        hdv: value_head_dim(v, hd),
         scale,
         softcap,
         causal,
@@ -102,9 +125,8 @@ struct Attention(Arc<CpuContext>);
 
 impl Operator for Attention {
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
-        ["q", "k", "v", "alibi_slopes"]
-            .iter()
-            .all(|n| dtype_in(d, n, &[F32]))
+        ["q", "alibi_slopes"].iter().all(|n| dtype_in(d, n, &[F32]))
+            && ["k", "v"].iter().all(|n| dtype_in(d, n, &KV_DTYPES))
     }
     fn reshape(&self, d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<()> {
         let p = params(d, f, i)?;
@@ -115,17 +137,17 @@ impl Operator for Attention {
         let p = params(d, f, i)?;
         let ([q, kk, v, s], out) = d.io(OP, ["q", "k", "v", "alibi_slopes"], "output")?;
         let q = f32s(OP, "q", need(OP, "q", q)?)?;
-        let kk = f32s(OP, "k", need(OP, "k", kk)?)?;
-        let v = f32s(OP, "v", need(OP, "v", v)?)?;
+        let kk = kv_rows(OP, "k", need(OP, "k", kk)?)?;
+        let v = kv_rows(OP, "v", need(OP, "v", v)?)?;
         let s = match s {
             Some(s) => Some(f32s(OP, "alibi_slopes", s)?),
             None => None,
         };
         let o = f32s_mut(OP, "output", out)?;
         if self.0.reference() {
-            k::attention_ref(q, kk, v, s, o, &p);
+            k::attention_ref_kv(q, kk, v, s, o, &p);
         } else {
-            k::attention(&self.0.threads, q, kk, v, s, o, &p);
+            k::attention_kv(&self.0.threads, q, kk, v, s, o, &p);
         }
         Ok(())
     }

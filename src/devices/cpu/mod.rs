@@ -7,7 +7,7 @@
 //! [`Executor::cpu`], the executor with just a CPU device, is defined here so that the executor
 //! itself names no device.
 
-use crate::data::{Data, DeviceKind};
+use crate::data::{Data, DataType, DeviceKind};
 use crate::device::{BaseDevice, OpRegistry};
 use crate::error::{Error, Result};
 use crate::executor::Executor;
@@ -19,6 +19,7 @@ mod args;
 mod attention;
 mod elementwise;
 mod embedding;
+mod kv;
 mod linear;
 mod moe;
 mod norm;
@@ -79,6 +80,7 @@ impl CpuDevice {
         let mut ops = OpRegistry::new();
         elementwise::register(&mut ops, &ctx);
         paged::register(&mut ops, &ctx);
+        kv::register(&mut ops, &ctx);
         activation::register(&mut ops, &ctx);
         attention::register(&mut ops, &ctx);
         embedding::register(&mut ops, &ctx);
@@ -143,6 +145,9 @@ impl BaseDevice for CpuDevice {
             return Ok(None);
         }
         crate::interleave::interleave(data)
+    }
+    fn kv_dtypes(&self) -> &[DataType] {
+        &kv::KV_DTYPES
     }
     fn download(&self, _data: &mut Data) -> Result<()> {
         Ok(())

@@ -1,5 +1,8 @@
 //! Paged KV-cache operators on the CPU: `PagedCacheWrite` and `PagedAttention` (see docs/ops.md).
+//! The pool is f32, f16 or q8_0 (`[slots, nkv, hd]`, q8_0 rows padded to whole blocks of 32, see
+//! `super::kv`).
 
+use super::kv::{kv_format, kv_rows, stored_head_dim, KV_DTYPES};
 use super::CpuContext;
 use crate::data::{Data, DataType};
 use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
@@ -33,14 +36,20 @@ struct PagedCacheWrite;
 
 impl Operator for PagedCacheWrite {
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
-        d.dtype("input") == Some(DataType::F32) && d.dtype("cache") == Some(DataType::F32)
+        d.dtype("input") == Some(DataType::F32)
+            && d.dtype("cache").is_some_and(|t| KV_DTYPES.contains(&t))
     }
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
         const OP: &str = "PagedCacheWrite";
         let x = need(d, OP, "input", DataType::F32, 3)?;
         let s = need(d, OP, "slots", DataType::I32, 1)?;
-        let c = need(d, OP, "cache", DataType::F32, 3)?;
-        if x.dims()[1..] != c.dims()[1..] || s.dim(0) != x.dim(0) {
+        let c = d.require(OP, "cache")?;
+        kv_format(OP, "cache", c.dtype())?;
+        if c.dims().len() != 3
+            || x.dim(1) != c.dim(1)
+            || stored_head_dim(c.dtype(), x.dim(2)) != c.dim(2)
+            || s.dim(0) != x.dim(0)
+        {
             return Err(Error::op(
                 OP,
                 format!(
@@ -66,8 +75,9 @@ impl Operator for PagedCacheWrite {
             x.ok_or_else(|| Error::op("PagedCacheWrite", "missing input"))?,
             s.ok_or_else(|| Error::op("PagedCacheWrite", "missing slots"))?,
         );
-        let row = x.dim(1) * x.dim(2);
-        k::paged_cache_write(c.as_f32_mut()?, x.as_f32()?, s.as_i32()?, row);
+        let fmt = kv_format("PagedCacheWrite", "cache", c.dtype())?;
+        let heads = (x.dim(1), x.dim(2));
+        k::paged_cache_write_kv(fmt, c.bytes_mut()?, x.as_f32()?, s.as_i32()?, heads);
         Ok(())
     }
 }
@@ -106,17 +116,36 @@ fn req<'a>(x: Option<&'a Data>, name: &str, dt: DataType, nd: usize) -> Result<&
     Ok(x)
 }
 
+/// A pool argument: f32, f16 or q8_0 with 3 dims.
+fn cache_arg<'a>(x: Option<&'a Data>, name: &str) -> Result<&'a Data> {
+    const OP: &str = "PagedAttention";
+    let x = x.ok_or_else(|| Error::op(OP, format!("missing input '{name}'")))?;
+    kv_format(OP, name, x.dtype())?;
+    if x.dims().len() != 3 {
+        return Err(Error::op(
+            OP,
+            format!("'{name}' must have 3 dims, got {:?}", x.dims()),
+        ));
+    }
+    Ok(x)
+}
+
 fn check<'a>(a: &[Option<&'a Data>; 7], f: &FloatDict, i: &IntDict) -> Result<Checked<'a>> {
     const OP: &str = "PagedAttention";
     let q = req(a[0], "q", DataType::F32, 3)?;
-    let kc = req(a[1], "k_cache", DataType::F32, 3)?;
-    let vc = req(a[2], "v_cache", DataType::F32, 3)?;
+    let kc = cache_arg(a[1], "k_cache")?;
+    let vc = cache_arg(a[2], "v_cache")?;
     let qs = req(a[3], "q_starts", DataType::I32, 1)?.as_i32()?;
     let kl = req(a[4], "kv_lens", DataType::I32, 1)?.as_i32()?;
     let bt = req(a[5], "block_tables", DataType::I32, 2)?;
     let (rows, nh, hd) = (q.dim(0), q.dim(1), q.dim(2));
     let (slots, nkv) = (kc.dim(0), kc.dim(1));
-    if kc.dims() != vc.dims() || kc.dim(2) != hd || nkv == 0 || nh % nkv != 0 {
+    if kc.dims() != vc.dims()
+        || kc.dtype() != vc.dtype()
+        || kc.dim(2) != stored_head_dim(kc.dtype(), hd)
+        || nkv == 0
+        || nh % nkv != 0
+    {
         return Err(Error::op(
             OP,
             format!(
@@ -208,7 +237,10 @@ fn check<'a>(a: &[Option<&'a Data>; 7], f: &FloatDict, i: &IntDict) -> Result<Ch
 
 impl Operator for PagedAttention {
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
-        d.dtype("q") == Some(DataType::F32) && d.dtype("k_cache") == Some(DataType::F32)
+        d.dtype("q") == Some(DataType::F32)
+            && ["k_cache", "v_cache"]
+                .iter()
+                .all(|n| d.dtype(n).is_some_and(|t| KV_DTYPES.contains(&t)))
     }
     fn reshape(&self, d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<()> {
         let dims = {
@@ -223,8 +255,8 @@ impl Operator for PagedAttention {
         let (a, out) = d.io("PagedAttention", NAMES, "output")?;
         let c = check(&a, f, i)?;
         let q = req(a[0], "q", DataType::F32, 3)?.as_f32()?;
-        let kc = req(a[1], "k_cache", DataType::F32, 3)?.as_f32()?;
-        let vc = req(a[2], "v_cache", DataType::F32, 3)?.as_f32()?;
+        let kc = kv_rows("PagedAttention", "k_cache", cache_arg(a[1], "k_cache")?)?;
+        let vc = kv_rows("PagedAttention", "v_cache", cache_arg(a[2], "v_cache")?)?;
         let alibi = match a[6] {
             Some(x) => Some(x.as_f32()?),
             None => None,

@@ -56,6 +56,9 @@ struct ModelArgs {
     /// fast (int8 activations in quantized matmuls) or exact (f32 activations).
     #[arg(long, default_value = "fast")]
     precision: String,
+    /// KV cache dtype: f16, q8_0 or f32 (default: f16 on the CPU in fast precision, else f32).
+    #[arg(long)]
+    kv_dtype: Option<String>,
     /// GPU: run one-token decode steps op by op instead of replaying a recorded CUDA graph
     /// (for debugging; env FASTLLM_DECODE_GRAPHS=0).
     #[arg(long)]
@@ -101,7 +104,16 @@ impl ModelArgs {
             low_memory: self.low_memory,
             precision: Precision::parse(&self.precision)?,
             runtime: self.runtime()?,
+            kv_dtype: self.kv_dtype()?,
         })
+    }
+
+    /// The `--kv-dtype` (`None`: the device's default); an unknown name is an error naming it.
+    fn kv_dtype(&self) -> Result<Option<fastllm::model::KvDtype>> {
+        self.kv_dtype
+            .as_deref()
+            .map(fastllm::model::KvDtype::parse)
+            .transpose()
     }
 }
 
@@ -496,6 +508,7 @@ fn model_only(model: &Option<String>) -> ModelArgs {
         rendezvous_timeout: 300,
         low_memory: false,
         precision: "fast".into(),
+        kv_dtype: None,
         no_cuda_graphs: false,
         no_fused_ops: false,
         gpu_memory_cap_mb: None,
@@ -991,7 +1004,7 @@ fn bench_model(m: &ModelArgs, synthetic: Option<&str>, dtype: &str) -> Result<Be
             weight_bytes: Some(weight_bytes),
         });
     }
-    let model = fastllm::load::model_for(
+    let mut model = fastllm::load::model_for(
         cfg,
         src,
         &device_of(m)?,
@@ -1000,6 +1013,7 @@ fn bench_model(m: &ModelArgs, synthetic: Option<&str>, dtype: &str) -> Result<Be
         m.low_memory,
         &m.runtime()?,
     )?;
+    model.set_kv_dtype(m.kv_dtype()?)?;
     Ok(BenchModel {
         model,
         name: format!("{shape}-{dtype} (synthetic)"),
@@ -1165,6 +1179,8 @@ fn bench(
                 "tg_weight_gb_s": bm.weight_bytes.map(|b| b as f64 * tgs / 1e9),
                 "batch": batch, "batch_tg_tok_s": btgs,
                 "batch_decode": format!("{:?}", model.batch_decode()).to_lowercase(),
+                "kv_dtype": model.kv_dtype().name(),
+                "kv_bytes_per_token": model.kv_bytes_per_token(),
             })
         );
     } else {
@@ -1197,7 +1213,11 @@ fn bench(
                 m.precision
             );
         }
-        println!("load {load_s:.3} s, peak RSS {rss:.1} MiB");
+        println!(
+            "load {load_s:.3} s, peak RSS {rss:.1} MiB, KV cache {} ({:.2} KiB per token)",
+            model.kv_dtype(),
+            model.kv_bytes_per_token() as f64 / 1024.0
+        );
         if let (Some(b), true) = (bm.weight_bytes, tg > 0) {
             println!(
                 "weights read per token {:.3} GB: {:.1} GB/s at tg",

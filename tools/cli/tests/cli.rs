@@ -253,6 +253,7 @@ fn user_errors_are_one_line() {
         "precision",
     );
     fails(&["run", "-m", m, "-p", "x", "--device", "tpu"], "device");
+    fails(&["run", "-m", m, "-p", "x", "--kv-dtype", "int4"], "'int4'");
     fails(&["run", "-m", m, "-p", "x", "--top-p", "0"], "top_p");
     fails(&["detokenize", "-m", m, "1,99999"], "99999");
     fails(

@@ -50,6 +50,10 @@ pub struct EngineConfig {
     pub max_waiting_tokens: usize,
     /// Reuse cached full KV blocks of earlier requests with the same prompt prefix.
     pub prefix_caching: bool,
+    /// How the pool stores keys and values (the model's KV dtype).
+    pub kv_dtype: fastllm::model::KvDtype,
+    /// Pool bytes per token (keys and values of every layer).
+    pub kv_bytes_per_token: usize,
 }
 
 impl EngineConfig {
@@ -65,6 +69,8 @@ impl EngineConfig {
             kv_blocks,
             max_batch_prefill_tokens: 4096,
             max_batch_total_tokens: kv_blocks * block_size,
+            kv_dtype: llm.model.kv_dtype(),
+            kv_bytes_per_token: llm.model.kv_bytes_per_token(),
             max_concurrent_requests: 128,
             max_input_tokens: max_total.saturating_sub(1).max(1),
             max_total_tokens: max_total,
@@ -796,6 +802,8 @@ mod tests {
             waiting_served_ratio: ratio,
             max_waiting_tokens: max_wait,
             prefix_caching: true,
+            kv_dtype: fastllm::model::KvDtype::F32,
+            kv_bytes_per_token: 0,
         }
     }
 

@@ -436,7 +436,7 @@ async fn info(State(st): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> 
         "architecture": llm.model.config().architecture,
         "max_concurrent_requests": c.max_concurrent_requests, "max_input_tokens": c.max_input_tokens,
         "max_total_tokens": c.max_total_tokens, "max_batch_total_tokens": c.max_batch_total_tokens,
-        "max_batch_prefill_tokens": c.max_batch_prefill_tokens, "kv_cache_blocks": c.kv_blocks, "kv_block_size": c.block_size,
+        "max_batch_prefill_tokens": c.max_batch_prefill_tokens, "kv_cache_blocks": c.kv_blocks, "kv_block_size": c.block_size, "kv_cache_dtype": c.kv_dtype.name(), "kv_bytes_per_token": c.kv_bytes_per_token,
         "waiting_served_ratio": c.waiting_served_ratio, "max_waiting_tokens": c.max_waiting_tokens,
         "prefix_caching": c.prefix_caching,
         "router": "fastllm", "version": env!("CARGO_PKG_VERSION"),

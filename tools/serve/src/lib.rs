@@ -230,13 +230,16 @@ pub fn ready_line(o: &ServeOptions, c: &engine::EngineConfig, from_free: bool) -
     };
     format!(
         "ready on http://{}: model {} on {}, KV cache {kv_mb} = {} blocks of {} tokens \
-         ({} tokens), up to {} concurrent requests, {} tokens per request",
+         ({} tokens, {} at {} bytes per token), up to {} concurrent requests, {} tokens per \
+         request",
         o.addr,
         o.model_name,
         o.device,
         c.kv_blocks,
         c.block_size,
         c.kv_blocks * c.block_size,
+        c.kv_dtype,
+        c.kv_bytes_per_token,
         c.max_concurrent_requests,
         c.max_total_tokens
     )

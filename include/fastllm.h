@@ -21,11 +21,6 @@
 #include <stdint.h>
 
 /*
- Its size in bytes.
- */
-#define GEMMA3_GGUF_BYTES 253113024
-
-/*
  Library version, major part (matches Cargo.toml).
  */
 #define FASTLLM_VERSION_MAJOR 0
@@ -39,11 +34,6 @@
  Library version, patch part.
  */
 #define FASTLLM_VERSION_PATCH 0
-
-/*
- The largest frame accepted (a longer length prefix means a corrupt or foreign stream).
- */
-#define MAX_FRAME (16 << 30)
 
 /*
  Result of every fallible call.

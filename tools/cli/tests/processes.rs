@@ -27,6 +27,11 @@ fn tiny() -> PathBuf {
     out
 }
 
+/// `fastllm logits` of two tokens on one thread: a group run that ends fast.
+fn short_logits(model: &str) -> [&str; 7] {
+    ["logits", "-m", model, "--ids", "1,2", "--threads", "1"]
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -144,15 +149,7 @@ fn two_processes_give_the_logits_of_one() {
 #[test]
 fn a_different_world_size_ends_both_processes() {
     let m = tiny();
-    let base = [
-        "logits",
-        "-m",
-        m.to_str().unwrap(),
-        "--ids",
-        "1,2",
-        "--threads",
-        "1",
-    ];
+    let base = short_logits(m.to_str().unwrap());
     let port = free_port();
     let follower = spawn(&node_args(&base, 4, 1, port, 20));
     let driver = spawn(&node_args(&base, 2, 0, port, 20));
@@ -177,15 +174,7 @@ fn a_different_world_size_ends_both_processes() {
 #[test]
 fn a_different_group_size_is_named_on_both_sides() {
     let m = tiny();
-    let base = [
-        "logits",
-        "-m",
-        m.to_str().unwrap(),
-        "--ids",
-        "1,2",
-        "--threads",
-        "1",
-    ];
+    let base = short_logits(m.to_str().unwrap());
     let port = free_port();
     // --tp 2 over 2 nodes against a node 0 that expects 3 nodes
     let mut a = node_args(&base, 3, 0, port, 20);
@@ -204,15 +193,7 @@ fn a_different_group_size_is_named_on_both_sides() {
 #[test]
 fn a_node_that_never_arrives_times_out() {
     let m = tiny();
-    let base = [
-        "logits",
-        "-m",
-        m.to_str().unwrap(),
-        "--ids",
-        "1,2",
-        "--threads",
-        "1",
-    ];
+    let base = short_logits(m.to_str().unwrap());
     let port = free_port();
     let d = finish(
         spawn(&node_args(&base, 2, 0, port, 2)),

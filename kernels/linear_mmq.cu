@@ -14,9 +14,11 @@
 // launch slice (up to 128 rows), with no f16 copy of anything.
 //
 // Grid (row tiles, k splits, row slices): a block of MMQ_WARPS warps takes MMQ_WARPS · WR · 16
-// weight rows (WR tiles of 16 per warp), the k range of its split and 8 · NT activation rows.
+// weight rows (WR tiles of 16 per warp; the kernels have WR = 1), the k range of its split and
+// 8 · NT activation rows.
 // Chunk by chunk (MMQ_KC values) the block copies the weight rows' blocks, the int8 activation
-// rows and their scales into shared memory with cp.async, MMQ_STAGES chunks in flight. With one
+// rows and their scales into shared memory with cp.async, MMQ_STAGES chunks in flight; every
+// warp reads the staged activations, so more warps per block share one copy. With one
 // split the block writes y itself; with several it writes its partial sums to `part`
 // [splits, m, ntot] and mma_reduce_f32 adds them in split order (deterministic). Needs
 // k % MMQ_KC == 0, weights at 8-byte aligned addresses and the activation buffers at 16-byte
@@ -27,7 +29,7 @@
 // block's quant byte i holds values i (low nibble) and i + 16 (high nibble), so one 32-bit word
 // gives both. Activation row 8u + g gives bytes 4t.. and 16+4t.. of the same block (B).
 
-#define MMQ_WARPS 4
+#define MMQ_WARPS 8
 #define MMQ_KC 128
 #define MMQ_STAGES 3
 // bytes per staged int8 activation row (row stride ≡ 4 words mod 32: a quad group's eight rows
@@ -56,25 +58,44 @@ __device__ __forceinline__ void mma_s8(int* c, const unsigned int* a, unsigned i
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Starts copying chunk c of weight rows [row0, row0 + ROWS) (zeros past ntot) into ws
-// (mmq_wrow<DT>() bytes per row) with 8-byte cp.async; joins the caller's commit group.
+// The 8-byte pieces of one chunk of weight rows [row0, row0 + ROWS) that this thread copies
+// (the same ones in every chunk): where each starts in chunk 0 and where it goes in a stage
+// (-1: none; bit 30 set: a row past ntot, which copies nothing: its stage bytes become zeros).
 template <int DT, int ROWS>
-__device__ __forceinline__ void mmq_stage_w(const LinSegs& sg, int ntot, long row_bytes, int row0, long c,
-                                            unsigned char* ws) {
-    constexpr int BYTES = 4 * mmq_bs<DT>(), PER_ROW = BYTES / 8;
-    for (int i = threadIdx.x; i < ROWS * PER_ROW; i += blockDim.x) {
-        int r = i / PER_ROW, p = i % PER_ROW;
-        int jg = row0 + r;
-        bool live = jg < ntot;
-        SEG_PICK(live ? jg : 0)
-        (void)bias;
-        (void)y;
-        (void)n;
-        const unsigned char* src = w + (long)j * row_bytes + c * BYTES + 8 * p;
-        unsigned int sa = (unsigned int)__cvta_generic_to_shared(ws + r * mmq_wrow<DT>() + 8 * p);
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(sa), "l"(src), "r"(live ? 8 : 0));
+struct MmqWPieces {
+    static constexpr int BYTES = 4 * mmq_bs<DT>(), PER_ROW = BYTES / 8;
+    static constexpr int N = (ROWS * PER_ROW + 32 * MMQ_WARPS - 1) / (32 * MMQ_WARPS);
+    const unsigned char* src[N];
+    int dst[N];
+
+    __device__ __forceinline__ MmqWPieces(const LinSegs& sg, int ntot, long row_bytes, int row0) {
+#pragma unroll
+        for (int q = 0; q < N; q++) {
+            int i = threadIdx.x + q * 32 * MMQ_WARPS;
+            int r = i / PER_ROW, p = i % PER_ROW;
+            int jg = row0 + r;
+            bool live = jg < ntot;
+            SEG_PICK(live ? jg : 0)
+            (void)bias;
+            (void)y;
+            (void)n;
+            src[q] = w + (long)j * row_bytes + 8 * p;
+            dst[q] = i < ROWS * PER_ROW ? (r * mmq_wrow<DT>() + 8 * p) | (live ? 0 : 1 << 30) : -1;
+        }
     }
-}
+
+    // Starts copying chunk c into the stage at ws with cp.async; joins the caller's commit group.
+    __device__ __forceinline__ void stage(long c, unsigned char* ws) const {
+        unsigned int base = (unsigned int)__cvta_generic_to_shared(ws);
+#pragma unroll
+        for (int q = 0; q < N; q++) {
+            if (dst[q] < 0) continue;
+            int d = dst[q] & ~(1 << 30), size = (dst[q] >> 30) ? 0 : 8;
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(base + d), "l"(src[q] + c * BYTES),
+                         "r"(size));
+        }
+    }
+};
 
 // Starts copying activation rows [t0, t0 + ROWS) (zeros past m), chunk c: their int8 values into
 // xs (MMQ_XROW bytes per row) and their block scales into sx (MMQ_SROW bytes per row), with
@@ -212,13 +233,14 @@ __device__ void linear_mmq_t(const signed char* xq, const float2* xd, const LinS
             for (int e = 0; e < 4; e++) acc[i][u][e] = 0.0f;
     // the first weight chunk before waiting for the kernel that wrote the activations (no
     // kernel writes weights); then MMQ_STAGES - 1 chunks in flight, one commit group each
-    if (c_lo < c_hi) mmq_stage_w<DT, ROWS>(sg, ntot, row_bytes, row0, c_lo, smem);
+    const MmqWPieces<DT, ROWS> wp(sg, ntot, row_bytes, row0);
+    if (c_lo < c_hi) wp.stage(c_lo, smem);
     pdl_gemv_begin();
 #pragma unroll
     for (int s = 0; s < MMQ_STAGES - 1; s++) {
         unsigned char* st = smem + s * STAGE;
         if (c_lo + s < c_hi) {
-            if (s > 0) mmq_stage_w<DT, ROWS>(sg, ntot, row_bytes, row0, c_lo + s, st);
+            if (s > 0) wp.stage(c_lo + s, st);
             mmq_stage_x<8 * NT>(xq, xd, m, k, t0, c_lo + s, st + WB, st + WB + XB);
         }
         asm volatile("cp.async.commit_group;");
@@ -230,7 +252,7 @@ __device__ void linear_mmq_t(const signed char* xq, const float2* xd, const LinS
         long cn = c + MMQ_STAGES - 1;
         if (cn < c_hi) {
             unsigned char* nx = smem + ((cn - c_lo) % MMQ_STAGES) * STAGE;
-            mmq_stage_w<DT, ROWS>(sg, ntot, row_bytes, row0, cn, nx);
+            wp.stage(cn, nx);
             mmq_stage_x<8 * NT>(xq, xd, m, k, t0, cn, nx + WB, nx + WB + XB);
         }
         asm volatile("cp.async.commit_group;");
@@ -272,16 +294,12 @@ __device__ void linear_mmq_t(const signed char* xq, const float2* xd, const LinS
 }
 
 #define LINMMQ1(name, DT, WR, NT) \
-    extern "C" __global__ void __launch_bounds__(32 * MMQ_WARPS) linear_mmq##WR##x##NT##_##name( \
+    extern "C" __global__ void __launch_bounds__(32 * MMQ_WARPS, 2) linear_mmq##WR##x##NT##_##name( \
         const signed char* xq, const float2* xd, LinSegs sg, int m, int ntot, int k, long rb, int splits, \
         float* part) { \
         linear_mmq_t<DT, WR, NT>(xq, xd, sg, m, ntot, k, rb, splits, part); \
     }
 #define LINMMQ(name, DT) \
-    LINMMQ1(name, DT, 2, 1) \
-    LINMMQ1(name, DT, 2, 2) \
-    LINMMQ1(name, DT, 2, 4) \
-    LINMMQ1(name, DT, 2, 8) \
     LINMMQ1(name, DT, 1, 1) \
     LINMMQ1(name, DT, 1, 2) \
     LINMMQ1(name, DT, 1, 4) \

@@ -99,8 +99,9 @@ fn reference_q8(x: &Data, w: &Data, b: Option<&Data>) -> Vec<f32> {
     y
 }
 
-/// Each block's integer sum is scaled in f32 (one or two roundings per block).
-const INT8_ARITHMETIC_NMSE: f64 = 1e-9;
+/// Each block's integer sum is scaled in f32 (one or two roundings per block); the GPU's and the
+/// host's Q8_0 rounding of an activation may differ in the last step now and then.
+const INT8_ARITHMETIC_NMSE: f64 = 1e-7;
 
 /// Runs `Linear` (quant_act) with weights `ws` (biases `bs`, outputs `ys` pre-filled when
 /// `accumulate`) and the call's ints; returns the outputs on the host.
@@ -442,28 +443,24 @@ fn time_batched_linear_paths() {
             for m in [1usize, 2, 4, 8, 16, 32, 64, 128] {
                 let x = dev.upload(&rng.data(DataType::F32, &[m, k])).unwrap();
                 let mut line = format!("PERF {wt} [{n}, {k}] m={m:3}:");
-                // (mma, mma_splits, mmq_wr, name)
-                let modes: &[(i32, i32, i32, &str)] = &[
-                    (1, 0, 0, "old"),
-                    (2, 0, 0, "mma"),
-                    (3, 0, 0, "mmq"),
-                    (3, 0, 1, "w1"),
-                    (3, 1, 0, "q1"),
-                    (3, 2, 0, "q2"),
-                    (3, 4, 0, "q4"),
-                    (3, 8, 0, "q8"),
-                    (3, 2, 1, "w1q2"),
-                    (3, 4, 1, "w1q4"),
+                // (mma, mma_splits, name)
+                let modes: &[(i32, i32, &str)] = &[
+                    (1, 0, "old"),
+                    (2, 0, "mma"),
+                    (3, 0, "mmq"),
+                    (3, 1, "q1"),
+                    (3, 2, "q2"),
+                    (3, 4, "q4"),
+                    (3, 8, "q8"),
                 ];
-                for &(mode, splits, wr, name) in modes {
+                for &(mode, splits, name) in modes {
                     if m == 1 && mode >= 2 {
                         continue;
                     }
                     let ints = IntDict::new()
                         .with("quant_act", 1)
                         .with("mma", mode)
-                        .with("mma_splits", splits)
-                        .with("mmq_wr", wr);
+                        .with("mma_splits", splits);
                     let mut y = Data::empty(DataType::F32);
                     let mut run = || {
                         let mut d = DataDict::new()

@@ -36,10 +36,11 @@
 //! (`dequant_f16_q*_k`, `dequant_f16_q5_0`); they have no `linear_mma` kernel.
 //!
 //! Half activations (prefill of the gated MLP): with `half_output` = 2 (f16) / 3 (bf16) and a
-//! tensor-core product (the conditions above, the weight's form equal to the one asked for, no
-//! bias, no `accumulate`), the outputs are F16/BF16 tensors written by cuBLAS directly; an
-//! F16/BF16 input (of the weight's form, at least [`TC_MIN_ROWS`] rows) is read as it is, with
-//! no cast. Otherwise the flag is ignored and the outputs are f32.
+//! tensor-core product with half activations (the conditions above, not the int8 products, the
+//! weight's form equal to the one asked for, no bias, no `accumulate`), the outputs are F16/BF16
+//! tensors written by cuBLAS or `linear_mma` directly; an F16/BF16 input (of the weight's form,
+//! at least [`TC_MIN_ROWS`] rows) is read as it is, with no cast. Otherwise the flag is ignored
+//! and the outputs are f32.
 //!
 //! `accumulate = 1` adds the products to what the outputs hold (a residual connection), on
 //! every path: cuBLAS `beta = 1`, the kernels' `acc` flag.
@@ -95,26 +96,17 @@ const HALF_TC_MIN_ROWS: usize = 2;
 /// tensor cores with f16/bf16 activations (cuBLAS or `linear_mma`) by the device's choice, where
 /// cuBLAS loads; fewer rows take the GEMV kernels (Q8_0 activations for block weights).
 pub fn tensor_core_rows(dtype: DataType, rows: usize, k: usize) -> bool {
-    dtype != DataType::F32
-        && rows
-            >= Batched {
-                mode: 0,
-                splits: 0,
-                wr: 0,
-            }
-            .tc_min_rows(dtype, k)
+    dtype != DataType::F32 && rows >= Batched { mode: 0, splits: 0 }.tc_min_rows(dtype, k)
 }
 
 /// A call's choice of the batched paths (`mma`): the device's (0), no `linear_mma`/`linear_mmq`
 /// and no cuBLAS below [`TC_MIN_ROWS`] rows (1: the GEMV kernels below, dequantized tiles for
 /// cuBLAS above), the f16 `linear_mma` wherever it applies (2, any number of rows), or the int8
-/// `linear_mmq` wherever it applies (3); `mma_splits` > 0 forces their k splits, `mmq_wr` = 1
-/// / 2 the weight tiles per warp of `linear_mmq` (0: the plan's choice).
+/// `linear_mmq` wherever it applies (3); `mma_splits` > 0 forces their k splits.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 struct Batched {
     mode: i32,
     splits: usize,
-    wr: usize,
 }
 
 impl Batched {
@@ -130,16 +122,7 @@ impl Batched {
         }
         let splits = usize::try_from(ints.get_or("mma_splits", 0))
             .map_err(|_| op_err("Linear", "mma_splits must not be negative"))?;
-        let wr = match ints.get_or("mmq_wr", 0) {
-            w @ 0..=2 => w as usize,
-            w => {
-                return Err(op_err(
-                    "Linear",
-                    format!("mmq_wr {w}: expected 0 (the plan's choice), 1 or 2"),
-                ))
-            }
-        };
-        Ok(Batched { mode, splits, wr })
+        Ok(Batched { mode, splits })
     }
 
     /// Whether a block-weight product of `m` rows of `k` values takes `linear_mma` (where it
@@ -337,10 +320,12 @@ fn align256(v: usize) -> usize {
 
 impl Linear {
     /// The half form of a product of `rows` rows with weight dtype `w` when it takes the
-    /// tensor-core path (`quant_act`, cuBLAS, at least [`TC_MIN_ROWS`] rows), else `None`.
+    /// tensor-core path (`quant_act`, cuBLAS, at least [`TC_MIN_ROWS`] rows) with f16/bf16
+    /// activations, else `None` (also where the int8 products of Q8_0 rows take it).
     fn tc_half(&self, i: &IntDict, w: DataType, rows: usize, k: usize) -> Option<ActForm> {
         let tc = i.get_or("quant_act", 0) != 0 && self.gpu.blas().is_some() && rows >= TC_MIN_ROWS;
-        tc.then(|| tc_form(w, k)).flatten()
+        let int8 = Batched::of_call(i).is_ok_and(|b| b.mmq(w, rows, k));
+        (tc && !int8).then(|| tc_form(w, k)).flatten()
     }
 
     /// Whether a half input of `form` can be read as it is: the tensor-core path with the
@@ -712,7 +697,7 @@ impl Linear {
         };
         let dtype = first.dtype;
         let ntot: usize = segs.iter().map(|s| s.n).sum();
-        let plan = MmqPlan::new(m, k, ntot, self.gpu.sms(), bat.splits, bat.wr)
+        let plan = MmqPlan::new(m, k, ntot, self.gpu.sms(), bat.splits)
             .ok_or_else(|| op_err("Linear", format!("no int8 tensor-core plan for k = {k}")))?;
         let suffix = weight_suffix(dtype).ok_or_else(|| op_err("Linear", "weight dtype"))?;
         let x = self.q8_rows(prev, ints, xp, m, k)?;

@@ -1,5 +1,5 @@
 //! Block-weight (Q8_0 / Q4_0 / Q4_1) products with a few Q8_0 activation rows on int8 tensor
-//! cores: the `linear_mmq{wr}x{nt}_*` kernels of kernels/linear_mmq.cu read each weight block
+//! cores: the `linear_mmq1x{nt}_*` kernels of kernels/linear_mmq.cu read each weight block
 //! once for up to [`MMQ_SLICE_ROWS`] activation rows (staged with them in shared memory), take
 //! one `mma` (s8 × s8 → s32) per 32-value block of 16 weight rows and 8 activation rows, and
 //! scale its integer sums by the two blocks' scales in f32. Short weights are split along k over
@@ -18,8 +18,8 @@ pub(super) const MMQ_KC: usize = 128;
 /// Activation rows one launch slice covers (the largest tile, 8 · 16); more rows take several
 /// slices, each reading the weight again.
 pub(super) const MMQ_SLICE_ROWS: usize = 128;
-/// Warps per block (`MMQ_WARPS`).
-const WARPS: usize = 4;
+/// Warps per block (`MMQ_WARPS`), each with one 16-row weight tile.
+const WARPS: usize = 8;
 /// Chunks in flight per block (`MMQ_STAGES`).
 const STAGES: usize = 3;
 /// Bytes per staged activation row (`MMQ_XROW`) and per staged row of its scales (`MMQ_SROW`).
@@ -32,12 +32,10 @@ const BLOCKS_PER_SM: usize = 4;
 /// Fewest chunks of k per split.
 const MIN_SPLIT_CHUNKS: usize = 4;
 
-/// How one product runs: `wr` 16-row weight tiles per warp, `nt` 8-row activation tiles per
-/// slice, `slices` slices, `tiles` blocks of weight rows, `splits` parts of k per tile.
+/// How one product runs: `nt` 8-row activation tiles per slice, `slices` slices, `tiles`
+/// blocks of weight rows, `splits` parts of k per tile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmqPlan {
-    /// 16-row weight tiles per warp (1 or 2).
-    pub wr: usize,
     /// 8-row activation tiles per block (1, 2, 4, 8 or 16).
     pub nt: usize,
     /// Activation row slices (grid z).
@@ -51,25 +49,15 @@ pub struct MmqPlan {
 impl MmqPlan {
     /// The plan for `m` activation rows, `ntot` weight rows of `k` values on a GPU of `sms`
     /// multiprocessors; `splits` > 0 forces the number of k splits (clamped to the chunks of
-    /// k), `wr` = 1 or 2 the weight tiles per warp (where that kernel exists). `None` when the
-    /// kernels do not take the shape (`k % MMQ_KC != 0`, no rows).
-    pub fn new(
-        m: usize,
-        k: usize,
-        ntot: usize,
-        sms: usize,
-        splits: usize,
-        wr: usize,
-    ) -> Option<MmqPlan> {
+    /// k). `None` when the kernels do not take the shape (`k % MMQ_KC != 0`, no rows).
+    pub fn new(m: usize, k: usize, ntot: usize, sms: usize, splits: usize) -> Option<MmqPlan> {
         if m == 0 || ntot == 0 || k == 0 || !k.is_multiple_of(MMQ_KC) {
             return None;
         }
         let rows = m.min(MMQ_SLICE_ROWS);
         let nt = rows.div_ceil(8).next_power_of_two();
-        // 16 tiles of activation rows keep one weight tile per warp (registers)
-        let wr = if nt > 8 || wr == 1 { 1 } else { 2 };
         let slices = m.div_ceil(8 * nt);
-        let tiles = ntot.div_ceil(WARPS * wr * 16);
+        let tiles = ntot.div_ceil(WARPS * 16);
         let chunks = k / MMQ_KC;
         let auto = (BLOCKS_PER_SM * sms)
             .div_ceil(tiles * slices)
@@ -77,7 +65,6 @@ impl MmqPlan {
             .min((chunks / MIN_SPLIT_CHUNKS).max(1));
         let splits = if splits > 0 { splits } else { auto };
         Some(MmqPlan {
-            wr,
             nt,
             slices,
             tiles,
@@ -93,13 +80,13 @@ impl MmqPlan {
         } else {
             MMQ_KC / 32 * block_bytes
         };
-        let stage = WARPS * self.wr * 16 * wrow + 8 * self.nt * (XROW + SROW);
+        let stage = WARPS * 16 * wrow + 8 * self.nt * (XROW + SROW);
         STAGES * stage
     }
 
     /// The kernel of this plan for weights of kernel suffix `suffix`.
     fn kernel(&self, suffix: &str) -> String {
-        format!("linear_mmq{}x{}_{suffix}", self.wr, self.nt)
+        format!("linear_mmq1x{}_{suffix}", self.nt)
     }
 }
 
@@ -189,32 +176,26 @@ mod tests {
     #[test]
     fn plans_cover_rows_and_split_short_weights() {
         // llama-3-8b o-projection at 64 rows: one slice, 32 blocks of 128 rows, k split
-        let p = MmqPlan::new(64, 4096, 4096, 132, 0, 0).unwrap();
-        assert_eq!((p.wr, p.nt, p.slices, p.tiles), (2, 8, 1, 32));
+        let p = MmqPlan::new(64, 4096, 4096, 132, 0).unwrap();
+        assert_eq!((p.nt, p.slices, p.tiles), (8, 1, 32));
         assert_eq!(p.splits, 8);
-        // 128 rows: one slice of 16 tiles, one weight tile per warp
-        let p = MmqPlan::new(128, 4096, 28672, 132, 0, 0).unwrap();
-        assert_eq!(
-            (p.wr, p.nt, p.slices, p.tiles, p.splits),
-            (1, 16, 1, 448, 2)
-        );
+        // 128 rows in one slice of 16 tiles; gate/up: a few splits
+        let p = MmqPlan::new(128, 4096, 28672, 132, 0).unwrap();
+        assert_eq!((p.nt, p.slices, p.tiles, p.splits), (16, 1, 224, 3));
         // the lm head: enough tiles, no split
-        assert_eq!(MmqPlan::new(64, 4096, 128256, 132, 0, 0).unwrap().splits, 1);
+        assert_eq!(MmqPlan::new(64, 4096, 128256, 132, 0).unwrap().splits, 1);
         // odd row counts round up to a power-of-two number of 8-row tiles
-        assert_eq!(MmqPlan::new(3, 512, 100, 132, 0, 0).unwrap().nt, 1);
-        assert_eq!(MmqPlan::new(17, 512, 100, 132, 0, 0).unwrap().nt, 4);
-        // one weight tile per warp when asked
-        let p = MmqPlan::new(64, 4096, 4096, 132, 0, 1).unwrap();
-        assert_eq!((p.wr, p.nt, p.tiles, p.splits), (1, 8, 64, 8));
+        assert_eq!(MmqPlan::new(3, 512, 100, 132, 0).unwrap().nt, 1);
+        assert_eq!(MmqPlan::new(17, 512, 100, 132, 0).unwrap().nt, 4);
         // more rows than a slice: several slices
-        let p = MmqPlan::new(130, 512, 100, 132, 0, 0).unwrap();
+        let p = MmqPlan::new(130, 512, 100, 132, 0).unwrap();
         assert_eq!((p.nt, p.slices), (16, 2));
         // splits never exceed the chunks of k, forced or not; each has 4 chunks when automatic
-        assert_eq!(MmqPlan::new(8, 512, 100, 132, 0, 0).unwrap().splits, 1);
-        assert_eq!(MmqPlan::new(8, 512, 100, 132, 5, 0).unwrap().splits, 4);
-        assert!(MmqPlan::new(8, 4000, 100, 132, 0, 0).is_none());
-        assert!(MmqPlan::new(0, 512, 100, 132, 0, 0).is_none());
+        assert_eq!(MmqPlan::new(8, 512, 100, 132, 0).unwrap().splits, 1);
+        assert_eq!(MmqPlan::new(8, 512, 100, 132, 5).unwrap().splits, 4);
+        assert!(MmqPlan::new(8, 4000, 100, 132, 0).is_none());
+        assert!(MmqPlan::new(0, 512, 100, 132, 0).is_none());
         // three stages fit the shared memory of a block (Q8_0, the largest rows)
-        assert!(MmqPlan::new(128, 4096, 4096, 132, 0, 0).unwrap().smem(34) < 100 * 1024);
+        assert!(MmqPlan::new(128, 4096, 4096, 132, 0).unwrap().smem(34) < 100 * 1024);
     }
 }

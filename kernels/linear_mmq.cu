@@ -5,8 +5,8 @@
 // activation rows; its integer sums are scaled per block in f32:
 //   Q8_0, Q4_0: y += dw · (dx · Σ qw·qx)          (Q4_0: qw = nibble − 8)
 //   Q4_1:       y += dw · (dx · Σ qw·qx) + mw · dx·Σqx
-// Each integer sum c becomes a float without a conversion instruction: the mma adds it to an
-// accumulator that starts at 0x4B400000, and the bits of c + 0x4B400000 are the float
+// Each integer sum c becomes a float without a conversion instruction: the mma adds the
+// constant 0x4B400000 to it, and the bits of c + 0x4B400000 are the float
 // 1.5·2^23 + c exactly (|c| < 2^22 for every dtype), and
 // fma(dx, 1.5·2^23 + c, −1.5·2^23·dx) is dx · c rounded once (dx, an f16 value, times 1.5·2^23
 // is exact in f32).
@@ -50,12 +50,13 @@ __device__ __forceinline__ constexpr int mmq_wrow() {
     return DT == DT_Q8_0 ? 144 : 4 * mmq_bs<DT>();
 }
 
-__device__ __forceinline__ void mma_s8(int* c, const unsigned int* a, unsigned int b0, unsigned int b1) {
+// d = a·b + c0 in every element (c0 a constant register: no accumulator to reset).
+__device__ __forceinline__ void mma_s8(int* d, const unsigned int* a, unsigned int b0, unsigned int b1, int c0) {
     asm volatile(
         "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        "{%10,%10,%10,%10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(c0));
 }
 
 // The 8-byte pieces of one chunk of weight rows [row0, row0 + ROWS) that this thread copies
@@ -282,8 +283,8 @@ __device__ void linear_mmq_t(const signed char* xq, const float2* xd, const LinS
                 }
 #pragma unroll
                 for (int i = 0; i < WR; i++) {
-                    int c4[4] = {0x4B400000, 0x4B400000, 0x4B400000, 0x4B400000};
-                    mma_s8(c4, a[i], b0, b1);
+                    int c4[4];
+                    mma_s8(c4, a[i], b0, b1, 0x4B400000);
                     mmq_scale<DT>(acc[i][u], c4, dw[i], mw[i], xv);
                 }
             }

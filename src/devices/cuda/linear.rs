@@ -23,11 +23,12 @@
 //! (`k % 128 == 0`, 16-byte aligned) of 2..=[`OutputCopy::Q8_MAX_ROWS`] rows with f32 inputs and
 //! outputs take the int8 `linear_mmq` kernels (see `linear_mmq`: each weight block read once for
 //! all rows, activations as Q8_0 rows, left by the producing op or quantized once for all
-//! weights of the call). With half inputs or outputs, block weights (`k % 256 == 0`) of up to
-//! [`MMA_MAX_ROWS`] rows take the f16 `linear_mma` kernels (dequantized in registers); more
-//! rows, or other block weights from [`TC_MIN_ROWS`] rows, are dequantized to f16 tile by tile
-//! ([`DEQ_TILE_BYTES`]) into a scratch buffer for cuBLAS. Products accumulate and are written in
-//! f32. `exact` precision (`quant_act = 0`) keeps the f32-activation kernels.
+//! weights of the call). Other block-weight products (`k % 256 == 0`) of up to [`MMA_MAX_ROWS`]
+//! rows (more rows, or half inputs or outputs) take the f16 `linear_mma` kernels (dequantized
+//! in registers); more rows, or other block weights from [`TC_MIN_ROWS`] rows, are dequantized
+//! to f16 tile by tile ([`DEQ_TILE_BYTES`]) into a scratch buffer for cuBLAS. Products
+//! accumulate and are written in f32. `exact` precision (`quant_act = 0`) keeps the
+//! f32-activation kernels.
 //!
 //! K-quant weights (Q4_K/Q5_K/Q6_K, `k % 256 == 0`) and Q5_0: the `linear_*`/`gemv_*` kernels
 //! read f32 activations whatever `quant_act` asks (for K-quants a warp takes one 256-value

@@ -27,8 +27,9 @@ const XROW: usize = MMQ_KC + 16;
 const SROW: usize = 48;
 /// Most k splits of one product.
 const MAX_SPLITS: usize = 8;
-/// Blocks per multiprocessor the automatic k split aims at.
-const BLOCKS_PER_SM: usize = 4;
+/// Blocks per multiprocessor the automatic k split aims at (at most: a product with fewer
+/// blocks is split only while the split blocks stay within this many).
+const BLOCKS_PER_SM: usize = 3;
 /// Fewest chunks of k per split.
 const MIN_SPLIT_CHUNKS: usize = 4;
 
@@ -59,9 +60,9 @@ impl MmqPlan {
         let slices = m.div_ceil(8 * nt);
         let tiles = ntot.div_ceil(WARPS * 16);
         let chunks = k / MMQ_KC;
-        let auto = (BLOCKS_PER_SM * sms)
-            .div_ceil(tiles * slices)
-            .min(MAX_SPLITS)
+        // (partial sums cost more than a part-empty last wave: round down)
+        let auto = (BLOCKS_PER_SM * sms / (tiles * slices))
+            .clamp(1, MAX_SPLITS)
             .min((chunks / MIN_SPLIT_CHUNKS).max(1));
         let splits = if splits > 0 { splits } else { auto };
         Some(MmqPlan {
@@ -179,9 +180,11 @@ mod tests {
         let p = MmqPlan::new(64, 4096, 4096, 132, 0).unwrap();
         assert_eq!((p.nt, p.slices, p.tiles), (8, 1, 32));
         assert_eq!(p.splits, 8);
-        // 128 rows in one slice of 16 tiles; gate/up: a few splits
+        // 128 rows in one slice of 16 tiles; gate/up: enough blocks, no split
         let p = MmqPlan::new(128, 4096, 28672, 132, 0).unwrap();
-        assert_eq!((p.nt, p.slices, p.tiles, p.splits), (16, 1, 224, 3));
+        assert_eq!((p.nt, p.slices, p.tiles, p.splits), (16, 1, 224, 1));
+        // the q/k/v projections: 48 tiles, 8 splits
+        assert_eq!(MmqPlan::new(8, 4096, 6144, 132, 0).unwrap().splits, 8);
         // the lm head: enough tiles, no split
         assert_eq!(MmqPlan::new(64, 4096, 128256, 132, 0).unwrap().splits, 1);
         // odd row counts round up to a power-of-two number of 8-row tiles

@@ -38,7 +38,7 @@ fn row_order(m: &Mapped, rows: usize, src: &SourceTensor<'_>) -> Result<Option<V
     let Some(heads) = m.unpermute_heads else {
         return Ok(None);
     };
-    if heads == 0 || rows % heads != 0 || (rows / heads) % 2 != 0 {
+    if heads == 0 || !rows.is_multiple_of(heads) || !(rows / heads).is_multiple_of(2) {
         return Err(Error::invalid(format!(
             "tensor {}: {rows} rows cannot be split into {heads} heads of even size",
             src.source_name

@@ -203,6 +203,170 @@ fn bad(msg: impl std::fmt::Display) -> Error {
     Error::Unsupported(msg.to_string())
 }
 
+/// Refuses a config the architecture's graph cannot run: heads that do not group into the KV
+/// heads, zero sizes, a rotary dimension that does not fit the head, experts on an
+/// architecture without mixture-of-experts layers.
+fn validate_config(spec: &ArchSpec, c: &ModelConfig) -> Result<()> {
+    if c.num_heads == 0 || c.num_kv_heads == 0 || !c.num_heads.is_multiple_of(c.num_kv_heads) {
+        return Err(bad(format!(
+            "{}: {} heads not divisible into {} KV heads",
+            c.architecture, c.num_heads, c.num_kv_heads
+        )));
+    }
+    if c.head_dim == 0 || c.hidden_size == 0 || c.num_layers == 0 || c.vocab_size == 0 {
+        return Err(bad(format!("{}: config has zero sizes", c.architecture)));
+    }
+    if spec.positions == Positions::Rope
+        && (c.rope_dim == 0 || c.rope_dim > c.head_dim || !c.rope_dim.is_multiple_of(2))
+    {
+        return Err(bad(format!(
+            "{}: rotary dim {} invalid for head dim {}",
+            c.architecture, c.rope_dim, c.head_dim
+        )));
+    }
+    if let Some(m) = &c.moe {
+        m.validate(&c.architecture, c.num_layers)?;
+        if spec.moe.is_none() {
+            return Err(bad(format!(
+                "{}: has no mixture-of-experts layers",
+                c.architecture
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Gemma norms scale by (1 + w): every norm weight is replaced by `1 + w` once, kept resident.
+fn derive_plus_one_norms(weights: &mut Weights, spec: &ArchSpec, c: &ModelConfig) -> Result<()> {
+    let mut names = vec![format!("{}.weight", spec.final_norm)];
+    for i in 0..c.num_layers {
+        let p = format!("{}{i}.", spec.layer_prefix);
+        names.push(format!("{p}{}.weight", spec.attn_norm));
+        names.push(format!("{p}{}.weight", spec.ffn_norm));
+        let (qn, kn) = spec.qk_norm.unzip();
+        for n in [spec.post_attn_norm, spec.post_ffn_norm, qn, kn]
+            .into_iter()
+            .flatten()
+        {
+            names.push(format!("{p}{n}.weight"));
+        }
+    }
+    for n in names {
+        let w = weights.get(&n)?;
+        let v: Vec<f32> = w.to_f32_vec()?.iter().map(|x| x + 1.0).collect();
+        let d = Data::from_f32(w.dims(), &v)?;
+        drop(w);
+        weights.set_resident(&n, d);
+    }
+    Ok(())
+}
+
+/// Puts the weights where the first device runs them: a GPU (or other non-CPU) first device
+/// gets the weights, rope tables and ALiBi slopes once, now (after the memory cap of `opts`
+/// is checked); a CPU first device in the `fast` precision may hold the weight matrices in
+/// the layout its kernels stream (experts stay mapped from the file: only the routed ones are
+/// ever read).
+fn place_weights(
+    exec: &Executor,
+    spec: &ArchSpec,
+    precision: Precision,
+    opts: &RuntimeOptions,
+    weights: &mut Weights,
+    rope: &mut RopePlan,
+    alibi: &mut Option<Data>,
+) -> Result<()> {
+    let Some(dev) = exec.devices().first() else {
+        return Ok(());
+    };
+    if dev.kind() != DeviceKind::Cpu {
+        check_memory_cap(weights, dev.name(), opts.gpu_memory_cap)?;
+        weights.upload_to(dev.as_ref())?;
+        rope.upload(dev.as_ref())?;
+        if let Some(t) = alibi {
+            *t = dev.upload(t)?;
+        }
+    } else if precision == Precision::Fast {
+        let experts = spec.moe.map(|m| m.experts);
+        weights.reform_for_where(dev.as_ref(), |n| {
+            experts.is_none_or(|x| !super::moe::is_expert_tensor(x, n))
+        })?;
+    }
+    Ok(())
+}
+
+/// Which fused and recorded paths a model takes, from its first device's operators, the
+/// architecture, the precision and the switches of [`RuntimeOptions`] (see the [`Model`]
+/// fields of the same names).
+struct Paths {
+    fused_silu_mul: bool,
+    multi_linear: bool,
+    decode_graphs: bool,
+    norm_quantizes: bool,
+    prefill_copy: OutputCopy,
+    half_mlp: bool,
+    rope_tables: bool,
+    batch_decode: BatchDecode,
+}
+
+impl Paths {
+    fn choose(
+        exec: &Executor,
+        spec: &ArchSpec,
+        c: &ModelConfig,
+        precision: Precision,
+        opts: &RuntimeOptions,
+        weights: &Weights,
+        rope: &RopePlan,
+    ) -> Paths {
+        let first_has = |op: &str| {
+            exec.devices()
+                .first()
+                .is_some_and(|d| d.kind() != DeviceKind::Cpu && d.ops().contains_key(op))
+        };
+        let fused_silu_mul = first_has("SiluMul") && c.hidden_act == "silu";
+        let multi_linear = first_has("SiluMul") && first_has("DecodeAttention") && opts.fused_ops;
+        let decode_graphs = first_has("DecodeAttention")
+            && c.moe.is_none() // routing is read back mid-step
+            && !weights.low_memory()
+            && !rope.length_dependent()
+            && !matches!(spec.positions, Positions::Learned(_))
+            && opts.cuda_graphs;
+        // the first layer's down projection stands for the MLP products
+        let down = if multi_linear && precision == Precision::Fast {
+            let dn = match spec.mlp {
+                Mlp::Gated(_, _, dn) | Mlp::GatedFused(_, dn) | Mlp::Plain(_, dn) => dn,
+            };
+            weights
+                .get(&format!("{}0.{dn}.weight", spec.layer_prefix))
+                .ok()
+        } else {
+            None
+        };
+        let norm_quantizes = down
+            .as_ref()
+            .is_some_and(|w| matches!(w.dtype(), DataType::Q8_0 | DataType::Q4_0 | DataType::Q4_1));
+        let prefill_copy = down.as_ref().map_or(OutputCopy::None, |w| {
+            OutputCopy::tensor_core_form(w.dtype(), w.dims().get(1).copied().unwrap_or(0))
+        });
+        let half_mlp = fused_silu_mul && matches!(prefill_copy, OutputCopy::F16 | OutputCopy::Bf16);
+        let batch_decode = if decode_graphs && first_has("PagedDecodeAttention") {
+            BatchDecode::Graphs
+        } else {
+            BatchDecode::Off
+        };
+        Paths {
+            fused_silu_mul,
+            multi_linear,
+            decode_graphs,
+            norm_quantizes,
+            prefill_copy,
+            half_mlp,
+            rope_tables: first_has("RotaryTables"),
+            batch_decode,
+        }
+    }
+}
+
 impl Model {
     /// Builds a model over `source` running on `exec` with the default [`RuntimeOptions`].
     /// Validates the config against the architecture table and the tensors present.
@@ -233,132 +397,40 @@ impl Model {
         opts: &RuntimeOptions,
     ) -> Result<Model> {
         let spec = arch::lookup(&config.architecture)?;
+        validate_config(spec, &config)?;
         let c = &config;
-        if c.num_heads == 0 || c.num_kv_heads == 0 || !c.num_heads.is_multiple_of(c.num_kv_heads) {
-            return Err(bad(format!(
-                "{}: {} heads not divisible into {} KV heads",
-                c.architecture, c.num_heads, c.num_kv_heads
-            )));
-        }
-        if c.head_dim == 0 || c.hidden_size == 0 || c.num_layers == 0 || c.vocab_size == 0 {
-            return Err(bad(format!("{}: config has zero sizes", c.architecture)));
-        }
-        if spec.positions == Positions::Rope
-            && (c.rope_dim == 0 || c.rope_dim > c.head_dim || !c.rope_dim.is_multiple_of(2))
-        {
-            return Err(bad(format!(
-                "{}: rotary dim {} invalid for head dim {}",
-                c.architecture, c.rope_dim, c.head_dim
-            )));
-        }
-        if let Some(m) = &c.moe {
-            m.validate(&c.architecture, c.num_layers)?;
-            if spec.moe.is_none() {
-                return Err(bad(format!(
-                    "{}: has no mixture-of-experts layers",
-                    c.architecture
-                )));
-            }
-        }
         let mut weights = Weights::new(source, low_memory)?;
         let embed = format!("{}.weight", spec.embed);
         if !weights.has(&embed) {
             return Err(bad(format!("model file lacks the embedding '{embed}'")));
         }
         if spec.norm == NormKind::RmsPlusOne {
-            // Gemma norms scale by (1 + w): derive once, keep resident.
-            let mut names = vec![format!("{}.weight", spec.final_norm)];
-            for i in 0..c.num_layers {
-                let p = format!("{}{i}.", spec.layer_prefix);
-                names.push(format!("{p}{}.weight", spec.attn_norm));
-                names.push(format!("{p}{}.weight", spec.ffn_norm));
-                let (qn, kn) = spec.qk_norm.unzip();
-                for n in [spec.post_attn_norm, spec.post_ffn_norm, qn, kn]
-                    .into_iter()
-                    .flatten()
-                {
-                    names.push(format!("{p}{n}.weight"));
-                }
-            }
-            for n in names {
-                let w = weights.get(&n)?;
-                let v: Vec<f32> = w.to_f32_vec()?.iter().map(|x| x + 1.0).collect();
-                let d = Data::from_f32(w.dims(), &v)?;
-                drop(w);
-                weights.set_resident(&n, d);
-            }
+            derive_plus_one_norms(&mut weights, spec, c)?;
         }
         let mut rope = RopePlan::new(c, rope_freq_divisors(&weights, c)?)?;
-        let alibi = match spec.positions {
+        let mut alibi = match spec.positions {
             Positions::Alibi => Some(Data::from_f32(&[c.num_heads], &alibi_slopes(c.num_heads))?),
             _ => None,
         };
-        // A GPU (or other non-CPU) first device gets the weights once, now.
-        let mut alibi = alibi;
-        if let Some(dev) = exec
-            .devices()
-            .first()
-            .filter(|d| d.kind() != DeviceKind::Cpu)
-        {
-            check_memory_cap(&weights, dev.name(), opts.gpu_memory_cap)?;
-            weights.upload_to(dev.as_ref())?;
-            rope.upload(dev.as_ref())?;
-            for t in [&mut alibi].into_iter().flatten() {
-                *t = dev.upload(t)?;
-            }
-        } else if let Some(dev) = exec
-            .devices()
-            .first()
-            .filter(|_| precision == Precision::Fast)
-        {
-            // a CPU first device may hold the weight matrices in the layout its kernels stream;
-            // experts stay mapped from the file (only the routed ones are ever read)
-            let experts = spec.moe.map(|m| m.experts);
-            weights.reform_for_where(dev.as_ref(), |n| {
-                experts.is_none_or(|x| !super::moe::is_expert_tensor(x, n))
-            })?;
-        }
-        let first_has = |op: &str| {
-            exec.devices()
-                .first()
-                .is_some_and(|d| d.kind() != DeviceKind::Cpu && d.ops().contains_key(op))
-        };
-        let fused_silu_mul = first_has("SiluMul") && config.hidden_act == "silu";
-        let multi_linear = first_has("SiluMul") && first_has("DecodeAttention") && opts.fused_ops;
-        let decode_graphs = first_has("DecodeAttention")
-            && config.moe.is_none() // routing is read back mid-step
-            && !weights.low_memory()
-            && !rope.length_dependent()
-            && !matches!(spec.positions, Positions::Learned(_))
-            && opts.cuda_graphs;
-        let norm_quantizes = multi_linear && precision == Precision::Fast && {
-            let down = match spec.mlp {
-                Mlp::Gated(_, _, dn) | Mlp::GatedFused(_, dn) | Mlp::Plain(_, dn) => dn,
-            };
-            let name = format!("{}0.{down}.weight", spec.layer_prefix);
-            weights.has(&name)
-                && weights.get(&name).is_ok_and(|w| {
-                    matches!(w.dtype(), DataType::Q8_0 | DataType::Q4_0 | DataType::Q4_1)
-                })
-        };
-        let prefill_copy = if multi_linear && precision == Precision::Fast {
-            let down = match spec.mlp {
-                Mlp::Gated(_, _, dn) | Mlp::GatedFused(_, dn) | Mlp::Plain(_, dn) => dn,
-            };
-            let name = format!("{}0.{down}.weight", spec.layer_prefix);
-            weights.get(&name).map_or(OutputCopy::None, |w| {
-                OutputCopy::tensor_core_form(w.dtype(), w.dims().get(1).copied().unwrap_or(0))
-            })
-        } else {
-            OutputCopy::None
-        };
-        let rope_tables = first_has("RotaryTables");
-        let half_mlp = fused_silu_mul && matches!(prefill_copy, OutputCopy::F16 | OutputCopy::Bf16);
-        let batch_decode = if decode_graphs && first_has("PagedDecodeAttention") {
-            BatchDecode::Graphs
-        } else {
-            BatchDecode::Off
-        };
+        place_weights(
+            &exec,
+            spec,
+            precision,
+            opts,
+            &mut weights,
+            &mut rope,
+            &mut alibi,
+        )?;
+        let Paths {
+            fused_silu_mul,
+            multi_linear,
+            decode_graphs,
+            norm_quantizes,
+            prefill_copy,
+            half_mlp,
+            rope_tables,
+            batch_decode,
+        } = Paths::choose(&exec, spec, c, precision, opts, &weights, &rope);
         let kv_dtype =
             kv_dtype::resolve(None, exec.devices().first().map(|d| d.as_ref()), precision)?;
         Ok(Model {
@@ -986,46 +1058,55 @@ impl Model {
                 .map(|(l, r)| sample_logits(l, r))
                 .collect();
         }
-        let e = &self.exec;
+        let penalized = self.penalize_on_device(logits, rows)?;
+        self.sample_on_device(penalized.as_ref().unwrap_or(logits), rows)
+    }
+
+    /// The rows' repetition / presence / frequency penalties applied to a copy of `logits` on
+    /// their device (`ApplyPenalties`; the caller's logits stay unchanged); `None` when no row
+    /// has a penalized token.
+    fn penalize_on_device(&self, logits: &Data, rows: &[SampleRow]) -> Result<Option<Data>> {
         let n = rows.len();
-        let mut penalized = None;
         let m = rows
             .iter()
             .map(|r| r.penalties.as_ref().map_or(0, |p| p.tokens.len()))
             .max()
             .unwrap_or(0);
-        if m > 0 {
-            let mut toks = vec![-1i32; n * m];
-            let mut counts = vec![0i32; n * m];
-            let mut params = vec![0f32; n * 3];
-            for (i, r) in rows.iter().enumerate() {
-                params[3 * i] = 1.0;
-                if let Some(p) = &r.penalties {
-                    params[3 * i..3 * i + 3].copy_from_slice(&[
-                        p.repetition,
-                        p.presence,
-                        p.frequency,
-                    ]);
-                    for (j, &(t, c)) in p.tokens.iter().enumerate() {
-                        toks[i * m + j] = i32::try_from(t).unwrap_or(-1);
-                        counts[i * m + j] = i32::try_from(c).unwrap_or(i32::MAX);
-                    }
+        if m == 0 {
+            return Ok(None);
+        }
+        let mut toks = vec![-1i32; n * m];
+        let mut counts = vec![0i32; n * m];
+        let mut params = vec![0f32; n * 3];
+        for (i, r) in rows.iter().enumerate() {
+            params[3 * i] = 1.0;
+            if let Some(p) = &r.penalties {
+                params[3 * i..3 * i + 3].copy_from_slice(&[p.repetition, p.presence, p.frequency]);
+                for (j, &(t, c)) in p.tokens.iter().enumerate() {
+                    toks[i * m + j] = i32::try_from(t).unwrap_or(-1);
+                    counts[i * m + j] = i32::try_from(c).unwrap_or(i32::MAX);
                 }
             }
-            let mut copy = Data::empty(DataType::F32);
-            ops::mul(e, logits, 1.0, &mut copy)?; // keep the caller's logits unchanged
-            let toks = Data::from_i32(&[n, m], &toks)?;
-            let counts = Data::from_i32(&[n, m], &counts)?;
-            let params = Data::from_f32(&[n, 3], &params)?;
-            let mut d = DataDict::new()
-                .with_mut("input", &mut copy)
-                .with("tokens", &toks)
-                .with("counts", &counts)
-                .with("params", &params);
-            e.run("ApplyPenalties", &mut d, &FloatDict::new(), &IntDict::new())?;
-            penalized = Some(copy);
         }
-        let x = penalized.as_ref().unwrap_or(logits);
+        let e = &self.exec;
+        let mut copy = Data::empty(DataType::F32);
+        ops::mul(e, logits, 1.0, &mut copy)?;
+        let toks = Data::from_i32(&[n, m], &toks)?;
+        let counts = Data::from_i32(&[n, m], &counts)?;
+        let params = Data::from_f32(&[n, 3], &params)?;
+        let mut d = DataDict::new()
+            .with_mut("input", &mut copy)
+            .with("tokens", &toks)
+            .with("counts", &counts)
+            .with("params", &params);
+        e.run("ApplyPenalties", &mut d, &FloatDict::new(), &IntDict::new())?;
+        Ok(Some(copy))
+    }
+
+    /// One pick per row of `x` with the `Sample` op on the logits' device; only the ids come
+    /// back (and, when a row has no valid pick, that row to say why).
+    fn sample_on_device(&self, x: &Data, rows: &[SampleRow]) -> Result<Vec<u32>> {
+        let (n, vocab) = (rows.len(), self.config.vocab_size);
         let mut params = Vec::with_capacity(n * 4);
         let mut random = Vec::with_capacity(n * 2);
         for r in rows {
@@ -1041,7 +1122,8 @@ impl Model {
             .with("params", &params)
             .with("random", &random)
             .with_mut("output", &mut ids);
-        e.run("Sample", &mut d, &FloatDict::new(), &IntDict::new())?;
+        self.exec
+            .run("Sample", &mut d, &FloatDict::new(), &IntDict::new())?;
         let ids = to_host(ids)?;
         let ids = ids.as_i32()?;
         let mut out = Vec::with_capacity(n);
@@ -1223,6 +1305,9 @@ impl Model {
         }
     }
 
+    /// Runs one paged step over `batch` (blocks reserved, rows gathered, the step taken on the
+    /// recorded bucket, the group or op by op) and returns what `mode` asks for; the items'
+    /// lengths advance only when the step succeeded.
     fn run_paged(
         &self,
         pool: &mut PagedKvPool,
@@ -1232,6 +1317,42 @@ impl Model {
         if batch.is_empty() {
             return Err(Error::invalid("paged step: empty batch"));
         }
+        self.reserve_blocks(pool, batch)?;
+        let step = PagedBatch::gather(pool.block_size, batch);
+        let bucket = match mode {
+            PagedMode::SampleLogprobs(..) => None,
+            _ => self.decode_bucket(&step),
+        };
+        let out = match (&self.group, &pool.remote, bucket) {
+            (None, None, Some(rows)) => {
+                let logits = self.paged_decode_step(pool, &step, rows)?;
+                self.pick_padded(logits, mode, step.seqs)?
+            }
+            (Some(g), Some(r), _) if Arc::ptr_eq(r.group(), g) => {
+                let logits = g.forward_paged(r, &step)?;
+                self.pick(logits, mode)?
+            }
+            (None, None, None) => {
+                let logits = self.paged_step_device(pool, &step)?;
+                self.pick(logits, mode)?
+            }
+            _ => return Err(Error::invalid("paged KV pool belongs to another model")),
+        };
+        for (st, toks) in batch.iter_mut() {
+            st.len += toks.len();
+            pool.commit(st, toks);
+        }
+        Ok(out)
+    }
+
+    /// Checks a paged step against the pool and the model (the pool's shapes, each item's
+    /// tokens and context, no write into a shared or cached block) and gives every item the
+    /// blocks its new tokens need; nothing is allocated unless all of them fit.
+    fn reserve_blocks(
+        &self,
+        pool: &mut PagedKvPool,
+        batch: &mut [(&mut PagedSeqState, &[u32])],
+    ) -> Result<()> {
         let c = &self.config;
         if (pool.remote.is_none() && pool.k.len() != c.num_layers)
             || pool.nkv != c.num_kv_heads
@@ -1240,7 +1361,6 @@ impl Model {
             return Err(Error::invalid("paged KV pool belongs to another model"));
         }
         let bs = pool.block_size;
-        // blocks needed
         let mut need = 0usize;
         for (st, toks) in batch.iter() {
             if toks.is_empty() {
@@ -1281,68 +1401,7 @@ impl Model {
                 }
             }
         }
-        let mut tokens = Vec::new();
-        let mut pos = Vec::new();
-        let mut slots = Vec::new();
-        let mut q_starts = vec![0i32];
-        let mut kv_lens = Vec::new();
-        let mut rows = Vec::new();
-        let max_blocks = batch
-            .iter()
-            .map(|(st, _)| st.blocks.len())
-            .max()
-            .unwrap_or(1)
-            .max(1);
-        let mut table = vec![0i32; batch.len() * max_blocks];
-        for (i, (st, toks)) in batch.iter().enumerate() {
-            for (k, &t) in toks.iter().enumerate() {
-                let p = st.len + k;
-                tokens.push(t);
-                pos.push(p as i32);
-                slots.push((st.blocks[p / bs] as usize * bs + p % bs) as i32);
-            }
-            q_starts.push(tokens.len() as i32);
-            kv_lens.push((st.len + toks.len()) as i32);
-            rows.push(tokens.len() as i32 - 1);
-            for (b, &id) in st.blocks.iter().enumerate() {
-                table[i * max_blocks + b] = id as i32;
-            }
-        }
-        let step = PagedBatch {
-            tokens,
-            pos,
-            rows,
-            slots,
-            q_starts,
-            kv_lens,
-            table,
-            seqs: batch.len(),
-            max_blocks,
-        };
-        let bucket = match mode {
-            PagedMode::SampleLogprobs(..) => None,
-            _ => self.decode_bucket(&step),
-        };
-        let out = match (&self.group, &pool.remote, bucket) {
-            (None, None, Some(rows)) => {
-                let logits = self.paged_decode_step(pool, &step, rows)?;
-                self.pick_padded(logits, mode, step.seqs)?
-            }
-            (Some(g), Some(r), _) if Arc::ptr_eq(r.group(), g) => {
-                let logits = g.forward_paged(r, &step)?;
-                self.pick(logits, mode)?
-            }
-            (None, None, None) => {
-                let logits = self.paged_step_device(pool, &step)?;
-                self.pick(logits, mode)?
-            }
-            _ => return Err(Error::invalid("paged KV pool belongs to another model")),
-        };
-        for (st, toks) in batch.iter_mut() {
-            st.len += toks.len();
-            pool.commit(st, toks);
-        }
-        Ok(out)
+        Ok(())
     }
 
     /// The tokens (or host logits) `mode` asks for from a step's logits rows.
@@ -2088,6 +2147,53 @@ pub(crate) struct PagedBatch {
     pub table: Vec<i32>,
     pub seqs: usize,
     pub max_blocks: usize,
+}
+
+impl PagedBatch {
+    /// The rows of a step over `batch` (blocks already reserved, `block_size` tokens each):
+    /// every item's new tokens with their positions and cache slots, where each item's rows
+    /// start, its key count after the step, its last row, and the block tables padded to the
+    /// longest.
+    fn gather(bs: usize, batch: &[(&mut PagedSeqState, &[u32])]) -> PagedBatch {
+        let mut tokens = Vec::new();
+        let mut pos = Vec::new();
+        let mut slots = Vec::new();
+        let mut q_starts = vec![0i32];
+        let mut kv_lens = Vec::new();
+        let mut rows = Vec::new();
+        let max_blocks = batch
+            .iter()
+            .map(|(st, _)| st.blocks.len())
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let mut table = vec![0i32; batch.len() * max_blocks];
+        for (i, (st, toks)) in batch.iter().enumerate() {
+            for (k, &t) in toks.iter().enumerate() {
+                let p = st.len + k;
+                tokens.push(t);
+                pos.push(p as i32);
+                slots.push((st.blocks[p / bs] as usize * bs + p % bs) as i32);
+            }
+            q_starts.push(tokens.len() as i32);
+            kv_lens.push((st.len + toks.len()) as i32);
+            rows.push(tokens.len() as i32 - 1);
+            for (b, &id) in st.blocks.iter().enumerate() {
+                table[i * max_blocks + b] = id as i32;
+            }
+        }
+        PagedBatch {
+            tokens,
+            pos,
+            rows,
+            slots,
+            q_starts,
+            kv_lens,
+            table,
+            seqs: batch.len(),
+            max_blocks,
+        }
+    }
 }
 
 struct PagedStep<'a> {

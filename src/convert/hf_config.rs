@@ -188,57 +188,8 @@ impl ModelConfig {
         } else {
             0
         };
-        let sliding_layers = match v.get("layer_types").and_then(Value::as_array) {
-            Some(types) if sliding_window > 0 => {
-                if types.len() != num_layers {
-                    return Err(Error::format(
-                        path,
-                        format!(
-                            "layer_types has {} entries for {num_layers} layers",
-                            types.len()
-                        ),
-                    ));
-                }
-                types
-                    .iter()
-                    .map(|t| t.as_str() == Some("sliding_attention"))
-                    .collect()
-            }
-            _ if sliding_window > 0 && arch == "gemma2" => {
-                (0..num_layers).map(|i| i % 2 == 0).collect()
-            }
-            _ if sliding_window > 0 && arch == "gemma3" => {
-                // every `sliding_window_pattern`-th layer is global (6 by default)
-                let n = j.size(&["sliding_window_pattern", "_sliding_window_pattern"])?;
-                let n = n.unwrap_or(6).max(1);
-                (0..num_layers).map(|i| (i + 1) % n != 0).collect()
-            }
-            _ if sliding_window > 0 => vec![true; num_layers],
-            _ => Vec::new(),
-        };
-        let mut eos_ids = ids(v.get("eos_token_id"), path, "eos_token_id")?;
-        let mut bos_id = ids(v.get("bos_token_id"), path, "bos_token_id")?
-            .first()
-            .copied();
-        if let Some(g) = generation {
-            let g: Value = serde_json::from_str(g).map_err(|e| {
-                Error::format(path, format!("generation_config.json: invalid JSON: {e}"))
-            })?;
-            for e in ids(
-                g.get("eos_token_id"),
-                path,
-                "generation_config eos_token_id",
-            )? {
-                if !eos_ids.contains(&e) {
-                    eos_ids.push(e);
-                }
-            }
-            if bos_id.is_none() {
-                bos_id = ids(g.get("bos_token_id"), path, "bos_token_id")?
-                    .first()
-                    .copied();
-            }
-        }
+        let sliding_layers = sliding_layers(&j, &arch, num_layers, sliding_window)?;
+        let (bos_id, eos_ids) = bos_eos(&v, generation, path)?;
         let vocab_size = j.need_size(&["vocab_size", "padded_vocab_size"])?;
         Ok(ModelConfig {
             architecture: arch.clone(),
@@ -274,6 +225,74 @@ impl ModelConfig {
             moe: moe_config(&j, &arch, num_layers, intermediate)?,
         })
     }
+}
+
+/// Which layers use the sliding window (empty without one): as `layer_types` lists them, else
+/// every other layer (Gemma-2), all but every `sliding_window_pattern`-th (Gemma-3, 6 by
+/// default), or all of them.
+fn sliding_layers(
+    j: &Json,
+    arch: &str,
+    num_layers: usize,
+    sliding_window: usize,
+) -> Result<Vec<bool>> {
+    Ok(match j.v.get("layer_types").and_then(Value::as_array) {
+        Some(types) if sliding_window > 0 => {
+            if types.len() != num_layers {
+                return Err(Error::format(
+                    j.path,
+                    format!(
+                        "layer_types has {} entries for {num_layers} layers",
+                        types.len()
+                    ),
+                ));
+            }
+            types
+                .iter()
+                .map(|t| t.as_str() == Some("sliding_attention"))
+                .collect()
+        }
+        _ if sliding_window > 0 && arch == "gemma2" => {
+            (0..num_layers).map(|i| i % 2 == 0).collect()
+        }
+        _ if sliding_window > 0 && arch == "gemma3" => {
+            // every `sliding_window_pattern`-th layer is global (6 by default)
+            let n = j.size(&["sliding_window_pattern", "_sliding_window_pattern"])?;
+            let n = n.unwrap_or(6).max(1);
+            (0..num_layers).map(|i| (i + 1) % n != 0).collect()
+        }
+        _ if sliding_window > 0 => vec![true; num_layers],
+        _ => Vec::new(),
+    })
+}
+
+/// The BOS id and the EOS ids of `config.json`, with `generation_config.json`'s EOS ids added
+/// and its BOS id used where the config has none.
+fn bos_eos(v: &Value, generation: Option<&str>, path: &str) -> Result<(Option<u32>, Vec<u32>)> {
+    let mut eos_ids = ids(v.get("eos_token_id"), path, "eos_token_id")?;
+    let mut bos_id = ids(v.get("bos_token_id"), path, "bos_token_id")?
+        .first()
+        .copied();
+    if let Some(g) = generation {
+        let g: Value = serde_json::from_str(g).map_err(|e| {
+            Error::format(path, format!("generation_config.json: invalid JSON: {e}"))
+        })?;
+        for e in ids(
+            g.get("eos_token_id"),
+            path,
+            "generation_config eos_token_id",
+        )? {
+            if !eos_ids.contains(&e) {
+                eos_ids.push(e);
+            }
+        }
+        if bos_id.is_none() {
+            bos_id = ids(g.get("bos_token_id"), path, "bos_token_id")?
+                .first()
+                .copied();
+        }
+    }
+    Ok((bos_id, eos_ids))
 }
 
 /// The mixture-of-experts part of an HF config (`None` for a dense architecture).

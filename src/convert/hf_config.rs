@@ -126,28 +126,9 @@ impl ModelConfig {
             .map_err(|e| Error::format(path, format!("invalid JSON: {e}")))?;
         let arch = hf_architecture(&v, path)?;
         let j = Json { v: &v, path };
-        let hidden = j.need_size(&["hidden_size", "n_embd", "n_embed"])?;
-        let heads = j.need_size(&["num_attention_heads", "n_head"])?;
-        if heads == 0 || hidden % heads != 0 && j.size(&["head_dim"])?.is_none() {
-            return Err(Error::format(
-                path,
-                format!("{heads} heads do not divide hidden size {hidden}"),
-            ));
-        }
-        let head_dim = j.size(&["head_dim"])?.unwrap_or(hidden / heads);
-        let kv_heads = j
-            .size(&["num_key_value_heads", "multi_query_group_num"])?
-            .unwrap_or(heads);
+        let (hidden, heads, head_dim, kv_heads) = attention_sizes(&j)?;
         let num_layers = j.need_size(&["num_hidden_layers", "n_layer"])?;
-        let intermediate = match arch.as_str() {
-            "gpt2" | "bloom" => j.size(&["n_inner"])?.unwrap_or(4 * hidden),
-            _ => j.need_size(&["intermediate_size"])?,
-        };
-        let context_length = match arch.as_str() {
-            // ALiBi has no position limit in the config; Bloom was trained at 2048.
-            "bloom" => j.size(&["seq_length"])?.unwrap_or(2048),
-            _ => j.need_size(&["max_position_embeddings", "n_positions", "n_ctx"])?,
-        };
+        let (intermediate, context_length) = mlp_and_context(&j, &arch, hidden)?;
         if v.get("use_bidirectional_attention")
             .and_then(Value::as_bool)
             == Some(true)
@@ -179,14 +160,9 @@ impl ModelConfig {
             .iter()
             .find_map(|k| v.get(*k).and_then(Value::as_str));
         let hidden_act = activation(&arch, act_name, path)?;
-        let use_sliding = v
-            .get("use_sliding_window")
-            .and_then(Value::as_bool)
-            .unwrap_or(true);
-        let sliding_window = if use_sliding {
-            j.size(&["sliding_window"])?.unwrap_or(0)
-        } else {
-            0
+        let sliding_window = match v.get("use_sliding_window").and_then(Value::as_bool) {
+            Some(false) => 0,
+            _ => j.size(&["sliding_window"])?.unwrap_or(0),
         };
         let sliding_layers = sliding_layers(&j, &arch, num_layers, sliding_window)?;
         let (bos_id, eos_ids) = bos_eos(&v, generation, path)?;
@@ -225,6 +201,38 @@ impl ModelConfig {
             moe: moe_config(&j, &arch, num_layers, intermediate)?,
         })
     }
+}
+
+/// `(hidden size, heads, head size, KV heads)`; the head size defaults to hidden / heads, which
+/// must then divide.
+fn attention_sizes(j: &Json) -> Result<(usize, usize, usize, usize)> {
+    let hidden = j.need_size(&["hidden_size", "n_embd", "n_embed"])?;
+    let heads = j.need_size(&["num_attention_heads", "n_head"])?;
+    if heads == 0 || !hidden.is_multiple_of(heads) && j.size(&["head_dim"])?.is_none() {
+        return Err(Error::format(
+            j.path,
+            format!("{heads} heads do not divide hidden size {hidden}"),
+        ));
+    }
+    let head_dim = j.size(&["head_dim"])?.unwrap_or(hidden / heads);
+    let kv_heads = j
+        .size(&["num_key_value_heads", "multi_query_group_num"])?
+        .unwrap_or(heads);
+    Ok((hidden, heads, head_dim, kv_heads))
+}
+
+/// `(MLP intermediate size, context length)`: GPT-2 and Bloom default the MLP to 4 × hidden;
+/// Bloom (ALiBi, no position limit in its config) to the 2048 it was trained at.
+fn mlp_and_context(j: &Json, arch: &str, hidden: usize) -> Result<(usize, usize)> {
+    let intermediate = match arch {
+        "gpt2" | "bloom" => j.size(&["n_inner"])?.unwrap_or(4 * hidden),
+        _ => j.need_size(&["intermediate_size"])?,
+    };
+    let context_length = match arch {
+        "bloom" => j.size(&["seq_length"])?.unwrap_or(2048),
+        _ => j.need_size(&["max_position_embeddings", "n_positions", "n_ctx"])?,
+    };
+    Ok((intermediate, context_length))
 }
 
 /// Which layers use the sliding window (empty without one): as `layer_types` lists them, else

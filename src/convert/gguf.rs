@@ -9,7 +9,8 @@ use super::gguf_rope::ROPE_FACTOR_TENSORS;
 use super::names::{
     gguf_arch_name, gguf_moe_part, gguf_name, moe_hf_name, GgufMoePart, Mapped, ROPE_FREQS,
 };
-use super::tensor_transform::{transform, SourceTensor};
+use super::output::TensorOutput;
+use super::tensor_transform::SourceTensor;
 use super::{general_metadata, naming_file, ConvertOptions, ConvertReport, Progress};
 use crate::error::{Error, Result};
 use crate::format::flm::{FlmWriter, MetaValue};
@@ -78,10 +79,9 @@ pub fn convert_gguf(
     if let Some(t) = g.get_str("tokenizer.chat_template") {
         meta.insert("chat_template".into(), MetaValue::Str(t.to_string()));
     }
-    let mut writer = FlmWriter::create(out, &config, &meta, &spec)?;
+    let writer = FlmWriter::create(out, &config, &meta, &spec)?;
     let total = plan.iter().map(|(_, ms)| ms.len()).sum();
-    let mut bytes_total = 0u64;
-    let mut done = 0;
+    let mut output = TensorOutput::new(writer, opts.dtype, &config.architecture, total, progress);
     for (i, ms) in &plan {
         let t = g
             .tensors
@@ -114,26 +114,10 @@ pub fn convert_gguf(
                 same_as: shared_dtype(ty).filter(|_| shift == 0.0),
                 decode: &decode,
             };
-            let stored = transform(m, src, opts.dtype)
-                .map_err(|e| Error::format(&g.path, format!("tensor {}: {e}", t.name)))?;
-            writer.add_tensor(&m.name, stored.dtype, &stored.dims, &stored.bytes)?;
-            bytes_total += stored.bytes.len() as u64;
-            done += 1;
-            progress(&Progress {
-                done,
-                total,
-                name: &m.name,
-                dtype: stored.dtype,
-                bytes: stored.bytes.len(),
-            });
+            output.store(m, src, &g.path)?;
         }
     }
-    writer.finish()?;
-    Ok(ConvertReport {
-        architecture: config.architecture,
-        tensors: total,
-        tensor_bytes: bytes_total,
-    })
+    output.finish()
 }
 
 /// The `.flm` tensors of a GGUF MoE tensor (one per expert for a stacked one), `None` when `t`

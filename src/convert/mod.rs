@@ -15,6 +15,7 @@ pub mod hf_config;
 pub mod hf_rope;
 pub mod names;
 mod options;
+mod output;
 pub mod tensor_transform;
 
 pub use gguf::convert_gguf;

@@ -160,31 +160,8 @@ pub struct Model {
     tp: Option<RankTp>,
     /// Set on the driver of a tensor-parallel group: the ranks that run it.
     group: Option<Arc<TpGroup>>,
-    /// The first device has `SiluMul` (the gated MLP's silu and product in one op).
-    fused_silu_mul: bool,
-    /// The first device is this crate's CUDA device, whose `Linear` takes two or three weights
-    /// sharing an input in one call (q/k/v, gate/up), and [`RuntimeOptions::fused_ops`] is on;
-    /// it also gates the producers' copies below.
-    multi_linear: bool,
-    /// One-token decode steps are recorded once per cache and replayed (CUDA graphs).
-    decode_graphs: bool,
-    /// The `fast` precision with block-quantized projections on such a device: at one row,
-    /// `RMSNorm` and `SiluMul` also leave their output as the Q8_0 rows the next `Linear`
-    /// reads (`quantize_output`), instead of that `Linear` quantizing it in a launch of its own.
-    norm_quantizes: bool,
-    /// The `fast` precision on such a device, for a prefill (many rows): the copy `RMSNorm` and
-    /// `SiluMul` leave for the tensor-core path of the next `Linear` (f16 rows for f16 or block
-    /// weights, bf16 rows for bf16 weights, by layer 0's down projection), which then skips its
-    /// own cast.
-    prefill_copy: OutputCopy,
-    /// With a `prefill_copy` of f16/bf16 and `SiluMul`: the gate/up projections of a prefill
-    /// write F16/BF16 outputs, `SiluMul` multiplies them into a half tensor, and the down
-    /// projection reads that as it is (no f32 round trip of the widest activations).
-    half_mlp: bool,
-    /// The first device has `RotaryTables`: a step forms its RoPE cos/sin once for all layers.
-    rope_tables: bool,
-    /// How paged steps of one token per sequence run ([`BatchDecode`]).
-    batch_decode: BatchDecode,
+    /// Which fused and recorded paths it takes.
+    paths: Paths,
     /// Unique per model in this process: a cache's recorded decode step is only replayed by
     /// the model that recorded it (the recording holds that model's weight addresses).
     id: u64,
@@ -294,21 +271,49 @@ fn place_weights(
     Ok(())
 }
 
-/// Which fused and recorded paths a model takes, from its first device's operators, the
-/// architecture, the precision and the switches of [`RuntimeOptions`] (see the [`Model`]
-/// fields of the same names).
+/// Which fused and recorded paths a model takes, chosen at load from its first device's
+/// operators, the architecture, the precision and the switches of [`RuntimeOptions`].
 struct Paths {
+    /// The first device has `SiluMul` (the gated MLP's silu and product in one op).
     fused_silu_mul: bool,
+    /// The first device is this crate's CUDA device, whose `Linear` takes two or three weights
+    /// sharing an input in one call (q/k/v, gate/up), and [`RuntimeOptions::fused_ops`] is on;
+    /// it also gates the producers' copies below.
     multi_linear: bool,
+    /// One-token decode steps are recorded once per cache and replayed (CUDA graphs).
     decode_graphs: bool,
+    /// The `fast` precision with block-quantized projections on such a device: at one row,
+    /// `RMSNorm` and `SiluMul` also leave their output as the Q8_0 rows the next `Linear`
+    /// reads (`quantize_output`), instead of that `Linear` quantizing it in a launch of its own.
     norm_quantizes: bool,
+    /// The `fast` precision on such a device, for a prefill (many rows): the copy `RMSNorm` and
+    /// `SiluMul` leave for the tensor-core path of the next `Linear` (f16 rows for f16 or block
+    /// weights, bf16 rows for bf16 weights, by layer 0's down projection), which then skips its
+    /// own cast.
     prefill_copy: OutputCopy,
+    /// With a `prefill_copy` of f16/bf16 and `SiluMul`: the gate/up projections of a prefill
+    /// write F16/BF16 outputs, `SiluMul` multiplies them into a half tensor, and the down
+    /// projection reads that as it is (no f32 round trip of the widest activations).
     half_mlp: bool,
+    /// The first device has `RotaryTables`: a step forms its RoPE cos/sin once for all layers.
     rope_tables: bool,
+    /// How paged steps of one token per sequence run ([`BatchDecode`]).
     batch_decode: BatchDecode,
 }
 
 impl Paths {
+    /// No fused or recorded path (a tensor-parallel group's driver: its ranks run the ops).
+    const OFF: Paths = Paths {
+        fused_silu_mul: false,
+        multi_linear: false,
+        decode_graphs: false,
+        norm_quantizes: false,
+        prefill_copy: OutputCopy::None,
+        half_mlp: false,
+        rope_tables: false,
+        batch_decode: BatchDecode::Off,
+    };
+
     fn choose(
         exec: &Executor,
         spec: &ArchSpec,
@@ -421,16 +426,7 @@ impl Model {
             &mut rope,
             &mut alibi,
         )?;
-        let Paths {
-            fused_silu_mul,
-            multi_linear,
-            decode_graphs,
-            norm_quantizes,
-            prefill_copy,
-            half_mlp,
-            rope_tables,
-            batch_decode,
-        } = Paths::choose(&exec, spec, c, precision, opts, &weights, &rope);
+        let paths = Paths::choose(&exec, spec, c, precision, opts, &weights, &rope);
         let kv_dtype =
             kv_dtype::resolve(None, exec.devices().first().map(|d| d.as_ref()), precision)?;
         Ok(Model {
@@ -443,14 +439,7 @@ impl Model {
             alibi,
             tp: None,
             group: None,
-            fused_silu_mul,
-            multi_linear,
-            decode_graphs,
-            norm_quantizes,
-            prefill_copy,
-            half_mlp,
-            rope_tables,
-            batch_decode,
+            paths,
             id: next_model_id(),
             kv_dtype,
         })
@@ -460,7 +449,7 @@ impl Model {
     /// can record work unless [`RuntimeOptions::cuda_graphs`] turned them off at load). Off, or on a device
     /// without recording, every step runs its ops one by one.
     pub fn set_decode_graphs(&mut self, on: bool) {
-        self.decode_graphs = on
+        self.paths.decode_graphs = on
             && self.tp.is_none()
             && self.group.is_none()
             && self.exec.devices().first().is_some_and(|d| {
@@ -474,7 +463,7 @@ impl Model {
 
     /// True when one-token decode steps are recorded and replayed.
     pub fn decode_graphs(&self) -> bool {
-        self.decode_graphs
+        self.paths.decode_graphs
     }
 
     /// Sets how new KV caches and pools store keys and values: `Some` dtype when the model's
@@ -523,13 +512,13 @@ impl Model {
                 "batched decode mode {mode:?} needs a single device with PagedDecodeAttention (and recording, for graphs)"
             )));
         }
-        self.batch_decode = mode;
+        self.paths.batch_decode = mode;
         Ok(())
     }
 
     /// How paged steps of one token per sequence run.
     pub fn batch_decode(&self) -> BatchDecode {
-        self.batch_decode
+        self.paths.batch_decode
     }
 
     /// Unique per model in this process (recordings hold its weight addresses).
@@ -554,8 +543,8 @@ impl Model {
             self.alibi = Some(d);
         }
         self.tp = Some(tp);
-        self.decode_graphs = false;
-        self.batch_decode = BatchDecode::Off;
+        self.paths.decode_graphs = false;
+        self.paths.batch_decode = BatchDecode::Off;
         Ok(self)
     }
 
@@ -577,14 +566,7 @@ impl Model {
             alibi: None,
             tp: None,
             group: Some(group),
-            fused_silu_mul: false,
-            multi_linear: false,
-            decode_graphs: false,
-            norm_quantizes: false,
-            prefill_copy: OutputCopy::None,
-            half_mlp: false,
-            rope_tables: false,
-            batch_decode: BatchDecode::Off,
+            paths: Paths::OFF,
             id: next_model_id(),
             kv_dtype: KvDtype::F32,
         })
@@ -709,9 +691,9 @@ impl Model {
     fn copy_for(&self, rows: usize) -> OutputCopy {
         match rows {
             0 => OutputCopy::None,
-            1 if self.norm_quantizes => OutputCopy::Q8,
+            1 if self.paths.norm_quantizes => OutputCopy::Q8,
             1 => OutputCopy::None,
-            _ => self.prefill_copy,
+            _ => self.paths.prefill_copy,
         }
     }
 
@@ -766,7 +748,7 @@ impl Model {
             bs.push(self.weights.opt(&format!("{n}.bias"))?);
         }
         let same = ws.windows(2).all(|p| p[0].dtype() == p[1].dtype());
-        if self.multi_linear && same && names.len() == outs.len() && names.len() <= 3 {
+        if self.paths.multi_linear && same && names.len() == outs.len() && names.len() <= 3 {
             let mut parts: Vec<(&Data, Option<&Data>, &mut Data)> = ws
                 .iter()
                 .zip(&bs)
@@ -786,13 +768,13 @@ impl Model {
         Ok(())
     }
 
-    /// The half form the gate/up projections of `rows` rows may write ([`Model::half_mlp`]):
+    /// The half form the gate/up projections of `rows` rows may write (`Paths::half_mlp`):
     /// the prefill copy's form when the down projection `down` (a weight name) reads that form
     /// on the tensor-core path, else [`OutputCopy::None`].
     fn half_mlp_for(&self, rows: usize, down: &str) -> Result<OutputCopy> {
         let copy = self.copy_for(rows);
         // (low-memory mode would read the weight from the file just to see its dtype)
-        if !self.half_mlp
+        if !self.paths.half_mlp
             || self.weights.low_memory()
             || !matches!(copy, OutputCopy::F16 | OutputCopy::Bf16)
         {
@@ -915,7 +897,7 @@ impl Model {
     /// that cannot be recorded (an op that allocates, copies to the host or falls back to the
     /// CPU) runs op by op, and after [`GRAPH_MAX_FAILURES`] failures the cache stops trying.
     fn decode_graph_step(&self, cache: &mut KvCache, tokens: &[u32]) -> Result<bool> {
-        if !self.decode_graphs
+        if !self.paths.decode_graphs
             || tokens.len() != 1
             || cache.remote.is_some()
             || self.exec.profiler().enabled()
@@ -1646,7 +1628,7 @@ impl Model {
         let local = self.rope.local.as_ref().map(rotary);
         if self.rope.length_dependent() {
             global.tables = Some((&*cos, &*sin)); // formed by `forward_rows`
-        } else if self.rope_tables && self.spec.positions == Positions::Rope {
+        } else if self.paths.rope_tables && self.spec.positions == Positions::Rope {
             ops::rotary_tables(&self.exec, &global, cos, sin)?;
             global.tables = Some((&*cos, &*sin));
         }
@@ -1759,7 +1741,7 @@ impl Model {
             && s == 1
             && kv.rotates_step();
         if self.spec.positions == Positions::Rope && !rotate_in_store {
-            if self.multi_linear {
+            if self.paths.multi_linear {
                 ops::rotary_pair(e, q, k, rope)?;
             } else {
                 ops::rotary(e, q, rope)?;
@@ -1782,7 +1764,7 @@ impl Model {
         }
         a.reshape(&[s, nh * hd])?;
         // on the CUDA device the residual add rides on the projection (`accumulate`)
-        let fuse_residual = self.multi_linear && self.tp.is_none();
+        let fuse_residual = self.paths.multi_linear && self.tp.is_none();
         if fuse_residual && self.spec.post_attn_norm.is_none() {
             return self.linear_add(a, &ln(self.spec.o_proj), x);
         }
@@ -1814,13 +1796,13 @@ impl Model {
         let down = match self.spec.mlp {
             Mlp::Gated(gn, un, dn) => {
                 // half gate/up outputs only where the fused SiluMul reads them
-                let half = if self.fused_silu_mul {
+                let half = if self.paths.fused_silu_mul {
                     self.half_mlp_for(s, &ln(dn))?
                 } else {
                     OutputCopy::None
                 };
                 self.linears_as(h, &[ln(gn), ln(un)], &mut [&mut **g, &mut **t0], half)?;
-                if self.fused_silu_mul {
+                if self.paths.fused_silu_mul {
                     ops::silu_mul_quantizing(e, g, t0, t1, self.copy_for(s))?;
                 } else {
                     self.act(g, t1)?;
@@ -1844,7 +1826,7 @@ impl Model {
                 dn
             }
         };
-        let fuse_residual = self.multi_linear && self.tp.is_none();
+        let fuse_residual = self.paths.multi_linear && self.tp.is_none();
         if fuse_residual && self.spec.post_ffn_norm.is_none() {
             return self.linear_add(t1, &ln(down), x);
         }

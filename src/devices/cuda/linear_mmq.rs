@@ -198,7 +198,9 @@ mod tests {
         assert_eq!(MmqPlan::new(8, 512, 100, 132, 5).unwrap().splits, 4);
         assert!(MmqPlan::new(8, 4000, 100, 132, 0).is_none());
         assert!(MmqPlan::new(0, 512, 100, 132, 0).is_none());
-        // three stages fit the shared memory of a block (Q8_0, the largest rows)
-        assert!(MmqPlan::new(128, 4096, 4096, 132, 0).unwrap().smem(34) < 100 * 1024);
+        // an H100 (227 KiB per block, 228 KiB per multiprocessor, 1 KiB reserved per block):
+        // Q8_0 at 128 rows fits a block, Q4_0 at 64 rows three blocks per multiprocessor
+        assert!(MmqPlan::new(128, 4096, 4096, 132, 0).unwrap().smem(34) <= 232_448);
+        assert!(3 * (MmqPlan::new(64, 4096, 4096, 132, 0).unwrap().smem(18) + 1024) <= 233_472);
     }
 }

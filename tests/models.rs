@@ -99,7 +99,7 @@ fn check_tiny(arch: &str, dtype: &str, precision: Precision, tol: f32) {
     }
 }
 
-const ARCHS: [&str; 15] = [
+const ARCHS: [&str; 16] = [
     "llama",
     "llama3-rope-scaling",
     "mistral",
@@ -115,6 +115,7 @@ const ARCHS: [&str; 15] = [
     "qwen2-yarn",
     "mixtral",
     "qwen3_moe",
+    "deepseek_v3",
 ];
 
 #[test]

@@ -115,6 +115,7 @@ impl ModelConfig {
             bos_id: id(g, "tokenizer.ggml.bos_token_id"),
             eos_ids,
             moe,
+            mla: None,
         };
         match arch.as_str() {
             "gemma3" => gemma3(g, &mut c)?,

@@ -261,6 +261,7 @@ impl Model {
             }
         }
         let mut weights = Weights::new(source, low_memory)?;
+        prepare_latent(&mut weights, spec, c)?;
         let embed = format!("{}.weight", spec.embed);
         if !weights.has(&embed) {
             return Err(bad(format!("model file lacks the embedding '{embed}'")));
@@ -327,6 +328,7 @@ impl Model {
         let multi_linear = first_has("SiluMul") && first_has("DecodeAttention") && opts.fused_ops;
         let decode_graphs = first_has("DecodeAttention")
             && config.moe.is_none() // routing is read back mid-step
+            && config.mla.is_none() // its per-head products run on the CPU
             && !weights.low_memory()
             && !rope.length_dependent()
             && !matches!(spec.positions, Positions::Learned(_))
@@ -396,6 +398,7 @@ impl Model {
             })
             && !self.weights.low_memory()
             && self.config.moe.is_none()
+            && self.config.mla.is_none()
             && !self.rope.length_dependent()
             && !matches!(self.spec.positions, Positions::Learned(_));
     }
@@ -1649,6 +1652,7 @@ impl Model {
                 ops::split(e, t1, 0, 1, 2, k)?;
                 ops::split(e, t1, 0, 2, 3, v)?;
             }
+            Qkv::Latent(_) => return Err(bad("latent attention has no separate q/k/v heads")),
         }
         q.reshape(&[s, nh, hd])?;
         k.reshape(&[s, nkv, hd])?;
@@ -1668,17 +1672,12 @@ impl Model {
         let e = &self.exec;
         let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
         self.norm_for_linear(bufs.x, &ln(self.spec.attn_norm), bufs.h)?;
+        if let (Qkv::Latent(names), Some(m)) = (self.spec.qkv, &c.mla) {
+            self.latent_attention(i, &names, m, &ropes.global, kv, bufs)?;
+            return self.attention_out(i, bufs);
+        }
         self.qkv(i, bufs)?;
-        let StepBufs {
-            x,
-            q,
-            k,
-            v,
-            a,
-            b,
-            t0,
-            ..
-        } = bufs;
+        let StepBufs { q, k, v, a, t0, .. } = bufs;
         let (s, nh, hd) = (q.dim(0), c.num_heads, c.head_dim);
         let layer_rope = self.rope.layer(c, i);
         let rope = match &ropes.local {
@@ -1722,6 +1721,14 @@ impl Model {
             kv.attend(e, i, q, k, v, &ap, a)?;
         }
         a.reshape(&[s, nh * hd])?;
+        self.attention_out(i, bufs)
+    }
+
+    /// Layer `i`'s o projection of the attention output `a`, its post-norm where the
+    /// architecture has one, and the residual added into `x`.
+    fn attention_out(&self, i: usize, bufs: &mut StepBufs) -> Result<()> {
+        let StepBufs { x, a, b, t0, .. } = bufs;
+        let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
         // on the CUDA device the residual add rides on the projection (`accumulate`)
         let fuse_residual = self.multi_linear && self.tp.is_none();
         if fuse_residual && self.spec.post_attn_norm.is_none() {
@@ -1733,7 +1740,39 @@ impl Model {
             self.norm(b, &ln(n), t0)?;
             std::mem::swap(*b, *t0);
         }
-        ops::add_to(e, x, b, 1.0)
+        ops::add_to(&self.exec, x, b, 1.0)
+    }
+
+    /// Layer `i`'s latent attention ([`super::mla`]) of the normed input `h` into `a`.
+    fn latent_attention(
+        &self,
+        i: usize,
+        names: &super::mla::MlaNames,
+        m: &super::mla::MlaConfig,
+        rope: &RotaryParams,
+        kv: &mut dyn KvStore,
+        bufs: &mut StepBufs,
+    ) -> Result<()> {
+        let c = &self.config;
+        let af = super::rope::attention_factor(&self.rope.layer(c, i).scaling);
+        let st = super::mla::MlaStep {
+            exec: &self.exec,
+            weights: &self.weights,
+            quant_act: self.precision == Precision::Fast,
+            heads: c.num_heads,
+            rope_dim: c.rope_dim,
+            rope_q_scale: af * af,
+        };
+        let ap = AttentionParams {
+            scale: m.attention_scale(c.rope_dim),
+            softcap: 0.0,
+            sliding_window: 0,
+            alibi: None,
+            fast: self.precision == Precision::Fast,
+            output_copy: OutputCopy::None,
+        };
+        let p = format!("{}{i}.", self.spec.layer_prefix);
+        super::mla::mla_attention(&st, m, names, &p, i, bufs.h, rope, kv, &ap, bufs.a)
     }
 
     /// Layer `i`'s MLP: norm, the architecture's gate/up form and activation, down projection,
@@ -2143,6 +2182,32 @@ impl KvStore for PagedStep<'_> {
                 .with("sliding_window", p.sliding_window as i32),
         )
     }
+}
+
+/// Checks a latent-attention model's config against its architecture and derives each layer's
+/// per-head key/value matrices ([`super::mla::prepare`]); nothing for other models.
+fn prepare_latent(weights: &mut Weights, spec: &ArchSpec, c: &ModelConfig) -> Result<()> {
+    let names = match (spec.qkv, &c.mla) {
+        (Qkv::Latent(names), Some(m)) => {
+            m.validate(&c.architecture, c.head_dim, c.num_kv_heads, c.rope_dim)?;
+            names
+        }
+        (Qkv::Latent(_), None) => {
+            return Err(bad(format!(
+                "{}: the config lacks the latent attention sizes",
+                c.architecture
+            )))
+        }
+        (_, Some(_)) => return Err(bad(format!("{}: has no latent attention", c.architecture))),
+        _ => return Ok(()),
+    };
+    if let Some(m) = &c.mla {
+        for i in 0..c.num_layers {
+            let p = format!("{}{i}.", spec.layer_prefix);
+            super::mla::prepare(weights, &names, m, c.num_heads, &p)?;
+        }
+    }
+    Ok(())
 }
 
 /// `Err` when the weights to upload to `device` exceed `cap` bytes

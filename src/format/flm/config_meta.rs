@@ -3,7 +3,7 @@
 
 use super::meta::{MetaValue, Metadata};
 use crate::error::{Error, Result};
-use crate::model::{ModelConfig, MoeConfig, MoeScoring, RopeScaling, RopeStyle};
+use crate::model::{MlaConfig, ModelConfig, MoeConfig, MoeScoring, RopeScaling, RopeStyle};
 
 fn u32_of(key: &str, v: usize) -> Result<MetaValue> {
     u32::try_from(v)
@@ -162,6 +162,9 @@ impl ModelConfig {
         if let Some(moe) = &self.moe {
             moe_to_metadata(moe, &mut m)?;
         }
+        if let Some(mla) = &self.mla {
+            mla_to_metadata(mla, &mut m)?;
+        }
         Ok(m)
     }
 
@@ -304,6 +307,7 @@ impl ModelConfig {
             bos_id,
             eos_ids: u32s("model.eos_ids")?,
             moe: moe_from_metadata(m, path)?,
+            mla: mla_from_metadata(m, path)?,
         })
     }
 }
@@ -390,5 +394,52 @@ fn moe_from_metadata(m: &Metadata, path: &str) -> Result<Option<MoeConfig>> {
             .ok_or_else(|| bad("model.moe.routed_scale"))? as f32,
         shared_intermediate: size("model.moe.shared_intermediate")?,
         layers,
+    }))
+}
+
+/// The `model.mla.*` entries of a latent-attention config.
+fn mla_to_metadata(mla: &MlaConfig, m: &mut Metadata) -> Result<()> {
+    for (k, v) in [
+        ("model.mla.q_lora_rank", mla.q_lora_rank),
+        ("model.mla.kv_lora_rank", mla.kv_lora_rank),
+        ("model.mla.nope_dim", mla.nope_dim),
+        ("model.mla.v_head_dim", mla.v_head_dim),
+    ] {
+        m.insert(k.into(), u32_of(k, v)?);
+    }
+    m.insert(
+        "model.mla.score_scale".into(),
+        MetaValue::F32(mla.score_scale),
+    );
+    Ok(())
+}
+
+/// The latent-attention config from `model.mla.*` (`None` when `model.mla.kv_lora_rank` is
+/// absent: q/k/v heads).
+fn mla_from_metadata(m: &Metadata, path: &str) -> Result<Option<MlaConfig>> {
+    if m.get("model.mla.kv_lora_rank").is_none() {
+        return Ok(None);
+    }
+    let bad = |k: &str| {
+        Error::format(
+            path,
+            format!("metadata key {k} missing or of the wrong type"),
+        )
+    };
+    let size = |k: &str| -> Result<usize> {
+        m.get(k)
+            .and_then(|v| v.as_u64())
+            .and_then(|v| usize::try_from(v).ok())
+            .ok_or_else(|| bad(k))
+    };
+    Ok(Some(MlaConfig {
+        q_lora_rank: size("model.mla.q_lora_rank")?,
+        kv_lora_rank: size("model.mla.kv_lora_rank")?,
+        nope_dim: size("model.mla.nope_dim")?,
+        v_head_dim: size("model.mla.v_head_dim")?,
+        score_scale: m
+            .get("model.mla.score_scale")
+            .and_then(|v| v.as_f64())
+            .ok_or_else(|| bad("model.mla.score_scale"))? as f32,
     }))
 }

@@ -185,7 +185,13 @@ fn check_tiny_decode(arch: &str, precision: Precision, case: usize) {
 fn tiny_models_decode_step_by_step() {
     for precision in [Precision::Exact, Precision::Fast] {
         // the long text: 96 tokens, past the sliding window and the rope variants' original context
-        for arch in ["gemma2", "gemma3", "qwen2-yarn", "llama3-rope-scaling"] {
+        for arch in [
+            "gemma2",
+            "gemma3",
+            "qwen2-yarn",
+            "llama3-rope-scaling",
+            "deepseek_v3",
+        ] {
             check_tiny_decode(arch, precision, 3);
         }
         // a step's LongRoPE frequencies follow the length reached so far, so past the original

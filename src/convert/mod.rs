@@ -11,6 +11,7 @@ pub mod dtype_policy;
 pub mod ggml_dequant;
 mod gguf;
 pub mod gguf_config;
+mod gguf_mla;
 pub mod gguf_rope;
 mod gguf_tokenizer;
 mod hf;

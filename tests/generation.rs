@@ -266,7 +266,7 @@ fn paged_batch_with_length_dependent_rope_equals_single_sequences() {
 
 #[test]
 fn paged_batch_equals_single_sequence_forward() {
-    for arch in ["llama", "gemma2", "bloom", "qwen3"] {
+    for arch in ["llama", "gemma2", "bloom", "qwen3", "deepseek_v3"] {
         let m = llm(arch, false);
         let seqs: [&[u32]; 3] = [
             &[1, 20, 30, 40, 50, 60, 70],

@@ -203,6 +203,9 @@ fn tiny_models_decode_step_by_step() {
 #[test]
 fn tiny_models_quantized_int8_close() {
     // int8 weights change the model; the logits stay close to the reference
+    // (deepseek_v3 is not among them: at the last token of its first text its two expert groups
+    // score 1.0613 and 1.0583, int8 weights flip that choice, and that position's logits move
+    // by ~0.1)
     for arch in ["llama", "qwen2", "gemma2", "gemma3", "mixtral", "qwen3_moe"] {
         check_tiny(arch, "int8", Precision::Fast, 5e-2);
     }

@@ -2,14 +2,20 @@
 //! llama.cpp's `deepseek2` names and keys give the same logits as the HF original, both with the
 //! combined `attn_kv_b` and with the per-head `attn_k_b` / `attn_v_b` split (and the `_mla` key
 //! lengths of files that cache the latent); missing latent-attention metadata is refused by
-//! name.
+//! name; the latent attention stage (absorbed queries over the cached latent) equals the HF
+//! definition (full per-head keys and values) in float64 on shapes unlike the fixture's, as a
+//! prefill and then one token per step.
 
 mod common;
 
 use common::gguf::{gguf_file, safetensors_f32, Kv};
 use fastllm::convert::{convert, ConvertOptions, TargetDtype};
+use fastllm::data::{Data, DataType};
+use fastllm::executor::Executor;
 use fastllm::load::{load, LoadOptions};
-use fastllm::model::Precision;
+use fastllm::model::mla::{self, MlaStep};
+use fastllm::model::{KvStore, MapSource, MlaConfig, MlaNames, Precision, Weights};
+use fastllm::ops::{self, AttentionParams, OutputCopy, RotaryParams, RotaryStyle};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -273,5 +279,265 @@ fn deepseek2_gguf_without_latent_sizes_is_refused_by_name() {
             .expect_err(key)
             .to_string();
         assert!(e.contains(key), "{key}: {e}");
+    }
+}
+
+// ---- the latent attention stage against its definition ---------------------------------
+
+struct Rng(u64);
+impl Rng {
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                self.0 ^= self.0 << 13;
+                self.0 ^= self.0 >> 7;
+                self.0 ^= self.0 << 17;
+                (((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
+            })
+            .collect()
+    }
+}
+
+/// A KV store that appends to growing f32 caches (as the model's contiguous cache does).
+struct Store {
+    k: Data,
+    v: Data,
+}
+
+impl KvStore for Store {
+    fn attend(
+        &mut self,
+        e: &Executor,
+        _layer: usize,
+        q: &Data,
+        k: &Data,
+        v: &Data,
+        p: &AttentionParams,
+        out: &mut Data,
+    ) -> fastllm::Result<()> {
+        ops::cat_direct(e, &mut self.k, k, 0)?;
+        ops::cat_direct(e, &mut self.v, v, 0)?;
+        ops::attention(e, q, &self.k, &self.v, p, out)
+    }
+}
+
+/// One latent attention shape: (heads, q_lora_rank, kv_lora_rank, nope, rope, v).
+type Shape = (usize, usize, usize, usize, usize, usize);
+
+const NAMES: MlaNames = MlaNames {
+    q: "q",
+    q_a: "qa",
+    q_a_norm: "qan",
+    q_b: "qb",
+    kv_a: "kva",
+    kv_a_norm: "kvan",
+    kv_b: "kvb",
+    k_b: "kb",
+    v_b: "vb",
+};
+
+fn mat(w: &BTreeMap<String, (Vec<usize>, Vec<f32>)>, n: &str, x: &[f64]) -> Vec<f64> {
+    let (d, v) = &w[&format!("l.{n}.weight")];
+    (0..d[0])
+        .map(|r| (0..d[1]).map(|c| v[r * d[1] + c] as f64 * x[c]).sum())
+        .collect()
+}
+
+fn rms(w: &BTreeMap<String, (Vec<usize>, Vec<f32>)>, n: &str, x: &[f64]) -> Vec<f64> {
+    let g = &w[&format!("l.{n}.weight")].1;
+    let m = (x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64 + 1e-6).sqrt();
+    x.iter().zip(g).map(|(v, g)| v / m * *g as f64).collect()
+}
+
+/// Rotates `x` (rope dims) at position `p` with base 10000: pairs (2i, 2i+1) when
+/// `interleaved`, else (i, i + r/2); returned in the input's layout.
+fn rot(x: &[f64], p: usize, interleaved: bool) -> Vec<f64> {
+    let r = x.len();
+    let mut o = x.to_vec();
+    for i in 0..r / 2 {
+        let a = p as f64 * 10000f64.powf(-2.0 * i as f64 / r as f64);
+        let (j, k) = if interleaved {
+            (2 * i, 2 * i + 1)
+        } else {
+            (i, i + r / 2)
+        };
+        o[j] = x[j] * a.cos() - x[k] * a.sin();
+        o[k] = x[k] * a.cos() + x[j] * a.sin();
+    }
+    o
+}
+
+/// Float64 attention of the HF definition (full per-head keys and values from `kv_b`) for
+/// every token of `x` [s, hidden]: [s, heads·v].
+fn reference(
+    w: &BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+    sh: Shape,
+    x: &[f32],
+    hidden: usize,
+    interleaved: bool,
+) -> Vec<f64> {
+    let (h, ql, rank, n, r, v) = sh;
+    let s = x.len() / hidden;
+    let (mut qs, mut ks, mut vs) = (Vec::new(), Vec::new(), Vec::new());
+    for t in 0..s {
+        let xt: Vec<f64> = x[t * hidden..(t + 1) * hidden]
+            .iter()
+            .map(|&v| v as f64)
+            .collect();
+        let q = if ql > 0 {
+            mat(w, "qb", &rms(w, "qan", &mat(w, "qa", &xt)))
+        } else {
+            mat(w, "q", &xt)
+        };
+        let kva = mat(w, "kva", &xt);
+        let kr = rot(&kva[rank..], t, interleaved);
+        let kv = mat(w, "kvb", &rms(w, "kvan", &kva[..rank]));
+        for hh in 0..h {
+            let qh = &q[hh * (n + r)..(hh + 1) * (n + r)];
+            let mut qf = qh[..n].to_vec();
+            qf.extend(rot(&qh[n..], t, interleaved));
+            qs.push(qf);
+            let kh = &kv[hh * (n + v)..(hh + 1) * (n + v)];
+            let mut kf = kh[..n].to_vec();
+            kf.extend(&kr);
+            ks.push(kf);
+            vs.push(kh[n..].to_vec());
+        }
+    }
+    let scale = 1.0 / ((n + r) as f64).sqrt();
+    let mut out = vec![0f64; s * h * v];
+    for t in 0..s {
+        for hh in 0..h {
+            let q = &qs[t * h + hh];
+            let sc: Vec<f64> = (0..=t)
+                .map(|j| {
+                    q.iter()
+                        .zip(&ks[j * h + hh])
+                        .map(|(a, b)| a * b)
+                        .sum::<f64>()
+                        * scale
+                })
+                .collect();
+            let m = sc.iter().cloned().fold(f64::MIN, f64::max);
+            let z: f64 = sc.iter().map(|s| (s - m).exp()).sum();
+            for (j, s) in sc.iter().enumerate() {
+                for (o, vv) in out[(t * h + hh) * v..(t * h + hh + 1) * v]
+                    .iter_mut()
+                    .zip(&vs[j * h + hh])
+                {
+                    *o += (s - m).exp() / z * vv;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The stage on random weights of shape `sh`: a prefill of `pre` tokens then one token per
+/// step through the store, against [`reference`].
+fn check_stage(sh: Shape, interleaved: bool, pre: usize, total: usize) {
+    let (h, ql, rank, n, r, v) = sh;
+    let hidden = 20;
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d ^ (h * 131 + rank * 7 + ql) as u64);
+    let mut w = BTreeMap::new();
+    let mut put = |name: &str, dims: Vec<usize>, sc: f32| {
+        let vals = rng.vec(dims.iter().product(), sc);
+        w.insert(format!("l.{name}.weight"), (dims, vals));
+    };
+    if ql > 0 {
+        put("qa", vec![ql, hidden], 0.4);
+        put("qan", vec![ql], 1.0);
+        put("qb", vec![h * (n + r), ql], 0.4);
+    } else {
+        put("q", vec![h * (n + r), hidden], 0.4);
+    }
+    put("kva", vec![rank + r, hidden], 0.4);
+    put("kvan", vec![rank], 1.0);
+    put("kvb", vec![h * (n + v), rank], 0.4);
+    let x = rng.vec(total * hidden, 1.0);
+    let mut map = MapSource::new();
+    for (k, (d, vals)) in &w {
+        map.insert(k.clone(), Data::from_f32(d, vals).unwrap());
+    }
+    let mut weights = Weights::new(std::sync::Arc::new(map), false).unwrap();
+    let m = MlaConfig {
+        q_lora_rank: ql,
+        kv_lora_rank: rank,
+        nope_dim: n,
+        v_head_dim: v,
+        score_scale: 1.0,
+    };
+    mla::prepare(&mut weights, &NAMES, &m, h, "l.").unwrap();
+    let exec = Executor::cpu(2).unwrap();
+    let st = MlaStep {
+        exec: &exec,
+        weights: &weights,
+        quant_act: false,
+        heads: h,
+        rope_dim: r,
+        rope_q_scale: 1.0,
+    };
+    let ap = AttentionParams {
+        scale: m.attention_scale(r),
+        softcap: 0.0,
+        sliding_window: 0,
+        alibi: None,
+        fast: false,
+        output_copy: OutputCopy::None,
+    };
+    let mut store = Store {
+        k: Data::zeros(DataType::F32, &[0, 1, rank + r]).unwrap(),
+        v: Data::zeros(DataType::F32, &[0, 1, rank + r]).unwrap(),
+    };
+    store.k.reserve(0, total).unwrap();
+    store.v.reserve(0, total).unwrap();
+    let mut got = Vec::new();
+    let mut at = 0;
+    while at < total {
+        let len = if at == 0 { pre } else { 1 };
+        let pos: Vec<i32> = (at..at + len).map(|p| p as i32).collect();
+        let pos = Data::from_i32(&[len], &pos).unwrap();
+        let rope = RotaryParams {
+            positions: &pos,
+            inv_freq: None,
+            rotary_dim: r,
+            style: if interleaved {
+                RotaryStyle::Interleaved
+            } else {
+                RotaryStyle::Neox
+            },
+            theta: 10000.0,
+            tables: None,
+        };
+        let xs = Data::from_f32(&[len, hidden], &x[at * hidden..(at + len) * hidden]).unwrap();
+        let mut out = Data::empty(DataType::F32);
+        mla::mla_attention(
+            &st, &m, &NAMES, "l.", 0, &xs, &rope, &mut store, &ap, &mut out,
+        )
+        .unwrap();
+        got.extend(out.to_f32_vec().unwrap());
+        at += len;
+    }
+    let want = reference(&w, sh, &x, hidden, interleaved);
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (*g as f64 - w).abs() < 1e-5,
+            "{sh:?} interleaved {interleaved}: value {i}: {g} vs {w}"
+        );
+    }
+}
+
+#[test]
+fn latent_attention_matches_its_definition_on_other_shapes() {
+    // (heads, q_lora_rank, kv_lora_rank, nope, rope, v): no query compression, odd sizes, v
+    // wider than nope, one head
+    for (sh, interleaved) in [
+        ((3, 0, 20, 12, 6, 10), true),
+        ((3, 0, 20, 12, 6, 10), false),
+        ((5, 9, 7, 3, 4, 17), true),
+        ((1, 16, 33, 8, 2, 5), false),
+    ] {
+        check_stage(sh, interleaved, 5, 9);
     }
 }

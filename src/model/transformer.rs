@@ -444,9 +444,13 @@ impl Model {
         let ok = match mode {
             BatchDecode::Off => true,
             BatchDecode::Eager => padded,
-            // MoE routing is read back mid-step: not recordable
+            // MoE routing is read back mid-step, latent attention's per-head products run on
+            // the CPU: neither is recordable
             BatchDecode::Graphs => {
-                padded && !self.weights.low_memory() && self.config.moe.is_none()
+                padded
+                    && !self.weights.low_memory()
+                    && self.config.moe.is_none()
+                    && self.config.mla.is_none()
             }
         };
         if !ok {

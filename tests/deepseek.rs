@@ -282,6 +282,25 @@ fn deepseek2_gguf_without_latent_sizes_is_refused_by_name() {
     }
 }
 
+#[test]
+fn deepseek2_gguf_with_v2_group_routing_is_refused() {
+    let c = config();
+    let src = safetensors_f32(&fixture().join("model.safetensors"));
+    let kv: Vec<(String, Kv)> = gguf_kv(&c, false)
+        .into_iter()
+        .map(|(k, v)| match k.as_str() {
+            "deepseek2.expert_gating_func" => (k, Kv::U32(1)),
+            _ => (k, v),
+        })
+        .collect();
+    let gguf = tmp("v2-groups.gguf");
+    gguf_file(&gguf, kv, &gguf_tensors(&src, &c, false));
+    let e = convert(&gguf, &tmp("v2-groups.flm"), &keep(), &mut |_| {})
+        .expect_err("softmax gating with groups")
+        .to_string();
+    assert!(e.contains("group_limited_greedy"), "{e}");
+}
+
 // ---- the latent attention stage against its definition ---------------------------------
 
 struct Rng(u64);

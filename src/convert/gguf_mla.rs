@@ -4,10 +4,11 @@
 //! `value_length` in files written before llama.cpp cached the latent), the shared experts
 //! (`expert_shared_count`), and YaRN's softmax scale as llama.cpp forms it (`(attn_factor ·
 //! (1 + yarn_log_multiplier · ln factor))²`, with the rotation itself left unscaled).
+//! DeepSeek-V2's group-limited greedy routing (softmax gating with expert groups) is refused.
 
 use crate::error::{Error, Result};
 use crate::format::gguf::GgufFile;
-use crate::model::{MlaConfig, ModelConfig, RopeScaling, RopeStyle};
+use crate::model::{MlaConfig, ModelConfig, MoeScoring, RopeScaling, RopeStyle};
 
 fn need(g: &GgufFile, key: &str) -> Result<usize> {
     g.get_u64(key)
@@ -72,6 +73,14 @@ pub fn deepseek2(g: &GgufFile, c: &mut ModelConfig) -> Result<()> {
     c.rope_dim = rope;
     c.rope_style = RopeStyle::Interleaved;
     if let Some(m) = &mut c.moe {
+        if m.scoring == MoeScoring::Softmax && m.topk_groups < m.groups {
+            // DeepSeek-V2 ranks a group by its best expert; the router here ranks DeepSeek-V3's
+            // way (the sum of the best two sigmoid scores)
+            return Err(Error::Unsupported(format!(
+                "{}: deepseek2 with softmax gating and group-limited routing ({} of {} groups:                  DeepSeek-V2's group_limited_greedy)",
+                g.path, m.topk_groups, m.groups
+            )));
+        }
         let shared = g.get_u64(&k("expert_shared_count")).unwrap_or(0) as usize;
         m.shared_intermediate = shared * m.expert_intermediate;
     }

@@ -5,10 +5,12 @@
 //!
 //! The KV cache holds one row per token: the normed latent `c` (`kv_lora_rank` values) followed
 //! by the rotated shared key (`rope` values), as one KV head of `kv_lora_rank + rope` dims
-//! (`ModelConfig::head_dim`, with `num_kv_heads = 1`). Each query head is absorbed into that
-//! space: `[q_nope·W_ukᵀ | rot(q_rope)]` against `[c | rot(k_rope)]` gives the scores of the
-//! full keys `[W_uk·c | rot(k_rope)]`; the same row serves as the value, whose first
-//! `kv_lora_rank` outputs are mapped per head by `W_uv` to the `v_head_dim` values.
+//! (`ModelConfig::head_dim`, with `num_kv_heads = 1`), kept once where the store allows
+//! (`KvStore::attend_shared`: the contiguous cache; a paged pool holds it as key and as value).
+//! Each query head is absorbed into that space: `[q_nope·W_ukᵀ | rot(q_rope)]` against
+//! `[c | rot(k_rope)]` gives the scores of the full keys `[W_uk·c | rot(k_rope)]`; the same row
+//! serves as the value, whose first `kv_lora_rank` outputs are mapped per head by `W_uv` to the
+//! `v_head_dim` values.
 
 use super::transformer::KvStore;
 use super::weights::Weights;
@@ -298,7 +300,7 @@ pub fn mla_attention(
     st.latent_rows(m, names, p, x, rope, &mut k)?;
     // the cached row is both key and value; the value's rope dims are dropped after
     let mut a = Data::empty(DataType::F32);
-    kv.attend(e, layer, &q, &k, &k, ap, &mut a)?;
+    kv.attend_shared(e, layer, &q, &k, ap, &mut a)?;
     let mut lat = Data::empty(DataType::F32);
     ops::split(e, &a, 2, 0, rank, &mut lat)?;
     st.per_head(&lat, &format!("{p}{}", names.v_b), &mut q, out)?;

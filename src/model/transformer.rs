@@ -44,7 +44,8 @@ impl Precision {
     }
 }
 
-/// One sequence's KV cache plus reusable scratch tensors.
+/// One sequence's KV cache plus reusable scratch tensors. A latent-attention model keeps one
+/// cache per layer (its cached row is both key and value: [`KvStore::attend_shared`]).
 pub struct KvCache {
     k: Vec<Data>,
     v: Vec<Data>,
@@ -612,10 +613,12 @@ impl Model {
         for _ in 0..c.num_layers {
             let mut kd = Data::zeros(dt, &[0, c.num_kv_heads, hds])?;
             kd.reserve(0, cap)?;
-            let mut vd = Data::zeros(dt, &[0, c.num_kv_heads, hds])?;
-            vd.reserve(0, cap)?;
             k.push(kd);
-            v.push(vd);
+            if c.mla.is_none() {
+                let mut vd = Data::zeros(dt, &[0, c.num_kv_heads, hds])?;
+                vd.reserve(0, cap)?;
+                v.push(vd);
+            }
         }
         Ok(KvCache {
             k,
@@ -1979,6 +1982,20 @@ pub trait KvStore {
         out: &mut Data,
     ) -> Result<()>;
 
+    /// [`KvStore::attend`] where the step's rows `kv` [rows, nkv, hd] serve as both keys and
+    /// values (latent attention): a store may keep them once.
+    fn attend_shared(
+        &mut self,
+        e: &Executor,
+        layer: usize,
+        q: &Data,
+        kv: &Data,
+        p: &AttentionParams,
+        out: &mut Data,
+    ) -> Result<()> {
+        self.attend(e, layer, q, kv, kv, p, out)
+    }
+
     /// True when [`KvStore::attend_rotating`] takes this step's queries and keys unrotated.
     fn rotates_step(&self) -> bool {
         false
@@ -2027,6 +2044,27 @@ impl KvStore for KvCache {
             ops::kv_append(e, vc, v)?;
         }
         ops::attention(e, q, kc, vc, p, out)
+    }
+
+    fn attend_shared(
+        &mut self,
+        e: &Executor,
+        layer: usize,
+        q: &Data,
+        kv: &Data,
+        p: &AttentionParams,
+        out: &mut Data,
+    ) -> Result<()> {
+        let kc = self
+            .k
+            .get_mut(layer)
+            .ok_or_else(|| Error::invalid(format!("KV cache has no layer {layer}")))?;
+        if kc.dtype() == DataType::F32 {
+            ops::cat_direct(e, kc, kv, 0)?;
+        } else {
+            ops::kv_append(e, kc, kv)?;
+        }
+        ops::attention(e, q, kc, kc, p, out)
     }
 }
 

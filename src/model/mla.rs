@@ -100,6 +100,13 @@ pub struct MlaNames {
     pub v_b: &'static str,
 }
 
+/// True when `name` is a layer's `k_b` / `v_b` matrix (`….{k_b}.weight`, `….{v_b}.weight`).
+pub fn is_absorbed(names: &MlaNames, name: &str) -> bool {
+    [names.k_b, names.v_b]
+        .iter()
+        .any(|n| name.ends_with(&format!(".{n}.weight")))
+}
+
 /// Layer `prefix`'s `k_b` / `v_b` matrices as resident F32 tensors, from the file's own
 /// (`k_b`, `v_b`) or split out of `kv_b`; checked against `heads` and `m`.
 pub fn prepare(
@@ -310,6 +317,26 @@ pub fn mla_attention(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn absorbed_matrices_are_recognised_by_name() {
+        let n = super::super::arch::lookup("deepseek_v3")
+            .ok()
+            .and_then(|a| match a.qkv {
+                super::super::arch::Qkv::Latent(n) => Some(n),
+                _ => None,
+            });
+        let Some(n) = n else {
+            panic!("deepseek_v3 has latent attention names");
+        };
+        assert!(is_absorbed(&n, "model.layers.3.self_attn.k_b_proj.weight"));
+        assert!(is_absorbed(&n, "model.layers.0.self_attn.v_b_proj.weight"));
+        assert!(!is_absorbed(
+            &n,
+            "model.layers.0.self_attn.kv_b_proj.weight"
+        ));
+        assert!(!is_absorbed(&n, "model.layers.0.self_attn.q_b_proj.weight"));
+    }
 
     #[test]
     fn kv_b_splits_into_transposed_keys_and_values() {

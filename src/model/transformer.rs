@@ -303,7 +303,15 @@ impl Model {
             .filter(|d| d.kind() != DeviceKind::Cpu)
         {
             check_memory_cap(&weights, dev.name(), opts.gpu_memory_cap)?;
-            weights.upload_to(dev.as_ref())?;
+            // latent attention's per-head matrices stay on the host where the device has no
+            // `MatMulTransB` (that op falls back to the CPU device, which reads them in place)
+            let host_only = match (spec.qkv, dev.ops().contains_key("MatMulTransB")) {
+                (Qkv::Latent(n), false) => Some(n),
+                _ => None,
+            };
+            weights.upload_to_where(dev.as_ref(), |name| {
+                host_only.is_none_or(|n| !super::mla::is_absorbed(&n, name))
+            })?;
             rope.upload(dev.as_ref())?;
             for t in [&mut alibi].into_iter().flatten() {
                 *t = dev.upload(t)?;

@@ -283,7 +283,7 @@ fn deepseek2_gguf_without_latent_sizes_is_refused_by_name() {
 }
 
 #[test]
-fn deepseek2_gguf_with_v2_group_routing_is_refused() {
+fn deepseek2_gguf_with_v2_group_routing_or_nextn_layers_is_refused() {
     let c = config();
     let src = safetensors_f32(&fixture().join("model.safetensors"));
     let kv: Vec<(String, Kv)> = gguf_kv(&c, false)
@@ -299,6 +299,13 @@ fn deepseek2_gguf_with_v2_group_routing_is_refused() {
         .expect_err("softmax gating with groups")
         .to_string();
     assert!(e.contains("group_limited_greedy"), "{e}");
+    let mut kv = gguf_kv(&c, false);
+    kv.push(("deepseek2.nextn_predict_layers".into(), Kv::U32(1)));
+    gguf_file(&gguf, kv, &gguf_tensors(&src, &c, false));
+    let e = convert(&gguf, &tmp("nextn.flm"), &keep(), &mut |_| {})
+        .expect_err("nextn layers")
+        .to_string();
+    assert!(e.contains("deepseek2.nextn_predict_layers"), "{e}");
 }
 
 // ---- the latent attention stage against its definition ---------------------------------

@@ -4,7 +4,8 @@
 //! `value_length` in files written before llama.cpp cached the latent), the shared experts
 //! (`expert_shared_count`), and YaRN's softmax scale as llama.cpp forms it (`(attn_factor ·
 //! (1 + yarn_log_multiplier · ln factor))²`, with the rotation itself left unscaled).
-//! DeepSeek-V2's group-limited greedy routing (softmax gating with expert groups) is refused.
+//! DeepSeek-V2's group-limited greedy routing (softmax gating with expert groups) and files
+//! whose `block_count` includes multi-token-prediction layers are refused.
 
 use crate::error::{Error, Result};
 use crate::format::gguf::GgufFile;
@@ -25,6 +26,13 @@ fn need(g: &GgufFile, key: &str) -> Result<usize> {
 /// experts' size and the YaRN scales of a `deepseek2` GGUF.
 pub fn deepseek2(g: &GgufFile, c: &mut ModelConfig) -> Result<()> {
     let k = |s: &str| format!("deepseek2.{s}");
+    if let Some(n) = g.get_u64(&k("nextn_predict_layers")).filter(|&n| n > 0) {
+        return Err(Error::Unsupported(format!(
+            "{}: {} = {n}: multi-token-prediction layers counted in block_count",
+            g.path,
+            k("nextn_predict_layers")
+        )));
+    }
     let rank = need(g, &k("attention.kv_lora_rank"))?;
     let rope = need(g, &k("rope.dimension_count"))?;
     let (key_len, value_len) = if g.get_u64(&k("attention.key_length_mla")).is_some() {

@@ -21,7 +21,7 @@ use crate::ops::{self, AttentionParams, RotaryParams};
 
 /// Epsilon of the latent RMSNorms (`q_a_layernorm`, `kv_a_layernorm`), which HF DeepSeek-V3
 /// builds with its RMSNorm's default rather than the config's `rms_norm_eps`.
-pub const LATENT_NORM_EPS: f32 = 1e-6;
+const LATENT_NORM_EPS: f32 = 1e-6;
 
 /// The latent-attention part of a model's configuration.
 #[derive(Clone, Debug, PartialEq)]

@@ -140,6 +140,49 @@ mod tests {
     use super::*;
 
     #[test]
+    fn config_variants_of_other_deepseek_shapes() {
+        let v = serde_json::json!({
+            "model_type": "deepseek_v3", "hidden_size": 96, "num_attention_heads": 6,
+            "num_key_value_heads": 6, "num_hidden_layers": 4, "intermediate_size": 200,
+            "max_position_embeddings": 256, "vocab_size": 300, "head_dim": 6,
+            "q_lora_rank": null, "kv_lora_rank": 40, "qk_nope_head_dim": 10,
+            "qk_rope_head_dim": 6, "v_head_dim": 12, "rope_interleave": false,
+            "n_routed_experts": 12, "num_experts_per_tok": 3, "moe_intermediate_size": 20,
+            "n_shared_experts": 2, "n_group": 4, "topk_group": 2, "norm_topk_prob": false,
+            "routed_scaling_factor": 1.5, "first_k_dense_replace": 2,
+            "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                             "mscale": 0.5, "mscale_all_dim": 0.5}
+        });
+        let c = ModelConfig::from_hf_json(&v.to_string(), None, "config.json").unwrap();
+        let m = c.mla.as_ref().unwrap();
+        assert_eq!(
+            (m.q_lora_rank, m.kv_lora_rank, m.nope_dim, m.v_head_dim),
+            (0, 40, 10, 12)
+        );
+        assert_eq!((c.head_dim, c.num_kv_heads, c.rope_dim), (46, 1, 6));
+        assert_eq!(c.rope_style, RopeStyle::Neox);
+        let ms = 0.1 * 0.5 * 4f64.ln() + 1.0;
+        assert!((m.score_scale as f64 - ms * ms).abs() < 1e-6);
+        let e = c.moe.as_ref().unwrap();
+        assert_eq!(
+            (e.experts, e.experts_per_token, e.groups, e.topk_groups),
+            (12, 3, 4, 2)
+        );
+        assert_eq!((e.expert_intermediate, e.shared_intermediate), (20, 40));
+        assert!(!e.normalize && e.scoring == MoeScoring::Sigmoid);
+        assert_eq!(e.routed_scale, 1.5);
+        assert_eq!(e.layers, vec![false, false, true, true]);
+        let mut bad = v.clone();
+        bad["scoring_func"] = serde_json::json!("softmax");
+        let err = ModelConfig::from_hf_json(&bad.to_string(), None, "config.json").unwrap_err();
+        assert!(err.to_string().contains("scoring_func"), "{err}");
+        let mut missing = v;
+        missing.as_object_mut().unwrap().remove("kv_lora_rank");
+        let err = ModelConfig::from_hf_json(&missing.to_string(), None, "config.json").unwrap_err();
+        assert!(err.to_string().contains("kv_lora_rank"), "{err}");
+    }
+
+    #[test]
     fn yarn_mscale_all_dim_scales_the_scores() {
         let v: Value = serde_json::json!({
             "rope_scaling": {"type": "yarn", "factor": 40.0, "mscale": 1.0, "mscale_all_dim": 1.0}

@@ -248,5 +248,6 @@ fn gguf_moe(g: &GgufFile, arch: &str, layers: usize) -> Result<Option<MoeConfig>
             .map_or(1.0, |v| v as f32),
         shared_intermediate: 0,
         layers: (0..layers).map(|i| i >= dense).collect(),
+        swiglu_clamp: None,
     }))
 }

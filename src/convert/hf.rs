@@ -2,10 +2,12 @@
 //! tensor by tensor in name order.
 
 use super::hf_config::generation_metadata;
+use super::hf_experts::{is_stacked_expert, split_experts};
 use super::names::hf_name;
+use super::names::Mapped;
 use super::tensor_transform::{transform, SourceTensor};
 use super::{general_metadata, naming_file, ConvertOptions, ConvertReport, Progress};
-use crate::data::decode_to_f32;
+use crate::data::{decode_to_f32, DataType};
 use crate::error::{Error, Result};
 use crate::format::flm::{FlmWriter, MetaValue};
 use crate::format::safetensors::SafetensorsSet;
@@ -102,17 +104,25 @@ pub fn convert_hf_dir(
             same_as: Some(info.dtype),
             decode: &decode,
         };
-        let mapped = hf_name(&config.architecture, n);
-        let stored = transform(&mapped, src, opts.dtype)
-            .map_err(|e| Error::format(file, format!("tensor {n}: {e}")))?;
-        writer.add_tensor(&mapped.name, stored.dtype, &stored.dims, &stored.bytes)?;
-        bytes_total += stored.bytes.len() as u64;
+        let arch = &config.architecture;
+        let (name, dtype, bytes) = if is_stacked_expert(arch, n)? {
+            let parts = split_stacked(arch, n, src, opts, &mut writer)
+                .map_err(|e| Error::format(file, format!("tensor {n}: {e}")))?;
+            (n.clone(), parts.0, parts.1)
+        } else {
+            let mapped = hf_name(arch, n);
+            let stored = transform(&mapped, src, opts.dtype)
+                .map_err(|e| Error::format(file, format!("tensor {n}: {e}")))?;
+            writer.add_tensor(&mapped.name, stored.dtype, &stored.dims, &stored.bytes)?;
+            (mapped.name, stored.dtype, stored.bytes.len())
+        };
+        bytes_total += bytes as u64;
         progress(&Progress {
             done: i + 1,
             total,
-            name: &mapped.name,
-            dtype: stored.dtype,
-            bytes: stored.bytes.len(),
+            name: &name,
+            dtype,
+            bytes,
         });
     }
     writer.finish()?;
@@ -121,4 +131,37 @@ pub fn convert_hf_dir(
         tensors: total,
         tensor_bytes: bytes_total,
     })
+}
+
+/// Writes the per-expert tensors of the stacked expert tensor `src` (see `hf_experts`); returns
+/// the dtype of the last one and the bytes written.
+fn split_stacked(
+    arch: &str,
+    name: &str,
+    src: SourceTensor<'_>,
+    opts: &ConvertOptions,
+    writer: &mut FlmWriter,
+) -> Result<(DataType, usize)> {
+    let mut values = vec![0f32; src.dims.iter().product()];
+    (src.decode)(&src.bytes, &mut values)?;
+    let decode = |b: &[u8], o: &mut [f32]| decode_to_f32(DataType::F32, b, o);
+    let (mut dtype, mut bytes) = (DataType::F32, 0);
+    for part in split_experts(arch, name, &src.dims, &values)? {
+        let m = Mapped {
+            name: part.name,
+            transpose: false,
+            unpermute_heads: None,
+        };
+        let one = SourceTensor {
+            source_name: name,
+            dims: part.dims,
+            bytes: part.values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            same_as: Some(DataType::F32),
+            decode: &decode,
+        };
+        let stored = transform(&m, one, opts.dtype)?;
+        writer.add_tensor(&m.name, stored.dtype, &stored.dims, &stored.bytes)?;
+        (dtype, bytes) = (stored.dtype, bytes + stored.bytes.len());
+    }
+    Ok((dtype, bytes))
 }

@@ -6,11 +6,11 @@
 use super::hf_rope::hf_rope;
 use crate::error::{Error, Result};
 use crate::format::flm::{MetaValue, Metadata};
-use crate::model::{ModelConfig, MoeConfig, MoeScoring, RopeScaling, RopeStyle};
+use crate::model::{ModelConfig, MoeConfig, MoeScoring, RopeScaling, RopeStyle, SwigluClamp};
 use serde_json::Value;
 
 /// Architectures the converter knows (HF `model_type`).
-pub const HF_ARCHITECTURES: [&str; 12] = [
+pub const HF_ARCHITECTURES: [&str; 13] = [
     "llama",
     "mistral",
     "qwen2",
@@ -23,6 +23,7 @@ pub const HF_ARCHITECTURES: [&str; 12] = [
     "glm",
     "mixtral",
     "qwen3_moe",
+    "gpt_oss",
 ];
 
 struct Json<'a> {
@@ -297,10 +298,19 @@ fn moe_config(
             routed_scale: 1.0,
             shared_intermediate: 0,
             layers: vec![true; layers],
+            swiglu_clamp: None,
         })
     };
     Ok(Some(match arch {
         "mixtral" => base(experts()?, intermediate)?,
+        // softmax over the chosen logits = the renormalised softmax over all of them
+        "gpt_oss" => MoeConfig {
+            swiglu_clamp: Some(SwigluClamp {
+                alpha: j.float(&["swiglu_alpha"])?.unwrap_or(1.702),
+                limit: j.float(&["swiglu_limit"])?.unwrap_or(7.0),
+            }),
+            ..base(experts()?, intermediate)?
+        },
         "qwen3_moe" => {
             let step = j.size(&["decoder_sparse_step"])?.unwrap_or(1).max(1);
             let dense: Vec<u64> = j

@@ -15,6 +15,7 @@ pub mod gguf_rope;
 mod gguf_tokenizer;
 mod hf;
 pub mod hf_config;
+mod hf_experts;
 pub mod hf_rope;
 pub mod names;
 mod options;

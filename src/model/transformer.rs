@@ -1708,11 +1708,16 @@ impl Model {
             }
         }
         let sliding = c.sliding_layers.get(i).copied().unwrap_or(false);
+        let sinks = match self.spec.attn_sinks {
+            Some(n) => Some(self.weights.get(&ln(n))?),
+            None => None,
+        };
         let ap = AttentionParams {
             scale: self.attention_scale() * layer_rope.score_scale,
             softcap: c.attn_logit_softcap,
             sliding_window: if sliding { c.sliding_window } else { 0 },
             alibi: self.alibi.as_ref(),
+            sinks: sinks.as_deref(),
             fast: self.precision == Precision::Fast,
             output_copy: self.copy_for(s),
         };

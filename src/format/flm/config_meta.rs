@@ -3,7 +3,7 @@
 
 use super::meta::{MetaValue, Metadata};
 use crate::error::{Error, Result};
-use crate::model::{ModelConfig, MoeConfig, MoeScoring, RopeScaling, RopeStyle};
+use crate::model::{ModelConfig, MoeConfig, MoeScoring, RopeScaling, RopeStyle, SwigluClamp};
 
 fn u32_of(key: &str, v: usize) -> Result<MetaValue> {
     u32::try_from(v)
@@ -334,6 +334,10 @@ fn moe_to_metadata(moe: &MoeConfig, m: &mut Metadata) -> Result<()> {
         "model.moe.layers".into(),
         MetaValue::Array(moe.layers.iter().map(|&b| MetaValue::Bool(b)).collect()),
     );
+    if let Some(c) = moe.swiglu_clamp {
+        m.insert("model.moe.swiglu_alpha".into(), MetaValue::F32(c.alpha));
+        m.insert("model.moe.swiglu_limit".into(), MetaValue::F32(c.limit));
+    }
     Ok(())
 }
 
@@ -373,6 +377,19 @@ fn moe_from_metadata(m: &Metadata, path: &str) -> Result<Option<MoeConfig>> {
         .iter()
         .map(|v| v.as_bool().ok_or_else(|| bad("model.moe.layers")))
         .collect::<Result<Vec<_>>>()?;
+    let float = |k: &str| {
+        m.get(k)
+            .map(|v| v.as_f64().map(|v| v as f32).ok_or_else(|| bad(k)))
+    };
+    let swiglu_clamp = match (
+        float("model.moe.swiglu_alpha").transpose()?,
+        float("model.moe.swiglu_limit").transpose()?,
+    ) {
+        (None, None) => None,
+        (Some(alpha), Some(limit)) => Some(SwigluClamp { alpha, limit }),
+        (None, Some(_)) => return Err(bad("model.moe.swiglu_alpha")),
+        (Some(_), None) => return Err(bad("model.moe.swiglu_limit")),
+    };
     Ok(Some(MoeConfig {
         experts: size("model.moe.experts")?,
         experts_per_token: size("model.moe.experts_per_token")?,
@@ -390,5 +407,6 @@ fn moe_from_metadata(m: &Metadata, path: &str) -> Result<Option<MoeConfig>> {
             .ok_or_else(|| bad("model.moe.routed_scale"))? as f32,
         shared_intermediate: size("model.moe.shared_intermediate")?,
         layers,
+        swiglu_clamp,
     }))
 }

@@ -230,10 +230,11 @@ fn nan_weights_are_an_error_not_a_token() {
 
 /// A paged batch of sequences of different reach equals each sequence alone, with rotations
 /// that depend on the length a sequence reaches in the step (LongRoPE: one sequence past its
-/// original context of 32, one within it) and with Gemma-3's two bases.
+/// original context of 32, one within it), with Gemma-3's two bases, and with GPT-OSS's sinks
+/// and sliding window (8) on the 40-token sequence.
 #[test]
 fn paged_batch_with_length_dependent_rope_equals_single_sequences() {
-    for arch in ["phi3-longrope", "gemma3"] {
+    for arch in ["phi3-longrope", "gemma3", "gpt_oss"] {
         let m = llm(arch, false);
         let long: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 500).collect();
         let short: Vec<u32> = vec![5, 17, 29, 41];
@@ -266,7 +267,7 @@ fn paged_batch_with_length_dependent_rope_equals_single_sequences() {
 
 #[test]
 fn paged_batch_equals_single_sequence_forward() {
-    for arch in ["llama", "gemma2", "bloom", "qwen3"] {
+    for arch in ["llama", "gemma2", "bloom", "qwen3", "gpt_oss"] {
         let m = llm(arch, false);
         let seqs: [&[u32]; 3] = [
             &[1, 20, 30, 40, 50, 60, 70],

@@ -679,8 +679,8 @@ mod tests {
                         2 => p.window = 11,
                         3 => p.causal = false,
                         4 => (p.causal, p.window) = (false, 3),
-                        5 => (p.window, heads.sinks) = (4, Some(&sinks)),
-                        _ => (p.softcap, heads.sinks) = (5.0, Some(&sinks)),
+                        5 => (p.window, heads.sinks) = (4, Some(&sinks[..])),
+                        _ => (p.softcap, heads.sinks) = (5.0, Some(&sinks[..])),
                     }
                     for kernel in KERNELS {
                         let e = check(&th, &p, heads, kernel);

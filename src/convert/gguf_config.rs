@@ -1,5 +1,5 @@
-//! `ModelConfig` from GGUF metadata (`{arch}.*` keys: llama, qwen2, qwen3, phi3, gemma3) and
-//! the chat template. Missing required keys are errors naming the key and the file.
+//! `ModelConfig` from GGUF metadata (`{arch}.*` keys: llama, qwen2, qwen3, phi3, gemma3,
+//! qwen3moe, gpt-oss) and the chat template. Missing required keys are errors naming the key and the file.
 
 use super::gguf_rope::gguf_rope_scaling;
 use crate::error::{Error, Result};
@@ -7,7 +7,9 @@ use crate::format::gguf::GgufFile;
 use crate::model::{ModelConfig, MoeConfig, MoeScoring, RopeStyle};
 
 /// GGUF architectures the converter knows.
-pub const GGUF_ARCHITECTURES: [&str; 6] = ["llama", "qwen2", "qwen3", "phi3", "gemma3", "qwen3moe"];
+pub const GGUF_ARCHITECTURES: [&str; 7] = [
+    "llama", "qwen2", "qwen3", "phi3", "gemma3", "qwen3moe", "gpt-oss",
+];
 
 /// The GGUF architecture, refused when unknown.
 pub fn gguf_architecture(g: &GgufFile) -> Result<String> {
@@ -82,6 +84,7 @@ impl ModelConfig {
             architecture: match (arch.as_str(), &moe) {
                 ("llama", Some(_)) => "mixtral".into(),
                 ("qwen3moe", _) => "qwen3_moe".into(),
+                ("gpt-oss", _) => "gpt_oss".into(),
                 _ => arch.clone(),
             },
             vocab_size,
@@ -119,6 +122,7 @@ impl ModelConfig {
         match arch.as_str() {
             "gemma3" => gemma3(g, &mut c)?,
             "phi3" => phi3(g, &mut c),
+            "gpt-oss" => gpt_oss(g, &mut c)?,
             _ => {}
         }
         Ok(c)
@@ -183,6 +187,30 @@ fn gemma3(g: &GgufFile, c: &mut ModelConfig) -> Result<()> {
     Ok(())
 }
 
+/// GPT-OSS's settings beyond the llama family's: sliding-window layers alternating with full
+/// ones from the first (llama.cpp's pattern of 2; `attention.sliding_window` is required), the
+/// experts' clamped SwiGLU (alpha 1.702, limit 7, as llama.cpp fixes them), and YaRN with the
+/// ramp's ends left fractional (HF `truncate: false`).
+fn gpt_oss(g: &GgufFile, c: &mut ModelConfig) -> Result<()> {
+    let key = "gpt-oss.attention.sliding_window";
+    c.sliding_window = g
+        .get_u64(key)
+        .and_then(|v| usize::try_from(v).ok())
+        .filter(|&v| v > 0)
+        .ok_or_else(|| Error::format(&g.path, format!("missing or invalid metadata {key}")))?;
+    c.sliding_layers = (0..c.num_layers).map(|i| i % 2 == 0).collect();
+    if let crate::model::RopeScaling::Yarn { truncate, .. } = &mut c.rope_scaling {
+        *truncate = false;
+    }
+    if let Some(m) = &mut c.moe {
+        m.swiglu_clamp = Some(crate::model::SwigluClamp {
+            alpha: 1.702,
+            limit: 7.0,
+        });
+    }
+    Ok(())
+}
+
 /// The mixture-of-experts config from llama.cpp's `{arch}.expert_*` keys: `None` for a dense
 /// model (a llama file without experts); a MoE architecture or expert tensors without
 /// `expert_count` / `expert_used_count` are errors naming the key.
@@ -192,7 +220,10 @@ fn gguf_moe(g: &GgufFile, arch: &str, layers: usize) -> Result<Option<MoeConfig>
         .tensors
         .iter()
         .any(|t| t.name.contains("_exps.") || t.name.contains("ffn_gate_inp."));
-    if arch != "qwen3moe" && !has_experts && g.get_u64(&k("expert_count")).is_none_or(|n| n == 0) {
+    if !matches!(arch, "qwen3moe" | "gpt-oss")
+        && !has_experts
+        && g.get_u64(&k("expert_count")).is_none_or(|n| n == 0)
+    {
         return Ok(None);
     }
     let need = |key: &str| -> Result<usize> {

@@ -153,6 +153,9 @@ fn gguf_name(arch: &str, name: &str) -> String {
     format!("blk.{layer}.{g}.{suffix}")
 }
 
+/// One expert's tensor: its index, dims and values.
+type Expert = (usize, Vec<usize>, Vec<f32>);
+
 /// The fixture `arch` converted directly (f32), and written as a GGUF of GGUF architecture
 /// `garch` with the extra metadata `kv` and tensors `extra`, converted back.
 fn both_ways(
@@ -187,8 +190,7 @@ fn both_ways(
     meta.extend(tokenizer_kv(c.vocab_size));
     let mut tensors = extra;
     // experts' tensors, stacked as llama.cpp's `ffn_*_exps` (expert order) after the loop
-    let mut stacks: std::collections::BTreeMap<String, Vec<(usize, Vec<usize>, Vec<f32>)>> =
-        Default::default();
+    let mut stacks: std::collections::BTreeMap<String, Vec<Expert>> = Default::default();
     for name in f.tensor_names() {
         let t = f.tensor(name).unwrap();
         let mut v = t.to_f32_vec().unwrap();

@@ -157,6 +157,15 @@ impl ModelConfig {
                 "{path}: use_bidirectional_attention (an embedding model; only causal decoders run)"
             )));
         }
+        if let Some(m) = v
+            .pointer("/quantization_config/quant_method")
+            .and_then(Value::as_str)
+            .filter(|_| arch == "gpt_oss")
+        {
+            return Err(Error::Unsupported(format!(
+                "{path}: a GPT-OSS checkpoint quantized as {m:?} (MXFP4 expert blocks); convert the dequantized bf16 checkpoint"
+            )));
+        }
         let has_rope = !matches!(arch.as_str(), "gpt2" | "bloom");
         let rope = hf_rope(&v, path, context_length)?;
         let rope_dim = if has_rope {

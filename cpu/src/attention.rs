@@ -609,7 +609,12 @@ mod tests {
         let v = Enc::new(vf, &vals(p.skv * p.nkv * p.hdv, 3, -1.0, 1.0), p.hdv);
         let n = p.sq * p.nh * p.hdv;
         let (mut r, mut f) = (vec![0.0; n], vec![1.0; n]);
-        let heads = HeadTerms::default();
+        // sinks on the shapes with an odd query count
+        let sinks = sinks(p.nh);
+        let heads = HeadTerms {
+            alibi: None,
+            sinks: (p.sq % 2 == 1).then_some(&sinks[..]),
+        };
         attention_ref_kv(&q, k.rows(), v.rows(), heads, &mut r, p);
         attention_on(th, (&q, k.rows(), v.rows(), heads), &mut f, p, kernel);
         nmse(&f, &r)

@@ -2,10 +2,10 @@
 //! tensor by tensor in name order.
 
 use super::hf_config::generation_metadata;
-use super::hf_experts::{is_stacked_expert, split_experts};
-use super::names::hf_name;
-use super::names::Mapped;
-use super::tensor_transform::{transform, SourceTensor};
+use super::hf_experts::{split_experts, stacked_parts};
+use super::names::{hf_name, Mapped};
+use super::output::TensorOutput;
+use super::tensor_transform::SourceTensor;
 use super::{general_metadata, naming_file, ConvertOptions, ConvertReport, Progress};
 use crate::data::{decode_to_f32, DataType};
 use crate::error::{Error, Result};
@@ -88,11 +88,16 @@ pub fn convert_hf_dir(
     if let Some(g) = &gen_text {
         meta.extend(generation_metadata(g, &gen_path.display().to_string())?);
     }
-    let mut writer = FlmWriter::create(out, &config, &meta, &spec)?;
+    let writer = FlmWriter::create(out, &config, &meta, &spec)?;
     let names: Vec<String> = weights.names().map(str::to_string).collect();
-    let total = names.len();
-    let mut bytes_total = 0u64;
-    for (i, n) in names.iter().enumerate() {
+    let arch = config.architecture.clone();
+    // a stacked expert tensor is written as several (one or two per expert)
+    let mut total = 0;
+    for n in &names {
+        total += stacked_parts(&arch, n, &weights.tensor(n)?.0.dims)?.unwrap_or(1);
+    }
+    let mut output = TensorOutput::new(writer, opts.dtype, &config.architecture, total, progress);
+    for n in &names {
         let (info, bytes) = weights.read_tensor(n)?;
         let file = weights.file_of(n).unwrap_or("safetensors");
         let dt = info.dtype;
@@ -104,49 +109,29 @@ pub fn convert_hf_dir(
             same_as: Some(info.dtype),
             decode: &decode,
         };
-        let arch = &config.architecture;
-        let (name, dtype, bytes) = if is_stacked_expert(arch, n)? {
-            let parts = split_stacked(arch, n, src, opts, &mut writer)
-                .map_err(|e| Error::format(file, format!("tensor {n}: {e}")))?;
-            (n.clone(), parts.0, parts.1)
+        if stacked_parts(&arch, n, &src.dims)?.is_some() {
+            split_stacked(&arch, src, &mut output, file)?;
         } else {
-            let mapped = hf_name(arch, n);
-            let stored = transform(&mapped, src, opts.dtype)
-                .map_err(|e| Error::format(file, format!("tensor {n}: {e}")))?;
-            writer.add_tensor(&mapped.name, stored.dtype, &stored.dims, &stored.bytes)?;
-            (mapped.name, stored.dtype, stored.bytes.len())
-        };
-        bytes_total += bytes as u64;
-        progress(&Progress {
-            done: i + 1,
-            total,
-            name: &name,
-            dtype,
-            bytes,
-        });
+            output.store(&hf_name(&arch, n), src, file)?;
+        }
     }
-    writer.finish()?;
-    Ok(ConvertReport {
-        architecture: config.architecture,
-        tensors: total,
-        tensor_bytes: bytes_total,
-    })
+    output.finish()
 }
 
-/// Writes the per-expert tensors of the stacked expert tensor `src` (see `hf_experts`); returns
-/// the dtype of the last one and the bytes written.
+/// Writes the per-expert tensors of the stacked expert tensor `src` (see `hf_experts`).
 fn split_stacked(
     arch: &str,
-    name: &str,
     src: SourceTensor<'_>,
-    opts: &ConvertOptions,
-    writer: &mut FlmWriter,
-) -> Result<(DataType, usize)> {
+    output: &mut TensorOutput,
+    file: &str,
+) -> Result<()> {
+    let name = src.source_name;
     let mut values = vec![0f32; src.dims.iter().product()];
     (src.decode)(&src.bytes, &mut values)?;
     let decode = |b: &[u8], o: &mut [f32]| decode_to_f32(DataType::F32, b, o);
-    let (mut dtype, mut bytes) = (DataType::F32, 0);
-    for part in split_experts(arch, name, &src.dims, &values)? {
+    let parts = split_experts(arch, name, &src.dims, &values)
+        .map_err(|e| Error::format(file, format!("tensor {name}: {e}")))?;
+    for part in parts {
         let m = Mapped {
             name: part.name,
             transpose: false,
@@ -159,9 +144,7 @@ fn split_stacked(
             same_as: Some(DataType::F32),
             decode: &decode,
         };
-        let stored = transform(&m, one, opts.dtype)?;
-        writer.add_tensor(&m.name, stored.dtype, &stored.dims, &stored.bytes)?;
-        (dtype, bytes) = (stored.dtype, bytes + stored.bytes.len());
+        output.store(&m, one, file)?;
     }
-    Ok((dtype, bytes))
+    Ok(())
 }

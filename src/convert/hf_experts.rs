@@ -56,9 +56,16 @@ fn stacked(arch: &str, name: &str) -> Result<Option<(Stacked, String)>> {
     Ok(Some((kind, prefix.to_string())))
 }
 
-/// True when `name` is a stacked expert tensor of `arch` that [`split_experts`] splits.
-pub fn is_stacked_expert(arch: &str, name: &str) -> Result<bool> {
-    Ok(stacked(arch, name)?.is_some())
+/// How many tensors [`split_experts`] makes of the stacked expert tensor `name` of `dims`
+/// (two per expert for the fused gate/up, one for down); `None` for any other tensor.
+pub fn stacked_parts(arch: &str, name: &str, dims: &[usize]) -> Result<Option<usize>> {
+    Ok(stacked(arch, name)?.map(|(kind, _)| {
+        let experts = dims.first().copied().unwrap_or(0);
+        match kind {
+            Stacked::GateUp | Stacked::GateUpBias => 2 * experts,
+            Stacked::Down | Stacked::DownBias => experts,
+        }
+    }))
 }
 
 /// Splits the stacked expert tensor `name` (`dims`, f32 `values`) of `arch` into per-expert
@@ -169,9 +176,18 @@ mod tests {
 
     #[test]
     fn other_tensors_and_bad_shapes() {
-        assert!(!is_stacked_expert("gpt_oss", "m.mlp.router.weight").unwrap());
-        assert!(!is_stacked_expert("mixtral", "m.mlp.experts.down_proj").unwrap());
-        let e = is_stacked_expert("gpt_oss", "m.mlp.experts.gate_up_proj_blocks").unwrap_err();
+        let parts = |a: &str, n: &str| stacked_parts(a, n, &[4, 2, 8]);
+        assert_eq!(parts("gpt_oss", "m.mlp.router.weight").unwrap(), None);
+        assert_eq!(parts("mixtral", "m.mlp.experts.down_proj").unwrap(), None);
+        assert_eq!(
+            parts("gpt_oss", "m.mlp.experts.down_proj").unwrap(),
+            Some(4)
+        );
+        assert_eq!(
+            parts("gpt_oss", "m.mlp.experts.gate_up_proj").unwrap(),
+            Some(8)
+        );
+        let e = parts("gpt_oss", "m.mlp.experts.gate_up_proj_blocks").unwrap_err();
         assert!(e.to_string().contains("MXFP4"), "{e}");
         let e = split_experts(
             "gpt_oss",

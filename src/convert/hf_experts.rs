@@ -90,6 +90,9 @@ pub fn split_experts(
     if count != values.len() {
         return Err(bad("(values do not match the shape)"));
     }
+    if dims.contains(&0) {
+        return Err(bad("(an empty dimension)"));
+    }
     let t = |e: usize, part: &str, dims: Vec<usize>, values: Vec<f32>| ExpertTensor {
         name: format!("{prefix}.{e}.{part}"),
         dims,
@@ -198,5 +201,9 @@ mod tests {
         .err()
         .unwrap();
         assert!(e.to_string().contains("[experts, hidden, 2·inner]"), "{e}");
+        let e = split_experts("gpt_oss", "m.mlp.experts.down_proj", &[2, 0, 3], &[])
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("empty"), "{e}");
     }
 }

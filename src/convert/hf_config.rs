@@ -10,7 +10,7 @@ use crate::model::{ModelConfig, MoeConfig, MoeScoring, RopeScaling, RopeStyle};
 use serde_json::Value;
 
 /// Architectures the converter knows (HF `model_type`).
-pub const HF_ARCHITECTURES: [&str; 12] = [
+pub const HF_ARCHITECTURES: [&str; 13] = [
     "llama",
     "mistral",
     "qwen2",
@@ -23,6 +23,7 @@ pub const HF_ARCHITECTURES: [&str; 12] = [
     "glm",
     "mixtral",
     "qwen3_moe",
+    "deepseek_v3",
 ];
 
 struct Json<'a> {
@@ -167,7 +168,7 @@ impl ModelConfig {
         let sliding_layers = sliding_layers(&j, &arch, num_layers, sliding_window)?;
         let (bos_id, eos_ids) = bos_eos(&v, generation, path)?;
         let vocab_size = j.need_size(&["vocab_size", "padded_vocab_size"])?;
-        Ok(ModelConfig {
+        let mut config = ModelConfig {
             architecture: arch.clone(),
             vocab_size,
             hidden_size: hidden,
@@ -199,7 +200,12 @@ impl ModelConfig {
             bos_id,
             eos_ids,
             moe: moe_config(&j, &arch, num_layers, intermediate)?,
-        })
+            mla: None,
+        };
+        if arch == "deepseek_v3" {
+            super::hf_mla::latent_attention(&v, path, &mut config)?;
+        }
+        Ok(config)
     }
 }
 
@@ -343,6 +349,7 @@ fn moe_config(
                 ..base(experts()?, j.need_size(&["moe_intermediate_size"])?)?
             }
         }
+        "deepseek_v3" => super::hf_mla::deepseek_moe(j.v, j.path, layers)?,
         _ => return Ok(None),
     }))
 }

@@ -182,16 +182,23 @@ impl Weights {
 
     /// Copies every resident tensor onto `device` once (e.g. a GPU at load time), so ops running
     /// there find their weights in place; dtypes are kept. Tensors fetched on demand in
-    /// low-memory mode are not resident and are not moved. `on_tensor` gets the bytes of each
-    /// resident tensor once it is passed.
-    pub fn upload_to(
+    /// low-memory mode are not resident and are not moved.
+    pub fn upload_to(&mut self, device: &dyn crate::device::BaseDevice) -> Result<()> {
+        self.upload_to_where(device, |_| true, &mut |_| {})
+    }
+
+    /// [`Weights::upload_to`] of the tensors whose name passes `pick`; the others stay where
+    /// they are (e.g. on the host, for ops the device lacks). `on_tensor` gets the bytes of
+    /// each resident tensor once it is passed.
+    pub fn upload_to_where(
         &mut self,
         device: &dyn crate::device::BaseDevice,
+        pick: impl Fn(&str) -> bool,
         on_tensor: &mut dyn FnMut(u64),
     ) -> Result<()> {
         for (name, d) in self.resident.iter_mut() {
             let bytes = tensor_bytes(d);
-            if d.device() != device.kind() {
+            if d.device() != device.kind() && pick(name) {
                 let mut up = device.upload(d)?;
                 up.name = name.clone();
                 *d = up;

@@ -73,6 +73,62 @@ fn eval_sample_reset_and_errors() {
 }
 
 #[test]
+fn chunked_prefill_reports_progress_and_equals_one_step() {
+    use fastllm::progress::{Progress, Stage};
+    let m = llm("qwen2", false);
+    let prompt: Vec<u32> = (0..23).map(|i| (i * 37 + 5) % 500).collect();
+    let mut one = Session::new(m.clone(), 32).unwrap();
+    let want = one.eval(&prompt).unwrap().to_vec();
+    let mut s = Session::new(m.clone(), 32).unwrap();
+    let mut seen = Vec::new();
+    let got = s
+        .eval_chunked(&prompt, 5, &mut |p: &Progress| {
+            assert_eq!((p.stage, p.total), (Stage::Prefill, 23));
+            seen.push(p.done);
+        })
+        .unwrap()
+        .to_vec();
+    assert_eq!(seen, [0, 5, 10, 15, 20, 23]);
+    assert!(max_diff(&want, &got) < 1e-3, "{}", max_diff(&want, &got));
+    assert_eq!(s.tokens(), &prompt[..]);
+    // a chunk that fails (an id beyond the vocabulary in the third) leaves the tokens as before
+    let mut bad = prompt.clone();
+    bad[12] = 600;
+    let mut s = Session::new(m.clone(), 64).unwrap();
+    s.eval(&[1, 2]).unwrap();
+    assert!(s.eval_chunked(&bad, 5, &mut |_: &Progress| {}).is_err());
+    assert_eq!(s.tokens(), &[1, 2]);
+    let next = s.eval(&[3]).unwrap().to_vec();
+    let mut fresh = Session::new(m.clone(), 64).unwrap();
+    assert!(max_diff(&next, fresh.eval(&[1, 2, 3]).unwrap()) < 1e-4);
+    // too long for the context: refused before any chunk runs
+    let mut s = Session::new(m, 16).unwrap();
+    let mut calls = 0;
+    let e = s.eval_chunked(&prompt, 5, &mut |_: &Progress| calls += 1);
+    assert!(e.unwrap_err().to_string().contains("context full"));
+    assert_eq!((calls, s.len()), (0, 0));
+}
+
+#[test]
+fn load_reports_the_weights_prepared() {
+    use fastllm::progress::{Progress, Stage};
+    let mut seen = Vec::new();
+    let opts = LoadOptions {
+        threads: 2,
+        ..Default::default()
+    };
+    fastllm::load::load_with(&tiny("qwen2"), &opts, &mut |p: &Progress| {
+        assert_eq!(p.stage, Stage::Load);
+        seen.push((p.done, p.total));
+    })
+    .unwrap();
+    let total = seen[0].1;
+    assert!(total > 0 && seen[0].0 == 0, "{seen:?}");
+    assert_eq!(seen.last(), Some(&(total, total)), "{seen:?}");
+    assert!(seen.windows(2).all(|w| w[0].0 < w[1].0 && w[1].1 == total));
+}
+
+#[test]
 fn seeds_stops_and_chat() {
     let m = llm("qwen2", false);
     let p = |seed| GenerateParams {

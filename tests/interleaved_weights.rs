@@ -213,9 +213,10 @@ fn smollm2_same_logits_interleaved_or_plain() {
     assert!(agree >= 0.96, "SmolLM2: top-1 agreement {agree:.3}");
 }
 
-/// K-quant weights (Gemma 3 270M Q4_K_M: Q4_K and Q6_K matrices of `k` = 1024 and 2048, kept as
-/// shipped) interleaved or plain give the same next-token distributions within the `fast`
-/// precision's tolerance, over the fixture's prompts and their greedy continuations.
+/// K-quant weights (Gemma 3 270M Q4_K_M: Q4_K matrices of `k` = 1024 and 2048, kept as shipped;
+/// its Q6_K ones stay plain, `interleaved::available_for`) interleaved or plain give the same
+/// next-token distributions within the `fast` precision's tolerance, over the fixture's prompts
+/// and their greedy continuations.
 #[test]
 fn gemma3_kquants_same_logits_interleaved_or_plain() {
     let Some(gguf) = std::env::var_os("FASTLLM_GEMMA3_GGUF") else {
@@ -242,9 +243,10 @@ fn gemma3_kquants_same_logits_interleaved_or_plain() {
             seen.extend(t.filter(|t| t.is_interleaved()));
         }
     }
-    for want in [DataType::Q4KInterleaved, DataType::Q6KInterleaved] {
-        assert!(seen.contains(&want), "no {want} weight: {seen:?}");
-    }
+    assert!(
+        seen.contains(&DataType::Q4KInterleaved),
+        "no interleaved Q4_K weight: {seen:?}"
+    );
     drop(m);
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/logits_gemma3");
     let reference: serde_json::Value =

@@ -309,13 +309,16 @@ pub fn available() -> bool {
     }
 }
 
-/// True when this CPU has the SIMD kernels for interleaved weights of type `t` (block types and
-/// K-quants: [`available`]; F16/BF16: [`super::interleaved_float::available`]).
+/// True when weights of type `t` are worth interleaving on this CPU: it has the SIMD kernels
+/// (block types, Q4_K, Q5_K: [`available`]; F16/BF16: [`super::interleaved_float::available`]).
+/// Q6_K is left out: it has interleaved kernels, but its plain kernel streams a matrix faster
+/// (`benches/linear.rs --dram`).
 pub fn available_for(t: WeightType) -> bool {
     if super::interleaved_float::is_float(t) {
         super::interleaved_float::available(t)
     } else {
-        (t.is_block() || super::interleaved_kquant::is_kquant(t)) && available()
+        let kq = super::interleaved_kquant::is_kquant(t) && t != WeightType::Q6K;
+        (t.is_block() || kq) && available()
     }
 }
 

@@ -4,13 +4,14 @@
 //! The layout is a transpose of 4-byte words: rows are taken in groups of [`GROUP_ROWS`], and a
 //! group stores, super-block after super-block, `W = bytes / 4` vectors `V_m` of 64 bytes whose
 //! 32-bit lane `j` holds bytes `4m..4m+4` of row `j`'s super-block (the plain GGUF bytes,
-//! unchanged), followed by the `bytes % 4` trailing bytes of the 16 rows, row after row:
+//! unchanged), after the `bytes % 4` trailing bytes of the 16 rows, row after row; Q6_K's
+//! vectors are reordered so that a kernel touches them in ascending order ([`q6_word_pos`]):
 //!
 //! | format | plain super-block (`crate::kquant`) | one super-block of a group |
 //! |---|---|---|
 //! | Q4_K | 144 bytes: `d, dmin`, 12 scale bytes, 128 `qs` | 36 vectors (2304 bytes) |
 //! | Q5_K | 176 bytes: `d, dmin`, 12 scale bytes, 32 `qh`, 128 `qs` | 44 vectors (2816 bytes) |
-//! | Q6_K | 210 bytes: 128 `ql`, 64 `qh`, 16 scales, `d` | 52 vectors, then 16 f16 `d` (3360 bytes) |
+//! | Q6_K | 210 bytes: 128 `ql`, 64 `qh`, 16 scales, `d` | 16 f16 `d`, then 52 vectors (3360 bytes) |
 //!
 //! So one 512-bit load gives the same four bytes of all 16 rows: their `d`/`dmin` pair, a word of
 //! packed scales, or four quant bytes, which after masking meet one broadcast 4-byte piece of an
@@ -70,13 +71,27 @@ fn check(t: WeightType, w: &[u8], n: usize, k: usize) -> Result<usize, String> {
     Ok(bs)
 }
 
+/// Position of plain word `m` among the vectors of an interleaved Q6_K super-block: the scales,
+/// then per half `h` the `ql` words of its first 32 bytes, its `qh` words, the `ql` words of its
+/// last 32 bytes (the order the kernel first touches them).
+fn q6_word_pos(m: usize) -> usize {
+    match m {
+        48..52 => m - 48,
+        32..48 => 4 + 24 * ((m - 32) / 8) + 8 + (m - 32) % 8,
+        _ => 4 + 24 * (m / 16) + if m % 16 < 8 { m % 16 } else { 8 + m % 16 },
+    }
+}
+
 /// The `(plain offset, interleaved offset, length)` pieces of row `j` of an interleaved
-/// super-block of `bs`-byte plain super-blocks.
+/// super-block of `bs`-byte plain super-blocks (Q6_K: the 16 `d` first, then the words in the
+/// order of [`q6_word_pos`]).
 fn pieces(bs: usize, j: usize) -> impl Iterator<Item = (usize, usize, usize)> {
     let (nw, tail) = (bs / 4, bs % 4);
+    let q6 = bs == Q6_K_BYTES;
+    let pos = move |m| if q6 { 32 + 64 * q6_word_pos(m) } else { 64 * m };
     (0..nw)
-        .map(move |m| (4 * m, 64 * m + 4 * j, 4))
-        .chain(std::iter::once((4 * nw, 64 * nw + tail * j, tail)))
+        .map(move |m| (4 * m, pos(m) + 4 * j, 4))
+        .chain(std::iter::once((4 * nw, tail * j, tail)))
 }
 
 /// Writes the plain super-block `src` as row `j` of the interleaved super-block `grp`.
@@ -313,6 +328,21 @@ mod avx512 {
         _mm512_set1_epi32(std::ptr::read_unaligned(p as *const i32))
     }
 
+    /// Super-blocks ahead of the one being computed that are prefetched (past a group's end too:
+    /// the next group follows; a prefetch never faults).
+    const PREFETCH_AHEAD: usize = 2;
+
+    /// Prefetches the `bytes` bytes at `p` into L1 (one hint per cache line).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn prefetch(p: *const u8, bytes: usize) {
+        let mut o = 0;
+        while o < bytes {
+            _mm_prefetch(p.wrapping_add(o) as *const i8, _MM_HINT_T0);
+            o += 64;
+        }
+    }
+
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn ld(p: *const u8) -> __m512i {
@@ -368,6 +398,10 @@ mod avx512 {
         let mut accm = [_mm512_setzero_ps(); R];
         for sb in 0..nb / 8 {
             let p = base.add(sb * GROUP_ROWS * bs);
+            prefetch(
+                p.wrapping_add(PREFETCH_AHEAD * GROUP_ROWS * bs),
+                GROUP_ROWS * bs,
+            );
             let w0 = ld(p);
             let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w0));
             let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(w0)));
@@ -429,14 +463,17 @@ mod avx512 {
             acts.ds.as_ptr(),
             acts.sum16.as_ptr(),
         );
-        let (m4, m2) = (_mm512_set1_epi8(15), _mm512_set1_epi8(3));
+        let (m4, m3) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(3));
         let mut acc = [_mm512_setzero_ps(); R];
         for sb in 0..nb / 8 {
             let p = base.add(sb * GROUP_ROWS * Q6_K_BYTES);
-            let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(52 * 64) as *const __m256i));
+            let ahead = PREFETCH_AHEAD * GROUP_ROWS * Q6_K_BYTES;
+            prefetch(p.wrapping_add(ahead), GROUP_ROWS * Q6_K_BYTES);
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i));
+            let v = p.add(32); // the vectors, in the order of `q6_word_pos`
             for b in 0..8 {
                 let (h, t) = (b / 4, b % 4);
-                let sw = ld(p.add(64 * (48 + b / 2)));
+                let sw = ld(v.add(64 * (b / 2)));
                 let i0 = 16 * (b % 2) as i32;
                 let sc0 =
                     _mm512_srai_epi32::<24>(_mm512_sllv_epi32(sw, _mm512_set1_epi32(24 - i0)));
@@ -444,19 +481,20 @@ mod avx512 {
                     _mm512_srai_epi32::<24>(_mm512_sllv_epi32(sw, _mm512_set1_epi32(16 - i0)));
                 let lo_sh = _mm_cvtsi32_si128(4 * (t / 2) as i32);
                 let hi_sh = _mm_cvtsi32_si128(2 * t as i32);
-                let mut s: [[__m512i; 2]; R] = std::array::from_fn(|r| {
+                let mut s = [[_mm512_setzero_si512(); 2]; R];
+                for (r, sr) in s.iter_mut().enumerate() {
                     let [a, c] = *s16.add((row0 + r) * nb + sb * 8 + b);
-                    [_mm512_set1_epi32(-32 * a), _mm512_set1_epi32(-32 * c)]
-                });
+                    *sr = [_mm512_set1_epi32(-32 * a), _mm512_set1_epi32(-32 * c)];
+                }
                 for u in 0..8 {
-                    let ql = ld(p.add(64 * (16 * h + 8 * (t % 2) + u)));
-                    let qh = ld(p.add(64 * (32 + 8 * h + u)));
+                    let ql = ld(v.add(64 * (4 + 24 * h + 16 * (t % 2) + u)));
+                    let qh = ld(v.add(64 * (12 + 24 * h + u)));
                     let lo = _mm512_and_si512(_mm512_srl_epi16(ql, lo_sh), m4);
-                    let hi = _mm512_and_si512(_mm512_srl_epi16(qh, hi_sh), m2);
-                    let v = _mm512_or_si512(lo, _mm512_slli_epi16::<4>(hi));
+                    let hi = _mm512_and_si512(_mm512_srl_epi16(qh, hi_sh), m3);
+                    let q = _mm512_or_si512(lo, _mm512_slli_epi16::<4>(hi));
                     for (r, sr) in s.iter_mut().enumerate() {
                         let x = xs.add(((row0 + r) * nb + sb * 8 + b) * 32 + 4 * u);
-                        sr[u / 4] = _mm512_dpbusd_epi32(sr[u / 4], v, piece(x));
+                        sr[u / 4] = _mm512_dpbusd_epi32(sr[u / 4], q, piece(x));
                     }
                 }
                 for r in 0..R {

@@ -469,6 +469,34 @@ pub fn split(
     )
 }
 
+/// `output = [x | y]` along `axis` (every other dim equal).
+pub fn cat(e: &Executor, x: &Data, y: &Data, axis: usize, out: &mut Data) -> Result<()> {
+    let mut d = DataDict::new()
+        .with("input0", x)
+        .with("input1", y)
+        .with_mut("output", out);
+    e.run(
+        "Cat",
+        &mut d,
+        &FloatDict::new(),
+        &IntDict::new().with("axis", axis as i32),
+    )
+}
+
+/// Batched `output = alpha · a·bᵀ` for `a` [.., m, k] and `b` [.., n, k] (`MatMulTransB`).
+pub fn matmul_trans_b(e: &Executor, a: &Data, b: &Data, alpha: f32, out: &mut Data) -> Result<()> {
+    let mut d = DataDict::new()
+        .with("input0", a)
+        .with("input1", b)
+        .with_mut("output", out);
+    e.run(
+        "MatMulTransB",
+        &mut d,
+        &FloatDict::new().with("alpha", alpha),
+        &IntDict::new(),
+    )
+}
+
 /// Appends `src` to `dst` along `axis` in place.
 pub fn cat_direct(e: &Executor, dst: &mut Data, src: &Data, axis: usize) -> Result<()> {
     let mut d = DataDict::new().with_mut("input0", dst).with("input1", src);

@@ -1,6 +1,7 @@
-//! Mixture-of-experts models on the CUDA device: the tiny Mixtral and Qwen3-MoE fixtures against
-//! their float64 reference logits (exact and fast precision), with the CUDA device first and the
-//! CPU device as the fallback for the ops it lacks (`MoeRoute`, `MoeDispatch`, `MoeCombine`).
+//! Mixture-of-experts models on the CUDA device: the tiny Mixtral, Qwen3-MoE and DeepSeek-V3
+//! fixtures against their float64 reference logits (exact and fast precision), with the CUDA
+//! device first and the CPU device as the fallback for the ops it lacks (`MoeRoute`,
+//! `MoeDispatch`, `MoeCombine`, and the per-head `MatMulTransB` of latent attention).
 //!
 //! Without a GPU the test passes without work and the binary says once, on stderr past the test
 //! harness's capture, "SKIPPED: no CUDA device (...)".
@@ -86,7 +87,7 @@ fn worst_on(arch: &str, device: &str, precision: Precision) -> f32 {
 #[test]
 fn tiny_moe_models_on_the_gpu_match_reference() {
     let Some(_dev) = gpu() else { return };
-    for arch in ["mixtral", "qwen3_moe"] {
+    for arch in ["mixtral", "qwen3_moe", "deepseek_v3"] {
         for precision in [Precision::Exact, Precision::Fast] {
             let worst = worst_on(arch, "cuda", precision);
             println!("{arch} cuda {precision:?}: max |logit - ref| {worst:.2e}");

@@ -164,21 +164,23 @@ fn seeds_stops_and_chat() {
 
 #[test]
 fn low_memory_mode_gives_the_same_logits() {
-    let (a, b) = (llm("llama", false), llm("llama", true));
-    let ids = [1u32, 50, 60, 70, 80];
-    let la = a
-        .model
-        .forward(&mut a.model.new_cache(8).unwrap(), &ids, true)
-        .unwrap()
-        .to_f32_vec()
-        .unwrap();
-    let lb = b
-        .model
-        .forward(&mut b.model.new_cache(8).unwrap(), &ids, true)
-        .unwrap()
-        .to_f32_vec()
-        .unwrap();
-    assert_eq!(la, lb);
+    for arch in ["llama", "deepseek_v3"] {
+        let (a, b) = (llm(arch, false), llm(arch, true));
+        let ids = [1u32, 50, 60, 70, 80];
+        let la = a
+            .model
+            .forward(&mut a.model.new_cache(8).unwrap(), &ids, true)
+            .unwrap()
+            .to_f32_vec()
+            .unwrap();
+        let lb = b
+            .model
+            .forward(&mut b.model.new_cache(8).unwrap(), &ids, true)
+            .unwrap()
+            .to_f32_vec()
+            .unwrap();
+        assert_eq!(la, lb, "{arch}");
+    }
 }
 
 #[test]
@@ -266,7 +268,7 @@ fn paged_batch_with_length_dependent_rope_equals_single_sequences() {
 
 #[test]
 fn paged_batch_equals_single_sequence_forward() {
-    for arch in ["llama", "gemma2", "bloom", "qwen3"] {
+    for arch in ["llama", "gemma2", "bloom", "qwen3", "deepseek_v3"] {
         let m = llm(arch, false);
         let seqs: [&[u32]; 3] = [
             &[1, 20, 30, 40, 50, 60, 70],

@@ -1,4 +1,5 @@
-//! `ModelConfig` from GGUF metadata (`{arch}.*` keys: llama, qwen2, qwen3, phi3, gemma3) and
+//! `ModelConfig` from GGUF metadata (`{arch}.*` keys: llama, qwen2, qwen3, phi3, gemma3, qwen3moe,
+//! deepseek2) and
 //! the chat template. Missing required keys are errors naming the key and the file.
 
 use super::gguf_rope::gguf_rope_scaling;
@@ -7,7 +8,15 @@ use crate::format::gguf::GgufFile;
 use crate::model::{ModelConfig, MoeConfig, MoeScoring, RopeStyle};
 
 /// GGUF architectures the converter knows.
-pub const GGUF_ARCHITECTURES: [&str; 6] = ["llama", "qwen2", "qwen3", "phi3", "gemma3", "qwen3moe"];
+pub const GGUF_ARCHITECTURES: [&str; 7] = [
+    "llama",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "gemma3",
+    "qwen3moe",
+    "deepseek2",
+];
 
 /// The GGUF architecture, refused when unknown.
 pub fn gguf_architecture(g: &GgufFile) -> Result<String> {
@@ -52,17 +61,7 @@ impl ModelConfig {
             .get_u64(&k("attention.key_length"))
             .map(|v| v as usize)
             .unwrap_or(hidden / heads);
-        let vocab_size = match g.get_u64(&k("vocab_size")) {
-            Some(v) => v as usize,
-            None => g
-                .get_array("tokenizer.ggml.tokens")
-                .map(|a| a.len())
-                .or_else(|| {
-                    g.tensor("token_embd.weight")
-                        .and_then(|t| t.dims.get(1).map(|&d| d as usize))
-                })
-                .ok_or_else(|| Error::format(&g.path, "cannot tell the vocabulary size"))?,
-        };
+        let vocab_size = vocab_size(g, &arch)?;
         let context_length = size(g, &k("context_length"))?;
         let rope_dim = g
             .get_u64(&k("rope.dimension_count"))
@@ -82,6 +81,7 @@ impl ModelConfig {
             architecture: match (arch.as_str(), &moe) {
                 ("llama", Some(_)) => "mixtral".into(),
                 ("qwen3moe", _) => "qwen3_moe".into(),
+                ("deepseek2", _) => "deepseek_v3".into(),
                 _ => arch.clone(),
             },
             vocab_size,
@@ -115,13 +115,31 @@ impl ModelConfig {
             bos_id: id(g, "tokenizer.ggml.bos_token_id"),
             eos_ids,
             moe,
+            mla: None,
         };
         match arch.as_str() {
             "gemma3" => gemma3(g, &mut c)?,
             "phi3" => phi3(g, &mut c),
+            "deepseek2" => super::gguf_mla::deepseek2(g, &mut c)?,
             _ => {}
         }
         Ok(c)
+    }
+}
+
+/// The vocabulary size: `{arch}.vocab_size`, else the number of tokenizer tokens, else the
+/// embedding's rows.
+fn vocab_size(g: &GgufFile, arch: &str) -> Result<usize> {
+    match g.get_u64(&format!("{arch}.vocab_size")) {
+        Some(v) => Ok(v as usize),
+        None => g
+            .get_array("tokenizer.ggml.tokens")
+            .map(|a| a.len())
+            .or_else(|| {
+                g.tensor("token_embd.weight")
+                    .and_then(|t| t.dims.get(1).map(|&d| d as usize))
+            })
+            .ok_or_else(|| Error::format(&g.path, "cannot tell the vocabulary size")),
     }
 }
 

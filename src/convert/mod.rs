@@ -4,20 +4,20 @@
 //! ([`TokenizerSpec::from_gguf`](crate::tokenizer::TokenizerSpec::from_gguf)); the file formats
 //! themselves live in `crate::format`.
 
-// `x % n != 0` instead of `is_multiple_of`: the workspace MSRV (1.80) predates it.
-#![allow(clippy::manual_is_multiple_of)]
-
 pub mod dtype_policy;
 pub mod ggml_dequant;
 mod gguf;
 pub mod gguf_config;
+mod gguf_mla;
 pub mod gguf_rope;
 mod gguf_tokenizer;
 mod hf;
 pub mod hf_config;
+mod hf_mla;
 pub mod hf_rope;
 pub mod names;
 mod options;
+mod output;
 pub mod tensor_transform;
 
 pub use gguf::convert_gguf;

@@ -2,6 +2,7 @@
 //! its forward pass makes (norm kind, fused projections, position encoding, MLP shape). Adding an
 //! architecture of a known shape is one table entry.
 
+use super::mla::MlaNames;
 use super::moe::MoeNames;
 use crate::error::{Error, Result};
 
@@ -25,6 +26,8 @@ pub enum Qkv {
     Fused(&'static str),
     /// One linear whose output is per head `[q_h | k_h | v_h]` (Bloom).
     FusedPerHead(&'static str),
+    /// Multi-head latent attention (DeepSeek-V3; `ModelConfig::mla` has its sizes).
+    Latent(MlaNames),
 }
 
 /// The MLP shape.
@@ -121,6 +124,19 @@ const QWEN_MOE: MoeNames = MoeNames {
     shared: None,
 };
 
+/// DeepSeek-V3's latent attention projections.
+const DEEPSEEK_MLA: MlaNames = MlaNames {
+    q: "self_attn.q_proj",
+    q_a: "self_attn.q_a_proj",
+    q_a_norm: "self_attn.q_a_layernorm",
+    q_b: "self_attn.q_b_proj",
+    kv_a: "self_attn.kv_a_proj_with_mqa",
+    kv_a_norm: "self_attn.kv_a_layernorm",
+    kv_b: "self_attn.kv_b_proj",
+    k_b: "self_attn.k_b_proj",
+    v_b: "self_attn.v_b_proj",
+};
+
 const TABLE: &[ArchSpec] = &[
     LLAMA,
     ArchSpec {
@@ -151,6 +167,16 @@ const TABLE: &[ArchSpec] = &[
         name: "qwen3_moe",
         qk_norm: Some(("self_attn.q_norm", "self_attn.k_norm")),
         moe: Some(QWEN_MOE),
+        ..LLAMA
+    },
+    ArchSpec {
+        name: "deepseek_v3",
+        qkv: Qkv::Latent(DEEPSEEK_MLA),
+        moe: Some(MoeNames {
+            score_bias: Some("mlp.gate.e_score_correction_bias"),
+            shared: Some("mlp.shared_experts"),
+            ..QWEN_MOE
+        }),
         ..LLAMA
     },
     ArchSpec {

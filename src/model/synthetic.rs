@@ -65,6 +65,7 @@ pub fn config(name: &str) -> Result<ModelConfig> {
         bos_id: Some(128000),
         eos_ids: vec![128001],
         moe: None,
+        mla: None,
     };
     match name {
         "llama-3-8b" => Ok(base),

@@ -98,6 +98,12 @@ impl ShardPlan {
                 c.architecture
             )));
         }
+        if c.mla.is_some() {
+            return Err(Error::Unsupported(format!(
+                "{}: tensor parallelism of latent attention",
+                c.architecture
+            )));
+        }
         let (nh, nkv) = (c.num_heads, c.num_kv_heads);
         if nkv == 0 || nh == 0 || !nh.is_multiple_of(nkv) {
             return Err(Error::Unsupported(format!(
@@ -255,6 +261,7 @@ impl ShardPlan {
                     Qkv::FusedPerHead(n) => {
                         both(&mut m, &ln(n), Rule::Rows(vec![scale(&h, 3 * hd)]))
                     }
+                    Qkv::Latent(_) => {} // refused by `ShardPlan::new`
                 }
                 row_parallel(&mut m, &ln(spec.o_proj), scale(&h, hd));
             }

@@ -181,8 +181,18 @@ impl Weights {
     /// there find their weights in place; dtypes are kept. Tensors fetched on demand in
     /// low-memory mode are not resident and are not moved.
     pub fn upload_to(&mut self, device: &dyn crate::device::BaseDevice) -> Result<()> {
+        self.upload_to_where(device, |_| true)
+    }
+
+    /// [`Weights::upload_to`] of the tensors whose name passes `pick`; the others stay where
+    /// they are (e.g. on the host, for ops the device lacks).
+    pub fn upload_to_where(
+        &mut self,
+        device: &dyn crate::device::BaseDevice,
+        pick: impl Fn(&str) -> bool,
+    ) -> Result<()> {
         for (name, d) in self.resident.iter_mut() {
-            if d.device() != device.kind() {
+            if d.device() != device.kind() && pick(name) {
                 let mut up = device.upload(d)?;
                 up.name = name.clone();
                 *d = up;

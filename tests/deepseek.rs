@@ -510,6 +510,7 @@ fn check_stage(sh: Shape, interleaved: bool, pre: usize, total: usize) {
         alibi: None,
         fast: false,
         output_copy: OutputCopy::None,
+        sinks: None,
     };
     let mut store = Store {
         k: Data::zeros(DataType::F32, &[0, 1, rank + r]).unwrap(),

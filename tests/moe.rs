@@ -215,6 +215,7 @@ fn cfg(experts: usize, k: usize) -> MoeConfig {
         routed_scale: 1.0,
         shared_intermediate: 0,
         layers: vec![true],
+        swiglu_clamp: None,
     }
 }
 

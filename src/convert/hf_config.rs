@@ -6,11 +6,11 @@
 use super::hf_rope::hf_rope;
 use crate::error::{Error, Result};
 use crate::format::flm::{MetaValue, Metadata};
-use crate::model::{ModelConfig, MoeConfig, MoeScoring, RopeScaling, RopeStyle};
+use crate::model::{ModelConfig, MoeConfig, MoeScoring, RopeScaling, RopeStyle, SwigluClamp};
 use serde_json::Value;
 
 /// Architectures the converter knows (HF `model_type`).
-pub const HF_ARCHITECTURES: [&str; 13] = [
+pub const HF_ARCHITECTURES: [&str; 14] = [
     "llama",
     "mistral",
     "qwen2",
@@ -24,6 +24,7 @@ pub const HF_ARCHITECTURES: [&str; 13] = [
     "mixtral",
     "qwen3_moe",
     "deepseek_v3",
+    "gpt_oss",
 ];
 
 struct Json<'a> {
@@ -136,6 +137,15 @@ impl ModelConfig {
         {
             return Err(Error::Unsupported(format!(
                 "{path}: use_bidirectional_attention (an embedding model; only causal decoders run)"
+            )));
+        }
+        if let Some(m) = v
+            .pointer("/quantization_config/quant_method")
+            .and_then(Value::as_str)
+            .filter(|_| arch == "gpt_oss")
+        {
+            return Err(Error::Unsupported(format!(
+                "{path}: a GPT-OSS checkpoint quantized as {m:?} (MXFP4 expert blocks); convert the dequantized bf16 checkpoint"
             )));
         }
         let has_rope = !matches!(arch.as_str(), "gpt2" | "bloom");
@@ -330,10 +340,19 @@ fn moe_config(
             routed_scale: 1.0,
             shared_intermediate: 0,
             layers: vec![true; layers],
+            swiglu_clamp: None,
         })
     };
     Ok(Some(match arch {
         "mixtral" => base(experts()?, intermediate)?,
+        // softmax over the chosen logits = the renormalised softmax over all of them
+        "gpt_oss" => MoeConfig {
+            swiglu_clamp: Some(SwigluClamp {
+                alpha: j.float(&["swiglu_alpha"])?.unwrap_or(1.702),
+                limit: j.float(&["swiglu_limit"])?.unwrap_or(7.0),
+            }),
+            ..base(experts()?, intermediate)?
+        },
         "qwen3_moe" => {
             let step = j.size(&["decoder_sparse_step"])?.unwrap_or(1).max(1);
             let dense: Vec<u64> = j

@@ -132,6 +132,7 @@ pub fn deepseek_moe(v: &Value, path: &str, layers: usize) -> Result<MoeConfig> {
         routed_scale: opt_float(v, path, "routed_scaling_factor")?.unwrap_or(2.5) as f32,
         shared_intermediate: inner * shared,
         layers: (0..layers).map(|i| i >= dense).collect(),
+        swiglu_clamp: None,
     })
 }
 

@@ -13,6 +13,7 @@ pub mod gguf_rope;
 mod gguf_tokenizer;
 mod hf;
 pub mod hf_config;
+mod hf_experts;
 mod hf_mla;
 pub mod hf_rope;
 pub mod names;

@@ -73,7 +73,8 @@ pub fn gguf_name(name: &str, heads: usize, kv_heads: usize, permute_qk: bool) ->
 }
 
 /// GGUF name → HF name for the tensors whose naming differs by architecture (Gemma-3's four
-/// norms per layer, Phi-3's fused projections, DeepSeek's latent attention); `None` to fall
+/// norms per layer, Phi-3's fused projections, DeepSeek's latent attention, GPT-OSS's FFN norm
+/// and sinks); `None` to fall
 /// back on [`gguf_name`].
 pub fn gguf_arch_name(arch: &str, name: &str) -> Option<Mapped> {
     let rest = name.strip_prefix("blk.")?;
@@ -94,6 +95,15 @@ pub fn gguf_arch_name(arch: &str, name: &str) -> Option<Mapped> {
         ("deepseek2", "attn_kv_b") => "self_attn.kv_b_proj",
         ("deepseek2", "attn_k_b") => "self_attn.k_b_proj",
         ("deepseek2", "attn_v_b") => "self_attn.v_b_proj",
+        ("gpt-oss", "post_attention_norm") => "post_attention_layernorm",
+        // the sinks are one tensor without a `.weight` suffix in HF's naming
+        ("gpt-oss", "attn_sinks") => {
+            return Some(Mapped {
+                name: format!("model.layers.{layer}.self_attn.sinks"),
+                transpose: false,
+                unpermute_heads: None,
+            })
+        }
         _ => return None,
     };
     Some(Mapped {

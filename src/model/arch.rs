@@ -78,6 +78,8 @@ pub struct ArchSpec {
     pub qk_norm: Option<(&'static str, &'static str)>,
     /// Attention output projection.
     pub o_proj: &'static str,
+    /// Per-head attention sink logits `[heads]` (GPT-OSS).
+    pub attn_sinks: Option<&'static str>,
     /// Norm applied to the attention output before the residual (Gemma-2).
     pub post_attn_norm: Option<&'static str>,
     /// Norm before the MLP.
@@ -106,6 +108,7 @@ const LLAMA: ArchSpec = ArchSpec {
     qkv: Qkv::Separate("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     qk_norm: None,
     o_proj: "self_attn.o_proj",
+    attn_sinks: None,
     post_attn_norm: None,
     ffn_norm: "post_attention_layernorm",
     post_ffn_norm: None,
@@ -180,6 +183,18 @@ const TABLE: &[ArchSpec] = &[
         ..LLAMA
     },
     ArchSpec {
+        name: "gpt_oss",
+        attn_sinks: Some("self_attn.sinks"),
+        moe: Some(MoeNames {
+            router: "mlp.router",
+            score_bias: None,
+            experts: "mlp.experts",
+            proj: ("gate_proj", "up_proj", "down_proj"),
+            shared: None,
+        }),
+        ..LLAMA
+    },
+    ArchSpec {
         name: "phi3",
         qkv: Qkv::Fused("self_attn.qkv_proj"),
         mlp: Mlp::GatedFused("mlp.gate_up_proj", "mlp.down_proj"),
@@ -221,6 +236,7 @@ const TABLE: &[ArchSpec] = &[
         qkv: Qkv::FusedPerHead("self_attention.query_key_value"),
         qk_norm: None,
         o_proj: "self_attention.dense",
+        attn_sinks: None,
         post_attn_norm: None,
         ffn_norm: "post_attention_layernorm",
         post_ffn_norm: None,
@@ -241,6 +257,7 @@ const TABLE: &[ArchSpec] = &[
         qkv: Qkv::Fused("attn.c_attn"),
         qk_norm: None,
         o_proj: "attn.c_proj",
+        attn_sinks: None,
         post_attn_norm: None,
         ffn_norm: "ln_2",
         post_ffn_norm: None,

@@ -81,7 +81,7 @@ pub const ROPE_FREQS_TENSOR: &str = "model.rope_freqs.weight";
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
     /// One of: `llama` (also Llama-2/3, SmolLM2), `mistral`, `qwen2`, `qwen3`, `bloom`, `gpt2`,
-    /// `phi3`, `gemma2`, `gemma3`, `glm`, `mixtral`, `qwen3_moe`, `deepseek_v3`.
+    /// `phi3`, `gemma2`, `gemma3`, `glm`, `mixtral`, `qwen3_moe`, `deepseek_v3`, `gpt_oss`.
     pub architecture: String,
     /// Vocabulary size (rows of the embedding).
     pub vocab_size: usize,

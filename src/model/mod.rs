@@ -21,7 +21,7 @@ pub use config::{ModelConfig, RopeScaling, RopeStyle, ROPE_FREQS_TENSOR};
 pub use kv_dtype::KvDtype;
 pub use logprobs::PickLogprobs;
 pub use mla::{MlaConfig, MlaNames};
-pub use moe::{MoeConfig, MoeNames, MoeScoring};
+pub use moe::{MoeConfig, MoeNames, MoeScoring, SwigluClamp};
 pub use paged::{PagedKvPool, PagedSeqState};
 pub use paged_graph::{warm_batch_decode, BatchDecode, BATCH_BUCKETS};
 pub use synthetic::SyntheticSource;

@@ -190,6 +190,7 @@ fn moe_shape(c: ModelConfig, (experts, k, inner): (usize, usize, usize)) -> Mode
             routed_scale: 1.0,
             shared_intermediate: 0,
             layers: vec![true; c.num_layers],
+            swiglu_clamp: None,
         }),
         ..c
     }

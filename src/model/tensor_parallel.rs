@@ -264,6 +264,9 @@ impl ShardPlan {
                     Qkv::Latent(_) => {} // refused by `ShardPlan::new`
                 }
                 row_parallel(&mut m, &ln(spec.o_proj), scale(&h, hd));
+                if let Some(sk) = spec.attn_sinks {
+                    m.insert(ln(sk), Rule::Rows(vec![h.clone()])); // one logit per query head
+                }
             }
             match spec.mlp {
                 Mlp::Gated(g, u, d) => {

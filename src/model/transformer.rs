@@ -243,15 +243,14 @@ fn derive_plus_one_norms(weights: &mut Weights, spec: &ArchSpec, c: &ModelConfig
 /// gets the weights, rope tables and ALiBi slopes once, now (after the memory cap of `opts`
 /// is checked); a CPU first device in the `fast` precision may hold the weight matrices in
 /// the layout its kernels stream (experts stay mapped from the file: only the routed ones are
-/// ever read).
+/// ever read). `on_tensor` gets the bytes of each weight once it is placed.
 fn place_weights(
     exec: &Executor,
-    spec: &ArchSpec,
-    precision: Precision,
+    (spec, precision): (&ArchSpec, Precision),
     opts: &RuntimeOptions,
     weights: &mut Weights,
-    rope: &mut RopePlan,
-    alibi: &mut Option<Data>,
+    (rope, alibi): (&mut RopePlan, &mut Option<Data>),
+    on_tensor: &mut dyn FnMut(u64),
 ) -> Result<()> {
     let Some(dev) = exec.devices().first() else {
         return Ok(());
@@ -264,18 +263,22 @@ fn place_weights(
             (Qkv::Latent(n), false) => Some(n),
             _ => None,
         };
-        weights.upload_to_where(dev.as_ref(), |name| {
-            host_only.is_none_or(|n| !super::mla::is_absorbed(&n, name))
-        })?;
+        weights.upload_to_where(
+            dev.as_ref(),
+            |name| host_only.is_none_or(|n| !super::mla::is_absorbed(&n, name)),
+            on_tensor,
+        )?;
         rope.upload(dev.as_ref())?;
         if let Some(t) = alibi {
             *t = dev.upload(t)?;
         }
     } else if precision == Precision::Fast {
         let experts = spec.moe.map(|m| m.experts);
-        weights.reform_for_where(dev.as_ref(), |n| {
-            experts.is_none_or(|x| !super::moe::is_expert_tensor(x, n))
-        })?;
+        weights.reform_for_where(
+            dev.as_ref(),
+            |n| experts.is_none_or(|x| !super::moe::is_expert_tensor(x, n)),
+            on_tensor,
+        )?;
     }
     Ok(())
 }
@@ -308,6 +311,35 @@ struct Paths {
     rope_tables: bool,
     /// How paged steps of one token per sequence run ([`BatchDecode`]).
     batch_decode: BatchDecode,
+}
+
+/// The per-tensor callback of a load: adds each tensor's bytes (`u64::MAX`: the rest) and
+/// reports the bytes so far of `total` to `progress` when they changed, from a first report
+/// of 0; nothing when no weights are resident.
+fn load_reporter<'a>(
+    total: u64,
+    progress: crate::progress::OnProgress<'a>,
+) -> impl FnMut(u64) + 'a {
+    use crate::progress::{Progress, Stage};
+    let mut done = 0u64;
+    let mut report = move |done: u64| {
+        if total > 0 {
+            progress(&Progress {
+                stage: Stage::Load,
+                done,
+                total,
+                item: "",
+            })
+        }
+    };
+    report(0);
+    move |bytes: u64| {
+        let now = done.saturating_add(bytes).min(total);
+        if now != done {
+            done = now;
+            report(done);
+        }
+    }
 }
 
 impl Paths {
@@ -411,6 +443,21 @@ impl Model {
         low_memory: bool,
         opts: &RuntimeOptions,
     ) -> Result<Model> {
+        let ignore = &mut crate::progress::ignore;
+        Model::with_progress(config, source, exec, precision, low_memory, opts, ignore)
+    }
+
+    /// [`Model::with_options`], reporting the bytes of resident weights laid out for the CPU
+    /// kernels or copied to the GPU to `progress` ([`Stage::Load`](crate::progress::Stage)).
+    pub fn with_progress(
+        config: ModelConfig,
+        source: Arc<dyn WeightSource>,
+        exec: Executor,
+        precision: Precision,
+        low_memory: bool,
+        opts: &RuntimeOptions,
+        progress: crate::progress::OnProgress,
+    ) -> Result<Model> {
         let spec = arch::lookup(&config.architecture)?;
         validate_config(spec, &config)?;
         let c = &config;
@@ -428,15 +475,16 @@ impl Model {
             Positions::Alibi => Some(Data::from_f32(&[c.num_heads], &alibi_slopes(c.num_heads))?),
             _ => None,
         };
+        let mut loaded = load_reporter(weights.resident_bytes() as u64, progress);
         place_weights(
             &exec,
-            spec,
-            precision,
+            (spec, precision),
             opts,
             &mut weights,
-            &mut rope,
-            &mut alibi,
+            (&mut rope, &mut alibi),
+            &mut loaded,
         )?;
+        loaded(u64::MAX);
         let paths = Paths::choose(&exec, spec, c, precision, opts, &weights, &rope);
         let kv_dtype =
             kv_dtype::resolve(None, exec.devices().first().map(|d| d.as_ref()), precision)?;
@@ -705,11 +753,13 @@ impl Model {
     }
 
     /// The copy a producer of `rows` rows leaves for the `Linear` after it: Q8_0 rows up to
-    /// [`OutputCopy::Q8_MAX_ROWS`] rows (`norm_quantizes`), the prefill copy at more.
+    /// [`Q8_COPY_MAX_ROWS`](crate::device::Q8_COPY_MAX_ROWS) rows (`norm_quantizes`), the prefill copy at more.
     fn copy_for(&self, rows: usize) -> OutputCopy {
         match rows {
             0 => OutputCopy::None,
-            r if self.paths.norm_quantizes && r <= OutputCopy::Q8_MAX_ROWS => OutputCopy::Q8,
+            r if self.paths.norm_quantizes && r <= crate::device::Q8_COPY_MAX_ROWS => {
+                OutputCopy::Q8
+            }
             1 => OutputCopy::None,
             _ => self.paths.prefill_copy,
         }
@@ -1763,11 +1813,16 @@ impl Model {
             }
         }
         let sliding = c.sliding_layers.get(i).copied().unwrap_or(false);
+        let sinks = match self.spec.attn_sinks {
+            Some(n) => Some(self.weights.get(&ln(n))?),
+            None => None,
+        };
         let ap = AttentionParams {
             scale: self.attention_scale() * layer_rope.score_scale,
             softcap: c.attn_logit_softcap,
             sliding_window: if sliding { c.sliding_window } else { 0 },
             alibi: self.alibi.as_ref(),
+            sinks: sinks.as_deref(),
             fast: self.precision == Precision::Fast,
             output_copy: self.copy_for(s),
         };
@@ -1826,6 +1881,7 @@ impl Model {
             alibi: None,
             fast: self.precision == Precision::Fast,
             output_copy: OutputCopy::None,
+            sinks: None,
         };
         let p = format!("{}{i}.", self.spec.layer_prefix);
         super::mla::mla_attention(&st, m, names, &p, i, bufs.h, rope, kv, &ap, bufs.a)

@@ -3,7 +3,9 @@
 
 use super::meta::{MetaValue, Metadata};
 use crate::error::{Error, Result};
-use crate::model::{MlaConfig, ModelConfig, MoeConfig, MoeScoring, RopeScaling, RopeStyle};
+use crate::model::{
+    MlaConfig, ModelConfig, MoeConfig, MoeScoring, RopeScaling, RopeStyle, SwigluClamp,
+};
 
 fn u32_of(key: &str, v: usize) -> Result<MetaValue> {
     u32::try_from(v)
@@ -351,6 +353,10 @@ fn moe_to_metadata(moe: &MoeConfig, m: &mut Metadata) -> Result<()> {
         "model.moe.layers".into(),
         MetaValue::Array(moe.layers.iter().map(|&b| MetaValue::Bool(b)).collect()),
     );
+    if let Some(c) = moe.swiglu_clamp {
+        m.insert("model.moe.swiglu_alpha".into(), MetaValue::F32(c.alpha));
+        m.insert("model.moe.swiglu_limit".into(), MetaValue::F32(c.limit));
+    }
     Ok(())
 }
 
@@ -370,6 +376,15 @@ fn moe_from_metadata(r: &Keys) -> Result<Option<MoeConfig>> {
             ))
         }
     };
+    // GPT-OSS's clamped SwiGLU: both keys or neither
+    let (alpha, limit) = ("model.moe.swiglu_alpha", "model.moe.swiglu_limit");
+    let swiglu_clamp = match (r.m.get(alpha), r.m.get(limit)) {
+        (None, None) => None,
+        _ => Some(SwigluClamp {
+            alpha: r.float(alpha)?,
+            limit: r.float(limit)?,
+        }),
+    };
     Ok(Some(MoeConfig {
         experts: r.size("model.moe.experts")?,
         experts_per_token: r.size("model.moe.experts_per_token")?,
@@ -381,6 +396,7 @@ fn moe_from_metadata(r: &Keys) -> Result<Option<MoeConfig>> {
         routed_scale: r.float("model.moe.routed_scale")?,
         shared_intermediate: r.size("model.moe.shared_intermediate")?,
         layers: r.bools("model.moe.layers")?,
+        swiglu_clamp,
     }))
 }
 

@@ -3,13 +3,15 @@
 //! bit-exact and dequantizes the rest, streaming tensor by tensor. Every tensor's type and name
 //! is checked before the output file is created.
 
+use super::dtype_policy::DtypePlan;
 use super::ggml_dequant::{dequantize, shared_dtype, supported};
 use super::gguf_config::gguf_architecture;
 use super::gguf_rope::ROPE_FACTOR_TENSORS;
 use super::names::{
     gguf_arch_name, gguf_moe_part, gguf_name, moe_hf_name, GgufMoePart, Mapped, ROPE_FREQS,
 };
-use super::tensor_transform::{transform, SourceTensor};
+use super::quant_mix::MixTensor;
+use super::tensor_transform::{stored_dims, transform, SourceTensor};
 use super::{general_metadata, naming_file, ConvertOptions, ConvertReport, Progress};
 use crate::error::{Error, Result};
 use crate::format::flm::{FlmWriter, MetaValue};
@@ -42,7 +44,8 @@ pub fn convert_gguf(
     }
     let config = ModelConfig::from_gguf(&g)?;
     let permute = arch == "llama";
-    let moe_names = crate::model::arch::lookup(&config.architecture)?.moe;
+    let arch_spec = crate::model::arch::lookup(&config.architecture)?;
+    let moe_names = arch_spec.moe;
     let mut plan: Vec<(usize, Vec<Mapped>)> = Vec::new();
     for (i, t) in g.tensors.iter().enumerate() {
         if t.name == "rope_freqs.weight" {
@@ -71,6 +74,11 @@ pub fn convert_gguf(
             })?;
         plan.push((i, vec![m]));
     }
+    let experts = config.moe.as_ref().map_or(0, |m| m.experts);
+    let dtypes = DtypePlan::new(opts.dtype, arch_spec, (config.num_layers, experts), || {
+        mix_tensors(&g, &plan)
+    })
+    .map_err(|e| naming_file(&g.path, e))?;
     let spec =
         crate::tokenizer::TokenizerSpec::from_gguf(&g).map_err(|e| naming_file(&g.path, e))?;
     let name = g.get_str("general.name").unwrap_or_default().to_string();
@@ -114,7 +122,10 @@ pub fn convert_gguf(
                 same_as: shared_dtype(ty).filter(|_| shift == 0.0),
                 decode: &decode,
             };
-            let stored = transform(m, src, opts.dtype)
+            let same_as = src.same_as;
+            let stored = stored_dims(m, &dims, &t.name)
+                .and_then(|out_dims| dtypes.dtype(done, &m.name, &out_dims, same_as))
+                .and_then(|dtype| transform(m, src, dtype))
                 .map_err(|e| Error::format(&g.path, format!("tensor {}: {e}", t.name)))?;
             writer.add_tensor(&m.name, stored.dtype, &stored.dims, &stored.bytes)?;
             bytes_total += stored.bytes.len() as u64;
@@ -134,6 +145,37 @@ pub fn convert_gguf(
         tensors: total,
         tensor_bytes: bytes_total,
     })
+}
+
+/// Every `.flm` tensor the conversion of `g` writes, in order, as the mix planner sees it.
+fn mix_tensors(g: &GgufFile, plan: &[(usize, Vec<Mapped>)]) -> Result<Vec<MixTensor>> {
+    let mut out = Vec::new();
+    for (i, ms) in plan {
+        let t = g
+            .tensors
+            .get(*i)
+            .ok_or_else(|| Error::format(&g.path, "tensor index changed"))?;
+        let mut dims = t.shape();
+        if ms.len() > 1 {
+            dims.remove(0);
+        }
+        let quantized_source = match shared_dtype(t.ggml_type) {
+            Some(d) if d.is_float() => None,
+            _ => Some(
+                ggml_type::info(t.ggml_type)
+                    .map_or("unknown", |i| i.0)
+                    .to_string(),
+            ),
+        };
+        for m in ms {
+            out.push(MixTensor {
+                name: m.name.clone(),
+                dims: stored_dims(m, &dims, &t.name)?,
+                quantized_source: quantized_source.clone(),
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// The `.flm` tensors of a GGUF MoE tensor (one per expert for a stacked one), `None` when `t`

@@ -1,9 +1,11 @@
 //! Hugging Face directory (`config.json`, `tokenizer.json`, safetensors) → `.flm`, streaming
 //! tensor by tensor in name order.
 
+use super::dtype_policy::DtypePlan;
 use super::hf_config::generation_metadata;
 use super::names::hf_name;
-use super::tensor_transform::{transform, SourceTensor};
+use super::quant_mix::MixTensor;
+use super::tensor_transform::{stored_dims, transform, SourceTensor};
 use super::{general_metadata, naming_file, ConvertOptions, ConvertReport, Progress};
 use crate::data::decode_to_f32;
 use crate::error::{Error, Result};
@@ -42,6 +44,23 @@ fn chat_template(dir: &Path, tok_cfg: Option<&str>) -> Result<Option<String>> {
             .map(str::to_string),
         _ => None,
     })
+}
+
+/// Every tensor of `names` as the mix planner sees it (safetensors tensors are never
+/// block-quantized).
+fn mix_tensors(weights: &SafetensorsSet, arch: &str, names: &[String]) -> Result<Vec<MixTensor>> {
+    names
+        .iter()
+        .map(|n| {
+            let (info, _) = weights.tensor(n)?;
+            let m = hf_name(arch, n);
+            Ok(MixTensor {
+                dims: stored_dims(&m, &info.dims, n)?,
+                name: m.name,
+                quantized_source: None,
+            })
+        })
+        .collect()
 }
 
 /// Converts the Hugging Face model directory `dir` into `out`.
@@ -88,6 +107,11 @@ pub fn convert_hf_dir(
     }
     let mut writer = FlmWriter::create(out, &config, &meta, &spec)?;
     let names: Vec<String> = weights.names().map(str::to_string).collect();
+    let spec = crate::model::arch::lookup(&config.architecture)?;
+    let experts = config.moe.as_ref().map_or(0, |m| m.experts);
+    let dtypes = DtypePlan::new(opts.dtype, spec, (config.num_layers, experts), || {
+        mix_tensors(&weights, &config.architecture, &names)
+    })?;
     let total = names.len();
     let mut bytes_total = 0u64;
     for (i, n) in names.iter().enumerate() {
@@ -103,7 +127,9 @@ pub fn convert_hf_dir(
             decode: &decode,
         };
         let mapped = hf_name(&config.architecture, n);
-        let stored = transform(&mapped, src, opts.dtype)
+        let stored = stored_dims(&mapped, &info.dims, n)
+            .and_then(|d| dtypes.dtype(i, &mapped.name, &d, Some(dt)))
+            .and_then(|dtype| transform(&mapped, src, dtype))
             .map_err(|e| Error::format(file, format!("tensor {n}: {e}")))?;
         writer.add_tensor(&mapped.name, stored.dtype, &stored.dims, &stored.bytes)?;
         bytes_total += stored.bytes.len() as u64;

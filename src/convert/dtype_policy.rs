@@ -10,7 +10,7 @@ use super::options::TargetDtype;
 use super::quant_mix::{plan, MixTensor};
 use crate::data::{encode_from_f32, DataType, QK};
 use crate::error::{Error, Result};
-use crate::model::arch::ArchSpec;
+use crate::model::ModelConfig;
 use rayon::prelude::*;
 
 /// True for tensors that always stay F32 (norm weights, biases, 1-D tensors).
@@ -65,16 +65,18 @@ pub enum DtypePlan {
 }
 
 impl DtypePlan {
-    /// The plan for `target`; for a mix, `tensors()` lists every tensor in the order they will
-    /// be written, and `layers_experts` is the model's layer count and experts per MoE layer.
+    /// The plan for `target`; for a mix, `tensors()` lists every tensor of the model of
+    /// `config` in the order they will be written.
     pub fn new(
         target: TargetDtype,
-        spec: &ArchSpec,
-        layers_experts: (usize, usize),
+        config: &ModelConfig,
         tensors: impl FnOnce() -> Result<Vec<MixTensor>>,
     ) -> Result<DtypePlan> {
         Ok(match target {
             TargetDtype::Mix(mix) => {
+                let spec = crate::model::arch::lookup(&config.architecture)?;
+                let experts = config.moe.as_ref().map_or(0, |m| m.experts);
+                let layers_experts = (config.num_layers, experts);
                 DtypePlan::Planned(plan(mix, spec, layers_experts, &tensors()?)?)
             }
             t => DtypePlan::PerTensor(t),

@@ -44,7 +44,8 @@ pub fn dequantize(t: u32, src: &[u8], dst: &mut [f32]) -> Result<()> {
     }
     let (name, block_elems, block_bytes) =
         ggml_type::info(t).ok_or_else(|| Error::Unsupported(format!("ggml tensor type {t}")))?;
-    if dst.len() % block_elems != 0 || src.len() != dst.len() / block_elems * block_bytes {
+    if !dst.len().is_multiple_of(block_elems) || src.len() != dst.len() / block_elems * block_bytes
+    {
         return Err(Error::invalid(format!(
             "{name}: {} bytes cannot hold {} elements",
             src.len(),

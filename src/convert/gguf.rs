@@ -10,8 +10,9 @@ use super::gguf_rope::ROPE_FACTOR_TENSORS;
 use super::names::{
     gguf_arch_name, gguf_moe_part, gguf_name, moe_hf_name, GgufMoePart, Mapped, ROPE_FREQS,
 };
+use super::output::TensorOutput;
 use super::quant_mix::MixTensor;
-use super::tensor_transform::{stored_dims, transform, SourceTensor};
+use super::tensor_transform::{stored_dims, SourceTensor};
 use super::{general_metadata, naming_file, ConvertOptions, ConvertReport, Progress};
 use crate::error::{Error, Result};
 use crate::format::flm::{FlmWriter, MetaValue};
@@ -28,57 +29,11 @@ pub fn convert_gguf(
 ) -> Result<ConvertReport> {
     let g = GgufFile::open(path)?;
     let arch = gguf_architecture(&g)?;
-    for t in &g.tensors {
-        if !supported(t.ggml_type) {
-            let tname = ggml_type::info(t.ggml_type)
-                .map(|i| i.0)
-                .unwrap_or("unknown");
-            return Err(Error::format(
-                &g.path,
-                format!(
-                    "tensor {}: unsupported GGUF tensor type {tname} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)",
-                    t.name
-                ),
-            ));
-        }
-    }
+    check_tensor_types(&g)?;
     let config = ModelConfig::from_gguf(&g)?;
-    let permute = arch == "llama";
-    let arch_spec = crate::model::arch::lookup(&config.architecture)?;
-    let moe_names = arch_spec.moe;
-    let mut plan: Vec<(usize, Vec<Mapped>)> = Vec::new();
-    for (i, t) in g.tensors.iter().enumerate() {
-        if t.name == "rope_freqs.weight" {
-            let m = Mapped {
-                name: ROPE_FREQS.to_string(),
-                transpose: false,
-                unpermute_heads: None,
-            };
-            plan.push((i, vec![m]));
-            continue;
-        }
-        if let Some(ms) = moe_plan(&g, t, &config, moe_names.as_ref())? {
-            plan.push((i, ms));
-            continue;
-        }
-        if ROPE_FACTOR_TENSORS.contains(&t.name.as_str()) {
-            continue; // LongRoPE's factors, already in the config
-        }
-        let m = gguf_arch_name(&arch, &t.name)
-            .or_else(|| gguf_name(&t.name, config.num_heads, config.num_kv_heads, permute))
-            .ok_or_else(|| {
-                Error::format(
-                    &g.path,
-                    format!("tensor {}: no Hugging Face name for {arch}", t.name),
-                )
-            })?;
-        plan.push((i, vec![m]));
-    }
-    let experts = config.moe.as_ref().map_or(0, |m| m.experts);
-    let dtypes = DtypePlan::new(opts.dtype, arch_spec, (config.num_layers, experts), || {
-        mix_tensors(&g, &plan)
-    })
-    .map_err(|e| naming_file(&g.path, e))?;
+    let plan = plan_tensors(&g, &arch, &config)?;
+    let dtypes = DtypePlan::new(opts.dtype, &config, || mix_tensors(&g, &plan))
+        .map_err(|e| naming_file(&g.path, e))?;
     let spec =
         crate::tokenizer::TokenizerSpec::from_gguf(&g).map_err(|e| naming_file(&g.path, e))?;
     let name = g.get_str("general.name").unwrap_or_default().to_string();
@@ -86,10 +41,9 @@ pub fn convert_gguf(
     if let Some(t) = g.get_str("tokenizer.chat_template") {
         meta.insert("chat_template".into(), MetaValue::Str(t.to_string()));
     }
-    let mut writer = FlmWriter::create(out, &config, &meta, &spec)?;
+    let writer = FlmWriter::create(out, &config, &meta, &spec)?;
     let total = plan.iter().map(|(_, ms)| ms.len()).sum();
-    let mut bytes_total = 0u64;
-    let mut done = 0;
+    let mut output = TensorOutput::new(writer, dtypes, &config.architecture, total, progress);
     for (i, ms) in &plan {
         let t = g
             .tensors
@@ -122,29 +76,70 @@ pub fn convert_gguf(
                 same_as: shared_dtype(ty).filter(|_| shift == 0.0),
                 decode: &decode,
             };
-            let same_as = src.same_as;
-            let stored = stored_dims(m, &dims, &t.name)
-                .and_then(|out_dims| dtypes.dtype(done, &m.name, &out_dims, same_as))
-                .and_then(|dtype| transform(m, src, dtype))
-                .map_err(|e| Error::format(&g.path, format!("tensor {}: {e}", t.name)))?;
-            writer.add_tensor(&m.name, stored.dtype, &stored.dims, &stored.bytes)?;
-            bytes_total += stored.bytes.len() as u64;
-            done += 1;
-            progress(&Progress {
-                done,
-                total,
-                name: &m.name,
-                dtype: stored.dtype,
-                bytes: stored.bytes.len(),
-            });
+            output.store(m, src, &g.path)?;
         }
     }
-    writer.finish()?;
-    Ok(ConvertReport {
-        architecture: config.architecture,
-        tensors: total,
-        tensor_bytes: bytes_total,
-    })
+    output.finish()
+}
+
+/// Refuses a file with a tensor type the converter cannot read, naming the tensor.
+fn check_tensor_types(g: &GgufFile) -> Result<()> {
+    for t in &g.tensors {
+        if !supported(t.ggml_type) {
+            let tname = ggml_type::info(t.ggml_type)
+                .map(|i| i.0)
+                .unwrap_or("unknown");
+            return Err(Error::format(
+                &g.path,
+                format!(
+                    "tensor {}: unsupported GGUF tensor type {tname} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)",
+                    t.name
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The `.flm` tensors of each GGUF tensor, by index (several for a stacked expert tensor; none
+/// for LongRoPE's factors, which are in the config), or an error naming a tensor with no
+/// Hugging Face name.
+fn plan_tensors(
+    g: &GgufFile,
+    arch: &str,
+    config: &ModelConfig,
+) -> Result<Vec<(usize, Vec<Mapped>)>> {
+    let permute = arch == "llama";
+    let moe_names = crate::model::arch::lookup(&config.architecture)?.moe;
+    let mut plan: Vec<(usize, Vec<Mapped>)> = Vec::new();
+    for (i, t) in g.tensors.iter().enumerate() {
+        if t.name == "rope_freqs.weight" {
+            let m = Mapped {
+                name: ROPE_FREQS.to_string(),
+                transpose: false,
+                unpermute_heads: None,
+            };
+            plan.push((i, vec![m]));
+            continue;
+        }
+        if let Some(ms) = moe_plan(g, t, config, moe_names.as_ref())? {
+            plan.push((i, ms));
+            continue;
+        }
+        if ROPE_FACTOR_TENSORS.contains(&t.name.as_str()) {
+            continue; // LongRoPE's factors, already in the config
+        }
+        let m = gguf_arch_name(arch, &t.name)
+            .or_else(|| gguf_name(&t.name, config.num_heads, config.num_kv_heads, permute))
+            .ok_or_else(|| {
+                Error::format(
+                    &g.path,
+                    format!("tensor {}: no Hugging Face name for {arch}", t.name),
+                )
+            })?;
+        plan.push((i, vec![m]));
+    }
+    Ok(plan)
 }
 
 /// Every `.flm` tensor the conversion of `g` writes, in order, as the mix planner sees it.

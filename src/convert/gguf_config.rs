@@ -52,17 +52,7 @@ impl ModelConfig {
             .get_u64(&k("attention.key_length"))
             .map(|v| v as usize)
             .unwrap_or(hidden / heads);
-        let vocab_size = match g.get_u64(&k("vocab_size")) {
-            Some(v) => v as usize,
-            None => g
-                .get_array("tokenizer.ggml.tokens")
-                .map(|a| a.len())
-                .or_else(|| {
-                    g.tensor("token_embd.weight")
-                        .and_then(|t| t.dims.get(1).map(|&d| d as usize))
-                })
-                .ok_or_else(|| Error::format(&g.path, "cannot tell the vocabulary size"))?,
-        };
+        let vocab_size = vocab_size(g, &arch)?;
         let context_length = size(g, &k("context_length"))?;
         let rope_dim = g
             .get_u64(&k("rope.dimension_count"))
@@ -122,6 +112,22 @@ impl ModelConfig {
             _ => {}
         }
         Ok(c)
+    }
+}
+
+/// The vocabulary size: `{arch}.vocab_size`, else the number of tokenizer tokens, else the
+/// embedding's rows.
+fn vocab_size(g: &GgufFile, arch: &str) -> Result<usize> {
+    match g.get_u64(&format!("{arch}.vocab_size")) {
+        Some(v) => Ok(v as usize),
+        None => g
+            .get_array("tokenizer.ggml.tokens")
+            .map(|a| a.len())
+            .or_else(|| {
+                g.tensor("token_embd.weight")
+                    .and_then(|t| t.dims.get(1).map(|&d| d as usize))
+            })
+            .ok_or_else(|| Error::format(&g.path, "cannot tell the vocabulary size")),
     }
 }
 

@@ -55,6 +55,112 @@ fn optional_bool(file: &GgufFile, key: &str) -> Result<Option<bool>> {
     }
 }
 
+/// The token strings (`tokenizer.ggml.tokens`, at least one).
+fn gguf_vocab(file: &GgufFile) -> Result<Vec<Vec<u8>>> {
+    let tokens = array(file, "tokenizer.ggml.tokens")?
+        .ok_or_else(|| bad(file, "no tokenizer.ggml.tokens"))?;
+    if tokens.is_empty() {
+        return Err(bad(file, "tokenizer.ggml.tokens is empty"));
+    }
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            t.as_str()
+                .map(|s| s.as_bytes().to_vec())
+                .ok_or_else(|| bad(file, format!("tokenizer.ggml.tokens[{i}] is not a string")))
+        })
+        .collect()
+}
+
+/// The token scores (`tokenizer.ggml.scores`, one per token), empty when absent.
+fn gguf_scores(file: &GgufFile, n: usize) -> Result<Vec<f32>> {
+    match array(file, "tokenizer.ggml.scores")? {
+        None => Ok(Vec::new()),
+        Some(a) if a.len() == n => a
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                v.as_f64()
+                    .map(|f| f as f32)
+                    .ok_or_else(|| bad(file, format!("tokenizer.ggml.scores[{i}] is not a number")))
+            })
+            .collect(),
+        Some(a) => Err(bad(file, format!("{} scores for {n} tokens", a.len()))),
+    }
+}
+
+/// The added tokens by `tokenizer.ggml.token_type` (control tokens special, user-defined ones
+/// not), and whether any token is a byte token.
+fn gguf_added(file: &GgufFile, vocab: &[Vec<u8>]) -> Result<(Vec<AddedToken>, bool)> {
+    let n = vocab.len();
+    let mut added = Vec::new();
+    let mut has_byte_tokens = false;
+    let Some(types) = array(file, "tokenizer.ggml.token_type")? else {
+        return Ok((added, has_byte_tokens));
+    };
+    if types.len() != n {
+        return Err(bad(
+            file,
+            format!("{} token types for {n} tokens", types.len()),
+        ));
+    }
+    for (i, t) in types.iter().enumerate() {
+        let t = t.as_i64().ok_or_else(|| {
+            bad(
+                file,
+                format!("tokenizer.ggml.token_type[{i}] is not an integer"),
+            )
+        })?;
+        match t {
+            TOKEN_TYPE_CONTROL | TOKEN_TYPE_USER_DEFINED => {
+                let content = String::from_utf8_lossy(&vocab[i]).into_owned();
+                if !content.is_empty() {
+                    added.push(AddedToken {
+                        id: i as u32,
+                        content,
+                        special: t == TOKEN_TYPE_CONTROL,
+                    });
+                }
+            }
+            TOKEN_TYPE_BYTE => has_byte_tokens = true,
+            _ => {}
+        }
+    }
+    Ok((added, has_byte_tokens))
+}
+
+/// The merges (`tokenizer.ggml.merges`, `"a b"` strings), empty when absent.
+fn gguf_merges(file: &GgufFile) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let Some(m) = array(file, "tokenizer.ggml.merges")? else {
+        return Ok(Vec::new());
+    };
+    m.iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let (a, b) = v
+                .as_str()
+                .and_then(|s| s.split_once(' '))
+                .ok_or_else(|| bad(file, format!("tokenizer.ggml.merges[{i}] is not \"a b\"")))?;
+            Ok((a.as_bytes().to_vec(), b.as_bytes().to_vec()))
+        })
+        .collect()
+}
+
+/// The pre-tokenizer of a byte-level BPE, by llama.cpp's `tokenizer.ggml.pre` name.
+fn gguf_pre_tokenizer(file: &GgufFile) -> Result<PreTokenizerKind> {
+    match file.get_str("tokenizer.ggml.pre").unwrap_or("default") {
+        "smollm" => Ok(PreTokenizerKind::SmolLm),
+        "llama-bpe" | "llama3" => Ok(PreTokenizerKind::Llama3),
+        "qwen2" => Ok(PreTokenizerKind::Qwen2),
+        "gpt-2" | "default" => Ok(PreTokenizerKind::Gpt2),
+        other => Err(Error::Unsupported(format!(
+            "{}: tokenizer.ggml.pre '{other}' (known: smollm, llama-bpe, qwen2, gpt-2, default)",
+            file.path
+        ))),
+    }
+}
+
 impl TokenizerSpec {
     /// Builds a spec from the `tokenizer.ggml.*` metadata of a GGUF file.
     pub fn from_gguf(file: &GgufFile) -> Result<TokenizerSpec> {
@@ -74,88 +180,13 @@ impl TokenizerSpec {
                 )))
             }
         };
-        let tokens = array(file, "tokenizer.ggml.tokens")?
-            .ok_or_else(|| bad(file, "no tokenizer.ggml.tokens"))?;
-        let n = tokens.len();
-        if n == 0 {
-            return Err(bad(file, "tokenizer.ggml.tokens is empty"));
-        }
-        let mut vocab = Vec::with_capacity(n);
-        for (i, t) in tokens.iter().enumerate() {
-            let s = t
-                .as_str()
-                .ok_or_else(|| bad(file, format!("tokenizer.ggml.tokens[{i}] is not a string")))?;
-            vocab.push(s.as_bytes().to_vec());
-        }
-        let scores = match array(file, "tokenizer.ggml.scores")? {
-            None => Vec::new(),
-            Some(a) if a.len() == n => a
-                .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    v.as_f64().map(|f| f as f32).ok_or_else(|| {
-                        bad(file, format!("tokenizer.ggml.scores[{i}] is not a number"))
-                    })
-                })
-                .collect::<Result<Vec<f32>>>()?,
-            Some(a) => return Err(bad(file, format!("{} scores for {n} tokens", a.len()))),
-        };
-        let mut added = Vec::new();
-        let mut has_byte_tokens = false;
-        if let Some(types) = array(file, "tokenizer.ggml.token_type")? {
-            if types.len() != n {
-                return Err(bad(
-                    file,
-                    format!("{} token types for {n} tokens", types.len()),
-                ));
-            }
-            for (i, t) in types.iter().enumerate() {
-                let t = t.as_i64().ok_or_else(|| {
-                    bad(
-                        file,
-                        format!("tokenizer.ggml.token_type[{i}] is not an integer"),
-                    )
-                })?;
-                match t {
-                    TOKEN_TYPE_CONTROL | TOKEN_TYPE_USER_DEFINED => {
-                        let content = String::from_utf8_lossy(&vocab[i]).into_owned();
-                        if !content.is_empty() {
-                            added.push(AddedToken {
-                                id: i as u32,
-                                content,
-                                special: t == TOKEN_TYPE_CONTROL,
-                            });
-                        }
-                    }
-                    TOKEN_TYPE_BYTE => has_byte_tokens = true,
-                    _ => {}
-                }
-            }
-        }
-        let mut merges = Vec::new();
-        if let Some(m) = array(file, "tokenizer.ggml.merges")? {
-            for (i, v) in m.iter().enumerate() {
-                let (a, b) = v.as_str().and_then(|s| s.split_once(' ')).ok_or_else(|| {
-                    bad(file, format!("tokenizer.ggml.merges[{i}] is not \"a b\""))
-                })?;
-                merges.push((a.as_bytes().to_vec(), b.as_bytes().to_vec()));
-            }
-        }
+        let vocab = gguf_vocab(file)?;
+        let n = vocab.len();
+        let scores = gguf_scores(file, n)?;
+        let (added, has_byte_tokens) = gguf_added(file, &vocab)?;
+        let merges = gguf_merges(file)?;
         let pre_tokenizer = match kind {
-            TokenizerKind::ByteLevelBpe => {
-                match file.get_str("tokenizer.ggml.pre").unwrap_or("default") {
-                    "smollm" => PreTokenizerKind::SmolLm,
-                    "llama-bpe" | "llama3" => PreTokenizerKind::Llama3,
-                    "qwen2" => PreTokenizerKind::Qwen2,
-                    "gpt-2" | "default" => PreTokenizerKind::Gpt2,
-                    other => {
-                        return Err(Error::Unsupported(format!(
-                            "{}: tokenizer.ggml.pre '{other}' (known: smollm, llama-bpe, qwen2, gpt-2, default)",
-                            file.path
-                        )))
-                    }
-                }
-            }
+            TokenizerKind::ByteLevelBpe => gguf_pre_tokenizer(file)?,
             _ => PreTokenizerKind::None,
         };
         if kind == TokenizerKind::ByteLevelBpe && merges.is_empty() {
@@ -174,11 +205,7 @@ impl TokenizerSpec {
             "tokenizer.ggml.eot_token_id",
             "tokenizer.ggml.eom_token_id",
         ] {
-            if let Some(id) = optional_id(file, key, n)? {
-                if !eos_ids.contains(&id) {
-                    eos_ids.push(id);
-                }
-            }
+            eos_ids.extend(optional_id(file, key, n)?.filter(|id| !eos_ids.contains(id)));
         }
         let add_bos = optional_bool(file, "tokenizer.ggml.add_bos_token")?
             .unwrap_or(kind == TokenizerKind::SentencePieceBpe)

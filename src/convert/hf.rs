@@ -4,8 +4,9 @@
 use super::dtype_policy::DtypePlan;
 use super::hf_config::generation_metadata;
 use super::names::hf_name;
+use super::output::TensorOutput;
 use super::quant_mix::MixTensor;
-use super::tensor_transform::{stored_dims, transform, SourceTensor};
+use super::tensor_transform::{stored_dims, SourceTensor};
 use super::{general_metadata, naming_file, ConvertOptions, ConvertReport, Progress};
 use crate::data::decode_to_f32;
 use crate::error::{Error, Result};
@@ -105,16 +106,13 @@ pub fn convert_hf_dir(
     if let Some(g) = &gen_text {
         meta.extend(generation_metadata(g, &gen_path.display().to_string())?);
     }
-    let mut writer = FlmWriter::create(out, &config, &meta, &spec)?;
     let names: Vec<String> = weights.names().map(str::to_string).collect();
-    let spec = crate::model::arch::lookup(&config.architecture)?;
-    let experts = config.moe.as_ref().map_or(0, |m| m.experts);
-    let dtypes = DtypePlan::new(opts.dtype, spec, (config.num_layers, experts), || {
+    let dtypes = DtypePlan::new(opts.dtype, &config, || {
         mix_tensors(&weights, &config.architecture, &names)
     })?;
-    let total = names.len();
-    let mut bytes_total = 0u64;
-    for (i, n) in names.iter().enumerate() {
+    let writer = FlmWriter::create(out, &config, &meta, &spec)?;
+    let mut output = TensorOutput::new(writer, dtypes, &config.architecture, names.len(), progress);
+    for n in &names {
         let (info, bytes) = weights.read_tensor(n)?;
         let file = weights.file_of(n).unwrap_or("safetensors");
         let dt = info.dtype;
@@ -126,25 +124,7 @@ pub fn convert_hf_dir(
             same_as: Some(info.dtype),
             decode: &decode,
         };
-        let mapped = hf_name(&config.architecture, n);
-        let stored = stored_dims(&mapped, &info.dims, n)
-            .and_then(|d| dtypes.dtype(i, &mapped.name, &d, Some(dt)))
-            .and_then(|dtype| transform(&mapped, src, dtype))
-            .map_err(|e| Error::format(file, format!("tensor {n}: {e}")))?;
-        writer.add_tensor(&mapped.name, stored.dtype, &stored.dims, &stored.bytes)?;
-        bytes_total += stored.bytes.len() as u64;
-        progress(&Progress {
-            done: i + 1,
-            total,
-            name: &mapped.name,
-            dtype: stored.dtype,
-            bytes: stored.bytes.len(),
-        });
+        output.store(&hf_name(&config.architecture, n), src, file)?;
     }
-    writer.finish()?;
-    Ok(ConvertReport {
-        architecture: config.architecture,
-        tensors: total,
-        tensor_bytes: bytes_total,
-    })
+    output.finish()
 }

@@ -126,28 +126,9 @@ impl ModelConfig {
             .map_err(|e| Error::format(path, format!("invalid JSON: {e}")))?;
         let arch = hf_architecture(&v, path)?;
         let j = Json { v: &v, path };
-        let hidden = j.need_size(&["hidden_size", "n_embd", "n_embed"])?;
-        let heads = j.need_size(&["num_attention_heads", "n_head"])?;
-        if heads == 0 || hidden % heads != 0 && j.size(&["head_dim"])?.is_none() {
-            return Err(Error::format(
-                path,
-                format!("{heads} heads do not divide hidden size {hidden}"),
-            ));
-        }
-        let head_dim = j.size(&["head_dim"])?.unwrap_or(hidden / heads);
-        let kv_heads = j
-            .size(&["num_key_value_heads", "multi_query_group_num"])?
-            .unwrap_or(heads);
+        let (hidden, heads, head_dim, kv_heads) = attention_sizes(&j)?;
         let num_layers = j.need_size(&["num_hidden_layers", "n_layer"])?;
-        let intermediate = match arch.as_str() {
-            "gpt2" | "bloom" => j.size(&["n_inner"])?.unwrap_or(4 * hidden),
-            _ => j.need_size(&["intermediate_size"])?,
-        };
-        let context_length = match arch.as_str() {
-            // ALiBi has no position limit in the config; Bloom was trained at 2048.
-            "bloom" => j.size(&["seq_length"])?.unwrap_or(2048),
-            _ => j.need_size(&["max_position_embeddings", "n_positions", "n_ctx"])?,
-        };
+        let (intermediate, context_length) = mlp_and_context(&j, &arch, hidden)?;
         if v.get("use_bidirectional_attention")
             .and_then(Value::as_bool)
             == Some(true)
@@ -179,66 +160,12 @@ impl ModelConfig {
             .iter()
             .find_map(|k| v.get(*k).and_then(Value::as_str));
         let hidden_act = activation(&arch, act_name, path)?;
-        let use_sliding = v
-            .get("use_sliding_window")
-            .and_then(Value::as_bool)
-            .unwrap_or(true);
-        let sliding_window = if use_sliding {
-            j.size(&["sliding_window"])?.unwrap_or(0)
-        } else {
-            0
+        let sliding_window = match v.get("use_sliding_window").and_then(Value::as_bool) {
+            Some(false) => 0,
+            _ => j.size(&["sliding_window"])?.unwrap_or(0),
         };
-        let sliding_layers = match v.get("layer_types").and_then(Value::as_array) {
-            Some(types) if sliding_window > 0 => {
-                if types.len() != num_layers {
-                    return Err(Error::format(
-                        path,
-                        format!(
-                            "layer_types has {} entries for {num_layers} layers",
-                            types.len()
-                        ),
-                    ));
-                }
-                types
-                    .iter()
-                    .map(|t| t.as_str() == Some("sliding_attention"))
-                    .collect()
-            }
-            _ if sliding_window > 0 && arch == "gemma2" => {
-                (0..num_layers).map(|i| i % 2 == 0).collect()
-            }
-            _ if sliding_window > 0 && arch == "gemma3" => {
-                // every `sliding_window_pattern`-th layer is global (6 by default)
-                let n = j.size(&["sliding_window_pattern", "_sliding_window_pattern"])?;
-                let n = n.unwrap_or(6).max(1);
-                (0..num_layers).map(|i| (i + 1) % n != 0).collect()
-            }
-            _ if sliding_window > 0 => vec![true; num_layers],
-            _ => Vec::new(),
-        };
-        let mut eos_ids = ids(v.get("eos_token_id"), path, "eos_token_id")?;
-        let mut bos_id = ids(v.get("bos_token_id"), path, "bos_token_id")?
-            .first()
-            .copied();
-        if let Some(g) = generation {
-            let g: Value = serde_json::from_str(g).map_err(|e| {
-                Error::format(path, format!("generation_config.json: invalid JSON: {e}"))
-            })?;
-            for e in ids(
-                g.get("eos_token_id"),
-                path,
-                "generation_config eos_token_id",
-            )? {
-                if !eos_ids.contains(&e) {
-                    eos_ids.push(e);
-                }
-            }
-            if bos_id.is_none() {
-                bos_id = ids(g.get("bos_token_id"), path, "bos_token_id")?
-                    .first()
-                    .copied();
-            }
-        }
+        let sliding_layers = sliding_layers(&j, &arch, num_layers, sliding_window)?;
+        let (bos_id, eos_ids) = bos_eos(&v, generation, path)?;
         let vocab_size = j.need_size(&["vocab_size", "padded_vocab_size"])?;
         Ok(ModelConfig {
             architecture: arch.clone(),
@@ -274,6 +201,106 @@ impl ModelConfig {
             moe: moe_config(&j, &arch, num_layers, intermediate)?,
         })
     }
+}
+
+/// `(hidden size, heads, head size, KV heads)`; the head size defaults to hidden / heads, which
+/// must then divide.
+fn attention_sizes(j: &Json) -> Result<(usize, usize, usize, usize)> {
+    let hidden = j.need_size(&["hidden_size", "n_embd", "n_embed"])?;
+    let heads = j.need_size(&["num_attention_heads", "n_head"])?;
+    if heads == 0 || !hidden.is_multiple_of(heads) && j.size(&["head_dim"])?.is_none() {
+        return Err(Error::format(
+            j.path,
+            format!("{heads} heads do not divide hidden size {hidden}"),
+        ));
+    }
+    let head_dim = j.size(&["head_dim"])?.unwrap_or(hidden / heads);
+    let kv_heads = j
+        .size(&["num_key_value_heads", "multi_query_group_num"])?
+        .unwrap_or(heads);
+    Ok((hidden, heads, head_dim, kv_heads))
+}
+
+/// `(MLP intermediate size, context length)`: GPT-2 and Bloom default the MLP to 4 × hidden;
+/// Bloom (ALiBi, no position limit in its config) to the 2048 it was trained at.
+fn mlp_and_context(j: &Json, arch: &str, hidden: usize) -> Result<(usize, usize)> {
+    let intermediate = match arch {
+        "gpt2" | "bloom" => j.size(&["n_inner"])?.unwrap_or(4 * hidden),
+        _ => j.need_size(&["intermediate_size"])?,
+    };
+    let context_length = match arch {
+        "bloom" => j.size(&["seq_length"])?.unwrap_or(2048),
+        _ => j.need_size(&["max_position_embeddings", "n_positions", "n_ctx"])?,
+    };
+    Ok((intermediate, context_length))
+}
+
+/// Which layers use the sliding window (empty without one): as `layer_types` lists them, else
+/// every other layer (Gemma-2), all but every `sliding_window_pattern`-th (Gemma-3, 6 by
+/// default), or all of them.
+fn sliding_layers(
+    j: &Json,
+    arch: &str,
+    num_layers: usize,
+    sliding_window: usize,
+) -> Result<Vec<bool>> {
+    Ok(match j.v.get("layer_types").and_then(Value::as_array) {
+        Some(types) if sliding_window > 0 => {
+            if types.len() != num_layers {
+                return Err(Error::format(
+                    j.path,
+                    format!(
+                        "layer_types has {} entries for {num_layers} layers",
+                        types.len()
+                    ),
+                ));
+            }
+            types
+                .iter()
+                .map(|t| t.as_str() == Some("sliding_attention"))
+                .collect()
+        }
+        _ if sliding_window > 0 && arch == "gemma2" => {
+            (0..num_layers).map(|i| i % 2 == 0).collect()
+        }
+        _ if sliding_window > 0 && arch == "gemma3" => {
+            // every `sliding_window_pattern`-th layer is global (6 by default)
+            let n = j.size(&["sliding_window_pattern", "_sliding_window_pattern"])?;
+            let n = n.unwrap_or(6).max(1);
+            (0..num_layers).map(|i| (i + 1) % n != 0).collect()
+        }
+        _ if sliding_window > 0 => vec![true; num_layers],
+        _ => Vec::new(),
+    })
+}
+
+/// The BOS id and the EOS ids of `config.json`, with `generation_config.json`'s EOS ids added
+/// and its BOS id used where the config has none.
+fn bos_eos(v: &Value, generation: Option<&str>, path: &str) -> Result<(Option<u32>, Vec<u32>)> {
+    let mut eos_ids = ids(v.get("eos_token_id"), path, "eos_token_id")?;
+    let mut bos_id = ids(v.get("bos_token_id"), path, "bos_token_id")?
+        .first()
+        .copied();
+    if let Some(g) = generation {
+        let g: Value = serde_json::from_str(g).map_err(|e| {
+            Error::format(path, format!("generation_config.json: invalid JSON: {e}"))
+        })?;
+        for e in ids(
+            g.get("eos_token_id"),
+            path,
+            "generation_config eos_token_id",
+        )? {
+            if !eos_ids.contains(&e) {
+                eos_ids.push(e);
+            }
+        }
+        if bos_id.is_none() {
+            bos_id = ids(g.get("bos_token_id"), path, "bos_token_id")?
+                .first()
+                .copied();
+        }
+    }
+    Ok((bos_id, eos_ids))
 }
 
 /// The mixture-of-experts part of an HF config (`None` for a dense architecture).

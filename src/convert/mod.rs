@@ -4,9 +4,6 @@
 //! ([`TokenizerSpec::from_gguf`](crate::tokenizer::TokenizerSpec::from_gguf)); the file formats
 //! themselves live in `crate::format`.
 
-// `x % n != 0` instead of `is_multiple_of`: the workspace MSRV (1.80) predates it.
-#![allow(clippy::manual_is_multiple_of)]
-
 pub mod dtype_policy;
 pub mod ggml_dequant;
 mod gguf;
@@ -18,6 +15,7 @@ pub mod hf_config;
 pub mod hf_rope;
 pub mod names;
 mod options;
+mod output;
 pub mod quant_mix;
 pub mod tensor_transform;
 

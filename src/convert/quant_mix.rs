@@ -153,7 +153,7 @@ fn use_more_bits(i: usize, n: usize) -> bool {
 
 /// The type `want` falls back to for rows of `cols` values.
 fn fallback(want: DataType, cols: usize) -> DataType {
-    let fits = |t: DataType| cols > 0 && cols % t.block_elems() == 0;
+    let fits = |t: DataType| cols > 0 && cols.is_multiple_of(t.block_elems());
     let t = if fits(want) {
         want
     } else {
@@ -226,7 +226,7 @@ pub fn plan(
                 continue;
             }
             Role::Output | Role::TokenEmbd if r == Role::Output || tied => {
-                if cols % def.block_elems() != 0 {
+                if !cols.is_multiple_of(def.block_elems()) {
                     DataType::Q8_0
                 } else if def != DataType::Q8_0 {
                     DataType::Q6K

@@ -38,7 +38,7 @@ fn row_order(m: &Mapped, rows: usize, src: &SourceTensor<'_>) -> Result<Option<V
     let Some(heads) = m.unpermute_heads else {
         return Ok(None);
     };
-    if heads == 0 || rows % heads != 0 || (rows / heads) % 2 != 0 {
+    if heads == 0 || !rows.is_multiple_of(heads) || !(rows / heads).is_multiple_of(2) {
         return Err(Error::invalid(format!(
             "tensor {}: {rows} rows cannot be split into {heads} heads of even size",
             src.source_name
@@ -49,6 +49,18 @@ fn row_order(m: &Mapped, rows: usize, src: &SourceTensor<'_>) -> Result<Option<V
             .map(|r| unpermuted_source_row(r, rows, heads))
             .collect(),
     ))
+}
+
+/// The stored rows of `src` (`rb` bytes each, kept as they are) in the order `order` names.
+fn stored_rows_in_order(src: &SourceTensor<'_>, rb: usize, order: &[usize]) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(src.bytes.len());
+    for &r in order {
+        let row = src.bytes.get(r * rb..(r + 1) * rb).ok_or_else(|| {
+            Error::invalid(format!("tensor {}: row {r} out of range", src.source_name))
+        })?;
+        out.extend_from_slice(row);
+    }
+    Ok(out)
 }
 
 /// Rows and columns of `src`'s values as `transform` sees them: a 1-D q/k bias is permuted
@@ -88,19 +100,9 @@ pub fn transform(m: &Mapped, src: SourceTensor<'_>, dtype: DataType) -> Result<S
     let count = rows * cols;
     let order = row_order(m, rows, &src)?;
     if Some(dtype) == src.same_as && !m.transpose {
-        let rb = dtype.row_bytes(cols)?;
         let bytes = match order {
             None => src.bytes,
-            Some(order) => {
-                let mut out = Vec::with_capacity(src.bytes.len());
-                for r in order {
-                    let row = src.bytes.get(r * rb..(r + 1) * rb).ok_or_else(|| {
-                        Error::invalid(format!("tensor {}: row {r} out of range", src.source_name))
-                    })?;
-                    out.extend_from_slice(row);
-                }
-                out
-            }
+            Some(order) => stored_rows_in_order(&src, dtype.row_bytes(cols)?, &order)?,
         };
         return Ok(StoredTensor {
             dtype,

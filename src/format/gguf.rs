@@ -288,6 +288,78 @@ impl<'a> Cursor<'a> {
     }
 }
 
+impl Cursor<'_> {
+    /// One entry of the tensor index: name, 1 to 4 dims, a known ggml type whose block divides
+    /// the rows, the offset in the data section, and the size in bytes (checked for overflow).
+    fn tensor_info(&mut self) -> Result<GgufTensorInfo> {
+        let path = self.path;
+        let name = self.string()?;
+        let nd = self.u32()?;
+        if nd == 0 || nd > 4 {
+            return Err(Error::format(path, format!("tensor {name}: {nd} dims")));
+        }
+        let mut dims = Vec::with_capacity(nd as usize);
+        for _ in 0..nd {
+            dims.push(self.u64()?);
+        }
+        let ggml_type = self.u32()?;
+        let offset = self.u64()?;
+        let (tname, be, bb) = ggml_type::info(ggml_type).ok_or_else(|| {
+            Error::format(
+                path,
+                format!("tensor {name}: unknown ggml type {ggml_type}"),
+            )
+        })?;
+        let count = dims
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| Error::format(path, format!("tensor {name}: dims {dims:?} overflow")))?;
+        if dims[0] % be as u64 != 0 {
+            return Err(Error::format(
+                path,
+                format!(
+                    "tensor {name}: row of {} not a multiple of {tname}'s block {be}",
+                    dims[0]
+                ),
+            ));
+        }
+        let size = (count / be as u64)
+            .checked_mul(bb as u64)
+            .ok_or_else(|| Error::format(path, format!("tensor {name}: size overflows")))?;
+        Ok(GgufTensorInfo {
+            name,
+            dims,
+            ggml_type,
+            offset,
+            size,
+        })
+    }
+}
+
+/// Refuses a tensor whose bytes lie outside a file of `file_len` bytes.
+fn check_tensor_bounds(
+    path: &str,
+    tensors: &[GgufTensorInfo],
+    data_offset: u64,
+    file_len: usize,
+) -> Result<()> {
+    for t in tensors {
+        let end = data_offset
+            .checked_add(t.offset)
+            .and_then(|s| s.checked_add(t.size));
+        if end.is_none_or(|e| e > file_len as u64) {
+            return Err(Error::format(
+                path,
+                format!(
+                    "tensor {}: bytes {}+{} lie outside the file ({} bytes)",
+                    t.name, t.offset, t.size, file_len
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl GgufFile {
     /// Opens and indexes a GGUF file (memory-mapped).
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
@@ -337,48 +409,7 @@ impl GgufFile {
         }
         let mut tensors = Vec::with_capacity((n_tensors as usize).min(4096));
         for _ in 0..n_tensors {
-            let name = c.string()?;
-            let nd = c.u32()?;
-            if nd == 0 || nd > 4 {
-                return Err(Error::format(&path, format!("tensor {name}: {nd} dims")));
-            }
-            let mut dims = Vec::with_capacity(nd as usize);
-            for _ in 0..nd {
-                dims.push(c.u64()?);
-            }
-            let ggml_type = c.u32()?;
-            let offset = c.u64()?;
-            let (tname, be, bb) = ggml_type::info(ggml_type).ok_or_else(|| {
-                Error::format(
-                    &path,
-                    format!("tensor {name}: unknown ggml type {ggml_type}"),
-                )
-            })?;
-            let count = dims
-                .iter()
-                .try_fold(1u64, |a, &d| a.checked_mul(d))
-                .ok_or_else(|| {
-                    Error::format(&path, format!("tensor {name}: dims {dims:?} overflow"))
-                })?;
-            if dims[0] % be as u64 != 0 {
-                return Err(Error::format(
-                    &path,
-                    format!(
-                        "tensor {name}: row of {} not a multiple of {tname}'s block {be}",
-                        dims[0]
-                    ),
-                ));
-            }
-            let size = (count / be as u64)
-                .checked_mul(bb as u64)
-                .ok_or_else(|| Error::format(&path, format!("tensor {name}: size overflows")))?;
-            tensors.push(GgufTensorInfo {
-                name,
-                dims,
-                ggml_type,
-                offset,
-                size,
-            });
+            tensors.push(c.tensor_info()?);
         }
         let align = metadata
             .get("general.alignment")
@@ -386,23 +417,7 @@ impl GgufFile {
             .unwrap_or(32)
             .max(1);
         let data_offset = (c.pos as u64).div_ceil(align) * align;
-        for t in &tensors {
-            let end = data_offset
-                .checked_add(t.offset)
-                .and_then(|s| s.checked_add(t.size));
-            if end.is_none_or(|e| e > b.len() as u64) {
-                return Err(Error::format(
-                    &path,
-                    format!(
-                        "tensor {}: bytes {}+{} lie outside the file ({} bytes)",
-                        t.name,
-                        t.offset,
-                        t.size,
-                        b.len()
-                    ),
-                ));
-            }
-        }
+        check_tensor_bounds(&path, &tensors, data_offset, b.len())?;
         Ok(GgufFile {
             path,
             version,

@@ -2,9 +2,6 @@
 //! converter. Parsing and validation only; name mapping and dtype conversion live in
 //! `crate::convert`.
 
-// `x % n != 0` instead of `is_multiple_of`: the workspace MSRV (1.80) predates it.
-#![allow(clippy::manual_is_multiple_of)]
-
 pub mod flm;
 pub mod gguf;
 pub mod info;

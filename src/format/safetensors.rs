@@ -49,6 +49,91 @@ fn parse_dtype(path: &str, name: &str, s: &str) -> Result<DataType> {
     }
 }
 
+/// The header entry `t` of tensor `name`: a known dtype, a shape, and `data_offsets` inside
+/// the data area (`data_len` bytes from `data_start`) spanning exactly the shape's bytes.
+fn tensor_info(
+    ps: &str,
+    name: &str,
+    t: &serde_json::Value,
+    data_start: usize,
+    data_len: usize,
+) -> Result<SafeTensorInfo> {
+    let bad = |what: &str| Error::format(ps, format!("tensor {name}: {what}"));
+    let dtype_s = t
+        .get("dtype")
+        .and_then(|d| d.as_str())
+        .ok_or_else(|| bad("no dtype"))?;
+    let dtype = parse_dtype(ps, name, dtype_s)?;
+    // the array at `key` as sizes: `missing` when it is not an array of `len` (any length when
+    // `None`), `entry` when an element is not a size
+    let sizes = |key: &str, len: Option<usize>, missing: &str, entry: &str| {
+        t.get(key)
+            .and_then(|s| s.as_array())
+            .filter(|a| len.is_none_or(|n| a.len() == n))
+            .ok_or_else(|| bad(missing))?
+            .iter()
+            .map(|d| {
+                d.as_u64()
+                    .and_then(|d| usize::try_from(d).ok())
+                    .ok_or_else(|| bad(entry))
+            })
+            .collect::<Result<Vec<usize>>>()
+    };
+    let dims = sizes("shape", None, "no shape", "bad shape entry")?;
+    let offsets = sizes(
+        "data_offsets",
+        Some(2),
+        "data_offsets must be [begin, end]",
+        "bad data_offsets",
+    )?;
+    let (s, e) = match offsets.as_slice() {
+        [s, e] => (*s, *e),
+        _ => return Err(bad("data_offsets must be [begin, end]")),
+    };
+    if s > e || e > data_len {
+        return Err(bad(&format!(
+            "data_offsets [{s}, {e}] lie outside the data area ({data_len} bytes)"
+        )));
+    }
+    let count = dims
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| bad(&format!("dims {dims:?} overflow")))?;
+    let size = count
+        .checked_mul(dtype.block_bytes())
+        .ok_or_else(|| bad("size overflows"))?;
+    if size != e - s {
+        return Err(bad(&format!(
+            "{dtype_s} {dims:?} needs {size} bytes but data_offsets span {}",
+            e - s
+        )));
+    }
+    Ok(SafeTensorInfo {
+        name: name.to_string(),
+        dtype,
+        dims,
+        start: data_start + s,
+        end: data_start + e,
+    })
+}
+
+/// Refuses two tensors whose bytes overlap.
+fn check_overlaps(ps: &str, tensors: &BTreeMap<String, SafeTensorInfo>) -> Result<()> {
+    let mut spans: Vec<&SafeTensorInfo> = tensors.values().filter(|t| t.end > t.start).collect();
+    spans.sort_by_key(|t| t.start);
+    for w in spans.windows(2) {
+        if let [a, b] = w {
+            if b.start < a.end {
+                return Err(Error::format(
+                    ps,
+                    format!("tensors {} and {} overlap", a.name, b.name),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 impl SafetensorsFile {
     /// Opens and validates one file.
     pub fn open(path: impl AsRef<Path>) -> Result<SafetensorsFile> {
@@ -93,82 +178,12 @@ impl SafetensorsFile {
             if name == "__metadata__" {
                 continue;
             }
-            let bad = |what: &str| Error::format(ps, format!("tensor {name}: {what}"));
-            let dtype_s = t
-                .get("dtype")
-                .and_then(|d| d.as_str())
-                .ok_or_else(|| bad("no dtype"))?;
-            let dtype = parse_dtype(ps, name, dtype_s)?;
-            let dims = t
-                .get("shape")
-                .and_then(|s| s.as_array())
-                .ok_or_else(|| bad("no shape"))?
-                .iter()
-                .map(|d| {
-                    d.as_u64()
-                        .and_then(|d| usize::try_from(d).ok())
-                        .ok_or_else(|| bad("bad shape entry"))
-                })
-                .collect::<Result<Vec<usize>>>()?;
-            let offs = t
-                .get("data_offsets")
-                .and_then(|s| s.as_array())
-                .filter(|a| a.len() == 2)
-                .ok_or_else(|| bad("data_offsets must be [begin, end]"))?;
-            let o: Vec<usize> = offs
-                .iter()
-                .map(|d| {
-                    d.as_u64()
-                        .and_then(|d| usize::try_from(d).ok())
-                        .ok_or_else(|| bad("bad data_offsets"))
-                })
-                .collect::<Result<_>>()?;
-            let (s, e) = match o.as_slice() {
-                [s, e] => (*s, *e),
-                _ => return Err(bad("data_offsets must be [begin, end]")),
-            };
-            if s > e || e > data_len {
-                return Err(bad(&format!(
-                    "data_offsets [{s}, {e}] lie outside the data area ({data_len} bytes)"
-                )));
-            }
-            let count = dims
-                .iter()
-                .try_fold(1usize, |a, &d| a.checked_mul(d))
-                .ok_or_else(|| bad(&format!("dims {dims:?} overflow")))?;
-            let size = count
-                .checked_mul(dtype.block_bytes())
-                .ok_or_else(|| bad("size overflows"))?;
-            if size != e - s {
-                return Err(bad(&format!(
-                    "{dtype_s} {dims:?} needs {size} bytes but data_offsets span {}",
-                    e - s
-                )));
-            }
             tensors.insert(
                 name.clone(),
-                SafeTensorInfo {
-                    name: name.clone(),
-                    dtype,
-                    dims,
-                    start: data_start + s,
-                    end: data_start + e,
-                },
+                tensor_info(ps, name, t, data_start, data_len)?,
             );
         }
-        let mut spans: Vec<&SafeTensorInfo> =
-            tensors.values().filter(|t| t.end > t.start).collect();
-        spans.sort_by_key(|t| t.start);
-        for w in spans.windows(2) {
-            if let [a, b] = w {
-                if b.start < a.end {
-                    return Err(Error::format(
-                        ps,
-                        format!("tensors {} and {} overlap", a.name, b.name),
-                    ));
-                }
-            }
-        }
+        check_overlaps(ps, &tensors)?;
         Ok(tensors)
     }
 

@@ -160,6 +160,120 @@ pub struct Model {
     tp: Option<RankTp>,
     /// Set on the driver of a tensor-parallel group: the ranks that run it.
     group: Option<Arc<TpGroup>>,
+    /// Which fused and recorded paths it takes.
+    paths: Paths,
+    /// Unique per model in this process: a cache's recorded decode step is only replayed by
+    /// the model that recorded it (the recording holds that model's weight addresses).
+    id: u64,
+    /// How new KV caches and pools store keys and values.
+    kv_dtype: KvDtype,
+}
+
+/// Source of [`Model::id`].
+static NEXT_MODEL_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn next_model_id() -> u64 {
+    NEXT_MODEL_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+fn bad(msg: impl std::fmt::Display) -> Error {
+    Error::Unsupported(msg.to_string())
+}
+
+/// Refuses a config the architecture's graph cannot run: heads that do not group into the KV
+/// heads, zero sizes, a rotary dimension that does not fit the head, experts on an
+/// architecture without mixture-of-experts layers.
+fn validate_config(spec: &ArchSpec, c: &ModelConfig) -> Result<()> {
+    if c.num_heads == 0 || c.num_kv_heads == 0 || !c.num_heads.is_multiple_of(c.num_kv_heads) {
+        return Err(bad(format!(
+            "{}: {} heads not divisible into {} KV heads",
+            c.architecture, c.num_heads, c.num_kv_heads
+        )));
+    }
+    if c.head_dim == 0 || c.hidden_size == 0 || c.num_layers == 0 || c.vocab_size == 0 {
+        return Err(bad(format!("{}: config has zero sizes", c.architecture)));
+    }
+    if spec.positions == Positions::Rope
+        && (c.rope_dim == 0 || c.rope_dim > c.head_dim || !c.rope_dim.is_multiple_of(2))
+    {
+        return Err(bad(format!(
+            "{}: rotary dim {} invalid for head dim {}",
+            c.architecture, c.rope_dim, c.head_dim
+        )));
+    }
+    if let Some(m) = &c.moe {
+        m.validate(&c.architecture, c.num_layers)?;
+        if spec.moe.is_none() {
+            return Err(bad(format!(
+                "{}: has no mixture-of-experts layers",
+                c.architecture
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Gemma norms scale by (1 + w): every norm weight is replaced by `1 + w` once, kept resident.
+fn derive_plus_one_norms(weights: &mut Weights, spec: &ArchSpec, c: &ModelConfig) -> Result<()> {
+    let mut names = vec![format!("{}.weight", spec.final_norm)];
+    for i in 0..c.num_layers {
+        let p = format!("{}{i}.", spec.layer_prefix);
+        names.push(format!("{p}{}.weight", spec.attn_norm));
+        names.push(format!("{p}{}.weight", spec.ffn_norm));
+        let (qn, kn) = spec.qk_norm.unzip();
+        for n in [spec.post_attn_norm, spec.post_ffn_norm, qn, kn]
+            .into_iter()
+            .flatten()
+        {
+            names.push(format!("{p}{n}.weight"));
+        }
+    }
+    for n in names {
+        let w = weights.get(&n)?;
+        let v: Vec<f32> = w.to_f32_vec()?.iter().map(|x| x + 1.0).collect();
+        let d = Data::from_f32(w.dims(), &v)?;
+        drop(w);
+        weights.set_resident(&n, d);
+    }
+    Ok(())
+}
+
+/// Puts the weights where the first device runs them: a GPU (or other non-CPU) first device
+/// gets the weights, rope tables and ALiBi slopes once, now (after the memory cap of `opts`
+/// is checked); a CPU first device in the `fast` precision may hold the weight matrices in
+/// the layout its kernels stream (experts stay mapped from the file: only the routed ones are
+/// ever read).
+fn place_weights(
+    exec: &Executor,
+    spec: &ArchSpec,
+    precision: Precision,
+    opts: &RuntimeOptions,
+    weights: &mut Weights,
+    rope: &mut RopePlan,
+    alibi: &mut Option<Data>,
+) -> Result<()> {
+    let Some(dev) = exec.devices().first() else {
+        return Ok(());
+    };
+    if dev.kind() != DeviceKind::Cpu {
+        check_memory_cap(weights, dev.name(), opts.gpu_memory_cap)?;
+        weights.upload_to(dev.as_ref())?;
+        rope.upload(dev.as_ref())?;
+        if let Some(t) = alibi {
+            *t = dev.upload(t)?;
+        }
+    } else if precision == Precision::Fast {
+        let experts = spec.moe.map(|m| m.experts);
+        weights.reform_for_where(dev.as_ref(), |n| {
+            experts.is_none_or(|x| !super::moe::is_expert_tensor(x, n))
+        })?;
+    }
+    Ok(())
+}
+
+/// Which fused and recorded paths a model takes, chosen at load from its first device's
+/// operators, the architecture, the precision and the switches of [`RuntimeOptions`].
+struct Paths {
     /// The first device has `SiluMul` (the gated MLP's silu and product in one op).
     fused_silu_mul: bool,
     /// The first device is this crate's CUDA device, whose `Linear` takes two or three weights
@@ -185,22 +299,77 @@ pub struct Model {
     rope_tables: bool,
     /// How paged steps of one token per sequence run ([`BatchDecode`]).
     batch_decode: BatchDecode,
-    /// Unique per model in this process: a cache's recorded decode step is only replayed by
-    /// the model that recorded it (the recording holds that model's weight addresses).
-    id: u64,
-    /// How new KV caches and pools store keys and values.
-    kv_dtype: KvDtype,
 }
 
-/// Source of [`Model::id`].
-static NEXT_MODEL_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+impl Paths {
+    /// No fused or recorded path (a tensor-parallel group's driver: its ranks run the ops).
+    const OFF: Paths = Paths {
+        fused_silu_mul: false,
+        multi_linear: false,
+        decode_graphs: false,
+        norm_quantizes: false,
+        prefill_copy: OutputCopy::None,
+        half_mlp: false,
+        rope_tables: false,
+        batch_decode: BatchDecode::Off,
+    };
 
-fn next_model_id() -> u64 {
-    NEXT_MODEL_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-}
-
-fn bad(msg: impl std::fmt::Display) -> Error {
-    Error::Unsupported(msg.to_string())
+    fn choose(
+        exec: &Executor,
+        spec: &ArchSpec,
+        c: &ModelConfig,
+        precision: Precision,
+        opts: &RuntimeOptions,
+        weights: &Weights,
+        rope: &RopePlan,
+    ) -> Paths {
+        let first_has = |op: &str| {
+            exec.devices()
+                .first()
+                .is_some_and(|d| d.kind() != DeviceKind::Cpu && d.ops().contains_key(op))
+        };
+        let fused_silu_mul = first_has("SiluMul") && c.hidden_act == "silu";
+        let multi_linear = first_has("SiluMul") && first_has("DecodeAttention") && opts.fused_ops;
+        let decode_graphs = first_has("DecodeAttention")
+            && c.moe.is_none() // routing is read back mid-step
+            && !weights.low_memory()
+            && !rope.length_dependent()
+            && !matches!(spec.positions, Positions::Learned(_))
+            && opts.cuda_graphs;
+        // the first layer's down projection stands for the MLP products
+        let down = if multi_linear && precision == Precision::Fast {
+            let dn = match spec.mlp {
+                Mlp::Gated(_, _, dn) | Mlp::GatedFused(_, dn) | Mlp::Plain(_, dn) => dn,
+            };
+            weights
+                .get(&format!("{}0.{dn}.weight", spec.layer_prefix))
+                .ok()
+        } else {
+            None
+        };
+        let norm_quantizes = down
+            .as_ref()
+            .is_some_and(|w| matches!(w.dtype(), DataType::Q8_0 | DataType::Q4_0 | DataType::Q4_1));
+        let prefill_copy = down.as_ref().map_or(OutputCopy::None, |w| {
+            OutputCopy::tensor_core_form(w.dtype(), w.dims().get(1).copied().unwrap_or(0))
+        });
+        let half_mlp = fused_silu_mul && matches!(prefill_copy, OutputCopy::F16 | OutputCopy::Bf16);
+        let batch_decode = if decode_graphs && first_has("PagedDecodeAttention") {
+            BatchDecode::Graphs
+        } else {
+            BatchDecode::Off
+        };
+        Paths {
+            fused_silu_mul,
+            multi_linear,
+            decode_graphs,
+            norm_quantizes,
+            prefill_copy,
+            half_mlp,
+            rope_tables: first_has("RotaryTables"),
+            batch_decode,
+        }
+    }
 }
 
 impl Model {
@@ -233,132 +402,31 @@ impl Model {
         opts: &RuntimeOptions,
     ) -> Result<Model> {
         let spec = arch::lookup(&config.architecture)?;
+        validate_config(spec, &config)?;
         let c = &config;
-        if c.num_heads == 0 || c.num_kv_heads == 0 || !c.num_heads.is_multiple_of(c.num_kv_heads) {
-            return Err(bad(format!(
-                "{}: {} heads not divisible into {} KV heads",
-                c.architecture, c.num_heads, c.num_kv_heads
-            )));
-        }
-        if c.head_dim == 0 || c.hidden_size == 0 || c.num_layers == 0 || c.vocab_size == 0 {
-            return Err(bad(format!("{}: config has zero sizes", c.architecture)));
-        }
-        if spec.positions == Positions::Rope
-            && (c.rope_dim == 0 || c.rope_dim > c.head_dim || !c.rope_dim.is_multiple_of(2))
-        {
-            return Err(bad(format!(
-                "{}: rotary dim {} invalid for head dim {}",
-                c.architecture, c.rope_dim, c.head_dim
-            )));
-        }
-        if let Some(m) = &c.moe {
-            m.validate(&c.architecture, c.num_layers)?;
-            if spec.moe.is_none() {
-                return Err(bad(format!(
-                    "{}: has no mixture-of-experts layers",
-                    c.architecture
-                )));
-            }
-        }
         let mut weights = Weights::new(source, low_memory)?;
         let embed = format!("{}.weight", spec.embed);
         if !weights.has(&embed) {
             return Err(bad(format!("model file lacks the embedding '{embed}'")));
         }
         if spec.norm == NormKind::RmsPlusOne {
-            // Gemma norms scale by (1 + w): derive once, keep resident.
-            let mut names = vec![format!("{}.weight", spec.final_norm)];
-            for i in 0..c.num_layers {
-                let p = format!("{}{i}.", spec.layer_prefix);
-                names.push(format!("{p}{}.weight", spec.attn_norm));
-                names.push(format!("{p}{}.weight", spec.ffn_norm));
-                let (qn, kn) = spec.qk_norm.unzip();
-                for n in [spec.post_attn_norm, spec.post_ffn_norm, qn, kn]
-                    .into_iter()
-                    .flatten()
-                {
-                    names.push(format!("{p}{n}.weight"));
-                }
-            }
-            for n in names {
-                let w = weights.get(&n)?;
-                let v: Vec<f32> = w.to_f32_vec()?.iter().map(|x| x + 1.0).collect();
-                let d = Data::from_f32(w.dims(), &v)?;
-                drop(w);
-                weights.set_resident(&n, d);
-            }
+            derive_plus_one_norms(&mut weights, spec, c)?;
         }
         let mut rope = RopePlan::new(c, rope_freq_divisors(&weights, c)?)?;
-        let alibi = match spec.positions {
+        let mut alibi = match spec.positions {
             Positions::Alibi => Some(Data::from_f32(&[c.num_heads], &alibi_slopes(c.num_heads))?),
             _ => None,
         };
-        // A GPU (or other non-CPU) first device gets the weights once, now.
-        let mut alibi = alibi;
-        if let Some(dev) = exec
-            .devices()
-            .first()
-            .filter(|d| d.kind() != DeviceKind::Cpu)
-        {
-            check_memory_cap(&weights, dev.name(), opts.gpu_memory_cap)?;
-            weights.upload_to(dev.as_ref())?;
-            rope.upload(dev.as_ref())?;
-            for t in [&mut alibi].into_iter().flatten() {
-                *t = dev.upload(t)?;
-            }
-        } else if let Some(dev) = exec
-            .devices()
-            .first()
-            .filter(|_| precision == Precision::Fast)
-        {
-            // a CPU first device may hold the weight matrices in the layout its kernels stream;
-            // experts stay mapped from the file (only the routed ones are ever read)
-            let experts = spec.moe.map(|m| m.experts);
-            weights.reform_for_where(dev.as_ref(), |n| {
-                experts.is_none_or(|x| !super::moe::is_expert_tensor(x, n))
-            })?;
-        }
-        let first_has = |op: &str| {
-            exec.devices()
-                .first()
-                .is_some_and(|d| d.kind() != DeviceKind::Cpu && d.ops().contains_key(op))
-        };
-        let fused_silu_mul = first_has("SiluMul") && config.hidden_act == "silu";
-        let multi_linear = first_has("SiluMul") && first_has("DecodeAttention") && opts.fused_ops;
-        let decode_graphs = first_has("DecodeAttention")
-            && config.moe.is_none() // routing is read back mid-step
-            && !weights.low_memory()
-            && !rope.length_dependent()
-            && !matches!(spec.positions, Positions::Learned(_))
-            && opts.cuda_graphs;
-        let norm_quantizes = multi_linear && precision == Precision::Fast && {
-            let down = match spec.mlp {
-                Mlp::Gated(_, _, dn) | Mlp::GatedFused(_, dn) | Mlp::Plain(_, dn) => dn,
-            };
-            let name = format!("{}0.{down}.weight", spec.layer_prefix);
-            weights.has(&name)
-                && weights.get(&name).is_ok_and(|w| {
-                    matches!(w.dtype(), DataType::Q8_0 | DataType::Q4_0 | DataType::Q4_1)
-                })
-        };
-        let prefill_copy = if multi_linear && precision == Precision::Fast {
-            let down = match spec.mlp {
-                Mlp::Gated(_, _, dn) | Mlp::GatedFused(_, dn) | Mlp::Plain(_, dn) => dn,
-            };
-            let name = format!("{}0.{down}.weight", spec.layer_prefix);
-            weights.get(&name).map_or(OutputCopy::None, |w| {
-                OutputCopy::tensor_core_form(w.dtype(), w.dims().get(1).copied().unwrap_or(0))
-            })
-        } else {
-            OutputCopy::None
-        };
-        let rope_tables = first_has("RotaryTables");
-        let half_mlp = fused_silu_mul && matches!(prefill_copy, OutputCopy::F16 | OutputCopy::Bf16);
-        let batch_decode = if decode_graphs && first_has("PagedDecodeAttention") {
-            BatchDecode::Graphs
-        } else {
-            BatchDecode::Off
-        };
+        place_weights(
+            &exec,
+            spec,
+            precision,
+            opts,
+            &mut weights,
+            &mut rope,
+            &mut alibi,
+        )?;
+        let paths = Paths::choose(&exec, spec, c, precision, opts, &weights, &rope);
         let kv_dtype =
             kv_dtype::resolve(None, exec.devices().first().map(|d| d.as_ref()), precision)?;
         Ok(Model {
@@ -371,14 +439,7 @@ impl Model {
             alibi,
             tp: None,
             group: None,
-            fused_silu_mul,
-            multi_linear,
-            decode_graphs,
-            norm_quantizes,
-            prefill_copy,
-            half_mlp,
-            rope_tables,
-            batch_decode,
+            paths,
             id: next_model_id(),
             kv_dtype,
         })
@@ -388,7 +449,7 @@ impl Model {
     /// can record work unless [`RuntimeOptions::cuda_graphs`] turned them off at load). Off, or on a device
     /// without recording, every step runs its ops one by one.
     pub fn set_decode_graphs(&mut self, on: bool) {
-        self.decode_graphs = on
+        self.paths.decode_graphs = on
             && self.tp.is_none()
             && self.group.is_none()
             && self.exec.devices().first().is_some_and(|d| {
@@ -402,7 +463,7 @@ impl Model {
 
     /// True when one-token decode steps are recorded and replayed.
     pub fn decode_graphs(&self) -> bool {
-        self.decode_graphs
+        self.paths.decode_graphs
     }
 
     /// Sets how new KV caches and pools store keys and values: `Some` dtype when the model's
@@ -451,13 +512,13 @@ impl Model {
                 "batched decode mode {mode:?} needs a single device with PagedDecodeAttention (and recording, for graphs)"
             )));
         }
-        self.batch_decode = mode;
+        self.paths.batch_decode = mode;
         Ok(())
     }
 
     /// How paged steps of one token per sequence run.
     pub fn batch_decode(&self) -> BatchDecode {
-        self.batch_decode
+        self.paths.batch_decode
     }
 
     /// Unique per model in this process (recordings hold its weight addresses).
@@ -482,8 +543,8 @@ impl Model {
             self.alibi = Some(d);
         }
         self.tp = Some(tp);
-        self.decode_graphs = false;
-        self.batch_decode = BatchDecode::Off;
+        self.paths.decode_graphs = false;
+        self.paths.batch_decode = BatchDecode::Off;
         Ok(self)
     }
 
@@ -505,14 +566,7 @@ impl Model {
             alibi: None,
             tp: None,
             group: Some(group),
-            fused_silu_mul: false,
-            multi_linear: false,
-            decode_graphs: false,
-            norm_quantizes: false,
-            prefill_copy: OutputCopy::None,
-            half_mlp: false,
-            rope_tables: false,
-            batch_decode: BatchDecode::Off,
+            paths: Paths::OFF,
             id: next_model_id(),
             kv_dtype: KvDtype::F32,
         })
@@ -637,9 +691,9 @@ impl Model {
     fn copy_for(&self, rows: usize) -> OutputCopy {
         match rows {
             0 => OutputCopy::None,
-            1 if self.norm_quantizes => OutputCopy::Q8,
+            1 if self.paths.norm_quantizes => OutputCopy::Q8,
             1 => OutputCopy::None,
-            _ => self.prefill_copy,
+            _ => self.paths.prefill_copy,
         }
     }
 
@@ -694,7 +748,7 @@ impl Model {
             bs.push(self.weights.opt(&format!("{n}.bias"))?);
         }
         let same = ws.windows(2).all(|p| p[0].dtype() == p[1].dtype());
-        if self.multi_linear && same && names.len() == outs.len() && names.len() <= 3 {
+        if self.paths.multi_linear && same && names.len() == outs.len() && names.len() <= 3 {
             let mut parts: Vec<(&Data, Option<&Data>, &mut Data)> = ws
                 .iter()
                 .zip(&bs)
@@ -714,13 +768,13 @@ impl Model {
         Ok(())
     }
 
-    /// The half form the gate/up projections of `rows` rows may write ([`Model::half_mlp`]):
+    /// The half form the gate/up projections of `rows` rows may write (`Paths::half_mlp`):
     /// the prefill copy's form when the down projection `down` (a weight name) reads that form
     /// on the tensor-core path, else [`OutputCopy::None`].
     fn half_mlp_for(&self, rows: usize, down: &str) -> Result<OutputCopy> {
         let copy = self.copy_for(rows);
         // (low-memory mode would read the weight from the file just to see its dtype)
-        if !self.half_mlp
+        if !self.paths.half_mlp
             || self.weights.low_memory()
             || !matches!(copy, OutputCopy::F16 | OutputCopy::Bf16)
         {
@@ -843,7 +897,7 @@ impl Model {
     /// that cannot be recorded (an op that allocates, copies to the host or falls back to the
     /// CPU) runs op by op, and after [`GRAPH_MAX_FAILURES`] failures the cache stops trying.
     fn decode_graph_step(&self, cache: &mut KvCache, tokens: &[u32]) -> Result<bool> {
-        if !self.decode_graphs
+        if !self.paths.decode_graphs
             || tokens.len() != 1
             || cache.remote.is_some()
             || self.exec.profiler().enabled()
@@ -986,46 +1040,55 @@ impl Model {
                 .map(|(l, r)| sample_logits(l, r))
                 .collect();
         }
-        let e = &self.exec;
+        let penalized = self.penalize_on_device(logits, rows)?;
+        self.sample_on_device(penalized.as_ref().unwrap_or(logits), rows)
+    }
+
+    /// The rows' repetition / presence / frequency penalties applied to a copy of `logits` on
+    /// their device (`ApplyPenalties`; the caller's logits stay unchanged); `None` when no row
+    /// has a penalized token.
+    fn penalize_on_device(&self, logits: &Data, rows: &[SampleRow]) -> Result<Option<Data>> {
         let n = rows.len();
-        let mut penalized = None;
         let m = rows
             .iter()
             .map(|r| r.penalties.as_ref().map_or(0, |p| p.tokens.len()))
             .max()
             .unwrap_or(0);
-        if m > 0 {
-            let mut toks = vec![-1i32; n * m];
-            let mut counts = vec![0i32; n * m];
-            let mut params = vec![0f32; n * 3];
-            for (i, r) in rows.iter().enumerate() {
-                params[3 * i] = 1.0;
-                if let Some(p) = &r.penalties {
-                    params[3 * i..3 * i + 3].copy_from_slice(&[
-                        p.repetition,
-                        p.presence,
-                        p.frequency,
-                    ]);
-                    for (j, &(t, c)) in p.tokens.iter().enumerate() {
-                        toks[i * m + j] = i32::try_from(t).unwrap_or(-1);
-                        counts[i * m + j] = i32::try_from(c).unwrap_or(i32::MAX);
-                    }
+        if m == 0 {
+            return Ok(None);
+        }
+        let mut toks = vec![-1i32; n * m];
+        let mut counts = vec![0i32; n * m];
+        let mut params = vec![0f32; n * 3];
+        for (i, r) in rows.iter().enumerate() {
+            params[3 * i] = 1.0;
+            if let Some(p) = &r.penalties {
+                params[3 * i..3 * i + 3].copy_from_slice(&[p.repetition, p.presence, p.frequency]);
+                for (j, &(t, c)) in p.tokens.iter().enumerate() {
+                    toks[i * m + j] = i32::try_from(t).unwrap_or(-1);
+                    counts[i * m + j] = i32::try_from(c).unwrap_or(i32::MAX);
                 }
             }
-            let mut copy = Data::empty(DataType::F32);
-            ops::mul(e, logits, 1.0, &mut copy)?; // keep the caller's logits unchanged
-            let toks = Data::from_i32(&[n, m], &toks)?;
-            let counts = Data::from_i32(&[n, m], &counts)?;
-            let params = Data::from_f32(&[n, 3], &params)?;
-            let mut d = DataDict::new()
-                .with_mut("input", &mut copy)
-                .with("tokens", &toks)
-                .with("counts", &counts)
-                .with("params", &params);
-            e.run("ApplyPenalties", &mut d, &FloatDict::new(), &IntDict::new())?;
-            penalized = Some(copy);
         }
-        let x = penalized.as_ref().unwrap_or(logits);
+        let e = &self.exec;
+        let mut copy = Data::empty(DataType::F32);
+        ops::mul(e, logits, 1.0, &mut copy)?;
+        let toks = Data::from_i32(&[n, m], &toks)?;
+        let counts = Data::from_i32(&[n, m], &counts)?;
+        let params = Data::from_f32(&[n, 3], &params)?;
+        let mut d = DataDict::new()
+            .with_mut("input", &mut copy)
+            .with("tokens", &toks)
+            .with("counts", &counts)
+            .with("params", &params);
+        e.run("ApplyPenalties", &mut d, &FloatDict::new(), &IntDict::new())?;
+        Ok(Some(copy))
+    }
+
+    /// One pick per row of `x` with the `Sample` op on the logits' device; only the ids come
+    /// back (and, when a row has no valid pick, that row to say why).
+    fn sample_on_device(&self, x: &Data, rows: &[SampleRow]) -> Result<Vec<u32>> {
+        let (n, vocab) = (rows.len(), self.config.vocab_size);
         let mut params = Vec::with_capacity(n * 4);
         let mut random = Vec::with_capacity(n * 2);
         for r in rows {
@@ -1041,7 +1104,8 @@ impl Model {
             .with("params", &params)
             .with("random", &random)
             .with_mut("output", &mut ids);
-        e.run("Sample", &mut d, &FloatDict::new(), &IntDict::new())?;
+        self.exec
+            .run("Sample", &mut d, &FloatDict::new(), &IntDict::new())?;
         let ids = to_host(ids)?;
         let ids = ids.as_i32()?;
         let mut out = Vec::with_capacity(n);
@@ -1223,6 +1287,9 @@ impl Model {
         }
     }
 
+    /// Runs one paged step over `batch` (blocks reserved, rows gathered, the step taken on the
+    /// recorded bucket, the group or op by op) and returns what `mode` asks for; the items'
+    /// lengths advance only when the step succeeded.
     fn run_paged(
         &self,
         pool: &mut PagedKvPool,
@@ -1232,6 +1299,42 @@ impl Model {
         if batch.is_empty() {
             return Err(Error::invalid("paged step: empty batch"));
         }
+        self.reserve_blocks(pool, batch)?;
+        let step = PagedBatch::gather(pool.block_size, batch);
+        let bucket = match mode {
+            PagedMode::SampleLogprobs(..) => None,
+            _ => self.decode_bucket(&step),
+        };
+        let out = match (&self.group, &pool.remote, bucket) {
+            (None, None, Some(rows)) => {
+                let logits = self.paged_decode_step(pool, &step, rows)?;
+                self.pick_padded(logits, mode, step.seqs)?
+            }
+            (Some(g), Some(r), _) if Arc::ptr_eq(r.group(), g) => {
+                let logits = g.forward_paged(r, &step)?;
+                self.pick(logits, mode)?
+            }
+            (None, None, None) => {
+                let logits = self.paged_step_device(pool, &step)?;
+                self.pick(logits, mode)?
+            }
+            _ => return Err(Error::invalid("paged KV pool belongs to another model")),
+        };
+        for (st, toks) in batch.iter_mut() {
+            st.len += toks.len();
+            pool.commit(st, toks);
+        }
+        Ok(out)
+    }
+
+    /// Checks a paged step against the pool and the model (the pool's shapes, each item's
+    /// tokens and context, no write into a shared or cached block) and gives every item the
+    /// blocks its new tokens need; nothing is allocated unless all of them fit.
+    fn reserve_blocks(
+        &self,
+        pool: &mut PagedKvPool,
+        batch: &mut [(&mut PagedSeqState, &[u32])],
+    ) -> Result<()> {
         let c = &self.config;
         if (pool.remote.is_none() && pool.k.len() != c.num_layers)
             || pool.nkv != c.num_kv_heads
@@ -1240,7 +1343,6 @@ impl Model {
             return Err(Error::invalid("paged KV pool belongs to another model"));
         }
         let bs = pool.block_size;
-        // blocks needed
         let mut need = 0usize;
         for (st, toks) in batch.iter() {
             if toks.is_empty() {
@@ -1281,68 +1383,7 @@ impl Model {
                 }
             }
         }
-        let mut tokens = Vec::new();
-        let mut pos = Vec::new();
-        let mut slots = Vec::new();
-        let mut q_starts = vec![0i32];
-        let mut kv_lens = Vec::new();
-        let mut rows = Vec::new();
-        let max_blocks = batch
-            .iter()
-            .map(|(st, _)| st.blocks.len())
-            .max()
-            .unwrap_or(1)
-            .max(1);
-        let mut table = vec![0i32; batch.len() * max_blocks];
-        for (i, (st, toks)) in batch.iter().enumerate() {
-            for (k, &t) in toks.iter().enumerate() {
-                let p = st.len + k;
-                tokens.push(t);
-                pos.push(p as i32);
-                slots.push((st.blocks[p / bs] as usize * bs + p % bs) as i32);
-            }
-            q_starts.push(tokens.len() as i32);
-            kv_lens.push((st.len + toks.len()) as i32);
-            rows.push(tokens.len() as i32 - 1);
-            for (b, &id) in st.blocks.iter().enumerate() {
-                table[i * max_blocks + b] = id as i32;
-            }
-        }
-        let step = PagedBatch {
-            tokens,
-            pos,
-            rows,
-            slots,
-            q_starts,
-            kv_lens,
-            table,
-            seqs: batch.len(),
-            max_blocks,
-        };
-        let bucket = match mode {
-            PagedMode::SampleLogprobs(..) => None,
-            _ => self.decode_bucket(&step),
-        };
-        let out = match (&self.group, &pool.remote, bucket) {
-            (None, None, Some(rows)) => {
-                let logits = self.paged_decode_step(pool, &step, rows)?;
-                self.pick_padded(logits, mode, step.seqs)?
-            }
-            (Some(g), Some(r), _) if Arc::ptr_eq(r.group(), g) => {
-                let logits = g.forward_paged(r, &step)?;
-                self.pick(logits, mode)?
-            }
-            (None, None, None) => {
-                let logits = self.paged_step_device(pool, &step)?;
-                self.pick(logits, mode)?
-            }
-            _ => return Err(Error::invalid("paged KV pool belongs to another model")),
-        };
-        for (st, toks) in batch.iter_mut() {
-            st.len += toks.len();
-            pool.commit(st, toks);
-        }
-        Ok(out)
+        Ok(())
     }
 
     /// The tokens (or host logits) `mode` asks for from a step's logits rows.
@@ -1587,7 +1628,7 @@ impl Model {
         let local = self.rope.local.as_ref().map(rotary);
         if self.rope.length_dependent() {
             global.tables = Some((&*cos, &*sin)); // formed by `forward_rows`
-        } else if self.rope_tables && self.spec.positions == Positions::Rope {
+        } else if self.paths.rope_tables && self.spec.positions == Positions::Rope {
             ops::rotary_tables(&self.exec, &global, cos, sin)?;
             global.tables = Some((&*cos, &*sin));
         }
@@ -1700,7 +1741,7 @@ impl Model {
             && s == 1
             && kv.rotates_step();
         if self.spec.positions == Positions::Rope && !rotate_in_store {
-            if self.multi_linear {
+            if self.paths.multi_linear {
                 ops::rotary_pair(e, q, k, rope)?;
             } else {
                 ops::rotary(e, q, rope)?;
@@ -1723,7 +1764,7 @@ impl Model {
         }
         a.reshape(&[s, nh * hd])?;
         // on the CUDA device the residual add rides on the projection (`accumulate`)
-        let fuse_residual = self.multi_linear && self.tp.is_none();
+        let fuse_residual = self.paths.multi_linear && self.tp.is_none();
         if fuse_residual && self.spec.post_attn_norm.is_none() {
             return self.linear_add(a, &ln(self.spec.o_proj), x);
         }
@@ -1755,13 +1796,13 @@ impl Model {
         let down = match self.spec.mlp {
             Mlp::Gated(gn, un, dn) => {
                 // half gate/up outputs only where the fused SiluMul reads them
-                let half = if self.fused_silu_mul {
+                let half = if self.paths.fused_silu_mul {
                     self.half_mlp_for(s, &ln(dn))?
                 } else {
                     OutputCopy::None
                 };
                 self.linears_as(h, &[ln(gn), ln(un)], &mut [&mut **g, &mut **t0], half)?;
-                if self.fused_silu_mul {
+                if self.paths.fused_silu_mul {
                     ops::silu_mul_quantizing(e, g, t0, t1, self.copy_for(s))?;
                 } else {
                     self.act(g, t1)?;
@@ -1785,7 +1826,7 @@ impl Model {
                 dn
             }
         };
-        let fuse_residual = self.multi_linear && self.tp.is_none();
+        let fuse_residual = self.paths.multi_linear && self.tp.is_none();
         if fuse_residual && self.spec.post_ffn_norm.is_none() {
             return self.linear_add(t1, &ln(down), x);
         }
@@ -2088,6 +2129,53 @@ pub(crate) struct PagedBatch {
     pub table: Vec<i32>,
     pub seqs: usize,
     pub max_blocks: usize,
+}
+
+impl PagedBatch {
+    /// The rows of a step over `batch` (blocks already reserved, `block_size` tokens each):
+    /// every item's new tokens with their positions and cache slots, where each item's rows
+    /// start, its key count after the step, its last row, and the block tables padded to the
+    /// longest.
+    fn gather(bs: usize, batch: &[(&mut PagedSeqState, &[u32])]) -> PagedBatch {
+        let mut tokens = Vec::new();
+        let mut pos = Vec::new();
+        let mut slots = Vec::new();
+        let mut q_starts = vec![0i32];
+        let mut kv_lens = Vec::new();
+        let mut rows = Vec::new();
+        let max_blocks = batch
+            .iter()
+            .map(|(st, _)| st.blocks.len())
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let mut table = vec![0i32; batch.len() * max_blocks];
+        for (i, (st, toks)) in batch.iter().enumerate() {
+            for (k, &t) in toks.iter().enumerate() {
+                let p = st.len + k;
+                tokens.push(t);
+                pos.push(p as i32);
+                slots.push((st.blocks[p / bs] as usize * bs + p % bs) as i32);
+            }
+            q_starts.push(tokens.len() as i32);
+            kv_lens.push((st.len + toks.len()) as i32);
+            rows.push(tokens.len() as i32 - 1);
+            for (b, &id) in st.blocks.iter().enumerate() {
+                table[i * max_blocks + b] = id as i32;
+            }
+        }
+        PagedBatch {
+            tokens,
+            pos,
+            rows,
+            slots,
+            q_starts,
+            kv_lens,
+            table,
+            seqs: batch.len(),
+            max_blocks,
+        }
+    }
 }
 
 struct PagedStep<'a> {

@@ -84,46 +84,58 @@ fn check_id(what: &str, id: Option<u32>, n: usize) -> Result<()> {
     }
 }
 
-impl Tokenizer {
-    /// Builds the tokenizer, checking the spec (ids in range, merges made of known tokens,
-    /// score/vocabulary lengths).
-    pub fn new(spec: TokenizerSpec) -> Result<Tokenizer> {
-        let n = spec.vocab.len();
-        if n == 0 {
-            return Err(Error::invalid("tokenizer spec: empty vocabulary"));
-        }
-        if u32::try_from(n).is_err() {
-            return Err(Error::invalid("tokenizer spec: vocabulary too large"));
-        }
-        if !spec.scores.is_empty() && spec.scores.len() != n {
-            return Err(Error::invalid(format!(
-                "tokenizer spec: {} scores for {n} tokens",
-                spec.scores.len()
-            )));
-        }
-        check_id("bos", spec.bos_id, n)?;
-        check_id("unk", spec.unk_id, n)?;
-        check_id("pad", spec.pad_id, n)?;
-        for &e in &spec.eos_ids {
-            check_id("eos", Some(e), n)?;
-        }
-        if spec.add_bos && spec.bos_id.is_none() {
-            return Err(Error::invalid(
-                "tokenizer spec: add_bos is set but there is no bos id",
-            ));
-        }
-        if spec.add_eos && spec.eos_ids.is_empty() {
-            return Err(Error::invalid(
-                "tokenizer spec: add_eos is set but there is no eos id",
-            ));
-        }
-        let sp_text = spec.normalizer == NormalizerKind::SentencePiece
-            || spec.kind == TokenizerKind::SentencePieceBpe;
+/// Refuses a spec whose sizes or special ids do not fit its vocabulary.
+fn check_spec(spec: &TokenizerSpec) -> Result<()> {
+    let n = spec.vocab.len();
+    if n == 0 {
+        return Err(Error::invalid("tokenizer spec: empty vocabulary"));
+    }
+    if u32::try_from(n).is_err() {
+        return Err(Error::invalid("tokenizer spec: vocabulary too large"));
+    }
+    if !spec.scores.is_empty() && spec.scores.len() != n {
+        return Err(Error::invalid(format!(
+            "tokenizer spec: {} scores for {n} tokens",
+            spec.scores.len()
+        )));
+    }
+    check_id("bos", spec.bos_id, n)?;
+    check_id("unk", spec.unk_id, n)?;
+    check_id("pad", spec.pad_id, n)?;
+    for &e in &spec.eos_ids {
+        check_id("eos", Some(e), n)?;
+    }
+    if spec.add_bos && spec.bos_id.is_none() {
+        return Err(Error::invalid(
+            "tokenizer spec: add_bos is set but there is no bos id",
+        ));
+    }
+    if spec.add_eos && spec.eos_ids.is_empty() {
+        return Err(Error::invalid(
+            "tokenizer spec: add_eos is set but there is no eos id",
+        ));
+    }
+    Ok(())
+}
 
-        let mut special = vec![false; n];
-        let mut added_content: Vec<Option<&[u8]>> = vec![None; n];
-        let mut added_all = Trie::new();
-        let mut added_plain = Trie::new();
+/// The added tokens by id (special or not, their content) and as tries to find them in text
+/// (all of them, and the non-special ones).
+struct AddedIndex<'a> {
+    special: Vec<bool>,
+    content: Vec<Option<&'a [u8]>>,
+    all: Trie,
+    plain: Trie,
+}
+
+impl<'a> AddedIndex<'a> {
+    fn new(spec: &'a TokenizerSpec) -> Result<AddedIndex<'a>> {
+        let n = spec.vocab.len();
+        let mut ix = AddedIndex {
+            special: vec![false; n],
+            content: vec![None; n],
+            all: Trie::new(),
+            plain: Trie::new(),
+        };
         for a in &spec.added {
             check_id(&format!("added token '{}'", a.content), Some(a.id), n)?;
             if a.content.is_empty() {
@@ -132,28 +144,46 @@ impl Tokenizer {
                     a.id
                 )));
             }
-            special[a.id as usize] = a.special;
-            added_content[a.id as usize] = Some(a.content.as_bytes());
-            added_all.insert(a.content.as_bytes(), a.id);
+            ix.special[a.id as usize] = a.special;
+            ix.content[a.id as usize] = Some(a.content.as_bytes());
+            ix.all.insert(a.content.as_bytes(), a.id);
             if !a.special {
-                added_plain.insert(a.content.as_bytes(), a.id);
+                ix.plain.insert(a.content.as_bytes(), a.id);
             }
         }
+        Ok(ix)
+    }
+}
 
-        let mut string_ids = FxHashMap::default();
-        let mut piece_ids = FxHashMap::default();
-        let mut bytes = Vec::with_capacity(n);
-        let mut byte_token = vec![None; n];
-        let mut vocab_trie = Trie::new();
+/// The vocabulary indexed for encoding and decoding (see the [`Tokenizer`] fields of the same
+/// names).
+struct VocabIndex {
+    string_ids: FxHashMap<Vec<u8>, u32>,
+    piece_ids: FxHashMap<Vec<u8>, u32>,
+    bytes: Vec<Vec<u8>>,
+    byte_token: Vec<Option<u8>>,
+    vocab_trie: Trie,
+}
+
+impl VocabIndex {
+    fn new(spec: &TokenizerSpec, added: &AddedIndex<'_>, sp_text: bool) -> VocabIndex {
+        let n = spec.vocab.len();
+        let mut ix = VocabIndex {
+            string_ids: FxHashMap::default(),
+            piece_ids: FxHashMap::default(),
+            bytes: Vec::with_capacity(n),
+            byte_token: vec![None; n],
+            vocab_trie: Trie::new(),
+        };
         for (id, s) in spec.vocab.iter().enumerate() {
             let id32 = id as u32;
-            string_ids.entry(s.clone()).or_insert(id32);
-            let shown: &[u8] = added_content[id].unwrap_or(s);
+            ix.string_ids.entry(s.clone()).or_insert(id32);
+            let shown: &[u8] = added.content[id].unwrap_or(s);
             let decoded = match spec.kind {
                 TokenizerKind::ByteLevelBpe => byte_level::decode_token(shown),
                 _ if sp_text => match parse_byte_token(shown) {
                     Some(b) => {
-                        byte_token[id] = Some(b);
+                        ix.byte_token[id] = Some(b);
                         vec![b]
                     }
                     None => String::from_utf8_lossy(shown)
@@ -162,72 +192,106 @@ impl Tokenizer {
                 },
                 _ => shown.to_vec(),
             };
-            if !special[id] {
+            if !added.special[id] {
                 let key = match spec.kind {
                     TokenizerKind::ByteLevelBpe => decoded.clone(),
                     _ => s.clone(),
                 };
                 if !key.is_empty() {
-                    piece_ids.entry(key).or_insert(id32);
+                    ix.piece_ids.entry(key).or_insert(id32);
                 }
                 if spec.kind == TokenizerKind::GreedyTrie {
-                    vocab_trie.insert(s, id32);
+                    ix.vocab_trie.insert(s, id32);
                 }
             }
-            bytes.push(decoded);
+            ix.bytes.push(decoded);
         }
         for a in &spec.added {
-            string_ids
+            ix.string_ids
                 .entry(a.content.as_bytes().to_vec())
                 .or_insert(a.id);
         }
+        ix
+    }
 
+    /// The token of each byte: byte-level BPE's single-byte pieces, else the `<0xNN>` tokens.
+    fn byte_ids(&self, kind: TokenizerKind) -> [u32; 256] {
         let mut byte_ids = [NO_ID; 256];
         for (b, slot) in byte_ids.iter_mut().enumerate() {
-            let found = match spec.kind {
-                TokenizerKind::ByteLevelBpe => piece_ids.get(&[b as u8][..]),
-                _ => string_ids.get(format!("<0x{b:02X}>").as_bytes()),
+            let found = match kind {
+                TokenizerKind::ByteLevelBpe => self.piece_ids.get(&[b as u8][..]),
+                _ => self.string_ids.get(format!("<0x{b:02X}>").as_bytes()),
             };
             if let Some(&id) = found {
                 *slot = id;
             }
         }
+        byte_ids
+    }
+}
 
-        let mut sp_pairs = FxHashSet::default();
-        if spec.kind == TokenizerKind::SentencePieceBpe {
-            for t in spec
-                .vocab
-                .iter()
-                .map(|v| v.as_slice())
-                .chain(spec.added.iter().map(|a| a.content.as_bytes()))
-            {
-                let t = String::from_utf8_lossy(t);
-                sp_pairs.extend(t.chars().zip(t.chars().skip(1)));
-            }
+/// The adjacent character pairs found in the tokens of a SentencePiece BPE (empty for other
+/// kinds; see [`Tokenizer`]'s `sp_pairs`).
+fn sp_pairs(spec: &TokenizerSpec) -> FxHashSet<(char, char)> {
+    let mut pairs = FxHashSet::default();
+    if spec.kind == TokenizerKind::SentencePieceBpe {
+        for t in spec
+            .vocab
+            .iter()
+            .map(|v| v.as_slice())
+            .chain(spec.added.iter().map(|a| a.content.as_bytes()))
+        {
+            let t = String::from_utf8_lossy(t);
+            pairs.extend(t.chars().zip(t.chars().skip(1)));
         }
-        let sp_split_words = spec.kind == TokenizerKind::SentencePieceBpe;
-        let rule = if spec.merges.is_empty() && !spec.scores.is_empty() {
-            MergeRule::Scores(spec.scores.clone())
-        } else {
-            let mut ranks = FxHashMap::default();
-            for (rank, (a, b)) in spec.merges.iter().enumerate() {
-                let find = |t: &[u8]| {
-                    string_ids.get(t).copied().ok_or_else(|| {
-                        Error::invalid(format!(
-                            "tokenizer spec: merge {rank} ('{}' '{}') uses '{}', which is not in the vocabulary",
-                            String::from_utf8_lossy(a),
-                            String::from_utf8_lossy(b),
-                            String::from_utf8_lossy(t)
-                        ))
-                    })
-                };
-                let joined = [a.as_slice(), b.as_slice()].concat();
-                let (ia, ib, ij) = (find(a)?, find(b)?, find(&joined)?);
-                ranks.insert((ia, ib), (rank as u32, ij));
-            }
-            MergeRule::Ranks(ranks)
-        };
+    }
+    pairs
+}
 
+/// Merges by score when the spec has scores and no merges, else by rank, each merge's tokens
+/// looked up in `string_ids`.
+fn merge_rule(spec: &TokenizerSpec, string_ids: &FxHashMap<Vec<u8>, u32>) -> Result<MergeRule> {
+    if spec.merges.is_empty() && !spec.scores.is_empty() {
+        return Ok(MergeRule::Scores(spec.scores.clone()));
+    }
+    let mut ranks = FxHashMap::default();
+    for (rank, (a, b)) in spec.merges.iter().enumerate() {
+        let find = |t: &[u8]| {
+            string_ids.get(t).copied().ok_or_else(|| {
+                Error::invalid(format!(
+                    "tokenizer spec: merge {rank} ('{}' '{}') uses '{}', which is not in the vocabulary",
+                    String::from_utf8_lossy(a),
+                    String::from_utf8_lossy(b),
+                    String::from_utf8_lossy(t)
+                ))
+            })
+        };
+        let joined = [a.as_slice(), b.as_slice()].concat();
+        let (ia, ib, ij) = (find(a)?, find(b)?, find(&joined)?);
+        ranks.insert((ia, ib), (rank as u32, ij));
+    }
+    Ok(MergeRule::Ranks(ranks))
+}
+
+impl Tokenizer {
+    /// Builds the tokenizer, checking the spec (ids in range, merges made of known tokens,
+    /// score/vocabulary lengths).
+    pub fn new(spec: TokenizerSpec) -> Result<Tokenizer> {
+        check_spec(&spec)?;
+        let sp_text = spec.normalizer == NormalizerKind::SentencePiece
+            || spec.kind == TokenizerKind::SentencePieceBpe;
+        let added = AddedIndex::new(&spec)?;
+        let ix = VocabIndex::new(&spec, &added, sp_text);
+        let byte_ids = ix.byte_ids(spec.kind);
+        let sp_pairs = sp_pairs(&spec);
+        let rule = merge_rule(&spec, &ix.string_ids)?;
+        let AddedIndex {
+            special,
+            content,
+            all: added_all,
+            plain: added_plain,
+        } = added;
+        drop(content); // it borrows `spec`, whose vocabulary moves into the tokenizer
         Ok(Tokenizer {
             kind: spec.kind,
             pre_tokenizer: spec.pre_tokenizer,
@@ -237,19 +301,19 @@ impl Tokenizer {
             ignore_merges: spec.pre_tokenizer == PreTokenizerKind::Llama3,
             strip_leading_space: sp_text && spec.add_prefix_space,
             fuse_unk: spec.kind == TokenizerKind::SentencePieceBpe,
-            sp_split_words,
+            sp_split_words: spec.kind == TokenizerKind::SentencePieceBpe,
             sp_pairs,
             vocab: spec.vocab,
-            bytes,
-            byte_token,
+            bytes: ix.bytes,
+            byte_token: ix.byte_token,
             special,
-            string_ids,
-            piece_ids,
+            string_ids: ix.string_ids,
+            piece_ids: ix.piece_ids,
             byte_ids,
             rule,
             added_all,
             added_plain,
-            vocab_trie,
+            vocab_trie: ix.vocab_trie,
             bos_id: spec.bos_id,
             eos_ids: spec.eos_ids,
             unk_id: spec.unk_id,

@@ -51,6 +51,45 @@ fn pattern_kind(pattern: &str) -> Result<PreTokenizerKind> {
     }
 }
 
+/// The regex of a `Split` pre-tokenizer step (isolated matches, not inverted).
+fn split_pattern(step: &Value) -> Result<&str> {
+    let pattern = step
+        .get("pattern")
+        .and_then(|p| p.get("Regex"))
+        .and_then(Value::as_str)
+        .ok_or_else(|| unsupported("pre_tokenizer Split without a Regex pattern"))?;
+    let behavior = step.get("behavior").and_then(Value::as_str).unwrap_or("");
+    if behavior != "Isolated" || bool_field(step, "invert", false) {
+        return Err(unsupported(format!(
+            "pre_tokenizer Split with behavior '{behavior}' (only Isolated, not inverted)"
+        )));
+    }
+    Ok(pattern)
+}
+
+/// Whether a `Metaspace` pre-tokenizer step (no split, `▁` as the replacement) puts `▁` in
+/// front of the text.
+fn metaspace_prepends(step: &Value) -> Result<bool> {
+    if bool_field(step, "split", true) {
+        return Err(unsupported("pre_tokenizer Metaspace with split = true"));
+    }
+    let replacement = step
+        .get("replacement")
+        .and_then(Value::as_str)
+        .unwrap_or(SP_SPACE);
+    if replacement != SP_SPACE {
+        return Err(unsupported(format!(
+            "Metaspace replacement {replacement:?}"
+        )));
+    }
+    let scheme = step.get("prepend_scheme").and_then(Value::as_str);
+    Ok(match scheme {
+        Some("never") => false,
+        Some(_) => true,
+        None => bool_field(step, "add_prefix_space", true),
+    })
+}
+
 fn parse_pre_tokenizer(v: &Value) -> Result<PreTokenizerInfo> {
     let mut info = PreTokenizerInfo::default();
     if v.is_null() {
@@ -85,17 +124,7 @@ fn parse_pre_tokenizer(v: &Value) -> Result<PreTokenizerInfo> {
                 }
             }
             "Split" => {
-                let pattern = step
-                    .get("pattern")
-                    .and_then(|p| p.get("Regex"))
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| unsupported("pre_tokenizer Split without a Regex pattern"))?;
-                let behavior = step.get("behavior").and_then(Value::as_str).unwrap_or("");
-                if behavior != "Isolated" || bool_field(step, "invert", false) {
-                    return Err(unsupported(format!(
-                        "pre_tokenizer Split with behavior '{behavior}' (only Isolated, not inverted)"
-                    )));
-                }
+                let pattern = split_pattern(step)?;
                 if info.kind.is_some() || digits {
                     return Err(unsupported("pre_tokenizer with several splitting steps"));
                 }
@@ -109,27 +138,7 @@ fn parse_pre_tokenizer(v: &Value) -> Result<PreTokenizerInfo> {
                 }
                 digits = true;
             }
-            "Metaspace" => {
-                if bool_field(step, "split", true) {
-                    return Err(unsupported("pre_tokenizer Metaspace with split = true"));
-                }
-                let replacement = step
-                    .get("replacement")
-                    .and_then(Value::as_str)
-                    .unwrap_or(SP_SPACE);
-                if replacement != SP_SPACE {
-                    return Err(unsupported(format!(
-                        "Metaspace replacement {replacement:?}"
-                    )));
-                }
-                let scheme = step.get("prepend_scheme").and_then(Value::as_str);
-                let prepend = match scheme {
-                    Some("never") => false,
-                    Some(_) => true,
-                    None => bool_field(step, "add_prefix_space", true),
-                };
-                info.metaspace_prepend = Some(prepend);
-            }
+            "Metaspace" => info.metaspace_prepend = Some(metaspace_prepends(step)?),
             other => return Err(unsupported(format!("pre_tokenizer type '{other}'"))),
         }
     }
@@ -292,73 +301,12 @@ impl TokenizerSpec {
                 })
             })
             .transpose()?;
-        let model = root
-            .get("model")
-            .filter(|m| m.is_object())
-            .ok_or_else(|| bad("no 'model' object"))?;
-        let model_type = model.get("type").and_then(Value::as_str).unwrap_or("BPE");
-        match model_type {
-            "BPE" => {}
-            "Unigram" | "WordPiece" | "WordLevel" => {
-                return Err(unsupported(format!(
-                    "model type '{model_type}' (only BPE is implemented)"
-                )))
-            }
-            other => return Err(bad(format!("unknown model type '{other}'"))),
-        }
-
-        // vocabulary, by id
+        let model = bpe_model(&root)?;
         let vocab_map = model
             .get("vocab")
             .and_then(Value::as_object)
             .ok_or_else(|| bad("model has no 'vocab' object"))?;
-        let mut by_id: HashMap<u32, Vec<u8>> = HashMap::with_capacity(vocab_map.len());
-        for (tok, id) in vocab_map {
-            let id = id
-                .as_u64()
-                .and_then(|i| u32::try_from(i).ok())
-                .ok_or_else(|| bad(format!("vocab entry '{tok}' has id {id}, not a u32")))?;
-            if by_id.insert(id, tok.as_bytes().to_vec()).is_some() {
-                return Err(bad(format!("vocab id {id} is used twice")));
-            }
-        }
-        let mut added = Vec::new();
-        for a in root
-            .get("added_tokens")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let id = a
-                .get("id")
-                .and_then(Value::as_u64)
-                .and_then(|i| u32::try_from(i).ok())
-                .ok_or_else(|| bad(format!("added token without a valid id: {a}")))?;
-            let content = a
-                .get("content")
-                .and_then(Value::as_str)
-                .ok_or_else(|| bad(format!("added token {id} without content")))?;
-            by_id
-                .entry(id)
-                .or_insert_with(|| content.as_bytes().to_vec());
-            added.push(AddedToken {
-                id,
-                content: content.to_string(),
-                special: bool_field(a, "special", false),
-            });
-        }
-        let size = by_id.keys().max().map_or(0, |&m| m as usize + 1);
-        if size == 0 {
-            return Err(bad("empty vocabulary"));
-        }
-        let mut vocab = Vec::with_capacity(size);
-        for id in 0..size as u32 {
-            vocab.push(
-                by_id
-                    .remove(&id)
-                    .ok_or_else(|| bad(format!("no token has id {id} (ids must be contiguous)")))?,
-            );
-        }
+        let (vocab, added) = read_vocab(vocab_map, &root)?;
         let string_to_id = |s: &str| -> Option<u32> {
             added
                 .iter()
@@ -366,71 +314,192 @@ impl TokenizerSpec {
                 .map(|a| a.id)
                 .or_else(|| vocab_map.get(s).and_then(Value::as_u64).map(|i| i as u32))
         };
-
-        // merges: "a b" strings or [a, b] pairs
-        let mut merges = Vec::new();
-        for (k, m) in model
-            .get("merges")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .enumerate()
-        {
-            let pair = match m {
-                Value::String(s) => s.split_once(' ').filter(|(_, b)| !b.contains(' ')),
-                Value::Array(p) => match p.as_slice() {
-                    [Value::String(a), Value::String(b)] => Some((a.as_str(), b.as_str())),
-                    _ => None,
-                },
-                _ => None,
-            };
-            let (a, b) =
-                pair.ok_or_else(|| bad(format!("merge {k} is not \"a b\" or [a, b]: {m}")))?;
-            merges.push((a.as_bytes().to_vec(), b.as_bytes().to_vec()));
-        }
-
+        let merges = read_merges(model)?;
         let pre = parse_pre_tokenizer(root.get("pre_tokenizer").unwrap_or(&Value::Null))?;
-        let (mut normalizer, mut prepend) =
-            parse_normalizer(root.get("normalizer").unwrap_or(&Value::Null))?;
-        if let Some(p) = pre.metaspace_prepend {
-            if normalizer != NormalizerKind::None {
-                return Err(unsupported(
-                    "Metaspace pre-tokenizer together with a normalizer",
-                ));
-            }
-            normalizer = NormalizerKind::SentencePiece;
-            prepend = p;
-        }
-        let decoder = root.get("decoder").unwrap_or(&Value::Null);
-        let byte_level = pre.byte_level || decoder_has(decoder, "ByteLevel");
-        let kind = if byte_level {
-            if normalizer == NormalizerKind::SentencePiece {
-                return Err(unsupported(
-                    "both byte-level and SentencePiece (▁) text handling",
-                ));
-            }
-            TokenizerKind::ByteLevelBpe
-        } else if normalizer == NormalizerKind::SentencePiece
-            || decoder_has(decoder, "Metaspace")
-            || decoder_has(decoder, "ByteFallback")
-        {
-            if normalizer != NormalizerKind::SentencePiece {
-                normalizer = NormalizerKind::SentencePiece;
-            }
-            TokenizerKind::SentencePieceBpe
-        } else {
-            return Err(unsupported(
-                "BPE that is neither byte-level nor SentencePiece-style (no ByteLevel, no ▁ normalizer)",
-            ));
-        };
-        let add_prefix_space = match kind {
-            TokenizerKind::ByteLevelBpe => pre.add_prefix_space,
-            _ => prepend,
-        };
+        let (kind, normalizer, add_prefix_space) = text_handling(&root, &pre)?;
+        let specials = SpecialIds::read(&root, model, config.as_ref(), &string_to_id)?;
+        Ok(TokenizerSpec {
+            kind,
+            vocab,
+            scores: Vec::new(),
+            merges,
+            added,
+            pre_tokenizer: pre.kind.unwrap_or(PreTokenizerKind::None),
+            normalizer,
+            add_prefix_space,
+            byte_fallback: bool_field(model, "byte_fallback", false),
+            bos_id: specials.bos_id,
+            eos_ids: specials.eos_ids,
+            unk_id: specials.unk_id,
+            pad_id: specials.pad_id,
+            add_bos: specials.add_bos,
+            add_eos: specials.add_eos,
+        })
+    }
+}
 
+/// The `model` object of `tokenizer.json`, which must be BPE.
+fn bpe_model(root: &Value) -> Result<&Value> {
+    let model = root
+        .get("model")
+        .filter(|m| m.is_object())
+        .ok_or_else(|| bad("no 'model' object"))?;
+    let model_type = model.get("type").and_then(Value::as_str).unwrap_or("BPE");
+    match model_type {
+        "BPE" => Ok(model),
+        "Unigram" | "WordPiece" | "WordLevel" => Err(unsupported(format!(
+            "model type '{model_type}' (only BPE is implemented)"
+        ))),
+        other => Err(bad(format!("unknown model type '{other}'"))),
+    }
+}
+
+/// The vocabulary by id (the model's `vocab` and the `added_tokens`, contiguous from 0) and the
+/// added tokens.
+fn read_vocab(
+    vocab_map: &serde_json::Map<String, Value>,
+    root: &Value,
+) -> Result<(Vec<Vec<u8>>, Vec<AddedToken>)> {
+    let mut by_id: HashMap<u32, Vec<u8>> = HashMap::with_capacity(vocab_map.len());
+    for (tok, id) in vocab_map {
+        let id = id
+            .as_u64()
+            .and_then(|i| u32::try_from(i).ok())
+            .ok_or_else(|| bad(format!("vocab entry '{tok}' has id {id}, not a u32")))?;
+        if by_id.insert(id, tok.as_bytes().to_vec()).is_some() {
+            return Err(bad(format!("vocab id {id} is used twice")));
+        }
+    }
+    let mut added = Vec::new();
+    for a in root
+        .get("added_tokens")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let id = a
+            .get("id")
+            .and_then(Value::as_u64)
+            .and_then(|i| u32::try_from(i).ok())
+            .ok_or_else(|| bad(format!("added token without a valid id: {a}")))?;
+        let content = a
+            .get("content")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad(format!("added token {id} without content")))?;
+        by_id
+            .entry(id)
+            .or_insert_with(|| content.as_bytes().to_vec());
+        added.push(AddedToken {
+            id,
+            content: content.to_string(),
+            special: bool_field(a, "special", false),
+        });
+    }
+    let size = by_id.keys().max().map_or(0, |&m| m as usize + 1);
+    if size == 0 {
+        return Err(bad("empty vocabulary"));
+    }
+    let mut vocab = Vec::with_capacity(size);
+    for id in 0..size as u32 {
+        vocab.push(
+            by_id
+                .remove(&id)
+                .ok_or_else(|| bad(format!("no token has id {id} (ids must be contiguous)")))?,
+        );
+    }
+    Ok((vocab, added))
+}
+
+/// The model's merges, written as `"a b"` strings or `[a, b]` pairs.
+fn read_merges(model: &Value) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mut merges = Vec::new();
+    for (k, m) in model
+        .get("merges")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let pair = match m {
+            Value::String(s) => s.split_once(' ').filter(|(_, b)| !b.contains(' ')),
+            Value::Array(p) => match p.as_slice() {
+                [Value::String(a), Value::String(b)] => Some((a.as_str(), b.as_str())),
+                _ => None,
+            },
+            _ => None,
+        };
+        let (a, b) = pair.ok_or_else(|| bad(format!("merge {k} is not \"a b\" or [a, b]: {m}")))?;
+        merges.push((a.as_bytes().to_vec(), b.as_bytes().to_vec()));
+    }
+    Ok(merges)
+}
+
+/// How the text is handled around the BPE, from the normalizer, the pre-tokenizer and the
+/// decoder: byte-level or SentencePiece-style (`▁` for spaces), the normalizer, and whether a
+/// space (or `▁`) goes in front of the text.
+fn text_handling(
+    root: &Value,
+    pre: &PreTokenizerInfo,
+) -> Result<(TokenizerKind, NormalizerKind, bool)> {
+    let (mut normalizer, mut prepend) =
+        parse_normalizer(root.get("normalizer").unwrap_or(&Value::Null))?;
+    if let Some(p) = pre.metaspace_prepend {
+        if normalizer != NormalizerKind::None {
+            return Err(unsupported(
+                "Metaspace pre-tokenizer together with a normalizer",
+            ));
+        }
+        normalizer = NormalizerKind::SentencePiece;
+        prepend = p;
+    }
+    let decoder = root.get("decoder").unwrap_or(&Value::Null);
+    let byte_level = pre.byte_level || decoder_has(decoder, "ByteLevel");
+    let kind = if byte_level {
+        if normalizer == NormalizerKind::SentencePiece {
+            return Err(unsupported(
+                "both byte-level and SentencePiece (▁) text handling",
+            ));
+        }
+        TokenizerKind::ByteLevelBpe
+    } else if normalizer == NormalizerKind::SentencePiece
+        || decoder_has(decoder, "Metaspace")
+        || decoder_has(decoder, "ByteFallback")
+    {
+        normalizer = NormalizerKind::SentencePiece;
+        TokenizerKind::SentencePieceBpe
+    } else {
+        return Err(unsupported(
+            "BPE that is neither byte-level nor SentencePiece-style (no ByteLevel, no ▁ normalizer)",
+        ));
+    };
+    let add_prefix_space = match kind {
+        TokenizerKind::ByteLevelBpe => pre.add_prefix_space,
+        _ => prepend,
+    };
+    Ok((kind, normalizer, add_prefix_space))
+}
+
+/// The special token ids and whether BOS / EOS are added: named in `tokenizer_config.json`
+/// where it names them, else from the post-processor's template (and the model's
+/// `unk_token`).
+struct SpecialIds {
+    bos_id: Option<u32>,
+    eos_ids: Vec<u32>,
+    unk_id: Option<u32>,
+    pad_id: Option<u32>,
+    add_bos: bool,
+    add_eos: bool,
+}
+
+impl SpecialIds {
+    fn read(
+        root: &Value,
+        model: &Value,
+        cfg: Option<&Value>,
+        string_to_id: &dyn Fn(&str) -> Option<u32>,
+    ) -> Result<SpecialIds> {
         let (template_bos, template_eos) =
             parse_post_processor(root.get("post_processor").unwrap_or(&Value::Null))?;
-        let cfg = config.as_ref();
         let named = |key: &str| -> Result<Option<u32>> {
             match config_token(cfg, key) {
                 None => Ok(None),
@@ -466,17 +535,7 @@ impl TokenizerSpec {
             .and_then(|c| c.get("add_eos_token"))
             .and_then(Value::as_bool)
             .unwrap_or(template_eos.is_some());
-
-        Ok(TokenizerSpec {
-            kind,
-            vocab,
-            scores: Vec::new(),
-            merges,
-            added,
-            pre_tokenizer: pre.kind.unwrap_or(PreTokenizerKind::None),
-            normalizer,
-            add_prefix_space,
-            byte_fallback: bool_field(model, "byte_fallback", false),
+        Ok(SpecialIds {
             bos_id,
             eos_ids,
             unk_id,

@@ -326,6 +326,36 @@ pub fn linear_ref(a: &LinearArgs, out: &mut [f32]) -> Result<(), String> {
     Ok(())
 }
 
+/// The f32 GEMM plan of a float or block weight (`f`: its row kernel): from [`GEMM_MIN_ROWS`]
+/// rows, tiles of weight rows converted to f32 once and the f32 kernels run on them; fewer
+/// rows, a tile kernel with the same arithmetic reading the rows in place (a row's sums then do
+/// not depend on the number of rows). `None` where the CPU has no such kernels.
+fn f32_gemm_plan(a: &LinearArgs, f: FloatRowsFn) -> Option<gemm::F32Gemm> {
+    if a.rows < GEMM_MIN_ROWS {
+        let direct = if a.wtype.is_block() {
+            quant_dot::pick_tile_direct(a.wtype)
+        } else {
+            float_dot::pick_tile_direct(a.wtype)
+        };
+        return direct.map(|tile| gemm::F32Gemm {
+            convert: None,
+            rows: f,
+            tile: Some(tile),
+        });
+    }
+    let convert = match a.wtype {
+        WeightType::F32 => None,
+        WeightType::F16 | WeightType::BF16 => float_dot::pick_row_to_f32(a.wtype),
+        _ => quant_dot::pick_row_to_f32(a.wtype),
+    };
+    let tile = float_dot::pick_tile_f32();
+    (a.wtype == WeightType::F32 || convert.is_some()).then_some(gemm::F32Gemm {
+        convert,
+        rows: float_dot::pick_f32(),
+        tile,
+    })
+}
+
 /// Fast `Linear`: SIMD kernels, split over output columns on `threads`, activation rows in
 /// blocks of [`MAX_ROWS`] so every weight block is loaded once per block of rows.
 pub fn linear(threads: &Threads, a: &LinearArgs, out: &mut [f32]) -> Result<(), String> {
@@ -389,33 +419,7 @@ pub fn linear(threads: &Threads, a: &LinearArgs, out: &mut [f32]) -> Result<(), 
                 return linear_own(Some(threads), a, rb, out)
             }
         };
-        // GEMM: convert tiles of weight rows to f32 once, then run the f32 kernels on them;
-        // fewer rows: a tile kernel with the same arithmetic reading the rows in place (a row's
-        // sums then do not depend on the number of rows)
-        let direct = if a.wtype.is_block() {
-            quant_dot::pick_tile_direct(a.wtype)
-        } else {
-            float_dot::pick_tile_direct(a.wtype)
-        };
-        let plan = if a.rows < GEMM_MIN_ROWS {
-            direct.map(|tile| gemm::F32Gemm {
-                convert: None,
-                rows: f,
-                tile: Some(tile),
-            })
-        } else {
-            let convert = match a.wtype {
-                WeightType::F32 => None,
-                WeightType::F16 | WeightType::BF16 => float_dot::pick_row_to_f32(a.wtype),
-                _ => quant_dot::pick_row_to_f32(a.wtype),
-            };
-            let tile = float_dot::pick_tile_f32();
-            (a.wtype == WeightType::F32 || convert.is_some()).then_some(gemm::F32Gemm {
-                convert,
-                rows: float_dot::pick_f32(),
-                tile,
-            })
-        };
+        let plan = f32_gemm_plan(a, f);
         gemm::run(Some(threads), a, rb, gemm::Kernel::Float(f, plan), out);
         Ok(())
     }

@@ -6,6 +6,7 @@ use super::kv::{kv_format, kv_rows, stored_head_dim, KV_DTYPES};
 use super::CpuContext;
 use crate::data::{Data, DataType};
 use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
+use crate::devices::paged_tables::{check_block_tables, BlockTables};
 use crate::error::{Error, Result};
 use fastllm_cpu::paged::{self as k, PagedAttnParams, PagedSeq};
 use std::sync::Arc;
@@ -156,61 +157,23 @@ fn check<'a>(a: &[Option<&'a Data>; 7], f: &FloatDict, i: &IntDict) -> Result<Ch
             ),
         ));
     }
-    let bs = i.get_or("block_size", 16);
-    if bs <= 0 || slots % bs as usize != 0 {
-        return Err(Error::op(
-            OP,
-            format!("block_size {bs} does not divide the {slots} cache slots"),
-        ));
-    }
-    let bs = bs as usize;
-    let nseq = kl.len();
-    if qs.len() != nseq + 1 || bt.dim(0) != nseq {
-        return Err(Error::op(
-            OP,
-            format!(
-                "{} q_starts, {nseq} kv_lens and {} block tables disagree",
-                qs.len(),
-                bt.dim(0)
-            ),
-        ));
-    }
-    if qs.first() != Some(&0) || qs.last().map(|&v| v as usize) != Some(rows) {
-        return Err(Error::op(OP, format!("q_starts must run from 0 to {rows}")));
-    }
-    let maxb = bt.dim(1);
-    let table = bt.as_i32()?;
-    let n_blocks = (slots / bs) as i64;
-    let mut seqs = Vec::with_capacity(nseq);
-    for s in 0..nseq {
-        let (a, b, len) = (qs[s], qs[s + 1], kl[s]);
-        if a > b || len < 0 || (b - a) > len {
-            return Err(Error::op(
-                OP,
-                format!("sequence {s}: query rows {a}..{b} with {len} cached keys"),
-            ));
-        }
-        let need_blocks = (len as usize).div_ceil(bs);
-        if need_blocks > maxb {
-            return Err(Error::op(
-                OP,
-                format!("sequence {s}: {len} keys need {need_blocks} blocks, table has {maxb}"),
-            ));
-        }
-        let blocks = &table[s * maxb..s * maxb + need_blocks];
-        if let Some(bad) = blocks.iter().find(|&&b| b < 0 || b as i64 >= n_blocks) {
-            return Err(Error::op(
-                OP,
-                format!("sequence {s}: block id {bad} outside the pool of {n_blocks}"),
-            ));
-        }
-        seqs.push(PagedSeq {
-            q_start: a as usize,
-            q_end: b as usize,
-            kv_len: len as usize,
-            blocks,
-        });
-    }
+    let tables = BlockTables {
+        q_starts: qs,
+        kv_lens: kl,
+        table: bt.as_i32()?,
+        tables: bt.dim(0),
+        max_blocks: bt.dim(1),
+    };
+    let (bs, seqs) = check_block_tables(OP, rows, slots, i.get_or("block_size", 16), &tables)?;
+    let seqs: Vec<PagedSeq> = seqs
+        .into_iter()
+        .map(|s| PagedSeq {
+            q_start: s.q_start,
+            q_end: s.q_end,
+            kv_len: s.kv_len,
+            blocks: s.blocks,
+        })
+        .collect();
     if let Some(al) = a[6] {
         if al.dtype() != DataType::F32 || al.count() != nh {
             return Err(Error::op(

@@ -4,7 +4,10 @@
 
 use super::gpu::Gpu;
 use crate::error::{Error, Result};
-use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
+use cudarc::cublas::result::CublasError;
+use cudarc::cublas::sys::{
+    cublasComputeType_t, cublasGemmAlgo_t, cublasHandle_t, cublasOperation_t, cudaDataType,
+};
 use std::ffi::c_void;
 
 /// Element type of a cuBLAS operand.
@@ -89,92 +92,132 @@ pub fn gemm(gpu: &Gpu, g: &Gemm) -> Result<bool> {
     if g.m == 0 || g.n == 0 || g.batch == 0 {
         return Ok(true);
     }
-    let op = |t: bool| {
-        if t {
-            cublasOperation_t::CUBLAS_OP_T
-        } else {
-            cublasOperation_t::CUBLAS_OP_N
-        }
-    };
-    let compute = if g.tf32 && g.a.elem == Elem::F32 {
-        cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
-    } else {
-        cublasComputeType_t::CUBLAS_COMPUTE_32F
-    };
-    let (m, n, k) = (i32_of(g.m, "m")?, i32_of(g.n, "n")?, i32_of(g.k, "k")?);
-    let (lda, ldb, ldc) = (
-        i32_of(g.a.ld, "lda")?,
-        i32_of(g.b.ld, "ldb")?,
-        i32_of(g.c.ld, "ldc")?,
-    );
+    let call = Call::of(g)?;
     let blas = blas
         .lock()
         .map_err(|_| Error::Device("cuBLAS handle poisoned".into()))?;
     gpu.bind()?;
-    let alpha_p = &g.alpha as *const f32 as *const c_void;
-    let beta_p = &g.beta as *const f32 as *const c_void;
     let r = if g.batch == 1 {
+        call.one(*blas.handle(), g)
+    } else {
+        call.batched(*blas.handle(), g)?
+    };
+    r.map_err(|e| Error::Device(format!("cuBLAS GEMM ({g:?}): {e}")))?;
+    Ok(true)
+}
+
+/// The arguments of a GEMM as cuBLAS takes them (sizes checked to fit its integers).
+struct Call {
+    ta: cublasOperation_t,
+    tb: cublasOperation_t,
+    m: i32,
+    n: i32,
+    k: i32,
+    lda: i32,
+    ldb: i32,
+    ldc: i32,
+    compute: cublasComputeType_t,
+}
+
+impl Call {
+    fn of(g: &Gemm) -> Result<Call> {
+        let op = |t: bool| {
+            if t {
+                cublasOperation_t::CUBLAS_OP_T
+            } else {
+                cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        let compute = if g.tf32 && g.a.elem == Elem::F32 {
+            cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+        } else {
+            cublasComputeType_t::CUBLAS_COMPUTE_32F
+        };
+        Ok(Call {
+            ta: op(g.ta),
+            tb: op(g.tb),
+            m: i32_of(g.m, "m")?,
+            n: i32_of(g.n, "n")?,
+            k: i32_of(g.k, "k")?,
+            lda: i32_of(g.a.ld, "lda")?,
+            ldb: i32_of(g.b.ld, "ldb")?,
+            ldc: i32_of(g.c.ld, "ldc")?,
+            compute,
+        })
+    }
+
+    /// One product (`cublasGemmEx`).
+    fn one(&self, handle: cublasHandle_t, g: &Gemm) -> std::result::Result<(), CublasError> {
+        let alpha_p = &g.alpha as *const f32 as *const c_void;
+        let beta_p = &g.beta as *const f32 as *const c_void;
         // SAFETY: the caller passes device buffers holding the m×k, k×n and m×n matrices with
         // these leading dimensions; alpha/beta are host scalars (default pointer mode).
         unsafe {
             cudarc::cublas::result::gemm_ex(
-                *blas.handle(),
-                op(g.ta),
-                op(g.tb),
-                m,
-                n,
-                k,
+                handle,
+                self.ta,
+                self.tb,
+                self.m,
+                self.n,
+                self.k,
                 alpha_p,
                 g.a.ptr as *const c_void,
                 g.a.elem.cuda(),
-                lda,
+                self.lda,
                 g.b.ptr as *const c_void,
                 g.b.elem.cuda(),
-                ldb,
+                self.ldb,
                 beta_p,
                 g.c.ptr as *mut c_void,
                 g.c.elem.cuda(),
-                ldc,
-                compute,
+                self.ldc,
+                self.compute,
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
-    } else {
+    }
+
+    /// `g.batch` products at the operands' strides (`cublasGemmStridedBatchedEx`).
+    fn batched(
+        &self,
+        handle: cublasHandle_t,
+        g: &Gemm,
+    ) -> Result<std::result::Result<(), CublasError>> {
         let batch = i32_of(g.batch, "batch")?;
         let (sa, sb, sc) = (
             i64_of(g.a.stride, "stride A")?,
             i64_of(g.b.stride, "stride B")?,
             i64_of(g.c.stride, "stride C")?,
         );
-        // SAFETY: as above, for `batch` matrices at the given element strides.
-        unsafe {
+        let alpha_p = &g.alpha as *const f32 as *const c_void;
+        let beta_p = &g.beta as *const f32 as *const c_void;
+        // SAFETY: as in `one`, for `batch` matrices at the given element strides.
+        Ok(unsafe {
             cudarc::cublas::result::gemm_strided_batched_ex(
-                *blas.handle(),
-                op(g.ta),
-                op(g.tb),
-                m,
-                n,
-                k,
+                handle,
+                self.ta,
+                self.tb,
+                self.m,
+                self.n,
+                self.k,
                 alpha_p,
                 g.a.ptr as *const c_void,
                 g.a.elem.cuda(),
-                lda,
+                self.lda,
                 sa,
                 g.b.ptr as *const c_void,
                 g.b.elem.cuda(),
-                ldb,
+                self.ldb,
                 sb,
                 beta_p,
                 g.c.ptr as *mut c_void,
                 g.c.elem.cuda(),
-                ldc,
+                self.ldc,
                 sc,
                 batch,
-                compute,
+                self.compute,
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
-        }
-    };
-    r.map_err(|e| Error::Device(format!("cuBLAS GEMM ({g:?}): {e}")))?;
-    Ok(true)
+        })
+    }
 }

@@ -50,19 +50,23 @@ pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>) {
     ops.insert("SiluMul", Box::new(SiluMul(gpu.clone(), act.clone())));
 }
 
-/// `output = silu(input0) · input1` (same shapes).
-/// `output = silu(input0) · input1`; with `quantize_output = 1` (and a row length that is a
+/// Whether `input0` and `input1` are both f32, or both f16 or both bf16, and contiguous.
+fn f32_or_half_pair(d: &DataDict) -> bool {
+    let half_pair = matches!(d.dtype("input0"), Some(DataType::F16 | DataType::BF16))
+        && d.dtype("input0") == d.dtype("input1");
+    (all_f32(d, &["input0", "input1"]) || half_pair)
+        && d.get("input0").is_some_and(|x| x.is_contiguous())
+        && d.get("input1").is_some_and(|x| x.is_contiguous())
+}
+
+/// `output = silu(input0) · input1` (same shapes); with `quantize_output = 1` (and a row length that is a
 /// multiple of 32) the output is also left as Q8_0 rows for the next `Linear` (quant_act), with
 /// 2 / 3 (and at least `TC_MIN_ROWS` rows) as f16 / bf16 rows for its tensor-core path.
 struct SiluMul(Arc<Gpu>, Arc<ActQuant>);
 
 impl Operator for SiluMul {
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
-        let half_pair = matches!(d.dtype("input0"), Some(DataType::F16 | DataType::BF16))
-            && d.dtype("input0") == d.dtype("input1");
-        (all_f32(d, &["input0", "input1"]) || half_pair)
-            && d.get("input0").is_some_and(|x| x.is_contiguous())
-            && d.get("input1").is_some_and(|x| x.is_contiguous())
+        f32_or_half_pair(d)
     }
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
         let g = d.require("SiluMul", "input0")?;
@@ -273,11 +277,7 @@ struct Add(Arc<Gpu>);
 
 impl Operator for Add {
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
-        let half_pair = matches!(d.dtype("input0"), Some(DataType::F16 | DataType::BF16))
-            && d.dtype("input0") == d.dtype("input1");
-        (all_f32(d, &["input0", "input1"]) || half_pair)
-            && d.get("input0").is_some_and(|x| x.is_contiguous())
-            && d.get("input1").is_some_and(|x| x.is_contiguous())
+        f32_or_half_pair(d)
     }
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
         let a = d.require("Add", "input0")?;
@@ -339,11 +339,7 @@ impl InPlace {
 
 impl Operator for InPlace {
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
-        let half_pair = matches!(d.dtype("input0"), Some(DataType::F16 | DataType::BF16))
-            && d.dtype("input0") == d.dtype("input1");
-        (all_f32(d, &["input0", "input1"]) || half_pair)
-            && d.get("input0").is_some_and(|x| x.is_contiguous())
-            && d.get("input1").is_some_and(|x| x.is_contiguous())
+        f32_or_half_pair(d)
     }
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
         let op = self.op();

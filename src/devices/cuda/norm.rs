@@ -71,6 +71,43 @@ impl RowOp {
     }
 }
 
+/// Float4s per thread of `rmsnorm_v4_f32` and its variants (`RMS_V4` in the kernel source).
+const RMS_V4: usize = 4;
+
+impl RowOp {
+    /// RMSNorm of `rows` rows of `row` values with float4 loads (`row % 4 == 0`, 16-byte
+    /// aligned, `row ≤ 4 · RMS_V4 · 1024`; `base` the kernel's first arguments), writing as well
+    /// the half rows (from [`TC_MIN_ROWS`] rows) or Q8_0 rows the next `Linear` reads when
+    /// `copy` asks for them; `out` is the output's address, which keys those rows.
+    fn rms_v4(
+        &self,
+        grid: (u32, u32, u32),
+        (rows, row): (usize, usize),
+        out: u64,
+        base: [KArg; 5],
+        copy: Option<ActForm>,
+    ) -> Result<()> {
+        let threads = ((row / 4).div_ceil(RMS_V4).div_ceil(32).clamp(1, 32) * 32) as u32;
+        let mut args = base.to_vec();
+        if let Some(form @ (ActForm::F16 | ActForm::Bf16)) = copy {
+            if rows >= TC_MIN_ROWS {
+                let (hs, key) = self.act.half_slot(out, rows, row, form)?;
+                args.extend([KArg::Ptr(hs), KArg::I32((form == ActForm::Bf16) as i32)]);
+                self.gpu.launch("rmsnorm_v4h_f32", grid, threads, &args)?;
+                return self.act.set(key, true);
+            }
+        }
+        if copy == Some(ActForm::Q8) && row.is_multiple_of(32) {
+            // also write the Q8_0 rows the next `Linear` (quant_act) reads
+            let (qs, ds, key) = self.act.slots(out, rows, row)?;
+            args.extend([KArg::Ptr(qs), KArg::Ptr(ds)]);
+            self.gpu.launch("rmsnorm_v4q_f32", grid, threads, &args)?;
+            return self.act.set(key, true);
+        }
+        self.gpu.launch("rmsnorm_v4_f32", grid, threads, &args)
+    }
+}
+
 impl Operator for RowOp {
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
         d.dtype("input") == Some(DataType::F32)
@@ -125,58 +162,10 @@ impl Operator for RowOp {
                 let aligned = [dptr(x, "input")?, wp, dptr(y, "output")?]
                     .iter()
                     .all(|p| p % 16 == 0);
-                // float4s per thread of rmsnorm_v4_f32 (RMS_V4)
-                const V4: usize = 4;
-                if row % 4 == 0 && aligned && row <= 4 * V4 * 1024 {
-                    let threads = (row / 4).div_ceil(V4).div_ceil(32).clamp(1, 32) * 32;
+                if row % 4 == 0 && aligned && row <= 4 * RMS_V4 * 1024 {
+                    let base = [xp, KArg::Ptr(wp), yp, dd, KArg::F32(eps)];
                     let copy = ActForm::from_param(ints.get_or("quantize_output", 0));
-                    if let Some(form @ (ActForm::F16 | ActForm::Bf16)) = copy {
-                        if rows >= TC_MIN_ROWS {
-                            let out = dptr(y, "output")?;
-                            let (hs, key) = self.act.half_slot(out, rows, row, form)?;
-                            self.gpu.launch(
-                                "rmsnorm_v4h_f32",
-                                grid,
-                                threads as u32,
-                                &[
-                                    xp,
-                                    KArg::Ptr(wp),
-                                    yp,
-                                    dd,
-                                    KArg::F32(eps),
-                                    KArg::Ptr(hs),
-                                    KArg::I32((form == ActForm::Bf16) as i32),
-                                ],
-                            )?;
-                            return self.act.set(key, true);
-                        }
-                    }
-                    if copy == Some(ActForm::Q8) && row.is_multiple_of(32) {
-                        // also write the Q8_0 rows the next `Linear` (quant_act) reads
-                        let out = dptr(y, "output")?;
-                        let (qs, ds, key) = self.act.slots(out, rows, row)?;
-                        self.gpu.launch(
-                            "rmsnorm_v4q_f32",
-                            grid,
-                            threads as u32,
-                            &[
-                                xp,
-                                KArg::Ptr(wp),
-                                yp,
-                                dd,
-                                KArg::F32(eps),
-                                KArg::Ptr(qs),
-                                KArg::Ptr(ds),
-                            ],
-                        )?;
-                        return self.act.set(key, true);
-                    }
-                    return self.gpu.launch(
-                        "rmsnorm_v4_f32",
-                        grid,
-                        threads as u32,
-                        &[xp, KArg::Ptr(wp), yp, dd, KArg::F32(eps)],
-                    );
+                    return self.rms_v4(grid, (rows, row), dptr(y, "output")?, base, copy);
                 }
                 self.gpu.launch(
                     "rmsnorm_f32",

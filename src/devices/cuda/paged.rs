@@ -11,6 +11,7 @@ use super::gpu::{int, long, Gpu, KArg};
 use super::{all_f32, op_err};
 use crate::data::{Data, DataType, Storage};
 use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
+use crate::devices::paged_tables::{check_block_tables, BlockTables};
 use crate::error::Result;
 use std::sync::{Arc, Mutex};
 
@@ -217,16 +218,8 @@ fn check(a: &[Option<&Data>; 7], i: &IntDict) -> Result<Sizes> {
             ),
         ));
     }
-    let bs = i.get_or("block_size", 16);
-    if bs <= 0 || slots % bs as usize != 0 {
-        return Err(op_err(
-            OP,
-            format!("block_size {bs} does not divide the {slots} cache slots"),
-        ));
-    }
-    let bs = bs as usize;
     let nseq = kl.len();
-    if qs.len() != nseq + 1 || bt.dim(0) != nseq || nseq == 0 {
+    if nseq == 0 {
         return Err(op_err(
             OP,
             format!(
@@ -236,35 +229,16 @@ fn check(a: &[Option<&Data>; 7], i: &IntDict) -> Result<Sizes> {
             ),
         ));
     }
-    if qs.first() != Some(&0) || qs.last().map(|&v| v as usize) != Some(rows) {
-        return Err(op_err(OP, format!("q_starts must run from 0 to {rows}")));
-    }
     let maxb = bt.dim(1);
     let table = host_i32(bt)?;
-    let n_blocks = (slots / bs) as i64;
-    for s in 0..nseq {
-        let (a, b, len) = (qs[s], qs[s + 1], kl[s]);
-        if a > b || len < 0 || (b - a) > len {
-            return Err(op_err(
-                OP,
-                format!("sequence {s}: query rows {a}..{b} with {len} cached keys"),
-            ));
-        }
-        let need_blocks = (len as usize).div_ceil(bs);
-        if need_blocks > maxb {
-            return Err(op_err(
-                OP,
-                format!("sequence {s}: {len} keys need {need_blocks} blocks, table has {maxb}"),
-            ));
-        }
-        let blocks = table.get(s * maxb..s * maxb + need_blocks).unwrap_or(&[]);
-        if let Some(bad) = blocks.iter().find(|&&b| b < 0 || b as i64 >= n_blocks) {
-            return Err(op_err(
-                OP,
-                format!("sequence {s}: block id {bad} outside the pool of {n_blocks}"),
-            ));
-        }
-    }
+    let tables = BlockTables {
+        q_starts: &qs,
+        kv_lens: &kl,
+        table: &table,
+        tables: bt.dim(0),
+        max_blocks: maxb,
+    };
+    let (bs, _) = check_block_tables(OP, rows, slots, i.get_or("block_size", 16), &tables)?;
     if let Some(al) = a[6] {
         if al.dtype() != DataType::F32 || al.count() != nh {
             return Err(op_err(

@@ -45,93 +45,7 @@ impl ModelConfig {
             RopeStyle::Interleaved => "interleaved",
         };
         m.insert("model.rope_style".into(), s(style));
-        match &self.rope_scaling {
-            RopeScaling::None => {
-                m.insert("model.rope_scaling.type".into(), s("none"));
-            }
-            RopeScaling::Linear { factor } => {
-                m.insert("model.rope_scaling.type".into(), s("linear"));
-                m.insert("model.rope_scaling.factor".into(), MetaValue::F32(*factor));
-            }
-            RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_context_length,
-            } => {
-                m.insert("model.rope_scaling.type".into(), s("llama3"));
-                m.insert("model.rope_scaling.factor".into(), MetaValue::F32(*factor));
-                m.insert(
-                    "model.rope_scaling.low_freq_factor".into(),
-                    MetaValue::F32(*low_freq_factor),
-                );
-                m.insert(
-                    "model.rope_scaling.high_freq_factor".into(),
-                    MetaValue::F32(*high_freq_factor),
-                );
-                m.insert(
-                    "model.rope_scaling.original_context_length".into(),
-                    MetaValue::U32(*original_context_length),
-                );
-            }
-            RopeScaling::Yarn {
-                factor,
-                original_context_length,
-                beta_fast,
-                beta_slow,
-                attention_factor,
-                truncate,
-            } => {
-                m.insert("model.rope_scaling.type".into(), s("yarn"));
-                for (k, v) in [
-                    ("factor", *factor),
-                    ("beta_fast", *beta_fast),
-                    ("beta_slow", *beta_slow),
-                    ("attention_factor", *attention_factor),
-                ] {
-                    m.insert(format!("model.rope_scaling.{k}"), MetaValue::F32(v));
-                }
-                m.insert(
-                    "model.rope_scaling.original_context_length".into(),
-                    MetaValue::U32(*original_context_length),
-                );
-                m.insert(
-                    "model.rope_scaling.truncate".into(),
-                    MetaValue::Bool(*truncate),
-                );
-            }
-            RopeScaling::LongRope {
-                original_context_length,
-                attention_factor,
-                short_factor,
-                long_factor,
-            } => {
-                m.insert("model.rope_scaling.type".into(), s("longrope"));
-                m.insert(
-                    "model.rope_scaling.original_context_length".into(),
-                    MetaValue::U32(*original_context_length),
-                );
-                m.insert(
-                    "model.rope_scaling.attention_factor".into(),
-                    MetaValue::F32(*attention_factor),
-                );
-                let arr =
-                    |v: &[f32]| MetaValue::Array(v.iter().map(|&x| MetaValue::F32(x)).collect());
-                m.insert("model.rope_scaling.short_factor".into(), arr(short_factor));
-                m.insert("model.rope_scaling.long_factor".into(), arr(long_factor));
-            }
-            RopeScaling::Dynamic {
-                factor,
-                original_context_length,
-            } => {
-                m.insert("model.rope_scaling.type".into(), s("dynamic"));
-                m.insert("model.rope_scaling.factor".into(), MetaValue::F32(*factor));
-                m.insert(
-                    "model.rope_scaling.original_context_length".into(),
-                    MetaValue::U32(*original_context_length),
-                );
-            }
-        }
+        rope_scaling_to_metadata(&self.rope_scaling, &mut m);
         if self.rope_local_theta > 0.0 {
             m.insert(
                 "model.rope_local_theta".into(),
@@ -167,47 +81,8 @@ impl ModelConfig {
 
     /// Rebuilds a config from `model.*` metadata; `path` names the file in errors.
     pub fn from_metadata(m: &Metadata, path: &str) -> Result<ModelConfig> {
-        let get = |k: &str| {
-            m.get(k)
-                .ok_or_else(|| Error::format(path, format!("metadata key {k} missing")))
-        };
-        let bad = |k: &str| Error::format(path, format!("metadata key {k} has the wrong type"));
-        let size = |k: &str| -> Result<usize> {
-            get(k)?
-                .as_u64()
-                .and_then(|v| usize::try_from(v).ok())
-                .ok_or_else(|| bad(k))
-        };
-        let float =
-            |k: &str| -> Result<f32> { get(k)?.as_f64().map(|v| v as f32).ok_or_else(|| bad(k)) };
-        let string = |k: &str| -> Result<String> {
-            get(k)?.as_str().map(str::to_string).ok_or_else(|| bad(k))
-        };
-        let u32s = |k: &str| -> Result<Vec<u32>> {
-            get(k)?
-                .as_array()
-                .ok_or_else(|| bad(k))?
-                .iter()
-                .map(|v| {
-                    v.as_u64()
-                        .and_then(|v| u32::try_from(v).ok())
-                        .ok_or_else(|| bad(k))
-                })
-                .collect()
-        };
-        let orig = || -> Result<u32> {
-            u32::try_from(size("model.rope_scaling.original_context_length")?)
-                .map_err(|_| bad("model.rope_scaling.original_context_length"))
-        };
-        let f32s = |k: &str| -> Result<Vec<f32>> {
-            get(k)?
-                .as_array()
-                .ok_or_else(|| bad(k))?
-                .iter()
-                .map(|v| v.as_f64().map(|v| v as f32).ok_or_else(|| bad(k)))
-                .collect()
-        };
-        let rope_style = match string("model.rope_style")?.as_str() {
+        let r = Keys { m, path };
+        let rope_style = match r.string("model.rope_style")?.as_str() {
             "neox" => RopeStyle::Neox,
             "interleaved" => RopeStyle::Interleaved,
             other => {
@@ -217,95 +92,233 @@ impl ModelConfig {
                 ))
             }
         };
-        let rope_scaling = match string("model.rope_scaling.type")?.as_str() {
-            "none" => RopeScaling::None,
-            "linear" => RopeScaling::Linear {
-                factor: float("model.rope_scaling.factor")?,
-            },
-            "llama3" => RopeScaling::Llama3 {
-                factor: float("model.rope_scaling.factor")?,
-                low_freq_factor: float("model.rope_scaling.low_freq_factor")?,
-                high_freq_factor: float("model.rope_scaling.high_freq_factor")?,
-                original_context_length: orig()?,
-            },
-            "yarn" => RopeScaling::Yarn {
-                factor: float("model.rope_scaling.factor")?,
-                original_context_length: orig()?,
-                beta_fast: float("model.rope_scaling.beta_fast")?,
-                beta_slow: float("model.rope_scaling.beta_slow")?,
-                attention_factor: float("model.rope_scaling.attention_factor")?,
-                truncate: get("model.rope_scaling.truncate")?
-                    .as_bool()
-                    .ok_or_else(|| bad("model.rope_scaling.truncate"))?,
-            },
-            "longrope" => RopeScaling::LongRope {
-                original_context_length: orig()?,
-                attention_factor: float("model.rope_scaling.attention_factor")?,
-                short_factor: f32s("model.rope_scaling.short_factor")?,
-                long_factor: f32s("model.rope_scaling.long_factor")?,
-            },
-            "dynamic" => RopeScaling::Dynamic {
-                factor: float("model.rope_scaling.factor")?,
-                original_context_length: orig()?,
-            },
-            other => {
-                return Err(Error::format(
-                    path,
-                    format!("unknown model.rope_scaling.type {other:?}"),
-                ))
-            }
-        };
         let rope_local_theta = match m.get("model.rope_local_theta") {
             None => 0.0,
-            Some(v) => v
-                .as_f64()
-                .map(|v| v as f32)
-                .ok_or_else(|| bad("model.rope_local_theta"))?,
+            Some(_) => r.float("model.rope_local_theta")?,
         };
-        let sliding_layers = get("model.sliding_layers")?
-            .as_array()
-            .ok_or_else(|| bad("model.sliding_layers"))?
-            .iter()
-            .map(|v| v.as_bool().ok_or_else(|| bad("model.sliding_layers")))
-            .collect::<Result<Vec<_>>>()?;
         let bos_id = match m.get("model.bos_id") {
             None => None,
-            Some(v) => Some(
-                v.as_u64()
-                    .and_then(|v| u32::try_from(v).ok())
-                    .ok_or_else(|| bad("model.bos_id"))?,
-            ),
+            Some(_) => Some(r.u32("model.bos_id")?),
         };
         Ok(ModelConfig {
-            architecture: string("model.architecture")?,
-            vocab_size: size("model.vocab_size")?,
-            hidden_size: size("model.hidden_size")?,
-            intermediate_size: size("model.intermediate_size")?,
-            num_layers: size("model.num_layers")?,
-            num_heads: size("model.num_heads")?,
-            num_kv_heads: size("model.num_kv_heads")?,
-            head_dim: size("model.head_dim")?,
-            context_length: size("model.context_length")?,
-            norm_eps: float("model.norm_eps")?,
-            rope_theta: float("model.rope_theta")?,
-            rope_dim: size("model.rope_dim")?,
+            architecture: r.string("model.architecture")?,
+            vocab_size: r.size("model.vocab_size")?,
+            hidden_size: r.size("model.hidden_size")?,
+            intermediate_size: r.size("model.intermediate_size")?,
+            num_layers: r.size("model.num_layers")?,
+            num_heads: r.size("model.num_heads")?,
+            num_kv_heads: r.size("model.num_kv_heads")?,
+            head_dim: r.size("model.head_dim")?,
+            context_length: r.size("model.context_length")?,
+            norm_eps: r.float("model.norm_eps")?,
+            rope_theta: r.float("model.rope_theta")?,
+            rope_dim: r.size("model.rope_dim")?,
             rope_style,
-            rope_scaling,
+            rope_scaling: rope_scaling_from_metadata(&r)?,
             rope_local_theta,
-            tie_embeddings: get("model.tie_embeddings")?
-                .as_bool()
-                .ok_or_else(|| bad("model.tie_embeddings"))?,
-            hidden_act: string("model.hidden_act")?,
-            attn_logit_softcap: float("model.attn_logit_softcap")?,
-            final_logit_softcap: float("model.final_logit_softcap")?,
-            sliding_window: size("model.sliding_window")?,
-            sliding_layers,
-            query_pre_attn_scalar: float("model.query_pre_attn_scalar")?,
+            tie_embeddings: r.bool("model.tie_embeddings")?,
+            hidden_act: r.string("model.hidden_act")?,
+            attn_logit_softcap: r.float("model.attn_logit_softcap")?,
+            final_logit_softcap: r.float("model.final_logit_softcap")?,
+            sliding_window: r.size("model.sliding_window")?,
+            sliding_layers: r.bools("model.sliding_layers")?,
+            query_pre_attn_scalar: r.float("model.query_pre_attn_scalar")?,
             bos_id,
-            eos_ids: u32s("model.eos_ids")?,
-            moe: moe_from_metadata(m, path)?,
+            eos_ids: r.u32s("model.eos_ids")?,
+            moe: moe_from_metadata(&r)?,
         })
     }
+}
+
+/// Typed reads of `model.*` keys; a missing key or one of another type is an error naming the
+/// key and the file.
+struct Keys<'a> {
+    m: &'a Metadata,
+    path: &'a str,
+}
+
+impl Keys<'_> {
+    fn get(&self, k: &str) -> Result<&MetaValue> {
+        self.m
+            .get(k)
+            .ok_or_else(|| Error::format(self.path, format!("metadata key {k} missing")))
+    }
+
+    fn bad(&self, k: &str) -> Error {
+        Error::format(self.path, format!("metadata key {k} has the wrong type"))
+    }
+
+    fn size(&self, k: &str) -> Result<usize> {
+        self.get(k)?
+            .as_u64()
+            .and_then(|v| usize::try_from(v).ok())
+            .ok_or_else(|| self.bad(k))
+    }
+
+    fn u32(&self, k: &str) -> Result<u32> {
+        self.get(k)?
+            .as_u64()
+            .and_then(|v| u32::try_from(v).ok())
+            .ok_or_else(|| self.bad(k))
+    }
+
+    fn float(&self, k: &str) -> Result<f32> {
+        self.get(k)?
+            .as_f64()
+            .map(|v| v as f32)
+            .ok_or_else(|| self.bad(k))
+    }
+
+    fn bool(&self, k: &str) -> Result<bool> {
+        self.get(k)?.as_bool().ok_or_else(|| self.bad(k))
+    }
+
+    fn string(&self, k: &str) -> Result<String> {
+        self.get(k)?
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| self.bad(k))
+    }
+
+    /// The elements of the array at `k`, each read by `one`.
+    fn array<T>(&self, k: &str, one: impl Fn(&MetaValue) -> Option<T>) -> Result<Vec<T>> {
+        self.get(k)?
+            .as_array()
+            .ok_or_else(|| self.bad(k))?
+            .iter()
+            .map(|v| one(v).ok_or_else(|| self.bad(k)))
+            .collect()
+    }
+
+    fn u32s(&self, k: &str) -> Result<Vec<u32>> {
+        self.array(k, |v| v.as_u64().and_then(|v| u32::try_from(v).ok()))
+    }
+
+    fn f32s(&self, k: &str) -> Result<Vec<f32>> {
+        self.array(k, |v| v.as_f64().map(|v| v as f32))
+    }
+
+    fn bools(&self, k: &str) -> Result<Vec<bool>> {
+        self.array(k, MetaValue::as_bool)
+    }
+}
+
+/// The rope scaling from `model.rope_scaling.*`.
+fn rope_scaling_from_metadata(r: &Keys) -> Result<RopeScaling> {
+    let orig = || r.u32("model.rope_scaling.original_context_length");
+    Ok(match r.string("model.rope_scaling.type")?.as_str() {
+        "none" => RopeScaling::None,
+        "linear" => RopeScaling::Linear {
+            factor: r.float("model.rope_scaling.factor")?,
+        },
+        "llama3" => RopeScaling::Llama3 {
+            factor: r.float("model.rope_scaling.factor")?,
+            low_freq_factor: r.float("model.rope_scaling.low_freq_factor")?,
+            high_freq_factor: r.float("model.rope_scaling.high_freq_factor")?,
+            original_context_length: orig()?,
+        },
+        "yarn" => RopeScaling::Yarn {
+            factor: r.float("model.rope_scaling.factor")?,
+            original_context_length: orig()?,
+            beta_fast: r.float("model.rope_scaling.beta_fast")?,
+            beta_slow: r.float("model.rope_scaling.beta_slow")?,
+            attention_factor: r.float("model.rope_scaling.attention_factor")?,
+            truncate: r.bool("model.rope_scaling.truncate")?,
+        },
+        "longrope" => RopeScaling::LongRope {
+            original_context_length: orig()?,
+            attention_factor: r.float("model.rope_scaling.attention_factor")?,
+            short_factor: r.f32s("model.rope_scaling.short_factor")?,
+            long_factor: r.f32s("model.rope_scaling.long_factor")?,
+        },
+        "dynamic" => RopeScaling::Dynamic {
+            factor: r.float("model.rope_scaling.factor")?,
+            original_context_length: orig()?,
+        },
+        other => {
+            return Err(Error::format(
+                r.path,
+                format!("unknown model.rope_scaling.type {other:?}"),
+            ))
+        }
+    })
+}
+
+/// The `model.rope_scaling.*` entries of a rope scaling.
+fn rope_scaling_to_metadata(scaling: &RopeScaling, m: &mut Metadata) {
+    let mut put = |k: &str, v: MetaValue| {
+        m.insert(format!("model.rope_scaling.{k}"), v);
+    };
+    let f = MetaValue::F32;
+    let kind = match scaling {
+        RopeScaling::None => "none",
+        RopeScaling::Linear { factor } => {
+            put("factor", f(*factor));
+            "linear"
+        }
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_context_length,
+        } => {
+            put("factor", f(*factor));
+            put("low_freq_factor", f(*low_freq_factor));
+            put("high_freq_factor", f(*high_freq_factor));
+            put(
+                "original_context_length",
+                MetaValue::U32(*original_context_length),
+            );
+            "llama3"
+        }
+        RopeScaling::Yarn {
+            factor,
+            original_context_length,
+            beta_fast,
+            beta_slow,
+            attention_factor,
+            truncate,
+        } => {
+            put("factor", f(*factor));
+            put("beta_fast", f(*beta_fast));
+            put("beta_slow", f(*beta_slow));
+            put("attention_factor", f(*attention_factor));
+            put(
+                "original_context_length",
+                MetaValue::U32(*original_context_length),
+            );
+            put("truncate", MetaValue::Bool(*truncate));
+            "yarn"
+        }
+        RopeScaling::LongRope {
+            original_context_length,
+            attention_factor,
+            short_factor,
+            long_factor,
+        } => {
+            let arr = |v: &[f32]| MetaValue::Array(v.iter().map(|&x| f(x)).collect());
+            put(
+                "original_context_length",
+                MetaValue::U32(*original_context_length),
+            );
+            put("attention_factor", f(*attention_factor));
+            put("short_factor", arr(short_factor));
+            put("long_factor", arr(long_factor));
+            "longrope"
+        }
+        RopeScaling::Dynamic {
+            factor,
+            original_context_length,
+        } => {
+            put("factor", f(*factor));
+            put(
+                "original_context_length",
+                MetaValue::U32(*original_context_length),
+            );
+            "dynamic"
+        }
+    };
+    put("type", MetaValue::Str(kind.to_string()));
 }
 
 /// The `model.moe.*` entries of a mixture-of-experts config.
@@ -339,56 +352,30 @@ fn moe_to_metadata(moe: &MoeConfig, m: &mut Metadata) -> Result<()> {
 
 /// The mixture-of-experts config from `model.moe.*` (`None` when `model.moe.experts` is absent:
 /// a dense model).
-fn moe_from_metadata(m: &Metadata, path: &str) -> Result<Option<MoeConfig>> {
-    if m.get("model.moe.experts").is_none() {
+fn moe_from_metadata(r: &Keys) -> Result<Option<MoeConfig>> {
+    if r.m.get("model.moe.experts").is_none() {
         return Ok(None);
     }
-    let bad = |k: &str| {
-        Error::format(
-            path,
-            format!("metadata key {k} missing or of the wrong type"),
-        )
-    };
-    let size = |k: &str| -> Result<usize> {
-        m.get(k)
-            .and_then(|v| v.as_u64())
-            .and_then(|v| usize::try_from(v).ok())
-            .ok_or_else(|| bad(k))
-    };
-    let scoring = match m.get("model.moe.scoring").and_then(|v| v.as_str()) {
-        Some("softmax") => MoeScoring::Softmax,
-        Some("sigmoid") => MoeScoring::Sigmoid,
-        Some(other) => {
+    let scoring = match r.string("model.moe.scoring")?.as_str() {
+        "softmax" => MoeScoring::Softmax,
+        "sigmoid" => MoeScoring::Sigmoid,
+        other => {
             return Err(Error::format(
-                path,
+                r.path,
                 format!("unknown model.moe.scoring {other:?}"),
             ))
         }
-        None => return Err(bad("model.moe.scoring")),
     };
-    let layers = m
-        .get("model.moe.layers")
-        .and_then(|v| v.as_array())
-        .ok_or_else(|| bad("model.moe.layers"))?
-        .iter()
-        .map(|v| v.as_bool().ok_or_else(|| bad("model.moe.layers")))
-        .collect::<Result<Vec<_>>>()?;
     Ok(Some(MoeConfig {
-        experts: size("model.moe.experts")?,
-        experts_per_token: size("model.moe.experts_per_token")?,
-        expert_intermediate: size("model.moe.expert_intermediate")?,
+        experts: r.size("model.moe.experts")?,
+        experts_per_token: r.size("model.moe.experts_per_token")?,
+        expert_intermediate: r.size("model.moe.expert_intermediate")?,
         scoring,
-        groups: size("model.moe.groups")?,
-        topk_groups: size("model.moe.topk_groups")?,
-        normalize: m
-            .get("model.moe.normalize")
-            .and_then(|v| v.as_bool())
-            .ok_or_else(|| bad("model.moe.normalize"))?,
-        routed_scale: m
-            .get("model.moe.routed_scale")
-            .and_then(|v| v.as_f64())
-            .ok_or_else(|| bad("model.moe.routed_scale"))? as f32,
-        shared_intermediate: size("model.moe.shared_intermediate")?,
-        layers,
+        groups: r.size("model.moe.groups")?,
+        topk_groups: r.size("model.moe.topk_groups")?,
+        normalize: r.bool("model.moe.normalize")?,
+        routed_scale: r.float("model.moe.routed_scale")?,
+        shared_intermediate: r.size("model.moe.shared_intermediate")?,
+        layers: r.bools("model.moe.layers")?,
     }))
 }

@@ -88,6 +88,33 @@ fn normalizer(r: &ByteReader<'_>, v: u8) -> Result<NormalizerKind> {
     })
 }
 
+/// Merge pairs, as a spec holds them.
+type Merges = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// The merge pairs and the added tokens of a tokenizer section, in that order.
+fn merges_and_added(r: &mut ByteReader<'_>) -> Result<(Merges, Vec<AddedToken>)> {
+    let n_merges = r.count("merges", 2)?;
+    let mut merges = Vec::with_capacity(n_merges);
+    for _ in 0..n_merges {
+        let a = r.bytes()?.to_vec();
+        let b = r.bytes()?.to_vec();
+        merges.push((a, b));
+    }
+    let n_added = r.count("added tokens", 6)?;
+    let mut added = Vec::with_capacity(n_added);
+    for _ in 0..n_added {
+        let id = r.u32()?;
+        let special = r.u8()? & 1 == 1;
+        let content = r.str()?;
+        added.push(AddedToken {
+            id,
+            content,
+            special,
+        });
+    }
+    Ok((merges, added))
+}
+
 /// Decodes a tokenizer section.
 pub(crate) fn decode(bytes: &[u8], path: &str) -> Result<TokenizerSpec> {
     let mut r = ByteReader::new(bytes, path, "tokenizer");
@@ -124,25 +151,7 @@ pub(crate) fn decode(bytes: &[u8], path: &str) -> Result<TokenizerSpec> {
         }
         v => return Err(r.err(format!("bad has_scores flag {v}"))),
     };
-    let n_merges = r.count("merges", 2)?;
-    let mut merges = Vec::with_capacity(n_merges);
-    for _ in 0..n_merges {
-        let a = r.bytes()?.to_vec();
-        let b = r.bytes()?.to_vec();
-        merges.push((a, b));
-    }
-    let n_added = r.count("added tokens", 6)?;
-    let mut added = Vec::with_capacity(n_added);
-    for _ in 0..n_added {
-        let id = r.u32()?;
-        let special = r.u8()? & 1 == 1;
-        let content = r.str()?;
-        added.push(AddedToken {
-            id,
-            content,
-            special,
-        });
-    }
+    let (merges, added) = merges_and_added(&mut r)?;
     let all_ids = bos
         .iter()
         .chain(unk.iter())

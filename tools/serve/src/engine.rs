@@ -696,12 +696,7 @@ impl Scheduler {
         if let Some(e) = s.grammar_error.take() {
             return Some(Some(Event::Error(e)));
         }
-        let now = Instant::now();
-        match s.t_last {
-            None => self.metrics.ttft.observe((now - s.t_start).as_secs_f64()),
-            Some(t) => self.metrics.inter_token.observe((now - t).as_secs_f64()),
-        }
-        s.t_last = Some(now);
+        observe_latency(&self.metrics, s);
         let n_gen = s.tokens.len() - s.n_prompt;
         let is_eos = self.eos.contains(&tok);
         // a grammar allows end-of-sequence only where its output is complete
@@ -723,26 +718,14 @@ impl Scheduler {
             .tokens_generated_total
             .fetch_add(1, Ordering::Relaxed);
         let n_gen = n_gen + 1;
-        let (piece, mut finish) = match Self::next_text(&self.llm, s, tok) {
+        let (piece, finish) = match Self::next_text(&self.llm, s, tok) {
             Ok(p) => p,
             Err(e) => return Some(Some(Event::Error(e.to_string()))),
         };
-        let grammar_done = s.req.grammar.as_ref().is_some_and(|g| g.is_finished());
-        if finish.is_none() && grammar_done {
-            finish = Some(FinishReason::Stop);
-        }
-        if finish.is_none()
-            && (n_gen >= s.req.max_new_tokens || s.tokens.len() >= self.cfg.max_total_tokens)
-        {
-            finish = Some(FinishReason::Length);
-        }
+        let finish = finish.or_else(|| limit_reached(s, n_gen, self.cfg.max_total_tokens));
         // at the length limit (or the grammar's end) the held-back tail goes too
         let piece = match finish {
-            Some(FinishReason::Length | FinishReason::Stop) => {
-                let rest = s.text.get(s.text_sent..).unwrap_or("").to_string();
-                s.text_sent = s.text.len();
-                piece + &rest
-            }
+            Some(FinishReason::Length | FinishReason::Stop) => piece + &take_unsent(s),
             _ => piece,
         };
         let sent = s.req.events.send(Event::Token {
@@ -781,6 +764,35 @@ impl Scheduler {
         s.text_sent = emit_to;
         Ok((piece, finish))
     }
+}
+
+/// Records the time to `s`'s first token, or since its previous one.
+fn observe_latency(metrics: &Metrics, s: &mut Seq) {
+    let now = Instant::now();
+    match s.t_last {
+        None => metrics.ttft.observe((now - s.t_start).as_secs_f64()),
+        Some(t) => metrics.inter_token.observe((now - t).as_secs_f64()),
+    }
+    s.t_last = Some(now);
+}
+
+/// Why `s` ends after its `n_gen`-th token without a stop string: its grammar is complete
+/// (`Stop`), or it reached its token limit or the server's (`Length`).
+fn limit_reached(s: &Seq, n_gen: usize, max_total_tokens: usize) -> Option<FinishReason> {
+    if s.req.grammar.as_ref().is_some_and(|g| g.is_finished()) {
+        Some(FinishReason::Stop)
+    } else if n_gen >= s.req.max_new_tokens || s.tokens.len() >= max_total_tokens {
+        Some(FinishReason::Length)
+    } else {
+        None
+    }
+}
+
+/// The text of `s` not sent yet (held back as a possible stop string's start), marked sent.
+fn take_unsent(s: &mut Seq) -> String {
+    let rest = s.text.get(s.text_sent..).unwrap_or("").to_string();
+    s.text_sent = s.text.len();
+    rest
 }
 
 #[cfg(test)]

@@ -107,86 +107,12 @@ impl Default for Metrics {
 impl Metrics {
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let mut s = String::new();
-        let mut gauge = |name: &str, help: &str, kind: &str, v: f64| {
+        for (name, help, kind, v) in self.scalars() {
             s.push_str(&format!(
                 "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
             ));
-        };
-        gauge(
-            "fastllm_queue_size",
-            "Requests waiting for admission",
-            "gauge",
-            g(&self.queue_len) as f64,
-        );
-        gauge(
-            "fastllm_batch_size",
-            "Sequences in the running batch",
-            "gauge",
-            g(&self.running) as f64,
-        );
-        gauge(
-            "fastllm_kv_blocks_used",
-            "KV cache blocks in use",
-            "gauge",
-            g(&self.kv_blocks_used) as f64,
-        );
-        gauge(
-            "fastllm_kv_blocks_free",
-            "KV cache blocks free",
-            "gauge",
-            g(&self.kv_blocks_free) as f64,
-        );
-        gauge(
-            "fastllm_kv_blocks_cached",
-            "Prefix-cache blocks no request holds (counted as free; evicted on demand)",
-            "gauge",
-            g(&self.kv_blocks_cached) as f64,
-        );
-        gauge(
-            "fastllm_prefix_cache_hit_tokens_total",
-            "Prompt tokens served from the prefix cache (prefill skipped)",
-            "counter",
-            g(&self.prefix_cache_hit_tokens_total) as f64,
-        );
-        gauge(
-            "fastllm_requests_total",
-            "Requests received",
-            "counter",
-            g(&self.requests_total) as f64,
-        );
-        gauge(
-            "fastllm_requests_rejected_total",
-            "Requests refused for overload",
-            "counter",
-            g(&self.rejected_total) as f64,
-        );
-        gauge(
-            "fastllm_generated_tokens_total",
-            "Tokens generated",
-            "counter",
-            g(&self.tokens_generated_total) as f64,
-        );
-        gauge(
-            "fastllm_prompt_tokens_total",
-            "Prompt tokens processed",
-            "counter",
-            g(&self.prompt_tokens_total) as f64,
-        );
-        gauge(
-            "fastllm_steps_total",
-            "Batched forward steps",
-            "counter",
-            g(&self.steps_total) as f64,
-        );
-        let up = self.started.elapsed().as_secs_f64().max(1e-9);
-        gauge(
-            "fastllm_generated_tokens_per_second",
-            "Mean generated tokens per second since start",
-            "gauge",
-            g(&self.tokens_generated_total) as f64 / up,
-        );
+        }
         self.ttft.render(
             "fastllm_time_to_first_token_seconds",
             "Time from request to first token",
@@ -198,5 +124,86 @@ impl Metrics {
             &mut s,
         );
         s
+    }
+
+    /// `(name, help, type, value)` of every gauge and counter.
+    fn scalars(&self) -> [(&'static str, &'static str, &'static str, f64); 12] {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+        let up = self.started.elapsed().as_secs_f64().max(1e-9);
+        let (gauge, counter) = ("gauge", "counter");
+        [
+            (
+                "fastllm_queue_size",
+                "Requests waiting for admission",
+                gauge,
+                g(&self.queue_len),
+            ),
+            (
+                "fastllm_batch_size",
+                "Sequences in the running batch",
+                gauge,
+                g(&self.running),
+            ),
+            (
+                "fastllm_kv_blocks_used",
+                "KV cache blocks in use",
+                gauge,
+                g(&self.kv_blocks_used),
+            ),
+            (
+                "fastllm_kv_blocks_free",
+                "KV cache blocks free",
+                gauge,
+                g(&self.kv_blocks_free),
+            ),
+            (
+                "fastllm_kv_blocks_cached",
+                "Prefix-cache blocks no request holds (counted as free; evicted on demand)",
+                gauge,
+                g(&self.kv_blocks_cached),
+            ),
+            (
+                "fastllm_prefix_cache_hit_tokens_total",
+                "Prompt tokens served from the prefix cache (prefill skipped)",
+                counter,
+                g(&self.prefix_cache_hit_tokens_total),
+            ),
+            (
+                "fastllm_requests_total",
+                "Requests received",
+                counter,
+                g(&self.requests_total),
+            ),
+            (
+                "fastllm_requests_rejected_total",
+                "Requests refused for overload",
+                counter,
+                g(&self.rejected_total),
+            ),
+            (
+                "fastllm_generated_tokens_total",
+                "Tokens generated",
+                counter,
+                g(&self.tokens_generated_total),
+            ),
+            (
+                "fastllm_prompt_tokens_total",
+                "Prompt tokens processed",
+                counter,
+                g(&self.prompt_tokens_total),
+            ),
+            (
+                "fastllm_steps_total",
+                "Batched forward steps",
+                counter,
+                g(&self.steps_total),
+            ),
+            (
+                "fastllm_generated_tokens_per_second",
+                "Mean generated tokens per second since start",
+                gauge,
+                g(&self.tokens_generated_total) / up,
+            ),
+        ]
     }
 }

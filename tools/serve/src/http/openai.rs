@@ -464,6 +464,22 @@ fn delta_values(split: Split, lp: Option<Value>) -> Vec<Value> {
     }
 }
 
+/// The deltas that end a choice's stream of tool calls: the content left over, then the calls
+/// (one at most for a single-call `tool_choice`), ids starting with `prefix`; `true` when it
+/// made calls.
+fn final_tool_deltas(c: &mut ToolStream, t: &ToolUse, prefix: &str) -> (Vec<Value>, bool) {
+    let (rest, mut calls) = c.finish();
+    if t.single {
+        calls.truncate(1);
+    }
+    let mut out = Vec::new();
+    if !rest.is_empty() {
+        out.push(json!({ "content": rest }));
+    }
+    out.extend(tools::call_deltas(&calls, prefix));
+    (out, !calls.is_empty())
+}
+
 /// Renders a chat stream's events: each choice opens with its role, then its reasoning and
 /// content deltas (`think`: split `<think>` reasoning, the prompt having opened the tag or not)
 /// with the tokens' log-probabilities, a finishing chunk per choice, usage and seed on the last.
@@ -528,18 +544,9 @@ fn chat_chunks(
                 }
                 let mut reason = json!(reason_str(*reason));
                 if let (Some(c), Some(t)) = (callers[i].as_mut(), tool_use.as_ref()) {
-                    let (rest, mut calls) = c.finish();
-                    if t.single {
-                        calls.truncate(1);
-                    }
-                    if !rest.is_empty() {
-                        out.push(chunk(json!({ "content": rest }), Value::Null));
-                    }
-                    let prefix = format!("{id}_{i}");
-                    for d in tools::call_deltas(&calls, &prefix) {
-                        out.push(chunk(d, Value::Null));
-                    }
-                    if !calls.is_empty() {
+                    let (deltas, called) = final_tool_deltas(c, t, &format!("{id}_{i}"));
+                    out.extend(deltas.into_iter().map(|d| chunk(d, Value::Null)));
+                    if called {
                         reason = json!("tool_calls");
                     }
                 }

@@ -112,9 +112,14 @@ fn tiny_llama_q4_k_m_falls_back_and_stays_close() {
     assert!(max < 0.1 && kl < 2e-4, "q4_k_m vs f32: max {max}, KL {kl}");
 }
 
-/// Writes an HF llama directory with hidden 256, ffn 512, vocab 512, 2 layers, untied head,
-/// random weights (the tiny llama's tokenizer).
+/// An HF llama directory with hidden 256, ffn 512, vocab 512, 2 layers, untied head, random
+/// weights (the tiny llama's tokenizer), written once per process.
 fn wide_llama() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(write_wide_llama).clone()
+}
+
+fn write_wide_llama() -> PathBuf {
     let dir = tmp("wide-llama");
     std::fs::create_dir_all(&dir).unwrap();
     let tiny = Path::new(FIXTURES).join("tiny/llama");

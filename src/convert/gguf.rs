@@ -182,8 +182,19 @@ fn moe_plan(
     config: &ModelConfig,
     names: Option<&crate::model::MoeNames>,
 ) -> Result<Option<Vec<Mapped>>> {
-    let Some((layer, part)) = gguf_moe_part(&t.name) else {
+    // a router's or stacked experts' bias (GPT-OSS) is named like its weight, `.bias` for `.weight`
+    let bias_of = t
+        .name
+        .strip_suffix(".bias")
+        .and_then(|n| gguf_moe_part(&format!("{n}.weight")))
+        .filter(|(_, p)| matches!(p, GgufMoePart::Router | GgufMoePart::Stacked(_)));
+    let is_bias = gguf_moe_part(&t.name).is_none() && bias_of.is_some();
+    let Some((layer, part)) = gguf_moe_part(&t.name).or(bias_of) else {
         return Ok(None);
+    };
+    let suffixed = |n: String| match n.strip_suffix(".weight") {
+        Some(stem) if is_bias => format!("{stem}.bias"),
+        _ => n,
     };
     let (Some(names), Some(moe)) = (names, config.moe.as_ref()) else {
         return Err(Error::format(
@@ -195,7 +206,7 @@ fn moe_plan(
         ));
     };
     let plain = |name: String| Mapped {
-        name,
+        name: suffixed(name),
         transpose: false,
         unpermute_heads: None,
     };
@@ -210,11 +221,13 @@ fn moe_plan(
     };
     if let GgufMoePart::Stacked(_) = part {
         let shape = t.shape();
-        if shape.len() != 3 || shape[0] != moe.experts {
+        let rank = if is_bias { 2 } else { 3 };
+        if shape.len() != rank || shape[0] != moe.experts {
+            let want = if is_bias { "out" } else { "out, in" };
             return Err(Error::format(
                 &g.path,
                 format!(
-                    "tensor {}: shape {shape:?} is not [{} experts, out, in]",
+                    "tensor {}: shape {shape:?} is not [{} experts, {want}]",
                     t.name, moe.experts
                 ),
             ));

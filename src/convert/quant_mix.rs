@@ -115,7 +115,8 @@ fn layer_role(spec: &ArchSpec, layer: usize, part: &str) -> Role {
     let v_like = match spec.qkv {
         Qkv::Separate(_, _, v) => part == v,
         Qkv::Fused(f) | Qkv::FusedPerHead(f) => part == f,
-    } || part.ends_with("kv_b_proj");
+        Qkv::Latent(mla) => part == mla.kv_b,
+    };
     if v_like {
         return Role::AttnV(layer);
     }

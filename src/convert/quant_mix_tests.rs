@@ -80,6 +80,9 @@ fn roles_from_the_architecture_table() {
         ),
         Role::AttnV(0)
     );
+    let ds = lookup("deepseek_v3").unwrap();
+    let kv_b = "model.layers.2.self_attn.kv_b_proj.weight";
+    assert_eq!(role(ds, kv_b, &[8, 64]), Role::AttnV(2));
     let gpt2 = lookup("gpt2").unwrap();
     assert_eq!(role(gpt2, "transformer.wpe.weight", &[8, 64]), Role::Float);
     assert_eq!(

@@ -1,26 +1,33 @@
 //! `fastllm`: run, chat, bench, logits, perplexity, tokenize, detokenize and info over a model (a
 //! `.flm` file, a GGUF file or a Hugging Face directory; the default model when `-m` is omitted).
-//! Errors print one line on stderr and exit non-zero.
+//! Errors print one line on stderr and exit non-zero; long steps draw progress bars on a terminal.
 
 use clap::{Args, Parser, Subcommand};
-use fastllm::generate::{GenerateParams, Llm, SamplingParams, Session};
-use fastllm::load::{load, GroupMember, LoadOptions};
+use fastllm::generate::{GenerateParams, Llm, Prefill, SamplingParams, Session};
+use fastllm::load::{load_with, GroupMember, LoadOptions};
 use fastllm::model::tp_process::GroupRole;
 use fastllm::model::Precision;
 use fastllm::options::RuntimeOptions;
 use fastllm::parallel::rendezvous::GroupSpec;
 use fastllm::Result;
 use std::io::{BufRead, Write};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 mod perplexity;
+mod progress;
+
+use progress::{Bars, PREFILL_CHUNK};
 
 #[derive(Parser)]
 #[command(name = "fastllm", version, about = "Portable LLM inference")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// Draw no progress bars (they are drawn on stderr only when it is a terminal).
+    #[arg(long, global = true)]
+    no_progress: bool,
 }
 
 #[derive(Args, Clone)]
@@ -421,18 +428,28 @@ fn device_of(m: &ModelArgs) -> Result<String> {
     })
 }
 
-fn load_model(m: &ModelArgs) -> Result<Arc<Llm>> {
-    Ok(Arc::new(load_llm(m)?))
+fn load_model(m: &ModelArgs, bars: &mut Bars) -> Result<Arc<Llm>> {
+    Ok(Arc::new(load_llm(m, bars)?))
+}
+
+/// The `.flm` path of a model argument (see `default_model::resolve`), with bars for a
+/// download and a conversion.
+fn resolve(model: Option<&str>, rt: &RuntimeOptions, bars: &mut Bars) -> Result<PathBuf> {
+    let path = fastllm::default_model::resolve_with(model, rt, &mut |p| bars.update(p));
+    bars.finish();
+    path
 }
 
 /// Loads the model of the flags; in a group of processes, node 0 gets the group's model and
 /// the other nodes follow node 0 until it ends the group, then exit.
-fn load_llm(m: &ModelArgs) -> Result<Llm> {
+fn load_llm(m: &ModelArgs, bars: &mut Bars) -> Result<Llm> {
     let spec = group_spec(m)?;
     let opts = m.load_options(spec.is_some())?;
-    let path = fastllm::default_model::resolve(m.model.as_deref(), &opts.runtime)?;
+    let path = resolve(m.model.as_deref(), &opts.runtime, bars)?;
     let Some(spec) = spec else {
-        return load(&path, &opts);
+        let llm = load_with(&path, &opts, &mut |p| bars.update(p));
+        bars.finish();
+        return llm;
     };
     match fastllm::load::load_in_group(&path, &opts, &spec)? {
         GroupMember::Driver(llm) => {
@@ -549,13 +566,16 @@ fn peak_rss_mib() -> f64 {
 fn main() {
     let t0 = Instant::now();
     let cli = Cli::parse();
-    if let Err(e) = run(cli, t0) {
+    let mut bars = Bars::new(cli.no_progress);
+    if let Err(e) = run(cli, &mut bars, t0) {
+        bars.finish();
         eprintln!("fastllm: error: {e}");
         std::process::exit(1);
     }
 }
 
-fn run(cli: Cli, t0: Instant) -> Result<()> {
+fn run(cli: Cli, bars: &mut Bars, t0: Instant) -> Result<()> {
+    let no_progress = cli.no_progress;
     match cli.cmd {
         Cmd::Run {
             m,
@@ -580,7 +600,7 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
                     return Err(fastllm::Error::invalid("give either -p or -f, not both"))
                 }
             };
-            let llm = load_model(&m)?;
+            let llm = load_model(&m, bars)?;
             llm.model.executor().profiler().set_enabled(profile);
             let mut sess = Session::new(llm.clone(), 0)?;
             let params = GenerateParams {
@@ -593,7 +613,11 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             let mut first: Option<f64> = None;
             let gen_t = Instant::now();
             let out = std::io::stdout();
-            let g = sess.generate(&prompt, &params, &mut |_, piece| {
+            let prefill = Prefill {
+                chunk: PREFILL_CHUNK,
+                progress: &mut |p| bars.update(p),
+            };
+            let g = sess.generate_with(&prompt, &params, prefill, &mut |_, piece| {
                 if first.is_none() {
                     first = Some(t0.elapsed().as_secs_f64());
                 }
@@ -617,7 +641,7 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             }
         }
         Cmd::Chat { m, s, system } => {
-            let llm = load_model(&m)?;
+            let llm = load_model(&m, bars)?;
             let mut sess = Session::new(llm, 0)?;
             let params = GenerateParams {
                 max_new_tokens: s.n,
@@ -635,7 +659,11 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
                     continue;
                 }
                 let out = std::io::stdout();
-                sess.generate(&line, &params, &mut |_, piece| {
+                let prefill = Prefill {
+                    chunk: PREFILL_CHUNK,
+                    progress: &mut |p| bars.update(p),
+                };
+                sess.generate_with(&line, &params, prefill, &mut |_, piece| {
                     let mut o = out.lock();
                     let _ = o.write_all(piece.as_bytes());
                     let _ = o.flush();
@@ -670,7 +698,7 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             &dtype,
             (batch, &batch_decode),
             profile,
-            t0,
+            bars,
         )?,
         Cmd::Logits {
             m,
@@ -679,7 +707,7 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             top,
             out,
         } => {
-            let llm = load_model(&m)?;
+            let llm = load_model(&m, bars)?;
             let ids = match (prompt, ids) {
                 (Some(p), None) => llm.tokenizer.encode(&p, true, true)?,
                 (None, Some(s)) => parse_ids(&s)?,
@@ -722,14 +750,14 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
                 serde_json::json!({ "ids": ids, "tokens": texts, "positions": positions })
             );
         }
-        Cmd::Perplexity(a) => perplexity::run(a)?,
+        Cmd::Perplexity(a) => perplexity::run(a, bars)?,
         Cmd::Tokenize {
             model,
             no_special,
             file,
             text,
         } => {
-            let llm = load_model(&model_only(&model))?;
+            let llm = load_model(&model_only(&model), bars)?;
             let text = match (text, file) {
                 (Some(t), None) => t,
                 (None, Some(f)) => {
@@ -745,7 +773,7 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             println!("{}", serde_json::json!(ids));
         }
         Cmd::Detokenize { model, ids } => {
-            let llm = load_model(&model_only(&model))?;
+            let llm = load_model(&model_only(&model), bars)?;
             let ids = parse_ids(&ids)?;
             println!("{}", llm.tokenizer.decode(&ids, false)?);
         }
@@ -772,7 +800,7 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             let group = group_spec(&m)?;
             if group.as_ref().is_some_and(|g| g.node_rank > 0) {
                 // the other nodes serve no HTTP: they follow node 0's steps, then exit
-                load_model(&m)?;
+                load_model(&m, bars)?;
                 return Ok(());
             }
             let addr: std::net::SocketAddr = format!("{host}:{port}")
@@ -804,7 +832,7 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
                     (None, format!("{shape}-{dtype}-synthetic"))
                 }
                 None => {
-                    let path = fastllm::default_model::resolve(m.model.as_deref(), &opts.runtime)?;
+                    let path = resolve(m.model.as_deref(), &opts.runtime, bars)?;
                     let name = path
                         .file_stem()
                         .map(|s| s.to_string_lossy().into_owned())
@@ -840,7 +868,10 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
                 (None, Some(_), Some(_)) => Err(fastllm::Error::invalid(
                     "--synthetic models are not served by a group of processes",
                 )),
-                (Some(p), _, None) => load(p, &opts),
+                (Some(p), _, None) => {
+                    let mut bars = Bars::new(no_progress);
+                    load_with(p, &opts, &mut |u| bars.update(u))
+                }
                 (None, Some(shape), None) => fastllm::load::load_synthetic(shape, &dtype, &opts),
                 (None, None, _) => Err(fastllm::Error::invalid("no model to serve")),
             })
@@ -873,11 +904,11 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             report.check().map_err(fastllm::Error::invalid)?;
         }
         Cmd::Fetch { name } => {
+            use fastllm::default_model::{default_gguf_with, gemma3_270m_gguf_with};
+            let rt = RuntimeOptions::from_env()?;
             let path = match name.as_str() {
-                "smollm2" => fastllm::default_model::default_gguf(&RuntimeOptions::from_env()?)?,
-                "gemma3-270m" => {
-                    fastllm::default_model::gemma3_270m_gguf(&RuntimeOptions::from_env()?)?
-                }
+                "smollm2" => default_gguf_with(&rt, &mut |p| bars.update(p))?,
+                "gemma3-270m" => gemma3_270m_gguf_with(&rt, &mut |p| bars.update(p))?,
                 other => {
                     return Err(fastllm::Error::invalid(format!(
                         "unknown model {other:?} to fetch (known: smollm2, gemma3-270m)"
@@ -891,9 +922,7 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             let given = model.as_deref().map(std::path::Path::new);
             let path = match given {
                 Some(p) if p.is_file() => p.to_path_buf(),
-                _ => {
-                    fastllm::default_model::resolve(model.as_deref(), &RuntimeOptions::from_env()?)?
-                }
+                _ => resolve(model.as_deref(), &RuntimeOptions::from_env()?, bars)?,
             };
             print!("{}", fastllm::format::info::describe(&path)?);
         }
@@ -968,11 +997,16 @@ struct BenchModel {
     weight_bytes: Option<usize>,
 }
 
-fn bench_model(m: &ModelArgs, synthetic: Option<&str>, dtype: &str) -> Result<BenchModel> {
+fn bench_model(
+    m: &ModelArgs,
+    synthetic: Option<&str>,
+    dtype: &str,
+    bars: &mut Bars,
+) -> Result<BenchModel> {
     use fastllm::model::synthetic;
     let Some(shape) = synthetic else {
-        let path = fastllm::default_model::resolve(m.model.as_deref(), &m.runtime()?)?;
-        let llm = load_llm(m)?;
+        let path = resolve(m.model.as_deref(), &m.runtime()?, bars)?;
+        let llm = load_llm(m, bars)?;
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -1037,7 +1071,7 @@ fn bench(
     dtype: &str,
     (batch, batch_mode): (usize, &str),
     profile: bool,
-    t0: Instant,
+    bars: &mut Bars,
 ) -> Result<()> {
     if pp == 0 && tg == 0 {
         return Err(fastllm::Error::invalid(
@@ -1055,7 +1089,7 @@ fn bench(
         )));
     }
     let lt = Instant::now();
-    let mut bm = bench_model(m, synthetic, dtype)?;
+    let mut bm = bench_model(m, synthetic, dtype, bars)?;
     let load_s = lt.elapsed().as_secs_f64();
     if batch > 1 {
         use fastllm::model::BatchDecode;
@@ -1113,7 +1147,7 @@ fn bench(
     for &g in gen.iter().take(DECODE_WARMUP_STEPS) {
         model.forward_greedy(&mut tg_cache, &[g])?;
     }
-    for _ in 0..reps.max(1) {
+    for rep in 0..reps.max(1) {
         if pp > 0 {
             let mut c = model.new_cache(pp + 1)?;
             let t = Instant::now();
@@ -1134,6 +1168,12 @@ fn bench(
             tg_t.push(tg as f64 / t.elapsed().as_secs_f64());
             model.executor().profiler().set_enabled(false);
         }
+        let last = |v: &[f64], what: &str| v.last().map(|r| format!("{what} {r:.1} tok/s "));
+        let rates: String = [last(&pp_t, "pp"), last(&tg_t, "tg")]
+            .into_iter()
+            .flatten()
+            .collect();
+        bars.bench_rep(rep + 1, reps.max(1), &rates);
     }
     if profile {
         eprint!("{}", model.executor().profiler().report());
@@ -1166,7 +1206,6 @@ fn bench(
     let btgs = (batch > 1 && tg > 0).then(|| median(btg_t));
     let (pps, tgs) = (median(pp_t), median(tg_t));
     let rss = peak_rss_mib();
-    let _ = t0;
     if json {
         println!(
             "{}",

@@ -3,6 +3,7 @@
 //! bit-exact and dequantizes the rest, streaming tensor by tensor. Every tensor's type and name
 //! is checked before the output file is created.
 
+use super::dtype_policy::DtypePlan;
 use super::ggml_dequant::{dequantize, shared_dtype, supported};
 use super::gguf_config::gguf_architecture;
 use super::gguf_rope::ROPE_FACTOR_TENSORS;
@@ -10,7 +11,8 @@ use super::names::{
     gguf_arch_name, gguf_moe_part, gguf_name, moe_hf_name, GgufMoePart, Mapped, ROPE_FREQS,
 };
 use super::output::TensorOutput;
-use super::tensor_transform::SourceTensor;
+use super::quant_mix::MixTensor;
+use super::tensor_transform::{stored_dims, SourceTensor};
 use super::{general_metadata, naming_file, ConvertOptions, ConvertReport, Progress};
 use crate::error::{Error, Result};
 use crate::format::flm::{FlmWriter, MetaValue};
@@ -30,6 +32,8 @@ pub fn convert_gguf(
     check_tensor_types(&g)?;
     let config = ModelConfig::from_gguf(&g)?;
     let plan = plan_tensors(&g, &arch, &config)?;
+    let dtypes = DtypePlan::new(opts.dtype, &config, || mix_tensors(&g, &plan))
+        .map_err(|e| naming_file(&g.path, e))?;
     let spec =
         crate::tokenizer::TokenizerSpec::from_gguf(&g).map_err(|e| naming_file(&g.path, e))?;
     let name = g.get_str("general.name").unwrap_or_default().to_string();
@@ -39,7 +43,7 @@ pub fn convert_gguf(
     }
     let writer = FlmWriter::create(out, &config, &meta, &spec)?;
     let total = plan.iter().map(|(_, ms)| ms.len()).sum();
-    let mut output = TensorOutput::new(writer, opts.dtype, &config.architecture, total, progress);
+    let mut output = TensorOutput::new(writer, dtypes, &config.architecture, total, progress);
     for (i, ms) in &plan {
         let t = g
             .tensors
@@ -136,6 +140,37 @@ fn plan_tensors(
         plan.push((i, vec![m]));
     }
     Ok(plan)
+}
+
+/// Every `.flm` tensor the conversion of `g` writes, in order, as the mix planner sees it.
+fn mix_tensors(g: &GgufFile, plan: &[(usize, Vec<Mapped>)]) -> Result<Vec<MixTensor>> {
+    let mut out = Vec::new();
+    for (i, ms) in plan {
+        let t = g
+            .tensors
+            .get(*i)
+            .ok_or_else(|| Error::format(&g.path, "tensor index changed"))?;
+        let mut dims = t.shape();
+        if ms.len() > 1 {
+            dims.remove(0);
+        }
+        let quantized_source = match shared_dtype(t.ggml_type) {
+            Some(d) if d.is_float() => None,
+            _ => Some(
+                ggml_type::info(t.ggml_type)
+                    .map_or("unknown", |i| i.0)
+                    .to_string(),
+            ),
+        };
+        for m in ms {
+            out.push(MixTensor {
+                name: m.name.clone(),
+                dims: stored_dims(m, &dims, &t.name)?,
+                quantized_source: quantized_source.clone(),
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// The `.flm` tensors of a GGUF MoE tensor (one per expert for a stacked one), `None` when `t`

@@ -19,11 +19,13 @@ pub mod hf_rope;
 pub mod names;
 mod options;
 mod output;
+pub mod quant_mix;
 pub mod tensor_transform;
 
 pub use gguf::convert_gguf;
 pub use hf::convert_hf_dir;
 pub use options::{ConvertOptions, Progress, TargetDtype};
+pub use quant_mix::QuantMix;
 
 use crate::error::{Error, Result};
 use crate::format::flm::{MetaValue, Metadata};

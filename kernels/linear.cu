@@ -569,6 +569,153 @@ LINSBH(q8_0, DT_Q8_0)
 LINSBH(q4_0, DT_Q4_0)
 LINSBH(q4_1, DT_Q4_1)
 
+// ---- one-row GEMV of Q4_K / Q6_K weights with Q8_0 activations (`linear_q8act_kq_*`) ----
+//
+// A warp per output row (8 rows per 256-thread block). Four lanes share a 256-value
+// super-block, each dotting 64 of its values (two 32-value activation blocks) with dp4a; the
+// warp's eight lane groups take neighbouring super-blocks, so a step reads contiguous bytes of
+// the row, and each loop trip issues the loads of two steps before dotting them.
+// Q4_K (lane part t: sub-blocks 2t, 2t + 1 = low / high nibbles of qs bytes 32t..32t+32):
+//   Σ (d·sc·q − dmin·mn)·x = d·sc·dx·Σ q·xq − dmin·mn·(dx·Σ xq), dx·Σ xq being the stored pair's y.
+// Q6_K (lane part t: half h = t / 2, groups g = t % 2 and g + 2 of that half): the 6-bit values
+//   minus 32 as int8, a scale per 16 values.
+
+// Byte i (0..12) of the three words of a Q4_K super-block's packed scales.
+__device__ __forceinline__ int kq_sbyte(uint4 hd, int i) {
+    unsigned int w = i < 4 ? hd.y : (i < 8 ? hd.z : hd.w);
+    return (int)((w >> (8 * (i & 3))) & 0xff);
+}
+
+// Scale and min of sub-block j (0..8) of a Q4_K super-block whose first 16 bytes are hd.
+__device__ __forceinline__ void kq4_scale_min(uint4 hd, int j, int& sc, int& mn) {
+    if (j < 4) {
+        sc = kq_sbyte(hd, j) & 63;
+        mn = kq_sbyte(hd, j + 4) & 63;
+    } else {
+        sc = (kq_sbyte(hd, j + 4) & 15) | ((kq_sbyte(hd, j - 4) >> 6) << 4);
+        mn = (kq_sbyte(hd, j + 4) >> 4) | ((kq_sbyte(hd, j) >> 6) << 4);
+    }
+}
+
+// The weight words one lane part needs from a super-block: Q4_K: the 16-byte header and 32 qs
+// bytes; Q6_K: 32 ql bytes and 32 qh bytes (2-byte aligned rows: 16-bit loads).
+template <int DT>
+struct KqPart {
+    uint4 hd;
+    unsigned int a[8], b[8];
+};
+
+__device__ __forceinline__ unsigned int ld_u32_a2(const unsigned char* p) {
+    return (unsigned int)__ldg((const unsigned short*)p) | ((unsigned int)__ldg((const unsigned short*)(p + 2)) << 16);
+}
+
+// Each byte (0..63) minus 32, as int8: the bytes are offset by 128 first, so no borrow crosses
+// a byte.
+__device__ __forceinline__ unsigned int sub32x4(unsigned int q) {
+    return ((q | 0x80808080u) - 0x20202020u) ^ 0x80808080u;
+}
+
+template <int DT>
+__device__ __forceinline__ void kq_part_load(const unsigned char* blk, int t, KqPart<DT>& p) {
+    if (DT == DT_Q4_K) {
+        const uint4* v = (const uint4*)blk;
+        p.hd = __ldg(v);
+        uint4 q0 = __ldg(v + 1 + 2 * t), q1 = __ldg(v + 2 + 2 * t);
+        p.a[0] = q0.x, p.a[1] = q0.y, p.a[2] = q0.z, p.a[3] = q0.w;
+        p.a[4] = q1.x, p.a[5] = q1.y, p.a[6] = q1.z, p.a[7] = q1.w;
+    } else {
+        const unsigned char* ql = blk + 64 * (t >> 1) + 32 * (t & 1);
+        const unsigned char* qh = blk + 128 + 32 * (t >> 1);
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            p.a[u] = ld_u32_a2(ql + 4 * u);
+            p.b[u] = ld_u32_a2(qh + 4 * u);
+        }
+    }
+}
+
+// One lane part of super-block sb (weights in p, the block at blk) · the Q8_0 activation row.
+template <int DT>
+__device__ __forceinline__ float kq_part_dot(const KqPart<DT>& p, const unsigned char* blk, long sb, int t,
+                                             const signed char* xq, const float2* xd) {
+    if (DT == DT_Q4_K) {
+        long xb = sb * 8 + 2 * t;
+        const uint4* xv = (const uint4*)(xq + xb * 32);
+        uint4 x0 = xv[0], x1 = xv[1], x2 = xv[2], x3 = xv[3];
+        unsigned int xl[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        unsigned int xh[8] = {x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};
+        int sl = 0, sh = 0;
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            sl = dp4a((int)(p.a[u] & 0x0F0F0F0Fu), (int)xl[u], sl);
+            sh = dp4a((int)((p.a[u] >> 4) & 0x0F0F0F0Fu), (int)xh[u], sh);
+        }
+        int sc0, mn0, sc1, mn1;
+        kq4_scale_min(p.hd, 2 * t, sc0, mn0);
+        kq4_scale_min(p.hd, 2 * t + 1, sc1, mn1);
+        float2 d0 = xd[xb], d1 = xd[xb + 1];
+        float d = h2f((unsigned short)(p.hd.x & 0xffff)), dmin = h2f((unsigned short)(p.hd.x >> 16));
+        return d * ((float)(sc0 * sl) * d0.x + (float)(sc1 * sh) * d1.x) -
+               dmin * ((float)mn0 * d0.y + (float)mn1 * d1.y);
+    } else {
+        int h = t >> 1, g = t & 1;
+        long xa = sb * 8 + 4 * h + g, xc = xa + 2;
+        const uint4* va = (const uint4*)(xq + xa * 32);
+        const uint4* vc = (const uint4*)(xq + xc * 32);
+        uint4 a0 = va[0], a1 = va[1], c0 = vc[0], c1 = vc[1];
+        unsigned int xa_w[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+        unsigned int xc_w[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+        int sa[2] = {0, 0}, scs[2] = {0, 0};
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            unsigned int lo = (p.a[u] & 0x0F0F0F0Fu) | (((p.b[u] >> (2 * g)) & 0x03030303u) << 4);
+            unsigned int hi = ((p.a[u] >> 4) & 0x0F0F0F0Fu) | (((p.b[u] >> (2 * g + 4)) & 0x03030303u) << 4);
+            sa[u >> 2] = dp4a((int)sub32x4(lo), (int)xa_w[u], sa[u >> 2]);
+            scs[u >> 2] = dp4a((int)sub32x4(hi), (int)xc_w[u], scs[u >> 2]);
+        }
+        const signed char* sc = (const signed char*)blk + 192 + 8 * h;
+        int ia = sa[0] * sc[2 * g] + sa[1] * sc[2 * g + 1];
+        int ic = scs[0] * sc[2 * g + 4] + scs[1] * sc[2 * g + 5];
+        float d = h2f(__ldg((const unsigned short*)(blk + 208)));
+        return d * ((float)ia * xd[xa].x + (float)ic * xd[xc].x);
+    }
+}
+
+template <int DT>
+__device__ void linear_q8act_kq_t(const signed char* xq, const float2* xd, const LinSegs& sg, int ntot, int k,
+                                  long row_bytes) {
+    int lane = threadIdx.x & 31, t = lane & 3;
+    int jg = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (jg >= ntot) return;
+    SEG_PICK(jg)
+    const unsigned char* row = w + (long)j * row_bytes;
+    long nsb = k >> 8;
+    constexpr int BS = KQ_BYTES(DT);
+    long sb = lane >> 2;
+    KqPart<DT> p0, p1;
+    if (sb < nsb) kq_part_load<DT>(row + sb * BS, t, p0);
+    pdl_gemv_begin();
+    float acc = 0.0f;
+    for (; sb < nsb; sb += 16) {
+        bool two = sb + 8 < nsb;
+        if (two) kq_part_load<DT>(row + (sb + 8) * BS, t, p1);
+        acc += kq_part_dot<DT>(p0, row + sb * BS, sb, t, xq, xd);
+        if (sb + 16 < nsb) kq_part_load<DT>(row + (sb + 16) * BS, t, p0);
+        if (two) acc += kq_part_dot<DT>(p1, row + (sb + 8) * BS, sb + 8, t, xq, xd);
+    }
+    float s = warp_sum(acc);
+    if (lane == 0) y[j] = (sg.acc ? y[j] : 0.0f) + s + (bias ? bias[j] : 0.0f);
+}
+
+// Two resident blocks per SM: up to 128 registers, room for two steps' weights per lane.
+#define LINKQ(name, DT) \
+    extern "C" __global__ void __launch_bounds__(256, 2) \
+        linear_q8act_kq_##name(const signed char* xq, const float2* xd, LinSegs sg, int m, int ntot, int k, long rb) { \
+        linear_q8act_kq_t<DT>(xq, xd, sg, ntot, k, rb); \
+    }
+LINKQ(q4_k, DT_Q4_K)
+LINKQ(q6_k, DT_Q6_K)
+
 // ---- one-row GEMV streaming the weights through shared memory (compute capability >= 9.0) ----
 //
 // `linear_q8act_bulk{LPR}x{NI}_*`: each warp owns a ring of `slots` weight slots in shared

@@ -683,3 +683,101 @@ fn half_outputs_and_inputs_of_linear_and_silu_mul() {
     );
     println!("half-precision Linear/SiluMul: {cases} cases");
 }
+
+/// The activation row as the GPU's `quantize_q8_f32` leaves it, dequantized: per 32 values
+/// d = amax / 127, q = round-half-even(x / d) clamped to ±127 (with 1 / d), d stored as f16.
+fn q8_round_trip(x: &[f32]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(x.len());
+    for b in x.chunks(32) {
+        let amax = b.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let ds = half::f16::from_f32(d).to_f32();
+        out.extend(
+            b.iter()
+                .map(|v| (v * id).round_ties_even().clamp(-127.0, 127.0) * ds),
+        );
+    }
+    out
+}
+
+#[test]
+fn kquant_one_row_gemv_on_q8_activations_matches_the_reference() {
+    let Some(dev) = gpu() else { return };
+    let cuda = cuda_executor(&dev);
+    let cpu = reference();
+    let mut rng = CaseRng::new(41);
+    // super-blocks per row: 1, 3, 5, 9 (a lane group's second step missing), 16, 17, 56; odd n
+    let shapes = [
+        (256usize, 7usize),
+        (768, 33),
+        (1280, 1),
+        (2304, 19),
+        (4096, 45),
+        (4352, 9),
+        (14336, 31),
+    ];
+    let mut checked = 0;
+    for dt in [DataType::Q4K, DataType::Q6K] {
+        for (k, n) in shapes {
+            let ns = [n, 8, 3];
+            let x = rng.data(DataType::F32, &[1, k]);
+            let xq = Data::from_f32(&[1, k], &q8_round_trip(&x.to_f32_vec().unwrap())).unwrap();
+            let ws: Vec<Data> = ns.iter().map(|&n| rng.data(dt, &[n, k])).collect();
+            let b = rng.data(DataType::F32, &[n]);
+            let y0 = rng.data(DataType::F32, &[1, ns[2]]);
+            // the exact product of the quantized row (the int8 kernel's only rounding)
+            let want: Vec<Vec<f32>> = (0..3)
+                .map(|i| {
+                    let bi = if i == 0 { Some(&b) } else { None };
+                    let mut v = run_linear(&cpu, &xq, &ws[i], bi, 0).to_f32_vec().unwrap();
+                    if i == 2 {
+                        // weight 2 accumulates onto y0
+                        let y0v = y0.to_f32_vec().unwrap();
+                        v.iter_mut().zip(&y0v).for_each(|(a, b)| *a += b);
+                    }
+                    v
+                })
+                .collect();
+            let xg = dev.upload(&x).unwrap();
+            let wg: Vec<Data> = ws.iter().map(|w| dev.upload(w).unwrap()).collect();
+            let bg = dev.upload(&b).unwrap();
+            // one weight, then three in one call (segments) with accumulate on the third's
+            let one = run_linear(&cuda, &xg, &wg[0], Some(&bg), 1)
+                .to_f32_vec()
+                .unwrap();
+            let (e, bad) = nmse(&one, &want[0]);
+            assert!(!bad && e < 1e-7, "{dt} k={k} n={n}: nmse {e:.2e}");
+            // three weights in one call (segments), accumulating onto zeros, zeros and y0
+            let zeros = |n: usize| {
+                dev.upload(&Data::from_f32(&[1, n], &vec![0.0; n]).unwrap())
+                    .unwrap()
+            };
+            let mut outs = [zeros(ns[0]), zeros(ns[1]), dev.upload(&y0).unwrap()];
+            {
+                let [o0, o1, o2] = &mut outs[..] else {
+                    unreachable!()
+                };
+                let mut d = DataDict::new()
+                    .with("input", &xg)
+                    .with("weight", &wg[0])
+                    .with("bias", &bg)
+                    .with("weight1", &wg[1])
+                    .with("weight2", &wg[2])
+                    .with_mut("output", o0)
+                    .with_mut("output1", o1)
+                    .with_mut("output2", o2);
+                let ints = IntDict::new().with("quant_act", 1).with("accumulate", 1);
+                cuda.run("Linear", &mut d, &FloatDict::new(), &ints)
+                    .unwrap();
+            }
+            for (i, o) in outs.iter().enumerate() {
+                let got = o.to_owned_host().unwrap().to_f32_vec().unwrap();
+                let (e, bad) = nmse(&got, &want[i]);
+                assert!(!bad && e < 1e-7, "{dt} k={k} weight {i} of 3: nmse {e:.2e}");
+            }
+            checked += 1;
+        }
+    }
+    println!("Q4_K/Q6_K one-row int8 GEMV: {checked} shapes match the reference");
+}

@@ -1,5 +1,5 @@
 //! Random-weight models of real shapes, for measuring speed at real sizes without weight files
-//! (`fastllm bench --synthetic NAME --dtype f16|int8|int4`).
+//! (`fastllm bench --synthetic NAME --dtype f16|int8|int4|q4_k|q6_k`).
 //!
 //! [`SyntheticSource`] is a [`WeightSource`] that generates each tensor on the host when it is
 //! asked for, directly in its stored dtype: F16 weights as random half floats, Q8_0 / Q4_0 block
@@ -196,15 +196,18 @@ fn moe_shape(c: ModelConfig, (experts, k, inner): (usize, usize, usize)) -> Mode
     }
 }
 
-/// The weight dtype of a synthetic model: `f16`, `int8` (Q8_0 blocks) or `int4` (Q4_0 blocks);
-/// an error naming the accepted values otherwise.
+/// The weight dtype of a synthetic model: `f16`, `int8` (Q8_0 blocks), `int4` (Q4_0 blocks),
+/// `q4_k` or `q6_k` (K-quant super-blocks: `hidden_size` and `intermediate_size` must be
+/// multiples of 256); an error naming the accepted values otherwise.
 pub fn weight_dtype(name: &str) -> Result<DataType> {
     match name {
         "f16" => Ok(DataType::F16),
         "int8" | "q8_0" => Ok(DataType::Q8_0),
         "int4" | "q4_0" => Ok(DataType::Q4_0),
+        "q4_k" => Ok(DataType::Q4K),
+        "q6_k" => Ok(DataType::Q6K),
         other => Err(Error::invalid(format!(
-            "unknown synthetic dtype '{other}' (known: f16, int8, int4)"
+            "unknown synthetic dtype '{other}' (known: f16, int8, int4, q4_k, q6_k)"
         ))),
     }
 }
@@ -290,8 +293,8 @@ pub struct SyntheticSource {
 
 impl SyntheticSource {
     /// The tensors of a Llama/Qwen2-shaped `config` with matrix weights in `dtype` (F16, BF16,
-    /// F32, Q8_0, Q4_0 or Q4_1; `hidden_size` and `intermediate_size` must be multiples of 32
-    /// for block dtypes). Qwen2 gets its q/k/v biases (f32).
+    /// F32, Q8_0, Q4_0, Q4_1, Q4_K or Q6_K; `hidden_size` and `intermediate_size` must be
+    /// multiples of 32 for block dtypes, of 256 for K-quants). Qwen2 gets its q/k/v biases (f32).
     pub fn new(config: &ModelConfig, dtype: DataType) -> Result<SyntheticSource> {
         if dtype == DataType::I32 {
             return Err(Error::invalid("synthetic weights cannot be I32"));
@@ -438,11 +441,14 @@ fn rand_f16_bits(r: u64) -> u16 {
 
 /// Fills `bytes` with random values of `dtype`, in parallel chunks seeded from `seed`.
 fn fill_random(dtype: DataType, bytes: &mut [u8], seed: u64) {
-    // Chunk sizes are whole elements / blocks of every dtype (34 = Q8_0, 18 = Q4_0, 20 = Q4_1).
+    // Chunk sizes are whole elements / blocks of every dtype (34 = Q8_0, 18 = Q4_0, 20 = Q4_1,
+    // 144 = Q4_K, 210 = Q6_K).
     let unit = match dtype {
         DataType::Q8_0 => 34,
         DataType::Q4_0 => 18,
         DataType::Q4_1 => 20,
+        DataType::Q4K => 144,
+        DataType::Q6K => 210,
         _ => 4,
     };
     let chunk = unit * 16384;
@@ -489,7 +495,19 @@ fn fill_random(dtype: DataType, bytes: &mut [u8], seed: u64) {
                         }
                         let r = next(&mut x);
                         let scale = half::f16::from_f32(0.001 + (r & 0xffff) as f32 * 3e-8);
-                        b[..2].copy_from_slice(&scale.to_bits().to_le_bytes());
+                        match dtype {
+                            // super-block scale d (and Q4_K's dmin) over 6-bit / int8 sub-scales
+                            DataType::Q4K => {
+                                let d = half::f16::from_f32(scale.to_f32() / 32.0).to_bits();
+                                b[..2].copy_from_slice(&d.to_le_bytes());
+                                b[2..4].copy_from_slice(&d.to_le_bytes());
+                            }
+                            DataType::Q6K => {
+                                let d = half::f16::from_f32(scale.to_f32() / 64.0).to_bits();
+                                b[208..].copy_from_slice(&d.to_le_bytes());
+                            }
+                            _ => b[..2].copy_from_slice(&scale.to_bits().to_le_bytes()),
+                        }
                         if dtype == DataType::Q4_1 {
                             let min = half::f16::from_f32(-8.0 * scale.to_f32());
                             b[2..4].copy_from_slice(&min.to_bits().to_le_bytes());
@@ -533,8 +551,19 @@ mod tests {
     fn shapes_and_errors() {
         for n in KNOWN {
             let c = config(n).unwrap();
-            for dt in ["f16", "int8", "int4"] {
-                let s = SyntheticSource::new(&c, weight_dtype(dt).unwrap()).unwrap();
+            for dt in ["f16", "int8", "int4", "q4_k", "q6_k"] {
+                let t = weight_dtype(dt).unwrap();
+                let s = SyntheticSource::new(&c, t);
+                if c.hidden_size % t.block_elems() != 0
+                    || c.intermediate_size % t.block_elems() != 0
+                {
+                    assert!(
+                        s.is_err(),
+                        "{n} {dt}: sizes off the super-block must be refused"
+                    );
+                    continue;
+                }
+                let s = s.unwrap();
                 assert!(s.weight_bytes_per_token() <= s.total_bytes());
             }
         }

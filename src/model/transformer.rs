@@ -294,10 +294,11 @@ struct Paths {
     multi_linear: bool,
     /// One-token decode steps are recorded once per cache and replayed (CUDA graphs).
     decode_graphs: bool,
-    /// The `fast` precision with block-quantized projections on such a device: at one row,
-    /// `RMSNorm` and `SiluMul` also leave their output as the Q8_0 rows the next `Linear`
-    /// reads (`quantize_output`), instead of that `Linear` quantizing it in a launch of its own.
-    norm_quantizes: bool,
+    /// The `fast` precision with block-quantized projections on such a device: up to this many
+    /// rows (0 = never), `RMSNorm` and `SiluMul` also leave their output as the Q8_0 rows the
+    /// next `Linear` reads (`quantize_output`), instead of that `Linear` quantizing it in a
+    /// launch of its own.
+    q8_copy_rows: usize,
     /// The `fast` precision on such a device, for a prefill (many rows): the copy `RMSNorm` and
     /// `SiluMul` leave for the tensor-core path of the next `Linear` (f16 rows for f16 or block
     /// weights, bf16 rows for bf16 weights, by layer 0's down projection), which then skips its
@@ -348,7 +349,7 @@ impl Paths {
         fused_silu_mul: false,
         multi_linear: false,
         decode_graphs: false,
-        norm_quantizes: false,
+        q8_copy_rows: 0,
         prefill_copy: OutputCopy::None,
         half_mlp: false,
         rope_tables: false,
@@ -389,9 +390,14 @@ impl Paths {
         } else {
             None
         };
-        let norm_quantizes = down
-            .as_ref()
-            .is_some_and(|w| matches!(w.dtype(), DataType::Q8_0 | DataType::Q4_0 | DataType::Q4_1));
+        // Q4_K / Q6_K weights read Q8_0 rows at one row only (`linear_q8act_kq_*`)
+        let q8_copy_rows = match down.as_ref().map(|w| w.dtype()) {
+            Some(DataType::Q8_0 | DataType::Q4_0 | DataType::Q4_1) => {
+                crate::device::Q8_COPY_MAX_ROWS
+            }
+            Some(DataType::Q4K | DataType::Q6K) => 1,
+            _ => 0,
+        };
         let prefill_copy = down.as_ref().map_or(OutputCopy::None, |w| {
             OutputCopy::tensor_core_form(w.dtype(), w.dims().get(1).copied().unwrap_or(0))
         });
@@ -405,7 +411,7 @@ impl Paths {
             fused_silu_mul,
             multi_linear,
             decode_graphs,
-            norm_quantizes,
+            q8_copy_rows,
             prefill_copy,
             half_mlp,
             rope_tables: first_has("RotaryTables"),
@@ -753,13 +759,11 @@ impl Model {
     }
 
     /// The copy a producer of `rows` rows leaves for the `Linear` after it: Q8_0 rows up to
-    /// [`Q8_COPY_MAX_ROWS`](crate::device::Q8_COPY_MAX_ROWS) rows (`norm_quantizes`), the prefill copy at more.
+    /// `q8_copy_rows` rows, the prefill copy at more.
     fn copy_for(&self, rows: usize) -> OutputCopy {
         match rows {
             0 => OutputCopy::None,
-            r if self.paths.norm_quantizes && r <= crate::device::Q8_COPY_MAX_ROWS => {
-                OutputCopy::Q8
-            }
+            r if r <= self.paths.q8_copy_rows => OutputCopy::Q8,
             1 => OutputCopy::None,
             _ => self.paths.prefill_copy,
         }

@@ -30,11 +30,14 @@
 //! accumulate and are written in f32. `exact` precision (`quant_act = 0`) keeps the
 //! f32-activation kernels.
 //!
-//! K-quant weights (Q4_K/Q5_K/Q6_K, `k % 256 == 0`) and Q5_0: the `linear_*`/`gemv_*` kernels
-//! read f32 activations whatever `quant_act` asks (for K-quants a warp takes one 256-value
-//! super-block per step, 8 values per lane; Q5_0 is decoded value by value); with `quant_act = 1`
-//! and [`TC_MIN_ROWS`] rows or more they are dequantized to f16 tiles for cuBLAS
-//! (`dequant_f16_q*_k`, `dequant_f16_q5_0`); they have no `linear_mma` kernel.
+//! K-quant weights (Q4_K/Q5_K/Q6_K, `k % 256 == 0`) and Q5_0: one row of Q4_K / Q6_K weights
+//! (16-byte aligned) with `quant_act = 1` takes `linear_q8act_kq_*` (the row as Q8_0 blocks, a
+//! warp per output, four lanes per super-block, `dp4a` with the super-block's sub-scales, Q4_K's
+//! mins against the blocks' stored sums). Otherwise the `linear_*`/`gemv_*` kernels read f32
+//! activations (for K-quants a warp takes one 256-value super-block per step, 8 values per lane;
+//! Q5_0 is decoded value by value); with `quant_act = 1` and [`TC_MIN_ROWS`] rows or more they
+//! are dequantized to f16 tiles for cuBLAS (`dequant_f16_q*_k`, `dequant_f16_q5_0`); they have
+//! no `linear_mma` kernel.
 //!
 //! Half activations (prefill of the gated MLP): with `half_output` = 2 (f16) / 3 (bf16) and a
 //! tensor-core product with half activations (the conditions above, not the int8 products, the
@@ -897,7 +900,48 @@ struct Seg {
     y: u64,
 }
 
+/// True for the one-row products with `quant_act` that `linear_q8act_kq_*` runs: Q4_K / Q6_K
+/// weights, `k % 256 == 0`.
+fn kq_one_row(t: DataType, k: usize) -> bool {
+    matches!(t, DataType::Q4K | DataType::Q6K) && k.is_multiple_of(256)
+}
+
 impl Linear {
+    /// One activation row times Q4_K / Q6_K weights (all segments, one launch) with the row
+    /// as Q8_0 blocks ([`Linear::q8_rows`]): `linear_q8act_kq_*`, a warp per output.
+    #[allow(clippy::too_many_arguments)]
+    fn kq_one_row(
+        &self,
+        prev: Option<Held>,
+        ints: &IntDict,
+        xp: u64,
+        k: usize,
+        n: usize,
+        segs: &[Seg],
+        acc: bool,
+    ) -> Result<()> {
+        let dtype = segs.first().map_or(DataType::Q4K, |s| s.dtype);
+        let suffix = weight_suffix(dtype).ok_or_else(|| op_err("Linear", "weight dtype"))?;
+        let q8 = self.q8_rows(prev, ints, xp, 1, k)?;
+        let gx = u32::try_from(n.div_ceil(LIN_FEATURES))
+            .map_err(|_| op_err("Linear", "too many outputs"))?;
+        let args = [
+            KArg::Ptr(q8.values),
+            KArg::Ptr(q8.scales),
+            KArg::Segs(seg_table(segs, acc)?),
+            int(1, "rows")?,
+            int(n, "outputs")?,
+            int(k, "k")?,
+            long(dtype.row_bytes(k)?, "row bytes")?,
+        ];
+        self.gpu.launch(
+            &format!("linear_q8act_kq_{suffix}"),
+            (gx, 1, 1),
+            (32 * LIN_FEATURES) as u32,
+            &args,
+        )
+    }
+
     /// `y_i (+)= x·W_iᵀ + b_i` for the segments: the tensor-core path (all segments, one cast of
     /// the input) for `quant_act` products of at least [`TC_MIN_ROWS`] rows, SGEMM for one F32
     /// weight of several rows, else one launch of the GEMV kernels for all segments.
@@ -952,8 +996,11 @@ impl Linear {
         {
             return Ok(());
         }
-        // the GEMV kernels of Q5_0 and K-quant weights read f32 activations (they have no Q8_0
-        // activation kernels)
+        if quant_act && m == 1 && kq_one_row(dtype, k) && aligned {
+            return self.kq_one_row(prev, ints, xp, k, n, segs, acc);
+        }
+        // the GEMV kernels of Q5_0 and Q5_K weights, and of Q4_K / Q6_K weights with several
+        // rows, read f32 activations (they have no Q8_0 activation kernels)
         let quant_act = ints.get_or("quant_act", 0) != 0 && q8_kernels(dtype);
         // 16-byte superblock kernels for block weights with quantized activations: k % 256 == 0,
         // aligned rows.

@@ -238,7 +238,7 @@ enum Cmd {
         /// moe-tiny (weights generated on the host, uploaded at load).
         #[arg(long)]
         synthetic: Option<String>,
-        /// Weight dtype of a synthetic model: f16, int8 (Q8_0) or int4 (Q4_0).
+        /// Weight dtype of a synthetic model: f16, int8 (Q8_0), int4 (Q4_0), q4_k or q6_k.
         #[arg(long, default_value = "int4")]
         dtype: String,
         /// Also measure decoding this many sequences at once (paged KV cache, 16-token
@@ -367,7 +367,7 @@ enum Cmd {
         /// tests; its text is meaningless.
         #[arg(long)]
         synthetic: Option<String>,
-        /// Weight dtype of a synthetic model: f16, int8 (Q8_0) or int4 (Q4_0).
+        /// Weight dtype of a synthetic model: f16, int8 (Q8_0), int4 (Q4_0), q4_k or q6_k.
         #[arg(long, default_value = "f16")]
         dtype: String,
         /// On SIGTERM/SIGINT, seconds running requests may take to finish before they are

@@ -598,15 +598,28 @@ __device__ __forceinline__ void kq4_scale_min(uint4 hd, int j, int& sc, int& mn)
 }
 
 // The weight words one lane part needs from a super-block: Q4_K: the 16-byte header and 32 qs
-// bytes; Q6_K: 32 ql bytes and 32 qh bytes (2-byte aligned rows: 16-bit loads).
+// bytes; Q6_K: 32 ql bytes and 32 qh bytes (2-byte aligned).
 template <int DT>
 struct KqPart {
     uint4 hd;
     unsigned int a[8], b[8];
 };
 
-__device__ __forceinline__ unsigned int ld_u32_a2(const unsigned char* p) {
-    return (unsigned int)__ldg((const unsigned short*)p) | ((unsigned int)__ldg((const unsigned short*)(p + 2)) << 16);
+// 32 bytes at a 2-byte aligned address p as eight words: three aligned 16-byte loads from p
+// rounded down to 16 (all inside the Q6_K super-block: the windows read end at least 16 bytes
+// before its end), the words picked and shifted by p's offset.
+__device__ __forceinline__ void ld32_a2(const unsigned char* p, unsigned int* out) {
+    unsigned long a = (unsigned long)p;
+    const uint4* b = (const uint4*)(a & ~15ul);
+    int off = (int)(a & 15), wi = off >> 2, sh = 8 * (off & 3);
+    uint4 v0 = __ldg(b), v1 = __ldg(b + 1), v2 = __ldg(b + 2);
+    unsigned int w[12] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w, v2.x, v2.y, v2.z, v2.w};
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        unsigned int lo = wi == 0 ? w[i] : (wi == 1 ? w[i + 1] : (wi == 2 ? w[i + 2] : w[i + 3]));
+        unsigned int hi = wi == 0 ? w[i + 1] : (wi == 1 ? w[i + 2] : (wi == 2 ? w[i + 3] : w[i + 4]));
+        out[i] = __funnelshift_r(lo, hi, sh);
+    }
 }
 
 // Each byte (0..63) minus 32, as int8: the bytes are offset by 128 first, so no borrow crosses
@@ -626,11 +639,8 @@ __device__ __forceinline__ void kq_part_load(const unsigned char* blk, int t, Kq
     } else {
         const unsigned char* ql = blk + 64 * (t >> 1) + 32 * (t & 1);
         const unsigned char* qh = blk + 128 + 32 * (t >> 1);
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-            p.a[u] = ld_u32_a2(ql + 4 * u);
-            p.b[u] = ld_u32_a2(qh + 4 * u);
-        }
+        ld32_a2(ql, p.a);
+        ld32_a2(qh, p.b);
     }
 }
 

@@ -166,6 +166,24 @@ impl SampleArgs {
             ..Default::default()
         }
     }
+
+    /// The generation parameters of `run` and `chat` (`chat`: through the chat template).
+    fn generate_params(&self, chat: bool, system: Option<String>) -> GenerateParams {
+        GenerateParams {
+            max_new_tokens: self.n,
+            sampling: self.params(),
+            stop: self.stop.clone(),
+            chat,
+            system,
+        }
+    }
+}
+
+/// Writes a streamed piece of text to stdout at once (a closed stdout is not an error here).
+fn print_piece(piece: &str) {
+    let mut o = std::io::stdout().lock();
+    let _ = o.write_all(piece.as_bytes());
+    let _ = o.flush();
 }
 
 #[derive(Subcommand)]
@@ -532,23 +550,14 @@ fn run_prompt(
     let llm = load_model(m)?;
     llm.model.executor().profiler().set_enabled(profile);
     let mut sess = Session::new(llm.clone(), 0)?;
-    let params = GenerateParams {
-        max_new_tokens: s.n,
-        sampling: s.params(),
-        stop: s.stop.clone(),
-        chat,
-        system,
-    };
+    let params = s.generate_params(chat, system);
     let mut first: Option<f64> = None;
     let gen_t = Instant::now();
-    let out = std::io::stdout();
     let g = sess.generate(prompt, &params, &mut |_, piece| {
         if first.is_none() {
             first = Some(t0.elapsed().as_secs_f64());
         }
-        let mut o = out.lock();
-        let _ = o.write_all(piece.as_bytes());
-        let _ = o.flush();
+        print_piece(piece);
         true
     })?;
     println!();
@@ -571,13 +580,7 @@ fn run_prompt(
 fn chat(m: &ModelArgs, s: &SampleArgs, system: Option<String>) -> Result<()> {
     let llm = load_model(m)?;
     let mut sess = Session::new(llm, 0)?;
-    let params = GenerateParams {
-        max_new_tokens: s.n,
-        sampling: s.params(),
-        stop: s.stop.clone(),
-        chat: true,
-        system,
-    };
+    let params = s.generate_params(true, system);
     let stdin = std::io::stdin();
     eprint!("> ");
     for line in stdin.lock().lines() {
@@ -586,11 +589,8 @@ fn chat(m: &ModelArgs, s: &SampleArgs, system: Option<String>) -> Result<()> {
             eprint!("> ");
             continue;
         }
-        let out = std::io::stdout();
         sess.generate(&line, &params, &mut |_, piece| {
-            let mut o = out.lock();
-            let _ = o.write_all(piece.as_bytes());
-            let _ = o.flush();
+            print_piece(piece);
             true
         })?;
         println!();

@@ -78,63 +78,47 @@ pub struct ServeArgs {
 
 /// Runs `fastllm serve` until the server stops.
 pub fn run(a: ServeArgs) -> Result<()> {
-    let ServeArgs {
-        m,
-        host,
-        port,
-        api_key,
-        api_key_file,
-        kv_cache_mb,
-        max_concurrent_requests,
-        max_batch_prefill_tokens,
-        max_batch_total_tokens,
-        max_input_tokens,
-        max_total_tokens,
-        waiting_served_ratio,
-        max_waiting_tokens,
-        prefix_caching,
-        synthetic,
-        dtype,
-        drain_timeout,
-        cors_origin,
-    } = a;
-    let group = group_spec(&m)?;
+    let m = &a.m;
+    let group = group_spec(m)?;
     if group.as_ref().is_some_and(|g| g.node_rank > 0) {
         // the other nodes serve no HTTP: they follow node 0's steps, then exit
-        load_model(&m)?;
+        load_model(m)?;
         return Ok(());
     }
+    let (host, port) = (&a.host, a.port);
     let addr: std::net::SocketAddr = format!("{host}:{port}")
         .parse()
         .map_err(|_| fastllm::Error::invalid(format!("bad address {host}:{port}")))?;
-    let api_key = match api_key_file {
-        Some(f) => Some(fastllm_serve::read_api_key_file(&f).map_err(fastllm::Error::invalid)?),
-        None => api_key,
+    let api_key = match &a.api_key_file {
+        Some(f) => Some(fastllm_serve::read_api_key_file(f).map_err(fastllm::Error::invalid)?),
+        None => a.api_key.clone(),
     };
-    let drain_timeout = std::time::Duration::try_from_secs_f64(drain_timeout).map_err(|_| {
+    let drain_timeout = std::time::Duration::try_from_secs_f64(a.drain_timeout).map_err(|_| {
         fastllm::Error::invalid(format!(
-            "--drain-timeout must be a number of seconds >= 0, got {drain_timeout}"
+            "--drain-timeout must be a number of seconds >= 0, got {}",
+            a.drain_timeout
         ))
     })?;
     let opts = m.load_options(group.is_some())?;
-    let (path, name) = model_source(&m, synthetic.as_deref(), &dtype, &opts.runtime)?;
+    let (path, name) = model_source(m, a.synthetic.as_deref(), &a.dtype, &opts.runtime)?;
     let so = fastllm_serve::ServeOptions {
         addr,
         model_name: name,
         device: opts.device.clone(),
         drain_timeout,
-        cors_origin,
+        cors_origin: a.cors_origin.clone(),
         api_key,
-        kv_cache_mb,
-        max_concurrent_requests,
-        max_batch_prefill_tokens,
-        max_batch_total_tokens,
-        max_input_tokens,
-        max_total_tokens,
-        waiting_served_ratio,
-        max_waiting_tokens,
-        prefix_caching: Some(prefix_caching),
+        kv_cache_mb: a.kv_cache_mb,
+        max_concurrent_requests: a.max_concurrent_requests,
+        max_batch_prefill_tokens: a.max_batch_prefill_tokens,
+        max_batch_total_tokens: a.max_batch_total_tokens,
+        max_input_tokens: a.max_input_tokens,
+        max_total_tokens: a.max_total_tokens,
+        waiting_served_ratio: a.waiting_served_ratio,
+        max_waiting_tokens: a.max_waiting_tokens,
+        prefix_caching: Some(a.prefix_caching),
     };
+    let (synthetic, dtype) = (a.synthetic, a.dtype);
     fastllm_serve::run(so, move || match (&path, &synthetic, &group) {
         (Some(p), _, Some(g)) => match fastllm::load::load_in_group(p, &opts, g)? {
             GroupMember::Driver(llm) => {

@@ -36,18 +36,26 @@ impl Llm {
         v
     }
 
+    /// The text of the BOS token and of the first EOS token ("" where the model has none), as
+    /// chat templates write them.
+    fn bos_eos_text(&self) -> (String, String) {
+        let tok = |id: Option<u32>| {
+            id.and_then(|i| self.tokenizer.decode(&[i], false).ok())
+                .unwrap_or_default()
+        };
+        (
+            tok(self.tokenizer.bos_id()),
+            tok(self.eos_ids().first().copied()),
+        )
+    }
+
     /// Renders messages with the model's chat template.
     pub fn render_chat(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String> {
-        let tok = |id: Option<u32>| {
-            id.and_then(|i| self.tokenizer.decode(&[i], false).ok())
-                .unwrap_or_default()
-        };
-        let bos = tok(self.tokenizer.bos_id());
-        let eos = tok(self.eos_ids().first().copied());
+        let (bos, eos) = self.bos_eos_text();
         chat::render(
             &self.chat_template,
             messages,
@@ -65,12 +73,7 @@ impl Llm {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String> {
-        let tok = |id: Option<u32>| {
-            id.and_then(|i| self.tokenizer.decode(&[i], false).ok())
-                .unwrap_or_default()
-        };
-        let bos = tok(self.tokenizer.bos_id());
-        let eos = tok(self.eos_ids().first().copied());
+        let (bos, eos) = self.bos_eos_text();
         chat::render_json(
             &self.chat_template,
             &chat::ChatContext {

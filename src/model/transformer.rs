@@ -1229,13 +1229,7 @@ impl Model {
         pool: &mut PagedKvPool,
         batch: &mut [(&mut PagedSeqState, &[u32])],
     ) -> Result<Vec<u32>> {
-        if batch.is_empty() {
-            return Ok(Vec::new());
-        }
-        match self.run_paged(pool, batch, PagedMode::Greedy)? {
-            PagedOut::Ids(ids) => Ok(ids),
-            _ => Err(Error::invalid("forward_paged_greedy: got logits")),
-        }
+        self.paged_ids(pool, batch, PagedMode::Greedy)
     }
 
     /// [`Model::forward_paged`] followed by a pick per item with `rows[i]` (temperature,
@@ -1249,13 +1243,25 @@ impl Model {
         batch: &mut [(&mut PagedSeqState, &[u32])],
         rows: &[SampleRow],
     ) -> Result<Vec<u32>> {
+        if !batch.is_empty() {
+            check_sample_rows("forward_paged_sample", rows, batch.len())?;
+        }
+        self.paged_ids(pool, batch, PagedMode::Sample(rows))
+    }
+
+    /// The ids a paged step picks in `mode` (greedy or sampled; none for an empty batch).
+    fn paged_ids(
+        &self,
+        pool: &mut PagedKvPool,
+        batch: &mut [(&mut PagedSeqState, &[u32])],
+        mode: PagedMode,
+    ) -> Result<Vec<u32>> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        check_sample_rows("forward_paged_sample", rows, batch.len())?;
-        match self.run_paged(pool, batch, PagedMode::Sample(rows))? {
+        match self.run_paged(pool, batch, mode)? {
             PagedOut::Ids(ids) => Ok(ids),
-            _ => Err(Error::invalid("forward_paged_sample: got logits")),
+            _ => Err(Error::invalid("paged step: got logits, not ids")),
         }
     }
 

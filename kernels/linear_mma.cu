@@ -20,8 +20,8 @@
 // 16 + the same. A 4-bit weight word (bytes 4t..4t+3) then yields its four f16 pairs with one
 // mask each, and a lane reads 4 consecutive activations (a, b, c, d) and pairs them (a, c), (b, d).
 
-#define MMA_WARPS 4
-#define MMA_WROWS 2
+#define MMA_WARPS 8
+#define MMA_WROWS 1
 // weight rows per block
 #define MMA_ROWS (MMA_WARPS * MMA_WROWS * 16)
 #define MMA_KC 256
@@ -216,7 +216,7 @@ __device__ void linear_mma_t(const unsigned short* x, const LinSegs& sg, int m, 
             for (int i = 0; i < MMA_WROWS; i++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    // weight row warp·32 + 16 i + 8 h + g of the block
+                    // weight row 16 (warp · MMA_WROWS + i) + 8 h + g of the block
                     int r = (warp * MMA_WROWS + i) * 16 + 8 * h + g;
                     WQuad wq;
                     wquad_load<DT>(st + r * mma_wrow<DT>() + bb * BS, t, wq);
@@ -275,7 +275,7 @@ __device__ void linear_mma_t(const unsigned short* x, const LinSegs& sg, int m, 
 }
 
 #define LINMMA1(name, DT, NT) \
-    extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS) linear_mma##NT##_##name( \
+    extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS, 2) linear_mma##NT##_##name( \
         const unsigned short* x, LinSegs sg, int m, int ntot, int k, long rb, int splits, float* part, int oh) { \
         linear_mma_t<DT, NT>(x, sg, m, ntot, k, rb, splits, part, oh); \
     }

@@ -1,11 +1,13 @@
 //! Batched (a few rows) GPU products: the `linear_mma` kernels (block weights read once for all
 //! activation rows, dequantized in registers, tensor cores) against a scalar reference of the
 //! same arithmetic (activations and dequantized weights rounded to f16, products summed in
-//! f64), on awkward shapes: rows not a multiple of the 8-row tile, more rows than one slice,
-//! outputs not a multiple of the 128-row block, k of an odd number of 256-value chunks, forced
-//! k splits, several weights in one launch, biases, `accumulate` and f16 outputs. Also the
-//! F16-weight products of 2..15 rows (cuBLAS) against the exact product. An ignored test prints
-//! the time of llama-3-8b-shaped products per path and row count.
+//! f64), and the int8 `linear_mmq` kernels against the product of the Q8_0-quantized
+//! activations and the dequantized weights (summed in f64), on awkward shapes: rows not a
+//! multiple of the 8-row tile, more rows than one slice, outputs not a multiple of the block's
+//! weight rows, k of an odd number of chunks, forced k splits, several weights in one launch,
+//! biases, `accumulate` and f16 outputs. Also the F16-weight products of 2..15 rows (cuBLAS)
+//! against the exact product. An ignored test prints the time of llama-3-8b-shaped products per
+//! path and row count.
 //!
 //! Without a GPU every test passes without work and the binary says once, on stderr past the
 //! test harness's capture, "SKIPPED: no CUDA device (...)" (CI has none).
@@ -68,6 +70,38 @@ fn reference(x: &Data, w: &Data, b: Option<&Data>) -> Vec<f32> {
 
 /// Only the f32 accumulation order differs from the reference.
 const SAME_ARITHMETIC_NMSE: f64 = 1e-10;
+
+/// Values quantized to Q8_0 (32-value blocks along rows) and dequantized.
+fn round_q8(v: &[f32]) -> Vec<f32> {
+    let bytes = encode_from_f32(DataType::Q8_0, v).unwrap();
+    let mut out = vec![0f32; v.len()];
+    decode_to_f32(DataType::Q8_0, &bytes, &mut out).unwrap();
+    out
+}
+
+/// `x·Wᵀ (+ b)` with x quantized to Q8_0 and W dequantized, summed in f64 (the arithmetic of
+/// the int8 kernels up to the f32 rounding of each block's scaled sum).
+fn reference_q8(x: &Data, w: &Data, b: Option<&Data>) -> Vec<f32> {
+    let (m, k, n) = (x.count() / x.dim(-1), x.dim(-1), w.dim(0));
+    let xs = round_q8(&x.to_f32_vec().unwrap());
+    let ws = w.to_f32_vec().unwrap();
+    let bs = b.map(|b| b.to_f32_vec().unwrap());
+    let mut y = vec![0f32; m * n];
+    for r in 0..m {
+        for j in 0..n {
+            let mut s = 0f64;
+            for i in 0..k {
+                s += xs[r * k + i] as f64 * ws[j * k + i] as f64;
+            }
+            y[r * n + j] = (s + bs.as_ref().map_or(0.0, |b| b[j] as f64)) as f32;
+        }
+    }
+    y
+}
+
+/// Each block's integer sum is scaled in f32 (one or two roundings per block); the GPU's and the
+/// host's Q8_0 rounding of an activation may differ in the last step now and then.
+const INT8_ARITHMETIC_NMSE: f64 = 1e-7;
 
 /// Runs `Linear` (quant_act) with weights `ws` (biases `bs`, outputs `ys` pre-filled when
 /// `accumulate`) and the call's ints; returns the outputs on the host.
@@ -155,6 +189,119 @@ fn mma_linear_matches_f16_reference_on_awkward_shapes() {
         }
     }
     println!("linear_mma: {checked} products equal to the f16 reference");
+}
+
+#[test]
+fn mmq_linear_matches_q8_reference_on_awkward_shapes() {
+    let Some(dev) = gpu() else { return };
+    let cuda = cuda_executor(&dev);
+    let mut rng = CaseRng::new(95);
+    // (rows, k, n, forced splits): 1152 = nine 128-value chunks; 65..128 rows take the 16-tile
+    // kernel, 130 rows two slices (mma = 3 forces the int8 kernels)
+    let shapes = [
+        (2usize, 128usize, 1usize, 0usize),
+        (3, 384, 67, 0),
+        (7, 1152, 129, 0),
+        (9, 128, 300, 0),
+        (17, 640, 130, 3),
+        (33, 768, 257, 2),
+        (64, 512, 128, 0),
+        (70, 512, 200, 0),
+        (100, 1152, 77, 4),
+        (128, 256, 65, 0),
+        (130, 384, 45, 1),
+    ];
+    let mut checked = 0;
+    for wt in [DataType::Q4_0, DataType::Q4_1, DataType::Q8_0] {
+        for &(m, k, n, splits) in &shapes {
+            let x = rng.data(DataType::F32, &[m, k]);
+            let w = rng.data(wt, &[n, k]);
+            let b = rng.data(DataType::F32, &[n]);
+            let want = reference_q8(&x, &w, Some(&b));
+            let (gx, gw, gb) = (
+                dev.upload(&x).unwrap(),
+                dev.upload(&w).unwrap(),
+                dev.upload(&b).unwrap(),
+            );
+            let ints = IntDict::new()
+                .with("quant_act", 1)
+                .with("mma", 3)
+                .with("mma_splits", splits as i32);
+            // poisoned outputs: every element must be written
+            let mut ys = [Data::from_f32(&[m, n], &vec![f32::NAN; m * n]).unwrap()];
+            ys[0] = dev.upload(&ys[0]).unwrap();
+            let got = run_linear(&cuda, &gx, &[&gw], &[Some(&gb)], &mut ys, &ints);
+            check(
+                &format!("int8 {wt} m={m} k={k} n={n} splits={splits}"),
+                &got[0],
+                &want,
+                INT8_ARITHMETIC_NMSE,
+            );
+            checked += 1;
+        }
+    }
+    println!("linear_mmq: {checked} products equal to the q8 reference");
+}
+
+#[test]
+fn mmq_linear_segments_and_accumulate() {
+    let Some(dev) = gpu() else { return };
+    let cuda = cuda_executor(&dev);
+    let mut rng = CaseRng::new(96);
+    for wt in [DataType::Q4_0, DataType::Q4_1, DataType::Q8_0] {
+        for &(m, k, splits) in &[(5usize, 512usize, 0usize), (24, 768, 3), (61, 384, 0)] {
+            // three weights in one launch (q/k/v-like), a bias on the second only
+            let ns = [100usize, 37, 37];
+            let x = rng.data(DataType::F32, &[m, k]);
+            let ws: Vec<Data> = ns.iter().map(|&n| rng.data(wt, &[n, k])).collect();
+            let b1 = rng.data(DataType::F32, &[ns[1]]);
+            let bs_host = [None, Some(&b1), None];
+            let gx = dev.upload(&x).unwrap();
+            let gws: Vec<Data> = ws.iter().map(|w| dev.upload(w).unwrap()).collect();
+            let gbs = [None, Some(dev.upload(&b1).unwrap()), None];
+            // the device's choice (mma = 0) takes the int8 kernels for these rows
+            let ints = IntDict::new()
+                .with("quant_act", 1)
+                .with("mma_splits", splits as i32);
+            let mut ys: Vec<Data> = ns
+                .iter()
+                .map(|&n| dev.upload(&Data::from_f32(&[m, n], &vec![f32::NAN; m * n]).unwrap()))
+                .collect::<Result<_, _>>()
+                .unwrap();
+            let wrefs: Vec<&Data> = gws.iter().collect();
+            let brefs: Vec<Option<&Data>> = gbs.iter().map(|b| b.as_ref()).collect();
+            let got = run_linear(&cuda, &gx, &wrefs, &brefs, &mut ys, &ints);
+            for i in 0..3 {
+                let want = reference_q8(&x, &ws[i], bs_host[i]);
+                check(
+                    &format!("int8 {wt} segment {i} m={m}"),
+                    &got[i],
+                    &want,
+                    INT8_ARITHMETIC_NMSE,
+                );
+            }
+            // accumulate: y = y0 + x·Wᵀ (one weight)
+            let n = ns[0];
+            let y0 = rng.data(DataType::F32, &[m, n]);
+            let mut ys = [dev.upload(&y0).unwrap()];
+            let acc = ints.clone().with("accumulate", 1);
+            let got = run_linear(&cuda, &gx, &wrefs[..1], &[None], &mut ys, &acc);
+            let prod = reference_q8(&x, &ws[0], None);
+            let want: Vec<f32> = y0
+                .to_f32_vec()
+                .unwrap()
+                .iter()
+                .zip(&prod)
+                .map(|(a, b)| a + b)
+                .collect();
+            check(
+                &format!("int8 {wt} accumulate m={m}"),
+                &got[0],
+                &want,
+                INT8_ARITHMETIC_NMSE,
+            );
+        }
+    }
 }
 
 #[test]
@@ -284,7 +431,7 @@ fn time_batched_linear_paths() {
     let Some(dev) = gpu() else { return };
     let cuda = cuda_executor(&dev);
     let mut rng = CaseRng::new(94);
-    for wt in [DataType::Q4_0, DataType::Q8_0, DataType::F16] {
+    for wt in [DataType::Q4_0, DataType::Q8_0] {
         for (n, k) in [
             (4096usize, 4096usize),
             (28672, 4096),
@@ -296,20 +443,18 @@ fn time_batched_linear_paths() {
             for m in [1usize, 2, 4, 8, 16, 32, 64, 128] {
                 let x = dev.upload(&rng.data(DataType::F32, &[m, k])).unwrap();
                 let mut line = format!("PERF {wt} [{n}, {k}] m={m:3}:");
-                let modes: &[(i32, i32, &str)] = if wt.is_quantized() {
-                    &[
-                        (1, 0, "old"),
-                        (2, 0, "mma"),
-                        (2, 1, "s1"),
-                        (2, 2, "s2"),
-                        (2, 4, "s4"),
-                        (2, 8, "s8"),
-                    ]
-                } else {
-                    &[(1, 0, "old"), (0, 0, "new")]
-                };
+                // (mma, mma_splits, name)
+                let modes: &[(i32, i32, &str)] = &[
+                    (1, 0, "old"),
+                    (2, 0, "mma"),
+                    (3, 0, "mmq"),
+                    (3, 1, "q1"),
+                    (3, 2, "q2"),
+                    (3, 4, "q4"),
+                    (3, 8, "q8"),
+                ];
                 for &(mode, splits, name) in modes {
-                    if m == 1 && mode == 2 {
+                    if m == 1 && mode >= 2 {
                         continue;
                     }
                     let ints = IntDict::new()

@@ -18,6 +18,9 @@ use fastllm::{BaseDevice, DataDict, FloatDict, IntDict};
 /// about (2^-11)²/3 per rounded operand ≈ 1e-7; bf16 activations (bf16 weights): 2^-8 → ~5e-6.
 const TC_F16_NMSE: f64 = 2e-6;
 const TC_BF16_NMSE: f64 = 1e-4;
+/// Q8_0 activations (the int8 products of block weights up to `OutputCopy::Q8_MAX_ROWS` rows):
+/// 2^-8 of each 32-value block's largest value → ~1.5e-5.
+const TC_Q8_NMSE: f64 = 5e-5;
 
 #[test]
 fn tensor_core_linear_matches_exact_reference() {
@@ -52,18 +55,34 @@ fn tensor_core_linear_matches_exact_reference() {
                 dev.upload(&w).unwrap(),
                 dev.upload(&b).unwrap(),
             );
-            let t = run_linear(&cuda, &gx, &gw, Some(&gb), 1);
-            let (e, bad) = nmse(&t.to_f32_vec().unwrap(), &r.to_f32_vec().unwrap());
-            let tol = if wt == DataType::BF16 {
-                TC_BF16_NMSE
-            } else {
-                TC_F16_NMSE
-            };
-            println!("tensor-core Linear {wt} [{m}x{k}]·[{n}x{k}]ᵀ: nmse vs exact {e:.2e} (bound {tol:.0e})");
-            assert!(
-                !bad && e <= tol,
-                "{wt} m={m} k={k} n={n}: nmse {e:.3e} > {tol:.0e}"
-            );
+            // block weights: the device's choice (int8 products of Q8_0 activations at these
+            // rows) and the f16 tensor-core path of dequantized tiles (mma = 1)
+            let modes: &[i32] = if wt.is_quantized() { &[0, 1] } else { &[0] };
+            for &mode in modes {
+                let mut t = Data::empty(DataType::F32);
+                let mut d = DataDict::new()
+                    .with("input", &gx)
+                    .with("weight", &gw)
+                    .with("bias", &gb)
+                    .with_mut("output", &mut t);
+                let ints = IntDict::new().with("quant_act", 1).with("mma", mode);
+                cuda.run("Linear", &mut d, &FloatDict::new(), &ints)
+                    .unwrap();
+                let t = t.to_owned_host().unwrap();
+                let (e, bad) = nmse(&t.to_f32_vec().unwrap(), &r.to_f32_vec().unwrap());
+                let tol = if wt == DataType::BF16 {
+                    TC_BF16_NMSE
+                } else if wt.is_quantized() && mode == 0 {
+                    TC_Q8_NMSE
+                } else {
+                    TC_F16_NMSE
+                };
+                println!("tensor-core Linear {wt} mma={mode} [{m}x{k}]·[{n}x{k}]ᵀ: nmse vs exact {e:.2e} (bound {tol:.0e})");
+                assert!(
+                    !bad && e <= tol,
+                    "{wt} mma={mode} m={m} k={k} n={n}: nmse {e:.3e} > {tol:.0e}"
+                );
+            }
         }
     }
 }
@@ -499,8 +518,8 @@ fn long_row_gemv_matches_the_reference() {
 }
 
 /// The half-precision MLP path of prefill: `Linear` with `half_output` writes F16/BF16 outputs
-/// that are the f32 products rounded once (and ignores the flag below `TC_MIN_ROWS` rows, with a
-/// bias or `accumulate`); a half input is read as it is, giving the same bits as the f32 input
+/// that are the f32 products rounded once (and ignores the flag below `TC_MIN_ROWS` rows, for
+/// block weights up to `OutputCopy::Q8_MAX_ROWS` rows, with a bias or `accumulate`); a half input is read as it is, giving the same bits as the f32 input
 /// it came from; `SiluMul` on half inputs rounds silu(g)·u once.
 #[test]
 fn half_outputs_and_inputs_of_linear_and_silu_mul() {
@@ -548,7 +567,15 @@ fn half_outputs_and_inputs_of_linear_and_silu_mul() {
             1.0 / 256.0,
         ),
     ] {
-        for (m, k, n) in [(40usize, 256usize, 96usize), (16, 4096, 200), (5, 256, 64)] {
+        for (m, k, n) in [
+            (40usize, 256usize, 96usize),
+            (16, 4096, 200),
+            (5, 256, 64),
+            (136, 256, 96),
+        ] {
+            // block weights up to Q8_MAX_ROWS rows take the int8 products of Q8_0 rows, which
+            // ignore the flag like fewer than TC_MIN_ROWS rows do
+            let halves_on = m >= 16 && !(wt.is_quantized() && m <= OutputCopy::Q8_MAX_ROWS);
             let x = dev.upload(&rng.data(DataType::F32, &[m, k])).unwrap();
             let w0 = dev.upload(&rng.data(wt, &[n, k])).unwrap();
             let w1 = dev.upload(&rng.data(wt, &[n + 8, k])).unwrap();
@@ -556,11 +583,11 @@ fn half_outputs_and_inputs_of_linear_and_silu_mul() {
             let f32s = linear(&x, &[&w0, &w1], None, none);
             let halves = linear(&x, &[&w0, &w1], None, copy);
             for (h, f) in halves.iter().zip(&f32s) {
-                let want_dt = if m >= 16 { half } else { DataType::F32 };
+                let want_dt = if halves_on { half } else { DataType::F32 };
                 assert_eq!(h.dtype(), want_dt, "{wt:?} m {m}: output dtype");
                 let hv = h.to_owned_host().unwrap().to_f32_vec().unwrap();
                 let fv = f.to_owned_host().unwrap().to_f32_vec().unwrap();
-                if m >= 16 {
+                if halves_on {
                     close(&hv, &fv, rel);
                 } else {
                     assert_eq!(hv, fv, "{wt:?} m {m}: the flag must be ignored");
@@ -570,7 +597,7 @@ fn half_outputs_and_inputs_of_linear_and_silu_mul() {
             let b = dev.upload(&rng.data(DataType::F32, &[n])).unwrap();
             let with_bias = linear(&x, &[&w0], Some(&b), copy);
             assert_eq!(with_bias[0].dtype(), DataType::F32, "{wt:?}: bias");
-            if m >= 16 {
+            if halves_on {
                 // a half input equal to the f32 one after rounding: the same bits out
                 let xh_host = x.to_owned_host().unwrap().to_f32_vec().unwrap();
                 let xh = Data::from_bytes(

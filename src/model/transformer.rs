@@ -686,12 +686,12 @@ impl Model {
         self.norm_q(x, name, out, self.copy_for(rows))
     }
 
-    /// The copy a producer of `rows` rows leaves for the `Linear` after it: Q8_0 rows at one row
-    /// (`norm_quantizes`), the prefill copy at more.
+    /// The copy a producer of `rows` rows leaves for the `Linear` after it: Q8_0 rows up to
+    /// [`OutputCopy::Q8_MAX_ROWS`] rows (`norm_quantizes`), the prefill copy at more.
     fn copy_for(&self, rows: usize) -> OutputCopy {
         match rows {
             0 => OutputCopy::None,
-            1 if self.paths.norm_quantizes => OutputCopy::Q8,
+            r if self.paths.norm_quantizes && r <= OutputCopy::Q8_MAX_ROWS => OutputCopy::Q8,
             1 => OutputCopy::None,
             _ => self.paths.prefill_copy,
         }

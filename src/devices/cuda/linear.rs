@@ -19,12 +19,16 @@
 //! block weights take tensor cores with activations cast to f16 (bf16 for BF16 weights) on the
 //! GPU, once for all weights of a call, or not at all when the op that produced them left that
 //! copy (`RMSNorm`, `SiluMul`, `Attention` with `quantize_output` 2 / 3, see `act_quant`).
-//! F16/BF16 weights go through cuBLAS `GemmEx` from 2 rows. Block weights (`k % 256 == 0`,
-//! 16-byte aligned) of 2..[`MMA_MAX_ROWS`] rows take the `linear_mma` kernels (see
-//! `linear_mma`: each weight block read once for all rows, dequantized in registers); more
-//! rows, or other block weights from [`TC_MIN_ROWS`] rows, are dequantized to f16 tile by tile
-//! ([`DEQ_TILE_BYTES`]) into a scratch buffer for cuBLAS. Products accumulate and are written in
-//! f32. `exact` precision (`quant_act = 0`) keeps the f32-activation kernels.
+//! F16/BF16 weights go through cuBLAS `GemmEx` from 2 rows. Q8_0/Q4_0/Q4_1 weights
+//! (`k % 128 == 0`, 16-byte aligned) of 2..=[`OutputCopy::Q8_MAX_ROWS`] rows with f32 inputs and
+//! outputs take the int8 `linear_mmq` kernels (see `linear_mmq`: each weight block read once for
+//! all rows, activations as Q8_0 rows, left by the producing op or quantized once for all
+//! weights of the call). Other block-weight products (`k % 256 == 0`) of up to [`MMA_MAX_ROWS`]
+//! rows (more rows, or half inputs or outputs) take the f16 `linear_mma` kernels (dequantized
+//! in registers); more rows, or other block weights from [`TC_MIN_ROWS`] rows, are dequantized
+//! to f16 tile by tile ([`DEQ_TILE_BYTES`]) into a scratch buffer for cuBLAS. Products
+//! accumulate and are written in f32. `exact` precision (`quant_act = 0`) keeps the
+//! f32-activation kernels.
 //!
 //! K-quant weights (Q4_K/Q5_K/Q6_K, `k % 256 == 0`) and Q5_0: the `linear_*`/`gemv_*` kernels
 //! read f32 activations whatever `quant_act` asks (for K-quants a warp takes one 256-value
@@ -33,10 +37,11 @@
 //! (`dequant_f16_q*_k`, `dequant_f16_q5_0`); they have no `linear_mma` kernel.
 //!
 //! Half activations (prefill of the gated MLP): with `half_output` = 2 (f16) / 3 (bf16) and a
-//! tensor-core product (the conditions above, the weight's form equal to the one asked for, no
-//! bias, no `accumulate`), the outputs are F16/BF16 tensors written by cuBLAS directly; an
-//! F16/BF16 input (of the weight's form, at least [`TC_MIN_ROWS`] rows) is read as it is, with
-//! no cast. Otherwise the flag is ignored and the outputs are f32.
+//! tensor-core product with half activations (the conditions above, not the int8 products, the
+//! weight's form equal to the one asked for, no bias, no `accumulate`), the outputs are F16/BF16
+//! tensors written by cuBLAS or `linear_mma` directly; an F16/BF16 input (of the weight's form,
+//! at least [`TC_MIN_ROWS`] rows) is read as it is, with no cast. Otherwise the flag is ignored
+//! and the outputs are f32.
 //!
 //! `accumulate = 1` adds the products to what the outputs hold (a residual connection), on
 //! every path: cuBLAS `beta = 1`, the kernels' `acc` flag.
@@ -47,6 +52,7 @@ use super::buffer::{dptr, ensure_out, scratch, CudaBuffer};
 use super::embedding::weight_suffix;
 use super::gpu::{int, long, Gpu, KArg, LinSegs};
 use super::linear_mma::{mma_product, MmaPlan, MMA_KC};
+use super::linear_mmq::{mmq_product, MmqPlan, Q8Rows, MMQ_KC};
 use super::op_err;
 use crate::data::DataType;
 use crate::device::OutputCopy;
@@ -94,10 +100,10 @@ pub fn tensor_core_rows(dtype: DataType, rows: usize, k: usize) -> bool {
     dtype != DataType::F32 && rows >= Batched { mode: 0, splits: 0 }.tc_min_rows(dtype, k)
 }
 
-/// A call's choice of the batched paths (`mma`): the device's (0), no `linear_mma` and no
-/// cuBLAS below [`TC_MIN_ROWS`] rows (1: the GEMV kernels below, dequantized tiles for cuBLAS
-/// above), or `linear_mma` wherever it applies (2, any number of rows); `mma_splits` > 0 forces
-/// its k splits.
+/// A call's choice of the batched paths (`mma`): the device's (0), no `linear_mma`/`linear_mmq`
+/// and no cuBLAS below [`TC_MIN_ROWS`] rows (1: the GEMV kernels below, dequantized tiles for
+/// cuBLAS above), the f16 `linear_mma` wherever it applies (2, any number of rows), or the int8
+/// `linear_mmq` wherever it applies (3); `mma_splits` > 0 forces their k splits.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 struct Batched {
     mode: i32,
@@ -107,10 +113,12 @@ struct Batched {
 impl Batched {
     fn of_call(ints: &IntDict) -> Result<Batched> {
         let mode = ints.get_or("mma", 0);
-        if !(0..=2).contains(&mode) {
+        if !(0..=3).contains(&mode) {
             return Err(op_err(
                 "Linear",
-                format!("mma {mode}: expected 0 (the device's choice), 1 (off) or 2 (always)"),
+                format!(
+                    "mma {mode}: expected 0 (the device's choice), 1 (off), 2 (f16 kernels) or 3 (int8 kernels)"
+                ),
             ));
         }
         let splits = usize::try_from(ints.get_or("mma_splits", 0))
@@ -118,14 +126,26 @@ impl Batched {
         Ok(Batched { mode, splits })
     }
 
-    /// Whether a block-weight product of `m` rows of `k` values takes `linear_mma`.
+    /// Whether a block-weight product of `m` rows of `k` values takes `linear_mma` (where it
+    /// does not take `linear_mmq`, see [`Batched::mmq`]).
     fn mma(&self, dtype: DataType, m: usize, k: usize) -> bool {
         // (Q5_0 and the K-quants have no `linear_mma` kernel; they take dequantized tiles)
         let fits = q8_kernels(dtype) && k.is_multiple_of(MMA_KC) && m >= 2;
         match self.mode {
-            1 => false,
             2 => fits,
-            _ => fits && m <= MMA_MAX_ROWS,
+            0 => fits && m <= MMA_MAX_ROWS,
+            _ => false,
+        }
+    }
+
+    /// Whether a block-weight product of `m` rows of `k` values with f32 inputs and outputs
+    /// takes `linear_mmq`.
+    fn mmq(&self, dtype: DataType, m: usize, k: usize) -> bool {
+        let fits = q8_kernels(dtype) && k.is_multiple_of(MMQ_KC) && m >= 2;
+        match self.mode {
+            3 => fits,
+            0 => fits && m <= OutputCopy::Q8_MAX_ROWS,
+            _ => false,
         }
     }
 
@@ -134,7 +154,7 @@ impl Batched {
     fn tc_min_rows(&self, dtype: DataType, k: usize) -> usize {
         if self.mode == 1 {
             TC_MIN_ROWS
-        } else if self.mma(dtype, 2, k) {
+        } else if self.mma(dtype, 2, k) || self.mmq(dtype, 2, k) {
             2
         } else if matches!(dtype, DataType::F16 | DataType::BF16) {
             HALF_TC_MIN_ROWS
@@ -265,7 +285,7 @@ struct Linear {
     act: Arc<ActQuant>,
     /// Tensor-core path: f16/bf16 activations, then the dequantized weight tile.
     tc_scratch: Mutex<Option<CudaBuffer>>,
-    /// Partial sums of the k-split `linear_mma` products.
+    /// Partial sums of the k-split `linear_mma` / `linear_mmq` products.
     mma_part: Mutex<Option<CudaBuffer>>,
 }
 
@@ -301,10 +321,12 @@ fn align256(v: usize) -> usize {
 
 impl Linear {
     /// The half form of a product of `rows` rows with weight dtype `w` when it takes the
-    /// tensor-core path (`quant_act`, cuBLAS, at least [`TC_MIN_ROWS`] rows), else `None`.
+    /// tensor-core path (`quant_act`, cuBLAS, at least [`TC_MIN_ROWS`] rows) with f16/bf16
+    /// activations, else `None` (also where the int8 products of Q8_0 rows take it).
     fn tc_half(&self, i: &IntDict, w: DataType, rows: usize, k: usize) -> Option<ActForm> {
         let tc = i.get_or("quant_act", 0) != 0 && self.gpu.blas().is_some() && rows >= TC_MIN_ROWS;
-        tc.then(|| tc_form(w, k)).flatten()
+        let int8 = Batched::of_call(i).is_ok_and(|b| b.mmq(w, rows, k));
+        (tc && !int8).then(|| tc_form(w, k)).flatten()
     }
 
     /// Whether a half input of `form` can be read as it is: the tensor-core path with the
@@ -623,6 +645,77 @@ impl Linear {
         )
     }
 
+    /// Q8_0 rows of the f32 input at `xp` ([`m`, `k`]) in the activation buffer: the copy the
+    /// producer (or, with `reuse_act`, the previous `Linear`) left, or quantized now.
+    fn q8_rows(
+        &self,
+        prev: Option<Held>,
+        ints: &IntDict,
+        xp: u64,
+        m: usize,
+        k: usize,
+    ) -> Result<Q8Rows> {
+        let nblocks = m * k / 32;
+        let (qs, ds, key) = self.act.slots(xp, m, k)?;
+        let reuse = ints.get_or("reuse_act", 0) != 0;
+        let ready = prev.is_some_and(|p| p.key == key && (reuse || p.produced));
+        if !ready {
+            self.gpu.launch(
+                "quantize_q8_f32",
+                Gpu::grid_for(nblocks * 32, 256),
+                256,
+                &[
+                    KArg::Ptr(xp),
+                    KArg::Ptr(qs),
+                    KArg::Ptr(ds),
+                    long(nblocks, "blocks")?,
+                ],
+            )?;
+        }
+        self.act.set(key, false)?;
+        Ok(Q8Rows {
+            values: qs,
+            scales: ds,
+        })
+    }
+
+    /// The segments' products through `linear_mmq` (one launch, biases and `acc` inside) with
+    /// the input as Q8_0 rows ([`Linear::q8_rows`]).
+    #[allow(clippy::too_many_arguments)]
+    fn mmq_segments(
+        &self,
+        prev: Option<Held>,
+        ints: &IntDict,
+        bat: Batched,
+        xp: u64,
+        m: usize,
+        k: usize,
+        segs: &[Seg],
+        acc: bool,
+    ) -> Result<()> {
+        let Some(first) = segs.first() else {
+            return Ok(());
+        };
+        let dtype = first.dtype;
+        let ntot: usize = segs.iter().map(|s| s.n).sum();
+        let plan = MmqPlan::new(m, k, ntot, self.gpu.sms(), bat.splits)
+            .ok_or_else(|| op_err("Linear", format!("no int8 tensor-core plan for k = {k}")))?;
+        let suffix = weight_suffix(dtype).ok_or_else(|| op_err("Linear", "weight dtype"))?;
+        let x = self.q8_rows(prev, ints, xp, m, k)?;
+        mmq_product(
+            &self.gpu,
+            plan,
+            suffix,
+            x,
+            seg_table(segs, acc)?,
+            m,
+            ntot,
+            k,
+            dtype.row_bytes(k)?,
+            &self.mma_part,
+        )
+    }
+
     fn add_bias(&self, yp: u64, bp: u64, m: usize, n: usize) -> Result<()> {
         self.gpu.launch(
             "addbias_f32",
@@ -846,6 +939,10 @@ impl Linear {
             }
         }
         let quant_act = ints.get_or("quant_act", 0) != 0;
+        let aligned = segs.iter().all(|s| s.w % 16 == 0);
+        if quant_act && aligned && bat.mmq(dtype, m, k) {
+            return self.mmq_segments(prev, ints, bat, xp, m, k, segs, acc);
+        }
         let tc_weight = dtype != DataType::F32
             && (!dtype.is_quantized() || k.is_multiple_of(dtype.block_elems()));
         if quant_act
@@ -858,7 +955,6 @@ impl Linear {
         // the GEMV kernels of Q5_0 and K-quant weights read f32 activations (they have no Q8_0
         // activation kernels)
         let quant_act = ints.get_or("quant_act", 0) != 0 && q8_kernels(dtype);
-        let aligned = segs.iter().all(|s| s.w % 16 == 0);
         // 16-byte superblock kernels for block weights with quantized activations: k % 256 == 0,
         // aligned rows.
         let sb = quant_act && dtype.is_quantized() && k.is_multiple_of(256) && aligned;
@@ -922,25 +1018,8 @@ impl Linear {
                     format!("quant_act needs k % 32 == 0, got {k}"),
                 ));
             }
-            let nblocks = m * k / 32;
-            let (qs, ds, key) = self.act.slots(xp, m, k)?;
-            let reuse = ints.get_or("reuse_act", 0) != 0;
-            let ready = prev.is_some_and(|p| p.key == key && (reuse || p.produced));
-            if !ready {
-                self.gpu.launch(
-                    "quantize_q8_f32",
-                    Gpu::grid_for(nblocks * 32, 256),
-                    256,
-                    &[
-                        KArg::Ptr(xp),
-                        KArg::Ptr(qs),
-                        KArg::Ptr(ds),
-                        long(nblocks, "blocks")?,
-                    ],
-                )?;
-            }
-            self.act.set(key, false)?;
-            let mut args = vec![KArg::Ptr(qs), KArg::Ptr(ds)];
+            let q8 = self.q8_rows(prev, ints, xp, m, k)?;
+            let mut args = vec![KArg::Ptr(q8.values), KArg::Ptr(q8.scales)];
             args.extend(tail);
             let smem = if sbx { sx_bytes as u32 } else { 0 };
             if let Some(p) = bulk {

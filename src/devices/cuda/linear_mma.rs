@@ -15,10 +15,10 @@ use std::sync::{Arc, Mutex};
 
 /// k values per staged activation chunk (`MMA_KC`); the kernels need `k % MMA_KC == 0`.
 pub(super) const MMA_KC: usize = 256;
-/// Weight rows per block (`MMA_WARPS` · `MMA_WROWS` · 16).
+/// Weight rows per block (`MMA_WARPS` · `MMA_WROWS` · 16: 8 warps of one 16-row tile).
 const ROWS_PER_BLOCK: usize = 128;
 /// Threads per block (`MMA_WARPS` warps).
-const THREADS: u32 = 128;
+const THREADS: u32 = 256;
 /// Activation rows one launch slice covers (8 · the largest `nt`); more rows take several
 /// slices, each reading the weight again.
 pub(super) const MMA_SLICE_ROWS: usize = 64;

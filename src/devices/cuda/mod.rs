@@ -23,6 +23,7 @@ pub mod gpu;
 pub mod kernels;
 mod linear;
 mod linear_mma;
+mod linear_mmq;
 pub mod nccl;
 mod norm;
 mod paged;

@@ -4,14 +4,15 @@
 // Query i sits at position p = skv - sq + i; causal: keys j <= p; window w: p - j < w.
 // Scores: q·k * scale, then softcap·tanh(s / softcap), then + slope[h]·(j - p). A query that
 // sees no key writes zeros. q [sq, nh, hd], k [skv, nkv, hd] (row stride ks), v [skv, nkv, hdv]
-// (row stride vs), out [sq, nh, hdv]. hdv <= ATT_THREADS * ATT_DPT.
+// (row stride vs), out [sq, nh, hdv]. hdv <= ATT_THREADS * ATT_DPT. With `sinks` ([nh] or null)
+// head h's sink joins the softmax denominator (att_inv) in every attention kernel here.
 
 #define ATT_THREADS 128
 #define ATT_CHUNK 256
 #define ATT_DPT 4
 
 extern "C" __global__ void attention_f32(const float* q, const float* k, const float* v, const float* slopes,
-                                         float* out, int sq, int skv, int nh, int nkv, int hd, int hdv,
+                                         const float* sinks, float* out, int sq, int skv, int nh, int nkv, int hd, int hdv,
                                          long ks, long vs, float scale, float softcap, int causal, int window) {
     pdl_begin();
     __shared__ float sc[ATT_CHUNK];
@@ -81,7 +82,7 @@ extern "C" __global__ void attention_f32(const float* q, const float* k, const f
         __syncthreads();
     }
     float* orow = out + ((long)i * nh + h) * hdv;
-    float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    float inv = att_inv(l, m, att_sink(sinks, h));
 #pragma unroll
     for (int t = 0; t < ATT_DPT; t++) {
         int d = tid + t * ATT_THREADS;
@@ -99,8 +100,8 @@ __device__ __forceinline__ float att_ld(const unsigned short* p, long i) { retur
 
 template <typename T>
 __device__ void paged_attention_impl(const float* q, const T* kc, const T* vc, const int* q_starts,
-                                     const int* kv_lens, const int* tables, const float* slopes, float* out,
-                                     int nseq, int maxb, int bs, int nh, int nkv, int hd, float scale,
+                                     const int* kv_lens, const int* tables, const float* slopes,
+                                     const float* sinks, float* out, int nseq, int maxb, int bs, int nh, int nkv, int hd, float scale,
                                      float softcap, int window) {
     pdl_begin();
     __shared__ float sc[ATT_CHUNK];
@@ -175,7 +176,7 @@ __device__ void paged_attention_impl(const float* q, const T* kc, const T* vc, c
         __syncthreads();
     }
     float* orow = out + ((long)row * nh + h) * hd;
-    float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    float inv = att_inv(l, m, att_sink(sinks, h));
 #pragma unroll
     for (int t = 0; t < ATT_DPT; t++) {
         int d = tid + t * ATT_THREADS;
@@ -185,11 +186,11 @@ __device__ void paged_attention_impl(const float* q, const T* kc, const T* vc, c
 
 #define PAGED_ATTENTION(NAME, T)                                                                              \
     extern "C" __global__ void NAME(const float* q, const T* kc, const T* vc, const int* q_starts,              \
-                                    const int* kv_lens, const int* tables, const float* slopes, float* out,     \
-                                    int nseq, int maxb, int bs, int nh, int nkv, int hd, float scale,           \
-                                    float softcap, int window) {                                                \
-        paged_attention_impl<T>(q, kc, vc, q_starts, kv_lens, tables, slopes, out, nseq, maxb, bs, nh, nkv, hd, \
-                                scale, softcap, window);                                                        \
+                                    const int* kv_lens, const int* tables, const float* slopes,                 \
+                                    const float* sinks, float* out, int nseq, int maxb, int bs, int nh, int nkv, \
+                                    int hd, float scale, float softcap, int window) {                           \
+        paged_attention_impl<T>(q, kc, vc, q_starts, kv_lens, tables, slopes, sinks, out, nseq, maxb, bs, nh,   \
+                                nkv, hd, scale, softcap, window);                                               \
     }
 PAGED_ATTENTION(paged_attention_f32, float)
 PAGED_ATTENTION(paged_attention_f16, unsigned short)
@@ -210,8 +211,9 @@ extern "C" __global__ void paged_cache_write_f32(const float* x, const int* slot
 // is then 0, as in attention_f32). Block (r, h).
 #define SM_VPT 16
 
-extern "C" __global__ void attn_softmax_f32(float* s, const float* slopes, int qc, int i0, int sq, int skv, long ld,
-                                            int kend, float softcap, int causal, int window) {
+extern "C" __global__ void attn_softmax_f32(float* s, const float* slopes, const float* sinks, int qc, int i0,
+                                            int sq, int skv, long ld, int kend, float softcap, int causal,
+                                            int window) {
     pdl_begin();
     int r = blockIdx.x, h = blockIdx.y;
     float* row = s + ((long)h * qc + r) * ld;
@@ -252,7 +254,7 @@ extern "C" __global__ void attn_softmax_f32(float* s, const float* slopes, int q
             sum += e;
         }
         sum = block_sum(sum);
-        float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        float inv = att_inv(sum, mx, att_sink(sinks, h));
 #pragma unroll
         for (int t = 0; t < SM_VPT; t++) {
             long j = threadIdx.x + (long)t * blockDim.x;
@@ -281,7 +283,7 @@ extern "C" __global__ void attn_softmax_f32(float* s, const float* slopes, int q
         row[j] = e;
     }
     sum = block_sum(sum);
-    float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    float inv = att_inv(sum, mx, att_sink(sinks, h));
     for (long j = start + threadIdx.x; j < end; j += blockDim.x) row[j] *= inv;
 }
 
@@ -342,10 +344,10 @@ __device__ __forceinline__ void da_quant_store(float val, long o, signed char* o
 // Merging split ranges (the in-kernel merge of attn_decode_f32 and attn_decode_combine_f32):
 // pr holds `n` ≤ DA_MAX_SPLITS (two per lane) partials of one head, each hdv unnormalised
 // output values then (max, sum). One warp: w[s] = e^(m_s − M) with M = max_s m_s, and the
-// returned 1 / Σ_s w_s l_s (0 when no range saw a key); every (max, sum) is loaded once, all
+// returned 1 / (Σ_s w_s l_s + e^(sink − M)) (att_inv; 0 when no range saw a key); every (max, sum) is loaded once, all
 // at the start. Loads bypass L1: the partials may have been written by other blocks of this
 // launch.
-__device__ __forceinline__ float da_merge_weights(const float* pr, int n, int hdv, float* w) {
+__device__ __forceinline__ float da_merge_weights(const float* pr, int n, int hdv, float* w, float sink) {
     int lane = threadIdx.x & 31;
     float m[2], l[2];
 #pragma unroll
@@ -366,7 +368,7 @@ __device__ __forceinline__ float da_merge_weights(const float* pr, int n, int hd
         }
     }
     sum = warp_sum(sum);
-    return sum > 0.0f ? 1.0f / sum : 0.0f;
+    return att_inv(sum, mx, sink);
 }
 
 // Output dim d of the merged head: Σ_s w_s o_s[d] (in range order), unnormalised.
@@ -437,7 +439,7 @@ __device__ __forceinline__ DaRange da_range(const int* positions, int i, int sq,
 // normalised output (and its Q8 copy).
 __device__ __forceinline__ void da_merge_last(const float* part, float* out, signed char* oq, float2* od,
                                               int* counters, int i, int nh, int h0, int G, int hdv, int eff,
-                                              long pstride) {
+                                              long pstride, const float* sinks) {
     __shared__ int last;
     __shared__ float wsp[DA_GMAX][DA_MAX_SPLITS];
     __shared__ float linv[DA_GMAX];
@@ -452,7 +454,8 @@ __device__ __forceinline__ void da_merge_last(const float* part, float* out, sig
     if (tid == 0) *counter = 0;  // ready for the next launch
     // per head: M = max_s m_s, w_s = e^(m_s - M), 1 / Σ_s w_s l_s (0 when no split saw a key)
     if (wid < G) {
-        float inv = da_merge_weights(part + ((long)i * nh + h0 + wid) * pstride, eff, hdv, wsp[wid]);
+        float inv = da_merge_weights(part + ((long)i * nh + h0 + wid) * pstride, eff, hdv, wsp[wid],
+                                     att_sink(sinks, h0 + wid));
         if (lane == 0) linv[wid] = inv;
     }
     __syncthreads();
@@ -473,7 +476,7 @@ extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const
                                            float softcap, int causal, int window, int nsplit, int gchunk,
                                            signed char* oq, float2* od, const float* knew, const float* vnew,
                                            const float* rcos, const float* rsin, int rot, int rstyle,
-                                           int* counters) {
+                                           int* counters, const float* sinks) {
     // counters: null = every split writes its partial for attn_decode_combine_f32
     pdl_begin();
     __shared__ float qs[DA_GMAX][DA_DPL * 32];
@@ -628,13 +631,13 @@ extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const
 #pragma unroll
         for (int g = 0; g < DA_GMAX; g++) {
             if (g < G) {
-                float l = ls[g];
+                float inv = att_inv(ls[g], ms[g], att_sink(sinks, h0 + g));
 #pragma unroll
                 for (int t = 0; t < DA_VPT; t++) {
                     int d = dl + t * DA_VT;
                     if (d < hdv) {
                         long o = ((long)i * nh + h0 + g) * hdv + d;
-                        float val = l > 0.0f ? acc[g][t] / l : 0.0f;
+                        float val = acc[g][t] * inv;
                         out[o] = val;
                         if (oq) da_quant_store(val, o, oq, od);
                     }
@@ -665,7 +668,7 @@ extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const
         }
     }
     if (!counters) return;  // merged by attn_decode_combine_f32
-    da_merge_last(part, out, oq, od, counters, i, nh, h0, G, hdv, eff, pstride);
+    da_merge_last(part, out, oq, od, counters, i, nh, h0, G, hdv, eff, pstride, sinks);
 }
 
 // ---- decode attention for head size 64 / 128: warps with their own keys ----
@@ -767,7 +770,7 @@ __device__ __forceinline__ void attn_decode_warps(const float* q, const float* k
                                                   float softcap, int causal, int window, int nsplit, int gchunk,
                                                   signed char* oq, float2* od, const float* knew, const float* vnew,
                                                   const float* rcos, const float* rsin, int rot, int rstyle,
-                                                  int* counters) {
+                                                  int* counters, const float* sinks) {
     constexpr int VPL = HD / 32;
     // per warp and head: max, sum (static) and the HD output values (dynamic, nw · gchunk · HD
     // floats, sized by the host)
@@ -860,7 +863,7 @@ __device__ __forceinline__ void attn_decode_warps(const float* q, const float* k
         }
         long oi = ((long)i * nh + h0 + g) * HD + d;
         if (eff == 1) {
-            float val = sum > 0.0f ? acc / sum : 0.0f;
+            float val = acc * att_inv(sum, mx, att_sink(sinks, h0 + g));
             out[oi] = val;
             if (oq) da_quant_store(val, oi, oq, od);
         } else {
@@ -870,7 +873,7 @@ __device__ __forceinline__ void attn_decode_warps(const float* q, const float* k
         }
     }
     if (eff == 1 || !counters) return;  // one split, or merged by attn_decode_combine_f32
-    da_merge_last(part, out, oq, od, counters, i, nh, h0, G, HD, eff, pstride);
+    da_merge_last(part, out, oq, od, counters, i, nh, h0, G, HD, eff, pstride, sinks);
 }
 
 #define DECODE_WARPS(HD) \
@@ -879,25 +882,25 @@ __device__ __forceinline__ void attn_decode_warps(const float* q, const float* k
         float* part, int sq, int skv, int kcap, int nh, int nkv, int hd, int hdv, long ks, long vs, float scale, \
         float softcap, int causal, int window, int nsplit, int gchunk, signed char* oq, float2* od, \
         const float* knew, const float* vnew, const float* rcos, const float* rsin, int rot, int rstyle, \
-        int* counters) { \
+        int* counters, const float* sinks) { \
         pdl_begin(); \
         attn_decode_warps<HD>(q, k, v, slopes, positions, out, part, sq, skv, kcap, nh, nkv, scale, softcap, causal, \
-                              window, nsplit, gchunk, oq, od, knew, vnew, rcos, rsin, rot, rstyle, counters); \
+                              window, nsplit, gchunk, oq, od, knew, vnew, rcos, rsin, rot, rstyle, counters, sinks); \
     }
 DECODE_WARPS(64)
 DECODE_WARPS(128)
 
 // Merges the nsplit partial results of attn_decode_f32: block (h, i), a thread per value dim.
-// out = Σ_s e^(m_s - M) o_s / Σ_s e^(m_s - M) l_s (0 when no split saw a key).
+// out = Σ_s e^(m_s - M) o_s / (Σ_s e^(m_s - M) l_s + e^(sink - M)) (0 when no split saw a key).
 extern "C" __global__ void attn_decode_combine_f32(const float* part, float* out, int nh, int hdv, int nsplit,
-                                                    signed char* oq, float2* od) {
+                                                    signed char* oq, float2* od, const float* sinks) {
     pdl_begin();
     __shared__ float wsh[DA_MAX_SPLITS];
     __shared__ float inv;
     int h = blockIdx.x, i = blockIdx.y;
     const float* pr = part + ((long)i * nh + h) * nsplit * (long)(hdv + 2);
     if (threadIdx.x < 32) {
-        float v = da_merge_weights(pr, nsplit, hdv, wsh);
+        float v = da_merge_weights(pr, nsplit, hdv, wsh, att_sink(sinks, h));
         if (threadIdx.x == 0) inv = v;
     }
     __syncthreads();

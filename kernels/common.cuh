@@ -240,3 +240,13 @@ __device__ __forceinline__ float rope_value(const float* x, int d, int rot, int 
     float a = x[ia], b = x[ib], c = cosv[i], s = sinv[i];
     return d == ia ? rope_first(a, b, c, s) : rope_second(a, b, c, s);
 }
+
+// Attention sinks (GPT-OSS): a logit per head that joins each softmax's denominator as a key
+// without a value. att_sink: head h's sink, or -INF without sinks. att_inv: 1 / (l + e^(sink − m))
+// for scores of max m and Σ e^(s − m) = l; 0 when no key was seen or the sink outweighs the keys
+// beyond f32 range.
+__device__ __forceinline__ float att_sink(const float* sinks, long h) { return sinks ? sinks[h] : -INF; }
+__device__ __forceinline__ float att_inv(float l, float m, float sink) {
+    if (m > -INF && sink > -INF) l += expf(sink - m);
+    return (l > 0.0f && l < INF) ? 1.0f / l : 0.0f;
+}

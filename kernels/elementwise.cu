@@ -135,3 +135,14 @@ extern "C" __global__ void silu_mul_q8_f32(const float* g, const float* u, float
         if (lane == 0) ds[i >> 5] = q8_scales(d, s);
     }
 }
+
+// GPT-OSS's clamped SwiGLU: y = (clamp(u, -limit, limit) + 1) · g'·σ(alpha·g'), g' = min(g, limit)
+extern "C" __global__ void clamped_swiglu_f32(const float* g, const float* u, float* y, long n, float alpha,
+                                              float limit) {
+    pdl_begin();
+    GRID_LOOP(i, n) {
+        float x = fminf(g[i], limit);
+        float up = fminf(fmaxf(u[i], -limit), limit);
+        y[i] = (up + 1.0f) * x / (1.0f + expf(-alpha * x));
+    }
+}

@@ -15,7 +15,8 @@
 // split count only, so a row's result does not depend on the other rows of the batch); blocks
 // past the last piece exit. With one split the block writes the output row, else its unnormalized
 // part (max, sum, acc[hd]) goes to `part` and paged_decode_combine merges them.
-// Scores: q·k * scale, then softcap·tanh(s / softcap), then + slope[h]·(j - (L - 1)).
+// Scores: q·k * scale, then softcap·tanh(s / softcap), then + slope[h]·(j - (L - 1)); with
+// `sinks` ([nh] or null) head h's sink joins the softmax denominator (att_inv).
 // Keys whose slot lies outside the pool (a bad table entry) are skipped.
 
 #define PD_THREADS 128
@@ -66,7 +67,7 @@ __device__ void paged_decode_impl(const float* q, const float* k, const float* v
                                   const int* slots, const int* kv_lens, const int* tables,
                                   const float* slopes, float* out, float* part, int maxb, int bs,
                                   long nslots, int nh, int nkv, int hd, float scale, float softcap,
-                                  int window) {
+                                  int window, const float* sinks) {
     __shared__ float qs[PD_GMAX][DPL * 32];
     __shared__ float wm[PD_WARPS][PD_GMAX], wl[PD_WARPS][PD_GMAX];
     __shared__ float wacc[PD_WARPS][PD_GMAX][DPL * 32];
@@ -186,7 +187,7 @@ __device__ void paged_decode_impl(const float* q, const float* k, const float* v
         }
         long h = (long)kvh * group + g0 + g;
         if (nsplit == 1) {
-            out[((long)s * nh + h) * hd + d] = ls > 0.0f ? a / ls : 0.0f;
+            out[((long)s * nh + h) * hd + d] = a * att_inv(ls, mm, att_sink(sinks, h));
         } else {
             float* pp = part + (((long)s * nh + h) * nsplit + z) * (hd + 2);
             pp[2 + d] = a;
@@ -202,9 +203,9 @@ __device__ void paged_decode_impl(const float* q, const float* k, const float* v
     extern "C" __global__ void __launch_bounds__(PD_THREADS) NAME(                                          \
         const float* q, const float* k, const float* v, T* kc, T* vc, const int* slots, const int* kv_lens, \
         const int* tables, const float* slopes, float* out, float* part, int maxb, int bs, long nslots,     \
-        int nh, int nkv, int hd, float scale, float softcap, int window) {                                  \
+        int nh, int nkv, int hd, float scale, float softcap, int window, const float* sinks) {              \
         paged_decode_impl<T, DPL>(q, k, v, kc, vc, slots, kv_lens, tables, slopes, out, part, maxb, bs,     \
-                                  nslots, nh, nkv, hd, scale, softcap, window);                             \
+                                  nslots, nh, nkv, hd, scale, softcap, window, sinks);                      \
     }
 
 PAGED_DECODE(paged_decode_h1, unsigned short, 1)
@@ -218,7 +219,7 @@ PAGED_DECODE(paged_decode_f8, float, 8)
 
 // Merges the splits of paged_decode_*: block (sequence, head), one thread per output dim.
 extern "C" __global__ void paged_decode_combine(const float* part, const int* kv_lens, float* out, int nh, int hd,
-                                                int nsplit, int window) {
+                                                int nsplit, int window, const float* sinks) {
     pdl_begin();
     int s = blockIdx.x, h = blockIdx.y;
     int L = kv_lens[s];
@@ -237,7 +238,7 @@ extern "C" __global__ void paged_decode_combine(const float* part, const int* kv
                 a += pp[z * (hd + 2) + 2 + d] * f;
             }
         }
-        out[((long)s * nh + h) * hd + d] = ls > 0.0f ? a / ls : 0.0f;
+        out[((long)s * nh + h) * hd + d] = a * att_inv(ls, mm, att_sink(sinks, h));
     }
 }
 

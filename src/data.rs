@@ -53,6 +53,13 @@ pub enum DataType {
     F16Interleaved = 107,
     /// `BF16` rows interleaved 16 at a time for the CPU's SIMD kernels (in memory only).
     BF16Interleaved = 101,
+    /// `Q4_K` super-blocks of 16 rows interleaved for the CPU's SIMD kernels (in memory only;
+    /// layout in `fastllm_cpu::linear::interleaved_kquant`). Same bytes per row as `Q4_K`.
+    Q4KInterleaved = 130,
+    /// `Q5_K` super-blocks of 16 rows interleaved for the CPU's SIMD kernels (in memory only).
+    Q5KInterleaved = 131,
+    /// `Q6_K` super-blocks of 16 rows interleaved for the CPU's SIMD kernels (in memory only).
+    Q6KInterleaved = 132,
 }
 
 impl DataType {
@@ -101,10 +108,13 @@ impl DataType {
             DataType::Q4_1Interleaved => "q4_1/interleaved",
             DataType::F16Interleaved => "f16/interleaved",
             DataType::BF16Interleaved => "bf16/interleaved",
+            DataType::Q4KInterleaved => "q4_k/interleaved",
+            DataType::Q5KInterleaved => "q5_k/interleaved",
+            DataType::Q6KInterleaved => "q6_k/interleaved",
         }
     }
 
-    /// The 16-row interleaved form of a block, F16 or BF16 type (`None` for other types).
+    /// The 16-row interleaved form of a block, K-quant, F16 or BF16 type (`None` for other types).
     pub fn interleaved(self) -> Option<DataType> {
         match self {
             DataType::Q8_0 => Some(DataType::Q8_0Interleaved),
@@ -112,6 +122,9 @@ impl DataType {
             DataType::Q4_1 => Some(DataType::Q4_1Interleaved),
             DataType::F16 => Some(DataType::F16Interleaved),
             DataType::BF16 => Some(DataType::BF16Interleaved),
+            DataType::Q4K => Some(DataType::Q4KInterleaved),
+            DataType::Q5K => Some(DataType::Q5KInterleaved),
+            DataType::Q6K => Some(DataType::Q6KInterleaved),
             _ => None,
         }
     }
@@ -124,11 +137,14 @@ impl DataType {
             DataType::Q4_1Interleaved => DataType::Q4_1,
             DataType::F16Interleaved => DataType::F16,
             DataType::BF16Interleaved => DataType::BF16,
+            DataType::Q4KInterleaved => DataType::Q4K,
+            DataType::Q5KInterleaved => DataType::Q5K,
+            DataType::Q6KInterleaved => DataType::Q6K,
             t => t,
         }
     }
 
-    /// True for the in-memory interleaved forms (block types, F16, BF16).
+    /// True for the in-memory interleaved forms (block types, K-quants, F16, BF16).
     pub fn is_interleaved(self) -> bool {
         self.plain() != self
     }
@@ -155,7 +171,7 @@ impl DataType {
     /// Elements per storage block: 256 for K-quants, 32 for the other quantized types, 1
     /// otherwise.
     pub fn block_elems(self) -> usize {
-        if self.is_kquant() {
+        if self.plain().is_kquant() {
             QK_K
         } else if self.plain().is_quantized() {
             QK
@@ -983,7 +999,10 @@ pub fn decode_to_f32(dtype: DataType, src: &[u8], dst: &mut [f32]) -> Result<()>
         | DataType::Q4_0Interleaved
         | DataType::Q4_1Interleaved
         | DataType::F16Interleaved
-        | DataType::BF16Interleaved => {
+        | DataType::BF16Interleaved
+        | DataType::Q4KInterleaved
+        | DataType::Q5KInterleaved
+        | DataType::Q6KInterleaved => {
             return Err(Error::invalid(format!(
             "decode {dtype}: interleaved rows are decoded through their tensor (Data::to_f32_vec)"
         )))
@@ -1030,7 +1049,10 @@ pub fn encode_from_f32(dtype: DataType, src: &[f32]) -> Result<Vec<u8>> {
         | DataType::Q4_0Interleaved
         | DataType::Q4_1Interleaved
         | DataType::F16Interleaved
-        | DataType::BF16Interleaved => {
+        | DataType::BF16Interleaved
+        | DataType::Q4KInterleaved
+        | DataType::Q5KInterleaved
+        | DataType::Q6KInterleaved => {
             return Err(Error::invalid(format!(
                 "encode {dtype}: encode the plain type, then interleave the tensor"
             )))

@@ -329,11 +329,11 @@ pub enum OutputCopy {
     Bf16,
 }
 
-impl OutputCopy {
-    /// Up to this many rows, a `fast` `Linear` with Q8_0/Q4_0/Q4_1 weights reads its input as
-    /// Q8_0 rows (the CUDA device's int8 tensor-core products): the copy its producer leaves.
-    pub const Q8_MAX_ROWS: usize = 64;
+/// Up to this many rows, a `fast` `Linear` with Q8_0/Q4_0/Q4_1 weights reads its input as Q8_0
+/// rows (the CUDA device's int8 tensor-core products): the copy its producer leaves.
+pub const Q8_COPY_MAX_ROWS: usize = 64;
 
+impl OutputCopy {
     /// The half form a tensor-core `Linear` (CUDA, `fast` precision) reads and writes with a
     /// weight of dtype `w` and `k` inputs: bf16 for BF16 weights, f16 for F16 weights and for
     /// block weights of whole 32-value blocks, [`OutputCopy::None`] for anything else (no

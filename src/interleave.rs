@@ -1,8 +1,8 @@
 //! Weights interleaved 16 rows at a time for the CPU's SIMD kernels, at the tensor level: which
-//! tensors can be interleaved (Q4_0/Q4_1/Q8_0 blocks, F16, BF16), the interleaving of a whole
+//! tensors can be interleaved (Q4_0/Q4_1/Q8_0 blocks, Q4_K/Q5_K/Q6_K super-blocks, F16, BF16), the interleaving of a whole
 //! `Data`, and the way back to the plain layout (for decoding and for ops that read single rows,
-//! such as `Embedding`). The byte layouts and the kernels are `fastllm_cpu::linear::interleaved`'s
-//! and `fastllm_cpu::linear::interleaved_float`'s.
+//! such as `Embedding`). The byte layouts and the kernels are `fastllm_cpu::linear::interleaved`'s,
+//! `interleaved_kquant`'s and `interleaved_float`'s.
 
 use crate::data::{Data, DataType, DeviceKind, Storage};
 use crate::error::{Error, Result};
@@ -17,11 +17,14 @@ pub fn kernel_type(t: DataType) -> Option<WeightType> {
         DataType::Q4_1 => Some(WeightType::Q4_1),
         DataType::F16 => Some(WeightType::F16),
         DataType::BF16 => Some(WeightType::BF16),
+        DataType::Q4K => Some(WeightType::Q4K),
+        DataType::Q5K => Some(WeightType::Q5K),
+        DataType::Q6K => Some(WeightType::Q6K),
         _ => None,
     }
 }
 
-/// The interleaved copy of a host matrix `[n, k]` (block, F16 or BF16) with `n` a multiple of
+/// The interleaved copy of a host matrix `[n, k]` (block, K-quant, F16 or BF16) with `n` a multiple of
 /// 16; `None` for every tensor that cannot be interleaved (other dtypes or ranks, another row
 /// count, a device tensor, a non-contiguous view).
 pub fn interleave(d: &Data) -> Result<Option<Data>> {

@@ -24,6 +24,7 @@ pub mod model;
 pub mod ops;
 pub mod options;
 pub mod parallel;
+pub mod progress;
 pub mod tokenizer;
 
 pub use data::{Data, DataType, DeviceKind};

@@ -126,21 +126,35 @@ pub fn model_for(
     }
 }
 
-/// [`model_for`] with the settings of `opts`.
+/// [`model_for`] with the settings of `opts`; a model on one device reports its load to
+/// `progress`.
 fn model_with(
     config: crate::model::ModelConfig,
     source: Arc<dyn WeightSource>,
     opts: &LoadOptions,
+    progress: crate::progress::OnProgress,
 ) -> Result<Model> {
-    let mut model = model_for(
-        config,
-        source,
-        &opts.device,
-        opts.threads,
-        opts.precision,
-        opts.low_memory,
-        &opts.runtime,
-    )?;
+    let (device, rt) = (&opts.device, &opts.runtime);
+    let mut model = match crate::parallel::parse_gpu_group(device, 0)? {
+        Some(_) => model_for(
+            config,
+            source,
+            device,
+            opts.threads,
+            opts.precision,
+            opts.low_memory,
+            rt,
+        )?,
+        None => Model::with_progress(
+            config,
+            source,
+            executor_for(device, opts.threads, rt)?,
+            opts.precision,
+            opts.low_memory,
+            rt,
+            progress,
+        )?,
+    };
     model.set_kv_dtype(opts.kv_dtype)?;
     Ok(model)
 }
@@ -182,9 +196,19 @@ fn open(path: &Path, opts: &LoadOptions) -> Result<Opened> {
 
 /// Loads a `.flm` file.
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<Llm> {
+    load_with(path, opts, &mut crate::progress::ignore)
+}
+
+/// [`load`], reporting the weights prepared ([`Stage::Load`](crate::progress::Stage)) to
+/// `progress` (a model on one device; a tensor-parallel group reports nothing).
+pub fn load_with(
+    path: &Path,
+    opts: &LoadOptions,
+    progress: crate::progress::OnProgress,
+) -> Result<Llm> {
     let o = open(path, opts)?;
     let config = o.file.config().clone();
-    let model = model_with(config, Arc::new(o.file), opts)?;
+    let model = model_with(config, Arc::new(o.file), opts, progress)?;
     Ok(Llm {
         model,
         tokenizer: o.tokenizer,
@@ -341,7 +365,7 @@ pub fn load_synthetic(name: &str, dtype: &str, opts: &LoadOptions) -> Result<Llm
     let dt = synthetic::weight_dtype(dtype)?;
     let tokenizer = Tokenizer::new(synthetic::tokenizer_spec(&config)?)?;
     let source = Arc::new(crate::model::SyntheticSource::new(&config, dt)?);
-    let model = model_with(config, source, opts)?;
+    let model = model_with(config, source, opts, &mut crate::progress::ignore)?;
     Ok(Llm {
         model,
         tokenizer,

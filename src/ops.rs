@@ -295,6 +295,8 @@ pub struct AttentionParams<'a> {
     pub sliding_window: usize,
     /// ALiBi slopes [nh].
     pub alibi: Option<&'a Data>,
+    /// Attention sinks [nh]: a logit per head in each softmax's denominator (GPT-OSS).
+    pub sinks: Option<&'a Data>,
     /// Reduced-precision arithmetic allowed (the `fast` precision): a device may use TF32 /
     /// f16 tensor cores for long prefills.
     pub fast: bool,
@@ -304,14 +306,17 @@ pub struct AttentionParams<'a> {
 }
 
 impl<'a> AttentionParams<'a> {
-    /// Adds the arguments every attention op shares to `d`: the ALiBi slopes (when given),
-    /// then `output`; returns the float parameters (`scale`, `softcap`).
+    /// Adds the arguments every attention op shares to `d`: the ALiBi slopes and sinks (when
+    /// given), then `output`; returns the float parameters (`scale`, `softcap`).
     pub fn args<'d>(&self, d: &mut DataDict<'d>, out: &'d mut Data) -> FloatDict<'static>
     where
         'a: 'd,
     {
         if let Some(a) = self.alibi {
             d.insert("alibi_slopes", a);
+        }
+        if let Some(s) = self.sinks {
+            d.insert("sinks", s);
         }
         d.insert_mut("output", out);
         FloatDict::new()
@@ -340,6 +345,27 @@ pub fn attention(
             .with("sliding_window", p.sliding_window as i32)
             .with("fast", p.fast as i32)
             .with("quantize_output", p.output_copy.param()),
+    )
+}
+
+/// GPT-OSS's clamped SwiGLU: `out = (clamp(up, −limit, limit) + 1) · g·σ(alpha·g)` with
+/// `g = min(gate, limit)`; `gate` and `up` of one shape.
+pub fn clamped_swiglu(
+    e: &Executor,
+    gate: &Data,
+    up: &Data,
+    (alpha, limit): (f32, f32),
+    out: &mut Data,
+) -> Result<()> {
+    let mut d = DataDict::new()
+        .with("input0", gate)
+        .with("input1", up)
+        .with_mut("output", out);
+    e.run(
+        "ClampedSwiglu",
+        &mut d,
+        &FloatDict::new().with("alpha", alpha).with("limit", limit),
+        &IntDict::new(),
     )
 }
 
@@ -466,6 +492,34 @@ pub fn split(
             .with("axis", axis as i32)
             .with("start", start as i32)
             .with("end", end as i32),
+    )
+}
+
+/// `output = [x | y]` along `axis` (every other dim equal).
+pub fn cat(e: &Executor, x: &Data, y: &Data, axis: usize, out: &mut Data) -> Result<()> {
+    let mut d = DataDict::new()
+        .with("input0", x)
+        .with("input1", y)
+        .with_mut("output", out);
+    e.run(
+        "Cat",
+        &mut d,
+        &FloatDict::new(),
+        &IntDict::new().with("axis", axis as i32),
+    )
+}
+
+/// Batched `output = alpha · a·bᵀ` for `a` [.., m, k] and `b` [.., n, k] (`MatMulTransB`).
+pub fn matmul_trans_b(e: &Executor, a: &Data, b: &Data, alpha: f32, out: &mut Data) -> Result<()> {
+    let mut d = DataDict::new()
+        .with("input0", a)
+        .with("input1", b)
+        .with_mut("output", out);
+    e.run(
+        "MatMulTransB",
+        &mut d,
+        &FloatDict::new().with("alpha", alpha),
+        &IntDict::new(),
     )
 }
 

@@ -888,3 +888,62 @@ fn gguf_rope_freqs_is_kept() {
     let t = f.tensor(fastllm::model::ROPE_FREQS_TENSOR).unwrap();
     assert_eq!(t.to_f32_vec().unwrap(), divisors);
 }
+
+/// GPT-OSS's config: alternating sliding / full layers, YaRN without truncation, top-2 of 4
+/// experts with the clamped SwiGLU; stacked experts split per expert with their biases; a
+/// checkpoint quantized as MXFP4 is refused by name.
+#[test]
+fn gpt_oss_config_and_experts() {
+    let dir = Path::new(FIXTURES).join("tiny").join("gpt_oss");
+    let out = tmp("gpt_oss-cfg.flm");
+    convert(&dir, &out, &opts(TargetDtype::F32), &mut |_| {}).unwrap();
+    let f = FlmFile::open(&out, LoadMode::Mmap).unwrap();
+    let c = f.config();
+    assert_eq!(
+        (c.sliding_window, c.sliding_layers.clone()),
+        (8, vec![true, false])
+    );
+    assert!(
+        matches!(c.rope_scaling, RopeScaling::Yarn { truncate: false, factor, .. } if factor == 32.0),
+        "{:?}",
+        c.rope_scaling
+    );
+    let m = c.moe.clone().unwrap();
+    assert_eq!((m.experts, m.experts_per_token, m.normalize), (4, 2, true));
+    let clamp = m.swiglu_clamp.unwrap();
+    assert_eq!((clamp.alpha, clamp.limit), (1.702, 7.0));
+    let names: Vec<&str> = f.tensor_names().collect();
+    for n in [
+        "model.layers.1.mlp.experts.3.gate_proj.weight",
+        "model.layers.1.mlp.experts.3.up_proj.bias",
+        "model.layers.0.mlp.experts.0.down_proj.bias",
+        "model.layers.0.mlp.router.bias",
+        "model.layers.0.self_attn.sinks",
+    ] {
+        assert!(names.contains(&n), "{n} missing");
+    }
+    let gate = f
+        .tensor("model.layers.0.mlp.experts.2.gate_proj.weight")
+        .unwrap();
+    assert_eq!(gate.dims(), [128, 64]);
+    let down = f
+        .tensor("model.layers.0.mlp.experts.2.down_proj.weight")
+        .unwrap();
+    assert_eq!(down.dims(), [64, 128]);
+    // an MXFP4 checkpoint's config
+    let q = tmp("gpt_oss-mxfp4");
+    std::fs::create_dir_all(&q).unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    v["quantization_config"] = serde_json::json!({"quant_method": "mxfp4"});
+    std::fs::write(q.join("config.json"), v.to_string()).unwrap();
+    let e = convert(
+        &q,
+        &tmp("gpt_oss-mxfp4.flm"),
+        &opts(TargetDtype::F32),
+        &mut |_| {},
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("mxfp4") && e.contains("bf16"), "{e}");
+}

@@ -18,7 +18,7 @@ use fastllm::{BaseDevice, DataDict, FloatDict, IntDict};
 /// about (2^-11)²/3 per rounded operand ≈ 1e-7; bf16 activations (bf16 weights): 2^-8 → ~5e-6.
 const TC_F16_NMSE: f64 = 2e-6;
 const TC_BF16_NMSE: f64 = 1e-4;
-/// Q8_0 activations (the int8 products of block weights up to `OutputCopy::Q8_MAX_ROWS` rows):
+/// Q8_0 activations (the int8 products of block weights up to `Q8_COPY_MAX_ROWS` rows):
 /// 2^-8 of each 32-value block's largest value → ~1.5e-5.
 const TC_Q8_NMSE: f64 = 5e-5;
 
@@ -519,7 +519,7 @@ fn long_row_gemv_matches_the_reference() {
 
 /// The half-precision MLP path of prefill: `Linear` with `half_output` writes F16/BF16 outputs
 /// that are the f32 products rounded once (and ignores the flag below `TC_MIN_ROWS` rows, for
-/// block weights up to `OutputCopy::Q8_MAX_ROWS` rows, with a bias or `accumulate`); a half input is read as it is, giving the same bits as the f32 input
+/// block weights up to `Q8_COPY_MAX_ROWS` rows, with a bias or `accumulate`); a half input is read as it is, giving the same bits as the f32 input
 /// it came from; `SiluMul` on half inputs rounds silu(g)·u once.
 #[test]
 fn half_outputs_and_inputs_of_linear_and_silu_mul() {
@@ -573,9 +573,10 @@ fn half_outputs_and_inputs_of_linear_and_silu_mul() {
             (5, 256, 64),
             (136, 256, 96),
         ] {
-            // block weights up to Q8_MAX_ROWS rows take the int8 products of Q8_0 rows, which
+            // block weights up to Q8_COPY_MAX_ROWS rows take the int8 products of Q8_0 rows, which
             // ignore the flag like fewer than TC_MIN_ROWS rows do
-            let halves_on = m >= 16 && !(wt.is_quantized() && m <= OutputCopy::Q8_MAX_ROWS);
+            let halves_on =
+                m >= 16 && !(wt.is_quantized() && m <= fastllm::device::Q8_COPY_MAX_ROWS);
             let x = dev.upload(&rng.data(DataType::F32, &[m, k])).unwrap();
             let w0 = dev.upload(&rng.data(wt, &[n, k])).unwrap();
             let w1 = dev.upload(&rng.data(wt, &[n + 8, k])).unwrap();

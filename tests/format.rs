@@ -50,6 +50,7 @@ fn config() -> ModelConfig {
         bos_id: Some(1),
         eos_ids: vec![2, 5],
         moe: None,
+        mla: None,
     }
 }
 

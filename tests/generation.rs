@@ -73,6 +73,62 @@ fn eval_sample_reset_and_errors() {
 }
 
 #[test]
+fn chunked_prefill_reports_progress_and_equals_one_step() {
+    use fastllm::progress::{Progress, Stage};
+    let m = llm("qwen2", false);
+    let prompt: Vec<u32> = (0..23).map(|i| (i * 37 + 5) % 500).collect();
+    let mut one = Session::new(m.clone(), 32).unwrap();
+    let want = one.eval(&prompt).unwrap().to_vec();
+    let mut s = Session::new(m.clone(), 32).unwrap();
+    let mut seen = Vec::new();
+    let got = s
+        .eval_chunked(&prompt, 5, &mut |p: &Progress| {
+            assert_eq!((p.stage, p.total), (Stage::Prefill, 23));
+            seen.push(p.done);
+        })
+        .unwrap()
+        .to_vec();
+    assert_eq!(seen, [0, 5, 10, 15, 20, 23]);
+    assert!(max_diff(&want, &got) < 1e-3, "{}", max_diff(&want, &got));
+    assert_eq!(s.tokens(), &prompt[..]);
+    // a chunk that fails (an id beyond the vocabulary in the third) leaves the tokens as before
+    let mut bad = prompt.clone();
+    bad[12] = 600;
+    let mut s = Session::new(m.clone(), 64).unwrap();
+    s.eval(&[1, 2]).unwrap();
+    assert!(s.eval_chunked(&bad, 5, &mut |_: &Progress| {}).is_err());
+    assert_eq!(s.tokens(), &[1, 2]);
+    let next = s.eval(&[3]).unwrap().to_vec();
+    let mut fresh = Session::new(m.clone(), 64).unwrap();
+    assert!(max_diff(&next, fresh.eval(&[1, 2, 3]).unwrap()) < 1e-4);
+    // too long for the context: refused before any chunk runs
+    let mut s = Session::new(m, 16).unwrap();
+    let mut calls = 0;
+    let e = s.eval_chunked(&prompt, 5, &mut |_: &Progress| calls += 1);
+    assert!(e.unwrap_err().to_string().contains("context full"));
+    assert_eq!((calls, s.len()), (0, 0));
+}
+
+#[test]
+fn load_reports_the_weights_prepared() {
+    use fastllm::progress::{Progress, Stage};
+    let mut seen = Vec::new();
+    let opts = LoadOptions {
+        threads: 2,
+        ..Default::default()
+    };
+    fastllm::load::load_with(&tiny("qwen2"), &opts, &mut |p: &Progress| {
+        assert_eq!(p.stage, Stage::Load);
+        seen.push((p.done, p.total));
+    })
+    .unwrap();
+    let total = seen[0].1;
+    assert!(total > 0 && seen[0].0 == 0, "{seen:?}");
+    assert_eq!(seen.last(), Some(&(total, total)), "{seen:?}");
+    assert!(seen.windows(2).all(|w| w[0].0 < w[1].0 && w[1].1 == total));
+}
+
+#[test]
 fn seeds_stops_and_chat() {
     let m = llm("qwen2", false);
     let p = |seed| GenerateParams {
@@ -164,21 +220,24 @@ fn seeds_stops_and_chat() {
 
 #[test]
 fn low_memory_mode_gives_the_same_logits() {
-    let (a, b) = (llm("llama", false), llm("llama", true));
-    let ids = [1u32, 50, 60, 70, 80];
-    let la = a
-        .model
-        .forward(&mut a.model.new_cache(8).unwrap(), &ids, true)
-        .unwrap()
-        .to_f32_vec()
-        .unwrap();
-    let lb = b
-        .model
-        .forward(&mut b.model.new_cache(8).unwrap(), &ids, true)
-        .unwrap()
-        .to_f32_vec()
-        .unwrap();
-    assert_eq!(la, lb);
+    // GPT-OSS: its sinks, router bias and split experts (with biases) read from the file too
+    for arch in ["llama", "deepseek_v3", "gpt_oss"] {
+        let (a, b) = (llm(arch, false), llm(arch, true));
+        let ids = [1u32, 50, 60, 70, 80];
+        let la = a
+            .model
+            .forward(&mut a.model.new_cache(8).unwrap(), &ids, true)
+            .unwrap()
+            .to_f32_vec()
+            .unwrap();
+        let lb = b
+            .model
+            .forward(&mut b.model.new_cache(8).unwrap(), &ids, true)
+            .unwrap()
+            .to_f32_vec()
+            .unwrap();
+        assert_eq!(la, lb, "{arch}");
+    }
 }
 
 #[test]
@@ -230,10 +289,11 @@ fn nan_weights_are_an_error_not_a_token() {
 
 /// A paged batch of sequences of different reach equals each sequence alone, with rotations
 /// that depend on the length a sequence reaches in the step (LongRoPE: one sequence past its
-/// original context of 32, one within it) and with Gemma-3's two bases.
+/// original context of 32, one within it), with Gemma-3's two bases, and with GPT-OSS's sinks
+/// and sliding window (8) on the 40-token sequence.
 #[test]
 fn paged_batch_with_length_dependent_rope_equals_single_sequences() {
-    for arch in ["phi3-longrope", "gemma3"] {
+    for arch in ["phi3-longrope", "gemma3", "gpt_oss"] {
         let m = llm(arch, false);
         let long: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 500).collect();
         let short: Vec<u32> = vec![5, 17, 29, 41];
@@ -266,7 +326,14 @@ fn paged_batch_with_length_dependent_rope_equals_single_sequences() {
 
 #[test]
 fn paged_batch_equals_single_sequence_forward() {
-    for arch in ["llama", "gemma2", "bloom", "qwen3"] {
+    for arch in [
+        "llama",
+        "gemma2",
+        "bloom",
+        "qwen3",
+        "deepseek_v3",
+        "gpt_oss",
+    ] {
         let m = llm(arch, false);
         let seqs: [&[u32]; 3] = [
             &[1, 20, 30, 40, 50, 60, 70],

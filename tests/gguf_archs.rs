@@ -3,8 +3,10 @@
 //! names and describes it (f32 tensors), converted back, gives the same logits as the fixture
 //! converted directly — Gemma-3 (norms stored as `1 + w`, the sliding-window pattern, the
 //! sliding layers' base), Qwen2 with YaRN (`rope.scaling.*`), Phi-3 with LongRoPE
-//! (`rope_factors_short/long.weight`, `rope.scaling.attn_factor`). Metadata errors (an unknown
-//! rope type, a missing factor or factors tensor) are refused naming the key or tensor.
+//! (`rope_factors_short/long.weight`, `rope.scaling.attn_factor`), GPT-OSS (stacked experts with
+//! biases, the router's bias, `attn_sinks`, the sliding pattern, YaRN). Metadata errors (an
+//! unknown rope type, a missing factor or factors tensor, GPT-OSS without its sliding window or
+//! expert count) are refused naming the key or tensor.
 
 use fastllm::convert::{convert, ConvertOptions, TargetDtype};
 use fastllm::format::flm::{FlmFile, LoadMode};
@@ -134,7 +136,11 @@ fn gguf_name(arch: &str, name: &str) -> String {
         (_, "self_attn.k_norm") => "attn_k_norm",
         (_, "self_attn.qkv_proj") => "attn_qkv",
         (_, "input_layernorm") => "attn_norm",
-        ("gemma3", "post_attention_layernorm") => "post_attention_norm",
+        ("gemma3" | "gpt-oss", "post_attention_layernorm") => "post_attention_norm",
+        ("gpt-oss", "mlp.router") => "ffn_gate_inp",
+        ("gpt-oss", "self_attn") if suffix == "sinks" => {
+            return format!("blk.{layer}.attn_sinks.weight")
+        }
         (_, "post_attention_layernorm") => "ffn_norm",
         (_, "pre_feedforward_layernorm") => "ffn_norm",
         (_, "post_feedforward_layernorm") => "post_ffw_norm",
@@ -146,6 +152,9 @@ fn gguf_name(arch: &str, name: &str) -> String {
     };
     format!("blk.{layer}.{g}.{suffix}")
 }
+
+/// One expert's tensor: its index, dims and values.
+type Expert = (usize, Vec<usize>, Vec<f32>);
 
 /// The fixture `arch` converted directly (f32), and written as a GGUF of GGUF architecture
 /// `garch` with the extra metadata `kv` and tensors `extra`, converted back.
@@ -180,13 +189,36 @@ fn both_ways(
     meta.extend(kv);
     meta.extend(tokenizer_kv(c.vocab_size));
     let mut tensors = extra;
+    // experts' tensors, stacked as llama.cpp's `ffn_*_exps` (expert order) after the loop
+    let mut stacks: std::collections::BTreeMap<String, Vec<Expert>> = Default::default();
     for name in f.tensor_names() {
         let t = f.tensor(name).unwrap();
         let mut v = t.to_f32_vec().unwrap();
+        if let Some((pre, rest)) = name.split_once(".mlp.experts.") {
+            let (e, rest) = rest.split_once('.').unwrap();
+            let (proj, suffix) = rest.split_once('.').unwrap();
+            let layer = pre.strip_prefix("model.layers.").unwrap();
+            let g = format!(
+                "blk.{layer}.ffn_{}_exps.{suffix}",
+                proj.trim_end_matches("_proj")
+            );
+            let dims = t.dims().to_vec();
+            stacks
+                .entry(g)
+                .or_default()
+                .push((e.parse().unwrap(), dims, v));
+            continue;
+        }
         if garch == "gemma3" && name.ends_with("norm.weight") {
             v.iter_mut().for_each(|x| *x += 1.0); // llama.cpp stores Gemma's norms as 1 + w
         }
         tensors.push((gguf_name(garch, name), t.dims().to_vec(), v));
+    }
+    for (g, mut parts) in stacks {
+        parts.sort_by_key(|p| p.0);
+        let mut dims = vec![parts.len()];
+        dims.extend(&parts[0].1);
+        tensors.push((g, dims, parts.into_iter().flat_map(|p| p.2).collect()));
     }
     let g = tmp(&format!("{arch}.gguf"));
     std::fs::write(&g, gguf_bytes(&meta, &tensors)).unwrap();
@@ -378,4 +410,72 @@ fn gguf_rope_metadata_errors_are_named() {
         Vec::new(),
     );
     assert!(e.contains("qwen2.rope.scaling.type"), "{e}");
+}
+
+/// llama.cpp's `gpt-oss` keys for the tiny fixture (4 experts, top-2 of inner 128, window 8,
+/// YaRN factor 32 over 4096 positions).
+fn gpt_oss_kv() -> Vec<Kv> {
+    vec![
+        kv_u32("gpt-oss.expert_count", 4),
+        kv_u32("gpt-oss.expert_used_count", 2),
+        kv_u32("gpt-oss.expert_feed_forward_length", 128),
+        kv_u32("gpt-oss.attention.sliding_window", 8),
+        kv_str("gpt-oss.rope.scaling.type", "yarn"),
+        kv_f32("gpt-oss.rope.scaling.factor", 32.0),
+        kv_u32("gpt-oss.rope.scaling.original_context_length", 4096),
+    ]
+}
+
+#[test]
+fn gpt_oss_gguf_equals_hf() {
+    let (hf, gguf) = both_ways("gpt_oss", "gpt-oss", gpt_oss_kv(), Vec::new());
+    let (a, b) = (
+        FlmFile::open(&hf, LoadMode::Mmap).unwrap().config().clone(),
+        FlmFile::open(&gguf, LoadMode::Mmap)
+            .unwrap()
+            .config()
+            .clone(),
+    );
+    assert_eq!(b.architecture, "gpt_oss");
+    assert_eq!(
+        (&b.sliding_layers, b.sliding_window, &b.rope_scaling, &b.moe),
+        (&a.sliding_layers, a.sliding_window, &a.rope_scaling, &a.moe)
+    );
+    let d = compare(&hf, &gguf);
+    assert!(d <= 1e-4, "gpt_oss GGUF vs HF: max |Δlogit| {d}");
+}
+
+#[test]
+fn gpt_oss_gguf_without_window_or_experts_is_refused_by_key() {
+    for missing in ["gpt-oss.attention.sliding_window", "gpt-oss.expert_count"] {
+        let kv: Vec<Kv> = gpt_oss_kv()
+            .into_iter()
+            .filter(|k| k.0 != missing)
+            .collect();
+        let opts = ConvertOptions {
+            dtype: TargetDtype::F32,
+        };
+        let hf = tmp("gpt_oss-missing-hf.flm");
+        convert(&fixture("gpt_oss"), &hf, &opts, &mut |_| {}).unwrap();
+        let f = FlmFile::open(&hf, LoadMode::Mmap).unwrap();
+        let c = f.config().clone();
+        let mut meta = vec![
+            kv_str("general.architecture", "gpt-oss"),
+            kv_u32("gpt-oss.context_length", c.context_length),
+            kv_u32("gpt-oss.embedding_length", c.hidden_size),
+            kv_u32("gpt-oss.block_count", c.num_layers),
+            kv_u32("gpt-oss.attention.head_count", c.num_heads),
+            kv_u32("gpt-oss.attention.head_count_kv", c.num_kv_heads),
+            kv_u32("gpt-oss.attention.key_length", c.head_dim),
+            kv_f32("gpt-oss.attention.layer_norm_rms_epsilon", c.norm_eps),
+        ];
+        meta.extend(kv);
+        meta.extend(tokenizer_kv(c.vocab_size));
+        let g = tmp("gpt_oss-missing.gguf");
+        std::fs::write(&g, gguf_bytes(&meta, &[])).unwrap();
+        let e = convert(&g, &tmp("gpt_oss-missing.flm"), &opts, &mut |_| {})
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(missing), "without {missing}: {e}");
+    }
 }

@@ -1,7 +1,8 @@
 //! Block weights interleaved for the CPU kernels (`CpuDevice::with_interleaved_weights`) give the
 //! logits of the plain layout within the `fast` precision's tolerance: on the tiny fixture models
-//! converted to every block dtype, and on SmolLM2 (the GGUF as shipped, its tied embedding read
-//! through `Embedding` too) over the fixture's text sequences.
+//! converted to every block dtype, on Gemma 3 270M Q4_K_M (its K-quants), and on SmolLM2 (the
+//! GGUF as shipped, its tied embedding read through `Embedding` too) over the fixture's text
+//! sequences.
 
 mod common;
 
@@ -210,4 +211,61 @@ fn smollm2_same_logits_interleaved_or_plain() {
     // the fast precision's own bounds against the float64 reference (tests/models.rs)
     assert!(kl < 8e-3, "SmolLM2: mean KL {kl:.2e}");
     assert!(agree >= 0.96, "SmolLM2: top-1 agreement {agree:.3}");
+}
+
+/// K-quant weights (Gemma 3 270M Q4_K_M: Q4_K matrices of `k` = 1024 and 2048, kept as shipped;
+/// its Q6_K ones stay plain, `interleaved::available_for`) interleaved or plain give the same
+/// next-token distributions within the `fast` precision's tolerance, over the fixture's prompts
+/// and their greedy continuations.
+#[test]
+fn gemma3_kquants_same_logits_interleaved_or_plain() {
+    let Some(gguf) = std::env::var_os("FASTLLM_GEMMA3_GGUF") else {
+        common::skipped("FASTLLM_GEMMA3_GGUF is not set (scripts/test-all.sh sets it)");
+        return;
+    };
+    if !fastllm_cpu::linear::interleaved::available() {
+        common::skipped("no AVX-512 VNNI: K-quant weights are not interleaved on this CPU");
+        return;
+    }
+    let out = tmp("gemma3-kq.flm");
+    convert(
+        Path::new(&gguf),
+        &out,
+        &ConvertOptions::default(),
+        &mut |_| {},
+    )
+    .unwrap();
+    let m = model(&out, true);
+    let mut seen = Vec::new();
+    for l in 0..18 {
+        for name in ["mlp.down_proj", "self_attn.o_proj"] {
+            let t = m.weight_dtype(&format!("model.layers.{l}.{name}.weight"));
+            seen.extend(t.filter(|t| t.is_interleaved()));
+        }
+    }
+    assert!(
+        seen.contains(&DataType::Q4KInterleaved),
+        "no interleaved Q4_K weight: {seen:?}"
+    );
+    drop(m);
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/logits_gemma3");
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture.join("reference.json")).unwrap())
+            .unwrap();
+    let (mut kl_sum, mut agree_sum, mut n) = (0f64, 0f64, 0f64);
+    for case in reference["cases"].as_array().unwrap() {
+        let ids: Vec<u32> = ["prompt_ids", "greedy16"]
+            .iter()
+            .flat_map(|k| case[k].as_array().unwrap().clone())
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let (kl, agree) = compare(&out, &ids, 1e-2);
+        kl_sum += kl;
+        agree_sum += agree;
+        n += 1.0;
+    }
+    let (kl, agree) = (kl_sum / n, agree_sum / n);
+    println!("Gemma 3 270M Q4_K_M: mean KL {kl:.2e}, top-1 agreement {agree:.3}");
+    assert!(kl < 8e-3, "Gemma 3: mean KL {kl:.2e}");
+    assert!(agree >= 0.96, "Gemma 3: top-1 agreement {agree:.3}");
 }

@@ -99,7 +99,7 @@ fn check_tiny(arch: &str, dtype: &str, precision: Precision, tol: f32) {
     }
 }
 
-const ARCHS: [&str; 15] = [
+const ARCHS: [&str; 17] = [
     "llama",
     "llama3-rope-scaling",
     "mistral",
@@ -115,6 +115,8 @@ const ARCHS: [&str; 15] = [
     "qwen2-yarn",
     "mixtral",
     "qwen3_moe",
+    "deepseek_v3",
+    "gpt_oss",
 ];
 
 #[test]
@@ -184,7 +186,14 @@ fn check_tiny_decode(arch: &str, precision: Precision, case: usize) {
 fn tiny_models_decode_step_by_step() {
     for precision in [Precision::Exact, Precision::Fast] {
         // the long text: 96 tokens, past the sliding window and the rope variants' original context
-        for arch in ["gemma2", "gemma3", "qwen2-yarn", "llama3-rope-scaling"] {
+        for arch in [
+            "gemma2",
+            "gemma3",
+            "qwen2-yarn",
+            "llama3-rope-scaling",
+            "deepseek_v3",
+            "gpt_oss",
+        ] {
             check_tiny_decode(arch, precision, 3);
         }
         // a step's LongRoPE frequencies follow the length reached so far, so past the original
@@ -196,7 +205,18 @@ fn tiny_models_decode_step_by_step() {
 #[test]
 fn tiny_models_quantized_int8_close() {
     // int8 weights change the model; the logits stay close to the reference
-    for arch in ["llama", "qwen2", "gemma2", "gemma3", "mixtral", "qwen3_moe"] {
+    // (deepseek_v3 is not among them: at the last token of its first text its two expert groups
+    // score 1.0613 and 1.0583, int8 weights flip that choice, and that position's logits move
+    // by ~0.1)
+    for arch in [
+        "llama",
+        "qwen2",
+        "gemma2",
+        "gemma3",
+        "mixtral",
+        "qwen3_moe",
+        "gpt_oss",
+    ] {
         check_tiny(arch, "int8", Precision::Fast, 5e-2);
     }
 }

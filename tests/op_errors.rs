@@ -151,6 +151,21 @@ fn activations_reject_bad_input() {
         &[("cap", -1.0)],
         &[],
     );
+    // ClampedSwiglu: gate and up of different shapes, a missing or bad limit
+    let glu = |g: &[usize], u: &[usize]| {
+        vec![
+            inp("input0", f32d(g)),
+            inp("input1", f32d(u)),
+            out("output"),
+        ]
+    };
+    let good = [("alpha", 1.702), ("limit", 7.0)];
+    let m = expect_err("ClampedSwiglu", glu(&[2, 3], &[2, 4]), &good, &[]);
+    assert!(m.contains("one shape"), "{m}");
+    let m = expect_err("ClampedSwiglu", glu(&[3], &[3]), &[("alpha", 1.0)], &[]);
+    assert!(m.contains("limit"), "{m}");
+    let bad = [("alpha", 1.0), ("limit", -1.0)];
+    expect_err("ClampedSwiglu", glu(&[3], &[3]), &bad, &[]);
 }
 
 #[test]
@@ -229,6 +244,11 @@ fn attention_rejects_bad_input() {
     let mut a = attn(&[1, 4, 8], &[4, 2, 8], &[4, 2, 8]);
     a.push(inp("alibi_slopes", f32d(&[3])));
     expect_err(OP, a, &[], &[]);
+    // sinks of the wrong size
+    let mut a = attn(&[1, 4, 8], &[4, 2, 8], &[4, 2, 8]);
+    a.push(inp("sinks", f32d(&[5])));
+    let m = expect_err(OP, a, &[], &[]);
+    assert!(m.contains("sinks"), "{m}");
     // bad params
     expect_err(
         OP,

@@ -1,5 +1,6 @@
 //! Activations and softmax: SiLU, GELU (tanh and erf forms), the gated forms SwiGLU and GeGLU
-//! (`act(x[..d]) · x[d..]`), soft-capping (`cap·tanh(x/cap)`) and a max-subtracted softmax over
+//! (`act(x[..d]) · x[d..]`), GPT-OSS's clamped SwiGLU over separate gate and up inputs
+//! ([`clamped_swiglu`]), soft-capping (`cap·tanh(x/cap)`) and a max-subtracted softmax over
 //! rows. References compute each value in f64; fast paths are AVX2 (vector `exp`/`tanh`/`erf`)
 //! and split large inputs over the thread pool.
 //!
@@ -122,6 +123,46 @@ pub fn gated(th: &Threads, act: Act, x: &[f32], out: &mut [f32], d: usize) {
             for (o, &b) in or.iter_mut().zip(u) {
                 *o *= b;
             }
+        }
+    });
+}
+
+/// The parameters of GPT-OSS's clamped SwiGLU.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GluClamp {
+    /// The sigmoid's slope (`g·σ(alpha·g)`).
+    pub alpha: f32,
+    /// The gate is clamped to at most `limit`, the up input to `[-limit, limit]`.
+    pub limit: f32,
+}
+
+/// Reference clamped SwiGLU (in f64): `out = (clamp(up, −L, L) + 1) · g·σ(alpha·g)` with
+/// `g = min(gate, L)`, elementwise over the common length of the slices.
+pub fn clamped_swiglu_ref(gate: &[f32], up: &[f32], out: &mut [f32], c: GluClamp) {
+    let (a, l) = (c.alpha as f64, c.limit as f64);
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        let g = (g as f64).min(l);
+        let u = (u as f64).clamp(-l, l);
+        *o = ((u + 1.0) * g / (1.0 + (-a * g).exp())) as f32;
+    }
+}
+
+/// Fast clamped SwiGLU (same contract as [`clamped_swiglu_ref`]): the sigmoid through the
+/// vector SiLU (`g·σ(a·g) = silu(a·g) / a`), split over the pool in chunks.
+pub fn clamped_swiglu(th: &Threads, gate: &[f32], up: &[f32], out: &mut [f32], c: GluClamp) {
+    let n = out.len().min(gate.len()).min(up.len());
+    let out = &mut out[..n];
+    if c.alpha == 0.0 {
+        return clamped_swiglu_ref(gate, up, out, c);
+    }
+    let rl = FLAT_CHUNK.min(n.max(1));
+    th.for_row_chunks(out, rl, 1, |r0, oc| {
+        let start = r0 * rl;
+        let (g, u) = (&gate[start..start + oc.len()], &up[start..start + oc.len()]);
+        let t: Vec<f32> = g.iter().map(|&g| c.alpha * g.min(c.limit)).collect();
+        act_map_inline(Act::Silu, &t, oc);
+        for (o, &u) in oc.iter_mut().zip(u) {
+            *o = *o / c.alpha * (u.clamp(-c.limit, c.limit) + 1.0);
         }
     });
 }
@@ -270,5 +311,56 @@ mod tests {
         softmax_ref(&[1.0, 2.0, 3.0], &mut o, 3);
         let s = 1f64.exp() + 2f64.exp() + 3f64.exp();
         assert!((o[2] as f64 - 3f64.exp() / s).abs() < 1e-7);
+    }
+}
+
+#[cfg(test)]
+mod glu_tests {
+    use super::*;
+    use crate::testutil::{nmse, vals};
+
+    #[test]
+    fn clamped_swiglu_fast_matches_reference_on_awkward_sizes() {
+        let th = Threads::new(2).unwrap();
+        let c = GluClamp {
+            alpha: 1.702,
+            limit: 7.0,
+        };
+        // values beyond the limit on both sides, lengths around the chunk and vector sizes
+        for n in [
+            1usize,
+            7,
+            9,
+            33,
+            100,
+            5000,
+            FLAT_CHUNK + 3,
+            3 * FLAT_CHUNK - 1,
+        ] {
+            let g = vals(n, n as u64, -12.0, 12.0);
+            let u = vals(n, n as u64 + 1, -12.0, 12.0);
+            let (mut r, mut f) = (vec![0.0; n], vec![0.0; n]);
+            clamped_swiglu_ref(&g, &u, &mut r, c);
+            clamped_swiglu(&th, &g, &u, &mut f, c);
+            assert!(nmse(&f, &r) < 1e-12, "n={n}: {}", nmse(&f, &r));
+        }
+    }
+
+    #[test]
+    fn clamped_swiglu_clamps_both_inputs() {
+        let c = GluClamp {
+            alpha: 1.702,
+            limit: 7.0,
+        };
+        let mut o = [0.0f32; 3];
+        clamped_swiglu_ref(&[100.0, 1.0, -3.0], &[2.0, -50.0, 100.0], &mut o, c);
+        let glu = |g: f64| g / (1.0 + (-1.702 * g).exp());
+        let want = [3.0 * glu(7.0), -6.0 * glu(1.0), 8.0 * glu(-3.0)];
+        for (a, b) in o.iter().zip(want) {
+            assert!(
+                (*a as f64 - b).abs() < 1e-5 * b.abs().max(1.0),
+                "{a} vs {b}"
+            );
+        }
     }
 }

@@ -1,7 +1,9 @@
 //! Scaled dot-product attention over packed `q [sq, nh, hd]`, `k [skv, nkv, hd]`,
 //! `v [skv, nkv, hdv]` → `out [sq, nh, hdv]`: causal masking, sliding window, grouped-query heads
-//! (head `h` reads KV head `h / (nh / nkv)`), ALiBi slopes and tanh soft-capping of the scores.
-//! Query `i` sits at position `p = skv - sq + i`. A query that sees no key gets zeros.
+//! (head `h` reads KV head `h / (nh / nkv)`), ALiBi slopes, tanh soft-capping of the scores and
+//! attention sinks (a learned logit per head that joins each softmax's denominator as a key
+//! without a value, GPT-OSS); the per-head terms come as [`HeadTerms`]. Query `i` sits at
+//! position `p = skv - sq + i`. A query that sees no key gets zeros.
 //!
 //! The reference computes scores in f32, softmax and the weighted sum in f64, one (query, head)
 //! at a time. With AVX-512, prompts take the tiled online-softmax kernel of [`flash`] (no score
@@ -50,6 +52,44 @@ pub struct AttnParams {
     pub window: usize,
 }
 
+/// The per-head terms of one call, each `[nh]` when given.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HeadTerms<'a> {
+    /// ALiBi slopes: key `j` of the query at position `p` adds `slope·(j − p)` to its score.
+    pub alibi: Option<&'a [f32]>,
+    /// Attention sinks: one logit per head added to the softmax denominator (`e^(sink − m)`),
+    /// taking part of the weight away from the keys.
+    pub sinks: Option<&'a [f32]>,
+}
+
+impl HeadTerms<'_> {
+    /// The ALiBi slope of head `h` (0 without slopes).
+    pub fn slope(&self, h: usize) -> f32 {
+        self.alibi.and_then(|s| s.get(h).copied()).unwrap_or(0.0)
+    }
+
+    /// The sink logit of head `h`, if the call has sinks.
+    pub fn sink(&self, h: usize) -> Option<f32> {
+        self.sinks.and_then(|s| s.get(h).copied())
+    }
+}
+
+/// `1 / (l + e^(sink − m))`: the factor that normalises an unnormalised softmax output whose
+/// scores have the maximum `m` and the sum `l = Σ e^(s − m)`, the sink (when given) counted in
+/// the denominator. 0 when there is nothing to normalise (no visible key) or the sink outweighs
+/// the keys beyond f32 range (their weights are 0 then).
+pub fn inv_denominator(l: f32, m: f32, sink: Option<f32>) -> f32 {
+    let d = match sink {
+        Some(s) if m > f32::NEG_INFINITY => l + (s - m).exp(),
+        _ => l,
+    };
+    if d > 0.0 && d.is_finite() {
+        1.0 / d
+    } else {
+        0.0
+    }
+}
+
 impl AttnParams {
     /// Range of keys query `i` may see (empty when none).
     pub fn visible(&self, i: usize) -> std::ops::Range<usize> {
@@ -92,20 +132,20 @@ pub fn attention_ref_kv(
     q: &[f32],
     k: KvRows,
     v: KvRows,
-    slopes: Option<&[f32]>,
+    heads: HeadTerms,
     out: &mut [f32],
     p: &AttnParams,
 ) {
     let (kf, vf) = (k.to_f32(p.hd), v.to_f32(p.hdv));
-    attention_ref(q, &kf, &vf, slopes, out, p);
+    attention_ref(q, &kf, &vf, heads, out, p);
 }
 
-/// Reference attention.
+/// Reference attention (a sink enters the softmax as one more score, in f64).
 pub fn attention_ref(
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    slopes: Option<&[f32]>,
+    heads: HeadTerms,
     out: &mut [f32],
     p: &AttnParams,
 ) {
@@ -117,12 +157,13 @@ pub fn attention_ref(
     for (r, o) in out.chunks_exact_mut(hdv).enumerate().take(p.sq * p.nh) {
         let (i, h) = (r / p.nh, r % p.nh);
         let kh = p.kv_head(h);
-        let slope = slopes.and_then(|s| s.get(h).copied()).unwrap_or(0.0);
+        let slope = heads.slope(h);
         let Some(qr) = q.get(r * hd..(r + 1) * hd) else {
             return;
         };
         let vis = p.visible(i);
-        let mut m = f32::NEG_INFINITY;
+        let sink = heads.sink(h).filter(|_| !vis.is_empty());
+        let mut m = sink.unwrap_or(f32::NEG_INFINITY);
         for j in vis.clone() {
             let Some(kr) = k.get((j * p.nkv + kh) * hd..(j * p.nkv + kh + 1) * hd) else {
                 return;
@@ -136,7 +177,7 @@ pub fn attention_ref(
             m = m.max(s);
         }
         let mut acc = vec![0f64; hdv];
-        let mut sum = 0f64;
+        let mut sum = sink.map_or(0.0, |s| ((s - m) as f64).exp());
         for j in vis {
             let e = ((scores[j] - m) as f64).exp();
             sum += e;
@@ -158,7 +199,7 @@ struct Inputs<'a> {
     q: &'a [f32],
     k: KvRows<'a>,
     v: KvRows<'a>,
-    slopes: Option<&'a [f32]>,
+    heads: HeadTerms<'a>,
     p: &'a AttnParams,
     /// Query heads per KV head.
     g: usize,
@@ -167,7 +208,7 @@ struct Inputs<'a> {
 impl Inputs<'_> {
     /// ALiBi slope of query head `h` (0 without slopes).
     fn slope(&self, h: usize) -> f32 {
-        self.slopes.and_then(|s| s.get(h).copied()).unwrap_or(0.0)
+        self.heads.slope(h)
     }
 
     /// True when every slice holds the values the parameters imply (the SIMD kernels index
@@ -223,10 +264,7 @@ impl Inputs<'_> {
             .zip(ls.iter_mut())
             .enumerate()
         {
-            let slope = self
-                .slopes
-                .and_then(|s| s.get(h0 + t).copied())
-                .unwrap_or(0.0);
+            let slope = self.slope(h0 + t);
             if p.softcap > 0.0 || slope != 0.0 {
                 for (j, s) in keys.clone().zip(sc.iter_mut()) {
                     *s = p.adjust(*s, slope, i, j);
@@ -279,13 +317,13 @@ pub fn attention(
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    slopes: Option<&[f32]>,
+    heads: HeadTerms,
     out: &mut [f32],
     p: &AttnParams,
 ) {
     attention_on(
         th,
-        (q, KvRows::F32(k), KvRows::F32(v), slopes),
+        (q, KvRows::F32(k), KvRows::F32(v), heads),
         out,
         p,
         Kernel::Auto,
@@ -298,11 +336,11 @@ pub fn attention_kv(
     q: &[f32],
     k: KvRows,
     v: KvRows,
-    slopes: Option<&[f32]>,
+    heads: HeadTerms,
     out: &mut [f32],
     p: &AttnParams,
 ) {
-    attention_on(th, (q, k, v, slopes), out, p, Kernel::Auto);
+    attention_on(th, (q, k, v, heads), out, p, Kernel::Auto);
 }
 
 /// Which fast kernel runs a call.
@@ -320,13 +358,13 @@ enum Kernel {
     Decode,
 }
 
-/// The `q`, `k`, `v` and ALiBi slopes of one call.
-type Qkvs<'a> = (&'a [f32], KvRows<'a>, KvRows<'a>, Option<&'a [f32]>);
+/// The `q`, `k`, `v` and per-head terms of one call.
+type Qkvs<'a> = (&'a [f32], KvRows<'a>, KvRows<'a>, HeadTerms<'a>);
 
 /// [`attention`] on a chosen kernel.
 fn attention_on(
     th: &Threads,
-    (q, k, v, slopes): Qkvs,
+    (q, k, v, heads): Qkvs,
     out: &mut [f32],
     p: &AttnParams,
     kernel: Kernel,
@@ -339,7 +377,7 @@ fn attention_on(
         q,
         k,
         v,
-        slopes,
+        heads,
         p,
         g,
     };
@@ -394,10 +432,10 @@ fn portable(th: &Threads, inp: &Inputs, out: &mut [f32]) {
                 &mut ms,
                 &mut ls,
             );
-            for (o, &l) in ob.chunks_exact_mut(hdv).zip(&ls) {
-                if l > 0.0 {
-                    vm::scale(o, 1.0 / l);
-                }
+            let h0 = (u % p.nkv) * g;
+            for (t, o) in ob.chunks_exact_mut(hdv).enumerate() {
+                let inv = inv_denominator(ls[t], ms[t], inp.heads.sink(h0 + t));
+                vm::scale(o, inv);
             }
         }
     });
@@ -425,17 +463,24 @@ fn split_keys(th: &Threads, inp: &Inputs, out: &mut [f32], units: usize, splits:
             inp.partial((i, u % p.nkv), keys, &mut scores, ob, ms, ls);
         }
     });
-    merge_partials(out, &partials, g, hdv, splits);
+    merge_partials(out, &partials, (g, hdv, splits), inp.heads.sinks);
 }
 
 /// Merges `splits` partial softmax results per unit into `out` (`heads` rows of `hdv` per unit):
 /// each unit's partials are `splits` runs of `heads` unnormalised outputs, `heads` maxima and
-/// `heads` sums; `O = Σ e^(m_c - M) acc_c / Σ e^(m_c - M) l_c`.
-fn merge_partials(out: &mut [f32], partials: &[f32], heads: usize, hdv: usize, splits: usize) {
+/// `heads` sums; `O = Σ e^(m_c - M) acc_c / (Σ e^(m_c - M) l_c + e^(sink - M))`. Units cover
+/// consecutive query heads, so output row `r` belongs to head `r % sinks.len()`.
+fn merge_partials(
+    out: &mut [f32],
+    partials: &[f32],
+    (heads, hdv, splits): (usize, usize, usize),
+    sinks: Option<&[f32]>,
+) {
     let part = heads * (hdv + 2);
-    for (ob, pu) in out
+    for (u, (ob, pu)) in out
         .chunks_exact_mut(heads * hdv)
         .zip(partials.chunks_exact(splits * part))
+        .enumerate()
     {
         for (t, o) in ob.chunks_exact_mut(hdv).enumerate() {
             let m_of = |c: usize| {
@@ -460,9 +505,8 @@ fn merge_partials(out: &mut [f32], partials: &[f32], heads: usize, hdv: usize, s
                     .unwrap_or(&[]);
                 vm::axpy(o, w, acc);
             }
-            if total > 0.0 {
-                vm::scale(o, 1.0 / total);
-            }
+            let sink = sinks.and_then(|s| s.get((u * heads + t) % s.len().max(1)).copied());
+            vm::scale(o, inv_denominator(total, big, sink));
         }
     }
 }
@@ -487,6 +531,19 @@ mod tests {
         }
     }
 
+    /// Sink logits of `nh` heads: around the scores' range, one far above it (its keys get
+    /// almost no weight) and one far below (no effect).
+    fn sinks(nh: usize) -> Vec<f32> {
+        (0..nh)
+            .map(|h| match h % 4 {
+                0 => 0.7,
+                1 => -1.3,
+                2 => 40.0,
+                _ => -60.0,
+            })
+            .collect()
+    }
+
     const KERNELS: [Kernel; 4] = [
         Kernel::Auto,
         Kernel::Portable,
@@ -495,15 +552,15 @@ mod tests {
     ];
 
     /// Runs `kernel` and the reference on the same inputs; returns the NMSE.
-    fn check(th: &Threads, p: &AttnParams, slopes: Option<&[f32]>, kernel: Kernel) -> f64 {
+    fn check(th: &Threads, p: &AttnParams, heads: HeadTerms, kernel: Kernel) -> f64 {
         let q = vals(p.sq * p.nh * p.hd, 1, -2.0, 2.0);
         let k = vals(p.skv * p.nkv * p.hd, 2, -2.0, 2.0);
         let v = vals(p.skv * p.nkv * p.hdv, 3, -1.0, 1.0);
         let n = p.sq * p.nh * p.hdv;
         let (mut r, mut f) = (vec![0.0; n], vec![1.0; n]);
-        attention_ref(&q, &k, &v, slopes, &mut r, p);
+        attention_ref(&q, &k, &v, heads, &mut r, p);
         let (kr, vr) = (KvRows::F32(&k), KvRows::F32(&v));
-        attention_on(th, (&q, kr, vr, slopes), &mut f, p, kernel);
+        attention_on(th, (&q, kr, vr, heads), &mut f, p, kernel);
         nmse(&f, &r)
     }
 
@@ -552,8 +609,14 @@ mod tests {
         let v = Enc::new(vf, &vals(p.skv * p.nkv * p.hdv, 3, -1.0, 1.0), p.hdv);
         let n = p.sq * p.nh * p.hdv;
         let (mut r, mut f) = (vec![0.0; n], vec![1.0; n]);
-        attention_ref_kv(&q, k.rows(), v.rows(), None, &mut r, p);
-        attention_on(th, (&q, k.rows(), v.rows(), None), &mut f, p, kernel);
+        // sinks on the shapes with an odd query count
+        let sinks = sinks(p.nh);
+        let heads = HeadTerms {
+            alibi: None,
+            sinks: (p.sq % 2 == 1).then_some(&sinks[..]),
+        };
+        attention_ref_kv(&q, k.rows(), v.rows(), heads, &mut r, p);
+        attention_on(th, (&q, k.rows(), v.rows(), heads), &mut f, p, kernel);
         nmse(&f, &r)
     }
 
@@ -609,20 +672,23 @@ mod tests {
         for threads in [1, 2, 5] {
             let th = Threads::new(threads).unwrap();
             for (sq, skv, nh, nkv, hd, hdv) in shapes {
-                for variant in 0..5 {
+                for variant in 0..7 {
                     let mut p = params(sq, skv, nh, nkv, hd);
                     p.hdv = hdv;
                     let slopes: Vec<f32> = (0..nh).map(|h| 0.5f32.powi(h as i32 + 1)).collect();
+                    let sinks = sinks(nh);
+                    let mut heads = HeadTerms::default();
                     match variant {
+                        0 => heads.alibi = Some(&slopes),
                         1 => p.softcap = 5.0,
                         2 => p.window = 11,
                         3 => p.causal = false,
                         4 => (p.causal, p.window) = (false, 3),
-                        _ => {}
+                        5 => (p.window, heads.sinks) = (4, Some(&sinks[..])),
+                        _ => (p.softcap, heads.sinks) = (5.0, Some(&sinks[..])),
                     }
-                    let s = (variant == 0).then_some(&slopes[..]);
                     for kernel in KERNELS {
-                        let e = check(&th, &p, s, kernel);
+                        let e = check(&th, &p, heads, kernel);
                         assert!(
                             e < 1e-11,
                             "{kernel:?} t{threads} {sq} {skv} {nh} {nkv} {hd} {hdv} v{variant}: {e:e}"
@@ -640,7 +706,7 @@ mod tests {
             let mut p = params(40, skv, 6, 2, 64);
             p.causal = false;
             for kernel in KERNELS {
-                let e = check(&th, &p, None, kernel);
+                let e = check(&th, &p, HeadTerms::default(), kernel);
                 assert!(e < 1e-11, "{kernel:?} skv={skv}: {e:e}");
             }
         }
@@ -651,8 +717,19 @@ mod tests {
         let th = Threads::new(2).unwrap();
         for (sq, skv) in [(1usize, 2100usize), (3, 1500), (70, 1100)] {
             let p = params(sq, skv, 9, 3, 64);
-            for kernel in KERNELS {
-                let e = check(&th, &p, None, kernel);
+            let sinks = sinks(9);
+            for (kernel, heads) in KERNELS.into_iter().zip(
+                [
+                    HeadTerms::default(),
+                    HeadTerms {
+                        alibi: None,
+                        sinks: Some(&sinks),
+                    },
+                ]
+                .into_iter()
+                .cycle(),
+            ) {
+                let e = check(&th, &p, heads, kernel);
                 assert!(e < 1e-11, "{kernel:?} {sq} {skv}: {e:e}");
             }
         }
@@ -681,14 +758,13 @@ mod tests {
                 let q = vals(sq * nh * hd, 1, -2.0, 2.0);
                 let k = vals(skv * nkv * hd, 2, -2.0, 2.0);
                 let v = vals(skv * nkv * hd, 3, -1.0, 1.0);
-                let s = if variant == 0 {
-                    Some(&slopes[..])
-                } else {
-                    None
+                let heads = HeadTerms {
+                    alibi: (variant == 0).then_some(&slopes[..]),
+                    sinks: None,
                 };
                 let (mut r, mut f) = (vec![0.0; sq * nh * hd], vec![1.0; sq * nh * hd]);
-                attention_ref(&q, &k, &v, s, &mut r, &p);
-                attention(&th, &q, &k, &v, s, &mut f, &p);
+                attention_ref(&q, &k, &v, heads, &mut r, &p);
+                attention(&th, &q, &k, &v, heads, &mut f, &p);
                 let e = nmse(&f, &r);
                 assert!(e < 1e-11, "{sq} {skv} {nh} {nkv} {hd} v{variant}: {e:e}");
             }
@@ -709,15 +785,20 @@ mod tests {
             p.window = window;
             p.softcap = softcap;
             let slopes = [0.01f32, 0.02, 0.03, 0.04];
+            let sinks = sinks(4);
+            let heads = HeadTerms {
+                alibi: Some(&slopes),
+                sinks: (window > 0).then_some(&sinks[..]),
+            };
             let q = vals(sq * 4 * 64, 1, -2.0, 2.0);
             let k = vals(skv * 64, 2, -2.0, 2.0);
             let v = vals(skv * 64, 3, -1.0, 1.0);
             let (mut r, mut f) = (vec![0.0; sq * 4 * 64], vec![1.0; sq * 4 * 64]);
-            attention_ref(&q, &k, &v, Some(&slopes), &mut r, &p);
+            attention_ref(&q, &k, &v, heads, &mut r, &p);
             for kernel in KERNELS {
                 attention_on(
                     &th,
-                    (&q, KvRows::F32(&k), KvRows::F32(&v), Some(&slopes)),
+                    (&q, KvRows::F32(&k), KvRows::F32(&v), heads),
                     &mut f,
                     &p,
                     kernel,
@@ -739,11 +820,54 @@ mod tests {
         let k = [1.0, 0.0, 0.0, 1.0];
         let v = [3.0, 4.0, 5.0, 6.0];
         let mut o = [0.0; 4];
-        attention_ref(&q, &k, &v, None, &mut o, &p);
+        attention_ref(&q, &k, &v, HeadTerms::default(), &mut o, &p);
         assert_eq!(&o[..2], &[3.0, 4.0]);
         // query 1 sees both with scores 0 and 1/sqrt(2)
         let w1 = (1.0f64 / 2f64.sqrt()).exp();
         let e0 = (3.0 + 5.0 * w1) / (1.0 + w1);
         assert!((o[2] as f64 - e0).abs() < 1e-6);
+    }
+}
+
+#[cfg(test)]
+mod sink_tests {
+    use super::*;
+
+    #[test]
+    fn a_sink_takes_its_share_of_the_softmax() {
+        // one query, two keys with scores 0 and 1, sink 0.5: weights e^s / (e^0 + e^1 + e^0.5)
+        let p = AttnParams {
+            sq: 1,
+            skv: 2,
+            nh: 1,
+            nkv: 1,
+            hd: 1,
+            hdv: 1,
+            scale: 1.0,
+            softcap: 0.0,
+            causal: true,
+            window: 0,
+        };
+        let (q, k, v) = ([1.0f32], [0.0f32, 1.0], [2.0f32, 3.0]);
+        let heads = HeadTerms {
+            alibi: None,
+            sinks: Some(&[0.5]),
+        };
+        let z = 1.0 + 1f64.exp() + 0.5f64.exp();
+        let want = (2.0 + 3.0 * 1f64.exp()) / z;
+        let mut o = [0.0f32];
+        attention_ref(&q, &k, &v, heads, &mut o, &p);
+        assert!((o[0] as f64 - want).abs() < 1e-6, "{} vs {want}", o[0]);
+        let th = Threads::new(1).unwrap();
+        attention(&th, &q, &k, &v, heads, &mut o, &p);
+        assert!((o[0] as f64 - want).abs() < 1e-6, "{} vs {want}", o[0]);
+    }
+
+    #[test]
+    fn inv_denominator_limits() {
+        assert_eq!(inv_denominator(0.0, f32::NEG_INFINITY, Some(3.0)), 0.0);
+        assert_eq!(inv_denominator(2.0, 0.0, None), 0.5);
+        assert_eq!(inv_denominator(1.0, 0.0, Some(200.0)), 0.0);
+        assert!((inv_denominator(1.0, 0.0, Some(0.0)) - 0.5).abs() < 1e-7);
     }
 }

@@ -2,10 +2,12 @@
 //! sequences, a block table per sequence, `paged_cache_write` (store new keys/values into their
 //! slots) and `paged_attention` (causal attention of each sequence's new queries over its cached
 //! keys, read through its block table). A scalar reference and a fast path (online softmax,
-//! parallel over sequence × head). The pool stores its values in any
+//! parallel over sequence × head), with the per-head terms of [`HeadTerms`] (ALiBi slopes,
+//! attention sinks). The pool stores its values in any
 //! [`KvFormat`](crate::attention::KvFormat) (f32, f16, q8_0; see `attention::kv`), read in place.
 
 use crate::attention::kv::{store_rows, KvFormat, KvRows};
+use crate::attention::{inv_denominator, HeadTerms};
 use crate::threads::Threads;
 use crate::vecmath;
 
@@ -104,7 +106,7 @@ pub fn paged_attention_ref(
     k_cache: KvRows,
     v_cache: KvRows,
     seqs: &[PagedSeq],
-    alibi: Option<&[f32]>,
+    heads: HeadTerms,
     p: &PagedAttnParams,
     out: &mut [f32],
 ) {
@@ -126,14 +128,16 @@ pub fn paged_attention_ref(
                     let kv = &k_cache[(s * nkv + kh) * hd..(s * nkv + kh + 1) * hd];
                     let dot: f64 = qv.iter().zip(kv).map(|(a, b)| *a as f64 * *b as f64).sum();
                     let mut sc = cap(dot as f32 * p.scale, p) as f64;
-                    if let Some(a) = alibi {
-                        sc += a[h] as f64 * (j as f64 - pos as f64);
-                    }
+                    sc += heads.slope(h) as f64 * (j as f64 - pos as f64);
                     scores.push(sc);
                 }
-                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let sink = heads.sink(h).map(|s| s as f64);
+                let m = scores
+                    .iter()
+                    .cloned()
+                    .fold(sink.unwrap_or(f64::NEG_INFINITY), f64::max);
                 let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-                let z: f64 = w.iter().sum();
+                let z: f64 = w.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - m).exp());
                 let o = &mut out[(row * nh + h) * hd..(row * nh + h + 1) * hd];
                 for d in 0..hd {
                     let mut acc = 0f64;
@@ -155,7 +159,7 @@ pub fn paged_attention(
     k_cache: KvRows,
     v_cache: KvRows,
     seqs: &[PagedSeq],
-    alibi: Option<&[f32]>,
+    heads: HeadTerms,
     p: &PagedAttnParams,
     out: &mut [f32],
     threads: &Threads,
@@ -207,7 +211,7 @@ pub fn paged_attention(
                             qs,
                             (k_cache, v_cache),
                             &job,
-                            alibi,
+                            heads,
                             p,
                             &mut scratch,
                             o,
@@ -242,9 +246,7 @@ pub fn paged_attention(
                     vecmath::dot(qv, row_of(&k_cache, r, hd, &mut buf)) * p.scale,
                     p,
                 );
-                if let Some(a) = alibi {
-                    sc += a[h] * (j as f32 - pos as f32);
-                }
+                sc += heads.slope(h) * (j as f32 - pos as f32);
                 scores.push(sc);
             }
             let m = vecmath::max(&scores);
@@ -260,7 +262,7 @@ pub fn paged_attention(
                     vecmath::axpy(&mut acc, w, row_of(&v_cache, r, hd, &mut buf));
                 }
             }
-            let inv = if z > 0.0 { 1.0 / z } else { 0.0 };
+            let inv = inv_denominator(z, m, heads.sink(h));
             // SAFETY: each (row, head) output slice is written by exactly one task.
             let o = unsafe {
                 std::slice::from_raw_parts_mut((out_ptr as *mut f32).add((row * nh + h) * hd), hd)
@@ -313,6 +315,7 @@ mod avx512 {
     use super::{cap, slot_of, visible, GroupJob, GroupScratch, PagedAttnParams};
     use crate::attention::kv::avx512::{Load16, F16, F32, Q8};
     use crate::attention::kv::{KvFormat, KvRows};
+    use crate::attention::{inv_denominator, HeadTerms};
     use crate::vecmath;
     use std::arch::x86_64::*;
 
@@ -330,7 +333,7 @@ mod avx512 {
         qs: &[f32],
         (k, v): (KvRows, KvRows),
         job: &GroupJob,
-        alibi: Option<&[f32]>,
+        heads: HeadTerms,
         p: &PagedAttnParams,
         s: &mut GroupScratch,
         out: &mut [f32],
@@ -338,15 +341,15 @@ mod avx512 {
         use KvFormat as F;
         let kv = (k.base(), v.base());
         match (k.format(), v.format()) {
-            (F::F32, F::F32) => group_as::<F32, F32>(qs, kv, job, alibi, p, s, out),
-            (F::F32, F::F16) => group_as::<F32, F16>(qs, kv, job, alibi, p, s, out),
-            (F::F32, F::Q8_0) => group_as::<F32, Q8>(qs, kv, job, alibi, p, s, out),
-            (F::F16, F::F32) => group_as::<F16, F32>(qs, kv, job, alibi, p, s, out),
-            (F::F16, F::F16) => group_as::<F16, F16>(qs, kv, job, alibi, p, s, out),
-            (F::F16, F::Q8_0) => group_as::<F16, Q8>(qs, kv, job, alibi, p, s, out),
-            (F::Q8_0, F::F32) => group_as::<Q8, F32>(qs, kv, job, alibi, p, s, out),
-            (F::Q8_0, F::F16) => group_as::<Q8, F16>(qs, kv, job, alibi, p, s, out),
-            (F::Q8_0, F::Q8_0) => group_as::<Q8, Q8>(qs, kv, job, alibi, p, s, out),
+            (F::F32, F::F32) => group_as::<F32, F32>(qs, kv, job, heads, p, s, out),
+            (F::F32, F::F16) => group_as::<F32, F16>(qs, kv, job, heads, p, s, out),
+            (F::F32, F::Q8_0) => group_as::<F32, Q8>(qs, kv, job, heads, p, s, out),
+            (F::F16, F::F32) => group_as::<F16, F32>(qs, kv, job, heads, p, s, out),
+            (F::F16, F::F16) => group_as::<F16, F16>(qs, kv, job, heads, p, s, out),
+            (F::F16, F::Q8_0) => group_as::<F16, Q8>(qs, kv, job, heads, p, s, out),
+            (F::Q8_0, F::F32) => group_as::<Q8, F32>(qs, kv, job, heads, p, s, out),
+            (F::Q8_0, F::F16) => group_as::<Q8, F16>(qs, kv, job, heads, p, s, out),
+            (F::Q8_0, F::Q8_0) => group_as::<Q8, Q8>(qs, kv, job, heads, p, s, out),
         }
     }
 
@@ -357,7 +360,7 @@ mod avx512 {
         qs: &[f32],
         (kb, vb): (*const u8, *const u8),
         job: &GroupJob,
-        alibi: Option<&[f32]>,
+        heads: HeadTerms,
         p: &PagedAttnParams,
         s: &mut GroupScratch,
         out: &mut [f32],
@@ -382,14 +385,11 @@ mod avx512 {
             }
             h0 += nb;
         }
-        if p.softcap > 0.0 || alibi.is_some() {
+        if p.softcap > 0.0 || heads.alibi.is_some() {
             for (b, row) in s.scores.chunks_exact_mut(len).enumerate() {
-                let h = job.first_head + b;
+                let slope = heads.slope(job.first_head + b);
                 for (j, v) in (lo..=hi).zip(row.iter_mut()) {
-                    *v = cap(*v, p);
-                    if let Some(al) = alibi {
-                        *v += al[h] * (j as f32 - job.pos as f32);
-                    }
+                    *v = cap(*v, p) + slope * (j as f32 - job.pos as f32);
                 }
             }
         }
@@ -410,7 +410,7 @@ mod avx512 {
                 vecmath::exp_sub_sum(row, m)
             };
             if z > 0.0 {
-                *iv = 1.0 / z;
+                *iv = inv_denominator(z, m, heads.sink(job.first_head + b));
             } else {
                 row.iter_mut().for_each(|w| *w = 0.0);
             }
@@ -600,10 +600,26 @@ mod tests {
                 let ((kf, kh), (vf, vh)) = (rows_of(fmt, &kb), rows_of(fmt, &vb));
                 let (k, v) = (kv(fmt, &kb, &kf, &kh), kv(fmt, &vb, &vf, &vh));
                 let (mut r, mut f) = (vec![0f32; q.len()], vec![1f32; q.len()]);
-                paged_attention_ref(&q, k, v, &seqs, None, &p, &mut r);
-                paged_attention(&q, k, v, &seqs, None, &p, &mut f, &th);
+                let h0 = HeadTerms::default();
+                paged_attention_ref(&q, k, v, &seqs, h0, &p, &mut r);
+                paged_attention(&q, k, v, &seqs, h0, &p, &mut f, &th);
                 let e = nmse(&f, &r);
                 assert!(e < 1e-11, "{fmt:?} {nh} {nkv} {hd} {bs}: {e:e}");
+                // attention sinks (with a window and soft-capping)
+                let sinks: Vec<f32> = (0..nh).map(|h| [0.5, -2.0, 30.0][h % 3]).collect();
+                let hs = HeadTerms {
+                    alibi: None,
+                    sinks: Some(&sinks),
+                };
+                let pw = PagedAttnParams {
+                    window: 2 * bs + 1,
+                    softcap: 4.0,
+                    ..p
+                };
+                paged_attention_ref(&q, k, v, &seqs, hs, &pw, &mut r);
+                paged_attention(&q, k, v, &seqs, hs, &pw, &mut f, &th);
+                let e = nmse(&f, &r);
+                assert!(e < 1e-11, "sinks {fmt:?} {nh} {nkv} {hd} {bs}: {e:e}");
                 if fmt != KvFormat::F32 {
                     // the cache holds the values to the format's precision
                     let (mut exact, mut x) = (vec![0f32; q.len()], vec![0f32; q.len()]);
@@ -618,11 +634,11 @@ mod tests {
                         KvRows::F32(&kf),
                         KvRows::F32(&vf),
                         &seqs,
-                        None,
+                        h0,
                         &p,
                         &mut exact,
                     );
-                    paged_attention(&q, k, v, &seqs, None, &p, &mut x, &th);
+                    paged_attention(&q, k, v, &seqs, h0, &p, &mut x, &th);
                     let e = nmse(&x, &exact);
                     assert!(e < 1e-3, "{fmt:?} vs f32 {nh} {nkv} {hd} {bs}: {e:e}");
                 }

@@ -3,6 +3,7 @@
 //! bit-exact and dequantizes the rest, streaming tensor by tensor. Every tensor's type and name
 //! is checked before the output file is created.
 
+use super::dtype_policy::DtypePlan;
 use super::ggml_dequant::{dequantize, shared_dtype, supported};
 use super::gguf_config::gguf_architecture;
 use super::gguf_rope::ROPE_FACTOR_TENSORS;
@@ -10,7 +11,8 @@ use super::names::{
     gguf_arch_name, gguf_moe_part, gguf_name, moe_hf_name, GgufMoePart, Mapped, ROPE_FREQS,
 };
 use super::output::TensorOutput;
-use super::tensor_transform::SourceTensor;
+use super::quant_mix::MixTensor;
+use super::tensor_transform::{stored_dims, SourceTensor};
 use super::{general_metadata, naming_file, ConvertOptions, ConvertReport, Progress};
 use crate::error::{Error, Result};
 use crate::format::flm::{FlmWriter, MetaValue};
@@ -30,6 +32,8 @@ pub fn convert_gguf(
     check_tensor_types(&g)?;
     let config = ModelConfig::from_gguf(&g)?;
     let plan = plan_tensors(&g, &arch, &config)?;
+    let dtypes = DtypePlan::new(opts.dtype, &config, || mix_tensors(&g, &plan))
+        .map_err(|e| naming_file(&g.path, e))?;
     let spec =
         crate::tokenizer::TokenizerSpec::from_gguf(&g).map_err(|e| naming_file(&g.path, e))?;
     let name = g.get_str("general.name").unwrap_or_default().to_string();
@@ -39,7 +43,7 @@ pub fn convert_gguf(
     }
     let writer = FlmWriter::create(out, &config, &meta, &spec)?;
     let total = plan.iter().map(|(_, ms)| ms.len()).sum();
-    let mut output = TensorOutput::new(writer, opts.dtype, &config.architecture, total, progress);
+    let mut output = TensorOutput::new(writer, dtypes, &config.architecture, total, progress);
     for (i, ms) in &plan {
         let t = g
             .tensors
@@ -138,6 +142,37 @@ fn plan_tensors(
     Ok(plan)
 }
 
+/// Every `.flm` tensor the conversion of `g` writes, in order, as the mix planner sees it.
+fn mix_tensors(g: &GgufFile, plan: &[(usize, Vec<Mapped>)]) -> Result<Vec<MixTensor>> {
+    let mut out = Vec::new();
+    for (i, ms) in plan {
+        let t = g
+            .tensors
+            .get(*i)
+            .ok_or_else(|| Error::format(&g.path, "tensor index changed"))?;
+        let mut dims = t.shape();
+        if ms.len() > 1 {
+            dims.remove(0);
+        }
+        let quantized_source = match shared_dtype(t.ggml_type) {
+            Some(d) if d.is_float() => None,
+            _ => Some(
+                ggml_type::info(t.ggml_type)
+                    .map_or("unknown", |i| i.0)
+                    .to_string(),
+            ),
+        };
+        for m in ms {
+            out.push(MixTensor {
+                name: m.name.clone(),
+                dims: stored_dims(m, &dims, &t.name)?,
+                quantized_source: quantized_source.clone(),
+            });
+        }
+    }
+    Ok(out)
+}
+
 /// The `.flm` tensors of a GGUF MoE tensor (one per expert for a stacked one), `None` when `t`
 /// is not a MoE tensor; an error when the model has no MoE layers for it or the stack does not
 /// hold `expert_count` experts.
@@ -147,8 +182,19 @@ fn moe_plan(
     config: &ModelConfig,
     names: Option<&crate::model::MoeNames>,
 ) -> Result<Option<Vec<Mapped>>> {
-    let Some((layer, part)) = gguf_moe_part(&t.name) else {
+    // a router's or stacked experts' bias (GPT-OSS) is named like its weight, `.bias` for `.weight`
+    let bias_of = t
+        .name
+        .strip_suffix(".bias")
+        .and_then(|n| gguf_moe_part(&format!("{n}.weight")))
+        .filter(|(_, p)| matches!(p, GgufMoePart::Router | GgufMoePart::Stacked(_)));
+    let is_bias = gguf_moe_part(&t.name).is_none() && bias_of.is_some();
+    let Some((layer, part)) = gguf_moe_part(&t.name).or(bias_of) else {
         return Ok(None);
+    };
+    let suffixed = |n: String| match n.strip_suffix(".weight") {
+        Some(stem) if is_bias => format!("{stem}.bias"),
+        _ => n,
     };
     let (Some(names), Some(moe)) = (names, config.moe.as_ref()) else {
         return Err(Error::format(
@@ -160,7 +206,7 @@ fn moe_plan(
         ));
     };
     let plain = |name: String| Mapped {
-        name,
+        name: suffixed(name),
         transpose: false,
         unpermute_heads: None,
     };
@@ -175,11 +221,13 @@ fn moe_plan(
     };
     if let GgufMoePart::Stacked(_) = part {
         let shape = t.shape();
-        if shape.len() != 3 || shape[0] != moe.experts {
+        let rank = if is_bias { 2 } else { 3 };
+        if shape.len() != rank || shape[0] != moe.experts {
+            let want = if is_bias { "out" } else { "out, in" };
             return Err(Error::format(
                 &g.path,
                 format!(
-                    "tensor {}: shape {shape:?} is not [{} experts, out, in]",
+                    "tensor {}: shape {shape:?} is not [{} experts, {want}]",
                     t.name, moe.experts
                 ),
             ));

@@ -1,5 +1,6 @@
-//! `ModelConfig` from GGUF metadata (`{arch}.*` keys: llama, qwen2, qwen3, phi3, gemma3) and
-//! the chat template. Missing required keys are errors naming the key and the file.
+//! `ModelConfig` from GGUF metadata (`{arch}.*` keys: llama, qwen2, qwen3, phi3, gemma3, qwen3moe,
+//! deepseek2, gpt-oss) and the chat template. Missing required keys are errors naming the key and
+//! the file.
 
 use super::gguf_rope::gguf_rope_scaling;
 use crate::error::{Error, Result};
@@ -7,7 +8,16 @@ use crate::format::gguf::GgufFile;
 use crate::model::{ModelConfig, MoeConfig, MoeScoring, RopeStyle};
 
 /// GGUF architectures the converter knows.
-pub const GGUF_ARCHITECTURES: [&str; 6] = ["llama", "qwen2", "qwen3", "phi3", "gemma3", "qwen3moe"];
+pub const GGUF_ARCHITECTURES: [&str; 8] = [
+    "llama",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "gemma3",
+    "qwen3moe",
+    "deepseek2",
+    "gpt-oss",
+];
 
 /// The GGUF architecture, refused when unknown.
 pub fn gguf_architecture(g: &GgufFile) -> Result<String> {
@@ -72,6 +82,8 @@ impl ModelConfig {
             architecture: match (arch.as_str(), &moe) {
                 ("llama", Some(_)) => "mixtral".into(),
                 ("qwen3moe", _) => "qwen3_moe".into(),
+                ("deepseek2", _) => "deepseek_v3".into(),
+                ("gpt-oss", _) => "gpt_oss".into(),
                 _ => arch.clone(),
             },
             vocab_size,
@@ -105,10 +117,13 @@ impl ModelConfig {
             bos_id: id(g, "tokenizer.ggml.bos_token_id"),
             eos_ids,
             moe,
+            mla: None,
         };
         match arch.as_str() {
             "gemma3" => gemma3(g, &mut c)?,
             "phi3" => phi3(g, &mut c),
+            "deepseek2" => super::gguf_mla::deepseek2(g, &mut c)?,
+            "gpt-oss" => gpt_oss(g, &mut c)?,
             _ => {}
         }
         Ok(c)
@@ -189,6 +204,30 @@ fn gemma3(g: &GgufFile, c: &mut ModelConfig) -> Result<()> {
     Ok(())
 }
 
+/// GPT-OSS's settings beyond the llama family's: sliding-window layers alternating with full
+/// ones from the first (llama.cpp's pattern of 2; `attention.sliding_window` is required), the
+/// experts' clamped SwiGLU (alpha 1.702, limit 7, as llama.cpp fixes them), and YaRN with the
+/// ramp's ends left fractional (HF `truncate: false`).
+fn gpt_oss(g: &GgufFile, c: &mut ModelConfig) -> Result<()> {
+    let key = "gpt-oss.attention.sliding_window";
+    c.sliding_window = g
+        .get_u64(key)
+        .and_then(|v| usize::try_from(v).ok())
+        .filter(|&v| v > 0)
+        .ok_or_else(|| Error::format(&g.path, format!("missing or invalid metadata {key}")))?;
+    c.sliding_layers = (0..c.num_layers).map(|i| i % 2 == 0).collect();
+    if let crate::model::RopeScaling::Yarn { truncate, .. } = &mut c.rope_scaling {
+        *truncate = false;
+    }
+    if let Some(m) = &mut c.moe {
+        m.swiglu_clamp = Some(crate::model::SwigluClamp {
+            alpha: 1.702,
+            limit: 7.0,
+        });
+    }
+    Ok(())
+}
+
 /// The mixture-of-experts config from llama.cpp's `{arch}.expert_*` keys: `None` for a dense
 /// model (a llama file without experts); a MoE architecture or expert tensors without
 /// `expert_count` / `expert_used_count` are errors naming the key.
@@ -198,7 +237,10 @@ fn gguf_moe(g: &GgufFile, arch: &str, layers: usize) -> Result<Option<MoeConfig>
         .tensors
         .iter()
         .any(|t| t.name.contains("_exps.") || t.name.contains("ffn_gate_inp."));
-    if arch != "qwen3moe" && !has_experts && g.get_u64(&k("expert_count")).is_none_or(|n| n == 0) {
+    if !matches!(arch, "qwen3moe" | "gpt-oss")
+        && !has_experts
+        && g.get_u64(&k("expert_count")).is_none_or(|n| n == 0)
+    {
         return Ok(None);
     }
     let need = |key: &str| -> Result<usize> {
@@ -254,5 +296,6 @@ fn gguf_moe(g: &GgufFile, arch: &str, layers: usize) -> Result<Option<MoeConfig>
             .map_or(1.0, |v| v as f32),
         shared_intermediate: 0,
         layers: (0..layers).map(|i| i >= dense).collect(),
+        swiglu_clamp: None,
     }))
 }

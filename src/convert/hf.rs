@@ -1,12 +1,15 @@
 //! Hugging Face directory (`config.json`, `tokenizer.json`, safetensors) → `.flm`, streaming
 //! tensor by tensor in name order.
 
+use super::dtype_policy::DtypePlan;
 use super::hf_config::generation_metadata;
-use super::names::hf_name;
+use super::hf_experts::{split_experts, stacked_parts};
+use super::names::{hf_name, Mapped};
 use super::output::TensorOutput;
-use super::tensor_transform::SourceTensor;
+use super::quant_mix::MixTensor;
+use super::tensor_transform::{stored_dims, SourceTensor};
 use super::{general_metadata, naming_file, ConvertOptions, ConvertReport, Progress};
-use crate::data::decode_to_f32;
+use crate::data::{decode_to_f32, DataType};
 use crate::error::{Error, Result};
 use crate::format::flm::{FlmWriter, MetaValue};
 use crate::format::safetensors::SafetensorsSet;
@@ -43,6 +46,30 @@ fn chat_template(dir: &Path, tok_cfg: Option<&str>) -> Result<Option<String>> {
             .map(str::to_string),
         _ => None,
     })
+}
+
+/// Every tensor of `names` as the mix planner sees it (safetensors tensors are never
+/// block-quantized); a stacked expert tensor (GPT-OSS) is refused by name: the mixes are not
+/// planned for its per-expert parts.
+fn mix_tensors(weights: &SafetensorsSet, arch: &str, names: &[String]) -> Result<Vec<MixTensor>> {
+    names
+        .iter()
+        .map(|n| {
+            let (info, _) = weights.tensor(n)?;
+            if stacked_parts(arch, n, &info.dims)?.is_some() {
+                return Err(Error::Unsupported(format!(
+                    "tensor {n}: the llama.cpp mixes (q4_k_m, …) do not split stacked expert \
+                     tensors; use --dtype int4, int8 or keep"
+                )));
+            }
+            let m = hf_name(arch, n);
+            Ok(MixTensor {
+                dims: stored_dims(&m, &info.dims, n)?,
+                name: m.name,
+                quantized_source: None,
+            })
+        })
+        .collect()
 }
 
 /// Converts the Hugging Face model directory `dir` into `out`.
@@ -87,15 +114,18 @@ pub fn convert_hf_dir(
     if let Some(g) = &gen_text {
         meta.extend(generation_metadata(g, &gen_path.display().to_string())?);
     }
-    let writer = FlmWriter::create(out, &config, &meta, &spec)?;
     let names: Vec<String> = weights.names().map(str::to_string).collect();
-    let mut output = TensorOutput::new(
-        writer,
-        opts.dtype,
-        &config.architecture,
-        names.len(),
-        progress,
-    );
+    let dtypes = DtypePlan::new(opts.dtype, &config, || {
+        mix_tensors(&weights, &config.architecture, &names)
+    })?;
+    let writer = FlmWriter::create(out, &config, &meta, &spec)?;
+    let arch = config.architecture.clone();
+    // a stacked expert tensor is written as several (one or two per expert)
+    let mut total = 0;
+    for n in &names {
+        total += stacked_parts(&arch, n, &weights.tensor(n)?.0.dims)?.unwrap_or(1);
+    }
+    let mut output = TensorOutput::new(writer, dtypes, &config.architecture, total, progress);
     for n in &names {
         let (info, bytes) = weights.read_tensor(n)?;
         let file = weights.file_of(n).unwrap_or("safetensors");
@@ -108,7 +138,42 @@ pub fn convert_hf_dir(
             same_as: Some(info.dtype),
             decode: &decode,
         };
-        output.store(&hf_name(&config.architecture, n), src, file)?;
+        if stacked_parts(&arch, n, &src.dims)?.is_some() {
+            split_stacked(&arch, src, &mut output, file)?;
+        } else {
+            output.store(&hf_name(&arch, n), src, file)?;
+        }
     }
     output.finish()
+}
+
+/// Writes the per-expert tensors of the stacked expert tensor `src` (see `hf_experts`).
+fn split_stacked(
+    arch: &str,
+    src: SourceTensor<'_>,
+    output: &mut TensorOutput,
+    file: &str,
+) -> Result<()> {
+    let name = src.source_name;
+    let mut values = vec![0f32; src.dims.iter().product()];
+    (src.decode)(&src.bytes, &mut values)?;
+    let decode = |b: &[u8], o: &mut [f32]| decode_to_f32(DataType::F32, b, o);
+    let parts = split_experts(arch, name, &src.dims, &values)
+        .map_err(|e| Error::format(file, format!("tensor {name}: {e}")))?;
+    for part in parts {
+        let m = Mapped {
+            name: part.name,
+            transpose: false,
+            unpermute_heads: None,
+        };
+        let one = SourceTensor {
+            source_name: name,
+            dims: part.dims,
+            bytes: part.values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            same_as: Some(DataType::F32),
+            decode: &decode,
+        };
+        output.store(&m, one, file)?;
+    }
+    Ok(())
 }

@@ -6,11 +6,11 @@
 use super::hf_rope::hf_rope;
 use crate::error::{Error, Result};
 use crate::format::flm::{MetaValue, Metadata};
-use crate::model::{ModelConfig, MoeConfig, MoeScoring, RopeScaling, RopeStyle};
+use crate::model::{ModelConfig, MoeConfig, MoeScoring, RopeScaling, RopeStyle, SwigluClamp};
 use serde_json::Value;
 
 /// Architectures the converter knows (HF `model_type`).
-pub const HF_ARCHITECTURES: [&str; 12] = [
+pub const HF_ARCHITECTURES: [&str; 14] = [
     "llama",
     "mistral",
     "qwen2",
@@ -23,6 +23,8 @@ pub const HF_ARCHITECTURES: [&str; 12] = [
     "glm",
     "mixtral",
     "qwen3_moe",
+    "deepseek_v3",
+    "gpt_oss",
 ];
 
 struct Json<'a> {
@@ -137,6 +139,15 @@ impl ModelConfig {
                 "{path}: use_bidirectional_attention (an embedding model; only causal decoders run)"
             )));
         }
+        if let Some(m) = v
+            .pointer("/quantization_config/quant_method")
+            .and_then(Value::as_str)
+            .filter(|_| arch == "gpt_oss")
+        {
+            return Err(Error::Unsupported(format!(
+                "{path}: a GPT-OSS checkpoint quantized as {m:?} (MXFP4 expert blocks); convert the dequantized bf16 checkpoint"
+            )));
+        }
         let has_rope = !matches!(arch.as_str(), "gpt2" | "bloom");
         let rope = hf_rope(&v, path, context_length)?;
         let rope_dim = if has_rope {
@@ -167,7 +178,7 @@ impl ModelConfig {
         let sliding_layers = sliding_layers(&j, &arch, num_layers, sliding_window)?;
         let (bos_id, eos_ids) = bos_eos(&v, generation, path)?;
         let vocab_size = j.need_size(&["vocab_size", "padded_vocab_size"])?;
-        Ok(ModelConfig {
+        let mut config = ModelConfig {
             architecture: arch.clone(),
             vocab_size,
             hidden_size: hidden,
@@ -199,7 +210,12 @@ impl ModelConfig {
             bos_id,
             eos_ids,
             moe: moe_config(&j, &arch, num_layers, intermediate)?,
-        })
+            mla: None,
+        };
+        if arch == "deepseek_v3" {
+            super::hf_mla::latent_attention(&v, path, &mut config)?;
+        }
+        Ok(config)
     }
 }
 
@@ -324,10 +340,19 @@ fn moe_config(
             routed_scale: 1.0,
             shared_intermediate: 0,
             layers: vec![true; layers],
+            swiglu_clamp: None,
         })
     };
     Ok(Some(match arch {
         "mixtral" => base(experts()?, intermediate)?,
+        // softmax over the chosen logits = the renormalised softmax over all of them
+        "gpt_oss" => MoeConfig {
+            swiglu_clamp: Some(SwigluClamp {
+                alpha: j.float(&["swiglu_alpha"])?.unwrap_or(1.702),
+                limit: j.float(&["swiglu_limit"])?.unwrap_or(7.0),
+            }),
+            ..base(experts()?, intermediate)?
+        },
         "qwen3_moe" => {
             let step = j.size(&["decoder_sparse_step"])?.unwrap_or(1).max(1);
             let dense: Vec<u64> = j
@@ -343,6 +368,7 @@ fn moe_config(
                 ..base(experts()?, j.need_size(&["moe_intermediate_size"])?)?
             }
         }
+        "deepseek_v3" => super::hf_mla::deepseek_moe(j.v, j.path, layers)?,
         _ => return Ok(None),
     }))
 }

@@ -8,19 +8,24 @@ pub mod dtype_policy;
 pub mod ggml_dequant;
 mod gguf;
 pub mod gguf_config;
+mod gguf_mla;
 pub mod gguf_rope;
 mod gguf_tokenizer;
 mod hf;
 pub mod hf_config;
+mod hf_experts;
+mod hf_mla;
 pub mod hf_rope;
 pub mod names;
 mod options;
 mod output;
+pub mod quant_mix;
 pub mod tensor_transform;
 
 pub use gguf::convert_gguf;
 pub use hf::convert_hf_dir;
 pub use options::{ConvertOptions, Progress, TargetDtype};
+pub use quant_mix::QuantMix;
 
 use crate::error::{Error, Result};
 use crate::format::flm::{MetaValue, Metadata};

@@ -73,7 +73,9 @@ pub fn gguf_name(name: &str, heads: usize, kv_heads: usize, permute_qk: bool) ->
 }
 
 /// GGUF name → HF name for the tensors whose naming differs by architecture (Gemma-3's four
-/// norms per layer, Phi-3's fused projections); `None` to fall back on [`gguf_name`].
+/// norms per layer, Phi-3's fused projections, DeepSeek's latent attention, GPT-OSS's FFN norm
+/// and sinks); `None` to fall
+/// back on [`gguf_name`].
 pub fn gguf_arch_name(arch: &str, name: &str) -> Option<Mapped> {
     let rest = name.strip_prefix("blk.")?;
     let (layer, rest) = rest.split_once('.')?;
@@ -85,6 +87,23 @@ pub fn gguf_arch_name(arch: &str, name: &str) -> Option<Mapped> {
         ("gemma3", "post_ffw_norm") => "post_feedforward_layernorm",
         ("phi3", "attn_qkv") => "self_attn.qkv_proj",
         ("phi3", "ffn_up") => "mlp.gate_up_proj",
+        ("deepseek2", "attn_q_a") => "self_attn.q_a_proj",
+        ("deepseek2", "attn_q_a_norm") => "self_attn.q_a_layernorm",
+        ("deepseek2", "attn_q_b") => "self_attn.q_b_proj",
+        ("deepseek2", "attn_kv_a_mqa") => "self_attn.kv_a_proj_with_mqa",
+        ("deepseek2", "attn_kv_a_norm") => "self_attn.kv_a_layernorm",
+        ("deepseek2", "attn_kv_b") => "self_attn.kv_b_proj",
+        ("deepseek2", "attn_k_b") => "self_attn.k_b_proj",
+        ("deepseek2", "attn_v_b") => "self_attn.v_b_proj",
+        ("gpt-oss", "post_attention_norm") => "post_attention_layernorm",
+        // the sinks are one tensor without a `.weight` suffix in HF's naming
+        ("gpt-oss", "attn_sinks") => {
+            return Some(Mapped {
+                name: format!("model.layers.{layer}.self_attn.sinks"),
+                transpose: false,
+                unpermute_heads: None,
+            })
+        }
         _ => return None,
     };
     Some(Mapped {

@@ -2,16 +2,17 @@
 //! source tensor is converted to its stored form, added to the `.flm` writer and reported to
 //! the caller's progress callback; the totals become the [`ConvertReport`].
 
+use super::dtype_policy::DtypePlan;
 use super::names::Mapped;
-use super::tensor_transform::{transform, SourceTensor};
-use super::{ConvertReport, Progress, TargetDtype};
+use super::tensor_transform::{stored_dims, transform, SourceTensor};
+use super::{ConvertReport, Progress};
 use crate::error::{Error, Result};
 use crate::format::flm::FlmWriter;
 
 /// A `.flm` file being filled with `total` converted tensors.
 pub(crate) struct TensorOutput<'p, 'c> {
     writer: FlmWriter,
-    target: TargetDtype,
+    dtypes: DtypePlan,
     progress: &'p mut dyn FnMut(&Progress<'_>),
     architecture: &'c str,
     total: usize,
@@ -20,17 +21,17 @@ pub(crate) struct TensorOutput<'p, 'c> {
 }
 
 impl<'p, 'c> TensorOutput<'p, 'c> {
-    /// Writes through `writer`, storing each tensor in the dtype the policy picks for `target`.
+    /// Writes through `writer`, storing each tensor in the dtype `dtypes` picks.
     pub(crate) fn new(
         writer: FlmWriter,
-        target: TargetDtype,
+        dtypes: DtypePlan,
         architecture: &'c str,
         total: usize,
         progress: &'p mut dyn FnMut(&Progress<'_>),
     ) -> TensorOutput<'p, 'c> {
         TensorOutput {
             writer,
-            target,
+            dtypes,
             progress,
             architecture,
             total,
@@ -43,7 +44,10 @@ impl<'p, 'c> TensorOutput<'p, 'c> {
     /// source tensor.
     pub(crate) fn store(&mut self, m: &Mapped, src: SourceTensor<'_>, file: &str) -> Result<()> {
         let source = src.source_name;
-        let stored = transform(m, src, self.target)
+        let same_as = src.same_as;
+        let stored = stored_dims(m, &src.dims, source)
+            .and_then(|dims| self.dtypes.dtype(self.done, &m.name, &dims, same_as))
+            .and_then(|dtype| transform(m, src, dtype))
             .map_err(|e| Error::format(file, format!("tensor {source}: {e}")))?;
         self.writer
             .add_tensor(&m.name, stored.dtype, &stored.dims, &stored.bytes)?;

@@ -63,41 +63,41 @@ fn stored_rows_in_order(src: &SourceTensor<'_>, rb: usize, order: &[usize]) -> R
     Ok(out)
 }
 
-/// Converts `src` (mapped by `m`) to the dtype the policy picks for `target`.
-pub fn transform(
-    m: &Mapped,
-    src: SourceTensor<'_>,
-    target: super::TargetDtype,
-) -> Result<StoredTensor> {
-    let dims = src.dims.clone();
+/// Rows and columns of `src`'s values as `transform` sees them: a 1-D q/k bias is permuted
+/// element by element (rows of one value).
+fn rows_cols(m: &Mapped, dims: &[usize], source_name: &str) -> Result<(usize, usize)> {
     let count = dims
         .iter()
         .try_fold(1usize, |a, &d| a.checked_mul(d))
-        .ok_or_else(|| {
-            Error::invalid(format!(
-                "tensor {}: dims {dims:?} overflow",
-                src.source_name
-            ))
-        })?;
-    // A 1-D q/k bias is permuted element by element (rows of one value).
+        .ok_or_else(|| Error::invalid(format!("tensor {source_name}: dims {dims:?} overflow")))?;
     let cols = if dims.len() == 1 && m.unpermute_heads.is_some() {
         1
     } else {
         dims.last().copied().unwrap_or(1)
     };
-    let rows = count.checked_div(cols).unwrap_or(0);
+    Ok((count.checked_div(cols).unwrap_or(0), cols))
+}
+
+/// The stored dims of a source tensor of `dims` mapped by `m` (a Conv1D weight is transposed).
+pub fn stored_dims(m: &Mapped, dims: &[usize], source_name: &str) -> Result<Vec<usize>> {
     if m.transpose && dims.len() != 2 {
         return Err(Error::invalid(format!(
-            "tensor {}: Conv1D weight must be 2-D, got {dims:?}",
-            src.source_name
+            "tensor {source_name}: Conv1D weight must be 2-D, got {dims:?}"
         )));
     }
-    let out_dims = if m.transpose {
+    let (rows, cols) = rows_cols(m, dims, source_name)?;
+    Ok(if m.transpose {
         vec![cols, rows]
     } else {
-        dims.clone()
-    };
-    let dtype = dtype_policy::stored_dtype(target, &m.name, &out_dims, src.same_as);
+        dims.to_vec()
+    })
+}
+
+/// Converts `src` (mapped by `m`) to `dtype` (see [`super::dtype_policy::DtypePlan`]).
+pub fn transform(m: &Mapped, src: SourceTensor<'_>, dtype: DataType) -> Result<StoredTensor> {
+    let out_dims = stored_dims(m, &src.dims, src.source_name)?;
+    let (rows, cols) = rows_cols(m, &src.dims, src.source_name)?;
+    let count = rows * cols;
     let order = row_order(m, rows, &src)?;
     if Some(dtype) == src.same_as && !m.transpose {
         let bytes = match order {
@@ -139,7 +139,6 @@ pub fn transform(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::convert::TargetDtype;
     use crate::data::decode_to_f32;
 
     fn decode_f32(b: &[u8], o: &mut [f32]) -> Result<()> {
@@ -172,7 +171,7 @@ mod tests {
             unpermute_heads: Some(2),
         };
         let w: Vec<f32> = (0..8).flat_map(|r| [r as f32; 32]).collect();
-        let out = transform(&m, f32_src(vec![8, 32], &w), TargetDtype::F32).unwrap();
+        let out = transform(&m, f32_src(vec![8, 32], &w), DataType::F32).unwrap();
         let rows: Vec<f32> = values(&out).chunks(32).map(|r| r[0]).collect();
         assert_eq!(rows, [0., 2., 1., 3., 4., 6., 5., 7.]);
         let b = Mapped {
@@ -183,7 +182,7 @@ mod tests {
         let out = transform(
             &b,
             f32_src(vec![8], &[0., 1., 2., 3., 4., 5., 6., 7.]),
-            TargetDtype::Keep,
+            DataType::F32,
         )
         .unwrap();
         assert_eq!(values(&out), [0., 2., 1., 3., 4., 6., 5., 7.]);
@@ -192,7 +191,7 @@ mod tests {
             transpose: false,
             unpermute_heads: Some(3),
         };
-        assert!(transform(&odd, f32_src(vec![8, 32], &w), TargetDtype::F32).is_err());
+        assert!(transform(&odd, f32_src(vec![8, 32], &w), DataType::F32).is_err());
     }
 
     #[test]
@@ -206,7 +205,7 @@ mod tests {
         let out = transform(
             &m,
             f32_src(vec![2, 3], &[1., 2., 3., 4., 5., 6.]),
-            TargetDtype::F32,
+            DataType::F32,
         )
         .unwrap();
         assert_eq!(out.dims, [3, 2]);

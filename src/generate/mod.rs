@@ -9,4 +9,4 @@ pub mod stop;
 
 pub use chat::ChatMessage;
 pub use sampler::{sample_logits, Penalties, SampleRow, Sampler, SamplingParams, TokenMask};
-pub use session::{GenerateParams, Generation, Llm, Session, StopReason};
+pub use session::{GenerateParams, Generation, Llm, Prefill, Session, StopReason};

@@ -1,7 +1,8 @@
 //! `Llm` (a loaded model + tokenizer + chat template) and `Session` (one sequence and its KV
 //! cache): `eval` appends tokens and returns the last logits, `sample` picks the next token,
 //! `generate` runs a whole completion (plain or chat, multi-turn) with streaming, stop tokens,
-//! stop strings and cancellation.
+//! stop strings and cancellation; a long prompt can be prefilled in chunks that report their
+//! progress ([`Prefill`]).
 
 use super::chat::{self, ChatMessage};
 use super::sampler::{Sampler, SamplingParams};
@@ -9,6 +10,7 @@ use super::stop::StopStrings;
 use crate::data::Data;
 use crate::error::{Error, Result};
 use crate::model::{KvCache, Model};
+use crate::progress::{OnProgress, Progress, Stage};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use std::sync::{Arc, OnceLock};
 
@@ -112,6 +114,14 @@ impl Default for GenerateParams {
             system: None,
         }
     }
+}
+
+/// How [`Session::generate_with`] prefills the prompt.
+pub struct Prefill<'a> {
+    /// Prompt tokens per step (0: the whole prompt in one step).
+    pub chunk: usize,
+    /// Receives the prompt tokens done ([`Stage::Prefill`]), from 0 to all.
+    pub progress: OnProgress<'a>,
 }
 
 /// Why generation ended.
@@ -264,6 +274,51 @@ impl Session {
         Ok(&self.logits)
     }
 
+    /// [`Session::eval`] in steps of at most `chunk` tokens (0: one step), reporting the tokens
+    /// done to `progress` ([`Stage::Prefill`]) from 0 to all. On error the tokens and the cache
+    /// are as before and the last logits are dropped.
+    pub fn eval_chunked(
+        &mut self,
+        tokens: &[u32],
+        chunk: usize,
+        progress: OnProgress,
+    ) -> Result<&[f32]> {
+        if tokens.is_empty() {
+            return Err(Error::invalid("eval: no tokens"));
+        }
+        if self.cache.len() + tokens.len() > self.cache.capacity() {
+            return Err(Error::ContextFull(format!(
+                "{} tokens + {} new exceed the session's {} tokens",
+                self.cache.len(),
+                tokens.len(),
+                self.cache.capacity()
+            )));
+        }
+        let step = if chunk == 0 { tokens.len() } else { chunk };
+        let before = self.tokens.len();
+        let total = tokens.len() as u64;
+        let mut report = |done: usize| {
+            progress(&Progress {
+                stage: Stage::Prefill,
+                done: done as u64,
+                total,
+                item: "",
+            })
+        };
+        report(0);
+        for (i, part) in tokens.chunks(step).enumerate() {
+            if let Err(e) = self.eval(part) {
+                self.cache.truncate(before)?;
+                self.tokens.truncate(before);
+                self.logits.clear();
+                self.clear_device_logits();
+                return Err(e);
+            }
+            report((i * step + part.len()).min(tokens.len()));
+        }
+        Ok(&self.logits)
+    }
+
     /// Appends `tok`, runs it, and picks the next token with `sampler` where the logits are:
     /// on a GPU only the chosen id crosses to the host (the same id the host would pick from
     /// the same logits). NaN/+Inf logits are an error; on error the session is unchanged.
@@ -309,8 +364,9 @@ impl Session {
         }
     }
 
-    /// Makes the sequence equal `target`, reusing the longest cached common prefix.
-    fn eval_reusing_prefix(&mut self, target: &[u32]) -> Result<usize> {
+    /// Makes the sequence equal `target`, reusing the longest cached common prefix; the rest is
+    /// prefilled as `prefill` says.
+    fn eval_reusing_prefix(&mut self, target: &[u32], prefill: Prefill) -> Result<usize> {
         if target.is_empty() {
             return Err(Error::invalid("empty prompt"));
         }
@@ -332,7 +388,7 @@ impl Session {
         }
         self.cache.truncate(p)?;
         self.tokens.truncate(p);
-        self.eval(&target[p..])?;
+        self.eval_chunked(&target[p..], prefill.chunk, prefill.progress)?;
         Ok(target.len() - p)
     }
 
@@ -401,10 +457,25 @@ impl Session {
         params: &GenerateParams,
         on_piece: &mut dyn FnMut(u32, &str) -> bool,
     ) -> Result<Generation> {
+        let prefill = Prefill {
+            chunk: 0,
+            progress: &mut crate::progress::ignore,
+        };
+        self.generate_with(prompt, params, prefill, on_piece)
+    }
+
+    /// [`Session::generate`], prefilling the prompt as `prefill` says.
+    pub fn generate_with(
+        &mut self,
+        prompt: &str,
+        params: &GenerateParams,
+        prefill: Prefill,
+        on_piece: &mut dyn FnMut(u32, &str) -> bool,
+    ) -> Result<Generation> {
         let mut sampler = Sampler::new(params.sampling.clone())?;
         let llm = self.llm.clone();
         let target = self.prompt_ids(prompt, params)?;
-        let prompt_tokens = self.eval_reusing_prefix(&target)?;
+        let prompt_tokens = self.eval_reusing_prefix(&target, prefill)?;
         let eos = llm.eos_ids();
         let mut stream = StreamDecoder::new(&llm.tokenizer, true);
         let mut out = Generation {

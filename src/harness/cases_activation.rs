@@ -1,5 +1,5 @@
 //! Harness cases for the activations and softmax: `Softmax`, `Silu`, `Gelu` (tanh and erf),
-//! `SoftCap`, `Swiglu`, `GeluGated`, over sizes that are not multiples of 8/32/64 and larger
+//! `SoftCap`, `Swiglu`, `GeluGated`, `ClampedSwiglu` (inputs past its limit), over sizes that are not multiples of 8/32/64 and larger
 //! ones that run in parallel.
 
 use super::{CaseRng, OpCase};
@@ -51,5 +51,16 @@ pub fn cases(v: &mut Vec<OpCase>) {
                     .int("approx", approx),
             );
         }
+    }
+    let mut rng = CaseRng::new(31);
+    for dims in [&[1usize, 1][..], &[3, 33], &[5, 100], &[2, 4100]] {
+        v.push(
+            OpCase::new("ClampedSwiglu", format!("f32 {dims:?}"), 1e-7)
+                .input("input0", rng.data_range(F32, dims, -10.0, 10.0))
+                .input("input1", rng.data_range(F32, dims, -10.0, 10.0))
+                .output("output", F32)
+                .float("alpha", 1.702)
+                .float("limit", 7.0),
+        );
     }
 }

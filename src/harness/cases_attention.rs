@@ -1,6 +1,7 @@
 //! Harness cases for `Attention`: decode (sq = 1) and prefill (sq > 1, also skv > sq), GQA ratios
 //! 1/3/4, ALiBi on/off, soft-capping on/off, sliding window, non-causal, value head size ≠ key
-//! head size, and K/V caches expanded on axis 0 (reserved capacity).
+//! head size, K/V caches expanded on axis 0 (reserved capacity), and attention sinks (with and
+//! without a window, one sink far above the scores).
 
 use super::{CaseRng, OpCase};
 use crate::data::{Data, DataType::F32};
@@ -63,5 +64,40 @@ pub fn cases(v: &mut Vec<OpCase>) {
             }
             v.push(c);
         }
+    }
+    sink_cases(v);
+}
+
+/// `Attention` with sinks: decode and prefill, GQA, with a window and soft-capping.
+fn sink_cases(v: &mut Vec<OpCase>) {
+    let mut rng = CaseRng::new(29);
+    // (sq, skv, nh, nkv, hd, window, softcap)
+    let shapes = [
+        (1usize, 1usize, 2usize, 1usize, 8usize, 0usize, 0.0f32),
+        (1, 37, 8, 2, 64, 8, 0.0),
+        (1, 700, 4, 1, 64, 0, 0.0),
+        (9, 9, 4, 2, 16, 0, 20.0),
+        (33, 80, 6, 3, 64, 8, 0.0),
+        (70, 70, 8, 2, 128, 0, 0.0),
+    ];
+    for (sq, skv, nh, nkv, hd, window, softcap) in shapes {
+        let sinks: Vec<f32> = (0..nh).map(|h| [0.4, -1.5, 25.0, 2.0][h % 4]).collect();
+        let label = format!(
+            "sinks q[{sq},{nh},{hd}] kv[{skv},{nkv},{hd}] window={window} softcap={softcap}"
+        );
+        v.push(
+            OpCase::new("Attention", label, 1e-7)
+                .input("q", rng.data_range(F32, &[sq, nh, hd], -2.0, 2.0))
+                .input("k", kv(&mut rng, &[skv, nkv, hd], skv + 5))
+                .input("v", kv(&mut rng, &[skv, nkv, hd], skv))
+                .input(
+                    "sinks",
+                    Data::from_f32(&[nh], &sinks).expect("harness: sinks"),
+                )
+                .output("output", F32)
+                .float("softcap", softcap)
+                .int("sliding_window", window as i32)
+                .int("causal", 1),
+        );
     }
 }

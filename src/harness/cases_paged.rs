@@ -1,4 +1,4 @@
-//! Harness cases for the paged KV-cache ops.
+//! Harness cases for the paged KV-cache ops (`PagedAttention` also with attention sinks).
 
 use super::{CaseRng, OpCase};
 use crate::data::{Data, DataType::F32};
@@ -17,7 +17,7 @@ pub fn cases(v: &mut Vec<OpCase>) {
         f32,
         usize,
     );
-    let shapes: [Shape; 8] = [
+    let shapes: [Shape; 10] = [
         (4, 4, 16, 16, &[(1, 1)], false, 0.0, 0),
         (6, 2, 24, 4, &[(1, 9), (3, 3), (1, 33)], false, 0.0, 0),
         (8, 2, 32, 16, &[(5, 20), (1, 47), (2, 2)], true, 0.0, 0),
@@ -38,8 +38,12 @@ pub fn cases(v: &mut Vec<OpCase>) {
         // groups of 7 (more than one block of query heads per key load), soft-capping and a
         // window on the grouped SIMD path
         (14, 2, 32, 8, &[(3, 21), (1, 9)], false, 20.0, 6),
+        // with sinks (the shapes below): a window, then GQA decode rows of several blocks
+        (4, 2, 64, 16, &[(3, 40), (1, 9)], false, 0.0, 8),
+        (8, 2, 64, 16, &[(1, 70), (1, 1), (2, 33)], false, 0.0, 0),
     ];
-    for (nh, nkv, hd, bs, seqs, alibi, softcap, window) in shapes {
+    for (si, (nh, nkv, hd, bs, seqs, alibi, softcap, window)) in shapes.into_iter().enumerate() {
+        let sinks = si >= 8;
         let max_blocks = seqs.iter().map(|s| s.1.div_ceil(bs)).max().unwrap_or(1) + 1;
         let n_blocks = seqs.len() * max_blocks + 3;
         // a random permutation of block ids shared out to the sequences
@@ -63,7 +67,7 @@ pub fn cases(v: &mut Vec<OpCase>) {
         let rows = *q_starts.last().unwrap_or(&0) as usize;
         let slots = n_blocks * bs;
         let label = format!(
-            "nh={nh} nkv={nkv} hd={hd} bs={bs} seqs={seqs:?} alibi={alibi} softcap={softcap} window={window}"
+            "nh={nh} nkv={nkv} hd={hd} bs={bs} seqs={seqs:?} alibi={alibi} softcap={softcap} window={window} sinks={sinks}"
         );
         let mut c = OpCase::new("PagedAttention", label, 1e-9)
             .input("q", rng.data(F32, &[rows, nh, hd]))
@@ -90,6 +94,13 @@ pub fn cases(v: &mut Vec<OpCase>) {
         }
         if softcap > 0.0 {
             c = c.float("softcap", softcap);
+        }
+        if sinks {
+            let s: Vec<f32> = (0..nh).map(|h| [0.4, -1.5, 25.0, 2.0][h % 4]).collect();
+            c = c.input(
+                "sinks",
+                Data::from_f32(&[nh], &s).unwrap_or_else(|_| Data::empty(F32)),
+            );
         }
         if window > 0 {
             c = c.int("sliding_window", window as i32);

@@ -2,6 +2,7 @@
 //! its forward pass makes (norm kind, fused projections, position encoding, MLP shape). Adding an
 //! architecture of a known shape is one table entry.
 
+use super::mla::MlaNames;
 use super::moe::MoeNames;
 use crate::error::{Error, Result};
 
@@ -25,6 +26,8 @@ pub enum Qkv {
     Fused(&'static str),
     /// One linear whose output is per head `[q_h | k_h | v_h]` (Bloom).
     FusedPerHead(&'static str),
+    /// Multi-head latent attention (DeepSeek-V3; `ModelConfig::mla` has its sizes).
+    Latent(MlaNames),
 }
 
 /// The MLP shape.
@@ -75,6 +78,8 @@ pub struct ArchSpec {
     pub qk_norm: Option<(&'static str, &'static str)>,
     /// Attention output projection.
     pub o_proj: &'static str,
+    /// Per-head attention sink logits `[heads]` (GPT-OSS).
+    pub attn_sinks: Option<&'static str>,
     /// Norm applied to the attention output before the residual (Gemma-2).
     pub post_attn_norm: Option<&'static str>,
     /// Norm before the MLP.
@@ -103,6 +108,7 @@ const LLAMA: ArchSpec = ArchSpec {
     qkv: Qkv::Separate("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     qk_norm: None,
     o_proj: "self_attn.o_proj",
+    attn_sinks: None,
     post_attn_norm: None,
     ffn_norm: "post_attention_layernorm",
     post_ffn_norm: None,
@@ -119,6 +125,19 @@ const QWEN_MOE: MoeNames = MoeNames {
     experts: "mlp.experts",
     proj: ("gate_proj", "up_proj", "down_proj"),
     shared: None,
+};
+
+/// DeepSeek-V3's latent attention projections.
+const DEEPSEEK_MLA: MlaNames = MlaNames {
+    q: "self_attn.q_proj",
+    q_a: "self_attn.q_a_proj",
+    q_a_norm: "self_attn.q_a_layernorm",
+    q_b: "self_attn.q_b_proj",
+    kv_a: "self_attn.kv_a_proj_with_mqa",
+    kv_a_norm: "self_attn.kv_a_layernorm",
+    kv_b: "self_attn.kv_b_proj",
+    k_b: "self_attn.k_b_proj",
+    v_b: "self_attn.v_b_proj",
 };
 
 const TABLE: &[ArchSpec] = &[
@@ -151,6 +170,28 @@ const TABLE: &[ArchSpec] = &[
         name: "qwen3_moe",
         qk_norm: Some(("self_attn.q_norm", "self_attn.k_norm")),
         moe: Some(QWEN_MOE),
+        ..LLAMA
+    },
+    ArchSpec {
+        name: "deepseek_v3",
+        qkv: Qkv::Latent(DEEPSEEK_MLA),
+        moe: Some(MoeNames {
+            score_bias: Some("mlp.gate.e_score_correction_bias"),
+            shared: Some("mlp.shared_experts"),
+            ..QWEN_MOE
+        }),
+        ..LLAMA
+    },
+    ArchSpec {
+        name: "gpt_oss",
+        attn_sinks: Some("self_attn.sinks"),
+        moe: Some(MoeNames {
+            router: "mlp.router",
+            score_bias: None,
+            experts: "mlp.experts",
+            proj: ("gate_proj", "up_proj", "down_proj"),
+            shared: None,
+        }),
         ..LLAMA
     },
     ArchSpec {
@@ -195,6 +236,7 @@ const TABLE: &[ArchSpec] = &[
         qkv: Qkv::FusedPerHead("self_attention.query_key_value"),
         qk_norm: None,
         o_proj: "self_attention.dense",
+        attn_sinks: None,
         post_attn_norm: None,
         ffn_norm: "post_attention_layernorm",
         post_ffn_norm: None,
@@ -215,6 +257,7 @@ const TABLE: &[ArchSpec] = &[
         qkv: Qkv::Fused("attn.c_attn"),
         qk_norm: None,
         o_proj: "attn.c_proj",
+        attn_sinks: None,
         post_attn_norm: None,
         ffn_norm: "ln_2",
         post_ffn_norm: None,

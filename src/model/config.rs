@@ -81,7 +81,7 @@ pub const ROPE_FREQS_TENSOR: &str = "model.rope_freqs.weight";
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
     /// One of: `llama` (also Llama-2/3, SmolLM2), `mistral`, `qwen2`, `qwen3`, `bloom`, `gpt2`,
-    /// `phi3`, `gemma2`, `gemma3`, `glm`, `mixtral`, `qwen3_moe`.
+    /// `phi3`, `gemma2`, `gemma3`, `glm`, `mixtral`, `qwen3_moe`, `deepseek_v3`, `gpt_oss`.
     pub architecture: String,
     /// Vocabulary size (rows of the embedding).
     pub vocab_size: usize,
@@ -133,4 +133,7 @@ pub struct ModelConfig {
     pub eos_ids: Vec<u32>,
     /// Mixture-of-experts layers (`None` for a dense model).
     pub moe: Option<super::moe::MoeConfig>,
+    /// Multi-head latent attention (`None` for q/k/v heads). With it, `head_dim` and
+    /// `num_kv_heads` describe the cached latent row (see [`super::mla`]).
+    pub mla: Option<super::mla::MlaConfig>,
 }

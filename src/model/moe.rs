@@ -2,7 +2,8 @@
 //! tensor names of an architecture's experts ([`MoeNames`], part of its `ArchSpec`), and the FFN
 //! stage that runs them ([`moe_ffn`]): router `Linear` → `MoeRoute` → `MoeDispatch` → per
 //! active expert a row gather (`Embedding` over the step's rows), the gate/up `Linear`s, the
-//! activation, the down `Linear` → `MoeCombine`, plus the shared experts. Each active expert's
+//! activation (or GPT-OSS's `ClampedSwiglu`), the down `Linear` → `MoeCombine`, plus the shared
+//! experts. Each active expert's
 //! weights are read once per step for all its tokens; in low-memory mode only the experts a step
 //! routes to are read from the file.
 
@@ -19,6 +20,16 @@ pub enum MoeScoring {
     Softmax,
     /// Independent sigmoids (DeepSeek-V3).
     Sigmoid,
+}
+
+/// GPT-OSS's clamped SwiGLU of the experts: `(clamp(up, −limit, limit) + 1) · g·σ(alpha·g)`,
+/// `g = min(gate, limit)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SwigluClamp {
+    /// The sigmoid's slope.
+    pub alpha: f32,
+    /// The clamp of the gate (from above) and of the up projection (both sides).
+    pub limit: f32,
 }
 
 /// The mixture-of-experts part of a model's configuration.
@@ -45,6 +56,9 @@ pub struct MoeConfig {
     /// Per layer: true where the layer is a MoE layer (the others use the dense MLP of
     /// `intermediate_size`).
     pub layers: Vec<bool>,
+    /// The experts' clamped SwiGLU (GPT-OSS); `None`: `act(gate) · up` with the model's
+    /// activation.
+    pub swiglu_clamp: Option<SwigluClamp>,
 }
 
 impl MoeConfig {
@@ -142,18 +156,23 @@ impl MoeStep<'_> {
         ops::linear(self.exec, x, &w, b.as_deref(), out, self.quant_act)
     }
 
-    /// `out = down(act(gate(x)) · up(x))` for the gated MLP under `prefix`.
+    /// `out = down(act(gate(x)) · up(x))` for the gated MLP under `prefix` (the clamped SwiGLU
+    /// when `clamp` is given).
     fn gated(
         &self,
         x: &Data,
         prefix: &str,
-        proj: (&str, &str, &str),
+        (proj, clamp): ((&str, &str, &str), Option<SwigluClamp>),
         t: &mut [Data; 3],
         out: &mut Data,
     ) -> Result<()> {
         let [g, u, a] = t;
         self.linear(x, &format!("{prefix}.{}", proj.0), g)?;
         self.linear(x, &format!("{prefix}.{}", proj.1), u)?;
+        if let Some(c) = clamp {
+            ops::clamped_swiglu(self.exec, g, u, (c.alpha, c.limit), a)?;
+            return self.linear(a, &format!("{prefix}.{}", proj.2), out);
+        }
         match self.act {
             "silu" => ops::silu(self.exec, g, a)?,
             "gelu_tanh" => ops::gelu(self.exec, g, true, a)?,
@@ -211,12 +230,19 @@ pub fn moe_ffn(
         let idx = Data::from_i32(&[tokens.len()], &tokens)?;
         ops::embedding(e, &idx, x, &mut rows)?; // the expert's token rows
         let prefix = format!("{layer}{}.{ex}", names.experts);
-        st.gated(&rows, &prefix, names.proj, &mut t, &mut y)?;
+        st.gated(
+            &rows,
+            &prefix,
+            (names.proj, cfg.swiglu_clamp),
+            &mut t,
+            &mut y,
+        )?;
         ops::cat_direct(e, &mut gathered, &y, 0)?;
     }
     ops::moe_combine(e, &gathered, &route, &disp, out)?;
     if let Some(sh) = names.shared.filter(|_| cfg.shared_intermediate > 0) {
-        st.gated(x, &format!("{layer}{sh}"), names.proj, &mut t, &mut y)?;
+        let shared = (names.proj, cfg.swiglu_clamp);
+        st.gated(x, &format!("{layer}{sh}"), shared, &mut t, &mut y)?;
         ops::add_to(e, out, &y, 1.0)?;
     }
     Ok(())

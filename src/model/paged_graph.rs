@@ -179,6 +179,9 @@ impl KvStore for DecodeKv<'_> {
         if let Some(a) = p.alibi {
             d.insert("alibi_slopes", a);
         }
+        if let Some(s) = p.sinks {
+            d.insert("sinks", s);
+        }
         d.insert_mut("output", out);
         e.run(
             "PagedDecodeAttention",

@@ -418,6 +418,7 @@ mod tests {
             bos_id: None,
             eos_ids: Vec::new(),
             moe: None,
+            mla: None,
         }
     }
 

@@ -65,6 +65,7 @@ pub fn config(name: &str) -> Result<ModelConfig> {
         bos_id: Some(128000),
         eos_ids: vec![128001],
         moe: None,
+        mla: None,
     };
     match name {
         "llama-3-8b" => Ok(base),
@@ -189,6 +190,7 @@ fn moe_shape(c: ModelConfig, (experts, k, inner): (usize, usize, usize)) -> Mode
             routed_scale: 1.0,
             shared_intermediate: 0,
             layers: vec![true; c.num_layers],
+            swiglu_clamp: None,
         }),
         ..c
     }

@@ -98,6 +98,12 @@ impl ShardPlan {
                 c.architecture
             )));
         }
+        if c.mla.is_some() {
+            return Err(Error::Unsupported(format!(
+                "{}: tensor parallelism of latent attention",
+                c.architecture
+            )));
+        }
         let (nh, nkv) = (c.num_heads, c.num_kv_heads);
         if nkv == 0 || nh == 0 || !nh.is_multiple_of(nkv) {
             return Err(Error::Unsupported(format!(
@@ -255,8 +261,12 @@ impl ShardPlan {
                     Qkv::FusedPerHead(n) => {
                         both(&mut m, &ln(n), Rule::Rows(vec![scale(&h, 3 * hd)]))
                     }
+                    Qkv::Latent(_) => {} // refused by `ShardPlan::new`
                 }
                 row_parallel(&mut m, &ln(spec.o_proj), scale(&h, hd));
+                if let Some(sk) = spec.attn_sinks {
+                    m.insert(ln(sk), Rule::Rows(vec![h.clone()])); // one logit per query head
+                }
             }
             match spec.mlp {
                 Mlp::Gated(g, u, d) => {

@@ -44,7 +44,8 @@ impl Precision {
     }
 }
 
-/// One sequence's KV cache plus reusable scratch tensors.
+/// One sequence's KV cache plus reusable scratch tensors. A latent-attention model keeps one
+/// cache per layer (its cached row is both key and value: [`KvStore::attend_shared`]).
 pub struct KvCache {
     k: Vec<Data>,
     v: Vec<Data>,
@@ -242,31 +243,42 @@ fn derive_plus_one_norms(weights: &mut Weights, spec: &ArchSpec, c: &ModelConfig
 /// gets the weights, rope tables and ALiBi slopes once, now (after the memory cap of `opts`
 /// is checked); a CPU first device in the `fast` precision may hold the weight matrices in
 /// the layout its kernels stream (experts stay mapped from the file: only the routed ones are
-/// ever read).
+/// ever read). `on_tensor` gets the bytes of each weight once it is placed.
 fn place_weights(
     exec: &Executor,
-    spec: &ArchSpec,
-    precision: Precision,
+    (spec, precision): (&ArchSpec, Precision),
     opts: &RuntimeOptions,
     weights: &mut Weights,
-    rope: &mut RopePlan,
-    alibi: &mut Option<Data>,
+    (rope, alibi): (&mut RopePlan, &mut Option<Data>),
+    on_tensor: &mut dyn FnMut(u64),
 ) -> Result<()> {
     let Some(dev) = exec.devices().first() else {
         return Ok(());
     };
     if dev.kind() != DeviceKind::Cpu {
         check_memory_cap(weights, dev.name(), opts.gpu_memory_cap)?;
-        weights.upload_to(dev.as_ref())?;
+        // latent attention's per-head matrices stay on the host where the device has no
+        // `MatMulTransB` (that op falls back to the CPU device, which reads them in place)
+        let host_only = match (spec.qkv, dev.ops().contains_key("MatMulTransB")) {
+            (Qkv::Latent(n), false) => Some(n),
+            _ => None,
+        };
+        weights.upload_to_where(
+            dev.as_ref(),
+            |name| host_only.is_none_or(|n| !super::mla::is_absorbed(&n, name)),
+            on_tensor,
+        )?;
         rope.upload(dev.as_ref())?;
         if let Some(t) = alibi {
             *t = dev.upload(t)?;
         }
     } else if precision == Precision::Fast {
         let experts = spec.moe.map(|m| m.experts);
-        weights.reform_for_where(dev.as_ref(), |n| {
-            experts.is_none_or(|x| !super::moe::is_expert_tensor(x, n))
-        })?;
+        weights.reform_for_where(
+            dev.as_ref(),
+            |n| experts.is_none_or(|x| !super::moe::is_expert_tensor(x, n)),
+            on_tensor,
+        )?;
     }
     Ok(())
 }
@@ -301,6 +313,35 @@ struct Paths {
     batch_decode: BatchDecode,
 }
 
+/// The per-tensor callback of a load: adds each tensor's bytes (`u64::MAX`: the rest) and
+/// reports the bytes so far of `total` to `progress` when they changed, from a first report
+/// of 0; nothing when no weights are resident.
+fn load_reporter<'a>(
+    total: u64,
+    progress: crate::progress::OnProgress<'a>,
+) -> impl FnMut(u64) + 'a {
+    use crate::progress::{Progress, Stage};
+    let mut done = 0u64;
+    let mut report = move |done: u64| {
+        if total > 0 {
+            progress(&Progress {
+                stage: Stage::Load,
+                done,
+                total,
+                item: "",
+            })
+        }
+    };
+    report(0);
+    move |bytes: u64| {
+        let now = done.saturating_add(bytes).min(total);
+        if now != done {
+            done = now;
+            report(done);
+        }
+    }
+}
+
 impl Paths {
     /// No fused or recorded path (a tensor-parallel group's driver: its ranks run the ops).
     const OFF: Paths = Paths {
@@ -332,6 +373,7 @@ impl Paths {
         let multi_linear = first_has("SiluMul") && first_has("DecodeAttention") && opts.fused_ops;
         let decode_graphs = first_has("DecodeAttention")
             && c.moe.is_none() // routing is read back mid-step
+            && c.mla.is_none() // its per-head products run on the CPU
             && !weights.low_memory()
             && !rope.length_dependent()
             && !matches!(spec.positions, Positions::Learned(_))
@@ -401,10 +443,26 @@ impl Model {
         low_memory: bool,
         opts: &RuntimeOptions,
     ) -> Result<Model> {
+        let ignore = &mut crate::progress::ignore;
+        Model::with_progress(config, source, exec, precision, low_memory, opts, ignore)
+    }
+
+    /// [`Model::with_options`], reporting the bytes of resident weights laid out for the CPU
+    /// kernels or copied to the GPU to `progress` ([`Stage::Load`](crate::progress::Stage)).
+    pub fn with_progress(
+        config: ModelConfig,
+        source: Arc<dyn WeightSource>,
+        exec: Executor,
+        precision: Precision,
+        low_memory: bool,
+        opts: &RuntimeOptions,
+        progress: crate::progress::OnProgress,
+    ) -> Result<Model> {
         let spec = arch::lookup(&config.architecture)?;
         validate_config(spec, &config)?;
         let c = &config;
         let mut weights = Weights::new(source, low_memory)?;
+        prepare_latent(&mut weights, spec, c)?;
         let embed = format!("{}.weight", spec.embed);
         if !weights.has(&embed) {
             return Err(bad(format!("model file lacks the embedding '{embed}'")));
@@ -417,15 +475,16 @@ impl Model {
             Positions::Alibi => Some(Data::from_f32(&[c.num_heads], &alibi_slopes(c.num_heads))?),
             _ => None,
         };
+        let mut loaded = load_reporter(weights.resident_bytes() as u64, progress);
         place_weights(
             &exec,
-            spec,
-            precision,
+            (spec, precision),
             opts,
             &mut weights,
-            &mut rope,
-            &mut alibi,
+            (&mut rope, &mut alibi),
+            &mut loaded,
         )?;
+        loaded(u64::MAX);
         let paths = Paths::choose(&exec, spec, c, precision, opts, &weights, &rope);
         let kv_dtype =
             kv_dtype::resolve(None, exec.devices().first().map(|d| d.as_ref()), precision)?;
@@ -457,6 +516,7 @@ impl Model {
             })
             && !self.weights.low_memory()
             && self.config.moe.is_none()
+            && self.config.mla.is_none()
             && !self.rope.length_dependent()
             && !matches!(self.spec.positions, Positions::Learned(_));
     }
@@ -502,9 +562,13 @@ impl Model {
         let ok = match mode {
             BatchDecode::Off => true,
             BatchDecode::Eager => padded,
-            // MoE routing is read back mid-step: not recordable
+            // MoE routing is read back mid-step, latent attention's per-head products run on
+            // the CPU: neither is recordable
             BatchDecode::Graphs => {
-                padded && !self.weights.low_memory() && self.config.moe.is_none()
+                padded
+                    && !self.weights.low_memory()
+                    && self.config.moe.is_none()
+                    && self.config.mla.is_none()
             }
         };
         if !ok {
@@ -659,10 +723,12 @@ impl Model {
         for _ in 0..c.num_layers {
             let mut kd = Data::zeros(dt, &[0, c.num_kv_heads, hds])?;
             kd.reserve(0, cap)?;
-            let mut vd = Data::zeros(dt, &[0, c.num_kv_heads, hds])?;
-            vd.reserve(0, cap)?;
             k.push(kd);
-            v.push(vd);
+            if c.mla.is_none() {
+                let mut vd = Data::zeros(dt, &[0, c.num_kv_heads, hds])?;
+                vd.reserve(0, cap)?;
+                v.push(vd);
+            }
         }
         Ok(KvCache {
             k,
@@ -687,11 +753,13 @@ impl Model {
     }
 
     /// The copy a producer of `rows` rows leaves for the `Linear` after it: Q8_0 rows up to
-    /// [`OutputCopy::Q8_MAX_ROWS`] rows (`norm_quantizes`), the prefill copy at more.
+    /// [`Q8_COPY_MAX_ROWS`](crate::device::Q8_COPY_MAX_ROWS) rows (`norm_quantizes`), the prefill copy at more.
     fn copy_for(&self, rows: usize) -> OutputCopy {
         match rows {
             0 => OutputCopy::None,
-            r if self.paths.norm_quantizes && r <= OutputCopy::Q8_MAX_ROWS => OutputCopy::Q8,
+            r if self.paths.norm_quantizes && r <= crate::device::Q8_COPY_MAX_ROWS => {
+                OutputCopy::Q8
+            }
             1 => OutputCopy::None,
             _ => self.paths.prefill_copy,
         }
@@ -1696,6 +1764,7 @@ impl Model {
                 ops::split(e, t1, 0, 1, 2, k)?;
                 ops::split(e, t1, 0, 2, 3, v)?;
             }
+            Qkv::Latent(_) => return Err(bad("latent attention has no separate q/k/v heads")),
         }
         q.reshape(&[s, nh, hd])?;
         k.reshape(&[s, nkv, hd])?;
@@ -1715,17 +1784,12 @@ impl Model {
         let e = &self.exec;
         let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
         self.norm_for_linear(bufs.x, &ln(self.spec.attn_norm), bufs.h)?;
+        if let (Qkv::Latent(names), Some(m)) = (self.spec.qkv, &c.mla) {
+            self.latent_attention(i, &names, m, &ropes.global, kv, bufs)?;
+            return self.attention_out(i, bufs);
+        }
         self.qkv(i, bufs)?;
-        let StepBufs {
-            x,
-            q,
-            k,
-            v,
-            a,
-            b,
-            t0,
-            ..
-        } = bufs;
+        let StepBufs { q, k, v, a, t0, .. } = bufs;
         let (s, nh, hd) = (q.dim(0), c.num_heads, c.head_dim);
         let layer_rope = self.rope.layer(c, i);
         let rope = match &ropes.local {
@@ -1755,11 +1819,16 @@ impl Model {
             }
         }
         let sliding = c.sliding_layers.get(i).copied().unwrap_or(false);
+        let sinks = match self.spec.attn_sinks {
+            Some(n) => Some(self.weights.get(&ln(n))?),
+            None => None,
+        };
         let ap = AttentionParams {
             scale: self.attention_scale() * layer_rope.score_scale,
             softcap: c.attn_logit_softcap,
             sliding_window: if sliding { c.sliding_window } else { 0 },
             alibi: self.alibi.as_ref(),
+            sinks: sinks.as_deref(),
             fast: self.precision == Precision::Fast,
             output_copy: self.copy_for(s),
         };
@@ -1769,6 +1838,14 @@ impl Model {
             kv.attend(e, i, q, k, v, &ap, a)?;
         }
         a.reshape(&[s, nh * hd])?;
+        self.attention_out(i, bufs)
+    }
+
+    /// Layer `i`'s o projection of the attention output `a`, its post-norm where the
+    /// architecture has one, and the residual added into `x`.
+    fn attention_out(&self, i: usize, bufs: &mut StepBufs) -> Result<()> {
+        let StepBufs { x, a, b, t0, .. } = bufs;
+        let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
         // on the CUDA device the residual add rides on the projection (`accumulate`)
         let fuse_residual = self.paths.multi_linear && self.tp.is_none();
         if fuse_residual && self.spec.post_attn_norm.is_none() {
@@ -1780,7 +1857,40 @@ impl Model {
             self.norm(b, &ln(n), t0)?;
             std::mem::swap(*b, *t0);
         }
-        ops::add_to(e, x, b, 1.0)
+        ops::add_to(&self.exec, x, b, 1.0)
+    }
+
+    /// Layer `i`'s latent attention ([`super::mla`]) of the normed input `h` into `a`.
+    fn latent_attention(
+        &self,
+        i: usize,
+        names: &super::mla::MlaNames,
+        m: &super::mla::MlaConfig,
+        rope: &RotaryParams,
+        kv: &mut dyn KvStore,
+        bufs: &mut StepBufs,
+    ) -> Result<()> {
+        let c = &self.config;
+        let af = super::rope::attention_factor(&self.rope.layer(c, i).scaling);
+        let st = super::mla::MlaStep {
+            exec: &self.exec,
+            weights: &self.weights,
+            quant_act: self.precision == Precision::Fast,
+            heads: c.num_heads,
+            rope_dim: c.rope_dim,
+            rope_q_scale: af * af,
+        };
+        let ap = AttentionParams {
+            scale: m.attention_scale(c.rope_dim),
+            softcap: 0.0,
+            sliding_window: 0,
+            alibi: None,
+            fast: self.precision == Precision::Fast,
+            output_copy: OutputCopy::None,
+            sinks: None,
+        };
+        let p = format!("{}{i}.", self.spec.layer_prefix);
+        super::mla::mla_attention(&st, m, names, &p, i, bufs.h, rope, kv, &ap, bufs.a)
     }
 
     /// Layer `i`'s MLP: norm, the architecture's gate/up form and activation, down projection,
@@ -1983,6 +2093,20 @@ pub trait KvStore {
         out: &mut Data,
     ) -> Result<()>;
 
+    /// [`KvStore::attend`] where the step's rows `kv` [rows, nkv, hd] serve as both keys and
+    /// values (latent attention): a store may keep them once.
+    fn attend_shared(
+        &mut self,
+        e: &Executor,
+        layer: usize,
+        q: &Data,
+        kv: &Data,
+        p: &AttentionParams,
+        out: &mut Data,
+    ) -> Result<()> {
+        self.attend(e, layer, q, kv, kv, p, out)
+    }
+
     /// True when [`KvStore::attend_rotating`] takes this step's queries and keys unrotated.
     fn rotates_step(&self) -> bool {
         false
@@ -2031,6 +2155,27 @@ impl KvStore for KvCache {
             ops::kv_append(e, vc, v)?;
         }
         ops::attention(e, q, kc, vc, p, out)
+    }
+
+    fn attend_shared(
+        &mut self,
+        e: &Executor,
+        layer: usize,
+        q: &Data,
+        kv: &Data,
+        p: &AttentionParams,
+        out: &mut Data,
+    ) -> Result<()> {
+        let kc = self
+            .k
+            .get_mut(layer)
+            .ok_or_else(|| Error::invalid(format!("KV cache has no layer {layer}")))?;
+        if kc.dtype() == DataType::F32 {
+            ops::cat_direct(e, kc, kv, 0)?;
+        } else {
+            ops::kv_append(e, kc, kv)?;
+        }
+        ops::attention(e, q, kc, kc, p, out)
     }
 }
 
@@ -2237,6 +2382,32 @@ impl KvStore for PagedStep<'_> {
                 .with("sliding_window", p.sliding_window as i32),
         )
     }
+}
+
+/// Checks a latent-attention model's config against its architecture and derives each layer's
+/// per-head key/value matrices ([`super::mla::prepare`]); nothing for other models.
+fn prepare_latent(weights: &mut Weights, spec: &ArchSpec, c: &ModelConfig) -> Result<()> {
+    let names = match (spec.qkv, &c.mla) {
+        (Qkv::Latent(names), Some(m)) => {
+            m.validate(&c.architecture, c.head_dim, c.num_kv_heads, c.rope_dim)?;
+            names
+        }
+        (Qkv::Latent(_), None) => {
+            return Err(bad(format!(
+                "{}: the config lacks the latent attention sizes",
+                c.architecture
+            )))
+        }
+        (_, Some(_)) => return Err(bad(format!("{}: has no latent attention", c.architecture))),
+        _ => return Ok(()),
+    };
+    if let Some(m) = &c.mla {
+        for i in 0..c.num_layers {
+            let p = format!("{}{i}.", spec.layer_prefix);
+            super::mla::prepare(weights, &names, m, c.num_heads, &p)?;
+        }
+    }
+    Ok(())
 }
 
 /// `Err` when the weights to upload to `device` exceed `cap` bytes

@@ -137,7 +137,7 @@ impl Weights {
     pub fn resident_bytes(&self) -> usize {
         self.resident
             .values()
-            .filter_map(|d| crate::data::bytes_for(d.dtype(), d.dims()).ok())
+            .map(|d| tensor_bytes(d) as usize)
             .sum()
     }
 
@@ -153,26 +153,29 @@ impl Weights {
     ///
     /// [`BaseDevice::weight_form`]: crate::device::BaseDevice::weight_form
     pub fn reform_for(&mut self, device: &dyn crate::device::BaseDevice) -> Result<usize> {
-        self.reform_for_where(device, |_| true)
+        self.reform_for_where(device, |_| true, &mut |_| {})
     }
 
     /// [`Weights::reform_for`] of the tensors whose name passes `pick`; the others stay as
-    /// loaded (e.g. mapped from the file).
+    /// loaded (e.g. mapped from the file). `on_tensor` gets the bytes of each resident tensor
+    /// once it is passed, replaced or not.
     pub fn reform_for_where(
         &mut self,
         device: &dyn crate::device::BaseDevice,
         pick: impl Fn(&str) -> bool,
+        on_tensor: &mut dyn FnMut(u64),
     ) -> Result<usize> {
         let mut changed = 0;
         for (name, d) in self.resident.iter_mut() {
-            if d.dims().len() != 2 || d.device() != device.kind() || !pick(name) {
-                continue;
+            let bytes = tensor_bytes(d);
+            if d.dims().len() == 2 && d.device() == device.kind() && pick(name) {
+                if let Some(new) = device.weight_form(d)? {
+                    let old = std::mem::replace(d, new);
+                    crate::interleave::release_view(&old);
+                    changed += 1;
+                }
             }
-            if let Some(new) = device.weight_form(d)? {
-                let old = std::mem::replace(d, new);
-                crate::interleave::release_view(&old);
-                changed += 1;
-            }
+            on_tensor(bytes);
         }
         Ok(changed)
     }
@@ -181,13 +184,32 @@ impl Weights {
     /// there find their weights in place; dtypes are kept. Tensors fetched on demand in
     /// low-memory mode are not resident and are not moved.
     pub fn upload_to(&mut self, device: &dyn crate::device::BaseDevice) -> Result<()> {
+        self.upload_to_where(device, |_| true, &mut |_| {})
+    }
+
+    /// [`Weights::upload_to`] of the tensors whose name passes `pick`; the others stay where
+    /// they are (e.g. on the host, for ops the device lacks). `on_tensor` gets the bytes of
+    /// each resident tensor once it is passed.
+    pub fn upload_to_where(
+        &mut self,
+        device: &dyn crate::device::BaseDevice,
+        pick: impl Fn(&str) -> bool,
+        on_tensor: &mut dyn FnMut(u64),
+    ) -> Result<()> {
         for (name, d) in self.resident.iter_mut() {
-            if d.device() != device.kind() {
+            let bytes = tensor_bytes(d);
+            if d.device() != device.kind() && pick(name) {
                 let mut up = device.upload(d)?;
                 up.name = name.clone();
                 *d = up;
             }
+            on_tensor(bytes);
         }
         Ok(())
     }
+}
+
+/// The bytes of `d`'s elements in its dtype (0 for a shape its dtype cannot hold).
+fn tensor_bytes(d: &Data) -> u64 {
+    crate::data::bytes_for(d.dtype(), d.dims()).unwrap_or(0) as u64
 }

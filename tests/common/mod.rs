@@ -1,10 +1,12 @@
 //! What the integration tests share: reporting a skipped test where CI's log shows it; for the
 //! CUDA tests, the device and the executors they compare ([`cuda`]) and the SmolLM2 model they
-//! load ([`smollm2`]); Gemma 3 270M against its reference ([`gemma3`]).
+//! load ([`smollm2`]); Gemma 3 270M against its reference ([`gemma3`]); GGUF files written from
+//! fixtures ([`gguf`]).
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod gemma3;
+pub mod gguf;
 #[cfg(feature = "cuda")]
 pub mod smollm2;
 

@@ -65,7 +65,7 @@ fn run_as<K: Load16, V: Load16>(th: &Threads, inp: &Inputs, out: &mut [f32]) {
             unsafe { chunk::<K, V>(inp, i, keys, &mut scores, ob, ms, ls) };
         }
     });
-    merge_partials(out, &partials, p.nh, p.hdv, splits);
+    merge_partials(out, &partials, (p.nh, p.hdv, splits), inp.heads.sinks);
 }
 
 /// Partial softmax of query `i` over `keys` for every head: unnormalised outputs `ob [nh][hdv]`,

@@ -144,7 +144,7 @@ unsafe fn row_block<K: Load16, V: Load16>(
     for (t, r) in rows.enumerate() {
         let (i, h) = (r / g, kh * g + r % g);
         let dst = out.0.add((i * p.nh + h) * p.hdv);
-        let inv = if acc.l[t] > 0.0 { 1.0 / acc.l[t] } else { 0.0 };
+        let inv = super::inv_denominator(acc.l[t], acc.m[t], inp.heads.sink(h));
         for c in 0..p.hdv {
             *dst.add(c) = acc.o[t * p.hdv + c] * inv;
         }

@@ -30,6 +30,10 @@ pub struct Q8Rows {
     pub sum8: Vec<[i32; 8]>,
     /// Quantized values, 32 per block.
     pub qs: Vec<i8>,
+    /// Per block the integer sums of its two halves of 16 values (used by the interleaved Q6_K
+    /// kernel, whose scales change every 16 values); filled by [`Q8Rows::prepare_sum16`], left
+    /// stale by a re-quantization.
+    pub sum16: Vec<[i32; 2]>,
     /// The same rows in the grouped layout of the streaming GEMV ([`Q8Split`]); empty until
     /// [`Q8Rows::prepare_split`] is called, and emptied by every re-quantization.
     pub split: Q8Split,
@@ -100,6 +104,16 @@ impl Q8Rows {
         self.sum8.resize(rows * blocks, [0; 8]);
         self.qs.resize(rows * blocks * QK, 0);
         self.split.rows = 0;
+    }
+
+    /// Fills [`Q8Rows::sum16`] from the quantized values (one pass over `k` bytes per row).
+    pub fn prepare_sum16(&mut self) {
+        let n = self.rows * self.blocks;
+        self.sum16.clear();
+        let half = |h: &[i8]| h.iter().map(|&v| v as i32).sum::<i32>();
+        let blocks = self.qs[..n * QK].chunks_exact(QK);
+        self.sum16
+            .extend(blocks.map(|b| [half(&b[..QK / 2]), half(&b[QK / 2..])]));
     }
 
     /// Fills [`Q8Rows::split`] from the quantized rows (cheap: one pass over `k` bytes per row).

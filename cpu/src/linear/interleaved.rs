@@ -23,8 +23,9 @@
 //! `dw·dx` and added in block order, in the scalar reference and the SIMD kernel alike.
 //!
 //! Matrices whose row count is not a multiple of [`GROUP_ROWS`] are not interleaved (callers keep the
-//! plain layout). F16/BF16 weights have their own layout and kernels ([`super::interleaved_float`]);
-//! [`interleave`], [`plain_row`] and [`available_for`] take every type. This module must not split
+//! plain layout). F16/BF16 weights have their own layout and kernels ([`super::interleaved_float`]),
+//! and so do the K-quants ([`super::interleaved_kquant`]); [`interleave`], [`plain_row`] and
+//! [`available_for`] take every type. This module must not split
 //! work across threads or know about tensors.
 
 use super::act_quant::Q8Rows;
@@ -101,7 +102,8 @@ fn check(t: WeightType, w: &[u8], n: usize, k: usize) -> Result<usize, String> {
 }
 
 /// Interleaves the plain `n × k` weight `w` of type `t` into `out` (the same number of bytes);
-/// F16/BF16 weights take the layout of [`super::interleaved_float`].
+/// F16/BF16 weights take the layout of [`super::interleaved_float`], K-quants that of
+/// [`super::interleaved_kquant`].
 pub fn interleave(
     t: WeightType,
     w: &[u8],
@@ -111,6 +113,9 @@ pub fn interleave(
 ) -> Result<(), String> {
     if super::interleaved_float::is_float(t) {
         return super::interleaved_float::interleave(t, w, n, k, out);
+    }
+    if super::interleaved_kquant::is_kquant(t) {
+        return super::interleaved_kquant::interleave(t, w, n, k, out);
     }
     let bs = check(t, w, n, k)?;
     let nb = k / QK;
@@ -146,7 +151,7 @@ pub fn interleave(
 }
 
 /// Row `r` of an interleaved `n × k` weight of type `t`, in the plain block layout, into `out`
-/// (`k / 32` plain blocks; F16/BF16: `k` values).
+/// (`k / 32` plain blocks; K-quants: `k / 256` super-blocks; F16/BF16: `k` values).
 pub fn plain_row(
     t: WeightType,
     w: &[u8],
@@ -157,6 +162,9 @@ pub fn plain_row(
 ) -> Result<(), String> {
     if super::interleaved_float::is_float(t) {
         return super::interleaved_float::plain_row(t, w, n, k, r, out);
+    }
+    if super::interleaved_kquant::is_kquant(t) {
+        return super::interleaved_kquant::plain_row(t, w, n, k, r, out);
     }
     let bs = check(t, w, n, k)?;
     let nb = k / QK;
@@ -301,13 +309,16 @@ pub fn available() -> bool {
     }
 }
 
-/// True when this CPU has the SIMD kernels for interleaved weights of type `t` (block types:
-/// [`available`]; F16/BF16: [`super::interleaved_float::available`]).
+/// True when weights of type `t` are worth interleaving on this CPU: it has the SIMD kernels
+/// (block types, Q4_K, Q5_K: [`available`]; F16/BF16: [`super::interleaved_float::available`]).
+/// Q6_K is left out: it has interleaved kernels, but its plain kernel streams a matrix faster
+/// (`benches/linear.rs --dram`).
 pub fn available_for(t: WeightType) -> bool {
     if super::interleaved_float::is_float(t) {
         super::interleaved_float::available(t)
     } else {
-        t.is_block() && available()
+        let kq = super::interleaved_kquant::is_kquant(t) && t != WeightType::Q6K;
+        (t.is_block() || kq) && available()
     }
 }
 

@@ -8,7 +8,8 @@
 //! Q4 kernels over grouped activations: a streaming GEMV and an 8×2 tile, four blocks per step), [`int_tile`]
 //! (AVX-512 4×4 integer GEMM tiles), [`int_wide`] (AVX-512 VNNI 8×2 integer GEMM tiles, used
 //! instead of `int_tile` where the CPU has VNNI), [`interleaved`] (block weights 16 rows side by side
-//! and their integer kernels), [`interleaved_float`] (the same for F16/BF16 weights), `gemm` (column tiling, row blocking, f32 tile conversion
+//! and their integer kernels), [`interleaved_float`] and [`interleaved_kquant`] (the same for
+//! F16/BF16 and K-quant weights), `gemm` (column tiling, row blocking, f32 tile conversion
 //! and the split over threads), [`matmul`] (the two f32 matmuls). Each kernel exists as a plain
 //! scalar reference and a fast path chosen at run time (AVX2+FMA+F16C or AVX-512 on x86-64,
 //! portable code elsewhere).
@@ -26,6 +27,7 @@ pub mod int_tile;
 pub mod int_wide;
 pub mod interleaved;
 pub mod interleaved_float;
+pub mod interleaved_kquant;
 pub mod kquant_dot;
 pub mod kquant_int;
 pub mod matmul;
@@ -157,8 +159,8 @@ impl WeightType {
     }
 
     /// True for the weight types whose kernels are separate modules ([`kquant_dot`],
-    /// [`kquant_int`], [`q5_dot`]): the K-quants and Q5_0. They have no tiled, split or
-    /// interleaved kernels.
+    /// [`kquant_int`], [`q5_dot`]): the K-quants and Q5_0. They have no tiled or split kernels
+    /// (the K-quants have interleaved ones, [`interleaved_kquant`]).
     pub fn has_own_kernels(self) -> bool {
         self.is_kquant() || self == WeightType::Q5_0
     }
@@ -479,11 +481,12 @@ fn linear_own(
     Ok(())
 }
 
-/// `Linear` with an interleaved weight (`a.w` in the layout of [`interleaved`] for block types or
-/// [`interleaved_float`] for F16/BF16, `a.n` a multiple of [`interleaved::GROUP_ROWS`]): the SIMD
+/// `Linear` with an interleaved weight (`a.w` in the layout of [`interleaved`] for block types,
+/// [`interleaved_kquant`] for K-quants or [`interleaved_float`] for F16/BF16, `a.n` a multiple of
+/// [`interleaved::GROUP_ROWS`]): the SIMD
 /// kernels over groups of 16 weight rows, split over `threads`; with `threads = None` the scalar
 /// reference on one thread. Float weights always take f32 activations (`quant_act` does not apply).
-/// A block weight without `quant_act` (f32 activations) is brought back to the plain layout
+/// A block or K-quant weight without `quant_act` (f32 activations) is brought back to the plain layout
 /// first and the plain path runs (slow: interleaving block weights is meant for quantized
 /// activations).
 pub fn linear_interleaved(
@@ -493,9 +496,10 @@ pub fn linear_interleaved(
 ) -> Result<(), String> {
     let rb = a.validate(out)?;
     let float = interleaved_float::is_float(a.wtype);
-    if !(a.wtype.is_block() || float) || !a.n.is_multiple_of(interleaved::GROUP_ROWS) {
+    let kq = interleaved_kquant::is_kquant(a.wtype);
+    if !(a.wtype.is_block() || float || kq) || !a.n.is_multiple_of(interleaved::GROUP_ROWS) {
         return Err(format!(
-            "interleaved weights are Q4_0/Q4_1/Q8_0/F16/BF16 with rows a multiple of {}, got {} x {} {}",
+            "interleaved weights are Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K/F16/BF16 with rows a multiple of {}, got {} x {} {}",
             interleaved::GROUP_ROWS,
             a.n,
             a.k,
@@ -521,9 +525,14 @@ pub fn linear_interleaved(
             None => linear_ref(&b, out),
         };
     }
-    let simd = threads.and_then(|_| interleaved::pick(a.wtype));
+    let (pick, pick_ref): (fn(_) -> _, fn(_) -> _) = if kq {
+        (interleaved_kquant::pick, interleaved_kquant::pick_ref)
+    } else {
+        (interleaved::pick, interleaved::pick_ref)
+    };
+    let simd = threads.and_then(|_| pick(a.wtype));
     let f = simd
-        .or_else(|| interleaved::pick_ref(a.wtype))
+        .or_else(|| pick_ref(a.wtype))
         .ok_or_else(|| format!("no interleaved kernel for {}", a.wtype.name()))?;
     ACT_SCRATCH.with(|s| {
         let mut q = s
@@ -533,6 +542,9 @@ pub fn linear_interleaved(
             act_quant::quantize_rows(a.x, a.rows, a.k, &mut q)?;
         } else {
             act_quant::quantize_rows_ref(a.x, a.rows, a.k, &mut q)?;
+        }
+        if a.wtype == WeightType::Q6K {
+            q.prepare_sum16();
         }
         gemm::run_interleaved(threads, a, rb, f, &q, out);
         Ok(())
@@ -570,3 +582,5 @@ mod tests;
 mod tests_batch;
 #[cfg(test)]
 mod tests_float_interleaved;
+#[cfg(test)]
+mod tests_kquant_interleaved;

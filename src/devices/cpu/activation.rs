@@ -1,5 +1,6 @@
 //! Activation operators on the CPU: `Softmax`, `Silu`, `Gelu`, `SoftCap` (same shape out) and the
-//! gated `Swiglu`, `GeluGated` (`[.., 2d]` → `[.., d]`). Validates, sizes the output and calls
+//! gated `Swiglu`, `GeluGated` (`[.., 2d]` → `[.., d]`), and `ClampedSwiglu` (GPT-OSS: gate
+//! `input0` and up `input1` of one shape, floats `alpha` and `limit`). Validates, sizes the output and calls
 //! `fastllm_cpu::activation` (reference or fast by kernel mode). Must not hold kernel arithmetic.
 
 use super::args::{check_tensor, dtype_in, f32s, f32s_mut, need, rows_last};
@@ -7,11 +8,12 @@ use super::CpuContext;
 use crate::data::DataType::F32;
 use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
 use crate::error::{Error, Result};
-use fastllm_cpu::activation::{self as k, Act};
+use fastllm_cpu::activation::{self as k, Act, GluClamp};
 use std::sync::Arc;
 
 /// Registers this family's operators.
 pub fn register(ops: &mut OpRegistry, ctx: &Arc<CpuContext>) {
+    ops.insert(CLAMPED, Box::new(ClampedSwiglu(ctx.clone())));
     for kind in [
         Kind::Softmax,
         Kind::Silu,
@@ -127,6 +129,67 @@ impl Operator for Activation {
             (kind, false) if kind.gated() => k::gated(th, act, x, o, n / 2),
             (_, true) => k::act_map_ref(act, x, o),
             (_, false) => k::act_map(th, act, x, o),
+        }
+        Ok(())
+    }
+}
+
+const CLAMPED: &str = "ClampedSwiglu";
+
+/// The `alpha` and `limit` of a `ClampedSwiglu` call (both finite, `limit` > 0).
+fn glu_clamp(f: &FloatDict) -> Result<GluClamp> {
+    let (alpha, limit) = match (f.get("alpha"), f.get("limit")) {
+        (Some(a), Some(l)) => (a, l),
+        _ => return Err(Error::op(CLAMPED, "needs parameters 'alpha' and 'limit'")),
+    };
+    if !alpha.is_finite() || !limit.is_finite() || limit <= 0.0 {
+        return Err(Error::op(
+            CLAMPED,
+            format!("parameters alpha {alpha} / limit {limit} must be finite, limit > 0"),
+        ));
+    }
+    Ok(GluClamp { alpha, limit })
+}
+
+/// `ClampedSwiglu`: `output = (clamp(input1, −limit, limit) + 1) · g·σ(alpha·g)` with
+/// `g = min(input0, limit)`.
+struct ClampedSwiglu(Arc<CpuContext>);
+
+impl Operator for ClampedSwiglu {
+    fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
+        dtype_in(d, "input0", &[F32]) && dtype_in(d, "input1", &[F32])
+    }
+    fn reshape(&self, d: &mut DataDict, f: &FloatDict, _: &IntDict) -> Result<()> {
+        glu_clamp(f)?;
+        let g = d.require(CLAMPED, "input0")?;
+        let u = d.require(CLAMPED, "input1")?;
+        check_tensor(CLAMPED, "input0", g)?;
+        check_tensor(CLAMPED, "input1", u)?;
+        f32s(CLAMPED, "input0", g)?;
+        f32s(CLAMPED, "input1", u)?;
+        if g.dims() != u.dims() {
+            return Err(Error::op(
+                CLAMPED,
+                format!(
+                    "gate {:?} and up {:?} must have one shape",
+                    g.dims(),
+                    u.dims()
+                ),
+            ));
+        }
+        let dims = g.dims().to_vec();
+        d.require_mut(CLAMPED, "output")?.resize(F32, &dims)
+    }
+    fn run(&self, d: &mut DataDict, f: &FloatDict, _: &IntDict) -> Result<()> {
+        let c = glu_clamp(f)?;
+        let ([g, u], out) = d.io(CLAMPED, ["input0", "input1"], "output")?;
+        let g = f32s(CLAMPED, "input0", need(CLAMPED, "input0", g)?)?;
+        let u = f32s(CLAMPED, "input1", need(CLAMPED, "input1", u)?)?;
+        let o = f32s_mut(CLAMPED, "output", out)?;
+        if self.0.reference() {
+            k::clamped_swiglu_ref(g, u, o, c);
+        } else {
+            k::clamped_swiglu(&self.0.threads, g, u, o, c);
         }
         Ok(())
     }

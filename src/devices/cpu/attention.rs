@@ -1,7 +1,7 @@
 //! The `Attention` operator on the CPU: validates `q [sq, nh, hd]`, `k [skv, nkv, hd]`,
 //! `v [skv, nkv, hdv]` (K/V may be caches expanded on axis 0, in f32, f16 or q8_0; a q8_0 cache
 //! stores each head row padded to whole blocks of 32, see `super::kv`), optional ALiBi
-//! `alibi_slopes [nh]`, and the parameters; sizes `output [sq, nh, hdv]`; calls
+//! `alibi_slopes [nh]` and attention `sinks [nh]`, and the parameters; sizes `output [sq, nh, hdv]`; calls
 //! `fastllm_cpu::attention`. Must not hold kernel arithmetic.
 
 use super::args::{check_tensor, check_vec, dtype_in, f32s, f32s_mut, need, non_neg};
@@ -10,7 +10,7 @@ use super::CpuContext;
 use crate::data::{Data, DataType, DataType::F32};
 use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
 use crate::error::{Error, Result};
-use fastllm_cpu::attention::{self as k, AttnParams};
+use fastllm_cpu::attention::{self as k, AttnParams, HeadTerms};
 use std::sync::Arc;
 
 const OP: &str = "Attention";
@@ -81,6 +81,7 @@ fn params(d: &DataDict, f: &FloatDict, i: &IntDict) -> Result<AttnParams> {
         ));
     }
     check_vec(OP, "alibi_slopes", d.get("alibi_slopes"), nh)?;
+    check_vec(OP, "sinks", d.get("sinks"), nh)?;
     let causal = match i.get_or("causal", 1) {
         0 => false,
         1 => true,
@@ -120,12 +121,15 @@ fn params(d: &DataDict, f: &FloatDict, i: &IntDict) -> Result<AttnParams> {
     })
 }
 
-/// `Attention`: causal / windowed / GQA / ALiBi / soft-capped scaled dot-product attention.
+/// `Attention`: causal / windowed / GQA / ALiBi / soft-capped scaled dot-product attention with
+/// optional sinks.
 struct Attention(Arc<CpuContext>);
 
 impl Operator for Attention {
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
-        ["q", "alibi_slopes"].iter().all(|n| dtype_in(d, n, &[F32]))
+        ["q", "alibi_slopes", "sinks"]
+            .iter()
+            .all(|n| dtype_in(d, n, &[F32]))
             && ["k", "v"].iter().all(|n| dtype_in(d, n, &KV_DTYPES))
     }
     fn reshape(&self, d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<()> {
@@ -135,19 +139,20 @@ impl Operator for Attention {
     }
     fn run(&self, d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<()> {
         let p = params(d, f, i)?;
-        let ([q, kk, v, s], out) = d.io(OP, ["q", "k", "v", "alibi_slopes"], "output")?;
+        let names = ["q", "k", "v", "alibi_slopes", "sinks"];
+        let ([q, kk, v, s, sk], out) = d.io(OP, names, "output")?;
         let q = f32s(OP, "q", need(OP, "q", q)?)?;
         let kk = kv_rows(OP, "k", need(OP, "k", kk)?)?;
         let v = kv_rows(OP, "v", need(OP, "v", v)?)?;
-        let s = match s {
-            Some(s) => Some(f32s(OP, "alibi_slopes", s)?),
-            None => None,
+        let heads = HeadTerms {
+            alibi: s.map(|s| f32s(OP, "alibi_slopes", s)).transpose()?,
+            sinks: sk.map(|s| f32s(OP, "sinks", s)).transpose()?,
         };
         let o = f32s_mut(OP, "output", out)?;
         if self.0.reference() {
-            k::attention_ref_kv(q, kk, v, s, o, &p);
+            k::attention_ref_kv(q, kk, v, heads, o, &p);
         } else {
-            k::attention_kv(&self.0.threads, q, kk, v, s, o, &p);
+            k::attention_kv(&self.0.threads, q, kk, v, heads, o, &p);
         }
         Ok(())
     }

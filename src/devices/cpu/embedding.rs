@@ -33,7 +33,10 @@ fn format_of(t: DataType) -> Option<WeightFormat> {
         | DataType::Q4_0Interleaved
         | DataType::Q4_1Interleaved
         | DataType::F16Interleaved
-        | DataType::BF16Interleaved => return format_of(t.plain()),
+        | DataType::BF16Interleaved
+        | DataType::Q4KInterleaved
+        | DataType::Q5KInterleaved
+        | DataType::Q6KInterleaved => return format_of(t.plain()),
         DataType::I32 => return None,
     })
 }

@@ -1,6 +1,6 @@
 //! Matrix operators on the CPU: `Linear` (F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q5_K/Q6_K
 //! weights,
-//! plain or (all but F32, Q5_0 and the K-quants) interleaved 16 rows at a time (`crate::interleave`),
+//! plain or (all but F32 and Q5_0) interleaved 16 rows at a time (`crate::interleave`),
 //! optional bias, `quant_act`), `MatMul` and `MatMulTransB` (f32, batched). `reshape` validates shapes and
 //! dtypes and sizes the output; `run` adapts `Data` to the kernels of `fastllm_cpu::linear`
 //! (scalar references in `KernelMode::Reference`, SIMD + threads in `Fast`).
@@ -52,7 +52,10 @@ fn weight_type(t: DataType) -> Option<WeightType> {
         | DataType::Q4_0Interleaved
         | DataType::Q4_1Interleaved
         | DataType::F16Interleaved
-        | DataType::BF16Interleaved => return crate::interleave::kernel_type(t),
+        | DataType::BF16Interleaved
+        | DataType::Q4KInterleaved
+        | DataType::Q5KInterleaved
+        | DataType::Q6KInterleaved => return crate::interleave::kernel_type(t),
         DataType::I32 => return None,
     })
 }

@@ -8,6 +8,7 @@ use crate::data::{Data, DataType};
 use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
 use crate::devices::paged_tables::{check_block_tables, BlockTables};
 use crate::error::{Error, Result};
+use fastllm_cpu::attention::HeadTerms;
 use fastllm_cpu::paged::{self as k, PagedAttnParams, PagedSeq};
 use std::sync::Arc;
 
@@ -91,7 +92,7 @@ struct Checked<'a> {
     seqs: Vec<PagedSeq<'a>>,
 }
 
-const NAMES: [&str; 7] = [
+const NAMES: [&str; 8] = [
     "q",
     "k_cache",
     "v_cache",
@@ -99,6 +100,7 @@ const NAMES: [&str; 7] = [
     "kv_lens",
     "block_tables",
     "alibi_slopes",
+    "sinks",
 ];
 
 fn req<'a>(x: Option<&'a Data>, name: &str, dt: DataType, nd: usize) -> Result<&'a Data> {
@@ -131,7 +133,7 @@ fn cache_arg<'a>(x: Option<&'a Data>, name: &str) -> Result<&'a Data> {
     Ok(x)
 }
 
-fn check<'a>(a: &[Option<&'a Data>; 7], f: &FloatDict, i: &IntDict) -> Result<Checked<'a>> {
+fn check<'a>(a: &[Option<&'a Data>; 8], f: &FloatDict, i: &IntDict) -> Result<Checked<'a>> {
     const OP: &str = "PagedAttention";
     let q = req(a[0], "q", DataType::F32, 3)?;
     let kc = cache_arg(a[1], "k_cache")?;
@@ -174,14 +176,14 @@ fn check<'a>(a: &[Option<&'a Data>; 7], f: &FloatDict, i: &IntDict) -> Result<Ch
             blocks: s.blocks,
         })
         .collect();
-    if let Some(al) = a[6] {
-        if al.dtype() != DataType::F32 || al.count() != nh {
+    for (x, name) in [(a[6], "alibi_slopes"), (a[7], "sinks")] {
+        if let Some(x) = x.filter(|x| x.dtype() != DataType::F32 || x.count() != nh) {
             return Err(Error::op(
                 OP,
                 format!(
-                    "alibi_slopes must be f32 [{nh}], got {} {:?}",
-                    al.dtype(),
-                    al.dims()
+                    "{name} must be f32 [{nh}], got {} {:?}",
+                    x.dtype(),
+                    x.dims()
                 ),
             ));
         }
@@ -220,15 +222,15 @@ impl Operator for PagedAttention {
         let q = req(a[0], "q", DataType::F32, 3)?.as_f32()?;
         let kc = kv_rows("PagedAttention", "k_cache", cache_arg(a[1], "k_cache")?)?;
         let vc = kv_rows("PagedAttention", "v_cache", cache_arg(a[2], "v_cache")?)?;
-        let alibi = match a[6] {
-            Some(x) => Some(x.as_f32()?),
-            None => None,
+        let heads = HeadTerms {
+            alibi: a[6].map(|x| x.as_f32()).transpose()?,
+            sinks: a[7].map(|x| x.as_f32()).transpose()?,
         };
         let out = out.as_f32_mut()?;
         if self.0.reference() {
-            k::paged_attention_ref(q, kc, vc, &c.seqs, alibi, &c.p, out);
+            k::paged_attention_ref(q, kc, vc, &c.seqs, heads, &c.p, out);
         } else {
-            k::paged_attention(q, kc, vc, &c.seqs, alibi, &c.p, out, &self.0.threads);
+            k::paged_attention(q, kc, vc, &c.seqs, heads, &c.p, out, &self.0.threads);
         }
         Ok(())
     }

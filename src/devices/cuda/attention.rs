@@ -1,9 +1,10 @@
 //! `Attention` on the GPU (f32): one block per (query, head) with an online softmax over key
-//! chunks (kernels/attention.cu); causal mask, sliding window, GQA, ALiBi and soft-capping.
+//! chunks (kernels/attention.cu); causal mask, sliding window, GQA, ALiBi, soft-capping and
+//! attention sinks (`sinks` [nh], in every kernel's softmax denominator but the flash kernel's).
 //! `k`/`v` may be KV caches expanded on axis 0.
 //!
 //! Prefill with `fast = 1` (the `fast` precision) and at least [`TC_MIN_QUERIES`] queries, causal,
-//! head size 64 or 128 and no ALiBi / soft-capping / window runs the fused flash-attention
+//! head size 64 or 128 and no ALiBi / soft-capping / window / sinks runs the fused flash-attention
 //! kernel `flash_attn{64,128}x1_f32`: f16 tensor-core `mma.sync` for q·kᵀ and p·v with f32
 //! accumulation and an online softmax; the keys and values are first converted to f16
 //! (`kv_half_f32`), then staged tile by tile in shared memory by `cp.async` overlapping the math
@@ -106,6 +107,8 @@ struct DecodeArgs {
     k: u64,
     v: u64,
     slopes: u64,
+    /// Attention sinks [nh], or 0.
+    sinks: u64,
     positions: u64,
     out: u64,
     sq: usize,
@@ -260,6 +263,7 @@ fn decode_launch(
             int(a.step.map_or(0, |t| t.rot), "rotary dim")?,
             KArg::I32(a.step.map_or(0, |t| t.style)),
             KArg::Ptr(counters),
+            KArg::Ptr(a.sinks),
         ],
     )?;
     if nsplit > 1 && !merge_in_kernel {
@@ -279,6 +283,7 @@ fn decode_launch(
                 int(nsplit, "splits")?,
                 KArg::Ptr(q8v),
                 KArg::Ptr(q8d),
+                KArg::Ptr(a.sinks),
             ],
         )?;
     }
@@ -350,6 +355,8 @@ struct TcArgs {
     k: u64,
     v: u64,
     slopes: u64,
+    /// Attention sinks [nh], or 0.
+    sinks: u64,
     out: u64,
     sq: usize,
     skv: usize,
@@ -367,13 +374,14 @@ struct TcArgs {
 
 impl Attention {
     /// The fused flash-attention kernel (`flash_attn{64,128}x1_f32`, module doc): causal, head
-    /// sizes 64 or 128 (q, k and v alike), no ALiBi, soft-capping or window. `Ok(false)` when the
-    /// call is not of that kind.
+    /// sizes 64 or 128 (q, k and v alike), no ALiBi, soft-capping, window or sinks. `Ok(false)`
+    /// when the call is not of that kind.
     fn flash(&self, a: &TcArgs) -> Result<bool> {
         let fits = a.causal
             && a.hd == a.hdv
             && (a.hd == 64 || a.hd == 128)
             && a.slopes == 0
+            && a.sinks == 0
             && a.softcap == 0.0
             && a.window == 0
             && a.skv >= a.sq
@@ -517,6 +525,7 @@ impl Attention {
                     &[
                         KArg::Ptr(sp),
                         KArg::Ptr(a.slopes),
+                        KArg::Ptr(a.sinks),
                         int(n, "chunk")?,
                         int(i0, "chunk start")?,
                         int(a.sq, "sq")?,
@@ -581,7 +590,7 @@ impl Operator for Attention {
             }
             _ => false,
         };
-        shapes_ok && all_f32(d, &["q", "k", "v", "alibi_slopes"])
+        shapes_ok && all_f32(d, &["q", "k", "v", "alibi_slopes", "sinks"])
     }
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
         let [sq, nh, hd] = dims3(d.require("Attention", "q")?, "q")?;
@@ -593,11 +602,11 @@ impl Operator for Attention {
                 format!("q [{sq}, {nh}, {hd}], k [{skv}, {nkv}, {hdk}], v [{skv2}, {nkv2}, {hdv}] do not match"),
             ));
         }
-        if let Some(s) = d.get("alibi_slopes") {
-            if s.count() != nh {
+        for n in ["alibi_slopes", "sinks"] {
+            if let Some(s) = d.get(n).filter(|s| s.count() != nh) {
                 return Err(op_err(
                     "Attention",
-                    format!("alibi_slopes {:?} must have {nh} entries", s.dims()),
+                    format!("{n} {:?} must have {nh} entries", s.dims()),
                 ));
             }
         }
@@ -609,7 +618,8 @@ impl Operator for Attention {
         )
     }
     fn run(&self, d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<()> {
-        let ([q, k, v, s], out) = d.io("Attention", ["q", "k", "v", "alibi_slopes"], "output")?;
+        let names = ["q", "k", "v", "alibi_slopes", "sinks"];
+        let ([q, k, v, s, sk], out) = d.io("Attention", names, "output")?;
         let q = q.ok_or_else(|| op_err("Attention", "missing input 'q'"))?;
         let k = k.ok_or_else(|| op_err("Attention", "missing input 'k'"))?;
         let v = v.ok_or_else(|| op_err("Attention", "missing input 'v'"))?;
@@ -618,6 +628,10 @@ impl Operator for Attention {
         let hdv = v.dim(-1);
         let sp = match s {
             Some(s) => dptr(s, "alibi_slopes")?,
+            None => 0,
+        };
+        let sinks = match sk {
+            Some(s) => dptr(s, "sinks")?,
             None => 0,
         };
         let scale = f.get_or("scale", 1.0 / (hd.max(1) as f32).sqrt());
@@ -638,6 +652,7 @@ impl Operator for Attention {
                 k: kp,
                 v: vp,
                 slopes: sp,
+                sinks,
                 out: op,
                 sq,
                 skv,
@@ -673,6 +688,7 @@ impl Operator for Attention {
                     k: kp,
                     v: vp,
                     slopes: sp,
+                    sinks,
                     positions: 0,
                     out: op,
                     sq,
@@ -713,6 +729,7 @@ impl Operator for Attention {
                 KArg::Ptr(kp),
                 KArg::Ptr(vp),
                 KArg::Ptr(sp),
+                KArg::Ptr(sinks),
                 KArg::Ptr(op),
                 int(sq, "sq")?,
                 int(skv, "skv")?,
@@ -750,7 +767,8 @@ fn cache_rows(op: &str, c: &crate::data::Data, name: &str) -> Result<usize> {
 /// the device) over KV caches `k_cache` [len, nkv, hd] / `v_cache` [len, nkv, hdv] whose rows
 /// up to the capacity are readable: query i sees keys max(0, p − window + 1) ..= p of its
 /// position p (causal). The cache length on the host is ignored, so a recorded graph replays
-/// this op as the cache grows. Floats `scale`, `softcap`; ints `sliding_window`. The inout
+/// this op as the cache grows. Optional `alibi_slopes` and attention `sinks` [nh]. Floats
+/// `scale`, `softcap`; ints `sliding_window`. The inout
 /// `workspace` (F32) is sized by the op (fixed for a given cache capacity and shapes).
 /// With the step's own keys and values `k` [1, nkv, hd] / `v` [1, nkv, hdv] (one query row) the
 /// kernel also stores them at cache row `positions[0]`, and with `cos` / `sin` (that position's
@@ -759,7 +777,14 @@ fn cache_rows(op: &str, c: &crate::data::Data, name: &str) -> Result<usize> {
 /// changed). The caches are then inout arguments (an `Err` otherwise), as for `KvWrite`.
 struct DecodeAttention(Arc<Gpu>, Arc<ActQuant>, Arc<DecodeCounters>);
 
-const DA_NAMES: [&str; 5] = ["q", "k_cache", "v_cache", "positions", "alibi_slopes"];
+const DA_NAMES: [&str; 6] = [
+    "q",
+    "k_cache",
+    "v_cache",
+    "positions",
+    "alibi_slopes",
+    "sinks",
+];
 
 /// The optional step inputs of `DecodeAttention`: raw key and value, cos and sin tables.
 const STEP_NAMES: [&str; 4] = ["k", "v", "cos", "sin"];
@@ -836,7 +861,7 @@ fn step_kv(
 
 impl DecodeAttention {
     /// (sq, nh, nkv, hd, hdv, cache rows, splits, heads per block) after validation.
-    fn sizes(&self, a: &[Option<&crate::data::Data>; 5]) -> Result<[usize; 8]> {
+    fn sizes(&self, a: &[Option<&crate::data::Data>; 6]) -> Result<[usize; 8]> {
         const OP: &str = "DecodeAttention";
         let need =
             |i: usize| a[i].ok_or_else(|| op_err(OP, format!("missing input '{}'", DA_NAMES[i])));
@@ -866,11 +891,11 @@ impl DecodeAttention {
                 ),
             ));
         }
-        if let Some(s) = a[4] {
-            if s.count() != nh {
+        for k in [4, 5] {
+            if let Some(s) = a[k].filter(|s| s.count() != nh) {
                 return Err(op_err(
                     OP,
-                    format!("alibi_slopes {:?} must have {nh} entries", s.dims()),
+                    format!("{} {:?} must have {nh} entries", DA_NAMES[k], s.dims()),
                 ));
             }
         }
@@ -883,7 +908,7 @@ impl DecodeAttention {
 
 impl Operator for DecodeAttention {
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
-        all_f32(d, &["q", "k_cache", "v_cache", "alibi_slopes"])
+        all_f32(d, &["q", "k_cache", "v_cache", "alibi_slopes", "sinks"])
             && d.dtype("positions") == Some(DataType::I32)
             && d.get("q").is_some_and(|q| q.is_contiguous())
             && d.get("k_cache").is_some_and(|k| k.is_contiguous())
@@ -944,6 +969,7 @@ impl Operator for DecodeAttention {
                 v: ptr(2)?,
                 positions: ptr(3)?,
                 slopes: ptr(4)?,
+                sinks: ptr(5)?,
                 out: dptr(out, "output")?,
                 sq,
                 skv: kcap,

@@ -20,7 +20,7 @@
 //! GPU, once for all weights of a call, or not at all when the op that produced them left that
 //! copy (`RMSNorm`, `SiluMul`, `Attention` with `quantize_output` 2 / 3, see `act_quant`).
 //! F16/BF16 weights go through cuBLAS `GemmEx` from 2 rows. Q8_0/Q4_0/Q4_1 weights
-//! (`k % 128 == 0`, 16-byte aligned) of 2..=[`OutputCopy::Q8_MAX_ROWS`] rows with f32 inputs and
+//! (`k % 128 == 0`, 16-byte aligned) of 2..=[`Q8_COPY_MAX_ROWS`](crate::device::Q8_COPY_MAX_ROWS) rows with f32 inputs and
 //! outputs take the int8 `linear_mmq` kernels (see `linear_mmq`: each weight block read once for
 //! all rows, activations as Q8_0 rows, left by the producing op or quantized once for all
 //! weights of the call). Other block-weight products (`k % 256 == 0`) of up to [`MMA_MAX_ROWS`]
@@ -144,7 +144,7 @@ impl Batched {
         let fits = q8_kernels(dtype) && k.is_multiple_of(MMQ_KC) && m >= 2;
         match self.mode {
             3 => fits,
-            0 => fits && m <= OutputCopy::Q8_MAX_ROWS,
+            0 => fits && m <= crate::device::Q8_COPY_MAX_ROWS,
             _ => false,
         }
     }

@@ -19,6 +19,7 @@ pub mod blas;
 pub mod buffer;
 mod elementwise;
 mod embedding;
+mod glu;
 pub mod gpu;
 pub mod kernels;
 mod linear;
@@ -62,6 +63,7 @@ impl CudaDevice {
         let mut ops = OpRegistry::new();
         let act = Arc::new(act_quant::ActQuant::new(&gpu));
         elementwise::register(&mut ops, &gpu, &act);
+        glu::register(&mut ops, &gpu);
         norm::register(&mut ops, &gpu, &act);
         paged::register(&mut ops, &gpu);
         paged_decode::register(&mut ops, &gpu);

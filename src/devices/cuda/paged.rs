@@ -172,7 +172,7 @@ struct PagedAttention {
     index: [HostIndex; 3],
 }
 
-const NAMES: [&str; 7] = [
+const NAMES: [&str; 8] = [
     "q",
     "k_cache",
     "v_cache",
@@ -180,6 +180,7 @@ const NAMES: [&str; 7] = [
     "kv_lens",
     "block_tables",
     "alibi_slopes",
+    "sinks",
 ];
 
 /// Validated sizes: (rows, heads, kv heads, head dim, sequences, blocks per table, block size).
@@ -193,7 +194,7 @@ struct Sizes {
     bs: usize,
 }
 
-fn check(a: &[Option<&Data>; 7], i: &IntDict) -> Result<Sizes> {
+fn check(a: &[Option<&Data>; 8], i: &IntDict) -> Result<Sizes> {
     const OP: &str = "PagedAttention";
     let q = need(a[0], OP, "q", DataType::F32, 3)?;
     let cdt = match a[1].map(|c| c.dtype()) {
@@ -239,14 +240,15 @@ fn check(a: &[Option<&Data>; 7], i: &IntDict) -> Result<Sizes> {
         max_blocks: maxb,
     };
     let (bs, _) = check_block_tables(OP, rows, slots, i.get_or("block_size", 16), &tables)?;
-    if let Some(al) = a[6] {
-        if al.dtype() != DataType::F32 || al.count() != nh {
+    for k in [6, 7] {
+        if let Some(x) = a[k].filter(|x| x.dtype() != DataType::F32 || x.count() != nh) {
             return Err(op_err(
                 OP,
                 format!(
-                    "alibi_slopes must be f32 [{nh}], got {} {:?}",
-                    al.dtype(),
-                    al.dims()
+                    "{} must be f32 [{nh}], got {} {:?}",
+                    NAMES[k],
+                    x.dtype(),
+                    x.dims()
                 ),
             ));
         }
@@ -268,7 +270,7 @@ impl Operator for PagedAttention {
     }
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
         let cache = d.dtype("k_cache");
-        all_f32(d, &["q", "alibi_slopes"])
+        all_f32(d, &["q", "alibi_slopes", "sinks"])
             && matches!(cache, Some(DataType::F32 | DataType::F16))
             && d.dtype("v_cache") == cache
             && d.dtype("q").is_some()
@@ -317,6 +319,7 @@ impl Operator for PagedAttention {
                 KArg::Ptr(index(4, "kv_lens")?),
                 KArg::Ptr(index(5, "block_tables")?),
                 KArg::Ptr(ptr(6, "alibi_slopes")?),
+                KArg::Ptr(ptr(7, "sinks")?),
                 KArg::Ptr(dptr(out, "output")?),
                 int(z.nseq, "sequences")?,
                 int(z.maxb, "blocks per table")?,

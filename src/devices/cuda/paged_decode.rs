@@ -63,7 +63,7 @@ struct Sizes {
     nsplit: usize,
 }
 
-const NAMES: [&str; 10] = [
+const NAMES: [&str; 11] = [
     "q",
     "k",
     "v",
@@ -74,6 +74,7 @@ const NAMES: [&str; 10] = [
     "block_tables",
     "alibi_slopes",
     "workspace",
+    "sinks",
 ];
 
 fn packed<'a>(x: Option<&'a Data>, name: &str, dts: &[DataType], nd: usize) -> Result<&'a Data> {
@@ -100,7 +101,7 @@ fn host_values(d: &Data) -> Result<Option<Vec<i32>>> {
     }
 }
 
-fn check(a: &[Option<&Data>; 10], i: &IntDict, sms: usize) -> Result<Sizes> {
+fn check(a: &[Option<&Data>; 11], i: &IntDict, sms: usize) -> Result<Sizes> {
     use DataType::{F16, F32, I32};
     let q = packed(a[0], "q", &[F32], 3)?;
     let k = packed(a[1], "k", &[F32], 3)?;
@@ -184,9 +185,9 @@ fn check(a: &[Option<&Data>; 10], i: &IntDict, sms: usize) -> Result<Sizes> {
             }
         }
     }
-    if let Some(al) = a[8] {
-        if al.dtype() != F32 || al.count() != nh {
-            return Err(op_err(OP, format!("alibi_slopes must be f32 [{nh}]")));
+    for k in [8, 10] {
+        if a[k].is_some_and(|x| x.dtype() != F32 || x.count() != nh) {
+            return Err(op_err(OP, format!("{} must be f32 [{nh}]", NAMES[k])));
         }
     }
     let max_keys = usize::try_from(i.get_or("max_keys", (maxb * bs) as i32)).unwrap_or(1);
@@ -207,7 +208,7 @@ fn check(a: &[Option<&Data>; 10], i: &IntDict, sms: usize) -> Result<Sizes> {
 /// step's `k`, `v` [rows, nkv, hd] (f32, rotated), inout `k_cache`, `v_cache` [slots, nkv, hd]
 /// (f16 or f32), `slots` [rows] (the step's slot per row; < 0: not stored), `kv_lens` [rows]
 /// (keys of each row, the step's included; 0: a padding row, output zeros), `block_tables`
-/// [rows, maxb], optional `alibi_slopes`; inout `workspace`. Floats `scale`, `softcap`; ints
+/// [rows, maxb], optional `alibi_slopes` and attention `sinks` [nh]; inout `workspace`. Floats `scale`, `softcap`; ints
 /// `block_size`, `sliding_window`, `max_keys` (a bound on `kv_lens` that picks the split count;
 /// any value is correct). Output [rows, nh, hd].
 struct PagedDecodeAttention {
@@ -305,6 +306,7 @@ impl Operator for PagedDecodeAttention {
             KArg::F32(f.get_or("scale", 1.0 / (z.hd as f32).sqrt())),
             KArg::F32(f.get_or("softcap", 0.0)),
             KArg::I32(window),
+            KArg::Ptr(ptr(10)?),
         ]);
         self.gpu.launch(
             &kernel,
@@ -331,6 +333,7 @@ impl Operator for PagedDecodeAttention {
                 int(z.hd, "head dim")?,
                 int(z.nsplit, "splits")?,
                 KArg::I32(window),
+                KArg::Ptr(ptr(10)?),
             ],
         )
     }

@@ -3,7 +3,9 @@
 
 use super::meta::{MetaValue, Metadata};
 use crate::error::{Error, Result};
-use crate::model::{ModelConfig, MoeConfig, MoeScoring, RopeScaling, RopeStyle};
+use crate::model::{
+    MlaConfig, ModelConfig, MoeConfig, MoeScoring, RopeScaling, RopeStyle, SwigluClamp,
+};
 
 fn u32_of(key: &str, v: usize) -> Result<MetaValue> {
     u32::try_from(v)
@@ -76,6 +78,9 @@ impl ModelConfig {
         if let Some(moe) = &self.moe {
             moe_to_metadata(moe, &mut m)?;
         }
+        if let Some(mla) = &self.mla {
+            mla_to_metadata(mla, &mut m)?;
+        }
         Ok(m)
     }
 
@@ -126,6 +131,7 @@ impl ModelConfig {
             bos_id,
             eos_ids: r.u32s("model.eos_ids")?,
             moe: moe_from_metadata(&r)?,
+            mla: mla_from_metadata(&r)?,
         })
     }
 }
@@ -347,6 +353,10 @@ fn moe_to_metadata(moe: &MoeConfig, m: &mut Metadata) -> Result<()> {
         "model.moe.layers".into(),
         MetaValue::Array(moe.layers.iter().map(|&b| MetaValue::Bool(b)).collect()),
     );
+    if let Some(c) = moe.swiglu_clamp {
+        m.insert("model.moe.swiglu_alpha".into(), MetaValue::F32(c.alpha));
+        m.insert("model.moe.swiglu_limit".into(), MetaValue::F32(c.limit));
+    }
     Ok(())
 }
 
@@ -366,6 +376,15 @@ fn moe_from_metadata(r: &Keys) -> Result<Option<MoeConfig>> {
             ))
         }
     };
+    // GPT-OSS's clamped SwiGLU: both keys or neither
+    let (alpha, limit) = ("model.moe.swiglu_alpha", "model.moe.swiglu_limit");
+    let swiglu_clamp = match (r.m.get(alpha), r.m.get(limit)) {
+        (None, None) => None,
+        _ => Some(SwigluClamp {
+            alpha: r.float(alpha)?,
+            limit: r.float(limit)?,
+        }),
+    };
     Ok(Some(MoeConfig {
         experts: r.size("model.moe.experts")?,
         experts_per_token: r.size("model.moe.experts_per_token")?,
@@ -377,5 +396,38 @@ fn moe_from_metadata(r: &Keys) -> Result<Option<MoeConfig>> {
         routed_scale: r.float("model.moe.routed_scale")?,
         shared_intermediate: r.size("model.moe.shared_intermediate")?,
         layers: r.bools("model.moe.layers")?,
+        swiglu_clamp,
+    }))
+}
+
+/// The `model.mla.*` entries of a latent-attention config.
+fn mla_to_metadata(mla: &MlaConfig, m: &mut Metadata) -> Result<()> {
+    for (k, v) in [
+        ("model.mla.q_lora_rank", mla.q_lora_rank),
+        ("model.mla.kv_lora_rank", mla.kv_lora_rank),
+        ("model.mla.nope_dim", mla.nope_dim),
+        ("model.mla.v_head_dim", mla.v_head_dim),
+    ] {
+        m.insert(k.into(), u32_of(k, v)?);
+    }
+    m.insert(
+        "model.mla.score_scale".into(),
+        MetaValue::F32(mla.score_scale),
+    );
+    Ok(())
+}
+
+/// The latent-attention config from `model.mla.*` (`None` when `model.mla.kv_lora_rank` is
+/// absent: q/k/v heads).
+fn mla_from_metadata(r: &Keys) -> Result<Option<MlaConfig>> {
+    if r.m.get("model.mla.kv_lora_rank").is_none() {
+        return Ok(None);
+    }
+    Ok(Some(MlaConfig {
+        q_lora_rank: r.size("model.mla.q_lora_rank")?,
+        kv_lora_rank: r.size("model.mla.kv_lora_rank")?,
+        nope_dim: r.size("model.mla.nope_dim")?,
+        v_head_dim: r.size("model.mla.v_head_dim")?,
+        score_scale: r.float("model.mla.score_scale")?,
     }))
 }

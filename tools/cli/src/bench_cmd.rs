@@ -2,7 +2,7 @@
 //! random-weight model, llama-bench style (median of the reps), optionally with many sequences
 //! decoding at once through the paged KV cache.
 
-use super::{device_of, follow, group_spec, load_llm, ModelArgs};
+use super::{device_of, follow, group_spec, load_llm, resolve, Bars, ModelArgs};
 use clap::Args;
 use fastllm::model::tp_process::GroupRole;
 use fastllm::model::{Model, Precision};
@@ -60,8 +60,8 @@ pub struct BenchArgs {
     pub profile: bool,
 }
 
-/// Runs `fastllm bench` (`t0`: when the program started).
-pub fn run(a: &BenchArgs, t0: Instant) -> Result<()> {
+/// Runs `fastllm bench` (`bars`: the load's bars and one line per rep on a terminal).
+pub fn run(a: &BenchArgs, bars: &mut Bars) -> Result<()> {
     if a.pp == 0 && a.tg == 0 {
         return Err(fastllm::Error::invalid(
             "nothing to measure: -p and -n are both 0",
@@ -79,7 +79,7 @@ pub fn run(a: &BenchArgs, t0: Instant) -> Result<()> {
         )));
     }
     let lt = Instant::now();
-    let mut bm = bench_model(&a.m, a.synthetic.as_deref(), &a.dtype)?;
+    let mut bm = bench_model(&a.m, a.synthetic.as_deref(), &a.dtype, bars)?;
     let load_s = lt.elapsed().as_secs_f64();
     if a.batch > 1 {
         set_batch_mode(&mut bm.model, &a.batch_decode)?;
@@ -97,7 +97,7 @@ pub fn run(a: &BenchArgs, t0: Instant) -> Result<()> {
     let prompt: Vec<u32> = (0..a.pp.max(1)).map(|_| tok()).collect();
     let gen: Vec<u32> = (0..a.tg).map(|_| tok()).collect();
     let context: Vec<u32> = (0..a.depth).map(|_| tok()).collect();
-    let (pp_t, tg_t) = time_single(a, model, (&prompt, &gen, &context), tg_cap)?;
+    let (pp_t, tg_t) = time_single(a, model, (&prompt, &gen, &context), tg_cap, bars)?;
     let mut btg_t = Vec::new();
     if a.batch > 1 && a.tg > 0 {
         model.executor().profiler().reset();
@@ -109,7 +109,6 @@ pub fn run(a: &BenchArgs, t0: Instant) -> Result<()> {
             eprint!("{}", model.executor().profiler().report());
         }
     }
-    let _ = t0;
     let r = Measured {
         pps: median(pp_t),
         tgs: median(tg_t),
@@ -154,6 +153,7 @@ fn time_single(
     model: &Model,
     (prompt, gen, context): (&[u32], &[u32], &[u32]),
     tg_cap: usize,
+    bars: &mut Bars,
 ) -> Result<(Vec<f64>, Vec<f64>)> {
     let (pp, tg) = (a.pp, a.tg);
     let mut pp_t = Vec::new();
@@ -182,7 +182,7 @@ fn time_single(
     for &g in gen.iter().take(DECODE_WARMUP_STEPS) {
         model.forward_greedy(&mut tg_cache, &[g])?;
     }
-    for _ in 0..a.reps.max(1) {
+    for rep in 0..a.reps.max(1) {
         if pp > 0 {
             let mut c = model.new_cache(pp + 1)?;
             let t = Instant::now();
@@ -203,11 +203,21 @@ fn time_single(
             tg_t.push(tg as f64 / t.elapsed().as_secs_f64());
             model.executor().profiler().set_enabled(false);
         }
+        bars.bench_rep(rep + 1, a.reps.max(1), &rep_rates(&pp_t, &tg_t));
     }
     if a.profile {
         eprint!("{}", model.executor().profiler().report());
     }
     Ok((pp_t, tg_t))
+}
+
+/// The last rep's rates for its progress line, e.g. `pp 512.3 tok/s tg 40.1 tok/s `.
+fn rep_rates(pp_t: &[f64], tg_t: &[f64]) -> String {
+    let last = |v: &[f64], what: &str| v.last().map(|r| format!("{what} {r:.1} tok/s "));
+    [last(pp_t, "pp"), last(tg_t, "tg")]
+        .into_iter()
+        .flatten()
+        .collect()
 }
 
 /// What a bench run measured (tokens per second are medians over the reps).
@@ -389,11 +399,16 @@ struct BenchModel {
     weight_bytes: Option<usize>,
 }
 
-fn bench_model(m: &ModelArgs, synthetic: Option<&str>, dtype: &str) -> Result<BenchModel> {
+fn bench_model(
+    m: &ModelArgs,
+    synthetic: Option<&str>,
+    dtype: &str,
+    bars: &mut Bars,
+) -> Result<BenchModel> {
     use fastllm::model::synthetic;
     let Some(shape) = synthetic else {
-        let path = fastllm::default_model::resolve(m.model.as_deref(), &m.runtime()?)?;
-        let llm = load_llm(m)?;
+        let path = resolve(m.model.as_deref(), &m.runtime()?, bars)?;
+        let llm = load_llm(m, bars)?;
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())

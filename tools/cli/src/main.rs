@@ -1,27 +1,34 @@
 //! `fastllm`: run, chat, bench, logits, perplexity, tokenize, detokenize and info over a model (a
 //! `.flm` file, a GGUF file or a Hugging Face directory; the default model when `-m` is omitted).
-//! Errors print one line on stderr and exit non-zero.
+//! Errors print one line on stderr and exit non-zero; long steps draw progress bars on a terminal.
 
 use clap::{Args, Parser, Subcommand};
-use fastllm::generate::{GenerateParams, Llm, SamplingParams, Session};
-use fastllm::load::{load, GroupMember, LoadOptions};
+use fastllm::generate::{GenerateParams, Llm, Prefill, SamplingParams, Session};
+use fastllm::load::{load_with, GroupMember, LoadOptions};
 use fastllm::model::Precision;
 use fastllm::options::RuntimeOptions;
 use fastllm::parallel::rendezvous::GroupSpec;
 use fastllm::Result;
 use std::io::{BufRead, Write};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 mod bench_cmd;
 mod perplexity;
+mod progress;
 mod serve_cmd;
+
+use progress::{Bars, PREFILL_CHUNK};
 
 #[derive(Parser)]
 #[command(name = "fastllm", version, about = "Portable LLM inference")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// Draw no progress bars (they are drawn on stderr only when it is a terminal).
+    #[arg(long, global = true)]
+    no_progress: bool,
 }
 
 #[derive(Args, Clone)]
@@ -328,18 +335,28 @@ fn device_of(m: &ModelArgs) -> Result<String> {
     })
 }
 
-fn load_model(m: &ModelArgs) -> Result<Arc<Llm>> {
-    Ok(Arc::new(load_llm(m)?))
+fn load_model(m: &ModelArgs, bars: &mut Bars) -> Result<Arc<Llm>> {
+    Ok(Arc::new(load_llm(m, bars)?))
+}
+
+/// The `.flm` path of a model argument (see `default_model::resolve`), with bars for a
+/// download and a conversion.
+fn resolve(model: Option<&str>, rt: &RuntimeOptions, bars: &mut Bars) -> Result<PathBuf> {
+    let path = fastllm::default_model::resolve_with(model, rt, &mut |p| bars.update(p));
+    bars.finish();
+    path
 }
 
 /// Loads the model of the flags; in a group of processes, node 0 gets the group's model and
 /// the other nodes follow node 0 until it ends the group, then exit.
-fn load_llm(m: &ModelArgs) -> Result<Llm> {
+fn load_llm(m: &ModelArgs, bars: &mut Bars) -> Result<Llm> {
     let spec = group_spec(m)?;
     let opts = m.load_options(spec.is_some())?;
-    let path = fastllm::default_model::resolve(m.model.as_deref(), &opts.runtime)?;
+    let path = resolve(m.model.as_deref(), &opts.runtime, bars)?;
     let Some(spec) = spec else {
-        return load(&path, &opts);
+        let llm = load_with(&path, &opts, &mut |p| bars.update(p));
+        bars.finish();
+        return llm;
     };
     match fastllm::load::load_in_group(&path, &opts, &spec)? {
         GroupMember::Driver(llm) => {
@@ -442,13 +459,16 @@ fn parse_ids(s: &str) -> Result<Vec<u32>> {
 fn main() {
     let t0 = Instant::now();
     let cli = Cli::parse();
-    if let Err(e) = run(cli, t0) {
+    let mut bars = Bars::new(cli.no_progress);
+    if let Err(e) = run(cli, &mut bars, t0) {
+        bars.finish();
         eprintln!("fastllm: error: {e}");
         std::process::exit(1);
     }
 }
 
-fn run(cli: Cli, t0: Instant) -> Result<()> {
+fn run(cli: Cli, bars: &mut Bars, t0: Instant) -> Result<()> {
+    let no_progress = cli.no_progress;
     match cli.cmd {
         Cmd::Run {
             m,
@@ -465,25 +485,25 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
                 "give a prompt with -p TEXT or -f FILE",
                 "give either -p or -f, not both",
             )?;
-            run_prompt(&m, &s, &prompt, (chat, system), profile, t0)?
+            run_prompt(&m, &s, &prompt, (chat, system), profile, t0, bars)?
         }
-        Cmd::Chat { m, s, system } => chat(&m, &s, system)?,
-        Cmd::Bench(a) => bench_cmd::run(&a, t0)?,
+        Cmd::Chat { m, s, system } => chat(&m, &s, system, bars)?,
+        Cmd::Bench(a) => bench_cmd::run(&a, bars)?,
         Cmd::Logits {
             m,
             prompt,
             ids,
             top,
             out,
-        } => logits(&m, prompt, ids, top, out)?,
-        Cmd::Perplexity(a) => perplexity::run(a)?,
+        } => logits(&m, prompt, ids, top, out, bars)?,
+        Cmd::Perplexity(a) => perplexity::run(a, bars)?,
         Cmd::Tokenize {
             model,
             no_special,
             file,
             text,
         } => {
-            let llm = load_model(&model_only(&model))?;
+            let llm = load_model(&model_only(&model), bars)?;
             let text = read_text(
                 text,
                 file,
@@ -494,11 +514,11 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             println!("{}", serde_json::json!(ids));
         }
         Cmd::Detokenize { model, ids } => {
-            let llm = load_model(&model_only(&model))?;
+            let llm = load_model(&model_only(&model), bars)?;
             let ids = parse_ids(&ids)?;
             println!("{}", llm.tokenizer.decode(&ids, false)?);
         }
-        Cmd::Serve(a) => serve_cmd::run(a)?,
+        Cmd::Serve(a) => serve_cmd::run(a, no_progress, bars)?,
         Cmd::BenchServe {
             addr,
             concurrency,
@@ -520,8 +540,8 @@ fn run(cli: Cli, t0: Instant) -> Result<()> {
             top_p,
             stop_at_eos,
         })?,
-        Cmd::Fetch { name } => fetch(&name)?,
-        Cmd::Info { model } => info(model.as_deref())?,
+        Cmd::Fetch { name } => fetch(&name, bars)?,
+        Cmd::Info { model } => info(model.as_deref(), bars)?,
     }
     Ok(())
 }
@@ -546,14 +566,19 @@ fn run_prompt(
     (chat, system): (bool, Option<String>),
     profile: bool,
     t0: Instant,
+    bars: &mut Bars,
 ) -> Result<()> {
-    let llm = load_model(m)?;
+    let llm = load_model(m, bars)?;
     llm.model.executor().profiler().set_enabled(profile);
     let mut sess = Session::new(llm.clone(), 0)?;
     let params = s.generate_params(chat, system);
     let mut first: Option<f64> = None;
     let gen_t = Instant::now();
-    let g = sess.generate(prompt, &params, &mut |_, piece| {
+    let prefill = Prefill {
+        chunk: PREFILL_CHUNK,
+        progress: &mut |p| bars.update(p),
+    };
+    let g = sess.generate_with(prompt, &params, prefill, &mut |_, piece| {
         if first.is_none() {
             first = Some(t0.elapsed().as_secs_f64());
         }
@@ -577,8 +602,8 @@ fn run_prompt(
 }
 
 /// `fastllm chat`: one turn per stdin line until end of input.
-fn chat(m: &ModelArgs, s: &SampleArgs, system: Option<String>) -> Result<()> {
-    let llm = load_model(m)?;
+fn chat(m: &ModelArgs, s: &SampleArgs, system: Option<String>, bars: &mut Bars) -> Result<()> {
+    let llm = load_model(m, bars)?;
     let mut sess = Session::new(llm, 0)?;
     let params = s.generate_params(true, system);
     let stdin = std::io::stdin();
@@ -589,7 +614,11 @@ fn chat(m: &ModelArgs, s: &SampleArgs, system: Option<String>) -> Result<()> {
             eprint!("> ");
             continue;
         }
-        sess.generate(&line, &params, &mut |_, piece| {
+        let prefill = Prefill {
+            chunk: PREFILL_CHUNK,
+            progress: &mut |p| bars.update(p),
+        };
+        sess.generate_with(&line, &params, prefill, &mut |_, piece| {
             print_piece(piece);
             true
         })?;
@@ -608,8 +637,9 @@ fn logits(
     ids: Option<String>,
     top: usize,
     out: Option<String>,
+    bars: &mut Bars,
 ) -> Result<()> {
-    let llm = load_model(m)?;
+    let llm = load_model(m, bars)?;
     let ids = match (prompt, ids) {
         (Some(p), None) => llm.tokenizer.encode(&p, true, true)?,
         (None, Some(s)) => parse_ids(&s)?,
@@ -662,10 +692,12 @@ fn bench_serve(o: fastllm_serve::load::LoadOptions) -> Result<()> {
 }
 
 /// `fastllm fetch`: fetches a known model into the cache and prints its path.
-fn fetch(name: &str) -> Result<()> {
+fn fetch(name: &str, bars: &mut Bars) -> Result<()> {
+    use fastllm::default_model::{default_gguf_with, gemma3_270m_gguf_with};
+    let rt = RuntimeOptions::from_env()?;
     let path = match name {
-        "smollm2" => fastllm::default_model::default_gguf(&RuntimeOptions::from_env()?)?,
-        "gemma3-270m" => fastllm::default_model::gemma3_270m_gguf(&RuntimeOptions::from_env()?)?,
+        "smollm2" => default_gguf_with(&rt, &mut |p| bars.update(p))?,
+        "gemma3-270m" => gemma3_270m_gguf_with(&rt, &mut |p| bars.update(p))?,
         other => {
             return Err(fastllm::Error::invalid(format!(
                 "unknown model {other:?} to fetch (known: smollm2, gemma3-270m)"
@@ -677,12 +709,12 @@ fn fetch(name: &str) -> Result<()> {
 }
 
 /// `fastllm info`: describes a model file (a GGUF file as it is; a directory once converted).
-fn info(model: Option<&str>) -> Result<()> {
+fn info(model: Option<&str>, bars: &mut Bars) -> Result<()> {
     // a GGUF file is described as it is (no conversion); a directory is converted first
     let given = model.map(std::path::Path::new);
     let path = match given {
         Some(p) if p.is_file() => p.to_path_buf(),
-        _ => fastllm::default_model::resolve(model, &RuntimeOptions::from_env()?)?,
+        _ => resolve(model, &RuntimeOptions::from_env()?, bars)?,
     };
     print!("{}", fastllm::format::info::describe(&path)?);
     Ok(())

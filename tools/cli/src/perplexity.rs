@@ -80,7 +80,7 @@ fn check_kl_flags(a: &PerplexityArgs) -> Result<()> {
 }
 
 /// Runs `fastllm perplexity`.
-pub fn run(a: PerplexityArgs) -> Result<()> {
+pub fn run(a: PerplexityArgs, bars: &mut crate::Bars) -> Result<()> {
     check_kl_flags(&a)?;
     let text = read_text(&a.file)?;
     let params = PerplexityParams {
@@ -90,7 +90,7 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
     };
     // flags that need no model are checked before loading it
     params.validate()?;
-    let llm = load_model(&a.m)?;
+    let llm = load_model(&a.m, bars)?;
     let (tokens, bos) = perplexity::tokenize(&llm, &text)?;
     let cfg = llm.model.config();
     let plan = Plan::new(tokens.len(), bos, &params, cfg.context_length)?;

@@ -1,9 +1,9 @@
 //! `fastllm serve`: its flags, and the server started over a model file, a synthetic model or
 //! the driver of a tensor-parallel group.
 
-use super::{group_spec, load_model, watch_group, ModelArgs};
+use super::{group_spec, load_model, resolve, watch_group, Bars, ModelArgs};
 use clap::Args;
-use fastllm::load::{load, GroupMember};
+use fastllm::load::{load_with, GroupMember};
 use fastllm::Result;
 
 /// The flags of `fastllm serve`.
@@ -76,13 +76,14 @@ pub struct ServeArgs {
     pub cors_origin: Option<String>,
 }
 
-/// Runs `fastllm serve` until the server stops.
-pub fn run(a: ServeArgs) -> Result<()> {
+/// Runs `fastllm serve` until the server stops (`no_progress`: the server loads its model
+/// without bars).
+pub fn run(a: ServeArgs, no_progress: bool, bars: &mut Bars) -> Result<()> {
     let m = &a.m;
     let group = group_spec(m)?;
     if group.as_ref().is_some_and(|g| g.node_rank > 0) {
         // the other nodes serve no HTTP: they follow node 0's steps, then exit
-        load_model(m)?;
+        load_model(m, bars)?;
         return Ok(());
     }
     let (host, port) = (&a.host, a.port);
@@ -100,7 +101,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         ))
     })?;
     let opts = m.load_options(group.is_some())?;
-    let (path, name) = model_source(m, a.synthetic.as_deref(), &a.dtype, &opts.runtime)?;
+    let (path, name) = model_source(m, a.synthetic.as_deref(), &a.dtype, &opts.runtime, bars)?;
     let so = fastllm_serve::ServeOptions {
         addr,
         model_name: name,
@@ -130,7 +131,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
         (None, Some(_), Some(_)) => Err(fastllm::Error::invalid(
             "--synthetic models are not served by a group of processes",
         )),
-        (Some(p), _, None) => load(p, &opts),
+        (Some(p), _, None) => {
+            let mut bars = Bars::new(no_progress);
+            load_with(p, &opts, &mut |u| bars.update(u))
+        }
         (None, Some(shape), None) => fastllm::load::load_synthetic(shape, &dtype, &opts),
         (None, None, _) => Err(fastllm::Error::invalid("no model to serve")),
     })
@@ -145,6 +149,7 @@ fn model_source(
     synthetic: Option<&str>,
     dtype: &str,
     runtime: &fastllm::options::RuntimeOptions,
+    bars: &mut Bars,
 ) -> Result<(Option<std::path::PathBuf>, String)> {
     match synthetic {
         Some(shape) => {
@@ -158,7 +163,7 @@ fn model_source(
             Ok((None, format!("{shape}-{dtype}-synthetic")))
         }
         None => {
-            let path = fastllm::default_model::resolve(m.model.as_deref(), runtime)?;
+            let path = resolve(m.model.as_deref(), runtime, bars)?;
             let name = path
                 .file_stem()
                 .map(|s| s.to_string_lossy().into_owned())

@@ -20,7 +20,8 @@ struct Args {
     /// Output .flm file.
     #[arg(short, long)]
     output: Option<PathBuf>,
-    /// Weight dtype: f32, f16, bf16, int8, int4, int4-min, keep or lossless.
+    /// Weight dtype: f32, f16, bf16, int8, int4, int4-min, keep, lossless, or one of llama.cpp's
+    /// mixes q4_k_m, q5_k_m, q6_k, q8_0, q4_0 (from an f32/f16/bf16 source).
     #[arg(long, default_value = "keep")]
     dtype: String,
     /// Print the file's metadata, tokenizer summary and tensor table instead of converting.

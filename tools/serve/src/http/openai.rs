@@ -406,8 +406,8 @@ fn chat_prompt(
         .iter()
         .map(template_message)
         .collect::<Result<_, _>>()?;
-    let (_, knows_tools) = ToolFormat::of_template(&llm.chat_template);
-    let (msgs, tools) = match tools {
+    let (format, knows_tools) = ToolFormat::of_template(&llm.chat_template);
+    let (mut msgs, tools) = match tools {
         Some(t) if !knows_tools => {
             tools::parse_tools(Some(t))?;
             let desc = tools::describe_tools(t);
@@ -415,6 +415,9 @@ fn chat_prompt(
         }
         t => (tools::template_messages(&msgs, None), t),
     };
+    if format == ToolFormat::Mistral {
+        tools::mistral_ids(&mut msgs);
+    }
     let text = llm
         .render_chat_json(&msgs, tools, true)
         .map_err(|e| bad(e.to_string()))?;
@@ -621,7 +624,8 @@ pub async fn chat_completions(
     let default_max = ctx.saturating_sub(ids.len() as u32).clamp(1, 512);
     let n = req.s.choices()?;
     let mut spec = constrain::response_format(req.s.response_format.as_ref())?;
-    if let Some(g) = tools::grammar(format, &offered, &choice) {
+    let single = tool_use.as_ref().is_some_and(|t| t.single);
+    if let Some(g) = tools::grammar(format, &offered, &choice, single) {
         if spec.is_some() {
             return Err(bad(
                 "response_format cannot be combined with a tool_choice that forces a call",

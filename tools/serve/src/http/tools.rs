@@ -170,8 +170,14 @@ fn call_schema(format: ToolFormat, tools: &[&Tool]) -> Value {
 }
 
 /// The grammar that forces a tool call (`required`: one of `tools`; named: that one), in
-/// `format`; None when the choice forces nothing.
-pub fn grammar(format: ToolFormat, tools: &[Tool], choice: &ToolChoice) -> Option<GrammarSpec> {
+/// `format`; None when the choice forces nothing. `single` (`parallel_tool_calls: false`)
+/// allows one call in the forms that list calls (Mistral's), the others write one anyway.
+pub fn grammar(
+    format: ToolFormat,
+    tools: &[Tool],
+    choice: &ToolChoice,
+    single: bool,
+) -> Option<GrammarSpec> {
     let chosen: Vec<&Tool> = match choice {
         ToolChoice::None | ToolChoice::Auto => return None,
         ToolChoice::Required => tools.iter().collect(),
@@ -184,10 +190,12 @@ pub fn grammar(format: ToolFormat, tools: &[Tool], choice: &ToolChoice) -> Optio
         }
         ToolFormat::Llama3 => format!("start: call\ncall: %json {schema}"),
         ToolFormat::Mistral => {
-            let list = json_options(
-                json!({"type": "array", "items": call_schema(format, &chosen),
-                                           "minItems": 1}),
-            );
+            let mut list = json!({"type": "array", "items": call_schema(format, &chosen),
+                                  "minItems": 1});
+            if single {
+                list["maxItems"] = json!(1);
+            }
+            let list = json_options(list);
             format!("start: \"[TOOL_CALLS]\" calls\ncalls: %json {list}")
         }
     };
@@ -248,6 +256,44 @@ pub fn template_messages(msgs: &[Value], inline: Option<String>) -> Value {
         }
     }
     Value::Array(out)
+}
+
+/// Mistral's templates accept only tool-call ids of nine letters and digits: every other id in
+/// the messages (a call's `id`, a result's `tool_call_id`) becomes nine such characters
+/// derived from it, the same for the same id, so a client can send back the ids it was given.
+pub fn mistral_ids(msgs: &mut Value) {
+    fn nine(id: &str) -> String {
+        if id.len() == 9 && id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return id.to_string();
+        }
+        // FNV-1a, written in base 62
+        let mut h = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+        });
+        const DIGITS: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+        (0..9)
+            .map(|_| {
+                let c = DIGITS[(h % 62) as usize] as char;
+                h /= 62;
+                c
+            })
+            .collect()
+    }
+    let fix = |v: &mut Value| {
+        if let Some(id) = v.as_str() {
+            *v = json!(nine(id));
+        }
+    };
+    for m in msgs.as_array_mut().into_iter().flatten() {
+        if let Some(v) = m.get_mut("tool_call_id") {
+            fix(v);
+        }
+        if let Some(Value::Array(calls)) = m.get_mut("tool_calls") {
+            for c in calls.iter_mut().filter_map(|c| c.get_mut("id")) {
+                fix(c);
+            }
+        }
+    }
 }
 
 /// A message in the Hermes form for a template that knows no tools.
@@ -560,6 +606,23 @@ mod tests {
         assert_eq!(s.finish().1[0].name, "time");
         let mut s = ToolStream::new(ToolFormat::Llama3);
         assert_eq!(s.push("Hello"), "Hello");
+    }
+
+    #[test]
+    fn mistral_ids_are_nine_letters_and_digits_the_same_for_the_same_id() {
+        let mut m = json!([
+            {"role": "assistant", "tool_calls": [{"id": "call_x_0_0"}, {"id": "abc123XYZ"}]},
+            {"role": "tool", "tool_call_id": "call_x_0_0", "content": "1"},
+            {"role": "tool", "tool_call_id": "abc123XYZ", "content": "2"}]);
+        mistral_ids(&mut m);
+        let id = m[0]["tool_calls"][0]["id"].as_str().unwrap();
+        assert!(
+            id.len() == 9 && id.bytes().all(|b| b.is_ascii_alphanumeric()),
+            "{id}"
+        );
+        assert_eq!(m[1]["tool_call_id"], id);
+        assert_eq!(m[0]["tool_calls"][1]["id"], "abc123XYZ");
+        assert_eq!(m[2]["tool_call_id"], "abc123XYZ");
     }
 
     #[test]

@@ -554,8 +554,8 @@ mod tests {
             for dt in ["f16", "int8", "int4", "q4_k", "q6_k"] {
                 let t = weight_dtype(dt).unwrap();
                 let s = SyntheticSource::new(&c, t);
-                if c.hidden_size % t.block_elems() != 0
-                    || c.intermediate_size % t.block_elems() != 0
+                if !c.hidden_size.is_multiple_of(t.block_elems())
+                    || !c.intermediate_size.is_multiple_of(t.block_elems())
                 {
                     assert!(
                         s.is_err(),

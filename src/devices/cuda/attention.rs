@@ -260,7 +260,7 @@ fn decode_kernel_args(
     let a = &d.attn;
     let (q8v, q8d) = d.q8.unwrap_or((0, 0));
     let step = |f: fn(&StepKv) -> u64| d.step.as_ref().map_or(0, f);
-    Ok(vec![
+    let mut args = vec![
         KArg::Ptr(a.q),
         KArg::Ptr(a.k),
         KArg::Ptr(a.v),
@@ -271,16 +271,9 @@ fn decode_kernel_args(
         int(a.sq, "sq")?,
         int(a.skv, "skv")?,
         int(d.kcap, "cache rows")?,
-        int(a.nh, "heads")?,
-        int(a.nkv, "kv heads")?,
-        int(a.hd, "head dim")?,
-        int(a.hdv, "v head dim")?,
-        long(a.nkv * a.hd, "k row")?,
-        long(a.nkv * a.hdv, "v row")?,
-        KArg::F32(a.scale),
-        KArg::F32(a.softcap),
-        KArg::I32(a.causal as i32),
-        KArg::I32(a.window),
+    ];
+    args.extend(head_and_score_args(a)?);
+    args.extend([
         int(nsplit, "splits")?,
         int(gchunk, "heads per block")?,
         KArg::Ptr(q8v),
@@ -293,6 +286,24 @@ fn decode_kernel_args(
         KArg::I32(d.step.map_or(0, |t| t.style)),
         KArg::Ptr(counters),
         KArg::Ptr(a.sinks),
+    ]);
+    Ok(args)
+}
+
+/// The kernel arguments the decode and general kernels share, in their order: heads, KV heads,
+/// q/k and v head sizes, k and v row lengths, scale, soft-cap, causal, window.
+fn head_and_score_args(a: &AttnArgs) -> Result<[KArg; 10]> {
+    Ok([
+        int(a.nh, "heads")?,
+        int(a.nkv, "kv heads")?,
+        int(a.hd, "head dim")?,
+        int(a.hdv, "v head dim")?,
+        long(a.nkv * a.hd, "k row")?,
+        long(a.nkv * a.hdv, "v row")?,
+        KArg::F32(a.scale),
+        KArg::F32(a.softcap),
+        KArg::I32(a.causal as i32),
+        KArg::I32(a.window),
     ])
 }
 
@@ -663,31 +674,18 @@ impl Attention {
     fn general(&self, a: &AttnArgs) -> Result<()> {
         let gx = u32::try_from(a.sq).map_err(|_| op_err("Attention", "too many queries"))?;
         let gy = grid_dim("Attention", a.nh, "too many heads")?;
-        self.0.launch(
-            "attention_f32",
-            (gx, gy, 1),
-            128,
-            &[
-                KArg::Ptr(a.q),
-                KArg::Ptr(a.k),
-                KArg::Ptr(a.v),
-                KArg::Ptr(a.slopes),
-                KArg::Ptr(a.sinks),
-                KArg::Ptr(a.out),
-                int(a.sq, "sq")?,
-                int(a.skv, "skv")?,
-                int(a.nh, "heads")?,
-                int(a.nkv, "kv heads")?,
-                int(a.hd, "head dim")?,
-                int(a.hdv, "v head dim")?,
-                long(a.nkv * a.hd, "k row")?,
-                long(a.nkv * a.hdv, "v row")?,
-                KArg::F32(a.scale),
-                KArg::F32(a.softcap),
-                KArg::I32(a.causal as i32),
-                KArg::I32(a.window),
-            ],
-        )
+        let mut args = vec![
+            KArg::Ptr(a.q),
+            KArg::Ptr(a.k),
+            KArg::Ptr(a.v),
+            KArg::Ptr(a.slopes),
+            KArg::Ptr(a.sinks),
+            KArg::Ptr(a.out),
+            int(a.sq, "sq")?,
+            int(a.skv, "skv")?,
+        ];
+        args.extend(head_and_score_args(a)?);
+        self.0.launch("attention_f32", (gx, gy, 1), 128, &args)
     }
 }
 

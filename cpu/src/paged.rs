@@ -367,8 +367,8 @@ mod avx512 {
     //! The grouped AVX-512 attention of one (query row, KV head) item; only called after
     //! `simd::has_avx512()` with `head_dim % 16 == 0`.
     use super::{cap, slot_of, visible, GroupJob, GroupScratch, PagedAttnParams};
-    use crate::attention::kv::avx512::{Load16, F16, F32, Q8};
-    use crate::attention::kv::{KvFormat, KvRows};
+    use crate::attention::kv::avx512::{by_kv_formats, Load16};
+    use crate::attention::kv::KvRows;
     use crate::attention::{inv_denominator, HeadTerms};
     use crate::vecmath;
     use std::arch::x86_64::*;
@@ -392,19 +392,12 @@ mod avx512 {
         s: &mut GroupScratch,
         out: &mut [f32],
     ) {
-        use KvFormat as F;
         let kv = (k.base(), v.base());
-        match (k.format(), v.format()) {
-            (F::F32, F::F32) => group_as::<F32, F32>(qs, kv, job, heads, p, s, out),
-            (F::F32, F::F16) => group_as::<F32, F16>(qs, kv, job, heads, p, s, out),
-            (F::F32, F::Q8_0) => group_as::<F32, Q8>(qs, kv, job, heads, p, s, out),
-            (F::F16, F::F32) => group_as::<F16, F32>(qs, kv, job, heads, p, s, out),
-            (F::F16, F::F16) => group_as::<F16, F16>(qs, kv, job, heads, p, s, out),
-            (F::F16, F::Q8_0) => group_as::<F16, Q8>(qs, kv, job, heads, p, s, out),
-            (F::Q8_0, F::F32) => group_as::<Q8, F32>(qs, kv, job, heads, p, s, out),
-            (F::Q8_0, F::F16) => group_as::<Q8, F16>(qs, kv, job, heads, p, s, out),
-            (F::Q8_0, F::Q8_0) => group_as::<Q8, Q8>(qs, kv, job, heads, p, s, out),
-        }
+        by_kv_formats!(
+            k.format(),
+            v.format(),
+            group_as(qs, kv, job, heads, p, s, out)
+        )
     }
 
     /// [`attend_group`] with keys stored as `K` and values as `V` (caches at `kb`, `vb`).

@@ -639,96 +639,115 @@ mod tests {
         }
     }
 
+    /// One shape of the test: two sequences (a prefill of 9 rows and a decode row) over a pool
+    /// of 16 blocks, random keys, values and queries.
+    struct Case {
+        p: PagedAttnParams,
+        slots: usize,
+        kx: Vec<f32>,
+        vx: Vec<f32>,
+        q: Vec<f32>,
+        tables: [Vec<i32>; 2],
+    }
+
+    impl Case {
+        fn new(nh: usize, nkv: usize, hd: usize, bs: usize) -> Case {
+            let slots = 16 * bs;
+            Case {
+                p: PagedAttnParams {
+                    n_heads: nh,
+                    n_kv_heads: nkv,
+                    head_dim: hd,
+                    block_size: bs,
+                    scale: 1.0 / (hd as f32).sqrt(),
+                    softcap: 0.0,
+                    window: 0,
+                },
+                slots,
+                kx: vals(slots * nkv * hd, 2, -2.0, 2.0),
+                vx: vals(slots * nkv * hd, 3, -1.0, 1.0),
+                q: vals(10 * nh * hd, 1, -2.0, 2.0),
+                tables: [(0..8).collect(), (8..16).rev().collect()],
+            }
+        }
+
+        fn seqs(&self) -> [PagedSeq<'_>; 2] {
+            let bs = self.p.block_size;
+            [
+                PagedSeq {
+                    q_start: 0,
+                    q_end: 9,
+                    kv_len: 5 * bs + 3,
+                    blocks: &self.tables[0],
+                },
+                PagedSeq {
+                    q_start: 9,
+                    q_end: 10,
+                    kv_len: 7 * bs + 1,
+                    blocks: &self.tables[1],
+                },
+            ]
+        }
+
+        /// The reference over the pool in f32 and the fast path over the pool in `fmt`, with
+        /// `heads` and the parameters `p`.
+        fn run(
+            &self,
+            fmt: KvFormat,
+            heads: HeadTerms,
+            p: &PagedAttnParams,
+            th: &Threads,
+        ) -> (Vec<f32>, Vec<f32>) {
+            let (nkv, hd) = (p.n_kv_heads, p.head_dim);
+            let seqs = self.seqs();
+            let (kb, vb) = (
+                pool(fmt, &self.kx, self.slots, (nkv, hd)),
+                pool(fmt, &self.vx, self.slots, (nkv, hd)),
+            );
+            let ((kf, kh), (vf, vh)) = (rows_of(fmt, &kb), rows_of(fmt, &vb));
+            let (k, v) = (kv(fmt, &kb, &kf, &kh), kv(fmt, &vb, &vf, &vh));
+            let (mut r, mut f) = (vec![0f32; self.q.len()], vec![1f32; self.q.len()]);
+            paged_attention_ref(&self.q, k, v, &seqs, heads, p, &mut r);
+            paged_attention(&self.q, k, v, &seqs, heads, p, &mut f, th);
+            (r, f)
+        }
+    }
+
     #[test]
     fn fast_path_reads_every_format_like_the_reference() {
         let th = Threads::new(2).unwrap();
-        // (heads, kv heads, head dim, block size); two sequences: a prefill and a decode row
+        // (heads, kv heads, head dim, block size)
         for (nh, nkv, hd, bs) in [
             (9, 3, 64, 16),
             (4, 1, 80, 7),
             (8, 8, 128, 16),
             (6, 2, 40, 5),
         ] {
-            let slots = 16 * bs;
-            let p = PagedAttnParams {
-                n_heads: nh,
-                n_kv_heads: nkv,
-                head_dim: hd,
-                block_size: bs,
-                scale: 1.0 / (hd as f32).sqrt(),
-                softcap: 0.0,
-                window: 0,
+            let c = Case::new(nh, nkv, hd, bs);
+            let h0 = HeadTerms::default();
+            // attention sinks (with a window and soft-capping)
+            let sinks: Vec<f32> = (0..nh).map(|h| [0.5, -2.0, 30.0][h % 3]).collect();
+            let hs = HeadTerms {
+                alibi: None,
+                sinks: Some(&sinks),
             };
-            let kx = vals(slots * nkv * hd, 2, -2.0, 2.0);
-            let vx = vals(slots * nkv * hd, 3, -1.0, 1.0);
-            let t0: Vec<i32> = (0..8).collect();
-            let t1: Vec<i32> = (8..16).rev().collect();
-            let (l0, l1) = (5 * bs + 3, 7 * bs + 1);
-            let seqs = [
-                PagedSeq {
-                    q_start: 0,
-                    q_end: 9,
-                    kv_len: l0,
-                    blocks: &t0,
-                },
-                PagedSeq {
-                    q_start: 9,
-                    q_end: 10,
-                    kv_len: l1,
-                    blocks: &t1,
-                },
-            ];
-            let q = vals(10 * nh * hd, 1, -2.0, 2.0);
+            let pw = PagedAttnParams {
+                window: 2 * bs + 1,
+                softcap: 4.0,
+                ..c.p
+            };
+            let (exact, _) = c.run(KvFormat::F32, h0, &c.p, &th);
             for fmt in [KvFormat::F32, KvFormat::F16, KvFormat::Q8_0] {
-                let (kb, vb) = (
-                    pool(fmt, &kx, slots, (nkv, hd)),
-                    pool(fmt, &vx, slots, (nkv, hd)),
-                );
-                let ((kf, kh), (vf, vh)) = (rows_of(fmt, &kb), rows_of(fmt, &vb));
-                let (k, v) = (kv(fmt, &kb, &kf, &kh), kv(fmt, &vb, &vf, &vh));
-                let (mut r, mut f) = (vec![0f32; q.len()], vec![1f32; q.len()]);
-                let h0 = HeadTerms::default();
-                paged_attention_ref(&q, k, v, &seqs, h0, &p, &mut r);
-                paged_attention(&q, k, v, &seqs, h0, &p, &mut f, &th);
+                let (r, f) = c.run(fmt, h0, &c.p, &th);
                 let e = nmse(&f, &r);
                 assert!(e < 1e-11, "{fmt:?} {nh} {nkv} {hd} {bs}: {e:e}");
-                // attention sinks (with a window and soft-capping)
-                let sinks: Vec<f32> = (0..nh).map(|h| [0.5, -2.0, 30.0][h % 3]).collect();
-                let hs = HeadTerms {
-                    alibi: None,
-                    sinks: Some(&sinks),
-                };
-                let pw = PagedAttnParams {
-                    window: 2 * bs + 1,
-                    softcap: 4.0,
-                    ..p
-                };
-                paged_attention_ref(&q, k, v, &seqs, hs, &pw, &mut r);
-                paged_attention(&q, k, v, &seqs, hs, &pw, &mut f, &th);
+                let (r, f) = c.run(fmt, hs, &pw, &th);
                 let e = nmse(&f, &r);
                 assert!(e < 1e-11, "sinks {fmt:?} {nh} {nkv} {hd} {bs}: {e:e}");
-                if fmt != KvFormat::F32 {
-                    // the cache holds the values to the format's precision
-                    let (mut exact, mut x) = (vec![0f32; q.len()], vec![0f32; q.len()]);
-                    let (kb, vb) = (
-                        pool(KvFormat::F32, &kx, slots, (nkv, hd)),
-                        pool(KvFormat::F32, &vx, slots, (nkv, hd)),
-                    );
-                    let ((kf, _), (vf, _)) =
-                        (rows_of(KvFormat::F32, &kb), rows_of(KvFormat::F32, &vb));
-                    paged_attention_ref(
-                        &q,
-                        KvRows::F32(&kf),
-                        KvRows::F32(&vf),
-                        &seqs,
-                        h0,
-                        &p,
-                        &mut exact,
-                    );
-                    paged_attention(&q, k, v, &seqs, h0, &p, &mut x, &th);
-                    let e = nmse(&x, &exact);
-                    assert!(e < 1e-3, "{fmt:?} vs f32 {nh} {nkv} {hd} {bs}: {e:e}");
-                }
+                // the cache holds the values to the format's precision
+                let (_, x) = c.run(fmt, h0, &c.p, &th);
+                let e = nmse(&x, &exact);
+                assert!(e < 1e-3, "{fmt:?} vs f32 {nh} {nkv} {hd} {bs}: {e:e}");
             }
         }
     }

@@ -11,6 +11,30 @@
 #define ATT_CHUNK 256
 #define ATT_DPT 4
 
+// One chunk's step of the online softmax of attention_f32 and paged_attention_impl: the `cn`
+// scores in `sc` (shared) become e^(s − m') in place, with m' the running max `m` raised to the
+// chunk's max; their sum joins the running denominator `l`. Returns e^(m − m'), the factor that
+// rescales what was accumulated before. Every thread of the block calls it.
+__device__ __forceinline__ float att_chunk_softmax(float* sc, int cn, float& m, float& l) {
+    int tid = threadIdx.x;
+    float cm = -INF;
+    for (int jj = tid; jj < cn; jj += ATT_THREADS) cm = fmaxf(cm, sc[jj]);
+    cm = block_max(cm);
+    float nm = fmaxf(m, cm);
+    float corr = expf(m - nm);
+    __syncthreads();
+    float ps = 0.0f;
+    for (int jj = tid; jj < cn; jj += ATT_THREADS) {
+        float e = expf(sc[jj] - nm);
+        sc[jj] = e;
+        ps += e;
+    }
+    ps = block_sum(ps);
+    l = l * corr + ps;
+    m = nm;
+    return corr;
+}
+
 extern "C" __global__ void attention_f32(const float* q, const float* k, const float* v, const float* slopes,
                                          const float* sinks, float* out, int sq, int skv, int nh, int nkv, int hd, int hdv,
                                          long ks, long vs, float scale, float softcap, int causal, int window) {
@@ -54,21 +78,7 @@ extern "C" __global__ void attention_f32(const float* q, const float* k, const f
             }
         }
         __syncthreads();
-        float cm = -INF;
-        for (int jj = tid; jj < cn; jj += ATT_THREADS) cm = fmaxf(cm, sc[jj]);
-        cm = block_max(cm);
-        float nm = fmaxf(m, cm);
-        float corr = expf(m - nm);
-        __syncthreads();
-        float ps = 0.0f;
-        for (int jj = tid; jj < cn; jj += ATT_THREADS) {
-            float e = expf(sc[jj] - nm);
-            sc[jj] = e;
-            ps += e;
-        }
-        ps = block_sum(ps);
-        l = l * corr + ps;
-        m = nm;
+        float corr = att_chunk_softmax(sc, cn, m, l);
 #pragma unroll
         for (int t = 0; t < ATT_DPT; t++) {
             int d = tid + t * ATT_THREADS;
@@ -145,21 +155,7 @@ __device__ void paged_attention_impl(const float* q, const T* kc, const T* vc, c
             }
         }
         __syncthreads();
-        float cm = -INF;
-        for (int jj = tid; jj < cn; jj += ATT_THREADS) cm = fmaxf(cm, sc[jj]);
-        cm = block_max(cm);
-        float nm = fmaxf(m, cm);
-        float corr = expf(m - nm);
-        __syncthreads();
-        float ps = 0.0f;
-        for (int jj = tid; jj < cn; jj += ATT_THREADS) {
-            float e = expf(sc[jj] - nm);
-            sc[jj] = e;
-            ps += e;
-        }
-        ps = block_sum(ps);
-        l = l * corr + ps;
-        m = nm;
+        float corr = att_chunk_softmax(sc, cn, m, l);
 #pragma unroll
         for (int t = 0; t < ATT_DPT; t++) {
             int d = tid + t * ATT_THREADS;

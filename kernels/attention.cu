@@ -1,7 +1,8 @@
 // Attention, f32 arithmetic over f32 or f16 keys and values (the *_f16kv instances of the
 // kernels below read an f16 KV cache in place): one block of ATT_THREADS threads per (query,
-// head). Keys are processed in chunks of ATT_CHUNK: a warp per key computes the scores into shared memory, then an online
-// softmax rescales the running output (each thread owns output dims tid, tid + ATT_THREADS, ...).
+// head). Keys are processed in chunks of ATT_CHUNK: a warp per key computes the scores into
+// shared memory, then an online softmax rescales the running output (each thread owns output
+// dims tid, tid + ATT_THREADS, ...).
 // Query i sits at position p = skv - sq + i; causal: keys j <= p; window w: p - j < w.
 // Scores: q·k * scale, then softcap·tanh(s / softcap), then + slope[h]·(j - p). A query that
 // sees no key writes zeros. q [sq, nh, hd], k [skv, nkv, hd] (row stride ks), v [skv, nkv, hdv]
@@ -11,6 +12,30 @@
 #define ATT_THREADS 128
 #define ATT_CHUNK 256
 #define ATT_DPT 4
+
+// One chunk's step of the online softmax of attention_f32 and paged_attention_impl: the `cn`
+// scores in `sc` (shared) become e^(s − m') in place, with m' the running max `m` raised to the
+// chunk's max; their sum joins the running denominator `l`. Returns e^(m − m'), the factor that
+// rescales what was accumulated before. Every thread of the block calls it.
+__device__ __forceinline__ float att_chunk_softmax(float* sc, int cn, float& m, float& l) {
+    int tid = threadIdx.x;
+    float cm = -INF;
+    for (int jj = tid; jj < cn; jj += ATT_THREADS) cm = fmaxf(cm, sc[jj]);
+    cm = block_max(cm);
+    float nm = fmaxf(m, cm);
+    float corr = expf(m - nm);
+    __syncthreads();
+    float ps = 0.0f;
+    for (int jj = tid; jj < cn; jj += ATT_THREADS) {
+        float e = expf(sc[jj] - nm);
+        sc[jj] = e;
+        ps += e;
+    }
+    ps = block_sum(ps);
+    l = l * corr + ps;
+    m = nm;
+    return corr;
+}
 
 // K/V element loads and stores: f32, or IEEE half bits (an f16 cache, f32 arithmetic).
 __device__ __forceinline__ float att_ld(const float* p, long i) { return p[i]; }
@@ -64,21 +89,7 @@ __device__ void attention_impl(const float* q, const T* k, const T* v, const flo
             }
         }
         __syncthreads();
-        float cm = -INF;
-        for (int jj = tid; jj < cn; jj += ATT_THREADS) cm = fmaxf(cm, sc[jj]);
-        cm = block_max(cm);
-        float nm = fmaxf(m, cm);
-        float corr = expf(m - nm);
-        __syncthreads();
-        float ps = 0.0f;
-        for (int jj = tid; jj < cn; jj += ATT_THREADS) {
-            float e = expf(sc[jj] - nm);
-            sc[jj] = e;
-            ps += e;
-        }
-        ps = block_sum(ps);
-        l = l * corr + ps;
-        m = nm;
+        float corr = att_chunk_softmax(sc, cn, m, l);
 #pragma unroll
         for (int t = 0; t < ATT_DPT; t++) {
             int d = tid + t * ATT_THREADS;
@@ -163,21 +174,7 @@ __device__ void paged_attention_impl(const float* q, const T* kc, const T* vc, c
             }
         }
         __syncthreads();
-        float cm = -INF;
-        for (int jj = tid; jj < cn; jj += ATT_THREADS) cm = fmaxf(cm, sc[jj]);
-        cm = block_max(cm);
-        float nm = fmaxf(m, cm);
-        float corr = expf(m - nm);
-        __syncthreads();
-        float ps = 0.0f;
-        for (int jj = tid; jj < cn; jj += ATT_THREADS) {
-            float e = expf(sc[jj] - nm);
-            sc[jj] = e;
-            ps += e;
-        }
-        ps = block_sum(ps);
-        l = l * corr + ps;
-        m = nm;
+        float corr = att_chunk_softmax(sc, cn, m, l);
 #pragma unroll
         for (int t = 0; t < ATT_DPT; t++) {
             int d = tid + t * ATT_THREADS;

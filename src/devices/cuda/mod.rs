@@ -260,3 +260,11 @@ fn all_f32(d: &DataDict, names: &[&str]) -> bool {
 fn op_err(op: &str, msg: impl std::fmt::Display) -> Error {
     Error::op(op, msg)
 }
+
+/// `v` as a y or z grid dimension (at most 65535), else an `Err` for `op` saying `msg`.
+fn grid_dim(op: &str, v: usize, msg: &str) -> Result<u32> {
+    u32::try_from(v)
+        .ok()
+        .filter(|&d| d <= 65535)
+        .ok_or_else(|| op_err(op, msg))
+}

@@ -1,13 +1,15 @@
 //! `Attention` on the GPU (f32): one block per (query, head) with an online softmax over key
 //! chunks (kernels/attention.cu); causal mask, sliding window, GQA, ALiBi, soft-capping and
 //! attention sinks (`sinks` [nh], in every kernel's softmax denominator but the flash kernel's).
-//! `k`/`v` may be KV caches expanded on axis 0.
+//! `k`/`v` may be KV caches expanded on axis 0, both f32 or both f16 ([`super::kv`]): every
+//! kernel here has an `*_f16kv` instance that reads f16 rows in place (f32 arithmetic); the
+//! cuBLAS path converts them to f32 first (`kv_float_f16kv`).
 //!
 //! Prefill with `fast = 1` (the `fast` precision) and at least [`TC_MIN_QUERIES`] queries, causal,
 //! head size 64 or 128 and no ALiBi / soft-capping / window / sinks runs the fused flash-attention
 //! kernel `flash_attn{64,128}x1_f32`: f16 tensor-core `mma.sync` for q·kᵀ and p·v with f32
-//! accumulation and an online softmax; the keys and values are first converted to f16
-//! (`kv_half_f32`), then staged tile by tile in shared memory by `cp.async` overlapping the math
+//! accumulation and an online softmax; f32 keys and values are first converted to f16
+//! (`kv_half_f32`; an f16 cache is read as it is), then staged tile by tile in shared memory by `cp.async` overlapping the math
 //! (one query head per block of four warps, two blocks per SM); the scores never reach memory.
 //! Other fast prefill goes through cuBLAS: per chunk of queries, scores = q·kᵀ·scale (TF32 tensor cores,
 //! strided-batched over the KV heads, once per query head of a GQA group) into a scratch
@@ -32,6 +34,7 @@ use super::act_quant::{ActForm, ActQuant, QuantKey};
 use super::blas::{gemm, Elem, Gemm, Operand};
 use super::buffer::{dptr, ensure_out, scratch, CudaBuffer};
 use super::gpu::{int, long, Gpu, KArg};
+use super::kv::{kv_elem, KvElem};
 use super::linear::TC_MIN_ROWS;
 use super::{all_f32, grid_dim, op_err};
 use crate::data::{Data, DataType};
@@ -50,6 +53,7 @@ pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>) {
             Mutex::new(None),
             act.clone(),
             counters.clone(),
+            Mutex::new(None),
         )),
     );
     ops.insert(
@@ -121,6 +125,8 @@ struct AttnArgs {
     softcap: f32,
     causal: bool,
     window: i32,
+    /// The element type of the keys and values.
+    elem: KvElem,
 }
 
 /// The floats `scale` (default 1/√hd), `softcap` and the int `sliding_window` (negative: off)
@@ -231,7 +237,7 @@ fn decode_launch(
         (threads as usize / 32 * gchunk * a.attn.hd * 4) as u32
     };
     let args = decode_kernel_args(a, (nsplit, gchunk), part, counters)?;
-    gpu.launch_smem(kernel, grid, threads, smem, &args)?;
+    gpu.launch_smem(&a.attn.elem.kernel(kernel), grid, threads, smem, &args)?;
     if nsplit > 1 && !merge_in_kernel {
         decode_combine(gpu, a, nsplit, part, grid.2)?;
     }
@@ -362,14 +368,15 @@ pub const TC_MIN_QUERIES: usize = 64;
 const SCORE_BYTES: usize = 256 << 20;
 
 /// The device, the score scratch of the cuBLAS path (the f16 K/V of the flash path), the
-/// split-K decode partials, the buffer for the output's f16/bf16 copy (`quantize_output`), and
-/// the split decode launches' counters.
+/// split-K decode partials, the buffer for the output's f16/bf16 copy (`quantize_output`), the
+/// split decode launches' counters, and the f32 K/V of the cuBLAS path over an f16 cache.
 struct Attention(
     Arc<Gpu>,
     Mutex<Option<CudaBuffer>>,
     Mutex<Option<CudaBuffer>>,
     Arc<ActQuant>,
     Arc<DecodeCounters>,
+    Mutex<Option<CudaBuffer>>,
 );
 
 /// The counters of split decode launches (one int per query row and block row of the grid:
@@ -389,8 +396,11 @@ impl DecodeCounters {
     }
 }
 
+/// A locked scratch buffer of `Attention`.
+type ScratchGuard<'a> = MutexGuard<'a, Option<CudaBuffer>>;
+
 /// Locks one of the scratch buffers of `Attention`.
-fn lock_scratch(m: &Mutex<Option<CudaBuffer>>) -> Result<MutexGuard<'_, Option<CudaBuffer>>> {
+fn lock_scratch(m: &Mutex<Option<CudaBuffer>>) -> Result<ScratchGuard<'_>> {
     m.lock()
         .map_err(|_| Error::Device("Attention scratch poisoned".into()))
 }
@@ -457,13 +467,8 @@ impl Attention {
             return Ok(false);
         }
         const OP: &str = "Attention";
-        // the keys and values as f16 (the kernel stages them by 16-byte cp.async), in the
-        // scratch the cuBLAS path uses for its scores
-        let values = a.skv * a.nkv * a.hd;
-        let need = 4 * values;
         let mut guard = lock_scratch(&self.1)?;
-        let kh = scratch(&self.0, &mut guard, need, false)?;
-        let vh = kh + 2 * values as u64;
+        let (kh, vh) = self.half_kv(a, &mut guard)?;
         // the output's f16/bf16 copy for the next tensor-core Linear (o-projection)
         let copy = match copy {
             Some(form @ (ActForm::F16 | ActForm::Bf16)) if a.sq >= TC_MIN_ROWS => {
@@ -472,18 +477,6 @@ impl Attention {
             }
             _ => None,
         };
-        self.0.launch(
-            "kv_half_f32",
-            Gpu::grid_for(values / 4, 256),
-            256,
-            &[
-                KArg::Ptr(a.k),
-                KArg::Ptr(a.v),
-                KArg::Ptr(kh),
-                KArg::Ptr(vh),
-                long(values / 4, "values")?,
-            ],
-        )?;
         // one query head per block of four warps (two blocks fit an SM, so one block's softmax
         // overlaps the other's products); (heads, query tiles): the kernel's dispatch order is
         // longest tiles first
@@ -516,11 +509,70 @@ impl Attention {
         Ok(true)
     }
 
+    /// The keys and values of `a` as f16 for the flash kernel (which stages them by 16-byte
+    /// `cp.async`): an f16 cache in place, f32 ones converted (`kv_half_f32`) into `guard`, the
+    /// scratch the cuBLAS path uses for its scores.
+    fn half_kv(&self, a: &AttnArgs, guard: &mut Option<CudaBuffer>) -> Result<(u64, u64)> {
+        if a.elem == KvElem::F16 {
+            return Ok((a.k, a.v));
+        }
+        let values = a.skv * a.nkv * a.hd;
+        let kh = scratch(&self.0, guard, 4 * values, false)?;
+        let vh = kh + 2 * values as u64;
+        self.0.launch(
+            "kv_half_f32",
+            Gpu::grid_for(values / 4, 256),
+            256,
+            &[
+                KArg::Ptr(a.k),
+                KArg::Ptr(a.v),
+                KArg::Ptr(kh),
+                KArg::Ptr(vh),
+                long(values / 4, "values")?,
+            ],
+        )?;
+        Ok((kh, vh))
+    }
+
+    /// `a` with f32 keys and values for cuBLAS: as it is, or with an f16 cache converted
+    /// (`kv_float_f16kv`) into the scratch `self.5`, held by the returned guard.
+    fn float_kv(&self, a: &AttnArgs) -> Result<(AttnArgs, Option<ScratchGuard<'_>>)> {
+        if a.elem == KvElem::F32 {
+            return Ok((*a, None));
+        }
+        let mut guard = lock_scratch(&self.5)?;
+        let (nk, nv) = (a.skv * a.nkv * a.hd, a.skv * a.nkv * a.hdv);
+        let kf = scratch(&self.0, &mut guard, 4 * (nk + nv), false)?;
+        let vf = kf + 4 * nk as u64;
+        self.0.launch(
+            "kv_float_f16kv",
+            Gpu::grid_for(nk.max(nv), 256),
+            256,
+            &[
+                KArg::Ptr(a.k),
+                KArg::Ptr(a.v),
+                KArg::Ptr(kf),
+                KArg::Ptr(vf),
+                long(nk, "key values")?,
+                long(nv, "value values")?,
+            ],
+        )?;
+        let f = AttnArgs {
+            k: kf,
+            v: vf,
+            elem: KvElem::F32,
+            ..*a
+        };
+        Ok((f, Some(guard)))
+    }
+
     /// The cuBLAS path (module doc). `Ok(false)` when cuBLAS is not loaded.
     fn tensor_core(&self, a: &AttnArgs) -> Result<bool> {
         if self.0.blas().is_none() {
             return Ok(false);
         }
+        let (a, _held) = self.float_kv(a)?;
+        let a = &a;
         let row_bytes = a.nh * a.skv * 4;
         let qc = (SCORE_BYTES / row_bytes.max(1)).clamp(1, a.sq);
         let mut guard = lock_scratch(&self.1)?;
@@ -670,7 +722,8 @@ impl Attention {
         decode_launch_q8(&self.0, &self.3, i, args, (nsplit, gchunk), part, counters)
     }
 
-    /// The general kernel `attention_f32`: one block per (query, head), any sizes the op takes.
+    /// The general kernel `attention_f32` (`attention_f16kv` over f16 keys and values): one
+    /// block per (query, head), any sizes the op takes.
     fn general(&self, a: &AttnArgs) -> Result<()> {
         let gx = u32::try_from(a.sq).map_err(|_| op_err("Attention", "too many queries"))?;
         let gy = grid_dim("Attention", a.nh, "too many heads")?;
@@ -685,7 +738,8 @@ impl Attention {
             int(a.skv, "skv")?,
         ];
         args.extend(head_and_score_args(a)?);
-        self.0.launch("attention_f32", (gx, gy, 1), 128, &args)
+        let kernel = a.elem.kernel("attention_f32");
+        self.0.launch(&kernel, (gx, gy, 1), 128, &args)
     }
 }
 
@@ -715,6 +769,16 @@ fn attention_args(d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<AttnAr
     let [skv, nkv, _] = dims3(k, "k")?;
     let (slopes, sinks) = (opt_ptr(s, "alibi_slopes")?, opt_ptr(sk, "sinks")?);
     let (scale, softcap, window) = attn_scalars(f, i, hd);
+    let elem = match (k.dtype(), v.dtype()) {
+        (DataType::F16, DataType::F16) => KvElem::F16,
+        (DataType::F32, DataType::F32) => KvElem::F32,
+        (kt, vt) => {
+            return Err(op_err(
+                "Attention",
+                format!("k {kt} / v {vt}: keys and values must both be f32 or both f16"),
+            ))
+        }
+    };
     Ok(AttnArgs {
         q: dptr(q, "q")?,
         k: dptr(k, "k")?,
@@ -732,6 +796,7 @@ fn attention_args(d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<AttnAr
         softcap,
         causal: i.get_or("causal", 1) != 0,
         window,
+        elem,
     })
 }
 
@@ -747,7 +812,7 @@ impl Operator for Attention {
             }
             _ => false,
         };
-        shapes_ok && all_f32(d, &["q", "k", "v", "alibi_slopes", "sinks"])
+        shapes_ok && all_f32(d, &["q", "alibi_slopes", "sinks"]) && kv_elem(d, "k", "v").is_some()
     }
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
         let [sq, nh, hd] = dims3(d.require("Attention", "q")?, "q")?;
@@ -796,7 +861,7 @@ impl Operator for Attention {
 fn cache_rows(op: &str, c: &Data, name: &str) -> Result<usize> {
     let [_, nkv, hd] = dims3(c, name)?;
     let cap = c.capacity().first().copied().unwrap_or(0);
-    let need = cap * nkv * hd * 4;
+    let need = crate::data::bytes_for(c.dtype(), &[cap, nkv, hd])?;
     match super::buffer::device_len(c) {
         Some(len) if len >= need => Ok(cap),
         Some(len) => Err(op_err(
@@ -952,7 +1017,8 @@ impl DecodeAttention {
 
 impl Operator for DecodeAttention {
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
-        all_f32(d, &["q", "k_cache", "v_cache", "alibi_slopes", "sinks"])
+        all_f32(d, &["q", "alibi_slopes", "sinks", "k", "v", "cos", "sin"])
+            && kv_elem(d, "k_cache", "v_cache").is_some()
             && d.dtype("positions") == Some(DataType::I32)
             && d.get("q").is_some_and(|q| q.is_contiguous())
             && d.get("k_cache").is_some_and(|k| k.is_contiguous())
@@ -985,6 +1051,8 @@ impl Operator for DecodeAttention {
         };
         let [sq, nh, nkv, hd, hdv, kcap, nsplit, gchunk] =
             self.sizes(&DA_NAMES.map(|n| d.get(n)))?;
+        let elem = kv_elem(d, "k_cache", "v_cache")
+            .ok_or_else(|| op_err(OP, "k_cache and v_cache must both be f32 or both f16"))?;
         let step = step_kv(&STEP_NAMES.map(|n| d.get(n)), i, sq, nkv, hd, hdv)?;
         if step.is_some() && !(d.is_mut("k_cache") && d.is_mut("v_cache")) {
             // a read-only cache on another device would be a copy, and the step's row lost
@@ -1017,6 +1085,7 @@ impl Operator for DecodeAttention {
             softcap,
             causal: true,
             window,
+            elem,
         };
         let args = DecodeArgs {
             attn,
@@ -1071,7 +1140,8 @@ impl KvWrite {
 
 impl Operator for KvWrite {
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
-        all_f32(d, &["k", "v", "k_cache", "v_cache"])
+        all_f32(d, &["k", "v"])
+            && kv_elem(d, "k_cache", "v_cache").is_some()
             && d.dtype("positions") == Some(DataType::I32)
             && ["k", "v", "k_cache", "v_cache"]
                 .iter()
@@ -1087,8 +1157,10 @@ impl Operator for KvWrite {
         const OP: &str = "KvWrite";
         let [n, krow, vrow, cap] = Self::sizes(d)?;
         let ptr = |name: &str| dptr(d.require(OP, name)?, name);
+        let elem = kv_elem(d, "k_cache", "v_cache")
+            .ok_or_else(|| op_err(OP, "k_cache and v_cache must both be f32 or both f16"))?;
         self.0.launch(
-            "kv_write_f32",
+            &elem.kernel("kv_write_f32"),
             Gpu::grid_for(n * (krow + vrow), 256),
             256,
             &[

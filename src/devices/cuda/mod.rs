@@ -6,7 +6,7 @@
 //!
 //! This module owns device memory and data movement; it must not know about models.
 
-use crate::data::{bytes_for, Data, DeviceKind, Storage};
+use crate::data::{bytes_for, Data, DataType, DeviceKind, Storage};
 use crate::device::{BaseDevice, DataDict, FloatDict, IntDict, OpRegistry};
 use crate::error::{Error, Result};
 use crate::options::RuntimeOptions;
@@ -23,6 +23,7 @@ mod fuse;
 mod glu;
 pub mod gpu;
 pub mod kernels;
+mod kv;
 mod linear;
 mod linear_mma;
 mod linear_mmq;
@@ -75,6 +76,7 @@ impl CudaDevice {
         embedding::register(&mut ops, &gpu);
         linear::register(&mut ops, &gpu, &act);
         attention::register(&mut ops, &gpu, &act);
+        kv::register(&mut ops, &gpu);
         rope::register(&mut ops, &gpu);
         shape::register(&mut ops, &gpu);
         select::register(&mut ops, &gpu);
@@ -235,6 +237,9 @@ impl BaseDevice for CudaDevice {
                 self.name
             ))),
         }
+    }
+    fn kv_dtypes(&self) -> &[DataType] {
+        &kv::KV_DTYPES
     }
     fn download(&self, data: &mut Data) -> Result<()> {
         if data.device() != self.kind() {

@@ -23,7 +23,7 @@ const THREADS: u32 = 256;
 /// slices, each reading the weight again.
 pub(super) const MMA_SLICE_ROWS: usize = 64;
 /// Halves per staged activation row (`MMA_XS`).
-const XS_HALVES: usize = MMA_KC + 16;
+const XS_HALVES: usize = MMA_KC + 8;
 /// Most k splits of one product.
 const MAX_SPLITS: usize = 8;
 /// Blocks per multiprocessor the automatic k split aims at.

@@ -63,13 +63,15 @@ use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
 use crate::error::{Error, Result};
 use std::sync::{Arc, Mutex};
 
-/// Registers this family's operators.
-pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>) {
+/// Registers this family's operators; `invariant`: batch-invariant products (see
+/// [`Linear::invariant`]).
+pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>, invariant: bool) {
     ops.insert(
         "Linear",
         Box::new(Linear {
             gpu: gpu.clone(),
             act: act.clone(),
+            invariant,
             tc_scratch: Mutex::new(None),
             mma_part: Mutex::new(None),
         }),
@@ -284,6 +286,12 @@ impl BulkPlan {
 
 struct Linear {
     gpu: Arc<Gpu>,
+    /// Batch-invariant products: every row count takes the same kernel with the same k split,
+    /// so a row's result does not depend on the rows beside it. `quant_act` block weights
+    /// (`k % 128 == 0`) take `linear_mmq` from one row on, with the split of a one-row product;
+    /// everything else the f32-activation `linear_*`/`gemv_*` loop (no cuBLAS, no tensor cores,
+    /// no half inputs or outputs).
+    invariant: bool,
     /// Quantized activations for `quant_act = 1` (shared with the ops that can write them).
     act: Arc<ActQuant>,
     /// Tensor-core path: f16/bf16 activations, then the dequantized weight tile.
@@ -327,7 +335,10 @@ impl Linear {
     /// tensor-core path (`quant_act`, cuBLAS, at least [`TC_MIN_ROWS`] rows) with f16/bf16
     /// activations, else `None` (also where the int8 products of Q8_0 rows take it).
     fn tc_half(&self, i: &IntDict, w: DataType, rows: usize, k: usize) -> Option<ActForm> {
-        let tc = i.get_or("quant_act", 0) != 0 && self.gpu.blas().is_some() && rows >= TC_MIN_ROWS;
+        let tc = i.get_or("quant_act", 0) != 0
+            && self.gpu.blas().is_some()
+            && rows >= TC_MIN_ROWS
+            && !self.invariant;
         let int8 = Batched::of_call(i).is_ok_and(|b| b.mmq(w, rows, k));
         (tc && !int8).then(|| tc_form(w, k)).flatten()
     }
@@ -973,7 +984,7 @@ impl Linear {
                 false => Err(lost_blas()),
             };
         }
-        if segs.len() == 1 && dtype == DataType::F32 && m >= BLAS_MIN_ROWS {
+        if segs.len() == 1 && dtype == DataType::F32 && m >= BLAS_MIN_ROWS && !self.invariant {
             let (wp, bp, yp) = (first.w, first.b, first.y);
             if self.sgemm(xp, wp, yp, m, n, k, acc)? {
                 if bp != 0 {
@@ -984,24 +995,31 @@ impl Linear {
         }
         let quant_act = ints.get_or("quant_act", 0) != 0;
         let aligned = segs.iter().all(|s| s.w % 16 == 0);
-        if quant_act && aligned && bat.mmq(dtype, m, k) {
+        if quant_act && aligned && bat.mmq(dtype, m, k) && !self.invariant {
+            return self.mmq_segments(prev, ints, bat, xp, m, k, segs, acc);
+        }
+        if quant_act && aligned && self.invariant && q8_kernels(dtype) && k.is_multiple_of(MMQ_KC) {
+            // the k split of a one-row product for every row count
+            let splits = MmqPlan::new(1, k, n, self.gpu.sms(), 0).map_or(1, |p| p.splits);
+            let bat = Batched { mode: 3, splits };
             return self.mmq_segments(prev, ints, bat, xp, m, k, segs, acc);
         }
         let tc_weight = dtype != DataType::F32
             && (!dtype.is_quantized() || k.is_multiple_of(dtype.block_elems()));
         if quant_act
+            && !self.invariant
             && tc_weight
             && m >= bat.tc_min_rows(dtype, k)
             && self.tensor_core(prev, bat, xp, m, k, segs, acc, io)?
         {
             return Ok(());
         }
-        if quant_act && m == 1 && kq_one_row(dtype, k) && aligned {
+        if quant_act && m == 1 && kq_one_row(dtype, k) && aligned && !self.invariant {
             return self.kq_one_row(prev, ints, xp, k, n, segs, acc);
         }
         // the GEMV kernels of Q5_0 and Q5_K weights, and of Q4_K / Q6_K weights with several
         // rows, read f32 activations (they have no Q8_0 activation kernels)
-        let quant_act = ints.get_or("quant_act", 0) != 0 && q8_kernels(dtype);
+        let quant_act = ints.get_or("quant_act", 0) != 0 && q8_kernels(dtype) && !self.invariant;
         // 16-byte superblock kernels for block weights with quantized activations: k % 256 == 0,
         // aligned rows.
         let sb = quant_act && dtype.is_quantized() && k.is_multiple_of(256) && aligned;

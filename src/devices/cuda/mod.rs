@@ -66,9 +66,9 @@ impl CudaDevice {
         glu::register(&mut ops, &gpu);
         norm::register(&mut ops, &gpu, &act);
         paged::register(&mut ops, &gpu);
-        paged_decode::register(&mut ops, &gpu);
+        paged_decode::register(&mut ops, &gpu, opts.batch_invariant);
         embedding::register(&mut ops, &gpu);
-        linear::register(&mut ops, &gpu, &act);
+        linear::register(&mut ops, &gpu, &act, opts.batch_invariant);
         attention::register(&mut ops, &gpu, &act);
         rope::register(&mut ops, &gpu);
         shape::register(&mut ops, &gpu);

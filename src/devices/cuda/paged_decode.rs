@@ -18,12 +18,15 @@ use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
 use crate::error::Result;
 use std::sync::Arc;
 
-/// Registers the operator.
-pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>) {
+/// Registers the operator; `invariant`: split every row into [`MAX_SPLITS`]
+/// pieces whatever the batch (a row's split depends only on its own length: batch-invariant
+/// results).
+pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, invariant: bool) {
     ops.insert(
         "PagedDecodeAttention",
         Box::new(PagedDecodeAttention {
             gpu: gpu.clone(),
+            invariant,
             index: Default::default(),
         }),
     );
@@ -101,7 +104,7 @@ fn host_values(d: &Data) -> Result<Option<Vec<i32>>> {
     }
 }
 
-fn check(a: &[Option<&Data>; 11], i: &IntDict, sms: usize) -> Result<Sizes> {
+fn check(a: &[Option<&Data>; 11], i: &IntDict, sms: usize, invariant: bool) -> Result<Sizes> {
     use DataType::{F16, F32, I32};
     let q = packed(a[0], "q", &[F32], 3)?;
     let k = packed(a[1], "k", &[F32], 3)?;
@@ -200,7 +203,11 @@ fn check(a: &[Option<&Data>; 11], i: &IntDict, sms: usize) -> Result<Sizes> {
         maxb,
         bs,
         half: kc.dtype() == F16,
-        nsplit: paged_decode_splits(max_keys.min(maxb * bs), rows, nkv, sms),
+        nsplit: if invariant {
+            MAX_SPLITS
+        } else {
+            paged_decode_splits(max_keys.min(maxb * bs), rows, nkv, sms)
+        },
     })
 }
 
@@ -213,6 +220,8 @@ fn check(a: &[Option<&Data>; 11], i: &IntDict, sms: usize) -> Result<Sizes> {
 /// any value is correct). Output [rows, nh, hd].
 struct PagedDecodeAttention {
     gpu: Arc<Gpu>,
+    /// [`MAX_SPLITS`] splits for every call (see [`register`]).
+    invariant: bool,
     /// Copies of host `slots`, `kv_lens` and `block_tables`.
     index: [HostIndex; 3],
 }
@@ -229,7 +238,7 @@ impl Operator for PagedDecodeAttention {
                 .is_some_and(|q| q.dtype() == DataType::F32 && (1..=MAX_HD).contains(&q.dim(-1)))
     }
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, i: &IntDict) -> Result<()> {
-        let z = check(&NAMES.map(|n| d.get(n)), i, self.gpu.sms())?;
+        let z = check(&NAMES.map(|n| d.get(n)), i, self.gpu.sms(), self.invariant)?;
         if !(d.is_mut("k_cache") && d.is_mut("v_cache")) {
             return Err(op_err(
                 OP,
@@ -254,7 +263,7 @@ impl Operator for PagedDecodeAttention {
     }
     fn run(&self, d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<()> {
         let a = NAMES.map(|n| d.get(n));
-        let z = check(&a, i, self.gpu.sms())?;
+        let z = check(&a, i, self.gpu.sms(), self.invariant)?;
         let ptr = |k: usize| {
             a[k].map(|t| dptr(t, NAMES[k]))
                 .transpose()

@@ -5,6 +5,7 @@
 //!   prefill chunk mixed into a decode step, a batch shrinking into a smaller bucket, and rows
 //!   long enough for split-K attention;
 //! - the padded steps agree with the unpadded op-by-op path (`PagedAttention`) to rounding;
+//! - with `batch_invariant`, rows decoding alone give the same logits bits as in a batch of 64;
 //! - `PagedDecodeAttention` alone against `PagedCacheWrite` + `PagedAttention` on awkward sizes
 //!   (head sizes 16 / 80 / 128, 1 to 12 query heads per kv head, empty and long rows, windows,
 //!   soft-capping, ALiBi), f32 and f16 caches.

@@ -25,6 +25,7 @@ pub mod kernels;
 mod linear;
 mod linear_mma;
 mod linear_mmq;
+mod mm_split;
 pub mod nccl;
 mod norm;
 mod paged;

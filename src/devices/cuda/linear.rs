@@ -20,7 +20,8 @@
 //! GPU, once for all weights of a call, or not at all when the op that produced them left that
 //! copy (`RMSNorm`, `SiluMul`, `Attention` with `quantize_output` 2 / 3, see `act_quant`).
 //! F16/BF16 weights go through cuBLAS `GemmEx` from 2 rows. Q8_0/Q4_0/Q4_1 weights
-//! (`k % 128 == 0`, 16-byte aligned) of 2..=[`Q8_COPY_MAX_ROWS`](crate::device::Q8_COPY_MAX_ROWS) rows with f32 inputs and
+//! (`k % 128 == 0`, 16-byte aligned) of 2..=[`Q8_COPY_MAX_ROWS`](crate::device::Q8_COPY_MAX_ROWS) rows (up to
+//! [`MMQ_NO_MMA_MAX_ROWS`] where `k % 256 != 0`) with f32 inputs and
 //! outputs take the int8 `linear_mmq` kernels (see `linear_mmq`: each weight block read once for
 //! all rows, activations as Q8_0 rows, left by the producing op or quantized once for all
 //! weights of the call). Other block-weight products (`k % 256 == 0`) of up to [`MMA_MAX_ROWS`]
@@ -94,6 +95,10 @@ const DEQ_TILE_BYTES: usize = 128 << 20;
 /// aligned) take the `linear_mma` kernels (weights read once per slice of 64 rows, dequantized
 /// in registers), from 2 rows on; above it the dequantize-then-cuBLAS path.
 const MMA_MAX_ROWS: usize = 128;
+/// Block products that `linear_mma` does not take (`k % 256 != 0`) stay on `linear_mmq` up to
+/// this many rows (above [`Q8_COPY_MAX_ROWS`](crate::device::Q8_COPY_MAX_ROWS) they quantize
+/// their input themselves): faster than dequantized tiles for cuBLAS.
+const MMQ_NO_MMA_MAX_ROWS: usize = 64;
 /// From this many rows on, `quant_act` products with F16/BF16 weights use cuBLAS (which reads
 /// the weight once for all rows; the GEMV kernels read it once per 4 rows).
 const HALF_TC_MIN_ROWS: usize = 2;
@@ -149,7 +154,10 @@ impl Batched {
         let fits = q8_kernels(dtype) && k.is_multiple_of(MMQ_KC) && m >= 2;
         match self.mode {
             3 => fits,
-            0 => fits && m <= crate::device::Q8_COPY_MAX_ROWS,
+            0 => {
+                fits && (m <= crate::device::Q8_COPY_MAX_ROWS
+                    || (m <= MMQ_NO_MMA_MAX_ROWS && !k.is_multiple_of(MMA_KC)))
+            }
             _ => false,
         }
     }

@@ -452,64 +452,6 @@ fn paged_decode_attention_matches_paged_attention() {
     }
 }
 
-/// Total decode tokens/s of `b` sequences (16-token prompts cached first, one untimed step,
-/// then `steps` timed greedy steps), as `fastllm bench --batch` measures it.
-fn batch_tok_s(model: &Model, b: usize, steps: usize) -> f64 {
-    let bs = 16;
-    let mut pool = PagedKvPool::new(model, b * (16 + steps + 2).div_ceil(bs) + 1, bs).unwrap();
-    let mut st: Vec<PagedSeqState> = (0..b).map(|_| PagedSeqState::new()).collect();
-    let prompts: Vec<Vec<u32>> = (0..b)
-        .map(|r| (0..16).map(|i| tok(model, i, r)).collect())
-        .collect();
-    let mut items: Vec<(&mut PagedSeqState, &[u32])> = st
-        .iter_mut()
-        .zip(&prompts)
-        .map(|(s, p)| (s, p.as_slice()))
-        .collect();
-    let mut next: Vec<[u32; 1]> = model
-        .forward_paged_greedy(&mut pool, &mut items)
-        .unwrap()
-        .iter()
-        .map(|&t| [t])
-        .collect();
-    let mut t0 = std::time::Instant::now();
-    for i in 0..=steps {
-        if i == 1 {
-            t0 = std::time::Instant::now();
-        }
-        let mut items: Vec<(&mut PagedSeqState, &[u32])> = st
-            .iter_mut()
-            .zip(next.iter())
-            .map(|(s, n)| (s, n.as_slice()))
-            .collect();
-        let ids = model.forward_paged_greedy(&mut pool, &mut items).unwrap();
-        next = ids.iter().map(|&t| [t]).collect();
-    }
-    (b * steps) as f64 / t0.elapsed().as_secs_f64()
-}
-
-#[test]
-#[ignore = "timing: llama-3-8b-shaped models, prints tok/s"]
-fn time_batched_decode_modes() {
-    let Some(_dev) = gpu() else { return };
-    for dtype in ["int4", "f16"] {
-        let cfg = synthetic::config("llama-3-8b").unwrap();
-        let dt = synthetic::weight_dtype(dtype).unwrap();
-        let src = Arc::new(SyntheticSource::new(&cfg, dt).unwrap());
-        let exec = fastllm::load::executor_for("cuda", 0, &Default::default()).unwrap();
-        let mut m = Model::new(cfg, src, exec, Precision::Fast, false).unwrap();
-        for b in [1usize, 8, 32, 64, 128] {
-            let mut row = format!("PERF {dtype} B={b:3}:");
-            for mode in [BatchDecode::Off, BatchDecode::Eager, BatchDecode::Graphs] {
-                m.set_batch_decode(mode).unwrap();
-                let t = batch_tok_s(&m, b, 48);
-                row.push_str(&format!(" {mode:?} {t:8.1}"));
-            }
-            println!("{row}");
-        }
-    }
-}
-
 /// The logits of rows `rows` (of a 64-sequence scenario) over a prompt and 6 decode steps, all
 /// of `rows` decoding together: row r's prompt has 1 + 37 r mod 400 tokens (long rows take
 /// split attention), its tokens depend only on r.

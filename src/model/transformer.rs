@@ -469,6 +469,16 @@ impl Model {
         let c = &config;
         let mut weights = Weights::new(source, low_memory)?;
         prepare_latent(&mut weights, spec, c)?;
+        if let (Some(m), Some(names), Some(dev)) = (&c.moe, &spec.moe, exec.devices().first()) {
+            let prefix = |i: usize| format!("{}{i}.", spec.layer_prefix);
+            super::moe::stack_experts(
+                &mut weights,
+                (m, names),
+                c.num_layers,
+                &prefix,
+                dev.as_ref(),
+            )?;
+        }
         let embed = format!("{}.weight", spec.embed);
         if !weights.has(&embed) {
             return Err(bad(format!("model file lacks the embedding '{embed}'")));

@@ -25,6 +25,8 @@ pub mod kernels;
 mod linear;
 mod linear_mma;
 mod linear_mmq;
+mod matmul;
+mod moe;
 pub mod nccl;
 mod norm;
 mod paged;
@@ -74,6 +76,8 @@ impl CudaDevice {
         shape::register(&mut ops, &gpu);
         select::register(&mut ops, &gpu);
         sample::register(&mut ops, &gpu);
+        moe::register(&mut ops, &gpu);
+        matmul::register(&mut ops, &gpu);
         Ok(CudaDevice {
             name: format!("cuda:{ordinal}"),
             gpu,

@@ -34,7 +34,9 @@ pub fn gguf_architecture(g: &GgufFile) -> Result<String> {
     Ok(arch.to_string())
 }
 
-fn size(g: &GgufFile, key: &str) -> Result<usize> {
+/// The required size at metadata `key`: an error naming the key and the file when it is
+/// missing or not a size. The one reader of required sizes for every architecture.
+pub(super) fn size(g: &GgufFile, key: &str) -> Result<usize> {
     g.get_u64(key)
         .and_then(|v| usize::try_from(v).ok())
         .ok_or_else(|| Error::format(&g.path, format!("missing or invalid metadata {key}")))

@@ -7,20 +7,10 @@
 //! DeepSeek-V2's group-limited greedy routing (softmax gating with expert groups) and files
 //! whose `block_count` includes multi-token-prediction layers are refused.
 
+use super::gguf_config::size;
 use crate::error::{Error, Result};
 use crate::format::gguf::GgufFile;
 use crate::model::{MlaConfig, ModelConfig, MoeScoring, RopeScaling, RopeStyle};
-
-fn need(g: &GgufFile, key: &str) -> Result<usize> {
-    g.get_u64(key)
-        .and_then(|v| usize::try_from(v).ok())
-        .ok_or_else(|| {
-            Error::format(
-                &g.path,
-                format!("a deepseek2 model needs metadata {key} (missing or invalid)"),
-            )
-        })
-}
 
 /// Fills `c.mla` (and the cached row's `head_dim` / `num_kv_heads` / `rope_dim`), the shared
 /// experts' size and the YaRN scales of a `deepseek2` GGUF.
@@ -33,17 +23,17 @@ pub fn deepseek2(g: &GgufFile, c: &mut ModelConfig) -> Result<()> {
             k("nextn_predict_layers")
         )));
     }
-    let rank = need(g, &k("attention.kv_lora_rank"))?;
-    let rope = need(g, &k("rope.dimension_count"))?;
+    let rank = size(g, &k("attention.kv_lora_rank"))?;
+    let rope = size(g, &k("rope.dimension_count"))?;
     let (key_len, value_len) = if g.get_u64(&k("attention.key_length_mla")).is_some() {
         (
-            need(g, &k("attention.key_length_mla"))?,
-            need(g, &k("attention.value_length_mla"))?,
+            size(g, &k("attention.key_length_mla"))?,
+            size(g, &k("attention.value_length_mla"))?,
         )
     } else {
         (
-            need(g, &k("attention.key_length"))?,
-            need(g, &k("attention.value_length"))?,
+            size(g, &k("attention.key_length"))?,
+            size(g, &k("attention.value_length"))?,
         )
     };
     if key_len <= rope || rope == 0 || rope % 2 != 0 {
@@ -85,7 +75,8 @@ pub fn deepseek2(g: &GgufFile, c: &mut ModelConfig) -> Result<()> {
             // DeepSeek-V2 ranks a group by its best expert; the router here ranks DeepSeek-V3's
             // way (the sum of the best two sigmoid scores)
             return Err(Error::Unsupported(format!(
-                "{}: deepseek2 with softmax gating and group-limited routing ({} of {} groups:                  DeepSeek-V2's group_limited_greedy)",
+                "{}: deepseek2 with softmax gating and group-limited routing ({} of {} groups: \
+                 DeepSeek-V2's group_limited_greedy)",
                 g.path, m.topk_groups, m.groups
             )));
         }

@@ -12,7 +12,7 @@ use fastllm::convert::{convert, ConvertOptions, TargetDtype};
 use fastllm::data::{Data, DataType};
 use fastllm::executor::Executor;
 use fastllm::load::{load, LoadOptions};
-use fastllm::model::moe::{moe_ffn, stack_layer_experts, MoeStep};
+use fastllm::model::moe::{moe_ffn, stack_layer_experts, MoeStep, MOE_BUFS};
 use fastllm::model::{
     MapSource, Model, MoeConfig, MoeNames, MoeScoring, Precision, WeightSource, Weights,
 };
@@ -196,7 +196,8 @@ fn check_stage(label: &str, cfg: MoeConfig, tokens: usize, steer: impl Fn(usize,
             act: "silu",
         };
         let mut out = Data::empty(DataType::F32);
-        moe_ffn(&st, &cfg, &NAMES, "l.", &xd, &mut out).unwrap();
+        let mut scratch: Vec<Data> = (0..MOE_BUFS).map(|_| Data::empty(DataType::F32)).collect();
+        moe_ffn(&st, &cfg, &NAMES, "l.", (&xd, &mut scratch), &mut out).unwrap();
         let got = out.to_f32_vec().unwrap();
         let mut want = vec![0f64; d];
         for t in 0..tokens {

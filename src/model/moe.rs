@@ -208,47 +208,74 @@ impl MoeStep<'_> {
     }
 }
 
+/// Working tensors [`moe_ffn`] takes: router logits, route, dispatch, gate, up, activation,
+/// expert outputs.
+pub const MOE_BUFS: usize = 7;
+
 /// The MoE FFN of one layer: `out` [s, hidden] = Σ over each token's chosen experts of
 /// weight · expert(x), plus the shared experts. `layer` is the layer's tensor prefix (ending in
-/// `.`); `x` [s, hidden] is the normed input.
+/// `.`); `x` [s, hidden] is the normed input, `scratch` [`MOE_BUFS`] working tensors (kept
+/// across steps, so a recorded decode step finds them in place).
 pub fn moe_ffn(
     st: &MoeStep,
     cfg: &MoeConfig,
     names: &MoeNames,
     layer: &str,
-    x: &Data,
+    (x, scratch): (&Data, &mut [Data]),
     out: &mut Data,
 ) -> Result<()> {
     let e = st.exec;
-    let mut logits = Data::empty(DataType::F32);
-    st.linear(x, &format!("{layer}{}", names.router), &mut logits)?;
+    let [logits, route, disp, t @ .., y] = scratch else {
+        return Err(Error::invalid(format!(
+            "moe_ffn needs {MOE_BUFS} working tensors"
+        )));
+    };
+    let t: &mut [Data; 3] = t
+        .try_into()
+        .map_err(|_| Error::invalid(format!("moe_ffn needs {MOE_BUFS} working tensors")))?;
+    st.linear(x, &format!("{layer}{}", names.router), logits)?;
     let bias = match names.score_bias {
         Some(b) => st.weights.opt(&format!("{layer}{b}"))?,
         None => None,
     };
-    let mut route = Data::empty(DataType::F32);
-    ops::moe_route(e, &logits, bias.as_deref(), &cfg.route_params(), &mut route)?;
-    let mut disp = Data::empty(DataType::I32);
-    ops::moe_dispatch(e, &route, cfg.experts, &mut disp)?;
-    let mut t = [
-        Data::empty(DataType::F32),
-        Data::empty(DataType::F32),
-        Data::empty(DataType::F32),
-    ];
-    let mut y = Data::empty(DataType::F32);
-    let stacked = stacked_name(layer, names, names.proj.0);
-    if st.weights.has(&format!("{stacked}.weight")) {
-        grouped_experts(st, cfg, names, layer, x, &disp, &mut t, &mut y)?;
+    ops::moe_route(e, logits, bias.as_deref(), &cfg.route_params(), route)?;
+    ops::moe_dispatch(e, route, cfg.experts, disp)?;
+    if st.weights.has(&format!(
+        "{}.weight",
+        stacked_name(layer, names, names.proj.0)
+    )) {
+        grouped_experts(st, cfg, names, layer, x, disp, t, y)?;
     } else {
-        each_expert(st, cfg, names, layer, x, &disp, &mut t, &mut y)?;
+        each_expert(st, cfg, names, layer, x, disp, t, y)?;
     }
-    ops::moe_combine(e, &y, &route, &disp, out)?;
+    ops::moe_combine(e, y, route, disp, out)?;
     if let Some(sh) = names.shared.filter(|_| cfg.shared_intermediate > 0) {
         let shared = (names.proj, cfg.swiglu_clamp);
-        st.gated(x, &format!("{layer}{sh}"), shared, &mut t, &mut y)?;
-        ops::add_to(e, out, &y, 1.0)?;
+        st.gated(x, &format!("{layer}{sh}"), shared, t, y)?;
+        ops::add_to(e, out, y, 1.0)?;
     }
     Ok(())
+}
+
+/// True when a step of this model keeps the MoE stage on its device: a dense model, or one
+/// whose every MoE layer has its experts stacked ([`stack_experts`]).
+pub fn stays_on_device(
+    weights: &Weights,
+    spec: &super::arch::ArchSpec,
+    c: &super::ModelConfig,
+) -> bool {
+    let (Some(m), Some(names)) = (&c.moe, &spec.moe) else {
+        return c.moe.is_none();
+    };
+    (0..c.num_layers).filter(|&i| m.is_moe(i)).all(|i| {
+        let layer = format!("{}{i}.", spec.layer_prefix);
+        weights
+            .resident(&format!(
+                "{}.weight",
+                stacked_name(&layer, names, names.proj.0)
+            ))
+            .is_some()
+    })
 }
 
 /// The routed experts as three grouped products over the stacked weights (on the device of the

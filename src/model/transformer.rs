@@ -132,8 +132,9 @@ struct Scratch {
     bufs: Vec<Data>,
 }
 
-/// Working tensors of one step through the layer stack ([`Model::layers`]).
-pub(super) const SCRATCH_BUFS: usize = 14;
+/// Working tensors of one step through the layer stack ([`Model::layers`]): the step buffers,
+/// the MoE stage's ([`super::moe::MOE_BUFS`]), then the rope tables.
+pub(super) const SCRATCH_BUFS: usize = 14 + super::moe::MOE_BUFS;
 
 impl Scratch {
     fn take(&mut self, n: usize) -> Vec<Data> {
@@ -373,7 +374,7 @@ impl Paths {
         let fused_silu_mul = first_has("SiluMul") && c.hidden_act == "silu";
         let multi_linear = first_has("SiluMul") && first_has("DecodeAttention") && opts.fused_ops;
         let decode_graphs = first_has("DecodeAttention")
-            && c.moe.is_none() // routing is read back mid-step
+            && super::moe::stays_on_device(weights, spec, c) // no routing read back mid-step
             && c.mla.is_none() // its per-head products run on the CPU
             && !weights.low_memory()
             && !rope.length_dependent()
@@ -531,7 +532,7 @@ impl Model {
                 d.kind() != DeviceKind::Cpu && d.ops().contains_key("DecodeAttention")
             })
             && !self.weights.low_memory()
-            && self.config.moe.is_none()
+            && super::moe::stays_on_device(&self.weights, self.spec, &self.config)
             && self.config.mla.is_none()
             && !self.rope.length_dependent()
             && !matches!(self.spec.positions, Positions::Learned(_));
@@ -1620,7 +1621,7 @@ impl Model {
         logits: &mut Data,
         ids_on_device: bool,
     ) -> Result<()> {
-        let [x, h, q, k, v, a, b, g, t0, t1, t2, _, rope_cos, rope_sin] = sc else {
+        let [x, h, q, k, v, a, b, g, t0, t1, t2, _, moe @ .., rope_cos, rope_sin] = sc else {
             return Err(Error::invalid("scratch"));
         };
         let mut bufs = StepBufs {
@@ -1635,6 +1636,7 @@ impl Model {
             t0,
             t1,
             t2,
+            moe,
         };
         self.embed(ids, pos, ids_on_device, &mut bufs)?;
         let ropes = self.step_rope(pos, rope_cos, rope_sin)?;
@@ -1913,13 +1915,20 @@ impl Model {
         let c = &self.config;
         let e = &self.exec;
         let StepBufs {
-            x, h, b, g, t0, t1, ..
+            x,
+            h,
+            b,
+            g,
+            t0,
+            t1,
+            moe,
+            ..
         } = bufs;
         let s = x.dim(0);
         let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
         if let Some((m, names)) = self.moe_layer(i) {
             self.norm(x, &ln(self.spec.ffn_norm), h)?;
-            super::moe::moe_ffn(&self.moe_step(), m, &names, &ln(""), h, b)?;
+            super::moe::moe_ffn(&self.moe_step(), m, &names, &ln(""), (h, moe), b)?;
             return self.ffn_residual(i, b, t0, x);
         }
         self.norm_for_linear(x, &ln(self.spec.ffn_norm), h)?;
@@ -2031,6 +2040,8 @@ struct StepBufs<'a> {
     t0: &'a mut Data,
     t1: &'a mut Data,
     t2: &'a mut Data,
+    /// The MoE stage's working tensors.
+    moe: &'a mut [Data],
 }
 
 /// `d` on the host (a copy when it lives on a device).

@@ -168,6 +168,10 @@ impl MoeStep<'_> {
         if let Some(c) = clamp {
             return ops::clamped_swiglu(self.exec, g, u, (c.alpha, c.limit), out);
         }
+        let fused = |d: &std::sync::Arc<dyn BaseDevice>| d.ops().contains_key("SiluMul");
+        if self.act == "silu" && self.exec.devices().first().is_some_and(fused) {
+            return ops::silu_mul(self.exec, g, u, out); // one launch on a GPU
+        }
         match self.act {
             "silu" => ops::silu(self.exec, g, out)?,
             "gelu_tanh" => ops::gelu(self.exec, g, true, out)?,

@@ -1805,7 +1805,9 @@ impl Model {
             return self.attention_out(i, bufs);
         }
         self.qkv(i, bufs)?;
-        let StepBufs { q, k, v, a, t0, .. } = bufs;
+        let StepBufs {
+            q, k, v, a, t0, t2, ..
+        } = bufs;
         let (s, nh, hd) = (q.dim(0), c.num_heads, c.head_dim);
         let layer_rope = self.rope.layer(c, i);
         let rope = match &ropes.local {
@@ -1813,10 +1815,11 @@ impl Model {
             _ => &ropes.global,
         };
         if let Some((qn, kn)) = self.spec.qk_norm {
+            // q and k norms through buffers of their own sizes: a recorded step never regrows one
             self.norm(q, &ln(qn), t0)?;
             std::mem::swap(*q, *t0);
-            self.norm(k, &ln(kn), t0)?;
-            std::mem::swap(*k, *t0);
+            self.norm(k, &ln(kn), t2)?;
+            std::mem::swap(*k, *t2);
         }
         if let Some(m) = &layer_rope.q_scale {
             ops::mul_to(e, q, m)?; // the attention factor on the rotated dims only (after the norm)

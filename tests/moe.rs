@@ -12,7 +12,7 @@ use fastllm::convert::{convert, ConvertOptions, TargetDtype};
 use fastllm::data::{Data, DataType};
 use fastllm::executor::Executor;
 use fastllm::load::{load, LoadOptions};
-use fastllm::model::moe::{moe_ffn, stack_layer_experts, MoeStep, MOE_BUFS};
+use fastllm::model::moe::{moe_ffn, stack_experts, stack_layer_experts, MoeStep, MOE_BUFS};
 use fastllm::model::{
     MapSource, Model, MoeConfig, MoeNames, MoeScoring, Precision, WeightSource, Weights,
 };
@@ -607,4 +607,42 @@ fn low_memory_reads_only_routed_experts() {
             "layer {l}: each routed expert's 3 projections once"
         );
     }
+}
+
+#[test]
+fn experts_are_stacked_only_where_the_grouped_path_runs() {
+    let (d, inner, experts) = (8usize, 4usize, 3usize);
+    let mut rng = Rng(7);
+    let mut map = MapSource::new();
+    for e in 0..experts {
+        for (p, dims) in [("g", [inner, d]), ("u", [inner, d]), ("d", [d, inner])] {
+            let v = rng.vec(d * inner, 0.3);
+            let t = Data::from_f32(&dims, &v).unwrap();
+            // expert 2's down projection in another dtype: that layer stays per expert
+            let t = if e == 2 && p == "d" {
+                let bytes = fastllm::data::encode_from_f32(DataType::F16, &v).unwrap();
+                Data::from_bytes(DataType::F16, &dims, &bytes).unwrap()
+            } else {
+                t
+            };
+            map.insert(format!("l.experts.{e}.{p}.weight"), t);
+        }
+    }
+    let cfg = MoeConfig {
+        expert_intermediate: inner,
+        ..cfg(experts, 2)
+    };
+    let mut w = Weights::new(Arc::new(map), false).unwrap();
+    assert_eq!(
+        stack_layer_experts(&mut w, (&cfg, &NAMES), "l.").unwrap(),
+        0
+    );
+    assert!(w.resident("l.experts.0.g.weight").is_some());
+    // a CPU first device keeps the experts as loaded (mapped from the file)
+    let cpu = fastllm::devices::cpu::CpuDevice::new(1).unwrap();
+    let prefix = |_: usize| "l.".to_string();
+    assert_eq!(
+        stack_experts(&mut w, (&cfg, &NAMES), 1, &prefix, &cpu).unwrap(),
+        0
+    );
 }

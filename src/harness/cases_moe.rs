@@ -8,7 +8,7 @@
 //! a device's f64 `exp` (`ROUTE_NMSE`). `MoeLinear` sums like `Linear` (`LINEAR_NMSE`, see
 //! `cases_linear`).
 
-use super::{CaseRng, OpCase};
+use super::{f32_data, i32_data, CaseRng, OpCase};
 use crate::data::Data;
 use crate::data::DataType::{self, *};
 
@@ -26,7 +26,7 @@ fn route(rng: &mut CaseRng, rows: usize, k: usize, pick: impl Fn(usize, usize) -
             v.push(rng.uniform(0.05, 1.0));
         }
     }
-    Data::from_f32(&[rows, k, 2], &v).expect("harness: route dims")
+    f32_data(&[rows, k, 2], &v)
 }
 
 /// The dispatch of `r` for `experts` experts (computed by the kernel the op wraps; the
@@ -37,7 +37,7 @@ fn dispatch_of(r: &Data, experts: usize) -> Data {
     let mut out = vec![0i32; experts + 1 + rows * k];
     let rv = r.to_f32_vec().expect("harness: route values");
     fastllm_cpu::moe::dispatch(&rv, k, experts, &mut out).expect("harness: valid route");
-    Data::from_i32(&[out.len()], &out).expect("harness: dispatch dims")
+    i32_data(&[out.len()], &out)
 }
 
 fn route_cases(v: &mut Vec<OpCase>, rng: &mut CaseRng) {

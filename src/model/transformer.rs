@@ -498,7 +498,8 @@ impl Model {
 
     /// Sets how new KV caches and pools store keys and values: `Some` dtype when the model's
     /// device stores it (else an `Err` naming the dtype and the device), `None` for the device's
-    /// default (f16 on the CPU in `fast` precision, else f32). Existing caches keep theirs.
+    /// default (f16 in `fast` precision where the device stores it, else f32). Existing caches
+    /// keep theirs.
     pub fn set_kv_dtype(&mut self, requested: Option<KvDtype>) -> Result<()> {
         let dev = match self.group {
             Some(_) => None,

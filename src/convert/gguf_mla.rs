@@ -68,7 +68,8 @@ pub(super) fn deepseek2(k: &GgufKeys, c: &mut ModelConfig) -> Result<()> {
             // DeepSeek-V2 ranks a group by its best expert; the router here ranks DeepSeek-V3's
             // way (the sum of the best two sigmoid scores)
             return Err(Error::Unsupported(format!(
-                "{}: deepseek2 with softmax gating and group-limited routing ({} of {} groups:                  DeepSeek-V2's group_limited_greedy)",
+                "{}: deepseek2 with softmax gating and group-limited routing ({} of {} groups: \
+                 DeepSeek-V2's group_limited_greedy)",
                 path, m.topk_groups, m.groups
             )));
         }

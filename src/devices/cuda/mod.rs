@@ -27,7 +27,9 @@ mod kv;
 mod linear;
 mod linear_mma;
 mod linear_mmq;
+mod matmul;
 mod mm_split;
+mod moe;
 pub mod nccl;
 mod norm;
 mod paged;
@@ -82,6 +84,8 @@ impl CudaDevice {
         shape::register(&mut ops, &gpu);
         select::register(&mut ops, &gpu);
         sample::register(&mut ops, &gpu);
+        moe::register(&mut ops, &gpu);
+        matmul::register(&mut ops, &gpu);
         Ok(CudaDevice {
             name: format!("cuda:{ordinal}"),
             gpu,

@@ -8,9 +8,9 @@
 //! where `Σ₀`/`Σ₁` run over the block's first/last 16 values, summed exactly in integers.
 //!
 //! Kernels: scalar reference, AVX2 (`maddubs`/`madd`), and AVX-512 VNNI (`vpdpbusd`, two
-//! activation blocks per instruction, the `x` sums of the mins and offsets from a second
-//! `vpdpbusd`). Every kernel has the [`IntRowsFn`] contract with `acts.blocks % 8 == 0` (checked
-//! by the caller). This module must not split work across threads or know about bias/output.
+//! activation blocks per instruction; the mins and offsets from the activations' 16-value sums
+//! `Q8Rows::sum16`, computed once per activation row: call `Q8Rows::prepare_sum16` first). Every
+//! kernel has the [`IntRowsFn`] contract with `acts.blocks % 8 == 0` (checked by the caller). This module must not split work across threads or know about bias/output.
 
 use super::act_quant::Q8Rows;
 use super::{IntRowsFn, WeightType, MAX_ROWS};
@@ -253,13 +253,20 @@ pub(super) mod avx512 {
         std::array::from_fn(|p| join(v(2 * p), v(2 * p + 1)))
     }
 
+    /// The 16 group sums `Σ x` of super-block `i0 / 8` (blocks `i0..i0 + 8`) as f32.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn group_sums(a: &Q8Rows, i0: usize) -> __m512 {
+        _mm512_cvtepi32_ps(_mm512_loadu_si512(a.sum16.as_ptr().add(i0) as *const _))
+    }
+
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     unsafe fn q2_n<const R: usize>(w: &[u8], a: &Q8Rows, row0: usize, out: &mut [f32; MAX_ROWS]) {
         let nb = a.blocks;
         let (wp, xs, ds) = (w.as_ptr(), a.qs.as_ptr(), a.ds.as_ptr() as *const f32);
-        let ones = _mm512_set1_epi8(1);
         let (dx_of_group, perm) = (group_dx(), group_quads());
         let mut acc = [_mm512_setzero_ps(); R];
+        let mut accm = [_mm512_setzero_ps(); R];
         let nsb = nb / SUB;
         for sb in 0..nsb {
             let blk = wp.add(sb * Q2_K_BYTES);
@@ -272,23 +279,23 @@ pub(super) mod avx512 {
             let sc = _mm512_mul_ps(sc, _mm512_set1_ps(f16v(blk.add(80))));
             let mn = _mm512_mul_ps(mn, _mm512_set1_ps(f16v(blk.add(82))));
             let wv = values::<false>(blk, 16);
-            for (r, ac) in acc.iter_mut().enumerate() {
+            for r in 0..R {
                 let i0 = (row0 + r) * nb + sb * SUB;
                 let dx = _mm512_permutexvar_ps(dx_of_group, _mm512_loadu_ps(ds.add(2 * i0)));
-                let (f, fm) = (_mm512_mul_ps(sc, dx), _mm512_mul_ps(mn, dx));
+                let f = _mm512_mul_ps(sc, dx);
                 for (p, wq) in wv.iter().enumerate() {
                     let x = _mm512_loadu_si512(xs.add(32 * i0 + 64 * p) as *const _);
                     let q = _mm512_dpbusd_epi32(_mm512_setzero_si512(), *wq, x);
-                    let c = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, x);
                     let q = _mm512_cvtepi32_ps(q);
-                    *ac = _mm512_fmadd_ps(q, _mm512_permutexvar_ps(perm[p], f), *ac);
-                    let c = _mm512_cvtepi32_ps(c);
-                    *ac = _mm512_fnmadd_ps(c, _mm512_permutexvar_ps(perm[p], fm), *ac);
+                    acc[r] = _mm512_fmadd_ps(q, _mm512_permutexvar_ps(perm[p], f), acc[r]);
                 }
+                // the mins: Σ_g dmin·m_g·dx_g·Σ_g x, one lane per group
+                let fm = _mm512_mul_ps(mn, dx);
+                accm[r] = _mm512_fmadd_ps(fm, group_sums(a, i0), accm[r]);
             }
         }
         for r in 0..R {
-            out[r] = _mm512_reduce_add_ps(acc[r]);
+            out[r] = _mm512_reduce_add_ps(_mm512_sub_ps(acc[r], accm[r]));
         }
     }
 
@@ -296,9 +303,9 @@ pub(super) mod avx512 {
     unsafe fn q3_n<const R: usize>(w: &[u8], a: &Q8Rows, row0: usize, out: &mut [f32; MAX_ROWS]) {
         let nb = a.blocks;
         let (wp, xs, ds) = (w.as_ptr(), a.qs.as_ptr(), a.ds.as_ptr() as *const f32);
-        let four = _mm512_set1_epi8(4);
         let (dx_of_group, perm) = (group_dx(), group_quads());
         let mut acc = [_mm512_setzero_ps(); R];
+        let mut acco = [_mm512_setzero_ps(); R];
         let nsb = nb / SUB;
         for sb in 0..nsb {
             let blk = wp.add(sb * Q3_K_BYTES);
@@ -311,21 +318,23 @@ pub(super) mod avx512 {
             )));
             let sc = _mm512_mul_ps(sc, _mm512_set1_ps(f16v(blk.add(108))));
             let wv = values::<true>(blk, 32);
-            for (r, ac) in acc.iter_mut().enumerate() {
+            for r in 0..R {
                 let i0 = (row0 + r) * nb + sb * SUB;
                 let dx = _mm512_permutexvar_ps(dx_of_group, _mm512_loadu_ps(ds.add(2 * i0)));
                 let f = _mm512_mul_ps(sc, dx);
                 for (p, wq) in wv.iter().enumerate() {
                     let x = _mm512_loadu_si512(xs.add(32 * i0 + 64 * p) as *const _);
                     let q = _mm512_dpbusd_epi32(_mm512_setzero_si512(), *wq, x);
-                    let c = _mm512_dpbusd_epi32(_mm512_setzero_si512(), four, x);
-                    let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(q, c));
-                    *ac = _mm512_fmadd_ps(v, _mm512_permutexvar_ps(perm[p], f), *ac);
+                    let q = _mm512_cvtepi32_ps(q);
+                    acc[r] = _mm512_fmadd_ps(q, _mm512_permutexvar_ps(perm[p], f), acc[r]);
                 }
+                // the offset 4 of the stored values: Σ_g f_g·4·Σ_g x
+                acco[r] = _mm512_fmadd_ps(f, group_sums(a, i0), acco[r]);
             }
         }
         for r in 0..R {
-            out[r] = _mm512_reduce_add_ps(acc[r]);
+            let o = _mm512_mul_ps(acco[r], _mm512_set1_ps(4.0));
+            out[r] = _mm512_reduce_add_ps(_mm512_sub_ps(acc[r], o));
         }
     }
 

@@ -480,6 +480,9 @@ fn linear_own(
                 Some(_) => act_quant::quantize_rows(a.x, a.rows, a.k, &mut q)?,
                 None => act_quant::quantize_rows_ref(a.x, a.rows, a.k, &mut q)?,
             }
+            if matches!(a.wtype, WeightType::Q2K | WeightType::Q3K) {
+                q.prepare_sum16();
+            }
             gemm::run(threads, a, rb, gemm::Kernel::Int(f, &q, None), out);
             Ok(())
         });

@@ -272,6 +272,7 @@ fn own_kernel_types_simd_match_reference() {
                 let x = rand_vec((rows + 2) * k, 13);
                 let mut q = act_quant::Q8Rows::default();
                 act_quant::quantize_rows_ref(&x, rows + 2, k, &mut q).unwrap();
+                q.prepare_sum16(); // (read by the AVX-512 Q2_K/Q3_K kernels)
                 let (w, _) = encode(t, &rand_vec(k, 14));
                 let (mut a, mut b) = ([0f32; MAX_ROWS], [0f32; MAX_ROWS]);
                 // SAFETY: as above.

@@ -82,6 +82,7 @@ fn low_kquant_int_kernels_match_reference_and_f64() {
             let x = vals((MAX_ROWS + 1) * k, seed + 10, -2.0, 2.0);
             let mut q = Q8Rows::default();
             quantize_rows_ref(&x, MAX_ROWS + 1, k, &mut q).unwrap();
+            q.prepare_sum16();
             for rows in 1..=MAX_ROWS {
                 let mut want = [0f32; MAX_ROWS];
                 // SAFETY: `w` holds `q.blocks / 8` super-blocks; rows 1..=rows exist.

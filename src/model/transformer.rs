@@ -487,7 +487,8 @@ impl Model {
 
     /// Sets how new KV caches and pools store keys and values: `Some` dtype when the model's
     /// device stores it (else an `Err` naming the dtype and the device), `None` for the device's
-    /// default (f16 on the CPU in `fast` precision, else f32). Existing caches keep theirs.
+    /// default (f16 in `fast` precision where the device stores it, else f32). Existing caches
+    /// keep theirs.
     pub fn set_kv_dtype(&mut self, requested: Option<KvDtype>) -> Result<()> {
         let dev = match self.group {
             Some(_) => None,
@@ -1543,30 +1544,6 @@ pub trait KvStore {
         out: &mut Data,
     ) -> Result<()> {
         self.attend(e, layer, q, kv, kv, p, out)
-    }
-
-    /// True when [`KvStore::attend_rotating`] takes this step's queries and keys unrotated.
-    fn rotates_step(&self) -> bool {
-        false
-    }
-
-    /// [`KvStore::attend`] of `q` and `k` not yet rotated: the store rotates them by `rope`
-    /// (whose tables are set) as it stores the key, in the attention launch itself.
-    #[allow(clippy::too_many_arguments)]
-    fn attend_rotating(
-        &mut self,
-        _e: &Executor,
-        _layer: usize,
-        _q: &Data,
-        _k: &Data,
-        _v: &Data,
-        _rope: &RotaryParams,
-        _p: &AttentionParams,
-        _out: &mut Data,
-    ) -> Result<()> {
-        Err(Error::invalid(
-            "this KV store does not rotate the step's keys",
-        ))
     }
 }
 

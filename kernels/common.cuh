@@ -115,7 +115,11 @@ __device__ __forceinline__ float2 q8_scales(float d, int sum_q) {
 #define DT_Q4_K 30
 #define DT_Q5_K 31
 #define DT_Q6_K 32
-#define KQ_BYTES(DT) ((DT) == DT_Q4_K ? 144 : ((DT) == DT_Q5_K ? 176 : 210))
+#define DT_Q2_K 34
+#define DT_Q3_K 35
+#define KQ_BYTES(DT) \
+    ((DT) == DT_Q4_K ? 144 : ((DT) == DT_Q5_K ? 176 : ((DT) == DT_Q2_K ? 84 : ((DT) == DT_Q3_K ? 110 : 210))))
+#define IS_KQ(DT) ((DT) == DT_Q2_K || (DT) == DT_Q3_K || (DT) == DT_Q4_K || (DT) == DT_Q5_K || (DT) == DT_Q6_K)
 
 // The 6-bit scale and min of sub-block j (0..8) of a Q4_K/Q5_K super-block from its 12 packed
 // bytes q (layout in cpu/src/kquant.rs).
@@ -132,7 +136,29 @@ __device__ __forceinline__ void kq_scale_min(int j, const unsigned char* q, int&
 // Values 8l..8l+7 (l in 0..32) of one K-quant super-block blk of dtype DT, dequantized.
 template <int DT>
 __device__ __forceinline__ void kq_load8(const unsigned char* blk, int l, float* w) {
-    if (DT == DT_Q6_K) {
+    if (DT == DT_Q2_K || DT == DT_Q3_K) {
+        // Q2_K / Q3_K (layouts in cpu/src/kquant_low.rs): the 8 values share one group of 16 and
+        // one 2-bit plane (shift 2·(i / 32)) of qs bytes 32h + o ..
+        int e0 = 8 * l, h = e0 >> 7, i = e0 & 127, o = i & 31, g = e0 >> 4, sh = 2 * (i >> 5);
+        if (DT == DT_Q2_K) {
+            const unsigned char* qs = blk + 16 + 32 * h + o;
+            int sc = blk[g];
+            float s = h2f(ld_u16(blk + 80)) * (float)(sc & 15), m = h2f(ld_u16(blk + 82)) * (float)(sc >> 4);
+#pragma unroll
+            for (int u = 0; u < 8; u++) w[u] = __fsub_rn(__fmul_rn(s, (float)((qs[u] >> sh) & 3)), m);
+        } else {
+            const unsigned char* qs = blk + 32 + 32 * h + o;
+            const unsigned char* sc = blk + 96;
+            int lo = (sc[g & 7] >> (4 * (g >> 3))) & 15, hi = (sc[8 + (g & 3)] >> (2 * (g >> 2))) & 3;
+            float s = h2f(ld_u16(blk + 108)) * (float)((lo | (hi << 4)) - 32);
+            int hb = e0 >> 5;
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                int q = ((qs[u] >> sh) & 3) | (((blk[o + u] >> hb) & 1) << 2);
+                w[u] = s * (float)(q - 4);
+            }
+        }
+    } else if (DT == DT_Q6_K) {
         int e0 = 8 * l, h = e0 >> 7, i = e0 & 127, g = i >> 5, o = i & 31;
         const unsigned char* ql = blk + 64 * h + ((g & 1) ? 32 : 0) + o;
         const unsigned char* qh = blk + 128 + 32 * h + o;
@@ -172,7 +198,7 @@ __device__ __forceinline__ float load_w(const unsigned char* row, long i) {
         int v = (j < 16 ? (q & 15) : (q >> 4)) | (int)(((qh >> j) & 1) << 4);
         return h2f(ld_u16(blk)) * (float)(v - 16);
     }
-    if (DT == DT_Q4_K || DT == DT_Q5_K || DT == DT_Q6_K) {
+    if (IS_KQ(DT)) {
         float w[8];
         kq_load8<DT>(row + (i >> 8) * KQ_BYTES(DT), (int)((i & 255) >> 3), w);
         return w[i & 7];

@@ -141,7 +141,7 @@ __device__ void linear_t(const float* x, const LinSegs& sg, int m, int ntot, int
                 }
             }
         }
-    } else if (DT == DT_Q4_K || DT == DT_Q5_K || DT == DT_Q6_K) {
+    } else if (IS_KQ(DT)) {
         // one super-block (256 values) per warp step, 8 consecutive values per lane
         pdl_gemv_begin();
         long nsb = k / 256;
@@ -235,6 +235,8 @@ LIN(q5_0, DT_Q5_0)
 LIN(q4_k, DT_Q4_K)
 LIN(q5_k, DT_Q5_K)
 LIN(q6_k, DT_Q6_K)
+LIN(q2_k, DT_Q2_K)
+LIN(q3_k, DT_Q3_K)
 
 // y[r, j] += b[j] (bias after a cuBLAS product)
 extern "C" __global__ void addbias_f32(float* y, const float* b, long rows, long n) {
@@ -1021,3 +1023,5 @@ extern "C" __global__ void dequant_f16_q5_0(const unsigned char* w, unsigned sho
 DEQK(q4_k, DT_Q4_K)
 DEQK(q5_k, DT_Q5_K)
 DEQK(q6_k, DT_Q6_K)
+DEQK(q2_k, DT_Q2_K)
+DEQK(q3_k, DT_Q3_K)

@@ -11,6 +11,7 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use fastllm_cpu::kquant::{Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K};
+pub use fastllm_cpu::kquant_low::{Q2_K_BYTES, Q3_K_BYTES};
 pub use fastllm_cpu::quant::{Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES, Q8_0_BYTES, QK};
 
 /// Element types. The numeric codes follow fastllm's `DataType` (used by the C ABI and `.flm`).
@@ -41,6 +42,12 @@ pub enum DataType {
     /// K-quant super-blocks of 256 (6-bit values, i8 scales per 16, f16 d); bit-compatible
     /// with GGUF `Q6_K`.
     Q6K = 32,
+    /// K-quant super-blocks of 256 (2-bit values, 4-bit scales and mins per 16, f16 d and dmin);
+    /// bit-compatible with GGUF `Q2_K` (layout in `fastllm_cpu::kquant_low`).
+    Q2K = 34,
+    /// K-quant super-blocks of 256 (3-bit values, 6-bit signed scales per 16, f16 d);
+    /// bit-compatible with GGUF `Q3_K`.
+    Q3K = 35,
     /// `Q8_0` blocks of 16 rows interleaved for the CPU's SIMD kernels (in memory only, never in a
     /// file; layout in `fastllm_cpu::linear::interleaved`). Same bytes per row as `Q8_0`.
     Q8_0Interleaved = 103,
@@ -64,7 +71,7 @@ pub enum DataType {
 
 impl DataType {
     /// All dtypes a file can hold, in code order (the in-memory interleaved forms are not among them).
-    pub const ALL: [DataType; 11] = [
+    pub const ALL: [DataType; 13] = [
         DataType::F32,
         DataType::BF16,
         DataType::Q8_0,
@@ -76,6 +83,8 @@ impl DataType {
         DataType::Q4K,
         DataType::Q5K,
         DataType::Q6K,
+        DataType::Q2K,
+        DataType::Q3K,
     ];
 
     /// The numeric code (fastllm numbering).
@@ -89,7 +98,7 @@ impl DataType {
     }
 
     /// Lower-case name: `f32`, `bf16`, `q8_0`, `q4_0`, `f16`, `q4_1`, `i32`, `q5_0`, `q4_k`,
-    /// `q5_k`, `q6_k`.
+    /// `q5_k`, `q6_k`, `q2_k`, `q3_k`.
     pub fn name(self) -> &'static str {
         match self {
             DataType::F32 => "f32",
@@ -103,6 +112,8 @@ impl DataType {
             DataType::Q4K => "q4_k",
             DataType::Q5K => "q5_k",
             DataType::Q6K => "q6_k",
+            DataType::Q2K => "q2_k",
+            DataType::Q3K => "q3_k",
             DataType::Q8_0Interleaved => "q8_0/interleaved",
             DataType::Q4_0Interleaved => "q4_0/interleaved",
             DataType::Q4_1Interleaved => "q4_1/interleaved",
@@ -164,6 +175,8 @@ impl DataType {
             "q4_k" => DataType::Q4K,
             "q5_k" => DataType::Q5K,
             "q6_k" => DataType::Q6K,
+            "q2_k" => DataType::Q2K,
+            "q3_k" => DataType::Q3K,
             _ => return None,
         })
     }
@@ -191,6 +204,8 @@ impl DataType {
             DataType::Q4K => Q4_K_BYTES,
             DataType::Q5K => Q5_K_BYTES,
             DataType::Q6K => Q6_K_BYTES,
+            DataType::Q2K => Q2_K_BYTES,
+            DataType::Q3K => Q3_K_BYTES,
             _ => Q4_1_BYTES,
         }
     }
@@ -206,12 +221,17 @@ impl DataType {
                 | DataType::Q4K
                 | DataType::Q5K
                 | DataType::Q6K
+                | DataType::Q2K
+                | DataType::Q3K
         )
     }
 
-    /// True for the K-quant super-block types (Q4_K, Q5_K, Q6_K).
+    /// True for the K-quant super-block types (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K).
     pub fn is_kquant(self) -> bool {
-        matches!(self, DataType::Q4K | DataType::Q5K | DataType::Q6K)
+        matches!(
+            self,
+            DataType::Q2K | DataType::Q3K | DataType::Q4K | DataType::Q5K | DataType::Q6K
+        )
     }
 
     /// True for F32, F16 and BF16.
@@ -995,6 +1015,8 @@ pub fn decode_to_f32(dtype: DataType, src: &[u8], dst: &mut [f32]) -> Result<()>
         DataType::Q4K => fastllm_cpu::kquant::dequantize_q4_k(&src[..need], dst),
         DataType::Q5K => fastllm_cpu::kquant::dequantize_q5_k(&src[..need], dst),
         DataType::Q6K => fastllm_cpu::kquant::dequantize_q6_k(&src[..need], dst),
+        DataType::Q2K => fastllm_cpu::kquant_low::dequantize_q2_k(&src[..need], dst),
+        DataType::Q3K => fastllm_cpu::kquant_low::dequantize_q3_k(&src[..need], dst),
         DataType::Q8_0Interleaved
         | DataType::Q4_0Interleaved
         | DataType::Q4_1Interleaved
@@ -1045,6 +1067,8 @@ pub fn encode_from_f32(dtype: DataType, src: &[f32]) -> Result<Vec<u8>> {
         DataType::Q4K => fastllm_cpu::kquant::quantize_q4_k(src, &mut out),
         DataType::Q5K => fastllm_cpu::kquant::quantize_q5_k(src, &mut out),
         DataType::Q6K => fastllm_cpu::kquant::quantize_q6_k(src, &mut out),
+        DataType::Q2K => fastllm_cpu::kquant_low::quantize_q2_k(src, &mut out),
+        DataType::Q3K => fastllm_cpu::kquant_low::quantize_q3_k(src, &mut out),
         DataType::Q8_0Interleaved
         | DataType::Q4_0Interleaved
         | DataType::Q4_1Interleaved

@@ -521,17 +521,17 @@ fn tokenizer_kv() -> Vec<(&'static str, u32, Vec<u8>)> {
 
 #[test]
 fn gguf_with_unsupported_tensor_type_is_refused() {
-    let p = tmp("q2k.gguf");
+    let p = tmp("q8k.gguf");
     let b = gguf_bytes(
         &llama_kv(),
-        &[("blk.0.attn_q.weight", vec![256, 1], 10, vec![0u8; 84])],
+        &[("blk.0.attn_q.weight", vec![256, 1], 15, vec![0u8; 292])],
     );
     std::fs::write(&p, b).unwrap();
-    let out = tmp("q2k.flm");
+    let out = tmp("q8k.flm");
     let e = convert(&p, &out, &opts(TargetDtype::Keep), &mut |_| {})
         .unwrap_err()
         .to_string();
-    assert!(e.contains("Q2_K") && e.contains(p.to_str().unwrap()), "{e}");
+    assert!(e.contains("Q8_K") && e.contains(p.to_str().unwrap()), "{e}");
     assert!(!out.exists());
 }
 
@@ -558,9 +558,17 @@ fn kquant_blocks(n: usize, bytes: usize, d_at: &[usize], seed: u64) -> Vec<u8> {
     out
 }
 
-/// A llama GGUF with 2 heads and one Q4_K (attn_q, 8 rows), Q5_K (attn_k) and Q6_K (attn_v)
-/// tensor of 512 columns; returns (path, the three tensors' GGUF bytes).
-fn kquant_gguf(name: &str) -> (PathBuf, [Vec<u8>; 3]) {
+/// A K-quant type for the GGUF test files: ggml type code, block bytes, offsets of its f16 fields.
+type KqType = (u32, usize, &'static [usize]);
+const Q2K: KqType = (10, 84, &[80, 82]);
+const Q3K: KqType = (11, 110, &[108]);
+const Q4K: KqType = (12, 144, &[0, 2]);
+const Q5K: KqType = (13, 176, &[0, 2]);
+const Q6K: KqType = (14, 210, &[208]);
+
+/// A llama GGUF with 2 heads and three K-quant tensors of 8 rows × 512 columns (attn_q, attn_k,
+/// attn_v, of `types` in that order); returns (path, the three tensors' GGUF bytes).
+fn kquant_gguf(name: &str, types: [KqType; 3]) -> (PathBuf, [Vec<u8>; 3]) {
     let mut kv = llama_kv();
     kv.retain(|(k, _, _)| !k.starts_with("llama.attention.head_count"));
     kv.push(("llama.attention.head_count", 4, 2u32.to_le_bytes().to_vec()));
@@ -570,24 +578,26 @@ fn kquant_gguf(name: &str) -> (PathBuf, [Vec<u8>; 3]) {
         2u32.to_le_bytes().to_vec(),
     ));
     kv.extend(tokenizer_kv());
-    let q4 = kquant_blocks(16, 144, &[0, 2], 1);
-    let q5 = kquant_blocks(16, 176, &[0, 2], 2);
-    let q6 = kquant_blocks(16, 210, &[208], 3);
+    let blocks: [Vec<u8>; 3] =
+        std::array::from_fn(|i| kquant_blocks(16, types[i].1, types[i].2, 1 + i as u64));
     let p = tmp(name);
-    let t = |n: &'static str, ty: u32, b: &Vec<u8>| (n, vec![512u64, 8], ty, b.clone());
-    let tensors = [
-        t("blk.0.attn_q.weight", 12, &q4),
-        t("blk.0.attn_k.weight", 13, &q5),
-        t("blk.0.attn_v.weight", 14, &q6),
+    let names = [
+        "blk.0.attn_q.weight",
+        "blk.0.attn_k.weight",
+        "blk.0.attn_v.weight",
     ];
+    let tensors: Vec<_> = (0..3)
+        .map(|i| (names[i], vec![512u64, 8], types[i].0, blocks[i].clone()))
+        .collect();
     std::fs::write(&p, gguf_bytes(&kv, &tensors)).unwrap();
-    (p, [q4, q5, q6])
+    (p, blocks)
 }
 
-#[test]
-fn gguf_k_quants_are_kept_bit_exact_and_q_rows_are_unpermuted() {
-    let (p, [q4, q5, q6]) = kquant_gguf("kq.gguf");
-    let out = tmp("kq.flm");
+/// Converts `kquant_gguf(name, types)` with `keep` and checks every tensor: stored as `dts`,
+/// blocks bit-exact (q and k rows unpermuted from GGUF order) and decoding as the GGUF's.
+fn check_kquants_kept(name: &str, types: [KqType; 3], dts: [DataType; 3]) -> PathBuf {
+    let (p, src) = kquant_gguf(&format!("{name}.gguf"), types);
+    let out = tmp(&format!("{name}.flm"));
     convert(&p, &out, &opts(TargetDtype::Keep), &mut |_| {}).unwrap();
     let f = FlmFile::open(&out, LoadMode::Mmap).unwrap();
     f.verify().unwrap();
@@ -595,26 +605,21 @@ fn gguf_k_quants_are_kept_bit_exact_and_q_rows_are_unpermuted() {
     // Head_dim 4, half 2: HF rows of head h are GGUF rows h*4 + [0, 2, 1, 3]; q and k move rows.
     let order = [0usize, 2, 1, 3, 4, 6, 5, 7];
     let cases = [
-        ("q_proj", "attn_q", DataType::Q4K, &q4, 288, true),
-        ("k_proj", "attn_k", DataType::Q5K, &q5, 352, true),
-        ("v_proj", "attn_v", DataType::Q6K, &q6, 420, false),
+        ("q_proj", "attn_q", true),
+        ("k_proj", "attn_k", true),
+        ("v_proj", "attn_v", false),
     ];
-    for (name, gname, dt, src, rb, permuted) in cases {
+    for (i, (hf, gname, permuted)) in cases.into_iter().enumerate() {
+        let (dt, src, rb) = (dts[i], &src[i], 2 * types[i].1);
         let t = f
-            .tensor(&format!("model.layers.0.self_attn.{name}.weight"))
+            .tensor(&format!("model.layers.0.self_attn.{hf}.weight"))
             .unwrap();
-        assert_eq!((t.dtype(), t.dims()), (dt, &[8usize, 512][..]), "{name}");
+        assert_eq!((t.dtype(), t.dims()), (dt, &[8usize, 512][..]), "{hf}");
+        let row = |r: usize| if permuted { order[r] } else { r };
         let want: Vec<u8> = (0..8)
-            .flat_map(|r| {
-                let s = if permuted { order[r] } else { r };
-                src[s * rb..(s + 1) * rb].to_vec()
-            })
+            .flat_map(|r| src[row(r) * rb..(row(r) + 1) * rb].to_vec())
             .collect();
-        assert_eq!(
-            t.bytes().unwrap(),
-            &want[..],
-            "{name}: blocks not bit-exact"
-        );
+        assert_eq!(t.bytes().unwrap(), &want[..], "{hf}: blocks not bit-exact");
         // the stored blocks decode to what the GGUF's blocks decode to
         let gt = g
             .tensors
@@ -625,14 +630,23 @@ fn gguf_k_quants_are_kept_bit_exact_and_q_rows_are_unpermuted() {
         fastllm::convert::ggml_dequant::dequantize(gt.ggml_type, src, &mut gv).unwrap();
         let v = t.to_f32_vec().unwrap();
         for r in 0..8 {
-            let s = if permuted { order[r] } else { r };
+            let s = row(r);
             assert_eq!(
                 v[r * 512..(r + 1) * 512],
                 gv[s * 512..(s + 1) * 512],
-                "{name} row {r}"
+                "{hf} row {r}"
             );
         }
     }
+    p
+}
+
+#[test]
+fn gguf_k_quants_are_kept_bit_exact_and_q_rows_are_unpermuted() {
+    let dts = [DataType::Q4K, DataType::Q5K, DataType::Q6K];
+    let p = check_kquants_kept("kq", [Q4K, Q5K, Q6K], dts);
+    let dts = [DataType::Q2K, DataType::Q3K, DataType::Q2K];
+    check_kquants_kept("kq23", [Q2K, Q3K, Q2K], dts);
     // int8 still re-quantizes them
     let out8 = tmp("kq8.flm");
     convert(&p, &out8, &opts(TargetDtype::Int8), &mut |_| {}).unwrap();
@@ -643,19 +657,19 @@ fn gguf_k_quants_are_kept_bit_exact_and_q_rows_are_unpermuted() {
 
 #[test]
 fn corrupt_k_quant_scale_block_is_caught_by_the_checksum() {
-    let (p, _) = kquant_gguf("kqc.gguf");
+    let (p, _) = kquant_gguf("kqc.gguf", [Q3K, Q5K, Q6K]);
     let out = tmp("kqc.flm");
     convert(&p, &out, &opts(TargetDtype::Keep), &mut |_| {}).unwrap();
     let name = "model.layers.0.self_attn.q_proj.weight";
     let off = {
         let f = FlmFile::open(&out, LoadMode::Mmap).unwrap();
         let i = f.tensor_info(name).unwrap();
-        assert_eq!(i.dtype, DataType::Q4K);
+        assert_eq!(i.dtype, DataType::Q3K);
         i.offset as usize
     };
-    // one bit of the third super-block's packed 6-bit scales (bytes 4..16 of a block)
+    // one bit of the third super-block's packed 6-bit scales (bytes 96..108 of a Q3_K block)
     let mut bytes = std::fs::read(&out).unwrap();
-    bytes[off + 2 * 144 + 7] ^= 0x10;
+    bytes[off + 2 * 110 + 100] ^= 0x10;
     std::fs::write(&out, &bytes).unwrap();
     for mode in [LoadMode::Mmap, LoadMode::LowMemory] {
         let f = FlmFile::open(&out, mode).unwrap();

@@ -1,6 +1,6 @@
 //! Embedding lookup: gathers rows of a weight matrix `[vocab, d]` stored as F32, F16, BF16 or one
-//! of the block-quantized formats (Q8_0, Q4_0, Q4_1, Q5_0 and the K-quants Q4_K, Q5_K, Q6_K; layouts in
-//! [`crate::quant`] and [`crate::kquant`]) and writes them
+//! of the block-quantized formats (Q8_0, Q4_0, Q4_1, Q5_0 and the K-quants Q2_K, Q3_K, Q4_K, Q5_K,
+//! Q6_K; layouts in [`crate::quant`], [`crate::kquant`] and [`crate::kquant_low`]) and writes them
 //! as f32. The reference decodes element by element from the packed bytes; the fast path decodes
 //! whole rows with the block routines, rows split over the thread pool.
 //!
@@ -8,6 +8,7 @@
 //! row untouched (never a panic). Must not know about tensors.
 
 use crate::kquant::{q6_k_value, scales_mins, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K};
+use crate::kquant_low::{q2_k_value, q3_k_scales, q3_k_value, Q2_K_BYTES, Q3_K_BYTES};
 use crate::quant::{q5_0_value, Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES, Q8_0_BYTES, QK};
 use crate::threads::Threads;
 use half::{bf16, f16};
@@ -35,6 +36,10 @@ pub enum WeightFormat {
     Q5K,
     /// GGUF Q6_K super-blocks.
     Q6K,
+    /// GGUF Q2_K super-blocks (layouts in [`crate::kquant_low`]).
+    Q2K,
+    /// GGUF Q3_K super-blocks.
+    Q3K,
 }
 
 impl WeightFormat {
@@ -55,7 +60,11 @@ impl WeightFormat {
                 };
                 (d / QK).checked_mul(bb)
             }
-            WeightFormat::Q4K | WeightFormat::Q5K | WeightFormat::Q6K => {
+            WeightFormat::Q2K
+            | WeightFormat::Q3K
+            | WeightFormat::Q4K
+            | WeightFormat::Q5K
+            | WeightFormat::Q6K => {
                 if !d.is_multiple_of(QK_K) {
                     return None;
                 }
@@ -69,12 +78,23 @@ fn kquant_bytes(fmt: WeightFormat) -> usize {
     match fmt {
         WeightFormat::Q4K => Q4_K_BYTES,
         WeightFormat::Q5K => Q5_K_BYTES,
+        WeightFormat::Q2K => Q2_K_BYTES,
+        WeightFormat::Q3K => Q3_K_BYTES,
         _ => Q6_K_BYTES,
     }
 }
 
 /// Element `e` (< 256) of one K-quant super-block `b`, decoded on its own.
 fn kquant_element(fmt: WeightFormat, b: &[u8], e: usize) -> f32 {
+    if fmt == WeightFormat::Q2K {
+        let sc = b[e / 16];
+        let s = le_f16(b, 80) * (sc & 15) as f32;
+        return s * q2_k_value(b, e) as f32 - le_f16(b, 82) * (sc >> 4) as f32;
+    }
+    if fmt == WeightFormat::Q3K {
+        let s = le_f16(b, 108) * q3_k_scales(&b[96..108])[e / 16] as f32;
+        return s * (q3_k_value(b, e) as i32 - 4) as f32;
+    }
     if fmt == WeightFormat::Q6K {
         let sc = b[192 + e / 16] as i8 as f32;
         return le_f16(b, 208) * sc * (q6_k_value(b, e) as i32 - 32) as f32;
@@ -120,7 +140,11 @@ fn element(fmt: WeightFormat, row: &[u8], j: usize) -> f32 {
                 None => 0.0,
             }
         }
-        WeightFormat::Q4K | WeightFormat::Q5K | WeightFormat::Q6K => {
+        WeightFormat::Q2K
+        | WeightFormat::Q3K
+        | WeightFormat::Q4K
+        | WeightFormat::Q5K
+        | WeightFormat::Q6K => {
             let bb = kquant_bytes(fmt);
             let at = (j / QK_K) * bb;
             match row.get(at..at + bb) {
@@ -192,6 +216,8 @@ fn decode_row(fmt: WeightFormat, row: &[u8], o: &mut [f32]) {
         WeightFormat::Q4K => crate::kquant::dequantize_q4_k(row, o),
         WeightFormat::Q5K => crate::kquant::dequantize_q5_k(row, o),
         WeightFormat::Q6K => crate::kquant::dequantize_q6_k(row, o),
+        WeightFormat::Q2K => crate::kquant_low::dequantize_q2_k(row, o),
+        WeightFormat::Q3K => crate::kquant_low::dequantize_q3_k(row, o),
     }
 }
 
@@ -256,11 +282,17 @@ mod tests {
                 crate::quant::quantize_q5_0(v, &mut o);
                 o
             }
-            WeightFormat::Q4K | WeightFormat::Q5K | WeightFormat::Q6K => {
+            WeightFormat::Q2K
+            | WeightFormat::Q3K
+            | WeightFormat::Q4K
+            | WeightFormat::Q5K
+            | WeightFormat::Q6K => {
                 let mut o = vec![0; v.len() / QK_K * kquant_bytes(fmt)];
                 match fmt {
                     WeightFormat::Q4K => crate::kquant::quantize_q4_k(v, &mut o),
                     WeightFormat::Q5K => crate::kquant::quantize_q5_k(v, &mut o),
+                    WeightFormat::Q2K => crate::kquant_low::quantize_q2_k(v, &mut o),
+                    WeightFormat::Q3K => crate::kquant_low::quantize_q3_k(v, &mut o),
                     _ => crate::kquant::quantize_q6_k(v, &mut o),
                 }
                 o
@@ -272,8 +304,10 @@ mod tests {
     fn fast_matches_reference_for_every_format() {
         let th = Threads::new(2).unwrap();
         use WeightFormat::*;
-        for fmt in [F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4K, Q5K, Q6K] {
-            let shapes = if matches!(fmt, Q4K | Q5K | Q6K) {
+        for fmt in [
+            F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q2K, Q3K, Q4K, Q5K, Q6K,
+        ] {
+            let shapes = if matches!(fmt, Q2K | Q3K | Q4K | Q5K | Q6K) {
                 [(5usize, 256usize), (17, 768), (300, 1280)]
             } else {
                 [(5, 32), (17, 96), (300, 576)]

@@ -11,6 +11,7 @@ pub mod elementwise;
 pub mod embedding;
 pub mod erf;
 pub mod kquant;
+pub mod kquant_low;
 pub mod kquant_search;
 pub mod linear;
 pub mod moe;

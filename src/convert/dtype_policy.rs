@@ -1,7 +1,7 @@
 //! Which dtype each tensor is stored in, and the conversion of one tensor's values to it. Rules
 //! (see `docs/flm-format.md`): norms, biases and 1-D tensors are F32; quantized targets need rows
 //! that are a multiple of 32 (else F16); `keep` keeps `.flm`-representable source types (GGUF
-//! Q5_0/Q4_K/Q5_K/Q6_K included) and turns the others (GGUF Q5_1) into Q8_0, `lossless` turns
+//! Q5_0 and the K-quants Q2_K..Q6_K included) and turns the others (GGUF Q5_1) into Q8_0, `lossless` turns
 //! them into F32; a llama.cpp mix (`q4_k_m`, …) is planned over the whole model up front
 //! ([`DtypePlan`], rules in `convert::quant_mix`). K-quant blocks are encoded with the
 //! scale-searching quantizers of `fastllm_cpu::kquant_search`.

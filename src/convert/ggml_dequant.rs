@@ -1,6 +1,6 @@
 //! Dequantizes GGUF tensor bytes of any type the converter accepts into f32: the types `Data`
-//! shares with GGUF (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K) through
-//! `crate::data::decode_to_f32`, and Q5_1 here (ggml's reference algorithm). Other GGUF types
+//! shares with GGUF (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)
+//! through `crate::data::decode_to_f32`, and Q5_1 here (ggml's reference algorithm). Other GGUF types
 //! are refused by name.
 
 use crate::data::{decode_to_f32, DataType};
@@ -21,6 +21,8 @@ pub fn shared_dtype(t: u32) -> Option<DataType> {
         ggml_type::Q4_K => DataType::Q4K,
         ggml_type::Q5_K => DataType::Q5K,
         ggml_type::Q6_K => DataType::Q6K,
+        ggml_type::Q2_K => DataType::Q2K,
+        ggml_type::Q3_K => DataType::Q3K,
         _ => return None,
     })
 }
@@ -59,7 +61,7 @@ pub fn dequantize(t: u32, src: &[u8], dst: &mut [f32]) -> Result<()> {
         ggml_type::Q5_1 => blocks.for_each(|(b, y)| q5_1_block(b, y)),
         _ => {
             return Err(Error::Unsupported(format!(
-                "ggml tensor type {name} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)"
+                "ggml tensor type {name} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)"
             )))
         }
     }

@@ -8,7 +8,9 @@ use crate::data::DataType;
 pub fn cases(v: &mut Vec<OpCase>) {
     let mut rng = CaseRng::new(17);
     use DataType::*;
-    for dt in [F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4K, Q5K, Q6K] {
+    for dt in [
+        F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q2K, Q3K, Q4K, Q5K, Q6K,
+    ] {
         let shapes = if dt.is_kquant() {
             [
                 (1usize, 256usize, 1usize),

@@ -36,7 +36,7 @@ use half::f16;
 
 /// True for the K-quant types this module interleaves.
 pub fn is_kquant(t: WeightType) -> bool {
-    t.is_kquant()
+    matches!(t, WeightType::Q4K | WeightType::Q5K | WeightType::Q6K)
 }
 
 /// Bytes of one plain super-block of `t` (`None` for other types).

@@ -1,5 +1,5 @@
-//! Exact-precision dots of one K-quant weight row (Q4_K, Q5_K, Q6_K; layouts in
-//! `crate::kquant`) with up to [`MAX_ROWS`] f32 activation rows: each 256-value super-block is
+//! Exact-precision dots of one K-quant weight row (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K; layouts in
+//! `crate::kquant` and `crate::kquant_low`) with up to [`MAX_ROWS`] f32 activation rows: each 256-value super-block is
 //! dequantized once into a stack buffer, then multiplied with every activation row (f32 FMAs on
 //! the fast path) — no activation quantization. Also the row → f32 converters the GEMM path uses.
 //!
@@ -10,12 +10,15 @@ use super::{FloatRowsFn, RowToF32Fn, WeightType, MAX_ROWS};
 use crate::kquant::{
     dequantize_q4_k, dequantize_q5_k, dequantize_q6_k, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K,
 };
+use crate::kquant_low::{dequantize_q2_k, dequantize_q3_k, Q2_K_BYTES, Q3_K_BYTES};
 
 /// A super-block dequantizer and its block size.
 type Deq = (fn(&[u8], &mut [f32]), usize);
 
 fn deq_of(t: WeightType) -> Deq {
     match t {
+        WeightType::Q2K => (dequantize_q2_k, Q2_K_BYTES),
+        WeightType::Q3K => (dequantize_q3_k, Q3_K_BYTES),
         WeightType::Q4K => (dequantize_q4_k, Q4_K_BYTES),
         WeightType::Q5K => (dequantize_q5_k, Q5_K_BYTES),
         _ => (dequantize_q6_k, Q6_K_BYTES),
@@ -62,9 +65,21 @@ pub fn rows_q6_k_ref(w: &[u8], x: &[f32], k: usize, rows: usize, out: &mut [f32;
     rows_ref(deq_of(WeightType::Q6K), w, x, k, rows, out)
 }
 
+/// Reference Q2_K × f32 kernel.
+pub fn rows_q2_k_ref(w: &[u8], x: &[f32], k: usize, rows: usize, out: &mut [f32; MAX_ROWS]) {
+    rows_ref(deq_of(WeightType::Q2K), w, x, k, rows, out)
+}
+
+/// Reference Q3_K × f32 kernel.
+pub fn rows_q3_k_ref(w: &[u8], x: &[f32], k: usize, rows: usize, out: &mut [f32; MAX_ROWS]) {
+    rows_ref(deq_of(WeightType::Q3K), w, x, k, rows, out)
+}
+
 /// The reference kernel of K-quant type `t` (`None` for other types).
 pub fn pick_ref(t: WeightType) -> Option<FloatRowsFn> {
     Some(match t {
+        WeightType::Q2K => rows_q2_k_ref,
+        WeightType::Q3K => rows_q3_k_ref,
         WeightType::Q4K => rows_q4_k_ref,
         WeightType::Q5K => rows_q5_k_ref,
         WeightType::Q6K => rows_q6_k_ref,
@@ -78,6 +93,8 @@ pub fn pick(t: WeightType) -> Option<FloatRowsFn> {
     {
         if crate::simd::has_avx2_fma() {
             return Some(match t {
+                WeightType::Q2K => avx2::rows_q2_k,
+                WeightType::Q3K => avx2::rows_q3_k,
                 WeightType::Q4K => avx2::rows_q4_k,
                 WeightType::Q5K => avx2::rows_q5_k,
                 WeightType::Q6K => avx2::rows_q6_k,
@@ -94,6 +111,8 @@ pub fn pick_row_to_f32(t: WeightType) -> Option<RowToF32Fn> {
     {
         if crate::simd::has_avx2_fma() {
             return Some(match t {
+                WeightType::Q2K => row_q2_k,
+                WeightType::Q3K => row_q3_k,
                 WeightType::Q4K => avx2::row_q4_k,
                 WeightType::Q5K => avx2::row_q5_k,
                 WeightType::Q6K => avx2::row_q6_k,
@@ -102,11 +121,25 @@ pub fn pick_row_to_f32(t: WeightType) -> Option<RowToF32Fn> {
         }
     }
     Some(match t {
+        WeightType::Q2K => row_q2_k,
+        WeightType::Q3K => row_q3_k,
         WeightType::Q4K => row_q4_k,
         WeightType::Q5K => row_q5_k,
         WeightType::Q6K => row_q6_k,
         _ => return None,
     })
+}
+
+/// # Safety
+/// [`RowToF32Fn`] contract (`k % 256 == 0`).
+unsafe fn row_q2_k(w: &[u8], k: usize, out: &mut [f32]) {
+    dequantize_q2_k(&w[..k / QK_K * Q2_K_BYTES], &mut out[..k]);
+}
+
+/// # Safety
+/// [`RowToF32Fn`] contract (`k % 256 == 0`).
+unsafe fn row_q3_k(w: &[u8], k: usize, out: &mut [f32]) {
+    dequantize_q3_k(&w[..k / QK_K * Q3_K_BYTES], &mut out[..k]);
 }
 
 /// # Safety
@@ -131,19 +164,12 @@ unsafe fn row_q6_k(w: &[u8], k: usize, out: &mut [f32]) {
 pub(super) mod avx2 {
     //! Super-block dequantization (AVX2, into a stack buffer) + AVX2 FMA dots; only called
     //! after `simd::has_avx2_fma()`.
+    use super::super::kquant_simd::{f16v, q45_pair, q6_half};
     use super::super::{WeightType, MAX_ROWS};
     use super::Deq;
     use crate::kquant::{scales_mins, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K};
     use crate::linear::hsum_avx2 as hsum;
     use std::arch::x86_64::*;
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn f16v(p: *const u8) -> f32 {
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
-            (p as *const u16).read_unaligned() as i32,
-        )))
-    }
 
     /// `out[..32] = s · q − m` for 32 unsigned bytes `q` (same rounding as the scalar code: a
     /// product, then a difference).
@@ -167,23 +193,13 @@ pub(super) mod avx2 {
         let (d, dmin) = (f16v(p), f16v(p.add(2)));
         let (sc, m) = scales_mins(&blk[4..16]);
         let qs_at = if Q5 { 48 } else { 16 };
-        let m4 = _mm256_set1_epi8(0xF);
         let qh = if Q5 {
             _mm256_loadu_si256(p.add(16) as *const __m256i)
         } else {
             _mm256_setzero_si256()
         };
         for c in 0..4 {
-            let v = _mm256_loadu_si256(p.add(qs_at + 32 * c) as *const __m256i);
-            let mut lo = _mm256_and_si256(v, m4);
-            let mut hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-            if Q5 {
-                let h = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32));
-                let b0 = _mm256_and_si256(h, _mm256_set1_epi8(1));
-                let b1 = _mm256_and_si256(_mm256_srli_epi16(h, 1), _mm256_set1_epi8(1));
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(b0, 4));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16(b1, 4));
-            }
+            let [lo, hi] = q45_pair::<Q5>(p.add(qs_at + 32 * c), qh, c);
             for (j, q) in [(2 * c, lo), (2 * c + 1, hi)] {
                 let s = d * ((sc >> (8 * j)) & 0xff) as f32;
                 let mn = dmin * ((m >> (8 * j)) & 0xff) as f32;
@@ -197,21 +213,8 @@ pub(super) mod avx2 {
     unsafe fn deq_q6(blk: &[u8], out: &mut [f32]) {
         let p = blk.as_ptr();
         let d = f16v(p.add(208));
-        let (m4, m2) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(3));
         for h in 0..2 {
-            let ql0 = _mm256_loadu_si256(p.add(64 * h) as *const __m256i);
-            let ql1 = _mm256_loadu_si256(p.add(64 * h + 32) as *const __m256i);
-            let qh = _mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i);
-            let hb = |s: i32| {
-                let t = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(s));
-                _mm256_slli_epi16(_mm256_and_si256(t, m2), 4)
-            };
-            let v = [
-                _mm256_or_si256(_mm256_and_si256(ql0, m4), hb(0)),
-                _mm256_or_si256(_mm256_and_si256(ql1, m4), hb(2)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), hb(4)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), hb(6)),
-            ];
+            let v = q6_half(p, h);
             for (g, vg) in v.iter().enumerate() {
                 let mut b = [0i8; 32];
                 let sw = _mm256_sub_epi8(*vg, _mm256_set1_epi8(32));
@@ -232,7 +235,8 @@ pub(super) mod avx2 {
         }
     }
 
-    /// The AVX2 super-block dequantizer of `t` and its block size.
+    /// The AVX2 super-block dequantizer of `t` and its block size (Q2_K and Q3_K: the scalar
+    /// one; their dots still run on AVX2 FMAs).
     fn deq_of(t: WeightType) -> Deq {
         // SAFETY (of the calls through these pointers): only made after `has_avx2_fma()`.
         fn q4(b: &[u8], o: &mut [f32]) {
@@ -245,6 +249,7 @@ pub(super) mod avx2 {
             unsafe { deq_q6(b, o) }
         }
         match t {
+            WeightType::Q2K | WeightType::Q3K => super::deq_of(t),
             WeightType::Q4K => (q4, Q4_K_BYTES),
             WeightType::Q5K => (q5, Q5_K_BYTES),
             _ => (q6, Q6_K_BYTES),
@@ -310,6 +315,16 @@ pub(super) mod avx2 {
             3 => rows_n::<3>(d, w, x, k, o),
             _ => rows_n::<4>(d, w, x, k, o),
         }
+    }
+
+    /// AVX2 Q2_K × f32 ([`super::super::FloatRowsFn`] contract).
+    pub unsafe fn rows_q2_k(w: &[u8], x: &[f32], k: usize, n: usize, o: &mut [f32; MAX_ROWS]) {
+        rows(WeightType::Q2K, w, x, k, n, o)
+    }
+
+    /// AVX2 Q3_K × f32 ([`super::super::FloatRowsFn`] contract).
+    pub unsafe fn rows_q3_k(w: &[u8], x: &[f32], k: usize, n: usize, o: &mut [f32; MAX_ROWS]) {
+        rows(WeightType::Q3K, w, x, k, n, o)
     }
 
     /// AVX2 Q4_K × f32 ([`super::super::FloatRowsFn`] contract).

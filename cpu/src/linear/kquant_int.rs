@@ -96,8 +96,12 @@ pub fn rows_q6_k_ref(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, out: &mut [
     }
 }
 
-/// The reference kernel of K-quant type `t` (`None` for other types).
+/// The reference kernel of K-quant type `t` (`None` for other types; Q2_K/Q3_K from
+/// [`super::kquant_low_int`]).
 pub fn pick_ref(t: WeightType) -> Option<IntRowsFn> {
+    if matches!(t, WeightType::Q2K | WeightType::Q3K) {
+        return super::kquant_low_int::pick_ref(t);
+    }
     Some(match t {
         WeightType::Q4K => rows_q4_k_ref,
         WeightType::Q5K => rows_q5_k_ref,
@@ -106,8 +110,12 @@ pub fn pick_ref(t: WeightType) -> Option<IntRowsFn> {
     })
 }
 
-/// The fastest kernel of K-quant type `t` for this CPU (`None` for other types).
+/// The fastest kernel of K-quant type `t` for this CPU (`None` for other types; Q2_K/Q3_K from
+/// [`super::kquant_low_int`]).
 pub fn pick(t: WeightType) -> Option<IntRowsFn> {
+    if matches!(t, WeightType::Q2K | WeightType::Q3K) {
+        return super::kquant_low_int::pick(t);
+    }
     #[cfg(target_arch = "x86_64")]
     {
         if super::int_tile::has_vnni() {
@@ -146,19 +154,12 @@ macro_rules! by_rows {
 pub(super) mod avx2 {
     //! AVX2 K-quant integer dots; only called after `simd::has_avx2_fma()`.
     use super::super::act_quant::Q8Rows;
+    use super::super::kquant_simd::{f16v, q45_pair, q6_half};
     use super::super::MAX_ROWS;
     use super::SUB;
     use crate::kquant::{scales_mins, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES};
     use crate::linear::hsum_avx2 as hsum;
     use std::arch::x86_64::*;
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn f16v(p: *const u8) -> f32 {
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
-            (p as *const u16).read_unaligned() as i32,
-        )))
-    }
 
     /// Unsigned × signed bytes, pairs summed to i16, then × `scale` (i16 lanes) summed to i32.
     #[inline]
@@ -181,7 +182,6 @@ pub(super) mod avx2 {
         };
         let nb = a.blocks;
         let (wp, xs, ds) = (w.as_ptr(), a.qs.as_ptr(), a.ds.as_ptr() as *const f32);
-        let m4 = _mm256_set1_epi8(0xF);
         let one = _mm256_set1_epi16(1);
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         let mut mins = [0f32; R];
@@ -195,16 +195,7 @@ pub(super) mod avx2 {
                 _mm256_setzero_si256()
             };
             for c in 0..4 {
-                let v = _mm256_loadu_si256(blk.add(qs_at + 32 * c) as *const __m256i);
-                let mut lo = _mm256_and_si256(v, m4);
-                let mut hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                if Q5 {
-                    let h = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32));
-                    let b0 = _mm256_and_si256(h, _mm256_set1_epi8(1));
-                    let b1 = _mm256_and_si256(_mm256_srli_epi16(h, 1), _mm256_set1_epi8(1));
-                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(b0, 4));
-                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(b1, 4));
-                }
+                let [lo, hi] = q45_pair::<Q5>(blk.add(qs_at + 32 * c), qh, c);
                 let s0 = d * ((sc >> (16 * c)) & 0xff) as f32;
                 let s1 = d * ((sc >> (16 * c + 8)) & 0xff) as f32;
                 for (r, ac) in acc.iter_mut().enumerate() {
@@ -235,29 +226,13 @@ pub(super) mod avx2 {
     unsafe fn q6_n<const R: usize>(w: &[u8], a: &Q8Rows, row0: usize, out: &mut [f32; MAX_ROWS]) {
         let nb = a.blocks;
         let (wp, xs, ds) = (w.as_ptr(), a.qs.as_ptr(), a.ds.as_ptr() as *const f32);
-        let (m4, m2, off) = (
-            _mm256_set1_epi8(0xF),
-            _mm256_set1_epi8(3),
-            _mm256_set1_epi8(32),
-        );
+        let off = _mm256_set1_epi8(32);
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         for sb in 0..nb / SUB {
             let blk = wp.add(sb * Q6_K_BYTES);
             let d = f16v(blk.add(208));
             for h in 0..2 {
-                let ql0 = _mm256_loadu_si256(blk.add(64 * h) as *const __m256i);
-                let ql1 = _mm256_loadu_si256(blk.add(64 * h + 32) as *const __m256i);
-                let qh = _mm256_loadu_si256(blk.add(128 + 32 * h) as *const __m256i);
-                let hb = |s: i32| {
-                    let t = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(s));
-                    _mm256_slli_epi16(_mm256_and_si256(t, m2), 4)
-                };
-                let v = [
-                    _mm256_or_si256(_mm256_and_si256(ql0, m4), hb(0)),
-                    _mm256_or_si256(_mm256_and_si256(ql1, m4), hb(2)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), hb(4)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), hb(6)),
-                ];
+                let v = q6_half(blk, h);
                 for (g, vg) in v.iter().enumerate() {
                     let j = 4 * h + g; // activation block within the super-block
                     let sw = _mm256_sub_epi8(*vg, off);
@@ -302,6 +277,9 @@ pub(super) mod avx512 {
     //! AVX-512 VNNI K-quant integer dots: 64 weight values × 64 activation bytes per `vpdpbusd`;
     //! only called after `int_tile::has_vnni()`.
     use super::super::act_quant::Q8Rows;
+    use super::super::kquant_simd::{
+        f16v, group_dx, group_quads, join, prefetch, q45_pair, q6_half,
+    };
     use super::super::MAX_ROWS;
     use super::SUB;
     use crate::kquant::{scales_mins, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES};
@@ -310,35 +288,11 @@ pub(super) mod avx512 {
     /// Super-blocks ahead of the one being computed that are prefetched.
     const PREFETCH_AHEAD: usize = 4;
 
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn f16v(p: *const u8) -> f32 {
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
-            (p as *const u16).read_unaligned() as i32,
-        )))
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
-        _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
-    }
-
     /// Eight u8 (little-endian in `v`) as f32 lanes.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     unsafe fn u8x8(v: u64) -> __m256 {
         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v as i64)))
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn prefetch(p: *const u8, bytes: usize) {
-        let mut o = 0;
-        while o < bytes {
-            _mm_prefetch(p.add(o) as *const i8, _MM_HINT_T0);
-            o += 64;
-        }
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -355,7 +309,6 @@ pub(super) mod avx512 {
         };
         let nb = a.blocks;
         let (wp, xs, ds) = (w.as_ptr(), a.qs.as_ptr(), a.ds.as_ptr() as *const f32);
-        let m4 = _mm256_set1_epi8(0xF);
         let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0);
         let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 0, 0, 0, 0, 0, 0, 0, 0);
         let pair = |c: i32| {
@@ -398,16 +351,7 @@ pub(super) mod avx512 {
             };
             let mut wv = [_mm512_setzero_si512(); 4];
             for (c, wc) in wv.iter_mut().enumerate() {
-                let v = _mm256_loadu_si256(blk.add(qs_at + 32 * c) as *const __m256i);
-                let mut lo = _mm256_and_si256(v, m4);
-                let mut hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                if Q5 {
-                    let h = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32));
-                    let b0 = _mm256_and_si256(h, _mm256_set1_epi8(1));
-                    let b1 = _mm256_and_si256(_mm256_srli_epi16(h, 1), _mm256_set1_epi8(1));
-                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(b0, 4));
-                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(b1, 4));
-                }
+                let [lo, hi] = q45_pair::<Q5>(blk.add(qs_at + 32 * c), qh, c);
                 *wc = join(lo, hi);
             }
             for r in 0..R {
@@ -436,24 +380,13 @@ pub(super) mod avx512 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     unsafe fn q6_values(blk: *const u8) -> [__m512i; 4] {
-        let (m4, m2) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(3));
-        let mut out = [_mm512_setzero_si512(); 4];
-        for h in 0..2 {
-            let ql0 = _mm256_loadu_si256(blk.add(64 * h) as *const __m256i);
-            let ql1 = _mm256_loadu_si256(blk.add(64 * h + 32) as *const __m256i);
-            let qh = _mm256_loadu_si256(blk.add(128 + 32 * h) as *const __m256i);
-            let hb = |s: i32| {
-                let t = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(s));
-                _mm256_slli_epi16(_mm256_and_si256(t, m2), 4)
-            };
-            let v0 = _mm256_or_si256(_mm256_and_si256(ql0, m4), hb(0));
-            let v1 = _mm256_or_si256(_mm256_and_si256(ql1, m4), hb(2));
-            let v2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), hb(4));
-            let v3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), hb(6));
-            out[2 * h] = join(v0, v1);
-            out[2 * h + 1] = join(v2, v3);
-        }
-        out
+        let (a, b) = (q6_half(blk, 0), q6_half(blk, 1));
+        [
+            join(a[0], a[1]),
+            join(a[2], a[3]),
+            join(b[0], b[1]),
+            join(b[2], b[3]),
+        ]
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -461,30 +394,7 @@ pub(super) mod avx512 {
         let nb = a.blocks;
         let (wp, xs, ds) = (w.as_ptr(), a.qs.as_ptr(), a.ds.as_ptr() as *const f32);
         let off = _mm512_set1_epi8(32);
-        // lane g (a group of 16 values) → the scale word of its activation block
-        let dx_of_group = _mm512_setr_epi32(0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14);
-        let quad = |p: i32| {
-            let g = 4 * p;
-            _mm512_setr_epi32(
-                g,
-                g,
-                g,
-                g,
-                g + 1,
-                g + 1,
-                g + 1,
-                g + 1,
-                g + 2,
-                g + 2,
-                g + 2,
-                g + 2,
-                g + 3,
-                g + 3,
-                g + 3,
-                g + 3,
-            )
-        };
-        let perm = [quad(0), quad(1), quad(2), quad(3)];
+        let (dx_of_group, perm) = (group_dx(), group_quads());
         let mut acc = [_mm512_setzero_ps(); R];
         let nsb = nb / SUB;
         for sb in 0..nsb {

@@ -9,7 +9,8 @@
 //! (AVX-512 4×4 integer GEMM tiles), [`int_wide`] (AVX-512 VNNI 8×2 integer GEMM tiles, used
 //! instead of `int_tile` where the CPU has VNNI), [`interleaved`] (block weights 16 rows side by side
 //! and their integer kernels), [`interleaved_float`] and [`interleaved_kquant`] (the same for
-//! F16/BF16 and K-quant weights), `gemm` (column tiling, row blocking, f32 tile conversion
+//! F16/BF16 and K-quant weights), [`kquant_dot`], [`kquant_int`] and [`kquant_low_int`] (K-quant
+//! weight dots; SIMD unpacking shared in `kquant_simd`), `gemm` (column tiling, row blocking, f32 tile conversion
 //! and the split over threads), [`matmul`] (the two f32 matmuls). Each kernel exists as a plain
 //! scalar reference and a fast path chosen at run time (AVX2+FMA+F16C or AVX-512 on x86-64,
 //! portable code elsewhere).
@@ -30,11 +31,15 @@ pub mod interleaved_float;
 pub mod interleaved_kquant;
 pub mod kquant_dot;
 pub mod kquant_int;
+pub mod kquant_low_int;
+#[cfg(target_arch = "x86_64")]
+mod kquant_simd;
 pub mod matmul;
 pub mod q5_dot;
 pub mod quant_dot;
 
 use crate::kquant::{Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K};
+use crate::kquant_low::{Q2_K_BYTES, Q3_K_BYTES};
 use crate::quant::{Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES, Q8_0_BYTES, QK};
 use crate::threads::Threads;
 use act_quant::Q8Rows;
@@ -131,11 +136,15 @@ pub enum WeightType {
     Q5K,
     /// GGUF Q6_K super-blocks.
     Q6K,
+    /// GGUF Q2_K super-blocks (layouts in [`crate::kquant_low`]).
+    Q2K,
+    /// GGUF Q3_K super-blocks.
+    Q3K,
 }
 
 impl WeightType {
     /// Every weight type.
-    pub const ALL: [WeightType; 10] = [
+    pub const ALL: [WeightType; 12] = [
         WeightType::F32,
         WeightType::F16,
         WeightType::BF16,
@@ -146,6 +155,8 @@ impl WeightType {
         WeightType::Q4K,
         WeightType::Q5K,
         WeightType::Q6K,
+        WeightType::Q2K,
+        WeightType::Q3K,
     ];
 
     /// True for the 32-value block types (Q8_0, Q4_0, Q4_1).
@@ -155,7 +166,10 @@ impl WeightType {
 
     /// True for the 256-value K-quant super-block types.
     pub fn is_kquant(self) -> bool {
-        matches!(self, WeightType::Q4K | WeightType::Q5K | WeightType::Q6K)
+        matches!(
+            self,
+            WeightType::Q2K | WeightType::Q3K | WeightType::Q4K | WeightType::Q5K | WeightType::Q6K
+        )
     }
 
     /// True for the weight types whose kernels are separate modules ([`kquant_dot`],
@@ -192,6 +206,8 @@ impl WeightType {
             WeightType::Q4K => blocks.checked_mul(Q4_K_BYTES),
             WeightType::Q5K => blocks.checked_mul(Q5_K_BYTES),
             WeightType::Q6K => blocks.checked_mul(Q6_K_BYTES),
+            WeightType::Q2K => blocks.checked_mul(Q2_K_BYTES),
+            WeightType::Q3K => blocks.checked_mul(Q3_K_BYTES),
         }
     }
 
@@ -208,6 +224,8 @@ impl WeightType {
             WeightType::Q4K => "q4_k",
             WeightType::Q5K => "q5_k",
             WeightType::Q6K => "q6_k",
+            WeightType::Q2K => "q2_k",
+            WeightType::Q3K => "q3_k",
         }
     }
 }
@@ -319,9 +337,12 @@ pub fn linear_ref(a: &LinearArgs, out: &mut [f32]) -> Result<(), String> {
             WeightType::Q8_0 => quant_dot::rows_q8_0_ref,
             WeightType::Q4_0 => quant_dot::rows_q4_0_ref,
             WeightType::Q4_1 => quant_dot::rows_q4_1_ref,
-            WeightType::Q5_0 | WeightType::Q4K | WeightType::Q5K | WeightType::Q6K => {
-                return linear_own(None, a, rb, out)
-            }
+            WeightType::Q5_0
+            | WeightType::Q2K
+            | WeightType::Q3K
+            | WeightType::Q4K
+            | WeightType::Q5K
+            | WeightType::Q6K => return linear_own(None, a, rb, out),
         };
         gemm::run(None, a, rb, gemm::Kernel::Float(f, None), out);
     }
@@ -417,9 +438,12 @@ pub fn linear(threads: &Threads, a: &LinearArgs, out: &mut [f32]) -> Result<(), 
             WeightType::Q8_0 => quant_dot::pick_q8_0(),
             WeightType::Q4_0 => quant_dot::pick_q4_0(),
             WeightType::Q4_1 => quant_dot::pick_q4_1(),
-            WeightType::Q5_0 | WeightType::Q4K | WeightType::Q5K | WeightType::Q6K => {
-                return linear_own(Some(threads), a, rb, out)
-            }
+            WeightType::Q5_0
+            | WeightType::Q2K
+            | WeightType::Q3K
+            | WeightType::Q4K
+            | WeightType::Q5K
+            | WeightType::Q6K => return linear_own(Some(threads), a, rb, out),
         };
         let plan = f32_gemm_plan(a, f);
         gemm::run(Some(threads), a, rb, gemm::Kernel::Float(f, plan), out);
@@ -455,6 +479,9 @@ fn linear_own(
             match threads {
                 Some(_) => act_quant::quantize_rows(a.x, a.rows, a.k, &mut q)?,
                 None => act_quant::quantize_rows_ref(a.x, a.rows, a.k, &mut q)?,
+            }
+            if matches!(a.wtype, WeightType::Q2K | WeightType::Q3K) {
+                q.prepare_sum16();
             }
             gemm::run(threads, a, rb, gemm::Kernel::Int(f, &q, None), out);
             Ok(())
@@ -584,3 +611,5 @@ mod tests_batch;
 mod tests_float_interleaved;
 #[cfg(test)]
 mod tests_kquant_interleaved;
+#[cfg(test)]
+mod tests_kquant_low;

@@ -4,7 +4,7 @@
 use super::matmul::{matmul, matmul_ref, matmul_trans_b, matmul_trans_b_ref, MatMulShape};
 use super::*;
 use crate::threads::Threads;
-use crate::{kquant, quant};
+use crate::{kquant, kquant_low, quant};
 use half::{bf16, f16};
 
 fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
@@ -67,6 +67,16 @@ fn encode(t: WeightType, v: &[f32]) -> (Vec<u8>, Vec<f32>) {
             kquant::quantize_q6_k(v, &mut b);
             b
         }
+        WeightType::Q2K => {
+            let mut b = vec![0u8; v.len() / 256 * kquant_low::Q2_K_BYTES];
+            kquant_low::quantize_q2_k(v, &mut b);
+            b
+        }
+        WeightType::Q3K => {
+            let mut b = vec![0u8; v.len() / 256 * kquant_low::Q3_K_BYTES];
+            kquant_low::quantize_q3_k(v, &mut b);
+            b
+        }
     };
     match t {
         WeightType::F32 => deq.copy_from_slice(v),
@@ -85,6 +95,8 @@ fn encode(t: WeightType, v: &[f32]) -> (Vec<u8>, Vec<f32>) {
         WeightType::Q4K => kquant::dequantize_q4_k(&bytes, &mut deq),
         WeightType::Q5K => kquant::dequantize_q5_k(&bytes, &mut deq),
         WeightType::Q6K => kquant::dequantize_q6_k(&bytes, &mut deq),
+        WeightType::Q2K => kquant_low::dequantize_q2_k(&bytes, &mut deq),
+        WeightType::Q3K => kquant_low::dequantize_q3_k(&bytes, &mut deq),
     }
     (bytes, deq)
 }
@@ -154,6 +166,15 @@ fn linear_fast_and_ref_match_f64() {
     }
 }
 
+/// Every K-quant weight type.
+const KQUANTS: [WeightType; 5] = [
+    WeightType::Q2K,
+    WeightType::Q3K,
+    WeightType::Q4K,
+    WeightType::Q5K,
+    WeightType::Q6K,
+];
+
 #[test]
 fn own_kernel_types_simd_match_reference() {
     use crate::simd;
@@ -166,10 +187,12 @@ fn own_kernel_types_simd_match_reference() {
         )
     };
     #[cfg(target_arch = "x86_64")]
-    for t in [WeightType::Q4K, WeightType::Q5K, WeightType::Q6K] {
+    for t in KQUANTS {
         let (fr, ir) = refs(t);
         if simd::has_avx2_fma() {
             let (f, i): (FloatRowsFn, IntRowsFn) = match t {
+                WeightType::Q2K => (kquant_dot::avx2::rows_q2_k, kquant_low_int::avx2::rows_q2_k),
+                WeightType::Q3K => (kquant_dot::avx2::rows_q3_k, kquant_low_int::avx2::rows_q3_k),
                 WeightType::Q4K => (kquant_dot::avx2::rows_q4_k, kquant_int::avx2::rows_q4_k),
                 WeightType::Q5K => (kquant_dot::avx2::rows_q5_k, kquant_int::avx2::rows_q5_k),
                 _ => (kquant_dot::avx2::rows_q6_k, kquant_int::avx2::rows_q6_k),
@@ -179,6 +202,8 @@ fn own_kernel_types_simd_match_reference() {
         }
         if int_tile::has_vnni() {
             let i: IntRowsFn = match t {
+                WeightType::Q2K => kquant_low_int::avx512::rows_q2_k,
+                WeightType::Q3K => kquant_low_int::avx512::rows_q3_k,
                 WeightType::Q4K => kquant_int::avx512::rows_q4_k,
                 WeightType::Q5K => kquant_int::avx512::rows_q5_k,
                 _ => kquant_int::avx512::rows_q6_k,
@@ -203,7 +228,7 @@ fn own_kernel_types_simd_match_reference() {
         ));
     }
     // the GEMM path's row converters decode exactly like the scalar dequantization
-    for t in [WeightType::Q4K, WeightType::Q5K, WeightType::Q6K] {
+    for t in KQUANTS {
         let k = 768;
         let (w, wd) = encode(t, &rand_vec(k, 15));
         let mut o = vec![0f32; k];
@@ -247,6 +272,7 @@ fn own_kernel_types_simd_match_reference() {
                 let x = rand_vec((rows + 2) * k, 13);
                 let mut q = act_quant::Q8Rows::default();
                 act_quant::quantize_rows_ref(&x, rows + 2, k, &mut q).unwrap();
+                q.prepare_sum16(); // (read by the AVX-512 Q2_K/Q3_K kernels)
                 let (w, _) = encode(t, &rand_vec(k, 14));
                 let (mut a, mut b) = ([0f32; MAX_ROWS], [0f32; MAX_ROWS]);
                 // SAFETY: as above.

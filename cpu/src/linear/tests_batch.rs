@@ -46,6 +46,8 @@ fn weight(t: WeightType, n: usize, k: usize, seed: u64) -> Vec<u8> {
         WeightType::Q4K => crate::kquant::quantize_q4_k(&v, &mut b),
         WeightType::Q5K => crate::kquant::quantize_q5_k(&v, &mut b),
         WeightType::Q6K => crate::kquant::quantize_q6_k(&v, &mut b),
+        WeightType::Q2K => crate::kquant_low::quantize_q2_k(&v, &mut b),
+        WeightType::Q3K => crate::kquant_low::quantize_q3_k(&v, &mut b),
     }
     b
 }

@@ -1,5 +1,5 @@
 //! The `Embedding` operator on the CPU: validates token ids (I32, each in `0..vocab`) and the
-//! weight (`[vocab, d]` in F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q5_K/Q6_K), sizes `output [.., d]` and calls
+//! weight (`[vocab, d]` in F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q5_0/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K), sizes `output [.., d]` and calls
 //! `fastllm_cpu::embedding`. Must not hold kernel arithmetic.
 
 use super::args::{check_dtype, check_tensor, i32s, need};
@@ -29,6 +29,8 @@ fn format_of(t: DataType) -> Option<WeightFormat> {
         DataType::Q4K => WeightFormat::Q4K,
         DataType::Q5K => WeightFormat::Q5K,
         DataType::Q6K => WeightFormat::Q6K,
+        DataType::Q2K => WeightFormat::Q2K,
+        DataType::Q3K => WeightFormat::Q3K,
         DataType::Q8_0Interleaved
         | DataType::Q4_0Interleaved
         | DataType::Q4_1Interleaved

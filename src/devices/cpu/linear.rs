@@ -1,4 +1,4 @@
-//! Matrix operators on the CPU: `Linear` (F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q5_K/Q6_K
+//! Matrix operators on the CPU: `Linear` (F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q5_0/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K
 //! weights,
 //! plain or (all but F32 and Q5_0) interleaved 16 rows at a time (`crate::interleave`),
 //! optional bias, `quant_act`), `MatMul` and `MatMulTransB` (f32, batched). `reshape` validates shapes and
@@ -48,6 +48,8 @@ pub(super) fn weight_type(t: DataType) -> Option<WeightType> {
         DataType::Q4K => WeightType::Q4K,
         DataType::Q5K => WeightType::Q5K,
         DataType::Q6K => WeightType::Q6K,
+        DataType::Q2K => WeightType::Q2K,
+        DataType::Q3K => WeightType::Q3K,
         DataType::Q8_0Interleaved
         | DataType::Q4_0Interleaved
         | DataType::Q4_1Interleaved

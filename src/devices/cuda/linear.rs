@@ -31,7 +31,7 @@
 //! accumulate and are written in f32. `exact` precision (`quant_act = 0`) keeps the
 //! f32-activation kernels.
 //!
-//! K-quant weights (Q4_K/Q5_K/Q6_K, `k % 256 == 0`) and Q5_0: one row of Q4_K / Q6_K weights
+//! K-quant weights (Q2_K..Q6_K, `k % 256 == 0`) and Q5_0: one row of Q4_K / Q6_K weights
 //! (16-byte aligned) with `quant_act = 1` takes `linear_q8act_kq_*` (the row as Q8_0 blocks, a
 //! warp per output, four lanes per super-block, `dp4a` with the super-block's sub-scales, Q4_K's
 //! mins against the blocks' stored sums). Otherwise the `linear_*`/`gemv_*` kernels read f32

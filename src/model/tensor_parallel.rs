@@ -6,7 +6,8 @@
 //!   embedding vocab-parallel (each rank holds a slice of rows plus one zero row that ids
 //!   outside its slice map to, then an all-reduce); the LM head column-parallel over the vocab
 //!   (the driver concatenates the ranks' logits on the host, where the single-device model also
-//!   returns them); norms replicated. Fused weights (phi3 `qkv_proj` / `gate_up_proj`, GPT-2
+//!   returns them; a greedy step instead has each rank send its best (id, logit) per row, and
+//!   the driver keeps the largest); norms replicated. Fused weights (phi3 `qkv_proj` / `gate_up_proj`, GPT-2
 //!   `c_attn`, Bloom's per-head `query_key_value`) are split per component.
 //! * Attention is split by KV-head groups so that every rank keeps whole GQA groups: evenly
 //!   when the KV heads divide by the ranks; unevenly (some ranks get one group more) when there
@@ -18,7 +19,10 @@
 //! * [`ShardedSource`] is a [`WeightSource`] over the full model's source that hands each rank
 //!   its slices (host copies of just the slice; the `.flm` mapping is never copied whole).
 //! * A rank's [`Model`] is an ordinary model over its local config (its heads, its MLP width,
-//!   its vocabulary slice + 1) with a [`Collective`] for the all-reduces.
+//!   its vocabulary slice + 1) with a [`Collective`] for the all-reduces. It takes the paths a
+//!   single device takes: one-token decode steps and padded batched decode steps are recorded
+//!   as CUDA graphs and replayed, the all-reduces (enqueued on the rank's stream) recorded with
+//!   the rest of the step.
 //! * [`TpGroup`] runs the ranks on worker threads, each building its model with the executor
 //!   and all-reduce the caller's [`RankBuilder`] makes (the devices are built at the program's
 //!   edge: `load::cpu_group`, `load::cuda_group`); the driver `Model` (`Model::driver`)

@@ -280,6 +280,22 @@ fn run_paged(m: &Model) -> Vec<f32> {
             .collect();
         let ids = m.forward_paged_greedy(&mut pool2, &mut batch).unwrap();
         assert_eq!(ids.len(), 3);
+        // sampled rows at temperature 0 (what the server sends for greedy requests) too
+        let mut pool4 = PagedKvPool::new(m, 16, 4).unwrap();
+        let mut st4: Vec<PagedSeqState> = (0..3).map(|_| PagedSeqState::new()).collect();
+        let mut batch4: Vec<(&mut PagedSeqState, &[u32])> = st4
+            .iter_mut()
+            .zip(&prompts)
+            .map(|(s, p)| (s, p.as_slice()))
+            .collect();
+        let rows = vec![fastllm::model::sampler::SampleRow::greedy(); 3];
+        let sampled = m
+            .forward_paged_sample(&mut pool4, &mut batch4, &rows)
+            .unwrap();
+        assert_eq!(
+            sampled, ids,
+            "greedy sampled rows differ from the greedy step"
+        );
         let mut fresh = PagedKvPool::new(m, 16, 4).unwrap();
         let mut st3: Vec<PagedSeqState> = (0..3).map(|_| PagedSeqState::new()).collect();
         let mut batch: Vec<(&mut PagedSeqState, &[u32])> = st3

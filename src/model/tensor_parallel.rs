@@ -32,6 +32,7 @@
 use super::arch::{self, Mlp, Qkv};
 use super::config::ModelConfig;
 use super::paged::PagedKvPool;
+use super::paged_graph::BatchDecode;
 use super::tp_process::RemoteRank;
 use super::transformer::{KvCache, Model, PagedBatch, Precision};
 use super::weights::WeightSource;
@@ -551,6 +552,8 @@ impl Link {
 /// caches, driven in lock step (see the module docs).
 pub struct TpGroup {
     plan: ShardPlan,
+    /// How the first rank runs batched decode steps (the driver reports it).
+    batch_decode: BatchDecode,
     links: Mutex<Vec<Link>>,
     /// Why the group stopped, once a rank failed in a way that leaves the ranks out of step.
     failure: Mutex<Option<String>>,
@@ -803,12 +806,12 @@ impl TpGroup {
         for (r, b) in builders.into_iter().enumerate() {
             let (ctx, crx) = channel::<Cmd>();
             let (rtx, rrx) = channel::<Reply>();
-            let (ok_tx, ok_rx) = channel::<Result<()>>();
+            let (ok_tx, ok_rx) = channel::<Result<BatchDecode>>();
             let h = std::thread::Builder::new()
                 .name(format!("fastllm-tp{r}"))
                 .spawn(move || match b() {
                     Ok(m) => {
-                        if ok_tx.send(Ok(())).is_ok() {
+                        if ok_tx.send(Ok(m.batch_decode())).is_ok() {
                             worker(m, crx, rtx);
                         }
                     }
@@ -822,10 +825,13 @@ impl TpGroup {
             ready.push(ok_rx);
         }
         let mut first_err = None;
+        let mut modes = Vec::new();
         for (r, rx) in ready.into_iter().enumerate() {
-            let res = rx.recv().unwrap_or_else(|_| Err(stopped(r)));
-            if let (Err(e), None) = (res, &first_err) {
-                first_err = Some(prefixed(&format!("{label} rank {r}"), e));
+            match rx.recv().unwrap_or_else(|_| Err(stopped(r))) {
+                Ok(m) => modes.push(m),
+                Err(e) => {
+                    first_err.get_or_insert(prefixed(&format!("{label} rank {r}"), e));
+                }
             }
         }
         links.extend(remote.into_iter().map(Link::Remote));
@@ -838,6 +844,8 @@ impl TpGroup {
         }
         Ok(TpGroup {
             plan,
+            // the ranks of other processes load the same way as this process's first
+            batch_decode: modes.first().copied().unwrap_or(BatchDecode::Off),
             links: Mutex::new(links),
             failure: Mutex::new(None),
             threads: Mutex::new(threads),
@@ -849,6 +857,11 @@ impl TpGroup {
     /// The plan.
     pub fn plan(&self) -> &ShardPlan {
         &self.plan
+    }
+
+    /// How the ranks run paged steps of one token per sequence (the first rank's mode).
+    pub fn batch_decode(&self) -> BatchDecode {
+        self.batch_decode
     }
 
     /// What the ranks run on, e.g. `cuda:0,1`.

@@ -558,6 +558,12 @@ impl Model {
     /// where the first device has `PagedDecodeAttention` and records one-token decode steps,
     /// else [`BatchDecode::Off`]). `Err` when the device or model cannot take `mode`.
     pub fn set_batch_decode(&mut self, mode: BatchDecode) -> Result<()> {
+        if self.group.is_some() && mode != self.paths.batch_decode {
+            return Err(Error::invalid(format!(
+                "batched decode mode {mode:?}: a tensor-parallel group's ranks run {:?}, chosen at load (CUDA graphs on or off)",
+                self.paths.batch_decode
+            )));
+        }
         let padded = self.tp.is_none()
             && self.group.is_none()
             && !self.rope.length_dependent()
@@ -586,7 +592,8 @@ impl Model {
         Ok(())
     }
 
-    /// How paged steps of one token per sequence run.
+    /// How paged steps of one token per sequence run (on a tensor-parallel group, how its
+    /// ranks run them).
     pub fn batch_decode(&self) -> BatchDecode {
         self.paths.batch_decode
     }
@@ -626,6 +633,11 @@ impl Model {
         precision: Precision,
     ) -> Result<Model> {
         let spec = arch::lookup(&config.architecture)?;
+        // the ranks' batched decode mode, so that callers (the server's warm-up) see it
+        let paths = Paths {
+            batch_decode: group.batch_decode(),
+            ..Paths::OFF
+        };
         Ok(Model {
             rope: RopePlan::new(&config, None)?,
             config,
@@ -636,7 +648,7 @@ impl Model {
             alibi: None,
             tp: None,
             group: Some(group),
-            paths: Paths::OFF,
+            paths,
             id: next_model_id(),
             kv_dtype: KvDtype::F32,
         })

@@ -4,7 +4,7 @@
 //! hidden sizes that are not multiples of 8. Routing and dispatch are exact (threshold 0); the
 //! combine sums in a fixed order (threshold 0 as well).
 
-use super::{CaseRng, OpCase};
+use super::{f32_data, i32_data, CaseRng, OpCase};
 use crate::data::Data;
 use crate::data::DataType::{F32, I32};
 
@@ -17,7 +17,7 @@ fn route(rng: &mut CaseRng, rows: usize, k: usize, pick: impl Fn(usize, usize) -
             v.push(rng.uniform(0.05, 1.0));
         }
     }
-    Data::from_f32(&[rows, k, 2], &v).expect("harness: route dims")
+    f32_data(&[rows, k, 2], &v)
 }
 
 /// The dispatch of `r` for `experts` experts (computed by the kernel the op wraps; the
@@ -28,7 +28,7 @@ fn dispatch_of(r: &Data, experts: usize) -> Data {
     let mut out = vec![0i32; experts + 1 + rows * k];
     let rv = r.to_f32_vec().expect("harness: route values");
     fastllm_cpu::moe::dispatch(&rv, k, experts, &mut out).expect("harness: valid route");
-    Data::from_i32(&[out.len()], &out).expect("harness: dispatch dims")
+    i32_data(&[out.len()], &out)
 }
 
 fn route_cases(v: &mut Vec<OpCase>, rng: &mut CaseRng) {

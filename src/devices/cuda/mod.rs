@@ -6,7 +6,7 @@
 //!
 //! This module owns device memory and data movement; it must not know about models.
 
-use crate::data::{bytes_for, Data, DeviceKind, Storage};
+use crate::data::{bytes_for, Data, DataType, DeviceKind, Storage};
 use crate::device::{BaseDevice, DataDict, FloatDict, IntDict, OpRegistry};
 use crate::error::{Error, Result};
 use crate::options::RuntimeOptions;
@@ -19,9 +19,11 @@ pub mod blas;
 pub mod buffer;
 mod elementwise;
 mod embedding;
+mod fuse;
 mod glu;
 pub mod gpu;
 pub mod kernels;
+mod kv;
 mod linear;
 mod linear_mma;
 mod linear_mmq;
@@ -47,6 +49,8 @@ pub struct CudaDevice {
     ops: OpRegistry,
     name: String,
     fallback_logged: Mutex<HashSet<String>>,
+    /// Steps are rewritten by this device's passes ([`RuntimeOptions::fused_ops`]).
+    fuse: bool,
 }
 
 impl CudaDevice {
@@ -57,7 +61,9 @@ impl CudaDevice {
         CudaDevice::with_options(ordinal, &RuntimeOptions::default())
     }
 
-    /// [`CudaDevice::new`] keeping its compiled kernels under `opts`'s cache directory.
+    /// [`CudaDevice::new`] keeping its compiled kernels under `opts`'s cache directory, and
+    /// fusing the calls of the steps it runs unless `opts` turns [`RuntimeOptions::fused_ops`]
+    /// off (see `fuse`).
     pub fn with_options(ordinal: u32, opts: &RuntimeOptions) -> Result<CudaDevice> {
         let gpu = Gpu::open(ordinal, opts.cache_dir().ok())?;
         let mut ops = OpRegistry::new();
@@ -70,6 +76,7 @@ impl CudaDevice {
         embedding::register(&mut ops, &gpu);
         linear::register(&mut ops, &gpu, &act);
         attention::register(&mut ops, &gpu, &act);
+        kv::register(&mut ops, &gpu);
         rope::register(&mut ops, &gpu);
         shape::register(&mut ops, &gpu);
         select::register(&mut ops, &gpu);
@@ -79,6 +86,7 @@ impl CudaDevice {
             gpu,
             ops,
             fallback_logged: Mutex::new(HashSet::new()),
+            fuse: opts.fused_ops,
         })
     }
 
@@ -209,6 +217,12 @@ impl BaseDevice for CudaDevice {
         }
         self.gpu.htod(bytes, dptr(dst, "write")?)
     }
+    fn plan_step(&self, step: &mut crate::step::Step) -> Result<()> {
+        if self.fuse {
+            fuse::plan(step)?;
+        }
+        Ok(())
+    }
     fn begin_recording(&self) -> Result<()> {
         self.gpu.begin_capture()
     }
@@ -223,6 +237,9 @@ impl BaseDevice for CudaDevice {
                 self.name
             ))),
         }
+    }
+    fn kv_dtypes(&self) -> &[DataType] {
+        &kv::KV_DTYPES
     }
     fn download(&self, data: &mut Data) -> Result<()> {
         if data.device() != self.kind() {
@@ -254,4 +271,12 @@ fn all_f32(d: &DataDict, names: &[&str]) -> bool {
 /// An `Err` for `op` saying `msg`.
 fn op_err(op: &str, msg: impl std::fmt::Display) -> Error {
     Error::op(op, msg)
+}
+
+/// `v` as a y or z grid dimension (at most 65535), else an `Err` for `op` saying `msg`.
+fn grid_dim(op: &str, v: usize, msg: &str) -> Result<u32> {
+    u32::try_from(v)
+        .ok()
+        .filter(|&d| d <= 65535)
+        .ok_or_else(|| op_err(op, msg))
 }

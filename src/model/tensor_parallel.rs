@@ -7,8 +7,9 @@
 //!   outside its slice map to, then an all-reduce); the LM head column-parallel over the vocab
 //!   (the driver concatenates the ranks' logits on the host, where the single-device model also
 //!   returns them; a greedy step instead has each rank send its best (id, logit) per row, and
-//!   the driver keeps the largest); norms replicated. Fused weights (phi3 `qkv_proj` / `gate_up_proj`, GPT-2
-//!   `c_attn`, Bloom's per-head `query_key_value`) are split per component.
+//!   the driver keeps the largest); norms replicated. Fused weights (phi3 `qkv_proj` /
+//!   `gate_up_proj`, GPT-2 `c_attn`, Bloom's per-head `query_key_value`) are split per
+//!   component.
 //! * Attention is split by KV-head groups so that every rank keeps whole GQA groups: evenly
 //!   when the KV heads divide by the ranks; unevenly (some ranks get one group more) when there
 //!   are more KV heads than ranks but they do not divide (SmolLM2: 3 KV heads on 2 ranks give 1
@@ -730,7 +731,7 @@ fn top_candidates(exec: &Executor, logits: &Data, n: usize, real: usize) -> Resu
         .map(|row| {
             let cands = v.get(row * 2 * k..(row + 1) * 2 * k).unwrap_or(&[]);
             cands
-                .chunks(2)
+                .chunks_exact(2)
                 .map(|c| (c[0] as u32, c[1]))
                 .find(|&(i, _)| (i as usize) < real)
                 .ok_or_else(|| Error::invalid(format!("TopK gave no candidate for row {row}")))

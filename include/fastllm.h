@@ -193,6 +193,11 @@ typedef struct FastllmModelParams {
    fast precision, else f32). A dtype the device does not store is an error naming it.
    */
   const char *kv_dtype;
+  /*
+   -1 = unset; 1 = on a GPU, every sequence's results independent of the batch it runs in
+   (the same bits alone and batched; slower); 0 = off (the default).
+   */
+  int32_t batch_invariant;
 } FastllmModelParams;
 
 /*

@@ -452,12 +452,7 @@ impl Model {
                     .input("input1", m),
             );
         }
-        // a graph-mode decode step rotates q and k in the attention launch
-        let rotate_in_store = self.spec.positions == Positions::Rope
-            && rope.tables.is_some()
-            && s == 1
-            && kv.rotates_step();
-        if self.spec.positions == Positions::Rope && !rotate_in_store {
+        if self.spec.positions == Positions::Rope {
             for t in [bufs.q, bufs.k] {
                 st.push(rope.args(Call::new("RotaryEmbedding").output("input", t)));
             }
@@ -482,11 +477,7 @@ impl Model {
             k: bufs.k,
             v: bufs.v,
         };
-        if rotate_in_store {
-            kv.attend_rotating(st, i, x, rope, &ap, bufs.a)?;
-        } else {
-            kv.attend(st, i, x, &ap, bufs.a)?;
-        }
+        kv.attend(st, i, x, &ap, bufs.a)?;
         st.reshape(bufs.a, &[s, nh * hd]);
         self.attention_out(st, i, bufs, s)
     }

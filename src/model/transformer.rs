@@ -1594,30 +1594,6 @@ pub trait KvStore {
     ) -> Result<()> {
         self.attend(e, layer, q, kv, kv, p, out)
     }
-
-    /// True when [`KvStore::attend_rotating`] takes this step's queries and keys unrotated.
-    fn rotates_step(&self) -> bool {
-        false
-    }
-
-    /// [`KvStore::attend`] of `q` and `k` not yet rotated: the store rotates them by `rope`
-    /// (whose tables are set) as it stores the key, in the attention launch itself.
-    #[allow(clippy::too_many_arguments)]
-    fn attend_rotating(
-        &mut self,
-        _e: &Executor,
-        _layer: usize,
-        _q: &Data,
-        _k: &Data,
-        _v: &Data,
-        _rope: &RotaryParams,
-        _p: &AttentionParams,
-        _out: &mut Data,
-    ) -> Result<()> {
-        Err(Error::invalid(
-            "this KV store does not rotate the step's keys",
-        ))
-    }
 }
 
 /// One planned paged step: the rows to run and where their keys and values go.

@@ -611,30 +611,35 @@ impl Attention {
     /// cuBLAS refuses.
     fn tc_scores(&self, a: &AttnArgs, c: ScoreChunk) -> Result<bool> {
         let group = a.nh / a.nkv;
+        self.gemm_per_group(group, |g| Gemm {
+            ta: true,
+            tb: false,
+            m: c.kend,
+            n: c.n,
+            k: a.hd,
+            a: f32_operand(a.k, a.nkv * a.hd, a.hd),
+            b: f32_operand(
+                a.q + 4 * ((c.i0 * a.nh + g) * a.hd) as u64,
+                a.nh * a.hd,
+                group * a.hd,
+            ),
+            c: f32_operand(
+                c.scores + 4 * (g * c.n * a.skv) as u64,
+                a.skv,
+                group * c.n * a.skv,
+            ),
+            batch: a.nkv,
+            alpha: a.scale,
+            beta: 0.0,
+            tf32: true,
+        })
+    }
+
+    /// Runs `gemm_of(g)` for every g of a GQA group (one strided-batched GEMM over the KV heads
+    /// each). `Ok(false)` when cuBLAS refuses one.
+    fn gemm_per_group(&self, group: usize, gemm_of: impl Fn(usize) -> Gemm) -> Result<bool> {
         for g in 0..group {
-            let gemm_args = Gemm {
-                ta: true,
-                tb: false,
-                m: c.kend,
-                n: c.n,
-                k: a.hd,
-                a: f32_operand(a.k, a.nkv * a.hd, a.hd),
-                b: f32_operand(
-                    a.q + 4 * ((c.i0 * a.nh + g) * a.hd) as u64,
-                    a.nh * a.hd,
-                    group * a.hd,
-                ),
-                c: f32_operand(
-                    c.scores + 4 * (g * c.n * a.skv) as u64,
-                    a.skv,
-                    group * c.n * a.skv,
-                ),
-                batch: a.nkv,
-                alpha: a.scale,
-                beta: 0.0,
-                tf32: true,
-            };
-            if !gemm(&self.0, &gemm_args)? {
+            if !gemm(&self.0, &gemm_of(g))? {
                 return Ok(false);
             }
         }
@@ -673,34 +678,28 @@ impl Attention {
     /// into `[sq, nh, hdv]`. `Ok(false)` when cuBLAS refuses.
     fn tc_values(&self, a: &AttnArgs, c: ScoreChunk) -> Result<bool> {
         let group = a.nh / a.nkv;
-        for g in 0..group {
-            let gemm_args = Gemm {
-                ta: false,
-                tb: false,
-                m: a.hdv,
-                n: c.n,
-                k: c.kend,
-                a: f32_operand(a.v, a.nkv * a.hdv, a.hdv),
-                b: f32_operand(
-                    c.scores + 4 * (g * c.n * a.skv) as u64,
-                    a.skv,
-                    group * c.n * a.skv,
-                ),
-                c: f32_operand(
-                    a.out + 4 * ((c.i0 * a.nh + g) * a.hdv) as u64,
-                    a.nh * a.hdv,
-                    group * a.hdv,
-                ),
-                batch: a.nkv,
-                alpha: 1.0,
-                beta: 0.0,
-                tf32: true,
-            };
-            if !gemm(&self.0, &gemm_args)? {
-                return Ok(false);
-            }
-        }
-        Ok(true)
+        self.gemm_per_group(group, |g| Gemm {
+            ta: false,
+            tb: false,
+            m: a.hdv,
+            n: c.n,
+            k: c.kend,
+            a: f32_operand(a.v, a.nkv * a.hdv, a.hdv),
+            b: f32_operand(
+                c.scores + 4 * (g * c.n * a.skv) as u64,
+                a.skv,
+                group * c.n * a.skv,
+            ),
+            c: f32_operand(
+                a.out + 4 * ((c.i0 * a.nh + g) * a.hdv) as u64,
+                a.nh * a.hdv,
+                group * a.hdv,
+            ),
+            batch: a.nkv,
+            alpha: 1.0,
+            beta: 0.0,
+            tf32: true,
+        })
     }
 
     /// The split-K decode kernel (module doc) over `a`.

@@ -18,12 +18,15 @@ use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
 use crate::error::Result;
 use std::sync::Arc;
 
-/// Registers the operator.
-pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>) {
+/// Registers the operator; `invariant`: split every row into [`MAX_SPLITS`]
+/// pieces whatever the batch (a row's split depends only on its own length: batch-invariant
+/// results).
+pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, invariant: bool) {
     ops.insert(
         "PagedDecodeAttention",
         Box::new(PagedDecodeAttention {
             gpu: gpu.clone(),
+            invariant,
             index: Default::default(),
         }),
     );
@@ -113,7 +116,7 @@ fn host_values(d: &Data) -> Result<Option<Vec<i32>>> {
     }
 }
 
-fn check(a: &[Option<&Data>; 11], i: &IntDict, sms: usize) -> Result<Sizes> {
+fn check(a: &[Option<&Data>; 11], i: &IntDict, sms: usize, invariant: bool) -> Result<Sizes> {
     use DataType::{F16, F32, I32};
     let q = packed(a[0], "q", &[F32], 3)?;
     let k = packed(a[1], "k", &[F32], 3)?;
@@ -212,7 +215,11 @@ fn check(a: &[Option<&Data>; 11], i: &IntDict, sms: usize) -> Result<Sizes> {
         maxb,
         bs,
         half: kc.dtype() == F16,
-        nsplit: paged_decode_splits(max_keys.min(maxb * bs), rows, nkv, sms),
+        nsplit: if invariant {
+            MAX_SPLITS
+        } else {
+            paged_decode_splits(max_keys.min(maxb * bs), rows, nkv, sms)
+        },
     })
 }
 
@@ -225,6 +232,8 @@ fn check(a: &[Option<&Data>; 11], i: &IntDict, sms: usize) -> Result<Sizes> {
 /// any value is correct). Output [rows, nh, hd].
 struct PagedDecodeAttention {
     gpu: Arc<Gpu>,
+    /// [`MAX_SPLITS`] splits for every call (see [`register`]).
+    invariant: bool,
     /// Copies of host `slots`, `kv_lens` and `block_tables`.
     index: [HostIndex; 3],
 }
@@ -241,7 +250,7 @@ impl Operator for PagedDecodeAttention {
                 .is_some_and(|q| q.dtype() == DataType::F32 && (1..=MAX_HD).contains(&q.dim(-1)))
     }
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, i: &IntDict) -> Result<()> {
-        let z = check(&NAMES.map(|n| d.get(n)), i, self.gpu.sms())?;
+        let z = check(&NAMES.map(|n| d.get(n)), i, self.gpu.sms(), self.invariant)?;
         if !(d.is_mut("k_cache") && d.is_mut("v_cache")) {
             return Err(op_err(
                 OP,
@@ -262,7 +271,7 @@ impl Operator for PagedDecodeAttention {
     }
     fn run(&self, d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<()> {
         let a = NAMES.map(|n| d.get(n));
-        let z = check(&a, i, self.gpu.sms())?;
+        let z = check(&a, i, self.gpu.sms(), self.invariant)?;
         let ws = a[9].ok_or_else(|| op_err(OP, "missing inout 'workspace'"))?;
         if z.nsplit > 1 && device_len(ws).unwrap_or(0) < 4 * z.workspace() {
             return Err(op_err(OP, "workspace is smaller than this call needs"));

@@ -2,14 +2,15 @@
 # Tensor parallelism on a machine with 2 GPUs, each figure in the same run: llama-3-8b-shaped
 # synthetic f16 weights on one GPU (TP=1), on two GPUs in one process (TP=2, rank threads) and
 # on two GPUs as two processes (TP=2, --nnodes 2); decode at b=1, prefill 2048 and decode of 64
-# sequences. With a tiny .flm as second argument, also checks that two processes give the
-# logits of one GPU.
+# sequences (REPS repetitions each, default 3). With a tiny .flm as second argument, also checks
+# that two processes give the logits of one GPU.
 #
 # Usage: scripts/bench-tp-processes.sh [FASTLLM_BINARY] [TINY_FLM]
 set -euo pipefail
 F=${1:-fastllm}
 TINY=${2:-}
 PORT=${PORT:-29611}
+REPS=${REPS:-3}
 
 # NCCL: PyTorch's pip package ships libnccl.so.2; expose it as libnccl.so when none is installed
 if ! ldconfig -p | grep -q 'libnccl.so '; then
@@ -20,7 +21,7 @@ if ! ldconfig -p | grep -q 'libnccl.so '; then
   fi
 fi
 
-ARGS=(bench --synthetic llama-3-8b --dtype f16 -p 2048 -n 128 --batch 64 -r 3 --json)
+ARGS=(bench --synthetic llama-3-8b --dtype f16 -p 2048 -n 128 --batch 64 -r "$REPS" --json)
 json() { python3 -c 'import json,sys
 d=json.loads(sys.stdin.read().strip().splitlines()[-1])
 print("%-28s tg %7.1f  pp2048 %8.1f  b64 %8.1f tok/s" % (sys.argv[1], d["tg_tok_s"], d["pp_tok_s"], d["batch_tg_tok_s"] or 0))' "$1"; }

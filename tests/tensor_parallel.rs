@@ -280,6 +280,22 @@ fn run_paged(m: &Model) -> Vec<f32> {
             .collect();
         let ids = m.forward_paged_greedy(&mut pool2, &mut batch).unwrap();
         assert_eq!(ids.len(), 3);
+        // sampled rows at temperature 0 (what the server sends for greedy requests) too
+        let mut pool4 = PagedKvPool::new(m, 16, 4).unwrap();
+        let mut st4: Vec<PagedSeqState> = (0..3).map(|_| PagedSeqState::new()).collect();
+        let mut batch4: Vec<(&mut PagedSeqState, &[u32])> = st4
+            .iter_mut()
+            .zip(&prompts)
+            .map(|(s, p)| (s, p.as_slice()))
+            .collect();
+        let rows = vec![fastllm::model::sampler::SampleRow::greedy(); 3];
+        let sampled = m
+            .forward_paged_sample(&mut pool4, &mut batch4, &rows)
+            .unwrap();
+        assert_eq!(
+            sampled, ids,
+            "greedy sampled rows differ from the greedy step"
+        );
         let mut fresh = PagedKvPool::new(m, 16, 4).unwrap();
         let mut st3: Vec<PagedSeqState> = (0..3).map(|_| PagedSeqState::new()).collect();
         let mut batch: Vec<(&mut PagedSeqState, &[u32])> = st3
@@ -488,6 +504,75 @@ fn tp_gpu_smollm2_shape_matches_one_gpu() {
     assert_eq!(g1, g2);
 }
 
+#[test]
+fn tp_gpu_graphs_match_eager() {
+    // the ranks' recorded decode steps (one token, and padded batches) against the same group
+    // running every op directly: same greedy tokens, logits within f32 rounding
+    if !two_gpus() {
+        return;
+    }
+    let (cfg, src) = open(&tiny_flm("llama", "keep"));
+    let load = |graphs: bool| {
+        let opts = fastllm::options::RuntimeOptions {
+            cuda_graphs: graphs,
+            ..Default::default()
+        };
+        model_for(
+            cfg.clone(),
+            src.clone(),
+            "cuda:0,1",
+            2,
+            Precision::Exact,
+            false,
+            &opts,
+        )
+        .unwrap()
+    };
+    let (eager, graphs) = (load(false), load(true));
+    let p = prompt(cfg.vocab_size, 6);
+    let greedy_ids = |m: &Model| {
+        let mut c = m.new_cache(64).unwrap();
+        let mut t = m.forward_greedy(&mut c, &p).unwrap();
+        let mut out = vec![t];
+        for _ in 0..24 {
+            t = m.forward_greedy(&mut c, &[t]).unwrap();
+            out.push(t);
+        }
+        out
+    };
+    assert_eq!(greedy_ids(&eager), greedy_ids(&graphs), "b=1 greedy");
+    let d = max_diff(&run(&eager, &p), &run(&graphs, &p));
+    assert!(d <= 1e-4, "b=1 logits: max |Δlogit| {d}");
+    let batched = |m: &Model| {
+        use fastllm::model::{PagedKvPool, PagedSeqState};
+        let mut pool = PagedKvPool::new(m, 64, 16).unwrap();
+        let mut st: Vec<PagedSeqState> = (0..5).map(|_| PagedSeqState::new()).collect();
+        let prompts: Vec<Vec<u32>> = (0..5).map(|i| prompt(cfg.vocab_size, 2 + i)).collect();
+        let mut batch: Vec<(&mut PagedSeqState, &[u32])> = st
+            .iter_mut()
+            .zip(&prompts)
+            .map(|(s, p)| (s, p.as_slice()))
+            .collect();
+        let mut next = m.forward_paged_greedy(&mut pool, &mut batch).unwrap();
+        let mut out = next.clone();
+        for _ in 0..12 {
+            let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+            let mut batch: Vec<(&mut PagedSeqState, &[u32])> = st
+                .iter_mut()
+                .zip(&toks)
+                .map(|(s, t)| (s, t.as_slice()))
+                .collect();
+            next = m.forward_paged_greedy(&mut pool, &mut batch).unwrap();
+            out.extend(&next);
+        }
+        out
+    };
+    assert_eq!(batched(&eager), batched(&graphs), "batched greedy");
+    let dp = max_diff(&run_paged(&eager), &run_paged(&graphs));
+    assert!(dp <= 1e-4, "paged logits: max |Δlogit| {dp}");
+    eprintln!("TP=2 graphs vs eager: max |Δlogit| {d:e} (b=1), {dp:e} (paged)");
+}
+
 /// Decode tokens/s of `m` over `n` single-token steps after a 4-token prompt.
 fn decode_rate(m: &Model, n: usize) -> f64 {
     let p = prompt(m.config().vocab_size, 4);
@@ -523,32 +608,52 @@ fn tp_gpu_perf_allreduce_and_launch_contention() {
                 comm.all_reduce_sum(&mut y).unwrap();
                 assert_eq!(y.to_owned_host().unwrap().to_f32_vec().unwrap(), [3.0; 8]);
                 let mut out = Vec::new();
-                for n in [4096usize, 64 * 4096, 2048 * 4096] {
+                for dt in [fastllm::DataType::F32, fastllm::DataType::F16] {
+                    for n in [4096usize, 64 * 4096, 2048 * 4096] {
+                        let mut x = dev
+                            .upload(&fastllm::Data::zeros(dt, &[n]).unwrap())
+                            .unwrap();
+                        for _ in 0..10 {
+                            comm.all_reduce_sum(&mut x).unwrap();
+                        }
+                        dev.synchronize().unwrap();
+                        let iters = if n > 1 << 20 { 50 } else { 1000 };
+                        let t = std::time::Instant::now();
+                        for _ in 0..iters {
+                            comm.all_reduce_sum(&mut x).unwrap();
+                        }
+                        dev.synchronize().unwrap();
+                        let us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+                        out.push((format!("{n} {dt:?}, eager"), us));
+                    }
+                    // 64 all-reduces of a decode step's hidden row, recorded as one graph
                     let mut x = dev
-                        .upload(&fastllm::Data::zeros(fastllm::DataType::F32, &[n]).unwrap())
+                        .upload(&fastllm::Data::zeros(dt, &[4096]).unwrap())
                         .unwrap();
-                    for _ in 0..10 {
+                    dev.begin_recording().unwrap();
+                    for _ in 0..64 {
                         comm.all_reduce_sum(&mut x).unwrap();
                     }
+                    let g = dev.end_recording().unwrap();
+                    for _ in 0..5 {
+                        assert!(dev.replay(g.as_ref()).unwrap());
+                    }
                     dev.synchronize().unwrap();
-                    let iters = if n > 1 << 20 { 50 } else { 1000 };
                     let t = std::time::Instant::now();
-                    for _ in 0..iters {
-                        comm.all_reduce_sum(&mut x).unwrap();
+                    for _ in 0..50 {
+                        dev.replay(g.as_ref()).unwrap();
                     }
                     dev.synchronize().unwrap();
-                    out.push((n, t.elapsed().as_secs_f64() * 1e6 / iters as f64));
+                    let us = t.elapsed().as_secs_f64() * 1e6 / (50.0 * 64.0);
+                    out.push((format!("4096 {dt:?}, 64 in a graph"), us));
                 }
                 out
             })
         })
         .collect();
     for (r, h) in hs.into_iter().enumerate() {
-        for (n, us) in h.join().unwrap() {
-            eprintln!(
-                "PERF rank {r}: all-reduce of {n} f32 ({} KiB): {us:.1} us",
-                n * 4 / 1024
-            );
+        for (what, us) in h.join().unwrap() {
+            eprintln!("PERF rank {r}: all-reduce of {what}: {us:.1} us each");
         }
     }
     let cfg = fastllm::model::synthetic::config("llama-3.2-1b").unwrap();

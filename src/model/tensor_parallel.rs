@@ -6,8 +6,10 @@
 //!   embedding vocab-parallel (each rank holds a slice of rows plus one zero row that ids
 //!   outside its slice map to, then an all-reduce); the LM head column-parallel over the vocab
 //!   (the driver concatenates the ranks' logits on the host, where the single-device model also
-//!   returns them); norms replicated. Fused weights (phi3 `qkv_proj` / `gate_up_proj`, GPT-2
-//!   `c_attn`, Bloom's per-head `query_key_value`) are split per component.
+//!   returns them; a greedy step instead has each rank send its best (id, logit) per row, and
+//!   the driver keeps the largest); norms replicated. Fused weights (phi3 `qkv_proj` /
+//!   `gate_up_proj`, GPT-2 `c_attn`, Bloom's per-head `query_key_value`) are split per
+//!   component.
 //! * Attention is split by KV-head groups so that every rank keeps whole GQA groups: evenly
 //!   when the KV heads divide by the ranks; unevenly (some ranks get one group more) when there
 //!   are more KV heads than ranks but they do not divide (SmolLM2: 3 KV heads on 2 ranks give 1
@@ -18,7 +20,10 @@
 //! * [`ShardedSource`] is a [`WeightSource`] over the full model's source that hands each rank
 //!   its slices (host copies of just the slice; the `.flm` mapping is never copied whole).
 //! * A rank's [`Model`] is an ordinary model over its local config (its heads, its MLP width,
-//!   its vocabulary slice + 1) with a [`Collective`] for the all-reduces.
+//!   its vocabulary slice + 1) with a [`Collective`] for the all-reduces. It takes the paths a
+//!   single device takes: one-token decode steps and padded batched decode steps are recorded
+//!   as CUDA graphs and replayed, the all-reduces (enqueued on the rank's stream) recorded with
+//!   the rest of the step.
 //! * [`TpGroup`] runs the ranks on worker threads, each building its model with the executor
 //!   and all-reduce the caller's [`RankBuilder`] makes (the devices are built at the program's
 //!   edge: `load::cpu_group`, `load::cuda_group`); the driver `Model` (`Model::driver`)
@@ -28,10 +33,12 @@
 use super::arch::{self, Mlp, Qkv};
 use super::config::ModelConfig;
 use super::paged::PagedKvPool;
+use super::paged_graph::BatchDecode;
 use super::tp_process::RemoteRank;
 use super::transformer::{KvCache, Model, PagedBatch, Precision};
 use super::weights::WeightSource;
 use crate::data::Data;
+use crate::device::{DataDict, FloatDict, IntDict};
 use crate::error::{Error, Result};
 use crate::executor::Executor;
 use crate::parallel::Collective;
@@ -464,10 +471,13 @@ pub(crate) enum Cmd {
     Free {
         id: u64,
     },
+    /// `tokens` after cache `id`'s: the logits of every new row (`all`) or of the last one;
+    /// with `top`, only the last row's best candidate of the rank's vocabulary slice.
     Forward {
         id: u64,
         tokens: Vec<u32>,
         all: bool,
+        top: bool,
     },
     NewPool {
         id: u64,
@@ -477,19 +487,26 @@ pub(crate) enum Cmd {
     FreePool {
         id: u64,
     },
+    /// A planned paged step on pool `id`: its logits rows, or with `top` each row's best
+    /// candidate of the rank's vocabulary slice.
     Paged {
         id: u64,
         batch: PagedBatch,
+        top: bool,
     },
 }
 
 /// Logits of one rank: rows, width, values.
 pub(crate) type RankLogits = (usize, usize, Vec<f32>);
 
+/// Each row's best logit of one rank's vocabulary slice: (index in the slice, value).
+pub(crate) type RankTop = Vec<(u32, f32)>;
+
 /// A rank's answer to a [`Cmd`].
 pub(crate) enum Reply {
     Done(Result<()>),
     Logits(Result<RankLogits>),
+    Top(Result<RankTop>),
 }
 
 /// The driver's channel to one rank: a worker thread of this process, or a rank of another
@@ -504,11 +521,14 @@ enum Link {
 
 impl Reply {
     fn is_err(&self) -> bool {
-        matches!(self, Reply::Done(Err(_)) | Reply::Logits(Err(_)))
+        matches!(
+            self,
+            Reply::Done(Err(_)) | Reply::Logits(Err(_)) | Reply::Top(Err(_))
+        )
     }
     fn err_text(&self) -> Option<String> {
         match self {
-            Reply::Done(Err(e)) | Reply::Logits(Err(e)) => Some(e.to_string()),
+            Reply::Done(Err(e)) | Reply::Logits(Err(e)) | Reply::Top(Err(e)) => Some(e.to_string()),
             _ => None,
         }
     }
@@ -533,6 +553,8 @@ impl Link {
 /// caches, driven in lock step (see the module docs).
 pub struct TpGroup {
     plan: ShardPlan,
+    /// How the first rank runs batched decode steps (the driver reports it).
+    batch_decode: BatchDecode,
     links: Mutex<Vec<Link>>,
     /// Why the group stopped, once a rank failed in a way that leaves the ranks out of step.
     failure: Mutex<Option<String>>,
@@ -605,8 +627,24 @@ impl RankState {
                 self.caches.remove(&id);
                 return None;
             }
-            Cmd::Forward { id, tokens, all } => Reply::Logits(match self.caches.get_mut(&id) {
+            Cmd::Forward {
+                id,
+                tokens,
+                all,
+                top: false,
+            } => Reply::Logits(match self.caches.get_mut(&id) {
                 Some(c) => model.forward(c, &tokens, all).and_then(rank_logits),
+                None => Err(missing("KV cache", id)),
+            }),
+            Cmd::Forward {
+                id,
+                tokens,
+                top: true,
+                ..
+            } => Reply::Top(match self.caches.get_mut(&id) {
+                Some(c) => model
+                    .forward_device(c, &tokens, false)
+                    .and_then(|l| rank_top(model, &l, 1)),
                 None => Err(missing("KV cache", id)),
             }),
             Cmd::NewPool {
@@ -620,12 +658,117 @@ impl RankState {
                 self.pools.remove(&id);
                 return None;
             }
-            Cmd::Paged { id, batch } => Reply::Logits(match self.pools.get_mut(&id) {
-                Some(p) => model.paged_step(p, &batch).and_then(rank_logits),
-                None => Err(missing("paged KV pool", id)),
-            }),
+            Cmd::Paged { id, batch, top } => match self.pools.get_mut(&id) {
+                Some(p) => rank_paged(model, p, &batch, top),
+                None if top => Reply::Top(Err(missing("paged KV pool", id))),
+                None => Reply::Logits(Err(missing("paged KV pool", id))),
+            },
         })
     }
+}
+
+/// A planned paged step on a rank: a decode step padded to a bucket (recorded and replayed
+/// where the rank's device records work) when the rank's model takes that path, else op by op;
+/// the first `b.rows.len()` logits rows come back whole, or (`top`) as each row's best
+/// candidate.
+fn rank_paged(model: &Model, pool: &mut PagedKvPool, b: &PagedBatch, top: bool) -> Reply {
+    let n = b.rows.len();
+    let pick = |l: &Data| -> Result<Reply> {
+        Ok(if top {
+            Reply::Top(Ok(rank_top(model, l, n)?))
+        } else {
+            Reply::Logits(Ok(first_rows(l, n)?))
+        })
+    };
+    let r = match model.decode_bucket(b) {
+        Some(rows) => model.paged_decode_step(pool, b, rows).and_then(pick),
+        None => model.paged_step_device(pool, b).and_then(|l| pick(&l)),
+    };
+    r.unwrap_or_else(|e| match top {
+        true => Reply::Top(Err(e)),
+        false => Reply::Logits(Err(e)),
+    })
+}
+
+/// The first `n` rows of `logits` on the host.
+fn first_rows(logits: &Data, n: usize) -> Result<RankLogits> {
+    let w = logits.dim(-1);
+    let host = logits.to_owned_host()?;
+    let v = host.as_f32()?;
+    let v = v
+        .get(..n * w)
+        .ok_or_else(|| Error::invalid("a rank's step gave too few logits rows"))?;
+    Ok((n, w, v.to_vec()))
+}
+
+/// The best candidate of each of the first `n` rows of a rank's `logits` (`TopK` where the
+/// logits are), over the rank's vocabulary slice only: a tied embedding's zero row adds a
+/// column past the slice (logit 0) that is skipped (`TopK` of 2 then).
+fn rank_top(model: &Model, logits: &Data, n: usize) -> Result<RankTop> {
+    // a rank's local vocabulary is its slice plus the zero row
+    let real = model.config().vocab_size.saturating_sub(1);
+    top_candidates(model.executor(), logits, n, real)
+}
+
+/// The best of the first `real` columns of each of the first `n` rows of `logits` (`TopK`
+/// on `exec`): (column, value), the lowest column among equal maxima.
+fn top_candidates(exec: &Executor, logits: &Data, n: usize, real: usize) -> Result<RankTop> {
+    let width = logits.dim(-1);
+    let k = if width > real { 2.min(width) } else { 1 };
+    let mut top = Data::empty(crate::data::DataType::F32);
+    let mut d = DataDict::new()
+        .with("input", logits)
+        .with_mut("output", &mut top);
+    exec.run(
+        "TopK",
+        &mut d,
+        &FloatDict::new(),
+        &IntDict::new().with("k", k as i32),
+    )?;
+    let top = top.to_owned_host()?;
+    let v = top.as_f32()?;
+    (0..n)
+        .map(|row| {
+            let cands = v.get(row * 2 * k..(row + 1) * 2 * k).unwrap_or(&[]);
+            cands
+                .chunks_exact(2)
+                .map(|c| (c[0] as u32, c[1]))
+                .find(|&(i, _)| (i as usize) < real)
+                .ok_or_else(|| Error::invalid(format!("TopK gave no candidate for row {row}")))
+        })
+        .collect()
+}
+
+/// The token of each row: the best of the ranks' candidates (the lowest id among equal
+/// maxima, as `ArgMax`). NaN or +Inf is an `Err`, as in the host sampler.
+fn combine_top(plan: &ShardPlan, parts: &[RankTop]) -> Result<Vec<u32>> {
+    let n = parts.first().map_or(0, |p| p.len());
+    let mut out = Vec::with_capacity(n);
+    for row in 0..n {
+        let mut best: Option<(usize, f32)> = None;
+        for (r, p) in parts.iter().enumerate() {
+            let slice = plan.vocab.get(r).cloned().unwrap_or(0..0);
+            let (i, v) = match p.get(row) {
+                Some(&(i, v)) if p.len() == n && (i as usize) < slice.len() => (i as usize, v),
+                _ => {
+                    return Err(Error::invalid(format!(
+                        "rank {r} returned a bad candidate for row {row}"
+                    )))
+                }
+            };
+            if v.is_nan() || v == f32::INFINITY {
+                return Err(Error::invalid(format!(
+                    "the logits of row {row} hold NaN or +Inf"
+                )));
+            }
+            if best.is_none_or(|(_, b)| v > b) {
+                best = Some((slice.start + i, v));
+            }
+        }
+        let (id, _) = best.ok_or_else(|| Error::invalid("a group without ranks"))?;
+        out.push(u32::try_from(id).map_err(|_| Error::invalid("token id too large"))?);
+    }
+    Ok(out)
 }
 
 fn worker(model: Model, rx: Receiver<Cmd>, tx: Sender<Reply>) {
@@ -664,12 +807,12 @@ impl TpGroup {
         for (r, b) in builders.into_iter().enumerate() {
             let (ctx, crx) = channel::<Cmd>();
             let (rtx, rrx) = channel::<Reply>();
-            let (ok_tx, ok_rx) = channel::<Result<()>>();
+            let (ok_tx, ok_rx) = channel::<Result<BatchDecode>>();
             let h = std::thread::Builder::new()
                 .name(format!("fastllm-tp{r}"))
                 .spawn(move || match b() {
                     Ok(m) => {
-                        if ok_tx.send(Ok(())).is_ok() {
+                        if ok_tx.send(Ok(m.batch_decode())).is_ok() {
                             worker(m, crx, rtx);
                         }
                     }
@@ -683,10 +826,13 @@ impl TpGroup {
             ready.push(ok_rx);
         }
         let mut first_err = None;
+        let mut modes = Vec::new();
         for (r, rx) in ready.into_iter().enumerate() {
-            let res = rx.recv().unwrap_or_else(|_| Err(stopped(r)));
-            if let (Err(e), None) = (res, &first_err) {
-                first_err = Some(prefixed(&format!("{label} rank {r}"), e));
+            match rx.recv().unwrap_or_else(|_| Err(stopped(r))) {
+                Ok(m) => modes.push(m),
+                Err(e) => {
+                    first_err.get_or_insert(prefixed(&format!("{label} rank {r}"), e));
+                }
             }
         }
         links.extend(remote.into_iter().map(Link::Remote));
@@ -699,6 +845,8 @@ impl TpGroup {
         }
         Ok(TpGroup {
             plan,
+            // the ranks of other processes load the same way as this process's first
+            batch_decode: modes.first().copied().unwrap_or(BatchDecode::Off),
             links: Mutex::new(links),
             failure: Mutex::new(None),
             threads: Mutex::new(threads),
@@ -710,6 +858,11 @@ impl TpGroup {
     /// The plan.
     pub fn plan(&self) -> &ShardPlan {
         &self.plan
+    }
+
+    /// How the ranks run paged steps of one token per sequence (the first rank's mode).
+    pub fn batch_decode(&self) -> BatchDecode {
+        self.batch_decode
     }
 
     /// What the ranks run on, e.g. `cuda:0,1`.
@@ -781,7 +934,7 @@ impl TpGroup {
         for r in replies {
             match r {
                 Reply::Done(r) => r?,
-                Reply::Logits(_) => return Err(Error::invalid("unexpected rank reply")),
+                _ => return Err(Error::invalid("unexpected rank reply")),
             }
         }
         Ok(())
@@ -840,6 +993,7 @@ impl TpGroup {
                 tokens: self.plan.local_ids(r, &b.tokens),
                 ..b.clone()
             },
+            top: false,
         })?;
         let mut parts = Vec::with_capacity(replies.len());
         for (r, rep) in replies.into_iter().enumerate() {
@@ -848,7 +1002,7 @@ impl TpGroup {
                 Reply::Logits(Err(e)) => {
                     return Err(prefixed(&format!("{} rank {r}", self.label), e))
                 }
-                Reply::Done(_) => return Err(Error::invalid("unexpected rank reply")),
+                _ => return Err(Error::invalid("unexpected rank reply")),
             }
         }
         gather_logits(&self.plan, &parts)
@@ -868,6 +1022,7 @@ impl TpGroup {
             id,
             tokens: self.plan.local_ids(r, tokens),
             all,
+            top: false,
         })?;
         let mut parts = Vec::with_capacity(replies.len());
         let mut err = None;
@@ -877,7 +1032,7 @@ impl TpGroup {
                 Reply::Logits(Err(e)) => {
                     err.get_or_insert(prefixed(&format!("{} rank {r}", self.label), e));
                 }
-                Reply::Done(_) => {
+                _ => {
                     err.get_or_insert(Error::invalid("unexpected rank reply"));
                 }
             }
@@ -887,6 +1042,73 @@ impl TpGroup {
             return Err(e);
         }
         gather_logits(&self.plan, &parts)
+    }
+}
+
+impl TpGroup {
+    /// Runs a planned paged step on every rank and picks each row's token greedily from the
+    /// ranks' best candidates (only one (index, logit) pair per row and rank crosses to the
+    /// host, not the logits).
+    pub(crate) fn forward_paged_greedy(
+        &self,
+        pool: &RemotePool,
+        b: &PagedBatch,
+    ) -> Result<Vec<u32>> {
+        let id = pool.id;
+        let replies = self.all(|r| Cmd::Paged {
+            id,
+            batch: PagedBatch {
+                tokens: self.plan.local_ids(r, &b.tokens),
+                ..b.clone()
+            },
+            top: true,
+        })?;
+        let parts = self.tops(replies)?;
+        combine_top(&self.plan, &parts)
+    }
+
+    /// Runs `tokens` on every rank after cache `cache`'s `before` tokens and picks the token
+    /// after the last one greedily, as [`TpGroup::forward_paged_greedy`]. On an error every
+    /// rank is rewound to `before`.
+    pub(crate) fn forward_greedy(
+        &self,
+        cache: &RemoteCache,
+        before: usize,
+        tokens: &[u32],
+    ) -> Result<u32> {
+        let id = cache.id;
+        let replies = self.all(|r| Cmd::Forward {
+            id,
+            tokens: self.plan.local_ids(r, tokens),
+            all: false,
+            top: true,
+        })?;
+        match self
+            .tops(replies)
+            .and_then(|parts| combine_top(&self.plan, &parts))
+        {
+            Ok(ids) => ids
+                .first()
+                .copied()
+                .ok_or_else(|| Error::invalid("the ranks returned no token")),
+            Err(e) => {
+                let _ = self.truncate(id, before);
+                Err(e)
+            }
+        }
+    }
+
+    /// The ranks' candidates, or the first rank's error.
+    fn tops(&self, replies: Vec<Reply>) -> Result<Vec<RankTop>> {
+        let mut parts = Vec::with_capacity(replies.len());
+        for (r, rep) in replies.into_iter().enumerate() {
+            match rep {
+                Reply::Top(Ok(p)) => parts.push(p),
+                Reply::Top(Err(e)) => return Err(prefixed(&format!("{} rank {r}", self.label), e)),
+                _ => return Err(Error::invalid("unexpected rank reply")),
+            }
+        }
+        Ok(parts)
     }
 }
 
@@ -1058,5 +1280,25 @@ mod tests {
         assert_eq!(&part[..32], &full[32..64]);
         assert_eq!(&part[32..], &full[96..128]);
         assert!(slice_cols(&q, &(16..48)).is_err());
+    }
+
+    #[test]
+    fn top_candidates_skip_the_zero_column_and_combine_by_lowest_id() {
+        let exec = Executor::cpu(1).unwrap();
+        // two rows of a 3-token slice plus the zero column; row 1 ties at columns 0 and 2
+        let l = Data::from_f32(&[2, 4], &[-3., -1., -2., 0., 5., 1., 5., 0.]).unwrap();
+        let t = top_candidates(&exec, &l, 2, 3).unwrap();
+        assert_eq!(t, vec![(1, -1.), (0, 5.)]);
+        // without a zero column the whole row counts
+        let l = Data::from_f32(&[1, 3], &[0.5, 2., 2.]).unwrap();
+        assert_eq!(top_candidates(&exec, &l, 1, 3).unwrap(), vec![(1, 2.)]);
+        let plan = ShardPlan::new(&cfg(32, 8), 2).unwrap();
+        let second = plan.vocab[1].start as u32;
+        // equal maxima on two ranks: the lower id (rank 0's) wins; a larger one on rank 1 wins
+        let ids = combine_top(&plan, &[vec![(7, 1.), (7, 1.)], vec![(2, 1.), (3, 1.5)]]).unwrap();
+        assert_eq!(ids, vec![7, second + 3]);
+        assert!(combine_top(&plan, &[vec![(7, f32::NAN)], vec![(2, 1.)]]).is_err());
+        assert!(combine_top(&plan, &[vec![(7, 1.)], vec![]]).is_err());
+        assert!(combine_top(&plan, &[vec![(200000, 1.)], vec![(2, 1.)]]).is_err());
     }
 }

@@ -35,6 +35,7 @@ const SHUTDOWN: u8 = 8;
 const ABORT: u8 = 9;
 const DONE: u8 = 10;
 const LOGITS: u8 = 11;
+const TOP: u8 = 12;
 
 fn encode_cmd(c: &Cmd) -> Vec<u8> {
     let mut e = Encoder::new();
@@ -42,14 +43,24 @@ fn encode_cmd(c: &Cmd) -> Vec<u8> {
         Cmd::NewCache { id, cap } => e.u8(NEW_CACHE).u64(*id).usize(*cap),
         Cmd::Truncate { id, len } => e.u8(TRUNCATE).u64(*id).usize(*len),
         Cmd::Free { id } => e.u8(FREE).u64(*id),
-        Cmd::Forward { id, tokens, all } => e.u8(FORWARD).u64(*id).u32s(tokens).u8(*all as u8),
+        Cmd::Forward {
+            id,
+            tokens,
+            all,
+            top,
+        } => e
+            .u8(FORWARD)
+            .u64(*id)
+            .u32s(tokens)
+            .u8(*all as u8)
+            .u8(*top as u8),
         Cmd::NewPool {
             id,
             blocks,
             block_size,
         } => e.u8(NEW_POOL).u64(*id).usize(*blocks).usize(*block_size),
         Cmd::FreePool { id } => e.u8(FREE_POOL).u64(*id),
-        Cmd::Paged { id, batch: b } => e
+        Cmd::Paged { id, batch: b, top } => e
             .u8(PAGED)
             .u64(*id)
             .u32s(&b.tokens)
@@ -60,7 +71,8 @@ fn encode_cmd(c: &Cmd) -> Vec<u8> {
             .i32s(&b.kv_lens)
             .i32s(&b.table)
             .usize(b.seqs)
-            .usize(b.max_blocks),
+            .usize(b.max_blocks)
+            .u8(*top as u8),
     };
     e.finish()
 }
@@ -88,6 +100,7 @@ fn decode_cmd(body: &[u8]) -> Result<Incoming> {
             id: d.u64()?,
             tokens: d.u32s()?,
             all: d.u8()? != 0,
+            top: d.u8()? != 0,
         },
         NEW_POOL => Cmd::NewPool {
             id: d.u64()?,
@@ -108,6 +121,7 @@ fn decode_cmd(body: &[u8]) -> Result<Incoming> {
                 seqs: d.usize()?,
                 max_blocks: d.usize()?,
             },
+            top: d.u8()? != 0,
         },
         SHUTDOWN => return Ok(Incoming::Shutdown),
         ABORT => return Ok(Incoming::Abort(d.str()?)),
@@ -170,6 +184,20 @@ fn encode_reply(r: &Reply) -> Vec<u8> {
                 }
             };
         }
+        Reply::Top(res) => {
+            e.u8(TOP);
+            match res {
+                Ok(top) => {
+                    let ids: Vec<u32> = top.iter().map(|t| t.0).collect();
+                    let vals: Vec<f32> = top.iter().map(|t| t.1).collect();
+                    e.u8(0).u32s(&ids).f32s(&vals)
+                }
+                Err(err) => {
+                    encode_error(e.u8(1), err);
+                    &mut e
+                }
+            };
+        }
     }
     e.finish()
 }
@@ -186,6 +214,16 @@ fn decode_reply(body: &[u8]) -> Result<Reply> {
             Reply::Logits(Ok(logits))
         }
         (LOGITS, false) => Reply::Logits(Err(decode_error(&mut d)?)),
+        (TOP, true) => {
+            let (ids, vals) = (d.u32s()?, d.f32s()?);
+            if ids.len() != vals.len() {
+                return Err(Error::Device(
+                    "group reply: candidates and logits differ".into(),
+                ));
+            }
+            Reply::Top(Ok(ids.into_iter().zip(vals).collect()))
+        }
+        (TOP, false) => Reply::Top(Err(decode_error(&mut d)?)),
         (t, _) => return Err(Error::Device(format!("group reply: unknown tag {t}"))),
     })
 }
@@ -543,10 +581,15 @@ mod tests {
             seqs: 2,
             max_blocks: 2,
         };
-        let body = encode_cmd(&Cmd::Paged { id: 7, batch: b });
+        let body = encode_cmd(&Cmd::Paged {
+            id: 7,
+            batch: b,
+            top: true,
+        });
         match decode_cmd(&body).unwrap() {
-            Incoming::Cmd(Cmd::Paged { id, batch }) => {
+            Incoming::Cmd(Cmd::Paged { id, batch, top }) => {
                 assert_eq!(id, 7);
+                assert!(top);
                 assert_eq!(batch.table, vec![0, 1, 2, -1]);
                 assert_eq!(batch.max_blocks, 2);
             }
@@ -555,6 +598,26 @@ mod tests {
         let r = encode_reply(&Reply::Logits(Ok((1, 3, vec![0.5, -1.0, 2.0]))));
         match decode_reply(&r).unwrap() {
             Reply::Logits(Ok((1, 3, v))) => assert_eq!(v, vec![0.5, -1.0, 2.0]),
+            _ => panic!("wrong reply"),
+        }
+        let body = encode_cmd(&Cmd::Forward {
+            id: 3,
+            tokens: vec![4, 5],
+            all: true,
+            top: false,
+        });
+        match decode_cmd(&body).unwrap() {
+            Incoming::Cmd(Cmd::Forward {
+                id: 3,
+                tokens,
+                all: true,
+                top: false,
+            }) => assert_eq!(tokens, vec![4, 5]),
+            _ => panic!("wrong command"),
+        }
+        let r = encode_reply(&Reply::Top(Ok(vec![(7, 1.5), (0, -2.0)])));
+        match decode_reply(&r).unwrap() {
+            Reply::Top(Ok(t)) => assert_eq!(t, vec![(7, 1.5), (0, -2.0)]),
             _ => panic!("wrong reply"),
         }
         let r = encode_reply(&Reply::Done(Err(Error::ContextFull("full".into()))));

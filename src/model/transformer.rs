@@ -523,6 +523,12 @@ impl Model {
     /// where the first device has `PagedDecodeAttention` and records one-token decode steps,
     /// else [`BatchDecode::Off`]). `Err` when the device or model cannot take `mode`.
     pub fn set_batch_decode(&mut self, mode: BatchDecode) -> Result<()> {
+        if self.group.is_some() && mode != self.paths.batch_decode {
+            return Err(Error::invalid(format!(
+                "batched decode mode {mode:?}: a tensor-parallel group's ranks run {:?}, chosen at load (CUDA graphs on or off)",
+                self.paths.batch_decode
+            )));
+        }
         let padded = self.tp.is_none()
             && self.group.is_none()
             && !self.rope.length_dependent()
@@ -551,7 +557,8 @@ impl Model {
         Ok(())
     }
 
-    /// How paged steps of one token per sequence run.
+    /// How paged steps of one token per sequence run (on a tensor-parallel group, how its
+    /// ranks run them).
     pub fn batch_decode(&self) -> BatchDecode {
         self.paths.batch_decode
     }
@@ -577,9 +584,9 @@ impl Model {
             }
             self.alibi = Some(d);
         }
+        // the all-reduces run on the rank's stream, so its steps record and replay as on one
+        // device (the collective is recorded with them)
         self.tp = Some(tp);
-        self.paths.decode_graphs = false;
-        self.paths.batch_decode = BatchDecode::Off;
         Ok(self)
     }
 
@@ -591,6 +598,11 @@ impl Model {
         precision: Precision,
     ) -> Result<Model> {
         let spec = arch::lookup(&config.architecture)?;
+        // the ranks' batched decode mode, so that callers (the server's warm-up) see it
+        let paths = Paths {
+            batch_decode: group.batch_decode(),
+            ..Paths::OFF
+        };
         Ok(Model {
             rope: RopePlan::new(&config, None)?,
             config,
@@ -601,7 +613,7 @@ impl Model {
             alibi: None,
             tp: None,
             group: Some(group),
-            paths: Paths::OFF,
+            paths,
             id: next_model_id(),
             kv_dtype: KvDtype::F32,
         })
@@ -738,6 +750,12 @@ impl Model {
     /// [`Model::forward`] followed by greedy selection on the model's device: only the chosen
     /// token id (the lowest index among equal maxima) crosses to the host, not the logits.
     pub fn forward_greedy(&self, cache: &mut KvCache, tokens: &[u32]) -> Result<u32> {
+        if let Some(g) = &self.group {
+            self.check_step(cache, tokens)?;
+            return Self::on_group(g, cache, tokens.len(), |r, before| {
+                g.forward_greedy(r, before, tokens)
+            });
+        }
         if self.decode_graph_step(cache, tokens)? {
             if let Some(g) = &cache.graph {
                 let id = g.next.to_owned_host()?;
@@ -1030,24 +1048,11 @@ impl Model {
     fn forward_ops(&self, cache: &mut KvCache, tokens: &[u32], all_logits: bool) -> Result<Data> {
         let c = &self.config;
         let s = tokens.len();
-        if s == 0 {
-            return Err(Error::invalid("forward: no tokens"));
-        }
-        if cache.len + s > cache.cap {
-            return Err(Error::ContextFull(format!(
-                "{} cached + {s} new tokens exceed the context of {}",
-                cache.len, cache.cap
-            )));
-        }
-        self.check_tokens(tokens)?;
+        self.check_step(cache, tokens)?;
         if let Some(g) = &self.group {
-            let r = match &cache.remote {
-                Some(r) if Arc::ptr_eq(r.group(), g) => r,
-                _ => return Err(Error::invalid("KV cache belongs to another model")),
-            };
-            let logits = g.forward(r, cache.len, tokens, all_logits)?;
-            cache.len += s;
-            return Ok(logits);
+            return Self::on_group(g, cache, s, |r, before| {
+                g.forward(r, before, tokens, all_logits)
+            });
         }
         if cache.k.len() != c.num_layers {
             return Err(Error::invalid("KV cache belongs to another model"));
@@ -1073,6 +1078,38 @@ impl Model {
                 Err(e)
             }
         }
+    }
+
+    /// `Err` unless `tokens` (at least one, each in the vocabulary) fit after `cache`'s.
+    fn check_step(&self, cache: &KvCache, tokens: &[u32]) -> Result<()> {
+        let s = tokens.len();
+        if s == 0 {
+            return Err(Error::invalid("forward: no tokens"));
+        }
+        if cache.len + s > cache.cap {
+            return Err(Error::ContextFull(format!(
+                "{} cached + {s} new tokens exceed the context of {}",
+                cache.len, cache.cap
+            )));
+        }
+        self.check_tokens(tokens)
+    }
+
+    /// Runs `step` (given the ranks' cache and its length) for `s` new tokens on group `g`
+    /// and counts them into `cache`.
+    fn on_group<T>(
+        g: &Arc<TpGroup>,
+        cache: &mut KvCache,
+        s: usize,
+        step: impl FnOnce(&RemoteCache, usize) -> Result<T>,
+    ) -> Result<T> {
+        let r = match &cache.remote {
+            Some(r) if Arc::ptr_eq(r.group(), g) => r,
+            _ => return Err(Error::invalid("KV cache belongs to another model")),
+        };
+        let out = step(r, cache.len)?;
+        cache.len += s;
+        Ok(out)
     }
 
     /// Runs one step for a batch of sequences whose KV caches live in a paged pool: each item
@@ -1200,8 +1237,11 @@ impl Model {
                 self.pick_padded(logits, mode, step.seqs)?
             }
             (Some(g), Some(r), _) if Arc::ptr_eq(r.group(), g) => {
-                let logits = g.forward_paged(r, &step)?;
-                self.pick(logits, mode)?
+                if mode.greedy() {
+                    PagedOut::Ids(g.forward_paged_greedy(r, &step)?)
+                } else {
+                    self.pick(g.forward_paged(r, &step)?, mode)?
+                }
             }
             (None, None, None) => {
                 let logits = self.paged_step_device(pool, &step)?;
@@ -1324,14 +1364,9 @@ impl Model {
         }
     }
 
-    /// Runs one planned paged step over `pool`'s storage (blocks already assigned); logits on
-    /// the host.
-    pub(crate) fn paged_step(&self, pool: &mut PagedKvPool, b: &PagedBatch) -> Result<Data> {
-        to_host(self.paged_step_device(pool, b)?)
-    }
-
-    /// [`Model::paged_step`] with the logits left where the last op wrote them.
-    fn paged_step_device(&self, pool: &mut PagedKvPool, b: &PagedBatch) -> Result<Data> {
+    /// Runs one planned paged step over `pool`'s storage (blocks already assigned); the logits
+    /// are left where the last op wrote them.
+    pub(super) fn paged_step_device(&self, pool: &mut PagedKvPool, b: &PagedBatch) -> Result<Data> {
         let index = PagedIndex {
             slots: Data::from_i32(&[b.slots.len()], &b.slots)?,
             q_starts: Data::from_i32(&[b.q_starts.len()], &b.q_starts)?,
@@ -1469,6 +1504,20 @@ enum PagedMode<'a> {
     Sample(&'a [SampleRow]),
     /// Sampled, with log-probabilities and the top n of each row.
     SampleLogprobs(&'a [SampleRow], usize),
+}
+
+impl PagedMode<'_> {
+    /// Every row picks its argmax (greedy, or sampled rows at temperature 0 with neither
+    /// penalties nor a grammar mask).
+    fn greedy(&self) -> bool {
+        match self {
+            PagedMode::Greedy => true,
+            PagedMode::Sample(rows) => rows
+                .iter()
+                .all(|r| r.temperature <= 0.0 && r.penalties.is_none() && r.mask.is_none()),
+            _ => false,
+        }
+    }
 }
 
 /// What a paged step returns: the logits rows, or (greedy, sampled) one id per row.

@@ -23,7 +23,8 @@ pub trait Collective: Send + Sync {
     fn rank(&self) -> usize;
     /// The number of ranks.
     fn world(&self) -> usize;
-    /// Replaces `x` (F32) by the sum of every rank's `x`.
+    /// Replaces `x` by the sum of every rank's `x` (F32; a device collective may also take
+    /// F16 and BF16).
     fn all_reduce_sum(&self, x: &mut Data) -> Result<()>;
 }
 

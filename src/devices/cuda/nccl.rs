@@ -136,15 +136,21 @@ impl Collective for NcclComm {
         self.world
     }
     fn all_reduce_sum(&self, x: &mut Data) -> Result<()> {
-        if x.dtype() != DataType::F32 || !x.is_contiguous() {
+        let dtype = match x.dtype() {
+            DataType::F32 => Some(nsys::ncclDataType_t::ncclFloat32),
+            DataType::F16 => Some(nsys::ncclDataType_t::ncclFloat16),
+            DataType::BF16 => Some(nsys::ncclDataType_t::ncclBfloat16),
+            _ => None,
+        };
+        let Some(dtype) = dtype.filter(|_| x.is_contiguous()) else {
             return Err(Error::invalid(format!(
-                "NCCL all-reduce needs a contiguous F32 tensor, got {x:?}"
+                "NCCL all-reduce needs a contiguous F32, F16 or BF16 tensor, got {x:?}"
             )));
-        }
+        };
         if x.device() != crate::data::DeviceKind::Cuda(self.gpu.ordinal()) {
             // Produced by a fallback device: copy it onto this rank's GPU first.
             let host = x.to_owned_host()?;
-            let mut up = super::buffer::alloc_data(&self.gpu, DataType::F32, x.dims(), x.dims())?;
+            let mut up = super::buffer::alloc_data(&self.gpu, x.dtype(), x.dims(), x.dims())?;
             self.gpu.htod(host.bytes()?, dptr(&up, "all-reduce")?)?;
             up.name = std::mem::take(&mut x.name);
             *x = up;
@@ -156,14 +162,15 @@ impl Collective for NcclComm {
             .map_err(|_| Error::Device("NCCL comm poisoned".into()))?;
         self.gpu.bind()?;
         let stream = self.gpu.stream().cu_stream() as nsys::cudaStream_t;
-        // SAFETY: `p` addresses `x.count()` f32 on this rank's GPU, alive for the call; the
-        // reduction is in place and enqueued on the stream that produced `x`.
+        // SAFETY: `p` addresses `x.count()` elements of `dtype` on this rank's GPU, alive for
+        // the call; the reduction is in place and enqueued on the stream that produced `x`
+        // (recorded with the step's other work while that stream records a graph).
         unsafe {
             nres::all_reduce(
                 p as *const ::core::ffi::c_void,
                 p as *mut ::core::ffi::c_void,
                 x.count(),
-                nsys::ncclDataType_t::ncclFloat32,
+                dtype,
                 nsys::ncclRedOp_t::ncclSum,
                 c.0,
                 stream,

@@ -235,17 +235,40 @@ fn serving_group() -> (Child, Child, u16) {
     ];
     let port = free_port();
     let follower = spawn(&node_args(&base, 2, 1, port, 30));
-    let mut driver = spawn(&node_args(&base, 2, 0, port, 30));
+    let driver = ready(spawn(&node_args(&base, 2, 0, port, 30)));
+    (driver, follower, http)
+}
+
+/// One process serving the tiny model: (process, HTTP port).
+fn single_server() -> (Child, u16) {
+    let m = tiny();
+    let http = free_port();
+    let http_s = http.to_string();
+    let args = [
+        "serve",
+        "-m",
+        m.to_str().unwrap(),
+        "--threads",
+        "1",
+        "--port",
+        &http_s,
+    ];
+    (ready(cmd(&args).spawn().unwrap()), http)
+}
+
+/// `driver` (a server) once it says it is ready, its stderr drained from then on (see
+/// `driver_stderr`).
+fn ready(mut driver: Child) -> Child {
     let mut err = BufReader::new(driver.stderr.take().unwrap());
     let t0 = Instant::now();
     let mut line = String::new();
     while !line.contains("ready on") {
         line.clear();
         if err.read_line(&mut line).unwrap() == 0 || t0.elapsed() > Duration::from_secs(60) {
-            panic!("node 0 did not become ready: {line}");
+            panic!("the server did not become ready: {line}");
         }
     }
-    // keep draining node 0's stderr so that it never blocks on a full pipe
+    // keep draining its stderr so that it never blocks on a full pipe
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut rest = String::new();
@@ -253,7 +276,7 @@ fn serving_group() -> (Child, Child, u16) {
         let _ = tx.send(rest);
     });
     DRIVER_ERR.with(|c| *c.borrow_mut() = Some(rx));
-    (driver, follower, http)
+    driver
 }
 
 thread_local! {
@@ -286,6 +309,36 @@ fn complete(port: u16) -> String {
     let mut out = String::new();
     let _ = s.read_to_string(&mut out);
     out
+}
+
+/// The text of a completion response.
+fn completion_text(response: &str) -> String {
+    let body = response.split_once("\r\n\r\n").map_or("", |b| b.1);
+    let v: serde_json::Value =
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {response}"));
+    v["choices"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn a_group_of_processes_completes_like_one_process() {
+    // greedy steps of the group pick from each rank's best candidate (no logits on the channel)
+    let (mut driver, mut follower, http) = serving_group();
+    let group = complete(http);
+    let _ = driver.kill();
+    let _ = follower.kill();
+    let _ = (driver.wait(), follower.wait());
+    let (mut single, port) = single_server();
+    let one = complete(port);
+    let _ = single.kill();
+    let _ = single.wait();
+    assert!(group.contains("200 OK"), "{group}");
+    assert!(one.contains("200 OK"), "{one}");
+    let text = completion_text(&one);
+    assert!(!text.is_empty(), "{one}");
+    assert_eq!(completion_text(&group), text);
 }
 
 #[test]

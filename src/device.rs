@@ -310,6 +310,12 @@ pub trait BaseDevice: Send + Sync {
     fn replay(&self, _recording: &(dyn std::any::Any + Send + Sync)) -> Result<bool> {
         Err(Error::Unsupported(format!("{}: replay", self.name())))
     }
+    /// Rewrites a step before the executor runs it on this device: this device's passes
+    /// (fusions of consecutive calls into the forms its kernels take; see [`crate::step`]).
+    /// The result must compute what the calls given compute. Default: none.
+    fn plan_step(&self, _step: &mut crate::step::Step) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// A copy of a producer op's output (`RMSNorm`, `SiluMul`) in the form the next `Linear`

@@ -8,6 +8,7 @@
 use crate::data::{Data, DeviceKind};
 use crate::device::{BaseDevice, DataDict, FloatDict, IntDict, Operator};
 use crate::error::{Error, Result};
+use crate::step::{Item, Step};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -117,6 +118,34 @@ impl Executor {
     /// The profiler.
     pub fn profiler(&self) -> &Profiler {
         &self.profiler
+    }
+
+    /// Runs a [`Step`]: the first device's passes rewrite it ([`BaseDevice::plan_step`]), then
+    /// its items run in order, each call through [`Executor::run`]. The items are consumed
+    /// (the step keeps its tensors, so more items may be added and run after).
+    pub fn run_step(&self, step: &mut Step) -> Result<()> {
+        if let Some(d) = self.devices.first() {
+            d.plan_step(step)?;
+        }
+        for item in step.take_items() {
+            match item {
+                Item::Call(c) => {
+                    let mut floats = FloatDict::new();
+                    for (n, v) in &c.floats {
+                        floats.insert(n, *v);
+                    }
+                    let mut ints = IntDict::new();
+                    for (n, v) in &c.ints {
+                        ints.insert(n, *v);
+                    }
+                    let mut d = step.dict(c.op, &c.args)?;
+                    self.run(c.op, &mut d, &floats, &ints)?;
+                }
+                Item::Reshape(t, dims) => step.apply_reshape(t, &dims)?,
+                Item::Stage(mut s) => step.run_stage(&mut s)?,
+            }
+        }
+        Ok(())
     }
 
     /// Runs `op` on the first device that accepts it.

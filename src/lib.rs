@@ -25,6 +25,7 @@ pub mod ops;
 pub mod options;
 pub mod parallel;
 pub mod progress;
+pub mod step;
 pub mod tokenizer;
 
 pub use data::{Data, DataType, DeviceKind};

@@ -16,11 +16,11 @@ pub struct RuntimeOptions {
     /// and replayed as a graph. Off, every step runs op by op (for debugging a kernel or
     /// profiling per op). Default on. Env `FASTLLM_DECODE_GRAPHS`.
     pub cuda_graphs: bool,
-    /// The fused op forms a GPU model asks for: q/k/v and gate/up in one multi-weight `Linear`,
-    /// the residual add inside the projection, producers (norm, SiLU·mul, attention) leaving the
-    /// int8 / f16 input of the next `Linear`, half-precision gate/up outputs in a prefill. Off,
-    /// every op runs in its plain form (for debugging a fused kernel). Default on. Env
-    /// `FASTLLM_FUSED_OPS`.
+    /// A GPU device's passes over each step (`crate::step`): q/k/v and gate/up in one
+    /// multi-weight `Linear`, `SiluMul`, q and k rotated in one call, the residual add inside the
+    /// projection, producers (norm, SiLU·mul, attention) leaving the int8 / f16 input of the next
+    /// `Linear`, half-precision gate/up outputs in a prefill. Off, every op of a step runs in its
+    /// plain form (for debugging a fused kernel). Default on. Env `FASTLLM_FUSED_OPS`.
     pub fused_ops: bool,
     /// Refuse to load a model whose weights need more than this many bytes on any one GPU (the
     /// KV cache not counted); `None`: no cap. Env `FASTLLM_GPU_MEMORY_CAP_MB` (MiB, 0 = none).

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 /// Top-level modules of `src/` from the bottom layer up (`docs/architecture.md`).
 const LAYERS: &[&[&str]] = &[
     &["data", "interleave", "error", "options", "progress"],
-    &["device", "parallel"],
+    &["device", "parallel", "step"],
     &["executor"],
     &["devices"],
     &["ops", "tokenizer"],

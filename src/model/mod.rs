@@ -4,6 +4,7 @@
 pub mod arch;
 pub mod config;
 pub mod kv_dtype;
+mod layers;
 pub mod logprobs;
 pub mod mla;
 pub mod moe;
@@ -11,6 +12,7 @@ pub mod paged;
 pub mod paged_graph;
 pub mod rope;
 pub mod sampler;
+mod step_kv;
 pub mod synthetic;
 pub mod tensor_parallel;
 pub mod tp_process;

@@ -13,12 +13,12 @@
 //! then on. Prefill chunks and mixed steps run op by op through `PagedAttention`.
 
 use super::paged::{PagedKvPool, PagedSeqState};
+use super::step_kv::{Layers, Qkv, StepArrays, StepAttention, StepKv};
 use super::transformer::{KvStore, Model, PagedBatch};
 use crate::data::{Data, DataType};
-use crate::device::{BaseDevice, DataDict, FloatDict, IntDict};
+use crate::device::BaseDevice;
 use crate::error::{Error, Result};
-use crate::executor::Executor;
-use crate::ops::AttentionParams;
+use crate::step::{Call, Step, TensorId};
 use std::any::Any;
 
 /// How a paged step whose items all carry one token runs.
@@ -141,59 +141,44 @@ struct DecodeRun<'a> {
 
 /// The KV store of a padded decode step: `PagedDecodeAttention` over the bucket's arrays.
 struct DecodeKv<'a> {
-    k: &'a mut [Data],
-    v: &'a mut [Data],
-    slots: &'a Data,
-    lens: &'a Data,
-    tables: &'a Data,
-    workspace: &'a mut Data,
+    layers: Layers<'a>,
+    /// The write slots, key counts and block tables, and the workspace.
+    arrays: StepArrays<'a, 3>,
     block_size: i32,
     max_keys: i32,
 }
 
-impl KvStore for DecodeKv<'_> {
+impl<'a> StepKv<'a> for DecodeKv<'a> {
     fn attend(
         &mut self,
-        e: &Executor,
+        st: &mut Step<'a>,
         layer: usize,
-        q: &Data,
-        k: &Data,
-        v: &Data,
-        p: &AttentionParams,
-        out: &mut Data,
+        x: Qkv,
+        p: &StepAttention,
+        out: TensorId,
     ) -> Result<()> {
-        let (kc, vc) = match (self.k.get_mut(layer), self.v.get_mut(layer)) {
-            (Some(kc), Some(vc)) => (kc, vc),
-            _ => return Err(Error::invalid(format!("paged pool has no layer {layer}"))),
-        };
-        let mut d = DataDict::new()
-            .with("q", q)
-            .with("k", k)
-            .with("v", v)
-            .with_mut("k_cache", kc)
-            .with_mut("v_cache", vc)
-            .with("slots", self.slots)
-            .with("kv_lens", self.lens)
-            .with("block_tables", self.tables)
-            .with_mut("workspace", self.workspace);
-        if let Some(a) = p.alibi {
-            d.insert("alibi_slopes", a);
-        }
-        if let Some(s) = p.sinks {
-            d.insert("sinks", s);
-        }
-        d.insert_mut("output", out);
-        e.run(
-            "PagedDecodeAttention",
-            &mut d,
-            &FloatDict::new()
-                .with("scale", p.scale)
-                .with("softcap", p.softcap),
-            &IntDict::new()
-                .with("block_size", self.block_size)
-                .with("sliding_window", p.sliding_window as i32)
-                .with("max_keys", self.max_keys),
-        )
+        let ([slots, lens, tables], workspace) = self.arrays.get(st)?;
+        let (kc, vc) = self.layers.get(st, layer)?;
+        let c = Call::new("PagedDecodeAttention")
+            .input("q", x.q)
+            .input("k", x.k)
+            .input("v", x.v)
+            .output("k_cache", kc)
+            .output("v_cache", vc)
+            .input("slots", slots)
+            .input("kv_lens", lens)
+            .input("block_tables", tables)
+            .output("workspace", workspace)
+            .int("block_size", self.block_size)
+            .int("max_keys", self.max_keys);
+        st.push(p.args(c, out));
+        Ok(())
+    }
+
+    fn latent_layer(&mut self, _layer: usize) -> Result<Box<dyn KvStore + 'a>> {
+        Err(Error::invalid(
+            "latent attention does not run in padded batched decode steps",
+        ))
     }
 }
 
@@ -340,12 +325,8 @@ impl Model {
             ..
         } = bucket;
         let mut kv = DecodeKv {
-            k,
-            v,
-            slots,
-            lens,
-            tables,
-            workspace,
+            layers: Layers::new(k, v),
+            arrays: StepArrays::new([slots, lens, tables], workspace),
             block_size: i32::try_from(block_size).map_err(|_| Error::invalid("block size"))?,
             max_keys: i32::try_from(class).unwrap_or(i32::MAX),
         };

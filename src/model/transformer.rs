@@ -1,22 +1,24 @@
-//! `Model`: a decoder-only transformer built from Executor ops according to its `ArchSpec`, with
-//! a KV cache that grows in place (`Data` expansion + `CatDirect`), batched prefill (the whole
-//! prompt in one forward) and one-token decode steps. Never calls a kernel directly.
+//! `Model`: a decoder-only transformer according to its `ArchSpec`: loading and placing its
+//! weights, a KV cache that grows in place (`Data` expansion + `CatDirect`), forward steps over
+//! it or over the paged pool (each described once as a `Step`, see `layers`), recorded one-token
+//! decode steps, and token selection. Never calls a kernel directly.
 
-use super::arch::{self, ArchSpec, Mlp, NormKind, Positions, Qkv};
-use super::config::{ModelConfig, RopeScaling, RopeStyle};
+use super::arch::{self, ArchSpec, NormKind, Positions, Qkv};
+use super::config::{ModelConfig, RopeScaling};
 use super::kv_dtype::{self, KvDtype};
 use super::logprobs::{pick_logprobs, PickLogprobs};
 use super::paged::{PagedKvPool, PagedSeqState};
 use super::paged_graph::BatchDecode;
 use super::rope::RopePlan;
 use super::sampler::{pick_error, sample_logits, SampleRow};
+use super::step_kv::{CacheKv, GraphKv, Layers, PagedIndex, PagedKv, StepKv};
 use super::tensor_parallel::{RankTp, RemoteCache, TpGroup};
-use super::weights::{WeightSource, Weights, W};
+use super::weights::{WeightSource, Weights};
 use crate::data::{Data, DataType, DeviceKind};
 use crate::device::{DataDict, FloatDict, IntDict};
 use crate::error::{Error, Result};
 use crate::executor::Executor;
-use crate::ops::{self, AttentionParams, OutputCopy, RotaryParams, RotaryStyle};
+use crate::ops::{self, AttentionParams, OutputCopy, RotaryParams};
 use crate::options::RuntimeOptions;
 use std::sync::Arc;
 
@@ -149,16 +151,16 @@ impl Scratch {
 
 /// A loaded model ready to run.
 pub struct Model {
-    config: ModelConfig,
-    spec: &'static ArchSpec,
-    weights: Weights,
-    exec: Executor,
-    precision: Precision,
+    pub(super) config: ModelConfig,
+    pub(super) spec: &'static ArchSpec,
+    pub(super) weights: Weights,
+    pub(super) exec: Executor,
+    pub(super) precision: Precision,
     /// The rotations of the layers (one base, or Gemma-3's two).
-    rope: RopePlan,
-    alibi: Option<Data>,
+    pub(super) rope: RopePlan,
+    pub(super) alibi: Option<Data>,
     /// Set on a rank of a tensor-parallel group: its all-reduces.
-    tp: Option<RankTp>,
+    pub(super) tp: Option<RankTp>,
     /// Set on the driver of a tensor-parallel group: the ranks that run it.
     group: Option<Arc<TpGroup>>,
     /// Which fused and recorded paths it takes.
@@ -283,31 +285,12 @@ fn place_weights(
     Ok(())
 }
 
-/// Which fused and recorded paths a model takes, chosen at load from its first device's
-/// operators, the architecture, the precision and the switches of [`RuntimeOptions`].
+/// How a model's steps are run, chosen at load from its first device's operators, the
+/// architecture and the switches of [`RuntimeOptions`]. (Which ops a step fuses is the device's
+/// choice: see [`crate::step`].)
 struct Paths {
-    /// The first device has `SiluMul` (the gated MLP's silu and product in one op).
-    fused_silu_mul: bool,
-    /// The first device is this crate's CUDA device, whose `Linear` takes two or three weights
-    /// sharing an input in one call (q/k/v, gate/up), and [`RuntimeOptions::fused_ops`] is on;
-    /// it also gates the producers' copies below.
-    multi_linear: bool,
     /// One-token decode steps are recorded once per cache and replayed (CUDA graphs).
     decode_graphs: bool,
-    /// The `fast` precision with block-quantized projections on such a device: up to this many
-    /// rows (0 = never), `RMSNorm` and `SiluMul` also leave their output as the Q8_0 rows the
-    /// next `Linear` reads (`quantize_output`), instead of that `Linear` quantizing it in a
-    /// launch of its own.
-    q8_copy_rows: usize,
-    /// The `fast` precision on such a device, for a prefill (many rows): the copy `RMSNorm` and
-    /// `SiluMul` leave for the tensor-core path of the next `Linear` (f16 rows for f16 or block
-    /// weights, bf16 rows for bf16 weights, by layer 0's down projection), which then skips its
-    /// own cast.
-    prefill_copy: OutputCopy,
-    /// With a `prefill_copy` of f16/bf16 and `SiluMul`: the gate/up projections of a prefill
-    /// write F16/BF16 outputs, `SiluMul` multiplies them into a half tensor, and the down
-    /// projection reads that as it is (no f32 round trip of the widest activations).
-    half_mlp: bool,
     /// The first device has `RotaryTables`: a step forms its RoPE cos/sin once for all layers.
     rope_tables: bool,
     /// How paged steps of one token per sequence run ([`BatchDecode`]).
@@ -344,14 +327,9 @@ fn load_reporter<'a>(
 }
 
 impl Paths {
-    /// No fused or recorded path (a tensor-parallel group's driver: its ranks run the ops).
+    /// No recorded path (a tensor-parallel group's driver: its ranks run the ops).
     const OFF: Paths = Paths {
-        fused_silu_mul: false,
-        multi_linear: false,
         decode_graphs: false,
-        q8_copy_rows: 0,
-        prefill_copy: OutputCopy::None,
-        half_mlp: false,
         rope_tables: false,
         batch_decode: BatchDecode::Off,
     };
@@ -360,7 +338,6 @@ impl Paths {
         exec: &Executor,
         spec: &ArchSpec,
         c: &ModelConfig,
-        precision: Precision,
         opts: &RuntimeOptions,
         weights: &Weights,
         rope: &RopePlan,
@@ -370,8 +347,6 @@ impl Paths {
                 .first()
                 .is_some_and(|d| d.kind() != DeviceKind::Cpu && d.ops().contains_key(op))
         };
-        let fused_silu_mul = first_has("SiluMul") && c.hidden_act == "silu";
-        let multi_linear = first_has("SiluMul") && first_has("DecodeAttention") && opts.fused_ops;
         let decode_graphs = first_has("DecodeAttention")
             && c.moe.is_none() // routing is read back mid-step
             && c.mla.is_none() // its per-head products run on the CPU
@@ -379,41 +354,13 @@ impl Paths {
             && !rope.length_dependent()
             && !matches!(spec.positions, Positions::Learned(_))
             && opts.cuda_graphs;
-        // the first layer's down projection stands for the MLP products
-        let down = if multi_linear && precision == Precision::Fast {
-            let dn = match spec.mlp {
-                Mlp::Gated(_, _, dn) | Mlp::GatedFused(_, dn) | Mlp::Plain(_, dn) => dn,
-            };
-            weights
-                .get(&format!("{}0.{dn}.weight", spec.layer_prefix))
-                .ok()
-        } else {
-            None
-        };
-        // Q4_K / Q6_K weights read Q8_0 rows at one row only (`linear_q8act_kq_*`)
-        let q8_copy_rows = match down.as_ref().map(|w| w.dtype()) {
-            Some(DataType::Q8_0 | DataType::Q4_0 | DataType::Q4_1) => {
-                crate::device::Q8_COPY_MAX_ROWS
-            }
-            Some(DataType::Q4K | DataType::Q6K) => 1,
-            _ => 0,
-        };
-        let prefill_copy = down.as_ref().map_or(OutputCopy::None, |w| {
-            OutputCopy::tensor_core_form(w.dtype(), w.dims().get(1).copied().unwrap_or(0))
-        });
-        let half_mlp = fused_silu_mul && matches!(prefill_copy, OutputCopy::F16 | OutputCopy::Bf16);
         let batch_decode = if decode_graphs && first_has("PagedDecodeAttention") {
             BatchDecode::Graphs
         } else {
             BatchDecode::Off
         };
         Paths {
-            fused_silu_mul,
-            multi_linear,
             decode_graphs,
-            q8_copy_rows,
-            prefill_copy,
-            half_mlp,
             rope_tables: first_has("RotaryTables"),
             batch_decode,
         }
@@ -491,7 +438,7 @@ impl Model {
             &mut loaded,
         )?;
         loaded(u64::MAX);
-        let paths = Paths::choose(&exec, spec, c, precision, opts, &weights, &rope);
+        let paths = Paths::choose(&exec, spec, c, opts, &weights, &rope);
         let kv_dtype =
             kv_dtype::resolve(None, exec.devices().first().map(|d| d.as_ref()), precision)?;
         Ok(Model {
@@ -525,6 +472,12 @@ impl Model {
             && self.config.mla.is_none()
             && !self.rope.length_dependent()
             && !matches!(self.spec.positions, Positions::Learned(_));
+    }
+
+    /// True when the first device forms a step's rotation tables once for all layers
+    /// (`RotaryTables`).
+    pub(super) fn rope_tables(&self) -> bool {
+        self.paths.rope_tables
     }
 
     /// True when one-token decode steps are recorded and replayed.
@@ -665,14 +618,6 @@ impl Model {
         self.group.as_ref().map(|g| g.label())
     }
 
-    /// Sums `x` over the ranks when this model is a rank and `on` holds.
-    fn all_reduce(&self, x: &mut Data, on: impl Fn(&RankTp) -> bool) -> Result<()> {
-        match &self.tp {
-            Some(tp) if on(tp) => tp.comm.all_reduce_sum(x),
-            _ => Ok(()),
-        }
-    }
-
     /// The configuration.
     pub fn config(&self) -> &ModelConfig {
         &self.config
@@ -747,166 +692,22 @@ impl Model {
         })
     }
 
-    fn norm(&self, x: &Data, name: &str, out: &mut Data) -> Result<()> {
-        self.norm_q(x, name, out, OutputCopy::None)
-    }
-
-    /// [`Model::norm`] whose output feeds a `Linear`: the norm also leaves the copy that
-    /// `Linear` reads ([`Model::copy_for`]).
-    fn norm_for_linear(&self, x: &Data, name: &str, out: &mut Data) -> Result<()> {
-        let rows = x.count() / x.dim(-1).max(1);
-        self.norm_q(x, name, out, self.copy_for(rows))
-    }
-
-    /// The copy a producer of `rows` rows leaves for the `Linear` after it: Q8_0 rows up to
-    /// `q8_copy_rows` rows, the prefill copy at more.
-    fn copy_for(&self, rows: usize) -> OutputCopy {
-        match rows {
-            0 => OutputCopy::None,
-            r if r <= self.paths.q8_copy_rows => OutputCopy::Q8,
-            1 => OutputCopy::None,
-            _ => self.paths.prefill_copy,
-        }
-    }
-
-    fn norm_q(&self, x: &Data, name: &str, out: &mut Data, copy: OutputCopy) -> Result<()> {
-        let e = &self.exec;
-        let eps = self.config.norm_eps;
-        let w = self.weights.get(&format!("{name}.weight"))?;
-        match self.spec.norm {
-            NormKind::Rms | NormKind::RmsPlusOne => {
-                ops::rms_norm_quantizing(e, x, &w, eps, out, copy)
-            }
-            NormKind::Layer => {
-                let b = self.weights.get(&format!("{name}.bias"))?;
-                ops::layer_norm(e, x, &w, &b, eps, out)
-            }
-        }
-    }
-
-    fn linear(&self, x: &Data, name: &str, out: &mut Data) -> Result<()> {
-        let w = self.weights.get(&format!("{name}.weight"))?;
-        let b = self.weights.opt(&format!("{name}.bias"))?;
-        ops::linear(
-            &self.exec,
-            x,
-            &w,
-            b.as_deref(),
-            out,
-            self.precision == Precision::Fast,
-        )
-    }
-
-    /// `outs[i] = x·W_iᵀ + b_i` for the projections `names` of one input: one `Linear` call with
-    /// several weights where the device takes it and the weights share a dtype, else one call
-    /// per weight (later ones reusing the quantized input).
-    fn linears(&self, x: &Data, names: &[String], outs: &mut [&mut Data]) -> Result<()> {
-        self.linears_as(x, names, outs, OutputCopy::None)
-    }
-
-    /// [`Model::linears`], asking for `half` outputs where the device can write them
-    /// ([`ops::linear_multi_as`]; one-weight calls ignore it and write f32).
-    fn linears_as(
-        &self,
-        x: &Data,
-        names: &[String],
-        outs: &mut [&mut Data],
-        half: OutputCopy,
-    ) -> Result<()> {
-        let mut ws = Vec::with_capacity(names.len());
-        let mut bs = Vec::with_capacity(names.len());
-        for n in names {
-            ws.push(self.weights.get(&format!("{n}.weight"))?);
-            bs.push(self.weights.opt(&format!("{n}.bias"))?);
-        }
-        let same = ws.windows(2).all(|p| p[0].dtype() == p[1].dtype());
-        if self.paths.multi_linear && same && names.len() == outs.len() && names.len() <= 3 {
-            let mut parts: Vec<(&Data, Option<&Data>, &mut Data)> = ws
-                .iter()
-                .zip(&bs)
-                .zip(outs.iter_mut())
-                .map(|((w, b), o)| (&**w, b.as_deref(), &mut **o))
-                .collect();
-            let fast = self.precision == Precision::Fast;
-            return ops::linear_multi_as(&self.exec, x, &mut parts, fast, half);
-        }
-        for (i, (n, o)) in names.iter().zip(outs.iter_mut()).enumerate() {
-            if i == 0 {
-                self.linear(x, n, o)?;
-            } else {
-                self.linear_again(x, n, o)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// The half form the gate/up projections of `rows` rows may write (`Paths::half_mlp`):
-    /// the prefill copy's form when the down projection `down` (a weight name) reads that form
-    /// on the tensor-core path, else [`OutputCopy::None`].
-    fn half_mlp_for(&self, rows: usize, down: &str) -> Result<OutputCopy> {
-        let copy = self.copy_for(rows);
-        // (low-memory mode would read the weight from the file just to see its dtype)
-        if !self.paths.half_mlp
-            || self.weights.low_memory()
-            || !matches!(copy, OutputCopy::F16 | OutputCopy::Bf16)
-        {
-            return Ok(OutputCopy::None);
-        }
-        let w = self.weights.get(&format!("{down}.weight"))?;
-        let form = OutputCopy::tensor_core_form(w.dtype(), w.dims().get(1).copied().unwrap_or(0));
-        Ok(if form == copy { copy } else { OutputCopy::None })
-    }
-
-    /// `out += x·Wᵀ + b` (one row, on a device that accumulates: see `multi_linear`).
-    fn linear_add(&self, x: &Data, name: &str, out: &mut Data) -> Result<()> {
-        let w = self.weights.get(&format!("{name}.weight"))?;
-        let b = self.weights.opt(&format!("{name}.bias"))?;
-        ops::linear_add(
-            &self.exec,
-            x,
-            &w,
-            b.as_deref(),
-            out,
-            self.precision == Precision::Fast,
-        )
-    }
-
-    /// [`Model::linear`] right after another `Linear` of the same unchanged `x`.
-    fn linear_again(&self, x: &Data, name: &str, out: &mut Data) -> Result<()> {
-        let w = self.weights.get(&format!("{name}.weight"))?;
-        let b = self.weights.opt(&format!("{name}.bias"))?;
-        ops::linear_same_input(
-            &self.exec,
-            x,
-            &w,
-            b.as_deref(),
-            out,
-            self.precision == Precision::Fast,
-        )
-    }
-
     /// The MoE config and expert names when layer `i` routes to experts.
-    fn moe_layer(&self, i: usize) -> Option<(&super::moe::MoeConfig, super::moe::MoeNames)> {
+    pub(super) fn moe_layer(
+        &self,
+        i: usize,
+    ) -> Option<(&super::moe::MoeConfig, super::moe::MoeNames)> {
         let m = self.config.moe.as_ref().filter(|m| m.is_moe(i))?;
         Some((m, self.spec.moe?))
     }
 
     /// What the MoE stage reads from this model.
-    fn moe_step(&self) -> super::moe::MoeStep<'_> {
+    pub(super) fn moe_step(&self) -> super::moe::MoeStep<'_> {
         super::moe::MoeStep {
             exec: &self.exec,
             weights: &self.weights,
             quant_act: self.precision == Precision::Fast,
             act: &self.config.hidden_act,
-        }
-    }
-
-    fn act(&self, x: &Data, out: &mut Data) -> Result<()> {
-        match self.config.hidden_act.as_str() {
-            "silu" => ops::silu(&self.exec, x, out),
-            "gelu_tanh" => ops::gelu(&self.exec, x, true, out),
-            "gelu" => ops::gelu(&self.exec, x, false, out),
-            a => Err(bad(format!("activation '{a}'"))),
         }
     }
 
@@ -1074,13 +875,10 @@ impl Model {
             next,
             ..
         } = g;
-        let mut kv = GraphKv {
-            k: &mut cache.k,
-            v: &mut cache.v,
-            pos,
-            workspace,
-        };
-        self.layers(ids, pos, &[0], &mut kv, bufs, logits, true)?;
+        {
+            let mut kv = GraphKv::new(Layers::new(&mut cache.k, &mut cache.v), pos, workspace);
+            self.layers(ids, pos, &[0], &mut kv, bufs, logits, true)?;
+        }
         ops::argmax(&self.exec, logits, next)
     }
 
@@ -1250,7 +1048,8 @@ impl Model {
         };
         let mut scratch = std::mem::take(&mut cache.scratch);
         let before = cache.len;
-        let r = self.forward_rows(tokens, &pos, &rows, &[0, s], cache, &mut scratch);
+        let kv = KvSource::Cache(&mut cache.k, &mut cache.v);
+        let r = self.forward_rows(tokens, &pos, &rows, &[0, s], kv, &mut scratch);
         cache.scratch = scratch;
         match r {
             Ok(l) => {
@@ -1521,16 +1320,17 @@ impl Model {
 
     /// [`Model::paged_step`] with the logits left where the last op wrote them.
     fn paged_step_device(&self, pool: &mut PagedKvPool, b: &PagedBatch) -> Result<Data> {
-        let mut store = PagedStep {
-            pool,
+        let index = PagedIndex {
             slots: Data::from_i32(&[b.slots.len()], &b.slots)?,
             q_starts: Data::from_i32(&[b.q_starts.len()], &b.q_starts)?,
             kv_lens: Data::from_i32(&[b.kv_lens.len()], &b.kv_lens)?,
             tables: Data::from_i32(&[b.seqs, b.max_blocks], &b.table)?,
+            block_size: pool.block_size,
         };
         let mut scratch = Scratch::default();
         let runs: Vec<usize> = b.q_starts.iter().map(|&r| r.max(0) as usize).collect();
-        self.forward_rows(&b.tokens, &b.pos, &b.rows, &runs, &mut store, &mut scratch)
+        let kv = KvSource::Paged(&mut pool.k, &mut pool.v, &index);
+        self.forward_rows(&b.tokens, &b.pos, &b.rows, &runs, kv, &mut scratch)
     }
 
     fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
@@ -1552,7 +1352,7 @@ impl Model {
         pos: &[i32],
         logit_rows: &[i32],
         runs: &[usize],
-        kv: &mut dyn KvStore,
+        kv: KvSource,
         scratch: &mut Scratch,
     ) -> Result<Data> {
         let s = tokens.len();
@@ -1590,289 +1390,38 @@ impl Model {
             sc[n - 1] = place(sin)?;
         }
         let mut logits = Data::empty(DataType::F32);
-        let r = self.layers(&ids, &pos, logit_rows, kv, &mut sc, &mut logits, false);
+        let r = {
+            let mut store: Box<dyn StepKv> = match kv {
+                KvSource::Cache(k, v) => Box::new(CacheKv {
+                    layers: Layers::new(k, v),
+                }),
+                KvSource::Paged(k, v, index) => Box::new(PagedKv::new(k, v, index)),
+            };
+            self.layers(
+                &ids,
+                &pos,
+                logit_rows,
+                store.as_mut(),
+                &mut sc,
+                &mut logits,
+                false,
+            )
+        };
         scratch.give(sc);
         r.map(|()| logits)
     }
 
-    /// The layer stack; writes the logits of `logit_rows` into `logits`. `ids_on_device`: the
-    /// ids were validated and uploaded by the caller (the embedding does not read them back).
-    /// Stages: [`Model::embed`], then per layer [`Model::attention_block`] and
-    /// [`Model::ffn_block`] (each adding its residual), then [`Model::head`].
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn layers(
-        &self,
-        ids: &Data,
-        pos: &Data,
-        logit_rows: &[i32],
-        kv: &mut dyn KvStore,
-        sc: &mut [Data],
-        logits: &mut Data,
-        ids_on_device: bool,
-    ) -> Result<()> {
-        let [x, h, q, k, v, a, b, g, t0, t1, t2, _, rope_cos, rope_sin] = sc else {
-            return Err(Error::invalid("scratch"));
-        };
-        let mut bufs = StepBufs {
-            x,
-            h,
-            q,
-            k,
-            v,
-            a,
-            b,
-            g,
-            t0,
-            t1,
-            t2,
-        };
-        self.embed(ids, pos, ids_on_device, &mut bufs)?;
-        let ropes = self.step_rope(pos, rope_cos, rope_sin)?;
-        for i in 0..self.config.num_layers {
-            self.attention_block(i, &ropes, kv, &mut bufs)?;
-            self.ffn_block(i, &mut bufs)?;
-        }
-        self.head(logit_rows, &mut bufs, logits)
-    }
-
-    /// The step's embedding into `x`: token rows, then the learned positions, the embedding
-    /// scale and norm where the architecture has them.
-    fn embed(
-        &self,
-        ids: &Data,
-        pos: &Data,
-        ids_on_device: bool,
-        bufs: &mut StepBufs,
-    ) -> Result<()> {
-        let c = &self.config;
-        let e = &self.exec;
-        let StepBufs { x, t0, .. } = bufs;
-        {
-            let w = self.weights.get(&format!("{}.weight", self.spec.embed))?;
-            if ids_on_device {
-                ops::embedding_checked(e, ids, &w, x)?;
-            } else {
-                ops::embedding(e, ids, &w, x)?;
-            }
-        }
-        self.all_reduce(x, |_| true)?; // vocab-parallel embedding
-        if self.spec.embed_scale {
-            ops::mul(e, x, (c.hidden_size as f32).sqrt(), t0)?;
-            std::mem::swap(*x, *t0);
-        }
-        if let Positions::Learned(wpe) = self.spec.positions {
-            let w = self.weights.get(&format!("{wpe}.weight"))?;
-            let max_pos = pos.as_i32()?.iter().copied().max().unwrap_or(0) as usize;
-            if max_pos >= w.dim(0) {
-                return Err(Error::ContextFull(format!(
-                    "position {max_pos} beyond the {} learned positions",
-                    w.dim(0)
-                )));
-            }
-            ops::embedding(e, pos, &w, t0)?;
-            ops::add_to(e, x, t0, 1.0)?;
-        }
-        if let Some(n) = self.spec.embed_norm {
-            self.norm(x, n, t0)?;
-            std::mem::swap(*x, *t0);
-        }
-        Ok(())
-    }
-
-    /// The step's rotations: the global one, whose angles are formed once for all layers into
-    /// `cos` / `sin` where the device keeps tables (or were formed by `forward_rows` for a
-    /// length-dependent scaling), and Gemma-3's local one for the sliding-window layers (its own
-    /// base, angles formed by the rotation itself).
-    fn step_rope<'a>(
-        &'a self,
-        pos: &'a Data,
-        cos: &'a mut Data,
-        sin: &'a mut Data,
-    ) -> Result<StepRope<'a>> {
-        let c = &self.config;
-        let style = match c.rope_style {
-            RopeStyle::Neox => RotaryStyle::Neox,
-            RopeStyle::Interleaved => RotaryStyle::Interleaved,
-        };
-        let rotary = |r: &'a super::rope::LayerRope| RotaryParams {
-            positions: pos,
-            inv_freq: r.inv_freq.as_ref(),
-            rotary_dim: c.rope_dim,
-            style,
-            theta: r.theta,
-            tables: None,
-        };
-        let mut global = rotary(&self.rope.global);
-        let local = self.rope.local.as_ref().map(rotary);
-        if self.rope.length_dependent() {
-            global.tables = Some((&*cos, &*sin)); // formed by `forward_rows`
-        } else if self.paths.rope_tables && self.spec.positions == Positions::Rope {
-            ops::rotary_tables(&self.exec, &global, cos, sin)?;
-            global.tables = Some((&*cos, &*sin));
-        }
-        Ok(StepRope { global, local })
-    }
-
-    /// The attention scale: `query_pre_attn_scalar`, else the head size.
-    fn attention_scale(&self) -> f32 {
-        let c = &self.config;
-        if c.query_pre_attn_scalar > 0.0 {
-            1.0 / c.query_pre_attn_scalar.sqrt()
-        } else {
-            1.0 / (c.head_dim as f32).sqrt()
-        }
-    }
-
-    /// Layer `i`'s q, k, v [rows, heads, head dim] from the normed input `h`, in the
-    /// architecture's projection form.
-    fn qkv(&self, i: usize, bufs: &mut StepBufs) -> Result<()> {
-        let c = &self.config;
-        let e = &self.exec;
-        let StepBufs {
-            h, q, k, v, t0, t1, ..
-        } = bufs;
-        let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
-        let (s, nh, nkv, hd) = (h.dim(0), c.num_heads, c.num_kv_heads, c.head_dim);
-        match self.spec.qkv {
-            Qkv::Separate(qn, kn, vn) => {
-                self.linears(
-                    h,
-                    &[ln(qn), ln(kn), ln(vn)],
-                    &mut [&mut **q, &mut **k, &mut **v],
-                )?;
-            }
-            Qkv::Fused(n) => {
-                self.linear(h, &ln(n), t0)?;
-                let (qd, kd) = (nh * hd, nkv * hd);
-                if t0.dim(1) != qd + 2 * kd {
-                    return Err(bad(format!(
-                        "{}: fused qkv has {} outputs, expected {}",
-                        ln(n),
-                        t0.dim(1),
-                        qd + 2 * kd
-                    )));
-                }
-                ops::split(e, t0, 1, 0, qd, q)?;
-                ops::split(e, t0, 1, qd, qd + kd, k)?;
-                ops::split(e, t0, 1, qd + kd, qd + 2 * kd, v)?;
-            }
-            Qkv::FusedPerHead(n) => {
-                if nh != nkv {
-                    return Err(bad("per-head fused qkv needs as many KV heads as heads"));
-                }
-                self.linear(h, &ln(n), t0)?;
-                t0.reshape(&[s, nh, 3, hd])?;
-                ops::permute(e, t0, &[2, 0, 1, 3], t1)?;
-                t1.reshape(&[3, s * nh * hd])?;
-                ops::split(e, t1, 0, 0, 1, q)?;
-                ops::split(e, t1, 0, 1, 2, k)?;
-                ops::split(e, t1, 0, 2, 3, v)?;
-            }
-            Qkv::Latent(_) => return Err(bad("latent attention has no separate q/k/v heads")),
-        }
-        q.reshape(&[s, nh, hd])?;
-        k.reshape(&[s, nkv, hd])?;
-        v.reshape(&[s, nkv, hd])
-    }
-
-    /// Layer `i`'s attention: norm, q/k/v, the layer's query scale and q/k norms, rotation,
-    /// attention through `kv`, o projection, and the residual added into `x`.
-    fn attention_block(
-        &self,
-        i: usize,
-        ropes: &StepRope,
-        kv: &mut dyn KvStore,
-        bufs: &mut StepBufs,
-    ) -> Result<()> {
-        let c = &self.config;
-        let e = &self.exec;
-        let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
-        self.norm_for_linear(bufs.x, &ln(self.spec.attn_norm), bufs.h)?;
-        if let (Qkv::Latent(names), Some(m)) = (self.spec.qkv, &c.mla) {
-            self.latent_attention(i, &names, m, &ropes.global, kv, bufs)?;
-            return self.attention_out(i, bufs);
-        }
-        self.qkv(i, bufs)?;
-        let StepBufs { q, k, v, a, t0, .. } = bufs;
-        let (s, nh, hd) = (q.dim(0), c.num_heads, c.head_dim);
-        let layer_rope = self.rope.layer(c, i);
-        let rope = match &ropes.local {
-            Some(r) if self.rope.is_local(c, i) => r,
-            _ => &ropes.global,
-        };
-        if let Some((qn, kn)) = self.spec.qk_norm {
-            self.norm(q, &ln(qn), t0)?;
-            std::mem::swap(*q, *t0);
-            self.norm(k, &ln(kn), t0)?;
-            std::mem::swap(*k, *t0);
-        }
-        if let Some(m) = &layer_rope.q_scale {
-            ops::mul_to(e, q, m)?; // the attention factor on the rotated dims only (after the norm)
-        }
-        // a graph-mode decode step rotates q and k in the attention launch
-        let rotate_in_store = self.spec.positions == Positions::Rope
-            && rope.tables.is_some()
-            && s == 1
-            && kv.rotates_step();
-        if self.spec.positions == Positions::Rope && !rotate_in_store {
-            if self.paths.multi_linear {
-                ops::rotary_pair(e, q, k, rope)?;
-            } else {
-                ops::rotary(e, q, rope)?;
-                ops::rotary(e, k, rope)?;
-            }
-        }
-        let sliding = c.sliding_layers.get(i).copied().unwrap_or(false);
-        let sinks = match self.spec.attn_sinks {
-            Some(n) => Some(self.weights.get(&ln(n))?),
-            None => None,
-        };
-        let ap = AttentionParams {
-            scale: self.attention_scale() * layer_rope.score_scale,
-            softcap: c.attn_logit_softcap,
-            sliding_window: if sliding { c.sliding_window } else { 0 },
-            alibi: self.alibi.as_ref(),
-            sinks: sinks.as_deref(),
-            fast: self.precision == Precision::Fast,
-            output_copy: self.copy_for(s),
-        };
-        if rotate_in_store {
-            kv.attend_rotating(e, i, q, k, v, rope, &ap, a)?;
-        } else {
-            kv.attend(e, i, q, k, v, &ap, a)?;
-        }
-        a.reshape(&[s, nh * hd])?;
-        self.attention_out(i, bufs)
-    }
-
-    /// Layer `i`'s o projection of the attention output `a`, its post-norm where the
-    /// architecture has one, and the residual added into `x`.
-    fn attention_out(&self, i: usize, bufs: &mut StepBufs) -> Result<()> {
-        let StepBufs { x, a, b, t0, .. } = bufs;
-        let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
-        // on the CUDA device the residual add rides on the projection (`accumulate`)
-        let fuse_residual = self.paths.multi_linear && self.tp.is_none();
-        if fuse_residual && self.spec.post_attn_norm.is_none() {
-            return self.linear_add(a, &ln(self.spec.o_proj), x);
-        }
-        self.linear(a, &ln(self.spec.o_proj), b)?;
-        self.all_reduce(b, |tp| tp.reduce_attention)?;
-        if let Some(n) = self.spec.post_attn_norm {
-            self.norm(b, &ln(n), t0)?;
-            std::mem::swap(*b, *t0);
-        }
-        ops::add_to(&self.exec, x, b, 1.0)
-    }
-
     /// Layer `i`'s latent attention ([`super::mla`]) of the normed input `h` into `a`.
-    fn latent_attention(
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn latent_attention(
         &self,
         i: usize,
         names: &super::mla::MlaNames,
         m: &super::mla::MlaConfig,
         rope: &RotaryParams,
         kv: &mut dyn KvStore,
-        bufs: &mut StepBufs,
+        h: &Data,
+        a: &mut Data,
     ) -> Result<()> {
         let c = &self.config;
         let af = super::rope::attention_factor(&self.rope.layer(c, i).scaling);
@@ -1894,133 +1443,8 @@ impl Model {
             sinks: None,
         };
         let p = format!("{}{i}.", self.spec.layer_prefix);
-        super::mla::mla_attention(&st, m, names, &p, i, bufs.h, rope, kv, &ap, bufs.a)
+        super::mla::mla_attention(&st, m, names, &p, i, h, rope, kv, &ap, a)
     }
-
-    /// Layer `i`'s MLP: norm, the architecture's gate/up form and activation, down projection,
-    /// and the residual added into `x`.
-    fn ffn_block(&self, i: usize, bufs: &mut StepBufs) -> Result<()> {
-        let c = &self.config;
-        let e = &self.exec;
-        let StepBufs {
-            x, h, b, g, t0, t1, ..
-        } = bufs;
-        let s = x.dim(0);
-        let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
-        if let Some((m, names)) = self.moe_layer(i) {
-            self.norm(x, &ln(self.spec.ffn_norm), h)?;
-            super::moe::moe_ffn(&self.moe_step(), m, &names, &ln(""), h, b)?;
-            return self.ffn_residual(i, b, t0, x);
-        }
-        self.norm_for_linear(x, &ln(self.spec.ffn_norm), h)?;
-        let down = match self.spec.mlp {
-            Mlp::Gated(gn, un, dn) => {
-                // half gate/up outputs only where the fused SiluMul reads them
-                let half = if self.paths.fused_silu_mul {
-                    self.half_mlp_for(s, &ln(dn))?
-                } else {
-                    OutputCopy::None
-                };
-                self.linears_as(h, &[ln(gn), ln(un)], &mut [&mut **g, &mut **t0], half)?;
-                if self.paths.fused_silu_mul {
-                    ops::silu_mul_quantizing(e, g, t0, t1, self.copy_for(s))?;
-                } else {
-                    self.act(g, t1)?;
-                    ops::mul_to(e, t1, t0)?;
-                }
-                dn
-            }
-            Mlp::GatedFused(gun, dn) => {
-                self.linear(h, &ln(gun), g)?;
-                match c.hidden_act.as_str() {
-                    "silu" => ops::swiglu(e, g, t1)?,
-                    "gelu_tanh" => ops::gelu_gated(e, g, true, t1)?,
-                    "gelu" => ops::gelu_gated(e, g, false, t1)?,
-                    other => return Err(bad(format!("activation '{other}'"))),
-                }
-                dn
-            }
-            Mlp::Plain(un, dn) => {
-                self.linear(h, &ln(un), g)?;
-                self.act(g, t1)?;
-                dn
-            }
-        };
-        let fuse_residual = self.paths.multi_linear && self.tp.is_none();
-        if fuse_residual && self.spec.post_ffn_norm.is_none() {
-            return self.linear_add(t1, &ln(down), x);
-        }
-        self.linear(t1, &ln(down), b)?;
-        self.all_reduce(b, |_| true)?; // row-parallel down projection
-        self.ffn_residual(i, b, t0, x)
-    }
-
-    /// `x += post_ffn_norm(b)` (the norm where the architecture has one; `t` is scratch).
-    fn ffn_residual(&self, i: usize, b: &mut Data, t: &mut Data, x: &mut Data) -> Result<()> {
-        if let Some(n) = self.spec.post_ffn_norm {
-            self.norm(b, &format!("{}{i}.{n}", self.spec.layer_prefix), t)?;
-            std::mem::swap(b, t);
-        }
-        ops::add_to(&self.exec, x, b, 1.0)
-    }
-
-    /// The final norm and LM head over the rows `logit_rows` of `x`, with the logit
-    /// soft-capping where the architecture has it.
-    fn head(&self, logit_rows: &[i32], bufs: &mut StepBufs, logits: &mut Data) -> Result<()> {
-        let c = &self.config;
-        let e = &self.exec;
-        let StepBufs { x, h, t1, t2, .. } = bufs;
-        let s = x.dim(0);
-        let rows: &Data = if logit_rows.len() == s
-            && logit_rows.iter().enumerate().all(|(i, &r)| r as usize == i)
-        {
-            x
-        } else {
-            let idx = Data::from_i32(&[logit_rows.len()], logit_rows)?;
-            ops::embedding(e, &idx, x, t1)?; // row gather
-            t1
-        };
-        self.norm_for_linear(rows, self.spec.final_norm, h)?;
-        let head =
-            if !c.tie_embeddings && self.weights.has(&format!("{}.weight", self.spec.lm_head)) {
-                self.spec.lm_head
-            } else {
-                self.spec.embed
-            };
-        {
-            let w: W = self.weights.get(&format!("{head}.weight"))?;
-            ops::linear(e, h, &w, None, logits, self.precision == Precision::Fast)?;
-        }
-        if c.final_logit_softcap > 0.0 {
-            ops::soft_cap(e, logits, c.final_logit_softcap, t2)?;
-            std::mem::swap(logits, *t2);
-        }
-        Ok(())
-    }
-}
-
-/// The rotations of one step: the global one and Gemma-3's local one.
-struct StepRope<'a> {
-    global: RotaryParams<'a>,
-    local: Option<RotaryParams<'a>>,
-}
-
-/// The working tensors of one step through the layer stack: `x` the residual stream, `h` the
-/// normed input of the next projection, `q`/`k`/`v`, `a` the attention output, `b` a
-/// projection's output before its residual add, `g` the gate (or up) projection, and the
-/// temporaries `t0`..`t2`.
-struct StepBufs<'a> {
-    x: &'a mut Data,
-    h: &'a mut Data,
-    q: &'a mut Data,
-    k: &'a mut Data,
-    v: &'a mut Data,
-    a: &'a mut Data,
-    b: &'a mut Data,
-    g: &'a mut Data,
-    t0: &'a mut Data,
-    t1: &'a mut Data,
-    t2: &'a mut Data,
 }
 
 /// `d` on the host (a copy when it lives on a device).
@@ -2073,6 +1497,14 @@ fn check_sample_rows(what: &str, rows: &[SampleRow], items: usize) -> Result<()>
     Ok(())
 }
 
+/// The caches a step over the contiguous cache or the paged pool keeps keys and values in.
+pub(super) enum KvSource<'c> {
+    /// A sequence's layers (keys, values).
+    Cache(&'c mut [Data], &'c mut [Data]),
+    /// A paged pool's layers and the step's index arrays.
+    Paged(&'c mut [Data], &'c mut [Data], &'c PagedIndex),
+}
+
 fn to_host(d: Data) -> Result<Data> {
     if d.device() != DeviceKind::Cpu {
         d.to_owned_host()
@@ -2081,8 +1513,10 @@ fn to_host(d: Data) -> Result<Data> {
     }
 }
 
-/// Where a forward pass keeps keys and values: stores this step's k/v rows of `layer` and
-/// computes attention of `q` over everything cached.
+/// A KV store run op by op: stores this step's k/v rows of `layer` and computes attention of
+/// `q` over everything cached, calling the ops at once. Latent attention (a stage of a step,
+/// [`super::mla::mla_attention`]) reads its layer's cache through it; a step's other layers
+/// describe their attention through the stores of `step_kv`.
 pub trait KvStore {
     /// Appends `k`, `v` [rows, nkv, hd] for `layer` and writes attention of `q` into `out`.
     #[allow(clippy::too_many_arguments)]
@@ -2133,142 +1567,6 @@ pub trait KvStore {
         Err(Error::invalid(
             "this KV store does not rotate the step's keys",
         ))
-    }
-}
-
-impl KvStore for KvCache {
-    fn attend(
-        &mut self,
-        e: &Executor,
-        layer: usize,
-        q: &Data,
-        k: &Data,
-        v: &Data,
-        p: &AttentionParams,
-        out: &mut Data,
-    ) -> Result<()> {
-        let (kc, vc) = match (self.k.get_mut(layer), self.v.get_mut(layer)) {
-            (Some(kc), Some(vc)) => (kc, vc),
-            _ => return Err(Error::invalid(format!("KV cache has no layer {layer}"))),
-        };
-        if kc.dtype() == DataType::F32 {
-            ops::cat_direct(e, kc, k, 0)?;
-            ops::cat_direct(e, vc, v, 0)?;
-        } else {
-            ops::kv_append(e, kc, k)?;
-            ops::kv_append(e, vc, v)?;
-        }
-        ops::attention(e, q, kc, vc, p, out)
-    }
-
-    fn attend_shared(
-        &mut self,
-        e: &Executor,
-        layer: usize,
-        q: &Data,
-        kv: &Data,
-        p: &AttentionParams,
-        out: &mut Data,
-    ) -> Result<()> {
-        let kc = self
-            .k
-            .get_mut(layer)
-            .ok_or_else(|| Error::invalid(format!("KV cache has no layer {layer}")))?;
-        if kc.dtype() == DataType::F32 {
-            ops::cat_direct(e, kc, kv, 0)?;
-        } else {
-            ops::kv_append(e, kc, kv)?;
-        }
-        ops::attention(e, q, kc, kc, p, out)
-    }
-}
-
-/// The KV store of a graph-mode decode step: `DecodeAttention` stores the step's keys and
-/// values in row `pos` of the caches (rotating q and k by the step's tables when given) and
-/// attends over rows 0..=pos, with the position read on the device, so the recorded work does
-/// not depend on the host-side length.
-struct GraphKv<'a> {
-    k: &'a mut [Data],
-    v: &'a mut [Data],
-    pos: &'a Data,
-    workspace: &'a mut Data,
-}
-
-impl GraphKv<'_> {
-    /// `DecodeAttention` of layer `layer`, storing the step's `k`, `v` itself (rotating q and k
-    /// by the tables of `rope` when given).
-    #[allow(clippy::too_many_arguments)]
-    fn run(
-        &mut self,
-        e: &Executor,
-        layer: usize,
-        q: &Data,
-        k: &Data,
-        v: &Data,
-        rope: Option<&RotaryParams>,
-        p: &AttentionParams,
-        out: &mut Data,
-    ) -> Result<()> {
-        let (kc, vc) = match (self.k.get_mut(layer), self.v.get_mut(layer)) {
-            (Some(kc), Some(vc)) => (kc, vc),
-            _ => return Err(Error::invalid(format!("KV cache has no layer {layer}"))),
-        };
-        // written: inout, so a cache still on the host moves to the device for good
-        let mut d = DataDict::new()
-            .with("q", q)
-            .with("positions", self.pos)
-            .with_mut("k_cache", kc)
-            .with_mut("v_cache", vc)
-            .with("k", k)
-            .with("v", v);
-        let mut ints = IntDict::new();
-        if let Some(r) = rope {
-            let (cos, sin) = r
-                .tables
-                .ok_or_else(|| Error::invalid("the step's rotation needs its tables"))?;
-            d.insert("cos", cos);
-            d.insert("sin", sin);
-            ints = r.ints();
-        }
-        let ints = ints
-            .with("sliding_window", p.sliding_window as i32)
-            .with("quantize_output", p.output_copy.param());
-        d.insert_mut("workspace", self.workspace);
-        let floats = p.args(&mut d, out);
-        e.run("DecodeAttention", &mut d, &floats, &ints)
-    }
-}
-
-impl KvStore for GraphKv<'_> {
-    fn attend(
-        &mut self,
-        e: &Executor,
-        layer: usize,
-        q: &Data,
-        k: &Data,
-        v: &Data,
-        p: &AttentionParams,
-        out: &mut Data,
-    ) -> Result<()> {
-        self.run(e, layer, q, k, v, None, p, out)
-    }
-
-    fn rotates_step(&self) -> bool {
-        true
-    }
-
-    fn attend_rotating(
-        &mut self,
-        e: &Executor,
-        layer: usize,
-        q: &Data,
-        k: &Data,
-        v: &Data,
-        rope: &RotaryParams,
-        p: &AttentionParams,
-        out: &mut Data,
-    ) -> Result<()> {
-        self.run(e, layer, q, k, v, Some(rope), p, out)
     }
 }
 
@@ -2330,61 +1628,6 @@ impl PagedBatch {
             seqs: batch.len(),
             max_blocks,
         }
-    }
-}
-
-struct PagedStep<'a> {
-    pool: &'a mut PagedKvPool,
-    slots: Data,
-    q_starts: Data,
-    kv_lens: Data,
-    tables: Data,
-}
-
-impl KvStore for PagedStep<'_> {
-    fn attend(
-        &mut self,
-        e: &Executor,
-        layer: usize,
-        q: &Data,
-        k: &Data,
-        v: &Data,
-        p: &AttentionParams,
-        out: &mut Data,
-    ) -> Result<()> {
-        let bs = self.pool.block_size as i32;
-        let (kc, vc) = match (self.pool.k.get_mut(layer), self.pool.v.get_mut(layer)) {
-            (Some(kc), Some(vc)) => (kc, vc),
-            _ => return Err(Error::invalid(format!("paged pool has no layer {layer}"))),
-        };
-        for (src, cache) in [(k, &mut *kc), (v, &mut *vc)] {
-            let mut d = DataDict::new()
-                .with("input", src)
-                .with("slots", &self.slots)
-                .with_mut("cache", cache);
-            e.run(
-                "PagedCacheWrite",
-                &mut d,
-                &FloatDict::new(),
-                &IntDict::new(),
-            )?;
-        }
-        let mut d = DataDict::new()
-            .with("q", q)
-            .with("k_cache", kc)
-            .with("v_cache", vc)
-            .with("q_starts", &self.q_starts)
-            .with("kv_lens", &self.kv_lens)
-            .with("block_tables", &self.tables);
-        let floats = p.args(&mut d, out);
-        e.run(
-            "PagedAttention",
-            &mut d,
-            &floats,
-            &IntDict::new()
-                .with("block_size", bs)
-                .with("sliding_window", p.sliding_window as i32),
-        )
     }
 }
 

@@ -19,6 +19,7 @@ pub mod blas;
 pub mod buffer;
 mod elementwise;
 mod embedding;
+mod fuse;
 mod glu;
 pub mod gpu;
 pub mod kernels;
@@ -47,6 +48,8 @@ pub struct CudaDevice {
     ops: OpRegistry,
     name: String,
     fallback_logged: Mutex<HashSet<String>>,
+    /// Steps are rewritten by this device's passes ([`RuntimeOptions::fused_ops`]).
+    fuse: bool,
 }
 
 impl CudaDevice {
@@ -57,7 +60,9 @@ impl CudaDevice {
         CudaDevice::with_options(ordinal, &RuntimeOptions::default())
     }
 
-    /// [`CudaDevice::new`] keeping its compiled kernels under `opts`'s cache directory.
+    /// [`CudaDevice::new`] keeping its compiled kernels under `opts`'s cache directory, and
+    /// fusing the calls of the steps it runs unless `opts` turns [`RuntimeOptions::fused_ops`]
+    /// off (see `fuse`).
     pub fn with_options(ordinal: u32, opts: &RuntimeOptions) -> Result<CudaDevice> {
         let gpu = Gpu::open(ordinal, opts.cache_dir().ok())?;
         let mut ops = OpRegistry::new();
@@ -79,6 +84,7 @@ impl CudaDevice {
             gpu,
             ops,
             fallback_logged: Mutex::new(HashSet::new()),
+            fuse: opts.fused_ops,
         })
     }
 
@@ -208,6 +214,12 @@ impl BaseDevice for CudaDevice {
             )));
         }
         self.gpu.htod(bytes, dptr(dst, "write")?)
+    }
+    fn plan_step(&self, step: &mut crate::step::Step) -> Result<()> {
+        if self.fuse {
+            fuse::plan(step)?;
+        }
+        Ok(())
     }
     fn begin_recording(&self) -> Result<()> {
         self.gpu.begin_capture()

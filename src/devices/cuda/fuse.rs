@@ -1,0 +1,465 @@
+//! The CUDA device's passes over a [`Step`]: they rewrite consecutive op calls into the fused
+//! forms this device's kernels take, computing what the plain calls compute.
+//!
+//! - `Silu` then `MulTo` of its output → `SiluMul`.
+//! - Two `RotaryEmbedding` calls with the same angles → one call rotating `input` and `input1`.
+//! - Consecutive `Linear` calls on one input (q/k/v, gate/up) → one call with `weight`,
+//!   `weight1`, `weight2` when the weights share a dtype (one launch streams them all), else the
+//!   later calls reuse the first one's quantized input (`reuse_act`).
+//! - A `Linear` whose output is only added into the residual (`AddTo`) → the `Linear` adds its
+//!   product there itself (`accumulate`).
+//! - A producer (`RMSNorm`, `SiluMul`, `Attention`, `DecodeAttention`) whose output is the input
+//!   of the next call, a `quant_act` `Linear` → the producer also leaves that input in the form
+//!   the `Linear` reads (`quantize_output`: Q8_0 rows, or f16/bf16 rows for tensor cores).
+//! - Gate/up products of many rows whose `SiluMul` feeds a tensor-core down projection → half
+//!   outputs (`half_output`), which `SiluMul` reads as they are.
+
+use crate::data::DataType;
+use crate::device::{OutputCopy, Q8_COPY_MAX_ROWS};
+use crate::error::Result;
+use crate::step::{Arg, Call, Item, Step, TensorId};
+
+/// Runs every pass over `step`, in order.
+pub fn plan(step: &mut Step) -> Result<()> {
+    silu_mul(step);
+    rotary_pairs(step);
+    multi_linear(step);
+    accumulate(step);
+    producer_copies(step);
+    half_mlp(step);
+    Ok(())
+}
+
+/// The call at `i`, when item `i` is a call of `op`.
+fn call_of<'s>(items: &'s [Item], i: usize, op: &str) -> Option<&'s Call> {
+    items.get(i)?.call().filter(|c| c.op == op)
+}
+
+fn call_mut<'s>(items: &'s mut [Item], i: usize) -> Option<&'s mut Call> {
+    match items.get_mut(i)? {
+        Item::Call(c) => Some(c),
+        _ => None,
+    }
+}
+
+/// `Silu(g → t)`, `MulTo(t *= u)` → `SiluMul(g, u → t)`.
+fn silu_mul(step: &mut Step) {
+    let items = step.items_mut();
+    let mut i = 0;
+    while i + 1 < items.len() {
+        let fused = match (call_of(items, i, "Silu"), call_of(items, i + 1, "MulTo")) {
+            (Some(s), Some(m)) => {
+                match (
+                    s.arg("input"),
+                    s.arg("output"),
+                    m.arg("input0"),
+                    m.arg("input1"),
+                ) {
+                    (Some(g), Some(t), Some(t2), Some(u)) if t == t2 && u != t && g != t => Some(
+                        Call::new("SiluMul")
+                            .input("input0", g)
+                            .input("input1", u)
+                            .output("output", t)
+                            .int("quantize_output", 0)
+                            .rows(s.rows),
+                    ),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        if let Some(c) = fused {
+            items[i] = Item::Call(c);
+            items.remove(i + 1);
+        }
+        i += 1;
+    }
+}
+
+/// Two `RotaryEmbedding` calls of equal angles and parameters → one with `input1`.
+fn rotary_pairs(step: &mut Step) {
+    let items = step.items_mut();
+    let mut i = 0;
+    while i + 1 < items.len() {
+        let pair = match (
+            call_of(items, i, "RotaryEmbedding"),
+            call_of(items, i + 1, "RotaryEmbedding"),
+        ) {
+            (Some(a), Some(b)) => {
+                let rest = |c: &Call| -> Vec<Arg> {
+                    c.args
+                        .iter()
+                        .filter(|x| x.name != "input")
+                        .copied()
+                        .collect()
+                };
+                let same = rest(a) == rest(b)
+                    && a.floats == b.floats
+                    && a.ints == b.ints
+                    && a.arg("input1").is_none()
+                    && b.arg("input1").is_none();
+                match (same, b.arg("input")) {
+                    (true, Some(k)) if a.arg("input") != Some(k) => Some(k),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        if let Some(k) = pair {
+            if let Some(a) = call_mut(items, i) {
+                a.args.push(Arg {
+                    name: "input1",
+                    tensor: k,
+                    written: true,
+                });
+            }
+            items.remove(i + 1);
+        }
+        i += 1;
+    }
+}
+
+/// A plain one-weight `Linear` (no flags): its input.
+fn plain_linear(c: &Call) -> Option<TensorId> {
+    let plain = c.op == "Linear"
+        && c.arg("weight1").is_none()
+        && c.int_of("accumulate") == 0
+        && c.int_of("reuse_act") == 0
+        && c.int_of("half_output") == 0;
+    plain.then(|| c.arg("input")).flatten()
+}
+
+/// Consecutive `Linear` calls on one input → one multi-weight call (or `reuse_act`).
+fn multi_linear(step: &mut Step) {
+    let mut i = 0;
+    while i < step.items().len() {
+        let items = step.items();
+        let Some((x, qa)) = items[i]
+            .call()
+            .and_then(|c| plain_linear(c).map(|x| (x, c.int_of("quant_act"))))
+        else {
+            i += 1;
+            continue;
+        };
+        let mut n = 1;
+        while let Some(c) = items.get(i + n).and_then(Item::call) {
+            let same = plain_linear(c) == Some(x) && c.int_of("quant_act") == qa;
+            // the run ends at a call that writes its own input
+            if !same || c.arg("output") == Some(x) {
+                break;
+            }
+            n += 1;
+        }
+        if n < 2 || items[i].call().and_then(|c| c.arg("output")) == Some(x) {
+            i += 1;
+            continue;
+        }
+        let dtypes: Vec<Option<DataType>> = (i..i + n)
+            .map(|j| {
+                let w = items[j].call().and_then(|c| c.arg("weight"));
+                w.and_then(|w| step.tensor(w)).map(|d| d.dtype())
+            })
+            .collect();
+        let same = dtypes.iter().all(|d| d.is_some() && *d == dtypes[0]);
+        if same && n <= 3 {
+            merge_linears(step, i, n);
+        } else {
+            for j in i + 1..i + n {
+                if let Some(c) = call_mut(step.items_mut(), j) {
+                    c.set_int("reuse_act", 1);
+                }
+            }
+        }
+        i += n;
+    }
+}
+
+/// Replaces the `n` (≤ 3) `Linear` calls at `i` by one with numbered weights.
+fn merge_linears(step: &mut Step, i: usize, n: usize) {
+    const NAMES: [(&str, &str, &str); 3] = [
+        ("weight", "bias", "output"),
+        ("weight1", "bias1", "output1"),
+        ("weight2", "bias2", "output2"),
+    ];
+    let items = step.items_mut();
+    let parts: Vec<Call> = items
+        .drain(i..i + n)
+        .filter_map(|it| match it {
+            Item::Call(c) => Some(c),
+            _ => None,
+        })
+        .collect();
+    let Some(first) = parts.first() else { return };
+    let mut m = Call::new("Linear").rows(first.rows);
+    if let Some(x) = first.arg("input") {
+        m = m.input("input", x);
+    }
+    for (c, (wn, bn, on)) in parts.iter().zip(NAMES) {
+        if let Some(w) = c.arg("weight") {
+            m = m.input(wn, w);
+        }
+        m = m.input_opt(bn, c.arg("bias"));
+        if let Some(o) = c.arg("output") {
+            m = m.output(on, o);
+        }
+    }
+    m = m
+        .int("quant_act", first.int_of("quant_act"))
+        .int("half_output", 0);
+    items.insert(i, Item::Call(m));
+}
+
+/// True when an item after `from` reads `t` before one writes it.
+fn read_later(items: &[Item], from: usize, t: TensorId) -> bool {
+    for it in items.iter().skip(from) {
+        if it.reads(t) {
+            return true;
+        }
+        if it.writes(t) {
+            return false;
+        }
+    }
+    false
+}
+
+/// `Linear(a → b)`, `AddTo(x += b)` with `b` dead after → `Linear(a → x, accumulate)`.
+fn accumulate(step: &mut Step) {
+    let items = step.items_mut();
+    let mut i = 0;
+    while i + 1 < items.len() {
+        let fuse = match (call_of(items, i, "Linear"), call_of(items, i + 1, "AddTo")) {
+            (Some(l), Some(a)) if plain_linear(l).is_some() => {
+                let (b, x) = (l.arg("output"), a.arg("input0"));
+                let alpha = a
+                    .floats
+                    .iter()
+                    .find(|f| f.0 == "alpha")
+                    .map_or(1.0, |f| f.1);
+                match (b, x) {
+                    (Some(b), Some(x))
+                        if a.arg("input1") == Some(b)
+                            && x != b
+                            && l.arg("input") != Some(x)
+                            && alpha == 1.0
+                            && !read_later(items, i + 2, b) =>
+                    {
+                        Some(x)
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        if let Some(x) = fuse {
+            if let Some(l) = call_mut(items, i) {
+                for a in l.args.iter_mut().filter(|a| a.name == "output") {
+                    a.tensor = x;
+                }
+                l.set_int("accumulate", 1);
+            }
+            items.remove(i + 1);
+        }
+        i += 1;
+    }
+}
+
+/// The copy a producer leaves for a `quant_act` `Linear` of `rows` rows and weight `w` of `k`
+/// inputs: Q8_0 rows up to the rows at which that weight's int8 products read them, else
+/// (more than one row) the tensor-core form.
+fn copy_for(rows: usize, w: DataType, k: usize) -> OutputCopy {
+    let q8_rows = match w {
+        DataType::Q8_0 | DataType::Q4_0 | DataType::Q4_1 => Q8_COPY_MAX_ROWS,
+        // Q4_K / Q6_K weights read Q8_0 rows at one row only (`linear_q8act_kq_*`)
+        DataType::Q4K | DataType::Q6K => 1,
+        _ => 0,
+    };
+    match rows {
+        0 => OutputCopy::None,
+        r if r <= q8_rows => OutputCopy::Q8,
+        1 => OutputCopy::None,
+        _ => OutputCopy::tensor_core_form(w, k),
+    }
+}
+
+/// The next call after item `i`, skipping reshapes.
+fn next_call<'s>(items: &'s [Item], i: usize) -> Option<&'s Call> {
+    items
+        .iter()
+        .skip(i + 1)
+        .find(|it| !matches!(it, Item::Reshape(..)))
+        .and_then(Item::call)
+}
+
+/// The copy the `quant_act` `Linear` that reads `t` next after item `i` takes.
+fn consumer_copy(step: &Step, i: usize, t: TensorId) -> OutputCopy {
+    let Some(l) = next_call(step.items(), i) else {
+        return OutputCopy::None;
+    };
+    if l.op != "Linear" || l.arg("input") != Some(t) || l.int_of("quant_act") == 0 {
+        return OutputCopy::None;
+    }
+    match l.arg("weight").and_then(|w| step.tensor(w)) {
+        Some(w) => copy_for(l.rows, w.dtype(), w.dims().get(1).copied().unwrap_or(0)),
+        None => OutputCopy::None,
+    }
+}
+
+/// Producers whose output the next `Linear` reads leave it in that `Linear`'s form.
+fn producer_copies(step: &mut Step) {
+    const PRODUCERS: [&str; 4] = ["RMSNorm", "SiluMul", "Attention", "DecodeAttention"];
+    for i in 0..step.items().len() {
+        let out = match step.items()[i].call() {
+            Some(c) if PRODUCERS.contains(&c.op) => c.arg("output"),
+            _ => None,
+        };
+        let Some(t) = out else { continue };
+        let copy = consumer_copy(step, i, t);
+        if copy != OutputCopy::None {
+            if let Some(c) = call_mut(step.items_mut(), i) {
+                c.set_int("quantize_output", copy.param());
+            }
+        }
+    }
+}
+
+/// A two-weight gate/up `Linear` whose outputs only `SiluMul` reads, into the input of a
+/// tensor-core down projection: the gate/up outputs are written in that half form.
+fn half_mlp(step: &mut Step) {
+    for i in 0..step.items().len() {
+        let items = step.items();
+        let Some(m) = items[i].call().filter(|c| c.op == "Linear") else {
+            continue;
+        };
+        let (Some(g), Some(u), None) = (m.arg("output"), m.arg("output1"), m.arg("output2")) else {
+            continue;
+        };
+        let Some(s) = call_of(items, i + 1, "SiluMul") else {
+            continue;
+        };
+        let Some(t) = s.arg("output") else { continue };
+        if s.arg("input0") != Some(g)
+            || s.arg("input1") != Some(u)
+            || read_later(items, i + 2, g)
+            || read_later(items, i + 2, u)
+        {
+            continue;
+        }
+        let copy = consumer_copy(step, i + 1, t);
+        if matches!(copy, OutputCopy::F16 | OutputCopy::Bf16) {
+            if let Some(c) = call_mut(step.items_mut(), i) {
+                c.set_int("half_output", copy.param());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::Data;
+
+    fn ops(step: &Step) -> Vec<&'static str> {
+        step.items()
+            .iter()
+            .map(|it| it.call().map_or("-", |c| c.op))
+            .collect()
+    }
+
+    fn linear(x: TensorId, w: TensorId, out: TensorId, rows: usize) -> Call {
+        Call::new("Linear")
+            .input("input", x)
+            .input("weight", w)
+            .output("output", out)
+            .int("quant_act", 1)
+            .rows(rows)
+    }
+
+    /// A norm, q/k/v of one dtype, SiLU·mul of gate/up, and the down projection added into
+    /// the residual: every pass fires once.
+    #[test]
+    fn passes_fuse_a_layer_into_the_device_forms() {
+        let wq = Data::zeros(DataType::Q4_0, &[64, 64]).unwrap();
+        let wv = Data::zeros(DataType::Q4_0, &[32, 64]).unwrap();
+        let mut bufs: Vec<Data> = (0..8).map(|_| Data::empty(DataType::F32)).collect();
+        let mut st = Step::new();
+        let (wq, wv) = (st.input(&wq), st.input(&wv));
+        let t: Vec<TensorId> = bufs.iter_mut().map(|b| st.mutable(b)).collect();
+        let (x, h, q, k, g, u, a, b) = (t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]);
+        st.push(
+            Call::new("RMSNorm")
+                .input("input", x)
+                .input("weight", wq)
+                .output("output", h),
+        );
+        st.push(linear(h, wq, q, 3));
+        st.push(linear(h, wv, k, 3));
+        st.push(linear(h, wq, g, 3));
+        st.push(Call::new("Silu").input("input", g).output("output", a));
+        st.push(Call::new("MulTo").output("input0", a).input("input1", u));
+        st.push(linear(a, wq, b, 3));
+        st.push(
+            Call::new("AddTo")
+                .output("input0", x)
+                .input("input1", b)
+                .float("alpha", 1.0),
+        );
+        plan(&mut st).unwrap();
+        assert_eq!(ops(&st), ["RMSNorm", "Linear", "SiluMul", "Linear"]);
+        let items = st.items();
+        let c = |i: usize| items[i].call().unwrap();
+        assert_eq!(c(0).int_of("quantize_output"), OutputCopy::Q8.param());
+        assert_eq!(c(1).arg("weight2"), Some(wq), "q/k/v in one call");
+        assert_eq!(c(1).arg("output1"), Some(k));
+        assert_eq!(c(2).int_of("quantize_output"), OutputCopy::Q8.param());
+        assert_eq!(
+            c(3).arg("output"),
+            Some(x),
+            "the down projection adds into x"
+        );
+        assert_eq!(c(3).int_of("accumulate"), 1);
+    }
+
+    /// Mixed dtypes are not merged (the later calls reuse the quantized input); an output
+    /// read after the `AddTo` is not folded into it; a prefill's gate/up write f16 rows.
+    #[test]
+    fn passes_keep_what_they_cannot_fuse() {
+        let w4 = Data::zeros(DataType::Q4_0, &[64, 64]).unwrap();
+        let w8 = Data::zeros(DataType::Q8_0, &[64, 64]).unwrap();
+        let mut bufs: Vec<Data> = (0..6).map(|_| Data::empty(DataType::F32)).collect();
+        let mut st = Step::new();
+        let (i4, i8) = (st.input(&w4), st.input(&w8));
+        let t: Vec<TensorId> = bufs.iter_mut().map(|b| st.mutable(b)).collect();
+        let (x, h, q, k, b, y) = (t[0], t[1], t[2], t[3], t[4], t[5]);
+        st.push(linear(h, i4, q, 1));
+        st.push(linear(h, i8, k, 1));
+        st.push(linear(q, i4, b, 1));
+        st.push(
+            Call::new("AddTo")
+                .output("input0", x)
+                .input("input1", b)
+                .float("alpha", 1.0),
+        );
+        st.push(Call::new("Mul").input("input", b).output("output", y));
+        plan(&mut st).unwrap();
+        assert_eq!(ops(&st), ["Linear", "Linear", "Linear", "AddTo", "Mul"]);
+        let c = |i: usize| st.items()[i].call().unwrap();
+        assert_eq!(c(1).int_of("reuse_act"), 1);
+        assert_eq!(c(2).int_of("accumulate"), 0);
+
+        let mut bufs: Vec<Data> = (0..5).map(|_| Data::empty(DataType::F32)).collect();
+        let mut st = Step::new();
+        let w = st.input(&w4);
+        let t: Vec<TensorId> = bufs.iter_mut().map(|b| st.mutable(b)).collect();
+        let (h, g, u, a, o) = (t[0], t[1], t[2], t[3], t[4]);
+        st.push(linear(h, w, g, 100));
+        st.push(linear(h, w, u, 100));
+        st.push(Call::new("Silu").input("input", g).output("output", a));
+        st.push(Call::new("MulTo").output("input0", a).input("input1", u));
+        st.push(linear(a, w, o, 100));
+        plan(&mut st).unwrap();
+        assert_eq!(ops(&st), ["Linear", "SiluMul", "Linear"]);
+        let c = |i: usize| st.items()[i].call().unwrap();
+        assert_eq!(c(0).int_of("half_output"), OutputCopy::F16.param());
+        assert_eq!(c(1).int_of("quantize_output"), OutputCopy::F16.param());
+    }
+}

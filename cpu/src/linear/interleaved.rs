@@ -25,8 +25,8 @@
 //! Matrices whose row count is not a multiple of [`GROUP_ROWS`] are not interleaved (callers keep the
 //! plain layout). F16/BF16 weights have their own layout and kernels ([`super::interleaved_float`]),
 //! and so do the K-quants ([`super::interleaved_kquant`]); [`interleave`], [`plain_row`] and
-//! [`available_for`] take every type. This module must not split
-//! work across threads or know about tensors.
+//! [`available_for`] take every type, [`pick`] and [`pick_ref`] the block types and K-quants.
+//! This module must not split work across threads or know about tensors.
 
 use super::act_quant::Q8Rows;
 use super::{WeightType, MAX_ROWS};

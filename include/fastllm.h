@@ -189,10 +189,15 @@ typedef struct FastllmModelParams {
    */
   const char *cache_dir;
   /*
-   KV cache dtype: "f16", "q8_0" or "f32"; NULL = the device's default (f16 on the CPU in
+   KV cache dtype: "f16", "q8_0" (CPU only) or "f32"; NULL = the device's default (f16 in
    fast precision, else f32). A dtype the device does not store is an error naming it.
    */
   const char *kv_dtype;
+  /*
+   -1 = unset; 1 = on a GPU, every sequence's results independent of the batch it runs in
+   (the same bits alone and batched; slower); 0 = off (the default).
+   */
+  int32_t batch_invariant;
 } FastllmModelParams;
 
 /*

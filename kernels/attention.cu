@@ -1,6 +1,8 @@
-// Attention, f32: one block of ATT_THREADS threads per (query, head). Keys are processed in
-// chunks of ATT_CHUNK: a warp per key computes the scores into shared memory, then an online
-// softmax rescales the running output (each thread owns output dims tid, tid + ATT_THREADS, ...).
+// Attention, f32 arithmetic over f32 or f16 keys and values (the *_f16kv instances of the
+// kernels below read an f16 KV cache in place): one block of ATT_THREADS threads per (query,
+// head). Keys are processed in chunks of ATT_CHUNK: a warp per key computes the scores into
+// shared memory, then an online softmax rescales the running output (each thread owns output
+// dims tid, tid + ATT_THREADS, ...).
 // Query i sits at position p = skv - sq + i; causal: keys j <= p; window w: p - j < w.
 // Scores: q·k * scale, then softcap·tanh(s / softcap), then + slope[h]·(j - p). A query that
 // sees no key writes zeros. q [sq, nh, hd], k [skv, nkv, hd] (row stride ks), v [skv, nkv, hdv]
@@ -11,9 +13,42 @@
 #define ATT_CHUNK 256
 #define ATT_DPT 4
 
-extern "C" __global__ void attention_f32(const float* q, const float* k, const float* v, const float* slopes,
-                                         const float* sinks, float* out, int sq, int skv, int nh, int nkv, int hd, int hdv,
-                                         long ks, long vs, float scale, float softcap, int causal, int window) {
+// One chunk's step of the online softmax of attention_f32 and paged_attention_impl: the `cn`
+// scores in `sc` (shared) become e^(s − m') in place, with m' the running max `m` raised to the
+// chunk's max; their sum joins the running denominator `l`. Returns e^(m − m'), the factor that
+// rescales what was accumulated before. Every thread of the block calls it.
+__device__ __forceinline__ float att_chunk_softmax(float* sc, int cn, float& m, float& l) {
+    int tid = threadIdx.x;
+    float cm = -INF;
+    for (int jj = tid; jj < cn; jj += ATT_THREADS) cm = fmaxf(cm, sc[jj]);
+    cm = block_max(cm);
+    float nm = fmaxf(m, cm);
+    float corr = expf(m - nm);
+    __syncthreads();
+    float ps = 0.0f;
+    for (int jj = tid; jj < cn; jj += ATT_THREADS) {
+        float e = expf(sc[jj] - nm);
+        sc[jj] = e;
+        ps += e;
+    }
+    ps = block_sum(ps);
+    l = l * corr + ps;
+    m = nm;
+    return corr;
+}
+
+// K/V element loads and stores: f32, or IEEE half bits (an f16 cache, f32 arithmetic).
+__device__ __forceinline__ float att_ld(const float* p, long i) { return p[i]; }
+__device__ __forceinline__ float att_ld(const unsigned short* p, long i) { return h2f(p[i]); }
+__device__ __forceinline__ void att_st(float* p, long i, float x) { p[i] = x; }
+__device__ __forceinline__ void att_st(unsigned short* p, long i, float x) { p[i] = f2h(x); }
+
+// k and v of element type T (float, or unsigned short: f16 bits); attention_f32 and
+// attention_f16kv below.
+template <typename T>
+__device__ void attention_impl(const float* q, const T* k, const T* v, const float* slopes, const float* sinks,
+                               float* out, int sq, int skv, int nh, int nkv, int hd, int hdv, long ks, long vs,
+                               float scale, float softcap, int causal, int window) {
     pdl_begin();
     __shared__ float sc[ATT_CHUNK];
     __shared__ float qs[1024];
@@ -42,9 +77,9 @@ extern "C" __global__ void attention_f32(const float* q, const float* k, const f
     for (long c0 = start; c0 < end; c0 += ATT_CHUNK) {
         int cn = (int)min((long)ATT_CHUNK, end - c0);
         for (int jj = wid; jj < cn; jj += nw) {
-            const float* kr = k + (c0 + jj) * ks + (long)kh * hd;
+            const T* kr = k + (c0 + jj) * ks + (long)kh * hd;
             float s = 0.0f;
-            for (int d = lane; d < hd; d += 32) s += qs[d] * kr[d];
+            for (int d = lane; d < hd; d += 32) s += qs[d] * att_ld(kr, d);
             s = warp_sum(s);
             if (lane == 0) {
                 s *= scale;
@@ -54,28 +89,14 @@ extern "C" __global__ void attention_f32(const float* q, const float* k, const f
             }
         }
         __syncthreads();
-        float cm = -INF;
-        for (int jj = tid; jj < cn; jj += ATT_THREADS) cm = fmaxf(cm, sc[jj]);
-        cm = block_max(cm);
-        float nm = fmaxf(m, cm);
-        float corr = expf(m - nm);
-        __syncthreads();
-        float ps = 0.0f;
-        for (int jj = tid; jj < cn; jj += ATT_THREADS) {
-            float e = expf(sc[jj] - nm);
-            sc[jj] = e;
-            ps += e;
-        }
-        ps = block_sum(ps);
-        l = l * corr + ps;
-        m = nm;
+        float corr = att_chunk_softmax(sc, cn, m, l);
 #pragma unroll
         for (int t = 0; t < ATT_DPT; t++) {
             int d = tid + t * ATT_THREADS;
             if (d < hdv) {
                 float a = acc[t] * corr;
-                const float* vp = v + c0 * vs + (long)kh * hdv + d;
-                for (int jj = 0; jj < cn; jj++) a += sc[jj] * vp[jj * vs];
+                const T* vp = v + c0 * vs + (long)kh * hdv + d;
+                for (int jj = 0; jj < cn; jj++) a += sc[jj] * att_ld(vp, jj * vs);
                 acc[t] = a;
             }
         }
@@ -90,14 +111,22 @@ extern "C" __global__ void attention_f32(const float* q, const float* k, const f
     }
 }
 
+#define ATTENTION(NAME, T)                                                                                    \
+    extern "C" __global__ void NAME(const float* q, const T* k, const T* v, const float* slopes,               \
+                                    const float* sinks, float* out, int sq, int skv, int nh, int nkv, int hd,  \
+                                    int hdv, long ks, long vs, float scale, float softcap, int causal,          \
+                                    int window) {                                                               \
+        attention_impl<T>(q, k, v, slopes, sinks, out, sq, skv, nh, nkv, hd, hdv, ks, vs, scale, softcap,      \
+                          causal, window);                                                                      \
+    }
+ATTENTION(attention_f32, float)
+ATTENTION(attention_f16kv, unsigned short)
+
 // PagedAttention: keys/values live in a pool of slots [slots, nkv, hd] (f32 or f16) addressed through
 // per-sequence block tables. Block (row, head); the row's sequence s is found in q_starts
 // (nseq + 1 entries); its position is pos = kv_lens[s] - (q_end - q_start) + (row - q_start);
 // it sees keys lo..=pos (lo = pos + 1 - window with a window). Key j of sequence s lives in slot
 // tables[s * maxb + j / bs] * bs + j % bs. Scores as in attention_f32.
-__device__ __forceinline__ float att_ld(const float* p, long i) { return p[i]; }
-__device__ __forceinline__ float att_ld(const unsigned short* p, long i) { return h2f(p[i]); }
-
 template <typename T>
 __device__ void paged_attention_impl(const float* q, const T* kc, const T* vc, const int* q_starts,
                                      const int* kv_lens, const int* tables, const float* slopes,
@@ -145,21 +174,7 @@ __device__ void paged_attention_impl(const float* q, const T* kc, const T* vc, c
             }
         }
         __syncthreads();
-        float cm = -INF;
-        for (int jj = tid; jj < cn; jj += ATT_THREADS) cm = fmaxf(cm, sc[jj]);
-        cm = block_max(cm);
-        float nm = fmaxf(m, cm);
-        float corr = expf(m - nm);
-        __syncthreads();
-        float ps = 0.0f;
-        for (int jj = tid; jj < cn; jj += ATT_THREADS) {
-            float e = expf(sc[jj] - nm);
-            sc[jj] = e;
-            ps += e;
-        }
-        ps = block_sum(ps);
-        l = l * corr + ps;
-        m = nm;
+        float corr = att_chunk_softmax(sc, cn, m, l);
 #pragma unroll
         for (int t = 0; t < ATT_DPT; t++) {
             int d = tid + t * ATT_THREADS;
@@ -470,13 +485,15 @@ __device__ __forceinline__ void da_merge_last(const float* part, float* out, sig
     }
 }
 
-extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const float* v, const float* slopes,
-                                           const int* positions, float* out, float* part, int sq, int skv, int kcap,
-                                           int nh, int nkv, int hd, int hdv, long ks, long vs, float scale,
-                                           float softcap, int causal, int window, int nsplit, int gchunk,
-                                           signed char* oq, float2* od, const float* knew, const float* vnew,
-                                           const float* rcos, const float* rsin, int rot, int rstyle,
-                                           int* counters, const float* sinks) {
+// k and v of element type T (float, or unsigned short: f16 bits; the step's own key and value
+// are stored rounded to f16 and read back so): attn_decode_f32 and attn_decode_f16kv below.
+template <typename T>
+__device__ void attn_decode_impl(const float* q, const T* k, const T* v, const float* slopes, const int* positions,
+                                 float* out, float* part, int sq, int skv, int kcap, int nh, int nkv, int hd, int hdv,
+                                 long ks, long vs, float scale, float softcap, int causal, int window, int nsplit,
+                                 int gchunk, signed char* oq, float2* od, const float* knew, const float* vnew,
+                                 const float* rcos, const float* rsin, int rot, int rstyle, int* counters,
+                                 const float* sinks) {
     // counters: null = every split writes its partial for attn_decode_combine_f32
     pdl_begin();
     __shared__ float qs[DA_GMAX][DA_DPL * 32];
@@ -497,14 +514,14 @@ extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const
     // position p writes them (the key rotated) to cache row p before reading it, all the same
     // bits, so a block reads back its own write or an identical one
     if (knew && a <= p && p < b) {
-        float* kw = (float*)k + p * ks + (long)kh * hd;
-        float* vw = (float*)v + p * vs + (long)kh * hdv;
+        T* kw = (T*)k + p * ks + (long)kh * hd;
+        T* vw = (T*)v + p * vs + (long)kh * hdv;
         const float* kn = knew + (long)kh * hd;
         for (int e = tid; e < hd + hdv; e += nt) {
             if (e < hd)
-                kw[e] = rcos ? rope_value(kn, e, rot, rstyle, rcos, rsin) : kn[e];
+                att_st(kw, e, rcos ? rope_value(kn, e, rot, rstyle, rcos, rsin) : kn[e]);
             else
-                vw[e - hd] = vnew[(long)kh * hdv + (e - hd)];
+                att_st(vw, e - hd, vnew[(long)kh * hdv + (e - hd)]);
         }
     }
     for (int e = tid; e < DA_GMAX * DA_DPL * 32; e += nt) {
@@ -532,7 +549,7 @@ extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const
 #pragma unroll
                 for (int t = 0; t < DA_DPL; t++) {
                     int d = lane + 32 * t;
-                    kr[u][t] = (j0 + u < cn && d < hd) ? k[(c0 + j0 + u) * ks + (long)kh * hd + d] : 0.0f;
+                    kr[u][t] = (j0 + u < cn && d < hd) ? att_ld(k, (c0 + j0 + u) * ks + (long)kh * hd + d) : 0.0f;
                 }
 #pragma unroll
             for (int g = 0; g < DA_GMAX; g++) {
@@ -587,16 +604,17 @@ extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const
                 float a2[DA_GMAX];
 #pragma unroll
                 for (int g = 0; g < DA_GMAX; g++) a2[g] = g < G ? acc[g][t] * cr[g] : 0.0f;
-                const float* vp = v + c0 * vs + (long)kh * hdv + d;
+                const T* vp = v + c0 * vs + (long)kh * hdv + d;
                 int jj = 4 * kq;
                 for (; jj + 4 <= cn; jj += 4 * nkq) {
-                    float v0 = vp[jj * vs], v1 = vp[(jj + 1) * vs], v2 = vp[(jj + 2) * vs], v3 = vp[(jj + 3) * vs];
+                    float v0 = att_ld(vp, jj * vs), v1 = att_ld(vp, (jj + 1) * vs);
+                    float v2 = att_ld(vp, (jj + 2) * vs), v3 = att_ld(vp, (jj + 3) * vs);
 #pragma unroll
                     for (int g = 0; g < DA_GMAX; g++)
                         if (g < G) a2[g] += sc[g][jj] * v0 + sc[g][jj + 1] * v1 + sc[g][jj + 2] * v2 + sc[g][jj + 3] * v3;
                 }
                 for (jj = (cn & ~3) + kq; jj < cn; jj += nkq) {
-                    float v0 = vp[jj * vs];
+                    float v0 = att_ld(vp, jj * vs);
 #pragma unroll
                     for (int g = 0; g < DA_GMAX; g++)
                         if (g < G) a2[g] += sc[g][jj] * v0;
@@ -671,6 +689,22 @@ extern "C" __global__ void attn_decode_f32(const float* q, const float* k, const
     da_merge_last(part, out, oq, od, counters, i, nh, h0, G, hdv, eff, pstride, sinks);
 }
 
+// The decode kernels' shared signature, over K/V elements T.
+#define DECODE_ARGS(T)                                                                                          \
+    const float *q, const T *k, const T *v, const float *slopes, const int *positions, float *out, float *part,  \
+        int sq, int skv, int kcap, int nh, int nkv, int hd, int hdv, long ks, long vs, float scale, float softcap, \
+        int causal, int window, int nsplit, int gchunk, signed char *oq, float2 *od, const float *knew,           \
+        const float *vnew, const float *rcos, const float *rsin, int rot, int rstyle, int *counters,             \
+        const float *sinks
+#define DECODE_GENERIC(NAME, T)                                                                                 \
+    extern "C" __global__ void NAME(DECODE_ARGS(T)) {                                                          \
+        attn_decode_impl<T>(q, k, v, slopes, positions, out, part, sq, skv, kcap, nh, nkv, hd, hdv, ks, vs, scale, \
+                            softcap, causal, window, nsplit, gchunk, oq, od, knew, vnew, rcos, rsin, rot, rstyle,  \
+                            counters, sinks);                                                                   \
+    }
+DECODE_GENERIC(attn_decode_f32, float)
+DECODE_GENERIC(attn_decode_f16kv, unsigned short)
+
 // ---- decode attention for head size 64 / 128: warps with their own keys ----
 // The same launch and results as attn_decode_f32 (grid, arguments, splits, partials, merges)
 // for hd == hdv == HD, with fewer barriers: each warp takes its own runs of DW_KPW keys of the
@@ -697,9 +731,21 @@ __device__ __forceinline__ void dw_load(const float* src, float (&x)[HD / 32]) {
     }
 }
 
-// K and V row j of KV head kh, the lane's HD / 32 dims from d0 (zeros for j < 0).
+// HD / 32 f16 values (one 8- or 4-byte load) as floats.
 template <int HD>
-__device__ __forceinline__ void dw_row(const float* k, const float* v, long j, long ks, int kh, int d0,
+__device__ __forceinline__ void dw_load(const unsigned short* src, float (&x)[HD / 32]) {
+    if (HD / 32 == 4) {
+        uint2 t = *(const uint2*)src;
+        x[0] = h2f(t.x & 0xffff), x[1] = h2f(t.x >> 16), x[2] = h2f(t.y & 0xffff), x[3] = h2f(t.y >> 16);
+    } else {
+        unsigned int t = *(const unsigned int*)src;
+        x[0] = h2f(t & 0xffff), x[1] = h2f(t >> 16);
+    }
+}
+
+// K and V row j of KV head kh, the lane's HD / 32 dims from d0 (zeros for j < 0).
+template <int HD, typename T>
+__device__ __forceinline__ void dw_row(const T* k, const T* v, long j, long ks, int kh, int d0,
                                        float (&kr)[HD / 32], float (&vr)[HD / 32]) {
     if (j >= 0) {
         dw_load<HD>(k + j * ks + (long)kh * HD + d0, kr);
@@ -763,8 +809,8 @@ __device__ __forceinline__ void dw_keys(const float (&qr)[DA_GMAX][HD / 32], con
     }
 }
 
-template <int HD>
-__device__ __forceinline__ void attn_decode_warps(const float* q, const float* k, const float* v,
+template <int HD, typename T>
+__device__ __forceinline__ void attn_decode_warps(const float* q, const T* k, const T* v,
                                                   const float* slopes, const int* positions, float* out,
                                                   float* part, int sq, int skv, int kcap, int nh, int nkv, float scale,
                                                   float softcap, int causal, int window, int nsplit, int gchunk,
@@ -813,10 +859,10 @@ __device__ __forceinline__ void attn_decode_warps(const float* q, const float* k
 #pragma unroll
         for (int t = 0; t < VPL; t++) kn[t] = rcos ? rope_value(kp, d0 + t, rot, rstyle, rcos, rsin) : kp[d0 + t];
         dw_load<HD>(vnew + (long)kh * HD + d0, vn);
-        float* kw = (float*)k + p * ks + (long)kh * HD + d0;
-        float* vw = (float*)v + p * ks + (long)kh * HD + d0;
+        T* kw = (T*)k + p * ks + (long)kh * HD + d0;
+        T* vw = (T*)v + p * ks + (long)kh * HD + d0;
 #pragma unroll
-        for (int t = 0; t < VPL; t++) kw[t] = kn[t], vw[t] = vn[t];
+        for (int t = 0; t < VPL; t++) att_st(kw, t, kn[t]), att_st(vw, t, vn[t]);
     }
     float m[DA_GMAX], l[DA_GMAX], o[DA_GMAX][VPL];
 #pragma unroll
@@ -832,7 +878,7 @@ __device__ __forceinline__ void attn_decode_warps(const float* q, const float* k
     for (long j0 = a + (long)wid * DW_KPW; j0 < b; j0 += (long)DW_KPW * nw) {
         float kr[DW_KPW][VPL], vr[DW_KPW][VPL];
 #pragma unroll
-        for (int u = 0; u < DW_KPW; u++) dw_row<HD>(k, v, j0 + u < b ? j0 + u : -1, ks, kh, d0, kr[u], vr[u]);
+        for (int u = 0; u < DW_KPW; u++) dw_row<HD, T>(k, v, j0 + u < b ? j0 + u : -1, ks, kh, d0, kr[u], vr[u]);
         dw_keys<HD>(qr, kr, vr, j0, b, p, G, scale, softcap, slope, m, l, o);
     }
     // the warps that saw keys meet: per head, M = max_w m_w and
@@ -876,19 +922,17 @@ __device__ __forceinline__ void attn_decode_warps(const float* q, const float* k
     da_merge_last(part, out, oq, od, counters, i, nh, h0, G, HD, eff, pstride, sinks);
 }
 
-#define DECODE_WARPS(HD) \
-    extern "C" __global__ void __launch_bounds__(DW_MAXT, DW_MINB) attn_decode_w##HD##_f32( \
-        const float* q, const float* k, const float* v, const float* slopes, const int* positions, float* out, \
-        float* part, int sq, int skv, int kcap, int nh, int nkv, int hd, int hdv, long ks, long vs, float scale, \
-        float softcap, int causal, int window, int nsplit, int gchunk, signed char* oq, float2* od, \
-        const float* knew, const float* vnew, const float* rcos, const float* rsin, int rot, int rstyle, \
-        int* counters, const float* sinks) { \
+#define DECODE_WARPS(HD, T, SUFFIX) \
+    extern "C" __global__ void __launch_bounds__(DW_MAXT, DW_MINB) attn_decode_w##HD##_##SUFFIX(DECODE_ARGS(T)) { \
         pdl_begin(); \
-        attn_decode_warps<HD>(q, k, v, slopes, positions, out, part, sq, skv, kcap, nh, nkv, scale, softcap, causal, \
-                              window, nsplit, gchunk, oq, od, knew, vnew, rcos, rsin, rot, rstyle, counters, sinks); \
+        attn_decode_warps<HD, T>(q, k, v, slopes, positions, out, part, sq, skv, kcap, nh, nkv, scale, softcap, \
+                                 causal, window, nsplit, gchunk, oq, od, knew, vnew, rcos, rsin, rot, rstyle, \
+                                 counters, sinks); \
     }
-DECODE_WARPS(64)
-DECODE_WARPS(128)
+DECODE_WARPS(64, float, f32)
+DECODE_WARPS(128, float, f32)
+DECODE_WARPS(64, unsigned short, f16kv)
+DECODE_WARPS(128, unsigned short, f16kv)
 
 // Merges the nsplit partial results of attn_decode_f32: block (h, i), a thread per value dim.
 // out = Σ_s e^(m_s - M) o_s / (Σ_s e^(m_s - M) l_s + e^(sink - M)) (0 when no split saw a key).
@@ -916,8 +960,9 @@ extern "C" __global__ void attn_decode_combine_f32(const float* part, float* out
 // floats, vc rows of `vrow`); positions outside [0, cap) are skipped (the host checks them, this
 // keeps a bad one from writing outside the cache). Reads the position on the device so a CUDA
 // graph replays it every step.
-extern "C" __global__ void kv_write_f32(const float* k, const float* v, const int* pos, float* kc, float* vc, int n,
-                                        long krow, long vrow, long cap) {
+template <typename T>
+__device__ void kv_write_impl(const float* k, const float* v, const int* pos, T* kc, T* vc, int n, long krow,
+                              long vrow, long cap) {
     pdl_begin();
     long total = (long)n * (krow + vrow);
     for (long id = (long)blockIdx.x * blockDim.x + threadIdx.x; id < total; id += (long)gridDim.x * blockDim.x) {
@@ -925,14 +970,40 @@ extern "C" __global__ void kv_write_f32(const float* k, const float* v, const in
         long p = pos[r];
         if (p < 0 || p >= cap) continue;
         if (c < krow)
-            kc[p * krow + c] = k[r * krow + c];
+            att_st(kc, p * krow + c, k[r * krow + c]);
         else
-            vc[p * vrow + (c - krow)] = v[r * vrow + (c - krow)];
+            att_st(vc, p * vrow + (c - krow), v[r * vrow + (c - krow)]);
+    }
+}
+
+#define KV_WRITE(NAME, T)                                                                                     \
+    extern "C" __global__ void NAME(const float* k, const float* v, const int* pos, T* kc, T* vc, int n, long krow, \
+                                    long vrow, long cap) {                                                     \
+        kv_write_impl<T>(k, v, pos, kc, vc, n, krow, vrow, cap);                                               \
+    }
+KV_WRITE(kv_write_f32, float)
+KV_WRITE(kv_write_f16kv, unsigned short)
+
+// KvAppend of an f16 cache: the n f32 values of x as f16 at dst (the rows after the cache's
+// last).
+extern "C" __global__ void kv_append_f16kv(const float* x, unsigned short* dst, long n) {
+    pdl_begin();
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+        dst[i] = f2h(x[i]);
+}
+
+// The cuBLAS prefill over an f16 cache: its rows [0, n) as f32 (the layout of an f32 cache).
+extern "C" __global__ void kv_float_f16kv(const unsigned short* k, const unsigned short* v, float* kf, float* vf,
+                                          long nk, long nv) {
+    pdl_begin();
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < nk || i < nv; i += (long)gridDim.x * blockDim.x) {
+        if (i < nk) kf[i] = h2f(k[i]);
+        if (i < nv) vf[i] = h2f(v[i]);
     }
 }
 
 // ---- Flash attention for prefill (`fast` precision): causal, GQA, no ALiBi / soft-cap / window ----
-// q [sq, nh, HD] f32, kh / vh [skv, nkv, HD] f16 (the f32 cache rows converted by kv_half_f32),
+// q [sq, nh, HD] f32, kh / vh [skv, nkv, HD] f16 (an f16 cache, or f32 rows converted by kv_half_f32),
 // out [sq, nh, HD] f32; query i sits at position skv - sq + i and sees keys 0 ..= that position.
 // A block of 4 warps takes 64 queries of one head; each warp keeps its 16 query rows as f16
 // tensor-core fragments (scaled by scale · log2 e) and walks the keys in tiles of 64 staged in

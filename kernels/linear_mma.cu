@@ -14,20 +14,20 @@
 // `mma_reduce_f32` adds them in split order (deterministic). Needs k % MMA_KC == 0 and weights
 // at 16-byte aligned addresses.
 //
-// The k order inside a 32-value block is permuted the same way for both operands (a dot product
-// does not depend on it): fragment k indices (2t, 2t+1) and (2t+8, 2t+9) of the first 16-step
-// hold elements (4t, 4t+2) and (4t+1, 4t+3) of the block, those of the second step elements
-// 16 + the same. A 4-bit weight word (bytes 4t..4t+3) then yields its four f16 pairs with one
-// mask each, and a lane reads 4 consecutive activations (a, b, c, d) and pairs them (a, c), (b, d).
+// Fragments (natural k order): lane (g, t) takes, of weight rows g and g + 8 of a 32-value block,
+// values 2t, 2t+1, 2t+8, 2t+9 (first 16-step) and 16 + the same (second): a 4-bit block's quant
+// bytes 2t, 2t+1, 2t+8, 2t+9 hold both (low and high nibbles), so two 16-bit loads per row give a
+// lane all it needs. Activation fragments come from shared memory by ldmatrix, four 8 × 8 tiles
+// (the two steps' two halves) of one 8-row activation tile per instruction.
 
 #define MMA_WARPS 8
 #define MMA_WROWS 1
 // weight rows per block
 #define MMA_ROWS (MMA_WARPS * MMA_WROWS * 16)
 #define MMA_KC 256
-// halves per staged activation row: MMA_KC + 16 (row stride ≡ 8 words mod 32: the eight
-// 8-byte reads of a quad group hit distinct banks)
-#define MMA_XS (MMA_KC + 16)
+// halves per staged activation row: MMA_KC + 8 (row stride ≡ 4 words mod 32: the eight 16-byte
+// rows of an ldmatrix tile hit distinct banks)
+#define MMA_XS (MMA_KC + 8)
 
 __device__ __forceinline__ void mma16816(float* c, const unsigned int* a, unsigned int b0, unsigned int b1) {
     asm volatile(
@@ -81,26 +81,32 @@ struct WQuad {
     unsigned int d;
 };
 
-// Lane t's share of the staged block at blk.
+// Two 16-bit pieces at 2-byte aligned shared-memory addresses as one word (a low, b high).
+__device__ __forceinline__ unsigned int sm_pair(const unsigned char* a, const unsigned char* b) {
+    return (unsigned int)*(const unsigned short*)a | ((unsigned int)*(const unsigned short*)b << 16);
+}
+
+// Lane t's share of the staged block at blk: 4-bit weights, quant bytes 2t, 2t+1, 2t+8, 2t+9;
+// Q8_0, values 2t, 2t+1, 2t+8, 2t+9 (q[0]) and 16 + the same (q[1]).
 template <int DT>
 __device__ __forceinline__ void wquad_load(const unsigned char* blk, int t, WQuad& w) {
     if (DT == DT_Q4_0) {
         w.d = *(const unsigned short*)blk;
-        w.q[0] = sm_w2(blk + 2 + 4 * t);
+        w.q[0] = sm_pair(blk + 2 + 2 * t, blk + 10 + 2 * t);
         w.q[1] = 0;
     } else if (DT == DT_Q4_1) {
         w.d = *(const unsigned int*)blk;
-        w.q[0] = *(const unsigned int*)(blk + 4 + 4 * t);
+        w.q[0] = sm_pair(blk + 4 + 2 * t, blk + 12 + 2 * t);
         w.q[1] = 0;
     } else {
         w.d = *(const unsigned short*)blk;
-        w.q[0] = sm_w2(blk + 2 + 4 * t);
-        w.q[1] = sm_w2(blk + 18 + 4 * t);
+        w.q[0] = sm_pair(blk + 2 + 2 * t, blk + 10 + 2 * t);
+        w.q[1] = sm_pair(blk + 18 + 2 * t, blk + 26 + 2 * t);
     }
 }
 
-// The four f16 pairs of lane t's share of a block (see the file comment): a[0] / a[1] = the
-// first step's (4t, 4t+2) / (4t+1, 4t+3), a[2] / a[3] = the second step's.
+// The four f16 pairs of lane t's share of a block: a[0] / a[1] = the first step's values
+// (2t, 2t+1) / (2t+8, 2t+9), a[2] / a[3] = the second step's.
 template <int DT>
 __device__ __forceinline__ void wquad_deq(const WQuad& w, unsigned int* a) {
     if (DT == DT_Q8_0) {
@@ -108,18 +114,20 @@ __device__ __forceinline__ void wquad_deq(const WQuad& w, unsigned int* a) {
         unsigned int x0 = w.q[0] ^ 0x80808080u, x1 = w.q[1] ^ 0x80808080u;
         const unsigned int off = 0x64806480u;  // 1152, 1152
         unsigned int d2 = w.d | (w.d << 16);
-        a[0] = hmul2u(hsub2u(prmt(x0, 0x64646464u, 0x4240), off), d2);
-        a[1] = hmul2u(hsub2u(prmt(x0, 0x64646464u, 0x4341), off), d2);
-        a[2] = hmul2u(hsub2u(prmt(x1, 0x64646464u, 0x4240), off), d2);
-        a[3] = hmul2u(hsub2u(prmt(x1, 0x64646464u, 0x4341), off), d2);
+        a[0] = hmul2u(hsub2u(prmt(x0, 0x64646464u, 0x4140), off), d2);
+        a[1] = hmul2u(hsub2u(prmt(x0, 0x64646464u, 0x4342), off), d2);
+        a[2] = hmul2u(hsub2u(prmt(x1, 0x64646464u, 0x4140), off), d2);
+        a[3] = hmul2u(hsub2u(prmt(x1, 0x64646464u, 0x4342), off), d2);
         return;
     }
-    unsigned int q = w.q[0];
+    // low nibbles: the first step's values, high nibbles: the second's; each byte becomes the
+    // mantissa of 1024 + q
+    unsigned int lo = w.q[0] & 0x0F0F0F0Fu, hi = (w.q[0] >> 4) & 0x0F0F0F0Fu;
     unsigned int v[4] = {
-        (q & 0x000F000Fu) | 0x64006400u,
-        ((q >> 8) & 0x000F000Fu) | 0x64006400u,
-        ((q >> 4) & 0x000F000Fu) | 0x64006400u,
-        ((q >> 12) & 0x000F000Fu) | 0x64006400u,
+        prmt(lo, 0x64646464u, 0x4140),
+        prmt(lo, 0x64646464u, 0x4342),
+        prmt(hi, 0x64646464u, 0x4140),
+        prmt(hi, 0x64646464u, 0x4342),
     };
     if (DT == DT_Q4_0) {
         unsigned int d2 = (w.d & 0xffffu) | (w.d << 16);
@@ -130,6 +138,14 @@ __device__ __forceinline__ void wquad_deq(const WQuad& w, unsigned int* a) {
 #pragma unroll
         for (int i = 0; i < 4; i++) a[i] = hfma2u(hsub2u(v[i], 0x64006400u), d2, m2);  // q · d + m
     }
+}
+
+// Four 8 × 8 f16 tiles from shared memory: lanes 8q..8q+7 give the row addresses of tile q,
+// lane (g, t) receives row g, columns 2t, 2t+1 of each.
+__device__ __forceinline__ void ldsm_x4(unsigned int addr, unsigned int* d) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(addr));
 }
 
 // Starts copying activation rows [t0, t0 + 8·NT) (zeros past m), values [c0, c0 + MMA_KC), into
@@ -197,7 +213,9 @@ __device__ void linear_mma_t(const unsigned short* x, const LinSegs& sg, int m, 
     }
     for (long c = c_lo; c < c_hi; c++) {
         const unsigned char* st = smem + ((c - c_lo) & 1) * STAGE;
-        const unsigned short* xc = (const unsigned short*)(st + WBYTES);
+        // this lane's ldmatrix row: activation row (lane & 7) of a tile, values 8 (lane >> 3)..
+        unsigned int xs_lane = (unsigned int)__cvta_generic_to_shared(st + WBYTES) +
+                               (unsigned int)(((lane & 7) * MMA_XS + 8 * (lane >> 3)) * 2);
         if (c + 1 < c_hi) {
             unsigned char* nx = smem + ((c + 1 - c_lo) & 1) * STAGE;
             mma_stage_w<DT>(sg, ntot, row_bytes, row0, c + 1, nx);
@@ -222,24 +240,26 @@ __device__ void linear_mma_t(const unsigned short* x, const LinSegs& sg, int m, 
                     wquad_load<DT>(st + r * mma_wrow<DT>() + bb * BS, t, wq);
                     wquad_deq<DT>(wq, af[i][h]);
                 }
+            // A fragments of tile i, step s: rows g / g+8, pairs (2t, 2t+1) / (2t+8, 2t+9)
+            unsigned int a[MMA_WROWS][2][4];
 #pragma unroll
-            for (int s = 0; s < 2; s++) {
-                // A fragment of tile i, step s: rows g / g+8, pairs (2t, 2t+1) / (2t+8, 2t+9)
-                unsigned int a[MMA_WROWS][4];
+            for (int i = 0; i < MMA_WROWS; i++)
 #pragma unroll
-                for (int i = 0; i < MMA_WROWS; i++) {
-                    a[i][0] = af[i][0][2 * s];
-                    a[i][1] = af[i][1][2 * s];
-                    a[i][2] = af[i][0][2 * s + 1];
-                    a[i][3] = af[i][1][2 * s + 1];
+                for (int s = 0; s < 2; s++) {
+                    a[i][s][0] = af[i][0][2 * s];
+                    a[i][s][1] = af[i][1][2 * s];
+                    a[i][s][2] = af[i][0][2 * s + 1];
+                    a[i][s][3] = af[i][1][2 * s + 1];
                 }
 #pragma unroll
-                for (int u = 0; u < NT; u++) {
-                    // values 4t..4t+3 of the step: fragment pairs (4t, 4t+2) and (4t+1, 4t+3)
-                    uint2 bv = *(const uint2*)(xc + (8 * u + g) * MMA_XS + bb * 32 + 16 * s + 4 * t);
-                    unsigned int b0 = prmt(bv.x, bv.y, 0x5410), b1 = prmt(bv.x, bv.y, 0x7632);
+            for (int u = 0; u < NT; u++) {
+                // tiles q = 0..3: values 8q..8q+7 of the block for activation rows 8u..8u+7
+                unsigned int b[4];
+                ldsm_x4(xs_lane + (unsigned int)((8 * u * MMA_XS + bb * 32) * 2), b);
 #pragma unroll
-                    for (int i = 0; i < MMA_WROWS; i++) mma16816(acc[i][u], a[i], b0, b1);
+                for (int i = 0; i < MMA_WROWS; i++) {
+                    mma16816(acc[i][u], a[i][0], b[0], b[1]);
+                    mma16816(acc[i][u], a[i][1], b[2], b[3]);
                 }
             }
         }

@@ -336,8 +336,9 @@ pub enum OutputCopy {
 }
 
 /// Up to this many rows, a `fast` `Linear` with Q8_0/Q4_0/Q4_1 weights reads its input as Q8_0
-/// rows (the CUDA device's int8 tensor-core products): the copy its producer leaves.
-pub const Q8_COPY_MAX_ROWS: usize = 64;
+/// rows (the CUDA device's int8 tensor-core products): the copy its producer leaves. More rows
+/// take the f16 tensor-core products (the f16 copy).
+pub const Q8_COPY_MAX_ROWS: usize = 16;
 
 impl OutputCopy {
     /// The half form a tensor-core `Linear` (CUDA, `fast` precision) reads and writes with a

@@ -30,8 +30,8 @@ pub struct LoadOptions {
     pub precision: Precision,
     /// The run-time switches (CUDA graphs, fused ops, GPU memory cap, SIMD cap, cache dir).
     pub runtime: RuntimeOptions,
-    /// KV cache dtype; `None` = the device's default (f16 on the CPU in `fast` precision, else
-    /// f32). A dtype the device does not store is an error naming it.
+    /// KV cache dtype; `None` = the device's default (f16 in `fast` precision, else f32). A
+    /// dtype the device does not store (q8_0 on a GPU) is an error naming it.
     pub kv_dtype: Option<KvDtype>,
 }
 
@@ -259,8 +259,8 @@ pub fn model_in_group(
     use crate::model::tp_process::{self, RankSetup};
     if let Some(k) = opts.kv_dtype {
         return Err(Error::Unsupported(format!(
-            "KV cache dtype {k}: a group of processes keeps each rank's device default (f16 on \
-             the CPU in fast precision, f32 on a GPU); drop --kv-dtype"
+            "KV cache dtype {k}: a group of processes keeps each rank's device default (f16 in \
+             fast precision, else f32); drop --kv-dtype"
         )));
     }
     let setup = RankSetup {

@@ -602,8 +602,9 @@ pub fn moe_route(
     )
 }
 
-/// A route [rows, k, 2] → `out` I32 [experts + 1 + rows·k]: per-expert offsets, then the slots
-/// (`token·k + choice`) grouped by expert.
+/// A route [rows, k, 2] made by [`moe_route`] → `out` I32 [experts + 1 + rows·k]: per-expert
+/// offsets, then the slots (`token·k + choice`) grouped by expert. The route is passed as
+/// `checked` (a GPU does not read it back to validate it).
 pub fn moe_dispatch(e: &Executor, route: &Data, experts: usize, out: &mut Data) -> Result<()> {
     unary(
         e,
@@ -611,12 +612,58 @@ pub fn moe_dispatch(e: &Executor, route: &Data, experts: usize, out: &mut Data) 
         route,
         out,
         FloatDict::new(),
-        IntDict::new().with("experts", experts as i32),
+        IntDict::new()
+            .with("experts", experts as i32)
+            .with("checked", 1),
+    )
+}
+
+/// How [`moe_linear`] reads its input rows and routing.
+#[derive(Clone, Copy, Debug)]
+pub struct MoeLinearRows<'a> {
+    /// The dispatch from [`moe_dispatch`] (passed as `checked`).
+    pub dispatch: &'a Data,
+    /// Experts chosen per token.
+    pub k: usize,
+    /// The input has one row per token (gathered for each of its slots) instead of one per
+    /// dispatch position.
+    pub gather: bool,
+}
+
+/// The grouped expert product (`MoeLinear`): `out` [slots, n] in dispatch order, row `j` =
+/// `x(j) · weight[e(j)]ᵀ + bias[e(j)]` for the stacked expert weights `weight` [experts, n, k]
+/// (and `bias` [experts, n]); each routed expert's weights are read once for all its rows.
+pub fn moe_linear(
+    e: &Executor,
+    x: &Data,
+    (weight, bias): (&Data, Option<&Data>),
+    rows: MoeLinearRows,
+    quant_act: bool,
+    out: &mut Data,
+) -> Result<()> {
+    let mut d = DataDict::new()
+        .with("input", x)
+        .with("weight", weight)
+        .with("dispatch", rows.dispatch);
+    if let Some(b) = bias {
+        d.insert("bias", b);
+    }
+    d.insert_mut("output", out);
+    e.run(
+        "MoeLinear",
+        &mut d,
+        &FloatDict::new(),
+        &IntDict::new()
+            .with("k", rows.k as i32)
+            .with("gather", rows.gather as i32)
+            .with("quant_act", quant_act as i32)
+            .with("checked", 1),
     )
 }
 
 /// `out[t] = Σ_j weight(t, j) · x[row of slot (t, j)]`: `x` [rows·k, d] holds the experts'
-/// outputs in the order of `dispatch`.
+/// outputs in the order of `dispatch` (made by [`moe_dispatch`] from `route`; passed as
+/// `checked`).
 pub fn moe_combine(
     e: &Executor,
     x: &Data,
@@ -629,5 +676,10 @@ pub fn moe_combine(
         .with("route", route)
         .with("dispatch", dispatch)
         .with_mut("output", out);
-    e.run("MoeCombine", &mut d, &FloatDict::new(), &IntDict::new())
+    e.run(
+        "MoeCombine",
+        &mut d,
+        &FloatDict::new(),
+        &IntDict::new().with("checked", 1),
+    )
 }

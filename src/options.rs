@@ -22,6 +22,11 @@ pub struct RuntimeOptions {
     /// `Linear`, half-precision gate/up outputs in a prefill. Off, every op of a step runs in its
     /// plain form (for debugging a fused kernel). Default on. Env `FASTLLM_FUSED_OPS`.
     pub fused_ops: bool,
+    /// On a GPU, every row's result is independent of how many rows run with it: a sequence's
+    /// logits are the same bits alone and in any batch (the same product kernel and k split for
+    /// every row count, attention splits that depend only on a row's own length). Costs speed
+    /// (`docs/benchmarks.md`). Default off. Env `FASTLLM_BATCH_INVARIANT`.
+    pub batch_invariant: bool,
     /// Refuse to load a model whose weights need more than this many bytes on any one GPU (the
     /// KV cache not counted); `None`: no cap. Env `FASTLLM_GPU_MEMORY_CAP_MB` (MiB, 0 = none).
     pub gpu_memory_cap: Option<usize>,
@@ -42,6 +47,7 @@ impl Default for RuntimeOptions {
         RuntimeOptions {
             cuda_graphs: true,
             fused_ops: true,
+            batch_invariant: false,
             gpu_memory_cap: None,
             simd: None,
             cache_dir: None,
@@ -51,9 +57,10 @@ impl Default for RuntimeOptions {
 }
 
 /// The environment variables [`RuntimeOptions::from_env`] reads.
-pub const ENV_VARS: [&str; 6] = [
+pub const ENV_VARS: [&str; 7] = [
     "FASTLLM_DECODE_GRAPHS",
     "FASTLLM_FUSED_OPS",
+    "FASTLLM_BATCH_INVARIANT",
     "FASTLLM_GPU_MEMORY_CAP_MB",
     "FASTLLM_SIMD",
     "FASTLLM_CACHE_DIR",
@@ -83,6 +90,9 @@ impl RuntimeOptions {
         }
         if let Some(v) = var("FASTLLM_FUSED_OPS")? {
             o.fused_ops = parse_bool("FASTLLM_FUSED_OPS", &v)?;
+        }
+        if let Some(v) = var("FASTLLM_BATCH_INVARIANT")? {
+            o.batch_invariant = parse_bool("FASTLLM_BATCH_INVARIANT", &v)?;
         }
         if let Some(v) = var("FASTLLM_GPU_MEMORY_CAP_MB")? {
             let mb = v.trim().parse::<usize>().map_err(|_| {
@@ -194,13 +204,14 @@ mod tests {
         let o = vars(&[
             ("FASTLLM_DECODE_GRAPHS", "0"),
             ("FASTLLM_FUSED_OPS", " off "),
+            ("FASTLLM_BATCH_INVARIANT", "yes"),
             ("FASTLLM_GPU_MEMORY_CAP_MB", "10240"),
             ("FASTLLM_SIMD", "AVX2"),
             ("FASTLLM_CACHE_DIR", "/tmp/x"),
             ("FASTLLM_PYTHON", "python3.12"),
         ])
         .unwrap();
-        assert!(!o.cuda_graphs && !o.fused_ops);
+        assert!(!o.cuda_graphs && !o.fused_ops && o.batch_invariant);
         assert_eq!(o.gpu_memory_cap, Some(10240 << 20));
         assert_eq!(o.simd, Some(SimdLevel::Avx2));
         assert_eq!(o.cache_dir, Some(PathBuf::from("/tmp/x")));

@@ -371,4 +371,72 @@ mod tests {
         s.release(wi);
         assert!(s.dict("X", &c.args).is_err(), "a released tensor");
     }
+
+    /// A step of calls, a reshape and a stage run on the CPU gives what the same ops called one
+    /// by one give, bit for bit.
+    #[test]
+    fn run_step_equals_the_calls_one_by_one() {
+        let e = crate::executor::Executor::cpu(1).unwrap();
+        let x = Data::from_f32(&[2, 3], &[0.5, -1.0, 2.0, 1.5, 0.25, -0.75]).unwrap();
+        let w = Data::from_f32(
+            &[4, 3],
+            &[
+                0.1, 0.2, -0.3, 0.4, 0.5, 0.6, -0.7, 0.8, 0.9, 1.0, -1.1, 1.2,
+            ],
+        )
+        .unwrap();
+        let mut y = Data::empty(crate::data::DataType::F32);
+        let mut z = Data::from_f32(&[2, 4], &[1.0; 8]).unwrap();
+        {
+            let mut st = Step::new();
+            let (xi, wi) = (st.input(&x), st.input(&w));
+            let (yi, zi) = (st.mutable(&mut y), st.mutable(&mut z));
+            st.push(
+                Call::new("Linear")
+                    .input("input", xi)
+                    .input("weight", wi)
+                    .output("output", yi),
+            );
+            st.push(
+                Call::new("AddTo")
+                    .output("input0", zi)
+                    .input("input1", yi)
+                    .float("alpha", 1.0),
+            );
+            st.reshape(zi, &[8]);
+            let twice = |d: &mut DataDict| {
+                let z = d.require_mut("double", "input")?;
+                let v: Vec<f32> = z.to_f32_vec()?.iter().map(|v| 2.0 * v).collect();
+                *z = Data::from_f32(&[8], &v)?;
+                Ok(())
+            };
+            let args = vec![Arg {
+                name: "input",
+                tensor: zi,
+                written: true,
+            }];
+            st.stage("double", args, Box::new(twice));
+            e.run_step(&mut st).unwrap();
+            assert!(st.items().is_empty(), "the items were consumed");
+        }
+        let mut y2 = Data::empty(crate::data::DataType::F32);
+        crate::ops::linear(&e, &x, &w, None, &mut y2, false).unwrap();
+        let mut z2 = Data::from_f32(&[2, 4], &[1.0; 8]).unwrap();
+        crate::ops::add_to(&e, &mut z2, &y2, 1.0).unwrap();
+        let want: Vec<u32> = z2
+            .to_f32_vec()
+            .unwrap()
+            .iter()
+            .map(|v| (2.0 * v).to_bits())
+            .collect();
+        let got: Vec<u32> = z
+            .to_f32_vec()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect();
+        assert_eq!(z.dims(), [8]);
+        assert_eq!(got, want);
+        assert_eq!(y.to_f32_vec().unwrap(), y2.to_f32_vec().unwrap());
+    }
 }

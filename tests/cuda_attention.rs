@@ -1,7 +1,7 @@
 //! Attention on the CUDA device against the CPU reference: tensor-core and flash prefill, the
 //! decode kernel over a KV cache written by `KvWrite` or by the decode kernel itself (with its
-//! rotary step), rotary embedding of two inputs in one call, and the quantized or copied
-//! attention outputs that feed the next `Linear`.
+//! rotary step), f32 and f16 caches (and `KvAppend` into them), rotary embedding of two inputs
+//! in one call, and the quantized or copied attention outputs that feed the next `Linear`.
 //!
 //! Without a GPU every test passes without work and the binary says once, on stderr past the
 //! test harness's capture, "SKIPPED: no CUDA device (...)" (CI has none).
@@ -11,7 +11,7 @@
 mod common;
 
 use common::cuda::{clone_arg, cuda_executor, gpu, reference, run_linear};
-use fastllm::data::{Data, DataType, DeviceKind};
+use fastllm::data::{encode_from_f32, Data, DataType, DeviceKind};
 use fastllm::harness::{nmse, CaseRng};
 use fastllm::{BaseDevice, DataDict, Executor, FloatDict, IntDict};
 
@@ -31,6 +31,16 @@ type AttCase = (
 
 /// TF32 products (10-bit mantissa) for q·kᵀ and p·v.
 const TC_ATTENTION_NMSE: f64 = 2e-5;
+
+/// `vals` as a host tensor of `dt` (f32, or f16 rounded to nearest even).
+fn tensor_of(dt: DataType, dims: &[usize], vals: &[f32]) -> Data {
+    Data::from_bytes(dt, dims, &encode_from_f32(dt, vals).unwrap()).unwrap()
+}
+
+/// `vals` rounded through `dt`.
+fn rounded(dt: DataType, vals: &[f32]) -> Vec<f32> {
+    tensor_of(dt, &[vals.len()], vals).to_f32_vec().unwrap()
+}
 
 #[test]
 fn tensor_core_attention_matches_reference() {
@@ -116,12 +126,24 @@ fn kv_write_and_decode_attention_match_reference() {
         (2, 5, 8, 4, 4, 256, 256, true, 0.0, 0),
         (1, 4097, 8192, 32, 8, 128, 128, false, 0.0, 0),
     ];
-    for (sq, len, cap, nh, nkv, hd, hdv, alibi, softcap, window) in cases {
+    // f32 caches, and f16 caches against the reference over the same rounded values
+    for (dt, (sq, len, cap, nh, nkv, hd, hdv, alibi, softcap, window)) in
+        [DataType::F32, DataType::F16]
+            .into_iter()
+            .flat_map(|dt| cases.map(|c| (dt, c)))
+    {
         let q = rng.data_range(DataType::F32, &[sq, nh, hd], -2.0, 2.0);
-        let k = rng.data(DataType::F32, &[len, nkv, hd]);
-        let v = rng.data(DataType::F32, &[len, nkv, hdv]);
-        let kv = k.to_f32_vec().unwrap();
-        let vv = v.to_f32_vec().unwrap();
+        let (k0, v0) = (
+            rng.data(DataType::F32, &[len, nkv, hd])
+                .to_f32_vec()
+                .unwrap(),
+            rng.data(DataType::F32, &[len, nkv, hdv])
+                .to_f32_vec()
+                .unwrap(),
+        );
+        let (kv, vv) = (rounded(dt, &k0), rounded(dt, &v0));
+        let k = Data::from_f32(&[len, nkv, hd], &kv).unwrap();
+        let v = Data::from_f32(&[len, nkv, hdv], &vv).unwrap();
         let slopes: Vec<f32> = (0..nh).map(|h| 0.5f32.powi(h as i32 % 8 + 1)).collect();
         let slopes = Data::from_f32(&[nh], &slopes).unwrap();
         let scale = 1.0 / (hd as f32).sqrt();
@@ -150,13 +172,14 @@ fn kv_write_and_decode_attention_match_reference() {
         // rows at their positions, DecodeAttention reads rows 0..=position.
         let old = len - sq;
         let cache = |all: &[f32], row: usize| {
-            let mut c = Data::from_f32(&[old, nkv, row], &all[..old * nkv * row]).unwrap();
+            let mut c = tensor_of(dt, &[old, nkv, row], &all[..old * nkv * row]);
             c.reserve(0, cap).unwrap();
             dev.upload(&c).unwrap()
         };
         let (mut kc, mut vc) = (cache(&kv, hd), cache(&vv, hdv));
-        let newk = Data::from_f32(&[sq, nkv, hd], &kv[old * nkv * hd..]).unwrap();
-        let newv = Data::from_f32(&[sq, nkv, hdv], &vv[old * nkv * hdv..]).unwrap();
+        // the new rows unrounded: KvWrite rounds them into an f16 cache
+        let newk = Data::from_f32(&[sq, nkv, hd], &k0[old * nkv * hd..]).unwrap();
+        let newv = Data::from_f32(&[sq, nkv, hdv], &v0[old * nkv * hdv..]).unwrap();
         let pos: Vec<i32> = (old..len).map(|p| p as i32).collect();
         let pos = dev.upload(&Data::from_i32(&[sq], &pos).unwrap()).unwrap();
         {
@@ -211,9 +234,9 @@ fn kv_write_and_decode_attention_match_reference() {
         let mut kfull = kc;
         kfull.set_len(0, len).unwrap();
         let kf = kfull.to_owned_host().unwrap().to_f32_vec().unwrap();
-        assert_eq!(kf, kv, "KvWrite rows");
+        assert_eq!(kf, kv, "KvWrite rows ({dt})");
         println!(
-            "DecodeAttention q[{sq},{nh},{hd}] cache[{len}/{cap},{nkv},{hd}/{hdv}] alibi={alibi} softcap={softcap} window={window}: nmse {e:.2e}"
+            "DecodeAttention q[{sq},{nh},{hd}] {dt} cache[{len}/{cap},{nkv},{hd}/{hdv}] alibi={alibi} softcap={softcap} window={window}: nmse {e:.2e}"
         );
         assert!(!bad && e <= 1e-9, "nmse {e:.3e}");
     }
@@ -240,16 +263,20 @@ fn decode_attention_with_the_step_kv_equals_rotary_kv_write_and_attention() {
         (4097, 8192, 32, 8, 128, 128, 0, true, false, 0),
         (20, 32, 9, 3, 40, 40, 0, false, true, 0),
     ];
-    for (len, cap, nh, nkv, hd, rot, style, rotate, alibi, window) in cases {
+    for (dt, (len, cap, nh, nkv, hd, rot, style, rotate, alibi, window)) in
+        [DataType::F32, DataType::F16]
+            .into_iter()
+            .flat_map(|dt| cases.map(|c| (dt, c)))
+    {
         let ctx = format!(
-            "len={len} cap={cap} nh={nh} nkv={nkv} hd={hd} rot={rot} style={style} rotate={rotate}"
+            "{dt} len={len} cap={cap} nh={nh} nkv={nkv} hd={hd} rot={rot} style={style} rotate={rotate}"
         );
         let old = len - 1;
         let q = dev.upload(&rng.data(DataType::F32, &[1, nh, hd])).unwrap();
         let k = dev.upload(&rng.data(DataType::F32, &[1, nkv, hd])).unwrap();
         let v = dev.upload(&rng.data(DataType::F32, &[1, nkv, hd])).unwrap();
         let cache = |rng: &mut CaseRng| {
-            let mut c = rng.data(DataType::F32, &[old, nkv, hd]);
+            let mut c = rng.data(dt, &[old, nkv, hd]);
             c.reserve(0, cap).unwrap();
             dev.upload(&c).unwrap()
         };
@@ -725,4 +752,153 @@ fn decode_attention_q8_output_gives_the_same_projection() {
         }
     }
     println!("decode attention Q8_0 output rows: {checked} cases, projections bit-equal");
+}
+
+/// `Attention` over f16 keys and values (an f16 KV cache read in place: the split-K decode
+/// kernels, the general kernel, and in `fast` flash and cuBLAS prefill) against the CPU
+/// reference over the same rounded values (the kernels' tolerance) and over the f32 originals
+/// (the rounding's cost); head sizes 64, 80 and 128, GQA, ALiBi, soft-capping, windows, sinks.
+#[test]
+fn f16_cache_attention_matches_reference() {
+    let Some(dev) = gpu() else { return };
+    let cuda = cuda_executor(&dev);
+    let reference = reference();
+    let mut rng = CaseRng::new(83);
+    // (sq, skv, nh, nkv, hd, alibi, softcap, window, sinks, fast)
+    type Case = (usize, usize, usize, usize, usize, bool, f32, i32, bool, i32);
+    let cases: [Case; 10] = [
+        (1, 300, 8, 2, 64, false, 0.0, 0, false, 0),
+        (1, 777, 32, 8, 128, false, 0.0, 0, true, 0),
+        (3, 200, 12, 4, 80, true, 10.0, 17, true, 0),
+        (1, 4097, 32, 8, 128, false, 0.0, 0, false, 0),
+        (2, 70, 9, 3, 80, false, 0.0, 0, false, 1),
+        (20, 90, 6, 3, 80, true, 0.0, 33, true, 0),
+        (128, 128, 8, 2, 128, false, 0.0, 0, false, 1),
+        (100, 130, 4, 4, 64, false, 0.0, 0, false, 1),
+        (96, 96, 6, 2, 80, false, 20.0, 0, true, 1),
+        (70, 90, 4, 1, 64, false, 0.0, 17, false, 1),
+    ];
+    for (sq, skv, nh, nkv, hd, alibi, softcap, window, sinks, fast) in cases {
+        let q = rng.data_range(DataType::F32, &[sq, nh, hd], -2.0, 2.0);
+        let k0 = rng
+            .data(DataType::F32, &[skv, nkv, hd])
+            .to_f32_vec()
+            .unwrap();
+        let v0 = rng
+            .data(DataType::F32, &[skv, nkv, hd])
+            .to_f32_vec()
+            .unwrap();
+        // caches with room for more rows, as a model's are
+        let cache = |dt: DataType, vals: &[f32]| {
+            let mut c = tensor_of(dt, &[skv, nkv, hd], vals);
+            c.reserve(0, skv + 5).unwrap();
+            c
+        };
+        let slopes: Vec<f32> = (0..nh).map(|h| 0.5f32.powi(h as i32 % 8 + 1)).collect();
+        let slopes = Data::from_f32(&[nh], &slopes).unwrap();
+        let sink = rng.data_range(DataType::F32, &[nh], -1.0, 1.0);
+        let run = |exec: &Executor, [q, k, v, s, sk]: [&Data; 5]| {
+            let mut out = Data::empty(DataType::F32);
+            let mut d = DataDict::new().with("q", q).with("k", k).with("v", v);
+            if alibi {
+                d.insert("alibi_slopes", s);
+            }
+            if sinks {
+                d.insert("sinks", sk);
+            }
+            d.insert_mut("output", &mut out);
+            exec.run(
+                "Attention",
+                &mut d,
+                &FloatDict::new().with("softcap", softcap),
+                &IntDict::new()
+                    .with("causal", 1)
+                    .with("sliding_window", window)
+                    .with("fast", fast),
+            )
+            .unwrap();
+            out
+        };
+        let host = |d: Data| d.to_owned_host().unwrap().to_f32_vec().unwrap();
+        let f32_cache = |vals: &[f32]| cache(DataType::F32, vals);
+        let (k16, v16) = (rounded(DataType::F16, &k0), rounded(DataType::F16, &v0));
+        let r16 = host(run(
+            &reference,
+            [&q, &f32_cache(&k16), &f32_cache(&v16), &slopes, &sink],
+        ));
+        let r32 = host(run(
+            &reference,
+            [&q, &f32_cache(&k0), &f32_cache(&v0), &slopes, &sink],
+        ));
+        let up = |d: &Data| dev.upload(d).unwrap();
+        let (kc, vc) = (
+            up(&cache(DataType::F16, &k0)),
+            up(&cache(DataType::F16, &v0)),
+        );
+        let out = run(&cuda, [&up(&q), &kc, &vc, &up(&slopes), &up(&sink)]);
+        assert!(
+            matches!(out.device(), DeviceKind::Cuda(_)),
+            "ran on the GPU"
+        );
+        let t = host(out);
+        let (e16, bad) = nmse(&t, &r16);
+        let (e32, _) = nmse(&t, &r32);
+        let tol = if fast != 0 && sq >= 64 {
+            TC_ATTENTION_NMSE
+        } else {
+            1e-9
+        };
+        println!(
+            "f16-cache Attention q[{sq},{nh},{hd}] kv[{skv},{nkv}] alibi={alibi} softcap={softcap} window={window} sinks={sinks} fast={fast}: nmse {e16:.2e} vs the rounded values, {e32:.2e} vs f32"
+        );
+        assert!(!bad && e16 <= tol, "nmse {e16:.3e} > {tol:.0e}");
+        assert!(e32 <= tol + 1e-5, "nmse vs f32 {e32:.3e}");
+    }
+}
+
+/// `KvAppend` on the GPU stores f32 rows in an f16 or f32 cache with the CPU's bits, moving a
+/// cache that is still on the host to the device and growing a full one.
+#[test]
+fn kv_append_on_the_gpu_matches_the_cpu() {
+    let Some(dev) = gpu() else { return };
+    let cuda = cuda_executor(&dev);
+    let cpu = reference();
+    let mut rng = CaseRng::new(89);
+    let (nkv, hd) = (3usize, 40usize);
+    let rows = rng
+        .data_range(DataType::F32, &[7, nkv, hd], -3.0, 3.0)
+        .to_f32_vec()
+        .unwrap();
+    for dt in [DataType::F16, DataType::F32] {
+        let empty = || {
+            let mut c = Data::zeros(dt, &[0, nkv, hd]).unwrap();
+            c.reserve(0, 2).unwrap();
+            c
+        };
+        let (mut on_cpu, mut on_gpu) = (empty(), empty());
+        for (a, b) in [(0usize, 2usize), (2, 3), (3, 7)] {
+            let part =
+                || Data::from_f32(&[b - a, nkv, hd], &rows[a * nkv * hd..b * nkv * hd]).unwrap();
+            for (exec, c, x) in [
+                (&cpu, &mut on_cpu, part()),
+                (&cuda, &mut on_gpu, dev.upload(&part()).unwrap()),
+            ] {
+                let mut d = DataDict::new().with("input", &x).with_mut("cache", c);
+                exec.run("KvAppend", &mut d, &FloatDict::new(), &IntDict::new())
+                    .unwrap();
+            }
+            assert!(
+                matches!(on_gpu.device(), DeviceKind::Cuda(_)),
+                "{dt}: the cache moved to the GPU"
+            );
+            assert_eq!(on_gpu.dims(), &[b, nkv, hd], "{dt}: rows after {b}");
+            assert!(on_gpu.capacity()[0] >= b, "{dt}: capacity");
+            assert_eq!(
+                on_gpu.to_owned_host().unwrap().bytes().unwrap(),
+                on_cpu.bytes().unwrap(),
+                "{dt}: bits after {b} rows"
+            );
+        }
+        println!("KvAppend {dt} on the GPU: the CPU's bits over 3 appends (grown twice)");
+    }
 }

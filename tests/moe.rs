@@ -1,5 +1,6 @@
 //! Mixture-of-experts models beyond the fixture logits (`tests/models.rs` has those): the MoE
-//! FFN stage against a float64 computation of its definition on awkward routings; GGUF files
+//! FFN stage against a float64 computation of its definition on awkward routings, with the
+//! experts one by one and stacked for the grouped `MoeLinear` products; GGUF files
 //! with llama.cpp's MoE names (stacked `ffn_*_exps` experts, `ffn_gate_inp`, `expert_*` keys)
 //! give the same logits as the HF original; missing expert metadata is refused by name; the
 //! experts stay as the file holds them; low-memory mode reads only the routed experts.
@@ -11,7 +12,7 @@ use fastllm::convert::{convert, ConvertOptions, TargetDtype};
 use fastllm::data::{Data, DataType};
 use fastllm::executor::Executor;
 use fastllm::load::{load, LoadOptions};
-use fastllm::model::moe::{moe_ffn, MoeStep};
+use fastllm::model::moe::{moe_ffn, stack_experts, stack_layer_experts, MoeStep, MOE_BUFS};
 use fastllm::model::{
     MapSource, Model, MoeConfig, MoeNames, MoeScoring, Precision, WeightSource, Weights,
 };
@@ -178,27 +179,36 @@ fn check_stage(label: &str, cfg: MoeConfig, tokens: usize, steer: impl Fn(usize,
     for (n, (dims, v)) in &src {
         map.insert(n.clone(), Data::from_f32(dims, v).unwrap());
     }
-    let weights = Weights::new(Arc::new(map), false).unwrap();
+    let mut weights = Weights::new(Arc::new(map), false).unwrap();
     let exec = Executor::cpu(2).unwrap();
-    let st = MoeStep {
-        exec: &exec,
-        weights: &weights,
-        quant_act: false,
-        act: "silu",
-    };
     let xd = Data::from_f32(&[tokens, d], &x).unwrap();
-    let mut out = Data::empty(DataType::F32);
-    moe_ffn(&st, &cfg, &NAMES, "l.", &xd, &mut out).unwrap();
-    let got = out.to_f32_vec().unwrap();
-    let mut want = vec![0f64; d];
-    for t in 0..tokens {
-        let route = reference_route(&cfg, &x[t * d..t * d + cfg.experts], &bias);
-        reference_ffn(&src, &cfg, &x, d, &route, t, &mut want);
-        for (i, (g, w)) in got[t * d..(t + 1) * d].iter().zip(&want).enumerate() {
-            assert!(
-                (*g as f64 - w).abs() < 1e-5,
-                "{label}: token {t} dim {i}: {g} vs {w}"
-            );
+    // per expert, then with the experts stacked (the grouped `MoeLinear` path)
+    for grouped in [false, true] {
+        if grouped {
+            let n = stack_layer_experts(&mut weights, (&cfg, &NAMES), "l.").unwrap();
+            assert_eq!(n, 3, "{label}: the three projections are stacked");
+            assert!(weights.resident("l.experts.0.g.weight").is_none());
+        }
+        let st = MoeStep {
+            exec: &exec,
+            weights: &weights,
+            quant_act: false,
+            act: "silu",
+        };
+        let mut out = Data::empty(DataType::F32);
+        let mut scratch: Vec<Data> = (0..MOE_BUFS).map(|_| Data::empty(DataType::F32)).collect();
+        moe_ffn(&st, &cfg, &NAMES, "l.", (&xd, &mut scratch), &mut out).unwrap();
+        let got = out.to_f32_vec().unwrap();
+        let mut want = vec![0f64; d];
+        for t in 0..tokens {
+            let route = reference_route(&cfg, &x[t * d..t * d + cfg.experts], &bias);
+            reference_ffn(&src, &cfg, &x, d, &route, t, &mut want);
+            for (i, (g, w)) in got[t * d..(t + 1) * d].iter().zip(&want).enumerate() {
+                assert!(
+                    (*g as f64 - w).abs() < 1e-5,
+                    "{label} (grouped {grouped}): token {t} dim {i}: {g} vs {w}"
+                );
+            }
         }
     }
 }
@@ -597,4 +607,42 @@ fn low_memory_reads_only_routed_experts() {
             "layer {l}: each routed expert's 3 projections once"
         );
     }
+}
+
+#[test]
+fn experts_are_stacked_only_where_the_grouped_path_runs() {
+    let (d, inner, experts) = (8usize, 4usize, 3usize);
+    let mut rng = Rng(7);
+    let mut map = MapSource::new();
+    for e in 0..experts {
+        for (p, dims) in [("g", [inner, d]), ("u", [inner, d]), ("d", [d, inner])] {
+            let v = rng.vec(d * inner, 0.3);
+            let t = Data::from_f32(&dims, &v).unwrap();
+            // expert 2's down projection in another dtype: that layer stays per expert
+            let t = if e == 2 && p == "d" {
+                let bytes = fastllm::data::encode_from_f32(DataType::F16, &v).unwrap();
+                Data::from_bytes(DataType::F16, &dims, &bytes).unwrap()
+            } else {
+                t
+            };
+            map.insert(format!("l.experts.{e}.{p}.weight"), t);
+        }
+    }
+    let cfg = MoeConfig {
+        expert_intermediate: inner,
+        ..cfg(experts, 2)
+    };
+    let mut w = Weights::new(Arc::new(map), false).unwrap();
+    assert_eq!(
+        stack_layer_experts(&mut w, (&cfg, &NAMES), "l.").unwrap(),
+        0
+    );
+    assert!(w.resident("l.experts.0.g.weight").is_some());
+    // a CPU first device keeps the experts as loaded (mapped from the file)
+    let cpu = fastllm::devices::cpu::CpuDevice::new(1).unwrap();
+    let prefix = |_: usize| "l.".to_string();
+    assert_eq!(
+        stack_experts(&mut w, (&cfg, &NAMES), 1, &prefix, &cpu).unwrap(),
+        0
+    );
 }

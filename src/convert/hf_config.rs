@@ -3,7 +3,7 @@
 //! `rope_parameters` object and the older `rope_theta` / `rope_scaling` keys. Unknown
 //! architectures and rope types are refused by name.
 
-use super::hf_rope::hf_rope;
+use super::hf_rope::{hf_rope, HfRope};
 use crate::error::{Error, Result};
 use crate::format::flm::{MetaValue, Metadata};
 use crate::model::{ModelConfig, MoeConfig, MoeScoring, RopeScaling, RopeStyle, SwigluClamp};
@@ -131,37 +131,9 @@ impl ModelConfig {
         let (hidden, heads, head_dim, kv_heads) = attention_sizes(&j)?;
         let num_layers = j.need_size(&["num_hidden_layers", "n_layer"])?;
         let (intermediate, context_length) = mlp_and_context(&j, &arch, hidden)?;
-        if v.get("use_bidirectional_attention")
-            .and_then(Value::as_bool)
-            == Some(true)
-        {
-            return Err(Error::Unsupported(format!(
-                "{path}: use_bidirectional_attention (an embedding model; only causal decoders run)"
-            )));
-        }
-        if let Some(m) = v
-            .pointer("/quantization_config/quant_method")
-            .and_then(Value::as_str)
-            .filter(|_| arch == "gpt_oss")
-        {
-            return Err(Error::Unsupported(format!(
-                "{path}: a GPT-OSS checkpoint quantized as {m:?} (MXFP4 expert blocks); convert the dequantized bf16 checkpoint"
-            )));
-        }
-        let has_rope = !matches!(arch.as_str(), "gpt2" | "bloom");
+        refuse_unsupported(&v, &arch, path)?;
         let rope = hf_rope(&v, path, context_length)?;
-        let rope_dim = if has_rope {
-            (head_dim as f64 * rope.partial).round() as usize
-        } else {
-            0
-        };
-        // dynamic NTK stretches the base past max_position_embeddings, up to `factor` times it
-        let context_length = match rope.scaling {
-            RopeScaling::Dynamic { factor, .. } if factor > 1.0 => {
-                (context_length as f64 * factor as f64) as usize
-            }
-            _ => context_length,
-        };
+        let (rope_dim, context_length) = rope_extent(&arch, head_dim, &rope, context_length);
         let tie_default = matches!(arch.as_str(), "gpt2" | "bloom" | "gemma2" | "gemma3");
         let tie_embeddings = v
             .get("tie_word_embeddings")
@@ -217,6 +189,52 @@ impl ModelConfig {
         }
         Ok(config)
     }
+}
+
+/// Refuses, by name, the checkpoints of a known architecture that do not run: bidirectional
+/// (embedding) models and GPT-OSS checkpoints with MXFP4-quantized experts.
+fn refuse_unsupported(v: &Value, arch: &str, path: &str) -> Result<()> {
+    if v.get("use_bidirectional_attention")
+        .and_then(Value::as_bool)
+        == Some(true)
+    {
+        return Err(Error::Unsupported(format!(
+            "{path}: use_bidirectional_attention (an embedding model; only causal decoders run)"
+        )));
+    }
+    if let Some(m) = v
+        .pointer("/quantization_config/quant_method")
+        .and_then(Value::as_str)
+        .filter(|_| arch == "gpt_oss")
+    {
+        return Err(Error::Unsupported(format!(
+            "{path}: a GPT-OSS checkpoint quantized as {m:?} (MXFP4 expert blocks); convert the dequantized bf16 checkpoint"
+        )));
+    }
+    Ok(())
+}
+
+/// `(rotary dims per head, context length)`: no rotary dims for GPT-2 and Bloom (learned or
+/// ALiBi positions); dynamic NTK stretches the base past max_position_embeddings, up to
+/// `factor` times it.
+fn rope_extent(
+    arch: &str,
+    head_dim: usize,
+    rope: &HfRope,
+    context_length: usize,
+) -> (usize, usize) {
+    let rope_dim = if matches!(arch, "gpt2" | "bloom") {
+        0
+    } else {
+        (head_dim as f64 * rope.partial).round() as usize
+    };
+    let context_length = match rope.scaling {
+        RopeScaling::Dynamic { factor, .. } if factor > 1.0 => {
+            (context_length as f64 * factor as f64) as usize
+        }
+        _ => context_length,
+    };
+    (rope_dim, context_length)
 }
 
 /// `(hidden size, heads, head size, KV heads)`; the head size defaults to hidden / heads, which

@@ -8,6 +8,7 @@ pub mod dtype_policy;
 pub mod ggml_dequant;
 mod gguf;
 pub mod gguf_config;
+mod gguf_keys;
 mod gguf_mla;
 pub mod gguf_rope;
 mod gguf_tokenizer;

@@ -43,13 +43,18 @@ pub struct FastllmModelParams {
     /// NULL = unset; where the default model, converted models and compiled GPU kernels are
     /// cached.
     pub cache_dir: *const c_char,
-    /// KV cache dtype: "f16", "q8_0" or "f32"; NULL = the device's default (f16 on the CPU in
+    /// KV cache dtype: "f16", "q8_0" (CPU only) or "f32"; NULL = the device's default (f16 in
     /// fast precision, else f32). A dtype the device does not store is an error naming it.
     pub kv_dtype: *const c_char,
+    /// -1 = unset; 1 = on a GPU, every sequence's results independent of the batch it runs in
+    /// (the same bits alone and batched; slower); 0 = off (the default).
+    pub batch_invariant: i32,
 }
 
 /// `struct_size` of the second version of [`FastllmModelParams`] (up to `cache_dir`).
 const PARAMS_V2_SIZE: usize = std::mem::offset_of!(FastllmModelParams, kv_dtype);
+/// `struct_size` of the third version of [`FastllmModelParams`] (up to `kv_dtype`).
+const PARAMS_V3_SIZE: usize = std::mem::offset_of!(FastllmModelParams, batch_invariant);
 
 /// The first version of [`FastllmModelParams`] (its size is accepted as `struct_size`).
 #[repr(C)]
@@ -76,6 +81,7 @@ pub extern "C" fn fastllm_model_params_default() -> FastllmModelParams {
         simd: -1,
         cache_dir: std::ptr::null(),
         kv_dtype: std::ptr::null(),
+        batch_invariant: -1,
     }
 }
 
@@ -93,9 +99,9 @@ unsafe fn read_params(params: *const FastllmModelParams) -> Result<FastllmModelP
         // SAFETY: the caller's struct is the current version.
         return Ok(unsafe { *params });
     }
-    if size == PARAMS_V2_SIZE {
+    if size == PARAMS_V2_SIZE || size == PARAMS_V3_SIZE {
         let mut p = fastllm_model_params_default();
-        // SAFETY: the caller's struct is the second version, a prefix of the current one
+        // SAFETY: the caller's struct is the second or third version, a prefix of the current one
         // (`size` bytes of the same layout); the copy covers exactly those bytes.
         unsafe {
             std::ptr::copy_nonoverlapping(
@@ -143,6 +149,9 @@ unsafe fn runtime_options(p: &FastllmModelParams) -> Result<RuntimeOptions, Fail
     }
     if let Some(on) = flag(p.fused_ops, "fused_ops")? {
         o.fused_ops = on;
+    }
+    if let Some(on) = flag(p.batch_invariant, "batch_invariant")? {
+        o.batch_invariant = on;
     }
     match p.gpu_memory_cap_mb {
         -1 => {}

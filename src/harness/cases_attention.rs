@@ -3,7 +3,7 @@
 //! head size, K/V caches expanded on axis 0 (reserved capacity), and attention sinks (with and
 //! without a window, one sink far above the scores).
 
-use super::{CaseRng, OpCase};
+use super::{f32_data, CaseRng, OpCase};
 use crate::data::{Data, DataType::F32};
 
 /// K or V of `dims`, expanded to `cap` rows on axis 0 when `cap > dims[0]`.
@@ -54,10 +54,7 @@ pub fn cases(v: &mut Vec<OpCase>) {
                 .int("causal", causal);
             if alibi {
                 let slopes: Vec<f32> = (0..nh).map(|h| 0.5f32.powi(h as i32 + 1)).collect();
-                c = c.input(
-                    "alibi_slopes",
-                    Data::from_f32(&[nh], &slopes).expect("harness: slopes"),
-                );
+                c = c.input("alibi_slopes", f32_data(&[nh], &slopes));
             }
             if hd == 33 {
                 c = c.float("scale", 0.3);
@@ -90,10 +87,7 @@ fn sink_cases(v: &mut Vec<OpCase>) {
                 .input("q", rng.data_range(F32, &[sq, nh, hd], -2.0, 2.0))
                 .input("k", kv(&mut rng, &[skv, nkv, hd], skv + 5))
                 .input("v", kv(&mut rng, &[skv, nkv, hd], skv))
-                .input(
-                    "sinks",
-                    Data::from_f32(&[nh], &sinks).expect("harness: sinks"),
-                )
+                .input("sinks", f32_data(&[nh], &sinks))
                 .output("output", F32)
                 .float("softcap", softcap)
                 .int("sliding_window", window as i32)

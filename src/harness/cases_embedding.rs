@@ -1,8 +1,8 @@
 //! Harness cases for `Embedding`: every weight dtype, odd token counts, repeated ids, ids at both
 //! ends of the vocabulary. The lookup is exact, so the threshold is 0.
 
-use super::{CaseRng, OpCase};
-use crate::data::{Data, DataType};
+use super::{i32_data, CaseRng, OpCase};
+use crate::data::DataType;
 
 /// Adds this family's cases to `v`.
 pub fn cases(v: &mut Vec<OpCase>) {
@@ -30,7 +30,7 @@ pub fn cases(v: &mut Vec<OpCase>) {
             }
             v.push(
                 OpCase::new("Embedding", format!("{dt} [{vocab}, {d}] n={n}"), 0.0)
-                    .input("input", Data::from_i32(&[n], &ids).expect("harness: ids"))
+                    .input("input", i32_data(&[n], &ids))
                     .input("weight", rng.data(dt, &[vocab, d]))
                     .output("output", F32),
             );

@@ -1,12 +1,21 @@
-//! Harness cases for `MoeRoute`, `MoeDispatch` and `MoeCombine` on awkward routings: an expert
-//! that receives no token, one token going to every expert (top-k equal to the expert count),
-//! softmax and sigmoid scoring, group-limited choice with a correction bias, expert counts and
-//! hidden sizes that are not multiples of 8. Routing and dispatch are exact (threshold 0); the
-//! combine sums in a fixed order (threshold 0 as well).
+//! Harness cases for `MoeRoute`, `MoeDispatch`, `MoeLinear` and `MoeCombine` on awkward
+//! routings: an expert that receives no token, one token going to every expert (top-k equal to
+//! the expert count), softmax and sigmoid scoring, group-limited choice with a correction bias,
+//! expert counts and hidden sizes that are not multiples of 8, every `MoeLinear` weight dtype
+//! with and without bias, rows gathered by token or taken in dispatch order. Dispatch is exact
+//! (threshold 0) and the combine sums in a fixed order (threshold 0 as well). Routing computes in
+//! f64: the chosen experts are exact, a weight may differ from the reference by the last bit of
+//! a device's f64 `exp` (`ROUTE_NMSE`). `MoeLinear` sums like `Linear` (`LINEAR_NMSE`, see
+//! `cases_linear`).
 
-use super::{CaseRng, OpCase};
+use super::{f32_data, i32_data, CaseRng, OpCase};
 use crate::data::Data;
-use crate::data::DataType::{F32, I32};
+use crate::data::DataType::{self, *};
+
+/// See the module doc.
+const ROUTE_NMSE: f64 = 1e-12;
+/// See the module doc.
+const LINEAR_NMSE: f64 = 1e-9;
 
 /// A route [rows, k, 2] where token `t` picks experts `pick(t, j)` with random weights.
 fn route(rng: &mut CaseRng, rows: usize, k: usize, pick: impl Fn(usize, usize) -> usize) -> Data {
@@ -17,7 +26,7 @@ fn route(rng: &mut CaseRng, rows: usize, k: usize, pick: impl Fn(usize, usize) -
             v.push(rng.uniform(0.05, 1.0));
         }
     }
-    Data::from_f32(&[rows, k, 2], &v).expect("harness: route dims")
+    f32_data(&[rows, k, 2], &v)
 }
 
 /// The dispatch of `r` for `experts` experts (computed by the kernel the op wraps; the
@@ -28,7 +37,7 @@ fn dispatch_of(r: &Data, experts: usize) -> Data {
     let mut out = vec![0i32; experts + 1 + rows * k];
     let rv = r.to_f32_vec().expect("harness: route values");
     fastllm_cpu::moe::dispatch(&rv, k, experts, &mut out).expect("harness: valid route");
-    Data::from_i32(&[out.len()], &out).expect("harness: dispatch dims")
+    i32_data(&[out.len()], &out)
 }
 
 fn route_cases(v: &mut Vec<OpCase>, rng: &mut CaseRng) {
@@ -45,7 +54,7 @@ fn route_cases(v: &mut Vec<OpCase>, rng: &mut CaseRng) {
         let mut c = OpCase::new(
             "MoeRoute",
             format!("[{rows}, {e}] k={k} scoring={scoring} groups={groups}/{tg} bias={bias}"),
-            0.0,
+            ROUTE_NMSE,
         )
         .input("input", rng.data_range(F32, &[rows, e], -4.0, 4.0));
         if bias {
@@ -85,6 +94,7 @@ pub fn cases(v: &mut Vec<OpCase>) {
                 .int("experts", e as i32),
         );
         let disp = dispatch_of(&r, e);
+        linear_cases(v, &mut rng, label, (&r, &disp), e);
         for d in [1usize, 13, 64] {
             v.push(
                 OpCase::new("MoeCombine", format!("{label}: [{rows}, {k}] d={d}"), 0.0)
@@ -94,5 +104,51 @@ pub fn cases(v: &mut Vec<OpCase>) {
                     .output("output", F32),
             );
         }
+    }
+}
+
+/// `MoeLinear` cases for one routing `(route, dispatch)` over `experts`: every weight dtype, odd
+/// output sizes, with and without bias, gathered by token and in dispatch order.
+fn linear_cases(
+    v: &mut Vec<OpCase>,
+    rng: &mut CaseRng,
+    label: &str,
+    rd: (&Data, &Data),
+    experts: usize,
+) {
+    let (r, disp) = rd;
+    let (rows, k) = (r.dim(0), r.dim(1));
+    let dtypes: [(DataType, usize); 10] = [
+        (F32, 45),
+        (F16, 40),
+        (F16, 1056),
+        (BF16, 33),
+        (Q8_0, 96),
+        (Q4_0, 160),
+        (Q4_1, 64),
+        (Q5_0, 96),
+        (Q4K, 256),
+        (Q6K, 512),
+    ];
+    for (i, (wt, kk)) in dtypes.into_iter().enumerate() {
+        let n = [7usize, 13, 1, 37][i % 4];
+        let gather = i % 2 == 0;
+        let x_rows = if gather { rows } else { rows * k };
+        let mut c = OpCase::new(
+            "MoeLinear",
+            format!("{label}: {wt} [{experts}, {n}, {kk}] gather={gather}"),
+            LINEAR_NMSE,
+        )
+        .input("input", rng.data(F32, &[x_rows, kk]))
+        .input("weight", rng.data(wt, &[experts, n, kk]))
+        .input("dispatch", disp.to_owned_host().expect("harness: copy"));
+        if i % 3 == 0 {
+            c = c.input("bias", rng.data(F32, &[experts, n]));
+        }
+        v.push(
+            c.output("output", F32)
+                .int("k", k as i32)
+                .int("gather", gather as i32),
+        );
     }
 }

@@ -1,8 +1,8 @@
 //! Harness cases for `RotaryEmbedding`: both styles, full and partial rotary dims, all three
 //! frequency sources (theta, `inv_freq`, explicit cos/sin), one row and many.
 
-use super::{CaseRng, OpCase};
-use crate::data::{Data, DataType::F32};
+use super::{i32_data, CaseRng, OpCase};
+use crate::data::DataType::F32;
 
 /// Adds this family's cases to `v`.
 pub fn cases(v: &mut Vec<OpCase>) {
@@ -32,18 +32,12 @@ pub fn cases(v: &mut Vec<OpCase>) {
                 match source {
                     "theta" => {
                         c = c
-                            .input(
-                                "positions",
-                                Data::from_i32(&[s], &pos).expect("harness: positions"),
-                            )
+                            .input("positions", i32_data(&[s], &pos))
                             .float("theta", 500000.0)
                     }
                     "inv_freq" => {
                         c = c
-                            .input(
-                                "positions",
-                                Data::from_i32(&[s], &pos).expect("harness: positions"),
-                            )
+                            .input("positions", i32_data(&[s], &pos))
                             .input("inv_freq", rng.data_range(F32, &[half], 1e-4, 1.0))
                     }
                     _ => {

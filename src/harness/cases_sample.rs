@@ -4,7 +4,7 @@
 //! logits (every token a candidate) and wide ones (few candidates), ties (equal logits, so the
 //! index decides the order), -Inf entries, and rows that must give -1 (NaN, +Inf, only -Inf).
 
-use super::{CaseRng, OpCase};
+use super::{f32_data, i32_data, CaseRng, OpCase};
 use crate::data::Data;
 use crate::data::DataType::{F32, I32};
 
@@ -21,6 +21,8 @@ const SETS: [(f32, f32, f32, f32); 9] = [
     (1e-40, 0.0, 0.9, 0.0),
 ];
 
+/// The `params` and `random` tables of a `Sample` case of `rows` rows, parameter sets cycled
+/// from `first_set`.
 fn tables(rng: &mut CaseRng, rows: usize, first_set: usize) -> (Data, Data) {
     let mut p = Vec::with_capacity(rows * 4);
     let mut r = Vec::with_capacity(rows * 2);
@@ -29,15 +31,18 @@ fn tables(rng: &mut CaseRng, rows: usize, first_set: usize) -> (Data, Data) {
         p.extend([t, k, tp, mp]);
         r.extend([rng.next_u64() as i32, rng.next_u64() as i32]);
     }
-    (
-        Data::from_f32(&[rows, 4], &p).expect("harness: params"),
-        Data::from_i32(&[rows, 2], &r).expect("harness: random"),
-    )
+    (f32_data(&[rows, 4], &p), i32_data(&[rows, 2], &r))
 }
 
 /// Adds this family's cases to `v`.
 pub fn cases(v: &mut Vec<OpCase>) {
     let mut rng = CaseRng::new(61);
+    sample_cases(&mut rng, v);
+    penalty_cases(&mut rng, v);
+}
+
+/// `Sample` over logits of several widths and ranges, each with two cycles of parameter sets.
+fn sample_cases(rng: &mut CaseRng, v: &mut Vec<OpCase>) {
     // (rows, n, logit range, special rows)
     for (rows, n, range, special) in [
         (1usize, 1usize, 1.0f32, false),
@@ -52,38 +57,42 @@ pub fn cases(v: &mut Vec<OpCase>) {
     ] {
         let mut x = rng.vec(rows * n, -range, range);
         if special {
-            // row 1: ties (a few distinct values); row 2: -Inf entries; row 3: NaN;
-            // row 4: +Inf; row 5: only -Inf; row 6: all equal
-            for (j, e) in x[n..2 * n].iter_mut().enumerate() {
-                *e = (j % 3) as f32 * 0.25;
-            }
-            for j in (0..n).step_by(3) {
-                x[2 * n + j] = f32::NEG_INFINITY;
-            }
-            x[3 * n + n / 2] = f32::NAN;
-            x[4 * n + 1] = f32::INFINITY;
-            x[5 * n..6 * n].fill(f32::NEG_INFINITY);
-            x[6 * n..7 * n].fill(0.5);
+            special_rows(&mut x, n);
         }
         for first in [0usize, 3] {
-            let (p, r) = tables(&mut rng, rows, first);
+            let (p, r) = tables(rng, rows, first);
             v.push(
                 OpCase::new(
                     "Sample",
                     format!("f32 [{rows}, {n}] range {range} sets from {first}"),
                     0.0,
                 )
-                .input(
-                    "input",
-                    Data::from_f32(&[rows, n], &x).expect("harness: logits"),
-                )
+                .input("input", f32_data(&[rows, n], &x))
                 .input("params", p)
                 .input("random", r)
                 .output("output", I32),
             );
         }
     }
-    // penalties: m distinct tokens per row (padding -1 and an out-of-range id included)
+}
+
+/// Rows 1 to 6 of logits `x` (rows of `n`) made special: row 1 ties (a few distinct values),
+/// row 2 -Inf entries, row 3 a NaN, row 4 a +Inf, row 5 only -Inf, row 6 all equal.
+fn special_rows(x: &mut [f32], n: usize) {
+    for (j, e) in x[n..2 * n].iter_mut().enumerate() {
+        *e = (j % 3) as f32 * 0.25;
+    }
+    for j in (0..n).step_by(3) {
+        x[2 * n + j] = f32::NEG_INFINITY;
+    }
+    x[3 * n + n / 2] = f32::NAN;
+    x[4 * n + 1] = f32::INFINITY;
+    x[5 * n..6 * n].fill(f32::NEG_INFINITY);
+    x[6 * n..7 * n].fill(0.5);
+}
+
+/// `ApplyPenalties`: m distinct tokens per row (padding -1 and an out-of-range id included).
+fn penalty_cases(rng: &mut CaseRng, v: &mut Vec<OpCase>) {
     for (rows, n, m) in [(1usize, 10usize, 3usize), (4, 1000, 17), (8, 128256, 200)] {
         let x = rng.data(F32, &[rows, n]);
         let mut toks = Vec::new();
@@ -109,18 +118,9 @@ pub fn cases(v: &mut Vec<OpCase>) {
         v.push(
             OpCase::new("ApplyPenalties", format!("f32 [{rows}, {n}] m={m}"), 0.0)
                 .inout("input", x)
-                .input(
-                    "tokens",
-                    Data::from_i32(&[rows, m], &toks).expect("harness: tokens"),
-                )
-                .input(
-                    "counts",
-                    Data::from_i32(&[rows, m], &counts).expect("harness: counts"),
-                )
-                .input(
-                    "params",
-                    Data::from_f32(&[rows, 3], &params).expect("harness: params"),
-                ),
+                .input("tokens", i32_data(&[rows, m], &toks))
+                .input("counts", i32_data(&[rows, m], &counts))
+                .input("params", f32_data(&[rows, 3], &params)),
         );
     }
 }

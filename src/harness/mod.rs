@@ -151,6 +151,18 @@ impl OpCase {
     }
 }
 
+/// An I32 tensor of `dims` holding `v` (a case built with mismatched sizes panics: a bug in
+/// the case list).
+pub fn i32_data(dims: &[usize], v: &[i32]) -> Data {
+    Data::from_i32(dims, v).expect("harness: i32 values fill their dims")
+}
+
+/// An F32 tensor of `dims` holding `v` (a case built with mismatched sizes panics: a bug in
+/// the case list).
+pub fn f32_data(dims: &[usize], v: &[f32]) -> Data {
+    Data::from_f32(dims, v).expect("harness: f32 values fill their dims")
+}
+
 /// A small deterministic RNG (xorshift64*) so cases are reproducible without extra crates.
 pub struct CaseRng(u64);
 

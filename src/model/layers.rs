@@ -12,7 +12,7 @@ use super::step_kv::{rotary_params, Qkv as QkvIds, StepAttention, StepKv, StepRo
 use super::tensor_parallel::RankTp;
 use super::transformer::{Model, Precision};
 use super::weights::W;
-use crate::data::Data;
+use crate::data::{Data, DataType};
 use crate::error::{Error, Result};
 use crate::ops::RotaryStyle;
 use crate::step::{Arg, Call, Step, TensorId};
@@ -33,6 +33,8 @@ struct Bufs {
     t0: TensorId,
     t1: TensorId,
     t2: TensorId,
+    /// The MoE stage's working tensors ([`super::moe::MOE_BUFS`]).
+    moe: [TensorId; super::moe::MOE_BUFS],
 }
 
 /// The rotations of one step: the global one and Gemma-3's local one.
@@ -44,6 +46,9 @@ struct StepRopes {
 fn bad(msg: impl std::fmt::Display) -> Error {
     Error::Unsupported(msg.to_string())
 }
+
+/// The names of the MoE stage's working tensors in its arguments.
+const MOE_SCRATCH: [&str; super::moe::MOE_BUFS] = ["m0", "m1", "m2", "m3", "m4", "m5", "m6"];
 
 fn read(name: &'static str, t: TensorId) -> Arg {
     Arg {
@@ -79,10 +84,17 @@ impl Model {
         logits: &'a mut Data,
         ids_on_device: bool,
     ) -> Result<()> {
-        let [x, h, q, k, v, a, b, g, t0, t1, t2, _, cos, sin] = sc else {
+        let [x, h, q, k, v, a, b, g, t0, t1, t2, _, moe @ .., cos, sin] = sc else {
             return Err(Error::invalid("scratch"));
         };
         let mut st = Step::new();
+        let mut moe_ids = Vec::with_capacity(super::moe::MOE_BUFS);
+        for d in moe.iter_mut() {
+            moe_ids.push(st.mutable(d));
+        }
+        let moe: [TensorId; super::moe::MOE_BUFS] = moe_ids
+            .try_into()
+            .map_err(|_| Error::invalid("scratch: MoE working tensors"))?;
         let mut bufs = Bufs {
             x: st.mutable(x),
             h: st.mutable(h),
@@ -95,6 +107,7 @@ impl Model {
             t0: st.mutable(t0),
             t1: st.mutable(t1),
             t2: st.mutable(t2),
+            moe,
         };
         let tables = (st.mutable(cos), st.mutable(sin));
         let rows = ids.dim(0);
@@ -440,8 +453,9 @@ impl Model {
         if let Some((qn, kn)) = self.spec.qk_norm {
             self.norm(st, bufs.q, &ln(qn), bufs.t0, s * nh)?;
             std::mem::swap(&mut bufs.q, &mut bufs.t0);
-            self.norm(st, bufs.k, &ln(kn), bufs.t0, s * c.num_kv_heads)?;
-            std::mem::swap(&mut bufs.k, &mut bufs.t0);
+            // k's norm through a buffer of its own size: a recorded step never regrows one
+            self.norm(st, bufs.k, &ln(kn), bufs.t2, s * c.num_kv_heads)?;
+            std::mem::swap(&mut bufs.k, &mut bufs.t2);
         }
         if let Some(m) = &layer_rope.q_scale {
             // the attention factor on the rotated dims only (after the norm)
@@ -452,12 +466,7 @@ impl Model {
                     .input("input1", m),
             );
         }
-        // a graph-mode decode step rotates q and k in the attention launch
-        let rotate_in_store = self.spec.positions == Positions::Rope
-            && rope.tables.is_some()
-            && s == 1
-            && kv.rotates_step();
-        if self.spec.positions == Positions::Rope && !rotate_in_store {
+        if self.spec.positions == Positions::Rope {
             for t in [bufs.q, bufs.k] {
                 st.push(rope.args(Call::new("RotaryEmbedding").output("input", t)));
             }
@@ -482,11 +491,7 @@ impl Model {
             k: bufs.k,
             v: bufs.v,
         };
-        if rotate_in_store {
-            kv.attend_rotating(st, i, x, rope, &ap, bufs.a)?;
-        } else {
-            kv.attend(st, i, x, &ap, bufs.a)?;
-        }
+        kv.attend(st, i, x, &ap, bufs.a)?;
         st.reshape(bufs.a, &[s, nh * hd]);
         self.attention_out(st, i, bufs, s)
     }
@@ -547,20 +552,36 @@ impl Model {
         let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
         self.norm(st, bufs.x, &ln(self.spec.ffn_norm), bufs.h, s)?;
         let Bufs {
-            h, b, g, t0, t1, ..
+            h,
+            b,
+            g,
+            t0,
+            t1,
+            moe,
+            ..
         } = *bufs;
         if let Some((m, names)) = self.moe_layer(i) {
             let prefix = ln("");
             let run = move |d: &mut crate::device::DataDict| {
-                let ([h], b) = d.io("moe", ["input"], "output")?;
-                let h = h.ok_or_else(|| Error::invalid("moe: no input"))?;
-                super::moe::moe_ffn(&self.moe_step(), m, &names, &prefix, h, b)
+                // the working tensors are moved out for the call and back after it
+                let mut scratch = Vec::with_capacity(MOE_SCRATCH.len());
+                for n in MOE_SCRATCH {
+                    let t = d.require_mut("moe", n)?;
+                    scratch.push(std::mem::replace(t, Data::empty(DataType::F32)));
+                }
+                let r = {
+                    let ([h], b) = d.io("moe", ["input"], "output")?;
+                    let h = h.ok_or_else(|| Error::invalid("moe: no input"))?;
+                    super::moe::moe_ffn(&self.moe_step(), m, &names, &prefix, (h, &mut scratch), b)
+                };
+                for (n, t) in MOE_SCRATCH.iter().zip(scratch) {
+                    *d.require_mut("moe", n)? = t;
+                }
+                r
             };
-            st.stage(
-                "moe",
-                vec![read("input", h), write("output", b)],
-                Box::new(run),
-            );
+            let mut args = vec![read("input", h), write("output", b)];
+            args.extend(MOE_SCRATCH.iter().zip(moe).map(|(n, t)| write(n, t)));
+            st.stage("moe", args, Box::new(run));
             return self.residual(st, i, self.spec.post_ffn_norm, bufs, s);
         }
         let down = match self.spec.mlp {

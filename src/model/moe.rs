@@ -1,17 +1,24 @@
 //! Mixture-of-experts layers: their configuration ([`MoeConfig`], part of `ModelConfig`), the
 //! tensor names of an architecture's experts ([`MoeNames`], part of its `ArchSpec`), and the FFN
-//! stage that runs them ([`moe_ffn`]): router `Linear` → `MoeRoute` → `MoeDispatch` → per
-//! active expert a row gather (`Embedding` over the step's rows), the gate/up `Linear`s, the
-//! activation (or GPT-OSS's `ClampedSwiglu`), the down `Linear` → `MoeCombine`, plus the shared
-//! experts. Each active expert's
-//! weights are read once per step for all its tokens; in low-memory mode only the experts a step
-//! routes to are read from the file.
+//! stage that runs them ([`moe_ffn`]): router `Linear` → `MoeRoute` → `MoeDispatch` → the
+//! experts → `MoeCombine`, plus the shared experts. Each active expert's weights are read once
+//! per step for all its tokens.
+//!
+//! The experts run in one of two ways. Where the first device runs `MoeLinear` (a GPU),
+//! [`stack_experts`] stacks each layer's per-expert projections at load into [experts, n, k]
+//! tensors, and a step runs the gate, up and down projections of all routed experts as three
+//! grouped `MoeLinear` launches: routing, dispatch and expert products stay on the device, with
+//! no host sync. Otherwise (the CPU, low-memory mode) the dispatch comes to the host and each
+//! active expert runs as a row gather (`Embedding` over the step's rows), its gate/up `Linear`s,
+//! the activation (or GPT-OSS's `ClampedSwiglu`) and its down `Linear`; the experts' tensors
+//! stay as loaded (mapped from the file; in low-memory mode only the routed ones are read).
 
 use super::weights::Weights;
 use crate::data::{Data, DataType};
+use crate::device::BaseDevice;
 use crate::error::{Error, Result};
 use crate::executor::Executor;
-use crate::ops::{self, MoeRouteParams};
+use crate::ops::{self, MoeLinearRows, MoeRouteParams};
 
 /// How router logits become expert scores.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,6 +157,37 @@ pub struct MoeStep<'a> {
 }
 
 impl MoeStep<'_> {
+    /// `out = act(g) · u` (or the clamped SwiGLU of `g`, `u`).
+    fn activate(
+        &self,
+        g: &Data,
+        u: &Data,
+        clamp: Option<SwigluClamp>,
+        out: &mut Data,
+    ) -> Result<()> {
+        if let Some(c) = clamp {
+            return ops::clamped_swiglu(self.exec, g, u, (c.alpha, c.limit), out);
+        }
+        let fused = |d: &std::sync::Arc<dyn BaseDevice>| d.ops().contains_key("SiluMul");
+        if self.act == "silu" && self.exec.devices().first().is_some_and(fused) {
+            return ops::silu_mul(self.exec, g, u, out); // one launch on a GPU
+        }
+        match self.act {
+            "silu" => ops::silu(self.exec, g, out)?,
+            "gelu_tanh" => ops::gelu(self.exec, g, true, out)?,
+            "gelu" => ops::gelu(self.exec, g, false, out)?,
+            other => return Err(Error::Unsupported(format!("activation '{other}'"))),
+        }
+        ops::mul_to(self.exec, out, u)
+    }
+
+    /// The grouped product of the stacked projection `name` (see [`stacked_name`]).
+    fn grouped(&self, x: &Data, name: &str, rows: MoeLinearRows, out: &mut Data) -> Result<()> {
+        let w = self.weights.get(&format!("{name}.weight"))?;
+        let b = self.weights.opt(&format!("{name}.bias"))?;
+        ops::moe_linear(self.exec, x, (&w, b.as_deref()), rows, self.quant_act, out)
+    }
+
     fn linear(&self, x: &Data, name: &str, out: &mut Data) -> Result<()> {
         let w = self.weights.get(&format!("{name}.weight"))?;
         let b = self.weights.opt(&format!("{name}.bias"))?;
@@ -169,58 +207,131 @@ impl MoeStep<'_> {
         let [g, u, a] = t;
         self.linear(x, &format!("{prefix}.{}", proj.0), g)?;
         self.linear(x, &format!("{prefix}.{}", proj.1), u)?;
-        if let Some(c) = clamp {
-            ops::clamped_swiglu(self.exec, g, u, (c.alpha, c.limit), a)?;
-            return self.linear(a, &format!("{prefix}.{}", proj.2), out);
-        }
-        match self.act {
-            "silu" => ops::silu(self.exec, g, a)?,
-            "gelu_tanh" => ops::gelu(self.exec, g, true, a)?,
-            "gelu" => ops::gelu(self.exec, g, false, a)?,
-            other => return Err(Error::Unsupported(format!("activation '{other}'"))),
-        }
-        ops::mul_to(self.exec, a, u)?;
+        self.activate(g, u, clamp, a)?;
         self.linear(a, &format!("{prefix}.{}", proj.2), out)
     }
 }
 
+/// Working tensors [`moe_ffn`] takes: router logits, route, dispatch, gate, up, activation,
+/// expert outputs.
+pub const MOE_BUFS: usize = 7;
+
 /// The MoE FFN of one layer: `out` [s, hidden] = Σ over each token's chosen experts of
 /// weight · expert(x), plus the shared experts. `layer` is the layer's tensor prefix (ending in
-/// `.`); `x` [s, hidden] is the normed input.
+/// `.`); `x` [s, hidden] is the normed input, `scratch` [`MOE_BUFS`] working tensors (kept
+/// across steps, so a recorded decode step finds them in place).
 pub fn moe_ffn(
     st: &MoeStep,
     cfg: &MoeConfig,
     names: &MoeNames,
     layer: &str,
-    x: &Data,
+    (x, scratch): (&Data, &mut [Data]),
     out: &mut Data,
 ) -> Result<()> {
     let e = st.exec;
-    let mut logits = Data::empty(DataType::F32);
-    st.linear(x, &format!("{layer}{}", names.router), &mut logits)?;
+    let [logits, route, disp, t @ .., y] = scratch else {
+        return Err(Error::invalid(format!(
+            "moe_ffn needs {MOE_BUFS} working tensors"
+        )));
+    };
+    let t: &mut [Data; 3] = t
+        .try_into()
+        .map_err(|_| Error::invalid(format!("moe_ffn needs {MOE_BUFS} working tensors")))?;
+    st.linear(x, &format!("{layer}{}", names.router), logits)?;
     let bias = match names.score_bias {
         Some(b) => st.weights.opt(&format!("{layer}{b}"))?,
         None => None,
     };
-    let mut route = Data::empty(DataType::F32);
-    ops::moe_route(e, &logits, bias.as_deref(), &cfg.route_params(), &mut route)?;
-    let mut disp = Data::empty(DataType::I32);
-    ops::moe_dispatch(e, &route, cfg.experts, &mut disp)?;
+    ops::moe_route(e, logits, bias.as_deref(), &cfg.route_params(), route)?;
+    ops::moe_dispatch(e, route, cfg.experts, disp)?;
+    if st.weights.has(&format!(
+        "{}.weight",
+        stacked_name(layer, names, names.proj.0)
+    )) {
+        grouped_experts(st, cfg, names, layer, x, disp, t, y)?;
+    } else {
+        each_expert(st, cfg, names, layer, x, disp, t, y)?;
+    }
+    ops::moe_combine(e, y, route, disp, out)?;
+    if let Some(sh) = names.shared.filter(|_| cfg.shared_intermediate > 0) {
+        let shared = (names.proj, cfg.swiglu_clamp);
+        st.gated(x, &format!("{layer}{sh}"), shared, t, y)?;
+        ops::add_to(e, out, y, 1.0)?;
+    }
+    Ok(())
+}
+
+/// True when a step of this model keeps the MoE stage on its device: a dense model, or one
+/// whose every MoE layer has its experts stacked ([`stack_experts`]).
+pub fn stays_on_device(
+    weights: &Weights,
+    spec: &super::arch::ArchSpec,
+    c: &super::ModelConfig,
+) -> bool {
+    let (Some(m), Some(names)) = (&c.moe, &spec.moe) else {
+        return c.moe.is_none();
+    };
+    (0..c.num_layers).filter(|&i| m.is_moe(i)).all(|i| {
+        let layer = format!("{}{i}.", spec.layer_prefix);
+        weights
+            .resident(&format!(
+                "{}.weight",
+                stacked_name(&layer, names, names.proj.0)
+            ))
+            .is_some()
+    })
+}
+
+/// The routed experts as three grouped products over the stacked weights (on the device of the
+/// dispatch: nothing comes to the host): `out` [slots, hidden] in dispatch order.
+#[allow(clippy::too_many_arguments)]
+fn grouped_experts(
+    st: &MoeStep,
+    cfg: &MoeConfig,
+    names: &MoeNames,
+    layer: &str,
+    x: &Data,
+    disp: &Data,
+    t: &mut [Data; 3],
+    out: &mut Data,
+) -> Result<()> {
+    let [g, u, a] = t;
+    let rows = |gather| MoeLinearRows {
+        dispatch: disp,
+        k: cfg.experts_per_token,
+        gather,
+    };
+    let (gp, up, dp) = names.proj;
+    st.grouped(x, &stacked_name(layer, names, gp), rows(true), g)?;
+    st.grouped(x, &stacked_name(layer, names, up), rows(true), u)?;
+    st.activate(g, u, cfg.swiglu_clamp, a)?;
+    st.grouped(a, &stacked_name(layer, names, dp), rows(false), out)
+}
+
+/// The routed experts one by one (the dispatch comes to the host to decide which run):
+/// `gathered` [slots, hidden] in dispatch order.
+#[allow(clippy::too_many_arguments)]
+fn each_expert(
+    st: &MoeStep,
+    cfg: &MoeConfig,
+    names: &MoeNames,
+    layer: &str,
+    x: &Data,
+    disp: &Data,
+    t: &mut [Data; 3],
+    gathered: &mut Data,
+) -> Result<()> {
+    let e = st.exec;
     // the grouping decides which experts run: it comes to the host (experts + 1 + s·k ints)
     let disp = disp.to_owned_host()?;
     let dv = disp.as_i32()?;
     let k = cfg.experts_per_token;
     let (offsets, slots) = dv.split_at(cfg.experts + 1);
     let hidden = x.dim(-1);
-    let mut gathered = Data::zeros(DataType::F32, &[0, hidden])?;
+    *gathered = Data::zeros(DataType::F32, &[0, hidden])?;
     gathered.reserve(0, slots.len())?;
     let mut rows = Data::empty(DataType::F32);
     let mut y = Data::empty(DataType::F32);
-    let mut t = [
-        Data::empty(DataType::F32),
-        Data::empty(DataType::F32),
-        Data::empty(DataType::F32),
-    ];
     for (ex, w) in offsets.windows(2).enumerate() {
         let (a, b) = (w[0] as usize, w[1] as usize);
         if a == b {
@@ -230,20 +341,112 @@ pub fn moe_ffn(
         let idx = Data::from_i32(&[tokens.len()], &tokens)?;
         ops::embedding(e, &idx, x, &mut rows)?; // the expert's token rows
         let prefix = format!("{layer}{}.{ex}", names.experts);
-        st.gated(
-            &rows,
-            &prefix,
-            (names.proj, cfg.swiglu_clamp),
-            &mut t,
-            &mut y,
-        )?;
-        ops::cat_direct(e, &mut gathered, &y, 0)?;
+        st.gated(&rows, &prefix, (names.proj, cfg.swiglu_clamp), t, &mut y)?;
+        ops::cat_direct(e, gathered, &y, 0)?;
     }
-    ops::moe_combine(e, &gathered, &route, &disp, out)?;
-    if let Some(sh) = names.shared.filter(|_| cfg.shared_intermediate > 0) {
-        let shared = (names.proj, cfg.swiglu_clamp);
-        st.gated(x, &format!("{layer}{sh}"), shared, &mut t, &mut y)?;
-        ops::add_to(e, out, &y, 1.0)?;
+    Ok(())
+}
+
+/// The name (without `.weight` / `.bias`) of layer `layer`'s stacked projection `proj`.
+pub fn stacked_name(layer: &str, names: &MoeNames, proj: &str) -> String {
+    format!("{layer}{}.stacked.{proj}", names.experts)
+}
+
+/// Where `device` is not the CPU (whose per-expert kernels read the experts mapped from the
+/// file), runs `MoeLinear`, and the weights are resident: stacks every MoE layer's
+/// per-expert projections into [experts, n, k] tensors ([`stacked_name`], their biases into
+/// [experts, n]) and drops the per-expert tensors, so [`moe_ffn`] runs the grouped products. A
+/// layer whose experts differ in dtype or shape keeps its per-expert tensors. `layer_prefix`
+/// gives layer `i`'s tensor prefix. Returns the number of stacked tensors.
+pub fn stack_experts(
+    weights: &mut Weights,
+    (cfg, names): (&MoeConfig, &MoeNames),
+    num_layers: usize,
+    layer_prefix: &dyn Fn(usize) -> String,
+    device: &dyn BaseDevice,
+) -> Result<usize> {
+    let cpu = device.kind() == crate::data::DeviceKind::Cpu;
+    if cpu || weights.low_memory() || !device.ops().contains_key("MoeLinear") {
+        return Ok(0);
     }
+    let mut stacked = 0;
+    for i in (0..num_layers).filter(|&i| cfg.is_moe(i)) {
+        stacked += stack_layer_experts(weights, (cfg, names), &layer_prefix(i))?;
+    }
+    Ok(stacked)
+}
+
+/// Stacks the routed experts of the layer with tensor prefix `layer` as [`stack_experts`] does,
+/// on any device; returns the number of stacked tensors (0 when the layer's experts are not
+/// all resident with one dtype and shape per projection).
+pub fn stack_layer_experts(
+    weights: &mut Weights,
+    (cfg, names): (&MoeConfig, &MoeNames),
+    layer: &str,
+) -> Result<usize> {
+    let projs = [names.proj.0, names.proj.1, names.proj.2];
+    let parts = |proj: &str, what: &str| -> Vec<String> {
+        (0..cfg.experts)
+            .map(|e| format!("{layer}{}.{e}.{proj}.{what}", names.experts))
+            .collect()
+    };
+    if !projs
+        .iter()
+        .all(|p| stackable(weights, &parts(p, "weight"), 2))
+    {
+        return Ok(0);
+    }
+    let mut stacked = 0;
+    for p in projs {
+        let base = stacked_name(layer, names, p);
+        stack(weights, &parts(p, "weight"), &format!("{base}.weight"))?;
+        stacked += 1;
+        let biases = parts(p, "bias");
+        if stackable(weights, &biases, 1) {
+            stack(weights, &biases, &format!("{base}.bias"))?;
+            stacked += 1;
+        }
+    }
+    Ok(stacked)
+}
+
+/// True when every tensor of `names` is resident on the host with one dtype and one shape of
+/// `rank` dims.
+fn stackable(weights: &Weights, names: &[String], rank: usize) -> bool {
+    let first = names.first().and_then(|n| weights.resident(n));
+    first.is_some_and(|f| {
+        f.dims().len() == rank
+            && !f.dtype().is_interleaved()
+            && names.iter().all(|n| {
+                weights.resident(n).is_some_and(|d| {
+                    d.dtype() == f.dtype()
+                        && d.dims() == f.dims()
+                        && d.device() == crate::data::DeviceKind::Cpu
+                })
+            })
+    })
+}
+
+/// Replaces the resident tensors `parts` (checked by [`stackable`]) by one tensor `name` of dims
+/// [parts, ..their dims].
+fn stack(weights: &mut Weights, parts: &[String], name: &str) -> Result<()> {
+    let mut bytes = Vec::new();
+    let mut dims = vec![parts.len()];
+    let mut dtype = DataType::F32;
+    for p in parts {
+        let d = weights
+            .take_resident(p)
+            .ok_or_else(|| Error::Unsupported(format!("expert tensor '{p}' is not resident")))?;
+        if bytes.is_empty() {
+            dims.extend_from_slice(d.dims());
+            dtype = d.dtype();
+            bytes.reserve(d.bytes()?.len() * parts.len());
+        }
+        bytes.extend_from_slice(d.bytes()?);
+        crate::interleave::release_view(&d);
+    }
+    let mut t = Data::from_bytes(dtype, &dims, &bytes)?;
+    t.name = name.to_string();
+    weights.set_resident(name, t);
     Ok(())
 }

@@ -102,27 +102,6 @@ pub(super) trait StepKv<'a> {
         out: TensorId,
     ) -> Result<()>;
 
-    /// True when [`StepKv::attend_rotating`] takes this step's queries and keys unrotated.
-    fn rotates_step(&self) -> bool {
-        false
-    }
-
-    /// [`StepKv::attend`] of q and k not yet rotated: the attention rotates them by `rope`
-    /// (whose tables are set) as it stores the key.
-    fn attend_rotating(
-        &mut self,
-        _st: &mut Step<'a>,
-        _layer: usize,
-        _x: Qkv,
-        _rope: &StepRotary,
-        _p: &StepAttention,
-        _out: TensorId,
-    ) -> Result<()> {
-        Err(Error::invalid(
-            "this KV store does not rotate the step's keys",
-        ))
-    }
-
     /// A direct store of layer `layer` alone, for latent attention (a stage).
     fn latent_layer(&mut self, layer: usize) -> Result<Box<dyn KvStore + 'a>>;
 }
@@ -302,8 +281,8 @@ impl KvStore for LatentCache<'_> {
 }
 
 /// The store of a graph-mode decode step: `DecodeAttention` stores the step's keys and values
-/// in row `pos` of the caches (rotating q and k by the step's tables when given) and attends
-/// over rows 0..=pos, with the position read on the device, so the recorded work does not
+/// in row `pos` of the caches and attends over rows 0..=pos (a device may move the step's
+/// rotation into it), with the position read on the device, so the recorded work does not
 /// depend on the host-side length.
 pub(super) struct GraphKv<'a> {
     layers: Layers<'a>,
@@ -326,7 +305,6 @@ impl<'a> GraphKv<'a> {
         st: &mut Step<'a>,
         layer: usize,
         x: Qkv,
-        rope: Option<&StepRotary>,
         p: &StepAttention,
         out: TensorId,
     ) -> Result<()> {
@@ -339,12 +317,6 @@ impl<'a> GraphKv<'a> {
             .output("v_cache", vc)
             .input("k", x.k)
             .input("v", x.v);
-        if let Some(r) = rope {
-            let (cos, sin) = r
-                .tables
-                .ok_or_else(|| Error::invalid("the step's rotation needs its tables"))?;
-            c = r.ints(c.input("cos", cos).input("sin", sin));
-        }
         c = c.output("workspace", workspace);
         st.push(p.args(c, out));
         Ok(())
@@ -360,23 +332,7 @@ impl<'a> StepKv<'a> for GraphKv<'a> {
         p: &StepAttention,
         out: TensorId,
     ) -> Result<()> {
-        self.call(st, layer, x, None, p, out)
-    }
-
-    fn rotates_step(&self) -> bool {
-        true
-    }
-
-    fn attend_rotating(
-        &mut self,
-        st: &mut Step<'a>,
-        layer: usize,
-        x: Qkv,
-        rope: &StepRotary,
-        p: &StepAttention,
-        out: TensorId,
-    ) -> Result<()> {
-        self.call(st, layer, x, Some(rope), p, out)
+        self.call(st, layer, x, p, out)
     }
 
     fn latent_layer(&mut self, _layer: usize) -> Result<Box<dyn KvStore + 'a>> {

@@ -39,7 +39,24 @@ pub const FILLER_PIECE: &str = " tok";
 /// The configuration of the named model shape (one of [`KNOWN`]); an error listing the known
 /// names otherwise.
 pub fn config(name: &str) -> Result<ModelConfig> {
-    let base = ModelConfig {
+    match name {
+        "llama-3-8b" => Ok(llama_3_8b()),
+        "llama-3.2-1b" => Ok(llama_3_2_1b()),
+        "qwen2-0.5b" => Ok(qwen2_0_5b()),
+        "tiny" => Ok(tiny()),
+        "qwen3-30b-a3b" => Ok(qwen3_30b_a3b()),
+        "moe-small" => Ok(moe_small()),
+        "moe-tiny" => Ok(moe_tiny()),
+        other => Err(Error::invalid(format!(
+            "unknown synthetic model '{other}' (known: {})",
+            KNOWN.join(", ")
+        ))),
+    }
+}
+
+/// Llama 3 8B, the base the other shapes change.
+fn llama_3_8b() -> ModelConfig {
+    ModelConfig {
         architecture: "llama".into(),
         vocab_size: 128256,
         hidden_size: 4096,
@@ -66,111 +83,128 @@ pub fn config(name: &str) -> Result<ModelConfig> {
         eos_ids: vec![128001],
         moe: None,
         mla: None,
-    };
-    match name {
-        "llama-3-8b" => Ok(base),
-        "llama-3.2-1b" => Ok(ModelConfig {
-            hidden_size: 2048,
-            intermediate_size: 8192,
-            num_layers: 16,
-            head_dim: 64,
-            rope_dim: 64,
-            context_length: 131072,
-            rope_scaling: RopeScaling::Llama3 {
-                factor: 32.0,
-                low_freq_factor: 1.0,
-                high_freq_factor: 4.0,
-                original_context_length: 8192,
-            },
-            tie_embeddings: true,
-            ..base
-        }),
-        "qwen2-0.5b" => Ok(ModelConfig {
-            architecture: "qwen2".into(),
+    }
+}
+
+/// Llama 3.2 1B (tied embeddings, Llama 3 RoPE scaling).
+fn llama_3_2_1b() -> ModelConfig {
+    ModelConfig {
+        hidden_size: 2048,
+        intermediate_size: 8192,
+        num_layers: 16,
+        head_dim: 64,
+        rope_dim: 64,
+        context_length: 131072,
+        rope_scaling: RopeScaling::Llama3 {
+            factor: 32.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_context_length: 8192,
+        },
+        tie_embeddings: true,
+        ..llama_3_8b()
+    }
+}
+
+/// Qwen2 0.5B (q/k/v biases).
+fn qwen2_0_5b() -> ModelConfig {
+    ModelConfig {
+        architecture: "qwen2".into(),
+        vocab_size: 151936,
+        hidden_size: 896,
+        intermediate_size: 4864,
+        num_layers: 24,
+        num_heads: 14,
+        num_kv_heads: 2,
+        head_dim: 64,
+        rope_dim: 64,
+        context_length: 32768,
+        norm_eps: 1e-6,
+        rope_theta: 1000000.0,
+        tie_embeddings: true,
+        bos_id: None,
+        eos_ids: vec![151643],
+        ..llama_3_8b()
+    }
+}
+
+/// A 2-layer Llama of hidden size 64 and 512 tokens, for tests.
+fn tiny() -> ModelConfig {
+    ModelConfig {
+        vocab_size: 512,
+        hidden_size: 64,
+        intermediate_size: 128,
+        num_layers: 2,
+        num_heads: 4,
+        num_kv_heads: 2,
+        head_dim: 16,
+        rope_dim: 16,
+        context_length: 4096,
+        rope_theta: 10000.0,
+        tie_embeddings: true,
+        bos_id: Some(510),
+        eos_ids: vec![511],
+        ..llama_3_8b()
+    }
+}
+
+/// Qwen3-30B-A3B: 128 experts, 8 per token.
+fn qwen3_30b_a3b() -> ModelConfig {
+    moe_shape(
+        ModelConfig {
             vocab_size: 151936,
-            hidden_size: 896,
-            intermediate_size: 4864,
-            num_layers: 24,
-            num_heads: 14,
-            num_kv_heads: 2,
+            hidden_size: 2048,
+            num_layers: 48,
+            num_heads: 32,
+            num_kv_heads: 4,
+            head_dim: 128,
+            rope_dim: 128,
+            context_length: 40960,
+            rope_theta: 1000000.0,
+            ..llama_3_8b()
+        },
+        (128, 8, 768),
+    )
+}
+
+/// A small Qwen3-MoE: 8 layers, 32 experts, 4 per token.
+fn moe_small() -> ModelConfig {
+    moe_shape(
+        ModelConfig {
+            vocab_size: 32000,
+            hidden_size: 1024,
+            num_layers: 8,
+            num_heads: 16,
+            num_kv_heads: 4,
             head_dim: 64,
             rope_dim: 64,
-            context_length: 32768,
-            norm_eps: 1e-6,
-            rope_theta: 1000000.0,
-            tie_embeddings: true,
-            bos_id: None,
-            eos_ids: vec![151643],
-            ..base
-        }),
-        "tiny" => Ok(ModelConfig {
+            context_length: 4096,
+            bos_id: Some(31998),
+            eos_ids: vec![31999],
+            ..llama_3_8b()
+        },
+        (32, 4, 512),
+    )
+}
+
+/// A 2-layer Qwen3-MoE of hidden size 64 and 8 experts, for tests.
+fn moe_tiny() -> ModelConfig {
+    moe_shape(
+        ModelConfig {
             vocab_size: 512,
             hidden_size: 64,
-            intermediate_size: 128,
             num_layers: 2,
             num_heads: 4,
             num_kv_heads: 2,
             head_dim: 16,
             rope_dim: 16,
             context_length: 4096,
-            rope_theta: 10000.0,
-            tie_embeddings: true,
             bos_id: Some(510),
             eos_ids: vec![511],
-            ..base
-        }),
-        "qwen3-30b-a3b" => Ok(moe_shape(
-            ModelConfig {
-                vocab_size: 151936,
-                hidden_size: 2048,
-                num_layers: 48,
-                num_heads: 32,
-                num_kv_heads: 4,
-                head_dim: 128,
-                rope_dim: 128,
-                context_length: 40960,
-                rope_theta: 1000000.0,
-                ..base
-            },
-            (128, 8, 768),
-        )),
-        "moe-small" => Ok(moe_shape(
-            ModelConfig {
-                vocab_size: 32000,
-                hidden_size: 1024,
-                num_layers: 8,
-                num_heads: 16,
-                num_kv_heads: 4,
-                head_dim: 64,
-                rope_dim: 64,
-                context_length: 4096,
-                bos_id: Some(31998),
-                eos_ids: vec![31999],
-                ..base
-            },
-            (32, 4, 512),
-        )),
-        "moe-tiny" => Ok(moe_shape(
-            ModelConfig {
-                vocab_size: 512,
-                hidden_size: 64,
-                num_layers: 2,
-                num_heads: 4,
-                num_kv_heads: 2,
-                head_dim: 16,
-                rope_dim: 16,
-                context_length: 4096,
-                bos_id: Some(510),
-                eos_ids: vec![511],
-                ..base
-            },
-            (8, 2, 64),
-        )),
-        other => Err(Error::invalid(format!(
-            "unknown synthetic model '{other}' (known: {})",
-            KNOWN.join(", ")
-        ))),
-    }
+            ..llama_3_8b()
+        },
+        (8, 2, 64),
+    )
 }
 
 /// `c` as a Qwen3-MoE model whose every layer routes to `k` of `experts` experts of inner size
@@ -285,6 +319,114 @@ struct Spec {
     seed: u64,
 }
 
+/// The tensors of a model being listed, each with a seed of its own.
+struct SpecList {
+    tensors: BTreeMap<String, Spec>,
+    /// The seed of the last tensor added.
+    seed: u64,
+}
+
+impl SpecList {
+    /// Adds tensor `name`: random in `dtype`, or every element `fill` (f32 only).
+    fn add(&mut self, name: String, dtype: DataType, dims: Vec<usize>, fill: Option<f32>) {
+        self.seed += 1;
+        let seed = self.seed;
+        self.tensors.insert(
+            name,
+            Spec {
+                dtype,
+                dims,
+                fill,
+                seed,
+            },
+        );
+    }
+
+    /// The norms and attention projections of the layer named `p`.
+    fn attention(&mut self, c: &ModelConfig, p: &str, dtype: DataType) {
+        let f32t = DataType::F32;
+        let (h, q, kv) = (
+            c.hidden_size,
+            c.num_heads * c.head_dim,
+            c.num_kv_heads * c.head_dim,
+        );
+        for n in ["input_layernorm", "post_attention_layernorm"] {
+            self.add(format!("{p}{n}.weight"), f32t, vec![h], Some(1.0));
+        }
+        for (n, out, inp) in [
+            ("self_attn.q_proj", q, h),
+            ("self_attn.k_proj", kv, h),
+            ("self_attn.v_proj", kv, h),
+            ("self_attn.o_proj", h, q),
+        ] {
+            self.add(format!("{p}{n}.weight"), dtype, vec![out, inp], None);
+        }
+    }
+
+    /// The q/k/v biases (f32) of the layer named `p` of a Qwen2 model; none for other models.
+    fn qkv_biases(&mut self, c: &ModelConfig, p: &str) {
+        if c.architecture != "qwen2" {
+            return;
+        }
+        let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+        for (n, out) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
+            self.add(
+                format!("{p}self_attn.{n}.bias"),
+                DataType::F32,
+                vec![out],
+                None,
+            );
+        }
+    }
+
+    /// The gate, up and down projections of a dense MLP of the layer named `p`.
+    fn dense_mlp(&mut self, c: &ModelConfig, p: &str, dtype: DataType) {
+        let (h, f) = (c.hidden_size, c.intermediate_size);
+        for (n, out, inp) in [
+            ("mlp.gate_proj", f, h),
+            ("mlp.up_proj", f, h),
+            ("mlp.down_proj", h, f),
+        ] {
+            self.add(format!("{p}{n}.weight"), dtype, vec![out, inp], None);
+        }
+    }
+
+    /// Qwen3-MoE parts of the layer named `p`: q/k norms, an f32 router and the experts.
+    fn experts(&mut self, c: &ModelConfig, m: &super::MoeConfig, p: &str, dtype: DataType) {
+        let f32t = DataType::F32;
+        let (h, fe) = (c.hidden_size, m.expert_intermediate);
+        for n in ["q_norm", "k_norm"] {
+            let name = format!("{p}self_attn.{n}.weight");
+            self.add(name, f32t, vec![c.head_dim], Some(1.0));
+        }
+        let router = vec![m.experts, h];
+        self.add(format!("{p}mlp.gate.weight"), f32t, router, None);
+        for e in 0..m.experts {
+            let x = format!("{p}mlp.experts.{e}.");
+            self.add(format!("{x}gate_proj.weight"), dtype, vec![fe, h], None);
+            self.add(format!("{x}up_proj.weight"), dtype, vec![fe, h], None);
+            self.add(format!("{x}down_proj.weight"), dtype, vec![h, fe], None);
+        }
+    }
+}
+
+/// Bytes of `tensors` read per decoded token of a model of `c`: every weight once, except the
+/// embedding, of which one row is read (unless it doubles as the LM head), and the routed
+/// experts, of which a token reads `k` of every layer's experts (counted as that share of them).
+fn bytes_per_token(tensors: &BTreeMap<String, Spec>, c: &ModelConfig) -> Result<usize> {
+    let mut per_token = 0usize;
+    for (name, s) in tensors {
+        let b = bytes_for(s.dtype, &s.dims)
+            .map_err(|e| Error::invalid(format!("synthetic tensor '{name}' {:?}: {e}", s.dims)))?;
+        if let Some(m) = c.moe.as_ref().filter(|_| name.contains(".mlp.experts.")) {
+            per_token += b * m.experts_per_token / m.experts;
+        } else if name != "model.embed_tokens.weight" || c.tie_embeddings {
+            per_token += b;
+        }
+    }
+    Ok(per_token)
+}
+
 /// A [`WeightSource`] generating random tensors of a model shape on demand (see the module docs).
 pub struct SyntheticSource {
     tensors: BTreeMap<String, Spec>,
@@ -300,111 +442,41 @@ impl SyntheticSource {
             return Err(Error::invalid("synthetic weights cannot be I32"));
         }
         let c = config;
-        let (h, q, kv, f) = (
-            c.hidden_size,
-            c.num_heads * c.head_dim,
-            c.num_kv_heads * c.head_dim,
-            c.intermediate_size,
-        );
-        let mut tensors = BTreeMap::new();
-        let mut seed = 1u64;
-        let mut add = |name: String, dt: DataType, dims: Vec<usize>, fill: Option<f32>| {
-            seed += 1;
-            tensors.insert(
-                name,
-                Spec {
-                    dtype: dt,
-                    dims,
-                    fill,
-                    seed,
-                },
-            );
+        let h = c.hidden_size;
+        let mut list = SpecList {
+            tensors: BTreeMap::new(),
+            seed: 1,
         };
-        let f32t = DataType::F32;
-        add(
+        let embed = vec![c.vocab_size, h];
+        list.add(
             "model.embed_tokens.weight".into(),
             dtype,
-            vec![c.vocab_size, h],
+            embed.clone(),
             None,
         );
         if !c.tie_embeddings {
-            add("lm_head.weight".into(), dtype, vec![c.vocab_size, h], None);
+            list.add("lm_head.weight".into(), dtype, embed, None);
         }
-        add("model.norm.weight".into(), f32t, vec![h], Some(1.0));
+        list.add(
+            "model.norm.weight".into(),
+            DataType::F32,
+            vec![h],
+            Some(1.0),
+        );
         for i in 0..c.num_layers {
             let p = format!("model.layers.{i}.");
-            add(
-                format!("{p}input_layernorm.weight"),
-                f32t,
-                vec![h],
-                Some(1.0),
-            );
-            add(
-                format!("{p}post_attention_layernorm.weight"),
-                f32t,
-                vec![h],
-                Some(1.0),
-            );
-            for (n, out, inp) in [
-                ("self_attn.q_proj", q, h),
-                ("self_attn.k_proj", kv, h),
-                ("self_attn.v_proj", kv, h),
-                ("self_attn.o_proj", h, q),
-            ] {
-                add(format!("{p}{n}.weight"), dtype, vec![out, inp], None);
-            }
+            list.attention(c, &p, dtype);
             match c.moe.as_ref().filter(|m| m.is_moe(i)) {
-                Some(m) => {
-                    // Qwen3-MoE: q/k norms, an f32 router, the experts
-                    for n in ["q_norm", "k_norm"] {
-                        let name = format!("{p}self_attn.{n}.weight");
-                        add(name, f32t, vec![c.head_dim], Some(1.0));
-                    }
-                    add(
-                        format!("{p}mlp.gate.weight"),
-                        f32t,
-                        vec![m.experts, h],
-                        None,
-                    );
-                    let fe = m.expert_intermediate;
-                    for e in 0..m.experts {
-                        let x = format!("{p}mlp.experts.{e}.");
-                        add(format!("{x}gate_proj.weight"), dtype, vec![fe, h], None);
-                        add(format!("{x}up_proj.weight"), dtype, vec![fe, h], None);
-                        add(format!("{x}down_proj.weight"), dtype, vec![h, fe], None);
-                    }
-                }
-                None => {
-                    for (n, out, inp) in [
-                        ("mlp.gate_proj", f, h),
-                        ("mlp.up_proj", f, h),
-                        ("mlp.down_proj", h, f),
-                    ] {
-                        add(format!("{p}{n}.weight"), dtype, vec![out, inp], None);
-                    }
-                }
+                Some(m) => list.experts(c, m, &p, dtype),
+                None => list.dense_mlp(c, &p, dtype),
             }
-            if c.architecture == "qwen2" {
-                for (n, out) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
-                    add(format!("{p}self_attn.{n}.bias"), f32t, vec![out], None);
-                }
-            }
+            list.qkv_biases(c, &p);
         }
-        let mut per_token = 0usize;
-        for (name, s) in &tensors {
-            let b = bytes_for(s.dtype, &s.dims).map_err(|e| {
-                Error::invalid(format!("synthetic tensor '{name}' {:?}: {e}", s.dims))
-            })?;
-            // Every weight is read once per decoded token, except the embedding, of which one
-            // row is read (unless it doubles as the LM head), and the routed experts, of which
-            // a token reads `k` of every layer's experts (counted as that share of them).
-            if let Some(m) = c.moe.as_ref().filter(|_| name.contains(".mlp.experts.")) {
-                per_token += b * m.experts_per_token / m.experts;
-            } else if name != "model.embed_tokens.weight" || c.tie_embeddings {
-                per_token += b;
-            }
-        }
-        Ok(SyntheticSource { tensors, per_token })
+        let per_token = bytes_per_token(&list.tensors, c)?;
+        Ok(SyntheticSource {
+            tensors: list.tensors,
+            per_token,
+        })
     }
 
     /// Bytes of weights read per decoded token (every matrix once; the embedding only when it is
@@ -554,8 +626,8 @@ mod tests {
             for dt in ["f16", "int8", "int4", "q4_k", "q6_k"] {
                 let t = weight_dtype(dt).unwrap();
                 let s = SyntheticSource::new(&c, t);
-                if c.hidden_size % t.block_elems() != 0
-                    || c.intermediate_size % t.block_elems() != 0
+                if !c.hidden_size.is_multiple_of(t.block_elems())
+                    || !c.intermediate_size.is_multiple_of(t.block_elems())
                 {
                     assert!(
                         s.is_err(),

@@ -134,8 +134,9 @@ struct Scratch {
     bufs: Vec<Data>,
 }
 
-/// Working tensors of one step through the layer stack ([`Model::layers`]).
-pub(super) const SCRATCH_BUFS: usize = 14;
+/// Working tensors of one step through the layer stack ([`Model::layers`]): the step buffers,
+/// the MoE stage's ([`super::moe::MOE_BUFS`]), then the rope tables.
+pub(super) const SCRATCH_BUFS: usize = 14 + super::moe::MOE_BUFS;
 
 impl Scratch {
     fn take(&mut self, n: usize) -> Vec<Data> {
@@ -348,7 +349,7 @@ impl Paths {
                 .is_some_and(|d| d.kind() != DeviceKind::Cpu && d.ops().contains_key(op))
         };
         let decode_graphs = first_has("DecodeAttention")
-            && c.moe.is_none() // routing is read back mid-step
+            && super::moe::stays_on_device(weights, spec, c) // no routing read back mid-step
             && c.mla.is_none() // its per-head products run on the CPU
             && !weights.low_memory()
             && !rope.length_dependent()
@@ -416,6 +417,16 @@ impl Model {
         let c = &config;
         let mut weights = Weights::new(source, low_memory)?;
         prepare_latent(&mut weights, spec, c)?;
+        if let (Some(m), Some(names), Some(dev)) = (&c.moe, &spec.moe, exec.devices().first()) {
+            let prefix = |i: usize| format!("{}{i}.", spec.layer_prefix);
+            super::moe::stack_experts(
+                &mut weights,
+                (m, names),
+                c.num_layers,
+                &prefix,
+                dev.as_ref(),
+            )?;
+        }
         let embed = format!("{}.weight", spec.embed);
         if !weights.has(&embed) {
             return Err(bad(format!("model file lacks the embedding '{embed}'")));
@@ -468,7 +479,7 @@ impl Model {
                 d.kind() != DeviceKind::Cpu && d.ops().contains_key("DecodeAttention")
             })
             && !self.weights.low_memory()
-            && self.config.moe.is_none()
+            && super::moe::stays_on_device(&self.weights, self.spec, &self.config)
             && self.config.mla.is_none()
             && !self.rope.length_dependent()
             && !matches!(self.spec.positions, Positions::Learned(_));
@@ -487,7 +498,8 @@ impl Model {
 
     /// Sets how new KV caches and pools store keys and values: `Some` dtype when the model's
     /// device stores it (else an `Err` naming the dtype and the device), `None` for the device's
-    /// default (f16 on the CPU in `fast` precision, else f32). Existing caches keep theirs.
+    /// default (f16 in `fast` precision where the device stores it, else f32). Existing caches
+    /// keep theirs.
     pub fn set_kv_dtype(&mut self, requested: Option<KvDtype>) -> Result<()> {
         let dev = match self.group {
             Some(_) => None,
@@ -521,12 +533,12 @@ impl Model {
         let ok = match mode {
             BatchDecode::Off => true,
             BatchDecode::Eager => padded,
-            // MoE routing is read back mid-step, latent attention's per-head products run on
-            // the CPU: neither is recordable
+            // MoE routing read back mid-step (experts not stacked on the device) and latent
+            // attention are not recordable
             BatchDecode::Graphs => {
                 padded
                     && !self.weights.low_memory()
-                    && self.config.moe.is_none()
+                    && super::moe::stays_on_device(&self.weights, self.spec, &self.config)
                     && self.config.mla.is_none()
             }
         };
@@ -1543,30 +1555,6 @@ pub trait KvStore {
         out: &mut Data,
     ) -> Result<()> {
         self.attend(e, layer, q, kv, kv, p, out)
-    }
-
-    /// True when [`KvStore::attend_rotating`] takes this step's queries and keys unrotated.
-    fn rotates_step(&self) -> bool {
-        false
-    }
-
-    /// [`KvStore::attend`] of `q` and `k` not yet rotated: the store rotates them by `rope`
-    /// (whose tables are set) as it stores the key, in the attention launch itself.
-    #[allow(clippy::too_many_arguments)]
-    fn attend_rotating(
-        &mut self,
-        _e: &Executor,
-        _layer: usize,
-        _q: &Data,
-        _k: &Data,
-        _v: &Data,
-        _rope: &RotaryParams,
-        _p: &AttentionParams,
-        _out: &mut Data,
-    ) -> Result<()> {
-        Err(Error::invalid(
-            "this KV store does not rotate the step's keys",
-        ))
     }
 }
 

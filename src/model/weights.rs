@@ -141,6 +141,16 @@ impl Weights {
             .sum()
     }
 
+    /// The resident tensor `name`, if resident.
+    pub fn resident(&self, name: &str) -> Option<&Data> {
+        self.resident.get(name)
+    }
+
+    /// Removes the resident tensor `name` and returns it (`None` when it is not resident).
+    pub fn take_resident(&mut self, name: &str) -> Option<Data> {
+        self.resident.remove(name)
+    }
+
     /// Stores a derived tensor (kept resident in every mode).
     pub fn set_resident(&mut self, name: &str, d: Data) {
         self.resident.insert(name.to_string(), d);

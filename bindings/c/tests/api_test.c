@@ -69,6 +69,10 @@ static void test_load_errors(void) {
     CHECK(fastllm_model_load("x", &p, &m) == FASTLLM_ERR_INVALID_ARGUMENT);
     CHECK(strstr(fastllm_last_error(), "fused_ops") != NULL);
     p = fastllm_model_params_default();
+    p.batch_invariant = 3;
+    CHECK(fastllm_model_load("x", &p, &m) == FASTLLM_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(fastllm_last_error(), "batch_invariant") != NULL);
+    p = fastllm_model_params_default();
     p.gpu_memory_cap_mb = -3;
     CHECK(fastllm_model_load("x", &p, &m) == FASTLLM_ERR_INVALID_ARGUMENT);
     CHECK(strstr(fastllm_last_error(), "gpu_memory_cap_mb") != NULL);

@@ -80,11 +80,12 @@ class Model:
     device: "cpu", "cuda", "cuda:1", "cuda:0,1" (tensor parallelism over GPUs 0 and 1, needs
     NCCL) or None (best available). threads: 0 = all cores.
     precision: "fast" (int8 activations in quantized matmuls) or "exact".
-    kv_dtype: KV cache dtype "f16", "q8_0" or "f32"; None = the device's default (f16 on the CPU
-    in fast precision, else f32). A dtype the device does not store raises, naming it.
+    kv_dtype: KV cache dtype "f16", "q8_0" (CPU only) or "f32"; None = the device's default
+    (f16 in fast precision, else f32). A dtype the device does not store raises, naming it.
     Run-time switches (None: the FASTLLM_* environment variable, else the default; see
     docs/tuning.md): cuda_graphs (replay recorded decode steps on a GPU), fused_ops (fused GPU
-    op forms), gpu_memory_cap_mb (0 = no cap), simd ("portable", "avx2" or "avx512": the
+    op forms), batch_invariant (on a GPU, each sequence's results independent of its batch;
+    slower), gpu_memory_cap_mb (0 = no cap), simd ("portable", "avx2" or "avx512": the
     highest level of the CPU kernels), cache_dir.
     """
 
@@ -92,7 +93,7 @@ class Model:
                  low_memory: bool = False, precision: str = "fast", *,
                  kv_dtype: Optional[str] = None,
                  cuda_graphs: Optional[bool] = None, fused_ops: Optional[bool] = None,
-                 gpu_memory_cap_mb: Optional[int] = None, simd: Optional[str] = None,
+                 batch_invariant: Optional[bool] = None, gpu_memory_cap_mb: Optional[int] = None, simd: Optional[str] = None,
                  cache_dir: Optional[str] = None):
         if precision not in ("fast", "exact"):
             raise FastllmError(2, f"precision must be 'fast' or 'exact', not {precision!r}")
@@ -115,6 +116,8 @@ class Model:
             p.cuda_graphs = 1 if cuda_graphs else 0
         if fused_ops is not None:
             p.fused_ops = 1 if fused_ops else 0
+        if batch_invariant is not None:
+            p.batch_invariant = 1 if batch_invariant else 0
         if gpu_memory_cap_mb is not None:
             p.gpu_memory_cap_mb = int(gpu_memory_cap_mb)
         if simd is not None:

@@ -51,6 +51,7 @@ class ModelParams(ctypes.Structure):
         ("simd", ctypes.c_int32),
         ("cache_dir", ctypes.c_char_p),
         ("kv_dtype", ctypes.c_char_p),
+        ("batch_invariant", ctypes.c_int32),
     ]
 
 

@@ -7,8 +7,8 @@
 //! place in any [`KvFormat`], converted 16 values at a time in registers. The caller checks the
 //! CPU features and cache sizes.
 
-use super::kv::avx512::{Load16, F16, F32, Q8};
-use super::{merge_partials, Inputs, KvFormat};
+use super::kv::avx512::{by_kv_formats, Load16};
+use super::{merge_partials, Inputs};
 use crate::threads::Threads;
 use crate::vecmath::avx512;
 use std::arch::x86_64::*;
@@ -30,18 +30,7 @@ fn chunk_keys(sq: usize, skv: usize, threads: usize) -> usize {
 /// Decode attention over all rows (same contract as `attention_ref`); requires AVX-512 F/BW/VL
 /// and caches of at least the rows `inp.p` implies.
 pub(super) fn run(th: &Threads, inp: &Inputs, out: &mut [f32]) {
-    use KvFormat as F;
-    match (inp.k.format(), inp.v.format()) {
-        (F::F32, F::F32) => run_as::<F32, F32>(th, inp, out),
-        (F::F32, F::F16) => run_as::<F32, F16>(th, inp, out),
-        (F::F32, F::Q8_0) => run_as::<F32, Q8>(th, inp, out),
-        (F::F16, F::F32) => run_as::<F16, F32>(th, inp, out),
-        (F::F16, F::F16) => run_as::<F16, F16>(th, inp, out),
-        (F::F16, F::Q8_0) => run_as::<F16, Q8>(th, inp, out),
-        (F::Q8_0, F::F32) => run_as::<Q8, F32>(th, inp, out),
-        (F::Q8_0, F::F16) => run_as::<Q8, F16>(th, inp, out),
-        (F::Q8_0, F::Q8_0) => run_as::<Q8, Q8>(th, inp, out),
-    }
+    by_kv_formats!(inp.k.format(), inp.v.format(), run_as(th, inp, out))
 }
 
 /// [`run`] with keys stored as `K` and values as `V`.

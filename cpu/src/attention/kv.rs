@@ -284,6 +284,28 @@ pub(crate) mod avx512 {
         unsafe fn load(row: *const u8, c: usize, m: __mmask16) -> __m512;
     }
 
+    /// Calls `$f::<K, V>(args…)` with `K` and `V` the [`Load16`] types of the key and value
+    /// formats `$k` and `$v` (each a [`KvFormat`](super::KvFormat)), so that a kernel is
+    /// compiled once per pair of formats.
+    macro_rules! by_kv_formats {
+        ($k:expr, $v:expr, $f:ident($($a:expr),* $(,)?)) => {{
+            use $crate::attention::kv::avx512::{F16, F32, Q8};
+            use $crate::attention::kv::KvFormat as F;
+            match ($k, $v) {
+                (F::F32, F::F32) => $f::<F32, F32>($($a),*),
+                (F::F32, F::F16) => $f::<F32, F16>($($a),*),
+                (F::F32, F::Q8_0) => $f::<F32, Q8>($($a),*),
+                (F::F16, F::F32) => $f::<F16, F32>($($a),*),
+                (F::F16, F::F16) => $f::<F16, F16>($($a),*),
+                (F::F16, F::Q8_0) => $f::<F16, Q8>($($a),*),
+                (F::Q8_0, F::F32) => $f::<Q8, F32>($($a),*),
+                (F::Q8_0, F::F16) => $f::<Q8, F16>($($a),*),
+                (F::Q8_0, F::Q8_0) => $f::<Q8, Q8>($($a),*),
+            }
+        }};
+    }
+    pub(crate) use by_kv_formats;
+
     /// f32 rows.
     pub(crate) struct F32;
     /// f16 rows.

@@ -36,7 +36,7 @@ pub fn register(ops: &mut OpRegistry, ctx: &Arc<CpuContext>) {
 }
 
 /// The kernel weight type of a dtype, if `Linear` accepts it.
-fn weight_type(t: DataType) -> Option<WeightType> {
+pub(super) fn weight_type(t: DataType) -> Option<WeightType> {
     Some(match t {
         DataType::F32 => WeightType::F32,
         DataType::F16 => WeightType::F16,

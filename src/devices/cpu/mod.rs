@@ -21,7 +21,7 @@ mod elementwise;
 mod embedding;
 mod kv;
 mod linear;
-mod moe;
+pub(crate) mod moe;
 mod norm;
 mod paged;
 mod rope;

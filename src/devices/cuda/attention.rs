@@ -1,13 +1,15 @@
 //! `Attention` on the GPU (f32): one block per (query, head) with an online softmax over key
 //! chunks (kernels/attention.cu); causal mask, sliding window, GQA, ALiBi, soft-capping and
 //! attention sinks (`sinks` [nh], in every kernel's softmax denominator but the flash kernel's).
-//! `k`/`v` may be KV caches expanded on axis 0.
+//! `k`/`v` may be KV caches expanded on axis 0, both f32 or both f16 ([`super::kv`]): every
+//! kernel here has an `*_f16kv` instance that reads f16 rows in place (f32 arithmetic); the
+//! cuBLAS path converts them to f32 first (`kv_float_f16kv`).
 //!
 //! Prefill with `fast = 1` (the `fast` precision) and at least [`TC_MIN_QUERIES`] queries, causal,
 //! head size 64 or 128 and no ALiBi / soft-capping / window / sinks runs the fused flash-attention
 //! kernel `flash_attn{64,128}x1_f32`: f16 tensor-core `mma.sync` for q·kᵀ and p·v with f32
-//! accumulation and an online softmax; the keys and values are first converted to f16
-//! (`kv_half_f32`), then staged tile by tile in shared memory by `cp.async` overlapping the math
+//! accumulation and an online softmax; f32 keys and values are first converted to f16
+//! (`kv_half_f32`; an f16 cache is read as it is), then staged tile by tile in shared memory by `cp.async` overlapping the math
 //! (one query head per block of four warps, two blocks per SM); the scores never reach memory.
 //! Other fast prefill goes through cuBLAS: per chunk of queries, scores = q·kᵀ·scale (TF32 tensor cores,
 //! strided-batched over the KV heads, once per query head of a GQA group) into a scratch
@@ -32,12 +34,13 @@ use super::act_quant::{ActForm, ActQuant, QuantKey};
 use super::blas::{gemm, Elem, Gemm, Operand};
 use super::buffer::{dptr, ensure_out, scratch, CudaBuffer};
 use super::gpu::{int, long, Gpu, KArg};
+use super::kv::{kv_elem, KvElem};
 use super::linear::TC_MIN_ROWS;
-use super::{all_f32, op_err};
-use crate::data::DataType;
+use super::{all_f32, grid_dim, op_err};
+use crate::data::{Data, DataType};
 use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
 use crate::error::{Error, Result};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Registers this family's operators.
 pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>) {
@@ -50,6 +53,7 @@ pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>) {
             Mutex::new(None),
             act.clone(),
             counters.clone(),
+            Mutex::new(None),
         )),
     );
     ops.insert(
@@ -101,19 +105,18 @@ fn decode_key_groups(kernel: &str, blocks: usize, sms: usize, gchunk: usize) -> 
     }
 }
 
-/// One launch of the decode kernel.
-struct DecodeArgs {
+/// Pointers, sizes and scalars of one attention call (any path).
+#[derive(Clone, Copy)]
+struct AttnArgs {
     q: u64,
     k: u64,
     v: u64,
     slopes: u64,
     /// Attention sinks [nh], or 0.
     sinks: u64,
-    positions: u64,
     out: u64,
     sq: usize,
     skv: usize,
-    kcap: usize,
     nh: usize,
     nkv: usize,
     hd: usize,
@@ -122,6 +125,27 @@ struct DecodeArgs {
     softcap: f32,
     causal: bool,
     window: i32,
+    /// The element type of the keys and values.
+    elem: KvElem,
+}
+
+/// The floats `scale` (default 1/√hd), `softcap` and the int `sliding_window` (negative: off)
+/// of an attention call.
+fn attn_scalars(f: &FloatDict, i: &IntDict, hd: usize) -> (f32, f32, i32) {
+    (
+        f.get_or("scale", 1.0 / (hd.max(1) as f32).sqrt()),
+        f.get_or("softcap", 0.0),
+        i.get_or("sliding_window", 0).max(0),
+    )
+}
+
+/// One launch of the decode kernel.
+struct DecodeArgs {
+    attn: AttnArgs,
+    /// Query positions (I32 [sq] on the device), or 0: query i sits at skv − sq + i.
+    positions: u64,
+    /// Readable rows of the caches.
+    kcap: usize,
     /// Q8_0 rows of the output for the next `Linear` (values, scale pairs), or none.
     q8: Option<(u64, u64)>,
     /// The step's own key and value to store (and rotate) in the kernel, or none.
@@ -199,95 +223,117 @@ fn decode_launch(
     part: u64,
     counters: u64,
 ) -> Result<()> {
-    const OP: &str = "Attention";
-    let group = (a.nh / a.nkv.max(1)).max(1);
-    let gy = a.nkv * group.div_ceil(gchunk.max(1));
-    let grid = (
-        u32::try_from(nsplit).map_err(|_| op_err(OP, "too many splits"))?,
-        u32::try_from(gy)
-            .ok()
-            .filter(|&v| v <= 65535)
-            .ok_or_else(|| op_err(OP, "too many heads"))?,
-        u32::try_from(a.sq)
-            .ok()
-            .filter(|&v| v <= 65535)
-            .ok_or_else(|| op_err(OP, "too many queries"))?,
-    );
+    let grid = decode_grid(&a.attn, nsplit, gchunk)?;
     let part = if nsplit > 1 { part } else { 0 };
-    let (q8v, q8d) = a.q8.unwrap_or((0, 0));
     let blocks = grid.0 as usize * grid.1 as usize * grid.2 as usize;
     let merge_in_kernel = nsplit > 1 && blocks <= gpu.sms();
     let counters = if merge_in_kernel { counters } else { 0 };
-    let kernel = decode_kernel(a.hd, a.hdv);
+    let kernel = decode_kernel(a.attn.hd, a.attn.hdv);
     let threads = 128 * decode_key_groups(kernel, blocks, gpu.sms(), gchunk);
     // the warp kernels' per-warp outputs: threads / 32 warps × gchunk heads × hd floats
     let smem = if kernel == "attn_decode_f32" {
         0
     } else {
-        (threads as usize / 32 * gchunk * a.hd * 4) as u32
+        (threads as usize / 32 * gchunk * a.attn.hd * 4) as u32
     };
-    gpu.launch_smem(
-        kernel,
-        grid,
-        threads,
-        smem,
-        &[
-            KArg::Ptr(a.q),
-            KArg::Ptr(a.k),
-            KArg::Ptr(a.v),
-            KArg::Ptr(a.slopes),
-            KArg::Ptr(a.positions),
-            KArg::Ptr(a.out),
-            KArg::Ptr(part),
-            int(a.sq, "sq")?,
-            int(a.skv, "skv")?,
-            int(a.kcap, "cache rows")?,
-            int(a.nh, "heads")?,
-            int(a.nkv, "kv heads")?,
-            int(a.hd, "head dim")?,
-            int(a.hdv, "v head dim")?,
-            long(a.nkv * a.hd, "k row")?,
-            long(a.nkv * a.hdv, "v row")?,
-            KArg::F32(a.scale),
-            KArg::F32(a.softcap),
-            KArg::I32(a.causal as i32),
-            KArg::I32(a.window),
-            int(nsplit, "splits")?,
-            int(gchunk, "heads per block")?,
-            KArg::Ptr(q8v),
-            KArg::Ptr(q8d),
-            KArg::Ptr(a.step.map_or(0, |t| t.k)),
-            KArg::Ptr(a.step.map_or(0, |t| t.v)),
-            KArg::Ptr(a.step.map_or(0, |t| t.cos)),
-            KArg::Ptr(a.step.map_or(0, |t| t.sin)),
-            int(a.step.map_or(0, |t| t.rot), "rotary dim")?,
-            KArg::I32(a.step.map_or(0, |t| t.style)),
-            KArg::Ptr(counters),
-            KArg::Ptr(a.sinks),
-        ],
-    )?;
+    let args = decode_kernel_args(a, (nsplit, gchunk), part, counters)?;
+    gpu.launch_smem(&a.attn.elem.kernel(kernel), grid, threads, smem, &args)?;
     if nsplit > 1 && !merge_in_kernel {
-        gpu.launch(
-            "attn_decode_combine_f32",
-            (
-                u32::try_from(a.nh).map_err(|_| op_err(OP, "too many heads"))?,
-                grid.2,
-                1,
-            ),
-            128,
-            &[
-                KArg::Ptr(part),
-                KArg::Ptr(a.out),
-                int(a.nh, "heads")?,
-                int(a.hdv, "v head dim")?,
-                int(nsplit, "splits")?,
-                KArg::Ptr(q8v),
-                KArg::Ptr(q8d),
-                KArg::Ptr(a.sinks),
-            ],
-        )?;
+        decode_combine(gpu, a, nsplit, part, grid.2)?;
     }
     Ok(())
+}
+
+/// The grid of a decode launch: (key ranges, KV heads × head chunks, query rows).
+fn decode_grid(a: &AttnArgs, nsplit: usize, gchunk: usize) -> Result<(u32, u32, u32)> {
+    const OP: &str = "Attention";
+    let group = (a.nh / a.nkv.max(1)).max(1);
+    let gy = a.nkv * group.div_ceil(gchunk.max(1));
+    Ok((
+        u32::try_from(nsplit).map_err(|_| op_err(OP, "too many splits"))?,
+        grid_dim(OP, gy, "too many heads")?,
+        grid_dim(OP, a.sq, "too many queries")?,
+    ))
+}
+
+/// The arguments of `attn_decode_f32` / `attn_decode_w*_f32` for `(splits, heads per block)`.
+fn decode_kernel_args(
+    d: &DecodeArgs,
+    (nsplit, gchunk): (usize, usize),
+    part: u64,
+    counters: u64,
+) -> Result<Vec<KArg>> {
+    let a = &d.attn;
+    let (q8v, q8d) = d.q8.unwrap_or((0, 0));
+    let step = |f: fn(&StepKv) -> u64| d.step.as_ref().map_or(0, f);
+    let mut args = vec![
+        KArg::Ptr(a.q),
+        KArg::Ptr(a.k),
+        KArg::Ptr(a.v),
+        KArg::Ptr(a.slopes),
+        KArg::Ptr(d.positions),
+        KArg::Ptr(a.out),
+        KArg::Ptr(part),
+        int(a.sq, "sq")?,
+        int(a.skv, "skv")?,
+        int(d.kcap, "cache rows")?,
+    ];
+    args.extend(head_and_score_args(a)?);
+    args.extend([
+        int(nsplit, "splits")?,
+        int(gchunk, "heads per block")?,
+        KArg::Ptr(q8v),
+        KArg::Ptr(q8d),
+        KArg::Ptr(step(|t| t.k)),
+        KArg::Ptr(step(|t| t.v)),
+        KArg::Ptr(step(|t| t.cos)),
+        KArg::Ptr(step(|t| t.sin)),
+        int(d.step.map_or(0, |t| t.rot), "rotary dim")?,
+        KArg::I32(d.step.map_or(0, |t| t.style)),
+        KArg::Ptr(counters),
+        KArg::Ptr(a.sinks),
+    ]);
+    Ok(args)
+}
+
+/// The kernel arguments the decode and general kernels share, in their order: heads, KV heads,
+/// q/k and v head sizes, k and v row lengths, scale, soft-cap, causal, window.
+fn head_and_score_args(a: &AttnArgs) -> Result<[KArg; 10]> {
+    Ok([
+        int(a.nh, "heads")?,
+        int(a.nkv, "kv heads")?,
+        int(a.hd, "head dim")?,
+        int(a.hdv, "v head dim")?,
+        long(a.nkv * a.hd, "k row")?,
+        long(a.nkv * a.hdv, "v row")?,
+        KArg::F32(a.scale),
+        KArg::F32(a.softcap),
+        KArg::I32(a.causal as i32),
+        KArg::I32(a.window),
+    ])
+}
+
+/// Merges the `nsplit` key ranges in `part` of a decode launch over `rows` query rows
+/// (`attn_decode_combine_f32`), for launches too big to merge in the kernel.
+fn decode_combine(gpu: &Gpu, d: &DecodeArgs, nsplit: usize, part: u64, rows: u32) -> Result<()> {
+    let a = &d.attn;
+    let (q8v, q8d) = d.q8.unwrap_or((0, 0));
+    let heads = u32::try_from(a.nh).map_err(|_| op_err("Attention", "too many heads"))?;
+    gpu.launch(
+        "attn_decode_combine_f32",
+        (heads, rows, 1),
+        128,
+        &[
+            KArg::Ptr(part),
+            KArg::Ptr(a.out),
+            int(a.nh, "heads")?,
+            int(a.hdv, "v head dim")?,
+            int(nsplit, "splits")?,
+            KArg::Ptr(q8v),
+            KArg::Ptr(q8d),
+            KArg::Ptr(a.sinks),
+        ],
+    )
 }
 
 /// The Q8_0 output rows asked for by `quantize_output = 1` (for the o-projection): slots in
@@ -322,14 +368,15 @@ pub const TC_MIN_QUERIES: usize = 64;
 const SCORE_BYTES: usize = 256 << 20;
 
 /// The device, the score scratch of the cuBLAS path (the f16 K/V of the flash path), the
-/// split-K decode partials, the buffer for the output's f16/bf16 copy (`quantize_output`), and
-/// the split decode launches' counters.
+/// split-K decode partials, the buffer for the output's f16/bf16 copy (`quantize_output`), the
+/// split decode launches' counters, and the f32 K/V of the cuBLAS path over an f16 cache.
 struct Attention(
     Arc<Gpu>,
     Mutex<Option<CudaBuffer>>,
     Mutex<Option<CudaBuffer>>,
     Arc<ActQuant>,
     Arc<DecodeCounters>,
+    Mutex<Option<CudaBuffer>>,
 );
 
 /// The counters of split decode launches (one int per query row and block row of the grid:
@@ -349,34 +396,62 @@ impl DecodeCounters {
     }
 }
 
-/// Pointers and sizes of one attention call, for the cuBLAS path.
-struct TcArgs {
-    q: u64,
-    k: u64,
-    v: u64,
-    slopes: u64,
-    /// Attention sinks [nh], or 0.
-    sinks: u64,
-    out: u64,
-    sq: usize,
-    skv: usize,
-    nh: usize,
-    nkv: usize,
-    hd: usize,
-    hdv: usize,
-    scale: f32,
-    softcap: f32,
-    causal: bool,
-    window: i32,
-    /// The f16/bf16 copy of the output the next `Linear` reads (`quantize_output` 2 / 3).
-    copy: Option<ActForm>,
+/// A locked scratch buffer of `Attention`.
+type ScratchGuard<'a> = MutexGuard<'a, Option<CudaBuffer>>;
+
+/// Locks one of the scratch buffers of `Attention`.
+fn lock_scratch(m: &Mutex<Option<CudaBuffer>>) -> Result<ScratchGuard<'_>> {
+    m.lock()
+        .map_err(|_| Error::Device("Attention scratch poisoned".into()))
+}
+
+/// An f32 cuBLAS operand at `ptr` with leading dimension `ld` and batch stride `stride`.
+fn f32_operand(ptr: u64, ld: usize, stride: usize) -> Operand {
+    Operand {
+        ptr,
+        elem: Elem::F32,
+        ld,
+        stride,
+    }
+}
+
+/// One chunk of queries of the cuBLAS path: `n` queries from `i0`, seeing keys `..kend`, their
+/// scores at `scores`.
+#[derive(Clone, Copy)]
+struct ScoreChunk {
+    scores: u64,
+    i0: usize,
+    n: usize,
+    kend: usize,
+}
+
+/// Runs [`decode_launch`] with the Q8_0 output rows that `quantize_output` asks for, recorded
+/// in `act` once the launch is queued.
+fn decode_launch_q8(
+    gpu: &Gpu,
+    act: &ActQuant,
+    ints: &IntDict,
+    mut d: DecodeArgs,
+    (nsplit, gchunk): (usize, usize),
+    part: u64,
+    counters: u64,
+) -> Result<()> {
+    let a = d.attn;
+    let q8 = decode_q8(act, ints, a.out, a.sq, a.nh, a.hdv)?;
+    d.q8 = q8.map(|q| q.0);
+    decode_launch(gpu, &d, nsplit, gchunk, part, counters)?;
+    if let Some((_, key)) = q8 {
+        act.set(key, true)?;
+    }
+    Ok(())
 }
 
 impl Attention {
     /// The fused flash-attention kernel (`flash_attn{64,128}x1_f32`, module doc): causal, head
     /// sizes 64 or 128 (q, k and v alike), no ALiBi, soft-capping, window or sinks. `Ok(false)`
-    /// when the call is not of that kind.
-    fn flash(&self, a: &TcArgs) -> Result<bool> {
+    /// when the call is not of that kind. With `copy` f16/bf16 (`quantize_output` 2 / 3) it also
+    /// writes the output's copy for the next tensor-core `Linear`.
+    fn flash(&self, a: &AttnArgs, copy: Option<ActForm>) -> Result<bool> {
         let fits = a.causal
             && a.hd == a.hdv
             && (a.hd == 64 || a.hd == 128)
@@ -392,45 +467,22 @@ impl Attention {
             return Ok(false);
         }
         const OP: &str = "Attention";
-        // the keys and values as f16 (the kernel stages them by 16-byte cp.async), in the
-        // scratch the cuBLAS path uses for its scores
-        let values = a.skv * a.nkv * a.hd;
-        let need = 4 * values;
-        let mut guard = self
-            .1
-            .lock()
-            .map_err(|_| Error::Device("Attention scratch poisoned".into()))?;
-        let kh = scratch(&self.0, &mut guard, need, false)?;
-        let vh = kh + 2 * values as u64;
+        let mut guard = lock_scratch(&self.1)?;
+        let (kh, vh) = self.half_kv(a, &mut guard)?;
         // the output's f16/bf16 copy for the next tensor-core Linear (o-projection)
-        let copy = match a.copy {
+        let copy = match copy {
             Some(form @ (ActForm::F16 | ActForm::Bf16)) if a.sq >= TC_MIN_ROWS => {
                 let (hp, key) = self.3.half_slot(a.out, a.sq, a.nh * a.hd, form)?;
                 Some((hp, key, form == ActForm::Bf16))
             }
             _ => None,
         };
-        self.0.launch(
-            "kv_half_f32",
-            Gpu::grid_for(values / 4, 256),
-            256,
-            &[
-                KArg::Ptr(a.k),
-                KArg::Ptr(a.v),
-                KArg::Ptr(kh),
-                KArg::Ptr(vh),
-                long(values / 4, "values")?,
-            ],
-        )?;
         // one query head per block of four warps (two blocks fit an SM, so one block's softmax
         // overlaps the other's products); (heads, query tiles): the kernel's dispatch order is
         // longest tiles first
         let grid = (
             u32::try_from(a.nh).map_err(|_| op_err(OP, "too many heads"))?,
-            u32::try_from(a.sq.div_ceil(64))
-                .ok()
-                .filter(|&v| v <= 65535)
-                .ok_or_else(|| op_err(OP, "too many queries"))?,
+            grid_dim(OP, a.sq.div_ceil(64), "too many queries")?,
             1,
         );
         self.0.launch(
@@ -457,26 +509,74 @@ impl Attention {
         Ok(true)
     }
 
+    /// The keys and values of `a` as f16 for the flash kernel (which stages them by 16-byte
+    /// `cp.async`): an f16 cache in place, f32 ones converted (`kv_half_f32`) into `guard`, the
+    /// scratch the cuBLAS path uses for its scores.
+    fn half_kv(&self, a: &AttnArgs, guard: &mut Option<CudaBuffer>) -> Result<(u64, u64)> {
+        if a.elem == KvElem::F16 {
+            return Ok((a.k, a.v));
+        }
+        let values = a.skv * a.nkv * a.hd;
+        let kh = scratch(&self.0, guard, 4 * values, false)?;
+        let vh = kh + 2 * values as u64;
+        self.0.launch(
+            "kv_half_f32",
+            Gpu::grid_for(values / 4, 256),
+            256,
+            &[
+                KArg::Ptr(a.k),
+                KArg::Ptr(a.v),
+                KArg::Ptr(kh),
+                KArg::Ptr(vh),
+                long(values / 4, "values")?,
+            ],
+        )?;
+        Ok((kh, vh))
+    }
+
+    /// `a` with f32 keys and values for cuBLAS: as it is, or with an f16 cache converted
+    /// (`kv_float_f16kv`) into the scratch `self.5`, held by the returned guard.
+    fn float_kv(&self, a: &AttnArgs) -> Result<(AttnArgs, Option<ScratchGuard<'_>>)> {
+        if a.elem == KvElem::F32 {
+            return Ok((*a, None));
+        }
+        let mut guard = lock_scratch(&self.5)?;
+        let (nk, nv) = (a.skv * a.nkv * a.hd, a.skv * a.nkv * a.hdv);
+        let kf = scratch(&self.0, &mut guard, 4 * (nk + nv), false)?;
+        let vf = kf + 4 * nk as u64;
+        self.0.launch(
+            "kv_float_f16kv",
+            Gpu::grid_for(nk.max(nv), 256),
+            256,
+            &[
+                KArg::Ptr(a.k),
+                KArg::Ptr(a.v),
+                KArg::Ptr(kf),
+                KArg::Ptr(vf),
+                long(nk, "key values")?,
+                long(nv, "value values")?,
+            ],
+        )?;
+        let f = AttnArgs {
+            k: kf,
+            v: vf,
+            elem: KvElem::F32,
+            ..*a
+        };
+        Ok((f, Some(guard)))
+    }
+
     /// The cuBLAS path (module doc). `Ok(false)` when cuBLAS is not loaded.
-    fn tensor_core(&self, a: &TcArgs) -> Result<bool> {
+    fn tensor_core(&self, a: &AttnArgs) -> Result<bool> {
         if self.0.blas().is_none() {
             return Ok(false);
         }
-        let group = a.nh / a.nkv;
+        let (a, _held) = self.float_kv(a)?;
+        let a = &a;
         let row_bytes = a.nh * a.skv * 4;
         let qc = (SCORE_BYTES / row_bytes.max(1)).clamp(1, a.sq);
-        let mut guard = self
-            .1
-            .lock()
-            .map_err(|_| Error::Device("Attention scratch poisoned".into()))?;
-        let need = qc * row_bytes;
-        let sp = scratch(&self.0, &mut guard, need, false)?;
-        let f32op = |ptr: u64, ld: usize, stride: usize| Operand {
-            ptr,
-            elem: Elem::F32,
-            ld,
-            stride,
-        };
+        let mut guard = lock_scratch(&self.1)?;
+        let scores = scratch(&self.0, &mut guard, qc * row_bytes, false)?;
         let mut i0 = 0;
         while i0 < a.sq {
             let n = qc.min(a.sq - i0);
@@ -486,96 +586,217 @@ impl Attention {
             } else {
                 a.skv
             };
-            for g in 0..group {
-                // scoresᵀ (column-major [kend, n], ld skv) = K_h · Q_hᵀ for heads h = kh·group + g
-                let ok = gemm(
-                    &self.0,
-                    &Gemm {
-                        ta: true,
-                        tb: false,
-                        m: kend,
-                        n,
-                        k: a.hd,
-                        a: f32op(a.k, a.nkv * a.hd, a.hd),
-                        b: f32op(
-                            a.q + 4 * ((i0 * a.nh + g) * a.hd) as u64,
-                            a.nh * a.hd,
-                            group * a.hd,
-                        ),
-                        c: f32op(sp + 4 * (g * n * a.skv) as u64, a.skv, group * n * a.skv),
-                        batch: a.nkv,
-                        alpha: a.scale,
-                        beta: 0.0,
-                        tf32: true,
-                    },
-                )?;
-                if !ok {
-                    return Ok(false);
-                }
+            let c = ScoreChunk {
+                scores,
+                i0,
+                n,
+                kend,
+            };
+            if !self.tc_scores(a, c)? {
+                return Ok(false);
             }
             if kend > 0 {
-                self.0.launch(
-                    "attn_softmax_f32",
-                    (
-                        u32::try_from(n).map_err(|_| op_err("Attention", "too many queries"))?,
-                        u32::try_from(a.nh).map_err(|_| op_err("Attention", "too many heads"))?,
-                        1,
-                    ),
-                    256,
-                    &[
-                        KArg::Ptr(sp),
-                        KArg::Ptr(a.slopes),
-                        KArg::Ptr(a.sinks),
-                        int(n, "chunk")?,
-                        int(i0, "chunk start")?,
-                        int(a.sq, "sq")?,
-                        int(a.skv, "skv")?,
-                        long(a.skv, "score row")?,
-                        int(kend, "keys")?,
-                        KArg::F32(a.softcap),
-                        KArg::I32(a.causal as i32),
-                        KArg::I32(a.window),
-                    ],
-                )?;
+                self.tc_softmax(a, c)?;
             }
-            for g in 0..group {
-                // outᵀ (column-major [hdv, n], ld nh·hdv) = V_hᵀ · P_hᵀ
-                let ok = gemm(
-                    &self.0,
-                    &Gemm {
-                        ta: false,
-                        tb: false,
-                        m: a.hdv,
-                        n,
-                        k: kend,
-                        a: f32op(a.v, a.nkv * a.hdv, a.hdv),
-                        b: f32op(sp + 4 * (g * n * a.skv) as u64, a.skv, group * n * a.skv),
-                        c: f32op(
-                            a.out + 4 * ((i0 * a.nh + g) * a.hdv) as u64,
-                            a.nh * a.hdv,
-                            group * a.hdv,
-                        ),
-                        batch: a.nkv,
-                        alpha: 1.0,
-                        beta: 0.0,
-                        tf32: true,
-                    },
-                )?;
-                if !ok {
-                    return Ok(false);
-                }
+            if !self.tc_values(a, c)? {
+                return Ok(false);
             }
             i0 += n;
         }
         Ok(true)
     }
+
+    /// Scores of a chunk: scoresᵀ (column-major [kend, n], ld skv) = K_h · Q_hᵀ · scale for the
+    /// heads h = kh·group + g, one strided-batched GEMM over the KV heads per g. `Ok(false)` when
+    /// cuBLAS refuses.
+    fn tc_scores(&self, a: &AttnArgs, c: ScoreChunk) -> Result<bool> {
+        let group = a.nh / a.nkv;
+        self.gemm_per_group(group, |g| Gemm {
+            ta: true,
+            tb: false,
+            m: c.kend,
+            n: c.n,
+            k: a.hd,
+            a: f32_operand(a.k, a.nkv * a.hd, a.hd),
+            b: f32_operand(
+                a.q + 4 * ((c.i0 * a.nh + g) * a.hd) as u64,
+                a.nh * a.hd,
+                group * a.hd,
+            ),
+            c: f32_operand(
+                c.scores + 4 * (g * c.n * a.skv) as u64,
+                a.skv,
+                group * c.n * a.skv,
+            ),
+            batch: a.nkv,
+            alpha: a.scale,
+            beta: 0.0,
+            tf32: true,
+        })
+    }
+
+    /// Runs `gemm_of(g)` for every g of a GQA group (one strided-batched GEMM over the KV heads
+    /// each). `Ok(false)` when cuBLAS refuses one.
+    fn gemm_per_group(&self, group: usize, gemm_of: impl Fn(usize) -> Gemm) -> Result<bool> {
+        for g in 0..group {
+            if !gemm(&self.0, &gemm_of(g))? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Turns a chunk's scores into probabilities in place (`attn_softmax_f32`: mask, window,
+    /// ALiBi, soft-capping, sinks).
+    fn tc_softmax(&self, a: &AttnArgs, c: ScoreChunk) -> Result<()> {
+        self.0.launch(
+            "attn_softmax_f32",
+            (
+                u32::try_from(c.n).map_err(|_| op_err("Attention", "too many queries"))?,
+                u32::try_from(a.nh).map_err(|_| op_err("Attention", "too many heads"))?,
+                1,
+            ),
+            256,
+            &[
+                KArg::Ptr(c.scores),
+                KArg::Ptr(a.slopes),
+                KArg::Ptr(a.sinks),
+                int(c.n, "chunk")?,
+                int(c.i0, "chunk start")?,
+                int(a.sq, "sq")?,
+                int(a.skv, "skv")?,
+                long(a.skv, "score row")?,
+                int(c.kend, "keys")?,
+                KArg::F32(a.softcap),
+                KArg::I32(a.causal as i32),
+                KArg::I32(a.window),
+            ],
+        )
+    }
+
+    /// A chunk's output: outᵀ (column-major [hdv, n], ld nh·hdv) = V_hᵀ · P_hᵀ, written straight
+    /// into `[sq, nh, hdv]`. `Ok(false)` when cuBLAS refuses.
+    fn tc_values(&self, a: &AttnArgs, c: ScoreChunk) -> Result<bool> {
+        let group = a.nh / a.nkv;
+        self.gemm_per_group(group, |g| Gemm {
+            ta: false,
+            tb: false,
+            m: a.hdv,
+            n: c.n,
+            k: c.kend,
+            a: f32_operand(a.v, a.nkv * a.hdv, a.hdv),
+            b: f32_operand(
+                c.scores + 4 * (g * c.n * a.skv) as u64,
+                a.skv,
+                group * c.n * a.skv,
+            ),
+            c: f32_operand(
+                a.out + 4 * ((c.i0 * a.nh + g) * a.hdv) as u64,
+                a.nh * a.hdv,
+                group * a.hdv,
+            ),
+            batch: a.nkv,
+            alpha: 1.0,
+            beta: 0.0,
+            tf32: true,
+        })
+    }
+
+    /// The split-K decode kernel (module doc) over `a`.
+    fn decode(&self, a: &AttnArgs, i: &IntDict) -> Result<()> {
+        let gchunk = decode_gchunk(a.skv, a.nh, a.nkv);
+        let units = decode_units(a.nh, a.nkv, a.sq, gchunk);
+        let nsplit = decode_splits(a.skv, units, self.0.sms());
+        let need = 4 * decode_workspace(a.sq, a.nh, a.hdv, nsplit);
+        let mut guard = lock_scratch(&self.2)?;
+        let part = scratch(&self.0, &mut guard, need, true)?;
+        let counters = self.4.get(&self.0, units)?;
+        let args = DecodeArgs {
+            attn: *a,
+            positions: 0,
+            kcap: a.skv,
+            q8: None,
+            step: None,
+        };
+        decode_launch_q8(&self.0, &self.3, i, args, (nsplit, gchunk), part, counters)
+    }
+
+    /// The general kernel `attention_f32` (`attention_f16kv` over f16 keys and values): one
+    /// block per (query, head), any sizes the op takes.
+    fn general(&self, a: &AttnArgs) -> Result<()> {
+        let gx = u32::try_from(a.sq).map_err(|_| op_err("Attention", "too many queries"))?;
+        let gy = grid_dim("Attention", a.nh, "too many heads")?;
+        let mut args = vec![
+            KArg::Ptr(a.q),
+            KArg::Ptr(a.k),
+            KArg::Ptr(a.v),
+            KArg::Ptr(a.slopes),
+            KArg::Ptr(a.sinks),
+            KArg::Ptr(a.out),
+            int(a.sq, "sq")?,
+            int(a.skv, "skv")?,
+        ];
+        args.extend(head_and_score_args(a)?);
+        let kernel = a.elem.kernel("attention_f32");
+        self.0.launch(&kernel, (gx, gy, 1), 128, &args)
+    }
 }
 
-fn dims3(d: &crate::data::Data, name: &str) -> Result<[usize; 3]> {
+fn dims3(d: &Data, name: &str) -> Result<[usize; 3]> {
     match d.dims() {
         [a, b, c] => Ok([*a, *b, *c]),
         other => Err(op_err("Attention", format!("{name} {other:?} must be 3-D"))),
     }
+}
+
+/// The device address of an optional input, 0 when it is absent.
+fn opt_ptr(t: Option<&Data>, name: &str) -> Result<u64> {
+    t.map(|t| dptr(t, name)).transpose().map(|p| p.unwrap_or(0))
+}
+
+/// A required input of `Attention`.
+fn need<'a>(t: Option<&'a Data>, name: &str) -> Result<&'a Data> {
+    t.ok_or_else(|| op_err("Attention", format!("missing input '{name}'")))
+}
+
+/// The pointers, sizes and scalars of an `Attention` call.
+fn attention_args(d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<AttnArgs> {
+    let names = ["q", "k", "v", "alibi_slopes", "sinks"];
+    let ([q, k, v, s, sk], out) = d.io("Attention", names, "output")?;
+    let (q, k, v) = (need(q, "q")?, need(k, "k")?, need(v, "v")?);
+    let [sq, nh, hd] = dims3(q, "q")?;
+    let [skv, nkv, _] = dims3(k, "k")?;
+    let (slopes, sinks) = (opt_ptr(s, "alibi_slopes")?, opt_ptr(sk, "sinks")?);
+    let (scale, softcap, window) = attn_scalars(f, i, hd);
+    let elem = match (k.dtype(), v.dtype()) {
+        (DataType::F16, DataType::F16) => KvElem::F16,
+        (DataType::F32, DataType::F32) => KvElem::F32,
+        (kt, vt) => {
+            return Err(op_err(
+                "Attention",
+                format!("k {kt} / v {vt}: keys and values must both be f32 or both f16"),
+            ))
+        }
+    };
+    Ok(AttnArgs {
+        q: dptr(q, "q")?,
+        k: dptr(k, "k")?,
+        v: dptr(v, "v")?,
+        slopes,
+        sinks,
+        out: dptr(out, "output")?,
+        sq,
+        skv,
+        nh,
+        nkv,
+        hd,
+        hdv: v.dim(-1),
+        scale,
+        softcap,
+        causal: i.get_or("causal", 1) != 0,
+        window,
+        elem,
+    })
 }
 
 impl Operator for Attention {
@@ -590,7 +811,7 @@ impl Operator for Attention {
             }
             _ => false,
         };
-        shapes_ok && all_f32(d, &["q", "k", "v", "alibi_slopes", "sinks"])
+        shapes_ok && all_f32(d, &["q", "alibi_slopes", "sinks"]) && kv_elem(d, "k", "v").is_some()
     }
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
         let [sq, nh, hd] = dims3(d.require("Attention", "q")?, "q")?;
@@ -618,141 +839,28 @@ impl Operator for Attention {
         )
     }
     fn run(&self, d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<()> {
-        let names = ["q", "k", "v", "alibi_slopes", "sinks"];
-        let ([q, k, v, s, sk], out) = d.io("Attention", names, "output")?;
-        let q = q.ok_or_else(|| op_err("Attention", "missing input 'q'"))?;
-        let k = k.ok_or_else(|| op_err("Attention", "missing input 'k'"))?;
-        let v = v.ok_or_else(|| op_err("Attention", "missing input 'v'"))?;
-        let [sq, nh, hd] = dims3(q, "q")?;
-        let [skv, nkv, _] = dims3(k, "k")?;
-        let hdv = v.dim(-1);
-        let sp = match s {
-            Some(s) => dptr(s, "alibi_slopes")?,
-            None => 0,
-        };
-        let sinks = match sk {
-            Some(s) => dptr(s, "sinks")?,
-            None => 0,
-        };
-        let scale = f.get_or("scale", 1.0 / (hd.max(1) as f32).sqrt());
-        let window = i.get_or("sliding_window", 0).max(0);
-        let causal = i.get_or("causal", 1);
-        let (qp, kp, vp, op) = (
-            dptr(q, "q")?,
-            dptr(k, "k")?,
-            dptr(v, "v")?,
-            dptr(out, "output")?,
-        );
-        // Causal with fewer keys than queries leaves early queries without keys: the kernel
-        // below handles that (zeros), the cuBLAS path needs every chunk to see a key.
-        if i.get_or("fast", 0) != 0 && sq >= TC_MIN_QUERIES && skv > 0 && (causal == 0 || skv >= sq)
-        {
-            let args = TcArgs {
-                q: qp,
-                k: kp,
-                v: vp,
-                slopes: sp,
-                sinks,
-                out: op,
-                sq,
-                skv,
-                nh,
-                nkv,
-                hd,
-                hdv,
-                scale,
-                softcap: f.get_or("softcap", 0.0),
-                causal: causal != 0,
-                window,
-                copy: ActForm::from_param(i.get_or("quantize_output", 0)),
-            };
-            if self.flash(&args)? || self.tensor_core(&args)? {
+        let a = attention_args(d, f, i)?;
+        // Causal with fewer keys than queries leaves early queries without keys: the kernels
+        // below handle that (zeros), the cuBLAS path needs every chunk to see a key.
+        let fast = i.get_or("fast", 0) != 0;
+        if fast && a.sq >= TC_MIN_QUERIES && a.skv > 0 && (!a.causal || a.skv >= a.sq) {
+            let copy = ActForm::from_param(i.get_or("quantize_output", 0));
+            if self.flash(&a, copy)? || self.tensor_core(&a)? {
                 return Ok(());
             }
         }
-        if sq <= DECODE_MAX_QUERIES && hd <= DECODE_MAX_HD && hdv <= DECODE_MAX_HD {
-            let gchunk = decode_gchunk(skv, nh, nkv);
-            let nsplit = decode_splits(skv, decode_units(nh, nkv, sq, gchunk), self.0.sms());
-            let need = 4 * decode_workspace(sq, nh, hdv, nsplit);
-            let mut guard = self
-                .2
-                .lock()
-                .map_err(|_| Error::Device("Attention scratch poisoned".into()))?;
-            let part = scratch(&self.0, &mut guard, need, true)?;
-            let counters = self.4.get(&self.0, decode_units(nh, nkv, sq, gchunk))?;
-            let q8 = decode_q8(&self.3, i, op, sq, nh, hdv)?;
-            decode_launch(
-                &self.0,
-                &DecodeArgs {
-                    q: qp,
-                    k: kp,
-                    v: vp,
-                    slopes: sp,
-                    sinks,
-                    positions: 0,
-                    out: op,
-                    sq,
-                    skv,
-                    kcap: skv,
-                    nh,
-                    nkv,
-                    hd,
-                    hdv,
-                    scale,
-                    softcap: f.get_or("softcap", 0.0),
-                    causal: causal != 0,
-                    window,
-                    q8: q8.map(|q| q.0),
-                    step: None,
-                },
-                nsplit,
-                gchunk,
-                part,
-                counters,
-            )?;
-            if let Some((_, key)) = q8 {
-                self.3.set(key, true)?;
-            }
-            return Ok(());
+        if a.sq <= DECODE_MAX_QUERIES && a.hd <= DECODE_MAX_HD && a.hdv <= DECODE_MAX_HD {
+            return self.decode(&a, i);
         }
-        let gx = u32::try_from(sq).map_err(|_| op_err("Attention", "too many queries"))?;
-        let gy = u32::try_from(nh)
-            .ok()
-            .filter(|&h| h <= 65535)
-            .ok_or_else(|| op_err("Attention", "too many heads"))?;
-        self.0.launch(
-            "attention_f32",
-            (gx, gy, 1),
-            128,
-            &[
-                KArg::Ptr(qp),
-                KArg::Ptr(kp),
-                KArg::Ptr(vp),
-                KArg::Ptr(sp),
-                KArg::Ptr(sinks),
-                KArg::Ptr(op),
-                int(sq, "sq")?,
-                int(skv, "skv")?,
-                int(nh, "heads")?,
-                int(nkv, "kv heads")?,
-                int(hd, "head dim")?,
-                int(hdv, "v head dim")?,
-                long(nkv * hd, "k row")?,
-                long(nkv * hdv, "v row")?,
-                KArg::F32(scale),
-                KArg::F32(f.get_or("softcap", 0.0)),
-                KArg::I32(causal),
-                KArg::I32(window),
-            ],
-        )
+        self.general(&a)
     }
 }
 
 /// Rows of a KV cache (its capacity on axis 0), after checking that its allocation holds them.
-fn cache_rows(op: &str, c: &crate::data::Data, name: &str) -> Result<usize> {
+fn cache_rows(op: &str, c: &Data, name: &str) -> Result<usize> {
     let [_, nkv, hd] = dims3(c, name)?;
     let cap = c.capacity().first().copied().unwrap_or(0);
-    let need = cap * nkv * hd * 4;
+    let need = crate::data::bytes_for(c.dtype(), &[cap, nkv, hd])?;
     match super::buffer::device_len(c) {
         Some(len) if len >= need => Ok(cap),
         Some(len) => Err(op_err(
@@ -792,7 +900,7 @@ const STEP_NAMES: [&str; 4] = ["k", "v", "cos", "sin"];
 /// The validated [`StepKv`] of a `DecodeAttention` call from its optional inputs `k`, `v`,
 /// `cos`, `sin` and ints `rotary_dim`, `style`: none without `k`.
 fn step_kv(
-    t: &[Option<&crate::data::Data>; 4],
+    t: &[Option<&Data>; 4],
     ints: &IntDict,
     sq: usize,
     nkv: usize,
@@ -861,7 +969,7 @@ fn step_kv(
 
 impl DecodeAttention {
     /// (sq, nh, nkv, hd, hdv, cache rows, splits, heads per block) after validation.
-    fn sizes(&self, a: &[Option<&crate::data::Data>; 6]) -> Result<[usize; 8]> {
+    fn sizes(&self, a: &[Option<&Data>; 6]) -> Result<[usize; 8]> {
         const OP: &str = "DecodeAttention";
         let need =
             |i: usize| a[i].ok_or_else(|| op_err(OP, format!("missing input '{}'", DA_NAMES[i])));
@@ -908,7 +1016,8 @@ impl DecodeAttention {
 
 impl Operator for DecodeAttention {
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
-        all_f32(d, &["q", "k_cache", "v_cache", "alibi_slopes", "sinks"])
+        all_f32(d, &["q", "alibi_slopes", "sinks", "k", "v", "cos", "sin"])
+            && kv_elem(d, "k_cache", "v_cache").is_some()
             && d.dtype("positions") == Some(DataType::I32)
             && d.get("q").is_some_and(|q| q.is_contiguous())
             && d.get("k_cache").is_some_and(|k| k.is_contiguous())
@@ -941,6 +1050,8 @@ impl Operator for DecodeAttention {
         };
         let [sq, nh, nkv, hd, hdv, kcap, nsplit, gchunk] =
             self.sizes(&DA_NAMES.map(|n| d.get(n)))?;
+        let elem = kv_elem(d, "k_cache", "v_cache")
+            .ok_or_else(|| op_err(OP, "k_cache and v_cache must both be f32 or both f16"))?;
         let step = step_kv(&STEP_NAMES.map(|n| d.get(n)), i, sq, nkv, hd, hdv)?;
         if step.is_some() && !(d.is_mut("k_cache") && d.is_mut("v_cache")) {
             // a read-only cache on another device would be a copy, and the step's row lost
@@ -953,47 +1064,36 @@ impl Operator for DecodeAttention {
         if part_bytes < 4 * decode_workspace(sq, nh, hdv, nsplit) {
             return Err(op_err(OP, "workspace is smaller than this call needs"));
         }
-        let ptr = |k: usize| {
-            a[k].map(|t| dptr(t, DA_NAMES[k]))
-                .transpose()
-                .map(|p| p.unwrap_or(0))
-        };
-        let out_ptr = dptr(out, "output")?;
+        let ptr = |k: usize| opt_ptr(a[k], DA_NAMES[k]);
         let counters = self.2.get(&self.0, decode_units(nh, nkv, sq, gchunk))?;
-        let q8 = decode_q8(&self.1, i, out_ptr, sq, nh, hdv)?;
-        decode_launch(
-            &self.0,
-            &DecodeArgs {
-                q: ptr(0)?,
-                k: ptr(1)?,
-                v: ptr(2)?,
-                positions: ptr(3)?,
-                slopes: ptr(4)?,
-                sinks: ptr(5)?,
-                out: dptr(out, "output")?,
-                sq,
-                skv: kcap,
-                kcap,
-                nh,
-                nkv,
-                hd,
-                hdv,
-                scale: f.get_or("scale", 1.0 / (hd.max(1) as f32).sqrt()),
-                softcap: f.get_or("softcap", 0.0),
-                causal: true,
-                window: i.get_or("sliding_window", 0).max(0),
-                q8: q8.map(|q| q.0),
-                step,
-            },
-            nsplit,
-            gchunk,
-            part,
-            counters,
-        )?;
-        if let Some((_, key)) = q8 {
-            self.1.set(key, true)?;
-        }
-        Ok(())
+        let (scale, softcap, window) = attn_scalars(f, i, hd);
+        let attn = AttnArgs {
+            q: ptr(0)?,
+            k: ptr(1)?,
+            v: ptr(2)?,
+            slopes: ptr(4)?,
+            sinks: ptr(5)?,
+            out: dptr(out, "output")?,
+            sq,
+            skv: kcap,
+            nh,
+            nkv,
+            hd,
+            hdv,
+            scale,
+            softcap,
+            causal: true,
+            window,
+            elem,
+        };
+        let args = DecodeArgs {
+            attn,
+            positions: ptr(3)?,
+            kcap,
+            q8: None,
+            step,
+        };
+        decode_launch_q8(&self.0, &self.1, i, args, (nsplit, gchunk), part, counters)
     }
 }
 
@@ -1002,16 +1102,19 @@ impl Operator for DecodeAttention {
 /// outside it is skipped by the kernel). The caches' host-side length is not changed.
 struct KvWrite(Arc<Gpu>);
 
+/// The tensors of a `KvWrite` call.
+const KW_NAMES: [&str; 5] = ["k", "v", "positions", "k_cache", "v_cache"];
+
 impl KvWrite {
-    /// (n, k row, v row, cache rows) after validation.
-    fn sizes(
-        k: &crate::data::Data,
-        v: &crate::data::Data,
-        pos: &crate::data::Data,
-        kc: &crate::data::Data,
-        vc: &crate::data::Data,
-    ) -> Result<[usize; 4]> {
+    /// (n, k row, v row, cache rows) of `k`, `v`, `positions`, `k_cache`, `v_cache` after
+    /// validation.
+    fn sizes(d: &DataDict) -> Result<[usize; 4]> {
         const OP: &str = "KvWrite";
+        let [k, v, pos, kc, vc] = KW_NAMES.map(|n| d.require(OP, n));
+        let (k, v, pos, kc, vc) = (k?, v?, pos?, kc?, vc?);
+        if pos.dtype() != DataType::I32 {
+            return Err(op_err(OP, "positions must be I32"));
+        }
         let [n, nkv, hd] = dims3(k, "k")?;
         let [n2, nkv2, hdv] = dims3(v, "v")?;
         let [_, ckv, chd] = dims3(kc, "k_cache")?;
@@ -1036,7 +1139,8 @@ impl KvWrite {
 
 impl Operator for KvWrite {
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
-        all_f32(d, &["k", "v", "k_cache", "v_cache"])
+        all_f32(d, &["k", "v"])
+            && kv_elem(d, "k_cache", "v_cache").is_some()
             && d.dtype("positions") == Some(DataType::I32)
             && ["k", "v", "k_cache", "v_cache"]
                 .iter()
@@ -1044,49 +1148,26 @@ impl Operator for KvWrite {
     }
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
         const OP: &str = "KvWrite";
-        let (k, v, pos, kc, vc) = (
-            d.require(OP, "k")?,
-            d.require(OP, "v")?,
-            d.require(OP, "positions")?,
-            d.require(OP, "k_cache")?,
-            d.require(OP, "v_cache")?,
-        );
-        if pos.dtype() != DataType::I32 {
-            return Err(op_err(OP, "positions must be I32"));
-        }
-        Self::sizes(k, v, pos, kc, vc)?;
+        Self::sizes(d)?;
         d.require_mut(OP, "k_cache")?;
         d.require_mut(OP, "v_cache").map(|_| ())
     }
     fn run(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
         const OP: &str = "KvWrite";
-        let (kp, vp, pp) = (
-            dptr(d.require(OP, "k")?, "k")?,
-            dptr(d.require(OP, "v")?, "v")?,
-            dptr(d.require(OP, "positions")?, "positions")?,
-        );
-        let [n, krow, vrow, cap] = {
-            let (k, v, pos, kc, vc) = (
-                d.require(OP, "k")?,
-                d.require(OP, "v")?,
-                d.require(OP, "positions")?,
-                d.require(OP, "k_cache")?,
-                d.require(OP, "v_cache")?,
-            );
-            Self::sizes(k, v, pos, kc, vc)?
-        };
-        let kcp = dptr(d.require(OP, "k_cache")?, "k_cache")?;
-        let vcp = dptr(d.require(OP, "v_cache")?, "v_cache")?;
+        let [n, krow, vrow, cap] = Self::sizes(d)?;
+        let ptr = |name: &str| dptr(d.require(OP, name)?, name);
+        let elem = kv_elem(d, "k_cache", "v_cache")
+            .ok_or_else(|| op_err(OP, "k_cache and v_cache must both be f32 or both f16"))?;
         self.0.launch(
-            "kv_write_f32",
+            &elem.kernel("kv_write_f32"),
             Gpu::grid_for(n * (krow + vrow), 256),
             256,
             &[
-                KArg::Ptr(kp),
-                KArg::Ptr(vp),
-                KArg::Ptr(pp),
-                KArg::Ptr(kcp),
-                KArg::Ptr(vcp),
+                KArg::Ptr(ptr("k")?),
+                KArg::Ptr(ptr("v")?),
+                KArg::Ptr(ptr("positions")?),
+                KArg::Ptr(ptr("k_cache")?),
+                KArg::Ptr(ptr("v_cache")?),
                 int(n, "rows")?,
                 long(krow, "k row")?,
                 long(vrow, "v row")?,

@@ -3,6 +3,8 @@
 //!
 //! - `Silu` then `MulTo` of its output → `SiluMul`.
 //! - Two `RotaryEmbedding` calls with the same angles → one call rotating `input` and `input1`.
+//! - That call by the step's tables right before a `DecodeAttention` of those q and k → the
+//!   attention rotates them as it stores the key (one launch less).
 //! - Consecutive `Linear` calls on one input (q/k/v, gate/up) → one call with `weight`,
 //!   `weight1`, `weight2` when the weights share a dtype (one launch streams them all), else the
 //!   later calls reuse the first one's quantized input (`reuse_act`).
@@ -23,6 +25,7 @@ use crate::step::{Arg, Call, Item, Step, TensorId};
 pub fn plan(step: &mut Step) -> Result<()> {
     silu_mul(step);
     rotary_pairs(step);
+    rope_in_attention(step);
     multi_linear(step);
     accumulate(step);
     producer_copies(step);
@@ -114,6 +117,50 @@ fn rotary_pairs(step: &mut Step) {
                 });
             }
             items.remove(i + 1);
+        }
+        i += 1;
+    }
+}
+
+/// `RotaryEmbedding(q, k by tables)`, `DecodeAttention(q, k)` with q and k read by nothing
+/// after → the attention takes the tables and rotates them itself.
+fn rope_in_attention(step: &mut Step) {
+    let items = step.items_mut();
+    let mut i = 0;
+    while i + 1 < items.len() {
+        let moved = match (
+            call_of(items, i, "RotaryEmbedding"),
+            call_of(items, i + 1, "DecodeAttention"),
+        ) {
+            (Some(r), Some(a)) => {
+                match (r.arg("input"), r.arg("input1"), r.arg("cos"), r.arg("sin")) {
+                    (Some(q), Some(k), Some(cos), Some(sin))
+                        if a.arg("q") == Some(q)
+                            && a.arg("k") == Some(k)
+                            && a.arg("cos").is_none()
+                            && !read_later(items, i + 2, q)
+                            && !read_later(items, i + 2, k) =>
+                    {
+                        Some((cos, sin, r.int_of("rotary_dim"), r.int_of("style")))
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        if let Some((cos, sin, dim, style)) = moved {
+            if let Some(a) = call_mut(items, i + 1) {
+                for (name, t) in [("cos", cos), ("sin", sin)] {
+                    a.args.push(Arg {
+                        name,
+                        tensor: t,
+                        written: false,
+                    });
+                }
+                a.set_int("rotary_dim", dim);
+                a.set_int("style", style);
+            }
+            items.remove(i);
         }
         i += 1;
     }
@@ -417,6 +464,38 @@ mod tests {
             "the down projection adds into x"
         );
         assert_eq!(c(3).int_of("accumulate"), 1);
+    }
+
+    /// The two rotations of a decode step by its tables become one, then part of the
+    /// `DecodeAttention` that stores the key.
+    #[test]
+    fn decode_rotation_moves_into_the_attention() {
+        let mut bufs: Vec<Data> = (0..6).map(|_| Data::empty(DataType::F32)).collect();
+        let mut st = Step::new();
+        let t: Vec<TensorId> = bufs.iter_mut().map(|b| st.mutable(b)).collect();
+        let (q, k, v, cos, sin, out) = (t[0], t[1], t[2], t[3], t[4], t[5]);
+        for x in [q, k] {
+            st.push(
+                Call::new("RotaryEmbedding")
+                    .input("cos", cos)
+                    .input("sin", sin)
+                    .output("input", x)
+                    .int("rotary_dim", 64)
+                    .int("style", 0),
+            );
+        }
+        st.push(
+            Call::new("DecodeAttention")
+                .input("q", q)
+                .input("k", k)
+                .input("v", v)
+                .output("output", out),
+        );
+        plan(&mut st).unwrap();
+        assert_eq!(ops(&st), ["DecodeAttention"]);
+        let a = st.items()[0].call().unwrap();
+        assert_eq!((a.arg("cos"), a.arg("sin")), (Some(cos), Some(sin)));
+        assert_eq!(a.int_of("rotary_dim"), 64);
     }
 
     /// Mixed dtypes are not merged (the later calls reuse the quantized input); an output

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 /// Every kernel source, in order; `common.cuh` first (the others use its helpers).
-const SOURCES: [(&str, &str); 13] = [
+const SOURCES: [(&str, &str); 14] = [
     ("common.cuh", include_str!("../../../kernels/common.cuh")),
     (
         "elementwise.cu",
@@ -28,6 +28,7 @@ const SOURCES: [(&str, &str); 13] = [
         "linear_mmq.cu",
         include_str!("../../../kernels/linear_mmq.cu"),
     ),
+    ("moe.cu", include_str!("../../../kernels/moe.cu")),
     (
         "attention.cu",
         include_str!("../../../kernels/attention.cu"),

@@ -20,7 +20,8 @@
 //! GPU, once for all weights of a call, or not at all when the op that produced them left that
 //! copy (`RMSNorm`, `SiluMul`, `Attention` with `quantize_output` 2 / 3, see `act_quant`).
 //! F16/BF16 weights go through cuBLAS `GemmEx` from 2 rows. Q8_0/Q4_0/Q4_1 weights
-//! (`k % 128 == 0`, 16-byte aligned) of 2..=[`Q8_COPY_MAX_ROWS`](crate::device::Q8_COPY_MAX_ROWS) rows with f32 inputs and
+//! (`k % 128 == 0`, 16-byte aligned) of 2..=[`Q8_COPY_MAX_ROWS`](crate::device::Q8_COPY_MAX_ROWS) rows (up to
+//! [`MMQ_NO_MMA_MAX_ROWS`] where `k % 256 != 0`) with f32 inputs and
 //! outputs take the int8 `linear_mmq` kernels (see `linear_mmq`: each weight block read once for
 //! all rows, activations as Q8_0 rows, left by the producing op or quantized once for all
 //! weights of the call). Other block-weight products (`k % 256 == 0`) of up to [`MMA_MAX_ROWS`]
@@ -63,13 +64,15 @@ use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
 use crate::error::{Error, Result};
 use std::sync::{Arc, Mutex};
 
-/// Registers this family's operators.
-pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>) {
+/// Registers this family's operators; `invariant`: batch-invariant products (see
+/// [`Linear::invariant`]).
+pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>, invariant: bool) {
     ops.insert(
         "Linear",
         Box::new(Linear {
             gpu: gpu.clone(),
             act: act.clone(),
+            invariant,
             tc_scratch: Mutex::new(None),
             mma_part: Mutex::new(None),
         }),
@@ -92,6 +95,10 @@ const DEQ_TILE_BYTES: usize = 128 << 20;
 /// aligned) take the `linear_mma` kernels (weights read once per slice of 64 rows, dequantized
 /// in registers), from 2 rows on; above it the dequantize-then-cuBLAS path.
 const MMA_MAX_ROWS: usize = 128;
+/// Block products that `linear_mma` does not take (`k % 256 != 0`) stay on `linear_mmq` up to
+/// this many rows (above [`Q8_COPY_MAX_ROWS`](crate::device::Q8_COPY_MAX_ROWS) they quantize
+/// their input themselves): faster than dequantized tiles for cuBLAS.
+const MMQ_NO_MMA_MAX_ROWS: usize = 64;
 /// From this many rows on, `quant_act` products with F16/BF16 weights use cuBLAS (which reads
 /// the weight once for all rows; the GEMV kernels read it once per 4 rows).
 const HALF_TC_MIN_ROWS: usize = 2;
@@ -147,7 +154,10 @@ impl Batched {
         let fits = q8_kernels(dtype) && k.is_multiple_of(MMQ_KC) && m >= 2;
         match self.mode {
             3 => fits,
-            0 => fits && m <= crate::device::Q8_COPY_MAX_ROWS,
+            0 => {
+                fits && (m <= crate::device::Q8_COPY_MAX_ROWS
+                    || (m <= MMQ_NO_MMA_MAX_ROWS && !k.is_multiple_of(MMA_KC)))
+            }
             _ => false,
         }
     }
@@ -284,6 +294,12 @@ impl BulkPlan {
 
 struct Linear {
     gpu: Arc<Gpu>,
+    /// Batch-invariant products: every row count takes the same kernel with the same k split,
+    /// so a row's result does not depend on the rows beside it. `quant_act` block weights
+    /// (`k % 128 == 0`) take `linear_mmq` from one row on, with the split of a one-row product;
+    /// everything else the f32-activation `linear_*`/`gemv_*` loop (no cuBLAS, no tensor cores,
+    /// no half inputs or outputs).
+    invariant: bool,
     /// Quantized activations for `quant_act = 1` (shared with the ops that can write them).
     act: Arc<ActQuant>,
     /// Tensor-core path: f16/bf16 activations, then the dequantized weight tile.
@@ -322,12 +338,42 @@ fn align256(v: usize) -> usize {
     v.div_ceil(256) * 256
 }
 
+/// Rows of an f16 tile of a `wt` block weight (`k` values per row, `n` rows) dequantized at
+/// once for cuBLAS: whole multiples of 256 rows within [`DEQ_TILE_BYTES`] (odd tile heights
+/// made cuBLAS pick slow kernels); 0 for weights cuBLAS reads as they are.
+fn deq_tile_rows(wt: DataType, k: usize, n: usize) -> usize {
+    if wt.is_quantized() {
+        let r = DEQ_TILE_BYTES / (2 * k);
+        let r = if r >= 256 { r / 256 * 256 } else { r.max(1) };
+        r.min(n)
+    } else {
+        0
+    }
+}
+
+/// One cuBLAS product of the tensor-core path: `wt` weights, `elem` activations at `act`
+/// (`m` rows of `k` values), the dequantized weight tile at `tile`, `acc`: added to the
+/// outputs, `out`: the outputs' element type and size in bytes.
+struct BlasCall {
+    wt: DataType,
+    elem: Elem,
+    act: u64,
+    tile: u64,
+    m: usize,
+    k: usize,
+    acc: bool,
+    out: (Elem, u64),
+}
+
 impl Linear {
     /// The half form of a product of `rows` rows with weight dtype `w` when it takes the
     /// tensor-core path (`quant_act`, cuBLAS, at least [`TC_MIN_ROWS`] rows) with f16/bf16
     /// activations, else `None` (also where the int8 products of Q8_0 rows take it).
     fn tc_half(&self, i: &IntDict, w: DataType, rows: usize, k: usize) -> Option<ActForm> {
-        let tc = i.get_or("quant_act", 0) != 0 && self.gpu.blas().is_some() && rows >= TC_MIN_ROWS;
+        let tc = i.get_or("quant_act", 0) != 0
+            && self.gpu.blas().is_some()
+            && rows >= TC_MIN_ROWS
+            && !self.invariant;
         let int8 = Batched::of_call(i).is_ok_and(|b| b.mmq(w, rows, k));
         (tc && !int8).then(|| tc_form(w, k)).flatten()
     }
@@ -475,28 +521,16 @@ impl Linear {
         } else {
             (Elem::F16, ActForm::F16)
         };
-        // the copy the producer left, if it is this input's
         let produced = prev
             .filter(|_| !io.input)
-            .filter(|p| {
-                let q = p.key;
-                p.produced && q.form == form && q.input == xp && q.rows == m && q.k == k
-            })
-            .map(|p| p.key.scratch);
-        let tile_rows = |n: usize| {
-            if wt.is_quantized() {
-                // whole multiples of 256 rows (odd tile heights made cuBLAS pick slow kernels)
-                let r = DEQ_TILE_BYTES / (2 * k);
-                let r = if r >= 256 { r / 256 * 256 } else { r.max(1) };
-                r.min(n)
-            } else {
-                0
-            }
-        };
+            .and_then(|p| produced_copy(p, form, xp, m, k));
         let max_tile = if mma {
             0
         } else {
-            segs.iter().map(|s| tile_rows(s.n)).max().unwrap_or(0)
+            segs.iter()
+                .map(|s| deq_tile_rows(wt, k, s.n))
+                .max()
+                .unwrap_or(0)
         };
         let act_bytes = if produced.is_some() || io.input {
             0
@@ -513,17 +547,7 @@ impl Linear {
             Some(p) => p,
             None if io.input => xp,
             None => {
-                self.gpu.launch(
-                    "cast_f32_half",
-                    Gpu::grid_for(m * k, 256),
-                    256,
-                    &[
-                        KArg::Ptr(xp),
-                        KArg::Ptr(sp),
-                        long(m * k, "elements")?,
-                        KArg::I32((elem == Elem::Bf16) as i32),
-                    ],
-                )?;
+                self.cast_half(xp, sp, m * k, elem)?;
                 sp
             }
         };
@@ -533,54 +557,49 @@ impl Linear {
                 .mma_segments(bat, act, m, k, segs, acc, io)
                 .map(|()| true);
         }
-        let b = Operand {
-            ptr: act,
-            elem,
-            ld: k,
-            stride: 0,
-        };
-        let (out_elem, out_size) = match io.output {
+        let out = match io.output {
             Some(ActForm::F16) => (Elem::F16, 2u64),
             Some(ActForm::Bf16) => (Elem::Bf16, 2),
             _ => (Elem::F32, 4),
         };
-        // Row-major y[m, n] = x·Wᵀ is column-major yᵀ[n, m] = W·xᵀ, W read transposed.
-        let product = |a_ptr: u64, rows: usize, c_ptr: u64, ldc: usize| -> Result<bool> {
-            gemm(
-                &self.gpu,
-                &Gemm {
-                    ta: true,
-                    tb: false,
-                    m: rows,
-                    n: m,
-                    k,
-                    a: Operand {
-                        ptr: a_ptr,
-                        elem,
-                        ld: k,
-                        stride: 0,
-                    },
-                    b,
-                    c: Operand {
-                        ptr: c_ptr,
-                        elem: out_elem,
-                        ld: ldc,
-                        stride: 0,
-                    },
-                    batch: 1,
-                    alpha: 1.0,
-                    beta: if acc { 1.0 } else { 0.0 },
-                    tf32: false,
-                },
-            )
+        let call = BlasCall {
+            wt,
+            elem,
+            act,
+            tile: sp + act_bytes as u64,
+            m,
+            k,
+            acc,
+            out,
         };
-        let tile = sp + act_bytes as u64;
+        self.cublas_segments(&call, segs)
+    }
+
+    /// Casts `len` f32 values at `src` to `elem` (f16 or bf16) at `dst`.
+    fn cast_half(&self, src: u64, dst: u64, len: usize, elem: Elem) -> Result<()> {
+        self.gpu.launch(
+            "cast_f32_half",
+            Gpu::grid_for(len, 256),
+            256,
+            &[
+                KArg::Ptr(src),
+                KArg::Ptr(dst),
+                long(len, "elements")?,
+                KArg::I32((elem == Elem::Bf16) as i32),
+            ],
+        )
+    }
+
+    /// The segments' products through cuBLAS (see [`BlasCall`]), block weights dequantized to
+    /// f16 tile by tile ([`deq_tile_rows`]); biases added after. `Ok(false)` without cuBLAS.
+    fn cublas_segments(&self, c: &BlasCall, segs: &[Seg]) -> Result<bool> {
+        let (wt, k) = (c.wt, c.k);
         for sg in segs {
             let n = sg.n;
             if wt.is_quantized() {
                 let suffix = weight_suffix(wt).ok_or_else(|| op_err("Linear", "weight dtype"))?;
                 let row_bytes = wt.row_bytes(k)?;
-                let rows = tile_rows(n);
+                let rows = deq_tile_rows(wt, k, n);
                 let mut r0 = 0;
                 while r0 < n {
                     let nr = rows.min(n - r0);
@@ -590,26 +609,62 @@ impl Linear {
                         256,
                         &[
                             KArg::Ptr(sg.w),
-                            KArg::Ptr(tile),
+                            KArg::Ptr(c.tile),
                             long(r0, "row")?,
                             long(nr, "rows")?,
                             int(k, "k")?,
                             long(row_bytes, "row bytes")?,
                         ],
                     )?;
-                    if !product(tile, nr, sg.y + out_size * r0 as u64, n)? {
+                    if !self.blas_rows(c, c.tile, nr, sg.y + c.out.1 * r0 as u64, n)? {
                         return Err(lost_blas());
                     }
                     r0 += nr;
                 }
-            } else if !product(sg.w, n, sg.y, n)? {
+            } else if !self.blas_rows(c, sg.w, n, sg.y, n)? {
                 return Err(lost_blas());
             }
             if sg.b != 0 {
-                self.add_bias(sg.y, sg.b, m, n)?;
+                self.add_bias(sg.y, sg.b, c.m, n)?;
             }
         }
         Ok(true)
+    }
+
+    /// `rows` outputs (weight rows at `a_ptr`, outputs at `c_ptr` with leading dimension `ldc`)
+    /// of the product `c` through cuBLAS: row-major y[m, n] = x·Wᵀ is column-major
+    /// yᵀ[n, m] = W·xᵀ, W read transposed.
+    fn blas_rows(
+        &self,
+        c: &BlasCall,
+        a_ptr: u64,
+        rows: usize,
+        c_ptr: u64,
+        ldc: usize,
+    ) -> Result<bool> {
+        let operand = |ptr: u64, elem: Elem, ld: usize| Operand {
+            ptr,
+            elem,
+            ld,
+            stride: 0,
+        };
+        gemm(
+            &self.gpu,
+            &Gemm {
+                ta: true,
+                tb: false,
+                m: rows,
+                n: c.m,
+                k: c.k,
+                a: operand(a_ptr, c.elem, c.k),
+                b: operand(c.act, c.elem, c.k),
+                c: operand(c_ptr, c.out.0, ldc),
+                batch: 1,
+                alpha: 1.0,
+                beta: if c.acc { 1.0 } else { 0.0 },
+                tf32: false,
+            },
+        )
     }
 
     /// The segments' products through `linear_mma` (one launch, biases and `acc` inside), the
@@ -900,6 +955,70 @@ struct Seg {
     y: u64,
 }
 
+/// The grid of the GEMV kernels for `n` outputs, `per_block` of them per block, and `m` rows
+/// ([`LIN_ROWS`] per block row).
+fn gemv_grid(n: usize, per_block: usize, m: usize) -> Result<(u32, u32)> {
+    let gx =
+        u32::try_from(n.div_ceil(per_block)).map_err(|_| op_err("Linear", "too many outputs"))?;
+    let gy = u32::try_from(m.div_ceil(LIN_ROWS))
+        .ok()
+        .filter(|&y| y <= 65535)
+        .ok_or_else(|| op_err("Linear", format!("{m} rows exceed this kernel's grid")))?;
+    Ok((gx, gy))
+}
+
+/// Where the copy in `form` of the input at `xp` ([`m`, `k`]) is, if the op that produced the
+/// input left it (`held`).
+fn produced_copy(held: Held, form: ActForm, xp: u64, m: usize, k: usize) -> Option<u64> {
+    let q = held.key;
+    (held.produced && q.form == form && q.input == xp && q.rows == m && q.k == k)
+        .then_some(q.scratch)
+}
+
+/// The GEMV kernel variant (`sbx_`: one row, `sb_`: superblocks, plain) and its last argument:
+/// lanes per row `lpr`, or the bulk kernel's slots.
+fn gemv_variant(
+    sbx: bool,
+    sb: bool,
+    bulk: Option<BulkPlan>,
+    lpr: usize,
+) -> Result<(&'static str, Option<KArg>)> {
+    Ok(if sbx {
+        let last = match bulk {
+            Some(p) => int(p.slots, "slots")?,
+            None => int(lpr, "lanes per row")?,
+        };
+        ("sbx_", Some(last))
+    } else if sb {
+        ("sb_", Some(int(lpr, "lanes per row")?))
+    } else {
+        ("", None)
+    })
+}
+
+/// Lanes per weight row of the superblock GEMV kernels for rows of `units` superblocks (or
+/// half superblocks): 32, else the largest power of two not above `units`, at least 4.
+fn lanes_per_row(units: usize) -> usize {
+    let u = units.clamp(1, 32);
+    if u >= 32 {
+        32
+    } else {
+        (1usize << (usize::BITS - 1 - u.leading_zeros())).max(4)
+    }
+}
+
+/// One launch of the Q8_0-activation GEMV kernels: the weight's kernel suffix, the variant
+/// (`sbx_`, `sb_` or plain), the grid (x, y), the one-row choices (`half`: `sbh`, `bulk`: the
+/// bulk-copy plan) and the dynamic shared memory of the one-row kernels.
+struct Q8ActLaunch<'a> {
+    suffix: &'a str,
+    variant: &'static str,
+    grid: (u32, u32),
+    half: bool,
+    bulk: Option<BulkPlan>,
+    smem: u32,
+}
+
 /// True for the one-row products with `quant_act` that `linear_q8act_kq_*` runs: Q4_K / Q6_K
 /// weights, `k % 256 == 0`.
 fn kq_one_row(t: DataType, k: usize) -> bool {
@@ -973,7 +1092,7 @@ impl Linear {
                 false => Err(lost_blas()),
             };
         }
-        if segs.len() == 1 && dtype == DataType::F32 && m >= BLAS_MIN_ROWS {
+        if segs.len() == 1 && dtype == DataType::F32 && m >= BLAS_MIN_ROWS && !self.invariant {
             let (wp, bp, yp) = (first.w, first.b, first.y);
             if self.sgemm(xp, wp, yp, m, n, k, acc)? {
                 if bp != 0 {
@@ -984,24 +1103,51 @@ impl Linear {
         }
         let quant_act = ints.get_or("quant_act", 0) != 0;
         let aligned = segs.iter().all(|s| s.w % 16 == 0);
-        if quant_act && aligned && bat.mmq(dtype, m, k) {
+        if quant_act && aligned && bat.mmq(dtype, m, k) && !self.invariant {
+            return self.mmq_segments(prev, ints, bat, xp, m, k, segs, acc);
+        }
+        if quant_act && aligned && self.invariant && q8_kernels(dtype) && k.is_multiple_of(MMQ_KC) {
+            // the k split of a one-row product for every row count
+            let splits = MmqPlan::new(1, k, n, self.gpu.sms(), 0).map_or(1, |p| p.splits);
+            let bat = Batched { mode: 3, splits };
             return self.mmq_segments(prev, ints, bat, xp, m, k, segs, acc);
         }
         let tc_weight = dtype != DataType::F32
             && (!dtype.is_quantized() || k.is_multiple_of(dtype.block_elems()));
         if quant_act
+            && !self.invariant
             && tc_weight
             && m >= bat.tc_min_rows(dtype, k)
             && self.tensor_core(prev, bat, xp, m, k, segs, acc, io)?
         {
             return Ok(());
         }
-        if quant_act && m == 1 && kq_one_row(dtype, k) && aligned {
+        if quant_act && m == 1 && kq_one_row(dtype, k) && aligned && !self.invariant {
             return self.kq_one_row(prev, ints, xp, k, n, segs, acc);
         }
+        self.gemv(prev, ints, xp, m, k, segs, acc)
+    }
+
+    /// `y_i (+)= x·W_iᵀ + b_i` for the segments in one launch of the GEMV kernels: Q8_0
+    /// activations for `quant_act` block weights (the superblock kernels where `k % 256 == 0`,
+    /// at one row the one-row kernels of [`OneRow`]), f32 activations otherwise.
+    #[allow(clippy::too_many_arguments)]
+    fn gemv(
+        &self,
+        prev: Option<Held>,
+        ints: &IntDict,
+        xp: u64,
+        m: usize,
+        k: usize,
+        segs: &[Seg],
+        acc: bool,
+    ) -> Result<()> {
+        let dtype = segs.first().map_or(DataType::F32, |s| s.dtype);
+        let n: usize = segs.iter().map(|s| s.n).sum();
+        let aligned = segs.iter().all(|s| s.w % 16 == 0);
         // the GEMV kernels of Q5_0 and Q5_K weights, and of Q4_K / Q6_K weights with several
         // rows, read f32 activations (they have no Q8_0 activation kernels)
-        let quant_act = ints.get_or("quant_act", 0) != 0 && q8_kernels(dtype);
+        let quant_act = ints.get_or("quant_act", 0) != 0 && q8_kernels(dtype) && !self.invariant;
         // 16-byte superblock kernels for block weights with quantized activations: k % 256 == 0,
         // aligned rows.
         let sb = quant_act && dtype.is_quantized() && k.is_multiple_of(256) && aligned;
@@ -1015,28 +1161,11 @@ impl Linear {
         } else {
             None
         };
-        // lanes share a row's superblocks (or half superblocks)
-        let units = if half { 2 * (k / 256) } else { k / 256 };
-        let lpr = units.clamp(1, 32);
-        let lpr = if lpr >= 32 {
-            32
-        } else {
-            // largest power of two ≤ superblocks per row, at least 4
-            (1usize << (usize::BITS - 1 - lpr.leading_zeros())).max(4)
-        };
+        let lpr = lanes_per_row(if half { 2 * (k / 256) } else { k / 256 });
         let rows_per_block = LIN_FEATURES * (32 / lpr);
         let suffix = weight_suffix(dtype).ok_or_else(|| op_err("Linear", "weight dtype"))?;
         let per_block = if sb { rows_per_block } else { LIN_FEATURES };
-        let gx = u32::try_from(n.div_ceil(per_block))
-            .map_err(|_| op_err("Linear", "too many outputs"))?;
-        let gy =
-            u32::try_from(m.div_ceil(LIN_ROWS)).map_err(|_| op_err("Linear", "too many rows"))?;
-        if gy > 65535 {
-            return Err(op_err(
-                "Linear",
-                format!("{m} rows exceed this kernel's grid"),
-            ));
-        }
+        let (gx, gy) = gemv_grid(n, per_block, m)?;
         let mut tail = vec![
             KArg::Segs(seg_table(segs, acc)?),
             int(m, "rows")?,
@@ -1044,20 +1173,8 @@ impl Linear {
             int(k, "k")?,
             long(dtype.row_bytes(k)?, "row bytes")?,
         ];
-        let variant = if sbx {
-            // the one-row kernels' last argument: lanes per row, or the bulk kernel's slots
-            tail.push(match bulk {
-                Some(p) => int(p.slots, "slots")?,
-                None => int(lpr, "lanes per row")?,
-            });
-            "sbx_"
-        } else if sb {
-            tail.push(int(lpr, "lanes per row")?);
-            "sb_"
-        } else {
-            ""
-        };
-        let block = (32 * LIN_FEATURES) as u32;
+        let (variant, last) = gemv_variant(sbx, sb, bulk, lpr)?;
+        tail.extend(last);
         if quant_act && dtype.is_quantized() {
             if !k.is_multiple_of(32) {
                 return Err(op_err(
@@ -1068,34 +1185,15 @@ impl Linear {
             let q8 = self.q8_rows(prev, ints, xp, m, k)?;
             let mut args = vec![KArg::Ptr(q8.values), KArg::Ptr(q8.scales)];
             args.extend(tail);
-            let smem = if sbx { sx_bytes as u32 } else { 0 };
-            if let Some(p) = bulk {
-                let blocks =
-                    u32::try_from(p.blocks).map_err(|_| op_err("Linear", "too many blocks"))?;
-                return self.gpu.launch_smem(
-                    &format!("linear_q8act_bulk{}x{}_{suffix}", p.lanes, p.items),
-                    (blocks, 1, 1),
-                    block,
-                    u32::try_from(p.smem).map_err(|_| op_err("Linear", "shared memory"))?,
-                    &args,
-                );
-            }
-            if half {
-                return self.gpu.launch_smem(
-                    &format!("linear_q8act_sbh_{suffix}"),
-                    (gx, 1, 1),
-                    block,
-                    smem,
-                    &args,
-                );
-            }
-            return self.gpu.launch_smem(
-                &format!("linear_q8act_{variant}{suffix}"),
-                (gx, gy, 1),
-                block,
-                smem,
-                &args,
-            );
+            let launch = Q8ActLaunch {
+                suffix,
+                variant,
+                grid: (gx, gy),
+                half,
+                bulk,
+                smem: if sbx { sx_bytes as u32 } else { 0 },
+            };
+            return self.q8act_launch(&launch, &args);
         }
         let mut args = vec![KArg::Ptr(xp)];
         args.extend(tail);
@@ -1106,8 +1204,40 @@ impl Linear {
         self.gpu.launch(
             &format!("{kind}{single}_{variant}{suffix}"),
             (gx, gy, 1),
-            block,
+            (32 * LIN_FEATURES) as u32,
             &args,
+        )
+    }
+
+    /// Launches the Q8_0-activation GEMV kernel `l` picks with the arguments `args`.
+    fn q8act_launch(&self, l: &Q8ActLaunch, args: &[KArg]) -> Result<()> {
+        let (suffix, block) = (l.suffix, (32 * LIN_FEATURES) as u32);
+        if let Some(p) = l.bulk {
+            let blocks =
+                u32::try_from(p.blocks).map_err(|_| op_err("Linear", "too many blocks"))?;
+            return self.gpu.launch_smem(
+                &format!("linear_q8act_bulk{}x{}_{suffix}", p.lanes, p.items),
+                (blocks, 1, 1),
+                block,
+                u32::try_from(p.smem).map_err(|_| op_err("Linear", "shared memory"))?,
+                args,
+            );
+        }
+        if l.half {
+            return self.gpu.launch_smem(
+                &format!("linear_q8act_sbh_{suffix}"),
+                (l.grid.0, 1, 1),
+                block,
+                l.smem,
+                args,
+            );
+        }
+        self.gpu.launch_smem(
+            &format!("linear_q8act_{}{suffix}", l.variant),
+            (l.grid.0, l.grid.1, 1),
+            block,
+            l.smem,
+            args,
         )
     }
 }

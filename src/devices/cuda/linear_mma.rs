@@ -3,14 +3,14 @@
 //! to [`MMA_SLICE_ROWS`] activation rows (staged with it in shared memory by 16-byte copies)
 //! and dequantize it in registers, so a batched decode
 //! step reads its weights once (where the dequantize-then-cuBLAS path writes and reads an f16
-//! copy of every weight). Short weights are split along k over several blocks ([`MmaPlan`]);
-//! their partial sums go to a scratch buffer and `mma_reduce_f32` adds them in a fixed order.
+//! copy of every weight). Short weights are split along k over several blocks ([`MmaPlan`];
+//! `mm_split` launches them and adds the splits in a fixed order).
 //! Knows nothing of ops: `Linear` decides when to call [`mma_product`].
 
-use super::buffer::{scratch, CudaBuffer};
+use super::buffer::CudaBuffer;
 use super::gpu::{int, long, Gpu, KArg, LinSegs};
-use super::op_err;
-use crate::error::{Error, Result};
+use super::mm_split::{SplitLaunch, Tiling};
+use crate::error::Result;
 use std::sync::{Arc, Mutex};
 
 /// k values per staged activation chunk (`MMA_KC`); the kernels need `k % MMA_KC == 0`.
@@ -23,7 +23,7 @@ const THREADS: u32 = 256;
 /// slices, each reading the weight again.
 pub(super) const MMA_SLICE_ROWS: usize = 64;
 /// Halves per staged activation row (`MMA_XS`).
-const XS_HALVES: usize = MMA_KC + 16;
+const XS_HALVES: usize = MMA_KC + 8;
 /// Most k splits of one product.
 const MAX_SPLITS: usize = 8;
 /// Blocks per multiprocessor the automatic k split aims at.
@@ -48,26 +48,19 @@ impl MmaPlan {
     /// multiprocessors; `splits` > 0 forces the number of k splits (clamped to the chunks of
     /// k). `None` when the kernels do not take the shape (`k % MMA_KC != 0`, no rows).
     pub fn new(m: usize, k: usize, ntot: usize, sms: usize, splits: usize) -> Option<MmaPlan> {
-        if m == 0 || ntot == 0 || k == 0 || !k.is_multiple_of(MMA_KC) {
-            return None;
-        }
-        let rows = m.min(MMA_SLICE_ROWS);
-        let nt = rows.div_ceil(8).next_power_of_two();
-        let slices = m.div_ceil(8 * nt);
-        let tiles = ntot.div_ceil(ROWS_PER_BLOCK);
-        let chunks = k / MMA_KC;
+        let t = Tiling::new(m, k, ntot, MMA_SLICE_ROWS, ROWS_PER_BLOCK, MMA_KC)?;
         // k split for about BLOCKS_PER_SM blocks per multiprocessor (each warp has only a few
         // weight blocks in flight), each block with at least two chunks of k
         let auto = (BLOCKS_PER_SM * sms)
-            .div_ceil(tiles * slices)
+            .div_ceil(t.tiles * t.slices)
             .min(MAX_SPLITS)
-            .min((chunks / 2).max(1));
+            .min((t.chunks / 2).max(1));
         let splits = if splits > 0 { splits } else { auto };
         Some(MmaPlan {
-            nt,
-            slices,
-            tiles,
-            splits: splits.clamp(1, chunks),
+            nt: t.nt,
+            slices: t.slices,
+            tiles: t.tiles,
+            splits: splits.clamp(1, t.chunks),
         })
     }
 
@@ -98,57 +91,31 @@ pub fn mma_product(
     out_half: bool,
     part: &Mutex<Option<CudaBuffer>>,
 ) -> Result<()> {
-    let grid = (
-        u32::try_from(plan.tiles).map_err(|_| op_err("Linear", "too many outputs"))?,
-        u32::try_from(plan.splits).map_err(|_| op_err("Linear", "too many splits"))?,
-        u32::try_from(plan.slices)
-            .ok()
-            .filter(|&z| z <= 65535)
-            .ok_or_else(|| op_err("Linear", format!("{m} rows exceed this kernel's grid")))?,
-    );
-    let mut guard = part
-        .lock()
-        .map_err(|_| Error::Device("Linear partial sums poisoned".into()))?;
-    let pp = if plan.splits > 1 {
-        scratch(gpu, &mut guard, plan.splits * m * ntot * 4, true)?
-    } else {
-        0
+    let launch = SplitLaunch {
+        kernel: &format!("linear_mma{}_{suffix}", plan.nt),
+        tiling: Tiling {
+            nt: plan.nt,
+            slices: plan.slices,
+            tiles: plan.tiles,
+            chunks: k / MMA_KC,
+        },
+        splits: plan.splits,
+        threads: THREADS,
+        smem: plan.smem(row_bytes / (k / 32)),
+        segs,
+        m,
+        ntot,
+        out_half: Some(out_half),
     };
-    let args = [
+    let args = vec![
         KArg::Ptr(x),
         KArg::Segs(segs),
         int(m, "rows")?,
         int(ntot, "outputs")?,
         int(k, "k")?,
         long(row_bytes, "row bytes")?,
-        int(plan.splits, "splits")?,
-        KArg::Ptr(pp),
-        KArg::I32(out_half as i32),
     ];
-    gpu.launch_smem(
-        &format!("linear_mma{}_{suffix}", plan.nt),
-        grid,
-        THREADS,
-        u32::try_from(plan.smem(row_bytes / (k / 32)))
-            .map_err(|_| op_err("Linear", "shared memory"))?,
-        &args,
-    )?;
-    if plan.splits > 1 {
-        gpu.launch(
-            "mma_reduce_f32",
-            Gpu::grid_for(m * ntot, 256),
-            256,
-            &[
-                KArg::Ptr(pp),
-                KArg::Segs(segs),
-                int(m, "rows")?,
-                int(ntot, "outputs")?,
-                int(plan.splits, "splits")?,
-                KArg::I32(out_half as i32),
-            ],
-        )?;
-    }
-    Ok(())
+    launch.run(gpu, args, part)
 }
 
 #[cfg(test)]

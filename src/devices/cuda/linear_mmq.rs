@@ -3,14 +3,14 @@
 //! once for up to [`MMQ_SLICE_ROWS`] activation rows (staged with them in shared memory), take
 //! one `mma` (s8 × s8 → s32) per 32-value block of 16 weight rows and 8 activation rows, and
 //! scale its integer sums by the two blocks' scales in f32. Short weights are split along k over
-//! several blocks ([`MmqPlan`]); their partial sums go to a scratch buffer and `mma_reduce_f32`
-//! adds them in a fixed order. Knows nothing of ops: `Linear` decides when to call
+//! several blocks ([`MmqPlan`]; `mm_split` launches them and adds the splits in a fixed
+//! order). Knows nothing of ops: `Linear` decides when to call
 //! [`mmq_product`] and provides the quantized activation rows.
 
-use super::buffer::{scratch, CudaBuffer};
+use super::buffer::CudaBuffer;
 use super::gpu::{int, long, Gpu, KArg, LinSegs};
-use super::op_err;
-use crate::error::{Error, Result};
+use super::mm_split::{SplitLaunch, Tiling};
+use crate::error::Result;
 use std::sync::{Arc, Mutex};
 
 /// k values per staged chunk (`MMQ_KC`); the kernels need `k % MMQ_KC == 0`.
@@ -52,24 +52,17 @@ impl MmqPlan {
     /// multiprocessors; `splits` > 0 forces the number of k splits (clamped to the chunks of
     /// k). `None` when the kernels do not take the shape (`k % MMQ_KC != 0`, no rows).
     pub fn new(m: usize, k: usize, ntot: usize, sms: usize, splits: usize) -> Option<MmqPlan> {
-        if m == 0 || ntot == 0 || k == 0 || !k.is_multiple_of(MMQ_KC) {
-            return None;
-        }
-        let rows = m.min(MMQ_SLICE_ROWS);
-        let nt = rows.div_ceil(8).next_power_of_two();
-        let slices = m.div_ceil(8 * nt);
-        let tiles = ntot.div_ceil(WARPS * 16);
-        let chunks = k / MMQ_KC;
+        let t = Tiling::new(m, k, ntot, MMQ_SLICE_ROWS, WARPS * 16, MMQ_KC)?;
         // (partial sums cost more than a part-empty last wave: round down)
-        let auto = (BLOCKS_PER_SM * sms / (tiles * slices))
+        let auto = (BLOCKS_PER_SM * sms / (t.tiles * t.slices))
             .clamp(1, MAX_SPLITS)
-            .min((chunks / MIN_SPLIT_CHUNKS).max(1));
+            .min((t.chunks / MIN_SPLIT_CHUNKS).max(1));
         let splits = if splits > 0 { splits } else { auto };
         Some(MmqPlan {
-            nt,
-            slices,
-            tiles,
-            splits: splits.clamp(1, chunks),
+            nt: t.nt,
+            slices: t.slices,
+            tiles: t.tiles,
+            splits: splits.clamp(1, t.chunks),
         })
     }
 
@@ -117,23 +110,23 @@ pub fn mmq_product(
     row_bytes: usize,
     part: &Mutex<Option<CudaBuffer>>,
 ) -> Result<()> {
-    let grid = (
-        u32::try_from(plan.tiles).map_err(|_| op_err("Linear", "too many outputs"))?,
-        u32::try_from(plan.splits).map_err(|_| op_err("Linear", "too many splits"))?,
-        u32::try_from(plan.slices)
-            .ok()
-            .filter(|&z| z <= 65535)
-            .ok_or_else(|| op_err("Linear", format!("{m} rows exceed this kernel's grid")))?,
-    );
-    let mut guard = part
-        .lock()
-        .map_err(|_| Error::Device("Linear partial sums poisoned".into()))?;
-    let pp = if plan.splits > 1 {
-        scratch(gpu, &mut guard, plan.splits * m * ntot * 4, true)?
-    } else {
-        0
+    let launch = SplitLaunch {
+        kernel: &plan.kernel(suffix),
+        tiling: Tiling {
+            nt: plan.nt,
+            slices: plan.slices,
+            tiles: plan.tiles,
+            chunks: k / MMQ_KC,
+        },
+        splits: plan.splits,
+        threads: (32 * WARPS) as u32,
+        smem: plan.smem(row_bytes / (k / 32)),
+        segs,
+        m,
+        ntot,
+        out_half: None,
     };
-    let args = [
+    let args = vec![
         KArg::Ptr(x.values),
         KArg::Ptr(x.scales),
         KArg::Segs(segs),
@@ -141,33 +134,8 @@ pub fn mmq_product(
         int(ntot, "outputs")?,
         int(k, "k")?,
         long(row_bytes, "row bytes")?,
-        int(plan.splits, "splits")?,
-        KArg::Ptr(pp),
     ];
-    gpu.launch_smem(
-        &plan.kernel(suffix),
-        grid,
-        (32 * WARPS) as u32,
-        u32::try_from(plan.smem(row_bytes / (k / 32)))
-            .map_err(|_| op_err("Linear", "shared memory"))?,
-        &args,
-    )?;
-    if plan.splits > 1 {
-        gpu.launch(
-            "mma_reduce_f32",
-            Gpu::grid_for(m * ntot, 256),
-            256,
-            &[
-                KArg::Ptr(pp),
-                KArg::Segs(segs),
-                int(m, "rows")?,
-                int(ntot, "outputs")?,
-                int(plan.splits, "splits")?,
-                KArg::I32(0),
-            ],
-        )?;
-    }
-    Ok(())
+    launch.run(gpu, args, part)
 }
 
 #[cfg(test)]

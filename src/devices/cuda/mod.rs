@@ -6,7 +6,7 @@
 //!
 //! This module owns device memory and data movement; it must not know about models.
 
-use crate::data::{bytes_for, Data, DeviceKind, Storage};
+use crate::data::{bytes_for, Data, DataType, DeviceKind, Storage};
 use crate::device::{BaseDevice, DataDict, FloatDict, IntDict, OpRegistry};
 use crate::error::{Error, Result};
 use crate::options::RuntimeOptions;
@@ -23,9 +23,13 @@ mod fuse;
 mod glu;
 pub mod gpu;
 pub mod kernels;
+mod kv;
 mod linear;
 mod linear_mma;
 mod linear_mmq;
+mod matmul;
+mod mm_split;
+mod moe;
 pub mod nccl;
 mod norm;
 mod paged;
@@ -71,14 +75,17 @@ impl CudaDevice {
         glu::register(&mut ops, &gpu);
         norm::register(&mut ops, &gpu, &act);
         paged::register(&mut ops, &gpu);
-        paged_decode::register(&mut ops, &gpu);
+        paged_decode::register(&mut ops, &gpu, opts.batch_invariant);
         embedding::register(&mut ops, &gpu);
-        linear::register(&mut ops, &gpu, &act);
+        linear::register(&mut ops, &gpu, &act, opts.batch_invariant);
         attention::register(&mut ops, &gpu, &act);
+        kv::register(&mut ops, &gpu);
         rope::register(&mut ops, &gpu);
         shape::register(&mut ops, &gpu);
         select::register(&mut ops, &gpu);
         sample::register(&mut ops, &gpu);
+        moe::register(&mut ops, &gpu);
+        matmul::register(&mut ops, &gpu);
         Ok(CudaDevice {
             name: format!("cuda:{ordinal}"),
             gpu,
@@ -236,6 +243,9 @@ impl BaseDevice for CudaDevice {
             ))),
         }
     }
+    fn kv_dtypes(&self) -> &[DataType] {
+        &kv::KV_DTYPES
+    }
     fn download(&self, data: &mut Data) -> Result<()> {
         if data.device() != self.kind() {
             return Ok(());
@@ -266,4 +276,12 @@ fn all_f32(d: &DataDict, names: &[&str]) -> bool {
 /// An `Err` for `op` saying `msg`.
 fn op_err(op: &str, msg: impl std::fmt::Display) -> Error {
     Error::op(op, msg)
+}
+
+/// `v` as a y or z grid dimension (at most 65535), else an `Err` for `op` saying `msg`.
+fn grid_dim(op: &str, v: usize, msg: &str) -> Result<u32> {
+    u32::try_from(v)
+        .ok()
+        .filter(|&d| d <= 65535)
+        .ok_or_else(|| op_err(op, msg))
 }

@@ -8,7 +8,7 @@
 
 use super::buffer::{dptr, ensure_out, scratch, CudaBuffer};
 use super::gpu::{int, long, Gpu, KArg};
-use super::{all_f32, op_err};
+use super::{all_f32, grid_dim, op_err};
 use crate::data::{Data, DataType, Storage};
 use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
 use crate::devices::paged_tables::{check_block_tables, BlockTables};
@@ -299,10 +299,7 @@ impl Operator for PagedAttention {
             None => Err(op_err(OP, format!("missing input '{n}'"))),
         };
         let gx = u32::try_from(z.rows).map_err(|_| op_err(OP, "too many query rows"))?;
-        let gy = u32::try_from(z.nh)
-            .ok()
-            .filter(|&h| h <= 65535)
-            .ok_or_else(|| op_err(OP, "too many heads"))?;
+        let gy = grid_dim(OP, z.nh, "too many heads")?;
         let kernel = match a[1].map(|c| c.dtype()) {
             Some(DataType::F16) => "paged_attention_f16",
             _ => "paged_attention_f32",

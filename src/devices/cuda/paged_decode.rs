@@ -11,19 +11,22 @@
 
 use super::buffer::{device_len, dptr, ensure_out};
 use super::gpu::{int, long, Gpu, KArg};
-use super::op_err;
 use super::paged::HostIndex;
+use super::{grid_dim, op_err};
 use crate::data::{Data, DataType, Storage};
 use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
 use crate::error::Result;
 use std::sync::Arc;
 
-/// Registers the operator.
-pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>) {
+/// Registers the operator; `invariant`: split every row into [`MAX_SPLITS`]
+/// pieces whatever the batch (a row's split depends only on its own length: batch-invariant
+/// results).
+pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, invariant: bool) {
     ops.insert(
         "PagedDecodeAttention",
         Box::new(PagedDecodeAttention {
             gpu: gpu.clone(),
+            invariant,
             index: Default::default(),
         }),
     );
@@ -93,6 +96,18 @@ fn packed<'a>(x: Option<&'a Data>, name: &str, dts: &[DataType], nd: usize) -> R
     Ok(x)
 }
 
+impl Sizes {
+    /// Workspace floats of a launch: the partial outputs and softmax terms of every split (one
+    /// float when there is a single split).
+    fn workspace(&self) -> usize {
+        if self.nsplit > 1 {
+            self.rows * self.nh * self.nsplit * (self.hd + 2)
+        } else {
+            1
+        }
+    }
+}
+
 /// The I32 values of a host array (`None` for a device one, which is not read back).
 fn host_values(d: &Data) -> Result<Option<Vec<i32>>> {
     match d.storage() {
@@ -101,7 +116,7 @@ fn host_values(d: &Data) -> Result<Option<Vec<i32>>> {
     }
 }
 
-fn check(a: &[Option<&Data>; 11], i: &IntDict, sms: usize) -> Result<Sizes> {
+fn check(a: &[Option<&Data>; 11], i: &IntDict, sms: usize, invariant: bool) -> Result<Sizes> {
     use DataType::{F16, F32, I32};
     let q = packed(a[0], "q", &[F32], 3)?;
     let k = packed(a[1], "k", &[F32], 3)?;
@@ -200,7 +215,11 @@ fn check(a: &[Option<&Data>; 11], i: &IntDict, sms: usize) -> Result<Sizes> {
         maxb,
         bs,
         half: kc.dtype() == F16,
-        nsplit: paged_decode_splits(max_keys.min(maxb * bs), rows, nkv, sms),
+        nsplit: if invariant {
+            MAX_SPLITS
+        } else {
+            paged_decode_splits(max_keys.min(maxb * bs), rows, nkv, sms)
+        },
     })
 }
 
@@ -213,6 +232,8 @@ fn check(a: &[Option<&Data>; 11], i: &IntDict, sms: usize) -> Result<Sizes> {
 /// any value is correct). Output [rows, nh, hd].
 struct PagedDecodeAttention {
     gpu: Arc<Gpu>,
+    /// [`MAX_SPLITS`] splits for every call (see [`register`]).
+    invariant: bool,
     /// Copies of host `slots`, `kv_lens` and `block_tables`.
     index: [HostIndex; 3],
 }
@@ -229,18 +250,14 @@ impl Operator for PagedDecodeAttention {
                 .is_some_and(|q| q.dtype() == DataType::F32 && (1..=MAX_HD).contains(&q.dim(-1)))
     }
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, i: &IntDict) -> Result<()> {
-        let z = check(&NAMES.map(|n| d.get(n)), i, self.gpu.sms())?;
+        let z = check(&NAMES.map(|n| d.get(n)), i, self.gpu.sms(), self.invariant)?;
         if !(d.is_mut("k_cache") && d.is_mut("v_cache")) {
             return Err(op_err(
                 OP,
                 "'k_cache' and 'v_cache' are written: pass them as inout",
             ));
         }
-        let ws = if z.nsplit > 1 {
-            z.rows * z.nh * z.nsplit * (z.hd + 2)
-        } else {
-            1
-        };
+        let ws = z.workspace();
         let w = d.require_mut(OP, "workspace")?;
         if device_len(w).is_none_or(|n| n < 4 * ws) {
             ensure_out(&self.gpu, w, DataType::F32, &[ws])?;
@@ -254,49 +271,76 @@ impl Operator for PagedDecodeAttention {
     }
     fn run(&self, d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<()> {
         let a = NAMES.map(|n| d.get(n));
-        let z = check(&a, i, self.gpu.sms())?;
-        let ptr = |k: usize| {
-            a[k].map(|t| dptr(t, NAMES[k]))
-                .transpose()
-                .map(|p| p.unwrap_or(0))
-        };
-        let index = |k: usize| match a[k] {
-            Some(t) => self.index[k - 5].ptr(&self.gpu, t, NAMES[k]),
-            None => Err(op_err(OP, format!("missing input '{}'", NAMES[k]))),
-        };
+        let z = check(&a, i, self.gpu.sms(), self.invariant)?;
         let ws = a[9].ok_or_else(|| op_err(OP, "missing inout 'workspace'"))?;
-        if z.nsplit > 1 && device_len(ws).unwrap_or(0) < 4 * z.rows * z.nh * z.nsplit * (z.hd + 2) {
+        if z.nsplit > 1 && device_len(ws).unwrap_or(0) < 4 * z.workspace() {
             return Err(op_err(OP, "workspace is smaller than this call needs"));
         }
-        let args = [
-            KArg::Ptr(ptr(0)?),
-            KArg::Ptr(ptr(1)?),
-            KArg::Ptr(ptr(2)?),
-            KArg::Ptr(ptr(3)?),
-            KArg::Ptr(ptr(4)?),
-            KArg::Ptr(index(5)?),
-            KArg::Ptr(index(6)?),
-            KArg::Ptr(index(7)?),
-            KArg::Ptr(ptr(8)?),
-        ];
-        let part = dptr(ws, "workspace")?;
-        let lens = index(6)?;
-        let window = i.get_or("sliding_window", 0).max(0);
-        let out = dptr(d.require(OP, "output")?, "output")?;
-        let kernel = format!(
-            "paged_decode_{}{}",
-            if z.half { "h" } else { "f" },
-            z.hd.div_ceil(32).next_power_of_two()
-        );
-        let blocks_x = z.nkv * (z.nh / z.nkv).div_ceil(GROUP_CHUNK);
-        let rows = u32::try_from(z.rows)
-            .ok()
-            .filter(|&r| r <= 65535)
-            .ok_or_else(|| op_err(OP, "more than 65535 query rows"))?;
-        let mut all = args.to_vec();
-        all.extend([
-            KArg::Ptr(out),
-            KArg::Ptr(part),
+        let call = Call {
+            part: dptr(ws, "workspace")?,
+            lens: self.index(&a, 6)?,
+            out: dptr(d.require(OP, "output")?, "output")?,
+            window: i.get_or("sliding_window", 0).max(0),
+            sinks: ptr(&a, 10)?,
+        };
+        let rows = grid_dim(OP, z.rows, "more than 65535 query rows")?;
+        self.decode(&a, &z, &call, f, rows)?;
+        if z.nsplit == 1 {
+            return Ok(());
+        }
+        combine(&self.gpu, &z, &call, rows)
+    }
+}
+
+/// The device address of input `k` of [`NAMES`], 0 when it is absent.
+fn ptr(a: &[Option<&Data>; 11], k: usize) -> Result<u64> {
+    a[k].map(|t| dptr(t, NAMES[k]))
+        .transpose()
+        .map(|p| p.unwrap_or(0))
+}
+
+/// Device addresses and ints shared by the decode launch and the merge of its splits.
+struct Call {
+    /// The workspace.
+    part: u64,
+    /// `kv_lens` on the device.
+    lens: u64,
+    out: u64,
+    window: i32,
+    /// Attention sinks [nh], or 0.
+    sinks: u64,
+}
+
+impl PagedDecodeAttention {
+    /// The device address of index array `k` of [`NAMES`] (`slots`, `kv_lens`,
+    /// `block_tables`): a device input as it is, a host one through its copy.
+    fn index(&self, a: &[Option<&Data>; 11], k: usize) -> Result<u64> {
+        match a[k] {
+            Some(t) => self.index[k - 5].ptr(&self.gpu, t, NAMES[k]),
+            None => Err(op_err(OP, format!("missing input '{}'", NAMES[k]))),
+        }
+    }
+
+    /// The flash-decoding launch `paged_decode_{h,f}{1,2,4,8}`: grid (KV heads × head chunks,
+    /// rows, splits).
+    fn decode(
+        &self,
+        a: &[Option<&Data>; 11],
+        z: &Sizes,
+        c: &Call,
+        f: &FloatDict,
+        rows: u32,
+    ) -> Result<()> {
+        let mut args = (0..5)
+            .map(|k| ptr(a, k).map(KArg::Ptr))
+            .collect::<Result<Vec<_>>>()?;
+        for k in 5..8 {
+            args.push(KArg::Ptr(self.index(a, k)?));
+        }
+        args.extend([
+            KArg::Ptr(ptr(a, 8)?),
+            KArg::Ptr(c.out),
+            KArg::Ptr(c.part),
             int(z.maxb, "blocks per table")?,
             int(z.bs, "block_size")?,
             long(z.slots, "slots")?,
@@ -305,36 +349,39 @@ impl Operator for PagedDecodeAttention {
             int(z.hd, "head dim")?,
             KArg::F32(f.get_or("scale", 1.0 / (z.hd as f32).sqrt())),
             KArg::F32(f.get_or("softcap", 0.0)),
-            KArg::I32(window),
-            KArg::Ptr(ptr(10)?),
+            KArg::I32(c.window),
+            KArg::Ptr(c.sinks),
         ]);
-        self.gpu.launch(
-            &kernel,
-            (
-                u32::try_from(blocks_x).map_err(|_| op_err(OP, "too many heads"))?,
-                rows,
-                z.nsplit as u32,
-            ),
-            THREADS,
-            &all,
-        )?;
-        if z.nsplit == 1 {
-            return Ok(());
-        }
-        self.gpu.launch(
-            "paged_decode_combine",
-            (rows, z.nh as u32, 1),
-            z.hd as u32,
-            &[
-                KArg::Ptr(part),
-                KArg::Ptr(lens),
-                KArg::Ptr(out),
-                int(z.nh, "heads")?,
-                int(z.hd, "head dim")?,
-                int(z.nsplit, "splits")?,
-                KArg::I32(window),
-                KArg::Ptr(ptr(10)?),
-            ],
-        )
+        let kernel = format!(
+            "paged_decode_{}{}",
+            if z.half { "h" } else { "f" },
+            z.hd.div_ceil(32).next_power_of_two()
+        );
+        let blocks_x = z.nkv * (z.nh / z.nkv).div_ceil(GROUP_CHUNK);
+        let grid = (
+            u32::try_from(blocks_x).map_err(|_| op_err(OP, "too many heads"))?,
+            rows,
+            z.nsplit as u32,
+        );
+        self.gpu.launch(&kernel, grid, THREADS, &args)
     }
+}
+
+/// Merges the splits of a decode launch (`paged_decode_combine`).
+fn combine(gpu: &Gpu, z: &Sizes, c: &Call, rows: u32) -> Result<()> {
+    gpu.launch(
+        "paged_decode_combine",
+        (rows, z.nh as u32, 1),
+        z.hd as u32,
+        &[
+            KArg::Ptr(c.part),
+            KArg::Ptr(c.lens),
+            KArg::Ptr(c.out),
+            int(z.nh, "heads")?,
+            int(z.hd, "head dim")?,
+            int(z.nsplit, "splits")?,
+            KArg::I32(c.window),
+            KArg::Ptr(c.sinks),
+        ],
+    )
 }

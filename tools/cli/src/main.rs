@@ -64,7 +64,7 @@ struct ModelArgs {
     /// fast (int8 activations in quantized matmuls) or exact (f32 activations).
     #[arg(long, default_value = "fast")]
     precision: String,
-    /// KV cache dtype: f16, q8_0 or f32 (default: f16 on the CPU in fast precision, else f32).
+    /// KV cache dtype: f16, q8_0 (CPU only) or f32 (default: f16 in fast precision, else f32).
     #[arg(long)]
     kv_dtype: Option<String>,
     /// GPU: run one-token decode steps op by op instead of replaying a recorded CUDA graph
@@ -75,6 +75,10 @@ struct ModelArgs {
     /// FASTLLM_FUSED_OPS=0).
     #[arg(long)]
     no_fused_ops: bool,
+    /// GPU: every sequence's results independent of the batch it runs in (same bits alone and
+    /// batched; slower; env FASTLLM_BATCH_INVARIANT=1).
+    #[arg(long)]
+    batch_invariant: bool,
     /// GPU: refuse a model whose weights need more than N MiB on any one GPU (0 = no cap; env
     /// FASTLLM_GPU_MEMORY_CAP_MB).
     #[arg(long, value_name = "N")]
@@ -90,6 +94,7 @@ impl ModelArgs {
         let mut o = RuntimeOptions::from_env()?;
         o.cuda_graphs &= !self.no_cuda_graphs;
         o.fused_ops &= !self.no_fused_ops;
+        o.batch_invariant |= self.batch_invariant;
         if let Some(mb) = self.gpu_memory_cap_mb {
             o.gpu_memory_cap = fastllm::options::cap_from_mib(mb)?;
         }
@@ -435,6 +440,7 @@ fn model_only(model: &Option<String>) -> ModelArgs {
         kv_dtype: None,
         no_cuda_graphs: false,
         no_fused_ops: false,
+        batch_invariant: false,
         gpu_memory_cap_mb: None,
         simd: None,
     }

@@ -78,6 +78,13 @@ fn fails(args: &[&str], needle: &str) {
 fn subcommands_work() {
     let m = tiny();
     let m = m.to_str().unwrap();
+    run_generates(m);
+    tokenize_matches_the_fixture(m);
+    logits_bench_and_info(m);
+}
+
+/// `run`, plain and as a chat with every sampling option.
+fn run_generates(m: &str) {
     let out = ok(&[
         "run",
         "-m",
@@ -113,7 +120,10 @@ fn subcommands_work() {
         "exact",
         "--low-memory",
     ]);
-    // tokenize matches the fixture
+}
+
+/// `tokenize` matches the fixture; `detokenize` gives the text back.
+fn tokenize_matches_the_fixture(m: &str) {
     let cases: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(fixtures().join("tokenizer_tiny_bytelevel-bpe.json")).unwrap(),
     )
@@ -134,7 +144,11 @@ fn subcommands_work() {
         ok(&["detokenize", "-m", m, &csv.join(",")]),
         "Hello world\n"
     );
-    // logits: one entry per position, top-K sorted
+}
+
+/// `logits` (one entry per position, top-K sorted, the last row written out), `bench --json`
+/// and `info`.
+fn logits_bench_and_info(m: &str) {
     let bin = tmpdir().join("last.f32");
     let v: serde_json::Value = serde_json::from_str(&ok(&[
         "logits",
@@ -241,6 +255,14 @@ fn synthetic_bench() {
 fn user_errors_are_one_line() {
     let m = tiny();
     let m = m.to_str().unwrap();
+    run_and_token_flags_checked(m);
+    bench_flags_checked(m);
+    serve_flags_checked(m);
+    not_a_model_is_named();
+}
+
+/// Bad `run`, `detokenize` and `logits` arguments.
+fn run_and_token_flags_checked(m: &str) {
     fails(
         &["run", "-m", "/nonexistent/model.flm", "-p", "x"],
         "/nonexistent/model.flm",
@@ -256,6 +278,19 @@ fn user_errors_are_one_line() {
     fails(&["run", "-m", m, "-p", "x", "--kv-dtype", "int4"], "'int4'");
     fails(&["run", "-m", m, "-p", "x", "--top-p", "0"], "top_p");
     fails(&["detokenize", "-m", m, "1,99999"], "99999");
+    fails(&["detokenize", "-m", m, "1,abc"], "abc");
+    fails(
+        &["run", "-m", m, "-p", "x", "--temperature=-1"],
+        "temperature",
+    );
+    fails(&["run", "-m", m, "-p", "x", "--min-p", "1.5"], "min_p");
+    fails(&["logits", "-m", m, "--ids", "1,512"], "512");
+    fails(&["logits", "-m", m], "--prompt");
+}
+
+/// Bad `bench` arguments: unknown synthetic shapes and dtypes, `--synthetic` with `-m`, a KV
+/// capacity below the depth.
+fn bench_flags_checked(m: &str) {
     fails(
         &[
             "bench",
@@ -298,7 +333,6 @@ fn user_errors_are_one_line() {
         ],
         "exclusive",
     );
-    fails(&["detokenize", "-m", m, "1,abc"], "abc");
     fails(
         &[
             "bench",
@@ -313,7 +347,10 @@ fn user_errors_are_one_line() {
         ],
         "--kv-capacity 10 cannot hold the depth 8",
     );
-    // refused before binding or loading anything
+}
+
+/// Bad `serve` arguments, refused before binding or loading anything.
+fn serve_flags_checked(m: &str) {
     for bad in ["--waiting-served-ratio=-1", "--waiting-served-ratio=nan"] {
         fails(
             &["serve", "-m", m, "--port", "0", bad],
@@ -341,13 +378,10 @@ fn user_errors_are_one_line() {
         &["serve", "--synthetic", "tiny", "-m", m, "--port", "0"],
         "exclusive",
     );
-    fails(
-        &["run", "-m", m, "-p", "x", "--temperature=-1"],
-        "temperature",
-    );
-    fails(&["run", "-m", m, "-p", "x", "--min-p", "1.5"], "min_p");
-    fails(&["logits", "-m", m, "--ids", "1,512"], "512");
-    fails(&["logits", "-m", m], "--prompt");
+}
+
+/// A file that is no model, a truncated `.flm` and an unknown architecture are named.
+fn not_a_model_is_named() {
     // a file that is no model at all
     let junk = tmpdir().join("junk.bin");
     std::fs::write(&junk, b"hello, not a model").unwrap();

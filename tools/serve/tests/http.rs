@@ -206,139 +206,153 @@ fn endpoints_streams_and_bad_requests() {
                 .as_u16(),
             200
         );
-        // non-stream completion
-        let (st, v) = post(
-            &b,
-            "/v1/completions",
-            json!({"prompt": "Hello world", "max_tokens": 6, "temperature": 0}),
-        )
-        .await;
-        assert_eq!(st, 200, "{v}");
-        let text = v["choices"][0]["text"].as_str().unwrap().to_string();
-        assert!(v["usage"]["completion_tokens"].as_u64().unwrap() <= 6);
-        assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() > 0);
-        assert!(["stop", "length"].contains(&v["choices"][0]["finish_reason"].as_str().unwrap()));
-        // the same, streamed
-        let ev = sse(
-            &b,
-            "/v1/completions",
-            json!({"prompt": "Hello world", "max_tokens": 6, "temperature": 0, "stream": true}),
-        )
-        .await;
-        assert_eq!(ev.last().map(|s| s.as_str()), Some("[DONE]"));
-        assert_eq!(stream_text(&ev), text);
-        // chat, both ways
-        let msgs = json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]);
-        let (st, v) = post(
-            &b,
-            "/v1/chat/completions",
-            json!({"messages": msgs, "max_tokens": 5, "temperature": 0}),
-        )
-        .await;
-        assert_eq!(st, 200, "{v}");
-        let chat_text = v["choices"][0]["message"]["content"]
-            .as_str()
-            .unwrap()
-            .to_string();
-        let ev = sse(
-            &b,
-            "/v1/chat/completions",
-            json!({"messages": msgs, "max_tokens": 5, "temperature": 0, "stream": true}),
-        )
-        .await;
-        assert_eq!(stream_text(&ev), chat_text);
-        // TGI
-        let (st, v) = post(
-            &b,
-            "/generate",
-            json!({"inputs": "Hello world", "parameters": {"max_new_tokens": 6}}),
-        )
-        .await;
-        assert_eq!(st, 200, "{v}");
-        assert_eq!(v["generated_text"].as_str().unwrap(), text);
-        let ev = sse(
-            &b,
-            "/generate_stream",
-            json!({"inputs": "Hello world", "parameters": {"max_new_tokens": 6}}),
-        )
-        .await;
-        let last: Value = serde_json::from_str(ev.last().unwrap()).unwrap();
-        assert_eq!(last["generated_text"].as_str().unwrap(), text);
-        // info, models, tokenize, metrics
-        let info: Value = client()
-            .get(format!("{b}/info"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        assert_eq!(info["max_input_tokens"], 100);
-        assert_eq!(info["waiting_served_ratio"], 0.0);
-        assert_eq!(info["max_waiting_tokens"], 20);
-        assert_eq!(info["prefix_caching"], true);
-        let models: Value = client()
-            .get(format!("{b}/v1/models"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        assert_eq!(models["data"][0]["id"], "tiny-qwen2");
-        let (st, v) = post(&b, "/tokenize", json!({"inputs": "Hello"})).await;
-        assert_eq!(st, 200);
-        assert!(v.as_array().is_some_and(|a| !a.is_empty()));
-        assert!(metric(&b, "fastllm_generated_tokens_total").await > 0.0);
-        // bad requests: 4xx with an error body, never 500
-        let r = client()
-            .post(format!("{b}/v1/completions"))
-            .body("{not json")
-            .header("content-type", "application/json")
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status().as_u16(), 400);
-        let e: Value = r.json().await.unwrap();
-        assert!(e["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("invalid request body"));
-        for (body, code) in [
-            (json!({"prompt": "x", "max_tokens": "many"}), 400),
-            (json!({"prompt": 12}), 400),
-            (json!({"max_tokens": 3}), 400),
-            (json!({"prompt": "x", "n": 0}), 400),
-            (json!({"prompt": "x", "temperature": -1}), 400),
-            (json!({"prompt": "x", "max_tokens": 0}), 400),
-            (json!({"prompt": "x", "max_tokens": 100000}), 422),
-            (json!({"prompt": "word ".repeat(500)}), 422),
-        ] {
-            let (st, v) = post(&b, "/v1/completions", body.clone()).await;
-            assert_eq!(st, code, "{body} -> {v}");
-            assert!(v["error"]["message"].is_string(), "{v}");
-        }
-        let (st, _) = post(&b, "/v1/chat/completions", json!({"messages": []})).await;
-        assert_eq!(st, 400);
-        let (st, _) = post(
-            &b,
-            "/v1/chat/completions",
-            json!({"messages": [{"role": "wizard", "content": "x"}]}),
-        )
-        .await;
-        assert_eq!(st, 400);
-        assert_eq!(
-            client()
-                .get(format!("{b}/nope"))
-                .send()
-                .await
-                .unwrap()
-                .status()
-                .as_u16(),
-            404
-        );
+        greedy_answers_agree(&b).await;
+        info_models_tokenize_and_metrics(&b).await;
+        bad_requests_are_4xx(&b).await;
         wait_idle(&b).await;
     });
+}
+
+/// A greedy completion equals its stream and TGI's answers (`/generate`, `/generate_stream`);
+/// a greedy chat answer equals its stream.
+async fn greedy_answers_agree(b: &str) {
+    // non-stream completion
+    let (st, v) = post(
+        b,
+        "/v1/completions",
+        json!({"prompt": "Hello world", "max_tokens": 6, "temperature": 0}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let text = v["choices"][0]["text"].as_str().unwrap().to_string();
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() <= 6);
+    assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() > 0);
+    assert!(["stop", "length"].contains(&v["choices"][0]["finish_reason"].as_str().unwrap()));
+    // the same, streamed
+    let ev = sse(
+        b,
+        "/v1/completions",
+        json!({"prompt": "Hello world", "max_tokens": 6, "temperature": 0, "stream": true}),
+    )
+    .await;
+    assert_eq!(ev.last().map(|s| s.as_str()), Some("[DONE]"));
+    assert_eq!(stream_text(&ev), text);
+    // chat, both ways
+    let msgs = json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]);
+    let (st, v) = post(
+        b,
+        "/v1/chat/completions",
+        json!({"messages": msgs, "max_tokens": 5, "temperature": 0}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let chat_text = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let ev = sse(
+        b,
+        "/v1/chat/completions",
+        json!({"messages": msgs, "max_tokens": 5, "temperature": 0, "stream": true}),
+    )
+    .await;
+    assert_eq!(stream_text(&ev), chat_text);
+    // TGI
+    let (st, v) = post(
+        b,
+        "/generate",
+        json!({"inputs": "Hello world", "parameters": {"max_new_tokens": 6}}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["generated_text"].as_str().unwrap(), text);
+    let ev = sse(
+        b,
+        "/generate_stream",
+        json!({"inputs": "Hello world", "parameters": {"max_new_tokens": 6}}),
+    )
+    .await;
+    let last: Value = serde_json::from_str(ev.last().unwrap()).unwrap();
+    assert_eq!(last["generated_text"].as_str().unwrap(), text);
+}
+
+/// `/info`, `/v1/models`, `/tokenize` and the metrics.
+async fn info_models_tokenize_and_metrics(b: &str) {
+    let info: Value = client()
+        .get(format!("{b}/info"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(info["max_input_tokens"], 100);
+    assert_eq!(info["waiting_served_ratio"], 0.0);
+    assert_eq!(info["max_waiting_tokens"], 20);
+    assert_eq!(info["prefix_caching"], true);
+    let models: Value = client()
+        .get(format!("{b}/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["data"][0]["id"], "tiny-qwen2");
+    let (st, v) = post(b, "/tokenize", json!({"inputs": "Hello"})).await;
+    assert_eq!(st, 200);
+    assert!(v.as_array().is_some_and(|a| !a.is_empty()));
+    assert!(metric(b, "fastllm_generated_tokens_total").await > 0.0);
+}
+
+/// Bad requests: 4xx with an error body, never 500.
+async fn bad_requests_are_4xx(b: &str) {
+    let r = client()
+        .post(format!("{b}/v1/completions"))
+        .body("{not json")
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let e: Value = r.json().await.unwrap();
+    assert!(e["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("invalid request body"));
+    for (body, code) in [
+        (json!({"prompt": "x", "max_tokens": "many"}), 400),
+        (json!({"prompt": 12}), 400),
+        (json!({"max_tokens": 3}), 400),
+        (json!({"prompt": "x", "n": 0}), 400),
+        (json!({"prompt": "x", "temperature": -1}), 400),
+        (json!({"prompt": "x", "max_tokens": 0}), 400),
+        (json!({"prompt": "x", "max_tokens": 100000}), 422),
+        (json!({"prompt": "word ".repeat(500)}), 422),
+    ] {
+        let (st, v) = post(b, "/v1/completions", body.clone()).await;
+        assert_eq!(st, code, "{body} -> {v}");
+        assert!(v["error"]["message"].is_string(), "{v}");
+    }
+    let (st, _) = post(b, "/v1/chat/completions", json!({"messages": []})).await;
+    assert_eq!(st, 400);
+    let (st, _) = post(
+        b,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "wizard", "content": "x"}]}),
+    )
+    .await;
+    assert_eq!(st, 400);
+    assert_eq!(
+        client()
+            .get(format!("{b}/nope"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        404
+    );
 }
 
 #[test]
@@ -595,141 +609,164 @@ fn constrained_output_follows_the_grammar() {
     let s = start(16, None, true);
     let b = s.base.clone();
     block(async move {
-        let schema = json!({"type": "object", "properties": {
-            "name": {"type": "string", "maxLength": 12},
-            "age": {"type": "integer", "minimum": 0, "maximum": 150},
-            "kind": {"enum": ["cat", "dog"]}},
-            "required": ["name", "age", "kind"], "additionalProperties": false});
-        let valid = |text: &str| {
-            let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
-            let o = v.as_object().unwrap();
-            assert_eq!(o.len(), 3, "{text}");
-            assert!(v["name"].as_str().unwrap().chars().count() <= 12, "{text}");
-            assert!((0..=150).contains(&v["age"].as_i64().unwrap()), "{text}");
-            assert!(
-                ["cat", "dog"].contains(&v["kind"].as_str().unwrap()),
-                "{text}"
-            );
-        };
-        let rf = json!({"type": "json_schema", "json_schema": {"name": "pet", "schema": schema}});
-        let msgs = json!([{"role": "user", "content": "A pet, please."}]);
-        let (st, v) = post(
-            &b,
-            "/v1/chat/completions",
-            json!({"messages": msgs, "max_tokens": 60, "temperature": 0.9, "n": 3,
-                   "response_format": rf}),
-        )
-        .await;
-        assert_eq!(st, 200, "{v}");
-        for c in v["choices"].as_array().unwrap() {
-            assert_eq!(c["finish_reason"], "stop", "{v}");
-            valid(c["message"]["content"].as_str().unwrap());
-        }
-        let ev = sse(
-            &b,
-            "/v1/chat/completions",
-            json!({"messages": msgs, "max_tokens": 60, "temperature": 0, "stream": true,
-                   "response_format": rf}),
-        )
-        .await;
-        assert_eq!(ev.last().map(|s| s.as_str()), Some("[DONE]"));
-        let text: String = ev
-            .iter()
-            .filter_map(|e| serde_json::from_str::<Value>(e).ok())
-            .filter_map(|v| {
-                v["choices"][0]["delta"]["content"]
-                    .as_str()
-                    .map(String::from)
-            })
-            .collect();
-        valid(&text);
-        // any JSON object, on completions
-        let (st, v) = post(
-            &b,
-            "/v1/completions",
-            json!({"prompt": "Data:", "max_tokens": 80, "temperature": 0.7, "seed": 4,
-                   "response_format": {"type": "json_object"}}),
-        )
-        .await;
-        assert_eq!(st, 200, "{v}");
-        if v["choices"][0]["finish_reason"] == "stop" {
-            let o: Value = serde_json::from_str(v["choices"][0]["text"].as_str().unwrap()).unwrap();
-            assert!(o.is_object(), "{v}");
-        } else {
-            assert!(
-                v["choices"][0]["text"].as_str().unwrap().starts_with('{'),
-                "{v}"
-            );
-        }
-        // TGI: a JSON grammar (schema given as an object) and a regex
-        let (st, v) = post(
-            &b,
-            "/generate",
-            json!({"inputs": "Pet:", "parameters": {"max_new_tokens": 60,
-                   "grammar": {"type": "json", "value": schema}}}),
-        )
-        .await;
-        assert_eq!(st, 200, "{v}");
-        valid(v["generated_text"].as_str().unwrap());
-        let (st, v) = post(
-            &b,
-            "/generate",
-            json!({"inputs": "Call", "parameters": {"max_new_tokens": 20, "do_sample": true,
-                   "grammar": {"type": "regex", "value": "[0-9]{3}-[0-9]{4}"}}}),
-        )
-        .await;
-        assert_eq!(st, 200, "{v}");
-        let t = v["generated_text"].as_str().unwrap();
-        assert!(
-            t.len() == 8
-                && t.chars().enumerate().all(|(i, c)| if i == 3 {
-                    c == '-'
-                } else {
-                    c.is_ascii_digit()
-                }),
-            "{t:?}"
-        );
-        // bad inputs
-        for (path, body, want) in [
-            (
-                "/v1/chat/completions",
-                json!({"messages": msgs, "response_format": {"type": "json_schema",
-                    "json_schema": {"name": "x", "schema": {"type": "objekt"}}}}),
-                "response_format: invalid JSON schema",
-            ),
-            (
-                "/v1/chat/completions",
-                json!({"messages": msgs, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
-                "needs a 'schema'",
-            ),
-            (
-                "/v1/chat/completions",
-                json!({"messages": msgs, "response_format": {"type": "yaml"}}),
-                "response_format type 'yaml'",
-            ),
-            (
-                "/generate",
-                json!({"inputs": "x", "parameters": {"grammar": {"type": "regex", "value": "(a"}}}),
-                "grammar: invalid regular expression",
-            ),
-            (
-                "/generate",
-                json!({"inputs": "x", "parameters": {"grammar": {"type": "json", "value": "{not json"}}}),
-                "grammar value is not a JSON schema",
-            ),
-            (
-                "/generate",
-                json!({"inputs": "x", "parameters": {"grammar": {"type": "ebnf", "value": "x"}}}),
-                "grammar type 'ebnf'",
-            ),
-        ] {
-            let (st, v) = post(&b, path, body).await;
-            assert_eq!(st, 400, "{v}");
-            let m = v["error"]["message"].as_str().unwrap();
-            assert!(m.contains(want), "{m}");
-        }
+        openai_json_answers_follow_the_schema(&b).await;
+        tgi_grammars_are_followed(&b).await;
+        bad_grammars_are_refused(&b).await;
         wait_idle(&b).await;
     });
+}
+
+/// The schema of the constrained answers: a pet's name, age and kind.
+fn pet_schema() -> Value {
+    json!({"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "kind": {"enum": ["cat", "dog"]}},
+        "required": ["name", "age", "kind"], "additionalProperties": false})
+}
+
+/// Asserts that `text` is a JSON object valid under [`pet_schema`].
+fn valid_pet(text: &str) {
+    let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+    let o = v.as_object().unwrap();
+    assert_eq!(o.len(), 3, "{text}");
+    assert!(v["name"].as_str().unwrap().chars().count() <= 12, "{text}");
+    assert!((0..=150).contains(&v["age"].as_i64().unwrap()), "{text}");
+    assert!(
+        ["cat", "dog"].contains(&v["kind"].as_str().unwrap()),
+        "{text}"
+    );
+}
+
+/// OpenAI `response_format`: a JSON schema on chat (sampled choices and a greedy stream), any
+/// JSON object on completions.
+async fn openai_json_answers_follow_the_schema(b: &str) {
+    let schema = pet_schema();
+    let rf = json!({"type": "json_schema", "json_schema": {"name": "pet", "schema": schema}});
+    let msgs = json!([{"role": "user", "content": "A pet, please."}]);
+    let (st, v) = post(
+        b,
+        "/v1/chat/completions",
+        json!({"messages": msgs, "max_tokens": 60, "temperature": 0.9, "n": 3,
+               "response_format": rf}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    for c in v["choices"].as_array().unwrap() {
+        assert_eq!(c["finish_reason"], "stop", "{v}");
+        valid_pet(c["message"]["content"].as_str().unwrap());
+    }
+    let ev = sse(
+        b,
+        "/v1/chat/completions",
+        json!({"messages": msgs, "max_tokens": 60, "temperature": 0, "stream": true,
+               "response_format": rf}),
+    )
+    .await;
+    assert_eq!(ev.last().map(|s| s.as_str()), Some("[DONE]"));
+    let text: String = ev
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .filter_map(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(String::from)
+        })
+        .collect();
+    valid_pet(&text);
+    // any JSON object, on completions
+    let (st, v) = post(
+        b,
+        "/v1/completions",
+        json!({"prompt": "Data:", "max_tokens": 80, "temperature": 0.7, "seed": 4,
+               "response_format": {"type": "json_object"}}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    if v["choices"][0]["finish_reason"] == "stop" {
+        let o: Value = serde_json::from_str(v["choices"][0]["text"].as_str().unwrap()).unwrap();
+        assert!(o.is_object(), "{v}");
+    } else {
+        assert!(
+            v["choices"][0]["text"].as_str().unwrap().starts_with('{'),
+            "{v}"
+        );
+    }
+}
+
+/// TGI: a JSON grammar (schema given as an object) and a regex.
+async fn tgi_grammars_are_followed(b: &str) {
+    let schema = pet_schema();
+    let (st, v) = post(
+        b,
+        "/generate",
+        json!({"inputs": "Pet:", "parameters": {"max_new_tokens": 60,
+               "grammar": {"type": "json", "value": schema}}}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    valid_pet(v["generated_text"].as_str().unwrap());
+    let (st, v) = post(
+        b,
+        "/generate",
+        json!({"inputs": "Call", "parameters": {"max_new_tokens": 20, "do_sample": true,
+               "grammar": {"type": "regex", "value": "[0-9]{3}-[0-9]{4}"}}}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let t = v["generated_text"].as_str().unwrap();
+    assert!(
+        t.len() == 8
+            && t.chars().enumerate().all(|(i, c)| if i == 3 {
+                c == '-'
+            } else {
+                c.is_ascii_digit()
+            }),
+        "{t:?}"
+    );
+}
+
+/// Invalid schemas, regular expressions and grammar types are refused by name.
+async fn bad_grammars_are_refused(b: &str) {
+    let msgs = json!([{"role": "user", "content": "A pet, please."}]);
+    for (path, body, want) in [
+        (
+            "/v1/chat/completions",
+            json!({"messages": msgs, "response_format": {"type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "objekt"}}}}),
+            "response_format: invalid JSON schema",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": msgs, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+            "needs a 'schema'",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": msgs, "response_format": {"type": "yaml"}}),
+            "response_format type 'yaml'",
+        ),
+        (
+            "/generate",
+            json!({"inputs": "x", "parameters": {"grammar": {"type": "regex", "value": "(a"}}}),
+            "grammar: invalid regular expression",
+        ),
+        (
+            "/generate",
+            json!({"inputs": "x", "parameters": {"grammar": {"type": "json", "value": "{not json"}}}),
+            "grammar value is not a JSON schema",
+        ),
+        (
+            "/generate",
+            json!({"inputs": "x", "parameters": {"grammar": {"type": "ebnf", "value": "x"}}}),
+            "grammar type 'ebnf'",
+        ),
+    ] {
+        let (st, v) = post(b, path, body).await;
+        assert_eq!(st, 400, "{v}");
+        let m = v["error"]["message"].as_str().unwrap();
+        assert!(m.contains(want), "{m}");
+    }
 }
 
 /// Tool calls through HTTP on the tiny model: a forced call (`required`, named) comes back as
@@ -742,106 +779,126 @@ fn forced_tool_calls_come_back_as_tool_calls() {
     let s = start_synthetic();
     let b = s.base.clone();
     block(async move {
-        let tools = json!([
-            {"type": "function", "function": {"name": "add", "parameters": {"type": "object",
-              "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
-                             "b": {"type": "integer", "minimum": 0, "maximum": 99}},
-              "required": ["a", "b"], "additionalProperties": false}}},
-            {"type": "function", "function": {"name": "now"}}]);
-        let msgs = json!([{"role": "user", "content": "2+3?"}]);
-        for choice in [
-            json!("required"),
-            json!({"type": "function", "function": {"name": "add"}}),
-        ] {
-            let (st, v) = post(
-                &b,
-                "/v1/chat/completions",
-                json!({"messages": msgs, "tools": tools, "tool_choice": choice, "max_tokens": 120,
-                       "temperature": 0.8, "parallel_tool_calls": false}),
-            )
-            .await;
-            assert_eq!(st, 200, "{v}");
-            let c = &v["choices"][0];
-            assert_eq!(c["finish_reason"], "tool_calls", "{v}");
-            let call = &c["message"]["tool_calls"][0];
-            assert_eq!(call["type"], "function");
-            assert!(call["id"].as_str().unwrap().starts_with("call_"));
-            let name = call["function"]["name"].as_str().unwrap();
-            let args: Value =
-                serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
-            match name {
-                "add" => assert!(args["a"].is_i64() && args["b"].is_i64(), "{args}"),
-                "now" => assert!(args.is_object(), "{args}"),
-                _ => panic!("{name}"),
-            }
-        }
-        let ev = sse(
-            &b,
-            "/v1/chat/completions",
-            json!({"messages": msgs, "tools": tools, "stream": true, "max_tokens": 120,
-                   "tool_choice": {"type": "function", "function": {"name": "add"}}}),
-        )
-        .await;
-        assert_eq!(ev.last().map(|s| s.as_str()), Some("[DONE]"));
-        let chunks: Vec<Value> = ev
-            .iter()
-            .filter_map(|e| serde_json::from_str(e).ok())
-            .collect();
-        let calls: Vec<&Value> = chunks
-            .iter()
-            .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
-            .flatten()
-            .collect();
-        assert_eq!(calls.len(), 1, "{ev:?}");
-        assert_eq!(calls[0]["function"]["name"], "add");
-        assert!(chunks
-            .iter()
-            .any(|c| c["choices"][0]["finish_reason"] == "tool_calls"));
-        // the round trip's second request: the call and its result in the messages
-        let back = json!([{"role": "user", "content": "2+3?"},
-            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
-             "function": {"name": "add", "arguments": "{\"a\":2,\"b\":3}"}}]},
-            {"role": "tool", "tool_call_id": "call_1", "content": "5"}]);
+        let (tools, msgs) = (
+            calculator_tools(),
+            json!([{"role": "user", "content": "2+3?"}]),
+        );
+        forced_calls_follow_the_schema(&b, &tools, &msgs).await;
+        streamed_call_and_round_trip(&b, &tools, &msgs).await;
+        bad_tools_are_refused(&b, &tools, &msgs).await;
+        wait_idle(&b).await;
+    });
+}
+
+/// Two tools: `add` (two integers of 0..=99) and `now` (no parameters).
+fn calculator_tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "add", "parameters": {"type": "object",
+          "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+                         "b": {"type": "integer", "minimum": 0, "maximum": 99}},
+          "required": ["a", "b"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "now"}}])
+}
+
+/// A forced call (`required`, or the named `add`) comes back as OpenAI `tool_calls` whose
+/// arguments follow the tool's schema.
+async fn forced_calls_follow_the_schema(b: &str, tools: &Value, msgs: &Value) {
+    for choice in [
+        json!("required"),
+        json!({"type": "function", "function": {"name": "add"}}),
+    ] {
         let (st, v) = post(
-            &b,
+            b,
             "/v1/chat/completions",
-            json!({"messages": back, "tools": tools, "max_tokens": 5, "temperature": 0}),
+            json!({"messages": msgs, "tools": tools, "tool_choice": choice, "max_tokens": 120,
+                   "temperature": 0.8, "parallel_tool_calls": false}),
         )
         .await;
         assert_eq!(st, 200, "{v}");
-        for (body, want) in [
-            (
-                json!({"messages": msgs, "tools": tools,
-                    "tool_choice": {"type": "function", "function": {"name": "mul"}}}),
-                "unknown tool 'mul'",
-            ),
-            (
-                json!({"messages": msgs, "tool_choice": "required"}),
-                "no tools are given",
-            ),
-            (
-                json!({"messages": msgs, "tools": [{"type": "function", "function": {"name": ""}}]}),
-                "tools[0].function needs a non-empty 'name'",
-            ),
-            (
-                json!({"messages": msgs, "tools": tools, "tool_choice": "required",
-                    "response_format": {"type": "json_object"}}),
-                "cannot be combined",
-            ),
-        ] {
-            let (st, v) = post(&b, "/v1/chat/completions", body).await;
-            assert_eq!(st, 400, "{v}");
-            let m = v["error"]["message"].as_str().unwrap();
-            assert!(m.contains(want), "{m}");
+        let c = &v["choices"][0];
+        assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+        let call = &c["message"]["tool_calls"][0];
+        assert_eq!(call["type"], "function");
+        assert!(call["id"].as_str().unwrap().starts_with("call_"));
+        let name = call["function"]["name"].as_str().unwrap();
+        let args: Value =
+            serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+        match name {
+            "add" => assert!(args["a"].is_i64() && args["b"].is_i64(), "{args}"),
+            "now" => assert!(args.is_object(), "{args}"),
+            _ => panic!("{name}"),
         }
-        let (st, v) = post(
-            &b,
-            "/v1/completions",
-            json!({"prompt": "x", "tools": tools}),
-        )
-        .await;
+    }
+}
+
+/// A forced call streamed as one `tool_calls` delta, and the round trip's second request (the
+/// call and its result in the messages) answered.
+async fn streamed_call_and_round_trip(b: &str, tools: &Value, msgs: &Value) {
+    let ev = sse(
+        b,
+        "/v1/chat/completions",
+        json!({"messages": msgs, "tools": tools, "stream": true, "max_tokens": 120,
+               "tool_choice": {"type": "function", "function": {"name": "add"}}}),
+    )
+    .await;
+    assert_eq!(ev.last().map(|s| s.as_str()), Some("[DONE]"));
+    let chunks: Vec<Value> = ev
+        .iter()
+        .filter_map(|e| serde_json::from_str(e).ok())
+        .collect();
+    let calls: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
+        .flatten()
+        .collect();
+    assert_eq!(calls.len(), 1, "{ev:?}");
+    assert_eq!(calls[0]["function"]["name"], "add");
+    assert!(chunks
+        .iter()
+        .any(|c| c["choices"][0]["finish_reason"] == "tool_calls"));
+    // the round trip's second request: the call and its result in the messages
+    let back = json!([{"role": "user", "content": "2+3?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+         "function": {"name": "add", "arguments": "{\"a\":2,\"b\":3}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "5"}]);
+    let (st, v) = post(
+        b,
+        "/v1/chat/completions",
+        json!({"messages": back, "tools": tools, "max_tokens": 5, "temperature": 0}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+}
+
+/// Unknown tools, a choice without tools, nameless tools, tools with a response format and
+/// tools on completions are a 400 naming what is wrong.
+async fn bad_tools_are_refused(b: &str, tools: &Value, msgs: &Value) {
+    for (body, want) in [
+        (
+            json!({"messages": msgs, "tools": tools,
+                "tool_choice": {"type": "function", "function": {"name": "mul"}}}),
+            "unknown tool 'mul'",
+        ),
+        (
+            json!({"messages": msgs, "tool_choice": "required"}),
+            "no tools are given",
+        ),
+        (
+            json!({"messages": msgs, "tools": [{"type": "function", "function": {"name": ""}}]}),
+            "tools[0].function needs a non-empty 'name'",
+        ),
+        (
+            json!({"messages": msgs, "tools": tools, "tool_choice": "required",
+                "response_format": {"type": "json_object"}}),
+            "cannot be combined",
+        ),
+    ] {
+        let (st, v) = post(b, "/v1/chat/completions", body).await;
         assert_eq!(st, 400, "{v}");
-        assert!(v["error"]["message"].as_str().unwrap().contains("'tools'"));
-        wait_idle(&b).await;
-    });
+        let m = v["error"]["message"].as_str().unwrap();
+        assert!(m.contains(want), "{m}");
+    }
+    let (st, v) = post(b, "/v1/completions", json!({"prompt": "x", "tools": tools})).await;
+    assert_eq!(st, 400, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("'tools'"));
 }

@@ -3,6 +3,7 @@
 //! `POST /` route and `details`, fresh reported seeds, CORS, KV gauges before the first request,
 //! `ignore_eos`, and the graceful drain (every running stream ends with `[DONE]`).
 
+use fastllm::generate::Llm;
 use fastllm::load::{load, LoadOptions};
 use fastllm::model::Model;
 use fastllm_serve::http::AppState;
@@ -252,96 +253,106 @@ fn unsupported_fields_are_refused_by_name() {
     let s = start(ServeOptions::default());
     let b = s.base.clone();
     s.rt.block_on(async move {
-        let msgs = json!([{"role": "user", "content": "hi"}]);
-        let chat = |extra: Value| {
-            let mut v = json!({"messages": msgs, "max_tokens": 2});
-            for (k, x) in extra.as_object().unwrap() {
-                v[k] = x.clone();
-            }
-            v
-        };
-        for (field, value) in [
-            ("logit_bias", json!({"5": 1})),
-            ("prediction", json!({"type": "content", "content": "x"})),
-        ] {
-            let (st, v) = post(&b, "/v1/chat/completions", chat(json!({field: value}))).await;
-            is_error(st, &v, 400, &format!("'{field}' is not supported"));
+        openai_fields_refused(&b).await;
+        tgi_fields_refused(&b).await;
+    });
+}
+
+/// OpenAI fields this server does not implement, in the request, a message and
+/// stream_options, are refused by name; their neutral values are accepted.
+async fn openai_fields_refused(b: &str) {
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    let chat = |extra: Value| {
+        let mut v = json!({"messages": msgs, "max_tokens": 2});
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
         }
-        for (field, value) in [
-            ("echo", json!(true)),
-            ("best_of", json!(3)),
-            ("suffix", json!("x")),
-            (
-                "tools",
-                json!([{"type": "function", "function": {"name": "f"}}]),
-            ),
-        ] {
-            let mut body = json!({"prompt": "x", "max_tokens": 2});
-            body[field] = value;
-            let (st, v) = post(&b, "/v1/completions", body).await;
-            is_error(st, &v, 400, &format!("'{field}' is not supported"));
-        }
-        // in a message, and in stream_options
+        v
+    };
+    for (field, value) in [
+        ("logit_bias", json!({"5": 1})),
+        ("prediction", json!({"type": "content", "content": "x"})),
+    ] {
+        let (st, v) = post(b, "/v1/chat/completions", chat(json!({field: value}))).await;
+        is_error(st, &v, 400, &format!("'{field}' is not supported"));
+    }
+    for (field, value) in [
+        ("echo", json!(true)),
+        ("best_of", json!(3)),
+        ("suffix", json!("x")),
+        (
+            "tools",
+            json!([{"type": "function", "function": {"name": "f"}}]),
+        ),
+    ] {
+        let mut body = json!({"prompt": "x", "max_tokens": 2});
+        body[field] = value;
+        let (st, v) = post(b, "/v1/completions", body).await;
+        is_error(st, &v, 400, &format!("'{field}' is not supported"));
+    }
+    // in a message, and in stream_options
+    let (st, v) = post(
+        b,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "x", "audio": {"id": "a"}}]}),
+    )
+    .await;
+    is_error(st, &v, 400, "message field 'audio' is not supported");
+    let (st, v) = post(
+        b,
+        "/v1/chat/completions",
+        chat(json!({"stream_options": {"include_obfuscation": true}})),
+    )
+    .await;
+    is_error(
+        st,
+        &v,
+        400,
+        "unknown stream_options field 'include_obfuscation'",
+    );
+    // neutral values of those fields are accepted
+    let (st, v) = post(
+        b,
+        "/v1/chat/completions",
+        chat(
+            json!({"tools": [], "logprobs": false, "response_format": {"type": "text"},
+                    "tool_choice": "none", "user": "u1", "model": "anything",
+                    "stream_options": {"include_usage": true}}),
+        ),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+}
+
+/// TGI parameters this server does not implement are refused by name.
+async fn tgi_fields_refused(b: &str) {
+    for (field, value) in [
+        ("watermark", json!(true)),
+        ("decoder_input_details", json!(true)),
+        ("typical_p", json!(0.5)),
+    ] {
         let (st, v) = post(
-            &b,
-            "/v1/chat/completions",
-            json!({"messages": [{"role": "user", "content": "x", "audio": {"id": "a"}}]}),
-        )
-        .await;
-        is_error(st, &v, 400, "message field 'audio' is not supported");
-        let (st, v) = post(
-            &b,
-            "/v1/chat/completions",
-            chat(json!({"stream_options": {"include_obfuscation": true}})),
+            b,
+            "/generate",
+            json!({"inputs": "x", "parameters": {field: value}}),
         )
         .await;
         is_error(
             st,
             &v,
             400,
-            "unknown stream_options field 'include_obfuscation'",
+            &format!("parameters field '{field}' is not supported"),
         );
-        // neutral values of those fields are accepted
-        let (st, v) = post(
-            &b,
-            "/v1/chat/completions",
-            chat(
-                json!({"tools": [], "logprobs": false, "response_format": {"type": "text"},
-                        "tool_choice": "none", "user": "u1", "model": "anything",
-                        "stream_options": {"include_usage": true}}),
-            ),
-        )
-        .await;
-        assert_eq!(st, 200, "{v}");
-        // TGI parameters
-        for (field, value) in [
-            ("watermark", json!(true)),
-            ("decoder_input_details", json!(true)),
-            ("typical_p", json!(0.5)),
-        ] {
-            let (st, v) = post(
-                &b,
-                "/generate",
-                json!({"inputs": "x", "parameters": {field: value}}),
-            )
-            .await;
-            is_error(
-                st,
-                &v,
-                400,
-                &format!("parameters field '{field}' is not supported"),
-            );
-        }
-        let (st, v) = post(&b, "/generate", json!({"inputs": "x", "stream": true})).await;
-        is_error(st, &v, 400, "unknown field 'stream'");
-        let (st, v) = post(
-            &b,
-            "/generate",
-            json!({"inputs": "x", "parameters": {"truncate": 0}}),
-        )
-        .await;
-        is_error(st, &v, 400, "truncate");
-    });
+    }
+    let (st, v) = post(b, "/generate", json!({"inputs": "x", "stream": true})).await;
+    is_error(st, &v, 400, "unknown field 'stream'");
+    let (st, v) = post(
+        b,
+        "/generate",
+        json!({"inputs": "x", "parameters": {"truncate": 0}}),
+    )
+    .await;
+    is_error(st, &v, 400, "truncate");
 }
 
 /// What text-generation 0.7 sends for `generate` (every parameter, unset ones as null).
@@ -414,46 +425,51 @@ fn tgi_root_route_and_details() {
         assert_eq!(last["generated_text"], text.as_str());
         assert_eq!(last["details"]["generated_tokens"], n);
         assert_eq!(last["token"]["logprob"], toks.last().unwrap()["logprob"]);
-        // return_full_text and truncate
+        tgi_full_text_truncate_and_stop(&b, &text).await;
+    });
+}
+
+/// `return_full_text`, `truncate` and `stop` of TGI's `/generate`, whose greedy answer to
+/// "Hello world" is `text`.
+async fn tgi_full_text_truncate_and_stop(b: &str, text: &str) {
+    let (_, v) = post(
+        b,
+        "/generate",
+        json!({"inputs": "Hello world", "parameters": {"max_new_tokens": 6,
+               "return_full_text": true}}),
+    )
+    .await;
+    assert_eq!(v["generated_text"], format!("Hello world{text}"));
+    let (_, v) = post(
+        b,
+        "/generate",
+        json!({"inputs": "a b c d e f g h Hello world",
+               "parameters": {"max_new_tokens": 6, "truncate": 2}}),
+    )
+    .await;
+    let (_, w) = post(
+        b,
+        "/generate",
+        json!({"inputs": "x y z Hello world", "parameters": {"max_new_tokens": 6,
+               "truncate": 2}}),
+    )
+    .await;
+    assert_eq!(
+        v["generated_text"], w["generated_text"],
+        "same last 2 tokens"
+    );
+    // a stop string is TGI's stop_sequence
+    let stop: String = text.chars().take(2).collect();
+    if !stop.trim().is_empty() {
         let (_, v) = post(
-            &b,
+            b,
             "/generate",
             json!({"inputs": "Hello world", "parameters": {"max_new_tokens": 6,
-                   "return_full_text": true}}),
+                   "stop": [stop], "details": true}}),
         )
         .await;
-        assert_eq!(v["generated_text"], format!("Hello world{text}"));
-        let (_, v) = post(
-            &b,
-            "/generate",
-            json!({"inputs": "a b c d e f g h Hello world",
-                   "parameters": {"max_new_tokens": 6, "truncate": 2}}),
-        )
-        .await;
-        let (_, w) = post(
-            &b,
-            "/generate",
-            json!({"inputs": "x y z Hello world", "parameters": {"max_new_tokens": 6,
-                   "truncate": 2}}),
-        )
-        .await;
-        assert_eq!(
-            v["generated_text"], w["generated_text"],
-            "same last 2 tokens"
-        );
-        // a stop string is TGI's stop_sequence
-        let stop: String = text.chars().take(2).collect();
-        if !stop.trim().is_empty() {
-            let (_, v) = post(
-                &b,
-                "/generate",
-                json!({"inputs": "Hello world", "parameters": {"max_new_tokens": 6,
-                       "stop": [stop], "details": true}}),
-            )
-            .await;
-            assert_eq!(v["details"]["finish_reason"], "stop_sequence", "{v}");
-        }
-    });
+        assert_eq!(v["details"]["finish_reason"], "stop_sequence", "{v}");
+    }
 }
 
 #[test]
@@ -727,154 +743,163 @@ fn logprobs_match_a_host_log_softmax() {
     let s = start(ServeOptions::default());
     let b = s.base.clone();
     let llm = s.state.ready.get().unwrap().0.clone();
+    s.rt.block_on(async move {
+        sampled_logprobs_match(&b, &llm).await;
+        greedy_chat_logprobs_are_the_best(&b).await;
+        logprob_requests_checked(&b).await;
+    });
+}
+
+/// Completions, sampled: every token's logprob and top 5 against the reference, the generated
+/// ids taken from TGI with the same seed and sampling.
+async fn sampled_logprobs_match(b: &str, llm: &Llm) {
     let prompt = "Hello world";
     let prompt_ids = llm.tokenizer.encode(prompt, true, false).unwrap();
-    s.rt.block_on(async move {
-        // completions, sampled: every token's logprob and top 5 against the reference
-        let (st, v) = post(
-            &b,
-            "/v1/completions",
-            json!({"prompt": prompt, "max_tokens": 12, "temperature": 1.3, "seed": 5,
-                   "logprobs": 5, "ignore_eos": true}),
-        )
-        .await;
-        assert_eq!(st, 200, "{v}");
-        let lp = &v["choices"][0]["logprobs"];
-        let n = lp["tokens"].as_array().unwrap().len();
-        assert_eq!(n, 12, "{lp}");
-        for k in ["token_logprobs", "top_logprobs", "text_offset"] {
-            assert_eq!(lp[k].as_array().unwrap().len(), n, "{k}: {lp}");
-        }
-        // the generated ids, from TGI with the same seed and sampling (it stops at an
-        // end-of-sequence token, the completion went on)
-        let (_, t) = post(
-            &b,
-            "/generate",
-            json!({"inputs": prompt, "parameters": {"max_new_tokens": 12, "temperature": 1.3,
-                   "seed": 5, "details": true, "top_n_tokens": 5}}),
-        )
-        .await;
-        let toks = t["details"]["tokens"].as_array().unwrap();
-        let ids: Vec<u32> = toks
-            .iter()
-            .map(|x| x["id"].as_u64().unwrap() as u32)
-            .collect();
-        let want = reference_logprobs(&llm.model, &prompt_ids, &ids);
-        let top_tokens = t["details"]["top_tokens"].as_array().unwrap();
-        for (i, &id) in ids.iter().enumerate() {
-            let w = want[i][id as usize];
-            let tgi = toks[i]["logprob"].as_f64().unwrap();
-            assert!((tgi - w).abs() < 1e-3, "token {i}: {tgi} vs {w}");
-            // the same seed and sampling pick the same tokens (TGI's stop at an end token)
-            let oa = lp["token_logprobs"][i].as_f64().unwrap();
-            assert!((oa - w).abs() < 1e-3, "token {i}: {oa} vs {w}");
-            // the top 5: the 5 best of the reference, best first
-            let mut best: Vec<f64> = want[i].clone();
-            best.sort_by(|a, b| b.partial_cmp(a).unwrap());
-            let top = top_tokens[i].as_array().unwrap();
-            assert_eq!(top.len(), 5);
-            for (j, e) in top.iter().enumerate() {
-                let got = e["logprob"].as_f64().unwrap();
-                assert!(
-                    (got - best[j]).abs() < 1e-3,
-                    "top {j} of {i}: {got} vs {}",
-                    best[j]
-                );
-                let tid = e["id"].as_u64().unwrap() as usize;
-                assert!((want[i][tid] - got).abs() < 1e-3);
-            }
-            // keyed by token text: tokens with the same text share a key
-            let keys = lp["top_logprobs"][i].as_object().unwrap().len();
-            assert!((1..=5).contains(&keys), "{keys}");
-        }
-        // chat, greedy: the pick is the best token; streamed entries equal the answer's
-        let body = json!({"messages": [{"role": "user", "content": "Hi there"}],
-            "max_tokens": 8, "temperature": 0, "logprobs": true, "top_logprobs": 3,
-            "ignore_eos": true});
-        let (st, v) = post(&b, "/v1/chat/completions", body.clone()).await;
-        assert_eq!(st, 200, "{v}");
-        let content = v["choices"][0]["logprobs"]["content"]
-            .as_array()
-            .unwrap()
-            .clone();
-        assert_eq!(content.len(), 8);
-        for e in &content {
-            let top = e["top_logprobs"].as_array().unwrap();
-            assert_eq!(top.len(), 3);
-            assert_eq!(top[0]["token"], e["token"], "{e}");
-            assert_eq!(top[0]["logprob"], e["logprob"], "{e}");
-            assert!(top[0]["logprob"].as_f64() >= top[1]["logprob"].as_f64());
-            assert!(e["bytes"].is_array());
-        }
-        let mut streamed_body = body.clone();
-        streamed_body["stream"] = json!(true);
-        let ev = sse(&b, "/v1/chat/completions", streamed_body).await;
-        let streamed: Vec<Value> = ev
-            .iter()
-            .filter(|e| *e != "[DONE]")
-            .filter_map(|e| serde_json::from_str::<Value>(e).ok())
-            .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned())
-            .flatten()
-            .collect();
-        assert_eq!(streamed.len(), content.len());
-        for (a, c) in streamed.iter().zip(&content) {
-            assert_eq!(a["token"], c["token"]);
-            let (x, y) = (
-                a["logprob"].as_f64().unwrap(),
-                c["logprob"].as_f64().unwrap(),
+    let (st, v) = post(
+        b,
+        "/v1/completions",
+        json!({"prompt": prompt, "max_tokens": 12, "temperature": 1.3, "seed": 5,
+               "logprobs": 5, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let lp = &v["choices"][0]["logprobs"];
+    let n = lp["tokens"].as_array().unwrap().len();
+    assert_eq!(n, 12, "{lp}");
+    for k in ["token_logprobs", "top_logprobs", "text_offset"] {
+        assert_eq!(lp[k].as_array().unwrap().len(), n, "{k}: {lp}");
+    }
+    // the generated ids, from TGI with the same seed and sampling (it stops at an
+    // end-of-sequence token, the completion went on)
+    let (_, t) = post(
+        b,
+        "/generate",
+        json!({"inputs": prompt, "parameters": {"max_new_tokens": 12, "temperature": 1.3,
+               "seed": 5, "details": true, "top_n_tokens": 5}}),
+    )
+    .await;
+    let toks = t["details"]["tokens"].as_array().unwrap();
+    let ids: Vec<u32> = toks
+        .iter()
+        .map(|x| x["id"].as_u64().unwrap() as u32)
+        .collect();
+    let want = reference_logprobs(&llm.model, &prompt_ids, &ids);
+    let top_tokens = t["details"]["top_tokens"].as_array().unwrap();
+    for (i, &id) in ids.iter().enumerate() {
+        let w = want[i][id as usize];
+        let tgi = toks[i]["logprob"].as_f64().unwrap();
+        assert!((tgi - w).abs() < 1e-3, "token {i}: {tgi} vs {w}");
+        // the same seed and sampling pick the same tokens (TGI's stop at an end token)
+        let oa = lp["token_logprobs"][i].as_f64().unwrap();
+        assert!((oa - w).abs() < 1e-3, "token {i}: {oa} vs {w}");
+        // the top 5: the 5 best of the reference, best first
+        let mut best: Vec<f64> = want[i].clone();
+        best.sort_by(|a, b| b.partial_cmp(a).unwrap());
+        let top = top_tokens[i].as_array().unwrap();
+        assert_eq!(top.len(), 5);
+        for (j, e) in top.iter().enumerate() {
+            let got = e["logprob"].as_f64().unwrap();
+            assert!(
+                (got - best[j]).abs() < 1e-3,
+                "top {j} of {i}: {got} vs {}",
+                best[j]
             );
-            assert!((x - y).abs() < 1e-4, "{x} vs {y}");
+            let tid = e["id"].as_u64().unwrap() as usize;
+            assert!((want[i][tid] - got).abs() < 1e-3);
         }
-        // logprobs off: null, and no cost asked of the engine
-        let (_, v) = post(
-            &b,
-            "/v1/chat/completions",
-            json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}),
-        )
-        .await;
-        assert_eq!(v["choices"][0]["logprobs"], Value::Null);
-        // bad inputs
-        let msgs = json!([{"role": "user", "content": "x"}]);
-        for (body, needle) in [
-            (
-                json!({"messages": msgs, "logprobs": true, "top_logprobs": 21}),
-                "at most 20",
-            ),
-            (
-                json!({"messages": msgs, "top_logprobs": 2}),
-                "requires logprobs",
-            ),
-            (
-                json!({"messages": msgs, "logprobs": true, "top_logprobs": -1}),
-                "invalid",
-            ),
-            (json!({"messages": msgs, "logprobs": 3}), "invalid"),
-        ] {
-            let (st, v) = post(&b, "/v1/chat/completions", body.clone()).await;
-            is_error(st, &v, 400, needle);
-        }
-        let (st, v) = post(
-            &b,
-            "/v1/completions",
-            json!({"prompt": "x", "logprobs": 21}),
-        )
-        .await;
-        is_error(st, &v, 400, "logprobs must be at most 20");
-        let (st, v) = post(
-            &b,
-            "/v1/completions",
-            json!({"prompt": "x", "logprobs": true}),
-        )
-        .await;
-        is_error(st, &v, 400, "invalid");
-        let (st, v) = post(
-            &b,
-            "/generate",
-            json!({"inputs": "x", "parameters": {"top_n_tokens": 21}}),
-        )
-        .await;
-        is_error(st, &v, 400, "top_n_tokens must be at most 20");
-    });
+        // keyed by token text: tokens with the same text share a key
+        let keys = lp["top_logprobs"][i].as_object().unwrap().len();
+        assert!((1..=5).contains(&keys), "{keys}");
+    }
+}
+
+/// Chat, greedy: the pick is the best token; streamed entries equal the answer's.
+async fn greedy_chat_logprobs_are_the_best(b: &str) {
+    let body = json!({"messages": [{"role": "user", "content": "Hi there"}],
+        "max_tokens": 8, "temperature": 0, "logprobs": true, "top_logprobs": 3,
+        "ignore_eos": true});
+    let (st, v) = post(b, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(st, 200, "{v}");
+    let content = v["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(content.len(), 8);
+    for e in &content {
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        assert_eq!(top[0]["token"], e["token"], "{e}");
+        assert_eq!(top[0]["logprob"], e["logprob"], "{e}");
+        assert!(top[0]["logprob"].as_f64() >= top[1]["logprob"].as_f64());
+        assert!(e["bytes"].is_array());
+    }
+    let mut streamed_body = body.clone();
+    streamed_body["stream"] = json!(true);
+    let ev = sse(b, "/v1/chat/completions", streamed_body).await;
+    let streamed: Vec<Value> = ev
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned())
+        .flatten()
+        .collect();
+    assert_eq!(streamed.len(), content.len());
+    for (a, c) in streamed.iter().zip(&content) {
+        assert_eq!(a["token"], c["token"]);
+        let (x, y) = (
+            a["logprob"].as_f64().unwrap(),
+            c["logprob"].as_f64().unwrap(),
+        );
+        assert!((x - y).abs() < 1e-4, "{x} vs {y}");
+    }
+}
+
+/// Logprobs off give null; out-of-range or malformed logprob requests are refused by name.
+async fn logprob_requests_checked(b: &str) {
+    // logprobs off: null, and no cost asked of the engine
+    let (_, v) = post(
+        b,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}),
+    )
+    .await;
+    assert_eq!(v["choices"][0]["logprobs"], Value::Null);
+    // bad inputs
+    let msgs = json!([{"role": "user", "content": "x"}]);
+    for (body, needle) in [
+        (
+            json!({"messages": msgs, "logprobs": true, "top_logprobs": 21}),
+            "at most 20",
+        ),
+        (
+            json!({"messages": msgs, "top_logprobs": 2}),
+            "requires logprobs",
+        ),
+        (
+            json!({"messages": msgs, "logprobs": true, "top_logprobs": -1}),
+            "invalid",
+        ),
+        (json!({"messages": msgs, "logprobs": 3}), "invalid"),
+    ] {
+        let (st, v) = post(b, "/v1/chat/completions", body.clone()).await;
+        is_error(st, &v, 400, needle);
+    }
+    let (st, v) = post(b, "/v1/completions", json!({"prompt": "x", "logprobs": 21})).await;
+    is_error(st, &v, 400, "logprobs must be at most 20");
+    let (st, v) = post(
+        b,
+        "/v1/completions",
+        json!({"prompt": "x", "logprobs": true}),
+    )
+    .await;
+    is_error(st, &v, 400, "invalid");
+    let (st, v) = post(
+        b,
+        "/generate",
+        json!({"inputs": "x", "parameters": {"top_n_tokens": 21}}),
+    )
+    .await;
+    is_error(st, &v, 400, "top_n_tokens must be at most 20");
 }
 
 /// The text of each choice of an OpenAI stream, by index.
@@ -937,47 +962,56 @@ fn n_choices_each_with_its_own_seed() {
             .collect();
         assert_eq!(usages.len(), 1);
         assert_eq!(usages[0]["usage"], v["usage"]);
-        // chat, streamed, with logprobs: each choice opens with its role
-        let msgs = json!([{"role": "user", "content": "Hi"}]);
-        let chat = json!({"messages": msgs, "max_tokens": 6, "temperature": 0.9, "seed": 3,
-                          "n": 2, "logprobs": true, "ignore_eos": true});
-        let (st, v) = post(&b, "/v1/chat/completions", chat.clone()).await;
-        assert_eq!(st, 200, "{v}");
-        for c in v["choices"].as_array().unwrap() {
-            assert_eq!(c["logprobs"]["content"].as_array().unwrap().len(), 6);
-        }
-        let mut streamed = chat.clone();
-        streamed["stream"] = json!(true);
-        let ev = sse(&b, "/v1/chat/completions", streamed).await;
-        let texts = choice_texts(&ev, 2);
-        for (i, c) in v["choices"].as_array().unwrap().iter().enumerate() {
-            assert_eq!(texts[i], c["message"]["content"].as_str().unwrap());
-        }
-        let roles = ev
-            .iter()
-            .filter(|e| e.contains("\"role\":\"assistant\""))
-            .count();
-        assert_eq!(roles, 2);
-        // bad n; more choices than free slots is a 429 that leaves nothing running
-        for (n, needle) in [
-            (json!(0), "at least 1"),
-            (json!(17), "at most 16"),
-            (json!(-1), "invalid"),
-        ] {
-            let (st, v) = post(&b, "/v1/completions", json!({"prompt": "x", "n": n})).await;
-            is_error(st, &v, 400, needle);
-        }
-        let (st, v) = post(&b, "/v1/completions", json!({"prompt": "x", "n": 5})).await;
-        is_error(st, &v, 429, "too many");
-        let engine = &state.ready.get().unwrap().1;
-        for _ in 0..200 {
-            if engine.in_flight() == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        assert_eq!(engine.in_flight(), 0);
+        chat_choices_stream_with_their_roles(&b).await;
+        bad_n_is_refused(&b, &state).await;
     });
+}
+
+/// Chat, streamed, with logprobs: the streamed choices equal the answer's, each opening with
+/// its role.
+async fn chat_choices_stream_with_their_roles(b: &str) {
+    let msgs = json!([{"role": "user", "content": "Hi"}]);
+    let chat = json!({"messages": msgs, "max_tokens": 6, "temperature": 0.9, "seed": 3,
+                      "n": 2, "logprobs": true, "ignore_eos": true});
+    let (st, v) = post(b, "/v1/chat/completions", chat.clone()).await;
+    assert_eq!(st, 200, "{v}");
+    for c in v["choices"].as_array().unwrap() {
+        assert_eq!(c["logprobs"]["content"].as_array().unwrap().len(), 6);
+    }
+    let mut streamed = chat.clone();
+    streamed["stream"] = json!(true);
+    let ev = sse(b, "/v1/chat/completions", streamed).await;
+    let texts = choice_texts(&ev, 2);
+    for (i, c) in v["choices"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(texts[i], c["message"]["content"].as_str().unwrap());
+    }
+    let roles = ev
+        .iter()
+        .filter(|e| e.contains("\"role\":\"assistant\""))
+        .count();
+    assert_eq!(roles, 2);
+}
+
+/// A bad `n` is a 400; more choices than free slots is a 429 that leaves nothing running.
+async fn bad_n_is_refused(b: &str, state: &AppState) {
+    for (n, needle) in [
+        (json!(0), "at least 1"),
+        (json!(17), "at most 16"),
+        (json!(-1), "invalid"),
+    ] {
+        let (st, v) = post(b, "/v1/completions", json!({"prompt": "x", "n": n})).await;
+        is_error(st, &v, 400, needle);
+    }
+    let (st, v) = post(b, "/v1/completions", json!({"prompt": "x", "n": 5})).await;
+    is_error(st, &v, 429, "too many");
+    let engine = &state.ready.get().unwrap().1;
+    for _ in 0..200 {
+        if engine.in_flight() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(engine.in_flight(), 0);
 }
 
 #[test]

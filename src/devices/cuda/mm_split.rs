@@ -1,0 +1,134 @@
+//! What the batched block products (`linear_mma`, `linear_mmq`) share on the host: the shape
+//! of a plan (8-row activation tiles per slice, slices, blocks of weight rows, chunks of k),
+//! the grid of a launch, and running a k-split product: each split's partial sums in a
+//! scratch buffer, then `mma_reduce_f32` adding them in split order (deterministic).
+
+use super::buffer::{scratch, CudaBuffer};
+use super::gpu::{int, Gpu, KArg, LinSegs};
+use super::op_err;
+use crate::error::{Error, Result};
+use std::sync::{Arc, Mutex};
+
+/// The split-independent part of a plan for `m` activation rows of `k` values and `ntot`
+/// weight rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Tiling {
+    /// 8-row activation tiles per block (a power of two).
+    pub nt: usize,
+    /// Activation row slices (grid z).
+    pub slices: usize,
+    /// Blocks of weight rows (grid x).
+    pub tiles: usize,
+    /// Chunks of k.
+    pub chunks: usize,
+}
+
+impl Tiling {
+    /// The tiling with at most `slice_rows` activation rows per slice, `block_rows` weight rows
+    /// per block and `kc` values per chunk; `None` when the kernels do not take the shape
+    /// (`k % kc != 0`, no rows).
+    pub fn new(
+        m: usize,
+        k: usize,
+        ntot: usize,
+        slice_rows: usize,
+        block_rows: usize,
+        kc: usize,
+    ) -> Option<Tiling> {
+        if m == 0 || ntot == 0 || k == 0 || !k.is_multiple_of(kc) {
+            return None;
+        }
+        let nt = m.min(slice_rows).div_ceil(8).next_power_of_two();
+        Some(Tiling {
+            nt,
+            slices: m.div_ceil(8 * nt),
+            tiles: ntot.div_ceil(block_rows),
+            chunks: k / kc,
+        })
+    }
+}
+
+/// One launch of a k-split product kernel: `kernel` on the grid (`tiles`, `splits`,
+/// `slices`) with `threads` threads and `smem` bytes of shared memory per block, its
+/// arguments `args` followed by the split count, the partial-sum buffer and, for a kernel
+/// with the flag (`out_half` `Some`), whether it writes f16 outputs; with several splits,
+/// `mma_reduce_f32` then adds the partial sums into the segments of `segs`.
+pub(super) struct SplitLaunch<'a> {
+    pub kernel: &'a str,
+    pub tiling: Tiling,
+    pub splits: usize,
+    pub threads: u32,
+    pub smem: usize,
+    pub segs: LinSegs,
+    pub m: usize,
+    pub ntot: usize,
+    pub out_half: Option<bool>,
+}
+
+impl SplitLaunch<'_> {
+    /// Runs the product (see the type's doc) with the kernel arguments `args`; `part` is the
+    /// scratch for the partial sums.
+    pub fn run(
+        &self,
+        gpu: &Arc<Gpu>,
+        mut args: Vec<KArg>,
+        part: &Mutex<Option<CudaBuffer>>,
+    ) -> Result<()> {
+        let (m, ntot, splits) = (self.m, self.ntot, self.splits);
+        let grid = (
+            u32::try_from(self.tiling.tiles).map_err(|_| op_err("Linear", "too many outputs"))?,
+            u32::try_from(splits).map_err(|_| op_err("Linear", "too many splits"))?,
+            u32::try_from(self.tiling.slices)
+                .ok()
+                .filter(|&z| z <= 65535)
+                .ok_or_else(|| op_err("Linear", format!("{m} rows exceed this kernel's grid")))?,
+        );
+        let mut guard = part
+            .lock()
+            .map_err(|_| Error::Device("Linear partial sums poisoned".into()))?;
+        let pp = if splits > 1 {
+            scratch(gpu, &mut guard, splits * m * ntot * 4, true)?
+        } else {
+            0
+        };
+        args.push(int(splits, "splits")?);
+        args.push(KArg::Ptr(pp));
+        if let Some(h) = self.out_half {
+            args.push(KArg::I32(h as i32));
+        }
+        let smem = u32::try_from(self.smem).map_err(|_| op_err("Linear", "shared memory"))?;
+        gpu.launch_smem(self.kernel, grid, self.threads, smem, &args)?;
+        if splits > 1 {
+            gpu.launch(
+                "mma_reduce_f32",
+                Gpu::grid_for(m * ntot, 256),
+                256,
+                &[
+                    KArg::Ptr(pp),
+                    KArg::Segs(self.segs),
+                    int(m, "rows")?,
+                    int(ntot, "outputs")?,
+                    int(splits, "splits")?,
+                    KArg::I32(self.out_half.unwrap_or(false) as i32),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Tiling;
+
+    #[test]
+    fn tilings_round_rows_up_to_power_of_two_tiles_and_slice_the_rest() {
+        let t = Tiling::new(17, 512, 100, 64, 128, 128).unwrap();
+        assert_eq!((t.nt, t.slices, t.tiles, t.chunks), (4, 1, 1, 4));
+        let t = Tiling::new(130, 512, 300, 64, 128, 256).unwrap();
+        assert_eq!((t.nt, t.slices, t.tiles, t.chunks), (8, 3, 3, 2));
+        assert!(Tiling::new(8, 4000, 100, 64, 128, 128).is_none());
+        assert!(Tiling::new(0, 512, 100, 64, 128, 128).is_none());
+        assert!(Tiling::new(8, 512, 0, 64, 128, 128).is_none());
+    }
+}

@@ -15,6 +15,7 @@
 
 use fastllm::data::encode_from_f32;
 use fastllm::{Data, DataDict, DataType, Executor, FloatDict, IntDict};
+use fastllm_cpu::linear::interleaved;
 use fastllm_cpu::threads::Threads;
 use std::hint::black_box;
 use std::sync::Mutex;
@@ -302,8 +303,10 @@ fn dram_pass(e: &Executor, o: &Opts, shape: &str, bw: f64) {
             .collect();
         let bytes: usize = ws.iter().map(|w| w.bytes().unwrap().len()).sum();
         report(dt.name(), bytes, token_pass(e, &ws, &xs), bw);
-        let kernels = fastllm::interleave::kernel_type(dt)
-            .is_some_and(fastllm_cpu::linear::interleaved::available_for);
+        // the interleaved K-quant kernels are timed also where the device keeps a type plain
+        let kernels = fastllm::interleave::kernel_type(dt).is_some_and(|t| {
+            interleaved::available_for(t) || (t.is_kquant() && interleaved::available())
+        });
         if kernels {
             for w in ws.iter_mut() {
                 *w = fastllm::interleave::interleave(w).unwrap().unwrap();

@@ -213,8 +213,8 @@ fn smollm2_same_logits_interleaved_or_plain() {
     assert!(agree >= 0.96, "SmolLM2: top-1 agreement {agree:.3}");
 }
 
-/// K-quant weights (Gemma 3 270M Q4_K_M: Q4_K matrices of `k` = 1024 and 2048, kept as shipped;
-/// its Q6_K ones stay plain, `interleaved::available_for`) interleaved or plain give the same
+/// K-quant weights (Gemma 3 270M Q4_K_M: Q4_K matrices of `k` = 1024 and 2048 and Q6_K
+/// `down_proj` ones of `k` = 2048, kept as shipped) interleaved or plain give the same
 /// next-token distributions within the `fast` precision's tolerance, over the fixture's prompts
 /// and their greedy continuations.
 #[test]
@@ -243,10 +243,9 @@ fn gemma3_kquants_same_logits_interleaved_or_plain() {
             seen.extend(t.filter(|t| t.is_interleaved()));
         }
     }
-    assert!(
-        seen.contains(&DataType::Q4KInterleaved),
-        "no interleaved Q4_K weight: {seen:?}"
-    );
+    for t in [DataType::Q4KInterleaved, DataType::Q6KInterleaved] {
+        assert!(seen.contains(&t), "no {t} weight: {seen:?}");
+    }
     drop(m);
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/logits_gemma3");
     let reference: serde_json::Value =

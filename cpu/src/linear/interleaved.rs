@@ -25,8 +25,8 @@
 //! Matrices whose row count is not a multiple of [`GROUP_ROWS`] are not interleaved (callers keep the
 //! plain layout). F16/BF16 weights have their own layout and kernels ([`super::interleaved_float`]),
 //! and so do the K-quants ([`super::interleaved_kquant`]); [`interleave`], [`plain_row`] and
-//! [`available_for`] take every type. This module must not split
-//! work across threads or know about tensors.
+//! [`available_for`] take every type, [`pick`] and [`pick_ref`] the block types and K-quants.
+//! This module must not split work across threads or know about tensors.
 
 use super::act_quant::Q8Rows;
 use super::{WeightType, MAX_ROWS};
@@ -83,13 +83,27 @@ fn quant_offset(t: WeightType) -> usize {
 /// block bytes.
 fn check(t: WeightType, w: &[u8], n: usize, k: usize) -> Result<usize, String> {
     let bs = block_bytes(t).ok_or_else(|| format!("{} weights cannot be interleaved", t.name()))?;
-    if !n.is_multiple_of(GROUP_ROWS) || !k.is_multiple_of(QK) || k == 0 {
+    check_shape(t, w, n, k, QK, bs)?;
+    Ok(bs)
+}
+
+/// Checks that `n` is a whole number of groups, `k` a whole number of `qk`-value blocks of `bs`
+/// bytes, and `w` holds the `n × k` weight of type `t`.
+pub(super) fn check_shape(
+    t: WeightType,
+    w: &[u8],
+    n: usize,
+    k: usize,
+    qk: usize,
+    bs: usize,
+) -> Result<(), String> {
+    if !n.is_multiple_of(GROUP_ROWS) || !k.is_multiple_of(qk) || k == 0 {
         return Err(format!(
-            "interleaving needs rows a multiple of {GROUP_ROWS} and k a multiple of {QK}, got {n} x {k}"
+            "interleaving needs rows a multiple of {GROUP_ROWS} and k a multiple of {qk}, got {n} x {k}"
         ));
     }
     let need = n
-        .checked_mul(k / QK * bs)
+        .checked_mul(k / qk * bs)
         .ok_or_else(|| format!("{n} x {k} weight size overflows"))?;
     if w.len() < need {
         return Err(format!(
@@ -98,7 +112,7 @@ fn check(t: WeightType, w: &[u8], n: usize, k: usize) -> Result<usize, String> {
             t.name()
         ));
     }
-    Ok(bs)
+    Ok(())
 }
 
 /// Interleaves the plain `n × k` weight `w` of type `t` into `out` (the same number of bytes);
@@ -253,47 +267,14 @@ fn kind_type(kind: u8) -> WeightType {
     }
 }
 
-/// # Safety
-/// See [`InterleavedFn`].
-unsafe fn ref_q4_0(
-    g: &[u8],
-    a: &Q8Rows,
-    r0: usize,
-    n: usize,
-    o: &mut [[f32; GROUP_ROWS]; MAX_ROWS],
-) {
-    group_ref::<Q4_0>(g, a, r0, n, o)
-}
-/// # Safety
-/// See [`InterleavedFn`].
-unsafe fn ref_q4_1(
-    g: &[u8],
-    a: &Q8Rows,
-    r0: usize,
-    n: usize,
-    o: &mut [[f32; GROUP_ROWS]; MAX_ROWS],
-) {
-    group_ref::<Q4_1>(g, a, r0, n, o)
-}
-/// # Safety
-/// See [`InterleavedFn`].
-unsafe fn ref_q8_0(
-    g: &[u8],
-    a: &Q8Rows,
-    r0: usize,
-    n: usize,
-    o: &mut [[f32; GROUP_ROWS]; MAX_ROWS],
-) {
-    group_ref::<Q8_0>(g, a, r0, n, o)
-}
-
-/// The scalar reference kernel for interleaved weights of type `t` (`None` for float types).
+/// The scalar reference kernel for interleaved weights of type `t` (block types and, from
+/// [`super::interleaved_kquant`], K-quants; `None` for float types).
 pub fn pick_ref(t: WeightType) -> Option<InterleavedFn> {
     Some(match t {
-        WeightType::Q4_0 => ref_q4_0,
-        WeightType::Q4_1 => ref_q4_1,
-        WeightType::Q8_0 => ref_q8_0,
-        _ => return None,
+        WeightType::Q4_0 => group_ref::<Q4_0>,
+        WeightType::Q4_1 => group_ref::<Q4_1>,
+        WeightType::Q8_0 => group_ref::<Q8_0>,
+        _ => return super::interleaved_kquant::pick_ref(t),
     })
 }
 
@@ -310,19 +291,17 @@ pub fn available() -> bool {
 }
 
 /// True when weights of type `t` are worth interleaving on this CPU: it has the SIMD kernels
-/// (block types, Q4_K, Q5_K: [`available`]; F16/BF16: [`super::interleaved_float::available`]).
-/// Q6_K is left out: it has interleaved kernels, but its plain kernel streams a matrix faster
-/// (`benches/linear.rs --dram`).
+/// (block types and K-quants: [`available`]; F16/BF16: [`super::interleaved_float::available`]).
 pub fn available_for(t: WeightType) -> bool {
     if super::interleaved_float::is_float(t) {
         super::interleaved_float::available(t)
     } else {
-        let kq = super::interleaved_kquant::is_kquant(t) && t != WeightType::Q6K;
-        (t.is_block() || kq) && available()
+        (t.is_block() || t.is_kquant()) && available()
     }
 }
 
-/// The SIMD kernel for interleaved weights of type `t`, if this CPU has one.
+/// The SIMD kernel for interleaved weights of type `t` (block types and K-quants), if this CPU
+/// has one.
 pub fn pick(t: WeightType) -> Option<InterleavedFn> {
     #[cfg(target_arch = "x86_64")]
     {
@@ -331,7 +310,7 @@ pub fn pick(t: WeightType) -> Option<InterleavedFn> {
                 WeightType::Q4_0 => avx512::group_q4_0,
                 WeightType::Q4_1 => avx512::group_q4_1,
                 WeightType::Q8_0 => avx512::group_q8_0,
-                _ => return None,
+                _ => return super::interleaved_kquant::simd(t),
             };
             return Some(f);
         }
@@ -341,8 +320,9 @@ pub fn pick(t: WeightType) -> Option<InterleavedFn> {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
-    //! The kernels; only called after [`super::available`].
+pub(super) mod avx512 {
+    //! The kernels, and the helpers the K-quant kernels share; only called after
+    //! [`super::available`].
     use super::super::act_quant::Q8Rows;
     use super::super::MAX_ROWS;
     use super::{block_bytes, header_bytes, kind_type, GROUP_ROWS, Q4_0, Q4_1, Q8_0};
@@ -352,14 +332,14 @@ mod avx512 {
     /// The 4-byte piece of activation values at `p`, broadcast to every lane.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn piece(p: *const i8) -> __m512i {
+    pub(in crate::linear) unsafe fn piece(p: *const i8) -> __m512i {
         _mm512_set1_epi32(std::ptr::read_unaligned(p as *const i32))
     }
 
     /// All blocks of one group against activation rows `row0..row0 + R`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn group<const KIND: u8, const R: usize>(
+    unsafe fn group<const R: usize, const KIND: u8>(
         g: &[u8],
         acts: &Q8Rows,
         row0: usize,
@@ -432,55 +412,40 @@ mod avx512 {
         }
     }
 
-    /// Dispatches on the row count (1..=MAX_ROWS).
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn rows<const KIND: u8>(
-        g: &[u8],
-        a: &Q8Rows,
-        r0: usize,
-        n: usize,
-        o: &mut [[f32; GROUP_ROWS]; MAX_ROWS],
-    ) {
-        match n {
-            1 => group::<KIND, 1>(g, a, r0, o),
-            2 => group::<KIND, 2>(g, a, r0, o),
-            3 => group::<KIND, 3>(g, a, r0, o),
-            _ => group::<KIND, 4>(g, a, r0, o),
-        }
+    /// Defines the public [`super::InterleavedFn`] `$name`, which hands its row count (1..=4)
+    /// to `$f::<R, $c>`.
+    macro_rules! entry {
+        ($(#[$doc:meta])* $name:ident, $f:ident $(, $c:expr)?) => {
+            $(#[$doc])*
+            #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+            pub unsafe fn $name(
+                g: &[u8],
+                a: &Q8Rows,
+                r0: usize,
+                n: usize,
+                o: &mut [[f32; GROUP_ROWS]; MAX_ROWS],
+            ) {
+                match n {
+                    1 => $f::<1 $(, $c)?>(g, a, r0, o),
+                    2 => $f::<2 $(, $c)?>(g, a, r0, o),
+                    3 => $f::<3 $(, $c)?>(g, a, r0, o),
+                    _ => $f::<4 $(, $c)?>(g, a, r0, o),
+                }
+            }
+        };
     }
+    pub(in crate::linear) use entry;
 
-    /// Q4_0 ([`super::InterleavedFn`]).
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub unsafe fn group_q4_0(
-        g: &[u8],
-        a: &Q8Rows,
-        r0: usize,
-        n: usize,
-        o: &mut [[f32; GROUP_ROWS]; MAX_ROWS],
-    ) {
-        rows::<Q4_0>(g, a, r0, n, o)
-    }
-    /// Q4_1 ([`super::InterleavedFn`]).
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub unsafe fn group_q4_1(
-        g: &[u8],
-        a: &Q8Rows,
-        r0: usize,
-        n: usize,
-        o: &mut [[f32; GROUP_ROWS]; MAX_ROWS],
-    ) {
-        rows::<Q4_1>(g, a, r0, n, o)
-    }
-    /// Q8_0 ([`super::InterleavedFn`]).
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub unsafe fn group_q8_0(
-        g: &[u8],
-        a: &Q8Rows,
-        r0: usize,
-        n: usize,
-        o: &mut [[f32; GROUP_ROWS]; MAX_ROWS],
-    ) {
-        rows::<Q8_0>(g, a, r0, n, o)
-    }
+    entry!(
+        /// Q4_0 ([`super::InterleavedFn`]).
+        group_q4_0, group, Q4_0
+    );
+    entry!(
+        /// Q4_1 ([`super::InterleavedFn`]).
+        group_q4_1, group, Q4_1
+    );
+    entry!(
+        /// Q8_0 ([`super::InterleavedFn`]).
+        group_q8_0, group, Q8_0
+    );
 }

@@ -4,14 +4,16 @@
 //! The layout is a transpose of 4-byte words: rows are taken in groups of [`GROUP_ROWS`], and a
 //! group stores, super-block after super-block, `W = bytes / 4` vectors `V_m` of 64 bytes whose
 //! 32-bit lane `j` holds bytes `4m..4m+4` of row `j`'s super-block (the plain GGUF bytes,
-//! unchanged), after the `bytes % 4` trailing bytes of the 16 rows, row after row; Q6_K's
-//! vectors are reordered so that a kernel touches them in ascending order ([`q6_word_pos`]):
+//! unchanged). Q6_K's 210-byte super-blocks end in a 2-byte `d`: a group keeps the 52 vectors of
+//! each super-block (3328 bytes, whole cache lines) and, after those of all its super-blocks, the
+//! 16 f16 `d` of each super-block in turn; its vectors are reordered so that a kernel touches
+//! them in ascending order ([`q6_word_pos`]):
 //!
 //! | format | plain super-block (`crate::kquant`) | one super-block of a group |
 //! |---|---|---|
 //! | Q4_K | 144 bytes: `d, dmin`, 12 scale bytes, 128 `qs` | 36 vectors (2304 bytes) |
 //! | Q5_K | 176 bytes: `d, dmin`, 12 scale bytes, 32 `qh`, 128 `qs` | 44 vectors (2816 bytes) |
-//! | Q6_K | 210 bytes: 128 `ql`, 64 `qh`, 16 scales, `d` | 16 f16 `d`, then 52 vectors (3360 bytes) |
+//! | Q6_K | 210 bytes: 128 `ql`, 64 `qh`, 16 scales, `d` | 52 vectors (3328 bytes) + 32 bytes of `d` at the group's end |
 //!
 //! So one 512-bit load gives the same four bytes of all 16 rows: their `d`/`dmin` pair, a word of
 //! packed scales, or four quant bytes, which after masking meet one broadcast 4-byte piece of an
@@ -53,57 +55,60 @@ fn block_bytes(t: WeightType) -> Option<usize> {
 /// plain super-block bytes.
 fn check(t: WeightType, w: &[u8], n: usize, k: usize) -> Result<usize, String> {
     let bs = block_bytes(t).ok_or_else(|| format!("{} weights are not K-quants", t.name()))?;
-    if !n.is_multiple_of(GROUP_ROWS) || !k.is_multiple_of(QK_K) || k == 0 {
-        return Err(format!(
-            "interleaving needs rows a multiple of {GROUP_ROWS} and k a multiple of {QK_K}, got {n} x {k}"
-        ));
-    }
-    let need = n
-        .checked_mul(k / QK_K * bs)
-        .ok_or_else(|| format!("{n} x {k} weight size overflows"))?;
-    if w.len() < need {
-        return Err(format!(
-            "weight has {} bytes, {n} x {k} {} needs {need}",
-            w.len(),
-            t.name()
-        ));
-    }
+    super::interleaved::check_shape(t, w, n, k, QK_K, bs)?;
     Ok(bs)
 }
 
-/// Position of plain word `m` among the vectors of an interleaved Q6_K super-block: the scales,
-/// then per half `h` the `ql` words of its first 32 bytes, its `qh` words, the `ql` words of its
-/// last 32 bytes (the order the kernel first touches them).
+/// Position of plain word `m` among the vectors of an interleaved Q6_K super-block: the 4 scale
+/// words, then per half `h` and word `u < 8` of its 32-byte lanes, `ql` word `u` of the half's
+/// first 32 bytes, `qh` word `u`, `ql` word `u` of its last 32 bytes (the order the kernel reads
+/// them).
 fn q6_word_pos(m: usize) -> usize {
     match m {
         48..52 => m - 48,
-        32..48 => 4 + 24 * ((m - 32) / 8) + 8 + (m - 32) % 8,
-        _ => 4 + 24 * (m / 16) + if m % 16 < 8 { m % 16 } else { 8 + m % 16 },
+        32..48 => 4 + 24 * ((m - 32) / 8) + 3 * ((m - 32) % 8) + 1,
+        _ => 4 + 24 * (m / 16) + 3 * (m % 8) + if m % 16 < 8 { 0 } else { 2 },
     }
 }
 
-/// The `(plain offset, interleaved offset, length)` pieces of row `j` of an interleaved
-/// super-block of `bs`-byte plain super-blocks (Q6_K: the 16 `d` first, then the words in the
-/// order of [`q6_word_pos`]).
-fn pieces(bs: usize, j: usize) -> impl Iterator<Item = (usize, usize, usize)> {
-    let (nw, tail) = (bs / 4, bs % 4);
-    let q6 = bs == Q6_K_BYTES;
-    let pos = move |m| if q6 { 32 + 64 * q6_word_pos(m) } else { 64 * m };
-    (0..nw)
-        .map(move |m| (4 * m, pos(m) + 4 * j, 4))
-        .chain(std::iter::once((4 * nw, tail * j, tail)))
+/// Bytes of the vectors of one interleaved super-block (16 rows): all of it for Q4_K/Q5_K, the
+/// 52 vectors without the 16 `d` for Q6_K.
+fn vec_bytes(bs: usize) -> usize {
+    GROUP_ROWS * (bs / 4) * 4
 }
 
-/// Writes the plain super-block `src` as row `j` of the interleaved super-block `grp`.
-fn scatter(src: &[u8], grp: &mut [u8], j: usize) {
-    for (s, d, len) in pieces(src.len(), j) {
+/// The `(plain offset, offset in the group, length)` pieces of row `j` of super-block `sb` of an
+/// interleaved group of `nb` super-blocks of `bs`-byte plain super-blocks: the vectors of
+/// super-block `sb` at `sb * vec_bytes(bs)`, then (Q6_K) the 16 f16 `d` of every super-block
+/// after all the vectors, so that each vector starts on a cache line.
+fn pieces(
+    bs: usize,
+    nb: usize,
+    sb: usize,
+    j: usize,
+) -> impl Iterator<Item = (usize, usize, usize)> {
+    let (nw, tail) = (bs / 4, bs % 4);
+    let q6 = bs == Q6_K_BYTES;
+    let at = sb * vec_bytes(bs);
+    let pos = move |m| at + 64 * if q6 { q6_word_pos(m) } else { m };
+    let tail_at = nb * vec_bytes(bs) + GROUP_ROWS * tail * sb + tail * j;
+    (0..nw)
+        .map(move |m| (4 * m, pos(m) + 4 * j, 4))
+        .chain(std::iter::once((4 * nw, tail_at, tail)))
+}
+
+/// Writes the plain super-block `src` as row `j` of super-block `sb` of the interleaved group
+/// `grp` (`nb` super-blocks).
+fn scatter(src: &[u8], grp: &mut [u8], nb: usize, sb: usize, j: usize) {
+    for (s, d, len) in pieces(src.len(), nb, sb, j) {
         grp[d..d + len].copy_from_slice(&src[s..s + len]);
     }
 }
 
-/// Reads row `j` of the interleaved super-block `grp` back into the plain super-block `out`.
-fn gather(grp: &[u8], j: usize, out: &mut [u8]) {
-    for (s, d, len) in pieces(out.len(), j) {
+/// Reads row `j` of super-block `sb` of the interleaved group `grp` (`nb` super-blocks) back
+/// into the plain super-block `out`.
+fn gather(grp: &[u8], nb: usize, sb: usize, j: usize, out: &mut [u8]) {
+    for (s, d, len) in pieces(out.len(), nb, sb, j) {
         out[s..s + len].copy_from_slice(&grp[d..d + len]);
     }
 }
@@ -127,10 +132,16 @@ pub fn interleave(
         ));
     }
     for g in 0..n / GROUP_ROWS {
+        let dst = &mut out[g * nb * GROUP_ROWS * bs..][..nb * GROUP_ROWS * bs];
         for b in 0..nb {
-            let dst = &mut out[(g * nb + b) * GROUP_ROWS * bs..][..GROUP_ROWS * bs];
             for j in 0..GROUP_ROWS {
-                scatter(&w[((g * GROUP_ROWS + j) * nb + b) * bs..][..bs], dst, j);
+                scatter(
+                    &w[((g * GROUP_ROWS + j) * nb + b) * bs..][..bs],
+                    dst,
+                    nb,
+                    b,
+                    j,
+                );
             }
         }
     }
@@ -155,9 +166,9 @@ pub fn plain_row(
         ));
     }
     let (g, j) = (r / GROUP_ROWS, r % GROUP_ROWS);
+    let grp = &w[g * nb * GROUP_ROWS * bs..][..nb * GROUP_ROWS * bs];
     for b in 0..nb {
-        let grp = &w[(g * nb + b) * GROUP_ROWS * bs..][..GROUP_ROWS * bs];
-        gather(grp, j, &mut out[b * bs..(b + 1) * bs]);
+        gather(grp, nb, b, j, &mut out[b * bs..(b + 1) * bs]);
     }
     Ok(())
 }
@@ -187,7 +198,7 @@ fn ref_q45<const Q5: bool>(
         for (j, oj) in o.iter_mut().enumerate() {
             let (mut acc, mut accm) = (0f32, 0f32);
             for sb in 0..nb / 8 {
-                gather(&g[sb * GROUP_ROWS * bs..][..GROUP_ROWS * bs], j, &mut pb);
+                gather(g, nb / 8, sb, j, &mut pb);
                 let (d, dmin) = (f16_at(&pb, 0), f16_at(&pb, 2));
                 let (sc, m) = scales_mins(&pb[4..16]);
                 for s in 0..8 {
@@ -226,7 +237,7 @@ fn ref_q6(
         for (j, oj) in o.iter_mut().enumerate() {
             let mut acc = 0f32;
             for sb in 0..nb / 8 {
-                gather(&g[sb * GROUP_ROWS * bs..][..GROUP_ROWS * bs], j, &mut pb);
+                gather(g, nb / 8, sb, j, &mut pb);
                 let d = f16_at(&pb, 208);
                 for b in 0..8 {
                     let a = (row0 + r) * nb + sb * 8 + b;
@@ -248,85 +259,38 @@ fn ref_q6(
     }
 }
 
-/// # Safety
-/// See [`InterleavedFn`].
-unsafe fn ref_q4_k(
-    g: &[u8],
-    a: &Q8Rows,
-    r0: usize,
-    n: usize,
-    o: &mut [[f32; GROUP_ROWS]; MAX_ROWS],
-) {
-    ref_q45::<false>(g, a, r0, n, o)
-}
-/// # Safety
-/// See [`InterleavedFn`].
-unsafe fn ref_q5_k(
-    g: &[u8],
-    a: &Q8Rows,
-    r0: usize,
-    n: usize,
-    o: &mut [[f32; GROUP_ROWS]; MAX_ROWS],
-) {
-    ref_q45::<true>(g, a, r0, n, o)
-}
-/// # Safety
-/// See [`InterleavedFn`].
-unsafe fn ref_q6_k(
-    g: &[u8],
-    a: &Q8Rows,
-    r0: usize,
-    n: usize,
-    o: &mut [[f32; GROUP_ROWS]; MAX_ROWS],
-) {
-    ref_q6(g, a, r0, n, o)
-}
-
 /// The scalar reference kernel for interleaved K-quant weights of type `t` (`None` for other
 /// types). Q6_K reads [`Q8Rows::sum16`] in its SIMD kernel only; the reference sums `x` itself.
-pub fn pick_ref(t: WeightType) -> Option<InterleavedFn> {
+pub(super) fn pick_ref(t: WeightType) -> Option<InterleavedFn> {
     Some(match t {
-        WeightType::Q4K => ref_q4_k,
-        WeightType::Q5K => ref_q5_k,
-        WeightType::Q6K => ref_q6_k,
+        WeightType::Q4K => ref_q45::<false>,
+        WeightType::Q5K => ref_q45::<true>,
+        WeightType::Q6K => ref_q6,
         _ => return None,
     })
 }
 
-/// The SIMD kernel for interleaved K-quant weights of type `t`, if this CPU has one (AVX-512
-/// F/BW/VL and VNNI).
-pub fn pick(t: WeightType) -> Option<InterleavedFn> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if super::interleaved::available() {
-            let f: InterleavedFn = match t {
-                WeightType::Q4K => avx512::group_q4_k,
-                WeightType::Q5K => avx512::group_q5_k,
-                WeightType::Q6K => avx512::group_q6_k,
-                _ => return None,
-            };
-            return Some(f);
-        }
-    }
-    let _ = t;
-    None
+/// The SIMD kernel for interleaved K-quant weights of type `t`, for a CPU that has
+/// [`super::interleaved::pick`]'s kernels (`None` for other types).
+#[cfg(target_arch = "x86_64")]
+pub(super) fn simd(t: WeightType) -> Option<InterleavedFn> {
+    Some(match t {
+        WeightType::Q4K => avx512::group_q4_k,
+        WeightType::Q5K => avx512::group_q5_k,
+        WeightType::Q6K => avx512::group_q6_k,
+        _ => return None,
+    })
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     //! The kernels; only called after `interleaved::available()`.
     use super::super::act_quant::Q8Rows;
+    use super::super::interleaved::avx512::{entry, piece};
     use super::super::MAX_ROWS;
     use super::GROUP_ROWS;
     use crate::kquant::{Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES};
     use std::arch::x86_64::*;
-
-    /// The 4-byte piece of activation values at `p`, broadcast to every lane.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn piece(p: *const i8) -> __m512i {
-        _mm512_set1_epi32(std::ptr::read_unaligned(p as *const i32))
-    }
 
     /// Super-blocks ahead of the one being computed that are prefetched (past a group's end too:
     /// the next group follows; a prefetch never faults).
@@ -447,64 +411,107 @@ mod avx512 {
         }
     }
 
-    /// Q6_K: all super-blocks of one group against activation rows `row0..row0 + R`.
+    /// `(a & 0x0F) | b` per byte (`b` holds only bits 4..6).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn nib_or(a: __m512i, b: __m512i, m4: __m512i) -> __m512i {
+        _mm512_ternarylogic_epi32::<0xEC>(a, b, m4)
+    }
+
+    /// The four 32-value blocks `t` of half `h` of a Q6_K super-block at byte `4u..4u + 4` of
+    /// each block, from the vectors `v` (the order of `q6_word_pos`): six-bit values, one byte
+    /// each, of all 16 rows. Also prefetches the same three vectors `ahead` bytes on.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn q6_quads(v: *const u8, h: usize, u: usize, ahead: usize) -> [__m512i; 4] {
+        let (m4, m30) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
+        let p = v.add(64 * (4 + 24 * h + 3 * u));
+        prefetch(p.wrapping_add(ahead), 192);
+        let (ql0, qh, ql1) = (ld(p), ld(p.add(64)), ld(p.add(128)));
+        let hb = |x: __m512i| _mm512_and_si512(x, m30);
+        [
+            nib_or(ql0, hb(_mm512_slli_epi16::<4>(qh)), m4),
+            nib_or(ql1, hb(_mm512_slli_epi16::<2>(qh)), m4),
+            nib_or(_mm512_srli_epi16::<4>(ql0), hb(qh), m4),
+            nib_or(
+                _mm512_srli_epi16::<4>(ql1),
+                hb(_mm512_srli_epi16::<2>(qh)),
+                m4,
+            ),
+        ]
+    }
+
+    /// Scale `i` (0..16) of all 16 rows, as i32 lanes, from the four scale vectors at `v`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn q6_scale(v: *const u8, i: usize) -> __m512i {
+        let w = ld(v.add(64 * (i / 4)));
+        _mm512_srai_epi32::<24>(_mm512_sllv_epi32(
+            w,
+            _mm512_set1_epi32(24 - 8 * (i % 4) as i32),
+        ))
+    }
+
+    /// Q6_K: all super-blocks of one group against activation rows `row0..row0 + R` into
+    /// `out[..R]`. Each vector is loaded once per super-block: half `h` of all four of its
+    /// blocks at a time, so a block's 16-value halves are summed separately (`isum`) and then
+    /// added to `acc` in block order.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     unsafe fn q6<const R: usize>(
         g: &[u8],
         acts: &Q8Rows,
         row0: usize,
-        out: &mut [[f32; GROUP_ROWS]; MAX_ROWS],
+        out: &mut [[f32; GROUP_ROWS]],
     ) {
         let nb = acts.blocks;
+        let vb = super::vec_bytes(Q6_K_BYTES);
         let (base, xs, ds, s16) = (
             g.as_ptr(),
             acts.qs.as_ptr(),
             acts.ds.as_ptr(),
             acts.sum16.as_ptr(),
         );
-        let (m4, m3) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(3));
+        let dbase = base.add(nb / 8 * vb); // the 16 f16 `d` of each super-block
+        prefetch(dbase, 32 * (nb / 8));
+        let ahead = PREFETCH_AHEAD * vb;
         let mut acc = [_mm512_setzero_ps(); R];
         for sb in 0..nb / 8 {
-            let p = base.add(sb * GROUP_ROWS * Q6_K_BYTES);
-            let ahead = PREFETCH_AHEAD * GROUP_ROWS * Q6_K_BYTES;
-            prefetch(p.wrapping_add(ahead), GROUP_ROWS * Q6_K_BYTES);
-            let d = _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i));
-            let v = p.add(32); // the vectors, in the order of `q6_word_pos`
-            for b in 0..8 {
-                let (h, t) = (b / 4, b % 4);
-                let sw = ld(v.add(64 * (b / 2)));
-                let i0 = 16 * (b % 2) as i32;
-                let sc0 =
-                    _mm512_srai_epi32::<24>(_mm512_sllv_epi32(sw, _mm512_set1_epi32(24 - i0)));
-                let sc1 =
-                    _mm512_srai_epi32::<24>(_mm512_sllv_epi32(sw, _mm512_set1_epi32(16 - i0)));
-                let lo_sh = _mm_cvtsi32_si128(4 * (t / 2) as i32);
-                let hi_sh = _mm_cvtsi32_si128(2 * t as i32);
-                let mut s = [[_mm512_setzero_si512(); 2]; R];
-                for (r, sr) in s.iter_mut().enumerate() {
-                    let [a, c] = *s16.add((row0 + r) * nb + sb * 8 + b);
-                    *sr = [_mm512_set1_epi32(-32 * a), _mm512_set1_epi32(-32 * c)];
-                }
-                for u in 0..8 {
-                    let ql = ld(v.add(64 * (4 + 24 * h + 16 * (t % 2) + u)));
-                    let qh = ld(v.add(64 * (12 + 24 * h + u)));
-                    let lo = _mm512_and_si512(_mm512_srl_epi16(ql, lo_sh), m4);
-                    let hi = _mm512_and_si512(_mm512_srl_epi16(qh, hi_sh), m3);
-                    let q = _mm512_or_si512(lo, _mm512_slli_epi16::<4>(hi));
+            let v = base.add(sb * vb);
+            prefetch(v.wrapping_add(ahead), 256); // the scales; the rest in `q6_quads`
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(dbase.add(32 * sb) as *const __m256i));
+            for h in 0..2 {
+                let a0 = |r: usize| (row0 + r) * nb + sb * 8 + 4 * h;
+                let mut isum = [[_mm512_setzero_si512(); 4]; R];
+                for half in 0..2 {
+                    let mut s = [[_mm512_setzero_si512(); 4]; R];
                     for (r, sr) in s.iter_mut().enumerate() {
-                        let x = xs.add(((row0 + r) * nb + sb * 8 + b) * 32 + 4 * u);
-                        sr[u / 4] = _mm512_dpbusd_epi32(sr[u / 4], q, piece(x));
+                        for (t, st) in sr.iter_mut().enumerate() {
+                            *st = _mm512_set1_epi32(-32 * (*s16.add(a0(r) + t))[half]);
+                        }
+                    }
+                    for u in 4 * half..4 * half + 4 {
+                        let q = q6_quads(v, h, u, ahead);
+                        for (r, sr) in s.iter_mut().enumerate() {
+                            for (t, st) in sr.iter_mut().enumerate() {
+                                let x = xs.add((a0(r) + t) * 32 + 4 * u);
+                                *st = _mm512_dpbusd_epi32(*st, q[t], piece(x));
+                            }
+                        }
+                    }
+                    for t in 0..4 {
+                        let sc = q6_scale(v, 2 * (4 * h + t) + half);
+                        for r in 0..R {
+                            let p = _mm512_mullo_epi32(s[r][t], sc);
+                            isum[r][t] = _mm512_add_epi32(isum[r][t], p);
+                        }
                     }
                 }
-                for r in 0..R {
-                    let a = (row0 + r) * nb + sb * 8 + b;
-                    let isum = _mm512_add_epi32(
-                        _mm512_mullo_epi32(s[r][0], sc0),
-                        _mm512_mullo_epi32(s[r][1], sc1),
-                    );
-                    let f = _mm512_mul_ps(d, _mm512_set1_ps((*ds.add(a))[0]));
-                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), f, acc[r]);
+                for t in 0..4 {
+                    for (r, (ar, ir)) in acc.iter_mut().zip(&isum).enumerate() {
+                        let f = _mm512_mul_ps(d, _mm512_set1_ps((*ds.add(a0(r) + t))[0]));
+                        *ar = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ir[t]), f, *ar);
+                    }
                 }
             }
         }
@@ -513,25 +520,24 @@ mod avx512 {
         }
     }
 
-    macro_rules! entry {
-        ($(#[$doc:meta])* $name:ident, $f:ident $(, $c:expr)?) => {
-            $(#[$doc])*
-            #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-            pub unsafe fn $name(
-                g: &[u8],
-                a: &Q8Rows,
-                r0: usize,
-                n: usize,
-                o: &mut [[f32; GROUP_ROWS]; MAX_ROWS],
-            ) {
-                match n {
-                    1 => $f::<1 $(, $c)?>(g, a, r0, o),
-                    2 => $f::<2 $(, $c)?>(g, a, r0, o),
-                    3 => $f::<3 $(, $c)?>(g, a, r0, o),
-                    _ => $f::<4 $(, $c)?>(g, a, r0, o),
-                }
+    /// Q6_K ([`super::InterleavedFn`]; needs [`Q8Rows::sum16`]): at most two activation rows
+    /// per pass, so that the sums stay in registers.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub unsafe fn group_q6_k(
+        g: &[u8],
+        a: &Q8Rows,
+        r0: usize,
+        n: usize,
+        o: &mut [[f32; GROUP_ROWS]; MAX_ROWS],
+    ) {
+        let mut r = 0;
+        while r < n {
+            match n - r {
+                1 => q6::<1>(g, a, r0 + r, &mut o[r..]),
+                _ => q6::<2>(g, a, r0 + r, &mut o[r..]),
             }
-        };
+            r += 2;
+        }
     }
 
     entry!(
@@ -541,9 +547,5 @@ mod avx512 {
     entry!(
         /// Q5_K ([`super::InterleavedFn`]).
         group_q5_k, q45, true
-    );
-    entry!(
-        /// Q6_K ([`super::InterleavedFn`]; needs [`Q8Rows::sum16`]).
-        group_q6_k, q6
     );
 }

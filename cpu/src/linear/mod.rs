@@ -552,14 +552,9 @@ pub fn linear_interleaved(
             None => linear_ref(&b, out),
         };
     }
-    let (pick, pick_ref): (fn(_) -> _, fn(_) -> _) = if kq {
-        (interleaved_kquant::pick, interleaved_kquant::pick_ref)
-    } else {
-        (interleaved::pick, interleaved::pick_ref)
-    };
-    let simd = threads.and_then(|_| pick(a.wtype));
+    let simd = threads.and_then(|_| interleaved::pick(a.wtype));
     let f = simd
-        .or_else(|| pick_ref(a.wtype))
+        .or_else(|| interleaved::pick_ref(a.wtype))
         .ok_or_else(|| format!("no interleaved kernel for {}", a.wtype.name()))?;
     ACT_SCRATCH.with(|s| {
         let mut q = s

@@ -135,7 +135,7 @@ fn kquant_interleaved_kernels_match_reference() {
                     let mut f = vec![0f32; rows * n];
                     linear_interleaved(Some(&threads), &a, &mut f).unwrap();
                     let what = format!("{} {n}x{k} rows {rows} qa {quant_act}", t.name());
-                    if quant_act && ik::pick(t).is_some() {
+                    if quant_act && interleaved::pick(t).is_some() {
                         assert_eq!(r, f, "{what}: SIMD differs from the interleaved reference");
                     }
                     let e = nmse(&r, &want);
@@ -156,7 +156,7 @@ fn kquant_interleaved_kernels_match_reference() {
 #[test]
 fn kquant_group_kernels_row_offset() {
     for t in TYPES {
-        let (Some(simd), Some(rf)) = (ik::pick(t), ik::pick_ref(t)) else {
+        let (Some(simd), Some(rf)) = (interleaved::pick(t), interleaved::pick_ref(t)) else {
             continue;
         };
         let k = 768;

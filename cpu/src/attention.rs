@@ -652,6 +652,43 @@ mod tests {
         }
     }
 
+    /// An f16 cache costs nothing beyond the rounding of its values: every kernel gives the
+    /// same bits as over an f32 cache holding the f16-rounded keys and values (q, scores,
+    /// probabilities and sums stay f32).
+    #[test]
+    fn f16_cache_matches_f32_cache_of_rounded_values_bit_for_bit() {
+        let shapes = [
+            (1usize, 37usize, 9usize, 3usize, 64usize, 64usize),
+            (2, 1100, 6, 6, 80, 80),
+            (9, 50, 9, 3, 33, 7),
+            (25, 70, 16, 2, 80, 48),
+            (70, 333, 9, 3, 64, 64),
+        ];
+        for threads in [1, 2] {
+            let th = Threads::new(threads).unwrap();
+            for (sq, skv, nh, nkv, hd, hdv) in shapes {
+                let mut p = params(sq, skv, nh, nkv, hd);
+                p.hdv = hdv;
+                let q = vals(sq * nh * hd, 1, -2.0, 2.0);
+                let k = Enc::new(KvFormat::F16, &vals(skv * nkv * hd, 2, -9.0, 9.0), hd);
+                let v = Enc::new(KvFormat::F16, &vals(skv * nkv * hdv, 3, -1.0, 1.0), hdv);
+                let (kr, vr) = (k.rows().to_f32(hd), v.rows().to_f32(hdv));
+                let n = sq * nh * hdv;
+                for kernel in KERNELS {
+                    let (mut a, mut b) = (vec![0f32; n], vec![1f32; n]);
+                    let heads = HeadTerms::default();
+                    attention_on(&th, (&q, k.rows(), v.rows(), heads), &mut a, &p, kernel);
+                    let (kf, vf) = (KvRows::F32(&kr), KvRows::F32(&vr));
+                    attention_on(&th, (&q, kf, vf, heads), &mut b, &p, kernel);
+                    assert!(
+                        a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "{kernel:?} t{threads} {sq} {skv} {nh} {nkv} {hd} {hdv}"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn every_kernel_matches_reference_on_awkward_sizes() {
         // rows and keys not multiples of the tiles, one query row, GQA ratios 1 / 3 / 4 / 8,

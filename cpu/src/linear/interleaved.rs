@@ -291,12 +291,12 @@ pub fn available() -> bool {
 }
 
 /// True when weights of type `t` are worth interleaving on this CPU: it has the SIMD kernels
-/// (block types and K-quants: [`available`]; F16/BF16: [`super::interleaved_float::available`]).
+/// (block types and the interleaved K-quants: [`available`]; F16/BF16: [`super::interleaved_float::available`]).
 pub fn available_for(t: WeightType) -> bool {
     if super::interleaved_float::is_float(t) {
         super::interleaved_float::available(t)
     } else {
-        (t.is_block() || t.is_kquant()) && available()
+        (t.is_block() || super::interleaved_kquant::is_kquant(t)) && available()
     }
 }
 

@@ -238,10 +238,17 @@ pub fn quantize_q6_k(src: &[f32], dst: &mut [u8]) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn roundtrip(q: fn(&[f32], &mut [u8]), dq: fn(&[u8], &mut [f32]), bytes: usize, tol: f32) {
+    /// Quantizes a fixed 512-value ramp with `q`, dequantizes with `dq`, and checks every value
+    /// comes back within `tol`.
+    pub(crate) fn roundtrip(
+        q: fn(&[f32], &mut [u8]),
+        dq: fn(&[u8], &mut [f32]),
+        bytes: usize,
+        tol: f32,
+    ) {
         let x: Vec<f32> = (0..512)
             .map(|i| ((i * 37 % 101) as f32 - 50.0) / 13.0 + (i / 64) as f32 * 0.3)
             .collect();

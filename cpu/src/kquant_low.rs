@@ -197,19 +197,7 @@ pub fn quantize_q3_k(src: &[f32], dst: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn roundtrip(q: fn(&[f32], &mut [u8]), dq: fn(&[u8], &mut [f32]), bytes: usize, tol: f32) {
-        let x: Vec<f32> = (0..512)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 13.0 + (i / 64) as f32 * 0.3)
-            .collect();
-        let mut b = vec![0u8; 2 * bytes];
-        q(&x, &mut b);
-        let mut y = vec![0f32; 512];
-        dq(&b, &mut y);
-        for (i, (a, b)) in x.iter().zip(&y).enumerate() {
-            assert!((a - b).abs() <= tol, "{i}: {a} vs {b}");
-        }
-    }
+    use crate::kquant::tests::roundtrip;
 
     #[test]
     fn q2_k_roundtrip() {

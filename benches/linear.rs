@@ -11,7 +11,8 @@
 //! `--dram SHAPE` (`llama-3.2-1b`, `qwen2.5-0.5b`, `llama-3-8b`) instead times what a decode token
 //! reads: one-row `Linear`s (`quant_act = 1` for block dtypes) over every layer's q, k, v, o, gate,
 //! up and down matrices of that model shape, each layer its own buffers, so the weights (far larger
-//! than the L3) stream from DRAM as in real decode; `--layers N` caps the layer count (memory).
+//! than the L3) stream from DRAM as in real decode; `--layers N` caps the layer count (memory);
+//! `--rows N` gives every `Linear` N activation rows (N sequences decoding together).
 
 use fastllm::data::encode_from_f32;
 use fastllm::{Data, DataDict, DataType, Executor, FloatDict, IntDict};
@@ -31,6 +32,9 @@ struct Opts {
     dram: Option<String>,
     /// Most layers of the `--dram` pass.
     layers: usize,
+    /// Activation rows of every `Linear` of the `--dram` pass (1: a decode token; more: a batch
+    /// of sequences decoding together).
+    rows: usize,
 }
 
 fn opts() -> Opts {
@@ -42,6 +46,7 @@ fn opts() -> Opts {
         dtypes: Vec::new(),
         dram: None,
         layers: usize::MAX,
+        rows: 1,
     };
     let mut i = 1;
     while i < args.len() {
@@ -60,6 +65,14 @@ fn opts() -> Opts {
                     .get(i + 1)
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(usize::MAX);
+                i += 1;
+            }
+            "--rows" => {
+                o.rows = args
+                    .get(i + 1)
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(1)
+                    .max(1);
                 i += 1;
             }
             "--gemv" => o.gemv_only = true,
@@ -276,14 +289,15 @@ fn dram_pass(e: &Executor, o: &Opts, shape: &str, bw: f64) {
     };
     let layers = layers.min(o.layers);
     let mats = [(h, h), (kv, h), (kv, h), (h, h), (f, h), (f, h), (h, f)];
-    println!("{shape}: {layers} layers, one-row Linear per matrix (q k v o gate up down)");
+    let rows = o.rows;
+    println!("{shape}: {layers} layers, {rows}-row Linear per matrix (q k v o gate up down)");
     println!(
         "{:<18} {:>10} {:>10} {:>9} {:>7}",
         "weight", "MB/token", "ms/token", "GB/s", "w/read"
     );
     let xs = [
-        Data::from_f32(&[1, h], &vec![0.25f32; h]).unwrap(),
-        Data::from_f32(&[1, f], &vec![0.25f32; f]).unwrap(),
+        Data::from_f32(&[rows, h], &vec![0.25f32; rows * h]).unwrap(),
+        Data::from_f32(&[rows, f], &vec![0.25f32; rows * f]).unwrap(),
     ];
     for dt in [
         DataType::Q4_0,

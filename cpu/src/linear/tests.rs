@@ -1007,7 +1007,8 @@ fn interleaved_layout_round_trips() {
 
 /// The interleaved kernels: SIMD bit-equal to the scalar reference (same integer math, same float
 /// order), and both equal to the plain integer path within float reordering, for awkward block
-/// counts, several groups, activation row counts 1..9 (chunks of 4 and a remainder), with a bias;
+/// counts, several groups, activation row counts 1..=9, 13 and 17 (the 4-row kernel, and from 5
+/// rows on the 8-row batch kernel with every remainder), with a bias;
 /// `quant_act = 0` (brought back to the plain layout first) equal to the plain exact path.
 #[test]
 fn interleaved_kernels_match_reference() {
@@ -1018,7 +1019,7 @@ fn interleaved_kernels_match_reference() {
             let mut p = vec![0u8; plain.len()];
             interleaved::interleave(t, &plain, n, k, &mut p).unwrap();
             let bias = rand_vec(n, 99);
-            for rows in [1usize, 2, 3, 4, 5, 9] {
+            for rows in [1usize, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17] {
                 let x = rand_vec(rows * k, (rows * 31 + k) as u64);
                 for quant_act in [true, false] {
                     let a = LinearArgs {

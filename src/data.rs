@@ -6,6 +6,7 @@
 //! This module owns the memory layout. It must not know about ops, devices' kernels or models.
 
 use crate::error::{Error, Result};
+use fastllm_cpu::linear::{interleaved, WeightType};
 use half::{bf16, f16};
 use std::fmt;
 use std::sync::Arc;
@@ -237,6 +238,22 @@ impl DataType {
     /// True for F32, F16 and BF16.
     pub fn is_float(self) -> bool {
         matches!(self, DataType::F32 | DataType::F16 | DataType::BF16)
+    }
+
+    /// The CPU kernels' weight type of a dtype that has an interleaved form, plain or
+    /// interleaved (`None` for other dtypes).
+    pub fn kernel_type(self) -> Option<WeightType> {
+        match self.plain() {
+            DataType::Q8_0 => Some(WeightType::Q8_0),
+            DataType::Q4_0 => Some(WeightType::Q4_0),
+            DataType::Q4_1 => Some(WeightType::Q4_1),
+            DataType::F16 => Some(WeightType::F16),
+            DataType::BF16 => Some(WeightType::BF16),
+            DataType::Q4K => Some(WeightType::Q4K),
+            DataType::Q5K => Some(WeightType::Q5K),
+            DataType::Q6K => Some(WeightType::Q6K),
+            _ => None,
+        }
     }
 
     /// Bytes needed for one row of `row_elems` elements; errors when a quantized row is not a
@@ -758,10 +775,37 @@ impl Data {
         let n = self.count();
         let mut out = vec![0f32; n];
         if self.dtype.is_interleaved() {
-            let plain = crate::interleave::plain_bytes(self)?;
+            let plain = self.plain_bytes()?;
             decode_to_f32(self.dtype.plain(), &plain, &mut out)?;
         } else {
             decode_to_f32(self.dtype, &self.packed_bytes()?, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    /// Row `r` of an interleaved matrix (16 rows at a time for the CPU kernels) in the plain
+    /// layout, into `out` (one plain row).
+    pub fn plain_row(&self, r: usize, out: &mut [u8]) -> Result<()> {
+        let (Some(t), &[n, k]) = (self.dtype.kernel_type(), self.dims()) else {
+            return Err(Error::invalid(format!(
+                "{self:?} is not an interleaved matrix"
+            )));
+        };
+        interleaved::plain_row(t, self.bytes()?, n, k, r, out)
+            .map_err(|e| Error::invalid(format!("{}: {e}", self.name)))
+    }
+
+    /// The whole interleaved matrix in the plain block layout.
+    fn plain_bytes(&self) -> Result<Vec<u8>> {
+        let &[n, k] = self.dims() else {
+            return Err(Error::invalid(format!(
+                "{self:?} is not an interleaved matrix"
+            )));
+        };
+        let rb = self.dtype.row_bytes(k)?;
+        let mut out = vec![0u8; n * rb];
+        for (r, row) in out.chunks_exact_mut(rb.max(1)).enumerate() {
+            self.plain_row(r, row)?;
         }
         Ok(out)
     }

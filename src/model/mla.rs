@@ -12,7 +12,7 @@
 //! serves as the value, whose first `kv_lora_rank` outputs are mapped per head by `W_uv` to the
 //! `v_head_dim` values.
 
-use super::transformer::KvStore;
+use super::step_kv::KvStore;
 use super::weights::Weights;
 use crate::data::{Data, DataType};
 use crate::error::{Error, Result};

@@ -13,8 +13,8 @@
 //! then on. Prefill chunks and mixed steps run op by op through `PagedAttention`.
 
 use super::paged::{PagedKvPool, PagedSeqState};
-use super::step_kv::{Layers, Qkv, StepArrays, StepAttention, StepKv};
-use super::transformer::{KvStore, Model, PagedBatch};
+use super::step_kv::{KvStore, Layers, Qkv, StepArrays, StepAttention, StepKv};
+use super::transformer::{Model, PagedBatch};
 use crate::data::{Data, DataType};
 use crate::device::BaseDevice;
 use crate::error::{Error, Result};

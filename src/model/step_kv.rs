@@ -5,12 +5,44 @@
 //! in `paged_graph`. Latent attention, which runs as a stage, gets a direct [`KvStore`] of one
 //! layer from its store.
 
-use super::transformer::KvStore;
 use crate::data::{Data, DataType};
 use crate::error::{Error, Result};
 use crate::executor::Executor;
 use crate::ops::{self, AttentionParams, RotaryParams, RotaryStyle};
 use crate::step::{Call, Step, TensorId};
+
+/// A KV store run op by op: stores this step's k/v rows of `layer` and computes attention of
+/// `q` over everything cached, calling the ops at once. Latent attention (a stage of a step,
+/// [`super::mla::mla_attention`]) reads its layer's cache through it; a step's other layers
+/// describe their attention through this module's [`StepKv`] stores.
+pub trait KvStore {
+    /// Appends `k`, `v` [rows, nkv, hd] for `layer` and writes attention of `q` into `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &mut self,
+        e: &Executor,
+        layer: usize,
+        q: &Data,
+        k: &Data,
+        v: &Data,
+        p: &AttentionParams,
+        out: &mut Data,
+    ) -> Result<()>;
+
+    /// [`KvStore::attend`] where the step's rows `kv` [rows, nkv, hd] serve as both keys and
+    /// values (latent attention): a store may keep them once.
+    fn attend_shared(
+        &mut self,
+        e: &Executor,
+        layer: usize,
+        q: &Data,
+        kv: &Data,
+        p: &AttentionParams,
+        out: &mut Data,
+    ) -> Result<()> {
+        self.attend(e, layer, q, kv, kv, p, out)
+    }
+}
 
 /// A step's rotation, over step tensors.
 #[derive(Clone, Copy, Debug)]

@@ -513,23 +513,18 @@ impl Data {
 
     /// An F32 host tensor from values.
     pub fn from_f32(dims: &[usize], values: &[f32]) -> Result<Data> {
-        let mut d = Data::zeros(DataType::F32, dims)?;
-        let dst = d.as_f32_mut()?;
-        if dst.len() != values.len() {
-            return Err(Error::invalid(format!(
-                "dims {dims:?} hold {} values, got {}",
-                dst.len(),
-                values.len()
-            )));
-        }
-        dst.copy_from_slice(values);
-        Ok(d)
+        Data::from_values(DataType::F32, dims, values)
     }
 
     /// An I32 host tensor from values.
     pub fn from_i32(dims: &[usize], values: &[i32]) -> Result<Data> {
-        let mut d = Data::zeros(DataType::I32, dims)?;
-        let dst = d.as_i32_mut()?;
+        Data::from_values(DataType::I32, dims, values)
+    }
+
+    /// A host tensor of a plain element type `T` (`dtype`'s elements) from values.
+    fn from_values<T: Copy>(dtype: DataType, dims: &[usize], values: &[T]) -> Result<Data> {
+        let mut d = Data::zeros(dtype, dims)?;
+        let dst = cast_slice_mut::<T>(d.bytes_mut()?)?;
         if dst.len() != values.len() {
             return Err(Error::invalid(format!(
                 "dims {dims:?} hold {} values, got {}",
@@ -1129,26 +1124,23 @@ pub fn encode_from_f32(dtype: DataType, src: &[f32]) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-fn cast_slice<T: Copy>(b: &[u8]) -> Result<&[T]> {
+/// The number of `T` in `len` bytes at `ptr`; `Err` when they are misaligned for `T`.
+fn cast_len<T>(ptr: *const u8, len: usize) -> Result<usize> {
     let sz = std::mem::size_of::<T>();
-    if !(b.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
-        || !b.len().is_multiple_of(sz)
-    {
+    if !(ptr as usize).is_multiple_of(std::mem::align_of::<T>()) || !len.is_multiple_of(sz) {
         return Err(Error::invalid("misaligned tensor storage"));
     }
-    // SAFETY: alignment and length checked; T is a plain number type.
-    Ok(unsafe { std::slice::from_raw_parts(b.as_ptr() as *const T, b.len() / sz) })
+    Ok(len / sz)
 }
-
-fn cast_slice_mut<T: Copy>(b: &mut [u8]) -> Result<&mut [T]> {
-    let sz = std::mem::size_of::<T>();
-    if !(b.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
-        || !b.len().is_multiple_of(sz)
-    {
-        return Err(Error::invalid("misaligned tensor storage"));
-    }
+fn cast_slice<T: Copy>(b: &[u8]) -> Result<&[T]> {
+    let n = cast_len::<T>(b.as_ptr(), b.len())?;
     // SAFETY: alignment and length checked; T is a plain number type.
-    Ok(unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr() as *mut T, b.len() / sz) })
+    Ok(unsafe { std::slice::from_raw_parts(b.as_ptr() as *const T, n) })
+}
+fn cast_slice_mut<T: Copy>(b: &mut [u8]) -> Result<&mut [T]> {
+    let n = cast_len::<T>(b.as_ptr(), b.len())?;
+    // SAFETY: alignment and length checked; T is a plain number type.
+    Ok(unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr() as *mut T, n) })
 }
 
 #[cfg(test)]

@@ -830,10 +830,7 @@ fn rss_child() {
         &mut |_| {},
     )
     .unwrap();
-    println!(
-        "rss_before_kib={before} peak_rss_kib={}",
-        peak_rss_kib()
-    );
+    println!("rss_before_kib={before} peak_rss_kib={}", peak_rss_kib());
     std::fs::remove_file(&out).unwrap();
 }
 

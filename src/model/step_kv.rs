@@ -134,8 +134,13 @@ pub(super) trait StepKv<'a> {
         out: TensorId,
     ) -> Result<()>;
 
-    /// A direct store of layer `layer` alone, for latent attention (a stage).
-    fn latent_layer(&mut self, layer: usize) -> Result<Box<dyn KvStore + 'a>>;
+    /// A direct store of layer `layer` alone, for latent attention (a stage); only the
+    /// op-by-op stores (a contiguous cache, the paged pool) have one.
+    fn latent_layer(&mut self, _layer: usize) -> Result<Box<dyn KvStore + 'a>> {
+        Err(Error::invalid(
+            "latent attention runs only in op-by-op steps, not in recorded or padded decode steps",
+        ))
+    }
 }
 
 /// The layer caches of a store, each handed to the step once.
@@ -331,28 +336,6 @@ impl<'a> GraphKv<'a> {
             arrays: StepArrays::new([pos], workspace),
         }
     }
-
-    fn call(
-        &mut self,
-        st: &mut Step<'a>,
-        layer: usize,
-        x: Qkv,
-        p: &StepAttention,
-        out: TensorId,
-    ) -> Result<()> {
-        let ([pos], workspace) = self.arrays.get(st)?;
-        let (kc, vc) = self.layers.get(st, layer)?;
-        let mut c = Call::new("DecodeAttention")
-            .input("q", x.q)
-            .input("positions", pos)
-            .output("k_cache", kc)
-            .output("v_cache", vc)
-            .input("k", x.k)
-            .input("v", x.v);
-        c = c.output("workspace", workspace);
-        st.push(p.args(c, out));
-        Ok(())
-    }
 }
 
 impl<'a> StepKv<'a> for GraphKv<'a> {
@@ -364,13 +347,18 @@ impl<'a> StepKv<'a> for GraphKv<'a> {
         p: &StepAttention,
         out: TensorId,
     ) -> Result<()> {
-        self.call(st, layer, x, p, out)
-    }
-
-    fn latent_layer(&mut self, _layer: usize) -> Result<Box<dyn KvStore + 'a>> {
-        Err(Error::invalid(
-            "latent attention does not run in graph-mode decode steps",
-        ))
+        let ([pos], workspace) = self.arrays.get(st)?;
+        let (kc, vc) = self.layers.get(st, layer)?;
+        let c = Call::new("DecodeAttention")
+            .input("q", x.q)
+            .input("positions", pos)
+            .output("k_cache", kc)
+            .output("v_cache", vc)
+            .input("k", x.k)
+            .input("v", x.v)
+            .output("workspace", workspace);
+        st.push(p.args(c, out));
+        Ok(())
     }
 }
 

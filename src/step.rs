@@ -138,35 +138,6 @@ impl Call {
 /// The work of a stage: runs with its arguments in a [`DataDict`].
 pub type StageFn<'a> = Box<dyn FnMut(&mut DataDict) -> Result<()> + 'a>;
 
-/// (weight, bias, output) argument names of the weights one `Linear` call may carry: devices
-/// whose passes merge consecutive `Linear`s of one input take `weight1`, `weight2` and theirs.
-pub const LINEAR_SEGMENTS: [(&str, &str, &str); 3] = [
-    ("weight", "bias", "output"),
-    ("weight1", "bias1", "output1"),
-    ("weight2", "bias2", "output2"),
-];
-
-/// The one `Linear` call doing what the (at most three) `Linear` calls `parts` on one input do:
-/// their weights, biases and outputs numbered in order ([`LINEAR_SEGMENTS`]), the first call's
-/// input, rows and `quant_act`. `None` for no calls.
-pub fn merge_linear_calls(parts: &[Call]) -> Option<Call> {
-    let first = parts.first()?;
-    let mut m = Call::new("Linear").rows(first.rows);
-    if let Some(x) = first.arg("input") {
-        m = m.input("input", x);
-    }
-    for (c, (wn, bn, on)) in parts.iter().zip(LINEAR_SEGMENTS) {
-        if let Some(w) = c.arg("weight") {
-            m = m.input(wn, w);
-        }
-        m = m.input_opt(bn, c.arg("bias"));
-        if let Some(o) = c.arg("output") {
-            m = m.output(on, o);
-        }
-    }
-    Some(m.int("quant_act", first.int_of("quant_act")))
-}
-
 /// Work a step does not describe op by op (see the module doc).
 pub struct Stage<'a> {
     /// What it is, for errors and the profiler.

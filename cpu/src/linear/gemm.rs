@@ -9,7 +9,7 @@
 
 use super::act_quant::Q8Rows;
 use super::int_wide::{IntWideFn, WIDE_COLS, WIDE_ROWS};
-use super::interleaved::{InterleavedBatchFn, InterleavedFn, BATCH_ROWS, GROUP_ROWS};
+use super::interleaved::{InterleavedFn, GROUP_ROWS};
 use super::interleaved_float::FloatGroupFn;
 use super::{FloatRowsFn, IntRowsFn, IntTileFn, LinearArgs, RowToF32Fn, TileF32Fn, MAX_ROWS};
 use crate::threads::Threads;
@@ -128,103 +128,68 @@ pub(super) fn run(
     }
 }
 
-/// One matrix of a grouped run ([`run_groups`]): its arguments (sizes validated, `a.n` a
-/// multiple of [`GROUP_ROWS`]), weight row bytes and output (`a.rows × a.n` values).
-pub(super) struct GroupSeg<'a> {
-    pub a: &'a LinearArgs<'a>,
-    pub rb: usize,
-    out: OutPtr,
-}
-
-impl<'a> GroupSeg<'a> {
-    /// The segment of `a` (row bytes `rb`) writing into `out`.
-    pub fn new(a: &'a LinearArgs<'a>, rb: usize, out: &'a mut [f32]) -> GroupSeg<'a> {
-        GroupSeg {
-            a,
-            rb,
-            out: OutPtr(out.as_mut_ptr()),
-        }
-    }
-}
-
-/// Runs an interleaved-group kernel over every matrix of `segs` (all with the same activation
-/// rows and `k`) in one parallel job. `kern(seg, group, r0, nr, o)` computes the group's 16
-/// columns of segment `seg` for activation rows `r0..r0 + nr` (`nr <= RB`) into `o`. Each task
-/// takes consecutive groups (of one matrix or running on into the next), so every thread reads
-/// one sequential stream of weights; within a group every block of `RB` activation rows passes
-/// over the group while it is cached.
-pub(super) fn run_groups<const RB: usize>(
+/// Runs an interleaved-group kernel over all of `a` (sizes validated, `a.n` a multiple of
+/// [`GROUP_ROWS`]; `rb` = weight row bytes) into `out`. `kern(group, r0, nr, o)` computes the
+/// group's 16 columns for activation rows `r0..r0 + nr` (`nr <= MAX_ROWS`) into `o`. Each task
+/// takes consecutive groups, so every thread reads one sequential stream of weights; within a
+/// group every block of [`MAX_ROWS`] activation rows passes over the group while it is cached.
+pub(super) fn run_groups(
     threads: Option<&Threads>,
-    segs: &[GroupSeg],
-    kern: impl Fn(usize, &[u8], usize, usize, &mut [[f32; GROUP_ROWS]; RB]) + Sync,
+    a: &LinearArgs,
+    rb: usize,
+    kern: impl Fn(&[u8], usize, usize, &mut [[f32; GROUP_ROWS]; MAX_ROWS]) + Sync,
+    out: &mut [f32],
 ) {
-    let Some(first) = segs.first() else { return };
-    let (rows, k) = (first.a.rows, first.a.k);
-    let total: usize = segs.iter().map(|s| s.a.n / GROUP_ROWS).sum();
-    if rows == 0 || total == 0 {
+    let (rows, n) = (a.rows, a.n);
+    if rows == 0 || n == 0 {
         return;
     }
-    let group = |si: usize, g: usize| {
-        let GroupSeg { a, rb, out } = &segs[si];
-        let (n, op, gbytes) = (a.n, out.get(), GROUP_ROWS * rb);
-        let w = &a.w[g * gbytes..(g + 1) * gbytes];
-        let mut r0 = 0;
-        while r0 < rows {
-            let nr = (rows - r0).min(RB);
-            let mut o = [[0f32; GROUP_ROWS]; RB];
-            kern(si, w, r0, nr, &mut o);
-            for (t, ot) in o.iter().enumerate().take(nr) {
-                for (c, v) in ot.iter().enumerate() {
-                    let j = g * GROUP_ROWS + c;
-                    let b = a.bias.map_or(0.0, |b| b[j]);
-                    // SAFETY: inside the validated output; no other task writes column j.
-                    unsafe { *op.add((r0 + t) * n + j) = v + b };
-                }
-            }
-            r0 += nr;
-        }
-    };
+    let op = OutPtr(out.as_mut_ptr());
+    let gbytes = GROUP_ROWS * rb;
     let body = |groups: std::ops::Range<usize>| {
-        // global group index → (segment, group of that segment)
-        let (mut si, mut base) = (0, 0);
-        for gi in groups {
-            while gi >= base + segs[si].a.n / GROUP_ROWS {
-                base += segs[si].a.n / GROUP_ROWS;
-                si += 1;
+        let op = op.get();
+        for g in groups {
+            let w = &a.w[g * gbytes..(g + 1) * gbytes];
+            let mut r0 = 0;
+            while r0 < rows {
+                let nr = (rows - r0).min(MAX_ROWS);
+                let mut o = [[0f32; GROUP_ROWS]; MAX_ROWS];
+                kern(w, r0, nr, &mut o);
+                for (t, ot) in o.iter().enumerate().take(nr) {
+                    for (c, v) in ot.iter().enumerate() {
+                        let j = g * GROUP_ROWS + c;
+                        let b = a.bias.map_or(0.0, |b| b[j]);
+                        // SAFETY: inside the validated output; no other task writes column j.
+                        unsafe { *op.add((r0 + t) * n + j) = v + b };
+                    }
+                }
+                r0 += nr;
             }
-            group(si, gi - base);
         }
     };
     match threads {
         Some(t) => {
-            let min_groups = MIN_TASK_WORK.div_ceil(k.max(1) * rows * GROUP_ROWS).max(1);
-            t.for_rows(total, min_groups, body);
+            let min_groups = MIN_TASK_WORK
+                .div_ceil(a.k.max(1) * rows * GROUP_ROWS)
+                .max(1);
+            t.for_rows(n / GROUP_ROWS, min_groups, body);
         }
-        None => body(0..total),
+        None => body(0..n / GROUP_ROWS),
     }
 }
 
-/// [`run_groups`] with an integer interleaved-group kernel over the quantized activations `q`
-/// (the input of every segment): the batch kernel `batch` (if any) where there are more than
-/// [`MAX_ROWS`] rows, else `f`.
+/// [`run_groups`] with an integer interleaved-group kernel over the quantized activations `q`.
 pub(super) fn run_interleaved(
     threads: Option<&Threads>,
-    segs: &[GroupSeg],
-    (f, batch): (InterleavedFn, Option<InterleavedBatchFn>),
+    a: &LinearArgs,
+    rb: usize,
+    f: InterleavedFn,
     q: &Q8Rows,
+    out: &mut [f32],
 ) {
-    match batch {
-        Some(bf) if q.rows > MAX_ROWS => {
-            // SAFETY: sizes validated by the caller; kernel picked for this CPU.
-            let kern = |_, w: &[u8], r0, nr, o: &mut _| unsafe { bf(w, q, r0, nr, o) };
-            run_groups::<BATCH_ROWS>(threads, segs, kern);
-        }
-        _ => {
-            // SAFETY: sizes validated by the caller; kernel picked for this CPU.
-            let kern = |_, w: &[u8], r0, nr, o: &mut _| unsafe { f(w, q, r0, nr, o) };
-            run_groups::<MAX_ROWS>(threads, segs, kern);
-        }
-    }
+    // SAFETY: sizes validated by the caller; kernel picked for this CPU.
+    let kern = |w: &[u8], r0, nr, o: &mut _| unsafe { f(w, q, r0, nr, o) };
+    run_groups(threads, a, rb, kern, out);
 }
 
 /// [`run_groups`] with a float interleaved-group kernel over the f32 activations `a.x`.
@@ -237,10 +202,10 @@ pub(super) fn run_interleaved_float(
 ) {
     let k = a.k;
     // SAFETY: sizes validated by the caller; kernel picked for this CPU.
-    let kern = |_, w: &[u8], r0: usize, nr: usize, o: &mut _| unsafe {
+    let kern = |w: &[u8], r0: usize, nr: usize, o: &mut _| unsafe {
         f(w, &a.x[r0 * k..(r0 + nr) * k], k, nr, o)
     };
-    run_groups::<MAX_ROWS>(threads, &[GroupSeg::new(a, rb, out)], kern);
+    run_groups(threads, a, rb, kern, out);
 }
 
 /// Writes a kernel's output tile `o[column][row]` (`nr` rows from `r0`, `nc` columns from `c0`)

@@ -51,25 +51,6 @@ pub type InterleavedFn = unsafe fn(
     out: &mut [[f32; GROUP_ROWS]; MAX_ROWS],
 );
 
-/// Activation rows of one [`InterleavedBatchFn`] call.
-pub const BATCH_ROWS: usize = 8;
-
-/// An interleaved-group kernel for batches: [`InterleavedFn`]'s contract with up to
-/// [`BATCH_ROWS`] activation rows, so each block of the group is loaded and unpacked once for
-/// all of them. Every row's sums are the [`InterleavedFn`]'s, in the same order (same bits).
-///
-/// # Safety
-/// `1 <= rows <= BATCH_ROWS`, `row0 + rows <= acts.rows`, `g` holds a whole interleaved group of
-/// `acts.blocks` blocks of the kernel's type, and the CPU has the features the kernel was
-/// picked for.
-pub type InterleavedBatchFn = unsafe fn(
-    g: &[u8],
-    acts: &Q8Rows,
-    row0: usize,
-    rows: usize,
-    out: &mut [[f32; GROUP_ROWS]; BATCH_ROWS],
-);
-
 /// Plain block bytes of a packable weight type (`None` for float types).
 fn block_bytes(t: WeightType) -> Option<usize> {
     match t {
@@ -338,32 +319,13 @@ pub fn pick(t: WeightType) -> Option<InterleavedFn> {
     None
 }
 
-/// The batch kernel for interleaved block weights of type `t` (Q4_0, Q4_1, Q8_0), if this CPU
-/// has one.
-pub fn pick_batch(t: WeightType) -> Option<InterleavedBatchFn> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if available() {
-            let f: InterleavedBatchFn = match t {
-                WeightType::Q4_0 => avx512::batch_q4_0,
-                WeightType::Q4_1 => avx512::batch_q4_1,
-                WeightType::Q8_0 => avx512::batch_q8_0,
-                _ => return None,
-            };
-            return Some(f);
-        }
-    }
-    let _ = t;
-    None
-}
-
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx512 {
     //! The kernels, and the helpers the K-quant kernels share; only called after
     //! [`super::available`].
     use super::super::act_quant::Q8Rows;
     use super::super::MAX_ROWS;
-    use super::{block_bytes, header_bytes, kind_type, BATCH_ROWS, GROUP_ROWS, Q4_0, Q4_1, Q8_0};
+    use super::{block_bytes, header_bytes, kind_type, GROUP_ROWS, Q4_0, Q4_1, Q8_0};
     use crate::quant::QK;
     use std::arch::x86_64::*;
 
@@ -374,14 +336,14 @@ pub(super) mod avx512 {
         _mm512_set1_epi32(std::ptr::read_unaligned(p as *const i32))
     }
 
-    /// All blocks of one group against activation rows `row0..row0 + R` (`R <= out.len()`).
+    /// All blocks of one group against activation rows `row0..row0 + R`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     unsafe fn group<const R: usize, const KIND: u8>(
         g: &[u8],
         acts: &Q8Rows,
         row0: usize,
-        out: &mut [[f32; GROUP_ROWS]],
+        out: &mut [[f32; GROUP_ROWS]; MAX_ROWS],
     ) {
         let t = kind_type(KIND);
         let bs = block_bytes(t).unwrap_or(0);
@@ -473,46 +435,6 @@ pub(super) mod avx512 {
         };
     }
     pub(in crate::linear) use entry;
-
-    /// Defines the public [`super::InterleavedBatchFn`] `$name`, which hands its row count
-    /// (1..=8) to `group::<R, $c>`.
-    macro_rules! entry_batch {
-        ($(#[$doc:meta])* $name:ident, $c:expr) => {
-            $(#[$doc])*
-            #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-            pub unsafe fn $name(
-                g: &[u8],
-                a: &Q8Rows,
-                r0: usize,
-                n: usize,
-                o: &mut [[f32; GROUP_ROWS]; BATCH_ROWS],
-            ) {
-                match n {
-                    1 => group::<1, $c>(g, a, r0, o),
-                    2 => group::<2, $c>(g, a, r0, o),
-                    3 => group::<3, $c>(g, a, r0, o),
-                    4 => group::<4, $c>(g, a, r0, o),
-                    5 => group::<5, $c>(g, a, r0, o),
-                    6 => group::<6, $c>(g, a, r0, o),
-                    7 => group::<7, $c>(g, a, r0, o),
-                    _ => group::<8, $c>(g, a, r0, o),
-                }
-            }
-        };
-    }
-
-    entry_batch!(
-        /// Q4_0 ([`super::InterleavedBatchFn`]).
-        batch_q4_0, Q4_0
-    );
-    entry_batch!(
-        /// Q4_1 ([`super::InterleavedBatchFn`]).
-        batch_q4_1, Q4_1
-    );
-    entry_batch!(
-        /// Q8_0 ([`super::InterleavedBatchFn`]).
-        batch_q8_0, Q8_0
-    );
 
     entry!(
         /// Q4_0 ([`super::InterleavedFn`]).

@@ -552,64 +552,6 @@ pub fn linear_interleaved(
             None => linear_ref(&b, out),
         };
     }
-    interleaved_int(threads, &[(*a, rb)], &mut [out])
-}
-
-/// Several `Linear`s of one input (`x`, `rows`, `k`), each with an interleaved weight of one
-/// block or K-quant type and `quant_act`: the activations are quantized once and the groups of
-/// all weights run in one parallel job (no barrier between the matrices). `outs[i]` receives
-/// `parts[i]`'s product. Weights of other types, or without `quant_act`, run one
-/// [`linear_interleaved`] call after the other.
-pub fn linear_interleaved_multi(
-    threads: Option<&Threads>,
-    parts: &[LinearArgs],
-    outs: &mut [&mut [f32]],
-) -> Result<(), String> {
-    let Some(a0) = parts.first() else {
-        return Ok(());
-    };
-    if outs.len() != parts.len() {
-        return Err(format!(
-            "{} weights but {} outputs",
-            parts.len(),
-            outs.len()
-        ));
-    }
-    let shared = parts.iter().all(|p| {
-        std::ptr::eq(p.x, a0.x)
-            && (p.rows, p.k, p.wtype, p.quant_act) == (a0.rows, a0.k, a0.wtype, a0.quant_act)
-    });
-    if !shared {
-        return Err("the weights of one call need one input and one weight type".into());
-    }
-    let grouped = a0.quant_act
-        && (a0.wtype.is_block() || interleaved_kquant::is_kquant(a0.wtype))
-        && parts
-            .iter()
-            .all(|p| p.n.is_multiple_of(interleaved::GROUP_ROWS));
-    if !grouped {
-        for (p, o) in parts.iter().zip(outs.iter_mut()) {
-            linear_interleaved(threads, p, o)?;
-        }
-        return Ok(());
-    }
-    let mut segs = Vec::with_capacity(parts.len());
-    for (p, o) in parts.iter().zip(outs.iter()) {
-        segs.push((*p, p.validate(o)?));
-    }
-    interleaved_int(threads, &segs, outs)
-}
-
-/// The integer interleaved path of [`linear_interleaved`] over one or more weights (validated,
-/// with their row bytes) sharing one input: quantize once, run every group in one job.
-fn interleaved_int(
-    threads: Option<&Threads>,
-    parts: &[(LinearArgs, usize)],
-    outs: &mut [&mut [f32]],
-) -> Result<(), String> {
-    let Some((a, _)) = parts.first() else {
-        return Ok(());
-    };
     let simd = threads.and_then(|_| interleaved::pick(a.wtype));
     let f = simd
         .or_else(|| interleaved::pick_ref(a.wtype))
@@ -626,13 +568,7 @@ fn interleaved_int(
         if a.wtype == WeightType::Q6K {
             q.prepare_sum16();
         }
-        let batch = threads.and_then(|_| interleaved::pick_batch(a.wtype));
-        let segs: Vec<gemm::GroupSeg> = parts
-            .iter()
-            .zip(outs.iter_mut())
-            .map(|((p, rb), o)| gemm::GroupSeg::new(p, *rb, o))
-            .collect();
-        gemm::run_interleaved(threads, &segs, (f, batch), &q);
+        gemm::run_interleaved(threads, a, rb, f, &q, out);
         Ok(())
     })
 }

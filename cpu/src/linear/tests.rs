@@ -1007,8 +1007,8 @@ fn interleaved_layout_round_trips() {
 
 /// The interleaved kernels: SIMD bit-equal to the scalar reference (same integer math, same float
 /// order), and both equal to the plain integer path within float reordering, for awkward block
-/// counts, several groups, activation row counts 1..=9, 13 and 17 (the 4-row kernel, and from 5
-/// rows on the 8-row batch kernel with every remainder), with a bias;
+/// counts, several groups, activation row counts 1..=9, 13 and 17 (chunks of 4 with every
+/// remainder), with a bias;
 /// `quant_act = 0` (brought back to the plain layout first) equal to the plain exact path.
 #[test]
 fn interleaved_kernels_match_reference() {

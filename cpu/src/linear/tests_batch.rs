@@ -3,8 +3,7 @@
 //! for every weight dtype with quantized activations (`fast` precision) and with f32 activations
 //! (`exact`). K-quant and Q5_0 weights in `exact` precision hold it below
 //! [`GEMM_MIN_ROWS`](super::GEMM_MIN_ROWS) rows; from there on AVX-512 they run as converted
-//! f32 tiles, whose sums are ordered differently. Likewise a weight's output is bit-equal whether
-//! it runs alone or in one [`linear_interleaved_multi`] call with other weights of its input.
+//! f32 tiles, whose sums are ordered differently.
 
 use super::*;
 use crate::threads::Threads;
@@ -140,68 +139,4 @@ fn a_rows_output_does_not_depend_on_the_batch() {
         "rows that differ from their solo result:\n{}",
         bad.join("\n")
     );
-}
-
-/// Several interleaved weights of one input in one call: each output bit-equal to that weight's
-/// own `linear_interleaved` call (SIMD and reference), for row counts of the 4-row and the 8-row
-/// kernels, weights of different row counts (one task may run on from one weight into the next).
-#[test]
-fn several_weights_in_one_call_equal_separate_calls() {
-    let th = Threads::new(2).unwrap_or_else(|e| panic!("{e}"));
-    let types = [
-        WeightType::Q4_0,
-        WeightType::Q4_1,
-        WeightType::Q8_0,
-        WeightType::Q4K,
-        WeightType::Q6K,
-    ];
-    for t in types {
-        let k = if t.is_kquant() { 512 } else { 96 };
-        let ns = [48usize, 16, 32];
-        let ws: Vec<Vec<u8>> = ns
-            .iter()
-            .map(|&n| {
-                let w = weight(t, n, k, (n * 7 + k) as u64);
-                let mut o = vec![0u8; w.len()];
-                interleaved::interleave(t, &w, n, k, &mut o).unwrap_or_else(|e| panic!("{e}"));
-                o
-            })
-            .collect();
-        let biases: Vec<Vec<f32>> = ns.iter().map(|&n| rand_vec(n, n as u64)).collect();
-        for rows in [1usize, 3, 5, 8, 11] {
-            let x = rand_vec(rows * k, (rows + k) as u64);
-            let parts: Vec<LinearArgs> = (0..3)
-                .map(|i| LinearArgs {
-                    x: &x,
-                    rows,
-                    k,
-                    w: &ws[i],
-                    wtype: t,
-                    n: ns[i],
-                    bias: (i != 1).then_some(biases[i].as_slice()),
-                    quant_act: true,
-                })
-                .collect();
-            for threads in [Some(&th), None] {
-                let mut got: Vec<Vec<f32>> = ns.iter().map(|&n| vec![0f32; rows * n]).collect();
-                let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|v| v.as_mut_slice()).collect();
-                linear_interleaved_multi(threads, &parts, &mut outs)
-                    .unwrap_or_else(|e| panic!("{e}"));
-                for (i, p) in parts.iter().enumerate() {
-                    let mut want = vec![0f32; rows * ns[i]];
-                    linear_interleaved(threads, p, &mut want).unwrap_or_else(|e| panic!("{e}"));
-                    let same = got[i]
-                        .iter()
-                        .zip(&want)
-                        .all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(
-                        same,
-                        "{} weight {i} of 3, {rows} rows, simd {}: differs from its own call",
-                        t.name(),
-                        threads.is_some()
-                    );
-                }
-            }
-        }
-    }
 }

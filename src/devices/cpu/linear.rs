@@ -11,7 +11,6 @@ use super::CpuContext;
 use crate::data::{Data, DataType};
 use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
 use crate::error::{Error, Result};
-use crate::step::LINEAR_SEGMENTS;
 use fastllm_cpu::linear::matmul::{self as mm, MatMulShape};
 use fastllm_cpu::linear::{self as k, LinearArgs, WeightType};
 use std::borrow::Cow;
@@ -78,11 +77,11 @@ fn f32_values<'a>(op: &str, name: &str, d: &'a Data) -> Result<Cow<'a, [f32]>> {
 struct Linear(Arc<CpuContext>);
 
 impl Linear {
-    /// Validates the input and the weight `wn` with its bias `bn`; returns (rows, k, n).
-    fn shapes(d: &DataDict, (wn, bn): (&str, &str)) -> Result<(usize, usize, usize)> {
+    /// Validates the arguments; returns (rows, k, n).
+    fn shapes(d: &DataDict) -> Result<(usize, usize, usize)> {
         const OP: &str = "Linear";
         let x = d.require(OP, "input")?;
-        let w = d.require(OP, wn)?;
+        let w = d.require(OP, "weight")?;
         if x.dtype() != DataType::F32 {
             return Err(Error::op(
                 OP,
@@ -92,28 +91,30 @@ impl Linear {
         if weight_type(w.dtype()).is_none() {
             return Err(Error::op(
                 OP,
-                format!("{wn} dtype {} is not supported", w.dtype()),
+                format!("weight dtype {} is not supported", w.dtype()),
             ));
         }
         let (xd, wd) = (x.dims(), w.dims());
         let (Some(&kx), [n, kw]) = (xd.last(), wd) else {
             return Err(Error::op(
                 OP,
-                format!("input {xd:?} must have at least 1 dim and {wn} {wd:?} exactly 2 ([n, k])"),
+                format!(
+                    "input {xd:?} must have at least 1 dim and weight {wd:?} exactly 2 ([n, k])"
+                ),
             ));
         };
         if kx != *kw {
             return Err(Error::op(
                 OP,
-                format!("input {xd:?} and {wn} {wd:?} differ in k ({kx} vs {kw})"),
+                format!("input {xd:?} and weight {wd:?} differ in k ({kx} vs {kw})"),
             ));
         }
-        if let Some(b) = d.get(bn) {
+        if let Some(b) = d.get("bias") {
             if b.dtype() != DataType::F32 || b.dims() != [*n] {
                 return Err(Error::op(
                     OP,
                     format!(
-                        "{bn} must be f32 [{n}] for {wn} {wd:?}, got {} {:?}",
+                        "bias must be f32 [{n}] for weight {wd:?}, got {} {:?}",
                         b.dtype(),
                         b.dims()
                     ),
@@ -124,71 +125,72 @@ impl Linear {
     }
 }
 
-/// The weights one call carries, in order: the first always, `weight1`/`weight2` where given.
-fn segments(d: &DataDict) -> Vec<(&'static str, &'static str, &'static str)> {
-    LINEAR_SEGMENTS
-        .into_iter()
-        .enumerate()
-        .filter(|(i, (wn, _, _))| *i == 0 || d.contains(wn))
-        .map(|(_, seg)| seg)
-        .collect()
-}
-
 impl Operator for Linear {
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
-        // extra weights (weight1, weight2; the fusion pass's form) share the first one's dtype
-        let w0 = d.dtype("weight");
+        // one weight per call (the multi-weight form is the CUDA device's)
         d.dtype("input") == Some(DataType::F32)
-            && w0.and_then(weight_type).is_some()
-            && segments(d).into_iter().all(|(wn, bn, _)| {
-                d.dtype(wn) == w0 && d.dtype(bn).is_none_or(|t| t == DataType::F32)
-            })
+            && d.dtype("weight").and_then(weight_type).is_some()
+            && d.dtype("bias").is_none_or(|t| t == DataType::F32)
+            && !d.contains("weight1")
     }
 
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, ints: &IntDict) -> Result<()> {
-        let segs = segments(d);
-        let acc = ints.get_or("accumulate", 0) != 0;
-        if acc && segs.len() > 1 {
-            return Err(Error::op("Linear", "accumulate takes one weight"));
+        Self::shapes(d)?;
+        let ([x, w], out) = d.io("Linear", ["input", "weight"], "output")?;
+        let (Some(x), Some(w)) = (x, w) else {
+            return Err(Error::op("Linear", "missing input 'input' or 'weight'"));
+        };
+        let mut dims = x.dims().to_vec();
+        if let Some(last) = dims.last_mut() {
+            *last = w.dim(0);
         }
-        for (wn, bn, on) in segs {
-            let (rows, _, n) = Self::shapes(d, (wn, bn))?;
-            let mut dims = d.require("Linear", "input")?.dims().to_vec();
-            if let Some(last) = dims.last_mut() {
-                *last = n;
+        if ints.get_or("accumulate", 0) != 0 {
+            // the output holds the rows the product is added to
+            if out.dims() != dims.as_slice() || out.dtype() != DataType::F32 {
+                return Err(Error::op(
+                    "Linear",
+                    format!(
+                        "accumulate needs output to be F32 {dims:?}, got {} {:?}",
+                        out.dtype(),
+                        out.dims()
+                    ),
+                ));
             }
-            let out = d.require_mut("Linear", on)?;
-            if acc {
-                // the output holds the rows the product is added to
-                if out.dims() != dims.as_slice() || out.dtype() != DataType::F32 {
-                    return Err(Error::op(
-                        "Linear",
-                        format!(
-                            "accumulate needs {on} to be F32 {dims:?} ({rows} rows), got {} {:?}",
-                            out.dtype(),
-                            out.dims()
-                        ),
-                    ));
-                }
-                continue;
-            }
-            out.resize(DataType::F32, &dims)?;
+            return Ok(());
         }
-        Ok(())
+        out.resize(DataType::F32, &dims)
     }
 
     fn run(&self, d: &mut DataDict, _: &FloatDict, ints: &IntDict) -> Result<()> {
         const OP: &str = "Linear";
-        if d.contains("weight1") {
-            return self.run_several(d, ints);
-        }
-        let (rows, kk, n) = Self::shapes(d, ("weight", "bias"))?;
+        let (rows, kk, n) = Self::shapes(d)?;
         let ([x, w, bias], out) = d.io(OP, ["input", "weight", "bias"], "output")?;
         let (Some(x), Some(w)) = (x, w) else {
             return Err(Error::op(OP, "missing input 'input' or 'weight'"));
         };
+        let wtype =
+            weight_type(w.dtype()).ok_or_else(|| Error::op(OP, "unsupported weight dtype"))?;
         let xv = f32_values(OP, "input", x)?;
-        let args = linear_args(&xv, (rows, kk, n), (w, bias), ints)?;
+        let wb = w
+            .bytes()
+            .map_err(|e| Error::op(OP, format!("weight: {e}")))?;
+        let bias = match bias {
+            Some(b) => Some(
+                b.as_f32()
+                    .map_err(|e| Error::op(OP, format!("bias: {e}")))?,
+            ),
+            None => None,
+        };
+        let args = LinearArgs {
+            x: &xv,
+            rows,
+            k: kk,
+            w: wb,
+            wtype,
+            n,
+            bias,
+            quant_act: ints.get_or("quant_act", 0) != 0,
+        };
         let o = out
             .as_f32_mut()
             .map_err(|e| Error::op(OP, format!("output: {e}")))?;
@@ -209,84 +211,6 @@ impl Operator for Linear {
         }
         Ok(())
     }
-}
-
-impl Linear {
-    /// A call with `weight1` (and `weight2`): interleaved weights run in one parallel job over
-    /// the input quantized once (`k::linear_interleaved_multi`), others one after the other;
-    /// the products pass through scratch rows into their outputs.
-    fn run_several(&self, d: &mut DataDict, ints: &IntDict) -> Result<()> {
-        const OP: &str = "Linear";
-        let segs = segments(d);
-        let shapes = segs
-            .iter()
-            .map(|&(wn, bn, _)| Self::shapes(d, (wn, bn)))
-            .collect::<Result<Vec<_>>>()?;
-        let mut prods: Vec<Vec<f32>> = shapes.iter().map(|&(r, _, n)| vec![0f32; r * n]).collect();
-        {
-            let xv = f32_values(OP, "input", d.require(OP, "input")?)?;
-            let mut args = Vec::with_capacity(segs.len());
-            let mut interleaved = true;
-            for (&(wn, bn, _), &shape) in segs.iter().zip(&shapes) {
-                let w = d.require(OP, wn)?;
-                interleaved &= w.dtype().is_interleaved();
-                args.push(linear_args(&xv, shape, (w, d.get(bn)), ints)?);
-            }
-            let threads = (!self.0.reference()).then_some(&self.0.threads);
-            let mut outs: Vec<&mut [f32]> = prods.iter_mut().map(|p| p.as_mut_slice()).collect();
-            let r = if interleaved {
-                k::linear_interleaved_multi(threads, &args, &mut outs)
-            } else {
-                args.iter().zip(outs).try_for_each(|(a, o)| match threads {
-                    Some(t) => k::linear(t, a, o),
-                    None => k::linear_ref(a, o),
-                })
-            };
-            r.map_err(|e| Error::op(OP, e))?;
-        }
-        for (&(_, _, on), p) in segs.iter().zip(prods) {
-            let o = d
-                .require_mut(OP, on)?
-                .as_f32_mut()
-                .map_err(|e| Error::op(OP, format!("{on}: {e}")))?;
-            o.get_mut(..p.len())
-                .ok_or_else(|| Error::op(OP, format!("{on} smaller than its dims")))?
-                .copy_from_slice(&p);
-        }
-        Ok(())
-    }
-}
-
-/// The kernel arguments of one weight `w` (with its `bias`) over the f32 input `xv` of
-/// `(rows, k, n)` (validated).
-fn linear_args<'a>(
-    xv: &'a [f32],
-    (rows, k, n): (usize, usize, usize),
-    (w, bias): (&'a Data, Option<&'a Data>),
-    ints: &IntDict,
-) -> Result<LinearArgs<'a>> {
-    const OP: &str = "Linear";
-    let wtype = weight_type(w.dtype()).ok_or_else(|| Error::op(OP, "unsupported weight dtype"))?;
-    let wb = w
-        .bytes()
-        .map_err(|e| Error::op(OP, format!("weight: {e}")))?;
-    let bias = match bias {
-        Some(b) => Some(
-            b.as_f32()
-                .map_err(|e| Error::op(OP, format!("bias: {e}")))?,
-        ),
-        None => None,
-    };
-    Ok(LinearArgs {
-        x: xv,
-        rows,
-        k,
-        w: wb,
-        wtype,
-        n,
-        bias,
-        quant_act: ints.get_or("quant_act", 0) != 0,
-    })
 }
 
 /// `MatMul` (`trans_b = false`: `input1` is [.., k, n]) and `MatMulTransB` (`input1` is
@@ -504,7 +428,7 @@ mod tests {
     }
 
     /// `accumulate = 1` adds the product to what the output holds (any row count); an output of
-    /// the wrong shape is an error, and so is `accumulate` with a second weight.
+    /// the wrong shape is an error, and a second weight is refused (CUDA's multi-weight form).
     #[test]
     fn accumulate_adds_the_product_and_checks_the_output() {
         let e = Executor::cpu(2).unwrap();
@@ -563,81 +487,9 @@ mod tests {
             .with("weight1", &w)
             .with_mut("output", &mut o0)
             .with_mut("output1", &mut o1);
-        let acc = IntDict::new().with("accumulate", 1);
-        let msg = e
-            .run("Linear", &mut d, &FloatDict::new(), &acc)
-            .unwrap_err()
-            .to_string();
-        assert!(msg.contains("accumulate"), "{msg}");
-    }
-
-    /// A call with `weight1` and `weight2` (the fusion pass's form) gives each output what a
-    /// call of its own weight gives, bit for bit: interleaved weights (one parallel job) and
-    /// plain ones (one product after the other), one row and several.
-    #[test]
-    fn several_weights_give_their_own_products() {
-        let e = Executor::cpu(2).unwrap();
-        let mut rng = CaseRng::new(9);
-        for (dt, rows) in [
-            (DataType::Q4_0, 1usize),
-            (DataType::Q8_0, 3),
-            (DataType::Q4_0, 9),
-        ] {
-            let k = 96;
-            let x = rng.data(DataType::F32, &[rows, k]);
-            let ws: Vec<Data> = [48usize, 16, 32]
-                .iter()
-                .map(|&n| rng.data(dt, &[n, k]))
-                .collect();
-            let b = rng.data(DataType::F32, &[16]);
-            let qa = IntDict::new().with("quant_act", 1);
-            let wi: Vec<Data> = ws
-                .iter()
-                .map(|w| crate::interleave::interleave(w).unwrap().unwrap())
-                .collect();
-            for interleave in [false, true] {
-                let ws: Vec<&Data> = if interleave {
-                    wi.iter().collect()
-                } else {
-                    ws.iter().collect()
-                };
-                let mut own = Vec::new();
-                for (i, w) in ws.iter().enumerate() {
-                    let mut o = Data::empty(DataType::F32);
-                    let mut d = DataDict::new().with("input", &x).with("weight", *w);
-                    if i == 1 {
-                        d = d.with("bias", &b);
-                    }
-                    let mut d = d.with_mut("output", &mut o);
-                    e.run("Linear", &mut d, &FloatDict::new(), &qa).unwrap();
-                    own.push(o.to_f32_vec().unwrap());
-                }
-                let [mut o0, mut o1, mut o2] = [0; 3].map(|_| Data::empty(DataType::F32));
-                let mut d = DataDict::new()
-                    .with("input", &x)
-                    .with("weight", ws[0])
-                    .with("weight1", ws[1])
-                    .with("bias1", &b)
-                    .with("weight2", ws[2])
-                    .with_mut("output", &mut o0)
-                    .with_mut("output1", &mut o1)
-                    .with_mut("output2", &mut o2);
-                e.run("Linear", &mut d, &FloatDict::new(), &qa).unwrap();
-                for (i, o) in [&o0, &o1, &o2].into_iter().enumerate() {
-                    assert_eq!(o.dims(), &[rows, ws[i].dim(0)]);
-                    let same = o
-                        .to_f32_vec()
-                        .unwrap()
-                        .iter()
-                        .zip(&own[i])
-                        .all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(
-                        same,
-                        "{dt} rows {rows} interleaved {interleave}: weight {i}"
-                    );
-                }
-            }
-        }
+        assert!(e
+            .run("Linear", &mut d, &FloatDict::new(), &IntDict::new())
+            .is_err());
     }
 
     #[test]

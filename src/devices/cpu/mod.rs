@@ -19,7 +19,6 @@ mod args;
 mod attention;
 mod elementwise;
 mod embedding;
-mod fuse;
 mod kv;
 mod linear;
 pub(crate) mod moe;
@@ -151,12 +150,6 @@ impl BaseDevice for CpuDevice {
     }
     fn kv_dtypes(&self) -> &[DataType] {
         &kv::KV_DTYPES
-    }
-    fn plan_step(&self, step: &mut crate::step::Step) -> Result<()> {
-        if self.ctx.mode == KernelMode::Fast {
-            fuse::plan(step);
-        }
-        Ok(())
     }
     fn download(&self, _data: &mut Data) -> Result<()> {
         Ok(())

@@ -19,7 +19,7 @@
 use crate::data::DataType;
 use crate::device::{OutputCopy, Q8_COPY_MAX_ROWS};
 use crate::error::Result;
-use crate::step::{merge_linear_calls, Arg, Call, Item, Step, TensorId};
+use crate::step::{Arg, Call, Item, Step, TensorId};
 
 /// Runs every pass over `step`, in order.
 pub fn plan(step: &mut Step) -> Result<()> {
@@ -223,6 +223,11 @@ fn multi_linear(step: &mut Step) {
 
 /// Replaces the `n` (≤ 3) `Linear` calls at `i` by one with numbered weights.
 fn merge_linears(step: &mut Step, i: usize, n: usize) {
+    const NAMES: [(&str, &str, &str); 3] = [
+        ("weight", "bias", "output"),
+        ("weight1", "bias1", "output1"),
+        ("weight2", "bias2", "output2"),
+    ];
     let items = step.items_mut();
     let parts: Vec<Call> = items
         .drain(i..i + n)
@@ -231,9 +236,24 @@ fn merge_linears(step: &mut Step, i: usize, n: usize) {
             _ => None,
         })
         .collect();
-    if let Some(m) = merge_linear_calls(&parts) {
-        items.insert(i, Item::Call(m.int("half_output", 0)));
+    let Some(first) = parts.first() else { return };
+    let mut m = Call::new("Linear").rows(first.rows);
+    if let Some(x) = first.arg("input") {
+        m = m.input("input", x);
     }
+    for (c, (wn, bn, on)) in parts.iter().zip(NAMES) {
+        if let Some(w) = c.arg("weight") {
+            m = m.input(wn, w);
+        }
+        m = m.input_opt(bn, c.arg("bias"));
+        if let Some(o) = c.arg("output") {
+            m = m.output(on, o);
+        }
+    }
+    m = m
+        .int("quant_act", first.int_of("quant_act"))
+        .int("half_output", 0);
+    items.insert(i, Item::Call(m));
 }
 
 /// True when an item after `from` reads `t` before one writes it.

@@ -67,6 +67,10 @@ pub enum DataType {
     Q5KInterleaved = 131,
     /// `Q6_K` super-blocks of 16 rows interleaved for the CPU's SIMD kernels (in memory only).
     Q6KInterleaved = 132,
+    /// `Q2_K` super-blocks of 16 rows interleaved for the CPU's SIMD kernels (in memory only).
+    Q2KInterleaved = 133,
+    /// `Q3_K` super-blocks of 16 rows interleaved for the CPU's SIMD kernels (in memory only).
+    Q3KInterleaved = 134,
 }
 
 impl DataType {
@@ -122,6 +126,8 @@ impl DataType {
             DataType::Q4KInterleaved => "q4_k/interleaved",
             DataType::Q5KInterleaved => "q5_k/interleaved",
             DataType::Q6KInterleaved => "q6_k/interleaved",
+            DataType::Q2KInterleaved => "q2_k/interleaved",
+            DataType::Q3KInterleaved => "q3_k/interleaved",
         }
     }
 
@@ -136,6 +142,8 @@ impl DataType {
             DataType::Q4K => Some(DataType::Q4KInterleaved),
             DataType::Q5K => Some(DataType::Q5KInterleaved),
             DataType::Q6K => Some(DataType::Q6KInterleaved),
+            DataType::Q2K => Some(DataType::Q2KInterleaved),
+            DataType::Q3K => Some(DataType::Q3KInterleaved),
             _ => None,
         }
     }
@@ -151,6 +159,8 @@ impl DataType {
             DataType::Q4KInterleaved => DataType::Q4K,
             DataType::Q5KInterleaved => DataType::Q5K,
             DataType::Q6KInterleaved => DataType::Q6K,
+            DataType::Q2KInterleaved => DataType::Q2K,
+            DataType::Q3KInterleaved => DataType::Q3K,
             t => t,
         }
     }
@@ -1024,7 +1034,9 @@ pub fn decode_to_f32(dtype: DataType, src: &[u8], dst: &mut [f32]) -> Result<()>
         | DataType::BF16Interleaved
         | DataType::Q4KInterleaved
         | DataType::Q5KInterleaved
-        | DataType::Q6KInterleaved => {
+        | DataType::Q6KInterleaved
+        | DataType::Q2KInterleaved
+        | DataType::Q3KInterleaved => {
             return Err(Error::invalid(format!(
             "decode {dtype}: interleaved rows are decoded through their tensor (Data::to_f32_vec)"
         )))
@@ -1076,7 +1088,9 @@ pub fn encode_from_f32(dtype: DataType, src: &[f32]) -> Result<Vec<u8>> {
         | DataType::BF16Interleaved
         | DataType::Q4KInterleaved
         | DataType::Q5KInterleaved
-        | DataType::Q6KInterleaved => {
+        | DataType::Q6KInterleaved
+        | DataType::Q2KInterleaved
+        | DataType::Q3KInterleaved => {
             return Err(Error::invalid(format!(
                 "encode {dtype}: encode the plain type, then interleave the tensor"
             )))

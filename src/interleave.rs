@@ -1,5 +1,5 @@
 //! Weights interleaved 16 rows at a time for the CPU's SIMD kernels, at the tensor level: which
-//! tensors can be interleaved (Q4_0/Q4_1/Q8_0 blocks, Q4_K/Q5_K/Q6_K super-blocks, F16, BF16), the interleaving of a whole
+//! tensors can be interleaved (Q4_0/Q4_1/Q8_0 blocks, K-quant super-blocks, F16, BF16), the interleaving of a whole
 //! `Data`, and the way back to the plain layout (for decoding and for ops that read single rows,
 //! such as `Embedding`). The byte layouts and the kernels are `fastllm_cpu::linear::interleaved`'s,
 //! `interleaved_kquant`'s and `interleaved_float`'s.
@@ -20,6 +20,8 @@ pub fn kernel_type(t: DataType) -> Option<WeightType> {
         DataType::Q4K => Some(WeightType::Q4K),
         DataType::Q5K => Some(WeightType::Q5K),
         DataType::Q6K => Some(WeightType::Q6K),
+        DataType::Q2K => Some(WeightType::Q2K),
+        DataType::Q3K => Some(WeightType::Q3K),
         _ => None,
     }
 }

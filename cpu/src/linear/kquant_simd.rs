@@ -75,13 +75,14 @@ pub unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
     _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
 }
 
-/// Prefetches `bytes` bytes from `p` into L1, one cache line at a time.
+/// Prefetches `bytes` bytes from `p` into L1, one cache line at a time (`p` may point past the
+/// end of its buffer: a prefetch never faults).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn prefetch(p: *const u8, bytes: usize) {
     let mut o = 0;
     while o < bytes {
-        _mm_prefetch(p.add(o) as *const i8, _MM_HINT_T0);
+        _mm_prefetch(p.wrapping_add(o) as *const i8, _MM_HINT_T0);
         o += 64;
     }
 }

@@ -57,7 +57,9 @@ pub(super) fn weight_type(t: DataType) -> Option<WeightType> {
         | DataType::BF16Interleaved
         | DataType::Q4KInterleaved
         | DataType::Q5KInterleaved
-        | DataType::Q6KInterleaved => return crate::interleave::kernel_type(t),
+        | DataType::Q6KInterleaved
+        | DataType::Q2KInterleaved
+        | DataType::Q3KInterleaved => return crate::interleave::kernel_type(t),
         DataType::I32 => return None,
     })
 }

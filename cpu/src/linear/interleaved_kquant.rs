@@ -289,8 +289,9 @@ pub(super) fn simd(t: WeightType) -> Option<InterleavedFn> {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
-    //! The kernels; only called after `interleaved::available()`.
+pub(super) mod avx512 {
+    //! The kernels, and the helpers the Q2_K/Q3_K kernels share; only called after
+    //! `interleaved::available()`.
     use super::super::act_quant::Q8Rows;
     use super::super::interleaved::avx512::{entry, piece};
     use super::super::MAX_ROWS;
@@ -305,7 +306,7 @@ mod avx512 {
     /// Prefetches the `bytes` bytes at `p` into L1 (one hint per cache line).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn prefetch(p: *const u8, bytes: usize) {
+    pub(in crate::linear) unsafe fn prefetch(p: *const u8, bytes: usize) {
         let mut o = 0;
         while o < bytes {
             _mm_prefetch(p.wrapping_add(o) as *const i8, _MM_HINT_T0);
@@ -313,16 +314,17 @@ mod avx512 {
         }
     }
 
+    /// The 64 bytes at `p`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn ld(p: *const u8) -> __m512i {
+    pub(in crate::linear) unsafe fn ld(p: *const u8) -> __m512i {
         _mm512_loadu_si512(p as *const _)
     }
 
     /// `(v >> n) & mask` in every 32-bit lane.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn field(v: __m512i, n: u32, mask: i32) -> __m512i {
+    pub(in crate::linear) unsafe fn field(v: __m512i, n: u32, mask: i32) -> __m512i {
         _mm512_and_si512(
             _mm512_srlv_epi32(v, _mm512_set1_epi32(n as i32)),
             _mm512_set1_epi32(mask),

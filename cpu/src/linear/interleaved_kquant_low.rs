@@ -132,8 +132,8 @@ mod avx512 {
     //! activation rows, so that the per-block sums stay in registers.
     use super::super::act_quant::Q8Rows;
     use super::super::interleaved::avx512::piece;
+    use super::super::interleaved_kquant::avx512::{field, ld, prefetch};
     use super::super::interleaved_kquant::vec_bytes;
-    use super::super::kquant_simd::prefetch;
     use super::super::MAX_ROWS;
     use super::{GROUP_ROWS, SUB};
     use crate::kquant_low::{Q2_K_BYTES, Q3_K_BYTES};
@@ -142,22 +142,6 @@ mod avx512 {
     /// Super-blocks ahead of the one being computed that are prefetched (past a group's end too:
     /// the next group follows; a prefetch never faults).
     const PREFETCH_AHEAD: usize = 2;
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn ld(p: *const u8) -> __m512i {
-        _mm512_loadu_si512(p as *const _)
-    }
-
-    /// `(v >> n) & mask` in every 32-bit lane.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn field(v: __m512i, n: u32, mask: i32) -> __m512i {
-        _mm512_and_si512(
-            _mm512_srlv_epi32(v, _mm512_set1_epi32(n as i32)),
-            _mm512_set1_epi32(mask),
-        )
-    }
 
     /// Plane `t` (bits `2t..2t + 2` of every byte) of the `qs` vector `q`.
     #[inline]
@@ -179,13 +163,17 @@ mod avx512 {
         _mm512_and_si512(s, _mm512_set1_epi8(4))
     }
 
-    /// The 16 signed Q3_K scales of all 16 rows as four vectors, lane `j` of vector `i` holding
-    /// `sc + 32` of groups `4i..4i + 4` of row `j` (one byte each), from the three packed-scale
-    /// vectors at `p` (`crate::kquant_low::q3_k_scales`).
+    /// The scale bytes of all 16 rows as four vectors, lane `j` of vector `i` holding groups
+    /// `4i..4i + 4` of row `j` (one byte each): Q2_K's plain scale/min bytes (words 0..4), or
+    /// Q3_K's `sc + 32` unpacked from its three packed-scale words 24..27
+    /// (`crate::kquant_low::q3_k_scales`).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn q3_scale_words(p: *const u8) -> [__m512i; 4] {
-        let (a0, a1, t) = (ld(p), ld(p.add(64)), ld(p.add(128)));
+    unsafe fn scale_words<const Q3: bool>(v: *const u8) -> [__m512i; 4] {
+        if !Q3 {
+            return std::array::from_fn(|i| ld(v.add(64 * i)));
+        }
+        let (a0, a1, t) = (ld(v.add(64 * 24)), ld(v.add(64 * 25)), ld(v.add(64 * 26)));
         let (m4, m2) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(3));
         let hi = |n: u32| _mm512_slli_epi32::<4>(_mm512_and_si512(field(t, n, -1), m2));
         let lo = |v: __m512i, n: u32| _mm512_and_si512(field(v, n, -1), m4);
@@ -197,40 +185,80 @@ mod avx512 {
         ]
     }
 
-    /// Q2_K: all super-blocks of one group against activation rows `row0..row0 + R` into
-    /// `out[..R]`.
+    /// The scale of group `gi` of all 16 rows as i32 lanes (Q2_K: its low 4 bits; Q3_K: signed).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn scale<const Q3: bool>(w: &[__m512i; 4], gi: usize) -> __m512i {
+        let n = 8 * (gi % 4) as u32;
+        if Q3 {
+            _mm512_sub_epi32(field(w[gi / 4], n, 63), _mm512_set1_epi32(32))
+        } else {
+            field(w[gi / 4], n, 15)
+        }
+    }
+
+    /// Q2_K (`Q3 = false`) / Q3_K: all super-blocks of one group against activation rows
+    /// `row0..row0 + R` into `out[..R]`. Q3_K's offset 4 enters each 16-value sum as its
+    /// starting value `−4·Σx`; Q2_K's mins are summed apart (`accm`).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn q2<const R: usize>(
+    unsafe fn low<const R: usize, const Q3: bool>(
         g: &[u8],
         acts: &Q8Rows,
         row0: usize,
         out: &mut [[f32; GROUP_ROWS]],
     ) {
-        let (nb, vb) = (acts.blocks, vec_bytes(Q2_K_BYTES));
+        let (vb, qs_word) = if Q3 {
+            (vec_bytes(Q3_K_BYTES), 8)
+        } else {
+            (vec_bytes(Q2_K_BYTES), 4)
+        };
+        let nb = acts.blocks;
         let (base, xs, ds, s16) = (
             g.as_ptr(),
             acts.qs.as_ptr(),
             acts.ds.as_ptr(),
             acts.sum16.as_ptr(),
         );
+        let dbase = base.add(nb / SUB * vb); // Q3_K: the 16 f16 `d` of each super-block
+        if Q3 {
+            prefetch(dbase, 32 * (nb / SUB));
+        }
         let mut acc = [_mm512_setzero_ps(); R];
         let mut accm = [_mm512_setzero_ps(); R];
         for sb in 0..nb / SUB {
             let v = base.add(sb * vb);
             prefetch(v.wrapping_add(PREFETCH_AHEAD * vb), vb);
-            let w = ld(v.add(64 * 20));
-            let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w));
-            let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(w)));
+            let (d, dmin) = if Q3 {
+                let d = _mm256_loadu_si256(dbase.add(32 * sb) as *const __m256i);
+                (_mm512_cvtph_ps(d), _mm512_setzero_ps())
+            } else {
+                let w = ld(v.add(64 * 20));
+                let dmin = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(w));
+                (
+                    _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w)),
+                    _mm512_cvtph_ps(dmin),
+                )
+            };
+            let scw = scale_words::<Q3>(v);
             for h in 0..2 {
                 let a0 = |r: usize| (row0 + r) * nb + sb * SUB + 4 * h;
                 let mut isum = [[_mm512_setzero_si512(); 4]; R];
                 for half in 0..2 {
                     let mut s = [[_mm512_setzero_si512(); 4]; R];
+                    for (r, sr) in s.iter_mut().enumerate().filter(|_| Q3) {
+                        for (t, st) in sr.iter_mut().enumerate() {
+                            *st = _mm512_set1_epi32(-4 * (*s16.add(a0(r) + t))[half]);
+                        }
+                    }
                     for u in 4 * half..4 * half + 4 {
-                        let q = ld(v.add(64 * (4 + 8 * h + u)));
+                        let q = ld(v.add(64 * (qs_word + 8 * h + u)));
+                        let hm = if Q3 { ld(v.add(64 * u)) } else { q };
                         for t in 0..4 {
-                            let p = plane(q, t);
+                            let mut p = plane(q, t);
+                            if Q3 {
+                                p = _mm512_or_si512(p, third_bit(hm, 4 * h + t));
+                            }
                             for (r, sr) in s.iter_mut().enumerate() {
                                 let x = xs.add((a0(r) + t) * 32 + 4 * u);
                                 sr[t] = _mm512_dpbusd_epi32(sr[t], p, piece(x));
@@ -238,8 +266,7 @@ mod avx512 {
                         }
                     }
                     for t in 0..4 {
-                        let gi = 2 * (4 * h + t) + half;
-                        let sc = field(ld(v.add(64 * (gi / 4))), 8 * (gi % 4) as u32, 15);
+                        let sc = scale::<Q3>(&scw, 2 * (4 * h + t) + half);
                         for r in 0..R {
                             let p = _mm512_mullo_epi32(s[r][t], sc);
                             isum[r][t] = _mm512_add_epi32(isum[r][t], p);
@@ -248,21 +275,23 @@ mod avx512 {
                 }
                 for t in 0..4 {
                     let gi = 2 * (4 * h + t);
-                    let wm = ld(v.add(64 * (gi / 4)));
+                    let wm = scw[gi / 4];
                     let m0 = field(wm, 8 * (gi % 4) as u32 + 4, 15);
                     let m1 = field(wm, 8 * (gi % 4) as u32 + 12, 15);
                     for r in 0..R {
                         let a = a0(r) + t;
-                        let [sx0, sx1] = *s16.add(a);
-                        let ms = _mm512_add_epi32(
-                            _mm512_mullo_epi32(m0, _mm512_set1_epi32(sx0)),
-                            _mm512_mullo_epi32(m1, _mm512_set1_epi32(sx1)),
-                        );
                         let dx = _mm512_set1_ps((*ds.add(a))[0]);
                         let i = _mm512_cvtepi32_ps(isum[r][t]);
                         acc[r] = _mm512_fmadd_ps(i, _mm512_mul_ps(d, dx), acc[r]);
-                        let m = _mm512_cvtepi32_ps(ms);
-                        accm[r] = _mm512_fmadd_ps(m, _mm512_mul_ps(dmin, dx), accm[r]);
+                        if !Q3 {
+                            let [sx0, sx1] = *s16.add(a);
+                            let ms = _mm512_add_epi32(
+                                _mm512_mullo_epi32(m0, _mm512_set1_epi32(sx0)),
+                                _mm512_mullo_epi32(m1, _mm512_set1_epi32(sx1)),
+                            );
+                            let m = _mm512_cvtepi32_ps(ms);
+                            accm[r] = _mm512_fmadd_ps(m, _mm512_mul_ps(dmin, dx), accm[r]);
+                        }
                     }
                 }
             }
@@ -272,79 +301,10 @@ mod avx512 {
         }
     }
 
-    /// Q3_K: all super-blocks of one group against activation rows `row0..row0 + R` into
-    /// `out[..R]`. The offset 4 of the stored values enters each 16-value sum as its starting
-    /// value `−4·Σx`.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn q3<const R: usize>(
-        g: &[u8],
-        acts: &Q8Rows,
-        row0: usize,
-        out: &mut [[f32; GROUP_ROWS]],
-    ) {
-        let (nb, vb) = (acts.blocks, vec_bytes(Q3_K_BYTES));
-        let (base, xs, ds, s16) = (
-            g.as_ptr(),
-            acts.qs.as_ptr(),
-            acts.ds.as_ptr(),
-            acts.sum16.as_ptr(),
-        );
-        let dbase = base.add(nb / SUB * vb); // the 16 f16 `d` of each super-block
-        prefetch(dbase, 32 * (nb / SUB));
-        let mut acc = [_mm512_setzero_ps(); R];
-        for sb in 0..nb / SUB {
-            let v = base.add(sb * vb);
-            prefetch(v.wrapping_add(PREFETCH_AHEAD * vb), vb);
-            let d = _mm512_cvtph_ps(_mm256_loadu_si256(dbase.add(32 * sb) as *const __m256i));
-            let scw = q3_scale_words(v.add(64 * 24));
-            for h in 0..2 {
-                let a0 = |r: usize| (row0 + r) * nb + sb * SUB + 4 * h;
-                let mut isum = [[_mm512_setzero_si512(); 4]; R];
-                for half in 0..2 {
-                    let mut s = [[_mm512_setzero_si512(); 4]; R];
-                    for (r, sr) in s.iter_mut().enumerate() {
-                        for (t, st) in sr.iter_mut().enumerate() {
-                            *st = _mm512_set1_epi32(-4 * (*s16.add(a0(r) + t))[half]);
-                        }
-                    }
-                    for u in 4 * half..4 * half + 4 {
-                        let (q, hm) = (ld(v.add(64 * (8 + 8 * h + u))), ld(v.add(64 * u)));
-                        for t in 0..4 {
-                            let p = _mm512_or_si512(plane(q, t), third_bit(hm, 4 * h + t));
-                            for (r, sr) in s.iter_mut().enumerate() {
-                                let x = xs.add((a0(r) + t) * 32 + 4 * u);
-                                sr[t] = _mm512_dpbusd_epi32(sr[t], p, piece(x));
-                            }
-                        }
-                    }
-                    for t in 0..4 {
-                        let gi = 2 * (4 * h + t) + half;
-                        let sc = field(scw[gi / 4], 8 * (gi % 4) as u32, 63);
-                        let sc = _mm512_sub_epi32(sc, _mm512_set1_epi32(32));
-                        for r in 0..R {
-                            let p = _mm512_mullo_epi32(s[r][t], sc);
-                            isum[r][t] = _mm512_add_epi32(isum[r][t], p);
-                        }
-                    }
-                }
-                for t in 0..4 {
-                    for (r, (ar, ir)) in acc.iter_mut().zip(&isum).enumerate() {
-                        let f = _mm512_mul_ps(d, _mm512_set1_ps((*ds.add(a0(r) + t))[0]));
-                        *ar = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ir[t]), f, *ar);
-                    }
-                }
-            }
-        }
-        for r in 0..R {
-            _mm512_storeu_ps(out[r].as_mut_ptr(), acc[r]);
-        }
-    }
-
-    /// Defines the [`super::InterleavedFn`] `$name`, which runs `$f` over `n` activation rows,
-    /// two at a time.
+    /// Defines the [`super::InterleavedFn`] `$name`, which runs `low::<_, $q3>` over `n`
+    /// activation rows, two at a time.
     macro_rules! pairs {
-        ($(#[$doc:meta])* $name:ident, $f:ident) => {
+        ($(#[$doc:meta])* $name:ident, $q3:expr) => {
             $(#[$doc])*
             #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
             pub unsafe fn $name(
@@ -357,8 +317,8 @@ mod avx512 {
                 let mut r = 0;
                 while r < n {
                     match n - r {
-                        1 => $f::<1>(g, a, r0 + r, &mut o[r..]),
-                        _ => $f::<2>(g, a, r0 + r, &mut o[r..]),
+                        1 => low::<1, $q3>(g, a, r0 + r, &mut o[r..]),
+                        _ => low::<2, $q3>(g, a, r0 + r, &mut o[r..]),
                     }
                     r += 2;
                 }
@@ -368,10 +328,10 @@ mod avx512 {
 
     pairs!(
         /// Q2_K ([`super::InterleavedFn`]; needs [`Q8Rows::sum16`]).
-        group_q2_k, q2
+        group_q2_k, false
     );
     pairs!(
         /// Q3_K ([`super::InterleavedFn`]; needs [`Q8Rows::sum16`]).
-        group_q3_k, q3
+        group_q3_k, true
     );
 }

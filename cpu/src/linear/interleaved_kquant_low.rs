@@ -143,14 +143,6 @@ mod avx512 {
     /// the next group follows; a prefetch never faults).
     const PREFETCH_AHEAD: usize = 2;
 
-    /// Plane `t` (bits `2t..2t + 2` of every byte) of the `qs` vector `q`.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn plane(q: __m512i, t: usize) -> __m512i {
-        let s = _mm512_srl_epi16(q, _mm_cvtsi32_si128(2 * t as i32));
-        _mm512_and_si512(s, _mm512_set1_epi8(3))
-    }
-
     /// Bit `a` (0..8) of every byte of `hm` moved to bit 2, other bits cleared.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -197,6 +189,75 @@ mod avx512 {
         }
     }
 
+    /// Runs `$body` four times with `$t` = 0, 1, 2, 3 (unrolled, so that arrays indexed by
+    /// `$t` stay in registers and shift counts are immediates).
+    macro_rules! unroll4 {
+        ($t:ident, $body:block) => {{
+            {
+                const $t: usize = 0;
+                $body
+            }
+            {
+                const $t: usize = 1;
+                $body
+            }
+            {
+                const $t: usize = 2;
+                $body
+            }
+            {
+                const $t: usize = 3;
+                $body
+            }
+        }};
+    }
+
+    /// The integer sums `sc₀·Σ₀ + sc₁·Σ₁` of blocks `4H..4H + 4` of the super-block at `v` (its
+    /// scale bytes `scw`) against activation rows whose block `4H` is `a0[r]`, for all 16 rows.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn block_sums<const R: usize, const Q3: bool, const H: usize>(
+        v: *const u8,
+        scw: &[__m512i; 4],
+        acts: &Q8Rows,
+        a0: [usize; R],
+    ) -> [[__m512i; 4]; R] {
+        let qs_word = if Q3 { 8 } else { 4 };
+        let (xs, s16, m3) = (acts.qs.as_ptr(), acts.sum16.as_ptr(), _mm512_set1_epi8(3));
+        let mut isum = [[_mm512_setzero_si512(); 4]; R];
+        for half in 0..2 {
+            let mut s = [[_mm512_setzero_si512(); 4]; R];
+            for (r, sr) in s.iter_mut().enumerate().filter(|_| Q3) {
+                for (t, st) in sr.iter_mut().enumerate() {
+                    *st = _mm512_set1_epi32(-4 * (*s16.add(a0[r] + t))[half]);
+                }
+            }
+            for u in 4 * half..4 * half + 4 {
+                let q = ld(v.add(64 * (qs_word + 8 * H + u)));
+                let hm = if Q3 { ld(v.add(64 * u)) } else { q };
+                unroll4!(T, {
+                    let lo = _mm512_srli_epi16::<{ 2 * T as u32 }>(q);
+                    let p = if Q3 {
+                        _mm512_ternarylogic_epi32::<0xEC>(lo, third_bit(hm, 4 * H + T), m3)
+                    } else {
+                        _mm512_and_si512(lo, m3)
+                    };
+                    for (r, sr) in s.iter_mut().enumerate() {
+                        let x = xs.add((a0[r] + T) * 32 + 4 * u);
+                        sr[T] = _mm512_dpbusd_epi32(sr[T], p, piece(x));
+                    }
+                });
+            }
+            unroll4!(T, {
+                let sc = scale::<Q3>(scw, 2 * (4 * H + T) + half);
+                for r in 0..R {
+                    isum[r][T] = _mm512_add_epi32(isum[r][T], _mm512_mullo_epi32(s[r][T], sc));
+                }
+            });
+        }
+        isum
+    }
+
     /// Q2_K (`Q3 = false`) / Q3_K: all super-blocks of one group against activation rows
     /// `row0..row0 + R` into `out[..R]`. Q3_K's offset 4 enters each 16-value sum as its
     /// starting value `−4·Σx`; Q2_K's mins are summed apart (`accm`).
@@ -208,18 +269,9 @@ mod avx512 {
         row0: usize,
         out: &mut [[f32; GROUP_ROWS]],
     ) {
-        let (vb, qs_word) = if Q3 {
-            (vec_bytes(Q3_K_BYTES), 8)
-        } else {
-            (vec_bytes(Q2_K_BYTES), 4)
-        };
+        let vb = vec_bytes(if Q3 { Q3_K_BYTES } else { Q2_K_BYTES });
         let nb = acts.blocks;
-        let (base, xs, ds, s16) = (
-            g.as_ptr(),
-            acts.qs.as_ptr(),
-            acts.ds.as_ptr(),
-            acts.sum16.as_ptr(),
-        );
+        let (base, ds, s16) = (g.as_ptr(), acts.ds.as_ptr(), acts.sum16.as_ptr());
         let dbase = base.add(nb / SUB * vb); // Q3_K: the 16 f16 `d` of each super-block
         if Q3 {
             prefetch(dbase, 32 * (nb / SUB));
@@ -242,46 +294,20 @@ mod avx512 {
             };
             let scw = scale_words::<Q3>(v);
             for h in 0..2 {
-                let a0 = |r: usize| (row0 + r) * nb + sb * SUB + 4 * h;
-                let mut isum = [[_mm512_setzero_si512(); 4]; R];
-                for half in 0..2 {
-                    let mut s = [[_mm512_setzero_si512(); 4]; R];
-                    for (r, sr) in s.iter_mut().enumerate().filter(|_| Q3) {
-                        for (t, st) in sr.iter_mut().enumerate() {
-                            *st = _mm512_set1_epi32(-4 * (*s16.add(a0(r) + t))[half]);
-                        }
-                    }
-                    for u in 4 * half..4 * half + 4 {
-                        let q = ld(v.add(64 * (qs_word + 8 * h + u)));
-                        let hm = if Q3 { ld(v.add(64 * u)) } else { q };
-                        for t in 0..4 {
-                            let mut p = plane(q, t);
-                            if Q3 {
-                                p = _mm512_or_si512(p, third_bit(hm, 4 * h + t));
-                            }
-                            for (r, sr) in s.iter_mut().enumerate() {
-                                let x = xs.add((a0(r) + t) * 32 + 4 * u);
-                                sr[t] = _mm512_dpbusd_epi32(sr[t], p, piece(x));
-                            }
-                        }
-                    }
-                    for t in 0..4 {
-                        let sc = scale::<Q3>(&scw, 2 * (4 * h + t) + half);
-                        for r in 0..R {
-                            let p = _mm512_mullo_epi32(s[r][t], sc);
-                            isum[r][t] = _mm512_add_epi32(isum[r][t], p);
-                        }
-                    }
-                }
-                for t in 0..4 {
-                    let gi = 2 * (4 * h + t);
-                    let wm = scw[gi / 4];
-                    let m0 = field(wm, 8 * (gi % 4) as u32 + 4, 15);
-                    let m1 = field(wm, 8 * (gi % 4) as u32 + 12, 15);
+                let a0: [usize; R] = std::array::from_fn(|r| (row0 + r) * nb + sb * SUB + 4 * h);
+                let isum = if h == 0 {
+                    block_sums::<R, Q3, 0>(v, &scw, acts, a0)
+                } else {
+                    block_sums::<R, Q3, 1>(v, &scw, acts, a0)
+                };
+                unroll4!(T, {
+                    let gi = 2 * (4 * h + T);
+                    let m0 = field(scw[gi / 4], 8 * (gi % 4) as u32 + 4, 15);
+                    let m1 = field(scw[gi / 4], 8 * (gi % 4) as u32 + 12, 15);
                     for r in 0..R {
-                        let a = a0(r) + t;
+                        let a = a0[r] + T;
                         let dx = _mm512_set1_ps((*ds.add(a))[0]);
-                        let i = _mm512_cvtepi32_ps(isum[r][t]);
+                        let i = _mm512_cvtepi32_ps(isum[r][T]);
                         acc[r] = _mm512_fmadd_ps(i, _mm512_mul_ps(d, dx), acc[r]);
                         if !Q3 {
                             let [sx0, sx1] = *s16.add(a);
@@ -293,7 +319,7 @@ mod avx512 {
                             accm[r] = _mm512_fmadd_ps(m, _mm512_mul_ps(dmin, dx), accm[r]);
                         }
                     }
-                }
+                });
             }
         }
         for r in 0..R {

@@ -37,7 +37,7 @@ use super::interleaved::{InterleavedFn, GROUP_ROWS};
 use super::{WeightType, MAX_ROWS};
 use crate::kquant::{q6_k_value, scales_mins, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K};
 use crate::kquant_low::{Q2_K_BYTES, Q3_K_BYTES};
-use half::f16;
+use crate::quant::rd_f16 as f16_at;
 
 /// True for the K-quant types this module interleaves (all of them).
 pub fn is_kquant(t: WeightType) -> bool {
@@ -176,12 +176,6 @@ pub fn plain_row(
         gather(grp, nb, b, j, &mut out[b * bs..(b + 1) * bs]);
     }
     Ok(())
-}
-
-/// The little-endian f16 at byte `at` of `b`, widened.
-#[inline]
-pub(super) fn f16_at(b: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
 /// Scalar reference of the Q4_K (`Q5 = false`) / Q5_K group kernels: each row's plain

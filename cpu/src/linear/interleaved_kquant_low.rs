@@ -23,9 +23,10 @@
 
 use super::act_quant::Q8Rows;
 use super::interleaved::{InterleavedFn, GROUP_ROWS};
-use super::interleaved_kquant::{f16_at, gather};
+use super::interleaved_kquant::gather;
 use super::{WeightType, MAX_ROWS};
 use crate::kquant_low::{q2_k_value, q3_k_scales, q3_k_value, Q2_K_BYTES, Q3_K_BYTES};
+use crate::quant::rd_f16 as f16_at;
 
 /// Activation blocks (of 32) per super-block.
 const SUB: usize = 8;

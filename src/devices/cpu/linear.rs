@@ -59,7 +59,7 @@ pub(super) fn weight_type(t: DataType) -> Option<WeightType> {
         | DataType::Q5KInterleaved
         | DataType::Q6KInterleaved
         | DataType::Q2KInterleaved
-        | DataType::Q3KInterleaved => return crate::interleave::kernel_type(t),
+        | DataType::Q3KInterleaved => return t.kernel_type(),
         DataType::I32 => return None,
     })
 }

@@ -156,7 +156,7 @@ pub(super) use rows_fn;
 pub(super) mod avx2 {
     //! AVX2 K-quant integer dots; only called after `simd::has_avx2_fma()`.
     use super::super::act_quant::Q8Rows;
-    use super::super::kquant_simd::{f16v, q45_pair, q6_half};
+    use super::super::kquant_simd::{f16v, halves, q45_pair, q6_half, signed_block_dot};
     use super::super::MAX_ROWS;
     use super::SUB;
     use crate::kquant::{scales_mins, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES};
@@ -238,15 +238,12 @@ pub(super) mod avx2 {
                 for (g, vg) in v.iter().enumerate() {
                     let j = 4 * h + g; // activation block within the super-block
                     let sw = _mm256_sub_epi8(*vg, off);
-                    let aw = _mm256_sign_epi8(sw, sw);
                     let sc0 = *blk.add(192 + 2 * j) as i8 as i16;
                     let sc1 = *blk.add(192 + 2 * j + 1) as i8 as i16;
-                    let scv = _mm256_set_m128i(_mm_set1_epi16(sc1), _mm_set1_epi16(sc0));
+                    let scv = halves(sc0, sc1);
                     for (r, ac) in acc.iter_mut().enumerate() {
                         let i = (row0 + r) * nb + sb * SUB + j;
-                        let x = _mm256_loadu_si256(xs.add(32 * i) as *const __m256i);
-                        let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, sw));
-                        let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, scv));
+                        let p = signed_block_dot(sw, scv, xs.add(32 * i));
                         let s = _mm256_set1_ps(d * *ds.add(2 * i));
                         ac[g % 2] = _mm256_fmadd_ps(s, p, ac[g % 2]);
                     }

@@ -72,19 +72,12 @@ pub(super) mod avx2 {
     //! AVX2 Q2_K/Q3_K integer dots; only called after `simd::has_avx2_fma()`.
     use super::super::act_quant::Q8Rows;
     use super::super::kquant_int::rows_fn;
-    use super::super::kquant_simd::{f16v, low2_plane_avx2};
+    use super::super::kquant_simd::{f16v, halves, low2_plane_avx2, signed_block_dot};
     use super::super::MAX_ROWS;
     use super::SUB;
     use crate::kquant_low::{q3_k_scales, Q2_K_BYTES, Q3_K_BYTES};
     use crate::linear::hsum_avx2 as hsum;
     use std::arch::x86_64::*;
-
-    /// Two i16 scale lanes: `a` for the first 16 values of a block, `b` for the last 16.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn halves(a: i16, b: i16) -> __m256i {
-        _mm256_set_m128i(_mm_set1_epi16(b), _mm_set1_epi16(a))
-    }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q2_n<const R: usize>(w: &[u8], a: &Q8Rows, row0: usize, out: &mut [f32; MAX_ROWS]) {
@@ -140,13 +133,10 @@ pub(super) mod avx2 {
                 let lo = low2_plane_avx2(planes[j / 4], j % 4);
                 let hb = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(j as i32)), one);
                 let sw = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hb, 2)), four);
-                let aw = _mm256_sign_epi8(sw, sw);
                 let scv = halves(sc[2 * j] as i16, sc[2 * j + 1] as i16);
                 for (r, ac) in acc.iter_mut().enumerate() {
                     let i = (row0 + r) * nb + sb * SUB + j;
-                    let x = _mm256_loadu_si256(xs.add(32 * i) as *const __m256i);
-                    let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, sw));
-                    let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, scv));
+                    let p = signed_block_dot(sw, scv, xs.add(32 * i));
                     let s = _mm256_set1_ps(d * *ds.add(2 * i));
                     ac[j % 2] = _mm256_fmadd_ps(s, p, ac[j % 2]);
                 }

@@ -7,7 +7,8 @@
 //! nibble. A nibble is an E2M1 number (sign, 2-bit exponent, 1-bit mantissa: ±{0, 0.5, 1, 1.5,
 //! 2, 3, 4, 6}); value = `E2M1_X2[q] · 2^(e − 128)` with [`E2M1_X2`] the doubled E2M1 values
 //! (small integers), i.e. `e2m1(q) · 2^(e − 127)`. Exponents 0 and 1 give the subnormal f32
-//! scales `2^-128` and `2^-127` (as ggml does); exponent 255 gives `2^127`.
+//! scales `2^-128` and `2^-127` (as ggml does); exponent 255 is NaN in the OCP format
+//! ([`check_blocks`] finds it; the decoders read it as `2^127`, as ggml does).
 //!
 //! This module owns the byte layout only; it must not know about tensors or devices.
 
@@ -30,6 +31,22 @@ pub fn e8m0_half(e: u8) -> f32 {
     } else {
         (e as u32 - 1) << 23
     })
+}
+
+/// The E8M0 exponent byte that encodes NaN (OCP MX); a block with it has no values.
+pub const NAN_EXPONENT: u8 = 0xFF;
+
+/// Checks that no block of `src` has the NaN exponent; `Err` names the first that has.
+pub fn check_blocks(src: &[u8]) -> Result<(), String> {
+    match src
+        .chunks_exact(MXFP4_BYTES)
+        .position(|b| b[0] == NAN_EXPONENT)
+    {
+        Some(i) => Err(format!(
+            "MXFP4 block {i} has the NaN exponent byte 0xFF (a corrupt tensor)"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// The nibble (E2M1 code) of element `j` of a block.

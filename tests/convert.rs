@@ -53,7 +53,8 @@ fn source_values(set: &SafetensorsSet, arch: &str, name: &str) -> (Vec<usize>, V
     let (info, bytes) = set.tensor(name).unwrap();
     let n: usize = info.dims.iter().product();
     let mut v = vec![0f32; n];
-    decode_to_f32(info.dtype, bytes, &mut v).unwrap();
+    let dt = info.dtype.expect("a float tensor");
+    decode_to_f32(dt, bytes, &mut v).unwrap();
     if is_conv1d(arch, name) {
         let (r, c) = (info.dims[0], info.dims[1]);
         let mut t = vec![0f32; n];
@@ -62,9 +63,9 @@ fn source_values(set: &SafetensorsSet, arch: &str, name: &str) -> (Vec<usize>, V
                 t[j * r + i] = v[i * c + j];
             }
         }
-        return (vec![c, r], t, info.dtype);
+        return (vec![c, r], t, dt);
     }
-    (info.dims.clone(), v, info.dtype)
+    (info.dims.clone(), v, dt)
 }
 
 #[test]
@@ -1003,7 +1004,11 @@ fn hf_mxfp4(rows: &[Vec<f32>]) -> (Vec<u8>, Vec<u8>) {
 fn gpt_oss_mxfp4_dir(dir: &Path, edit: impl Fn(&mut Vec<(String, &str, Vec<usize>, Vec<u8>)>)) {
     let src = Path::new(FIXTURES).join("tiny").join("gpt_oss");
     std::fs::create_dir_all(dir).unwrap();
-    for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+    for f in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
         std::fs::copy(src.join(f), dir.join(f)).unwrap();
     }
     let mut v: serde_json::Value =
@@ -1071,7 +1076,11 @@ fn gpt_oss_mxfp4_checkpoint_keeps_its_blocks() {
         experts += 1;
         let t = k.tensor(name).unwrap();
         let q = encode_from_f32(DataType::Mxfp4, &want.to_f32_vec().unwrap()).unwrap();
-        assert_eq!((t.dtype(), t.dims()), (DataType::Mxfp4, want.dims()), "{name}");
+        assert_eq!(
+            (t.dtype(), t.dims()),
+            (DataType::Mxfp4, want.dims()),
+            "{name}"
+        );
         assert_eq!(t.bytes().unwrap(), &q[..], "{name}: blocks");
         let f = d.tensor(name).unwrap();
         assert_eq!(f.dtype(), DataType::F32);
@@ -1080,21 +1089,42 @@ fn gpt_oss_mxfp4_checkpoint_keeps_its_blocks() {
     assert_eq!(experts, 2 * 4 * 3);
     // no scales for the blocks
     let bad = tmp("gpt_oss-mxfp4-noscales");
-    gpt_oss_mxfp4_dir(&bad, |t| t.retain(|x| !x.0.ends_with("1.mlp.experts.down_proj_scales")));
-    let e = convert(&bad, &tmp("bad1.flm"), &opts(TargetDtype::Keep), &mut |_| {})
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("model.layers.1.mlp.experts.down_proj_blocks") && e.contains("_scales"), "{e}");
+    gpt_oss_mxfp4_dir(&bad, |t| {
+        t.retain(|x| !x.0.ends_with("1.mlp.experts.down_proj_scales"))
+    });
+    let e = convert(
+        &bad,
+        &tmp("bad1.flm"),
+        &opts(TargetDtype::Keep),
+        &mut |_| {},
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("model.layers.1.mlp.experts.down_proj_blocks") && e.contains("_scales"),
+        "{e}"
+    );
     // scales of the wrong shape
     let bad = tmp("gpt_oss-mxfp4-badscales");
     gpt_oss_mxfp4_dir(&bad, |t| {
-        for x in t.iter_mut().filter(|x| x.0.ends_with("0.mlp.experts.gate_up_proj_scales")) {
+        for x in t
+            .iter_mut()
+            .filter(|x| x.0.ends_with("0.mlp.experts.gate_up_proj_scales"))
+        {
             x.2.push(1);
             x.2.swap(2, 3);
         }
     });
-    let e = convert(&bad, &tmp("bad2.flm"), &opts(TargetDtype::Keep), &mut |_| {})
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("model.layers.0.mlp.experts.gate_up_proj_blocks") && e.contains("scales"), "{e}");
+    let e = convert(
+        &bad,
+        &tmp("bad2.flm"),
+        &opts(TargetDtype::Keep),
+        &mut |_| {},
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("model.layers.0.mlp.experts.gate_up_proj_blocks") && e.contains("scales"),
+        "{e}"
+    );
 }

@@ -207,7 +207,9 @@ fn store_mxfp4(
         }
         return Ok(());
     }
-    let Some(sname) = scales_name(name).filter(|_| stacked_parts(arch, name, &[]).is_ok_and(|p| p.is_some())) else {
+    let Some(sname) =
+        scales_name(name).filter(|_| stacked_parts(arch, name, &[]).is_ok_and(|p| p.is_some()))
+    else {
         return Err(Error::format(
             file,
             format!(

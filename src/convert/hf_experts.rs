@@ -232,8 +232,14 @@ pub fn split_mxfp4_experts(
         };
         let row_list: Vec<&[u8]> = w.chunks_exact(rb).collect();
         if kind == Stacked::GateUpBlocks {
-            out.push(t("gate_proj.weight", row_list.iter().step_by(2).copied().collect()));
-            out.push(t("up_proj.weight", row_list.iter().skip(1).step_by(2).copied().collect()));
+            out.push(t(
+                "gate_proj.weight",
+                row_list.iter().step_by(2).copied().collect(),
+            ));
+            out.push(t(
+                "up_proj.weight",
+                row_list.iter().skip(1).step_by(2).copied().collect(),
+            ));
         } else {
             out.push(t("down_proj.weight", row_list));
         }

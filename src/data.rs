@@ -6,6 +6,7 @@
 //! This module owns the memory layout. It must not know about ops, devices' kernels or models.
 
 use crate::error::{Error, Result};
+use fastllm_cpu::linear::{interleaved, WeightType};
 use half::{bf16, f16};
 use std::fmt;
 use std::sync::Arc;
@@ -246,6 +247,22 @@ impl DataType {
     /// True for F32, F16 and BF16.
     pub fn is_float(self) -> bool {
         matches!(self, DataType::F32 | DataType::F16 | DataType::BF16)
+    }
+
+    /// The CPU kernels' weight type of a dtype that has an interleaved form, plain or
+    /// interleaved (`None` for other dtypes).
+    pub fn kernel_type(self) -> Option<WeightType> {
+        match self.plain() {
+            DataType::Q8_0 => Some(WeightType::Q8_0),
+            DataType::Q4_0 => Some(WeightType::Q4_0),
+            DataType::Q4_1 => Some(WeightType::Q4_1),
+            DataType::F16 => Some(WeightType::F16),
+            DataType::BF16 => Some(WeightType::BF16),
+            DataType::Q4K => Some(WeightType::Q4K),
+            DataType::Q5K => Some(WeightType::Q5K),
+            DataType::Q6K => Some(WeightType::Q6K),
+            _ => None,
+        }
     }
 
     /// Bytes needed for one row of `row_elems` elements; errors when a quantized row is not a
@@ -505,23 +522,18 @@ impl Data {
 
     /// An F32 host tensor from values.
     pub fn from_f32(dims: &[usize], values: &[f32]) -> Result<Data> {
-        let mut d = Data::zeros(DataType::F32, dims)?;
-        let dst = d.as_f32_mut()?;
-        if dst.len() != values.len() {
-            return Err(Error::invalid(format!(
-                "dims {dims:?} hold {} values, got {}",
-                dst.len(),
-                values.len()
-            )));
-        }
-        dst.copy_from_slice(values);
-        Ok(d)
+        Data::from_values(DataType::F32, dims, values)
     }
 
     /// An I32 host tensor from values.
     pub fn from_i32(dims: &[usize], values: &[i32]) -> Result<Data> {
-        let mut d = Data::zeros(DataType::I32, dims)?;
-        let dst = d.as_i32_mut()?;
+        Data::from_values(DataType::I32, dims, values)
+    }
+
+    /// A host tensor of a plain element type `T` (`dtype`'s elements) from values.
+    fn from_values<T: Copy>(dtype: DataType, dims: &[usize], values: &[T]) -> Result<Data> {
+        let mut d = Data::zeros(dtype, dims)?;
+        let dst = cast_slice_mut::<T>(d.bytes_mut()?)?;
         if dst.len() != values.len() {
             return Err(Error::invalid(format!(
                 "dims {dims:?} hold {} values, got {}",
@@ -767,10 +779,37 @@ impl Data {
         let n = self.count();
         let mut out = vec![0f32; n];
         if self.dtype.is_interleaved() {
-            let plain = crate::interleave::plain_bytes(self)?;
+            let plain = self.plain_bytes()?;
             decode_to_f32(self.dtype.plain(), &plain, &mut out)?;
         } else {
             decode_to_f32(self.dtype, &self.packed_bytes()?, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    /// Row `r` of an interleaved matrix (16 rows at a time for the CPU kernels) in the plain
+    /// layout, into `out` (one plain row).
+    pub fn plain_row(&self, r: usize, out: &mut [u8]) -> Result<()> {
+        let (Some(t), &[n, k]) = (self.dtype.kernel_type(), self.dims()) else {
+            return Err(Error::invalid(format!(
+                "{self:?} is not an interleaved matrix"
+            )));
+        };
+        interleaved::plain_row(t, self.bytes()?, n, k, r, out)
+            .map_err(|e| Error::invalid(format!("{}: {e}", self.name)))
+    }
+
+    /// The whole interleaved matrix in the plain block layout.
+    fn plain_bytes(&self) -> Result<Vec<u8>> {
+        let &[n, k] = self.dims() else {
+            return Err(Error::invalid(format!(
+                "{self:?} is not an interleaved matrix"
+            )));
+        };
+        let rb = self.dtype.row_bytes(k)?;
+        let mut out = vec![0u8; n * rb];
+        for (r, row) in out.chunks_exact_mut(rb.max(1)).enumerate() {
+            self.plain_row(r, row)?;
         }
         Ok(out)
     }
@@ -1096,26 +1135,23 @@ pub fn encode_from_f32(dtype: DataType, src: &[f32]) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-fn cast_slice<T: Copy>(b: &[u8]) -> Result<&[T]> {
+/// The number of `T` in `len` bytes at `ptr`; `Err` when they are misaligned for `T`.
+fn cast_len<T>(ptr: *const u8, len: usize) -> Result<usize> {
     let sz = std::mem::size_of::<T>();
-    if !(b.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
-        || !b.len().is_multiple_of(sz)
-    {
+    if !(ptr as usize).is_multiple_of(std::mem::align_of::<T>()) || !len.is_multiple_of(sz) {
         return Err(Error::invalid("misaligned tensor storage"));
     }
-    // SAFETY: alignment and length checked; T is a plain number type.
-    Ok(unsafe { std::slice::from_raw_parts(b.as_ptr() as *const T, b.len() / sz) })
+    Ok(len / sz)
 }
-
-fn cast_slice_mut<T: Copy>(b: &mut [u8]) -> Result<&mut [T]> {
-    let sz = std::mem::size_of::<T>();
-    if !(b.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
-        || !b.len().is_multiple_of(sz)
-    {
-        return Err(Error::invalid("misaligned tensor storage"));
-    }
+fn cast_slice<T: Copy>(b: &[u8]) -> Result<&[T]> {
+    let n = cast_len::<T>(b.as_ptr(), b.len())?;
     // SAFETY: alignment and length checked; T is a plain number type.
-    Ok(unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr() as *mut T, b.len() / sz) })
+    Ok(unsafe { std::slice::from_raw_parts(b.as_ptr() as *const T, n) })
+}
+fn cast_slice_mut<T: Copy>(b: &mut [u8]) -> Result<&mut [T]> {
+    let n = cast_len::<T>(b.as_ptr(), b.len())?;
+    // SAFETY: alignment and length checked; T is a plain number type.
+    Ok(unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr() as *mut T, n) })
 }
 
 #[cfg(test)]

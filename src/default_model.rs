@@ -285,9 +285,9 @@ pub fn resolve_with(
         ));
     }
     // only GGUF files and HF directories are converted; anything else is refused before work starts
-    match crate::convert::detect_input(&src)? {
-        crate::convert::InputKind::Flm => return Ok(src),
-        crate::convert::InputKind::Gguf | crate::convert::InputKind::HfDir => {}
+    match crate::format::detect_input(&src)? {
+        crate::format::InputKind::Flm => return Ok(src),
+        crate::format::InputKind::Gguf | crate::format::InputKind::HfDir => {}
     }
     let meta = std::fs::metadata(&src).map_err(|e| io(&src, e))?;
     let mtime = meta

@@ -1,34 +1,19 @@
 //! Weights interleaved 16 rows at a time for the CPU's SIMD kernels, at the tensor level: which
-//! tensors can be interleaved (Q4_0/Q4_1/Q8_0 blocks, Q4_K/Q5_K/Q6_K super-blocks, F16, BF16), the interleaving of a whole
-//! `Data`, and the way back to the plain layout (for decoding and for ops that read single rows,
-//! such as `Embedding`). The byte layouts and the kernels are `fastllm_cpu::linear::interleaved`'s,
+//! tensors can be interleaved (Q4_0/Q4_1/Q8_0 blocks, Q4_K/Q5_K/Q6_K super-blocks, F16, BF16),
+//! the interleaving of a whole `Data`, and handing a replaced source's pages back to the OS. The
+//! way back to the plain layout is `Data::plain_row`'s (`DataType::kernel_type` names the
+//! kernels' type). The byte layouts and the kernels are `fastllm_cpu::linear::interleaved`'s,
 //! `interleaved_kquant`'s and `interleaved_float`'s.
 
-use crate::data::{Data, DataType, DeviceKind, Storage};
+use crate::data::{Data, DeviceKind, Storage};
 use crate::error::{Error, Result};
-use fastllm_cpu::linear::{interleaved, WeightType};
-
-/// The kernel weight type of a dtype that has an interleaved form, plain or interleaved (`None`
-/// for other dtypes).
-pub fn kernel_type(t: DataType) -> Option<WeightType> {
-    match t.plain() {
-        DataType::Q8_0 => Some(WeightType::Q8_0),
-        DataType::Q4_0 => Some(WeightType::Q4_0),
-        DataType::Q4_1 => Some(WeightType::Q4_1),
-        DataType::F16 => Some(WeightType::F16),
-        DataType::BF16 => Some(WeightType::BF16),
-        DataType::Q4K => Some(WeightType::Q4K),
-        DataType::Q5K => Some(WeightType::Q5K),
-        DataType::Q6K => Some(WeightType::Q6K),
-        _ => None,
-    }
-}
+use fastllm_cpu::linear::interleaved;
 
 /// The interleaved copy of a host matrix `[n, k]` (block, K-quant, F16 or BF16) with `n` a multiple of
 /// 16; `None` for every tensor that cannot be interleaved (other dtypes or ranks, another row
 /// count, a device tensor, a non-contiguous view).
 pub fn interleave(d: &Data) -> Result<Option<Data>> {
-    let (Some(t), Some(it), &[n, k]) = (kernel_type(d.dtype()), d.dtype().interleaved(), d.dims())
+    let (Some(t), Some(it), &[n, k]) = (d.dtype().kernel_type(), d.dtype().interleaved(), d.dims())
     else {
         return Ok(None);
     };
@@ -61,32 +46,6 @@ pub fn interleave(d: &Data) -> Result<Option<Data>> {
 
 /// Bytes of a matrix interleaved between two hand-backs of its source pages.
 const CHUNK_BYTES: usize = 8 << 20;
-
-/// Row `r` of an interleaved matrix in the plain layout, into `out` (one plain row).
-pub fn plain_row(d: &Data, r: usize, out: &mut [u8]) -> Result<()> {
-    let (Some(t), &[n, k]) = (kernel_type(d.dtype()), d.dims()) else {
-        return Err(Error::invalid(format!(
-            "{d:?} is not an interleaved matrix"
-        )));
-    };
-    interleaved::plain_row(t, d.bytes()?, n, k, r, out)
-        .map_err(|e| Error::invalid(format!("{}: {e}", d.name)))
-}
-
-/// The whole interleaved matrix `d` in the plain block layout.
-pub fn plain_bytes(d: &Data) -> Result<Vec<u8>> {
-    let &[n, k] = d.dims() else {
-        return Err(Error::invalid(format!(
-            "{d:?} is not an interleaved matrix"
-        )));
-    };
-    let rb = d.dtype().row_bytes(k)?;
-    let mut out = vec![0u8; n * rb];
-    for (r, row) in out.chunks_exact_mut(rb.max(1)).enumerate() {
-        plain_row(d, r, row)?;
-    }
-    Ok(out)
-}
 
 /// Hands the pages of a shared view (a memory-mapped weight that was replaced by its interleaved
 /// copy) back to the OS: `MADV_PAGEOUT` over the whole pages inside the view. Contents are kept

@@ -9,6 +9,7 @@ pub mod data;
 pub mod default_model;
 pub mod device;
 pub mod devices;
+pub mod dict;
 pub mod error;
 pub mod executor;
 pub mod ffi;
@@ -29,6 +30,7 @@ pub mod step;
 pub mod tokenizer;
 
 pub use data::{Data, DataType, DeviceKind};
-pub use device::{BaseDevice, DataDict, FloatDict, IntDict, Operator};
+pub use device::{BaseDevice, Operator};
+pub use dict::{DataDict, FloatDict, IntDict};
 pub use error::{Error, Result};
 pub use executor::Executor;

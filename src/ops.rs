@@ -26,55 +26,13 @@ pub fn linear(
     out: &mut Data,
     quant_act: bool,
 ) -> Result<()> {
-    linear_flagged(e, x, w, b, out, quant_act, None)
-}
-
-/// One `Linear` call, with `flag` (`accumulate`, `reuse_act`) set to 1 when given.
-fn linear_flagged(
-    e: &Executor,
-    x: &Data,
-    w: &Data,
-    b: Option<&Data>,
-    out: &mut Data,
-    quant_act: bool,
-    flag: Option<&str>,
-) -> Result<()> {
     let mut d = DataDict::new().with("input", x).with("weight", w);
     if let Some(b) = b {
         d.insert("bias", b);
     }
     d.insert_mut("output", out);
-    let mut ints = IntDict::new().with("quant_act", quant_act as i32);
-    if let Some(f) = flag {
-        ints = ints.with(f, 1);
-    }
+    let ints = IntDict::new().with("quant_act", quant_act as i32);
     e.run("Linear", &mut d, &FloatDict::new(), &ints)
-}
-
-/// `out += x·wᵀ + b` (a residual connection fused into the product); `out` must already hold
-/// the rows. Only devices that accept `accumulate` (the CUDA device) take it.
-pub fn linear_add(
-    e: &Executor,
-    x: &Data,
-    w: &Data,
-    b: Option<&Data>,
-    out: &mut Data,
-    quant_act: bool,
-) -> Result<()> {
-    linear_flagged(e, x, w, b, out, quant_act, Some("accumulate"))
-}
-
-/// [`linear`] of the same `x` as the previous `Linear` call on this executor's device, with
-/// `x` unchanged since: a device may reuse that call's quantized activations (`reuse_act`).
-pub fn linear_same_input(
-    e: &Executor,
-    x: &Data,
-    w: &Data,
-    b: Option<&Data>,
-    out: &mut Data,
-    quant_act: bool,
-) -> Result<()> {
-    linear_flagged(e, x, w, b, out, quant_act, Some("reuse_act"))
 }
 
 /// `output_i = input·weight_iᵀ + bias_i` for two or three weights of the same dtype sharing the

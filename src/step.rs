@@ -13,7 +13,7 @@
 //! This module knows no model and no device.
 
 use crate::data::Data;
-use crate::device::DataDict;
+use crate::dict::DataDict;
 use crate::error::{Error, Result};
 
 /// A tensor of a [`Step`], by index.

@@ -1,5 +1,5 @@
 //! Attention on the CUDA device against the CPU reference: tensor-core and flash prefill, the
-//! decode kernel over a KV cache written by `KvWrite` or by the decode kernel itself (with its
+//! decode kernel over a KV cache (and storing the step's own key and value itself, with its
 //! rotary step), f32 and f16 caches (and `KvAppend` into them), rotary embedding of two inputs
 //! in one call, and the quantized or copied attention outputs that feed the next `Linear`.
 //!
@@ -105,7 +105,7 @@ fn tensor_core_attention_matches_reference() {
 }
 
 #[test]
-fn kv_write_and_decode_attention_match_reference() {
+fn decode_attention_matches_reference() {
     let Some(dev) = gpu() else { return };
     let cuda = cuda_executor(&dev);
     let reference = reference();
@@ -168,31 +168,16 @@ fn kv_write_and_decode_attention_match_reference() {
                 )
                 .unwrap();
         }
-        // GPU: caches of `cap` rows holding the first len - sq rows; KvWrite adds the last sq
-        // rows at their positions, DecodeAttention reads rows 0..=position.
-        let old = len - sq;
+        // GPU: caches of `cap` rows holding the `len` rows; DecodeAttention reads rows
+        // 0..=position of each query (its host length plays no part)
         let cache = |all: &[f32], row: usize| {
-            let mut c = tensor_of(dt, &[old, nkv, row], &all[..old * nkv * row]);
+            let mut c = tensor_of(dt, &[len, nkv, row], all);
             c.reserve(0, cap).unwrap();
             dev.upload(&c).unwrap()
         };
-        let (mut kc, mut vc) = (cache(&kv, hd), cache(&vv, hdv));
-        // the new rows unrounded: KvWrite rounds them into an f16 cache
-        let newk = Data::from_f32(&[sq, nkv, hd], &k0[old * nkv * hd..]).unwrap();
-        let newv = Data::from_f32(&[sq, nkv, hdv], &v0[old * nkv * hdv..]).unwrap();
-        let pos: Vec<i32> = (old..len).map(|p| p as i32).collect();
+        let (kc, vc) = (cache(&kv, hd), cache(&vv, hdv));
+        let pos: Vec<i32> = (len - sq..len).map(|p| p as i32).collect();
         let pos = dev.upload(&Data::from_i32(&[sq], &pos).unwrap()).unwrap();
-        {
-            let (nk, nv) = (dev.upload(&newk).unwrap(), dev.upload(&newv).unwrap());
-            let mut d = DataDict::new()
-                .with("k", &nk)
-                .with("v", &nv)
-                .with("positions", &pos)
-                .with_mut("k_cache", &mut kc)
-                .with_mut("v_cache", &mut vc);
-            cuda.run("KvWrite", &mut d, &FloatDict::new(), &IntDict::new())
-                .unwrap();
-        }
         // the output starts as NaN: every element must be written
         let nan = vec![f32::NAN; sq * nh * hdv];
         let mut out = dev
@@ -228,13 +213,6 @@ fn kv_write_and_decode_attention_match_reference() {
         );
         let t = out.to_owned_host().unwrap().to_f32_vec().unwrap();
         let (e, bad) = nmse(&t, &r.to_f32_vec().unwrap());
-        // the cache rows written by KvWrite
-        let kh = kc.to_owned_host().unwrap();
-        assert_eq!(kh.dims(), &[old, nkv, hd], "KvWrite keeps the host length");
-        let mut kfull = kc;
-        kfull.set_len(0, len).unwrap();
-        let kf = kfull.to_owned_host().unwrap().to_f32_vec().unwrap();
-        assert_eq!(kf, kv, "KvWrite rows ({dt})");
         println!(
             "DecodeAttention q[{sq},{nh},{hd}] {dt} cache[{len}/{cap},{nkv},{hd}/{hdv}] alibi={alibi} softcap={softcap} window={window}: nmse {e:.2e}"
         );
@@ -244,10 +222,11 @@ fn kv_write_and_decode_attention_match_reference() {
 
 /// `DecodeAttention` given the step's raw key and value (and the step's cos/sin tables) stores
 /// and rotates them itself: the output and the cache rows are bit for bit those of
-/// `RotaryEmbedding` + `KvWrite` + `DecodeAttention`, and `q`, `k` are left unchanged. Wrong
+/// `RotaryEmbedding`, the rows stored at their position, then `DecodeAttention`, and `q`, `k`
+/// are left unchanged. Wrong
 /// step inputs are errors, not launches.
 #[test]
-fn decode_attention_with_the_step_kv_equals_rotary_kv_write_and_attention() {
+fn decode_attention_with_the_step_kv_equals_rotary_store_and_attention() {
     let Some(dev) = gpu() else { return };
     let cuda = cuda_executor(&dev);
     let mut rng = CaseRng::new(67);
@@ -335,7 +314,8 @@ fn decode_attention_with_the_step_kv_equals_rotary_kv_write_and_attention() {
         };
         // a device copy (with its capacity)
         let copy = |c: &Data| dev.upload(&clone_arg(c)).unwrap();
-        // apart: rotate copies of q and k, KvWrite, then attend
+        // apart: rotate copies of q and k, the step's rows after the old ones (rounded to the
+        // cache's type on the host), then attend
         let (mut qa, mut ka) = (copy(&q), copy(&k));
         if rotate {
             let mut d = DataDict::new().with("cos", &cs).with("sin", &sn);
@@ -343,18 +323,15 @@ fn decode_attention_with_the_step_kv_equals_rotary_kv_write_and_attention() {
             d.insert_mut("input1", &mut ka);
             cuda.run("RotaryEmbedding", &mut d, &fl, &ints).unwrap();
         }
-        let (mut kca, mut vca) = (copy(&kc0), copy(&vc0));
+        let with_row = |c: &Data, row: &Data| {
+            let mut bytes = c.to_owned_host().unwrap().packed_bytes().unwrap();
+            bytes.extend(encode_from_f32(dt, &host(row)).unwrap());
+            let mut t = Data::from_bytes(dt, &[len, nkv, hd], &bytes).unwrap();
+            t.reserve(0, cap).unwrap();
+            dev.upload(&t).unwrap()
+        };
+        let (mut kca, mut vca) = (with_row(&kc0, &ka), with_row(&vc0, &v));
         let (mut kcb, mut vcb) = (kc0, vc0);
-        {
-            let mut d = DataDict::new()
-                .with("k", &ka)
-                .with("v", &v)
-                .with("positions", &pos)
-                .with_mut("k_cache", &mut kca)
-                .with_mut("v_cache", &mut vca);
-            cuda.run("KvWrite", &mut d, &FloatDict::new(), &IntDict::new())
-                .unwrap();
-        }
         let want = host(&attend(&qa, &mut kca, &mut vca, false));
         // fused: one launch
         let (q0, k0) = (host(&q), host(&k));
@@ -489,35 +466,6 @@ fn decode_attention_with_the_step_kv_equals_rotary_kv_write_and_attention() {
             Ok(()) => panic!("{what}: accepted"),
         }
     }
-}
-
-#[test]
-fn kv_write_skips_positions_outside_the_cache() {
-    let Some(dev) = gpu() else { return };
-    let cuda = cuda_executor(&dev);
-    let mut kc = Data::zeros(DataType::F32, &[0, 2, 4]).unwrap();
-    kc.reserve(0, 3).unwrap();
-    let mut kc = dev.upload(&kc).unwrap();
-    let mut vc = kc.to_owned_host().unwrap();
-    vc.reserve(0, 3).unwrap();
-    let mut vc = dev.upload(&vc).unwrap();
-    let k = dev
-        .upload(&Data::from_f32(&[2, 2, 4], &[1.0; 16]).unwrap())
-        .unwrap();
-    let pos = dev
-        .upload(&Data::from_i32(&[2], &[3, -1]).unwrap())
-        .unwrap();
-    let mut d = DataDict::new()
-        .with("k", &k)
-        .with("v", &k)
-        .with("positions", &pos)
-        .with_mut("k_cache", &mut kc)
-        .with_mut("v_cache", &mut vc);
-    cuda.run("KvWrite", &mut d, &FloatDict::new(), &IntDict::new())
-        .unwrap();
-    kc.set_len(0, 3).unwrap();
-    let all = kc.to_owned_host().unwrap().to_f32_vec().unwrap();
-    assert!(all.iter().all(|&x| x == 0.0), "nothing written");
 }
 
 #[test]

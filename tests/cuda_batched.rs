@@ -22,7 +22,6 @@ use fastllm::devices::cuda::CudaDevice;
 use fastllm::harness::{nmse, CaseRng};
 use fastllm::{BaseDevice, DataDict, Executor, FloatDict, IntDict};
 use std::sync::Arc;
-use std::time::Instant;
 
 fn gpu() -> Option<Arc<CudaDevice>> {
     match CudaDevice::new(0) {
@@ -420,69 +419,6 @@ fn mma_and_cublas_paths_agree_with_the_gemv_and_dequantized_paths() {
                     &reference(&x, &w, None),
                     SAME_ARITHMETIC_NMSE,
                 );
-            }
-        }
-    }
-}
-
-/// Times llama-3-8b-shaped products for a few rows on each path (prints; never asserts).
-#[test]
-#[ignore = "timing; run with --ignored --nocapture on a GPU"]
-fn time_batched_linear_paths() {
-    let Some(dev) = gpu() else { return };
-    let cuda = cuda_executor(&dev);
-    let mut rng = CaseRng::new(94);
-    for wt in [DataType::Q4_0, DataType::Q8_0] {
-        for (n, k) in [
-            (4096usize, 4096usize),
-            (28672, 4096),
-            (4096, 14336),
-            (6144, 4096),
-        ] {
-            let w = dev.upload(&rng.data(wt, &[n, k])).unwrap();
-            let bytes = wt.row_bytes(k).unwrap() * n;
-            for m in [1usize, 2, 4, 8, 16, 32, 64, 128] {
-                let x = dev.upload(&rng.data(DataType::F32, &[m, k])).unwrap();
-                let mut line = format!("PERF {wt} [{n}, {k}] m={m:3}:");
-                // (mma, mma_splits, name)
-                let modes: &[(i32, i32, &str)] = &[
-                    (1, 0, "old"),
-                    (2, 0, "mma"),
-                    (3, 0, "mmq"),
-                    (3, 1, "q1"),
-                    (3, 2, "q2"),
-                    (3, 4, "q4"),
-                    (3, 8, "q8"),
-                ];
-                for &(mode, splits, name) in modes {
-                    if m == 1 && mode >= 2 {
-                        continue;
-                    }
-                    let ints = IntDict::new()
-                        .with("quant_act", 1)
-                        .with("mma", mode)
-                        .with("mma_splits", splits);
-                    let mut y = Data::empty(DataType::F32);
-                    let mut run = || {
-                        let mut d = DataDict::new()
-                            .with("input", &x)
-                            .with("weight", &w)
-                            .with_mut("output", &mut y);
-                        cuda.run("Linear", &mut d, &FloatDict::new(), &ints)
-                            .unwrap();
-                    };
-                    run();
-                    dev.synchronize().unwrap();
-                    let reps = 20;
-                    let t = Instant::now();
-                    for _ in 0..reps {
-                        run();
-                    }
-                    dev.synchronize().unwrap();
-                    let us = t.elapsed().as_secs_f64() * 1e6 / reps as f64;
-                    line += &format!(" {name} {us:7.1}us ({:4.0} GB/s)", bytes as f64 / us / 1e3);
-                }
-                println!("{line}");
             }
         }
     }

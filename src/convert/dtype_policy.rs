@@ -7,20 +7,11 @@
 //! scale-searching quantizers of `fastllm_cpu::kquant_search`.
 
 use super::options::TargetDtype;
-use super::quant_mix::{plan, MixTensor};
+use super::quant_mix::{always_f32, plan, MixTensor};
 use crate::data::{encode_from_f32, DataType, QK};
 use crate::error::{Error, Result};
 use crate::model::ModelConfig;
 use rayon::prelude::*;
-
-/// True for tensors that always stay F32 (norm weights, biases, 1-D tensors).
-pub fn always_f32(name: &str, dims: &[usize]) -> bool {
-    dims.len() <= 1
-        || name.ends_with(".bias")
-        || name.contains("norm")
-        || name.contains(".ln_")
-        || name.contains("layernorm")
-}
 
 /// The stored dtype of tensor `name` of `dims`, given the target and the source's dtype
 /// (`None` when the source type has no `.flm` equivalent).

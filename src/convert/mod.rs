@@ -30,7 +30,7 @@ pub use quant_mix::QuantMix;
 
 use crate::error::{Error, Result};
 use crate::format::flm::{MetaValue, Metadata};
-use std::io::Read;
+use crate::format::{detect_input, InputKind};
 use std::path::Path;
 
 /// Version recorded in `general.converter`.
@@ -79,37 +79,6 @@ pub(crate) fn naming_file(path: &str, e: Error) -> Error {
         e
     } else {
         Error::format(path, e)
-    }
-}
-
-/// The kinds of input [`convert`] accepts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InputKind {
-    /// A Hugging Face model directory.
-    HfDir,
-    /// A GGUF file.
-    Gguf,
-    /// A `.flm` file.
-    Flm,
-}
-
-/// Tells what `input` is from its type and first bytes; `Err` naming it otherwise.
-pub fn detect_input(input: &Path) -> Result<InputKind> {
-    let ps = input.display().to_string();
-    let md = std::fs::metadata(input).map_err(|e| Error::io(&ps, e))?;
-    if md.is_dir() {
-        return Ok(InputKind::HfDir);
-    }
-    let mut head = [0u8; 8];
-    let mut f = std::fs::File::open(input).map_err(|e| Error::io(&ps, e))?;
-    let n = f.read(&mut head).map_err(|e| Error::io(&ps, e))?;
-    match head.get(..n) {
-        Some(h) if h.starts_with(b"GGUF") => Ok(InputKind::Gguf),
-        Some(h) if h.starts_with(&crate::format::flm::MAGIC) => Ok(InputKind::Flm),
-        _ => Err(Error::format(
-            &ps,
-            "not a GGUF file, .flm file or Hugging Face model directory",
-        )),
     }
 }
 

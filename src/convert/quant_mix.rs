@@ -11,10 +11,18 @@
 //! except that ffn_down in MoE models uses the layer index. Norms, biases, 1-D tensors, MoE
 //! routers and learned position embeddings stay F32.
 
-use super::dtype_policy::always_f32;
 use crate::data::DataType;
 use crate::error::{Error, Result};
 use crate::model::arch::{ArchSpec, Mlp, Positions, Qkv};
+
+/// True for tensors that always stay F32 (norm weights, biases, 1-D tensors).
+pub fn always_f32(name: &str, dims: &[usize]) -> bool {
+    dims.len() <= 1
+        || name.ends_with(".bias")
+        || name.contains("norm")
+        || name.contains(".ln_")
+        || name.contains("layernorm")
+}
 
 /// A `llama-quantize` file type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! A human-readable description of a `.flm` or GGUF file: metadata, tokenizer summary, tensor
 //! table and the memory a model needs (used by `convert-weights --info` and `fastllm info`).
 
-use crate::convert::{detect_input, InputKind};
+use super::{detect_input, InputKind};
 use crate::error::{Error, Result};
 use crate::format::flm::{FlmFile, LoadMode, MetaValue};
 use crate::format::gguf::{ggml_type, GgufFile, GgufValue};

@@ -2,8 +2,11 @@
 //! converter. Parsing and validation only; name mapping and dtype conversion live in
 //! `crate::convert`.
 
+mod detect;
 pub mod flm;
 pub mod gguf;
 pub mod info;
 pub mod pread;
 pub mod safetensors;
+
+pub use detect::{detect_input, InputKind};

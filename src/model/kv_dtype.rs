@@ -4,7 +4,7 @@
 //! stores f16 and the precision is `fast`, else f32.
 
 use super::config::ModelConfig;
-use super::transformer::Precision;
+use super::precision::Precision;
 use crate::data::DataType;
 use crate::device::BaseDevice;
 use crate::error::{Error, Result};

@@ -12,7 +12,7 @@
 //! serves as the value, whose first `kv_lora_rank` outputs are mapped per head by `W_uv` to the
 //! `v_head_dim` values.
 
-use super::transformer::KvStore;
+use super::step_kv::KvStore;
 use super::weights::Weights;
 use crate::data::{Data, DataType};
 use crate::error::{Error, Result};
@@ -234,9 +234,7 @@ impl MlaStep<'_> {
             )));
         }
         t0.reshape(&[s, nh, n + r])?;
-        let (mut nope, mut rot) = (Data::empty(DataType::F32), Data::empty(DataType::F32));
-        ops::split(e, &t0, 2, 0, n, &mut nope)?;
-        ops::split(e, &t0, 2, n, n + r, &mut rot)?;
+        let (nope, mut rot) = split_at(e, &t0, 2, n, n + r)?;
         ops::rotary(e, &mut rot, rope)?;
         if self.rope_q_scale != 1.0 {
             ops::mul(e, &rot, self.rope_q_scale, &mut t1)?;
@@ -268,19 +266,22 @@ impl MlaStep<'_> {
                 rank + r
             )));
         }
-        let (mut c, mut cn, mut rot) = (
-            Data::empty(DataType::F32),
-            Data::empty(DataType::F32),
-            Data::empty(DataType::F32),
-        );
-        ops::split(e, &t0, 1, 0, rank, &mut c)?;
-        ops::split(e, &t0, 1, rank, rank + r, &mut rot)?;
+        let (c, mut rot) = split_at(e, &t0, 1, rank, rank + r)?;
+        let mut cn = Data::empty(DataType::F32);
         self.norm(&c, &format!("{p}{}", names.kv_a_norm), &mut cn)?;
         cn.reshape(&[s, 1, rank])?;
         rot.reshape(&[s, 1, r])?;
         ops::rotary(e, &mut rot, rope)?;
         ops::cat(e, &cn, &rot, 2, out)
     }
+}
+
+/// `t` cut along `axis` into its parts `0..at` and `at..end`.
+fn split_at(e: &Executor, t: &Data, axis: usize, at: usize, end: usize) -> Result<(Data, Data)> {
+    let (mut a, mut b) = (Data::empty(DataType::F32), Data::empty(DataType::F32));
+    ops::split(e, t, axis, 0, at, &mut a)?;
+    ops::split(e, t, axis, at, end, &mut b)?;
+    Ok((a, b))
 }
 
 /// Latent attention of one layer: `out` [s, heads·v_head_dim] (the input of `o_proj`) from the

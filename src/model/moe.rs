@@ -261,27 +261,6 @@ pub fn moe_ffn(
     Ok(())
 }
 
-/// True when a step of this model keeps the MoE stage on its device: a dense model, or one
-/// whose every MoE layer has its experts stacked ([`stack_experts`]).
-pub fn stays_on_device(
-    weights: &Weights,
-    spec: &super::arch::ArchSpec,
-    c: &super::ModelConfig,
-) -> bool {
-    let (Some(m), Some(names)) = (&c.moe, &spec.moe) else {
-        return c.moe.is_none();
-    };
-    (0..c.num_layers).filter(|&i| m.is_moe(i)).all(|i| {
-        let layer = format!("{}{i}.", spec.layer_prefix);
-        weights
-            .resident(&format!(
-                "{}.weight",
-                stacked_name(&layer, names, names.proj.0)
-            ))
-            .is_some()
-    })
-}
-
 /// The routed experts as three grouped products over the stacked weights (on the device of the
 /// dispatch: nothing comes to the host): `out` [slots, hidden] in dispatch order.
 #[allow(clippy::too_many_arguments)]

@@ -14,7 +14,7 @@
 
 use super::paged::{PagedKvPool, PagedSeqState};
 use super::step_kv::{Layers, Qkv, StepArrays, StepAttention, StepKv};
-use super::transformer::{KvStore, Model, PagedBatch};
+use super::transformer::{Model, PagedBatch};
 use crate::data::{Data, DataType};
 use crate::device::BaseDevice;
 use crate::error::{Error, Result};
@@ -173,12 +173,6 @@ impl<'a> StepKv<'a> for DecodeKv<'a> {
             .int("max_keys", self.max_keys);
         st.push(p.args(c, out));
         Ok(())
-    }
-
-    fn latent_layer(&mut self, _layer: usize) -> Result<Box<dyn KvStore + 'a>> {
-        Err(Error::invalid(
-            "latent attention does not run in padded batched decode steps",
-        ))
     }
 }
 

@@ -5,12 +5,44 @@
 //! in `paged_graph`. Latent attention, which runs as a stage, gets a direct [`KvStore`] of one
 //! layer from its store.
 
-use super::transformer::KvStore;
 use crate::data::{Data, DataType};
 use crate::error::{Error, Result};
 use crate::executor::Executor;
 use crate::ops::{self, AttentionParams, RotaryParams, RotaryStyle};
 use crate::step::{Call, Step, TensorId};
+
+/// A KV store run op by op: stores this step's k/v rows of `layer` and computes attention of
+/// `q` over everything cached, calling the ops at once. Latent attention (a stage of a step,
+/// [`super::mla::mla_attention`]) reads its layer's cache through it; a step's other layers
+/// describe their attention through this module's [`StepKv`] stores.
+pub trait KvStore {
+    /// Appends `k`, `v` [rows, nkv, hd] for `layer` and writes attention of `q` into `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &mut self,
+        e: &Executor,
+        layer: usize,
+        q: &Data,
+        k: &Data,
+        v: &Data,
+        p: &AttentionParams,
+        out: &mut Data,
+    ) -> Result<()>;
+
+    /// [`KvStore::attend`] where the step's rows `kv` [rows, nkv, hd] serve as both keys and
+    /// values (latent attention): a store may keep them once.
+    fn attend_shared(
+        &mut self,
+        e: &Executor,
+        layer: usize,
+        q: &Data,
+        kv: &Data,
+        p: &AttentionParams,
+        out: &mut Data,
+    ) -> Result<()> {
+        self.attend(e, layer, q, kv, kv, p, out)
+    }
+}
 
 /// A step's rotation, over step tensors.
 #[derive(Clone, Copy, Debug)]
@@ -102,8 +134,13 @@ pub(super) trait StepKv<'a> {
         out: TensorId,
     ) -> Result<()>;
 
-    /// A direct store of layer `layer` alone, for latent attention (a stage).
-    fn latent_layer(&mut self, layer: usize) -> Result<Box<dyn KvStore + 'a>>;
+    /// A direct store of layer `layer` alone, for latent attention (a stage); only the
+    /// op-by-op stores (a contiguous cache, the paged pool) have one.
+    fn latent_layer(&mut self, _layer: usize) -> Result<Box<dyn KvStore + 'a>> {
+        Err(Error::invalid(
+            "latent attention runs only in op-by-op steps, not in recorded or padded decode steps",
+        ))
+    }
 }
 
 /// The layer caches of a store, each handed to the step once.
@@ -299,28 +336,6 @@ impl<'a> GraphKv<'a> {
             arrays: StepArrays::new([pos], workspace),
         }
     }
-
-    fn call(
-        &mut self,
-        st: &mut Step<'a>,
-        layer: usize,
-        x: Qkv,
-        p: &StepAttention,
-        out: TensorId,
-    ) -> Result<()> {
-        let ([pos], workspace) = self.arrays.get(st)?;
-        let (kc, vc) = self.layers.get(st, layer)?;
-        let mut c = Call::new("DecodeAttention")
-            .input("q", x.q)
-            .input("positions", pos)
-            .output("k_cache", kc)
-            .output("v_cache", vc)
-            .input("k", x.k)
-            .input("v", x.v);
-        c = c.output("workspace", workspace);
-        st.push(p.args(c, out));
-        Ok(())
-    }
 }
 
 impl<'a> StepKv<'a> for GraphKv<'a> {
@@ -332,13 +347,18 @@ impl<'a> StepKv<'a> for GraphKv<'a> {
         p: &StepAttention,
         out: TensorId,
     ) -> Result<()> {
-        self.call(st, layer, x, p, out)
-    }
-
-    fn latent_layer(&mut self, _layer: usize) -> Result<Box<dyn KvStore + 'a>> {
-        Err(Error::invalid(
-            "latent attention does not run in graph-mode decode steps",
-        ))
+        let ([pos], workspace) = self.arrays.get(st)?;
+        let (kc, vc) = self.layers.get(st, layer)?;
+        let c = Call::new("DecodeAttention")
+            .input("q", x.q)
+            .input("positions", pos)
+            .output("k_cache", kc)
+            .output("v_cache", vc)
+            .input("k", x.k)
+            .input("v", x.v)
+            .output("workspace", workspace);
+        st.push(p.args(c, out));
+        Ok(())
     }
 }
 

@@ -9,8 +9,9 @@
 //! channels, so every process ends with that error instead of waiting.
 
 use super::config::ModelConfig;
+use super::precision::Precision;
 use super::tensor_parallel::{rank_model, Cmd, RankLogits, RankState, Reply, ShardPlan, TpGroup};
-use super::transformer::{Model, PagedBatch, Precision};
+use super::transformer::{Model, PagedBatch};
 use super::weights::WeightSource;
 use crate::error::{Error, Result};
 use crate::executor::Executor;

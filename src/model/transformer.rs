@@ -9,9 +9,10 @@ use super::kv_dtype::{self, KvDtype};
 use super::logprobs::{pick_logprobs, PickLogprobs};
 use super::paged::{PagedKvPool, PagedSeqState};
 use super::paged_graph::BatchDecode;
+use super::precision::Precision;
 use super::rope::RopePlan;
 use super::sampler::{pick_error, sample_logits, SampleRow};
-use super::step_kv::{CacheKv, GraphKv, Layers, PagedIndex, PagedKv, StepKv};
+use super::step_kv::{CacheKv, GraphKv, KvStore, Layers, PagedIndex, PagedKv, StepKv};
 use super::tensor_parallel::{RankTp, RemoteCache, TpGroup};
 use super::weights::{WeightSource, Weights};
 use crate::data::{Data, DataType, DeviceKind};
@@ -21,30 +22,6 @@ use crate::executor::Executor;
 use crate::ops::{self, AttentionParams, OutputCopy, RotaryParams};
 use crate::options::RuntimeOptions;
 use std::sync::Arc;
-
-/// Numeric precision of activations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Precision {
-    /// Activations quantized to int8 inside matmuls with block-quantized weights (llama.cpp's
-    /// scheme): fastest.
-    #[default]
-    Fast,
-    /// f32 activations everywhere.
-    Exact,
-}
-
-impl Precision {
-    /// Parses `fast` / `exact`.
-    pub fn parse(s: &str) -> Result<Precision> {
-        match s {
-            "fast" => Ok(Precision::Fast),
-            "exact" => Ok(Precision::Exact),
-            _ => Err(Error::invalid(format!(
-                "precision '{s}' (expected fast or exact)"
-            ))),
-        }
-    }
-}
 
 /// One sequence's KV cache plus reusable scratch tensors. A latent-attention model keeps one
 /// cache per layer (its cached row is both key and value: [`KvStore::attend_shared`]).
@@ -349,7 +326,7 @@ impl Paths {
                 .is_some_and(|d| d.kind() != DeviceKind::Cpu && d.ops().contains_key(op))
         };
         let decode_graphs = first_has("DecodeAttention")
-            && super::moe::stays_on_device(weights, spec, c) // no routing read back mid-step
+            && moe_stays_on_device(weights, spec, c) // no routing read back mid-step
             && c.mla.is_none() // its per-head products run on the CPU
             && !weights.low_memory()
             && !rope.length_dependent()
@@ -479,7 +456,7 @@ impl Model {
                 d.kind() != DeviceKind::Cpu && d.ops().contains_key("DecodeAttention")
             })
             && !self.weights.low_memory()
-            && super::moe::stays_on_device(&self.weights, self.spec, &self.config)
+            && moe_stays_on_device(&self.weights, self.spec, &self.config)
             && self.config.mla.is_none()
             && !self.rope.length_dependent()
             && !matches!(self.spec.positions, Positions::Learned(_));
@@ -544,7 +521,7 @@ impl Model {
             BatchDecode::Graphs => {
                 padded
                     && !self.weights.low_memory()
-                    && super::moe::stays_on_device(&self.weights, self.spec, &self.config)
+                    && moe_stays_on_device(&self.weights, self.spec, &self.config)
                     && self.config.mla.is_none()
             }
         };
@@ -1574,37 +1551,21 @@ fn to_host(d: Data) -> Result<Data> {
     }
 }
 
-/// A KV store run op by op: stores this step's k/v rows of `layer` and computes attention of
-/// `q` over everything cached, calling the ops at once. Latent attention (a stage of a step,
-/// [`super::mla::mla_attention`]) reads its layer's cache through it; a step's other layers
-/// describe their attention through the stores of `step_kv`.
-pub trait KvStore {
-    /// Appends `k`, `v` [rows, nkv, hd] for `layer` and writes attention of `q` into `out`.
-    #[allow(clippy::too_many_arguments)]
-    fn attend(
-        &mut self,
-        e: &Executor,
-        layer: usize,
-        q: &Data,
-        k: &Data,
-        v: &Data,
-        p: &AttentionParams,
-        out: &mut Data,
-    ) -> Result<()>;
-
-    /// [`KvStore::attend`] where the step's rows `kv` [rows, nkv, hd] serve as both keys and
-    /// values (latent attention): a store may keep them once.
-    fn attend_shared(
-        &mut self,
-        e: &Executor,
-        layer: usize,
-        q: &Data,
-        kv: &Data,
-        p: &AttentionParams,
-        out: &mut Data,
-    ) -> Result<()> {
-        self.attend(e, layer, q, kv, kv, p, out)
-    }
+/// True when a step of this model keeps the MoE stage on its device: a dense model, or one
+/// whose every MoE layer has its experts stacked ([`super::moe::stack_experts`]).
+fn moe_stays_on_device(weights: &Weights, spec: &ArchSpec, c: &ModelConfig) -> bool {
+    let (Some(m), Some(names)) = (&c.moe, &spec.moe) else {
+        return c.moe.is_none();
+    };
+    (0..c.num_layers).filter(|&i| m.is_moe(i)).all(|i| {
+        let layer = format!("{}{i}.", spec.layer_prefix);
+        weights
+            .resident(&format!(
+                "{}.weight",
+                super::moe::stacked_name(&layer, names, names.proj.0)
+            ))
+            .is_some()
+    })
 }
 
 /// One planned paged step: the rows to run and where their keys and values go.

@@ -128,7 +128,7 @@ fn interleaved_rows(
     })?;
     let mut row = vec![0u8; rb];
     for (&id, out) in ids.iter().zip(o.chunks_exact_mut(dim.max(1))) {
-        crate::interleave::plain_row(w, id as usize, &mut row)
+        w.plain_row(id as usize, &mut row)
             .map_err(|e| Error::op(OP, format!("'weight': {e}")))?;
         k::embedding_ref(fmt, &row, dim, &[0], out);
     }

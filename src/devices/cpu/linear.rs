@@ -58,7 +58,7 @@ pub(super) fn weight_type(t: DataType) -> Option<WeightType> {
         | DataType::BF16Interleaved
         | DataType::Q4KInterleaved
         | DataType::Q5KInterleaved
-        | DataType::Q6KInterleaved => return crate::interleave::kernel_type(t),
+        | DataType::Q6KInterleaved => return t.kernel_type(),
         DataType::I32 => return None,
     })
 }

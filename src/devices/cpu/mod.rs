@@ -139,7 +139,9 @@ impl BaseDevice for CpuDevice {
         data.to_owned_host()
     }
     fn weight_form(&self, data: &Data) -> Result<Option<Data>> {
-        let kernels = crate::interleave::kernel_type(data.dtype())
+        let kernels = data
+            .dtype()
+            .kernel_type()
             .is_some_and(fastllm_cpu::linear::interleaved::available_for);
         if !self.interleave_weights || self.ctx.mode == KernelMode::Reference || !kernels {
             return Ok(None);

@@ -27,8 +27,8 @@
 //! keys in registers (K and V rows loaded together) and the warps meet once at the end, where
 //! `attn_decode_f32` synchronises the block three times per chunk of 64 keys. `DecodeAttention` is the same kernel for
 //! a KV cache whose length is only known on the device (query positions read from a device
-//! tensor, so one CUDA graph replays every decode step; it can also store and rotate the step's
-//! own key and value), and `KvWrite` stores a step's keys and values at those positions.
+//! tensor, so one CUDA graph replays every decode step; it also stores and rotates the step's
+//! own key and value).
 
 use super::act_quant::{ActForm, ActQuant, QuantKey};
 use super::blas::{gemm, Elem, Gemm, Operand};
@@ -60,7 +60,6 @@ pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>) {
         "DecodeAttention",
         Box::new(DecodeAttention(gpu.clone(), act.clone(), counters)),
     );
-    ops.insert("KvWrite", Box::new(KvWrite(gpu.clone())));
 }
 
 /// Up to this many queries, `Attention` uses the split-K decode kernel.
@@ -881,8 +880,8 @@ fn cache_rows(op: &str, c: &Data, name: &str) -> Result<usize> {
 /// With the step's own keys and values `k` [1, nkv, hd] / `v` [1, nkv, hdv] (one query row) the
 /// kernel also stores them at cache row `positions[0]`, and with `cos` / `sin` (that position's
 /// [`crate::ops::rotary_tables`], ints `rotary_dim`, `style`) it rotates `q` and `k` first: one
-/// launch for what `RotaryEmbedding`, `KvWrite` and this op do apart (`q` and `k` are read, not
-/// changed). The caches are then inout arguments (an `Err` otherwise), as for `KvWrite`.
+/// launch for what `RotaryEmbedding`, storing the rows and this op do apart (`q` and `k` are
+/// read, not changed). The caches are then inout arguments (an `Err` otherwise).
 struct DecodeAttention(Arc<Gpu>, Arc<ActQuant>, Arc<DecodeCounters>);
 
 const DA_NAMES: [&str; 6] = [
@@ -1094,86 +1093,6 @@ impl Operator for DecodeAttention {
             step,
         };
         decode_launch_q8(&self.0, &self.1, i, args, (nsplit, gchunk), part, counters)
-    }
-}
-
-/// `KvWrite`: row i of `k` [n, nkv, hd] and `v` [n, nkv, hdv] is stored at row `positions[i]`
-/// (I32 [n], read on the device) of `k_cache` / `v_cache` (rows up to their capacity; a position
-/// outside it is skipped by the kernel). The caches' host-side length is not changed.
-struct KvWrite(Arc<Gpu>);
-
-/// The tensors of a `KvWrite` call.
-const KW_NAMES: [&str; 5] = ["k", "v", "positions", "k_cache", "v_cache"];
-
-impl KvWrite {
-    /// (n, k row, v row, cache rows) of `k`, `v`, `positions`, `k_cache`, `v_cache` after
-    /// validation.
-    fn sizes(d: &DataDict) -> Result<[usize; 4]> {
-        const OP: &str = "KvWrite";
-        let [k, v, pos, kc, vc] = KW_NAMES.map(|n| d.require(OP, n));
-        let (k, v, pos, kc, vc) = (k?, v?, pos?, kc?, vc?);
-        if pos.dtype() != DataType::I32 {
-            return Err(op_err(OP, "positions must be I32"));
-        }
-        let [n, nkv, hd] = dims3(k, "k")?;
-        let [n2, nkv2, hdv] = dims3(v, "v")?;
-        let [_, ckv, chd] = dims3(kc, "k_cache")?;
-        let [_, cvkv, chdv] = dims3(vc, "v_cache")?;
-        if n2 != n || pos.count() != n || (nkv, hd) != (ckv, chd) || (nkv2, hdv) != (cvkv, chdv) {
-            return Err(op_err(
-                OP,
-                format!(
-                    "k {:?}, v {:?}, positions {:?}, k_cache {:?}, v_cache {:?} do not fit",
-                    k.dims(),
-                    v.dims(),
-                    pos.dims(),
-                    kc.dims(),
-                    vc.dims()
-                ),
-            ));
-        }
-        let cap = cache_rows(OP, kc, "k_cache")?.min(cache_rows(OP, vc, "v_cache")?);
-        Ok([n, nkv * hd, nkv2 * hdv, cap])
-    }
-}
-
-impl Operator for KvWrite {
-    fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
-        all_f32(d, &["k", "v"])
-            && kv_elem(d, "k_cache", "v_cache").is_some()
-            && d.dtype("positions") == Some(DataType::I32)
-            && ["k", "v", "k_cache", "v_cache"]
-                .iter()
-                .all(|n| d.get(n).is_some_and(|t| t.is_contiguous()))
-    }
-    fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
-        const OP: &str = "KvWrite";
-        Self::sizes(d)?;
-        d.require_mut(OP, "k_cache")?;
-        d.require_mut(OP, "v_cache").map(|_| ())
-    }
-    fn run(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
-        const OP: &str = "KvWrite";
-        let [n, krow, vrow, cap] = Self::sizes(d)?;
-        let ptr = |name: &str| dptr(d.require(OP, name)?, name);
-        let elem = kv_elem(d, "k_cache", "v_cache")
-            .ok_or_else(|| op_err(OP, "k_cache and v_cache must both be f32 or both f16"))?;
-        self.0.launch(
-            &elem.kernel("kv_write_f32"),
-            Gpu::grid_for(n * (krow + vrow), 256),
-            256,
-            &[
-                KArg::Ptr(ptr("k")?),
-                KArg::Ptr(ptr("v")?),
-                KArg::Ptr(ptr("positions")?),
-                KArg::Ptr(ptr("k_cache")?),
-                KArg::Ptr(ptr("v_cache")?),
-                int(n, "rows")?,
-                long(krow, "k row")?,
-                long(vrow, "v row")?,
-                long(cap, "cache rows")?,
-            ],
-        )
     }
 }
 

@@ -169,6 +169,6 @@ mod tests {
             KvElem::F16.kernel("attn_decode_w64_f32"),
             "attn_decode_w64_f16kv"
         );
-        assert_eq!(KvElem::F16.kernel("kv_write_f32"), "kv_write_f16kv");
+        assert_eq!(KvElem::F16.kernel("attention_f32"), "attention_f16kv");
     }
 }

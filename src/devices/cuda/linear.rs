@@ -57,6 +57,7 @@ use super::embedding::weight_suffix;
 use super::gpu::{int, long, Gpu, KArg, LinSegs};
 use super::linear_mma::{mma_product, MmaPlan, MMA_KC};
 use super::linear_mmq::{mmq_product, MmqPlan, Q8Rows, MMQ_KC};
+use super::mm_split::Product;
 use super::op_err;
 use crate::data::DataType;
 use crate::device::OutputCopy;
@@ -680,27 +681,13 @@ impl Linear {
         acc: bool,
         io: HalfIo,
     ) -> Result<()> {
-        let Some(first) = segs.first() else {
+        let Some((p, suffix)) = product(segs, m, k, acc)? else {
             return Ok(());
         };
-        let dtype = first.dtype;
-        let ntot: usize = segs.iter().map(|s| s.n).sum();
-        let plan = MmaPlan::new(m, k, ntot, self.gpu.sms(), bat.splits)
+        let plan = MmaPlan::new(m, k, p.ntot, self.gpu.sms(), bat.splits)
             .ok_or_else(|| op_err("Linear", format!("no tensor-core plan for k = {k}")))?;
-        let suffix = weight_suffix(dtype).ok_or_else(|| op_err("Linear", "weight dtype"))?;
-        mma_product(
-            &self.gpu,
-            plan,
-            suffix,
-            act,
-            seg_table(segs, acc)?,
-            m,
-            ntot,
-            k,
-            dtype.row_bytes(k)?,
-            io.output == Some(ActForm::F16),
-            &self.mma_part,
-        )
+        let half = io.output == Some(ActForm::F16);
+        mma_product(&self.gpu, plan, suffix, act, p, half, &self.mma_part)
     }
 
     /// Q8_0 rows of the f32 input at `xp` ([`m`, `k`]) in the activation buffer: the copy the
@@ -751,27 +738,13 @@ impl Linear {
         segs: &[Seg],
         acc: bool,
     ) -> Result<()> {
-        let Some(first) = segs.first() else {
+        let Some((p, suffix)) = product(segs, m, k, acc)? else {
             return Ok(());
         };
-        let dtype = first.dtype;
-        let ntot: usize = segs.iter().map(|s| s.n).sum();
-        let plan = MmqPlan::new(m, k, ntot, self.gpu.sms(), bat.splits)
+        let plan = MmqPlan::new(m, k, p.ntot, self.gpu.sms(), bat.splits)
             .ok_or_else(|| op_err("Linear", format!("no int8 tensor-core plan for k = {k}")))?;
-        let suffix = weight_suffix(dtype).ok_or_else(|| op_err("Linear", "weight dtype"))?;
         let x = self.q8_rows(prev, ints, xp, m, k)?;
-        mmq_product(
-            &self.gpu,
-            plan,
-            suffix,
-            x,
-            seg_table(segs, acc)?,
-            m,
-            ntot,
-            k,
-            dtype.row_bytes(k)?,
-            &self.mma_part,
-        )
+        mmq_product(&self.gpu, plan, suffix, x, p, &self.mma_part)
     }
 
     fn add_bias(&self, yp: u64, bp: u64, m: usize, n: usize) -> Result<()> {
@@ -929,6 +902,23 @@ const SEGMENTS: [(&str, &str, &str); 3] = [
 struct HalfIo {
     input: bool,
     output: Option<ActForm>,
+}
+
+/// The batched product of the segments `segs` for `m` rows of `k` values (`acc`: adding to the
+/// outputs) and the kernel suffix of their weights; `None` without segments.
+fn product(segs: &[Seg], m: usize, k: usize, acc: bool) -> Result<Option<(Product, &'static str)>> {
+    let Some(first) = segs.first() else {
+        return Ok(None);
+    };
+    let suffix = weight_suffix(first.dtype).ok_or_else(|| op_err("Linear", "weight dtype"))?;
+    let p = Product {
+        segs: seg_table(segs, acc)?,
+        m,
+        ntot: segs.iter().map(|s| s.n).sum(),
+        k,
+        row_bytes: first.dtype.row_bytes(k)?,
+    };
+    Ok(Some((p, suffix)))
 }
 
 /// The kernels' segment table of (up to three) weights; `acc`: add to the outputs.

@@ -8,8 +8,8 @@
 //! Knows nothing of ops: `Linear` decides when to call [`mma_product`].
 
 use super::buffer::CudaBuffer;
-use super::gpu::{int, long, Gpu, KArg, LinSegs};
-use super::mm_split::{SplitLaunch, Tiling};
+use super::gpu::{Gpu, KArg};
+use super::mm_split::{Product, SplitLaunch, Tiling};
 use crate::error::Result;
 use std::sync::{Arc, Mutex};
 
@@ -73,21 +73,15 @@ impl MmaPlan {
     }
 }
 
-/// `y_i (+)= x·W_iᵀ + b_i` for the segments of `segs` (one launch; `acc` in the table adds to
-/// the outputs), `x` f16 [m, k] on the GPU, block weights of kernel suffix `suffix` and
-/// `row_bytes` per row; `out_half`: f16 outputs (no `acc`). `part` is the scratch for split
-/// partial sums.
-#[allow(clippy::too_many_arguments)]
+/// `y_i (+)= x·W_iᵀ + b_i` for the segments of the product `p` (one launch; `acc` in its table
+/// adds to the outputs), `x` f16 [m, k] on the GPU, block weights of kernel suffix `suffix`;
+/// `out_half`: f16 outputs (no `acc`). `part` is the scratch for split partial sums.
 pub fn mma_product(
     gpu: &Arc<Gpu>,
     plan: MmaPlan,
     suffix: &str,
     x: u64,
-    segs: LinSegs,
-    m: usize,
-    ntot: usize,
-    k: usize,
-    row_bytes: usize,
+    p: Product,
     out_half: bool,
     part: &Mutex<Option<CudaBuffer>>,
 ) -> Result<()> {
@@ -97,25 +91,15 @@ pub fn mma_product(
             nt: plan.nt,
             slices: plan.slices,
             tiles: plan.tiles,
-            chunks: k / MMA_KC,
+            chunks: p.k / MMA_KC,
         },
         splits: plan.splits,
         threads: THREADS,
-        smem: plan.smem(row_bytes / (k / 32)),
-        segs,
-        m,
-        ntot,
+        smem: plan.smem(p.row_bytes / (p.k / 32)),
+        product: p,
         out_half: Some(out_half),
     };
-    let args = vec![
-        KArg::Ptr(x),
-        KArg::Segs(segs),
-        int(m, "rows")?,
-        int(ntot, "outputs")?,
-        int(k, "k")?,
-        long(row_bytes, "row bytes")?,
-    ];
-    launch.run(gpu, args, part)
+    launch.run(gpu, vec![KArg::Ptr(x)], part)
 }
 
 #[cfg(test)]

@@ -8,8 +8,8 @@
 //! [`mmq_product`] and provides the quantized activation rows.
 
 use super::buffer::CudaBuffer;
-use super::gpu::{int, long, Gpu, KArg, LinSegs};
-use super::mm_split::{SplitLaunch, Tiling};
+use super::gpu::{Gpu, KArg};
+use super::mm_split::{Product, SplitLaunch, Tiling};
 use crate::error::Result;
 use std::sync::{Arc, Mutex};
 
@@ -94,20 +94,15 @@ pub struct Q8Rows {
     pub scales: u64,
 }
 
-/// `y_i (+)= x·W_iᵀ + b_i` for the segments of `segs` (one launch; `acc` in the table adds to
-/// the outputs), `x` the Q8_0 rows `x` [m, k] on the GPU, block weights of kernel suffix
-/// `suffix` and `row_bytes` per row. `part` is the scratch for split partial sums.
-#[allow(clippy::too_many_arguments)]
+/// `y_i (+)= x·W_iᵀ + b_i` for the segments of the product `p` (one launch; `acc` in its table
+/// adds to the outputs), `x` the Q8_0 rows [m, k] on the GPU, block weights of kernel suffix
+/// `suffix`. `part` is the scratch for split partial sums.
 pub fn mmq_product(
     gpu: &Arc<Gpu>,
     plan: MmqPlan,
     suffix: &str,
     x: Q8Rows,
-    segs: LinSegs,
-    m: usize,
-    ntot: usize,
-    k: usize,
-    row_bytes: usize,
+    p: Product,
     part: &Mutex<Option<CudaBuffer>>,
 ) -> Result<()> {
     let launch = SplitLaunch {
@@ -116,26 +111,15 @@ pub fn mmq_product(
             nt: plan.nt,
             slices: plan.slices,
             tiles: plan.tiles,
-            chunks: k / MMQ_KC,
+            chunks: p.k / MMQ_KC,
         },
         splits: plan.splits,
         threads: (32 * WARPS) as u32,
-        smem: plan.smem(row_bytes / (k / 32)),
-        segs,
-        m,
-        ntot,
+        smem: plan.smem(p.row_bytes / (p.k / 32)),
+        product: p,
         out_half: None,
     };
-    let args = vec![
-        KArg::Ptr(x.values),
-        KArg::Ptr(x.scales),
-        KArg::Segs(segs),
-        int(m, "rows")?,
-        int(ntot, "outputs")?,
-        int(k, "k")?,
-        long(row_bytes, "row bytes")?,
-    ];
-    launch.run(gpu, args, part)
+    launch.run(gpu, vec![KArg::Ptr(x.values), KArg::Ptr(x.scales)], part)
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! scratch buffer, then `mma_reduce_f32` adding them in split order (deterministic).
 
 use super::buffer::{scratch, CudaBuffer};
-use super::gpu::{int, Gpu, KArg, LinSegs};
+use super::gpu::{int, long, Gpu, KArg, LinSegs};
 use super::op_err;
 use crate::error::{Error, Result};
 use std::sync::{Arc, Mutex};
@@ -48,33 +48,50 @@ impl Tiling {
     }
 }
 
+/// One batched product: `m` activation rows of `k` values against the weights of the output
+/// segments `segs`, `ntot` weight rows in all of `row_bytes` bytes each.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Product {
+    pub segs: LinSegs,
+    pub m: usize,
+    pub ntot: usize,
+    pub k: usize,
+    pub row_bytes: usize,
+}
+
 /// One launch of a k-split product kernel: `kernel` on the grid (`tiles`, `splits`,
 /// `slices`) with `threads` threads and `smem` bytes of shared memory per block, its
-/// arguments `args` followed by the split count, the partial-sum buffer and, for a kernel
-/// with the flag (`out_half` `Some`), whether it writes f16 outputs; with several splits,
-/// `mma_reduce_f32` then adds the partial sums into the segments of `segs`.
+/// arguments: the activation arguments, the product's segments and sizes (`m`, `ntot`, `k`,
+/// row bytes), the split count, the partial-sum buffer and, for a kernel with the flag
+/// (`out_half` `Some`), whether it writes f16 outputs; with several splits, `mma_reduce_f32`
+/// then adds the partial sums into the segments.
 pub(super) struct SplitLaunch<'a> {
     pub kernel: &'a str,
     pub tiling: Tiling,
     pub splits: usize,
     pub threads: u32,
     pub smem: usize,
-    pub segs: LinSegs,
-    pub m: usize,
-    pub ntot: usize,
+    pub product: Product,
     pub out_half: Option<bool>,
 }
 
 impl SplitLaunch<'_> {
-    /// Runs the product (see the type's doc) with the kernel arguments `args`; `part` is the
-    /// scratch for the partial sums.
+    /// Runs the product (see the type's doc) with the activation arguments `args`; `part` is
+    /// the scratch for the partial sums.
     pub fn run(
         &self,
         gpu: &Arc<Gpu>,
         mut args: Vec<KArg>,
         part: &Mutex<Option<CudaBuffer>>,
     ) -> Result<()> {
-        let (m, ntot, splits) = (self.m, self.ntot, self.splits);
+        let Product {
+            segs,
+            m,
+            ntot,
+            k,
+            row_bytes,
+        } = self.product;
+        let splits = self.splits;
         let grid = (
             u32::try_from(self.tiling.tiles).map_err(|_| op_err("Linear", "too many outputs"))?,
             u32::try_from(splits).map_err(|_| op_err("Linear", "too many splits"))?,
@@ -91,7 +108,14 @@ impl SplitLaunch<'_> {
         } else {
             0
         };
-        args.push(int(splits, "splits")?);
+        args.extend([
+            KArg::Segs(segs),
+            int(m, "rows")?,
+            int(ntot, "outputs")?,
+            int(k, "k")?,
+            long(row_bytes, "row bytes")?,
+            int(splits, "splits")?,
+        ]);
         args.push(KArg::Ptr(pp));
         if let Some(h) = self.out_half {
             args.push(KArg::I32(h as i32));
@@ -105,7 +129,7 @@ impl SplitLaunch<'_> {
                 256,
                 &[
                     KArg::Ptr(pp),
-                    KArg::Segs(self.segs),
+                    KArg::Segs(segs),
                     int(m, "rows")?,
                     int(ntot, "outputs")?,
                     int(splits, "splits")?,

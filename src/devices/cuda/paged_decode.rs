@@ -116,6 +116,50 @@ fn host_values(d: &Data) -> Result<Option<Vec<i32>>> {
     }
 }
 
+/// Checks the host-side index arrays of a launch (device arrays are not read back): every stored
+/// slot inside the cache, every `kv_len` within a table's blocks, every used block id in the pool.
+fn check_indices(slots_d: &Data, lens_d: &Data, bt: &Data, slots: usize, bs: usize) -> Result<()> {
+    let maxb = bt.dim(1);
+    let (sv, lv, tv) = (
+        host_values(slots_d)?,
+        host_values(lens_d)?,
+        host_values(bt)?,
+    );
+    if let Some(bad) = sv
+        .iter()
+        .flatten()
+        .find(|&&s| s >= 0 && s as usize >= slots)
+    {
+        return Err(op_err(OP, format!("slot {bad} outside the {slots} slots")));
+    }
+    if let Some(bad) = lv
+        .iter()
+        .flatten()
+        .find(|&&l| l < 0 || l as usize > maxb * bs)
+    {
+        return Err(op_err(
+            OP,
+            format!("kv_len {bad} beyond the {maxb} blocks of a table"),
+        ));
+    }
+    let n_blocks = (slots / bs) as i64;
+    if let (Some(t), Some(l)) = (&tv, &lv) {
+        for (s, &len) in l.iter().enumerate() {
+            let used = t
+                .get(s * maxb..s * maxb + (len as usize).div_ceil(bs))
+                .unwrap_or(&[]);
+            if let Some(bad) = used.iter().find(|&&b| b < 0 || b as i64 >= n_blocks) {
+                return Err(op_err(
+                    OP,
+                    format!("sequence {s}: block id {bad} outside the pool of {n_blocks}"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Validates a launch's arrays against each other and returns its sizes.
 fn check(a: &[Option<&Data>; 11], i: &IntDict, sms: usize, invariant: bool) -> Result<Sizes> {
     use DataType::{F16, F32, I32};
     let q = packed(a[0], "q", &[F32], 3)?;
@@ -164,42 +208,7 @@ fn check(a: &[Option<&Data>; 11], i: &IntDict, sms: usize, invariant: bool) -> R
         ));
     }
     let maxb = bt.dim(1);
-    let (sv, lv, tv) = (
-        host_values(slots_d)?,
-        host_values(lens_d)?,
-        host_values(bt)?,
-    );
-    if let Some(bad) = sv
-        .iter()
-        .flatten()
-        .find(|&&s| s >= 0 && s as usize >= slots)
-    {
-        return Err(op_err(OP, format!("slot {bad} outside the {slots} slots")));
-    }
-    if let Some(bad) = lv
-        .iter()
-        .flatten()
-        .find(|&&l| l < 0 || l as usize > maxb * bs)
-    {
-        return Err(op_err(
-            OP,
-            format!("kv_len {bad} beyond the {maxb} blocks of a table"),
-        ));
-    }
-    let n_blocks = (slots / bs) as i64;
-    if let (Some(t), Some(l)) = (&tv, &lv) {
-        for (s, &len) in l.iter().enumerate() {
-            let used = t
-                .get(s * maxb..s * maxb + (len as usize).div_ceil(bs))
-                .unwrap_or(&[]);
-            if let Some(bad) = used.iter().find(|&&b| b < 0 || b as i64 >= n_blocks) {
-                return Err(op_err(
-                    OP,
-                    format!("sequence {s}: block id {bad} outside the pool of {n_blocks}"),
-                ));
-            }
-        }
-    }
+    check_indices(slots_d, lens_d, bt, slots, bs)?;
     for k in [8, 10] {
         if a[k].is_some_and(|x| x.dtype() != F32 || x.count() != nh) {
             return Err(op_err(OP, format!("{} must be f32 [{nh}]", NAMES[k])));

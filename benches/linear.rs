@@ -216,6 +216,7 @@ fn main() {
         DataType::Q8_0,
         DataType::Q4_0,
         DataType::Q4_1,
+        DataType::Mxfp4,
     ];
     let row_counts: &[usize] = if o.gemv_only { &[1] } else { &[1, 64] };
     println!(

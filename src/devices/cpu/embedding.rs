@@ -31,6 +31,7 @@ fn format_of(t: DataType) -> Option<WeightFormat> {
         DataType::Q6K => WeightFormat::Q6K,
         DataType::Q2K => WeightFormat::Q2K,
         DataType::Q3K => WeightFormat::Q3K,
+        DataType::Mxfp4 => return None,
         DataType::Q8_0Interleaved
         | DataType::Q4_0Interleaved
         | DataType::Q4_1Interleaved

@@ -10,7 +10,7 @@ use crate::data::{Data, DataType, DeviceKind};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 
-pub use crate::dict::{DataDict, FloatDict, IntDict, ParamDict, Slot};
+pub use crate::dict::{DataDict, FloatDict, IntDict, ScalarDict, Slot};
 
 /// One op as implemented by one device (fastllm's `BaseOperator`).
 pub trait Operator: Send + Sync {

@@ -159,26 +159,26 @@ impl<'a> DataDict<'a> {
 /// Named scalar parameters of one op call, of one type: [`FloatDict`] (`eps`, `alpha`,
 /// `scale`, ...) and [`IntDict`] (`axis`, `k`, `causal`, ...).
 #[derive(Clone, Debug)]
-pub struct ParamDict<'a, T> {
+pub struct ScalarDict<'a, T> {
     items: Vec<(&'a str, T)>,
 }
 
 /// Named float parameters of one op call (`eps`, `alpha`, `scale`, ...).
-pub type FloatDict<'a> = ParamDict<'a, f32>;
+pub type FloatDict<'a> = ScalarDict<'a, f32>;
 
 /// Named integer parameters of one op call (`axis`, `k`, `causal`, ...).
-pub type IntDict<'a> = ParamDict<'a, i32>;
+pub type IntDict<'a> = ScalarDict<'a, i32>;
 
-impl<T> Default for ParamDict<'_, T> {
+impl<T> Default for ScalarDict<'_, T> {
     fn default() -> Self {
-        ParamDict { items: Vec::new() }
+        ScalarDict { items: Vec::new() }
     }
 }
 
-impl<'a, T: Copy> ParamDict<'a, T> {
+impl<'a, T: Copy> ScalarDict<'a, T> {
     /// An empty dict.
     pub fn new() -> Self {
-        ParamDict { items: Vec::new() }
+        ScalarDict { items: Vec::new() }
     }
     /// Adds a value (builder style).
     pub fn with(mut self, name: &'a str, v: T) -> Self {

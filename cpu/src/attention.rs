@@ -531,6 +531,30 @@ mod tests {
         }
     }
 
+    /// A test shape: (query rows, keys, heads, KV heads, key head size, value head size).
+    type Shape = (usize, usize, usize, usize, usize, usize);
+
+    /// Calls `f` with a pool of each of `threads` and the parameters of each of `shapes`.
+    fn each_case(threads: &[usize], shapes: &[Shape], mut f: impl FnMut(&Threads, AttnParams)) {
+        for &t in threads {
+            let th = Threads::new(t).unwrap();
+            for &(sq, skv, nh, nkv, hd, hdv) in shapes {
+                let mut p = params(sq, skv, nh, nkv, hd);
+                p.hdv = hdv;
+                f(&th, p);
+            }
+        }
+    }
+
+    /// `p`'s shape and `th`'s size, for assertion messages.
+    fn case(th: &Threads, p: &AttnParams) -> String {
+        let t = th.n();
+        format!(
+            "t{t} {} {} {} {} {} {}",
+            p.sq, p.skv, p.nh, p.nkv, p.hd, p.hdv
+        )
+    }
+
     /// Sink logits of `nh` heads: around the scores' range, one far above it (its keys get
     /// almost no weight) and one far below (no effect).
     fn sinks(nh: usize) -> Vec<f32> {
@@ -634,22 +658,14 @@ mod tests {
         ];
         use KvFormat::{F16, F32, Q8_0};
         let formats = [(F16, F16), (Q8_0, Q8_0), (F16, Q8_0), (Q8_0, F32)];
-        for threads in [1, 2] {
-            let th = Threads::new(threads).unwrap();
-            for (sq, skv, nh, nkv, hd, hdv) in shapes {
-                let mut p = params(sq, skv, nh, nkv, hd);
-                p.hdv = hdv;
-                for fm in formats {
-                    for kernel in KERNELS {
-                        let e = check_kv(&th, &p, fm, kernel);
-                        assert!(
-                            e < 1e-11,
-                            "{kernel:?} {fm:?} t{threads} {sq} {skv} {nh} {nkv} {hd} {hdv}: {e:e}"
-                        );
-                    }
+        each_case(&[1, 2], &shapes, |th, p| {
+            for fm in formats {
+                for kernel in KERNELS {
+                    let e = check_kv(th, &p, fm, kernel);
+                    assert!(e < 1e-11, "{kernel:?} {fm:?} {}: {e:e}", case(th, &p));
                 }
             }
-        }
+        });
     }
 
     /// An f16 cache costs nothing beyond the rounding of its values: every kernel gives the
@@ -664,29 +680,26 @@ mod tests {
             (25, 70, 16, 2, 80, 48),
             (70, 333, 9, 3, 64, 64),
         ];
-        for threads in [1, 2] {
-            let th = Threads::new(threads).unwrap();
-            for (sq, skv, nh, nkv, hd, hdv) in shapes {
-                let mut p = params(sq, skv, nh, nkv, hd);
-                p.hdv = hdv;
-                let q = vals(sq * nh * hd, 1, -2.0, 2.0);
-                let k = Enc::new(KvFormat::F16, &vals(skv * nkv * hd, 2, -9.0, 9.0), hd);
-                let v = Enc::new(KvFormat::F16, &vals(skv * nkv * hdv, 3, -1.0, 1.0), hdv);
-                let (kr, vr) = (k.rows().to_f32(hd), v.rows().to_f32(hdv));
-                let n = sq * nh * hdv;
-                for kernel in KERNELS {
-                    let (mut a, mut b) = (vec![0f32; n], vec![1f32; n]);
-                    let heads = HeadTerms::default();
-                    attention_on(&th, (&q, k.rows(), v.rows(), heads), &mut a, &p, kernel);
-                    let (kf, vf) = (KvRows::F32(&kr), KvRows::F32(&vr));
-                    attention_on(&th, (&q, kf, vf, heads), &mut b, &p, kernel);
-                    assert!(
-                        a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
-                        "{kernel:?} t{threads} {sq} {skv} {nh} {nkv} {hd} {hdv}"
-                    );
-                }
+        each_case(&[1, 2], &shapes, |th, p| {
+            let (hd, hdv) = (p.hd, p.hdv);
+            let q = vals(p.sq * p.nh * hd, 1, -2.0, 2.0);
+            let k = Enc::new(KvFormat::F16, &vals(p.skv * p.nkv * hd, 2, -9.0, 9.0), hd);
+            let v = Enc::new(KvFormat::F16, &vals(p.skv * p.nkv * hdv, 3, -1.0, 1.0), hdv);
+            let (kr, vr) = (k.rows().to_f32(hd), v.rows().to_f32(hdv));
+            let n = p.sq * p.nh * hdv;
+            for kernel in KERNELS {
+                let (mut a, mut b) = (vec![0f32; n], vec![1f32; n]);
+                let heads = HeadTerms::default();
+                attention_on(th, (&q, k.rows(), v.rows(), heads), &mut a, &p, kernel);
+                let (kf, vf) = (KvRows::F32(&kr), KvRows::F32(&vr));
+                attention_on(th, (&q, kf, vf, heads), &mut b, &p, kernel);
+                assert!(
+                    a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{kernel:?} {}",
+                    case(th, &p)
+                );
             }
-        }
+        });
     }
 
     #[test]
@@ -706,34 +719,27 @@ mod tests {
             (53, 61, 6, 3, 33, 70),
             (100, 100, 3, 3, 64, 64),
         ];
-        for threads in [1, 2, 5] {
-            let th = Threads::new(threads).unwrap();
-            for (sq, skv, nh, nkv, hd, hdv) in shapes {
-                for variant in 0..7 {
-                    let mut p = params(sq, skv, nh, nkv, hd);
-                    p.hdv = hdv;
-                    let slopes: Vec<f32> = (0..nh).map(|h| 0.5f32.powi(h as i32 + 1)).collect();
-                    let sinks = sinks(nh);
-                    let mut heads = HeadTerms::default();
-                    match variant {
-                        0 => heads.alibi = Some(&slopes),
-                        1 => p.softcap = 5.0,
-                        2 => p.window = 11,
-                        3 => p.causal = false,
-                        4 => (p.causal, p.window) = (false, 3),
-                        5 => (p.window, heads.sinks) = (4, Some(&sinks[..])),
-                        _ => (p.softcap, heads.sinks) = (5.0, Some(&sinks[..])),
-                    }
-                    for kernel in KERNELS {
-                        let e = check(&th, &p, heads, kernel);
-                        assert!(
-                            e < 1e-11,
-                            "{kernel:?} t{threads} {sq} {skv} {nh} {nkv} {hd} {hdv} v{variant}: {e:e}"
-                        );
-                    }
+        each_case(&[1, 2, 5], &shapes, |th, base| {
+            let slopes: Vec<f32> = (0..base.nh).map(|h| 0.5f32.powi(h as i32 + 1)).collect();
+            let sinks = sinks(base.nh);
+            for variant in 0..7 {
+                let mut p = base;
+                let mut heads = HeadTerms::default();
+                match variant {
+                    0 => heads.alibi = Some(&slopes),
+                    1 => p.softcap = 5.0,
+                    2 => p.window = 11,
+                    3 => p.causal = false,
+                    4 => (p.causal, p.window) = (false, 3),
+                    5 => (p.window, heads.sinks) = (4, Some(&sinks[..])),
+                    _ => (p.softcap, heads.sinks) = (5.0, Some(&sinks[..])),
+                }
+                for kernel in KERNELS {
+                    let e = check(th, &p, heads, kernel);
+                    assert!(e < 1e-11, "{kernel:?} {} v{variant}: {e:e}", case(th, &p));
                 }
             }
-        }
+        });
     }
 
     #[test]

@@ -85,6 +85,13 @@ pub fn run(a: &BenchArgs, bars: &mut Bars) -> Result<()> {
         set_batch_mode(&mut bm.model, &a.batch_decode)?;
     }
     let model = &bm.model;
+    let ctx = model.config().context_length;
+    if a.pp > ctx || a.depth + a.tg > ctx {
+        return Err(fastllm::Error::invalid(format!(
+            "-p {} or -d {} + -n {} exceed the model's context of {ctx} tokens",
+            a.pp, a.depth, a.tg
+        )));
+    }
     // deterministic pseudo-random prompt tokens, like llama-bench
     let vocab = model.config().vocab_size as u64;
     let mut x = 0x1234_5678u64;

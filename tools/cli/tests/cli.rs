@@ -347,6 +347,11 @@ fn bench_flags_checked(m: &str) {
         ],
         "--kv-capacity 10 cannot hold the depth 8",
     );
+    // refused after loading, before filling a cache it could not decode after
+    fails(
+        &["bench", "-m", m, "-p", "0", "-n", "4", "-d", "254"],
+        "-p 0 or -d 254 + -n 4 exceed the model's context of 256 tokens",
+    );
 }
 
 /// Bad `serve` arguments, refused before binding or loading anything.

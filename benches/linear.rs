@@ -293,6 +293,8 @@ fn dram_pass(e: &Executor, o: &Opts, shape: &str, bw: f64) {
         DataType::Q4K,
         DataType::Q5K,
         DataType::Q6K,
+        DataType::Q2K,
+        DataType::Q3K,
         DataType::F16,
         DataType::BF16,
     ] {

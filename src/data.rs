@@ -72,6 +72,10 @@ pub enum DataType {
     Q5KInterleaved = 131,
     /// `Q6_K` super-blocks of 16 rows interleaved for the CPU's SIMD kernels (in memory only).
     Q6KInterleaved = 132,
+    /// `Q2_K` super-blocks of 16 rows interleaved for the CPU's SIMD kernels (in memory only).
+    Q2KInterleaved = 133,
+    /// `Q3_K` super-blocks of 16 rows interleaved for the CPU's SIMD kernels (in memory only).
+    Q3KInterleaved = 134,
 }
 
 impl DataType {
@@ -129,6 +133,8 @@ impl DataType {
             DataType::Q4KInterleaved => "q4_k/interleaved",
             DataType::Q5KInterleaved => "q5_k/interleaved",
             DataType::Q6KInterleaved => "q6_k/interleaved",
+            DataType::Q2KInterleaved => "q2_k/interleaved",
+            DataType::Q3KInterleaved => "q3_k/interleaved",
         }
     }
 
@@ -143,6 +149,8 @@ impl DataType {
             DataType::Q4K => Some(DataType::Q4KInterleaved),
             DataType::Q5K => Some(DataType::Q5KInterleaved),
             DataType::Q6K => Some(DataType::Q6KInterleaved),
+            DataType::Q2K => Some(DataType::Q2KInterleaved),
+            DataType::Q3K => Some(DataType::Q3KInterleaved),
             _ => None,
         }
     }
@@ -158,6 +166,8 @@ impl DataType {
             DataType::Q4KInterleaved => DataType::Q4K,
             DataType::Q5KInterleaved => DataType::Q5K,
             DataType::Q6KInterleaved => DataType::Q6K,
+            DataType::Q2KInterleaved => DataType::Q2K,
+            DataType::Q3KInterleaved => DataType::Q3K,
             t => t,
         }
     }
@@ -261,6 +271,8 @@ impl DataType {
             DataType::Q4K => Some(WeightType::Q4K),
             DataType::Q5K => Some(WeightType::Q5K),
             DataType::Q6K => Some(WeightType::Q6K),
+            DataType::Q2K => Some(WeightType::Q2K),
+            DataType::Q3K => Some(WeightType::Q3K),
             _ => None,
         }
     }
@@ -1073,7 +1085,9 @@ pub fn decode_to_f32(dtype: DataType, src: &[u8], dst: &mut [f32]) -> Result<()>
         | DataType::BF16Interleaved
         | DataType::Q4KInterleaved
         | DataType::Q5KInterleaved
-        | DataType::Q6KInterleaved => {
+        | DataType::Q6KInterleaved
+        | DataType::Q2KInterleaved
+        | DataType::Q3KInterleaved => {
             return Err(Error::invalid(format!(
             "decode {dtype}: interleaved rows are decoded through their tensor (Data::to_f32_vec)"
         )))
@@ -1126,7 +1140,9 @@ pub fn encode_from_f32(dtype: DataType, src: &[f32]) -> Result<Vec<u8>> {
         | DataType::BF16Interleaved
         | DataType::Q4KInterleaved
         | DataType::Q5KInterleaved
-        | DataType::Q6KInterleaved => {
+        | DataType::Q6KInterleaved
+        | DataType::Q2KInterleaved
+        | DataType::Q3KInterleaved => {
             return Err(Error::invalid(format!(
                 "encode {dtype}: encode the plain type, then interleave the tensor"
             )))

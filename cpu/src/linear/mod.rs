@@ -9,8 +9,10 @@
 //! (AVX-512 4×4 integer GEMM tiles), [`int_wide`] (AVX-512 VNNI 8×2 integer GEMM tiles, used
 //! instead of `int_tile` where the CPU has VNNI), [`interleaved`] (block weights 16 rows side by side
 //! and their integer kernels), [`interleaved_float`] and [`interleaved_kquant`] (the same for
-//! F16/BF16 and K-quant weights), [`kquant_dot`], [`kquant_int`] and [`kquant_low_int`] (K-quant
-//! weight dots; SIMD unpacking shared in `kquant_simd`), [`q5_dot`] and [`mxfp4_dot`] (Q5_0 and MXFP4 dots), `gemm` (column tiling, row blocking, f32 tile conversion
+//! F16/BF16 and K-quant weights; Q2_K/Q3_K kernels in `interleaved_kquant_low`), [`kquant_dot`],
+//! [`kquant_int`] and [`kquant_low_int`] (K-quant weight dots; SIMD unpacking shared in
+//! `kquant_simd`), [`q5_dot`] and [`mxfp4_dot`] (Q5_0 and MXFP4 dots), `gemm` (column tiling, row
+//! blocking, f32 tile conversion
 //! and the split over threads), [`matmul`] (the two f32 matmuls). Each kernel exists as a plain
 //! scalar reference and a fast path chosen at run time (AVX2+FMA+F16C or AVX-512 on x86-64,
 //! portable code elsewhere).
@@ -29,6 +31,7 @@ pub mod int_wide;
 pub mod interleaved;
 pub mod interleaved_float;
 pub mod interleaved_kquant;
+mod interleaved_kquant_low;
 pub mod kquant_dot;
 pub mod kquant_int;
 pub mod kquant_low_int;
@@ -539,7 +542,7 @@ pub fn linear_interleaved(
     let kq = interleaved_kquant::is_kquant(a.wtype);
     if !(a.wtype.is_block() || float || kq) || !a.n.is_multiple_of(interleaved::GROUP_ROWS) {
         return Err(format!(
-            "interleaved weights are Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K/F16/BF16 with rows a multiple of {}, got {} x {} {}",
+            "interleaved weights are Q4_0/Q4_1/Q8_0/K-quants/F16/BF16 with rows a multiple of {}, got {} x {} {}",
             interleaved::GROUP_ROWS,
             a.n,
             a.k,
@@ -578,7 +581,7 @@ pub fn linear_interleaved(
         } else {
             act_quant::quantize_rows_ref(a.x, a.rows, a.k, &mut q)?;
         }
-        if a.wtype == WeightType::Q6K {
+        if matches!(a.wtype, WeightType::Q6K | WeightType::Q2K | WeightType::Q3K) {
             q.prepare_sum16();
         }
         gemm::run_interleaved(threads, a, rb, f, &q, out);

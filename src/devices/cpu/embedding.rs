@@ -39,7 +39,9 @@ fn format_of(t: DataType) -> Option<WeightFormat> {
         | DataType::BF16Interleaved
         | DataType::Q4KInterleaved
         | DataType::Q5KInterleaved
-        | DataType::Q6KInterleaved => return format_of(t.plain()),
+        | DataType::Q6KInterleaved
+        | DataType::Q2KInterleaved
+        | DataType::Q3KInterleaved => return format_of(t.plain()),
         DataType::I32 => return None,
     })
 }

@@ -58,7 +58,9 @@ pub(super) fn weight_type(t: DataType) -> Option<WeightType> {
         | DataType::BF16Interleaved
         | DataType::Q4KInterleaved
         | DataType::Q5KInterleaved
-        | DataType::Q6KInterleaved => return t.kernel_type(),
+        | DataType::Q6KInterleaved
+        | DataType::Q2KInterleaved
+        | DataType::Q3KInterleaved => return t.kernel_type(),
         DataType::I32 => return None,
     })
 }

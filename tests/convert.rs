@@ -1040,7 +1040,7 @@ fn gpt_oss_mxfp4_dir(dir: &Path, edit: impl Fn(&mut Vec<(String, &str, Vec<usize
 /// A GPT-OSS MXFP4 checkpoint converts with `keep` to per-expert MXFP4 tensors holding the
 /// blocks of the fixture's expert matrices quantized directly (gate/up from the even/odd rows),
 /// and with `f32` to their values; a pair that is missing its scales, or whose scales do not
-/// fit the blocks, is refused naming the tensor.
+/// fit the blocks, and a U8 tensor that is no expert pair are refused naming the tensor.
 #[test]
 fn gpt_oss_mxfp4_checkpoint_keeps_its_blocks() {
     let fixture = Path::new(FIXTURES).join("tiny").join("gpt_oss");
@@ -1118,4 +1118,18 @@ fn gpt_oss_mxfp4_checkpoint_keeps_its_blocks() {
         e.contains("model.layers.0.mlp.experts.gate_up_proj_blocks") && e.contains("scales"),
         "{e}"
     );
+    // a U8 tensor that is not an expert pair
+    let bad = tmp("gpt_oss-mxfp4-stray");
+    gpt_oss_mxfp4_dir(&bad, |t| {
+        t.push(("stray.bytes".into(), "U8", vec![4], vec![1; 4]))
+    });
+    let e = convert(
+        &bad,
+        &tmp("bad3.flm"),
+        &opts(TargetDtype::Keep),
+        &mut |_| {},
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("stray.bytes") && e.contains("U8"), "{e}");
 }

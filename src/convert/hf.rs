@@ -4,7 +4,8 @@
 use super::dtype_policy::DtypePlan;
 use super::hf_config::generation_metadata;
 use super::hf_experts::{
-    is_mxfp4_scales, scales_name, split_experts, split_mxfp4_experts, stacked_parts,
+    is_mxfp4_blocks, is_mxfp4_scales, scales_name, split_experts, split_mxfp4_experts,
+    stacked_parts,
 };
 use super::names::{hf_name, Mapped};
 use super::output::TensorOutput;
@@ -132,7 +133,8 @@ pub fn convert_hf_dir(
         let (info, bytes) = weights.read_tensor(n)?;
         let file = weights.file_of(n).unwrap_or("safetensors");
         let Some(dt) = info.dtype else {
-            store_mxfp4(&weights, &arch, n, bytes, &mut output, file)?;
+            let dims = info.dims.clone();
+            store_mxfp4(&weights, &arch, (n, &dims, bytes), &mut output, file)?;
             continue;
         };
         let decode = move |b: &[u8], o: &mut [f32]| decode_to_f32(dt, b, o);
@@ -183,46 +185,44 @@ fn split_stacked(
     Ok(())
 }
 
-/// Writes the per-expert MXFP4 tensors of the U8 tensor `name` (`bytes`): a GPT-OSS `_blocks`
-/// tensor is read with its `_scales` (see `hf_experts`); a `_scales` tensor is written with its
-/// blocks (an error when they are missing); any other U8 tensor is refused by name.
+/// Writes the per-expert MXFP4 tensors of the U8 tensor `(name, dims, bytes)`: a GPT-OSS
+/// `_blocks` tensor is read with its `_scales` (see `hf_experts`); a `_scales` tensor is written
+/// with its blocks (an error when they are missing); any other U8 tensor is refused by name.
 fn store_mxfp4(
     weights: &SafetensorsSet,
     arch: &str,
-    name: &str,
-    bytes: Vec<u8>,
+    (name, dims, bytes): (&str, &[usize], Vec<u8>),
     output: &mut TensorOutput,
     file: &str,
 ) -> Result<()> {
-    let missing = |other: &str| {
-        Error::format(
-            file,
-            format!("tensor {name}: MXFP4 expert tensor without its pair {other}"),
-        )
+    let pair = |other: &str| {
+        if weights.names().any(|n| n == other) {
+            Ok(())
+        } else {
+            Err(Error::format(
+                file,
+                format!("tensor {name}: MXFP4 expert tensor without its pair {other}"),
+            ))
+        }
     };
     if is_mxfp4_scales(arch, name)? {
-        let blocks = name.replace("_scales", "_blocks");
-        if !weights.names().any(|n| n == blocks) {
-            return Err(missing(&blocks));
+        return pair(&name.replace("_scales", "_blocks"));
+    }
+    let sname = match scales_name(name) {
+        Some(s) if is_mxfp4_blocks(arch, name)? => s,
+        _ => {
+            return Err(Error::format(
+                file,
+                format!(
+                    "tensor {name}: dtype U8 (only GPT-OSS's MXFP4 expert _blocks/_scales are \
+                     read as bytes)"
+                ),
+            ))
         }
-        return Ok(());
-    }
-    let Some(sname) =
-        scales_name(name).filter(|_| stacked_parts(arch, name, &[]).is_ok_and(|p| p.is_some()))
-    else {
-        return Err(Error::format(
-            file,
-            format!(
-                "tensor {name}: dtype U8 (only GPT-OSS's MXFP4 expert _blocks/_scales are read as bytes)"
-            ),
-        ));
     };
-    if !weights.names().any(|n| n == sname) {
-        return Err(missing(&sname));
-    }
+    pair(&sname)?;
     let (sinfo, scales) = weights.read_tensor(&sname)?;
-    let (dims, _) = weights.tensor(name)?;
-    let parts = split_mxfp4_experts(arch, name, &dims.dims, &bytes, &sinfo.dims, &scales)
+    let parts = split_mxfp4_experts(arch, name, dims, &bytes, &sinfo.dims, &scales)
         .map_err(|e| naming_file(file, e))?;
     let decode = |b: &[u8], o: &mut [f32]| decode_to_f32(DataType::Mxfp4, b, o);
     for part in parts {

@@ -179,6 +179,14 @@ pub fn is_mxfp4_scales(arch: &str, name: &str) -> Result<bool> {
     Ok(matches!(stacked(arch, name)?, Some((Stacked::Scales, _))))
 }
 
+/// True for an MXFP4 `_blocks` tensor of `arch` ([`split_mxfp4_experts`]).
+pub fn is_mxfp4_blocks(arch: &str, name: &str) -> Result<bool> {
+    Ok(matches!(
+        stacked(arch, name)?,
+        Some((Stacked::GateUpBlocks | Stacked::DownBlocks, _))
+    ))
+}
+
 /// Repacks the MXFP4 pair `name` (`_blocks`, U8 `[experts, out, groups, 16]`) and its scales
 /// (U8 `[experts, out, groups]`) of `arch` into per-expert MXFP4 tensors `[out, groups·32]`
 /// (gate/up split from the even/odd rows of `gate_up`); an error names the tensor when the

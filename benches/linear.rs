@@ -229,6 +229,7 @@ fn main() {
         DataType::Q8_0,
         DataType::Q4_0,
         DataType::Q4_1,
+        DataType::Mxfp4,
     ];
     let row_counts: &[usize] = if o.gemv_only { &[1] } else { &[1, 64] };
     println!(
@@ -306,6 +307,8 @@ fn dram_pass(e: &Executor, o: &Opts, shape: &str, bw: f64) {
         DataType::Q4K,
         DataType::Q5K,
         DataType::Q6K,
+        DataType::Q2K,
+        DataType::Q3K,
         DataType::F16,
         DataType::BF16,
     ] {

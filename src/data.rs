@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 pub use fastllm_cpu::kquant::{Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K};
 pub use fastllm_cpu::kquant_low::{Q2_K_BYTES, Q3_K_BYTES};
+pub use fastllm_cpu::mxfp4::MXFP4_BYTES;
 pub use fastllm_cpu::quant::{Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES, Q8_0_BYTES, QK};
 
 /// Element types. The numeric codes follow fastllm's `DataType` (used by the C ABI and `.flm`).
@@ -49,6 +50,9 @@ pub enum DataType {
     /// K-quant super-blocks of 256 (3-bit values, 6-bit signed scales per 16, f16 d);
     /// bit-compatible with GGUF `Q3_K`.
     Q3K = 35,
+    /// MXFP4 blocks of 32 (an E8M0 exponent byte and 16 bytes of E2M1 nibbles); bit-compatible
+    /// with GGUF `MXFP4` (ggml type 39, whose code it shares; layout in `fastllm_cpu::mxfp4`).
+    Mxfp4 = 39,
     /// `Q8_0` blocks of 16 rows interleaved for the CPU's SIMD kernels (in memory only, never in a
     /// file; layout in `fastllm_cpu::linear::interleaved`). Same bytes per row as `Q8_0`.
     Q8_0Interleaved = 103,
@@ -68,11 +72,15 @@ pub enum DataType {
     Q5KInterleaved = 131,
     /// `Q6_K` super-blocks of 16 rows interleaved for the CPU's SIMD kernels (in memory only).
     Q6KInterleaved = 132,
+    /// `Q2_K` super-blocks of 16 rows interleaved for the CPU's SIMD kernels (in memory only).
+    Q2KInterleaved = 133,
+    /// `Q3_K` super-blocks of 16 rows interleaved for the CPU's SIMD kernels (in memory only).
+    Q3KInterleaved = 134,
 }
 
 impl DataType {
     /// All dtypes a file can hold, in code order (the in-memory interleaved forms are not among them).
-    pub const ALL: [DataType; 13] = [
+    pub const ALL: [DataType; 14] = [
         DataType::F32,
         DataType::BF16,
         DataType::Q8_0,
@@ -86,6 +94,7 @@ impl DataType {
         DataType::Q6K,
         DataType::Q2K,
         DataType::Q3K,
+        DataType::Mxfp4,
     ];
 
     /// The numeric code (fastllm numbering).
@@ -99,7 +108,7 @@ impl DataType {
     }
 
     /// Lower-case name: `f32`, `bf16`, `q8_0`, `q4_0`, `f16`, `q4_1`, `i32`, `q5_0`, `q4_k`,
-    /// `q5_k`, `q6_k`, `q2_k`, `q3_k`.
+    /// `q5_k`, `q6_k`, `q2_k`, `q3_k`, `mxfp4`.
     pub fn name(self) -> &'static str {
         match self {
             DataType::F32 => "f32",
@@ -115,6 +124,7 @@ impl DataType {
             DataType::Q6K => "q6_k",
             DataType::Q2K => "q2_k",
             DataType::Q3K => "q3_k",
+            DataType::Mxfp4 => "mxfp4",
             DataType::Q8_0Interleaved => "q8_0/interleaved",
             DataType::Q4_0Interleaved => "q4_0/interleaved",
             DataType::Q4_1Interleaved => "q4_1/interleaved",
@@ -123,6 +133,8 @@ impl DataType {
             DataType::Q4KInterleaved => "q4_k/interleaved",
             DataType::Q5KInterleaved => "q5_k/interleaved",
             DataType::Q6KInterleaved => "q6_k/interleaved",
+            DataType::Q2KInterleaved => "q2_k/interleaved",
+            DataType::Q3KInterleaved => "q3_k/interleaved",
         }
     }
 
@@ -137,6 +149,8 @@ impl DataType {
             DataType::Q4K => Some(DataType::Q4KInterleaved),
             DataType::Q5K => Some(DataType::Q5KInterleaved),
             DataType::Q6K => Some(DataType::Q6KInterleaved),
+            DataType::Q2K => Some(DataType::Q2KInterleaved),
+            DataType::Q3K => Some(DataType::Q3KInterleaved),
             _ => None,
         }
     }
@@ -152,6 +166,8 @@ impl DataType {
             DataType::Q4KInterleaved => DataType::Q4K,
             DataType::Q5KInterleaved => DataType::Q5K,
             DataType::Q6KInterleaved => DataType::Q6K,
+            DataType::Q2KInterleaved => DataType::Q2K,
+            DataType::Q3KInterleaved => DataType::Q3K,
             t => t,
         }
     }
@@ -178,6 +194,7 @@ impl DataType {
             "q6_k" => DataType::Q6K,
             "q2_k" => DataType::Q2K,
             "q3_k" => DataType::Q3K,
+            "mxfp4" => DataType::Mxfp4,
             _ => return None,
         })
     }
@@ -207,6 +224,7 @@ impl DataType {
             DataType::Q6K => Q6_K_BYTES,
             DataType::Q2K => Q2_K_BYTES,
             DataType::Q3K => Q3_K_BYTES,
+            DataType::Mxfp4 => MXFP4_BYTES,
             _ => Q4_1_BYTES,
         }
     }
@@ -224,6 +242,7 @@ impl DataType {
                 | DataType::Q6K
                 | DataType::Q2K
                 | DataType::Q3K
+                | DataType::Mxfp4
         )
     }
 
@@ -252,6 +271,8 @@ impl DataType {
             DataType::Q4K => Some(WeightType::Q4K),
             DataType::Q5K => Some(WeightType::Q5K),
             DataType::Q6K => Some(WeightType::Q6K),
+            DataType::Q2K => Some(WeightType::Q2K),
+            DataType::Q3K => Some(WeightType::Q3K),
             _ => None,
         }
     }
@@ -1056,6 +1077,7 @@ pub fn decode_to_f32(dtype: DataType, src: &[u8], dst: &mut [f32]) -> Result<()>
         DataType::Q6K => fastllm_cpu::kquant::dequantize_q6_k(&src[..need], dst),
         DataType::Q2K => fastllm_cpu::kquant_low::dequantize_q2_k(&src[..need], dst),
         DataType::Q3K => fastllm_cpu::kquant_low::dequantize_q3_k(&src[..need], dst),
+        DataType::Mxfp4 => fastllm_cpu::mxfp4::dequantize_mxfp4(&src[..need], dst),
         DataType::Q8_0Interleaved
         | DataType::Q4_0Interleaved
         | DataType::Q4_1Interleaved
@@ -1063,7 +1085,9 @@ pub fn decode_to_f32(dtype: DataType, src: &[u8], dst: &mut [f32]) -> Result<()>
         | DataType::BF16Interleaved
         | DataType::Q4KInterleaved
         | DataType::Q5KInterleaved
-        | DataType::Q6KInterleaved => {
+        | DataType::Q6KInterleaved
+        | DataType::Q2KInterleaved
+        | DataType::Q3KInterleaved => {
             return Err(Error::invalid(format!(
             "decode {dtype}: interleaved rows are decoded through their tensor (Data::to_f32_vec)"
         )))
@@ -1108,6 +1132,7 @@ pub fn encode_from_f32(dtype: DataType, src: &[f32]) -> Result<Vec<u8>> {
         DataType::Q6K => fastllm_cpu::kquant::quantize_q6_k(src, &mut out),
         DataType::Q2K => fastllm_cpu::kquant_low::quantize_q2_k(src, &mut out),
         DataType::Q3K => fastllm_cpu::kquant_low::quantize_q3_k(src, &mut out),
+        DataType::Mxfp4 => fastllm_cpu::mxfp4::quantize_mxfp4(src, &mut out),
         DataType::Q8_0Interleaved
         | DataType::Q4_0Interleaved
         | DataType::Q4_1Interleaved
@@ -1115,7 +1140,9 @@ pub fn encode_from_f32(dtype: DataType, src: &[f32]) -> Result<Vec<u8>> {
         | DataType::BF16Interleaved
         | DataType::Q4KInterleaved
         | DataType::Q5KInterleaved
-        | DataType::Q6KInterleaved => {
+        | DataType::Q6KInterleaved
+        | DataType::Q2KInterleaved
+        | DataType::Q3KInterleaved => {
             return Err(Error::invalid(format!(
                 "encode {dtype}: encode the plain type, then interleave the tensor"
             )))

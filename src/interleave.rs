@@ -1,6 +1,6 @@
 //! Weights interleaved 16 rows at a time for the CPU's SIMD kernels, at the tensor level: which
-//! tensors can be interleaved (Q4_0/Q4_1/Q8_0 blocks, Q4_K/Q5_K/Q6_K super-blocks, F16, BF16),
-//! the interleaving of a whole `Data`, and handing a replaced source's pages back to the OS. The
+//! tensors can be interleaved (Q4_0/Q4_1/Q8_0 blocks, K-quant super-blocks, F16, BF16), the
+//! interleaving of a whole `Data`, and handing a replaced source's pages back to the OS. The
 //! way back to the plain layout is `Data::plain_row`'s (`DataType::kernel_type` names the
 //! kernels' type). The byte layouts and the kernels are `fastllm_cpu::linear::interleaved`'s,
 //! `interleaved_kquant`'s and `interleaved_float`'s.

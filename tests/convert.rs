@@ -53,7 +53,8 @@ fn source_values(set: &SafetensorsSet, arch: &str, name: &str) -> (Vec<usize>, V
     let (info, bytes) = set.tensor(name).unwrap();
     let n: usize = info.dims.iter().product();
     let mut v = vec![0f32; n];
-    decode_to_f32(info.dtype, bytes, &mut v).unwrap();
+    let dt = info.dtype.expect("a float tensor");
+    decode_to_f32(dt, bytes, &mut v).unwrap();
     if is_conv1d(arch, name) {
         let (r, c) = (info.dims[0], info.dims[1]);
         let mut t = vec![0f32; n];
@@ -62,9 +63,9 @@ fn source_values(set: &SafetensorsSet, arch: &str, name: &str) -> (Vec<usize>, V
                 t[j * r + i] = v[i * c + j];
             }
         }
-        return (vec![c, r], t, info.dtype);
+        return (vec![c, r], t, dt);
     }
-    (info.dims.clone(), v, info.dtype)
+    (info.dims.clone(), v, dt)
 }
 
 #[test]
@@ -896,7 +897,7 @@ fn gguf_rope_freqs_is_kept() {
 
 /// GPT-OSS's config: alternating sliding / full layers, YaRN without truncation, top-2 of 4
 /// experts with the clamped SwiGLU; stacked experts split per expert with their biases; a
-/// checkpoint quantized as MXFP4 is refused by name.
+/// checkpoint quantized other than as MXFP4 experts is refused by name.
 #[test]
 fn gpt_oss_config_and_experts() {
     let dir = Path::new(FIXTURES).join("tiny").join("gpt_oss");
@@ -935,20 +936,200 @@ fn gpt_oss_config_and_experts() {
         .tensor("model.layers.0.mlp.experts.2.down_proj.weight")
         .unwrap();
     assert_eq!(down.dims(), [64, 128]);
-    // an MXFP4 checkpoint's config
-    let q = tmp("gpt_oss-mxfp4");
+    // a checkpoint quantized other than with MXFP4 experts
+    let q = tmp("gpt_oss-awq");
     std::fs::create_dir_all(&q).unwrap();
     let mut v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
-    v["quantization_config"] = serde_json::json!({"quant_method": "mxfp4"});
+    v["quantization_config"] = serde_json::json!({"quant_method": "awq"});
     std::fs::write(q.join("config.json"), v.to_string()).unwrap();
     let e = convert(
         &q,
-        &tmp("gpt_oss-mxfp4.flm"),
+        &tmp("gpt_oss-awq.flm"),
         &opts(TargetDtype::F32),
         &mut |_| {},
     )
     .unwrap_err()
     .to_string();
-    assert!(e.contains("mxfp4") && e.contains("bf16"), "{e}");
+    assert!(e.contains("awq") && e.contains("MXFP4"), "{e}");
+}
+
+/// A safetensors file of `(name, dtype, dims, bytes)`.
+fn safetensors_bytes(tensors: &[(String, &str, Vec<usize>, Vec<u8>)]) -> Vec<u8> {
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (name, dt, dims, bytes) in tensors {
+        let start = data.len();
+        data.extend_from_slice(bytes);
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": dt, "shape": dims, "data_offsets": [start, data.len()]}),
+        );
+    }
+    let h = serde_json::Value::Object(header).to_string();
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(h.as_bytes());
+    out.extend(data);
+    out
+}
+
+/// HF's MXFP4 pair of `rows` (each of `k` values, a multiple of 32): `_blocks` bytes (element
+/// 2i in the low nibble of byte i of a group, 2i + 1 in the high one) and `_scales` bytes,
+/// made from the values' MXFP4 blocks.
+fn hf_mxfp4(rows: &[Vec<f32>]) -> (Vec<u8>, Vec<u8>) {
+    let (mut blocks, mut scales) = (Vec::new(), Vec::new());
+    for r in rows {
+        let q = encode_from_f32(DataType::Mxfp4, r).unwrap();
+        for blk in q.chunks_exact(17) {
+            scales.push(blk[0]);
+            let nib = |j: usize| (blk[1 + j % 16] >> (4 * (j / 16))) & 15;
+            blocks.extend((0..16).map(|i| nib(2 * i) | (nib(2 * i + 1) << 4)));
+        }
+    }
+    (blocks, scales)
+}
+
+/// The tiny GPT-OSS fixture as an MXFP4 checkpoint (`quant_method: mxfp4`, the experts' matrices
+/// as U8 `_blocks`/`_scales` pairs, everything else as the fixture has it), written to `dir`;
+/// `edit` may change the tensor list first.
+fn gpt_oss_mxfp4_dir(dir: &Path, edit: impl Fn(&mut Vec<(String, &str, Vec<usize>, Vec<u8>)>)) {
+    let src = Path::new(FIXTURES).join("tiny").join("gpt_oss");
+    std::fs::create_dir_all(dir).unwrap();
+    for f in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    v["quantization_config"] = serde_json::json!({"quant_method": "mxfp4"});
+    std::fs::write(dir.join("config.json"), v.to_string()).unwrap();
+    let st = SafetensorsSet::open_dir(&src).unwrap();
+    let mut tensors = Vec::new();
+    for name in st.names() {
+        let (info, bytes) = st.tensor(name).unwrap();
+        assert_eq!(info.dtype, Some(DataType::F32), "{name}");
+        let vals: Vec<f32> = bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let d = &info.dims;
+        // [experts, in, out] (x · W) → rows of `out` of `in` values each
+        let rows = |e: usize| -> Vec<Vec<f32>> {
+            let (i, o) = (d[1], d[2]);
+            (0..o)
+                .map(|c| (0..i).map(|r| vals[e * i * o + r * o + c]).collect())
+                .collect()
+        };
+        if name.ends_with("experts.gate_up_proj") || name.ends_with("experts.down_proj") {
+            let all: Vec<Vec<f32>> = (0..d[0]).flat_map(rows).collect();
+            let (b, s) = hf_mxfp4(&all);
+            let g = d[1] / 32;
+            tensors.push((format!("{name}_blocks"), "U8", vec![d[0], d[2], g, 16], b));
+            tensors.push((format!("{name}_scales"), "U8", vec![d[0], d[2], g], s));
+        } else {
+            tensors.push((name.to_string(), "F32", d.clone(), bytes.to_vec()));
+        }
+    }
+    edit(&mut tensors);
+    std::fs::write(dir.join("model.safetensors"), safetensors_bytes(&tensors)).unwrap();
+}
+
+/// A GPT-OSS MXFP4 checkpoint converts with `keep` to per-expert MXFP4 tensors holding the
+/// blocks of the fixture's expert matrices quantized directly (gate/up from the even/odd rows),
+/// and with `f32` to their values; a pair that is missing its scales, or whose scales do not
+/// fit the blocks, and a U8 tensor that is no expert pair are refused naming the tensor.
+#[test]
+fn gpt_oss_mxfp4_checkpoint_keeps_its_blocks() {
+    let fixture = Path::new(FIXTURES).join("tiny").join("gpt_oss");
+    let plain = tmp("gpt_oss-plain.flm");
+    convert(&fixture, &plain, &opts(TargetDtype::F32), &mut |_| {}).unwrap();
+    let dir = tmp("gpt_oss-mxfp4-hf");
+    gpt_oss_mxfp4_dir(&dir, |_| {});
+    let (keep, deq) = (tmp("gpt_oss-mxfp4-keep.flm"), tmp("gpt_oss-mxfp4-f32.flm"));
+    convert(&dir, &keep, &opts(TargetDtype::Keep), &mut |_| {}).unwrap();
+    convert(&dir, &deq, &opts(TargetDtype::F32), &mut |_| {}).unwrap();
+    let (p, k, d) = (
+        FlmFile::open(&plain, LoadMode::Mmap).unwrap(),
+        FlmFile::open(&keep, LoadMode::Mmap).unwrap(),
+        FlmFile::open(&deq, LoadMode::Mmap).unwrap(),
+    );
+    k.verify().unwrap();
+    assert_eq!(p.tensor_names().count(), k.tensor_names().count());
+    let mut experts = 0;
+    for name in p.tensor_names() {
+        let want = p.tensor(name).unwrap();
+        if !(name.contains(".experts.") && name.ends_with("proj.weight")) {
+            continue;
+        }
+        experts += 1;
+        let t = k.tensor(name).unwrap();
+        let q = encode_from_f32(DataType::Mxfp4, &want.to_f32_vec().unwrap()).unwrap();
+        assert_eq!(
+            (t.dtype(), t.dims()),
+            (DataType::Mxfp4, want.dims()),
+            "{name}"
+        );
+        assert_eq!(t.bytes().unwrap(), &q[..], "{name}: blocks");
+        let f = d.tensor(name).unwrap();
+        assert_eq!(f.dtype(), DataType::F32);
+        assert_eq!(f.to_f32_vec().unwrap(), t.to_f32_vec().unwrap(), "{name}");
+    }
+    assert_eq!(experts, 2 * 4 * 3);
+    // no scales for the blocks
+    let bad = tmp("gpt_oss-mxfp4-noscales");
+    gpt_oss_mxfp4_dir(&bad, |t| {
+        t.retain(|x| !x.0.ends_with("1.mlp.experts.down_proj_scales"))
+    });
+    let e = convert(
+        &bad,
+        &tmp("bad1.flm"),
+        &opts(TargetDtype::Keep),
+        &mut |_| {},
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("model.layers.1.mlp.experts.down_proj_blocks") && e.contains("_scales"),
+        "{e}"
+    );
+    // scales of the wrong shape
+    let bad = tmp("gpt_oss-mxfp4-badscales");
+    gpt_oss_mxfp4_dir(&bad, |t| {
+        for x in t
+            .iter_mut()
+            .filter(|x| x.0.ends_with("0.mlp.experts.gate_up_proj_scales"))
+        {
+            x.2.push(1);
+            x.2.swap(2, 3);
+        }
+    });
+    let e = convert(
+        &bad,
+        &tmp("bad2.flm"),
+        &opts(TargetDtype::Keep),
+        &mut |_| {},
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("model.layers.0.mlp.experts.gate_up_proj_blocks") && e.contains("scales"),
+        "{e}"
+    );
+    // a U8 tensor that is not an expert pair
+    let bad = tmp("gpt_oss-mxfp4-stray");
+    gpt_oss_mxfp4_dir(&bad, |t| {
+        t.push(("stray.bytes".into(), "U8", vec![4], vec![1; 4]))
+    });
+    let e = convert(
+        &bad,
+        &tmp("bad3.flm"),
+        &opts(TargetDtype::Keep),
+        &mut |_| {},
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("stray.bytes") && e.contains("U8"), "{e}");
 }

@@ -9,7 +9,9 @@
 //! expert count) are refused naming the key or tensor.
 
 use fastllm::convert::{convert, ConvertOptions, TargetDtype};
+use fastllm::data::{encode_from_f32, DataType};
 use fastllm::format::flm::{FlmFile, LoadMode};
+use fastllm::format::gguf::GgufFile;
 use fastllm::model::{Model, Precision};
 use fastllm::Executor;
 use std::path::{Path, PathBuf};
@@ -53,6 +55,26 @@ fn kv_bools(k: &str, v: &[bool]) -> Kv {
 
 /// A GGUF v3 file of `kv` and f32 `tensors` (name, row-major dims, values).
 fn gguf_bytes(kv: &[Kv], tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Vec<u8> {
+    let typed: Vec<Typed> = tensors
+        .iter()
+        .map(|(n, d, v)| (n.clone(), d.clone(), F32, f32_bytes(v)))
+        .collect();
+    gguf_typed_bytes(kv, &typed)
+}
+
+/// ggml type codes of the test files.
+const F32: u32 = 0;
+const MXFP4: u32 = 39;
+
+/// A tensor of any ggml type: name, row-major dims, type code, its bytes.
+type Typed = (String, Vec<usize>, u32, Vec<u8>);
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// A GGUF v3 file of `kv` and `tensors`.
+fn gguf_typed_bytes(kv: &[Kv], tensors: &[Typed]) -> Vec<u8> {
     let mut b = b"GGUF".to_vec();
     b.extend_from_slice(&3u32.to_le_bytes());
     b.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
@@ -63,21 +85,21 @@ fn gguf_bytes(kv: &[Kv], tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Vec<u8> 
         b.extend_from_slice(v);
     }
     let mut off = 0u64;
-    for (name, dims, data) in tensors {
+    for (name, dims, ty, data) in tensors {
         b.extend(gstr(name));
         b.extend_from_slice(&(dims.len() as u32).to_le_bytes());
         for d in dims.iter().rev() {
             b.extend_from_slice(&(*d as u64).to_le_bytes());
         }
-        b.extend_from_slice(&0u32.to_le_bytes()); // F32
+        b.extend_from_slice(&ty.to_le_bytes());
         b.extend_from_slice(&off.to_le_bytes());
-        off += (data.len() as u64 * 4).div_ceil(32) * 32;
+        off += (data.len() as u64).div_ceil(32) * 32;
     }
     while !b.len().is_multiple_of(32) {
         b.push(0);
     }
-    for (_, _, data) in tensors {
-        b.extend(data.iter().flat_map(|v| v.to_le_bytes()));
+    for (_, _, _, data) in tensors {
+        b.extend_from_slice(data);
         while !b.len().is_multiple_of(32) {
             b.push(0);
         }
@@ -164,10 +186,31 @@ fn both_ways(
     kv: Vec<Kv>,
     extra: Vec<(String, Vec<usize>, Vec<f32>)>,
 ) -> (PathBuf, PathBuf) {
+    let (hf, g) = fixture_gguf(arch, garch, kv, extra, F32);
     let opts = ConvertOptions {
         dtype: TargetDtype::F32,
     };
-    let hf = tmp(&format!("{arch}-hf.flm"));
+    let back = tmp(&format!("{arch}-gguf.flm"));
+    convert(&g, &back, &opts, &mut |_| {}).unwrap();
+    (hf, back)
+}
+
+/// The fixture `arch` converted directly (f32) and written as a GGUF of GGUF architecture
+/// `garch` with the extra metadata `kv` and tensors `extra`, the experts' weight matrices
+/// stored as `expert_type` (F32 or MXFP4); returns the two files' paths (unique per call).
+fn fixture_gguf(
+    arch: &str,
+    garch: &str,
+    kv: Vec<Kv>,
+    extra: Vec<(String, Vec<usize>, Vec<f32>)>,
+    expert_type: u32,
+) -> (PathBuf, PathBuf) {
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let opts = ConvertOptions {
+        dtype: TargetDtype::F32,
+    };
+    let hf = tmp(&format!("{arch}-hf-{call}.flm"));
     convert(&fixture(arch), &hf, &opts, &mut |_| {}).unwrap();
     let f = FlmFile::open(&hf, LoadMode::Mmap).unwrap();
     let c = f.config().clone();
@@ -188,7 +231,10 @@ fn both_ways(
     ];
     meta.extend(kv);
     meta.extend(tokenizer_kv(c.vocab_size));
-    let mut tensors = extra;
+    let mut tensors: Vec<Typed> = extra
+        .into_iter()
+        .map(|(n, d, v)| (n, d, F32, f32_bytes(&v)))
+        .collect();
     // experts' tensors, stacked as llama.cpp's `ffn_*_exps` (expert order) after the loop
     let mut stacks: std::collections::BTreeMap<String, Vec<Expert>> = Default::default();
     for name in f.tensor_names() {
@@ -212,29 +258,42 @@ fn both_ways(
         if garch == "gemma3" && name.ends_with("norm.weight") {
             v.iter_mut().for_each(|x| *x += 1.0); // llama.cpp stores Gemma's norms as 1 + w
         }
-        tensors.push((gguf_name(garch, name), t.dims().to_vec(), v));
+        tensors.push((
+            gguf_name(garch, name),
+            t.dims().to_vec(),
+            F32,
+            f32_bytes(&v),
+        ));
     }
     for (g, mut parts) in stacks {
         parts.sort_by_key(|p| p.0);
         let mut dims = vec![parts.len()];
         dims.extend(&parts[0].1);
-        tensors.push((g, dims, parts.into_iter().flat_map(|p| p.2).collect()));
+        let v: Vec<f32> = parts.into_iter().flat_map(|p| p.2).collect();
+        let (ty, bytes) = if expert_type == MXFP4 && g.ends_with(".weight") {
+            (MXFP4, encode_from_f32(DataType::Mxfp4, &v).unwrap())
+        } else {
+            (F32, f32_bytes(&v))
+        };
+        tensors.push((g, dims, ty, bytes));
     }
-    let g = tmp(&format!("{arch}.gguf"));
-    std::fs::write(&g, gguf_bytes(&meta, &tensors)).unwrap();
-    let back = tmp(&format!("{arch}-gguf.flm"));
-    convert(&g, &back, &opts, &mut |_| {}).unwrap();
-    (hf, back)
+    let g = tmp(&format!("{arch}-{call}.gguf"));
+    std::fs::write(&g, gguf_typed_bytes(&meta, &tensors)).unwrap();
+    (hf, g)
 }
 
 fn logits(flm: &Path, ids: &[u32]) -> Vec<f32> {
+    logits_in(flm, ids, Precision::Exact)
+}
+
+fn logits_in(flm: &Path, ids: &[u32], precision: Precision) -> Vec<f32> {
     let file = FlmFile::open(flm, LoadMode::Mmap).unwrap();
     let config = file.config().clone();
     let m = Model::new(
         config,
         Arc::new(file),
         Executor::cpu(2).unwrap(),
-        Precision::Exact,
+        precision,
         false,
     )
     .unwrap();
@@ -477,5 +536,132 @@ fn gpt_oss_gguf_without_window_or_experts_is_refused_by_key() {
             .unwrap_err()
             .to_string();
         assert!(e.contains(missing), "without {missing}: {e}");
+    }
+}
+
+/// Max |Δ| of two logit vectors of the same length.
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// GPT-OSS with its experts' matrices in MXFP4, as llama.cpp writes the real checkpoints:
+/// `keep` stores the blocks bit-exact as MXFP4, and that model gives the logits of the same GGUF
+/// converted to f32 (the experts dequantized), in `exact` precision (the same values) and in
+/// `fast` (int8 activations against the blocks).
+#[test]
+fn gpt_oss_mxfp4_experts_are_kept_and_match_their_dequantized_model() {
+    let (_, g) = fixture_gguf("gpt_oss", "gpt-oss", gpt_oss_kv(), Vec::new(), MXFP4);
+    let (keep, deq) = (tmp("gpt_oss-mxfp4-keep.flm"), tmp("gpt_oss-mxfp4-f32.flm"));
+    for (out, dtype) in [(&keep, TargetDtype::Keep), (&deq, TargetDtype::F32)] {
+        convert(&g, out, &ConvertOptions { dtype }, &mut |_| {}).unwrap();
+    }
+    let f = FlmFile::open(&keep, LoadMode::Mmap).unwrap();
+    f.verify().unwrap();
+    let layers = f.config().num_layers;
+    let gg = GgufFile::open(&g).unwrap();
+    let mut kept = 0;
+    for (proj, gname) in [("gate", "gate"), ("up", "up"), ("down", "down")] {
+        for l in 0..layers {
+            let src = gg
+                .tensors
+                .iter()
+                .find(|t| t.name == format!("blk.{l}.ffn_{gname}_exps.weight"))
+                .unwrap();
+            let bytes = gg.read_tensor_bytes(src).unwrap();
+            let per = bytes.len() / 4;
+            for e in 0..4 {
+                let name = format!("model.layers.{l}.mlp.experts.{e}.{proj}_proj.weight");
+                let t = f.tensor(&name).unwrap();
+                assert_eq!(t.dtype(), DataType::Mxfp4, "{name}");
+                assert_eq!(t.bytes().unwrap(), &bytes[e * per..(e + 1) * per], "{name}");
+                kept += 1;
+            }
+        }
+    }
+    assert_eq!(kept, 3 * 4 * layers);
+    let ids: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % 500).collect();
+    let reference = logits_in(&deq, &ids, Precision::Exact);
+    let d = max_diff(&logits_in(&keep, &ids, Precision::Exact), &reference);
+    assert!(d <= 1e-4, "MXFP4 exact vs dequantized: max |Δlogit| {d}");
+    let d = max_diff(&logits_in(&keep, &ids, Precision::Fast), &reference);
+    println!("MXFP4 fast vs dequantized exact: max |Δlogit| {d}");
+    assert!(d <= 1e-2, "MXFP4 fast vs dequantized: max |Δlogit| {d}");
+}
+
+/// MXFP4 tensors that cannot be read are refused naming the tensor: a row that is not whole
+/// blocks, a block with the NaN exponent 0xFF, a stack with more experts than the metadata
+/// says, and a flipped bit in the `.flm` (the tensor checksum).
+#[test]
+fn broken_mxfp4_tensors_are_refused_by_name() {
+    let kv = |experts: usize| {
+        let mut kv = gpt_oss_kv();
+        kv.retain(|k| k.0 != "gpt-oss.expert_count");
+        kv.push(kv_u32("gpt-oss.expert_count", experts));
+        kv
+    };
+    let (_, g) = fixture_gguf("gpt_oss", "gpt-oss", kv(4), Vec::new(), MXFP4);
+    let bytes = std::fs::read(&g).unwrap();
+    let gg = GgufFile::open(&g).unwrap();
+    let t = gg
+        .tensors
+        .iter()
+        .find(|t| t.name == "blk.1.ffn_up_exps.weight")
+        .unwrap();
+    let at = (gg.data_offset + t.offset) as usize;
+    let opts = ConvertOptions {
+        dtype: TargetDtype::Keep,
+    };
+    let err = |bytes: &[u8], tag: &str| {
+        let p = tmp(&format!("broken-{tag}.gguf"));
+        std::fs::write(&p, bytes).unwrap();
+        convert(&p, &tmp(&format!("broken-{tag}.flm")), &opts, &mut |_| {})
+            .unwrap_err()
+            .to_string()
+    };
+    // the third block's exponent byte
+    let mut nan = bytes.clone();
+    nan[at + 2 * 17] = 0xFF;
+    let e = err(&nan, "nan");
+    assert!(
+        e.contains("blk.1.ffn_up_exps.weight") && e.contains("MXFP4"),
+        "{e}"
+    );
+    // a row of 40 values (the row length is the tensor's first ggml dim)
+    let mut short = bytes.clone();
+    let name_at = short
+        .windows(t.name.len())
+        .position(|w| w == t.name.as_bytes())
+        .unwrap();
+    let dim0 = name_at + t.name.len() + 4;
+    short[dim0..dim0 + 8].copy_from_slice(&40u64.to_le_bytes());
+    let e = err(&short, "row");
+    assert!(
+        e.contains("blk.1.ffn_up_exps.weight") && e.contains("MXFP4"),
+        "{e}"
+    );
+    // the metadata says 3 experts, the stacks hold 4
+    let (_, g3) = fixture_gguf("gpt_oss", "gpt-oss", kv(3), Vec::new(), MXFP4);
+    let e = err(&std::fs::read(&g3).unwrap(), "experts");
+    assert!(e.contains("_exps.") && e.contains("3 experts"), "{e}");
+    // a flipped bit in a kept MXFP4 tensor of the .flm
+    let out = tmp("mxfp4-flip.flm");
+    convert(&g, &out, &opts, &mut |_| {}).unwrap();
+    let name = "model.layers.1.mlp.experts.2.up_proj.weight";
+    let off = FlmFile::open(&out, LoadMode::Mmap)
+        .unwrap()
+        .tensor_info(name)
+        .unwrap()
+        .offset as usize;
+    let mut flm = std::fs::read(&out).unwrap();
+    flm[off + 17 + 5] ^= 0x04;
+    std::fs::write(&out, &flm).unwrap();
+    for mode in [LoadMode::Mmap, LoadMode::LowMemory] {
+        let f = FlmFile::open(&out, mode).unwrap();
+        let e = f.tensor(name).unwrap_err().to_string();
+        assert!(e.contains("checksum") && e.contains(name), "{mode:?}: {e}");
     }
 }

@@ -2,7 +2,7 @@
 //! logits of the plain layout within the `fast` precision's tolerance: on the tiny fixture models
 //! converted to every block dtype, on Gemma 3 270M Q4_K_M (its K-quants), and on SmolLM2 (the
 //! GGUF as shipped, its tied embedding read through `Embedding` too) over the fixture's text
-//! sequences.
+//! sequences; and Q2_K/Q3_K weights on a random-weight model of the Llama 3.2 1B shape.
 
 mod common;
 
@@ -46,7 +46,11 @@ fn log_softmax(v: &[f32]) -> Vec<f64> {
 /// to int8 before every matrix, so a different float summation order flips a few roundings: the
 /// two layouts agree within the precision's tolerance, not bit for bit.
 fn compare(flm: &Path, ids: &[u32], margin: f32) -> (f64, f64) {
-    let (on, off) = (model(flm, true), model(flm, false));
+    compare_models(&model(flm, true), &model(flm, false), ids, margin)
+}
+
+/// [`compare`] of the models `on` (interleaved) and `off` (plain).
+fn compare_models(on: &Model, off: &Model, ids: &[u32], margin: f32) -> (f64, f64) {
     let run = |m: &Model| {
         let mut cache = m.new_cache(ids.len()).unwrap();
         m.forward(&mut cache, ids, true)
@@ -54,7 +58,7 @@ fn compare(flm: &Path, ids: &[u32], margin: f32) -> (f64, f64) {
             .to_f32_vec()
             .unwrap()
     };
-    let (a, b) = (run(&on), run(&off));
+    let (a, b) = (run(on), run(off));
     let vocab = on.config().vocab_size;
     let top = fastllm::generate::sampler::argmax;
     let (mut kl, mut n, mut agree, mut counted) = (0f64, 0usize, 0usize, 0usize);
@@ -267,4 +271,64 @@ fn gemma3_kquants_same_logits_interleaved_or_plain() {
     println!("Gemma 3 270M Q4_K_M: mean KL {kl:.2e}, top-1 agreement {agree:.3}");
     assert!(kl < 8e-3, "Gemma 3: mean KL {kl:.2e}");
     assert!(agree >= 0.96, "Gemma 3: top-1 agreement {agree:.3}");
+}
+
+/// Q2_K and Q3_K weights (random, on two layers of the Llama 3.2 1B shape with a small
+/// vocabulary): interleaved or plain, the same next-token distributions within the `fast`
+/// precision's tolerance.
+#[test]
+fn low_kquants_same_logits_interleaved_or_plain() {
+    use fastllm::model::synthetic::{self, SyntheticSource};
+    if !fastllm_cpu::linear::interleaved::available() {
+        common::skipped("no AVX-512 VNNI: K-quant weights are not interleaved on this CPU");
+        return;
+    }
+    let mut cfg = synthetic::config("llama-3.2-1b").unwrap();
+    cfg.num_layers = 2;
+    cfg.vocab_size = 1024;
+    let ids: Vec<u32> = (0..16u32).map(|i| (i * 389 + 11) % 1024).collect();
+    for dtype in ["q2_k", "q3_k"] {
+        let dt = synthetic::weight_dtype(dtype).unwrap();
+        let src = Arc::new(SyntheticSource::new(&cfg, dt).unwrap());
+        let model = |interleave: bool| {
+            let mut exec = Executor::new();
+            exec.add_device(Arc::new(
+                CpuDevice::new(2)
+                    .unwrap()
+                    .with_interleaved_weights(interleave),
+            ));
+            Model::new(cfg.clone(), src.clone(), exec, Precision::Fast, false).unwrap()
+        };
+        let (on, off) = (model(true), model(false));
+        let name = "model.layers.1.mlp.down_proj.weight";
+        let t = on.weight_dtype(name);
+        assert!(
+            t.is_some_and(DataType::is_interleaved),
+            "{dtype} {name}: {t:?}"
+        );
+        assert!(!off.weight_dtype(name).is_some_and(DataType::is_interleaved));
+        let (kl, agree) = compare_models(&on, &off, &ids, 1e-2);
+        // random weights give flat distributions (a small KL says little): the logits
+        // themselves agree to a small share of their spread
+        let run = |m: &Model| {
+            let mut cache = m.new_cache(ids.len()).unwrap();
+            let out = m.forward(&mut cache, &ids, true).unwrap();
+            out.to_f32_vec().unwrap()
+        };
+        let (a, b) = (run(&on), run(&off));
+        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let diff = a
+            .iter()
+            .zip(&b)
+            .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        println!(
+            "synthetic {dtype}: mean KL {kl:.2e}, top-1 agreement {agree:.3}, max |dlogit| {diff:.2e} of {scale:.2e}"
+        );
+        assert!(
+            scale > 0.0 && diff <= 0.02 * scale,
+            "{dtype}: max |dlogit| {diff:.2e} of {scale:.2e}"
+        );
+        assert!(kl < 1e-3, "{dtype}: mean KL {kl:.2e}");
+        assert!(agree >= 0.9, "{dtype}: top-1 agreement {agree:.3}");
+    }
 }

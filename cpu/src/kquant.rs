@@ -17,6 +17,7 @@
 //!
 //! This module owns the byte layout only; it must not know about tensors or devices.
 
+use crate::quant::{rd_f16, wr_f16};
 use half::f16;
 
 /// Values per super-block.
@@ -27,16 +28,6 @@ pub const Q4_K_BYTES: usize = 144;
 pub const Q5_K_BYTES: usize = 176;
 /// Bytes of one Q6_K super-block.
 pub const Q6_K_BYTES: usize = 210;
-
-#[inline]
-fn rd_f16(b: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
-}
-
-#[inline]
-fn wr_f16(b: &mut [u8], at: usize, v: f32) {
-    b[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
-}
 
 /// The eight 6-bit scales and eight 6-bit mins of a Q4_K/Q5_K super-block from its 12 packed
 /// bytes, each as 8 bytes of a little-endian `u64` (byte `j` = sub-block `j`). Packing: for
@@ -241,24 +232,14 @@ pub fn quantize_q6_k(src: &[f32], dst: &mut [u8]) {
 pub(crate) mod tests {
     use super::*;
 
-    /// Quantizes a fixed 512-value ramp with `q`, dequantizes with `dq`, and checks every value
-    /// comes back within `tol`.
+    /// `crate::quant`'s round trip over 512 values (two super-blocks of `bytes` bytes).
     pub(crate) fn roundtrip(
         q: fn(&[f32], &mut [u8]),
         dq: fn(&[u8], &mut [f32]),
         bytes: usize,
         tol: f32,
     ) {
-        let x: Vec<f32> = (0..512)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 13.0 + (i / 64) as f32 * 0.3)
-            .collect();
-        let mut b = vec![0u8; 2 * bytes];
-        q(&x, &mut b);
-        let mut y = vec![0f32; 512];
-        dq(&b, &mut y);
-        for (i, (a, b)) in x.iter().zip(&y).enumerate() {
-            assert!((a - b).abs() <= tol, "{i}: {a} vs {b}");
-        }
+        crate::quant::tests::roundtrip_n(q, dq, 512, 2 * bytes, tol);
     }
 
     #[test]

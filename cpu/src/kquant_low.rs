@@ -17,22 +17,13 @@
 //! This module owns the byte layout only; it must not know about tensors or devices.
 
 use crate::kquant::QK_K;
+use crate::quant::{rd_f16, wr_f16};
 use half::f16;
 
 /// Bytes of one Q2_K super-block.
 pub const Q2_K_BYTES: usize = 84;
 /// Bytes of one Q3_K super-block.
 pub const Q3_K_BYTES: usize = 110;
-
-#[inline]
-fn rd_f16(b: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
-}
-
-#[inline]
-fn wr_f16(b: &mut [u8], at: usize, v: f32) {
-    b[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
-}
 
 /// The 2 low bits (0..=3) of element `e` from a 64-byte `qs` plane set.
 #[inline]

@@ -15,6 +15,7 @@ pub mod kquant_low;
 pub mod kquant_search;
 pub mod linear;
 pub mod moe;
+pub mod mxfp4;
 pub mod norm;
 pub mod paged;
 pub mod quant;

@@ -24,13 +24,15 @@ pub const Q4_1_BYTES: usize = 20;
 /// Bytes of one Q5_0 block.
 pub const Q5_0_BYTES: usize = 22;
 
+/// The little-endian f16 at byte `at` of `b`, widened (the scales of every block format).
 #[inline]
-fn rd_f16(b: &[u8], at: usize) -> f32 {
+pub(crate) fn rd_f16(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
+/// Writes `v` rounded to f16, little-endian, at byte `at` of `b`.
 #[inline]
-fn wr_f16(b: &mut [u8], at: usize, v: f32) {
+pub(crate) fn wr_f16(b: &mut [u8], at: usize, v: f32) {
     b[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
 }
 
@@ -168,20 +170,33 @@ pub fn quantize_q4_1(src: &[f32], dst: &mut [u8]) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn roundtrip(q: fn(&[f32], &mut [u8]), dq: fn(&[u8], &mut [f32]), bytes: usize, tol: f32) {
-        let x: Vec<f32> = (0..96)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 13.0)
+    /// Quantizes a fixed `n`-value ramp with `q` into `bytes` bytes, dequantizes with `dq`, and
+    /// checks every value comes back within `tol`.
+    pub(crate) fn roundtrip_n(
+        q: fn(&[f32], &mut [u8]),
+        dq: fn(&[u8], &mut [f32]),
+        n: usize,
+        bytes: usize,
+        tol: f32,
+    ) {
+        let x: Vec<f32> = (0..n)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 13.0 + (i / 64) as f32 * 0.3)
             .collect();
-        let mut b = vec![0u8; 3 * bytes];
+        let mut b = vec![0u8; bytes];
         q(&x, &mut b);
-        let mut y = vec![0f32; 96];
+        let mut y = vec![0f32; n];
         dq(&b, &mut y);
-        for (a, b) in x.iter().zip(&y) {
-            assert!((a - b).abs() <= tol, "{a} vs {b}");
+        for (i, (a, b)) in x.iter().zip(&y).enumerate() {
+            assert!((a - b).abs() <= tol, "{i}: {a} vs {b}");
         }
+    }
+
+    /// [`roundtrip_n`] over 96 values (three blocks of `bytes` bytes).
+    fn roundtrip(q: fn(&[f32], &mut [u8]), dq: fn(&[u8], &mut [f32]), bytes: usize, tol: f32) {
+        roundtrip_n(q, dq, 96, 3 * bytes, tol);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Dequantizes GGUF tensor bytes of any type the converter accepts into f32: the types `Data`
-//! shares with GGUF (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)
+//! shares with GGUF (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4)
 //! through `crate::data::decode_to_f32`, and Q5_1 here (ggml's reference algorithm). Other GGUF types
 //! are refused by name.
 
@@ -23,6 +23,7 @@ pub fn shared_dtype(t: u32) -> Option<DataType> {
         ggml_type::Q6_K => DataType::Q6K,
         ggml_type::Q2_K => DataType::Q2K,
         ggml_type::Q3_K => DataType::Q3K,
+        ggml_type::MXFP4 => DataType::Mxfp4,
         _ => return None,
     })
 }
@@ -61,7 +62,7 @@ pub fn dequantize(t: u32, src: &[u8], dst: &mut [f32]) -> Result<()> {
         ggml_type::Q5_1 => blocks.for_each(|(b, y)| q5_1_block(b, y)),
         _ => {
             return Err(Error::Unsupported(format!(
-                "ggml tensor type {name} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)"
+                "ggml tensor type {name} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4)"
             )))
         }
     }

@@ -51,6 +51,10 @@ pub fn convert_gguf(
             .ok_or_else(|| Error::format(&g.path, "tensor index changed"))?;
         let bytes = g.read_tensor_bytes(t)?;
         let ty = t.ggml_type;
+        if ty == ggml_type::MXFP4 {
+            fastllm_cpu::mxfp4::check_blocks(&bytes)
+                .map_err(|e| Error::format(&g.path, format!("tensor {}: {e}", t.name)))?;
+        }
         // llama.cpp stores Gemma-3's norm weights as (1 + w); `.flm` keeps HF's w
         let shift = if arch == "gemma3" && t.name.ends_with("norm.weight") {
             1.0
@@ -92,7 +96,7 @@ fn check_tensor_types(g: &GgufFile) -> Result<()> {
             return Err(Error::format(
                 &g.path,
                 format!(
-                    "tensor {}: unsupported GGUF tensor type {tname} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)",
+                    "tensor {}: unsupported GGUF tensor type {tname} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4)",
                     t.name
                 ),
             ));

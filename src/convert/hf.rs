@@ -3,7 +3,10 @@
 
 use super::dtype_policy::DtypePlan;
 use super::hf_config::generation_metadata;
-use super::hf_experts::{split_experts, stacked_parts};
+use super::hf_experts::{
+    is_mxfp4_blocks, is_mxfp4_scales, scales_name, split_experts, split_mxfp4_experts,
+    stacked_parts,
+};
 use super::names::{hf_name, Mapped};
 use super::output::TensorOutput;
 use super::quant_mix::MixTensor;
@@ -129,13 +132,17 @@ pub fn convert_hf_dir(
     for n in &names {
         let (info, bytes) = weights.read_tensor(n)?;
         let file = weights.file_of(n).unwrap_or("safetensors");
-        let dt = info.dtype;
+        let Some(dt) = info.dtype else {
+            let dims = info.dims.clone();
+            store_mxfp4(&weights, &arch, (n, &dims, bytes), &mut output, file)?;
+            continue;
+        };
         let decode = move |b: &[u8], o: &mut [f32]| decode_to_f32(dt, b, o);
         let src = SourceTensor {
             source_name: n,
             dims: info.dims.clone(),
             bytes,
-            same_as: Some(info.dtype),
+            same_as: Some(dt),
             decode: &decode,
         };
         if stacked_parts(&arch, n, &src.dims)?.is_some() {
@@ -171,6 +178,64 @@ fn split_stacked(
             dims: part.dims,
             bytes: part.values.iter().flat_map(|v| v.to_le_bytes()).collect(),
             same_as: Some(DataType::F32),
+            decode: &decode,
+        };
+        output.store(&m, one, file)?;
+    }
+    Ok(())
+}
+
+/// Writes the per-expert MXFP4 tensors of the U8 tensor `(name, dims, bytes)`: a GPT-OSS
+/// `_blocks` tensor is read with its `_scales` (see `hf_experts`); a `_scales` tensor is written
+/// with its blocks (an error when they are missing); any other U8 tensor is refused by name.
+fn store_mxfp4(
+    weights: &SafetensorsSet,
+    arch: &str,
+    (name, dims, bytes): (&str, &[usize], Vec<u8>),
+    output: &mut TensorOutput,
+    file: &str,
+) -> Result<()> {
+    let pair = |other: &str| {
+        if weights.names().any(|n| n == other) {
+            Ok(())
+        } else {
+            Err(Error::format(
+                file,
+                format!("tensor {name}: MXFP4 expert tensor without its pair {other}"),
+            ))
+        }
+    };
+    if is_mxfp4_scales(arch, name)? {
+        return pair(&name.replace("_scales", "_blocks"));
+    }
+    let sname = match scales_name(name) {
+        Some(s) if is_mxfp4_blocks(arch, name)? => s,
+        _ => {
+            return Err(Error::format(
+                file,
+                format!(
+                    "tensor {name}: dtype U8 (only GPT-OSS's MXFP4 expert _blocks/_scales are \
+                     read as bytes)"
+                ),
+            ))
+        }
+    };
+    pair(&sname)?;
+    let (sinfo, scales) = weights.read_tensor(&sname)?;
+    let parts = split_mxfp4_experts(arch, name, dims, &bytes, &sinfo.dims, &scales)
+        .map_err(|e| naming_file(file, e))?;
+    let decode = |b: &[u8], o: &mut [f32]| decode_to_f32(DataType::Mxfp4, b, o);
+    for part in parts {
+        let m = Mapped {
+            name: part.name,
+            transpose: false,
+            unpermute_heads: None,
+        };
+        let one = SourceTensor {
+            source_name: name,
+            dims: part.dims,
+            bytes: part.bytes,
+            same_as: Some(DataType::Mxfp4),
             decode: &decode,
         };
         output.store(&m, one, file)?;

@@ -192,7 +192,7 @@ impl ModelConfig {
 }
 
 /// Refuses, by name, the checkpoints of a known architecture that do not run: bidirectional
-/// (embedding) models and GPT-OSS checkpoints with MXFP4-quantized experts.
+/// (embedding) models and GPT-OSS checkpoints quantized other than with MXFP4 experts.
 fn refuse_unsupported(v: &Value, arch: &str, path: &str) -> Result<()> {
     if v.get("use_bidirectional_attention")
         .and_then(Value::as_bool)
@@ -205,10 +205,11 @@ fn refuse_unsupported(v: &Value, arch: &str, path: &str) -> Result<()> {
     if let Some(m) = v
         .pointer("/quantization_config/quant_method")
         .and_then(Value::as_str)
-        .filter(|_| arch == "gpt_oss")
+        .filter(|m| arch == "gpt_oss" && *m != "mxfp4")
     {
         return Err(Error::Unsupported(format!(
-            "{path}: a GPT-OSS checkpoint quantized as {m:?} (MXFP4 expert blocks); convert the dequantized bf16 checkpoint"
+            "{path}: a GPT-OSS checkpoint quantized as {m:?} (only the MXFP4 expert blocks, \
+             quant_method \"mxfp4\", and unquantized checkpoints are read)"
         )));
     }
     Ok(())

@@ -6,6 +6,11 @@
 //! the gate and up columns interleaved (gate at even columns, up at odd ones), its bias as
 //! `[experts, 2·inner]` interleaved the same way, and `down_proj` as `[experts, inner, hidden]`
 //! with a `[experts, hidden]` bias.
+//!
+//! Its MXFP4 checkpoints store each expert matrix as a U8 pair: `{proj}_blocks`
+//! `[experts, out, in / 32, 16]` (already the `[out, in]` layout; gate at even rows of
+//! `gate_up`, up at odd ones) and `{proj}_scales` `[experts, out, in / 32]` (E8M0 exponents).
+//! [`split_mxfp4_experts`] repacks a pair into per-expert MXFP4 tensors, bit for bit.
 
 use crate::error::{Error, Result};
 
@@ -26,11 +31,16 @@ enum Stacked {
     GateUpBias,
     Down,
     DownBias,
+    /// `gate_up_proj_blocks` (MXFP4; its scales are read with it).
+    GateUpBlocks,
+    /// `down_proj_blocks`.
+    DownBlocks,
+    /// `*_scales`: written with their blocks, no tensor of their own.
+    Scales,
 }
 
 /// The kind and the name prefix (`….mlp.experts`) of a stacked expert tensor of `arch`;
-/// `None` for any other tensor. GPT-OSS's quantized checkpoints (MXFP4 `_blocks` / `_scales`)
-/// are refused by name.
+/// `None` for any other tensor; an unknown `_blocks` / `_scales` tensor is refused by name.
 fn stacked(arch: &str, name: &str) -> Result<Option<(Stacked, String)>> {
     if arch != "gpt_oss" {
         return Ok(None);
@@ -46,9 +56,12 @@ fn stacked(arch: &str, name: &str) -> Result<Option<(Stacked, String)>> {
         "gate_up_proj_bias" => Stacked::GateUpBias,
         "down_proj" => Stacked::Down,
         "down_proj_bias" => Stacked::DownBias,
+        "gate_up_proj_blocks" => Stacked::GateUpBlocks,
+        "down_proj_blocks" => Stacked::DownBlocks,
+        "gate_up_proj_scales" | "down_proj_scales" => Stacked::Scales,
         other if other.ends_with("_blocks") || other.ends_with("_scales") => {
             return Err(Error::Unsupported(format!(
-                "tensor {name}: MXFP4 expert blocks (convert the dequantized bf16 checkpoint)"
+                "tensor {name}: MXFP4 blocks of an unknown expert projection"
             )))
         }
         _ => return Ok(None),
@@ -62,8 +75,9 @@ pub fn stacked_parts(arch: &str, name: &str, dims: &[usize]) -> Result<Option<us
     Ok(stacked(arch, name)?.map(|(kind, _)| {
         let experts = dims.first().copied().unwrap_or(0);
         match kind {
-            Stacked::GateUp | Stacked::GateUpBias => 2 * experts,
-            Stacked::Down | Stacked::DownBias => experts,
+            Stacked::GateUp | Stacked::GateUpBias | Stacked::GateUpBlocks => 2 * experts,
+            Stacked::Down | Stacked::DownBias | Stacked::DownBlocks => experts,
+            Stacked::Scales => 0,
         }
     }))
 }
@@ -137,6 +151,106 @@ pub fn split_experts(
         (Stacked::GateUpBias, _) => return Err(bad("[experts, 2·inner]")),
         (Stacked::Down, _) => return Err(bad("[experts, inner, hidden]")),
         (Stacked::DownBias, _) => return Err(bad("[experts, hidden]")),
+        (Stacked::GateUpBlocks | Stacked::DownBlocks | Stacked::Scales, _) => {
+            return Err(bad("(MXFP4 blocks are split by split_mxfp4_experts)"))
+        }
+    }
+    Ok(out)
+}
+
+/// One per-expert MXFP4 tensor: its `.flm` name, dims `[out, in]` and blocks.
+pub struct ExpertBlocks {
+    /// The `.flm` name.
+    pub name: String,
+    /// `[out, in]`.
+    pub dims: Vec<usize>,
+    /// MXFP4 blocks (layout in `fastllm_cpu::mxfp4`), row by row.
+    pub bytes: Vec<u8>,
+}
+
+/// The `_scales` tensor that goes with the `_blocks` tensor `name` (`None` for other names).
+pub fn scales_name(name: &str) -> Option<String> {
+    name.strip_suffix("_blocks").map(|s| format!("{s}_scales"))
+}
+
+/// True for an MXFP4 `_scales` tensor of `arch`, which [`split_mxfp4_experts`] reads with its
+/// blocks.
+pub fn is_mxfp4_scales(arch: &str, name: &str) -> Result<bool> {
+    Ok(matches!(stacked(arch, name)?, Some((Stacked::Scales, _))))
+}
+
+/// True for an MXFP4 `_blocks` tensor of `arch` ([`split_mxfp4_experts`]).
+pub fn is_mxfp4_blocks(arch: &str, name: &str) -> Result<bool> {
+    Ok(matches!(
+        stacked(arch, name)?,
+        Some((Stacked::GateUpBlocks | Stacked::DownBlocks, _))
+    ))
+}
+
+/// Repacks the MXFP4 pair `name` (`_blocks`, U8 `[experts, out, groups, 16]`) and its scales
+/// (U8 `[experts, out, groups]`) of `arch` into per-expert MXFP4 tensors `[out, groups·32]`
+/// (gate/up split from the even/odd rows of `gate_up`); an error names the tensor when the
+/// shapes do not fit or a scale is the NaN exponent.
+pub fn split_mxfp4_experts(
+    arch: &str,
+    name: &str,
+    dims: &[usize],
+    blocks: &[u8],
+    scale_dims: &[usize],
+    scales: &[u8],
+) -> Result<Vec<ExpertBlocks>> {
+    use fastllm_cpu::mxfp4::{check_blocks, mxfp4_from_hf, MXFP4_BYTES};
+    let kind = match stacked(arch, name)? {
+        Some((k @ (Stacked::GateUpBlocks | Stacked::DownBlocks), prefix)) => (k, prefix),
+        _ => {
+            return Err(Error::invalid(format!(
+                "tensor {name}: not MXFP4 expert blocks"
+            )))
+        }
+    };
+    let (kind, prefix) = kind;
+    let &[ne, rows, groups, 16] = dims else {
+        return Err(Error::invalid(format!(
+            "tensor {name}: shape {dims:?} is not the MXFP4 layout [experts, out, in / 32, 16]"
+        )));
+    };
+    let count = ne * rows * groups;
+    if scale_dims != [ne, rows, groups] || blocks.len() != count * 16 || scales.len() != count {
+        return Err(Error::invalid(format!(
+            "tensor {name}: blocks {dims:?} and scales {scale_dims:?} do not pair up (scales \
+             must be [{ne}, {rows}, {groups}])"
+        )));
+    }
+    if count == 0 || (kind == Stacked::GateUpBlocks && rows % 2 != 0) {
+        return Err(Error::invalid(format!(
+            "tensor {name}: shape {dims:?} has no rows to split into experts"
+        )));
+    }
+    let mut all = vec![0u8; count * MXFP4_BYTES];
+    mxfp4_from_hf(blocks, scales, &mut all);
+    check_blocks(&all).map_err(|e| Error::invalid(format!("tensor {name}: {e}")))?;
+    let rb = groups * MXFP4_BYTES;
+    let k = groups * fastllm_cpu::quant::QK;
+    let mut out = Vec::new();
+    for (e, w) in all.chunks_exact(rows * rb).enumerate() {
+        let t = |part: &str, rows: Vec<&[u8]>| ExpertBlocks {
+            name: format!("{prefix}.{e}.{part}"),
+            dims: vec![rows.len(), k],
+            bytes: rows.concat(),
+        };
+        let row_list: Vec<&[u8]> = w.chunks_exact(rb).collect();
+        if kind == Stacked::GateUpBlocks {
+            out.push(t(
+                "gate_proj.weight",
+                row_list.iter().step_by(2).copied().collect(),
+            ));
+            out.push(t(
+                "up_proj.weight",
+                row_list.iter().skip(1).step_by(2).copied().collect(),
+            ));
+        } else {
+            out.push(t("down_proj.weight", row_list));
+        }
     }
     Ok(out)
 }
@@ -190,8 +304,16 @@ mod tests {
             parts("gpt_oss", "m.mlp.experts.gate_up_proj").unwrap(),
             Some(8)
         );
-        let e = parts("gpt_oss", "m.mlp.experts.gate_up_proj_blocks").unwrap_err();
+        let e = parts("gpt_oss", "m.mlp.experts.o_proj_blocks").unwrap_err();
         assert!(e.to_string().contains("MXFP4"), "{e}");
+        assert_eq!(
+            parts("gpt_oss", "m.mlp.experts.gate_up_proj_blocks").unwrap(),
+            Some(8)
+        );
+        assert_eq!(
+            parts("gpt_oss", "m.mlp.experts.gate_up_proj_scales").unwrap(),
+            Some(0)
+        );
         let e = split_experts(
             "gpt_oss",
             "m.mlp.experts.gate_up_proj",
@@ -205,5 +327,31 @@ mod tests {
             .err()
             .unwrap();
         assert!(e.to_string().contains("empty"), "{e}");
+    }
+
+    #[test]
+    fn mxfp4_pairs_split_into_expert_rows() {
+        // 2 experts, 4 rows (gate/up interleaved), 2 groups of 32
+        let blocks: Vec<u8> = (0..2 * 4 * 2 * 16).map(|i| (i * 7 + 3) as u8).collect();
+        let scales: Vec<u8> = (0..2 * 4 * 2).map(|i| 100 + i as u8).collect();
+        let n = "m.mlp.experts.gate_up_proj_blocks";
+        let p = split_mxfp4_experts("gpt_oss", n, &[2, 4, 2, 16], &blocks, &[2, 4, 2], &scales)
+            .unwrap();
+        assert_eq!(p.len(), 4);
+        assert_eq!(p[3].name, "m.mlp.experts.1.up_proj.weight");
+        assert_eq!(p[3].dims, [2, 64]);
+        // expert 1, up row 1 = stacked row 3 of expert 1: its first block's scale
+        assert_eq!(p[3].bytes[2 * 17], scales[(4 + 3) * 2]);
+        assert_eq!(p[2].bytes[0], scales[4 * 2]);
+        let e = split_mxfp4_experts("gpt_oss", n, &[2, 4, 2, 16], &blocks, &[2, 4, 1], &scales)
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains(n), "{e}");
+        let mut nan = scales.clone();
+        nan[5] = 0xFF;
+        let e = split_mxfp4_experts("gpt_oss", n, &[2, 4, 2, 16], &blocks, &[2, 4, 2], &nan)
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("NaN"), "{e}");
     }
 }

@@ -4,3 +4,4 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub(crate) mod paged_tables;
+pub mod widen;

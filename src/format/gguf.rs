@@ -127,6 +127,8 @@ pub mod ggml_type {
     pub const Q8_K: u32 = 15;
     /// BF16
     pub const BF16: u32 = 30;
+    /// MXFP4 (blocks of 32: an E8M0 exponent byte, 16 bytes of E2M1 nibbles)
+    pub const MXFP4: u32 = 39;
 
     /// (name, elements per block, bytes per block) for a ggml type code.
     pub fn info(t: u32) -> Option<(&'static str, usize, usize)> {
@@ -145,6 +147,7 @@ pub mod ggml_type {
             Q6_K => ("Q6_K", 256, 210),
             Q8_K => ("Q8_K", 256, 292),
             BF16 => ("BF16", 1, 2),
+            MXFP4 => ("MXFP4", 32, 17),
             _ => return None,
         })
     }

@@ -1,5 +1,5 @@
 //! Safetensors reader over one file or a sharded set (`model.safetensors.index.json`). The JSON
-//! header is validated in full at open: dtypes (F32/F16/BF16 only), dims × element size equal to
+//! header is validated in full at open: dtypes (F32/F16/BF16, and U8 as raw bytes), dims × element size equal to
 //! the byte span, spans inside the file's data area and not overlapping. Tensor bytes are
 //! borrowed from a memory map. Knows nothing about models or name mapping.
 
@@ -19,8 +19,9 @@ const MAX_HEADER: u64 = 100 << 20;
 pub struct SafeTensorInfo {
     /// Tensor name.
     pub name: String,
-    /// Element type (F32, F16 or BF16).
-    pub dtype: DataType,
+    /// Element type (F32, F16 or BF16); `None` for U8, raw bytes the reader does not interpret
+    /// (GPT-OSS's MXFP4 `*_blocks` / `*_scales`).
+    pub dtype: Option<DataType>,
     /// Row-major dims.
     pub dims: Vec<usize>,
     /// Absolute byte range in the file.
@@ -37,14 +38,15 @@ pub struct SafetensorsFile {
     tensors: BTreeMap<String, SafeTensorInfo>,
 }
 
-fn parse_dtype(path: &str, name: &str, s: &str) -> Result<DataType> {
+fn parse_dtype(path: &str, name: &str, s: &str) -> Result<Option<DataType>> {
     match s {
-        "F32" => Ok(DataType::F32),
-        "F16" => Ok(DataType::F16),
-        "BF16" => Ok(DataType::BF16),
+        "F32" => Ok(Some(DataType::F32)),
+        "F16" => Ok(Some(DataType::F16)),
+        "BF16" => Ok(Some(DataType::BF16)),
+        "U8" => Ok(None),
         other => Err(Error::format(
             path,
-            format!("tensor {name}: dtype {other} not supported (F32, F16, BF16 only)"),
+            format!("tensor {name}: dtype {other} not supported (F32, F16, BF16, U8 only)"),
         )),
     }
 }
@@ -100,7 +102,7 @@ fn tensor_info(
         .try_fold(1usize, |a, &d| a.checked_mul(d))
         .ok_or_else(|| bad(&format!("dims {dims:?} overflow")))?;
     let size = count
-        .checked_mul(dtype.block_bytes())
+        .checked_mul(dtype.map_or(1, |d| d.block_bytes()))
         .ok_or_else(|| bad("size overflows"))?;
     if size != e - s {
         return Err(bad(&format!(

@@ -241,20 +241,7 @@ impl Session {
         if tokens.is_empty() {
             return Err(Error::invalid("eval: no tokens"));
         }
-        let vocab = self.llm.model.config().vocab_size;
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(Error::invalid(format!(
-                "token id {t} out of range (vocabulary {vocab})"
-            )));
-        }
-        if self.cache.len() + tokens.len() > self.cache.capacity() {
-            return Err(Error::ContextFull(format!(
-                "{} tokens + {} new exceed the session's {} tokens",
-                self.cache.len(),
-                tokens.len(),
-                self.cache.capacity()
-            )));
-        }
+        self.check_fits(tokens)?;
         let before = self.cache.len();
         let logits = match self.llm.model.forward(&mut self.cache, tokens, false) {
             Ok(l) => l,
@@ -274,6 +261,26 @@ impl Session {
         Ok(&self.logits)
     }
 
+    /// `Err` naming the first id of `tokens` outside the vocabulary, or ([`Error::ContextFull`])
+    /// saying that they do not fit the cache.
+    fn check_fits(&self, tokens: &[u32]) -> Result<()> {
+        let vocab = self.llm.model.config().vocab_size;
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::invalid(format!(
+                "token id {t} out of range (vocabulary {vocab})"
+            )));
+        }
+        let n = tokens.len();
+        if self.cache.len() + n > self.cache.capacity() {
+            return Err(Error::ContextFull(format!(
+                "{} tokens + {n} new exceed the session's {} tokens",
+                self.cache.len(),
+                self.cache.capacity()
+            )));
+        }
+        Ok(())
+    }
+
     /// [`Session::eval`] in steps of at most `chunk` tokens (0: one step), reporting the tokens
     /// done to `progress` ([`Stage::Prefill`]) from 0 to all. On error the tokens and the cache
     /// are as before and the last logits are dropped.
@@ -286,14 +293,7 @@ impl Session {
         if tokens.is_empty() {
             return Err(Error::invalid("eval: no tokens"));
         }
-        if self.cache.len() + tokens.len() > self.cache.capacity() {
-            return Err(Error::ContextFull(format!(
-                "{} tokens + {} new exceed the session's {} tokens",
-                self.cache.len(),
-                tokens.len(),
-                self.cache.capacity()
-            )));
-        }
+        self.check_fits(tokens)?;
         let step = if chunk == 0 { tokens.len() } else { chunk };
         let before = self.tokens.len();
         let total = tokens.len() as u64;
@@ -323,19 +323,7 @@ impl Session {
     /// on a GPU only the chosen id crosses to the host (the same id the host would pick from
     /// the same logits). NaN/+Inf logits are an error; on error the session is unchanged.
     fn eval_and_pick(&mut self, tok: u32, sampler: &mut Sampler) -> Result<u32> {
-        let vocab = self.llm.model.config().vocab_size;
-        if tok as usize >= vocab {
-            return Err(Error::invalid(format!(
-                "token id {tok} out of range (vocabulary {vocab})"
-            )));
-        }
-        if self.cache.len() + 1 > self.cache.capacity() {
-            return Err(Error::ContextFull(format!(
-                "{} tokens + 1 new exceed the session's {} tokens",
-                self.cache.len(),
-                self.cache.capacity()
-            )));
-        }
+        self.check_fits(&[tok])?;
         let before = self.cache.len();
         self.tokens.push(tok);
         let row = sampler.next_row(&self.tokens);

@@ -48,8 +48,8 @@ fn linear_cases(v: &mut Vec<OpCase>) {
     let float_shapes = [(33usize, 7usize), (45, 3), (100, 17), (1056, 3)];
     // K-quants: 1, 2, 5 and 9 super-blocks per row
     let kquant_shapes = [(256usize, 7usize), (512, 37), (1280, 67), (2304, 9)];
-    let dtypes: [DataType; 12] = [
-        F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q2K, Q3K, Q4K, Q5K, Q6K,
+    let dtypes: [DataType; 13] = [
+        F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q2K, Q3K, Q4K, Q5K, Q6K, Mxfp4,
     ];
     for wt in dtypes {
         let mut shapes: Vec<(usize, usize)> = if wt.is_kquant() {

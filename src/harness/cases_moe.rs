@@ -118,7 +118,7 @@ fn linear_cases(
 ) {
     let (r, disp) = rd;
     let (rows, k) = (r.dim(0), r.dim(1));
-    let dtypes: [(DataType, usize); 10] = [
+    let dtypes: [(DataType, usize); 12] = [
         (F32, 45),
         (F16, 40),
         (F16, 1056),
@@ -129,6 +129,8 @@ fn linear_cases(
         (Q5_0, 96),
         (Q4K, 256),
         (Q6K, 512),
+        (Mxfp4, 96),
+        (Mxfp4, 1056),
     ];
     for (i, (wt, kk)) in dtypes.into_iter().enumerate() {
         let n = [7usize, 13, 1, 37][i % 4];

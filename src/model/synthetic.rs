@@ -1,5 +1,5 @@
 //! Random-weight models of real shapes, for measuring speed at real sizes without weight files
-//! (`fastllm bench --synthetic NAME --dtype f16|int8|int4|q4_k|q6_k`).
+//! (`fastllm bench --synthetic NAME --dtype f16|int8|int4|q2_k|q3_k|q4_k|q6_k`).
 //!
 //! [`SyntheticSource`] is a [`WeightSource`] that generates each tensor on the host when it is
 //! asked for, directly in its stored dtype: F16 weights as random half floats, Q8_0 / Q4_0 block
@@ -231,7 +231,7 @@ fn moe_shape(c: ModelConfig, (experts, k, inner): (usize, usize, usize)) -> Mode
 }
 
 /// The weight dtype of a synthetic model: `f16`, `int8` (Q8_0 blocks), `int4` (Q4_0 blocks),
-/// `q4_k` or `q6_k` (K-quant super-blocks: `hidden_size` and `intermediate_size` must be
+/// `q2_k`, `q3_k`, `q4_k` or `q6_k` (K-quant super-blocks: `hidden_size` and `intermediate_size` must be
 /// multiples of 256); an error naming the accepted values otherwise.
 pub fn weight_dtype(name: &str) -> Result<DataType> {
     match name {
@@ -240,8 +240,10 @@ pub fn weight_dtype(name: &str) -> Result<DataType> {
         "int4" | "q4_0" => Ok(DataType::Q4_0),
         "q4_k" => Ok(DataType::Q4K),
         "q6_k" => Ok(DataType::Q6K),
+        "q2_k" => Ok(DataType::Q2K),
+        "q3_k" => Ok(DataType::Q3K),
         other => Err(Error::invalid(format!(
-            "unknown synthetic dtype '{other}' (known: f16, int8, int4, q4_k, q6_k)"
+            "unknown synthetic dtype '{other}' (known: f16, int8, int4, q2_k, q3_k, q4_k, q6_k)"
         ))),
     }
 }
@@ -435,7 +437,7 @@ pub struct SyntheticSource {
 
 impl SyntheticSource {
     /// The tensors of a Llama/Qwen2-shaped `config` with matrix weights in `dtype` (F16, BF16,
-    /// F32, Q8_0, Q4_0, Q4_1, Q4_K or Q6_K; `hidden_size` and `intermediate_size` must be
+    /// F32, Q8_0, Q4_0, Q4_1, Q2_K, Q3_K, Q4_K or Q6_K; `hidden_size` and `intermediate_size` must be
     /// multiples of 32 for block dtypes, of 256 for K-quants). Qwen2 gets its q/k/v biases (f32).
     pub fn new(config: &ModelConfig, dtype: DataType) -> Result<SyntheticSource> {
         if dtype == DataType::I32 {
@@ -514,13 +516,15 @@ fn rand_f16_bits(r: u64) -> u16 {
 /// Fills `bytes` with random values of `dtype`, in parallel chunks seeded from `seed`.
 fn fill_random(dtype: DataType, bytes: &mut [u8], seed: u64) {
     // Chunk sizes are whole elements / blocks of every dtype (34 = Q8_0, 18 = Q4_0, 20 = Q4_1,
-    // 144 = Q4_K, 210 = Q6_K).
+    // 144 = Q4_K, 210 = Q6_K, 84 = Q2_K, 110 = Q3_K).
     let unit = match dtype {
         DataType::Q8_0 => 34,
         DataType::Q4_0 => 18,
         DataType::Q4_1 => 20,
         DataType::Q4K => 144,
         DataType::Q6K => 210,
+        DataType::Q2K => 84,
+        DataType::Q3K => 110,
         _ => 4,
     };
     let chunk = unit * 16384;
@@ -577,6 +581,17 @@ fn fill_random(dtype: DataType, bytes: &mut [u8], seed: u64) {
                             DataType::Q6K => {
                                 let d = half::f16::from_f32(scale.to_f32() / 64.0).to_bits();
                                 b[208..].copy_from_slice(&d.to_le_bytes());
+                            }
+                            // d and dmin over 4-bit scales and mins
+                            DataType::Q2K => {
+                                let d = half::f16::from_f32(scale.to_f32() / 8.0).to_bits();
+                                b[80..82].copy_from_slice(&d.to_le_bytes());
+                                b[82..84].copy_from_slice(&d.to_le_bytes());
+                            }
+                            // d over signed 6-bit scales
+                            DataType::Q3K => {
+                                let d = half::f16::from_f32(scale.to_f32() / 32.0).to_bits();
+                                b[108..].copy_from_slice(&d.to_le_bytes());
                             }
                             _ => b[..2].copy_from_slice(&scale.to_bits().to_le_bytes()),
                         }

@@ -985,17 +985,23 @@ impl TpGroup {
         })
     }
 
-    /// Runs a planned paged step on every rank and gathers the logits.
-    pub(crate) fn forward_paged(&self, pool: &RemotePool, b: &PagedBatch) -> Result<Data> {
+    /// The ranks' replies to the paged step `b` over `pool` (each rank given its own token
+    /// ids), their logits or, with `top`, their best candidates.
+    fn paged(&self, pool: &RemotePool, b: &PagedBatch, top: bool) -> Result<Vec<Reply>> {
         let id = pool.id;
-        let replies = self.all(|r| Cmd::Paged {
+        self.all(|r| Cmd::Paged {
             id,
             batch: PagedBatch {
                 tokens: self.plan.local_ids(r, &b.tokens),
                 ..b.clone()
             },
-            top: false,
-        })?;
+            top,
+        })
+    }
+
+    /// Runs a planned paged step on every rank and gathers the logits.
+    pub(crate) fn forward_paged(&self, pool: &RemotePool, b: &PagedBatch) -> Result<Data> {
+        let replies = self.paged(pool, b, false)?;
         let mut parts = Vec::with_capacity(replies.len());
         for (r, rep) in replies.into_iter().enumerate() {
             match rep {
@@ -1055,15 +1061,7 @@ impl TpGroup {
         pool: &RemotePool,
         b: &PagedBatch,
     ) -> Result<Vec<u32>> {
-        let id = pool.id;
-        let replies = self.all(|r| Cmd::Paged {
-            id,
-            batch: PagedBatch {
-                tokens: self.plan.local_ids(r, &b.tokens),
-                ..b.clone()
-            },
-            top: true,
-        })?;
+        let replies = self.paged(pool, b, true)?;
         let parts = self.tops(replies)?;
         combine_top(&self.plan, &parts)
     }

@@ -163,42 +163,26 @@ fn decode_error(d: &mut Decoder) -> Result<Error> {
 }
 
 fn encode_reply(r: &Reply) -> Vec<u8> {
-    let mut e = Encoder::new();
     match r {
-        Reply::Done(res) => {
-            e.u8(DONE);
-            match res {
-                Ok(()) => e.u8(0),
-                Err(err) => {
-                    encode_error(e.u8(1), err);
-                    &mut e
-                }
-            };
-        }
-        Reply::Logits(res) => {
-            e.u8(LOGITS);
-            match res {
-                Ok((rows, width, v)) => e.u8(0).usize(*rows).usize(*width).f32s(v),
-                Err(err) => {
-                    encode_error(e.u8(1), err);
-                    &mut e
-                }
-            };
-        }
-        Reply::Top(res) => {
-            e.u8(TOP);
-            match res {
-                Ok(top) => {
-                    let ids: Vec<u32> = top.iter().map(|t| t.0).collect();
-                    let vals: Vec<f32> = top.iter().map(|t| t.1).collect();
-                    e.u8(0).u32s(&ids).f32s(&vals)
-                }
-                Err(err) => {
-                    encode_error(e.u8(1), err);
-                    &mut e
-                }
-            };
-        }
+        Reply::Done(res) => encode_result(DONE, res, |_, ()| {}),
+        Reply::Logits(res) => encode_result(LOGITS, res, |e, (rows, width, v)| {
+            e.usize(*rows).usize(*width).f32s(v);
+        }),
+        Reply::Top(res) => encode_result(TOP, res, |e, top| {
+            let ids: Vec<u32> = top.iter().map(|t| t.0).collect();
+            let vals: Vec<f32> = top.iter().map(|t| t.1).collect();
+            e.u32s(&ids).f32s(&vals);
+        }),
+    }
+}
+
+/// A reply of kind `tag`: 0 and what `ok` writes of the value, or 1 and the error.
+fn encode_result<T>(tag: u8, res: &Result<T>, ok: impl FnOnce(&mut Encoder, &T)) -> Vec<u8> {
+    let mut e = Encoder::new();
+    e.u8(tag);
+    match res {
+        Ok(v) => ok(e.u8(0), v),
+        Err(err) => encode_error(e.u8(1), err),
     }
     e.finish()
 }

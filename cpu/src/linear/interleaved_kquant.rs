@@ -1,13 +1,15 @@
-//! K-quant weights (Q4_K, Q5_K, Q6_K) interleaved 16 rows at a time, and the integer `Linear`
-//! kernels that stream them.
+//! K-quant weights (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) interleaved 16 rows at a time, and the
+//! integer `Linear` kernels that stream Q4_K/Q5_K/Q6_K ([`super::interleaved_kquant_low`] has
+//! Q2_K's and Q3_K's).
 //!
 //! The layout is a transpose of 4-byte words: rows are taken in groups of [`GROUP_ROWS`], and a
 //! group stores, super-block after super-block, `W = bytes / 4` vectors `V_m` of 64 bytes whose
 //! 32-bit lane `j` holds bytes `4m..4m+4` of row `j`'s super-block (the plain GGUF bytes,
-//! unchanged). Q6_K's 210-byte super-blocks end in a 2-byte `d`: a group keeps the 52 vectors of
-//! each super-block (3328 bytes, whole cache lines) and, after those of all its super-blocks, the
-//! 16 f16 `d` of each super-block in turn; its vectors are reordered so that a kernel touches
-//! them in ascending order ([`q6_word_pos`]):
+//! unchanged). Q6_K's 210-byte and Q3_K's 110-byte super-blocks end in a 2-byte `d`: a group
+//! keeps the whole vectors of each super-block (whole cache lines) and, after those of all its
+//! super-blocks, the 16 f16 `d` of each super-block in turn. Q6_K's vectors are reordered so that
+//! a kernel touches them in ascending order ([`q6_word_pos`]); the Q2_K/Q3_K layouts are in
+//! [`super::interleaved_kquant_low`]:
 //!
 //! | format | plain super-block (`crate::kquant`) | one super-block of a group |
 //! |---|---|---|
@@ -34,11 +36,12 @@ use super::act_quant::Q8Rows;
 use super::interleaved::{InterleavedFn, GROUP_ROWS};
 use super::{WeightType, MAX_ROWS};
 use crate::kquant::{q6_k_value, scales_mins, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K};
-use half::f16;
+use crate::kquant_low::{Q2_K_BYTES, Q3_K_BYTES};
+use crate::quant::rd_f16 as f16_at;
 
-/// True for the K-quant types this module interleaves.
+/// True for the K-quant types this module interleaves (all of them).
 pub fn is_kquant(t: WeightType) -> bool {
-    matches!(t, WeightType::Q4K | WeightType::Q5K | WeightType::Q6K)
+    t.is_kquant()
 }
 
 /// Bytes of one plain super-block of `t` (`None` for other types).
@@ -47,6 +50,8 @@ fn block_bytes(t: WeightType) -> Option<usize> {
         WeightType::Q4K => Some(Q4_K_BYTES),
         WeightType::Q5K => Some(Q5_K_BYTES),
         WeightType::Q6K => Some(Q6_K_BYTES),
+        WeightType::Q2K => Some(Q2_K_BYTES),
+        WeightType::Q3K => Some(Q3_K_BYTES),
         _ => None,
     }
 }
@@ -71,9 +76,9 @@ fn q6_word_pos(m: usize) -> usize {
     }
 }
 
-/// Bytes of the vectors of one interleaved super-block (16 rows): all of it for Q4_K/Q5_K, the
-/// 52 vectors without the 16 `d` for Q6_K.
-fn vec_bytes(bs: usize) -> usize {
+/// Bytes of the vectors of one interleaved super-block (16 rows): all of it for Q2_K/Q4_K/Q5_K,
+/// the whole vectors without the 16 `d` for Q3_K/Q6_K.
+pub(super) fn vec_bytes(bs: usize) -> usize {
     GROUP_ROWS * (bs / 4) * 4
 }
 
@@ -107,7 +112,7 @@ fn scatter(src: &[u8], grp: &mut [u8], nb: usize, sb: usize, j: usize) {
 
 /// Reads row `j` of super-block `sb` of the interleaved group `grp` (`nb` super-blocks) back
 /// into the plain super-block `out`.
-fn gather(grp: &[u8], nb: usize, sb: usize, j: usize, out: &mut [u8]) {
+pub(super) fn gather(grp: &[u8], nb: usize, sb: usize, j: usize, out: &mut [u8]) {
     for (s, d, len) in pieces(out.len(), nb, sb, j) {
         out[s..s + len].copy_from_slice(&grp[d..d + len]);
     }
@@ -171,11 +176,6 @@ pub fn plain_row(
         gather(grp, nb, b, j, &mut out[b * bs..(b + 1) * bs]);
     }
     Ok(())
-}
-
-#[inline]
-fn f16_at(b: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
 /// Scalar reference of the Q4_K (`Q5 = false`) / Q5_K group kernels: each row's plain
@@ -266,7 +266,7 @@ pub(super) fn pick_ref(t: WeightType) -> Option<InterleavedFn> {
         WeightType::Q4K => ref_q45::<false>,
         WeightType::Q5K => ref_q45::<true>,
         WeightType::Q6K => ref_q6,
-        _ => return None,
+        _ => return super::interleaved_kquant_low::pick_ref(t),
     })
 }
 
@@ -278,13 +278,14 @@ pub(super) fn simd(t: WeightType) -> Option<InterleavedFn> {
         WeightType::Q4K => avx512::group_q4_k,
         WeightType::Q5K => avx512::group_q5_k,
         WeightType::Q6K => avx512::group_q6_k,
-        _ => return None,
+        _ => return super::interleaved_kquant_low::simd(t),
     })
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
-    //! The kernels; only called after `interleaved::available()`.
+pub(super) mod avx512 {
+    //! The kernels, and the helpers the Q2_K/Q3_K kernels share; only called after
+    //! `interleaved::available()`.
     use super::super::act_quant::Q8Rows;
     use super::super::interleaved::avx512::{entry, piece};
     use super::super::MAX_ROWS;
@@ -299,7 +300,7 @@ mod avx512 {
     /// Prefetches the `bytes` bytes at `p` into L1 (one hint per cache line).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn prefetch(p: *const u8, bytes: usize) {
+    pub(in crate::linear) unsafe fn prefetch(p: *const u8, bytes: usize) {
         let mut o = 0;
         while o < bytes {
             _mm_prefetch(p.wrapping_add(o) as *const i8, _MM_HINT_T0);
@@ -307,16 +308,17 @@ mod avx512 {
         }
     }
 
+    /// The 64 bytes at `p`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn ld(p: *const u8) -> __m512i {
+    pub(in crate::linear) unsafe fn ld(p: *const u8) -> __m512i {
         _mm512_loadu_si512(p as *const _)
     }
 
     /// `(v >> n) & mask` in every 32-bit lane.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn field(v: __m512i, n: u32, mask: i32) -> __m512i {
+    pub(in crate::linear) unsafe fn field(v: __m512i, n: u32, mask: i32) -> __m512i {
         _mm512_and_si512(
             _mm512_srlv_epi32(v, _mm512_set1_epi32(n as i32)),
             _mm512_set1_epi32(mask),

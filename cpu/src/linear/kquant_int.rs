@@ -14,15 +14,10 @@
 use super::act_quant::Q8Rows;
 use super::{IntRowsFn, WeightType, MAX_ROWS};
 use crate::kquant::{q6_k_value, scales_mins, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES};
-use half::f16;
+use crate::quant::rd_f16 as f16_at;
 
 /// Activation blocks (of 32) per super-block.
 const SUB: usize = 8;
-
-#[inline]
-fn f16_at(b: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
-}
 
 /// Reference Q4_K (`Q5 = false`) / Q5_K × Q8_0 kernel.
 fn rows_q45_ref<const Q5: bool>(
@@ -99,13 +94,13 @@ pub fn rows_q6_k_ref(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, out: &mut [
 /// The reference kernel of K-quant type `t` (`None` for other types; Q2_K/Q3_K from
 /// [`super::kquant_low_int`]).
 pub fn pick_ref(t: WeightType) -> Option<IntRowsFn> {
-    if matches!(t, WeightType::Q2K | WeightType::Q3K) {
-        return super::kquant_low_int::pick_ref(t);
-    }
+    use super::kquant_low_int as low;
     Some(match t {
         WeightType::Q4K => rows_q4_k_ref,
         WeightType::Q5K => rows_q5_k_ref,
         WeightType::Q6K => rows_q6_k_ref,
+        WeightType::Q2K => low::rows_q2_k_ref,
+        WeightType::Q3K => low::rows_q3_k_ref,
         _ => return None,
     })
 }
@@ -113,16 +108,16 @@ pub fn pick_ref(t: WeightType) -> Option<IntRowsFn> {
 /// The fastest kernel of K-quant type `t` for this CPU (`None` for other types; Q2_K/Q3_K from
 /// [`super::kquant_low_int`]).
 pub fn pick(t: WeightType) -> Option<IntRowsFn> {
-    if matches!(t, WeightType::Q2K | WeightType::Q3K) {
-        return super::kquant_low_int::pick(t);
-    }
     #[cfg(target_arch = "x86_64")]
     {
+        use super::kquant_low_int as low;
         if super::int_tile::has_vnni() {
             return Some(match t {
                 WeightType::Q4K => avx512::rows_q4_k,
                 WeightType::Q5K => avx512::rows_q5_k,
                 WeightType::Q6K => avx512::rows_q6_k,
+                WeightType::Q2K => low::avx512::rows_q2_k,
+                WeightType::Q3K => low::avx512::rows_q3_k,
                 _ => return None,
             });
         }
@@ -131,6 +126,8 @@ pub fn pick(t: WeightType) -> Option<IntRowsFn> {
                 WeightType::Q4K => avx2::rows_q4_k,
                 WeightType::Q5K => avx2::rows_q5_k,
                 WeightType::Q6K => avx2::rows_q6_k,
+                WeightType::Q2K => low::avx2::rows_q2_k,
+                WeightType::Q3K => low::avx2::rows_q3_k,
                 _ => return None,
             });
         }
@@ -138,23 +135,28 @@ pub fn pick(t: WeightType) -> Option<IntRowsFn> {
     pick_ref(t)
 }
 
-/// Dispatches a const-generic row count (1..=4) to `$f::<R, ..>`.
-macro_rules! by_rows {
-    ($f:ident $(, $c:expr)*; $rows:expr, $($arg:expr),*) => {
-        match $rows {
-            1 => $f::<1 $(, $c)*>($($arg),*),
-            2 => $f::<2 $(, $c)*>($($arg),*),
-            3 => $f::<3 $(, $c)*>($($arg),*),
-            _ => $f::<4 $(, $c)*>($($arg),*),
+/// Defines the public [`IntRowsFn`] `$name`, which hands its row count (1..=4) to
+/// `$f::<R, $c..>`.
+macro_rules! rows_fn {
+    ($(#[$doc:meta])* $name:ident, $f:ident $(, $c:expr)*) => {
+        $(#[$doc])*
+        pub unsafe fn $name(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, o: &mut [f32; 4]) {
+            match rows {
+                1 => $f::<1 $(, $c)*>(w, a, row0, o),
+                2 => $f::<2 $(, $c)*>(w, a, row0, o),
+                3 => $f::<3 $(, $c)*>(w, a, row0, o),
+                _ => $f::<4 $(, $c)*>(w, a, row0, o),
+            }
         }
     };
 }
+pub(super) use rows_fn;
 
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2 {
     //! AVX2 K-quant integer dots; only called after `simd::has_avx2_fma()`.
     use super::super::act_quant::Q8Rows;
-    use super::super::kquant_simd::{f16v, q45_pair, q6_half};
+    use super::super::kquant_simd::{f16v, halves, q45_pair, q6_half, signed_block_dot};
     use super::super::MAX_ROWS;
     use super::SUB;
     use crate::kquant::{scales_mins, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES};
@@ -236,15 +238,12 @@ pub(super) mod avx2 {
                 for (g, vg) in v.iter().enumerate() {
                     let j = 4 * h + g; // activation block within the super-block
                     let sw = _mm256_sub_epi8(*vg, off);
-                    let aw = _mm256_sign_epi8(sw, sw);
                     let sc0 = *blk.add(192 + 2 * j) as i8 as i16;
                     let sc1 = *blk.add(192 + 2 * j + 1) as i8 as i16;
-                    let scv = _mm256_set_m128i(_mm_set1_epi16(sc1), _mm_set1_epi16(sc0));
+                    let scv = halves(sc0, sc1);
                     for (r, ac) in acc.iter_mut().enumerate() {
                         let i = (row0 + r) * nb + sb * SUB + j;
-                        let x = _mm256_loadu_si256(xs.add(32 * i) as *const __m256i);
-                        let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, sw));
-                        let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, scv));
+                        let p = signed_block_dot(sw, scv, xs.add(32 * i));
                         let s = _mm256_set1_ps(d * *ds.add(2 * i));
                         ac[g % 2] = _mm256_fmadd_ps(s, p, ac[g % 2]);
                     }
@@ -256,20 +255,20 @@ pub(super) mod avx2 {
         }
     }
 
-    /// AVX2 Q4_K kernel ([`super::super::IntRowsFn`] contract).
-    pub unsafe fn rows_q4_k(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, o: &mut [f32; 4]) {
-        by_rows!(q45_n, false; rows, w, a, row0, o)
-    }
+    rows_fn!(
+        /// AVX2 Q4_K kernel ([`super::super::IntRowsFn`] contract).
+        rows_q4_k, q45_n, false
+    );
 
-    /// AVX2 Q5_K kernel ([`super::super::IntRowsFn`] contract).
-    pub unsafe fn rows_q5_k(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, o: &mut [f32; 4]) {
-        by_rows!(q45_n, true; rows, w, a, row0, o)
-    }
+    rows_fn!(
+        /// AVX2 Q5_K kernel ([`super::super::IntRowsFn`] contract).
+        rows_q5_k, q45_n, true
+    );
 
-    /// AVX2 Q6_K kernel ([`super::super::IntRowsFn`] contract).
-    pub unsafe fn rows_q6_k(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, o: &mut [f32; 4]) {
-        by_rows!(q6_n; rows, w, a, row0, o)
-    }
+    rows_fn!(
+        /// AVX2 Q6_K kernel ([`super::super::IntRowsFn`] contract).
+        rows_q6_k, q6_n
+    );
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -426,18 +425,18 @@ pub(super) mod avx512 {
         }
     }
 
-    /// AVX-512 VNNI Q4_K kernel ([`super::super::IntRowsFn`] contract).
-    pub unsafe fn rows_q4_k(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, o: &mut [f32; 4]) {
-        by_rows!(q45_n, false; rows, w, a, row0, o)
-    }
+    rows_fn!(
+        /// AVX-512 VNNI Q4_K kernel ([`super::super::IntRowsFn`] contract).
+        rows_q4_k, q45_n, false
+    );
 
-    /// AVX-512 VNNI Q5_K kernel ([`super::super::IntRowsFn`] contract).
-    pub unsafe fn rows_q5_k(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, o: &mut [f32; 4]) {
-        by_rows!(q45_n, true; rows, w, a, row0, o)
-    }
+    rows_fn!(
+        /// AVX-512 VNNI Q5_K kernel ([`super::super::IntRowsFn`] contract).
+        rows_q5_k, q45_n, true
+    );
 
-    /// AVX-512 VNNI Q6_K kernel ([`super::super::IntRowsFn`] contract).
-    pub unsafe fn rows_q6_k(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, o: &mut [f32; 4]) {
-        by_rows!(q6_n; rows, w, a, row0, o)
-    }
+    rows_fn!(
+        /// AVX-512 VNNI Q6_K kernel ([`super::super::IntRowsFn`] contract).
+        rows_q6_k, q6_n
+    );
 }

@@ -10,20 +10,15 @@
 //! Kernels: scalar reference, AVX2 (`maddubs`/`madd`), and AVX-512 VNNI (`vpdpbusd`, two
 //! activation blocks per instruction; the mins and offsets from the activations' 16-value sums
 //! `Q8Rows::sum16`, computed once per activation row: call `Q8Rows::prepare_sum16` first). Every
-//! kernel has the [`IntRowsFn`] contract with `acts.blocks % 8 == 0` (checked by the caller). This module must not split work across threads or know about bias/output.
+//! kernel has the [`super::IntRowsFn`] contract (picked by `super::kquant_int::pick`) with `acts.blocks % 8 == 0` (checked by the caller). This module must not split work across threads or know about bias/output.
 
 use super::act_quant::Q8Rows;
-use super::{IntRowsFn, WeightType, MAX_ROWS};
+use super::MAX_ROWS;
 use crate::kquant_low::{q2_k_value, q3_k_scales, q3_k_value, Q2_K_BYTES, Q3_K_BYTES};
-use half::f16;
+use crate::quant::rd_f16 as f16_at;
 
 /// Activation blocks (of 32) per super-block.
 const SUB: usize = 8;
-
-#[inline]
-fn f16_at(b: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
-}
 
 /// Reference Q2_K × Q8_0 kernel.
 pub fn rows_q2_k_ref(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, out: &mut [f32; MAX_ROWS]) {
@@ -72,66 +67,17 @@ pub fn rows_q3_k_ref(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, out: &mut [
     }
 }
 
-/// The reference kernel of `t` (`None` for types other than Q2_K/Q3_K).
-pub fn pick_ref(t: WeightType) -> Option<IntRowsFn> {
-    Some(match t {
-        WeightType::Q2K => rows_q2_k_ref,
-        WeightType::Q3K => rows_q3_k_ref,
-        _ => return None,
-    })
-}
-
-/// The fastest kernel of `t` for this CPU (`None` for types other than Q2_K/Q3_K).
-pub fn pick(t: WeightType) -> Option<IntRowsFn> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if super::int_tile::has_vnni() {
-            return Some(match t {
-                WeightType::Q2K => avx512::rows_q2_k,
-                WeightType::Q3K => avx512::rows_q3_k,
-                _ => return None,
-            });
-        }
-        if crate::simd::has_avx2_fma() {
-            return Some(match t {
-                WeightType::Q2K => avx2::rows_q2_k,
-                WeightType::Q3K => avx2::rows_q3_k,
-                _ => return None,
-            });
-        }
-    }
-    pick_ref(t)
-}
-
-/// Dispatches a const-generic row count (1..=4) to `$f::<R, ..>`.
-macro_rules! by_rows {
-    ($f:ident $(, $c:expr)*; $rows:expr, $($arg:expr),*) => {
-        match $rows {
-            1 => $f::<1 $(, $c)*>($($arg),*),
-            2 => $f::<2 $(, $c)*>($($arg),*),
-            3 => $f::<3 $(, $c)*>($($arg),*),
-            _ => $f::<4 $(, $c)*>($($arg),*),
-        }
-    };
-}
-
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2 {
     //! AVX2 Q2_K/Q3_K integer dots; only called after `simd::has_avx2_fma()`.
     use super::super::act_quant::Q8Rows;
-    use super::super::kquant_simd::{f16v, low2_plane_avx2};
+    use super::super::kquant_int::rows_fn;
+    use super::super::kquant_simd::{f16v, halves, low2_plane_avx2, signed_block_dot};
     use super::super::MAX_ROWS;
     use super::SUB;
     use crate::kquant_low::{q3_k_scales, Q2_K_BYTES, Q3_K_BYTES};
     use crate::linear::hsum_avx2 as hsum;
     use std::arch::x86_64::*;
-
-    /// Two i16 scale lanes: `a` for the first 16 values of a block, `b` for the last 16.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn halves(a: i16, b: i16) -> __m256i {
-        _mm256_set_m128i(_mm_set1_epi16(b), _mm_set1_epi16(a))
-    }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q2_n<const R: usize>(w: &[u8], a: &Q8Rows, row0: usize, out: &mut [f32; MAX_ROWS]) {
@@ -187,13 +133,10 @@ pub(super) mod avx2 {
                 let lo = low2_plane_avx2(planes[j / 4], j % 4);
                 let hb = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(j as i32)), one);
                 let sw = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hb, 2)), four);
-                let aw = _mm256_sign_epi8(sw, sw);
                 let scv = halves(sc[2 * j] as i16, sc[2 * j + 1] as i16);
                 for (r, ac) in acc.iter_mut().enumerate() {
                     let i = (row0 + r) * nb + sb * SUB + j;
-                    let x = _mm256_loadu_si256(xs.add(32 * i) as *const __m256i);
-                    let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, sw));
-                    let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, scv));
+                    let p = signed_block_dot(sw, scv, xs.add(32 * i));
                     let s = _mm256_set1_ps(d * *ds.add(2 * i));
                     ac[j % 2] = _mm256_fmadd_ps(s, p, ac[j % 2]);
                 }
@@ -204,15 +147,15 @@ pub(super) mod avx2 {
         }
     }
 
-    /// AVX2 Q2_K kernel ([`super::super::IntRowsFn`] contract).
-    pub unsafe fn rows_q2_k(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, o: &mut [f32; 4]) {
-        by_rows!(q2_n; rows, w, a, row0, o)
-    }
+    rows_fn!(
+        /// AVX2 Q2_K kernel ([`super::super::IntRowsFn`] contract).
+        rows_q2_k, q2_n
+    );
 
-    /// AVX2 Q3_K kernel ([`super::super::IntRowsFn`] contract).
-    pub unsafe fn rows_q3_k(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, o: &mut [f32; 4]) {
-        by_rows!(q3_n; rows, w, a, row0, o)
-    }
+    rows_fn!(
+        /// AVX2 Q3_K kernel ([`super::super::IntRowsFn`] contract).
+        rows_q3_k, q3_n
+    );
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -220,6 +163,7 @@ pub(super) mod avx512 {
     //! AVX-512 VNNI Q2_K/Q3_K integer dots: 64 weight values × 64 activation bytes per
     //! `vpdpbusd`; only called after `int_tile::has_vnni()`.
     use super::super::act_quant::Q8Rows;
+    use super::super::kquant_int::rows_fn;
     use super::super::kquant_simd::{f16v, group_dx, group_quads, join, low2_plane_avx2, prefetch};
     use super::super::MAX_ROWS;
     use super::SUB;
@@ -260,6 +204,25 @@ pub(super) mod avx512 {
         _mm512_cvtepi32_ps(_mm512_loadu_si512(a.sum16.as_ptr().add(i0) as *const _))
     }
 
+    /// `acc` plus the dots of a super-block's values `wv` with its 256 activation values at `x`,
+    /// each group of 16 times its factor (lane `g` of `f`).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn scaled_dots(
+        wv: &[__m512i; 4],
+        x: *const i8,
+        f: __m512,
+        perm: &[__m512i; 4],
+        mut acc: __m512,
+    ) -> __m512 {
+        for (p, wq) in wv.iter().enumerate() {
+            let xv = _mm512_loadu_si512(x.add(64 * p) as *const _);
+            let q = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), *wq, xv));
+            acc = _mm512_fmadd_ps(q, _mm512_permutexvar_ps(perm[p], f), acc);
+        }
+        acc
+    }
+
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     unsafe fn q2_n<const R: usize>(w: &[u8], a: &Q8Rows, row0: usize, out: &mut [f32; MAX_ROWS]) {
         let nb = a.blocks;
@@ -283,12 +246,7 @@ pub(super) mod avx512 {
                 let i0 = (row0 + r) * nb + sb * SUB;
                 let dx = _mm512_permutexvar_ps(dx_of_group, _mm512_loadu_ps(ds.add(2 * i0)));
                 let f = _mm512_mul_ps(sc, dx);
-                for (p, wq) in wv.iter().enumerate() {
-                    let x = _mm512_loadu_si512(xs.add(32 * i0 + 64 * p) as *const _);
-                    let q = _mm512_dpbusd_epi32(_mm512_setzero_si512(), *wq, x);
-                    let q = _mm512_cvtepi32_ps(q);
-                    acc[r] = _mm512_fmadd_ps(q, _mm512_permutexvar_ps(perm[p], f), acc[r]);
-                }
+                acc[r] = scaled_dots(&wv, xs.add(32 * i0), f, &perm, acc[r]);
                 // the mins: Σ_g dmin·m_g·dx_g·Σ_g x, one lane per group
                 let fm = _mm512_mul_ps(mn, dx);
                 accm[r] = _mm512_fmadd_ps(fm, group_sums(a, i0), accm[r]);
@@ -322,12 +280,7 @@ pub(super) mod avx512 {
                 let i0 = (row0 + r) * nb + sb * SUB;
                 let dx = _mm512_permutexvar_ps(dx_of_group, _mm512_loadu_ps(ds.add(2 * i0)));
                 let f = _mm512_mul_ps(sc, dx);
-                for (p, wq) in wv.iter().enumerate() {
-                    let x = _mm512_loadu_si512(xs.add(32 * i0 + 64 * p) as *const _);
-                    let q = _mm512_dpbusd_epi32(_mm512_setzero_si512(), *wq, x);
-                    let q = _mm512_cvtepi32_ps(q);
-                    acc[r] = _mm512_fmadd_ps(q, _mm512_permutexvar_ps(perm[p], f), acc[r]);
-                }
+                acc[r] = scaled_dots(&wv, xs.add(32 * i0), f, &perm, acc[r]);
                 // the offset 4 of the stored values: Σ_g f_g·4·Σ_g x
                 acco[r] = _mm512_fmadd_ps(f, group_sums(a, i0), acco[r]);
             }
@@ -338,13 +291,13 @@ pub(super) mod avx512 {
         }
     }
 
-    /// AVX-512 VNNI Q2_K kernel ([`super::super::IntRowsFn`] contract).
-    pub unsafe fn rows_q2_k(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, o: &mut [f32; 4]) {
-        by_rows!(q2_n; rows, w, a, row0, o)
-    }
+    rows_fn!(
+        /// AVX-512 VNNI Q2_K kernel ([`super::super::IntRowsFn`] contract).
+        rows_q2_k, q2_n
+    );
 
-    /// AVX-512 VNNI Q3_K kernel ([`super::super::IntRowsFn`] contract).
-    pub unsafe fn rows_q3_k(w: &[u8], a: &Q8Rows, row0: usize, rows: usize, o: &mut [f32; 4]) {
-        by_rows!(q3_n; rows, w, a, row0, o)
-    }
+    rows_fn!(
+        /// AVX-512 VNNI Q3_K kernel ([`super::super::IntRowsFn`] contract).
+        rows_q3_k, q3_n
+    );
 }

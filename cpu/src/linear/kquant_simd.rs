@@ -19,6 +19,24 @@ pub unsafe fn f16v(p: *const u8) -> f32 {
     )))
 }
 
+/// Two i16 scale lanes: `a` for the first 16 values of a 32-value block, `b` for the last 16.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn halves(a: i16, b: i16) -> __m256i {
+    _mm256_set_m128i(_mm_set1_epi16(b), _mm_set1_epi16(a))
+}
+
+/// `Σ w·x` over each 16-value half of a 32-value block times its scale (the i16 lanes of `scv`,
+/// [`halves`]), as f32 lanes (summed: the block's dot): signed weights `sw` against the
+/// activation block at `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn signed_block_dot(sw: __m256i, scv: __m256i, x: *const i8) -> __m256 {
+    let xv = _mm256_loadu_si256(x as *const __m256i);
+    let p = _mm256_maddubs_epi16(_mm256_sign_epi8(sw, sw), _mm256_sign_epi8(xv, sw));
+    _mm256_cvtepi32_ps(_mm256_madd_epi16(p, scv))
+}
+
 /// Sub-blocks `2c` and `2c + 1` (32 values each, `c` in 0..4) of a Q4_K (`Q5 = false`) or Q5_K
 /// super-block: the low / high nibbles of the 32 `qs` bytes at `qs`, with Q5_K's fifth bits
 /// from `qh` (its 32 `qh` bytes; ignored for Q4_K).
@@ -75,13 +93,14 @@ pub unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
     _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
 }
 
-/// Prefetches `bytes` bytes from `p` into L1, one cache line at a time.
+/// Prefetches `bytes` bytes from `p` into L1, one cache line at a time (`p` may point past the
+/// end of its buffer: a prefetch never faults).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn prefetch(p: *const u8, bytes: usize) {
     let mut o = 0;
     while o < bytes {
-        _mm_prefetch(p.add(o) as *const i8, _MM_HINT_T0);
+        _mm_prefetch(p.wrapping_add(o) as *const i8, _MM_HINT_T0);
         o += 64;
     }
 }

@@ -1,5 +1,5 @@
 //! Matrix kernels of the CPU device: `Linear` (`y = x·Wᵀ + b` with F32/F16/BF16/Q8_0/Q4_0/Q4_1
-//! weights, f32 activations), `MatMul` and `MatMulTransB` (f32).
+//! weights and the types with their own modules (Q5_0, K-quants, MXFP4), f32 activations), `MatMul` and `MatMulTransB` (f32).
 //!
 //! One file per job: [`float_dot`] (float weight dots, plus the AVX-512 4×4 f32 GEMM tile),
 //! [`quant_dot`] (exact dots with weight blocks dequantized in registers), [`act_quant`]
@@ -9,8 +9,10 @@
 //! (AVX-512 4×4 integer GEMM tiles), [`int_wide`] (AVX-512 VNNI 8×2 integer GEMM tiles, used
 //! instead of `int_tile` where the CPU has VNNI), [`interleaved`] (block weights 16 rows side by side
 //! and their integer kernels), [`interleaved_float`] and [`interleaved_kquant`] (the same for
-//! F16/BF16 and K-quant weights), [`kquant_dot`], [`kquant_int`] and [`kquant_low_int`] (K-quant
-//! weight dots; SIMD unpacking shared in `kquant_simd`), `gemm` (column tiling, row blocking, f32 tile conversion
+//! F16/BF16 and K-quant weights; Q2_K/Q3_K kernels in `interleaved_kquant_low`), [`kquant_dot`],
+//! [`kquant_int`] and [`kquant_low_int`] (K-quant weight dots; SIMD unpacking shared in
+//! `kquant_simd`), [`q5_dot`] and [`mxfp4_dot`] (Q5_0 and MXFP4 dots), `gemm` (column tiling, row
+//! blocking, f32 tile conversion
 //! and the split over threads), [`matmul`] (the two f32 matmuls). Each kernel exists as a plain
 //! scalar reference and a fast path chosen at run time (AVX2+FMA+F16C or AVX-512 on x86-64,
 //! portable code elsewhere).
@@ -29,17 +31,20 @@ pub mod int_wide;
 pub mod interleaved;
 pub mod interleaved_float;
 pub mod interleaved_kquant;
+mod interleaved_kquant_low;
 pub mod kquant_dot;
 pub mod kquant_int;
 pub mod kquant_low_int;
 #[cfg(target_arch = "x86_64")]
 mod kquant_simd;
 pub mod matmul;
+pub mod mxfp4_dot;
 pub mod q5_dot;
 pub mod quant_dot;
 
 use crate::kquant::{Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K};
 use crate::kquant_low::{Q2_K_BYTES, Q3_K_BYTES};
+use crate::mxfp4::MXFP4_BYTES;
 use crate::quant::{Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES, Q8_0_BYTES, QK};
 use crate::threads::Threads;
 use act_quant::Q8Rows;
@@ -140,11 +145,13 @@ pub enum WeightType {
     Q2K,
     /// GGUF Q3_K super-blocks.
     Q3K,
+    /// MXFP4 blocks (GGUF `MXFP4`; layout in [`crate::mxfp4`]).
+    Mxfp4,
 }
 
 impl WeightType {
     /// Every weight type.
-    pub const ALL: [WeightType; 12] = [
+    pub const ALL: [WeightType; 13] = [
         WeightType::F32,
         WeightType::F16,
         WeightType::BF16,
@@ -157,6 +164,7 @@ impl WeightType {
         WeightType::Q6K,
         WeightType::Q2K,
         WeightType::Q3K,
+        WeightType::Mxfp4,
     ];
 
     /// True for the 32-value block types (Q8_0, Q4_0, Q4_1).
@@ -173,17 +181,17 @@ impl WeightType {
     }
 
     /// True for the weight types whose kernels are separate modules ([`kquant_dot`],
-    /// [`kquant_int`], [`q5_dot`]): the K-quants and Q5_0. They have no tiled or split kernels
-    /// (the K-quants have interleaved ones, [`interleaved_kquant`]).
+    /// [`kquant_int`], [`q5_dot`], [`mxfp4_dot`]): the K-quants, Q5_0 and MXFP4. They have no
+    /// tiled or split kernels (the K-quants have interleaved ones, [`interleaved_kquant`]).
     pub fn has_own_kernels(self) -> bool {
-        self.is_kquant() || self == WeightType::Q5_0
+        self.is_kquant() || matches!(self, WeightType::Q5_0 | WeightType::Mxfp4)
     }
 
     /// Values per storage block: 32 for block types, 256 for K-quants, 1 for floats.
     pub fn block_elems(self) -> usize {
         if self.is_kquant() {
             QK_K
-        } else if self.is_block() || self == WeightType::Q5_0 {
+        } else if self.is_block() || matches!(self, WeightType::Q5_0 | WeightType::Mxfp4) {
             QK
         } else {
             1
@@ -208,6 +216,7 @@ impl WeightType {
             WeightType::Q6K => blocks.checked_mul(Q6_K_BYTES),
             WeightType::Q2K => blocks.checked_mul(Q2_K_BYTES),
             WeightType::Q3K => blocks.checked_mul(Q3_K_BYTES),
+            WeightType::Mxfp4 => blocks.checked_mul(MXFP4_BYTES),
         }
     }
 
@@ -226,6 +235,7 @@ impl WeightType {
             WeightType::Q6K => "q6_k",
             WeightType::Q2K => "q2_k",
             WeightType::Q3K => "q3_k",
+            WeightType::Mxfp4 => "mxfp4",
         }
     }
 }
@@ -338,6 +348,7 @@ pub fn linear_ref(a: &LinearArgs, out: &mut [f32]) -> Result<(), String> {
             WeightType::Q4_0 => quant_dot::rows_q4_0_ref,
             WeightType::Q4_1 => quant_dot::rows_q4_1_ref,
             WeightType::Q5_0
+            | WeightType::Mxfp4
             | WeightType::Q2K
             | WeightType::Q3K
             | WeightType::Q4K
@@ -439,6 +450,7 @@ pub fn linear(threads: &Threads, a: &LinearArgs, out: &mut [f32]) -> Result<(), 
             WeightType::Q4_0 => quant_dot::pick_q4_0(),
             WeightType::Q4_1 => quant_dot::pick_q4_1(),
             WeightType::Q5_0
+            | WeightType::Mxfp4
             | WeightType::Q2K
             | WeightType::Q3K
             | WeightType::Q4K
@@ -451,7 +463,7 @@ pub fn linear(threads: &Threads, a: &LinearArgs, out: &mut [f32]) -> Result<(), 
     }
 }
 
-/// `Linear` with weights of their own kernel modules (K-quants, Q5_0; `a` validated, `rb` its
+/// `Linear` with weights of their own kernel modules (K-quants, Q5_0, MXFP4; `a` validated, `rb` its
 /// row bytes): with `quant_act` the activations are quantized to Q8_0 and the integer kernels run
 /// (one weight row × up to [`MAX_ROWS`] activation rows per call, columns split over `threads`);
 /// otherwise the exact kernels, and from [`GEMM_MIN_ROWS`] rows on the f32 GEMM over dequantized
@@ -463,13 +475,15 @@ fn linear_own(
     out: &mut [f32],
 ) -> Result<(), String> {
     let none = || format!("no kernel for {}", a.wtype.name());
-    let q5 = a.wtype == WeightType::Q5_0;
+    let fast = threads.is_some();
     if a.quant_act {
-        let f = match (threads, q5) {
-            (Some(_), true) => Some(q5_dot::pick_int()),
-            (None, true) => Some(q5_dot::rows_q5_0_int_ref as IntRowsFn),
-            (Some(_), false) => kquant_int::pick(a.wtype),
-            (None, false) => kquant_int::pick_ref(a.wtype),
+        let f = match (a.wtype, fast) {
+            (WeightType::Q5_0, true) => Some(q5_dot::pick_int()),
+            (WeightType::Q5_0, false) => Some(q5_dot::rows_q5_0_int_ref as IntRowsFn),
+            (WeightType::Mxfp4, true) => Some(mxfp4_dot::pick_int()),
+            (WeightType::Mxfp4, false) => Some(mxfp4_dot::rows_mxfp4_int_ref as IntRowsFn),
+            (_, true) => kquant_int::pick(a.wtype),
+            (_, false) => kquant_int::pick_ref(a.wtype),
         }
         .ok_or_else(none)?;
         return ACT_SCRATCH.with(|s| {
@@ -487,19 +501,21 @@ fn linear_own(
             Ok(())
         });
     }
-    let f = match (threads, q5) {
-        (Some(_), true) => Some(q5_dot::pick()),
-        (None, true) => Some(q5_dot::rows_q5_0_ref as FloatRowsFn),
-        (Some(_), false) => kquant_dot::pick(a.wtype),
-        (None, false) => kquant_dot::pick_ref(a.wtype),
+    let f = match (a.wtype, fast) {
+        (WeightType::Q5_0, true) => Some(q5_dot::pick()),
+        (WeightType::Q5_0, false) => Some(q5_dot::rows_q5_0_ref as FloatRowsFn),
+        (WeightType::Mxfp4, true) => Some(mxfp4_dot::pick()),
+        (WeightType::Mxfp4, false) => Some(mxfp4_dot::rows_mxfp4_ref as FloatRowsFn),
+        (_, true) => kquant_dot::pick(a.wtype),
+        (_, false) => kquant_dot::pick_ref(a.wtype),
     }
     .ok_or_else(none)?;
-    let convert = if q5 {
-        Some(q5_dot::row_to_f32())
-    } else {
-        kquant_dot::pick_row_to_f32(a.wtype)
+    let convert = match a.wtype {
+        WeightType::Q5_0 => Some(q5_dot::row_to_f32()),
+        WeightType::Mxfp4 => Some(mxfp4_dot::row_to_f32()),
+        _ => kquant_dot::pick_row_to_f32(a.wtype),
     };
-    let plan = (threads.is_some() && a.rows >= GEMM_MIN_ROWS).then(|| gemm::F32Gemm {
+    let plan = (fast && a.rows >= GEMM_MIN_ROWS).then(|| gemm::F32Gemm {
         convert,
         rows: float_dot::pick_f32(),
         tile: float_dot::pick_tile_f32(),
@@ -526,7 +542,7 @@ pub fn linear_interleaved(
     let kq = interleaved_kquant::is_kquant(a.wtype);
     if !(a.wtype.is_block() || float || kq) || !a.n.is_multiple_of(interleaved::GROUP_ROWS) {
         return Err(format!(
-            "interleaved weights are Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K/F16/BF16 with rows a multiple of {}, got {} x {} {}",
+            "interleaved weights are Q4_0/Q4_1/Q8_0/K-quants/F16/BF16 with rows a multiple of {}, got {} x {} {}",
             interleaved::GROUP_ROWS,
             a.n,
             a.k,
@@ -565,7 +581,7 @@ pub fn linear_interleaved(
         } else {
             act_quant::quantize_rows_ref(a.x, a.rows, a.k, &mut q)?;
         }
-        if a.wtype == WeightType::Q6K {
+        if matches!(a.wtype, WeightType::Q6K | WeightType::Q2K | WeightType::Q3K) {
             q.prepare_sum16();
         }
         gemm::run_interleaved(threads, a, rb, f, &q, out);

@@ -4,7 +4,7 @@
 use super::matmul::{matmul, matmul_ref, matmul_trans_b, matmul_trans_b_ref, MatMulShape};
 use super::*;
 use crate::threads::Threads;
-use crate::{kquant, kquant_low, quant};
+use crate::{kquant, kquant_low, mxfp4, quant};
 use half::{bf16, f16};
 
 fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
@@ -77,6 +77,11 @@ fn encode(t: WeightType, v: &[f32]) -> (Vec<u8>, Vec<f32>) {
             kquant_low::quantize_q3_k(v, &mut b);
             b
         }
+        WeightType::Mxfp4 => {
+            let mut b = vec![0u8; v.len() / 32 * mxfp4::MXFP4_BYTES];
+            mxfp4::quantize_mxfp4(v, &mut b);
+            b
+        }
     };
     match t {
         WeightType::F32 => deq.copy_from_slice(v),
@@ -97,6 +102,7 @@ fn encode(t: WeightType, v: &[f32]) -> (Vec<u8>, Vec<f32>) {
         WeightType::Q6K => kquant::dequantize_q6_k(&bytes, &mut deq),
         WeightType::Q2K => kquant_low::dequantize_q2_k(&bytes, &mut deq),
         WeightType::Q3K => kquant_low::dequantize_q3_k(&bytes, &mut deq),
+        WeightType::Mxfp4 => mxfp4::dequantize_mxfp4(&bytes, &mut deq),
     }
     (bytes, deq)
 }
@@ -226,6 +232,22 @@ fn own_kernel_types_simd_match_reference() {
             q5_dot::rows_q5_0_int_ref,
             q5_dot::avx2::rows_q5_0_int,
         ));
+        let t = WeightType::Mxfp4;
+        let (fr, ir) = (mxfp4_dot::rows_mxfp4_ref, mxfp4_dot::rows_mxfp4_int_ref);
+        float.push((t, "avx2", fr, mxfp4_dot::avx2::rows_mxfp4));
+        int.push((t, "avx2", ir, mxfp4_dot::avx2::rows_mxfp4_int));
+        if int_tile::has_vnni() {
+            int.push((t, "avx512-vnni", ir, mxfp4_dot::avx512::rows_mxfp4_int));
+        }
+    }
+    // the MXFP4 row converter decodes exactly like the scalar dequantization
+    {
+        let k = 1056;
+        let (w, wd) = encode(WeightType::Mxfp4, &rand_vec(k, 16));
+        let mut o = vec![0f32; k];
+        // SAFETY: a whole row of k values.
+        unsafe { mxfp4_dot::row_to_f32()(&w, k, &mut o) };
+        assert_eq!(o, wd, "mxfp4 row converter");
     }
     // the GEMM path's row converters decode exactly like the scalar dequantization
     for t in KQUANTS {

@@ -48,6 +48,7 @@ fn weight(t: WeightType, n: usize, k: usize, seed: u64) -> Vec<u8> {
         WeightType::Q6K => crate::kquant::quantize_q6_k(&v, &mut b),
         WeightType::Q2K => crate::kquant_low::quantize_q2_k(&v, &mut b),
         WeightType::Q3K => crate::kquant_low::quantize_q3_k(&v, &mut b),
+        WeightType::Mxfp4 => crate::mxfp4::quantize_mxfp4(&v, &mut b),
     }
     b
 }

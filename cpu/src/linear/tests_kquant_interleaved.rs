@@ -1,4 +1,4 @@
-//! Tests of the interleaved K-quant layout and kernels (Q4_K, Q5_K, Q6_K): the layout
+//! Tests of the interleaved K-quant layout and kernels (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K): the layout
 //! round-trips and refuses shapes it cannot hold; the SIMD kernels give the scalar reference's
 //! bits on awkward sizes (1, 3 and 5 super-blocks, several groups, every activation row count up to
 //! `MAX_ROWS` and a remainder), and the reference matches the plain integer K-quant path within
@@ -11,7 +11,13 @@ use super::*;
 use crate::threads::Threads;
 use half::f16;
 
-const TYPES: [WeightType; 3] = [WeightType::Q4K, WeightType::Q5K, WeightType::Q6K];
+const TYPES: [WeightType; 5] = [
+    WeightType::Q2K,
+    WeightType::Q3K,
+    WeightType::Q4K,
+    WeightType::Q5K,
+    WeightType::Q6K,
+];
 
 struct Rng(u64);
 
@@ -35,10 +41,11 @@ fn rand_weight(t: WeightType, n: usize, k: usize, seed: u64) -> Vec<u8> {
     let rb = t.row_bytes(k).unwrap();
     let mut w: Vec<u8> = (0..n * rb).map(|_| rng.next() as u8).collect();
     let bs = rb / (k / 256);
-    let scales: &[usize] = if t == WeightType::Q6K {
-        &[208]
-    } else {
-        &[0, 2]
+    let scales: &[usize] = match t {
+        WeightType::Q6K => &[208],
+        WeightType::Q3K => &[108],
+        WeightType::Q2K => &[80, 82],
+        _ => &[0, 2],
     };
     for blk in w.chunks_exact_mut(bs) {
         for &at in scales {

@@ -4,7 +4,7 @@
 //! dequantized Q8_0 activations.
 
 use super::act_quant::{quantize_rows_ref, Q8Rows};
-use super::{kquant_low_int, IntRowsFn, WeightType, MAX_ROWS};
+use super::{kquant_int, kquant_low_int, IntRowsFn, WeightType, MAX_ROWS};
 use crate::kquant_low::{dequantize_q2_k, dequantize_q3_k, Q2_K_BYTES, Q3_K_BYTES};
 use crate::testutil::vals;
 use half::f16;
@@ -73,7 +73,7 @@ fn kernels(t: WeightType) -> Vec<(&'static str, IntRowsFn)> {
 #[test]
 fn low_kquant_int_kernels_match_reference_and_f64() {
     for t in [WeightType::Q2K, WeightType::Q3K] {
-        let rf = kquant_low_int::pick_ref(t).unwrap();
+        let rf = kquant_int::pick_ref(t).unwrap();
         for (sbs, seed) in [(1usize, 1u64), (3, 2), (7, 3)] {
             let k = 256 * sbs;
             let w = blocks(t, sbs, seed);

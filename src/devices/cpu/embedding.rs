@@ -31,6 +31,7 @@ fn format_of(t: DataType) -> Option<WeightFormat> {
         DataType::Q6K => WeightFormat::Q6K,
         DataType::Q2K => WeightFormat::Q2K,
         DataType::Q3K => WeightFormat::Q3K,
+        DataType::Mxfp4 => return None,
         DataType::Q8_0Interleaved
         | DataType::Q4_0Interleaved
         | DataType::Q4_1Interleaved
@@ -38,7 +39,9 @@ fn format_of(t: DataType) -> Option<WeightFormat> {
         | DataType::BF16Interleaved
         | DataType::Q4KInterleaved
         | DataType::Q5KInterleaved
-        | DataType::Q6KInterleaved => return format_of(t.plain()),
+        | DataType::Q6KInterleaved
+        | DataType::Q2KInterleaved
+        | DataType::Q3KInterleaved => return format_of(t.plain()),
         DataType::I32 => return None,
     })
 }

@@ -50,6 +50,7 @@ pub(super) fn weight_type(t: DataType) -> Option<WeightType> {
         DataType::Q6K => WeightType::Q6K,
         DataType::Q2K => WeightType::Q2K,
         DataType::Q3K => WeightType::Q3K,
+        DataType::Mxfp4 => WeightType::Mxfp4,
         DataType::Q8_0Interleaved
         | DataType::Q4_0Interleaved
         | DataType::Q4_1Interleaved
@@ -57,7 +58,9 @@ pub(super) fn weight_type(t: DataType) -> Option<WeightType> {
         | DataType::BF16Interleaved
         | DataType::Q4KInterleaved
         | DataType::Q5KInterleaved
-        | DataType::Q6KInterleaved => return t.kernel_type(),
+        | DataType::Q6KInterleaved
+        | DataType::Q2KInterleaved
+        | DataType::Q3KInterleaved => return t.kernel_type(),
         DataType::I32 => return None,
     })
 }

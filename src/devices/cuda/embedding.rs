@@ -17,9 +17,10 @@ pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>) {
     ops.insert("Embedding", Box::new(Embedding(gpu.clone())));
 }
 
-/// Kernel name suffix of a weight dtype (`f32`, `q4_1`, ...); `None` for I32.
+/// Kernel name suffix of a weight dtype (`f32`, `q4_1`, ...); `None` for I32 and MXFP4.
 pub fn weight_suffix(dt: DataType) -> Option<&'static str> {
-    (dt != DataType::I32).then(|| dt.name())
+    // (MXFP4 has no kernels: such weights are widened to BF16 at upload)
+    (!matches!(dt, DataType::I32 | DataType::Mxfp4)).then(|| dt.name())
 }
 
 fn host_ids(ids: &Data) -> Result<Vec<i32>> {

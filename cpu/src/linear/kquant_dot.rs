@@ -13,7 +13,7 @@ use crate::kquant::{
 use crate::kquant_low::{dequantize_q2_k, dequantize_q3_k, Q2_K_BYTES, Q3_K_BYTES};
 
 /// A super-block dequantizer and its block size.
-type Deq = (fn(&[u8], &mut [f32]), usize);
+type Deq = super::block_ref::BlockDeq;
 
 fn deq_of(t: WeightType) -> Deq {
     match t {
@@ -27,27 +27,8 @@ fn deq_of(t: WeightType) -> Deq {
 
 /// Dequantizes every super-block of the row and dots it with each activation row in order.
 #[inline]
-fn rows_ref(
-    (deq, bytes): Deq,
-    w: &[u8],
-    x: &[f32],
-    k: usize,
-    rows: usize,
-    out: &mut [f32; MAX_ROWS],
-) {
-    let rows = rows.min(MAX_ROWS);
-    let mut acc = [0f32; MAX_ROWS];
-    let mut wf = [0f32; QK_K];
-    for (b, blk) in w.chunks_exact(bytes).take(k / QK_K).enumerate() {
-        deq(blk, &mut wf);
-        for (r, a) in acc.iter_mut().enumerate().take(rows) {
-            let xb = &x[r * k + b * QK_K..r * k + (b + 1) * QK_K];
-            for (wv, xv) in wf.iter().zip(xb) {
-                *a += wv * xv;
-            }
-        }
-    }
-    out[..rows].copy_from_slice(&acc[..rows]);
+fn rows_ref(deq: Deq, w: &[u8], x: &[f32], k: usize, rows: usize, out: &mut [f32; MAX_ROWS]) {
+    super::block_ref::block_rows_ref::<QK_K>(deq, w, x, k, rows, out)
 }
 
 /// Reference Q4_K × f32 kernel.

@@ -14,19 +14,7 @@ use half::f16;
 
 /// Reference Q5_0 × f32 kernel.
 pub fn rows_q5_0_ref(w: &[u8], x: &[f32], k: usize, rows: usize, out: &mut [f32; MAX_ROWS]) {
-    let rows = rows.min(MAX_ROWS);
-    let mut acc = [0f32; MAX_ROWS];
-    let mut wf = [0f32; QK];
-    for (b, blk) in w.chunks_exact(Q5_0_BYTES).take(k / QK).enumerate() {
-        dequantize_q5_0(blk, &mut wf);
-        for (r, a) in acc.iter_mut().enumerate().take(rows) {
-            let xb = &x[r * k + b * QK..r * k + (b + 1) * QK];
-            for (wv, xv) in wf.iter().zip(xb) {
-                *a += wv * xv;
-            }
-        }
-    }
-    out[..rows].copy_from_slice(&acc[..rows]);
+    super::block_ref::block_rows_ref::<QK>((dequantize_q5_0, Q5_0_BYTES), w, x, k, rows, out)
 }
 
 /// Reference Q5_0 × Q8_0 kernel.

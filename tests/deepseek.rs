@@ -1,10 +1,10 @@
 //! DeepSeek-V3 beyond the fixture logits (`tests/models.rs` has those): GGUF files with
 //! llama.cpp's `deepseek2` names and keys give the same logits as the HF original, both with the
 //! combined `attn_kv_b` and with the per-head `attn_k_b` / `attn_v_b` split (and the `_mla` key
-//! lengths of files that cache the latent); missing latent-attention metadata is refused by
-//! name; the latent attention stage (absorbed queries over the cached latent) equals the HF
-//! definition (full per-head keys and values) in float64 on shapes unlike the fixture's, as a
-//! prefill and then one token per step; the model's KV cache holds the latent (one row of
+//! lengths of files that cache the latent); missing latent-attention metadata and expert counts
+//! are refused by name; the latent attention stage (absorbed queries over the cached latent)
+//! equals the HF definition (full per-head keys and values) in float64 on shapes unlike the
+//! fixture's, as a prefill and then one token per step; the model's KV cache holds the latent (one row of
 //! `kv_lora_rank + rope` values per token and layer), not per-head keys and values.
 
 mod common;
@@ -261,7 +261,7 @@ fn deepseek2_gguf_equals_hf() {
 }
 
 #[test]
-fn deepseek2_gguf_without_latent_sizes_is_refused_by_name() {
+fn deepseek2_gguf_without_latent_sizes_or_expert_counts_is_refused_by_name() {
     let c = config();
     let src = safetensors_f32(&fixture().join("model.safetensors"));
     let tensors = gguf_tensors(&src, &c, false);
@@ -269,6 +269,8 @@ fn deepseek2_gguf_without_latent_sizes_is_refused_by_name() {
         "deepseek2.attention.kv_lora_rank",
         "deepseek2.rope.dimension_count",
         "deepseek2.attention.value_length",
+        "deepseek2.expert_count",
+        "deepseek2.expert_used_count",
     ] {
         let kv: Vec<(String, Kv)> = gguf_kv(&c, false)
             .into_iter()

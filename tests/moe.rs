@@ -4,7 +4,7 @@
 //! with llama.cpp's MoE names (stacked `ffn_*_exps` experts, `ffn_gate_inp`, `expert_*` keys)
 //! give the same logits as the HF original; missing expert metadata is refused by name; the
 //! experts stay as the file holds them (views of its mapping); low-memory mode reads only the
-//! routed experts.
+//! routed experts, each once per step however many of the step's tokens chose it.
 
 mod common;
 
@@ -617,6 +617,29 @@ fn low_memory_reads_only_routed_experts() {
         assert_eq!(
             reads, 6,
             "layer {l}: each routed expert's 3 projections once"
+        );
+    }
+    // a step of many tokens: each expert some token chose is read once for all its tokens
+    src.read.lock().unwrap().clear();
+    let ids: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % 500).collect();
+    let mut cache = model.new_cache(ids.len()).unwrap();
+    model.forward(&mut cache, &ids, false).unwrap();
+    let read = src.read.lock().unwrap().clone();
+    for l in 0..2 {
+        let names: Vec<&String> = read
+            .iter()
+            .filter(|n| n.starts_with(&format!("model.layers.{l}.mlp.experts.")))
+            .collect();
+        let distinct: std::collections::BTreeSet<&String> = names.iter().copied().collect();
+        assert_eq!(
+            names.len(),
+            distinct.len(),
+            "layer {l}: an expert tensor read twice in one step"
+        );
+        // 24 tokens × 2 choices over 8 experts: more than 2 experts run
+        assert!(
+            distinct.len() > 6 && distinct.len() % 3 == 0,
+            "layer {l}: read {distinct:?}"
         );
     }
 }

@@ -638,7 +638,7 @@ fn low_memory_reads_only_routed_experts() {
         );
         // 24 tokens × 2 choices over 8 experts: more than 2 experts run
         assert!(
-            distinct.len() > 6 && distinct.len() % 3 == 0,
+            distinct.len() > 6 && distinct.len().is_multiple_of(3),
             "layer {l}: read {distinct:?}"
         );
     }

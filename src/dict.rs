@@ -121,6 +121,27 @@ impl<'a> DataDict<'a> {
         Ok((got, o))
     }
 
+    /// Every argument but `out` as (name, tensor), and `out` mutably (an `Err` naming `op` when
+    /// `out` is missing or passed read-only): for ops whose inputs are not a fixed list.
+    pub fn io_rest(&mut self, op: &str, out: &str) -> Result<(Vec<(&str, &Data)>, &mut Data)> {
+        let mut ins = Vec::with_capacity(self.items.len());
+        let mut o: Option<&mut Data> = None;
+        for (name, slot) in self.items.iter_mut() {
+            if *name != out {
+                ins.push((*name, slot.get()));
+                continue;
+            }
+            match slot {
+                Slot::Mut(d) => o = Some(&mut **d),
+                Slot::Ref(_) => {
+                    return Err(Error::op(op, format!("'{out}' must be passed mutably")))
+                }
+            }
+        }
+        let o = o.ok_or_else(|| Error::op(op, format!("missing output '{out}'")))?;
+        Ok((ins, o))
+    }
+
     /// Iterates over (name, tensor).
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Data)> {
         self.items.iter().map(|(n, s)| (*n, s.get()))

@@ -619,6 +619,48 @@ pub fn moe_linear(
     )
 }
 
+/// One routed expert of [`moe_linear_each`]: its index, weight [n, k] and bias [n].
+pub type ExpertMatrix<'a> = (usize, &'a Data, Option<&'a Data>);
+
+/// [`moe_linear`] in its per-expert form (on the devices that run it: the CPU): `experts` lists
+/// (expert, weight [n, k], bias [n]) for every expert with dispatch entries (the others are not
+/// passed, so they are not read), `count` experts in all; the matrices stay where they are (a
+/// mapped file's layout is read in place).
+pub fn moe_linear_each(
+    e: &Executor,
+    x: &Data,
+    (experts, count): (&[ExpertMatrix], usize),
+    rows: MoeLinearRows,
+    quant_act: bool,
+    out: &mut Data,
+) -> Result<()> {
+    let names: Vec<(String, String)> = experts
+        .iter()
+        .map(|(i, _, _)| (format!("weight.{i}"), format!("bias.{i}")))
+        .collect();
+    let mut d = DataDict::new()
+        .with("input", x)
+        .with("dispatch", rows.dispatch);
+    for ((_, w, b), (wn, bn)) in experts.iter().zip(&names) {
+        d.insert(wn, w);
+        if let Some(b) = b {
+            d.insert(bn, b);
+        }
+    }
+    d.insert_mut("output", out);
+    e.run(
+        "MoeLinear",
+        &mut d,
+        &FloatDict::new(),
+        &IntDict::new()
+            .with("k", rows.k as i32)
+            .with("gather", rows.gather as i32)
+            .with("quant_act", quant_act as i32)
+            .with("experts", count as i32)
+            .with("checked", 1),
+    )
+}
+
 /// `out[t] = Σ_j weight(t, j) · x[row of slot (t, j)]`: `x` [rows·k, d] holds the experts'
 /// outputs in the order of `dispatch` (made by [`moe_dispatch`] from `route`; passed as
 /// `checked`).

@@ -14,7 +14,7 @@
 //! stay as loaded (mapped from the file; in low-memory mode only the routed ones are read).
 
 use super::weights::Weights;
-use crate::data::{Data, DataType};
+use crate::data::{Data, DataType, DeviceKind};
 use crate::device::BaseDevice;
 use crate::error::{Error, Result};
 use crate::executor::Executor;
@@ -249,6 +249,13 @@ pub fn moe_ffn(
         stacked_name(layer, names, names.proj.0)
     )) {
         grouped_experts(st, cfg, names, layer, x, disp, t, y)?;
+    } else if st
+        .exec
+        .devices()
+        .first()
+        .is_some_and(|d| d.kind() == DeviceKind::Cpu)
+    {
+        host_experts(st, cfg, names, layer, x, disp, t, y)?;
     } else {
         each_expert(st, cfg, names, layer, x, disp, t, y)?;
     }
@@ -285,6 +292,60 @@ fn grouped_experts(
     st.grouped(x, &stacked_name(layer, names, up), rows(true), u)?;
     st.activate(g, u, cfg.swiglu_clamp, a)?;
     st.grouped(a, &stacked_name(layer, names, dp), rows(false), out)
+}
+
+/// The routed experts on the CPU: the dispatch offsets decide which experts' tensors are
+/// fetched (in low-memory mode only those are read), then the gate, up and down products of all
+/// of them run as three per-expert `MoeLinear`s over the tensors as loaded (mapped from the
+/// file): `out` [slots, hidden] in dispatch order.
+#[allow(clippy::too_many_arguments)]
+fn host_experts(
+    st: &MoeStep,
+    cfg: &MoeConfig,
+    names: &MoeNames,
+    layer: &str,
+    x: &Data,
+    disp: &Data,
+    t: &mut [Data; 3],
+    out: &mut Data,
+) -> Result<()> {
+    let host = disp.to_owned_host()?;
+    let offsets = host.as_i32()?.get(..=cfg.experts).ok_or_else(|| {
+        Error::invalid(format!(
+            "dispatch holds no offsets for {} experts",
+            cfg.experts
+        ))
+    })?;
+    let routed: Vec<usize> = (0..cfg.experts)
+        .filter(|&e| offsets[e] != offsets[e + 1])
+        .collect();
+    let rows = |gather| MoeLinearRows {
+        dispatch: disp,
+        k: cfg.experts_per_token,
+        gather,
+    };
+    let [g, u, a] = t;
+    let (gp, up, dp) = names.proj;
+    let prefix = format!("{layer}{}", names.experts);
+    let each = |x: &Data, proj: &str, gather: bool, out: &mut Data| -> Result<()> {
+        let ws = (routed.iter())
+            .map(|&e| {
+                let w = st.weights.get(&format!("{prefix}.{e}.{proj}.weight"))?;
+                let b = st.weights.opt(&format!("{prefix}.{e}.{proj}.bias"))?;
+                Ok((e, w, b))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let refs: Vec<_> = ws
+            .iter()
+            .map(|(e, w, b)| (*e, &**w, b.as_deref()))
+            .collect();
+        let experts = (&refs[..], cfg.experts);
+        ops::moe_linear_each(st.exec, x, experts, rows(gather), st.quant_act, out)
+    };
+    each(x, gp, true, g)?;
+    each(x, up, true, u)?;
+    st.activate(g, u, cfg.swiglu_clamp, a)?;
+    each(a, dp, false, out)
 }
 
 /// The routed experts one by one (the dispatch comes to the host to decide which run):

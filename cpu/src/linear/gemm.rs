@@ -64,6 +64,27 @@ const TILE_BYTES: usize = 32 << 10;
 /// stays cached while every block of activation rows passes over it).
 const F32_TILE_BYTES: usize = 512 << 10;
 
+/// One call of a batch run by [`run_many`]: validated arguments, weight row bytes, kernel and
+/// output.
+pub(super) struct Part<'a> {
+    /// The call's arguments (sizes validated).
+    pub a: LinearArgs<'a>,
+    /// Weight row bytes.
+    pub rb: usize,
+    /// The call's kernel.
+    pub kern: Kernel<'a>,
+    /// Its output, `a.rows * a.n` values.
+    pub out: &'a mut [f32],
+}
+
+/// Columns per tile of a call with kernel `kern`.
+fn tile_cols(a: &LinearArgs, rb: usize, kern: Kernel) -> usize {
+    match kern {
+        Kernel::Float(_, Some(_)) => (F32_TILE_BYTES / (4 * a.k.max(1))).clamp(4, 256),
+        _ => (TILE_BYTES / rb.max(1)).clamp(1, 64),
+    }
+}
+
 /// Runs the kernel over all of `a` (sizes validated; `rb` = weight row bytes) into `out`.
 pub(super) fn run(
     threads: Option<&Threads>,
@@ -77,54 +98,95 @@ pub(super) fn run(
         return;
     }
     let op = OutPtr(out.as_mut_ptr());
-    let plan = match kern {
-        Kernel::Float(_, p) => p,
-        Kernel::Int(..) | Kernel::IntWide(..) => None,
-    };
-    let tile = match plan {
-        Some(_) => (F32_TILE_BYTES / (4 * k.max(1))).clamp(4, 256),
-        None => (TILE_BYTES / rb.max(1)).clamp(1, 64),
-    };
-    let body = |cols: std::ops::Range<usize>| {
-        let op = op.get();
-        let mut j0 = cols.start;
-        while j0 < cols.end {
-            let j1 = (j0 + tile).min(cols.end);
-            match plan {
-                Some(
-                    p @ F32Gemm {
-                        convert: Some(cvt), ..
-                    },
-                ) => TILE.with(|t| {
-                    let mut fresh = Vec::new();
-                    let mut held = t.try_borrow_mut();
-                    let buf: &mut Vec<f32> = match held.as_mut() {
-                        Ok(b) => b,
-                        Err(_) => &mut fresh,
-                    };
-                    buf.resize((j1 - j0) * k, 0.0);
-                    for (j, dst) in (j0..j1).zip(buf.chunks_exact_mut(k.max(1))) {
-                        // SAFETY: sizes validated by the caller; converter picked for this CPU.
-                        unsafe { cvt(&a.w[j * rb..(j + 1) * rb], k, dst) };
-                    }
-                    f32_tile(a, j0..j1, (as_bytes(buf), 4 * k), p, op);
-                }),
-                Some(p) => f32_tile(a, j0..j1, (&a.w[j0 * rb..j1 * rb], rb), p, op),
-                None if matches!(kern, Kernel::Int(_, _, Some(_))) => {
-                    int_tile(a, j0..j1, rb, kern, op)
-                }
-                None if matches!(kern, Kernel::IntWide(..)) => int_wide(a, j0..j1, rb, kern, op),
-                None => tile_rows(a, j0..j1, |j| &a.w[j * rb..(j + 1) * rb], kern, op),
-            }
-            j0 = j1;
-        }
-    };
+    let body = |cols| run_cols(a, rb, kern, op, cols);
     match threads {
         Some(t) => {
             let min_cols = MIN_TASK_WORK.div_ceil(k.max(1) * rows).max(1);
             t.for_rows(n, min_cols, body);
         }
         None => body(0..n),
+    }
+}
+
+/// Runs several calls as one job: every call's columns are cut into chunks in proportion to
+/// its share of the work (about four chunks per thread in all, each of at least
+/// `MIN_TASK_WORK` multiply-adds where the call has that much) and the chunks of all calls are
+/// handed out together, so small products (a step's routed experts) share one pass over the
+/// pool. Each column is computed exactly as [`run`] computes it.
+pub(super) fn run_many(threads: Option<&Threads>, parts: &mut [Part]) {
+    let work = |p: &Part| p.a.rows * p.a.n * p.a.k.max(1);
+    let total: usize = parts.iter().map(work).sum();
+    if total == 0 {
+        return;
+    }
+    let nt = threads.map_or(1, |t| t.n());
+    let budget = (total / MIN_TASK_WORK).clamp(1, 4 * nt);
+    let mut chunks: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
+    for (i, p) in parts.iter().enumerate() {
+        if work(p) == 0 {
+            continue;
+        }
+        let c = (budget * work(p)).div_ceil(total).clamp(1, p.a.n);
+        let len = p.a.n.div_ceil(c);
+        chunks.extend(
+            (0..p.a.n)
+                .step_by(len)
+                .map(|j| (i, j..(j + len).min(p.a.n))),
+        );
+    }
+    let ptrs: Vec<OutPtr> = parts
+        .iter_mut()
+        .map(|p| OutPtr(p.out.as_mut_ptr()))
+        .collect();
+    let parts = &*parts;
+    let body = |c: usize| {
+        let (i, cols) = chunks[c].clone();
+        let p = &parts[i];
+        run_cols(&p.a, p.rb, p.kern, ptrs[i], cols);
+    };
+    match threads {
+        Some(t) => t.run_tasks(chunks.len(), body),
+        None => (0..chunks.len()).for_each(body),
+    }
+}
+
+/// The weight columns `cols` of one call (sizes validated) into its output `op`, tile by tile.
+fn run_cols(a: &LinearArgs, rb: usize, kern: Kernel, op: OutPtr, cols: std::ops::Range<usize>) {
+    let plan = match kern {
+        Kernel::Float(_, p) => p,
+        Kernel::Int(..) | Kernel::IntWide(..) => None,
+    };
+    let tile = tile_cols(a, rb, kern);
+    let k = a.k;
+    let op = op.get();
+    let mut j0 = cols.start;
+    while j0 < cols.end {
+        let j1 = (j0 + tile).min(cols.end);
+        match plan {
+            Some(
+                p @ F32Gemm {
+                    convert: Some(cvt), ..
+                },
+            ) => TILE.with(|t| {
+                let mut fresh = Vec::new();
+                let mut held = t.try_borrow_mut();
+                let buf: &mut Vec<f32> = match held.as_mut() {
+                    Ok(b) => b,
+                    Err(_) => &mut fresh,
+                };
+                buf.resize((j1 - j0) * k, 0.0);
+                for (j, dst) in (j0..j1).zip(buf.chunks_exact_mut(k.max(1))) {
+                    // SAFETY: sizes validated by the caller; converter picked for this CPU.
+                    unsafe { cvt(&a.w[j * rb..(j + 1) * rb], k, dst) };
+                }
+                f32_tile(a, j0..j1, (as_bytes(buf), 4 * k), p, op);
+            }),
+            Some(p) => f32_tile(a, j0..j1, (&a.w[j0 * rb..j1 * rb], rb), p, op),
+            None if matches!(kern, Kernel::Int(_, _, Some(_))) => int_tile(a, j0..j1, rb, kern, op),
+            None if matches!(kern, Kernel::IntWide(..)) => int_wide(a, j0..j1, rb, kern, op),
+            None => tile_rows(a, j0..j1, |j| &a.w[j * rb..(j + 1) * rb], kern, op),
+        }
+        j0 = j1;
     }
 }
 

@@ -13,7 +13,7 @@
 //! [`kquant_int`] and [`kquant_low_int`] (K-quant weight dots; SIMD unpacking shared in
 //! `kquant_simd`), [`q5_dot`] and [`mxfp4_dot`] (Q5_0 and MXFP4 dots), `gemm` (column tiling, row
 //! blocking, f32 tile conversion
-//! and the split over threads), [`matmul`] (the two f32 matmuls). Each kernel exists as a plain
+//! and the split over threads), [`many`] (several calls as one pool job), [`matmul`] (the two f32 matmuls). Each kernel exists as a plain
 //! scalar reference and a fast path chosen at run time (AVX2+FMA+F16C or AVX-512 on x86-64,
 //! portable code elsewhere).
 //!
@@ -38,6 +38,7 @@ pub mod kquant_int;
 pub mod kquant_low_int;
 #[cfg(target_arch = "x86_64")]
 mod kquant_simd;
+pub mod many;
 pub mod matmul;
 pub mod mxfp4_dot;
 pub mod q5_dot;
@@ -49,6 +50,7 @@ use crate::mxfp4::MXFP4_BYTES;
 use crate::quant::{Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES, Q8_0_BYTES, QK};
 use crate::threads::Threads;
 use act_quant::Q8Rows;
+pub use many::{linear_many, LinearCall};
 use std::cell::RefCell;
 
 /// Activation rows handled together by one kernel call (each weight row is loaded once for them).
@@ -328,37 +330,89 @@ thread_local! {
 /// integer block math as the fast path).
 pub fn linear_ref(a: &LinearArgs, out: &mut [f32]) -> Result<(), String> {
     let rb = a.validate(out)?;
+    let mut q = Q8Rows::default();
+    let kern = plan(false, a, &mut q)?;
+    gemm::run(None, a, rb, kern, out);
+    Ok(())
+}
+
+/// The kernel of one validated call: quantizes the activations into `q` where the integer path
+/// applies, then picks the SIMD kernels (`fast`) or the scalar references.
+fn plan<'q>(fast: bool, a: &LinearArgs, q: &'q mut Q8Rows) -> Result<gemm::Kernel<'q>, String> {
     if a.wtype.has_own_kernels() {
-        return linear_own(None, a, rb, out);
+        return plan_own(fast, a, q);
     }
     if a.uses_int() {
-        let mut q = Q8Rows::default();
-        act_quant::quantize_rows_ref(a.x, a.rows, a.k, &mut q)?;
-        let f: IntRowsFn = match a.wtype {
-            WeightType::Q8_0 => int_dot::rows_q8_0_ref,
-            WeightType::Q4_0 => int_dot::rows_q4_0_ref,
-            _ => int_dot::rows_q4_1_ref,
+        return if fast {
+            plan_int(a, q)
+        } else {
+            act_quant::quantize_rows_ref(a.x, a.rows, a.k, q)?;
+            let f: IntRowsFn = match a.wtype {
+                WeightType::Q8_0 => int_dot::rows_q8_0_ref,
+                WeightType::Q4_0 => int_dot::rows_q4_0_ref,
+                _ => int_dot::rows_q4_1_ref,
+            };
+            Ok(gemm::Kernel::Int(f, q, None))
         };
-        gemm::run(None, a, rb, gemm::Kernel::Int(f, &q, None), out);
-    } else {
-        let f: FloatRowsFn = match a.wtype {
-            WeightType::F32 => float_dot::rows_f32_ref,
-            WeightType::F16 => float_dot::rows_f16_ref,
-            WeightType::BF16 => float_dot::rows_bf16_ref,
-            WeightType::Q8_0 => quant_dot::rows_q8_0_ref,
-            WeightType::Q4_0 => quant_dot::rows_q4_0_ref,
-            WeightType::Q4_1 => quant_dot::rows_q4_1_ref,
-            WeightType::Q5_0
-            | WeightType::Mxfp4
-            | WeightType::Q2K
-            | WeightType::Q3K
-            | WeightType::Q4K
-            | WeightType::Q5K
-            | WeightType::Q6K => return linear_own(None, a, rb, out),
-        };
-        gemm::run(None, a, rb, gemm::Kernel::Float(f, None), out);
     }
-    Ok(())
+    let f: FloatRowsFn = match (a.wtype, fast) {
+        (WeightType::F32, true) => float_dot::pick_f32(),
+        (WeightType::F16, true) => float_dot::pick_f16(),
+        (WeightType::BF16, true) => float_dot::pick_bf16(),
+        (WeightType::Q8_0, true) => quant_dot::pick_q8_0(),
+        (WeightType::Q4_0, true) => quant_dot::pick_q4_0(),
+        (WeightType::Q4_1, true) => quant_dot::pick_q4_1(),
+        (WeightType::F32, false) => float_dot::rows_f32_ref,
+        (WeightType::F16, false) => float_dot::rows_f16_ref,
+        (WeightType::BF16, false) => float_dot::rows_bf16_ref,
+        (WeightType::Q8_0, false) => quant_dot::rows_q8_0_ref,
+        (WeightType::Q4_0, false) => quant_dot::rows_q4_0_ref,
+        (WeightType::Q4_1, false) => quant_dot::rows_q4_1_ref,
+        _ => return plan_own(fast, a, q),
+    };
+    let gemm_plan = if fast { f32_gemm_plan(a, f) } else { None };
+    Ok(gemm::Kernel::Float(f, gemm_plan))
+}
+
+/// The fast integer kernel of a block weight with `quant_act` (activations quantized into `q`):
+/// one row, the streaming GEMV (one sequential weight stream per thread, what weights read from
+/// DRAM want) where the CPU has it, else the 4-row AVX-512 GEMV; more rows, the wide or tiled
+/// kernels.
+fn plan_int<'q>(a: &LinearArgs, q: &'q mut Q8Rows) -> Result<gemm::Kernel<'q>, String> {
+    let mut f: IntRowsFn = match a.wtype {
+        WeightType::Q8_0 => int_dot::pick_q8_0(),
+        WeightType::Q4_0 => int_dot::pick_q4_0(),
+        _ => int_dot::pick_q4_1(),
+    };
+    act_quant::quantize_rows(a.x, a.rows, a.k, q)?;
+    let gemv = a.rows < INT_TILE_MIN_ROWS;
+    let split_gemv = gemv.then(|| int_split::pick_gemv(a.wtype)).flatten();
+    let split_wide = (!gemv).then(|| int_split::pick_wide(a.wtype)).flatten();
+    if split_gemv.is_some() || split_wide.is_some() {
+        q.prepare_split();
+    }
+    if let Some(g) = split_gemv {
+        f = g;
+    }
+    let q = &*q;
+    let wide = if gemv {
+        None
+    } else {
+        split_wide.or_else(|| int_wide::pick(a.wtype))
+    };
+    Ok(match wide {
+        Some(w) => gemm::Kernel::IntWide(f, q, w),
+        None => {
+            let tile = if !gemv {
+                int_tile::pick(a.wtype)
+            } else if split_gemv.is_none() {
+                int_gemv::pick(a.wtype)
+            } else {
+                None
+            };
+            gemm::Kernel::Int(f, q, tile)
+        }
+    })
 }
 
 /// The f32 GEMM plan of a float or block weight (`f`: its row kernel): from [`GEMM_MIN_ROWS`]
@@ -395,88 +449,23 @@ fn f32_gemm_plan(a: &LinearArgs, f: FloatRowsFn) -> Option<gemm::F32Gemm> {
 /// blocks of [`MAX_ROWS`] so every weight block is loaded once per block of rows.
 pub fn linear(threads: &Threads, a: &LinearArgs, out: &mut [f32]) -> Result<(), String> {
     let rb = a.validate(out)?;
-    if a.wtype.has_own_kernels() {
-        return linear_own(Some(threads), a, rb, out);
-    }
-    if a.uses_int() {
-        let mut f: IntRowsFn = match a.wtype {
-            WeightType::Q8_0 => int_dot::pick_q8_0(),
-            WeightType::Q4_0 => int_dot::pick_q4_0(),
-            _ => int_dot::pick_q4_1(),
-        };
-        ACT_SCRATCH.with(|s| {
-            let mut q = s
-                .try_borrow_mut()
-                .map_err(|_| "activation scratch busy (re-entrant call)".to_string())?;
-            act_quant::quantize_rows(a.x, a.rows, a.k, &mut q)?;
-            let gemv = a.rows < INT_TILE_MIN_ROWS;
-            // one row: the streaming GEMV (one sequential weight stream per thread, what weights
-            // read from DRAM want) where the CPU has it, else the 4-row AVX-512 GEMV
-            let split_gemv = gemv.then(|| int_split::pick_gemv(a.wtype)).flatten();
-            let split_wide = (!gemv).then(|| int_split::pick_wide(a.wtype)).flatten();
-            if split_gemv.is_some() || split_wide.is_some() {
-                q.prepare_split();
-            }
-            if let Some(g) = split_gemv {
-                f = g;
-            }
-            let q = &*q;
-            let wide = if gemv {
-                None
-            } else {
-                split_wide.or_else(|| int_wide::pick(a.wtype))
-            };
-            let kern = match wide {
-                Some(w) => gemm::Kernel::IntWide(f, q, w),
-                None => {
-                    let tile = if !gemv {
-                        int_tile::pick(a.wtype)
-                    } else if split_gemv.is_none() {
-                        int_gemv::pick(a.wtype)
-                    } else {
-                        None
-                    };
-                    gemm::Kernel::Int(f, q, tile)
-                }
-            };
-            gemm::run(Some(threads), a, rb, kern, out);
-            Ok(())
-        })
-    } else {
-        let f: FloatRowsFn = match a.wtype {
-            WeightType::F32 => float_dot::pick_f32(),
-            WeightType::F16 => float_dot::pick_f16(),
-            WeightType::BF16 => float_dot::pick_bf16(),
-            WeightType::Q8_0 => quant_dot::pick_q8_0(),
-            WeightType::Q4_0 => quant_dot::pick_q4_0(),
-            WeightType::Q4_1 => quant_dot::pick_q4_1(),
-            WeightType::Q5_0
-            | WeightType::Mxfp4
-            | WeightType::Q2K
-            | WeightType::Q3K
-            | WeightType::Q4K
-            | WeightType::Q5K
-            | WeightType::Q6K => return linear_own(Some(threads), a, rb, out),
-        };
-        let plan = f32_gemm_plan(a, f);
-        gemm::run(Some(threads), a, rb, gemm::Kernel::Float(f, plan), out);
+    ACT_SCRATCH.with(|s| {
+        let mut q = s
+            .try_borrow_mut()
+            .map_err(|_| "activation scratch busy (re-entrant call)".to_string())?;
+        let kern = plan(true, a, &mut q)?;
+        gemm::run(Some(threads), a, rb, kern, out);
         Ok(())
-    }
+    })
 }
 
-/// `Linear` with weights of their own kernel modules (K-quants, Q5_0, MXFP4; `a` validated, `rb` its
-/// row bytes): with `quant_act` the activations are quantized to Q8_0 and the integer kernels run
-/// (one weight row × up to [`MAX_ROWS`] activation rows per call, columns split over `threads`);
-/// otherwise the exact kernels, and from [`GEMM_MIN_ROWS`] rows on the f32 GEMM over dequantized
-/// tiles. `threads = None` runs the scalar references on one thread.
-fn linear_own(
-    threads: Option<&Threads>,
-    a: &LinearArgs,
-    rb: usize,
-    out: &mut [f32],
-) -> Result<(), String> {
+/// The kernel of a weight with its own kernel modules (K-quants, Q5_0, MXFP4): with `quant_act`
+/// the activations are quantized to Q8_0 into `q` and the integer kernels run (one weight row ×
+/// up to [`MAX_ROWS`] activation rows per call); otherwise the exact kernels, and from
+/// [`GEMM_MIN_ROWS`] rows on the f32 GEMM over dequantized tiles. `fast = false` picks the
+/// scalar references.
+fn plan_own<'q>(fast: bool, a: &LinearArgs, q: &'q mut Q8Rows) -> Result<gemm::Kernel<'q>, String> {
     let none = || format!("no kernel for {}", a.wtype.name());
-    let fast = threads.is_some();
     if a.quant_act {
         let f = match (a.wtype, fast) {
             (WeightType::Q5_0, true) => Some(q5_dot::pick_int()),
@@ -487,20 +476,15 @@ fn linear_own(
             (_, false) => kquant_int::pick_ref(a.wtype),
         }
         .ok_or_else(none)?;
-        return ACT_SCRATCH.with(|s| {
-            let mut q = s
-                .try_borrow_mut()
-                .map_err(|_| "activation scratch busy (re-entrant call)".to_string())?;
-            match threads {
-                Some(_) => act_quant::quantize_rows(a.x, a.rows, a.k, &mut q)?,
-                None => act_quant::quantize_rows_ref(a.x, a.rows, a.k, &mut q)?,
-            }
-            if matches!(a.wtype, WeightType::Q2K | WeightType::Q3K) {
-                q.prepare_sum16();
-            }
-            gemm::run(threads, a, rb, gemm::Kernel::Int(f, &q, None), out);
-            Ok(())
-        });
+        if fast {
+            act_quant::quantize_rows(a.x, a.rows, a.k, q)?;
+        } else {
+            act_quant::quantize_rows_ref(a.x, a.rows, a.k, q)?;
+        }
+        if matches!(a.wtype, WeightType::Q2K | WeightType::Q3K) {
+            q.prepare_sum16();
+        }
+        return Ok(gemm::Kernel::Int(f, q, None));
     }
     let f = match (a.wtype, fast) {
         (WeightType::Q5_0, true) => Some(q5_dot::pick()),
@@ -516,13 +500,12 @@ fn linear_own(
         WeightType::Mxfp4 => Some(mxfp4_dot::row_to_f32()),
         _ => kquant_dot::pick_row_to_f32(a.wtype),
     };
-    let plan = (fast && a.rows >= GEMM_MIN_ROWS).then(|| gemm::F32Gemm {
+    let gemm_plan = (fast && a.rows >= GEMM_MIN_ROWS).then(|| gemm::F32Gemm {
         convert,
         rows: float_dot::pick_f32(),
         tile: float_dot::pick_tile_f32(),
     });
-    gemm::run(threads, a, rb, gemm::Kernel::Float(f, plan), out);
-    Ok(())
+    Ok(gemm::Kernel::Float(f, gemm_plan))
 }
 
 /// `Linear` with an interleaved weight (`a.w` in the layout of [`interleaved`] for block types,

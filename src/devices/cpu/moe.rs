@@ -8,10 +8,10 @@
 use super::args::{check_tensor, check_vec, dtype_in, f32s, f32s_mut, i32s, need, non_neg};
 use super::CpuContext;
 use crate::data::Data;
-use crate::data::DataType::{F32, I32};
+use crate::data::DataType::{self, F32, I32};
 use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
 use crate::error::{Error, Result};
-use fastllm_cpu::linear::{self as lk, LinearArgs};
+use fastllm_cpu::linear::{self as lk, LinearArgs, WeightType};
 use fastllm_cpu::moe::{self as k, RouteParams, Scoring};
 use std::sync::Arc;
 
@@ -230,25 +230,19 @@ pub struct MoeLinearShape {
     pub gather: bool,
 }
 
-/// A `MoeLinear` call's sizes, checked: `input` F32 [rows, k], `weight` [experts, n, k],
-/// optional `bias` F32 [experts, n], `dispatch` I32 [experts + 1 + slots]; int `k` (choices per
+/// A `MoeLinear` call's sizes, checked: `input` F32 [rows, k], the weights (see
+/// [`expert_weights_dims`]), `dispatch` I32 [experts + 1 + slots]; int `k` (choices per
 /// token, ≥ 1) and `gather` (0 or 1, default 0: `input` has one row per dispatch position; 1:
 /// one per token, rows·k = slots).
 pub fn linear_shapes(d: &DataDict, i: &IntDict) -> Result<MoeLinearShape> {
     const OP: &str = "MoeLinear";
     let x = d.require(OP, "input")?;
-    let w = d.require(OP, "weight")?;
     let disp = d.require(OP, "dispatch")?;
-    for (n, t) in [("input", x), ("weight", w), ("dispatch", disp)] {
+    for (n, t) in [("input", x), ("dispatch", disp)] {
         check_tensor(OP, n, t)?;
     }
     let (rows, k) = matrix(OP, "input", x.dims())?;
-    let &[experts, n, kw] = w.dims() else {
-        return Err(Error::op(
-            OP,
-            format!("'weight' must be [experts, n, k], got {:?}", w.dims()),
-        ));
-    };
+    let (experts, n, kw) = expert_weights_dims(d, i)?;
     let choices = size_param(OP, i, "k", None)?;
     let gather = match i.get_or("gather", 0) {
         0 => false,
@@ -264,16 +258,14 @@ pub fn linear_shapes(d: &DataDict, i: &IntDict) -> Result<MoeLinearShape> {
         return Err(Error::op(
             OP,
             format!(
-                "input {:?}, weight {:?}, dispatch {:?}, k = {choices}, gather = {gather}: need \
-                 input [rows, k], weight [experts ≥ 1, n, k] and a dispatch of experts + 1 + \
-                 slots entries with slots = rows·k (gather) or rows",
+                "input {:?}, weights [{experts}, {n}, {kw}], dispatch {:?}, k = {choices}, \
+                 gather = {gather}: need input [rows, k], weights [experts ≥ 1, n, k] and a \
+                 dispatch of experts + 1 + slots entries with slots = rows·k (gather) or rows",
                 x.dims(),
-                w.dims(),
                 disp.dims()
             ),
         ));
     }
-    check_bias(OP, d.get("bias"), experts, n)?;
     Ok(MoeLinearShape {
         experts,
         n,
@@ -282,6 +274,89 @@ pub fn linear_shapes(d: &DataDict, i: &IntDict) -> Result<MoeLinearShape> {
         choices,
         gather,
     })
+}
+
+/// The name of expert `e`'s own weight in the per-expert form of `MoeLinear`.
+pub fn expert_weight_name(e: usize) -> String {
+    format!("weight.{e}")
+}
+
+/// The name of expert `e`'s own bias in the per-expert form of `MoeLinear`.
+pub fn expert_bias_name(e: usize) -> String {
+    format!("bias.{e}")
+}
+
+/// The expert of a per-expert argument name (`weight.{e}` / `bias.{e}`) with prefix `what`.
+fn expert_of_name(name: &str, what: &str) -> Option<usize> {
+    name.strip_prefix(what)?.strip_prefix('.')?.parse().ok()
+}
+
+/// The (experts, n, k) of a `MoeLinear` call's weights, checked: either `weight` [experts, n, k]
+/// (the stacked matrices) with optional `bias` F32 [experts, n], or (per-expert form, int
+/// `experts`) `weight.{e}` [n, k] for some experts `e < experts` (one dtype and shape for all)
+/// with optional `bias.{e}` F32 [n].
+fn expert_weights_dims(d: &DataDict, i: &IntDict) -> Result<(usize, usize, usize)> {
+    const OP: &str = "MoeLinear";
+    if let Some(w) = d.get("weight") {
+        check_tensor(OP, "weight", w)?;
+        let &[experts, n, k] = w.dims() else {
+            return Err(Error::op(
+                OP,
+                format!("'weight' must be [experts, n, k], got {:?}", w.dims()),
+            ));
+        };
+        check_bias(OP, d.get("bias"), experts, n)?;
+        return Ok((experts, n, k));
+    }
+    let experts = size_param(OP, i, "experts", None).map_err(|_| {
+        Error::op(
+            OP,
+            "needs 'weight' [experts, n, k], or 'weight.{e}' per expert with int 'experts'",
+        )
+    })?;
+    let mut shape: Option<(DataType, usize, usize)> = None;
+    for (name, t) in d.iter() {
+        let (e, want) = if let Some(e) = expert_of_name(name, "weight") {
+            (e, None)
+        } else if let Some(e) = expert_of_name(name, "bias") {
+            (e, Some(()))
+        } else {
+            continue;
+        };
+        check_tensor(OP, name, t)?;
+        let bad = |m: String| Err(Error::op(OP, format!("'{name}' {m}")));
+        if e >= experts {
+            return bad(format!("names an expert outside 0..{experts}"));
+        }
+        match (want, shape) {
+            (None, None) => {
+                let (n, k) = matrix(OP, name, t.dims())?;
+                shape = Some((t.dtype(), n, k));
+            }
+            (None, Some((dt, n, k))) if t.dtype() != dt || t.dims() != [n, k] => {
+                return bad(format!(
+                    "is {} {:?}, the other experts' weights {dt} [{n}, {k}]",
+                    t.dtype(),
+                    t.dims()
+                ));
+            }
+            _ => {}
+        }
+    }
+    let (_, n, k) = shape.unwrap_or((F32, 0, 0));
+    for (name, t) in d.iter() {
+        if expert_of_name(name, "bias").is_some() && (t.dtype() != F32 || t.dims() != [n]) {
+            return Err(Error::op(
+                OP,
+                format!(
+                    "'{name}' must be F32 [{n}], got {} {:?}",
+                    t.dtype(),
+                    t.dims()
+                ),
+            ));
+        }
+    }
+    Ok((experts, n, k))
 }
 
 /// An optional `bias` must be F32 [experts, n].
@@ -301,16 +376,28 @@ fn check_bias(op: &str, b: Option<&Data>, experts: usize, n: usize) -> Result<()
 
 /// `MoeLinear`: for every dispatch position `j` (expert `e`),
 /// `output[j] = x(j) · weight[e]ᵀ + bias[e]`; each expert's weight rows are read once for all
-/// its rows, experts without entries are not touched.
+/// its rows, experts without entries are not touched. The routed experts' products run as one
+/// job on the thread pool (their columns handed out together).
 struct MoeLinear(Arc<CpuContext>);
+
+/// A weight dtype `MoeLinear` reads: plain (not interleaved) with `Linear` kernels.
+fn expert_dtype_ok(t: DataType) -> bool {
+    !t.is_interleaved() && super::linear::weight_type(t).is_some()
+}
 
 impl Operator for MoeLinear {
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
+        let per_expert = d
+            .iter()
+            .filter(|(n, _)| expert_of_name(n, "weight").is_some())
+            .all(|(_, w)| expert_dtype_ok(w.dtype()));
         dtype_in(d, "input", &[F32])
             && dtype_in(d, "dispatch", &[I32])
             && dtype_in(d, "bias", &[F32])
-            && d.dtype("weight")
-                .is_some_and(|t| !t.is_interleaved() && super::linear::weight_type(t).is_some())
+            && match d.dtype("weight") {
+                Some(t) => expert_dtype_ok(t),
+                None => per_expert,
+            }
     }
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, i: &IntDict) -> Result<()> {
         let s = linear_shapes(d, i)?;
@@ -320,47 +407,101 @@ impl Operator for MoeLinear {
     fn run(&self, d: &mut DataDict, _: &FloatDict, i: &IntDict) -> Result<()> {
         const OP: &str = "MoeLinear";
         let s = linear_shapes(d, i)?;
-        let ([x, w, b, disp], out) = d.io(OP, ["input", "weight", "bias", "dispatch"], "output")?;
-        let x = f32s(OP, "input", need(OP, "input", x)?)?;
-        let w = need(OP, "weight", w)?;
-        let wtype = super::linear::weight_type(w.dtype())
-            .ok_or_else(|| Error::op(OP, format!("weight dtype {}", w.dtype())))?;
-        let wb = w.bytes().map_err(|e| Error::op(OP, e))?;
-        let b = b.map(|b| f32s(OP, "bias", b)).transpose()?;
-        let disp = i32s(OP, "dispatch", need(OP, "dispatch", disp)?)?;
-        let o = f32s_mut(OP, "output", out)?;
-        let rb = w.dtype().row_bytes(s.k).map_err(|e| Error::op(OP, e))?;
-        let threads = (!self.0.reference()).then_some(&self.0.threads);
+        let quant_act = i.get_or("quant_act", 0) != 0;
+        let (ins, out) = d.io_rest(OP, "output")?;
+        let get = |n: &str| ins.iter().find(|(m, _)| *m == n).map(|(_, t)| *t);
+        let x = f32s(OP, "input", need(OP, "input", get("input"))?)?;
+        let disp = i32s(OP, "dispatch", need(OP, "dispatch", get("dispatch"))?)?;
         let (offsets, list) = disp.split_at(s.experts + 1);
         let mut xs = Vec::new();
+        if s.gather {
+            xs.reserve(s.slots * s.k);
+            for &slot in list {
+                let row = source_row(slot, &s)?;
+                xs.extend_from_slice(&x[row * s.k..(row + 1) * s.k]);
+            }
+        }
+        let x = if s.gather { &xs[..] } else { x };
+        let weights = ExpertWeights::new(&get, s.n)?;
+        let mut rest = f32s_mut(OP, "output", out)?;
+        let mut calls = Vec::new();
         for (e, win) in offsets.windows(2).enumerate() {
             let (a, z) = expert_range(win, s.slots)?;
+            let (oe, tail) = std::mem::take(&mut rest).split_at_mut((z - a) * s.n);
+            rest = tail;
             if a == z {
                 continue;
             }
-            xs.clear();
-            for (j, &slot) in (a..z).zip(&list[a..z]) {
-                let row = if s.gather { source_row(slot, &s)? } else { j };
-                xs.extend_from_slice(&x[row * s.k..(row + 1) * s.k]);
-            }
+            let (w, wtype, bias) = weights.expert(&get, e)?;
             let args = LinearArgs {
-                x: &xs,
+                x: &x[a * s.k..z * s.k],
                 rows: z - a,
                 k: s.k,
-                w: &wb[e * s.n * rb..(e + 1) * s.n * rb],
+                w,
                 wtype,
                 n: s.n,
-                bias: b.map(|b| &b[e * s.n..(e + 1) * s.n]),
-                quant_act: i.get_or("quant_act", 0) != 0,
+                bias,
+                quant_act,
             };
-            let oe = &mut o[a * s.n..z * s.n];
-            match threads {
-                Some(t) => lk::linear(t, &args, oe),
-                None => lk::linear_ref(&args, oe),
-            }
-            .map_err(|e| Error::op(OP, e))?;
+            calls.push(lk::LinearCall { args, out: oe });
         }
-        Ok(())
+        let threads = (!self.0.reference()).then_some(&self.0.threads);
+        lk::linear_many(threads, &mut calls).map_err(|e| Error::op(OP, e))
+    }
+}
+
+/// Where a `MoeLinear` call's expert matrices are: the stacked `weight` (and `bias`), or the
+/// experts' own `weight.{e}` (and `bias.{e}`).
+enum ExpertWeights<'a> {
+    /// [experts, n, k] bytes, its dtype, n, the bytes of one expert's matrix and the stacked
+    /// bias [experts, n].
+    Stacked(&'a [u8], WeightType, usize, usize, Option<&'a [f32]>),
+    /// One tensor per expert.
+    Each,
+}
+
+impl<'a> ExpertWeights<'a> {
+    fn new(get: &dyn Fn(&str) -> Option<&'a Data>, n: usize) -> Result<Self> {
+        const OP: &str = "MoeLinear";
+        let Some(w) = get("weight") else {
+            return Ok(ExpertWeights::Each);
+        };
+        let wtype = super::linear::weight_type(w.dtype())
+            .ok_or_else(|| Error::op(OP, format!("weight dtype {}", w.dtype())))?;
+        let rb = w
+            .dtype()
+            .row_bytes(w.dim(-1))
+            .map_err(|e| Error::op(OP, e))?;
+        let b = get("bias").map(|b| f32s(OP, "bias", b)).transpose()?;
+        let wb = w.bytes().map_err(|e| Error::op(OP, e))?;
+        Ok(ExpertWeights::Stacked(wb, wtype, n, n * rb, b))
+    }
+
+    /// Expert `e`'s weight bytes, dtype and bias (an `Err` naming the missing weight).
+    #[allow(clippy::type_complexity)]
+    fn expert(
+        &self,
+        get: &dyn Fn(&str) -> Option<&'a Data>,
+        e: usize,
+    ) -> Result<(&'a [u8], WeightType, Option<&'a [f32]>)> {
+        const OP: &str = "MoeLinear";
+        if let ExpertWeights::Stacked(wb, wtype, n, mb, b) = *self {
+            let bias = b.map(|b| &b[e * n..(e + 1) * n]);
+            return Ok((&wb[e * mb..(e + 1) * mb], wtype, bias));
+        }
+        let name = expert_weight_name(e);
+        let w = get(&name).ok_or_else(|| {
+            Error::op(
+                OP,
+                format!("expert {e} has dispatch entries but no '{name}'"),
+            )
+        })?;
+        let wtype = super::linear::weight_type(w.dtype())
+            .ok_or_else(|| Error::op(OP, format!("'{name}' dtype {}", w.dtype())))?;
+        let b = get(&expert_bias_name(e))
+            .map(|b| f32s(OP, "bias", b))
+            .transpose()?;
+        Ok((w.bytes().map_err(|e| Error::op(OP, e))?, wtype, b))
     }
 }
 

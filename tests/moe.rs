@@ -681,3 +681,72 @@ fn experts_are_stacked_only_where_the_grouped_path_runs() {
         0
     );
 }
+
+/// `MoeLinear` over per-expert matrices (the CPU's form: each expert its own tensor, as a file
+/// holds them) gives the stacked form's results bit for bit, Q4_0 with quantized activations
+/// (the `fast` decode path) and F16, on awkward routings: an expert with no token, one token to
+/// every expert, top-k = the expert count, weight rows not a multiple of any tile.
+#[test]
+fn per_expert_moe_linear_equals_stacked() {
+    use fastllm::ops::{self, ExpertMatrix, MoeLinearRows};
+    let exec = Executor::cpu(2).unwrap();
+    let (n, kd) = (67, 96);
+    // (experts, k, tokens); expert `experts - 1` is never chosen in the first case
+    for (experts, k, tokens) in [(5, 2, 7), (6, 6, 1), (3, 3, 5), (4, 1, 1)] {
+        let mut rng = Rng(0x51ed ^ (experts * 31 + tokens) as u64);
+        let mut route = Vec::new();
+        for t in 0..tokens {
+            let used = if experts == 5 { 4 } else { experts };
+            for j in 0..k {
+                route.extend([((t + j) % used) as f32, rng.next().abs() + 0.1]);
+            }
+        }
+        let route = Data::from_f32(&[tokens, k, 2], &route).unwrap();
+        let mut disp = Data::empty(DataType::I32);
+        ops::moe_dispatch(&exec, &route, experts, &mut disp).unwrap();
+        let x = Data::from_f32(&[tokens, kd], &rng.vec(tokens * kd, 1.0)).unwrap();
+        for (dtype, quant_act) in [(DataType::Q4_0, true), (DataType::F16, false)] {
+            let w = rng.vec(experts * n * kd, 0.5);
+            let enc = |dims: &[usize], v: &[f32]| {
+                let b = fastllm::data::encode_from_f32(dtype, v).unwrap();
+                Data::from_bytes(dtype, dims, &b).unwrap()
+            };
+            let stacked = enc(&[experts, n, kd], &w);
+            let each: Vec<Data> = (0..experts)
+                .map(|e| enc(&[n, kd], &w[e * n * kd..(e + 1) * n * kd]))
+                .collect();
+            let bias = rng.vec(experts * n, 0.2);
+            let bias_s = Data::from_f32(&[experts, n], &bias).unwrap();
+            let bias_e: Vec<Data> = (0..experts)
+                .map(|e| Data::from_f32(&[n], &bias[e * n..(e + 1) * n]).unwrap())
+                .collect();
+            let rows = MoeLinearRows {
+                dispatch: &disp,
+                k,
+                gather: true,
+            };
+            let mut want = Data::empty(DataType::F32);
+            ops::moe_linear(
+                &exec,
+                &x,
+                (&stacked, Some(&bias_s)),
+                rows,
+                quant_act,
+                &mut want,
+            )
+            .unwrap();
+            let list: Vec<ExpertMatrix> = (0..experts)
+                .map(|e| (e, &each[e], Some(&bias_e[e])))
+                .collect();
+            let mut got = Data::empty(DataType::F32);
+            ops::moe_linear_each(&exec, &x, (&list, experts), rows, quant_act, &mut got).unwrap();
+            let label = format!("{experts} experts, k {k}, {tokens} tokens, {dtype}");
+            assert_eq!(got.dims(), [tokens * k, n], "{label}");
+            assert_eq!(
+                got.to_f32_vec().unwrap(),
+                want.to_f32_vec().unwrap(),
+                "{label}"
+            );
+        }
+    }
+}

@@ -608,3 +608,5 @@ mod tests_float_interleaved;
 mod tests_kquant_interleaved;
 #[cfg(test)]
 mod tests_kquant_low;
+#[cfg(test)]
+mod tests_many;

@@ -4,8 +4,8 @@
 //!
 //! Routing is computed in f64 (scores, group sums, renormalisation) and is exact selection
 //! otherwise (ties: lower index first), so it needs no separate fast path. The expert matrix
-//! products themselves are ordinary `linear` calls made by the caller per expert. Must not know
-//! about tensors.
+//! products themselves are `linear` kernels run by the caller (all routed experts of a
+//! projection as one `linear::linear_many` job). Must not know about tensors.
 
 use crate::threads::Threads;
 use std::cmp::Ordering;

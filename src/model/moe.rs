@@ -4,14 +4,16 @@
 //! experts → `MoeCombine`, plus the shared experts. Each active expert's weights are read once
 //! per step for all its tokens.
 //!
-//! The experts run in one of two ways. Where the first device runs `MoeLinear` (a GPU),
+//! The experts run in one of three ways. Where the first device runs `MoeLinear` (a GPU),
 //! [`stack_experts`] stacks each layer's per-expert projections at load into [experts, n, k]
 //! tensors, and a step runs the gate, up and down projections of all routed experts as three
 //! grouped `MoeLinear` launches: routing, dispatch and expert products stay on the device, with
-//! no host sync. Otherwise (the CPU, low-memory mode) the dispatch comes to the host and each
-//! active expert runs as a row gather (`Embedding` over the step's rows), its gate/up `Linear`s,
-//! the activation (or GPT-OSS's `ClampedSwiglu`) and its down `Linear`; the experts' tensors
-//! stay as loaded (mapped from the file; in low-memory mode only the routed ones are read).
+//! no host sync. On the CPU the dispatch comes to the host, the routed experts' tensors are
+//! fetched as loaded (mapped from the file; in low-memory mode only the routed ones are read)
+//! and the same three `MoeLinear`s run in their per-expert form. Otherwise (a GPU in
+//! low-memory mode, or experts that could not be stacked) each active expert runs as a row
+//! gather (`Embedding` over the step's rows), its gate/up `Linear`s, the activation (or
+//! GPT-OSS's `ClampedSwiglu`) and its down `Linear`.
 
 use super::weights::Weights;
 use crate::data::{Data, DataType, DeviceKind};
@@ -348,7 +350,8 @@ fn host_experts(
     each(a, dp, false, out)
 }
 
-/// The routed experts one by one (the dispatch comes to the host to decide which run):
+/// The routed experts one by one, op by op (a GPU in low-memory mode or with experts that could
+/// not be stacked; the dispatch comes to the host to decide which run):
 /// `gathered` [slots, hidden] in dispatch order.
 #[allow(clippy::too_many_arguments)]
 fn each_expert(

@@ -1,6 +1,6 @@
 //! Mixture-of-experts operators on the CPU: `MoeRoute` (router logits → chosen experts and
 //! weights), `MoeDispatch` (slots grouped by expert), `MoeLinear` (the grouped expert product
-//! over stacked expert weights) and `MoeCombine` (weighted sum of the experts' outputs per
+//! over stacked expert weights, or over each expert's own tensor as loaded) and `MoeCombine` (weighted sum of the experts' outputs per
 //! token). Validates, sizes outputs and calls `fastllm_cpu::moe` / `fastllm_cpu::linear`. The
 //! argument checks ([`route_params`], [`dispatch_dims`], [`combine_shapes`],
 //! [`linear_shapes`]) are shared with the CUDA device. Must not hold kernel arithmetic.

@@ -221,7 +221,19 @@ impl Operator for KvAppend {
 
 #[cfg(test)]
 mod tests {
-    use super::KvElem;
+    use super::{stored_head_dim, value_head_dim, KvElem};
+    use crate::data::DataType;
+
+    #[test]
+    fn q8_0_head_rows_pad_to_whole_blocks() {
+        assert_eq!(stored_head_dim(DataType::Q8_0, 80), 96);
+        assert_eq!(stored_head_dim(DataType::Q8_0, 128), 128);
+        assert_eq!(stored_head_dim(DataType::F16, 80), 80);
+        // a value row padded from the key's head size holds that many values
+        assert_eq!(value_head_dim(DataType::Q8_0, 96, 80), 80);
+        assert_eq!(value_head_dim(DataType::Q8_0, 32, 40), 32);
+        assert_eq!(value_head_dim(DataType::F16, 24, 40), 24);
+    }
 
     #[test]
     fn kernel_names_follow_the_element_type() {

@@ -488,7 +488,7 @@ impl Model {
 
     /// Sets the most prompt rows one step of [`Model::forward`] runs (0: the whole call in one
     /// step); longer calls run in steps of that many rows, so their working tensors stay
-    /// bounded (see [`super::ubatch`]). Default: [`super::CPU_PREFILL_CHUNK`] on the CPU, else
+    /// bounded while the KV cache alone grows with the prompt. Default: [`super::CPU_PREFILL_CHUNK`] on the CPU, else
     /// 0. `Err` for a model whose rotation depends on how far a step reaches (long-RoPE,
     /// dynamic NTK), which must see a prompt in one step, and for a tensor-parallel group's
     /// driver (its ranks run each step).

@@ -18,6 +18,7 @@ pub mod synthetic;
 pub mod tensor_parallel;
 pub mod tp_process;
 pub mod transformer;
+mod ubatch;
 pub mod weights;
 
 pub use config::{ModelConfig, RopeScaling, RopeStyle, ROPE_FREQS_TENSOR};
@@ -31,4 +32,5 @@ pub use precision::Precision;
 pub use step_kv::KvStore;
 pub use synthetic::SyntheticSource;
 pub use transformer::{KvCache, Model};
+pub use ubatch::CPU_PREFILL_CHUNK;
 pub use weights::{MapSource, WeightSource, Weights};

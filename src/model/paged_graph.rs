@@ -13,119 +13,20 @@
 //! then on. Prefill chunks and mixed steps run op by op through `PagedAttention`.
 
 use super::paged::{PagedKvPool, PagedSeqState};
+use super::paged_batch::{BatchDecode, PagedBatch, BATCH_BUCKETS};
+use super::paged_buckets::{BatchGraphs, Bucket};
 use super::step_kv::{Layers, Qkv, StepArrays, StepAttention, StepKv};
-use super::transformer::{Model, PagedBatch};
-use crate::data::{Data, DataType};
+use super::transformer::Model;
+use crate::data::Data;
 use crate::device::BaseDevice;
 use crate::error::{Error, Result};
 use crate::step::{Call, Step, TensorId};
-use std::any::Any;
-
-/// How a paged step whose items all carry one token runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BatchDecode {
-    /// Op by op over exactly the step's rows (`PagedCacheWrite` + `PagedAttention`).
-    Off,
-    /// Padded to a bucket with device-side index arrays (`PagedDecodeAttention`), op by op.
-    Eager,
-    /// [`BatchDecode::Eager`] recorded once per bucket and key-count class, then replayed.
-    Graphs,
-}
-
-/// The row counts a batched decode step is padded to; larger batches run op by op.
-pub const BATCH_BUCKETS: [usize; 8] = [1, 2, 4, 8, 16, 32, 64, 128];
 
 /// Failed recordings after which a pool's decode steps stop trying to record.
 const MAX_FAILURES: usize = 3;
 
 /// Smallest key-count class (the attention's shortest split).
 const MIN_CLASS: usize = 256;
-
-/// The padded buckets of one pool (see the module doc).
-#[derive(Default)]
-pub(super) struct BatchGraphs {
-    /// [`Model::id`] of the model whose weights the recordings hold.
-    model: u64,
-    buckets: Vec<Bucket>,
-    failures: usize,
-}
-
-/// One bucket's device tensors and recordings.
-struct Bucket {
-    rows: usize,
-    /// Block-table entries per row.
-    width: usize,
-    ids: Data,
-    pos: Data,
-    slots: Data,
-    lens: Data,
-    tables: Data,
-    /// The block tables last written to `tables`.
-    tables_host: Vec<i32>,
-    bufs: Vec<Data>,
-    workspace: Data,
-    logits: Data,
-    /// (key-count class, recording).
-    recordings: Vec<(usize, Box<dyn Any + Send + Sync>)>,
-    /// Classes that have run once without recording.
-    sized: Vec<usize>,
-}
-
-impl Bucket {
-    fn new(dev: &dyn BaseDevice, rows: usize, width: usize) -> Result<Bucket> {
-        let up = |dims: &[usize]| dev.upload(&Data::zeros(DataType::I32, dims)?);
-        Ok(Bucket {
-            rows,
-            width,
-            ids: up(&[rows])?,
-            pos: up(&[rows])?,
-            slots: up(&[rows])?,
-            lens: up(&[rows])?,
-            tables: up(&[rows, width])?,
-            tables_host: vec![0; rows * width],
-            bufs: (0..super::transformer::SCRATCH_BUFS)
-                .map(|_| Data::empty(DataType::F32))
-                .collect(),
-            workspace: Data::empty(DataType::F32),
-            logits: Data::empty(DataType::F32),
-            recordings: Vec::new(),
-            sized: Vec::new(),
-        })
-    }
-
-    /// Writes the step's values, padded to the bucket.
-    fn write(&mut self, dev: &dyn BaseDevice, b: &PagedBatch) -> Result<()> {
-        let (n, rows, w) = (b.seqs, self.rows, self.width);
-        let pad = |v: &[i32], fill: i32| -> Vec<i32> {
-            let mut out = v.to_vec();
-            out.resize(rows, fill);
-            out
-        };
-        let ids: Vec<i32> = b.tokens.iter().map(|&t| t as i32).collect();
-        dev.write(&Data::from_i32(&[rows], &pad(&ids, 0))?, &mut self.ids)?;
-        dev.write(&Data::from_i32(&[rows], &pad(&b.pos, 0))?, &mut self.pos)?;
-        dev.write(
-            &Data::from_i32(&[rows], &pad(&b.slots, -1))?,
-            &mut self.slots,
-        )?;
-        dev.write(
-            &Data::from_i32(&[rows], &pad(&b.kv_lens, 0))?,
-            &mut self.lens,
-        )?;
-        let mut t = vec![0i32; rows * w];
-        for s in 0..n {
-            let src = b.table.get(s * b.max_blocks..(s + 1) * b.max_blocks);
-            let src = src.ok_or_else(|| Error::invalid("paged step: short block table"))?;
-            let used = src.len().min(w);
-            t[s * w..s * w + used].copy_from_slice(&src[..used]);
-        }
-        if t != self.tables_host {
-            dev.write(&Data::from_i32(&[rows, w], &t)?, &mut self.tables)?;
-            self.tables_host = t;
-        }
-        Ok(())
-    }
-}
 
 /// The key-count class of a step whose longest row has `max_len` keys.
 fn key_class(max_len: usize, cap: usize) -> usize {

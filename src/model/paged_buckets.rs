@@ -3,11 +3,11 @@
 //! addresses and its recordings per key-count class.
 
 use super::paged_batch::PagedBatch;
+use super::replay::{Recording, StepBufs};
 use super::transformer::SCRATCH_BUFS;
 use crate::data::{Data, DataType};
 use crate::device::BaseDevice;
 use crate::error::{Error, Result};
-use std::any::Any;
 
 /// The padded buckets of one pool (see the module doc).
 #[derive(Default)]
@@ -23,18 +23,15 @@ pub(super) struct Bucket {
     pub(super) rows: usize,
     /// Block-table entries per row.
     pub(super) width: usize,
-    pub(super) ids: Data,
-    pub(super) pos: Data,
+    /// The ids, positions, working tensors and logits of the padded step.
+    pub(super) step: StepBufs,
     pub(super) slots: Data,
     pub(super) lens: Data,
     pub(super) tables: Data,
     /// The block tables last written to `tables`.
     pub(super) tables_host: Vec<i32>,
-    pub(super) bufs: Vec<Data>,
-    pub(super) workspace: Data,
-    pub(super) logits: Data,
     /// (key-count class, recording).
-    pub(super) recordings: Vec<(usize, Box<dyn Any + Send + Sync>)>,
+    pub(super) recordings: Vec<(usize, Recording)>,
     /// Classes that have run once without recording.
     pub(super) sized: Vec<usize>,
 }
@@ -46,17 +43,11 @@ impl Bucket {
         Ok(Bucket {
             rows,
             width,
-            ids: up(&[rows])?,
-            pos: up(&[rows])?,
+            step: StepBufs::new(dev, rows, SCRATCH_BUFS)?,
             slots: up(&[rows])?,
             lens: up(&[rows])?,
             tables: up(&[rows, width])?,
             tables_host: vec![0; rows * width],
-            bufs: (0..SCRATCH_BUFS)
-                .map(|_| Data::empty(DataType::F32))
-                .collect(),
-            workspace: Data::empty(DataType::F32),
-            logits: Data::empty(DataType::F32),
             recordings: Vec::new(),
             sized: Vec::new(),
         })
@@ -71,8 +62,11 @@ impl Bucket {
             out
         };
         let ids: Vec<i32> = b.tokens.iter().map(|&t| t as i32).collect();
-        dev.write(&Data::from_i32(&[rows], &pad(&ids, 0))?, &mut self.ids)?;
-        dev.write(&Data::from_i32(&[rows], &pad(&b.pos, 0))?, &mut self.pos)?;
+        dev.write(&Data::from_i32(&[rows], &pad(&ids, 0))?, &mut self.step.ids)?;
+        dev.write(
+            &Data::from_i32(&[rows], &pad(&b.pos, 0))?,
+            &mut self.step.pos,
+        )?;
         dev.write(
             &Data::from_i32(&[rows], &pad(&b.slots, -1))?,
             &mut self.slots,

@@ -15,15 +15,13 @@
 use super::paged::{PagedKvPool, PagedSeqState};
 use super::paged_batch::{BatchDecode, PagedBatch, BATCH_BUCKETS};
 use super::paged_buckets::{BatchGraphs, Bucket};
+use super::replay::{replay_or_record, Recorded, StepBufs, MAX_FAILURES};
 use super::step_kv::{Layers, Qkv, StepArrays, StepAttention, StepKv};
 use super::transformer::Model;
 use crate::data::Data;
 use crate::device::BaseDevice;
 use crate::error::{Error, Result};
 use crate::step::{Call, Step, TensorId};
-
-/// Failed recordings after which a pool's decode steps stop trying to record.
-const MAX_FAILURES: usize = 3;
 
 /// Smallest key-count class (the attention's shortest split).
 const MIN_CLASS: usize = 256;
@@ -135,9 +133,17 @@ impl Model {
             .get_mut(i)
             .ok_or_else(|| Error::invalid("batched decode bucket"))?;
         bucket.write(dev.as_ref(), b)?;
-        let recorded = record && self.replay_or_record(&step, bucket, &mut pool.k, &mut pool.v)?;
-        if !recorded {
-            if record && bucket.sized.contains(&class) {
+        let outcome = match record {
+            true => self.replay_bucket(&step, bucket, &mut pool.k, &mut pool.v)?,
+            false => Recorded::NotTried,
+        };
+        if let Recorded::Failed(why) = &outcome {
+            eprintln!(
+                "fastllm: batched decode step not recorded as a graph ({why}); running it op by op"
+            );
+        }
+        if !matches!(outcome, Recorded::Replayed) {
+            if matches!(outcome, Recorded::NotReplayed | Recorded::Failed(_)) {
                 graphs.failures += 1;
             }
             let bucket = graphs
@@ -152,50 +158,32 @@ impl Model {
         graphs
             .buckets
             .get(i)
-            .map(|b| &b.logits)
+            .map(|b| &b.step.logits)
             .ok_or_else(|| Error::invalid("batched decode bucket"))
     }
 
     /// Replays the bucket's recording of `step.class`, or records it when that class has run
-    /// once already. `Ok(false)`: the step has not run (nothing recorded yet, or the recording
-    /// failed; the caller runs it op by op).
-    fn replay_or_record(
+    /// once already ([`replay_or_record`]).
+    fn replay_bucket(
         &self,
         step: &DecodeRun,
         bucket: &mut Bucket,
         k: &mut [Data],
         v: &mut [Data],
-    ) -> Result<bool> {
-        let dev = step.dev;
-        if let Some(j) = bucket.recordings.iter().position(|r| r.0 == step.class) {
-            if dev.replay(bucket.recordings[j].1.as_ref())? {
-                return Ok(true);
-            }
-            bucket.recordings.swap_remove(j); // stale: record again
+    ) -> Result<Recorded> {
+        let class = step.class;
+        let mut rec = match bucket.recordings.iter().position(|r| r.0 == class) {
+            Some(j) => Some(bucket.recordings.swap_remove(j).1),
+            None => None,
+        };
+        let sized = bucket.sized.contains(&class);
+        let r = replay_or_record(step.dev, &mut rec, sized, || {
+            self.decode_ops(bucket, k, v, step.block_size, class)
+        });
+        if let Some(rec) = rec {
+            bucket.recordings.push((class, rec));
         }
-        if !bucket.sized.contains(&step.class) {
-            return Ok(false);
-        }
-        dev.begin_recording()?;
-        let run = self.decode_ops(bucket, k, v, step.block_size, step.class);
-        let rec = dev.end_recording();
-        match (run, rec) {
-            (Ok(()), Ok(rec)) => {
-                if dev.replay(rec.as_ref())? {
-                    bucket.recordings.push((step.class, rec));
-                    return Ok(true);
-                }
-                Ok(false)
-            }
-            (run, rec) => {
-                let why = run.err().or(rec.err()).map(|e| e.to_string());
-                eprintln!(
-                    "fastllm: batched decode step not recorded as a graph ({}); running it op by op",
-                    why.unwrap_or_default()
-                );
-                Ok(false)
-            }
-        }
+        r
     }
 
     /// The ops of one padded decode step (recorded or run directly).
@@ -209,16 +197,19 @@ impl Model {
     ) -> Result<()> {
         let Bucket {
             rows,
-            ids,
-            pos,
+            step,
             slots,
             lens,
             tables,
+            ..
+        } = bucket;
+        let StepBufs {
+            ids,
+            pos,
             bufs,
             workspace,
             logits,
-            ..
-        } = bucket;
+        } = step;
         let mut kv = DecodeKv {
             layers: Layers::new(k, v),
             arrays: StepArrays::new([slots, lens, tables], workspace),

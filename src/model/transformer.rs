@@ -8,6 +8,7 @@ use super::config::{ModelConfig, RopeScaling};
 use super::kv_dtype::{self, KvDtype};
 use super::paged_batch::BatchDecode;
 use super::precision::Precision;
+use super::replay::{replay_or_record, Recorded, Recording, StepBufs, MAX_FAILURES};
 use super::rope::RopePlan;
 use super::sampler::{pick_error, sample_logits, SampleRow};
 use super::step_kv::{CacheKv, GraphKv, KvStore, Layers, PagedIndex, PagedKv, StepKv};
@@ -43,21 +44,14 @@ pub struct KvCache {
 struct DecodeGraph {
     /// [`Model::id`] of the model that recorded it (its weights are in the recording).
     model: u64,
-    ids: Data,
-    pos: Data,
-    bufs: Vec<Data>,
-    workspace: Data,
-    logits: Data,
+    step: StepBufs,
     next: Data,
-    recording: Option<Box<dyn std::any::Any + Send + Sync>>,
+    recording: Option<Recording>,
     /// Steps run without recording (the first one sizes every buffer).
     eager_steps: usize,
-    /// Failed recordings; after [`GRAPH_MAX_FAILURES`] this cache stops trying.
+    /// Failed recordings; after [`MAX_FAILURES`] this cache stops trying.
     failures: usize,
 }
-
-/// Failed recordings after which a cache decodes without graphs.
-const GRAPH_MAX_FAILURES: usize = 3;
 
 impl KvCache {
     /// Tokens cached so far.
@@ -715,7 +709,7 @@ impl Model {
     pub fn forward(&self, cache: &mut KvCache, tokens: &[u32], all_logits: bool) -> Result<Data> {
         if self.decode_graph_step(cache, tokens)? {
             if let Some(g) = &cache.graph {
-                return g.logits.to_owned_host();
+                return g.step.logits.to_owned_host();
             }
         }
         to_host(self.forward_ops(cache, tokens, all_logits)?)
@@ -772,7 +766,7 @@ impl Model {
     /// also the KV write slot and the attention length) are written into device tensors before
     /// each replay. A recording made stale by a freed scratch buffer is recorded again; one
     /// that cannot be recorded (an op that allocates, copies to the host or falls back to the
-    /// CPU) runs op by op, and after [`GRAPH_MAX_FAILURES`] failures the cache stops trying.
+    /// CPU) runs op by op, and after [`MAX_FAILURES`] failures the cache stops trying.
     fn decode_graph_step(&self, cache: &mut KvCache, tokens: &[u32]) -> Result<bool> {
         if !self.paths.decode_graphs
             || tokens.len() != 1
@@ -783,7 +777,7 @@ impl Model {
             || cache
                 .graph
                 .as_ref()
-                .is_some_and(|g| g.failures >= GRAPH_MAX_FAILURES)
+                .is_some_and(|g| g.failures >= MAX_FAILURES)
         {
             return Ok(false);
         }
@@ -795,23 +789,14 @@ impl Model {
             Some(g) if g.model == self.id => g,
             // none yet, or recorded by another model: start over (dropping a recording of
             // another model's weights)
-            _ => {
-                let one = Data::from_i32(&[1], &[0])?;
-                Box::new(DecodeGraph {
-                    model: self.id,
-                    ids: dev.upload(&one)?,
-                    pos: dev.upload(&one)?,
-                    bufs: (0..SCRATCH_BUFS)
-                        .map(|_| Data::empty(DataType::F32))
-                        .collect(),
-                    workspace: Data::empty(DataType::F32),
-                    logits: Data::empty(DataType::F32),
-                    next: Data::empty(DataType::I32),
-                    recording: None,
-                    eager_steps: 0,
-                    failures: 0,
-                })
-            }
+            _ => Box::new(DecodeGraph {
+                model: self.id,
+                step: StepBufs::new(dev.as_ref(), 1, SCRATCH_BUFS)?,
+                next: Data::empty(DataType::I32),
+                recording: None,
+                eager_steps: 0,
+                failures: 0,
+            }),
         };
         let r = self.graph_step_on(dev.as_ref(), &mut g, cache, tokens[0]);
         cache.graph = Some(g);
@@ -832,36 +817,23 @@ impl Model {
         token: u32,
     ) -> Result<()> {
         let pos = i32::try_from(cache.len).map_err(|_| bad("position too large"))?;
-        dev.write(&Data::from_i32(&[1], &[token as i32])?, &mut g.ids)?;
-        dev.write(&Data::from_i32(&[1], &[pos])?, &mut g.pos)?;
-        if let Some(rec) = &g.recording {
-            if dev.replay(rec.as_ref())? {
-                return Ok(());
-            }
-            g.recording = None; // stale: record again
-        }
-        if g.eager_steps > 0 {
-            dev.begin_recording()?;
-            let run = self.graph_ops(g, cache);
-            let rec = dev.end_recording();
-            match (run, rec) {
-                (Ok(()), Ok(rec)) => {
-                    if dev.replay(rec.as_ref())? {
-                        g.recording = Some(rec);
-                        return Ok(());
-                    }
-                }
-                (run, rec) => {
-                    g.failures += 1;
-                    if g.failures == 1 {
-                        let why = run.err().or(rec.err()).map(|e| e.to_string());
-                        eprintln!(
-                            "fastllm: decode step not recorded as a graph ({}); running it op by op",
-                            why.unwrap_or_default()
-                        );
-                    }
+        dev.write(&Data::from_i32(&[1], &[token as i32])?, &mut g.step.ids)?;
+        dev.write(&Data::from_i32(&[1], &[pos])?, &mut g.step.pos)?;
+        let mut rec = g.recording.take();
+        let sized = g.eager_steps > 0;
+        let r = replay_or_record(dev, &mut rec, sized, || self.graph_ops(g, cache));
+        g.recording = rec;
+        match r? {
+            Recorded::Replayed => return Ok(()),
+            Recorded::Failed(why) => {
+                g.failures += 1;
+                if g.failures == 1 {
+                    eprintln!(
+                        "fastllm: decode step not recorded as a graph ({why}); running it op by op"
+                    );
                 }
             }
+            Recorded::NotTried | Recorded::NotReplayed => {}
         }
         self.graph_ops(g, cache)?;
         g.eager_steps += 1;
@@ -870,15 +842,14 @@ impl Model {
 
     /// The ops of one graph-mode decode step (recorded or run directly).
     fn graph_ops(&self, g: &mut DecodeGraph, cache: &mut KvCache) -> Result<()> {
-        let DecodeGraph {
+        let DecodeGraph { step, next, .. } = g;
+        let StepBufs {
             ids,
             pos,
             bufs,
             workspace,
             logits,
-            next,
-            ..
-        } = g;
+        } = step;
         {
             let mut kv = GraphKv::new(Layers::new(&mut cache.k, &mut cache.v), pos, workspace);
             self.layers(ids, pos, &[0], &mut kv, bufs, logits, true)?;
@@ -1011,7 +982,7 @@ impl Model {
         if self.decode_graph_step(cache, tokens)? {
             if let Some(g) = &cache.graph {
                 let mut out = Data::empty(DataType::F32);
-                ops::mul(&self.exec, &g.logits, 1.0, &mut out)?;
+                ops::mul(&self.exec, &g.step.logits, 1.0, &mut out)?;
                 return Ok(out);
             }
         }

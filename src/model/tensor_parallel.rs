@@ -302,17 +302,8 @@ impl TpGroup {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::config::ModelConfig;
     use crate::model::synthetic;
     use crate::model::tp_group::combine_top;
-
-    fn cfg(nh: usize, nkv: usize) -> ModelConfig {
-        ModelConfig {
-            num_heads: nh,
-            num_kv_heads: nkv,
-            ..synthetic::config("llama-3-8b").unwrap()
-        }
-    }
 
     #[test]
     fn top_candidates_skip_the_zero_column_and_combine_by_lowest_id() {
@@ -324,7 +315,7 @@ mod tests {
         // without a zero column the whole row counts
         let l = Data::from_f32(&[1, 3], &[0.5, 2., 2.]).unwrap();
         assert_eq!(top_candidates(&exec, &l, 1, 3).unwrap(), vec![(1, 2.)]);
-        let plan = ShardPlan::new(&cfg(32, 8), 2).unwrap();
+        let plan = ShardPlan::new(&synthetic::config("llama-3-8b").unwrap(), 2).unwrap();
         let second = plan.vocab[1].start as u32;
         // equal maxima on two ranks: the lower id (rank 0's) wins; a larger one on rank 1 wins
         let ids = combine_top(&plan, &[vec![(7, 1.), (7, 1.)], vec![(2, 1.), (3, 1.5)]]).unwrap();

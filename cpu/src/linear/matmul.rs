@@ -20,30 +20,14 @@ pub struct MatMulShape {
 }
 
 fn check(s: MatMulShape, a: &[f32], b: &[f32], out: &[f32]) -> Result<(), String> {
-    let prod = |x: usize, y: usize| x.saturating_mul(y);
-    if a.len() < prod(s.m, s.k) {
-        return Err(format!(
-            "input0 has {} values, need {} x {}",
-            a.len(),
-            s.m,
-            s.k
-        ));
-    }
-    if b.len() < prod(s.k, s.n) {
-        return Err(format!(
-            "input1 has {} values, need {} x {}",
-            b.len(),
-            s.k,
-            s.n
-        ));
-    }
-    if out.len() < prod(s.m, s.n) {
-        return Err(format!(
-            "output has {} values, need {} x {}",
-            out.len(),
-            s.m,
-            s.n
-        ));
+    for (name, len, rows, cols) in [
+        ("input0", a.len(), s.m, s.k),
+        ("input1", b.len(), s.k, s.n),
+        ("output", out.len(), s.m, s.n),
+    ] {
+        if len < rows.saturating_mul(cols) {
+            return Err(format!("{name} has {len} values, need {rows} x {cols}"));
+        }
     }
     Ok(())
 }

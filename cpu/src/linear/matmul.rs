@@ -118,9 +118,7 @@ pub fn matmul(
             for l in 0..s.k {
                 axpy(row, a[i * s.k + l], &b[l * s.n..(l + 1) * s.n]);
             }
-            if alpha != 1.0 {
-                row.iter_mut().for_each(|v| *v *= alpha);
-            }
+            scale(row, alpha);
         }
     });
     Ok(())
@@ -158,10 +156,7 @@ pub fn matmul_trans_b_ref(
     alpha: f32,
     out: &mut [f32],
 ) -> Result<(), String> {
-    check(s, a, b, out)?;
-    linear_ref(&trans_b_args(s, a, b), out)?;
-    scale(&mut out[..s.m * s.n], alpha);
-    Ok(())
+    trans_b_through(s, a, b, alpha, out, linear_ref)
 }
 
 /// Fast `MatMulTransB` (the `Linear` F32 kernels and driver).
@@ -173,8 +168,20 @@ pub fn matmul_trans_b(
     alpha: f32,
     out: &mut [f32],
 ) -> Result<(), String> {
+    trans_b_through(s, a, b, alpha, out, |args, o| linear(threads, args, o))
+}
+
+/// `MatMulTransB` as a `Linear` with F32 weights run by `linear_fn`, then scaled by `alpha`.
+fn trans_b_through(
+    s: MatMulShape,
+    a: &[f32],
+    b: &[f32],
+    alpha: f32,
+    out: &mut [f32],
+    linear_fn: impl FnOnce(&LinearArgs, &mut [f32]) -> Result<(), String>,
+) -> Result<(), String> {
     check(s, a, b, out)?;
-    linear(threads, &trans_b_args(s, a, b), out)?;
+    linear_fn(&trans_b_args(s, a, b), out)?;
     scale(&mut out[..s.m * s.n], alpha);
     Ok(())
 }

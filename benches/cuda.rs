@@ -272,15 +272,17 @@ fn gemv(dev: &CudaDevice, cuda: &Executor) {
 /// `mma` parameter picks, with the k splits `mma_splits` forces on the int8 tensor-core path.
 fn batched_linear(dev: &CudaDevice, cuda: &Executor) {
     let mut rng = CaseRng::new(94);
-    // (mma, mma_splits, name): the GEMV kernels, f16 tensor cores, int8 tensor cores
-    let paths: [(i32, i32, &str); 7] = [
-        (1, 0, "gemv"),
-        (2, 0, "mma"),
-        (3, 0, "mmq"),
-        (3, 1, "mmq/1"),
-        (3, 2, "mmq/2"),
-        (3, 4, "mmq/4"),
-        (3, 8, "mmq/8"),
+    // (mma, mma_splits, mmq_shape, name): the GEMV kernels, f16 tensor cores, int8 tensor cores
+    // (the device's tile shape, the one that adds blocks in order where it differs, forced k
+    // splits)
+    let paths: [(i32, i32, i32, &str); 7] = [
+        (1, 0, 0, "gemv"),
+        (2, 0, 0, "mma"),
+        (3, 0, 0, "mmq"),
+        (3, 0, 1, "mmq.1"),
+        (3, 1, 0, "mmq/1"),
+        (3, 2, 0, "mmq/2"),
+        (3, 4, 0, "mmq/4"),
     ];
     for wt in [DataType::Q4_0, DataType::Q8_0] {
         for (n, k) in [
@@ -294,11 +296,12 @@ fn batched_linear(dev: &CudaDevice, cuda: &Executor) {
             for m in [1usize, 2, 4, 8, 16, 32, 64, 128] {
                 let x = dev.upload(&rng.data(DataType::F32, &[m, k])).unwrap();
                 let mut line = format!("Linear {wt} [{n}, {k}] m={m:3}:");
-                for &(mode, splits, name) in paths.iter().filter(|p| m > 1 || p.0 < 2) {
+                for &(mode, splits, shape, name) in paths.iter().filter(|p| m > 1 || p.0 < 2) {
                     let ints = IntDict::new()
                         .with("quant_act", 1)
                         .with("mma", mode)
-                        .with("mma_splits", splits);
+                        .with("mma_splits", splits)
+                        .with("mmq_shape", shape);
                     let mut y = Data::empty(DataType::F32);
                     let ms = gpu_ms(dev, 20, &mut || {
                         let mut d = DataDict::new()
@@ -308,9 +311,9 @@ fn batched_linear(dev: &CudaDevice, cuda: &Executor) {
                         cuda.run("Linear", &mut d, &FloatDict::new(), &ints)
                     });
                     let us = ms * 1e3;
-                    line += &format!(" {name} {us:7.1} us ({:4.0} GB/s)", bytes as f64 / us / 1e3);
+                    line += &format!(" {name} {us:6.1}");
                 }
-                println!("{line}");
+                println!("{line} us ({:.1} MB)", bytes as f64 / 1e6);
             }
         }
     }

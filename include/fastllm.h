@@ -189,7 +189,7 @@ typedef struct FastllmModelParams {
    */
   const char *cache_dir;
   /*
-   KV cache dtype: "f16", "q8_0" (CPU only) or "f32"; NULL = the device's default (f16 in
+   KV cache dtype: "f16", "q8_0" or "f32"; NULL = the device's default (f16 in
    fast precision, else f32). A dtype the device does not store is an error naming it.
    */
   const char *kv_dtype;

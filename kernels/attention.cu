@@ -1,5 +1,5 @@
-// Attention, f32 arithmetic over f32 or f16 keys and values (the *_f16kv instances of the
-// kernels below read an f16 KV cache in place): one block of ATT_THREADS threads per (query,
+// Attention, f32 arithmetic over f32, f16 or q8_0 keys and values (the *_f16kv and *_q8kv
+// instances of the kernels below read an f16 or q8_0 KV cache in place): one block of ATT_THREADS threads per (query,
 // head). Keys are processed in chunks of ATT_CHUNK: a warp per key computes the scores into
 // shared memory, then an online softmax rescales the running output (each thread owns output
 // dims tid, tid + ATT_THREADS, ...).
@@ -43,6 +43,40 @@ __device__ __forceinline__ float att_ld(const unsigned short* p, long i) { retur
 __device__ __forceinline__ void att_st(float* p, long i, float x) { p[i] = x; }
 __device__ __forceinline__ void att_st(unsigned short* p, long i, float x) { p[i] = f2h(x); }
 
+// A q8_0 KV cache (the *_q8kv kernels): head rows of GGUF Q8_0 blocks (an f16 scale, then 32
+// int8), each row padded with zeros to whole blocks, as the CPU stores it. Kernels address it by
+// the element index e of that padded layout: value e is int8 e % 32 of block e / 32, whose
+// 34 bytes start at byte 34 · (e / 32). q8kv is its byte type (distinct, for the overloads).
+struct q8kv {
+    signed char b;
+};
+
+__device__ __forceinline__ const unsigned char* q8kv_block(const q8kv* p, long e) {
+    return (const unsigned char*)p + (e >> 5) * 34;
+}
+
+__device__ __forceinline__ float att_ld(const q8kv* p, long i) {
+    const unsigned char* blk = q8kv_block(p, i);
+    return h2f(*(const unsigned short*)blk) * (float)((const signed char*)blk)[2 + (i & 31)];
+}
+
+// Stored values per head row of hd values: hd, or hd rounded up to whole blocks for q8_0.
+__device__ __forceinline__ int att_hs(const float*, int hd) { return hd; }
+__device__ __forceinline__ int att_hs(const unsigned short*, int hd) { return hd; }
+__device__ __forceinline__ int att_hs(const q8kv*, int hd) { return (hd + 31) & ~31; }
+
+// Stores the Q8_0 block at element e0 (a multiple of 32) of a q8_0 cache from the warp's 32
+// values (lane l gives value l; 0 past a row's end) with the CPU's arithmetic: d = amax / 127,
+// q = round(v / d) (halves away from zero), d stored as f16. Every lane of the warp calls it.
+__device__ __forceinline__ void q8kv_store_block(q8kv* p, long e0, float val) {
+    float d = warp_max(fabsf(val)) / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    unsigned char* blk = (unsigned char*)q8kv_block(p, e0);
+    int q = max(-128, min(127, (int)roundf(val * id)));
+    blk[2 + (threadIdx.x & 31)] = (unsigned char)(signed char)q;
+    if ((threadIdx.x & 31) == 0) *(unsigned short*)blk = f2h(d);
+}
+
 // k and v of element type T (float, or unsigned short: f16 bits); attention_f32 and
 // attention_f16kv below.
 template <typename T>
@@ -77,9 +111,9 @@ __device__ void attention_impl(const float* q, const T* k, const T* v, const flo
     for (long c0 = start; c0 < end; c0 += ATT_CHUNK) {
         int cn = (int)min((long)ATT_CHUNK, end - c0);
         for (int jj = wid; jj < cn; jj += nw) {
-            const T* kr = k + (c0 + jj) * ks + (long)kh * hd;
+            long kr = (c0 + jj) * ks + (long)kh * att_hs(k, hd);
             float s = 0.0f;
-            for (int d = lane; d < hd; d += 32) s += qs[d] * att_ld(kr, d);
+            for (int d = lane; d < hd; d += 32) s += qs[d] * att_ld(k, kr + d);
             s = warp_sum(s);
             if (lane == 0) {
                 s *= scale;
@@ -95,8 +129,8 @@ __device__ void attention_impl(const float* q, const T* k, const T* v, const flo
             int d = tid + t * ATT_THREADS;
             if (d < hdv) {
                 float a = acc[t] * corr;
-                const T* vp = v + c0 * vs + (long)kh * hdv + d;
-                for (int jj = 0; jj < cn; jj++) a += sc[jj] * att_ld(vp, jj * vs);
+                long vp = c0 * vs + (long)kh * att_hs(v, hdv) + d;
+                for (int jj = 0; jj < cn; jj++) a += sc[jj] * att_ld(v, vp + jj * vs);
                 acc[t] = a;
             }
         }
@@ -121,8 +155,9 @@ __device__ void attention_impl(const float* q, const T* k, const T* v, const flo
     }
 ATTENTION(attention_f32, float)
 ATTENTION(attention_f16kv, unsigned short)
+ATTENTION(attention_q8kv, q8kv)
 
-// PagedAttention: keys/values live in a pool of slots [slots, nkv, hd] (f32 or f16) addressed through
+// PagedAttention: keys/values live in a pool of slots [slots, nkv, hd] (f32, f16 or q8_0) addressed through
 // per-sequence block tables. Block (row, head); the row's sequence s is found in q_starts
 // (nseq + 1 entries); its position is pos = kv_lens[s] - (q_end - q_start) + (row - q_start);
 // it sees keys lo..=pos (lo = pos + 1 - window with a window). Key j of sequence s lives in slot
@@ -155,16 +190,17 @@ __device__ void paged_attention_impl(const float* q, const T* kc, const T* vc, c
 #pragma unroll
     for (int t = 0; t < ATT_DPT; t++) acc[t] = 0.0f;
     float m = -INF, l = 0.0f;
-    long rs = (long)nkv * hd;
+    const int hs = att_hs(kc, hd);
+    long rs = (long)nkv * hs;
     __syncthreads();
     for (long c0 = start; c0 < end; c0 += ATT_CHUNK) {
         int cn = (int)min((long)ATT_CHUNK, end - c0);
         for (int jj = wid; jj < cn; jj += nw) {
             long j = c0 + jj;
             long slot = (long)tb[j / bs] * bs + j % bs;
-            const T* kr = kc + slot * rs + (long)kh * hd;
+            long kr = slot * rs + (long)kh * hs;
             float sv = 0.0f;
-            for (int d = lane; d < hd; d += 32) sv += qs[d] * att_ld(kr, d);
+            for (int d = lane; d < hd; d += 32) sv += qs[d] * att_ld(kc, kr + d);
             sv = warp_sum(sv);
             if (lane == 0) {
                 sv *= scale;
@@ -183,7 +219,7 @@ __device__ void paged_attention_impl(const float* q, const T* kc, const T* vc, c
                 for (int jj = 0; jj < cn; jj++) {
                     long j = c0 + jj;
                     long slot = (long)tb[j / bs] * bs + j % bs;
-                    a += sc[jj] * att_ld(vc, slot * rs + (long)kh * hd + d);
+                    a += sc[jj] * att_ld(vc, slot * rs + (long)kh * hs + d);
                 }
                 acc[t] = a;
             }
@@ -209,6 +245,22 @@ __device__ void paged_attention_impl(const float* q, const T* kc, const T* vc, c
     }
 PAGED_ATTENTION(paged_attention_f32, float)
 PAGED_ATTENTION(paged_attention_f16, unsigned short)
+PAGED_ATTENTION(paged_attention_q8, q8kv)
+
+// PagedCacheWrite into a q8_0 cache: the nkv head rows of input row i (hd values each) as Q8_0
+// head rows (padded to whole blocks) of slot slots[i]; a warp per block.
+extern "C" __global__ void paged_cache_write_q8(const float* x, const int* slots, q8kv* cache, long n, int nkv, int hd) {
+    pdl_begin();
+    int nb = (hd + 31) >> 5, lane = threadIdx.x & 31;
+    long nwarps = ((long)gridDim.x * blockDim.x) >> 5;
+    for (long w = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < n * nkv * nb; w += nwarps) {
+        long hr = w / nb;  // head row i · nkv + h of the input
+        int b = (int)(w % nb), d = b * 32 + lane;
+        long i = hr / nkv, h = hr % nkv;
+        long e = (((long)slots[i] * nkv + h) * nb + b) * 32;
+        q8kv_store_block(cache, e, d < hd ? x[hr * hd + d] : 0.0f);
+    }
+}
 
 // PagedCacheWrite: cache[slots[i]] = input[i] (rows of `row` floats).
 extern "C" __global__ void paged_cache_write_f32(const float* x, const int* slots, float* cache, long n, long row) {
@@ -485,8 +537,39 @@ __device__ __forceinline__ void da_merge_last(const float* part, float* out, sig
     }
 }
 
-// k and v of element type T (float, or unsigned short: f16 bits; the step's own key and value
-// are stored rounded to f16 and read back so): attn_decode_f32 and attn_decode_f16kv below.
+// The step's own key (rotated with the tables rcos / rsin) and value, kn [hd] and vn [hdv], stored
+// at elements ke / ve of the caches by the whole block: a thread per value (f32, f16), or for
+// q8_0 a warp per block of 32 values (the key's blocks, then the value's).
+template <typename T>
+__device__ __forceinline__ void da_store_step(T* k, T* v, long ke, long ve, const float* kn, const float* vn, int hd,
+                                              int hdv, const float* rcos, const float* rsin, int rot, int rstyle) {
+    for (int e = threadIdx.x; e < hd + hdv; e += blockDim.x) {
+        if (e < hd)
+            att_st(k, ke + e, rcos ? rope_value(kn, e, rot, rstyle, rcos, rsin) : kn[e]);
+        else
+            att_st(v, ve + (e - hd), vn[e - hd]);
+    }
+}
+
+__device__ __forceinline__ void da_store_step(q8kv* k, q8kv* v, long ke, long ve, const float* kn, const float* vn,
+                                              int hd, int hdv, const float* rcos, const float* rsin, int rot,
+                                              int rstyle) {
+    int nbk = (hd + 31) >> 5, nbv = (hdv + 31) >> 5, lane = threadIdx.x & 31;
+    for (int b = threadIdx.x >> 5; b < nbk + nbv; b += blockDim.x >> 5) {
+        bool isk = b < nbk;
+        int e = (isk ? b : b - nbk) * 32 + lane;
+        float x = 0.0f;
+        if (isk && e < hd)
+            x = rcos ? rope_value(kn, e, rot, rstyle, rcos, rsin) : kn[e];
+        else if (!isk && e < hdv)
+            x = vn[e];
+        q8kv_store_block(isk ? k : v, (isk ? ke : ve) + (e - lane), x);
+    }
+}
+
+// k and v of element type T (float; unsigned short: f16 bits; q8kv: Q8_0 blocks; the step's own
+// key and value are stored rounded to the cache's type and read back so): attn_decode_f32,
+// attn_decode_f16kv and attn_decode_q8kv below.
 template <typename T>
 __device__ void attn_decode_impl(const float* q, const T* k, const T* v, const float* slopes, const int* positions,
                                  float* out, float* part, int sq, int skv, int kcap, int nh, int nkv, int hd, int hdv,
@@ -513,17 +596,10 @@ __device__ void attn_decode_impl(const float* q, const T* k, const T* v, const f
     // the step's own key and value (knew, vnew; one query row): every block whose range holds
     // position p writes them (the key rotated) to cache row p before reading it, all the same
     // bits, so a block reads back its own write or an identical one
-    if (knew && a <= p && p < b) {
-        T* kw = (T*)k + p * ks + (long)kh * hd;
-        T* vw = (T*)v + p * vs + (long)kh * hdv;
-        const float* kn = knew + (long)kh * hd;
-        for (int e = tid; e < hd + hdv; e += nt) {
-            if (e < hd)
-                att_st(kw, e, rcos ? rope_value(kn, e, rot, rstyle, rcos, rsin) : kn[e]);
-            else
-                att_st(vw, e - hd, vnew[(long)kh * hdv + (e - hd)]);
-        }
-    }
+    const int khs = att_hs(k, hd), vhs = att_hs(v, hdv);
+    if (knew && a <= p && p < b)
+        da_store_step((T*)k, (T*)v, p * ks + (long)kh * khs, p * vs + (long)kh * vhs, knew + (long)kh * hd,
+                      vnew + (long)kh * hdv, hd, hdv, rcos, rsin, rot, rstyle);
     for (int e = tid; e < DA_GMAX * DA_DPL * 32; e += nt) {
         int g = e / (DA_DPL * 32), d = e % (DA_DPL * 32);
         const float* qh = q + ((long)i * nh + h0 + g) * hd;
@@ -549,7 +625,7 @@ __device__ void attn_decode_impl(const float* q, const T* k, const T* v, const f
 #pragma unroll
                 for (int t = 0; t < DA_DPL; t++) {
                     int d = lane + 32 * t;
-                    kr[u][t] = (j0 + u < cn && d < hd) ? att_ld(k, (c0 + j0 + u) * ks + (long)kh * hd + d) : 0.0f;
+                    kr[u][t] = (j0 + u < cn && d < hd) ? att_ld(k, (c0 + j0 + u) * ks + (long)kh * khs + d) : 0.0f;
                 }
 #pragma unroll
             for (int g = 0; g < DA_GMAX; g++) {
@@ -604,17 +680,17 @@ __device__ void attn_decode_impl(const float* q, const T* k, const T* v, const f
                 float a2[DA_GMAX];
 #pragma unroll
                 for (int g = 0; g < DA_GMAX; g++) a2[g] = g < G ? acc[g][t] * cr[g] : 0.0f;
-                const T* vp = v + c0 * vs + (long)kh * hdv + d;
+                const long vp = c0 * vs + (long)kh * vhs + d;
                 int jj = 4 * kq;
                 for (; jj + 4 <= cn; jj += 4 * nkq) {
-                    float v0 = att_ld(vp, jj * vs), v1 = att_ld(vp, (jj + 1) * vs);
-                    float v2 = att_ld(vp, (jj + 2) * vs), v3 = att_ld(vp, (jj + 3) * vs);
+                    float v0 = att_ld(v, vp + jj * vs), v1 = att_ld(v, vp + (jj + 1) * vs);
+                    float v2 = att_ld(v, vp + (jj + 2) * vs), v3 = att_ld(v, vp + (jj + 3) * vs);
 #pragma unroll
                     for (int g = 0; g < DA_GMAX; g++)
                         if (g < G) a2[g] += sc[g][jj] * v0 + sc[g][jj + 1] * v1 + sc[g][jj + 2] * v2 + sc[g][jj + 3] * v3;
                 }
                 for (jj = (cn & ~3) + kq; jj < cn; jj += nkq) {
-                    float v0 = att_ld(vp, jj * vs);
+                    float v0 = att_ld(v, vp + jj * vs);
 #pragma unroll
                     for (int g = 0; g < DA_GMAX; g++)
                         if (g < G) a2[g] += sc[g][jj] * v0;
@@ -704,6 +780,7 @@ __device__ void attn_decode_impl(const float* q, const T* k, const T* v, const f
     }
 DECODE_GENERIC(attn_decode_f32, float)
 DECODE_GENERIC(attn_decode_f16kv, unsigned short)
+DECODE_GENERIC(attn_decode_q8kv, q8kv)
 
 // ---- decode attention for head size 64 / 128: warps with their own keys ----
 // The same launch and results as attn_decode_f32 (grid, arguments, splits, partials, merges)
@@ -743,13 +820,72 @@ __device__ __forceinline__ void dw_load(const unsigned short* src, float (&x)[HD
     }
 }
 
+// HD / 32 values from element e of a cache (f32, f16 or q8_0: one scale and HD / 32 int8 of
+// one block, e % 32 being even) as floats.
+template <int HD>
+__device__ __forceinline__ void dw_ld(const float* p, long e, float (&x)[HD / 32]) {
+    dw_load<HD>(p + e, x);
+}
+template <int HD>
+__device__ __forceinline__ void dw_ld(const unsigned short* p, long e, float (&x)[HD / 32]) {
+    dw_load<HD>(p + e, x);
+}
+template <int HD>
+__device__ __forceinline__ void dw_ld(const q8kv* p, long e, float (&x)[HD / 32]) {
+    const unsigned char* blk = q8kv_block(p, e);
+    float d = h2f(*(const unsigned short*)blk);
+    const unsigned short* qp = (const unsigned short*)(blk + 2 + (e & 31));
+#pragma unroll
+    for (int t = 0; t < HD / 32; t += 2) {
+        unsigned short u = qp[t / 2];
+        x[t] = d * (float)(signed char)(u & 0xff);
+        x[t + 1] = d * (float)(signed char)(u >> 8);
+    }
+}
+
+// The step's own key kn and value vn (KV head rows of HD values at elements e of the caches):
+// the warp's lane stores its HD / 32 values from d0 (f32, f16; kn rotated by the caller), or
+// for q8_0 the warp stores the rows block by block (kp: the raw key, rotated here). The lanes'
+// later loads of the row see these stores.
+template <int HD, typename T>
+__device__ __forceinline__ void dw_store_vals(T* k, T* v, long e, const float (&kn)[HD / 32],
+                                              const float (&vn)[HD / 32]) {
+#pragma unroll
+    for (int t = 0; t < HD / 32; t++) att_st(k, e + t, kn[t]), att_st(v, e + t, vn[t]);
+}
+template <int HD>
+__device__ __forceinline__ void dw_store_step(float* k, float* v, long e, int d0, const float (&kn)[HD / 32],
+                                              const float (&vn)[HD / 32], const float*, const float*,
+                                              const float*, const float*, int, int) {
+    dw_store_vals<HD>(k, v, e + d0, kn, vn);
+}
+template <int HD>
+__device__ __forceinline__ void dw_store_step(unsigned short* k, unsigned short* v, long e, int d0,
+                                              const float (&kn)[HD / 32], const float (&vn)[HD / 32], const float*,
+                                              const float*, const float*, const float*, int, int) {
+    dw_store_vals<HD>(k, v, e + d0, kn, vn);
+}
+template <int HD>
+__device__ __forceinline__ void dw_store_step(q8kv* k, q8kv* v, long e, int, const float (&)[HD / 32],
+                                              const float (&)[HD / 32], const float* kp, const float* vp,
+                                              const float* rcos, const float* rsin, int rot, int rstyle) {
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int b = 0; b < HD / 32; b++) {
+        int d = 32 * b + lane;
+        q8kv_store_block(k, e + 32 * b, rcos ? rope_value(kp, d, rot, rstyle, rcos, rsin) : kp[d]);
+        q8kv_store_block(v, e + 32 * b, vp[d]);
+    }
+    __syncwarp();
+}
+
 // K and V row j of KV head kh, the lane's HD / 32 dims from d0 (zeros for j < 0).
 template <int HD, typename T>
 __device__ __forceinline__ void dw_row(const T* k, const T* v, long j, long ks, int kh, int d0,
                                        float (&kr)[HD / 32], float (&vr)[HD / 32]) {
     if (j >= 0) {
-        dw_load<HD>(k + j * ks + (long)kh * HD + d0, kr);
-        dw_load<HD>(v + j * ks + (long)kh * HD + d0, vr);
+        dw_ld<HD>(k, j * ks + (long)kh * HD + d0, kr);
+        dw_ld<HD>(v, j * ks + (long)kh * HD + d0, vr);
     } else {
 #pragma unroll
         for (int t = 0; t < HD / 32; t++) kr[t] = 0.0f, vr[t] = 0.0f;
@@ -859,10 +995,8 @@ __device__ __forceinline__ void attn_decode_warps(const float* q, const T* k, co
 #pragma unroll
         for (int t = 0; t < VPL; t++) kn[t] = rcos ? rope_value(kp, d0 + t, rot, rstyle, rcos, rsin) : kp[d0 + t];
         dw_load<HD>(vnew + (long)kh * HD + d0, vn);
-        T* kw = (T*)k + p * ks + (long)kh * HD + d0;
-        T* vw = (T*)v + p * ks + (long)kh * HD + d0;
-#pragma unroll
-        for (int t = 0; t < VPL; t++) att_st(kw, t, kn[t]), att_st(vw, t, vn[t]);
+        dw_store_step<HD>((T*)k, (T*)v, p * ks + (long)kh * HD, d0, kn, vn, kp, vnew + (long)kh * HD, rcos, rsin,
+                          rot, rstyle);
     }
     float m[DA_GMAX], l[DA_GMAX], o[DA_GMAX][VPL];
 #pragma unroll
@@ -933,6 +1067,8 @@ DECODE_WARPS(64, float, f32)
 DECODE_WARPS(128, float, f32)
 DECODE_WARPS(64, unsigned short, f16kv)
 DECODE_WARPS(128, unsigned short, f16kv)
+DECODE_WARPS(64, q8kv, q8kv)
+DECODE_WARPS(128, q8kv, q8kv)
 
 // Merges the nsplit partial results of attn_decode_f32: block (h, i), a thread per value dim.
 // out = Σ_s e^(m_s - M) o_s / (Σ_s e^(m_s - M) l_s + e^(sink - M)) (0 when no split saw a key).
@@ -962,6 +1098,32 @@ extern "C" __global__ void kv_append_f16kv(const float* x, unsigned short* dst, 
     pdl_begin();
     for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
         dst[i] = f2h(x[i]);
+}
+
+// KvAppend of a q8_0 cache: `rows` f32 head rows of hd values at x as Q8_0 head rows (padded to
+// whole blocks) at dst (the rows after the cache's last); a warp per block.
+extern "C" __global__ void kv_append_q8kv(const float* x, q8kv* dst, long rows, int hd) {
+    pdl_begin();
+    int nb = (hd + 31) >> 5, lane = threadIdx.x & 31;
+    long nwarps = ((long)gridDim.x * blockDim.x) >> 5;
+    for (long w = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < rows * nb; w += nwarps) {
+        long r = w / nb;
+        int d = (int)(w % nb) * 32 + lane;
+        q8kv_store_block(dst, w * 32, d < hd ? x[r * hd + d] : 0.0f);
+    }
+}
+
+// The cuBLAS prefill over a q8_0 cache: its first `rows` head rows as f32 (hd and hdv values
+// per row, the layout of an f32 cache).
+extern "C" __global__ void kv_float_q8kv(const q8kv* k, const q8kv* v, float* kf, float* vf, long rows, int hd,
+                                         int hdv) {
+    pdl_begin();
+    int khs = att_hs(k, hd), vhs = att_hs(v, hdv);
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < rows * hd || i < rows * hdv;
+         i += (long)gridDim.x * blockDim.x) {
+        if (i < rows * hd) kf[i] = att_ld(k, (i / hd) * khs + i % hd);
+        if (i < rows * hdv) vf[i] = att_ld(v, (i / hdv) * vhs + i % hdv);
+    }
 }
 
 // The cuBLAS prefill over an f16 cache: its rows [0, n) as f32 (the layout of an f32 cache).
@@ -1041,13 +1203,14 @@ __device__ __forceinline__ void fa_ldm4(const unsigned short* p, unsigned int* r
                      : "r"(a));
 }
 
-// Rows k0 .. k0 + FA_BK of one KV head (src already offset to it; rows `stride` halves apart,
-// skv of them) into the shared tile by 16-byte cp.async, rows past the end zeroed; one commit
-// group.
+// Rows k0 .. k0 + FA_BK of one KV head (from element `off` of the cache; rows `stride` values
+// apart, skv of them) into the shared tile: an f16 cache by 16-byte cp.async, rows past the end
+// zeroed; one commit group.
 template <int HD, int NT>
-__device__ __forceinline__ void fa_stage(unsigned short (*tile)[HD + 8], const unsigned short* src, long stride,
-                                         int k0, int skv) {
+__device__ __forceinline__ void fa_stage(unsigned short (*tile)[HD + 8], const unsigned short* base, long off,
+                                         long stride, int k0, int skv) {
     static_assert((FA_BK * HD / 8) % NT == 0, "tile chunks must split evenly over the threads");
+    const unsigned short* src = base + off;
 #pragma unroll
     for (int it = 0; it < FA_BK * HD / 8 / NT; it++) {
         int e = threadIdx.x + it * NT;
@@ -1063,13 +1226,43 @@ __device__ __forceinline__ void fa_stage(unsigned short (*tile)[HD + 8], const u
     asm volatile("cp.async.commit_group;");
 }
 
+// The same from a q8_0 cache: each thread dequantizes 8 values of one block in registers (scale
+// times int8, rounded to f16) and stores them to the tile (plain loads; the commit group is empty).
+template <int HD, int NT>
+__device__ __forceinline__ void fa_stage(unsigned short (*tile)[HD + 8], const q8kv* base, long off, long stride,
+                                         int k0, int skv) {
+    static_assert((FA_BK * HD / 8) % NT == 0, "tile chunks must split evenly over the threads");
+#pragma unroll
+    for (int it = 0; it < FA_BK * HD / 8 / NT; it++) {
+        int e = threadIdx.x + it * NT;
+        int r = e / (HD / 8), c8 = (e % (HD / 8)) * 8;
+        long j = k0 + r;
+        uint4 w = make_uint4(0u, 0u, 0u, 0u);
+        if (j < skv) {
+            long x = off + j * stride + c8;
+            const unsigned char* blk = q8kv_block(base, x);
+            float d = h2f(*(const unsigned short*)blk);
+            const unsigned short* qp = (const unsigned short*)(blk + 2 + (x & 31));
+            unsigned int h[4];
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                unsigned short u = qp[t];
+                h[t] = fa_pack(d * (float)(signed char)(u & 0xff), d * (float)(signed char)(u >> 8));
+            }
+            w = make_uint4(h[0], h[1], h[2], h[3]);
+        }
+        *(uint4*)&tile[r][c8] = w;
+    }
+    asm volatile("cp.async.commit_group;");
+}
+
 __device__ __forceinline__ void fa_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
 // HPB query heads of one GQA group per block (4 warps each), sharing every K/V tile it stages.
 // hs (or null): the output also as f16 (bf = 0) or bf16 (bf = 1) rows, for the next Linear.
-template <int HD, int HPB>
-__device__ void flash_attn_t(const float* q, const unsigned short* kh, const unsigned short* vh, float* out, int sq,
-                             int skv, int nh, int nkv, float scale, unsigned int* hs, int bf) {
+template <int HD, int HPB, typename T>
+__device__ void flash_attn_t(const float* q, const T* kh, const T* vh, float* out, int sq, int skv, int nh, int nkv,
+                             float scale, unsigned int* hs, int bf) {
     __shared__ __align__(16) unsigned short Ks[FA_BK][HD + 8];
     __shared__ __align__(16) unsigned short Vs[FA_BK][HD + 8];
     // the last query tiles have the most keys: start them first
@@ -1080,8 +1273,7 @@ __device__ void flash_attn_t(const float* q, const unsigned short* kh, const uns
     int group = nh / nkv, kvh = blockIdx.x * HPB / group;
     int q0 = qt * FA_BQ + (warp & 3) * 16;
     long kstride = (long)nkv * HD, qstride = (long)nh * HD;
-    const unsigned short* ksrc = kh + (long)kvh * HD;
-    const unsigned short* vsrc = vh + (long)kvh * HD;
+    const long hoff = (long)kvh * HD;  // the KV head's first element in a row
     int off = skv - sq;
     const float sl2 = scale * 1.4426950408889634f;
     unsigned int qf[HD / 16][4];
@@ -1105,11 +1297,11 @@ __device__ void flash_attn_t(const float* q, const unsigned short* kh, const uns
     float m[2] = {-INF, -INF}, l[2] = {0.0f, 0.0f};
     int last = min(sq - 1, qt * FA_BQ + FA_BQ - 1);
     int kend = min(skv, off + last + 1);
-    if (kend > 0) fa_stage<HD, 128 * HPB>(Ks, ksrc, kstride, 0, skv);
+    if (kend > 0) fa_stage<HD, 128 * HPB>(Ks, kh, hoff, kstride, 0, skv);
     for (int k0 = 0; k0 < kend; k0 += FA_BK) {
         fa_wait_all();
         __syncthreads();  // K tile here; every warp is past the last tile's P·V (V is free)
-        fa_stage<HD, 128 * HPB>(Vs, vsrc, kstride, k0, skv);
+        fa_stage<HD, 128 * HPB>(Vs, vh, hoff, kstride, k0, skv);
         // this warp's queries all before the tile: nothing to add (warp-uniform)
         bool active = q0 < sq && off + q0 + 15 >= k0;
         float s[FA_BK / 8][4];
@@ -1176,7 +1368,7 @@ __device__ void flash_attn_t(const float* q, const unsigned short* kh, const uns
         }
         fa_wait_all();
         __syncthreads();  // V tile here; every warp is past this tile's S (K is free)
-        if (k0 + FA_BK < kend) fa_stage<HD, 128 * HPB>(Ks, ksrc, kstride, k0 + FA_BK, skv);
+        if (k0 + FA_BK < kend) fa_stage<HD, 128 * HPB>(Ks, kh, hoff, kstride, k0 + FA_BK, skv);
         if (!active) continue;
 #pragma unroll
         for (int kk = 0; kk < FA_BK / 16; kk++) {
@@ -1213,12 +1405,15 @@ __device__ void flash_attn_t(const float* q, const unsigned short* kh, const uns
     }
 }
 
-#define FLASH(HD, HPB, MINB) \
-    extern "C" __global__ void __launch_bounds__(128 * HPB, MINB) flash_attn##HD##x##HPB##_f32( \
-        const float* q, const unsigned short* kh, const unsigned short* vh, float* out, int sq, int skv, int nh, \
-        int nkv, float scale, unsigned int* hs, int bf) { \
+// flash_attn{64,128}x1_f32 over f16 keys and values, flash_attn{64,128}x1_q8kv over a q8_0 cache.
+#define FLASH(HD, HPB, MINB, T, SUFFIX) \
+    extern "C" __global__ void __launch_bounds__(128 * HPB, MINB) flash_attn##HD##x##HPB##_##SUFFIX( \
+        const float* q, const T* kh, const T* vh, float* out, int sq, int skv, int nh, int nkv, float scale, \
+        unsigned int* hs, int bf) { \
         pdl_begin(); \
-        flash_attn_t<HD, HPB>(q, kh, vh, out, sq, skv, nh, nkv, scale, hs, bf); \
+        flash_attn_t<HD, HPB, T>(q, kh, vh, out, sq, skv, nh, nkv, scale, hs, bf); \
     }
-FLASH(64, 1, FLASH_MIN_BLOCKS)
-FLASH(128, 1, FLASH_MIN_BLOCKS)
+FLASH(64, 1, FLASH_MIN_BLOCKS, unsigned short, f32)
+FLASH(128, 1, FLASH_MIN_BLOCKS, unsigned short, f32)
+FLASH(64, 1, FLASH_MIN_BLOCKS, q8kv, q8kv)
+FLASH(128, 1, FLASH_MIN_BLOCKS, q8kv, q8kv)

@@ -10,44 +10,46 @@
 // 1.5·2^23 + c exactly (|c| < 2^22 for every dtype), and
 // fma(dx, 1.5·2^23 + c, −1.5·2^23·dx) is dx · c rounded once (dx, an f16 value, times 1.5·2^23
 // is exact in f32).
-// so each weight block is read once from device memory for all 8 · NT activation rows of a
-// launch slice (up to 128 rows), with no f16 copy of anything.
+// so each weight block is read once from device memory for all activation rows of a launch
+// slice (up to 128 rows), with no f16 copy of anything.
 //
-// Grid (row tiles, k splits, row slices): a block of MMQ_WARPS warps takes MMQ_WARPS · WR · 16
-// weight rows (WR tiles of 16 per warp; the kernels have WR = 1), the k range of its split and
-// 8 · NT activation rows.
+// Grid (row tiles, k splits, row slices): a block of WM · WN · WK warps takes WM · WR · 16
+// weight rows, the k range of its split and WN · NU · 8 activation rows. Warp (wm, wn, wk) holds
+// WR 16-row weight tiles × NU 8-row activation tiles in registers, so each weight fragment
+// feeds NU mma's and each activation fragment WR; with WK > 1 the warps of one (wm, wn) take
+// every WK-th 32-value block of a chunk and add their sums in shared memory at the end, in
+// warp order (WK = 1: every block in k order, the same arithmetic for every tile shape).
 // Chunk by chunk (MMQ_KC values) the block copies the weight rows' blocks, the int8 activation
-// rows and their scales into shared memory with cp.async, MMQ_STAGES chunks in flight; every
-// warp reads the staged activations, so more warps per block share one copy. With one
-// split the block writes y itself; with several it writes its partial sums to `part`
-// [splits, m, ntot] and mma_reduce_f32 adds them in split order (deterministic). Needs
-// k % MMQ_KC == 0, weights at 8-byte aligned addresses and the activation buffers at 16-byte
-// aligned ones.
+// rows and their scales into shared memory with cp.async, MMQ_STAGES chunks in flight; the
+// warps of a block share one copy. With one split the block writes y itself; with several it
+// writes its partial sums to `part` [splits, m, ntot] and mma_reduce_f32 adds them in split
+// order (deterministic). Needs k % MMQ_KC == 0, weights at 8-byte aligned addresses and the
+// activation buffers at 16-byte aligned ones.
 //
 // Fragments: lane (g = lane / 4, t = lane % 4) holds, of weight rows g and g + 8, the bytes
 // 4t..4t+3 (A k 4t..4t+3) and 16+4t..16+4t+3 (A k 16+4t..) of the block's 32 values; a 4-bit
 // block's quant byte i holds values i (low nibble) and i + 16 (high nibble), so one 32-bit word
-// gives both. Activation row 8u + g gives bytes 4t.. and 16+4t.. of the same block (B).
+// gives both. Activation row 8u + g gives bytes 4t.. and 16+4t.. of the same block (B): one
+// ldmatrix.x4 loads them for two blocks. The activation scales are staged block-major, so the
+// (d, d·Σq) pairs of rows 2t and 2t + 1 are one 16-byte load.
 
-#define MMQ_WARPS 8
 #define MMQ_KC 128
 #define MMQ_STAGES 3
-// bytes per staged int8 activation row (row stride ≡ 4 words mod 32: a quad group's eight rows
-// hit distinct banks)
+// 32-value blocks per chunk
+#define MMQ_NB (MMQ_KC / 32)
+// bytes per staged int8 activation row (row stride ≡ 4 words mod 32: the eight rows of an
+// ldmatrix tile hit distinct banks)
 #define MMQ_XROW (MMQ_KC + 16)
-// bytes per staged row of activation scales: MMQ_KC / 32 float pairs, padded (the rows 2t and
-// 2t + 1 that a quad group reads fall in distinct banks)
-#define MMQ_SROW 48
 
 template <int DT>
 __device__ __forceinline__ constexpr int mmq_bs() {
     return DT == DT_Q4_0 ? 18 : (DT == DT_Q4_1 ? 20 : 34);
 }
 
-// Bytes per staged weight row of one chunk (MMQ_KC / 32 blocks; Q8_0 padded to 36 words).
+// Bytes per staged weight row of one chunk (MMQ_NB blocks; Q8_0 padded to 36 words).
 template <int DT>
 __device__ __forceinline__ constexpr int mmq_wrow() {
-    return DT == DT_Q8_0 ? 144 : 4 * mmq_bs<DT>();
+    return DT == DT_Q8_0 ? 144 : MMQ_NB * mmq_bs<DT>();
 }
 
 // d = a·b + c0 in every element (c0 a constant register: no accumulator to reset).
@@ -59,20 +61,30 @@ __device__ __forceinline__ void mma_s8(int* d, const unsigned int* a, unsigned i
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(c0));
 }
 
-// The 8-byte pieces of one chunk of weight rows [row0, row0 + ROWS) that this thread copies
-// (the same ones in every chunk): where each starts in chunk 0 and where it goes in a stage
-// (-1: none; bit 30 set: a row past ntot, which copies nothing: its stage bytes become zeros).
-template <int DT, int ROWS>
+// Four 8 × 16-byte tiles from shared memory (this lane's row address: lanes 8j..8j+7 name the
+// rows of tile j); lane (g, t) gets the word 4t..4t+3 of row g of each.
+__device__ __forceinline__ void mmq_ldsm4(unsigned int* b, const unsigned char* p) {
+    unsigned int a = (unsigned int)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                 : "r"(a));
+}
+
+// The 8-byte pieces of one chunk of weight rows [row0, row0 + ROWS) that this thread (of
+// THREADS) copies (the same ones in every chunk): where each starts in chunk 0 and where it
+// goes in a stage (-1: none; bit 30 set: a row past ntot, which copies nothing: its stage bytes
+// become zeros).
+template <int DT, int ROWS, int THREADS>
 struct MmqWPieces {
-    static constexpr int BYTES = 4 * mmq_bs<DT>(), PER_ROW = BYTES / 8;
-    static constexpr int N = (ROWS * PER_ROW + 32 * MMQ_WARPS - 1) / (32 * MMQ_WARPS);
+    static constexpr int BYTES = MMQ_NB * mmq_bs<DT>(), PER_ROW = BYTES / 8;
+    static constexpr int N = (ROWS * PER_ROW + THREADS - 1) / THREADS;
     const unsigned char* src[N];
     int dst[N];
 
     __device__ __forceinline__ MmqWPieces(const LinSegs& sg, int ntot, long row_bytes, int row0) {
 #pragma unroll
         for (int q = 0; q < N; q++) {
-            int i = threadIdx.x + q * 32 * MMQ_WARPS;
+            int i = threadIdx.x + q * THREADS;
             int r = i / PER_ROW, p = i % PER_ROW;
             int jg = row0 + r;
             bool live = jg < ntot;
@@ -99,26 +111,34 @@ struct MmqWPieces {
 };
 
 // Starts copying activation rows [t0, t0 + ROWS) (zeros past m), chunk c: their int8 values into
-// xs (MMQ_XROW bytes per row) and their block scales into sx (MMQ_SROW bytes per row), with
-// 16-byte cp.async; joins the caller's commit group.
-template <int ROWS>
+// xs (MMQ_XROW bytes per row, 16-byte cp.async) and their block scales into sx, block-major
+// (the (d, d·Σq) pair of row r, block b at byte 8 · (b · ROWS + r)); joins the caller's commit
+// group.
+template <int ROWS, int THREADS>
 __device__ __forceinline__ void mmq_stage_x(const signed char* xq, const float2* xd, int m, int k, int t0,
                                             long c, unsigned char* xs, unsigned char* sx) {
-    constexpr int QP = MMQ_KC / 16, SP = MMQ_KC / 32 * 8 / 16;
-    for (int i = threadIdx.x; i < ROWS * (QP + SP); i += blockDim.x) {
-        int r = i / (QP + SP), p = i % (QP + SP);
+    constexpr int QP = MMQ_KC / 16;
+#pragma unroll
+    for (int i0 = 0; i0 < ROWS * QP; i0 += THREADS) {
+        int i = i0 + threadIdx.x;
+        if (ROWS * QP % THREADS != 0 && i >= ROWS * QP) break;
+        int r = i / QP, p = i % QP;
         bool live = t0 + r < m;
         long row = live ? t0 + r : 0;
-        const void* src;
-        unsigned int sa;
-        if (p < QP) {
-            src = xq + row * k + c * MMQ_KC + 16 * p;
-            sa = (unsigned int)__cvta_generic_to_shared(xs + r * MMQ_XROW + 16 * p);
-        } else {
-            src = xd + row * (k / 32) + c * (MMQ_KC / 32) + 2 * (p - QP);
-            sa = (unsigned int)__cvta_generic_to_shared(sx + r * MMQ_SROW + 16 * (p - QP));
-        }
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(src), "r"(live ? 16 : 0));
+        unsigned int sa = (unsigned int)__cvta_generic_to_shared(xs + r * MMQ_XROW + 16 * p);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa),
+                     "l"(xq + row * k + c * MMQ_KC + 16 * p), "r"(live ? 16 : 0));
+    }
+#pragma unroll
+    for (int i0 = 0; i0 < ROWS * MMQ_NB; i0 += THREADS) {
+        int i = i0 + threadIdx.x;
+        if (ROWS * MMQ_NB % THREADS != 0 && i >= ROWS * MMQ_NB) break;
+        int b = i / ROWS, r = i % ROWS;
+        bool live = t0 + r < m;
+        long row = live ? t0 + r : 0;
+        unsigned int sa = (unsigned int)__cvta_generic_to_shared(sx + 8 * i);
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(sa),
+                     "l"(xd + row * (k / 32) + c * MMQ_NB + b), "r"(live ? 8 : 0));
     }
 }
 
@@ -160,9 +180,18 @@ __device__ __forceinline__ void mmq_wfrag(const unsigned char* blk, const unsign
 }
 
 // The activation side of one block for lane (g, t): of rows 2t and 2t + 1, the scales dx, the
-// terms −1.5·2^23·dx and dx·Σqx (see the file comment).
+// terms −1.5·2^23·dx and dx·Σqx (see the file comment), from the staged pairs (d, d·Σq) of both.
 struct MmqX {
     float d[2], k[2], s[2];
+
+    __device__ __forceinline__ explicit MmqX(float4 sc) {
+        d[0] = sc.x;
+        d[1] = sc.z;
+        k[0] = -12582912.0f * sc.x;
+        k[1] = -12582912.0f * sc.z;
+        s[0] = sc.y;
+        s[1] = sc.w;
+    }
 };
 
 // Adds one block's integer sums (rows g, g + 8 × activation rows 2t, 2t + 1; c: each plus
@@ -182,9 +211,10 @@ __device__ __forceinline__ void mmq_scale(float* acc, const int* c, const float*
     }
 }
 
-// Writes (or, with splits, stores as partial sums) the block's results.
-template <int WR, int NT>
-__device__ __forceinline__ void mmq_store(const float (*acc)[NT][4], const LinSegs& sg, int m, int ntot, int base,
+// Writes (or, with splits, stores as partial sums) one warp's results: weight rows from base,
+// activation rows from t0.
+template <int WR, int NU>
+__device__ __forceinline__ void mmq_store(const float (*acc)[NU][4], const LinSegs& sg, int m, int ntot, int base,
                                           int t0, int splits, float* part) {
     int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     // c[e]: weight row g + 8 (e >> 1), activation row 2t + (e & 1) of the 8-row tile
@@ -195,7 +225,7 @@ __device__ __forceinline__ void mmq_store(const float (*acc)[NT][4], const LinSe
             int jg = base + 16 * i + 8 * (e >> 1) + g;
             if (jg >= ntot) continue;
 #pragma unroll
-            for (int u = 0; u < NT; u++) {
+            for (int u = 0; u < NU; u++) {
                 int r = t0 + 8 * u + 2 * t + (e & 1);
                 if (r >= m) continue;
                 float v = acc[i][u][e];
@@ -211,30 +241,101 @@ __device__ __forceinline__ void mmq_store(const float (*acc)[NT][4], const LinSe
         }
 }
 
+// One warp's products of two staged blocks (bb and bb + WK of the chunk at st) for its WR
+// weight tiles from tile wt0 and NU activation tiles from tile ut0.
+template <int DT, int WR, int NU, int XR, int WK, int WB, int XB>
+__device__ __forceinline__ void mmq_blocks(float (*acc)[NU][4], const unsigned char* st, int bb, int wt0, int ut0) {
+    constexpr int BS = mmq_bs<DT>(), WROW = mmq_wrow<DT>();
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const unsigned char* xs = st + WB;
+    const unsigned char* sx = st + WB + XB;
+    unsigned int a[2][WR][4];
+    float dw[2][WR][2], mw[2][WR][2];
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int i = 0; i < WR; i++) {
+            const unsigned char* blk = st + ((wt0 + i) * 16 + g) * WROW + (bb + h * WK) * BS;
+            mmq_wfrag<DT>(blk, blk + 8 * WROW, t, a[h][i], dw[h][i], mw[h][i]);
+        }
+    // ldmatrix rows: lanes 0-7 / 8-15 the two halves of block bb, 16-31 those of bb + WK
+    const unsigned char* xl = xs + (8 * ut0 + (lane & 7)) * MMQ_XROW + 32 * (bb + (lane >> 4) * WK) + 16 * ((lane >> 3) & 1);
+#pragma unroll
+    for (int u = 0; u < NU; u++) {
+        unsigned int b[4];
+        mmq_ldsm4(b, xl + 8 * u * MMQ_XROW);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            MmqX xv(*(const float4*)(sx + 8 * ((bb + h * WK) * XR + 8 * (ut0 + u) + 2 * t)));
+#pragma unroll
+            for (int i = 0; i < WR; i++) {
+                int c4[4];
+                mma_s8(c4, a[h][i], b[2 * h], b[2 * h + 1], 0x4B400000);
+                mmq_scale<DT>(acc[i][u], c4, dw[h][i], mw[h][i], xv);
+            }
+        }
+    }
+}
+
+// With WK > 1: the warps wk > 0 of each (wm, wn) leave their sums in shared memory (the
+// stages, no longer read) and the warp wk = 0 adds them in order; false for the warps that
+// leave.
+template <int WR, int NU, int WM, int WN, int WK>
+__device__ __forceinline__ bool mmq_join(float (*acc)[NU][4], unsigned char* smem, int grp, int wk) {
+    if (WK == 1) return true;
+    constexpr int A = WR * NU * 4;
+    int lane = threadIdx.x & 31;
+    float* red = (float*)smem;
+    __syncthreads();
+    if (wk > 0) {
+#pragma unroll
+        for (int i = 0; i < WR; i++)
+#pragma unroll
+            for (int u = 0; u < NU; u++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    red[(((grp * (WK - 1) + wk - 1) * A) + (i * NU + u) * 4 + e) * 32 + lane] = acc[i][u][e];
+    }
+    __syncthreads();
+    if (wk > 0) return false;
+    for (int w = 1; w < WK; w++)
+#pragma unroll
+        for (int i = 0; i < WR; i++)
+#pragma unroll
+            for (int u = 0; u < NU; u++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    acc[i][u][e] += red[(((grp * (WK - 1) + w - 1) * A) + (i * NU + u) * 4 + e) * 32 + lane];
+    return true;
+}
+
 // One block of the product (see the file comment): its weight rows' products with activation
-// rows [t0, t0 + 8·NT) over chunks [c_lo, c_hi) of k.
-template <int DT, int WR, int NT>
+// rows [t0, t0 + 8·WN·NU) over chunks [c_lo, c_hi) of k.
+template <int DT, int WR, int NU, int WM, int WN, int WK>
 __device__ void linear_mmq_t(const signed char* xq, const float2* xd, const LinSegs& sg, int m, int ntot, int k,
                              long row_bytes, int splits, float* part) {
     extern __shared__ uint4 mmq_smem[];
-    constexpr int ROWS = MMQ_WARPS * WR * 16, WB = ROWS * mmq_wrow<DT>(), XB = 8 * NT * MMQ_XROW;
-    constexpr int STAGE = WB + XB + 8 * NT * MMQ_SROW, BS = mmq_bs<DT>();
+    constexpr int THREADS = 32 * WM * WN * WK, ROWS = WM * WR * 16, XR = WN * NU * 8;
+    constexpr int WB = ROWS * mmq_wrow<DT>(), XB = XR * MMQ_XROW;
+    constexpr int STAGE = WB + XB + MMQ_NB * XR * 8;
+    static_assert(MMQ_NB % (2 * WK) == 0, "each warp takes blocks in pairs");
+    static_assert(WK == 1 || WM * WN * (WK - 1) * WR * NU * 4 * 32 * 4 <= MMQ_STAGES * STAGE, "join fits");
     unsigned char* smem = (unsigned char*)mmq_smem;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    int t0 = blockIdx.z * 8 * NT;
+    int warp = threadIdx.x >> 5, wk = warp % WK, wn = (warp / WK) % WN, wm = warp / (WK * WN);
+    int t0 = blockIdx.z * XR;
     long nchunks = k / MMQ_KC;
     long c_lo = nchunks * blockIdx.y / splits, c_hi = nchunks * (blockIdx.y + 1) / splits;
     int row0 = blockIdx.x * ROWS;
-    float acc[WR][NT][4];
+    float acc[WR][NU][4];
 #pragma unroll
     for (int i = 0; i < WR; i++)
 #pragma unroll
-        for (int u = 0; u < NT; u++)
+        for (int u = 0; u < NU; u++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][u][e] = 0.0f;
     // the first weight chunk before waiting for the kernel that wrote the activations (no
     // kernel writes weights); then MMQ_STAGES - 1 chunks in flight, one commit group each
-    const MmqWPieces<DT, ROWS> wp(sg, ntot, row_bytes, row0);
+    const MmqWPieces<DT, ROWS, THREADS> wp(sg, ntot, row_bytes, row0);
     if (c_lo < c_hi) wp.stage(c_lo, smem);
     pdl_gemv_begin();
 #pragma unroll
@@ -242,7 +343,7 @@ __device__ void linear_mmq_t(const signed char* xq, const float2* xd, const LinS
         unsigned char* st = smem + s * STAGE;
         if (c_lo + s < c_hi) {
             if (s > 0) wp.stage(c_lo + s, st);
-            mmq_stage_x<8 * NT>(xq, xd, m, k, t0, c_lo + s, st + WB, st + WB + XB);
+            mmq_stage_x<XR, THREADS>(xq, xd, m, k, t0, c_lo + s, st + WB, st + WB + XB);
         }
         asm volatile("cp.async.commit_group;");
     }
@@ -254,58 +355,36 @@ __device__ void linear_mmq_t(const signed char* xq, const float2* xd, const LinS
         if (cn < c_hi) {
             unsigned char* nx = smem + ((cn - c_lo) % MMQ_STAGES) * STAGE;
             wp.stage(cn, nx);
-            mmq_stage_x<8 * NT>(xq, xd, m, k, t0, cn, nx + WB, nx + WB + XB);
+            mmq_stage_x<XR, THREADS>(xq, xd, m, k, t0, cn, nx + WB, nx + WB + XB);
         }
         asm volatile("cp.async.commit_group;");
         const unsigned char* st = smem + ((c - c_lo) % MMQ_STAGES) * STAGE;
-        const unsigned char* xs = st + WB;
-        const unsigned char* sx = st + WB + XB;
 #pragma unroll
-        for (int bb = 0; bb < MMQ_KC / 32; bb++) {
-            unsigned int a[WR][4];
-            float dw[WR][2], mw[WR][2];
-#pragma unroll
-            for (int i = 0; i < WR; i++) {
-                const unsigned char* blk = st + ((warp * WR + i) * 16 + g) * mmq_wrow<DT>() + bb * BS;
-                mmq_wfrag<DT>(blk, blk + 8 * mmq_wrow<DT>(), t, a[i], dw[i], mw[i]);
-            }
-#pragma unroll
-            for (int u = 0; u < NT; u++) {
-                const unsigned char* xr = xs + (8 * u + g) * MMQ_XROW + 32 * bb + 4 * t;
-                unsigned int b0 = *(const unsigned int*)xr, b1 = *(const unsigned int*)(xr + 16);
-                MmqX xv;
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    float2 sc = *(const float2*)(sx + (8 * u + 2 * t + h) * MMQ_SROW + 8 * bb);
-                    xv.d[h] = sc.x;
-                    xv.k[h] = -12582912.0f * sc.x;
-                    xv.s[h] = sc.y;
-                }
-#pragma unroll
-                for (int i = 0; i < WR; i++) {
-                    int c4[4];
-                    mma_s8(c4, a[i], b0, b1, 0x4B400000);
-                    mmq_scale<DT>(acc[i][u], c4, dw[i], mw[i], xv);
-                }
-            }
-        }
+        for (int p = 0; p < MMQ_NB / (2 * WK); p++)
+            mmq_blocks<DT, WR, NU, XR, WK, WB, XB>(acc, st, 2 * WK * p + wk, wm * WR, wn * NU);
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");
-    mmq_store<WR, NT>(acc, sg, m, ntot, row0 + warp * WR * 16, t0, splits, part);
+    if (!mmq_join<WR, NU, WM, WN, WK>(acc, smem, wm * WN + wn, wk)) return;
+    mmq_store<WR, NU>(acc, sg, m, ntot, row0 + wm * WR * 16, t0 + wn * NU * 8, splits, part);
 }
 
-#define LINMMQ1(name, DT, WR, NT) \
-    extern "C" __global__ void __launch_bounds__(32 * MMQ_WARPS, 2) linear_mmq##WR##x##NT##_##name( \
-        const signed char* xq, const float2* xd, LinSegs sg, int m, int ntot, int k, long rb, int splits, \
-        float* part) { \
-        linear_mmq_t<DT, WR, NT>(xq, xd, sg, m, ntot, k, rb, splits, part); \
+// linear_mmq_w{WR}u{NU}m{WM}n{WN}k{WK}_{dtype}: the tile shapes that MmqPlan names.
+#define LINMMQ1(name, DT, WR, NU, WM, WN, WK) \
+    extern "C" __global__ void __launch_bounds__(32 * WM * WN * WK, 16 / (WM * WN * WK)) \
+        linear_mmq_w##WR##u##NU##m##WM##n##WN##k##WK##_##name(const signed char* xq, const float2* xd, LinSegs sg, \
+                                                              int m, int ntot, int k, long rb, int splits, \
+                                                              float* part) { \
+        linear_mmq_t<DT, WR, NU, WM, WN, WK>(xq, xd, sg, m, ntot, k, rb, splits, part); \
     }
+// The tile shapes of MmqPlan's SHAPES (WN · NU 8-row activation tiles per slice).
 #define LINMMQ(name, DT) \
-    LINMMQ1(name, DT, 1, 1) \
-    LINMMQ1(name, DT, 1, 2) \
-    LINMMQ1(name, DT, 1, 4) \
-    LINMMQ1(name, DT, 1, 8) \
-    LINMMQ1(name, DT, 1, 16)
+    LINMMQ1(name, DT, 2, 1, 4, 1, 2) \
+    LINMMQ1(name, DT, 1, 1, 8, 1, 1) \
+    LINMMQ1(name, DT, 2, 2, 4, 1, 2) \
+    LINMMQ1(name, DT, 1, 2, 8, 1, 1) \
+    LINMMQ1(name, DT, 1, 4, 8, 1, 1) \
+    LINMMQ1(name, DT, 2, 4, 4, 2, 1) \
+    LINMMQ1(name, DT, 1, 16, 8, 1, 1)
 LINMMQ(q8_0, DT_Q8_0)
 LINMMQ(q4_0, DT_Q4_0)
 LINMMQ(q4_1, DT_Q4_1)

@@ -1,5 +1,5 @@
 // Paged decode attention (flash-decoding over block tables): one query row per sequence, keys
-// and values in a pool of slots [slots, nkv, hd] (f16 or f32) addressed through per-sequence
+// and values in a pool of slots [slots, nkv, hd] (f16, f32 or q8_0: see q8kv in attention.cu) addressed through per-sequence
 // block tables. Every index array is read on the device, so a recorded step (CUDA graph) replays
 // with new lengths and tables.
 //
@@ -54,6 +54,43 @@ __device__ __forceinline__ void pd_row(const unsigned short* p, float* out, bool
     }
 }
 
+// The lane's DPL elements of a cache from element e (`n` of them valid; all when `full`): f32 and
+// f16 through pd_row, q8_0 from one block (DPL divides 32, e a multiple of DPL).
+template <int DPL>
+__device__ __forceinline__ void pd_rowe(const float* p, long e, float* out, bool full, int n) {
+    pd_row<DPL>(p + e, out, full, n);
+}
+template <int DPL>
+__device__ __forceinline__ void pd_rowe(const unsigned short* p, long e, float* out, bool full, int n) {
+    pd_row<DPL>(p + e, out, full, n);
+}
+template <int DPL>
+__device__ __forceinline__ void pd_rowe(const q8kv* p, long e, float* out, bool full, int n) {
+    const unsigned char* blk = q8kv_block(p, e);
+    float d = h2f(*(const unsigned short*)blk);
+    const signed char* qp = (const signed char*)blk + 2 + (e & 31);
+#pragma unroll
+    for (int t = 0; t < DPL; t++) out[t] = full || t < n ? d * (float)qp[t] : 0.0f;
+}
+
+// The step's key k and value v (hd values each) at elements e of the caches, by the whole block:
+// a thread per value (f32, f16), or for q8_0 a warp per block of 32 (the key's, then the value's).
+template <typename T>
+__device__ __forceinline__ void pd_store_step(T* kc, T* vc, long e, const float* k, const float* v, int hd) {
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        pd_st(kc + e + d, k[d]);
+        pd_st(vc + e + d, v[d]);
+    }
+}
+__device__ __forceinline__ void pd_store_step(q8kv* kc, q8kv* vc, long e, const float* k, const float* v, int hd) {
+    int nb = (hd + 31) >> 5, lane = threadIdx.x & 31;
+    for (int b = threadIdx.x >> 5; b < 2 * nb; b += blockDim.x >> 5) {
+        int d = (b % nb) * 32 + lane;
+        const float* src = b < nb ? k : v;
+        q8kv_store_block(b < nb ? kc : vc, e + (b % nb) * 32, d < hd ? src[d] : 0.0f);
+    }
+}
+
 // Keys per split for a row of n visible keys over `nsplit` splits (multiple of 32).
 __device__ __forceinline__ int pd_chunk(int n, int nsplit) {
     int c = (n + nsplit - 1) / nsplit;
@@ -85,16 +122,14 @@ __device__ void paged_decode_impl(const float* q, const float* k, const float* v
     int chunk = pd_chunk(n, nsplit);
     int j0 = lo + z * chunk, j1 = min(L, j0 + chunk);
     if (z > 0 && j0 >= L) return;  // nothing for this split (the combine skips it)
-    long rs = (long)nkv * hd;
+    const int hs = att_hs(kc, hd);
+    long rs = (long)nkv * hs;
     // the step's key and value: stored by the block whose range holds L - 1
     if (L > 0 && j0 <= L - 1 && L - 1 < j1) {
         int slot = slots[s];
-        if (slot >= 0 && slot < nslots) {
-            for (int d = tid; d < hd; d += PD_THREADS) {
-                pd_st(kc + slot * rs + (long)kvh * hd + d, k[((long)s * nkv + kvh) * hd + d]);
-                pd_st(vc + slot * rs + (long)kvh * hd + d, v[((long)s * nkv + kvh) * hd + d]);
-            }
-        }
+        if (slot >= 0 && slot < nslots)
+            pd_store_step(kc, vc, slot * rs + (long)kvh * hs, k + ((long)s * nkv + kvh) * hd,
+                          v + ((long)s * nkv + kvh) * hd, hd);
     }
     for (int i = tid; i < PD_GMAX * DPL * 32; i += PD_THREADS) {
         int g = i / (DPL * 32), d = i % (DPL * 32);
@@ -125,7 +160,7 @@ __device__ void paged_decode_impl(const float* q, const float* k, const float* v
                 if (blk < 0 || slot >= nslots) slot = -1;
             }
             sl[u] = slot;
-            if (slot >= 0 && nv > 0) pd_row<DPL>(kc + slot * rs + (long)kvh * hd + lane * DPL, kr[u], full, nv);
+            if (slot >= 0 && nv > 0) pd_rowe<DPL>(kc, slot * rs + (long)kvh * hs + lane * DPL, kr[u], full, nv);
         }
         float sc[PD_KPW][PD_GMAX];
 #pragma unroll
@@ -148,7 +183,7 @@ __device__ void paged_decode_impl(const float* q, const float* k, const float* v
             float vr[DPL];
 #pragma unroll
             for (int t = 0; t < DPL; t++) vr[t] = 0.0f;
-            if (nv > 0) pd_row<DPL>(vc + sl[u] * rs + (long)kvh * hd + lane * DPL, vr, full, nv);
+            if (nv > 0) pd_rowe<DPL>(vc, sl[u] * rs + (long)kvh * hs + lane * DPL, vr, full, nv);
 #pragma unroll
             for (int g = 0; g < PD_GMAX; g++) {
                 if (g >= G) continue;
@@ -216,6 +251,10 @@ PAGED_DECODE(paged_decode_f1, float, 1)
 PAGED_DECODE(paged_decode_f2, float, 2)
 PAGED_DECODE(paged_decode_f4, float, 4)
 PAGED_DECODE(paged_decode_f8, float, 8)
+PAGED_DECODE(paged_decode_q1, q8kv, 1)
+PAGED_DECODE(paged_decode_q2, q8kv, 2)
+PAGED_DECODE(paged_decode_q4, q8kv, 4)
+PAGED_DECODE(paged_decode_q8, q8kv, 8)
 
 // Merges the splits of paged_decode_*: block (sequence, head), one thread per output dim.
 extern "C" __global__ void paged_decode_combine(const float* part, const int* kv_lens, float* out, int nh, int hd,

@@ -1,6 +1,6 @@
 //! Attention on the CUDA device against the CPU reference: tensor-core and flash prefill, the
 //! decode kernel over a KV cache (and storing the step's own key and value itself, with its
-//! rotary step), f32 and f16 caches (and `KvAppend` into them), rotary embedding of two inputs
+//! rotary step), f32, f16 and q8_0 caches (and `KvAppend` into them), rotary embedding of two inputs
 //! in one call, and the quantized or copied attention outputs that feed the next `Linear`.
 //!
 //! Without a GPU every test passes without work and the binary says once, on stderr past the
@@ -37,9 +37,34 @@ fn tensor_of(dt: DataType, dims: &[usize], vals: &[f32]) -> Data {
     Data::from_bytes(dt, dims, &encode_from_f32(dt, vals).unwrap()).unwrap()
 }
 
-/// `vals` rounded through `dt`.
-fn rounded(dt: DataType, vals: &[f32]) -> Vec<f32> {
-    tensor_of(dt, &[vals.len()], vals).to_f32_vec().unwrap()
+/// Values stored per head row of `hd` in a KV cache of `dt` (q8_0: whole blocks of 32).
+fn stored(dt: DataType, hd: usize) -> usize {
+    if dt == DataType::Q8_0 {
+        hd.div_ceil(32) * 32
+    } else {
+        hd
+    }
+}
+
+/// Head rows of `hd` values (`vals`, [rows, nkv, hd]) as a host KV cache of `dt`: q8_0 rows
+/// are padded with zeros to whole blocks, as the caches store them.
+fn kv_tensor(dt: DataType, [rows, nkv, hd]: [usize; 3], vals: &[f32]) -> Data {
+    let hds = stored(dt, hd);
+    let mut padded = vec![0f32; rows * nkv * hds];
+    for (dst, src) in padded.chunks_exact_mut(hds).zip(vals.chunks_exact(hd)) {
+        dst[..hd].copy_from_slice(src);
+    }
+    tensor_of(dt, &[rows, nkv, hds], &padded)
+}
+
+/// What a KV cache of `dt` holds of `vals` (head rows of `hd` values), as f32 rows of `hd`.
+fn kv_rounded(dt: DataType, hd: usize, vals: &[f32]) -> Vec<f32> {
+    let all = kv_tensor(dt, [vals.len() / hd, 1, hd], vals)
+        .to_f32_vec()
+        .unwrap();
+    all.chunks_exact(stored(dt, hd))
+        .flat_map(|r| r[..hd].to_vec())
+        .collect()
 }
 
 #[test]
@@ -126,11 +151,14 @@ fn decode_attention_matches_reference() {
         (2, 5, 8, 4, 4, 256, 256, true, 0.0, 0),
         (1, 4097, 8192, 32, 8, 128, 128, false, 0.0, 0),
     ];
-    // f32 caches, and f16 caches against the reference over the same rounded values
+    // f32 caches, and f16 and q8_0 caches against the reference over the values they hold (a
+    // q8_0 value head size other than the key's must be whole blocks: the padded width is all
+    // a cache tells)
     for (dt, (sq, len, cap, nh, nkv, hd, hdv, alibi, softcap, window)) in
-        [DataType::F32, DataType::F16]
+        [DataType::F32, DataType::F16, DataType::Q8_0]
             .into_iter()
             .flat_map(|dt| cases.map(|c| (dt, c)))
+            .filter(|(dt, c)| *dt != DataType::Q8_0 || c.5 == c.6 || c.6 % 32 == 0)
     {
         let q = rng.data_range(DataType::F32, &[sq, nh, hd], -2.0, 2.0);
         let (k0, v0) = (
@@ -141,7 +169,7 @@ fn decode_attention_matches_reference() {
                 .to_f32_vec()
                 .unwrap(),
         );
-        let (kv, vv) = (rounded(dt, &k0), rounded(dt, &v0));
+        let (kv, vv) = (kv_rounded(dt, hd, &k0), kv_rounded(dt, hdv, &v0));
         let k = Data::from_f32(&[len, nkv, hd], &kv).unwrap();
         let v = Data::from_f32(&[len, nkv, hdv], &vv).unwrap();
         let slopes: Vec<f32> = (0..nh).map(|h| 0.5f32.powi(h as i32 % 8 + 1)).collect();
@@ -171,11 +199,11 @@ fn decode_attention_matches_reference() {
         // GPU: caches of `cap` rows holding the `len` rows; DecodeAttention reads rows
         // 0..=position of each query (its host length plays no part)
         let cache = |all: &[f32], row: usize| {
-            let mut c = tensor_of(dt, &[len, nkv, row], all);
+            let mut c = kv_tensor(dt, [len, nkv, row], all);
             c.reserve(0, cap).unwrap();
             dev.upload(&c).unwrap()
         };
-        let (kc, vc) = (cache(&kv, hd), cache(&vv, hdv));
+        let (kc, vc) = (cache(&k0, hd), cache(&v0, hdv));
         let pos: Vec<i32> = (len - sq..len).map(|p| p as i32).collect();
         let pos = dev.upload(&Data::from_i32(&[sq], &pos).unwrap()).unwrap();
         // the output starts as NaN: every element must be written
@@ -243,7 +271,7 @@ fn decode_attention_with_the_step_kv_equals_rotary_store_and_attention() {
         (20, 32, 9, 3, 40, 40, 0, false, true, 0),
     ];
     for (dt, (len, cap, nh, nkv, hd, rot, style, rotate, alibi, window)) in
-        [DataType::F32, DataType::F16]
+        [DataType::F32, DataType::F16, DataType::Q8_0]
             .into_iter()
             .flat_map(|dt| cases.map(|c| (dt, c)))
     {
@@ -255,7 +283,11 @@ fn decode_attention_with_the_step_kv_equals_rotary_store_and_attention() {
         let k = dev.upload(&rng.data(DataType::F32, &[1, nkv, hd])).unwrap();
         let v = dev.upload(&rng.data(DataType::F32, &[1, nkv, hd])).unwrap();
         let cache = |rng: &mut CaseRng| {
-            let mut c = rng.data(dt, &[old, nkv, hd]);
+            let vals = rng
+                .data(DataType::F32, &[old, nkv, hd])
+                .to_f32_vec()
+                .unwrap();
+            let mut c = kv_tensor(dt, [old, nkv, hd], &vals);
             c.reserve(0, cap).unwrap();
             dev.upload(&c).unwrap()
         };
@@ -325,8 +357,8 @@ fn decode_attention_with_the_step_kv_equals_rotary_store_and_attention() {
         }
         let with_row = |c: &Data, row: &Data| {
             let mut bytes = c.to_owned_host().unwrap().packed_bytes().unwrap();
-            bytes.extend(encode_from_f32(dt, &host(row)).unwrap());
-            let mut t = Data::from_bytes(dt, &[len, nkv, hd], &bytes).unwrap();
+            bytes.extend(kv_tensor(dt, [1, nkv, hd], &host(row)).bytes().unwrap());
+            let mut t = Data::from_bytes(dt, &[len, nkv, stored(dt, hd)], &bytes).unwrap();
             t.reserve(0, cap).unwrap();
             dev.upload(&t).unwrap()
         };
@@ -702,19 +734,23 @@ fn decode_attention_q8_output_gives_the_same_projection() {
     println!("decode attention Q8_0 output rows: {checked} cases, projections bit-equal");
 }
 
-/// `Attention` over f16 keys and values (an f16 KV cache read in place: the split-K decode
+/// `Attention` over f16 or q8_0 keys and values (a KV cache read in place: the split-K decode
 /// kernels, the general kernel, and in `fast` flash and cuBLAS prefill) against the CPU
-/// reference over the same rounded values (the kernels' tolerance) and over the f32 originals
-/// (the rounding's cost); head sizes 64, 80 and 128, GQA, ALiBi, soft-capping, windows, sinks.
+/// reference over the values the cache holds (the kernels' tolerance) and over the f32
+/// originals (the rounding's cost); head sizes 40 (q8_0: padded to 64), 64, 80 (padded to 96)
+/// and 128, GQA, ALiBi, soft-capping, windows, sinks.
 #[test]
-fn f16_cache_attention_matches_reference() {
+fn f16_and_q8_cache_attention_matches_reference() {
     let Some(dev) = gpu() else { return };
     let cuda = cuda_executor(&dev);
     let reference = reference();
     let mut rng = CaseRng::new(83);
     // (sq, skv, nh, nkv, hd, alibi, softcap, window, sinks, fast)
     type Case = (usize, usize, usize, usize, usize, bool, f32, i32, bool, i32);
-    let cases: [Case; 10] = [
+    let cases: [Case; 13] = [
+        (1, 500, 10, 5, 40, false, 0.0, 0, false, 0),
+        (5, 61, 4, 2, 40, true, 0.0, 0, true, 0),
+        (90, 90, 6, 3, 40, false, 0.0, 0, false, 1),
         (1, 300, 8, 2, 64, false, 0.0, 0, false, 0),
         (1, 777, 32, 8, 128, false, 0.0, 0, true, 0),
         (3, 200, 12, 4, 80, true, 10.0, 17, true, 0),
@@ -726,7 +762,11 @@ fn f16_cache_attention_matches_reference() {
         (96, 96, 6, 2, 80, false, 20.0, 0, true, 1),
         (70, 90, 4, 1, 64, false, 0.0, 17, false, 1),
     ];
-    for (sq, skv, nh, nkv, hd, alibi, softcap, window, sinks, fast) in cases {
+    for (dt, (sq, skv, nh, nkv, hd, alibi, softcap, window, sinks, fast)) in
+        [DataType::F16, DataType::Q8_0]
+            .into_iter()
+            .flat_map(|dt| cases.map(|c| (dt, c)))
+    {
         let q = rng.data_range(DataType::F32, &[sq, nh, hd], -2.0, 2.0);
         let k0 = rng
             .data(DataType::F32, &[skv, nkv, hd])
@@ -738,7 +778,7 @@ fn f16_cache_attention_matches_reference() {
             .unwrap();
         // caches with room for more rows, as a model's are
         let cache = |dt: DataType, vals: &[f32]| {
-            let mut c = tensor_of(dt, &[skv, nkv, hd], vals);
+            let mut c = kv_tensor(dt, [skv, nkv, hd], vals);
             c.reserve(0, skv + 5).unwrap();
             c
         };
@@ -769,7 +809,7 @@ fn f16_cache_attention_matches_reference() {
         };
         let host = |d: Data| d.to_owned_host().unwrap().to_f32_vec().unwrap();
         let f32_cache = |vals: &[f32]| cache(DataType::F32, vals);
-        let (k16, v16) = (rounded(DataType::F16, &k0), rounded(DataType::F16, &v0));
+        let (k16, v16) = (kv_rounded(dt, hd, &k0), kv_rounded(dt, hd, &v0));
         let r16 = host(run(
             &reference,
             [&q, &f32_cache(&k16), &f32_cache(&v16), &slopes, &sink],
@@ -779,10 +819,7 @@ fn f16_cache_attention_matches_reference() {
             [&q, &f32_cache(&k0), &f32_cache(&v0), &slopes, &sink],
         ));
         let up = |d: &Data| dev.upload(d).unwrap();
-        let (kc, vc) = (
-            up(&cache(DataType::F16, &k0)),
-            up(&cache(DataType::F16, &v0)),
-        );
+        let (kc, vc) = (up(&cache(dt, &k0)), up(&cache(dt, &v0)));
         let out = run(&cuda, [&up(&q), &kc, &vc, &up(&slopes), &up(&sink)]);
         assert!(
             matches!(out.device(), DeviceKind::Cuda(_)),
@@ -797,15 +834,18 @@ fn f16_cache_attention_matches_reference() {
             1e-9
         };
         println!(
-            "f16-cache Attention q[{sq},{nh},{hd}] kv[{skv},{nkv}] alibi={alibi} softcap={softcap} window={window} sinks={sinks} fast={fast}: nmse {e16:.2e} vs the rounded values, {e32:.2e} vs f32"
+            "{dt}-cache Attention q[{sq},{nh},{hd}] kv[{skv},{nkv}] alibi={alibi} softcap={softcap} window={window} sinks={sinks} fast={fast}: nmse {e16:.2e} vs the cached values, {e32:.2e} vs f32"
         );
-        assert!(!bad && e16 <= tol, "nmse {e16:.3e} > {tol:.0e}");
-        assert!(e32 <= tol + 1e-5, "nmse vs f32 {e32:.3e}");
+        assert!(!bad && e16 <= tol, "{dt}: nmse {e16:.3e} > {tol:.0e}");
+        // the rounding's cost: f16 ~1e-7, q8_0 ~1e-5
+        let cost = if dt == DataType::Q8_0 { 1e-3 } else { 1e-5 };
+        assert!(e32 <= tol + cost, "{dt}: nmse vs f32 {e32:.3e}");
     }
 }
 
-/// `KvAppend` on the GPU stores f32 rows in an f16 or f32 cache with the CPU's bits, moving a
-/// cache that is still on the host to the device and growing a full one.
+/// `KvAppend` on the GPU stores f32 rows in an f16, q8_0 (head rows of 40 padded to 64) or f32
+/// cache with the CPU's bits, moving a cache that is still on the host to the device and
+/// growing a full one.
 #[test]
 fn kv_append_on_the_gpu_matches_the_cpu() {
     let Some(dev) = gpu() else { return };
@@ -817,9 +857,9 @@ fn kv_append_on_the_gpu_matches_the_cpu() {
         .data_range(DataType::F32, &[7, nkv, hd], -3.0, 3.0)
         .to_f32_vec()
         .unwrap();
-    for dt in [DataType::F16, DataType::F32] {
+    for dt in [DataType::F16, DataType::Q8_0, DataType::F32] {
         let empty = || {
-            let mut c = Data::zeros(dt, &[0, nkv, hd]).unwrap();
+            let mut c = Data::zeros(dt, &[0, nkv, stored(dt, hd)]).unwrap();
             c.reserve(0, 2).unwrap();
             c
         };
@@ -839,7 +879,11 @@ fn kv_append_on_the_gpu_matches_the_cpu() {
                 matches!(on_gpu.device(), DeviceKind::Cuda(_)),
                 "{dt}: the cache moved to the GPU"
             );
-            assert_eq!(on_gpu.dims(), &[b, nkv, hd], "{dt}: rows after {b}");
+            assert_eq!(
+                on_gpu.dims(),
+                &[b, nkv, stored(dt, hd)],
+                "{dt}: rows after {b}"
+            );
             assert!(on_gpu.capacity()[0] >= b, "{dt}: capacity");
             assert_eq!(
                 on_gpu.to_owned_host().unwrap().bytes().unwrap(),

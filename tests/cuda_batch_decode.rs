@@ -8,7 +8,8 @@
 //! - with `batch_invariant`, rows decoding alone give the same logits bits as in a batch of 64;
 //! - `PagedDecodeAttention` alone against `PagedCacheWrite` + `PagedAttention` on awkward sizes
 //!   (head sizes 16 / 80 / 128, 1 to 12 query heads per kv head, empty and long rows, windows,
-//!   soft-capping, ALiBi), f32 and f16 caches.
+//!   soft-capping, ALiBi), f32, f16 and q8_0 caches (q8_0 also against f32 `PagedAttention`
+//!   over the dequantized pool).
 //!
 //! Without a GPU every test passes without work and the binary says once, on stderr past the
 //! test harness's capture, "SKIPPED: no CUDA device (...)" (CI has none).
@@ -22,17 +23,31 @@ use fastllm::data::{Data, DataType};
 use fastllm::devices::cuda::CudaDevice;
 use fastllm::harness::{nmse, CaseRng};
 use fastllm::model::SyntheticSource;
-use fastllm::model::{synthetic, BatchDecode, Model, PagedKvPool, PagedSeqState, Precision};
+use fastllm::model::{
+    synthetic, BatchDecode, KvDtype, Model, PagedKvPool, PagedSeqState, Precision,
+};
 use fastllm::{BaseDevice, DataDict, Executor, FloatDict, IntDict};
 use std::sync::Arc;
 
 fn model(shape: &str, dtype: &str, precision: Precision, mode: BatchDecode) -> Model {
+    model_kv(shape, dtype, precision, mode, None)
+}
+
+/// [`model`] with the KV dtype `kv` (`None`: the default of `precision`).
+fn model_kv(
+    shape: &str,
+    dtype: &str,
+    precision: Precision,
+    mode: BatchDecode,
+    kv: Option<KvDtype>,
+) -> Model {
     let mut cfg = synthetic::config(shape).unwrap();
     cfg.num_layers = 2;
     let dt = synthetic::weight_dtype(dtype).unwrap();
     let src = Arc::new(SyntheticSource::new(&cfg, dt).unwrap());
     let exec = fastllm::load::executor_for("cuda", 0, &Default::default()).unwrap();
     let mut m = Model::new(cfg, src, exec, precision, false).unwrap();
+    m.set_kv_dtype(kv).unwrap();
     m.set_batch_decode(mode).unwrap();
     m
 }
@@ -101,13 +116,15 @@ fn scenario(model: &Model, b: usize, long: bool) -> Vec<Vec<Vec<f32>>> {
 #[test]
 fn graph_replayed_batched_decode_equals_op_by_op() {
     let Some(_dev) = gpu() else { return };
-    for (shape, dtype) in [
-        ("tiny", "f16"),
-        ("llama-3.2-1b", "int4"),
-        ("qwen2-0.5b", "int8"),
+    for (shape, dtype, kv) in [
+        ("tiny", "f16", None),
+        ("llama-3.2-1b", "int4", None),
+        ("llama-3.2-1b", "int4", Some(KvDtype::Q8_0)),
+        ("qwen2-0.5b", "int8", None),
     ] {
-        let eager = model(shape, dtype, Precision::Fast, BatchDecode::Eager);
-        let graphs = model(shape, dtype, Precision::Fast, BatchDecode::Graphs);
+        let eager = model_kv(shape, dtype, Precision::Fast, BatchDecode::Eager, kv);
+        let graphs = model_kv(shape, dtype, Precision::Fast, BatchDecode::Graphs, kv);
+        let kv = eager.kv_dtype();
         for (b, long) in [
             (1, false),
             (3, false),
@@ -123,9 +140,11 @@ fn graph_replayed_batched_decode_equals_op_by_op() {
             };
             assert!(
                 bits(&a) == bits(&g),
-                "{shape} {dtype} B={b} long={long}: graph-replayed logits differ from op by op"
+                "{shape} {dtype} kv {kv} B={b} long={long}: graph-replayed logits differ from op by op"
             );
-            println!("{shape} {dtype} B={b} long={long}: graph replay bit-equal to op by op");
+            println!(
+                "{shape} {dtype} kv {kv} B={b} long={long}: graph replay bit-equal to op by op"
+            );
         }
     }
 }
@@ -133,13 +152,15 @@ fn graph_replayed_batched_decode_equals_op_by_op() {
 #[test]
 fn padded_batched_decode_matches_the_plain_paged_path() {
     let Some(_dev) = gpu() else { return };
-    for (shape, dtype) in [
-        ("tiny", "f16"),
-        ("llama-3.2-1b", "f16"),
-        ("qwen2-0.5b", "int8"),
+    for (shape, dtype, kv) in [
+        ("tiny", "f16", None),
+        ("llama-3.2-1b", "f16", None),
+        ("llama-3.2-1b", "f16", Some(KvDtype::Q8_0)),
+        ("qwen2-0.5b", "int8", None),
     ] {
-        let off = model(shape, dtype, Precision::Exact, BatchDecode::Off);
-        let padded = model(shape, dtype, Precision::Exact, BatchDecode::Graphs);
+        let off = model_kv(shape, dtype, Precision::Exact, BatchDecode::Off, kv);
+        let padded = model_kv(shape, dtype, Precision::Exact, BatchDecode::Graphs, kv);
+        let kv = off.kv_dtype();
         for (b, long) in [(3, false), (64, false), (3, true)] {
             let a = scenario(&off, b, long);
             let p = scenario(&padded, b, long);
@@ -151,10 +172,12 @@ fn padded_batched_decode_matches_the_plain_paged_path() {
                     scale = scale.max(ra.iter().fold(0f32, |m, x| m.max(x.abs())));
                 }
             }
-            println!("{shape} {dtype} B={b} long={long}: max |padded - plain| {worst:.2e} (max |logit| {scale:.2})");
+            println!("{shape} {dtype} kv {kv} B={b} long={long}: max |padded - plain| {worst:.2e} (max |logit| {scale:.2})");
+            // the paths' keys differ by f32 rounding, which can move a q8_0 value a whole step
+            let rel = if kv == KvDtype::Q8_0 { 1e-2 } else { 1e-4 };
             assert!(
-                worst <= 1e-4 * scale.max(1.0),
-                "{shape} {dtype} B={b}: {worst}"
+                worst <= rel * scale.max(1.0),
+                "{shape} {dtype} kv {kv} B={b}: {worst}"
             );
         }
     }
@@ -276,16 +299,33 @@ fn attn_inputs(c: &AttnCase, rng: &mut CaseRng) -> AttnInputs {
     }
 }
 
-/// A pool layer on the GPU holding `vals`, f16 or f32.
-fn pool_layer(dev: &CudaDevice, c: &AttnCase, n_slots: usize, vals: &[f32], half: bool) -> Data {
-    let dims = [n_slots, c.nkv, c.hd];
-    let d = if half {
-        let bytes = fastllm::data::encode_from_f32(DataType::F16, vals).unwrap();
-        Data::from_bytes(DataType::F16, &dims, &bytes).unwrap()
+/// Values stored per head row of `hd` in a pool of `dt` (q8_0: whole blocks of 32).
+fn stored(dt: DataType, hd: usize) -> usize {
+    if dt == DataType::Q8_0 {
+        hd.div_ceil(32) * 32
     } else {
-        Data::from_f32(&dims, vals).unwrap()
-    };
+        hd
+    }
+}
+
+/// A pool layer on the GPU holding `vals` (head rows of `c.hd`) in `dt` (f32, f16, or q8_0
+/// with each head row padded with zeros to whole blocks).
+fn pool_layer(dev: &CudaDevice, c: &AttnCase, n_slots: usize, vals: &[f32], dt: DataType) -> Data {
+    let hds = stored(dt, c.hd);
+    let mut padded = vec![0f32; vals.len() / c.hd * hds];
+    for (d, s) in padded.chunks_exact_mut(hds).zip(vals.chunks_exact(c.hd)) {
+        d[..c.hd].copy_from_slice(s);
+    }
+    let bytes = fastllm::data::encode_from_f32(dt, &padded).unwrap();
+    let d = Data::from_bytes(dt, &[n_slots, c.nkv, hds], &bytes).unwrap();
     dev.upload(&d).unwrap()
+}
+
+/// The head rows of `c.hd` values of a pool layer read back as f32 (padding dropped).
+fn unpadded(c: &AttnCase, dt: DataType, vals: &[f32]) -> Vec<f32> {
+    vals.chunks_exact(stored(dt, c.hd))
+        .flat_map(|r| r[..c.hd].to_vec())
+        .collect()
 }
 
 /// Rows `live` of `x` (rows of `w` values), as [live, w / hd, hd].
@@ -304,11 +344,11 @@ fn run_decode(
     dev: &CudaDevice,
     c: &AttnCase,
     x: &AttnInputs,
-    half: bool,
+    dt: DataType,
 ) -> [Vec<f32>; 3] {
     let rows = c.lens.len();
-    let mut kc = pool_layer(dev, c, x.n_slots, &x.k_pool, half);
-    let mut vc = pool_layer(dev, c, x.n_slots, &x.v_pool, half);
+    let mut kc = pool_layer(dev, c, x.n_slots, &x.k_pool, dt);
+    let mut vc = pool_layer(dev, c, x.n_slots, &x.v_pool, dt);
     let lens: Vec<i32> = c.lens.iter().map(|&l| l as i32).collect();
     let up = |d: Data| dev.upload(&d).unwrap();
     let slots = up(Data::from_i32(&[rows], &x.slots).unwrap());
@@ -349,11 +389,11 @@ fn run_reference(
     dev: &CudaDevice,
     c: &AttnCase,
     x: &AttnInputs,
-    half: bool,
+    dt: DataType,
 ) -> [Vec<f32>; 3] {
-    let (nh, nkv, hd) = (c.nh, c.nkv, c.hd);
-    let mut kc = pool_layer(dev, c, x.n_slots, &x.k_pool, half);
-    let mut vc = pool_layer(dev, c, x.n_slots, &x.v_pool, half);
+    let (nkv, hd) = (c.nkv, c.hd);
+    let mut kc = pool_layer(dev, c, x.n_slots, &x.k_pool, dt);
+    let mut vc = pool_layer(dev, c, x.n_slots, &x.v_pool, dt);
     let live: Vec<usize> = (0..c.lens.len()).filter(|&r| c.lens[r] > 0).collect();
     let n = live.len();
     let slots: Vec<i32> = live.iter().map(|&r| x.slots[r]).collect();
@@ -372,6 +412,21 @@ fn run_reference(
         )
         .unwrap();
     }
+    let host = |d: &Data| d.to_owned_host().unwrap().to_f32_vec().unwrap();
+    [paged_attention(exec, c, x, &kc, &vc), host(&kc), host(&vc)]
+}
+
+/// `PagedAttention` of the rows with keys over the pool layers `kc`, `vc`: their output.
+fn paged_attention(
+    exec: &Executor,
+    c: &AttnCase,
+    x: &AttnInputs,
+    kc: &Data,
+    vc: &Data,
+) -> Vec<f32> {
+    let (nh, hd) = (c.nh, c.hd);
+    let live: Vec<usize> = (0..c.lens.len()).filter(|&r| c.lens[r] > 0).collect();
+    let n = live.len();
     let qs: Vec<i32> = (0..=n as i32).collect();
     let kl: Vec<i32> = live.iter().map(|&r| c.lens[r] as i32).collect();
     let lt: Vec<i32> = live
@@ -385,8 +440,8 @@ fn run_reference(
     let mut out = Data::empty(DataType::F32);
     let mut d = DataDict::new()
         .with("q", &q)
-        .with("k_cache", &kc)
-        .with("v_cache", &vc)
+        .with("k_cache", kc)
+        .with("v_cache", vc)
         .with("q_starts", &qs)
         .with("kv_lens", &kl)
         .with("block_tables", &lt)
@@ -401,8 +456,7 @@ fn run_reference(
         .with("scale", 0.11)
         .with("softcap", c.softcap);
     exec.run("PagedAttention", &mut d, &floats, &ints).unwrap();
-    let host = |d: &Data| d.to_owned_host().unwrap().to_f32_vec().unwrap();
-    [host(&out), host(&kc), host(&vc)]
+    out.to_owned_host().unwrap().to_f32_vec().unwrap()
 }
 
 #[test]
@@ -427,10 +481,10 @@ fn paged_decode_attention_matches_paged_attention() {
         case(128, 8, 8, 0, 0.0, false, &[2000, 1]),
     ];
     for c in &cases {
-        for half in [false, true] {
+        for dt in [DataType::F32, DataType::F16, DataType::Q8_0] {
             let x = attn_inputs(c, &mut rng);
-            let [got, kc, vc] = run_decode(&exec, &dev, c, &x, half);
-            let [want, kr, vr] = run_reference(&exec, &dev, c, &x, half);
+            let [got, kc, vc] = run_decode(&exec, &dev, c, &x, dt);
+            let [want, kr, vr] = run_reference(&exec, &dev, c, &x, dt);
             let w = c.nh * c.hd;
             let live: Vec<usize> = (0..c.lens.len()).filter(|&r| c.lens[r] > 0).collect();
             let got_live: Vec<f32> = live
@@ -439,10 +493,25 @@ fn paged_decode_attention_matches_paged_attention() {
                 .collect();
             let (e, bad) = nmse(&got_live, &want);
             println!(
-                "hd {} heads {}/{} window {} softcap {} alibi {} f16 {half}: nmse {e:.2e}",
+                "hd {} heads {}/{} window {} softcap {} alibi {} {dt}: nmse {e:.2e}",
                 c.hd, c.nh, c.nkv, c.window, c.softcap, c.alibi
             );
-            assert!(!bad && e < 1e-10, "hd {} f16 {half}: nmse {e}", c.hd);
+            assert!(!bad && e < 1e-10, "hd {} {dt}: nmse {e}", c.hd);
+            if dt == DataType::Q8_0 {
+                // the q8_0 kernels against f32 PagedAttention over the values the pool holds
+                let f32_pool = |vals: &[f32]| {
+                    let d = Data::from_f32(&[x.n_slots, c.nkv, c.hd], &unpadded(c, dt, vals));
+                    dev.upload(&d.unwrap()).unwrap()
+                };
+                let f = paged_attention(&exec, c, &x, &f32_pool(&kr), &f32_pool(&vr));
+                let (e, bad) = nmse(&want, &f);
+                println!("  q8_0 PagedAttention vs f32 over the dequantized pool: nmse {e:.2e}");
+                assert!(
+                    !bad && e < 1e-10,
+                    "hd {} q8_0 vs dequantized: nmse {e}",
+                    c.hd
+                );
+            }
             for r in (0..c.lens.len()).filter(|&r| c.lens[r] == 0) {
                 let row = &got[r * w..(r + 1) * w];
                 assert!(row.iter().all(|&x| x == 0.0), "padding row {r} not zero");

@@ -1,13 +1,13 @@
 //! Batched (a few rows) GPU products: the `linear_mma` kernels (block weights read once for all
 //! activation rows, dequantized in registers, tensor cores) against a scalar reference of the
 //! same arithmetic (activations and dequantized weights rounded to f16, products summed in
-//! f64), and the int8 `linear_mmq` kernels against the product of the Q8_0-quantized
-//! activations and the dequantized weights (summed in f64), on awkward shapes: rows not a
-//! multiple of the 8-row tile, more rows than one slice, outputs not a multiple of the block's
-//! weight rows, k of an odd number of chunks, forced k splits, several weights in one launch,
-//! biases, `accumulate` and f16 outputs. Also the F16-weight products of 2..15 rows (cuBLAS)
-//! against the exact product. An ignored test prints the time of llama-3-8b-shaped products per
-//! path and row count.
+//! f64), and the int8 `linear_mmq` kernels of every compiled tile shape against the product of
+//! the Q8_0-quantized activations and the dequantized weights (summed in f64), on awkward
+//! shapes: rows not a multiple of the 8-row tile, more rows than one slice, outputs not a
+//! multiple of the block's weight rows, k of an odd number of chunks, forced k splits, several
+//! weights in one launch, biases, `accumulate` and f16 outputs; the int8 tile shapes that add
+//! the blocks of k in order give the same bits for a row whatever the row count. Also the
+//! F16-weight products of 2..15 rows (cuBLAS) against the exact product.
 //!
 //! Without a GPU every test passes without work and the binary says once, on stderr past the
 //! test harness's capture, "SKIPPED: no CUDA device (...)" (CI has none).
@@ -207,7 +207,9 @@ fn mmq_linear_matches_q8_reference_on_awkward_shapes() {
         (64, 512, 128, 0),
         (70, 512, 200, 0),
         (100, 1152, 77, 4),
+        (100, 384, 300, 0),
         (128, 256, 65, 0),
+        (128, 640, 333, 0),
         (130, 384, 45, 1),
     ];
     let mut checked = 0;
@@ -222,24 +224,69 @@ fn mmq_linear_matches_q8_reference_on_awkward_shapes() {
                 dev.upload(&w).unwrap(),
                 dev.upload(&b).unwrap(),
             );
-            let ints = IntDict::new()
-                .with("quant_act", 1)
-                .with("mma", 3)
-                .with("mma_splits", splits as i32);
-            // poisoned outputs: every element must be written
-            let mut ys = [Data::from_f32(&[m, n], &vec![f32::NAN; m * n]).unwrap()];
-            ys[0] = dev.upload(&ys[0]).unwrap();
-            let got = run_linear(&cuda, &gx, &[&gw], &[Some(&gb)], &mut ys, &ints);
-            check(
-                &format!("int8 {wt} m={m} k={k} n={n} splits={splits}"),
-                &got[0],
-                &want,
-                INT8_ARITHMETIC_NMSE,
-            );
-            checked += 1;
+            // every compiled tile shape of the row count (mmq_shape past the last: the last)
+            for shape in 0..MMQ_SHAPES {
+                let ints = IntDict::new()
+                    .with("quant_act", 1)
+                    .with("mma", 3)
+                    .with("mma_splits", splits as i32)
+                    .with("mmq_shape", shape);
+                // poisoned outputs: every element must be written
+                let mut ys = [Data::from_f32(&[m, n], &vec![f32::NAN; m * n]).unwrap()];
+                ys[0] = dev.upload(&ys[0]).unwrap();
+                let got = run_linear(&cuda, &gx, &[&gw], &[Some(&gb)], &mut ys, &ints);
+                check(
+                    &format!("int8 {wt} m={m} k={k} n={n} splits={splits} shape={shape}"),
+                    &got[0],
+                    &want,
+                    INT8_ARITHMETIC_NMSE,
+                );
+                checked += 1;
+            }
         }
     }
     println!("linear_mmq: {checked} products equal to the q8 reference");
+}
+
+/// The most tile shapes `linear_mmq` compiles for one row count.
+const MMQ_SHAPES: i32 = 2;
+
+#[test]
+fn mmq_shapes_that_add_blocks_in_order_give_the_same_bits_for_any_row_count() {
+    let Some(dev) = gpu() else { return };
+    let cuda = cuda_executor(&dev);
+    let mut rng = CaseRng::new(97);
+    let (k, n) = (1152usize, 300usize);
+    for wt in [DataType::Q4_0, DataType::Q4_1, DataType::Q8_0] {
+        let x = rng.data(DataType::F32, &[128, k]);
+        let w = dev.upload(&rng.data(wt, &[n, k])).unwrap();
+        // (rows, shape): the shapes with one warp per block of k (wk = 1) at 8..128 rows; with
+        // the same k split, a row's products do not depend on the other rows
+        let mut first: Option<Vec<f32>> = None;
+        for &(m, shape) in &[(8usize, 1i32), (16, 1), (32, 0), (64, 0), (128, 0)] {
+            let xs = x.to_f32_vec().unwrap()[..m * k].to_vec();
+            let gx = dev.upload(&Data::from_f32(&[m, k], &xs).unwrap()).unwrap();
+            let ints = IntDict::new()
+                .with("quant_act", 1)
+                .with("mma", 3)
+                .with("mma_splits", 3)
+                .with("mmq_shape", shape);
+            let mut ys = [dev
+                .upload(&Data::from_f32(&[m, n], &vec![0.0; m * n]).unwrap())
+                .unwrap()];
+            let got = run_linear(&cuda, &gx, &[&w], &[None], &mut ys, &ints);
+            let rows8 = got[0][..8 * n].to_vec();
+            match &first {
+                None => first = Some(rows8),
+                Some(f) => assert!(
+                    f.iter()
+                        .zip(&rows8)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{wt} m={m} shape={shape}: the first 8 rows differ from the 8-row product"
+                ),
+            }
+        }
+    }
 }
 
 #[test]
@@ -258,7 +305,7 @@ fn mmq_linear_segments_and_accumulate() {
             let gx = dev.upload(&x).unwrap();
             let gws: Vec<Data> = ws.iter().map(|w| dev.upload(w).unwrap()).collect();
             let gbs = [None, Some(dev.upload(&b1).unwrap()), None];
-            // the int8 kernels (mma = 3; the device's choice above Q8_COPY_MAX_ROWS is linear_mma)
+            // the int8 kernels (mma = 3; the device's choice up to Q8_COPY_MAX_ROWS)
             let ints = IntDict::new()
                 .with("quant_act", 1)
                 .with("mma", 3)

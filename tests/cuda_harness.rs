@@ -1,7 +1,8 @@
 //! The CUDA device against the CPU reference on the op harness: every case runs on an executor
 //! with the CUDA device first (CPU fallback second) and on the scalar reference CPU device, with
 //! identical inputs, compared by NMSE with the case's threshold (widened where the GPU's tensor
-//! cores take a `quant_act` product, see [`TC_LINEAR_VS_Q8_NMSE`]).
+//! cores take a `quant_act` product, see [`TC_LINEAR_VS_Q8_NMSE`]). The mixture-of-experts
+//! cases must run on the GPU, not on the CPU fallback (see [`must_run_on_gpu`]).
 //!
 //! Without a GPU the test passes without work and the binary says once, on stderr past the test
 //! harness's capture, "SKIPPED: no CUDA device (...)" (CI has none).
@@ -58,6 +59,20 @@ fn tolerance(case: &OpCase) -> f64 {
         }
     }
     case.max_nmse
+}
+
+/// True for the cases the GPU has kernels for whatever the sizes, which must not fall back to
+/// the CPU: every mixture-of-experts case (`MoeRoute`, `MoeDispatch`, `MoeCombine`, and
+/// `MoeLinear` except over MXFP4 weights, which reach the GPU only widened to BF16 at upload).
+fn must_run_on_gpu(case: &OpCase) -> bool {
+    let mxfp4 = case
+        .args
+        .iter()
+        .any(|a| a.name == "weight" && a.data.dtype() == DataType::Mxfp4);
+    matches!(
+        case.op,
+        "MoeRoute" | "MoeDispatch" | "MoeCombine" | "MoeLinear"
+    ) && !mxfp4
 }
 
 /// Runs one case on both executors; Ok((worst nmse, ran on the GPU)) or Err(description).
@@ -124,6 +139,8 @@ fn cuda_matches_cpu_reference_on_every_harness_case() {
                 if on_gpu {
                     gpu_cases += 1;
                     e.1 += 1;
+                } else if must_run_on_gpu(case) {
+                    failures.push(format!("{}: ran on the CPU fallback", case.name()));
                 }
                 e.2 = e.2.max(err);
             }

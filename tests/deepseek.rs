@@ -1,10 +1,11 @@
 //! DeepSeek-V3 beyond the fixture logits (`tests/models.rs` has those): GGUF files with
 //! llama.cpp's `deepseek2` names and keys give the same logits as the HF original, both with the
 //! combined `attn_kv_b` and with the per-head `attn_k_b` / `attn_v_b` split (and the `_mla` key
-//! lengths of files that cache the latent); missing latent-attention metadata is refused by
-//! name; the latent attention stage (absorbed queries over the cached latent) equals the HF
-//! definition (full per-head keys and values) in float64 on shapes unlike the fixture's, as a
-//! prefill and then one token per step.
+//! lengths of files that cache the latent); missing latent-attention metadata and expert counts
+//! are refused by name; the latent attention stage (absorbed queries over the cached latent)
+//! equals the HF definition (full per-head keys and values) in float64 on shapes unlike the
+//! fixture's, as a prefill and then one token per step; the model's KV cache holds the latent (one row of
+//! `kv_lora_rank + rope` values per token and layer), not per-head keys and values.
 
 mod common;
 
@@ -260,7 +261,7 @@ fn deepseek2_gguf_equals_hf() {
 }
 
 #[test]
-fn deepseek2_gguf_without_latent_sizes_is_refused_by_name() {
+fn deepseek2_gguf_without_latent_sizes_or_expert_counts_is_refused_by_name() {
     let c = config();
     let src = safetensors_f32(&fixture().join("model.safetensors"));
     let tensors = gguf_tensors(&src, &c, false);
@@ -268,6 +269,8 @@ fn deepseek2_gguf_without_latent_sizes_is_refused_by_name() {
         "deepseek2.attention.kv_lora_rank",
         "deepseek2.rope.dimension_count",
         "deepseek2.attention.value_length",
+        "deepseek2.expert_count",
+        "deepseek2.expert_used_count",
     ] {
         let kv: Vec<(String, Kv)> = gguf_kv(&c, false)
             .into_iter()
@@ -567,4 +570,57 @@ fn latent_attention_matches_its_definition_on_other_shapes() {
     ] {
         check_stage(sh, interleaved, 5, 9);
     }
+}
+
+/// The tiny DeepSeek-V3's KV cache reserves one row of `kv_lora_rank + rope` values per token
+/// and layer (the latent and the rotated shared key, kept once), not the per-head keys and
+/// values; a step through that cache still gives the whole-prompt logits.
+#[test]
+fn the_cache_holds_the_latent_not_full_keys_and_values() {
+    let out = tmp("latent-cache.flm");
+    convert(&fixture(), &out, &keep(), &mut |_| {}).unwrap();
+    let llm = load(
+        &out,
+        &LoadOptions {
+            threads: 2,
+            precision: Precision::Exact,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let c = llm.model.config().clone();
+    let m = c.mla.clone().expect("deepseek_v3 has latent attention");
+    let (rank, rope) = (m.kv_lora_rank, c.rope_dim);
+    assert_eq!((c.num_kv_heads, c.head_dim), (1, rank + rope));
+    let cap = 48;
+    let cache = llm.model.new_cache(cap).unwrap();
+    let latent = c.num_layers * cap * (rank + rope) * 4; // f32 in `exact`
+    let full = c.num_layers * cap * c.num_heads * (m.nope_dim + rope + m.v_head_dim) * 4;
+    println!(
+        "cache of {cap} tokens: {} bytes (latent {latent}, per-head keys and values {full})",
+        cache.reserved_bytes()
+    );
+    assert_eq!(cache.reserved_bytes(), latent);
+    assert!(latent < full);
+    // prefill then one token per step through that cache equals one prefill of the same tokens
+    let ids: Vec<u32> = (0..20).map(|i| (i * 37 + 5) % 500).collect();
+    let whole = logits(&out, &ids);
+    let mut cache = llm.model.new_cache(cap).unwrap();
+    let mut rows = llm
+        .model
+        .forward(&mut cache, &ids[..8], true)
+        .unwrap()
+        .to_f32_vec()
+        .unwrap();
+    for t in &ids[8..] {
+        let l = llm.model.forward(&mut cache, &[*t], false).unwrap();
+        rows.extend(l.to_f32_vec().unwrap());
+    }
+    assert_eq!(cache.reserved_bytes(), latent);
+    let worst = rows
+        .iter()
+        .zip(&whole)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(worst < 1e-4, "steps vs prefill: max |Δlogit| {worst}");
 }

@@ -4,9 +4,13 @@
 //! converted directly — Gemma-3 (norms stored as `1 + w`, the sliding-window pattern, the
 //! sliding layers' base), Qwen2 with YaRN (`rope.scaling.*`), Phi-3 with LongRoPE
 //! (`rope_factors_short/long.weight`, `rope.scaling.attn_factor`), GPT-OSS (stacked experts with
-//! biases, the router's bias, `attn_sinks`, the sliding pattern, YaRN). Metadata errors (an
-//! unknown rope type, a missing factor or factors tensor, GPT-OSS without its sliding window or
-//! expert count) are refused naming the key or tensor.
+//! biases, the router's bias, `attn_sinks`, the sliding pattern, YaRN), Qwen2 with a linear
+//! scaling, and Llama-3 with its llama3 scaling carried only by `rope_freqs.weight` (q/k rows
+//! permuted the llama.cpp way). Metadata errors (an unknown rope type, `dynamic`, which
+//! llama.cpp's GGUF keys cannot carry, a missing factor or factors tensor, GPT-OSS without its
+//! sliding window or expert count) are refused naming the key or tensor.
+
+mod common;
 
 use fastllm::convert::{convert, ConvertOptions, TargetDtype};
 use fastllm::data::{encode_from_f32, DataType};
@@ -186,7 +190,7 @@ fn both_ways(
     kv: Vec<Kv>,
     extra: Vec<(String, Vec<usize>, Vec<f32>)>,
 ) -> (PathBuf, PathBuf) {
-    let (hf, g) = fixture_gguf(arch, garch, kv, extra, F32);
+    let (hf, g) = fixture_gguf(&fixture(arch), arch, garch, kv, extra, F32);
     let opts = ConvertOptions {
         dtype: TargetDtype::F32,
     };
@@ -195,10 +199,13 @@ fn both_ways(
     (hf, back)
 }
 
-/// The fixture `arch` converted directly (f32) and written as a GGUF of GGUF architecture
-/// `garch` with the extra metadata `kv` and tensors `extra`, the experts' weight matrices
-/// stored as `expert_type` (F32 or MXFP4); returns the two files' paths (unique per call).
+/// The HF model directory `src` (named `arch` in the files' names) converted directly (f32) and
+/// written as a GGUF of GGUF architecture `garch` with the extra metadata `kv` and tensors
+/// `extra`, the experts' weight matrices stored as `expert_type` (F32 or MXFP4), llama's q/k
+/// rows permuted as llama.cpp's converter writes them; returns the two files' paths (unique per
+/// call).
 fn fixture_gguf(
+    src: &Path,
     arch: &str,
     garch: &str,
     kv: Vec<Kv>,
@@ -211,7 +218,7 @@ fn fixture_gguf(
         dtype: TargetDtype::F32,
     };
     let hf = tmp(&format!("{arch}-hf-{call}.flm"));
-    convert(&fixture(arch), &hf, &opts, &mut |_| {}).unwrap();
+    convert(src, &hf, &opts, &mut |_| {}).unwrap();
     let f = FlmFile::open(&hf, LoadMode::Mmap).unwrap();
     let c = f.config().clone();
     let k = |s: &str| format!("{garch}.{s}");
@@ -258,6 +265,15 @@ fn fixture_gguf(
         if garch == "gemma3" && name.ends_with("norm.weight") {
             v.iter_mut().for_each(|x| *x += 1.0); // llama.cpp stores Gemma's norms as 1 + w
         }
+        let heads = if name.ends_with("q_proj.weight") {
+            c.num_heads
+        } else {
+            c.num_kv_heads
+        };
+        if garch == "llama" && (name.ends_with("q_proj.weight") || name.ends_with("k_proj.weight"))
+        {
+            v = permuted_rows(&v, t.dims()[0], heads);
+        }
         tensors.push((
             gguf_name(garch, name),
             t.dims().to_vec(),
@@ -280,6 +296,18 @@ fn fixture_gguf(
     let g = tmp(&format!("{arch}-{call}.gguf"));
     std::fs::write(&g, gguf_typed_bytes(&meta, &tensors)).unwrap();
     (hf, g)
+}
+
+/// The rows of an HF q or k matrix `v` (`rows` rows of `heads` heads) in the order llama.cpp's
+/// converter writes a llama GGUF's (each head's rotary halves interleaved).
+fn permuted_rows(v: &[f32], rows: usize, heads: usize) -> Vec<f32> {
+    let cols = v.len() / rows;
+    let mut out = vec![0f32; v.len()];
+    for r in 0..rows {
+        let g = fastllm::convert::names::unpermuted_source_row(r, rows, heads);
+        out[g * cols..(g + 1) * cols].copy_from_slice(&v[r * cols..(r + 1) * cols]);
+    }
+    out
 }
 
 fn logits(flm: &Path, ids: &[u32]) -> Vec<f32> {
@@ -359,6 +387,100 @@ fn yarn_gguf_equals_hf() {
     assert!(d <= 1e-4, "qwen2-yarn GGUF vs HF: max |Δlogit| {d}");
 }
 
+/// The fixture `arch`'s files in a directory of their own, its `config.json` edited by `edit`.
+fn edited_fixture(arch: &str, tag: &str, edit: impl Fn(&mut serde_json::Value)) -> PathBuf {
+    let dir = tmp(tag);
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(fixture(arch)).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
+    }
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    edit(&mut c);
+    std::fs::write(dir.join("config.json"), c.to_string()).unwrap();
+    dir
+}
+
+/// Linear rope scaling (positions divided by the factor) from an HF config's `rope_parameters`
+/// and from a GGUF's `rope.scaling.type` / `.factor`: the same config and the same logits, which
+/// differ from the unscaled model's.
+#[test]
+fn linear_gguf_equals_hf() {
+    let dir = edited_fixture("qwen2", "qwen2-linear-src", |c| {
+        c["rope_parameters"]["rope_type"] = serde_json::json!("linear");
+        c["rope_parameters"]["factor"] = serde_json::json!(2.0);
+    });
+    let kv = vec![
+        kv_str("qwen2.rope.scaling.type", "linear"),
+        kv_f32("qwen2.rope.scaling.factor", 2.0),
+    ];
+    let (hf, g) = fixture_gguf(&dir, "qwen2-linear", "qwen2", kv, Vec::new(), F32);
+    let back = tmp("qwen2-linear-gguf.flm");
+    let opts = ConvertOptions {
+        dtype: TargetDtype::F32,
+    };
+    convert(&g, &back, &opts, &mut |_| {}).unwrap();
+    let scaling = |p: &Path| {
+        FlmFile::open(p, LoadMode::Mmap)
+            .unwrap()
+            .config()
+            .rope_scaling
+            .clone()
+    };
+    let want = fastllm::model::RopeScaling::Linear { factor: 2.0 };
+    assert_eq!(scaling(&hf), want, "from the HF config");
+    assert_eq!(scaling(&back), want, "from the GGUF metadata");
+    let d = compare(&hf, &back);
+    assert!(d <= 1e-4, "linear GGUF vs HF: max |Δlogit| {d}");
+    let (plain, _) = fixture_gguf(
+        &fixture("qwen2"),
+        "qwen2-plain",
+        "qwen2",
+        Vec::new(),
+        Vec::new(),
+        F32,
+    );
+    let off = compare(&hf, &plain);
+    assert!(off > 1e-3, "the linear factor changed nothing ({off:.2e})");
+}
+
+/// A Llama-3 GGUF carries its llama3 rope scaling only as `rope_freqs.weight` (per-pair
+/// divisors, no metadata keys): written that way from the tiny llama3-rope-scaling fixture
+/// (q/k rows permuted as llama.cpp's converter writes them), it gives the HF original's logits;
+/// without the tensor the logits differ.
+#[test]
+fn llama3_rope_freqs_gguf_equals_hf() {
+    let c: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("llama3-rope-scaling").join("config.json")).unwrap(),
+    )
+    .unwrap();
+    let p = &c["rope_parameters"];
+    let f = |k: &str| p[k].as_f64().unwrap();
+    let div = common::rope::llama3_divisors(
+        f("rope_theta"),
+        c["head_dim"].as_u64().unwrap() as usize,
+        f("factor"),
+        f("low_freq_factor"),
+        f("high_freq_factor"),
+        f("original_max_position_embeddings"),
+    );
+    assert!(div.iter().any(|d| *d > 1.5), "no frequency scaled: {div:?}");
+    let freqs = vec![("rope_freqs.weight".to_string(), vec![div.len()], div)];
+    let (hf, gguf) = both_ways("llama3-rope-scaling", "llama", Vec::new(), freqs);
+    let d = compare(&hf, &gguf);
+    assert!(
+        d <= 1e-4,
+        "llama3 GGUF with rope_freqs vs HF: max |Δlogit| {d}"
+    );
+    let (_, plain) = both_ways("llama3-rope-scaling", "llama", Vec::new(), Vec::new());
+    let off = compare(&hf, &plain);
+    assert!(
+        off > 1e-3,
+        "dropping rope_freqs changed nothing ({off:.2e})"
+    );
+}
+
 fn longrope_factors(arch: &str) -> Vec<(String, Vec<usize>, Vec<f32>)> {
     let c: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(fixture(arch).join("config.json")).unwrap())
@@ -431,6 +553,18 @@ fn gguf_rope_metadata_errors_are_named() {
     );
     assert!(
         e.contains("ntk-by-parts") && e.contains("qwen2.rope.scaling.type") && e.contains("yarn"),
+        "{e}"
+    );
+    // llama.cpp's GGUF keys have no dynamic NTK type: refused naming the type and the way out
+    let e = rope_error(
+        "dynamic",
+        vec![kv_str("qwen2.rope.scaling.type", "dynamic")],
+        Vec::new(),
+    );
+    assert!(
+        e.contains("\"dynamic\"")
+            && e.contains("qwen2.rope.scaling.type")
+            && e.contains("Hugging Face"),
         "{e}"
     );
     let e = rope_error(
@@ -554,7 +688,14 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
 /// `fast` (int8 activations against the blocks).
 #[test]
 fn gpt_oss_mxfp4_experts_are_kept_and_match_their_dequantized_model() {
-    let (_, g) = fixture_gguf("gpt_oss", "gpt-oss", gpt_oss_kv(), Vec::new(), MXFP4);
+    let (_, g) = fixture_gguf(
+        &fixture("gpt_oss"),
+        "gpt_oss",
+        "gpt-oss",
+        gpt_oss_kv(),
+        Vec::new(),
+        MXFP4,
+    );
     let (keep, deq) = (tmp("gpt_oss-mxfp4-keep.flm"), tmp("gpt_oss-mxfp4-f32.flm"));
     for (out, dtype) in [(&keep, TargetDtype::Keep), (&deq, TargetDtype::F32)] {
         convert(&g, out, &ConvertOptions { dtype }, &mut |_| {}).unwrap();
@@ -603,7 +744,14 @@ fn broken_mxfp4_tensors_are_refused_by_name() {
         kv.push(kv_u32("gpt-oss.expert_count", experts));
         kv
     };
-    let (_, g) = fixture_gguf("gpt_oss", "gpt-oss", kv(4), Vec::new(), MXFP4);
+    let (_, g) = fixture_gguf(
+        &fixture("gpt_oss"),
+        "gpt_oss",
+        "gpt-oss",
+        kv(4),
+        Vec::new(),
+        MXFP4,
+    );
     let bytes = std::fs::read(&g).unwrap();
     let gg = GgufFile::open(&g).unwrap();
     let t = gg
@@ -644,7 +792,14 @@ fn broken_mxfp4_tensors_are_refused_by_name() {
         "{e}"
     );
     // the metadata says 3 experts, the stacks hold 4
-    let (_, g3) = fixture_gguf("gpt_oss", "gpt-oss", kv(3), Vec::new(), MXFP4);
+    let (_, g3) = fixture_gguf(
+        &fixture("gpt_oss"),
+        "gpt_oss",
+        "gpt-oss",
+        kv(3),
+        Vec::new(),
+        MXFP4,
+    );
     let e = err(&std::fs::read(&g3).unwrap(), "experts");
     assert!(e.contains("_exps.") && e.contains("3 experts"), "{e}");
     // a flipped bit in a kept MXFP4 tensor of the .flm

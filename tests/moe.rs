@@ -3,7 +3,8 @@
 //! experts one by one and stacked for the grouped `MoeLinear` products; GGUF files
 //! with llama.cpp's MoE names (stacked `ffn_*_exps` experts, `ffn_gate_inp`, `expert_*` keys)
 //! give the same logits as the HF original; missing expert metadata is refused by name; the
-//! experts stay as the file holds them; low-memory mode reads only the routed experts.
+//! experts stay as the file holds them (views of its mapping); low-memory mode reads only the
+//! routed experts, each once per step however many of the step's tokens chose it.
 
 mod common;
 
@@ -538,9 +539,20 @@ fn experts_stay_as_the_file_holds_them() {
     )
     .unwrap();
     let m = &llm.model;
-    for e in 0..8 {
-        let n = format!("model.layers.1.mlp.experts.{e}.down_proj.weight");
-        assert_eq!(m.weight_dtype(&n), Some(DataType::Q8_0), "{n}");
+    for l in 0..2 {
+        for e in 0..8 {
+            for p in ["gate_proj", "up_proj", "down_proj"] {
+                let n = format!("model.layers.{l}.mlp.experts.{e}.{p}.weight");
+                assert_eq!(m.weight_dtype(&n), Some(DataType::Q8_0), "{n}");
+                // a view of the file's mapping, not a copy in memory of its own
+                assert_eq!(m.weight_is_mapped(&n), Some(true), "{n} is not mapped");
+            }
+        }
+    }
+    // a dense matrix the CPU re-forms for its kernels (where it has them) is held in memory
+    let q = "model.layers.1.self_attn.q_proj.weight";
+    if m.weight_dtype(q) != Some(DataType::Q8_0) {
+        assert_eq!(m.weight_is_mapped(q), Some(false), "{q}");
     }
 }
 
@@ -605,6 +617,29 @@ fn low_memory_reads_only_routed_experts() {
         assert_eq!(
             reads, 6,
             "layer {l}: each routed expert's 3 projections once"
+        );
+    }
+    // a step of many tokens: each expert some token chose is read once for all its tokens
+    src.read.lock().unwrap().clear();
+    let ids: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % 500).collect();
+    let mut cache = model.new_cache(ids.len()).unwrap();
+    model.forward(&mut cache, &ids, false).unwrap();
+    let read = src.read.lock().unwrap().clone();
+    for l in 0..2 {
+        let names: Vec<&String> = read
+            .iter()
+            .filter(|n| n.starts_with(&format!("model.layers.{l}.mlp.experts.")))
+            .collect();
+        let distinct: std::collections::BTreeSet<&String> = names.iter().copied().collect();
+        assert_eq!(
+            names.len(),
+            distinct.len(),
+            "layer {l}: an expert tensor read twice in one step"
+        );
+        // 24 tokens × 2 choices over 8 experts: more than 2 experts run
+        assert!(
+            distinct.len() > 6 && distinct.len().is_multiple_of(3),
+            "layer {l}: read {distinct:?}"
         );
     }
 }

@@ -3,6 +3,9 @@
 //! `rope_scaling`: the tiny llama3-rope-scaling fixture, once as converted from HF and once with
 //! the scaling removed from its config and carried by the divisors tensor instead.
 
+mod common;
+
+use common::rope::llama3_divisors;
 use fastllm::convert::{convert, ConvertOptions};
 use fastllm::data::Data;
 use fastllm::format::flm::{FlmFile, FlmWriter, LoadMode};
@@ -15,25 +18,6 @@ fn tmp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join("fastllm-rope-freqs-tests");
     std::fs::create_dir_all(&d).unwrap();
     d.join(name)
-}
-
-/// llama.cpp's `rope_freqs` for a llama3 scaling, computed here in f64 from its definition.
-fn llama3_divisors(theta: f64, dim: usize, factor: f64, lo: f64, hi: f64, old: f64) -> Vec<f32> {
-    (0..dim / 2)
-        .map(|i| {
-            let freq = 1.0 / theta.powf(2.0 * i as f64 / dim as f64);
-            let wavelen = 2.0 * std::f64::consts::PI / freq;
-            let scaled = if wavelen < old / hi {
-                freq
-            } else if wavelen > old / lo {
-                freq / factor
-            } else {
-                let smooth = (old / wavelen - lo) / (hi - lo);
-                (1.0 - smooth) * freq / factor + smooth * freq
-            };
-            (freq / scaled) as f32
-        })
-        .collect()
 }
 
 /// `src` with its config's rope scaling removed and `divisors` (if any) as the rope_freqs tensor.

@@ -2,7 +2,8 @@
 //! (`none`, `linear`, `yarn`, `longrope`), `.factor`, `.original_context_length`,
 //! `.attn_factor`, YaRN's `.yarn_attn_factor` / `.yarn_beta_fast` / `.yarn_beta_slow` /
 //! `.yarn_log_multiplier`, and LongRoPE's `rope_factors_short.weight` /
-//! `rope_factors_long.weight` tensors. Unknown types and missing keys are errors naming them.
+//! `rope_factors_long.weight` tensors. Unknown types (and `dynamic`, which llama.cpp's GGUF keys
+//! cannot describe) and missing keys are errors naming them.
 
 use super::ggml_dequant::dequantize;
 use crate::error::{Error, Result};
@@ -114,6 +115,13 @@ pub fn gguf_rope_scaling(
                 short_factor: f32_tensor(g, ROPE_FACTOR_TENSORS[0], rope_dim / 2)?,
                 long_factor: f32_tensor(g, ROPE_FACTOR_TENSORS[1], rope_dim / 2)?,
             }
+        }
+        "dynamic" => {
+            return Err(Error::Unsupported(format!(
+                "{}: rope scaling type \"dynamic\" in {}: llama.cpp's GGUF keys define no dynamic NTK scaling (supported: {TYPES}); convert the Hugging Face checkpoint, whose config's rope_scaling carries it",
+                g.path,
+                k("type")
+            )))
         }
         other => {
             return Err(Error::Unsupported(format!(

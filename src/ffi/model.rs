@@ -43,7 +43,7 @@ pub struct FastllmModelParams {
     /// NULL = unset; where the default model, converted models and compiled GPU kernels are
     /// cached.
     pub cache_dir: *const c_char,
-    /// KV cache dtype: "f16", "q8_0" (CPU only) or "f32"; NULL = the device's default (f16 in
+    /// KV cache dtype: "f16", "q8_0" or "f32"; NULL = the device's default (f16 in
     /// fast precision, else f32). A dtype the device does not store is an error naming it.
     pub kv_dtype: *const c_char,
     /// -1 = unset; 1 = on a GPU, every sequence's results independent of the batch it runs in

@@ -137,14 +137,14 @@ impl PagedKvPool {
 
     /// The element type of `model`'s pool: the model's KV dtype ([`Model::kv_dtype`]), on a
     /// device other than the CPU where its paged decode attention (`PagedDecodeAttention`)
-    /// reads it (f32 or f16), else f32; f32 for a tensor-parallel group.
+    /// reads it (a dtype the device stores), else f32; f32 for a tensor-parallel group.
     pub fn kv_dtype(model: &Model) -> DataType {
         let dt = model.kv_dtype().data_type();
         match model.executor().devices().first() {
             _ if model.group().is_some() => DataType::F32,
             Some(d) if d.kind() != DeviceKind::Cpu => {
                 let paged = d.ops().contains_key("PagedDecodeAttention");
-                if paged && matches!(dt, DataType::F16 | DataType::F32) {
+                if paged && d.kv_dtypes().contains(&dt) {
                     dt
                 } else {
                     DataType::F32

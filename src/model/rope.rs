@@ -448,6 +448,17 @@ mod tests {
     }
 
     #[test]
+    fn linear_scaling_rotates_position_p_as_plain_rope_rotates_p_over_factor() {
+        let plain = inv_freq_f64(16, 1e4, &RopeScaling::None, 0);
+        let linear = inv_freq_f64(16, 1e4, &RopeScaling::Linear { factor: 4.0 }, 0);
+        assert_eq!(linear.len(), 8);
+        // the angle at position 8 under factor 4 is the plain angle at position 2
+        for (l, p) in linear.iter().zip(&plain) {
+            assert!((8.0 * l - 2.0 * p).abs() <= 1e-12, "{l} vs {p}");
+        }
+    }
+
+    #[test]
     fn dynamic_ntk_grows_the_base_past_the_original_context() {
         let s = RopeScaling::Dynamic {
             factor: 2.0,

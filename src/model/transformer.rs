@@ -72,6 +72,15 @@ impl KvCache {
     pub fn replays_decode_graph(&self) -> bool {
         self.graph.as_ref().is_some_and(|g| g.recording.is_some())
     }
+    /// Bytes reserved for the cached rows of every layer at full capacity (keys and values; a
+    /// latent-attention cache's one row per token and layer).
+    pub fn reserved_bytes(&self) -> usize {
+        self.k
+            .iter()
+            .chain(&self.v)
+            .map(|d| crate::data::bytes_for(d.dtype(), d.capacity()).unwrap_or(0))
+            .sum()
+    }
     /// Forgets every cached token (keeps the allocations).
     pub fn clear(&mut self) -> Result<()> {
         if let Some(r) = &self.remote {
@@ -619,6 +628,14 @@ impl Model {
     /// it, e.g. interleaved blocks on the CPU); `None` when it is not resident.
     pub fn weight_dtype(&self, name: &str) -> Option<DataType> {
         self.weights.resident_dtype(name)
+    }
+
+    /// True when the resident tensor `name` is a zero-copy view of the model file's bytes (its
+    /// mapping), false when it is held in memory of its own (read, re-formed, on a device);
+    /// `None` when it is not resident.
+    pub fn weight_is_mapped(&self, name: &str) -> Option<bool> {
+        let d = self.weights.resident(name)?;
+        Some(matches!(d.storage(), crate::data::Storage::Shared { .. }))
     }
 
     /// Bytes of the weights held in memory (read, derived or re-formed), besides those the

@@ -1,12 +1,13 @@
 //! What the integration tests share: reporting a skipped test where CI's log shows it; for the
 //! CUDA tests, the device and the executors they compare ([`cuda`]) and the SmolLM2 model they
 //! load ([`smollm2`]); Gemma 3 270M against its reference ([`gemma3`]); GGUF files written from
-//! fixtures ([`gguf`]).
+//! fixtures ([`gguf`]); rope definitions computed in f64 ([`rope`]).
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod gemma3;
 pub mod gguf;
+pub mod rope;
 #[cfg(feature = "cuda")]
 pub mod smollm2;
 

@@ -80,7 +80,7 @@ class Model:
     device: "cpu", "cuda", "cuda:1", "cuda:0,1" (tensor parallelism over GPUs 0 and 1, needs
     NCCL) or None (best available). threads: 0 = all cores.
     precision: "fast" (int8 activations in quantized matmuls) or "exact".
-    kv_dtype: KV cache dtype "f16", "q8_0" (CPU only) or "f32"; None = the device's default
+    kv_dtype: KV cache dtype "f16", "q8_0" or "f32"; None = the device's default
     (f16 in fast precision, else f32). A dtype the device does not store raises, naming it.
     Run-time switches (None: the FASTLLM_* environment variable, else the default; see
     docs/tuning.md): cuda_graphs (replay recorded decode steps on a GPU), fused_ops (fused GPU

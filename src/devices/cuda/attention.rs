@@ -1,15 +1,17 @@
 //! `Attention` on the GPU (f32): one block per (query, head) with an online softmax over key
 //! chunks (kernels/attention.cu); causal mask, sliding window, GQA, ALiBi, soft-capping and
 //! attention sinks (`sinks` [nh], in every kernel's softmax denominator but the flash kernel's).
-//! `k`/`v` may be KV caches expanded on axis 0, both f32 or both f16 ([`super::kv`]): every
-//! kernel here has an `*_f16kv` instance that reads f16 rows in place (f32 arithmetic); the
-//! cuBLAS path converts them to f32 first (`kv_float_f16kv`).
+//! `k`/`v` may be KV caches expanded on axis 0, both f32, f16 or q8_0 ([`super::kv`]; a q8_0
+//! cache pads each head row to whole blocks of 32): every kernel here has `*_f16kv` and `*_q8kv`
+//! instances that read f16 or q8_0 rows in place (dequantized in registers, f32 arithmetic);
+//! the cuBLAS path converts them to f32 first (`kv_float_f16kv`, `kv_float_q8kv`).
 //!
 //! Prefill with `fast = 1` (the `fast` precision) and at least [`TC_MIN_QUERIES`] queries, causal,
 //! head size 64 or 128 and no ALiBi / soft-capping / window / sinks runs the fused flash-attention
 //! kernel `flash_attn{64,128}x1_f32`: f16 tensor-core `mma.sync` for q·kᵀ and p·v with f32
 //! accumulation and an online softmax; f32 keys and values are first converted to f16
-//! (`kv_half_f32`; an f16 cache is read as it is), then staged tile by tile in shared memory by `cp.async` overlapping the math
+//! (`kv_half_f32`; an f16 cache is read as it is, a q8_0 one dequantized to f16 as each tile is
+//! staged, `flash_attn{64,128}x1_q8kv`), then staged tile by tile in shared memory by `cp.async` overlapping the math
 //! (one query head per block of four warps, two blocks per SM); the scores never reach memory.
 //! Other fast prefill goes through cuBLAS: per chunk of queries, scores = q·kᵀ·scale (TF32 tensor cores,
 //! strided-batched over the KV heads, once per query head of a GQA group) into a scratch
@@ -34,7 +36,7 @@ use super::act_quant::{ActForm, ActQuant, QuantKey};
 use super::blas::{gemm, Elem, Gemm, Operand};
 use super::buffer::{dptr, ensure_out, scratch, CudaBuffer};
 use super::gpu::{int, long, Gpu, KArg};
-use super::kv::{kv_elem, KvElem};
+use super::kv::{elem_of, kv_elem, stored_head_dim, value_head_dim, KvElem};
 use super::linear::TC_MIN_ROWS;
 use super::{all_f32, grid_dim, op_err};
 use crate::data::{Data, DataType};
@@ -296,15 +298,17 @@ fn decode_kernel_args(
 }
 
 /// The kernel arguments the decode and general kernels share, in their order: heads, KV heads,
-/// q/k and v head sizes, k and v row lengths, scale, soft-cap, causal, window.
+/// q/k and v head sizes, k and v row lengths (stored values: q8_0 head rows are padded),
+/// scale, soft-cap, causal, window.
 fn head_and_score_args(a: &AttnArgs) -> Result<[KArg; 10]> {
+    let dt = a.elem.dtype();
     Ok([
         int(a.nh, "heads")?,
         int(a.nkv, "kv heads")?,
         int(a.hd, "head dim")?,
         int(a.hdv, "v head dim")?,
-        long(a.nkv * a.hd, "k row")?,
-        long(a.nkv * a.hdv, "v row")?,
+        long(a.nkv * stored_head_dim(dt, a.hd), "k row")?,
+        long(a.nkv * stored_head_dim(dt, a.hdv), "v row")?,
         KArg::F32(a.scale),
         KArg::F32(a.softcap),
         KArg::I32(a.causal as i32),
@@ -467,7 +471,14 @@ impl Attention {
         }
         const OP: &str = "Attention";
         let mut guard = lock_scratch(&self.1)?;
-        let (kh, vh) = self.half_kv(a, &mut guard)?;
+        // a q8_0 cache is dequantized tile by tile in the kernel
+        let (kh, vh, suffix) = match a.elem {
+            KvElem::Q8 => (a.k, a.v, "q8kv"),
+            _ => {
+                let (kh, vh) = self.half_kv(a, &mut guard)?;
+                (kh, vh, "f32")
+            }
+        };
         // the output's f16/bf16 copy for the next tensor-core Linear (o-projection)
         let copy = match copy {
             Some(form @ (ActForm::F16 | ActForm::Bf16)) if a.sq >= TC_MIN_ROWS => {
@@ -485,7 +496,7 @@ impl Attention {
             1,
         );
         self.0.launch(
-            &format!("flash_attn{}x1_f32", a.hd),
+            &format!("flash_attn{}x1_{suffix}", a.hd),
             grid,
             128,
             &[
@@ -533,8 +544,9 @@ impl Attention {
         Ok((kh, vh))
     }
 
-    /// `a` with f32 keys and values for cuBLAS: as it is, or with an f16 cache converted
-    /// (`kv_float_f16kv`) into the scratch `self.5`, held by the returned guard.
+    /// `a` with f32 keys and values for cuBLAS: as it is, or with an f16 or q8_0 cache
+    /// converted (`kv_float_f16kv`, `kv_float_q8kv`) into the scratch `self.5`, held by the
+    /// returned guard.
     fn float_kv(&self, a: &AttnArgs) -> Result<(AttnArgs, Option<ScratchGuard<'_>>)> {
         if a.elem == KvElem::F32 {
             return Ok((*a, None));
@@ -543,6 +555,30 @@ impl Attention {
         let (nk, nv) = (a.skv * a.nkv * a.hd, a.skv * a.nkv * a.hdv);
         let kf = scratch(&self.0, &mut guard, 4 * (nk + nv), false)?;
         let vf = kf + 4 * nk as u64;
+        let f = AttnArgs {
+            k: kf,
+            v: vf,
+            elem: KvElem::F32,
+            ..*a
+        };
+        if a.elem == KvElem::Q8 {
+            let rows = a.skv * a.nkv;
+            self.0.launch(
+                "kv_float_q8kv",
+                Gpu::grid_for(nk.max(nv), 256),
+                256,
+                &[
+                    KArg::Ptr(a.k),
+                    KArg::Ptr(a.v),
+                    KArg::Ptr(kf),
+                    KArg::Ptr(vf),
+                    long(rows, "head rows")?,
+                    int(a.hd, "head dim")?,
+                    int(a.hdv, "v head dim")?,
+                ],
+            )?;
+            return Ok((f, Some(guard)));
+        }
         self.0.launch(
             "kv_float_f16kv",
             Gpu::grid_for(nk.max(nv), 256),
@@ -556,12 +592,6 @@ impl Attention {
                 long(nv, "value values")?,
             ],
         )?;
-        let f = AttnArgs {
-            k: kf,
-            v: vf,
-            elem: KvElem::F32,
-            ..*a
-        };
         Ok((f, Some(guard)))
     }
 
@@ -767,16 +797,16 @@ fn attention_args(d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<AttnAr
     let [skv, nkv, _] = dims3(k, "k")?;
     let (slopes, sinks) = (opt_ptr(s, "alibi_slopes")?, opt_ptr(sk, "sinks")?);
     let (scale, softcap, window) = attn_scalars(f, i, hd);
-    let elem = match (k.dtype(), v.dtype()) {
-        (DataType::F16, DataType::F16) => KvElem::F16,
-        (DataType::F32, DataType::F32) => KvElem::F32,
-        (kt, vt) => {
-            return Err(op_err(
-                "Attention",
-                format!("k {kt} / v {vt}: keys and values must both be f32 or both f16"),
-            ))
-        }
-    };
+    let elem = elem_of(k.dtype(), v.dtype()).ok_or_else(|| {
+        op_err(
+            "Attention",
+            format!(
+                "k {} / v {}: keys and values must both be f32, f16 or q8_0",
+                k.dtype(),
+                v.dtype()
+            ),
+        )
+    })?;
     Ok(AttnArgs {
         q: dptr(q, "q")?,
         k: dptr(k, "k")?,
@@ -789,7 +819,7 @@ fn attention_args(d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<AttnAr
         nh,
         nkv,
         hd,
-        hdv: v.dim(-1),
+        hdv: value_head_dim(v.dtype(), v.dim(-1), hd),
         scale,
         softcap,
         causal: i.get_or("causal", 1) != 0,
@@ -814,12 +844,20 @@ impl Operator for Attention {
     }
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
         let [sq, nh, hd] = dims3(d.require("Attention", "q")?, "q")?;
-        let [skv, nkv, hdk] = dims3(d.require("Attention", "k")?, "k")?;
-        let [skv2, nkv2, hdv] = dims3(d.require("Attention", "v")?, "v")?;
-        if hdk != hd || skv2 != skv || nkv2 != nkv || nkv == 0 || nh % nkv != 0 {
+        let k = d.require("Attention", "k")?;
+        let [skv, nkv, hdk] = dims3(k, "k")?;
+        let v = d.require("Attention", "v")?;
+        let [skv2, nkv2, hds] = dims3(v, "v")?;
+        let hdv = value_head_dim(v.dtype(), hds, hd);
+        if hdk != stored_head_dim(k.dtype(), hd)
+            || skv2 != skv
+            || nkv2 != nkv
+            || nkv == 0
+            || nh % nkv != 0
+        {
             return Err(op_err(
                 "Attention",
-                format!("q [{sq}, {nh}, {hd}], k [{skv}, {nkv}, {hdk}], v [{skv2}, {nkv2}, {hdv}] do not match"),
+                format!("q [{sq}, {nh}, {hd}], k [{skv}, {nkv}, {hdk}], v [{skv2}, {nkv2}, {hds}] do not match (a q8_0 cache pads head rows to whole blocks of 32)"),
             ));
         }
         for n in ["alibi_slopes", "sinks"] {
@@ -974,8 +1012,9 @@ impl DecodeAttention {
             |i: usize| a[i].ok_or_else(|| op_err(OP, format!("missing input '{}'", DA_NAMES[i])));
         let [sq, nh, hd] = dims3(need(0)?, "q")?;
         let [_, nkv, hdk] = dims3(need(1)?, "k_cache")?;
-        let [_, nkv2, hdv] = dims3(need(2)?, "v_cache")?;
-        if hdk != hd
+        let [_, nkv2, hds] = dims3(need(2)?, "v_cache")?;
+        let hdv = value_head_dim(need(2)?.dtype(), hds, hd);
+        if hdk != stored_head_dim(need(1)?.dtype(), hd)
             || nkv2 != nkv
             || nkv == 0
             || nh % nkv != 0
@@ -1050,7 +1089,7 @@ impl Operator for DecodeAttention {
         let [sq, nh, nkv, hd, hdv, kcap, nsplit, gchunk] =
             self.sizes(&DA_NAMES.map(|n| d.get(n)))?;
         let elem = kv_elem(d, "k_cache", "v_cache")
-            .ok_or_else(|| op_err(OP, "k_cache and v_cache must both be f32 or both f16"))?;
+            .ok_or_else(|| op_err(OP, "k_cache and v_cache must both be f32, f16 or q8_0"))?;
         let step = step_kv(&STEP_NAMES.map(|n| d.get(n)), i, sq, nkv, hd, hdv)?;
         if step.is_some() && !(d.is_mut("k_cache") && d.is_mut("v_cache")) {
             // a read-only cache on another device would be a copy, and the step's row lost

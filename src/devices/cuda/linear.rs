@@ -108,17 +108,20 @@ const HALF_TC_MIN_ROWS: usize = 2;
 /// tensor cores with f16/bf16 activations (cuBLAS or `linear_mma`) by the device's choice, where
 /// cuBLAS loads; fewer rows take the GEMV kernels (Q8_0 activations for block weights).
 pub fn tensor_core_rows(dtype: DataType, rows: usize, k: usize) -> bool {
-    dtype != DataType::F32 && rows >= Batched { mode: 0, splits: 0 }.tc_min_rows(dtype, k)
+    dtype != DataType::F32 && rows >= Batched::default().tc_min_rows(dtype, k)
 }
 
 /// A call's choice of the batched paths (`mma`): the device's (0), no `linear_mma`/`linear_mmq`
 /// and no cuBLAS below [`TC_MIN_ROWS`] rows (1: the GEMV kernels below, dequantized tiles for
 /// cuBLAS above), the f16 `linear_mma` wherever it applies (2, any number of rows), or the int8
-/// `linear_mmq` wherever it applies (3); `mma_splits` > 0 forces their k splits.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+/// `linear_mmq` wherever it applies (3); `mma_splits` > 0 forces their k splits, `mmq_shape`
+/// picks the tile shape of `linear_mmq` (0: the device's choice, see
+/// [`MmqShape::pick`](super::linear_mmq::MmqShape::pick)).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 struct Batched {
     mode: i32,
     splits: usize,
+    shape: usize,
 }
 
 impl Batched {
@@ -134,7 +137,13 @@ impl Batched {
         }
         let splits = usize::try_from(ints.get_or("mma_splits", 0))
             .map_err(|_| op_err("Linear", "mma_splits must not be negative"))?;
-        Ok(Batched { mode, splits })
+        let shape = usize::try_from(ints.get_or("mmq_shape", 0))
+            .map_err(|_| op_err("Linear", "mmq_shape must not be negative"))?;
+        Ok(Batched {
+            mode,
+            splits,
+            shape,
+        })
     }
 
     /// Whether a block-weight product of `m` rows of `k` values takes `linear_mma` (where it
@@ -741,8 +750,16 @@ impl Linear {
         let Some((p, suffix)) = product(segs, m, k, acc)? else {
             return Ok(());
         };
-        let plan = MmqPlan::new(m, k, p.ntot, self.gpu.sms(), bat.splits)
-            .ok_or_else(|| op_err("Linear", format!("no int8 tensor-core plan for k = {k}")))?;
+        let plan = MmqPlan::new(
+            m,
+            k,
+            p.ntot,
+            self.gpu.sms(),
+            bat.splits,
+            bat.shape,
+            self.invariant,
+        )
+        .ok_or_else(|| op_err("Linear", format!("no int8 tensor-core plan for k = {k}")))?;
         let x = self.q8_rows(prev, ints, xp, m, k)?;
         mmq_product(&self.gpu, plan, suffix, x, p, &self.mma_part)
     }
@@ -1098,8 +1115,12 @@ impl Linear {
         }
         if quant_act && aligned && self.invariant && q8_kernels(dtype) && k.is_multiple_of(MMQ_KC) {
             // the k split of a one-row product for every row count
-            let splits = MmqPlan::new(1, k, n, self.gpu.sms(), 0).map_or(1, |p| p.splits);
-            let bat = Batched { mode: 3, splits };
+            let splits = MmqPlan::new(1, k, n, self.gpu.sms(), 0, 0, true).map_or(1, |p| p.splits);
+            let bat = Batched {
+                mode: 3,
+                splits,
+                shape: 0,
+            };
             return self.mmq_segments(prev, ints, bat, xp, m, k, segs, acc);
         }
         let tc_weight = dtype != DataType::F32

@@ -1,4 +1,5 @@
-//! The paged KV cache on the GPU (f16 or f32 slots): `PagedCacheWrite` (`cache[slots[i]] = input[i]`) and
+//! The paged KV cache on the GPU (f16, f32 or q8_0 slots; a q8_0 head row is padded to whole
+//! blocks of 32, [`super::kv::stored_head_dim`]): `PagedCacheWrite` (`cache[slots[i]] = input[i]`) and
 //! `PagedAttention` (each sequence's new query rows over its cached keys, through block tables;
 //! causal, sliding window, GQA, ALiBi, soft-capping). The small index arrays are read on the host
 //! first so that every slot and block id is checked before a kernel touches memory. Both ops
@@ -8,6 +9,7 @@
 
 use super::buffer::{dptr, ensure_out, scratch, CudaBuffer};
 use super::gpu::{int, long, Gpu, KArg};
+use super::kv::stored_head_dim;
 use super::{all_f32, grid_dim, op_err};
 use crate::data::{Data, DataType, Storage};
 use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
@@ -109,18 +111,25 @@ impl Operator for PagedCacheWrite {
     }
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
         d.dtype("input") == Some(DataType::F32)
-            && matches!(d.dtype("cache"), Some(DataType::F32 | DataType::F16))
+            && matches!(
+                d.dtype("cache"),
+                Some(DataType::F32 | DataType::F16 | DataType::Q8_0)
+            )
     }
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
         const OP: &str = "PagedCacheWrite";
         let x = need(d.get("input"), OP, "input", DataType::F32, 3)?;
         let s = need(d.get("slots"), OP, "slots", DataType::I32, 1)?;
-        let c = d.get("cache").filter(|c| c.dtype() == DataType::F16);
+        let c = d.get("cache").filter(|c| c.dtype() != DataType::F32);
         let c = match c {
+            Some(c) if c.dtype() == DataType::Q8_0 => {
+                need(Some(c), OP, "cache", DataType::Q8_0, 3)?
+            }
             Some(c) => need(Some(c), OP, "cache", DataType::F16, 3)?,
             None => need(d.get("cache"), OP, "cache", DataType::F32, 3)?,
         };
-        if x.dims()[1..] != c.dims()[1..] || s.dim(0) != x.dim(0) {
+        let row_fits = x.dim(1) == c.dim(1) && stored_head_dim(c.dtype(), x.dim(2)) == c.dim(2);
+        if !row_fits || s.dim(0) != x.dim(0) {
             return Err(op_err(
                 OP,
                 format!(
@@ -147,6 +156,23 @@ impl Operator for PagedCacheWrite {
         let s = s.ok_or_else(|| op_err(OP, "missing input 'slots'"))?;
         let row = x.dim(1) * x.dim(2);
         let n = x.dim(0);
+        if c.dtype() == DataType::Q8_0 {
+            // a warp per block of 32 values
+            let blocks = n * x.dim(1) * x.dim(2).div_ceil(32);
+            return self.gpu.launch(
+                "paged_cache_write_q8",
+                Gpu::grid_for(blocks * 32, 256),
+                256,
+                &[
+                    KArg::Ptr(dptr(x, "input")?),
+                    KArg::Ptr(self.slots.ptr(&self.gpu, s, "slots")?),
+                    KArg::Ptr(dptr(c, "cache")?),
+                    long(n, "rows")?,
+                    int(x.dim(1), "kv heads")?,
+                    int(x.dim(2), "head dim")?,
+                ],
+            );
+        }
         let kernel = match c.dtype() {
             DataType::F16 => "paged_cache_write_f16",
             _ => "paged_cache_write_f32",
@@ -198,7 +224,7 @@ fn check(a: &[Option<&Data>; 8], i: &IntDict) -> Result<Sizes> {
     const OP: &str = "PagedAttention";
     let q = need(a[0], OP, "q", DataType::F32, 3)?;
     let cdt = match a[1].map(|c| c.dtype()) {
-        Some(DataType::F16) => DataType::F16,
+        Some(dt @ (DataType::F16 | DataType::Q8_0)) => dt,
         _ => DataType::F32,
     };
     let kc = need(a[1], OP, "k_cache", cdt, 3)?;
@@ -208,7 +234,12 @@ fn check(a: &[Option<&Data>; 8], i: &IntDict) -> Result<Sizes> {
     let bt = need(a[5], OP, "block_tables", DataType::I32, 2)?;
     let (rows, nh, hd) = (q.dim(0), q.dim(1), q.dim(2));
     let (slots, nkv) = (kc.dim(0), kc.dim(1));
-    if kc.dims() != vc.dims() || kc.dim(2) != hd || nkv == 0 || nh % nkv != 0 || hd > MAX_HD {
+    if kc.dims() != vc.dims()
+        || kc.dim(2) != stored_head_dim(cdt, hd)
+        || nkv == 0
+        || nh % nkv != 0
+        || hd > MAX_HD
+    {
         return Err(op_err(
             OP,
             format!(
@@ -271,7 +302,7 @@ impl Operator for PagedAttention {
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
         let cache = d.dtype("k_cache");
         all_f32(d, &["q", "alibi_slopes", "sinks"])
-            && matches!(cache, Some(DataType::F32 | DataType::F16))
+            && matches!(cache, Some(DataType::F32 | DataType::F16 | DataType::Q8_0))
             && d.dtype("v_cache") == cache
             && d.dtype("q").is_some()
             && d.get("q").is_some_and(|q| q.dim(-1) <= MAX_HD)
@@ -302,6 +333,7 @@ impl Operator for PagedAttention {
         let gy = grid_dim(OP, z.nh, "too many heads")?;
         let kernel = match a[1].map(|c| c.dtype()) {
             Some(DataType::F16) => "paged_attention_f16",
+            Some(DataType::Q8_0) => "paged_attention_q8",
             _ => "paged_attention_f32",
         };
         self.gpu.launch(

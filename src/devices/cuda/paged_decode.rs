@@ -1,5 +1,5 @@
-//! `PagedDecodeAttention`: one decode query row per sequence over the paged KV pool (f16 or f32
-//! slots), flash-decoding through block tables with split-K for long rows, the step's own keys
+//! `PagedDecodeAttention`: one decode query row per sequence over the paged KV pool (f16, f32
+//! or q8_0 slots, a q8_0 head row padded to whole blocks of 32), flash-decoding through block tables with split-K for long rows, the step's own keys
 //! and values stored into their slots in the same launch (`kernels/paged_decode.cu`).
 //!
 //! Unlike `PagedAttention` (`paged.rs`), the index arrays (`slots`, `kv_lens`, `block_tables`) may
@@ -11,6 +11,7 @@
 
 use super::buffer::{device_len, dptr, ensure_out};
 use super::gpu::{int, long, Gpu, KArg};
+use super::kv::stored_head_dim;
 use super::paged::HostIndex;
 use super::{grid_dim, op_err};
 use crate::data::{Data, DataType, Storage};
@@ -62,7 +63,8 @@ struct Sizes {
     slots: usize,
     maxb: usize,
     bs: usize,
-    half: bool,
+    /// The pool's dtype (f16, f32 or q8_0).
+    cache: DataType,
     nsplit: usize,
 }
 
@@ -161,12 +163,12 @@ fn check_indices(slots_d: &Data, lens_d: &Data, bt: &Data, slots: usize, bs: usi
 
 /// Validates a launch's arrays against each other and returns its sizes.
 fn check(a: &[Option<&Data>; 11], i: &IntDict, sms: usize, invariant: bool) -> Result<Sizes> {
-    use DataType::{F16, F32, I32};
+    use DataType::{F16, F32, I32, Q8_0};
     let q = packed(a[0], "q", &[F32], 3)?;
     let k = packed(a[1], "k", &[F32], 3)?;
     let v = packed(a[2], "v", &[F32], 3)?;
-    let kc = packed(a[3], "k_cache", &[F16, F32], 3)?;
-    let vc = packed(a[4], "v_cache", &[F16, F32], 3)?;
+    let kc = packed(a[3], "k_cache", &[F16, F32, Q8_0], 3)?;
+    let vc = packed(a[4], "v_cache", &[F16, F32, Q8_0], 3)?;
     let slots_d = packed(a[5], "slots", &[I32], 1)?;
     let lens_d = packed(a[6], "kv_lens", &[I32], 1)?;
     let bt = packed(a[7], "block_tables", &[I32], 2)?;
@@ -174,7 +176,7 @@ fn check(a: &[Option<&Data>; 11], i: &IntDict, sms: usize, invariant: bool) -> R
     let (slots, nkv) = (kc.dim(0), kc.dim(1));
     let fits = kc.dims() == vc.dims()
         && kc.dtype() == vc.dtype()
-        && kc.dim(2) == hd
+        && kc.dim(2) == stored_head_dim(kc.dtype(), hd)
         && k.dims() == [rows, nkv, hd]
         && v.dims() == [rows, nkv, hd]
         && nkv > 0
@@ -223,7 +225,7 @@ fn check(a: &[Option<&Data>; 11], i: &IntDict, sms: usize, invariant: bool) -> R
         slots,
         maxb,
         bs,
-        half: kc.dtype() == F16,
+        cache: kc.dtype(),
         nsplit: if invariant {
             MAX_SPLITS
         } else {
@@ -234,7 +236,7 @@ fn check(a: &[Option<&Data>; 11], i: &IntDict, sms: usize, invariant: bool) -> R
 
 /// Flash-decoding over the paged pool; see the module doc. Inputs: `q` [rows, nh, hd], the
 /// step's `k`, `v` [rows, nkv, hd] (f32, rotated), inout `k_cache`, `v_cache` [slots, nkv, hd]
-/// (f16 or f32), `slots` [rows] (the step's slot per row; < 0: not stored), `kv_lens` [rows]
+/// (f16, f32 or q8_0 with head rows padded to whole blocks), `slots` [rows] (the step's slot per row; < 0: not stored), `kv_lens` [rows]
 /// (keys of each row, the step's included; 0: a padding row, output zeros), `block_tables`
 /// [rows, maxb], optional `alibi_slopes` and attention `sinks` [nh]; inout `workspace`. Floats `scale`, `softcap`; ints
 /// `block_size`, `sliding_window`, `max_keys` (a bound on `kv_lens` that picks the split count;
@@ -252,7 +254,12 @@ impl Operator for PagedDecodeAttention {
         &["slots", "kv_lens", "block_tables"]
     }
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
-        let cache = |n: &str| matches!(d.dtype(n), Some(DataType::F16 | DataType::F32));
+        let cache = |n: &str| {
+            matches!(
+                d.dtype(n),
+                Some(DataType::F16 | DataType::F32 | DataType::Q8_0)
+            )
+        };
         cache("k_cache")
             && cache("v_cache")
             && d.get("q")
@@ -363,7 +370,11 @@ impl PagedDecodeAttention {
         ]);
         let kernel = format!(
             "paged_decode_{}{}",
-            if z.half { "h" } else { "f" },
+            match z.cache {
+                DataType::F16 => "h",
+                DataType::Q8_0 => "q",
+                _ => "f",
+            },
             z.hd.div_ceil(32).next_power_of_two()
         );
         let blocks_x = z.nkv * (z.nh / z.nkv).div_ceil(GROUP_CHUNK);

@@ -64,7 +64,7 @@ struct ModelArgs {
     /// fast (int8 activations in quantized matmuls) or exact (f32 activations).
     #[arg(long, default_value = "fast")]
     precision: String,
-    /// KV cache dtype: f16, q8_0 (CPU only) or f32 (default: f16 in fast precision, else f32).
+    /// KV cache dtype: f16, q8_0 or f32 (default: f16 in fast precision, else f32).
     #[arg(long)]
     kv_dtype: Option<String>,
     /// GPU: run one-token decode steps op by op instead of replaying a recorded CUDA graph

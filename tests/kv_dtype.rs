@@ -2,8 +2,8 @@
 //! against their float64 references, the paged pool against the contiguous cache in each dtype,
 //! what an f16 cache alone costs SmolLM2 (float activations: same top-1 tokens, mean KL against
 //! the f32 cache at f16 rounding level), SmolLM2 with an f16 cache and int8 activations (`fast`)
-//! near the fixture's `fast` tolerances, and a q8_0 cache agreeing with the f32 cache's top-1
-//! token at ≥ 96 % of the fixture's positions.
+//! near the fixture's `fast` tolerances and as close to float activations as with an f32 cache,
+//! and a q8_0 cache agreeing with the f32 cache's top-1 token at ≥ 96 % of the fixture's positions.
 
 mod common;
 
@@ -218,6 +218,23 @@ fn fast_stats(all: &[Vec<f32>], cases: &[Value], dir: &Path, vocab: usize) -> (u
     (agree, total, kl / cases.len() as f64)
 }
 
+/// Mean KL(`base` ‖ `ours`) over every row of every sequence.
+fn mean_kl_all(base: &[Vec<f32>], ours: &[Vec<f32>], vocab: usize) -> f64 {
+    let (mut kl, mut n) = (0f64, 0usize);
+    for (a, b) in base.iter().zip(ours) {
+        for (ra, rb) in a.chunks_exact(vocab).zip(b.chunks_exact(vocab)) {
+            let (lp, lq) = (log_softmax(ra), log_softmax(rb));
+            kl += lp
+                .iter()
+                .zip(&lq)
+                .map(|(p, q)| p.exp() * (p - q))
+                .sum::<f64>();
+            n += 1;
+        }
+    }
+    kl / n.max(1) as f64
+}
+
 #[test]
 fn smollm2_f16_within_fast_tolerance_and_q8_0_agrees_with_f32() {
     let Some(gguf) = smollm2() else { return };
@@ -253,6 +270,24 @@ fn smollm2_f16_within_fast_tolerance_and_q8_0_agrees_with_f32() {
     // The fixture's 8.0e-3 is llama.cpp's one measurement on the same 6 positions; this bound is
     // the measured value with a little room.
     assert!(kl <= 9e-3, "f16 KV: mean KL {kl} > 9e-3");
+    // Over every position's whole distribution (409 rows) the f16 cache costs int8 activations
+    // nothing measurable: the mean KL to the float-activation model with an f32 cache (which
+    // agrees with the float64 reference to ~1e-12) is that of the f32 cache within 5 %.
+    let exact = smollm2_logits(
+        &load_kv_as(&out, KvDtype::F32, Precision::Exact),
+        &reference,
+    );
+    let (k32, k16) = (
+        mean_kl_all(&exact, &f32_kv, vocab),
+        mean_kl_all(&exact, &f16_kv, vocab),
+    );
+    println!(
+        "smollm2 fast, mean KL to exact over all positions: f32 KV {k32:.3e}, f16 KV {k16:.3e}"
+    );
+    assert!(
+        k16 <= 1.05 * k32,
+        "f16 KV: mean KL to exact over all positions {k16} > 1.05 × the f32 cache's {k32}"
+    );
     // q8_0 cache: the same top-1 as the f32 cache at every position of the fixture's text
     let (mut same, mut all) = (0usize, 0usize);
     for (a, b) in f32_kv.iter().zip(&q8_kv) {

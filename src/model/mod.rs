@@ -25,6 +25,7 @@ pub mod tp_group;
 mod tp_link;
 pub mod tp_process;
 pub mod transformer;
+mod ubatch;
 pub mod weights;
 
 pub use config::{ModelConfig, RopeScaling, RopeStyle, ROPE_FREQS_TENSOR};
@@ -39,4 +40,5 @@ pub use precision::Precision;
 pub use step_kv::KvStore;
 pub use synthetic::SyntheticSource;
 pub use transformer::{KvCache, Model};
+pub use ubatch::CPU_PREFILL_CHUNK;
 pub use weights::{MapSource, WeightSource, Weights};

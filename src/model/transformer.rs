@@ -275,6 +275,8 @@ struct Paths {
     rope_tables: bool,
     /// How paged steps of one token per sequence run ([`BatchDecode`]).
     batch_decode: BatchDecode,
+    /// Most rows of one [`Model::forward`] step (0: any); see [`super::ubatch`].
+    prefill_chunk: usize,
 }
 
 /// The per-tensor callback of a load: adds each tensor's bytes (`u64::MAX`: the rest) and
@@ -312,6 +314,7 @@ impl Paths {
         decode_graphs: false,
         rope_tables: false,
         batch_decode: BatchDecode::Off,
+        prefill_chunk: 0,
     };
 
     fn choose(
@@ -343,6 +346,7 @@ impl Paths {
             decode_graphs,
             rope_tables: first_has("RotaryTables"),
             batch_decode,
+            prefill_chunk: super::ubatch::default_chunk(exec, rope),
         }
     }
 }
@@ -473,6 +477,33 @@ impl Model {
     /// True when one-token decode steps are recorded and replayed.
     pub fn decode_graphs(&self) -> bool {
         self.paths.decode_graphs
+    }
+
+    /// Sets the most prompt rows one step of [`Model::forward`] runs (0: the whole call in one
+    /// step); longer calls run in steps of that many rows, so their working tensors stay
+    /// bounded while the KV cache alone grows with the prompt. Default: [`super::CPU_PREFILL_CHUNK`] on the CPU, else
+    /// 0. `Err` for a model whose rotation depends on how far a step reaches (long-RoPE,
+    /// dynamic NTK), which must see a prompt in one step, and for a tensor-parallel group's
+    /// driver (its ranks run each step).
+    pub fn set_prefill_chunk(&mut self, rows: usize) -> Result<()> {
+        if rows > 0 && self.group.is_some() {
+            return Err(Error::invalid(format!(
+                "prefill chunk of {rows} rows: a tensor-parallel group runs each step whole"
+            )));
+        }
+        if rows > 0 && !super::ubatch::chunk_allowed(&self.rope) {
+            return Err(Error::invalid(format!(
+                "prefill chunk of {rows} rows: this model's rotation ({:?}) depends on the length a step reaches, so a prompt runs in one step",
+                self.config.rope_scaling
+            )));
+        }
+        self.paths.prefill_chunk = rows;
+        Ok(())
+    }
+
+    /// The most prompt rows one step of [`Model::forward`] runs (0: any).
+    pub fn prefill_chunk(&self) -> usize {
+        self.paths.prefill_chunk
     }
 
     /// Sets how new KV caches and pools store keys and values: `Some` dtype when the model's
@@ -1019,6 +1050,21 @@ impl Model {
         if cache.k.len() != c.num_layers {
             return Err(Error::invalid("KV cache belongs to another model"));
         }
+        let chunk = self.paths.prefill_chunk;
+        if chunk > 0 && s > chunk {
+            return self.forward_chunks(cache, tokens, all_logits, chunk);
+        }
+        self.forward_step(cache, tokens, all_logits)
+    }
+
+    /// One step of [`Model::forward_ops`] over all of `tokens` (checked by the caller).
+    pub(super) fn forward_step(
+        &self,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        all_logits: bool,
+    ) -> Result<Data> {
+        let s = tokens.len();
         let pos: Vec<i32> = (cache.len..cache.len + s).map(|p| p as i32).collect();
         let rows: Vec<i32> = if all_logits {
             (0..s as i32).collect()

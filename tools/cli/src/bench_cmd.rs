@@ -30,6 +30,10 @@ pub struct BenchArgs {
     /// for the capacity, its work for the tokens actually cached.
     #[arg(long, default_value_t = 0)]
     pub kv_capacity: usize,
+    /// Most prompt rows per forward step (llama-bench's -ub; 0: a prompt in one step); default:
+    /// the model's (512 on the CPU, a prompt in one step on a GPU).
+    #[arg(long)]
+    pub ubatch: Option<usize>,
     /// Repetitions (median reported).
     #[arg(short = 'r', default_value_t = 5)]
     pub reps: usize,
@@ -83,6 +87,9 @@ pub fn run(a: &BenchArgs, bars: &mut Bars) -> Result<()> {
     let load_s = lt.elapsed().as_secs_f64();
     if a.batch > 1 {
         set_batch_mode(&mut bm.model, &a.batch_decode)?;
+    }
+    if let Some(rows) = a.ubatch {
+        bm.model.set_prefill_chunk(rows)?;
     }
     let model = &bm.model;
     let ctx = model.config().context_length;

@@ -31,7 +31,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub max_concurrent_requests: Option<usize>,
     /// Prompt tokens processed in one step; longer prompts are prefilled in chunks
-    /// (default 4096).
+    /// (default 4096; on the CPU 512, which bounds a step's working memory).
     #[arg(long)]
     pub max_batch_prefill_tokens: Option<usize>,
     /// Prompt + allowed output tokens of all running requests together (default: the KV

@@ -223,7 +223,7 @@ fn synthetic_bench() {
     assert!(b["model"].as_str().unwrap().contains("qwen2-0.5b"), "{b}");
     let bytes = b["weight_bytes_per_token"].as_f64().unwrap();
     assert!((2e8..6e8).contains(&bytes), "{b}");
-    // generation after a context of 5 tokens, in a cache of 64
+    // generation after a context of 5 tokens (prefilled in steps of 2), in a cache of 64
     let b: serde_json::Value = serde_json::from_str(&ok(&[
         "bench",
         "--synthetic",
@@ -238,6 +238,8 @@ fn synthetic_bench() {
         "5",
         "--kv-capacity",
         "64",
+        "--ubatch",
+        "2",
         "-r",
         "1",
         "--json",

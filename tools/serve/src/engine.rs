@@ -67,7 +67,12 @@ impl EngineConfig {
         EngineConfig {
             block_size,
             kv_blocks,
-            max_batch_prefill_tokens: 4096,
+            // a CPU model's prefill step bounds a step's working tensors (see
+            // `Model::prefill_chunk`); elsewhere a step takes up to 4096 prompt tokens
+            max_batch_prefill_tokens: match llm.model.prefill_chunk() {
+                0 => 4096,
+                rows => rows,
+            },
             max_batch_total_tokens: kv_blocks * block_size,
             kv_dtype: llm.model.kv_dtype(),
             kv_bytes_per_token: llm.model.kv_bytes_per_token(),

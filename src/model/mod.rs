@@ -39,6 +39,6 @@ pub use paged_graph::warm_batch_decode;
 pub use precision::Precision;
 pub use step_kv::KvStore;
 pub use synthetic::SyntheticSource;
+pub use transformer::CPU_PREFILL_CHUNK;
 pub use transformer::{KvCache, Model};
-pub use ubatch::CPU_PREFILL_CHUNK;
 pub use weights::{MapSource, WeightSource, Weights};

@@ -800,27 +800,33 @@ fn int_gemv_kernels_match_reference() {
     for t in [WeightType::Q4_0, WeightType::Q4_1] {
         for k in [32usize, 96, 4096 + 32] {
             for n in [1usize, 3, 7, 67] {
-                let (w, _) = encode(t, &rand_vec(n * k, 19));
-                let x = rand_vec(k, 20);
-                let bias = rand_vec(n, 21);
-                let a = LinearArgs {
-                    x: &x,
-                    rows: 1,
-                    k,
-                    w: &w,
-                    wtype: t,
-                    n,
-                    bias: Some(&bias),
-                    quant_act: true,
-                };
-                let (mut want, mut got) = (vec![0f32; n], vec![0f32; n]);
-                linear_ref(&a, &mut want).unwrap();
-                linear(&threads, &a, &mut got).unwrap();
-                let e = nmse(&got, &want);
-                assert!(e < 1e-10, "{} k={k} n={n}: nmse {e}", t.name());
+                assert_one_row_linear(&threads, t, k, n, 19);
             }
         }
     }
+}
+
+/// One activation row of `k` through `linear` (`quant_act`, with a bias) over `n` weight rows
+/// of `t` against `linear_ref`; random values from seeds `seed`, `seed + 1`, `seed + 2`.
+fn assert_one_row_linear(threads: &Threads, t: WeightType, k: usize, n: usize, seed: u64) {
+    let (w, _) = encode(t, &rand_vec(n * k, seed));
+    let x = rand_vec(k, seed + 1);
+    let bias = rand_vec(n, seed + 2);
+    let a = LinearArgs {
+        x: &x,
+        rows: 1,
+        k,
+        w: &w,
+        wtype: t,
+        n,
+        bias: Some(&bias),
+        quant_act: true,
+    };
+    let (mut want, mut got) = (vec![0f32; n], vec![0f32; n]);
+    linear_ref(&a, &mut want).unwrap();
+    linear(threads, &a, &mut got).unwrap();
+    let e = nmse(&got, &want);
+    assert!(e < 1e-10, "{} k={k} n={n}: nmse {e}", t.name());
 }
 
 /// The streaming GEMV kernels against the per-row reference: block counts that are and are not
@@ -896,26 +902,7 @@ fn int_split_kernels_match_reference() {
     // end to end through `linear` with one row
     let threads = Threads::new(2).unwrap();
     for t in [WeightType::Q4_0, WeightType::Q4_1, WeightType::Q8_0] {
-        let k = 4096 + 96;
-        let n = 101;
-        let (w, _) = encode(t, &rand_vec(n * k, 31));
-        let x = rand_vec(k, 32);
-        let bias = rand_vec(n, 33);
-        let a = LinearArgs {
-            x: &x,
-            rows: 1,
-            k,
-            w: &w,
-            wtype: t,
-            n,
-            bias: Some(&bias),
-            quant_act: true,
-        };
-        let (mut want, mut got) = (vec![0f32; n], vec![0f32; n]);
-        linear_ref(&a, &mut want).unwrap();
-        linear(&threads, &a, &mut got).unwrap();
-        let e = nmse(&got, &want);
-        assert!(e < 1e-10, "{} k={k} n={n}: nmse {e}", t.name());
+        assert_one_row_linear(&threads, t, 4096 + 96, 101, 31);
     }
 }
 

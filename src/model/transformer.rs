@@ -353,7 +353,7 @@ impl Paths {
             decode_graphs,
             rope_tables: first_has("RotaryTables"),
             batch_decode,
-            prefill_chunk: super::ubatch::default_chunk(exec, rope),
+            prefill_chunk: super::step_rows::default_chunk(exec, rope),
         }
     }
 }
@@ -498,7 +498,7 @@ impl Model {
                 "prefill chunk of {rows} rows: a tensor-parallel group runs each step whole"
             )));
         }
-        if rows > 0 && !super::ubatch::chunk_allowed(&self.rope) {
+        if rows > 0 && !super::step_rows::chunk_allowed(&self.rope) {
             return Err(Error::invalid(format!(
                 "prefill chunk of {rows} rows: this model's rotation ({:?}) depends on the length a step reaches, so a prompt runs in one step",
                 self.config.rope_scaling

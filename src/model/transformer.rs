@@ -279,29 +279,6 @@ struct Paths {
     prefill_chunk: usize,
 }
 
-/// Prompt rows per step of a model on the CPU. The CPU products of 512 rows already read each
-/// weight block once per 512 rows, so longer steps gain nothing but their working memory.
-pub const CPU_PREFILL_CHUNK: usize = 512;
-
-/// The default rows per step of a model on `exec` rotated by `rope`: [`CPU_PREFILL_CHUNK`] when
-/// every device is the CPU, else 0 (any). A rotation that depends on how far the sequence reaches
-/// in a step (long-RoPE, dynamic NTK) is also unbounded: a chunk would rotate its rows for a
-/// shorter reach than the whole prompt's.
-fn default_chunk(exec: &Executor, rope: &RopePlan) -> usize {
-    let devs = exec.devices();
-    let cpu_only = !devs.is_empty() && devs.iter().all(|d| d.kind() == DeviceKind::Cpu);
-    if cpu_only && chunk_allowed(rope) {
-        CPU_PREFILL_CHUNK
-    } else {
-        0
-    }
-}
-
-/// True when this rotation gives the same result in any split of a step (see [`default_chunk`]).
-fn chunk_allowed(rope: &RopePlan) -> bool {
-    !rope.length_dependent()
-}
-
 /// The per-tensor callback of a load: adds each tensor's bytes (`u64::MAX`: the rest) and
 /// reports the bytes so far of `total` to `progress` when they changed, from a first report
 /// of 0; nothing when no weights are resident.
@@ -369,7 +346,7 @@ impl Paths {
             decode_graphs,
             rope_tables: first_has("RotaryTables"),
             batch_decode,
-            prefill_chunk: default_chunk(exec, rope),
+            prefill_chunk: super::step_rows::default_chunk(exec, rope),
         }
     }
 }
@@ -514,7 +491,7 @@ impl Model {
                 "prefill chunk of {rows} rows: a tensor-parallel group runs each step whole"
             )));
         }
-        if rows > 0 && !chunk_allowed(&self.rope) {
+        if rows > 0 && !super::step_rows::chunk_allowed(&self.rope) {
             return Err(Error::invalid(format!(
                 "prefill chunk of {rows} rows: this model's rotation ({:?}) depends on the length a step reaches, so a prompt runs in one step",
                 self.config.rope_scaling

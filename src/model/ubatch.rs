@@ -3,7 +3,6 @@
 //! of any length run in steps of at most `chunk` rows needs them for `chunk` rows only, while the
 //! KV cache alone grows with the prompt. The results are those of one step over the whole prompt
 //! up to float rounding (attention of each row still sees every earlier row through the cache).
-//! How many rows a step takes by default is chosen at load (`CPU_PREFILL_CHUNK` in `transformer`).
 
 use super::transformer::{KvCache, Model};
 use crate::data::{Data, DeviceKind};

@@ -631,48 +631,21 @@ fn at_depth(
     out
 }
 
-/// The circles not untangled yet, each exactly as the test finds it, so that none may grow and a
-/// new one fails the test: `Model`'s paged pool, batched decode and tensor-parallel parts are
-/// `impl Model` blocks and types in separate files that hold one another (the pool owns the
-/// recorded decode graphs and a remote rank's pool; each part's constructors take the `Model`).
-const KNOWN_CIRCLES: &[&[&str]] = &[&[
-    "model::paged",
-    "model::paged_graph",
-    "model::tensor_parallel",
-    "model::tp_process",
-    "model::transformer",
-]];
-
 #[test]
 fn no_module_imports_itself_through_others() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let graph = ModuleGraph::read(&src);
     let all = graph.edges();
     let deepest = graph.modules.keys().map(Vec::len).max().unwrap_or(0);
-    let known: Vec<Vec<ModPath>> = KNOWN_CIRCLES
-        .iter()
-        .map(|c| {
-            c.iter()
-                .map(|m| m.split("::").map(str::to_string).collect())
-                .collect()
-        })
-        .collect();
     let mut wrong = Vec::new();
     let mut seen = BTreeSet::new();
     for depth in 1..=deepest {
         let edges = at_depth(&all, depth);
         for comp in cycles(&edges) {
-            if seen.insert(comp.clone()) && !known.contains(&comp) {
+            if seen.insert(comp.clone()) {
                 report_cycle(&comp, &edges, &mut wrong);
             }
         }
-    }
-    for k in known.iter().filter(|k| !seen.contains(*k)) {
-        let names: Vec<String> = k.iter().map(|m| m.join("::")).collect();
-        wrong.push(format!(
-            "the known circle [{}] is gone or changed: update KNOWN_CIRCLES",
-            names.join(", ")
-        ));
     }
     assert!(
         wrong.is_empty(),

@@ -186,33 +186,14 @@ fn quantize_q45_block(x: &[f32], levels: u8, b: &mut [u8]) -> [u8; QK_K] {
 /// `src.len()` must be a multiple of 256; `dst.len()` must be `src.len() / 256 * 210`.
 pub fn quantize_q6_k(src: &[f32], dst: &mut [u8]) {
     for (x, b) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(Q6_K_BYTES)) {
-        let mut scale = [0f32; 16];
-        for (g, xs) in x.chunks_exact(16).enumerate() {
-            let big = xs
-                .iter()
-                .cloned()
-                .fold(0f32, |a, v| if v.abs() > a.abs() { v } else { a });
-            scale[g] = big / -32.0;
-        }
-        let amax = scale.iter().fold(0f32, |a, v| a.max(v.abs()));
-        let d = f16::from_f32(amax / 127.0).to_f32();
+        let (d, sc) = signed_group_scales(x, 32.0, 127.0, -128.0..=127.0);
         b.fill(0);
         wr_f16(b, 208, d);
-        for g in 0..16 {
-            let sc = if d > 0.0 {
-                (scale[g] / d).round().clamp(-128.0, 127.0) as i8
-            } else {
-                0
-            };
-            b[192 + g] = sc as u8;
+        for (g, &c) in sc.iter().enumerate() {
+            b[192 + g] = c as u8;
         }
         for (e, &v) in x.iter().enumerate() {
-            let s = d * (b[192 + e / 16] as i8) as f32;
-            let q = if s != 0.0 {
-                (v / s).round().clamp(-32.0, 31.0) as i32
-            } else {
-                0
-            };
+            let q = round_signed(v, d * sc[e / 16] as f32, 32);
             let q = (q + 32) as u8;
             let (h, i) = (e / 128, e % 128);
             let l = i % 32;
@@ -225,6 +206,44 @@ pub fn quantize_q6_k(src: &[f32], dst: &mut [u8]) {
             b[64 * h + lo_at] |= (q & 0xF) << shift;
             b[128 + 32 * h + l] |= (q >> 4) << (2 * (i / 32));
         }
+    }
+}
+
+/// The signed group scales of one super-block `x` (groups of 16): in each group the value of
+/// largest magnitude maps to `-half`; the super-block's `d` (f16-rounded) is the largest group
+/// scale over `d_levels`, and each group scale is rounded to an integer of `range` times `d`.
+pub(crate) fn signed_group_scales(
+    x: &[f32],
+    half: f32,
+    d_levels: f32,
+    range: std::ops::RangeInclusive<f32>,
+) -> (f32, [i8; 16]) {
+    let mut scale = [0f32; 16];
+    for (g, xs) in x.chunks_exact(16).enumerate() {
+        let big = xs
+            .iter()
+            .cloned()
+            .fold(0f32, |a, v| if v.abs() > a.abs() { v } else { a });
+        scale[g] = big / -half;
+    }
+    let amax = scale.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let d = f16::from_f32(amax / d_levels).to_f32();
+    let sc = std::array::from_fn(|g| {
+        if d > 0.0 {
+            (scale[g] / d).round().clamp(*range.start(), *range.end()) as i8
+        } else {
+            0
+        }
+    });
+    (d, sc)
+}
+
+/// `v / s` rounded to an integer of `-half..half` (0 when the scale `s` is 0).
+pub(crate) fn round_signed(v: f32, s: f32, half: i32) -> i32 {
+    if s != 0.0 {
+        (v / s).round().clamp(-half as f32, (half - 1) as f32) as i32
+    } else {
+        0
     }
 }
 

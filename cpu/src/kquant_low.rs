@@ -16,7 +16,7 @@
 //!
 //! This module owns the byte layout only; it must not know about tensors or devices.
 
-use crate::kquant::QK_K;
+use crate::kquant::{round_signed, signed_group_scales, QK_K};
 use crate::quant::{rd_f16, wr_f16};
 use half::f16;
 
@@ -151,33 +151,12 @@ pub fn quantize_q2_k(src: &[f32], dst: &mut [u8]) {
 /// `src.len()` must be a multiple of 256; `dst.len()` must be `src.len() / 256 * 110`.
 pub fn quantize_q3_k(src: &[f32], dst: &mut [u8]) {
     for (x, b) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(Q3_K_BYTES)) {
-        let mut scale = [0f32; 16];
-        for (g, xs) in x.chunks_exact(16).enumerate() {
-            let big = xs
-                .iter()
-                .cloned()
-                .fold(0f32, |a, v| if v.abs() > a.abs() { v } else { a });
-            scale[g] = big / -4.0;
-        }
-        let amax = scale.iter().fold(0f32, |a, v| a.max(v.abs()));
-        let d = f16::from_f32(amax / 32.0).to_f32();
-        let sc: [i8; 16] = std::array::from_fn(|g| {
-            if d > 0.0 {
-                (scale[g] / d).round().clamp(-32.0, 31.0) as i8
-            } else {
-                0
-            }
-        });
+        let (d, sc) = signed_group_scales(x, 4.0, 32.0, -32.0..=31.0);
         b.fill(0);
         pack_q3_k_scales(&sc, &mut b[96..108]);
         wr_f16(b, 108, d);
         for (e, &v) in x.iter().enumerate() {
-            let s = d * sc[e / 16] as f32;
-            let q = if s != 0.0 {
-                (v / s).round().clamp(-4.0, 3.0) as i32
-            } else {
-                0
-            };
+            let q = round_signed(v, d * sc[e / 16] as f32, 4);
             let q = (q + 4) as u8;
             set_low2(&mut b[32..96], e, q);
             b[e % 32] |= (q >> 2) << (e / 32);

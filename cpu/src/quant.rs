@@ -90,18 +90,24 @@ pub fn dequantize_q5_0(src: &[u8], dst: &mut [f32]) {
     }
 }
 
+/// The value of largest magnitude in `x`, with its sign (the first of equal magnitudes; 0 when
+/// all are 0).
+fn signed_amax(x: &[f32]) -> f32 {
+    let (mut amax, mut max) = (0f32, 0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    max
+}
+
 /// Quantizes to `Q5_0` (ggml's reference rounding: the signed value of largest magnitude maps
 /// to -16).
 pub fn quantize_q5_0(src: &[f32], dst: &mut [u8]) {
     for (x, blk) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(Q5_0_BYTES)) {
-        let mut amax = 0f32;
-        let mut max = 0f32;
-        for &v in x {
-            if v.abs() > amax {
-                amax = v.abs();
-                max = v;
-            }
-        }
+        let max = signed_amax(x);
         let d = max / -16.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         wr_f16(blk, 0, d);
@@ -133,14 +139,7 @@ pub fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
 /// Quantizes to `Q4_0` (ggml's reference rounding: the signed value of largest magnitude maps to -8).
 pub fn quantize_q4_0(src: &[f32], dst: &mut [u8]) {
     for (x, blk) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(Q4_0_BYTES)) {
-        let mut amax = 0f32;
-        let mut max = 0f32;
-        for &v in x {
-            if v.abs() > amax {
-                amax = v.abs();
-                max = v;
-            }
-        }
+        let max = signed_amax(x);
         let d = max / -8.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         wr_f16(blk, 0, d);

@@ -10,7 +10,7 @@ use super::arch::{Mlp, NormKind, Positions, Qkv};
 use super::config::RopeStyle;
 use super::precision::Precision;
 use super::step_kv::{rotary_params, Qkv as QkvIds, StepAttention, StepKv, StepRotary};
-use super::tensor_parallel::RankTp;
+use super::tp_group::RankTp;
 use super::transformer::Model;
 use super::weights::W;
 use crate::data::{Data, DataType};

@@ -14,8 +14,8 @@
 //! values computed from exactly its own tokens.
 
 use super::kv_dtype::KvDtype;
-use super::paged_graph::BatchGraphs;
-use super::tensor_parallel::RemotePool;
+use super::paged_buckets::BatchGraphs;
+use super::tp_group::RemotePool;
 use super::transformer::Model;
 use crate::data::{Data, DataType, DeviceKind};
 use crate::error::{Error, Result};

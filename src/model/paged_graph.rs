@@ -13,119 +13,18 @@
 //! then on. Prefill chunks and mixed steps run op by op through `PagedAttention`.
 
 use super::paged::{PagedKvPool, PagedSeqState};
+use super::paged_batch::{BatchDecode, PagedBatch, BATCH_BUCKETS};
+use super::paged_buckets::{BatchGraphs, Bucket};
+use super::replay::{replay_or_record, Recorded, StepBufs, MAX_FAILURES};
 use super::step_kv::{Layers, Qkv, StepArrays, StepAttention, StepKv};
-use super::transformer::{Model, PagedBatch};
-use crate::data::{Data, DataType};
+use super::transformer::Model;
+use crate::data::Data;
 use crate::device::BaseDevice;
 use crate::error::{Error, Result};
 use crate::step::{Call, Step, TensorId};
-use std::any::Any;
-
-/// How a paged step whose items all carry one token runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BatchDecode {
-    /// Op by op over exactly the step's rows (`PagedCacheWrite` + `PagedAttention`).
-    Off,
-    /// Padded to a bucket with device-side index arrays (`PagedDecodeAttention`), op by op.
-    Eager,
-    /// [`BatchDecode::Eager`] recorded once per bucket and key-count class, then replayed.
-    Graphs,
-}
-
-/// The row counts a batched decode step is padded to; larger batches run op by op.
-pub const BATCH_BUCKETS: [usize; 8] = [1, 2, 4, 8, 16, 32, 64, 128];
-
-/// Failed recordings after which a pool's decode steps stop trying to record.
-const MAX_FAILURES: usize = 3;
 
 /// Smallest key-count class (the attention's shortest split).
 const MIN_CLASS: usize = 256;
-
-/// The padded buckets of one pool (see the module doc).
-#[derive(Default)]
-pub(super) struct BatchGraphs {
-    /// [`Model::id`] of the model whose weights the recordings hold.
-    model: u64,
-    buckets: Vec<Bucket>,
-    failures: usize,
-}
-
-/// One bucket's device tensors and recordings.
-struct Bucket {
-    rows: usize,
-    /// Block-table entries per row.
-    width: usize,
-    ids: Data,
-    pos: Data,
-    slots: Data,
-    lens: Data,
-    tables: Data,
-    /// The block tables last written to `tables`.
-    tables_host: Vec<i32>,
-    bufs: Vec<Data>,
-    workspace: Data,
-    logits: Data,
-    /// (key-count class, recording).
-    recordings: Vec<(usize, Box<dyn Any + Send + Sync>)>,
-    /// Classes that have run once without recording.
-    sized: Vec<usize>,
-}
-
-impl Bucket {
-    fn new(dev: &dyn BaseDevice, rows: usize, width: usize) -> Result<Bucket> {
-        let up = |dims: &[usize]| dev.upload(&Data::zeros(DataType::I32, dims)?);
-        Ok(Bucket {
-            rows,
-            width,
-            ids: up(&[rows])?,
-            pos: up(&[rows])?,
-            slots: up(&[rows])?,
-            lens: up(&[rows])?,
-            tables: up(&[rows, width])?,
-            tables_host: vec![0; rows * width],
-            bufs: (0..super::transformer::SCRATCH_BUFS)
-                .map(|_| Data::empty(DataType::F32))
-                .collect(),
-            workspace: Data::empty(DataType::F32),
-            logits: Data::empty(DataType::F32),
-            recordings: Vec::new(),
-            sized: Vec::new(),
-        })
-    }
-
-    /// Writes the step's values, padded to the bucket.
-    fn write(&mut self, dev: &dyn BaseDevice, b: &PagedBatch) -> Result<()> {
-        let (n, rows, w) = (b.seqs, self.rows, self.width);
-        let pad = |v: &[i32], fill: i32| -> Vec<i32> {
-            let mut out = v.to_vec();
-            out.resize(rows, fill);
-            out
-        };
-        let ids: Vec<i32> = b.tokens.iter().map(|&t| t as i32).collect();
-        dev.write(&Data::from_i32(&[rows], &pad(&ids, 0))?, &mut self.ids)?;
-        dev.write(&Data::from_i32(&[rows], &pad(&b.pos, 0))?, &mut self.pos)?;
-        dev.write(
-            &Data::from_i32(&[rows], &pad(&b.slots, -1))?,
-            &mut self.slots,
-        )?;
-        dev.write(
-            &Data::from_i32(&[rows], &pad(&b.kv_lens, 0))?,
-            &mut self.lens,
-        )?;
-        let mut t = vec![0i32; rows * w];
-        for s in 0..n {
-            let src = b.table.get(s * b.max_blocks..(s + 1) * b.max_blocks);
-            let src = src.ok_or_else(|| Error::invalid("paged step: short block table"))?;
-            let used = src.len().min(w);
-            t[s * w..s * w + used].copy_from_slice(&src[..used]);
-        }
-        if t != self.tables_host {
-            dev.write(&Data::from_i32(&[rows, w], &t)?, &mut self.tables)?;
-            self.tables_host = t;
-        }
-        Ok(())
-    }
-}
 
 /// The key-count class of a step whose longest row has `max_len` keys.
 fn key_class(max_len: usize, cap: usize) -> usize {
@@ -234,9 +133,17 @@ impl Model {
             .get_mut(i)
             .ok_or_else(|| Error::invalid("batched decode bucket"))?;
         bucket.write(dev.as_ref(), b)?;
-        let recorded = record && self.replay_or_record(&step, bucket, &mut pool.k, &mut pool.v)?;
-        if !recorded {
-            if record && bucket.sized.contains(&class) {
+        let outcome = match record {
+            true => self.replay_bucket(&step, bucket, &mut pool.k, &mut pool.v)?,
+            false => Recorded::NotTried,
+        };
+        if let Recorded::Failed(why) = &outcome {
+            eprintln!(
+                "fastllm: batched decode step not recorded as a graph ({why}); running it op by op"
+            );
+        }
+        if !matches!(outcome, Recorded::Replayed) {
+            if matches!(outcome, Recorded::NotReplayed | Recorded::Failed(_)) {
                 graphs.failures += 1;
             }
             let bucket = graphs
@@ -251,50 +158,32 @@ impl Model {
         graphs
             .buckets
             .get(i)
-            .map(|b| &b.logits)
+            .map(|b| &b.step.logits)
             .ok_or_else(|| Error::invalid("batched decode bucket"))
     }
 
     /// Replays the bucket's recording of `step.class`, or records it when that class has run
-    /// once already. `Ok(false)`: the step has not run (nothing recorded yet, or the recording
-    /// failed; the caller runs it op by op).
-    fn replay_or_record(
+    /// once already ([`replay_or_record`]).
+    fn replay_bucket(
         &self,
         step: &DecodeRun,
         bucket: &mut Bucket,
         k: &mut [Data],
         v: &mut [Data],
-    ) -> Result<bool> {
-        let dev = step.dev;
-        if let Some(j) = bucket.recordings.iter().position(|r| r.0 == step.class) {
-            if dev.replay(bucket.recordings[j].1.as_ref())? {
-                return Ok(true);
-            }
-            bucket.recordings.swap_remove(j); // stale: record again
+    ) -> Result<Recorded> {
+        let class = step.class;
+        let mut rec = match bucket.recordings.iter().position(|r| r.0 == class) {
+            Some(j) => Some(bucket.recordings.swap_remove(j).1),
+            None => None,
+        };
+        let sized = bucket.sized.contains(&class);
+        let r = replay_or_record(step.dev, &mut rec, sized, || {
+            self.decode_ops(bucket, k, v, step.block_size, class)
+        });
+        if let Some(rec) = rec {
+            bucket.recordings.push((class, rec));
         }
-        if !bucket.sized.contains(&step.class) {
-            return Ok(false);
-        }
-        dev.begin_recording()?;
-        let run = self.decode_ops(bucket, k, v, step.block_size, step.class);
-        let rec = dev.end_recording();
-        match (run, rec) {
-            (Ok(()), Ok(rec)) => {
-                if dev.replay(rec.as_ref())? {
-                    bucket.recordings.push((step.class, rec));
-                    return Ok(true);
-                }
-                Ok(false)
-            }
-            (run, rec) => {
-                let why = run.err().or(rec.err()).map(|e| e.to_string());
-                eprintln!(
-                    "fastllm: batched decode step not recorded as a graph ({}); running it op by op",
-                    why.unwrap_or_default()
-                );
-                Ok(false)
-            }
-        }
+        r
     }
 
     /// The ops of one padded decode step (recorded or run directly).
@@ -308,16 +197,19 @@ impl Model {
     ) -> Result<()> {
         let Bucket {
             rows,
-            ids,
-            pos,
+            step,
             slots,
             lens,
             tables,
+            ..
+        } = bucket;
+        let StepBufs {
+            ids,
+            pos,
             bufs,
             workspace,
             logits,
-            ..
-        } = bucket;
+        } = step;
         let mut kv = DecodeKv {
             layers: Layers::new(k, v),
             arrays: StepArrays::new([slots, lens, tables], workspace),

@@ -537,72 +537,86 @@ fn fill_random(dtype: DataType, bytes: &mut [u8], seed: u64) {
                 .wrapping_add(ci as u64 + 1)
                 | 1;
             match dtype {
-                DataType::F16 | DataType::BF16 => {
-                    for w in out.chunks_exact_mut(8) {
-                        let r = next(&mut x);
-                        for (j, e) in w.chunks_exact_mut(2).enumerate() {
-                            let mut v = rand_f16_bits(r >> (16 * j));
-                            if dtype == DataType::BF16 {
-                                // Same magnitude range in bf16: rebias the exponent.
-                                let f = half::f16::from_bits(v).to_f32();
-                                v = half::bf16::from_f32(f).to_bits();
-                            }
-                            e.copy_from_slice(&v.to_le_bytes());
-                        }
-                    }
-                    let rest = out.len() / 8 * 8;
-                    for e in out[rest..].chunks_exact_mut(2) {
-                        e.copy_from_slice(&rand_f16_bits(next(&mut x)).to_le_bytes());
-                    }
-                }
-                DataType::F32 => {
-                    for e in out.chunks_exact_mut(4) {
-                        let r = next(&mut x);
-                        let v = ((r >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.04;
-                        e.copy_from_slice(&v.to_le_bytes());
-                    }
-                }
-                _ => {
-                    // Block dtypes: random quant bytes, then a small f16 scale (and min) per block.
-                    for b in out.chunks_exact_mut(unit) {
-                        for q in b.chunks_mut(8) {
-                            let r = next(&mut x).to_le_bytes();
-                            q.copy_from_slice(&r[..q.len()]);
-                        }
-                        let r = next(&mut x);
-                        let scale = half::f16::from_f32(0.001 + (r & 0xffff) as f32 * 3e-8);
-                        match dtype {
-                            // super-block scale d (and Q4_K's dmin) over 6-bit / int8 sub-scales
-                            DataType::Q4K => {
-                                let d = half::f16::from_f32(scale.to_f32() / 32.0).to_bits();
-                                b[..2].copy_from_slice(&d.to_le_bytes());
-                                b[2..4].copy_from_slice(&d.to_le_bytes());
-                            }
-                            DataType::Q6K => {
-                                let d = half::f16::from_f32(scale.to_f32() / 64.0).to_bits();
-                                b[208..].copy_from_slice(&d.to_le_bytes());
-                            }
-                            // d and dmin over 4-bit scales and mins
-                            DataType::Q2K => {
-                                let d = half::f16::from_f32(scale.to_f32() / 8.0).to_bits();
-                                b[80..82].copy_from_slice(&d.to_le_bytes());
-                                b[82..84].copy_from_slice(&d.to_le_bytes());
-                            }
-                            // d over signed 6-bit scales
-                            DataType::Q3K => {
-                                let d = half::f16::from_f32(scale.to_f32() / 32.0).to_bits();
-                                b[108..].copy_from_slice(&d.to_le_bytes());
-                            }
-                            _ => b[..2].copy_from_slice(&scale.to_bits().to_le_bytes()),
-                        }
-                        if dtype == DataType::Q4_1 {
-                            let min = half::f16::from_f32(-8.0 * scale.to_f32());
-                            b[2..4].copy_from_slice(&min.to_bits().to_le_bytes());
-                        }
-                    }
-                }
+                DataType::F16 | DataType::BF16 => fill_half(dtype == DataType::BF16, out, &mut x),
+                DataType::F32 => fill_f32(out, &mut x),
+                _ => fill_blocks(dtype, unit, out, &mut x),
             }
         });
+}
+
+/// Random f16 (or, `bf16`, bf16 of the same magnitudes) values into `out`, from generator `x`.
+fn fill_half(bf16: bool, out: &mut [u8], x: &mut u64) {
+    for w in out.chunks_exact_mut(8) {
+        let r = next(x);
+        for (j, e) in w.chunks_exact_mut(2).enumerate() {
+            let mut v = rand_f16_bits(r >> (16 * j));
+            if bf16 {
+                // Same magnitude range in bf16: rebias the exponent.
+                let f = half::f16::from_bits(v).to_f32();
+                v = half::bf16::from_f32(f).to_bits();
+            }
+            e.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    let rest = out.len() / 8 * 8;
+    for e in out[rest..].chunks_exact_mut(2) {
+        e.copy_from_slice(&rand_f16_bits(next(x)).to_le_bytes());
+    }
+}
+
+/// Random f32 values in ±0.02 into `out`, from generator `x`.
+fn fill_f32(out: &mut [u8], x: &mut u64) {
+    for e in out.chunks_exact_mut(4) {
+        let r = next(x);
+        let v = ((r >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.04;
+        e.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+/// Random blocks of `dtype` (`unit` bytes each) into `out`, from generator `x`: random quant
+/// bytes, then a small f16 scale (and min) per block.
+fn fill_blocks(dtype: DataType, unit: usize, out: &mut [u8], x: &mut u64) {
+    for b in out.chunks_exact_mut(unit) {
+        for q in b.chunks_mut(8) {
+            let r = next(x).to_le_bytes();
+            q.copy_from_slice(&r[..q.len()]);
+        }
+        let r = next(x);
+        let scale = half::f16::from_f32(0.001 + (r & 0xffff) as f32 * 3e-8);
+        set_block_scale(dtype, b, scale);
+    }
+}
+
+/// Writes `scale` into block `b` of `dtype` where the format keeps its scales: K-quants get a
+/// super-block `d` (and `dmin`) sized to their sub-scales, Q4_1 a min of `-8 · scale`.
+fn set_block_scale(dtype: DataType, b: &mut [u8], scale: half::f16) {
+    let sub = |div: f32| {
+        half::f16::from_f32(scale.to_f32() / div)
+            .to_bits()
+            .to_le_bytes()
+    };
+    match dtype {
+        // super-block scale d (and Q4_K's dmin) over 6-bit / int8 sub-scales
+        DataType::Q4K => {
+            let d = sub(32.0);
+            b[..2].copy_from_slice(&d);
+            b[2..4].copy_from_slice(&d);
+        }
+        DataType::Q6K => b[208..].copy_from_slice(&sub(64.0)),
+        // d and dmin over 4-bit scales and mins
+        DataType::Q2K => {
+            let d = sub(8.0);
+            b[80..82].copy_from_slice(&d);
+            b[82..84].copy_from_slice(&d);
+        }
+        // d over signed 6-bit scales
+        DataType::Q3K => b[108..].copy_from_slice(&sub(32.0)),
+        _ => b[..2].copy_from_slice(&scale.to_bits().to_le_bytes()),
+    }
+    if dtype == DataType::Q4_1 {
+        let min = half::f16::from_f32(-8.0 * scale.to_f32());
+        b[2..4].copy_from_slice(&min.to_bits().to_le_bytes());
+    }
 }
 
 impl WeightSource for SyntheticSource {

@@ -6,14 +6,13 @@
 use super::arch::{self, ArchSpec, NormKind, Positions, Qkv};
 use super::config::{ModelConfig, RopeScaling};
 use super::kv_dtype::{self, KvDtype};
-use super::logprobs::{pick_logprobs, PickLogprobs};
-use super::paged::{PagedKvPool, PagedSeqState};
-use super::paged_graph::BatchDecode;
+use super::paged_batch::BatchDecode;
 use super::precision::Precision;
+use super::replay::{replay_or_record, Recorded, Recording, StepBufs, MAX_FAILURES};
 use super::rope::RopePlan;
 use super::sampler::{pick_error, sample_logits, SampleRow};
 use super::step_kv::{CacheKv, GraphKv, KvStore, Layers, PagedIndex, PagedKv, StepKv};
-use super::tensor_parallel::{RankTp, RemoteCache, TpGroup};
+use super::tp_group::{GroupHealth, RankTp, RemoteCache, TpGroup};
 use super::weights::{WeightSource, Weights};
 use crate::data::{Data, DataType, DeviceKind};
 use crate::device::{DataDict, FloatDict, IntDict};
@@ -45,21 +44,14 @@ pub struct KvCache {
 struct DecodeGraph {
     /// [`Model::id`] of the model that recorded it (its weights are in the recording).
     model: u64,
-    ids: Data,
-    pos: Data,
-    bufs: Vec<Data>,
-    workspace: Data,
-    logits: Data,
+    step: StepBufs,
     next: Data,
-    recording: Option<Box<dyn std::any::Any + Send + Sync>>,
+    recording: Option<Recording>,
     /// Steps run without recording (the first one sizes every buffer).
     eager_steps: usize,
-    /// Failed recordings; after [`GRAPH_MAX_FAILURES`] this cache stops trying.
+    /// Failed recordings; after [`MAX_FAILURES`] this cache stops trying.
     failures: usize,
 }
-
-/// Failed recordings after which a cache decodes without graphs.
-const GRAPH_MAX_FAILURES: usize = 3;
 
 impl KvCache {
     /// Tokens cached so far.
@@ -115,8 +107,9 @@ impl KvCache {
     }
 }
 
+/// Working tensors a step takes and gives back.
 #[derive(Default)]
-struct Scratch {
+pub(super) struct Scratch {
     bufs: Vec<Data>,
 }
 
@@ -166,7 +159,7 @@ fn next_model_id() -> u64 {
     NEXT_MODEL_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-fn bad(msg: impl std::fmt::Display) -> Error {
+pub(super) fn bad(msg: impl std::fmt::Display) -> Error {
     Error::Unsupported(msg.to_string())
 }
 
@@ -353,7 +346,7 @@ impl Paths {
             decode_graphs,
             rope_tables: first_has("RotaryTables"),
             batch_decode,
-            prefill_chunk: super::ubatch::default_chunk(exec, rope),
+            prefill_chunk: super::step_rows::default_chunk(exec, rope),
         }
     }
 }
@@ -498,7 +491,7 @@ impl Model {
                 "prefill chunk of {rows} rows: a tensor-parallel group runs each step whole"
             )));
         }
-        if rows > 0 && !super::ubatch::chunk_allowed(&self.rope) {
+        if rows > 0 && !super::step_rows::chunk_allowed(&self.rope) {
             return Err(Error::invalid(format!(
                 "prefill chunk of {rows} rows: this model's rotation ({:?}) depends on the length a step reaches, so a prompt runs in one step",
                 self.config.rope_scaling
@@ -648,10 +641,8 @@ impl Model {
 
     /// A handle that tells whether this model's tensor-parallel group stopped (a rank in
     /// another process that disconnected or failed alone); `None` for a single device.
-    pub fn group_health(&self) -> Option<super::tensor_parallel::GroupHealth> {
-        self.group
-            .as_ref()
-            .map(super::tensor_parallel::GroupHealth::of)
+    pub fn group_health(&self) -> Option<GroupHealth> {
+        self.group.as_ref().map(GroupHealth::of)
     }
 
     /// What the ranks of a tensor-parallel model run on (e.g. `cuda:0,1`), `None` otherwise.
@@ -766,7 +757,7 @@ impl Model {
     pub fn forward(&self, cache: &mut KvCache, tokens: &[u32], all_logits: bool) -> Result<Data> {
         if self.decode_graph_step(cache, tokens)? {
             if let Some(g) = &cache.graph {
-                return g.logits.to_owned_host();
+                return g.step.logits.to_owned_host();
             }
         }
         to_host(self.forward_ops(cache, tokens, all_logits)?)
@@ -800,7 +791,7 @@ impl Model {
     /// The argmax of each logits row (lowest id on ties). Host logits (a CPU model, or a
     /// tensor-parallel driver, which runs no ops) are checked for NaN/+Inf as in the sampler;
     /// on a GPU the `ArgMax` op runs there and only the ids come back.
-    fn argmax_rows(&self, logits: Data) -> Result<Vec<u32>> {
+    pub(super) fn argmax_rows(&self, logits: Data) -> Result<Vec<u32>> {
         if logits.device() == DeviceKind::Cpu {
             return host_argmax_rows(&logits, self.config.vocab_size);
         }
@@ -823,7 +814,7 @@ impl Model {
     /// also the KV write slot and the attention length) are written into device tensors before
     /// each replay. A recording made stale by a freed scratch buffer is recorded again; one
     /// that cannot be recorded (an op that allocates, copies to the host or falls back to the
-    /// CPU) runs op by op, and after [`GRAPH_MAX_FAILURES`] failures the cache stops trying.
+    /// CPU) runs op by op, and after [`MAX_FAILURES`] failures the cache stops trying.
     fn decode_graph_step(&self, cache: &mut KvCache, tokens: &[u32]) -> Result<bool> {
         if !self.paths.decode_graphs
             || tokens.len() != 1
@@ -834,7 +825,7 @@ impl Model {
             || cache
                 .graph
                 .as_ref()
-                .is_some_and(|g| g.failures >= GRAPH_MAX_FAILURES)
+                .is_some_and(|g| g.failures >= MAX_FAILURES)
         {
             return Ok(false);
         }
@@ -846,23 +837,14 @@ impl Model {
             Some(g) if g.model == self.id => g,
             // none yet, or recorded by another model: start over (dropping a recording of
             // another model's weights)
-            _ => {
-                let one = Data::from_i32(&[1], &[0])?;
-                Box::new(DecodeGraph {
-                    model: self.id,
-                    ids: dev.upload(&one)?,
-                    pos: dev.upload(&one)?,
-                    bufs: (0..SCRATCH_BUFS)
-                        .map(|_| Data::empty(DataType::F32))
-                        .collect(),
-                    workspace: Data::empty(DataType::F32),
-                    logits: Data::empty(DataType::F32),
-                    next: Data::empty(DataType::I32),
-                    recording: None,
-                    eager_steps: 0,
-                    failures: 0,
-                })
-            }
+            _ => Box::new(DecodeGraph {
+                model: self.id,
+                step: StepBufs::new(dev.as_ref(), 1, SCRATCH_BUFS)?,
+                next: Data::empty(DataType::I32),
+                recording: None,
+                eager_steps: 0,
+                failures: 0,
+            }),
         };
         let r = self.graph_step_on(dev.as_ref(), &mut g, cache, tokens[0]);
         cache.graph = Some(g);
@@ -883,36 +865,23 @@ impl Model {
         token: u32,
     ) -> Result<()> {
         let pos = i32::try_from(cache.len).map_err(|_| bad("position too large"))?;
-        dev.write(&Data::from_i32(&[1], &[token as i32])?, &mut g.ids)?;
-        dev.write(&Data::from_i32(&[1], &[pos])?, &mut g.pos)?;
-        if let Some(rec) = &g.recording {
-            if dev.replay(rec.as_ref())? {
-                return Ok(());
-            }
-            g.recording = None; // stale: record again
-        }
-        if g.eager_steps > 0 {
-            dev.begin_recording()?;
-            let run = self.graph_ops(g, cache);
-            let rec = dev.end_recording();
-            match (run, rec) {
-                (Ok(()), Ok(rec)) => {
-                    if dev.replay(rec.as_ref())? {
-                        g.recording = Some(rec);
-                        return Ok(());
-                    }
-                }
-                (run, rec) => {
-                    g.failures += 1;
-                    if g.failures == 1 {
-                        let why = run.err().or(rec.err()).map(|e| e.to_string());
-                        eprintln!(
-                            "fastllm: decode step not recorded as a graph ({}); running it op by op",
-                            why.unwrap_or_default()
-                        );
-                    }
+        dev.write(&Data::from_i32(&[1], &[token as i32])?, &mut g.step.ids)?;
+        dev.write(&Data::from_i32(&[1], &[pos])?, &mut g.step.pos)?;
+        let mut rec = g.recording.take();
+        let sized = g.eager_steps > 0;
+        let r = replay_or_record(dev, &mut rec, sized, || self.graph_ops(g, cache));
+        g.recording = rec;
+        match r? {
+            Recorded::Replayed => return Ok(()),
+            Recorded::Failed(why) => {
+                g.failures += 1;
+                if g.failures == 1 {
+                    eprintln!(
+                        "fastllm: decode step not recorded as a graph ({why}); running it op by op"
+                    );
                 }
             }
+            Recorded::NotTried | Recorded::NotReplayed => {}
         }
         self.graph_ops(g, cache)?;
         g.eager_steps += 1;
@@ -921,15 +890,14 @@ impl Model {
 
     /// The ops of one graph-mode decode step (recorded or run directly).
     fn graph_ops(&self, g: &mut DecodeGraph, cache: &mut KvCache) -> Result<()> {
-        let DecodeGraph {
+        let DecodeGraph { step, next, .. } = g;
+        let StepBufs {
             ids,
             pos,
             bufs,
             workspace,
             logits,
-            next,
-            ..
-        } = g;
+        } = step;
         {
             let mut kv = GraphKv::new(Layers::new(&mut cache.k, &mut cache.v), pos, workspace);
             self.layers(ids, pos, &[0], &mut kv, bufs, logits, true)?;
@@ -1062,7 +1030,7 @@ impl Model {
         if self.decode_graph_step(cache, tokens)? {
             if let Some(g) = &cache.graph {
                 let mut out = Data::empty(DataType::F32);
-                ops::mul(&self.exec, &g.logits, 1.0, &mut out)?;
+                ops::mul(&self.exec, &g.step.logits, 1.0, &mut out)?;
                 return Ok(out);
             }
         }
@@ -1152,275 +1120,8 @@ impl Model {
         Ok(out)
     }
 
-    /// Runs one step for a batch of sequences whose KV caches live in a paged pool: each item
-    /// gives its sequence state and its new tokens (a prompt chunk or one decode token).
-    /// Blocks are allocated from the pool as needed (`Err` when it is exhausted, with nothing
-    /// changed). Returns the logits after each item's last token.
-    pub fn forward_paged(
-        &self,
-        pool: &mut PagedKvPool,
-        batch: &mut [(&mut PagedSeqState, &[u32])],
-    ) -> Result<Vec<Vec<f32>>> {
-        if batch.is_empty() {
-            return Ok(Vec::new());
-        }
-        match self.run_paged(pool, batch, PagedMode::Logits)? {
-            PagedOut::Logits(logits) => {
-                let vocab = self.config.vocab_size;
-                let rows_out = |v: &[f32]| v.chunks(vocab).map(|r| r.to_vec()).collect();
-                if logits.is_contiguous() {
-                    let v = logits.as_f32()?;
-                    Ok(rows_out(v.get(..logits.count()).unwrap_or(v)))
-                } else {
-                    Ok(rows_out(&logits.to_f32_vec()?))
-                }
-            }
-            _ => Err(Error::invalid("forward_paged: got ids, not logits")),
-        }
-    }
-
-    /// [`Model::forward_paged`] followed by greedy selection: returns the argmax token after
-    /// each item's last token (lowest id on ties, like the sampler's greedy). On a GPU the
-    /// argmax runs there and only the ids come back (not rows × vocabulary logits). Where the
-    /// logits are on the host, NaN or +Inf logits are an `Err` as in the sampler; on a GPU they
-    /// are not inspected.
-    pub fn forward_paged_greedy(
-        &self,
-        pool: &mut PagedKvPool,
-        batch: &mut [(&mut PagedSeqState, &[u32])],
-    ) -> Result<Vec<u32>> {
-        self.paged_ids(pool, batch, PagedMode::Greedy)
-    }
-
-    /// [`Model::forward_paged`] followed by a pick per item with `rows[i]` (temperature,
-    /// top-k, top-p, min-p, penalties, the item's random word; see [`Model::sample_rows`]):
-    /// returns the token after each item's last token. On a GPU the selection runs there and
-    /// only the ids come back; on the host it is the same selection, so the ids are the same
-    /// for the same logits. NaN or +Inf logits (or only -Inf) in a row are an `Err`.
-    pub fn forward_paged_sample(
-        &self,
-        pool: &mut PagedKvPool,
-        batch: &mut [(&mut PagedSeqState, &[u32])],
-        rows: &[SampleRow],
-    ) -> Result<Vec<u32>> {
-        if !batch.is_empty() {
-            check_sample_rows("forward_paged_sample", rows, batch.len())?;
-        }
-        self.paged_ids(pool, batch, PagedMode::Sample(rows))
-    }
-
-    /// The ids a paged step picks in `mode` (greedy or sampled; none for an empty batch).
-    fn paged_ids(
-        &self,
-        pool: &mut PagedKvPool,
-        batch: &mut [(&mut PagedSeqState, &[u32])],
-        mode: PagedMode,
-    ) -> Result<Vec<u32>> {
-        if batch.is_empty() {
-            return Ok(Vec::new());
-        }
-        match self.run_paged(pool, batch, mode)? {
-            PagedOut::Ids(ids) => Ok(ids),
-            _ => Err(Error::invalid("paged step: got logits, not ids")),
-        }
-    }
-
-    /// [`Model::forward_paged_sample`] that also gives each pick's log-probability and the
-    /// `top_n` most likely tokens of each row, computed on the logits' device
-    /// ([`super::logprobs`]).
-    pub fn forward_paged_sample_logprobs(
-        &self,
-        pool: &mut PagedKvPool,
-        batch: &mut [(&mut PagedSeqState, &[u32])],
-        rows: &[SampleRow],
-        top_n: usize,
-    ) -> Result<(Vec<u32>, Vec<PickLogprobs>)> {
-        if batch.is_empty() {
-            return Ok((Vec::new(), Vec::new()));
-        }
-        check_sample_rows("forward_paged_sample_logprobs", rows, batch.len())?;
-        if top_n > self.config.vocab_size {
-            return Err(Error::invalid(format!(
-                "top {top_n} exceeds the vocabulary of {}",
-                self.config.vocab_size
-            )));
-        }
-        match self.run_paged(pool, batch, PagedMode::SampleLogprobs(rows, top_n))? {
-            PagedOut::IdsLogprobs(ids, lp) => Ok((ids, lp)),
-            _ => Err(Error::invalid(
-                "forward_paged_sample_logprobs: got no logprobs",
-            )),
-        }
-    }
-
-    /// Runs one paged step over `batch` (blocks reserved, rows gathered, the step taken on the
-    /// recorded bucket, the group or op by op) and returns what `mode` asks for; the items'
-    /// lengths advance only when the step succeeded.
-    fn run_paged(
-        &self,
-        pool: &mut PagedKvPool,
-        batch: &mut [(&mut PagedSeqState, &[u32])],
-        mode: PagedMode,
-    ) -> Result<PagedOut> {
-        if batch.is_empty() {
-            return Err(Error::invalid("paged step: empty batch"));
-        }
-        self.reserve_blocks(pool, batch)?;
-        let step = PagedBatch::gather(pool.block_size, batch);
-        let bucket = match mode {
-            PagedMode::SampleLogprobs(..) => None,
-            _ => self.decode_bucket(&step),
-        };
-        let out = match (&self.group, &pool.remote, bucket) {
-            (None, None, Some(rows)) => {
-                let logits = self.paged_decode_step(pool, &step, rows)?;
-                self.pick_padded(logits, mode, step.seqs)?
-            }
-            (Some(g), Some(r), _) if Arc::ptr_eq(r.group(), g) => {
-                if mode.greedy() {
-                    PagedOut::Ids(g.forward_paged_greedy(r, &step)?)
-                } else {
-                    self.pick(g.forward_paged(r, &step)?, mode)?
-                }
-            }
-            (None, None, None) => {
-                let logits = self.paged_step_device(pool, &step)?;
-                self.pick(logits, mode)?
-            }
-            _ => return Err(Error::invalid("paged KV pool belongs to another model")),
-        };
-        for (st, toks) in batch.iter_mut() {
-            st.len += toks.len();
-            pool.commit(st, toks);
-        }
-        Ok(out)
-    }
-
-    /// Checks a paged step against the pool and the model (the pool's shapes, each item's
-    /// tokens and context, no write into a shared or cached block) and gives every item the
-    /// blocks its new tokens need; nothing is allocated unless all of them fit.
-    fn reserve_blocks(
-        &self,
-        pool: &mut PagedKvPool,
-        batch: &mut [(&mut PagedSeqState, &[u32])],
-    ) -> Result<()> {
-        let c = &self.config;
-        if (pool.remote.is_none() && pool.k.len() != c.num_layers)
-            || pool.nkv != c.num_kv_heads
-            || pool.head_dim != c.head_dim
-        {
-            return Err(Error::invalid("paged KV pool belongs to another model"));
-        }
-        let bs = pool.block_size;
-        let mut need = 0usize;
-        for (st, toks) in batch.iter() {
-            if toks.is_empty() {
-                return Err(Error::invalid("forward_paged: an item has no tokens"));
-            }
-            self.check_tokens(toks)?;
-            if st.len + toks.len() > c.context_length {
-                return Err(Error::ContextFull(format!(
-                    "{} cached + {} new tokens exceed the context of {}",
-                    st.len,
-                    toks.len(),
-                    c.context_length
-                )));
-            }
-            need += (st.len + toks.len())
-                .div_ceil(bs)
-                .saturating_sub(st.blocks.len());
-            // never write into a block another sequence can read (prefix cache)
-            if let Some(held) = st.blocks.get(st.len / bs..) {
-                if let Some(b) = held.iter().find(|&&b| !pool.writable(b)) {
-                    return Err(Error::invalid(format!(
-                        "paged KV pool: block {b} is shared or cached and cannot be written"
-                    )));
-                }
-            }
-        }
-        if need > pool.free_blocks() {
-            return Err(Error::OutOfMemory(format!(
-                "paged KV pool: {need} blocks needed, {} free",
-                pool.free_blocks()
-            )));
-        }
-        for (st, toks) in batch.iter_mut() {
-            while st.blocks.len() < (st.len + toks.len()).div_ceil(bs) {
-                match pool.alloc() {
-                    Some(b) => st.blocks.push(b),
-                    None => return Err(Error::OutOfMemory("paged KV pool exhausted".into())),
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The tokens (or host logits) `mode` asks for from a step's logits rows.
-    fn pick(&self, logits: Data, mode: PagedMode) -> Result<PagedOut> {
-        Ok(match mode {
-            PagedMode::Greedy => PagedOut::Ids(self.argmax_rows(logits)?),
-            PagedMode::Sample(rows) => PagedOut::Ids(self.sample_rows(&logits, rows)?),
-            PagedMode::SampleLogprobs(rows, top_n) => {
-                let ids = self.sample_rows(&logits, rows)?;
-                let lp = pick_logprobs(&self.exec, &logits, &ids, top_n)?;
-                PagedOut::IdsLogprobs(ids, lp)
-            }
-            PagedMode::Logits => PagedOut::Logits(to_host(logits)?),
-        })
-    }
-
-    /// [`Model::pick`] over the first `n` rows of a padded decode step's `logits` (the padding
-    /// rows are picked greedily and dropped).
-    fn pick_padded(&self, logits: &Data, mode: PagedMode, n: usize) -> Result<PagedOut> {
-        let vocab = self.config.vocab_size;
-        let rows = logits.dim(0);
-        match mode {
-            PagedMode::Greedy => {
-                let mut ids = Data::empty(DataType::I32);
-                ops::argmax(&self.exec, logits, &mut ids)?;
-                let ids = to_host(ids)?;
-                let ids = ids.as_i32()?.get(..n).unwrap_or(&[]).to_vec();
-                let ids: Result<Vec<u32>> = ids
-                    .iter()
-                    .map(|&t| u32::try_from(t).map_err(|_| bad("ArgMax returned a negative id")))
-                    .collect();
-                Ok(PagedOut::Ids(ids?))
-            }
-            PagedMode::Sample(r) => {
-                let mut all = r.to_vec();
-                all.resize(rows, SampleRow::greedy());
-                let mut ids = self.sample_rows(logits, &all)?;
-                ids.truncate(n);
-                Ok(PagedOut::Ids(ids))
-            }
-            PagedMode::Logits => {
-                let host = logits.to_owned_host()?;
-                let v = host.as_f32()?.get(..n * vocab).unwrap_or(&[]).to_vec();
-                Ok(PagedOut::Logits(Data::from_f32(&[n, vocab], &v)?))
-            }
-            PagedMode::SampleLogprobs(..) => Err(Error::invalid(
-                "padded decode step: log-probabilities run op by op",
-            )),
-        }
-    }
-
-    /// Runs one planned paged step over `pool`'s storage (blocks already assigned); the logits
-    /// are left where the last op wrote them.
-    pub(super) fn paged_step_device(&self, pool: &mut PagedKvPool, b: &PagedBatch) -> Result<Data> {
-        let index = PagedIndex {
-            slots: Data::from_i32(&[b.slots.len()], &b.slots)?,
-            q_starts: Data::from_i32(&[b.q_starts.len()], &b.q_starts)?,
-            kv_lens: Data::from_i32(&[b.kv_lens.len()], &b.kv_lens)?,
-            tables: Data::from_i32(&[b.seqs, b.max_blocks], &b.table)?,
-            block_size: pool.block_size,
-        };
-        let mut scratch = Scratch::default();
-        let runs: Vec<usize> = b.q_starts.iter().map(|&r| r.max(0) as usize).collect();
-        let kv = KvSource::Paged(&mut pool.k, &mut pool.v, &index);
-        self.forward_rows(&b.tokens, &b.pos, &b.rows, &runs, kv, &mut scratch)
-    }
-
-    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+    /// `Err` unless every id of `tokens` is in the vocabulary.
+    pub(super) fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
         let vocab = self.config.vocab_size;
         match tokens.iter().find(|&&t| t as usize >= vocab) {
             Some(t) => Err(Error::invalid(format!(
@@ -1433,7 +1134,7 @@ impl Model {
     /// The layer stack over rows `tokens` at positions `pos`, keys/values kept by `kv`;
     /// returns logits for the rows listed in `logit_rows`. `runs` gives where each sequence's
     /// rows start (as `q_starts`), for rotations that depend on how far a sequence reaches.
-    fn forward_rows(
+    pub(super) fn forward_rows(
         &self,
         tokens: &[u32],
         pos: &[i32],
@@ -1534,39 +1235,6 @@ impl Model {
     }
 }
 
-/// `d` on the host (a copy when it lives on a device).
-/// What a paged step returns: the logits rows, or the argmax of each row, or a sampled token
-/// per row.
-#[derive(Clone, Copy)]
-enum PagedMode<'a> {
-    Logits,
-    Greedy,
-    Sample(&'a [SampleRow]),
-    /// Sampled, with log-probabilities and the top n of each row.
-    SampleLogprobs(&'a [SampleRow], usize),
-}
-
-impl PagedMode<'_> {
-    /// Every row picks its argmax (greedy, or sampled rows at temperature 0 with neither
-    /// penalties nor a grammar mask).
-    fn greedy(&self) -> bool {
-        match self {
-            PagedMode::Greedy => true,
-            PagedMode::Sample(rows) => rows
-                .iter()
-                .all(|r| r.temperature <= 0.0 && r.penalties.is_none() && r.mask.is_none()),
-            _ => false,
-        }
-    }
-}
-
-/// What a paged step returns: the logits rows, or (greedy, sampled) one id per row.
-enum PagedOut {
-    Logits(Data),
-    Ids(Vec<u32>),
-    IdsLogprobs(Vec<u32>, Vec<PickLogprobs>),
-}
-
 /// Argmax of each `vocab`-long row of host `logits` (lowest id on ties); NaN or +Inf is an
 /// `Err`, as in the sampler.
 fn host_argmax_rows(logits: &Data, vocab: usize) -> Result<Vec<u32>> {
@@ -1587,17 +1255,6 @@ fn host_argmax_rows(logits: &Data, vocab: usize) -> Result<Vec<u32>> {
         .collect()
 }
 
-/// `Err` unless there is one sampling row per batch item.
-fn check_sample_rows(what: &str, rows: &[SampleRow], items: usize) -> Result<()> {
-    if rows.len() != items {
-        return Err(Error::invalid(format!(
-            "{what}: {} sampling rows for {items} items",
-            rows.len()
-        )));
-    }
-    Ok(())
-}
-
 /// The caches a step over the contiguous cache or the paged pool keeps keys and values in.
 pub(super) enum KvSource<'c> {
     /// A sequence's layers (keys, values).
@@ -1606,7 +1263,8 @@ pub(super) enum KvSource<'c> {
     Paged(&'c mut [Data], &'c mut [Data], &'c PagedIndex),
 }
 
-fn to_host(d: Data) -> Result<Data> {
+/// `d` on the host (a copy when it lives on a device).
+pub(super) fn to_host(d: Data) -> Result<Data> {
     if d.device() != DeviceKind::Cpu {
         d.to_owned_host()
     } else {
@@ -1629,67 +1287,6 @@ fn moe_stays_on_device(weights: &Weights, spec: &ArchSpec, c: &ModelConfig) -> b
             ))
             .is_some()
     })
-}
-
-/// One planned paged step: the rows to run and where their keys and values go.
-#[derive(Clone, Debug)]
-pub(crate) struct PagedBatch {
-    pub tokens: Vec<u32>,
-    pub pos: Vec<i32>,
-    pub rows: Vec<i32>,
-    pub slots: Vec<i32>,
-    pub q_starts: Vec<i32>,
-    pub kv_lens: Vec<i32>,
-    pub table: Vec<i32>,
-    pub seqs: usize,
-    pub max_blocks: usize,
-}
-
-impl PagedBatch {
-    /// The rows of a step over `batch` (blocks already reserved, `block_size` tokens each):
-    /// every item's new tokens with their positions and cache slots, where each item's rows
-    /// start, its key count after the step, its last row, and the block tables padded to the
-    /// longest.
-    fn gather(bs: usize, batch: &[(&mut PagedSeqState, &[u32])]) -> PagedBatch {
-        let mut tokens = Vec::new();
-        let mut pos = Vec::new();
-        let mut slots = Vec::new();
-        let mut q_starts = vec![0i32];
-        let mut kv_lens = Vec::new();
-        let mut rows = Vec::new();
-        let max_blocks = batch
-            .iter()
-            .map(|(st, _)| st.blocks.len())
-            .max()
-            .unwrap_or(1)
-            .max(1);
-        let mut table = vec![0i32; batch.len() * max_blocks];
-        for (i, (st, toks)) in batch.iter().enumerate() {
-            for (k, &t) in toks.iter().enumerate() {
-                let p = st.len + k;
-                tokens.push(t);
-                pos.push(p as i32);
-                slots.push((st.blocks[p / bs] as usize * bs + p % bs) as i32);
-            }
-            q_starts.push(tokens.len() as i32);
-            kv_lens.push((st.len + toks.len()) as i32);
-            rows.push(tokens.len() as i32 - 1);
-            for (b, &id) in st.blocks.iter().enumerate() {
-                table[i * max_blocks + b] = id as i32;
-            }
-        }
-        PagedBatch {
-            tokens,
-            pos,
-            rows,
-            slots,
-            q_starts,
-            kv_lens,
-            table,
-            seqs: batch.len(),
-            max_blocks,
-        }
-    }
 }
 
 /// Checks a latent-attention model's config against its architecture and derives each layer's

@@ -4,34 +4,9 @@
 //! KV cache alone grows with the prompt. The results are those of one step over the whole prompt
 //! up to float rounding (attention of each row still sees every earlier row through the cache).
 
-use super::rope::RopePlan;
 use super::transformer::{KvCache, Model};
 use crate::data::{Data, DeviceKind};
 use crate::error::{Error, Result};
-use crate::executor::Executor;
-
-/// Prompt rows per step of a model on the CPU. The CPU products of 512 rows already read each
-/// weight block once per 512 rows, so longer steps gain nothing but their working memory.
-pub const CPU_PREFILL_CHUNK: usize = 512;
-
-/// The default rows per step of a model on `exec` rotated by `rope`: [`CPU_PREFILL_CHUNK`] when
-/// every device is the CPU, else 0 (any). A rotation that depends on how far the sequence reaches
-/// in a step (long-RoPE, dynamic NTK) is also unbounded: a chunk would rotate its rows for a
-/// shorter reach than the whole prompt's.
-pub(super) fn default_chunk(exec: &Executor, rope: &RopePlan) -> usize {
-    let devs = exec.devices();
-    let cpu_only = !devs.is_empty() && devs.iter().all(|d| d.kind() == DeviceKind::Cpu);
-    if cpu_only && chunk_allowed(rope) {
-        CPU_PREFILL_CHUNK
-    } else {
-        0
-    }
-}
-
-/// True when this rotation gives the same result in any split of a step (see [`default_chunk`]).
-pub(super) fn chunk_allowed(rope: &RopePlan) -> bool {
-    !rope.length_dependent()
-}
 
 impl Model {
     /// [`Model::forward`]'s tokens in steps of at most `chunk` rows (`tokens.len() > chunk`,

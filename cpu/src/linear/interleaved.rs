@@ -182,12 +182,7 @@ pub fn plain_row(
     }
     let bs = check(t, w, n, k)?;
     let nb = k / QK;
-    if r >= n || out.len() < nb * bs {
-        return Err(format!(
-            "row {r} of {n}, or output of {} bytes too small",
-            out.len()
-        ));
-    }
+    check_row(r, n, out, nb * bs)?;
     let (g, j) = (r / GROUP_ROWS, r % GROUP_ROWS);
     let (hb, qoff) = (header_bytes(t), quant_offset(t));
     for b in 0..nb {
@@ -203,6 +198,17 @@ pub fn plain_row(
                 dst[qoff + 4 * m + i] = if t == WeightType::Q8_0 { v ^ 0x80 } else { v };
             }
         }
+    }
+    Ok(())
+}
+
+/// `Err` unless `r` is a row of `n` and `out` holds at least `need` bytes (a `plain_row`).
+pub(super) fn check_row(r: usize, n: usize, out: &[u8], need: usize) -> Result<(), String> {
+    if r >= n || out.len() < need {
+        return Err(format!(
+            "row {r} of {n}, or output of {} bytes too small",
+            out.len()
+        ));
     }
     Ok(())
 }

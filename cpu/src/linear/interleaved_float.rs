@@ -96,12 +96,7 @@ pub fn plain_row(
     out: &mut [u8],
 ) -> Result<(), String> {
     check(t, w, n, k)?;
-    if r >= n || out.len() < 2 * k {
-        return Err(format!(
-            "row {r} of {n}, or output of {} bytes too small",
-            out.len()
-        ));
-    }
+    super::interleaved::check_row(r, n, out, 2 * k)?;
     let (g, j) = (r / GROUP_ROWS, r % GROUP_ROWS);
     let src = &w[g * GROUP_ROWS * k * 2..][..GROUP_ROWS * k * 2];
     for (i, o) in out[..2 * k].chunks_exact_mut(2).enumerate() {

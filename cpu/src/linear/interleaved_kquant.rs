@@ -164,12 +164,7 @@ pub fn plain_row(
 ) -> Result<(), String> {
     let bs = check(t, w, n, k)?;
     let nb = k / QK_K;
-    if r >= n || out.len() < nb * bs {
-        return Err(format!(
-            "row {r} of {n}, or output of {} bytes too small",
-            out.len()
-        ));
-    }
+    super::interleaved::check_row(r, n, out, nb * bs)?;
     let (g, j) = (r / GROUP_ROWS, r % GROUP_ROWS);
     let grp = &w[g * nb * GROUP_ROWS * bs..][..nb * GROUP_ROWS * bs];
     for b in 0..nb {

@@ -20,30 +20,14 @@ pub struct MatMulShape {
 }
 
 fn check(s: MatMulShape, a: &[f32], b: &[f32], out: &[f32]) -> Result<(), String> {
-    let prod = |x: usize, y: usize| x.saturating_mul(y);
-    if a.len() < prod(s.m, s.k) {
-        return Err(format!(
-            "input0 has {} values, need {} x {}",
-            a.len(),
-            s.m,
-            s.k
-        ));
-    }
-    if b.len() < prod(s.k, s.n) {
-        return Err(format!(
-            "input1 has {} values, need {} x {}",
-            b.len(),
-            s.k,
-            s.n
-        ));
-    }
-    if out.len() < prod(s.m, s.n) {
-        return Err(format!(
-            "output has {} values, need {} x {}",
-            out.len(),
-            s.m,
-            s.n
-        ));
+    for (name, len, rows, cols) in [
+        ("input0", a.len(), s.m, s.k),
+        ("input1", b.len(), s.k, s.n),
+        ("output", out.len(), s.m, s.n),
+    ] {
+        if len < rows.saturating_mul(cols) {
+            return Err(format!("{name} has {len} values, need {rows} x {cols}"));
+        }
     }
     Ok(())
 }
@@ -134,9 +118,7 @@ pub fn matmul(
             for l in 0..s.k {
                 axpy(row, a[i * s.k + l], &b[l * s.n..(l + 1) * s.n]);
             }
-            if alpha != 1.0 {
-                row.iter_mut().for_each(|v| *v *= alpha);
-            }
+            scale(row, alpha);
         }
     });
     Ok(())
@@ -174,10 +156,7 @@ pub fn matmul_trans_b_ref(
     alpha: f32,
     out: &mut [f32],
 ) -> Result<(), String> {
-    check(s, a, b, out)?;
-    linear_ref(&trans_b_args(s, a, b), out)?;
-    scale(&mut out[..s.m * s.n], alpha);
-    Ok(())
+    trans_b_through(s, a, b, alpha, out, linear_ref)
 }
 
 /// Fast `MatMulTransB` (the `Linear` F32 kernels and driver).
@@ -189,8 +168,20 @@ pub fn matmul_trans_b(
     alpha: f32,
     out: &mut [f32],
 ) -> Result<(), String> {
+    trans_b_through(s, a, b, alpha, out, |args, o| linear(threads, args, o))
+}
+
+/// `MatMulTransB` as a `Linear` with F32 weights run by `linear_fn`, then scaled by `alpha`.
+fn trans_b_through(
+    s: MatMulShape,
+    a: &[f32],
+    b: &[f32],
+    alpha: f32,
+    out: &mut [f32],
+    linear_fn: impl FnOnce(&LinearArgs, &mut [f32]) -> Result<(), String>,
+) -> Result<(), String> {
     check(s, a, b, out)?;
-    linear(threads, &trans_b_args(s, a, b), out)?;
+    linear_fn(&trans_b_args(s, a, b), out)?;
     scale(&mut out[..s.m * s.n], alpha);
     Ok(())
 }

@@ -21,6 +21,7 @@
 //! naming the argument); it must not know about tensors or devices.
 
 pub mod act_quant;
+mod block_float;
 mod block_ref;
 pub mod float_dot;
 mod gemm;

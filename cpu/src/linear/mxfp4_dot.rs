@@ -91,6 +91,7 @@ unsafe fn row_mxfp4(w: &[u8], k: usize, out: &mut [f32]) {
 pub(super) mod avx2 {
     //! AVX2 MXFP4 kernels; only called after `simd::has_avx2_fma()`.
     use super::super::act_quant::Q8Rows;
+    use super::super::block_float::avx2::{rows, SignedBlock};
     use super::super::MAX_ROWS;
     use crate::linear::hsum_avx2 as hsum;
     use crate::mxfp4::{e8m0_half, E2M1_X2, MXFP4_BYTES};
@@ -135,28 +136,21 @@ pub(super) mod avx2 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn float_n<const R: usize>(w: &[u8], x: &[f32], k: usize, out: &mut [f32; MAX_ROWS]) {
-        let mut acc = [_mm256_setzero_ps(); R];
-        let mut b8 = [0i8; 32];
-        for b in 0..k / QK {
-            let blk = w.as_ptr().add(b * MXFP4_BYTES);
-            _mm256_storeu_si256(b8.as_mut_ptr() as *mut __m256i, values(blk));
-            let d = _mm256_set1_ps(e8m0_half(*blk));
-            let mut wf = [_mm256_setzero_ps(); 4];
-            for (t, f) in wf.iter_mut().enumerate() {
-                let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b8.as_ptr().add(8 * t) as *const _));
-                *f = _mm256_mul_ps(d, _mm256_cvtepi32_ps(q));
-            }
-            for (r, ac) in acc.iter_mut().enumerate() {
-                let xp = x.as_ptr().add(r * k + b * QK);
-                for (t, f) in wf.iter().enumerate() {
-                    *ac = _mm256_fmadd_ps(*f, _mm256_loadu_ps(xp.add(8 * t)), *ac);
-                }
-            }
+    /// MXFP4 blocks for the shared exact kernel: the doubled E2M1 values and half the
+    /// power-of-two scale.
+    pub(in super::super) struct Mxfp4;
+
+    impl SignedBlock for Mxfp4 {
+        const BYTES: usize = MXFP4_BYTES;
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn values(b: *const u8) -> __m256i {
+            values(b)
         }
-        for (r, ac) in acc.iter().enumerate() {
-            out[r] = hsum(*ac);
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn scale(b: *const u8) -> f32 {
+            e8m0_half(*b)
         }
     }
 
@@ -192,12 +186,7 @@ pub(super) mod avx2 {
 
     /// AVX2 MXFP4 × f32 kernel ([`super::FloatRowsFn`] contract).
     pub unsafe fn rows_mxfp4(w: &[u8], x: &[f32], k: usize, n: usize, o: &mut [f32; MAX_ROWS]) {
-        match n {
-            1 => float_n::<1>(w, x, k, o),
-            2 => float_n::<2>(w, x, k, o),
-            3 => float_n::<3>(w, x, k, o),
-            _ => float_n::<4>(w, x, k, o),
-        }
+        rows::<Mxfp4>(w, x, k, n, o)
     }
 }
 

@@ -79,6 +79,7 @@ unsafe fn row_q5_0(w: &[u8], k: usize, out: &mut [f32]) {
 pub(super) mod avx2 {
     //! AVX2 Q5_0 kernels; only called after `simd::has_avx2_fma()`.
     use super::super::act_quant::Q8Rows;
+    use super::super::block_float::avx2::{rows, SignedBlock};
     use super::super::MAX_ROWS;
     use crate::linear::hsum_avx2 as hsum;
     use crate::quant::{Q5_0_BYTES, QK};
@@ -142,29 +143,20 @@ pub(super) mod avx2 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn float_n<const R: usize>(w: &[u8], x: &[f32], k: usize, out: &mut [f32; MAX_ROWS]) {
-        let mut acc = [_mm256_setzero_ps(); R];
-        let mut b8 = [0u8; 32];
-        for b in 0..k / QK {
-            let blk = w.as_ptr().add(b * Q5_0_BYTES);
-            let v = _mm256_sub_epi8(values(blk), _mm256_set1_epi8(16));
-            _mm256_storeu_si256(b8.as_mut_ptr() as *mut __m256i, v);
-            let d = _mm256_set1_ps(d_at(blk));
-            let mut wf = [_mm256_setzero_ps(); 4];
-            for (t, f) in wf.iter_mut().enumerate() {
-                let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b8.as_ptr().add(8 * t) as *const _));
-                *f = _mm256_mul_ps(d, _mm256_cvtepi32_ps(q));
-            }
-            for (r, ac) in acc.iter_mut().enumerate() {
-                let xp = x.as_ptr().add(r * k + b * QK);
-                for (t, f) in wf.iter().enumerate() {
-                    *ac = _mm256_fmadd_ps(*f, _mm256_loadu_ps(xp.add(8 * t)), *ac);
-                }
-            }
+    /// Q5_0 blocks for the shared exact kernel: values `q − 16` and the f16 scale.
+    pub(in super::super) struct Q5_0;
+
+    impl SignedBlock for Q5_0 {
+        const BYTES: usize = Q5_0_BYTES;
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn values(b: *const u8) -> __m256i {
+            _mm256_sub_epi8(values(b), _mm256_set1_epi8(16))
         }
-        for (r, ac) in acc.iter().enumerate() {
-            out[r] = hsum(*ac);
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn scale(b: *const u8) -> f32 {
+            d_at(b)
         }
     }
 
@@ -180,11 +172,6 @@ pub(super) mod avx2 {
 
     /// AVX2 Q5_0 × f32 kernel ([`super::FloatRowsFn`] contract).
     pub unsafe fn rows_q5_0(w: &[u8], x: &[f32], k: usize, n: usize, o: &mut [f32; MAX_ROWS]) {
-        match n {
-            1 => float_n::<1>(w, x, k, o),
-            2 => float_n::<2>(w, x, k, o),
-            3 => float_n::<3>(w, x, k, o),
-            _ => float_n::<4>(w, x, k, o),
-        }
+        rows::<Q5_0>(w, x, k, n, o)
     }
 }

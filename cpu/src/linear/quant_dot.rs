@@ -5,50 +5,25 @@
 //! Every kernel has the [`FloatRowsFn`] contract (`k % 32 == 0`, checked by the caller). This
 //! module must not split work across threads or know about bias/output.
 
+use super::block_ref::block_rows_ref;
 use super::{FloatRowsFn, MAX_ROWS};
 use crate::quant::{
     dequantize_q4_0, dequantize_q4_1, dequantize_q8_0, Q4_0_BYTES, Q4_1_BYTES, Q8_0_BYTES, QK,
 };
 
-/// Dequantizes every block of the row with `deq` and dots it with each activation row in order.
-#[inline]
-fn rows_ref(
-    deq: fn(&[u8], &mut [f32]),
-    block_bytes: usize,
-    w: &[u8],
-    x: &[f32],
-    k: usize,
-    rows: usize,
-    out: &mut [f32; MAX_ROWS],
-) {
-    let rows = rows.min(MAX_ROWS);
-    let mut acc = [0f32; MAX_ROWS];
-    let mut wf = [0f32; QK];
-    for (b, blk) in w.chunks_exact(block_bytes).take(k / QK).enumerate() {
-        deq(blk, &mut wf);
-        for (r, a) in acc.iter_mut().enumerate().take(rows) {
-            let xb = &x[r * k + b * QK..r * k + (b + 1) * QK];
-            for (wv, xv) in wf.iter().zip(xb) {
-                *a += wv * xv;
-            }
-        }
-    }
-    out[..rows].copy_from_slice(&acc[..rows]);
-}
-
 /// Reference Q8_0 × f32 kernel.
 pub fn rows_q8_0_ref(w: &[u8], x: &[f32], k: usize, rows: usize, out: &mut [f32; MAX_ROWS]) {
-    rows_ref(dequantize_q8_0, Q8_0_BYTES, w, x, k, rows, out)
+    block_rows_ref::<QK>((dequantize_q8_0, Q8_0_BYTES), w, x, k, rows, out)
 }
 
 /// Reference Q4_0 × f32 kernel.
 pub fn rows_q4_0_ref(w: &[u8], x: &[f32], k: usize, rows: usize, out: &mut [f32; MAX_ROWS]) {
-    rows_ref(dequantize_q4_0, Q4_0_BYTES, w, x, k, rows, out)
+    block_rows_ref::<QK>((dequantize_q4_0, Q4_0_BYTES), w, x, k, rows, out)
 }
 
 /// Reference Q4_1 × f32 kernel.
 pub fn rows_q4_1_ref(w: &[u8], x: &[f32], k: usize, rows: usize, out: &mut [f32; MAX_ROWS]) {
-    rows_ref(dequantize_q4_1, Q4_1_BYTES, w, x, k, rows, out)
+    block_rows_ref::<QK>((dequantize_q4_1, Q4_1_BYTES), w, x, k, rows, out)
 }
 
 /// The fastest exact Q8_0 kernel for this CPU.

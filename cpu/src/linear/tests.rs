@@ -19,92 +19,99 @@ fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// A block type's values per block, bytes per block, quantizer and dequantizer.
+type BlockCodec = (usize, usize, fn(&[f32], &mut [u8]), fn(&[u8], &mut [f32]));
+
+/// The codec of block type `t`; `None` for the float types.
+fn block_codec(t: WeightType) -> Option<BlockCodec> {
+    Some(match t {
+        WeightType::F32 | WeightType::F16 | WeightType::BF16 => return None,
+        WeightType::Q8_0 => (
+            32,
+            quant::Q8_0_BYTES,
+            quant::quantize_q8_0,
+            quant::dequantize_q8_0,
+        ),
+        WeightType::Q4_0 => (
+            32,
+            quant::Q4_0_BYTES,
+            quant::quantize_q4_0,
+            quant::dequantize_q4_0,
+        ),
+        WeightType::Q4_1 => (
+            32,
+            quant::Q4_1_BYTES,
+            quant::quantize_q4_1,
+            quant::dequantize_q4_1,
+        ),
+        WeightType::Q5_0 => (
+            32,
+            quant::Q5_0_BYTES,
+            quant::quantize_q5_0,
+            quant::dequantize_q5_0,
+        ),
+        WeightType::Q4K => (
+            256,
+            kquant::Q4_K_BYTES,
+            kquant::quantize_q4_k,
+            kquant::dequantize_q4_k,
+        ),
+        WeightType::Q5K => (
+            256,
+            kquant::Q5_K_BYTES,
+            kquant::quantize_q5_k,
+            kquant::dequantize_q5_k,
+        ),
+        WeightType::Q6K => (
+            256,
+            kquant::Q6_K_BYTES,
+            kquant::quantize_q6_k,
+            kquant::dequantize_q6_k,
+        ),
+        WeightType::Q2K => (
+            256,
+            kquant_low::Q2_K_BYTES,
+            kquant_low::quantize_q2_k,
+            kquant_low::dequantize_q2_k,
+        ),
+        WeightType::Q3K => (
+            256,
+            kquant_low::Q3_K_BYTES,
+            kquant_low::quantize_q3_k,
+            kquant_low::dequantize_q3_k,
+        ),
+        WeightType::Mxfp4 => (
+            32,
+            mxfp4::MXFP4_BYTES,
+            mxfp4::quantize_mxfp4,
+            mxfp4::dequantize_mxfp4,
+        ),
+    })
+}
+
 /// Encodes `v` as `t` and returns (bytes, the values the bytes really hold).
 fn encode(t: WeightType, v: &[f32]) -> (Vec<u8>, Vec<f32>) {
-    let mut deq = vec![0f32; v.len()];
-    let bytes: Vec<u8> = match t {
-        WeightType::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        WeightType::F16 => v
-            .iter()
-            .flat_map(|x| f16::from_f32(*x).to_le_bytes())
-            .collect(),
-        WeightType::BF16 => v
-            .iter()
-            .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
-            .collect(),
-        WeightType::Q8_0 => {
-            let mut b = vec![0u8; v.len() / 32 * quant::Q8_0_BYTES];
-            quant::quantize_q8_0(v, &mut b);
-            b
-        }
-        WeightType::Q4_0 => {
-            let mut b = vec![0u8; v.len() / 32 * quant::Q4_0_BYTES];
-            quant::quantize_q4_0(v, &mut b);
-            b
-        }
-        WeightType::Q4_1 => {
-            let mut b = vec![0u8; v.len() / 32 * quant::Q4_1_BYTES];
-            quant::quantize_q4_1(v, &mut b);
-            b
-        }
-        WeightType::Q5_0 => {
-            let mut b = vec![0u8; v.len() / 32 * quant::Q5_0_BYTES];
-            quant::quantize_q5_0(v, &mut b);
-            b
-        }
-        WeightType::Q4K => {
-            let mut b = vec![0u8; v.len() / 256 * kquant::Q4_K_BYTES];
-            kquant::quantize_q4_k(v, &mut b);
-            b
-        }
-        WeightType::Q5K => {
-            let mut b = vec![0u8; v.len() / 256 * kquant::Q5_K_BYTES];
-            kquant::quantize_q5_k(v, &mut b);
-            b
-        }
-        WeightType::Q6K => {
-            let mut b = vec![0u8; v.len() / 256 * kquant::Q6_K_BYTES];
-            kquant::quantize_q6_k(v, &mut b);
-            b
-        }
-        WeightType::Q2K => {
-            let mut b = vec![0u8; v.len() / 256 * kquant_low::Q2_K_BYTES];
-            kquant_low::quantize_q2_k(v, &mut b);
-            b
-        }
-        WeightType::Q3K => {
-            let mut b = vec![0u8; v.len() / 256 * kquant_low::Q3_K_BYTES];
-            kquant_low::quantize_q3_k(v, &mut b);
-            b
-        }
-        WeightType::Mxfp4 => {
-            let mut b = vec![0u8; v.len() / 32 * mxfp4::MXFP4_BYTES];
-            mxfp4::quantize_mxfp4(v, &mut b);
-            b
-        }
-    };
-    match t {
-        WeightType::F32 => deq.copy_from_slice(v),
-        WeightType::F16 => deq
-            .iter_mut()
-            .zip(v)
-            .for_each(|(d, x)| *d = f16::from_f32(*x).to_f32()),
-        WeightType::BF16 => deq
-            .iter_mut()
-            .zip(v)
-            .for_each(|(d, x)| *d = bf16::from_f32(*x).to_f32()),
-        WeightType::Q8_0 => quant::dequantize_q8_0(&bytes, &mut deq),
-        WeightType::Q4_0 => quant::dequantize_q4_0(&bytes, &mut deq),
-        WeightType::Q4_1 => quant::dequantize_q4_1(&bytes, &mut deq),
-        WeightType::Q5_0 => quant::dequantize_q5_0(&bytes, &mut deq),
-        WeightType::Q4K => kquant::dequantize_q4_k(&bytes, &mut deq),
-        WeightType::Q5K => kquant::dequantize_q5_k(&bytes, &mut deq),
-        WeightType::Q6K => kquant::dequantize_q6_k(&bytes, &mut deq),
-        WeightType::Q2K => kquant_low::dequantize_q2_k(&bytes, &mut deq),
-        WeightType::Q3K => kquant_low::dequantize_q3_k(&bytes, &mut deq),
-        WeightType::Mxfp4 => mxfp4::dequantize_mxfp4(&bytes, &mut deq),
+    if let Some((qb, bytes, quantize, dequantize)) = block_codec(t) {
+        let mut b = vec![0u8; v.len() / qb * bytes];
+        quantize(v, &mut b);
+        let mut deq = vec![0f32; v.len()];
+        dequantize(&b, &mut deq);
+        return (b, deq);
     }
-    (bytes, deq)
+    let round = |x: f32| match t {
+        WeightType::F16 => f16::from_f32(x).to_f32(),
+        WeightType::BF16 => bf16::from_f32(x).to_f32(),
+        _ => x,
+    };
+    let bytes = v
+        .iter()
+        .flat_map(|&x| match t {
+            WeightType::F16 => f16::from_f32(x).to_le_bytes().to_vec(),
+            WeightType::BF16 => bf16::from_f32(x).to_le_bytes().to_vec(),
+            _ => x.to_le_bytes().to_vec(),
+        })
+        .collect();
+    (bytes, v.iter().map(|&x| round(x)).collect())
 }
 
 fn nmse(a: &[f32], b: &[f32]) -> f64 {
@@ -183,9 +190,21 @@ const KQUANTS: [WeightType; 5] = [
 
 #[test]
 fn own_kernel_types_simd_match_reference() {
+    let (float, int) = own_kernel_cases();
+    assert_own_float_cases(float);
+    assert_own_int_cases(int);
+}
+
+/// A float kernel and its reference: (type, ISA, reference, kernel).
+type FloatCase = (WeightType, &'static str, FloatRowsFn, FloatRowsFn);
+/// An integer kernel and its reference: (type, ISA, reference, kernel).
+type IntCase = (WeightType, &'static str, IntRowsFn, IntRowsFn);
+
+/// The K-quant, Q5_0 and MXFP4 SIMD kernels this CPU can run, each with its reference.
+fn own_kernel_cases() -> (Vec<FloatCase>, Vec<IntCase>) {
     use crate::simd;
-    let mut float: Vec<(WeightType, &str, FloatRowsFn, FloatRowsFn)> = Vec::new();
-    let mut int: Vec<(WeightType, &str, IntRowsFn, IntRowsFn)> = Vec::new();
+    let mut float: Vec<FloatCase> = Vec::new();
+    let mut int: Vec<IntCase> = Vec::new();
     let refs = |t| {
         (
             kquant_dot::pick_ref(t).unwrap(),
@@ -240,6 +259,11 @@ fn own_kernel_types_simd_match_reference() {
             int.push((t, "avx512-vnni", ir, mxfp4_dot::avx512::rows_mxfp4_int));
         }
     }
+    (float, int)
+}
+
+#[test]
+fn row_converters_decode_like_dequantization() {
     // the MXFP4 row converter decodes exactly like the scalar dequantization
     {
         let k = 1056;
@@ -258,7 +282,11 @@ fn own_kernel_types_simd_match_reference() {
         unsafe { kquant_dot::pick_row_to_f32(t).unwrap()(&w, k, &mut o) };
         assert_eq!(o, wd, "{} row converter", t.name());
     }
-    // 1, 3 and 7 super-blocks; activation row offsets past the first row
+}
+
+/// Each float case against its reference: 1, 3 and 7 super-blocks (or blocks), every row count,
+/// activation rows read past the first.
+fn assert_own_float_cases(float: Vec<FloatCase>) {
     for (t, name, rf, ff) in float {
         let ks: &[usize] = if t.is_kquant() {
             &[256, 768, 1792]
@@ -283,6 +311,10 @@ fn own_kernel_types_simd_match_reference() {
             }
         }
     }
+}
+
+/// Each integer case against its reference, as [`assert_own_float_cases`] over Q8_0 activations.
+fn assert_own_int_cases(int: Vec<IntCase>) {
     for (t, name, rf, ff) in int {
         let ks: &[usize] = if t.is_kquant() {
             &[256, 768, 1792]
@@ -402,91 +434,52 @@ fn matmuls_match_reference() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn every_simd_variant_matches_reference() {
+    let (float, int) = core_simd_cases();
+    assert_core_float_cases(float);
+    assert_core_int_cases(int);
+}
+
+/// The float-type and Q8_0/Q4_0/Q4_1 SIMD kernels this CPU can run, each with its reference.
+#[cfg(target_arch = "x86_64")]
+fn core_simd_cases() -> (Vec<FloatCase>, Vec<IntCase>) {
     use crate::simd;
-    let mut float: Vec<(WeightType, &str, FloatRowsFn, FloatRowsFn)> = Vec::new();
-    let mut int: Vec<(WeightType, &str, IntRowsFn, IntRowsFn)> = Vec::new();
+    use WeightType::{BF16, F16, F32, Q4_0, Q4_1, Q8_0};
+    let mut float: Vec<FloatCase> = Vec::new();
+    let mut int: Vec<IntCase> = Vec::new();
     if simd::has_avx2_fma() {
-        float.push((
-            WeightType::F32,
-            "avx2",
-            float_dot::rows_f32_ref,
-            float_dot::avx2::rows_f32,
-        ));
-        float.push((
-            WeightType::F16,
-            "avx2",
-            float_dot::rows_f16_ref,
-            float_dot::avx2::rows_f16,
-        ));
-        float.push((
-            WeightType::BF16,
-            "avx2",
-            float_dot::rows_bf16_ref,
-            float_dot::avx2::rows_bf16,
-        ));
-        float.push((
-            WeightType::Q8_0,
-            "avx2",
-            quant_dot::rows_q8_0_ref,
-            quant_dot::avx2::rows_q8_0,
-        ));
-        float.push((
-            WeightType::Q4_0,
-            "avx2",
-            quant_dot::rows_q4_0_ref,
-            quant_dot::avx2::rows_q4_0,
-        ));
-        float.push((
-            WeightType::Q4_1,
-            "avx2",
-            quant_dot::rows_q4_1_ref,
-            quant_dot::avx2::rows_q4_1,
-        ));
-        int.push((
-            WeightType::Q8_0,
-            "avx2",
-            int_dot::rows_q8_0_ref,
-            int_dot::avx2::rows_q8_0,
-        ));
-        int.push((
-            WeightType::Q4_0,
-            "avx2",
-            int_dot::rows_q4_0_ref,
-            int_dot::avx2::rows_q4_0,
-        ));
-        int.push((
-            WeightType::Q4_1,
-            "avx2",
-            int_dot::rows_q4_1_ref,
-            int_dot::avx2::rows_q4_1,
-        ));
+        let cases: [(WeightType, FloatRowsFn, FloatRowsFn); 6] = [
+            (F32, float_dot::rows_f32_ref, float_dot::avx2::rows_f32),
+            (F16, float_dot::rows_f16_ref, float_dot::avx2::rows_f16),
+            (BF16, float_dot::rows_bf16_ref, float_dot::avx2::rows_bf16),
+            (Q8_0, quant_dot::rows_q8_0_ref, quant_dot::avx2::rows_q8_0),
+            (Q4_0, quant_dot::rows_q4_0_ref, quant_dot::avx2::rows_q4_0),
+            (Q4_1, quant_dot::rows_q4_1_ref, quant_dot::avx2::rows_q4_1),
+        ];
+        float.extend(cases.map(|(t, r, f)| (t, "avx2", r, f)));
+        let cases: [(WeightType, IntRowsFn, IntRowsFn); 3] = [
+            (Q8_0, int_dot::rows_q8_0_ref, int_dot::avx2::rows_q8_0),
+            (Q4_0, int_dot::rows_q4_0_ref, int_dot::avx2::rows_q4_0),
+            (Q4_1, int_dot::rows_q4_1_ref, int_dot::avx2::rows_q4_1),
+        ];
+        int.extend(cases.map(|(t, r, f)| (t, "avx2", r, f)));
     }
     if simd::has_avx512() {
-        float.push((
-            WeightType::F32,
-            "avx512",
-            float_dot::rows_f32_ref,
-            float_dot::avx512::rows_f32,
-        ));
-        float.push((
-            WeightType::F16,
-            "avx512",
-            float_dot::rows_f16_ref,
-            float_dot::avx512::rows_f16,
-        ));
-        float.push((
-            WeightType::BF16,
-            "avx512",
-            float_dot::rows_bf16_ref,
-            float_dot::avx512::rows_bf16,
-        ));
+        let cases: [(WeightType, FloatRowsFn, FloatRowsFn); 3] = [
+            (F32, float_dot::rows_f32_ref, float_dot::avx512::rows_f32),
+            (F16, float_dot::rows_f16_ref, float_dot::avx512::rows_f16),
+            (BF16, float_dot::rows_bf16_ref, float_dot::avx512::rows_bf16),
+        ];
+        float.extend(cases.map(|(t, r, f)| (t, "avx512", r, f)));
     }
-    float.push((
-        WeightType::F32,
-        "portable",
-        float_dot::rows_f32_ref,
-        float_dot::rows_f32_portable,
-    ));
+    let portable: FloatRowsFn = float_dot::rows_f32_portable;
+    float.push((F32, "portable", float_dot::rows_f32_ref, portable));
+    (float, int)
+}
+
+/// Each float case against its reference on odd and block-sized k, every row count; single
+/// dots can cancel to ~0, so the absolute error is bounded by the rounding scale.
+#[cfg(target_arch = "x86_64")]
+fn assert_core_float_cases(float: Vec<FloatCase>) {
     for (t, name, r, f) in float {
         let ks: &[usize] = if t.is_block() {
             &[32, 96, 544]
@@ -516,6 +509,11 @@ fn every_simd_variant_matches_reference() {
             }
         }
     }
+}
+
+/// Each integer case against its reference over Q8_0 activations, as [`assert_core_float_cases`].
+#[cfg(target_arch = "x86_64")]
+fn assert_core_int_cases(int: Vec<IntCase>) {
     for (t, name, r, f) in int {
         for k in [32usize, 64, 96, 544] {
             let (w, _) = encode(t, &rand_vec(k, 11));
@@ -802,27 +800,33 @@ fn int_gemv_kernels_match_reference() {
     for t in [WeightType::Q4_0, WeightType::Q4_1] {
         for k in [32usize, 96, 4096 + 32] {
             for n in [1usize, 3, 7, 67] {
-                let (w, _) = encode(t, &rand_vec(n * k, 19));
-                let x = rand_vec(k, 20);
-                let bias = rand_vec(n, 21);
-                let a = LinearArgs {
-                    x: &x,
-                    rows: 1,
-                    k,
-                    w: &w,
-                    wtype: t,
-                    n,
-                    bias: Some(&bias),
-                    quant_act: true,
-                };
-                let (mut want, mut got) = (vec![0f32; n], vec![0f32; n]);
-                linear_ref(&a, &mut want).unwrap();
-                linear(&threads, &a, &mut got).unwrap();
-                let e = nmse(&got, &want);
-                assert!(e < 1e-10, "{} k={k} n={n}: nmse {e}", t.name());
+                assert_one_row_linear(&threads, t, k, n, 19);
             }
         }
     }
+}
+
+/// One activation row of `k` through `linear` (`quant_act`, with a bias) over `n` weight rows
+/// of `t` against `linear_ref`; random values from seeds `seed`, `seed + 1`, `seed + 2`.
+fn assert_one_row_linear(threads: &Threads, t: WeightType, k: usize, n: usize, seed: u64) {
+    let (w, _) = encode(t, &rand_vec(n * k, seed));
+    let x = rand_vec(k, seed + 1);
+    let bias = rand_vec(n, seed + 2);
+    let a = LinearArgs {
+        x: &x,
+        rows: 1,
+        k,
+        w: &w,
+        wtype: t,
+        n,
+        bias: Some(&bias),
+        quant_act: true,
+    };
+    let (mut want, mut got) = (vec![0f32; n], vec![0f32; n]);
+    linear_ref(&a, &mut want).unwrap();
+    linear(threads, &a, &mut got).unwrap();
+    let e = nmse(&got, &want);
+    assert!(e < 1e-10, "{} k={k} n={n}: nmse {e}", t.name());
 }
 
 /// The streaming GEMV kernels against the per-row reference: block counts that are and are not
@@ -898,26 +902,7 @@ fn int_split_kernels_match_reference() {
     // end to end through `linear` with one row
     let threads = Threads::new(2).unwrap();
     for t in [WeightType::Q4_0, WeightType::Q4_1, WeightType::Q8_0] {
-        let k = 4096 + 96;
-        let n = 101;
-        let (w, _) = encode(t, &rand_vec(n * k, 31));
-        let x = rand_vec(k, 32);
-        let bias = rand_vec(n, 33);
-        let a = LinearArgs {
-            x: &x,
-            rows: 1,
-            k,
-            w: &w,
-            wtype: t,
-            n,
-            bias: Some(&bias),
-            quant_act: true,
-        };
-        let (mut want, mut got) = (vec![0f32; n], vec![0f32; n]);
-        linear_ref(&a, &mut want).unwrap();
-        linear(&threads, &a, &mut got).unwrap();
-        let e = nmse(&got, &want);
-        assert!(e < 1e-10, "{} k={k} n={n}: nmse {e}", t.name());
+        assert_one_row_linear(&threads, t, 4096 + 96, 101, 31);
     }
 }
 

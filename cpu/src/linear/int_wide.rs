@@ -106,6 +106,36 @@ pub(super) mod avx512 {
         }
     }
 
+    /// Q4_1's min term of blocks `cb..ce` added to `acc`: Σ m·(dx·Σx), the odd lanes of the
+    /// weights' `[d, m]` pairs `dm` (as read in the block loop) times the activations' `[dx,
+    /// dx·Σx]` pairs at `ds` (rows `row0..row0 + R` of `nb` blocks).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn add_q4_1_mins<const R: usize, const C: usize>(
+        acc: &mut [[__m512; C]; R],
+        dm: &[[u32; CHUNK]; C],
+        ds: *const [f32; 2],
+        (row0, nb): (usize, usize),
+        (cb, ce): (usize, usize),
+    ) {
+        let mut h = cb;
+        while h < ce {
+            let valid = (ce - h).min(8);
+            let lanes: __mmask16 = ((1u32 << (2 * valid)) - 1) as __mmask16;
+            for c in 0..C {
+                let mv = _mm512_cvtph_ps(_mm256_loadu_si256(
+                    dm[c].as_ptr().add(h - cb) as *const __m256i
+                ));
+                for (r, ar) in acc.iter_mut().enumerate() {
+                    let i = (row0 + r) * nb + h;
+                    let sv = _mm512_maskz_loadu_ps(lanes, ds.add(i) as *const f32);
+                    ar[c] = _mm512_mask3_fmadd_ps(mv, sv, ar[c], 0xAAAA);
+                }
+            }
+            h += 8;
+        }
+    }
+
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     unsafe fn wide<const R: usize, const C: usize, const K: u8>(
@@ -115,11 +145,7 @@ pub(super) mod avx512 {
         row0: usize,
         out: &mut [[f32; WIDE_ROWS]; WIDE_COLS],
     ) {
-        let bytes = match K {
-            Q4_0 => Q4_0_BYTES,
-            Q4_1 => Q4_1_BYTES,
-            _ => Q8_0_BYTES,
-        };
+        let bytes = block_bytes(K);
         let nb = a.blocks;
         let wp = w.as_ptr();
         let qs = a.qs.as_ptr();
@@ -187,30 +213,33 @@ pub(super) mod avx512 {
                 b += 2;
             }
             if K == Q4_1 {
-                // Σ m·(dx·Σx) over the chunk: odd lanes of [d, m] × [dx, dx·Σx]
-                let mut h = cb;
-                while h < ce {
-                    let valid = (ce - h).min(8);
-                    let lanes: __mmask16 = ((1u32 << (2 * valid)) - 1) as __mmask16;
-                    for c in 0..C {
-                        let mv = _mm512_cvtph_ps(_mm256_loadu_si256(
-                            dm[c].as_ptr().add(h - cb) as *const __m256i
-                        ));
-                        for (r, ar) in acc.iter_mut().enumerate() {
-                            let i = (row0 + r) * nb + h;
-                            let sv = _mm512_maskz_loadu_ps(lanes, ds.add(i) as *const f32);
-                            ar[c] = _mm512_mask3_fmadd_ps(mv, sv, ar[c], 0xAAAA);
-                        }
-                    }
-                    h += 8;
-                }
+                add_q4_1_mins(&mut acc, &dm, ds, (row0, nb), (cb, ce));
             }
             cb = ce;
         }
+        store_sums(&acc, out);
+    }
+
+    /// Each accumulator's lanes summed into `out[column][row]`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn store_sums<const R: usize, const C: usize>(
+        acc: &[[__m512; C]; R],
+        out: &mut [[f32; WIDE_ROWS]; WIDE_COLS],
+    ) {
         for (r, ar) in acc.iter().enumerate() {
             for (c, v) in ar.iter().enumerate() {
                 out[c][r] = _mm512_reduce_add_ps(*v);
             }
+        }
+    }
+
+    /// Bytes of one weight block of kind `k`.
+    const fn block_bytes(k: u8) -> usize {
+        match k {
+            Q4_0 => Q4_0_BYTES,
+            Q4_1 => Q4_1_BYTES,
+            _ => Q8_0_BYTES,
         }
     }
 

@@ -1,8 +1,9 @@
 //! Integer kernels for `quant_act = 1` over the grouped activation layout [`Q8Split`]
 //! (AVX-512 VBMI + VNNI), for Q4_0, Q4_1 and Q8_0 weights: a streaming GEMV (one weight row at
 //! a time, so every thread reads one sequential stream, what weights larger than the caches
-//! want) and a wide tile of up to [`WIDE_ROWS`] activation rows × [`WIDE_COLS`] weight rows for
-//! batches.
+//! want), a GEMV tile (Q4_0, Q8_0: up to four consecutive weight rows, one contiguous stream,
+//! against one activation row, sharing its loads; bit-equal to the GEMV) and a wide tile of up to
+//! [`WIDE_ROWS`] activation rows × [`WIDE_COLS`] weight rows for batches.
 //!
 //! Both work on four blocks per step. A step loads the 72 (Q4_0), 80 (Q4_1) or 136 (Q8_0)
 //! bytes of four consecutive blocks of a weight row with two (Q8_0: four overlapping) 64-byte
@@ -19,7 +20,8 @@
 //! Q8_0 `Σ (x + 128)·w − 128·Σw` (signed weights against unsigned activations, the correction
 //! formed once per weight group); only the order of the float sums differs.
 //!
-//! The GEMV has the [`IntRowsFn`] contract, the tile the [`IntWideFn`] contract; both need
+//! The GEMV has the [`IntRowsFn`] contract, the GEMV tile the [`IntTileFn`] contract, the wide
+//! tile the [`IntWideFn`] contract; all need
 //! [`Q8Rows::prepare_split`] to have run on the activations, and without it they fall back to
 //! the AVX2 per-block kernels or the other wide tiles. This module must not split work across
 //! threads.
@@ -31,7 +33,7 @@
 use super::int_wide::IntWideFn;
 #[cfg(doc)]
 use super::int_wide::{WIDE_COLS, WIDE_ROWS};
-use super::{IntRowsFn, WeightType};
+use super::{IntRowsFn, IntTileFn, WeightType};
 
 /// True when this CPU has what these kernels need (AVX-512 F/BW/VL, VNNI and VBMI).
 pub fn available() -> bool {
@@ -57,6 +59,27 @@ pub fn pick_gemv(t: WeightType) -> Option<IntRowsFn> {
                 WeightType::Q4_0 => avx512::rows_q4_0,
                 WeightType::Q4_1 => avx512::rows_q4_1,
                 WeightType::Q8_0 => avx512::rows_q8_0,
+                _ => return None,
+            };
+            return Some(f);
+        }
+    }
+    let _ = t;
+    None
+}
+
+/// The GEMV tile kernel for `t` (Q4_0, Q8_0) if this CPU has one: up to [`MAX_ROWS`] weight
+/// rows against one activation row at a time, each entry with the bits of [`pick_gemv`]'s
+/// kernel (Q4_1, whose GEMV defers its min terms, has none).
+///
+/// [`MAX_ROWS`]: super::MAX_ROWS
+pub fn pick_gemv_tile(t: WeightType) -> Option<IntTileFn> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if available() {
+            let f: IntTileFn = match t {
+                WeightType::Q4_0 => avx512::tile_q4_0,
+                WeightType::Q8_0 => avx512::tile_q8_0,
                 _ => return None,
             };
             return Some(f);
@@ -365,6 +388,84 @@ pub(super) mod avx512 {
     rows_fn!(rows_q4_0, Q4_0, super::super::int_dot::avx2::rows_q4_0);
     rows_fn!(rows_q4_1, Q4_1, super::super::int_dot::avx2::rows_q4_1);
     rows_fn!(rows_q8_0, Q8_0, super::super::int_dot::avx2::rows_q8_0);
+
+    /// `C` weight rows (`rb` bytes apart) against activation row `r` into `out[c][t]`, sharing
+    /// each activation group; every row runs [`row`]'s chain of [`dot_group`]s (Q4_0 and Q8_0),
+    /// so its bits. The `C` rows are one contiguous stream read at `C` places at once, which
+    /// the hardware prefetcher follows badly: while a tile runs, the next tile's bytes (plus
+    /// [`TILE_PF`]) are prefetched as one sequential stream, in step with this tile's progress.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+    unsafe fn rows_tile<const C: usize, const KIND: u8>(
+        w: &[u8],
+        rb: usize,
+        a: &Q8Rows,
+        r: usize,
+        out: &mut [[f32; MAX_ROWS]; MAX_ROWS],
+        t: usize,
+    ) {
+        let k = consts::<KIND>();
+        let wp = w.as_ptr();
+        let span = C * SPLIT_GROUP * k.bs;
+        let mut acc = [_mm512_setzero_ps(); C];
+        for g in 0..a.split.groups {
+            let x = act_group::<KIND>(&k, a, r, g);
+            // a hint past the tile: the address is only formed, a prefetch never faults
+            let ahead = wp.wrapping_add(C * rb + g * span + TILE_PF);
+            let mut o = 0;
+            while o < span {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(o) as *const i8);
+                o += 64;
+            }
+            for (c, ac) in acc.iter_mut().enumerate() {
+                let wg = weight_group::<KIND>(&k, wp.add(c * rb), g, a.blocks);
+                *ac = dot_group::<KIND>(&wg, &x, *ac);
+            }
+        }
+        for (o, ac) in out.iter_mut().zip(acc.iter()) {
+            o[t] = _mm512_reduce_add_ps(*ac);
+        }
+    }
+
+    /// Bytes past the next tile's share that the GEMV tile prefetches.
+    const TILE_PF: usize = 1024;
+
+    macro_rules! tile_fn {
+        ($name:ident, $kind:expr, $rows:ident) => {
+            /// GEMV tile ([`super::super::IntTileFn`] contract): every activation row alone
+            /// against `cols` weight rows at once ([`rows_tile`]: the bits of the streaming
+            /// GEMV). Unprepared activations take the streaming GEMV's fallback column by
+            /// column.
+            pub unsafe fn $name(
+                w: &[u8],
+                rb: usize,
+                a: &Q8Rows,
+                row0: usize,
+                rows: usize,
+                cols: usize,
+                out: &mut [[f32; MAX_ROWS]; MAX_ROWS],
+            ) {
+                let cols = cols.min(MAX_ROWS);
+                if !prepared(a) {
+                    for (c, oc) in out.iter_mut().enumerate().take(cols) {
+                        $rows(&w[c * rb..(c + 1) * rb], a, row0, rows, oc);
+                    }
+                    return;
+                }
+                for t in 0..rows.min(MAX_ROWS) {
+                    match cols {
+                        1 => rows_tile::<1, { $kind }>(w, rb, a, row0 + t, out, t),
+                        2 => rows_tile::<2, { $kind }>(w, rb, a, row0 + t, out, t),
+                        3 => rows_tile::<3, { $kind }>(w, rb, a, row0 + t, out, t),
+                        _ => rows_tile::<4, { $kind }>(w, rb, a, row0 + t, out, t),
+                    }
+                }
+            }
+        };
+    }
+
+    tile_fn!(tile_q4_0, Q4_0, rows_q4_0);
+    tile_fn!(tile_q8_0, Q8_0, rows_q8_0);
 
     /// Groups whose Q4_1 mins a wide tile keeps before adding their term (64 blocks).
     const MIN_CHUNK: usize = 16;

@@ -961,6 +961,82 @@ fn int_split_wide_kernels_match_reference() {
     }
 }
 
+/// The split-layout GEMV tile against the scalar reference and, bit for bit, against the
+/// streaming GEMV on each weight row alone: block counts 1 to 7, 129 and 131, every column count
+/// 1..=4 and row count 1..=4 over exactly sized buffers (7 weight rows, so tiles end short);
+/// unprepared activations take the fallback.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn int_split_gemv_tile_matches_reference_and_streaming_gemv() {
+    let variants: Vec<(WeightType, IntRowsFn)> = [
+        (WeightType::Q4_0, int_dot::rows_q4_0_ref as IntRowsFn),
+        (WeightType::Q8_0, int_dot::rows_q8_0_ref as IntRowsFn),
+    ]
+    .into_iter()
+    .filter(|(t, _)| int_split::pick_gemv_tile(*t).is_some())
+    .collect();
+    if variants.is_empty() {
+        println!("no AVX-512 VBMI/VNNI GEMV tile on this CPU; skipped");
+    }
+    for (t, r) in variants {
+        let (Some(tile), Some(stream)) = (int_split::pick_gemv_tile(t), int_split::pick_gemv(t))
+        else {
+            unreachable!("both kernels need the same CPU features");
+        };
+        for blocks in [1usize, 2, 3, 4, 5, 7, 129, 131] {
+            let k = blocks * 32;
+            let rb = t.row_bytes(k).unwrap();
+            let n = 7;
+            let (w, _) = encode(t, &rand_vec(n * k, 41 + blocks as u64));
+            let mut q = act_quant::Q8Rows::default();
+            act_quant::quantize_rows_ref(&rand_vec(5 * k, 42 + blocks as u64), 5, k, &mut q)
+                .unwrap();
+            let plain = q.clone();
+            q.prepare_split();
+            for (acts, exact) in [(&q, true), (&plain, false)] {
+                for c0 in 0..n {
+                    for cols in 1..=MAX_ROWS.min(n - c0) {
+                        let wt = w[c0 * rb..(c0 + cols) * rb].to_vec();
+                        for (row0, rows) in [(0usize, 1usize), (1, 4), (2, 3)] {
+                            let mut got = [[f32::NAN; MAX_ROWS]; MAX_ROWS];
+                            // SAFETY: sizes as in the contract; kernel picked for this CPU.
+                            unsafe { tile(&wt, rb, acts, row0, rows, cols, &mut got) };
+                            for (c, gc) in got.iter().enumerate().take(cols) {
+                                let wr = &wt[c * rb..(c + 1) * rb];
+                                let (mut want, mut one) = ([0f32; MAX_ROWS], [0f32; MAX_ROWS]);
+                                // SAFETY: as above.
+                                unsafe {
+                                    r(wr, acts, row0, rows, &mut want);
+                                    stream(wr, acts, row0, rows, &mut one);
+                                }
+                                for i in 0..rows {
+                                    let (p, g) = (want[i], gc[i]);
+                                    let at = format!(
+                                        "{} k={k} col={} row={}",
+                                        t.name(),
+                                        c0 + c,
+                                        row0 + i
+                                    );
+                                    let tol = 1e-6 * blocks as f32 * (1.0 + p.abs());
+                                    assert!((p - g).abs() <= tol, "{at}: {p} vs {g}");
+                                    if exact {
+                                        assert_eq!(
+                                            one[i].to_bits(),
+                                            g.to_bits(),
+                                            "{at}: {} vs {g}",
+                                            one[i]
+                                        );
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Interleaving: taking every row back gives the plain bytes back; interleaving refuses shapes it cannot
 /// hold (rows not a multiple of 16, k not whole blocks, float types, short buffers).
 #[test]

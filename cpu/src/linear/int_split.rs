@@ -1,7 +1,7 @@
 //! Integer kernels for `quant_act = 1` over the grouped activation layout [`Q8Split`]
 //! (AVX-512 VBMI + VNNI), for Q4_0, Q4_1 and Q8_0 weights: a streaming GEMV (one weight row at
 //! a time, so every thread reads one sequential stream, what weights larger than the caches
-//! want), a GEMV tile (Q4_0, Q8_0: up to four consecutive weight rows, one contiguous stream,
+//! want), a GEMV tile (Q4_0: up to four consecutive weight rows, one contiguous stream,
 //! against one activation row, sharing its loads; bit-equal to the GEMV) and a wide tile of up to
 //! [`WIDE_ROWS`] activation rows × [`WIDE_COLS`] weight rows for batches.
 //!
@@ -68,9 +68,10 @@ pub fn pick_gemv(t: WeightType) -> Option<IntRowsFn> {
     None
 }
 
-/// The GEMV tile kernel for `t` (Q4_0, Q8_0) if this CPU has one: up to [`MAX_ROWS`] weight
-/// rows against one activation row at a time, each entry with the bits of [`pick_gemv`]'s
-/// kernel (Q4_1, whose GEMV defers its min terms, has none).
+/// The GEMV tile kernel for `t` (Q4_0) if this CPU has one: up to [`MAX_ROWS`] weight rows
+/// against one activation row at a time, each entry with the bits of [`pick_gemv`]'s kernel.
+/// Q8_0 (its tile streams slower than its GEMV) and Q4_1 (whose GEMV defers its min terms)
+/// have none.
 ///
 /// [`MAX_ROWS`]: super::MAX_ROWS
 pub fn pick_gemv_tile(t: WeightType) -> Option<IntTileFn> {
@@ -79,7 +80,6 @@ pub fn pick_gemv_tile(t: WeightType) -> Option<IntTileFn> {
         if available() {
             let f: IntTileFn = match t {
                 WeightType::Q4_0 => avx512::tile_q4_0,
-                WeightType::Q8_0 => avx512::tile_q8_0,
                 _ => return None,
             };
             return Some(f);
@@ -390,8 +390,8 @@ pub(super) mod avx512 {
     rows_fn!(rows_q8_0, Q8_0, super::super::int_dot::avx2::rows_q8_0);
 
     /// `C` weight rows (`rb` bytes apart) against activation row `r` into `out[c][t]`, sharing
-    /// each activation group; every row runs [`row`]'s chain of [`dot_group`]s (Q4_0 and Q8_0),
-    /// so its bits. The `C` rows are one contiguous stream read at `C` places at once, which
+    /// each activation group; every row runs [`row`]'s chain of [`dot_group`]s (Q4_0 and Q8_0
+    /// alike), so its bits. The `C` rows are one contiguous stream read at `C` places at once, which
     /// the hardware prefetcher follows badly: while a tile runs, the next tile's bytes (plus
     /// [`TILE_PF`]) are prefetched as one sequential stream, in step with this tile's progress.
     #[inline]
@@ -465,7 +465,6 @@ pub(super) mod avx512 {
     }
 
     tile_fn!(tile_q4_0, Q4_0, rows_q4_0);
-    tile_fn!(tile_q8_0, Q8_0, rows_q8_0);
 
     /// Groups whose Q4_1 mins a wide tile keeps before adding their term (64 blocks).
     const MIN_CHUNK: usize = 16;

@@ -376,8 +376,8 @@ fn plan<'q>(fast: bool, a: &LinearArgs, q: &'q mut Q8Rows) -> Result<gemm::Kerne
 }
 
 /// The fast integer kernel of a block weight with `quant_act` (activations quantized into `q`):
-/// one row, the split-layout GEMV tile (Q4_0, Q8_0: 4 consecutive weight rows, one sequential
-/// stream per thread, what weights read from DRAM want) or streaming GEMV (Q4_1) where the CPU
+/// one row, the split-layout GEMV tile (Q4_0: 4 consecutive weight rows, one sequential stream
+/// per thread, what weights read from DRAM want) or streaming GEMV (Q4_1, Q8_0) where the CPU
 /// has them, else the 4-row AVX-512 GEMV; more rows, the wide or tiled kernels.
 fn plan_int<'q>(a: &LinearArgs, q: &'q mut Q8Rows) -> Result<gemm::Kernel<'q>, String> {
     let mut f: IntRowsFn = match a.wtype {

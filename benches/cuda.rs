@@ -272,12 +272,16 @@ fn gemv(dev: &CudaDevice, cuda: &Executor) {
 /// `mma` parameter picks, with the k splits `mma_splits` forces on the int8 tensor-core path.
 fn batched_linear(dev: &CudaDevice, cuda: &Executor) {
     let mut rng = CaseRng::new(94);
-    // (mma, mma_splits, mmq_shape, name): the GEMV kernels, f16 tensor cores, int8 tensor cores
+    // (mma, mma_splits, mmq_shape, name): the GEMV kernels, f16 tensor cores (the device's k
+    // split, forced splits), int8 tensor cores
     // (the device's tile shape, the one that adds blocks in order where it differs, forced k
     // splits)
-    let paths: [(i32, i32, i32, &str); 7] = [
+    let paths: [(i32, i32, i32, &str); 10] = [
         (1, 0, 0, "gemv"),
         (2, 0, 0, "mma"),
+        (2, 1, 0, "mma/1"),
+        (2, 2, 0, "mma/2"),
+        (2, 4, 0, "mma/4"),
         (3, 0, 0, "mmq"),
         (3, 0, 1, "mmq.1"),
         (3, 1, 0, "mmq/1"),

@@ -9,7 +9,11 @@
 // (MMA_WROWS tiles of 16 per warp), the k range of its split and 8 · NT activation rows. Chunk
 // by chunk (MMA_KC values) the block copies the weight rows' blocks and the activation rows
 // into shared memory with 16-byte cp.async (two stages: the next chunk arrives while one is
-// used), so device memory is read in whole, coalesced pieces. With one split the block writes
+// used), so device memory is read in whole, coalesced pieces. Each thread's share of a copy
+// is fixed for the block (the weight rows' addresses in a table in shared memory, filled once;
+// its activation pieces' addresses in registers), so a chunk's copies cost a few instructions
+// per piece. Rows past ntot / m are not copied: only their own outputs would read them, and
+// those are not written. With one split the block writes
 // y itself; with several it writes its partial sums to `part` [splits, m, ntot] and
 // `mma_reduce_f32` adds them in split order (deterministic). Needs k % MMA_KC == 0 and weights
 // at 16-byte aligned addresses.
@@ -148,37 +152,90 @@ __device__ __forceinline__ void ldsm_x4(unsigned int addr, unsigned int* d) {
                  : "r"(addr));
 }
 
-// Starts copying activation rows [t0, t0 + 8·NT) (zeros past m), values [c0, c0 + MMA_KC), into
-// xs (MMA_XS halves per row) with 16-byte cp.async; joins the caller's commit group.
-template <int NT>
-__device__ __forceinline__ void mma_stage(const unsigned short* x, int m, int k, int t0, long c0, unsigned short* xs) {
-    constexpr int PER_ROW = MMA_KC / 8;  // 16-byte pieces
-    for (int i = threadIdx.x; i < 8 * NT * PER_ROW; i += blockDim.x) {
-        int r = i / PER_ROW, p = i % PER_ROW;
-        bool live = t0 + r < m;
-        const unsigned short* src = x + (long)(live ? t0 + r : 0) * k + c0 + 8 * p;
-        unsigned int sa = (unsigned int)__cvta_generic_to_shared(xs + r * MMA_XS + 8 * p);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(src), "r"(live ? 16 : 0));
-    }
+// Threads per block.
+#define MMA_THREADS (32 * MMA_WARPS)
+
+// Bytes of one weight row's chunk (MMA_KC / 32 blocks) in device memory.
+template <int DT>
+__device__ __forceinline__ constexpr int mma_wchunk() {
+    return 8 * (DT == DT_Q4_0 ? 18 : (DT == DT_Q4_1 ? 20 : 34));
 }
 
-// Starts copying chunk c of the block's weight rows [row0, row0 + MMA_ROWS) (zeros past ntot)
-// into ws (mma_wrow<DT>() bytes per row) with 16-byte cp.async; joins the caller's commit group.
-template <int DT>
-__device__ __forceinline__ void mma_stage_w(const LinSegs& sg, int ntot, long row_bytes, int row0, long c,
-                                            unsigned char* ws) {
-    constexpr int BYTES = 8 * (DT == DT_Q4_0 ? 18 : (DT == DT_Q4_1 ? 20 : 34)), PER_ROW = BYTES / 16;
-    for (int i = threadIdx.x; i < MMA_ROWS * PER_ROW; i += blockDim.x) {
-        int r = i / PER_ROW, p = i % PER_ROW;
+// What one thread copies of every chunk's activations, fixed for the whole k range: piece xp
+// (16 bytes) of the slice's activation rows xr, xr + MMA_XSTEP, …; x is row xr's address in
+// chunk 0. Rows past m are not copied (their outputs are not written, so their staged values
+// do not matter).
+#define MMA_XSTEP (MMA_THREADS / (MMA_KC / 8))
+struct MmaCopy {
+    const unsigned char* x;  // activation row xr, values 8·xp..
+    unsigned int xs;         // shared-memory offset of row xr, piece xp in a stage's activations
+    int xlive;               // how many of rows xr, xr + MMA_XSTEP, … of the slice are below m
+};
+
+// The thread's activation copy plan (see MmaCopy) for the slice of 8·NT rows from t0.
+template <int NT>
+__device__ __forceinline__ MmaCopy mma_copy_plan(const unsigned short* x, int m, int k, int t0) {
+    MmaCopy cp;
+    int xr = threadIdx.x / (MMA_KC / 8), xp = threadIdx.x % (MMA_KC / 8);
+    int left = min(m - t0, 8 * NT) - xr;
+    cp.xlive = left > 0 ? (left + MMA_XSTEP - 1) / MMA_XSTEP : 0;
+    cp.x = (const unsigned char*)(x + (long)(t0 + (left > 0 ? xr : 0)) * k + 8 * xp);
+    cp.xs = (unsigned int)((xr * MMA_XS + 8 * xp) * 2);
+    return cp;
+}
+
+// Fills rows[r] with the address of weight row row0 + r (its first chunk), null past ntot, for
+// the block's MMA_ROWS rows; the caller synchronizes before the table is read.
+__device__ __forceinline__ void mma_row_table(const LinSegs& sg, int ntot, long row_bytes, int row0,
+                                              const unsigned char** rows) {
+    for (int r = threadIdx.x; r < MMA_ROWS; r += MMA_THREADS) {
         int jg = row0 + r;
-        bool live = jg < ntot;
-        SEG_PICK(live ? jg : 0)
+        SEG_PICK(jg < ntot ? jg : 0)
         (void)bias;
         (void)y;
         (void)n;
-        const unsigned char* src = w + (long)j * row_bytes + c * BYTES + 16 * p;
-        unsigned int sa = (unsigned int)__cvta_generic_to_shared(ws + r * mma_wrow<DT>() + 16 * p);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(src), "r"(live ? 16 : 0));
+        rows[r] = jg < ntot ? w + (long)j * row_bytes : nullptr;
+    }
+}
+
+__device__ __forceinline__ void cp_async16(unsigned int dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
+}
+
+// Starts copying chunk c (MMA_KC values) of the block's weight rows (addresses in the row
+// table rows) into the stage at shared address st with 16-byte cp.async, consecutive threads
+// taking consecutive pieces (a warp reads whole runs of each row's chunk); rows past ntot are
+// not copied. Joins the caller's commit group.
+template <int DT>
+__device__ __forceinline__ void mma_stage_w(const unsigned char* const* rows, long c, unsigned int st) {
+    constexpr int PER_ROW = mma_wchunk<DT>() / 16, PIECES = MMA_ROWS * PER_ROW;
+    int r0 = threadIdx.x / PER_ROW, p0 = threadIdx.x % PER_ROW;
+    long off = c * mma_wchunk<DT>();
+#pragma unroll
+    for (int q = 0; q < (PIECES + MMA_THREADS - 1) / MMA_THREADS; q++) {
+        // piece threadIdx.x + q·MMA_THREADS: row r, piece p of the row
+        int r = r0 + q * MMA_THREADS / PER_ROW, p = p0 + q * MMA_THREADS % PER_ROW;
+        if (p >= PER_ROW) {
+            p -= PER_ROW;
+            r++;
+        }
+        if (PIECES % MMA_THREADS != 0 && r >= MMA_ROWS) break;
+        const unsigned char* row = rows[r];
+        if (row) cp_async16(st + r * mma_wrow<DT>() + 16 * p, row + off + 16 * p);
+    }
+}
+
+// Starts copying chunk c of the slice's activation rows into the activations of a stage at
+// shared address xst, as the thread's plan cp says; joins the caller's commit group.
+template <int NT>
+__device__ __forceinline__ void mma_stage_x(const MmaCopy& cp, long k, long c, unsigned int xst) {
+    const unsigned char* src = cp.x + c * (MMA_KC * 2);
+    unsigned int dst = xst + cp.xs;
+    long step = (long)MMA_XSTEP * k * 2;
+#pragma unroll
+    for (int s = 0; s < 8 * NT / MMA_XSTEP; s++) {
+        if (s < cp.xlive) cp_async16(dst + s * MMA_XSTEP * MMA_XS * 2, src);
+        src += step;
     }
 }
 
@@ -196,6 +253,12 @@ __device__ void linear_mma_t(const unsigned short* x, const LinSegs& sg, int m, 
     long nchunks = k / MMA_KC;
     long c_lo = nchunks * blockIdx.y / splits, c_hi = nchunks * (blockIdx.y + 1) / splits;
     int row0 = blockIdx.x * MMA_ROWS;
+    MmaCopy cp = mma_copy_plan<NT>(x, m, k, t0);
+    unsigned int sbase = (unsigned int)__cvta_generic_to_shared(smem);
+    // the weight rows' addresses, after the two stages
+    const unsigned char** rows = (const unsigned char**)(smem + 2 * STAGE);
+    mma_row_table(sg, ntot, row_bytes, row0, rows);
+    __syncthreads();
     float acc[MMA_WROWS][NT][4];
 #pragma unroll
     for (int i = 0; i < MMA_WROWS; i++)
@@ -205,10 +268,10 @@ __device__ void linear_mma_t(const unsigned short* x, const LinSegs& sg, int m, 
             for (int e = 0; e < 4; e++) acc[i][u][e] = 0.0f;
     // the first weight chunk before waiting for the kernel that wrote the activations (no
     // kernel writes weights); two stages: chunk c + 1 arrives while chunk c is used
-    if (c_lo < c_hi) mma_stage_w<DT>(sg, ntot, row_bytes, row0, c_lo, smem);
+    if (c_lo < c_hi) mma_stage_w<DT>(rows, c_lo, sbase);
     pdl_gemv_begin();
     if (c_lo < c_hi) {
-        mma_stage<NT>(x, m, k, t0, c_lo * MMA_KC, (unsigned short*)(smem + WBYTES));
+        mma_stage_x<NT>(cp, k, c_lo, sbase + WBYTES);
         asm volatile("cp.async.commit_group;");
     }
     for (long c = c_lo; c < c_hi; c++) {
@@ -217,9 +280,9 @@ __device__ void linear_mma_t(const unsigned short* x, const LinSegs& sg, int m, 
         unsigned int xs_lane = (unsigned int)__cvta_generic_to_shared(st + WBYTES) +
                                (unsigned int)(((lane & 7) * MMA_XS + 8 * (lane >> 3)) * 2);
         if (c + 1 < c_hi) {
-            unsigned char* nx = smem + ((c + 1 - c_lo) & 1) * STAGE;
-            mma_stage_w<DT>(sg, ntot, row_bytes, row0, c + 1, nx);
-            mma_stage<NT>(x, m, k, t0, (c + 1) * MMA_KC, (unsigned short*)(nx + WBYTES));
+            unsigned int nx = sbase + ((c + 1 - c_lo) & 1) * STAGE;
+            mma_stage_w<DT>(rows, c + 1, nx);
+            mma_stage_x<NT>(cp, k, c + 1, nx + WBYTES);
             asm volatile("cp.async.commit_group;");
             asm volatile("cp.async.wait_group 1;" ::: "memory");
         } else {
@@ -295,7 +358,7 @@ __device__ void linear_mma_t(const unsigned short* x, const LinSegs& sg, int m, 
 }
 
 #define LINMMA1(name, DT, NT) \
-    extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS, 2) linear_mma##NT##_##name( \
+    extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) linear_mma##NT##_##name( \
         const unsigned short* x, LinSegs sg, int m, int ntot, int k, long rb, int splits, float* part, int oh) { \
         linear_mma_t<DT, NT>(x, sg, m, ntot, k, rb, splits, part, oh); \
     }

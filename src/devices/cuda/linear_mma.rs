@@ -26,8 +26,10 @@ pub(super) const MMA_SLICE_ROWS: usize = 64;
 const XS_HALVES: usize = MMA_KC + 8;
 /// Most k splits of one product.
 const MAX_SPLITS: usize = 8;
-/// Blocks per multiprocessor the automatic k split aims at.
-const BLOCKS_PER_SM: usize = 6;
+/// Blocks per multiprocessor the automatic k split aims at: those resident at once (shared
+/// memory and registers hold two of the 64-row blocks), so the split fills one wave; more
+/// splits only add partial sums to write and add up.
+const BLOCKS_PER_SM: usize = 2;
 
 /// How one product runs: `nt` 8-row activation tiles per slice, `slices` slices, `tiles` blocks
 /// of weight rows, `splits` parts of k per tile.
@@ -49,10 +51,10 @@ impl MmaPlan {
     /// k). `None` when the kernels do not take the shape (`k % MMA_KC != 0`, no rows).
     pub fn new(m: usize, k: usize, ntot: usize, sms: usize, splits: usize) -> Option<MmaPlan> {
         let t = Tiling::new(m, k, ntot, MMA_SLICE_ROWS, ROWS_PER_BLOCK, MMA_KC)?;
-        // k split for about BLOCKS_PER_SM blocks per multiprocessor (each warp has only a few
-        // weight blocks in flight), each block with at least two chunks of k
-        let auto = (BLOCKS_PER_SM * sms)
-            .div_ceil(t.tiles * t.slices)
+        // k split for at most BLOCKS_PER_SM blocks per multiprocessor, each block with at least
+        // two chunks of k
+        let auto = (BLOCKS_PER_SM * sms / (t.tiles * t.slices))
+            .max(1)
             .min(MAX_SPLITS)
             .min((t.chunks / 2).max(1));
         let splits = if splits > 0 { splits } else { auto };
@@ -65,11 +67,12 @@ impl MmaPlan {
     }
 
     /// Dynamic shared memory per block for weights of `block_bytes` per 32 values: two stages
-    /// of one chunk of the block's weight rows (`mma_wrow` in the kernels) and activation rows.
+    /// of one chunk of the block's weight rows (`mma_wrow` in the kernels) and activation rows,
+    /// then the table of the weight rows' addresses.
     pub fn smem(&self, block_bytes: usize) -> usize {
         let pad = if block_bytes == 20 { 16 } else { 0 };
         let wrow = MMA_KC / 32 * block_bytes + pad;
-        2 * (ROWS_PER_BLOCK * wrow + 8 * self.nt * XS_HALVES * 2)
+        2 * (ROWS_PER_BLOCK * wrow + 8 * self.nt * XS_HALVES * 2) + ROWS_PER_BLOCK * 8
     }
 }
 
@@ -112,9 +115,11 @@ mod tests {
         let p = MmaPlan::new(64, 4096, 4096, 132, 0).unwrap();
         assert_eq!((p.nt, p.slices, p.tiles), (8, 1, 32));
         assert_eq!(p.splits, 8);
-        // gate/up: many tiles, a few splits; the lm head: enough tiles, no split
-        let p = MmaPlan::new(8, 4096, 28672, 132, 0).unwrap();
-        assert_eq!((p.nt, p.slices, p.tiles, p.splits), (1, 1, 224, 4));
+        // gate/up and the lm head: enough tiles for a wave, no split
+        let p = MmaPlan::new(64, 4096, 28672, 132, 0).unwrap();
+        assert_eq!((p.nt, p.slices, p.tiles, p.splits), (8, 1, 224, 1));
+        // the fused q/k/v: as many splits as fit one wave
+        assert_eq!(MmaPlan::new(64, 4096, 6144, 132, 0).unwrap().splits, 5);
         assert_eq!(MmaPlan::new(64, 4096, 128256, 132, 0).unwrap().splits, 1);
         // odd row counts round up to a power-of-two number of 8-row tiles
         assert_eq!(MmaPlan::new(3, 512, 100, 132, 0).unwrap().nt, 1);

@@ -272,21 +272,20 @@ fn gemv(dev: &CudaDevice, cuda: &Executor) {
 /// `mma` parameter picks, with the k splits `mma_splits` forces on the int8 tensor-core path.
 fn batched_linear(dev: &CudaDevice, cuda: &Executor) {
     let mut rng = CaseRng::new(94);
-    // (mma, mma_splits, mmq_shape, name): the GEMV kernels, f16 tensor cores (the device's k
-    // split, forced splits), int8 tensor cores
-    // (the device's tile shape, the one that adds blocks in order where it differs, forced k
-    // splits)
-    let paths: [(i32, i32, i32, &str); 10] = [
-        (1, 0, 0, "gemv"),
-        (2, 0, 0, "mma"),
-        (2, 1, 0, "mma/1"),
-        (2, 2, 0, "mma/2"),
-        (2, 4, 0, "mma/4"),
-        (3, 0, 0, "mmq"),
-        (3, 0, 1, "mmq.1"),
-        (3, 1, 0, "mmq/1"),
-        (3, 2, 0, "mmq/2"),
-        (3, 4, 0, "mmq/4"),
+    // (mma, mma_splits, mmq_shape, mma_rows, name): the GEMV kernels, f16 tensor cores (the
+    // device's block and k split, narrow blocks, forced splits), int8 tensor cores (the
+    // device's tile shape, the one that adds blocks in order where it differs, forced k splits)
+    let paths: [(i32, i32, i32, i32, &str); 10] = [
+        (1, 0, 0, 0, "gemv"),
+        (2, 0, 0, 0, "mma"),
+        (2, 0, 0, 128, "mma.128"),
+        (2, 1, 0, 0, "mma/1"),
+        (2, 4, 0, 0, "mma/4"),
+        (3, 0, 0, 0, "mmq"),
+        (3, 0, 1, 0, "mmq.1"),
+        (3, 1, 0, 0, "mmq/1"),
+        (3, 2, 0, 0, "mmq/2"),
+        (3, 4, 0, 0, "mmq/4"),
     ];
     for wt in [DataType::Q4_0, DataType::Q8_0] {
         for (n, k) in [
@@ -300,12 +299,14 @@ fn batched_linear(dev: &CudaDevice, cuda: &Executor) {
             for m in [1usize, 2, 4, 8, 16, 32, 64, 128] {
                 let x = dev.upload(&rng.data(DataType::F32, &[m, k])).unwrap();
                 let mut line = format!("Linear {wt} [{n}, {k}] m={m:3}:");
-                for &(mode, splits, shape, name) in paths.iter().filter(|p| m > 1 || p.0 < 2) {
+                for &(mode, splits, shape, rows, name) in paths.iter().filter(|p| m > 1 || p.0 < 2)
+                {
                     let ints = IntDict::new()
                         .with("quant_act", 1)
                         .with("mma", mode)
                         .with("mma_splits", splits)
-                        .with("mmq_shape", shape);
+                        .with("mmq_shape", shape)
+                        .with("mma_rows", rows);
                     let mut y = Data::empty(DataType::F32);
                     let ms = gpu_ms(dev, 20, &mut || {
                         let mut d = DataDict::new()

@@ -5,7 +5,7 @@
 // registers (the value dequant_f16 gives), so a step of up to 64 rows reads its weights once,
 // like a one-row GEMV.
 //
-// Grid (row tiles, k splits, row slices): a block of MMA_WARPS warps takes MMA_ROWS weight rows
+// Grid (row tiles, k splits, row slices): a block of W warps takes MMA_ROWS(W) weight rows
 // (MMA_WROWS tiles of 16 per warp), the k range of its split and 8 · NT activation rows. Chunk
 // by chunk (MMA_KC values) the block copies the weight rows' blocks and the activation rows
 // into shared memory with 16-byte cp.async (two stages: the next chunk arrives while one is
@@ -24,10 +24,9 @@
 // lane all it needs. Activation fragments come from shared memory by ldmatrix, four 8 × 8 tiles
 // (the two steps' two halves) of one 8-row activation tile per instruction.
 
-#define MMA_WARPS 8
 #define MMA_WROWS 1
-// weight rows per block
-#define MMA_ROWS (MMA_WARPS * MMA_WROWS * 16)
+// weight rows of a block of W warps
+#define MMA_ROWS(W) ((W) * MMA_WROWS * 16)
 #define MMA_KC 256
 // halves per staged activation row: MMA_KC + 8 (row stride ≡ 4 words mod 32: the eight 16-byte
 // rows of an ldmatrix tile hit distinct banks)
@@ -152,43 +151,41 @@ __device__ __forceinline__ void ldsm_x4(unsigned int addr, unsigned int* d) {
                  : "r"(addr));
 }
 
-// Threads per block.
-#define MMA_THREADS (32 * MMA_WARPS)
-
 // Bytes of one weight row's chunk (MMA_KC / 32 blocks) in device memory.
 template <int DT>
 __device__ __forceinline__ constexpr int mma_wchunk() {
     return 8 * (DT == DT_Q4_0 ? 18 : (DT == DT_Q4_1 ? 20 : 34));
 }
 
-// What one thread copies of every chunk's activations, fixed for the whole k range: piece xp
-// (16 bytes) of the slice's activation rows xr, xr + MMA_XSTEP, …; x is row xr's address in
-// chunk 0. Rows past m are not copied (their outputs are not written, so their staged values
-// do not matter).
-#define MMA_XSTEP (MMA_THREADS / (MMA_KC / 8))
+// What one thread of a block of W warps copies of every chunk's activations, fixed for the
+// whole k range: piece xp (16 bytes) of the slice's activation rows xr, xr + MMA_XSTEP(W), …;
+// x is row xr's address in chunk 0. Rows past m are not copied (their outputs are not
+// written, so their staged values do not matter).
+#define MMA_XSTEP(W) (32 * (W) / (MMA_KC / 8))
 struct MmaCopy {
     const unsigned char* x;  // activation row xr, values 8·xp..
     unsigned int xs;         // shared-memory offset of row xr, piece xp in a stage's activations
-    int xlive;               // how many of rows xr, xr + MMA_XSTEP, … of the slice are below m
+    int xlive;               // how many of rows xr, xr + MMA_XSTEP(W), … of the slice are below m
 };
 
 // The thread's activation copy plan (see MmaCopy) for the slice of 8·NT rows from t0.
-template <int NT>
+template <int NT, int W>
 __device__ __forceinline__ MmaCopy mma_copy_plan(const unsigned short* x, int m, int k, int t0) {
     MmaCopy cp;
     int xr = threadIdx.x / (MMA_KC / 8), xp = threadIdx.x % (MMA_KC / 8);
     int left = min(m - t0, 8 * NT) - xr;
-    cp.xlive = left > 0 ? (left + MMA_XSTEP - 1) / MMA_XSTEP : 0;
+    cp.xlive = left > 0 ? (left + MMA_XSTEP(W) - 1) / MMA_XSTEP(W) : 0;
     cp.x = (const unsigned char*)(x + (long)(t0 + (left > 0 ? xr : 0)) * k + 8 * xp);
     cp.xs = (unsigned int)((xr * MMA_XS + 8 * xp) * 2);
     return cp;
 }
 
 // Fills rows[r] with the address of weight row row0 + r (its first chunk), null past ntot, for
-// the block's MMA_ROWS rows; the caller synchronizes before the table is read.
+// the MMA_ROWS(W) rows of a block of W warps; the caller synchronizes before the table is read.
+template <int W>
 __device__ __forceinline__ void mma_row_table(const LinSegs& sg, int ntot, long row_bytes, int row0,
                                               const unsigned char** rows) {
-    for (int r = threadIdx.x; r < MMA_ROWS; r += MMA_THREADS) {
+    for (int r = threadIdx.x; r < MMA_ROWS(W); r += 32 * W) {
         int jg = row0 + r;
         SEG_PICK(jg < ntot ? jg : 0)
         (void)bias;
@@ -206,20 +203,20 @@ __device__ __forceinline__ void cp_async16(unsigned int dst, const void* src) {
 // table rows) into the stage at shared address st with 16-byte cp.async, consecutive threads
 // taking consecutive pieces (a warp reads whole runs of each row's chunk); rows past ntot are
 // not copied. Joins the caller's commit group.
-template <int DT>
+template <int DT, int W>
 __device__ __forceinline__ void mma_stage_w(const unsigned char* const* rows, long c, unsigned int st) {
-    constexpr int PER_ROW = mma_wchunk<DT>() / 16, PIECES = MMA_ROWS * PER_ROW;
+    constexpr int PER_ROW = mma_wchunk<DT>() / 16, PIECES = MMA_ROWS(W) * PER_ROW, THREADS = 32 * W;
     int r0 = threadIdx.x / PER_ROW, p0 = threadIdx.x % PER_ROW;
     long off = c * mma_wchunk<DT>();
 #pragma unroll
-    for (int q = 0; q < (PIECES + MMA_THREADS - 1) / MMA_THREADS; q++) {
-        // piece threadIdx.x + q·MMA_THREADS: row r, piece p of the row
-        int r = r0 + q * MMA_THREADS / PER_ROW, p = p0 + q * MMA_THREADS % PER_ROW;
+    for (int q = 0; q < (PIECES + THREADS - 1) / THREADS; q++) {
+        // piece threadIdx.x + q·THREADS: row r, piece p of the row
+        int r = r0 + q * THREADS / PER_ROW, p = p0 + q * THREADS % PER_ROW;
         if (p >= PER_ROW) {
             p -= PER_ROW;
             r++;
         }
-        if (PIECES % MMA_THREADS != 0 && r >= MMA_ROWS) break;
+        if (PIECES % THREADS != 0 && r >= MMA_ROWS(W)) break;
         const unsigned char* row = rows[r];
         if (row) cp_async16(st + r * mma_wrow<DT>() + 16 * p, row + off + 16 * p);
     }
@@ -227,37 +224,38 @@ __device__ __forceinline__ void mma_stage_w(const unsigned char* const* rows, lo
 
 // Starts copying chunk c of the slice's activation rows into the activations of a stage at
 // shared address xst, as the thread's plan cp says; joins the caller's commit group.
-template <int NT>
+template <int NT, int W>
 __device__ __forceinline__ void mma_stage_x(const MmaCopy& cp, long k, long c, unsigned int xst) {
+    constexpr int XSTEP = MMA_XSTEP(W);
     const unsigned char* src = cp.x + c * (MMA_KC * 2);
     unsigned int dst = xst + cp.xs;
-    long step = (long)MMA_XSTEP * k * 2;
+    long step = (long)XSTEP * k * 2;
 #pragma unroll
-    for (int s = 0; s < 8 * NT / MMA_XSTEP; s++) {
-        if (s < cp.xlive) cp_async16(dst + s * MMA_XSTEP * MMA_XS * 2, src);
+    for (int s = 0; s < (8 * NT + XSTEP - 1) / XSTEP; s++) {
+        if (s < cp.xlive) cp_async16(dst + s * XSTEP * MMA_XS * 2, src);
         src += step;
     }
 }
 
 // One block of the product (see the file comment): its weight rows' products with activation
-// rows [t0, t0 + 8·NT) over chunks [c_lo, c_hi) of k.
-template <int DT, int NT>
+// rows [t0, t0 + 8·NT) over chunks [c_lo, c_hi) of k, with W warps (MMA_ROWS(W) weight rows).
+template <int DT, int NT, int W>
 __device__ void linear_mma_t(const unsigned short* x, const LinSegs& sg, int m, int ntot, int k, long row_bytes,
                              int splits, float* part, int out_half) {
     extern __shared__ uint4 mma_smem[];
     // each of the two stages: the weight rows' chunk, then the activation rows' chunk
-    constexpr int WBYTES = MMA_ROWS * mma_wrow<DT>(), STAGE = WBYTES + 8 * NT * MMA_XS * 2;
+    constexpr int WBYTES = MMA_ROWS(W) * mma_wrow<DT>(), STAGE = WBYTES + 8 * NT * MMA_XS * 2;
     unsigned char* smem = (unsigned char*)mma_smem;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     int t0 = blockIdx.z * 8 * NT;
     long nchunks = k / MMA_KC;
     long c_lo = nchunks * blockIdx.y / splits, c_hi = nchunks * (blockIdx.y + 1) / splits;
-    int row0 = blockIdx.x * MMA_ROWS;
-    MmaCopy cp = mma_copy_plan<NT>(x, m, k, t0);
+    int row0 = blockIdx.x * MMA_ROWS(W);
+    MmaCopy cp = mma_copy_plan<NT, W>(x, m, k, t0);
     unsigned int sbase = (unsigned int)__cvta_generic_to_shared(smem);
     // the weight rows' addresses, after the two stages
     const unsigned char** rows = (const unsigned char**)(smem + 2 * STAGE);
-    mma_row_table(sg, ntot, row_bytes, row0, rows);
+    mma_row_table<W>(sg, ntot, row_bytes, row0, rows);
     __syncthreads();
     float acc[MMA_WROWS][NT][4];
 #pragma unroll
@@ -268,10 +266,10 @@ __device__ void linear_mma_t(const unsigned short* x, const LinSegs& sg, int m, 
             for (int e = 0; e < 4; e++) acc[i][u][e] = 0.0f;
     // the first weight chunk before waiting for the kernel that wrote the activations (no
     // kernel writes weights); two stages: chunk c + 1 arrives while chunk c is used
-    if (c_lo < c_hi) mma_stage_w<DT>(rows, c_lo, sbase);
+    if (c_lo < c_hi) mma_stage_w<DT, W>(rows, c_lo, sbase);
     pdl_gemv_begin();
     if (c_lo < c_hi) {
-        mma_stage_x<NT>(cp, k, c_lo, sbase + WBYTES);
+        mma_stage_x<NT, W>(cp, k, c_lo, sbase + WBYTES);
         asm volatile("cp.async.commit_group;");
     }
     for (long c = c_lo; c < c_hi; c++) {
@@ -281,8 +279,8 @@ __device__ void linear_mma_t(const unsigned short* x, const LinSegs& sg, int m, 
                                (unsigned int)(((lane & 7) * MMA_XS + 8 * (lane >> 3)) * 2);
         if (c + 1 < c_hi) {
             unsigned int nx = sbase + ((c + 1 - c_lo) & 1) * STAGE;
-            mma_stage_w<DT>(rows, c + 1, nx);
-            mma_stage_x<NT>(cp, k, c + 1, nx + WBYTES);
+            mma_stage_w<DT, W>(rows, c + 1, nx);
+            mma_stage_x<NT, W>(cp, k, c + 1, nx + WBYTES);
             asm volatile("cp.async.commit_group;");
             asm volatile("cp.async.wait_group 1;" ::: "memory");
         } else {
@@ -357,19 +355,22 @@ __device__ void linear_mma_t(const unsigned short* x, const LinSegs& sg, int m, 
         }
 }
 
-#define LINMMA1(name, DT, NT) \
-    extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) linear_mma##NT##_##name( \
+// W = 8 (128 weight rows, two blocks per multiprocessor) for every NT; suffix `w`: W = 16 (256
+// rows, one block: half the activation copies per weight row) for Q8_0 with NT = 8.
+#define LINMMA1(name, DT, NT, W, TAG) \
+    extern "C" __global__ void __launch_bounds__(32 * W, 16 / W) linear_mma##NT##TAG##_##name( \
         const unsigned short* x, LinSegs sg, int m, int ntot, int k, long rb, int splits, float* part, int oh) { \
-        linear_mma_t<DT, NT>(x, sg, m, ntot, k, rb, splits, part, oh); \
+        linear_mma_t<DT, NT, W>(x, sg, m, ntot, k, rb, splits, part, oh); \
     }
 #define LINMMA(name, DT) \
-    LINMMA1(name, DT, 1) \
-    LINMMA1(name, DT, 2) \
-    LINMMA1(name, DT, 4) \
-    LINMMA1(name, DT, 8)
+    LINMMA1(name, DT, 1, 8, ) \
+    LINMMA1(name, DT, 2, 8, ) \
+    LINMMA1(name, DT, 4, 8, ) \
+    LINMMA1(name, DT, 8, 8, )
 LINMMA(q8_0, DT_Q8_0)
 LINMMA(q4_0, DT_Q4_0)
 LINMMA(q4_1, DT_Q4_1)
+LINMMA1(q8_0, DT_Q8_0, 8, 16, w)
 
 // y (+)= Σ_s part[s] + bias over the segments, the splits added in order; out_half: f16 outputs.
 extern "C" __global__ void mma_reduce_f32(const float* part, LinSegs sg, int m, int ntot, int splits, int out_half) {

@@ -146,7 +146,9 @@ fn mma_linear_matches_f16_reference_on_awkward_shapes() {
     let cuda = cuda_executor(&dev);
     let mut rng = CaseRng::new(91);
     // (rows, k, n, forced splits): 1280 = five 256-value chunks; 70 and 130 rows take two and
-    // three slices of 64 rows (mma = 2 forces the kernels there)
+    // three slices of 64 rows (mma = 2 forces the kernels there); from 17 rows on both block
+    // widths (128 and 256 weight rows) are asked for (wide blocks exist for Q8_0 from 33 rows:
+    // 300 outputs end inside a second one)
     let shapes = [
         (2usize, 256usize, 1usize, 0usize),
         (3, 512, 67, 0),
@@ -154,6 +156,7 @@ fn mma_linear_matches_f16_reference_on_awkward_shapes() {
         (9, 256, 300, 0),
         (17, 1280, 130, 3),
         (33, 768, 257, 2),
+        (40, 512, 300, 2),
         (64, 512, 128, 0),
         (70, 512, 200, 0),
         (130, 256, 45, 1),
@@ -170,21 +173,35 @@ fn mma_linear_matches_f16_reference_on_awkward_shapes() {
                 dev.upload(&w).unwrap(),
                 dev.upload(&b).unwrap(),
             );
-            let ints = IntDict::new()
-                .with("quant_act", 1)
-                .with("mma", 2)
-                .with("mma_splits", splits as i32);
-            // poisoned outputs: every element must be written
-            let mut ys = [Data::from_f32(&[m, n], &vec![f32::NAN; m * n]).unwrap()];
-            ys[0] = dev.upload(&ys[0]).unwrap();
-            let got = run_linear(&cuda, &gx, &[&gw], &[Some(&gb)], &mut ys, &ints);
-            check(
-                &format!("{wt} m={m} k={k} n={n} splits={splits}"),
-                &got[0],
-                &want,
-                SAME_ARITHMETIC_NMSE,
-            );
-            checked += 1;
+            let widths: &[i32] = if m >= 17 { &[128, 256] } else { &[0] };
+            let mut outs = Vec::new();
+            for &rows in widths {
+                let ints = IntDict::new()
+                    .with("quant_act", 1)
+                    .with("mma", 2)
+                    .with("mma_splits", splits as i32)
+                    .with("mma_rows", rows);
+                // poisoned outputs: every element must be written
+                let mut ys = [Data::from_f32(&[m, n], &vec![f32::NAN; m * n]).unwrap()];
+                ys[0] = dev.upload(&ys[0]).unwrap();
+                let got = run_linear(&cuda, &gx, &[&gw], &[Some(&gb)], &mut ys, &ints);
+                check(
+                    &format!("{wt} m={m} k={k} n={n} splits={splits} rows={rows}"),
+                    &got[0],
+                    &want,
+                    SAME_ARITHMETIC_NMSE,
+                );
+                outs.push(got.into_iter().next().unwrap());
+                checked += 1;
+            }
+            // the same k split: the same additions in the same order, whatever the block width
+            if splits > 0 && outs.len() == 2 {
+                let same = outs[0]
+                    .iter()
+                    .zip(&outs[1])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{wt} m={m} k={k} n={n}: block widths differ");
+            }
         }
     }
     println!("linear_mma: {checked} products equal to the f16 reference");

@@ -55,7 +55,7 @@ use super::blas::{gemm, Elem, Gemm, Operand};
 use super::buffer::{dptr, ensure_out, scratch, CudaBuffer};
 use super::embedding::weight_suffix;
 use super::gpu::{int, long, Gpu, KArg, LinSegs};
-use super::linear_mma::{mma_product, MmaPlan, MMA_KC};
+use super::linear_mma::{mma_product, MmaGpu, MmaPlan, MmaShape, MMA_KC, NARROW_ROWS, WIDE_ROWS};
 use super::linear_mmq::{mmq_product, MmqPlan, Q8Rows, MMQ_KC};
 use super::mm_split::Product;
 use super::op_err;
@@ -116,12 +116,14 @@ pub fn tensor_core_rows(dtype: DataType, rows: usize, k: usize) -> bool {
 /// cuBLAS above), the f16 `linear_mma` wherever it applies (2, any number of rows), or the int8
 /// `linear_mmq` wherever it applies (3); `mma_splits` > 0 forces their k splits, `mmq_shape`
 /// picks the tile shape of `linear_mmq` (0: the device's choice, see
-/// [`MmqShape::pick`](super::linear_mmq::MmqShape::pick)).
+/// [`MmqShape::pick`](super::linear_mmq::MmqShape::pick)), `mma_rows` the weight rows per
+/// block of `linear_mma` (0: the device's choice, 128 or 256, see [`MmaPlan::new`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 struct Batched {
     mode: i32,
     splits: usize,
     shape: usize,
+    rows: usize,
 }
 
 impl Batched {
@@ -139,10 +141,21 @@ impl Batched {
             .map_err(|_| op_err("Linear", "mma_splits must not be negative"))?;
         let shape = usize::try_from(ints.get_or("mmq_shape", 0))
             .map_err(|_| op_err("Linear", "mmq_shape must not be negative"))?;
+        let rows = ints.get_or("mma_rows", 0);
+        let rows = match usize::try_from(rows) {
+            Ok(r) if [0, NARROW_ROWS, WIDE_ROWS].contains(&r) => r,
+            _ => {
+                return Err(op_err(
+                    "Linear",
+                    format!("mma_rows {rows}: expected 0 (the device's choice), {NARROW_ROWS} or {WIDE_ROWS}"),
+                ))
+            }
+        };
         Ok(Batched {
             mode,
             splits,
             shape,
+            rows,
         })
     }
 
@@ -693,7 +706,17 @@ impl Linear {
         let Some((p, suffix)) = product(segs, m, k, acc)? else {
             return Ok(());
         };
-        let plan = MmaPlan::new(m, k, p.ntot, self.gpu.sms(), bat.splits)
+        let shape = MmaShape {
+            m,
+            k,
+            ntot: p.ntot,
+            block_bytes: p.row_bytes / (k / 32).max(1),
+        };
+        let gpu = MmaGpu {
+            sms: self.gpu.sms(),
+            smem_optin: self.gpu.shared_memory().block_optin,
+        };
+        let plan = MmaPlan::new(shape, gpu, bat.splits, bat.rows)
             .ok_or_else(|| op_err("Linear", format!("no tensor-core plan for k = {k}")))?;
         let half = io.output == Some(ActForm::F16);
         mma_product(&self.gpu, plan, suffix, act, p, half, &self.mma_part)
@@ -1120,6 +1143,7 @@ impl Linear {
                 mode: 3,
                 splits,
                 shape: 0,
+                rows: 0,
             };
             return self.mmq_segments(prev, ints, bat, xp, m, k, segs, acc);
         }

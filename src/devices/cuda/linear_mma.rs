@@ -15,10 +15,12 @@ use std::sync::{Arc, Mutex};
 
 /// k values per staged activation chunk (`MMA_KC`); the kernels need `k % MMA_KC == 0`.
 pub(super) const MMA_KC: usize = 256;
-/// Weight rows per block (`MMA_WARPS` · `MMA_WROWS` · 16: 8 warps of one 16-row tile).
-const ROWS_PER_BLOCK: usize = 128;
-/// Threads per block (`MMA_WARPS` warps).
-const THREADS: u32 = 256;
+/// Weight rows per block of the narrow kernels (8 warps of one 16-row tile, two blocks per
+/// multiprocessor).
+pub const NARROW_ROWS: usize = 128;
+/// Weight rows per block of the wide kernels (`linear_mma{nt}w_*`: 16 warps, one block per
+/// multiprocessor, half the activation copies per weight row).
+pub const WIDE_ROWS: usize = 256;
 /// Activation rows one launch slice covers (8 · the largest `nt`); more rows take several
 /// slices, each reading the weight again.
 pub(super) const MMA_SLICE_ROWS: usize = 64;
@@ -26,10 +28,23 @@ pub(super) const MMA_SLICE_ROWS: usize = 64;
 const XS_HALVES: usize = MMA_KC + 8;
 /// Most k splits of one product.
 const MAX_SPLITS: usize = 8;
-/// Blocks per multiprocessor the automatic k split aims at: those resident at once (shared
-/// memory and registers hold two of the 64-row blocks), so the split fills one wave; more
-/// splits only add partial sums to write and add up.
-const BLOCKS_PER_SM: usize = 2;
+/// What a plan needs of the product: `m` activation rows, `ntot` weight rows of `k` values,
+/// `block_bytes` bytes per 32 weights.
+#[derive(Clone, Copy, Debug)]
+pub struct MmaShape {
+    pub m: usize,
+    pub k: usize,
+    pub ntot: usize,
+    pub block_bytes: usize,
+}
+
+/// What a plan needs of the GPU: its multiprocessors and the most shared memory one block may
+/// use.
+#[derive(Clone, Copy, Debug)]
+pub struct MmaGpu {
+    pub sms: usize,
+    pub smem_optin: usize,
+}
 
 /// How one product runs: `nt` 8-row activation tiles per slice, `slices` slices, `tiles` blocks
 /// of weight rows, `splits` parts of k per tile.
@@ -39,21 +54,35 @@ pub struct MmaPlan {
     pub nt: usize,
     /// Activation row slices (grid z).
     pub slices: usize,
-    /// Blocks of [`ROWS_PER_BLOCK`] weight rows (grid x).
+    /// Weight rows per block: [`NARROW_ROWS`] or [`WIDE_ROWS`] (`nt` 4 or 8 only).
+    pub rows: usize,
+    /// Blocks of `rows` weight rows (grid x).
     pub tiles: usize,
     /// k splits (grid y); above 1 the partial sums go through the scratch buffer.
     pub splits: usize,
 }
 
 impl MmaPlan {
-    /// The plan for `m` activation rows, `ntot` weight rows of `k` values on a GPU of `sms`
-    /// multiprocessors; `splits` > 0 forces the number of k splits (clamped to the chunks of
-    /// k). `None` when the kernels do not take the shape (`k % MMA_KC != 0`, no rows).
-    pub fn new(m: usize, k: usize, ntot: usize, sms: usize, splits: usize) -> Option<MmaPlan> {
-        let t = Tiling::new(m, k, ntot, MMA_SLICE_ROWS, ROWS_PER_BLOCK, MMA_KC)?;
-        // k split for at most BLOCKS_PER_SM blocks per multiprocessor, each block with at least
-        // two chunks of k
-        let auto = (BLOCKS_PER_SM * sms / (t.tiles * t.slices))
+    /// The plan for the product `p` on `gpu`; `splits` > 0 forces the number of k splits
+    /// (clamped to the chunks of k), `rows` > 0 the weight rows per block ([`NARROW_ROWS`] or
+    /// [`WIDE_ROWS`]; wide blocks run where their kernel exists, see [`wide_kernel`], and their
+    /// shared memory fits, else narrow ones). By default wide blocks run wherever they may.
+    /// `None` when the kernels do not take the shape (`k % MMA_KC != 0`, no rows).
+    pub fn new(p: MmaShape, gpu: MmaGpu, splits: usize, rows: usize) -> Option<MmaPlan> {
+        let narrow = Tiling::new(p.m, p.k, p.ntot, MMA_SLICE_ROWS, NARROW_ROWS, MMA_KC)?;
+        let wide = Tiling::new(p.m, p.k, p.ntot, MMA_SLICE_ROWS, WIDE_ROWS, MMA_KC)?;
+        let fits = wide_kernel(narrow.nt, p.block_bytes)
+            && smem(WIDE_ROWS, narrow.nt, p.block_bytes) <= gpu.smem_optin;
+        let (t, rows) = if fits && rows != NARROW_ROWS {
+            (wide, WIDE_ROWS)
+        } else {
+            (narrow, NARROW_ROWS)
+        };
+        // k split for at most the blocks resident at once (two narrow or one wide block per
+        // multiprocessor): more splits only add partial sums to write and add up; each block
+        // has at least two chunks of k
+        let per_sm = if rows == WIDE_ROWS { 1 } else { 2 };
+        let auto = (per_sm * gpu.sms / (t.tiles * t.slices))
             .max(1)
             .min(MAX_SPLITS)
             .min((t.chunks / 2).max(1));
@@ -61,6 +90,7 @@ impl MmaPlan {
         Some(MmaPlan {
             nt: t.nt,
             slices: t.slices,
+            rows,
             tiles: t.tiles,
             splits: splits.clamp(1, t.chunks),
         })
@@ -70,10 +100,34 @@ impl MmaPlan {
     /// of one chunk of the block's weight rows (`mma_wrow` in the kernels) and activation rows,
     /// then the table of the weight rows' addresses.
     pub fn smem(&self, block_bytes: usize) -> usize {
-        let pad = if block_bytes == 20 { 16 } else { 0 };
-        let wrow = MMA_KC / 32 * block_bytes + pad;
-        2 * (ROWS_PER_BLOCK * wrow + 8 * self.nt * XS_HALVES * 2) + ROWS_PER_BLOCK * 8
+        smem(self.rows, self.nt, block_bytes)
     }
+
+    /// The kernel's name for weights of kernel suffix `suffix`.
+    pub fn kernel(&self, suffix: &str) -> String {
+        let wide = if self.rows == WIDE_ROWS { "w" } else { "" };
+        format!("linear_mma{}{wide}_{suffix}", self.nt)
+    }
+
+    /// Threads per block (one warp per 16 weight rows).
+    fn threads(&self) -> u32 {
+        (self.rows * 2) as u32
+    }
+}
+
+/// Whether a wide kernel (`linear_mma{nt}w_*`) exists for `nt` activation tiles and weights
+/// of `block_bytes` bytes per 32 values: Q8_0 with 8 tiles (where it reads more weight bytes
+/// per activation copy than a narrow block; 4-bit weights run faster in narrow blocks).
+fn wide_kernel(nt: usize, block_bytes: usize) -> bool {
+    block_bytes == 34 && nt == 8
+}
+
+/// Dynamic shared memory of a block of `rows` weight rows and `nt` activation tiles (see
+/// [`MmaPlan::smem`]).
+fn smem(rows: usize, nt: usize, block_bytes: usize) -> usize {
+    let pad = if block_bytes == 20 { 16 } else { 0 };
+    let wrow = MMA_KC / 32 * block_bytes + pad;
+    2 * (rows * wrow + 8 * nt * XS_HALVES * 2) + rows * 8
 }
 
 /// `y_i (+)= x·W_iᵀ + b_i` for the segments of the product `p` (one launch; `acc` in its table
@@ -89,7 +143,7 @@ pub fn mma_product(
     part: &Mutex<Option<CudaBuffer>>,
 ) -> Result<()> {
     let launch = SplitLaunch {
-        kernel: &format!("linear_mma{}_{suffix}", plan.nt),
+        kernel: &plan.kernel(suffix),
         tiling: Tiling {
             nt: plan.nt,
             slices: plan.slices,
@@ -97,7 +151,7 @@ pub fn mma_product(
             chunks: p.k / MMA_KC,
         },
         splits: plan.splits,
-        threads: THREADS,
+        threads: plan.threads(),
         smem: plan.smem(p.row_bytes / (p.k / 32)),
         product: p,
         out_half: Some(out_half),
@@ -107,30 +161,89 @@ pub fn mma_product(
 
 #[cfg(test)]
 mod tests {
-    use super::MmaPlan;
+    use super::{MmaGpu, MmaPlan, MmaShape, NARROW_ROWS, WIDE_ROWS};
+
+    /// The plan for Q4_0 weights (18 bytes a block) on an H100 (132 SMs, 227 KiB a block).
+    fn plan(m: usize, k: usize, ntot: usize, splits: usize, rows: usize) -> Option<MmaPlan> {
+        let shape = MmaShape {
+            m,
+            k,
+            ntot,
+            block_bytes: 18,
+        };
+        let gpu = MmaGpu {
+            sms: 132,
+            smem_optin: 227 * 1024,
+        };
+        MmaPlan::new(shape, gpu, splits, rows)
+    }
 
     #[test]
     fn plans_cover_rows_and_split_short_weights() {
-        // llama-3-8b o-projection at 64 rows: one slice of 8 tiles, k split to fill the GPU
-        let p = MmaPlan::new(64, 4096, 4096, 132, 0).unwrap();
-        assert_eq!((p.nt, p.slices, p.tiles), (8, 1, 32));
-        assert_eq!(p.splits, 8);
+        // llama-3-8b o-projection at 64 rows: one slice of 32 narrow tiles, k split to fill the
+        // GPU (Q4_0 has no wide kernel: asking for one gives narrow blocks)
+        for rows in [0, WIDE_ROWS] {
+            let p = plan(64, 4096, 4096, 0, rows).unwrap();
+            assert_eq!((p.nt, p.slices, p.rows, p.tiles), (8, 1, NARROW_ROWS, 32));
+            assert_eq!(p.splits, 8);
+            assert_eq!(p.kernel("q4_0"), "linear_mma8_q4_0");
+        }
         // gate/up and the lm head: enough tiles for a wave, no split
-        let p = MmaPlan::new(64, 4096, 28672, 132, 0).unwrap();
+        let p = plan(64, 4096, 28672, 0, 0).unwrap();
         assert_eq!((p.nt, p.slices, p.tiles, p.splits), (8, 1, 224, 1));
         // the fused q/k/v: as many splits as fit one wave
-        assert_eq!(MmaPlan::new(64, 4096, 6144, 132, 0).unwrap().splits, 5);
-        assert_eq!(MmaPlan::new(64, 4096, 128256, 132, 0).unwrap().splits, 1);
+        assert_eq!(plan(64, 4096, 6144, 0, 0).unwrap().splits, 5);
+        assert_eq!(plan(64, 4096, 128256, 0, 0).unwrap().splits, 1);
         // odd row counts round up to a power-of-two number of 8-row tiles
-        assert_eq!(MmaPlan::new(3, 512, 100, 132, 0).unwrap().nt, 1);
-        assert_eq!(MmaPlan::new(17, 512, 100, 132, 0).unwrap().nt, 4);
+        assert_eq!(plan(3, 512, 100, 0, 0).unwrap().nt, 1);
+        assert_eq!(plan(17, 512, 100, 0, 0).unwrap().nt, 4);
         // more rows than a slice: several slices
-        let p = MmaPlan::new(130, 512, 100, 132, 0).unwrap();
+        let p = plan(130, 512, 100, 0, 0).unwrap();
         assert_eq!((p.nt, p.slices), (8, 3));
         // splits never exceed the chunks of k, forced or not
-        assert_eq!(MmaPlan::new(8, 512, 100, 132, 0).unwrap().splits, 1);
-        assert_eq!(MmaPlan::new(8, 512, 100, 132, 5).unwrap().splits, 2);
-        assert!(MmaPlan::new(8, 4000, 100, 132, 0).is_none());
-        assert!(MmaPlan::new(0, 512, 100, 132, 0).is_none());
+        assert_eq!(plan(8, 512, 100, 0, 0).unwrap().splits, 1);
+        assert_eq!(plan(8, 512, 100, 5, 0).unwrap().splits, 2);
+        assert!(plan(8, 4000, 100, 0, 0).is_none());
+        assert!(plan(0, 512, 100, 0, 0).is_none());
+        // Q8_0 at 64 rows: wide blocks (one per multiprocessor: half the tiles, the k split
+        // of one block per SM) where their shared memory fits, narrow ones when asked for, on
+        // 163 KiB GPUs or for fewer tiles
+        for (m, optin, rows, want) in [
+            (64, 227, 0, (WIDE_ROWS, 16, 8)),
+            (64, 227, NARROW_ROWS, (NARROW_ROWS, 32, 8)),
+            (64, 163, 0, (NARROW_ROWS, 32, 6)),
+            (32, 227, WIDE_ROWS, (NARROW_ROWS, 32, 8)),
+        ] {
+            let shape = MmaShape {
+                m,
+                k: 4096,
+                ntot: 4096,
+                block_bytes: 34,
+            };
+            let gpu = MmaGpu {
+                sms: if optin == 163 { 108 } else { 132 },
+                smem_optin: optin * 1024,
+            };
+            let p = MmaPlan::new(shape, gpu, 0, rows).unwrap();
+            assert_eq!(
+                (p.rows, p.tiles, p.splits),
+                want,
+                "m {m}, {optin} KiB, rows {rows}"
+            );
+        }
+        let shape = MmaShape {
+            m: 64,
+            k: 4096,
+            ntot: 4096,
+            block_bytes: 34,
+        };
+        let gpu = MmaGpu {
+            sms: 132,
+            smem_optin: 227 * 1024,
+        };
+        assert_eq!(
+            MmaPlan::new(shape, gpu, 0, 0).unwrap().kernel("q8_0"),
+            "linear_mma8w_q8_0"
+        );
     }
 }

@@ -6,10 +6,11 @@
 // like a one-row GEMV.
 //
 // Grid (row tiles, k splits, row slices): a block of MMA_WARPS warps takes MMA_ROWS weight rows
-// (MMA_WROWS tiles of 16 per warp), the k range of its split and 8 · NT activation rows. Chunk
-// by chunk (MMA_KC values) the block copies the weight rows' blocks and the activation rows
-// into shared memory with 16-byte cp.async (two stages: the next chunk arrives while one is
-// used), so device memory is read in whole, coalesced pieces. With one split the block writes
+// of one weight (MMA_WROWS tiles of 16 per warp; each weight of a launch starts a new block and
+// has its own split count, see seg_tile; blocks past it exit), the k range of its split and
+// 8 · NT activation rows. Chunk by chunk (MMA_KC values) the block copies the weight rows'
+// blocks and the activation rows into shared memory with 16-byte cp.async (two stages: the
+// next chunk arrives while one is used), so device memory is read in whole, coalesced pieces. With one split the block writes
 // y itself; with several it writes its partial sums to `part` [splits, m, ntot] and
 // `mma_reduce_f32` adds them in split order (deterministic). Needs k % MMA_KC == 0 and weights
 // at 16-byte aligned addresses.
@@ -193,9 +194,13 @@ __device__ void linear_mma_t(const unsigned short* x, const LinSegs& sg, int m, 
     unsigned char* smem = (unsigned char*)mma_smem;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     int t0 = blockIdx.z * 8 * NT;
+    // the block's rows [row0, rend) of one weight and that weight's own k split (seg_tile)
+    const SegTile tl = seg_tile(sg, MMA_ROWS, blockIdx.x);
+    if ((int)blockIdx.y >= tl.splits) return;
+    splits = tl.splits;
     long nchunks = k / MMA_KC;
     long c_lo = nchunks * blockIdx.y / splits, c_hi = nchunks * (blockIdx.y + 1) / splits;
-    int row0 = blockIdx.x * MMA_ROWS;
+    int row0 = tl.row0, rend = tl.rend;
     float acc[MMA_WROWS][NT][4];
 #pragma unroll
     for (int i = 0; i < MMA_WROWS; i++)
@@ -205,7 +210,7 @@ __device__ void linear_mma_t(const unsigned short* x, const LinSegs& sg, int m, 
             for (int e = 0; e < 4; e++) acc[i][u][e] = 0.0f;
     // the first weight chunk before waiting for the kernel that wrote the activations (no
     // kernel writes weights); two stages: chunk c + 1 arrives while chunk c is used
-    if (c_lo < c_hi) mma_stage_w<DT>(sg, ntot, row_bytes, row0, c_lo, smem);
+    if (c_lo < c_hi) mma_stage_w<DT>(sg, rend, row_bytes, row0, c_lo, smem);
     pdl_gemv_begin();
     if (c_lo < c_hi) {
         mma_stage<NT>(x, m, k, t0, c_lo * MMA_KC, (unsigned short*)(smem + WBYTES));
@@ -218,7 +223,7 @@ __device__ void linear_mma_t(const unsigned short* x, const LinSegs& sg, int m, 
                                (unsigned int)(((lane & 7) * MMA_XS + 8 * (lane >> 3)) * 2);
         if (c + 1 < c_hi) {
             unsigned char* nx = smem + ((c + 1 - c_lo) & 1) * STAGE;
-            mma_stage_w<DT>(sg, ntot, row_bytes, row0, c + 1, nx);
+            mma_stage_w<DT>(sg, rend, row_bytes, row0, c + 1, nx);
             mma_stage<NT>(x, m, k, t0, (c + 1) * MMA_KC, (unsigned short*)(nx + WBYTES));
             asm volatile("cp.async.commit_group;");
             asm volatile("cp.async.wait_group 1;" ::: "memory");
@@ -273,7 +278,7 @@ __device__ void linear_mma_t(const unsigned short* x, const LinSegs& sg, int m, 
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int jg = base + 16 * i + 8 * (e >> 1) + g;
-            if (jg >= ntot) continue;
+            if (jg >= rend) continue;
 #pragma unroll
             for (int u = 0; u < NT; u++) {
                 int r = t0 + 8 * u + 2 * t + (e & 1);
@@ -308,15 +313,18 @@ LINMMA(q8_0, DT_Q8_0)
 LINMMA(q4_0, DT_Q4_0)
 LINMMA(q4_1, DT_Q4_1)
 
-// y (+)= Σ_s part[s] + bias over the segments, the splits added in order; out_half: f16 outputs.
+// y (+)= Σ_s part[s] + bias over the segments, each segment's splits added in order (a segment
+// of one split was written by the product itself); out_half: f16 outputs.
 extern "C" __global__ void mma_reduce_f32(const float* part, LinSegs sg, int m, int ntot, int splits, int out_half) {
     pdl_begin();
     long total = (long)m * ntot;
     for (long id = (long)blockIdx.x * blockDim.x + threadIdx.x; id < total; id += (long)gridDim.x * blockDim.x) {
         int r = (int)(id / ntot), jg = (int)(id % ntot);
-        float v = 0.0f;
-        for (int s = 0; s < splits; s++) v += part[(long)s * total + id];
         SEG_PICK(jg)
+        int ns = si == 0 ? sg.splits[0] : (si == 1 ? sg.splits[1] : sg.splits[2]);
+        if (ns < 2) continue;
+        float v = 0.0f;
+        for (int s = 0; s < ns; s++) v += part[(long)s * total + id];
         long o = (long)r * n + j;
         if (out_half) {
             ((unsigned short*)y)[o] = f2h(v + (bias ? bias[j] : 0.0f));

@@ -4,12 +4,14 @@
 //! and dequantize it in registers, so a batched decode
 //! step reads its weights once (where the dequantize-then-cuBLAS path writes and reads an f16
 //! copy of every weight). Short weights are split along k over several blocks ([`MmaPlan`];
-//! `mm_split` launches them and adds the splits in a fixed order).
+//! `mm_split` launches them and adds the splits in a fixed order; in a launch of several
+//! weights each keeps the plan of its product alone).
 //! Knows nothing of ops: `Linear` decides when to call [`mma_product`].
 
 use super::buffer::CudaBuffer;
 use super::gpu::{Gpu, KArg};
-use super::mm_split::{Product, SplitLaunch, Tiling};
+use super::mm_split::{Product, SegPlan, SplitLaunch, Tiling};
+use super::op_err;
 use crate::error::Result;
 use std::sync::{Arc, Mutex};
 
@@ -74,26 +76,38 @@ impl MmaPlan {
 }
 
 /// `y_i (+)= x·W_iᵀ + b_i` for the segments of the product `p` (one launch; `acc` in its table
-/// adds to the outputs), `x` f16 [m, k] on the GPU, block weights of kernel suffix `suffix`;
-/// `out_half`: f16 outputs (no `acc`). `part` is the scratch for split partial sums.
+/// adds to the outputs), `x` f16 [m, k] on the GPU, block weights of kernel suffix `suffix`,
+/// `plans[i]` the plan of segment i's product alone (all for `m` rows); `out_half`: f16
+/// outputs (no `acc`). `part` is the scratch for split partial sums.
 pub fn mma_product(
     gpu: &Arc<Gpu>,
-    plan: MmaPlan,
+    plans: &[MmaPlan],
     suffix: &str,
     x: u64,
     p: Product,
     out_half: bool,
     part: &Mutex<Option<CudaBuffer>>,
 ) -> Result<()> {
+    let Some(plan) = plans.first() else {
+        return Ok(());
+    };
+    if plans
+        .iter()
+        .any(|q| (q.nt, q.slices) != (plan.nt, plan.slices))
+    {
+        return Err(op_err("Linear", "segment plans for different row counts"));
+    }
+    let seg_plans: Vec<SegPlan> = plans
+        .iter()
+        .map(|q| SegPlan {
+            tiles: q.tiles,
+            splits: q.splits,
+        })
+        .collect();
     let launch = SplitLaunch {
         kernel: &format!("linear_mma{}_{suffix}", plan.nt),
-        tiling: Tiling {
-            nt: plan.nt,
-            slices: plan.slices,
-            tiles: plan.tiles,
-            chunks: p.k / MMA_KC,
-        },
-        splits: plan.splits,
+        slices: plan.slices,
+        seg_plans: &seg_plans,
         threads: THREADS,
         smem: plan.smem(p.row_bytes / (p.k / 32)),
         product: p,

@@ -67,7 +67,9 @@ pub(super) struct Product {
 /// its product alone).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct SegPlan {
+    /// Blocks of the weight's rows (grid x).
     pub tiles: usize,
+    /// Parts of k.
     pub splits: usize,
 }
 
@@ -98,13 +100,18 @@ impl SplitLaunch<'_> {
         part: &Mutex<Option<CudaBuffer>>,
     ) -> Result<()> {
         let Product {
-            segs,
+            mut segs,
             m,
             ntot,
             k,
             row_bytes,
         } = self.product;
-        let mut segs = segs;
+        if self.seg_plans.len() != segs.n.iter().filter(|&&n| n > 0).count() {
+            return Err(op_err(
+                "Linear",
+                "a batched product needs one plan per weight",
+            ));
+        }
         let count = |v: usize, what: &str| i32::try_from(v).map_err(|_| op_err("Linear", what));
         for (i, sp) in self.seg_plans.iter().enumerate().take(3) {
             segs.tiles[i] = count(sp.tiles, "too many outputs")?;

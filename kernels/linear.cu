@@ -11,13 +11,37 @@
 // projections): rows 0..n[0] of the launch are weight 0's, the next n[1] weight 1's, then
 // weight 2's, each with its own bias (or null) and output [m, n[i]]. One launch streams them all.
 // acc != 0: the products are added to the outputs (y += x·Wᵀ + b, a residual connection).
+// The batched block products (linear_mma, linear_mmq) also read tiles and splits: weight i's
+// rows take tiles[i] blocks of the grid's x (each weight starts a new block, see seg_tile) and
+// are split along k into splits[i] parts, the split its product alone would have (so a
+// multi-weight launch sums exactly as the separate launches do); the GEMV kernels ignore them.
 struct LinSegs {
     const unsigned char* w[3];
     const float* b[3];
     float* y[3];
     int n[3];
     int acc;
+    int tiles[3];
+    int splits[3];
 };
+
+// A block of a batched block product: its weight rows [row0, rend) of the launch (rend: the end
+// of its weight's rows) and its weight's k splits.
+struct SegTile {
+    int row0, rend, splits;
+};
+
+// The block bx (grid x) of a batched product with `rows` weight rows per block.
+__device__ __forceinline__ SegTile seg_tile(const LinSegs& sg, int rows, int bx) {
+    int base = 0;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (bx < sg.tiles[i]) return SegTile{base + bx * rows, base + sg.n[i], sg.splits[i]};
+        bx -= sg.tiles[i];
+        base += sg.n[i];
+    }
+    return SegTile{base + bx * rows, base + sg.n[2], sg.splits[2]};
+}
 
 // The segment of launch row JG: its weight w, bias, output y, row count n and row j within it.
 #define SEG_PICK(JG)                                                          \

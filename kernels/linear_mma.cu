@@ -6,14 +6,15 @@
 // like a one-row GEMV.
 //
 // Grid (row tiles, k splits, row slices): a block of W warps takes MMA_ROWS(W) weight rows
-// (MMA_WROWS tiles of 16 per warp), the k range of its split and 8 · NT activation rows. Chunk
-// by chunk (MMA_KC values) the block copies the weight rows' blocks and the activation rows
-// into shared memory with 16-byte cp.async (two stages: the next chunk arrives while one is
-// used), so device memory is read in whole, coalesced pieces. Each thread's share of a copy
-// is fixed for the block (the weight rows' addresses in a table in shared memory, filled once;
-// its activation pieces' addresses in registers), so a chunk's copies cost a few instructions
-// per piece. Rows past ntot / m are not copied: only their own outputs would read them, and
-// those are not written. With one split the block writes
+// of one weight (MMA_WROWS tiles of 16 per warp; each weight of a launch starts a new block and
+// has its own split count, see seg_tile; blocks past it exit), the k range of its split and
+// 8 · NT activation rows. Chunk by chunk (MMA_KC values) the block copies the weight rows'
+// blocks and the activation rows into shared memory with 16-byte cp.async (two stages: the
+// next chunk arrives while one is used), so device memory is read in whole, coalesced pieces.
+// Each thread's share of a copy is fixed for the block (the weight rows' addresses in a table
+// in shared memory, filled once; its activation pieces' addresses in registers), so a chunk's
+// copies cost a few instructions per piece. Rows past the weight's end / m are not copied:
+// only their own outputs would read them, and those are not written. With one split the block writes
 // y itself; with several it writes its partial sums to `part` [splits, m, ntot] and
 // `mma_reduce_f32` adds them in split order (deterministic). Needs k % MMA_KC == 0 and weights
 // at 16-byte aligned addresses.
@@ -180,18 +181,19 @@ __device__ __forceinline__ MmaCopy mma_copy_plan(const unsigned short* x, int m,
     return cp;
 }
 
-// Fills rows[r] with the address of weight row row0 + r (its first chunk), null past ntot, for
-// the MMA_ROWS(W) rows of a block of W warps; the caller synchronizes before the table is read.
+// Fills rows[r] with the address of launch row row0 + r (its first chunk), null from rend on
+// (the end of the block's weight), for the MMA_ROWS(W) rows of a block of W warps; the caller
+// synchronizes before the table is read.
 template <int W>
-__device__ __forceinline__ void mma_row_table(const LinSegs& sg, int ntot, long row_bytes, int row0,
+__device__ __forceinline__ void mma_row_table(const LinSegs& sg, int rend, long row_bytes, int row0,
                                               const unsigned char** rows) {
     for (int r = threadIdx.x; r < MMA_ROWS(W); r += 32 * W) {
         int jg = row0 + r;
-        SEG_PICK(jg < ntot ? jg : 0)
+        SEG_PICK(jg < rend ? jg : row0)
         (void)bias;
         (void)y;
         (void)n;
-        rows[r] = jg < ntot ? w + (long)j * row_bytes : nullptr;
+        rows[r] = jg < rend ? w + (long)j * row_bytes : nullptr;
     }
 }
 
@@ -201,7 +203,7 @@ __device__ __forceinline__ void cp_async16(unsigned int dst, const void* src) {
 
 // Starts copying chunk c (MMA_KC values) of the block's weight rows (addresses in the row
 // table rows) into the stage at shared address st with 16-byte cp.async, consecutive threads
-// taking consecutive pieces (a warp reads whole runs of each row's chunk); rows past ntot are
+// taking consecutive pieces (a warp reads whole runs of each row's chunk); rows past the weight are
 // not copied. Joins the caller's commit group.
 template <int DT, int W>
 __device__ __forceinline__ void mma_stage_w(const unsigned char* const* rows, long c, unsigned int st) {
@@ -248,14 +250,18 @@ __device__ void linear_mma_t(const unsigned short* x, const LinSegs& sg, int m, 
     unsigned char* smem = (unsigned char*)mma_smem;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     int t0 = blockIdx.z * 8 * NT;
+    // the block's rows [row0, rend) of one weight and that weight's own k split (seg_tile)
+    const SegTile tl = seg_tile(sg, MMA_ROWS(W), blockIdx.x);
+    if ((int)blockIdx.y >= tl.splits) return;
+    splits = tl.splits;
     long nchunks = k / MMA_KC;
     long c_lo = nchunks * blockIdx.y / splits, c_hi = nchunks * (blockIdx.y + 1) / splits;
-    int row0 = blockIdx.x * MMA_ROWS(W);
+    int row0 = tl.row0, rend = tl.rend;
     MmaCopy cp = mma_copy_plan<NT, W>(x, m, k, t0);
     unsigned int sbase = (unsigned int)__cvta_generic_to_shared(smem);
     // the weight rows' addresses, after the two stages
     const unsigned char** rows = (const unsigned char**)(smem + 2 * STAGE);
-    mma_row_table<W>(sg, ntot, row_bytes, row0, rows);
+    mma_row_table<W>(sg, rend, row_bytes, row0, rows);
     __syncthreads();
     float acc[MMA_WROWS][NT][4];
 #pragma unroll
@@ -334,7 +340,7 @@ __device__ void linear_mma_t(const unsigned short* x, const LinSegs& sg, int m, 
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int jg = base + 16 * i + 8 * (e >> 1) + g;
-            if (jg >= ntot) continue;
+            if (jg >= rend) continue;
 #pragma unroll
             for (int u = 0; u < NT; u++) {
                 int r = t0 + 8 * u + 2 * t + (e & 1);
@@ -372,15 +378,18 @@ LINMMA(q4_0, DT_Q4_0)
 LINMMA(q4_1, DT_Q4_1)
 LINMMA1(q8_0, DT_Q8_0, 8, 16, w)
 
-// y (+)= Σ_s part[s] + bias over the segments, the splits added in order; out_half: f16 outputs.
+// y (+)= Σ_s part[s] + bias over the segments, each segment's splits added in order (a segment
+// of one split was written by the product itself); out_half: f16 outputs.
 extern "C" __global__ void mma_reduce_f32(const float* part, LinSegs sg, int m, int ntot, int splits, int out_half) {
     pdl_begin();
     long total = (long)m * ntot;
     for (long id = (long)blockIdx.x * blockDim.x + threadIdx.x; id < total; id += (long)gridDim.x * blockDim.x) {
         int r = (int)(id / ntot), jg = (int)(id % ntot);
-        float v = 0.0f;
-        for (int s = 0; s < splits; s++) v += part[(long)s * total + id];
         SEG_PICK(jg)
+        int ns = si == 0 ? sg.splits[0] : (si == 1 ? sg.splits[1] : sg.splits[2]);
+        if (ns < 2) continue;
+        float v = 0.0f;
+        for (int s = 0; s < ns; s++) v += part[(long)s * total + id];
         long o = (long)r * n + j;
         if (out_half) {
             ((unsigned short*)y)[o] = f2h(v + (bias ? bias[j] : 0.0f));

@@ -14,11 +14,13 @@
 // slice (up to 128 rows), with no f16 copy of anything.
 //
 // Grid (row tiles, k splits, row slices): a block of WM · WN · WK warps takes WM · WR · 16
-// weight rows, the k range of its split and WN · NU · 8 activation rows. Warp (wm, wn, wk) holds
-// WR 16-row weight tiles × NU 8-row activation tiles in registers, so each weight fragment
-// feeds NU mma's and each activation fragment WR; with WK > 1 the warps of one (wm, wn) take
-// every WK-th 32-value block of a chunk and add their sums in shared memory at the end, in
-// warp order (WK = 1: every block in k order, the same arithmetic for every tile shape).
+// weight rows of one weight (each weight of a launch starts a new block and has its own split
+// count, see seg_tile; blocks past it exit), the k range of its split and WN · NU · 8
+// activation rows. Warp (wm, wn, wk) holds WR 16-row weight tiles × NU 8-row activation tiles
+// in registers, so each weight fragment feeds NU mma's and each activation fragment WR; with
+// WK > 1 the warps of one (wm, wn) take every WK-th 32-value block of a chunk and add their
+// sums in shared memory at the end, in warp order (WK = 1: every block in k order, the same
+// arithmetic for every tile shape).
 // Chunk by chunk (MMQ_KC values) the block copies the weight rows' blocks, the int8 activation
 // rows and their scales into shared memory with cp.async, MMQ_STAGES chunks in flight; the
 // warps of a block share one copy. With one split the block writes y itself; with several it
@@ -211,11 +213,11 @@ __device__ __forceinline__ void mmq_scale(float* acc, const int* c, const float*
     }
 }
 
-// Writes (or, with splits, stores as partial sums) one warp's results: weight rows from base,
-// activation rows from t0.
+// Writes (or, with splits, stores as partial sums) one warp's results: weight rows from base
+// (below rend, the end of their weight's rows), activation rows from t0.
 template <int WR, int NU>
-__device__ __forceinline__ void mmq_store(const float (*acc)[NU][4], const LinSegs& sg, int m, int ntot, int base,
-                                          int t0, int splits, float* part) {
+__device__ __forceinline__ void mmq_store(const float (*acc)[NU][4], const LinSegs& sg, int m, int ntot, int rend,
+                                          int base, int t0, int splits, float* part) {
     int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     // c[e]: weight row g + 8 (e >> 1), activation row 2t + (e & 1) of the 8-row tile
 #pragma unroll
@@ -223,7 +225,7 @@ __device__ __forceinline__ void mmq_store(const float (*acc)[NU][4], const LinSe
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int jg = base + 16 * i + 8 * (e >> 1) + g;
-            if (jg >= ntot) continue;
+            if (jg >= rend) continue;
 #pragma unroll
             for (int u = 0; u < NU; u++) {
                 int r = t0 + 8 * u + 2 * t + (e & 1);
@@ -323,9 +325,13 @@ __device__ void linear_mmq_t(const signed char* xq, const float2* xd, const LinS
     unsigned char* smem = (unsigned char*)mmq_smem;
     int warp = threadIdx.x >> 5, wk = warp % WK, wn = (warp / WK) % WN, wm = warp / (WK * WN);
     int t0 = blockIdx.z * XR;
+    // the block's rows [row0, rend) of one weight and that weight's own k split (seg_tile)
+    const SegTile tl = seg_tile(sg, ROWS, blockIdx.x);
+    if ((int)blockIdx.y >= tl.splits) return;
+    splits = tl.splits;
     long nchunks = k / MMQ_KC;
     long c_lo = nchunks * blockIdx.y / splits, c_hi = nchunks * (blockIdx.y + 1) / splits;
-    int row0 = blockIdx.x * ROWS;
+    int row0 = tl.row0;
     float acc[WR][NU][4];
 #pragma unroll
     for (int i = 0; i < WR; i++)
@@ -335,7 +341,7 @@ __device__ void linear_mmq_t(const signed char* xq, const float2* xd, const LinS
             for (int e = 0; e < 4; e++) acc[i][u][e] = 0.0f;
     // the first weight chunk before waiting for the kernel that wrote the activations (no
     // kernel writes weights); then MMQ_STAGES - 1 chunks in flight, one commit group each
-    const MmqWPieces<DT, ROWS, THREADS> wp(sg, ntot, row_bytes, row0);
+    const MmqWPieces<DT, ROWS, THREADS> wp(sg, tl.rend, row_bytes, row0);
     if (c_lo < c_hi) wp.stage(c_lo, smem);
     pdl_gemv_begin();
 #pragma unroll
@@ -365,7 +371,7 @@ __device__ void linear_mmq_t(const signed char* xq, const float2* xd, const LinS
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     if (!mmq_join<WR, NU, WM, WN, WK>(acc, smem, wm * WN + wn, wk)) return;
-    mmq_store<WR, NU>(acc, sg, m, ntot, row0 + wm * WR * 16, t0 + wn * NU * 8, splits, part);
+    mmq_store<WR, NU>(acc, sg, m, ntot, tl.rend, row0 + wm * WR * 16, t0 + wn * NU * 8, splits, part);
 }
 
 // linear_mmq_w{WR}u{NU}m{WM}n{WN}k{WK}_{dtype}: the tile shapes that MmqPlan names.

@@ -18,12 +18,16 @@
 // Scores: q·k * scale, then softcap·tanh(s / softcap), then + slope[h]·(j - (L - 1)); with
 // `sinks` ([nh] or null) head h's sink joins the softmax denominator (att_inv).
 // Keys whose slot lies outside the pool (a bad table entry) are skipped.
+// A block stages its key range's block-table entries in shared memory, and each warp requests the key
+// and value rows of its PD_KPW keys at once: one memory latency per PD_KPW keys, not one per row.
 
 #define PD_THREADS 128
 #define PD_WARPS (PD_THREADS / 32)
 #define PD_GMAX 8
 #define PD_KPW 4
 #define PD_MIN_CHUNK 256
+// block-table entries staged in shared memory at a time
+#define PD_TBS 1024
 
 __device__ __forceinline__ float pd_ld(const float* p) { return *p; }
 __device__ __forceinline__ float pd_ld(const unsigned short* p) { return h2f(*p); }
@@ -108,6 +112,7 @@ __device__ void paged_decode_impl(const float* q, const float* k, const float* v
     __shared__ float qs[PD_GMAX][DPL * 32];
     __shared__ float wm[PD_WARPS][PD_GMAX], wl[PD_WARPS][PD_GMAX];
     __shared__ float wacc[PD_WARPS][PD_GMAX][DPL * 32];
+    __shared__ int tbs[PD_TBS];
     pdl_begin();
     int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     int group = nh / nkv, nchunk = (group + PD_GMAX - 1) / PD_GMAX;
@@ -146,53 +151,65 @@ __device__ void paged_decode_impl(const float* q, const float* k, const float* v
     }
     const int* tb = tables + (long)s * maxb;
     long p = (long)L - 1;
-    for (int jb = j0 + w * PD_KPW; jb < j1; jb += PD_WARPS * PD_KPW) {
-        float kr[PD_KPW][DPL];
-        long sl[PD_KPW];
+    // the range's block-table entries go to shared memory a segment at a time, so a warp's
+    // keys need no dependent table read; a segment (at most PD_TBS entries) holds a multiple of
+    // PD_WARPS * PD_KPW keys, so every warp takes the same keys in the same order as in one pass
+    const int seglen = (PD_TBS - 1) * bs / (PD_WARPS * PD_KPW) * (PD_WARPS * PD_KPW);
+    for (int seg0 = j0; seg0 < j1; seg0 += seglen) {
+        int seg1 = min(j1, seg0 + seglen), b0 = seg0 / bs, nb = (seg1 - 1) / bs - b0 + 1;
+        __syncthreads();
+        for (int i = tid; i < nb; i += PD_THREADS) tbs[i] = b0 + i < maxb ? tb[b0 + i] : -1;
+        __syncthreads();
+        for (int jb = seg0 + w * PD_KPW; jb < seg1; jb += PD_WARPS * PD_KPW) {
+            // every key and value row of the warp's PD_KPW keys is requested before any is used
+            float kr[PD_KPW][DPL], vr[PD_KPW][DPL];
+            long sl[PD_KPW];
 #pragma unroll
-        for (int u = 0; u < PD_KPW; u++) {
-            int j = jb + u;
-            long slot = -1;
-            if (j < j1) {
-                int b = j / bs;
-                long blk = b < maxb ? (long)tb[b] : -1;
-                slot = blk * bs + j % bs;
-                if (blk < 0 || slot >= nslots) slot = -1;
+            for (int u = 0; u < PD_KPW; u++) {
+                int j = jb + u;
+                long slot = -1;
+                if (j < seg1) {
+                    long blk = tbs[j / bs - b0];
+                    slot = blk * bs + j % bs;
+                    if (blk < 0 || slot >= nslots) slot = -1;
+                }
+                sl[u] = slot;
+#pragma unroll
+                for (int t = 0; t < DPL; t++) vr[u][t] = 0.0f;
+                if (slot >= 0 && nv > 0) {
+                    long e = slot * rs + (long)kvh * hs + lane * DPL;
+                    pd_rowe<DPL>(kc, e, kr[u], full, nv);
+                    pd_rowe<DPL>(vc, e, vr[u], full, nv);
+                }
             }
-            sl[u] = slot;
-            if (slot >= 0 && nv > 0) pd_rowe<DPL>(kc, slot * rs + (long)kvh * hs + lane * DPL, kr[u], full, nv);
-        }
-        float sc[PD_KPW][PD_GMAX];
+            float sc[PD_KPW][PD_GMAX];
 #pragma unroll
-        for (int u = 0; u < PD_KPW; u++) {
+            for (int u = 0; u < PD_KPW; u++) {
 #pragma unroll
-            for (int g = 0; g < PD_GMAX; g++) {
-                if (g >= G) continue;
-                float a = 0.0f;
+                for (int g = 0; g < PD_GMAX; g++) {
+                    if (g >= G) continue;
+                    float a = 0.0f;
 #pragma unroll
-                for (int t = 0; t < DPL; t++) a += qs[g][lane * DPL + t] * (sl[u] >= 0 && t < nv ? kr[u][t] : 0.0f);
-                a = warp_sum(a) * scale;
-                if (softcap > 0.0f) a = softcap * tanhf(a / softcap);
-                if (slopes) a += slopes[kvh * group + g0 + g] * (float)(jb + u - p);
-                sc[u][g] = sl[u] >= 0 ? a : -INF;
+                    for (int t = 0; t < DPL; t++) a += qs[g][lane * DPL + t] * (sl[u] >= 0 && t < nv ? kr[u][t] : 0.0f);
+                    a = warp_sum(a) * scale;
+                    if (softcap > 0.0f) a = softcap * tanhf(a / softcap);
+                    if (slopes) a += slopes[kvh * group + g0 + g] * (float)(jb + u - p);
+                    sc[u][g] = sl[u] >= 0 ? a : -INF;
+                }
             }
-        }
 #pragma unroll
-        for (int u = 0; u < PD_KPW; u++) {
-            if (sl[u] < 0) continue;
-            float vr[DPL];
+            for (int u = 0; u < PD_KPW; u++) {
+                if (sl[u] < 0) continue;
 #pragma unroll
-            for (int t = 0; t < DPL; t++) vr[t] = 0.0f;
-            if (nv > 0) pd_rowe<DPL>(vc, sl[u] * rs + (long)kvh * hs + lane * DPL, vr, full, nv);
+                for (int g = 0; g < PD_GMAX; g++) {
+                    if (g >= G) continue;
+                    float nm = fmaxf(m[g], sc[u][g]);
+                    float corr = expf(m[g] - nm), e = expf(sc[u][g] - nm);
+                    l[g] = l[g] * corr + e;
+                    m[g] = nm;
 #pragma unroll
-            for (int g = 0; g < PD_GMAX; g++) {
-                if (g >= G) continue;
-                float nm = fmaxf(m[g], sc[u][g]);
-                float corr = expf(m[g] - nm), e = expf(sc[u][g] - nm);
-                l[g] = l[g] * corr + e;
-                m[g] = nm;
-#pragma unroll
-                for (int t = 0; t < DPL; t++) acc[g][t] = acc[g][t] * corr + e * vr[t];
+                    for (int t = 0; t < DPL; t++) acc[g][t] = acc[g][t] * corr + e * vr[u][t];
+                }
             }
         }
     }

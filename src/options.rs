@@ -19,8 +19,9 @@ pub struct RuntimeOptions {
     /// A GPU device's passes over each step (`crate::step`): q/k/v and gate/up in one
     /// multi-weight `Linear`, `SiluMul`, q and k rotated in one call, the residual add inside the
     /// projection, producers (norm, SiLU·mul, attention) leaving the int8 / f16 input of the next
-    /// `Linear`, half-precision gate/up outputs in a prefill. Off, every op of a step runs in its
-    /// plain form (for debugging a fused kernel). Default on. Env `FASTLLM_FUSED_OPS`.
+    /// `Linear`. They preserve the arithmetic: the logits are the same bits either way. Off, every
+    /// op of a step runs in its plain form (for debugging a fused kernel). Default on. Env
+    /// `FASTLLM_FUSED_OPS`.
     pub fused_ops: bool,
     /// On a GPU, every row's result is independent of how many rows run with it: a sequence's
     /// logits are the same bits alone and in any batch (the same product kernel and k split for

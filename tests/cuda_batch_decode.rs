@@ -1,9 +1,10 @@
 //! Batched decode over the paged KV pool on the CUDA device (`src/model/paged_graph.rs`):
 //! - steps padded to a bucket and replayed from recorded graphs equal the same padded steps run
-//!   op by op, bit for bit, for B = 1, 3, 8 and 64 on random two-layer models of several shapes,
-//!   with sequences of different lengths, a sequence leaving and a new one joining through a
-//!   prefill chunk mixed into a decode step, a batch shrinking into a smaller bucket, and rows
-//!   long enough for split-K attention;
+//!   eagerly, launch by launch, bit for bit (both with the device's fused forms;
+//!   `tests/cuda_step.rs` compares them with the unfused steps), for B = 1, 3, 8 and 64 on random
+//!   two-layer models of several shapes, with sequences of different lengths, a sequence leaving
+//!   and a new one joining through a prefill chunk mixed into a decode step, a batch shrinking
+//!   into a smaller bucket, and rows long enough for split-K attention;
 //! - the padded steps agree with the unpadded op-by-op path (`PagedAttention`) to rounding;
 //! - with `batch_invariant`, rows decoding alone give the same logits bits as in a batch of 64;
 //! - `PagedDecodeAttention` alone against `PagedCacheWrite` + `PagedAttention` on awkward sizes

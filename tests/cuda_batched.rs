@@ -6,7 +6,8 @@
 //! shapes: rows not a multiple of the 8-row tile, more rows than one slice, outputs not a
 //! multiple of the block's weight rows, k of an odd number of chunks, forced k splits, several
 //! weights in one launch, biases, `accumulate` and f16 outputs; the int8 tile shapes that add
-//! the blocks of k in order give the same bits for a row whatever the row count. Also the
+//! the blocks of k in order give the same bits for a row whatever the row count; several
+//! weights in one launch give the bits of separate launches on every path. Also the
 //! F16-weight products of 2..15 rows (cuBLAS) against the exact product.
 //!
 //! Without a GPU every test passes without work and the binary says once, on stderr past the
@@ -448,6 +449,111 @@ fn mma_linear_segments_accumulate_and_half_outputs() {
     // one f16 rounding of the output: relative 2^-11 per element
     let got = y.to_owned_host().unwrap().to_f32_vec().unwrap();
     check("f16 outputs", &got, &want, 1e-6);
+}
+
+/// The outputs of a product of `x` with the weights `ws` (biases `bs`) as one launch, starting
+/// from fresh copies of the host tensors `y0` (`accumulate`) or NaN.
+fn segments_from(
+    dev: &CudaDevice,
+    exec: &Executor,
+    x: &Data,
+    ws: &[&Data],
+    bs: &[Option<&Data>],
+    y0: Option<&[Data]>,
+    ints: &IntDict,
+) -> Vec<Vec<f32>> {
+    let m = x.dims()[0];
+    let mut ys: Vec<Data> = ws
+        .iter()
+        .enumerate()
+        .map(|(i, w)| match y0 {
+            Some(y) => dev.upload(&y[i]).unwrap(),
+            None => {
+                let n = w.dims()[0];
+                dev.upload(&Data::from_f32(&[m, n], &vec![f32::NAN; m * n]).unwrap())
+                    .unwrap()
+            }
+        })
+        .collect();
+    run_linear(exec, x, ws, bs, &mut ys, ints)
+}
+
+/// Several weights in one launch give the bits of separate launches on every path (the GEMV
+/// kernels, `linear_mma`, `linear_mmq`, cuBLAS on dequantized tiles or F16 weights), also where
+/// the weights' own plans split k differently (a long first weight, 640 rows: one split; the
+/// short ones two), with biases and `accumulate`; and a product with `accumulate` (no bias)
+/// gives the bits of the product added to the outputs afterwards (`AddTo`).
+#[test]
+fn multi_weight_launches_equal_separate_launches_bit_for_bit() {
+    let Some(dev) = gpu() else { return };
+    let cuda = cuda_executor(&dev);
+    let mut rng = CaseRng::new(94);
+    let k = 1024;
+    for wt in [DataType::Q4_0, DataType::Q8_0, DataType::F16] {
+        let ns = [10_300usize, 37, 300];
+        let ws: Vec<Data> = ns
+            .iter()
+            .map(|&n| dev.upload(&rng.data(wt, &[n, k])).unwrap())
+            .collect();
+        let b1 = dev.upload(&rng.data(DataType::F32, &[ns[1]])).unwrap();
+        let wrefs: Vec<&Data> = ws.iter().collect();
+        let brefs = [None, Some(&b1), None];
+        // (rows, mma): one-row and 5-row GEMV, the f16 and int8 tensor-core kernels, cuBLAS
+        for (m, mode) in [
+            (1usize, 0),
+            (5, 1),
+            (5, 2),
+            (640, 2),
+            (5, 3),
+            (640, 3),
+            (40, 1),
+        ] {
+            let x = dev.upload(&rng.data(DataType::F32, &[m, k])).unwrap();
+            for acc in [false, true] {
+                let ints = IntDict::new()
+                    .with("quant_act", 1)
+                    .with("mma", mode)
+                    .with("accumulate", acc as i32);
+                let y0: Option<Vec<Data>> = acc.then(|| {
+                    ns.iter()
+                        .map(|&n| rng.data(DataType::F32, &[m, n]))
+                        .collect()
+                });
+                let y0 = y0.as_deref();
+                let one = segments_from(&dev, &cuda, &x, &wrefs, &brefs, y0, &ints);
+                let bits = |v: &[f32]| -> Vec<u32> { v.iter().map(|x| x.to_bits()).collect() };
+                let case = format!("{wt} m={m} mma={mode} acc={acc}");
+                for i in 0..3 {
+                    let yi = y0.map(|y| &y[i..i + 1]);
+                    let sep = segments_from(
+                        &dev,
+                        &cuda,
+                        &x,
+                        &wrefs[i..i + 1],
+                        &brefs[i..i + 1],
+                        yi,
+                        &ints,
+                    );
+                    assert!(
+                        bits(&one[i]) == bits(&sep[0]),
+                        "{case}: weight {i} of the launch differs from its own launch"
+                    );
+                    let Some(y0) = y0.filter(|_| i != 1) else {
+                        continue;
+                    };
+                    // accumulate = the plain product, then y0 + it (f32, as AddTo adds)
+                    let plain = IntDict::new().with("quant_act", 1).with("mma", mode);
+                    let p = segments_from(&dev, &cuda, &x, &wrefs[i..i + 1], &[None], None, &plain);
+                    let y0 = y0[i].to_f32_vec().unwrap();
+                    let added: Vec<f32> = y0.iter().zip(&p[0]).map(|(a, b)| a + b).collect();
+                    assert!(
+                        bits(&sep[0]) == bits(&added),
+                        "{case}: weight {i} accumulated differs from its product added afterwards"
+                    );
+                }
+            }
+        }
+    }
 }
 
 #[test]

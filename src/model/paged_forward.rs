@@ -239,17 +239,8 @@ impl Model {
         let vocab = self.config.vocab_size;
         let rows = logits.dim(0);
         match mode {
-            PagedMode::Greedy => {
-                let mut ids = Data::empty(DataType::I32);
-                ops::argmax(&self.exec, logits, &mut ids)?;
-                let ids = to_host(ids)?;
-                let ids = ids.as_i32()?.get(..n).unwrap_or(&[]).to_vec();
-                let ids: Result<Vec<u32>> = ids
-                    .iter()
-                    .map(|&t| u32::try_from(t).map_err(|_| bad("ArgMax returned a negative id")))
-                    .collect();
-                Ok(PagedOut::Ids(ids?))
-            }
+            PagedMode::Greedy => self.argmax_padded(logits, n),
+            PagedMode::Sample(_) if mode.greedy() => self.argmax_padded(logits, n),
             PagedMode::Sample(r) => {
                 let mut all = r.to_vec();
                 all.resize(rows, SampleRow::greedy());
@@ -266,6 +257,20 @@ impl Model {
                 "padded decode step: log-probabilities run op by op",
             )),
         }
+    }
+
+    /// The argmax of each of the first `n` rows of a padded step's `logits` (lowest id on
+    /// ties), computed where the logits are; only the ids come back.
+    fn argmax_padded(&self, logits: &Data, n: usize) -> Result<PagedOut> {
+        let mut ids = Data::empty(DataType::I32);
+        ops::argmax(&self.exec, logits, &mut ids)?;
+        let ids = to_host(ids)?;
+        let ids = ids.as_i32()?.get(..n).unwrap_or(&[]).to_vec();
+        let ids: Result<Vec<u32>> = ids
+            .iter()
+            .map(|&t| u32::try_from(t).map_err(|_| bad("ArgMax returned a negative id")))
+            .collect();
+        Ok(PagedOut::Ids(ids?))
     }
 
     /// Runs one planned paged step over `pool`'s storage (blocks already assigned); the logits

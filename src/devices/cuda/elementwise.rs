@@ -1,8 +1,8 @@
 //! Elementwise operators on the GPU (f32): `Silu`, `Gelu`, `SoftCap`, `Swiglu`, `GeluGated`,
 //! `Add`, `AddTo`, `Mul`, `MulTo`, and `SiluMul` (`output = silu(input0) · input1`, the gated
 //! MLP's activation and product in one pass; GPU only, the model uses it when the device has it).
-//! `SiluMul` also takes f16 or bf16 inputs (the half outputs of the tensor-core gate/up
-//! projections in prefill, see `linear`) and then writes its output in the same dtype.
+//! `SiluMul` also takes f16 or bf16 inputs (the half outputs a tensor-core `Linear` writes
+//! with `half_output`, see `linear`) and then writes its output in the same dtype.
 
 use super::act_quant::{ActForm, ActQuant};
 use super::buffer::{dptr, ensure_out};

@@ -8,13 +8,16 @@
 //! - Consecutive `Linear` calls on one input (q/k/v, gate/up) → one call with `weight`,
 //!   `weight1`, `weight2` when the weights share a dtype (one launch streams them all), else the
 //!   later calls reuse the first one's quantized input (`reuse_act`).
-//! - A `Linear` whose output is only added into the residual (`AddTo`) → the `Linear` adds its
-//!   product there itself (`accumulate`).
+//! - A `Linear` without bias whose output is only added into the residual (`AddTo`) → the
+//!   `Linear` adds its product there itself (`accumulate`).
 //! - A producer (`RMSNorm`, `SiluMul`, `Attention`, `DecodeAttention`) whose output is the input
 //!   of the next call, a `quant_act` `Linear` → the producer also leaves that input in the form
 //!   the `Linear` reads (`quantize_output`: Q8_0 rows, or f16/bf16 rows for tensor cores).
-//! - Gate/up products of many rows whose `SiluMul` feeds a tensor-core down projection → half
-//!   outputs (`half_output`), which `SiluMul` reads as they are.
+//!
+//! Every rewrite is arithmetic-preserving: the fused step's results equal the plain step's bit
+//! for bit (a multi-weight `Linear` sums each weight as its own launch would; the copies a
+//! producer leaves are the values the `Linear` would have made itself). Gate/up products keep
+//! f32 outputs: half outputs read by `SiluMul` would round them before the product.
 
 use crate::data::DataType;
 use crate::device::{OutputCopy, Q8_COPY_MAX_ROWS};
@@ -29,7 +32,6 @@ pub fn plan(step: &mut Step) -> Result<()> {
     multi_linear(step);
     accumulate(step);
     producer_copies(step);
-    half_mlp(step);
     Ok(())
 }
 
@@ -269,13 +271,15 @@ fn read_later(items: &[Item], from: usize, t: TensorId) -> bool {
     false
 }
 
-/// `Linear(a → b)`, `AddTo(x += b)` with `b` dead after → `Linear(a → x, accumulate)`.
+/// `Linear(a → b)` without bias, `AddTo(x += b)` with `b` dead after → `Linear(a → x,
+/// accumulate)`. (With a bias the fused form would add `x + p + bias` where the plain steps add
+/// `x + (p + bias)`, a different rounding.)
 fn accumulate(step: &mut Step) {
     let items = step.items_mut();
     let mut i = 0;
     while i + 1 < items.len() {
         let fuse = match (call_of(items, i, "Linear"), call_of(items, i + 1, "AddTo")) {
-            (Some(l), Some(a)) if plain_linear(l).is_some() => {
+            (Some(l), Some(a)) if plain_linear(l).is_some() && l.arg("bias").is_none() => {
                 let (b, x) = (l.arg("output"), a.arg("input0"));
                 let alpha = a
                     .floats
@@ -364,37 +368,6 @@ fn producer_copies(step: &mut Step) {
         if copy != OutputCopy::None {
             if let Some(c) = call_mut(step.items_mut(), i) {
                 c.set_int("quantize_output", copy.param());
-            }
-        }
-    }
-}
-
-/// A two-weight gate/up `Linear` whose outputs only `SiluMul` reads, into the input of a
-/// tensor-core down projection: the gate/up outputs are written in that half form.
-fn half_mlp(step: &mut Step) {
-    for i in 0..step.items().len() {
-        let items = step.items();
-        let Some(m) = items[i].call().filter(|c| c.op == "Linear") else {
-            continue;
-        };
-        let (Some(g), Some(u), None) = (m.arg("output"), m.arg("output1"), m.arg("output2")) else {
-            continue;
-        };
-        let Some(s) = call_of(items, i + 1, "SiluMul") else {
-            continue;
-        };
-        let Some(t) = s.arg("output") else { continue };
-        if s.arg("input0") != Some(g)
-            || s.arg("input1") != Some(u)
-            || read_later(items, i + 2, g)
-            || read_later(items, i + 2, u)
-        {
-            continue;
-        }
-        let copy = consumer_copy(step, i + 1, t);
-        if matches!(copy, OutputCopy::F16 | OutputCopy::Bf16) {
-            if let Some(c) = call_mut(step.items_mut(), i) {
-                c.set_int("half_output", copy.param());
             }
         }
     }
@@ -499,7 +472,8 @@ mod tests {
     }
 
     /// Mixed dtypes are not merged (the later calls reuse the quantized input); an output
-    /// read after the `AddTo` is not folded into it; a prefill's gate/up write f16 rows.
+    /// read after the `AddTo` is not folded into it; a prefill's gate/up keep f32
+    /// outputs, the `SiluMul` after them leaves the f16 rows of the down projection.
     #[test]
     fn passes_keep_what_they_cannot_fuse() {
         let w4 = Data::zeros(DataType::Q4_0, &[64, 64]).unwrap();
@@ -525,6 +499,23 @@ mod tests {
         assert_eq!(c(1).int_of("reuse_act"), 1);
         assert_eq!(c(2).int_of("accumulate"), 0);
 
+        // a Linear with a bias keeps its own output: x + (p + bias) is not (x + p) + bias
+        let bias = Data::zeros(DataType::F32, &[64]).unwrap();
+        let mut bufs: Vec<Data> = (0..3).map(|_| Data::empty(DataType::F32)).collect();
+        let mut st = Step::new();
+        let (w, bi) = (st.input(&w4), st.input(&bias));
+        let t: Vec<TensorId> = bufs.iter_mut().map(|b| st.mutable(b)).collect();
+        let (x, h, b) = (t[0], t[1], t[2]);
+        st.push(linear(h, w, b, 1).input("bias", bi));
+        st.push(
+            Call::new("AddTo")
+                .output("input0", x)
+                .input("input1", b)
+                .float("alpha", 1.0),
+        );
+        plan(&mut st).unwrap();
+        assert_eq!(ops(&st), ["Linear", "AddTo"]);
+
         let mut bufs: Vec<Data> = (0..5).map(|_| Data::empty(DataType::F32)).collect();
         let mut st = Step::new();
         let w = st.input(&w4);
@@ -538,7 +529,7 @@ mod tests {
         plan(&mut st).unwrap();
         assert_eq!(ops(&st), ["Linear", "SiluMul", "Linear"]);
         let c = |i: usize| st.items()[i].call().unwrap();
-        assert_eq!(c(0).int_of("half_output"), OutputCopy::F16.param());
+        assert_eq!(c(0).int_of("half_output"), 0, "gate/up outputs stay f32");
         assert_eq!(c(1).int_of("quantize_output"), OutputCopy::F16.param());
     }
 }

@@ -617,9 +617,14 @@ pub struct LinSegs {
     pub n: [i32; 3],
     /// Non-zero: add the products to the outputs.
     pub acc: i32,
+    /// Blocks of weight rows of each weight (the batched block products; each weight starts a
+    /// new block).
+    pub tiles: [i32; 3],
+    /// k splits of each weight (the batched block products: the split of its product alone).
+    pub splits: [i32; 3],
 }
 
-// SAFETY: plain-old-data with the C layout of the kernel's struct (9 pointers, 4 ints).
+// SAFETY: plain-old-data with the C layout of the kernel's struct (9 pointers, 10 ints).
 unsafe impl cudarc::driver::DeviceRepr for LinSegs {}
 
 /// `struct PermuteArgs` of kernels/shape.cu, passed by value.

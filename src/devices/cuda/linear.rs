@@ -40,7 +40,7 @@
 //! are dequantized to f16 tiles for cuBLAS (`dequant_f16_q*_k`, `dequant_f16_q5_0`); they have
 //! no `linear_mma` kernel.
 //!
-//! Half activations (prefill of the gated MLP): with `half_output` = 2 (f16) / 3 (bf16) and a
+//! Half activations: with `half_output` = 2 (f16) / 3 (bf16) and a
 //! tensor-core product with half activations (the conditions above, not the int8 products, the
 //! weight's form equal to the one asked for, no bias, no `accumulate`), the outputs are F16/BF16
 //! tensors written by cuBLAS or `linear_mma` directly; an F16/BF16 input (of the weight's form,
@@ -48,7 +48,15 @@
 //! and the outputs are f32.
 //!
 //! `accumulate = 1` adds the products to what the outputs hold (a residual connection), on
-//! every path: cuBLAS `beta = 1`, the kernels' `acc` flag.
+//! every path: the kernels' `acc` flag (`(y + p) + bias`), cuBLAS products through a scratch
+//! buffer and `addto_f32` (`beta = 1` may sum in another order). Without a bias that gives the
+//! bits of the product added afterwards (`AddTo`), which the device's residual-add pass relies
+//! on.
+//!
+//! Several weights of one input (`weight1`, `weight2`: q/k/v, gate/up) give the bits of
+//! separate calls: a GEMV output's sum does not depend on the other outputs, the batched block
+//! products give each weight the plan of its product alone (see `mm_split`), and cuBLAS takes
+//! them one by one.
 
 use super::act_quant::{ActForm, ActQuant, Held};
 use super::blas::{gemm, Elem, Gemm, Operand};
@@ -76,6 +84,7 @@ pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>, invar
             invariant,
             tc_scratch: Mutex::new(None),
             mma_part: Mutex::new(None),
+            acc_scratch: Mutex::new(None),
         }),
     );
 }
@@ -329,6 +338,8 @@ struct Linear {
     tc_scratch: Mutex<Option<CudaBuffer>>,
     /// Partial sums of the k-split `linear_mma` / `linear_mmq` products.
     mma_part: Mutex<Option<CudaBuffer>>,
+    /// cuBLAS products with `accumulate`, before they are added to the outputs.
+    acc_scratch: Mutex<Option<CudaBuffer>>,
 }
 
 /// The activation form the tensor-core path uses with this weight dtype (`k` values per row),
@@ -377,6 +388,7 @@ fn deq_tile_rows(wt: DataType, k: usize, n: usize) -> usize {
 /// One cuBLAS product of the tensor-core path: `wt` weights, `elem` activations at `act`
 /// (`m` rows of `k` values), the dequantized weight tile at `tile`, `acc`: added to the
 /// outputs, `out`: the outputs' element type and size in bytes.
+#[derive(Clone, Copy)]
 struct BlasCall {
     wt: DataType,
     elem: Elem,
@@ -614,44 +626,76 @@ impl Linear {
     }
 
     /// The segments' products through cuBLAS (see [`BlasCall`]), block weights dequantized to
-    /// f16 tile by tile ([`deq_tile_rows`]); biases added after. `Ok(false)` without cuBLAS.
+    /// f16 tile by tile ([`deq_tile_rows`]); biases added after. With `acc`, each product goes
+    /// to a scratch buffer first and is then added to the outputs (`addto_f32`, as `AddTo`
+    /// adds): cuBLAS with `beta = 1` may order its sums differently from `beta = 0`, and the
+    /// fused residual add must give the bits of the product added afterwards. `Ok(false)`
+    /// without cuBLAS.
     fn cublas_segments(&self, c: &BlasCall, segs: &[Seg]) -> Result<bool> {
-        let (wt, k) = (c.wt, c.k);
         for sg in segs {
-            let n = sg.n;
-            if wt.is_quantized() {
-                let suffix = weight_suffix(wt).ok_or_else(|| op_err("Linear", "weight dtype"))?;
-                let row_bytes = wt.row_bytes(k)?;
-                let rows = deq_tile_rows(wt, k, n);
-                let mut r0 = 0;
-                while r0 < n {
-                    let nr = rows.min(n - r0);
-                    self.gpu.launch(
-                        &format!("dequant_f16_{suffix}"),
-                        Gpu::grid_for(nr * k / 4, 256),
-                        256,
-                        &[
-                            KArg::Ptr(sg.w),
-                            KArg::Ptr(c.tile),
-                            long(r0, "row")?,
-                            long(nr, "rows")?,
-                            int(k, "k")?,
-                            long(row_bytes, "row bytes")?,
-                        ],
-                    )?;
-                    if !self.blas_rows(c, c.tile, nr, sg.y + c.out.1 * r0 as u64, n)? {
-                        return Err(lost_blas());
-                    }
-                    r0 += nr;
-                }
-            } else if !self.blas_rows(c, sg.w, n, sg.y, n)? {
-                return Err(lost_blas());
+            if !c.acc {
+                self.cublas_segment(c, sg, sg.y)?;
+                continue;
             }
-            if sg.b != 0 {
-                self.add_bias(sg.y, sg.b, c.m, n)?;
-            }
+            let len = c.m * sg.n;
+            let mut guard = self
+                .acc_scratch
+                .lock()
+                .map_err(|_| Error::Device("Linear scratch poisoned".into()))?;
+            let tmp = scratch(&self.gpu, &mut guard, len * 4, true)?;
+            let plain = BlasCall { acc: false, ..*c };
+            self.cublas_segment(&plain, sg, tmp)?;
+            self.gpu.launch(
+                "addto_f32",
+                Gpu::grid_for(len, 256),
+                256,
+                &[
+                    KArg::Ptr(sg.y),
+                    KArg::Ptr(tmp),
+                    long(len, "outputs")?,
+                    long(len, "outputs")?,
+                    KArg::F32(1.0),
+                ],
+            )?;
         }
         Ok(true)
+    }
+
+    /// One segment's product `c` (and bias) through cuBLAS into `y` ([`Linear::cublas_segments`]).
+    fn cublas_segment(&self, c: &BlasCall, sg: &Seg, y: u64) -> Result<()> {
+        let (wt, k, n) = (c.wt, c.k, sg.n);
+        if wt.is_quantized() {
+            let suffix = weight_suffix(wt).ok_or_else(|| op_err("Linear", "weight dtype"))?;
+            let row_bytes = wt.row_bytes(k)?;
+            let rows = deq_tile_rows(wt, k, n);
+            let mut r0 = 0;
+            while r0 < n {
+                let nr = rows.min(n - r0);
+                self.gpu.launch(
+                    &format!("dequant_f16_{suffix}"),
+                    Gpu::grid_for(nr * k / 4, 256),
+                    256,
+                    &[
+                        KArg::Ptr(sg.w),
+                        KArg::Ptr(c.tile),
+                        long(r0, "row")?,
+                        long(nr, "rows")?,
+                        int(k, "k")?,
+                        long(row_bytes, "row bytes")?,
+                    ],
+                )?;
+                if !self.blas_rows(c, c.tile, nr, y + c.out.1 * r0 as u64, n)? {
+                    return Err(lost_blas());
+                }
+                r0 += nr;
+            }
+        } else if !self.blas_rows(c, sg.w, n, y, n)? {
+            return Err(lost_blas());
+        }
+        if sg.b != 0 {
+            self.add_bias(y, sg.b, c.m, n)?;
+        }
+        Ok(())
     }
 
     /// `rows` outputs (weight rows at `a_ptr`, outputs at `c_ptr` with leading dimension `ldc`)
@@ -706,20 +750,26 @@ impl Linear {
         let Some((p, suffix)) = product(segs, m, k, acc)? else {
             return Ok(());
         };
-        let shape = MmaShape {
-            m,
-            k,
-            ntot: p.ntot,
-            block_bytes: p.row_bytes / (k / 32).max(1),
-        };
         let gpu = MmaGpu {
             sms: self.gpu.sms(),
             smem_optin: self.gpu.shared_memory().block_optin,
         };
-        let plan = MmaPlan::new(shape, gpu, bat.splits, bat.rows)
+        // each weight with the plan of its product alone (the same sums as separate launches)
+        let plans = segs
+            .iter()
+            .map(|s| {
+                let shape = MmaShape {
+                    m,
+                    k,
+                    ntot: s.n,
+                    block_bytes: p.row_bytes / (k / 32).max(1),
+                };
+                MmaPlan::new(shape, gpu, bat.splits, bat.rows)
+            })
+            .collect::<Option<Vec<_>>>()
             .ok_or_else(|| op_err("Linear", format!("no tensor-core plan for k = {k}")))?;
         let half = io.output == Some(ActForm::F16);
-        mma_product(&self.gpu, plan, suffix, act, p, half, &self.mma_part)
+        mma_product(&self.gpu, &plans, suffix, act, p, half, &self.mma_part)
     }
 
     /// Q8_0 rows of the f32 input at `xp` ([`m`, `k`]) in the activation buffer: the copy the
@@ -773,18 +823,23 @@ impl Linear {
         let Some((p, suffix)) = product(segs, m, k, acc)? else {
             return Ok(());
         };
-        let plan = MmqPlan::new(
-            m,
-            k,
-            p.ntot,
-            self.gpu.sms(),
-            bat.splits,
-            bat.shape,
-            self.invariant,
-        )
-        .ok_or_else(|| op_err("Linear", format!("no int8 tensor-core plan for k = {k}")))?;
+        let sms = self.gpu.sms();
+        // each weight with the plan of its product alone (the same sums as separate launches);
+        // batch-invariant products with the k split of a one-row product for every row count
+        let plans = segs
+            .iter()
+            .map(|s| {
+                let splits = if self.invariant {
+                    MmqPlan::new(1, k, s.n, sms, 0, 0, true).map_or(1, |p| p.splits)
+                } else {
+                    bat.splits
+                };
+                MmqPlan::new(m, k, s.n, sms, splits, bat.shape, self.invariant)
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| op_err("Linear", format!("no int8 tensor-core plan for k = {k}")))?;
         let x = self.q8_rows(prev, ints, xp, m, k)?;
-        mmq_product(&self.gpu, plan, suffix, x, p, &self.mma_part)
+        mmq_product(&self.gpu, &plans, suffix, x, p, &self.mma_part)
     }
 
     fn add_bias(&self, yp: u64, bp: u64, m: usize, n: usize) -> Result<()> {
@@ -1137,11 +1192,10 @@ impl Linear {
             return self.mmq_segments(prev, ints, bat, xp, m, k, segs, acc);
         }
         if quant_act && aligned && self.invariant && q8_kernels(dtype) && k.is_multiple_of(MMQ_KC) {
-            // the k split of a one-row product for every row count
-            let splits = MmqPlan::new(1, k, n, self.gpu.sms(), 0, 0, true).map_or(1, |p| p.splits);
+            // (mmq_segments gives each weight the k split of its one-row product)
             let bat = Batched {
                 mode: 3,
-                splits,
+                splits: 0,
                 shape: 0,
                 rows: 0,
             };

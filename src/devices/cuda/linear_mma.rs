@@ -4,12 +4,14 @@
 //! and dequantize it in registers, so a batched decode
 //! step reads its weights once (where the dequantize-then-cuBLAS path writes and reads an f16
 //! copy of every weight). Short weights are split along k over several blocks ([`MmaPlan`];
-//! `mm_split` launches them and adds the splits in a fixed order).
+//! `mm_split` launches them and adds the splits in a fixed order; in a launch of several
+//! weights each keeps the plan of its product alone).
 //! Knows nothing of ops: `Linear` decides when to call [`mma_product`].
 
 use super::buffer::CudaBuffer;
 use super::gpu::{Gpu, KArg};
-use super::mm_split::{Product, SplitLaunch, Tiling};
+use super::mm_split::{Product, SegPlan, SplitLaunch, Tiling};
+use super::op_err;
 use crate::error::Result;
 use std::sync::{Arc, Mutex};
 
@@ -78,14 +80,21 @@ impl MmaPlan {
         } else {
             (narrow, NARROW_ROWS)
         };
-        // k split for at most the blocks resident at once (two narrow or one wide block per
-        // multiprocessor): more splits only add partial sums to write and add up; each block
-        // has at least two chunks of k
-        let per_sm = if rows == WIDE_ROWS { 1 } else { 2 };
-        let auto = (per_sm * gpu.sms / (t.tiles * t.slices))
-            .max(1)
-            .min(MAX_SPLITS)
-            .min((t.chunks / 2).max(1));
+        // the blocks resident at once: two narrow or one wide block per multiprocessor. A
+        // weight with blocks for a quarter of them is not split (a launch of several such
+        // weights, gate/up, fills them, and splits only add partial sums to write and add
+        // up); a smaller one is split to fill them alone, each block with at least two chunks
+        // of k
+        let resident = if rows == WIDE_ROWS { 1 } else { 2 } * gpu.sms;
+        let blocks = t.tiles * t.slices;
+        let auto = if 4 * blocks >= resident {
+            1
+        } else {
+            (resident / blocks)
+                .min(MAX_SPLITS)
+                .min((t.chunks / 2).max(1))
+                .max(1)
+        };
         let splits = if splits > 0 { splits } else { auto };
         Some(MmaPlan {
             nt: t.nt,
@@ -131,26 +140,41 @@ fn smem(rows: usize, nt: usize, block_bytes: usize) -> usize {
 }
 
 /// `y_i (+)= x·W_iᵀ + b_i` for the segments of the product `p` (one launch; `acc` in its table
-/// adds to the outputs), `x` f16 [m, k] on the GPU, block weights of kernel suffix `suffix`;
-/// `out_half`: f16 outputs (no `acc`). `part` is the scratch for split partial sums.
+/// adds to the outputs), `x` f16 [m, k] on the GPU, block weights of kernel suffix `suffix`,
+/// `plans[i]` the plan of segment i's product alone (all for `m` rows); `out_half`: f16
+/// outputs (no `acc`). `part` is the scratch for split partial sums.
 pub fn mma_product(
     gpu: &Arc<Gpu>,
-    plan: MmaPlan,
+    plans: &[MmaPlan],
     suffix: &str,
     x: u64,
     p: Product,
     out_half: bool,
     part: &Mutex<Option<CudaBuffer>>,
 ) -> Result<()> {
+    let Some(plan) = plans.first() else {
+        return Ok(());
+    };
+    if plans
+        .iter()
+        .any(|q| (q.nt, q.slices, q.rows) != (plan.nt, plan.slices, plan.rows))
+    {
+        return Err(op_err(
+            "Linear",
+            "segment plans for different row counts or blocks",
+        ));
+    }
+    let seg_plans: Vec<SegPlan> = plans
+        .iter()
+        .map(|q| SegPlan {
+            tiles: q.tiles,
+            splits: q.splits,
+        })
+        .collect();
     let launch = SplitLaunch {
         kernel: &plan.kernel(suffix),
-        tiling: Tiling {
-            nt: plan.nt,
-            slices: plan.slices,
-            tiles: plan.tiles,
-            chunks: p.k / MMA_KC,
-        },
-        splits: plan.splits,
+        slices: plan.slices,
+        seg_plans: &seg_plans,
         threads: plan.threads(),
         smem: plan.smem(p.row_bytes / (p.k / 32)),
         product: p,
@@ -188,10 +212,11 @@ mod tests {
             assert_eq!(p.splits, 8);
             assert_eq!(p.kernel("q4_0"), "linear_mma8_q4_0");
         }
-        // gate/up and the lm head: enough tiles for a wave, no split
-        let p = plan(64, 4096, 28672, 0, 0).unwrap();
-        assert_eq!((p.nt, p.slices, p.tiles, p.splits), (8, 1, 224, 1));
-        // the fused q/k/v: as many splits as fit one wave
+        // gate (or up) and the lm head: blocks for a quarter of the resident ones, no split
+        let p = plan(64, 4096, 14336, 0, 0).unwrap();
+        assert_eq!((p.nt, p.slices, p.tiles, p.splits), (8, 1, 112, 1));
+        // k and v: as many splits as fit the resident blocks, at most MAX_SPLITS
+        assert_eq!(plan(64, 4096, 1024, 0, 0).unwrap().splits, 8);
         assert_eq!(plan(64, 4096, 6144, 0, 0).unwrap().splits, 5);
         assert_eq!(plan(64, 4096, 128256, 0, 0).unwrap().splits, 1);
         // odd row counts round up to a power-of-two number of 8-row tiles

@@ -7,12 +7,14 @@
 //! warps of a block divide rows and k); [`MmqPlan`] picks one per row count, and for
 //! batch-invariant products one that adds the blocks of k in order. Short weights are split along k over
 //! several blocks ([`MmqPlan`]; `mm_split` launches them and adds the splits in a fixed
-//! order). Knows nothing of ops: `Linear` decides when to call
+//! order; in a launch of several weights each keeps the plan of its product alone). Knows
+//! nothing of ops: `Linear` decides when to call
 //! [`mmq_product`] and provides the quantized activation rows.
 
 use super::buffer::CudaBuffer;
 use super::gpu::{Gpu, KArg};
-use super::mm_split::{Product, SplitLaunch, Tiling};
+use super::mm_split::{Product, SegPlan, SplitLaunch, Tiling};
+use super::op_err;
 use crate::error::Result;
 use std::sync::{Arc, Mutex};
 
@@ -178,24 +180,36 @@ pub struct Q8Rows {
 
 /// `y_i (+)= x·W_iᵀ + b_i` for the segments of the product `p` (one launch; `acc` in its table
 /// adds to the outputs), `x` the Q8_0 rows [m, k] on the GPU, block weights of kernel suffix
-/// `suffix`. `part` is the scratch for split partial sums.
+/// `suffix`, `plans[i]` the plan of segment i's product alone (all of one tile shape). `part`
+/// is the scratch for split partial sums.
 pub fn mmq_product(
     gpu: &Arc<Gpu>,
-    plan: MmqPlan,
+    plans: &[MmqPlan],
     suffix: &str,
     x: Q8Rows,
     p: Product,
     part: &Mutex<Option<CudaBuffer>>,
 ) -> Result<()> {
+    let Some(plan) = plans.first() else {
+        return Ok(());
+    };
+    if plans
+        .iter()
+        .any(|q| (q.shape, q.slices) != (plan.shape, plan.slices))
+    {
+        return Err(op_err("Linear", "segment plans of different tile shapes"));
+    }
+    let seg_plans: Vec<SegPlan> = plans
+        .iter()
+        .map(|q| SegPlan {
+            tiles: q.tiles,
+            splits: q.splits,
+        })
+        .collect();
     let launch = SplitLaunch {
         kernel: &plan.kernel(suffix),
-        tiling: Tiling {
-            nt: plan.nt,
-            slices: plan.slices,
-            tiles: plan.tiles,
-            chunks: p.k / MMQ_KC,
-        },
-        splits: plan.splits,
+        slices: plan.slices,
+        seg_plans: &seg_plans,
         threads: plan.shape.threads() as u32,
         smem: plan.smem(p.row_bytes / (p.k / 32)),
         product: p,

@@ -2,6 +2,10 @@
 //! of a plan (8-row activation tiles per slice, slices, blocks of weight rows, chunks of k),
 //! the grid of a launch, and running a k-split product: each split's partial sums in a
 //! scratch buffer, then `mma_reduce_f32` adding them in split order (deterministic).
+//!
+//! A launch of several weights (q/k/v, gate/up) gives each weight its own blocks of rows and
+//! the k split of its product alone ([`SegPlan`]), so its sums are those of the separate
+//! launches, bit for bit.
 
 use super::buffer::{scratch, CudaBuffer};
 use super::gpu::{int, long, Gpu, KArg, LinSegs};
@@ -59,16 +63,27 @@ pub(super) struct Product {
     pub row_bytes: usize,
 }
 
-/// One launch of a k-split product kernel: `kernel` on the grid (`tiles`, `splits`,
-/// `slices`) with `threads` threads and `smem` bytes of shared memory per block, its
-/// arguments: the activation arguments, the product's segments and sizes (`m`, `ntot`, `k`,
-/// row bytes), the split count, the partial-sum buffer and, for a kernel with the flag
-/// (`out_half` `Some`), whether it writes f16 outputs; with several splits, `mma_reduce_f32`
-/// then adds the partial sums into the segments.
+/// How one weight of a launch runs: `tiles` blocks of its rows, `splits` parts of k (those of
+/// its product alone).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct SegPlan {
+    /// Blocks of the weight's rows (grid x).
+    pub tiles: usize,
+    /// Parts of k.
+    pub splits: usize,
+}
+
+/// One launch of a k-split product kernel: `kernel` on the grid (the weights' blocks, their
+/// most splits, `slices`) with `threads` threads and `smem` bytes of shared memory per block,
+/// its arguments: the activation arguments, the product's segments (with each weight's blocks
+/// and splits from `seg_plans`, one per segment) and sizes (`m`, `ntot`, `k`, row bytes), the
+/// most splits, the partial-sum buffer and, for a kernel with the flag (`out_half` `Some`),
+/// whether it writes f16 outputs; where a weight has several splits, `mma_reduce_f32` then adds
+/// its partial sums into its outputs.
 pub(super) struct SplitLaunch<'a> {
     pub kernel: &'a str,
-    pub tiling: Tiling,
-    pub splits: usize,
+    pub slices: usize,
+    pub seg_plans: &'a [SegPlan],
     pub threads: u32,
     pub smem: usize,
     pub product: Product,
@@ -85,17 +100,35 @@ impl SplitLaunch<'_> {
         part: &Mutex<Option<CudaBuffer>>,
     ) -> Result<()> {
         let Product {
-            segs,
+            mut segs,
             m,
             ntot,
             k,
             row_bytes,
         } = self.product;
-        let splits = self.splits;
+        if self.seg_plans.len() != segs.n.iter().filter(|&&n| n > 0).count() {
+            return Err(op_err(
+                "Linear",
+                "a batched product needs one plan per weight",
+            ));
+        }
+        let count = |v: usize, what: &str| i32::try_from(v).map_err(|_| op_err("Linear", what));
+        for (i, sp) in self.seg_plans.iter().enumerate().take(3) {
+            segs.tiles[i] = count(sp.tiles, "too many outputs")?;
+            segs.splits[i] = count(sp.splits.max(1), "too many splits")?;
+        }
+        let tiles: usize = self.seg_plans.iter().map(|sp| sp.tiles).sum();
+        let splits = self
+            .seg_plans
+            .iter()
+            .map(|sp| sp.splits)
+            .max()
+            .unwrap_or(1)
+            .max(1);
         let grid = (
-            u32::try_from(self.tiling.tiles).map_err(|_| op_err("Linear", "too many outputs"))?,
+            u32::try_from(tiles).map_err(|_| op_err("Linear", "too many outputs"))?,
             u32::try_from(splits).map_err(|_| op_err("Linear", "too many splits"))?,
-            u32::try_from(self.tiling.slices)
+            u32::try_from(self.slices)
                 .ok()
                 .filter(|&z| z <= 65535)
                 .ok_or_else(|| op_err("Linear", format!("{m} rows exceed this kernel's grid")))?,

@@ -21,7 +21,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 
 /// Engine limits (TGI-style names).
@@ -367,15 +367,24 @@ impl Scheduler {
 
     /// One scheduling round: drop cancelled requests, admit waiting ones, run one step.
     fn tick(&mut self) {
+        let t0 = Instant::now();
         self.drop_cancelled();
         self.admit();
         self.publish();
         if self.running.is_empty() {
             return;
         }
-        self.step();
+        let model = self.step();
         self.waiting_steps += 1;
         self.publish();
+        let round = t0.elapsed();
+        let m = &self.metrics;
+        m.model_micros_total
+            .fetch_add(model.as_micros() as u64, Ordering::Relaxed);
+        m.scheduler_micros_total.fetch_add(
+            round.saturating_sub(model).as_micros() as u64,
+            Ordering::Relaxed,
+        );
     }
 
     fn enqueue(&mut self, req: GenRequest) {
@@ -513,8 +522,9 @@ impl Scheduler {
             .max()
     }
 
-    /// One step: plan the batch, run it, hand each sequence its token.
-    fn step(&mut self) {
+    /// One step: plan the batch, run it, hand each sequence its token. Returns the time spent
+    /// in the model's forward step.
+    fn step(&mut self) -> Duration {
         let plan = self.plan();
         if plan.is_empty() {
             // nothing fits even alone: fail the oldest request rather than spin
@@ -527,9 +537,11 @@ impl Scheduler {
                     )),
                 );
             }
-            return;
+            return Duration::ZERO;
         }
+        let t = Instant::now();
         let result = self.run_batch(&plan);
+        let model = t.elapsed();
         self.metrics.steps_total.fetch_add(1, Ordering::Relaxed);
         let (out, mut logprobs) = match result {
             Ok(o) => o,
@@ -542,7 +554,7 @@ impl Scheduler {
                     let s = self.running.remove(i);
                     self.finish(s, Some(Event::Error(msg.clone())));
                 }
-                return;
+                return model;
             }
         };
         let mut done: Vec<(usize, Option<Event>)> = Vec::new();
@@ -560,6 +572,7 @@ impl Scheduler {
             let s = self.running.remove(i);
             self.finish(s, ev);
         }
+        model
     }
 
     /// The batch of this step as (running index, tokens to feed): one decode token of every

@@ -76,6 +76,11 @@ pub struct Metrics {
     pub prompt_tokens_total: AtomicU64,
     /// Forward steps run.
     pub steps_total: AtomicU64,
+    /// Microseconds the engine spent inside the model's forward steps.
+    pub model_micros_total: AtomicU64,
+    /// Microseconds the engine spent on everything else of its rounds that ran a step
+    /// (admission, planning, sampling rows, text decoding, stop strings, sending events).
+    pub scheduler_micros_total: AtomicU64,
     /// Time to first token.
     pub ttft: Histogram,
     /// Time between tokens of one request.
@@ -97,6 +102,8 @@ impl Default for Metrics {
             tokens_generated_total: AtomicU64::new(0),
             prompt_tokens_total: AtomicU64::new(0),
             steps_total: AtomicU64::new(0),
+            model_micros_total: AtomicU64::new(0),
+            scheduler_micros_total: AtomicU64::new(0),
             ttft: Histogram::new(LATENCY_BUCKETS),
             inter_token: Histogram::new(LATENCY_BUCKETS),
             started: std::time::Instant::now(),
@@ -127,9 +134,10 @@ impl Metrics {
     }
 
     /// `(name, help, type, value)` of every gauge and counter.
-    fn scalars(&self) -> [(&'static str, &'static str, &'static str, f64); 12] {
+    fn scalars(&self) -> [(&'static str, &'static str, &'static str, f64); 14] {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
         let up = self.started.elapsed().as_secs_f64().max(1e-9);
+        let secs = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 * 1e-6;
         let (gauge, counter) = ("gauge", "counter");
         [
             (
@@ -197,6 +205,18 @@ impl Metrics {
                 "Batched forward steps",
                 counter,
                 g(&self.steps_total),
+            ),
+            (
+                "fastllm_model_seconds_total",
+                "Time the engine spent inside forward steps",
+                counter,
+                secs(&self.model_micros_total),
+            ),
+            (
+                "fastllm_scheduler_seconds_total",
+                "Time the engine spent around its forward steps (planning, sampling rows, text, events)",
+                counter,
+                secs(&self.scheduler_micros_total),
             ),
             (
                 "fastllm_generated_tokens_per_second",

@@ -397,6 +397,9 @@ fn batching_is_equivalent_and_64_streams_complete() {
             );
         }
         assert!(metric(&b, "fastllm_steps_total").await > 0.0);
+        // the engine's time splits into forward steps and the work around them
+        assert!(metric(&b, "fastllm_model_seconds_total").await > 0.0);
+        assert!(metric(&b, "fastllm_scheduler_seconds_total").await > 0.0);
         wait_idle(&b).await;
         // prefix cache (on by default): a repeated long prompt skips its cached full blocks
         // and answers the same; cached blocks count as free at idle

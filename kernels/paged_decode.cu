@@ -4,7 +4,9 @@
 // with new lengths and tables.
 //
 // Block (kv head × head chunk, sequence, split) of PD_THREADS threads handles up to PD_GMAX of
-// the G = nh / nkv query heads of its kv head (each key and value row is read once for them).
+// the G = nh / nkv query heads of its kv head (each key and value row is read once for them); the
+// kernel's GM (1, 2, 4, 8: the host picks the smallest power of two ≥ G) sizes its registers.
+// Each warp takes PD_KPW keys per iteration into its running softmax at once (one rescale per head).
 // Head size hd ≤ 32·DPL: lane l owns dims l·DPL .. l·DPL + DPL − 1 (those below hd).
 // Sequence s has L = kv_lens[s] keys (L = 0: a padding row, output zeros); its query sits at position L - 1 and sees keys
 // lo..L-1 (lo = L - window with a window). The step's own key and value (rows s of k, v) belong at
@@ -102,23 +104,23 @@ __device__ __forceinline__ int pd_chunk(int n, int nsplit) {
     return c < PD_MIN_CHUNK ? PD_MIN_CHUNK : c;
 }
 
-// Warp-level online-softmax state for G heads: each lane owns dims lane*DPL .. lane*DPL+DPL-1.
-template <typename T, int DPL>
+// Warp-level online-softmax state for G <= GM heads: each lane owns dims lane*DPL .. lane*DPL+DPL-1.
+template <typename T, int DPL, int GM>
 __device__ void paged_decode_impl(const float* q, const float* k, const float* v, T* kc, T* vc,
                                   const int* slots, const int* kv_lens, const int* tables,
                                   const float* slopes, float* out, float* part, int maxb, int bs,
                                   long nslots, int nh, int nkv, int hd, float scale, float softcap,
                                   int window, const float* sinks) {
-    __shared__ float qs[PD_GMAX][DPL * 32];
-    __shared__ float wm[PD_WARPS][PD_GMAX], wl[PD_WARPS][PD_GMAX];
-    __shared__ float wacc[PD_WARPS][PD_GMAX][DPL * 32];
+    __shared__ float qs[GM][DPL * 32];
+    __shared__ float wm[PD_WARPS][GM], wl[PD_WARPS][GM];
+    __shared__ float wacc[PD_WARPS][GM][DPL * 32];
     __shared__ int tbs[PD_TBS];
     pdl_begin();
     int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     int group = nh / nkv, nchunk = (group + PD_GMAX - 1) / PD_GMAX;
     int kvh = blockIdx.x / nchunk, g0 = (blockIdx.x % nchunk) * PD_GMAX;
     int s = blockIdx.y, z = blockIdx.z, nsplit = gridDim.z;
-    int G = min(PD_GMAX, group - g0);  // heads of this block: kvh * group + g0 + g
+    int G = min(GM, group - g0);  // heads of this block: kvh * group + g0 + g (the host picks GM >= G)
     bool full = hd == DPL * 32;
     int nv = hd - lane * DPL;  // valid dims of this lane (all when >= DPL)
     int L = kv_lens[s];
@@ -136,14 +138,14 @@ __device__ void paged_decode_impl(const float* q, const float* k, const float* v
             pd_store_step(kc, vc, slot * rs + (long)kvh * hs, k + ((long)s * nkv + kvh) * hd,
                           v + ((long)s * nkv + kvh) * hd, hd);
     }
-    for (int i = tid; i < PD_GMAX * DPL * 32; i += PD_THREADS) {
+    for (int i = tid; i < GM * DPL * 32; i += PD_THREADS) {
         int g = i / (DPL * 32), d = i % (DPL * 32);
         qs[g][d] = g < G && d < hd ? q[((long)s * nh + kvh * group + g0 + g) * hd + d] : 0.0f;
     }
     __syncthreads();
-    float m[PD_GMAX], l[PD_GMAX], acc[PD_GMAX][DPL];
+    float m[GM], l[GM], acc[GM][DPL];
 #pragma unroll
-    for (int g = 0; g < PD_GMAX; g++) {
+    for (int g = 0; g < GM; g++) {
         m[g] = -INF;
         l[g] = 0.0f;
 #pragma unroll
@@ -182,11 +184,11 @@ __device__ void paged_decode_impl(const float* q, const float* k, const float* v
                     pd_rowe<DPL>(vc, e, vr[u], full, nv);
                 }
             }
-            float sc[PD_KPW][PD_GMAX];
+            float sc[PD_KPW][GM];
 #pragma unroll
             for (int u = 0; u < PD_KPW; u++) {
 #pragma unroll
-                for (int g = 0; g < PD_GMAX; g++) {
+                for (int g = 0; g < GM; g++) {
                     if (g >= G) continue;
                     float a = 0.0f;
 #pragma unroll
@@ -197,25 +199,37 @@ __device__ void paged_decode_impl(const float* q, const float* k, const float* v
                     sc[u][g] = sl[u] >= 0 ? a : -INF;
                 }
             }
+            // the warp's PD_KPW keys join the running softmax at once: one rescale of the sums
+            // per head and iteration (a key past the range has score -INF and a zero value row)
 #pragma unroll
-            for (int u = 0; u < PD_KPW; u++) {
-                if (sl[u] < 0) continue;
+            for (int g = 0; g < GM; g++) {
+                if (g >= G) continue;
+                float nm = m[g];
 #pragma unroll
-                for (int g = 0; g < PD_GMAX; g++) {
-                    if (g >= G) continue;
-                    float nm = fmaxf(m[g], sc[u][g]);
-                    float corr = expf(m[g] - nm), e = expf(sc[u][g] - nm);
-                    l[g] = l[g] * corr + e;
-                    m[g] = nm;
+                for (int u = 0; u < PD_KPW; u++) nm = fmaxf(nm, sc[u][g]);
+                if (nm == -INF) continue;
+                float corr = expf(m[g] - nm), e[PD_KPW];
+                float ls = l[g] * corr;
 #pragma unroll
-                    for (int t = 0; t < DPL; t++) acc[g][t] = acc[g][t] * corr + e * vr[u][t];
+                for (int u = 0; u < PD_KPW; u++) {
+                    e[u] = expf(sc[u][g] - nm);
+                    ls += e[u];
+                }
+                l[g] = ls;
+                m[g] = nm;
+#pragma unroll
+                for (int t = 0; t < DPL; t++) {
+                    float a = acc[g][t] * corr;
+#pragma unroll
+                    for (int u = 0; u < PD_KPW; u++) a += e[u] * vr[u][t];
+                    acc[g][t] = a;
                 }
             }
         }
     }
     // merge the warps
 #pragma unroll
-    for (int g = 0; g < PD_GMAX; g++) {
+    for (int g = 0; g < GM; g++) {
         if (g >= G) continue;
         if (lane == 0) {
             wm[w][g] = m[g];
@@ -251,14 +265,20 @@ __device__ void paged_decode_impl(const float* q, const float* k, const float* v
     }
 }
 
-#define PAGED_DECODE(NAME, T, DPL)                                                                         \
-    extern "C" __global__ void __launch_bounds__(PD_THREADS) NAME(                                          \
+#define PAGED_DECODE1(NAME, T, DPL, GM)                                                                    \
+    extern "C" __global__ void __launch_bounds__(PD_THREADS) NAME##_g##GM(                                  \
         const float* q, const float* k, const float* v, T* kc, T* vc, const int* slots, const int* kv_lens, \
         const int* tables, const float* slopes, float* out, float* part, int maxb, int bs, long nslots,     \
         int nh, int nkv, int hd, float scale, float softcap, int window, const float* sinks) {              \
-        paged_decode_impl<T, DPL>(q, k, v, kc, vc, slots, kv_lens, tables, slopes, out, part, maxb, bs,     \
-                                  nslots, nh, nkv, hd, scale, softcap, window, sinks);                      \
+        paged_decode_impl<T, DPL, GM>(q, k, v, kc, vc, slots, kv_lens, tables, slopes, out, part, maxb, bs, \
+                                      nslots, nh, nkv, hd, scale, softcap, window, sinks);                  \
     }
+// one kernel per cache type, lane width and heads per block (1, 2, 4, 8)
+#define PAGED_DECODE(NAME, T, DPL)   \
+    PAGED_DECODE1(NAME, T, DPL, 1)   \
+    PAGED_DECODE1(NAME, T, DPL, 2)   \
+    PAGED_DECODE1(NAME, T, DPL, 4)   \
+    PAGED_DECODE1(NAME, T, DPL, 8)
 
 PAGED_DECODE(paged_decode_h1, unsigned short, 1)
 PAGED_DECODE(paged_decode_h2, unsigned short, 2)

@@ -337,8 +337,8 @@ impl PagedDecodeAttention {
         }
     }
 
-    /// The flash-decoding launch `paged_decode_{h,f}{1,2,4,8}`: grid (KV heads × head chunks,
-    /// rows, splits).
+    /// The flash-decoding launch `paged_decode_{h,f,q}{1,2,4,8}_g{1,2,4,8}` (lane width, query
+    /// heads per block): grid (KV heads × head chunks, rows, splits).
     fn decode(
         &self,
         a: &[Option<&Data>; 11],
@@ -369,13 +369,14 @@ impl PagedDecodeAttention {
             KArg::Ptr(c.sinks),
         ]);
         let kernel = format!(
-            "paged_decode_{}{}",
+            "paged_decode_{}{}_g{}",
             match z.cache {
                 DataType::F16 => "h",
                 DataType::Q8_0 => "q",
                 _ => "f",
             },
-            z.hd.div_ceil(32).next_power_of_two()
+            z.hd.div_ceil(32).next_power_of_two(),
+            (z.nh / z.nkv).clamp(1, GROUP_CHUNK).next_power_of_two()
         );
         let blocks_x = z.nkv * (z.nh / z.nkv).div_ceil(GROUP_CHUNK);
         let grid = (

@@ -111,6 +111,9 @@ impl Default for Metrics {
     }
 }
 
+/// A gauge's or counter's name, help text and value.
+type Scalar = (&'static str, &'static str, f64);
+
 impl Metrics {
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
@@ -134,95 +137,92 @@ impl Metrics {
     }
 
     /// `(name, help, type, value)` of every gauge and counter.
-    fn scalars(&self) -> [(&'static str, &'static str, &'static str, f64); 14] {
+    fn scalars(&self) -> Vec<(&'static str, &'static str, &'static str, f64)> {
+        let gauges = self
+            .gauges()
+            .into_iter()
+            .map(|(n, h, v)| (n, h, "gauge", v));
+        let counters = self
+            .counters()
+            .into_iter()
+            .map(|(n, h, v)| (n, h, "counter", v));
+        gauges.chain(counters).collect()
+    }
+
+    /// `(name, help, value)` of every gauge.
+    fn gauges(&self) -> [Scalar; 6] {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
         let up = self.started.elapsed().as_secs_f64().max(1e-9);
-        let secs = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 * 1e-6;
-        let (gauge, counter) = ("gauge", "counter");
         [
             (
                 "fastllm_queue_size",
                 "Requests waiting for admission",
-                gauge,
                 g(&self.queue_len),
             ),
             (
                 "fastllm_batch_size",
                 "Sequences in the running batch",
-                gauge,
                 g(&self.running),
             ),
             (
                 "fastllm_kv_blocks_used",
                 "KV cache blocks in use",
-                gauge,
                 g(&self.kv_blocks_used),
             ),
             (
                 "fastllm_kv_blocks_free",
                 "KV cache blocks free",
-                gauge,
                 g(&self.kv_blocks_free),
             ),
             (
                 "fastllm_kv_blocks_cached",
                 "Prefix-cache blocks no request holds (counted as free; evicted on demand)",
-                gauge,
                 g(&self.kv_blocks_cached),
             ),
             (
+                "fastllm_generated_tokens_per_second",
+                "Mean generated tokens per second since start",
+                g(&self.tokens_generated_total) / up,
+            ),
+        ]
+    }
+
+    /// `(name, help, value)` of every counter.
+    fn counters(&self) -> [Scalar; 8] {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+        let secs = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 * 1e-6;
+        [
+            (
                 "fastllm_prefix_cache_hit_tokens_total",
                 "Prompt tokens served from the prefix cache (prefill skipped)",
-                counter,
                 g(&self.prefix_cache_hit_tokens_total),
             ),
-            (
-                "fastllm_requests_total",
-                "Requests received",
-                counter,
-                g(&self.requests_total),
-            ),
+            ("fastllm_requests_total", "Requests received", g(&self.requests_total)),
             (
                 "fastllm_requests_rejected_total",
                 "Requests refused for overload",
-                counter,
                 g(&self.rejected_total),
             ),
             (
                 "fastllm_generated_tokens_total",
                 "Tokens generated",
-                counter,
                 g(&self.tokens_generated_total),
             ),
             (
                 "fastllm_prompt_tokens_total",
                 "Prompt tokens processed",
-                counter,
                 g(&self.prompt_tokens_total),
             ),
-            (
-                "fastllm_steps_total",
-                "Batched forward steps",
-                counter,
-                g(&self.steps_total),
-            ),
+            ("fastllm_steps_total", "Batched forward steps", g(&self.steps_total)),
             (
                 "fastllm_model_seconds_total",
                 "Time the engine spent inside forward steps",
-                counter,
                 secs(&self.model_micros_total),
             ),
             (
                 "fastllm_scheduler_seconds_total",
                 "Time the engine spent around its forward steps (planning, sampling rows, text, events)",
-                counter,
                 secs(&self.scheduler_micros_total),
-            ),
-            (
-                "fastllm_generated_tokens_per_second",
-                "Mean generated tokens per second since start",
-                gauge,
-                g(&self.tokens_generated_total) / up,
             ),
         ]
     }

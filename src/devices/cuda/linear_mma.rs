@@ -19,10 +19,10 @@ use std::sync::{Arc, Mutex};
 pub(super) const MMA_KC: usize = 256;
 /// Weight rows per block of the narrow kernels (8 warps of one 16-row tile, two blocks per
 /// multiprocessor).
-pub const NARROW_ROWS: usize = 128;
+pub(super) const NARROW_ROWS: usize = 128;
 /// Weight rows per block of the wide kernels (`linear_mma{nt}w_*`: 16 warps, one block per
 /// multiprocessor, half the activation copies per weight row).
-pub const WIDE_ROWS: usize = 256;
+pub(super) const WIDE_ROWS: usize = 256;
 /// Activation rows one launch slice covers (8 · the largest `nt`); more rows take several
 /// slices, each reading the weight again.
 pub(super) const MMA_SLICE_ROWS: usize = 64;

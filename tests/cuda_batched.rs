@@ -593,3 +593,35 @@ fn mma_and_cublas_paths_agree_with_the_gemv_and_dequantized_paths() {
         }
     }
 }
+
+/// The product options a caller can get wrong (`mma_rows` other than 0 / 128 / 256, negative
+/// `mma_splits` or `mmq_shape`) are refused with the option's name, nothing written.
+#[test]
+fn bad_product_options_are_refused_by_name() {
+    let Some(dev) = gpu() else { return };
+    let cuda = cuda_executor(&dev);
+    let mut rng = CaseRng::new(17);
+    let (m, k, n) = (32usize, 256usize, 64usize);
+    let x = dev.upload(&rng.data(DataType::F32, &[m, k])).unwrap();
+    let w = dev.upload(&rng.data(DataType::Q4_0, &[n, k])).unwrap();
+    for (name, v) in [
+        ("mma_rows", 100),
+        ("mma_rows", -1),
+        ("mma_splits", -1),
+        ("mmq_shape", -2),
+    ] {
+        let ints = IntDict::new()
+            .with("quant_act", 1)
+            .with("mma", 2)
+            .with(name, v);
+        let mut y = Data::empty(DataType::F32);
+        let mut d = DataDict::new()
+            .with("input", &x)
+            .with("weight", &w)
+            .with_mut("output", &mut y);
+        let e = cuda
+            .run("Linear", &mut d, &FloatDict::new(), &ints)
+            .expect_err(&format!("{name} = {v} was accepted"));
+        assert!(e.to_string().contains(name), "{name} = {v}: {e}");
+    }
+}

@@ -240,7 +240,6 @@ impl Model {
         let rows = logits.dim(0);
         match mode {
             PagedMode::Greedy => self.argmax_padded(logits, n),
-            PagedMode::Sample(_) if mode.greedy() => self.argmax_padded(logits, n),
             PagedMode::Sample(r) => {
                 let mut all = r.to_vec();
                 all.resize(rows, SampleRow::greedy());

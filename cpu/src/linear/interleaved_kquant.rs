@@ -254,6 +254,19 @@ pub(super) mod avx512 {
         }
     }
 
+    /// Prefetches the `bytes` bytes at `p` into L2 only (one hint per cache line): for a stream
+    /// that a kernel reads far ahead of its use, where filling L1 early would evict the lines in
+    /// use.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(in crate::linear) unsafe fn prefetch_l2(p: *const u8, bytes: usize) {
+        let mut o = 0;
+        while o < bytes {
+            _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(o) as *const i8);
+            o += 64;
+        }
+    }
+
     /// The 64 bytes at `p`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]

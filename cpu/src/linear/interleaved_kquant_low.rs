@@ -133,16 +133,17 @@ mod avx512 {
     //! activation rows, so that the per-block sums stay in registers.
     use super::super::act_quant::Q8Rows;
     use super::super::interleaved::avx512::piece;
-    use super::super::interleaved_kquant::avx512::{field, ld, prefetch};
+    use super::super::interleaved_kquant::avx512::{field, ld, prefetch, prefetch_l2};
     use super::super::interleaved_kquant::vec_bytes;
     use super::super::MAX_ROWS;
     use super::{GROUP_ROWS, SUB};
     use crate::kquant_low::{Q2_K_BYTES, Q3_K_BYTES};
     use std::arch::x86_64::*;
 
-    /// Super-blocks ahead of the one being computed that are prefetched (past a group's end too:
-    /// the next group follows; a prefetch never faults).
-    const PREFETCH_AHEAD: usize = 2;
+    /// Super-blocks ahead of the one being computed that are prefetched into L2, half a
+    /// super-block per half computed (past a group's end too: the next group follows; a
+    /// prefetch never faults).
+    const PREFETCH_AHEAD: usize = 4;
 
     /// Bit `a` (0..8) of every byte of `hm` moved to bit 2, other bits cleared.
     #[inline]
@@ -281,7 +282,6 @@ mod avx512 {
         let mut accm = [_mm512_setzero_ps(); R];
         for sb in 0..nb / SUB {
             let v = base.add(sb * vb);
-            prefetch(v.wrapping_add(PREFETCH_AHEAD * vb), vb);
             let (d, dmin) = if Q3 {
                 let d = _mm256_loadu_si256(dbase.add(32 * sb) as *const __m256i);
                 (_mm512_cvtph_ps(d), _mm512_setzero_ps())
@@ -295,6 +295,10 @@ mod avx512 {
             };
             let scw = scale_words::<Q3>(v);
             for h in 0..2 {
+                prefetch_l2(
+                    v.wrapping_add(PREFETCH_AHEAD * vb + h * vb / 2),
+                    vb / 2 + 64,
+                );
                 let a0: [usize; R] = std::array::from_fn(|r| (row0 + r) * nb + sb * SUB + 4 * h);
                 let isum = if h == 0 {
                     block_sums::<R, Q3, 0>(v, &scw, acts, a0)

@@ -176,24 +176,13 @@ pub(super) mod avx512 {
     //! [`group_q6_k_gfni`]).
     use super::super::act_quant::Q8Rows;
     use super::super::interleaved::avx512::piece;
-    use super::super::interleaved_kquant::avx512::ld;
+    use super::super::interleaved_kquant::avx512::{ld, prefetch_l2};
     use super::super::MAX_ROWS;
     use super::{vec_bytes, GROUP_ROWS, Q6_K_BYTES, SCALES, TRIPLE};
     use std::arch::x86_64::*;
 
     /// Super-blocks ahead of the one being computed that are prefetched into L2.
     const PREFETCH_AHEAD: usize = 8;
-
-    /// Prefetches the `bytes` bytes at `p` into L2 (one hint per cache line).
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn prefetch_l2(p: *const u8, bytes: usize) {
-        let mut o = 0;
-        while o < bytes {
-            _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(o) as *const i8);
-            o += 64;
-        }
-    }
 
     /// The four operand vectors of the scale group whose vectors `A`, `B`, `C` are at `p`
     /// (module docs): lane `j` of vector `k` holds values `4k..4k + 4` of row `j`'s group, one

@@ -5,16 +5,17 @@
 //! The layout is a transpose of 4-byte words: rows are taken in groups of [`GROUP_ROWS`], and a
 //! group stores, super-block after super-block, `W = bytes / 4` vectors `V_m` of 64 bytes whose
 //! 32-bit lane `j` holds bytes `4m..4m+4` of row `j`'s super-block (the plain GGUF bytes,
-//! unchanged). Q3_K's 110-byte super-blocks end in a 2-byte `d`: a group keeps the whole vectors
-//! of each super-block (whole cache lines) and, after those of all its super-blocks, the 16 f16
-//! `d` of each super-block in turn; the Q2_K/Q3_K layouts are in
+//! unchanged). Q3_K's 110-byte super-blocks end in a 2-byte `d`: a group starts with the 16 f16
+//! `d` of each of its super-blocks in turn (so that they stream in ahead of the vectors that
+//! need them), then keeps the whole vectors of each super-block (whole cache lines); the
+//! Q2_K/Q3_K layouts are in
 //! [`super::interleaved_kquant_low`]:
 //!
 //! | format | plain super-block (`crate::kquant`) | one super-block of a group |
 //! |---|---|---|
 //! | Q4_K | 144 bytes: `d, dmin`, 12 scale bytes, 128 `qs` | 36 vectors (2304 bytes) |
 //! | Q5_K | 176 bytes: `d, dmin`, 12 scale bytes, 32 `qh`, 128 `qs` | 44 vectors (2816 bytes) |
-//! | Q6_K | 210 bytes: 128 `ql`, 64 `qh`, 16 scales, `d` | 52 vectors (3328 bytes) + 32 bytes of `d` at the group's end, bits repacked ([`super::interleaved_q6`]) |
+//! | Q6_K | 210 bytes: 128 `ql`, 64 `qh`, 16 scales, `d` | 52 vectors (3328 bytes) + 32 bytes of `d` at the group's start, bits repacked ([`super::interleaved_q6`]) |
 //!
 //! So one 512-bit load gives the same four bytes of all 16 rows: their `d`/`dmin` pair, a word of
 //! packed scales, or four quant bytes, which after masking meet one broadcast 4-byte piece of an
@@ -68,8 +69,8 @@ pub(super) fn vec_bytes(bs: usize) -> usize {
 
 /// The `(plain offset, offset in the group, length)` pieces of row `j` of super-block `sb` of an
 /// interleaved group of `nb` super-blocks of `bs`-byte plain super-blocks (not Q6_K): the
-/// vectors of super-block `sb` at `sb * vec_bytes(bs)`, then (Q3_K) the 16 f16 `d` of every
-/// super-block after all the vectors, so that each vector starts on a cache line.
+/// (Q3_K) 16 f16 `d` of every super-block at the group's start, then the vectors of super-block
+/// `sb` at `sb * vec_bytes(bs)` past them, so that each vector starts on a cache line.
 fn pieces(
     bs: usize,
     nb: usize,
@@ -77,8 +78,8 @@ fn pieces(
     j: usize,
 ) -> impl Iterator<Item = (usize, usize, usize)> {
     let (nw, tail) = (bs / 4, bs % 4);
-    let at = sb * vec_bytes(bs);
-    let tail_at = nb * vec_bytes(bs) + GROUP_ROWS * tail * sb + tail * j;
+    let at = GROUP_ROWS * tail * nb + sb * vec_bytes(bs);
+    let tail_at = GROUP_ROWS * tail * sb + tail * j;
     (0..nw)
         .map(move |m| (4 * m, at + 64 * m + 4 * j, 4))
         .chain(std::iter::once((4 * nw, tail_at, tail)))

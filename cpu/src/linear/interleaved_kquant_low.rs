@@ -1,11 +1,11 @@
 //! The integer `Linear` kernels of interleaved Q2_K and Q3_K weights (16 rows side by side, the
 //! layout of [`super::interleaved_kquant`]: vector `V_m` of a super-block holds plain word `m`
-//! of each row, in plain order; Q3_K's 2-byte `d` sit at the group's end).
+//! of each row, in plain order; Q3_K's 2-byte `d` sit at the group's start).
 //!
 //! | format | plain super-block (`crate::kquant_low`) | one super-block of a group |
 //! |---|---|---|
 //! | Q2_K | 84 bytes: 16 scale bytes, 64 `qs`, `d, dmin` | 21 vectors (1344 bytes) |
-//! | Q3_K | 110 bytes: 32 `hmask`, 64 `qs`, 12 scale bytes, `d` | 27 vectors (1728 bytes) + 32 bytes of `d` at the group's end |
+//! | Q3_K | 110 bytes: 32 `hmask`, 64 `qs`, 12 scale bytes, `d` | 27 vectors (1728 bytes) + 32 bytes of `d` at the group's start |
 //!
 //! A `qs` vector holds four bytes of all 16 rows; its four 2-bit planes are values `4u..4u + 4`
 //! of four consecutive activation blocks (Q3_K's third bits from the `hmask` vector of the same
@@ -274,7 +274,13 @@ mod avx512 {
         let vb = vec_bytes(if Q3 { Q3_K_BYTES } else { Q2_K_BYTES });
         let nb = acts.blocks;
         let (base, ds, s16) = (g.as_ptr(), acts.ds.as_ptr(), acts.sum16.as_ptr());
-        let dbase = base.add(nb / SUB * vb); // Q3_K: the 16 f16 `d` of each super-block
+        // Q3_K: the 16 f16 `d` of each super-block, then the vectors
+        let dbase = base;
+        let base = if Q3 {
+            base.add(2 * GROUP_ROWS * (nb / SUB))
+        } else {
+            base
+        };
         if Q3 {
             prefetch(dbase, 32 * (nb / SUB));
         }

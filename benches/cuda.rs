@@ -287,7 +287,17 @@ fn batched_linear(dev: &CudaDevice, cuda: &Executor) {
         (3, 2, 0, 0, "mmq/2"),
         (3, 4, 0, 0, "mmq/4"),
     ];
-    for wt in [DataType::Q4_0, DataType::Q8_0] {
+    // F16 weights: the device's choice, the GEMV kernels below TC_MIN_ROWS and cuBLAS above,
+    // the F16 `linear_mma` kernels (the device's k split and forced ones)
+    let half: [(i32, i32, i32, i32, &str); 5] = [
+        (0, 0, 0, 0, "auto"),
+        (1, 0, 0, 0, "gemv/blas"),
+        (2, 0, 0, 0, "mma"),
+        (2, 1, 0, 0, "mma/1"),
+        (2, 4, 0, 0, "mma/4"),
+    ];
+    for wt in [DataType::F16, DataType::Q4_0, DataType::Q8_0] {
+        let paths: &[(i32, i32, i32, i32, &str)] = if wt == DataType::F16 { &half } else { &paths };
         for (n, k) in [
             (4096usize, 4096usize),
             (28672, 4096),
@@ -296,9 +306,15 @@ fn batched_linear(dev: &CudaDevice, cuda: &Executor) {
         ] {
             let w = dev.upload(&rng.data(wt, &[n, k])).unwrap();
             let bytes = wt.row_bytes(k).unwrap() * n;
-            for m in [1usize, 2, 4, 8, 16, 32, 64, 128] {
+            let ms: &[usize] = if wt == DataType::F16 {
+                &[2, 8, 16, 32, 64, 128]
+            } else {
+                &[1, 2, 4, 8, 16, 32, 64, 128]
+            };
+            for &m in ms {
                 let x = dev.upload(&rng.data(DataType::F32, &[m, k])).unwrap();
                 let mut line = format!("Linear {wt} [{n}, {k}] m={m:3}:");
+                let mut best = f64::INFINITY;
                 for &(mode, splits, shape, rows, name) in paths.iter().filter(|p| m > 1 || p.0 < 2)
                 {
                     let ints = IntDict::new()
@@ -316,9 +332,14 @@ fn batched_linear(dev: &CudaDevice, cuda: &Executor) {
                         cuda.run("Linear", &mut d, &FloatDict::new(), &ints)
                     });
                     let us = ms * 1e3;
+                    best = best.min(us);
                     line += &format!(" {name} {us:6.1}");
                 }
-                println!("{line} us ({:.1} MB)", bytes as f64 / 1e6);
+                println!(
+                    "{line} us ({:.1} MB, {:.0} GB/s at the fastest)",
+                    bytes as f64 / 1e6,
+                    bytes as f64 / best / 1e3
+                );
             }
         }
     }

@@ -169,15 +169,16 @@ struct MmaCopy {
     int xlive;               // how many of rows xr, xr + MMA_XSTEP(W), … of the slice are below m
 };
 
-// The thread's activation copy plan (see MmaCopy) for the slice of 8·NT rows from t0.
-template <int NT, int W>
+// The thread's activation copy plan (see MmaCopy) for the slice of 8·NT rows from t0, staged
+// rows XS halves apart.
+template <int NT, int W, int XS = MMA_XS>
 __device__ __forceinline__ MmaCopy mma_copy_plan(const unsigned short* x, int m, int k, int t0) {
     MmaCopy cp;
     int xr = threadIdx.x / (MMA_KC / 8), xp = threadIdx.x % (MMA_KC / 8);
     int left = min(m - t0, 8 * NT) - xr;
     cp.xlive = left > 0 ? (left + MMA_XSTEP(W) - 1) / MMA_XSTEP(W) : 0;
     cp.x = (const unsigned char*)(x + (long)(t0 + (left > 0 ? xr : 0)) * k + 8 * xp);
-    cp.xs = (unsigned int)((xr * MMA_XS + 8 * xp) * 2);
+    cp.xs = (unsigned int)((xr * XS + 8 * xp) * 2);
     return cp;
 }
 
@@ -225,8 +226,9 @@ __device__ __forceinline__ void mma_stage_w(const unsigned char* const* rows, lo
 }
 
 // Starts copying chunk c of the slice's activation rows into the activations of a stage at
-// shared address xst, as the thread's plan cp says; joins the caller's commit group.
-template <int NT, int W>
+// shared address xst (rows XS halves apart), as the thread's plan cp says; joins the caller's
+// commit group.
+template <int NT, int W, int XS = MMA_XS>
 __device__ __forceinline__ void mma_stage_x(const MmaCopy& cp, long k, long c, unsigned int xst) {
     constexpr int XSTEP = MMA_XSTEP(W);
     const unsigned char* src = cp.x + c * (MMA_KC * 2);
@@ -234,8 +236,40 @@ __device__ __forceinline__ void mma_stage_x(const MmaCopy& cp, long k, long c, u
     long step = (long)XSTEP * k * 2;
 #pragma unroll
     for (int s = 0; s < (8 * NT + XSTEP - 1) / XSTEP; s++) {
-        if (s < cp.xlive) cp_async16(dst + s * XSTEP * MMA_XS * 2, src);
+        if (s < cp.xlive) cp_async16(dst + s * XSTEP * XS * 2, src);
         src += step;
+    }
+}
+
+// Writes a warp's sums acc of one 16-row weight tile (launch rows from jt, those below rend) and
+// the 8·NT activation rows from t0 (those below m): into the outputs (+ bias, + y with the
+// segments' acc, f16 with out_half), or with several k splits into the split's partial sums.
+// acc[u][e]: weight row g + 8 (e >> 1), activation row 8u + 2t + (e & 1).
+template <int NT>
+__device__ __forceinline__ void mma_store_tile(const float (*acc)[4], const LinSegs& sg, int jt, int rend, int t0, int m,
+                                               int ntot, int splits, float* part, int out_half) {
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        int jg = jt + 8 * (e >> 1) + g;
+        if (jg >= rend) continue;
+#pragma unroll
+        for (int u = 0; u < NT; u++) {
+            int r = t0 + 8 * u + 2 * t + (e & 1);
+            if (r >= m) continue;
+            float v = acc[u][e];
+            if (splits > 1) {
+                part[((long)blockIdx.y * m + r) * ntot + jg] = v;
+                continue;
+            }
+            SEG_PICK(jg)
+            long o = (long)r * n + j;
+            if (out_half) {
+                ((unsigned short*)y)[o] = f2h(v + (bias ? bias[j] : 0.0f));
+            } else {
+                y[o] = (sg.acc ? y[o] : 0.0f) + v + (bias ? bias[j] : 0.0f);
+            }
+        }
     }
 }
 
@@ -334,31 +368,8 @@ __device__ void linear_mma_t(const unsigned short* x, const LinSegs& sg, int m, 
         __syncthreads();
     }
     int base = row0 + warp * MMA_WROWS * 16;
-    // c[e]: row g + 8 (e >> 1), activation row 2t + (e & 1) of the 8-row tile
 #pragma unroll
-    for (int i = 0; i < MMA_WROWS; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int jg = base + 16 * i + 8 * (e >> 1) + g;
-            if (jg >= rend) continue;
-#pragma unroll
-            for (int u = 0; u < NT; u++) {
-                int r = t0 + 8 * u + 2 * t + (e & 1);
-                if (r >= m) continue;
-                float v = acc[i][u][e];
-                if (splits > 1) {
-                    part[((long)blockIdx.y * m + r) * ntot + jg] = v;
-                    continue;
-                }
-                SEG_PICK(jg)
-                long o = (long)r * n + j;
-                if (out_half) {
-                    ((unsigned short*)y)[o] = f2h(v + (bias ? bias[j] : 0.0f));
-                } else {
-                    y[o] = (sg.acc ? y[o] : 0.0f) + v + (bias ? bias[j] : 0.0f);
-                }
-            }
-        }
+    for (int i = 0; i < MMA_WROWS; i++) mma_store_tile<NT>(acc[i], sg, base + 16 * i, rend, t0, m, ntot, splits, part, out_half);
 }
 
 // W = 8 (128 weight rows, two blocks per multiprocessor) for every NT; suffix `w`: W = 16 (256

@@ -1,5 +1,5 @@
 //! Batched (a few rows) GPU products: the `linear_mma` kernels (block weights read once for all
-//! activation rows, dequantized in registers, tensor cores) against a scalar reference of the
+//! activation rows, dequantized in registers, tensor cores; F16 weights loaded into registers) against a scalar reference of the
 //! same arithmetic (activations and dequantized weights rounded to f16, products summed in
 //! f64), and the int8 `linear_mmq` kernels of every compiled tile shape against the product of
 //! the Q8_0-quantized activations and the dequantized weights (summed in f64), on awkward
@@ -163,7 +163,12 @@ fn mma_linear_matches_f16_reference_on_awkward_shapes() {
         (130, 256, 45, 1),
     ];
     let mut checked = 0;
-    for wt in [DataType::Q4_0, DataType::Q4_1, DataType::Q8_0] {
+    for wt in [
+        DataType::Q4_0,
+        DataType::Q4_1,
+        DataType::Q8_0,
+        DataType::F16,
+    ] {
         for &(m, k, n, splits) in &shapes {
             let x = rng.data(DataType::F32, &[m, k]);
             let w = rng.data(wt, &[n, k]);
@@ -374,7 +379,7 @@ fn mma_linear_segments_accumulate_and_half_outputs() {
     let Some(dev) = gpu() else { return };
     let cuda = cuda_executor(&dev);
     let mut rng = CaseRng::new(92);
-    for wt in [DataType::Q4_0, DataType::Q8_0] {
+    for wt in [DataType::Q4_0, DataType::Q8_0, DataType::F16] {
         for &(m, k, splits) in &[(5usize, 512usize, 0usize), (24, 768, 3)] {
             // three weights in one launch (q/k/v-like), a bias on the second only
             let ns = [100usize, 37, 37];

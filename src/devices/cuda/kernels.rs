@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 /// Every kernel source, in order; `common.cuh` first (the others use its helpers).
-const SOURCES: [(&str, &str); 14] = [
+const SOURCES: [(&str, &str); 15] = [
     ("common.cuh", include_str!("../../../kernels/common.cuh")),
     (
         "elementwise.cu",
@@ -23,6 +23,10 @@ const SOURCES: [(&str, &str); 14] = [
     (
         "linear_mma.cu",
         include_str!("../../../kernels/linear_mma.cu"),
+    ),
+    (
+        "linear_hmma.cu",
+        include_str!("../../../kernels/linear_hmma.cu"),
     ),
     (
         "linear_mmq.cu",

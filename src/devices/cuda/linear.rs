@@ -19,7 +19,9 @@
 //! block weights take tensor cores with activations cast to f16 (bf16 for BF16 weights) on the
 //! GPU, once for all weights of a call, or not at all when the op that produced them left that
 //! copy (`RMSNorm`, `SiluMul`, `Attention` with `quantize_output` 2 / 3, see `act_quant`).
-//! F16/BF16 weights go through cuBLAS `GemmEx` from 2 rows. Q8_0/Q4_0/Q4_1 weights
+//! F16 weights (`k % 256 == 0`) of 2..=[`F16_MMA_MAX_ROWS`] rows take the F16 `linear_mma` kernels
+//! (weights loaded straight into registers); other F16 and all BF16 products go through cuBLAS
+//! `GemmEx` from 2 rows. Q8_0/Q4_0/Q4_1 weights
 //! (`k % 128 == 0`, 16-byte aligned) of 2..=[`Q8_COPY_MAX_ROWS`](crate::device::Q8_COPY_MAX_ROWS) rows (up to
 //! [`MMQ_NO_MMA_MAX_ROWS`] where `k % 256 != 0`) with f32 inputs and
 //! outputs take the int8 `linear_mmq` kernels (see `linear_mmq`: each weight block read once for
@@ -105,6 +107,10 @@ const DEQ_TILE_BYTES: usize = 128 << 20;
 /// aligned) take the `linear_mma` kernels (weights read once per slice of 64 rows, dequantized
 /// in registers), from 2 rows on; above it the dequantize-then-cuBLAS path.
 const MMA_MAX_ROWS: usize = 128;
+/// F16-weight products of up to this many rows take `linear_mma` (weights into registers),
+/// more rows cuBLAS: at 16 rows both stream llama-3-8b's large weights alike and `linear_mma`
+/// runs the 4096 × 4096 one in half the time; from 32 rows cuBLAS is faster.
+const F16_MMA_MAX_ROWS: usize = 16;
 /// Block products that `linear_mma` does not take (`k % 256 != 0`) stay on `linear_mmq` up to
 /// this many rows (above [`Q8_COPY_MAX_ROWS`](crate::device::Q8_COPY_MAX_ROWS) they quantize
 /// their input themselves): faster than dequantized tiles for cuBLAS.
@@ -171,11 +177,18 @@ impl Batched {
     /// Whether a block-weight product of `m` rows of `k` values takes `linear_mma` (where it
     /// does not take `linear_mmq`, see [`Batched::mmq`]).
     fn mma(&self, dtype: DataType, m: usize, k: usize) -> bool {
-        // (Q5_0 and the K-quants have no `linear_mma` kernel; they take dequantized tiles)
-        let fits = q8_kernels(dtype) && k.is_multiple_of(MMA_KC) && m >= 2;
+        // (Q5_0, the K-quants and BF16 have no `linear_mma` kernel: dequantized tiles / cuBLAS)
+        let fits = mma_kernels(dtype) && k.is_multiple_of(MMA_KC) && m >= 2;
         match self.mode {
             2 => fits,
-            0 => fits && m <= MMA_MAX_ROWS,
+            0 => {
+                let most = if dtype == DataType::F16 {
+                    F16_MMA_MAX_ROWS
+                } else {
+                    MMA_MAX_ROWS
+                };
+                fits && m <= most
+            }
             _ => false,
         }
     }
@@ -347,6 +360,12 @@ struct Linear {
 /// True for the block dtypes with Q8_0-activation and `linear_mma` kernels (Q8_0, Q4_0, Q4_1).
 fn q8_kernels(t: DataType) -> bool {
     matches!(t, DataType::Q8_0 | DataType::Q4_0 | DataType::Q4_1)
+}
+
+/// True for the weight dtypes with `linear_mma` kernels: the Q8_0-activation block dtypes and
+/// F16 (`linear_mma{nt}_f16`, weights read straight into registers).
+fn mma_kernels(t: DataType) -> bool {
+    q8_kernels(t) || t == DataType::F16
 }
 
 fn tc_form(w: DataType, k: usize) -> Option<ActForm> {

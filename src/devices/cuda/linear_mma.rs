@@ -6,6 +6,9 @@
 //! copy of every weight). Short weights are split along k over several blocks ([`MmaPlan`];
 //! `mm_split` launches them and adds the splits in a fixed order; in a launch of several
 //! weights each keeps the plan of its product alone).
+//! F16 weights take `linear_mma{nt}_f16` (kernels/linear_hmma.cu) with the same grid, splits
+//! and outputs: each lane loads its share of the weight rows straight into registers, and only
+//! the activation rows are staged.
 //! Knows nothing of ops: `Linear` decides when to call [`mma_product`].
 
 use super::buffer::CudaBuffer;
@@ -28,6 +31,11 @@ pub(super) const WIDE_ROWS: usize = 256;
 pub(super) const MMA_SLICE_ROWS: usize = 64;
 /// Halves per staged activation row (`MMA_XS`).
 const XS_HALVES: usize = MMA_KC + 8;
+/// Bytes per 32 values of F16 weights: their kernels (`linear_mma{nt}_f16`, kernels/
+/// linear_hmma.cu) load weights into registers and stage only activation rows.
+const F16_BLOCK_BYTES: usize = 64;
+/// Halves per staged activation row of the F16 kernels (`HMMA_XS`).
+const F16_XS_HALVES: usize = MMA_KC + 32;
 /// Most k splits of one product.
 const MAX_SPLITS: usize = 8;
 /// What a plan needs of the product: `m` activation rows, `ntot` weight rows of `k` values,
@@ -85,7 +93,7 @@ impl MmaPlan {
         // weights, gate/up, fills them, and splits only add partial sums to write and add
         // up); a smaller one is split to fill them alone, each block with at least two chunks
         // of k
-        let resident = if rows == WIDE_ROWS { 1 } else { 2 } * gpu.sms;
+        let resident = blocks_per_sm(rows, t.nt, p.block_bytes) * gpu.sms;
         let blocks = t.tiles * t.slices;
         let auto = if 4 * blocks >= resident {
             1
@@ -131,9 +139,25 @@ fn wide_kernel(nt: usize, block_bytes: usize) -> bool {
     block_bytes == 34 && nt == 8
 }
 
+/// Blocks of `rows` weight rows and `nt` activation tiles resident per multiprocessor: one
+/// wide block, two narrow ones, three F16 blocks of one tile (80 registers a thread).
+fn blocks_per_sm(rows: usize, nt: usize, block_bytes: usize) -> usize {
+    if rows == WIDE_ROWS {
+        1
+    } else if block_bytes == F16_BLOCK_BYTES && nt == 1 {
+        3
+    } else {
+        2
+    }
+}
+
 /// Dynamic shared memory of a block of `rows` weight rows and `nt` activation tiles (see
 /// [`MmaPlan::smem`]).
 fn smem(rows: usize, nt: usize, block_bytes: usize) -> usize {
+    if block_bytes == F16_BLOCK_BYTES {
+        // only the activation rows are staged
+        return 2 * 8 * nt * F16_XS_HALVES * 2;
+    }
     let pad = if block_bytes == 20 { 16 } else { 0 };
     let wrow = MMA_KC / 32 * block_bytes + pad;
     2 * (rows * wrow + 8 * nt * XS_HALVES * 2) + rows * 8
@@ -270,5 +294,21 @@ mod tests {
             MmaPlan::new(shape, gpu, 0, 0).unwrap().kernel("q8_0"),
             "linear_mma8w_q8_0"
         );
+        // F16 weights: narrow blocks only, activations alone in shared memory; one tile of 8
+        // rows keeps three blocks per multiprocessor (k and v split to fill them)
+        let f16 = |m: usize, ntot: usize, rows: usize| {
+            let shape = MmaShape {
+                m,
+                k: 4096,
+                ntot,
+                block_bytes: 64,
+            };
+            MmaPlan::new(shape, gpu, 0, rows).unwrap()
+        };
+        let p = f16(8, 1024, WIDE_ROWS);
+        assert_eq!((p.nt, p.rows, p.tiles, p.splits), (1, NARROW_ROWS, 8, 8));
+        assert_eq!(p.smem(64), 2 * 8 * (256 + 32) * 2);
+        assert_eq!(p.kernel("f16"), "linear_mma1_f16");
+        assert_eq!(f16(16, 28672, 0).splits, 1);
     }
 }

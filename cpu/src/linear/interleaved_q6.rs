@@ -176,13 +176,17 @@ pub(super) mod avx512 {
     //! [`group_q6_k_gfni`]).
     use super::super::act_quant::Q8Rows;
     use super::super::interleaved::avx512::piece;
-    use super::super::interleaved_kquant::avx512::{ld, prefetch_l2};
+    use super::super::interleaved_kquant::avx512::{ld, prefetch, prefetch_l2};
     use super::super::MAX_ROWS;
     use super::{vec_bytes, GROUP_ROWS, Q6_K_BYTES, SCALES, TRIPLE};
     use std::arch::x86_64::*;
 
-    /// Super-blocks ahead of the one being computed that are prefetched into L2.
-    const PREFETCH_AHEAD: usize = 8;
+    /// Super-blocks ahead of the one being computed that are prefetched into L2 (past the
+    /// group's end too: the next group follows; a prefetch never faults).
+    const L2_AHEAD: usize = 16;
+
+    /// Super-blocks ahead of the one being computed that are prefetched again, into L1.
+    const L1_AHEAD: usize = 2;
 
     /// The four operand vectors of the scale group whose vectors `A`, `B`, `C` are at `p`
     /// (module docs): lane `j` of vector `k` holds values `4k..4k + 4` of row `j`'s group, one
@@ -257,9 +261,10 @@ pub(super) mod avx512 {
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(dbase.add(32 * sb) as *const __m256i));
             for b in 0..8 {
                 let a0 = |r: usize| (row0 + r) * nb + sb * 8 + b;
-                // this block's share of the super-block `PREFETCH_AHEAD` on (past the group's
-                // end too: the next group follows; a prefetch never faults)
-                prefetch_l2(v.wrapping_add(PREFETCH_AHEAD * vb + 416 * b), 448);
+                // this block's share (an eighth, rounded up to lines) of the super-blocks
+                // `L2_AHEAD` and `L1_AHEAD` on
+                prefetch_l2(v.wrapping_add(L2_AHEAD * vb + 416 * b), 448);
+                prefetch(v.wrapping_add(L1_AHEAD * vb + 416 * b), 448);
                 let mut isum = [_mm512_setzero_si512(); R];
                 for h in 0..2 {
                     let p = 2 * b + h;

@@ -16,10 +16,11 @@
 
 #define HMMA_XS (MMA_KC + 32)
 
-// 16 bytes of weights at p, streamed past L1 (read once per launch).
+// 16 bytes of weights at p, streamed past L1 (read once per launch); L2 fetches the whole 256-byte
+// piece, which the warp's next three spans of the row read.
 __device__ __forceinline__ uint4 hmma_ldw(const unsigned char* p) {
     uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
     return v;

@@ -30,10 +30,13 @@ pub struct Q8Rows {
     pub sum8: Vec<[i32; 8]>,
     /// Quantized values, 32 per block.
     pub qs: Vec<i8>,
-    /// Per block the integer sums of its two halves of 16 values (used by the interleaved Q6_K
-    /// kernel, whose scales change every 16 values); filled by [`Q8Rows::prepare_sum16`], left
-    /// stale by a re-quantization.
+    /// Per block the integer sums of its two halves of 16 values (used by the interleaved Q2_K
+    /// and Q3_K kernels, whose scales change every 16 values); filled by
+    /// [`Q8Rows::prepare_sum16`], left stale by a re-quantization.
     pub sum16: Vec<[i32; 2]>,
+    /// [`Q8Rows::sum16`] times −32: where the interleaved Q6_K kernel starts each 16-value sum
+    /// (`Σ (q − 32)·x` of its unsigned six-bit `q`); filled with it.
+    pub q6_bias: Vec<[i32; 2]>,
     /// The same rows in the grouped layout of the streaming GEMV ([`Q8Split`]); empty until
     /// [`Q8Rows::prepare_split`] is called, and emptied by every re-quantization.
     pub split: Q8Split,
@@ -106,7 +109,8 @@ impl Q8Rows {
         self.split.rows = 0;
     }
 
-    /// Fills [`Q8Rows::sum16`] from the quantized values (one pass over `k` bytes per row).
+    /// Fills [`Q8Rows::sum16`] and [`Q8Rows::q6_bias`] from the quantized values (one pass over
+    /// `k` bytes per row).
     pub fn prepare_sum16(&mut self) {
         let n = self.rows * self.blocks;
         self.sum16.clear();
@@ -114,6 +118,9 @@ impl Q8Rows {
         let blocks = self.qs[..n * QK].chunks_exact(QK);
         self.sum16
             .extend(blocks.map(|b| [half(&b[..QK / 2]), half(&b[QK / 2..])]));
+        self.q6_bias.clear();
+        self.q6_bias
+            .extend(self.sum16.iter().map(|&[a, b]| [-32 * a, -32 * b]));
     }
 
     /// Fills [`Q8Rows::split`] from the quantized rows (cheap: one pass over `k` bytes per row).

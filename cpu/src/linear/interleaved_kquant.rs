@@ -1,33 +1,30 @@
 //! K-quant weights (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) interleaved 16 rows at a time, and the
-//! integer `Linear` kernels that stream Q4_K/Q5_K/Q6_K ([`super::interleaved_kquant_low`] has
-//! Q2_K's and Q3_K's).
+//! integer `Linear` kernels that stream Q4_K/Q5_K ([`super::interleaved_kquant_low`] has Q2_K's
+//! and Q3_K's, [`super::interleaved_q6`] Q6_K's layout and kernels).
 //!
 //! The layout is a transpose of 4-byte words: rows are taken in groups of [`GROUP_ROWS`], and a
 //! group stores, super-block after super-block, `W = bytes / 4` vectors `V_m` of 64 bytes whose
 //! 32-bit lane `j` holds bytes `4m..4m+4` of row `j`'s super-block (the plain GGUF bytes,
-//! unchanged). Q6_K's 210-byte and Q3_K's 110-byte super-blocks end in a 2-byte `d`: a group
-//! keeps the whole vectors of each super-block (whole cache lines) and, after those of all its
-//! super-blocks, the 16 f16 `d` of each super-block in turn. Q6_K's vectors are reordered so that
-//! a kernel touches them in ascending order ([`q6_word_pos`]); the Q2_K/Q3_K layouts are in
+//! unchanged). Q3_K's 110-byte super-blocks end in a 2-byte `d`: a group starts with the 16 f16
+//! `d` of each of its super-blocks in turn (so that they stream in ahead of the vectors that
+//! need them), then keeps the whole vectors of each super-block (whole cache lines); the
+//! Q2_K/Q3_K layouts are in
 //! [`super::interleaved_kquant_low`]:
 //!
 //! | format | plain super-block (`crate::kquant`) | one super-block of a group |
 //! |---|---|---|
 //! | Q4_K | 144 bytes: `d, dmin`, 12 scale bytes, 128 `qs` | 36 vectors (2304 bytes) |
 //! | Q5_K | 176 bytes: `d, dmin`, 12 scale bytes, 32 `qh`, 128 `qs` | 44 vectors (2816 bytes) |
-//! | Q6_K | 210 bytes: 128 `ql`, 64 `qh`, 16 scales, `d` | 52 vectors (3328 bytes) + 32 bytes of `d` at the group's end |
+//! | Q6_K | 210 bytes: 128 `ql`, 64 `qh`, 16 scales, `d` | 52 vectors (3328 bytes) + 32 bytes of `d` at the group's start, bits repacked ([`super::interleaved_q6`]) |
 //!
 //! So one 512-bit load gives the same four bytes of all 16 rows: their `d`/`dmin` pair, a word of
 //! packed scales, or four quant bytes, which after masking meet one broadcast 4-byte piece of an
 //! activation block in a single `vpdpbusd`; the 16 lanes accumulate the 16 rows' dots.
 //!
 //! Activations are Q8_0 blocks of 32 ([`Q8Rows`]); one block lines up with one Q4_K/Q5_K
-//! sub-block and two Q6_K scale groups. Per activation block `b` the products are summed exactly
-//! in integers, then, in block order (the scalar reference and the SIMD kernels alike):
-//! - Q4_K/Q5_K: `acc += Σq·x · ((d·sc[b])·dx)` and `accm += (dmin·m[b])·(dx·Σx)`; the result is
-//!   `acc − accm`;
-//! - Q6_K: `acc += (sc[2b]·(Σ_{first 16} q·x − 32·Σx) + sc[2b+1]·(Σ_{last 16} ..)) · (d·dx)`, the
-//!   16-value sums of `x` read from [`Q8Rows::sum16`] (call [`Q8Rows::prepare_sum16`] first).
+//! sub-block. Per activation block `b` the products are summed exactly in integers, then, in
+//! block order (the scalar reference and the SIMD kernels alike),
+//! `acc += Σq·x · ((d·sc[b])·dx)` and `accm += (dmin·m[b])·(dx·Σx)`; the result is `acc − accm`.
 //!
 //! Matrices whose row count is not a multiple of [`GROUP_ROWS`] are not interleaved. This module
 //! must not split work across threads or know about tensors.
@@ -35,7 +32,7 @@
 use super::act_quant::Q8Rows;
 use super::interleaved::{InterleavedFn, GROUP_ROWS};
 use super::{WeightType, MAX_ROWS};
-use crate::kquant::{q6_k_value, scales_mins, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K};
+use crate::kquant::{scales_mins, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K};
 use crate::kquant_low::{Q2_K_BYTES, Q3_K_BYTES};
 use crate::quant::rd_f16 as f16_at;
 
@@ -64,18 +61,6 @@ fn check(t: WeightType, w: &[u8], n: usize, k: usize) -> Result<usize, String> {
     Ok(bs)
 }
 
-/// Position of plain word `m` among the vectors of an interleaved Q6_K super-block: the 4 scale
-/// words, then per half `h` and word `u < 8` of its 32-byte lanes, `ql` word `u` of the half's
-/// first 32 bytes, `qh` word `u`, `ql` word `u` of its last 32 bytes (the order the kernel reads
-/// them).
-fn q6_word_pos(m: usize) -> usize {
-    match m {
-        48..52 => m - 48,
-        32..48 => 4 + 24 * ((m - 32) / 8) + 3 * ((m - 32) % 8) + 1,
-        _ => 4 + 24 * (m / 16) + 3 * (m % 8) + if m % 16 < 8 { 0 } else { 2 },
-    }
-}
-
 /// Bytes of the vectors of one interleaved super-block (16 rows): all of it for Q2_K/Q4_K/Q5_K,
 /// the whole vectors without the 16 `d` for Q3_K/Q6_K.
 pub(super) fn vec_bytes(bs: usize) -> usize {
@@ -83,9 +68,9 @@ pub(super) fn vec_bytes(bs: usize) -> usize {
 }
 
 /// The `(plain offset, offset in the group, length)` pieces of row `j` of super-block `sb` of an
-/// interleaved group of `nb` super-blocks of `bs`-byte plain super-blocks: the vectors of
-/// super-block `sb` at `sb * vec_bytes(bs)`, then (Q6_K) the 16 f16 `d` of every super-block
-/// after all the vectors, so that each vector starts on a cache line.
+/// interleaved group of `nb` super-blocks of `bs`-byte plain super-blocks (not Q6_K): the
+/// (Q3_K) 16 f16 `d` of every super-block at the group's start, then the vectors of super-block
+/// `sb` at `sb * vec_bytes(bs)` past them, so that each vector starts on a cache line.
 fn pieces(
     bs: usize,
     nb: usize,
@@ -93,18 +78,19 @@ fn pieces(
     j: usize,
 ) -> impl Iterator<Item = (usize, usize, usize)> {
     let (nw, tail) = (bs / 4, bs % 4);
-    let q6 = bs == Q6_K_BYTES;
-    let at = sb * vec_bytes(bs);
-    let pos = move |m| at + 64 * if q6 { q6_word_pos(m) } else { m };
-    let tail_at = nb * vec_bytes(bs) + GROUP_ROWS * tail * sb + tail * j;
+    let at = GROUP_ROWS * tail * nb + sb * vec_bytes(bs);
+    let tail_at = GROUP_ROWS * tail * sb + tail * j;
     (0..nw)
-        .map(move |m| (4 * m, pos(m) + 4 * j, 4))
+        .map(move |m| (4 * m, at + 64 * m + 4 * j, 4))
         .chain(std::iter::once((4 * nw, tail_at, tail)))
 }
 
 /// Writes the plain super-block `src` as row `j` of super-block `sb` of the interleaved group
 /// `grp` (`nb` super-blocks).
 fn scatter(src: &[u8], grp: &mut [u8], nb: usize, sb: usize, j: usize) {
+    if src.len() == Q6_K_BYTES {
+        return super::interleaved_q6::scatter(src, grp, nb, sb, j);
+    }
     for (s, d, len) in pieces(src.len(), nb, sb, j) {
         grp[d..d + len].copy_from_slice(&src[s..s + len]);
     }
@@ -113,6 +99,9 @@ fn scatter(src: &[u8], grp: &mut [u8], nb: usize, sb: usize, j: usize) {
 /// Reads row `j` of super-block `sb` of the interleaved group `grp` (`nb` super-blocks) back
 /// into the plain super-block `out`.
 pub(super) fn gather(grp: &[u8], nb: usize, sb: usize, j: usize, out: &mut [u8]) {
+    if out.len() == Q6_K_BYTES {
+        return super::interleaved_q6::gather(grp, nb, sb, j, out);
+    }
     for (s, d, len) in pieces(out.len(), nb, sb, j) {
         out[s..s + len].copy_from_slice(&grp[d..d + len]);
     }
@@ -217,50 +206,13 @@ fn ref_q45<const Q5: bool>(
     }
 }
 
-/// Scalar reference of the Q6_K group kernel.
-fn ref_q6(
-    g: &[u8],
-    acts: &Q8Rows,
-    row0: usize,
-    rows: usize,
-    out: &mut [[f32; GROUP_ROWS]; MAX_ROWS],
-) {
-    let bs = Q6_K_BYTES;
-    let nb = acts.blocks;
-    let mut pb = vec![0u8; bs];
-    for (r, o) in out.iter_mut().enumerate().take(rows) {
-        for (j, oj) in o.iter_mut().enumerate() {
-            let mut acc = 0f32;
-            for sb in 0..nb / 8 {
-                gather(g, nb / 8, sb, j, &mut pb);
-                let d = f16_at(&pb, 208);
-                for b in 0..8 {
-                    let a = (row0 + r) * nb + sb * 8 + b;
-                    let x = &acts.qs[a * 32..][..32];
-                    let mut isum = 0i32;
-                    for (h, xh) in x.chunks_exact(16).enumerate() {
-                        let mut s = 0i32;
-                        for (l, &xl) in xh.iter().enumerate() {
-                            let q = q6_k_value(&pb, 32 * b + 16 * h + l) as i32;
-                            s += (q - 32) * xl as i32;
-                        }
-                        isum += pb[192 + 2 * b + h] as i8 as i32 * s;
-                    }
-                    acc = (isum as f32).mul_add(d * acts.ds[a][0], acc);
-                }
-            }
-            *oj = acc;
-        }
-    }
-}
-
 /// The scalar reference kernel for interleaved K-quant weights of type `t` (`None` for other
-/// types). Q6_K reads [`Q8Rows::sum16`] in its SIMD kernel only; the reference sums `x` itself.
+/// types).
 pub(super) fn pick_ref(t: WeightType) -> Option<InterleavedFn> {
     Some(match t {
         WeightType::Q4K => ref_q45::<false>,
         WeightType::Q5K => ref_q45::<true>,
-        WeightType::Q6K => ref_q6,
+        WeightType::Q6K => super::interleaved_q6::group_ref,
         _ => return super::interleaved_kquant_low::pick_ref(t),
     })
 }
@@ -272,7 +224,7 @@ pub(super) fn simd(t: WeightType) -> Option<InterleavedFn> {
     Some(match t {
         WeightType::Q4K => avx512::group_q4_k,
         WeightType::Q5K => avx512::group_q5_k,
-        WeightType::Q6K => avx512::group_q6_k,
+        WeightType::Q6K => super::interleaved_q6::simd(),
         _ => return super::interleaved_kquant_low::simd(t),
     })
 }
@@ -285,7 +237,7 @@ pub(super) mod avx512 {
     use super::super::interleaved::avx512::{entry, piece};
     use super::super::MAX_ROWS;
     use super::GROUP_ROWS;
-    use crate::kquant::{Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES};
+    use crate::kquant::{Q4_K_BYTES, Q5_K_BYTES};
     use std::arch::x86_64::*;
 
     /// Super-blocks ahead of the one being computed that are prefetched (past a group's end too:
@@ -299,6 +251,19 @@ pub(super) mod avx512 {
         let mut o = 0;
         while o < bytes {
             _mm_prefetch(p.wrapping_add(o) as *const i8, _MM_HINT_T0);
+            o += 64;
+        }
+    }
+
+    /// Prefetches the `bytes` bytes at `p` into L2 only (one hint per cache line): for a stream
+    /// that a kernel reads far ahead of its use, where filling L1 early would evict the lines in
+    /// use.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(in crate::linear) unsafe fn prefetch_l2(p: *const u8, bytes: usize) {
+        let mut o = 0;
+        while o < bytes {
+            _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(o) as *const i8);
             o += 64;
         }
     }
@@ -405,135 +370,6 @@ pub(super) mod avx512 {
         }
         for r in 0..R {
             _mm512_storeu_ps(out[r].as_mut_ptr(), _mm512_sub_ps(acc[r], accm[r]));
-        }
-    }
-
-    /// `(a & 0x0F) | b` per byte (`b` holds only bits 4..6).
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn nib_or(a: __m512i, b: __m512i, m4: __m512i) -> __m512i {
-        _mm512_ternarylogic_epi32::<0xEC>(a, b, m4)
-    }
-
-    /// The four 32-value blocks `t` of half `h` of a Q6_K super-block at byte `4u..4u + 4` of
-    /// each block, from the vectors `v` (the order of `q6_word_pos`): six-bit values, one byte
-    /// each, of all 16 rows. Also prefetches the same three vectors `ahead` bytes on.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn q6_quads(v: *const u8, h: usize, u: usize, ahead: usize) -> [__m512i; 4] {
-        let (m4, m30) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
-        let p = v.add(64 * (4 + 24 * h + 3 * u));
-        prefetch(p.wrapping_add(ahead), 192);
-        let (ql0, qh, ql1) = (ld(p), ld(p.add(64)), ld(p.add(128)));
-        let hb = |x: __m512i| _mm512_and_si512(x, m30);
-        [
-            nib_or(ql0, hb(_mm512_slli_epi16::<4>(qh)), m4),
-            nib_or(ql1, hb(_mm512_slli_epi16::<2>(qh)), m4),
-            nib_or(_mm512_srli_epi16::<4>(ql0), hb(qh), m4),
-            nib_or(
-                _mm512_srli_epi16::<4>(ql1),
-                hb(_mm512_srli_epi16::<2>(qh)),
-                m4,
-            ),
-        ]
-    }
-
-    /// Scale `i` (0..16) of all 16 rows, as i32 lanes, from the four scale vectors at `v`.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn q6_scale(v: *const u8, i: usize) -> __m512i {
-        let w = ld(v.add(64 * (i / 4)));
-        _mm512_srai_epi32::<24>(_mm512_sllv_epi32(
-            w,
-            _mm512_set1_epi32(24 - 8 * (i % 4) as i32),
-        ))
-    }
-
-    /// Q6_K: all super-blocks of one group against activation rows `row0..row0 + R` into
-    /// `out[..R]`. Each vector is loaded once per super-block: half `h` of all four of its
-    /// blocks at a time, so a block's 16-value halves are summed separately (`isum`) and then
-    /// added to `acc` in block order.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn q6<const R: usize>(
-        g: &[u8],
-        acts: &Q8Rows,
-        row0: usize,
-        out: &mut [[f32; GROUP_ROWS]],
-    ) {
-        let nb = acts.blocks;
-        let vb = super::vec_bytes(Q6_K_BYTES);
-        let (base, xs, ds, s16) = (
-            g.as_ptr(),
-            acts.qs.as_ptr(),
-            acts.ds.as_ptr(),
-            acts.sum16.as_ptr(),
-        );
-        let dbase = base.add(nb / 8 * vb); // the 16 f16 `d` of each super-block
-        prefetch(dbase, 32 * (nb / 8));
-        let ahead = PREFETCH_AHEAD * vb;
-        let mut acc = [_mm512_setzero_ps(); R];
-        for sb in 0..nb / 8 {
-            let v = base.add(sb * vb);
-            prefetch(v.wrapping_add(ahead), 256); // the scales; the rest in `q6_quads`
-            let d = _mm512_cvtph_ps(_mm256_loadu_si256(dbase.add(32 * sb) as *const __m256i));
-            for h in 0..2 {
-                let a0 = |r: usize| (row0 + r) * nb + sb * 8 + 4 * h;
-                let mut isum = [[_mm512_setzero_si512(); 4]; R];
-                for half in 0..2 {
-                    let mut s = [[_mm512_setzero_si512(); 4]; R];
-                    for (r, sr) in s.iter_mut().enumerate() {
-                        for (t, st) in sr.iter_mut().enumerate() {
-                            *st = _mm512_set1_epi32(-32 * (*s16.add(a0(r) + t))[half]);
-                        }
-                    }
-                    for u in 4 * half..4 * half + 4 {
-                        let q = q6_quads(v, h, u, ahead);
-                        for (r, sr) in s.iter_mut().enumerate() {
-                            for (t, st) in sr.iter_mut().enumerate() {
-                                let x = xs.add((a0(r) + t) * 32 + 4 * u);
-                                *st = _mm512_dpbusd_epi32(*st, q[t], piece(x));
-                            }
-                        }
-                    }
-                    for t in 0..4 {
-                        let sc = q6_scale(v, 2 * (4 * h + t) + half);
-                        for r in 0..R {
-                            let p = _mm512_mullo_epi32(s[r][t], sc);
-                            isum[r][t] = _mm512_add_epi32(isum[r][t], p);
-                        }
-                    }
-                }
-                for t in 0..4 {
-                    for (r, (ar, ir)) in acc.iter_mut().zip(&isum).enumerate() {
-                        let f = _mm512_mul_ps(d, _mm512_set1_ps((*ds.add(a0(r) + t))[0]));
-                        *ar = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ir[t]), f, *ar);
-                    }
-                }
-            }
-        }
-        for r in 0..R {
-            _mm512_storeu_ps(out[r].as_mut_ptr(), acc[r]);
-        }
-    }
-
-    /// Q6_K ([`super::InterleavedFn`]; needs [`Q8Rows::sum16`]): at most two activation rows
-    /// per pass, so that the sums stay in registers.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub unsafe fn group_q6_k(
-        g: &[u8],
-        a: &Q8Rows,
-        r0: usize,
-        n: usize,
-        o: &mut [[f32; GROUP_ROWS]; MAX_ROWS],
-    ) {
-        let mut r = 0;
-        while r < n {
-            match n - r {
-                1 => q6::<1>(g, a, r0 + r, &mut o[r..]),
-                _ => q6::<2>(g, a, r0 + r, &mut o[r..]),
-            }
-            r += 2;
         }
     }
 

@@ -1,11 +1,11 @@
 //! The integer `Linear` kernels of interleaved Q2_K and Q3_K weights (16 rows side by side, the
 //! layout of [`super::interleaved_kquant`]: vector `V_m` of a super-block holds plain word `m`
-//! of each row, in plain order; Q3_K's 2-byte `d` sit at the group's end).
+//! of each row, in plain order; Q3_K's 2-byte `d` sit at the group's start).
 //!
 //! | format | plain super-block (`crate::kquant_low`) | one super-block of a group |
 //! |---|---|---|
 //! | Q2_K | 84 bytes: 16 scale bytes, 64 `qs`, `d, dmin` | 21 vectors (1344 bytes) |
-//! | Q3_K | 110 bytes: 32 `hmask`, 64 `qs`, 12 scale bytes, `d` | 27 vectors (1728 bytes) + 32 bytes of `d` at the group's end |
+//! | Q3_K | 110 bytes: 32 `hmask`, 64 `qs`, 12 scale bytes, `d` | 27 vectors (1728 bytes) + 32 bytes of `d` at the group's start |
 //!
 //! A `qs` vector holds four bytes of all 16 rows; its four 2-bit planes are values `4u..4u + 4`
 //! of four consecutive activation blocks (Q3_K's third bits from the `hmask` vector of the same
@@ -133,16 +133,17 @@ mod avx512 {
     //! activation rows, so that the per-block sums stay in registers.
     use super::super::act_quant::Q8Rows;
     use super::super::interleaved::avx512::piece;
-    use super::super::interleaved_kquant::avx512::{field, ld, prefetch};
+    use super::super::interleaved_kquant::avx512::{field, ld, prefetch, prefetch_l2};
     use super::super::interleaved_kquant::vec_bytes;
     use super::super::MAX_ROWS;
     use super::{GROUP_ROWS, SUB};
     use crate::kquant_low::{Q2_K_BYTES, Q3_K_BYTES};
     use std::arch::x86_64::*;
 
-    /// Super-blocks ahead of the one being computed that are prefetched (past a group's end too:
-    /// the next group follows; a prefetch never faults).
-    const PREFETCH_AHEAD: usize = 2;
+    /// Super-blocks ahead of the one being computed that are prefetched into L2, half a
+    /// super-block per half computed (past a group's end too: the next group follows; a
+    /// prefetch never faults).
+    const PREFETCH_AHEAD: usize = 4;
 
     /// Bit `a` (0..8) of every byte of `hm` moved to bit 2, other bits cleared.
     #[inline]
@@ -273,7 +274,13 @@ mod avx512 {
         let vb = vec_bytes(if Q3 { Q3_K_BYTES } else { Q2_K_BYTES });
         let nb = acts.blocks;
         let (base, ds, s16) = (g.as_ptr(), acts.ds.as_ptr(), acts.sum16.as_ptr());
-        let dbase = base.add(nb / SUB * vb); // Q3_K: the 16 f16 `d` of each super-block
+        // Q3_K: the 16 f16 `d` of each super-block, then the vectors
+        let dbase = base;
+        let base = if Q3 {
+            base.add(2 * GROUP_ROWS * (nb / SUB))
+        } else {
+            base
+        };
         if Q3 {
             prefetch(dbase, 32 * (nb / SUB));
         }
@@ -281,7 +288,6 @@ mod avx512 {
         let mut accm = [_mm512_setzero_ps(); R];
         for sb in 0..nb / SUB {
             let v = base.add(sb * vb);
-            prefetch(v.wrapping_add(PREFETCH_AHEAD * vb), vb);
             let (d, dmin) = if Q3 {
                 let d = _mm256_loadu_si256(dbase.add(32 * sb) as *const __m256i);
                 (_mm512_cvtph_ps(d), _mm512_setzero_ps())
@@ -295,6 +301,10 @@ mod avx512 {
             };
             let scw = scale_words::<Q3>(v);
             for h in 0..2 {
+                prefetch_l2(
+                    v.wrapping_add(PREFETCH_AHEAD * vb + h * vb / 2),
+                    vb / 2 + 64,
+                );
                 let a0: [usize; R] = std::array::from_fn(|r| (row0 + r) * nb + sb * SUB + 4 * h);
                 let isum = if h == 0 {
                     block_sums::<R, Q3, 0>(v, &scw, acts, a0)

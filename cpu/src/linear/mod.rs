@@ -9,7 +9,8 @@
 //! (AVX-512 4×4 integer GEMM tiles), [`int_wide`] (AVX-512 VNNI 8×2 integer GEMM tiles, used
 //! instead of `int_tile` where the CPU has VNNI), [`interleaved`] (block weights 16 rows side by side
 //! and their integer kernels), [`interleaved_float`] and [`interleaved_kquant`] (the same for
-//! F16/BF16 and K-quant weights; Q2_K/Q3_K kernels in `interleaved_kquant_low`), [`kquant_dot`],
+//! F16/BF16 and K-quant weights; Q2_K/Q3_K kernels in `interleaved_kquant_low`, Q6_K in
+//! `interleaved_q6`), [`kquant_dot`],
 //! [`kquant_int`] and [`kquant_low_int`] (K-quant weight dots; SIMD unpacking shared in
 //! `kquant_simd`), [`q5_dot`] and [`mxfp4_dot`] (Q5_0 and MXFP4 dots), `gemm` (column tiling, row
 //! blocking, f32 tile conversion
@@ -34,6 +35,7 @@ pub mod interleaved;
 pub mod interleaved_float;
 pub mod interleaved_kquant;
 mod interleaved_kquant_low;
+mod interleaved_q6;
 pub mod kquant_dot;
 pub mod kquant_int;
 pub mod kquant_low_int;

@@ -186,3 +186,38 @@ fn kquant_group_kernels_row_offset() {
         }
     }
 }
+
+/// Both Q6_K SIMD kernels (GFNI and shifts-and-masks; the run-time pick uses one) give the
+/// reference's bits on 1, 3 and 5 super-blocks and every activation row count.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn q6_k_kernels_with_and_without_gfni() {
+    use super::interleaved_q6::avx512::{group_q6_k, group_q6_k_gfni};
+    if !interleaved::available() {
+        return;
+    }
+    let rf = interleaved::pick_ref(WeightType::Q6K).unwrap();
+    let mut kernels: Vec<interleaved::InterleavedFn> = vec![group_q6_k];
+    if is_x86_feature_detected!("gfni") {
+        kernels.push(group_q6_k_gfni);
+    }
+    for k in [256usize, 768, 1280] {
+        let plain = rand_weight(WeightType::Q6K, GROUP_ROWS, k, k as u64 + 5);
+        let mut il = vec![0u8; plain.len()];
+        ik::interleave(WeightType::Q6K, &plain, GROUP_ROWS, k, &mut il).unwrap();
+        let mut q = act_quant::Q8Rows::default();
+        act_quant::quantize_rows_ref(&rand_x(6 * k, k as u64), 6, k, &mut q).unwrap();
+        q.prepare_sum16();
+        for rows in 1..=MAX_ROWS {
+            let mut want = [[f32::NAN; GROUP_ROWS]; MAX_ROWS];
+            // SAFETY: one whole group of `k / 256` super-blocks; rows 2..2 + rows exist.
+            unsafe { rf(&il, &q, 2, rows, &mut want) };
+            for (i, f) in kernels.iter().enumerate() {
+                let mut got = [[f32::NAN; GROUP_ROWS]; MAX_ROWS];
+                // SAFETY: as above; the kernel's features were checked.
+                unsafe { f(&il, &q, 2, rows, &mut got) };
+                assert_eq!(got[..rows], want[..rows], "kernel {i} k {k} rows {rows}");
+            }
+        }
+    }
+}

@@ -294,6 +294,14 @@ mod tests {
             MmaPlan::new(shape, gpu, 0, 0).unwrap().kernel("q8_0"),
             "linear_mma8w_q8_0"
         );
+    }
+
+    #[test]
+    fn f16_plans_stage_only_activations() {
+        let gpu = MmaGpu {
+            sms: 132,
+            smem_optin: 227 * 1024,
+        };
         // F16 weights: narrow blocks only, activations alone in shared memory; one tile of 8
         // rows keeps three blocks per multiprocessor (k and v split to fill them)
         let f16 = |m: usize, ntot: usize, rows: usize| {

@@ -56,11 +56,10 @@ __device__ void linear_hmma_t(const unsigned short* x, const LinSegs& sg, int m,
     constexpr int STAGE = 8 * NT * HMMA_XS * 2, SPANS = MMA_KC / 32;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     int t0 = blockIdx.z * 8 * NT;
-    const SegTile tl = seg_tile(sg, MMA_ROWS(W), blockIdx.x);
-    if ((int)blockIdx.y >= tl.splits) return;
+    SegTile tl;
+    long c_lo, c_hi;
+    if (!mma_block_range<W>(sg, k, tl, c_lo, c_hi)) return;
     splits = tl.splits;
-    long nchunks = k / MMA_KC;
-    long c_lo = nchunks * blockIdx.y / splits, c_hi = nchunks * (blockIdx.y + 1) / splits;
     // this lane's weight rows (rows past the weight read its first row: their outputs are not written)
     int jt = tl.row0 + 16 * warp, ja = jt + g, jb = ja + 8;
     const unsigned char *wa, *wb;

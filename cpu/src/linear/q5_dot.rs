@@ -2,7 +2,8 @@
 //! rows: exact ([`FloatRowsFn`]: each block dequantized, then f32 FMAs) and `quant_act`
 //! ([`IntRowsFn`]: against Q8_0 activation blocks, `d·dx·(Σ q·x − 16·Σx)` summed exactly in
 //! integers per block, as llama.cpp's `vec_dot_q5_0_q8_0`), each as a scalar reference and an
-//! AVX2 kernel, plus the row → f32 converter of the GEMM path.
+//! AVX2 kernel (`quant_act` also AVX-512 VNNI, two blocks a step), plus the row → f32 converter
+//! of the GEMM path.
 //!
 //! Kernels have their type's contract (`k % 32 == 0`, checked by the caller). This module must
 //! not split work across threads or know about bias/output.
@@ -57,11 +58,26 @@ pub fn pick() -> FloatRowsFn {
 pub fn pick_int() -> IntRowsFn {
     #[cfg(target_arch = "x86_64")]
     {
+        if super::int_tile::has_vnni() {
+            return avx512::rows_q5_0_int;
+        }
         if crate::simd::has_avx2_fma() {
             return avx2::rows_q5_0_int;
         }
     }
     rows_q5_0_int_ref
+}
+
+/// The Q5_0 × Q8_0 tile of several weight rows for this CPU, if it has one (the sums of
+/// [`pick_int`]'s kernel, entry by entry).
+pub fn pick_int_tile() -> Option<super::IntTileFn> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if super::int_tile::has_vnni() {
+            return Some(avx512::tile_q5_0);
+        }
+    }
+    None
 }
 
 /// Whole-row Q5_0 dequantization (the GEMM path's tile converter).
@@ -105,9 +121,10 @@ pub(super) mod avx2 {
         _mm256_or_si256(nib, _mm256_and_si256(set, _mm256_set1_epi8(16)))
     }
 
+    /// The block's f16 scale at `b`, widened.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn d_at(b: *const u8) -> f32 {
+    pub(super) unsafe fn d_at(b: *const u8) -> f32 {
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
             (b as *const u16).read_unaligned() as i32,
         )))
@@ -173,5 +190,189 @@ pub(super) mod avx2 {
     /// AVX2 Q5_0 × f32 kernel ([`super::FloatRowsFn`] contract).
     pub unsafe fn rows_q5_0(w: &[u8], x: &[f32], k: usize, n: usize, o: &mut [f32; MAX_ROWS]) {
         rows::<Q5_0>(w, x, k, n, o)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(super) mod avx512 {
+    //! AVX-512 VNNI Q5_0 × Q8_0 kernels; only called after `int_tile::has_vnni()`.
+    use super::super::act_quant::Q8Rows;
+    use super::super::MAX_ROWS;
+    use super::avx2::d_at;
+    use crate::quant::{Q5_0_BYTES, QK};
+    use std::arch::x86_64::*;
+
+    /// The 32 five-bit values (0..=31) of the block at `b`, in element order: the block's 32
+    /// high bits (bit i for element i) are a byte mask that adds 16.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn values(b: *const u8) -> __m256i {
+        let t = _mm_loadu_si128(b.add(6) as *const __m128i);
+        let nib = _mm256_and_si256(
+            _mm256_set_m128i(_mm_srli_epi16(t, 4), t),
+            _mm256_set1_epi8(15),
+        );
+        let qh = (b.add(2) as *const u32).read_unaligned();
+        _mm256_mask_add_epi8(nib, qh, nib, _mm256_set1_epi8(16))
+    }
+
+    /// `R` activation rows, two blocks a step (the last one alone).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn int_n<const R: usize>(w: &[u8], a: &Q8Rows, row0: usize, out: &mut [f32; MAX_ROWS]) {
+        let nb = a.blocks;
+        let (wp, xs, ds) = (w.as_ptr(), a.qs.as_ptr(), a.ds.as_ptr() as *const f32);
+        let sixteen = _mm512_set1_epi8(16);
+        let mut acc = [_mm512_setzero_ps(); R];
+        let mut b = 0;
+        while b + 2 <= nb {
+            let (b0, b1) = (wp.add(b * Q5_0_BYTES), wp.add((b + 1) * Q5_0_BYTES));
+            let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(values(b0)), values(b1));
+            let (d0, d1) = (d_at(b0), d_at(b1));
+            for (r, ac) in acc.iter_mut().enumerate() {
+                let i = (row0 + r) * nb + b;
+                let x = _mm512_loadu_si512(xs.add(i * QK) as *const _);
+                let zero = _mm512_setzero_si512();
+                // Σ (q − 16)·x per 4 values, exactly
+                let p = _mm512_sub_epi32(
+                    _mm512_dpbusd_epi32(zero, v, x),
+                    _mm512_dpbusd_epi32(zero, sixteen, x),
+                );
+                let s0 = _mm256_set1_ps(d0 * *ds.add(2 * i));
+                let s1 = _mm256_set1_ps(d1 * *ds.add(2 * i + 2));
+                let s = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+                    _mm512_castpd256_pd512(_mm256_castps_pd(s0)),
+                    _mm256_castps_pd(s1),
+                ));
+                *ac = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), *ac);
+            }
+            b += 2;
+        }
+        if b < nb {
+            let blk = wp.add(b * Q5_0_BYTES);
+            let v = values(blk);
+            let d = d_at(blk);
+            for (r, ac) in acc.iter_mut().enumerate() {
+                let i = (row0 + r) * nb + b;
+                let x = _mm256_loadu_si256(xs.add(i * QK) as *const __m256i);
+                let zero = _mm256_setzero_si256();
+                let p = _mm256_sub_epi32(
+                    _mm256_dpbusd_epi32(zero, v, x),
+                    _mm256_dpbusd_epi32(zero, _mm512_castsi512_si256(sixteen), x),
+                );
+                let t = _mm256_mul_ps(_mm256_set1_ps(d * *ds.add(2 * i)), _mm256_cvtepi32_ps(p));
+                *ac = _mm512_add_ps(*ac, _mm512_zextps256_ps512(t));
+            }
+        }
+        for (r, ac) in acc.iter().enumerate() {
+            out[r] = _mm512_reduce_add_ps(*ac);
+        }
+    }
+
+    /// `R` activation rows × `C` weight rows (`rb` bytes apart): every entry summed exactly as
+    /// [`int_n`] sums it, so a row's bits do not depend on the tile.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn tile_n<const R: usize, const C: usize>(
+        w: &[u8],
+        rb: usize,
+        a: &Q8Rows,
+        row0: usize,
+        out: &mut [[f32; MAX_ROWS]; MAX_ROWS],
+    ) {
+        let nb = a.blocks;
+        let (wp, xs, ds) = (w.as_ptr(), a.qs.as_ptr(), a.ds.as_ptr() as *const f32);
+        let sixteen = _mm512_set1_epi8(16);
+        let mut acc = [[_mm512_setzero_ps(); C]; R];
+        let mut b = 0;
+        while b + 2 <= nb {
+            let mut v = [_mm512_setzero_si512(); C];
+            let mut d = [[0f32; 2]; C];
+            for c in 0..C {
+                let (b0, b1) = (
+                    wp.add(c * rb + b * Q5_0_BYTES),
+                    wp.add(c * rb + (b + 1) * Q5_0_BYTES),
+                );
+                v[c] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(values(b0)), values(b1));
+                d[c] = [d_at(b0), d_at(b1)];
+            }
+            for (r, ar) in acc.iter_mut().enumerate() {
+                let i = (row0 + r) * nb + b;
+                let x = _mm512_loadu_si512(xs.add(i * QK) as *const _);
+                let zero = _mm512_setzero_si512();
+                let corr = _mm512_dpbusd_epi32(zero, sixteen, x);
+                let (dx0, dx1) = (*ds.add(2 * i), *ds.add(2 * i + 2));
+                for c in 0..C {
+                    let p = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, v[c], x), corr);
+                    let s0 = _mm256_set1_ps(d[c][0] * dx0);
+                    let s1 = _mm256_set1_ps(d[c][1] * dx1);
+                    let s = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+                        _mm512_castpd256_pd512(_mm256_castps_pd(s0)),
+                        _mm256_castps_pd(s1),
+                    ));
+                    ar[c] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), ar[c]);
+                }
+            }
+            b += 2;
+        }
+        if b < nb {
+            for c in 0..C {
+                let blk = wp.add(c * rb + b * Q5_0_BYTES);
+                let (v, d) = (values(blk), d_at(blk));
+                for (r, ar) in acc.iter_mut().enumerate() {
+                    let i = (row0 + r) * nb + b;
+                    let x = _mm256_loadu_si256(xs.add(i * QK) as *const __m256i);
+                    let zero = _mm256_setzero_si256();
+                    let p = _mm256_sub_epi32(
+                        _mm256_dpbusd_epi32(zero, v, x),
+                        _mm256_dpbusd_epi32(zero, _mm512_castsi512_si256(sixteen), x),
+                    );
+                    let t =
+                        _mm256_mul_ps(_mm256_set1_ps(d * *ds.add(2 * i)), _mm256_cvtepi32_ps(p));
+                    ar[c] = _mm512_add_ps(ar[c], _mm512_zextps256_ps512(t));
+                }
+            }
+        }
+        for (r, ar) in acc.iter().enumerate() {
+            for (c, v) in ar.iter().enumerate() {
+                out[c][r] = _mm512_reduce_add_ps(*v);
+            }
+        }
+    }
+
+    /// AVX-512 VNNI Q5_0 × Q8_0 tile ([`super::IntTileFn`] contract).
+    pub unsafe fn tile_q5_0(
+        w: &[u8],
+        rb: usize,
+        a: &Q8Rows,
+        row0: usize,
+        rows: usize,
+        cols: usize,
+        out: &mut [[f32; MAX_ROWS]; MAX_ROWS],
+    ) {
+        macro_rules! by_cols {
+            ($r:literal) => {
+                match cols {
+                    1 => tile_n::<$r, 1>(w, rb, a, row0, out),
+                    2 => tile_n::<$r, 2>(w, rb, a, row0, out),
+                    3 => tile_n::<$r, 3>(w, rb, a, row0, out),
+                    _ => tile_n::<$r, 4>(w, rb, a, row0, out),
+                }
+            };
+        }
+        match rows {
+            1 => by_cols!(1),
+            2 => by_cols!(2),
+            3 => by_cols!(3),
+            _ => by_cols!(4),
+        }
+    }
+
+    /// AVX-512 VNNI Q5_0 × Q8_0 kernel ([`super::IntRowsFn`] contract).
+    pub unsafe fn rows_q5_0_int(w: &[u8], a: &Q8Rows, row0: usize, n: usize, o: &mut [f32; 4]) {
+        match n {
+            1 => int_n::<1>(w, a, row0, o),
+            2 => int_n::<2>(w, a, row0, o),
+            3 => int_n::<3>(w, a, row0, o),
+            _ => int_n::<4>(w, a, row0, o),
+        }
     }
 }

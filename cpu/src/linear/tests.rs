@@ -257,6 +257,12 @@ fn own_kernel_cases() -> (Vec<FloatCase>, Vec<IntCase>) {
         int.push((t, "avx2", ir, mxfp4_dot::avx2::rows_mxfp4_int));
         if int_tile::has_vnni() {
             int.push((t, "avx512-vnni", ir, mxfp4_dot::avx512::rows_mxfp4_int));
+            int.push((
+                WeightType::Q5_0,
+                "avx512-vnni",
+                q5_dot::rows_q5_0_int_ref,
+                q5_dot::avx512::rows_q5_0_int,
+            ));
         }
     }
     (float, int)
@@ -611,6 +617,12 @@ fn int_tile_kernels_match_reference() {
             int_dot::rows_q8_0_ref,
             t5::tile_q8_0_vnni,
         ));
+        variants.push((
+            WeightType::Q5_0,
+            "vnni",
+            q5_dot::rows_q5_0_int_ref,
+            q5_dot::avx512::tile_q5_0,
+        ));
     }
     if variants.is_empty() {
         println!("no tiled integer kernel on this CPU; skipped");
@@ -639,6 +651,46 @@ fn int_tile_kernels_match_reference() {
                             );
                         }
                     }
+                }
+            }
+        }
+    }
+}
+
+/// The Q5_0 VNNI tile gives every entry the bits of the one-row VNNI kernel (so a row's
+/// output does not depend on how many rows and columns share its tile): block counts odd and
+/// even, every (rows, cols).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn q5_0_tile_is_bit_equal_to_its_row_kernel() {
+    if !int_tile::has_vnni() {
+        println!("no AVX-512 VNNI on this CPU; skipped");
+        return;
+    }
+    let t = WeightType::Q5_0;
+    for k in [32usize, 64, 96, 640, 1056] {
+        let rb = t.row_bytes(k).unwrap();
+        let (w, _) = encode(t, &rand_vec(4 * k, 21));
+        let mut q = act_quant::Q8Rows::default();
+        act_quant::quantize_rows_ref(&rand_vec(6 * k, 22), 6, k, &mut q).unwrap();
+        for rows in 1..=MAX_ROWS {
+            for cols in 1..=MAX_ROWS {
+                let mut got = [[0f32; MAX_ROWS]; MAX_ROWS];
+                // SAFETY: sizes as in the contract; VNNI checked above.
+                unsafe { q5_dot::avx512::tile_q5_0(&w, rb, &q, 2, rows, cols, &mut got) };
+                for (c, g) in got.iter().enumerate().take(cols) {
+                    let mut want = [0f32; MAX_ROWS];
+                    // SAFETY: as above.
+                    unsafe {
+                        q5_dot::avx512::rows_q5_0_int(
+                            &w[c * rb..(c + 1) * rb],
+                            &q,
+                            2,
+                            rows,
+                            &mut want,
+                        )
+                    };
+                    assert_eq!(&g[..rows], &want[..rows], "k={k} {rows}x{cols} column {c}");
                 }
             }
         }

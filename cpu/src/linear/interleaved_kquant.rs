@@ -240,10 +240,6 @@ pub(super) mod avx512 {
     use crate::kquant::{Q4_K_BYTES, Q5_K_BYTES};
     use std::arch::x86_64::*;
 
-    /// Super-blocks ahead of the one being computed that are prefetched (past a group's end too:
-    /// the next group follows; a prefetch never faults).
-    const PREFETCH_AHEAD: usize = 2;
-
     /// Prefetches the `bytes` bytes at `p` into L1 (one hint per cache line).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -324,10 +320,6 @@ pub(super) mod avx512 {
         let mut accm = [_mm512_setzero_ps(); R];
         for sb in 0..nb / 8 {
             let p = base.add(sb * GROUP_ROWS * bs);
-            prefetch(
-                p.wrapping_add(PREFETCH_AHEAD * GROUP_ROWS * bs),
-                GROUP_ROWS * bs,
-            );
             let w0 = ld(p);
             let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w0));
             let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(w0)));

@@ -328,6 +328,14 @@ fn dram_pass(e: &Executor, o: &Opts, shape: &str, bw: f64) {
         if !o.dtypes.is_empty() && !o.dtypes.iter().any(|d| d == dt.name()) {
             continue;
         }
+        if let Some(&(_, k)) = mats.iter().find(|&&(_, k)| dt.row_bytes(k).is_err()) {
+            println!(
+                "{:<18} (rows of {k} values are not whole {} blocks)",
+                dt.name(),
+                dt.name()
+            );
+            continue;
+        }
         let mut ws: Vec<Data> = (0..layers)
             .flat_map(|_| mats.iter().map(move |&(n, k)| weight(dt, n, k)))
             .collect();

@@ -507,10 +507,21 @@ fn plan_own<'q>(fast: bool, a: &LinearArgs, q: &'q mut Q8Rows) -> Result<gemm::K
         WeightType::Mxfp4 => Some(mxfp4_dot::row_to_f32()),
         _ => kquant_dot::pick_row_to_f32(a.wtype),
     };
-    let gemm_plan = (fast && a.rows >= GEMM_MIN_ROWS).then(|| gemm::F32Gemm {
-        convert,
-        rows: float_dot::pick_f32(),
-        tile: float_dot::pick_tile_f32(),
+    // Q5_0's GEMV: a register tile over the block rows where the CPU has one
+    let direct = (fast && a.rows < GEMM_MIN_ROWS && a.wtype == WeightType::Q5_0)
+        .then(|| quant_dot::pick_tile_direct(a.wtype))
+        .flatten()
+        .map(|tile| gemm::F32Gemm {
+            convert: None,
+            rows: f,
+            tile: Some(tile),
+        });
+    let gemm_plan = direct.or_else(|| {
+        (fast && a.rows >= GEMM_MIN_ROWS).then(|| gemm::F32Gemm {
+            convert,
+            rows: float_dot::pick_f32(),
+            tile: float_dot::pick_tile_f32(),
+        })
     });
     Ok(gemm::Kernel::Float(f, gemm_plan))
 }

@@ -63,7 +63,8 @@ pub fn pick_q4_1() -> FloatRowsFn {
 /// dequantizes block weights in registers with the values of [`pick_row_to_f32`]'s converter
 /// and sums them with the arithmetic of `float_dot::pick_tile_f32`'s kernel, if this CPU has one
 /// (AVX-512): the exact-precision GEMV reads block rows in place and gives the bits of the GEMM,
-/// which converts tiles first, so a row's result does not depend on the number of rows.
+/// which converts tiles first, so a row's result does not depend on the number of rows (Q5_0:
+/// the values of `crate::quant::dequantize_q5_0`, its GEMM's converter).
 pub fn pick_tile_direct(t: super::WeightType) -> Option<super::TileF32Fn> {
     #[cfg(target_arch = "x86_64")]
     {
@@ -72,6 +73,7 @@ pub fn pick_tile_direct(t: super::WeightType) -> Option<super::TileF32Fn> {
                 super::WeightType::Q8_0 => Some(avx512::tile_q8_0),
                 super::WeightType::Q4_0 => Some(avx512::tile_q4_0),
                 super::WeightType::Q4_1 => Some(avx512::tile_q4_1),
+                super::WeightType::Q5_0 => Some(avx512::tile_q5_0),
                 _ => None,
             };
         }
@@ -270,7 +272,7 @@ mod avx512 {
     //! AVX-512 tiles over block weights; only called after `simd::has_avx512()`.
     use super::super::MAX_ROWS;
     use crate::linear::f16_at_avx2 as f16_at;
-    use crate::quant::{Q4_0_BYTES, Q4_1_BYTES, Q8_0_BYTES, QK};
+    use crate::quant::{Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES, Q8_0_BYTES, QK};
     use std::arch::x86_64::*;
 
     // The dequantizers give the values of `avx2::deq_*` (same integer steps, one conversion and
@@ -322,6 +324,27 @@ mod avx512 {
         let (d, m) = (scale(b), scale(b.add(2)));
         let (lo, hi) = nibbles(b.add(4));
         let v = |q| _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), d, m);
+        [v(lo), v(hi)]
+    }
+
+    /// The 32 values of a Q5_0 block: `(q − 16) · d`, q the 5-bit value (high bit i of the
+    /// block's 32-bit `qh` for element i).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn deq_q5_0(b: *const u8) -> [__m512; 2] {
+        let d = scale(b);
+        let t = _mm_loadu_si128(b.add(6) as *const __m128i);
+        let m = _mm_set1_epi8(15);
+        let (lo, hi) = (_mm_and_si128(t, m), _mm_and_si128(_mm_srli_epi16(t, 4), m));
+        let qh = (b.add(2) as *const u32).read_unaligned();
+        let sixteen = _mm_set1_epi8(16);
+        // the high bit adds 16; then − 16: values −16..=15
+        let lo = _mm_sub_epi8(_mm_mask_add_epi8(lo, qh as u16, lo, sixteen), sixteen);
+        let hi = _mm_sub_epi8(
+            _mm_mask_add_epi8(hi, (qh >> 16) as u16, hi, sixteen),
+            sixteen,
+        );
+        let v = |q| _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
         [v(lo), v(hi)]
     }
 
@@ -393,4 +416,5 @@ mod avx512 {
     quant_tile!(tile_q8_0, tile_q8_0_n, deq_q8_0, Q8_0_BYTES);
     quant_tile!(tile_q4_0, tile_q4_0_n, deq_q4_0, Q4_0_BYTES);
     quant_tile!(tile_q4_1, tile_q4_1_n, deq_q4_1, Q4_1_BYTES);
+    quant_tile!(tile_q5_0, tile_q5_0_n, deq_q5_0, Q5_0_BYTES);
 }

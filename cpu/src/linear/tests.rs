@@ -547,6 +547,51 @@ fn assert_core_int_cases(int: Vec<IntCase>) {
     }
 }
 
+/// The exact-precision tiles over block rows give the bits of the f32 tile kernel over the
+/// dequantized rows (what the GEMM path computes), every (rows, cols), odd block counts.
+#[test]
+fn direct_block_tiles_match_the_f32_tile_bit_for_bit() {
+    let Some(f32_tile) = float_dot::pick_tile_f32() else {
+        println!("no tile kernel on this CPU; skipped");
+        return;
+    };
+    for t in [
+        WeightType::Q8_0,
+        WeightType::Q4_0,
+        WeightType::Q4_1,
+        WeightType::Q5_0,
+    ] {
+        let Some(tile) = quant_dot::pick_tile_direct(t) else {
+            println!("no direct {} tile on this CPU; skipped", t.name());
+            continue;
+        };
+        for k in [32usize, 96, 640] {
+            let (w, wd) = encode(t, &rand_vec(4 * k, 31));
+            let x = rand_vec(4 * k, 32);
+            let wf: Vec<u8> = wd.iter().flat_map(|v| v.to_le_bytes()).collect();
+            for rows in 1..=MAX_ROWS {
+                for cols in 1..=MAX_ROWS {
+                    let (mut a, mut b) =
+                        ([[0f32; MAX_ROWS]; MAX_ROWS], [[0f32; MAX_ROWS]; MAX_ROWS]);
+                    // SAFETY: sizes as in the contracts; both picked for this CPU.
+                    unsafe {
+                        tile(&w, &x, k, rows, cols, &mut a);
+                        f32_tile(&wf, &x, k, rows, cols, &mut b);
+                    }
+                    for c in 0..cols {
+                        assert_eq!(
+                            &a[c][..rows],
+                            &b[c][..rows],
+                            "{} k={k} {rows}x{cols} column {c}",
+                            t.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The register-tiled f32 GEMM kernel against its reference, every (rows, cols) and odd k.
 #[test]
 fn tile_kernel_matches_reference() {

@@ -93,6 +93,17 @@ pub unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
     _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
 }
 
+/// `a` in the low eight lanes and `b` in the high eight (the scales of two blocks side by side).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn pair_ps(a: f32, b: f32) -> __m512 {
+    let lo = _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_set1_ps(a)));
+    _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+        lo,
+        _mm256_castps_pd(_mm256_set1_ps(b)),
+    ))
+}
+
 /// Prefetches `bytes` bytes from `p` into L1, one cache line at a time (`p` may point past the
 /// end of its buffer: a prefetch never faults).
 #[inline]

@@ -194,6 +194,7 @@ pub(super) mod avx2 {
 pub(super) mod avx512 {
     //! AVX-512 VNNI MXFP4 × Q8_0 kernel; only called after `int_tile::has_vnni()`.
     use super::super::act_quant::Q8Rows;
+    use super::super::kquant_simd::pair_ps;
     use super::super::MAX_ROWS;
     use crate::mxfp4::{e8m0_half, E2M1_X2, MXFP4_BYTES};
     use crate::quant::QK;
@@ -243,13 +244,7 @@ pub(super) mod avx512 {
                     _mm512_dpbusd_epi32(zero, v, x),
                     _mm512_dpbusd_epi32(zero, off, x),
                 );
-                let s0 = _mm256_set1_ps(d0 * *ds.add(2 * i));
-                let s1 = _mm256_set1_ps(d1 * *ds.add(2 * i + 2));
-                let s = _mm512_castpd_ps(_mm512_insertf64x4(
-                    _mm512_castpd256_pd512(_mm256_castps_pd(s0)),
-                    _mm256_castps_pd(s1),
-                    1,
-                ));
+                let s = pair_ps(d0 * *ds.add(2 * i), d1 * *ds.add(2 * i + 2));
                 *ac = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), *ac);
             }
             b += 2;

@@ -101,15 +101,22 @@ pub(super) mod avx2 {
     use crate::quant::{Q5_0_BYTES, QK};
     use std::arch::x86_64::*;
 
+    /// The low four bits of the 32 values of the block at `b`, in element order.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn nibbles(b: *const u8) -> __m256i {
+        let t = _mm_loadu_si128(b.add(6) as *const __m128i);
+        _mm256_and_si256(
+            _mm256_set_m128i(_mm_srli_epi16(t, 4), t),
+            _mm256_set1_epi8(15),
+        )
+    }
+
     /// The 32 five-bit values (0..=31) of the block at `b`, in element order.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn values(b: *const u8) -> __m256i {
-        let t = _mm_loadu_si128(b.add(6) as *const __m128i);
-        let nib = _mm256_and_si256(
-            _mm256_set_m128i(_mm_srli_epi16(t, 4), t),
-            _mm256_set1_epi8(15),
-        );
+        let nib = nibbles(b);
         let qh = _mm256_set1_epi32((b.add(2) as *const i32).read_unaligned());
         // byte i gets byte i / 8 of qh (each 128-bit lane holds qh's 4 bytes at 0..4)
         let idx = _mm256_setr_epi8(
@@ -197,8 +204,9 @@ pub(super) mod avx2 {
 pub(super) mod avx512 {
     //! AVX-512 VNNI Q5_0 × Q8_0 kernels; only called after `int_tile::has_vnni()`.
     use super::super::act_quant::Q8Rows;
+    use super::super::kquant_simd::pair_ps;
     use super::super::MAX_ROWS;
-    use super::avx2::d_at;
+    use super::avx2::{d_at, nibbles};
     use crate::quant::{Q5_0_BYTES, QK};
     use std::arch::x86_64::*;
 
@@ -207,69 +215,14 @@ pub(super) mod avx512 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     unsafe fn values(b: *const u8) -> __m256i {
-        let t = _mm_loadu_si128(b.add(6) as *const __m128i);
-        let nib = _mm256_and_si256(
-            _mm256_set_m128i(_mm_srli_epi16(t, 4), t),
-            _mm256_set1_epi8(15),
-        );
+        let nib = nibbles(b);
         let qh = (b.add(2) as *const u32).read_unaligned();
         _mm256_mask_add_epi8(nib, qh, nib, _mm256_set1_epi8(16))
     }
 
-    /// `R` activation rows, two blocks a step (the last one alone).
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn int_n<const R: usize>(w: &[u8], a: &Q8Rows, row0: usize, out: &mut [f32; MAX_ROWS]) {
-        let nb = a.blocks;
-        let (wp, xs, ds) = (w.as_ptr(), a.qs.as_ptr(), a.ds.as_ptr() as *const f32);
-        let sixteen = _mm512_set1_epi8(16);
-        let mut acc = [_mm512_setzero_ps(); R];
-        let mut b = 0;
-        while b + 2 <= nb {
-            let (b0, b1) = (wp.add(b * Q5_0_BYTES), wp.add((b + 1) * Q5_0_BYTES));
-            let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(values(b0)), values(b1));
-            let (d0, d1) = (d_at(b0), d_at(b1));
-            for (r, ac) in acc.iter_mut().enumerate() {
-                let i = (row0 + r) * nb + b;
-                let x = _mm512_loadu_si512(xs.add(i * QK) as *const _);
-                let zero = _mm512_setzero_si512();
-                // Σ (q − 16)·x per 4 values, exactly
-                let p = _mm512_sub_epi32(
-                    _mm512_dpbusd_epi32(zero, v, x),
-                    _mm512_dpbusd_epi32(zero, sixteen, x),
-                );
-                let s0 = _mm256_set1_ps(d0 * *ds.add(2 * i));
-                let s1 = _mm256_set1_ps(d1 * *ds.add(2 * i + 2));
-                let s = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
-                    _mm512_castpd256_pd512(_mm256_castps_pd(s0)),
-                    _mm256_castps_pd(s1),
-                ));
-                *ac = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), *ac);
-            }
-            b += 2;
-        }
-        if b < nb {
-            let blk = wp.add(b * Q5_0_BYTES);
-            let v = values(blk);
-            let d = d_at(blk);
-            for (r, ac) in acc.iter_mut().enumerate() {
-                let i = (row0 + r) * nb + b;
-                let x = _mm256_loadu_si256(xs.add(i * QK) as *const __m256i);
-                let zero = _mm256_setzero_si256();
-                let p = _mm256_sub_epi32(
-                    _mm256_dpbusd_epi32(zero, v, x),
-                    _mm256_dpbusd_epi32(zero, _mm512_castsi512_si256(sixteen), x),
-                );
-                let t = _mm256_mul_ps(_mm256_set1_ps(d * *ds.add(2 * i)), _mm256_cvtepi32_ps(p));
-                *ac = _mm512_add_ps(*ac, _mm512_zextps256_ps512(t));
-            }
-        }
-        for (r, ac) in acc.iter().enumerate() {
-            out[r] = _mm512_reduce_add_ps(*ac);
-        }
-    }
-
-    /// `R` activation rows × `C` weight rows (`rb` bytes apart): every entry summed exactly as
-    /// [`int_n`] sums it, so a row's bits do not depend on the tile.
+    /// `R` activation rows × `C` weight rows (`rb` bytes apart), two blocks a step (the last one
+    /// alone): every entry summed the same way whatever `R` and `C`, so a row's bits do not
+    /// depend on the tile.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     unsafe fn tile_n<const R: usize, const C: usize>(
         w: &[u8],
@@ -302,12 +255,7 @@ pub(super) mod avx512 {
                 let (dx0, dx1) = (*ds.add(2 * i), *ds.add(2 * i + 2));
                 for c in 0..C {
                     let p = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, v[c], x), corr);
-                    let s0 = _mm256_set1_ps(d[c][0] * dx0);
-                    let s1 = _mm256_set1_ps(d[c][1] * dx1);
-                    let s = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
-                        _mm512_castpd256_pd512(_mm256_castps_pd(s0)),
-                        _mm256_castps_pd(s1),
-                    ));
+                    let s = pair_ps(d[c][0] * dx0, d[c][1] * dx1);
                     ar[c] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), ar[c]);
                 }
             }
@@ -366,13 +314,11 @@ pub(super) mod avx512 {
         }
     }
 
-    /// AVX-512 VNNI Q5_0 × Q8_0 kernel ([`super::IntRowsFn`] contract).
+    /// AVX-512 VNNI Q5_0 × Q8_0 kernel ([`super::IntRowsFn`] contract): the tile of one weight
+    /// row.
     pub unsafe fn rows_q5_0_int(w: &[u8], a: &Q8Rows, row0: usize, n: usize, o: &mut [f32; 4]) {
-        match n {
-            1 => int_n::<1>(w, a, row0, o),
-            2 => int_n::<2>(w, a, row0, o),
-            3 => int_n::<3>(w, a, row0, o),
-            _ => int_n::<4>(w, a, row0, o),
-        }
+        let mut t = [[0f32; MAX_ROWS]; MAX_ROWS];
+        tile_q5_0(w, w.len(), a, row0, n, 1, &mut t);
+        o.copy_from_slice(&t[0]);
     }
 }

@@ -12,7 +12,7 @@
 //! F16/BF16 and K-quant weights; Q2_K/Q3_K kernels in `interleaved_kquant_low`, Q6_K in
 //! `interleaved_q6`), [`kquant_dot`],
 //! [`kquant_int`] and [`kquant_low_int`] (K-quant weight dots; SIMD unpacking shared in
-//! `kquant_simd`), [`q5_dot`] and [`mxfp4_dot`] (Q5_0 and MXFP4 dots), `gemm` (column tiling, row
+//! `kquant_simd`; `kquant_tile`: the exact Q4_K/Q5_K GEMV's register tiles), [`q5_dot`] and [`mxfp4_dot`] (Q5_0 and MXFP4 dots), `gemm` (column tiling, row
 //! blocking, f32 tile conversion
 //! and the split over threads), [`many`] (several calls as one pool job), [`matmul`] (the two f32 matmuls). Each kernel exists as a plain
 //! scalar reference and a fast path chosen at run time (AVX2+FMA+F16C or AVX-512 on x86-64,
@@ -41,6 +41,7 @@ pub mod kquant_int;
 pub mod kquant_low_int;
 #[cfg(target_arch = "x86_64")]
 mod kquant_simd;
+mod kquant_tile;
 pub mod many;
 pub mod matmul;
 pub mod mxfp4_dot;
@@ -507,9 +508,13 @@ fn plan_own<'q>(fast: bool, a: &LinearArgs, q: &'q mut Q8Rows) -> Result<gemm::K
         WeightType::Mxfp4 => Some(mxfp4_dot::row_to_f32()),
         _ => kquant_dot::pick_row_to_f32(a.wtype),
     };
-    // Q5_0's GEMV: a register tile over the block rows where the CPU has one
-    let direct = (fast && a.rows < GEMM_MIN_ROWS && a.wtype == WeightType::Q5_0)
-        .then(|| quant_dot::pick_tile_direct(a.wtype))
+    // the GEMV of Q5_0, Q4_K and Q5_K: a register tile over the block rows (the GEMM's bits)
+    // where the CPU has one
+    let direct = (fast && a.rows < GEMM_MIN_ROWS)
+        .then(|| match a.wtype {
+            WeightType::Q5_0 => quant_dot::pick_tile_direct(a.wtype),
+            _ => kquant_tile::pick_tile_direct(a.wtype),
+        })
         .flatten()
         .map(|tile| gemm::F32Gemm {
             convert: None,

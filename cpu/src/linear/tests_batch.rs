@@ -1,9 +1,9 @@
 //! Batch invariance: a row's `Linear` output is bit-equal whether the row runs alone or in a
 //! batch of any size, on the fast (threaded SIMD) path, in the plain and the interleaved layout,
 //! for every weight dtype with quantized activations (`fast` precision) and with f32 activations
-//! (`exact`). K-quant weights in `exact` precision, and Q5_0 on a CPU without AVX-512, hold it
-//! below [`GEMM_MIN_ROWS`](super::GEMM_MIN_ROWS) rows; from there on they run as converted f32
-//! tiles, whose sums are ordered differently from their GEMV kernels'.
+//! (`exact`). Q2_K, Q3_K and Q6_K weights in `exact` precision, and Q4_K, Q5_K and Q5_0 on a CPU
+//! without AVX-512, hold it below [`GEMM_MIN_ROWS`](super::GEMM_MIN_ROWS) rows; from there on
+//! they run as converted f32 tiles, whose sums are ordered differently from their GEMV kernels'.
 
 use super::*;
 use crate::threads::Threads;
@@ -113,11 +113,12 @@ fn a_rows_output_does_not_depend_on_the_batch() {
                         while r0 < 16 {
                             let rows = b.min(16 - r0);
                             let got = run(&th, &a, &x, r0, rows, il);
-                            // Q5_0's GEMV tile gives the GEMM's bits where the CPU has it
-                            let q5_tile =
-                                t == WeightType::Q5_0 && quant_dot::pick_tile_direct(t).is_some();
+                            // the GEMV tiles of Q5_0, Q4_K and Q5_K give the GEMM's bits
+                            // where the CPU has them
+                            let direct = quant_dot::pick_tile_direct(t).is_some()
+                                || kquant_tile::pick_tile_direct(t).is_some();
                             let exact_gemm = t.has_own_kernels()
-                                && !q5_tile
+                                && !direct
                                 && !quant_act
                                 && rows >= GEMM_MIN_ROWS;
                             for r in (0..rows).filter(|_| !exact_gemm) {

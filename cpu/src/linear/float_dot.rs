@@ -506,22 +506,7 @@ pub(super) mod avx512 {
         cols: usize,
         out: &mut [[f32; MAX_ROWS]; MAX_ROWS],
     ) {
-        macro_rules! by_cols {
-            ($r:literal) => {
-                match cols {
-                    1 => tile_n::<T, $r, 1>(w, x, k, out),
-                    2 => tile_n::<T, $r, 2>(w, x, k, out),
-                    3 => tile_n::<T, $r, 3>(w, x, k, out),
-                    _ => tile_n::<T, $r, 4>(w, x, k, out),
-                }
-            };
-        }
-        match rows {
-            1 => by_cols!(1),
-            2 => by_cols!(2),
-            3 => by_cols!(3),
-            _ => by_cols!(4),
-        }
+        by_rows_cols!(tile_n [T,], rows, cols, (w, x, k, out))
     }
 
     /// AVX-512 tile kernel over F16 weight rows ([`super::super::TileF32Fn`] contract, but `w`

@@ -127,22 +127,7 @@ mod avx512 {
                 cols: usize,
                 out: &mut [[f32; MAX_ROWS]; MAX_ROWS],
             ) {
-                macro_rules! by_cols {
-                    ($r:literal) => {
-                        match cols {
-                            1 => tile_n::<$q5, $r, 1>(w, x, k, out),
-                            2 => tile_n::<$q5, $r, 2>(w, x, k, out),
-                            3 => tile_n::<$q5, $r, 3>(w, x, k, out),
-                            _ => tile_n::<$q5, $r, 4>(w, x, k, out),
-                        }
-                    };
-                }
-                match rows {
-                    1 => by_cols!(1),
-                    2 => by_cols!(2),
-                    3 => by_cols!(3),
-                    _ => by_cols!(4),
-                }
+                by_rows_cols!(tile_n [$q5,], rows, cols, (w, x, k, out))
             }
         };
     }

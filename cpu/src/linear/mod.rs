@@ -21,6 +21,28 @@
 //! This module works on plain slices and validates every size it is given (errors are `String`s
 //! naming the argument); it must not know about tensors or devices.
 
+/// Calls `f::<G.., R, C>(args)` with `R = rows` and `C = cols` as constants (1, 2, 3, or 4 for
+/// anything larger): the dispatch of a register tile on its shape. `G..` are leading generic
+/// arguments, each followed by a comma: `by_rows_cols!(tile_n [T,], rows, cols, (w, x, k, out))`.
+macro_rules! by_rows_cols {
+    ($f:ident [$($g:tt)*], $rows:expr, $cols:expr, ($($arg:expr),*)) => {
+        match $rows {
+            1 => by_rows_cols!(@cols $f [$($g)* 1,], $cols, ($($arg),*)),
+            2 => by_rows_cols!(@cols $f [$($g)* 2,], $cols, ($($arg),*)),
+            3 => by_rows_cols!(@cols $f [$($g)* 3,], $cols, ($($arg),*)),
+            _ => by_rows_cols!(@cols $f [$($g)* 4,], $cols, ($($arg),*)),
+        }
+    };
+    (@cols $f:ident [$($g:tt)*], $cols:expr, ($($arg:expr),*)) => {
+        match $cols {
+            1 => $f::<$($g)* 1>($($arg),*),
+            2 => $f::<$($g)* 2>($($arg),*),
+            3 => $f::<$($g)* 3>($($arg),*),
+            _ => $f::<$($g)* 4>($($arg),*),
+        }
+    };
+}
+
 pub mod act_quant;
 mod block_float;
 mod block_ref;

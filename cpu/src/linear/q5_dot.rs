@@ -296,22 +296,7 @@ pub(super) mod avx512 {
         cols: usize,
         out: &mut [[f32; MAX_ROWS]; MAX_ROWS],
     ) {
-        macro_rules! by_cols {
-            ($r:literal) => {
-                match cols {
-                    1 => tile_n::<$r, 1>(w, rb, a, row0, out),
-                    2 => tile_n::<$r, 2>(w, rb, a, row0, out),
-                    3 => tile_n::<$r, 3>(w, rb, a, row0, out),
-                    _ => tile_n::<$r, 4>(w, rb, a, row0, out),
-                }
-            };
-        }
-        match rows {
-            1 => by_cols!(1),
-            2 => by_cols!(2),
-            3 => by_cols!(3),
-            _ => by_cols!(4),
-        }
+        by_rows_cols!(tile_n [], rows, cols, (w, rb, a, row0, out))
     }
 
     /// AVX-512 VNNI Q5_0 × Q8_0 kernel ([`super::IntRowsFn`] contract): the tile of one weight

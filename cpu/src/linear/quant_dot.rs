@@ -393,22 +393,7 @@ mod avx512 {
                 cols: usize,
                 out: &mut [[f32; MAX_ROWS]; MAX_ROWS],
             ) {
-                macro_rules! by_cols {
-                    ($r:literal) => {
-                        match cols {
-                            1 => $inner::<$r, 1>(w, x, k, out),
-                            2 => $inner::<$r, 2>(w, x, k, out),
-                            3 => $inner::<$r, 3>(w, x, k, out),
-                            _ => $inner::<$r, 4>(w, x, k, out),
-                        }
-                    };
-                }
-                match rows {
-                    1 => by_cols!(1),
-                    2 => by_cols!(2),
-                    3 => by_cols!(3),
-                    _ => by_cols!(4),
-                }
+                by_rows_cols!($inner [], rows, cols, (w, x, k, out))
             }
         };
     }

@@ -22,6 +22,10 @@
 // Keys whose slot lies outside the pool (a bad table entry) are skipped.
 // A block stages its key range's block-table entries in shared memory, and each warp requests the key
 // and value rows of its PD_KPW keys at once: one memory latency per PD_KPW keys, not one per row.
+// With the step's rotary tables (rcos, rsin: [rows, rot/2]) the query and the step's key are
+// rotated as they are read (rope_value, as RotaryEmbedding rotates), which replaces that launch;
+// with a copy (oh: f16 / bf16, or oq / od: Q8_0 rows) the output is also written in the form the
+// o-projection reads, which replaces its cast or quantization.
 
 #define PD_THREADS 128
 #define PD_WARPS (PD_THREADS / 32)
@@ -79,22 +83,58 @@ __device__ __forceinline__ void pd_rowe(const q8kv* p, long e, float* out, bool 
     for (int t = 0; t < DPL; t++) out[t] = full || t < n ? d * (float)qp[t] : 0.0f;
 }
 
-// The step's key k and value v (hd values each) at elements e of the caches, by the whole block:
-// a thread per value (f32, f16), or for q8_0 a warp per block of 32 (the key's, then the value's).
+// The rotary tables of a step (row s's angles at cos + s · rot / 2; cos null: q and k arrive
+// rotated), rotation as RotaryEmbedding's (rope_value).
+struct PdRope {
+    const float* cos;
+    const float* sin;
+    int rot, style;
+};
+
+// Value d of head row x, rotated with row s's angles when the step carries tables.
+__device__ __forceinline__ float pd_roped(const float* x, int d, const PdRope& r, int s) {
+    if (!r.cos) return x[d];
+    long o = (long)s * (r.rot >> 1);
+    return rope_value(x, d, r.rot, r.style, r.cos + o, r.sin + o);
+}
+
+// The step's key k (rotated for row s by r) and value v (hd values each) at elements e of the
+// caches, by the whole block: a thread per value (f32, f16), or for q8_0 a warp per block of 32
+// (the key's, then the value's).
 template <typename T>
-__device__ __forceinline__ void pd_store_step(T* kc, T* vc, long e, const float* k, const float* v, int hd) {
+__device__ __forceinline__ void pd_store_step(T* kc, T* vc, long e, const float* k, const float* v, int hd,
+                                              const PdRope& r, int s) {
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        pd_st(kc + e + d, k[d]);
+        pd_st(kc + e + d, pd_roped(k, d, r, s));
         pd_st(vc + e + d, v[d]);
     }
 }
-__device__ __forceinline__ void pd_store_step(q8kv* kc, q8kv* vc, long e, const float* k, const float* v, int hd) {
+__device__ __forceinline__ void pd_store_step(q8kv* kc, q8kv* vc, long e, const float* k, const float* v, int hd,
+                                              const PdRope& r, int s) {
     int nb = (hd + 31) >> 5, lane = threadIdx.x & 31;
     for (int b = threadIdx.x >> 5; b < 2 * nb; b += blockDim.x >> 5) {
         int d = (b % nb) * 32 + lane;
-        const float* src = b < nb ? k : v;
-        q8kv_store_block(b < nb ? kc : vc, e + (b % nb) * 32, d < hd ? src[d] : 0.0f);
+        float x = d < hd ? (b < nb ? pd_roped(k, d, r, s) : v[d]) : 0.0f;
+        q8kv_store_block(b < nb ? kc : vc, e + (b % nb) * 32, x);
     }
+}
+
+// Where an output row goes besides `out`: its copy for the o-projection, f16 (bf = 0) or bf16
+// (bf = 1) at `h`, or Q8_0 rows at q / d (hd % 32 == 0: a warp's 32 lanes hold one block);
+// null pointers: no copy.
+struct PdCopy {
+    unsigned short* h;
+    int bf;
+    signed char* q;
+    float2* d;
+};
+
+// Output value `val` at flat index o, and its copy. With a Q8_0 copy every lane of the warp
+// calls it (the block's scale is a warp reduction).
+__device__ __forceinline__ void pd_out(float* out, long o, float val, const PdCopy& c) {
+    out[o] = val;
+    if (c.h) c.h[o] = c.bf ? f2bf(val) : f2h(val);
+    if (c.q) da_quant_store(val, o, c.q, c.d);
 }
 
 // Keys per split for a row of n visible keys over `nsplit` splits (multiple of 32).
@@ -110,7 +150,7 @@ __device__ void paged_decode_impl(const float* q, const float* k, const float* v
                                   const int* slots, const int* kv_lens, const int* tables,
                                   const float* slopes, float* out, float* part, int maxb, int bs,
                                   long nslots, int nh, int nkv, int hd, float scale, float softcap,
-                                  int window, const float* sinks) {
+                                  int window, const float* sinks, PdRope rope, PdCopy copy) {
     __shared__ float qs[GM][DPL * 32];
     __shared__ float wm[PD_WARPS][GM], wl[PD_WARPS][GM];
     __shared__ float wacc[PD_WARPS][GM][DPL * 32];
@@ -136,11 +176,11 @@ __device__ void paged_decode_impl(const float* q, const float* k, const float* v
         int slot = slots[s];
         if (slot >= 0 && slot < nslots)
             pd_store_step(kc, vc, slot * rs + (long)kvh * hs, k + ((long)s * nkv + kvh) * hd,
-                          v + ((long)s * nkv + kvh) * hd, hd);
+                          v + ((long)s * nkv + kvh) * hd, hd, rope, s);
     }
     for (int i = tid; i < GM * DPL * 32; i += PD_THREADS) {
         int g = i / (DPL * 32), d = i % (DPL * 32);
-        qs[g][d] = g < G && d < hd ? q[((long)s * nh + kvh * group + g0 + g) * hd + d] : 0.0f;
+        qs[g][d] = g < G && d < hd ? pd_roped(q + ((long)s * nh + kvh * group + g0 + g) * hd, d, rope, s) : 0.0f;
     }
     __syncthreads();
     float m[GM], l[GM], acc[GM][DPL];
@@ -253,7 +293,7 @@ __device__ void paged_decode_impl(const float* q, const float* k, const float* v
         }
         long h = (long)kvh * group + g0 + g;
         if (nsplit == 1) {
-            out[((long)s * nh + h) * hd + d] = a * att_inv(ls, mm, att_sink(sinks, h));
+            pd_out(out, ((long)s * nh + h) * hd + d, a * att_inv(ls, mm, att_sink(sinks, h)), copy);
         } else {
             float* pp = part + (((long)s * nh + h) * nsplit + z) * (hd + 2);
             pp[2 + d] = a;
@@ -269,9 +309,12 @@ __device__ void paged_decode_impl(const float* q, const float* k, const float* v
     extern "C" __global__ void __launch_bounds__(PD_THREADS) NAME##_g##GM(                                  \
         const float* q, const float* k, const float* v, T* kc, T* vc, const int* slots, const int* kv_lens, \
         const int* tables, const float* slopes, float* out, float* part, int maxb, int bs, long nslots,     \
-        int nh, int nkv, int hd, float scale, float softcap, int window, const float* sinks) {              \
+        int nh, int nkv, int hd, float scale, float softcap, int window, const float* sinks,                \
+        const float* rcos, const float* rsin, int rot, int rstyle, unsigned short* oh, int obf,             \
+        signed char* oq, float2* od) {                                                                      \
         paged_decode_impl<T, DPL, GM>(q, k, v, kc, vc, slots, kv_lens, tables, slopes, out, part, maxb, bs, \
-                                      nslots, nh, nkv, hd, scale, softcap, window, sinks);                  \
+                                      nslots, nh, nkv, hd, scale, softcap, window, sinks,                   \
+                                      PdRope{rcos, rsin, rot, rstyle}, PdCopy{oh, obf, oq, od});            \
     }
 // one kernel per cache type, lane width and heads per block (1, 2, 4, 8)
 #define PAGED_DECODE(NAME, T, DPL)   \
@@ -295,7 +338,9 @@ PAGED_DECODE(paged_decode_q8, q8kv, 8)
 
 // Merges the splits of paged_decode_*: block (sequence, head), one thread per output dim.
 extern "C" __global__ void paged_decode_combine(const float* part, const int* kv_lens, float* out, int nh, int hd,
-                                                int nsplit, int window, const float* sinks) {
+                                                int nsplit, int window, const float* sinks, unsigned short* oh,
+                                                int obf, signed char* oq, float2* od) {
+    PdCopy copy{oh, obf, oq, od};
     pdl_begin();
     int s = blockIdx.x, h = blockIdx.y;
     int L = kv_lens[s];
@@ -314,7 +359,7 @@ extern "C" __global__ void paged_decode_combine(const float* part, const int* kv
                 a += pp[z * (hd + 2) + 2 + d] * f;
             }
         }
-        out[((long)s * nh + h) * hd + d] = a * att_inv(ls, mm, att_sink(sinks, h));
+        pd_out(out, ((long)s * nh + h) * hd + d, a * att_inv(ls, mm, att_sink(sinks, h)), copy);
     }
 }
 

@@ -3,16 +3,18 @@
 //!
 //! - `Silu` then `MulTo` of its output → `SiluMul`.
 //! - Two `RotaryEmbedding` calls with the same angles → one call rotating `input` and `input1`.
-//! - That call by the step's tables right before a `DecodeAttention` of those q and k → the
-//!   attention rotates them as it stores the key (one launch less).
+//! - That call by the step's tables right before a `DecodeAttention` or `PagedDecodeAttention`
+//!   of those q and k → the attention rotates them as it reads the query and stores the key (one
+//!   launch less).
 //! - Consecutive `Linear` calls on one input (q/k/v, gate/up) → one call with `weight`,
 //!   `weight1`, `weight2` when the weights share a dtype (one launch streams them all), else the
 //!   later calls reuse the first one's quantized input (`reuse_act`).
 //! - A `Linear` without bias whose output is only added into the residual (`AddTo`) → the
 //!   `Linear` adds its product there itself (`accumulate`).
-//! - A producer (`RMSNorm`, `SiluMul`, `Attention`, `DecodeAttention`) whose output is the input
-//!   of the next call, a `quant_act` `Linear` → the producer also leaves that input in the form
-//!   the `Linear` reads (`quantize_output`: Q8_0 rows, or f16/bf16 rows for tensor cores).
+//! - A producer (`RMSNorm`, `SiluMul`, `Attention`, `DecodeAttention`, `PagedDecodeAttention`)
+//!   whose output is the input of the next call, a `quant_act` `Linear` → the producer also
+//!   leaves that input in the form the `Linear` reads (`quantize_output`: Q8_0 rows, or
+//!   f16/bf16 rows for tensor cores).
 //!
 //! Every rewrite is arithmetic-preserving: the fused step's results equal the plain step's bit
 //! for bit (a multi-weight `Linear` sums each weight as its own launch would; the copies a
@@ -124,16 +126,15 @@ fn rotary_pairs(step: &mut Step) {
     }
 }
 
-/// `RotaryEmbedding(q, k by tables)`, `DecodeAttention(q, k)` with q and k read by nothing
-/// after → the attention takes the tables and rotates them itself.
+/// `RotaryEmbedding(q, k by tables)`, `DecodeAttention(q, k)` or `PagedDecodeAttention(q, k)`
+/// with q and k read by nothing after → the attention takes the tables and rotates them itself.
 fn rope_in_attention(step: &mut Step) {
     let items = step.items_mut();
     let mut i = 0;
     while i + 1 < items.len() {
-        let moved = match (
-            call_of(items, i, "RotaryEmbedding"),
-            call_of(items, i + 1, "DecodeAttention"),
-        ) {
+        let attention = call_of(items, i + 1, "DecodeAttention")
+            .or_else(|| call_of(items, i + 1, "PagedDecodeAttention"));
+        let moved = match (call_of(items, i, "RotaryEmbedding"), attention) {
             (Some(r), Some(a)) => {
                 match (r.arg("input"), r.arg("input1"), r.arg("cos"), r.arg("sin")) {
                     (Some(q), Some(k), Some(cos), Some(sin))
@@ -357,7 +358,13 @@ fn consumer_copy(step: &Step, i: usize, t: TensorId) -> OutputCopy {
 
 /// Producers whose output the next `Linear` reads leave it in that `Linear`'s form.
 fn producer_copies(step: &mut Step) {
-    const PRODUCERS: [&str; 4] = ["RMSNorm", "SiluMul", "Attention", "DecodeAttention"];
+    const PRODUCERS: [&str; 5] = [
+        "RMSNorm",
+        "SiluMul",
+        "Attention",
+        "DecodeAttention",
+        "PagedDecodeAttention",
+    ];
     for i in 0..step.items().len() {
         let out = match step.items()[i].call() {
             Some(c) if PRODUCERS.contains(&c.op) => c.arg("output"),
@@ -440,35 +447,48 @@ mod tests {
     }
 
     /// The two rotations of a decode step by its tables become one, then part of the
-    /// `DecodeAttention` that stores the key.
+    /// `DecodeAttention` or `PagedDecodeAttention` that stores the key, which also leaves the
+    /// o-projection's input form.
     #[test]
     fn decode_rotation_moves_into_the_attention() {
-        let mut bufs: Vec<Data> = (0..6).map(|_| Data::empty(DataType::F32)).collect();
-        let mut st = Step::new();
-        let t: Vec<TensorId> = bufs.iter_mut().map(|b| st.mutable(b)).collect();
-        let (q, k, v, cos, sin, out) = (t[0], t[1], t[2], t[3], t[4], t[5]);
-        for x in [q, k] {
+        let w4 = Data::zeros(DataType::Q4_0, &[64, 64]).unwrap();
+        for (op, rows) in [("DecodeAttention", 1), ("PagedDecodeAttention", 64)] {
+            let mut bufs: Vec<Data> = (0..7).map(|_| Data::empty(DataType::F32)).collect();
+            let mut st = Step::new();
+            let w = st.input(&w4);
+            let t: Vec<TensorId> = bufs.iter_mut().map(|b| st.mutable(b)).collect();
+            let (q, k, v, cos, sin, out, o) = (t[0], t[1], t[2], t[3], t[4], t[5], t[6]);
+            for x in [q, k] {
+                st.push(
+                    Call::new("RotaryEmbedding")
+                        .input("cos", cos)
+                        .input("sin", sin)
+                        .output("input", x)
+                        .int("rotary_dim", 64)
+                        .int("style", 0),
+                );
+            }
             st.push(
-                Call::new("RotaryEmbedding")
-                    .input("cos", cos)
-                    .input("sin", sin)
-                    .output("input", x)
-                    .int("rotary_dim", 64)
-                    .int("style", 0),
+                Call::new(op)
+                    .input("q", q)
+                    .input("k", k)
+                    .input("v", v)
+                    .output("output", out),
             );
+            st.push(linear(out, w, o, rows));
+            plan(&mut st).unwrap();
+            assert_eq!(ops(&st), [op, "Linear"]);
+            let a = st.items()[0].call().unwrap();
+            assert_eq!((a.arg("cos"), a.arg("sin")), (Some(cos), Some(sin)));
+            assert_eq!(a.int_of("rotary_dim"), 64);
+            // the o-projection's input form: Q8_0 rows for one row, f16 rows for 64
+            let want = if rows == 1 {
+                OutputCopy::Q8
+            } else {
+                OutputCopy::F16
+            };
+            assert_eq!(a.int_of("quantize_output"), want.param(), "{op}");
         }
-        st.push(
-            Call::new("DecodeAttention")
-                .input("q", q)
-                .input("k", k)
-                .input("v", v)
-                .output("output", out),
-        );
-        plan(&mut st).unwrap();
-        assert_eq!(ops(&st), ["DecodeAttention"]);
-        let a = st.items()[0].call().unwrap();
-        assert_eq!((a.arg("cos"), a.arg("sin")), (Some(cos), Some(sin)));
-        assert_eq!(a.int_of("rotary_dim"), 64);
     }
 
     /// Mixed dtypes are not merged (the later calls reuse the quantized input); an output

@@ -75,7 +75,7 @@ impl CudaDevice {
         glu::register(&mut ops, &gpu);
         norm::register(&mut ops, &gpu, &act);
         paged::register(&mut ops, &gpu);
-        paged_decode::register(&mut ops, &gpu, opts.batch_invariant);
+        paged_decode::register(&mut ops, &gpu, &act, opts.batch_invariant);
         embedding::register(&mut ops, &gpu);
         linear::register(&mut ops, &gpu, &act, opts.batch_invariant);
         attention::register(&mut ops, &gpu, &act);

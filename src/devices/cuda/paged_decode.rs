@@ -1,6 +1,9 @@
 //! `PagedDecodeAttention`: one decode query row per sequence over the paged KV pool (f16, f32
 //! or q8_0 slots, a q8_0 head row padded to whole blocks of 32), flash-decoding through block tables with split-K for long rows, the step's own keys
-//! and values stored into their slots in the same launch (`kernels/paged_decode.cu`).
+//! and values stored into their slots in the same launch (`kernels/paged_decode.cu`). With the
+//! step's rotary tables it rotates the query and the key itself (the `fuse` pass moves a
+//! `RotaryEmbedding` into it), and with `quantize_output` it also leaves its output in the form
+//! the o-projection reads (Q8_0 or f16/bf16 rows in [`ActQuant`]).
 //!
 //! Unlike `PagedAttention` (`paged.rs`), the index arrays (`slots`, `kv_lens`, `block_tables`) may
 //! live on the GPU, where they are not read back: a recorded batched decode step (CUDA graph)
@@ -9,9 +12,11 @@
 //! block id outside it is skipped, a length beyond the table reads only the table's blocks).
 //! Host arrays are checked like `PagedAttention`'s and copied once per change.
 
+use super::act_quant::{ActForm, ActQuant, QuantKey};
 use super::buffer::{device_len, dptr, ensure_out};
 use super::gpu::{int, long, Gpu, KArg};
 use super::kv::stored_head_dim;
+use super::linear::TC_MIN_ROWS;
 use super::paged::HostIndex;
 use super::{grid_dim, op_err};
 use crate::data::{Data, DataType, Storage};
@@ -22,11 +27,12 @@ use std::sync::Arc;
 /// Registers the operator; `invariant`: split every row into [`MAX_SPLITS`]
 /// pieces whatever the batch (a row's split depends only on its own length: batch-invariant
 /// results).
-pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, invariant: bool) {
+pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>, invariant: bool) {
     ops.insert(
         "PagedDecodeAttention",
         Box::new(PagedDecodeAttention {
             gpu: gpu.clone(),
+            act: act.clone(),
             invariant,
             index: Default::default(),
         }),
@@ -66,9 +72,12 @@ struct Sizes {
     /// The pool's dtype (f16, f32 or q8_0).
     cache: DataType,
     nsplit: usize,
+    /// Rotated dims and style of the step's rotary tables (0 dims: q and k arrive rotated).
+    rot: usize,
+    style: i32,
 }
 
-const NAMES: [&str; 11] = [
+const NAMES: [&str; 13] = [
     "q",
     "k",
     "v",
@@ -80,7 +89,12 @@ const NAMES: [&str; 11] = [
     "alibi_slopes",
     "workspace",
     "sinks",
+    "cos",
+    "sin",
 ];
+
+/// The arrays of one call, in the order of [`NAMES`].
+type Args<'a> = [Option<&'a Data>; 13];
 
 fn packed<'a>(x: Option<&'a Data>, name: &str, dts: &[DataType], nd: usize) -> Result<&'a Data> {
     let x = x.ok_or_else(|| op_err(OP, format!("missing input '{name}'")))?;
@@ -162,7 +176,7 @@ fn check_indices(slots_d: &Data, lens_d: &Data, bt: &Data, slots: usize, bs: usi
 }
 
 /// Validates a launch's arrays against each other and returns its sizes.
-fn check(a: &[Option<&Data>; 11], i: &IntDict, sms: usize, invariant: bool) -> Result<Sizes> {
+fn check(a: &Args, i: &IntDict, sms: usize, invariant: bool) -> Result<Sizes> {
     use DataType::{F16, F32, I32, Q8_0};
     let q = packed(a[0], "q", &[F32], 3)?;
     let k = packed(a[1], "k", &[F32], 3)?;
@@ -217,6 +231,7 @@ fn check(a: &[Option<&Data>; 11], i: &IntDict, sms: usize, invariant: bool) -> R
         }
     }
     let max_keys = usize::try_from(i.get_or("max_keys", (maxb * bs) as i32)).unwrap_or(1);
+    let (rot, style) = rotary(a, i, rows, hd)?;
     Ok(Sizes {
         rows,
         nh,
@@ -231,18 +246,60 @@ fn check(a: &[Option<&Data>; 11], i: &IntDict, sms: usize, invariant: bool) -> R
         } else {
             paged_decode_splits(max_keys.min(maxb * bs), rows, nkv, sms)
         },
+        rot,
+        style,
     })
+}
+
+/// The rotated dims and style of the optional `cos` / `sin` tables ([rows, rotary_dim / 2] f32,
+/// ints `rotary_dim` (default the head size) and `style` 0 or 1); 0 dims without them.
+fn rotary(a: &Args, i: &IntDict, rows: usize, hd: usize) -> Result<(usize, i32)> {
+    let (cos, sin) = match (a[11], a[12]) {
+        (None, None) => return Ok((0, 0)),
+        (Some(c), Some(s)) => (c, s),
+        _ => return Err(op_err(OP, "'cos' and 'sin' come together")),
+    };
+    let rot = usize::try_from(i.get_or("rotary_dim", hd as i32)).unwrap_or(usize::MAX);
+    if rot == 0 || rot % 2 != 0 || rot > hd {
+        return Err(op_err(
+            OP,
+            format!("rotary_dim {rot} must be even, positive and at most the head size {hd}"),
+        ));
+    }
+    for (t, name) in [(cos, "cos"), (sin, "sin")] {
+        if t.dtype() != DataType::F32 || !t.is_contiguous() || t.count() != rows * rot / 2 {
+            return Err(op_err(
+                OP,
+                format!(
+                    "'{name}' {} {:?} must be packed f32 of {rows} rows × {} angles",
+                    t.dtype(),
+                    t.dims(),
+                    rot / 2
+                ),
+            ));
+        }
+    }
+    let style = i.get_or("style", 0);
+    if !(0..=1).contains(&style) {
+        return Err(op_err(OP, format!("rotary style {style} must be 0 or 1")));
+    }
+    Ok((rot, style))
 }
 
 /// Flash-decoding over the paged pool; see the module doc. Inputs: `q` [rows, nh, hd], the
 /// step's `k`, `v` [rows, nkv, hd] (f32, rotated), inout `k_cache`, `v_cache` [slots, nkv, hd]
 /// (f16, f32 or q8_0 with head rows padded to whole blocks), `slots` [rows] (the step's slot per row; < 0: not stored), `kv_lens` [rows]
 /// (keys of each row, the step's included; 0: a padding row, output zeros), `block_tables`
-/// [rows, maxb], optional `alibi_slopes` and attention `sinks` [nh]; inout `workspace`. Floats `scale`, `softcap`; ints
-/// `block_size`, `sliding_window`, `max_keys` (a bound on `kv_lens` that picks the split count;
-/// any value is correct). Output [rows, nh, hd].
+/// [rows, maxb], optional `alibi_slopes` and attention `sinks` [nh]; inout `workspace`; optional
+/// rotary tables `cos`, `sin` [rows, rotary_dim / 2] (then `q` and `k` arrive unrotated). Floats
+/// `scale`, `softcap`; ints `block_size`, `sliding_window`, `max_keys` (a bound on `kv_lens` that
+/// picks the split count; any value is correct), `rotary_dim`, `style` (as `RotaryEmbedding`'s),
+/// `quantize_output` (the copy for the next `Linear`: 1 Q8_0 rows when the head size is a
+/// multiple of 32, 2 / 3 f16 / bf16 rows from [`TC_MIN_ROWS`] rows). Output [rows, nh, hd].
 struct PagedDecodeAttention {
     gpu: Arc<Gpu>,
+    /// Where the output's copy for the o-projection goes (`quantize_output`).
+    act: Arc<ActQuant>,
     /// [`MAX_SPLITS`] splits for every call (see [`register`]).
     invariant: bool,
     /// Copies of host `slots`, `kv_lens` and `block_tables`.
@@ -292,24 +349,51 @@ impl Operator for PagedDecodeAttention {
         if z.nsplit > 1 && device_len(ws).unwrap_or(0) < 4 * z.workspace() {
             return Err(op_err(OP, "workspace is smaller than this call needs"));
         }
+        let out = dptr(d.require(OP, "output")?, "output")?;
+        let (copy, key) = self.copy(i, out, &z)?;
         let call = Call {
             part: dptr(ws, "workspace")?,
             lens: self.index(&a, 6)?,
-            out: dptr(d.require(OP, "output")?, "output")?,
+            out,
             window: i.get_or("sliding_window", 0).max(0),
             sinks: ptr(&a, 10)?,
+            copy,
         };
         let rows = grid_dim(OP, z.rows, "more than 65535 query rows")?;
         self.decode(&a, &z, &call, f, rows)?;
-        if z.nsplit == 1 {
-            return Ok(());
+        if z.nsplit > 1 {
+            combine(&self.gpu, &z, &call, rows)?;
         }
-        combine(&self.gpu, &z, &call, rows)
+        match key {
+            Some(key) => self.act.set(key, true),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The kernels' output copy arguments (`PdCopy`): f16/bf16 rows, whether bf16, Q8_0 values and
+/// scales; zeros for none.
+#[derive(Clone, Copy, Default)]
+struct CopyArgs {
+    half: u64,
+    bf: bool,
+    q8: u64,
+    scales: u64,
+}
+
+impl CopyArgs {
+    fn args(&self) -> [KArg; 4] {
+        [
+            KArg::Ptr(self.half),
+            KArg::I32(self.bf as i32),
+            KArg::Ptr(self.q8),
+            KArg::Ptr(self.scales),
+        ]
     }
 }
 
 /// The device address of input `k` of [`NAMES`], 0 when it is absent.
-fn ptr(a: &[Option<&Data>; 11], k: usize) -> Result<u64> {
+fn ptr(a: &Args, k: usize) -> Result<u64> {
     a[k].map(|t| dptr(t, NAMES[k]))
         .transpose()
         .map(|p| p.unwrap_or(0))
@@ -325,12 +409,41 @@ struct Call {
     window: i32,
     /// Attention sinks [nh], or 0.
     sinks: u64,
+    /// The output's copy for the o-projection.
+    copy: CopyArgs,
 }
 
 impl PagedDecodeAttention {
+    /// The output copy `quantize_output` asks for of the `out` rows, where the kernels write it
+    /// (see the type's doc), and the key to record once the launches are queued.
+    fn copy(&self, i: &IntDict, out: u64, z: &Sizes) -> Result<(CopyArgs, Option<QuantKey>)> {
+        let k = z.nh * z.hd;
+        match ActForm::from_param(i.get_or("quantize_output", 0)) {
+            Some(ActForm::Q8) if z.hd.is_multiple_of(32) => {
+                let (q8, scales, key) = self.act.slots(out, z.rows, k)?;
+                let c = CopyArgs {
+                    q8,
+                    scales,
+                    ..Default::default()
+                };
+                Ok((c, Some(key)))
+            }
+            Some(form @ (ActForm::F16 | ActForm::Bf16)) if z.rows >= TC_MIN_ROWS => {
+                let (half, key) = self.act.half_slot(out, z.rows, k, form)?;
+                let c = CopyArgs {
+                    half,
+                    bf: form == ActForm::Bf16,
+                    ..Default::default()
+                };
+                Ok((c, Some(key)))
+            }
+            _ => Ok((CopyArgs::default(), None)),
+        }
+    }
+
     /// The device address of index array `k` of [`NAMES`] (`slots`, `kv_lens`,
     /// `block_tables`): a device input as it is, a host one through its copy.
-    fn index(&self, a: &[Option<&Data>; 11], k: usize) -> Result<u64> {
+    fn index(&self, a: &Args, k: usize) -> Result<u64> {
         match a[k] {
             Some(t) => self.index[k - 5].ptr(&self.gpu, t, NAMES[k]),
             None => Err(op_err(OP, format!("missing input '{}'", NAMES[k]))),
@@ -339,14 +452,7 @@ impl PagedDecodeAttention {
 
     /// The flash-decoding launch `paged_decode_{h,f,q}{1,2,4,8}_g{1,2,4,8}` (lane width, query
     /// heads per block): grid (KV heads × head chunks, rows, splits).
-    fn decode(
-        &self,
-        a: &[Option<&Data>; 11],
-        z: &Sizes,
-        c: &Call,
-        f: &FloatDict,
-        rows: u32,
-    ) -> Result<()> {
+    fn decode(&self, a: &Args, z: &Sizes, c: &Call, f: &FloatDict, rows: u32) -> Result<()> {
         let mut args = (0..5)
             .map(|k| ptr(a, k).map(KArg::Ptr))
             .collect::<Result<Vec<_>>>()?;
@@ -367,7 +473,12 @@ impl PagedDecodeAttention {
             KArg::F32(f.get_or("softcap", 0.0)),
             KArg::I32(c.window),
             KArg::Ptr(c.sinks),
+            KArg::Ptr(ptr(a, 11)?),
+            KArg::Ptr(ptr(a, 12)?),
+            int(z.rot, "rotary dim")?,
+            KArg::I32(z.style),
         ]);
+        args.extend(c.copy.args());
         let kernel = format!(
             "paged_decode_{}{}_g{}",
             match z.cache {
@@ -390,19 +501,21 @@ impl PagedDecodeAttention {
 
 /// Merges the splits of a decode launch (`paged_decode_combine`).
 fn combine(gpu: &Gpu, z: &Sizes, c: &Call, rows: u32) -> Result<()> {
+    let mut args = vec![
+        KArg::Ptr(c.part),
+        KArg::Ptr(c.lens),
+        KArg::Ptr(c.out),
+        int(z.nh, "heads")?,
+        int(z.hd, "head dim")?,
+        int(z.nsplit, "splits")?,
+        KArg::I32(c.window),
+        KArg::Ptr(c.sinks),
+    ];
+    args.extend(c.copy.args());
     gpu.launch(
         "paged_decode_combine",
         (rows, z.nh as u32, 1),
         z.hd as u32,
-        &[
-            KArg::Ptr(c.part),
-            KArg::Ptr(c.lens),
-            KArg::Ptr(c.out),
-            int(z.nh, "heads")?,
-            int(z.hd, "head dim")?,
-            int(z.nsplit, "splits")?,
-            KArg::I32(c.window),
-            KArg::Ptr(c.sinks),
-        ],
+        &args,
     )
 }

@@ -12,7 +12,8 @@
 //! reads: one-row `Linear`s (`quant_act = 1` for block dtypes) over every layer's q, k, v, o, gate,
 //! up and down matrices of that model shape, each layer its own buffers, so the weights (far larger
 //! than the L3) stream from DRAM as in real decode; `--layers N` caps the layer count (memory);
-//! `--rows N` gives every `Linear` N activation rows (N sequences decoding together).
+//! `--rows N` gives every `Linear` N activation rows (N sequences decoding together);
+//! `--by-matrix` also times each matrix kind (q, k, v, o, gate, up, down) of every layer alone.
 
 use fastllm::data::encode_from_f32;
 use fastllm::{Data, DataDict, DataType, Executor, FloatDict, IntDict};
@@ -35,6 +36,8 @@ struct Opts {
     /// Activation rows of every `Linear` of the `--dram` pass (1: a decode token; more: a batch
     /// of sequences decoding together).
     rows: usize,
+    /// `--by-matrix`: the `--dram` pass also times each matrix kind (q, k, …) over all layers.
+    by_matrix: bool,
 }
 
 fn opts() -> Opts {
@@ -47,6 +50,7 @@ fn opts() -> Opts {
         dram: None,
         layers: usize::MAX,
         rows: 1,
+        by_matrix: false,
     };
     let mut i = 1;
     while i < args.len() {
@@ -76,6 +80,7 @@ fn opts() -> Opts {
                 i += 1;
             }
             "--gemv" => o.gemv_only = true,
+            "--by-matrix" => o.by_matrix = true,
             "--dtype" => {
                 o.dtypes = args
                     .get(i + 1)
@@ -340,7 +345,7 @@ fn dram_pass(e: &Executor, o: &Opts, shape: &str, bw: f64) {
             .flat_map(|_| mats.iter().map(move |&(n, k)| weight(dt, n, k)))
             .collect();
         let bytes: usize = ws.iter().map(|w| w.bytes().unwrap().len()).sum();
-        report(dt.name(), bytes, token_pass(e, &ws, &xs), bw);
+        report(dt.name(), bytes, token_pass(e, &refs(&ws), &xs), bw);
         // the interleaved K-quant kernels are timed also where the device keeps a type plain
         let kernels = dt.kernel_type().is_some_and(|t| {
             interleaved::available_for(t) || (t.is_kquant() && interleaved::available())
@@ -349,14 +354,33 @@ fn dram_pass(e: &Executor, o: &Opts, shape: &str, bw: f64) {
             for w in ws.iter_mut() {
                 *w = fastllm::interleave::interleave(w).unwrap().unwrap();
             }
-            report(ws[0].dtype().name(), bytes, token_pass(e, &ws, &xs), bw);
+            report(
+                ws[0].dtype().name(),
+                bytes,
+                token_pass(e, &refs(&ws), &xs),
+                bw,
+            );
         }
+        if o.by_matrix {
+            by_matrix(e, &ws, &xs, bw);
+        }
+    }
+}
+
+/// The `--dram` pass per matrix kind: each kind's matrices of every layer, in turn.
+fn by_matrix(e: &Executor, ws: &[Data], xs: &[Data; 2], bw: f64) {
+    const KINDS: [&str; 7] = ["q", "k", "v", "o", "gate", "up", "down"];
+    for (j, kind) in KINDS.iter().enumerate() {
+        let sub: Vec<&Data> = ws.iter().skip(j).step_by(KINDS.len()).collect();
+        let bytes: usize = sub.iter().map(|w| w.bytes().unwrap().len()).sum();
+        let name = format!("  {kind} {}x{}", sub[0].dim(0), sub[0].dim(1));
+        report(&name, bytes, token_pass(e, &sub, xs), bw);
     }
 }
 
 /// Median seconds of one pass of one-row `Linear`s over `ws` (input `xs[0]` or, for the down
 /// projection, `xs[1]`), after one untimed pass.
-fn token_pass(e: &Executor, ws: &[Data], xs: &[Data; 2]) -> f64 {
+fn token_pass(e: &Executor, ws: &[&Data], xs: &[Data; 2]) -> f64 {
     let qa = i32::from(ws[0].dtype().block_elems() > 1);
     let (fl, il) = (FloatDict::new(), IntDict::new().with("quant_act", qa));
     let mut out = Data::empty(DataType::F32);
@@ -380,6 +404,10 @@ fn token_pass(e: &Executor, ws: &[Data], xs: &[Data; 2]) -> f64 {
         .collect();
     ts.sort_by(f64::total_cmp);
     ts[ts.len() / 2]
+}
+
+fn refs(ws: &[Data]) -> Vec<&Data> {
+    ws.iter().collect()
 }
 
 /// One line of the `--dram` table.

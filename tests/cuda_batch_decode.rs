@@ -10,7 +10,7 @@
 //! - `PagedDecodeAttention` alone against `PagedCacheWrite` + `PagedAttention` on awkward sizes
 //!   (head sizes 16 / 80 / 128, 1 to 12 query heads per kv head, empty and long rows, windows,
 //!   soft-capping, ALiBi), f32, f16 and q8_0 caches (q8_0 also against f32 `PagedAttention`
-//!   over the dequantized pool).
+//!   over the dequantized pool); rotary tables that do not fit the call are an `Err`.
 //!
 //! Without a GPU every test passes without work and the binary says once, on stderr past the
 //! test harness's capture, "SKIPPED: no CUDA device (...)" (CI has none).
@@ -458,6 +458,79 @@ fn paged_attention(
         .with("softcap", c.softcap);
     exec.run("PagedAttention", &mut d, &floats, &ints).unwrap();
     out.to_owned_host().unwrap().to_f32_vec().unwrap()
+}
+
+/// Rotary tables that do not fit the call are an `Err` naming what was wrong, never a launch:
+/// `cos` without `sin`, tables of the wrong size, an odd or oversized `rotary_dim`, a style
+/// other than 0 or 1.
+#[test]
+fn paged_decode_attention_refuses_bad_rotary_tables() {
+    let Some(dev) = gpu() else { return };
+    let exec = common::cuda::cuda_executor(&dev);
+    let mut rng = CaseRng::new(8);
+    let c = AttnCase {
+        hd: 64,
+        nh: 4,
+        nkv: 2,
+        window: 0,
+        softcap: 0.0,
+        alibi: false,
+        lens: &[5, 9],
+    };
+    let x = attn_inputs(&c, &mut rng);
+    let up = |d: Data| dev.upload(&d).unwrap();
+    let angles = |n: usize| up(Data::from_f32(&[n], &vec![0.5; n]).unwrap());
+    let (good, short) = (angles(2 * 32), angles(2 * 31));
+    let lens: Vec<i32> = c.lens.iter().map(|&l| l as i32).collect();
+    let slots = up(Data::from_i32(&[2], &x.slots).unwrap());
+    let lens = up(Data::from_i32(&[2], &lens).unwrap());
+    let tables = up(Data::from_i32(&[2, x.maxb], &x.table).unwrap());
+    // (cos, sin, rotary_dim, style, what the error names)
+    type Case<'a> = (Option<&'a Data>, Option<&'a Data>, i32, i32, &'static str);
+    let cases: [Case; 5] = [
+        (Some(&good), None, 64, 0, "'cos' and 'sin' come together"),
+        (
+            Some(&short),
+            Some(&short),
+            64,
+            0,
+            "must be packed f32 of 2 rows",
+        ),
+        (Some(&good), Some(&good), 7, 0, "rotary_dim 7"),
+        (Some(&good), Some(&good), 128, 0, "rotary_dim 128"),
+        (Some(&good), Some(&good), 64, 2, "rotary style 2"),
+    ];
+    for (cos, sin, rot, style, want) in cases {
+        let mut kc = pool_layer(&dev, &c, x.n_slots, &x.k_pool, DataType::F16);
+        let mut vc = pool_layer(&dev, &c, x.n_slots, &x.v_pool, DataType::F16);
+        let (mut ws, mut out) = (Data::empty(DataType::F32), Data::empty(DataType::F32));
+        let mut d = DataDict::new()
+            .with("q", &x.q)
+            .with("k", &x.k)
+            .with("v", &x.v)
+            .with_mut("k_cache", &mut kc)
+            .with_mut("v_cache", &mut vc)
+            .with("slots", &slots)
+            .with("kv_lens", &lens)
+            .with("block_tables", &tables)
+            .with_mut("workspace", &mut ws)
+            .with_mut("output", &mut out);
+        if let Some(t) = cos {
+            d.insert("cos", t);
+        }
+        if let Some(t) = sin {
+            d.insert("sin", t);
+        }
+        let ints = IntDict::new()
+            .with("block_size", BS as i32)
+            .with("rotary_dim", rot)
+            .with("style", style);
+        let err = exec
+            .run("PagedDecodeAttention", &mut d, &FloatDict::new(), &ints)
+            .expect_err(want)
+            .to_string();
+        assert!(err.contains(want), "{want}: got {err}");
+    }
 }
 
 #[test]

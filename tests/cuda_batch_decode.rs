@@ -347,6 +347,31 @@ fn run_decode(
     x: &AttnInputs,
     dt: DataType,
 ) -> [Vec<f32>; 3] {
+    let ints = IntDict::new()
+        .with("block_size", BS as i32)
+        .with("sliding_window", c.window)
+        .with("max_keys", 2048);
+    let floats = FloatDict::new()
+        .with("scale", 0.11)
+        .with("softcap", c.softcap);
+    let slopes = c.alibi.then_some(("alibi_slopes", &x.slopes));
+    let extra: Vec<(&str, &Data)> = slopes.into_iter().collect();
+    try_decode(exec, dev, c, x, dt, &extra, &floats, &ints).unwrap()
+}
+
+/// [`run_decode`] with the optional inputs `extra` and the call's `floats` and `ints`; the op's
+/// error as it is.
+#[allow(clippy::too_many_arguments)]
+fn try_decode(
+    exec: &Executor,
+    dev: &CudaDevice,
+    c: &AttnCase,
+    x: &AttnInputs,
+    dt: DataType,
+    extra: &[(&str, &Data)],
+    floats: &FloatDict,
+    ints: &IntDict,
+) -> fastllm::Result<[Vec<f32>; 3]> {
     let rows = c.lens.len();
     let mut kc = pool_layer(dev, c, x.n_slots, &x.k_pool, dt);
     let mut vc = pool_layer(dev, c, x.n_slots, &x.v_pool, dt);
@@ -367,20 +392,12 @@ fn run_decode(
         .with("block_tables", &tables)
         .with_mut("workspace", &mut ws)
         .with_mut("output", &mut out);
-    if c.alibi {
-        d.insert("alibi_slopes", &x.slopes);
+    for &(name, t) in extra {
+        d.insert(name, t);
     }
-    let ints = IntDict::new()
-        .with("block_size", BS as i32)
-        .with("sliding_window", c.window)
-        .with("max_keys", 2048);
-    let floats = FloatDict::new()
-        .with("scale", 0.11)
-        .with("softcap", c.softcap);
-    exec.run("PagedDecodeAttention", &mut d, &floats, &ints)
-        .unwrap();
+    exec.run("PagedDecodeAttention", &mut d, floats, ints)?;
     let host = |d: &Data| d.to_owned_host().unwrap().to_f32_vec().unwrap();
-    [host(&out), host(&kc), host(&vc)]
+    Ok([host(&out), host(&kc), host(&vc)])
 }
 
 /// The reference: `PagedCacheWrite` of the step's rows, then `PagedAttention` over the rows
@@ -478,13 +495,11 @@ fn paged_decode_attention_refuses_bad_rotary_tables() {
         lens: &[5, 9],
     };
     let x = attn_inputs(&c, &mut rng);
-    let up = |d: Data| dev.upload(&d).unwrap();
-    let angles = |n: usize| up(Data::from_f32(&[n], &vec![0.5; n]).unwrap());
+    let angles = |n: usize| {
+        dev.upload(&Data::from_f32(&[n], &vec![0.5; n]).unwrap())
+            .unwrap()
+    };
     let (good, short) = (angles(2 * 32), angles(2 * 31));
-    let lens: Vec<i32> = c.lens.iter().map(|&l| l as i32).collect();
-    let slots = up(Data::from_i32(&[2], &x.slots).unwrap());
-    let lens = up(Data::from_i32(&[2], &lens).unwrap());
-    let tables = up(Data::from_i32(&[2, x.maxb], &x.table).unwrap());
     // (cos, sin, rotary_dim, style, what the error names)
     type Case<'a> = (Option<&'a Data>, Option<&'a Data>, i32, i32, &'static str);
     let cases: [Case; 5] = [
@@ -501,34 +516,26 @@ fn paged_decode_attention_refuses_bad_rotary_tables() {
         (Some(&good), Some(&good), 64, 2, "rotary style 2"),
     ];
     for (cos, sin, rot, style, want) in cases {
-        let mut kc = pool_layer(&dev, &c, x.n_slots, &x.k_pool, DataType::F16);
-        let mut vc = pool_layer(&dev, &c, x.n_slots, &x.v_pool, DataType::F16);
-        let (mut ws, mut out) = (Data::empty(DataType::F32), Data::empty(DataType::F32));
-        let mut d = DataDict::new()
-            .with("q", &x.q)
-            .with("k", &x.k)
-            .with("v", &x.v)
-            .with_mut("k_cache", &mut kc)
-            .with_mut("v_cache", &mut vc)
-            .with("slots", &slots)
-            .with("kv_lens", &lens)
-            .with("block_tables", &tables)
-            .with_mut("workspace", &mut ws)
-            .with_mut("output", &mut out);
-        if let Some(t) = cos {
-            d.insert("cos", t);
-        }
-        if let Some(t) = sin {
-            d.insert("sin", t);
-        }
+        let extra: Vec<(&str, &Data)> = [("cos", cos), ("sin", sin)]
+            .into_iter()
+            .filter_map(|(n, t)| t.map(|t| (n, t)))
+            .collect();
         let ints = IntDict::new()
             .with("block_size", BS as i32)
             .with("rotary_dim", rot)
             .with("style", style);
-        let err = exec
-            .run("PagedDecodeAttention", &mut d, &FloatDict::new(), &ints)
-            .expect_err(want)
-            .to_string();
+        let err = try_decode(
+            &exec,
+            &dev,
+            &c,
+            &x,
+            DataType::F16,
+            &extra,
+            &FloatDict::new(),
+            &ints,
+        )
+        .expect_err(want)
+        .to_string();
         assert!(err.contains(want), "{want}: got {err}");
     }
 }

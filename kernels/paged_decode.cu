@@ -137,6 +137,44 @@ __device__ __forceinline__ void pd_out(float* out, long o, float val, const PdCo
     if (c.q) da_quant_store(val, o, c.q, c.d);
 }
 
+// Sums each of the N values v[0..N) of every lane over the warp's 32 lanes (N a power of two,
+// at most 32) with N - 1 + 5 - log2 N shuffles instead of 5 N: at each of the first log2 N steps a
+// lane keeps half of its values and adds its partner's copy of that half, sending the other
+// half. Lane l ends with the sum of value l >> (5 - log2 N) (pd_red_index), in v[0].
+template <int N>
+__device__ __forceinline__ float pd_warp_sum_scatter(float (&v)[N], int lane) {
+    int n = N;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        if (n > 1) {
+            bool hi = (lane & o) != 0;
+#pragma unroll
+            for (int i = 0; i < N / 2; i++) {
+                if (i < n / 2) {
+                    float send = hi ? v[i] : v[i + n / 2];
+                    float keep = hi ? v[i + n / 2] : v[i];
+                    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+                }
+            }
+            n >>= 1;
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+        }
+    }
+    return v[0];
+}
+
+// Which of the N values lane l holds after pd_warp_sum_scatter, and the first lane holding
+// value i.
+template <int N>
+__device__ __forceinline__ int pd_red_index(int lane) {
+    return lane >> (N >= 32 ? 0 : (N >= 16 ? 1 : (N >= 8 ? 2 : (N >= 4 ? 3 : (N >= 2 ? 4 : 5)))));
+}
+template <int N>
+__device__ __forceinline__ int pd_red_lane(int i) {
+    return i << (N >= 32 ? 0 : (N >= 16 ? 1 : (N >= 8 ? 2 : (N >= 4 ? 3 : (N >= 2 ? 4 : 5)))));
+}
+
 // Keys per split for a row of n visible keys over `nsplit` splits (multiple of 32).
 __device__ __forceinline__ int pd_chunk(int n, int nsplit) {
     int c = (n + nsplit - 1) / nsplit;
@@ -191,6 +229,12 @@ __device__ void paged_decode_impl(const float* q, const float* k, const float* v
 #pragma unroll
         for (int t = 0; t < DPL; t++) acc[g][t] = 0.0f;
     }
+    float qv[GM][DPL];  // the lane's dims of the block's queries (zero past G and hd)
+#pragma unroll
+    for (int g = 0; g < GM; g++) {
+#pragma unroll
+        for (int t = 0; t < DPL; t++) qv[g][t] = qs[g][lane * DPL + t];
+    }
     const int* tb = tables + (long)s * maxb;
     long p = (long)L - 1;
     // the range's block-table entries go to shared memory a segment at a time, so a warp's
@@ -217,27 +261,43 @@ __device__ void paged_decode_impl(const float* q, const float* k, const float* v
                 }
                 sl[u] = slot;
 #pragma unroll
-                for (int t = 0; t < DPL; t++) vr[u][t] = 0.0f;
+                for (int t = 0; t < DPL; t++) kr[u][t] = vr[u][t] = 0.0f;
                 if (slot >= 0 && nv > 0) {
                     long e = slot * rs + (long)kvh * hs + lane * DPL;
                     pd_rowe<DPL>(kc, e, kr[u], full, nv);
                     pd_rowe<DPL>(vc, e, vr[u], full, nv);
                 }
             }
-            float sc[PD_KPW][GM];
+            // the lane's parts of the PD_KPW x GM dot products, summed over the warp at once;
+            // the lane holding score (u, g) finishes it, and every lane then reads all of them
+            constexpr int NS = PD_KPW * GM;
+            float dot[NS];
 #pragma unroll
             for (int u = 0; u < PD_KPW; u++) {
 #pragma unroll
                 for (int g = 0; g < GM; g++) {
-                    if (g >= G) continue;
                     float a = 0.0f;
 #pragma unroll
-                    for (int t = 0; t < DPL; t++) a += qs[g][lane * DPL + t] * (sl[u] >= 0 && t < nv ? kr[u][t] : 0.0f);
-                    a = warp_sum(a) * scale;
-                    if (softcap > 0.0f) a = softcap * tanhf(a / softcap);
-                    if (slopes) a += slopes[kvh * group + g0 + g] * (float)(jb + u - p);
-                    sc[u][g] = sl[u] >= 0 ? a : -INF;
+                    for (int t = 0; t < DPL; t++) a += qv[g][t] * (t < nv ? kr[u][t] : 0.0f);
+                    dot[u * GM + g] = a;
                 }
+            }
+            float mine;
+            {
+                int i = pd_red_index<NS>(lane), u = i / GM, g = i % GM;
+                float a = pd_warp_sum_scatter<NS>(dot, lane) * scale;
+                if (softcap > 0.0f) a = softcap * tanhf(a / softcap);
+                if (slopes && g < G) a += slopes[kvh * group + g0 + g] * (float)(jb + u - p);
+                long su = sl[0];
+#pragma unroll
+                for (int x = 1; x < PD_KPW; x++) su = u == x ? sl[x] : su;
+                mine = su >= 0 && g < G ? a : -INF;
+            }
+            float sc[PD_KPW][GM];
+#pragma unroll
+            for (int u = 0; u < PD_KPW; u++) {
+#pragma unroll
+                for (int g = 0; g < GM; g++) sc[u][g] = __shfl_sync(0xffffffffu, mine, pd_red_lane<NS>(u * GM + g));
             }
             // the warp's PD_KPW keys join the running softmax at once: one rescale of the sums
             // per head and iteration (a key past the range has score -INF and a zero value row)

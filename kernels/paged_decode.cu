@@ -3,7 +3,8 @@
 // block tables. Every index array is read on the device, so a recorded step (CUDA graph) replays
 // with new lengths and tables.
 //
-// Block (kv head × head chunk, sequence, split) of PD_THREADS threads handles up to PD_GMAX of
+// Block (kv head × head chunk, sequence, split) of NW warps (4, or 8 for f16 caches: the host
+// takes 8 for few blocks or long rows) handles up to PD_GMAX of
 // the G = nh / nkv query heads of its kv head (each key and value row is read once for them); the
 // kernel's GM (1, 2, 4, 8: the host picks the smallest power of two ≥ G) sizes its registers.
 // Each warp takes PD_KPW keys per iteration into its running softmax at once (one rescale per head).
@@ -27,8 +28,6 @@
 // with a copy (oh: f16 / bf16, or oq / od: Q8_0 rows) the output is also written in the form the
 // o-projection reads, which replaces its cast or quantization.
 
-#define PD_THREADS 128
-#define PD_WARPS (PD_THREADS / 32)
 #define PD_GMAX 8
 #define PD_KPW 4
 #define PD_MIN_CHUNK 256
@@ -182,16 +181,22 @@ __device__ __forceinline__ int pd_chunk(int n, int nsplit) {
     return c < PD_MIN_CHUNK ? PD_MIN_CHUNK : c;
 }
 
+// Block-table entries b0 .. b0 + nb - 1 of a row (tb) into shared memory (-1 past maxb), by the
+// whole block.
+__device__ __forceinline__ void pd_stage_table(int* tbs, const int* tb, int b0, int nb, int maxb) {
+    for (int i = threadIdx.x; i < nb; i += blockDim.x) tbs[i] = b0 + i < maxb ? tb[b0 + i] : -1;
+}
+
 // Warp-level online-softmax state for G <= GM heads: each lane owns dims lane*DPL .. lane*DPL+DPL-1.
-template <typename T, int DPL, int GM>
+template <typename T, int DPL, int GM, int NW>
 __device__ void paged_decode_impl(const float* q, const float* k, const float* v, T* kc, T* vc,
                                   const int* slots, const int* kv_lens, const int* tables,
                                   const float* slopes, float* out, float* part, int maxb, int bs,
                                   long nslots, int nh, int nkv, int hd, float scale, float softcap,
                                   int window, const float* sinks, PdRope rope, PdCopy copy) {
     __shared__ float qs[GM][DPL * 32];
-    __shared__ float wm[PD_WARPS][GM], wl[PD_WARPS][GM];
-    __shared__ float wacc[PD_WARPS][GM][DPL * 32];
+    __shared__ float wm[NW][GM], wl[NW][GM];
+    __shared__ float wacc[NW][GM][DPL * 32];
     __shared__ int tbs[PD_TBS];
     pdl_begin();
     int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
@@ -216,10 +221,17 @@ __device__ void paged_decode_impl(const float* q, const float* k, const float* v
             pd_store_step(kc, vc, slot * rs + (long)kvh * hs, k + ((long)s * nkv + kvh) * hd,
                           v + ((long)s * nkv + kvh) * hd, hd, rope, s);
     }
-    for (int i = tid; i < GM * DPL * 32; i += PD_THREADS) {
+    for (int i = tid; i < GM * DPL * 32; i += NW * 32) {
         int g = i / (DPL * 32), d = i % (DPL * 32);
         qs[g][d] = g < G && d < hd ? pd_roped(q + ((long)s * nh + kvh * group + g0 + g) * hd, d, rope, s) : 0.0f;
     }
+    const int* tb = tables + (long)s * maxb;
+    // the range's block-table entries go to shared memory a segment at a time, so a warp's
+    // keys need no dependent table read; a segment (at most PD_TBS entries) holds a multiple of
+    // NW * PD_KPW keys, so every warp takes the same keys in the same order as in one pass.
+    // The first segment's entries are requested with the queries, before the first barrier.
+    const int seglen = (PD_TBS - 1) * bs / (NW * PD_KPW) * (NW * PD_KPW);
+    if (j0 < j1) pd_stage_table(tbs, tb, j0 / bs, (min(j1, j0 + seglen) - 1) / bs - j0 / bs + 1, maxb);
     __syncthreads();
     float m[GM], l[GM], acc[GM][DPL];
 #pragma unroll
@@ -235,18 +247,15 @@ __device__ void paged_decode_impl(const float* q, const float* k, const float* v
 #pragma unroll
         for (int t = 0; t < DPL; t++) qv[g][t] = qs[g][lane * DPL + t];
     }
-    const int* tb = tables + (long)s * maxb;
     long p = (long)L - 1;
-    // the range's block-table entries go to shared memory a segment at a time, so a warp's
-    // keys need no dependent table read; a segment (at most PD_TBS entries) holds a multiple of
-    // PD_WARPS * PD_KPW keys, so every warp takes the same keys in the same order as in one pass
-    const int seglen = (PD_TBS - 1) * bs / (PD_WARPS * PD_KPW) * (PD_WARPS * PD_KPW);
     for (int seg0 = j0; seg0 < j1; seg0 += seglen) {
         int seg1 = min(j1, seg0 + seglen), b0 = seg0 / bs, nb = (seg1 - 1) / bs - b0 + 1;
-        __syncthreads();
-        for (int i = tid; i < nb; i += PD_THREADS) tbs[i] = b0 + i < maxb ? tb[b0 + i] : -1;
-        __syncthreads();
-        for (int jb = seg0 + w * PD_KPW; jb < seg1; jb += PD_WARPS * PD_KPW) {
+        if (seg0 > j0) {
+            __syncthreads();
+            pd_stage_table(tbs, tb, b0, nb, maxb);
+            __syncthreads();
+        }
+        for (int jb = seg0 + w * PD_KPW; jb < seg1; jb += NW * PD_KPW) {
             // every key and value row of the warp's PD_KPW keys is requested before any is used
             float kr[PD_KPW][DPL], vr[PD_KPW][DPL];
             long sl[PD_KPW];
@@ -308,11 +317,11 @@ __device__ void paged_decode_impl(const float* q, const float* k, const float* v
 #pragma unroll
                 for (int u = 0; u < PD_KPW; u++) nm = fmaxf(nm, sc[u][g]);
                 if (nm == -INF) continue;
-                float corr = expf(m[g] - nm), e[PD_KPW];
+                float corr = __expf(m[g] - nm), e[PD_KPW];
                 float ls = l[g] * corr;
 #pragma unroll
                 for (int u = 0; u < PD_KPW; u++) {
-                    e[u] = expf(sc[u][g] - nm);
+                    e[u] = __expf(sc[u][g] - nm);
                     ls += e[u];
                 }
                 l[g] = ls;
@@ -339,13 +348,13 @@ __device__ void paged_decode_impl(const float* q, const float* k, const float* v
         for (int t = 0; t < DPL; t++) wacc[w][g][lane * DPL + t] = acc[g][t];
     }
     __syncthreads();
-    for (int i = tid; i < G * hd; i += PD_THREADS) {
+    for (int i = tid; i < G * hd; i += NW * 32) {
         int g = i / hd, d = i % hd;
         float mm = -INF;
-        for (int x = 0; x < PD_WARPS; x++) mm = fmaxf(mm, wm[x][g]);
+        for (int x = 0; x < NW; x++) mm = fmaxf(mm, wm[x][g]);
         float ls = 0.0f, a = 0.0f;
         if (mm > -INF) {
-            for (int x = 0; x < PD_WARPS; x++) {
+            for (int x = 0; x < NW; x++) {
                 float f = expf(wm[x][g] - mm);
                 ls += wl[x][g] * f;
                 a += wacc[x][g][d] * f;
@@ -365,28 +374,38 @@ __device__ void paged_decode_impl(const float* q, const float* k, const float* v
     }
 }
 
-#define PAGED_DECODE1(NAME, T, DPL, GM)                                                                    \
-    extern "C" __global__ void __launch_bounds__(PD_THREADS) NAME##_g##GM(                                  \
+#define PAGED_DECODE1(NAME, SUFFIX, T, DPL, GM, NW)                                                         \
+    extern "C" __global__ void __launch_bounds__(NW * 32) NAME##_g##GM##SUFFIX(                             \
         const float* q, const float* k, const float* v, T* kc, T* vc, const int* slots, const int* kv_lens, \
         const int* tables, const float* slopes, float* out, float* part, int maxb, int bs, long nslots,     \
         int nh, int nkv, int hd, float scale, float softcap, int window, const float* sinks,                \
         const float* rcos, const float* rsin, int rot, int rstyle, unsigned short* oh, int obf,             \
         signed char* oq, float2* od) {                                                                      \
-        paged_decode_impl<T, DPL, GM>(q, k, v, kc, vc, slots, kv_lens, tables, slopes, out, part, maxb, bs, \
-                                      nslots, nh, nkv, hd, scale, softcap, window, sinks,                   \
-                                      PdRope{rcos, rsin, rot, rstyle}, PdCopy{oh, obf, oq, od});            \
+        paged_decode_impl<T, DPL, GM, NW>(q, k, v, kc, vc, slots, kv_lens, tables, slopes, out, part, maxb, \
+                                          bs, nslots, nh, nkv, hd, scale, softcap, window, sinks,           \
+                                          PdRope{rcos, rsin, rot, rstyle}, PdCopy{oh, obf, oq, od});        \
     }
-// one kernel per cache type, lane width and heads per block (1, 2, 4, 8)
-#define PAGED_DECODE(NAME, T, DPL)   \
-    PAGED_DECODE1(NAME, T, DPL, 1)   \
-    PAGED_DECODE1(NAME, T, DPL, 2)   \
-    PAGED_DECODE1(NAME, T, DPL, 4)   \
-    PAGED_DECODE1(NAME, T, DPL, 8)
+// one kernel per cache type, lane width and heads per block (1, 2, 4, 8); f16 caches also with
+// 8 warps (suffix _w8)
+#define PAGED_DECODE(NAME, T, DPL)         \
+    PAGED_DECODE1(NAME, , T, DPL, 1, 4)    \
+    PAGED_DECODE1(NAME, , T, DPL, 2, 4)    \
+    PAGED_DECODE1(NAME, , T, DPL, 4, 4)    \
+    PAGED_DECODE1(NAME, , T, DPL, 8, 4)
+#define PAGED_DECODE_W8(NAME, T, DPL)      \
+    PAGED_DECODE1(NAME, _w8, T, DPL, 1, 8) \
+    PAGED_DECODE1(NAME, _w8, T, DPL, 2, 8) \
+    PAGED_DECODE1(NAME, _w8, T, DPL, 4, 8) \
+    PAGED_DECODE1(NAME, _w8, T, DPL, 8, 8)
 
 PAGED_DECODE(paged_decode_h1, unsigned short, 1)
 PAGED_DECODE(paged_decode_h2, unsigned short, 2)
 PAGED_DECODE(paged_decode_h4, unsigned short, 4)
 PAGED_DECODE(paged_decode_h8, unsigned short, 8)
+PAGED_DECODE_W8(paged_decode_h1, unsigned short, 1)
+PAGED_DECODE_W8(paged_decode_h2, unsigned short, 2)
+PAGED_DECODE_W8(paged_decode_h4, unsigned short, 4)
+PAGED_DECODE_W8(paged_decode_h8, unsigned short, 8)
 PAGED_DECODE(paged_decode_f1, float, 1)
 PAGED_DECODE(paged_decode_f2, float, 2)
 PAGED_DECODE(paged_decode_f4, float, 4)

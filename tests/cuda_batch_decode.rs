@@ -540,6 +540,13 @@ fn paged_decode_attention_refuses_bad_rotary_tables() {
     }
 }
 
+/// Key counts of 48 rows: with 8 kv heads more blocks than 2 per multiprocessor on a GPU of
+/// fewer than 192 (an H100 has 132).
+const MANY_ROWS: [usize; 48] = [
+    17, 40, 3, 90, 1, 33, 64, 0, 18, 19, 77, 5, 120, 48, 2, 31, 16, 15, 260, 44, 9, 63, 65, 24, 17,
+    81, 7, 36, 50, 11, 29, 70, 17, 40, 3, 90, 1, 33, 64, 0, 18, 19, 77, 5, 120, 48, 2, 31,
+];
+
 #[test]
 fn paged_decode_attention_matches_paged_attention() {
     let Some(dev) = gpu() else { return };
@@ -560,6 +567,8 @@ fn paged_decode_attention_matches_paged_attention() {
         case(80, 12, 1, 40, 0.0, false, &[100, 3, 1000]),
         case(64, 14, 2, 0, 30.0, true, &[64, 65, 2]),
         case(128, 8, 8, 0, 0.0, false, &[2000, 1]),
+        // enough rows that the f16 cache takes the 4-warp kernels (fewer take 8 warps)
+        case(128, 32, 8, 0, 0.0, false, &MANY_ROWS),
     ];
     for c in &cases {
         for dt in [DataType::F32, DataType::F16, DataType::Q8_0] {

@@ -34,11 +34,7 @@ fn model(flm: &Path, interleave: bool) -> Model {
     Model::new(config, Arc::new(file), exec, Precision::Fast, false).unwrap()
 }
 
-fn log_softmax(v: &[f32]) -> Vec<f64> {
-    let m = v.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let s: f64 = v.iter().map(|&x| (x as f64 - m).exp()).sum();
-    v.iter().map(|&x| x as f64 - m - s.ln()).collect()
-}
+use common::smollm2::log_softmax;
 
 /// Over every position of `ids`: the mean KL divergence of the interleaved model's next-token
 /// distribution from the plain one's, and the share of positions whose argmax agrees among those
@@ -192,29 +188,37 @@ fn smollm2_same_logits_interleaved_or_plain() {
     assert!(!plain
         .weight_dtype("model.layers.3.self_attn.k_proj.weight")
         .is_some_and(DataType::is_interleaved));
-    // the fixture's text sequences (real text: next-token margins as a user meets them)
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/logits_smollm2");
-    let reference: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture.join("reference.json")).unwrap())
-            .unwrap();
+    // each layout within the fast precision's bounds against the float64 reference
+    // (tests/models.rs), and the two close to each other in distribution; their top-1 choices
+    // are not compared: int8 activations are re-quantized before every matrix, so two kernels
+    // that sum the same exact block dots in another order flip different near-ties, each
+    // within the bound of the reference, and disagree with each other more often than with it
+    for (layout, interleave) in [("interleaved", true), ("plain", false)] {
+        // an f32 KV cache, as tests/models.rs measures the activation path
+        let mut m = model(&out, interleave);
+        m.set_kv_dtype(Some(fastllm::model::KvDtype::F32)).unwrap();
+        let (_, agree, total, kl) = common::smollm2::reference_stats(&m);
+        println!("SmolLM2 {layout}: top-1 {agree}/{total} of the reference, mean KL {kl:.2e}");
+        assert!(
+            agree as f64 >= 0.96 * total as f64,
+            "SmolLM2 {layout}: top-1 agreement {agree}/{total} < 96%"
+        );
+        assert!(kl <= 8e-3, "SmolLM2 {layout}: mean KL {kl:.2e}");
+    }
     let (mut kl_sum, mut agree_sum, mut n) = (0f64, 0f64, 0f64);
-    for case in reference["cases"].as_array().unwrap() {
-        let ids: Vec<u32> = case["sequence"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
-        let (kl, agree) = compare(&out, &ids, 1e-2);
+    for case in common::smollm2::reference_cases()["cases"]
+        .as_array()
+        .unwrap()
+    {
+        let ids = common::smollm2::json_ids(&case["sequence"]);
+        let (kl, agree) = compare_models(&m, &plain, &ids, 1e-2);
         kl_sum += kl;
         agree_sum += agree;
         n += 1.0;
     }
     let (kl, agree) = (kl_sum / n, agree_sum / n);
-    println!("SmolLM2: mean KL {kl:.2e}, top-1 agreement {agree:.3}");
-    // the fast precision's own bounds against the float64 reference (tests/models.rs)
-    assert!(kl < 8e-3, "SmolLM2: mean KL {kl:.2e}");
-    assert!(agree >= 0.96, "SmolLM2: top-1 agreement {agree:.3}");
+    println!("SmolLM2 interleaved vs plain: mean KL {kl:.2e}, top-1 agreement {agree:.3}");
+    assert!(kl < 8e-3, "SmolLM2 interleaved vs plain: mean KL {kl:.2e}");
 }
 
 /// K-quant weights (Gemma 3 270M Q4_K_M: Q4_K matrices of `k` = 1024 and 2048 and Q6_K

@@ -231,12 +231,6 @@ fn smollm2() -> Option<PathBuf> {
     }
 }
 
-fn log_softmax(v: &[f32]) -> Vec<f64> {
-    let m = v.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let s: f64 = v.iter().map(|&x| (x as f64 - m).exp()).sum();
-    v.iter().map(|&x| x as f64 - m - s.ln()).collect()
-}
-
 /// (max |Δ| on last prompt logits, top-1 agreement on margin>1e-2 positions, count, mean KL)
 fn smollm2_stats(precision: Precision) -> (f32, usize, usize, f64) {
     let gguf = smollm2().unwrap();
@@ -254,14 +248,11 @@ fn smollm2_stats(precision: Precision) -> (f32, usize, usize, f64) {
         },
     )
     .unwrap();
-    let dir = fixtures().join("logits_smollm2");
-    let reference: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
-            .unwrap();
-    let vocab = llm.model.config().vocab_size;
-    let (mut worst, mut agree, mut total, mut kl_sum, mut kl_n) =
-        (0f32, 0usize, 0usize, 0f64, 0usize);
-    for case in reference["cases"].as_array().unwrap() {
+    // the tokenizer gives the fixture's prompt ids
+    for case in common::smollm2::reference_cases()["cases"]
+        .as_array()
+        .unwrap()
+    {
         let seq = ids(&case["sequence"]);
         let n_prompt = case["n_prompt"].as_u64().unwrap() as usize;
         assert_eq!(ids(&case["prompt_ids"]), seq[..n_prompt].to_vec());
@@ -272,48 +263,8 @@ fn smollm2_stats(precision: Precision) -> (f32, usize, usize, f64) {
                 "tokenizer on {p:?}"
             );
         }
-        let mut cache = llm.model.new_cache(seq.len()).unwrap();
-        let logits = llm
-            .model
-            .forward(&mut cache, &seq, true)
-            .unwrap()
-            .to_f32_vec()
-            .unwrap();
-        let f = case["last_logits_file"].as_str().unwrap();
-        let bytes = std::fs::read(dir.join(f)).unwrap();
-        let refl: Vec<f32> = bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        let row = &logits[(n_prompt - 1) * vocab..n_prompt * vocab];
-        for (a, b) in row.iter().zip(&refl) {
-            worst = worst.max((a - b).abs());
-        }
-        let (lp, lq) = (log_softmax(&refl), log_softmax(row));
-        kl_sum += lp
-            .iter()
-            .zip(&lq)
-            .map(|(p, q)| p.exp() * (p - q))
-            .sum::<f64>();
-        kl_n += 1;
-        for (p, (ti, tl)) in case["top5_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .zip(case["top5_logits"].as_array().unwrap())
-            .enumerate()
-        {
-            let (ti, tl) = (ids(ti), floats(tl));
-            if tl[0] - tl[1] > 1e-2 {
-                total += 1;
-                let row = &logits[p * vocab..(p + 1) * vocab];
-                if fastllm::generate::sampler::argmax(row) == ti[0] {
-                    agree += 1;
-                }
-            }
-        }
     }
-    (worst, agree, total, kl_sum / kl_n as f64)
+    common::smollm2::reference_stats(&llm.model)
 }
 
 #[test]

@@ -98,3 +98,67 @@ pub fn greedy(llm: &Llm, prompt: &[u32], steps: usize) -> (Vec<u32>, f64, f64) {
     let rate = (steps - 1) as f64 / t0.elapsed().as_secs_f64();
     (out, prefill, rate)
 }
+
+/// `log p` of the softmax of `v`, in f64.
+pub fn log_softmax(v: &[f32]) -> Vec<f64> {
+    let m = v.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let s: f64 = v.iter().map(|&x| (x as f64 - m).exp()).sum();
+    v.iter().map(|&x| x as f64 - m - s.ln()).collect()
+}
+
+/// How `model` (SmolLM2) follows the fixture's float64 reference over its cases, each sequence
+/// run in one forward: the largest |Δ| of the last prompt position's logits, the positions
+/// whose top-1 agrees where the reference's top-2 margin exceeds 1e-2 and how many such
+/// positions there are, and the mean KL of the last prompt position's distribution.
+pub fn reference_stats(model: &Model) -> (f32, usize, usize, f64) {
+    let dir = fixtures().join("logits_smollm2");
+    let reference = reference_cases();
+    let vocab = model.config().vocab_size;
+    let (mut worst, mut agree, mut total, mut kl_sum, mut kl_n) =
+        (0f32, 0usize, 0usize, 0f64, 0usize);
+    for case in reference["cases"].as_array().unwrap() {
+        let seq = json_ids(&case["sequence"]);
+        let n_prompt = case["n_prompt"].as_u64().unwrap() as usize;
+        let mut cache = model.new_cache(seq.len()).unwrap();
+        let logits = model
+            .forward(&mut cache, &seq, true)
+            .unwrap()
+            .to_f32_vec()
+            .unwrap();
+        let f = case["last_logits_file"].as_str().unwrap();
+        let bytes = std::fs::read(dir.join(f)).unwrap();
+        let refl: Vec<f32> = bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let row = &logits[(n_prompt - 1) * vocab..n_prompt * vocab];
+        for (a, b) in row.iter().zip(&refl) {
+            worst = worst.max((a - b).abs());
+        }
+        let (lp, lq) = (log_softmax(&refl), log_softmax(row));
+        kl_sum += lp
+            .iter()
+            .zip(&lq)
+            .map(|(p, q)| p.exp() * (p - q))
+            .sum::<f64>();
+        kl_n += 1;
+        let tops = case["top5_ids"].as_array().unwrap();
+        let top_logits = case["top5_logits"].as_array().unwrap();
+        for (p, (ti, tl)) in tops.iter().zip(top_logits).enumerate() {
+            let tl: Vec<f64> = tl
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect();
+            if tl[0] - tl[1] > 1e-2 {
+                total += 1;
+                let row = &logits[p * vocab..(p + 1) * vocab];
+                if fastllm::generate::sampler::argmax(row) == json_ids(ti)[0] {
+                    agree += 1;
+                }
+            }
+        }
+    }
+    (worst, agree, total, kl_sum / kl_n as f64)
+}

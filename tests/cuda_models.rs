@@ -12,9 +12,7 @@
 mod common;
 
 use common::cuda::{argmax, gpu};
-use common::smollm2::{
-    fixtures, greedy, json_ids, load_smollm2, reference_cases, reference_prompt, smollm2_flm,
-};
+use common::smollm2::{fixtures, greedy, json_ids, load_smollm2, reference_prompt, smollm2_flm};
 use fastllm::harness::nmse;
 use fastllm::model::{KvDtype, Precision};
 use serde_json::Value;
@@ -28,12 +26,6 @@ fn json_floats(v: &Value) -> Vec<f32> {
         .collect()
 }
 
-fn log_softmax(v: &[f32]) -> Vec<f64> {
-    let m = v.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let s: f64 = v.iter().map(|&x| (x as f64 - m).exp()).sum();
-    v.iter().map(|&x| x as f64 - m - s.ln()).collect()
-}
-
 /// (max |Δ| on the last prompt logits, top-1 agreements, positions with margin > 1e-2, mean KL).
 fn smollm2_stats(
     flm: &std::path::Path,
@@ -41,53 +33,7 @@ fn smollm2_stats(
     precision: Precision,
 ) -> (f32, usize, usize, f64) {
     let llm = load_smollm2(flm, device, precision);
-    let dir = fixtures().join("logits_smollm2");
-    let reference = reference_cases();
-    let vocab = llm.model.config().vocab_size;
-    let (mut worst, mut agree, mut total, mut kl_sum, mut kl_n) =
-        (0f32, 0usize, 0usize, 0f64, 0usize);
-    for case in reference["cases"].as_array().unwrap() {
-        let seq = json_ids(&case["sequence"]);
-        let n_prompt = case["n_prompt"].as_u64().unwrap() as usize;
-        let mut cache = llm.model.new_cache(seq.len()).unwrap();
-        let logits = llm
-            .model
-            .forward(&mut cache, &seq, true)
-            .unwrap()
-            .to_f32_vec()
-            .unwrap();
-        let bytes = std::fs::read(dir.join(case["last_logits_file"].as_str().unwrap())).unwrap();
-        let refl: Vec<f32> = bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        let row = &logits[(n_prompt - 1) * vocab..n_prompt * vocab];
-        for (a, b) in row.iter().zip(&refl) {
-            worst = worst.max((a - b).abs());
-        }
-        let (lp, lq) = (log_softmax(&refl), log_softmax(row));
-        kl_sum += lp
-            .iter()
-            .zip(&lq)
-            .map(|(p, q)| p.exp() * (p - q))
-            .sum::<f64>();
-        kl_n += 1;
-        let tops = case["top5_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .zip(case["top5_logits"].as_array().unwrap());
-        for (p, (ti, tl)) in tops.enumerate() {
-            let (ti, tl) = (json_ids(ti), json_floats(tl));
-            if tl[0] - tl[1] > 1e-2 {
-                total += 1;
-                if argmax(&logits[p * vocab..(p + 1) * vocab]) == ti[0] {
-                    agree += 1;
-                }
-            }
-        }
-    }
-    (worst, agree, total, kl_sum / kl_n as f64)
+    common::smollm2::reference_stats(&llm.model)
 }
 
 #[test]

@@ -3,8 +3,8 @@
 // block tables. Every index array is read on the device, so a recorded step (CUDA graph) replays
 // with new lengths and tables.
 //
-// Block (kv head × head chunk, sequence, split) of NW warps (4, or 8 for f16 caches: the host
-// takes 8 for few blocks or long rows) handles up to PD_GMAX of
+// Block (kv head × head chunk, sequence, split) of NW warps (4; f16 caches also 8, which the host
+// takes for launches of few blocks) handles up to PD_GMAX of
 // the G = nh / nkv query heads of its kv head (each key and value row is read once for them); the
 // kernel's GM (1, 2, 4, 8: the host picks the smallest power of two ≥ G) sizes its registers.
 // Each warp takes PD_KPW keys per iteration into its running softmax at once (one rescale per head).

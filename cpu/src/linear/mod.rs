@@ -403,7 +403,8 @@ fn plan<'q>(fast: bool, a: &LinearArgs, q: &'q mut Q8Rows) -> Result<gemm::Kerne
 /// The fast integer kernel of a block weight with `quant_act` (activations quantized into `q`):
 /// one row, the split-layout GEMV tile (Q4_0: 4 consecutive weight rows, one sequential stream
 /// per thread, what weights read from DRAM want) or streaming GEMV (Q4_1, Q8_0) where the CPU
-/// has them, else the 4-row AVX-512 GEMV; more rows, the wide or tiled kernels.
+/// has them (AVX-512 VBMI), else the wide kernel that more rows take (AVX-512 VNNI), else the
+/// 4-row AVX-512 GEMV; more rows, the wide or tiled kernels.
 fn plan_int<'q>(a: &LinearArgs, q: &'q mut Q8Rows) -> Result<gemm::Kernel<'q>, String> {
     let mut f: IntRowsFn = match a.wtype {
         WeightType::Q8_0 => int_dot::pick_q8_0(),
@@ -421,10 +422,13 @@ fn plan_int<'q>(a: &LinearArgs, q: &'q mut Q8Rows) -> Result<gemm::Kernel<'q>, S
         f = g;
     }
     let q = &*q;
-    let wide = if gemv {
-        None
-    } else {
-        split_wide.or_else(|| int_wide::pick(a.wtype))
+    // without the split kernels one row takes the batches' wide kernel too: the one-row
+    // kernels (int_gemv, int_dot) sum a block's lanes in another order than int_wide, and a
+    // row's output must not depend on its batch
+    let wide = match (gemv, split_gemv) {
+        (true, Some(_)) => None,
+        (true, None) => int_wide::pick(a.wtype),
+        (false, _) => split_wide.or_else(|| int_wide::pick(a.wtype)),
     };
     Ok(match wide {
         Some(w) => gemm::Kernel::IntWide(f, q, w),

@@ -318,11 +318,16 @@ pub fn resolve_with(
     Ok(flm)
 }
 
+/// Converts `src` into `dst` through a temporary file of this conversion's own (process and
+/// call), renamed onto `dst` at the end: conversions of one model by several threads or
+/// processes at once each write their own file, and the last rename leaves a whole one.
 fn convert_into(src: &Path, dst: &Path, progress: OnProgress) -> Result<()> {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     if let Some(d) = dst.parent() {
         std::fs::create_dir_all(d).map_err(|e| io(d, e))?;
     }
-    let tmp = dst.with_extension("flm.partial");
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dst.with_extension(format!("flm.{}-{call}.partial", std::process::id()));
     crate::convert::convert(
         src,
         &tmp,

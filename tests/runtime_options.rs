@@ -1,5 +1,5 @@
 //! Each field of `RuntimeOptions` (docs/tuning.md) changes what it claims to: the cache
-//! directory receives converted models, `python` is the program run to fetch the default model,
+//! directory receives converted models (also when several threads convert one at once), `python` is the program run to fetch the default model,
 //! the SIMD cap lowers the CPU kernels' level, and on a GPU
 //! (skipped with a message without one) graphs off decodes op by op, fused ops off runs the
 //! plain `Linear` forms, and the memory cap refuses a model over it.
@@ -34,6 +34,34 @@ fn cache_dir_receives_the_converted_model() {
         fastllm::default_model::resolve(src.to_str(), &rt).unwrap(),
         flm
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Several threads resolving one uncached model at once each get the converted file (they
+/// convert through temporary files of their own).
+#[test]
+fn concurrent_resolves_of_one_model_all_succeed() {
+    let dir = std::env::temp_dir().join(format!("fastllm-rt-race-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let rt = RuntimeOptions {
+        cache_dir: Some(dir.clone()),
+        ..Default::default()
+    };
+    let src = tiny_llama();
+    let paths: Vec<PathBuf> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| fastllm::default_model::resolve(src.to_str(), &rt)))
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap().unwrap_or_else(|e| panic!("{e}")))
+            .collect()
+    });
+    assert!(paths.iter().all(|p| p == &paths[0] && p.is_file()));
+    let left: Vec<_> = std::fs::read_dir(dir.join("converted"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left.len(), 1, "temporary files left: {left:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -1,7 +1,8 @@
 //! AVX-512 integer GEMV kernels for `quant_act = 1` with one activation row: Q4_0/Q4_1 weights
 //! × Q8_0 activations, up to 4 weight rows at once so every activation load (bytes, scales,
-//! block sums) is shared by them. Two blocks per step in a 512-bit register; VNNI `vpdpbusd`
-//! where the CPU has it, else AVX-512 BW `vpmaddubsw` + `vpmaddwd`.
+//! block sums) is shared by them. Two blocks per step in a 512-bit register, AVX-512 BW
+//! `vpmaddubsw` + `vpmaddwd`: for CPUs without VNNI (with VNNI one row takes the wide kernel of
+//! `int_wide`, the kernel batches take, so a row's output does not depend on its batch).
 //!
 //! The integer math per block is the scalar reference's, exactly: Q4_0 computes
 //! `Σ q·x − 8·Σx` (= `Σ (q − 8)·x`; the `−8·Σx` is the accumulator's start value), Q4_1 `Σ q·x`
@@ -18,18 +19,10 @@
 #[cfg(target_arch = "x86_64")]
 use super::{IntTileFn, WeightType};
 
-/// The GEMV kernel for `t` if this CPU has one (AVX-512 F/BW/VL; VNNI preferred).
+/// The GEMV kernel for `t` if this CPU has one (AVX-512 F/BW/VL).
 pub fn pick(t: super::WeightType) -> Option<super::IntTileFn> {
     #[cfg(target_arch = "x86_64")]
     {
-        if super::int_tile::has_vnni() {
-            let f: IntTileFn = match t {
-                WeightType::Q4_0 => avx512::gemv_q4_0_vnni,
-                WeightType::Q4_1 => avx512::gemv_q4_1_vnni,
-                _ => return None,
-            };
-            return Some(f);
-        }
         if crate::simd::has_avx512() {
             let f: IntTileFn = match t {
                 WeightType::Q4_0 => avx512::gemv_q4_0,
@@ -45,8 +38,7 @@ pub fn pick(t: super::WeightType) -> Option<super::IntTileFn> {
 
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx512 {
-    //! AVX-512 F/BW/VL GEMV; only called after `simd::has_avx512()` (VNNI variants after
-    //! `int_tile::has_vnni()`).
+    //! AVX-512 F/BW/VL GEMV; only called after `simd::has_avx512()`.
     use super::super::act_quant::Q8Rows;
     use super::super::MAX_ROWS;
     use crate::quant::{Q4_0_BYTES, Q4_1_BYTES, QK};
@@ -206,10 +198,6 @@ pub(super) mod avx512 {
     }
 
     gemv_impl!(act_bw, "avx512f,avx512bw,avx512vl,avx2,fma,f16c");
-    gemv_impl!(
-        act_vnni,
-        "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"
-    );
 
     /// `c + Σ` of 4-byte u8×i8 products per lane (`maddubs` + `madd`; cannot saturate for
     /// nibbles: 15·127·2 < 32767).
@@ -222,24 +210,11 @@ pub(super) mod avx512 {
         )
     }
 
-    /// The same with VNNI `vpdpbusd`.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn dot_vnni(c: __m512i, w: __m512i, x: __m512i) -> __m512i {
-        _mm512_dpbusd_epi32(c, w, x)
-    }
-
     gemv_rows!(
         rows_bw,
         act_bw,
         dot_bw,
         "avx512f,avx512bw,avx512vl,avx2,fma,f16c"
-    );
-    gemv_rows!(
-        rows_vnni,
-        act_vnni,
-        dot_vnni,
-        "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"
     );
 
     macro_rules! gemv_fn {
@@ -272,6 +247,4 @@ pub(super) mod avx512 {
 
     gemv_fn!(gemv_q4_0, rows_bw, false);
     gemv_fn!(gemv_q4_1, rows_bw, true);
-    gemv_fn!(gemv_q4_0_vnni, rows_vnni, false);
-    gemv_fn!(gemv_q4_1_vnni, rows_vnni, true);
 }

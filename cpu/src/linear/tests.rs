@@ -828,7 +828,7 @@ fn int_wide_kernels_match_reference() {
     }
 }
 
-/// The AVX-512 integer GEMV kernels (BW and VNNI) against the per-row reference: awkward `k`
+/// The AVX-512 BW integer GEMV kernels against the per-row reference: awkward `k`
 /// (odd and even block counts) and `n` (weight rows in groups of up to 4, remainders 1..3),
 /// every activation row of a small batch; then `linear` with one row against `linear_ref`.
 #[cfg(target_arch = "x86_64")]
@@ -839,20 +839,6 @@ fn int_gemv_kernels_match_reference() {
     if crate::simd::has_avx512() {
         variants.push((WeightType::Q4_0, "bw", int_dot::rows_q4_0_ref, g::gemv_q4_0));
         variants.push((WeightType::Q4_1, "bw", int_dot::rows_q4_1_ref, g::gemv_q4_1));
-    }
-    if int_tile::has_vnni() {
-        variants.push((
-            WeightType::Q4_0,
-            "vnni",
-            int_dot::rows_q4_0_ref,
-            g::gemv_q4_0_vnni,
-        ));
-        variants.push((
-            WeightType::Q4_1,
-            "vnni",
-            int_dot::rows_q4_1_ref,
-            g::gemv_q4_1_vnni,
-        ));
     }
     if variants.is_empty() {
         println!("no AVX-512 GEMV kernel on this CPU; skipped");

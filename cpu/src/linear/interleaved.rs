@@ -312,11 +312,15 @@ pub fn pick(t: WeightType) -> Option<InterleavedFn> {
     #[cfg(target_arch = "x86_64")]
     {
         if available() {
-            let f: InterleavedFn = match t {
-                WeightType::Q4_0 => avx512::group_q4_0,
-                WeightType::Q4_1 => avx512::group_q4_1,
-                WeightType::Q8_0 => avx512::group_q8_0,
-                _ => return super::interleaved_kquant::simd(t),
+            let pf = crate::simd::wants_weight_prefetch();
+            let f: InterleavedFn = match (t, pf) {
+                (WeightType::Q4_0, false) => avx512::group_q4_0,
+                (WeightType::Q4_1, false) => avx512::group_q4_1,
+                (WeightType::Q8_0, false) => avx512::group_q8_0,
+                (WeightType::Q4_0, true) => avx512::group_q4_0_pf,
+                (WeightType::Q4_1, true) => avx512::group_q4_1_pf,
+                (WeightType::Q8_0, true) => avx512::group_q8_0_pf,
+                _ => return super::interleaved_kquant::simd(t, pf),
             };
             return Some(f);
         }
@@ -342,15 +346,14 @@ pub(super) mod avx512 {
         _mm512_set1_epi32(std::ptr::read_unaligned(p as *const i32))
     }
 
-    /// Bytes ahead of the block being computed that the group kernels prefetch. Without the
-    /// hints, a Xeon (Cascade Lake, 2 threads) streamed Q4_0 at 79 % of its read bandwidth; with
-    /// them at 95 % (`benches/linear.rs --dram`).
-    const PREFETCH_AHEAD: usize = 4608;
+    /// Bytes ahead of the block being computed that the `PF` kernels (block types and K-quants)
+    /// prefetch, one hint per cache line ([`crate::simd::wants_weight_prefetch`]).
+    pub(in crate::linear) const PREFETCH_AHEAD: usize = 4608;
 
     /// All blocks of one group against activation rows `row0..row0 + R`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn group<const R: usize, const KIND: u8>(
+    unsafe fn group<const R: usize, const KIND: u8, const PF: bool>(
         g: &[u8],
         acts: &Q8Rows,
         row0: usize,
@@ -367,11 +370,12 @@ pub(super) mod avx512 {
         let nib = _mm512_set1_epi8(15);
         for b in 0..nb {
             let p = base.add(b * stride);
-            // the bytes PREFETCH_AHEAD past this block, one hint per cache line (a hint never
-            // faults, so running past the group's end is harmless)
-            let ahead = p.wrapping_add(PREFETCH_AHEAD);
-            for o in (0..stride).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(o) as *const i8);
+            if PF {
+                // a hint never faults, so running past the group's end is harmless
+                let ahead = p.wrapping_add(PREFETCH_AHEAD);
+                for o in (0..stride).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(o) as *const i8);
+                }
             }
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i));
             let q = p.add(hb);
@@ -430,9 +434,9 @@ pub(super) mod avx512 {
     }
 
     /// Defines the public [`super::InterleavedFn`] `$name`, which hands its row count (1..=4)
-    /// to `$f::<R, $c>`.
+    /// to `$f::<R, $c…>`.
     macro_rules! entry {
-        ($(#[$doc:meta])* $name:ident, $f:ident $(, $c:expr)?) => {
+        ($(#[$doc:meta])* $name:ident, $f:ident $(, $c:expr)*) => {
             $(#[$doc])*
             #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
             pub unsafe fn $name(
@@ -443,10 +447,10 @@ pub(super) mod avx512 {
                 o: &mut [[f32; GROUP_ROWS]; MAX_ROWS],
             ) {
                 match n {
-                    1 => $f::<1 $(, $c)?>(g, a, r0, o),
-                    2 => $f::<2 $(, $c)?>(g, a, r0, o),
-                    3 => $f::<3 $(, $c)?>(g, a, r0, o),
-                    _ => $f::<4 $(, $c)?>(g, a, r0, o),
+                    1 => $f::<1 $(, $c)*>(g, a, r0, o),
+                    2 => $f::<2 $(, $c)*>(g, a, r0, o),
+                    3 => $f::<3 $(, $c)*>(g, a, r0, o),
+                    _ => $f::<4 $(, $c)*>(g, a, r0, o),
                 }
             }
         };
@@ -455,14 +459,26 @@ pub(super) mod avx512 {
 
     entry!(
         /// Q4_0 ([`super::InterleavedFn`]).
-        group_q4_0, group, Q4_0
+        group_q4_0, group, Q4_0, false
     );
     entry!(
         /// Q4_1 ([`super::InterleavedFn`]).
-        group_q4_1, group, Q4_1
+        group_q4_1, group, Q4_1, false
     );
     entry!(
         /// Q8_0 ([`super::InterleavedFn`]).
-        group_q8_0, group, Q8_0
+        group_q8_0, group, Q8_0, false
+    );
+    entry!(
+        /// Q4_0, prefetching [`PREFETCH_AHEAD`] ([`super::InterleavedFn`]).
+        group_q4_0_pf, group, Q4_0, true
+    );
+    entry!(
+        /// Q4_1, prefetching [`PREFETCH_AHEAD`] ([`super::InterleavedFn`]).
+        group_q4_1_pf, group, Q4_1, true
+    );
+    entry!(
+        /// Q8_0, prefetching [`PREFETCH_AHEAD`] ([`super::InterleavedFn`]).
+        group_q8_0_pf, group, Q8_0, true
     );
 }

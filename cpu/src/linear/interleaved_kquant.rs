@@ -218,13 +218,16 @@ pub(super) fn pick_ref(t: WeightType) -> Option<InterleavedFn> {
 }
 
 /// The SIMD kernel for interleaved K-quant weights of type `t`, for a CPU that has
-/// [`super::interleaved::pick`]'s kernels (`None` for other types).
+/// [`super::interleaved::pick`]'s kernels (`None` for other types); `pf`: Q4_K and Q5_K
+/// prefetch their stream ([`crate::simd::wants_weight_prefetch`]).
 #[cfg(target_arch = "x86_64")]
-pub(super) fn simd(t: WeightType) -> Option<InterleavedFn> {
-    Some(match t {
-        WeightType::Q4K => avx512::group_q4_k,
-        WeightType::Q5K => avx512::group_q5_k,
-        WeightType::Q6K => super::interleaved_q6::simd(),
+pub(super) fn simd(t: WeightType, pf: bool) -> Option<InterleavedFn> {
+    Some(match (t, pf) {
+        (WeightType::Q4K, false) => avx512::group_q4_k,
+        (WeightType::Q5K, false) => avx512::group_q5_k,
+        (WeightType::Q4K, true) => avx512::group_q4_k_pf,
+        (WeightType::Q5K, true) => avx512::group_q5_k_pf,
+        (WeightType::Q6K, _) => super::interleaved_q6::simd(),
         _ => return super::interleaved_kquant_low::simd(t),
     })
 }
@@ -234,7 +237,7 @@ pub(super) mod avx512 {
     //! The kernels, and the helpers the Q2_K/Q3_K kernels share; only called after
     //! `interleaved::available()`.
     use super::super::act_quant::Q8Rows;
-    use super::super::interleaved::avx512::{entry, piece};
+    use super::super::interleaved::avx512::{entry, piece, PREFETCH_AHEAD};
     use super::super::MAX_ROWS;
     use super::GROUP_ROWS;
     use crate::kquant::{Q4_K_BYTES, Q5_K_BYTES};
@@ -302,7 +305,7 @@ pub(super) mod avx512 {
     /// Q4_K / Q5_K: all super-blocks of one group against activation rows `row0..row0 + R`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn q45<const R: usize, const Q5: bool>(
+    unsafe fn q45<const R: usize, const Q5: bool, const PF: bool>(
         g: &[u8],
         acts: &Q8Rows,
         row0: usize,
@@ -325,6 +328,11 @@ pub(super) mod avx512 {
             let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(w0)));
             let (wa, wb, wc) = (ld(p.add(64)), ld(p.add(128)), ld(p.add(192)));
             for c in 0..4 {
+                if PF {
+                    // a quarter of the super-block per chunk; a hint never faults
+                    let q = GROUP_ROWS * bs / 4;
+                    prefetch(p.wrapping_add(PREFETCH_AHEAD + c * q), q);
+                }
                 let (sc0, mn0) = scale_min(wa, wb, wc, 2 * c as u32);
                 let (sc1, mn1) = scale_min(wa, wb, wc, 2 * c as u32 + 1);
                 let mut s = [[_mm512_setzero_si512(); 4]; R];
@@ -367,10 +375,18 @@ pub(super) mod avx512 {
 
     entry!(
         /// Q4_K ([`super::InterleavedFn`]).
-        group_q4_k, q45, false
+        group_q4_k, q45, false, false
     );
     entry!(
         /// Q5_K ([`super::InterleavedFn`]).
-        group_q5_k, q45, true
+        group_q5_k, q45, true, false
+    );
+    entry!(
+        /// Q4_K, prefetching `PREFETCH_AHEAD` ([`super::InterleavedFn`]).
+        group_q4_k_pf, q45, false, true
+    );
+    entry!(
+        /// Q5_K, prefetching `PREFETCH_AHEAD` ([`super::InterleavedFn`]).
+        group_q5_k_pf, q45, true, true
     );
 }

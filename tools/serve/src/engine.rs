@@ -542,7 +542,14 @@ impl Scheduler {
         let t = Instant::now();
         let result = self.run_batch(&plan);
         let model = t.elapsed();
-        self.metrics.steps_total.fetch_add(1, Ordering::Relaxed);
+        let m = &self.metrics;
+        m.steps_total.fetch_add(1, Ordering::Relaxed);
+        let one_token = plan.iter().filter(|p| p.1 == 1).count();
+        m.one_token_rows_total
+            .fetch_add(one_token as u64, Ordering::Relaxed);
+        if one_token < plan.len() {
+            m.prefill_steps_total.fetch_add(1, Ordering::Relaxed);
+        }
         let (out, mut logprobs) = match result {
             Ok(o) => o,
             Err(e) => {

@@ -76,6 +76,11 @@ pub struct Metrics {
     pub prompt_tokens_total: AtomicU64,
     /// Forward steps run.
     pub steps_total: AtomicU64,
+    /// Sequences fed one token in a forward step, summed over steps (divided by
+    /// `steps_total`: how full the decode batches ran).
+    pub one_token_rows_total: AtomicU64,
+    /// Forward steps that carried a prompt chunk of two or more tokens.
+    pub prefill_steps_total: AtomicU64,
     /// Microseconds the engine spent inside the model's forward steps.
     pub model_micros_total: AtomicU64,
     /// Microseconds the engine spent on everything else of its rounds that ran a step
@@ -102,6 +107,8 @@ impl Default for Metrics {
             tokens_generated_total: AtomicU64::new(0),
             prompt_tokens_total: AtomicU64::new(0),
             steps_total: AtomicU64::new(0),
+            one_token_rows_total: AtomicU64::new(0),
+            prefill_steps_total: AtomicU64::new(0),
             model_micros_total: AtomicU64::new(0),
             scheduler_micros_total: AtomicU64::new(0),
             ttft: Histogram::new(LATENCY_BUCKETS),
@@ -188,7 +195,7 @@ impl Metrics {
     }
 
     /// `(name, help, value)` of every counter.
-    fn counters(&self) -> [Scalar; 8] {
+    fn counters(&self) -> [Scalar; 10] {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
         let secs = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 * 1e-6;
         [
@@ -214,6 +221,16 @@ impl Metrics {
                 g(&self.prompt_tokens_total),
             ),
             ("fastllm_steps_total", "Batched forward steps", g(&self.steps_total)),
+            (
+                "fastllm_one_token_rows_total",
+                "Sequences fed one token per forward step, summed over steps",
+                g(&self.one_token_rows_total),
+            ),
+            (
+                "fastllm_prefill_steps_total",
+                "Forward steps that carried a prompt chunk of two or more tokens",
+                g(&self.prefill_steps_total),
+            ),
             (
                 "fastllm_model_seconds_total",
                 "Time the engine spent inside forward steps",

@@ -396,7 +396,16 @@ fn batching_is_equivalent_and_64_streams_complete() {
                 "stream {k} differs from its solo run"
             );
         }
-        assert!(metric(&b, "fastllm_steps_total").await > 0.0);
+        let steps = metric(&b, "fastllm_steps_total").await;
+        assert!(steps > 0.0);
+        // every step fed decode rows or a prompt chunk, and the 64 streams shared steps
+        let rows = metric(&b, "fastllm_one_token_rows_total").await;
+        let prefill = metric(&b, "fastllm_prefill_steps_total").await;
+        assert!(prefill > 0.0 && prefill <= steps, "{prefill} of {steps}");
+        assert!(
+            rows > steps - prefill,
+            "{rows} one-token rows in {steps} steps"
+        );
         // the engine's time splits into forward steps and the work around them
         assert!(metric(&b, "fastllm_model_seconds_total").await > 0.0);
         assert!(metric(&b, "fastllm_scheduler_seconds_total").await > 0.0);

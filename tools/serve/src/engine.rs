@@ -156,7 +156,10 @@ pub enum SubmitError {
 
 /// Handle to the scheduler thread.
 pub struct Engine {
-    tx: mpsc::Sender<GenRequest>,
+    /// The scheduler's queue; `None` once [`Engine::stop`] closed it.
+    tx: std::sync::Mutex<Option<mpsc::Sender<GenRequest>>>,
+    /// The scheduler thread, until [`Engine::stop`] joins it.
+    thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
     metrics: Arc<Metrics>,
     config: EngineConfig,
     in_flight: Arc<std::sync::atomic::AtomicUsize>,
@@ -174,18 +177,32 @@ impl Engine {
         let sched = Scheduler::new(llm, config.clone(), metrics.clone(), in_flight.clone())?;
         // the KV gauges are right before the first request
         sched.publish();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("fastllm-scheduler".into())
             .spawn(move || sched.run(rx))
             .map_err(|e| {
                 fastllm::Error::Device(format!("cannot start the scheduler thread: {e}"))
             })?;
         Ok(Engine {
-            tx,
+            tx: std::sync::Mutex::new(Some(tx)),
+            thread: std::sync::Mutex::new(Some(thread)),
             metrics,
             config,
             in_flight,
         })
+    }
+
+    /// Closes the queue (later requests get [`SubmitError::Stopped`]) and waits until the
+    /// scheduler has run what it holds and dropped its KV pool and model handle on its thread,
+    /// so that a process can exit with no device work or release still under way.
+    pub fn stop(&self) {
+        drop(self.tx.lock().unwrap_or_else(|p| p.into_inner()).take());
+        let thread = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(t) = thread {
+            if t.join().is_err() {
+                eprintln!("fastllm serve: the scheduler thread panicked");
+            }
+        }
     }
 
     /// The limits in force.
@@ -240,8 +257,9 @@ impl Engine {
                 .fetch_add(n as u64, Ordering::Relaxed);
             return Err(SubmitError::Overloaded);
         }
+        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
         for (sent, r) in reqs.into_iter().enumerate() {
-            if self.tx.send(r).is_err() {
+            if tx.as_ref().is_none_or(|tx| tx.send(r).is_err()) {
                 // the scheduler is gone: the unsent ones are not in flight
                 self.in_flight.fetch_sub(n - sent, Ordering::SeqCst);
                 return Err(SubmitError::Stopped);
@@ -875,6 +893,23 @@ mod tests {
         // max_waiting_tokens 0: never wait
         let c = cfg(10.0, 0, 1000);
         assert_eq!(admission(&c, 8, 0, [1].into_iter(), 0), 1);
+    }
+
+    /// `stop` lets the scheduler finish what it holds, joins it, and later submissions are
+    /// refused as `Stopped`.
+    #[test]
+    fn stop_finishes_running_requests_then_refuses() {
+        let m = Arc::new(Metrics::default());
+        let e = Engine::start(tiny(), cfg(0.0, 20, 1000), m).unwrap();
+        let (req, mut rx) = request(vec![1, 2, 3], 6);
+        e.submit(req).unwrap();
+        e.stop();
+        assert_eq!(tokens(&mut rx).len(), 6);
+        assert_eq!(e.in_flight(), 0);
+        let (req, _rx) = request(vec![1, 2, 3], 2);
+        assert_eq!(e.submit(req), Err(SubmitError::Stopped));
+        assert_eq!(e.in_flight(), 0);
+        e.stop(); // a second stop is a no-op
     }
 
     fn tiny() -> Arc<Llm> {

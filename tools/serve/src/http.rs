@@ -99,6 +99,12 @@ impl AppState {
         let _ = self.ready.set((llm, engine));
         Ok(())
     }
+    /// Stops the engine, if the model is loaded, and waits for its thread ([`Engine::stop`]).
+    pub fn stop_engine(&self) {
+        if let Some((_, e)) = self.ready.get() {
+            e.stop();
+        }
+    }
     /// Refuses new requests from now on; returns how many are in flight.
     pub fn start_draining(&self) -> usize {
         self.draining.store(true, Ordering::SeqCst);

@@ -173,8 +173,10 @@ pub fn run(
         .worker_threads(2)
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let state = http::AppState::configured(&o);
+    let served = state.clone();
     let r = rt.block_on(async move {
-        let state = http::AppState::configured(&o);
+        let state = served;
         let listener = tokio::net::TcpListener::bind(o.addr)
             .await
             .map_err(|e| format!("cannot listen on {}: {e}", o.addr))?;
@@ -217,6 +219,9 @@ pub fn run(
     });
     // a model still loading must not hold the process
     rt.shutdown_background();
+    // the scheduler ends its work and drops its KV pool before the process exits; the model
+    // is dropped with `state`, here, not by an exit racing a scheduler thread
+    state.stop_engine();
     r
 }
 

@@ -169,6 +169,7 @@ __device__ void paged_attention_impl(const float* q, const T* kc, const T* vc, c
                                      float softcap, int window) {
     pdl_begin();
     __shared__ float sc[ATT_CHUNK];
+    __shared__ int sl[ATT_CHUNK];  // the chunk's slots, looked up once for scores and values
     __shared__ float qs[1024];
     int row = blockIdx.x, h = blockIdx.y;
     int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, nw = ATT_THREADS / 32;
@@ -196,9 +197,9 @@ __device__ void paged_attention_impl(const float* q, const T* kc, const T* vc, c
     for (long c0 = start; c0 < end; c0 += ATT_CHUNK) {
         int cn = (int)min((long)ATT_CHUNK, end - c0);
         for (int jj = wid; jj < cn; jj += nw) {
-            long j = c0 + jj;
-            long slot = (long)tb[j / bs] * bs + j % bs;
-            long kr = slot * rs + (long)kh * hs;
+            int j = (int)(c0 + jj);  // keys are counted in int (kv_lens)
+            int slot = tb[j / bs] * bs + j % bs;
+            long kr = (long)slot * rs + (long)kh * hs;
             float sv = 0.0f;
             for (int d = lane; d < hd; d += 32) sv += qs[d] * att_ld(kc, kr + d);
             sv = warp_sum(sv);
@@ -207,6 +208,7 @@ __device__ void paged_attention_impl(const float* q, const T* kc, const T* vc, c
                 if (softcap > 0.0f) sv = softcap * tanhf(sv / softcap);
                 sv += slope * (float)(j - pos);
                 sc[jj] = sv;
+                sl[jj] = slot;
             }
         }
         __syncthreads();
@@ -216,11 +218,8 @@ __device__ void paged_attention_impl(const float* q, const T* kc, const T* vc, c
             int d = tid + t * ATT_THREADS;
             if (d < hd) {
                 float a = acc[t] * corr;
-                for (int jj = 0; jj < cn; jj++) {
-                    long j = c0 + jj;
-                    long slot = (long)tb[j / bs] * bs + j % bs;
-                    a += sc[jj] * att_ld(vc, slot * rs + (long)kh * hs + d);
-                }
+                const long vd = (long)kh * hs + d;
+                for (int jj = 0; jj < cn; jj++) a += sc[jj] * att_ld(vc, (long)sl[jj] * rs + vd);
                 acc[t] = a;
             }
         }

@@ -7,6 +7,7 @@
 //!   into a smaller bucket, and rows long enough for split-K attention;
 //! - the padded steps agree with the unpadded op-by-op path (`PagedAttention`) to rounding;
 //! - with `batch_invariant`, rows decoding alone give the same logits bits as in a batch of 64;
+//! - `PagedAttention` over prompt chunks against the scalar CPU reference;
 //! - `PagedDecodeAttention` alone against `PagedCacheWrite` + `PagedAttention` on awkward sizes
 //!   (head sizes 16 / 80 / 128, 1 to 12 query heads per kv head, empty and long rows, windows,
 //!   soft-capping, ALiBi), f32, f16 and q8_0 caches (q8_0 also against f32 `PagedAttention`
@@ -681,5 +682,83 @@ fn batch_invariant_rows_equal_alone_and_in_64() {
             }
         }
         println!("{shape} {dtype}: rows 0, 11, 63 bit-equal alone and in a batch of 64 (prompt + 6 steps)");
+    }
+}
+
+/// `PagedAttention` over prompt chunks (several query rows per sequence, after cached keys) on
+/// the GPU against the scalar reference CPU device, f32 and f16 pools: sequences of 1 to 64
+/// query rows over 1 to 700 keys (past one chunk of keys), GQA, windows, soft-capping, ALiBi.
+#[test]
+fn paged_attention_prompt_chunks_match_the_cpu_reference() {
+    let Some(dev) = gpu() else { return };
+    let exec = common::cuda::cuda_executor(&dev);
+    let reference = common::cuda::reference();
+    let mut rng = CaseRng::new(11);
+    // (head dim, heads, kv heads, window, softcap, alibi), and (query rows, keys) per sequence
+    let shapes = [
+        (128, 32, 8, 0, 0.0, false),
+        (64, 14, 2, 0, 30.0, true),
+        (80, 12, 1, 40, 0.0, false),
+    ];
+    let seqs: [(usize, usize); 6] = [(5, 53), (1, 17), (64, 64), (3, 300), (20, 700), (2, 2)];
+    for (hd, nh, nkv, window, softcap, alibi) in shapes {
+        for dt in [DataType::F32, DataType::F16] {
+            let maxb = seqs.iter().map(|s| s.1.div_ceil(BS)).max().unwrap();
+            let n_blocks = seqs.len() * maxb + 2;
+            let mut ids: Vec<i32> = (0..n_blocks as i32).collect();
+            for i in (1..ids.len()).rev() {
+                ids.swap(
+                    i,
+                    (rng.uniform(0.0, 1.0) * (i + 1) as f32) as usize % (i + 1),
+                );
+            }
+            let table = &ids[..seqs.len() * maxb];
+            let rows: usize = seqs.iter().map(|s| s.0).sum();
+            let mut starts = vec![0i32];
+            for s in &seqs {
+                starts.push(starts.last().unwrap() + s.0 as i32);
+            }
+            let lens: Vec<i32> = seqs.iter().map(|s| s.1 as i32).collect();
+            let n_slots = n_blocks * BS;
+            let pool = |rng: &mut CaseRng| {
+                let v = rand_f32(rng, n_slots * nkv * hd);
+                let bytes = fastllm::data::encode_from_f32(dt, &v).unwrap();
+                Data::from_bytes(dt, &[n_slots, nkv, hd], &bytes).unwrap()
+            };
+            let (kc, vc) = (pool(&mut rng), pool(&mut rng));
+            let q = Data::from_f32(&[rows, nh, hd], &rand_f32(&mut rng, rows * nh * hd)).unwrap();
+            let slopes: Vec<f32> = (0..nh).map(|h| 0.5f32.powi(h as i32 + 1)).collect();
+            let slopes = Data::from_f32(&[nh], &slopes).unwrap();
+            let qs = Data::from_i32(&[seqs.len() + 1], &starts).unwrap();
+            let kl = Data::from_i32(&[seqs.len()], &lens).unwrap();
+            let bt = Data::from_i32(&[seqs.len(), maxb], table).unwrap();
+            let run = |e: &Executor, kc: &Data, vc: &Data| {
+                let mut out = Data::empty(DataType::F32);
+                let mut d = DataDict::new()
+                    .with("q", &q)
+                    .with("k_cache", kc)
+                    .with("v_cache", vc)
+                    .with("q_starts", &qs)
+                    .with("kv_lens", &kl)
+                    .with("block_tables", &bt)
+                    .with_mut("output", &mut out);
+                if alibi {
+                    d.insert("alibi_slopes", &slopes);
+                }
+                let ints = IntDict::new()
+                    .with("block_size", BS as i32)
+                    .with("sliding_window", window);
+                let floats = FloatDict::new()
+                    .with("scale", 0.11)
+                    .with("softcap", softcap);
+                e.run("PagedAttention", &mut d, &floats, &ints).unwrap();
+                out.to_owned_host().unwrap().to_f32_vec().unwrap()
+            };
+            let got = run(&exec, &dev.upload(&kc).unwrap(), &dev.upload(&vc).unwrap());
+            let want = run(&reference, &kc, &vc);
+            let (e, bad) = nmse(&got, &want);
+            println!("prompt chunks hd {hd} heads {nh}/{nkv} window {window} {dt}: nmse {e:.2e}");
+            assert!(!bad && e < 1e-10, "hd {hd} {dt}: nmse {e}");
+        }
     }
 }

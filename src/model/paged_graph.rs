@@ -224,9 +224,10 @@ impl Model {
 /// Runs the padded decode step of every bucket of up to `max_rows` rows over throwaway
 /// sequences of `pool` (one eager step that sizes the bucket's buffers, one that records it, one
 /// replay), so that a server's first requests neither compile kernels nor record graphs for
-/// short sequences (longer key-count classes are recorded when first reached). Every block
-/// taken is returned and prefix caching is left as it was. Returns the buckets warmed: none
-/// when batched decode is off, and only those whose sequences fit the free blocks.
+/// short sequences (longer key-count classes are recorded when first reached); then two prompt
+/// steps ([`warm_prompt_steps`]). Every block taken is returned and prefix caching is left as
+/// it was. Returns the buckets warmed: none when batched decode is off, and only those whose
+/// sequences fit the free blocks.
 pub fn warm_batch_decode(model: &Model, pool: &mut PagedKvPool, max_rows: usize) -> Result<usize> {
     if model.batch_decode() == BatchDecode::Off {
         return Ok(0);
@@ -260,6 +261,48 @@ pub fn warm_batch_decode(model: &Model, pool: &mut PagedKvPool, max_rows: usize)
         }
         warmed += 1;
     }
+    if result.is_ok() {
+        result = warm_prompt_steps(model, pool);
+    }
     pool.set_prefix_caching(caching);
     result.map(|()| warmed)
+}
+
+/// Prompt tokens per sequence of the first warm prompt step, and of the second.
+const WARM_PROMPT: [usize; 2] = [64, 5];
+
+/// Runs two prompt steps over up to 4 throwaway sequences of `pool`: chunks of 64 tokens, then
+/// 5 more after them, the shapes of a server's first wave of requests (a prompt step of a few
+/// hundred rows, then chunks after cached keys), so that what those steps set up on first use
+/// (buffer sizes, library handles) is done before the server says ready. Every block taken is
+/// returned.
+fn warm_prompt_steps(model: &Model, pool: &mut PagedKvPool) -> Result<()> {
+    let per_seq = WARM_PROMPT
+        .iter()
+        .sum::<usize>()
+        .div_ceil(pool.block_size().max(1));
+    let n = (pool.free_blocks() / per_seq.max(1)).min(4);
+    let mut seqs: Vec<PagedSeqState> = (0..n).map(|_| PagedSeqState::new()).collect();
+    let mut result = Ok(());
+    for len in WARM_PROMPT {
+        // tokens 0 and 1, which every vocabulary has
+        let toks: Vec<Vec<u32>> = (0..n)
+            .map(|_| (0..len as u32).map(|i| i % 2).collect())
+            .collect();
+        let mut items: Vec<(&mut PagedSeqState, &[u32])> = seqs
+            .iter_mut()
+            .zip(&toks)
+            .map(|(s, t)| (s, t.as_slice()))
+            .collect();
+        if n > 0 {
+            if let Err(e) = model.forward_paged_greedy(pool, &mut items) {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    for s in seqs.iter_mut() {
+        pool.release(s);
+    }
+    result
 }

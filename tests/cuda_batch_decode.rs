@@ -686,8 +686,9 @@ fn batch_invariant_rows_equal_alone_and_in_64() {
 }
 
 /// `PagedAttention` over prompt chunks (several query rows per sequence, after cached keys) on
-/// the GPU against the scalar reference CPU device, f32 and f16 pools: sequences of 1 to 64
-/// query rows over 1 to 700 keys (past one chunk of keys), GQA, windows, soft-capping, ALiBi.
+/// the GPU against the scalar reference CPU device, f32, f16 and q8_0 pools: sequences of 1 to 64
+/// query rows over 2 to 700 keys (past one chunk of keys), windows, soft-capping, ALiBi; 1, 4, 7
+/// and 12 query heads per kv head.
 #[test]
 fn paged_attention_prompt_chunks_match_the_cpu_reference() {
     let Some(dev) = gpu() else { return };
@@ -699,10 +700,14 @@ fn paged_attention_prompt_chunks_match_the_cpu_reference() {
         (128, 32, 8, 0, 0.0, false),
         (64, 14, 2, 0, 30.0, true),
         (80, 12, 1, 40, 0.0, false),
+        (64, 4, 4, 0, 0.0, true),
     ];
     let seqs: [(usize, usize); 6] = [(5, 53), (1, 17), (64, 64), (3, 300), (20, 700), (2, 2)];
     for (hd, nh, nkv, window, softcap, alibi) in shapes {
-        for dt in [DataType::F32, DataType::F16] {
+        for dt in [DataType::F32, DataType::F16, DataType::Q8_0] {
+            if dt == DataType::Q8_0 && hd % 32 != 0 {
+                continue; // whole q8_0 blocks per head row
+            }
             let maxb = seqs.iter().map(|s| s.1.div_ceil(BS)).max().unwrap();
             let n_blocks = seqs.len() * maxb + 2;
             let mut ids: Vec<i32> = (0..n_blocks as i32).collect();

@@ -456,24 +456,39 @@ fn paged_attention(
     let kl = Data::from_i32(&[n], &kl).unwrap();
     let lt = Data::from_i32(&[n, x.maxb], &lt).unwrap();
     let q = rows_of(&x.q, &live, nh * hd, hd);
+    let slopes = c.alibi.then_some(&x.slopes);
+    let index = [&qs, &kl, &lt];
+    paged_attention_call(exec, [&q, kc, vc], index, slopes, c.window, c.softcap)
+}
+
+/// One `PagedAttention` call: `[q, k_cache, v_cache]`, `[q_starts, kv_lens, block_tables]`,
+/// optional ALiBi slopes, the window and soft-cap (block size [`BS`], scale 0.11); its output.
+fn paged_attention_call(
+    exec: &Executor,
+    [q, kc, vc]: [&Data; 3],
+    [qs, kl, bt]: [&Data; 3],
+    slopes: Option<&Data>,
+    window: i32,
+    softcap: f32,
+) -> Vec<f32> {
     let mut out = Data::empty(DataType::F32);
     let mut d = DataDict::new()
-        .with("q", &q)
+        .with("q", q)
         .with("k_cache", kc)
         .with("v_cache", vc)
-        .with("q_starts", &qs)
-        .with("kv_lens", &kl)
-        .with("block_tables", &lt)
+        .with("q_starts", qs)
+        .with("kv_lens", kl)
+        .with("block_tables", bt)
         .with_mut("output", &mut out);
-    if c.alibi {
-        d.insert("alibi_slopes", &x.slopes);
+    if let Some(s) = slopes {
+        d.insert("alibi_slopes", s);
     }
     let ints = IntDict::new()
         .with("block_size", BS as i32)
-        .with("sliding_window", c.window);
+        .with("sliding_window", window);
     let floats = FloatDict::new()
         .with("scale", 0.11)
-        .with("softcap", c.softcap);
+        .with("softcap", softcap);
     exec.run("PagedAttention", &mut d, &floats, &ints).unwrap();
     out.to_owned_host().unwrap().to_f32_vec().unwrap()
 }
@@ -737,27 +752,9 @@ fn paged_attention_prompt_chunks_match_the_cpu_reference() {
             let qs = Data::from_i32(&[seqs.len() + 1], &starts).unwrap();
             let kl = Data::from_i32(&[seqs.len()], &lens).unwrap();
             let bt = Data::from_i32(&[seqs.len(), maxb], table).unwrap();
+            let slopes = alibi.then_some(&slopes);
             let run = |e: &Executor, kc: &Data, vc: &Data| {
-                let mut out = Data::empty(DataType::F32);
-                let mut d = DataDict::new()
-                    .with("q", &q)
-                    .with("k_cache", kc)
-                    .with("v_cache", vc)
-                    .with("q_starts", &qs)
-                    .with("kv_lens", &kl)
-                    .with("block_tables", &bt)
-                    .with_mut("output", &mut out);
-                if alibi {
-                    d.insert("alibi_slopes", &slopes);
-                }
-                let ints = IntDict::new()
-                    .with("block_size", BS as i32)
-                    .with("sliding_window", window);
-                let floats = FloatDict::new()
-                    .with("scale", 0.11)
-                    .with("softcap", softcap);
-                e.run("PagedAttention", &mut d, &floats, &ints).unwrap();
-                out.to_owned_host().unwrap().to_f32_vec().unwrap()
+                paged_attention_call(e, [&q, kc, vc], [&qs, &kl, &bt], slopes, window, softcap)
             };
             let got = run(&exec, &dev.upload(&kc).unwrap(), &dev.upload(&vc).unwrap());
             let want = run(&reference, &kc, &vc);

@@ -82,7 +82,9 @@ MARKDOWN = [
 
 
 def main(base: str, chromium: str, shot: str) -> None:
-    with tempfile.TemporaryDirectory() as profile:
+    # chromium's helper processes may still be writing the profile when the browser has
+    # exited; a profile left behind in the temporary directory is not a failure of the page
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         browser = start_browser(chromium, profile)
         try:
             page = Page(devtools_page(profile))

@@ -751,12 +751,18 @@ impl Data {
 
     /// The whole allocation, mutable; `Err` for shared or device storage.
     pub fn raw_bytes_mut(&mut self) -> Result<&mut [u8]> {
-        let desc = format!("{:?}", self);
+        let why = match &self.storage {
+            Storage::Owned(_) => "",
+            Storage::Shared { .. } => "is a read-only view",
+            Storage::None => "has no storage",
+            Storage::Device(_) => "lives on a device",
+        };
+        if !why.is_empty() {
+            return Err(Error::invalid(format!("{self:?} {why}")));
+        }
         match &mut self.storage {
             Storage::Owned(buf) => Ok(buf.as_mut_slice()),
-            Storage::Shared { .. } => Err(Error::invalid(format!("{desc} is a read-only view"))),
-            Storage::None => Err(Error::invalid(format!("{desc} has no storage"))),
-            Storage::Device(_) => Err(Error::invalid(format!("{desc} lives on a device"))),
+            _ => Err(Error::invalid(format!("tensor storage {why}"))),
         }
     }
 

@@ -276,49 +276,70 @@ impl<'a> Step<'a> {
     /// The arguments `args` as a [`DataDict`] over this step's tensors. `Err` when a tensor is
     /// missing, written while held read-only, or written and passed twice.
     pub fn dict<'s>(&'s mut self, what: &str, args: &[Arg]) -> Result<DataDict<'s>> {
-        let mut d = DataDict::new();
-        for a in args {
-            if self.tensors.get(a.tensor.0).is_none() {
-                return Err(Error::op(what, format!("'{}': no such tensor", a.name)));
-            }
+        if let Some(a) = args.iter().find(|a| a.tensor.0 >= self.tensors.len()) {
+            return Err(Error::op(what, format!("'{}': no such tensor", a.name)));
         }
-        for (i, held) in self.tensors.iter_mut().enumerate() {
-            let mut uses = args.iter().filter(|a| a.tensor.0 == i).peekable();
-            let Some(first) = uses.peek().copied() else {
-                continue;
+        // the distinct tensors passed, in index order: each is borrowed once
+        let mut ids: Vec<usize> = args.iter().map(|a| a.tensor.0).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let mut d = DataDict::new();
+        let mut rest: &'s mut [Held<'a>] = &mut self.tensors;
+        let mut base = 0;
+        for i in ids {
+            let tail = std::mem::take(&mut rest).split_at_mut(i - base).1;
+            let Some((held, tail)) = tail.split_first_mut() else {
+                return Err(Error::op(what, "argument tensors out of order"));
             };
-            let written = args.iter().any(|a| a.tensor.0 == i && a.written);
-            if written {
-                if args.iter().filter(|a| a.tensor.0 == i).count() > 1 {
-                    return Err(Error::op(
-                        what,
-                        format!("'{}' is written and passed twice", first.name),
-                    ));
-                }
-                match held {
-                    Held::Mut(x) => d.insert_mut(first.name, x),
-                    Held::Own(x) => d.insert_mut(first.name, x),
-                    Held::Ref(_) => {
-                        return Err(Error::op(
-                            what,
-                            format!("'{}' is written but held read-only", first.name),
-                        ))
-                    }
-                    Held::Gone => return Err(released(what, first.name)),
-                }
-            } else {
-                let r: &Data = match held {
-                    Held::Ref(x) => x,
-                    Held::Mut(x) => x,
-                    Held::Own(x) => x,
-                    Held::Gone => return Err(released(what, first.name)),
-                };
-                for a in uses {
-                    d.insert(a.name, r);
-                }
-            }
+            rest = tail;
+            base = i + 1;
+            Self::pass(what, held, args, i, &mut d)?;
         }
         Ok(d)
+    }
+
+    /// Adds the arguments of `args` that pass tensor `i` (held as `held`) to `d`.
+    fn pass<'s>(
+        what: &str,
+        held: &'s mut Held<'a>,
+        args: &[Arg],
+        i: usize,
+        d: &mut DataDict<'s>,
+    ) -> Result<()> {
+        let mut uses = args.iter().filter(|a| a.tensor.0 == i);
+        let Some(first) = uses.clone().next() else {
+            return Ok(());
+        };
+        if args.iter().any(|a| a.tensor.0 == i && a.written) {
+            if uses.count() > 1 {
+                return Err(Error::op(
+                    what,
+                    format!("'{}' is written and passed twice", first.name),
+                ));
+            }
+            match held {
+                Held::Mut(x) => d.insert_mut(first.name, x),
+                Held::Own(x) => d.insert_mut(first.name, x),
+                Held::Ref(_) => {
+                    return Err(Error::op(
+                        what,
+                        format!("'{}' is written but held read-only", first.name),
+                    ))
+                }
+                Held::Gone => return Err(released(what, first.name)),
+            }
+        } else {
+            let r: &Data = match held {
+                Held::Ref(x) => x,
+                Held::Mut(x) => x,
+                Held::Own(x) => x,
+                Held::Gone => return Err(released(what, first.name)),
+            };
+            for a in uses.by_ref() {
+                d.insert(a.name, r);
+            }
+        }
+        Ok(())
     }
 
     /// Gives `t` the dims `dims`.

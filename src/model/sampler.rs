@@ -283,6 +283,39 @@ impl Sampler {
     }
 }
 
+/// Lanes of [`checked_argmax`]'s first pass.
+const LANES: usize = 16;
+
+/// Index of the largest value (lowest index on ties), or `None` when `v` holds a NaN or +Inf.
+/// Two passes the compiler vectorises: the lane maxima with the check, then the first index
+/// of the maximum.
+pub fn checked_argmax(v: &[f32]) -> Option<u32> {
+    let mut max = [f32::NEG_INFINITY; LANES];
+    let mut ok = [true; LANES];
+    let chunks = v.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for l in 0..LANES {
+            ok[l] &= c[l] < f32::INFINITY; // false for NaN and +Inf
+            max[l] = if c[l] > max[l] { c[l] } else { max[l] };
+        }
+    }
+    let mut m = f32::NEG_INFINITY;
+    for &x in &max {
+        m = if x > m { x } else { m };
+    }
+    for &x in tail {
+        if !(x < f32::INFINITY) {
+            return None;
+        }
+        m = if x > m { x } else { m };
+    }
+    if ok.contains(&false) {
+        return None;
+    }
+    Some(v.iter().position(|&x| x == m).unwrap_or(0) as u32)
+}
+
 /// Index of the largest value (lowest index on ties).
 pub fn argmax(v: &[f32]) -> u32 {
     let mut best = 0;
@@ -297,6 +330,34 @@ pub fn argmax(v: &[f32]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn checked_argmax_matches_argmax_and_refuses_nan_and_inf() {
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        for n in [0usize, 1, 15, 16, 17, 33, 1000, 1031] {
+            let mut v: Vec<f32> = (0..n)
+                .map(|_| {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    (rng % 50) as f32 - 60.0 // many ties
+                })
+                .collect();
+            assert_eq!(checked_argmax(&v), Some(argmax(&v)), "n = {n}");
+            if n > 0 {
+                v[n - 1] = f32::NEG_INFINITY;
+                assert_eq!(checked_argmax(&v), Some(argmax(&v)), "n = {n}, -inf");
+                for bad in [f32::NAN, f32::INFINITY] {
+                    for at in [0, n / 2, n - 1] {
+                        let mut w = v.clone();
+                        w[at] = bad;
+                        assert_eq!(checked_argmax(&w), None, "n = {n}, {bad} at {at}");
+                    }
+                }
+            }
+        }
+        assert_eq!(checked_argmax(&[f32::NEG_INFINITY; 40]), Some(0));
+    }
 
     #[test]
     fn greedy_and_seeded() {

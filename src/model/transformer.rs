@@ -1238,7 +1238,14 @@ impl Model {
 /// Argmax of each `vocab`-long row of host `logits` (lowest id on ties); NaN or +Inf is an
 /// `Err`, as in the sampler.
 fn host_argmax_rows(logits: &Data, vocab: usize) -> Result<Vec<u32>> {
-    let v = logits.to_f32_vec()?;
+    let copy;
+    let v: &[f32] = match logits.as_f32() {
+        Ok(v) if v.len() == logits.count() => v,
+        _ => {
+            copy = logits.to_f32_vec()?;
+            &copy
+        }
+    };
     if vocab == 0 || v.len() % vocab != 0 {
         return Err(bad(format!(
             "logits of {} values are not rows of {vocab}",
@@ -1247,10 +1254,8 @@ fn host_argmax_rows(logits: &Data, vocab: usize) -> Result<Vec<u32>> {
     }
     v.chunks(vocab)
         .map(|row| {
-            if row.iter().any(|x| x.is_nan() || *x == f32::INFINITY) {
-                return Err(Error::invalid("logits contain NaN or +Inf"));
-            }
-            Ok(super::sampler::argmax(row))
+            super::sampler::checked_argmax(row)
+                .ok_or_else(|| Error::invalid("logits contain NaN or +Inf"))
         })
         .collect()
 }

@@ -7,24 +7,27 @@
 //! place in any [`KvFormat`], converted 16 values at a time in registers. The caller checks the
 //! CPU features and cache sizes.
 
-use super::kv::avx512::{by_kv_formats, Load16};
+use super::kv::avx512::{by_kv_formats, Load16, F32};
 use super::{merge_partials, Inputs};
 use crate::threads::Threads;
 use crate::vecmath::avx512;
 use std::arch::x86_64::*;
 
-/// Fewest keys per chunk (below that, a task costs more to schedule than to run).
-const MIN_CHUNK: usize = 128;
+/// Fewest multiply-adds per task (below that, a task costs more to schedule than to run).
+const MIN_TASK_WORK: usize = 64 * 1024;
+/// Fewest keys per chunk, whatever the head sizes.
+const MIN_CHUNK: usize = 8;
 /// Most keys per chunk (bounds the per-task score buffer).
 const MAX_CHUNK: usize = 1024;
 /// Keys per block of the value pass (the outputs stay in registers over a block).
 const VB: usize = 32;
 
-/// Keys per chunk for `sq` queries over `skv` keys on `threads` threads: at least four tasks
-/// per thread when the keys allow it.
-fn chunk_keys(sq: usize, skv: usize, threads: usize) -> usize {
+/// Keys per chunk for `sq` queries over `skv` keys on `threads` threads, a key costing
+/// `per_key` multiply-adds: at least four tasks per thread when the work allows it.
+fn chunk_keys(sq: usize, skv: usize, threads: usize, per_key: usize) -> usize {
     let want = (4 * threads).div_ceil(sq.max(1)).max(1);
-    skv.div_ceil(want).clamp(MIN_CHUNK, MAX_CHUNK)
+    let fewest = (MIN_TASK_WORK / per_key.max(1)).clamp(MIN_CHUNK, MAX_CHUNK);
+    skv.div_ceil(want).clamp(fewest, MAX_CHUNK)
 }
 
 /// Decode attention over all rows (same contract as `attention_ref`); requires AVX-512 F/BW/VL
@@ -36,13 +39,15 @@ pub(super) fn run(th: &Threads, inp: &Inputs, out: &mut [f32]) {
 /// [`run`] with keys stored as `K` and values as `V`.
 fn run_as<K: Load16, V: Load16>(th: &Threads, inp: &Inputs, out: &mut [f32]) {
     let p = inp.p;
-    let kc = chunk_keys(p.sq, p.skv, th.n());
+    let kc = chunk_keys(p.sq, p.skv, th.n(), p.nh * (p.hd + p.hdv));
     let splits = p.skv.div_ceil(kc).max(1);
     // one partial = nh outputs of hdv, then nh maxima, then nh sums
     let part = p.nh * (p.hdv + 2);
     let mut partials = vec![0f32; p.sq * splits * part];
     th.for_row_chunks(&mut partials, part, 1, |r0, pc| {
         let mut scores = Vec::new();
+        // a key row in f32, when a kv head serves several query heads
+        let mut krow = vec![0f32; if inp.g > 1 { p.nkv * p.hd } else { 0 }];
         for (ri, pr) in pc.chunks_exact_mut(part).enumerate() {
             let (i, c) = ((r0 + ri) / splits, (r0 + ri) % splits);
             let vis = p.visible(i);
@@ -51,20 +56,21 @@ fn run_as<K: Load16, V: Load16>(th: &Threads, inp: &Inputs, out: &mut [f32]) {
             let (ob, rest) = pr.split_at_mut(p.nh * p.hdv);
             let (ms, ls) = rest.split_at_mut(p.nh);
             // SAFETY: AVX-512 and the slice sizes are checked by the caller.
-            unsafe { chunk::<K, V>(inp, i, keys, &mut scores, ob, ms, ls) };
+            unsafe { chunk::<K, V>(inp, i, keys, (&mut scores, &mut krow), ob, ms, ls) };
         }
     });
     merge_partials(out, &partials, (p.nh, p.hdv, splits), inp.heads.sinks);
 }
 
 /// Partial softmax of query `i` over `keys` for every head: unnormalised outputs `ob [nh][hdv]`,
-/// maxima `ms [nh]`, sums `ls [nh]`.
+/// maxima `ms [nh]`, sums `ls [nh]`. `krow` (`nkv · hd` values, or empty when each kv head
+/// serves one query head) holds a key row converted once for the heads of its group.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 unsafe fn chunk<K: Load16, V: Load16>(
     inp: &Inputs,
     i: usize,
     keys: std::ops::Range<usize>,
-    scores: &mut Vec<f32>,
+    (scores, krow): (&mut Vec<f32>, &mut [f32]),
     ob: &mut [f32],
     ms: &mut [f32],
     ls: &mut [f32],
@@ -83,8 +89,23 @@ unsafe fn chunk<K: Load16, V: Load16>(
     let rb = K::row_bytes(hd);
     for (jj, j) in keys.clone().enumerate() {
         let kr = inp.k.base().add(j * p.nkv * rb);
-        for h in 0..nh {
-            scores[h * n + jj] = dot::<K>(qi.add(h * hd), kr.add((h / g) * rb), hd) * p.scale;
+        // heads by kv head: no division in the loop (a 64-bit divide costs tens of cycles)
+        if krow.len() == p.nkv * hd && !krow.is_empty() {
+            to_f32::<K>(kr, p.nkv, hd, krow.as_mut_ptr());
+            for kh in 0..p.nkv {
+                let kf = krow.as_ptr().add(kh * hd).cast::<u8>();
+                for h in kh * g..((kh + 1) * g).min(nh) {
+                    let s = dot::<F32>(qi.add(h * hd), kf, hd);
+                    *scores.get_unchecked_mut(h * n + jj) = s * p.scale;
+                }
+            }
+        } else {
+            for kh in 0..p.nkv {
+                for h in kh * g..((kh + 1) * g).min(nh) {
+                    let s = dot::<K>(qi.add(h * hd), kr.add(kh * rb), hd);
+                    *scores.get_unchecked_mut(h * n + jj) = s * p.scale;
+                }
+            }
         }
     }
     for (h, (m, l)) in ms.iter_mut().zip(ls.iter_mut()).enumerate() {
@@ -175,6 +196,19 @@ unsafe fn add_values<V: Load16>(
 #[inline]
 fn lanes(n: usize) -> __mmask16 {
     ((1u32 << n) - 1) as __mmask16
+}
+
+/// The `nkv` head rows of `hd` values at `row` (stored as `K`) into `out` as f32.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+#[inline]
+unsafe fn to_f32<K: Load16>(row: *const u8, nkv: usize, hd: usize, out: *mut f32) {
+    let rb = K::row_bytes(hd);
+    for kh in 0..nkv {
+        for d in (0..hd).step_by(16) {
+            let m = lanes((hd - d).min(16));
+            _mm512_mask_storeu_ps(out.add(kh * hd + d), m, K::load(row.add(kh * rb), d, m));
+        }
+    }
 }
 
 /// `a · b` over `n` values, `b` a head row stored as `K`.

@@ -97,6 +97,23 @@ pub fn rope_ref(
     }
 }
 
+/// The `cos`/`sin` tables `[s, rot/2]` of rows at `positions` (`s` = their count) from `freqs`
+/// ([`RopeFreqs::Theta`] or [`RopeFreqs::InvFreq`]): the values the rotations would form
+/// themselves, bit for bit, so that a step forms them once for all its layers. Tables given as
+/// `freqs` are copied.
+pub fn tables(positions: &[i32], rot: usize, freqs: RopeFreqs, cos: &mut [f32], sin: &mut [f32]) {
+    let half = rot / 2;
+    if half == 0 {
+        return;
+    }
+    let rows = cos.chunks_exact_mut(half).zip(sin.chunks_exact_mut(half));
+    for (t, ((cr, sr), &pos)) in rows.zip(positions).enumerate() {
+        for (i, (c, s)) in cr.iter_mut().zip(sr.iter_mut()).enumerate() {
+            (*c, *s) = cos_sin(&freqs, rot, t, pos, i);
+        }
+    }
+}
+
 /// Fast rotary embedding (same contract as [`rope_ref`]).
 pub fn rope(
     th: &Threads,
@@ -160,6 +177,31 @@ pub fn rope(
 mod tests {
     use super::*;
     use crate::testutil::{nmse, vals};
+
+    #[test]
+    fn rotation_over_tables_equals_rotation_over_angles_bit_for_bit() {
+        let th = Threads::new(2).unwrap();
+        for (s, heads, hd, rot) in [(1usize, 3usize, 64usize, 64usize), (5, 2, 10, 6), (33, 4, 128, 96)] {
+            let pos: Vec<i32> = (0..s as i32).map(|t| 7 * t + 3).collect();
+            let inv = vals(rot / 2, 9, 0.001, 1.0);
+            for f in [RopeFreqs::Theta(500000.0), RopeFreqs::InvFreq(&inv)] {
+                let (mut cos, mut sin) = (vec![0f32; s * rot / 2], vec![0f32; s * rot / 2]);
+                tables(&pos, rot, f, &mut cos, &mut sin);
+                let t = RopeFreqs::CosSin {
+                    cos: &cos,
+                    sin: &sin,
+                };
+                let sh = RopeShape { s, heads, hd, rot };
+                for style in [RopeStyle::Neox, RopeStyle::Interleaved] {
+                    let x = vals(s * heads * hd, 1, -1.0, 1.0);
+                    let (mut a, mut b) = (x.clone(), x.clone());
+                    rope(&th, &mut a, &pos, &sh, style, f);
+                    rope(&th, &mut b, &pos, &sh, style, t);
+                    assert_eq!(a, b, "{s} {heads} {hd} {rot} {style:?} {f:?}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn fast_matches_reference_on_awkward_sizes() {

@@ -344,7 +344,11 @@ impl Paths {
         };
         Paths {
             decode_graphs,
-            rope_tables: first_has("RotaryTables"),
+            // formed once per step on any device that forms them
+            rope_tables: exec
+                .devices()
+                .first()
+                .is_some_and(|d| d.ops().contains_key("RotaryTables")),
             batch_decode,
             prefill_chunk: super::step_rows::default_chunk(exec, rope),
         }

@@ -1,6 +1,7 @@
 //! The `RotaryEmbedding` operator on the CPU: validates the in-place `input [s, heads, hd]`,
 //! `positions`, and the frequency source (`cos`+`sin` tables, `inv_freq`, or `theta`), then calls
-//! `fastllm_cpu::rope`. Must not hold kernel arithmetic.
+//! `fastllm_cpu::rope`; and `RotaryTables`, the `cos`/`sin` tables a step forms once for all its
+//! layers' rotations. Must not hold kernel arithmetic.
 
 use super::args::{
     check_dtype, check_tensor, check_vec, dtype_in, f32s, f32s_mut, i32s, need, non_neg,
@@ -17,6 +18,71 @@ const OP: &str = "RotaryEmbedding";
 /// Registers this family's operators.
 pub fn register(ops: &mut OpRegistry, ctx: &Arc<CpuContext>) {
     ops.insert(OP, Box::new(Rotary(ctx.clone())));
+    ops.insert(TABLES, Box::new(RotaryTables));
+}
+
+const TABLES: &str = "RotaryTables";
+
+/// `RotaryTables`: `cos`, `sin` [s, rot/2] (F32) of `positions` (I32 [s]) with `inv_freq`
+/// [rot/2] or `theta`: the angles a step's rotations share, formed once.
+struct RotaryTables;
+
+impl RotaryTables {
+    /// (s, rot) after validating the arguments.
+    fn shape(d: &DataDict, f: &FloatDict, i: &IntDict) -> Result<(usize, usize)> {
+        let p = d.require(TABLES, "positions")?;
+        check_tensor(TABLES, "positions", p)?;
+        check_dtype(TABLES, "positions", p, I32)?;
+        let rot = non_neg(TABLES, "rotary_dim", i.get_or("rotary_dim", 0))?;
+        if rot == 0 || !rot.is_multiple_of(2) {
+            return Err(Error::op(
+                TABLES,
+                format!("rotary_dim {rot} must be even and positive"),
+            ));
+        }
+        check_vec(TABLES, "inv_freq", d.get("inv_freq"), rot / 2)?;
+        let theta = f.get_or("theta", 10000.0);
+        if d.get("inv_freq").is_none() && !(theta.is_finite() && theta > 0.0) {
+            return Err(Error::op(
+                TABLES,
+                format!("parameter 'theta' must be positive, got {theta}"),
+            ));
+        }
+        Ok((p.count(), rot))
+    }
+}
+
+impl Operator for RotaryTables {
+    fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
+        dtype_in(d, "positions", &[I32]) && dtype_in(d, "inv_freq", &[F32])
+    }
+    fn reshape(&self, d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<()> {
+        let (s, rot) = Self::shape(d, f, i)?;
+        for name in ["cos", "sin"] {
+            d.require_mut(TABLES, name)?.resize(F32, &[s, rot / 2])?;
+        }
+        Ok(())
+    }
+    fn run(&self, d: &mut DataDict, f: &FloatDict, i: &IntDict) -> Result<()> {
+        let (s, rot) = Self::shape(d, f, i)?;
+        let (mut cos, mut sin) = (vec![0f32; s * rot / 2], vec![0f32; s * rot / 2]);
+        {
+            let positions = i32s(TABLES, "positions", d.require(TABLES, "positions")?)?;
+            let freqs = match d.get("inv_freq") {
+                Some(v) => RopeFreqs::InvFreq(f32s(TABLES, "inv_freq", v)?),
+                None => RopeFreqs::Theta(f.get_or("theta", 10000.0)),
+            };
+            k::tables(positions, rot, freqs, &mut cos, &mut sin);
+        }
+        for (name, v) in [("cos", cos), ("sin", sin)] {
+            let out = f32s_mut(TABLES, name, d.require_mut(TABLES, name)?)?;
+            match out.get_mut(..v.len()) {
+                Some(o) => o.copy_from_slice(&v),
+                None => return Err(Error::op(TABLES, format!("'{name}' was not sized"))),
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Validates every argument; returns the shape and style.

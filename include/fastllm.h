@@ -172,7 +172,7 @@ typedef struct FastllmModelParams {
    */
   int32_t cuda_graphs;
   /*
-   -1 = unset; 0 = every op in its plain form on the GPU; 1 = fused forms (the default).
+   -1 = unset; 0 = every op in its plain form; 1 = fused forms (the default).
    */
   int32_t fused_ops;
   /*

@@ -22,6 +22,10 @@ impl Slot<'_> {
     }
 }
 
+/// The inputs and the outputs [`DataDict::io_many`] borrows.
+pub type IoMany<'d, const N: usize, const M: usize> =
+    ([Option<&'d Data>; N], [Option<&'d mut Data>; M]);
+
 /// Named tensor arguments of one op call (`input`, `weight`, `bias`, `output`, `input0`, ...).
 #[derive(Default)]
 pub struct DataDict<'a> {
@@ -118,6 +122,31 @@ impl<'a> DataDict<'a> {
             }
         }
         let o = o.ok_or_else(|| Error::op(op, format!("missing output '{out}'")))?;
+        Ok((got, o))
+    }
+
+    /// Read-only inputs `ins` and mutable arguments `outs` (each `None` when absent), borrowed
+    /// at once: for ops with several outputs. `Err` when one of `outs` is passed read-only.
+    pub fn io_many<const N: usize, const M: usize>(
+        &mut self,
+        op: &str,
+        ins: [&str; N],
+        outs: [&str; M],
+    ) -> Result<IoMany<'_, N, M>> {
+        let mut got: [Option<&Data>; N] = [None; N];
+        let mut o: [Option<&mut Data>; M] = std::array::from_fn(|_| None);
+        for (name, slot) in self.items.iter_mut() {
+            if let Some(i) = outs.iter().position(|n| n == name) {
+                match slot {
+                    Slot::Mut(d) => o[i] = Some(&mut **d),
+                    Slot::Ref(_) => {
+                        return Err(Error::op(op, format!("'{name}' must be passed mutably")))
+                    }
+                }
+            } else if let Some(i) = ins.iter().position(|n| n == name) {
+                got[i] = Some(slot.get());
+            }
+        }
         Ok((got, o))
     }
 

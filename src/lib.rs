@@ -27,6 +27,7 @@ pub mod options;
 pub mod parallel;
 pub mod progress;
 pub mod step;
+pub mod step_passes;
 pub mod tokenizer;
 
 pub use data::{Data, DataType, DeviceKind};

@@ -67,7 +67,7 @@ impl WeightSource for FlmFile {
 pub fn executor_for(device: &str, threads: usize, opts: &RuntimeOptions) -> Result<Executor> {
     crate::options::apply_simd_cap(opts.simd)?;
     match device {
-        "cpu" | "" => Executor::cpu(threads),
+        "cpu" | "" => Executor::cpu_with(threads, opts.fused_ops),
         d if d == "cuda" || d.starts_with("cuda:") => cuda_executor(d, threads, opts),
         d => Err(Error::invalid(format!(
             "device '{d}' (expected cpu, cuda or cuda:N)"

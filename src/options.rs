@@ -16,12 +16,12 @@ pub struct RuntimeOptions {
     /// and replayed as a graph. Off, every step runs op by op (for debugging a kernel or
     /// profiling per op). Default on. Env `FASTLLM_DECODE_GRAPHS`.
     pub cuda_graphs: bool,
-    /// A GPU device's passes over each step (`crate::step`): q/k/v and gate/up in one
-    /// multi-weight `Linear`, `SiluMul`, q and k rotated in one call, the residual add inside the
-    /// projection, producers (norm, SiLU·mul, attention) leaving the int8 / f16 input of the next
-    /// `Linear`. They preserve the arithmetic: the logits are the same bits either way. Off, every
-    /// op of a step runs in its plain form (for debugging a fused kernel). Default on. Env
-    /// `FASTLLM_FUSED_OPS`.
+    /// A device's passes over each step (`crate::step`): on both devices q/k/v and gate/up in
+    /// one multi-weight `Linear` and `SiluMul`; on a GPU also q and k rotated in one call, the
+    /// residual add inside the projection, producers (norm, SiLU·mul, attention) leaving the
+    /// int8 / f16 input of the next `Linear`. They preserve the arithmetic: the logits are the
+    /// same bits either way. Off, every op of a step runs in its plain form (for debugging a fused
+    /// kernel). Default on. Env `FASTLLM_FUSED_OPS`.
     pub fused_ops: bool,
     /// On a GPU, every row's result is independent of how many rows run with it: a sequence's
     /// logits are the same bits alone and in any batch (the same product kernel and k split for

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 /// Top-level modules of `src/` from the bottom layer up (`docs/architecture.md`).
 const LAYERS: &[&[&str]] = &[
     &["data", "interleave", "error", "options", "progress"],
-    &["dict", "device", "parallel", "step"],
+    &["dict", "device", "parallel", "step", "step_passes"],
     &["executor"],
     &["devices"],
     &["ops", "tokenizer"],

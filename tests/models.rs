@@ -318,3 +318,73 @@ fn every_convert_dtype_runs_and_stays_close() {
         }
     }
 }
+
+/// Logits (a prompt's, then two decode steps') and the `Linear` calls of a step, with the CPU's
+/// step passes on or off.
+fn cpu_run(path: &std::path::Path, fused_ops: bool) -> (Vec<f32>, u64) {
+    let llm = load(
+        path,
+        &LoadOptions {
+            threads: 2,
+            precision: Precision::Fast,
+            runtime: fastllm::options::RuntimeOptions {
+                fused_ops,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("load: {e}"));
+    let tokens = [1u32, 5, 9, 14, 3, 7];
+    let mut cache = llm.model.new_cache(16).unwrap();
+    let prof = llm.model.executor().profiler();
+    prof.set_enabled(true);
+    let mut logits = llm
+        .model
+        .forward(&mut cache, &tokens, true)
+        .unwrap()
+        .to_f32_vec()
+        .unwrap();
+    let linears = prof
+        .rows()
+        .iter()
+        .find(|r| r.0 == "Linear")
+        .map_or(0, |r| r.1);
+    prof.set_enabled(false);
+    for t in [4u32, 11] {
+        let l = llm.model.forward(&mut cache, &[t], false).unwrap();
+        logits.extend(l.to_f32_vec().unwrap());
+    }
+    (logits, linears)
+}
+
+/// The CPU's step passes (q/k/v and gate/up as one multi-weight `Linear`, `SiluMul`) give the
+/// plain step's logits bit for bit, over int8-path weights (Q4_0, Q8_0, the Q4_K_M mix) and
+/// f16 ones, and do merge the calls (fewer `Linear` calls per step).
+#[test]
+fn cpu_fused_steps_equal_plain_steps_bit_for_bit() {
+    for arch in ["llama", "qwen2", "qwen3", "gemma3", "mixtral"] {
+        for dtype in ["q4_0", "q8_0", "q4_k_m", "f16"] {
+            let out = tmp(&format!("fused-{arch}-{dtype}.flm"));
+            let opts = ConvertOptions {
+                dtype: TargetDtype::parse(dtype).unwrap(),
+            };
+            let dir = fixtures().join("tiny").join(arch);
+            convert(&dir, &out, &opts, &mut |_| {}).unwrap_or_else(|e| panic!("{arch}: {e}"));
+            let (fused, n_fused) = cpu_run(&out, true);
+            let (plain, n_plain) = cpu_run(&out, false);
+            assert!(
+                fused
+                    .iter()
+                    .zip(&plain)
+                    .all(|(a, b)| a.to_bits() == b.to_bits())
+                    && fused.len() == plain.len(),
+                "{arch} {dtype}: fused logits differ from the plain step's"
+            );
+            assert!(
+                n_fused < n_plain,
+                "{arch} {dtype}: {n_fused} Linear calls fused vs {n_plain} plain"
+            );
+        }
+    }
+}

@@ -1,7 +1,8 @@
 //! Activations and softmax: SiLU, GELU (tanh and erf forms), the gated forms SwiGLU and GeGLU
 //! (`act(x[..d]) · x[d..]`), GPT-OSS's clamped SwiGLU over separate gate and up inputs
-//! ([`clamped_swiglu`]), soft-capping (`cap·tanh(x/cap)`) and a max-subtracted softmax over
-//! rows. References compute each value in f64; fast paths are AVX2 (vector `exp`/`tanh`/`erf`)
+//! ([`clamped_swiglu`]), SiLU times a separate up input ([`silu_mul`]), soft-capping
+//! (`cap·tanh(x/cap)`) and a max-subtracted softmax over rows. References compute each value in
+//! f64; fast paths are AVX2 (vector `exp`/`tanh`/`erf`; SiLU on AVX-512 where the CPU has it)
 //! and split large inputs over the thread pool.
 //!
 //! Slices of different lengths are treated as their common prefix; this module never panics on
@@ -15,6 +16,9 @@ use crate::vecmath as vm;
 const GELU_K: f64 = 0.797_884_560_802_865_4;
 /// Chunk of a flat array handed to one task.
 const FLAT_CHUNK: usize = 4096;
+/// Chunk of [`silu_mul`] (a decode step's MLP width splits over the threads: an exp and a
+/// divide per value cost more than a task's hand-off from 2048 values on).
+const MAP_CHUNK: usize = 1024;
 
 /// A pointwise activation.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -74,6 +78,11 @@ pub fn act_map_ref(act: Act, x: &[f32], out: &mut [f32]) {
 fn act_map_inline(act: Act, x: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
+        if act == Act::Silu && crate::simd::has_avx512() {
+            // SAFETY: AVX-512 checked at run time.
+            unsafe { avx512_silu(x, out) };
+            return;
+        }
         if crate::simd::has_avx2_fma() {
             // SAFETY: AVX2/FMA checked at run time.
             let done = unsafe { avx2_map(act, x, out) };
@@ -167,6 +176,30 @@ pub fn clamped_swiglu(th: &Threads, gate: &[f32], up: &[f32], out: &mut [f32], c
     });
 }
 
+/// Reference `out[i] = silu(gate[i]) · up[i]` over the common length: the SiLU in f64, rounded,
+/// then the f32 product (what [`act_map_ref`] followed by a product gives).
+pub fn silu_mul_ref(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = act_ref(Act::Silu, g) * u;
+    }
+}
+
+/// Fast [`silu_mul_ref`]: the values [`act_map`] then an f32 product give, bit for bit, in one
+/// pass; large inputs split over the pool.
+pub fn silu_mul(th: &Threads, gate: &[f32], up: &[f32], out: &mut [f32]) {
+    let n = out.len().min(gate.len()).min(up.len());
+    let out = &mut out[..n];
+    let rl = MAP_CHUNK.min(n.max(1));
+    th.for_row_chunks(out, rl, 1, |r0, oc| {
+        let start = r0 * rl;
+        let (g, u) = (&gate[start..start + oc.len()], &up[start..start + oc.len()]);
+        act_map_inline(Act::Silu, g, oc);
+        for (o, &u) in oc.iter_mut().zip(u) {
+            *o *= u;
+        }
+    });
+}
+
 /// Reference softmax over rows of `n` (max-subtracted, f64 sums).
 pub fn softmax_ref(x: &[f32], out: &mut [f32], n: usize) {
     if n == 0 {
@@ -234,6 +267,29 @@ unsafe fn avx2_map(act: Act, x: &[f32], out: &mut [f32]) -> usize {
     i
 }
 
+/// `out[i] = x[i]·σ(x[i])` on 16 lanes (the AVX2 path's arithmetic: `x / (1 + exp(-x))`
+/// with the same `exp` scheme), the tail masked.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn avx512_silu(x: &[f32], out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let n = x.len().min(out.len());
+    let one = _mm512_set1_ps(1.0);
+    let mut i = 0;
+    while i < n {
+        let m = if n - i >= 16 {
+            0xFFFF
+        } else {
+            ((1u32 << (n - i)) - 1) as __mmask16
+        };
+        let a = _mm512_maskz_loadu_ps(m, x.as_ptr().add(i));
+        let e = crate::vecmath::avx512::exp(_mm512_sub_ps(_mm512_setzero_ps(), a));
+        let y = _mm512_div_ps(a, _mm512_add_ps(one, e));
+        _mm512_mask_storeu_ps(out.as_mut_ptr().add(i), m, y);
+        i += 16;
+    }
+}
+
 /// [`erf_fast`] on 8 lanes.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
@@ -257,6 +313,27 @@ unsafe fn erf_avx2(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn silu_mul_equals_silu_then_product_bit_for_bit() {
+        let th = Threads::new(2).unwrap();
+        for n in [0usize, 1, 7, 8, 9, 4864, 8192 + 13] {
+            let g = crate::testutil::vals(n, 3, -12.0, 12.0);
+            let u = crate::testutil::vals(n, 4, -2.0, 2.0);
+            let mut want = vec![0f32; n];
+            act_map(&th, Act::Silu, &g, &mut want);
+            want.iter_mut().zip(&u).for_each(|(w, &u)| *w *= u);
+            let mut got = vec![f32::NAN; n];
+            silu_mul(&th, &g, &u, &mut got);
+            assert_eq!(got, want, "n = {n}");
+            let mut r = vec![0f32; n];
+            act_map_ref(Act::Silu, &g, &mut r);
+            r.iter_mut().zip(&u).for_each(|(w, &u)| *w *= u);
+            let mut got = vec![f32::NAN; n];
+            silu_mul_ref(&g, &u, &mut got);
+            assert_eq!(got, r, "reference, n = {n}");
+        }
+    }
     use crate::testutil::{nmse, vals};
 
     const ACTS: [Act; 5] = [

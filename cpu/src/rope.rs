@@ -181,7 +181,11 @@ mod tests {
     #[test]
     fn rotation_over_tables_equals_rotation_over_angles_bit_for_bit() {
         let th = Threads::new(2).unwrap();
-        for (s, heads, hd, rot) in [(1usize, 3usize, 64usize, 64usize), (5, 2, 10, 6), (33, 4, 128, 96)] {
+        for (s, heads, hd, rot) in [
+            (1usize, 3usize, 64usize, 64usize),
+            (5, 2, 10, 6),
+            (33, 4, 128, 96),
+        ] {
             let pos: Vec<i32> = (0..s as i32).map(|t| 7 * t + 3).collect();
             let inv = vals(rot / 2, 9, 0.001, 1.0);
             for f in [RopeFreqs::Theta(500000.0), RopeFreqs::InvFreq(&inv)] {

@@ -34,7 +34,7 @@ pub struct FastllmModelParams {
     /// -1 = unset; 0 = one-token decode steps run op by op; 1 = they are recorded once and
     /// replayed as CUDA graphs (the default).
     pub cuda_graphs: i32,
-    /// -1 = unset; 0 = every op in its plain form on the GPU; 1 = fused forms (the default).
+    /// -1 = unset; 0 = every op in its plain form; 1 = fused forms (the default).
     pub fused_ops: i32,
     /// -1 = unset; 0 = no cap; N > 0 = refuse weights over N MiB on any one GPU.
     pub gpu_memory_cap_mb: i64,

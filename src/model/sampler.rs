@@ -305,7 +305,7 @@ pub fn checked_argmax(v: &[f32]) -> Option<u32> {
         m = if x > m { x } else { m };
     }
     for &x in tail {
-        if !(x < f32::INFINITY) {
+        if x.is_nan() || x == f32::INFINITY {
             return None;
         }
         m = if x > m { x } else { m };

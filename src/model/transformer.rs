@@ -1250,7 +1250,7 @@ fn host_argmax_rows(logits: &Data, vocab: usize) -> Result<Vec<u32>> {
             &copy
         }
     };
-    if vocab == 0 || v.len() % vocab != 0 {
+    if vocab == 0 || !v.len().is_multiple_of(vocab) {
         return Err(bad(format!(
             "logits of {} values are not rows of {vocab}",
             v.len()

@@ -83,7 +83,7 @@ class Model:
     kv_dtype: KV cache dtype "f16", "q8_0" or "f32"; None = the device's default
     (f16 in fast precision, else f32). A dtype the device does not store raises, naming it.
     Run-time switches (None: the FASTLLM_* environment variable, else the default; see
-    docs/tuning.md): cuda_graphs (replay recorded decode steps on a GPU), fused_ops (fused GPU
+    docs/tuning.md): cuda_graphs (replay recorded decode steps on a GPU), fused_ops (fused
     op forms), batch_invariant (on a GPU, each sequence's results independent of its batch;
     slower), gpu_memory_cap_mb (0 = no cap), simd ("portable", "avx2" or "avx512": the
     highest level of the CPU kernels), cache_dir.

@@ -202,41 +202,101 @@ pub(super) fn run_groups(
     kern: impl Fn(&[u8], usize, usize, &mut [[f32; GROUP_ROWS]; MAX_ROWS]) + Sync,
     out: &mut [f32],
 ) {
-    let (rows, n) = (a.rows, a.n);
-    if rows == 0 || n == 0 {
+    if a.rows == 0 || a.n == 0 {
         return;
     }
     let op = OutPtr(out.as_mut_ptr());
-    let gbytes = GROUP_ROWS * rb;
     let body = |groups: std::ops::Range<usize>| {
-        let op = op.get();
         for g in groups {
-            let w = &a.w[g * gbytes..(g + 1) * gbytes];
-            let mut r0 = 0;
-            while r0 < rows {
-                let nr = (rows - r0).min(MAX_ROWS);
-                let mut o = [[0f32; GROUP_ROWS]; MAX_ROWS];
-                kern(w, r0, nr, &mut o);
-                for (t, ot) in o.iter().enumerate().take(nr) {
-                    for (c, v) in ot.iter().enumerate() {
-                        let j = g * GROUP_ROWS + c;
-                        let b = a.bias.map_or(0.0, |b| b[j]);
-                        // SAFETY: inside the validated output; no other task writes column j.
-                        unsafe { *op.add((r0 + t) * n + j) = v + b };
-                    }
-                }
-                r0 += nr;
-            }
+            group_into(a, rb, &kern, op.get(), g);
         }
     };
     match threads {
-        Some(t) => {
-            let min_groups = MIN_TASK_WORK
-                .div_ceil(a.k.max(1) * rows * GROUP_ROWS)
-                .max(1);
-            t.for_rows(n / GROUP_ROWS, min_groups, body);
+        Some(t) => t.for_rows(a.n / GROUP_ROWS, min_groups(a), body),
+        None => body(0..a.n / GROUP_ROWS),
+    }
+}
+
+/// Fewest interleaved groups per task of a call like `a`.
+fn min_groups(a: &LinearArgs) -> usize {
+    MIN_TASK_WORK
+        .div_ceil(a.k.max(1) * a.rows * GROUP_ROWS)
+        .max(1)
+}
+
+/// Group `g` of `a` (16 weight rows) against every activation row, plus the bias, into `op`.
+fn group_into(
+    a: &LinearArgs,
+    rb: usize,
+    kern: &impl Fn(&[u8], usize, usize, &mut [[f32; GROUP_ROWS]; MAX_ROWS]),
+    op: *mut f32,
+    g: usize,
+) {
+    let (rows, n) = (a.rows, a.n);
+    let gbytes = GROUP_ROWS * rb;
+    let w = &a.w[g * gbytes..(g + 1) * gbytes];
+    let mut r0 = 0;
+    while r0 < rows {
+        let nr = (rows - r0).min(MAX_ROWS);
+        let mut o = [[0f32; GROUP_ROWS]; MAX_ROWS];
+        kern(w, r0, nr, &mut o);
+        for (t, ot) in o.iter().enumerate().take(nr) {
+            for (c, v) in ot.iter().enumerate() {
+                let j = g * GROUP_ROWS + c;
+                let b = a.bias.map_or(0.0, |b| b[j]);
+                // SAFETY: inside the validated output; no other task writes column j.
+                unsafe { *op.add((r0 + t) * n + j) = v + b };
+            }
         }
-        None => body(0..n / GROUP_ROWS),
+        r0 += nr;
+    }
+}
+
+/// One weight of [`run_interleaved_many`]: its arguments (sizes validated, `a.n` a multiple of
+/// [`GROUP_ROWS`]), weight row bytes and output.
+pub(super) struct GroupPart<'a> {
+    /// The weight's arguments.
+    pub a: LinearArgs<'a>,
+    /// Weight row bytes.
+    pub rb: usize,
+    /// Its output, `a.rows * a.n` values.
+    pub out: &'a mut [f32],
+}
+
+/// [`run_interleaved`] over several weights of one input, as one job: the groups of all
+/// weights are handed out together, each computed as the weight's own call would.
+pub(super) fn run_interleaved_many(
+    threads: Option<&Threads>,
+    parts: &mut [GroupPart],
+    f: InterleavedFn,
+    q: &Q8Rows,
+) {
+    // SAFETY: sizes validated by the caller; kernel picked for this CPU.
+    let kern = |w: &[u8], r0, nr, o: &mut _| unsafe { f(w, q, r0, nr, o) };
+    let mut starts = Vec::with_capacity(parts.len() + 1);
+    starts.push(0);
+    for p in parts.iter() {
+        let last = starts.last().copied().unwrap_or(0);
+        starts.push(last + if p.a.rows == 0 { 0 } else { p.a.n / GROUP_ROWS });
+    }
+    let total = starts.last().copied().unwrap_or(0);
+    let outs: Vec<OutPtr> = parts
+        .iter_mut()
+        .map(|p| OutPtr(p.out.as_mut_ptr()))
+        .collect();
+    let body = |groups: std::ops::Range<usize>| {
+        let mut w = 0;
+        for g in groups {
+            while starts[w + 1] <= g {
+                w += 1;
+            }
+            let p = &parts[w];
+            group_into(&p.a, p.rb, &kern, outs[w].get(), g - starts[w]);
+        }
+    };
+    match (threads, parts.first()) {
+        (Some(t), Some(p)) => t.for_rows(total, min_groups(&p.a), body),
+        _ => body(0..total),
     }
 }
 

@@ -570,19 +570,8 @@ pub fn linear_interleaved(
     a: &LinearArgs,
     out: &mut [f32],
 ) -> Result<(), String> {
-    let rb = a.validate(out)?;
-    let float = interleaved_float::is_float(a.wtype);
-    let kq = interleaved_kquant::is_kquant(a.wtype);
-    if !(a.wtype.is_block() || float || kq) || !a.n.is_multiple_of(interleaved::GROUP_ROWS) {
-        return Err(format!(
-            "interleaved weights are Q4_0/Q4_1/Q8_0/K-quants/F16/BF16 with rows a multiple of {}, got {} x {} {}",
-            interleaved::GROUP_ROWS,
-            a.n,
-            a.k,
-            a.wtype.name()
-        ));
-    }
-    if float {
+    let rb = validate_interleaved(a, out)?;
+    if interleaved_float::is_float(a.wtype) {
         let f = threads
             .and_then(|_| interleaved_float::pick(a.wtype))
             .or_else(|| interleaved_float::pick_ref(a.wtype))
@@ -601,6 +590,35 @@ pub fn linear_interleaved(
             None => linear_ref(&b, out),
         };
     }
+    with_quantized_input(threads, a, |f, q| {
+        gemm::run_interleaved(threads, a, rb, f, q, out)
+    })
+}
+
+/// Checks an interleaved call `a` against `out`; returns the weight row size in bytes.
+fn validate_interleaved(a: &LinearArgs, out: &[f32]) -> Result<usize, String> {
+    let rb = a.validate(out)?;
+    let float = interleaved_float::is_float(a.wtype);
+    let kq = interleaved_kquant::is_kquant(a.wtype);
+    if !(a.wtype.is_block() || float || kq) || !a.n.is_multiple_of(interleaved::GROUP_ROWS) {
+        return Err(format!(
+            "interleaved weights are Q4_0/Q4_1/Q8_0/K-quants/F16/BF16 with rows a multiple of {}, got {} x {} {}",
+            interleaved::GROUP_ROWS,
+            a.n,
+            a.k,
+            a.wtype.name()
+        ));
+    }
+    Ok(rb)
+}
+
+/// Calls `run` with the integer group kernel for `a`'s weights and `a`'s input quantized to
+/// Q8_0 rows (SIMD kernels with `threads`, the scalar references without).
+fn with_quantized_input(
+    threads: Option<&Threads>,
+    a: &LinearArgs,
+    run: impl FnOnce(interleaved::InterleavedFn, &act_quant::Q8Rows),
+) -> Result<(), String> {
     let simd = threads.and_then(|_| interleaved::pick(a.wtype));
     let f = simd
         .or_else(|| interleaved::pick_ref(a.wtype))
@@ -617,8 +635,48 @@ pub fn linear_interleaved(
         if matches!(a.wtype, WeightType::Q6K | WeightType::Q2K | WeightType::Q3K) {
             q.prepare_sum16();
         }
-        gemm::run_interleaved(threads, a, rb, f, &q, out);
+        run(f, &q);
         Ok(())
+    })
+}
+
+/// Several interleaved calls, each computed as [`linear_interleaved`] computes it. When they
+/// share one input (the same `x`, rows, `k`, weight type and `quant_act`, with integer group
+/// kernels: q/k/v or gate/up), the input is quantized once and the groups of all weights are
+/// one job on the pool; other calls run one after the other.
+pub fn linear_interleaved_many(
+    threads: Option<&Threads>,
+    calls: &mut [LinearCall],
+) -> Result<(), String> {
+    let Some(a) = calls.first().map(|c| c.args) else {
+        return Ok(());
+    };
+    let shared = calls.iter().all(|c| {
+        let b = &c.args;
+        std::ptr::eq(b.x, a.x)
+            && (b.rows, b.k, b.wtype, b.quant_act) == (a.rows, a.k, a.wtype, a.quant_act)
+    });
+    if calls.len() < 2 || !shared || !a.quant_act || interleaved_float::is_float(a.wtype) {
+        for c in calls.iter_mut() {
+            linear_interleaved(threads, &c.args, c.out)?;
+        }
+        return Ok(());
+    }
+    let mut rbs = Vec::with_capacity(calls.len());
+    for (i, c) in calls.iter().enumerate() {
+        rbs.push(validate_interleaved(&c.args, c.out).map_err(|e| format!("call {i}: {e}"))?);
+    }
+    with_quantized_input(threads, &a, |f, q| {
+        let mut parts: Vec<gemm::GroupPart> = calls
+            .iter_mut()
+            .zip(rbs)
+            .map(|(c, rb)| gemm::GroupPart {
+                a: c.args,
+                rb,
+                out: &mut *c.out,
+            })
+            .collect();
+        gemm::run_interleaved_many(threads, &mut parts, f, q);
     })
 }
 

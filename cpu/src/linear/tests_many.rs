@@ -134,3 +134,110 @@ fn a_bad_call_is_named() {
     let e = linear_many(None, &mut calls).unwrap_err();
     assert!(e.starts_with("call 1:") && e.contains("output"), "{e}");
 }
+
+/// [`linear_interleaved_many`]: weights of one input (q/k/v, gate/up) as one job give each
+/// weight's [`linear_interleaved`] result bit for bit, for every interleaved dtype, with one
+/// and several activation rows, weight row counts of 1 to 5 groups; calls that do not share
+/// their input (or are float weights, or without `quant_act`) run one by one, also exactly.
+#[test]
+fn interleaved_weights_of_one_input_in_one_job_equal_each_alone() {
+    let pools: Vec<Threads> = [1, 2, 3]
+        .iter()
+        .map(|&n| Threads::new(n).unwrap_or_else(|e| panic!("{e}")))
+        .collect();
+    let kinds = [
+        WeightType::Q4_0,
+        WeightType::Q4_1,
+        WeightType::Q8_0,
+        WeightType::Q4K,
+        WeightType::Q5K,
+        WeightType::Q6K,
+        WeightType::Q2K,
+        WeightType::Q3K,
+        WeightType::F16,
+    ];
+    let ns = [80usize, 16, 48];
+    for t in kinds {
+        let k = if t.is_kquant() { 512 } else { 96 };
+        let ws: Vec<Vec<u8>> = (ns.iter().enumerate())
+            .map(|(i, &n)| {
+                let plain = weight(t, n, k, 31 + i as u64);
+                let mut w = vec![0u8; plain.len()];
+                interleaved::interleave(t, &plain, n, k, &mut w).unwrap_or_else(|e| panic!("{e}"));
+                w
+            })
+            .collect();
+        let bias = vals(80, 5, -0.5, 0.5);
+        for (rows, quant_act) in [(1usize, true), (5, true), (1, false)] {
+            let xs = [vals(rows * k, 9, -2.0, 2.0), vals(rows * k, 10, -2.0, 2.0)];
+            for shared in [true, false] {
+                let args: Vec<LinearArgs> = (ns.iter().enumerate())
+                    .map(|(i, &n)| LinearArgs {
+                        x: &xs[if shared { 0 } else { i % 2 }],
+                        rows,
+                        k,
+                        w: &ws[i],
+                        wtype: t,
+                        n,
+                        bias: (i != 1).then_some(&bias[..n]),
+                        quant_act,
+                    })
+                    .collect();
+                let what = format!(
+                    "{} rows={rows} quant_act={quant_act} shared={shared}",
+                    t.name()
+                );
+                for th in pools.iter().map(Some).chain([None]) {
+                    let alone: Vec<Vec<f32>> = (args.iter())
+                        .map(|a| {
+                            let mut o = vec![0f32; a.rows * a.n];
+                            linear_interleaved(th, a, &mut o)
+                                .unwrap_or_else(|e| panic!("{what}: {e}"));
+                            o
+                        })
+                        .collect();
+                    let mut outs: Vec<Vec<f32>> =
+                        args.iter().map(|a| vec![f32::NAN; a.rows * a.n]).collect();
+                    let mut calls: Vec<LinearCall> = (args.iter().zip(outs.iter_mut()))
+                        .map(|(a, o)| LinearCall { args: *a, out: o })
+                        .collect();
+                    linear_interleaved_many(th, &mut calls)
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    assert_eq!(outs, alone, "{what}: {:?} threads", th.map(|t| t.n()));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn interleaved_many_names_a_bad_call() {
+    let plain = weight(WeightType::Q4_0, 16, 64, 1);
+    let mut w = vec![0u8; plain.len()];
+    interleaved::interleave(WeightType::Q4_0, &plain, 16, 64, &mut w)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let x = vals(64, 2, -1.0, 1.0);
+    let a = LinearArgs {
+        x: &x,
+        rows: 1,
+        k: 64,
+        w: &w,
+        wtype: WeightType::Q4_0,
+        n: 16,
+        bias: None,
+        quant_act: true,
+    };
+    let (mut o1, mut o2) = (vec![0f32; 16], vec![0f32; 15]);
+    let mut calls = [
+        LinearCall {
+            args: a,
+            out: &mut o1,
+        },
+        LinearCall {
+            args: a,
+            out: &mut o2,
+        },
+    ];
+    let e = linear_interleaved_many(None, &mut calls).unwrap_err();
+    assert!(e.starts_with("call 1:") && e.contains("output"), "{e}");
+}

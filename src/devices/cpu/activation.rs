@@ -1,5 +1,6 @@
 //! Activation operators on the CPU: `Softmax`, `Silu`, `Gelu`, `SoftCap` (same shape out) and the
-//! gated `Swiglu`, `GeluGated` (`[.., 2d]` → `[.., d]`), and `ClampedSwiglu` (GPT-OSS: gate
+//! gated `Swiglu`, `GeluGated` (`[.., 2d]` → `[.., d]`), `SiluMul` (`silu(input0) · input1`, one
+//! shape: the fused `Silu` + `MulTo` of a step's pass), and `ClampedSwiglu` (GPT-OSS: gate
 //! `input0` and up `input1` of one shape, floats `alpha` and `limit`). Validates, sizes the output and calls
 //! `fastllm_cpu::activation` (reference or fast by kernel mode). Must not hold kernel arithmetic.
 
@@ -14,6 +15,7 @@ use std::sync::Arc;
 /// Registers this family's operators.
 pub fn register(ops: &mut OpRegistry, ctx: &Arc<CpuContext>) {
     ops.insert(CLAMPED, Box::new(ClampedSwiglu(ctx.clone())));
+    ops.insert(SILU_MUL, Box::new(SiluMul(ctx.clone())));
     for kind in [
         Kind::Softmax,
         Kind::Silu,
@@ -190,6 +192,64 @@ impl Operator for ClampedSwiglu {
             k::clamped_swiglu_ref(g, u, o, c);
         } else {
             k::clamped_swiglu(&self.0.threads, g, u, o, c);
+        }
+        Ok(())
+    }
+}
+
+const SILU_MUL: &str = "SiluMul";
+
+/// `SiluMul`: `output = silu(input0) · input1` over two inputs of one shape (what `Silu` then
+/// `MulTo` compute, bit for bit). `quantize_output` must be 0: the CPU keeps no output copies.
+struct SiluMul(Arc<CpuContext>);
+
+impl SiluMul {
+    /// Validates the arguments; returns the shape.
+    fn dims(d: &DataDict, i: &IntDict) -> Result<Vec<usize>> {
+        if i.get_or("quantize_output", 0) != 0 {
+            return Err(Error::op(
+                SILU_MUL,
+                "quantize_output is not supported on the CPU (must be 0)",
+            ));
+        }
+        let g = d.require(SILU_MUL, "input0")?;
+        let u = d.require(SILU_MUL, "input1")?;
+        for (n, t) in [("input0", g), ("input1", u)] {
+            check_tensor(SILU_MUL, n, t)?;
+            f32s(SILU_MUL, n, t)?;
+        }
+        if g.dims() != u.dims() {
+            return Err(Error::op(
+                SILU_MUL,
+                format!(
+                    "gate {:?} and up {:?} must have one shape",
+                    g.dims(),
+                    u.dims()
+                ),
+            ));
+        }
+        Ok(g.dims().to_vec())
+    }
+}
+
+impl Operator for SiluMul {
+    fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
+        dtype_in(d, "input0", &[F32]) && dtype_in(d, "input1", &[F32])
+    }
+    fn reshape(&self, d: &mut DataDict, _: &FloatDict, i: &IntDict) -> Result<()> {
+        let dims = Self::dims(d, i)?;
+        d.require_mut(SILU_MUL, "output")?.resize(F32, &dims)
+    }
+    fn run(&self, d: &mut DataDict, _: &FloatDict, i: &IntDict) -> Result<()> {
+        Self::dims(d, i)?;
+        let ([g, u], out) = d.io(SILU_MUL, ["input0", "input1"], "output")?;
+        let g = f32s(SILU_MUL, "input0", need(SILU_MUL, "input0", g)?)?;
+        let u = f32s(SILU_MUL, "input1", need(SILU_MUL, "input1", u)?)?;
+        let o = f32s_mut(SILU_MUL, "output", out)?;
+        if self.0.reference() {
+            k::silu_mul_ref(g, u, o);
+        } else {
+            k::silu_mul(&self.0.threads, g, u, o);
         }
         Ok(())
     }

@@ -1,9 +1,10 @@
-//! Matrix operators on the CPU: `Linear` (F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q5_0/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K
-//! weights,
-//! plain or (all but F32 and Q5_0) interleaved 16 rows at a time (`crate::interleave`),
-//! optional bias, `quant_act`), `MatMul` and `MatMulTransB` (f32, batched). `reshape` validates shapes and
-//! dtypes and sizes the output; `run` adapts `Data` to the kernels of `fastllm_cpu::linear`
-//! (scalar references in `KernelMode::Reference`, SIMD + threads in `Fast`).
+//! Matrix operators on the CPU: `Linear` (F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q5_0/Q2_K/Q3_K/Q4_K/Q5_K/
+//! Q6_K weights, plain or (all but F32 and Q5_0) interleaved 16 rows at a time
+//! (`crate::interleave`), optional bias, `quant_act`; up to three weights of one input with
+//! `weight1`/`bias1`/`output1` and `weight2`/…, interleaved ones run as one pool job), `MatMul`
+//! and `MatMulTransB` (f32, batched). `reshape` validates shapes and dtypes and sizes the
+//! outputs; `run` adapts `Data` to the kernels of `fastllm_cpu::linear` (scalar references in
+//! `KernelMode::Reference`, SIMD + threads in `Fast`).
 //!
 //! This module must not contain arithmetic beyond batching; the kernels live in the `cpu` crate.
 
@@ -13,6 +14,7 @@ use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
 use crate::error::{Error, Result};
 use fastllm_cpu::linear::matmul::{self as mm, MatMulShape};
 use fastllm_cpu::linear::{self as k, LinearArgs, WeightType};
+use fastllm_cpu::threads::Threads;
 use std::borrow::Cow;
 use std::sync::Arc;
 
@@ -79,12 +81,34 @@ fn f32_values<'a>(op: &str, name: &str, d: &'a Data) -> Result<Cow<'a, [f32]>> {
 /// `Linear`: `output[.., n] = input[.., k] · weight[n, k]ᵀ + bias[n]`.
 struct Linear(Arc<CpuContext>);
 
+/// The (weight, bias, output) names of a `Linear` call's weights: one, or up to three over
+/// one input (the fused q/k/v or gate/up form a device's pass makes).
+const PARTS: [(&str, &str, &str); 3] = [
+    ("weight", "bias", "output"),
+    ("weight1", "bias1", "output1"),
+    ("weight2", "bias2", "output2"),
+];
+
 impl Linear {
-    /// Validates the arguments; returns (rows, k, n).
-    fn shapes(d: &DataDict) -> Result<(usize, usize, usize)> {
+    /// Validates the arguments of every weight given; returns (rows, k, n) of each.
+    fn all_shapes(d: &DataDict) -> Result<Vec<(usize, usize, usize)>> {
+        if d.contains("weight2") && !d.contains("weight1") {
+            return Err(Error::op("Linear", "'weight2' given without 'weight1'"));
+        }
+        let mut v = Vec::with_capacity(PARTS.len());
+        for p in PARTS {
+            if p.0 == "weight" || d.contains(p.0) {
+                v.push(Self::shapes(d, p)?);
+            }
+        }
+        Ok(v)
+    }
+
+    /// Validates the input and the weight and bias named in `part`; returns (rows, k, n).
+    fn shapes(d: &DataDict, (wn, bn, _): (&str, &str, &str)) -> Result<(usize, usize, usize)> {
         const OP: &str = "Linear";
         let x = d.require(OP, "input")?;
-        let w = d.require(OP, "weight")?;
+        let w = d.require(OP, wn)?;
         if x.dtype() != DataType::F32 {
             return Err(Error::op(
                 OP,
@@ -94,7 +118,7 @@ impl Linear {
         if weight_type(w.dtype()).is_none() {
             return Err(Error::op(
                 OP,
-                format!("weight dtype {} is not supported", w.dtype()),
+                format!("{wn} dtype {} is not supported", w.dtype()),
             ));
         }
         let (xd, wd) = (x.dims(), w.dims());
@@ -109,15 +133,15 @@ impl Linear {
         if kx != *kw {
             return Err(Error::op(
                 OP,
-                format!("input {xd:?} and weight {wd:?} differ in k ({kx} vs {kw})"),
+                format!("input {xd:?} and {wn} {wd:?} differ in k ({kx} vs {kw})"),
             ));
         }
-        if let Some(b) = d.get("bias") {
+        if let Some(b) = d.get(bn) {
             if b.dtype() != DataType::F32 || b.dims() != [*n] {
                 return Err(Error::op(
                     OP,
                     format!(
-                        "bias must be f32 [{n}] for weight {wd:?}, got {} {:?}",
+                        "{bn} must be f32 [{n}] for {wn} {wd:?}, got {} {:?}",
                         b.dtype(),
                         b.dims()
                     ),
@@ -130,26 +154,31 @@ impl Linear {
 
 impl Operator for Linear {
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
-        // one weight per call (the multi-weight form is the CUDA device's)
         d.dtype("input") == Some(DataType::F32)
             && d.dtype("weight").and_then(weight_type).is_some()
-            && d.dtype("bias").is_none_or(|t| t == DataType::F32)
-            && !d.contains("weight1")
+            && PARTS.iter().all(|(w, b, _)| {
+                d.dtype(w).is_none_or(|t| weight_type(t).is_some())
+                    && d.dtype(b).is_none_or(|t| t == DataType::F32)
+            })
     }
 
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, ints: &IntDict) -> Result<()> {
-        Self::shapes(d)?;
-        let ([x, w], out) = d.io("Linear", ["input", "weight"], "output")?;
-        let (Some(x), Some(w)) = (x, w) else {
-            return Err(Error::op("Linear", "missing input 'input' or 'weight'"));
-        };
-        let mut dims = x.dims().to_vec();
-        if let Some(last) = dims.last_mut() {
-            *last = w.dim(0);
+        let shapes = Self::all_shapes(d)?;
+        let accumulate = ints.get_or("accumulate", 0) != 0;
+        if accumulate && shapes.len() > 1 {
+            return Err(Error::op("Linear", "accumulate takes a single weight"));
         }
-        if ints.get_or("accumulate", 0) != 0 {
-            // the output holds the rows the product is added to
-            if out.dims() != dims.as_slice() || out.dtype() != DataType::F32 {
+        let lead = d.require("Linear", "input")?.dims().to_vec();
+        for (&(_, _, n), (_, _, on)) in shapes.iter().zip(PARTS) {
+            let mut dims = lead.clone();
+            if let Some(last) = dims.last_mut() {
+                *last = n;
+            }
+            let out = d.require_mut("Linear", on)?;
+            if !accumulate {
+                out.resize(DataType::F32, &dims)?;
+            } else if out.dims() != dims.as_slice() || out.dtype() != DataType::F32 {
+                // the output holds the rows the product is added to
                 return Err(Error::op(
                     "Linear",
                     format!(
@@ -159,56 +188,82 @@ impl Operator for Linear {
                     ),
                 ));
             }
-            return Ok(());
         }
-        out.resize(DataType::F32, &dims)
+        Ok(())
     }
 
     fn run(&self, d: &mut DataDict, _: &FloatDict, ints: &IntDict) -> Result<()> {
         const OP: &str = "Linear";
-        let (rows, kk, n) = Self::shapes(d)?;
-        let ([x, w, bias], out) = d.io(OP, ["input", "weight", "bias"], "output")?;
-        let (Some(x), Some(w)) = (x, w) else {
-            return Err(Error::op(OP, "missing input 'input' or 'weight'"));
-        };
-        let wtype =
-            weight_type(w.dtype()).ok_or_else(|| Error::op(OP, "unsupported weight dtype"))?;
+        let shapes = Self::all_shapes(d)?;
+        let names = [
+            "input", "weight", "bias", "weight1", "bias1", "weight2", "bias2",
+        ];
+        let (ins, outs) = d.io_many(OP, names, ["output", "output1", "output2"])?;
+        let x = ins[0].ok_or_else(|| Error::op(OP, "missing input 'input'"))?;
         let xv = f32_values(OP, "input", x)?;
-        let wb = w
-            .bytes()
-            .map_err(|e| Error::op(OP, format!("weight: {e}")))?;
-        let bias = match bias {
-            Some(b) => Some(
-                b.as_f32()
-                    .map_err(|e| Error::op(OP, format!("bias: {e}")))?,
-            ),
-            None => None,
-        };
-        let args = LinearArgs {
-            x: &xv,
-            rows,
-            k: kk,
-            w: wb,
-            wtype,
-            n,
-            bias,
-            quant_act: ints.get_or("quant_act", 0) != 0,
-        };
-        let o = out
-            .as_f32_mut()
-            .map_err(|e| Error::op(OP, format!("output: {e}")))?;
-        let o = o
-            .get_mut(..rows * n)
-            .ok_or_else(|| Error::op(OP, "output smaller than its dims"))?;
-        // accumulate: y += x·Wᵀ + b (the product computed apart, then added)
-        let held = (ints.get_or("accumulate", 0) != 0).then(|| o.to_vec());
+        let quant_act = ints.get_or("quant_act", 0) != 0;
+        let mut parts = Vec::with_capacity(shapes.len());
+        let mut kinds = Vec::with_capacity(shapes.len());
+        for (((rows, kk, n), o), p) in shapes.into_iter().zip(outs).zip(0..) {
+            let (w, bias) = (ins[1 + 2 * p], ins[2 + 2 * p]);
+            let (wn, bn, on) = PARTS[p];
+            let w = w.ok_or_else(|| Error::op(OP, format!("missing input '{wn}'")))?;
+            let o = o.ok_or_else(|| Error::op(OP, format!("missing output '{on}'")))?;
+            kinds.push(w.dtype().is_interleaved());
+            let args = LinearArgs {
+                x: &xv,
+                rows,
+                k: kk,
+                w: w.bytes().map_err(|e| Error::op(OP, format!("{wn}: {e}")))?,
+                wtype: weight_type(w.dtype())
+                    .ok_or_else(|| Error::op(OP, format!("unsupported {wn} dtype")))?,
+                n,
+                bias: match bias {
+                    Some(b) => Some(
+                        b.as_f32()
+                            .map_err(|e| Error::op(OP, format!("{bn}: {e}")))?,
+                    ),
+                    None => None,
+                },
+                quant_act,
+            };
+            let o = o
+                .as_f32_mut()
+                .map_err(|e| Error::op(OP, format!("{on}: {e}")))?
+                .get_mut(..rows * n)
+                .ok_or_else(|| Error::op(OP, format!("{on} smaller than its dims")))?;
+            parts.push(k::LinearCall { args, out: o });
+        }
         let threads = (!self.0.reference()).then_some(&self.0.threads);
+        if parts.len() > 1 && kinds.iter().all(|&i| i) {
+            return k::linear_interleaved_many(threads, &mut parts).map_err(|e| Error::op(OP, e));
+        }
+        let accumulate = ints.get_or("accumulate", 0) != 0;
+        for (c, interleaved) in parts.iter_mut().zip(kinds) {
+            Self::one(threads, c, interleaved, accumulate)?;
+        }
+        Ok(())
+    }
+}
+
+impl Linear {
+    /// One weight's product into its output (added to what the output holds with `accumulate`);
+    /// `interleaved` when the weight is stored interleaved.
+    fn one(
+        threads: Option<&Threads>,
+        c: &mut k::LinearCall,
+        interleaved: bool,
+        accumulate: bool,
+    ) -> Result<()> {
+        let (a, o) = (&c.args, &mut *c.out);
+        // accumulate: y += x·Wᵀ + b (the product computed apart, then added)
+        let held = accumulate.then(|| o.to_vec());
         let r = match threads {
-            _ if w.dtype().is_interleaved() => k::linear_interleaved(threads, &args, o),
-            Some(t) => k::linear(t, &args, o),
-            None => k::linear_ref(&args, o),
+            _ if interleaved => k::linear_interleaved(threads, a, o),
+            Some(t) => k::linear(t, a, o),
+            None => k::linear_ref(a, o),
         };
-        r.map_err(|e| Error::op(OP, e))?;
+        r.map_err(|e| Error::op("Linear", e))?;
         if let Some(h) = held {
             o.iter_mut().zip(h).for_each(|(y, v)| *y += v);
         }

@@ -60,6 +60,9 @@ pub struct CpuDevice {
     /// Whether resident block, F16 and BF16 weights are interleaved at load
     /// ([`BaseDevice::weight_form`]).
     interleave_weights: bool,
+    /// Steps are rewritten by the shared passes ([`crate::step_passes`]: q/k/v and gate/up as
+    /// one multi-weight `Linear`, `SiluMul`); [`crate::options::RuntimeOptions::fused_ops`].
+    fuse: bool,
 }
 
 impl CpuDevice {
@@ -95,7 +98,15 @@ impl CpuDevice {
             ctx,
             ops,
             interleave_weights: true,
+            fuse: true,
         })
+    }
+
+    /// This device, rewriting each step it runs with the shared passes (`true`, the default) or
+    /// running every op in its plain form (`false`): the same results either way.
+    pub fn with_fused_ops(mut self, on: bool) -> CpuDevice {
+        self.fuse = on;
+        self
     }
 
     /// This device, holding block, F16 and BF16 weights as the file has them (`false`) or interleaved 16 rows
@@ -121,6 +132,13 @@ impl Executor {
     pub fn cpu(threads: usize) -> Result<Executor> {
         let mut e = Executor::new();
         e.add_device(Arc::new(CpuDevice::new(threads)?));
+        Ok(e)
+    }
+
+    /// [`Executor::cpu`] with the fused step forms on or off (`fused_ops`).
+    pub fn cpu_with(threads: usize, fused_ops: bool) -> Result<Executor> {
+        let mut e = Executor::new();
+        e.add_device(Arc::new(CpuDevice::new(threads)?.with_fused_ops(fused_ops)));
         Ok(e)
     }
 }
@@ -152,6 +170,13 @@ impl BaseDevice for CpuDevice {
         &kv::KV_DTYPES
     }
     fn download(&self, _data: &mut Data) -> Result<()> {
+        Ok(())
+    }
+    fn plan_step(&self, step: &mut crate::step::Step) -> Result<()> {
+        if self.fuse && self.ctx.mode == KernelMode::Fast {
+            crate::step_passes::silu_mul(step);
+            crate::step_passes::multi_linear(step, false);
+        }
         Ok(())
     }
 }

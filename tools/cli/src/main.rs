@@ -71,8 +71,8 @@ struct ModelArgs {
     /// (for debugging; env FASTLLM_DECODE_GRAPHS=0).
     #[arg(long)]
     no_cuda_graphs: bool,
-    /// GPU: run every op in its plain form, none of the fused ones (for debugging; env
-    /// FASTLLM_FUSED_OPS=0).
+    /// Run every op in its plain form, none of the fused ones (same results; for debugging;
+    /// env FASTLLM_FUSED_OPS=0).
     #[arg(long)]
     no_fused_ops: bool,
     /// GPU: every sequence's results independent of the batch it runs in (same bits alone and

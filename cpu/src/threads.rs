@@ -171,16 +171,25 @@ impl Threads {
 
     /// Calls `f` on disjoint sub-ranges covering `0..rows`, in parallel when there are at least
     /// `2 * min_rows` rows and more than one thread; each sub-range has at least `min_rows` rows
-    /// (except possibly the last).
+    /// (except possibly the last). Ranges shrink as the work goes (guided scheduling).
     pub fn for_rows(&self, rows: usize, min_rows: usize, f: impl Fn(Range<usize>) + Sync) {
         let min_rows = min_rows.max(1);
         if self.n <= 1 || rows < 2 * min_rows {
             return f(0..rows);
         }
-        let tasks = (rows / min_rows).min(self.n * 4).max(1);
-        let chunk = rows.div_ceil(tasks);
-        let tasks = rows.div_ceil(chunk);
-        self.run_tasks(tasks, |i| f(i * chunk..((i + 1) * chunk).min(rows)));
+        // guided: each task takes a quarter of what is left per thread (at least `min_rows`),
+        // so the threads stream long ranges first and finish on short ones together
+        let mut ends = Vec::with_capacity(4 * self.n + 16);
+        let mut done = 0;
+        while done < rows {
+            let c = (rows - done).div_ceil(2 * self.n).max(min_rows);
+            done = (done + c).min(rows);
+            ends.push(done);
+        }
+        self.run_tasks(ends.len(), |i| {
+            let start = if i == 0 { 0 } else { ends[i - 1] };
+            f(start..ends[i])
+        });
     }
 
     /// Like [`Threads::for_rows`] but over an output slice split into `rows` equal rows of

@@ -106,21 +106,25 @@ fn many(th: Option<&Threads>, args: &[LinearArgs]) -> Vec<Vec<f32>> {
     outs
 }
 
-#[test]
-fn a_bad_call_is_named() {
-    let w = weight(WeightType::Q4_0, 4, 64, 1);
+/// The error of `run` over two calls of the Q4_0 weight `w` (`n` rows, k = 64), the second
+/// with an output one value short.
+fn second_call_short(
+    w: &[u8],
+    n: usize,
+    run: fn(Option<&Threads>, &mut [LinearCall]) -> Result<(), String>,
+) -> String {
     let x = vals(64, 2, -1.0, 1.0);
     let a = LinearArgs {
         x: &x,
         rows: 1,
         k: 64,
-        w: &w,
+        w,
         wtype: WeightType::Q4_0,
-        n: 4,
+        n,
         bias: None,
         quant_act: true,
     };
-    let (mut o1, mut o2) = (vec![0f32; 4], vec![0f32; 3]);
+    let (mut o1, mut o2) = (vec![0f32; n], vec![0f32; n - 1]);
     let mut calls = [
         LinearCall {
             args: a,
@@ -131,7 +135,12 @@ fn a_bad_call_is_named() {
             out: &mut o2,
         },
     ];
-    let e = linear_many(None, &mut calls).unwrap_err();
+    run(None, &mut calls).unwrap_err()
+}
+
+#[test]
+fn a_bad_call_is_named() {
+    let e = second_call_short(&weight(WeightType::Q4_0, 4, 64, 1), 4, linear_many);
     assert!(e.starts_with("call 1:") && e.contains("output"), "{e}");
 }
 
@@ -216,28 +225,6 @@ fn interleaved_many_names_a_bad_call() {
     let mut w = vec![0u8; plain.len()];
     interleaved::interleave(WeightType::Q4_0, &plain, 16, 64, &mut w)
         .unwrap_or_else(|e| panic!("{e}"));
-    let x = vals(64, 2, -1.0, 1.0);
-    let a = LinearArgs {
-        x: &x,
-        rows: 1,
-        k: 64,
-        w: &w,
-        wtype: WeightType::Q4_0,
-        n: 16,
-        bias: None,
-        quant_act: true,
-    };
-    let (mut o1, mut o2) = (vec![0f32; 16], vec![0f32; 15]);
-    let mut calls = [
-        LinearCall {
-            args: a,
-            out: &mut o1,
-        },
-        LinearCall {
-            args: a,
-            out: &mut o2,
-        },
-    ];
-    let e = linear_interleaved_many(None, &mut calls).unwrap_err();
+    let e = second_call_short(&w, 16, linear_interleaved_many);
     assert!(e.starts_with("call 1:") && e.contains("output"), "{e}");
 }

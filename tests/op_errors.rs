@@ -552,6 +552,93 @@ fn embedding_rejects_bad_input() {
 }
 
 #[test]
+fn fused_forms_reject_bad_input() {
+    // SiluMul: gate and up of different shapes, an output copy the CPU cannot keep, no up
+    let m = expect_err(
+        "SiluMul",
+        vec![
+            inp("input0", f32d(&[2, 4])),
+            inp("input1", f32d(&[2, 5])),
+            out("output"),
+        ],
+        &[],
+        &[],
+    );
+    assert!(m.contains("one shape"), "{m}");
+    let m = expect_err(
+        "SiluMul",
+        vec![
+            inp("input0", f32d(&[2, 4])),
+            inp("input1", f32d(&[2, 4])),
+            out("output"),
+        ],
+        &[],
+        &[("quantize_output", 1)],
+    );
+    assert!(m.contains("quantize_output"), "{m}");
+    expect_err(
+        "SiluMul",
+        vec![inp("input0", f32d(&[4])), out("output")],
+        &[],
+        &[],
+    );
+    // RotaryTables: odd or missing rotary_dim, a bad theta, a short inv_freq, no positions
+    let tables = |extra: Vec<Arg>| {
+        let mut a = vec![inp("positions", i32d(&[0, 1, 2])), out("cos"), out("sin")];
+        a.extend(extra);
+        a
+    };
+    let m = expect_err("RotaryTables", tables(vec![]), &[], &[("rotary_dim", 5)]);
+    assert!(m.contains("rotary_dim"), "{m}");
+    expect_err("RotaryTables", tables(vec![]), &[], &[]);
+    let m = expect_err(
+        "RotaryTables",
+        tables(vec![]),
+        &[("theta", -1.0)],
+        &[("rotary_dim", 4)],
+    );
+    assert!(m.contains("theta"), "{m}");
+    let short = vec![inp("inv_freq", f32d(&[1]))];
+    let m = expect_err("RotaryTables", tables(short), &[], &[("rotary_dim", 8)]);
+    assert!(m.contains("inv_freq"), "{m}");
+    expect_err(
+        "RotaryTables",
+        vec![out("cos"), out("sin")],
+        &[],
+        &[("rotary_dim", 4)],
+    );
+    // Linear with several weights: weight2 alone, accumulate, a k mismatch, a missing output
+    let lin = |extra: Vec<Arg>| {
+        let mut a = vec![
+            inp("input", f32d(&[2, 8])),
+            inp("weight", f32d(&[3, 8])),
+            out("output"),
+        ];
+        a.extend(extra);
+        a
+    };
+    let m = expect_err(
+        "Linear",
+        lin(vec![inp("weight2", f32d(&[3, 8])), out("output2")]),
+        &[],
+        &[],
+    );
+    assert!(m.contains("weight2"), "{m}");
+    let one = || vec![inp("weight1", f32d(&[4, 8])), out("output1")];
+    let m = expect_err("Linear", lin(one()), &[], &[("accumulate", 1)]);
+    assert!(m.contains("accumulate"), "{m}");
+    let m = expect_err(
+        "Linear",
+        lin(vec![inp("weight1", f32d(&[4, 6])), out("output1")]),
+        &[],
+        &[],
+    );
+    assert!(m.contains("weight1"), "{m}");
+    let m = expect_err("Linear", lin(vec![inp("weight1", f32d(&[4, 8]))]), &[], &[]);
+    assert!(m.contains("output1"), "{m}");
+}
+
+#[test]
 fn valid_calls_still_work() {
     // guards against the error tests passing because everything fails
     let exec = Executor::cpu(2).unwrap();

@@ -486,7 +486,7 @@ mod tests {
     }
 
     /// `accumulate = 1` adds the product to what the output holds (any row count); an output of
-    /// the wrong shape is an error, and a second weight is refused (CUDA's multi-weight form).
+    /// the wrong shape is an error; two weights of one input give each weight's own product.
     #[test]
     fn accumulate_adds_the_product_and_checks_the_output() {
         let e = Executor::cpu(2).unwrap();
@@ -535,19 +535,32 @@ mod tests {
                 "{msg}"
             );
         }
+        // two weights of one input: each output is the weight's own product
         let x = rng.data(DataType::F32, &[1, 64]);
-        let w = rng.data(DataType::F32, &[8, 64]);
+        let (w0, w1) = (
+            rng.data(DataType::F32, &[8, 64]),
+            rng.data(DataType::F32, &[5, 64]),
+        );
         let mut o0 = Data::empty(DataType::F32);
         let mut o1 = Data::empty(DataType::F32);
         let mut d = DataDict::new()
             .with("input", &x)
-            .with("weight", &w)
-            .with("weight1", &w)
+            .with("weight", &w0)
+            .with("weight1", &w1)
             .with_mut("output", &mut o0)
             .with_mut("output1", &mut o1);
-        assert!(e
-            .run("Linear", &mut d, &FloatDict::new(), &IntDict::new())
-            .is_err());
+        e.run("Linear", &mut d, &FloatDict::new(), &IntDict::new())
+            .unwrap();
+        for (w, o) in [(&w0, &o0), (&w1, &o1)] {
+            let mut alone = Data::empty(DataType::F32);
+            let mut d = DataDict::new()
+                .with("input", &x)
+                .with("weight", w)
+                .with_mut("output", &mut alone);
+            e.run("Linear", &mut d, &FloatDict::new(), &IntDict::new())
+                .unwrap();
+            assert_eq!(o.to_f32_vec().unwrap(), alone.to_f32_vec().unwrap());
+        }
     }
 
     #[test]

@@ -138,6 +138,27 @@ impl Operator for Activation {
 
 const CLAMPED: &str = "ClampedSwiglu";
 
+/// The shape of the gate `input0` and up `input1` of `op` (valid f32 tensors of one shape).
+fn gate_up_dims(op: &str, d: &DataDict) -> Result<Vec<usize>> {
+    let g = d.require(op, "input0")?;
+    let u = d.require(op, "input1")?;
+    for (n, t) in [("input0", g), ("input1", u)] {
+        check_tensor(op, n, t)?;
+        f32s(op, n, t)?;
+    }
+    if g.dims() != u.dims() {
+        return Err(Error::op(
+            op,
+            format!(
+                "gate {:?} and up {:?} must have one shape",
+                g.dims(),
+                u.dims()
+            ),
+        ));
+    }
+    Ok(g.dims().to_vec())
+}
+
 /// The `alpha` and `limit` of a `ClampedSwiglu` call (both finite, `limit` > 0).
 fn glu_clamp(f: &FloatDict) -> Result<GluClamp> {
     let (alpha, limit) = match (f.get("alpha"), f.get("limit")) {
@@ -163,23 +184,7 @@ impl Operator for ClampedSwiglu {
     }
     fn reshape(&self, d: &mut DataDict, f: &FloatDict, _: &IntDict) -> Result<()> {
         glu_clamp(f)?;
-        let g = d.require(CLAMPED, "input0")?;
-        let u = d.require(CLAMPED, "input1")?;
-        check_tensor(CLAMPED, "input0", g)?;
-        check_tensor(CLAMPED, "input1", u)?;
-        f32s(CLAMPED, "input0", g)?;
-        f32s(CLAMPED, "input1", u)?;
-        if g.dims() != u.dims() {
-            return Err(Error::op(
-                CLAMPED,
-                format!(
-                    "gate {:?} and up {:?} must have one shape",
-                    g.dims(),
-                    u.dims()
-                ),
-            ));
-        }
-        let dims = g.dims().to_vec();
+        let dims = gate_up_dims(CLAMPED, d)?;
         d.require_mut(CLAMPED, "output")?.resize(F32, &dims)
     }
     fn run(&self, d: &mut DataDict, f: &FloatDict, _: &IntDict) -> Result<()> {
@@ -212,23 +217,7 @@ impl SiluMul {
                 "quantize_output is not supported on the CPU (must be 0)",
             ));
         }
-        let g = d.require(SILU_MUL, "input0")?;
-        let u = d.require(SILU_MUL, "input1")?;
-        for (n, t) in [("input0", g), ("input1", u)] {
-            check_tensor(SILU_MUL, n, t)?;
-            f32s(SILU_MUL, n, t)?;
-        }
-        if g.dims() != u.dims() {
-            return Err(Error::op(
-                SILU_MUL,
-                format!(
-                    "gate {:?} and up {:?} must have one shape",
-                    g.dims(),
-                    u.dims()
-                ),
-            ));
-        }
-        Ok(g.dims().to_vec())
+        gate_up_dims(SILU_MUL, d)
     }
 }
 

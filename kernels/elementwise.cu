@@ -58,6 +58,14 @@ extern "C" __global__ void addto_f32(float* a, const float* b, long n, long bn, 
     GRID_LOOP(i, n) a[i] += alpha * b[i % bn];
 }
 
+// a[i] += alpha * r[i % bn] with r f16 (bf = 0) or bf16 (bf = 1) rows: a half residual branch
+// (a row-parallel product all-reduced in half) added into the f32 residual
+extern "C" __global__ void addto_f32_h(float* a, const unsigned short* b, long n, long bn, float alpha,
+                                       int bf) {
+    pdl_begin();
+    GRID_LOOP(i, n) a[i] += alpha * (bf ? bf2f(b[i % bn]) : h2f(b[i % bn]));
+}
+
 extern "C" __global__ void mul_f32(const float* x, float* y, long n, float v) {
     pdl_begin();
     GRID_LOOP(i, n) y[i] = x[i] * v;

@@ -38,11 +38,25 @@ __device__ __forceinline__ void quant8x4(float4 o, unsigned int* q4, float2* dsb
 // row) for the next Linear with quantized activations; then d % 32 == 0 and blockDim % 32 == 0,
 // so the 8 lanes holding a 32-value block are consecutive in one warp. COPY 2: also write it as
 // f16 (bf = 0) or bf16 (bf = 1) rows at hs (d per row) for the next tensor-core Linear.
-template <int COPY>
-__device__ __forceinline__ void rmsnorm_v4_t(const float* x, const float* w, float* y, int d, float eps,
-                                             signed char* qs, float2* ds, uint2* hs, int bf) {
+//
+// ADD: first add the residual r (bdt 0: f32 rows, 1: f16, 2: bf16, 4 values at a time) into x
+// and store the sum back, then normalize the sum: addto_f32's x + 1·r, so the result is the bits
+// of AddTo followed by RMSNorm.
+__device__ __forceinline__ float4 load4_of(const void* r, long i, int bdt) {
+    if (bdt == 0) return ((const float4*)r)[i];
+    uint2 u = ((const uint2*)r)[i];
+    unsigned short h[4] = {(unsigned short)(u.x & 0xffff), (unsigned short)(u.x >> 16),
+                           (unsigned short)(u.y & 0xffff), (unsigned short)(u.y >> 16)};
+    if (bdt == 1) return make_float4(h2f(h[0]), h2f(h[1]), h2f(h[2]), h2f(h[3]));
+    return make_float4(bf2f(h[0]), bf2f(h[1]), bf2f(h[2]), bf2f(h[3]));
+}
+
+template <int COPY, bool ADD>
+__device__ __forceinline__ void rmsnorm_v4_t(float* x, const float* w, float* y, int d, float eps,
+                                             signed char* qs, float2* ds, uint2* hs, int bf,
+                                             const void* r, int bdt) {
     int n4 = d >> 2;
-    const float4* xr = (const float4*)(x + (long)blockIdx.x * d);
+    float4* xr = (float4*)(x + (long)blockIdx.x * d);
     float4* yr = (float4*)(y + (long)blockIdx.x * d);
     const float4* w4 = (const float4*)w;
     // the norm weight (no kernel writes it) is loaded before waiting for the kernel that wrote x
@@ -59,6 +73,12 @@ __device__ __forceinline__ void rmsnorm_v4_t(const float* x, const float* w, flo
     for (int t = 0; t < RMS_V4; t++) {
         int i = threadIdx.x + t * blockDim.x;
         v[t] = i < n4 ? xr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (ADD && i < n4) {
+            float4 a = load4_of(r, (long)blockIdx.x * n4 + i, bdt);
+            v[t] = make_float4(v[t].x + 1.0f * a.x, v[t].y + 1.0f * a.y, v[t].z + 1.0f * a.z,
+                               v[t].w + 1.0f * a.w);
+            xr[i] = v[t];
+        }
         s += v[t].x * v[t].x + v[t].y * v[t].y + v[t].z * v[t].z + v[t].w * v[t].w;
     }
     s = block_sum(s);
@@ -82,18 +102,34 @@ __device__ __forceinline__ void rmsnorm_v4_t(const float* x, const float* w, flo
     }
 }
 
-extern "C" __global__ void rmsnorm_v4_f32(const float* x, const float* w, float* y, int d, float eps) {
-    rmsnorm_v4_t<0>(x, w, y, d, eps, 0, 0, 0, 0);
+extern "C" __global__ void rmsnorm_v4_f32(float* x, const float* w, float* y, int d, float eps) {
+    rmsnorm_v4_t<0, false>(x, w, y, d, eps, 0, 0, 0, 0, 0, 0);
 }
 
-extern "C" __global__ void rmsnorm_v4q_f32(const float* x, const float* w, float* y, int d, float eps,
+extern "C" __global__ void rmsnorm_v4q_f32(float* x, const float* w, float* y, int d, float eps,
                                            signed char* qs, float2* ds) {
-    rmsnorm_v4_t<1>(x, w, y, d, eps, qs, ds, 0, 0);
+    rmsnorm_v4_t<1, false>(x, w, y, d, eps, qs, ds, 0, 0, 0, 0);
 }
 
-extern "C" __global__ void rmsnorm_v4h_f32(const float* x, const float* w, float* y, int d, float eps,
+extern "C" __global__ void rmsnorm_v4h_f32(float* x, const float* w, float* y, int d, float eps,
                                            uint2* hs, int bf) {
-    rmsnorm_v4_t<2>(x, w, y, d, eps, 0, 0, hs, bf);
+    rmsnorm_v4_t<2, false>(x, w, y, d, eps, 0, 0, hs, bf, 0, 0);
+}
+
+// x += r, then y = RMSNorm(x) (and the copies above): the residual add fused into the next norm.
+extern "C" __global__ void addrmsnorm_v4_f32(float* x, const float* w, float* y, int d, float eps,
+                                             const void* r, int bdt) {
+    rmsnorm_v4_t<0, true>(x, w, y, d, eps, 0, 0, 0, 0, r, bdt);
+}
+
+extern "C" __global__ void addrmsnorm_v4q_f32(float* x, const float* w, float* y, int d, float eps,
+                                              const void* r, int bdt, signed char* qs, float2* ds) {
+    rmsnorm_v4_t<1, true>(x, w, y, d, eps, qs, ds, 0, 0, r, bdt);
+}
+
+extern "C" __global__ void addrmsnorm_v4h_f32(float* x, const float* w, float* y, int d, float eps,
+                                              const void* r, int bdt, uint2* hs, int bf) {
+    rmsnorm_v4_t<2, true>(x, w, y, d, eps, 0, 0, hs, bf, r, bdt);
 }
 
 extern "C" __global__ void layernorm_f32(const float* x, const float* g, const float* b, float* y, int d, float eps) {

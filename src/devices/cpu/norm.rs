@@ -34,7 +34,8 @@ struct RmsNorm(Arc<CpuContext>);
 
 impl Operator for RmsNorm {
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
-        dtype_in(d, "input", &[F32]) && dtype_in(d, "weight", &[F32])
+        // the residual form (`input1`) is the CUDA device's fused pass only
+        dtype_in(d, "input", &[F32]) && dtype_in(d, "weight", &[F32]) && !d.contains("input1")
     }
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
         shape_norm("RMSNorm", d, &["weight"])

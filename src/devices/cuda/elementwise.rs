@@ -1,5 +1,5 @@
 //! Elementwise operators on the GPU (f32): `Silu`, `Gelu`, `SoftCap`, `Swiglu`, `GeluGated`,
-//! `Add`, `AddTo`, `Mul`, `MulTo`, and `SiluMul` (`output = silu(input0) · input1`, the gated
+//! `Add`, `AddTo` (f32 += f32, f16 or bf16), `Mul`, `MulTo`, and `SiluMul` (`output = silu(input0) · input1`, the gated
 //! MLP's activation and product in one pass; GPU only, the model uses it when the device has it).
 //! `SiluMul` also takes f16 or bf16 inputs (the half outputs a tensor-core `Linear` writes
 //! with `half_output`, see `linear`) and then writes its output in the same dtype.
@@ -339,7 +339,16 @@ impl InPlace {
 
 impl Operator for InPlace {
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
-        f32_or_half_pair(d)
+        // `AddTo` also adds f16 / bf16 rows (a half all-reduce) into f32 ones
+        let b_ok = match d.dtype("input1") {
+            Some(DataType::F32) => true,
+            Some(DataType::F16 | DataType::BF16) => !self.mul,
+            _ => false,
+        };
+        d.dtype("input0") == Some(DataType::F32)
+            && b_ok
+            && d.get("input0").is_some_and(|x| x.is_contiguous())
+            && d.get("input1").is_some_and(|x| x.is_contiguous())
     }
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
         let op = self.op();
@@ -376,20 +385,41 @@ impl Operator for InPlace {
                 &[KArg::Ptr(ap), KArg::Ptr(bp), long(n, "n")?, long(bn, "n")?],
             )
         } else {
-            self.gpu.launch(
-                "addto_f32",
-                g,
-                256,
-                &[
-                    KArg::Ptr(ap),
-                    KArg::Ptr(bp),
-                    long(n, "n")?,
-                    long(bn, "n")?,
-                    KArg::F32(f.get_or("alpha", 1.0)),
-                ],
-            )
+            let alpha = f.get_or("alpha", 1.0);
+            add_to_kernel(&self.gpu, (ap, n), (bp, bn, b.dtype()), alpha)
         }
     }
+}
+
+/// `a[i] += alpha · b[i % bn]` over `n` f32 values at `a`, `b` f32, f16 or bf16.
+fn add_to_kernel(
+    gpu: &Gpu,
+    (ap, n): (u64, usize),
+    (bp, bn, bt): (u64, usize, DataType),
+    alpha: f32,
+) -> Result<()> {
+    let mut args = vec![
+        KArg::Ptr(ap),
+        KArg::Ptr(bp),
+        long(n, "n")?,
+        long(bn, "n")?,
+        KArg::F32(alpha),
+    ];
+    let name = match bt {
+        DataType::F32 => "addto_f32",
+        DataType::F16 | DataType::BF16 => {
+            args.push(KArg::I32((bt == DataType::BF16) as i32));
+            "addto_f32_h"
+        }
+        t => return Err(op_err("AddTo", format!("input1 of {t:?}"))),
+    };
+    gpu.launch(name, Gpu::grid_for(n, 256), 256, &args)
+}
+
+/// `x += r` over the `n` f32 values at `x`, `r` of the same count in dtype `rt` (f32, f16 or
+/// bf16): the residual add of a fused `RMSNorm` whose rows do not take its float4 kernels.
+pub fn add_residual(gpu: &Gpu, (xp, n): (u64, usize), (rp, rt): (u64, DataType)) -> Result<()> {
+    add_to_kernel(gpu, (xp, n), (rp, n, rt), 1.0)
 }
 
 /// `Mul`: `output = input · v`.

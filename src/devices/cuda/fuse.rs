@@ -11,6 +11,9 @@
 //!   later calls reuse the first one's quantized input (`reuse_act`).
 //! - A `Linear` without bias whose output is only added into the residual (`AddTo`) → the
 //!   `Linear` adds its product there itself (`accumulate`).
+//! - `AddTo(x += b)` (alpha 1) right before `RMSNorm(x)` → the norm adds `b` into `x` itself
+//!   (`input1`; `add_norm`): the residual add of a tensor-parallel rank, whose all-reduce keeps
+//!   the product out of the `Linear`.
 //! - A producer (`RMSNorm`, `SiluMul`, `Attention`, `DecodeAttention`, `PagedDecodeAttention`)
 //!   whose output is the input of the next call, a `quant_act` `Linear` → the producer also
 //!   leaves that input in the form the `Linear` reads (`quantize_output`: Q8_0 rows, or
@@ -34,8 +37,54 @@ pub fn plan(step: &mut Step) -> Result<()> {
     rope_in_attention(step);
     multi_linear(step, true);
     accumulate(step);
+    add_norm(step);
     producer_copies(step);
     Ok(())
+}
+
+/// `AddTo(x += b)` with alpha 1, then `RMSNorm(x → h)` → `RMSNorm(x += b → h)`.
+fn add_norm(step: &mut Step) {
+    let items = step.items_mut();
+    let mut i = 0;
+    while i + 1 < items.len() {
+        let fuse = match (call_of(items, i, "AddTo"), call_of(items, i + 1, "RMSNorm")) {
+            (Some(a), Some(n)) => {
+                let alpha = a
+                    .floats
+                    .iter()
+                    .find(|f| f.0 == "alpha")
+                    .map_or(1.0, |f| f.1);
+                match (a.arg("input0"), a.arg("input1")) {
+                    (Some(x), Some(b))
+                        if alpha == 1.0
+                            && x != b
+                            && n.arg("input") == Some(x)
+                            && n.arg("input1").is_none()
+                            && n.arg("output") != Some(b)
+                            && n.arg("output") != Some(x) =>
+                    {
+                        Some(b)
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        if let Some(b) = fuse {
+            if let Some(n) = call_mut(items, i + 1) {
+                for a in n.args.iter_mut().filter(|a| a.name == "input") {
+                    a.written = true;
+                }
+                n.args.push(Arg {
+                    name: "input1",
+                    tensor: b,
+                    written: false,
+                });
+            }
+            items.remove(i);
+        }
+        i += 1;
+    }
 }
 
 /// Two `RotaryEmbedding` calls of equal angles and parameters → one with `input1`.
@@ -309,6 +358,43 @@ mod tests {
             "the down projection adds into x"
         );
         assert_eq!(c(3).int_of("accumulate"), 1);
+    }
+
+    /// A residual add left by an all-reduce stage between the `Linear` and it goes into the
+    /// next `RMSNorm`; one whose norm reads another tensor, or with another alpha, stays.
+    #[test]
+    fn residual_add_moves_into_the_next_norm() {
+        let w = Data::zeros(DataType::F32, &[64]).unwrap();
+        for (alpha, norm_of_x, fused) in
+            [(1.0, true, true), (0.5, true, false), (1.0, false, false)]
+        {
+            let mut bufs: Vec<Data> = (0..4).map(|_| Data::empty(DataType::F32)).collect();
+            let mut st = Step::new();
+            let w = st.input(&w);
+            let t: Vec<TensorId> = bufs.iter_mut().map(|b| st.mutable(b)).collect();
+            let (x, b, h, y) = (t[0], t[1], t[2], t[3]);
+            st.push(
+                Call::new("AddTo")
+                    .output("input0", x)
+                    .input("input1", b)
+                    .float("alpha", alpha),
+            );
+            st.push(
+                Call::new("RMSNorm")
+                    .input("input", if norm_of_x { x } else { y })
+                    .input("weight", w)
+                    .output("output", h),
+            );
+            plan(&mut st).unwrap();
+            if !fused {
+                assert_eq!(ops(&st), ["AddTo", "RMSNorm"]);
+                continue;
+            }
+            assert_eq!(ops(&st), ["RMSNorm"]);
+            let n = st.items()[0].call().unwrap();
+            assert_eq!(n.arg("input1"), Some(b));
+            assert!(n.args.iter().any(|a| a.name == "input" && a.written));
+        }
     }
 
     /// The two rotations of a decode step by its tables become one, then part of the

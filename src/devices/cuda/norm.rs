@@ -1,4 +1,8 @@
 //! Row-wise operators on the GPU (f32): `RMSNorm`, `LayerNorm`, `Softmax`.
+//!
+//! `RMSNorm` with `input1` (f32, f16 or bf16 rows of the input's shape) first adds it into the
+//! input (`input += input1`, the input passed mutably) and normalizes the sum: the residual add
+//! of [`super::fuse`]'s `add_norm` pass, with the bits of `AddTo` followed by `RMSNorm`.
 
 use super::act_quant::{ActForm, ActQuant};
 use super::buffer::{dptr, ensure_out};
@@ -71,6 +75,16 @@ impl RowOp {
     }
 }
 
+/// The kernels' code of a residual's dtype (`bdt`): 0 f32, 1 f16, 2 bf16.
+fn residual_code(t: DataType) -> Option<i32> {
+    match t {
+        DataType::F32 => Some(0),
+        DataType::F16 => Some(1),
+        DataType::BF16 => Some(2),
+        _ => None,
+    }
+}
+
 /// Float4s per thread of `rmsnorm_v4_f32` and its variants (`RMS_V4` in the kernel source).
 const RMS_V4: usize = 4;
 
@@ -79,21 +93,31 @@ impl RowOp {
     /// aligned, `row ≤ 4 · RMS_V4 · 1024`; `base` the kernel's first arguments), writing as well
     /// the half rows (from [`TC_MIN_ROWS`] rows) or Q8_0 rows the next `Linear` reads when
     /// `copy` asks for them; `out` is the output's address, which keys those rows.
+    /// With `residual` (its address and [`residual_code`]) the `addrmsnorm_v4*` kernels add it
+    /// into the input first.
     fn rms_v4(
         &self,
         grid: (u32, u32, u32),
         (rows, row): (usize, usize),
         out: u64,
         base: [KArg; 5],
-        copy: Option<ActForm>,
+        (copy, residual): (Option<ActForm>, Option<(u64, i32)>),
     ) -> Result<()> {
         let threads = ((row / 4).div_ceil(RMS_V4).div_ceil(32).clamp(1, 32) * 32) as u32;
         let mut args = base.to_vec();
+        let prefix = match residual {
+            Some((r, code)) => {
+                args.extend([KArg::Ptr(r), KArg::I32(code)]);
+                "addrmsnorm"
+            }
+            None => "rmsnorm",
+        };
         if let Some(form @ (ActForm::F16 | ActForm::Bf16)) = copy {
             if rows >= TC_MIN_ROWS {
                 let (hs, key) = self.act.half_slot(out, rows, row, form)?;
                 args.extend([KArg::Ptr(hs), KArg::I32((form == ActForm::Bf16) as i32)]);
-                self.gpu.launch("rmsnorm_v4h_f32", grid, threads, &args)?;
+                self.gpu
+                    .launch(&format!("{prefix}_v4h_f32"), grid, threads, &args)?;
                 return self.act.set(key, true);
             }
         }
@@ -101,18 +125,84 @@ impl RowOp {
             // also write the Q8_0 rows the next `Linear` (quant_act) reads
             let (qs, ds, key) = self.act.slots(out, rows, row)?;
             args.extend([KArg::Ptr(qs), KArg::Ptr(ds)]);
-            self.gpu.launch("rmsnorm_v4q_f32", grid, threads, &args)?;
+            self.gpu
+                .launch(&format!("{prefix}_v4q_f32"), grid, threads, &args)?;
             return self.act.set(key, true);
         }
-        self.gpu.launch("rmsnorm_v4_f32", grid, threads, &args)
+        self.gpu
+            .launch(&format!("{prefix}_v4_f32"), grid, threads, &args)
+    }
+
+    /// `input += input1`, then `output = RMSNorm(input)`: one launch where the rows take the
+    /// float4 kernels, else `AddTo`'s kernel then `rmsnorm_f32`.
+    fn add_rms(&self, d: &mut DataDict, f: &FloatDict, ints: &IntDict) -> Result<()> {
+        const OP: &str = "RMSNorm";
+        let eps = f.get_or("eps", 1e-5);
+        let ([w, r], [x, y]) = d.io_many(OP, ["weight", "input1"], ["input", "output"])?;
+        let (Some(w), Some(r), Some(x), Some(y)) = (w, r, x, y) else {
+            return Err(op_err(
+                OP,
+                "the residual form needs input (mutable), input1, weight and output",
+            ));
+        };
+        let code = residual_code(r.dtype())
+            .ok_or_else(|| op_err(OP, format!("input1 must be f32, f16 or bf16, got {r:?}")))?;
+        let row = x.dim(-1);
+        let rows = x.count() / row.max(1);
+        let grid = (
+            u32::try_from(rows).map_err(|_| op_err(OP, "too many rows"))?,
+            1,
+            1,
+        );
+        let (xp, wp, yp, rp) = (
+            dptr(x, "input")?,
+            dptr(w, "weight")?,
+            dptr(y, "output")?,
+            dptr(r, "input1")?,
+        );
+        let dd = int(row, "row length")?;
+        let aligned = [xp, wp, yp, rp].iter().all(|p| p % 16 == 0);
+        if row % 4 == 0 && aligned && row <= 4 * RMS_V4 * 1024 {
+            let base = [
+                KArg::Ptr(xp),
+                KArg::Ptr(wp),
+                KArg::Ptr(yp),
+                dd,
+                KArg::F32(eps),
+            ];
+            let copy = ActForm::from_param(ints.get_or("quantize_output", 0));
+            return self.rms_v4(grid, (rows, row), yp, base, (copy, Some((rp, code))));
+        }
+        super::elementwise::add_residual(&self.gpu, (xp, x.count()), (rp, r.dtype()))?;
+        self.gpu.launch(
+            "rmsnorm_f32",
+            grid,
+            256,
+            &[
+                KArg::Ptr(xp),
+                KArg::Ptr(wp),
+                KArg::Ptr(yp),
+                dd,
+                KArg::F32(eps),
+            ],
+        )
     }
 }
 
 impl Operator for RowOp {
     fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
+        let residual_ok = match d.get("input1") {
+            None => true,
+            Some(r) => {
+                matches!(self.kind, Kind::Rms)
+                    && residual_code(r.dtype()).is_some()
+                    && r.is_contiguous()
+            }
+        };
         d.dtype("input") == Some(DataType::F32)
             && all_f32(d, self.params())
             && d.get("input").is_some_and(|x| x.is_contiguous())
+            && residual_ok
     }
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
         let op = self.op();
@@ -124,6 +214,14 @@ impl Operator for RowOp {
                 op,
                 format!("input {dims:?} needs a non-empty last dim"),
             ));
+        }
+        if let Some(r) = d.get("input1") {
+            if r.dims() != dims.as_slice() {
+                return Err(op_err(
+                    op,
+                    format!("input1 {:?} must equal input {dims:?}", r.dims()),
+                ));
+            }
         }
         for p in self.params() {
             let w = d.require(op, p)?;
@@ -142,6 +240,9 @@ impl Operator for RowOp {
         )
     }
     fn run(&self, d: &mut DataDict, f: &FloatDict, ints: &IntDict) -> Result<()> {
+        if d.contains("input1") {
+            return self.add_rms(d, f, ints);
+        }
         let op = self.op();
         let eps = f.get_or("eps", 1e-5);
         let ([x, w, g, b], y) = d.io(op, ["input", "weight", "gamma", "beta"], "output")?;
@@ -165,7 +266,7 @@ impl Operator for RowOp {
                 if row % 4 == 0 && aligned && row <= 4 * RMS_V4 * 1024 {
                     let base = [xp, KArg::Ptr(wp), yp, dd, KArg::F32(eps)];
                     let copy = ActForm::from_param(ints.get_or("quantize_output", 0));
-                    return self.rms_v4(grid, (rows, row), dptr(y, "output")?, base, copy);
+                    return self.rms_v4(grid, (rows, row), dptr(y, "output")?, base, (copy, None));
                 }
                 self.gpu.launch(
                     "rmsnorm_f32",

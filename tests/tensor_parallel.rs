@@ -378,6 +378,11 @@ fn two_gpus() -> bool {
 }
 
 fn compare_gpu(path: &Path, precision: Precision, tol: f32) {
+    compare_gpu_n(path, precision, tol, 9);
+}
+
+/// [`compare_gpu`] with a prompt of `n` tokens.
+fn compare_gpu_n(path: &Path, precision: Precision, tol: f32, n: usize) {
     let (cfg, src) = open(path);
     let one = model_for(
         cfg.clone(),
@@ -400,7 +405,7 @@ fn compare_gpu(path: &Path, precision: Precision, tol: f32) {
     )
     .unwrap();
     assert_eq!(two.tensor_parallel(), 2);
-    let p = prompt(cfg.vocab_size, 9);
+    let p = prompt(cfg.vocab_size, n);
     let d = max_diff(&run(&one, &p), &run(&two, &p));
     let g1 = greedy(&one, &p[..4], 16);
     let g2 = greedy(&two, &p[..4], 16);
@@ -425,6 +430,25 @@ fn tp_gpu_tiny_models_match_one_gpu() {
         compare_gpu(&tiny_flm(arch, "keep"), Precision::Exact, 1e-4);
     }
     compare_gpu(&tiny_flm("llama", "int8"), Precision::Exact, 1e-3);
+}
+
+/// `fast` precision with half weights and a prompt of 40 rows (the tensor-core path): the
+/// row-parallel products are written and all-reduced in f16 / bf16 and added into the f32
+/// residual by the next norm (llama, gemma3 keeps f32 for its post-norms) or by `AddTo`
+/// (gpt2's LayerNorm).
+#[test]
+fn tp_gpu_fast_half_all_reduce_matches_one_gpu() {
+    if !two_gpus() {
+        return;
+    }
+    for (arch, dtype) in [
+        ("llama", "f16"),
+        ("llama", "bf16"),
+        ("gpt2", "f16"),
+        ("gemma3", "f16"),
+    ] {
+        compare_gpu_n(&tiny_flm(arch, dtype), Precision::Fast, 2e-2, 40);
+    }
 }
 
 #[test]

@@ -15,7 +15,7 @@ use super::transformer::Model;
 use super::weights::W;
 use crate::data::{Data, DataType};
 use crate::error::{Error, Result};
-use crate::ops::RotaryStyle;
+use crate::ops::{OutputCopy, RotaryStyle};
 use crate::step::{Arg, Call, Step, TensorId};
 
 /// The working tensors of one step: `x` the residual stream, `h` the normed input of the next
@@ -206,9 +206,25 @@ impl Model {
         out: TensorId,
         rows: usize,
     ) -> Result<()> {
+        self.linear_half(st, x, name, out, (rows, 0))
+    }
+
+    /// [`Self::linear`] with the `half_output` form `half` (see [`Self::half_partial`]).
+    fn linear_half<'a>(
+        &'a self,
+        st: &mut Step<'a>,
+        x: TensorId,
+        name: &str,
+        out: TensorId,
+        (rows, half): (usize, i32),
+    ) -> Result<()> {
         let w = self.weight(st, &format!("{name}.weight"))?;
         let b = self.weight_opt(st, &format!("{name}.bias"))?;
-        st.push(self.linear_call(x, w, b, out, rows));
+        let mut c = self.linear_call(x, w, b, out, rows);
+        if half != 0 {
+            c = c.int("half_output", half);
+        }
+        st.push(c);
         Ok(())
     }
 
@@ -227,6 +243,23 @@ impl Model {
             .output("output", out)
             .int("quant_act", (self.precision == Precision::Fast) as i32)
             .rows(rows)
+    }
+
+    /// The `half_output` form (f16 / bf16, 0 for none) of a row-parallel projection `name` whose
+    /// partial sums are all-reduced (`reduced`) and then only added into the residual: in
+    /// `fast` precision a tensor-core product writes them in its half form, and the
+    /// all-reduce moves half the bytes. `exact` keeps them f32.
+    fn half_partial(&self, reduced: bool, name: &str) -> Result<i32> {
+        let allowed = self.tp.as_ref().is_some_and(|tp| tp.half_partials);
+        if !reduced || !allowed || self.precision != Precision::Fast {
+            return Ok(0);
+        }
+        let w = self.weights.get(&format!("{name}.weight"))?;
+        let k = w.dims().get(1).copied().unwrap_or(0);
+        Ok(match OutputCopy::tensor_core_form(w.dtype(), k) {
+            c @ (OutputCopy::F16 | OutputCopy::Bf16) => c.param(),
+            _ => 0,
+        })
     }
 
     /// `out = act(x)` of the model's activation over `rows` rows.
@@ -507,9 +540,12 @@ impl Model {
         s: usize,
     ) -> Result<()> {
         let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
-        self.linear(st, bufs.a, &ln(self.spec.o_proj), bufs.b, s)?;
+        let post = self.spec.post_attn_norm;
+        let reduced = self.tp.as_ref().is_some_and(|tp| tp.reduce_attention);
+        let half = self.half_partial(reduced && post.is_none(), &ln(self.spec.o_proj))?;
+        self.linear_half(st, bufs.a, &ln(self.spec.o_proj), bufs.b, (s, half))?;
         self.all_reduce_stage(st, bufs.b, |tp| tp.reduce_attention);
-        self.residual(st, i, self.spec.post_attn_norm, bufs, s)
+        self.residual(st, i, post, bufs, s)
     }
 
     /// Layer `i`'s latent attention ([`super::mla`]) of the normed input `h` into `a`, as a
@@ -610,7 +646,9 @@ impl Model {
                 dn
             }
         };
-        self.linear(st, t1, &ln(down), b, s)?;
+        let post = self.spec.post_ffn_norm;
+        let half = self.half_partial(self.tp.is_some() && post.is_none(), &ln(down))?;
+        self.linear_half(st, t1, &ln(down), b, (s, half))?;
         self.all_reduce_stage(st, b, |_| true); // row-parallel down projection
         self.residual(st, i, self.spec.post_ffn_norm, bufs, s)
     }

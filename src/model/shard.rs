@@ -147,6 +147,21 @@ impl ShardPlan {
         &self.config
     }
 
+    /// The bias names of the row-parallel layers (on rank 0 only; none with one rank).
+    pub fn row_parallel_biases(&self) -> Result<Vec<String>> {
+        if self.world < 2 {
+            return Ok(Vec::new());
+        }
+        let mut v: Vec<String> = self
+            .rules(1)?
+            .into_iter()
+            .filter(|(_, r)| matches!(r, Rule::Absent))
+            .map(|(n, _)| n)
+            .collect();
+        v.sort();
+        Ok(v)
+    }
+
     /// True when attention is split (an all-reduce follows o_proj).
     pub fn splits_attention(&self) -> bool {
         matches!(self.attention, AttentionSplit::Heads { .. })
@@ -425,6 +440,30 @@ mod tests {
         let p = ShardPlan::new(&cfg(9, 1), 2).unwrap();
         assert_eq!(p.attention, AttentionSplit::Replicated);
         assert_eq!(heads(&p), vec![(0..9, 0..1), (0..9, 0..1)]);
+    }
+
+    /// o_proj and down_proj of every layer (rank 0 holds their biases), none on one rank.
+    #[test]
+    fn row_parallel_biases_name_o_and_down_of_each_layer() {
+        let c = cfg(32, 8);
+        let b = ShardPlan::new(&c, 2)
+            .unwrap()
+            .row_parallel_biases()
+            .unwrap();
+        assert_eq!(b.len(), 2 * c.num_layers, "{b:?}");
+        assert!(
+            b.contains(&"model.layers.0.self_attn.o_proj.bias".to_string()),
+            "{b:?}"
+        );
+        assert!(
+            b.contains(&"model.layers.31.mlp.down_proj.bias".to_string()),
+            "{b:?}"
+        );
+        let one = ShardPlan::new(&c, 1)
+            .unwrap()
+            .row_parallel_biases()
+            .unwrap();
+        assert!(one.is_empty());
     }
 
     #[test]

@@ -62,6 +62,9 @@ pub fn rank_model(
     low_memory: bool,
     opts: &crate::options::RuntimeOptions,
 ) -> Result<Model> {
+    // rank 0 adds a row-parallel layer's bias in its product, which then stays f32: half
+    // partial sums only where no such layer has one, so every rank all-reduces one dtype
+    let biased = plan.row_parallel_biases()?.iter().any(|n| source.has(n));
     let src = Arc::new(ShardedSource::new(source, plan, rank)?);
     let m = Model::with_options(
         plan.local_config(rank),
@@ -74,6 +77,7 @@ pub fn rank_model(
     m.into_rank(RankTp {
         comm,
         reduce_attention: plan.splits_attention(),
+        half_partials: !biased,
         alibi_heads: (plan.config().num_heads, plan.heads(rank).0.start),
     })
 }

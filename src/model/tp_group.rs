@@ -21,6 +21,9 @@ pub(crate) struct RankTp {
     pub comm: Arc<dyn Collective>,
     /// An all-reduce follows o_proj (attention is split).
     pub reduce_attention: bool,
+    /// `fast` row-parallel products may be all-reduced in their half tensor-core form (no
+    /// row-parallel layer has a bias, which rank 0 alone would add in f32).
+    pub half_partials: bool,
     /// ALiBi: (global head count, first local head).
     pub alibi_heads: (usize, usize),
 }

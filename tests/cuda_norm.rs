@@ -139,6 +139,19 @@ fn want_x_data(v: &[f32], m: usize, k: usize) -> Data {
     Data::from_f32(&[m, k], v).unwrap()
 }
 
+/// The error of `RMSNorm` of `x` with the residual `r` on `exec`.
+fn residual_norm_error(exec: &Executor, x: &mut Data, r: &Data, w: &Data) -> String {
+    let mut h = Data::empty(DataType::F32);
+    let mut d = DataDict::new()
+        .with_mut("input", x)
+        .with("input1", r)
+        .with("weight", w)
+        .with_mut("output", &mut h);
+    exec.run("RMSNorm", &mut d, &FloatDict::new(), &IntDict::new())
+        .unwrap_err()
+        .to_string()
+}
+
 #[test]
 fn residual_of_another_shape_is_an_error() {
     let Some(dev) = gpu() else { return };
@@ -147,35 +160,16 @@ fn residual_of_another_shape_is_an_error() {
     let mut x = dev.upload(&rng.data(DataType::F32, &[2, 64])).unwrap();
     let r = dev.upload(&rng.data(DataType::F16, &[1, 64])).unwrap();
     let w = dev.upload(&rng.data(DataType::F32, &[64])).unwrap();
-    let mut h = Data::empty(DataType::F32);
-    let mut d = DataDict::new()
-        .with_mut("input", &mut x)
-        .with("input1", &r)
-        .with("weight", &w)
-        .with_mut("output", &mut h);
-    let e = cuda
-        .run("RMSNorm", &mut d, &FloatDict::new(), &IntDict::new())
-        .unwrap_err()
-        .to_string();
+    let e = residual_norm_error(&cuda, &mut x, &r, &w);
     assert!(e.contains("input1"), "{e}");
 }
 
 #[test]
 fn cpu_refuses_the_residual_form() {
-    let cpu = reference();
     let mut rng = CaseRng::new(43);
     let mut x = rng.data(DataType::F32, &[2, 8]);
     let r = rng.data(DataType::F32, &[2, 8]);
     let w = rng.data(DataType::F32, &[8]);
-    let mut h = Data::empty(DataType::F32);
-    let mut d = DataDict::new()
-        .with_mut("input", &mut x)
-        .with("input1", &r)
-        .with("weight", &w)
-        .with_mut("output", &mut h);
-    let e = cpu
-        .run("RMSNorm", &mut d, &FloatDict::new(), &IntDict::new())
-        .unwrap_err()
-        .to_string();
+    let e = residual_norm_error(&reference(), &mut x, &r, &w);
     assert!(e.contains("RMSNorm"), "{e}");
 }

@@ -249,17 +249,20 @@ impl Model {
     /// partial sums are all-reduced (`reduced`) and then only added into the residual: in
     /// `fast` precision a tensor-core product writes them in its half form, and the
     /// all-reduce moves half the bytes. `exact` keeps them f32.
-    fn half_partial(&self, reduced: bool, name: &str) -> Result<i32> {
+    fn half_partial(&self, reduced: bool, name: &str) -> i32 {
         let allowed = self.tp.as_ref().is_some_and(|tp| tp.half_partials);
         if !reduced || !allowed || self.precision != Precision::Fast {
-            return Ok(0);
+            return 0;
         }
-        let w = self.weights.get(&format!("{name}.weight"))?;
+        // a weight fetched per step (low memory) is not read just for its dtype: f32 sums
+        let Some(w) = self.weights.resident(&format!("{name}.weight")) else {
+            return 0;
+        };
         let k = w.dims().get(1).copied().unwrap_or(0);
-        Ok(match OutputCopy::tensor_core_form(w.dtype(), k) {
+        match OutputCopy::tensor_core_form(w.dtype(), k) {
             c @ (OutputCopy::F16 | OutputCopy::Bf16) => c.param(),
             _ => 0,
-        })
+        }
     }
 
     /// `out = act(x)` of the model's activation over `rows` rows.
@@ -542,7 +545,7 @@ impl Model {
         let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
         let post = self.spec.post_attn_norm;
         let reduced = self.tp.as_ref().is_some_and(|tp| tp.reduce_attention);
-        let half = self.half_partial(reduced && post.is_none(), &ln(self.spec.o_proj))?;
+        let half = self.half_partial(reduced && post.is_none(), &ln(self.spec.o_proj));
         self.linear_half(st, bufs.a, &ln(self.spec.o_proj), bufs.b, (s, half))?;
         self.all_reduce_stage(st, bufs.b, |tp| tp.reduce_attention);
         self.residual(st, i, post, bufs, s)
@@ -647,7 +650,7 @@ impl Model {
             }
         };
         let post = self.spec.post_ffn_norm;
-        let half = self.half_partial(self.tp.is_some() && post.is_none(), &ln(down))?;
+        let half = self.half_partial(self.tp.is_some() && post.is_none(), &ln(down));
         self.linear_half(st, t1, &ln(down), b, (s, half))?;
         self.all_reduce_stage(st, b, |_| true); // row-parallel down projection
         self.residual(st, i, self.spec.post_ffn_norm, bufs, s)

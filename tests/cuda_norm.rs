@@ -1,7 +1,8 @@
 //! `RMSNorm` with a residual (`input1`) on the CUDA device, the form the device's `add_norm`
 //! pass makes of `AddTo` then `RMSNorm`: the sum it leaves in the input and the normalized
 //! rows equal the two plain calls bit for bit, for f32, f16 and bf16 residuals, rows that take
-//! the float4 kernels and rows that do not, with and without the copies for the next `Linear`;
+//! the float4 kernels and rows that do not, one row added to every row, with and without the
+//! copies for the next `Linear`;
 //! `AddTo` of f16 / bf16 rows into f32 ones is exact; a residual of another shape is an error,
 //! and the CPU refuses the residual form.
 //!
@@ -129,6 +130,26 @@ fn residual_norm_equals_add_to_then_norm() {
                 }
                 checked += 1;
             }
+        }
+    }
+    // one residual row added to every row (AddTo's broadcast), with and without a copy
+    for rt in [DataType::F32, DataType::F16] {
+        for (m, k, copy) in [
+            (3usize, 64usize, OutputCopy::None),
+            (20, 512, OutputCopy::F16),
+        ] {
+            let x0 = rng.data_range(DataType::F32, &[m, k], -4.0, 4.0);
+            let r = dev.upload(&rng.data(rt, &[k])).unwrap();
+            let w = dev.upload(&rng.data(DataType::F32, &[k])).unwrap();
+            let mut x1 = dev.upload(&x0).unwrap();
+            add_to(&cuda, &mut x1, &r);
+            let h1 = rms(&cuda, &mut x1, None, &w, copy);
+            let mut x2 = dev.upload(&x0).unwrap();
+            let h2 = rms(&cuda, &mut x2, Some(&r), &w, copy);
+            let ctx = format!("one {rt} row, {m}x{k}, copy {copy:?}");
+            assert_eq!(host(&x2), host(&x1), "sum left in the input, {ctx}");
+            assert_eq!(host(&h2), host(&h1), "normalized rows, {ctx}");
+            checked += 1;
         }
     }
     println!("RMSNorm with a residual: {checked} cases bit-equal to AddTo then RMSNorm");

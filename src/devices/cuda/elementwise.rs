@@ -392,7 +392,7 @@ impl Operator for InPlace {
 }
 
 /// `a[i] += alpha · b[i % bn]` over `n` f32 values at `a`, `b` f32, f16 or bf16.
-fn add_to_kernel(
+pub fn add_to_kernel(
     gpu: &Gpu,
     (ap, n): (u64, usize),
     (bp, bn, bt): (u64, usize, DataType),
@@ -414,12 +414,6 @@ fn add_to_kernel(
         t => return Err(op_err("AddTo", format!("input1 of {t:?}"))),
     };
     gpu.launch(name, Gpu::grid_for(n, 256), 256, &args)
-}
-
-/// `x += r` over the `n` f32 values at `x`, `r` of the same count in dtype `rt` (f32, f16 or
-/// bf16): the residual add of a fused `RMSNorm` whose rows do not take its float4 kernels.
-pub fn add_residual(gpu: &Gpu, (xp, n): (u64, usize), (rp, rt): (u64, DataType)) -> Result<()> {
-    add_to_kernel(gpu, (xp, n), (rp, n, rt), 1.0)
 }
 
 /// `Mul`: `output = input · v`.

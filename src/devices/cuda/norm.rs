@@ -1,8 +1,9 @@
 //! Row-wise operators on the GPU (f32): `RMSNorm`, `LayerNorm`, `Softmax`.
 //!
-//! `RMSNorm` with `input1` (f32, f16 or bf16 rows of the input's shape) first adds it into the
-//! input (`input += input1`, the input passed mutably) and normalizes the sum: the residual add
-//! of [`super::fuse`]'s `add_norm` pass, with the bits of `AddTo` followed by `RMSNorm`.
+//! `RMSNorm` with `input1` (f32, f16 or bf16 rows of the input's shape, or one row added to
+//! every row, as `AddTo` takes) first adds it into the input (`input += input1`, the input
+//! passed mutably) and normalizes the sum: the residual add of [`super::fuse`]'s `add_norm`
+//! pass, with the bits of `AddTo` followed by `RMSNorm`.
 
 use super::act_quant::{ActForm, ActQuant};
 use super::buffer::{dptr, ensure_out};
@@ -133,9 +134,11 @@ impl RowOp {
             .launch(&format!("{prefix}_v4_f32"), grid, threads, &args)
     }
 
-    /// `input += input1`, then `output = RMSNorm(input)`: one launch where the rows take the
-    /// float4 kernels, else `AddTo`'s kernel then `rmsnorm_f32`.
-    fn add_rms(&self, d: &mut DataDict, f: &FloatDict, ints: &IntDict) -> Result<()> {
+    /// `input += input1`, then `output = RMSNorm(input)` in one launch where the rows take the
+    /// float4 kernels and `input1` has the input's shape (`Ok(true)`); otherwise only the add,
+    /// by `AddTo`'s kernel (one `input1` row is added to every row), and `Ok(false)`: the
+    /// plain norm follows.
+    fn add_rms(&self, d: &mut DataDict, f: &FloatDict, ints: &IntDict) -> Result<bool> {
         const OP: &str = "RMSNorm";
         let eps = f.get_or("eps", 1e-5);
         let ([w, r], [x, y]) = d.io_many(OP, ["weight", "input1"], ["input", "output"])?;
@@ -149,43 +152,34 @@ impl RowOp {
             .ok_or_else(|| op_err(OP, format!("input1 must be f32, f16 or bf16, got {r:?}")))?;
         let row = x.dim(-1);
         let rows = x.count() / row.max(1);
-        let grid = (
-            u32::try_from(rows).map_err(|_| op_err(OP, "too many rows"))?,
-            1,
-            1,
-        );
         let (xp, wp, yp, rp) = (
             dptr(x, "input")?,
             dptr(w, "weight")?,
             dptr(y, "output")?,
             dptr(r, "input1")?,
         );
-        let dd = int(row, "row length")?;
         let aligned = [xp, wp, yp, rp].iter().all(|p| p % 16 == 0);
-        if row % 4 == 0 && aligned && row <= 4 * RMS_V4 * 1024 {
+        let whole = r.count() == x.count();
+        if whole && row % 4 == 0 && aligned && row <= 4 * RMS_V4 * 1024 {
+            let grid = (
+                u32::try_from(rows).map_err(|_| op_err(OP, "too many rows"))?,
+                1,
+                1,
+            );
             let base = [
                 KArg::Ptr(xp),
                 KArg::Ptr(wp),
                 KArg::Ptr(yp),
-                dd,
+                int(row, "row length")?,
                 KArg::F32(eps),
             ];
             let copy = ActForm::from_param(ints.get_or("quantize_output", 0));
-            return self.rms_v4(grid, (rows, row), yp, base, (copy, Some((rp, code))));
+            self.rms_v4(grid, (rows, row), yp, base, (copy, Some((rp, code))))?;
+            return Ok(true);
         }
-        super::elementwise::add_residual(&self.gpu, (xp, x.count()), (rp, r.dtype()))?;
-        self.gpu.launch(
-            "rmsnorm_f32",
-            grid,
-            256,
-            &[
-                KArg::Ptr(xp),
-                KArg::Ptr(wp),
-                KArg::Ptr(yp),
-                dd,
-                KArg::F32(eps),
-            ],
-        )
+        let r = (rp, r.count(), r.dtype());
+        super::elementwise::add_to_kernel(&self.gpu, (xp, x.count()), r, 1.0)?;
+        Ok(false)
     }
 }
 
@@ -216,10 +210,14 @@ impl Operator for RowOp {
             ));
         }
         if let Some(r) = d.get("input1") {
-            if r.dims() != dims.as_slice() {
+            // `AddTo`'s shapes: the input's, or one row added to every row
+            if r.dims() != dims.as_slice() && r.dims() != [row] {
                 return Err(op_err(
                     op,
-                    format!("input1 {:?} must equal input {dims:?}", r.dims()),
+                    format!(
+                        "input1 {:?} must equal input {dims:?} or be one row of {row}",
+                        r.dims()
+                    ),
                 ));
             }
         }
@@ -240,8 +238,8 @@ impl Operator for RowOp {
         )
     }
     fn run(&self, d: &mut DataDict, f: &FloatDict, ints: &IntDict) -> Result<()> {
-        if d.contains("input1") {
-            return self.add_rms(d, f, ints);
+        if d.contains("input1") && self.add_rms(d, f, ints)? {
+            return Ok(());
         }
         let op = self.op();
         let eps = f.get_or("eps", 1e-5);

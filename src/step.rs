@@ -118,6 +118,13 @@ impl Call {
             .find(|(n, _)| *n == name)
             .map_or(0, |(_, v)| *v)
     }
+    /// The float parameter `name`, or `default`.
+    pub fn float_or(&self, name: &str, default: f32) -> f32 {
+        self.floats
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or(default, |(_, v)| *v)
+    }
     /// Sets the integer parameter `name`.
     pub fn set_int(&mut self, name: &'static str, v: i32) {
         match self.ints.iter_mut().find(|(n, _)| *n == name) {

@@ -49,11 +49,7 @@ fn add_norm(step: &mut Step) {
     while i + 1 < items.len() {
         let fuse = match (call_of(items, i, "AddTo"), call_of(items, i + 1, "RMSNorm")) {
             (Some(a), Some(n)) => {
-                let alpha = a
-                    .floats
-                    .iter()
-                    .find(|f| f.0 == "alpha")
-                    .map_or(1.0, |f| f.1);
+                let alpha = a.float_or("alpha", 1.0);
                 match (a.arg("input0"), a.arg("input1")) {
                     (Some(x), Some(b))
                         if alpha == 1.0
@@ -196,11 +192,7 @@ fn accumulate(step: &mut Step) {
         let fuse = match (call_of(items, i, "Linear"), call_of(items, i + 1, "AddTo")) {
             (Some(l), Some(a)) if plain_linear(l).is_some() && l.arg("bias").is_none() => {
                 let (b, x) = (l.arg("output"), a.arg("input0"));
-                let alpha = a
-                    .floats
-                    .iter()
-                    .find(|f| f.0 == "alpha")
-                    .map_or(1.0, |f| f.1);
+                let alpha = a.float_or("alpha", 1.0);
                 match (b, x) {
                     (Some(b), Some(x))
                         if a.arg("input1") == Some(b)

@@ -51,6 +51,18 @@ fn all_reduce_times(r: usize, id: &nccl::NcclId) -> Vec<(String, f64)> {
     comm.all_reduce_sum(&mut y).unwrap();
     assert_eq!(y.to_owned_host().unwrap().to_f32_vec().unwrap(), [3.0; 8]);
     let mut out = Vec::new();
+    times(&dev, &comm, "NCCL", &mut out);
+    if comm
+        .enable_p2p(true, std::time::Duration::from_secs(60))
+        .unwrap()
+    {
+        times(&dev, &comm, "peer-to-peer", &mut out);
+    }
+    out
+}
+
+/// [`all_reduce_times`] of `comm`'s current all-reduce (`how`).
+fn times(dev: &CudaDevice, comm: &nccl::NcclComm, how: &str, out: &mut Vec<(String, f64)>) {
     for dt in [DataType::F32, DataType::F16] {
         for n in [4096usize, 64 * 4096, 2048 * 4096] {
             let mut x = dev.upload(&Data::zeros(dt, &[n]).unwrap()).unwrap();
@@ -65,7 +77,7 @@ fn all_reduce_times(r: usize, id: &nccl::NcclId) -> Vec<(String, f64)> {
             }
             dev.synchronize().unwrap();
             let us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
-            out.push((format!("{n} {dt:?}, eager"), us));
+            out.push((format!("{n} {dt:?}, eager, {how}"), us));
         }
         let mut x = dev.upload(&Data::zeros(dt, &[4096]).unwrap()).unwrap();
         dev.begin_recording().unwrap();
@@ -83,9 +95,8 @@ fn all_reduce_times(r: usize, id: &nccl::NcclId) -> Vec<(String, f64)> {
         }
         dev.synchronize().unwrap();
         let us = t.elapsed().as_secs_f64() * 1e6 / (50.0 * 64.0);
-        out.push((format!("4096 {dt:?}, 64 in a graph"), us));
+        out.push((format!("4096 {dt:?}, 64 in a graph, {how}"), us));
     }
-    out
 }
 
 /// Decode tokens/s of `m` over `n` single-token steps after a 4-token prompt.

@@ -198,6 +198,11 @@ typedef struct FastllmModelParams {
    (the same bits alone and batched; slower); 0 = off (the default).
    */
   int32_t batch_invariant;
+  /*
+   -1 = unset; 1 = a tensor-parallel group whose GPUs reach each other's memory sums with
+   its own peer-to-peer kernels (the default); 0 = NCCL sums.
+   */
+  int32_t peer_all_reduce;
 } FastllmModelParams;
 
 /*

@@ -42,22 +42,40 @@ __device__ __forceinline__ void quant8x4(float4 o, unsigned int* q4, float2* dsb
 // ADD: first add the residual r (bdt 0: f32 rows, 1: f16, 2: bf16, 4 values at a time) into x
 // and store the sum back, then normalize the sum: addto_f32's x + 1·r, so the result is the bits
 // of AddTo followed by RMSNorm.
-__device__ __forceinline__ float4 load4_of(const void* r, long i, int bdt) {
-    if (bdt == 0) return ((const float4*)r)[i];
-    uint2 u = ((const uint2*)r)[i];
+// Four f16 (bdt 1) or bf16 (bdt 2) values packed in u, as floats.
+__device__ __forceinline__ float4 float4_of_half4(uint2 u, int bdt) {
     unsigned short h[4] = {(unsigned short)(u.x & 0xffff), (unsigned short)(u.x >> 16),
                            (unsigned short)(u.y & 0xffff), (unsigned short)(u.y >> 16)};
     if (bdt == 1) return make_float4(h2f(h[0]), h2f(h[1]), h2f(h[2]), h2f(h[3]));
     return make_float4(bf2f(h[0]), bf2f(h[1]), bf2f(h[2]), bf2f(h[3]));
 }
 
-template <int COPY, bool ADD>
-__device__ __forceinline__ void rmsnorm_v4_t(float* x, const float* w, float* y, int d, float eps,
-                                             signed char* qs, float2* ds, uint2* hs, int bf,
-                                             const void* r, int bdt) {
+__device__ __forceinline__ float4 load4_of(const void* r, long i, int bdt) {
+    if (bdt == 0) return ((const float4*)r)[i];
+    return float4_of_half4(((const uint2*)r)[i], bdt);
+}
+
+// The residual rmsnorm_v4_t adds: none, or r's rows (bdt as load4_of takes).
+struct NoResid {
+    static constexpr bool on = false;
+    __device__ __forceinline__ float4 operator()(long) const { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+};
+
+struct LocalResid {
+    static constexpr bool on = true;
+    const void* r;
+    int bdt;
+    __device__ __forceinline__ float4 operator()(long i4) const { return load4_of(r, i4, bdt); }
+};
+
+// Row `row` of x normalized into y (and its copies); with a residual (Resid::on), res(i) (the
+// i-th 4 values of the row's residual, counted from the tensor's start) is added into x first.
+template <int COPY, class Resid>
+__device__ __forceinline__ void rmsnorm_v4_t(long row, float* x, const float* w, float* y, int d, float eps,
+                                             signed char* qs, float2* ds, uint2* hs, int bf, Resid res) {
     int n4 = d >> 2;
-    float4* xr = (float4*)(x + (long)blockIdx.x * d);
-    float4* yr = (float4*)(y + (long)blockIdx.x * d);
+    float4* xr = (float4*)(x + row * d);
+    float4* yr = (float4*)(y + row * d);
     const float4* w4 = (const float4*)w;
     // the norm weight (no kernel writes it) is loaded before waiting for the kernel that wrote x
     float4 g[RMS_V4];
@@ -73,8 +91,8 @@ __device__ __forceinline__ void rmsnorm_v4_t(float* x, const float* w, float* y,
     for (int t = 0; t < RMS_V4; t++) {
         int i = threadIdx.x + t * blockDim.x;
         v[t] = i < n4 ? xr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (ADD && i < n4) {
-            float4 a = load4_of(r, (long)blockIdx.x * n4 + i, bdt);
+        if (Resid::on && i < n4) {
+            float4 a = res(row * n4 + i);
             v[t] = make_float4(v[t].x + 1.0f * a.x, v[t].y + 1.0f * a.y, v[t].z + 1.0f * a.z,
                                v[t].w + 1.0f * a.w);
             xr[i] = v[t];
@@ -94,42 +112,42 @@ __device__ __forceinline__ void rmsnorm_v4_t(float* x, const float* w, float* y,
         if (i < n4) {
             yr[i] = o;
             if (COPY == 1) {
-                ((unsigned int*)(qs + (long)blockIdx.x * d))[i] = q4;
-                if ((i & 7) == 0) ds[(long)blockIdx.x * (d >> 5) + (i >> 3)] = sc;
+                ((unsigned int*)(qs + row * d))[i] = q4;
+                if ((i & 7) == 0) ds[row * (d >> 5) + (i >> 3)] = sc;
             }
-            if (COPY == 2) hs[(long)blockIdx.x * n4 + i] = half4_of(o, bf);
+            if (COPY == 2) hs[row * n4 + i] = half4_of(o, bf);
         }
     }
 }
 
 extern "C" __global__ void rmsnorm_v4_f32(float* x, const float* w, float* y, int d, float eps) {
-    rmsnorm_v4_t<0, false>(x, w, y, d, eps, 0, 0, 0, 0, 0, 0);
+    rmsnorm_v4_t<0>(blockIdx.x, x, w, y, d, eps, 0, 0, 0, 0, NoResid{});
 }
 
 extern "C" __global__ void rmsnorm_v4q_f32(float* x, const float* w, float* y, int d, float eps,
                                            signed char* qs, float2* ds) {
-    rmsnorm_v4_t<1, false>(x, w, y, d, eps, qs, ds, 0, 0, 0, 0);
+    rmsnorm_v4_t<1>(blockIdx.x, x, w, y, d, eps, qs, ds, 0, 0, NoResid{});
 }
 
 extern "C" __global__ void rmsnorm_v4h_f32(float* x, const float* w, float* y, int d, float eps,
                                            uint2* hs, int bf) {
-    rmsnorm_v4_t<2, false>(x, w, y, d, eps, 0, 0, hs, bf, 0, 0);
+    rmsnorm_v4_t<2>(blockIdx.x, x, w, y, d, eps, 0, 0, hs, bf, NoResid{});
 }
 
 // x += r, then y = RMSNorm(x) (and the copies above): the residual add fused into the next norm.
 extern "C" __global__ void addrmsnorm_v4_f32(float* x, const float* w, float* y, int d, float eps,
                                              const void* r, int bdt) {
-    rmsnorm_v4_t<0, true>(x, w, y, d, eps, 0, 0, 0, 0, r, bdt);
+    rmsnorm_v4_t<0>(blockIdx.x, x, w, y, d, eps, 0, 0, 0, 0, LocalResid{r, bdt});
 }
 
 extern "C" __global__ void addrmsnorm_v4q_f32(float* x, const float* w, float* y, int d, float eps,
                                               const void* r, int bdt, signed char* qs, float2* ds) {
-    rmsnorm_v4_t<1, true>(x, w, y, d, eps, qs, ds, 0, 0, r, bdt);
+    rmsnorm_v4_t<1>(blockIdx.x, x, w, y, d, eps, qs, ds, 0, 0, LocalResid{r, bdt});
 }
 
 extern "C" __global__ void addrmsnorm_v4h_f32(float* x, const float* w, float* y, int d, float eps,
                                               const void* r, int bdt, uint2* hs, int bf) {
-    rmsnorm_v4_t<2, true>(x, w, y, d, eps, 0, 0, hs, bf, r, bdt);
+    rmsnorm_v4_t<2>(blockIdx.x, x, w, y, d, eps, 0, 0, hs, bf, LocalResid{r, bdt});
 }
 
 extern "C" __global__ void layernorm_f32(const float* x, const float* g, const float* b, float* y, int d, float eps) {

@@ -318,12 +318,14 @@ fn cuda_process_group(
     }
     nccl::probe()?;
     let (ords, world, s) = (ordinals.to_vec(), spec.tp, setup.clone());
+    let timeout = spec.timeout;
     let rank: RankParts = Arc::new(move |id: &[u8], rank: usize, i: usize| {
         let ord = *ords
             .get(i)
             .ok_or_else(|| Error::invalid(format!("no local GPU for rank {rank}")))?;
         let dev = CudaDevice::with_options(ord, &s.runtime)?;
         let comm = nccl::NcclComm::new(dev.gpu(), &nccl::NcclId::from_bytes(id)?, rank, world)?;
+        comm.enable_p2p(s.runtime.peer_all_reduce, timeout)?;
         let mut exec = Executor::new();
         exec.add_device(Arc::new(dev));
         exec.add_device(Arc::new(crate::devices::cpu::CpuDevice::new(
@@ -410,7 +412,13 @@ pub fn cpu_group(
     Model::driver(config, Arc::new(group), precision)
 }
 
-/// A tensor-parallel model over the GPUs `ordinals` (one rank each, NCCL all-reduces).
+/// How long a rank of a group in this process waits for a peer inside a peer-to-peer
+/// all-reduce before the step fails (the default of `--rendezvous-timeout` for processes).
+#[cfg(feature = "cuda")]
+const PEER_WAIT: Duration = Duration::from_secs(300);
+
+/// A tensor-parallel model over the GPUs `ordinals` (one rank each; peer-to-peer all-reduces
+/// where every GPU reaches the others' memory, else NCCL's).
 /// Checks every GPU and NCCL before starting any rank, so a missing one gives a clear `Err`.
 #[cfg(feature = "cuda")]
 fn cuda_group(
@@ -447,6 +455,7 @@ fn cuda_group(
             Box::new(move || {
                 let dev = CudaDevice::with_options(ord, &opts)?;
                 let comm = nccl::NcclComm::new(dev.gpu(), &id, r, world)?;
+                comm.enable_p2p(opts.peer_all_reduce, PEER_WAIT)?;
                 let mut exec = Executor::new();
                 exec.add_device(Arc::new(dev));
                 exec.add_device(Arc::new(crate::devices::cpu::CpuDevice::new(

@@ -28,6 +28,11 @@ pub struct RuntimeOptions {
     /// every row count, attention splits that depend only on a row's own length). Costs speed
     /// (`docs/benchmarks.md`). Default off. Env `FASTLLM_BATCH_INVARIANT`.
     pub batch_invariant: bool,
+    /// A tensor-parallel group whose GPUs reach each other's memory (NVLink or PCIe peer access,
+    /// one host) sums with its own peer-to-peer kernels, the all-reduce fused with the residual
+    /// add and the next norm; off, NCCL sums. Every rank of a group must agree, else none uses
+    /// them. Default on. Env `FASTLLM_PEER_ALL_REDUCE`.
+    pub peer_all_reduce: bool,
     /// Refuse to load a model whose weights need more than this many bytes on any one GPU (the
     /// KV cache not counted); `None`: no cap. Env `FASTLLM_GPU_MEMORY_CAP_MB` (MiB, 0 = none).
     pub gpu_memory_cap: Option<usize>,
@@ -49,6 +54,7 @@ impl Default for RuntimeOptions {
             cuda_graphs: true,
             fused_ops: true,
             batch_invariant: false,
+            peer_all_reduce: true,
             gpu_memory_cap: None,
             simd: None,
             cache_dir: None,
@@ -58,10 +64,11 @@ impl Default for RuntimeOptions {
 }
 
 /// The environment variables [`RuntimeOptions::from_env`] reads.
-pub const ENV_VARS: [&str; 7] = [
+pub const ENV_VARS: [&str; 8] = [
     "FASTLLM_DECODE_GRAPHS",
     "FASTLLM_FUSED_OPS",
     "FASTLLM_BATCH_INVARIANT",
+    "FASTLLM_PEER_ALL_REDUCE",
     "FASTLLM_GPU_MEMORY_CAP_MB",
     "FASTLLM_SIMD",
     "FASTLLM_CACHE_DIR",
@@ -94,6 +101,9 @@ impl RuntimeOptions {
         }
         if let Some(v) = var("FASTLLM_BATCH_INVARIANT")? {
             o.batch_invariant = parse_bool("FASTLLM_BATCH_INVARIANT", &v)?;
+        }
+        if let Some(v) = var("FASTLLM_PEER_ALL_REDUCE")? {
+            o.peer_all_reduce = parse_bool("FASTLLM_PEER_ALL_REDUCE", &v)?;
         }
         if let Some(v) = var("FASTLLM_GPU_MEMORY_CAP_MB")? {
             let mb = v.trim().parse::<usize>().map_err(|_| {
@@ -206,13 +216,14 @@ mod tests {
             ("FASTLLM_DECODE_GRAPHS", "0"),
             ("FASTLLM_FUSED_OPS", " off "),
             ("FASTLLM_BATCH_INVARIANT", "yes"),
+            ("FASTLLM_PEER_ALL_REDUCE", "0"),
             ("FASTLLM_GPU_MEMORY_CAP_MB", "10240"),
             ("FASTLLM_SIMD", "AVX2"),
             ("FASTLLM_CACHE_DIR", "/tmp/x"),
             ("FASTLLM_PYTHON", "python3.12"),
         ])
         .unwrap();
-        assert!(!o.cuda_graphs && !o.fused_ops && o.batch_invariant);
+        assert!(!o.cuda_graphs && !o.fused_ops && o.batch_invariant && !o.peer_all_reduce);
         assert_eq!(o.gpu_memory_cap, Some(10240 << 20));
         assert_eq!(o.simd, Some(SimdLevel::Avx2));
         assert_eq!(o.cache_dir, Some(PathBuf::from("/tmp/x")));

@@ -553,6 +553,23 @@ fn embedding_rejects_bad_input() {
 
 #[test]
 fn fused_forms_reject_bad_input() {
+    // a group's sums: no peer-to-peer group on the CPU
+    expect_err(
+        "AllReduceAdd",
+        vec![inout("input0", f32d(&[4])), inp("input1", f32d(&[4]))],
+        &[],
+        &[],
+    );
+    expect_err(
+        "RMSNorm",
+        vec![
+            inp("input", f32d(&[2, 4])),
+            inp("weight", f32d(&[4])),
+            out("output"),
+        ],
+        &[],
+        &[("all_reduce", 1)],
+    );
     // SiluMul: gate and up of different shapes, an output copy the CPU cannot keep, no up
     let m = expect_err(
         "SiluMul",

@@ -451,6 +451,48 @@ fn tp_gpu_fast_half_all_reduce_matches_one_gpu() {
     }
 }
 
+/// The group's peer-to-peer all-reduce (fused with the residual add and the next norm where
+/// the architecture allows) against NCCL's, same model, same prompt of 40 rows: both sum two
+/// ranks with one rounding, so the logits agree to float noise; `exact` and `fast` halves.
+#[test]
+fn tp_gpu_peer_all_reduce_matches_nccl() {
+    if !two_gpus() {
+        return;
+    }
+    for (arch, dtype, precision) in [
+        ("llama", "keep", Precision::Exact),
+        ("llama", "f16", Precision::Fast),
+        ("gemma3", "f16", Precision::Fast),
+    ] {
+        let (cfg, src) = open(&tiny_flm(arch, dtype));
+        let group = |peer: bool| {
+            let opts = fastllm::options::RuntimeOptions {
+                peer_all_reduce: peer,
+                ..Default::default()
+            };
+            model_for(
+                cfg.clone(),
+                src.clone(),
+                "cuda:0,1",
+                2,
+                precision,
+                false,
+                &opts,
+            )
+            .unwrap()
+        };
+        let (peer, nccl) = (group(true), group(false));
+        let p = prompt(cfg.vocab_size, 40);
+        let d = max_diff(&run(&peer, &p), &run(&nccl, &p));
+        let dp = max_diff(&run_paged(&peer), &run_paged(&nccl));
+        eprintln!(
+            "{arch} {dtype} {precision:?}: peer-to-peer vs NCCL max |Δlogit| {d:e}, paged {dp:e}"
+        );
+        assert!(d <= 1e-5 && dp <= 1e-5, "{arch} {dtype}: {d} / {dp}");
+        assert_eq!(greedy(&peer, &p[..4], 16), greedy(&nccl, &p[..4], 16));
+    }
+}
+
 #[test]
 fn tp_gpu_extra_models_match_one_gpu() {
     let Some(dir) = std::env::var_os("FASTLLM_TP_MODELS") else {

@@ -49,12 +49,17 @@ pub struct FastllmModelParams {
     /// -1 = unset; 1 = on a GPU, every sequence's results independent of the batch it runs in
     /// (the same bits alone and batched; slower); 0 = off (the default).
     pub batch_invariant: i32,
+    /// -1 = unset; 1 = a tensor-parallel group whose GPUs reach each other's memory sums with
+    /// its own peer-to-peer kernels (the default); 0 = NCCL sums.
+    pub peer_all_reduce: i32,
 }
 
 /// `struct_size` of the second version of [`FastllmModelParams`] (up to `cache_dir`).
 const PARAMS_V2_SIZE: usize = std::mem::offset_of!(FastllmModelParams, kv_dtype);
 /// `struct_size` of the third version of [`FastllmModelParams`] (up to `kv_dtype`).
 const PARAMS_V3_SIZE: usize = std::mem::offset_of!(FastllmModelParams, batch_invariant);
+/// `struct_size` of the fourth version of [`FastllmModelParams`] (up to `batch_invariant`).
+const PARAMS_V4_SIZE: usize = std::mem::offset_of!(FastllmModelParams, peer_all_reduce);
 
 /// The first version of [`FastllmModelParams`] (its size is accepted as `struct_size`).
 #[repr(C)]
@@ -82,6 +87,7 @@ pub extern "C" fn fastllm_model_params_default() -> FastllmModelParams {
         cache_dir: std::ptr::null(),
         kv_dtype: std::ptr::null(),
         batch_invariant: -1,
+        peer_all_reduce: -1,
     }
 }
 
@@ -99,9 +105,9 @@ unsafe fn read_params(params: *const FastllmModelParams) -> Result<FastllmModelP
         // SAFETY: the caller's struct is the current version.
         return Ok(unsafe { *params });
     }
-    if size == PARAMS_V2_SIZE || size == PARAMS_V3_SIZE {
+    if size == PARAMS_V2_SIZE || size == PARAMS_V3_SIZE || size == PARAMS_V4_SIZE {
         let mut p = fastllm_model_params_default();
-        // SAFETY: the caller's struct is the second or third version, a prefix of the current one
+        // SAFETY: the caller's struct is the second, third or fourth version, a prefix of the current one
         // (`size` bytes of the same layout); the copy covers exactly those bytes.
         unsafe {
             std::ptr::copy_nonoverlapping(
@@ -152,6 +158,9 @@ unsafe fn runtime_options(p: &FastllmModelParams) -> Result<RuntimeOptions, Fail
     }
     if let Some(on) = flag(p.batch_invariant, "batch_invariant")? {
         o.batch_invariant = on;
+    }
+    if let Some(on) = flag(p.peer_all_reduce, "peer_all_reduce")? {
+        o.peer_all_reduce = on;
     }
     match p.gpu_memory_cap_mb {
         -1 => {}

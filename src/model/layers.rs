@@ -547,8 +547,7 @@ impl Model {
         let reduced = self.tp.as_ref().is_some_and(|tp| tp.reduce_attention);
         let half = self.half_partial(reduced && post.is_none(), &ln(self.spec.o_proj));
         self.linear_half(st, bufs.a, &ln(self.spec.o_proj), bufs.b, (s, half))?;
-        self.all_reduce_stage(st, bufs.b, |tp| tp.reduce_attention);
-        self.residual(st, i, post, bufs, s)
+        self.reduced_residual(st, (i, post), bufs, s, |tp| tp.reduce_attention)
     }
 
     /// Layer `i`'s latent attention ([`super::mla`]) of the normed input `h` into `a`, as a
@@ -652,8 +651,32 @@ impl Model {
         let post = self.spec.post_ffn_norm;
         let half = self.half_partial(self.tp.is_some() && post.is_none(), &ln(down));
         self.linear_half(st, t1, &ln(down), b, (s, half))?;
-        self.all_reduce_stage(st, b, |_| true); // row-parallel down projection
-        self.residual(st, i, self.spec.post_ffn_norm, bufs, s)
+        // row-parallel down projection
+        self.reduced_residual(st, (i, post), bufs, s, |_| true)
+    }
+
+    /// `x += post(Σ_ranks b)` (the sum where this model is a rank and `on` holds): one
+    /// `AllReduceAdd` where the rank's device sums inside its operators and there is no
+    /// post-norm, else an all-reduce stage and [`Self::residual`].
+    fn reduced_residual<'a>(
+        &'a self,
+        st: &mut Step<'a>,
+        (i, post): (usize, Option<&str>),
+        bufs: &mut Bufs,
+        s: usize,
+        on: impl Fn(&RankTp) -> bool,
+    ) -> Result<()> {
+        let in_ops = self.tp.as_ref().filter(|tp| on(tp));
+        if post.is_none() && in_ops.is_some_and(|tp| tp.comm.reduces_in_ops()) {
+            st.push(
+                Call::new("AllReduceAdd")
+                    .output("input0", bufs.x)
+                    .input("input1", bufs.b),
+            );
+            return Ok(());
+        }
+        self.all_reduce_stage(st, bufs.b, on);
+        self.residual(st, i, post, bufs, s)
     }
 
     /// `x += post(b)`: layer `i`'s norm `post` where the architecture has one.

@@ -100,6 +100,18 @@ fn rank_logits(l: Data) -> Result<RankLogits> {
 impl RankState {
     /// Runs `cmd`; `None` for the commands that have no reply (frees).
     pub(crate) fn handle(&mut self, model: &Model, cmd: Cmd) -> Option<Reply> {
+        let reply = self.run(model, cmd)?;
+        // a reduction inside the device's operators that gave up waiting for a peer
+        let health = model.tp.as_ref().map_or(Ok(()), |tp| tp.comm.health());
+        Some(match (reply, health) {
+            (Reply::Logits(Ok(_)), Err(e)) => Reply::Logits(Err(e)),
+            (Reply::Top(Ok(_)), Err(e)) => Reply::Top(Err(e)),
+            (Reply::Done(Ok(())), Err(e)) => Reply::Done(Err(e)),
+            (r, _) => r,
+        })
+    }
+
+    fn run(&mut self, model: &Model, cmd: Cmd) -> Option<Reply> {
         let missing = |what: &str, id: u64| Error::invalid(format!("no {what} {id} on this rank"));
         Some(match cmd {
             Cmd::NewCache { id, cap } => Reply::Done(model.new_cache(cap).map(|c| {

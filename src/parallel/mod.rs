@@ -26,6 +26,17 @@ pub trait Collective: Send + Sync {
     /// Replaces `x` by the sum of every rank's `x` (F32; a device collective may also take
     /// F16 and BF16).
     fn all_reduce_sum(&self, x: &mut Data) -> Result<()>;
+    /// Whether the rank's device sums partial results over the group inside its own operators
+    /// (`AllReduceAdd`, `RMSNorm` with `all_reduce`), so a step may use those instead of an
+    /// all-reduce stage followed by the residual add.
+    fn reduces_in_ops(&self) -> bool {
+        false
+    }
+    /// `Err` once a reduction inside the device's operators failed (a peer that did not come),
+    /// checked after every step.
+    fn health(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 struct HostState {

@@ -3,6 +3,7 @@
  * callback, context overflow, and many threads sharing one model. Built with
  * -fsanitize=address,undefined. Usage: api_test MODEL.flm        Prints "N passed, N failed". */
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -311,9 +312,21 @@ static void test_params_versions(const char *path) {
     p.fused_ops = 0;
     p.gpu_memory_cap_mb = 0;
     p.cache_dir = "/tmp/fastllm_api_test_cache";
+    p.peer_all_reduce = 0;
     m = NULL;
     CHECK(fastllm_model_load(path, &p, &m) == FASTLLM_OK);
     fastllm_model_free(m);
+    /* the fourth version ended at `batch_invariant` */
+    FastllmModelParams v4 = fastllm_model_params_default();
+    v4.threads = 1;
+    v4.struct_size = (uint32_t)offsetof(FastllmModelParams, peer_all_reduce);
+    m = NULL;
+    CHECK(fastllm_model_load(path, &v4, &m) == FASTLLM_OK);
+    fastllm_model_free(m);
+    /* a switch out of range is refused */
+    p.peer_all_reduce = 2;
+    m = NULL;
+    CHECK(fastllm_model_load(path, &p, &m) != FASTLLM_OK);
 }
 
 static void test_threads(void) {

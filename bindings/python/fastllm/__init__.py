@@ -85,7 +85,8 @@ class Model:
     Run-time switches (None: the FASTLLM_* environment variable, else the default; see
     docs/tuning.md): cuda_graphs (replay recorded decode steps on a GPU), fused_ops (fused
     op forms), batch_invariant (on a GPU, each sequence's results independent of its batch;
-    slower), gpu_memory_cap_mb (0 = no cap), simd ("portable", "avx2" or "avx512": the
+    slower), peer_all_reduce (a tensor-parallel group sums with its own peer-to-peer kernels
+    where its GPUs reach each other's memory; False: NCCL), gpu_memory_cap_mb (0 = no cap), simd ("portable", "avx2" or "avx512": the
     highest level of the CPU kernels), cache_dir.
     """
 
@@ -93,7 +94,8 @@ class Model:
                  low_memory: bool = False, precision: str = "fast", *,
                  kv_dtype: Optional[str] = None,
                  cuda_graphs: Optional[bool] = None, fused_ops: Optional[bool] = None,
-                 batch_invariant: Optional[bool] = None, gpu_memory_cap_mb: Optional[int] = None, simd: Optional[str] = None,
+                 batch_invariant: Optional[bool] = None, peer_all_reduce: Optional[bool] = None,
+                 gpu_memory_cap_mb: Optional[int] = None, simd: Optional[str] = None,
                  cache_dir: Optional[str] = None):
         if precision not in ("fast", "exact"):
             raise FastllmError(2, f"precision must be 'fast' or 'exact', not {precision!r}")
@@ -118,6 +120,8 @@ class Model:
             p.fused_ops = 1 if fused_ops else 0
         if batch_invariant is not None:
             p.batch_invariant = 1 if batch_invariant else 0
+        if peer_all_reduce is not None:
+            p.peer_all_reduce = 1 if peer_all_reduce else 0
         if gpu_memory_cap_mb is not None:
             p.gpu_memory_cap_mb = int(gpu_memory_cap_mb)
         if simd is not None:

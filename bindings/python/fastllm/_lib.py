@@ -52,6 +52,7 @@ class ModelParams(ctypes.Structure):
         ("cache_dir", ctypes.c_char_p),
         ("kv_dtype", ctypes.c_char_p),
         ("batch_invariant", ctypes.c_int32),
+        ("peer_all_reduce", ctypes.c_int32),
     ]
 
 

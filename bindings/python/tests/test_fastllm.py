@@ -52,7 +52,7 @@ def test_bad_runtime_switches():
 @needs_tiny
 def test_runtime_switches_load_on_the_cpu(tmp_path):
     m = fastllm.Model(TINY, threads=1, cuda_graphs=False, fused_ops=False,
-                      batch_invariant=True, gpu_memory_cap_mb=0, cache_dir=tmp_path)
+                      batch_invariant=True, peer_all_reduce=False, gpu_memory_cap_mb=0, cache_dir=tmp_path)
     assert m.detokenize(m.tokenize("Hello world")) == "Hello world"
     m.close()
 

@@ -33,9 +33,12 @@ fn shape_norm(op: &str, d: &mut DataDict, vecs: &[&str]) -> Result<()> {
 struct RmsNorm(Arc<CpuContext>);
 
 impl Operator for RmsNorm {
-    fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
-        // the residual form (`input1`) is the CUDA device's fused pass only
-        dtype_in(d, "input", &[F32]) && dtype_in(d, "weight", &[F32]) && !d.contains("input1")
+    fn can_run(&self, d: &DataDict, _: &FloatDict, ints: &IntDict) -> bool {
+        // the residual form (`input1`, `all_reduce`) is the CUDA device's fused pass only
+        dtype_in(d, "input", &[F32])
+            && dtype_in(d, "weight", &[F32])
+            && !d.contains("input1")
+            && ints.get_or("all_reduce", 0) == 0
     }
     fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
         shape_norm("RMSNorm", d, &["weight"])

@@ -13,7 +13,8 @@
 //!   `Linear` adds its product there itself (`accumulate`).
 //! - `AddTo(x += b)` (alpha 1) right before `RMSNorm(x)` → the norm adds `b` into `x` itself
 //!   (`input1`; `add_norm`): the residual add of a tensor-parallel rank, whose all-reduce keeps
-//!   the product out of the `Linear`.
+//!   the product out of the `Linear`. `AllReduceAdd(x += Σ_ranks b)` before `RMSNorm(x)` → the
+//!   norm all-reduces `b` as well (`all_reduce`; one launch for the reduction, add and norm).
 //! - A producer (`RMSNorm`, `SiluMul`, `Attention`, `DecodeAttention`, `PagedDecodeAttention`)
 //!   whose output is the input of the next call, a `quant_act` `Linear` → the producer also
 //!   leaves that input in the form the `Linear` reads (`quantize_output`: Q8_0 rows, or
@@ -42,12 +43,15 @@ pub fn plan(step: &mut Step) -> Result<()> {
     Ok(())
 }
 
-/// `AddTo(x += b)` with alpha 1, then `RMSNorm(x → h)` → `RMSNorm(x += b → h)`.
+/// `AddTo(x += b)` with alpha 1, then `RMSNorm(x → h)` → `RMSNorm(x += b → h)`; the same for
+/// `AllReduceAdd(x += Σ b)`, whose norm then sums `b` over the group (`all_reduce` 1).
 fn add_norm(step: &mut Step) {
     let items = step.items_mut();
     let mut i = 0;
     while i + 1 < items.len() {
-        let fuse = match (call_of(items, i, "AddTo"), call_of(items, i + 1, "RMSNorm")) {
+        let add = call_of(items, i, "AddTo").or_else(|| call_of(items, i, "AllReduceAdd"));
+        let reduce = call_of(items, i, "AllReduceAdd").is_some();
+        let fuse = match (add, call_of(items, i + 1, "RMSNorm")) {
             (Some(a), Some(n)) => {
                 let alpha = a.float_or("alpha", 1.0);
                 match (a.arg("input0"), a.arg("input1")) {
@@ -76,6 +80,9 @@ fn add_norm(step: &mut Step) {
                     tensor: b,
                     written: false,
                 });
+                if reduce {
+                    n.ints.push(("all_reduce", 1));
+                }
             }
             items.remove(i);
         }
@@ -353,24 +360,29 @@ mod tests {
     }
 
     /// A residual add left by an all-reduce stage between the `Linear` and it goes into the
-    /// next `RMSNorm`; one whose norm reads another tensor, or with another alpha, stays.
+    /// next `RMSNorm`, and so does a group's `AllReduceAdd` (`all_reduce` 1); one whose norm
+    /// reads another tensor, or with another alpha, stays.
     #[test]
     fn residual_add_moves_into_the_next_norm() {
         let w = Data::zeros(DataType::F32, &[64]).unwrap();
-        for (alpha, norm_of_x, fused) in
-            [(1.0, true, true), (0.5, true, false), (1.0, false, false)]
-        {
+        for (op, alpha, norm_of_x, fused) in [
+            ("AddTo", 1.0, true, true),
+            ("AddTo", 0.5, true, false),
+            ("AddTo", 1.0, false, false),
+            ("AllReduceAdd", 1.0, true, true),
+            ("AllReduceAdd", 1.0, false, false),
+        ] {
             let mut bufs: Vec<Data> = (0..4).map(|_| Data::empty(DataType::F32)).collect();
             let mut st = Step::new();
             let w = st.input(&w);
             let t: Vec<TensorId> = bufs.iter_mut().map(|b| st.mutable(b)).collect();
             let (x, b, h, y) = (t[0], t[1], t[2], t[3]);
-            st.push(
-                Call::new("AddTo")
-                    .output("input0", x)
-                    .input("input1", b)
-                    .float("alpha", alpha),
-            );
+            let add = Call::new(op).output("input0", x).input("input1", b);
+            st.push(if op == "AddTo" {
+                add.float("alpha", alpha)
+            } else {
+                add
+            });
             st.push(
                 Call::new("RMSNorm")
                     .input("input", if norm_of_x { x } else { y })
@@ -379,13 +391,14 @@ mod tests {
             );
             plan(&mut st).unwrap();
             if !fused {
-                assert_eq!(ops(&st), ["AddTo", "RMSNorm"]);
+                assert_eq!(ops(&st), [op, "RMSNorm"]);
                 continue;
             }
             assert_eq!(ops(&st), ["RMSNorm"]);
             let n = st.items()[0].call().unwrap();
             assert_eq!(n.arg("input1"), Some(b));
             assert!(n.args.iter().any(|a| a.name == "input" && a.written));
+            assert_eq!(n.int_of("all_reduce"), (op == "AllReduceAdd") as i32);
         }
     }
 

@@ -8,13 +8,14 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 /// Every kernel source, in order; `common.cuh` first (the others use its helpers).
-const SOURCES: [(&str, &str); 15] = [
+const SOURCES: [(&str, &str); 16] = [
     ("common.cuh", include_str!("../../../kernels/common.cuh")),
     (
         "elementwise.cu",
         include_str!("../../../kernels/elementwise.cu"),
     ),
     ("norm.cu", include_str!("../../../kernels/norm.cu")),
+    ("p2p.cu", include_str!("../../../kernels/p2p.cu")),
     (
         "embedding.cu",
         include_str!("../../../kernels/embedding.cu"),

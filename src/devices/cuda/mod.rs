@@ -32,6 +32,7 @@ mod mm_split;
 mod moe;
 pub mod nccl;
 mod norm;
+pub mod p2p;
 mod paged;
 mod paged_decode;
 mod rope;
@@ -86,6 +87,7 @@ impl CudaDevice {
         sample::register(&mut ops, &gpu);
         moe::register(&mut ops, &gpu);
         matmul::register(&mut ops, &gpu);
+        p2p::register(&mut ops, &gpu);
         Ok(CudaDevice {
             name: format!("cuda:{ordinal}"),
             gpu,

@@ -9,6 +9,9 @@
 //! socket, an environment variable in hex, MPI broadcast) and they rebuild it with
 //! [`NcclId::from_bytes`]; NCCL then connects the ranks itself (set `NCCL_SOCKET_IFNAME` to the
 //! interface the hosts reach each other on).
+//!
+//! Once [`NcclComm::enable_p2p`] set up a peer-to-peer group (ranks on one host whose GPUs
+//! reach each other's memory), the all-reduce is that group's kernel instead of NCCL's.
 
 use super::buffer::dptr;
 use super::gpu::Gpu;
@@ -116,6 +119,74 @@ impl NcclComm {
     }
 }
 
+impl NcclComm {
+    /// Every rank's `mine` (each rank passes as many bytes), concatenated in rank order; blocks
+    /// until every rank has called it.
+    pub fn all_gather_bytes(&self, mine: &[u8]) -> Result<Vec<u8>> {
+        let n = mine.len();
+        let send = super::buffer::CudaBuffer::zeroed(&self.gpu, n)?;
+        let recv = super::buffer::CudaBuffer::zeroed(&self.gpu, n * self.world)?;
+        self.gpu.htod(mine, send.ptr())?;
+        self.on_stream("all-gather", |comm, stream| {
+            // SAFETY: `send` holds n bytes and `recv` n · world on this rank's GPU, alive until
+            // the stream is synchronised below.
+            unsafe {
+                nres::all_gather(
+                    send.ptr() as *const ::core::ffi::c_void,
+                    recv.ptr() as *mut ::core::ffi::c_void,
+                    n,
+                    nsys::ncclDataType_t::ncclUint8,
+                    comm,
+                    stream,
+                )
+            }
+        })?;
+        let mut all = vec![0u8; n * self.world];
+        self.gpu.sync()?;
+        self.gpu.dtoh(recv.ptr(), &mut all)?;
+        Ok(all)
+    }
+
+    /// Enqueues the NCCL call `f` (given the communicator and this rank's stream) on the
+    /// rank's stream; `what` names it in the error.
+    fn on_stream<T>(
+        &self,
+        what: &str,
+        f: impl FnOnce(nsys::ncclComm_t, nsys::cudaStream_t) -> std::result::Result<T, nres::NcclError>,
+    ) -> Result<()> {
+        let c = self
+            .comm
+            .lock()
+            .map_err(|_| Error::Device("NCCL comm poisoned".into()))?;
+        self.gpu.bind()?;
+        let stream = self.gpu.stream().cu_stream() as nsys::cudaStream_t;
+        f(c.0, stream).map_err(|e| nccl_err(what, e))?;
+        Ok(())
+    }
+
+    /// Whether `ok` holds on every rank (a collective: every rank calls it).
+    pub fn all_agree(&self, ok: bool) -> Result<bool> {
+        let all = self.all_gather_bytes(&[ok as u8])?;
+        Ok(all.iter().all(|&b| b == 1))
+    }
+}
+
+impl NcclComm {
+    /// Sets up the peer-to-peer group of this communicator's ranks on its GPU (a collective:
+    /// every rank calls it, `want` or not) and attaches it to the GPU; `Ok(false)` where some
+    /// rank does not `want` it or some ranks cannot reach each other's memory (NCCL keeps
+    /// summing). `timeout`: the longest wait for a peer.
+    pub fn enable_p2p(&self, want: bool, timeout: std::time::Duration) -> Result<bool> {
+        match super::p2p::P2pGroup::join(&self.gpu, self, want, timeout)? {
+            Some(g) => {
+                self.gpu.attach_group(Arc::new(g))?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+}
+
 impl Drop for NcclComm {
     fn drop(&mut self) {
         if let Ok(c) = self.comm.lock() {
@@ -134,6 +205,12 @@ impl Collective for NcclComm {
     }
     fn world(&self) -> usize {
         self.world
+    }
+    fn reduces_in_ops(&self) -> bool {
+        self.gpu.group().is_some()
+    }
+    fn health(&self) -> Result<()> {
+        self.gpu.group().map_or(Ok(()), |g| g.check())
     }
     fn all_reduce_sum(&self, x: &mut Data) -> Result<()> {
         let dtype = match x.dtype() {
@@ -156,27 +233,25 @@ impl Collective for NcclComm {
             *x = up;
         }
         let p = dptr(x, "all-reduce")?;
-        let c = self
-            .comm
-            .lock()
-            .map_err(|_| Error::Device("NCCL comm poisoned".into()))?;
-        self.gpu.bind()?;
-        let stream = self.gpu.stream().cu_stream() as nsys::cudaStream_t;
-        // SAFETY: `p` addresses `x.count()` elements of `dtype` on this rank's GPU, alive for
-        // the call; the reduction is in place and enqueued on the stream that produced `x`
-        // (recorded with the step's other work while that stream records a graph).
-        unsafe {
-            nres::all_reduce(
-                p as *const ::core::ffi::c_void,
-                p as *mut ::core::ffi::c_void,
-                x.count(),
-                dtype,
-                nsys::ncclRedOp_t::ncclSum,
-                c.0,
-                stream,
-            )
+        if let Some(g) = self.gpu.group() {
+            return g.all_reduce(&self.gpu, p, (x.count(), x.dtype()), None);
         }
-        .map_err(|e| nccl_err("all-reduce", e))?;
-        Ok(())
+        let n = x.count();
+        self.on_stream("all-reduce", |comm, stream| {
+            // SAFETY: `p` addresses `n` elements of `dtype` on this rank's GPU, alive for the
+            // call; the reduction is in place and enqueued on the stream that produced `x`
+            // (recorded with the step's other work while that stream records a graph).
+            unsafe {
+                nres::all_reduce(
+                    p as *const ::core::ffi::c_void,
+                    p as *mut ::core::ffi::c_void,
+                    n,
+                    dtype,
+                    nsys::ncclRedOp_t::ncclSum,
+                    comm,
+                    stream,
+                )
+            }
+        })
     }
 }

@@ -86,6 +86,9 @@ fn residual_code(t: DataType) -> Option<i32> {
     }
 }
 
+/// A residual the norm adds first: its address and [`residual_code`].
+type Residual = (u64, i32);
+
 /// Float4s per thread of `rmsnorm_v4_f32` and its variants (`RMS_V4` in the kernel source).
 const RMS_V4: usize = 4;
 
@@ -96,27 +99,39 @@ impl RowOp {
     /// `copy` asks for them; `out` is the output's address, which keys those rows.
     /// With `residual` (its address and [`residual_code`]) the `addrmsnorm_v4*` kernels add it
     /// into the input first.
+    ///
+    /// With `peer` (the group's context argument and the blocks to use) the residual is this
+    /// rank's partial sum, all-reduced over the group first (`p2p_addrmsnorm_v4*`, a grid of
+    /// that many blocks looping over the rows).
     fn rms_v4(
         &self,
-        grid: (u32, u32, u32),
+        mut grid: (u32, u32, u32),
         (rows, row): (usize, usize),
         out: u64,
         base: [KArg; 5],
-        (copy, residual): (Option<ActForm>, Option<(u64, i32)>),
+        (copy, residual, peer): (Option<ActForm>, Option<Residual>, Option<(KArg, u32)>),
     ) -> Result<()> {
         let threads = ((row / 4).div_ceil(RMS_V4).div_ceil(32).clamp(1, 32) * 32) as u32;
         let mut args = base.to_vec();
-        let prefix = match residual {
-            Some((r, code)) => {
+        let mut tail = Vec::new();
+        let prefix = match (residual, peer) {
+            (Some((r, code)), Some((ctx, blocks))) => {
+                args.extend([KArg::Ptr(r), KArg::I32(code)]);
+                tail.extend([ctx, int(rows, "rows")?]);
+                grid = (blocks, 1, 1);
+                "p2p_addrmsnorm"
+            }
+            (Some((r, code)), None) => {
                 args.extend([KArg::Ptr(r), KArg::I32(code)]);
                 "addrmsnorm"
             }
-            None => "rmsnorm",
+            _ => "rmsnorm",
         };
         if let Some(form @ (ActForm::F16 | ActForm::Bf16)) = copy {
             if rows >= TC_MIN_ROWS {
                 let (hs, key) = self.act.half_slot(out, rows, row, form)?;
                 args.extend([KArg::Ptr(hs), KArg::I32((form == ActForm::Bf16) as i32)]);
+                args.extend(tail);
                 self.gpu
                     .launch(&format!("{prefix}_v4h_f32"), grid, threads, &args)?;
                 return self.act.set(key, true);
@@ -126,10 +141,12 @@ impl RowOp {
             // also write the Q8_0 rows the next `Linear` (quant_act) reads
             let (qs, ds, key) = self.act.slots(out, rows, row)?;
             args.extend([KArg::Ptr(qs), KArg::Ptr(ds)]);
+            args.extend(tail);
             self.gpu
                 .launch(&format!("{prefix}_v4q_f32"), grid, threads, &args)?;
             return self.act.set(key, true);
         }
+        args.extend(tail);
         self.gpu
             .launch(&format!("{prefix}_v4_f32"), grid, threads, &args)
     }
@@ -160,6 +177,27 @@ impl RowOp {
         );
         let aligned = [xp, wp, yp, rp].iter().all(|p| p % 16 == 0);
         let whole = r.count() == x.count();
+        let reduce = ints.get_or("all_reduce", 0) != 0;
+        let peer = if reduce {
+            let g = self.gpu.group().ok_or_else(|| {
+                op_err(
+                    OP,
+                    "all_reduce: this GPU is not a rank of a peer-to-peer group",
+                )
+            })?;
+            if !whole {
+                return Err(op_err(OP, "all_reduce needs input1 of the input's shape"));
+            }
+            let fits = g.norm_launch(rows, row * r.dtype().block_bytes());
+            if fits.is_none() || row % 4 != 0 || !aligned || row > 4 * RMS_V4 * 1024 {
+                // the sum added by the group's plain all-reduce, then the plain norm
+                g.all_reduce(&self.gpu, rp, (r.count(), r.dtype()), Some(xp))?;
+                return Ok(false);
+            }
+            fits
+        } else {
+            None
+        };
         if whole && row % 4 == 0 && aligned && row <= 4 * RMS_V4 * 1024 {
             let grid = (
                 u32::try_from(rows).map_err(|_| op_err(OP, "too many rows"))?,
@@ -174,7 +212,7 @@ impl RowOp {
                 KArg::F32(eps),
             ];
             let copy = ActForm::from_param(ints.get_or("quantize_output", 0));
-            self.rms_v4(grid, (rows, row), yp, base, (copy, Some((rp, code))))?;
+            self.rms_v4(grid, (rows, row), yp, base, (copy, Some((rp, code)), peer))?;
             return Ok(true);
         }
         let r = (rp, r.count(), r.dtype());
@@ -198,7 +236,7 @@ impl Operator for RowOp {
             && d.get("input").is_some_and(|x| x.is_contiguous())
             && residual_ok
     }
-    fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
+    fn reshape(&self, d: &mut DataDict, _: &FloatDict, ints: &IntDict) -> Result<()> {
         let op = self.op();
         let x = d.require(op, "input")?;
         let dims = x.dims().to_vec();
@@ -207,6 +245,12 @@ impl Operator for RowOp {
             return Err(op_err(
                 op,
                 format!("input {dims:?} needs a non-empty last dim"),
+            ));
+        }
+        if d.get("input1").is_none() && ints.get_or("all_reduce", 0) != 0 {
+            return Err(op_err(
+                op,
+                "all_reduce needs input1 (this rank's partial sum)",
             ));
         }
         if let Some(r) = d.get("input1") {
@@ -264,7 +308,8 @@ impl Operator for RowOp {
                 if row % 4 == 0 && aligned && row <= 4 * RMS_V4 * 1024 {
                     let base = [xp, KArg::Ptr(wp), yp, dd, KArg::F32(eps)];
                     let copy = ActForm::from_param(ints.get_or("quantize_output", 0));
-                    return self.rms_v4(grid, (rows, row), dptr(y, "output")?, base, (copy, None));
+                    let how = (copy, None, None);
+                    return self.rms_v4(grid, (rows, row), dptr(y, "output")?, base, how);
                 }
                 self.gpu.launch(
                     "rmsnorm_f32",

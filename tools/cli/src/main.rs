@@ -79,6 +79,10 @@ struct ModelArgs {
     /// batched; slower; env FASTLLM_BATCH_INVARIANT=1).
     #[arg(long)]
     batch_invariant: bool,
+    /// Tensor parallelism: sum with NCCL instead of the peer-to-peer kernels that a group of
+    /// GPUs reaching each other's memory uses (env FASTLLM_PEER_ALL_REDUCE=0).
+    #[arg(long)]
+    no_peer_all_reduce: bool,
     /// GPU: refuse a model whose weights need more than N MiB on any one GPU (0 = no cap; env
     /// FASTLLM_GPU_MEMORY_CAP_MB).
     #[arg(long, value_name = "N")]
@@ -95,6 +99,7 @@ impl ModelArgs {
         o.cuda_graphs &= !self.no_cuda_graphs;
         o.fused_ops &= !self.no_fused_ops;
         o.batch_invariant |= self.batch_invariant;
+        o.peer_all_reduce &= !self.no_peer_all_reduce;
         if let Some(mb) = self.gpu_memory_cap_mb {
             o.gpu_memory_cap = fastllm::options::cap_from_mib(mb)?;
         }
@@ -441,6 +446,7 @@ fn model_only(model: &Option<String>) -> ModelArgs {
         no_cuda_graphs: false,
         no_fused_ops: false,
         batch_invariant: false,
+        no_peer_all_reduce: false,
         gpu_memory_cap_mb: None,
         simd: None,
     }

@@ -1,0 +1,246 @@
+// Peer-to-peer all-reduce between the GPUs of a tensor-parallel group that can address each
+// other's memory (src/devices/cuda/p2p.rs sets the group up).
+//
+// Every rank owns one buffer of 2 parities x world slots and a flag array. A reduction is one
+// kernel launched with the same grid on every rank; block b of every rank handles the same
+// elements. Block b pushes its part of this rank's partial sum into slot `rank` of every peer's
+// buffer (remote stores), then tells each peer "block b of rank r reached epoch e" (a release
+// store into the peer's flags), waits until every peer said the same to it (acquire loads of its
+// own flags), and sums the slots in rank order, reading its own partial where it is. Every rank
+// adds the same values in the same order, so all ranks get the same bits.
+//
+// The epoch is per rank and lives on the device, so recorded graphs replay correctly: every
+// block reads it at the start, the last block to finish stores epoch + 1. A reduction uses the
+// buffers of parity epoch & 1, so a rank that runs ahead into the next reduction writes the
+// other parity; it cannot run two ahead, since the next reduction waits for this one's flags.
+// A wait that exceeds the group's timeout sets the host-visible error word and stops waiting
+// (then and in every later reduction); the host turns it into an error after the step. Waits
+// spin on device memory only: the host-mapped word is written once, never polled.
+
+#define P2P_MAX_RANKS 8
+#define P2P_MAX_BLOCKS 1024
+
+struct P2pCtx {
+    unsigned long long bufs[P2P_MAX_RANKS];   // every rank's buffer, as this rank addresses it
+    unsigned long long flags[P2P_MAX_RANKS];  // every rank's flags [P2P_MAX_RANKS][P2P_MAX_BLOCKS]
+    unsigned long long slot_bytes;            // bytes of one slot
+    unsigned long long timeout_ns;
+    unsigned long long err;                   // host-mapped word: nonzero once a wait timed out
+    unsigned long long state;                 // this rank's [epoch, blocks done, broken]
+    int world, rank;
+};
+
+__device__ __forceinline__ void p2p_store_release(unsigned* p, unsigned v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+#else
+    __threadfence_system();
+    *(volatile unsigned*)p = v;
+#endif
+}
+
+__device__ __forceinline__ unsigned p2p_load_acquire(const unsigned* p) {
+    unsigned v;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+#else
+    v = *(const volatile unsigned*)p;
+    __threadfence_system();
+#endif
+    return v;
+}
+
+__device__ __forceinline__ unsigned long long p2p_clock_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// This reduction's epoch (after the wait for the kernel that wrote the partial sums).
+__device__ __forceinline__ unsigned p2p_epoch(const P2pCtx* c) {
+    pdl_wait();
+    return ((volatile unsigned*)c->state)[0] + 1;
+}
+
+// Slot `src` of parity `e & 1` in rank `owner`'s buffer.
+__device__ __forceinline__ char* p2p_slot(const P2pCtx* c, int owner, int src, unsigned e) {
+    return (char*)c->bufs[owner] + ((unsigned long long)((e & 1) * c->world + src)) * c->slot_bytes;
+}
+
+// Announces this block's pushes to every peer and waits until every peer's block announced its
+// own (see the file's comment). Called by every thread of the block. The barrier orders the
+// block's pushes before the release store that announces them. A wait past the timeout marks
+// the group broken on this rank (state[2], which later waits check instead of waiting) and
+// sets the host's error word to 1 + the rank that did not come.
+__device__ void p2p_barrier(const P2pCtx* c, unsigned e) {
+    __syncthreads();
+    int t = threadIdx.x;
+    if (t < c->world && t != c->rank) {
+        unsigned* theirs = (unsigned*)c->flags[t] + c->rank * P2P_MAX_BLOCKS + blockIdx.x;
+        p2p_store_release(theirs, e);
+        const unsigned* mine = (const unsigned*)c->flags[c->rank] + t * P2P_MAX_BLOCKS + blockIdx.x;
+        volatile unsigned* broken = (volatile unsigned*)c->state + 2;
+        unsigned long long t0 = p2p_clock_ns();
+        unsigned n = 0;
+        while (*broken == 0 && (int)(p2p_load_acquire(mine) - e) < 0) {
+            if ((++n & 255) == 0 && p2p_clock_ns() - t0 > c->timeout_ns) {
+                *broken = 1;
+                atomicCAS((unsigned*)c->err, 0u, (unsigned)(t + 1));
+                __threadfence_system();
+            }
+        }
+    }
+    __syncthreads();
+}
+
+// The last block to finish moves the epoch on.
+__device__ void p2p_finish(const P2pCtx* c, unsigned e) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned* st = (unsigned*)c->state;
+        __threadfence();
+        if (atomicAdd(&st[1], 1u) == gridDim.x - 1) {
+            st[1] = 0;
+            ((volatile unsigned*)st)[0] = e;
+            __threadfence();
+        }
+    }
+}
+
+// Elements [lo, hi) of block blockIdx.x when n elements are split over the grid.
+__device__ __forceinline__ void p2p_range(long n, long* lo, long* hi) {
+    long per = (n + gridDim.x - 1) / gridDim.x;
+    *lo = min(n, (long)blockIdx.x * per);
+    *hi = min(n, *lo + per);
+}
+
+__device__ __forceinline__ float p2p_get(const void* p, long i, int dt) {
+    if (dt == 0) return ((const float*)p)[i];
+    unsigned short h = ((const unsigned short*)p)[i];
+    return dt == 1 ? h2f(h) : bf2f(h);
+}
+
+__device__ __forceinline__ float p2p_get_cg(const void* p, long i, int dt) {
+    if (dt == 0) return __ldcg((const float*)p + i);
+    unsigned short h = __ldcg((const unsigned short*)p + i);
+    return dt == 1 ? h2f(h) : bf2f(h);
+}
+
+// A sum rounded to dtype dt (0 f32, 1 f16, 2 bf16) and back: the value a reduction in that
+// dtype leaves.
+__device__ __forceinline__ float p2p_round(float v, int dt) {
+    if (dt == 1) return h2f(f2h(v));
+    if (dt == 2) return bf2f(f2bf(v));
+    return v;
+}
+
+// Pushes `bytes` bytes at byte offset `off` of this rank's partial `src` into slot `rank` of
+// every peer (16-byte stores where both ends allow).
+__device__ void p2p_push(const P2pCtx* c, unsigned e, const char* src, long off, long bytes) {
+    for (int p = 0; p < c->world; p++) {
+        if (p == c->rank) continue;
+        char* dst = p2p_slot(c, p, c->rank, e) + off;
+        if ((((unsigned long long)src | (unsigned long long)dst | off | bytes) & 15) == 0) {
+            const uint4* s = (const uint4*)(src + off);
+            uint4* d = (uint4*)dst;
+            for (long i = threadIdx.x; i < bytes / 16; i += blockDim.x) d[i] = s[i];
+        } else {
+            for (long i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = src[off + i];
+        }
+    }
+}
+
+// The rank-ordered sum of element i over the ranks (this rank's own partial at `mine`),
+// rounded to dt.
+__device__ __forceinline__ float p2p_sum(const P2pCtx* c, unsigned e, const void* mine, long i, int dt) {
+    float s = 0.0f;
+    for (int p = 0; p < c->world; p++) {
+        float v = p == c->rank ? p2p_get(mine, i, dt) : p2p_get_cg(p2p_slot(c, c->rank, p, e), i, dt);
+        s = p == 0 ? v : s + v;
+    }
+    return p2p_round(s, dt);
+}
+
+// n elements of dtype dt at x summed over the ranks: in place (add = 0), or added into the f32
+// rows at out (add = 1; out[i] += sum, as AddTo would add an all-reduced x). n elements of dt
+// fit one slot.
+extern "C" __global__ void p2p_allreduce(const P2pCtx* c, void* x, float* out, long n, int dt, int add) {
+    unsigned e = p2p_epoch(c);
+    long lo, hi;
+    p2p_range(n, &lo, &hi);
+    int es = dt == 0 ? 4 : 2;
+    if (hi > lo) p2p_push(c, e, (const char*)x, lo * es, (hi - lo) * es);
+    p2p_barrier(c, e);
+    for (long i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        float s = p2p_sum(c, e, x, i, dt);
+        if (add) {
+            out[i] += 1.0f * s;
+        } else if (dt == 0) {
+            ((float*)x)[i] = s;
+        } else {
+            ((unsigned short*)x)[i] = dt == 1 ? f2h(s) : f2bf(s);
+        }
+    }
+    p2p_finish(c, e);
+}
+
+// Values 4i..4i+3 of dtype bdt at p (as load4_of), read past this SM's L1: peers wrote them.
+__device__ __forceinline__ float4 load4_cg(const void* p, long i, int bdt) {
+    if (bdt == 0) return __ldcg((const float4*)p + i);
+    return float4_of_half4(__ldcg((const uint2*)p + i), bdt);
+}
+
+// The residual of the fused norms: this rank's partial rows (dtype bdt) summed over the ranks
+// in rank order and rounded to bdt, 4 values at a time (the arithmetic of p2p_sum).
+struct PeerResid {
+    static constexpr bool on = true;
+    const P2pCtx* c;
+    const void* r;
+    int bdt;
+    unsigned e;
+    __device__ __forceinline__ float4 operator()(long i4) const {
+        float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int p = 0; p < c->world; p++) {
+            float4 v = p == c->rank ? load4_of(r, i4, bdt) : load4_cg(p2p_slot(c, c->rank, p, e), i4, bdt);
+            s = p == 0 ? v : make_float4(s.x + v.x, s.y + v.y, s.z + v.z, s.w + v.w);
+        }
+        return make_float4(p2p_round(s.x, bdt), p2p_round(s.y, bdt), p2p_round(s.z, bdt),
+                           p2p_round(s.w, bdt));
+    }
+};
+
+// x += the all-reduced partial rows r, then y = RMSNorm(x) (and the copies of rmsnorm_v4_t),
+// over `rows` rows of d, the grid looping over rows: the all-reduce, the residual add and the
+// next norm in one launch, with the bits of p2p_allreduce (add = 1) followed by RMSNorm.
+template <int COPY>
+__device__ void p2p_addrmsnorm_t(float* x, const float* w, float* y, int d, float eps, const void* r,
+                                 int bdt, signed char* qs, float2* ds, uint2* hs, int bf,
+                                 const P2pCtx* c, int rows) {
+    unsigned e = p2p_epoch(c);
+    long rb = (long)d * (bdt == 0 ? 4 : 2);
+    for (long row = blockIdx.x; row < rows; row += gridDim.x) p2p_push(c, e, (const char*)r, row * rb, rb);
+    p2p_barrier(c, e);
+    PeerResid res{c, r, bdt, e};
+    for (long row = blockIdx.x; row < rows; row += gridDim.x) {
+        rmsnorm_v4_t<COPY>(row, x, w, y, d, eps, qs, ds, hs, bf, res);
+        __syncthreads();
+    }
+    p2p_finish(c, e);
+}
+
+extern "C" __global__ void p2p_addrmsnorm_v4_f32(float* x, const float* w, float* y, int d, float eps,
+                                                 const void* r, int bdt, const P2pCtx* c, int rows) {
+    p2p_addrmsnorm_t<0>(x, w, y, d, eps, r, bdt, 0, 0, 0, 0, c, rows);
+}
+
+extern "C" __global__ void p2p_addrmsnorm_v4q_f32(float* x, const float* w, float* y, int d, float eps,
+                                                  const void* r, int bdt, signed char* qs, float2* ds,
+                                                  const P2pCtx* c, int rows) {
+    p2p_addrmsnorm_t<1>(x, w, y, d, eps, r, bdt, qs, ds, 0, 0, c, rows);
+}
+
+extern "C" __global__ void p2p_addrmsnorm_v4h_f32(float* x, const float* w, float* y, int d, float eps,
+                                                  const void* r, int bdt, uint2* hs, int bf,
+                                                  const P2pCtx* c, int rows) {
+    p2p_addrmsnorm_t<2>(x, w, y, d, eps, r, bdt, 0, 0, hs, bf, c, rows);
+}

@@ -1,0 +1,466 @@
+//! Peer-to-peer all-reduce of a tensor-parallel group whose GPUs can address each other's
+//! memory (NVLink or PCIe peer access, on one host): [`P2pGroup`], set up once per rank over the
+//! group's NCCL communicator, and the kernels of `kernels/p2p.cu` that sum with it — a plain
+//! all-reduce, and the all-reduce fused with the residual add and the next `RMSNorm`. Also the
+//! `AllReduceAdd` operator (`input0 += Σ_ranks input1`) that a rank's step uses in place of an
+//! all-reduce stage followed by `AddTo` once its GPU has a group.
+//!
+//! Each rank allocates one buffer (flags, the kernels' context and 2 × world slots of
+//! [`P2pGroup::slot_bytes`]) and hands its address to the others: ranks of one process use each
+//! other's addresses directly (peer access enabled), ranks of other processes on the same host
+//! open a CUDA IPC handle of it. Every rank must agree, or none uses the group (then NCCL sums).
+
+use super::gpu::{Gpu, KArg};
+use super::nccl::NcclComm;
+use crate::data::DataType;
+use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
+use crate::error::{Error, Result};
+use crate::parallel::Collective;
+use cudarc::driver::sys;
+use cudarc::driver::CudaContext;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Most ranks of a group (`P2P_MAX_RANKS` in the kernels).
+const MAX_RANKS: usize = 8;
+/// Most blocks of one reduction (`P2P_MAX_BLOCKS`).
+const MAX_BLOCKS: usize = 1024;
+/// Bytes of the flags area: one u32 per (peer, block).
+const FLAGS_BYTES: usize = MAX_RANKS * MAX_BLOCKS * 4;
+/// Offsets in a rank's buffer: the epoch state, the kernels' context, the first slot.
+const STATE_AT: usize = FLAGS_BYTES;
+const CTX_AT: usize = STATE_AT + 64;
+const SLOTS_AT: usize = 64 * 1024;
+/// Bytes all slots of one rank take together (each slot: this over 2 · world).
+const SLOTS_TOTAL: usize = 128 << 20;
+/// Threads of the plain all-reduce kernel.
+const THREADS: u32 = 512;
+
+/// `P2pCtx` of kernels/p2p.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CtxBytes {
+    bufs: [u64; MAX_RANKS],
+    flags: [u64; MAX_RANKS],
+    slot_bytes: u64,
+    timeout_ns: u64,
+    err: u64,
+    state: u64,
+    world: i32,
+    rank: i32,
+}
+
+impl CtxBytes {
+    fn bytes(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(std::mem::size_of::<CtxBytes>());
+        for a in self.bufs.iter().chain(&self.flags) {
+            v.extend(a.to_le_bytes());
+        }
+        for a in [self.slot_bytes, self.timeout_ns, self.err, self.state] {
+            v.extend(a.to_le_bytes());
+        }
+        v.extend(self.world.to_le_bytes());
+        v.extend(self.rank.to_le_bytes());
+        v
+    }
+}
+
+fn cu(what: &str, r: sys::CUresult) -> Result<()> {
+    r.result()
+        .map_err(|e| Error::Device(format!("peer all-reduce: {what}: {e:?}")))
+}
+
+/// What a rank tells the others when the group is set up (fixed size, see [`Record::bytes`]).
+struct Record {
+    host: [u8; 64],
+    pid: u32,
+    ordinal: u32,
+    blocks: u32,
+    usable: u32,
+    base: u64,
+    ipc: [u8; 64],
+}
+
+const RECORD_BYTES: usize = 64 + 4 * 4 + 8 + 64;
+
+impl Record {
+    fn bytes(&self) -> Vec<u8> {
+        let mut v = self.host.to_vec();
+        for a in [self.pid, self.ordinal, self.blocks, self.usable] {
+            v.extend(a.to_le_bytes());
+        }
+        v.extend(self.base.to_le_bytes());
+        v.extend(self.ipc);
+        v
+    }
+    fn parse(b: &[u8]) -> Record {
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let mut host = [0u8; 64];
+        host.copy_from_slice(&b[..64]);
+        let mut base = [0u8; 8];
+        base.copy_from_slice(&b[80..88]);
+        let mut ipc = [0u8; 64];
+        ipc.copy_from_slice(&b[88..152]);
+        Record {
+            host,
+            pid: u32_at(64),
+            ordinal: u32_at(68),
+            blocks: u32_at(72),
+            usable: u32_at(76),
+            base: u64::from_le_bytes(base),
+            ipc,
+        }
+    }
+}
+
+/// This machine: its boot id and host name (ranks that differ are on other hosts).
+fn host_id() -> [u8; 64] {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let mut id = [0u8; 64];
+    for (d, s) in id.iter_mut().zip(
+        boot.trim()
+            .bytes()
+            .chain(std::iter::once(b'/'))
+            .chain(name.trim().bytes()),
+    ) {
+        *d = s;
+    }
+    id
+}
+
+/// A rank's peer-to-peer reduction state (see the module docs).
+pub struct P2pGroup {
+    ctx: Arc<CudaContext>,
+    /// This rank's buffer (cuMemAlloc: IPC handles need it).
+    own: u64,
+    /// Peers' buffers opened through IPC (closed on drop).
+    opened: Vec<u64>,
+    /// The page-locked error word the kernels set when a wait times out, and its device address.
+    err_host: *mut u32,
+    err_dev: u64,
+    world: usize,
+    rank: usize,
+    slot_bytes: usize,
+    /// Blocks of one reduction at most (the same on every rank).
+    blocks: u32,
+}
+
+// SAFETY: `err_host` is page-locked memory owned by the group and only read through volatile
+// loads; everything else is plain addresses.
+unsafe impl Send for P2pGroup {}
+// SAFETY: as above; launches go through the caller's stream.
+unsafe impl Sync for P2pGroup {}
+
+impl Drop for P2pGroup {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: these were opened / allocated by this group and no kernel uses them any more
+        // (the rank's stream is idle when its device goes away).
+        unsafe {
+            for &p in &self.opened {
+                let _ = sys::cuIpcCloseMemHandle(p);
+            }
+            if self.own != 0 {
+                let _ = sys::cuMemFree_v2(self.own);
+            }
+            if !self.err_host.is_null() {
+                let _ = sys::cuMemFreeHost(self.err_host as *mut std::ffi::c_void);
+            }
+        }
+    }
+}
+
+impl P2pGroup {
+    /// Sets up the group of `comm`'s ranks on `gpu` (every rank calls it, as a collective).
+    /// `Ok(None)` when some rank does not `want` it or some pair of ranks cannot reach each
+    /// other's memory (other hosts, no peer access, more than [`MAX_RANKS`] ranks): every rank
+    /// then gets `None`. A wait for a peer longer than `timeout` fails the step (see
+    /// [`P2pGroup::check`]).
+    pub fn join(
+        gpu: &Gpu,
+        comm: &NcclComm,
+        want: bool,
+        timeout: Duration,
+    ) -> Result<Option<P2pGroup>> {
+        let (world, rank) = (comm.world(), comm.rank());
+        gpu.bind()?;
+        let slot_bytes = (SLOTS_TOTAL / (2 * world.max(1))) & !4095;
+        let mut g = P2pGroup {
+            ctx: gpu.context().clone(),
+            own: 0,
+            opened: Vec::new(),
+            err_host: std::ptr::null_mut(),
+            err_dev: 0,
+            world,
+            rank,
+            slot_bytes,
+            blocks: (2 * gpu.sms()).min(MAX_BLOCKS) as u32,
+        };
+        let mut usable = want && (2..=MAX_RANKS).contains(&world) && gpu.arch().0 >= 7;
+        let mut ipc = [0u8; 64];
+        if usable {
+            usable = g
+                .allocate(SLOTS_AT + 2 * world * slot_bytes, &mut ipc)
+                .is_ok();
+        }
+        let mine = Record {
+            host: host_id(),
+            pid: std::process::id(),
+            ordinal: gpu.ordinal(),
+            blocks: g.blocks,
+            usable: usable as u32,
+            base: g.own,
+            ipc,
+        };
+        let all = comm.all_gather_bytes(&mine.bytes())?;
+        let records: Vec<Record> = all.chunks_exact(RECORD_BYTES).map(Record::parse).collect();
+        let mut bases = [0u64; MAX_RANKS];
+        if usable && records.len() == world && records.iter().all(|r| r.usable == 1) {
+            g.blocks = records.iter().map(|r| r.blocks).min().unwrap_or(1).max(1);
+            usable = g.reach(&records, &mine, &mut bases).is_ok();
+        } else {
+            usable = false;
+        }
+        if !comm.all_agree(usable)? {
+            return Ok(None);
+        }
+        g.write_context(&bases, timeout)?;
+        Ok(Some(g))
+    }
+
+    /// Allocates this rank's buffer (zeroed), its IPC handle and the error word.
+    fn allocate(&mut self, bytes: usize, ipc: &mut [u8; 64]) -> Result<()> {
+        // SAFETY: out-pointers to locals; the context is bound.
+        unsafe {
+            cu("allocate", sys::cuMemAlloc_v2(&mut self.own, bytes))?;
+            cu("clear", sys::cuMemsetD8_v2(self.own, 0, bytes))?;
+            cu("clear (wait)", sys::cuCtxSynchronize())?;
+            let mut h: sys::CUipcMemHandle = std::mem::zeroed();
+            cu("IPC handle", sys::cuIpcGetMemHandle(&mut h, self.own))?;
+            for (d, s) in ipc.iter_mut().zip(h.reserved.iter()) {
+                *d = *s as u8;
+            }
+            let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+            cu(
+                "error word",
+                sys::cuMemHostAlloc(&mut p, 4, sys::CU_MEMHOSTALLOC_DEVICEMAP),
+            )?;
+            self.err_host = p as *mut u32;
+            std::ptr::write_volatile(self.err_host, 0);
+            cu(
+                "error word address",
+                sys::cuMemHostGetDevicePointer_v2(&mut self.err_dev, p, 0),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Every rank's buffer as this rank addresses it: its own, a peer of this process's directly
+    /// (peer access enabled), one of another process through its IPC handle.
+    fn reach(&mut self, records: &[Record], mine: &Record, bases: &mut [u64]) -> Result<()> {
+        for (r, rec) in records.iter().enumerate() {
+            if r == self.rank {
+                bases[r] = self.own;
+                continue;
+            }
+            if rec.host != mine.host {
+                return Err(Error::Device("a rank is on another host".into()));
+            }
+            if rec.pid == mine.pid {
+                self.enable_peer(rec.ordinal)?;
+                bases[r] = rec.base;
+            } else {
+                let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
+                for (d, s) in h.reserved.iter_mut().zip(rec.ipc) {
+                    *d = s as std::ffi::c_char;
+                }
+                let mut p = 0u64;
+                // SAFETY: `h` came from cuIpcGetMemHandle in the peer process.
+                cu("open IPC handle", unsafe {
+                    sys::cuIpcOpenMemHandle_v2(
+                        &mut p,
+                        h,
+                        sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+                    )
+                })?;
+                self.opened.push(p);
+                bases[r] = p;
+            }
+        }
+        Ok(())
+    }
+
+    /// Lets this context address GPU `ordinal`'s memory (same process).
+    fn enable_peer(&self, ordinal: u32) -> Result<()> {
+        // SAFETY: out-pointers to locals; this rank's context is bound.
+        unsafe {
+            let (mut me, mut peer, mut can) = (0, 0, 0);
+            cu("device", sys::cuCtxGetDevice(&mut me))?;
+            cu("peer device", sys::cuDeviceGet(&mut peer, ordinal as i32))?;
+            cu("peer check", sys::cuDeviceCanAccessPeer(&mut can, me, peer))?;
+            if can == 0 {
+                return Err(Error::Device(format!("no peer access to cuda:{ordinal}")));
+            }
+            let mut pctx: sys::CUcontext = std::ptr::null_mut();
+            cu(
+                "peer context",
+                sys::cuDevicePrimaryCtxRetain(&mut pctx, peer),
+            )?;
+            let r = sys::cuCtxEnablePeerAccess(pctx, 0);
+            let _ = sys::cuDevicePrimaryCtxRelease_v2(peer);
+            if r != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+                cu("enable peer access", r)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the kernels' context into this rank's buffer.
+    fn write_context(&self, bases: &[u64; MAX_RANKS], timeout: Duration) -> Result<()> {
+        let mut c = CtxBytes {
+            slot_bytes: self.slot_bytes as u64,
+            timeout_ns: timeout.as_nanos().min(u64::MAX as u128) as u64,
+            err: self.err_dev,
+            state: self.own + STATE_AT as u64,
+            world: self.world as i32,
+            rank: self.rank as i32,
+            ..CtxBytes::default()
+        };
+        for (r, &b) in bases.iter().enumerate().take(self.world) {
+            c.bufs[r] = b + SLOTS_AT as u64;
+            c.flags[r] = b;
+        }
+        let b = c.bytes();
+        // SAFETY: the context area lies inside this rank's buffer; the copy is synchronous.
+        cu("write context", unsafe {
+            sys::cuMemcpyHtoD_v2(self.ctx_addr(), b.as_ptr() as *const _, b.len())
+        })
+    }
+
+    fn ctx_addr(&self) -> u64 {
+        self.own + CTX_AT as u64
+    }
+
+    /// Bytes of one slot: the most one launch reduces (larger tensors go in pieces).
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    /// `Err` naming the rank that did not arrive once a reduction's wait timed out; the group
+    /// is then broken (later reductions no longer wait, their sums are wrong).
+    pub fn check(&self) -> Result<()> {
+        // SAFETY: page-locked word owned by the group.
+        let v = unsafe { std::ptr::read_volatile(self.err_host) };
+        if v == 0 {
+            return Ok(());
+        }
+        Err(Error::Device(format!(
+            "tensor-parallel rank {}: rank {} did not reach a peer-to-peer all-reduce in time; \
+             the group cannot continue",
+            self.rank,
+            v - 1
+        )))
+    }
+
+    /// The kernels' context argument and the blocks a fused norm over `rows` rows of `row_bytes`
+    /// uses; `None` when they do not fit one slot.
+    pub fn norm_launch(&self, rows: usize, row_bytes: usize) -> Option<(KArg, u32)> {
+        (rows * row_bytes <= self.slot_bytes && rows > 0).then(|| {
+            (
+                KArg::Ptr(self.ctx_addr()),
+                rows.min(self.blocks as usize) as u32,
+            )
+        })
+    }
+
+    /// Sums the `n` elements of `dtype` (f32, f16, bf16) at `x` over the ranks on `gpu`'s
+    /// stream: into `x` (`add` none), or added into the f32 elements at `add`.
+    pub fn all_reduce(
+        &self,
+        gpu: &Gpu,
+        x: u64,
+        (n, dtype): (usize, DataType),
+        add: Option<u64>,
+    ) -> Result<()> {
+        let (code, es) = match dtype {
+            DataType::F32 => (0, 4),
+            DataType::F16 => (1, 2),
+            DataType::BF16 => (2, 2),
+            t => {
+                return Err(Error::invalid(format!(
+                    "peer all-reduce of {t:?}: f32, f16 or bf16 only"
+                )))
+            }
+        };
+        let per = (self.slot_bytes / es) & !7;
+        let mut at = 0;
+        while at < n {
+            let k = per.min(n - at);
+            let blocks = k.div_ceil(THREADS as usize * 4).min(self.blocks as usize) as u32;
+            let out = add.map_or(0, |a| a + 4 * at as u64);
+            gpu.launch(
+                "p2p_allreduce",
+                (blocks, 1, 1),
+                THREADS,
+                &[
+                    KArg::Ptr(self.ctx_addr()),
+                    KArg::Ptr(x + (at * es) as u64),
+                    KArg::Ptr(out),
+                    KArg::I64(k as i64),
+                    KArg::I32(code),
+                    KArg::I32(add.is_some() as i32),
+                ],
+            )?;
+            at += k;
+        }
+        Ok(())
+    }
+}
+
+/// Registers `AllReduceAdd`.
+pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>) {
+    ops.insert("AllReduceAdd", Box::new(AllReduceAdd { gpu: gpu.clone() }));
+}
+
+/// `input0 += Σ_ranks input1`: `input0` f32, `input1` (this rank's partial sum) f32, f16 or
+/// bf16 of the same count, summed in rank order and rounded to its dtype first (an all-reduce
+/// of `input1` followed by `AddTo`). Needs the GPU to be a rank of a [`P2pGroup`].
+struct AllReduceAdd {
+    gpu: Arc<Gpu>,
+}
+
+const OP: &str = "AllReduceAdd";
+
+impl Operator for AllReduceAdd {
+    fn can_run(&self, d: &DataDict, _: &FloatDict, _: &IntDict) -> bool {
+        d.dtype("input0") == Some(DataType::F32)
+            && matches!(
+                d.dtype("input1"),
+                Some(DataType::F32 | DataType::F16 | DataType::BF16)
+            )
+    }
+    fn reshape(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
+        let x = d.require(OP, "input0")?;
+        let b = d.require(OP, "input1")?;
+        if x.count() != b.count() || !x.is_contiguous() || !b.is_contiguous() {
+            return Err(super::op_err(
+                OP,
+                format!("input0 {x:?} and input1 {b:?} must be contiguous with one count"),
+            ));
+        }
+        Ok(())
+    }
+    fn run(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
+        let group = self
+            .gpu
+            .group()
+            .ok_or_else(|| super::op_err(OP, "this GPU is not a rank of a peer-to-peer group"))?;
+        let ([b], [x]) = d.io_many(OP, ["input1"], ["input0"])?;
+        let (Some(b), Some(x)) = (b, x) else {
+            return Err(super::op_err(OP, "needs input0 (mutable) and input1"));
+        };
+        let (bp, xp) = (super::dptr(b, "input1")?, super::dptr(x, "input0")?);
+        group.all_reduce(&self.gpu, bp, (b.count(), b.dtype()), Some(xp))
+    }
+}

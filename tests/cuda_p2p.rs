@@ -1,0 +1,274 @@
+//! The peer-to-peer all-reduce of two GPUs of one process (`devices::cuda::p2p`): the plain
+//! all-reduce equals the rank-ordered sum rounded to the tensor's dtype on both ranks, for
+//! f32 / f16 / bf16, awkward counts and a tensor larger than one slot; `AllReduceAdd` adds that
+//! sum into f32 rows; `RMSNorm` with `all_reduce` (the fused form) gives the bits of
+//! `AllReduceAdd` followed by `RMSNorm`, with and without the copies for the next `Linear`; a
+//! rank whose peer never comes stops waiting after the group's timeout and reports it; a GPU
+//! without a group refuses `AllReduceAdd`.
+//!
+//! Needs 2 GPUs that reach each other's memory and NCCL; otherwise every test passes without
+//! work and says why on stderr ("SKIPPED: ...").
+
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use fastllm::data::{Data, DataType};
+use fastllm::devices::cuda::{gpu, nccl, CudaDevice};
+use fastllm::harness::CaseRng;
+use fastllm::ops::OutputCopy;
+use fastllm::parallel::Collective;
+use fastllm::{BaseDevice, DataDict, Executor, FloatDict, IntDict};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One rank: its device, an executor over it and its communicator (peer-to-peer enabled).
+struct Rank {
+    dev: Arc<CudaDevice>,
+    exec: Executor,
+    comm: nccl::NcclComm,
+}
+
+/// Two ranks on cuda:0 and cuda:1 whose peer waits give up after `timeout`, or `None` after
+/// saying why not.
+fn two_ranks(timeout: Duration) -> Option<Vec<Rank>> {
+    if let Err(e) = gpu::probe(1).and_then(|_| nccl::probe()) {
+        common::skipped(&format!(
+            "the peer-to-peer all-reduce needs 2 GPUs and NCCL: {e}"
+        ));
+        return None;
+    }
+    let id = nccl::NcclId::new().unwrap();
+    let joins: Vec<_> = (0..2)
+        .map(|r| {
+            std::thread::spawn(move || {
+                let dev = Arc::new(CudaDevice::new(r as u32).unwrap());
+                let comm = nccl::NcclComm::new(dev.gpu(), &id, r, 2).unwrap();
+                let on = comm.enable_p2p(true, timeout).unwrap();
+                let mut exec = Executor::new();
+                exec.add_device(dev.clone());
+                (on, Rank { dev, exec, comm })
+            })
+        })
+        .collect();
+    let ranks: Vec<(bool, Rank)> = joins.into_iter().map(|j| j.join().unwrap()).collect();
+    if !ranks.iter().all(|r| r.0) {
+        common::skipped("cuda:0 and cuda:1 cannot reach each other's memory");
+        return None;
+    }
+    Some(ranks.into_iter().map(|r| r.1).collect())
+}
+
+fn host(d: &Data) -> Vec<f32> {
+    d.to_owned_host().unwrap().to_f32_vec().unwrap()
+}
+
+/// `v` rounded to `dt` and back (what a reduction in that dtype leaves).
+fn round_to(v: f32, dt: DataType) -> f32 {
+    match dt {
+        DataType::F16 => half::f16::from_f32(v).to_f32(),
+        DataType::BF16 => half::bf16::from_f32(v).to_f32(),
+        _ => v,
+    }
+}
+
+#[test]
+fn all_reduce_is_the_rank_ordered_sum_on_both_ranks() {
+    let Some(ranks) = two_ranks(Duration::from_secs(60)) else {
+        return;
+    };
+    let mut rng = CaseRng::new(7);
+    // awkward counts, a decode row, and one f32 tensor larger than a slot (two launches)
+    for (dt, n) in [
+        (DataType::F32, 1usize),
+        (DataType::F32, 4099),
+        (DataType::F16, 3),
+        (DataType::F16, 1 << 20),
+        (DataType::BF16, 4096),
+        (DataType::BF16, 100_003),
+        (DataType::F32, 9_000_001),
+    ] {
+        let parts: Vec<Data> = (0..2).map(|_| rng.data(dt, &[n])).collect();
+        let mut on: Vec<Data> = ranks
+            .iter()
+            .zip(&parts)
+            .map(|(r, p)| r.dev.upload(p).unwrap())
+            .collect();
+        for (r, x) in ranks.iter().zip(on.iter_mut()) {
+            r.comm.all_reduce_sum(x).unwrap(); // both launched before either is read
+        }
+        let (a, b) = (
+            parts[0].to_f32_vec().unwrap(),
+            parts[1].to_f32_vec().unwrap(),
+        );
+        let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| round_to(x + y, dt)).collect();
+        for (r, x) in on.iter().enumerate() {
+            assert_eq!(x.dtype(), dt);
+            let got = host(x);
+            let bad = got
+                .iter()
+                .zip(&want)
+                .position(|(g, w)| g.to_bits() != w.to_bits());
+            assert!(
+                bad.is_none(),
+                "{dt} n={n} rank {r}: element {bad:?} differs"
+            );
+        }
+        for r in &ranks {
+            r.comm.health().unwrap();
+        }
+    }
+}
+
+/// `AllReduceAdd(x += Σ b)` on `exec`.
+fn all_reduce_add(exec: &Executor, x: &mut Data, b: &Data) {
+    let mut d = DataDict::new().with_mut("input0", x).with("input1", b);
+    exec.run("AllReduceAdd", &mut d, &FloatDict::new(), &IntDict::new())
+        .unwrap();
+}
+
+/// `RMSNorm` of `x` into a new tensor; with `b`, first `x += Σ b` (`all_reduce`).
+fn rms(exec: &Executor, x: &mut Data, b: Option<&Data>, w: &Data, copy: OutputCopy) -> Data {
+    let mut h = Data::empty(DataType::F32);
+    let mut d = DataDict::new()
+        .with_mut("input", x)
+        .with("weight", w)
+        .with_mut("output", &mut h);
+    let mut ints = IntDict::new().with("quantize_output", copy.param());
+    if let Some(b) = b {
+        d.insert("input1", b);
+        ints = ints.with("all_reduce", 1);
+    }
+    exec.run(
+        "RMSNorm",
+        &mut d,
+        &FloatDict::new().with("eps", 1e-5),
+        &ints,
+    )
+    .unwrap();
+    drop(d);
+    h
+}
+
+#[test]
+fn fused_norm_equals_all_reduce_add_then_norm() {
+    let Some(ranks) = two_ranks(Duration::from_secs(60)) else {
+        return;
+    };
+    let mut rng = CaseRng::new(11);
+    let mut checked = 0;
+    // a decode row, batched rows, a prefill larger than a slot in f32 (the plain all-reduce
+    // then the norm), rows the float4 kernels do not take
+    let shapes = [
+        (1usize, 4096usize),
+        (64, 4096),
+        (300, 576),
+        (2100, 4096),
+        (5, 70),
+    ];
+    for dt in [DataType::F32, DataType::F16, DataType::BF16] {
+        for (m, k) in shapes {
+            let x0 = rng.data_range(DataType::F32, &[m, k], -4.0, 4.0);
+            let parts: Vec<Data> = (0..2).map(|_| rng.data(dt, &[m, k])).collect();
+            let w = rng.data(DataType::F32, &[k]);
+            let (a, b) = (
+                parts[0].to_f32_vec().unwrap(),
+                parts[1].to_f32_vec().unwrap(),
+            );
+            let want_x: Vec<f32> = x0
+                .to_f32_vec()
+                .unwrap()
+                .iter()
+                .zip(a.iter().zip(&b))
+                .map(|(x, (p, q))| x + round_to(p + q, dt))
+                .collect();
+            let copies: &[OutputCopy] = match (k % 32, m) {
+                (0, 1) => &[OutputCopy::None, OutputCopy::Q8],
+                (0, 16..) => &[OutputCopy::None, OutputCopy::F16],
+                _ => &[OutputCopy::None],
+            };
+            for &copy in copies {
+                let up = |r: &Rank, d: &Data| r.dev.upload(d).unwrap();
+                let mut plain: Vec<(Data, Data)> = Vec::new();
+                let mut fused: Vec<(Data, Data)> = Vec::new();
+                let (bs, ws): (Vec<Data>, Vec<Data>) = ranks
+                    .iter()
+                    .zip(&parts)
+                    .map(|(r, p)| (up(r, p), up(r, &w)))
+                    .unzip();
+                let mut x1: Vec<Data> = ranks.iter().map(|r| up(r, &x0)).collect();
+                for (i, r) in ranks.iter().enumerate() {
+                    all_reduce_add(&r.exec, &mut x1[i], &bs[i]);
+                }
+                for (i, r) in ranks.iter().enumerate() {
+                    let h = rms(&r.exec, &mut x1[i], None, &ws[i], copy);
+                    plain.push((x1[i].to_owned_host().unwrap(), h));
+                }
+                let mut x2: Vec<Data> = ranks.iter().map(|r| up(r, &x0)).collect();
+                // both ranks launched before either is read
+                let hs: Vec<Data> = (0..2)
+                    .map(|i| rms(&ranks[i].exec, &mut x2[i], Some(&bs[i]), &ws[i], copy))
+                    .collect();
+                for (x, h) in x2.iter().zip(hs) {
+                    fused.push((x.to_owned_host().unwrap(), h));
+                }
+                for r in 0..2 {
+                    let what = format!("{dt} {m}x{k} {copy:?} rank {r}");
+                    assert_eq!(host(&plain[r].0), want_x, "AllReduceAdd, {what}");
+                    assert_eq!(host(&fused[r].0), want_x, "fused sum, {what}");
+                    assert_eq!(host(&fused[r].1), host(&plain[r].1), "fused norm, {what}");
+                    ranks[r].comm.health().unwrap();
+                }
+                checked += 1;
+            }
+        }
+    }
+    eprintln!("{checked} fused all-reduce norm cases equal the plain calls on both ranks");
+}
+
+#[test]
+fn a_peer_that_never_comes_fails_the_step_after_the_timeout() {
+    let Some(ranks) = two_ranks(Duration::from_secs(1)) else {
+        return;
+    };
+    ranks[0].dev.warm_up().unwrap(); // the kernels compiled before the clock starts
+    let mut x = ranks[0]
+        .dev
+        .upload(&Data::from_f32(&[4096], &[1.0; 4096]).unwrap())
+        .unwrap();
+    let t = std::time::Instant::now();
+    ranks[0].comm.all_reduce_sum(&mut x).unwrap(); // rank 1 never joins
+    x.to_owned_host().unwrap();
+    let waited = t.elapsed();
+    let e = ranks[0].comm.health().unwrap_err().to_string();
+    eprintln!("after {waited:?}: {e}");
+    assert!(e.contains("rank 1 did not reach"), "{e}");
+    assert!(waited < Duration::from_secs(30), "waited {waited:?}");
+    // the broken group no longer waits
+    ranks[0].comm.all_reduce_sum(&mut x).unwrap();
+    x.to_owned_host().unwrap();
+    assert!(t.elapsed() < waited + Duration::from_secs(1));
+    assert!(ranks[1].comm.health().is_ok());
+}
+
+#[test]
+fn all_reduce_add_without_a_group_is_an_error() {
+    let Some(dev) = common::cuda::gpu() else {
+        return;
+    };
+    let exec = common::cuda::cuda_executor(&dev);
+    let mut x = dev
+        .upload(&Data::from_f32(&[4], &[1.0; 4]).unwrap())
+        .unwrap();
+    let b = dev
+        .upload(&Data::from_f32(&[4], &[1.0; 4]).unwrap())
+        .unwrap();
+    let mut d = DataDict::new()
+        .with_mut("input0", &mut x)
+        .with("input1", &b);
+    let e = exec
+        .run("AllReduceAdd", &mut d, &FloatDict::new(), &IntDict::new())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not a rank of a peer-to-peer group"), "{e}");
+}

@@ -19,6 +19,8 @@
 
 #define P2P_MAX_RANKS 8
 #define P2P_MAX_BLOCKS 1024
+// Values of one low-latency slot: each is pushed as 8 bytes, the value's bits and the epoch.
+#define P2P_LL_ELEMS 16384
 
 struct P2pCtx {
     unsigned long long bufs[P2P_MAX_RANKS];   // every rank's buffer, as this rank addresses it
@@ -28,6 +30,7 @@ struct P2pCtx {
     unsigned long long err;                   // host-mapped word: nonzero once a wait timed out
     unsigned long long state;                 // this rank's [epoch, blocks done, broken]
     int world, rank;
+    unsigned long long ll[P2P_MAX_RANKS];     // every rank's low-latency slots (see below)
 };
 
 __device__ __forceinline__ void p2p_store_release(unsigned* p, unsigned v) {
@@ -243,4 +246,112 @@ extern "C" __global__ void p2p_addrmsnorm_v4h_f32(float* x, const float* w, floa
                                                   const void* r, int bdt, uint2* hs, int bf,
                                                   const P2pCtx* c, int rows) {
     p2p_addrmsnorm_t<2>(x, w, y, d, eps, r, bdt, 0, 0, hs, bf, c, rows);
+}
+
+// ---- low latency: the epoch travels with every value ----
+// For a few rows (decode), each value is pushed as (its f32 bits, epoch) in one 8-byte half of a
+// 16-byte store, and the reader spins on those words until both halves carry this epoch: no
+// flags, fences or barrier, one trip over the link. The epoch and parity rules are those above
+// (a stale word carries an older epoch).
+
+__device__ __forceinline__ unsigned long long* p2p_ll_slot(const P2pCtx* c, int owner, int src, unsigned e) {
+    return (unsigned long long*)c->ll[owner] + ((unsigned long long)((e & 1) * c->world + src)) * P2P_LL_ELEMS;
+}
+
+__device__ __forceinline__ void p2p_ll_store(unsigned long long* p, float a, float b, unsigned e) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(__float_as_uint(a)), "r"(e),
+                 "r"(__float_as_uint(b)), "r"(e)
+                 : "memory");
+}
+
+// Values 2j, 2j+1 of slot p once they carry epoch e (or the group broke: zeros).
+__device__ __forceinline__ float2 p2p_ll_load(const P2pCtx* c, const unsigned long long* p, unsigned e) {
+    unsigned a, ea, b, eb;
+    volatile unsigned* broken = (volatile unsigned*)c->state + 2;
+    unsigned long long t0 = 0;
+    unsigned n = 0;
+    while (true) {
+        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(a), "=r"(ea), "=r"(b), "=r"(eb)
+                     : "l"(p)
+                     : "memory");
+        if (ea == e && eb == e) break;
+        if ((++n & 255) == 0) {
+            if (*broken) return make_float2(0.0f, 0.0f);
+            if (t0 == 0) {
+                t0 = p2p_clock_ns();
+            } else if (p2p_clock_ns() - t0 > c->timeout_ns) {
+                *broken = 1;
+                int src = (int)((p - (const unsigned long long*)c->ll[c->rank]) / P2P_LL_ELEMS) % c->world;
+                atomicCAS((unsigned*)c->err, 0u, (unsigned)(src + 1));
+                __threadfence_system();
+            }
+        }
+    }
+    return make_float2(__uint_as_float(a), __uint_as_float(b));
+}
+
+// The residual of the low-latency norms: as PeerResid, the peers' values read from the
+// low-latency slots (value index counted from the tensor's start).
+struct LlResid {
+    static constexpr bool on = true;
+    const P2pCtx* c;
+    const void* r;
+    int bdt;
+    unsigned e;
+    __device__ __forceinline__ float4 operator()(long i4) const {
+        float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int p = 0; p < c->world; p++) {
+            float4 v;
+            if (p == c->rank) {
+                v = load4_of(r, i4, bdt);
+            } else {
+                const unsigned long long* w = p2p_ll_slot(c, c->rank, p, e) + i4 * 4;
+                float2 lo = p2p_ll_load(c, w, e), hi = p2p_ll_load(c, w + 2, e);
+                v = make_float4(lo.x, lo.y, hi.x, hi.y);
+            }
+            s = p == 0 ? v : make_float4(s.x + v.x, s.y + v.y, s.z + v.z, s.w + v.w);
+        }
+        return make_float4(p2p_round(s.x, bdt), p2p_round(s.y, bdt), p2p_round(s.z, bdt),
+                           p2p_round(s.w, bdt));
+    }
+};
+
+// p2p_addrmsnorm_t for rows * d <= P2P_LL_ELEMS, one block per row: the row's partial values
+// are pushed with their epoch, then normalized as the peers' values arrive.
+template <int COPY>
+__device__ void p2p_ll_addrmsnorm_t(float* x, const float* w, float* y, int d, float eps, const void* r,
+                                    int bdt, signed char* qs, float2* ds, uint2* hs, int bf,
+                                    const P2pCtx* c) {
+    unsigned e = p2p_epoch(c);
+    long row = blockIdx.x;
+    int n4 = d >> 2;
+    for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+        float4 v = load4_of(r, row * n4 + i, bdt);
+        for (int p = 0; p < c->world; p++) {
+            if (p == c->rank) continue;
+            unsigned long long* dst = p2p_ll_slot(c, p, c->rank, e) + (row * n4 + i) * 4;
+            p2p_ll_store(dst, v.x, v.y, e);
+            p2p_ll_store(dst + 2, v.z, v.w, e);
+        }
+    }
+    rmsnorm_v4_t<COPY>(row, x, w, y, d, eps, qs, ds, hs, bf, LlResid{c, r, bdt, e});
+    p2p_finish(c, e);
+}
+
+extern "C" __global__ void p2p_ll_addrmsnorm_v4_f32(float* x, const float* w, float* y, int d, float eps,
+                                                    const void* r, int bdt, const P2pCtx* c, int rows) {
+    p2p_ll_addrmsnorm_t<0>(x, w, y, d, eps, r, bdt, 0, 0, 0, 0, c);
+}
+
+extern "C" __global__ void p2p_ll_addrmsnorm_v4q_f32(float* x, const float* w, float* y, int d, float eps,
+                                                     const void* r, int bdt, signed char* qs, float2* ds,
+                                                     const P2pCtx* c, int rows) {
+    p2p_ll_addrmsnorm_t<1>(x, w, y, d, eps, r, bdt, qs, ds, 0, 0, c);
+}
+
+extern "C" __global__ void p2p_ll_addrmsnorm_v4h_f32(float* x, const float* w, float* y, int d, float eps,
+                                                     const void* r, int bdt, uint2* hs, int bf,
+                                                     const P2pCtx* c, int rows) {
+    p2p_ll_addrmsnorm_t<2>(x, w, y, d, eps, r, bdt, 0, 0, hs, bf, c);
 }

@@ -325,7 +325,9 @@ fn cuda_process_group(
             .ok_or_else(|| Error::invalid(format!("no local GPU for rank {rank}")))?;
         let dev = CudaDevice::with_options(ord, &s.runtime)?;
         let comm = nccl::NcclComm::new(dev.gpu(), &nccl::NcclId::from_bytes(id)?, rank, world)?;
-        comm.enable_p2p(s.runtime.peer_all_reduce, timeout)?;
+        if let Some(g) = comm.enable_p2p(s.runtime.peer_all_reduce, timeout)? {
+            dev.attach_group(g)?;
+        }
         let mut exec = Executor::new();
         exec.add_device(Arc::new(dev));
         exec.add_device(Arc::new(crate::devices::cpu::CpuDevice::new(
@@ -455,7 +457,9 @@ fn cuda_group(
             Box::new(move || {
                 let dev = CudaDevice::with_options(ord, &opts)?;
                 let comm = nccl::NcclComm::new(dev.gpu(), &id, r, world)?;
-                comm.enable_p2p(opts.peer_all_reduce, PEER_WAIT)?;
+                if let Some(g) = comm.enable_p2p(opts.peer_all_reduce, PEER_WAIT)? {
+                    dev.attach_group(g)?;
+                }
                 let mut exec = Executor::new();
                 exec.add_device(Arc::new(dev));
                 exec.add_device(Arc::new(crate::devices::cpu::CpuDevice::new(

@@ -44,7 +44,11 @@ fn two_ranks(timeout: Duration) -> Option<Vec<Rank>> {
             std::thread::spawn(move || {
                 let dev = Arc::new(CudaDevice::new(r as u32).unwrap());
                 let comm = nccl::NcclComm::new(dev.gpu(), &id, r, 2).unwrap();
-                let on = comm.enable_p2p(true, timeout).unwrap();
+                let g = comm.enable_p2p(true, timeout).unwrap();
+                let on = g.is_some();
+                if let Some(g) = g {
+                    dev.attach_group(g).unwrap();
+                }
                 let mut exec = Executor::new();
                 exec.add_device(dev.clone());
                 (on, Rank { dev, exec, comm })
@@ -157,10 +161,13 @@ fn fused_norm_equals_all_reduce_add_then_norm() {
     };
     let mut rng = CaseRng::new(11);
     let mut checked = 0;
-    // a decode row, batched rows, a prefill larger than a slot in f32 (the plain all-reduce
-    // then the norm), rows the float4 kernels do not take
+    // a decode row and a few rows (the low-latency kernels), batched rows, a prefill larger
+    // than a slot in f32 (the plain all-reduce then the norm), rows the float4 kernels do not
+    // take
     let shapes = [
         (1usize, 4096usize),
+        (4, 4096),
+        (3, 1000),
         (64, 4096),
         (300, 576),
         (2100, 4096),
@@ -226,26 +233,45 @@ fn fused_norm_equals_all_reduce_add_then_norm() {
     eprintln!("{checked} fused all-reduce norm cases equal the plain calls on both ranks");
 }
 
+/// Rank 0 reduces alone (the flag handshake of the plain all-reduce, or the low-latency norm of
+/// one row): it stops waiting after the timeout and reports rank 1.
 #[test]
 fn a_peer_that_never_comes_fails_the_step_after_the_timeout() {
-    let Some(ranks) = two_ranks(Duration::from_secs(1)) else {
-        return;
+    for low_latency in [false, true] {
+        let Some(ranks) = two_ranks(Duration::from_secs(1)) else {
+            return;
+        };
+        ranks[0].dev.warm_up().unwrap(); // the kernels compiled before the clock starts
+        alone_times_out(&ranks, low_latency);
+    }
+}
+
+fn alone_times_out(ranks: &[Rank], low_latency: bool) {
+    let up = |v: &[f32]| {
+        ranks[0]
+            .dev
+            .upload(&Data::from_f32(&[v.len()], v).unwrap())
+            .unwrap()
     };
-    ranks[0].dev.warm_up().unwrap(); // the kernels compiled before the clock starts
-    let mut x = ranks[0]
-        .dev
-        .upload(&Data::from_f32(&[4096], &[1.0; 4096]).unwrap())
-        .unwrap();
+    let mut x = up(&[1.0; 4096]);
+    let (b, w) = (up(&[1.0; 4096]), up(&[1.0; 4096]));
+    let reduce = |x: &mut Data| {
+        if low_latency {
+            rms(&ranks[0].exec, x, Some(&b), &w, OutputCopy::None);
+        } else {
+            ranks[0].comm.all_reduce_sum(x).unwrap();
+        }
+    };
     let t = std::time::Instant::now();
-    ranks[0].comm.all_reduce_sum(&mut x).unwrap(); // rank 1 never joins
+    reduce(&mut x); // rank 1 never joins
     x.to_owned_host().unwrap();
     let waited = t.elapsed();
     let e = ranks[0].comm.health().unwrap_err().to_string();
-    eprintln!("after {waited:?}: {e}");
+    eprintln!("low latency {low_latency}, after {waited:?}: {e}");
     assert!(e.contains("rank 1 did not reach"), "{e}");
     assert!(waited < Duration::from_secs(30), "waited {waited:?}");
     // the broken group no longer waits
-    ranks[0].comm.all_reduce_sum(&mut x).unwrap();
+    reduce(&mut x);
     x.to_owned_host().unwrap();
     assert!(t.elapsed() < waited + Duration::from_secs(1));
     assert!(ranks[1].comm.health().is_ok());

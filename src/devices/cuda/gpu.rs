@@ -49,9 +49,6 @@ pub struct Gpu {
     /// Bumped whenever an operator frees or replaces a scratch buffer that kernels read: a
     /// graph recorded under an older generation may point at freed memory and must not replay.
     generation: AtomicU64,
-    /// The peer-to-peer group this GPU sums with as a tensor-parallel rank (set once, after the
-    /// group's NCCL communicator exists).
-    group: OnceLock<Arc<super::p2p::P2pGroup>>,
 }
 
 /// A device's shared-memory limits, in bytes.
@@ -184,25 +181,12 @@ impl Gpu {
             big_smem: Mutex::new(HashSet::new()),
             capturing: AtomicBool::new(false),
             generation: AtomicU64::new(0),
-            group: OnceLock::new(),
         }))
     }
 
     /// The driver context (shared with what must outlive nothing but it).
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
-    }
-
-    /// Makes `g` the group this GPU's reductions use; `Err` when it already has one.
-    pub fn attach_group(&self, g: Arc<super::p2p::P2pGroup>) -> Result<()> {
-        self.group
-            .set(g)
-            .map_err(|_| Error::invalid(format!("cuda:{}: already in a group", self.ordinal)))
-    }
-
-    /// The peer-to-peer group of this GPU, when it is a rank of one.
-    pub fn group(&self) -> Option<&Arc<super::p2p::P2pGroup>> {
-        self.group.get()
     }
 
     /// Number of multiprocessors.

@@ -55,6 +55,8 @@ pub struct CudaDevice {
     fallback_logged: Mutex<HashSet<String>>,
     /// Steps are rewritten by this device's passes ([`RuntimeOptions::fused_ops`]).
     fuse: bool,
+    /// The peer-to-peer group of a tensor-parallel rank, which its operators sum over.
+    group: p2p::GroupSlot,
 }
 
 impl CudaDevice {
@@ -72,9 +74,10 @@ impl CudaDevice {
         let gpu = Gpu::open(ordinal, opts.cache_dir().ok())?;
         let mut ops = OpRegistry::new();
         let act = Arc::new(act_quant::ActQuant::new(&gpu));
+        let group = p2p::GroupSlot::default();
         elementwise::register(&mut ops, &gpu, &act);
         glu::register(&mut ops, &gpu);
-        norm::register(&mut ops, &gpu, &act);
+        norm::register(&mut ops, &gpu, &act, &group);
         paged::register(&mut ops, &gpu);
         paged_decode::register(&mut ops, &gpu, &act, opts.batch_invariant);
         embedding::register(&mut ops, &gpu);
@@ -87,13 +90,14 @@ impl CudaDevice {
         sample::register(&mut ops, &gpu);
         moe::register(&mut ops, &gpu);
         matmul::register(&mut ops, &gpu);
-        p2p::register(&mut ops, &gpu);
+        p2p::register(&mut ops, &gpu, &group);
         Ok(CudaDevice {
             name: format!("cuda:{ordinal}"),
             gpu,
             ops,
             fallback_logged: Mutex::new(HashSet::new()),
             fuse: opts.fused_ops,
+            group,
         })
     }
 
@@ -116,6 +120,14 @@ impl CudaDevice {
     /// Waits until all queued GPU work is done (for timing).
     pub fn synchronize(&self) -> Result<()> {
         self.gpu.sync()
+    }
+
+    /// Makes `g` (from `NcclComm::enable_p2p`) the group this device's operators sum over
+    /// (`AllReduceAdd`, `RMSNorm` with `all_reduce`); `Err` when it already has one.
+    pub fn attach_group(&self, g: Arc<p2p::P2pGroup>) -> Result<()> {
+        self.group
+            .set(g)
+            .map_err(|_| Error::invalid(format!("{}: already in a group", self.name)))
     }
 
     /// The underlying context (for tests and benchmarks in this crate).

@@ -94,6 +94,8 @@ pub struct NcclComm {
     gpu: Arc<Gpu>,
     rank: usize,
     world: usize,
+    /// The peer-to-peer group that sums in NCCL's place, once set up.
+    p2p: std::sync::OnceLock<Arc<super::p2p::P2pGroup>>,
 }
 
 impl NcclComm {
@@ -115,6 +117,7 @@ impl NcclComm {
             gpu: gpu.clone(),
             rank,
             world,
+            p2p: std::sync::OnceLock::new(),
         })
     }
 }
@@ -163,27 +166,29 @@ impl NcclComm {
         f(c.0, stream).map_err(|e| nccl_err(what, e))?;
         Ok(())
     }
-
-    /// Whether `ok` holds on every rank (a collective: every rank calls it).
-    pub fn all_agree(&self, ok: bool) -> Result<bool> {
-        let all = self.all_gather_bytes(&[ok as u8])?;
-        Ok(all.iter().all(|&b| b == 1))
-    }
 }
 
 impl NcclComm {
     /// Sets up the peer-to-peer group of this communicator's ranks on its GPU (a collective:
-    /// every rank calls it, `want` or not) and attaches it to the GPU; `Ok(false)` where some
-    /// rank does not `want` it or some ranks cannot reach each other's memory (NCCL keeps
-    /// summing). `timeout`: the longest wait for a peer.
-    pub fn enable_p2p(&self, want: bool, timeout: std::time::Duration) -> Result<bool> {
-        match super::p2p::P2pGroup::join(&self.gpu, self, want, timeout)? {
-            Some(g) => {
-                self.gpu.attach_group(Arc::new(g))?;
-                Ok(true)
-            }
-            None => Ok(false),
-        }
+    /// every rank calls it, `want` or not), which then sums in NCCL's place; the caller attaches
+    /// it to the rank's device too (`CudaDevice::attach_group`). `Ok(None)` where some rank does
+    /// not `want` it or some ranks cannot reach each other's memory (NCCL keeps summing).
+    /// `timeout`: the longest wait for a peer.
+    pub fn enable_p2p(
+        &self,
+        want: bool,
+        timeout: std::time::Duration,
+    ) -> Result<Option<Arc<super::p2p::P2pGroup>>> {
+        let exchange = |b: &[u8]| self.all_gather_bytes(b);
+        let me = (self.rank, self.world, &exchange as super::p2p::Exchange);
+        let Some(g) = super::p2p::P2pGroup::join(&self.gpu, me, want, timeout)? else {
+            return Ok(None);
+        };
+        let g = Arc::new(g);
+        self.p2p
+            .set(g.clone())
+            .map_err(|_| Error::invalid("this communicator already has a peer-to-peer group"))?;
+        Ok(Some(g))
     }
 }
 
@@ -207,10 +212,10 @@ impl Collective for NcclComm {
         self.world
     }
     fn reduces_in_ops(&self) -> bool {
-        self.gpu.group().is_some()
+        self.p2p.get().is_some()
     }
     fn health(&self) -> Result<()> {
-        self.gpu.group().map_or(Ok(()), |g| g.check())
+        self.p2p.get().map_or(Ok(()), |g| g.check())
     }
     fn all_reduce_sum(&self, x: &mut Data) -> Result<()> {
         let dtype = match x.dtype() {
@@ -233,7 +238,7 @@ impl Collective for NcclComm {
             *x = up;
         }
         let p = dptr(x, "all-reduce")?;
-        if let Some(g) = self.gpu.group() {
+        if let Some(g) = self.p2p.get() {
             return g.all_reduce(&self.gpu, p, (x.count(), x.dtype()), None);
         }
         let n = x.count();

@@ -9,6 +9,7 @@ use super::act_quant::{ActForm, ActQuant};
 use super::buffer::{dptr, ensure_out};
 use super::gpu::{int, Gpu, KArg};
 use super::linear::TC_MIN_ROWS;
+use super::p2p::{group_of, GroupSlot, NormLaunch};
 use super::{all_f32, op_err};
 use crate::data::DataType;
 use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
@@ -16,13 +17,14 @@ use crate::error::Result;
 use std::sync::Arc;
 
 /// Registers this family's operators.
-pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>) {
+pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>, group: &GroupSlot) {
     ops.insert(
         "RMSNorm",
         Box::new(RowOp {
             gpu: gpu.clone(),
             kind: Kind::Rms,
             act: act.clone(),
+            group: group.clone(),
         }),
     );
     ops.insert(
@@ -31,6 +33,7 @@ pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>) {
             gpu: gpu.clone(),
             kind: Kind::Layer,
             act: act.clone(),
+            group: group.clone(),
         }),
     );
     ops.insert(
@@ -39,6 +42,7 @@ pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>) {
             gpu: gpu.clone(),
             kind: Kind::Softmax,
             act: act.clone(),
+            group: group.clone(),
         }),
     );
 }
@@ -53,6 +57,8 @@ enum Kind {
 struct RowOp {
     gpu: Arc<Gpu>,
     kind: Kind,
+    /// The group `RMSNorm` with `all_reduce` sums over.
+    group: GroupSlot,
     /// Where `RMSNorm` with `quantize_output = 1` also leaves its output as Q8_0 rows for the
     /// next `Linear` (2 / 3: f16 / bf16 rows for its tensor-core path, at `TC_MIN_ROWS` rows or
     /// more).
@@ -100,26 +106,30 @@ impl RowOp {
     /// With `residual` (its address and [`residual_code`]) the `addrmsnorm_v4*` kernels add it
     /// into the input first.
     ///
-    /// With `peer` (the group's context argument and the blocks to use) the residual is this
-    /// rank's partial sum, all-reduced over the group first (`p2p_addrmsnorm_v4*`, a grid of
-    /// that many blocks looping over the rows).
+    /// With `peer` (how the group runs it) the residual is this rank's partial sum, all-reduced
+    /// over the group first: `p2p_ll_addrmsnorm_v4*` (a block per row, values pushed with their
+    /// epoch) or `p2p_addrmsnorm_v4*` (a grid of `peer.blocks` looping over the rows).
     fn rms_v4(
         &self,
         mut grid: (u32, u32, u32),
         (rows, row): (usize, usize),
         out: u64,
         base: [KArg; 5],
-        (copy, residual, peer): (Option<ActForm>, Option<Residual>, Option<(KArg, u32)>),
+        (copy, residual, peer): (Option<ActForm>, Option<Residual>, Option<NormLaunch>),
     ) -> Result<()> {
         let threads = ((row / 4).div_ceil(RMS_V4).div_ceil(32).clamp(1, 32) * 32) as u32;
         let mut args = base.to_vec();
         let mut tail = Vec::new();
         let prefix = match (residual, peer) {
-            (Some((r, code)), Some((ctx, blocks))) => {
+            (Some((r, code)), Some(p)) => {
                 args.extend([KArg::Ptr(r), KArg::I32(code)]);
-                tail.extend([ctx, int(rows, "rows")?]);
-                grid = (blocks, 1, 1);
-                "p2p_addrmsnorm"
+                tail.extend([p.ctx, int(rows, "rows")?]);
+                grid = (p.blocks, 1, 1);
+                if p.low_latency {
+                    "p2p_ll_addrmsnorm"
+                } else {
+                    "p2p_addrmsnorm"
+                }
             }
             (Some((r, code)), None) => {
                 args.extend([KArg::Ptr(r), KArg::I32(code)]);
@@ -179,16 +189,11 @@ impl RowOp {
         let whole = r.count() == x.count();
         let reduce = ints.get_or("all_reduce", 0) != 0;
         let peer = if reduce {
-            let g = self.gpu.group().ok_or_else(|| {
-                op_err(
-                    OP,
-                    "all_reduce: this GPU is not a rank of a peer-to-peer group",
-                )
-            })?;
+            let g = group_of(&self.group, OP)?;
             if !whole {
                 return Err(op_err(OP, "all_reduce needs input1 of the input's shape"));
             }
-            let fits = g.norm_launch(rows, row * r.dtype().block_bytes());
+            let fits = g.norm_launch(rows, row, r.dtype().block_bytes());
             if fits.is_none() || row % 4 != 0 || !aligned || row > 4 * RMS_V4 * 1024 {
                 // the sum added by the group's plain all-reduce, then the plain norm
                 g.all_reduce(&self.gpu, rp, (r.count(), r.dtype()), Some(xp))?;

@@ -1,7 +1,8 @@
 //! Peer-to-peer all-reduce of a tensor-parallel group whose GPUs can address each other's
 //! memory (NVLink or PCIe peer access, on one host): [`P2pGroup`], set up once per rank over the
 //! group's NCCL communicator, and the kernels of `kernels/p2p.cu` that sum with it — a plain
-//! all-reduce, and the all-reduce fused with the residual add and the next `RMSNorm`. Also the
+//! all-reduce, and the all-reduce fused with the residual add and the next `RMSNorm` (for a few
+//! rows the low-latency form, each value pushed with the epoch in one word). Also the
 //! `AllReduceAdd` operator (`input0 += Σ_ranks input1`) that a rank's step uses in place of an
 //! all-reduce stage followed by `AddTo` once its GPU has a group.
 //!
@@ -11,15 +12,25 @@
 //! open a CUDA IPC handle of it. Every rank must agree, or none uses the group (then NCCL sums).
 
 use super::gpu::{Gpu, KArg};
-use super::nccl::NcclComm;
 use crate::data::DataType;
 use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
 use crate::error::{Error, Result};
-use crate::parallel::Collective;
 use cudarc::driver::sys;
 use cudarc::driver::CudaContext;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+
+/// Where a device's operators find the group of its GPU (set once it joined one).
+pub type GroupSlot = Arc<OnceLock<Arc<P2pGroup>>>;
+
+/// The group in `slot`, or an `Err` of `op` saying the GPU is in none.
+pub fn group_of<'a>(slot: &'a GroupSlot, op: &str) -> Result<&'a Arc<P2pGroup>> {
+    slot.get()
+        .ok_or_else(|| super::op_err(op, "this GPU is not a rank of a peer-to-peer group"))
+}
+
+/// A group's all-gather of bytes: every rank's bytes (each rank passes as many), in rank order.
+pub type Exchange<'a> = &'a dyn Fn(&[u8]) -> Result<Vec<u8>>;
 
 /// Most ranks of a group (`P2P_MAX_RANKS` in the kernels).
 const MAX_RANKS: usize = 8;
@@ -33,6 +44,8 @@ const CTX_AT: usize = STATE_AT + 64;
 const SLOTS_AT: usize = 64 * 1024;
 /// Bytes all slots of one rank take together (each slot: this over 2 · world).
 const SLOTS_TOTAL: usize = 128 << 20;
+/// Values of one low-latency slot (`P2P_LL_ELEMS`; 8 bytes each: the value and the epoch).
+const LL_ELEMS: usize = 16384;
 /// Threads of the plain all-reduce kernel.
 const THREADS: u32 = 512;
 
@@ -48,6 +61,7 @@ struct CtxBytes {
     state: u64,
     world: i32,
     rank: i32,
+    ll: [u64; MAX_RANKS],
 }
 
 impl CtxBytes {
@@ -61,6 +75,9 @@ impl CtxBytes {
         }
         v.extend(self.world.to_le_bytes());
         v.extend(self.rank.to_le_bytes());
+        for a in self.ll {
+            v.extend(a.to_le_bytes());
+        }
         v
     }
 }
@@ -172,18 +189,18 @@ impl Drop for P2pGroup {
 }
 
 impl P2pGroup {
-    /// Sets up the group of `comm`'s ranks on `gpu` (every rank calls it, as a collective).
+    /// Sets up the group of rank `rank` of `world` on `gpu` (every rank calls it, as a
+    /// collective), the ranks' records swapped by `exchange`.
     /// `Ok(None)` when some rank does not `want` it or some pair of ranks cannot reach each
     /// other's memory (other hosts, no peer access, more than [`MAX_RANKS`] ranks): every rank
     /// then gets `None`. A wait for a peer longer than `timeout` fails the step (see
     /// [`P2pGroup::check`]).
     pub fn join(
         gpu: &Gpu,
-        comm: &NcclComm,
+        (rank, world, exchange): (usize, usize, Exchange),
         want: bool,
         timeout: Duration,
     ) -> Result<Option<P2pGroup>> {
-        let (world, rank) = (comm.world(), comm.rank());
         gpu.bind()?;
         let slot_bytes = (SLOTS_TOTAL / (2 * world.max(1))) & !4095;
         let mut g = P2pGroup {
@@ -201,7 +218,7 @@ impl P2pGroup {
         let mut ipc = [0u8; 64];
         if usable {
             usable = g
-                .allocate(SLOTS_AT + 2 * world * slot_bytes, &mut ipc)
+                .allocate(g.ll_at() + 2 * world * LL_ELEMS * 8, &mut ipc)
                 .is_ok();
         }
         let mine = Record {
@@ -213,7 +230,7 @@ impl P2pGroup {
             base: g.own,
             ipc,
         };
-        let all = comm.all_gather_bytes(&mine.bytes())?;
+        let all = exchange(&mine.bytes())?;
         let records: Vec<Record> = all.chunks_exact(RECORD_BYTES).map(Record::parse).collect();
         let mut bases = [0u64; MAX_RANKS];
         if usable && records.len() == world && records.iter().all(|r| r.usable == 1) {
@@ -222,7 +239,7 @@ impl P2pGroup {
         } else {
             usable = false;
         }
-        if !comm.all_agree(usable)? {
+        if !exchange(&[usable as u8])?.iter().all(|&b| b == 1) {
             return Ok(None);
         }
         g.write_context(&bases, timeout)?;
@@ -330,12 +347,18 @@ impl P2pGroup {
         for (r, &b) in bases.iter().enumerate().take(self.world) {
             c.bufs[r] = b + SLOTS_AT as u64;
             c.flags[r] = b;
+            c.ll[r] = b + self.ll_at() as u64;
         }
         let b = c.bytes();
         // SAFETY: the context area lies inside this rank's buffer; the copy is synchronous.
         cu("write context", unsafe {
             sys::cuMemcpyHtoD_v2(self.ctx_addr(), b.as_ptr() as *const _, b.len())
         })
+    }
+
+    /// Where the low-latency slots start in a rank's buffer.
+    fn ll_at(&self) -> usize {
+        SLOTS_AT + 2 * self.world * self.slot_bytes
     }
 
     fn ctx_addr(&self) -> u64 {
@@ -363,14 +386,27 @@ impl P2pGroup {
         )))
     }
 
-    /// The kernels' context argument and the blocks a fused norm over `rows` rows of `row_bytes`
-    /// uses; `None` when they do not fit one slot.
-    pub fn norm_launch(&self, rows: usize, row_bytes: usize) -> Option<(KArg, u32)> {
-        (rows * row_bytes <= self.slot_bytes && rows > 0).then(|| {
-            (
-                KArg::Ptr(self.ctx_addr()),
-                rows.min(self.blocks as usize) as u32,
-            )
+    /// How a fused norm over `rows` rows of `row` values of `elem_bytes` bytes runs: the
+    /// kernels' context argument and the low-latency kernels (one block per row) where all
+    /// values fit a low-latency slot, else the slot kernels and their blocks; `None` when the
+    /// rows do not fit one slot.
+    pub fn norm_launch(&self, rows: usize, row: usize, elem_bytes: usize) -> Option<NormLaunch> {
+        let ctx = KArg::Ptr(self.ctx_addr());
+        if rows == 0 || rows * row * elem_bytes > self.slot_bytes {
+            return None;
+        }
+        Some(if rows * row <= LL_ELEMS {
+            NormLaunch {
+                ctx,
+                blocks: rows as u32,
+                low_latency: true,
+            }
+        } else {
+            NormLaunch {
+                ctx,
+                blocks: rows.min(self.blocks as usize) as u32,
+                low_latency: false,
+            }
         })
     }
 
@@ -418,9 +454,23 @@ impl P2pGroup {
     }
 }
 
-/// Registers `AllReduceAdd`.
-pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>) {
-    ops.insert("AllReduceAdd", Box::new(AllReduceAdd { gpu: gpu.clone() }));
+/// How [`P2pGroup::norm_launch`] runs a fused norm.
+pub struct NormLaunch {
+    /// The kernels' context argument.
+    pub ctx: KArg,
+    /// Blocks of the launch.
+    pub blocks: u32,
+    /// The `p2p_ll_*` kernels (values pushed with their epoch) rather than the slot kernels.
+    pub low_latency: bool,
+}
+
+/// Registers `AllReduceAdd`, which sums over the group in `group`.
+pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, group: &GroupSlot) {
+    let op = AllReduceAdd {
+        gpu: gpu.clone(),
+        group: group.clone(),
+    };
+    ops.insert("AllReduceAdd", Box::new(op));
 }
 
 /// `input0 += Σ_ranks input1`: `input0` f32, `input1` (this rank's partial sum) f32, f16 or
@@ -428,6 +478,7 @@ pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>) {
 /// of `input1` followed by `AddTo`). Needs the GPU to be a rank of a [`P2pGroup`].
 struct AllReduceAdd {
     gpu: Arc<Gpu>,
+    group: GroupSlot,
 }
 
 const OP: &str = "AllReduceAdd";
@@ -452,10 +503,7 @@ impl Operator for AllReduceAdd {
         Ok(())
     }
     fn run(&self, d: &mut DataDict, _: &FloatDict, _: &IntDict) -> Result<()> {
-        let group = self
-            .gpu
-            .group()
-            .ok_or_else(|| super::op_err(OP, "this GPU is not a rank of a peer-to-peer group"))?;
+        let group = group_of(&self.group, OP)?;
         let ([b], [x]) = d.io_many(OP, ["input1"], ["input0"])?;
         let (Some(b), Some(x)) = (b, x) else {
             return Err(super::op_err(OP, "needs input0 (mutable) and input1"));

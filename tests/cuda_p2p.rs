@@ -4,7 +4,7 @@
 //! sum into f32 rows; `RMSNorm` with `all_reduce` (the fused form) gives the bits of
 //! `AllReduceAdd` followed by `RMSNorm`, with and without the copies for the next `Linear`; a
 //! rank whose peer never comes stops waiting after the group's timeout and reports it; a GPU
-//! without a group refuses `AllReduceAdd`.
+//! without a group refuses `AllReduceAdd`, and `RMSNorm` refuses `all_reduce` without `input1`.
 //!
 //! Needs 2 GPUs that reach each other's memory and NCCL; otherwise every test passes without
 //! work and says why on stderr ("SKIPPED: ...").
@@ -278,7 +278,7 @@ fn alone_times_out(ranks: &[Rank], low_latency: bool) {
 }
 
 #[test]
-fn all_reduce_add_without_a_group_is_an_error() {
+fn reductions_without_a_group_or_partial_are_errors() {
     let Some(dev) = common::cuda::gpu() else {
         return;
     };
@@ -297,4 +297,24 @@ fn all_reduce_add_without_a_group_is_an_error() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("not a rank of a peer-to-peer group"), "{e}");
+    drop(d);
+    // the norm's reduction without the partial it would sum
+    let w = dev
+        .upload(&Data::from_f32(&[4], &[1.0; 4]).unwrap())
+        .unwrap();
+    let mut h = Data::empty(DataType::F32);
+    let mut d = DataDict::new()
+        .with_mut("input", &mut x)
+        .with("weight", &w)
+        .with_mut("output", &mut h);
+    let e = exec
+        .run(
+            "RMSNorm",
+            &mut d,
+            &FloatDict::new(),
+            &IntDict::new().with("all_reduce", 1),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("RMSNorm"), "{e}");
 }

@@ -288,6 +288,7 @@ impl P2pGroup {
                 self.enable_peer(rec.ordinal)?;
                 bases[r] = rec.base;
             } else {
+                // SAFETY: the handle is plain bytes; all-zero is a valid value, overwritten next.
                 let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
                 for (d, s) in h.reserved.iter_mut().zip(rec.ipc) {
                     *d = s as std::ffi::c_char;

@@ -55,10 +55,18 @@ extern "C" __global__ void topk_f32(const float* x, float* out, long n, int k) {
     for (int r = 0; r < k; r++) {
         float bv = -INF;
         long bi = 0x7fffffffffffffffL;
-        for (long j = threadIdx.x; j < n; j += blockDim.x) {
-            float v = xr[j];
-            bool after = v < pv || (v == pv && j > pi);
-            if (after && better(v, j, bv, bi)) { bv = v; bi = j; }
+        // four independent loads per thread in flight, as argmax_f32
+        long step = blockDim.x;
+        for (long j0 = threadIdx.x; j0 < n; j0 += 4 * step) {
+            float v[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) v[u] = j0 + u * step < n ? xr[j0 + u * step] : -INF;
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                long j = j0 + u * step;
+                bool after = v[u] < pv || (v[u] == pv && j > pi);
+                if (j < n && after && better(v[u], j, bv, bi)) { bv = v[u]; bi = j; }
+            }
         }
         block_best(bv, bi);
         if (threadIdx.x == 0) {

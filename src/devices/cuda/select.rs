@@ -100,7 +100,7 @@ impl Operator for Select {
             self.gpu.launch(
                 "topk_f32",
                 (r, 1, 1),
-                256,
+                1024,
                 &[xp, yp, long(n, "n")?, KArg::I32(k as i32)],
             )
         } else {

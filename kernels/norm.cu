@@ -68,6 +68,26 @@ struct LocalResid {
     __device__ __forceinline__ float4 operator()(long i4) const { return load4_of(r, i4, bdt); }
 };
 
+// Float4 i of row `row`'s normalized output (stored where `in`, else only the shuffles): v * inv *
+// g into y and its copies (COPY as rmsnorm_v4_t). Every lane of the warp calls it (quant8x4).
+template <int COPY>
+__device__ __forceinline__ void rms_store(long row, int i, bool in, float4 v, float4 g, float inv, float* y, int d,
+                                          signed char* qs, float2* ds, uint2* hs, int bf) {
+    int n4 = d >> 2;
+    float4 o = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+    unsigned int q4 = 0;
+    float2 sc;
+    if (COPY == 1) quant8x4(o, &q4, &sc);
+    if (in) {
+        ((float4*)(y + row * d))[i] = o;
+        if (COPY == 1) {
+            ((unsigned int*)(qs + row * d))[i] = q4;
+            if ((i & 7) == 0) ds[row * (d >> 5) + (i >> 3)] = sc;
+        }
+        if (COPY == 2) hs[row * n4 + i] = half4_of(o, bf);
+    }
+}
+
 // Row `row` of x normalized into y (and its copies); with a residual (Resid::on), res(i) (the
 // i-th 4 values of the row's residual, counted from the tensor's start) is added into x first.
 template <int COPY, class Resid>
@@ -75,7 +95,6 @@ __device__ __forceinline__ void rmsnorm_v4_t(long row, float* x, const float* w,
                                              signed char* qs, float2* ds, uint2* hs, int bf, Resid res) {
     int n4 = d >> 2;
     float4* xr = (float4*)(x + row * d);
-    float4* yr = (float4*)(y + row * d);
     const float4* w4 = (const float4*)w;
     // the norm weight (no kernel writes it) is loaded before waiting for the kernel that wrote x
     float4 g[RMS_V4];
@@ -104,19 +123,7 @@ __device__ __forceinline__ void rmsnorm_v4_t(long row, float* x, const float* w,
 #pragma unroll
     for (int t = 0; t < RMS_V4; t++) {
         int i = threadIdx.x + t * blockDim.x;
-        float4 o = make_float4(v[t].x * inv * g[t].x, v[t].y * inv * g[t].y, v[t].z * inv * g[t].z,
-                               v[t].w * inv * g[t].w);
-        unsigned int q4 = 0;
-        float2 sc;
-        if (COPY == 1) quant8x4(o, &q4, &sc);  // every lane: the shuffles need the whole warp
-        if (i < n4) {
-            yr[i] = o;
-            if (COPY == 1) {
-                ((unsigned int*)(qs + row * d))[i] = q4;
-                if ((i & 7) == 0) ds[row * (d >> 5) + (i >> 3)] = sc;
-            }
-            if (COPY == 2) hs[row * n4 + i] = half4_of(o, bf);
-        }
+        rms_store<COPY>(row, i, i < n4, v[t], g[t], inv, y, d, qs, ds, hs, bf);
     }
 }
 

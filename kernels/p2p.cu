@@ -212,42 +212,6 @@ struct PeerResid {
     }
 };
 
-// x += the all-reduced partial rows r, then y = RMSNorm(x) (and the copies of rmsnorm_v4_t),
-// over `rows` rows of d, the grid looping over rows: the all-reduce, the residual add and the
-// next norm in one launch, with the bits of p2p_allreduce (add = 1) followed by RMSNorm.
-template <int COPY>
-__device__ void p2p_addrmsnorm_t(float* x, const float* w, float* y, int d, float eps, const void* r,
-                                 int bdt, signed char* qs, float2* ds, uint2* hs, int bf,
-                                 const P2pCtx* c, int rows) {
-    unsigned e = p2p_epoch(c);
-    long rb = (long)d * (bdt == 0 ? 4 : 2);
-    for (long row = blockIdx.x; row < rows; row += gridDim.x) p2p_push(c, e, (const char*)r, row * rb, rb);
-    p2p_barrier(c, e);
-    PeerResid res{c, r, bdt, e};
-    for (long row = blockIdx.x; row < rows; row += gridDim.x) {
-        rmsnorm_v4_t<COPY>(row, x, w, y, d, eps, qs, ds, hs, bf, res);
-        __syncthreads();
-    }
-    p2p_finish(c, e);
-}
-
-extern "C" __global__ void p2p_addrmsnorm_v4_f32(float* x, const float* w, float* y, int d, float eps,
-                                                 const void* r, int bdt, const P2pCtx* c, int rows) {
-    p2p_addrmsnorm_t<0>(x, w, y, d, eps, r, bdt, 0, 0, 0, 0, c, rows);
-}
-
-extern "C" __global__ void p2p_addrmsnorm_v4q_f32(float* x, const float* w, float* y, int d, float eps,
-                                                  const void* r, int bdt, signed char* qs, float2* ds,
-                                                  const P2pCtx* c, int rows) {
-    p2p_addrmsnorm_t<1>(x, w, y, d, eps, r, bdt, qs, ds, 0, 0, c, rows);
-}
-
-extern "C" __global__ void p2p_addrmsnorm_v4h_f32(float* x, const float* w, float* y, int d, float eps,
-                                                  const void* r, int bdt, uint2* hs, int bf,
-                                                  const P2pCtx* c, int rows) {
-    p2p_addrmsnorm_t<2>(x, w, y, d, eps, r, bdt, 0, 0, hs, bf, c, rows);
-}
-
 // ---- low latency: the epoch travels with every value ----
 // For a few rows (decode), each value is pushed as (its f32 bits, epoch) in one 8-byte half of a
 // 16-byte store, and the reader spins on those words until both halves carry this epoch: no
@@ -292,7 +256,7 @@ __device__ __forceinline__ float2 p2p_ll_load(const P2pCtx* c, const unsigned lo
 }
 
 // The residual of the low-latency norms: as PeerResid, the peers' values read from the
-// low-latency slots (value index counted from the tensor's start).
+// low-latency slots.
 struct LlResid {
     static constexpr bool on = true;
     const P2pCtx* c;
@@ -317,16 +281,129 @@ struct LlResid {
     }
 };
 
-// p2p_addrmsnorm_t for rows * d <= P2P_LL_ELEMS, one block per row: the row's partial values
-// are pushed with their epoch, then normalized as the peers' values arrive.
+// ---- low-latency norms: rows split over blocks ----
+// A row is split over `parts` blocks (block b: row b / parts, float4s [i0, i1) of it, where
+// i0 = (b % parts) * per and per is a multiple of 8 float4s, so Q8_0 blocks stay whole). The
+// blocks of a row exchange their partial sums of squares through this rank's scratch words
+// after its low-latency slots: one (f32 bits, epoch) word per block, read in part order, so
+// every rank gets the same bits. A split row sums its squares in another order than
+// rmsnorm_v4_t; one part keeps its arithmetic (with its threads).
+
+__device__ __forceinline__ unsigned long long* p2p_scratch(const P2pCtx* c) {
+    return (unsigned long long*)c->ll[c->rank] + 2ull * c->world * P2P_LL_ELEMS;
+}
+
+// The sum, in part order, of the partial sums of squares the `parts` blocks of row `row` stored
+// (spinning until each carries epoch e); `s` is this block's own. Every thread gets the result.
+__device__ float p2p_row_sumsq(const P2pCtx* c, unsigned e, long row, int parts, float s) {
+    __shared__ float total;
+    unsigned long long* sc = p2p_scratch(c) + row * parts;
+    if (threadIdx.x == 0) {
+        unsigned long long word = ((unsigned long long)e << 32) | __float_as_uint(s);
+        asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(sc + blockIdx.x % parts), "l"(word) : "memory");
+    }
+    if (threadIdx.x < 32) {
+        volatile unsigned* broken = (volatile unsigned*)c->state + 2;
+        float a = 0.0f;
+        for (int p = threadIdx.x; p < parts; p += 32) {
+            unsigned long long word;
+            do {
+                asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(word) : "l"(sc + p) : "memory");
+            } while ((unsigned)(word >> 32) != e && *broken == 0);
+            a += __uint_as_float((unsigned)word);
+        }
+        a = warp_sum(a);
+        if (threadIdx.x == 0) total = a;
+    }
+    __syncthreads();
+    return total;
+}
+
+// This block's float4 range [*i0, *i1) of its row (see above).
+__device__ __forceinline__ long p2p_part(int d, int parts, int* i0, int* i1) {
+    int n4 = d >> 2, per = (((n4 + parts - 1) / parts) + 7) & ~7;
+    *i0 = (blockIdx.x % parts) * per;
+    *i1 = min(n4, *i0 + per);
+    return blockIdx.x / parts;
+}
+
+// The norm weights of this block's float4s (loaded before waiting: no kernel writes them).
+__device__ __forceinline__ void p2p_part_weights(const float* w, int i0, int i1, float4 g[RMS_V4]) {
+#pragma unroll
+    for (int t = 0; t < RMS_V4; t++) {
+        int i = i0 + threadIdx.x + t * blockDim.x;
+        g[t] = i < i1 ? ((const float4*)w)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
+
+// x += res over this block's float4s [i0, i1) of `row`, then their part of y = RMSNorm(x) (and
+// the copies of rmsnorm_v4_t) with the row's sum of squares.
+template <int COPY, class Resid>
+__device__ void p2p_norm_part(long row, int i0, int i1, int parts, const float4 g[RMS_V4], float* x, float* y,
+                              int d, float eps, signed char* qs, float2* ds, uint2* hs, int bf,
+                              const P2pCtx* c, unsigned e, Resid res) {
+    int n4 = d >> 2;
+    float4* xr = (float4*)(x + row * d);
+    float4 v[RMS_V4];
+    float s = 0.0f;
+#pragma unroll
+    for (int t = 0; t < RMS_V4; t++) {
+        int i = i0 + threadIdx.x + t * blockDim.x;
+        v[t] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (i < i1) {
+            float4 a = res(row * n4 + i), h = xr[i];
+            v[t] = make_float4(h.x + 1.0f * a.x, h.y + 1.0f * a.y, h.z + 1.0f * a.z, h.w + 1.0f * a.w);
+            xr[i] = v[t];
+        }
+        s += v[t].x * v[t].x + v[t].y * v[t].y + v[t].z * v[t].z + v[t].w * v[t].w;
+    }
+    s = block_sum(s);
+    if (parts > 1) s = p2p_row_sumsq(c, e, row, parts, s);
+    float inv = rsqrtf(s / (float)d + eps);
+#pragma unroll
+    for (int t = 0; t < RMS_V4; t++) {
+        int i = i0 + threadIdx.x + t * blockDim.x;
+        rms_store<COPY>(row, i, i < i1, v[t], g[t], inv, y, d, qs, ds, hs, bf);
+    }
+}
+
+// x += the all-reduced partial rows r, then y = RMSNorm(x) (and the copies of rmsnorm_v4_t),
+// over `rows` rows of d, the grid looping over rows: the all-reduce, the residual add and the
+// next norm in one launch, with the bits of p2p_allreduce (add = 1) followed by RMSNorm.
+template <int COPY>
+__device__ void p2p_addrmsnorm_t(float* x, const float* w, float* y, int d, float eps, const void* r,
+                                 int bdt, signed char* qs, float2* ds, uint2* hs, int bf,
+                                 const P2pCtx* c, int rows) {
+    unsigned e = p2p_epoch(c);
+    long rb = (long)d * (bdt == 0 ? 4 : 2);
+    for (long row = blockIdx.x; row < rows; row += gridDim.x) p2p_push(c, e, (const char*)r, row * rb, rb);
+    p2p_barrier(c, e);
+    PeerResid res{c, r, bdt, e};
+    for (long row = blockIdx.x; row < rows; row += gridDim.x) {
+        rmsnorm_v4_t<COPY>(row, x, w, y, d, eps, qs, ds, hs, bf, res);
+        __syncthreads();
+    }
+    p2p_finish(c, e);
+}
+
+// p2p_addrmsnorm_t for rows * d <= P2P_LL_ELEMS through the low-latency slots, rows * parts
+// blocks: each block pushes its values with their epoch, adds the peers' as they arrive, and
+// normalizes its part of the row.
 template <int COPY>
 __device__ void p2p_ll_addrmsnorm_t(float* x, const float* w, float* y, int d, float eps, const void* r,
                                     int bdt, signed char* qs, float2* ds, uint2* hs, int bf,
-                                    const P2pCtx* c) {
-    unsigned e = p2p_epoch(c);
-    long row = blockIdx.x;
+                                    const P2pCtx* c, int parts) {
+    int i0, i1;
+    long row = p2p_part(d, parts, &i0, &i1);
     int n4 = d >> 2;
-    for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+    float4 g[RMS_V4];
+    p2p_part_weights(w, i0, i1, g);
+    pdl_launch();
+    unsigned e = p2p_epoch(c);
+#pragma unroll
+    for (int t = 0; t < RMS_V4; t++) {
+        int i = i0 + threadIdx.x + t * blockDim.x;
+        if (i >= i1) continue;
         float4 v = load4_of(r, row * n4 + i, bdt);
         for (int p = 0; p < c->world; p++) {
             if (p == c->rank) continue;
@@ -335,23 +412,27 @@ __device__ void p2p_ll_addrmsnorm_t(float* x, const float* w, float* y, int d, f
             p2p_ll_store(dst + 2, v.z, v.w, e);
         }
     }
-    rmsnorm_v4_t<COPY>(row, x, w, y, d, eps, qs, ds, hs, bf, LlResid{c, r, bdt, e});
+    p2p_norm_part<COPY>(row, i0, i1, parts, g, x, y, d, eps, qs, ds, hs, bf, c, e, LlResid{c, r, bdt, e});
     p2p_finish(c, e);
 }
 
-extern "C" __global__ void p2p_ll_addrmsnorm_v4_f32(float* x, const float* w, float* y, int d, float eps,
-                                                    const void* r, int bdt, const P2pCtx* c, int rows) {
-    p2p_ll_addrmsnorm_t<0>(x, w, y, d, eps, r, bdt, 0, 0, 0, 0, c);
-}
-
-extern "C" __global__ void p2p_ll_addrmsnorm_v4q_f32(float* x, const float* w, float* y, int d, float eps,
-                                                     const void* r, int bdt, signed char* qs, float2* ds,
-                                                     const P2pCtx* c, int rows) {
-    p2p_ll_addrmsnorm_t<1>(x, w, y, d, eps, r, bdt, qs, ds, 0, 0, c);
-}
-
-extern "C" __global__ void p2p_ll_addrmsnorm_v4h_f32(float* x, const float* w, float* y, int d, float eps,
-                                                     const void* r, int bdt, uint2* hs, int bf,
-                                                     const P2pCtx* c, int rows) {
-    p2p_ll_addrmsnorm_t<2>(x, w, y, d, eps, r, bdt, 0, 0, hs, bf, c);
-}
+// The fused norms' entry points: rmsnorm_v4*'s arguments, the residual r and its dtype, the
+// group's context and N (the rows for the slot kernels, the blocks per row for the
+// low-latency ones).
+#define P2P_NORMS(name, tmpl)                                                                              \
+    extern "C" __global__ void name##_v4_f32(float* x, const float* w, float* y, int d, float eps,        \
+                                             const void* r, int bdt, const P2pCtx* c, int N) {             \
+        tmpl<0>(x, w, y, d, eps, r, bdt, 0, 0, 0, 0, c, N);                                               \
+    }                                                                                                       \
+    extern "C" __global__ void name##_v4q_f32(float* x, const float* w, float* y, int d, float eps,       \
+                                              const void* r, int bdt, signed char* qs, float2* ds,         \
+                                              const P2pCtx* c, int N) {                                    \
+        tmpl<1>(x, w, y, d, eps, r, bdt, qs, ds, 0, 0, c, N);                                             \
+    }                                                                                                       \
+    extern "C" __global__ void name##_v4h_f32(float* x, const float* w, float* y, int d, float eps,       \
+                                              const void* r, int bdt, uint2* hs, int bf, const P2pCtx* c,  \
+                                              int N) {                                                     \
+        tmpl<2>(x, w, y, d, eps, r, bdt, 0, 0, hs, bf, c, N);                                             \
+    }
+P2P_NORMS(p2p_addrmsnorm, p2p_addrmsnorm_t)
+P2P_NORMS(p2p_ll_addrmsnorm, p2p_ll_addrmsnorm_t)

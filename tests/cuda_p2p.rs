@@ -161,13 +161,16 @@ fn fused_norm_equals_all_reduce_add_then_norm() {
     };
     let mut rng = CaseRng::new(11);
     let mut checked = 0;
-    // a decode row and a few rows (the low-latency kernels), batched rows, a prefill larger
+    // a decode row and a few rows (the low-latency kernels, rows split over blocks unevenly
+    // too), batched rows, a prefill larger
     // than a slot in f32 (the plain all-reduce then the norm), rows the float4 kernels do not
     // take
     let shapes = [
         (1usize, 4096usize),
         (4, 4096),
         (3, 1000),
+        (1, 4000),
+        (2, 5120),
         (64, 4096),
         (300, 576),
         (2100, 4096),
@@ -223,14 +226,22 @@ fn fused_norm_equals_all_reduce_add_then_norm() {
                     let what = format!("{dt} {m}x{k} {copy:?} rank {r}");
                     assert_eq!(host(&plain[r].0), want_x, "AllReduceAdd, {what}");
                     assert_eq!(host(&fused[r].0), want_x, "fused sum, {what}");
-                    assert_eq!(host(&fused[r].1), host(&plain[r].1), "fused norm, {what}");
+                    // a row split over blocks sums its squares in another order: ranks agree
+                    // bit for bit, the plain norm within f32 rounding
+                    assert_eq!(host(&fused[r].1), host(&fused[0].1), "ranks differ, {what}");
+                    let worst = host(&fused[r].1)
+                        .iter()
+                        .zip(host(&plain[r].1))
+                        .map(|(a, b)| (a - b).abs() / (1.0 + b.abs()))
+                        .fold(0.0f32, f32::max);
+                    assert!(worst < 1e-5, "fused norm off by {worst:e}, {what}");
                     ranks[r].comm.health().unwrap();
                 }
                 checked += 1;
             }
         }
     }
-    eprintln!("{checked} fused all-reduce norm cases equal the plain calls on both ranks");
+    eprintln!("{checked} fused all-reduce norm cases: sums equal the plain calls, norms agree across ranks");
 }
 
 /// Rank 0 reduces alone (the flag handshake of the plain all-reduce, or the low-latency norm of

@@ -98,6 +98,11 @@ type Residual = (u64, i32);
 /// Float4s per thread of `rmsnorm_v4_f32` and its variants (`RMS_V4` in the kernel source).
 const RMS_V4: usize = 4;
 
+/// Threads of an `rmsnorm_v4*` launch over rows of `row` values: `RMS_V4` float4s each.
+fn rms_threads(row: usize) -> u32 {
+    ((row / 4).div_ceil(RMS_V4).div_ceil(32).clamp(1, 32) * 32) as u32
+}
+
 impl RowOp {
     /// RMSNorm of `rows` rows of `row` values with float4 loads (`row % 4 == 0`, 16-byte
     /// aligned, `row ≤ 4 · RMS_V4 · 1024`; `base` the kernel's first arguments), writing as well
@@ -107,8 +112,9 @@ impl RowOp {
     /// into the input first.
     ///
     /// With `peer` (how the group runs it) the residual is this rank's partial sum, all-reduced
-    /// over the group first: `p2p_ll_addrmsnorm_v4*` (a block per row, values pushed with their
-    /// epoch) or `p2p_addrmsnorm_v4*` (a grid of `peer.blocks` looping over the rows).
+    /// over the group first: `p2p_ll_addrmsnorm_v4*` (values pushed with their epoch, each row
+    /// split over `peer.n` blocks of `peer.threads`) or `p2p_addrmsnorm_v4*` (a grid of
+    /// `peer.blocks` looping over the rows).
     fn rms_v4(
         &self,
         mut grid: (u32, u32, u32),
@@ -117,14 +123,15 @@ impl RowOp {
         base: [KArg; 5],
         (copy, residual, peer): (Option<ActForm>, Option<Residual>, Option<NormLaunch>),
     ) -> Result<()> {
-        let threads = ((row / 4).div_ceil(RMS_V4).div_ceil(32).clamp(1, 32) * 32) as u32;
+        let mut threads = rms_threads(row);
         let mut args = base.to_vec();
         let mut tail = Vec::new();
         let prefix = match (residual, peer) {
             (Some((r, code)), Some(p)) => {
                 args.extend([KArg::Ptr(r), KArg::I32(code)]);
-                tail.extend([p.ctx, int(rows, "rows")?]);
+                tail.extend([p.ctx, KArg::I32(p.n)]);
                 grid = (p.blocks, 1, 1);
+                threads = p.threads;
                 if p.low_latency {
                     "p2p_ll_addrmsnorm"
                 } else {
@@ -193,7 +200,7 @@ impl RowOp {
             if !whole {
                 return Err(op_err(OP, "all_reduce needs input1 of the input's shape"));
             }
-            let fits = g.norm_launch(rows, row, r.dtype().block_bytes());
+            let fits = g.norm_launch(rows, row, r.dtype().block_bytes(), rms_threads(row));
             if fits.is_none() || row % 4 != 0 || !aligned || row > 4 * RMS_V4 * 1024 {
                 // the sum added by the group's plain all-reduce, then the plain norm
                 g.all_reduce(&self.gpu, rp, (r.count(), r.dtype()), Some(xp))?;

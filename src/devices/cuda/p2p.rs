@@ -46,6 +46,10 @@ const SLOTS_AT: usize = 64 * 1024;
 const SLOTS_TOTAL: usize = 128 << 20;
 /// Values of one low-latency slot (`P2P_LL_ELEMS`; 8 bytes each: the value and the epoch).
 const LL_ELEMS: usize = 16384;
+/// Most blocks of a low-latency norm (one scratch word each, after the low-latency slots).
+const LL_BLOCKS: usize = 1024;
+/// Values of a row that one block of a low-latency norm takes (about).
+const LL_BLOCK_VALUES: usize = 512;
 /// Threads of the plain all-reduce kernel.
 const THREADS: u32 = 512;
 
@@ -218,7 +222,7 @@ impl P2pGroup {
         let mut ipc = [0u8; 64];
         if usable {
             usable = g
-                .allocate(g.ll_at() + 2 * world * LL_ELEMS * 8, &mut ipc)
+                .allocate(g.ll_at() + (2 * world * LL_ELEMS + LL_BLOCKS) * 8, &mut ipc)
                 .is_ok();
         }
         let mine = Record {
@@ -387,27 +391,46 @@ impl P2pGroup {
         )))
     }
 
-    /// How a fused norm over `rows` rows of `row` values of `elem_bytes` bytes runs: the
-    /// kernels' context argument and the low-latency kernels (one block per row) where all
-    /// values fit a low-latency slot, else the slot kernels and their blocks; `None` when the
-    /// rows do not fit one slot.
-    pub fn norm_launch(&self, rows: usize, row: usize, elem_bytes: usize) -> Option<NormLaunch> {
+    /// How a fused norm over `rows` rows of `row` values of `elem_bytes` bytes runs (`plain`:
+    /// the threads of the plain norm's launch): the low-latency kernels where all values fit a
+    /// low-latency slot, each row split over blocks of about [`LL_BLOCK_VALUES`] values; else
+    /// the slot kernels, their grid looping over the rows; `None` when the rows do not fit one
+    /// slot.
+    pub fn norm_launch(
+        &self,
+        rows: usize,
+        row: usize,
+        elem_bytes: usize,
+        plain: u32,
+    ) -> Option<NormLaunch> {
         let ctx = KArg::Ptr(self.ctx_addr());
         if rows == 0 || rows * row * elem_bytes > self.slot_bytes {
             return None;
         }
-        Some(if rows * row <= LL_ELEMS {
-            NormLaunch {
-                ctx,
-                blocks: rows as u32,
-                low_latency: true,
-            }
-        } else {
-            NormLaunch {
+        if rows * row > LL_ELEMS {
+            return Some(NormLaunch {
                 ctx,
                 blocks: rows.min(self.blocks as usize) as u32,
+                threads: plain,
+                n: rows as i32,
                 low_latency: false,
-            }
+            });
+        }
+        let n4 = row / 4;
+        let want = n4.div_ceil(LL_BLOCK_VALUES / 4);
+        let (parts, threads) = if want <= 1 || rows * want > LL_BLOCKS {
+            (1, plain)
+        } else {
+            // a multiple of 8 float4s per block (whole Q8_0 blocks), one float4 per thread
+            let per = n4.div_ceil(want).next_multiple_of(8);
+            (n4.div_ceil(per), per.next_multiple_of(32).min(1024) as u32)
+        };
+        Some(NormLaunch {
+            ctx,
+            blocks: (rows * parts) as u32,
+            threads,
+            n: parts as i32,
+            low_latency: true,
         })
     }
 
@@ -461,6 +484,10 @@ pub struct NormLaunch {
     pub ctx: KArg,
     /// Blocks of the launch.
     pub blocks: u32,
+    /// Threads per block.
+    pub threads: u32,
+    /// The kernels' last argument: the rows (slot kernels) or the blocks per row (low-latency).
+    pub n: i32,
     /// The `p2p_ll_*` kernels (values pushed with their epoch) rather than the slot kernels.
     pub low_latency: bool,
 }

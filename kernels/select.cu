@@ -27,21 +27,31 @@ __device__ void block_best(float& v, long& i) {
     }
 }
 
-extern "C" __global__ void argmax_f32(const float* x, int* out, long n) {
-    pdl_begin();
-    const float* xr = x + (long)blockIdx.x * n;
-    float bv = -INF;
-    long bi = 0x7fffffffffffffffL;
-    // four independent loads per thread in flight (a vocabulary row is ~128k values)
+// This thread's best (value desc, index asc) of the n values at xr ordered after (pv, pi) in
+// that order, every value when pv = INF and pi = -1; four independent loads per thread in
+// flight (a vocabulary row is ~128k values).
+__device__ void thread_best_after(const float* xr, long n, float pv, long pi, float& bv, long& bi) {
+    bv = -INF;
+    bi = 0x7fffffffffffffffL;
     long step = blockDim.x;
     for (long j0 = threadIdx.x; j0 < n; j0 += 4 * step) {
         float v[4];
 #pragma unroll
         for (int u = 0; u < 4; u++) v[u] = j0 + u * step < n ? xr[j0 + u * step] : -INF;
 #pragma unroll
-        for (int u = 0; u < 4; u++)
-            if (j0 + u * step < n && better(v[u], j0 + u * step, bv, bi)) { bv = v[u]; bi = j0 + u * step; }
+        for (int u = 0; u < 4; u++) {
+            long j = j0 + u * step;
+            bool after = v[u] < pv || (v[u] == pv && j > pi);
+            if (j < n && after && better(v[u], j, bv, bi)) { bv = v[u]; bi = j; }
+        }
     }
+}
+
+extern "C" __global__ void argmax_f32(const float* x, int* out, long n) {
+    pdl_begin();
+    float bv;
+    long bi;
+    thread_best_after(x + (long)blockIdx.x * n, n, INF, -1, bv, bi);
     block_best(bv, bi);
     if (threadIdx.x == 0) out[blockIdx.x] = bi == 0x7fffffffffffffffL ? 0 : (int)bi;
 }
@@ -53,21 +63,9 @@ extern "C" __global__ void topk_f32(const float* x, float* out, long n, int k) {
     float pv = INF;
     long pi = -1;
     for (int r = 0; r < k; r++) {
-        float bv = -INF;
-        long bi = 0x7fffffffffffffffL;
-        // four independent loads per thread in flight, as argmax_f32
-        long step = blockDim.x;
-        for (long j0 = threadIdx.x; j0 < n; j0 += 4 * step) {
-            float v[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++) v[u] = j0 + u * step < n ? xr[j0 + u * step] : -INF;
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                long j = j0 + u * step;
-                bool after = v[u] < pv || (v[u] == pv && j > pi);
-                if (j < n && after && better(v[u], j, bv, bi)) { bv = v[u]; bi = j; }
-            }
-        }
+        float bv;
+        long bi;
+        thread_best_after(xr, n, pv, pi, bv, bi);
         block_best(bv, bi);
         if (threadIdx.x == 0) {
             orow[2 * r] = (float)bi;

@@ -416,15 +416,7 @@ impl P2pGroup {
                 low_latency: false,
             });
         }
-        let n4 = row / 4;
-        let want = n4.div_ceil(LL_BLOCK_VALUES / 4);
-        let (parts, threads) = if want <= 1 || rows * want > LL_BLOCKS {
-            (1, plain)
-        } else {
-            // a multiple of 8 float4s per block (whole Q8_0 blocks), one float4 per thread
-            let per = n4.div_ceil(want).next_multiple_of(8);
-            (n4.div_ceil(per), per.next_multiple_of(32).min(1024) as u32)
-        };
+        let (parts, threads) = ll_split(rows, row).unwrap_or((1, plain));
         Some(NormLaunch {
             ctx,
             blocks: (rows * parts) as u32,
@@ -476,6 +468,21 @@ impl P2pGroup {
         }
         Ok(())
     }
+}
+
+/// Blocks per row and threads per block of a low-latency norm over `rows` rows of `row` values
+/// that splits its rows (`None`: a block per row, the plain norm's threads): blocks of a
+/// multiple of 8 float4s (whole Q8_0 blocks), about [`LL_BLOCK_VALUES`] values each, one float4
+/// per thread, at most [`LL_BLOCKS`] blocks in all. The kernels recompute a block's float4s
+/// from the blocks per row (`p2p_part` in kernels/p2p.cu) and get the same count.
+fn ll_split(rows: usize, row: usize) -> Option<(usize, u32)> {
+    let n4 = row / 4;
+    let want = n4.div_ceil(LL_BLOCK_VALUES / 4);
+    if want <= 1 || rows * want > LL_BLOCKS {
+        return None;
+    }
+    let per = n4.div_ceil(want).next_multiple_of(8);
+    Some((n4.div_ceil(per), per.next_multiple_of(32).min(1024) as u32))
 }
 
 /// How [`P2pGroup::norm_launch`] runs a fused norm.
@@ -538,5 +545,41 @@ impl Operator for AllReduceAdd {
         };
         let (bp, xp) = (super::dptr(b, "input1")?, super::dptr(x, "input0")?);
         group.all_reduce(&self.gpu, bp, (b.count(), b.dtype()), Some(xp))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A block's float4s as `p2p_part` in kernels/p2p.cu computes them from the blocks per row.
+    fn kernel_per(n4: usize, parts: usize) -> usize {
+        n4.div_ceil(parts).next_multiple_of(8)
+    }
+
+    #[test]
+    fn split_rows_cover_each_row_once_with_whole_q8_blocks() {
+        for row in (4..=16384).step_by(4) {
+            for rows in [1, 2, 3, 4, 7, 16] {
+                let n4 = row / 4;
+                let Some((parts, threads)) = ll_split(rows, row) else {
+                    // a few rows longer than one block's share are always split
+                    assert!(row <= LL_BLOCK_VALUES, "{rows}x{row} not split");
+                    continue;
+                };
+                let per = kernel_per(n4, parts);
+                assert!(parts > 1 && rows * parts <= LL_BLOCKS, "{rows}x{row}");
+                assert_eq!(per % 8, 0, "{row}");
+                // every block has float4s, the last one the rest
+                assert!(
+                    (parts - 1) * per < n4 && n4 <= parts * per,
+                    "{row}: {parts} x {per}"
+                );
+                assert!(threads as usize >= per && threads % 32 == 0 && threads <= 1024);
+                assert!(per * 4 <= LL_BLOCK_VALUES, "{row}: {per} float4s a block");
+            }
+        }
+        // more blocks than scratch words: a block per row
+        assert_eq!(ll_split(LL_BLOCKS, 4096), None);
     }
 }

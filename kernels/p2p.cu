@@ -193,8 +193,20 @@ __device__ __forceinline__ float4 load4_cg(const void* p, long i, int bdt) {
     return float4_of_half4(__ldcg((const uint2*)p + i), bdt);
 }
 
-// The residual of the fused norms: this rank's partial rows (dtype bdt) summed over the ranks
-// in rank order and rounded to bdt, 4 values at a time (the arithmetic of p2p_sum).
+// Values 4i4..4i4+3 of the partial rows summed over the ranks in rank order and rounded to
+// bdt (the arithmetic of p2p_sum): this rank's own from r, peer p's as `peer(p)` gives them.
+template <class Peer>
+__device__ __forceinline__ float4 p2p_rank_sum4(const P2pCtx* c, const void* r, long i4, int bdt, Peer peer) {
+    float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int p = 0; p < c->world; p++) {
+        float4 v = p == c->rank ? load4_of(r, i4, bdt) : peer(p);
+        s = p == 0 ? v : make_float4(s.x + v.x, s.y + v.y, s.z + v.z, s.w + v.w);
+    }
+    return make_float4(p2p_round(s.x, bdt), p2p_round(s.y, bdt), p2p_round(s.z, bdt), p2p_round(s.w, bdt));
+}
+
+// The residual of the fused norms: this rank's partial rows (dtype bdt) summed over the ranks,
+// the peers' read from this rank's slots.
 struct PeerResid {
     static constexpr bool on = true;
     const P2pCtx* c;
@@ -202,13 +214,7 @@ struct PeerResid {
     int bdt;
     unsigned e;
     __device__ __forceinline__ float4 operator()(long i4) const {
-        float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int p = 0; p < c->world; p++) {
-            float4 v = p == c->rank ? load4_of(r, i4, bdt) : load4_cg(p2p_slot(c, c->rank, p, e), i4, bdt);
-            s = p == 0 ? v : make_float4(s.x + v.x, s.y + v.y, s.z + v.z, s.w + v.w);
-        }
-        return make_float4(p2p_round(s.x, bdt), p2p_round(s.y, bdt), p2p_round(s.z, bdt),
-                           p2p_round(s.w, bdt));
+        return p2p_rank_sum4(c, r, i4, bdt, [&](int p) { return load4_cg(p2p_slot(c, c->rank, p, e), i4, bdt); });
     }
 };
 
@@ -264,20 +270,11 @@ struct LlResid {
     int bdt;
     unsigned e;
     __device__ __forceinline__ float4 operator()(long i4) const {
-        float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int p = 0; p < c->world; p++) {
-            float4 v;
-            if (p == c->rank) {
-                v = load4_of(r, i4, bdt);
-            } else {
-                const unsigned long long* w = p2p_ll_slot(c, c->rank, p, e) + i4 * 4;
-                float2 lo = p2p_ll_load(c, w, e), hi = p2p_ll_load(c, w + 2, e);
-                v = make_float4(lo.x, lo.y, hi.x, hi.y);
-            }
-            s = p == 0 ? v : make_float4(s.x + v.x, s.y + v.y, s.z + v.z, s.w + v.w);
-        }
-        return make_float4(p2p_round(s.x, bdt), p2p_round(s.y, bdt), p2p_round(s.z, bdt),
-                           p2p_round(s.w, bdt));
+        return p2p_rank_sum4(c, r, i4, bdt, [&](int p) {
+            const unsigned long long* w = p2p_ll_slot(c, c->rank, p, e) + i4 * 4;
+            float2 lo = p2p_ll_load(c, w, e), hi = p2p_ll_load(c, w + 2, e);
+            return make_float4(lo.x, lo.y, hi.x, hi.y);
+        });
     }
 };
 

@@ -38,10 +38,10 @@ use super::paged::PagedKvPool;
 use super::paged_batch::{BatchDecode, PagedBatch};
 use super::precision::Precision;
 use super::tp_group::{stopped, RankTp};
-use super::tp_link::{Cmd, Link, RankLogits, RankTop, RemoteRank, Reply};
+use super::tp_link::{recv_polling, Cmd, Link, RankLogits, RankTop, RemoteRank, Reply, GPU_POLL};
 use super::transformer::{KvCache, Model};
 use super::weights::WeightSource;
-use crate::data::Data;
+use crate::data::{Data, DeviceKind};
 use crate::device::{DataDict, FloatDict, IntDict};
 use crate::error::{Error, Result};
 use crate::executor::Executor;
@@ -49,6 +49,7 @@ use crate::parallel::Collective;
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Builds rank `rank`'s model over `exec` (`comm` its communicator).
 #[allow(clippy::too_many_arguments)]
@@ -237,9 +238,24 @@ fn top_candidates(exec: &Executor, logits: &Data, n: usize, real: usize) -> Resu
         .collect()
 }
 
+/// Whether a rank's model runs on a GPU (its channel then polls, see `tp_link::GPU_POLL`).
+fn polls(model: &Model) -> Duration {
+    let gpu = model
+        .executor()
+        .devices()
+        .iter()
+        .any(|d| d.kind() != DeviceKind::Cpu);
+    if gpu {
+        GPU_POLL
+    } else {
+        Duration::ZERO
+    }
+}
+
 fn worker(model: Model, rx: Receiver<Cmd>, tx: Sender<Reply>) {
     let mut state = RankState::default();
-    for cmd in rx {
+    let poll = polls(&model);
+    while let Ok(cmd) = recv_polling(&rx, poll) {
         if let Some(reply) = state.handle(&model, cmd) {
             if tx.send(reply).is_err() {
                 break;
@@ -273,12 +289,12 @@ impl TpGroup {
         for (r, b) in builders.into_iter().enumerate() {
             let (ctx, crx) = channel::<Cmd>();
             let (rtx, rrx) = channel::<Reply>();
-            let (ok_tx, ok_rx) = channel::<Result<BatchDecode>>();
+            let (ok_tx, ok_rx) = channel::<Result<(BatchDecode, Duration)>>();
             let h = std::thread::Builder::new()
                 .name(format!("fastllm-tp{r}"))
                 .spawn(move || match b() {
                     Ok(m) => {
-                        if ok_tx.send(Ok(m.batch_decode())).is_ok() {
+                        if ok_tx.send(Ok((m.batch_decode(), polls(&m)))).is_ok() {
                             worker(m, crx, rtx);
                         }
                     }
@@ -287,19 +303,25 @@ impl TpGroup {
                     }
                 })
                 .map_err(|e| Error::Device(format!("spawning rank {r}: {e}")))?;
-            links.push(Link::Local { tx: ctx, rx: rrx });
             threads.push(h);
-            ready.push(ok_rx);
+            ready.push((ok_rx, ctx, rrx));
         }
         let mut first_err = None;
         let mut modes = Vec::new();
-        for (r, rx) in ready.into_iter().enumerate() {
-            match rx.recv().unwrap_or_else(|_| Err(stopped(r))) {
-                Ok(m) => modes.push(m),
+        for (r, (rx, tx, replies)) in ready.into_iter().enumerate() {
+            let (mode, poll) = match rx.recv().unwrap_or_else(|_| Err(stopped(r))) {
+                Ok(m) => m,
                 Err(e) => {
                     first_err.get_or_insert(prefixed(&format!("{label} rank {r}"), e));
+                    (BatchDecode::Off, Duration::ZERO)
                 }
-            }
+            };
+            modes.push(mode);
+            links.push(Link::Local {
+                tx,
+                rx: replies,
+                poll,
+            });
         }
         links.extend(remote.into_iter().map(Link::Remote));
         if let Some(e) = first_err {

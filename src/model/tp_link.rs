@@ -8,7 +8,8 @@ use crate::error::{Error, Result};
 use crate::parallel::wire::{read_frame, write_frame, Decoder, Encoder};
 use std::io::ErrorKind;
 use std::net::{Shutdown, TcpStream};
-use std::sync::mpsc::{Receiver, Sender};
+use std::sync::mpsc::{Receiver, RecvError, Sender, TryRecvError};
+use std::time::{Duration, Instant};
 
 /// A step or cache operation sent to a rank.
 pub(crate) enum Cmd {
@@ -61,14 +62,38 @@ pub(crate) enum Reply {
     Top(Result<RankTop>),
 }
 
-/// The driver's channel to one rank: a worker thread of this process, or a rank of another
+/// The driver's channel to one rank: a worker thread of this process (whose replies the
+/// driver polls for `poll` before it sleeps, see [`recv_polling`]), or a rank of another
 /// process (see `model::tp_process`).
 pub(super) enum Link {
     Local {
         tx: Sender<Cmd>,
         rx: Receiver<Reply>,
+        poll: Duration,
     },
     Remote(RemoteRank),
+}
+
+/// How long the two ends of a GPU rank's channel poll before they sleep: a decode step's reply
+/// comes within a step (milliseconds) and the next command right after it, and waking a
+/// sleeping thread would add its latency to every token. CPU ranks do not poll (their
+/// threads need the cores).
+pub(super) const GPU_POLL: Duration = Duration::from_millis(20);
+
+/// The next message of `rx`: polled for up to `poll`, then waited for asleep.
+pub(super) fn recv_polling<T>(rx: &Receiver<T>, poll: Duration) -> Result<T, RecvError> {
+    if !poll.is_zero() {
+        let t0 = Instant::now();
+        loop {
+            match rx.try_recv() {
+                Ok(v) => return Ok(v),
+                Err(TryRecvError::Disconnected) => return Err(RecvError),
+                Err(TryRecvError::Empty) if t0.elapsed() > poll => break,
+                Err(TryRecvError::Empty) => std::hint::spin_loop(),
+            }
+        }
+    }
+    rx.recv()
 }
 
 impl Reply {
@@ -95,7 +120,9 @@ impl Link {
     }
     pub(super) fn recv(&self) -> std::result::Result<Reply, String> {
         match self {
-            Link::Local { rx, .. } => rx.recv().map_err(|_| "its worker stopped".to_string()),
+            Link::Local { rx, poll, .. } => {
+                recv_polling(rx, *poll).map_err(|_| "its worker stopped".to_string())
+            }
             Link::Remote(r) => r.recv(),
         }
     }
@@ -343,6 +370,25 @@ impl Drop for RemoteRank {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A message that comes while polling, one that comes after the poll (asleep by then) and
+    /// a sender that is gone.
+    #[test]
+    fn polling_receive_gets_early_and_late_messages_and_sees_a_closed_channel() {
+        for (poll_ms, delay_ms) in [(200u64, 5u64), (1, 50), (0, 5)] {
+            let (tx, rx) = std::sync::mpsc::channel::<u32>();
+            let h = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(delay_ms));
+                tx.send(7).unwrap();
+            });
+            assert_eq!(recv_polling(&rx, Duration::from_millis(poll_ms)), Ok(7));
+            h.join().unwrap();
+            assert_eq!(
+                recv_polling(&rx, Duration::from_millis(poll_ms)),
+                Err(RecvError)
+            );
+        }
+    }
 
     #[test]
     fn commands_and_replies_round_trip() {

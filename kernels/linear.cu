@@ -23,6 +23,7 @@ struct LinSegs {
     int acc;
     int tiles[3];
     int splits[3];
+    const P2pCtx* p2p;  // one-row kernels: also push each output to the group's peers (p2p_ll_push)
 };
 
 // A block of a batched block product: its weight rows [row0, rend) of the launch (rend: the end
@@ -225,7 +226,9 @@ __device__ void linear_t(const float* x, const LinSegs& sg, int m, int ntot, int
         float s = warp_sum(acc[r]);
         if (lane == 0 && r < nr) {
             float* yo = y + (long)(r0 + r) * n + j;
-            *yo = (sg.acc ? *yo : 0.0f) + s + (bias ? bias[j] : 0.0f);
+            float val = (sg.acc ? *yo : 0.0f) + s + (bias ? bias[j] : 0.0f);
+            *yo = val;
+            if (sg.p2p) p2p_ll_push(sg.p2p, (long)(r0 + r) * n + j, val);
         }
     }
 }
@@ -345,7 +348,9 @@ __device__ void linear_q8act_t(const signed char* xq, const float2* xd, const Li
         float s = warp_sum(acc[r]);
         if (lane == 0 && r < nr) {
             float* yo = y + (long)(r0 + r) * n + j;
-            *yo = (sg.acc ? *yo : 0.0f) + s + (bias ? bias[j] : 0.0f);
+            float val = (sg.acc ? *yo : 0.0f) + s + (bias ? bias[j] : 0.0f);
+            *yo = val;
+            if (sg.p2p) p2p_ll_push(sg.p2p, (long)(r0 + r) * n + j, val);
         }
     }
 }

@@ -369,7 +369,7 @@ __device__ void p2p_norm_part(long row, int i0, int i1, int parts, const float4 
 // next norm in one launch, with the bits of p2p_allreduce (add = 1) followed by RMSNorm.
 template <int COPY>
 __device__ void p2p_addrmsnorm_t(float* x, const float* w, float* y, int d, float eps, const void* r,
-                                 int bdt, signed char* qs, float2* ds, uint2* hs, int bf,
+                                 int bdt, signed char* qs, float2* ds, uint2* hs, int bf, int,
                                  const P2pCtx* c, int rows) {
     unsigned e = p2p_epoch(c);
     long rb = (long)d * (bdt == 0 ? 4 : 2);
@@ -384,11 +384,12 @@ __device__ void p2p_addrmsnorm_t(float* x, const float* w, float* y, int d, floa
 }
 
 // p2p_addrmsnorm_t for rows * d <= P2P_LL_ELEMS through the low-latency slots, rows * parts
-// blocks: each block pushes its values with their epoch, adds the peers' as they arrive, and
+// blocks: each block pushes its values with their epoch (unless `pushed`: the kernel that
+// wrote r pushed them as it wrote them, see p2p_ll_push), adds the peers' as they arrive, and
 // normalizes its part of the row.
 template <int COPY>
 __device__ void p2p_ll_addrmsnorm_t(float* x, const float* w, float* y, int d, float eps, const void* r,
-                                    int bdt, signed char* qs, float2* ds, uint2* hs, int bf,
+                                    int bdt, signed char* qs, float2* ds, uint2* hs, int bf, int pushed,
                                     const P2pCtx* c, int parts) {
     int i0, i1;
     long row = p2p_part(d, parts, &i0, &i1);
@@ -400,7 +401,7 @@ __device__ void p2p_ll_addrmsnorm_t(float* x, const float* w, float* y, int d, f
 #pragma unroll
     for (int t = 0; t < RMS_V4; t++) {
         int i = i0 + threadIdx.x + t * blockDim.x;
-        if (i >= i1) continue;
+        if (pushed || i >= i1) continue;
         float4 v = load4_of(r, row * n4 + i, bdt);
         for (int p = 0; p < c->world; p++) {
             if (p == c->rank) continue;
@@ -413,23 +414,38 @@ __device__ void p2p_ll_addrmsnorm_t(float* x, const float* w, float* y, int d, f
     p2p_finish(c, e);
 }
 
-// The fused norms' entry points: rmsnorm_v4*'s arguments, the residual r and its dtype, the
-// group's context and N (the rows for the slot kernels, the blocks per row for the
-// low-latency ones).
+// The fused norms' entry points: rmsnorm_v4*'s arguments, the residual r and its dtype,
+// `pushed` (the low-latency kernels: r's values are already in the peers' slots; 0 for the slot
+// kernels), the group's context and N (the rows for the slot kernels, the blocks per row for
+// the low-latency ones).
 #define P2P_NORMS(name, tmpl)                                                                              \
     extern "C" __global__ void name##_v4_f32(float* x, const float* w, float* y, int d, float eps,        \
-                                             const void* r, int bdt, const P2pCtx* c, int N) {             \
-        tmpl<0>(x, w, y, d, eps, r, bdt, 0, 0, 0, 0, c, N);                                               \
+                                             const void* r, int bdt, int pushed, const P2pCtx* c, int N) { \
+        tmpl<0>(x, w, y, d, eps, r, bdt, 0, 0, 0, 0, pushed, c, N);                                       \
     }                                                                                                       \
     extern "C" __global__ void name##_v4q_f32(float* x, const float* w, float* y, int d, float eps,       \
                                               const void* r, int bdt, signed char* qs, float2* ds,         \
-                                              const P2pCtx* c, int N) {                                    \
-        tmpl<1>(x, w, y, d, eps, r, bdt, qs, ds, 0, 0, c, N);                                             \
+                                              int pushed, const P2pCtx* c, int N) {                        \
+        tmpl<1>(x, w, y, d, eps, r, bdt, qs, ds, 0, 0, pushed, c, N);                                     \
     }                                                                                                       \
     extern "C" __global__ void name##_v4h_f32(float* x, const float* w, float* y, int d, float eps,       \
-                                              const void* r, int bdt, uint2* hs, int bf, const P2pCtx* c,  \
-                                              int N) {                                                     \
-        tmpl<2>(x, w, y, d, eps, r, bdt, 0, 0, hs, bf, c, N);                                             \
+                                              const void* r, int bdt, uint2* hs, int bf, int pushed,       \
+                                              const P2pCtx* c, int N) {                                    \
+        tmpl<2>(x, w, y, d, eps, r, bdt, 0, 0, hs, bf, pushed, c, N);                                     \
     }
 P2P_NORMS(p2p_addrmsnorm, p2p_addrmsnorm_t)
 P2P_NORMS(p2p_ll_addrmsnorm, p2p_ll_addrmsnorm_t)
+
+// For a kernel that writes the partial of a low-latency norm (a one-row product): value v at
+// flat index i of this rank's partial, pushed into every peer's low-latency slot with the
+// epoch of the next reduction (that norm's, read after the kernel's wait), as the norm's own
+// push would (one 8-byte word per value; the norm's reader waits for both of a pair).
+__device__ __forceinline__ void p2p_ll_push(const P2pCtx* c, long i, float v) {
+    unsigned e = ((volatile unsigned*)c->state)[0] + 1;
+    unsigned long long word = ((unsigned long long)e << 32) | __float_as_uint(v);
+    for (int p = 0; p < c->world; p++) {
+        if (p == c->rank) continue;
+        unsigned long long* dst = p2p_ll_slot(c, p, c->rank, e) + i;
+        asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(dst), "l"(word) : "memory");
+    }
+}

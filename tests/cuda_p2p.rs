@@ -2,7 +2,8 @@
 //! all-reduce equals the rank-ordered sum rounded to the tensor's dtype on both ranks, for
 //! f32 / f16 / bf16, awkward counts and a tensor larger than one slot; `AllReduceAdd` adds that
 //! sum into f32 rows; `RMSNorm` with `all_reduce` (the fused form) gives the bits of
-//! `AllReduceAdd` followed by `RMSNorm`, with and without the copies for the next `Linear`; a
+//! `AllReduceAdd` followed by `RMSNorm`, with and without the copies for the next `Linear`, also
+//! when a one-row `Linear` pushed its outputs to the peer as it wrote them; a
 //! rank whose peer never comes stops waiting after the group's timeout and reports it; a GPU
 //! without a group refuses `AllReduceAdd`, and `RMSNorm` refuses `all_reduce` without `input1`.
 //!
@@ -242,6 +243,73 @@ fn fused_norm_equals_all_reduce_add_then_norm() {
         }
     }
     eprintln!("{checked} fused all-reduce norm cases: sums equal the plain calls, norms agree across ranks");
+}
+
+/// On every rank: b = a·Wᵀ (one row, `push_peers` or not), then x += Σ b and RMSNorm(x) fused;
+/// both ranks launched before either is read. Returns each rank's (b, x, norm).
+fn row_product_then_fused_norm(
+    ranks: &[Rank],
+    (a, x0, w, wn): (&Data, &Data, &[Data], &Data),
+    push: bool,
+) -> Vec<[Vec<f32>; 3]> {
+    let up = |r: &Rank, d: &Data| r.dev.upload(d).unwrap();
+    let mut xs: Vec<Data> = ranks.iter().map(|r| up(r, x0)).collect();
+    let mut out = Vec::new();
+    for (i, r) in ranks.iter().enumerate() {
+        let (ga, gw, gn) = (up(r, a), up(r, &w[i]), up(r, wn));
+        let mut b = Data::empty(DataType::F32);
+        let mut d = DataDict::new()
+            .with("input", &ga)
+            .with("weight", &gw)
+            .with_mut("output", &mut b);
+        let ints = IntDict::new()
+            .with("quant_act", 1)
+            .with("push_peers", push as i32);
+        r.exec
+            .run("Linear", &mut d, &FloatDict::new(), &ints)
+            .unwrap();
+        drop(d);
+        let h = rms(&r.exec, &mut xs[i], Some(&b), &gn, OutputCopy::None);
+        out.push((b, h));
+    }
+    out.into_iter()
+        .zip(&xs)
+        .map(|((b, h), x)| [host(&b), host(x), host(&h)])
+        .collect()
+}
+
+/// A one-row product that pushes its outputs into the peer's low-latency slots as it writes
+/// them (`push_peers`, f16 and bf16 weights, rows split over blocks evenly and not) gives the
+/// bits of the same product whose fused norm pushes them.
+#[test]
+fn one_row_product_pushing_its_outputs_sums_as_the_norm_does() {
+    let Some(ranks) = two_ranks(Duration::from_secs(60)) else {
+        return;
+    };
+    let mut rng = CaseRng::new(29);
+    for (wt, k, n) in [
+        (DataType::F16, 2048usize, 4096usize),
+        (DataType::BF16, 512, 1000),
+        (DataType::F16, 1024, 5120),
+    ] {
+        let a = rng.data_range(DataType::F32, &[1, k], -2.0, 2.0);
+        let x0 = rng.data_range(DataType::F32, &[1, n], -4.0, 4.0);
+        let w: Vec<Data> = (0..2).map(|_| rng.data(wt, &[n, k])).collect();
+        let wn = rng.data(DataType::F32, &[n]);
+        let before: Vec<u64> = ranks.iter().map(|r| r.dev.peer_pushes()).collect();
+        let plain = row_product_then_fused_norm(&ranks, (&a, &x0, &w, &wn), false);
+        let pushed = row_product_then_fused_norm(&ranks, (&a, &x0, &w, &wn), true);
+        for (r, rank) in ranks.iter().enumerate() {
+            let what = format!("{wt} 1x{k}x{n} rank {r}");
+            assert_eq!(rank.dev.peer_pushes(), before[r] + 1, "not pushed, {what}");
+            assert_eq!(
+                pushed[r], plain[r],
+                "pushed outputs sum differently, {what}"
+            );
+            assert_eq!(pushed[r][1..], pushed[0][1..], "ranks differ, {what}");
+            rank.comm.health().unwrap();
+        }
+    }
 }
 
 /// Rank 0 reduces alone (the flag handshake of the plain all-reduce, or the low-latency norm of

@@ -15,6 +15,10 @@
 //!   (`input1`; `add_norm`): the residual add of a tensor-parallel rank, whose all-reduce keeps
 //!   the product out of the `Linear`. `AllReduceAdd(x += Σ_ranks b)` before `RMSNorm(x)` → the
 //!   norm all-reduces `b` as well (`all_reduce`; one launch for the reduction, add and norm).
+//! - A one-weight `Linear` whose output is the partial that the next call, a fused norm with
+//!   `all_reduce`, sums over the group → the `Linear` may push its outputs to the peers as it
+//!   writes them (`push_peers`: one-row half-weight products, into the low-latency slots, see
+//!   `P2pGroup::ll_push_ctx`), the same sum either way.
 //! - A producer (`RMSNorm`, `SiluMul`, `Attention`, `DecodeAttention`, `PagedDecodeAttention`)
 //!   whose output is the input of the next call, a `quant_act` `Linear` → the producer also
 //!   leaves that input in the form the `Linear` reads (`quantize_output`: Q8_0 rows, or
@@ -39,8 +43,34 @@ pub fn plan(step: &mut Step) -> Result<()> {
     multi_linear(step, true);
     accumulate(step);
     add_norm(step);
+    push_peers(step);
     producer_copies(step);
     Ok(())
+}
+
+/// `Linear(x → b)` (one weight), then `RMSNorm(input1 = b, all_reduce)` → the `Linear` gets
+/// `push_peers` 1.
+fn push_peers(step: &mut Step) {
+    let items = step.items_mut();
+    for i in 0..items.len().saturating_sub(1) {
+        let push = match (
+            call_of(items, i, "Linear"),
+            call_of(items, i + 1, "RMSNorm"),
+        ) {
+            (Some(l), Some(n)) => {
+                l.arg("weight1").is_none()
+                    && l.arg("output").is_some()
+                    && n.int_of("all_reduce") == 1
+                    && n.arg("input1") == l.arg("output")
+            }
+            _ => false,
+        };
+        if push {
+            if let Some(l) = call_mut(items, i) {
+                l.ints.push(("push_peers", 1));
+            }
+        }
+    }
 }
 
 /// `AddTo(x += b)` with alpha 1, then `RMSNorm(x → h)` → `RMSNorm(x += b → h)`; the same for
@@ -399,6 +429,50 @@ mod tests {
             assert_eq!(n.arg("input1"), Some(b));
             assert!(n.args.iter().any(|a| a.name == "input" && a.written));
             assert_eq!(n.int_of("all_reduce"), (op == "AllReduceAdd") as i32);
+        }
+    }
+
+    /// A row-parallel product summed by the next fused norm pushes its rows to the peers; one
+    /// whose output the norm does not sum, or with two weights, does not.
+    #[test]
+    fn row_parallel_product_before_a_reducing_norm_pushes() {
+        let w16 = Data::zeros(DataType::F16, &[64, 64]).unwrap();
+        let wn = Data::zeros(DataType::F32, &[64]).unwrap();
+        for (summed, two_weights, pushes) in [
+            (true, false, true),
+            (false, false, false),
+            (true, true, false),
+        ] {
+            let mut bufs: Vec<Data> = (0..5).map(|_| Data::empty(DataType::F32)).collect();
+            let mut st = Step::new();
+            let (w, wn) = (st.input(&w16), st.input(&wn));
+            let t: Vec<TensorId> = bufs.iter_mut().map(|b| st.mutable(b)).collect();
+            let (a, b, c, x, h) = (t[0], t[1], t[2], t[3], t[4]);
+            let mut l = linear(a, w, b, 512);
+            if two_weights {
+                l = l.input("weight1", w).output("output1", c);
+            }
+            st.push(l);
+            let partial = if summed { b } else { c };
+            st.push(
+                Call::new("AllReduceAdd")
+                    .output("input0", x)
+                    .input("input1", partial),
+            );
+            st.push(
+                Call::new("RMSNorm")
+                    .input("input", x)
+                    .input("weight", wn)
+                    .output("output", h),
+            );
+            plan(&mut st).unwrap();
+            assert_eq!(ops(&st), ["Linear", "RMSNorm"]);
+            let l = st.items()[0].call().unwrap();
+            assert_eq!(
+                l.int_of("push_peers"),
+                pushes as i32,
+                "{summed} {two_weights}"
+            );
         }
     }
 

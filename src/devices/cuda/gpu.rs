@@ -627,6 +627,9 @@ pub struct LinSegs {
     pub tiles: [i32; 3],
     /// k splits of each weight (the batched block products: the split of its product alone).
     pub splits: [i32; 3],
+    /// One-row kernels: the context of the peer-to-peer group whose peers' low-latency slots
+    /// each output is also pushed into (0: none).
+    pub p2p: u64,
 }
 
 // SAFETY: plain-old-data with the C layout of the kernel's struct (9 pointers, 10 ints).

@@ -69,6 +69,7 @@ use super::linear_mma::{mma_product, MmaGpu, MmaPlan, MmaShape, MMA_KC, NARROW_R
 use super::linear_mmq::{mmq_product, MmqPlan, Q8Rows, MMQ_KC};
 use super::mm_split::Product;
 use super::op_err;
+use super::p2p::GroupSlot;
 use crate::data::DataType;
 use crate::device::OutputCopy;
 use crate::device::{DataDict, FloatDict, IntDict, OpRegistry, Operator};
@@ -77,13 +78,20 @@ use std::sync::{Arc, Mutex};
 
 /// Registers this family's operators; `invariant`: batch-invariant products (see
 /// [`Linear::invariant`]).
-pub fn register(ops: &mut OpRegistry, gpu: &Arc<Gpu>, act: &Arc<ActQuant>, invariant: bool) {
+pub fn register(
+    ops: &mut OpRegistry,
+    gpu: &Arc<Gpu>,
+    act: &Arc<ActQuant>,
+    invariant: bool,
+    group: &GroupSlot,
+) {
     ops.insert(
         "Linear",
         Box::new(Linear {
             gpu: gpu.clone(),
             act: act.clone(),
             invariant,
+            group: group.clone(),
             tc_scratch: Mutex::new(None),
             mma_part: Mutex::new(None),
             acc_scratch: Mutex::new(None),
@@ -347,6 +355,8 @@ struct Linear {
     invariant: bool,
     /// Quantized activations for `quant_act = 1` (shared with the ops that can write them).
     act: Arc<ActQuant>,
+    /// The peer-to-peer group of a tensor-parallel rank (`push_peers`).
+    group: GroupSlot,
     /// Tensor-core path: f16/bf16 activations, then the dequantized weight tile.
     tc_scratch: Mutex<Option<CudaBuffer>>,
     /// Partial sums of the k-split `linear_mma` / `linear_mmq` products.
@@ -989,6 +999,11 @@ impl Operator for Linear {
             input: half_form(x.dtype()).is_some(),
             output: half_form(d.require("Linear", "output")?.dtype()),
         };
+        if let [seg] = segs.as_slice() {
+            if m == 1 && !io.input && io.output.is_none() && self.pushed_gemv(ints, xp, k, seg)? {
+                return Ok(());
+            }
+        }
         if segs.len() > 1 {
             let w0 = d.require("Linear", "weight")?.dtype();
             if w0 == DataType::F32 && m >= BLAS_MIN_ROWS {
@@ -1000,6 +1015,42 @@ impl Operator for Linear {
             }
         }
         self.product(prev, ints, xp, m, k, &segs, io)
+    }
+}
+
+impl Linear {
+    /// With `push_peers` on a rank of a peer-to-peer group: the one-row product of a half
+    /// weight `seg` (the f32-activation GEMV `gemv1_*`, as [`Linear::gemv`] runs it) that also
+    /// pushes each output into the peers' low-latency slots for the fused norm after it
+    /// (`P2pGroup::ll_push_ctx`). `Ok(false)` when it does not apply (then nothing ran).
+    fn pushed_gemv(&self, ints: &IntDict, xp: u64, k: usize, seg: &Seg) -> Result<bool> {
+        let half = matches!(seg.dtype, DataType::F16 | DataType::BF16);
+        let Some(g) = self.group.get() else {
+            return Ok(false);
+        };
+        if ints.get_or("push_peers", 0) == 0 || !half {
+            return Ok(false);
+        }
+        let Some(ctx) = g.ll_push_ctx(seg.n, seg.y) else {
+            return Ok(false);
+        };
+        let mut table = seg_table(std::slice::from_ref(seg), ints.get_or("accumulate", 0) != 0)?;
+        table.p2p = ctx;
+        let suffix = weight_suffix(seg.dtype).ok_or_else(|| op_err("Linear", "weight dtype"))?;
+        let (gx, gy) = gemv_grid(seg.n, LIN_FEATURES, 1)?;
+        let args = [
+            KArg::Ptr(xp),
+            KArg::Segs(table),
+            int(1, "rows")?,
+            int(seg.n, "outputs")?,
+            int(k, "k")?,
+            long(seg.dtype.row_bytes(k)?, "row bytes")?,
+        ];
+        let threads = (32 * LIN_FEATURES) as u32;
+        self.gpu
+            .launch(&format!("gemv1_{suffix}"), (gx, gy, 1), threads, &args)?;
+        g.mark_ll_pushed(seg.y)?;
+        Ok(true)
     }
 }
 

@@ -81,7 +81,7 @@ impl CudaDevice {
         paged::register(&mut ops, &gpu);
         paged_decode::register(&mut ops, &gpu, &act, opts.batch_invariant);
         embedding::register(&mut ops, &gpu);
-        linear::register(&mut ops, &gpu, &act, opts.batch_invariant);
+        linear::register(&mut ops, &gpu, &act, opts.batch_invariant, &group);
         attention::register(&mut ops, &gpu, &act);
         kv::register(&mut ops, &gpu);
         rope::register(&mut ops, &gpu);
@@ -128,6 +128,12 @@ impl CudaDevice {
         self.group
             .set(g)
             .map_err(|_| Error::invalid(format!("{}: already in a group", self.name)))
+    }
+
+    /// How many one-row products of this rank pushed their outputs into the peers'
+    /// low-latency slots as they wrote them (`push_peers`); 0 outside a group.
+    pub fn peer_pushes(&self) -> u64 {
+        self.group.get().map_or(0, |g| g.ll_pushes())
     }
 
     /// The underlying context (for tests and benchmarks in this crate).

@@ -129,7 +129,7 @@ impl RowOp {
         let prefix = match (residual, peer) {
             (Some((r, code)), Some(p)) => {
                 args.extend([KArg::Ptr(r), KArg::I32(code)]);
-                tail.extend([p.ctx, KArg::I32(p.n)]);
+                tail.extend([KArg::I32(p.pushed as i32), p.ctx, KArg::I32(p.n)]);
                 grid = (p.blocks, 1, 1);
                 threads = p.threads;
                 if p.low_latency {
@@ -200,7 +200,11 @@ impl RowOp {
             if !whole {
                 return Err(op_err(OP, "all_reduce needs input1 of the input's shape"));
             }
-            let fits = g.norm_launch(rows, row, r.dtype().block_bytes(), rms_threads(row));
+            let pushed = g.take_ll_pushed(rp)?;
+            let mut fits = g.norm_launch(rows, row, r.dtype().block_bytes(), rms_threads(row));
+            if let Some(l) = fits.as_mut() {
+                l.pushed = pushed && l.low_latency;
+            }
             if fits.is_none() || row % 4 != 0 || !aligned || row > 4 * RMS_V4 * 1024 {
                 // the sum added by the group's plain all-reduce, then the plain norm
                 g.all_reduce(&self.gpu, rp, (r.count(), r.dtype()), Some(xp))?;

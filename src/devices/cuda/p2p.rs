@@ -165,6 +165,11 @@ pub struct P2pGroup {
     slot_bytes: usize,
     /// Blocks of one reduction at most (the same on every rank).
     blocks: u32,
+    /// The output of the last one-row product that pushed its values to the peers itself
+    /// ([`P2pGroup::ll_push_ctx`]), until the norm that sums it takes it.
+    ll_pushed: std::sync::Mutex<Option<u64>>,
+    /// How many products pushed their outputs so.
+    ll_pushes: std::sync::atomic::AtomicU64,
 }
 
 // SAFETY: `err_host` is page-locked memory owned by the group and only read through volatile
@@ -217,6 +222,8 @@ impl P2pGroup {
             rank,
             slot_bytes,
             blocks: (2 * gpu.sms()).min(MAX_BLOCKS) as u32,
+            ll_pushed: Default::default(),
+            ll_pushes: Default::default(),
         };
         let mut usable = want && (2..=MAX_RANKS).contains(&world) && gpu.arch().0 >= 7;
         let mut ipc = [0u8; 64];
@@ -414,6 +421,7 @@ impl P2pGroup {
                 threads: plain,
                 n: rows as i32,
                 low_latency: false,
+                pushed: false,
             });
         }
         let (parts, threads) = ll_split(rows, row).unwrap_or((1, plain));
@@ -423,7 +431,45 @@ impl P2pGroup {
             threads,
             n: parts as i32,
             low_latency: true,
+            pushed: false,
         })
+    }
+
+    /// The kernels' context for a one-row product of `row` f32 outputs at `y` whose fused norm
+    /// runs the low-latency kernels: the product pushes each output into the peers' slots as
+    /// it writes it (`p2p_ll_push` in kernels/p2p.cu), and the norm then only sums
+    /// ([`P2pGroup::take_ll_pushed`]). `None` where the norm would not take those kernels.
+    /// The product records its launch with [`P2pGroup::mark_ll_pushed`].
+    pub fn ll_push_ctx(&self, row: usize, y: u64) -> Option<u64> {
+        let low_latency = self
+            .norm_launch(1, row, 4, 256)
+            .is_some_and(|l| l.low_latency);
+        (low_latency && row.is_multiple_of(4) && y.is_multiple_of(16)).then(|| self.ctx_addr())
+    }
+
+    /// Records that the product writing `y` was launched with [`P2pGroup::ll_push_ctx`].
+    pub fn mark_ll_pushed(&self, y: u64) -> Result<()> {
+        *self.ll_pushed_slot()? = Some(y);
+        self.ll_pushes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// How many one-row products pushed their outputs to the peers themselves.
+    pub fn ll_pushes(&self) -> u64 {
+        self.ll_pushes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether the partial at `r` was pushed by the product that wrote it
+    /// ([`P2pGroup::ll_push_ctx`]); the record ends either way.
+    pub fn take_ll_pushed(&self, r: u64) -> Result<bool> {
+        Ok(self.ll_pushed_slot()?.take() == Some(r))
+    }
+
+    fn ll_pushed_slot(&self) -> Result<std::sync::MutexGuard<'_, Option<u64>>> {
+        self.ll_pushed
+            .lock()
+            .map_err(|_| Error::Device("peer-to-peer push record poisoned".into()))
     }
 
     /// Sums the `n` elements of `dtype` (f32, f16, bf16) at `x` over the ranks on `gpu`'s
@@ -497,6 +543,9 @@ pub struct NormLaunch {
     pub n: i32,
     /// The `p2p_ll_*` kernels (values pushed with their epoch) rather than the slot kernels.
     pub low_latency: bool,
+    /// The low-latency kernels' `pushed`: the product that wrote the partial already pushed
+    /// its values ([`P2pGroup::ll_push_ctx`]).
+    pub pushed: bool,
 }
 
 /// Registers `AllReduceAdd`, which sums over the group in `group`.

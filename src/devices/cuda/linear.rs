@@ -49,6 +49,11 @@
 //! at least [`TC_MIN_ROWS`] rows) is read as it is, with no cast. Otherwise the flag is ignored
 //! and the outputs are f32.
 //!
+//! `push_peers = 1` on a tensor-parallel rank (a row-parallel product whose fused all-reduce
+//! norm follows): a one-row product of F16/BF16 weights on the f32-activation GEMV also stores
+//! each output into the group's peers' low-latency slots as it writes it
+//! (`P2pGroup::ll_push_ctx`), so the norm only sums.
+//!
 //! `accumulate = 1` adds the products to what the outputs hold (a residual connection), on
 //! every path: the kernels' `acc` flag (`(y + p) + bias`), cuBLAS products through a scratch
 //! buffer and `addto_f32` (`beta = 1` may sum in another order). Without a bias that gives the

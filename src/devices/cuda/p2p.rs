@@ -2,7 +2,8 @@
 //! memory (NVLink or PCIe peer access, on one host): [`P2pGroup`], set up once per rank over the
 //! group's NCCL communicator, and the kernels of `kernels/p2p.cu` that sum with it — a plain
 //! all-reduce, and the all-reduce fused with the residual add and the next `RMSNorm` (for a few
-//! rows the low-latency form, each value pushed with the epoch in one word). Also the
+//! rows the low-latency form, each value pushed with the epoch in one word, by the norm or
+//! already by the one-row product that wrote it: [`P2pGroup::ll_push_ctx`]). Also the
 //! `AllReduceAdd` operator (`input0 += Σ_ranks input1`) that a rank's step uses in place of an
 //! all-reduce stage followed by `AddTo` once its GPU has a group.
 //!

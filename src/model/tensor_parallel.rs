@@ -238,7 +238,8 @@ fn top_candidates(exec: &Executor, logits: &Data, n: usize, real: usize) -> Resu
         .collect()
 }
 
-/// Whether a rank's model runs on a GPU (its channel then polls, see `tp_link::GPU_POLL`).
+/// How long a rank's channel polls before it sleeps: `tp_link::GPU_POLL` for a model on a GPU,
+/// none for one on the CPUs.
 fn polls(model: &Model) -> Duration {
     let gpu = model
         .executor()

@@ -432,7 +432,7 @@ mod tests {
         }
     }
 
-    /// A row-parallel product summed by the next fused norm pushes its rows to the peers; one
+    /// A row-parallel product summed by the next fused norm pushes its outputs to the peers; one
     /// whose output the norm does not sum, or with two weights, does not.
     #[test]
     fn row_parallel_product_before_a_reducing_norm_pushes() {

@@ -169,7 +169,7 @@ pub struct P2pGroup {
     /// The output of the last one-row product that pushed its values to the peers itself
     /// ([`P2pGroup::ll_push_ctx`]), until the norm that sums it takes it.
     ll_pushed: std::sync::Mutex<Option<u64>>,
-    /// How many products pushed their outputs so.
+    /// How many one-row products pushed their outputs themselves.
     ll_pushes: std::sync::atomic::AtomicU64,
 }
 

@@ -261,6 +261,21 @@ __device__ __forceinline__ float2 p2p_ll_load(const P2pCtx* c, const unsigned lo
     return make_float2(__uint_as_float(a), __uint_as_float(b));
 }
 
+// Values 4j..4j+3 of slot p (two 16-byte words, both loads in flight) once all four carry
+// epoch e; a word that does not yet is waited for as p2p_ll_load does.
+__device__ __forceinline__ float4 p2p_ll_load4(const P2pCtx* c, const unsigned long long* p, unsigned e) {
+    unsigned a, ea, b, eb, x, ex, y, ey;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%8];\n\t"
+                 "ld.volatile.global.v4.u32 {%4, %5, %6, %7}, [%9];"
+                 : "=r"(a), "=r"(ea), "=r"(b), "=r"(eb), "=r"(x), "=r"(ex), "=r"(y), "=r"(ey)
+                 : "l"(p), "l"(p + 2)
+                 : "memory");
+    if (ea == e && eb == e && ex == e && ey == e)
+        return make_float4(__uint_as_float(a), __uint_as_float(b), __uint_as_float(x), __uint_as_float(y));
+    float2 lo = p2p_ll_load(c, p, e), hi = p2p_ll_load(c, p + 2, e);
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
 // The residual of the low-latency norms: as PeerResid, the peers' values read from the
 // low-latency slots.
 struct LlResid {
@@ -270,11 +285,8 @@ struct LlResid {
     int bdt;
     unsigned e;
     __device__ __forceinline__ float4 operator()(long i4) const {
-        return p2p_rank_sum4(c, r, i4, bdt, [&](int p) {
-            const unsigned long long* w = p2p_ll_slot(c, c->rank, p, e) + i4 * 4;
-            float2 lo = p2p_ll_load(c, w, e), hi = p2p_ll_load(c, w + 2, e);
-            return make_float4(lo.x, lo.y, hi.x, hi.y);
-        });
+        return p2p_rank_sum4(c, r, i4, bdt,
+                             [&](int p) { return p2p_ll_load4(c, p2p_ll_slot(c, c->rank, p, e) + i4 * 4, e); });
     }
 };
 
@@ -348,7 +360,9 @@ __device__ void p2p_norm_part(long row, int i0, int i1, int parts, const float4 
         int i = i0 + threadIdx.x + t * blockDim.x;
         v[t] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (i < i1) {
-            float4 a = res(row * n4 + i), h = xr[i];
+            // the residual row first: its load need not wait for the peers' values
+            float4 h = xr[i];
+            float4 a = res(row * n4 + i);
             v[t] = make_float4(h.x + 1.0f * a.x, h.y + 1.0f * a.y, h.z + 1.0f * a.z, h.w + 1.0f * a.w);
             xr[i] = v[t];
         }

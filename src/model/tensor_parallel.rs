@@ -141,9 +141,7 @@ impl RankState {
                 top: true,
                 ..
             } => Reply::Top(match self.caches.get_mut(&id) {
-                Some(c) => model
-                    .forward_device(c, &tokens, false)
-                    .and_then(|l| rank_top(model, &l, 1)),
+                Some(c) => rank_forward_top(model, c, &tokens),
                 None => Err(missing("KV cache", id)),
             }),
             Cmd::NewPool {
@@ -200,6 +198,20 @@ fn first_rows(logits: &Data, n: usize) -> Result<RankLogits> {
     Ok((n, w, v.to_vec()))
 }
 
+/// A rank's one-token step after cache `c` and the best candidate of its vocabulary slice:
+/// from the recorded decode step, which picks it on the device (`Model::decode_recorded`,
+/// [`rank_topk`]), where the step takes that path, else after the step op by op.
+fn rank_forward_top(model: &Model, c: &mut KvCache, tokens: &[u32]) -> Result<RankTop> {
+    let real = model.config().vocab_size.saturating_sub(1);
+    match model.decode_recorded(c, tokens)? {
+        Some(top) => top_rows(&top, 1, real),
+        None => {
+            let l = model.forward_device(c, tokens, false)?;
+            rank_top(model, &l, 1)
+        }
+    }
+}
+
 /// The best candidate of each of the first `n` rows of a rank's `logits` (`TopK` where the
 /// logits are), over the rank's vocabulary slice only: a tied embedding's zero row adds a
 /// column past the slice (logit 0) that is skipped (`TopK` of 2 then).
@@ -209,22 +221,41 @@ fn rank_top(model: &Model, logits: &Data, n: usize) -> Result<RankTop> {
     top_candidates(model.executor(), logits, n, real)
 }
 
-/// The best of the first `real` columns of each of the first `n` rows of `logits` (`TopK`
-/// on `exec`): (column, value), the lowest column among equal maxima.
-fn top_candidates(exec: &Executor, logits: &Data, n: usize, real: usize) -> Result<RankTop> {
+/// `TopK` of the rows of a rank's `logits` into `out` ([rows, k, 2] f32 (column, value)
+/// pairs), with the k that [`rank_top`] reads: the recorded decode step of a rank ends with it.
+pub(super) fn rank_topk(model: &Model, logits: &Data, out: &mut Data) -> Result<()> {
+    let real = model.config().vocab_size.saturating_sub(1);
+    topk_into(model.executor(), logits, real, out)
+}
+
+/// `TopK` of `logits`' rows into `out`: k = 2 where the rows are wider than `real` columns (so
+/// one of the two lies inside them), else 1.
+fn topk_into(exec: &Executor, logits: &Data, real: usize, out: &mut Data) -> Result<()> {
     let width = logits.dim(-1);
     let k = if width > real { 2.min(width) } else { 1 };
-    let mut top = Data::empty(crate::data::DataType::F32);
     let mut d = DataDict::new()
         .with("input", logits)
-        .with_mut("output", &mut top);
+        .with_mut("output", out);
     exec.run(
         "TopK",
         &mut d,
         &FloatDict::new(),
         &IntDict::new().with("k", k as i32),
-    )?;
-    let top = top.to_owned_host()?;
+    )
+}
+
+/// The best of the first `real` columns of each of the first `n` rows of `logits` (`TopK`
+/// on `exec`): (column, value), the lowest column among equal maxima.
+fn top_candidates(exec: &Executor, logits: &Data, n: usize, real: usize) -> Result<RankTop> {
+    let mut top = Data::empty(crate::data::DataType::F32);
+    topk_into(exec, logits, real, &mut top)?;
+    top_rows(&top.to_owned_host()?, n, real)
+}
+
+/// The best candidate below column `real` of each of the first `n` rows of `TopK` pairs
+/// ([rows, k, 2] f32 on the host).
+fn top_rows(top: &Data, n: usize, real: usize) -> Result<RankTop> {
+    let k = top.dim(-2);
     let v = top.as_f32()?;
     (0..n)
         .map(|row| {

@@ -776,19 +776,36 @@ impl Model {
                 g.forward_greedy(r, before, tokens)
             });
         }
-        if self.decode_graph_step(cache, tokens)? {
-            if let Some(g) = &cache.graph {
-                let id = g.next.to_owned_host()?;
-                return match id.as_i32()?.first() {
-                    Some(&t) => u32::try_from(t).map_err(|_| bad("ArgMax returned a negative id")),
-                    None => Err(Error::invalid("ArgMax returned no token")),
-                };
-            }
+        if let Some(id) = self.decode_recorded(cache, tokens)? {
+            return match id.as_i32()?.first() {
+                Some(&t) => u32::try_from(t).map_err(|_| bad("ArgMax returned a negative id")),
+                None => Err(Error::invalid("ArgMax returned no token")),
+            };
         }
         let logits = self.forward_ops(cache, tokens, false)?;
         match self.argmax_rows(logits)?.first() {
             Some(&t) => Ok(t),
             None => Err(Error::invalid("ArgMax returned no token")),
+        }
+    }
+
+    /// A one-token step of `tokens` through the recorded decode step, when it can take that
+    /// path: the pick the recording ends with, copied to the host (the argmax id, or a
+    /// tensor-parallel rank's `TopK` pairs, see `tensor_parallel::rank_topk`). `None`: nothing
+    /// ran, the step takes the op-by-op path.
+    pub(super) fn decode_recorded(
+        &self,
+        cache: &mut KvCache,
+        tokens: &[u32],
+    ) -> Result<Option<Data>> {
+        if !self.decode_graph_step(cache, tokens)? {
+            return Ok(None);
+        }
+        match &cache.graph {
+            Some(g) => g.next.to_owned_host().map(Some),
+            None => Err(Error::invalid(
+                "decode step ran without its recording state",
+            )),
         }
     }
 
@@ -906,7 +923,10 @@ impl Model {
             let mut kv = GraphKv::new(Layers::new(&mut cache.k, &mut cache.v), pos, workspace);
             self.layers(ids, pos, &[0], &mut kv, bufs, logits, true)?;
         }
-        ops::argmax(&self.exec, logits, next)
+        match self.tp {
+            Some(_) => super::tensor_parallel::rank_topk(self, logits, next),
+            None => ops::argmax(&self.exec, logits, next),
+        }
     }
 
     /// One token per logits row (`logits` [rows, vocab], as [`Model::forward_device`] leaves

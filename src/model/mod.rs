@@ -14,6 +14,7 @@ mod paged_buckets;
 mod paged_forward;
 pub mod paged_graph;
 pub mod precision;
+mod rank_top;
 mod replay;
 pub mod rope;
 pub mod sampler;

@@ -37,12 +37,12 @@ pub use super::tp_group::{GroupHealth, TpGroup};
 use super::paged::PagedKvPool;
 use super::paged_batch::{BatchDecode, PagedBatch};
 use super::precision::Precision;
+use super::rank_top::{top_candidates, top_rows};
 use super::tp_group::{stopped, RankTp};
 use super::tp_link::{recv_polling, Cmd, Link, RankLogits, RankTop, RemoteRank, Reply, GPU_POLL};
 use super::transformer::{KvCache, Model};
 use super::weights::WeightSource;
 use crate::data::{Data, DeviceKind};
-use crate::device::{DataDict, FloatDict, IntDict};
 use crate::error::{Error, Result};
 use crate::executor::Executor;
 use crate::parallel::Collective;
@@ -200,7 +200,7 @@ fn first_rows(logits: &Data, n: usize) -> Result<RankLogits> {
 
 /// A rank's one-token step after cache `c` and the best candidate of its vocabulary slice:
 /// from the recorded decode step, which picks it on the device (`Model::decode_recorded`,
-/// [`rank_topk`]), where the step takes that path, else after the step op by op.
+/// `rank_top::topk_into`), where the step takes that path, else after the step op by op.
 fn rank_forward_top(model: &Model, c: &mut KvCache, tokens: &[u32]) -> Result<RankTop> {
     let real = model.config().vocab_size.saturating_sub(1);
     match model.decode_recorded(c, tokens)? {
@@ -219,54 +219,6 @@ fn rank_top(model: &Model, logits: &Data, n: usize) -> Result<RankTop> {
     // a rank's local vocabulary is its slice plus the zero row
     let real = model.config().vocab_size.saturating_sub(1);
     top_candidates(model.executor(), logits, n, real)
-}
-
-/// `TopK` of the rows of a rank's `logits` into `out` ([rows, k, 2] f32 (column, value)
-/// pairs), with the k that [`rank_top`] reads: the recorded decode step of a rank ends with it.
-pub(super) fn rank_topk(model: &Model, logits: &Data, out: &mut Data) -> Result<()> {
-    let real = model.config().vocab_size.saturating_sub(1);
-    topk_into(model.executor(), logits, real, out)
-}
-
-/// `TopK` of `logits`' rows into `out`: k = 2 where the rows are wider than `real` columns (so
-/// one of the two lies inside them), else 1.
-fn topk_into(exec: &Executor, logits: &Data, real: usize, out: &mut Data) -> Result<()> {
-    let width = logits.dim(-1);
-    let k = if width > real { 2.min(width) } else { 1 };
-    let mut d = DataDict::new()
-        .with("input", logits)
-        .with_mut("output", out);
-    exec.run(
-        "TopK",
-        &mut d,
-        &FloatDict::new(),
-        &IntDict::new().with("k", k as i32),
-    )
-}
-
-/// The best of the first `real` columns of each of the first `n` rows of `logits` (`TopK`
-/// on `exec`): (column, value), the lowest column among equal maxima.
-fn top_candidates(exec: &Executor, logits: &Data, n: usize, real: usize) -> Result<RankTop> {
-    let mut top = Data::empty(crate::data::DataType::F32);
-    topk_into(exec, logits, real, &mut top)?;
-    top_rows(&top.to_owned_host()?, n, real)
-}
-
-/// The best candidate below column `real` of each of the first `n` rows of `TopK` pairs
-/// ([rows, k, 2] f32 on the host).
-fn top_rows(top: &Data, n: usize, real: usize) -> Result<RankTop> {
-    let k = top.dim(-2);
-    let v = top.as_f32()?;
-    (0..n)
-        .map(|row| {
-            let cands = v.get(row * 2 * k..(row + 1) * 2 * k).unwrap_or(&[]);
-            cands
-                .chunks_exact(2)
-                .map(|c| (c[0] as u32, c[1]))
-                .find(|&(i, _)| (i as usize) < real)
-                .ok_or_else(|| Error::invalid(format!("TopK gave no candidate for row {row}")))
-        })
-        .collect()
 }
 
 /// How long a rank's channel polls before it sleeps: `tp_link::GPU_POLL` for a model on a GPU,

@@ -791,7 +791,7 @@ impl Model {
 
     /// A one-token step of `tokens` through the recorded decode step, when it can take that
     /// path: the pick the recording ends with, copied to the host (the argmax id, or a
-    /// tensor-parallel rank's `TopK` pairs, see `tensor_parallel::rank_topk`). `None`: nothing
+    /// tensor-parallel rank's `TopK` pairs, see `rank_top::topk_into`). `None`: nothing
     /// ran, the step takes the op-by-op path.
     pub(super) fn decode_recorded(
         &self,
@@ -924,7 +924,13 @@ impl Model {
             self.layers(ids, pos, &[0], &mut kv, bufs, logits, true)?;
         }
         match self.tp {
-            Some(_) => super::tensor_parallel::rank_topk(self, logits, next),
+            // a rank's local vocabulary is its slice plus the zero row
+            Some(_) => super::rank_top::topk_into(
+                &self.exec,
+                logits,
+                self.config.vocab_size.saturating_sub(1),
+                next,
+            ),
             None => ops::argmax(&self.exec, logits, next),
         }
     }

@@ -516,6 +516,19 @@ pub fn argmax(e: &Executor, x: &Data, out: &mut Data) -> Result<()> {
     unary(e, "ArgMax", x, out, FloatDict::new(), IntDict::new())
 }
 
+/// The `k` largest of each row as (index, value) f32 pairs, descending, ties by lower index
+/// (`TopK`: output [.., k, 2]).
+pub fn topk(e: &Executor, x: &Data, k: usize, out: &mut Data) -> Result<()> {
+    unary(
+        e,
+        "TopK",
+        x,
+        out,
+        FloatDict::new(),
+        IntDict::new().with("k", k as i32),
+    )
+}
+
 /// Parameters of [`moe_route`] (see `MoeRoute` in `docs/ops.md`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MoeRouteParams {

@@ -63,15 +63,7 @@ pub fn pick_logprobs(
     // the top k of each row as (index, probability) pairs; k ≥ 1 also gives the row's best
     let k = top_n.max(1);
     let mut top = Data::empty(DataType::F32);
-    let mut d = DataDict::new()
-        .with("input", &probs)
-        .with_mut("output", &mut top);
-    e.run(
-        "TopK",
-        &mut d,
-        &FloatDict::new(),
-        &IntDict::new().with("k", k as i32),
-    )?;
+    crate::ops::topk(e, &probs, k, &mut top)?;
     // each pick's probability: the probabilities as a [rows × vocab, 1] table, gathered
     probs.reshape(&[flat, 1])?;
     let at: Vec<i32> = picks

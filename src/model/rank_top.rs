@@ -4,7 +4,6 @@
 //! its replies to the driver (`model::tensor_parallel`).
 
 use crate::data::{Data, DataType};
-use crate::device::{DataDict, FloatDict, IntDict};
 use crate::error::{Error, Result};
 use crate::executor::Executor;
 
@@ -14,15 +13,7 @@ use crate::executor::Executor;
 pub(super) fn topk_into(exec: &Executor, logits: &Data, real: usize, out: &mut Data) -> Result<()> {
     let width = logits.dim(-1);
     let k = if width > real { 2.min(width) } else { 1 };
-    let mut d = DataDict::new()
-        .with("input", logits)
-        .with_mut("output", out);
-    exec.run(
-        "TopK",
-        &mut d,
-        &FloatDict::new(),
-        &IntDict::new().with("k", k as i32),
-    )
+    crate::ops::topk(exec, logits, k, out)
 }
 
 /// The best of the first `real` columns of each of the first `n` rows of `logits` (`TopK`

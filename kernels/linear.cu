@@ -24,6 +24,7 @@ struct LinSegs {
     int tiles[3];
     int splits[3];
     const P2pCtx* p2p;  // one-row kernels: also push each output to the group's peers (p2p_ll_push)
+    int p2p_ek;         // the epoch offset of the reduction those pushes are for
 };
 
 // A block of a batched block product: its weight rows [row0, rend) of the launch (rend: the end
@@ -228,7 +229,7 @@ __device__ void linear_t(const float* x, const LinSegs& sg, int m, int ntot, int
             float* yo = y + (long)(r0 + r) * n + j;
             float val = (sg.acc ? *yo : 0.0f) + s + (bias ? bias[j] : 0.0f);
             *yo = val;
-            if (sg.p2p) p2p_ll_push(sg.p2p, (long)(r0 + r) * n + j, val);
+            if (sg.p2p) p2p_ll_push(sg.p2p, sg.p2p_ek, (long)(r0 + r) * n + j, val);
         }
     }
 }
@@ -350,7 +351,7 @@ __device__ void linear_q8act_t(const signed char* xq, const float2* xd, const Li
             float* yo = y + (long)(r0 + r) * n + j;
             float val = (sg.acc ? *yo : 0.0f) + s + (bias ? bias[j] : 0.0f);
             *yo = val;
-            if (sg.p2p) p2p_ll_push(sg.p2p, (long)(r0 + r) * n + j, val);
+            if (sg.p2p) p2p_ll_push(sg.p2p, sg.p2p_ek, (long)(r0 + r) * n + j, val);
         }
     }
 }

@@ -9,10 +9,13 @@
 // own flags), and sums the slots in rank order, reading its own partial where it is. Every rank
 // adds the same values in the same order, so all ranks get the same bits.
 //
-// The epoch is per rank and lives on the device, so recorded graphs replay correctly: every
-// block reads it at the start, the last block to finish stores epoch + 1. A reduction uses the
-// buffers of parity epoch & 1, so a rank that runs ahead into the next reduction writes the
-// other parity; it cannot run two ahead, since the next reduction waits for this one's flags.
+// The epoch numbers the group's reductions; every rank's host counts them the same way
+// (P2pGroup in src/devices/cuda/p2p.rs). A reduction's epoch is state[0] + ek: state[0] is a
+// base the host writes into the stream before a recorded step is replayed (no kernel writes
+// it, so kernels read it before their wait), ek the offset the launch passes. No kernel keeps
+// books at its end. A reduction uses the buffers of parity epoch & 1, so a rank that runs
+// ahead into the next reduction writes the other parity; it cannot run two ahead, since the
+// next reduction waits for this one's flags.
 // A wait that exceeds the group's timeout sets the host-visible error word and stops waiting
 // (then and in every later reduction); the host turns it into an error after the step. Waits
 // spin on device memory only: the host-mapped word is written once, never polled.
@@ -28,7 +31,7 @@ struct P2pCtx {
     unsigned long long slot_bytes;            // bytes of one slot
     unsigned long long timeout_ns;
     unsigned long long err;                   // host-mapped word: nonzero once a wait timed out
-    unsigned long long state;                 // this rank's [epoch, blocks done, broken]
+    unsigned long long state;                 // this rank's [epoch base, unused, broken]
     int world, rank;
     unsigned long long ll[P2P_MAX_RANKS];     // every rank's low-latency slots (see below)
 };
@@ -59,10 +62,10 @@ __device__ __forceinline__ unsigned long long p2p_clock_ns() {
     return t;
 }
 
-// This reduction's epoch (after the wait for the kernel that wrote the partial sums).
-__device__ __forceinline__ unsigned p2p_epoch(const P2pCtx* c) {
-    pdl_wait();
-    return ((volatile unsigned*)c->state)[0] + 1;
+// The epoch of the reduction launched with offset ek (the base is never written by a kernel,
+// so this may run before pdl_wait).
+__device__ __forceinline__ unsigned p2p_epoch(const P2pCtx* c, int ek) {
+    return ((volatile unsigned*)c->state)[0] + (unsigned)ek;
 }
 
 // Slot `src` of parity `e & 1` in rank `owner`'s buffer.
@@ -94,20 +97,6 @@ __device__ void p2p_barrier(const P2pCtx* c, unsigned e) {
         }
     }
     __syncthreads();
-}
-
-// The last block to finish moves the epoch on.
-__device__ void p2p_finish(const P2pCtx* c, unsigned e) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned* st = (unsigned*)c->state;
-        __threadfence();
-        if (atomicAdd(&st[1], 1u) == gridDim.x - 1) {
-            st[1] = 0;
-            ((volatile unsigned*)st)[0] = e;
-            __threadfence();
-        }
-    }
 }
 
 // Elements [lo, hi) of block blockIdx.x when n elements are split over the grid.
@@ -167,8 +156,10 @@ __device__ __forceinline__ float p2p_sum(const P2pCtx* c, unsigned e, const void
 // n elements of dtype dt at x summed over the ranks: in place (add = 0), or added into the f32
 // rows at out (add = 1; out[i] += sum, as AddTo would add an all-reduced x). n elements of dt
 // fit one slot.
-extern "C" __global__ void p2p_allreduce(const P2pCtx* c, void* x, float* out, long n, int dt, int add) {
-    unsigned e = p2p_epoch(c);
+extern "C" __global__ void p2p_allreduce(const P2pCtx* c, void* x, float* out, long n, int dt, int add,
+                                         int ek) {
+    unsigned e = p2p_epoch(c, ek);
+    pdl_wait();
     long lo, hi;
     p2p_range(n, &lo, &hi);
     int es = dt == 0 ? 4 : 2;
@@ -184,7 +175,6 @@ extern "C" __global__ void p2p_allreduce(const P2pCtx* c, void* x, float* out, l
             ((unsigned short*)x)[i] = dt == 1 ? f2h(s) : f2bf(s);
         }
     }
-    p2p_finish(c, e);
 }
 
 // Values 4i..4i+3 of dtype bdt at p (as load4_of), read past this SM's L1: peers wrote them.
@@ -384,8 +374,9 @@ __device__ void p2p_norm_part(long row, int i0, int i1, int parts, const float4 
 template <int COPY>
 __device__ void p2p_addrmsnorm_t(float* x, const float* w, float* y, int d, float eps, const void* r,
                                  int bdt, signed char* qs, float2* ds, uint2* hs, int bf, int,
-                                 const P2pCtx* c, int rows) {
-    unsigned e = p2p_epoch(c);
+                                 const P2pCtx* c, int rows, int ek) {
+    unsigned e = p2p_epoch(c, ek);
+    pdl_wait();
     long rb = (long)d * (bdt == 0 ? 4 : 2);
     for (long row = blockIdx.x; row < rows; row += gridDim.x) p2p_push(c, e, (const char*)r, row * rb, rb);
     p2p_barrier(c, e);
@@ -394,7 +385,6 @@ __device__ void p2p_addrmsnorm_t(float* x, const float* w, float* y, int d, floa
         rmsnorm_v4_t<COPY>(row, x, w, y, d, eps, qs, ds, hs, bf, res);
         __syncthreads();
     }
-    p2p_finish(c, e);
 }
 
 // p2p_addrmsnorm_t for rows * d <= P2P_LL_ELEMS through the low-latency slots, rows * parts
@@ -404,14 +394,15 @@ __device__ void p2p_addrmsnorm_t(float* x, const float* w, float* y, int d, floa
 template <int COPY>
 __device__ void p2p_ll_addrmsnorm_t(float* x, const float* w, float* y, int d, float eps, const void* r,
                                     int bdt, signed char* qs, float2* ds, uint2* hs, int bf, int pushed,
-                                    const P2pCtx* c, int parts) {
+                                    const P2pCtx* c, int parts, int ek) {
     int i0, i1;
     long row = p2p_part(d, parts, &i0, &i1);
     int n4 = d >> 2;
     float4 g[RMS_V4];
     p2p_part_weights(w, i0, i1, g);
+    unsigned e = p2p_epoch(c, ek);
     pdl_launch();
-    unsigned e = p2p_epoch(c);
+    pdl_wait();
 #pragma unroll
     for (int t = 0; t < RMS_V4; t++) {
         int i = i0 + threadIdx.x + t * blockDim.x;
@@ -425,37 +416,37 @@ __device__ void p2p_ll_addrmsnorm_t(float* x, const float* w, float* y, int d, f
         }
     }
     p2p_norm_part<COPY>(row, i0, i1, parts, g, x, y, d, eps, qs, ds, hs, bf, c, e, LlResid{c, r, bdt, e});
-    p2p_finish(c, e);
 }
 
 // The fused norms' entry points: rmsnorm_v4*'s arguments, the residual r and its dtype,
 // `pushed` (the low-latency kernels: r's values are already in the peers' slots; 0 for the slot
-// kernels), the group's context and N (the rows for the slot kernels, the blocks per row for
-// the low-latency ones).
+// kernels), the group's context, N (the rows for the slot kernels, the blocks per row for the
+// low-latency ones) and the reduction's epoch offset.
 #define P2P_NORMS(name, tmpl)                                                                              \
     extern "C" __global__ void name##_v4_f32(float* x, const float* w, float* y, int d, float eps,        \
-                                             const void* r, int bdt, int pushed, const P2pCtx* c, int N) { \
-        tmpl<0>(x, w, y, d, eps, r, bdt, 0, 0, 0, 0, pushed, c, N);                                       \
+                                             const void* r, int bdt, int pushed, const P2pCtx* c, int N,  \
+                                             int ek) {                                                     \
+        tmpl<0>(x, w, y, d, eps, r, bdt, 0, 0, 0, 0, pushed, c, N, ek);                                   \
     }                                                                                                       \
     extern "C" __global__ void name##_v4q_f32(float* x, const float* w, float* y, int d, float eps,       \
                                               const void* r, int bdt, signed char* qs, float2* ds,         \
-                                              int pushed, const P2pCtx* c, int N) {                        \
-        tmpl<1>(x, w, y, d, eps, r, bdt, qs, ds, 0, 0, pushed, c, N);                                     \
+                                              int pushed, const P2pCtx* c, int N, int ek) {                \
+        tmpl<1>(x, w, y, d, eps, r, bdt, qs, ds, 0, 0, pushed, c, N, ek);                                 \
     }                                                                                                       \
     extern "C" __global__ void name##_v4h_f32(float* x, const float* w, float* y, int d, float eps,       \
                                               const void* r, int bdt, uint2* hs, int bf, int pushed,       \
-                                              const P2pCtx* c, int N) {                                    \
-        tmpl<2>(x, w, y, d, eps, r, bdt, 0, 0, hs, bf, pushed, c, N);                                     \
+                                              const P2pCtx* c, int N, int ek) {                            \
+        tmpl<2>(x, w, y, d, eps, r, bdt, 0, 0, hs, bf, pushed, c, N, ek);                                 \
     }
 P2P_NORMS(p2p_addrmsnorm, p2p_addrmsnorm_t)
 P2P_NORMS(p2p_ll_addrmsnorm, p2p_ll_addrmsnorm_t)
 
 // For a kernel that writes the partial of a low-latency norm (a one-row product): value v at
 // flat index i of this rank's partial, pushed into every peer's low-latency slot with the
-// epoch of the next reduction (that norm's, read after the kernel's wait), as the norm's own
-// push would (one 8-byte word per value; the norm's reader waits for both of a pair).
-__device__ __forceinline__ void p2p_ll_push(const P2pCtx* c, long i, float v) {
-    unsigned e = ((volatile unsigned*)c->state)[0] + 1;
+// epoch of the next reduction (that norm's: offset ek), as the norm's own push would (one
+// 8-byte word per value; the norm's reader waits for both of a pair).
+__device__ __forceinline__ void p2p_ll_push(const P2pCtx* c, int ek, long i, float v) {
+    unsigned e = p2p_epoch(c, ek);
     unsigned long long word = ((unsigned long long)e << 32) | __float_as_uint(v);
     for (int p = 0; p < c->world; p++) {
         if (p == c->rank) continue;

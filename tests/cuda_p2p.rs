@@ -3,8 +3,9 @@
 //! f32 / f16 / bf16, awkward counts and a tensor larger than one slot; `AllReduceAdd` adds that
 //! sum into f32 rows; `RMSNorm` with `all_reduce` (the fused form) gives the bits of
 //! `AllReduceAdd` followed by `RMSNorm`, with and without the copies for the next `Linear`, also
-//! when a one-row `Linear` pushed its outputs to the peer as it wrote them; a
-//! rank whose peer never comes stops waiting after the group's timeout and reports it; a GPU
+//! when a one-row `Linear` pushed its outputs to the peer as it wrote them; reductions recorded
+//! in a step replay with fresh epochs between reductions launched op by op; a rank whose peer
+//! never comes stops waiting after the group's timeout and reports it; a GPU
 //! without a group refuses `AllReduceAdd`, and `RMSNorm` refuses `all_reduce` without `input1`.
 //!
 //! Needs 2 GPUs that reach each other's memory and NCCL; otherwise every test passes without
@@ -309,6 +310,78 @@ fn one_row_product_pushing_its_outputs_sums_as_the_norm_does() {
             assert_eq!(pushed[r][1..], pushed[0][1..], "ranks differ, {what}");
             rank.comm.health().unwrap();
         }
+    }
+}
+
+/// Reductions recorded in a step (an `AllReduceAdd` and a fused low-latency norm) replay with
+/// fresh epochs, also after reductions launched op by op between replays and after a
+/// recording that ran nothing: every one adds the ranks' sum once, and no wait times out.
+#[test]
+fn recorded_reductions_replay_between_launched_ones() {
+    let Some(ranks) = two_ranks(Duration::from_secs(20)) else {
+        return;
+    };
+    let n = 4096;
+    let up = |r: &Rank, v: f32| {
+        r.dev
+            .upload(&Data::from_f32(&[1, n], &vec![v; n]).unwrap())
+            .unwrap()
+    };
+    let mut xs: Vec<Data> = ranks.iter().map(|r| up(r, 0.0)).collect();
+    // rank r adds r + 1: every reduction adds 3
+    let bs: Vec<Data> = ranks
+        .iter()
+        .enumerate()
+        .map(|(i, r)| up(r, i as f32 + 1.0))
+        .collect();
+    let ws: Vec<Data> = ranks.iter().map(|r| up(r, 1.0)).collect();
+    let mut hs: Vec<Data> = (0..2).map(|_| Data::empty(DataType::F32)).collect();
+    let step = |i: usize, x: &mut Data, h: &mut Data| {
+        all_reduce_add(&ranks[i].exec, x, &bs[i]);
+        let mut d = DataDict::new()
+            .with_mut("input", x)
+            .with("weight", &ws[i])
+            .with("input1", &bs[i])
+            .with_mut("output", h);
+        let ints = IntDict::new().with("all_reduce", 1);
+        let eps = FloatDict::new().with("eps", 1e-5);
+        ranks[i].exec.run("RMSNorm", &mut d, &eps, &ints).unwrap();
+    };
+    let mut sums = 0;
+    for i in 0..2 {
+        step(i, &mut xs[i], &mut hs[i]); // sizes the output
+    }
+    sums += 2;
+    let mut recs = Vec::new();
+    for i in 0..2 {
+        ranks[i].dev.begin_recording().unwrap();
+        step(i, &mut xs[i], &mut hs[i]);
+        recs.push(ranks[i].dev.end_recording().unwrap());
+    }
+    for round in 0..3 {
+        for i in 0..2 {
+            assert!(
+                ranks[i].dev.replay(recs[i].as_ref()).unwrap(),
+                "replay {round}"
+            );
+        }
+        sums += 2;
+        if round == 1 {
+            for i in 0..2 {
+                all_reduce_add(&ranks[i].exec, &mut xs[i], &bs[i]);
+            }
+            sums += 1;
+        }
+    }
+    for (i, r) in ranks.iter().enumerate() {
+        let got = host(&xs[i]);
+        let want = 3.0 * sums as f32;
+        assert!(
+            got.iter().all(|&v| v == want),
+            "rank {i}: {:?}, want {want}",
+            &got[..4]
+        );
+        r.comm.health().unwrap();
     }
 }
 

@@ -630,9 +630,11 @@ pub struct LinSegs {
     /// One-row kernels: the context of the peer-to-peer group whose peers' low-latency slots
     /// each output is also pushed into (0: none).
     pub p2p: u64,
+    /// The epoch offset of the reduction those pushes are for (`P2pGroup::ll_push_ctx`).
+    pub p2p_ek: i32,
 }
 
-// SAFETY: plain-old-data with the C layout of the kernel's struct (9 pointers, 10 ints).
+// SAFETY: plain-old-data with the C layout of the kernel's struct (10 pointers, 11 ints).
 unsafe impl cudarc::driver::DeviceRepr for LinSegs {}
 
 /// `struct PermuteArgs` of kernels/shape.cu, passed by value.

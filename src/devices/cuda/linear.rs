@@ -1036,11 +1036,12 @@ impl Linear {
         if ints.get_or("push_peers", 0) == 0 || !half {
             return Ok(false);
         }
-        let Some(ctx) = g.ll_push_ctx(seg.n, seg.y) else {
+        let Some((ctx, epoch)) = g.ll_push_ctx(seg.n, seg.y)? else {
             return Ok(false);
         };
         let mut table = seg_table(std::slice::from_ref(seg), ints.get_or("accumulate", 0) != 0)?;
         table.p2p = ctx;
+        table.p2p_ek = epoch;
         let suffix = weight_suffix(seg.dtype).ok_or_else(|| op_err("Linear", "weight dtype"))?;
         let (gx, gy) = gemv_grid(seg.n, LIN_FEATURES, 1)?;
         let args = [

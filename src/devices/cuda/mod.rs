@@ -59,6 +59,13 @@ pub struct CudaDevice {
     group: p2p::GroupSlot,
 }
 
+/// A recorded step: its graph and the group reductions in it (their epochs count from the base
+/// written before each replay, see `p2p::P2pGroup::replay`).
+struct RecordedStep {
+    graph: gpu::Graph,
+    reductions: u32,
+}
+
 impl CudaDevice {
     /// Opens GPU `ordinal` with the default [`RuntimeOptions`]. `Err` (never a panic) when the
     /// driver library, the device or NVRTC is missing; the message starts with "no CUDA device"
@@ -253,18 +260,32 @@ impl BaseDevice for CudaDevice {
         Ok(())
     }
     fn begin_recording(&self) -> Result<()> {
-        self.gpu.begin_capture()
+        self.gpu.begin_capture()?;
+        match self.group.get() {
+            Some(g) => g.begin_recording(),
+            None => Ok(()),
+        }
     }
     fn end_recording(&self) -> Result<Box<dyn std::any::Any + Send + Sync>> {
-        Ok(Box::new(self.gpu.end_capture()?))
+        let reductions = match self.group.get() {
+            Some(g) => g.end_recording()?,
+            None => 0,
+        };
+        let graph = self.gpu.end_capture()?;
+        Ok(Box::new(RecordedStep { graph, reductions }))
     }
     fn replay(&self, recording: &(dyn std::any::Any + Send + Sync)) -> Result<bool> {
-        match recording.downcast_ref::<gpu::Graph>() {
-            Some(g) => self.gpu.replay(g),
-            None => Err(Error::invalid(format!(
+        let Some(r) = recording.downcast_ref::<RecordedStep>() else {
+            return Err(Error::invalid(format!(
                 "{}: replay of work recorded elsewhere",
                 self.name
-            ))),
+            )));
+        };
+        match self.group.get() {
+            Some(g) if r.reductions > 0 => {
+                g.replay(&self.gpu, r.reductions, || self.gpu.replay(&r.graph))
+            }
+            _ => self.gpu.replay(&r.graph),
         }
     }
     fn kv_dtypes(&self) -> &[DataType] {

@@ -129,7 +129,12 @@ impl RowOp {
         let prefix = match (residual, peer) {
             (Some((r, code)), Some(p)) => {
                 args.extend([KArg::Ptr(r), KArg::I32(code)]);
-                tail.extend([KArg::I32(p.pushed as i32), p.ctx, KArg::I32(p.n)]);
+                tail.extend([
+                    KArg::I32(p.pushed as i32),
+                    p.ctx,
+                    KArg::I32(p.n),
+                    KArg::I32(p.epoch),
+                ]);
                 grid = (p.blocks, 1, 1);
                 threads = p.threads;
                 if p.low_latency {
@@ -209,6 +214,9 @@ impl RowOp {
                 // the sum added by the group's plain all-reduce, then the plain norm
                 g.all_reduce(&self.gpu, rp, (r.count(), r.dtype()), Some(xp))?;
                 return Ok(false);
+            }
+            if let Some(l) = fits.as_mut() {
+                l.epoch = g.take_epoch()?;
             }
             fits
         } else {

@@ -171,6 +171,8 @@ pub struct P2pGroup {
     ll_pushed: std::sync::Mutex<Option<u64>>,
     /// How many one-row products pushed their outputs themselves.
     ll_pushes: std::sync::atomic::AtomicU64,
+    /// The host's count of this rank's reductions (their epochs).
+    epochs: std::sync::Mutex<EpochClock>,
 }
 
 // SAFETY: `err_host` is page-locked memory owned by the group and only read through volatile
@@ -225,6 +227,7 @@ impl P2pGroup {
             blocks: (2 * gpu.sms()).min(MAX_BLOCKS) as u32,
             ll_pushed: Default::default(),
             ll_pushes: Default::default(),
+            epochs: std::sync::Mutex::new(EpochClock::new()),
         };
         let mut usable = want && (2..=MAX_RANKS).contains(&world) && gpu.arch().0 >= 7;
         let mut ipc = [0u8; 64];
@@ -423,6 +426,7 @@ impl P2pGroup {
                 n: rows as i32,
                 low_latency: false,
                 pushed: false,
+                epoch: 0,
             });
         }
         let (parts, threads) = ll_split(rows, row).unwrap_or((1, plain));
@@ -433,6 +437,7 @@ impl P2pGroup {
             n: parts as i32,
             low_latency: true,
             pushed: false,
+            epoch: 0,
         })
     }
 
@@ -441,11 +446,65 @@ impl P2pGroup {
     /// it writes it (`p2p_ll_push` in kernels/p2p.cu), and the norm then only sums
     /// ([`P2pGroup::take_ll_pushed`]). `None` where the norm would not take those kernels.
     /// The product records its launch with [`P2pGroup::mark_ll_pushed`].
-    pub fn ll_push_ctx(&self, row: usize, y: u64) -> Option<u64> {
+    /// Also the epoch offset of that norm's reduction (the next one), which the pushes carry.
+    pub fn ll_push_ctx(&self, row: usize, y: u64) -> Result<Option<(u64, i32)>> {
         let low_latency = self
             .norm_launch(1, row, 4, 256)
             .is_some_and(|l| l.low_latency);
-        (low_latency && row.is_multiple_of(4) && y.is_multiple_of(16)).then(|| self.ctx_addr())
+        if !(low_latency && row.is_multiple_of(4) && y.is_multiple_of(16)) {
+            return Ok(None);
+        }
+        Ok(Some((self.ctx_addr(), self.clock()?.peek())))
+    }
+
+    /// The epoch offset a reduction launched now passes (counted: the next one gets the next).
+    pub fn take_epoch(&self) -> Result<i32> {
+        Ok(self.clock()?.take())
+    }
+
+    /// Starts counting the reductions of a recorded step from a base of their own.
+    pub fn begin_recording(&self) -> Result<()> {
+        self.clock()?.begin_recording();
+        Ok(())
+    }
+
+    /// Ends a recording: the reductions it holds (the count is back where it was: nothing ran).
+    pub fn end_recording(&self) -> Result<u32> {
+        Ok(self.clock()?.end_recording())
+    }
+
+    /// Writes the next reduction's epoch into the base word on `gpu`'s stream (before the
+    /// replay of a recording whose reductions count from it), then `launch`es; when it did,
+    /// the `reductions` it holds are counted.
+    pub fn replay(
+        &self,
+        gpu: &Gpu,
+        reductions: u32,
+        launch: impl FnOnce() -> Result<bool>,
+    ) -> Result<bool> {
+        let mut clock = self.clock()?;
+        let base = clock.rebase();
+        gpu.bind()?;
+        // SAFETY: the base word lies in this rank's buffer; the write is ordered on the stream.
+        cu("epoch base", unsafe {
+            sys::cuStreamWriteValue32_v2(
+                gpu.stream().cu_stream(),
+                self.own + STATE_AT as u64,
+                base,
+                0,
+            )
+        })?;
+        let ran = launch()?;
+        if ran {
+            clock.advance(reductions);
+        }
+        Ok(ran)
+    }
+
+    fn clock(&self) -> Result<std::sync::MutexGuard<'_, EpochClock>> {
+        self.epochs
+            .lock()
+            .map_err(|_| Error::Device("peer-to-peer epoch count poisoned".into()))
     }
 
     /// Records that the product writing `y` was launched with [`P2pGroup::ll_push_ctx`].
@@ -509,11 +568,76 @@ impl P2pGroup {
                     KArg::I64(k as i64),
                     KArg::I32(code),
                     KArg::I32(add.is_some() as i32),
+                    KArg::I32(self.take_epoch()?),
                 ],
             )?;
             at += k;
         }
         Ok(())
+    }
+}
+
+/// The host's count of a rank's reductions, which numbers them for the kernels (each rank counts
+/// the same): a reduction's epoch is the device's base word plus the offset its launch passes.
+/// The base changes only where the host writes it into the stream, before a recorded step is
+/// replayed; the reductions recorded in a step count from their own base.
+#[derive(Debug)]
+struct EpochClock {
+    /// The next reduction's epoch (0 is never one: cleared buffers carry it).
+    next: u32,
+    /// The base word's value, in stream order.
+    base: u32,
+    /// While a step is recorded: `next` and `base` before it.
+    saved: Option<(u32, u32)>,
+}
+
+impl EpochClock {
+    fn new() -> EpochClock {
+        EpochClock {
+            next: 1,
+            base: 0,
+            saved: None,
+        }
+    }
+
+    /// The next reduction's offset from the base.
+    fn peek(&self) -> i32 {
+        self.next.wrapping_sub(self.base) as i32
+    }
+
+    /// The next reduction's offset, counting it.
+    fn take(&mut self) -> i32 {
+        let k = self.peek();
+        self.next = self.next.wrapping_add(1);
+        k
+    }
+
+    fn begin_recording(&mut self) {
+        self.end_recording();
+        self.saved = Some((self.next, self.base));
+        self.base = self.next;
+    }
+
+    /// The reductions recorded since `begin_recording`; the counts return to theirs then.
+    fn end_recording(&mut self) -> u32 {
+        let Some((next, base)) = self.saved.take() else {
+            return 0;
+        };
+        let k = self.next.wrapping_sub(next);
+        (self.next, self.base) = (next, base);
+        k
+    }
+
+    /// The base to write before a replay: the next reduction's epoch, where the recording's
+    /// first reduction counts from.
+    fn rebase(&mut self) -> u32 {
+        self.base = self.next;
+        self.base
+    }
+
+    /// Counts the `k` reductions of a replayed recording.
+    fn advance(&mut self, k: u32) {
+        self.next = self.next.wrapping_add(k);
     }
 }
 
@@ -547,6 +671,9 @@ pub struct NormLaunch {
     /// The low-latency kernels' `pushed`: the product that wrote the partial already pushed
     /// its values ([`P2pGroup::ll_push_ctx`]).
     pub pushed: bool,
+    /// The reduction's epoch offset ([`P2pGroup::take_epoch`], taken once the launch is
+    /// certain).
+    pub epoch: i32,
 }
 
 /// Registers `AllReduceAdd`, which sums over the group in `group`.
@@ -605,6 +732,36 @@ mod tests {
     /// A block's float4s as `p2p_part` in kernels/p2p.cu computes them from the blocks per row.
     fn kernel_per(n4: usize, parts: usize) -> usize {
         n4.div_ceil(parts).next_multiple_of(8)
+    }
+
+    /// The epochs the kernels compute (base word + offset) across launches, a recording and its
+    /// replays, and launches between them, with a stale replay (nothing launched) among them.
+    #[test]
+    fn reductions_get_consecutive_epochs_whether_launched_or_replayed() {
+        let mut c = EpochClock::new();
+        let mut device_base = 0u32;
+        let mut seen = Vec::new();
+        let launch = |c: &mut EpochClock, base: u32| base.wrapping_add(c.take() as u32);
+        seen.push(launch(&mut c, device_base));
+        seen.push(launch(&mut c, device_base));
+        // a recording of three reductions runs nothing
+        c.begin_recording();
+        let recorded: Vec<i32> = (0..3).map(|_| c.take()).collect();
+        assert_eq!(c.end_recording(), 3);
+        assert_eq!(recorded, [0, 1, 2]);
+        for ran in [true, false, true] {
+            device_base = c.rebase();
+            if ran {
+                seen.extend(recorded.iter().map(|&k| device_base.wrapping_add(k as u32)));
+                c.advance(3);
+            }
+            seen.push(launch(&mut c, device_base));
+        }
+        let want: Vec<u32> = (1..=seen.len() as u32).collect();
+        assert_eq!(seen, want);
+        // the offset a product's pushes carry is the next reduction's
+        let k = c.peek();
+        assert_eq!(c.take(), k);
     }
 
     #[test]

@@ -184,29 +184,16 @@ __device__ __forceinline__ float4 load4_cg(const void* p, long i, int bdt) {
 }
 
 // Values 4i4..4i4+3 of the partial rows summed over the ranks in rank order and rounded to
-// bdt (the arithmetic of p2p_sum): this rank's own from r, peer p's as `peer(p)` gives them.
+// bdt (the arithmetic of p2p_sum): this rank's own `mine`, peer p's as `peer(p)` gives them.
 template <class Peer>
-__device__ __forceinline__ float4 p2p_rank_sum4(const P2pCtx* c, const void* r, long i4, int bdt, Peer peer) {
+__device__ __forceinline__ float4 p2p_rank_sum4(const P2pCtx* c, float4 mine, int bdt, Peer peer) {
     float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int p = 0; p < c->world; p++) {
-        float4 v = p == c->rank ? load4_of(r, i4, bdt) : peer(p);
+        float4 v = p == c->rank ? mine : peer(p);
         s = p == 0 ? v : make_float4(s.x + v.x, s.y + v.y, s.z + v.z, s.w + v.w);
     }
     return make_float4(p2p_round(s.x, bdt), p2p_round(s.y, bdt), p2p_round(s.z, bdt), p2p_round(s.w, bdt));
 }
-
-// The residual of the fused norms: this rank's partial rows (dtype bdt) summed over the ranks,
-// the peers' read from this rank's slots.
-struct PeerResid {
-    static constexpr bool on = true;
-    const P2pCtx* c;
-    const void* r;
-    int bdt;
-    unsigned e;
-    __device__ __forceinline__ float4 operator()(long i4) const {
-        return p2p_rank_sum4(c, r, i4, bdt, [&](int p) { return load4_cg(p2p_slot(c, c->rank, p, e), i4, bdt); });
-    }
-};
 
 // ---- low latency: the epoch travels with every value ----
 // For a few rows (decode), each value is pushed as (its f32 bits, epoch) in one 8-byte half of a
@@ -266,8 +253,8 @@ __device__ __forceinline__ float4 p2p_ll_load4(const P2pCtx* c, const unsigned l
     return make_float4(lo.x, lo.y, hi.x, hi.y);
 }
 
-// The residual of the low-latency norms: as PeerResid, the peers' values read from the
-// low-latency slots.
+// The residual of the low-latency norms: this rank's partial rows (dtype bdt) summed over the
+// ranks, the peers' values read from the low-latency slots as they arrive.
 struct LlResid {
     static constexpr bool on = true;
     const P2pCtx* c;
@@ -275,7 +262,7 @@ struct LlResid {
     int bdt;
     unsigned e;
     __device__ __forceinline__ float4 operator()(long i4) const {
-        return p2p_rank_sum4(c, r, i4, bdt,
+        return p2p_rank_sum4(c, load4_of(r, i4, bdt), bdt,
                              [&](int p) { return p2p_ll_load4(c, p2p_ll_slot(c, c->rank, p, e) + i4 * 4, e); });
     }
 };
@@ -368,21 +355,66 @@ __device__ void p2p_norm_part(long row, int i0, int i1, int parts, const float4 
     }
 }
 
+// Row `row`'s float4s of this thread (as rmsnorm_v4_t takes them): x into h, this rank's partial
+// r (dtype bdt) into mine.
+__device__ __forceinline__ void p2p_row_load(long row, const float* x, const void* r, int bdt, int n4,
+                                             float4 h[RMS_V4], float4 mine[RMS_V4]) {
+#pragma unroll
+    for (int t = 0; t < RMS_V4; t++) {
+        int i = threadIdx.x + t * blockDim.x;
+        h[t] = i < n4 ? ((const float4*)x)[row * n4 + i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        mine[t] = i < n4 ? load4_of(r, row * n4 + i, bdt) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
+
 // x += the all-reduced partial rows r, then y = RMSNorm(x) (and the copies of rmsnorm_v4_t),
 // over `rows` rows of d, the grid looping over rows: the all-reduce, the residual add and the
-// next norm in one launch, with the bits of p2p_allreduce (add = 1) followed by RMSNorm.
+// next norm in one launch, with the bits of p2p_allreduce (add = 1) followed by RMSNorm. The
+// norm weights and a block's first row of x and of its own partial are loaded before the
+// handshake; the peers' values are read from this rank's slots after it.
 template <int COPY>
 __device__ void p2p_addrmsnorm_t(float* x, const float* w, float* y, int d, float eps, const void* r,
                                  int bdt, signed char* qs, float2* ds, uint2* hs, int bf, int,
                                  const P2pCtx* c, int rows, int ek) {
     unsigned e = p2p_epoch(c, ek);
+    int n4 = d >> 2;
+    float4 g[RMS_V4], h[RMS_V4], mine[RMS_V4];
+#pragma unroll
+    for (int t = 0; t < RMS_V4; t++) {
+        int i = threadIdx.x + t * blockDim.x;
+        g[t] = i < n4 ? ((const float4*)w)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
     pdl_wait();
     long rb = (long)d * (bdt == 0 ? 4 : 2);
     for (long row = blockIdx.x; row < rows; row += gridDim.x) p2p_push(c, e, (const char*)r, row * rb, rb);
+    if (blockIdx.x < rows) p2p_row_load(blockIdx.x, x, r, bdt, n4, h, mine);
     p2p_barrier(c, e);
-    PeerResid res{c, r, bdt, e};
+    pdl_launch();
     for (long row = blockIdx.x; row < rows; row += gridDim.x) {
-        rmsnorm_v4_t<COPY>(row, x, w, y, d, eps, qs, ds, hs, bf, res);
+        if (row != blockIdx.x) p2p_row_load(row, x, r, bdt, n4, h, mine);
+        float4* xr = (float4*)(x + row * d);
+        float4 v[RMS_V4];
+        float s = 0.0f;
+#pragma unroll
+        for (int t = 0; t < RMS_V4; t++) {
+            int i = threadIdx.x + t * blockDim.x;
+            v[t] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (i < n4) {
+                long i4 = row * n4 + i;
+                float4 a = p2p_rank_sum4(c, mine[t], bdt,
+                                         [&](int p) { return load4_cg(p2p_slot(c, c->rank, p, e), i4, bdt); });
+                v[t] = make_float4(h[t].x + 1.0f * a.x, h[t].y + 1.0f * a.y, h[t].z + 1.0f * a.z, h[t].w + 1.0f * a.w);
+                xr[i] = v[t];
+            }
+            s += v[t].x * v[t].x + v[t].y * v[t].y + v[t].z * v[t].z + v[t].w * v[t].w;
+        }
+        s = block_sum(s);
+        float inv = rsqrtf(s / (float)d + eps);
+#pragma unroll
+        for (int t = 0; t < RMS_V4; t++) {
+            int i = threadIdx.x + t * blockDim.x;
+            rms_store<COPY>(row, i, i < n4, v[t], g[t], inv, y, d, qs, ds, hs, bf);
+        }
         __syncthreads();
     }
 }

@@ -4,10 +4,11 @@
 // Every rank owns one buffer of 2 parities x world slots and a flag array. A reduction is one
 // kernel launched with the same grid on every rank; block b of every rank handles the same
 // elements. Block b pushes its part of this rank's partial sum into slot `rank` of every peer's
-// buffer (remote stores), then tells each peer "block b of rank r reached epoch e" (a release
-// store into the peer's flags), waits until every peer said the same to it (acquire loads of its
-// own flags), and sums the slots in rank order, reading its own partial where it is. Every rank
-// adds the same values in the same order, so all ranks get the same bits.
+// buffer (remote stores), then tells each peer "block b of rank r pushed its part of epoch e"
+// (a release store of p2p_seq(e, k) into the peer's flags; the fused norm announces its rows one
+// by one, k = 1, 2, ...), waits until every peer said the same to it (acquire loads of its own
+// flags), and sums the slots in rank order, reading its own partial where it is. Every rank adds
+// the same values in the same order, so all ranks get the same bits.
 //
 // The epoch numbers the group's reductions; every rank's host counts them the same way
 // (P2pGroup in src/devices/cuda/p2p.rs). A reduction's epoch is state[0] + ek: state[0] is a
@@ -73,22 +74,35 @@ __device__ __forceinline__ char* p2p_slot(const P2pCtx* c, int owner, int src, u
     return (char*)c->bufs[owner] + ((unsigned long long)((e & 1) * c->world + src)) * c->slot_bytes;
 }
 
-// Announces this block's pushes to every peer and waits until every peer's block announced its
-// own (see the file's comment). Called by every thread of the block. The barrier orders the
-// block's pushes before the release store that announces them. A wait past the timeout marks
-// the group broken on this rank (state[2], which later waits check instead of waiting) and
-// sets the host's error word to 1 + the rank that did not come.
-__device__ void p2p_barrier(const P2pCtx* c, unsigned e) {
+// A block's flag words count its announcements: the value for announcement k (1, 2, ...) of
+// epoch e (16 bits each; waits compare differences, so wrapping is harmless).
+__device__ __forceinline__ unsigned p2p_seq(unsigned e, unsigned k) {
+    return (e << 16) + k;
+}
+
+// Announces to every peer that this block's pushes so far arrived (`seq`, see p2p_seq). Called
+// by every thread of the block: the barrier orders the block's pushes before the release store.
+__device__ void p2p_signal(const P2pCtx* c, unsigned seq) {
     __syncthreads();
     int t = threadIdx.x;
     if (t < c->world && t != c->rank) {
         unsigned* theirs = (unsigned*)c->flags[t] + c->rank * P2P_MAX_BLOCKS + blockIdx.x;
-        p2p_store_release(theirs, e);
+        p2p_store_release(theirs, seq);
+    }
+}
+
+// Waits until every peer's block announced `seq` (or later) to this block. Called by every
+// thread of the block. A wait past the timeout marks the group broken on this rank (state[2],
+// which later waits check instead of waiting) and sets the host's error word to 1 + the rank
+// that did not come.
+__device__ void p2p_wait(const P2pCtx* c, unsigned seq) {
+    int t = threadIdx.x;
+    if (t < c->world && t != c->rank) {
         const unsigned* mine = (const unsigned*)c->flags[c->rank] + t * P2P_MAX_BLOCKS + blockIdx.x;
         volatile unsigned* broken = (volatile unsigned*)c->state + 2;
         unsigned long long t0 = p2p_clock_ns();
         unsigned n = 0;
-        while (*broken == 0 && (int)(p2p_load_acquire(mine) - e) < 0) {
+        while (*broken == 0 && (int)(p2p_load_acquire(mine) - seq) < 0) {
             if ((++n & 255) == 0 && p2p_clock_ns() - t0 > c->timeout_ns) {
                 *broken = 1;
                 atomicCAS((unsigned*)c->err, 0u, (unsigned)(t + 1));
@@ -97,6 +111,13 @@ __device__ void p2p_barrier(const P2pCtx* c, unsigned e) {
         }
     }
     __syncthreads();
+}
+
+// Announces this block's pushes to every peer and waits until every peer's block announced its
+// own (see the file's comment).
+__device__ void p2p_barrier(const P2pCtx* c, unsigned e) {
+    p2p_signal(c, p2p_seq(e, 1));
+    p2p_wait(c, p2p_seq(e, 1));
 }
 
 // Elements [lo, hi) of block blockIdx.x when n elements are split over the grid.
@@ -367,11 +388,46 @@ __device__ __forceinline__ void p2p_row_load(long row, const float* x, const voi
     }
 }
 
+// Row `row` of the slot kernel: x += the rank-ordered sum of the partial rows (this rank's in
+// `mine`, the peers' from this rank's slots), then its part of y = RMSNorm(x) (and the copies
+// of rmsnorm_v4_t); h holds the row of x.
+template <int COPY>
+__device__ void p2p_slot_row(long row, const float4 h[RMS_V4], const float4 mine[RMS_V4], const float4 g[RMS_V4],
+                             float* x, float* y, int d, float eps, signed char* qs, float2* ds, uint2* hs, int bf,
+                             const P2pCtx* c, unsigned e, int bdt) {
+    int n4 = d >> 2;
+    float4* xr = (float4*)(x + row * d);
+    float4 v[RMS_V4];
+    float s = 0.0f;
+#pragma unroll
+    for (int t = 0; t < RMS_V4; t++) {
+        int i = threadIdx.x + t * blockDim.x;
+        v[t] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (i < n4) {
+            long i4 = row * n4 + i;
+            float4 a = p2p_rank_sum4(c, mine[t], bdt,
+                                     [&](int p) { return load4_cg(p2p_slot(c, c->rank, p, e), i4, bdt); });
+            v[t] = make_float4(h[t].x + 1.0f * a.x, h[t].y + 1.0f * a.y, h[t].z + 1.0f * a.z, h[t].w + 1.0f * a.w);
+            xr[i] = v[t];
+        }
+        s += v[t].x * v[t].x + v[t].y * v[t].y + v[t].z * v[t].z + v[t].w * v[t].w;
+    }
+    s = block_sum(s);
+    float inv = rsqrtf(s / (float)d + eps);
+#pragma unroll
+    for (int t = 0; t < RMS_V4; t++) {
+        int i = threadIdx.x + t * blockDim.x;
+        rms_store<COPY>(row, i, i < n4, v[t], g[t], inv, y, d, qs, ds, hs, bf);
+    }
+}
+
 // x += the all-reduced partial rows r, then y = RMSNorm(x) (and the copies of rmsnorm_v4_t),
 // over `rows` rows of d, the grid looping over rows: the all-reduce, the residual add and the
-// next norm in one launch, with the bits of p2p_allreduce (add = 1) followed by RMSNorm. The
-// norm weights and a block's first row of x and of its own partial are loaded before the
-// handshake; the peers' values are read from this rank's slots after it.
+// next norm in one launch, with the bits of p2p_allreduce (add = 1) followed by RMSNorm.
+// Pipelined by rows: a block pushes its next row to the peers before it waits for the peers'
+// copy of its current row and normalizes it, and announces each row once it has arrived
+// (p2p_seq counts them), so the transfers overlap the norms. The norm weights load before the
+// wait for the product, a row's x and own partial before the wait for the peers' copy.
 template <int COPY>
 __device__ void p2p_addrmsnorm_t(float* x, const float* w, float* y, int d, float eps, const void* r,
                                  int bdt, signed char* qs, float2* ds, uint2* hs, int bf, int,
@@ -386,35 +442,17 @@ __device__ void p2p_addrmsnorm_t(float* x, const float* w, float* y, int d, floa
     }
     pdl_wait();
     long rb = (long)d * (bdt == 0 ? 4 : 2);
-    for (long row = blockIdx.x; row < rows; row += gridDim.x) p2p_push(c, e, (const char*)r, row * rb, rb);
-    if (blockIdx.x < rows) p2p_row_load(blockIdx.x, x, r, bdt, n4, h, mine);
-    p2p_barrier(c, e);
+    long row = blockIdx.x;
+    if (row < rows) p2p_push(c, e, (const char*)r, row * rb, rb);
+    p2p_signal(c, p2p_seq(e, 1));
     pdl_launch();
-    for (long row = blockIdx.x; row < rows; row += gridDim.x) {
-        if (row != blockIdx.x) p2p_row_load(row, x, r, bdt, n4, h, mine);
-        float4* xr = (float4*)(x + row * d);
-        float4 v[RMS_V4];
-        float s = 0.0f;
-#pragma unroll
-        for (int t = 0; t < RMS_V4; t++) {
-            int i = threadIdx.x + t * blockDim.x;
-            v[t] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (i < n4) {
-                long i4 = row * n4 + i;
-                float4 a = p2p_rank_sum4(c, mine[t], bdt,
-                                         [&](int p) { return load4_cg(p2p_slot(c, c->rank, p, e), i4, bdt); });
-                v[t] = make_float4(h[t].x + 1.0f * a.x, h[t].y + 1.0f * a.y, h[t].z + 1.0f * a.z, h[t].w + 1.0f * a.w);
-                xr[i] = v[t];
-            }
-            s += v[t].x * v[t].x + v[t].y * v[t].y + v[t].z * v[t].z + v[t].w * v[t].w;
-        }
-        s = block_sum(s);
-        float inv = rsqrtf(s / (float)d + eps);
-#pragma unroll
-        for (int t = 0; t < RMS_V4; t++) {
-            int i = threadIdx.x + t * blockDim.x;
-            rms_store<COPY>(row, i, i < n4, v[t], g[t], inv, y, d, qs, ds, hs, bf);
-        }
+    for (unsigned k = 1; row < rows; row += gridDim.x, k++) {
+        long next = row + gridDim.x;
+        if (next < rows) p2p_push(c, e, (const char*)r, next * rb, rb);
+        p2p_row_load(row, x, r, bdt, n4, h, mine);
+        p2p_wait(c, p2p_seq(e, k));
+        p2p_slot_row<COPY>(row, h, mine, g, x, y, d, eps, qs, ds, hs, bf, c, e, bdt);
+        if (next < rows) p2p_signal(c, p2p_seq(e, k + 1));
         __syncthreads();
     }
 }

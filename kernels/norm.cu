@@ -88,6 +88,24 @@ __device__ __forceinline__ void rms_store(long row, int i, bool in, float4 v, fl
     }
 }
 
+// Float4s i0 + threadIdx.x + t * blockDim.x (t < RMS_V4, those below i1 stored) of row `row`'s
+// normalized output, v[t] scaled by inv and g[t] (rms_store each).
+template <int COPY>
+__device__ __forceinline__ void rms_store_v4(long row, int i0, int i1, const float4 v[RMS_V4], const float4 g[RMS_V4],
+                                             float inv, float* y, int d, signed char* qs, float2* ds, uint2* hs,
+                                             int bf) {
+#pragma unroll
+    for (int t = 0; t < RMS_V4; t++) {
+        int i = i0 + threadIdx.x + t * blockDim.x;
+        rms_store<COPY>(row, i, i < i1, v[t], g[t], inv, y, d, qs, ds, hs, bf);
+    }
+}
+
+// The sum of the squares of v's four values (in order).
+__device__ __forceinline__ float sq4(float4 v) {
+    return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+}
+
 // Row `row` of x normalized into y (and its copies); with a residual (Resid::on), res(i) (the
 // i-th 4 values of the row's residual, counted from the tensor's start) is added into x first.
 template <int COPY, class Resid>
@@ -116,15 +134,10 @@ __device__ __forceinline__ void rmsnorm_v4_t(long row, float* x, const float* w,
                                v[t].w + 1.0f * a.w);
             xr[i] = v[t];
         }
-        s += v[t].x * v[t].x + v[t].y * v[t].y + v[t].z * v[t].z + v[t].w * v[t].w;
+        s += sq4(v[t]);
     }
     s = block_sum(s);
-    float inv = rsqrtf(s / (float)d + eps);
-#pragma unroll
-    for (int t = 0; t < RMS_V4; t++) {
-        int i = threadIdx.x + t * blockDim.x;
-        rms_store<COPY>(row, i, i < n4, v[t], g[t], inv, y, d, qs, ds, hs, bf);
-    }
+    rms_store_v4<COPY>(row, 0, n4, v, g, rsqrtf(s / (float)d + eps), y, d, qs, ds, hs, bf);
 }
 
 extern "C" __global__ void rmsnorm_v4_f32(float* x, const float* w, float* y, int d, float eps) {

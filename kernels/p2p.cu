@@ -364,16 +364,11 @@ __device__ void p2p_norm_part(long row, int i0, int i1, int parts, const float4 
             v[t] = make_float4(h.x + 1.0f * a.x, h.y + 1.0f * a.y, h.z + 1.0f * a.z, h.w + 1.0f * a.w);
             xr[i] = v[t];
         }
-        s += v[t].x * v[t].x + v[t].y * v[t].y + v[t].z * v[t].z + v[t].w * v[t].w;
+        s += sq4(v[t]);
     }
     s = block_sum(s);
     if (parts > 1) s = p2p_row_sumsq(c, e, row, parts, s);
-    float inv = rsqrtf(s / (float)d + eps);
-#pragma unroll
-    for (int t = 0; t < RMS_V4; t++) {
-        int i = i0 + threadIdx.x + t * blockDim.x;
-        rms_store<COPY>(row, i, i < i1, v[t], g[t], inv, y, d, qs, ds, hs, bf);
-    }
+    rms_store_v4<COPY>(row, i0, i1, v, g, rsqrtf(s / (float)d + eps), y, d, qs, ds, hs, bf);
 }
 
 // Row `row`'s float4s of this thread (as rmsnorm_v4_t takes them): x into h, this rank's partial
@@ -410,15 +405,10 @@ __device__ void p2p_slot_row(long row, const float4 h[RMS_V4], const float4 mine
             v[t] = make_float4(h[t].x + 1.0f * a.x, h[t].y + 1.0f * a.y, h[t].z + 1.0f * a.z, h[t].w + 1.0f * a.w);
             xr[i] = v[t];
         }
-        s += v[t].x * v[t].x + v[t].y * v[t].y + v[t].z * v[t].z + v[t].w * v[t].w;
+        s += sq4(v[t]);
     }
     s = block_sum(s);
-    float inv = rsqrtf(s / (float)d + eps);
-#pragma unroll
-    for (int t = 0; t < RMS_V4; t++) {
-        int i = threadIdx.x + t * blockDim.x;
-        rms_store<COPY>(row, i, i < n4, v[t], g[t], inv, y, d, qs, ds, hs, bf);
-    }
+    rms_store_v4<COPY>(row, 0, n4, v, g, rsqrtf(s / (float)d + eps), y, d, qs, ds, hs, bf);
 }
 
 // x += the all-reduced partial rows r, then y = RMSNorm(x) (and the copies of rmsnorm_v4_t),

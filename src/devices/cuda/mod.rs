@@ -260,11 +260,15 @@ impl BaseDevice for CudaDevice {
         Ok(())
     }
     fn begin_recording(&self) -> Result<()> {
-        self.gpu.begin_capture()?;
-        match self.group.get() {
-            Some(g) => g.begin_recording(),
-            None => Ok(()),
+        let group = self.group.get();
+        if let Some(g) = group {
+            g.begin_recording()?;
         }
+        let started = self.gpu.begin_capture();
+        if let (Err(_), Some(g)) = (&started, group) {
+            g.end_recording()?;
+        }
+        started
     }
     fn end_recording(&self) -> Result<Box<dyn std::any::Any + Send + Sync>> {
         let reductions = match self.group.get() {

@@ -483,7 +483,7 @@ impl P2pGroup {
         launch: impl FnOnce() -> Result<bool>,
     ) -> Result<bool> {
         let mut clock = self.clock()?;
-        let base = clock.rebase();
+        let base = clock.next_base();
         gpu.bind()?;
         // SAFETY: the base word lies in this rank's buffer; the write is ordered on the stream.
         cu("epoch base", unsafe {
@@ -494,6 +494,7 @@ impl P2pGroup {
                 0,
             )
         })?;
+        clock.rebased(base);
         let ran = launch()?;
         if ran {
             clock.advance(reductions);
@@ -630,9 +631,13 @@ impl EpochClock {
 
     /// The base to write before a replay: the next reduction's epoch, where the recording's
     /// first reduction counts from.
-    fn rebase(&mut self) -> u32 {
-        self.base = self.next;
-        self.base
+    fn next_base(&self) -> u32 {
+        self.next
+    }
+
+    /// Notes that the base word now holds `base` (in stream order).
+    fn rebased(&mut self, base: u32) {
+        self.base = base;
     }
 
     /// Counts the `k` reductions of a replayed recording.
@@ -750,7 +755,8 @@ mod tests {
         assert_eq!(c.end_recording(), 3);
         assert_eq!(recorded, [0, 1, 2]);
         for ran in [true, false, true] {
-            device_base = c.rebase();
+            device_base = c.next_base();
+            c.rebased(device_base);
             if ran {
                 seen.extend(recorded.iter().map(|&k| device_base.wrapping_add(k as u32)));
                 c.advance(3);

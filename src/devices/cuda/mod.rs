@@ -271,12 +271,13 @@ impl BaseDevice for CudaDevice {
         started
     }
     fn end_recording(&self) -> Result<Box<dyn std::any::Any + Send + Sync>> {
-        let reductions = match self.group.get() {
-            Some(g) => g.end_recording()?,
-            None => 0,
-        };
-        let graph = self.gpu.end_capture()?;
-        Ok(Box::new(RecordedStep { graph, reductions }))
+        // both end, whichever fails
+        let reductions = self.group.get().map(|g| g.end_recording()).transpose();
+        let graph = self.gpu.end_capture();
+        Ok(Box::new(RecordedStep {
+            reductions: reductions?.unwrap_or(0),
+            graph: graph?,
+        }))
     }
     fn replay(&self, recording: &(dyn std::any::Any + Send + Sync)) -> Result<bool> {
         let Some(r) = recording.downcast_ref::<RecordedStep>() else {

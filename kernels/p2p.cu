@@ -334,7 +334,8 @@ __device__ __forceinline__ long p2p_part(int d, int parts, int* i0, int* i1) {
     return blockIdx.x / parts;
 }
 
-// The norm weights of this block's float4s (loaded before waiting: no kernel writes them).
+// The norm weights of the float4s [i0, i1) this thread takes (loaded before waiting: no kernel
+// writes them).
 __device__ __forceinline__ void p2p_part_weights(const float* w, int i0, int i1, float4 g[RMS_V4]) {
 #pragma unroll
     for (int t = 0; t < RMS_V4; t++) {
@@ -425,11 +426,7 @@ __device__ void p2p_addrmsnorm_t(float* x, const float* w, float* y, int d, floa
     unsigned e = p2p_epoch(c, ek);
     int n4 = d >> 2;
     float4 g[RMS_V4], h[RMS_V4], mine[RMS_V4];
-#pragma unroll
-    for (int t = 0; t < RMS_V4; t++) {
-        int i = threadIdx.x + t * blockDim.x;
-        g[t] = i < n4 ? ((const float4*)w)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+    p2p_part_weights(w, 0, n4, g);
     pdl_wait();
     long rb = (long)d * (bdt == 0 ? 4 : 2);
     long row = blockIdx.x;

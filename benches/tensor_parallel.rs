@@ -44,6 +44,7 @@ fn main() {
 /// of 64 rows and a 2048-token prefill, eager; and 64 decode rows recorded as one graph.
 fn all_reduce_times(r: usize, id: &nccl::NcclId) -> Vec<(String, f64)> {
     let dev = CudaDevice::new(r as u32).unwrap();
+    dev.warm_up().unwrap(); // the kernels load before a peer waits on this rank
     let comm = nccl::NcclComm::new(dev.gpu(), id, r, 2).unwrap();
     let mut y = dev
         .upload(&Data::from_f32(&[8], &[r as f32 + 1.0; 8]).unwrap())

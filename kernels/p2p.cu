@@ -372,25 +372,26 @@ __device__ void p2p_norm_part(long row, int i0, int i1, int parts, const float4 
     rms_store_v4<COPY>(row, i0, i1, v, g, rsqrtf(s / (float)d + eps), y, d, qs, ds, hs, bf);
 }
 
-// Row `row`'s float4s of this thread (as rmsnorm_v4_t takes them): x into h, this rank's partial
-// r (dtype bdt) into mine.
+// Row `row`'s float4s of this thread (as rmsnorm_v4_t takes them): x into h and, where mine is
+// given, this rank's partial r (dtype bdt) into it.
 __device__ __forceinline__ void p2p_row_load(long row, const float* x, const void* r, int bdt, int n4,
-                                             float4 h[RMS_V4], float4 mine[RMS_V4]) {
+                                             float4 h[RMS_V4], float4* mine) {
 #pragma unroll
     for (int t = 0; t < RMS_V4; t++) {
         int i = threadIdx.x + t * blockDim.x;
         h[t] = i < n4 ? ((const float4*)x)[row * n4 + i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        mine[t] = i < n4 ? load4_of(r, row * n4 + i, bdt) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (mine) mine[t] = i < n4 ? load4_of(r, row * n4 + i, bdt) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 }
 
-// Row `row` of the slot kernel: x += the rank-ordered sum of the partial rows (this rank's in
-// `mine`, the peers' from this rank's slots), then its part of y = RMSNorm(x) (and the copies
-// of rmsnorm_v4_t); h holds the row of x.
-template <int COPY>
-__device__ void p2p_slot_row(long row, const float4 h[RMS_V4], const float4 mine[RMS_V4], const float4 g[RMS_V4],
-                             float* x, float* y, int d, float eps, signed char* qs, float2* ds, uint2* hs, int bf,
-                             const P2pCtx* c, unsigned e, int bdt) {
+// Row `row` of the slot kernel: x += the rank-ordered sum of the partial rows (this rank's
+// float4 t, at flat index i4, from own(t, i4), the peers' from this rank's slots), then its part
+// of y = RMSNorm(x) (and the copies of rmsnorm_v4_t) with the weights weights(g) fills in; h
+// holds the row of x.
+template <int COPY, class Own, class Weights>
+__device__ void p2p_slot_row(long row, const float4 h[RMS_V4], Own own, Weights weights, float* x, float* y,
+                             int d, float eps, signed char* qs, float2* ds, uint2* hs, int bf, const P2pCtx* c,
+                             unsigned e, int bdt) {
     int n4 = d >> 2;
     float4* xr = (float4*)(x + row * d);
     float4 v[RMS_V4];
@@ -401,7 +402,7 @@ __device__ void p2p_slot_row(long row, const float4 h[RMS_V4], const float4 mine
         v[t] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (i < n4) {
             long i4 = row * n4 + i;
-            float4 a = p2p_rank_sum4(c, mine[t], bdt,
+            float4 a = p2p_rank_sum4(c, own(t, i4), bdt,
                                      [&](int p) { return load4_cg(p2p_slot(c, c->rank, p, e), i4, bdt); });
             v[t] = make_float4(h[t].x + 1.0f * a.x, h[t].y + 1.0f * a.y, h[t].z + 1.0f * a.z, h[t].w + 1.0f * a.w);
             xr[i] = v[t];
@@ -409,6 +410,8 @@ __device__ void p2p_slot_row(long row, const float4 h[RMS_V4], const float4 mine
         s += sq4(v[t]);
     }
     s = block_sum(s);
+    float4 g[RMS_V4];
+    weights(g);
     rms_store_v4<COPY>(row, 0, n4, v, g, rsqrtf(s / (float)d + eps), y, d, qs, ds, hs, bf);
 }
 
@@ -417,16 +420,19 @@ __device__ void p2p_slot_row(long row, const float4 h[RMS_V4], const float4 mine
 // next norm in one launch, with the bits of p2p_allreduce (add = 1) followed by RMSNorm.
 // Pipelined by rows: a block pushes its next row to the peers before it waits for the peers'
 // copy of its current row and normalizes it, and announces each row once it has arrived
-// (p2p_seq counts them), so the transfers overlap the norms. The norm weights load before the
-// wait for the product, a row's x and own partial before the wait for the peers' copy.
-template <int COPY>
+// (p2p_seq counts them), so the transfers overlap the norms. A row's x loads before the wait
+// for the peers' copy. With ROWS 0 (at most a row per block) the norm weights load before the
+// wait for the product and a row's own partial with its x; with ROWS 1 (blocks looping over
+// rows) both load after the wait, which leaves a thread 60 registers instead of 96, so four
+// 256-thread blocks fit a multiprocessor rather than two.
+template <int COPY, int ROWS>
 __device__ void p2p_addrmsnorm_t(float* x, const float* w, float* y, int d, float eps, const void* r,
                                  int bdt, signed char* qs, float2* ds, uint2* hs, int bf, int,
                                  const P2pCtx* c, int rows, int ek) {
     unsigned e = p2p_epoch(c, ek);
     int n4 = d >> 2;
     float4 g[RMS_V4], h[RMS_V4], mine[RMS_V4];
-    p2p_part_weights(w, 0, n4, g);
+    if (!ROWS) p2p_part_weights(w, 0, n4, g);
     pdl_wait();
     long rb = (long)d * (bdt == 0 ? 4 : 2);
     long row = blockIdx.x;
@@ -436,12 +442,36 @@ __device__ void p2p_addrmsnorm_t(float* x, const float* w, float* y, int d, floa
     for (unsigned k = 1; row < rows; row += gridDim.x, k++) {
         long next = row + gridDim.x;
         if (next < rows) p2p_push(c, e, (const char*)r, next * rb, rb);
-        p2p_row_load(row, x, r, bdt, n4, h, mine);
+        p2p_row_load(row, x, r, bdt, n4, h, ROWS ? nullptr : mine);
         p2p_wait(c, p2p_seq(e, k));
-        p2p_slot_row<COPY>(row, h, mine, g, x, y, d, eps, qs, ds, hs, bf, c, e, bdt);
+        if (ROWS) {
+            p2p_slot_row<COPY>(
+                row, h, [&](int, long i4) { return load4_of(r, i4, bdt); },
+                [&](float4* gw) { p2p_part_weights(w, 0, n4, gw); }, x, y, d, eps, qs, ds, hs, bf, c, e, bdt);
+        } else {
+            p2p_slot_row<COPY>(
+                row, h, [&](int t, long) { return mine[t]; },
+                [&](float4* gw) {
+#pragma unroll
+                    for (int t = 0; t < RMS_V4; t++) gw[t] = g[t];
+                },
+                x, y, d, eps, qs, ds, hs, bf, c, e, bdt);
+        }
         if (next < rows) p2p_signal(c, p2p_seq(e, k + 1));
         __syncthreads();
     }
+}
+template <int COPY>
+__device__ void p2p_addrmsnorm_row_t(float* x, const float* w, float* y, int d, float eps, const void* r, int bdt,
+                                     signed char* qs, float2* ds, uint2* hs, int bf, int pushed, const P2pCtx* c,
+                                     int rows, int ek) {
+    p2p_addrmsnorm_t<COPY, 0>(x, w, y, d, eps, r, bdt, qs, ds, hs, bf, pushed, c, rows, ek);
+}
+template <int COPY>
+__device__ void p2p_addrmsnorm_rows_t(float* x, const float* w, float* y, int d, float eps, const void* r, int bdt,
+                                      signed char* qs, float2* ds, uint2* hs, int bf, int pushed, const P2pCtx* c,
+                                      int rows, int ek) {
+    p2p_addrmsnorm_t<COPY, 1>(x, w, y, d, eps, r, bdt, qs, ds, hs, bf, pushed, c, rows, ek);
 }
 
 // p2p_addrmsnorm_t for rows * d <= P2P_LL_ELEMS through the low-latency slots, rows * parts
@@ -495,7 +525,8 @@ __device__ void p2p_ll_addrmsnorm_t(float* x, const float* w, float* y, int d, f
                                               const P2pCtx* c, int N, int ek) {                            \
         tmpl<2>(x, w, y, d, eps, r, bdt, 0, 0, hs, bf, pushed, c, N, ek);                                 \
     }
-P2P_NORMS(p2p_addrmsnorm, p2p_addrmsnorm_t)
+P2P_NORMS(p2p_addrmsnorm, p2p_addrmsnorm_row_t)
+P2P_NORMS(p2p_addrmsnorm_rows, p2p_addrmsnorm_rows_t)
 P2P_NORMS(p2p_ll_addrmsnorm, p2p_ll_addrmsnorm_t)
 
 // For a kernel that writes the partial of a low-latency norm (a one-row product): value v at

@@ -324,6 +324,8 @@ fn cuda_process_group(
             .get(i)
             .ok_or_else(|| Error::invalid(format!("no local GPU for rank {rank}")))?;
         let dev = CudaDevice::with_options(ord, &s.runtime)?;
+        // the kernels load (a first load JITs them: up to a minute) before any peer waits
+        dev.warm_up()?;
         let comm = nccl::NcclComm::new(dev.gpu(), &nccl::NcclId::from_bytes(id)?, rank, world)?;
         if let Some(g) = comm.enable_p2p(s.runtime.peer_all_reduce, timeout)? {
             dev.attach_group(g)?;
@@ -456,6 +458,9 @@ fn cuda_group(
             let (plan, source, opts) = (plan.clone(), source.clone(), opts.clone());
             Box::new(move || {
                 let dev = CudaDevice::with_options(ord, &opts)?;
+                // the kernels load (a first load JITs them: up to a minute) before any peer
+                // waits, on all ranks at once
+                dev.warm_up()?;
                 let comm = nccl::NcclComm::new(dev.gpu(), &id, r, world)?;
                 if let Some(g) = comm.enable_p2p(opts.peer_all_reduce, PEER_WAIT)? {
                     dev.attach_group(g)?;

@@ -45,6 +45,8 @@ fn two_ranks(timeout: Duration) -> Option<Vec<Rank>> {
         .map(|r| {
             std::thread::spawn(move || {
                 let dev = Arc::new(CudaDevice::new(r as u32).unwrap());
+                // the kernels load (a first load JITs them) before a peer waits on this rank
+                dev.warm_up().unwrap();
                 let comm = nccl::NcclComm::new(dev.gpu(), &id, r, 2).unwrap();
                 let g = comm.enable_p2p(true, timeout).unwrap();
                 let on = g.is_some();
@@ -164,9 +166,9 @@ fn fused_norm_equals_all_reduce_add_then_norm() {
     let mut rng = CaseRng::new(11);
     let mut checked = 0;
     // a decode row and a few rows (the low-latency kernels, rows split over blocks unevenly
-    // too), batched rows, a prefill larger
-    // than a slot in f32 (the plain all-reduce then the norm), rows the float4 kernels do not
-    // take
+    // too), batched rows (a block per row), a prefill of more rows than blocks (in f16 / bf16
+    // the slot kernel whose blocks loop over rows; larger than a slot in f32: the plain
+    // all-reduce then the norm), rows the float4 kernels do not take
     let shapes = [
         (1usize, 4096usize),
         (4, 4096),
@@ -393,7 +395,6 @@ fn a_peer_that_never_comes_fails_the_step_after_the_timeout() {
         let Some(ranks) = two_ranks(Duration::from_secs(1)) else {
             return;
         };
-        ranks[0].dev.warm_up().unwrap(); // the kernels compiled before the clock starts
         alone_times_out(&ranks, low_latency);
     }
 }

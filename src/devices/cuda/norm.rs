@@ -137,11 +137,7 @@ impl RowOp {
                 ]);
                 grid = (p.blocks, 1, 1);
                 threads = p.threads;
-                if p.low_latency {
-                    "p2p_ll_addrmsnorm"
-                } else {
-                    "p2p_addrmsnorm"
-                }
+                p.kernel
             }
             (Some((r, code)), None) => {
                 args.extend([KArg::Ptr(r), KArg::I32(code)]);

@@ -164,7 +164,8 @@ pub struct P2pGroup {
     world: usize,
     rank: usize,
     slot_bytes: usize,
-    /// Blocks of one reduction at most (the same on every rank).
+    /// Blocks of one reduction at most (the same on every rank): four per multiprocessor,
+    /// which a looping slot norm of 256 threads (`p2p_addrmsnorm_rows_*`) keeps resident.
     blocks: u32,
     /// The output of the last one-row product that pushed its values to the peers itself
     /// ([`P2pGroup::ll_push_ctx`]), until the norm that sums it takes it.
@@ -224,7 +225,7 @@ impl P2pGroup {
             world,
             rank,
             slot_bytes,
-            blocks: (2 * gpu.sms()).min(MAX_BLOCKS) as u32,
+            blocks: (4 * gpu.sms()).min(MAX_BLOCKS) as u32,
             ll_pushed: Default::default(),
             ll_pushes: Default::default(),
             epochs: std::sync::Mutex::new(EpochClock::new()),
@@ -405,8 +406,8 @@ impl P2pGroup {
     /// How a fused norm over `rows` rows of `row` values of `elem_bytes` bytes runs (`plain`:
     /// the threads of the plain norm's launch): the low-latency kernels where all values fit a
     /// low-latency slot, each row split over blocks of about [`LL_BLOCK_VALUES`] values; else
-    /// the slot kernels, their grid looping over the rows; `None` when the rows do not fit one
-    /// slot.
+    /// the slot kernels, a block per row, or their grid looping over the rows where there are
+    /// more rows than blocks; `None` when the rows do not fit one slot.
     pub fn norm_launch(
         &self,
         rows: usize,
@@ -419,11 +420,17 @@ impl P2pGroup {
             return None;
         }
         if rows * row > LL_ELEMS {
+            let looping = rows > self.blocks as usize;
             return Some(NormLaunch {
                 ctx,
                 blocks: rows.min(self.blocks as usize) as u32,
                 threads: plain,
                 n: rows as i32,
+                kernel: if looping {
+                    "p2p_addrmsnorm_rows"
+                } else {
+                    "p2p_addrmsnorm"
+                },
                 low_latency: false,
                 pushed: false,
                 epoch: 0,
@@ -435,6 +442,7 @@ impl P2pGroup {
             blocks: (rows * parts) as u32,
             threads,
             n: parts as i32,
+            kernel: "p2p_ll_addrmsnorm",
             low_latency: true,
             pushed: false,
             epoch: 0,
@@ -671,6 +679,10 @@ pub struct NormLaunch {
     pub threads: u32,
     /// The kernels' last argument: the rows (slot kernels) or the blocks per row (low-latency).
     pub n: i32,
+    /// The kernels' name before `_v4*`: `p2p_ll_addrmsnorm` (low-latency), `p2p_addrmsnorm`
+    /// (slot kernels, at most a row per block) or `p2p_addrmsnorm_rows` (slot kernels whose
+    /// blocks loop over the rows, fewer registers a thread).
+    pub kernel: &'static str,
     /// The `p2p_ll_*` kernels (values pushed with their epoch) rather than the slot kernels.
     pub low_latency: bool,
     /// The low-latency kernels' `pushed`: the product that wrote the partial already pushed

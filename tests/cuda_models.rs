@@ -121,7 +121,8 @@ fn synthetic_model_fast_prefill_close_to_exact() {
 /// The tiny fixtures (`../shared/fixtures/tiny/`) whose attention or rotation take paths of
 /// their own: every position's top-5 logits and the last position's logits within `tol` of the
 /// float64 reference on the GPU, from one prefill of each text, then (`decode`) from a 4-token
-/// prompt and one token per step (the recorded decode step where the device records one).
+/// prompt and one token per step (the recorded decode step where the device records one, which
+/// then replays).
 /// `kv`: the KV cache dtype (`None`: the default of `precision`).
 fn tiny_on_the_gpu(arch: &str, precision: Precision, kv: Option<KvDtype>, tol: f32) {
     use fastllm::convert::{convert, ConvertOptions};
@@ -200,6 +201,15 @@ fn tiny_on_the_gpu(arch: &str, precision: Precision, kv: Option<KvDtype>, tol: f
             worst <= tol,
             "{arch} ({precision:?}, kv {kv}) case {ci}, one token per step on the GPU: max |logit - ref| {worst} > {tol}"
         );
+        // a model that records its decode step replays it from the second step on (a step
+        // that allocates while recording runs op by op instead)
+        if tokens.len() >= 7 {
+            assert_eq!(
+                cache.replays_decode_graph(),
+                llm.model.decode_graphs(),
+                "{arch} ({precision:?}, kv {kv}) case {ci}: decode graph recorded"
+            );
+        }
     }
 }
 

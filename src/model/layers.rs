@@ -34,6 +34,9 @@ struct Bufs {
     t0: TensorId,
     t1: TensorId,
     t2: TensorId,
+    /// The embedding's scale and norm (then swapped with `x`) and the post-norms write here:
+    /// it only ever holds `[rows, hidden]` f32, so a recorded step never regrows a buffer.
+    p: TensorId,
     /// The MoE stage's working tensors ([`super::moe::MOE_BUFS`]).
     moe: [TensorId; super::moe::MOE_BUFS],
 }
@@ -85,7 +88,7 @@ impl Model {
         logits: &'a mut Data,
         ids_on_device: bool,
     ) -> Result<()> {
-        let [x, h, q, k, v, a, b, g, t0, t1, t2, _, moe @ .., cos, sin] = sc else {
+        let [x, h, q, k, v, a, b, g, t0, t1, t2, p, moe @ .., cos, sin] = sc else {
             return Err(Error::invalid("scratch"));
         };
         let mut st = Step::new();
@@ -108,6 +111,7 @@ impl Model {
             t0: st.mutable(t0),
             t1: st.mutable(t1),
             t2: st.mutable(t2),
+            p: st.mutable(p),
             moe,
         };
         let tables = (st.mutable(cos), st.mutable(sin));
@@ -311,10 +315,10 @@ impl Model {
             st.push(
                 Call::new("Mul")
                     .input("input", bufs.x)
-                    .output("output", bufs.t0)
+                    .output("output", bufs.p)
                     .float("v", (c.hidden_size as f32).sqrt()),
             );
-            std::mem::swap(&mut bufs.x, &mut bufs.t0);
+            std::mem::swap(&mut bufs.x, &mut bufs.p);
         }
         if let Positions::Learned(wpe) = self.spec.positions {
             let w = self.weight(st, &format!("{wpe}.weight"))?;
@@ -335,8 +339,8 @@ impl Model {
         }
         if let Some(n) = self.spec.embed_norm {
             let rows = st.tensor(ids).map_or(0, |d| d.dim(0));
-            self.norm(st, bufs.x, n, bufs.t0, rows)?;
-            std::mem::swap(&mut bufs.x, &mut bufs.t0);
+            self.norm(st, bufs.x, n, bufs.p, rows)?;
+            std::mem::swap(&mut bufs.x, &mut bufs.p);
         }
         Ok(())
     }
@@ -396,9 +400,7 @@ impl Model {
     /// architecture's projection form.
     fn qkv<'a>(&'a self, st: &mut Step<'a>, i: usize, bufs: &Bufs, s: usize) -> Result<()> {
         let c = &self.config;
-        let Bufs {
-            h, q, k, v, t0, t1, ..
-        } = *bufs;
+        let Bufs { h, q, k, v, t0, .. } = *bufs;
         let ln = |n: &str| format!("{}{i}.{n}", self.spec.layer_prefix);
         let (nh, nkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
         let split = |st: &mut Step, x: TensorId, axis: i32, (a, b): (usize, usize), out| {
@@ -438,21 +440,13 @@ impl Model {
                 if nh != nkv {
                     return Err(bad("per-head fused qkv needs as many KV heads as heads"));
                 }
+                // q, k, v straight out of [rows, heads, 3, head dim] (no permuted copy in t1,
+                // which the MLP activation reuses at another size)
                 self.linear(st, h, &ln(n), t0, s)?;
                 st.reshape(t0, &[s, nh, 3, hd]);
-                st.push(
-                    Call::new("Permute")
-                        .input("input", t0)
-                        .output("output", t1)
-                        .int("axis0", 2)
-                        .int("axis1", 0)
-                        .int("axis2", 1)
-                        .int("axis3", 3),
-                );
-                st.reshape(t1, &[3, s * nh * hd]);
-                split(st, t1, 0, (0, 1), q);
-                split(st, t1, 0, (1, 2), k);
-                split(st, t1, 0, (2, 3), v);
+                split(st, t0, 2, (0, 1), q);
+                split(st, t0, 2, (1, 2), k);
+                split(st, t0, 2, (2, 3), v);
             }
             Qkv::Latent(_) => return Err(bad("latent attention has no separate q/k/v heads")),
         }
@@ -488,8 +482,9 @@ impl Model {
             _ => &ropes.global,
         };
         if let Some((qn, kn)) = self.spec.qk_norm {
-            self.norm(st, bufs.q, &ln(qn), bufs.t0, s * nh)?;
-            std::mem::swap(&mut bufs.q, &mut bufs.t0);
+            // q's norm through the attention output `a` (q's size; free until the attention)
+            self.norm(st, bufs.q, &ln(qn), bufs.a, s * nh)?;
+            std::mem::swap(&mut bufs.q, &mut bufs.a);
             // k's norm through a buffer of its own size: a recorded step never regrows one
             self.norm(st, bufs.k, &ln(kn), bufs.t2, s * c.num_kv_heads)?;
             std::mem::swap(&mut bufs.k, &mut bufs.t2);
@@ -679,7 +674,8 @@ impl Model {
         self.residual(st, i, post, bufs, s)
     }
 
-    /// `x += post(b)`: layer `i`'s norm `post` where the architecture has one.
+    /// `x += post(b)`: layer `i`'s norm `post` where the architecture has one (its output in
+    /// `p`, so `b` keeps the products' size and dtype from step to step).
     fn residual<'a>(
         &'a self,
         st: &mut Step<'a>,
@@ -688,12 +684,13 @@ impl Model {
         bufs: &mut Bufs,
         s: usize,
     ) -> Result<()> {
+        let mut add = bufs.b;
         if let Some(n) = post {
             let name = format!("{}{i}.{n}", self.spec.layer_prefix);
-            self.norm(st, bufs.b, &name, bufs.t0, s)?;
-            std::mem::swap(&mut bufs.b, &mut bufs.t0);
+            self.norm(st, bufs.b, &name, bufs.p, s)?;
+            add = bufs.p;
         }
-        Self::add_to(st, bufs.x, bufs.b);
+        Self::add_to(st, bufs.x, add);
         Ok(())
     }
 

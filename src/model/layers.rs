@@ -34,8 +34,9 @@ struct Bufs {
     t0: TensorId,
     t1: TensorId,
     t2: TensorId,
-    /// The embedding's scale and norm (then swapped with `x`) and the post-norms write here:
-    /// it only ever holds `[rows, hidden]` f32, so a recorded step never regrows a buffer.
+    /// The embedding's scale and norm (then swapped with `x`), the learned positions and the
+    /// post-norms write here: it only ever holds `[rows, hidden]` f32, so a recorded step
+    /// never regrows a buffer.
     p: TensorId,
     /// The MoE stage's working tensors ([`super::moe::MOE_BUFS`]).
     moe: [TensorId; super::moe::MOE_BUFS],
@@ -333,9 +334,9 @@ impl Model {
                 Call::new("Embedding")
                     .input("input", pos_t)
                     .input("weight", w)
-                    .output("output", bufs.t0),
+                    .output("output", bufs.p),
             );
-            Self::add_to(st, bufs.x, bufs.t0);
+            Self::add_to(st, bufs.x, bufs.p);
         }
         if let Some(n) = self.spec.embed_norm {
             let rows = st.tensor(ids).map_or(0, |d| d.dim(0));

@@ -6,6 +6,9 @@
 //! through a device that passes every op to the CPU's and notes the size of each tensor it
 //! writes.
 
+mod common;
+
+use common::smollm2::fixtures;
 use fastllm::convert::{convert, ConvertOptions};
 use fastllm::data::{Data, DataType, DeviceKind};
 use fastllm::device::{BaseDevice, DataDict, FloatDict, IntDict, OpRegistry, Operator};
@@ -17,12 +20,6 @@ use fastllm::model::{Model, Precision};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-
-fn fixtures() -> PathBuf {
-    std::env::var_os("FASTLLM_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures"))
-}
 
 /// One write: the tensor (its address, stable while a step runs), the op and argument, and
 /// the tensor's dtype and dims after the op.
@@ -129,10 +126,10 @@ impl BaseDevice for NotingCpu {
 
 /// The tensors that one step wrote in more than one size: (op and argument of each size).
 fn regrown(step: &[Write]) -> Vec<String> {
+    let bytes = |d: DataType, s: &[usize]| fastllm::data::bytes_for(d, s).unwrap_or(0);
     let mut sizes: HashMap<usize, Vec<(String, DataType, Vec<usize>)>> = HashMap::new();
     for (at, op, arg, dt, dims) in step {
         let seen = sizes.entry(*at).or_default();
-        let bytes = |d: DataType, s: &[usize]| fastllm::data::bytes_for(d, s).unwrap_or(0);
         if seen
             .iter()
             .all(|(_, d, s)| bytes(*d, s) != bytes(*dt, dims))
@@ -149,16 +146,21 @@ fn regrown(step: &[Write]) -> Vec<String> {
     out
 }
 
-/// Decodes two tokens one at a time after a 4-token prompt and returns, per decode step, the
-/// tensors it regrew.
-fn decode_regrowth(arch: &str, precision: Precision) -> Vec<Vec<String>> {
+/// The tiny fixture `arch` converted to a .flm file (once per test run).
+fn converted(arch: &str) -> PathBuf {
     let dir = fixtures().join("tiny").join(arch);
     let tmp = std::env::temp_dir().join(format!("fastllm-step-buffers-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
-    let out = tmp.join(format!("{arch}-{precision:?}.flm"));
+    let out = tmp.join(format!("{arch}.flm"));
     convert(&dir, &out, &ConvertOptions::default(), &mut |_| {})
         .unwrap_or_else(|e| panic!("convert {arch}: {e}"));
-    let file = FlmFile::open(&out, LoadMode::Mmap).unwrap();
+    out
+}
+
+/// Decodes two tokens one at a time after a 4-token prompt of the model at `out` and returns,
+/// per decode step, the tensors it regrew.
+fn decode_regrowth(arch: &str, out: &Path, precision: Precision) -> Vec<Vec<String>> {
+    let file = FlmFile::open(out, LoadMode::Mmap).unwrap();
     let config = file.config().clone();
     if config.mla.is_some() {
         // latent attention runs its per-head products on the host: never recorded
@@ -203,8 +205,9 @@ fn decode_steps_write_each_tensor_in_one_size() {
     assert!(archs.len() >= 10, "tiny fixtures: {archs:?}");
     let mut bad = Vec::new();
     for arch in &archs {
+        let out = converted(arch);
         for precision in [Precision::Exact, Precision::Fast] {
-            for (i, regrown) in decode_regrowth(arch, precision).iter().enumerate() {
+            for (i, regrown) in decode_regrowth(arch, &out, precision).iter().enumerate() {
                 if !regrown.is_empty() {
                     bad.push(format!("{arch} {precision:?} step {i}: {regrown:?}"));
                 }

@@ -386,16 +386,19 @@ __device__ void paged_decode_impl(const float* q, const float* k, const float* v
                                           PdRope{rcos, rsin, rot, rstyle}, PdCopy{oh, obf, oq, od});        \
     }
 // one kernel per cache type, lane width and heads per block (1, 2, 4, 8); f16 caches also with
-// 8 warps (suffix _w8)
+// 8 warps (suffix _w8), except 8 lanes' values × 8 heads, whose 8-warp block would declare more
+// than 48 KiB of shared memory (wide_fits in paged_decode.rs)
 #define PAGED_DECODE(NAME, T, DPL)         \
     PAGED_DECODE1(NAME, , T, DPL, 1, 4)    \
     PAGED_DECODE1(NAME, , T, DPL, 2, 4)    \
     PAGED_DECODE1(NAME, , T, DPL, 4, 4)    \
     PAGED_DECODE1(NAME, , T, DPL, 8, 4)
-#define PAGED_DECODE_W8(NAME, T, DPL)      \
+#define PAGED_DECODE_W8_TO4(NAME, T, DPL)  \
     PAGED_DECODE1(NAME, _w8, T, DPL, 1, 8) \
     PAGED_DECODE1(NAME, _w8, T, DPL, 2, 8) \
-    PAGED_DECODE1(NAME, _w8, T, DPL, 4, 8) \
+    PAGED_DECODE1(NAME, _w8, T, DPL, 4, 8)
+#define PAGED_DECODE_W8(NAME, T, DPL) \
+    PAGED_DECODE_W8_TO4(NAME, T, DPL) \
     PAGED_DECODE1(NAME, _w8, T, DPL, 8, 8)
 
 PAGED_DECODE(paged_decode_h1, unsigned short, 1)
@@ -405,7 +408,7 @@ PAGED_DECODE(paged_decode_h8, unsigned short, 8)
 PAGED_DECODE_W8(paged_decode_h1, unsigned short, 1)
 PAGED_DECODE_W8(paged_decode_h2, unsigned short, 2)
 PAGED_DECODE_W8(paged_decode_h4, unsigned short, 4)
-PAGED_DECODE_W8(paged_decode_h8, unsigned short, 8)
+PAGED_DECODE_W8_TO4(paged_decode_h8, unsigned short, 8)
 PAGED_DECODE(paged_decode_f1, float, 1)
 PAGED_DECODE(paged_decode_f2, float, 2)
 PAGED_DECODE(paged_decode_f4, float, 4)

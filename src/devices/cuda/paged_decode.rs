@@ -489,18 +489,21 @@ impl PagedDecodeAttention {
         let blocks_x = z.nkv * (z.nh / z.nkv).div_ceil(GROUP_CHUNK);
         // a batch-invariant launch keeps one warp count: the warps' merge order is part of a
         // row's arithmetic
+        let (dpl, gm) = (
+            z.hd.div_ceil(32).next_power_of_two(),
+            (z.nh / z.nkv).clamp(1, GROUP_CHUNK).next_power_of_two(),
+        );
         let wide = z.cache == DataType::F16
             && !self.invariant
+            && wide_fits(dpl, gm)
             && blocks_x * rows as usize * z.nsplit <= WIDE_BLOCKS_PER_SM * self.gpu.sms();
         let kernel = format!(
-            "paged_decode_{}{}_g{}{}",
+            "paged_decode_{}{dpl}_g{gm}{}",
             match z.cache {
                 DataType::F16 => "h",
                 DataType::Q8_0 => "q",
                 _ => "f",
             },
-            z.hd.div_ceil(32).next_power_of_two(),
-            (z.nh / z.nkv).clamp(1, GROUP_CHUNK).next_power_of_two(),
             if wide { "_w8" } else { "" }
         );
         let grid = (
@@ -512,6 +515,24 @@ impl PagedDecodeAttention {
         self.gpu.launch(&kernel, grid, 32 * warps, &args)
     }
 }
+
+/// Bytes of static shared memory a block of `paged_decode_impl` with `warps` warps, `dpl` values
+/// per lane and `gm` heads takes (`qs`, `wm`, `wl`, `wacc`, `tbs`; kernels/paged_decode.cu).
+fn shared_bytes(warps: usize, dpl: usize, gm: usize) -> usize {
+    4 * (gm * dpl * 32 + 2 * warps * gm + warps * gm * dpl * 32 + PD_TBS)
+}
+
+/// Whether the 8-warp form exists for `dpl` values per lane and `gm` heads per block: its
+/// static shared memory fits the 48 KiB a kernel may declare (head size 256 with 8 heads per
+/// block does not; those launches take 4 warps).
+fn wide_fits(dpl: usize, gm: usize) -> bool {
+    shared_bytes(WIDE_WARPS as usize, dpl, gm) <= STATIC_SHARED_MAX
+}
+
+/// Block-table entries staged in shared memory (`PD_TBS` of the kernel).
+const PD_TBS: usize = 1024;
+/// The static shared memory a kernel may declare.
+const STATIC_SHARED_MAX: usize = 48 << 10;
 
 /// Merges the splits of a decode launch (`paged_decode_combine`).
 fn combine(gpu: &Gpu, z: &Sizes, c: &Call, rows: u32) -> Result<()> {
@@ -532,4 +553,23 @@ fn combine(gpu: &Gpu, z: &Sizes, c: &Call, rows: u32) -> Result<()> {
         z.hd as u32,
         &args,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wide_kernels_exist_exactly_where_their_shared_memory_fits() {
+        for dpl in [1, 2, 4, 8] {
+            for gm in [1, 2, 4, 8] {
+                assert_eq!(wide_fits(dpl, gm), !(dpl == 8 && gm == 8), "{dpl} {gm}");
+                assert!(shared_bytes(WARPS as usize, dpl, gm) <= STATIC_SHARED_MAX);
+            }
+        }
+        // (the figure ptxas reports for the 8-warp block of 8 values per lane and 8 heads)
+        assert_eq!(shared_bytes(8, 8, 8), 0x13200);
+        let src = include_str!("../../../kernels/paged_decode.cu");
+        assert!(src.contains("PAGED_DECODE_W8_TO4(paged_decode_h8, unsigned short, 8)"));
+    }
 }

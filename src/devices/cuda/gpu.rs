@@ -398,15 +398,25 @@ impl Gpu {
 
     fn module(&self) -> Result<Arc<CudaModule>> {
         let m = self.module.get_or_init(|| {
-            let ptx =
-                kernels::compiled_ptx(self.arch, self.driver_version, self.kernel_cache.as_deref())
-                    .map_err(|e| e.to_string())?;
+            let k = kernels::compiled(self.arch, self.driver_version, self.kernel_cache.as_deref())
+                .map_err(|e| e.to_string())?;
             let _ = self
                 .pdl_kernels
-                .set(kernels::entries_waiting_on_predecessor(&ptx));
-            self.ctx
-                .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
-                .map_err(|e| format!("loading kernels: {e}"))
+                .set(kernels::entries_waiting_on_predecessor(&k.ptx));
+            // the machine code where NVRTC made it (no JIT), else (or where the driver refuses
+            // it) the PTX, which the driver compiles
+            let binary = k.cubin.and_then(|bin| {
+                self.ctx
+                    .load_module(cudarc::nvrtc::Ptx::from_binary(bin))
+                    .ok()
+            });
+            match binary {
+                Some(m) => Ok(m),
+                None => self
+                    .ctx
+                    .load_module(cudarc::nvrtc::Ptx::from_src(k.ptx))
+                    .map_err(|e| format!("loading kernels: {e}")),
+            }
         });
         m.clone().map_err(Error::Device)
     }

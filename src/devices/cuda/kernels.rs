@@ -1,7 +1,10 @@
 //! The CUDA kernel sources (`kernels/*.cu`, embedded at build time) and their compilation with
-//! NVRTC for a device's compute capability. The PTX is cached in memory (per process, by the
-//! caller) and on disk under the user cache dir, keyed by source hash + arch + driver version, so
-//! a second start skips NVRTC. Knows nothing about ops.
+//! NVRTC for a device's compute capability. NVRTC compiles them for the GPU's own architecture
+//! (`sm_XY`), which gives the machine code (CUBIN, loaded as it is) and the PTX (read for the
+//! kernels' launch attributes) in one pass; where it cannot, for the virtual architecture
+//! (`compute_XY`), and the driver compiles that PTX when it loads it, which takes about a minute
+//! for these sources. Both are cached on disk under the user cache dir, keyed by source hash +
+//! arch + driver version, so a second start skips NVRTC. Knows nothing about ops.
 
 use crate::error::{Error, Result};
 use std::collections::HashSet;
@@ -79,41 +82,151 @@ pub fn cache_path(dir: &Path, src: &str, arch: (i32, i32), driver: i32) -> PathB
     ))
 }
 
-/// The PTX of all kernels for compute capability `arch`: from the disk cache when present,
-/// otherwise compiled with NVRTC (and written to the cache under `cache_dir` when given; a
+/// The kernels compiled for one GPU: the PTX (always) and, where NVRTC could compile for the
+/// GPU's own architecture, its machine code.
+pub struct Compiled {
+    /// The PTX text (the `.entry` functions and their bodies).
+    pub ptx: String,
+    /// The CUBIN for the GPU's architecture, when NVRTC made one.
+    pub cubin: Option<Vec<u8>>,
+}
+
+/// Where the CUBIN next to the PTX at `ptx_path` is cached.
+pub fn cubin_path(ptx_path: &Path) -> PathBuf {
+    ptx_path.with_extension("cubin")
+}
+
+/// The kernels for compute capability `arch`: from the disk cache when the PTX and the CUBIN are
+/// there, otherwise compiled with NVRTC (and written to the cache under `cache_dir` when given; a
 /// failed write is not an error).
-pub fn compiled_ptx(arch: (i32, i32), driver: i32, cache_dir: Option<&Path>) -> Result<String> {
+pub fn compiled(arch: (i32, i32), driver: i32, cache_dir: Option<&Path>) -> Result<Compiled> {
     let src = source();
     let path = cache_dir.map(|d| cache_path(d, &src, arch, driver));
     if let Some(p) = &path {
-        if let Ok(text) = std::fs::read_to_string(p) {
-            if text.contains(".entry") {
-                return Ok(text);
-            }
+        let ptx = std::fs::read_to_string(p)
+            .ok()
+            .filter(|t| t.contains(".entry"));
+        // an empty CUBIN file: NVRTC could not build machine code here before (PTX only)
+        let cubin = std::fs::read(cubin_path(p))
+            .ok()
+            .filter(|b| b.is_empty() || b.starts_with(b"\x7fELF"));
+        if let (Some(ptx), Some(cubin)) = (ptx, cubin) {
+            let cubin = (!cubin.is_empty()).then_some(cubin);
+            return Ok(Compiled { ptx, cubin });
         }
     }
-    let opts = cudarc::nvrtc::CompileOptions {
-        options: vec![
-            format!("--gpu-architecture=compute_{}{}", arch.0, arch.1),
-            "--std=c++17".into(),
-        ],
-        name: Some("fastllm_kernels.cu".into()),
-        ..Default::default()
+    let real = format!("--gpu-architecture=sm_{}{}", arch.0, arch.1);
+    let compiled = match nvrtc(&src, &real, true) {
+        Ok(c) => c,
+        Err(e) => {
+            let first = e.to_string();
+            eprintln!(
+                "fastllm: no machine code for sm_{}{} ({}); the driver compiles the PTX instead",
+                arch.0,
+                arch.1,
+                first.lines().next().unwrap_or("")
+            );
+            nvrtc(
+                &src,
+                &format!("--gpu-architecture=compute_{}{}", arch.0, arch.1),
+                false,
+            )?
+        }
     };
-    let ptx = std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(&src, opts))
-        .map_err(|_| Error::Device("NVRTC panicked while compiling the kernels".into()))?
-        .map_err(|e| Error::Device(format!("compiling kernels with NVRTC: {e}")))?
-        .to_src();
     if let Some(p) = &path {
-        if let Some(dir) = p.parent() {
-            let _ = std::fs::create_dir_all(dir);
-        }
-        let tmp = p.with_extension(format!("tmp{}", std::process::id()));
-        if std::fs::write(&tmp, &ptx).is_ok() {
-            let _ = std::fs::rename(&tmp, p);
-        }
+        store(p, compiled.ptx.as_bytes());
+        store(&cubin_path(p), compiled.cubin.as_deref().unwrap_or(&[]));
     }
-    Ok(ptx)
+    Ok(compiled)
+}
+
+/// Writes `bytes` to `path` through a temporary file (a failed write is ignored: the cache is
+/// only a cache).
+fn store(path: &Path, bytes: &[u8]) {
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    if std::fs::write(&tmp, bytes).is_ok() {
+        let _ = std::fs::rename(&tmp, path);
+    }
+}
+
+/// One NVRTC compilation of `src` for the architecture option `arch`: the PTX, and the CUBIN
+/// when `cubin` (a real architecture).
+fn nvrtc(src: &str, arch: &str, cubin: bool) -> Result<Compiled> {
+    use cudarc::nvrtc::result as nv;
+    let run = || -> Result<Compiled> {
+        let code = std::ffi::CString::new(src)
+            .map_err(|_| Error::Device("kernel sources contain a NUL byte".into()))?;
+        let prog = nv::create_program(&code, Some(c"fastllm_kernels.cu"))
+            .map_err(|e| nvrtc_err(arch, "create", e))?;
+        // SAFETY: `prog` was created above; it is destroyed only after this call.
+        let out = unsafe { program_output(prog, arch, cubin) };
+        // SAFETY: created above, not used after this.
+        let _ = unsafe { nv::destroy_program(prog) };
+        out
+    };
+    // cudarc panics when it cannot load the NVRTC library
+    std::panic::catch_unwind(run).map_err(|_| {
+        Error::Device("NVRTC panicked while compiling the kernels (is libnvrtc installed?)".into())
+    })?
+}
+
+fn nvrtc_err(arch: &str, what: &str, e: cudarc::nvrtc::result::NvrtcError) -> Error {
+    Error::Device(format!(
+        "compiling kernels with NVRTC ({arch}): {what}: {e:?}"
+    ))
+}
+
+/// The bytes of a NUL-terminated C string buffer, without the terminator.
+fn c_bytes(v: &[std::ffi::c_char]) -> Vec<u8> {
+    v.iter().map(|&c| c as u8).take_while(|&b| b != 0).collect()
+}
+
+/// Compiles `prog` for `arch` and reads its PTX (and its CUBIN when `cubin`).
+///
+/// # Safety
+/// `prog` must be a live NVRTC program.
+unsafe fn program_output(
+    prog: cudarc::nvrtc::sys::nvrtcProgram,
+    arch: &str,
+    cubin: bool,
+) -> Result<Compiled> {
+    use cudarc::nvrtc::result as nv;
+    let opts = [arch.to_string(), "--std=c++17".to_string()];
+    if let Err(e) = nv::compile_program(prog, &opts) {
+        let log = nv::get_program_log(prog)
+            .map(|l| c_bytes(&l))
+            .unwrap_or_default();
+        return Err(Error::Device(format!(
+            "compiling kernels with NVRTC ({arch}): {e:?}\n{}",
+            String::from_utf8_lossy(&log)
+        )));
+    }
+    let ptx = nv::get_ptx(prog).map_err(|e| nvrtc_err(arch, "PTX", e))?;
+    let cubin = match cubin {
+        true => Some(program_cubin(prog).map_err(|e| nvrtc_err(arch, "CUBIN", e))?),
+        false => None,
+    };
+    Ok(Compiled {
+        ptx: String::from_utf8_lossy(&c_bytes(&ptx)).into_owned(),
+        cubin,
+    })
+}
+
+/// The CUBIN of a program compiled for a real architecture.
+///
+/// # Safety
+/// `prog` must be a live, compiled NVRTC program.
+unsafe fn program_cubin(
+    prog: cudarc::nvrtc::sys::nvrtcProgram,
+) -> std::result::Result<Vec<u8>, cudarc::nvrtc::result::NvrtcError> {
+    let mut size = 0usize;
+    cudarc::nvrtc::sys::nvrtcGetCUBINSize(prog, &mut size).result()?;
+    let mut bin = vec![0u8; size];
+    cudarc::nvrtc::sys::nvrtcGetCUBIN(prog, bin.as_mut_ptr().cast()).result()?;
+    Ok(bin)
 }
 
 /// The names of the kernels (`.entry` functions) in `ptx` whose own body contains
@@ -166,6 +279,26 @@ mod tests {
         assert!(src.contains("LIN(q4_1, DT_Q4_1)"));
         // `common.cuh` comes first: every other file uses its helpers.
         assert!(src.starts_with("// ---- common.cuh ----"));
+    }
+
+    #[test]
+    fn cached_ptx_and_cubin_load_without_nvrtc() {
+        let dir = std::env::temp_dir().join(format!("fastllm-kernel-cache-{}", std::process::id()));
+        let p = cache_path(&dir, &source(), (9, 0), 13000);
+        assert_eq!(
+            cubin_path(&p).extension().and_then(|e| e.to_str()),
+            Some("cubin")
+        );
+        store(&p, b"//\n.visible .entry k_f32(\n)\n{\n\tret;\n}\n");
+        store(&cubin_path(&p), b"\x7fELF machine code");
+        let c = compiled((9, 0), 13000, Some(&dir)).unwrap();
+        assert!(c.ptx.contains(".entry k_f32"));
+        assert_eq!(c.cubin.as_deref(), Some(&b"\x7fELF machine code"[..]));
+        // an empty CUBIN records that NVRTC made none: the PTX alone, not compiled again
+        store(&cubin_path(&p), b"");
+        let c = compiled((9, 0), 13000, Some(&dir)).unwrap();
+        assert!(c.ptx.contains(".entry k_f32") && c.cubin.is_none());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

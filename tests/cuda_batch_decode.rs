@@ -585,6 +585,10 @@ fn paged_decode_attention_matches_paged_attention() {
         case(128, 8, 8, 0, 0.0, false, &[2000, 1]),
         // enough rows that the f16 cache takes the 4-warp kernels (fewer take 8 warps)
         case(128, 32, 8, 0, 0.0, false, &MANY_ROWS),
+        // head size 256: 4 heads per block (8 warps for few rows), and 8 heads per block, which
+        // has no 8-warp kernel (its shared memory would not fit)
+        case(256, 8, 2, 0, 0.0, false, &[1, 300, 40]),
+        case(256, 16, 2, 0, 0.0, false, &[7, 0, 520]),
     ];
     for c in &cases {
         for dt in [DataType::F32, DataType::F16, DataType::Q8_0] {

@@ -487,12 +487,12 @@ impl PagedDecodeAttention {
         ]);
         args.extend(c.copy.args());
         let blocks_x = z.nkv * (z.nh / z.nkv).div_ceil(GROUP_CHUNK);
-        // a batch-invariant launch keeps one warp count: the warps' merge order is part of a
-        // row's arithmetic
         let (dpl, gm) = (
             z.hd.div_ceil(32).next_power_of_two(),
             (z.nh / z.nkv).clamp(1, GROUP_CHUNK).next_power_of_two(),
         );
+        // a batch-invariant launch keeps one warp count: the warps' merge order is part of a
+        // row's arithmetic
         let wide = z.cache == DataType::F16
             && !self.invariant
             && wide_fits(dpl, gm)

@@ -1,5 +1,7 @@
 //! Where two-GPU decode time goes, one line per measurement: NCCL all-reduce latency at decode,
-//! batch and prefill sizes (eager, and 64 decode-sized all-reduces recorded as one graph), and
+//! batch and prefill sizes (eager, and 64 decode-sized all-reduces recorded as one graph), the
+//! peer-to-peer all-reduce fused with the residual add and the next norm against one GPU's add
+//! then norm (f16 partial rows of 4096, 64 launches recorded as one graph), and
 //! the decode rate of one GPU alone against two independent single-GPU models decoding at the
 //! same time from two threads of this process (shared driver and launch costs).
 //!
@@ -13,8 +15,9 @@ mod common;
 use fastllm::devices::cuda::{gpu, nccl, CudaDevice};
 use fastllm::load::model_for;
 use fastllm::model::{Model, Precision, WeightSource};
+use fastllm::ops::OutputCopy;
 use fastllm::parallel::Collective;
-use fastllm::{BaseDevice, Data, DataType};
+use fastllm::{BaseDevice, Data, DataDict, DataType, Executor, FloatDict, IntDict};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -34,7 +37,7 @@ fn main() {
         .collect();
     for (r, h) in ranks.into_iter().enumerate() {
         for (what, us) in h.join().unwrap() {
-            println!("rank {r}: all-reduce of {what}: {us:.1} us each");
+            println!("rank {r}: {what}: {us:.1} us each");
         }
     }
     launch_contention();
@@ -43,7 +46,7 @@ fn main() {
 /// Microseconds per all-reduce on rank `r` of two: f32 and f16 vectors of a decode row, a batch
 /// of 64 rows and a 2048-token prefill, eager; and 64 decode rows recorded as one graph.
 fn all_reduce_times(r: usize, id: &nccl::NcclId) -> Vec<(String, f64)> {
-    let dev = CudaDevice::new(r as u32).unwrap();
+    let dev = Arc::new(CudaDevice::new(r as u32).unwrap());
     dev.warm_up().unwrap(); // the kernels load before a peer waits on this rank
     let comm = nccl::NcclComm::new(dev.gpu(), id, r, 2).unwrap();
     let mut y = dev
@@ -53,14 +56,86 @@ fn all_reduce_times(r: usize, id: &nccl::NcclId) -> Vec<(String, f64)> {
     assert_eq!(y.to_owned_host().unwrap().to_f32_vec().unwrap(), [3.0; 8]);
     let mut out = Vec::new();
     times(&dev, &comm, "NCCL", &mut out);
-    if comm
+    norm_times(&dev, false, "one GPU's AddTo then RMSNorm", &mut out);
+    if let Some(g) = comm
         .enable_p2p(true, std::time::Duration::from_secs(60))
         .unwrap()
-        .is_some()
     {
         times(&dev, &comm, "peer-to-peer", &mut out);
+        dev.attach_group(g).unwrap();
+        norm_times(
+            &dev,
+            true,
+            "peer-to-peer all-reduce, add and RMSNorm fused",
+            &mut out,
+        );
     }
     out
+}
+
+/// Microseconds per residual add and norm of f16 partial rows of 4096 into f32 rows, with the
+/// f16 copy the next product reads where there are 16 rows or more: 64 launches recorded as
+/// one graph. With a group on `dev`, the fused all-reduce form; else `AddTo` then `RMSNorm`.
+fn norm_times(dev: &Arc<CudaDevice>, fused: bool, how: &str, out: &mut Vec<(String, f64)>) {
+    let mut exec = Executor::new();
+    exec.add_device(dev.clone());
+    for rows in [1usize, 8, 64, 2048] {
+        let up = |d: Data| dev.upload(&d).unwrap();
+        let mut x = up(Data::zeros(DataType::F32, &[rows, 4096]).unwrap());
+        let b = up(Data::zeros(DataType::F16, &[rows, 4096]).unwrap());
+        let w = up(Data::from_f32(&[4096], &[1.0; 4096]).unwrap());
+        let mut h = Data::empty(DataType::F32);
+        let copy = if rows >= 16 {
+            OutputCopy::F16
+        } else {
+            OutputCopy::None
+        };
+        let step = |x: &mut Data, h: &mut Data| {
+            let mut ints = IntDict::new().with("quantize_output", copy.param());
+            if !fused {
+                let mut a = DataDict::new().with_mut("input0", x).with("input1", &b);
+                exec.run("AddTo", &mut a, &FloatDict::new(), &IntDict::new())
+                    .unwrap();
+            } else {
+                ints = ints.with("all_reduce", 1);
+            }
+            let mut d = DataDict::new()
+                .with_mut("input", x)
+                .with("weight", &w)
+                .with_mut("output", h);
+            if fused {
+                d.insert("input1", &b);
+            }
+            exec.run(
+                "RMSNorm",
+                &mut d,
+                &FloatDict::new().with("eps", 1e-5),
+                &ints,
+            )
+            .unwrap();
+        };
+        step(&mut x, &mut h);
+        dev.begin_recording().unwrap();
+        for _ in 0..64 {
+            step(&mut x, &mut h);
+        }
+        let g = dev.end_recording().unwrap();
+        for _ in 0..5 {
+            assert!(dev.replay(g.as_ref()).unwrap());
+        }
+        dev.synchronize().unwrap();
+        let reps = if rows > 64 { 10 } else { 50 };
+        let t = Instant::now();
+        for _ in 0..reps {
+            dev.replay(g.as_ref()).unwrap();
+        }
+        dev.synchronize().unwrap();
+        let us = t.elapsed().as_secs_f64() * 1e6 / (reps as f64 * 64.0);
+        out.push((
+            format!("add and norm of {rows} x 4096 f16 rows, {how}, 64 in a graph"),
+            us,
+        ));
+    }
 }
 
 /// [`all_reduce_times`] of `comm`'s current all-reduce (`how`).
@@ -79,7 +154,7 @@ fn times(dev: &CudaDevice, comm: &nccl::NcclComm, how: &str, out: &mut Vec<(Stri
             }
             dev.synchronize().unwrap();
             let us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
-            out.push((format!("{n} {dt:?}, eager, {how}"), us));
+            out.push((format!("all-reduce of {n} {dt:?}, eager, {how}"), us));
         }
         let mut x = dev.upload(&Data::zeros(dt, &[4096]).unwrap()).unwrap();
         dev.begin_recording().unwrap();
@@ -97,7 +172,10 @@ fn times(dev: &CudaDevice, comm: &nccl::NcclComm, how: &str, out: &mut Vec<(Stri
         }
         dev.synchronize().unwrap();
         let us = t.elapsed().as_secs_f64() * 1e6 / (50.0 * 64.0);
-        out.push((format!("4096 {dt:?}, 64 in a graph, {how}"), us));
+        out.push((
+            format!("all-reduce of 4096 {dt:?}, 64 in a graph, {how}"),
+            us,
+        ));
     }
 }
 

@@ -91,28 +91,12 @@ fn norm_times(dev: &Arc<CudaDevice>, fused: bool, how: &str, out: &mut Vec<(Stri
             OutputCopy::None
         };
         let step = |x: &mut Data, h: &mut Data| {
-            let mut ints = IntDict::new().with("quantize_output", copy.param());
             if !fused {
                 let mut a = DataDict::new().with_mut("input0", x).with("input1", &b);
                 exec.run("AddTo", &mut a, &FloatDict::new(), &IntDict::new())
                     .unwrap();
-            } else {
-                ints = ints.with("all_reduce", 1);
             }
-            let mut d = DataDict::new()
-                .with_mut("input", x)
-                .with("weight", &w)
-                .with_mut("output", h);
-            if fused {
-                d.insert("input1", &b);
-            }
-            exec.run(
-                "RMSNorm",
-                &mut d,
-                &FloatDict::new().with("eps", 1e-5),
-                &ints,
-            )
-            .unwrap();
+            common::cuda::rms_norm_into(&exec, x, fused.then_some(&b), &w, copy, h);
         };
         step(&mut x, &mut h);
         dev.begin_recording().unwrap();

@@ -138,23 +138,7 @@ fn all_reduce_add(exec: &Executor, x: &mut Data, b: &Data) {
 /// `RMSNorm` of `x` into a new tensor; with `b`, first `x += Σ b` (`all_reduce`).
 fn rms(exec: &Executor, x: &mut Data, b: Option<&Data>, w: &Data, copy: OutputCopy) -> Data {
     let mut h = Data::empty(DataType::F32);
-    let mut d = DataDict::new()
-        .with_mut("input", x)
-        .with("weight", w)
-        .with_mut("output", &mut h);
-    let mut ints = IntDict::new().with("quantize_output", copy.param());
-    if let Some(b) = b {
-        d.insert("input1", b);
-        ints = ints.with("all_reduce", 1);
-    }
-    exec.run(
-        "RMSNorm",
-        &mut d,
-        &FloatDict::new().with("eps", 1e-5),
-        &ints,
-    )
-    .unwrap();
-    drop(d);
+    common::cuda::rms_norm_into(exec, x, b, w, copy, &mut h);
     h
 }
 

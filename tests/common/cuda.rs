@@ -86,3 +86,31 @@ pub fn argmax(v: &[f32]) -> u32 {
     }
     best as u32
 }
+
+/// `RMSNorm` of `x` into `h` (eps 1e-5), leaving the copy `copy` for the next `Linear`; with
+/// `b`, first `x += Σ_ranks b` (`all_reduce`: the group's fused all-reduce, add and norm).
+pub fn rms_norm_into(
+    exec: &Executor,
+    x: &mut Data,
+    b: Option<&Data>,
+    w: &Data,
+    copy: fastllm::ops::OutputCopy,
+    h: &mut Data,
+) {
+    let mut d = DataDict::new()
+        .with_mut("input", x)
+        .with("weight", w)
+        .with_mut("output", h);
+    let mut ints = IntDict::new().with("quantize_output", copy.param());
+    if let Some(b) = b {
+        d.insert("input1", b);
+        ints = ints.with("all_reduce", 1);
+    }
+    exec.run(
+        "RMSNorm",
+        &mut d,
+        &FloatDict::new().with("eps", 1e-5),
+        &ints,
+    )
+    .unwrap();
+}

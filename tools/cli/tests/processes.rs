@@ -96,9 +96,11 @@ fn free_port() -> u16 {
 
 /// `fastllm args`, its output piped, with a cache of its own unless the test run names one
 /// (`FASTLLM_CACHE_DIR`: where GPU runs keep the compiled kernels between processes).
-fn cmd(args: &[&str]) -> Command {
+fn cmd<S: AsRef<str>>(args: &[S]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_fastllm"));
-    c.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    c.args(args.iter().map(|a| a.as_ref()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     if std::env::var_os("FASTLLM_CACHE_DIR").is_none() {
         c.env("FASTLLM_CACHE_DIR", tmpdir().join("cache"));
     }
@@ -106,8 +108,14 @@ fn cmd(args: &[&str]) -> Command {
 }
 
 /// `args` followed by the group flags of node `node`.
-fn node_args(args: &[&str], tp: usize, node: usize, port: u16, timeout: u64) -> Vec<String> {
-    let mut v: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+fn node_args<S: AsRef<str>>(
+    args: &[S],
+    tp: usize,
+    node: usize,
+    port: u16,
+    timeout: u64,
+) -> Vec<String> {
+    let mut v: Vec<String> = args.iter().map(|s| s.as_ref().to_string()).collect();
     v.extend([
         "--tp".to_string(),
         tp.to_string(),
@@ -124,8 +132,7 @@ fn node_args(args: &[&str], tp: usize, node: usize, port: u16, timeout: u64) -> 
 }
 
 fn spawn(args: &[String]) -> Child {
-    let a: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
-    cmd(&a).spawn().unwrap()
+    cmd(args).spawn().unwrap()
 }
 
 /// Waits for `c` at most `limit`; a process still running then is a hang (killed, test fails).
@@ -178,20 +185,10 @@ fn group_logits_match(on: On, m: &Path, ids: &str, precision: &str, tol: f64) {
         "--precision",
         precision,
     ];
-    let solo = cmd(&on
-        .place(&base, 0)
-        .iter()
-        .map(|s| s.as_str())
-        .collect::<Vec<_>>())
-    .output()
-    .unwrap();
+    let solo = cmd(&on.place(&base, 0)).output().unwrap();
     assert!(solo.status.success(), "{}", stderr(&solo));
     let port = free_port();
-    let node = |n: usize| {
-        let placed = on.place(&base, n);
-        let placed: Vec<&str> = placed.iter().map(|s| s.as_str()).collect();
-        spawn(&node_args(&placed, 2, n, port, 60))
-    };
+    let node = |n: usize| spawn(&node_args(&on.place(&base, n), 2, n, port, 60));
     let follower = node(1);
     let driver = node(0);
     let d = finish(driver, Duration::from_secs(120), "node 0");
@@ -324,11 +321,7 @@ fn serving_group(on: On) -> (Child, Child, u16) {
     let m = tiny();
     let http = free_port();
     let port = free_port();
-    let node = |n: usize| {
-        let a = serve_args(on, n, &m, http);
-        let a: Vec<&str> = a.iter().map(|s| s.as_str()).collect();
-        spawn(&node_args(&a, 2, n, port, 60))
-    };
+    let node = |n: usize| spawn(&node_args(&serve_args(on, n, &m, http), 2, n, port, 60));
     let follower = node(1);
     let driver = ready(node(0));
     (driver, follower, http)

@@ -75,7 +75,8 @@ fn all_reduce_times(r: usize, id: &nccl::NcclId) -> Vec<(String, f64)> {
 
 /// Microseconds per residual add and norm of f16 partial rows of 4096 into f32 rows, with the
 /// f16 copy the next product reads where there are 16 rows or more: 64 launches recorded as
-/// one graph. With a group on `dev`, the fused all-reduce form; else `AddTo` then `RMSNorm`.
+/// one graph. With `fused` (a group attached to `dev`), the fused all-reduce form; else `AddTo`
+/// then `RMSNorm`.
 fn norm_times(dev: &Arc<CudaDevice>, fused: bool, how: &str, out: &mut Vec<(String, f64)>) {
     let mut exec = Executor::new();
     exec.add_device(dev.clone());
@@ -99,27 +100,33 @@ fn norm_times(dev: &Arc<CudaDevice>, fused: bool, how: &str, out: &mut Vec<(Stri
             common::cuda::rms_norm_into(&exec, x, fused.then_some(&b), &w, copy, h);
         };
         step(&mut x, &mut h);
-        dev.begin_recording().unwrap();
-        for _ in 0..64 {
-            step(&mut x, &mut h);
-        }
-        let g = dev.end_recording().unwrap();
-        for _ in 0..5 {
-            assert!(dev.replay(g.as_ref()).unwrap());
-        }
-        dev.synchronize().unwrap();
         let reps = if rows > 64 { 10 } else { 50 };
-        let t = Instant::now();
-        for _ in 0..reps {
-            dev.replay(g.as_ref()).unwrap();
-        }
-        dev.synchronize().unwrap();
-        let us = t.elapsed().as_secs_f64() * 1e6 / (reps as f64 * 64.0);
+        let us = per_launch_in_graph(dev, reps, || step(&mut x, &mut h));
         out.push((
             format!("add and norm of {rows} x 4096 f16 rows, {how}, 64 in a graph"),
             us,
         ));
     }
+}
+
+/// Microseconds per call of `launch`: 64 calls recorded as one graph on `dev`, replayed five
+/// times, then timed over `reps` replays.
+fn per_launch_in_graph(dev: &CudaDevice, reps: usize, mut launch: impl FnMut()) -> f64 {
+    dev.begin_recording().unwrap();
+    for _ in 0..64 {
+        launch();
+    }
+    let g = dev.end_recording().unwrap();
+    for _ in 0..5 {
+        assert!(dev.replay(g.as_ref()).unwrap());
+    }
+    dev.synchronize().unwrap();
+    let t = Instant::now();
+    for _ in 0..reps {
+        dev.replay(g.as_ref()).unwrap();
+    }
+    dev.synchronize().unwrap();
+    t.elapsed().as_secs_f64() * 1e6 / (reps as f64 * 64.0)
 }
 
 /// [`all_reduce_times`] of `comm`'s current all-reduce (`how`).
@@ -141,21 +148,7 @@ fn times(dev: &CudaDevice, comm: &nccl::NcclComm, how: &str, out: &mut Vec<(Stri
             out.push((format!("all-reduce of {n} {dt:?}, eager, {how}"), us));
         }
         let mut x = dev.upload(&Data::zeros(dt, &[4096]).unwrap()).unwrap();
-        dev.begin_recording().unwrap();
-        for _ in 0..64 {
-            comm.all_reduce_sum(&mut x).unwrap();
-        }
-        let g = dev.end_recording().unwrap();
-        for _ in 0..5 {
-            assert!(dev.replay(g.as_ref()).unwrap());
-        }
-        dev.synchronize().unwrap();
-        let t = Instant::now();
-        for _ in 0..50 {
-            dev.replay(g.as_ref()).unwrap();
-        }
-        dev.synchronize().unwrap();
-        let us = t.elapsed().as_secs_f64() * 1e6 / (50.0 * 64.0);
+        let us = per_launch_in_graph(dev, 50, || comm.all_reduce_sum(&mut x).unwrap());
         out.push((
             format!("all-reduce of 4096 {dt:?}, 64 in a graph, {how}"),
             us,

@@ -9,12 +9,16 @@
 //! - Consecutive `Linear` calls on one input (q/k/v, gate/up) → one call with `weight`,
 //!   `weight1`, `weight2` when the weights share a dtype (one launch streams them all), else the
 //!   later calls reuse the first one's quantized input (`reuse_act`).
-//! - A `Linear` without bias whose output is only added into the residual (`AddTo`) → the
-//!   `Linear` adds its product there itself (`accumulate`).
+//! - A one-row `Linear` without bias whose output is only added into the residual (`AddTo`) →
+//!   the `Linear` adds its product there itself (`accumulate`; the GEMV kernels add in their
+//!   epilogue).
 //! - `AddTo(x += b)` (alpha 1) right before `RMSNorm(x)` → the norm adds `b` into `x` itself
-//!   (`input1`; `add_norm`): the residual add of a tensor-parallel rank, whose all-reduce keeps
-//!   the product out of the `Linear`. `AllReduceAdd(x += Σ_ranks b)` before `RMSNorm(x)` → the
-//!   norm all-reduces `b` as well (`all_reduce`; one launch for the reduction, add and norm).
+//!   (`input1`; `add_norm`): one launch for the add and the norm, where the add would otherwise
+//!   be a launch of its own (after a cuBLAS product, or a tensor-parallel rank's all-reduce).
+//!   `AllReduceAdd(x += Σ_ranks b)` before `RMSNorm(x)` → the norm all-reduces `b` as well
+//!   (`all_reduce`; one launch for the reduction, add and norm).
+//! - Then any other `Linear` without bias whose output only an `AddTo` adds into the residual →
+//!   `accumulate` as above.
 //! - A one-weight `Linear` whose output is the partial that the next call, a fused norm with
 //!   `all_reduce`, sums over the group → the `Linear` may push its outputs to the peers as it
 //!   writes them (`push_peers`: one-row half-weight products, into the low-latency slots, see
@@ -41,8 +45,11 @@ pub fn plan(step: &mut Step) -> Result<()> {
     rotary_pairs(step);
     rope_in_attention(step);
     multi_linear(step, true);
-    accumulate(step);
+    // a one-row product adds into the residual in its own epilogue; a larger one through
+    // cuBLAS would add by a launch of its own, which the next norm saves
+    accumulate(step, 1);
     add_norm(step);
+    accumulate(step, usize::MAX);
     push_peers(step);
     producer_copies(step);
     Ok(())
@@ -219,15 +226,17 @@ fn read_later(items: &[Item], from: usize, t: TensorId) -> bool {
     false
 }
 
-/// `Linear(a → b)` without bias, `AddTo(x += b)` with `b` dead after → `Linear(a → x,
-/// accumulate)`. (With a bias the fused form would add `x + p + bias` where the plain steps add
-/// `x + (p + bias)`, a different rounding.)
-fn accumulate(step: &mut Step) {
+/// `Linear(a → b)` of at most `most_rows` rows without bias, `AddTo(x += b)` with `b` dead
+/// after → `Linear(a → x, accumulate)`. (With a bias the fused form would add `x + p + bias`
+/// where the plain steps add `x + (p + bias)`, a different rounding.)
+fn accumulate(step: &mut Step, most_rows: usize) {
     let items = step.items_mut();
     let mut i = 0;
     while i + 1 < items.len() {
         let fuse = match (call_of(items, i, "Linear"), call_of(items, i + 1, "AddTo")) {
-            (Some(l), Some(a)) if plain_linear(l).is_some() && l.arg("bias").is_none() => {
+            (Some(l), Some(a))
+                if plain_linear(l).is_some() && l.arg("bias").is_none() && l.rows <= most_rows =>
+            {
                 let (b, x) = (l.arg("output"), a.arg("input0"));
                 let alpha = a.float_or("alpha", 1.0);
                 match (b, x) {
@@ -429,6 +438,46 @@ mod tests {
             assert_eq!(n.arg("input1"), Some(b));
             assert!(n.args.iter().any(|a| a.name == "input" && a.written));
             assert_eq!(n.int_of("all_reduce"), (op == "AllReduceAdd") as i32);
+        }
+    }
+
+    /// A product added into the residual right before the next norm of it: of one row, the
+    /// product adds into the residual (its epilogue); of more (cuBLAS rows), the add goes into
+    /// the norm (one launch for both) and the product keeps its own output.
+    #[test]
+    fn residual_add_before_a_norm_goes_into_the_norm_above_one_row() {
+        let w = Data::zeros(DataType::F16, &[64, 64]).unwrap();
+        let wn = Data::zeros(DataType::F32, &[64]).unwrap();
+        for rows in [1, 64] {
+            let mut bufs: Vec<Data> = (0..4).map(|_| Data::empty(DataType::F32)).collect();
+            let mut st = Step::new();
+            let (w, wn) = (st.input(&w), st.input(&wn));
+            let t: Vec<TensorId> = bufs.iter_mut().map(|b| st.mutable(b)).collect();
+            let (x, a, b, h) = (t[0], t[1], t[2], t[3]);
+            st.push(linear(a, w, b, rows));
+            st.push(
+                Call::new("AddTo")
+                    .output("input0", x)
+                    .input("input1", b)
+                    .float("alpha", 1.0),
+            );
+            st.push(
+                Call::new("RMSNorm")
+                    .input("input", x)
+                    .input("weight", wn)
+                    .output("output", h),
+            );
+            plan(&mut st).unwrap();
+            assert_eq!(ops(&st), ["Linear", "RMSNorm"]);
+            let c = |i: usize| st.items()[i].call().unwrap();
+            let one = rows == 1;
+            assert_eq!(
+                c(0).arg("output"),
+                Some(if one { x } else { b }),
+                "{rows} rows"
+            );
+            assert_eq!(c(0).int_of("accumulate"), one as i32, "{rows} rows");
+            assert_eq!(c(1).arg("input1"), (!one).then_some(b), "{rows} rows");
         }
     }
 

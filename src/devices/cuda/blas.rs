@@ -86,7 +86,17 @@ fn i64_of(v: usize, what: &str) -> Result<i64> {
 /// Runs `g` on `gpu`'s stream. `Ok(false)` when cuBLAS is not loaded (the caller falls back to
 /// its own kernels); `Err` when cuBLAS rejects the call.
 pub fn gemm(gpu: &Gpu, g: &Gemm) -> Result<bool> {
-    let Some(blas) = gpu.blas() else {
+    gemm_on(gpu, 0, g)
+}
+
+/// [`gemm`] on lane `lane`: 0 is the stream, `i` > 0 side stream `i − 1` (between
+/// [`Gpu::fork`] and [`Gpu::join`]). `Ok(false)` when that lane has no cuBLAS.
+pub fn gemm_on(gpu: &Gpu, lane: usize, g: &Gemm) -> Result<bool> {
+    let handle = match lane {
+        0 => gpu.blas(),
+        i => gpu.side_blas(i - 1),
+    };
+    let Some(blas) = handle else {
         return Ok(false);
     };
     if g.m == 0 || g.n == 0 || g.batch == 0 {

@@ -1,6 +1,7 @@
 //! `Gpu`: one CUDA context and its stream, the run-time compiled kernel module, the optional
-//! cuBLAS handle, and the raw primitives the operators use (copies, launches). It must not know
-//! any op's semantics.
+//! cuBLAS handle, and the raw primitives the operators use (copies, launches). Side streams,
+//! each with a cuBLAS handle, take products that run beside the stream's work between a fork
+//! and a join. It must not know any op's semantics.
 
 use super::kernels;
 use crate::error::{Error, Result};
@@ -32,6 +33,9 @@ pub struct Gpu {
     kernel_cache: Option<PathBuf>,
     functions: Mutex<HashMap<String, CudaFunction>>,
     blas: Option<Mutex<cudarc::cublas::CudaBlas>>,
+    /// Streams beside `stream` for products that run at the same time as its own, between a
+    /// [`Gpu::fork`] and a [`Gpu::join`] (empty without cuBLAS).
+    side: Vec<SideStream>,
     /// Page-locked host buffer that large device-to-host copies go through (the copy engine
     /// writes it directly; into pageable memory the driver stages each copy again); grown on
     /// demand up to [`STAGING_MAX`].
@@ -49,6 +53,15 @@ pub struct Gpu {
     /// Bumped whenever an operator frees or replaces a scratch buffer that kernels read: a
     /// graph recorded under an older generation may point at freed memory and must not replay.
     generation: AtomicU64,
+}
+
+/// Side streams a [`Gpu`] opens.
+pub const SIDE_STREAMS: usize = 2;
+
+/// A second in-order stream with its own cuBLAS handle (so its own workspace).
+struct SideStream {
+    stream: Arc<CudaStream>,
+    blas: Mutex<cudarc::cublas::CudaBlas>,
 }
 
 /// A device's shared-memory limits, in bytes.
@@ -162,6 +175,11 @@ impl Gpu {
         } else {
             None
         };
+        let side = if blas.is_some() {
+            side_streams(&ctx)
+        } else {
+            Vec::new()
+        };
         Ok(Arc::new(Gpu {
             ctx,
             stream,
@@ -175,6 +193,7 @@ impl Gpu {
             kernel_cache,
             functions: Mutex::new(HashMap::new()),
             blas,
+            side,
             staging: Mutex::new(None),
             sms,
             smem,
@@ -278,6 +297,45 @@ impl Gpu {
     /// The cuBLAS handle, when cuBLAS could be loaded.
     pub fn blas(&self) -> Option<&Mutex<cudarc::cublas::CudaBlas>> {
         self.blas.as_ref()
+    }
+
+    /// The cuBLAS handle of side stream `i` (see [`Gpu::fork`]), when it exists.
+    pub fn side_blas(&self, i: usize) -> Option<&Mutex<cudarc::cublas::CudaBlas>> {
+        self.side.get(i).map(|s| &s.blas)
+    }
+
+    /// How many side streams there are (0 or [`SIDE_STREAMS`]).
+    pub fn side_streams(&self) -> usize {
+        self.side.len()
+    }
+
+    /// Makes the first `n` side streams wait for the work queued on the stream so far: what is
+    /// then queued on them runs beside the stream's own work until [`Gpu::join`]. A recorded
+    /// graph gets the same fork.
+    pub fn fork(&self, n: usize) -> Result<()> {
+        let ev = self
+            .stream
+            .record_event(None)
+            .map_err(|e| dev_err("fork: event", e))?;
+        for s in self.side.iter().take(n) {
+            s.stream.wait(&ev).map_err(|e| dev_err("fork: wait", e))?;
+        }
+        Ok(())
+    }
+
+    /// Makes the stream wait for everything queued on the first `n` side streams (the end of
+    /// a [`Gpu::fork`]; a graph being recorded must be joined before it ends).
+    pub fn join(&self, n: usize) -> Result<()> {
+        for s in self.side.iter().take(n) {
+            let ev = s
+                .stream
+                .record_event(None)
+                .map_err(|e| dev_err("join: event", e))?;
+            self.stream
+                .wait(&ev)
+                .map_err(|e| dev_err("join: wait", e))?;
+        }
+        Ok(())
     }
 
     /// Makes this context current on the calling thread (before raw driver or cuBLAS calls).
@@ -596,6 +654,24 @@ impl Gpu {
         let blocks = n.div_ceil(block as usize).clamp(1, 65535 * 8) as u32;
         (if n == 0 { 0 } else { blocks }, 1, 1)
     }
+}
+
+/// [`SIDE_STREAMS`] streams of `ctx`, each with a cuBLAS handle; none when one fails.
+fn side_streams(ctx: &Arc<CudaContext>) -> Vec<SideStream> {
+    let one = || {
+        let stream = ctx.new_stream().ok()?;
+        let blas = std::panic::catch_unwind(|| cudarc::cublas::CudaBlas::new(stream.clone()))
+            .ok()?
+            .ok()?;
+        Some(SideStream {
+            stream,
+            blas: Mutex::new(blas),
+        })
+    };
+    (0..SIDE_STREAMS)
+        .map(|_| one())
+        .collect::<Option<Vec<_>>>()
+        .unwrap_or_default()
 }
 
 /// One kernel argument.

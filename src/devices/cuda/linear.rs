@@ -21,7 +21,8 @@
 //! copy (`RMSNorm`, `SiluMul`, `Attention` with `quantize_output` 2 / 3, see `act_quant`).
 //! F16 weights (`k % 256 == 0`) of 2..=[`F16_MMA_MAX_ROWS`] rows take the F16 `linear_mma` kernels
 //! (weights loaded straight into registers); other F16 and all BF16 products go through cuBLAS
-//! `GemmEx` from 2 rows. Q8_0/Q4_0/Q4_1 weights
+//! `GemmEx` from 2 rows (the weights of a multi-weight call of up to [`CONCURRENT_MAX_ROWS`]
+//! rows side by side, one per stream of the device). Q8_0/Q4_0/Q4_1 weights
 //! (`k % 128 == 0`, 16-byte aligned) of 2..=[`Q8_COPY_MAX_ROWS`](crate::device::Q8_COPY_MAX_ROWS) rows (up to
 //! [`MMQ_NO_MMA_MAX_ROWS`] where `k % 256 != 0`) with f32 inputs and
 //! outputs take the int8 `linear_mmq` kernels (see `linear_mmq`: each weight block read once for
@@ -66,7 +67,7 @@
 //! them one by one.
 
 use super::act_quant::{ActForm, ActQuant, Held};
-use super::blas::{gemm, Elem, Gemm, Operand};
+use super::blas::{gemm_on, Elem, Gemm, Operand};
 use super::buffer::{dptr, ensure_out, scratch, CudaBuffer};
 use super::embedding::weight_suffix;
 use super::gpu::{int, long, Gpu, KArg, LinSegs};
@@ -128,6 +129,9 @@ const F16_MMA_MAX_ROWS: usize = 16;
 /// this many rows (above [`Q8_COPY_MAX_ROWS`](crate::device::Q8_COPY_MAX_ROWS) they quantize
 /// their input themselves): faster than dequantized tiles for cuBLAS.
 const MMQ_NO_MMA_MAX_ROWS: usize = 64;
+/// The most rows whose multi-weight cuBLAS products run side by side on the device's streams
+/// (`Linear::concurrent_lanes`): beyond them one product keeps the GPU busy.
+const CONCURRENT_MAX_ROWS: usize = 256;
 /// From this many rows on, `quant_act` products with F16/BF16 weights use cuBLAS (which reads
 /// the weight once for all rows; the GEMV kernels read it once per 4 rows).
 const HALF_TC_MIN_ROWS: usize = 2;
@@ -666,6 +670,10 @@ impl Linear {
     /// fused residual add must give the bits of the product added afterwards. `Ok(false)`
     /// without cuBLAS.
     fn cublas_segments(&self, c: &BlasCall, segs: &[Seg]) -> Result<bool> {
+        let lanes = self.concurrent_lanes(c, segs);
+        if lanes > 1 {
+            return self.cublas_side_by_side(c, segs, lanes);
+        }
         for sg in segs {
             if !c.acc {
                 self.cublas_segment(c, sg, sg.y)?;
@@ -695,6 +703,39 @@ impl Linear {
         Ok(true)
     }
 
+    /// How many streams the segments' products take at once: one per segment (the first on the
+    /// device's stream, the others on its side streams) for at most [`CONCURRENT_MAX_ROWS`]
+    /// rows of f16/bf16 weights without biases or `acc`, whose products stream weights while
+    /// leaving most multiprocessors idle; else 1.
+    fn concurrent_lanes(&self, c: &BlasCall, segs: &[Seg]) -> usize {
+        let n = segs.len();
+        let plain = !c.acc && !c.wt.is_quantized() && segs.iter().all(|s| s.b == 0);
+        if n > 1 && plain && c.m <= CONCURRENT_MAX_ROWS && n - 1 <= self.gpu.side_streams() {
+            n
+        } else {
+            1
+        }
+    }
+
+    /// The segments' products on `lanes` streams at once (see [`Linear::concurrent_lanes`]):
+    /// each the same cuBLAS call as on the stream, so the same results. The side streams are
+    /// joined back whatever fails.
+    fn cublas_side_by_side(&self, c: &BlasCall, segs: &[Seg], lanes: usize) -> Result<bool> {
+        self.gpu.fork(lanes - 1)?;
+        let mut done = Ok(true);
+        for (lane, sg) in segs.iter().enumerate() {
+            done = self.blas_rows(c, sg.w, sg.n, sg.y, sg.n, lane);
+            if !matches!(done, Ok(true)) {
+                break;
+            }
+        }
+        self.gpu.join(lanes - 1)?;
+        match done? {
+            true => Ok(true),
+            false => Err(lost_blas()),
+        }
+    }
+
     /// One segment's product `c` (and bias) through cuBLAS into `y` ([`Linear::cublas_segments`]).
     fn cublas_segment(&self, c: &BlasCall, sg: &Seg, y: u64) -> Result<()> {
         let (wt, k, n) = (c.wt, c.k, sg.n);
@@ -718,12 +759,12 @@ impl Linear {
                         long(row_bytes, "row bytes")?,
                     ],
                 )?;
-                if !self.blas_rows(c, c.tile, nr, y + c.out.1 * r0 as u64, n)? {
+                if !self.blas_rows(c, c.tile, nr, y + c.out.1 * r0 as u64, n, 0)? {
                     return Err(lost_blas());
                 }
                 r0 += nr;
             }
-        } else if !self.blas_rows(c, sg.w, n, y, n)? {
+        } else if !self.blas_rows(c, sg.w, n, y, n, 0)? {
             return Err(lost_blas());
         }
         if sg.b != 0 {
@@ -733,8 +774,8 @@ impl Linear {
     }
 
     /// `rows` outputs (weight rows at `a_ptr`, outputs at `c_ptr` with leading dimension `ldc`)
-    /// of the product `c` through cuBLAS: row-major y[m, n] = x·Wᵀ is column-major
-    /// yᵀ[n, m] = W·xᵀ, W read transposed.
+    /// of the product `c` through cuBLAS on `lane` (see [`gemm_on`]): row-major y[m, n] = x·Wᵀ
+    /// is column-major yᵀ[n, m] = W·xᵀ, W read transposed.
     fn blas_rows(
         &self,
         c: &BlasCall,
@@ -742,6 +783,7 @@ impl Linear {
         rows: usize,
         c_ptr: u64,
         ldc: usize,
+        lane: usize,
     ) -> Result<bool> {
         let operand = |ptr: u64, elem: Elem, ld: usize| Operand {
             ptr,
@@ -749,8 +791,9 @@ impl Linear {
             ld,
             stride: 0,
         };
-        gemm(
+        gemm_on(
             &self.gpu,
+            lane,
             &Gemm {
                 ta: true,
                 tb: false,

@@ -1,8 +1,9 @@
 //! `CudaDevice`: NVIDIA GPUs through `cudarc` (driver, NVRTC and cuBLAS loaded at run time, so
 //! the same binary runs where CUDA is absent: [`CudaDevice::new`] then returns `Err`). Operators
-//! are registered by op name, one file per op family, and run on one in-order stream. Kernels
-//! come from `kernels/*.cu` (see [`kernels`]). An op this device does not accept falls back to
-//! the next device of the `Executor` (the CPU), with a one-time log line per op.
+//! are registered by op name, one file per op family, and run on one in-order stream (a few
+//! products beside it on side streams, forked from it and joined back into it). Kernels come
+//! from `kernels/*.cu` (see [`kernels`]). An op this device does not accept falls back to the
+//! next device of the `Executor` (the CPU), with a one-time log line per op.
 //!
 //! This module owns device memory and data movement; it must not know about models.
 

@@ -196,8 +196,9 @@ fn multi_weight_linear_equals_one_weight_at_a_time() {
                         continue;
                     }
                     // without biases, f16/bf16 weights of tensor-core rows run side by side
-                    let half = matches!(dt, DataType::F16 | DataType::BF16);
-                    if !biased && !(half && quant_act == 1) {
+                    let side_by_side =
+                        matches!(dt, DataType::F16 | DataType::BF16) && quant_act == 1;
+                    if !biased && !side_by_side {
                         continue;
                     }
                     let ns = [37usize, 8, 100];

@@ -344,6 +344,13 @@ mod tests {
             .collect()
     }
 
+    fn rms_norm(x: TensorId, w: TensorId, out: TensorId) -> Call {
+        Call::new("RMSNorm")
+            .input("input", x)
+            .input("weight", w)
+            .output("output", out)
+    }
+
     fn linear(x: TensorId, w: TensorId, out: TensorId, rows: usize) -> Call {
         Call::new("Linear")
             .input("input", x)
@@ -364,12 +371,7 @@ mod tests {
         let (wq, wv) = (st.input(&wq), st.input(&wv));
         let t: Vec<TensorId> = bufs.iter_mut().map(|b| st.mutable(b)).collect();
         let (x, h, q, k, g, u, a, b) = (t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]);
-        st.push(
-            Call::new("RMSNorm")
-                .input("input", x)
-                .input("weight", wq)
-                .output("output", h),
-        );
+        st.push(rms_norm(x, wq, h));
         st.push(linear(h, wq, q, 3));
         st.push(linear(h, wv, k, 3));
         st.push(linear(h, wq, g, 3));
@@ -461,12 +463,7 @@ mod tests {
                     .input("input1", b)
                     .float("alpha", 1.0),
             );
-            st.push(
-                Call::new("RMSNorm")
-                    .input("input", x)
-                    .input("weight", wn)
-                    .output("output", h),
-            );
+            st.push(rms_norm(x, wn, h));
             plan(&mut st).unwrap();
             assert_eq!(ops(&st), ["Linear", "RMSNorm"]);
             let c = |i: usize| st.items()[i].call().unwrap();
@@ -508,12 +505,7 @@ mod tests {
                     .output("input0", x)
                     .input("input1", partial),
             );
-            st.push(
-                Call::new("RMSNorm")
-                    .input("input", x)
-                    .input("weight", wn)
-                    .output("output", h),
-            );
+            st.push(rms_norm(x, wn, h));
             plan(&mut st).unwrap();
             assert_eq!(ops(&st), ["Linear", "RMSNorm"]);
             let l = st.items()[0].call().unwrap();

@@ -56,7 +56,7 @@ pub struct Gpu {
 }
 
 /// Side streams a [`Gpu`] opens.
-pub const SIDE_STREAMS: usize = 2;
+const SIDE_STREAMS: usize = 2;
 
 /// A second in-order stream with its own cuBLAS handle (so its own workspace).
 struct SideStream {
@@ -304,7 +304,7 @@ impl Gpu {
         self.side.get(i).map(|s| &s.blas)
     }
 
-    /// How many side streams there are (0 or [`SIDE_STREAMS`]).
+    /// How many side streams there are (0 without cuBLAS, else 2).
     pub fn side_streams(&self) -> usize {
         self.side.len()
     }

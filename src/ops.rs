@@ -161,7 +161,7 @@ pub fn layer_norm(
 
 /// Parameters of [`rotary`].
 pub struct RotaryParams<'a> {
-    /// Positions, I32 [s].
+    /// Positions, I32 \[s\].
     pub positions: &'a Data,
     /// Optional inverse frequencies [rot/2].
     pub inv_freq: Option<&'a Data>,
@@ -251,9 +251,9 @@ pub struct AttentionParams<'a> {
     pub softcap: f32,
     /// Sliding window (0 = off).
     pub sliding_window: usize,
-    /// ALiBi slopes [nh].
+    /// ALiBi slopes \[nh\].
     pub alibi: Option<&'a Data>,
-    /// Attention sinks [nh]: a logit per head in each softmax's denominator (GPT-OSS).
+    /// Attention sinks \[nh\]: a logit per head in each softmax's denominator (GPT-OSS).
     pub sinks: Option<&'a Data>,
     /// Reduced-precision arithmetic allowed (the `fast` precision): a device may use TF32 /
     /// f16 tensor cores for long prefills.
@@ -546,7 +546,7 @@ pub struct MoeRouteParams {
     pub scale: f32,
 }
 
-/// Router logits [rows, experts] (+ DeepSeek-V3's correction `bias` [experts], used for the
+/// Router logits [rows, experts] (+ DeepSeek-V3's correction `bias` \[experts\], used for the
 /// choice only) → `out` [rows, k, 2]: each token's chosen experts and weights, best first.
 pub fn moe_route(
     e: &Executor,
@@ -632,11 +632,11 @@ pub fn moe_linear(
     )
 }
 
-/// One routed expert of [`moe_linear_each`]: its index, weight [n, k] and bias [n].
+/// One routed expert of [`moe_linear_each`]: its index, weight [n, k] and bias \[n\].
 pub type ExpertMatrix<'a> = (usize, &'a Data, Option<&'a Data>);
 
 /// [`moe_linear`] in its per-expert form (on the devices that run it: the CPU): `experts` lists
-/// (expert, weight [n, k], bias [n]) for every expert with dispatch entries (the others are not
+/// (expert, weight [n, k], bias \[n\]) for every expert with dispatch entries (the others are not
 /// passed, so they are not read), `count` experts in all; the matrices stay where they are (a
 /// mapped file's layout is read in place).
 pub fn moe_linear_each(

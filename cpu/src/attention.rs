@@ -6,8 +6,8 @@
 //! position `p = skv - sq + i`. A query that sees no key gets zeros.
 //!
 //! The reference computes scores in f32, softmax and the weighted sum in f64, one (query, head)
-//! at a time. With AVX-512, prompts take the tiled online-softmax kernel of [`flash`] (no score
-//! matrix) and a few query rows take the key-split streaming kernel of [`decode`]. Elsewhere the
+//! at a time. With AVX-512, prompts take the tiled online-softmax kernel of `flash` (no score
+//! matrix) and a few query rows take the key-split streaming kernel of `decode`. Elsewhere the
 //! portable fast path works on one query and one KV head at a time (all the query heads of that
 //! GQA group, so each K/V row is loaded once per group): SIMD dot products for the scores, a
 //! vectorised max-subtracted softmax, then FMA accumulation of `v` rows; such units are split

@@ -4,7 +4,7 @@
 //! keys, read through its block table). A scalar reference and a fast path (online softmax,
 //! parallel over sequence × head), with the per-head terms of [`HeadTerms`] (ALiBi slopes,
 //! attention sinks). The pool stores its values in any
-//! [`KvFormat`](crate::attention::KvFormat) (f32, f16, q8_0; see `attention::kv`), read in place.
+//! [`KvFormat`] (f32, f16, q8_0; see `attention::kv`), read in place.
 
 use crate::attention::kv::{store_rows, KvFormat, KvRows};
 use crate::attention::{inv_denominator, HeadTerms};

@@ -113,7 +113,7 @@ pub fn gguf_arch_name(arch: &str, name: &str) -> Option<Mapped> {
     })
 }
 
-/// The `.flm` name of a GGUF `rope_freqs.weight` (see [`ROPE_FREQS_TENSOR`]).
+/// The `.flm` name of a GGUF `rope_freqs.weight` (see [`ROPE_FREQS_TENSOR`](crate::model::ROPE_FREQS_TENSOR)).
 pub use crate::model::ROPE_FREQS_TENSOR as ROPE_FREQS;
 
 /// For row `r` of an HF-ordered q/k weight with `rows` rows and `heads` heads, the GGUF row that

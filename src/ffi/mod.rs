@@ -1,7 +1,7 @@
 //! The C ABI (`include/fastllm.h` is generated from this module by cbindgen).
 //!
 //! Rules every exported function follows:
-//! - its body runs inside [`guard`], one `catch_unwind` boundary: a Rust panic becomes
+//! - its body runs inside `guard`, one `catch_unwind` boundary: a Rust panic becomes
 //!   `FASTLLM_ERR_PANIC`, never an unwind into C;
 //! - NULL pointers where a value is required give `FASTLLM_ERR_NULL_ARGUMENT`;
 //! - outputs are written only on success; the failure detail is kept per thread and read with

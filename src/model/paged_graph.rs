@@ -225,7 +225,7 @@ impl Model {
 /// sequences of `pool` (one eager step that sizes the bucket's buffers, one that records it, one
 /// replay), so that a server's first requests neither compile kernels nor record graphs for
 /// short sequences (longer key-count classes are recorded when first reached); then two prompt
-/// steps ([`warm_prompt_steps`]). Every block taken is returned and prefix caching is left as
+/// steps (`warm_prompt_steps`). Every block taken is returned and prefix caching is left as
 /// it was. Returns the buckets warmed: none when batched decode is off, and only those whose
 /// sequences fit the free blocks.
 pub fn warm_batch_decode(model: &Model, pool: &mut PagedKvPool, max_rows: usize) -> Result<usize> {

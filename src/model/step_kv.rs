@@ -14,7 +14,7 @@ use crate::step::{Call, Step, TensorId};
 /// A KV store run op by op: stores this step's k/v rows of `layer` and computes attention of
 /// `q` over everything cached, calling the ops at once. Latent attention (a stage of a step,
 /// [`super::mla::mla_attention`]) reads its layer's cache through it; a step's other layers
-/// describe their attention through this module's [`StepKv`] stores.
+/// describe their attention through this module's `StepKv` stores.
 pub trait KvStore {
     /// Appends `k`, `v` [rows, nkv, hd] for `layer` and writes attention of `q` into `out`.
     #[allow(clippy::too_many_arguments)]

@@ -1,8 +1,8 @@
 //! The driver's side of a tensor-parallel group ([`TpGroup`]): it sends every rank the same
 //! step in lock step over their links, gathers the ranks' logits (or best candidates) into the
 //! whole vocabulary's, notices a rank that failed alone, and holds the caches and pools that
-//! live on the ranks ([`RemoteCache`], [`RemotePool`]). Also what a rank's model needs to know
-//! about its group ([`RankTp`]). The ranks themselves are built and run by
+//! live on the ranks (`RemoteCache`, `RemotePool`). Also what a rank's model needs to know
+//! about its group (`RankTp`). The ranks themselves are built and run by
 //! `model::tensor_parallel` (threads) and `model::tp_process` (processes).
 
 use super::paged_batch::{BatchDecode, PagedBatch};

@@ -1,5 +1,5 @@
 //! Tensor-parallel ranks as processes: node 0 drives the group (its own ranks are threads, the
-//! others are [`RemoteRank`]s reached over the control channels of the rendezvous), and every
+//! others are `RemoteRank`s reached over the control channels of the rendezvous), and every
 //! other node follows ([`Follower`]): it runs each step node 0 sends on its local ranks and
 //! replies with their logits. The all-reduces go over NCCL for GPU ranks and over
 //! [`TcpCollective`] for CPU ranks.

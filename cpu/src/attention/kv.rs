@@ -9,7 +9,7 @@
 //!
 //! [`KvRows`] is a borrowed cache; [`store_rows`] encodes f32 rows into a format. Kernels read a
 //! row through [`KvRows::load_row`] (AVX-512, AVX2/F16C or scalar, chosen at run time) or, on
-//! AVX-512, 16 values at a time straight from the row's bytes ([`avx512::Load16`]). The scalar
+//! AVX-512, 16 values at a time straight from the row's bytes (`avx512::Load16`). The scalar
 //! [`KvRows::to_f32`] is the reference every path is tested against.
 
 use crate::quant::{quantize_q8_0, Q8_0_BYTES, QK};

@@ -1,6 +1,6 @@
 //! K-quant weights (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) interleaved 16 rows at a time, and the
-//! integer `Linear` kernels that stream Q4_K/Q5_K ([`super::interleaved_kquant_low`] has Q2_K's
-//! and Q3_K's, [`super::interleaved_q6`] Q6_K's layout and kernels).
+//! integer `Linear` kernels that stream Q4_K/Q5_K (`super::interleaved_kquant_low` has Q2_K's
+//! and Q3_K's, `super::interleaved_q6` Q6_K's layout and kernels).
 //!
 //! The layout is a transpose of 4-byte words: rows are taken in groups of [`GROUP_ROWS`], and a
 //! group stores, super-block after super-block, `W = bytes / 4` vectors `V_m` of 64 bytes whose
@@ -9,13 +9,13 @@
 //! `d` of each of its super-blocks in turn (so that they stream in ahead of the vectors that
 //! need them), then keeps the whole vectors of each super-block (whole cache lines); the
 //! Q2_K/Q3_K layouts are in
-//! [`super::interleaved_kquant_low`]:
+//! `super::interleaved_kquant_low`:
 //!
 //! | format | plain super-block (`crate::kquant`) | one super-block of a group |
 //! |---|---|---|
 //! | Q4_K | 144 bytes: `d, dmin`, 12 scale bytes, 128 `qs` | 36 vectors (2304 bytes) |
 //! | Q5_K | 176 bytes: `d, dmin`, 12 scale bytes, 32 `qh`, 128 `qs` | 44 vectors (2816 bytes) |
-//! | Q6_K | 210 bytes: 128 `ql`, 64 `qh`, 16 scales, `d` | 52 vectors (3328 bytes) + 32 bytes of `d` at the group's start, bits repacked ([`super::interleaved_q6`]) |
+//! | Q6_K | 210 bytes: 128 `ql`, 64 `qh`, 16 scales, `d` | 52 vectors (3328 bytes) + 32 bytes of `d` at the group's start, bits repacked (`super::interleaved_q6`) |
 //!
 //! So one 512-bit load gives the same four bytes of all 16 rows: their `d`/`dmin` pair, a word of
 //! packed scales, or four quant bytes, which after masking meet one broadcast 4-byte piece of an

@@ -75,7 +75,7 @@ const DECODE_MAX_SPLITS: usize = 64;
 const DECODE_GMAX: usize = 4;
 
 /// Key ranges per (row, GQA group chunk) for up to `keys` visible keys: ~64 keys per range, at
-/// most [`DECODE_MAX_SPLITS`], and no more than about four blocks per multiprocessor in all.
+/// most `DECODE_MAX_SPLITS`, and no more than about four blocks per multiprocessor in all.
 pub fn decode_splits(keys: usize, units: usize, sms: usize) -> usize {
     let by_keys = keys.div_ceil(64).max(1);
     let by_grid = (4 * sms / units.max(1)).max(1);

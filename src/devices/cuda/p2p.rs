@@ -205,7 +205,7 @@ impl P2pGroup {
     /// Sets up the group of rank `rank` of `world` on `gpu` (every rank calls it, as a
     /// collective), the ranks' records swapped by `exchange`.
     /// `Ok(None)` when some rank does not `want` it or some pair of ranks cannot reach each
-    /// other's memory (other hosts, no peer access, more than [`MAX_RANKS`] ranks): every rank
+    /// other's memory (other hosts, no peer access, more than `MAX_RANKS` ranks): every rank
     /// then gets `None`. A wait for a peer longer than `timeout` fails the step (see
     /// [`P2pGroup::check`]).
     pub fn join(
@@ -405,7 +405,7 @@ impl P2pGroup {
 
     /// How a fused norm over `rows` rows of `row` values of `elem_bytes` bytes runs (`plain`:
     /// the threads of the plain norm's launch): the low-latency kernels where all values fit a
-    /// low-latency slot, each row split over blocks of about [`LL_BLOCK_VALUES`] values; else
+    /// low-latency slot, each row split over blocks of about `LL_BLOCK_VALUES` values; else
     /// the slot kernels, a block per row, or their grid looping over the rows where there are
     /// more rows than blocks; `None` when the rows do not fit one slot.
     pub fn norm_launch(

@@ -60,7 +60,7 @@ const GROUP_CHUNK: usize = 8;
 const MAX_HD: usize = 256;
 
 /// Splits of each row for `rows` sequences of at most `max_keys` keys on a GPU of `sms`
-/// multiprocessors: enough blocks to fill it, none shorter than [`MIN_CHUNK`] keys.
+/// multiprocessors: enough blocks to fill it, none shorter than `MIN_CHUNK` keys.
 pub fn paged_decode_splits(max_keys: usize, rows: usize, nkv: usize, sms: usize) -> usize {
     let by_len = max_keys.div_ceil(MIN_CHUNK).max(1);
     let by_fill = (2 * sms).div_ceil((rows * nkv).max(1)).max(1);

@@ -70,8 +70,8 @@ pub struct ServeArgs {
     /// ended (streams then get an error event and their end marker).
     #[arg(long, default_value_t = 30.0, allow_negative_numbers = true)]
     pub drain_timeout: f64,
-    /// Allow browser pages from this origin (scheme://host[:port], or * for any) to call
-    /// the API (CORS).
+    /// Allow browser pages from this origin (scheme://host, with :port where it is not the
+    /// default, or * for any) to call the API (CORS).
     #[arg(long)]
     pub cors_origin: Option<String>,
 }

@@ -6,7 +6,8 @@
 use super::kernels;
 use crate::error::{Error, Result};
 use cudarc::driver::{
-    result as dres, CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
+    result as dres, CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, LaunchConfig,
+    PushKernelArg,
 };
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -34,8 +35,8 @@ pub struct Gpu {
     functions: Mutex<HashMap<String, CudaFunction>>,
     blas: Option<Mutex<cudarc::cublas::CudaBlas>>,
     /// Streams beside `stream` for products that run at the same time as its own, between a
-    /// [`Gpu::fork`] and a [`Gpu::join`] (empty without cuBLAS).
-    side: Vec<SideStream>,
+    /// [`Gpu::fork`] and a [`Gpu::join`] (none without cuBLAS).
+    side: Option<SideStreams>,
     /// Page-locked host buffer that large device-to-host copies go through (the copy engine
     /// writes it directly; into pageable memory the driver stages each copy again); grown on
     /// demand up to [`STAGING_MAX`].
@@ -58,10 +59,19 @@ pub struct Gpu {
 /// Side streams a [`Gpu`] opens.
 const SIDE_STREAMS: usize = 2;
 
-/// A second in-order stream with its own cuBLAS handle (so its own workspace).
+/// A second in-order stream with its own cuBLAS handle (so its own workspace), and the event
+/// its work is joined back by.
 struct SideStream {
     stream: Arc<CudaStream>,
     blas: Mutex<cudarc::cublas::CudaBlas>,
+    done: CudaEvent,
+}
+
+/// A [`Gpu`]'s side streams and the event they are forked from (events made once: recording
+/// one again does not change what an earlier wait on it waits for).
+struct SideStreams {
+    streams: Vec<SideStream>,
+    forked: CudaEvent,
 }
 
 /// A device's shared-memory limits, in bytes.
@@ -175,11 +185,7 @@ impl Gpu {
         } else {
             None
         };
-        let side = if blas.is_some() {
-            side_streams(&ctx)
-        } else {
-            Vec::new()
-        };
+        let side = blas.as_ref().and_then(|_| side_streams(&ctx));
         Ok(Arc::new(Gpu {
             ctx,
             stream,
@@ -301,24 +307,28 @@ impl Gpu {
 
     /// The cuBLAS handle of side stream `i` (see [`Gpu::fork`]), when it exists.
     pub fn side_blas(&self, i: usize) -> Option<&Mutex<cudarc::cublas::CudaBlas>> {
-        self.side.get(i).map(|s| &s.blas)
+        self.side.as_ref()?.streams.get(i).map(|s| &s.blas)
     }
 
     /// How many side streams there are (0 without cuBLAS, else 2).
     pub fn side_streams(&self) -> usize {
-        self.side.len()
+        self.side.as_ref().map_or(0, |s| s.streams.len())
     }
 
     /// Makes the first `n` side streams wait for the work queued on the stream so far: what is
     /// then queued on them runs beside the stream's own work until [`Gpu::join`]. A recorded
     /// graph gets the same fork.
     pub fn fork(&self, n: usize) -> Result<()> {
-        let ev = self
-            .stream
-            .record_event(None)
+        let Some(side) = self.side.as_ref().filter(|_| n > 0) else {
+            return Ok(());
+        };
+        side.forked
+            .record(&self.stream)
             .map_err(|e| dev_err("fork: event", e))?;
-        for s in self.side.iter().take(n) {
-            s.stream.wait(&ev).map_err(|e| dev_err("fork: wait", e))?;
+        for s in side.streams.iter().take(n) {
+            s.stream
+                .wait(&side.forked)
+                .map_err(|e| dev_err("fork: wait", e))?;
         }
         Ok(())
     }
@@ -326,13 +336,13 @@ impl Gpu {
     /// Makes the stream wait for everything queued on the first `n` side streams (the end of
     /// a [`Gpu::fork`]; a graph being recorded must be joined before it ends).
     pub fn join(&self, n: usize) -> Result<()> {
-        for s in self.side.iter().take(n) {
-            let ev = s
-                .stream
-                .record_event(None)
+        let streams = self.side.as_ref().map_or(&[][..], |s| &s.streams[..]);
+        for s in streams.iter().take(n) {
+            s.done
+                .record(&s.stream)
                 .map_err(|e| dev_err("join: event", e))?;
             self.stream
-                .wait(&ev)
+                .wait(&s.done)
                 .map_err(|e| dev_err("join: wait", e))?;
         }
         Ok(())
@@ -657,7 +667,7 @@ impl Gpu {
 }
 
 /// [`SIDE_STREAMS`] streams of `ctx`, each with a cuBLAS handle; none when one fails.
-fn side_streams(ctx: &Arc<CudaContext>) -> Vec<SideStream> {
+fn side_streams(ctx: &Arc<CudaContext>) -> Option<SideStreams> {
     let one = || {
         let stream = ctx.new_stream().ok()?;
         let blas = std::panic::catch_unwind(|| cudarc::cublas::CudaBlas::new(stream.clone()))
@@ -666,12 +676,15 @@ fn side_streams(ctx: &Arc<CudaContext>) -> Vec<SideStream> {
         Some(SideStream {
             stream,
             blas: Mutex::new(blas),
+            done: ctx.new_event(None).ok()?,
         })
     };
-    (0..SIDE_STREAMS)
-        .map(|_| one())
-        .collect::<Option<Vec<_>>>()
-        .unwrap_or_default()
+    Some(SideStreams {
+        streams: (0..SIDE_STREAMS)
+            .map(|_| one())
+            .collect::<Option<Vec<_>>>()?,
+        forked: ctx.new_event(None).ok()?,
+    })
 }
 
 /// One kernel argument.

@@ -234,10 +234,21 @@ fn linear_prefill(dev: &CudaDevice, cuda: &Executor) {
 }
 
 /// One-row `Linear` (decode): exact (f32 activations) and fast (Q8_0 activations), at
-/// llama-3-8b widths; Q4_1 also at SmolLM2's 576.
+/// llama-3-8b widths on one GPU and on each of two (tensor parallelism); Q4_1 also at SmolLM2's
+/// 576. The calls rotate over copies of the weight filling 256 MiB, so no call finds its weights
+/// in L2.
 fn gemv(dev: &CudaDevice, cuda: &Executor) {
     let mut rng = CaseRng::new(3);
-    let shapes = [(4096usize, 4096usize), (14336, 4096), (4096, 14336)];
+    let shapes = [
+        (4096usize, 4096usize),
+        (14336, 4096),
+        (28672, 4096),
+        (4096, 14336),
+        (4096, 7168),
+        (4096, 2048),
+        (3072, 4096),
+        (6144, 4096),
+    ];
     let mut runs: Vec<(DataType, (usize, usize))> = [
         DataType::Q4_0,
         DataType::Q4_1,
@@ -249,15 +260,22 @@ fn gemv(dev: &CudaDevice, cuda: &Executor) {
     .collect();
     runs.push((DataType::Q4_1, (576, 576)));
     for (wt, (n, k)) in runs {
-        let w = dev.upload(&rng.data(wt, &[n, k])).unwrap();
-        let x = dev.upload(&rng.data(DataType::F32, &[1, k])).unwrap();
         let bytes = wt.row_bytes(k).unwrap() * n;
+        // enough copies that the weights of consecutive calls never sit in L2
+        let copies = (256usize << 20).div_ceil(bytes).max(1);
+        let host = rng.data(wt, &[n, k]);
+        let ws: Vec<Data> = (0..copies).map(|_| dev.upload(&host).unwrap()).collect();
+        let x = dev.upload(&rng.data(DataType::F32, &[1, k])).unwrap();
         for qa in [0, 1] {
             if qa == 1 && !wt.is_quantized() {
                 continue;
             }
             let mut y = Data::empty(DataType::F32);
-            let ms = gpu_ms(dev, 100, &mut || linear(cuda, &x, &w, &mut y, qa));
+            let mut i = 0;
+            let ms = gpu_ms(dev, 120, &mut || {
+                i += 1;
+                linear(cuda, &x, &ws[i % copies], &mut y, qa)
+            });
             assert!(matches!(y.device(), DeviceKind::Cuda(_)));
             println!(
                 "GEMV {wt} quant_act={qa} m=1 [{n}, {k}]: {:.1} us, {:.0} GB/s of weights",

@@ -116,6 +116,37 @@ __device__ __forceinline__ void dot8(uint4 q, const float* xr, int k, int v, int
     }
 }
 
+// The f16/bf16 row dot products of one warp over nv uint4s of weights at wr: lane l takes
+// uint4s l, l + 32, ... in groups of U loads, a group in flight at once, the first issued before
+// waiting for the kernel that wrote x (pdl_wait), so the weight stream starts while it
+// finishes; the row's last group is predicated, so no load waits alone. The sums run in the
+// order of the one-load loop (uint4 by uint4 per lane).
+template <int DT, int R, int U>
+__device__ __forceinline__ void gemv_half_groups(const uint4* wr, int nv, const float* xr, int k, int nr,
+                                                 float* acc, int lane) {
+    uint4 q[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        int i = lane + 32 * u;
+        q[u] = i < nv ? __ldg(wr + i) : make_uint4(0, 0, 0, 0);
+    }
+    pdl_gemv_begin();
+    for (int vb = 0;;) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int i = vb + lane + 32 * u;
+            if (i < nv) dot8<DT, R>(q[u], xr, k, i, nr, acc);
+        }
+        vb += 32 * U;
+        if (vb >= nv) break;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int i = vb + lane + 32 * u;
+            q[u] = i < nv ? __ldg(wr + i) : make_uint4(0, 0, 0, 0);
+        }
+    }
+}
+
 // R: activation rows per block (LIN_ROWS, or 1 for the decode GEMV `gemv*_`, which then
 // needs fewer registers, so more blocks are resident and n = 4096 fits in one wave).
 // MULTI = false: one weight (segment 0 only), without the per-warp segment selection (the
@@ -187,32 +218,8 @@ __device__ void linear_t(const float* x, const LinSegs& sg, int m, int ntot, int
     } else if ((DT == DT_F16 || DT == DT_BF16) && (k & 7) == 0 &&
                ((((unsigned long)row) | ((unsigned long)xr)) & 15) == 0) {
         // 16-byte loads: each lane takes 8 consecutive weights, a warp 512 contiguous bytes of
-        // the row per load. Groups of four loads per lane, the first group issued before
-        // waiting for the kernel that wrote x (pdl_wait), so the weight stream starts while it
-        // finishes.
-        const uint4* wr = (const uint4*)row;
-        int nv = k >> 3;
-        int v = lane;
-        bool full = v + 96 < nv;
-        uint4 q[4];
-        if (full) {
-#pragma unroll
-            for (int u = 0; u < 4; u++) q[u] = __ldg(wr + v + 32 * u);
-        }
-        pdl_gemv_begin();
-        while (full) {
-            int vn = v + 128;
-            bool nfull = vn + 96 < nv;
-#pragma unroll
-            for (int u = 0; u < 4; u++) dot8<DT, R>(q[u], xr, k, v + 32 * u, nr, acc);
-            if (nfull) {
-#pragma unroll
-                for (int u = 0; u < 4; u++) q[u] = __ldg(wr + vn + 32 * u);
-            }
-            v = vn;
-            full = nfull;
-        }
-        for (; v < nv; v += 32) dot8<DT, R>(__ldg(wr + v), xr, k, v, nr, acc);
+        // the row per load, four loads per lane in flight
+        gemv_half_groups<DT, R, 4>((const uint4*)row, k >> 3, xr, k, nr, acc, lane);
     } else {
         pdl_gemv_begin();
         for (long i = lane; i < k; i += 32) {

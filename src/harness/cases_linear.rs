@@ -44,7 +44,8 @@ fn linear_cases(v: &mut Vec<OpCase>) {
         (2304, 9),
     ];
     // extra k for float weights only (not multiples of the SIMD width), and one long row
-    // (1056 = 4·256 + 32) that takes the GPU's unrolled 16-byte f16/bf16 loop and its tail
+    // (1056 = 4·256 + 32) that takes the GPU's grouped 16-byte f16/bf16 loop and its
+    // predicated last group
     let float_shapes = [(33usize, 7usize), (45, 3), (100, 17), (1056, 3)];
     // K-quants: 1, 2, 5 and 9 super-blocks per row
     let kquant_shapes = [(256usize, 7usize), (512, 37), (1280, 67), (2304, 9)];

@@ -27,22 +27,50 @@ __device__ void block_best(float& v, long& i) {
     }
 }
 
+// Folds value v at index j into this thread's best (bv, bi) when it is ordered after (pv, pi).
+__device__ __forceinline__ void take_after(float v, long j, float pv, long pi, float& bv, long& bi) {
+    bool after = v < pv || (v == pv && j > pi);
+    if (after && better(v, j, bv, bi)) { bv = v; bi = j; }
+}
+
 // This thread's best (value desc, index asc) of the n values at xr ordered after (pv, pi) in
-// that order, every value when pv = INF and pi = -1; four independent loads per thread in
-// flight (a vocabulary row is ~128k values).
+// that order, every value when pv = INF and pi = -1 (a vocabulary row is ~128k values). A
+// 16-byte aligned row is read as float4s, eight loads per thread in flight, the last n % 4
+// values one by one; any other row as floats, four loads in flight. The order is total, so the
+// result does not depend on which thread sees which value.
 __device__ void thread_best_after(const float* xr, long n, float pv, long pi, float& bv, long& bi) {
     bv = -INF;
     bi = 0x7fffffffffffffffL;
-    long step = blockDim.x;
-    for (long j0 = threadIdx.x; j0 < n; j0 += 4 * step) {
+    long step = blockDim.x, tail = 0;
+    if ((((unsigned long)xr) & 15) == 0) {
+        const float4* x4 = (const float4*)xr;
+        long n4 = n >> 2;
+        for (long q0 = threadIdx.x; q0 < n4; q0 += 8 * step) {
+            float4 v[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                v[u] = q0 + u * step < n4 ? x4[q0 + u * step] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                long j = 4 * (q0 + u * step);
+                if (q0 + u * step < n4) {
+                    take_after(v[u].x, j, pv, pi, bv, bi);
+                    take_after(v[u].y, j + 1, pv, pi, bv, bi);
+                    take_after(v[u].z, j + 2, pv, pi, bv, bi);
+                    take_after(v[u].w, j + 3, pv, pi, bv, bi);
+                }
+            }
+        }
+        tail = 4 * n4;
+    }
+    for (long j0 = tail + threadIdx.x; j0 < n; j0 += 4 * step) {
         float v[4];
 #pragma unroll
         for (int u = 0; u < 4; u++) v[u] = j0 + u * step < n ? xr[j0 + u * step] : -INF;
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             long j = j0 + u * step;
-            bool after = v[u] < pv || (v[u] == pv && j > pi);
-            if (j < n && after && better(v[u], j, bv, bi)) { bv = v[u]; bi = j; }
+            if (j < n) take_after(v[u], j, pv, pi, bv, bi);
         }
     }
 }

@@ -6,7 +6,8 @@
 //!
 //!   cargo bench --bench cuda -- [--only GROUP,GROUP…]
 //!
-//! Groups: `copy`, `gemm`, `linear`, `gemv`, `batched-linear`, `attention`, `decode-attention`, `sample`,
+//! Groups: `copy`, `gemm`, `linear`, `gemv`, `batched-linear`, `attention`, `decode-attention`,
+//! `paged-decode`, `sample`,
 //! `smollm2` (all by default). Without a GPU it prints "SKIPPED: no CUDA device (...)" and
 //! exits successfully.
 
@@ -22,7 +23,7 @@ use fastllm::model::Precision;
 use fastllm::{BaseDevice, DataDict, Executor, FloatDict, IntDict};
 use std::time::Instant;
 
-const GROUPS: [&str; 9] = [
+const GROUPS: [&str; 10] = [
     "copy",
     "gemm",
     "linear",
@@ -30,6 +31,7 @@ const GROUPS: [&str; 9] = [
     "batched-linear",
     "attention",
     "decode-attention",
+    "paged-decode",
     "sample",
     "smollm2",
 ];
@@ -78,6 +80,7 @@ fn main() {
             "batched-linear" => batched_linear(&dev, &cuda),
             "attention" => attention_prefill(&dev, &cuda),
             "decode-attention" => decode_attention(&dev, &cuda),
+            "paged-decode" => paged_decode(&dev, &cuda),
             "sample" => sample(&dev, &cuda),
             _ => smollm2(),
         }
@@ -441,6 +444,65 @@ fn decode_attention(dev: &CudaDevice, cuda: &Executor) {
             bytes / (us * 1e-6) / 1e9,
             if e < 1e-9 { "" } else { " (DISAGREES WITH THE CPU)" }
         );
+    }
+}
+
+/// `PagedDecodeAttention` of 64 rows as batched decode runs it (index arrays on the device, f16
+/// pool of 16-slot blocks, each row's blocks scattered over the pool), llama-3-8b's heads on one
+/// GPU (32/8) and on a rank of two (16/4), every row of `len` keys: µs per call and the K/V bytes
+/// read per second.
+fn paged_decode(dev: &CudaDevice, cuda: &Executor) {
+    let mut rng = CaseRng::new(31);
+    let (rows, hd, bs) = (64usize, 128usize, 16usize);
+    for (nh, nkv) in [(32usize, 8usize), (16, 4)] {
+        for len in [80usize, 144, 512, 2048] {
+            let per = len.div_ceil(bs);
+            let blocks = rows * per + 1;
+            let mut ids: Vec<i32> = (0..blocks as i32).collect();
+            for i in (1..ids.len()).rev() {
+                ids.swap(i, (rng.uniform(0.0, 1.0) * i as f32) as usize);
+            }
+            let table: Vec<i32> = ids[..rows * per].to_vec();
+            let slots: Vec<i32> = (0..rows)
+                .map(|r| table[r * per + (len - 1) / bs] * bs as i32 + ((len - 1) % bs) as i32)
+                .collect();
+            let pool = |rng: &mut CaseRng| {
+                dev.upload(&rng.data(DataType::F16, &[blocks * bs, nkv, hd]))
+                    .unwrap()
+            };
+            let (mut kc, mut vc) = (pool(&mut rng), pool(&mut rng));
+            let up = |d: Data| dev.upload(&d).unwrap();
+            let q = up(rng.data(DataType::F32, &[rows, nh, hd]));
+            let k = up(rng.data(DataType::F32, &[rows, nkv, hd]));
+            let v = up(rng.data(DataType::F32, &[rows, nkv, hd]));
+            let slots = up(Data::from_i32(&[rows], &slots).unwrap());
+            let lens = up(Data::from_i32(&[rows], &vec![len as i32; rows]).unwrap());
+            let tables = up(Data::from_i32(&[rows, per], &table).unwrap());
+            let (mut ws, mut out) = (Data::empty(DataType::F32), Data::empty(DataType::F32));
+            let ints = IntDict::new()
+                .with("block_size", bs as i32)
+                .with("max_keys", len.next_power_of_two().max(256) as i32);
+            let us = 1e3
+                * gpu_ms(dev, 50, &mut || {
+                    let mut d = DataDict::new()
+                        .with("q", &q)
+                        .with("k", &k)
+                        .with("v", &v)
+                        .with_mut("k_cache", &mut kc)
+                        .with_mut("v_cache", &mut vc)
+                        .with("slots", &slots)
+                        .with("kv_lens", &lens)
+                        .with("block_tables", &tables)
+                        .with_mut("workspace", &mut ws)
+                        .with_mut("output", &mut out);
+                    cuda.run("PagedDecodeAttention", &mut d, &FloatDict::new(), &ints)
+                });
+            let bytes = (2 * rows * len * nkv * hd * 2) as f64;
+            println!(
+                "paged decode attention, {rows} rows of {len} keys, {nh}/{nkv} heads x {hd}, f16 pool: {us:.1} us ({:.0} GB/s of K/V)",
+                bytes / (us * 1e-6) / 1e9
+            );
+        }
     }
 }
 

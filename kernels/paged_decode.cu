@@ -418,6 +418,237 @@ PAGED_DECODE(paged_decode_q2, q8kv, 2)
 PAGED_DECODE(paged_decode_q4, q8kv, 4)
 PAGED_DECODE(paged_decode_q8, q8kv, 8)
 
+// ---- scored form (f16 caches, head size 64 or 128) ----
+// The launch and grid of paged_decode_impl (its results within rounding), the keys taken PS_SUB
+// at a time in passes that request every key (value) row of the pass before using any:
+// 1. the sub-chunk's slots go to shared memory (their table entries were requested during the
+//    previous sub-chunk's values); eight lanes take a key (hd / 8 dims each, the block's queries
+//    in registers), a warp four keys a round, the block PS_NW * 4, and R rounds' rows are
+//    requested at once; each score (scaled, soft-capped, ALiBi) goes to shared memory;
+// 2. a warp per head turns the sub-chunk's scores into exp(score - running max) and carries the
+//    running max and sum (and the accumulators' correction for a new max);
+// 3. warp w takes keys w, w + PS_NW, ... of the sub-chunk, every value row requested at once, a
+//    lane hd / 32 dims, into its accumulators in shared memory.
+// The warps share the running max, so their accumulators add up at the end without rescaling.
+// The host takes this form for an f16 cache of head size 64 or 128 (at most 512 query values a
+// block) unless the launch has few blocks and short rows, where the 8-warp kernels are faster.
+#define PS_SUB 64
+#define PS_NW 4
+
+// The slot of key c0 + j of a row (tables tb) when it lies before j1 and in the pool, else -1.
+__device__ __forceinline__ long ps_slot(const int* tb, int c0, int j, int j1, int maxb, int bs, long nslots) {
+    int jj = c0 + j, bi = jj / bs;
+    if (jj >= j1 || bi >= maxb) return -1;
+    long blk = tb[bi], slot = blk * bs + jj % bs;
+    return blk < 0 || slot >= nslots ? -1 : slot;
+}
+
+// One block's scored decode (the passes above; one function: split into functions the
+// passes ran 10 % slower at long rows, with the same PTX loads).
+template <int HD, int GM, int R>
+__device__ void paged_decode_scored(const float* q, const float* k, const float* v, unsigned short* kc,
+                                    unsigned short* vc, const int* slots, const int* kv_lens, const int* tables,
+                                    const float* slopes, float* out, float* part, int maxb, int bs, long nslots,
+                                    int nh, int nkv, int hd, float scale, float softcap, int window,
+                                    const float* sinks, PdRope rope, PdCopy copy) {
+    constexpr int NW = PS_NW, DPK = HD / 8, DPL = HD / 32, KPR = NW * 4, KW = PS_SUB / NW;
+    static_assert(PS_SUB % (KPR * R) == 0, "a sub-chunk holds whole batches of rounds");
+    __shared__ __align__(16) float qs[GM][HD];
+    __shared__ float sc[GM][PS_SUB];
+    __shared__ long sl[PS_SUB];
+    __shared__ __align__(16) float wacc[NW][GM][HD];
+    __shared__ float run_m[GM], run_l[GM], corr[GM];
+    pdl_begin();
+    int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, kl = lane & 7, kg = lane >> 3;
+    int group = nh / nkv, nchunk = (group + PD_GMAX - 1) / PD_GMAX;
+    int kvh = blockIdx.x / nchunk, g0 = (blockIdx.x % nchunk) * PD_GMAX;
+    int s = blockIdx.y, z = blockIdx.z, nsplit = gridDim.z;
+    int G = min(GM, group - g0);
+    int L = kv_lens[s];
+    int lo = window > 0 && L > window ? L - window : 0;
+    int n = L > lo ? L - lo : 0;
+    int chunk = pd_chunk(n, nsplit);
+    int j0 = lo + z * chunk, j1 = min(L, j0 + chunk);
+    if (z > 0 && j0 >= L) return;
+    long rs = (long)nkv * hd;
+    if (L > 0 && j0 <= L - 1 && L - 1 < j1) {
+        int slot = slots[s];
+        if (slot >= 0 && slot < nslots)
+            pd_store_step(kc, vc, slot * rs + (long)kvh * hd, k + ((long)s * nkv + kvh) * hd,
+                          v + ((long)s * nkv + kvh) * hd, hd, rope, s);
+    }
+    for (int i = tid; i < GM * HD; i += NW * 32) {
+        int g = i / HD, d = i % HD;
+        qs[g][d] = g < G ? pd_roped(q + ((long)s * nh + kvh * group + g0 + g) * hd, d, rope, s) : 0.0f;
+    }
+#pragma unroll
+    for (int g = 0; g < GM; g++) {
+#pragma unroll
+        for (int t = 0; t < DPL; t++) wacc[w][g][lane * DPL + t] = 0.0f;
+    }
+    if (tid < GM) {
+        run_m[tid] = -INF;
+        run_l[tid] = 0.0f;
+    }
+    const int* tb = tables + (long)s * maxb;
+    const unsigned short* kbase = kc + (long)kvh * hd + kl * DPK;
+    const unsigned short* vbase = vc + (long)kvh * hd + lane * DPL;
+    long p = (long)L - 1;
+    long pre = tid < PS_SUB ? ps_slot(tb, j0, tid, j1, maxb, bs, nslots) : -1;
+    for (int c0 = j0; c0 < j1; c0 += PS_SUB) {
+        int ns = min(PS_SUB, j1 - c0);
+        // the step's store, the queries and the previous sub-chunk's reads come before these writes
+        __syncthreads();
+        if (tid < PS_SUB) sl[tid] = pre;
+        __syncthreads();
+        // pass 1
+        float qv[GM][DPK];
+#pragma unroll
+        for (int g = 0; g < GM; g++) {
+#pragma unroll
+            for (int t = 0; t < DPK; t += 4) {
+                float4 f = *(const float4*)&qs[g][kl * DPK + t];
+                qv[g][t] = f.x;
+                qv[g][t + 1] = f.y;
+                qv[g][t + 2] = f.z;
+                qv[g][t + 3] = f.w;
+            }
+        }
+        for (int b0 = 0; b0 < ns; b0 += KPR * R) {
+            uint4 kr[R][DPK / 8];
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                int j = b0 + r * KPR + w * 4 + kg;
+                long slot = j < ns ? sl[j] : -1;
+#pragma unroll
+                for (int t = 0; t < DPK / 8; t++)
+                    kr[r][t] = slot >= 0 ? ((const uint4*)(kbase + slot * rs))[t] : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                float dot[GM];
+#pragma unroll
+                for (int g = 0; g < GM; g++) dot[g] = 0.0f;
+#pragma unroll
+                for (int t = 0; t < DPK / 8; t++) {
+                    unsigned u[4] = {kr[r][t].x, kr[r][t].y, kr[r][t].z, kr[r][t].w};
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float lo2 = h2f((unsigned short)(u[e] & 0xffff)), hi2 = h2f((unsigned short)(u[e] >> 16));
+#pragma unroll
+                        for (int g = 0; g < GM; g++)
+                            dot[g] += qv[g][t * 8 + 2 * e] * lo2 + qv[g][t * 8 + 2 * e + 1] * hi2;
+                    }
+                }
+                // the key's eight lanes sum each head's dot; lane g of them keeps head g's
+                float mine = 0.0f;
+#pragma unroll
+                for (int g = 0; g < GM; g++) {
+                    float a = dot[g];
+                    a += __shfl_xor_sync(0xffffffffu, a, 1);
+                    a += __shfl_xor_sync(0xffffffffu, a, 2);
+                    a += __shfl_xor_sync(0xffffffffu, a, 4);
+                    if (g == kl) mine = a;
+                }
+                int j = b0 + r * KPR + w * 4 + kg;
+                if (kl < GM && j < ns) {
+                    float a = mine * scale;
+                    if (softcap > 0.0f) a = softcap * tanhf(a / softcap);
+                    if (slopes && kl < G) a += slopes[kvh * group + g0 + kl] * (float)(c0 + j - p);
+                    sc[kl][j] = sl[j] >= 0 && kl < G ? a : -INF;
+                }
+            }
+        }
+        __syncthreads();
+        // pass 2
+        for (int g = w; g < GM; g += NW) {
+            float mx = -INF;
+            for (int j = lane; j < ns; j += 32) mx = fmaxf(mx, sc[g][j]);
+            mx = warp_max(mx);
+            float mo = run_m[g], mn = fmaxf(mo, mx), sum = 0.0f;
+            for (int j = lane; j < ns; j += 32) {
+                float e = mn == -INF ? 0.0f : __expf(sc[g][j] - mn);
+                sc[g][j] = e;
+                sum += e;
+            }
+            sum = warp_sum(sum);
+            if (lane == 0) {
+                float c = mo == -INF ? 0.0f : __expf(mo - mn);
+                run_l[g] = run_l[g] * c + sum;
+                run_m[g] = mn;
+                corr[g] = c;
+            }
+        }
+        // the next sub-chunk's table entries are requested before this one's value rows
+        if (tid < PS_SUB) pre = ps_slot(tb, c0 + PS_SUB, tid, j1, maxb, bs, nslots);
+        __syncthreads();
+        // pass 3
+        float vr[KW][DPL];
+#pragma unroll
+        for (int u = 0; u < KW; u++) {
+            int j = w + u * NW;
+            long slot = j < ns ? sl[j] : -1;
+            pd_row<DPL>(slot >= 0 ? vbase + slot * rs : vbase, vr[u], slot >= 0, 0);
+        }
+#pragma unroll
+        for (int g = 0; g < GM; g++) {
+            if (g >= G) continue;
+            float c = corr[g], a[DPL];
+#pragma unroll
+            for (int t = 0; t < DPL; t++) a[t] = wacc[w][g][lane * DPL + t] * c;
+#pragma unroll
+            for (int u = 0; u < KW; u++) {
+                int j = w + u * NW;
+                float pj = j < ns ? sc[g][j] : 0.0f;
+#pragma unroll
+                for (int t = 0; t < DPL; t++) a[t] += pj * vr[u][t];
+            }
+#pragma unroll
+            for (int t = 0; t < DPL; t++) wacc[w][g][lane * DPL + t] = a[t];
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < G * HD; i += NW * 32) {
+        int g = i / HD, d = i % HD;
+        float a = 0.0f;
+#pragma unroll
+        for (int x = 0; x < NW; x++) a += wacc[x][g][d];
+        float mm = run_m[g], ls = run_l[g];
+        long h = (long)kvh * group + g0 + g;
+        if (nsplit == 1) {
+            pd_out(out, ((long)s * nh + h) * hd + d, a * att_inv(ls, mm, att_sink(sinks, h)), copy);
+        } else {
+            float* pp = part + (((long)s * nh + h) * nsplit + z) * (hd + 2);
+            pp[2 + d] = a;
+            if (d == 0) {
+                pp[0] = mm;
+                pp[1] = ls;
+            }
+        }
+    }
+}
+
+#define PAGED_DECODE_S(HD, GM, R)                                                                             \
+    extern "C" __global__ void __launch_bounds__(PS_NW * 32) paged_decode_s##HD##_g##GM(                       \
+        const float* q, const float* k, const float* v, unsigned short* kc, unsigned short* vc,              \
+        const int* slots, const int* kv_lens, const int* tables, const float* slopes, float* out, float* part, \
+        int maxb, int bs, long nslots, int nh, int nkv, int hd, float scale, float softcap, int window,      \
+        const float* sinks, const float* rcos, const float* rsin, int rot, int rstyle, unsigned short* oh,   \
+        int obf, signed char* oq, float2* od) {                                                              \
+        paged_decode_scored<HD, GM, R>(q, k, v, kc, vc, slots, kv_lens, tables, slopes, out, part, maxb, bs,  \
+                                       nslots, nh, nkv, hd, scale, softcap, window, sinks,                   \
+                                       PdRope{rcos, rsin, rot, rstyle}, PdCopy{oh, obf, oq, od});            \
+    }
+// heads per block 1, 2, 4 (and 8 at head size 64): the block's queries take at most 64 registers
+// a lane; two rounds of key rows requested at once (four ran slower: 168 registers a thread)
+PAGED_DECODE_S(64, 1, 2)
+PAGED_DECODE_S(64, 2, 2)
+PAGED_DECODE_S(64, 4, 2)
+PAGED_DECODE_S(64, 8, 2)
+PAGED_DECODE_S(128, 1, 2)
+PAGED_DECODE_S(128, 2, 2)
+PAGED_DECODE_S(128, 4, 2)
+
 // Merges the splits of paged_decode_*: block (sequence, head), one thread per output dim.
 extern "C" __global__ void paged_decode_combine(const float* part, const int* kv_lens, float* out, int nh, int hd,
                                                 int nsplit, int window, const float* sinks, unsigned short* oh,

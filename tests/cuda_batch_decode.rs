@@ -10,8 +10,9 @@
 //! - `PagedAttention` over prompt chunks against the scalar CPU reference;
 //! - `PagedDecodeAttention` alone against `PagedCacheWrite` + `PagedAttention` on awkward sizes
 //!   (head sizes 16 / 80 / 128, 1 to 12 query heads per kv head, empty and long rows, windows,
-//!   soft-capping, ALiBi), f32, f16 and q8_0 caches (q8_0 also against f32 `PagedAttention`
-//!   over the dequantized pool); rotary tables that do not fit the call are an `Err`.
+//!   soft-capping, ALiBi), f32, f16 and q8_0 caches (f16 through the scored kernels and the
+//!   online-softmax ones; q8_0 also against f32 `PagedAttention` over the dequantized pool);
+//!   rotary tables that do not fit the call are an `Err`.
 //!
 //! Without a GPU every test passes without work and the binary says once, on stderr past the
 //! test harness's capture, "SKIPPED: no CUDA device (...)" (CI has none).
@@ -346,12 +347,12 @@ fn run_decode(
     dev: &CudaDevice,
     c: &AttnCase,
     x: &AttnInputs,
-    dt: DataType,
+    (dt, max_keys): (DataType, i32),
 ) -> [Vec<f32>; 3] {
     let ints = IntDict::new()
         .with("block_size", BS as i32)
         .with("sliding_window", c.window)
-        .with("max_keys", 2048);
+        .with("max_keys", max_keys);
     let floats = FloatDict::new()
         .with("scale", 0.11)
         .with("softcap", c.softcap);
@@ -590,10 +591,18 @@ fn paged_decode_attention_matches_paged_attention() {
         case(256, 8, 2, 0, 0.0, false, &[1, 300, 40]),
         case(256, 16, 2, 0, 0.0, false, &[7, 0, 520]),
     ];
+    // an f16 pool of head size 64 or 128 takes the scored kernels, or with few blocks and a short
+    // `max_keys` the 8-warp online-softmax ones: both
+    let runs = [
+        (DataType::F32, 2048),
+        (DataType::F16, 2048),
+        (DataType::F16, 256),
+        (DataType::Q8_0, 2048),
+    ];
     for c in &cases {
-        for dt in [DataType::F32, DataType::F16, DataType::Q8_0] {
+        for (dt, max_keys) in runs {
             let x = attn_inputs(c, &mut rng);
-            let [got, kc, vc] = run_decode(&exec, &dev, c, &x, dt);
+            let [got, kc, vc] = run_decode(&exec, &dev, c, &x, (dt, max_keys));
             let [want, kr, vr] = run_reference(&exec, &dev, c, &x, dt);
             let w = c.nh * c.hd;
             let live: Vec<usize> = (0..c.lens.len()).filter(|&r| c.lens[r] > 0).collect();
@@ -603,7 +612,7 @@ fn paged_decode_attention_matches_paged_attention() {
                 .collect();
             let (e, bad) = nmse(&got_live, &want);
             println!(
-                "hd {} heads {}/{} window {} softcap {} alibi {} {dt}: nmse {e:.2e}",
+                "hd {} heads {}/{} window {} softcap {} alibi {} {dt} max_keys {max_keys}: nmse {e:.2e}",
                 c.hd, c.nh, c.nkv, c.window, c.softcap, c.alibi
             );
             assert!(!bad && e < 1e-10, "hd {} {dt}: nmse {e}", c.hd);

@@ -25,6 +25,10 @@
 #define P2P_MAX_BLOCKS 1024
 // Values of one low-latency slot: each is pushed as 8 bytes, the value's bits and the epoch.
 #define P2P_LL_ELEMS 16384
+// Most blocks of a low-latency norm (one scratch word each, after the low-latency slots).
+#define P2P_LL_BLOCKS 1024
+// Values of one half low-latency slot: f16 / bf16 values pushed two to 8 bytes with the epoch.
+#define P2P_LLH_ELEMS 262144
 
 struct P2pCtx {
     unsigned long long bufs[P2P_MAX_RANKS];   // every rank's buffer, as this rank addresses it
@@ -288,6 +292,57 @@ struct LlResid {
     }
 };
 
+// ---- half low latency: f16 / bf16 partials, two values and the epoch in 8 bytes ----
+// Rows of half partials too many for the low-latency slots (batched decode) travel as 16-byte
+// words (bits of values 4i..4i+1, epoch, bits of 4i+2..4i+3, epoch), one store a float4 of values:
+// the link carries twice the partial's bytes, and the reader needs no flag, fence or barrier.
+// The half slots follow the low-latency slots and their scratch words.
+
+__device__ __forceinline__ uint4* p2p_llh_slot(const P2pCtx* c, int owner, int src, unsigned e) {
+    unsigned long long* after = (unsigned long long*)c->ll[owner] + 2ull * c->world * P2P_LL_ELEMS + P2P_LL_BLOCKS;
+    return (uint4*)after + ((unsigned long long)((e & 1) * c->world + src)) * (P2P_LLH_ELEMS / 4);
+}
+
+// The 4 half values of word p (bits, dtype bdt) once both halves carry epoch e (or the group
+// broke, or the wait timed out naming rank src: zeros).
+__device__ __forceinline__ float4 p2p_llh_load4(const P2pCtx* c, const uint4* p, unsigned e, int bdt, int src) {
+    unsigned a, ea, b, eb;
+    volatile unsigned* broken = (volatile unsigned*)c->state + 2;
+    unsigned long long t0 = 0;
+    unsigned n = 0;
+    while (true) {
+        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(a), "=r"(ea), "=r"(b), "=r"(eb)
+                     : "l"(p)
+                     : "memory");
+        if (ea == e && eb == e) break;
+        if ((++n & 255) == 0) {
+            if (*broken) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (t0 == 0) {
+                t0 = p2p_clock_ns();
+            } else if (p2p_clock_ns() - t0 > c->timeout_ns) {
+                *broken = 1;
+                atomicCAS((unsigned*)c->err, 0u, (unsigned)(src + 1));
+                __threadfence_system();
+            }
+        }
+    }
+    return float4_of_half4(make_uint2(a, b), bdt);
+}
+
+// The residual of the half low-latency norms (as LlResid, from the half slots).
+struct LlhResid {
+    static constexpr bool on = true;
+    const P2pCtx* c;
+    const void* r;
+    int bdt;
+    unsigned e;
+    __device__ __forceinline__ float4 operator()(long i4) const {
+        return p2p_rank_sum4(c, load4_of(r, i4, bdt), bdt,
+                             [&](int p) { return p2p_llh_load4(c, p2p_llh_slot(c, c->rank, p, e) + i4, e, bdt, p); });
+    }
+};
+
 // ---- low-latency norms: rows split over blocks ----
 // A row is split over `parts` blocks (block b: row b / parts, float4s [i0, i1) of it, where
 // i0 = (b % parts) * per and per is a multiple of 8 float4s, so Q8_0 blocks stay whole). The
@@ -505,6 +560,37 @@ __device__ void p2p_ll_addrmsnorm_t(float* x, const float* w, float* y, int d, f
     p2p_norm_part<COPY>(row, i0, i1, parts, g, x, y, d, eps, qs, ds, hs, bf, c, e, LlResid{c, r, bdt, e});
 }
 
+// p2p_ll_addrmsnorm_t for f16 / bf16 partials of rows * d <= P2P_LLH_ELEMS through the half
+// slots: each block pushes its values (one 16-byte word a float4), adds the peers' as they
+// arrive, and normalizes its part of the row.
+template <int COPY>
+__device__ void p2p_llh_addrmsnorm_t(float* x, const float* w, float* y, int d, float eps, const void* r,
+                                     int bdt, signed char* qs, float2* ds, uint2* hs, int bf, int,
+                                     const P2pCtx* c, int parts, int ek) {
+    int i0, i1;
+    long row = p2p_part(d, parts, &i0, &i1);
+    int n4 = d >> 2;
+    float4 g[RMS_V4];
+    p2p_part_weights(w, i0, i1, g);
+    unsigned e = p2p_epoch(c, ek);
+    pdl_launch();
+    pdl_wait();
+#pragma unroll
+    for (int t = 0; t < RMS_V4; t++) {
+        int i = i0 + threadIdx.x + t * blockDim.x;
+        if (i >= i1) continue;
+        uint2 v = ((const uint2*)r)[row * n4 + i];
+        for (int p = 0; p < c->world; p++) {
+            if (p == c->rank) continue;
+            uint4* dst = p2p_llh_slot(c, p, c->rank, e) + row * n4 + i;
+            asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v.x), "r"(e), "r"(v.y),
+                         "r"(e)
+                         : "memory");
+        }
+    }
+    p2p_norm_part<COPY>(row, i0, i1, parts, g, x, y, d, eps, qs, ds, hs, bf, c, e, LlhResid{c, r, bdt, e});
+}
+
 // The fused norms' entry points: rmsnorm_v4*'s arguments, the residual r and its dtype,
 // `pushed` (the low-latency kernels: r's values are already in the peers' slots; 0 for the slot
 // kernels), the group's context, N (the rows for the slot kernels, the blocks per row for the
@@ -528,6 +614,7 @@ __device__ void p2p_ll_addrmsnorm_t(float* x, const float* w, float* y, int d, f
 P2P_NORMS(p2p_addrmsnorm, p2p_addrmsnorm_row_t)
 P2P_NORMS(p2p_addrmsnorm_rows, p2p_addrmsnorm_rows_t)
 P2P_NORMS(p2p_ll_addrmsnorm, p2p_ll_addrmsnorm_t)
+P2P_NORMS(p2p_llh_addrmsnorm, p2p_llh_addrmsnorm_t)
 
 // For a kernel that writes the partial of a low-latency norm (a one-row product): value v at
 // flat index i of this rank's partial, pushed into every peer's low-latency slot with the

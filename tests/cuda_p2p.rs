@@ -150,9 +150,10 @@ fn fused_norm_equals_all_reduce_add_then_norm() {
     let mut rng = CaseRng::new(11);
     let mut checked = 0;
     // a decode row and a few rows (the low-latency kernels, rows split over blocks unevenly
-    // too), batched rows (a block per row), a prefill of more rows than blocks (in f16 / bf16
-    // the slot kernel whose blocks loop over rows; larger than a slot in f32: the plain
-    // all-reduce then the norm), rows the float4 kernels do not take
+    // too), batched rows (in f16 / bf16 the half low-latency kernels, in f32 the slot kernel, a
+    // block per row), a prefill of more rows than blocks (in f16 / bf16 the slot kernel whose
+    // blocks loop over rows; larger than a slot in f32: the plain all-reduce then the norm),
+    // rows the float4 kernels do not take
     let shapes = [
         (1usize, 4096usize),
         (4, 4096),

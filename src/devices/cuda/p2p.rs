@@ -3,12 +3,14 @@
 //! group's NCCL communicator, and the kernels of `kernels/p2p.cu` that sum with it — a plain
 //! all-reduce, and the all-reduce fused with the residual add and the next `RMSNorm` (for a few
 //! rows the low-latency form, each value pushed with the epoch in one word, by the norm or
-//! already by the one-row product that wrote it: [`P2pGroup::ll_push_ctx`]). Also the
+//! already by the one-row product that wrote it: [`P2pGroup::ll_push_ctx`]; for batched decode
+//! rows of f16 / bf16 partials the half low-latency form, two values with the epoch in a word).
+//! Also the
 //! `AllReduceAdd` operator (`input0 += Σ_ranks input1`) that a rank's step uses in place of an
 //! all-reduce stage followed by `AddTo` once its GPU has a group.
 //!
-//! Each rank allocates one buffer (flags, the kernels' context and 2 × world slots of
-//! [`P2pGroup::slot_bytes`]) and hands its address to the others: ranks of one process use each
+//! Each rank allocates one buffer (flags, the kernels' context, 2 × world slots of
+//! [`P2pGroup::slot_bytes`], and the low-latency and half low-latency slots) and hands its address to the others: ranks of one process use each
 //! other's addresses directly (peer access enabled), ranks of other processes on the same host
 //! open a CUDA IPC handle of it. Every rank must agree, or none uses the group (then NCCL sums).
 
@@ -47,6 +49,9 @@ const SLOTS_AT: usize = 64 * 1024;
 const SLOTS_TOTAL: usize = 128 << 20;
 /// Values of one low-latency slot (`P2P_LL_ELEMS`; 8 bytes each: the value and the epoch).
 const LL_ELEMS: usize = 16384;
+/// Values of one half low-latency slot (`P2P_LLH_ELEMS`; 4 bytes each: f16 / bf16 values two to
+/// an 8-byte word with the epoch).
+const LLH_ELEMS: usize = 262_144;
 /// Most blocks of a low-latency norm (one scratch word each, after the low-latency slots).
 const LL_BLOCKS: usize = 1024;
 /// Values of a row that one block of a low-latency norm takes (about).
@@ -234,7 +239,10 @@ impl P2pGroup {
         let mut ipc = [0u8; 64];
         if usable {
             usable = g
-                .allocate(g.ll_at() + (2 * world * LL_ELEMS + LL_BLOCKS) * 8, &mut ipc)
+                .allocate(
+                    g.ll_at() + (2 * world * LL_ELEMS + LL_BLOCKS) * 8 + 2 * world * LLH_ELEMS * 4,
+                    &mut ipc,
+                )
                 .is_ok();
         }
         let mine = Record {
@@ -405,8 +413,9 @@ impl P2pGroup {
 
     /// How a fused norm over `rows` rows of `row` values of `elem_bytes` bytes runs (`plain`:
     /// the threads of the plain norm's launch): the low-latency kernels where all values fit a
-    /// low-latency slot, each row split over blocks of about `LL_BLOCK_VALUES` values; else
-    /// the slot kernels, a block per row, or their grid looping over the rows where there are
+    /// low-latency slot, each row split over blocks of about `LL_BLOCK_VALUES` values; the half
+    /// low-latency kernels, split alike, where 2-byte values fit a half slot; else the slot
+    /// kernels, a block per row, or their grid looping over the rows where there are
     /// more rows than blocks; `None` when the rows do not fit one slot.
     pub fn norm_launch(
         &self,
@@ -418,6 +427,19 @@ impl P2pGroup {
         let ctx = KArg::Ptr(self.ctx_addr());
         if rows == 0 || rows * row * elem_bytes > self.slot_bytes {
             return None;
+        }
+        if rows * row > LL_ELEMS && elem_bytes == 2 && rows * row <= LLH_ELEMS {
+            let (parts, threads) = ll_split(rows, row).unwrap_or((1, plain));
+            return Some(NormLaunch {
+                ctx,
+                blocks: (rows * parts) as u32,
+                threads,
+                n: parts as i32,
+                kernel: "p2p_llh_addrmsnorm",
+                low_latency: false,
+                pushed: false,
+                epoch: 0,
+            });
         }
         if rows * row > LL_ELEMS {
             let looping = rows > self.blocks as usize;
@@ -679,7 +701,8 @@ pub struct NormLaunch {
     pub threads: u32,
     /// The kernels' last argument: the rows (slot kernels) or the blocks per row (low-latency).
     pub n: i32,
-    /// The kernels' name before `_v4*`: `p2p_ll_addrmsnorm` (low-latency), `p2p_addrmsnorm`
+    /// The kernels' name before `_v4*`: `p2p_ll_addrmsnorm` (low-latency), `p2p_llh_addrmsnorm`
+    /// (half low-latency), `p2p_addrmsnorm`
     /// (slot kernels, at most a row per block) or `p2p_addrmsnorm_rows` (slot kernels whose
     /// blocks loop over the rows, fewer registers a thread).
     pub kernel: &'static str,

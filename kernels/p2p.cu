@@ -236,8 +236,12 @@ __device__ __forceinline__ void p2p_ll_store(unsigned long long* p, float a, flo
                  : "memory");
 }
 
-// Values 2j, 2j+1 of slot p once they carry epoch e (or the group broke: zeros).
-__device__ __forceinline__ float2 p2p_ll_load(const P2pCtx* c, const unsigned long long* p, unsigned e) {
+// Spins on the 16-byte word p until both its epoch halves carry e and leaves its value halves in
+// *va, *vb; false once the group broke (or this wait timed out: it marks the group broken and
+// names rank src() in the host's error word).
+template <class Src>
+__device__ __forceinline__ bool p2p_ll_word(const P2pCtx* c, const void* p, unsigned e, Src src, unsigned* va,
+                                            unsigned* vb) {
     unsigned a, ea, b, eb;
     volatile unsigned* broken = (volatile unsigned*)c->state + 2;
     unsigned long long t0 = 0;
@@ -249,17 +253,26 @@ __device__ __forceinline__ float2 p2p_ll_load(const P2pCtx* c, const unsigned lo
                      : "memory");
         if (ea == e && eb == e) break;
         if ((++n & 255) == 0) {
-            if (*broken) return make_float2(0.0f, 0.0f);
+            if (*broken) return false;
             if (t0 == 0) {
                 t0 = p2p_clock_ns();
             } else if (p2p_clock_ns() - t0 > c->timeout_ns) {
                 *broken = 1;
-                int src = (int)((p - (const unsigned long long*)c->ll[c->rank]) / P2P_LL_ELEMS) % c->world;
-                atomicCAS((unsigned*)c->err, 0u, (unsigned)(src + 1));
+                atomicCAS((unsigned*)c->err, 0u, (unsigned)(src() + 1));
                 __threadfence_system();
             }
         }
     }
+    *va = a;
+    *vb = b;
+    return true;
+}
+
+// Values 2j, 2j+1 of slot p once they carry epoch e (or the group broke: zeros).
+__device__ __forceinline__ float2 p2p_ll_load(const P2pCtx* c, const unsigned long long* p, unsigned e) {
+    unsigned a, b;
+    auto src = [&] { return (int)((p - (const unsigned long long*)c->ll[c->rank]) / P2P_LL_ELEMS) % c->world; };
+    if (!p2p_ll_word(c, p, e, src, &a, &b)) return make_float2(0.0f, 0.0f);
     return make_float2(__uint_as_float(a), __uint_as_float(b));
 }
 
@@ -278,20 +291,6 @@ __device__ __forceinline__ float4 p2p_ll_load4(const P2pCtx* c, const unsigned l
     return make_float4(lo.x, lo.y, hi.x, hi.y);
 }
 
-// The residual of the low-latency norms: this rank's partial rows (dtype bdt) summed over the
-// ranks, the peers' values read from the low-latency slots as they arrive.
-struct LlResid {
-    static constexpr bool on = true;
-    const P2pCtx* c;
-    const void* r;
-    int bdt;
-    unsigned e;
-    __device__ __forceinline__ float4 operator()(long i4) const {
-        return p2p_rank_sum4(c, load4_of(r, i4, bdt), bdt,
-                             [&](int p) { return p2p_ll_load4(c, p2p_ll_slot(c, c->rank, p, e) + i4 * 4, e); });
-    }
-};
-
 // ---- half low latency: f16 / bf16 partials, two values and the epoch in 8 bytes ----
 // Rows of half partials too many for the low-latency slots (batched decode) travel as 16-byte
 // words (bits of values 4i..4i+1, epoch, bits of 4i+2..4i+3, epoch), one store a float4 of values:
@@ -306,40 +305,26 @@ __device__ __forceinline__ uint4* p2p_llh_slot(const P2pCtx* c, int owner, int s
 // The 4 half values of word p (bits, dtype bdt) once both halves carry epoch e (or the group
 // broke, or the wait timed out naming rank src: zeros).
 __device__ __forceinline__ float4 p2p_llh_load4(const P2pCtx* c, const uint4* p, unsigned e, int bdt, int src) {
-    unsigned a, ea, b, eb;
-    volatile unsigned* broken = (volatile unsigned*)c->state + 2;
-    unsigned long long t0 = 0;
-    unsigned n = 0;
-    while (true) {
-        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(a), "=r"(ea), "=r"(b), "=r"(eb)
-                     : "l"(p)
-                     : "memory");
-        if (ea == e && eb == e) break;
-        if ((++n & 255) == 0) {
-            if (*broken) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (t0 == 0) {
-                t0 = p2p_clock_ns();
-            } else if (p2p_clock_ns() - t0 > c->timeout_ns) {
-                *broken = 1;
-                atomicCAS((unsigned*)c->err, 0u, (unsigned)(src + 1));
-                __threadfence_system();
-            }
-        }
-    }
+    unsigned a, b;
+    if (!p2p_ll_word(c, p, e, [&] { return src; }, &a, &b)) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     return float4_of_half4(make_uint2(a, b), bdt);
 }
 
-// The residual of the half low-latency norms (as LlResid, from the half slots).
-struct LlhResid {
+// The residual of the low-latency norms: this rank's partial rows (dtype bdt) summed over the
+// ranks, the peers' values read as they arrive from the low-latency slots (HALF 0) or the half
+// slots (HALF 1).
+template <int HALF>
+struct LlResid {
     static constexpr bool on = true;
     const P2pCtx* c;
     const void* r;
     int bdt;
     unsigned e;
     __device__ __forceinline__ float4 operator()(long i4) const {
-        return p2p_rank_sum4(c, load4_of(r, i4, bdt), bdt,
-                             [&](int p) { return p2p_llh_load4(c, p2p_llh_slot(c, c->rank, p, e) + i4, e, bdt, p); });
+        return p2p_rank_sum4(c, load4_of(r, i4, bdt), bdt, [&](int p) {
+            return HALF ? p2p_llh_load4(c, p2p_llh_slot(c, c->rank, p, e) + i4, e, bdt, p)
+                        : p2p_ll_load4(c, p2p_ll_slot(c, c->rank, p, e) + i4 * 4, e);
+        });
     }
 };
 
@@ -516,27 +501,16 @@ __device__ void p2p_addrmsnorm_t(float* x, const float* w, float* y, int d, floa
         __syncthreads();
     }
 }
-template <int COPY>
-__device__ void p2p_addrmsnorm_row_t(float* x, const float* w, float* y, int d, float eps, const void* r, int bdt,
-                                     signed char* qs, float2* ds, uint2* hs, int bf, int pushed, const P2pCtx* c,
-                                     int rows, int ek) {
-    p2p_addrmsnorm_t<COPY, 0>(x, w, y, d, eps, r, bdt, qs, ds, hs, bf, pushed, c, rows, ek);
-}
-template <int COPY>
-__device__ void p2p_addrmsnorm_rows_t(float* x, const float* w, float* y, int d, float eps, const void* r, int bdt,
-                                      signed char* qs, float2* ds, uint2* hs, int bf, int pushed, const P2pCtx* c,
-                                      int rows, int ek) {
-    p2p_addrmsnorm_t<COPY, 1>(x, w, y, d, eps, r, bdt, qs, ds, hs, bf, pushed, c, rows, ek);
-}
 
-// p2p_addrmsnorm_t for rows * d <= P2P_LL_ELEMS through the low-latency slots, rows * parts
-// blocks: each block pushes its values with their epoch (unless `pushed`: the kernel that
-// wrote r pushed them as it wrote them, see p2p_ll_push), adds the peers' as they arrive, and
+// p2p_addrmsnorm_t through the low-latency slots (HALF 0: rows * d <= P2P_LL_ELEMS) or the half
+// slots (HALF 1: f16 / bf16 partials, rows * d <= P2P_LLH_ELEMS), rows * parts blocks: each block
+// pushes its values with their epoch (unless `pushed`: the kernel that wrote r pushed them into
+// the low-latency slots as it wrote them, see p2p_ll_push), adds the peers' as they arrive, and
 // normalizes its part of the row.
-template <int COPY>
-__device__ void p2p_ll_addrmsnorm_t(float* x, const float* w, float* y, int d, float eps, const void* r,
-                                    int bdt, signed char* qs, float2* ds, uint2* hs, int bf, int pushed,
-                                    const P2pCtx* c, int parts, int ek) {
+template <int COPY, int HALF>
+__device__ void p2p_ll_norm_t(float* x, const float* w, float* y, int d, float eps, const void* r, int bdt,
+                              signed char* qs, float2* ds, uint2* hs, int bf, int pushed, const P2pCtx* c, int parts,
+                              int ek) {
     int i0, i1;
     long row = p2p_part(d, parts, &i0, &i1);
     int n4 = d >> 2;
@@ -548,73 +522,53 @@ __device__ void p2p_ll_addrmsnorm_t(float* x, const float* w, float* y, int d, f
 #pragma unroll
     for (int t = 0; t < RMS_V4; t++) {
         int i = i0 + threadIdx.x + t * blockDim.x;
-        if (pushed || i >= i1) continue;
-        float4 v = load4_of(r, row * n4 + i, bdt);
-        for (int p = 0; p < c->world; p++) {
-            if (p == c->rank) continue;
-            unsigned long long* dst = p2p_ll_slot(c, p, c->rank, e) + (row * n4 + i) * 4;
-            p2p_ll_store(dst, v.x, v.y, e);
-            p2p_ll_store(dst + 2, v.z, v.w, e);
+        if ((!HALF && pushed) || i >= i1) continue;
+        if (HALF) {
+            uint2 v = ((const uint2*)r)[row * n4 + i];
+            for (int p = 0; p < c->world; p++) {
+                if (p == c->rank) continue;
+                uint4* dst = p2p_llh_slot(c, p, c->rank, e) + row * n4 + i;
+                asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v.x), "r"(e),
+                             "r"(v.y), "r"(e)
+                             : "memory");
+            }
+        } else {
+            float4 v = load4_of(r, row * n4 + i, bdt);
+            for (int p = 0; p < c->world; p++) {
+                if (p == c->rank) continue;
+                unsigned long long* dst = p2p_ll_slot(c, p, c->rank, e) + (row * n4 + i) * 4;
+                p2p_ll_store(dst, v.x, v.y, e);
+                p2p_ll_store(dst + 2, v.z, v.w, e);
+            }
         }
     }
-    p2p_norm_part<COPY>(row, i0, i1, parts, g, x, y, d, eps, qs, ds, hs, bf, c, e, LlResid{c, r, bdt, e});
-}
-
-// p2p_ll_addrmsnorm_t for f16 / bf16 partials of rows * d <= P2P_LLH_ELEMS through the half
-// slots: each block pushes its values (one 16-byte word a float4), adds the peers' as they
-// arrive, and normalizes its part of the row.
-template <int COPY>
-__device__ void p2p_llh_addrmsnorm_t(float* x, const float* w, float* y, int d, float eps, const void* r,
-                                     int bdt, signed char* qs, float2* ds, uint2* hs, int bf, int,
-                                     const P2pCtx* c, int parts, int ek) {
-    int i0, i1;
-    long row = p2p_part(d, parts, &i0, &i1);
-    int n4 = d >> 2;
-    float4 g[RMS_V4];
-    p2p_part_weights(w, i0, i1, g);
-    unsigned e = p2p_epoch(c, ek);
-    pdl_launch();
-    pdl_wait();
-#pragma unroll
-    for (int t = 0; t < RMS_V4; t++) {
-        int i = i0 + threadIdx.x + t * blockDim.x;
-        if (i >= i1) continue;
-        uint2 v = ((const uint2*)r)[row * n4 + i];
-        for (int p = 0; p < c->world; p++) {
-            if (p == c->rank) continue;
-            uint4* dst = p2p_llh_slot(c, p, c->rank, e) + row * n4 + i;
-            asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v.x), "r"(e), "r"(v.y),
-                         "r"(e)
-                         : "memory");
-        }
-    }
-    p2p_norm_part<COPY>(row, i0, i1, parts, g, x, y, d, eps, qs, ds, hs, bf, c, e, LlhResid{c, r, bdt, e});
+    p2p_norm_part<COPY>(row, i0, i1, parts, g, x, y, d, eps, qs, ds, hs, bf, c, e, LlResid<HALF>{c, r, bdt, e});
 }
 
 // The fused norms' entry points: rmsnorm_v4*'s arguments, the residual r and its dtype,
 // `pushed` (the low-latency kernels: r's values are already in the peers' slots; 0 for the slot
 // kernels), the group's context, N (the rows for the slot kernels, the blocks per row for the
 // low-latency ones) and the reduction's epoch offset.
-#define P2P_NORMS(name, tmpl)                                                                              \
+#define P2P_NORMS(name, tmpl, K)                                                                            \
     extern "C" __global__ void name##_v4_f32(float* x, const float* w, float* y, int d, float eps,        \
                                              const void* r, int bdt, int pushed, const P2pCtx* c, int N,  \
                                              int ek) {                                                     \
-        tmpl<0>(x, w, y, d, eps, r, bdt, 0, 0, 0, 0, pushed, c, N, ek);                                   \
+        tmpl<0, K>(x, w, y, d, eps, r, bdt, 0, 0, 0, 0, pushed, c, N, ek);                                   \
     }                                                                                                       \
     extern "C" __global__ void name##_v4q_f32(float* x, const float* w, float* y, int d, float eps,       \
                                               const void* r, int bdt, signed char* qs, float2* ds,         \
                                               int pushed, const P2pCtx* c, int N, int ek) {                \
-        tmpl<1>(x, w, y, d, eps, r, bdt, qs, ds, 0, 0, pushed, c, N, ek);                                 \
+        tmpl<1, K>(x, w, y, d, eps, r, bdt, qs, ds, 0, 0, pushed, c, N, ek);                                 \
     }                                                                                                       \
     extern "C" __global__ void name##_v4h_f32(float* x, const float* w, float* y, int d, float eps,       \
                                               const void* r, int bdt, uint2* hs, int bf, int pushed,       \
                                               const P2pCtx* c, int N, int ek) {                            \
-        tmpl<2>(x, w, y, d, eps, r, bdt, 0, 0, hs, bf, pushed, c, N, ek);                                 \
+        tmpl<2, K>(x, w, y, d, eps, r, bdt, 0, 0, hs, bf, pushed, c, N, ek);                                 \
     }
-P2P_NORMS(p2p_addrmsnorm, p2p_addrmsnorm_row_t)
-P2P_NORMS(p2p_addrmsnorm_rows, p2p_addrmsnorm_rows_t)
-P2P_NORMS(p2p_ll_addrmsnorm, p2p_ll_addrmsnorm_t)
-P2P_NORMS(p2p_llh_addrmsnorm, p2p_llh_addrmsnorm_t)
+P2P_NORMS(p2p_addrmsnorm, p2p_addrmsnorm_t, 0)
+P2P_NORMS(p2p_addrmsnorm_rows, p2p_addrmsnorm_t, 1)
+P2P_NORMS(p2p_ll_addrmsnorm, p2p_ll_norm_t, 0)
+P2P_NORMS(p2p_llh_addrmsnorm, p2p_ll_norm_t, 1)
 
 // For a kernel that writes the partial of a low-latency norm (a one-row product): value v at
 // flat index i of this rank's partial, pushed into every peer's low-latency slot with the

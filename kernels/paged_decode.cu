@@ -136,6 +136,24 @@ __device__ __forceinline__ void pd_out(float* out, long o, float val, const PdCo
     if (c.q) da_quant_store(val, o, c.q, c.d);
 }
 
+// Dim d of head h of row s once its keys are summed (a: its unnormalized value, mm / ls: the
+// softmax max and sum): the output (and its copy) when the row has one split, else split z's
+// part for paged_decode_combine.
+__device__ __forceinline__ void pd_finish(float* out, float* part, const PdCopy& copy, const float* sinks, int s,
+                                          int nh, long h, int hd, int d, int z, int nsplit, float a, float mm,
+                                          float ls) {
+    if (nsplit == 1) {
+        pd_out(out, ((long)s * nh + h) * hd + d, a * att_inv(ls, mm, att_sink(sinks, h)), copy);
+    } else {
+        float* pp = part + (((long)s * nh + h) * nsplit + z) * (hd + 2);
+        pp[2 + d] = a;
+        if (d == 0) {
+            pp[0] = mm;
+            pp[1] = ls;
+        }
+    }
+}
+
 // Sums each of the N values v[0..N) of every lane over the warp's 32 lanes (N a power of two,
 // at most 32) with N - 1 + 5 - log2 N shuffles instead of 5 N: at each of the first log2 N steps a
 // lane keeps half of its values and adds its partner's copy of that half, sending the other
@@ -360,17 +378,7 @@ __device__ void paged_decode_impl(const float* q, const float* k, const float* v
                 a += wacc[x][g][d] * f;
             }
         }
-        long h = (long)kvh * group + g0 + g;
-        if (nsplit == 1) {
-            pd_out(out, ((long)s * nh + h) * hd + d, a * att_inv(ls, mm, att_sink(sinks, h)), copy);
-        } else {
-            float* pp = part + (((long)s * nh + h) * nsplit + z) * (hd + 2);
-            pp[2 + d] = a;
-            if (d == 0) {
-                pp[0] = mm;
-                pp[1] = ls;
-            }
-        }
+        pd_finish(out, part, copy, sinks, s, nh, (long)kvh * group + g0 + g, hd, d, z, nsplit, a, mm, ls);
     }
 }
 
@@ -614,17 +622,7 @@ __device__ void paged_decode_scored(const float* q, const float* k, const float*
 #pragma unroll
         for (int x = 0; x < NW; x++) a += wacc[x][g][d];
         float mm = run_m[g], ls = run_l[g];
-        long h = (long)kvh * group + g0 + g;
-        if (nsplit == 1) {
-            pd_out(out, ((long)s * nh + h) * hd + d, a * att_inv(ls, mm, att_sink(sinks, h)), copy);
-        } else {
-            float* pp = part + (((long)s * nh + h) * nsplit + z) * (hd + 2);
-            pp[2 + d] = a;
-            if (d == 0) {
-                pp[0] = mm;
-                pp[1] = ls;
-            }
-        }
+        pd_finish(out, part, copy, sinks, s, nh, (long)kvh * group + g0 + g, hd, d, z, nsplit, a, mm, ls);
     }
 }
 

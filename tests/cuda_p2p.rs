@@ -31,15 +31,30 @@ struct Rank {
     comm: nccl::NcclComm,
 }
 
+/// The ranks of a test and its turn on the GPUs (see [`common::gpus_turn`]), released after the
+/// ranks are dropped.
+struct Ranks {
+    ranks: Vec<Rank>,
+    _turn: std::sync::MutexGuard<'static, ()>,
+}
+
+impl std::ops::Deref for Ranks {
+    type Target = Vec<Rank>;
+    fn deref(&self) -> &Vec<Rank> {
+        &self.ranks
+    }
+}
+
 /// Two ranks on cuda:0 and cuda:1 whose peer waits give up after `timeout`, or `None` after
 /// saying why not.
-fn two_ranks(timeout: Duration) -> Option<Vec<Rank>> {
+fn two_ranks(timeout: Duration) -> Option<Ranks> {
     if let Err(e) = gpu::probe(1).and_then(|_| nccl::probe()) {
         common::skipped(&format!(
             "the peer-to-peer all-reduce needs 2 GPUs and NCCL: {e}"
         ));
         return None;
     }
+    let turn = common::gpus_turn();
     let id = nccl::NcclId::new().unwrap();
     let joins: Vec<_> = (0..2)
         .map(|r| {
@@ -64,7 +79,10 @@ fn two_ranks(timeout: Duration) -> Option<Vec<Rank>> {
         common::skipped("cuda:0 and cuda:1 cannot reach each other's memory");
         return None;
     }
-    Some(ranks.into_iter().map(|r| r.1).collect())
+    Some(Ranks {
+        ranks: ranks.into_iter().map(|r| r.1).collect(),
+        _turn: turn,
+    })
 }
 
 fn host(d: &Data) -> Vec<f32> {
@@ -122,7 +140,7 @@ fn all_reduce_is_the_rank_ordered_sum_on_both_ranks() {
                 "{dt} n={n} rank {r}: element {bad:?} differs"
             );
         }
-        for r in &ranks {
+        for r in ranks.iter() {
             r.comm.health().unwrap();
         }
     }

@@ -355,7 +355,7 @@ fn cpu_ranks_paged_batches_match_unsharded() {
 }
 
 /// Two GPUs and NCCL, or a message saying why not.
-fn two_gpus() -> bool {
+fn have_two_gpus() -> bool {
     #[cfg(feature = "cuda")]
     {
         use fastllm::devices::cuda::{gpu, nccl};
@@ -375,6 +375,12 @@ fn two_gpus() -> bool {
         common::skipped("built without the cuda feature");
         false
     }
+}
+
+/// The GPUs to this test until the guard drops (see [`common::gpus_turn`]), once there are two
+/// GPUs and NCCL; else `None` after saying why not.
+fn two_gpus() -> Option<std::sync::MutexGuard<'static, ()>> {
+    have_two_gpus().then(common::gpus_turn)
 }
 
 fn compare_gpu(path: &Path, precision: Precision, tol: f32) {
@@ -423,9 +429,9 @@ fn compare_gpu_n(path: &Path, precision: Precision, tol: f32, n: usize) {
 
 #[test]
 fn tp_gpu_tiny_models_match_one_gpu() {
-    if !two_gpus() {
+    let Some(_gpus) = two_gpus() else {
         return;
-    }
+    };
     for arch in ARCHS {
         compare_gpu(&tiny_flm(arch, "keep"), Precision::Exact, 1e-4);
     }
@@ -438,9 +444,9 @@ fn tp_gpu_tiny_models_match_one_gpu() {
 /// (gpt2's LayerNorm).
 #[test]
 fn tp_gpu_fast_half_all_reduce_matches_one_gpu() {
-    if !two_gpus() {
+    let Some(_gpus) = two_gpus() else {
         return;
-    }
+    };
     for (arch, dtype) in [
         ("llama", "f16"),
         ("llama", "bf16"),
@@ -456,9 +462,9 @@ fn tp_gpu_fast_half_all_reduce_matches_one_gpu() {
 /// ranks with one rounding, so the logits agree to float noise; `exact` and `fast` halves.
 #[test]
 fn tp_gpu_peer_all_reduce_matches_nccl() {
-    if !two_gpus() {
+    let Some(_gpus) = two_gpus() else {
         return;
-    }
+    };
     for (arch, dtype, precision) in [
         ("llama", "keep", Precision::Exact),
         ("llama", "f16", Precision::Fast),
@@ -499,9 +505,9 @@ fn tp_gpu_extra_models_match_one_gpu() {
         common::skipped("FASTLLM_TP_MODELS (a directory of .flm files) is not set");
         return;
     };
-    if !two_gpus() {
+    let Some(_gpus) = two_gpus() else {
         return;
-    }
+    };
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -518,9 +524,9 @@ fn tp_gpu_smollm2_shape_matches_one_gpu() {
     // SmolLM2-135M's shape (9 heads, 3 KV heads: split 3 + 6 query heads) with random f16
     // weights: the real model's GGUF is over what the device machine can be sent at once; its
     // real weights are checked on CPU ranks (cpu_ranks_match_unsharded_smollm2).
-    if !two_gpus() {
+    let Some(_gpus) = two_gpus() else {
         return;
-    }
+    };
     let cfg = fastllm::model::ModelConfig {
         hidden_size: 576,
         intermediate_size: 1536,
@@ -597,9 +603,9 @@ fn tp_gpu_smollm2_shape_matches_one_gpu() {
 fn tp_gpu_graphs_match_eager() {
     // the ranks' recorded decode steps (one token, and padded batches) against the same group
     // running every op directly: same greedy tokens, logits within f32 rounding
-    if !two_gpus() {
+    let Some(_gpus) = two_gpus() else {
         return;
-    }
+    };
     let (cfg, src) = open(&tiny_flm("llama", "keep"));
     let load = |graphs: bool| {
         let opts = fastllm::options::RuntimeOptions {

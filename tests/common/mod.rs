@@ -15,6 +15,15 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::sync::Mutex;
 
+/// Held by a test that runs a group over the machine's GPUs while it does: the kernels of two
+/// groups on the same GPUs spin waiting for their peers and can starve each other until the
+/// group's timeout, so the tests of one binary take turns (libtest runs them on threads).
+#[allow(dead_code)] // used by the binaries that run groups on GPUs
+pub fn gpus_turn() -> std::sync::MutexGuard<'static, ()> {
+    static GPUS: Mutex<()> = Mutex::new(());
+    GPUS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// Reports that a test skips its work (no GPU, no model file, …): `SKIPPED: {why}` on the
 /// process's stderr, written past libtest's output capture (which hides `println!` and
 /// `eprintln!` of passing tests), once per distinct message and test binary, so a run without a

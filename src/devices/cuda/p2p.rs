@@ -5,14 +5,13 @@
 //! rows the low-latency form, each value pushed with the epoch in one word, by the norm or
 //! already by the one-row product that wrote it: [`P2pGroup::ll_push_ctx`]; for batched decode
 //! rows of f16 / bf16 partials the half low-latency form, two values with the epoch in a word).
-//! Also the
-//! `AllReduceAdd` operator (`input0 += Σ_ranks input1`) that a rank's step uses in place of an
-//! all-reduce stage followed by `AddTo` once its GPU has a group.
+//! Also the `AllReduceAdd` operator (`input0 += Σ_ranks input1`) that a rank's step uses in
+//! place of an all-reduce stage followed by `AddTo` once its GPU has a group.
 //!
 //! Each rank allocates one buffer (flags, the kernels' context, 2 × world slots of
-//! [`P2pGroup::slot_bytes`], and the low-latency and half low-latency slots) and hands its address to the others: ranks of one process use each
-//! other's addresses directly (peer access enabled), ranks of other processes on the same host
-//! open a CUDA IPC handle of it. Every rank must agree, or none uses the group (then NCCL sums).
+//! [`P2pGroup::slot_bytes`], the low-latency and the half low-latency slots) and hands its
+//! address to the others: ranks of one process use each other's addresses directly (peer
+//! access enabled), ranks of other processes on the same host open a CUDA IPC handle of it. Every rank must agree, or none uses the group (then NCCL sums).
 
 use super::gpu::{Gpu, KArg};
 use crate::data::DataType;

@@ -3,6 +3,8 @@
 // block tables. Every index array is read on the device, so a recorded step (CUDA graph) replays
 // with new lengths and tables.
 //
+// The scalar kernels (paged_decode_impl; f16 caches of head size 64 or 128 take the tensor-core
+// form paged_decode_tc below, except batch-invariant launches):
 // Block (kv head × head chunk, sequence, split) of NW warps (4; f16 caches also 8, which the host
 // takes for launches of few blocks) handles up to PD_GMAX of
 // the G = nh / nkv query heads of its kv head (each key and value row is read once for them); the
@@ -427,51 +429,76 @@ PAGED_DECODE(paged_decode_q4, q8kv, 4)
 PAGED_DECODE(paged_decode_q8, q8kv, 8)
 
 // ---- scored form (f16 caches, head size 64 or 128) ----
-// The launch and grid of paged_decode_impl (its results within rounding), the keys taken PS_SUB
-// at a time in passes that request every key (value) row of the pass before using any:
-// 1. the sub-chunk's slots go to shared memory (their table entries were requested during the
-//    previous sub-chunk's values); eight lanes take a key (hd / 8 dims each, the block's queries
-//    in registers), a warp four keys a round, the block PS_NW * 4, and R rounds' rows are
-//    requested at once; each score (scaled, soft-capped, ALiBi) goes to shared memory;
-// 2. a warp per head turns the sub-chunk's scores into exp(score - running max) and carries the
-//    running max and sum (and the accumulators' correction for a new max);
-// 3. warp w takes keys w, w + PS_NW, ... of the sub-chunk, every value row requested at once, a
-//    lane hd / 32 dims, into its accumulators in shared memory.
-// The warps share the running max, so their accumulators add up at the end without rescaling.
-// The host takes this form for an f16 cache of head size 64 or 128 (at most 512 query values a
-// block) unless the launch has few blocks and short rows, where the 8-warp kernels are faster.
-#define PS_SUB 64
-#define PS_NW 4
-
 // The slot of key c0 + j of a row (tables tb) when it lies before j1 and in the pool, else -1.
-__device__ __forceinline__ long ps_slot(const int* tb, int c0, int j, int j1, int maxb, int bs, long nslots) {
+__device__ __forceinline__ long pd_slot(const int* tb, int c0, int j, int j1, int maxb, int bs, long nslots) {
     int jj = c0 + j, bi = jj / bs;
     if (jj >= j1 || bi >= maxb) return -1;
     long blk = tb[bi], slot = blk * bs + jj % bs;
     return blk < 0 || slot >= nslots ? -1 : slot;
 }
 
-// One block's scored decode (the passes above; one function: split into functions the
-// passes ran 10 % slower at long rows, with the same PTX loads).
-template <int HD, int GM, int R>
-__device__ void paged_decode_scored(const float* q, const float* k, const float* v, unsigned short* kc,
-                                    unsigned short* vc, const int* slots, const int* kv_lens, const int* tables,
-                                    const float* slopes, float* out, float* part, int maxb, int bs, long nslots,
-                                    int nh, int nkv, int hd, float scale, float softcap, int window,
-                                    const float* sinks, PdRope rope, PdCopy copy) {
-    constexpr int NW = PS_NW, DPK = HD / 8, DPL = HD / 32, KPR = NW * 4, KW = PS_SUB / NW;
-    static_assert(PS_SUB % (KPR * R) == 0, "a sub-chunk holds whole batches of rounds");
-    __shared__ __align__(16) float qs[GM][HD];
-    __shared__ float sc[GM][PS_SUB];
-    __shared__ long sl[PS_SUB];
-    __shared__ __align__(16) float wacc[NW][GM][HD];
-    __shared__ float run_m[GM], run_l[GM], corr[GM];
+// The tensor-core form (f16 cache, head size 64 or 128; results within rounding of
+// paged_decode_impl): block (kv head × head chunk, sequence, split) of PT_NW warps. Each warp
+// walks its own keys, 16 at a time (sub-chunks w, w + PT_NW, ... of its split's range), with
+// PT_ST sub-chunks of key and value rows in flight in its shared-memory stages (cp.async;
+// chunks of 16 bytes stored at chunk ^ (row & 7), so ldmatrix reads them without bank
+// conflicts), and keeps its own online softmax:
+//   S = Q·Kᵀ and O += P·V by mma.sync m16n8k16 with f32 accumulators. The block's G ≤ 8 query
+//   heads sit in rows 0..7 of the A operand as f16, rows 8..15 hold what f16 rounded off (q·scale
+//   − its f16 value; likewise for the probabilities P), so row h + row h + 8 of each product
+//   carries the f32 operand's value to about 2⁻²² of it, at no extra mma.
+// At the end the warps' (max, sum, accumulators) merge through shared memory.
+#define PT_NW 2
+#define PT_ST 2
+#define PT_KEYS 16
+
+// 16-byte cp.async from src into shared address dst, zero-filled when !ok.
+__device__ __forceinline__ void pt_cp16(unsigned int dst, const void* src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
+}
+
+// The slot of key kb + lane of a sub-chunk (lanes below PT_KEYS; -1: past j1, or no slot in the pool).
+__device__ __forceinline__ long pt_slot(const int* tb, int kb, int j1, int maxb, int bs, long nslots, int lane) {
+    return lane < PT_KEYS ? pd_slot(tb, kb, lane, j1, maxb, bs, nslots) : -1;
+}
+
+// Requests the key and value rows of a sub-chunk whose slots the lanes hold (`mine`, as pt_slot)
+// into a warp's stage: key rows to ks, value rows to vs ([PT_KEYS][HD] each, swizzled); returns
+// the mask of keys that hold data (bit r: key r). One commit group.
+template <int HD>
+__device__ __forceinline__ unsigned pt_request(unsigned short* ks, unsigned short* vs, const unsigned short* kbase,
+                                               const unsigned short* vbase, long mine, long rs, int lane) {
+    constexpr int CPR = HD / 8;  // 16-byte chunks per row
+    unsigned ok = __ballot_sync(0xffffffffu, mine >= 0) & 0xffffu;
+#pragma unroll
+    for (int it = 0; it < PT_KEYS * CPR / 32; it++) {
+        int e = lane + 32 * it, r = e / CPR, c = e % CPR;
+        long slot = __shfl_sync(0xffffffffu, mine, r);
+        long off = (slot >= 0 ? slot : 0) * rs + c * 8;
+        int sw = r * HD + ((c ^ (r & 7)) * 8);
+        pt_cp16((unsigned int)__cvta_generic_to_shared(ks + sw), kbase + off, slot >= 0);
+        pt_cp16((unsigned int)__cvta_generic_to_shared(vs + sw), vbase + off, slot >= 0);
+    }
+    asm volatile("cp.async.commit_group;");
+    return ok;
+}
+
+template <int HD>
+__device__ void paged_decode_tc(const float* q, const float* k, const float* v, unsigned short* kc, unsigned short* vc,
+                                const int* slots, const int* kv_lens, const int* tables, const float* slopes,
+                                float* out, float* part, int maxb, int bs, long nslots, int nh, int nkv, int hd,
+                                float scale, float softcap, int window, const float* sinks, PdRope rope,
+                                PdCopy copy) {
+    constexpr int STAGE = 2 * PT_KEYS * HD;  // halves of one stage (keys, then values)
+    extern __shared__ __align__(16) unsigned short pt_smem[];
+    __shared__ float wm[PT_NW][PD_GMAX], wl[PT_NW][PD_GMAX];
+    __shared__ unsigned okm[PT_NW][PT_ST];
     pdl_begin();
-    int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, kl = lane & 7, kg = lane >> 3;
+    int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, t = lane & 3;
     int group = nh / nkv, nchunk = (group + PD_GMAX - 1) / PD_GMAX;
     int kvh = blockIdx.x / nchunk, g0 = (blockIdx.x % nchunk) * PD_GMAX;
     int s = blockIdx.y, z = blockIdx.z, nsplit = gridDim.z;
-    int G = min(GM, group - g0);
+    int G = min(PD_GMAX, group - g0);
     int L = kv_lens[s];
     int lo = window > 0 && L > window ? L - window : 0;
     int n = L > lo ? L - lo : 0;
@@ -485,167 +512,182 @@ __device__ void paged_decode_scored(const float* q, const float* k, const float*
             pd_store_step(kc, vc, slot * rs + (long)kvh * hd, k + ((long)s * nkv + kvh) * hd,
                           v + ((long)s * nkv + kvh) * hd, hd, rope, s);
     }
-    for (int i = tid; i < GM * HD; i += NW * 32) {
-        int g = i / HD, d = i % HD;
-        qs[g][d] = g < G ? pd_roped(q + ((long)s * nh + kvh * group + g0 + g) * hd, d, rope, s) : 0.0f;
-    }
-#pragma unroll
-    for (int g = 0; g < GM; g++) {
-#pragma unroll
-        for (int t = 0; t < DPL; t++) wacc[w][g][lane * DPL + t] = 0.0f;
-    }
-    if (tid < GM) {
-        run_m[tid] = -INF;
-        run_l[tid] = 0.0f;
-    }
     const int* tb = tables + (long)s * maxb;
-    const unsigned short* kbase = kc + (long)kvh * hd + kl * DPK;
-    const unsigned short* vbase = vc + (long)kvh * hd + lane * DPL;
-    long p = (long)L - 1;
-    long pre = tid < PS_SUB ? ps_slot(tb, j0, tid, j1, maxb, bs, nslots) : -1;
-    for (int c0 = j0; c0 < j1; c0 += PS_SUB) {
-        int ns = min(PS_SUB, j1 - c0);
-        // the step's store, the queries and the previous sub-chunk's reads come before these writes
-        __syncthreads();
-        if (tid < PS_SUB) sl[tid] = pre;
-        __syncthreads();
-        // pass 1
-        float qv[GM][DPK];
+    int nsub = j1 > j0 ? (j1 - j0 + PT_KEYS - 1) / PT_KEYS : 0;  // sub-chunks of the split
+    // the first sub-chunks' table entries are requested before the queries
+    long pm[PT_ST];
 #pragma unroll
-        for (int g = 0; g < GM; g++) {
+    for (int st = 0; st < PT_ST; st++) {
+        int c = w + st * PT_NW;
+        pm[st] = c < nsub ? pt_slot(tb, j0 + c * PT_KEYS, j1, maxb, bs, nslots, lane) : -1;
+    }
+    // the query fragments: rows gq (f16 of q·scale) and gq + 8 (what that rounded off)
+    unsigned int qf[HD / 16][4];
+    {
+        const float* qrow = q + ((long)s * nh + kvh * group + g0 + gq) * hd;
 #pragma unroll
-            for (int t = 0; t < DPK; t += 4) {
-                float4 f = *(const float4*)&qs[g][kl * DPK + t];
-                qv[g][t] = f.x;
-                qv[g][t + 1] = f.y;
-                qv[g][t + 2] = f.z;
-                qv[g][t + 3] = f.w;
-            }
-        }
-        for (int b0 = 0; b0 < ns; b0 += KPR * R) {
-            uint4 kr[R][DPK / 8];
+        for (int kk = 0; kk < HD / 16; kk++)
 #pragma unroll
-            for (int r = 0; r < R; r++) {
-                int j = b0 + r * KPR + w * 4 + kg;
-                long slot = j < ns ? sl[j] : -1;
-#pragma unroll
-                for (int t = 0; t < DPK / 8; t++)
-                    kr[r][t] = slot >= 0 ? ((const uint4*)(kbase + slot * rs))[t] : make_uint4(0, 0, 0, 0);
-            }
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                float dot[GM];
-#pragma unroll
-                for (int g = 0; g < GM; g++) dot[g] = 0.0f;
-#pragma unroll
-                for (int t = 0; t < DPK / 8; t++) {
-                    unsigned u[4] = {kr[r][t].x, kr[r][t].y, kr[r][t].z, kr[r][t].w};
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        float lo2 = h2f((unsigned short)(u[e] & 0xffff)), hi2 = h2f((unsigned short)(u[e] >> 16));
-#pragma unroll
-                        for (int g = 0; g < GM; g++)
-                            dot[g] += qv[g][t * 8 + 2 * e] * lo2 + qv[g][t * 8 + 2 * e + 1] * hi2;
-                    }
+            for (int hi8 = 0; hi8 < 2; hi8++) {
+                int d = kk * 16 + 2 * t + 8 * hi8;
+                float a = 0.0f, b = 0.0f;
+                if (gq < G) {
+                    a = pd_roped(qrow, d, rope, s) * scale;
+                    b = pd_roped(qrow, d + 1, rope, s) * scale;
                 }
-                // the key's eight lanes sum each head's dot; lane g of them keeps head g's
-                float mine = 0.0f;
+                unsigned int hpair = fa_pack(a, b);
+                float ah = h2f((unsigned short)(hpair & 0xffff)), bh = h2f((unsigned short)(hpair >> 16));
+                qf[kk][2 * hi8] = hpair;
+                qf[kk][2 * hi8 + 1] = fa_pack(a - ah, b - bh);
+            }
+    }
+    // the step's store comes before any request of its row
+    __syncthreads();
+    const unsigned short* kbase = kc + (long)kvh * hd;
+    const unsigned short* vbase = vc + (long)kvh * hd;
+    unsigned short* mys = pt_smem + w * PT_ST * STAGE;
 #pragma unroll
-                for (int g = 0; g < GM; g++) {
-                    float a = dot[g];
-                    a += __shfl_xor_sync(0xffffffffu, a, 1);
-                    a += __shfl_xor_sync(0xffffffffu, a, 2);
-                    a += __shfl_xor_sync(0xffffffffu, a, 4);
-                    if (g == kl) mine = a;
-                }
-                int j = b0 + r * KPR + w * 4 + kg;
-                if (kl < GM && j < ns) {
-                    float a = mine * scale;
-                    if (softcap > 0.0f) a = softcap * tanhf(a / softcap);
-                    if (slopes && kl < G) a += slopes[kvh * group + g0 + kl] * (float)(c0 + j - p);
-                    sc[kl][j] = sl[j] >= 0 && kl < G ? a : -INF;
-                }
+    for (int st = 0; st < PT_ST; st++) {
+        int c = w + st * PT_NW;
+        unsigned ok = 0;
+        if (c < nsub)
+            ok = pt_request<HD>(mys + st * STAGE, mys + st * STAGE + PT_KEYS * HD, kbase, vbase, pm[st], rs, lane);
+        else
+            asm volatile("cp.async.commit_group;");
+        if (lane == 0) okm[w][st] = ok;
+    }
+    float o[HD / 8][4];
+#pragma unroll
+    for (int dn = 0; dn < HD / 8; dn++) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.0f;
+    float m = -INF, l = 0.0f;
+    const float slope = slopes && gq < G ? slopes[kvh * group + g0 + gq] : 0.0f;
+    const long p = (long)L - 1;
+    int st = 0;
+    for (int c = w; c < nsub; c += PT_NW) {
+        // the table entries of the sub-chunk that takes this stage next, requested before the math
+        int cn = c + PT_ST * PT_NW;
+        long nm = cn < nsub ? pt_slot(tb, j0 + cn * PT_KEYS, j1, maxb, bs, nslots, lane) : -1;
+        asm volatile("cp.async.wait_group %0;" ::"n"(PT_ST - 1) : "memory");
+        __syncwarp();
+        const unsigned short* ks = mys + st * STAGE;
+        const unsigned short* vs = ks + PT_KEYS * HD;
+        unsigned ok = okm[w][st];
+        int kb = j0 + c * PT_KEYS;
+        float sc[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk += 2) {
+                int r = nt * 8 + (lane & 7), ch = 2 * kk + (lane >> 3);
+                unsigned int b[4];
+                fa_ldm4<false>(ks + r * HD + ((ch ^ (r & 7)) * 8), b);
+                fa_mma(sc[nt], qf[kk], b[0], b[1]);
+                fa_mma(sc[nt], qf[kk + 1], b[2], b[3]);
             }
         }
-        __syncthreads();
-        // pass 2
-        for (int g = w; g < GM; g += NW) {
-            float mx = -INF;
-            for (int j = lane; j < ns; j += 32) mx = fmaxf(mx, sc[g][j]);
-            mx = warp_max(mx);
-            float mo = run_m[g], mn = fmaxf(mo, mx), sum = 0.0f;
-            for (int j = lane; j < ns; j += 32) {
-                float e = mn == -INF ? 0.0f : __expf(sc[g][j] - mn);
-                sc[g][j] = e;
-                sum += e;
+        // scores of head gq, keys kb + 8 nt + 2 t + e: the two rows' sum, soft-capped, ALiBi, masked
+        float x[2][2], mx = -INF;
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int r = nt * 8 + 2 * t + e;
+                float a = sc[nt][e] + sc[nt][2 + e];
+                if (softcap > 0.0f) a = softcap * tanhf(a / softcap);
+                a += slope * (float)(kb + r - p);
+                x[nt][e] = (ok >> r) & 1u ? a : -INF;
+                mx = fmaxf(mx, x[nt][e]);
             }
-            sum = warp_sum(sum);
-            if (lane == 0) {
-                float c = mo == -INF ? 0.0f : __expf(mo - mn);
-                run_l[g] = run_l[g] * c + sum;
-                run_m[g] = mn;
-                corr[g] = c;
-            }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        float mn = fmaxf(m, mx), msafe = mn == -INF ? 0.0f : mn;
+        float corr = fa_exp2((m - msafe) * 1.4426950408889634f), rsum = 0.0f;
+        unsigned int pa[4];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            float p0 = fa_exp2((x[nt][0] - msafe) * 1.4426950408889634f);
+            float p1 = fa_exp2((x[nt][1] - msafe) * 1.4426950408889634f);
+            rsum += p0 + p1;
+            unsigned int hpair = fa_pack(p0, p1);
+            pa[2 * nt] = hpair;
+            pa[2 * nt + 1] = fa_pack(p0 - h2f((unsigned short)(hpair & 0xffff)), p1 - h2f((unsigned short)(hpair >> 16)));
         }
-        // the next sub-chunk's table entries are requested before this one's value rows
-        if (tid < PS_SUB) pre = ps_slot(tb, c0 + PS_SUB, tid, j1, maxb, bs, nslots);
-        __syncthreads();
-        // pass 3
-        float vr[KW][DPL];
+        rsum += __shfl_xor_sync(0xffffffffu, rsum, 1);
+        rsum += __shfl_xor_sync(0xffffffffu, rsum, 2);
+        l = l * corr + rsum;
+        m = mn;
 #pragma unroll
-        for (int u = 0; u < KW; u++) {
-            int j = w + u * NW;
-            long slot = j < ns ? sl[j] : -1;
-            pd_row<DPL>(slot >= 0 ? vbase + slot * rs : vbase, vr[u], slot >= 0, 0);
+        for (int dn = 0; dn < HD / 8; dn++) {
+            o[dn][0] *= corr;
+            o[dn][1] *= corr;
+            o[dn][2] *= corr;
+            o[dn][3] *= corr;
         }
 #pragma unroll
-        for (int g = 0; g < GM; g++) {
-            if (g >= G) continue;
-            float c = corr[g], a[DPL];
-#pragma unroll
-            for (int t = 0; t < DPL; t++) a[t] = wacc[w][g][lane * DPL + t] * c;
-#pragma unroll
-            for (int u = 0; u < KW; u++) {
-                int j = w + u * NW;
-                float pj = j < ns ? sc[g][j] : 0.0f;
-#pragma unroll
-                for (int t = 0; t < DPL; t++) a[t] += pj * vr[u][t];
-            }
-#pragma unroll
-            for (int t = 0; t < DPL; t++) wacc[w][g][lane * DPL + t] = a[t];
+        for (int dn = 0; dn < HD / 8; dn += 2) {
+            int r = (lane & 7) + ((lane >> 3) & 1) * 8, ch = dn + (lane >> 4);
+            unsigned int b[4];
+            fa_ldm4<true>(vs + r * HD + ((ch ^ (r & 7)) * 8), b);
+            fa_mma(o[dn], pa, b[0], b[1]);
+            fa_mma(o[dn + 1], pa, b[2], b[3]);
         }
+        // every lane is done with the stage before it is requested again
+        __syncwarp();
+        unsigned okn = 0;
+        if (cn < nsub)
+            okn = pt_request<HD>(mys + st * STAGE, mys + st * STAGE + PT_KEYS * HD, kbase, vbase, nm, rs, lane);
+        else
+            asm volatile("cp.async.commit_group;");
+        if (lane == 0) okm[w][st] = okn;
+        st = st + 1 == PT_ST ? 0 : st + 1;
+    }
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    __syncthreads();
+    // the warps' states merge: (max, sum) per head, the accumulators (both rows added) in the stages
+    float* acc = (float*)pt_smem;  // [PT_NW][PD_GMAX][HD]
+    if (t == 0 && gq < PD_GMAX) {
+        wm[w][gq] = m;
+        wl[w][gq] = l;
+    }
+#pragma unroll
+    for (int dn = 0; dn < HD / 8; dn++) {
+        float* a = acc + ((long)w * PD_GMAX + gq) * HD + dn * 8 + 2 * t;
+        a[0] = o[dn][0] + o[dn][2];
+        a[1] = o[dn][1] + o[dn][3];
     }
     __syncthreads();
-    for (int i = tid; i < G * HD; i += NW * 32) {
+    for (int i = tid; i < G * HD; i += PT_NW * 32) {
         int g = i / HD, d = i % HD;
-        float a = 0.0f;
+        float mm = -INF;
 #pragma unroll
-        for (int x = 0; x < NW; x++) a += wacc[x][g][d];
-        float mm = run_m[g], ls = run_l[g];
+        for (int x = 0; x < PT_NW; x++) mm = fmaxf(mm, wm[x][g]);
+        float a = 0.0f, ls = 0.0f;
+#pragma unroll
+        for (int x = 0; x < PT_NW; x++) {
+            float f = wm[x][g] == -INF ? 0.0f : __expf(wm[x][g] - mm);
+            a += acc[((long)x * PD_GMAX + g) * HD + d] * f;
+            ls += wl[x][g] * f;
+        }
         pd_finish(out, part, copy, sinks, s, nh, (long)kvh * group + g0 + g, hd, d, z, nsplit, a, mm, ls);
     }
 }
 
-#define PAGED_DECODE_S(HD, GM, R)                                                                             \
-    extern "C" __global__ void __launch_bounds__(PS_NW * 32) paged_decode_s##HD##_g##GM(                       \
+// paged_decode_t{HD}; dynamic shared memory: every warp's stages, PT_NW · PT_ST · 2 · PT_KEYS · HD
+// halves (they also hold the merge's accumulators).
+#define PAGED_DECODE_T(HD)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(PT_NW * 32) paged_decode_t##HD(                               \
         const float* q, const float* k, const float* v, unsigned short* kc, unsigned short* vc,              \
         const int* slots, const int* kv_lens, const int* tables, const float* slopes, float* out, float* part, \
         int maxb, int bs, long nslots, int nh, int nkv, int hd, float scale, float softcap, int window,      \
         const float* sinks, const float* rcos, const float* rsin, int rot, int rstyle, unsigned short* oh,   \
         int obf, signed char* oq, float2* od) {                                                              \
-        paged_decode_scored<HD, GM, R>(q, k, v, kc, vc, slots, kv_lens, tables, slopes, out, part, maxb, bs,  \
-                                       nslots, nh, nkv, hd, scale, softcap, window, sinks,                   \
-                                       PdRope{rcos, rsin, rot, rstyle}, PdCopy{oh, obf, oq, od});            \
+        paged_decode_tc<HD>(q, k, v, kc, vc, slots, kv_lens, tables, slopes, out, part, maxb, bs, nslots, nh, \
+                            nkv, hd, scale, softcap, window, sinks, PdRope{rcos, rsin, rot, rstyle},          \
+                            PdCopy{oh, obf, oq, od});                                                         \
     }
-// heads per block 1, 2, 4 (and 8 at head size 64): the block's queries take at most 64 registers
-// a lane; two rounds of key rows requested at once (four ran slower: 168 registers a thread)
-PAGED_DECODE_S(64, 1, 2)
-PAGED_DECODE_S(64, 2, 2)
-PAGED_DECODE_S(64, 4, 2)
-PAGED_DECODE_S(64, 8, 2)
-PAGED_DECODE_S(128, 1, 2)
-PAGED_DECODE_S(128, 2, 2)
-PAGED_DECODE_S(128, 4, 2)
+PAGED_DECODE_T(64)
+PAGED_DECODE_T(128)
 
 // Merges the splits of paged_decode_*: block (sequence, head), one thread per output dim.
 extern "C" __global__ void paged_decode_combine(const float* part, const int* kv_lens, float* out, int nh, int hd,

@@ -9,9 +9,9 @@
 //! - with `batch_invariant`, rows decoding alone give the same logits bits as in a batch of 64;
 //! - `PagedAttention` over prompt chunks against the scalar CPU reference;
 //! - `PagedDecodeAttention` alone against `PagedCacheWrite` + `PagedAttention` on awkward sizes
-//!   (head sizes 16 / 80 / 128, 1 to 12 query heads per kv head, empty and long rows, windows,
-//!   soft-capping, ALiBi), f32, f16 and q8_0 caches (f16 through the scored kernels and the
-//!   online-softmax ones; q8_0 also against f32 `PagedAttention` over the dequantized pool);
+//!   (head sizes 16 / 64 / 80 / 128 / 256, 1 to 12 query heads per kv head, empty and long rows,
+//!   windows, soft-capping, ALiBi), f32, f16 and q8_0 caches (f16 through the tensor-core kernels
+//!   and the online-softmax ones; q8_0 also against f32 `PagedAttention` over the dequantized pool);
 //!   rotary tables that do not fit the call are an `Err`.
 //!
 //! Without a GPU every test passes without work and the binary says once, on stderr past the
@@ -590,9 +590,13 @@ fn paged_decode_attention_matches_paged_attention() {
         // has no 8-warp kernel (its shared memory would not fit)
         case(256, 8, 2, 0, 0.0, false, &[1, 300, 40]),
         case(256, 16, 2, 0, 0.0, false, &[7, 0, 520]),
+        // the tensor-core form with 8 heads per kv head, and with 12 (a block of 8, one of 4)
+        // over a window and split rows
+        case(64, 16, 2, 0, 0.0, false, &[33, 0, 1500]),
+        case(128, 24, 2, 100, 0.0, false, &[700, 5, 129]),
     ];
-    // an f16 pool of head size 64 or 128 takes the scored kernels, or with few blocks and a short
-    // `max_keys` the 8-warp online-softmax ones: both
+    // an f16 pool of head size 64 or 128 takes the tensor-core kernels, other f16 pools with few
+    // blocks the 8-warp online-softmax ones; a long `max_keys` splits long rows, a short one not
     let runs = [
         (DataType::F32, 2048),
         (DataType::F16, 2048),

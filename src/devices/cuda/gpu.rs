@@ -566,7 +566,8 @@ impl Gpu {
         Ok(())
     }
 
-    /// Lets kernel `name` ask for up to the opt-in maximum of dynamic shared memory (once).
+    /// Lets kernel `name` ask for up to the opt-in maximum of dynamic shared memory less its
+    /// static shared memory (once).
     fn raise_smem_limit(&self, name: &str, f: &CudaFunction) -> Result<()> {
         let mut done = self
             .big_smem
@@ -575,7 +576,13 @@ impl Gpu {
         if done.contains(name) {
             return Ok(());
         }
-        let most = i32::try_from(self.smem.block_optin).unwrap_or(i32::MAX);
+        // the opt-in maximum covers the kernel's static shared memory too
+        let fixed = f
+            .shared_size_bytes()
+            .map_err(|e| dev_err(&format!("static shared memory of {name}"), e))?;
+        let most = i32::try_from(self.smem.block_optin)
+            .unwrap_or(i32::MAX)
+            .saturating_sub(fixed.max(0));
         f.set_attribute(
             cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             most,

@@ -4,9 +4,10 @@
 //! step's rotary tables it rotates the query and the key itself (the `fuse` pass moves a
 //! `RotaryEmbedding` into it), and with `quantize_output` it also leaves its output in the form
 //! the o-projection reads (Q8_0 or f16/bf16 rows in [`ActQuant`]). f16 pools of head size 64
-//! or 128 mostly take the scored form, which requests a sub-chunk's key rows, then its value
-//! rows, all at once (64 rows of 2048 keys, 32/8 heads of 128, H200: 356.5 µs against 444.0 for
-//! the online-softmax kernels).
+//! or 128 take the tensor-core form (`paged_decode_t*`: scores and sums by `mma.sync`, key and
+//! value rows staged by `cp.async`; 64 rows of 2048 keys, 32/8 heads of 128, H200: 205 µs
+//! against 356 for the scalar kernels), other pools and batch-invariant launches the scalar
+//! online-softmax kernels.
 //!
 //! Unlike `PagedAttention` (`paged.rs`), the index arrays (`slots`, `kv_lens`, `block_tables`) may
 //! live on the GPU, where they are not read back: a recorded batched decode step (CUDA graph)
@@ -57,10 +58,6 @@ const WARPS: u32 = 4;
 const WIDE_WARPS: u32 = 8;
 /// Most blocks per multiprocessor of a launch that takes [`WIDE_WARPS`].
 const WIDE_BLOCKS_PER_SM: usize = 2;
-/// Keys below which a launch of few blocks takes the 8-warp kernels rather than the scored form
-/// (64 rows of 16 / 4 heads of 128, H200: 80 keys 12.5 against 18.2 µs, 144 keys 17.7 against
-/// 26.4; 512 keys 66.1 against 53.9).
-const SCORED_MIN_KEYS: usize = 512;
 /// Query heads of one kv head per block (`PD_GMAX`).
 const GROUP_CHUNK: usize = 8;
 /// Largest head size (32 lanes × 8 values).
@@ -86,9 +83,6 @@ struct Sizes {
     /// The pool's dtype (f16, f32 or q8_0).
     cache: DataType,
     nsplit: usize,
-    /// The launch's longest row in keys as the caller bounds it (`max_keys`, at most the
-    /// tables' reach).
-    max_keys: usize,
     /// Rotated dims and style of the step's rotary tables (0 dims: q and k arrive rotated).
     rot: usize,
     style: i32,
@@ -263,7 +257,6 @@ fn check(a: &Args, i: &IntDict, sms: usize, invariant: bool) -> Result<Sizes> {
         } else {
             paged_decode_splits(max_keys.min(maxb * bs), rows, nkv, sms)
         },
-        max_keys: max_keys.min(maxb * bs),
         rot,
         style,
     })
@@ -498,18 +491,23 @@ impl PagedDecodeAttention {
         ]);
         args.extend(c.copy.args());
         let blocks_x = z.nkv * (z.nh / z.nkv).div_ceil(GROUP_CHUNK);
-        let (kernel, warps) = self.kernel(z, blocks_x * rows as usize * z.nsplit);
         let grid = (
             u32::try_from(blocks_x).map_err(|_| op_err(OP, "too many heads"))?,
             rows,
             z.nsplit as u32,
         );
+        if tensor_core_form(z.cache, z.hd, self.invariant) {
+            let smem = (TC_WARPS * TC_STAGES * 2 * TC_KEYS * z.hd * 2) as u32;
+            let name = format!("paged_decode_t{}", z.hd);
+            return self
+                .gpu
+                .launch_smem(&name, grid, 32 * TC_WARPS as u32, smem, &args);
+        }
+        let (kernel, warps) = self.kernel(z, blocks_x * rows as usize * z.nsplit);
         self.gpu.launch(&kernel, grid, 32 * warps, &args)
     }
 
-    /// The kernel of a launch of `blocks` blocks and its warps per block: the scored form
-    /// `paged_decode_s{64,128}_g*` (f16 cache, head size 64 or 128, at most 512 query values a
-    /// block) unless the launch has few blocks and rows shorter than [`SCORED_MIN_KEYS`], else
+    /// The scalar kernel of a launch of `blocks` blocks and its warps per block:
     /// `paged_decode_{h,f,q}{1,2,4,8}_g{1,2,4,8}` (lane width, query heads per block), f16 ones
     /// with 8 warps (`_w8`) for few blocks.
     fn kernel(&self, z: &Sizes, blocks: usize) -> (String, u32) {
@@ -523,10 +521,6 @@ impl PagedDecodeAttention {
             && !self.invariant
             && wide_fits(dpl, gm)
             && blocks <= WIDE_BLOCKS_PER_SM * self.gpu.sms();
-        let scored = z.cache == DataType::F16 && matches!(z.hd, 64 | 128) && gm * z.hd <= 512;
-        if scored && !(wide && z.max_keys < SCORED_MIN_KEYS) {
-            return (format!("paged_decode_s{}_g{gm}", z.hd), WARPS);
-        }
         let cache = match z.cache {
             DataType::F16 => "h",
             DataType::Q8_0 => "q",
@@ -538,6 +532,18 @@ impl PagedDecodeAttention {
         );
         (kernel, if wide { WIDE_WARPS } else { WARPS })
     }
+}
+
+/// Warps, key stages per warp and keys per stage of `paged_decode_t*` (`PT_NW`, `PT_ST`,
+/// `PT_KEYS` in kernels/paged_decode.cu).
+const TC_WARPS: usize = 2;
+const TC_STAGES: usize = 2;
+const TC_KEYS: usize = 16;
+
+/// Whether a launch takes the tensor-core form `paged_decode_t{64,128}`: an f16 cache of head
+/// size 64 or 128, outside batch-invariant launches (whose warp count fixes a row's arithmetic).
+fn tensor_core_form(cache: DataType, hd: usize, invariant: bool) -> bool {
+    cache == DataType::F16 && matches!(hd, 64 | 128) && !invariant
 }
 
 /// Bytes of static shared memory a block of `paged_decode_impl` with `warps` warps, `dpl` values

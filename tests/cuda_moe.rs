@@ -23,7 +23,6 @@ use fastllm::format::flm::{FlmFile, LoadMode};
 use fastllm::load::{load, LoadOptions};
 use fastllm::model::{synthetic, MapSource, Model, Precision, SyntheticSource};
 use serde_json::Value;
-use std::path::Path;
 use std::sync::Arc;
 
 fn floats(v: &Value) -> Vec<f32> {
@@ -36,9 +35,7 @@ fn floats(v: &Value) -> Vec<f32> {
 
 /// The tiny fixture `arch` converted (`keep`) and loaded on `device`, with its reference.
 fn tiny(arch: &str, device: &str, precision: Precision) -> (fastllm::generate::Llm, Value) {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/fixtures/tiny")
-        .join(arch);
+    let dir = common::tiny_fixture(arch);
     let out = std::env::temp_dir().join(format!(
         "fastllm-cuda-moe-{}-{arch}-{precision:?}.flm",
         std::process::id()
@@ -324,7 +321,7 @@ fn tiny_moe_models_decode_through_graphs_on_the_gpu() {
 #[test]
 fn gpt_oss_mxfp4_experts_on_the_gpu_match_the_cpu() {
     let Some(_dev) = gpu() else { return };
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny/gpt_oss");
+    let dir = common::tiny_fixture("gpt_oss");
     let flm = std::env::temp_dir().join(format!(
         "fastllm-cuda-moe-{}-gpt_oss-mxfp4.flm",
         std::process::id()

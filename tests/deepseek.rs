@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 type Tensors = Vec<(String, Vec<usize>, Vec<f32>)>;
 
 fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny/deepseek_v3")
+    common::tiny_fixture("deepseek_v3")
 }
 
 fn tmp(name: &str) -> PathBuf {

@@ -2,13 +2,15 @@
 //! reset, context overflow, seeds, stop strings, multi-turn chat, NaN logits, low-memory mode,
 //! and batched paged forward equal to one-sequence forward.
 
+mod common;
+
 use fastllm::convert::convert;
 use fastllm::data::{Data, DataType};
 use fastllm::generate::{GenerateParams, Llm, SamplingParams, Session, StopReason};
 use fastllm::load::{load, LoadOptions};
 use fastllm::model::{MapSource, Model, PagedKvPool, PagedSeqState, Precision};
 use fastllm::Executor;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 fn tiny(arch: &str) -> PathBuf {
@@ -18,9 +20,7 @@ fn tiny(arch: &str) -> PathBuf {
     let _g = ONCE.lock().unwrap_or_else(|e| e.into_inner());
     let out = d.join(format!("{arch}.flm"));
     if !out.exists() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../shared/fixtures/tiny")
-            .join(arch);
+        let dir = common::tiny_fixture(arch);
         convert(&dir, &out, &Default::default(), &mut |_| {}).unwrap();
     }
     out

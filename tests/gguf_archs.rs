@@ -28,9 +28,7 @@ fn tmp(name: &str) -> PathBuf {
 }
 
 fn fixture(arch: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/fixtures/tiny")
-        .join(arch)
+    common::tiny_fixture(arch)
 }
 
 /// A GGUF metadata value: its type code and encoded bytes.

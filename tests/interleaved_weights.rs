@@ -82,7 +82,7 @@ fn tiny_models_same_logits_interleaved_or_plain() {
         common::skipped("no AVX-512 VNNI: block weights are not interleaved on this CPU");
         return;
     }
-    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny");
+    let fixtures = common::fixtures().join("tiny");
     let ids: Vec<u32> = vec![1, 17, 5, 30, 2, 9, 44, 3, 12, 7, 21, 8];
     let mut interleaved = 0;
     for arch in [
@@ -118,7 +118,7 @@ fn tiny_models_float_weights_same_logits_interleaved_or_plain() {
         common::skipped("no AVX2/AVX-512: float weights are not interleaved on this CPU");
         return;
     }
-    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny");
+    let fixtures = common::fixtures().join("tiny");
     let ids: Vec<u32> = vec![1, 17, 5, 30, 2, 9, 44, 3, 12, 7, 21, 8];
     let mut interleaved = 0;
     for arch in ["llama", "qwen2", "gemma2", "phi3", "gpt2"] {

@@ -23,9 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 fn fixture(arch: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/fixtures/tiny")
-        .join(arch)
+    common::tiny_fixture(arch)
 }
 
 fn tmp(name: &str) -> PathBuf {

@@ -3,6 +3,8 @@
 //! KL-divergence base file: a round trip of one model against itself, and the mismatches it
 //! must refuse.
 
+mod common;
+
 use fastllm::convert::convert;
 use fastllm::generate::perplexity::kl::{BaseHeader, BaseReader, BaseWriter, KlStats};
 use fastllm::generate::perplexity::{self, NllStats, PerplexityParams, Plan};
@@ -22,7 +24,7 @@ fn tiny_llama() -> Llm {
     let _g = ONCE.lock().unwrap_or_else(|e| e.into_inner());
     let out = tmpdir().join("llama.flm");
     if !out.exists() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny/llama");
+        let dir = common::tiny_fixture("llama");
         convert(&dir, &out, &Default::default(), &mut |_| {}).unwrap();
     }
     let opts = LoadOptions {

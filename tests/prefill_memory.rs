@@ -5,12 +5,14 @@
 //! on the length a step reaches refuses to. The heap is counted by this binary's allocator, so
 //! the whole check is one test (tests of one binary run on parallel threads).
 
+mod common;
+
 use fastllm::convert::convert;
 use fastllm::generate::Llm;
 use fastllm::load::{load, LoadOptions};
 use fastllm::model::CPU_PREFILL_CHUNK;
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The system allocator, counting the bytes live and their peak.
@@ -58,7 +60,7 @@ unsafe impl GlobalAlloc for Counting {
 static ALLOC: Counting = Counting;
 
 fn tiny(arch: &str) -> Llm {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny");
+    let dir = common::fixtures().join("tiny");
     let d = std::env::temp_dir().join(format!("fastllm-prefill-test-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     let out: PathBuf = d.join(format!("{arch}.flm"));

@@ -3,6 +3,8 @@
 //! the same logits as the same model without it whose q projection rows of the rotated dims
 //! are multiplied by factor² instead (the tiny qwen2-yarn fixture, half of each head rotating).
 
+mod common;
+
 use fastllm::convert::{convert, ConvertOptions, TargetDtype};
 use fastllm::data::Data;
 use fastllm::format::flm::{FlmFile, FlmWriter, LoadMode};
@@ -65,7 +67,7 @@ fn logits(flm: &Path, ids: &[u32]) -> Vec<f32> {
 
 #[test]
 fn partial_rotary_attention_factor_scales_the_rotated_dims_only() {
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny/qwen2-yarn");
+    let fixture = common::tiny_fixture("qwen2-yarn");
     let hf = tmp("hf.flm");
     let opts = ConvertOptions {
         dtype: TargetDtype::F32,

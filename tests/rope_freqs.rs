@@ -50,8 +50,7 @@ fn logits(flm: &Path, ids: &[u32]) -> fastllm::Result<Vec<f32>> {
 
 #[test]
 fn rope_freqs_tensor_equals_the_llama3_config() {
-    let fixture =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny/llama3-rope-scaling");
+    let fixture = common::tiny_fixture("llama3-rope-scaling");
     let hf = tmp("hf.flm");
     convert(&fixture, &hf, &ConvertOptions::default(), &mut |_| {}).unwrap();
     let c = FlmFile::open(&hf, LoadMode::Mmap).unwrap().config().clone();
@@ -105,8 +104,7 @@ fn rope_freqs_tensor_equals_the_llama3_config() {
 
 #[test]
 fn bad_rope_freqs_tensor_is_refused_by_name() {
-    let fixture =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny/llama3-rope-scaling");
+    let fixture = common::tiny_fixture("llama3-rope-scaling");
     let hf = tmp("hf-bad.flm");
     convert(&fixture, &hf, &ConvertOptions::default(), &mut |_| {}).unwrap();
     let half = FlmFile::open(&hf, LoadMode::Mmap)

@@ -7,10 +7,10 @@
 mod common;
 
 use fastllm::options::{RuntimeOptions, SimdLevel};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 fn tiny_llama() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny/llama")
+    common::tiny_fixture("llama")
 }
 
 #[test]

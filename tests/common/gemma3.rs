@@ -15,10 +15,7 @@ use std::path::{Path, PathBuf};
 /// The reference fixture's directory (under `FASTLLM_FIXTURES` when set, for runs on another
 /// machine).
 pub fn fixtures() -> PathBuf {
-    std::env::var_os("FASTLLM_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures"))
-        .join("logits_gemma3")
+    super::fixtures().join("logits_gemma3")
 }
 
 /// The GGUF named by `FASTLLM_GEMMA3_GGUF`, or `None` after reporting the skip.

@@ -13,7 +13,25 @@ pub mod smollm2;
 
 use std::collections::BTreeSet;
 use std::io::Write;
+use std::path::PathBuf;
 use std::sync::Mutex;
+
+/// The shared fixtures (`FASTLLM_FIXTURES` overrides their location, for runs on another
+/// machine).
+#[allow(dead_code)] // not every test binary reads fixtures
+pub fn fixtures() -> PathBuf {
+    std::env::var_os("FASTLLM_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/fixtures"))
+        })
+}
+
+/// The tiny random model `arch` of the shared fixtures (`tiny/{arch}`).
+#[allow(dead_code)] // not every test binary reads fixtures
+pub fn tiny_fixture(arch: &str) -> PathBuf {
+    fixtures().join("tiny").join(arch)
+}
 
 /// Held by a test that runs a group over the machine's GPUs while it does: the kernels of two
 /// groups on the same GPUs spin waiting for their peers and can starve each other until the

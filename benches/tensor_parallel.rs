@@ -80,7 +80,7 @@ fn all_reduce_times(r: usize, id: &nccl::NcclId) -> Vec<(String, f64)> {
 fn norm_times(dev: &Arc<CudaDevice>, fused: bool, how: &str, out: &mut Vec<(String, f64)>) {
     let mut exec = Executor::new();
     exec.add_device(dev.clone());
-    for rows in [1usize, 8, 64, 2048] {
+    for rows in [1usize, 8, 64, 512, 2048] {
         let up = |d: Data| dev.upload(&d).unwrap();
         let mut x = up(Data::zeros(DataType::F32, &[rows, 4096]).unwrap());
         let b = up(Data::zeros(DataType::F16, &[rows, 4096]).unwrap());
@@ -106,7 +106,39 @@ fn norm_times(dev: &Arc<CudaDevice>, fused: bool, how: &str, out: &mut Vec<(Stri
             format!("add and norm of {rows} x 4096 f16 rows, {how}, 64 in a graph"),
             us,
         ));
+        if fused && rows >= 512 {
+            for split in [1, 2] {
+                let mut run = || split_norm(&exec, (&mut x, &b, &w, &mut h), split);
+                run();
+                let us = per_launch_in_graph(dev, 10, run);
+                out.push((
+                    format!("add and norm of {rows} x 4096 f16 rows, {how}, rows split over the ranks (row_split {split}), 64 in a graph"),
+                    us,
+                ));
+            }
+        }
     }
+}
+
+/// The fused all-reduce norm of [`norm_times`] with `row_split` (1: the residual left split, 2:
+/// gathered), leaving the f16 copy.
+fn split_norm(exec: &Executor, (x, b, w, h): (&mut Data, &Data, &Data, &mut Data), split: i32) {
+    let mut d = DataDict::new()
+        .with_mut("input", x)
+        .with("input1", b)
+        .with("weight", w)
+        .with_mut("output", h);
+    let ints = IntDict::new()
+        .with("quantize_output", OutputCopy::F16.param())
+        .with("all_reduce", 1)
+        .with("row_split", split);
+    exec.run(
+        "RMSNorm",
+        &mut d,
+        &FloatDict::new().with("eps", 1e-5),
+        &ints,
+    )
+    .unwrap();
 }
 
 /// Microseconds per call of `launch`: 64 calls recorded as one graph on `dev`, replayed five

@@ -151,19 +151,23 @@ __device__ __forceinline__ float p2p_round(float v, int dt) {
     return v;
 }
 
+// Copies `bytes` bytes from src to dst with the block's threads (16-byte moves where both ends
+// allow).
+__device__ void p2p_copy(char* dst, const char* src, long bytes) {
+    if ((((unsigned long long)src | (unsigned long long)dst | bytes) & 15) == 0) {
+        const uint4* s = (const uint4*)src;
+        uint4* d = (uint4*)dst;
+        for (long i = threadIdx.x; i < bytes / 16; i += blockDim.x) d[i] = s[i];
+    } else {
+        for (long i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = src[i];
+    }
+}
+
 // Pushes `bytes` bytes at byte offset `off` of this rank's partial `src` into slot `rank` of
-// every peer (16-byte stores where both ends allow).
+// every peer.
 __device__ void p2p_push(const P2pCtx* c, unsigned e, const char* src, long off, long bytes) {
     for (int p = 0; p < c->world; p++) {
-        if (p == c->rank) continue;
-        char* dst = p2p_slot(c, p, c->rank, e) + off;
-        if ((((unsigned long long)src | (unsigned long long)dst | off | bytes) & 15) == 0) {
-            const uint4* s = (const uint4*)(src + off);
-            uint4* d = (uint4*)dst;
-            for (long i = threadIdx.x; i < bytes / 16; i += blockDim.x) d[i] = s[i];
-        } else {
-            for (long i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = src[off + i];
-        }
+        if (p != c->rank) p2p_copy(p2p_slot(c, p, c->rank, e) + off, src + off, bytes);
     }
 }
 
@@ -500,6 +504,113 @@ __device__ void p2p_addrmsnorm_t(float* x, const float* w, float* y, int d, floa
         if (next < rows) p2p_signal(c, p2p_seq(e, k + 1));
         __syncthreads();
     }
+}
+
+// ---- row-split norms: each rank adds and normalizes its share of the rows ----
+// Rank q owns rows [q·per, (q+1)·per) of a fused norm (per = ceil(rows / world)), and block b
+// takes the shares j = b, b + grid, ... of every rank's range. For share j it pushes this rank's
+// partial of row q·per + j into peer q's slot (region A, j·rb), waits for the peers' partials
+// of its own row, adds them in rank order and the residual (the arithmetic of p2p_slot_row),
+// normalizes, stores the half copy hs and pushes it into every peer's slot (region B); then it
+// copies the peers' normed rows of its shares out of its slots into hs. So each rank reads and
+// writes half the residual rows and sends as many bytes as the whole-row kernels.
+// x keeps this rank's rows only (the others go stale) and y is not written: the fuse pass lets
+// only a chain of these norms read x and only the next tensor-core Linear read the half copy
+// (see row_split_norms in src/devices/cuda/fuse.rs). With GATHER the norm also pushes its x rows
+// (region C) and copies the peers' into x, which is then whole again (a chain's last norm).
+// Announcement k + 1 of a block covers its partials of its share k + 1 and its normed row of
+// share k, so phase B waits for the announcements phase A already sent.
+template <int GATHER>
+__device__ void p2p_split_norm_t(float* x, const float* w, int d, float eps, const void* r, int bdt, uint2* hs,
+                                 int bf, const P2pCtx* c, int rows, int ek) {
+    unsigned e = p2p_epoch(c, ek);
+    int n4 = d >> 2;
+    long per = (rows + c->world - 1) / c->world;
+    long rb = (long)d * (bdt == 0 ? 4 : 2);
+    long at_b = (per * rb + 255) & ~255l, at_c = at_b + ((per * d * 2 + 255) & ~255l);
+    auto push_partials = [&](long j) {
+        for (int q = 0; q < c->world; q++) {
+            long row = q * per + j;
+            if (q == c->rank || row >= rows) continue;
+            p2p_copy(p2p_slot(c, q, c->rank, e) + j * rb, (const char*)r + row * rb, rb);
+        }
+    };
+    pdl_wait();
+    if (blockIdx.x < per) push_partials(blockIdx.x);
+    p2p_signal(c, p2p_seq(e, 1));
+    pdl_launch();
+    unsigned k = 1;
+    for (long j = blockIdx.x; j < per; j += gridDim.x, k++) {
+        if (j + gridDim.x < per) push_partials(j + gridDim.x);
+        long row = c->rank * per + j;
+        p2p_wait(c, p2p_seq(e, k));
+        if (row < rows) {
+            float4* xr = (float4*)(x + row * d);
+            float4 v[RMS_V4];
+            p2p_row_load(row, x, r, bdt, n4, v, nullptr);
+            float s = 0.0f;
+#pragma unroll
+            for (int t = 0; t < RMS_V4; t++) {
+                int i = threadIdx.x + t * blockDim.x;
+                if (i < n4) {
+                    float4 a = p2p_rank_sum4(c, load4_of(r, row * n4 + i, bdt), bdt, [&](int p) {
+                        return load4_cg(p2p_slot(c, c->rank, p, e) + j * rb, i, bdt);
+                    });
+                    float4 h = v[t];
+                    v[t] = make_float4(h.x + 1.0f * a.x, h.y + 1.0f * a.y, h.z + 1.0f * a.z, h.w + 1.0f * a.w);
+                    xr[i] = v[t];
+                }
+                s += sq4(v[t]);
+            }
+            s = block_sum(s);
+            float inv = rsqrtf(s / (float)d + eps);
+#pragma unroll
+            for (int t = 0; t < RMS_V4; t++) {
+                int i = threadIdx.x + t * blockDim.x;
+                if (i >= n4) continue;
+                float4 g = ((const float4*)w)[i];
+                float4 o = make_float4(v[t].x * inv * g.x, v[t].y * inv * g.y, v[t].z * inv * g.z, v[t].w * inv * g.w);
+                uint2 q = half4_of(o, bf);
+                hs[row * n4 + i] = q;
+                for (int p = 0; p < c->world; p++) {
+                    if (p == c->rank) continue;
+                    char* slot = p2p_slot(c, p, c->rank, e);
+                    ((uint2*)(slot + at_b))[j * n4 + i] = q;
+                    if (GATHER) ((float4*)(slot + at_c))[j * n4 + i] = v[t];
+                }
+            }
+        }
+        p2p_signal(c, p2p_seq(e, k + 1));
+    }
+    k = 1;
+    for (long j = blockIdx.x; j < per; j += gridDim.x, k++) {
+        p2p_wait(c, p2p_seq(e, k + 1));
+        for (int p = 0; p < c->world; p++) {
+            long row = p * per + j;
+            if (p == c->rank || row >= rows) continue;
+            const char* slot = p2p_slot(c, c->rank, p, e);
+            const uint2* qs = (const uint2*)(slot + at_b) + j * n4;
+            const float4* xs = (const float4*)(slot + at_c) + j * n4;
+            for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+                hs[row * n4 + i] = __ldcg(qs + i);
+                if (GATHER) ((float4*)x)[row * n4 + i] = __ldcg(xs + i);
+            }
+        }
+    }
+}
+
+// The row-split norms' entry points: the slot kernels' arguments for the half copy without
+// `pushed`, the rows as N; y is not written. The gather form makes the residual whole again.
+extern "C" __global__ void p2p_split_addrmsnorm_v4h_f32(float* x, const float* w, float*, int d, float eps,
+                                                        const void* r, int bdt, uint2* hs, int bf,
+                                                        const P2pCtx* c, int rows, int ek) {
+    p2p_split_norm_t<0>(x, w, d, eps, r, bdt, hs, bf, c, rows, ek);
+}
+
+extern "C" __global__ void p2p_split_gather_addrmsnorm_v4h_f32(float* x, const float* w, float*, int d,
+                                                               float eps, const void* r, int bdt, uint2* hs,
+                                                               int bf, const P2pCtx* c, int rows, int ek) {
+    p2p_split_norm_t<1>(x, w, d, eps, r, bdt, hs, bf, c, rows, ek);
 }
 
 // p2p_addrmsnorm_t through the low-latency slots (HALF 0: rows * d <= P2P_LL_ELEMS) or the half

@@ -112,7 +112,7 @@ fn all_reduce_is_the_rank_ordered_sum_on_both_ranks() {
         (DataType::F16, 1 << 20),
         (DataType::BF16, 4096),
         (DataType::BF16, 100_003),
-        (DataType::F32, 9_000_001),
+        (DataType::F32, 13_000_001),
     ] {
         let parts: Vec<Data> = (0..2).map(|_| rng.data(dt, &[n])).collect();
         let mut on: Vec<Data> = ranks
@@ -180,7 +180,7 @@ fn fused_norm_equals_all_reduce_add_then_norm() {
         (2, 5120),
         (64, 4096),
         (300, 576),
-        (2100, 4096),
+        (3100, 4096),
         (5, 70),
     ];
     for dt in [DataType::F32, DataType::F16, DataType::BF16] {
@@ -249,6 +249,166 @@ fn fused_norm_equals_all_reduce_add_then_norm() {
         }
     }
     eprintln!("{checked} fused all-reduce norm cases: sums equal the plain calls, norms agree across ranks");
+}
+
+/// `RMSNorm(x += Σ b → h)` on rank `r` with the half copy for a `dt` weight, `row_split` as
+/// given (0: whole rows); launched, nothing read.
+fn reduce_norm(r: &Rank, x: &mut Data, b: &Data, wn: &Data, dt: DataType, split: i32) -> Data {
+    let mut h = Data::empty(DataType::F32);
+    let copy = match dt {
+        DataType::BF16 => OutputCopy::Bf16,
+        _ => OutputCopy::F16,
+    };
+    let mut d = DataDict::new()
+        .with_mut("input", x)
+        .with("input1", b)
+        .with("weight", wn)
+        .with_mut("output", &mut h);
+    let ints = IntDict::new()
+        .with("quantize_output", copy.param())
+        .with("all_reduce", 1)
+        .with("row_split", split);
+    let eps = FloatDict::new().with("eps", 1e-5);
+    r.exec.run("RMSNorm", &mut d, &eps, &ints).unwrap();
+    drop(d);
+    h
+}
+
+/// `y = Linear(h)` with `quant_act` on rank `r`.
+fn product(r: &Rank, h: &Data, wl: &Data) -> fastllm::error::Result<Data> {
+    let mut y = Data::empty(DataType::F32);
+    let mut d = DataDict::new()
+        .with("input", h)
+        .with("weight", wl)
+        .with_mut("output", &mut y);
+    let ints = IntDict::new().with("quant_act", 1);
+    r.exec.run("Linear", &mut d, &FloatDict::new(), &ints)?;
+    drop(d);
+    Ok(y)
+}
+
+/// Row-split fused norms (each rank adds and normalizes a share of the rows and sends the
+/// peers its half rows): a chain of two, the first leaving the residual split, the second
+/// gathering it, gives the products of the whole-row norms' copies and the residual bit for
+/// bit, on both ranks, for f16 and bf16, rows split evenly and not. A split norm without the
+/// half copy, and a product that cannot read a split norm's copy, are errors.
+#[test]
+fn row_split_norms_give_the_whole_row_norms_bits() {
+    let Some(ranks) = two_ranks(Duration::from_secs(60)) else {
+        return;
+    };
+    let mut rng = CaseRng::new(12);
+    let up = |r: &Rank, d: &Data| r.dev.upload(d).unwrap();
+    for dt in [DataType::F16, DataType::BF16] {
+        for (m, k, n) in [
+            (600usize, 576usize, 64usize),
+            (2048, 4096, 48),
+            (513, 1000, 40),
+        ] {
+            let x0 = rng.data_range(DataType::F32, &[m, k], -4.0, 4.0);
+            let parts: Vec<Vec<Data>> = (0..2)
+                .map(|_| (0..2).map(|_| rng.data(dt, &[m, k])).collect())
+                .collect();
+            let wn = rng.data(DataType::F32, &[k]);
+            let wl = rng.data(dt, &[n, k]);
+            // each op launched on both ranks before the next (a product may wait for its GPU)
+            let run = |split: bool| -> Vec<[Vec<f32>; 3]> {
+                let mut xs: Vec<Data> = ranks.iter().map(|r| up(r, &x0)).collect();
+                let on = |j: usize, i: usize| up(&ranks[i], &parts[j][i]);
+                let bs: Vec<[Data; 2]> = (0..2).map(|i| [on(0, i), on(1, i)]).collect();
+                let ws: Vec<(Data, Data)> =
+                    ranks.iter().map(|r| (up(r, &wn), up(r, &wl))).collect();
+                let mut ys: Vec<Vec<Data>> = vec![Vec::new(), Vec::new()];
+                for (j, mode) in [(0, 1), (1, 2)] {
+                    let hs: Vec<Data> = (0..2)
+                        .map(|i| {
+                            let s = if split { mode } else { 0 };
+                            reduce_norm(&ranks[i], &mut xs[i], &bs[i][j], &ws[i].0, dt, s)
+                        })
+                        .collect();
+                    for i in 0..2 {
+                        ys[i].push(product(&ranks[i], &hs[i], &ws[i].1).unwrap());
+                    }
+                }
+                ys.iter()
+                    .zip(&xs)
+                    .map(|(y, x)| [host(x), host(&y[0]), host(&y[1])])
+                    .collect()
+            };
+            let sum = |j: usize| {
+                let (a, b) = (host(&parts[j][0]), host(&parts[j][1]));
+                a.iter()
+                    .zip(b)
+                    .map(|(p, q)| round_to(p + q, dt))
+                    .collect::<Vec<f32>>()
+            };
+            let (s1, s2) = (sum(0), sum(1));
+            let want: Vec<f32> = host(&x0)
+                .iter()
+                .enumerate()
+                .map(|(i, x)| x + s1[i] + s2[i])
+                .collect();
+            let (whole, split) = (run(false), run(true));
+            for r in 0..2 {
+                let what = format!("{dt} {m}x{k} rank {r}");
+                for (name, got) in [("whole-row", &whole[r][0]), ("row-split", &split[r][0])] {
+                    let bad = got.iter().zip(&want).position(|(a, b)| a != b);
+                    assert!(
+                        bad.is_none(),
+                        "{name} residual, {what}: first wrong value at row {:?}",
+                        bad.map(|i| (i / k, i % k))
+                    );
+                }
+                for j in 1..3 {
+                    let bad = split[r][j]
+                        .iter()
+                        .zip(&whole[r][j])
+                        .position(|(a, b)| a != b);
+                    assert!(
+                        bad.is_none(),
+                        "product {j}, {what}: first difference at {bad:?}"
+                    );
+                }
+                assert!(split[r] == split[0], "ranks differ, {what}");
+                ranks[r].comm.health().unwrap();
+            }
+        }
+    }
+    // without the half copy the split cannot run (no kernel launched, so no peer waits)
+    let (m, k) = (600, 576);
+    for r in ranks.iter() {
+        let mut x = up(r, &rng.data(DataType::F32, &[m, k]));
+        let b = up(r, &rng.data(DataType::F16, &[m, k]));
+        let wn = up(r, &rng.data(DataType::F32, &[k]));
+        let mut h = Data::empty(DataType::F32);
+        let mut d = DataDict::new()
+            .with_mut("input", &mut x)
+            .with("input1", &b)
+            .with("weight", &wn)
+            .with_mut("output", &mut h);
+        let ints = IntDict::new().with("all_reduce", 1).with("row_split", 1);
+        let e = r.exec.run("RMSNorm", &mut d, &FloatDict::new(), &ints);
+        let e = e.unwrap_err().to_string();
+        assert!(e.contains("row_split") && e.contains("half copy"), "{e}");
+    }
+    // a product of f32 weights cannot read the half copy a split norm left
+    let x0 = rng.data(DataType::F32, &[m, k]);
+    let mut xs: Vec<Data> = ranks.iter().map(|r| up(r, &x0)).collect();
+    let mut keep = Vec::new();
+    for (i, r) in ranks.iter().enumerate() {
+        let b = up(r, &rng.data(DataType::F16, &[m, k]));
+        let wn = up(r, &rng.data(DataType::F32, &[k]));
+        let h = reduce_norm(r, &mut xs[i], &b, &wn, DataType::F16, 2);
+        keep.push((b, wn, h));
+    }
+    for (r, (_, _, h)) in ranks.iter().zip(&keep) {
+        let wl = up(r, &rng.data(DataType::F32, &[8, k]));
+        let e = product(r, h, &wl).unwrap_err().to_string();
+        assert!(e.contains("row-split norm"), "{e}");
+        r.comm.health().unwrap();
+    }
+    assert_eq!(host(&xs[0]), host(&xs[1]), "gathered residuals differ");
+    eprintln!("row-split norms: chains of two equal the whole-row norms; misuse refused");
 }
 
 /// On every rank: b = a·Wᵀ (one row, `push_peers` or not), then x += Σ b and RMSNorm(x) fused;

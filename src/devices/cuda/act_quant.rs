@@ -57,6 +57,9 @@ pub struct Held {
     pub key: QuantKey,
     /// Written by `RMSNorm`/`SiluMul` with `quantize_output = 1` for the next `Linear`.
     pub produced: bool,
+    /// Left by a row-split norm: the producer's f32 output holds only this rank's rows, so the
+    /// next `Linear` must read these rows.
+    pub split: bool,
 }
 
 /// The shared buffer and its record (one per GPU; the stream is in order, so one buffer serves
@@ -154,7 +157,25 @@ impl ActQuant {
 
     /// Records that the buffer now holds `key`'s rows.
     pub fn set(&self, key: QuantKey, produced: bool) -> Result<()> {
-        *self.held.lock().map_err(|_| poisoned())? = Some(Held { key, produced });
+        self.hold(Held {
+            key,
+            produced,
+            split: false,
+        })
+    }
+
+    /// Records that the buffer now holds `key`'s rows, written by a row-split norm whose f32
+    /// output is not whole (see [`Held::split`]).
+    pub fn set_split(&self, key: QuantKey) -> Result<()> {
+        self.hold(Held {
+            key,
+            produced: true,
+            split: true,
+        })
+    }
+
+    fn hold(&self, held: Held) -> Result<()> {
+        *self.held.lock().map_err(|_| poisoned())? = Some(held);
         Ok(())
     }
 }

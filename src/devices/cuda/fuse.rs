@@ -23,6 +23,11 @@
 //!   `all_reduce`, sums over the group → the `Linear` may push its outputs to the peers as it
 //!   writes them (`push_peers`: one-row half-weight products, into the low-latency slots, see
 //!   `P2pGroup::ll_push_ctx`), the same sum either way.
+//! - A norm with `all_reduce` whose output only the next call, a tensor-core `Linear`, reads →
+//!   `row_split` (1, or 2 where the next item to touch the residual is not such a norm): the
+//!   ranks may each add and normalize a share of the rows, leaving only the half copy whole
+//!   (and with 2 the residual, gathered again). Not bit-changing, but the f32 output and the
+//!   other ranks' residual rows go stale, which only these calls may see.
 //! - A producer (`RMSNorm`, `SiluMul`, `Attention`, `DecodeAttention`, `PagedDecodeAttention`)
 //!   whose output is the input of the next call, a `quant_act` `Linear` → the producer also
 //!   leaves that input in the form the `Linear` reads (`quantize_output`: Q8_0 rows, or
@@ -52,7 +57,56 @@ pub fn plan(step: &mut Step) -> Result<()> {
     accumulate(step, usize::MAX);
     push_peers(step);
     producer_copies(step);
+    row_split_norms(step);
     Ok(())
+}
+
+/// A norm that all-reduces (`all_reduce`) and leaves the half copy for the next call, a
+/// `Linear` that alone reads its output → `row_split`: the ranks may each add and normalize a
+/// share of its rows (`P2pGroup::split_launch`), which leaves the f32 output and the other
+/// ranks' rows of the residual stale. 1 where the next item to touch the residual is such a
+/// norm too (it reads only this rank's rows), else 2: the norm makes the residual whole again.
+fn row_split_norms(step: &mut Step) {
+    let n = step.items().len();
+    let splittable: Vec<bool> = (0..n).map(|i| splittable_norm(step.items(), i)).collect();
+    for i in (0..n).filter(|&i| splittable[i]) {
+        let items = step.items();
+        let Some(x) = items[i].call().and_then(|c| c.arg("input")) else {
+            continue;
+        };
+        let next = (i + 1..n).find(|&j| items[j].reads(x) || items[j].writes(x));
+        let chained = next.is_some_and(|j| {
+            splittable[j] && items[j].call().and_then(|c| c.arg("input")) == Some(x)
+        });
+        if let Some(c) = call_mut(step.items_mut(), i) {
+            c.set_int("row_split", if chained { 1 } else { 2 });
+        }
+    }
+}
+
+/// Item `i` is a norm [`row_split_norms`] may split.
+fn splittable_norm(items: &[Item], i: usize) -> bool {
+    let Some(c) = items[i].call() else {
+        return false;
+    };
+    let half = [OutputCopy::F16.param(), OutputCopy::Bf16.param()];
+    if c.op != "RMSNorm"
+        || c.int_of("all_reduce") != 1
+        || !half.contains(&c.int_of("quantize_output"))
+    {
+        return false;
+    }
+    let (Some(y), Some(x)) = (c.arg("output"), c.arg("input")) else {
+        return false;
+    };
+    let Some(j) = (i + 1..items.len()).find(|&j| !matches!(items[j], Item::Reshape(..))) else {
+        return false;
+    };
+    // (producer_copies set the copy for that Linear: it reads `y` as its input)
+    let only_reader = items[j]
+        .call()
+        .is_some_and(|l| l.op == "Linear" && !l.writes(x));
+    only_reader && !read_later(items, j + 1, y)
 }
 
 /// `Linear(x → b)` (one weight), then `RMSNorm(input1 = b, all_reduce)` → the `Linear` gets
@@ -440,6 +494,55 @@ mod tests {
             assert_eq!(n.arg("input1"), Some(b));
             assert!(n.args.iter().any(|a| a.name == "input" && a.written));
             assert_eq!(n.int_of("all_reduce"), (op == "AllReduceAdd") as i32);
+        }
+    }
+
+    /// Norms that all-reduce, each read only by the next tensor-core `Linear`, split their rows
+    /// over the ranks: the first keeps the residual split (the next toucher is the second), the
+    /// second makes it whole (a plain all-reduce follows). A norm whose output something else
+    /// reads too, or of one row (no half copy), does not split.
+    #[test]
+    fn reducing_norms_read_by_one_product_split_their_rows() {
+        let w = Data::zeros(DataType::F16, &[64, 64]).unwrap();
+        let wn = Data::zeros(DataType::F32, &[64]).unwrap();
+        for (rows, extra_reader) in [(600, false), (600, true), (1, false)] {
+            let mut bufs: Vec<Data> = (0..9).map(|_| Data::empty(DataType::F32)).collect();
+            let mut st = Step::new();
+            let (w, wn) = (st.input(&w), st.input(&wn));
+            let t: Vec<TensorId> = bufs.iter_mut().map(|b| st.mutable(b)).collect();
+            let (x, b1, h, q, b2, h2, g, b3, s) =
+                (t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8]);
+            let reduce = |b| {
+                Call::new("AllReduceAdd")
+                    .output("input0", x)
+                    .input("input1", b)
+            };
+            st.push(reduce(b1));
+            st.push(rms_norm(x, wn, h).rows(rows));
+            st.push(linear(h, w, q, rows));
+            st.push(linear(q, w, b2, rows));
+            if extra_reader {
+                st.push(Call::new("Silu").input("input", h).output("output", s));
+            }
+            st.push(reduce(b2));
+            st.push(rms_norm(x, wn, h2).rows(rows));
+            st.push(linear(h2, w, g, rows));
+            st.push(linear(g, w, b3, rows));
+            st.push(reduce(b3));
+            plan(&mut st).unwrap();
+            let splits: Vec<i32> = st
+                .items()
+                .iter()
+                .filter_map(Item::call)
+                .filter(|c| c.op == "RMSNorm")
+                .map(|c| c.int_of("row_split"))
+                .collect();
+            let want = match (rows, extra_reader) {
+                (1, _) => [0, 0],
+                (_, true) => [0, 2],
+                _ => [1, 2],
+            };
+            assert_eq!(splits, want, "{rows} rows, extra reader {extra_reader}");
         }
     }
 

@@ -1047,6 +1047,9 @@ impl Operator for Linear {
             input: half_form(x.dtype()).is_some(),
             output: half_form(d.require("Linear", "output")?.dtype()),
         };
+        if prev.is_some_and(|h| h.split) {
+            return self.split_input_product(prev, ints, xp, m, k, &segs, io);
+        }
         if let [seg] = segs.as_slice() {
             if m == 1 && !io.input && io.output.is_none() && self.pushed_gemv(ints, xp, k, seg)? {
                 return Ok(());
@@ -1067,6 +1070,47 @@ impl Operator for Linear {
 }
 
 impl Linear {
+    /// The product of an input a row-split norm wrote (`prev`, [`Held::split`]): its f32 rows
+    /// hold only this rank's share, so the tensor-core path must read the half copy it left.
+    /// `Err` naming the mismatch otherwise (the fuse pass pairs such a norm with this call).
+    #[allow(clippy::too_many_arguments)]
+    fn split_input_product(
+        &self,
+        prev: Option<Held>,
+        ints: &IntDict,
+        xp: u64,
+        m: usize,
+        k: usize,
+        segs: &[Seg],
+        io: HalfIo,
+    ) -> Result<()> {
+        let form = match segs.first().map(|s| s.dtype) {
+            Some(DataType::BF16) => ActForm::Bf16,
+            _ => ActForm::F16,
+        };
+        let tc_weights = segs.iter().all(|s| {
+            s.dtype != DataType::F32
+                && (!s.dtype.is_quantized() || k.is_multiple_of(s.dtype.block_elems()))
+        });
+        let usable = !io.input
+            && !self.invariant
+            && tc_weights
+            && ints.get_or("quant_act", 0) != 0
+            && prev.is_some_and(|h| produced_copy(h, form, xp, m, k).is_some());
+        let bat = Batched::of_call(ints)?;
+        let acc = ints.get_or("accumulate", 0) != 0;
+        if !usable || !self.tensor_core(prev, bat, xp, m, k, segs, acc, io)? {
+            return Err(op_err(
+                "Linear",
+                format!(
+                    "input [{m}, {k}] comes from a row-split norm, whose rows only its {form:?} \
+                     copy holds whole; this product cannot read that copy"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// With `push_peers` on a rank of a peer-to-peer group: the one-row product of a half
     /// weight `seg` (the f32-activation GEMV `gemv1_*`, as [`Linear::gemv`] runs it) that also
     /// pushes each output into the peers' low-latency slots for the fused norm after it

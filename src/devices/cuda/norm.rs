@@ -3,7 +3,9 @@
 //! `RMSNorm` with `input1` (f32, f16 or bf16 rows of the input's shape, or one row added to
 //! every row, as `AddTo` takes) first adds it into the input (`input += input1`, the input
 //! passed mutably) and normalizes the sum: the residual add of [`super::fuse`]'s `add_norm`
-//! pass, with the bits of `AddTo` followed by `RMSNorm`.
+//! pass, with the bits of `AddTo` followed by `RMSNorm`. With `all_reduce` it sums `input1` over
+//! the GPU's tensor-parallel group first, and with `row_split` (from the fuse pass) the ranks
+//! may split the rows: see [`super::p2p::P2pGroup::split_launch`].
 
 use super::act_quant::{ActForm, ActQuant};
 use super::buffer::{dptr, ensure_out};
@@ -169,6 +171,54 @@ impl RowOp {
             .launch(&format!("{prefix}_v4_f32"), grid, threads, &args)
     }
 
+    /// The row-split fused norm `l` ([`super::p2p::P2pGroup::split_launch`]) of this rank's
+    /// partial at `r` (`ptrs`: x, weight, output, r; `code` its [`residual_code`]), leaving the
+    /// half copy `copy` for the next `Linear` and only this rank's rows of x. `Err` where the
+    /// rows cannot take it (no half copy asked, or rows the float4 kernels do not take): the
+    /// other norms of the step's chain split, so the whole-row kernels would read stale rows.
+    fn split_rms(
+        &self,
+        mut l: NormLaunch,
+        g: &super::p2p::P2pGroup,
+        (rows, row): (usize, usize),
+        [xp, wp, yp, rp]: [u64; 4],
+        (code, eps): (i32, f32),
+        copy: Option<ActForm>,
+    ) -> Result<()> {
+        let Some(form @ (ActForm::F16 | ActForm::Bf16)) = copy else {
+            return Err(op_err(
+                "RMSNorm",
+                format!(
+                    "row_split over {rows} rows of {row} needs the half copy for the next Linear \
+                     and 16-byte aligned rows of a multiple of 4 values"
+                ),
+            ));
+        };
+        l.epoch = g.take_epoch()?;
+        let (hs, key) = self.act.half_slot(yp, rows, row, form)?;
+        let args = [
+            KArg::Ptr(xp),
+            KArg::Ptr(wp),
+            KArg::Ptr(yp),
+            int(row, "row length")?,
+            KArg::F32(eps),
+            KArg::Ptr(rp),
+            KArg::I32(code),
+            KArg::Ptr(hs),
+            KArg::I32((form == ActForm::Bf16) as i32),
+            l.ctx,
+            KArg::I32(l.n),
+            KArg::I32(l.epoch),
+        ];
+        self.gpu.launch(
+            &format!("{}_v4h_f32", l.kernel),
+            (l.blocks, 1, 1),
+            l.threads,
+            &args,
+        )?;
+        self.act.set_split(key)
+    }
+
     /// `input += input1`, then `output = RMSNorm(input)` in one launch where the rows take the
     /// float4 kernels and `input1` has the input's shape (`Ok(true)`); otherwise only the add,
     /// by `AddTo`'s kernel (one `input1` row is added to every row), and `Ok(false)`: the
@@ -200,6 +250,17 @@ impl RowOp {
             let g = group_of(&self.group, OP)?;
             if !whole {
                 return Err(op_err(OP, "all_reduce needs input1 of the input's shape"));
+            }
+            let split = ints.get_or("row_split", 0);
+            if let Some(l) = g
+                .split_launch(rows, row, rms_threads(row), split == 2)
+                .filter(|_| split != 0)
+            {
+                let copy = ActForm::from_param(ints.get_or("quantize_output", 0));
+                let fits = row % 4 == 0 && aligned && row <= 4 * RMS_V4 * 1024;
+                let ptrs = [xp, wp, yp, rp];
+                self.split_rms(l, g, (rows, row), ptrs, (code, eps), copy.filter(|_| fits))?;
+                return Ok(true);
             }
             let pushed = g.take_ll_pushed(rp)?;
             let mut fits = g.norm_launch(rows, row, r.dtype().block_bytes(), rms_threads(row));

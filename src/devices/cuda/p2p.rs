@@ -4,7 +4,8 @@
 //! all-reduce, and the all-reduce fused with the residual add and the next `RMSNorm` (for a few
 //! rows the low-latency form, each value pushed with the epoch in one word, by the norm or
 //! already by the one-row product that wrote it: [`P2pGroup::ll_push_ctx`]; for batched decode
-//! rows of f16 / bf16 partials the half low-latency form, two values with the epoch in a word).
+//! rows of f16 / bf16 partials the half low-latency form, two values with the epoch in a word;
+//! for prefill rows the row-split form, each rank adding and normalizing a share of the rows).
 //! Also the `AllReduceAdd` operator (`input0 += Σ_ranks input1`) that a rank's step uses in
 //! place of an all-reduce stage followed by `AddTo` once its GPU has a group.
 //!
@@ -44,8 +45,11 @@ const FLAGS_BYTES: usize = MAX_RANKS * MAX_BLOCKS * 4;
 const STATE_AT: usize = FLAGS_BYTES;
 const CTX_AT: usize = STATE_AT + 64;
 const SLOTS_AT: usize = 64 * 1024;
-/// Bytes all slots of one rank take together (each slot: this over 2 · world).
-const SLOTS_TOTAL: usize = 128 << 20;
+/// Bytes all slots of one rank take together (each slot: this over 2 · world). At two ranks a
+/// slot holds a row-split norm of 2048 rows of 4096 (f32 partials and the gathered residual).
+const SLOTS_TOTAL: usize = 192 << 20;
+/// Fewest rows of a fused norm that the ranks split between them (`p2p_split_addrmsnorm`).
+pub const SPLIT_MIN_ROWS: usize = 512;
 /// Values of one low-latency slot (`P2P_LL_ELEMS`; 8 bytes each: the value and the epoch).
 const LL_ELEMS: usize = 16384;
 /// Values of one half low-latency slot (`P2P_LLH_ELEMS`; 4 bytes each: f16 / bf16 values two to
@@ -470,6 +474,40 @@ impl P2pGroup {
         })
     }
 
+    /// How a row-split fused norm (`p2p_split_addrmsnorm_v4h_f32`: each rank adds and normalizes
+    /// its share of the rows, leaving only the half copy whole; with `gather`
+    /// `p2p_split_gather_addrmsnorm_v4h_f32`, which makes the residual whole too) over `rows` rows of `row` values runs with `threads` a block; `None` below
+    /// [`SPLIT_MIN_ROWS`] rows or where a rank's share of f32 partials, half rows and residual
+    /// rows does not fit one slot. The answer depends on the rows and the group only, so the
+    /// norms of one step's chain all split or none does.
+    pub fn split_launch(
+        &self,
+        rows: usize,
+        row: usize,
+        threads: u32,
+        gather: bool,
+    ) -> Option<NormLaunch> {
+        let per = rows.div_ceil(self.world);
+        let need = per * row * (4 + 2 + 4) + 512;
+        if self.world < 2 || rows < SPLIT_MIN_ROWS || need > self.slot_bytes {
+            return None;
+        }
+        Some(NormLaunch {
+            ctx: KArg::Ptr(self.ctx_addr()),
+            blocks: per.min(self.blocks as usize) as u32,
+            threads,
+            n: rows as i32,
+            kernel: if gather {
+                "p2p_split_gather_addrmsnorm"
+            } else {
+                "p2p_split_addrmsnorm"
+            },
+            low_latency: false,
+            pushed: false,
+            epoch: 0,
+        })
+    }
+
     /// The kernels' context for a one-row product of `row` f32 outputs at `y` whose fused norm
     /// runs the low-latency kernels: the product pushes each output into the peers' slots as
     /// it writes it (`p2p_ll_push` in kernels/p2p.cu), and the norm then only sums
@@ -702,8 +740,9 @@ pub struct NormLaunch {
     pub n: i32,
     /// The kernels' name before `_v4*`: `p2p_ll_addrmsnorm` (low-latency), `p2p_llh_addrmsnorm`
     /// (half low-latency), `p2p_addrmsnorm`
-    /// (slot kernels, at most a row per block) or `p2p_addrmsnorm_rows` (slot kernels whose
-    /// blocks loop over the rows, fewer registers a thread).
+    /// (slot kernels, at most a row per block), `p2p_addrmsnorm_rows` (slot kernels whose
+    /// blocks loop over the rows, fewer registers a thread) or `p2p_split_addrmsnorm` /
+    /// `p2p_split_gather_addrmsnorm` (rows split over the ranks, [`P2pGroup::split_launch`]).
     pub kernel: &'static str,
     /// The `p2p_ll_*` kernels (values pushed with their epoch) rather than the slot kernels.
     pub low_latency: bool,

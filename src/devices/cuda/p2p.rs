@@ -49,7 +49,7 @@ const SLOTS_AT: usize = 64 * 1024;
 /// slot holds a row-split norm of 2048 rows of 4096 (f32 partials and the gathered residual).
 const SLOTS_TOTAL: usize = 192 << 20;
 /// Fewest rows of a fused norm that the ranks split between them (`p2p_split_addrmsnorm`).
-pub const SPLIT_MIN_ROWS: usize = 512;
+const SPLIT_MIN_ROWS: usize = 512;
 /// Values of one low-latency slot (`P2P_LL_ELEMS`; 8 bytes each: the value and the epoch).
 const LL_ELEMS: usize = 16384;
 /// Values of one half low-latency slot (`P2P_LLH_ELEMS`; 4 bytes each: f16 / bf16 values two to
@@ -474,11 +474,11 @@ impl P2pGroup {
         })
     }
 
-    /// How a row-split fused norm (`p2p_split_addrmsnorm_v4h_f32`: each rank adds and normalizes
-    /// its share of the rows, leaving only the half copy whole; with `gather`
-    /// `p2p_split_gather_addrmsnorm_v4h_f32`, which makes the residual whole too) over `rows` rows of `row` values runs with `threads` a block; `None` below
-    /// [`SPLIT_MIN_ROWS`] rows or where a rank's share of f32 partials, half rows and residual
-    /// rows does not fit one slot. The answer depends on the rows and the group only, so the
+    /// How a row-split fused norm over `rows` rows of `row` values runs with `threads` a block
+    /// (`p2p_split_addrmsnorm_v4h_f32`: each rank adds and normalizes its share of the rows,
+    /// leaving only the half copy whole; with `gather` `p2p_split_gather_addrmsnorm_v4h_f32`,
+    /// which makes the residual whole too); `None` below 512 rows (`SPLIT_MIN_ROWS`) or where a
+    /// rank's share of f32 partials, half rows and residual rows does not fit one slot. The answer depends on the rows and the group only, so the
     /// norms of one step's chain all split or none does.
     pub fn split_launch(
         &self,

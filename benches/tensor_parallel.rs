@@ -108,7 +108,10 @@ fn norm_times(dev: &Arc<CudaDevice>, fused: bool, how: &str, out: &mut Vec<(Stri
         ));
         if fused && rows >= 512 {
             for split in [1, 2] {
-                let mut run = || split_norm(&exec, (&mut x, &b, &w, &mut h), split);
+                let mut run = || {
+                    let xbw = (&mut x, Some(&b), &w);
+                    common::cuda::rms_norm_split_into(&exec, xbw, OutputCopy::F16, &mut h, split)
+                };
                 run();
                 let us = per_launch_in_graph(dev, 10, run);
                 out.push((
@@ -118,27 +121,6 @@ fn norm_times(dev: &Arc<CudaDevice>, fused: bool, how: &str, out: &mut Vec<(Stri
             }
         }
     }
-}
-
-/// The fused all-reduce norm of [`norm_times`] with `row_split` (1: the residual left split, 2:
-/// gathered), leaving the f16 copy.
-fn split_norm(exec: &Executor, (x, b, w, h): (&mut Data, &Data, &Data, &mut Data), split: i32) {
-    let mut d = DataDict::new()
-        .with_mut("input", x)
-        .with("input1", b)
-        .with("weight", w)
-        .with_mut("output", h);
-    let ints = IntDict::new()
-        .with("quantize_output", OutputCopy::F16.param())
-        .with("all_reduce", 1)
-        .with("row_split", split);
-    exec.run(
-        "RMSNorm",
-        &mut d,
-        &FloatDict::new().with("eps", 1e-5),
-        &ints,
-    )
-    .unwrap();
 }
 
 /// Microseconds per call of `launch`: 64 calls recorded as one graph on `dev`, replayed five

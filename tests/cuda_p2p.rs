@@ -259,18 +259,7 @@ fn reduce_norm(r: &Rank, x: &mut Data, b: &Data, wn: &Data, dt: DataType, split:
         DataType::BF16 => OutputCopy::Bf16,
         _ => OutputCopy::F16,
     };
-    let mut d = DataDict::new()
-        .with_mut("input", x)
-        .with("input1", b)
-        .with("weight", wn)
-        .with_mut("output", &mut h);
-    let ints = IntDict::new()
-        .with("quantize_output", copy.param())
-        .with("all_reduce", 1)
-        .with("row_split", split);
-    let eps = FloatDict::new().with("eps", 1e-5);
-    r.exec.run("RMSNorm", &mut d, &eps, &ints).unwrap();
-    drop(d);
+    common::cuda::rms_norm_split_into(&r.exec, (x, Some(b), wn), copy, &mut h, split);
     h
 }
 

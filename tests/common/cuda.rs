@@ -97,6 +97,19 @@ pub fn rms_norm_into(
     copy: fastllm::ops::OutputCopy,
     h: &mut Data,
 ) {
+    rms_norm_split_into(exec, (x, b, w), copy, h, 0);
+}
+
+/// [`rms_norm_into`] with `row_split` (0: whole rows; 1 or 2: the ranks split the rows, see
+/// `P2pGroup::split_launch`).
+#[allow(dead_code)]
+pub fn rms_norm_split_into(
+    exec: &Executor,
+    (x, b, w): (&mut Data, Option<&Data>, &Data),
+    copy: fastllm::ops::OutputCopy,
+    h: &mut Data,
+    split: i32,
+) {
     let mut d = DataDict::new()
         .with_mut("input", x)
         .with("weight", w)
@@ -105,6 +118,9 @@ pub fn rms_norm_into(
     if let Some(b) = b {
         d.insert("input1", b);
         ints = ints.with("all_reduce", 1);
+    }
+    if split != 0 {
+        ints = ints.with("row_split", split);
     }
     exec.run(
         "RMSNorm",

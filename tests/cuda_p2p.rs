@@ -337,7 +337,15 @@ fn row_split_norms_give_the_whole_row_norms_bits() {
                 .enumerate()
                 .map(|(i, x)| x + s1[i] + s2[i])
                 .collect();
+            let before: Vec<u64> = ranks.iter().map(|r| r.dev.split_norms()).collect();
             let (whole, split) = (run(false), run(true));
+            for (r, b) in ranks.iter().zip(before) {
+                assert_eq!(
+                    r.dev.split_norms(),
+                    b + 2,
+                    "{dt} {m}x{k}: the rows were not split"
+                );
+            }
             for r in 0..2 {
                 let what = format!("{dt} {m}x{k} rank {r}");
                 for (name, got) in [("whole-row", &whole[r][0]), ("row-split", &split[r][0])] {

@@ -144,6 +144,12 @@ impl CudaDevice {
         self.group.get().map_or(0, |g| g.ll_pushes())
     }
 
+    /// How many fused norms of this rank split their rows over the group (`row_split`); 0
+    /// outside a group.
+    pub fn split_norms(&self) -> u64 {
+        self.group.get().map_or(0, |g| g.split_norms())
+    }
+
     /// The underlying context (for tests and benchmarks in this crate).
     pub fn gpu(&self) -> &Arc<Gpu> {
         &self.gpu

@@ -216,6 +216,7 @@ impl RowOp {
             l.threads,
             &args,
         )?;
+        g.mark_split();
         self.act.set_split(key)
     }
 

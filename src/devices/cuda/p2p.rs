@@ -180,6 +180,8 @@ pub struct P2pGroup {
     ll_pushed: std::sync::Mutex<Option<u64>>,
     /// How many one-row products pushed their outputs themselves.
     ll_pushes: std::sync::atomic::AtomicU64,
+    /// How many fused norms took [`P2pGroup::split_launch`]'s kernels.
+    split_norms: std::sync::atomic::AtomicU64,
     /// The host's count of this rank's reductions (their epochs).
     epochs: std::sync::Mutex<EpochClock>,
 }
@@ -236,6 +238,7 @@ impl P2pGroup {
             blocks: (4 * gpu.sms()).min(MAX_BLOCKS) as u32,
             ll_pushed: Default::default(),
             ll_pushes: Default::default(),
+            split_norms: Default::default(),
             epochs: std::sync::Mutex::new(EpochClock::new()),
         };
         let mut usable = want && (2..=MAX_RANKS).contains(&world) && gpu.arch().0 >= 7;
@@ -581,6 +584,17 @@ impl P2pGroup {
         self.ll_pushes
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Records the launch of a row-split norm ([`P2pGroup::split_launch`]).
+    pub fn mark_split(&self) {
+        self.split_norms
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// How many fused norms split their rows over the ranks.
+    pub fn split_norms(&self) -> u64 {
+        self.split_norms.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// How many one-row products pushed their outputs to the peers themselves.

@@ -481,8 +481,9 @@ impl P2pGroup {
     /// (`p2p_split_addrmsnorm_v4h_f32`: each rank adds and normalizes its share of the rows,
     /// leaving only the half copy whole; with `gather` `p2p_split_gather_addrmsnorm_v4h_f32`,
     /// which makes the residual whole too); `None` below 512 rows (`SPLIT_MIN_ROWS`) or where a
-    /// rank's share of f32 partials, half rows and residual rows does not fit one slot. The answer depends on the rows and the group only, so the
-    /// norms of one step's chain all split or none does.
+    /// rank's share of f32 partials, half rows and residual rows does not fit one slot. The
+    /// answer depends on the rows and the group only, so the norms of one step's chain all
+    /// split or none does.
     pub fn split_launch(
         &self,
         rows: usize,
@@ -490,9 +491,11 @@ impl P2pGroup {
         threads: u32,
         gather: bool,
     ) -> Option<NormLaunch> {
+        if self.world < 2 || rows < SPLIT_MIN_ROWS {
+            return None;
+        }
         let per = rows.div_ceil(self.world);
-        let need = per * row * (4 + 2 + 4) + 512;
-        if self.world < 2 || rows < SPLIT_MIN_ROWS || need > self.slot_bytes {
+        if per * row * (4 + 2 + 4) + 512 > self.slot_bytes {
             return None;
         }
         Some(NormLaunch {

@@ -1088,10 +1088,7 @@ impl Linear {
             Some(DataType::BF16) => ActForm::Bf16,
             _ => ActForm::F16,
         };
-        let tc_weights = segs.iter().all(|s| {
-            s.dtype != DataType::F32
-                && (!s.dtype.is_quantized() || k.is_multiple_of(s.dtype.block_elems()))
-        });
+        let tc_weights = segs.iter().all(|s| tc_weight(s.dtype, k));
         let usable = !io.input
             && !self.invariant
             && tc_weights
@@ -1192,6 +1189,12 @@ fn seg_table(segs: &[Seg], acc: bool) -> Result<LinSegs> {
         table.n[i] = i32::try_from(sg.n).map_err(|_| op_err("Linear", "too many outputs"))?;
     }
     Ok(table)
+}
+
+/// Whether a weight of `dtype` with `k` inputs can take the tensor-core path: not f32, and
+/// whole blocks per row where it is quantized.
+fn tc_weight(dtype: DataType, k: usize) -> bool {
+    dtype != DataType::F32 && (!dtype.is_quantized() || k.is_multiple_of(dtype.block_elems()))
 }
 
 /// One weight of a (possibly multi-weight) `Linear` launch.
@@ -1364,11 +1367,9 @@ impl Linear {
             };
             return self.mmq_segments(prev, ints, bat, xp, m, k, segs, acc);
         }
-        let tc_weight = dtype != DataType::F32
-            && (!dtype.is_quantized() || k.is_multiple_of(dtype.block_elems()));
         if quant_act
             && !self.invariant
-            && tc_weight
+            && tc_weight(dtype, k)
             && m >= bat.tc_min_rows(dtype, k)
             && self.tensor_core(prev, bat, xp, m, k, segs, acc, io)?
         {
